@@ -1,0 +1,38 @@
+# tessera's front door. `make train` and `make test` install what is missing (scripts/install.sh,
+# idempotent), configure and build, then train or test.
+SHELL := /bin/bash
+BUILD ?= build
+RUN ?= runs/tiny_gpt
+CONFIG ?= configs/tiny_gpt.toml
+DATA ?= $(BUILD)/data/kjv
+JOBS ?= $(shell nproc)
+VENV = $(shell bash scripts/install.sh | sed -n 's/^TESSERA_VENV=//p')
+
+.PHONY: deps build train test bench clean
+
+deps:
+	@bash scripts/install.sh
+
+$(BUILD)/build.ninja:
+	@venv="$$(bash scripts/install.sh | tee /dev/stderr | sed -n 's/^TESSERA_VENV=//p')" && \
+	cmake -S . -B $(BUILD) -G Ninja -DTESSERA_PYTHON=$$venv/bin/python
+
+build: $(BUILD)/build.ninja
+	@bash scripts/install.sh >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+$(DATA)/train.bin: | build
+	@$(BUILD)/tessera prepare --input data/kjv/genesis_to_ruth.txt --out $(DATA) --tokenizer byte
+
+train: build $(DATA)/train.bin
+	@$(BUILD)/tessera train --config $(CONFIG) --set data.path=$(DATA) --out $(RUN)
+	@$(BUILD)/tessera generate --checkpoint $(RUN) --prompt "And God said" --max-tokens 300 --seed 1
+
+test: build
+	@cd $(BUILD) && ctest -j $(JOBS) --output-on-failure
+
+bench: build
+	@bash bench/run_all.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD)

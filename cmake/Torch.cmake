@@ -1,0 +1,43 @@
+# Imports libtorch from the `torch` wheel as the target tessera::torch.
+#
+# TESSERA_PYTHON: the interpreter of the environment holding the wheel (required).
+# TESSERA_CUDA:   link libtorch_cuda so that CUDA devices are usable (default: ON when the
+#                 wheel has it and an NVIDIA driver is present; OFF keeps process start-up small).
+set(TESSERA_PYTHON "" CACHE FILEPATH "python3 of the environment with the pinned torch wheel")
+if(NOT TESSERA_PYTHON)
+  message(FATAL_ERROR "tessera: set -DTESSERA_PYTHON=<venv>/bin/python (run scripts/install.sh, or use the Makefile)")
+endif()
+execute_process(
+  COMMAND ${TESSERA_PYTHON} -c "import os,torch; print(os.path.dirname(torch.__file__)); print(int(torch._C._GLIBCXX_USE_CXX11_ABI)); print(torch.__version__)"
+  OUTPUT_VARIABLE _torch_info RESULT_VARIABLE _torch_rc OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(NOT _torch_rc EQUAL 0)
+  message(FATAL_ERROR "tessera: ${TESSERA_PYTHON} cannot import torch; run scripts/install.sh")
+endif()
+string(REPLACE "\n" ";" _torch_info "${_torch_info}")
+list(GET _torch_info 0 TORCH_ROOT)
+list(GET _torch_info 1 TORCH_CXX11_ABI)
+list(GET _torch_info 2 TORCH_VERSION_STRING)
+message(STATUS "tessera: torch ${TORCH_VERSION_STRING} at ${TORCH_ROOT}")
+
+set(_torch_lib ${TORCH_ROOT}/lib)
+set(_cuda_default OFF)
+if(EXISTS ${_torch_lib}/libtorch_cuda.so AND EXISTS /proc/driver/nvidia/version)
+  set(_cuda_default ON)
+endif()
+option(TESSERA_CUDA "link libtorch_cuda (CUDA devices)" ${_cuda_default})
+
+add_library(tessera_torch INTERFACE)
+add_library(tessera::torch ALIAS tessera_torch)
+target_include_directories(tessera_torch SYSTEM INTERFACE
+  ${TORCH_ROOT}/include ${TORCH_ROOT}/include/torch/csrc/api/include)
+target_compile_definitions(tessera_torch INTERFACE _GLIBCXX_USE_CXX11_ABI=${TORCH_CXX11_ABI})
+set(_libs ${_torch_lib}/libtorch.so ${_torch_lib}/libtorch_cpu.so ${_torch_lib}/libc10.so)
+if(TESSERA_CUDA)
+  # --no-as-needed: nothing references libtorch_cuda directly, but loading it registers the
+  # CUDA backend with the dispatcher.
+  list(APPEND _libs -Wl,--no-as-needed ${_torch_lib}/libtorch_cuda.so ${_torch_lib}/libc10_cuda.so -Wl,--as-needed)
+  target_compile_definitions(tessera_torch INTERFACE TESSERA_WITH_CUDA=1)
+endif()
+target_link_libraries(tessera_torch INTERFACE ${_libs})
+target_link_options(tessera_torch INTERFACE "-Wl,-rpath,${_torch_lib}")
+message(STATUS "tessera: CUDA ${TESSERA_CUDA}")

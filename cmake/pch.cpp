@@ -1,0 +1,1 @@
+// Compiled once to produce the precompiled header that every tessera target reuses.

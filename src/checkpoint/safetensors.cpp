@@ -1,0 +1,130 @@
+#include "checkpoint/safetensors.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/fs.h"
+
+namespace tessera {
+namespace {
+
+struct DtypeName {
+  at::ScalarType type;
+  const char* name;
+};
+constexpr DtypeName kDtypes[] = {
+    {at::kDouble, "F64"}, {at::kFloat, "F32"}, {at::kHalf, "F16"}, {at::kBFloat16, "BF16"},
+    {at::kLong, "I64"},   {at::kInt, "I32"},   {at::kShort, "I16"}, {at::kChar, "I8"},
+    {at::kByte, "U8"},    {at::kBool, "BOOL"},
+};
+
+const char* dtype_name(at::ScalarType type, const std::string& path, const std::string& tensor) {
+  for (const auto& d : kDtypes)
+    if (d.type == type) return d.name;
+  fail(path, ": tensor '", tensor, "' has dtype ", at::toString(type), ", which safetensors cannot hold");
+}
+
+at::ScalarType dtype_from_name(const std::string& name, const std::string& path, const std::string& tensor) {
+  for (const auto& d : kDtypes)
+    if (name == d.name) return d.type;
+  fail(path, ": tensor '", tensor, "' has unknown dtype '", name, "'");
+}
+
+}  // namespace
+
+void write_safetensors(const std::string& path, const NamedTensors& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<std::pair<std::string, at::Tensor>> order;
+  for (const auto& [name, t] : tensors) order.emplace_back(name, t.detach().to(at::kCPU).contiguous());
+  std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    if (a.second.element_size() != b.second.element_size()) return a.second.element_size() > b.second.element_size();
+    return a.first < b.first;
+  });
+
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  size_t offset = 0;
+  for (const auto& [name, t] : order) {
+    if (header.contains(name)) fail(path, ": tensor name '", name, "' appears twice");
+    size_t bytes = t.numel() * t.element_size();
+    header[name] = {{"dtype", dtype_name(t.scalar_type(), path, name)},
+                    {"shape", t.sizes().vec()},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string json = header.dump();
+  json.append((8 - json.size() % 8) % 8, ' ');
+
+  std::string out;
+  out.reserve(8 + json.size() + offset);
+  uint64_t n = json.size();
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+  out += json;
+  for (const auto& [name, t] : order)
+    out.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
+  write_file_durable(path, out);
+}
+
+SafetensorsContents read_safetensors(const std::string& path) {
+  std::string bytes = read_file(path);
+  if (bytes.size() < 8) fail(path, ": truncated safetensors file (", bytes.size(), " bytes)");
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+  if (n > bytes.size() - 8) fail(path, ": header length ", n, " exceeds the file size ", bytes.size());
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(bytes.substr(8, n));
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, ": malformed safetensors header (", e.what(), ")");
+  }
+  if (!header.is_object()) fail(path, ": safetensors header is not a JSON object");
+
+  const size_t data_start = 8 + n;
+  const size_t data_size = bytes.size() - data_start;
+  SafetensorsContents result;
+  std::vector<std::pair<size_t, size_t>> spans;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      for (const auto& [k, v] : entry.items()) {
+        if (!v.is_string()) fail(path, ": metadata value '", k, "' is not a string");
+        result.metadata[k] = v.get<std::string>();
+      }
+      continue;
+    }
+    try {
+      auto type = dtype_from_name(entry.at("dtype").get<std::string>(), path, name);
+      auto shape = entry.at("shape").get<std::vector<int64_t>>();
+      auto offsets = entry.at("data_offsets").get<std::vector<size_t>>();
+      if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] > data_size)
+        fail(path, ": tensor '", name, "' lies outside the file (truncated?)");
+      int64_t numel = 1;
+      for (int64_t d : shape) {
+        if (d < 0) fail(path, ": tensor '", name, "' has a negative dimension");
+        numel *= d;
+      }
+      size_t expected = static_cast<size_t>(numel) * at::elementSize(type);
+      if (offsets[1] - offsets[0] != expected)
+        fail(path, ": tensor '", name, "' has ", offsets[1] - offsets[0], " bytes, its shape needs ", expected);
+      at::Tensor t = at::empty(shape, at::TensorOptions().dtype(type));
+      if (expected) std::memcpy(t.data_ptr(), bytes.data() + data_start + offsets[0], expected);
+      result.tensors.emplace(name, std::move(t));
+      spans.emplace_back(offsets[0], offsets[1]);
+    } catch (const nlohmann::json::exception& e) {
+      fail(path, ": malformed entry for tensor '", name, "' (", e.what(), ")");
+    }
+  }
+  std::sort(spans.begin(), spans.end());
+  size_t cursor = 0;
+  for (const auto& [begin, end] : spans) {
+    if (begin != cursor) fail(path, ": tensor data is not contiguous at byte ", begin, " (overlap or gap)");
+    cursor = end;
+  }
+  if (cursor != data_size) fail(path, ": ", data_size - cursor, " trailing bytes after the last tensor");
+  return result;
+}
+
+}  // namespace tessera

@@ -1,0 +1,36 @@
+// safetensors reading and writing (https://github.com/huggingface/safetensors, "Format"):
+//
+//   [u64 little-endian N][N bytes of JSON header, space-padded to a multiple of 8][tensor bytes]
+//   header: {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, ...,
+//            "__metadata__": {"key": "value"}}
+//
+// Offsets are relative to the start of the tensor bytes, contiguous, in the writer's order
+// (by dtype size, largest first, then by name, as the reference writer does). The reader checks
+// every offset, shape and dtype against the file and names the file and tensor on failure, so a
+// truncated or edited file is an error, never a wrong tensor.
+#pragma once
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace tessera {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+struct SafetensorsContents {
+  std::map<std::string, at::Tensor> tensors;  // CPU tensors owning their memory
+  std::map<std::string, std::string> metadata;
+};
+
+// Writes `tensors` (any device; copied to CPU, made contiguous) to `path`, replacing it. The file
+// is fsync'ed before returning.
+void write_safetensors(const std::string& path, const NamedTensors& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+SafetensorsContents read_safetensors(const std::string& path);
+
+}  // namespace tessera

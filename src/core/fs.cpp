@@ -1,0 +1,75 @@
+#include "core/fs.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "core/error.h"
+
+namespace tessera {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, ": cannot open (", std::strerror(errno), ")");
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void write_file_durable(const std::string& path, const std::string& bytes) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) fail(path, ": cannot create (", std::strerror(errno), ")");
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int e = errno;
+      ::close(fd);
+      fail(path, ": write failed (", std::strerror(e), ")");
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) fail(path, ": fsync/close failed (", std::strerror(errno), ")");
+}
+
+void fsync_directory(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) fail(path, ": cannot open directory (", std::strerror(errno), ")");
+  ::fsync(fd);
+  ::close(fd);
+}
+
+void write_file_atomic(const std::string& path, const std::string& bytes) {
+  std::string tmp = path + ".tmp";
+  write_file_durable(tmp, bytes);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail(path, ": rename failed (", std::strerror(errno), ")");
+  size_t slash = path.find_last_of('/');
+  fsync_directory(slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash));
+}
+
+std::string file_checksum(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, ": cannot open (", std::strerror(errno), ")");
+  uint64_t hash = 1469598103934665603ull;
+  std::vector<char> buffer(1 << 20);
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    std::streamsize n = in.gcount();
+    for (std::streamsize i = 0; i < n; ++i) {
+      hash ^= static_cast<unsigned char>(buffer[static_cast<size_t>(i)]);
+      hash *= 1099511628211ull;
+    }
+  }
+  char out[17];
+  std::snprintf(out, sizeof(out), "%016llx", static_cast<unsigned long long>(hash));
+  return out;
+}
+
+}  // namespace tessera

@@ -1,0 +1,21 @@
+// File-system helpers with the durability the checkpoint contract needs: files are fsync'ed,
+// whole-file replacements go through a temporary name and rename(2), and renames are made
+// durable by fsync'ing the parent directory.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tessera {
+
+std::string read_file(const std::string& path);  // throws naming the path
+void write_file_durable(const std::string& path, const std::string& bytes);  // fsync'ed
+// Writes `path.tmp` then renames it over `path`; readers see the old or the new file, whole.
+void write_file_atomic(const std::string& path, const std::string& bytes);
+void fsync_directory(const std::string& path);
+
+// 64-bit FNV-1a over the file's bytes, as 16 hex digits. Detects truncation and edits; not a
+// cryptographic hash.
+std::string file_checksum(const std::string& path);
+
+}  // namespace tessera

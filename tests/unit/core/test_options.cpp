@@ -1,0 +1,92 @@
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "core/options.h"
+
+namespace tessera {
+namespace {
+
+struct DemoOptions {
+  int64_t steps = 10;
+  double lr = 1e-3;
+  bool flag = false;
+  std::string name = "x";
+  template <class V>
+  void visit(V& v) {
+    v("steps", steps, "steps");
+    v("lr", lr, "learning rate");
+    v("flag", flag, "a flag");
+    v("name", name, "a name");
+  }
+};
+
+DemoOptions load(const std::string& text) {
+  toml::table root = toml::parse(text);
+  DemoOptions o;
+  TomlSectionReader reader(root["demo"].as_table(), "demo", "test.toml");
+  o.visit(reader);
+  reader.finish();
+  return o;
+}
+
+TEST(Options, ReadsKnownKeysAndKeepsDefaults) {
+  DemoOptions o = load("[demo]\nsteps = 5\nlr = 2\n");
+  EXPECT_EQ(o.steps, 5);
+  EXPECT_DOUBLE_EQ(o.lr, 2.0);
+  EXPECT_EQ(o.name, "x");
+}
+
+TEST(Options, UnknownKeyIsRefusedByNameWithSuggestion) {
+  try {
+    load("[demo]\nstpes = 5\n");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("test.toml"), std::string::npos) << m;
+    EXPECT_NE(m.find("demo.stpes"), std::string::npos) << m;
+    EXPECT_NE(m.find("demo.steps"), std::string::npos) << m;
+  }
+}
+
+TEST(Options, WrongTypeNamesTheKey) {
+  try {
+    load("[demo]\nsteps = \"many\"\n");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("demo.steps must be an integer"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Options, OverrideParsesTomlValuesAndBareWords) {
+  toml::table root;
+  apply_override(root, "demo.steps=7");
+  apply_override(root, "demo.name=hello");
+  apply_override(root, "demo.flag=true");
+  TomlSectionReader reader(root["demo"].as_table(), "demo", "--set");
+  DemoOptions o;
+  o.visit(reader);
+  EXPECT_EQ(o.steps, 7);
+  EXPECT_EQ(o.name, "hello");
+  EXPECT_TRUE(o.flag);
+  EXPECT_THROW(apply_override(root, "nodot=1"), Error);
+  EXPECT_THROW(apply_override(root, "demo.steps"), Error);
+}
+
+TEST(Options, WriterRoundTrips) {
+  DemoOptions o;
+  o.steps = 3;
+  o.name = "y";
+  toml::table section;
+  TomlSectionWriter writer(section);
+  o.visit(writer);
+  toml::table root;
+  root.insert("demo", section);
+  std::ostringstream s;
+  s << root;
+  DemoOptions back = load(s.str());
+  EXPECT_EQ(back.steps, 3);
+  EXPECT_EQ(back.name, "y");
+}
+
+}  // namespace
+}  // namespace tessera
