@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Training-step throughput of tessera against PyTorch (eager, and torch.compile) on the same
+model, optimizer, batch and thread count, measured in one run on one machine.
+
+Usage: compare_pytorch.py BUILD_DIR [--cases tiny_gpt,gpt2_124m] [--rounds N] [--out bench/results]
+
+The peers run alternately (tessera, eager, compile, tessera, ...) for --rounds rounds so that drift
+on a shared machine hits all of them alike; the table reports each peer's best median over the
+rounds and tessera's ratio (tessera tokens/s divided by the peer's). Results go to
+OUT/train_step_<device>.json and .md.
+"""
+import argparse
+import json
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+# Shapes passed explicitly to both sides, so they train the identical model.
+CASES = {
+    "tiny_gpt": dict(vocab=256, block=128, layers=4, heads=4, embd=128, batch=16, seq=128, steps=10, warmup=3),
+    "gpt2_124m": dict(vocab=50257, block=1024, layers=12, heads=12, embd=768, batch=1, seq=512, steps=3, warmup=1),
+}
+
+
+def run_json(cmd):
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def tessera_cmd(build, case, threads):
+    c = CASES[case]
+    sets = {"model.preset": "tiny_gpt", "model.vocab_size": c["vocab"], "model.block_size": c["block"],
+            "model.n_layer": c["layers"], "model.n_head": c["heads"], "model.n_embd": c["embd"],
+            "train.batch_size": c["batch"], "train.seq_len": c["seq"], "train.threads": threads,
+            "optim.name": "adamw", "optim.fused": "true", "optim.grad_clip": 1.0, "data.path": "unused"}
+    cmd = [str(pathlib.Path(build) / "tessera"), "bench", "--config", "tiny_gpt", "--json",
+           "--steps", str(c["steps"]), "--warmup", str(c["warmup"])]
+    for k, v in sets.items():
+        cmd += ["--set", f"{k}={v}"]
+    return cmd
+
+
+def peer_cmd(case, mode, threads):
+    c = CASES[case]
+    cmd = [sys.executable, str(HERE / "peer_pytorch.py"), "--mode", mode, "--threads", str(threads)]
+    for k in ("vocab", "block", "layers", "heads", "embd", "batch", "seq", "steps", "warmup"):
+        cmd += [f"--{k}", str(c[k])]
+    return cmd
+
+
+def main():
+    a = argparse.ArgumentParser()
+    a.add_argument("build")
+    a.add_argument("--cases", default="tiny_gpt,gpt2_124m")
+    a.add_argument("--rounds", type=int, default=2)
+    a.add_argument("--threads", type=int, default=os.cpu_count())
+    a.add_argument("--peers", default="eager,compile")
+    a.add_argument("--out", default=str(HERE / "results"))
+    args = a.parse_args()
+
+    results = []
+    for case in args.cases.split(","):
+        best = {}
+        for r in range(args.rounds):
+            runs = [("tessera", tessera_cmd(args.build, case, args.threads))]
+            runs += [(f"pytorch-{m}", peer_cmd(case, m, args.threads)) for m in args.peers.split(",")]
+            for name, cmd in runs:
+                t0 = time.time()
+                try:
+                    res = run_json(cmd)
+                except subprocess.CalledProcessError as e:
+                    print(f"[{case}] {name} failed:\n{e.stderr[-2000:]}", file=sys.stderr)
+                    continue
+                print(f"[{case}] round {r + 1} {name}: {res['tokens_per_s']:.0f} tok/s "
+                      f"(median step {res['median_step_s']:.4f}s, wall {time.time() - t0:.0f}s)", flush=True)
+                if name not in best or res["tokens_per_s"] > best[name]["tokens_per_s"]:
+                    best[name] = res
+        base = best.get("tessera")
+        for name, res in best.items():
+            res["case"] = case
+            res["tessera_ratio"] = base["tokens_per_s"] / res["tokens_per_s"] if base else None
+            results.append(res)
+
+    device = "cpu"
+    lines = [f"# Training-step throughput: tessera vs PyTorch ({device})", "",
+             f"Machine: {platform.machine()}, {os.cpu_count()} cores, {args.threads} threads; "
+             f"`python3 bench/compare_pytorch.py build --cases {args.cases} --rounds {args.rounds}`; "
+             f"best median over {args.rounds} alternating rounds.", "",
+             "| case | peer | params | tokens/step | median step (s) | tokens/s | MFU | tessera ratio |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        mfu = f"{100 * r['mfu']:.1f}%" if "mfu" in r else "-"
+        lines.append(f"| {r['case']} | {r['peer']} | {r['parameters'] / 1e6:.2f}M | {r['tokens_per_step']:.0f} | "
+                     f"{r['median_step_s']:.4f} | {r['tokens_per_s']:.0f} | {mfu} | {r['tessera_ratio']:.2f} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"train_step_{device}.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / f"train_step_{device}.md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""The PyTorch peer of `tessera bench`: the same GPT (pre-LayerNorm, learned positions, SDPA causal
+attention, GELU-tanh MLP, tied head), the same AdamW (fused, decay on matrices only), gradient
+clipping and synthetic batch, in eager mode or under torch.compile. Prints one JSON object.
+"""
+import argparse
+import json
+import math
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.c_attn, self.attn_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.c_fc, self.mlp_proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, c)
+        x = x + self.attn_proj(y)
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab, block, layers, heads, d):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(block, d)
+        self.h = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        for p in self.parameters():
+            if p.dim() >= 2:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.h:
+            x = block(x)
+        logits = self.ln_f(x) @ self.wte.weight.t()
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def main():
+    a = argparse.ArgumentParser()
+    for name, default in [("vocab", 256), ("block", 128), ("layers", 4), ("heads", 4), ("embd", 128),
+                          ("batch", 16), ("seq", 128), ("steps", 5), ("warmup", 2), ("threads", 0)]:
+        a.add_argument(f"--{name}", type=int, default=default)
+    a.add_argument("--lr", type=float, default=1e-3)
+    a.add_argument("--mode", choices=["eager", "compile"], default="eager")
+    args = a.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(1337)
+    model = GPT(args.vocab, args.block, args.layers, args.heads, args.embd)
+    params = sum(p.numel() for p in model.parameters())
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    forward = torch.compile(model) if args.mode == "compile" else model
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(args.vocab, (args.batch, args.seq + 1), generator=g)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+
+    seconds = []
+    compile_s = 0.0
+    for i in range(args.warmup + args.steps):
+        start = time.perf_counter()
+        loss = forward(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        s = time.perf_counter() - start
+        if i == 0:
+            compile_s = s
+        if i >= args.warmup:
+            seconds.append(s)
+    median = sorted(seconds)[len(seconds) // 2]
+    tokens_per_step = args.batch * args.seq
+    print(json.dumps({"peer": f"pytorch-{args.mode}", "parameters": params, "tokens_per_step": tokens_per_step,
+                      "step_s": seconds, "median_step_s": median, "tokens_per_s": tokens_per_step / median,
+                      "first_step_s": compile_s, "threads": torch.get_num_threads(),
+                      "torch": torch.__version__, "loss": float(loss)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Runs every benchmark against the build in $1 (default: build) and writes bench/results/.
+set -euo pipefail
+build="${1:-build}"
+venv="$(bash scripts/install.sh | sed -n 's/^TESSERA_VENV=//p')"
+"$venv/bin/python" bench/compare_pytorch.py "$build"

@@ -1,0 +1,135 @@
+#include "checkpoint/checkpoint.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/fs.h"
+
+namespace tessera {
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* kModelFile = "model.safetensors";
+const char* kOptimizerFile = "optimizer.safetensors";
+const char* kMetaFile = "meta.json";
+
+std::string step_name(int64_t step) { return "step_" + std::to_string(step); }
+
+// Step directories under `checkpoints_dir`, oldest first.
+std::vector<std::pair<int64_t, fs::path>> step_dirs(const fs::path& checkpoints_dir) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  if (!fs::is_directory(checkpoints_dir)) return out;
+  for (const auto& entry : fs::directory_iterator(checkpoints_dir)) {
+    std::string name = entry.path().filename().string();
+    if (!entry.is_directory() || name.rfind("step_", 0) != 0) continue;
+    std::string digits = name.substr(5);
+    if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) continue;
+    out.emplace_back(std::stoll(digits), entry.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& checkpoints_dir, int64_t step, const CheckpointContents& contents) {
+  fs::create_directories(checkpoints_dir);
+  const fs::path final_dir = fs::path(checkpoints_dir) / step_name(step);
+  const fs::path partial = fs::path(checkpoints_dir) / (step_name(step) + ".partial");
+  fs::remove_all(partial);
+  fs::create_directories(partial);
+
+  write_safetensors((partial / kModelFile).string(), contents.model, {{"format", "pt"}});
+  write_safetensors((partial / kOptimizerFile).string(), contents.optimizer);
+  for (const auto& file : contents.extra_files) {
+    fs::path target = partial / fs::path(file).filename();
+    write_file_durable(target.string(), read_file(file));
+  }
+
+  nlohmann::json meta = contents.meta;
+  meta["format_version"] = kCheckpointFormatVersion;
+  meta["step"] = step;
+  nlohmann::json files = nlohmann::json::object();
+  for (const auto& entry : fs::directory_iterator(partial)) {
+    std::string name = entry.path().filename().string();
+    files[name] = {{"bytes", fs::file_size(entry.path())}, {"checksum", file_checksum(entry.path().string())}};
+  }
+  meta["files"] = files;
+  write_file_durable((partial / kMetaFile).string(), meta.dump(2) + "\n");
+  fsync_directory(partial.string());
+
+  // Never a moment without a complete checkpoint for this step: the old one moves aside first.
+  const fs::path replaced = fs::path(checkpoints_dir) / (step_name(step) + ".replaced");
+  bool had_old = fs::exists(final_dir);
+  if (had_old) {
+    fs::remove_all(replaced);
+    fs::rename(final_dir, replaced);
+  }
+  fs::rename(partial, final_dir);
+  fsync_directory(checkpoints_dir);
+  write_file_atomic((fs::path(checkpoints_dir) / "latest").string(), step_name(step) + "\n");
+  if (had_old) fs::remove_all(replaced);
+  return final_dir.string();
+}
+
+std::string resolve_checkpoint_dir(const std::string& path) {
+  fs::path p(path);
+  if (!fs::exists(p)) fail(path, ": checkpoint path does not exist");
+  if (fs::exists(p / kMetaFile)) return p.string();
+  for (const fs::path& dir : {p, p / "checkpoints"}) {
+    fs::path latest = dir / "latest";
+    if (fs::exists(latest)) {
+      std::string name = read_file(latest.string());
+      name.erase(name.find_last_not_of(" \n\r\t") + 1);
+      fs::path target = dir / name;
+      if (!fs::exists(target / kMetaFile)) fail(latest.string(), ": names '", name, "', which is not a complete checkpoint");
+      return target.string();
+    }
+  }
+  fail(path, ": not a checkpoint (no meta.json) and no checkpoints/latest beneath it");
+}
+
+LoadedCheckpoint load_checkpoint(const std::string& path) {
+  LoadedCheckpoint out;
+  out.dir = resolve_checkpoint_dir(path);
+  const fs::path dir(out.dir);
+  const std::string meta_path = (dir / kMetaFile).string();
+  try {
+    out.meta = nlohmann::json::parse(read_file(meta_path));
+  } catch (const nlohmann::json::exception& e) {
+    fail(meta_path, ": malformed JSON (", e.what(), ")");
+  }
+  if (!out.meta.is_object() || !out.meta.contains("format_version") || !out.meta.contains("files") ||
+      !out.meta.contains("step"))
+    fail(meta_path, ": missing format_version, step or files");
+  int version = out.meta["format_version"].get<int>();
+  if (version != kCheckpointFormatVersion)
+    fail(meta_path, ": checkpoint format version ", version, ", this tessera reads version ", kCheckpointFormatVersion);
+  for (const char* required : {kModelFile, kOptimizerFile})
+    if (!out.meta["files"].contains(required)) fail(meta_path, ": does not list ", required);
+  for (const auto& [name, info] : out.meta["files"].items()) {
+    const fs::path file = dir / name;
+    if (!fs::exists(file)) fail(file.string(), ": missing from the checkpoint");
+    uintmax_t bytes = fs::file_size(file);
+    if (bytes != info["bytes"].get<uintmax_t>())
+      fail(file.string(), ": ", bytes, " bytes, meta.json records ", info["bytes"].get<uintmax_t>(), " (truncated?)");
+    if (file_checksum(file.string()) != info["checksum"].get<std::string>())
+      fail(file.string(), ": checksum mismatch (the file was modified or corrupted)");
+  }
+  out.step = out.meta["step"].get<int64_t>();
+  out.model = read_safetensors((dir / kModelFile).string()).tensors;
+  out.optimizer = read_safetensors((dir / kOptimizerFile).string()).tensors;
+  return out;
+}
+
+void prune_checkpoints(const std::string& checkpoints_dir, int64_t keep) {
+  if (keep <= 0) return;
+  auto dirs = step_dirs(checkpoints_dir);
+  const fs::path latest = resolve_checkpoint_dir(checkpoints_dir);
+  for (size_t i = 0; i + static_cast<size_t>(keep) < dirs.size(); ++i)
+    if (!fs::equivalent(dirs[i].second, latest)) fs::remove_all(dirs[i].second);
+}
+
+}  // namespace tessera

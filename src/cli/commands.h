@@ -1,0 +1,18 @@
+// The `tessera` subcommands. Each add_*_command registers its options on the CLI11 app and
+// returns the function that runs it once parsing succeeded.
+#pragma once
+
+#include <functional>
+
+#include <CLI/CLI.hpp>
+
+namespace tessera::cli {
+
+using Command = std::function<void()>;
+
+Command add_train_command(CLI::App& app);
+Command add_generate_command(CLI::App& app);
+Command add_prepare_command(CLI::App& app);
+Command add_bench_command(CLI::App& app);
+
+}  // namespace tessera::cli

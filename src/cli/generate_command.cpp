@@ -1,0 +1,45 @@
+// `tessera generate`: samples text from a checkpoint, streaming tokens as they are drawn.
+#include <iostream>
+
+#include <toml++/toml.h>
+
+#include "checkpoint/checkpoint.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "data/tokenizer.h"
+#include "model/hf_names.h"
+#include "model/transformer.h"
+#include "train/config.h"
+#include "train/generate.h"
+
+namespace tessera::cli {
+
+Command add_generate_command(CLI::App& app) {
+  struct Args {
+    std::string checkpoint, prompt = "\n";
+    SamplingOptions sampling;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand("generate", "write text with a trained model");
+  cmd->add_option("--checkpoint", args->checkpoint, "a step_N, checkpoints or run directory")->required();
+  cmd->add_option("--prompt", args->prompt, "text to continue")->capture_default_str();
+  cmd->add_option("--max-tokens", args->sampling.max_tokens, "tokens to generate")->capture_default_str();
+  cmd->add_option("--temperature", args->sampling.temperature, "softmax temperature (0 = greedy)")->capture_default_str();
+  cmd->add_option("--top-k", args->sampling.top_k, "sample from the k most likely tokens (0 = all)")->capture_default_str();
+  cmd->add_option("--seed", args->sampling.seed, "random seed")->capture_default_str();
+  return [args]() {
+    LoadedCheckpoint ckpt = load_checkpoint(args->checkpoint);
+    const std::string meta_path = ckpt.dir + "/meta.json";
+    if (!ckpt.meta.contains("config")) fail(meta_path, ": has no config");
+    Config config = Config::from_toml(toml::parse(ckpt.meta["config"].get<std::string>()), meta_path);
+    TransformerLM model(config.model);
+    import_state(*model, ckpt.model, ckpt.dir + "/model.safetensors");
+    auto tokenizer = load_tokenizer(ckpt.dir);
+    std::cout << args->prompt << std::flush;
+    generate_tokens(*model, tokenizer->encode(args->prompt), args->sampling,
+                    [&](int64_t token) { std::cout << tokenizer->decode({token}) << std::flush; });
+    std::cout << "\n";
+  };
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,154 @@
+#include "train/config.h"
+
+#include <filesystem>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/options.h"
+
+#ifndef TESSERA_CONFIG_DIR
+#error "TESSERA_CONFIG_DIR must name the configs/ directory"
+#endif
+
+namespace tessera {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<std::string> known_presets() {
+  std::vector<std::string> names;
+  if (fs::is_directory(TESSERA_CONFIG_DIR))
+    for (const auto& entry : fs::directory_iterator(TESSERA_CONFIG_DIR))
+      if (entry.path().extension() == ".toml") names.push_back(entry.path().stem().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+}  // namespace
+
+std::string resolve_config_path(const std::string& config) {
+  if (fs::is_regular_file(config)) return config;
+  fs::path preset = fs::path(TESSERA_CONFIG_DIR) / (config + ".toml");
+  if (config.find('/') == std::string::npos && config.find(".toml") == std::string::npos && fs::is_regular_file(preset))
+    return preset.string();
+  std::string list;
+  for (const auto& name : known_presets()) list += (list.empty() ? "" : ", ") + name;
+  fail(config, ": no such config file or preset (presets: ", list, ")");
+}
+
+Config Config::from_toml(const toml::table& root, const std::string& source) {
+  Config config;
+  std::set<std::string> sections;
+  config.for_each_section([&](const char* name, auto& options) {
+    sections.insert(name);
+    const toml::node* node = root.get(name);
+    if (node && !node->is_table()) fail(source, ": '", name, "' must be a [", name, "] section");
+    const toml::table* table = node ? node->as_table() : nullptr;
+    if constexpr (std::is_same_v<std::decay_t<decltype(options)>, ModelOptions>) {
+      if (table) {
+        if (const toml::node* preset = table->get("preset")) {
+          auto name_value = preset->value_exact<std::string>();
+          if (!name_value) fail(source, ": model.preset must be a string");
+          if (!name_value->empty()) options = ModelOptions::from_preset(*name_value);
+        }
+      }
+    }
+    TomlSectionReader reader(table, name, source);
+    options.visit(reader);
+    reader.finish();
+  });
+  for (const auto& [key, node] : root) {
+    std::string name(key.str());
+    if (sections.count(name)) continue;
+    std::string hint = closest_key(name, sections);
+    fail(source, ": unknown section '[", name, "]'", hint.empty() ? "" : " (did you mean '[" + hint + "]'?)");
+  }
+  config.check(source);
+  return config;
+}
+
+Config Config::load(const std::string& config, const std::vector<std::string>& overrides) {
+  std::string path = resolve_config_path(config);
+  toml::table root;
+  try {
+    root = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    const auto& where = e.source().begin;
+    fail(path, ":", where.line, ":", where.column, ": TOML syntax error: ", e.description());
+  }
+  for (const auto& assignment : overrides) apply_override(root, assignment);
+  return from_toml(root, overrides.empty() ? path : path + " with --set overrides");
+}
+
+void Config::check(const std::string& source) const {
+  model.check(source);
+  data.check(source);
+  train.check(source);
+  optim.check(source);
+  precision.check(source);
+  eval.check(source);
+  checkpoint.check(source);
+  memory.check(source);
+  if (train.seq_len > model.block_size)
+    fail(source, ": train.seq_len = ", train.seq_len, " exceeds model.block_size = ", model.block_size);
+}
+
+toml::table Config::to_toml() const {
+  Config copy = *this;
+  toml::table root;
+  copy.for_each_section([&](const char* name, auto& options) {
+    toml::table section;
+    TomlSectionWriter writer(section);
+    options.visit(writer);
+    root.insert(name, std::move(section));
+  });
+  return root;
+}
+
+std::string Config::to_toml_string() const {
+  std::ostringstream out;
+  out << to_toml() << "\n";
+  return out.str();
+}
+
+std::string config_reference() {
+  Config defaults;
+  std::string out;
+  defaults.for_each_section([&](const char* name, auto& options) {
+    out += std::string("[") + name + "]\n";
+    HelpWriter writer(name, out);
+    options.visit(writer);
+  });
+  return out;
+}
+
+void TrainOptions::check(const std::string& source) const {
+  require(steps > 0, source, ": train.steps must be > 0 (got ", steps, ")");
+  require(batch_size > 0, source, ": train.batch_size must be > 0 (got ", batch_size, ")");
+  require(seq_len > 0, source, ": train.seq_len must be > 0 (got ", seq_len, ")");
+  require(grad_accum > 0, source, ": train.grad_accum must be > 0 (got ", grad_accum, ")");
+  require(log_every > 0, source, ": train.log_every must be > 0 (got ", log_every, ")");
+  require(threads >= 0, source, ": train.threads must be >= 0 (got ", threads, ")");
+  require(peak_tflops >= 0, source, ": train.peak_tflops must be >= 0 (got ", peak_tflops, ")");
+  require(device == "cpu" || device.rfind("cuda", 0) == 0, source, ": train.device must be cpu, cuda or cuda:N (got '",
+          device, "')");
+}
+
+void EvalOptions::check(const std::string& source) const {
+  require(every >= 0, source, ": eval.every must be >= 0 (got ", every, ")");
+  require(batches > 0, source, ": eval.batches must be > 0 (got ", batches, ")");
+}
+
+void CheckpointOptions::check(const std::string& source) const {
+  require(every >= 0, source, ": checkpoint.every must be >= 0 (got ", every, ")");
+  require(keep >= 0, source, ": checkpoint.keep must be >= 0 (got ", keep, ")");
+}
+
+void MemoryOptions::check(const std::string& source) const {
+  require(activation_checkpointing == "none" || activation_checkpointing == "full" ||
+              activation_checkpointing == "selective",
+          source, ": memory.activation_checkpointing must be none, full or selective (got '", activation_checkpointing,
+          "')");
+}
+
+}  // namespace tessera

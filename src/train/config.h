@@ -1,0 +1,60 @@
+// The whole configuration of a run: one options struct per TOML section.
+//
+// Loading order: the preset file (configs/<name>.toml, or any path), then `--set section.key=value`
+// overrides, then checks. [model] applies model.preset first, so explicit keys refine a preset.
+// Every key of every section is known here; anything else is refused by name.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <toml++/toml.h>
+
+#include "data/data_options.h"
+#include "model/model_options.h"
+#include "optim/optim_options.h"
+#include "precision/precision_options.h"
+#include "train/train_options.h"
+
+namespace tessera {
+
+struct Config {
+  ModelOptions model;
+  DataOptions data;
+  TrainOptions train;
+  OptimOptions optim;
+  PrecisionOptions precision;
+  EvalOptions eval;
+  CheckpointOptions checkpoint;
+  MemoryOptions memory;
+
+  // Calls f(section_name, options) for each section, in file order.
+  template <class F>
+  void for_each_section(F&& f) {
+    f("model", model);
+    f("data", data);
+    f("train", train);
+    f("optim", optim);
+    f("precision", precision);
+    f("eval", eval);
+    f("checkpoint", checkpoint);
+    f("memory", memory);
+  }
+
+  // `source` names the origin in error messages (a file path, or "checkpoint meta.json").
+  static Config from_toml(const toml::table& root, const std::string& source);
+  // `config` is a file path or a preset name (configs/<name>.toml).
+  static Config load(const std::string& config, const std::vector<std::string>& overrides);
+
+  void check(const std::string& source) const;
+  toml::table to_toml() const;
+  std::string to_toml_string() const;
+};
+
+// Every key with its default and help, grouped by section (for --help).
+std::string config_reference();
+
+// configs/<name>.toml for a preset name; the name itself when it is a path to a file.
+std::string resolve_config_path(const std::string& config);
+
+}  // namespace tessera

@@ -1,0 +1,61 @@
+// One optimizer step of a single-device model, and the state it owns: the model, the mixed-
+// precision machinery and the optimizer. The trainer and `tessera bench` both drive this class,
+// so the benchmark times exactly what training runs.
+//
+// A step: for each micro-batch, forward under autocast (bf16) and backward of loss/grad_accum
+// (times the loss scale in fp16); then, in fp16, unscale into the fp32 master gradients and skip
+// the update on overflow; clip the global gradient norm; optimizer update at `lr`; zero grads.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "data/sampler.h"
+#include "model/transformer.h"
+#include "optim/optimizer.h"
+#include "precision/loss_scaler.h"
+#include "precision/master_weights.h"
+#include "train/config.h"
+
+namespace tessera {
+
+struct StepResult {
+  double ce_loss = 0;   // mean over micro-batches
+  double aux_loss = 0;  // MoE auxiliary terms, mean over micro-batches
+  double grad_norm = 0;
+  bool skipped = false;  // fp16 overflow: no update was made
+};
+
+class TrainStep {
+ public:
+  // Builds the model from config.model (initialised from torch's global seed) on `device`.
+  TrainStep(const Config& config, c10::Device device);
+
+  StepResult run(const std::vector<Batch>& micro_batches, double lr);
+  // Mean cross-entropy over `batches`, without gradients, in eval mode.
+  double evaluate(const std::vector<Batch>& batches);
+
+  TransformerLM& model() { return model_; }
+  const DynamicLossScaler* loss_scaler() const { return scaler_.get(); }
+  c10::ScalarType compute_dtype() const;
+
+  // Optimizer, fp32 master weights and loss scaler, named "optim.", "master.", "scaler.".
+  NamedTensors training_state() const;
+  void load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source);
+
+ private:
+  std::vector<at::Tensor> optimized_parameters() const;
+
+  Config config_;
+  c10::Device device_;
+  std::optional<at::ScalarType> autocast_;
+  TransformerLM model_{nullptr};
+  std::unique_ptr<MasterWeights> master_;  // fp16 only
+  std::unique_ptr<DynamicLossScaler> scaler_;  // fp16 only
+  std::unique_ptr<Optimizer> optimizer_;
+};
+
+}  // namespace tessera

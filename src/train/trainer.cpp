@@ -1,0 +1,218 @@
+#include "train/trainer.h"
+
+#include <chrono>
+#include <filesystem>
+#include <optional>
+
+#include <ATen/ATen.h>
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "core/error.h"
+#include "core/fs.h"
+#include "data/sampler.h"
+#include "data/token_file.h"
+#include "data/tokenizer.h"
+#include "model/hf_names.h"
+#include "train/device_peak.h"
+#include "train/metrics.h"
+#include "train/progress.h"
+#include "train/train_step.h"
+
+namespace tessera {
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+c10::Device parse_device(const std::string& name) {
+  c10::Device device(name);
+  if (device.is_cuda() && !torch::cuda::is_available())
+    fail("train.device = \"", name, "\" but no CUDA device is available",
+#ifdef TESSERA_WITH_CUDA
+         ""
+#else
+         " (this build has TESSERA_CUDA=OFF)"
+#endif
+    );
+  return device;
+}
+
+}  // namespace
+
+struct Trainer::State {
+  Config config;
+  std::string run_dir;
+  std::string resume;
+  c10::Device device{at::kCPU};
+
+  std::string data_dir;
+  std::optional<TokenFile> train_tokens, val_tokens;
+  std::unique_ptr<BatchSampler> sampler;
+  std::vector<Batch> eval_batches;
+  double unigram = 0;
+
+  std::unique_ptr<TrainStep> trainer;
+
+  int64_t step = 0;
+  int64_t tokens_seen = 0;
+  double elapsed_before = 0;  // seconds trained before this process (resume)
+};
+
+Trainer::Trainer(Config config, std::string run_dir, std::string resume) : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  s.config = std::move(config);
+  s.run_dir = std::move(run_dir);
+  s.resume = std::move(resume);
+  const Config& c = s.config;
+
+  if (c.train.threads > 0) at::set_num_threads(static_cast<int>(c.train.threads));
+  s.device = parse_device(c.train.device);
+
+  s.data_dir = c.data.path;
+  if (!fs::is_directory(s.data_dir))
+    fail("data.path = \"", s.data_dir, "\": no such directory (create it with `tessera prepare --out ", s.data_dir, "`)");
+  auto tokenizer = load_tokenizer(s.data_dir);
+  require(tokenizer->vocab_size() <= c.model.vocab_size, s.data_dir, "/tokenizer.json: vocabulary of ",
+          tokenizer->vocab_size(), " tokens does not fit model.vocab_size = ", c.model.vocab_size);
+  s.train_tokens = TokenFile::open((fs::path(s.data_dir) / c.data.train_file).string());
+  s.val_tokens = TokenFile::open((fs::path(s.data_dir) / c.data.val_file).string());
+  for (const TokenFile* file : {&*s.train_tokens, &*s.val_tokens})
+    require(file->vocab_bound() <= c.model.vocab_size, file->path(), ": holds token id ", file->vocab_bound() - 1,
+            ", outside model.vocab_size = ", c.model.vocab_size);
+  s.sampler = std::make_unique<BatchSampler>(*s.train_tokens, c.train.batch_size, c.train.seq_len,
+                                             static_cast<uint64_t>(c.data.seed));
+  s.eval_batches = evaluation_batches(*s.val_tokens, c.eval.batches, c.train.batch_size, c.train.seq_len);
+  s.unigram = unigram_entropy(*s.train_tokens);
+
+  torch::manual_seed(static_cast<uint64_t>(c.train.seed));
+  s.trainer = std::make_unique<TrainStep>(c, s.device);
+
+  if (!s.resume.empty()) {
+    LoadedCheckpoint ckpt = load_checkpoint(s.resume);
+    const std::string model_file = ckpt.dir + "/model.safetensors";
+    const std::string optim_file = ckpt.dir + "/optimizer.safetensors";
+    import_state(*s.trainer->model(), ckpt.model, model_file);
+    s.trainer->load_training_state(ckpt.optimizer, optim_file);
+    auto rng = ckpt.optimizer.find("rng.cpu");
+    require(rng != ckpt.optimizer.end(), optim_file, ": missing tensor 'rng.cpu'");
+    at::detail::getDefaultCPUGenerator().set_state(rng->second);
+    s.step = ckpt.step;
+    s.sampler->seek(ckpt.meta.at("data").at("position").get<int64_t>());
+    s.tokens_seen = ckpt.meta.value("tokens_seen", int64_t{0});
+    s.elapsed_before = ckpt.meta.value("elapsed_s", 0.0);
+    require(s.step <= c.train.steps, ckpt.dir, ": checkpoint is at step ", s.step, ", beyond train.steps = ",
+            c.train.steps);
+  }
+}
+
+Trainer::~Trainer() = default;
+
+TrainSummary Trainer::run() {
+  State& s = *state_;
+  const Config& c = s.config;
+  fs::create_directories(s.run_dir);
+  const bool resumed = !s.resume.empty();
+  write_file_atomic(s.run_dir + "/config.toml", c.to_toml_string());
+  MetricsLog metrics(s.run_dir + "/metrics.jsonl", resumed ? s.step : -1);
+  Progress progress(c.train.steps, s.run_dir + "/train.log", resumed);
+
+  const int64_t tokens_per_step = c.train.batch_size * c.train.seq_len * c.train.grad_accum;
+  const double flops_per_tok = flops_per_token(c.model, c.train.seq_len);
+  const DevicePeak peak = device_peak(s.device, s.trainer->compute_dtype(), c.train.peak_tflops);
+  {
+    std::ostringstream head;
+    head << "tessera: " << parameter_count(c.model) / 1e6 << "M parameters (" << c.model.arch << ", " << c.model.ffn
+         << "), " << s.train_tokens->size() << " training tokens, " << tokens_per_step << " tokens/step, "
+         << c.precision.dtype << " on " << s.device << "; unigram baseline " << s.unigram << " nats; peak "
+         << peak.flops / 1e12 << " TFLOP/s (" << peak.basis << ")";
+    if (resumed) head << "; resumed at step " << s.step;
+    progress.message(head.str());
+  }
+
+  TrainSummary summary;
+  summary.unigram_baseline = s.unigram;
+  const auto run_start = Clock::now();
+  auto interval_start = Clock::now();
+  int64_t interval_steps = 0;
+  double interval_loss = 0, interval_aux = 0;
+  std::string last_checkpoint;
+
+  auto save = [&]() {
+    CheckpointContents contents;
+    contents.model = export_state(*s.trainer->model());
+    contents.optimizer = s.trainer->training_state();
+    contents.optimizer.emplace_back("rng.cpu", at::detail::getDefaultCPUGenerator().get_state());
+    contents.meta = {{"config", c.to_toml_string()},
+                     {"data", {{"path", s.data_dir}, {"seed", c.data.seed}, {"position", s.sampler->position()}}},
+                     {"tokens_seen", s.tokens_seen},
+                     {"elapsed_s", s.elapsed_before + seconds_since(run_start)},
+                     {"torch_version", TORCH_VERSION}};
+    for (const char* name : {"tokenizer.json", "encoder.json", "vocab.bpe"}) {
+      fs::path file = fs::path(s.data_dir) / name;
+      if (fs::exists(file)) contents.extra_files.push_back(file.string());
+    }
+    last_checkpoint = save_checkpoint(s.run_dir + "/checkpoints", s.step, contents);
+    prune_checkpoints(s.run_dir + "/checkpoints", c.checkpoint.keep);
+    progress.message("checkpoint: " + last_checkpoint);
+  };
+
+  while (s.step < c.train.steps) {
+    const double lr = learning_rate(c.optim, s.step, c.train.steps);
+    std::vector<Batch> micro_batches;
+    for (int64_t micro = 0; micro < c.train.grad_accum; ++micro) micro_batches.push_back(s.sampler->next());
+    const StepResult result = s.trainer->run(micro_batches, lr);
+    if (result.skipped)
+      progress.message("step " + std::to_string(s.step + 1) + ": fp16 overflow, update skipped, loss scale now " +
+                       std::to_string(s.trainer->loss_scaler()->value()));
+    interval_loss += result.ce_loss;
+    interval_aux += result.aux_loss;
+    ++s.step;
+    ++interval_steps;
+    s.tokens_seen += tokens_per_step;
+
+    const bool last = s.step == c.train.steps;
+    if (s.step % c.train.log_every == 0 || last) {
+      const double interval_s = seconds_since(interval_start);
+      const double loss = interval_loss / interval_steps;
+      const double tokens_per_s = static_cast<double>(tokens_per_step * interval_steps) / interval_s;
+      nlohmann::json line = {{"step", s.step},
+                             {"loss", loss},
+                             {"lr", lr},
+                             {"tokens_per_s", tokens_per_s},
+                             {"mfu", flops_per_tok * tokens_per_s / peak.flops},
+                             {"grad_norm", result.grad_norm},
+                             {"tokens", s.tokens_seen},
+                             {"elapsed_s", s.elapsed_before + seconds_since(run_start)}};
+      if (c.model.ffn == "moe") line["aux_loss"] = interval_aux / interval_steps;
+      if (const auto* scaler = s.trainer->loss_scaler()) line["loss_scale"] = scaler->value();
+      metrics.write(line);
+      progress.update(s.step, loss, tokens_per_s, interval_s / interval_steps);
+      summary.last_loss = loss;
+      interval_loss = interval_aux = 0;
+      interval_steps = 0;
+      interval_start = Clock::now();
+    }
+    if ((c.eval.every > 0 && s.step % c.eval.every == 0) || last) {
+      const double val_loss = s.trainer->evaluate(s.eval_batches);
+      metrics.write({{"step", s.step}, {"val_loss", val_loss}, {"elapsed_s", s.elapsed_before + seconds_since(run_start)}});
+      char text[96];
+      std::snprintf(text, sizeof(text), "eval: step %lld val_loss %.4f", static_cast<long long>(s.step), val_loss);
+      progress.message(text);
+      summary.last_val_loss = val_loss;
+      interval_start = Clock::now();  // evaluation time is not training throughput
+    }
+    if ((c.checkpoint.every > 0 && s.step % c.checkpoint.every == 0) || last) {
+      save();
+      interval_start = Clock::now();
+    }
+  }
+  summary.steps = s.step;
+  summary.checkpoint = last_checkpoint;
+  return summary;
+}
+
+}  // namespace tessera

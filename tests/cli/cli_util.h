@@ -1,0 +1,63 @@
+// Runs the tessera binary for end-to-end tests, and prepares a small data directory once per
+// test process.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "test_util.h"
+
+namespace tessera::test {
+
+struct CommandResult {
+  int exit_code;
+  std::string output;  // stdout and stderr together
+};
+
+inline CommandResult run_tessera(const std::string& args) {
+  std::string command = std::string(TESSERA_BINARY) + " " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string output;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
+  int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+// A fresh directory under the test's temporary directory.
+inline std::string fresh_dir(const std::string& name) {
+  auto dir = std::filesystem::path(::testing::TempDir()) / ("tessera_" + name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+// The bundled corpus prepared with the byte tokenizer (once per process).
+inline const std::string& prepared_corpus() {
+  static std::string dir = [] {
+    std::string out = fresh_dir("corpus");
+    auto r = run_tessera("prepare --input " + source_path("data/kjv/genesis_to_ruth.txt") + " --out " + out);
+    if (r.exit_code != 0) throw std::runtime_error("prepare failed: " + r.output);
+    return out;
+  }();
+  return dir;
+}
+
+// Settings for a model small enough to train a dozen steps in about a second.
+inline std::string tiny_settings(const std::string& data_dir) {
+  return " --set data.path=" + data_dir +
+         " --set model.n_layer=2 --set model.n_embd=32 --set model.n_head=2 --set model.block_size=32"
+         " --set train.batch_size=4 --set train.seq_len=32 --set train.log_every=1 --set train.threads=1"
+         " --set eval.batches=2 --set optim.warmup_steps=2";
+}
+
+inline std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+}  // namespace tessera::test

@@ -1,0 +1,158 @@
+// Every bad input of the CLI contract ends with one clear message naming the file and key, exit
+// code 2, and no existing checkpoint changed or lost.
+#include <gtest/gtest.h>
+
+#include "checkpoint/checkpoint.h"
+#include "cli_util.h"
+#include "core/fs.h"
+
+namespace tessera::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Expects exit code 2 and every `needle` in the message.
+void expect_error(const std::string& args, std::initializer_list<std::string> needles) {
+  auto r = run_tessera(args);
+  EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+  EXPECT_NE(r.output.find("error: "), std::string::npos) << r.output;
+  for (const auto& needle : needles) EXPECT_NE(r.output.find(needle), std::string::npos) << "missing '" << needle << "' in:\n" << r.output;
+}
+
+std::string write_config(const std::string& name, const std::string& text) {
+  std::string path = fresh_dir("cfg_" + name) + "/" + name + ".toml";
+  write_file_durable(path, text);
+  return path;
+}
+
+TEST(BadConfig, MissingFile) { expect_error("train --config /nonexistent/x.toml", {"/nonexistent/x.toml"}); }
+
+TEST(BadConfig, UnknownPresetName) { expect_error("train --config tiny_gtp", {"tiny_gtp", "presets:", "tiny_gpt"}); }
+
+TEST(BadConfig, MalformedTomlNamesFileAndLine) {
+  std::string path = write_config("malformed", "[train]\nsteps = 10\nlr = = 3\n");
+  expect_error("train --config " + path, {path + ":3", "TOML syntax error"});
+}
+
+TEST(BadConfig, MisspeltKeyIsRefusedWithSuggestion) {
+  std::string path = write_config("misspelt", "[train]\nstpes = 10\n");
+  expect_error("train --config " + path, {path, "train.stpes", "did you mean 'train.steps'"});
+}
+
+TEST(BadConfig, UnknownSection) {
+  std::string path = write_config("section", "[trian]\nsteps = 10\n");
+  expect_error("train --config " + path, {path, "[trian]", "[train]"});
+}
+
+TEST(BadConfig, UnknownKeyThroughSet) {
+  expect_error("train --config tiny_gpt --set optim.learning_rate=1", {"optim.learning_rate", "--set"});
+}
+
+TEST(BadConfig, UnknownModelPreset) {
+  expect_error("train --config tiny_gpt --set model.preset=gpt9", {"gpt9", "model.preset", "gpt2_124m"});
+}
+
+TEST(BadConfig, WrongTypeAndOutOfRange) {
+  expect_error("train --config tiny_gpt --set train.steps=many", {"train.steps must be an integer"});
+  expect_error("train --config tiny_gpt --set train.steps=-5", {"train.steps", "-5"});
+  expect_error("train --config tiny_gpt --set train.seq_len=4096", {"train.seq_len", "model.block_size"});
+}
+
+// A data directory whose train.bin is replaced by `bytes`.
+std::string data_with_train_bin(const std::string& name, const std::string& bytes) {
+  std::string dir = fresh_dir("data_" + name);
+  for (const char* file : {"val.bin", "tokenizer.json"}) fs::copy_file(prepared_corpus() + "/" + file, dir + "/" + file);
+  write_file_durable(dir + "/train.bin", bytes);
+  return dir;
+}
+
+TEST(BadData, MissingDirectory) {
+  expect_error("train --config tiny_gpt --set data.path=/nonexistent/data", {"data.path", "/nonexistent/data"});
+}
+
+TEST(BadData, MissingTrainFile) {
+  std::string dir = data_with_train_bin("missing", "");
+  fs::remove(dir + "/train.bin");
+  expect_error("train --config tiny_gpt" + tiny_settings(dir), {dir + "/train.bin"});
+}
+
+TEST(BadData, ShortFile) {
+  std::string dir = data_with_train_bin("short", std::string(20, 'a'));  // 10 raw uint16 tokens
+  expect_error("train --config tiny_gpt" + tiny_settings(dir), {dir + "/train.bin"});
+}
+
+TEST(BadData, OddSizedFile) {
+  std::string dir = data_with_train_bin("odd", std::string(4097, 'a'));
+  expect_error("train --config tiny_gpt" + tiny_settings(dir), {dir + "/train.bin"});
+}
+
+TEST(BadData, TruncatedTokenFile) {
+  std::string full = slurp(prepared_corpus() + "/train.bin");
+  std::string dir = data_with_train_bin("truncated", full.substr(0, full.size() / 2));
+  expect_error("train --config tiny_gpt" + tiny_settings(dir), {dir + "/train.bin"});
+}
+
+class BadCheckpoint : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    run_dir_ = fresh_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    auto r = run_tessera("train --config tiny_gpt" + tiny_settings(prepared_corpus()) +
+                         " --set train.steps=2 --out " + run_dir_);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    step_dir_ = run_dir_ + "/checkpoints/step_2";
+  }
+  std::string run_dir_, step_dir_;
+};
+
+TEST_F(BadCheckpoint, TruncatedFileIsNamed) {
+  std::string file = step_dir_ + "/model.safetensors";
+  std::string bytes = slurp(file);
+  write_file_durable(file, bytes.substr(0, bytes.size() - 64));
+  expect_error("train --resume " + step_dir_ + " --out " + run_dir_ + "_r", {file, "truncated"});
+  expect_error("generate --checkpoint " + step_dir_, {file});
+}
+
+TEST_F(BadCheckpoint, TamperedFileFailsItsChecksum) {
+  std::string file = step_dir_ + "/optimizer.safetensors";
+  std::string bytes = slurp(file);
+  bytes[bytes.size() / 2] ^= 0x5a;
+  write_file_durable(file, bytes);
+  expect_error("train --resume " + step_dir_ + " --out " + run_dir_ + "_r", {file, "checksum"});
+}
+
+TEST_F(BadCheckpoint, ShapeMismatchIsNamedAndTheCheckpointSurvives) {
+  std::string before = slurp(step_dir_ + "/model.safetensors") + slurp(step_dir_ + "/meta.json");
+  expect_error("train --resume " + run_dir_ + " --set model.n_embd=64 --out " + run_dir_,
+               {step_dir_ + "/model.safetensors", "shape"});
+  EXPECT_EQ(before, slurp(step_dir_ + "/model.safetensors") + slurp(step_dir_ + "/meta.json"));
+  EXPECT_NO_THROW(load_checkpoint(run_dir_));
+}
+
+TEST_F(BadCheckpoint, MissingPath) {
+  expect_error("train --resume " + run_dir_ + "/checkpoints/step_99", {"step_99", "does not exist"});
+}
+
+TEST(CheckpointWrite, ReplacingAStepKeepsACompleteCheckpointAndLatestPointsToIt) {
+  std::string dir = fresh_dir("ckpt_replace");
+  CheckpointContents contents;
+  contents.model = {{"w", torch::ones({2, 2})}};
+  contents.optimizer = {{"m", torch::zeros({2})}};
+  save_checkpoint(dir, 5, contents);
+  contents.model = {{"w", torch::full({2, 2}, 3.0)}};
+  save_checkpoint(dir, 5, contents);
+  auto loaded = load_checkpoint(dir);
+  EXPECT_EQ(loaded.step, 5);
+  EXPECT_TRUE(torch::equal(loaded.model.at("w"), torch::full({2, 2}, 3.0)));
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    std::string name = entry.path().filename().string();
+    EXPECT_TRUE(name == "step_5" || name == "latest") << "left behind: " << name;
+  }
+  save_checkpoint(dir, 6, contents);
+  save_checkpoint(dir, 7, contents);
+  prune_checkpoints(dir, 2);
+  EXPECT_FALSE(fs::exists(dir + "/step_5"));
+  EXPECT_TRUE(fs::exists(dir + "/step_6") && fs::exists(dir + "/step_7"));
+}
+
+}  // namespace
+}  // namespace tessera::test
