@@ -89,7 +89,7 @@ def main():
     print(json.dumps({"peer": f"pytorch-{args.mode}", "parameters": params, "tokens_per_step": tokens_per_step,
                       "step_s": seconds, "median_step_s": median, "tokens_per_s": tokens_per_step / median,
                       "first_step_s": compile_s, "threads": torch.get_num_threads(),
-                      "torch": torch.__version__, "loss": float(loss)}))
+                      "torch": torch.__version__, "loss": float(loss.detach())}))
 
 
 if __name__ == "__main__":
