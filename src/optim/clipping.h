@@ -1,0 +1,18 @@
+// Global gradient-norm clipping, as torch.nn.utils.clip_grad_norm_ with norm_type 2.
+//
+//   norm = sqrt(sum over params with a grad of ||grad||_2^2)      (each ||grad|| accumulated in fp32)
+//   if max_norm > 0 and norm > max_norm: grad *= max_norm / (norm + 1e-6), in place
+//
+// The norm returned is the one before clipping. A nonfinite norm (inf/nan in some grad) is
+// returned as is and the grads are left untouched, so the caller can see it and skip the step.
+#pragma once
+
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace tessera {
+
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
+
+}  // namespace tessera

@@ -1,0 +1,69 @@
+// The [optim] section: which optimizer, its hyperparameters, gradient clipping and the
+// learning-rate schedule.
+//
+// Schedule (learning_rate below), with W = warmup_steps, T = total steps, s the 0-based step:
+//   s < W:                    lr * (s + 1) / W                         (linear warmup, never 0)
+//   s >= W, "constant":       lr
+//   s >= W, "cosine":         min + (lr - min) * (1 + cos(pi * p)) / 2,  p = (s - W) / (T - W)
+//   s >= W, "linear":         lr - (lr - min) * p
+// where min = lr * min_lr_ratio and p is clamped to [0, 1], so steps past T stay at the floor.
+//
+// Adafactor with adafactor_relative_step = true computes its own step size
+// min(1e-2, 1/sqrt(t)) and ignores the schedule's lr (HF transformers semantics).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tessera {
+
+struct OptimOptions {
+  std::string name = "adamw";
+  double lr = 1e-3;
+  double min_lr_ratio = 0.1;
+  int64_t warmup_steps = 20;
+  std::string schedule = "cosine";
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;
+  bool fused = true;
+  bool adafactor_relative_step = true;
+  double adafactor_clip_threshold = 1.0;
+  double adafactor_decay_rate = -0.8;
+  double adafactor_eps1 = 1e-30;
+  double adafactor_eps2 = 1e-3;
+  double adafactor_beta1 = 0.0;
+  bool adafactor_scale_parameter = true;
+
+  template <class V>
+  void visit(V& v) {
+    v("name", name, "optimizer: adamw or adafactor");
+    v("lr", lr, "peak learning rate (after warmup)");
+    v("min_lr_ratio", min_lr_ratio, "final learning rate as a fraction of lr (cosine and linear schedules)");
+    v("warmup_steps", warmup_steps, "steps of linear warmup from lr/warmup_steps to lr");
+    v("schedule", schedule, "after warmup: cosine, linear (both decay to lr*min_lr_ratio) or constant");
+    v("beta1", beta1, "AdamW first-moment decay");
+    v("beta2", beta2, "AdamW second-moment decay");
+    v("eps", eps, "AdamW denominator epsilon");
+    v("weight_decay", weight_decay, "decoupled weight decay, applied to parameters with 2+ dims only");
+    v("grad_clip", grad_clip, "clip the global gradient L2 norm to this value (0 = off, norm still measured)");
+    v("fused", fused, "AdamW through the fused ATen kernel (_fused_adamw_) instead of per-tensor ops");
+    v("adafactor_relative_step", adafactor_relative_step,
+      "Adafactor step size min(1e-2, 1/sqrt(t)), ignoring lr and its schedule");
+    v("adafactor_clip_threshold", adafactor_clip_threshold, "Adafactor update clipping: RMS(update) <= this");
+    v("adafactor_decay_rate", adafactor_decay_rate, "Adafactor second-moment decay beta2_t = 1 - t^decay_rate (< 0)");
+    v("adafactor_eps1", adafactor_eps1, "Adafactor epsilon added to squared gradients");
+    v("adafactor_eps2", adafactor_eps2, "Adafactor floor on RMS(parameter) when scaling the step");
+    v("adafactor_beta1", adafactor_beta1, "Adafactor first-moment decay (0 = no first moment)");
+    v("adafactor_scale_parameter", adafactor_scale_parameter,
+      "Adafactor step scaled by max(adafactor_eps2, RMS(parameter))");
+  }
+  void check(const std::string& source) const;
+};
+
+// The learning rate for 0-based `step` of a run of `total_steps` optimizer steps (formula above).
+double learning_rate(const OptimOptions& options, int64_t step, int64_t total_steps);
+
+}  // namespace tessera

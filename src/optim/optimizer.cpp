@@ -1,0 +1,45 @@
+// The optimizer factory and the state-loading check shared by every optimizer.
+#include "optim/optimizer.h"
+
+#include <set>
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include "core/error.h"
+#include "optim/adafactor.h"
+#include "optim/adamw.h"
+
+namespace tessera {
+
+Optimizer::~Optimizer() = default;
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimOptions& options, NamedParams named_params) {
+  if (options.name == "adamw") return std::make_unique<AdamW>(options, std::move(named_params));
+  if (options.name == "adafactor") return std::make_unique<Adafactor>(options, std::move(named_params));
+  fail("optim.name must be adamw or adafactor (got ", options.name, ")");
+}
+
+void load_named_state(const NamedParams& live, const std::map<std::string, at::Tensor>& given,
+                      const std::string& source) {
+  for (const auto& [name, tensor] : live) {
+    auto it = given.find(name);
+    require(it != given.end(), source, ": optimizer state ", name, " is missing");
+    require(it->second.sizes() == tensor.sizes(), source, ": optimizer state ", name, " has shape ",
+            it->second.sizes(), ", expected ", tensor.sizes());
+  }
+  if (given.size() != live.size()) {
+    std::set<std::string> known;
+    for (const auto& entry : live) known.insert(entry.first);
+    for (const auto& entry : given)
+      require(known.count(entry.first) > 0, source, ": unexpected optimizer state ", entry.first,
+              " (no such parameter slot)");
+  }
+  at::NoGradGuard no_grad;
+  for (const auto& [name, tensor] : live) {
+    at::Tensor target = tensor;
+    target.copy_(given.at(name));
+  }
+}
+
+}  // namespace tessera
