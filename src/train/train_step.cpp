@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 #include <torch/torch.h>
 
-#include "core/error.h"
 #include "optim/clipping.h"
 #include "precision/autocast.h"
 
@@ -35,7 +34,7 @@ TrainStep::TrainStep(const Config& config, c10::Device device)
     named.clear();
     for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
     master_ = std::make_unique<MasterWeights>(named);
-    scaler_ = std::make_unique<DynamicLossScaler>(config.precision);
+    scaler_ = std::make_unique<DynamicLossScaler>(config.precision, device_);
     optimizer_ = make_optimizer(config.optim, master_->master());
   } else {
     optimizer_ = make_optimizer(config.optim, named);
@@ -111,17 +110,7 @@ NamedTensors TrainStep::training_state() const {
 }
 
 void TrainStep::load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) {
-  if (master_) {
-    auto saved = with_prefix(tensors, "master.");
-    torch::NoGradGuard no_grad;
-    for (const auto& [name, p] : master_->master()) {
-      auto it = saved.find(name);
-      require(it != saved.end(), source, ": missing tensor 'master.", name, "' (fp32 master weight)");
-      require(it->second.sizes() == p.sizes(), source, ": tensor 'master.", name, "' has shape ", it->second.sizes(),
-              ", the model expects ", p.sizes());
-      p.copy_(it->second);
-    }
-  }
+  if (master_) load_named_state(master_->master(), with_prefix(tensors, "master."), source);
   optimizer_->load_state(with_prefix(tensors, "optim."), source);
   if (scaler_) scaler_->load_state(with_prefix(tensors, "scaler."), source);
 }

@@ -16,8 +16,7 @@
 #include "data/sampler.h"
 #include "model/transformer.h"
 #include "optim/optimizer.h"
-#include "precision/loss_scaler.h"
-#include "precision/master_weights.h"
+#include "precision/fp16.h"
 #include "train/config.h"
 
 namespace tessera {
