@@ -1,0 +1,149 @@
+// [precision] checks, the autocast dtype policy, AutocastGuard nesting and restore, and the
+// dynamic loss scale's growth/backoff (fp16.h) against at::_amp_update_scale_'s rules.
+#include <gtest/gtest.h>
+
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+
+#include "core/error.h"
+#include "precision/autocast.h"
+#include "precision/fp16.h"
+#include "precision/precision_options.h"
+
+namespace tessera {
+namespace {
+
+TEST(PrecisionOptions, CheckNamesTheKey) {
+  PrecisionOptions ok;
+  EXPECT_NO_THROW(ok.check("run.toml"));
+  auto expect_error = [](PrecisionOptions o, const std::string& needle) {
+    try {
+      o.check("run.toml");
+      FAIL() << "expected " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("run.toml: precision." + needle), std::string::npos) << e.what();
+    }
+  };
+  PrecisionOptions o;
+  o.dtype = "fp8";
+  expect_error(o, "dtype must be fp32, bf16 or fp16 (got fp8)");
+  o = {};
+  o.loss_scale_init = 0;
+  expect_error(o, "loss_scale_init");
+  o = {};
+  o.loss_scale_backoff = 1.0;
+  expect_error(o, "loss_scale_backoff");
+  o = {};
+  o.loss_scale_growth_interval = 0;
+  expect_error(o, "loss_scale_growth_interval");
+}
+
+TEST(PrecisionOptions, AutocastOnlyForBf16) {
+  PrecisionOptions o;
+  EXPECT_FALSE(autocast_dtype(o).has_value());
+  EXPECT_EQ(parameter_dtype(o), at::kFloat);
+  o.dtype = "bf16";
+  EXPECT_EQ(autocast_dtype(o), std::optional<at::ScalarType>(at::kBFloat16));
+  EXPECT_EQ(parameter_dtype(o), at::kFloat);
+  o.dtype = "fp16";
+  EXPECT_FALSE(autocast_dtype(o).has_value());
+  EXPECT_EQ(parameter_dtype(o), at::kHalf);
+}
+
+TEST(AutocastGuard, NestsAndRestores) {
+  namespace ac = at::autocast;
+  const bool enabled0 = ac::is_autocast_enabled(at::kCPU);
+  const at::ScalarType dtype0 = ac::get_autocast_dtype(at::kCPU);
+  ASSERT_FALSE(enabled0);
+  torch::nn::Linear linear(8, 4);
+  auto x = torch::randn({2, 8});
+  {
+    AutocastGuard outer(at::kCPU, at::kBFloat16, true);
+    EXPECT_TRUE(ac::is_autocast_enabled(at::kCPU));
+    EXPECT_EQ(ac::get_autocast_dtype(at::kCPU), at::kBFloat16);
+    EXPECT_EQ(linear(x).scalar_type(), at::kBFloat16);
+    {
+      AutocastGuard inner(at::kCPU, at::kHalf, false);
+      EXPECT_FALSE(ac::is_autocast_enabled(at::kCPU));
+      EXPECT_EQ(ac::get_autocast_dtype(at::kCPU), at::kHalf);
+      EXPECT_EQ(linear(x).scalar_type(), at::kFloat);
+    }
+    EXPECT_TRUE(ac::is_autocast_enabled(at::kCPU));
+    EXPECT_EQ(ac::get_autocast_dtype(at::kCPU), at::kBFloat16);
+    EXPECT_EQ(linear(x).scalar_type(), at::kBFloat16);
+  }
+  EXPECT_EQ(ac::is_autocast_enabled(at::kCPU), enabled0);
+  EXPECT_EQ(ac::get_autocast_dtype(at::kCPU), dtype0);
+  EXPECT_EQ(linear(x).scalar_type(), at::kFloat);
+}
+
+TEST(AutocastGuard, Bf16ForwardMatchesExplicitCasts) {
+  torch::nn::Linear linear(16, 8);
+  auto x = torch::randn({4, 16});
+  at::Tensor y;
+  {
+    AutocastGuard guard(at::kCPU, at::kBFloat16, true);
+    y = linear(x);
+  }
+  auto expected = at::linear(x.to(at::kBFloat16), linear->weight.to(at::kBFloat16), linear->bias.to(at::kBFloat16));
+  EXPECT_TRUE(at::equal(y, expected));
+}
+
+PrecisionOptions scaler_options() {
+  PrecisionOptions o;
+  o.dtype = "fp16";
+  o.loss_scale_init = 1024;
+  o.loss_scale_growth_interval = 3;
+  return o;
+}
+
+TEST(DynamicLossScaler, GrowsAfterIntervalAndBacksOffOnInf) {
+  DynamicLossScaler scaler(scaler_options());
+  EXPECT_EQ(scaler.value(), 1024);
+  scaler.update(false);
+  scaler.update(false);
+  EXPECT_EQ(scaler.value(), 1024);
+  EXPECT_EQ(scaler.good_steps(), 2);
+  scaler.update(false);
+  EXPECT_EQ(scaler.value(), 2048);
+  EXPECT_EQ(scaler.good_steps(), 0);
+  scaler.update(false);
+  scaler.update(true);
+  EXPECT_EQ(scaler.value(), 1024);
+  EXPECT_EQ(scaler.good_steps(), 0);
+  scaler.update(true);
+  EXPECT_EQ(scaler.value(), 512);
+  EXPECT_EQ(scaler.scale().scalar_type(), at::kFloat);
+  EXPECT_EQ(scaler.scale().item<double>(), 512);
+}
+
+TEST(DynamicLossScaler, StateRoundTrip) {
+  DynamicLossScaler a(scaler_options());
+  a.update(true);
+  a.update(false);
+  std::map<std::string, at::Tensor> saved;
+  for (const auto& [n, t] : a.state()) saved[n] = t.clone();
+  DynamicLossScaler b(scaler_options());
+  b.load_state(saved, "ckpt/optimizer.safetensors");
+  EXPECT_EQ(b.value(), 512);
+  EXPECT_EQ(b.good_steps(), 1);
+  a.update(false);
+  a.update(false);
+  b.update(false);
+  b.update(false);
+  EXPECT_EQ(b.value(), a.value());
+  EXPECT_EQ(b.value(), 1024);
+
+  saved.erase("loss_scaler.growth_tracker");
+  try {
+    b.load_state(saved, "ckpt/optimizer.safetensors");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ckpt/optimizer.safetensors: loss scaler state loss_scaler.growth_tracker is missing"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tessera
