@@ -1,0 +1,142 @@
+// Reentrant activation checkpointing as a torch::autograd::Function (activation_checkpointing.h).
+//
+// The segment callable cannot be stored in an IValue directly; it travels in an IValue capsule
+// (a CustomClassHolder), so it is freed together with the autograd node.
+#include "memory/activation_checkpointing.h"
+
+#include <mutex>
+#include <set>
+#include <utility>
+
+#include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/torch.h>
+
+#include "core/error.h"
+
+namespace tessera {
+namespace {
+
+// Default generator states of the CPU and of the CUDA devices the inputs live on.
+struct RngState {
+  std::vector<std::pair<at::Device, at::Tensor>> states;
+
+  static RngState capture(const TensorList& inputs) {
+    std::set<c10::DeviceIndex> cuda;
+    for (const auto& t : inputs)
+      if (t.defined() && t.is_cuda()) cuda.insert(t.device().index());
+    RngState r;
+    r.states.emplace_back(at::Device(at::kCPU), state_of(at::Device(at::kCPU)));
+    for (auto index : cuda) r.states.emplace_back(at::Device(at::kCUDA, index), state_of(at::Device(at::kCUDA, index)));
+    return r;
+  }
+  static at::Tensor state_of(at::Device device) {
+    auto gen = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    return gen.get_state();
+  }
+  void restore() const {
+    for (const auto& [device, state] : states) {
+      auto gen = at::globalContext().defaultGenerator(device);
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(state);
+    }
+  }
+};
+
+// Autocast enabled flag and dtype for CPU and CUDA.
+struct AutocastState {
+  bool cpu_enabled = false, cuda_enabled = false;
+  at::ScalarType cpu_dtype = at::kBFloat16, cuda_dtype = at::kHalf;
+
+  static AutocastState capture() {
+    AutocastState s;
+    s.cpu_enabled = at::autocast::is_autocast_enabled(at::kCPU);
+    s.cuda_enabled = at::autocast::is_autocast_enabled(at::kCUDA);
+    s.cpu_dtype = at::autocast::get_autocast_dtype(at::kCPU);
+    s.cuda_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+    return s;
+  }
+  void apply() const {
+    at::autocast::set_autocast_enabled(at::kCPU, cpu_enabled);
+    at::autocast::set_autocast_enabled(at::kCUDA, cuda_enabled);
+    at::autocast::set_autocast_dtype(at::kCPU, cpu_dtype);
+    at::autocast::set_autocast_dtype(at::kCUDA, cuda_dtype);
+  }
+};
+
+// What the backward pass needs besides the saved inputs.
+struct Segment : torch::CustomClassHolder {
+  SegmentFn fn;
+  RngState rng;
+  AutocastState autocast;
+};
+
+struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
+  // `inputs` is an ArrayRef so that apply() registers each tensor as an autograd input.
+  static TensorList forward(torch::autograd::AutogradContext* ctx, const SegmentFn& fn, at::TensorList inputs) {
+    auto segment = c10::make_intrusive<Segment>();
+    segment->fn = fn;
+    segment->rng = RngState::capture(inputs.vec());
+    segment->autocast = AutocastState::capture();
+    ctx->save_for_backward(inputs.vec());
+    ctx->saved_data["segment"] = c10::IValue::make_capsule(segment);
+    torch::NoGradGuard no_grad;
+    return fn(inputs.vec());
+  }
+
+  static TensorList backward(torch::autograd::AutogradContext* ctx, TensorList grad_outputs) {
+    auto segment = c10::static_intrusive_pointer_cast<Segment>(ctx->saved_data["segment"].toCapsule());
+    TensorList inputs;
+    for (const auto& saved : ctx->get_saved_variables())
+      inputs.push_back(saved.detach().requires_grad_(saved.requires_grad()));
+
+    TensorList outputs;
+    {
+      const RngState outer_rng = RngState::capture(inputs);
+      const AutocastState outer_autocast = AutocastState::capture();
+      segment->rng.restore();
+      segment->autocast.apply();
+      at::AutoGradMode grad_mode(true);
+      outputs = segment->fn(inputs);
+      outer_autocast.apply();
+      outer_rng.restore();
+    }
+
+    TensorList roots, grads;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (outputs[i].defined() && outputs[i].requires_grad() && grad_outputs[i].defined()) {
+        roots.push_back(outputs[i]);
+        grads.push_back(grad_outputs[i]);
+      }
+    }
+    if (!roots.empty()) torch::autograd::backward(roots, grads);
+
+    TensorList input_grads{at::Tensor()};  // fn is not a tensor
+    for (const auto& input : inputs) input_grads.push_back(input.requires_grad() ? input.grad() : at::Tensor());
+    return input_grads;
+  }
+};
+
+}  // namespace
+
+TensorList checkpoint(SegmentFn fn, const TensorList& inputs) {
+  return CheckpointFunction::apply(fn, at::TensorList(inputs));
+}
+
+at::Tensor checkpoint(std::function<at::Tensor(const at::Tensor&)> fn, const at::Tensor& input) {
+  return checkpoint([fn = std::move(fn)](const TensorList& in) { return TensorList{fn(in[0])}; }, TensorList{input})[0];
+}
+
+bool checkpoint_applies(const at::Tensor& x) { return at::GradMode::is_enabled() && x.requires_grad(); }
+
+CheckpointMode parse_checkpoint_mode(const std::string& mode) {
+  if (mode == "none") return CheckpointMode::none;
+  if (mode == "full") return CheckpointMode::full;
+  if (mode == "selective") return CheckpointMode::selective;
+  fail("memory.activation_checkpointing must be none, full or selective (got '", mode, "')");
+}
+
+}  // namespace tessera

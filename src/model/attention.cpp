@@ -1,0 +1,39 @@
+// Causal softmax self-attention (attention.h).
+#include "model/attention.h"
+
+#include <torch/torch.h>
+
+#include "memory/activation_checkpointing.h"
+#include "model/norm.h"
+
+namespace tessera {
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelOptions& opts)
+    : n_head_(opts.n_head), dropout_(opts.dropout) {
+  const int64_t C = opts.n_embd;
+  c_attn = register_module("c_attn", torch::nn::Linear(torch::nn::LinearOptions(C, 3 * C).bias(opts.bias)));
+  c_proj = register_module("c_proj", torch::nn::Linear(torch::nn::LinearOptions(C, C).bias(opts.bias)));
+  init_normal(c_attn->weight, 0.02);
+  init_zero(c_attn->bias);
+  init_normal(c_proj->weight, residual_std(opts.n_layer));
+  init_zero(c_proj->bias);
+}
+
+at::Tensor CausalSelfAttentionImpl::core(const at::Tensor& qkv) {
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
+  auto heads = [&](const at::Tensor& t) { return t.view({B, T, n_head_, C / n_head_}).transpose(1, 2); };
+  auto parts = qkv.split(C, -1);
+  const double p = is_training() ? dropout_ : 0.0;
+  auto y = at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), {}, p,
+                                            /*is_causal=*/true);
+  return y.transpose(1, 2).contiguous().view({B, T, C});
+}
+
+at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
+  auto qkv = c_attn(x);
+  auto y = checkpoint_core_ && checkpoint_applies(qkv) ? checkpoint([this](const at::Tensor& t) { return core(t); }, qkv)
+                                                    : core(qkv);
+  return c_proj(y);
+}
+
+}  // namespace tessera

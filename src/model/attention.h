@@ -1,0 +1,38 @@
+// Causal multi-head softmax self-attention of GPT-2 (arch gpt).
+//
+//   qkv = c_attn(x)                       [B, T, 3C], in q, k, v order along the last dim
+//   q, k, v -> [B, H, T, d]               d = C / H
+//   y = SDPA(q, k, v, causal)             softmax(q k^T / sqrt(d)) v, dropout on the probabilities
+//   out = c_proj(y)                       [B, T, C]
+//
+// The attention core (split, SDPA, merge: qkv -> y) is what selective activation checkpointing
+// recomputes in backward; set_checkpoint_core(true) turns that on.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include "model/model_options.h"
+
+namespace tessera {
+
+class CausalSelfAttentionImpl : public torch::nn::Module {
+ public:
+  explicit CausalSelfAttentionImpl(const ModelOptions& opts);
+  at::Tensor forward(const at::Tensor& x);  // [B, T, C] -> [B, T, C]
+  void set_checkpoint_core(bool on) { checkpoint_core_ = on; }
+
+  torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
+
+ private:
+  at::Tensor core(const at::Tensor& qkv);  // [B, T, 3C] -> [B, T, C]
+
+  int64_t n_head_;
+  double dropout_;
+  bool checkpoint_core_ = false;
+};
+TORCH_MODULE(CausalSelfAttention);
+
+}  // namespace tessera

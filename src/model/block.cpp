@@ -1,0 +1,48 @@
+// The transformer block and its checkpointing modes (block.h).
+#include "model/block.h"
+
+#include <torch/torch.h>
+
+namespace tessera {
+
+BlockImpl::BlockImpl(const ModelOptions& opts, int64_t layer) : dropout_(opts.dropout) {
+  const bool linear = opts.arch == "linear";
+  const NormKind norm = linear ? NormKind::rms : NormKind::layer;
+  ln_1 = register_module("ln_1", Norm(norm, opts.n_embd, opts.bias));
+  if (linear) linear_attn = register_module("attn", LinearAttention(opts));
+  else softmax_attn = register_module("attn", CausalSelfAttention(opts));
+  ln_2 = register_module("ln_2", Norm(norm, opts.n_embd, opts.bias));
+  if (opts.is_moe_block(layer)) moe = register_module("moe", MoE(opts));
+  else mlp = register_module("mlp", MLP(opts));
+}
+
+void BlockImpl::set_checkpoint_mode(CheckpointMode mode) {
+  mode_ = mode;
+  if (softmax_attn) softmax_attn->set_checkpoint_core(mode == CheckpointMode::selective);
+  if (linear_attn) linear_attn->set_checkpoint_core(mode == CheckpointMode::selective);
+}
+
+BlockOutput BlockImpl::run(const at::Tensor& x) {
+  auto h = ln_1(x);
+  auto a = softmax_attn ? softmax_attn(h) : linear_attn(h);
+  auto y = x + torch::dropout(a, dropout_, is_training());
+  h = ln_2(y);
+  if (moe) {
+    auto out = moe(h);
+    return {y + torch::dropout(out.y, dropout_, is_training()), out.aux_loss};
+  }
+  return {y + torch::dropout(mlp(h), dropout_, is_training()), torch::zeros({}, x.options().dtype(at::kFloat))};
+}
+
+BlockOutput BlockImpl::forward(const at::Tensor& x) {
+  if (mode_ != CheckpointMode::full || !checkpoint_applies(x)) return run(x);
+  auto out = checkpoint(
+      [this](const TensorList& in) {
+        auto o = run(in[0]);
+        return TensorList{o.x, o.aux_loss};
+      },
+      TensorList{x});
+  return {out[0], out[1]};
+}
+
+}  // namespace tessera

@@ -1,0 +1,52 @@
+// One pre-norm transformer block:
+//   x = x + dropout(attn(ln_1(x)))
+//   x = x + dropout(ffn(ln_2(x)))         ffn = mlp (dense) or moe
+// Submodules: ln_1, attn, ln_2, and mlp or moe. arch gpt uses LayerNorm and softmax attention;
+// arch linear uses RMSNorm and lightning attention (norm.h, attention.h, linear_attention.h).
+//
+// Activation checkpointing is applied from outside through set_checkpoint_mode: full recomputes
+// the whole block in backward, selective only the attention core.
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include "memory/activation_checkpointing.h"
+#include "model/attention.h"
+#include "model/linear_attention.h"
+#include "model/mlp.h"
+#include "model/model_options.h"
+#include "model/moe.h"
+#include "model/norm.h"
+
+namespace tessera {
+
+struct BlockOutput {
+  at::Tensor x;         // [B, T, C]
+  at::Tensor aux_loss;  // float32 scalar: the MoE auxiliary losses, zero for a dense block
+};
+
+class BlockImpl : public torch::nn::Module {
+ public:
+  BlockImpl(const ModelOptions& opts, int64_t layer);
+  BlockOutput forward(const at::Tensor& x);
+  void set_checkpoint_mode(CheckpointMode mode);
+
+  Norm ln_1{nullptr}, ln_2{nullptr};
+  CausalSelfAttention softmax_attn{nullptr};  // registered as "attn" (arch gpt)
+  LinearAttention linear_attn{nullptr};       // registered as "attn" (arch linear)
+  MLP mlp{nullptr};                           // dense blocks
+  MoE moe{nullptr};                           // MoE blocks
+
+ private:
+  BlockOutput run(const at::Tensor& x);
+
+  double dropout_;
+  CheckpointMode mode_ = CheckpointMode::none;
+};
+TORCH_MODULE(Block);
+
+}  // namespace tessera

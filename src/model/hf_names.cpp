@@ -1,0 +1,83 @@
+// Export / import name mapping (hf_names.h).
+#include "model/hf_names.h"
+
+#include <sstream>
+
+#include <torch/torch.h>
+
+#include "core/error.h"
+
+namespace tessera {
+namespace {
+
+// True for the weight of a Linear layer that HF GPT-2 stores as a Conv1D ([in, out]).
+bool is_conv1d_weight(const std::string& name) {
+  auto ends_with = [&](const std::string& suffix) {
+    return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  return ends_with(".c_attn.weight") || ends_with(".c_proj.weight") || ends_with(".c_fc.weight");
+}
+
+std::string shape_string(at::IntArrayRef sizes) {
+  std::ostringstream out;
+  out << sizes;
+  return out.str();
+}
+
+struct ExportEntry {
+  std::string name;   // export name
+  at::Tensor param;   // the model's parameter
+  bool transposed;    // stored transposed on export
+};
+
+std::vector<ExportEntry> export_entries(TransformerLMImpl& model) {
+  const bool hf = uses_hf_gpt2_names(model.options());
+  std::vector<ExportEntry> entries;
+  for (const auto& item : model.named_parameters()) {
+    const bool transpose = hf && is_conv1d_weight(item.key());
+    entries.push_back({(hf ? "transformer." : "model.") + item.key(), item.value(), transpose});
+  }
+  return entries;
+}
+
+}  // namespace
+
+bool uses_hf_gpt2_names(const ModelOptions& opts) {
+  return opts.arch == "gpt" && opts.ffn == "dense" && opts.bias;
+}
+
+NamedTensors export_state(TransformerLMImpl& model) {
+  NamedTensors out;
+  for (const auto& e : export_entries(model)) {
+    auto t = e.param.detach();
+    out.emplace_back(e.name, e.transposed ? t.t().contiguous() : t.contiguous());
+  }
+  return out;
+}
+
+void import_state(TransformerLMImpl& model, const std::map<std::string, at::Tensor>& tensors,
+                  const std::string& source) {
+  const auto& o = model.options();
+  auto entries = export_entries(model);
+  std::set<std::string> expected;
+  for (const auto& e : entries) expected.insert(e.name);
+  for (const auto& [name, t] : tensors)
+    require(expected.count(name), source, ": unexpected tensor '", name, "' (the model is arch ", o.arch, ", ffn ",
+            o.ffn, ", bias ", o.bias ? "true" : "false", ", n_layer ", o.n_layer, ")");
+  torch::NoGradGuard no_grad;
+  for (auto& e : entries) {
+    auto it = tensors.find(e.name);
+    require(it != tensors.end(), source, ": missing tensor '", e.name, "'");
+    auto value = e.transposed && it->second.dim() == 2 ? it->second.t() : it->second;
+    if (value.sizes() != e.param.sizes()) {
+      auto stored = e.transposed ? e.param.t().sizes() : e.param.sizes();
+      fail(source, ": tensor '", e.name, "' has shape ", shape_string(it->second.sizes()), ", the model expects ",
+           shape_string(stored), " (model.vocab_size = ", o.vocab_size, ", model.n_embd = ", o.n_embd,
+           ", model.block_size = ", o.block_size, ", model.mlp_ratio = ", o.mlp_ratio, ", model.moe_experts = ",
+           o.moe_experts, ")");
+    }
+    e.param.copy_(value);
+  }
+}
+
+}  // namespace tessera

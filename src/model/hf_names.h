@@ -1,0 +1,35 @@
+// Parameter naming for export and import (safetensors checkpoints, DESIGN.md "User-facing contracts").
+//
+// A model with the exact Hugging Face GPT-2 layout (arch gpt, ffn dense, bias true) is written
+// with GPT2LMHeadModel's names, so `transformers` loads it:
+//   wte.weight -> transformer.wte.weight, wpe.weight -> transformer.wpe.weight,
+//   h.{i}.<...> -> transformer.h.{i}.<...>, ln_f.<...> -> transformer.ln_f.<...>;
+//   HF's Conv1D stores a weight as [in, out], so the weights of the Linear layers c_attn, c_proj
+//   and c_fc ([out, in] here) are transposed. lm_head.weight is tied to wte and not written.
+// Any other model is written with its internal names prefixed "model." and no transposition.
+// import_state is the exact inverse and refuses missing, unexpected or mis-shaped tensors.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "checkpoint/safetensors.h"
+#include "model/transformer.h"
+
+namespace tessera {
+
+// Whether export_state uses the Hugging Face GPT-2 names for this model.
+bool uses_hf_gpt2_names(const ModelOptions& opts);
+
+// The model's parameters under their export names (detached; contiguous).
+NamedTensors export_state(TransformerLMImpl& model);
+
+// Copies `tensors` (export names) into the model's parameters under NoGradGuard, converting dtype
+// and device. Throws tessera::Error naming `source` and the tensor when a parameter is missing, a
+// tensor is unexpected, or a shape differs.
+void import_state(TransformerLMImpl& model, const std::map<std::string, at::Tensor>& tensors,
+                  const std::string& source);
+
+}  // namespace tessera

@@ -1,0 +1,136 @@
+// Lightning attention (chunked), its recurrent reference, and the linear attention layer
+// (linear_attention.h).
+#include "model/linear_attention.h"
+
+#include <cmath>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "core/error.h"
+#include "memory/activation_checkpointing.h"
+#include "model/norm.h"
+
+namespace tessera {
+namespace {
+
+void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& decay) {
+  require(q.dim() == 4 && k.sizes() == q.sizes() && v.dim() == 4 && v.size(0) == q.size(0) &&
+              v.size(1) == q.size(1) && v.size(2) == q.size(2),
+          "linear attention: q, k must be [B, H, T, d_k] and v [B, H, T, d_v] (got ", q.sizes(), ", ", k.sizes(),
+          ", ", v.sizes(), ")");
+  require(decay.dim() == 1 && decay.size(0) == q.size(1), "linear attention: decay must be [H] (got ",
+          decay.sizes(), " for H = ", q.size(1), ")");
+}
+
+at::Tensor start_state(const at::Tensor& initial_state, const at::Tensor& q, const at::Tensor& v) {
+  if (initial_state.defined()) return initial_state.to(at::kFloat);
+  return torch::zeros({q.size(0), q.size(1), q.size(3), v.size(3)}, q.options().dtype(at::kFloat));
+}
+
+// exp(log_decay * distance) for log_decay [H] and distances [n...]: [H, n...].
+at::Tensor decay_power(const at::Tensor& log_decay, const at::Tensor& distance) {
+  auto shape = std::vector<int64_t>{log_decay.size(0)};
+  for (int64_t i = 0; i < distance.dim(); ++i) shape.push_back(1);
+  return at::exp(log_decay.view(shape) * distance.unsqueeze(0));
+}
+
+std::vector<double> power_of_two_slopes(int64_t n) {
+  std::vector<double> s;
+  for (int64_t h = 0; h < n; ++h) s.push_back(std::pow(2.0, -8.0 * static_cast<double>(h + 1) / static_cast<double>(n)));
+  return s;
+}
+
+}  // namespace
+
+at::Tensor lightning_attention_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& decay, int64_t chunk, const at::Tensor& initial_state,
+                                       at::Tensor* final_state) {
+  check_inputs(q, k, v, decay);
+  require(chunk > 0, "linear attention: chunk must be positive (got ", chunk, ")");
+  const int64_t T = q.size(2);
+  auto qf = q.to(at::kFloat), kf = k.to(at::kFloat), vf = v.to(at::kFloat);
+  auto log_decay = at::log(decay.to(q.device(), at::kFloat));  // [H], < 0
+  auto state = start_state(initial_state, q, v);                // [B, H, d_k, d_v]
+  std::vector<at::Tensor> outputs;
+  for (int64_t start = 0; start < T; start += chunk) {
+    const int64_t c = std::min(chunk, T - start);
+    auto qc = qf.narrow(2, start, c), kc = kf.narrow(2, start, c), vc = vf.narrow(2, start, c);
+    auto pos = torch::arange(c, qf.options());                                 // i = 0..c-1
+    auto dist = pos.unsqueeze(1) - pos.unsqueeze(0);                           // [c, c] i - j
+    auto D = decay_power(log_decay, dist.clamp_min(0)) * (dist >= 0).to(at::kFloat);  // [H, c, c]
+    auto intra = at::matmul(at::matmul(qc, kc.transpose(-1, -2)) * D, vc);     // [B, H, c, d_v]
+    auto inter = at::matmul(qc * decay_power(log_decay, pos).unsqueeze(-1), state);
+    outputs.push_back(intra + inter);
+    auto k_decay = decay_power(log_decay, c - pos).unsqueeze(-1);              // [H, c, 1] λ^{c-j}
+    auto chunk_decay = at::exp(log_decay * static_cast<double>(c)).view({-1, 1, 1});
+    state = chunk_decay * state + at::matmul((kc * k_decay).transpose(-1, -2), vc);
+  }
+  if (final_state) *final_state = state;
+  return at::cat(outputs, 2).to(q.scalar_type());
+}
+
+at::Tensor linear_attention_recurrent(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const at::Tensor& decay, const at::Tensor& initial_state,
+                                      at::Tensor* final_state) {
+  check_inputs(q, k, v, decay);
+  auto qf = q.to(at::kFloat), kf = k.to(at::kFloat), vf = v.to(at::kFloat);
+  auto lambda = decay.to(q.device(), at::kFloat).view({1, -1, 1, 1});
+  auto state = start_state(initial_state, q, v);
+  std::vector<at::Tensor> outputs;
+  for (int64_t i = 0; i < q.size(2); ++i) {
+    auto ki = kf.select(2, i), vi = vf.select(2, i), qi = qf.select(2, i);  // [B, H, d]
+    state = state + ki.unsqueeze(-1) * vi.unsqueeze(-2);
+    outputs.push_back(at::matmul(qi.unsqueeze(-2), state).squeeze(-2));
+    state = lambda * state;
+  }
+  if (final_state) *final_state = state;
+  return at::stack(outputs, 2).to(q.scalar_type());
+}
+
+at::Tensor alibi_slopes(int64_t n_head) {
+  int64_t n = 1;
+  while (n * 2 <= n_head) n *= 2;
+  auto slopes = power_of_two_slopes(n);
+  if (n < n_head) {
+    auto extra = power_of_two_slopes(2 * n);
+    for (int64_t i = 0; static_cast<int64_t>(slopes.size()) < n_head; i += 2) slopes.push_back(extra[i]);
+  }
+  return torch::tensor(slopes, torch::kDouble).to(at::kFloat);
+}
+
+LinearAttentionImpl::LinearAttentionImpl(const ModelOptions& opts)
+    : n_head_(opts.n_head), chunk_(opts.linear_chunk), decay_(at::exp(-alibi_slopes(opts.n_head))) {
+  const int64_t C = opts.n_embd;
+  auto linear = [&](const char* name) {
+    auto m = register_module(name, torch::nn::Linear(torch::nn::LinearOptions(C, C).bias(opts.bias)));
+    init_normal(m->weight, 0.02);
+    init_zero(m->bias);
+    return m;
+  };
+  q_proj = linear("q_proj");
+  k_proj = linear("k_proj");
+  v_proj = linear("v_proj");
+  u_proj = linear("u_proj");
+  o_proj = linear("o_proj");
+  init_normal(o_proj->weight, residual_std(opts.n_layer));
+}
+
+at::Tensor LinearAttentionImpl::core(const at::Tensor& qkv) {
+  const int64_t B = qkv.size(1), T = qkv.size(3), C = qkv.size(2) * qkv.size(4);
+  if (!decay_device_.defined() || decay_device_.device() != qkv.device()) decay_device_ = decay_.to(qkv.device());
+  auto o = lightning_attention_chunked(qkv[0], qkv[1], qkv[2], decay_device_, chunk_);
+  return rms_normalize(o).transpose(1, 2).contiguous().view({B, T, C});
+}
+
+at::Tensor LinearAttentionImpl::forward(const at::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+  auto heads = [&](const at::Tensor& t) { return t.view({B, T, n_head_, C / n_head_}).transpose(1, 2); };
+  auto qkv = at::stack({heads(at::silu(q_proj(x))), heads(at::silu(k_proj(x))), heads(v_proj(x))});
+  auto o = checkpoint_core_ && checkpoint_applies(qkv)
+               ? checkpoint([this](const at::Tensor& t) { return core(t); }, qkv)
+               : core(qkv);
+  return o_proj(o * at::sigmoid(u_proj(x)));
+}
+
+}  // namespace tessera

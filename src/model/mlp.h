@@ -1,0 +1,27 @@
+// The dense feed-forward of a block (model.ffn = dense), hidden width H = mlp_ratio * C.
+//   arch gpt:    out = c_proj(gelu_tanh(c_fc x))              c_fc: C -> H
+//   arch linear: a, g = split(c_fc x); out = c_proj(a * silu(g))   c_fc: C -> 2H (GLU; a first)
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include "model/model_options.h"
+
+namespace tessera {
+
+class MLPImpl : public torch::nn::Module {
+ public:
+  explicit MLPImpl(const ModelOptions& opts);
+  at::Tensor forward(const at::Tensor& x);  // [B, T, C] -> [B, T, C]
+
+  torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
+
+ private:
+  bool glu_;
+};
+TORCH_MODULE(MLP);
+
+}  // namespace tessera

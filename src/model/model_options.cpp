@@ -1,0 +1,161 @@
+// ModelOptions: checks, presets and the analytic parameter and FLOP counts (model_options.h).
+//
+// Preset shapes: GPT-2 from the released checkpoints; GPT-3 from Brown et al. 2020 Table 2.1, with
+// two typos of that table fixed so that n_embd = n_head * d_head: GPT-3 XL (1.3B) uses 16 heads of
+// 128 (the table lists 24 heads of 128 at d_model 2048) and GPT-3 13B uses d_model 5120 = 40 * 128
+// (the table lists 5140).
+#include "model/model_options.h"
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace tessera {
+namespace {
+
+ModelOptions shape(const std::string& name, int64_t vocab, int64_t block, int64_t layers, int64_t embd,
+                   int64_t heads) {
+  ModelOptions o;
+  o.preset = name;
+  o.vocab_size = vocab;
+  o.block_size = block;
+  o.n_layer = layers;
+  o.n_embd = embd;
+  o.n_head = heads;
+  return o;
+}
+
+const std::map<std::string, std::function<ModelOptions()>>& presets() {
+  static const std::map<std::string, std::function<ModelOptions()>> table = {
+      {"tiny_gpt", [] { return shape("tiny_gpt", 256, 128, 4, 128, 4); }},
+      {"tiny_linear",
+       [] {
+         auto o = shape("tiny_linear", 256, 128, 4, 128, 4);
+         o.arch = "linear";
+         return o;
+       }},
+      {"tiny_moe",
+       [] {
+         auto o = shape("tiny_moe", 256, 128, 4, 128, 4);
+         o.ffn = "moe";
+         o.moe_experts = 4;
+         o.moe_top_k = 2;
+         return o;
+       }},
+      {"gpt2_124m", [] { return shape("gpt2_124m", 50257, 1024, 12, 768, 12); }},
+      {"gpt2_350m", [] { return shape("gpt2_350m", 50257, 1024, 24, 1024, 16); }},
+      {"gpt2_774m", [] { return shape("gpt2_774m", 50257, 1024, 36, 1280, 20); }},
+      {"gpt2_1558m", [] { return shape("gpt2_1558m", 50257, 1024, 48, 1600, 25); }},
+      {"gpt3_125m", [] { return shape("gpt3_125m", 50257, 2048, 12, 768, 12); }},
+      {"gpt3_350m", [] { return shape("gpt3_350m", 50257, 2048, 24, 1024, 16); }},
+      {"gpt3_760m", [] { return shape("gpt3_760m", 50257, 2048, 24, 1536, 16); }},
+      {"gpt3_1.3b", [] { return shape("gpt3_1.3b", 50257, 2048, 24, 2048, 16); }},
+      {"gpt3_2.7b", [] { return shape("gpt3_2.7b", 50257, 2048, 32, 2560, 32); }},
+      {"gpt3_6.7b", [] { return shape("gpt3_6.7b", 50257, 2048, 32, 4096, 32); }},
+      {"gpt3_13b", [] { return shape("gpt3_13b", 50257, 2048, 40, 5120, 40); }},
+      {"gpt3_175b", [] { return shape("gpt3_175b", 50257, 2048, 96, 12288, 96); }},
+  };
+  return table;
+}
+
+std::string known_presets() {
+  std::ostringstream out;
+  const char* sep = "";
+  for (const auto& name : ModelOptions::preset_names()) {
+    out << sep << name;
+    sep = ", ";
+  }
+  return out.str();
+}
+
+// Parameters of one block's feed-forward: a dense MLP (GELU or GLU) or an MoE layer counting
+// `experts` of its experts.
+int64_t ffn_params(const ModelOptions& o, bool moe, int64_t experts) {
+  const int64_t C = o.n_embd, H = o.hidden(), b = o.bias ? 1 : 0;
+  if (moe) return C * o.moe_experts + experts * (C * H + b * H + H * C + b * C);
+  const int64_t fc_out = o.arch == "linear" ? 2 * H : H;
+  return C * fc_out + b * fc_out + H * C + b * C;
+}
+
+int64_t attention_params(const ModelOptions& o) {
+  const int64_t C = o.n_embd, b = o.bias ? 1 : 0;
+  if (o.arch == "linear") return 5 * (C * C + b * C);  // q, k, v, u, o projections
+  return (3 * C * C + b * 3 * C) + (C * C + b * C);   // c_attn, c_proj
+}
+
+int64_t norm_params(const ModelOptions& o) {
+  if (o.arch == "linear") return o.n_embd;           // RMSNorm: weight
+  return o.bias ? 2 * o.n_embd : o.n_embd;           // LayerNorm: weight (+ bias)
+}
+
+// Sum over blocks plus embeddings; `active_experts` experts of each MoE layer are counted
+// (moe_experts for the stored count, moe_top_k for the per-token compute).
+int64_t count(const ModelOptions& o, int64_t active_experts, bool with_positions) {
+  int64_t n = o.vocab_size * o.n_embd + norm_params(o);  // wte, ln_f
+  if (o.arch == "gpt" && with_positions) n += o.block_size * o.n_embd;
+  for (int64_t l = 0; l < o.n_layer; ++l)
+    n += 2 * norm_params(o) + attention_params(o) + ffn_params(o, o.is_moe_block(l), active_experts);
+  return n;
+}
+
+}  // namespace
+
+void ModelOptions::check(const std::string& source) const {
+  auto positive = [&](const char* key, int64_t value) {
+    require(value > 0, source, ": model.", key, " must be positive (got ", value, ")");
+  };
+  if (!preset.empty() && !presets().count(preset))
+    fail(source, ": unknown model preset '", preset, "' (model.preset); known: ", known_presets());
+  require(arch == "gpt" || arch == "linear", source, ": model.arch must be gpt or linear (got '", arch, "')");
+  require(ffn == "dense" || ffn == "moe", source, ": model.ffn must be dense or moe (got '", ffn, "')");
+  positive("vocab_size", vocab_size);
+  positive("n_layer", n_layer);
+  positive("n_head", n_head);
+  positive("n_embd", n_embd);
+  positive("block_size", block_size);
+  positive("moe_experts", moe_experts);
+  positive("moe_every", moe_every);
+  positive("linear_chunk", linear_chunk);
+  positive("mlp_ratio", mlp_ratio);
+  require(n_embd % n_head == 0, source, ": model.n_embd must be a multiple of model.n_head (got n_embd ", n_embd,
+          ", n_head ", n_head, ")");
+  require(dropout >= 0 && dropout < 1, source, ": model.dropout must be in [0, 1) (got ", dropout, ")");
+  require(moe_top_k == 1 || moe_top_k == 2, source, ": model.moe_top_k must be 1 or 2 (got ", moe_top_k, ")");
+  require(moe_top_k <= moe_experts, source, ": model.moe_top_k must be at most model.moe_experts (got top_k ",
+          moe_top_k, ", experts ", moe_experts, ")");
+  require(moe_capacity_factor > 0, source, ": model.moe_capacity_factor must be positive (got ",
+          moe_capacity_factor, ")");
+  require(moe_aux_loss_coef >= 0, source, ": model.moe_aux_loss_coef must be >= 0 (got ", moe_aux_loss_coef, ")");
+  require(moe_z_loss_coef >= 0, source, ": model.moe_z_loss_coef must be >= 0 (got ", moe_z_loss_coef, ")");
+  require(ffn != "moe" || moe_every <= n_layer, source, ": model.moe_every must be at most model.n_layer (got ",
+          moe_every, ", n_layer ", n_layer, ")");
+}
+
+ModelOptions ModelOptions::from_preset(const std::string& name) {
+  auto it = presets().find(name);
+  if (it == presets().end()) fail("unknown model preset '", name, "' (model.preset); known: ", known_presets());
+  return it->second();
+}
+
+std::vector<std::string> ModelOptions::preset_names() {
+  std::vector<std::string> names;
+  for (const auto& entry : presets()) names.push_back(entry.first);
+  return names;
+}
+
+int64_t parameter_count(const ModelOptions& opts) { return count(opts, opts.moe_experts, true); }
+
+double flops_per_token(const ModelOptions& opts, int64_t seq_len) {
+  const double n_active = static_cast<double>(count(opts, opts.moe_top_k, false));
+  const double L = static_cast<double>(opts.n_layer), C = static_cast<double>(opts.n_embd);
+  if (opts.arch == "linear") {
+    const double c = static_cast<double>(std::min(seq_len, opts.linear_chunk));
+    return 6 * n_active + 6 * L * C * c + 12 * L * C * static_cast<double>(opts.head_dim());
+  }
+  return 6 * n_active + 6 * L * C * static_cast<double>(seq_len);
+}
+
+}  // namespace tessera

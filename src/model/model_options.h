@@ -1,0 +1,87 @@
+// [model] options: the shape of the network, named presets, and analytic size and cost.
+//
+// Two architectures share one block layout (pre-norm residual blocks, tied output head):
+//   arch = "gpt"    GPT-2: learned positions, LayerNorm, causal softmax attention, GELU MLP;
+//   arch = "linear" TransNormerLLM / lightning attention: no positions, RMSNorm, causal linear
+//                   attention with per-head decay, GLU MLP.
+// ffn = "moe" replaces the MLP of every moe_every-th block (blocks moe_every-1, 2*moe_every-1, ...)
+// with a Switch (top-1) or GShard (top-2) mixture of experts.
+//
+// Presets set shapes only; the loader applies model.preset first and explicit keys refine it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tessera {
+
+struct ModelOptions {
+  std::string preset;          // "" = none
+  std::string arch = "gpt";    // gpt | linear
+  int64_t vocab_size = 256;
+  int64_t n_layer = 4;
+  int64_t n_head = 4;
+  int64_t n_embd = 128;
+  int64_t block_size = 128;    // maximum sequence length
+  double dropout = 0.0;
+  bool bias = true;
+  std::string ffn = "dense";   // dense | moe
+  int64_t moe_experts = 4;
+  int64_t moe_top_k = 1;       // 1 = Switch, 2 = GShard
+  double moe_capacity_factor = 1.25;
+  double moe_aux_loss_coef = 0.01;
+  double moe_z_loss_coef = 0.001;
+  int64_t moe_every = 1;
+  int64_t linear_chunk = 64;
+  int64_t mlp_ratio = 4;
+
+  template <class V>
+  void visit(V& v) {
+    v("preset", preset, "named model shape applied before the other keys (\"\" = none)");
+    v("arch", arch, "gpt (softmax attention) or linear (lightning attention, TransNormerLLM)");
+    v("vocab_size", vocab_size, "token vocabulary size");
+    v("n_layer", n_layer, "transformer blocks");
+    v("n_head", n_head, "attention heads per block");
+    v("n_embd", n_embd, "model width (a multiple of n_head)");
+    v("block_size", block_size, "maximum sequence length");
+    v("dropout", dropout, "dropout on embeddings, attention probabilities and residual branches");
+    v("bias", bias, "biases in linear layers and LayerNorms");
+    v("ffn", ffn, "dense (MLP) or moe (mixture of experts)");
+    v("moe_experts", moe_experts, "experts per MoE layer");
+    v("moe_top_k", moe_top_k, "experts per token: 1 = Switch, 2 = GShard");
+    v("moe_capacity_factor", moe_capacity_factor, "expert capacity = ceil(top_k * tokens / experts * factor)");
+    v("moe_aux_loss_coef", moe_aux_loss_coef, "weight of the Switch load-balancing loss");
+    v("moe_z_loss_coef", moe_z_loss_coef, "weight of the router z-loss");
+    v("moe_every", moe_every, "every k-th block is MoE (blocks k-1, 2k-1, ...)");
+    v("linear_chunk", linear_chunk, "chunk length of lightning attention (arch linear)");
+    v("mlp_ratio", mlp_ratio, "MLP hidden width = mlp_ratio * n_embd");
+  }
+
+  // Throws tessera::Error("<source>: model.<key> must be ... (got X)").
+  void check(const std::string& source) const;
+
+  int64_t head_dim() const { return n_embd / n_head; }
+  int64_t hidden() const { return mlp_ratio * n_embd; }
+  // Whether block `layer` (0-based) uses the MoE feed-forward.
+  bool is_moe_block(int64_t layer) const { return ffn == "moe" && (layer + 1) % moe_every == 0; }
+
+  // Throws tessera::Error("unknown model preset 'x' (model.preset); known: ...").
+  static ModelOptions from_preset(const std::string& name);
+  static std::vector<std::string> preset_names();
+};
+
+// Parameter count of TransformerLM(opts), equal to the sum of its parameters' numel (the output
+// head is tied to wte and not counted twice).
+int64_t parameter_count(const ModelOptions& opts);
+
+// Training FLOPs per token (forward + backward) at sequence length seq_len:
+//   6 * N_active + attention term, where N_active is parameter_count without wpe (positions are a
+//   lookup, not a matmul; wte counts because it is the tied head's matmul) and with only top_k of
+//   the experts in MoE layers. The attention term is PaLM appendix B's 12*L*C*T with the causal
+//   half counted: 6*L*C*T for softmax attention. For linear attention the quadratic part only spans
+//   a chunk, c = min(T, linear_chunk): 6*L*C*c (intra-chunk, causal half) + 12*L*C*d (the inter-chunk
+//   q*S product and the state update k^T v, d = head_dim).
+double flops_per_token(const ModelOptions& opts, int64_t seq_len);
+
+}  // namespace tessera

@@ -1,0 +1,114 @@
+// Switch / GShard mixture of experts: routing with capacity, dispatch, stacked experts, combine
+// (moe.h). Dropped choices are sent to an extra overflow slot (index capacity) that the experts
+// never read and whose output is zero, so routing needs no data-dependent shapes (no host sync).
+#include "model/moe.h"
+
+#include <cmath>
+
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/torch.h>
+
+#include "model/norm.h"
+
+namespace tessera {
+
+int64_t expert_capacity(int64_t tokens, int64_t experts, int64_t top_k, double capacity_factor) {
+  return static_cast<int64_t>(
+      std::ceil(static_cast<double>(top_k * tokens) / static_cast<double>(experts) * capacity_factor));
+}
+
+double MoEStats::dropped_fraction() const {
+  if (tokens == 0) return 0.0;
+  return 1.0 - kept.sum().item<double>() / static_cast<double>(tokens * top_k);
+}
+
+MoEImpl::MoEImpl(const ModelOptions& opts)
+    : n_experts_(opts.moe_experts),
+      top_k_(opts.moe_top_k),
+      capacity_factor_(opts.moe_capacity_factor),
+      aux_coef_(opts.moe_aux_loss_coef),
+      z_coef_(opts.moe_z_loss_coef) {
+  const int64_t E = opts.moe_experts, C = opts.n_embd, H = opts.hidden();
+  router = register_module("router", torch::nn::Linear(torch::nn::LinearOptions(C, E).bias(false)));
+  init_normal(router->weight, 0.02);
+  w_fc = register_parameter("w_fc", torch::empty({E, C, H}));
+  w_proj = register_parameter("w_proj", torch::empty({E, H, C}));
+  init_normal(w_fc, 0.02);
+  init_normal(w_proj, residual_std(opts.n_layer));
+  if (opts.bias) {
+    b_fc = register_parameter("b_fc", torch::zeros({E, H}));
+    b_proj = register_parameter("b_proj", torch::zeros({E, C}));
+  }
+}
+
+MoERouting MoEImpl::route(const at::Tensor& x) {
+  const int64_t N = x.size(0), E = n_experts_, k = top_k_;
+  at::Tensor logits;
+  {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);  // router in float32
+    logits = at::matmul(x.to(at::kFloat), router->weight.to(at::kFloat).t());     // [N, E]
+  }
+  auto probs = at::softmax(logits, -1);
+  auto [top_p, top_e] = probs.topk(k, -1);  // [N, k]
+  auto gate = k == 1 ? top_p : top_p / top_p.sum(-1, /*keepdim=*/true);
+
+  MoERouting r;
+  r.capacity = expert_capacity(N, E, k, capacity_factor_);
+  auto counts = torch::zeros({E}, top_e.options());
+  std::vector<at::Tensor> slots;
+  for (int64_t c = 0; c < k; ++c) {  // first choices of all tokens, then second choices
+    auto onehot = at::one_hot(top_e.select(1, c), E);                              // [N, E]
+    auto position = at::cumsum(onehot, 0) - 1 + counts;                            // [N, E]
+    slots.push_back(position.gather(1, top_e.select(1, c).unsqueeze(1)).squeeze(1));
+    counts = counts + onehot.sum(0);
+  }
+  auto slot = at::stack(slots, 1);  // [N, k]
+  auto kept = slot < r.capacity;
+  r.expert = top_e;
+  r.slot = at::where(kept, slot, r.capacity);
+  r.gate = gate * kept.to(gate.scalar_type());
+  r.assigned = counts;
+
+  auto f = at::one_hot(top_e.select(1, 0), E).to(at::kFloat).mean(0);  // no gradient
+  auto balance = aux_coef_ * static_cast<double>(E) * (f * probs.mean(0)).sum();
+  auto z = z_coef_ * at::logsumexp(logits, -1).pow(2).mean();
+  r.aux_loss = balance + z;
+
+  stats_.tokens = N;
+  stats_.top_k = k;
+  stats_.capacity = r.capacity;
+  stats_.assigned = counts.detach();
+  stats_.kept = counts.clamp_max(r.capacity).detach();
+  return r;
+}
+
+at::Tensor MoEImpl::dispatch(const at::Tensor& x, const MoERouting& r) const {
+  const int64_t N = x.size(0), C = x.size(1), k = r.expert.size(1);
+  auto buffer = torch::zeros({n_experts_, r.capacity + 1, C}, x.options());  // last slot: overflow
+  auto tokens = x.unsqueeze(1).expand({N, k, C}).reshape({N * k, C});
+  buffer = buffer.index_put({r.expert.reshape(-1), r.slot.reshape(-1)}, tokens);
+  return buffer.narrow(1, 0, r.capacity);
+}
+
+at::Tensor MoEImpl::experts(const at::Tensor& buffer) const {
+  auto h = b_fc.defined() ? at::baddbmm(b_fc.unsqueeze(1), buffer, w_fc) : at::bmm(buffer, w_fc);
+  h = at::gelu(h, "tanh");
+  return b_proj.defined() ? at::baddbmm(b_proj.unsqueeze(1), h, w_proj) : at::bmm(h, w_proj);
+}
+
+at::Tensor MoEImpl::combine(const at::Tensor& out, const MoERouting& r) const {
+  const int64_t N = r.expert.size(0), k = r.expert.size(1), C = out.size(2);
+  auto padded = at::cat({out, torch::zeros({out.size(0), 1, C}, out.options())}, 1);  // overflow slot = 0
+  auto picked = padded.index({r.expert.reshape(-1), r.slot.reshape(-1)}).view({N, k, C});
+  return (picked * r.gate.to(out.scalar_type()).unsqueeze(-1)).sum(1);
+}
+
+MoEOutput MoEImpl::forward(const at::Tensor& x) {
+  const auto shape = x.sizes().vec();
+  auto flat = x.reshape({-1, x.size(-1)});
+  auto r = route(flat);
+  auto y = combine(experts(dispatch(flat, r)), r);
+  return {y.view(shape), r.aux_loss};
+}
+
+}  // namespace tessera

@@ -1,0 +1,81 @@
+// Mixture-of-experts feed-forward (model.ffn = moe; papers.md §5): Switch top-1 / GShard top-2.
+//
+// For N = B*T tokens x [N, C] and E experts:
+//   logits = x W_r^T in float32 (router Linear "router", no bias, autocast off)     [N, E]
+//   p = softmax(logits); (g, e) = top-k(p)                                          [N, k]
+//   top-1 (Switch): gate g1;  top-2 (GShard): gates g1/(g1+g2), g2/(g1+g2)
+//   capacity = ceil(k * N / E * capacity_factor)
+//   slots by priority: every token's first choice, in token order, then every second choice;
+//   a choice whose slot is >= capacity is dropped (gate 0; the block's residual carries the token).
+//   dispatch: buffer[e, slot] = x[token]                                            [E, cap, C]
+//   experts:  out = gelu_tanh(buffer @ w_fc + b_fc) @ w_proj + b_proj               [E, cap, C]
+//   combine:  y[token] += gate * out[e, slot]                                       [N, C]
+// Expert weights are stacked ([E, ...]) so that expert parallelism can shard them along E and put
+// an all-to-all between dispatch/experts/combine, which are separate steps for that reason.
+//
+// Auxiliary losses (float32 scalars, summed into MoEOutput::aux_loss):
+//   load balance (Switch): aux_coef * E * Σ_e f_e P_e, f_e = fraction of tokens whose top-1 choice
+//     is e (before dropping, no gradient), P_e = mean router probability of e;
+//   router z-loss: z_coef * mean_n(logsumexp(logits_n)^2).
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include "model/model_options.h"
+
+namespace tessera {
+
+// Where each token's choices go.
+struct MoERouting {
+  at::Tensor expert;    // [N, k] int64
+  at::Tensor slot;      // [N, k] int64, position in the expert's buffer; == capacity when dropped
+  at::Tensor gate;      // [N, k] float32, zero for dropped choices (differentiable to the router)
+  at::Tensor assigned;  // [E] int64, choices routed to each expert before dropping
+  at::Tensor aux_loss;  // float32 scalar: load-balance + z-loss, coefficients applied
+  int64_t capacity = 0;
+};
+
+// Routing statistics of the last forward (tensors, so reading them is the caller's sync).
+struct MoEStats {
+  int64_t tokens = 0, top_k = 0, capacity = 0;
+  at::Tensor assigned;  // [E] choices routed to each expert before dropping
+  at::Tensor kept;      // [E] choices processed (<= capacity)
+  double dropped_fraction() const;  // dropped choices / (tokens * top_k)
+};
+
+struct MoEOutput {
+  at::Tensor y;         // [B, T, C]
+  at::Tensor aux_loss;  // float32 scalar
+};
+
+class MoEImpl : public torch::nn::Module {
+ public:
+  explicit MoEImpl(const ModelOptions& opts);
+  MoEOutput forward(const at::Tensor& x);  // x [B, T, C]
+
+  MoERouting route(const at::Tensor& x);                                   // x [N, C]
+  at::Tensor dispatch(const at::Tensor& x, const MoERouting& r) const;     // -> [E, cap, C]
+  at::Tensor experts(const at::Tensor& buffer) const;                      // [E, cap, C] -> [E, cap, C]
+  at::Tensor combine(const at::Tensor& out, const MoERouting& r) const;    // -> [N, C]
+
+  const MoEStats& last_stats() const { return stats_; }
+
+  torch::nn::Linear router{nullptr};
+  at::Tensor w_fc, b_fc, w_proj, b_proj;  // [E, C, H], [E, H], [E, H, C], [E, C]; biases with model.bias
+
+ private:
+  int64_t n_experts_, top_k_;
+  double capacity_factor_, aux_coef_, z_coef_;
+  MoEStats stats_;
+};
+TORCH_MODULE(MoE);
+
+// Expert capacity for `tokens` tokens: ceil(top_k * tokens / experts * capacity_factor).
+int64_t expert_capacity(int64_t tokens, int64_t experts, int64_t top_k, double capacity_factor);
+
+}  // namespace tessera

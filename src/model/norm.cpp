@@ -1,0 +1,42 @@
+// LayerNorm / RMSNorm and the initialisation helpers (norm.h).
+#include "model/norm.h"
+
+#include <cmath>
+
+#include <torch/torch.h>
+
+namespace tessera {
+
+NormImpl::NormImpl(NormKind kind, int64_t dim, bool bias) : kind_(kind) {
+  weight_ = register_parameter("weight", torch::ones({dim}));
+  if (kind == NormKind::layer && bias) bias_ = register_parameter("bias", torch::zeros({dim}));
+}
+
+at::Tensor NormImpl::forward(const at::Tensor& x) {
+  if (kind_ == NormKind::layer) {
+    auto y = at::layer_norm(x.to(at::kFloat), {x.size(-1)}, weight_.to(at::kFloat),
+                            bias_.defined() ? bias_.to(at::kFloat) : at::Tensor(), kNormEps);
+    return y.to(x.scalar_type());
+  }
+  return (rms_normalize(x) * weight_).to(x.scalar_type());
+}
+
+at::Tensor rms_normalize(const at::Tensor& x, double eps) {
+  auto xf = x.to(at::kFloat);
+  return (xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps)).to(x.scalar_type());
+}
+
+void init_normal(at::Tensor& weight, double std) {
+  torch::NoGradGuard no_grad;
+  weight.normal_(0.0, std);
+}
+
+void init_zero(at::Tensor& bias) {
+  if (!bias.defined()) return;
+  torch::NoGradGuard no_grad;
+  bias.zero_();
+}
+
+double residual_std(int64_t n_layer) { return 0.02 / std::sqrt(2.0 * static_cast<double>(n_layer)); }
+
+}  // namespace tessera

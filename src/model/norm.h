@@ -1,0 +1,42 @@
+// Normalisation layers and the GPT-2 initialisation helpers shared by the model files.
+//
+// Norm is LayerNorm (arch gpt: weight, and bias when model.bias; eps 1e-5) or RMSNorm
+// (arch linear: weight only; y = x / sqrt(mean(x^2) + eps) * weight, eps 1e-5), so that both
+// architectures keep the module names ln_1, ln_2, ln_f and their parameters "weight" / "bias".
+// Normalisation statistics are computed in float32 and the result is cast back to x's dtype.
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+namespace tessera {
+
+constexpr double kNormEps = 1e-5;
+
+enum class NormKind { layer, rms };
+
+class NormImpl : public torch::nn::Module {
+ public:
+  NormImpl(NormKind kind, int64_t dim, bool bias);
+  at::Tensor forward(const at::Tensor& x);  // [..., C] -> [..., C]
+
+ private:
+  NormKind kind_;
+  at::Tensor weight_, bias_;  // [C]; bias_ undefined for RMSNorm or model.bias = false
+};
+TORCH_MODULE(Norm);
+
+// Per-row RMS normalisation without parameters over the last dimension (float32 statistics).
+at::Tensor rms_normalize(const at::Tensor& x, double eps = kNormEps);
+
+// GPT-2 initialisation: weight ~ N(0, std^2), bias zero (when defined).
+void init_normal(at::Tensor& weight, double std);
+void init_zero(at::Tensor& bias);
+
+// std of residual output projections: 0.02 / sqrt(2 * n_layer) (GPT-2 paper, §2.3).
+double residual_std(int64_t n_layer);
+
+}  // namespace tessera

@@ -1,0 +1,61 @@
+// The language model: token embedding (+ learned positions for arch gpt), n_layer blocks, a final
+// norm and an output head tied to the token embedding.
+//
+//   x = dropout(wte(idx) [+ wpe(0..T-1)])          [B, T, C]
+//   x = h[l](x) for l = 0..n_layer-1              (block.h)
+//   logits = ln_f(x) wte^T                         [B, T, V]
+//   ce_loss = cross_entropy(logits, targets)       mean over positions whose target is not -1
+//   loss = ce_loss + aux_loss                      aux_loss = Σ over MoE blocks (zero when dense)
+//
+// Parameter names (named_parameters()): wte.weight, wpe.weight (gpt), h.{i}.ln_1.*, h.{i}.attn.*,
+// h.{i}.ln_2.*, h.{i}.mlp.* or h.{i}.moe.*, ln_f.*. There is no lm_head parameter.
+// Initialisation follows GPT-2: N(0, 0.02) weights, N(0, 0.02/sqrt(2*n_layer)) for residual output
+// projections, zero biases, unit norm weights. The model is written for one device and never
+// communicates; parallelism and checkpointing are applied from outside.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/pimpl.h>
+
+#include "model/block.h"
+#include "model/model_options.h"
+
+namespace tessera {
+
+struct ModelOutput {
+  at::Tensor logits;    // [B, T, V]
+  at::Tensor loss;      // scalar: ce_loss + aux_loss; undefined without targets
+  at::Tensor ce_loss;   // scalar; undefined without targets
+  at::Tensor aux_loss;  // float32 scalar: sum of MoE load-balance and z-losses; zero for dense models
+};
+
+class TransformerLMImpl : public torch::nn::Module {
+ public:
+  explicit TransformerLMImpl(const ModelOptions& opts);
+
+  // idx: [B, T] int64 with T <= block_size; targets: [B, T] int64 (-1 = ignored) or undefined.
+  ModelOutput forward(const at::Tensor& idx, const at::Tensor& targets = {});
+
+  // "none" | "full" | "selective" (memory.activation_checkpointing); throws tessera::Error otherwise.
+  void set_activation_checkpointing(const std::string& mode);
+
+  const ModelOptions& options() const { return opts_; }
+  Block block(int64_t i) const { return blocks_.at(static_cast<size_t>(i)); }
+
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  torch::nn::ModuleList h{nullptr};
+  Norm ln_f{nullptr};
+
+ private:
+  ModelOptions opts_;
+  std::vector<Block> blocks_;  // the entries of h, typed
+};
+TORCH_MODULE(TransformerLM);
+
+}  // namespace tessera
