@@ -41,7 +41,7 @@ double learning_rate(const OptimOptions& o, int64_t step, int64_t total_steps) {
   const double floor = o.lr * o.min_lr_ratio;
   const double span = static_cast<double>(std::max<int64_t>(1, total_steps - o.warmup_steps));
   const double p = std::clamp(static_cast<double>(step - o.warmup_steps) / span, 0.0, 1.0);
-  if (o.schedule == "linear") return o.lr - (o.lr - floor) * p;
+  if (o.schedule == "linear") return floor + (o.lr - floor) * (1.0 - p);
   return floor + (o.lr - floor) * 0.5 * (1.0 + std::cos(M_PI * p));
 }
 

@@ -5,7 +5,7 @@
 //   s < W:                    lr * (s + 1) / W                         (linear warmup, never 0)
 //   s >= W, "constant":       lr
 //   s >= W, "cosine":         min + (lr - min) * (1 + cos(pi * p)) / 2,  p = (s - W) / (T - W)
-//   s >= W, "linear":         lr - (lr - min) * p
+//   s >= W, "linear":         min + (lr - min) * (1 - p)
 // where min = lr * min_lr_ratio and p is clamped to [0, 1], so steps past T stay at the floor.
 //
 // Adafactor with adafactor_relative_step = true computes its own step size

@@ -37,7 +37,7 @@ TEST(Schedule, CosineMatchesClosedForm) {
 TEST(Schedule, LinearAndConstant) {
   OptimOptions lin = schedule("linear", 10);
   EXPECT_DOUBLE_EQ(learning_rate(lin, 10, 110), 6e-4);
-  EXPECT_NEAR(learning_rate(lin, 35, 110), 6e-4 - (6e-4 - 6e-5) * 0.25, 1e-18);
+  EXPECT_NEAR(learning_rate(lin, 35, 110), 6e-5 + (6e-4 - 6e-5) * 0.75, 1e-18);
   EXPECT_DOUBLE_EQ(learning_rate(lin, 110, 110), 6e-5);
   OptimOptions constant = schedule("constant", 10);
   EXPECT_DOUBLE_EQ(learning_rate(constant, 5, 110), 6e-4 * 6 / 10.0);
