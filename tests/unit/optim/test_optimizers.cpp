@@ -189,8 +189,11 @@ TEST(Optimizer, ParametersWithoutGradAreSkipped) {
     opt->step(1e-2);
     EXPECT_FALSE(at::equal(params[0].second, g.get("init.w"))) << options.name;
     EXPECT_TRUE(at::equal(params[2].second, g.get("init.b"))) << options.name;
-    for (const auto& [name, t] : opt->state())
-      if (name == "b.step") EXPECT_EQ(t.item<double>(), 0.0) << options.name;
+    for (const auto& [name, t] : opt->state()) {
+      if (name == "b.step") {
+        EXPECT_EQ(t.item<double>(), 0.0) << options.name;
+      }
+    }
     opt->zero_grad();
     EXPECT_FALSE(params[0].second.grad().defined());
   }
