@@ -1,0 +1,104 @@
+// TokenFile: mmap'ed llm.c / raw uint16 token files, and the llm.c writer used by `tessera prepare`.
+// The host is assumed little-endian (x86-64, AArch64), as llm.c and nanoGPT assume.
+#include "data/token_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <ATen/ops/empty.h>
+
+#include "core/error.h"
+#include "core/fs.h"
+
+namespace tessera {
+
+TokenFile::Mapping::~Mapping() {
+  if (base) ::munmap(base, bytes);
+}
+
+TokenFile TokenFile::open(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) fail(path, ": cannot open token file (", std::strerror(errno), ")");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int e = errno;
+    ::close(fd);
+    fail(path, ": cannot stat token file (", std::strerror(e), ")");
+  }
+  auto map = std::make_shared<Mapping>();
+  map->path = path;
+  map->bytes = static_cast<size_t>(st.st_size);
+  if (map->bytes == 0) {
+    ::close(fd);
+    fail(path, ": token file is empty");
+  }
+  map->base = ::mmap(nullptr, map->bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+  int e = errno;
+  ::close(fd);
+  if (map->base == MAP_FAILED) {
+    map->base = nullptr;
+    fail(path, ": cannot mmap token file (", std::strerror(e), ")");
+  }
+
+  const auto* header = static_cast<const int32_t*>(map->base);
+  const size_t header_bytes = kLlmcHeaderInts * sizeof(int32_t);
+  if (map->bytes >= sizeof(int32_t) && header[0] == kLlmcMagic) {
+    require(map->bytes >= header_bytes, path, ": llm.c header truncated (file is ", map->bytes, " bytes, header needs ",
+            header_bytes, ")");
+    require(header[1] == kLlmcVersionUint16, path, ": unsupported llm.c token file version ", header[1],
+            " (only version 1, uint16 tokens, is read)");
+    int64_t declared = header[2];
+    int64_t held = static_cast<int64_t>(map->bytes - header_bytes);
+    require(held == 2 * declared, path, ": header says ", declared, " tokens but the file holds ", held,
+            " bytes of tokens (", held / 2, " tokens); truncated or not an llm.c file");
+    require(declared > 0, path, ": token file holds no tokens");
+    map->tokens = reinterpret_cast<const uint16_t*>(static_cast<const char*>(map->base) + header_bytes);
+    map->count = declared;
+  } else {
+    require(map->bytes % 2 == 0, path, ": size ", map->bytes,
+            " bytes is not a multiple of 2 (raw uint16 token file without llm.c header)");
+    map->tokens = static_cast<const uint16_t*>(map->base);
+    map->count = static_cast<int64_t>(map->bytes / 2);
+  }
+  return TokenFile(std::move(map));
+}
+
+int64_t TokenFile::vocab_bound() const {
+  int64_t bound = map_->vocab_bound.load(std::memory_order_relaxed);
+  if (bound >= 0) return bound;
+  uint16_t largest = 0;
+  for (int64_t i = 0; i < map_->count; ++i) largest = std::max(largest, map_->tokens[i]);
+  bound = int64_t(largest) + 1;
+  map_->vocab_bound.store(bound, std::memory_order_relaxed);
+  return bound;
+}
+
+at::Tensor TokenFile::window(int64_t begin, int64_t length) const {
+  require(begin >= 0 && length >= 0 && begin + length <= map_->count, path(), ": window [", begin, ", ",
+          begin + length, ") outside the file's ", map_->count, " tokens");
+  at::Tensor out = at::empty({length}, at::kLong);
+  int64_t* dst = out.data_ptr<int64_t>();
+  for (int64_t i = 0; i < length; ++i) dst[i] = map_->tokens[begin + i];
+  return out;
+}
+
+void write_token_file(const std::string& path, const std::vector<int64_t>& tokens) {
+  require(tokens.size() < (size_t(1) << 31), path, ": ", tokens.size(), " tokens exceed the llm.c int32 count");
+  std::string bytes(kLlmcHeaderInts * sizeof(int32_t) + tokens.size() * sizeof(uint16_t), '\0');
+  int32_t header[kLlmcHeaderInts] = {kLlmcMagic, kLlmcVersionUint16, static_cast<int32_t>(tokens.size())};
+  std::memcpy(bytes.data(), header, sizeof(header));
+  auto* out = reinterpret_cast<uint16_t*>(bytes.data() + sizeof(header));
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    require(tokens[i] >= 0 && tokens[i] < 65536, path, ": token ", tokens[i], " at index ", i,
+            " does not fit uint16");
+    out[i] = static_cast<uint16_t>(tokens[i]);
+  }
+  write_file_atomic(path, bytes);
+}
+
+}  // namespace tessera

@@ -1,0 +1,56 @@
+// Read-only, memory-mapped token files. Two formats are read directly:
+//
+//   llm.c:   256 x int32 header (header[0] = 20240520 magic, header[1] = 1 version = uint16 tokens,
+//            header[2] = token count), then header[2] little-endian uint16 tokens;
+//   nanoGPT: raw little-endian uint16 tokens, no header (recognised by the absence of the magic).
+//
+// Invariants: an open TokenFile holds at least one token and its size agrees with its header; every
+// error names the file. Copies share one mapping, which is unmapped when the last copy goes.
+// `tessera prepare` writes the llm.c format (write_token_file).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace tessera {
+
+constexpr int32_t kLlmcMagic = 20240520;
+constexpr int32_t kLlmcVersionUint16 = 1;
+constexpr int64_t kLlmcHeaderInts = 256;
+
+class TokenFile {
+ public:
+  static TokenFile open(const std::string& path);
+
+  int64_t size() const { return map_->count; }  // number of tokens
+  // Largest token + 1; computed by one pass over the file on first use, then cached.
+  int64_t vocab_bound() const;
+  // Tokens [begin, begin + length) as an int64 tensor [length] (a copy; bounds-checked).
+  at::Tensor window(int64_t begin, int64_t length) const;
+  // Token i, unchecked; i < size().
+  uint16_t operator[](int64_t i) const { return map_->tokens[i]; }
+  const std::string& path() const { return map_->path; }
+
+ private:
+  struct Mapping {
+    std::string path;
+    void* base = nullptr;  // mmap'ed bytes of the whole file
+    size_t bytes = 0;
+    const uint16_t* tokens = nullptr;
+    int64_t count = 0;
+    mutable std::atomic<int64_t> vocab_bound{-1};
+    ~Mapping();
+  };
+  explicit TokenFile(std::shared_ptr<const Mapping> map) : map_(std::move(map)) {}
+  std::shared_ptr<const Mapping> map_;
+};
+
+// Writes `tokens` (each < 65536) to `path` in the llm.c format, through a temporary name and rename.
+void write_token_file(const std::string& path, const std::vector<int64_t>& tokens);
+
+}  // namespace tessera

@@ -1,0 +1,34 @@
+// Tokenizers: text <-> token ids. A data directory's tokenizer.json says which one made its
+// token files:
+//
+//   {"type": "byte"}                                     every byte is a token, vocab 256
+//   {"type": "gpt2", "vocab_size": 50257, "encoder": "encoder.json", "merges": "vocab.bpe"}
+//                                                        GPT-2 byte-level BPE (gpt2_bpe.h); the two
+//                                                        files lie beside tokenizer.json
+//
+// Invariant: decode(encode(s)) == s for every byte string s (invalid UTF-8 included); decode
+// passes bytes through and never validates UTF-8.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tessera {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer();
+  virtual std::vector<int64_t> encode(const std::string& text) const = 0;
+  virtual std::string decode(const std::vector<int64_t>& tokens) const = 0;  // throws on ids >= vocab_size
+  virtual int64_t vocab_size() const = 0;
+  virtual std::string type() const = 0;  // "byte" or "gpt2", as in tokenizer.json
+};
+
+std::unique_ptr<Tokenizer> make_byte_tokenizer();
+
+// Reads dir/tokenizer.json; errors name the file and the key.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir);
+
+}  // namespace tessera
