@@ -1,0 +1,102 @@
+// Export naming: GPT-2 layout models use Hugging Face GPT2LMHeadModel names with Conv1D weights
+// transposed; other models use "model." + internal names; import_state inverts export_state and
+// refuses missing, unexpected and mis-shaped tensors naming the source and the tensor.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "core/error.h"
+#include "model/hf_names.h"
+#include "test_util.h"
+
+namespace tessera {
+namespace {
+
+ModelOptions tiny(const std::string& arch, const std::string& ffn) {
+  ModelOptions o;
+  o.arch = arch;
+  o.ffn = ffn;
+  o.vocab_size = 40;
+  o.n_layer = 2;
+  o.n_head = 2;
+  o.n_embd = 8;
+  o.block_size = 16;
+  return o;
+}
+
+std::map<std::string, at::Tensor> as_map(const NamedTensors& named) {
+  return std::map<std::string, at::Tensor>(named.begin(), named.end());
+}
+
+TEST(HfNames, Gpt2NamesAndShapes) {
+  TransformerLM model(tiny("gpt", "dense"));
+  auto state = as_map(export_state(*model));
+  std::vector<std::pair<std::string, std::vector<int64_t>>> expected = {
+      {"transformer.wte.weight", {40, 8}},          {"transformer.wpe.weight", {16, 8}},
+      {"transformer.h.0.ln_1.weight", {8}},         {"transformer.h.0.ln_1.bias", {8}},
+      {"transformer.h.0.attn.c_attn.weight", {8, 24}}, {"transformer.h.0.attn.c_attn.bias", {24}},
+      {"transformer.h.0.attn.c_proj.weight", {8, 8}},  {"transformer.h.0.attn.c_proj.bias", {8}},
+      {"transformer.h.1.ln_2.weight", {8}},         {"transformer.h.1.mlp.c_fc.weight", {8, 32}},
+      {"transformer.h.1.mlp.c_fc.bias", {32}},      {"transformer.h.1.mlp.c_proj.weight", {32, 8}},
+      {"transformer.h.1.mlp.c_proj.bias", {8}},     {"transformer.ln_f.weight", {8}},
+      {"transformer.ln_f.bias", {8}}};
+  for (const auto& [name, shape] : expected) {
+    ASSERT_TRUE(state.count(name)) << name;
+    EXPECT_EQ(state.at(name).sizes(), shape) << name;
+  }
+  EXPECT_EQ(state.size(), 4u + 2 * 12);  // wte, wpe, ln_f (2); 12 per block
+  auto params = model->named_parameters();
+  EXPECT_TRUE(torch::equal(state.at("transformer.h.0.attn.c_attn.weight"), params["h.0.attn.c_attn.weight"].t()));
+}
+
+TEST(HfNames, RoundTripThroughSafetensors) {
+  for (const auto& [arch, ffn] : std::vector<std::pair<std::string, std::string>>{
+           {"gpt", "dense"}, {"linear", "dense"}, {"gpt", "moe"}}) {
+    torch::manual_seed(1);
+    TransformerLM a(tiny(arch, ffn));
+    torch::manual_seed(2);
+    TransformerLM b(tiny(arch, ffn));
+    auto path = test::golden_path("hf_names_roundtrip_" + arch + "_" + ffn + ".safetensors");
+    write_safetensors(path, export_state(*a));
+    import_state(*b, read_safetensors(path).tensors, path);
+    auto pb = b->named_parameters();
+    for (const auto& p : a->named_parameters()) EXPECT_TRUE(torch::equal(p.value(), pb[p.key()])) << p.key();
+    if (arch != "gpt" || ffn != "dense") {
+      EXPECT_EQ(export_state(*a).front().first.rfind("model.", 0), 0u);
+    }
+  }
+}
+
+std::string import_error(TransformerLMImpl& model, const std::map<std::string, at::Tensor>& tensors) {
+  try {
+    import_state(model, tensors, "ckpt.safetensors");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(HfNames, ImportRefusesBadTensorsByName) {
+  TransformerLM model(tiny("gpt", "dense"));
+  auto state = as_map(export_state(*model));
+
+  auto missing = state;
+  missing.erase("transformer.h.1.mlp.c_fc.bias");
+  auto msg = import_error(*model, missing);
+  EXPECT_NE(msg.find("ckpt.safetensors: missing tensor 'transformer.h.1.mlp.c_fc.bias'"), std::string::npos) << msg;
+
+  auto extra = state;
+  extra["transformer.h.2.ln_1.weight"] = torch::ones({8});
+  msg = import_error(*model, extra);
+  EXPECT_NE(msg.find("ckpt.safetensors: unexpected tensor 'transformer.h.2.ln_1.weight'"), std::string::npos) << msg;
+
+  auto wrong = state;
+  wrong["transformer.wte.weight"] = torch::zeros({50, 8});
+  msg = import_error(*model, wrong);
+  EXPECT_NE(msg.find("tensor 'transformer.wte.weight' has shape [50, 8], the model expects [40, 8]"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("model.vocab_size = 40"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace tessera

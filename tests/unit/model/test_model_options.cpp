@@ -1,0 +1,112 @@
+// ModelOptions: presets (shapes, unknown-name error), checks naming model.<key>, parameter_count
+// against real modules (every cheap preset and several variants) and against the published
+// GPT-2 124M count, and flops_per_token against its formula.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "core/error.h"
+#include "model/transformer.h"
+
+namespace tessera {
+namespace {
+
+int64_t real_count(const ModelOptions& o) {
+  TransformerLM model(o);
+  int64_t n = 0;
+  for (const auto& p : model->parameters()) n += p.numel();
+  return n;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ModelOptions, ParameterCountEqualsModuleForTinyPresetsAndVariants) {
+  for (const char* name : {"tiny_gpt", "tiny_linear", "tiny_moe"}) {
+    auto o = ModelOptions::from_preset(name);
+    EXPECT_EQ(parameter_count(o), real_count(o)) << name;
+    o.bias = false;
+    EXPECT_EQ(parameter_count(o), real_count(o)) << name << " without bias";
+    o.ffn = "moe";
+    o.moe_every = 2;
+    o.moe_experts = 3;
+    EXPECT_EQ(parameter_count(o), real_count(o)) << name << " moe_every 2";
+  }
+}
+
+TEST(ModelOptions, Gpt2SmallHasPublishedParameterCount) {
+  EXPECT_EQ(parameter_count(ModelOptions::from_preset("gpt2_124m")), 124439808);
+}
+
+TEST(ModelOptions, PresetShapes) {
+  auto g = ModelOptions::from_preset("gpt2_1558m");
+  EXPECT_EQ(g.n_layer, 48);
+  EXPECT_EQ(g.n_embd, 1600);
+  EXPECT_EQ(g.n_head, 25);
+  EXPECT_EQ(g.vocab_size, 50257);
+  EXPECT_EQ(g.block_size, 1024);
+  auto big = ModelOptions::from_preset("gpt3_175b");
+  EXPECT_EQ(big.n_layer, 96);
+  EXPECT_EQ(big.n_embd, 12288);
+  EXPECT_EQ(big.block_size, 2048);
+  // 174.6B with the 50257-token tied embedding and 2048 positions (the paper rounds to 175B).
+  EXPECT_EQ(parameter_count(big), 174604259328);
+  EXPECT_EQ(ModelOptions::from_preset("tiny_moe").moe_top_k, 2);
+  EXPECT_EQ(ModelOptions::from_preset("tiny_linear").arch, "linear");
+  for (const auto& name : ModelOptions::preset_names()) {
+    auto o = ModelOptions::from_preset(name);
+    EXPECT_EQ(o.preset, name);
+    EXPECT_NO_THROW(o.check("test")) << name;
+  }
+  EXPECT_EQ(ModelOptions::preset_names().size(), 15u);
+}
+
+TEST(ModelOptions, UnknownPresetListsKnownOnes) {
+  auto msg = error_of([] { ModelOptions::from_preset("gpt5"); });
+  EXPECT_NE(msg.find("unknown model preset 'gpt5' (model.preset); known: "), std::string::npos) << msg;
+  EXPECT_NE(msg.find("tiny_gpt"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("gpt3_1.3b"), std::string::npos) << msg;
+}
+
+TEST(ModelOptions, ChecksNameTheKey) {
+  auto expect_key = [](const std::function<void(ModelOptions&)>& edit, const std::string& key) {
+    ModelOptions o;
+    edit(o);
+    auto msg = error_of([&] { o.check("cfg.toml"); });
+    EXPECT_NE(msg.find("cfg.toml: "), std::string::npos) << msg;
+    EXPECT_NE(msg.find(key), std::string::npos) << msg;
+  };
+  expect_key([](ModelOptions& o) { o.n_embd = 130; }, "model.n_embd");
+  expect_key([](ModelOptions& o) { o.arch = "rnn"; }, "model.arch");
+  expect_key([](ModelOptions& o) { o.ffn = "sparse"; }, "model.ffn");
+  expect_key([](ModelOptions& o) { o.moe_top_k = 3; }, "model.moe_top_k");
+  expect_key([](ModelOptions& o) { o.moe_experts = 1; o.moe_top_k = 2; }, "model.moe_top_k");
+  expect_key([](ModelOptions& o) { o.dropout = 1.0; }, "model.dropout");
+  expect_key([](ModelOptions& o) { o.linear_chunk = 0; }, "model.linear_chunk");
+  expect_key([](ModelOptions& o) { o.moe_capacity_factor = 0; }, "model.moe_capacity_factor");
+  expect_key([](ModelOptions& o) { o.preset = "nope"; }, "model.preset");
+  EXPECT_NO_THROW(ModelOptions().check("cfg.toml"));
+}
+
+TEST(ModelOptions, FlopsPerToken) {
+  auto o = ModelOptions::from_preset("gpt2_124m");
+  const double n = 124439808.0 - 1024.0 * 768.0;  // without wpe
+  EXPECT_DOUBLE_EQ(flops_per_token(o, 1024), 6 * n + 6.0 * 12 * 768 * 1024);
+  auto lin = ModelOptions::from_preset("tiny_linear");
+  const double nl = static_cast<double>(parameter_count(lin));  // no wpe in arch linear
+  EXPECT_DOUBLE_EQ(flops_per_token(lin, 128), 6 * nl + 6.0 * 4 * 128 * 64 + 12.0 * 4 * 128 * 32);
+  auto moe = ModelOptions::from_preset("tiny_moe");
+  auto dense = ModelOptions::from_preset("tiny_gpt");
+  // top-2 of 4 experts: active FFN = 2 experts + router.
+  const double per_expert = 2.0 * 128 * 512 + 512 + 128;
+  const double delta = 4 * (2 * per_expert + 128 * 4 - per_expert);
+  EXPECT_DOUBLE_EQ(flops_per_token(moe, 100) - flops_per_token(dense, 100), 6 * delta);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,140 @@
+// MoE routing: capacity is respected and slots are assigned by priority (all first choices in token
+// order, then second choices); with a tiny capacity factor, dropped tokens get exactly zero output;
+// the load-balancing and z-losses match their formulas on hand-built routers.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "model/moe.h"
+#include "test_util.h"
+
+namespace tessera {
+namespace {
+
+ModelOptions moe_options(int64_t top_k, double capacity_factor) {
+  ModelOptions o;
+  o.ffn = "moe";
+  o.n_embd = 16;
+  o.n_head = 2;
+  o.moe_experts = 4;
+  o.moe_top_k = top_k;
+  o.moe_capacity_factor = capacity_factor;
+  return o;
+}
+
+TEST(MoE, CapacityFormula) {
+  EXPECT_EQ(expert_capacity(48, 4, 1, 1.25), 15);  // ceil(15.0)
+  EXPECT_EQ(expert_capacity(48, 4, 2, 1.25), 30);
+  EXPECT_EQ(expert_capacity(10, 4, 1, 1.0), 3);    // ceil(2.5)
+  EXPECT_EQ(expert_capacity(40, 4, 1, 0.1), 1);
+}
+
+class MoECapacity : public ::testing::TestWithParam<std::tuple<int64_t, double>> {};
+
+TEST_P(MoECapacity, SlotsAreUniqueBelowCapacityAndInPriorityOrder) {
+  auto [top_k, factor] = GetParam();
+  torch::manual_seed(1);
+  MoE moe(moe_options(top_k, factor));
+  {
+    torch::NoGradGuard no_grad;
+    moe->router->weight.normal_(0, 1.0);  // uneven routing, so some experts overflow
+  }
+  const int64_t N = 64;
+  auto x = torch::randn({N, 16});
+  auto r = moe->route(x);
+  ASSERT_EQ(r.capacity, expert_capacity(N, 4, top_k, factor));
+  auto expert = r.expert.contiguous(), slot = r.slot.contiguous();
+  std::vector<int64_t> next(4, 0);  // expected next slot of each expert, in priority order
+  std::vector<std::set<int64_t>> used(4);
+  int64_t dropped = 0;
+  for (int64_t c = 0; c < top_k; ++c) {
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t e = expert[n][c].item<int64_t>(), s = slot[n][c].item<int64_t>();
+      const int64_t want = next[e]++;
+      if (want < r.capacity) {
+        EXPECT_EQ(s, want) << "token " << n << " choice " << c;
+        EXPECT_TRUE(used[e].insert(s).second);
+        EXPECT_GT(r.gate[n][c].item<float>(), 0.0f);
+      } else {
+        EXPECT_EQ(s, r.capacity) << "dropped choice goes to the overflow slot";
+        EXPECT_EQ(r.gate[n][c].item<float>(), 0.0f);
+        ++dropped;
+      }
+    }
+  }
+  for (int64_t e = 0; e < 4; ++e) {
+    EXPECT_LE(static_cast<int64_t>(used[e].size()), r.capacity);
+    EXPECT_EQ(r.assigned[e].item<int64_t>(), next[e]);
+  }
+  moe->forward(x.view({2, 32, 16}));
+  const auto& stats = moe->last_stats();
+  EXPECT_LE(stats.kept.max().item<int64_t>(), r.capacity);
+  EXPECT_NEAR(stats.dropped_fraction(), static_cast<double>(dropped) / static_cast<double>(N * top_k), 1e-12);
+}
+
+INSTANTIATE_TEST_SUITE_P(MoE, MoECapacity,
+                         ::testing::Values(std::make_tuple(int64_t{1}, 1.0), std::make_tuple(int64_t{2}, 1.25),
+                                           std::make_tuple(int64_t{2}, 0.5), std::make_tuple(int64_t{1}, 0.1)));
+
+TEST(MoE, TinyCapacityDropsTokensAndTheirOutputIsZero) {
+  torch::manual_seed(2);
+  MoE moe(moe_options(1, 0.1));  // capacity = ceil(40 / 4 * 0.1) = 1
+  auto x = torch::randn({1, 40, 16}).requires_grad_();
+  auto out = moe->forward(x);
+  auto r = moe->route(x.view({40, 16}));
+  ASSERT_EQ(r.capacity, 1);
+  auto dropped = (r.slot.select(1, 0) == r.capacity);
+  const int64_t n_dropped = dropped.sum().item<int64_t>();
+  EXPECT_GE(n_dropped, 36);  // at most 4 tokens (one per expert) are kept
+  auto y = out.y.view({40, 16});
+  EXPECT_EQ(y.index({dropped}).abs().max().item<float>(), 0.0f);
+  EXPECT_GT(y.index({~dropped}).abs().min().item<float>(), 0.0f);
+  EXPECT_NEAR(moe->last_stats().dropped_fraction(), static_cast<double>(n_dropped) / 40.0, 1e-12);
+  y.sum().backward();  // a dropped token reaches y neither through an expert nor through its (zero) gate
+  auto gx = x.grad().view({40, 16});
+  EXPECT_EQ(gx.index({dropped}).abs().max().item<float>(), 0.0f);
+  EXPECT_GT(gx.index({~dropped}).abs().max().item<float>(), 0.0f);
+}
+
+TEST(MoE, AuxLossOnHandBuiltRouter) {
+  ModelOptions o = moe_options(1, 2.0);
+  o.n_embd = 2;
+  o.n_head = 1;
+  o.moe_experts = 2;
+  o.moe_aux_loss_coef = 0.01;
+  o.moe_z_loss_coef = 0.001;
+  MoE moe(o);
+  {
+    torch::NoGradGuard no_grad;
+    moe->router->weight.copy_(torch::tensor({{2.0f, 0.0f}, {0.0f, 1.0f}}));
+  }
+  // Tokens [1,0], [0,1], [1,0]: logits [2,0], [0,1], [2,0]; top-1 experts 0, 1, 0.
+  auto r = moe->route(torch::tensor({{1.0f, 0.0f}, {0.0f, 1.0f}, {1.0f, 0.0f}}));
+  const double s2 = 1 / (1 + std::exp(-2.0)), s1 = 1 / (1 + std::exp(-1.0));
+  const double P0 = (s2 + (1 - s1) + s2) / 3, P1 = 1 - P0;
+  const double f0 = 2.0 / 3, f1 = 1.0 / 3;
+  const double balance = 0.01 * 2 * (f0 * P0 + f1 * P1);
+  const double lse_a = std::log(std::exp(2.0) + 1), lse_b = std::log(1 + std::exp(1.0));
+  const double z = 0.001 * (2 * lse_a * lse_a + lse_b * lse_b) / 3;
+  EXPECT_NEAR(r.aux_loss.item<double>(), balance + z, 1e-7);
+  EXPECT_TRUE(torch::equal(r.expert.squeeze(1), torch::tensor({0, 1, 0}, torch::kLong)));
+  EXPECT_NEAR(r.gate[0][0].item<double>(), s2, 1e-6);  // top-1 gate is the raw probability
+}
+
+TEST(MoE, UniformRouterGivesAuxEqualToCoefficient) {
+  // Switch: the balance term equals α when router probabilities are uniform; the z-loss is (log E)^2.
+  ModelOptions o = moe_options(2, 4.0);  // capacity 24: nothing dropped
+  MoE moe(o);
+  {
+    torch::NoGradGuard no_grad;
+    moe->router->weight.zero_();
+  }
+  auto r = moe->route(torch::randn({12, 16}));
+  const double expected = o.moe_aux_loss_coef + o.moe_z_loss_coef * std::pow(std::log(4.0), 2);
+  EXPECT_NEAR(r.aux_loss.item<double>(), expected, 1e-7);
+  EXPECT_TRUE(test::all_close(r.gate.sum(1), torch::ones({12}), 0, 1e-6));  // GShard gates renormalised
+}
+
+}  // namespace
+}  // namespace tessera
