@@ -1,6 +1,7 @@
 // Export / import name mapping (hf_names.h).
 #include "model/hf_names.h"
 
+#include <set>
 #include <sstream>
 
 #include <torch/torch.h>
