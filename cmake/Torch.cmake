@@ -31,7 +31,11 @@ add_library(tessera::torch ALIAS tessera_torch)
 target_include_directories(tessera_torch SYSTEM INTERFACE
   ${TORCH_ROOT}/include ${TORCH_ROOT}/include/torch/csrc/api/include)
 target_compile_definitions(tessera_torch INTERFACE _GLIBCXX_USE_CXX11_ABI=${TORCH_CXX11_ABI})
-set(_libs ${_torch_lib}/libtorch.so ${_torch_lib}/libtorch_cpu.so ${_torch_lib}/libc10.so)
+# libstdc++ first: the wheel's libtorch exports its own (older GCC) copies of std::filesystem
+# functions, and whichever library the loader searches first wins. With libtorch first, our
+# std::filesystem::remove_all ran libtorch's copy against this compiler's inline code and crashed.
+set(_libs -Wl,--push-state,--no-as-needed -lstdc++ -Wl,--pop-state
+    ${_torch_lib}/libtorch.so ${_torch_lib}/libtorch_cpu.so ${_torch_lib}/libc10.so)
 if(TESSERA_CUDA)
   # --no-as-needed: nothing references libtorch_cuda directly, but loading it registers the
   # CUDA backend with the dispatcher.

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/safetensors.h"
 #include "data/sampler.h"
 #include "model/transformer.h"
 #include "optim/optimizer.h"

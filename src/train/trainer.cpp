@@ -11,6 +11,7 @@
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "core/fs.h"
+#include "data/prepare.h"
 #include "data/sampler.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
@@ -99,7 +100,9 @@ Trainer::Trainer(Config config, std::string run_dir, std::string resume) : state
     s.trainer->load_training_state(ckpt.optimizer, optim_file);
     auto rng = ckpt.optimizer.find("rng.cpu");
     require(rng != ckpt.optimizer.end(), optim_file, ": missing tensor 'rng.cpu'");
-    at::detail::getDefaultCPUGenerator().set_state(rng->second);
+    at::Generator cpu_generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(cpu_generator.mutex());
+    cpu_generator.set_state(rng->second);
     s.step = ckpt.step;
     s.sampler->seek(ckpt.meta.at("data").at("position").get<int64_t>());
     s.tokens_seen = ckpt.meta.value("tokens_seen", int64_t{0});
