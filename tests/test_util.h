@@ -4,9 +4,17 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <functional>
+#include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "checkpoint/safetensors.h"
+#include "core/error.h"
+#include "core/fs.h"
 
 namespace tessera::test {
 
@@ -27,6 +35,40 @@ inline ::testing::AssertionResult all_close(const at::Tensor& actual, const at::
   return ::testing::AssertionFailure() << "max |diff| " << (a - e).abs().max().item<double>() << " at flat index "
                                        << i << ": actual " << a.flatten()[i].item<double>() << " expected "
                                        << e.flatten()[i].item<double>() << " (rtol " << rtol << ", atol " << atol << ")";
+}
+
+// A fresh, empty directory under the test's temporary directory, private to this process
+// (ctest runs test processes in parallel).
+inline std::string fresh_dir(const std::string& name) {
+  auto dir = std::filesystem::path(::testing::TempDir()) /
+             ("tessera_" + std::to_string(::getpid()) + "_" + name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+inline bool exists(const std::string& path) { return std::filesystem::exists(path); }
+
+// Names of the entries of a directory.
+inline std::vector<std::string> list_dir(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) names.push_back(entry.path().filename().string());
+  return names;
+}
+
+// Passes when f throws tessera::Error whose message contains every one of `parts`.
+inline ::testing::AssertionResult throws_naming(const std::function<void()>& f,
+                                                std::initializer_list<std::string> parts) {
+  try {
+    f();
+  } catch (const Error& e) {
+    std::string message = e.what();
+    for (const std::string& part : parts)
+      if (message.find(part) == std::string::npos)
+        return ::testing::AssertionFailure() << "message '" << message << "' lacks '" << part << "'";
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << "no tessera::Error thrown";
 }
 
 }  // namespace tessera::test

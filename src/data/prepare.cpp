@@ -1,13 +1,11 @@
 // prepare_data and unigram_entropy (see prepare.h). The whole text is held in memory: the corpora
 // prepare is meant for are megabytes; larger sets come as llm.c token files made elsewhere.
-// File-system calls are POSIX: libtorch.so exports an incompatible build of std::filesystem.
 #include "data/prepare.h"
-
-#include <sys/stat.h>
 
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 
 #include <nlohmann/json.hpp>
@@ -20,20 +18,6 @@
 namespace tessera {
 namespace {
 
-// mkdir -p: creates `dir` and its missing parents.
-void make_directories(const std::string& dir) {
-  for (size_t slash = dir.find('/', 1); ; slash = dir.find('/', slash + 1)) {
-    std::string prefix = dir.substr(0, slash);
-    if (!prefix.empty() && ::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST)
-      fail(prefix, ": cannot create directory (", std::strerror(errno), ")");
-    if (slash == std::string::npos) return;
-  }
-}
-
-bool is_regular_file(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
 
 }  // namespace
 
@@ -45,7 +29,7 @@ PrepareReport prepare_data(const PrepareOptions& options, std::ostream& log) {
 
   std::string text;
   for (const std::string& input : options.inputs) {
-    require(is_regular_file(input), input, ": input is missing or not a regular file");
+    require(std::filesystem::is_regular_file(input), input, ": input is missing or not a regular file");
     text += read_file(input);
   }
 
@@ -74,7 +58,9 @@ PrepareReport prepare_data(const PrepareOptions& options, std::ostream& log) {
   require(val >= 1 && total - val >= 1, "prepare: ", total, " tokens cannot be split with val_fraction ",
           options.val_fraction, " (each split needs at least one token)");
 
-  make_directories(options.out_dir);
+  std::error_code error;
+  std::filesystem::create_directories(options.out_dir, error);
+  if (error) fail(options.out_dir, ": cannot create directory (", error.message(), ")");
   const std::string train_path = options.out_dir + "/train.bin";
   write_token_file(train_path, std::vector<int64_t>(tokens.begin(), tokens.end() - val));
   write_token_file(options.out_dir + "/val.bin", std::vector<int64_t>(tokens.end() - val, tokens.end()));

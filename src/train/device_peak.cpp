@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #ifdef TESSERA_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #endif
@@ -12,8 +13,11 @@ namespace {
 
 double measured_matmul_flops(const c10::Device& device, c10::ScalarType dtype) {
   const int64_t n = 1024;
-  auto options = at::TensorOptions().device(device).dtype(dtype);
-  at::Tensor a = at::randn({n, n}, options), b = at::randn({n, n}, options);
+  // A generator of its own: measuring must not advance the global RNG (resume equivalence).
+  at::Generator generator = at::detail::createCPUGenerator(0);
+  auto options = at::TensorOptions().dtype(dtype);
+  at::Tensor a = at::randn({n, n}, generator, options.dtype(at::kFloat)).to(device, dtype);
+  at::Tensor b = at::randn({n, n}, generator, options.dtype(at::kFloat)).to(device, dtype);
   double best = 0;
   for (int rep = 0; rep < 4; ++rep) {
     auto start = std::chrono::steady_clock::now();

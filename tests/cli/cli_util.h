@@ -28,14 +28,6 @@ inline CommandResult run_tessera(const std::string& args) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
 }
 
-// A fresh directory under the test's temporary directory.
-inline std::string fresh_dir(const std::string& name) {
-  auto dir = std::filesystem::path(::testing::TempDir()) / ("tessera_" + name);
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir.string();
-}
-
 // The bundled corpus prepared with the byte tokenizer (once per process).
 inline const std::string& prepared_corpus() {
   static std::string dir = [] {

@@ -9,7 +9,6 @@
 
 #include "data/prepare.h"
 #include "data/tokenizer.h"
-#include "data_test_util.h"
 #include "test_util.h"
 
 namespace tessera {

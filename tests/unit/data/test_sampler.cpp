@@ -7,7 +7,7 @@
 #include <set>
 
 #include "data/sampler.h"
-#include "data_test_util.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {

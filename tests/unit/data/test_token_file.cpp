@@ -7,7 +7,7 @@
 
 #include "data/data_options.h"
 #include "data/token_file.h"
-#include "data_test_util.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {

@@ -8,7 +8,6 @@
 
 #include "data/gpt2_bpe.h"
 #include "data/tokenizer.h"
-#include "data_test_util.h"
 #include "test_util.h"
 
 namespace tessera {
