@@ -1,11 +1,8 @@
 // `tessera generate`: samples text from a checkpoint, streaming tokens as they are drawn.
 #include <iostream>
 
-#include <toml++/toml.h>
-
 #include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
-#include "core/error.h"
 #include "data/tokenizer.h"
 #include "model/hf_names.h"
 #include "model/transformer.h"
@@ -29,9 +26,7 @@ Command add_generate_command(CLI::App& app) {
   cmd->add_option("--seed", args->sampling.seed, "random seed")->capture_default_str();
   return [args]() {
     LoadedCheckpoint ckpt = load_checkpoint(args->checkpoint);
-    const std::string meta_path = ckpt.dir + "/meta.json";
-    if (!ckpt.meta.contains("config")) fail(meta_path, ": has no config");
-    Config config = Config::from_toml(toml::parse(ckpt.meta["config"].get<std::string>()), meta_path);
+    Config config = Config::from_checkpoint_meta(ckpt.dir + "/meta.json", {});
     TransformerLM model(config.model);
     import_state(*model, ckpt.model, ckpt.dir + "/model.safetensors");
     auto tokenizer = load_tokenizer(ckpt.dir);

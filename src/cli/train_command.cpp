@@ -3,37 +3,13 @@
 #include <filesystem>
 #include <iostream>
 
-#include <toml++/toml.h>
-
 #include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
 #include "core/error.h"
-#include "core/fs.h"
-#include "core/options.h"
 #include "train/config.h"
 #include "train/trainer.h"
 
 namespace tessera::cli {
-
-namespace {
-
-// The config stored in a checkpoint's meta.json, with --set overrides applied.
-Config config_from_checkpoint(const std::string& path, const std::vector<std::string>& overrides) {
-  std::string dir = resolve_checkpoint_dir(path);
-  std::string meta_path = dir + "/meta.json";
-  nlohmann::json meta;
-  try {
-    meta = nlohmann::json::parse(read_file(meta_path));
-  } catch (const nlohmann::json::exception& e) {
-    fail(meta_path, ": malformed JSON (", e.what(), ")");
-  }
-  if (!meta.contains("config") || !meta["config"].is_string()) fail(meta_path, ": has no config");
-  toml::table root = toml::parse(meta["config"].get<std::string>());
-  for (const auto& assignment : overrides) apply_override(root, assignment);
-  return Config::from_toml(root, meta_path);
-}
-
-}  // namespace
 
 Command add_train_command(CLI::App& app) {
   struct Args {
@@ -49,7 +25,7 @@ Command add_train_command(CLI::App& app) {
   cmd->footer("Config keys (section.key, default, meaning):\n" + config_reference());
   return [args]() {
     if (args->config.empty() && args->resume.empty()) fail("train: give --config FILE|PRESET (or --resume CHECKPOINT)");
-    Config config = args->config.empty() ? config_from_checkpoint(args->resume, args->sets)
+    Config config = args->config.empty() ? Config::from_checkpoint_meta(resolve_checkpoint_dir(args->resume) + "/meta.json", args->sets)
                                          : Config::load(args->config, args->sets);
     std::string out = args->out;
     if (out.empty()) {

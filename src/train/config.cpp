@@ -3,7 +3,10 @@
 #include <filesystem>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
+#include "core/fs.h"
 #include "core/options.h"
 
 #ifndef TESSERA_CONFIG_DIR
@@ -78,6 +81,24 @@ Config Config::load(const std::string& config, const std::vector<std::string>& o
   }
   for (const auto& assignment : overrides) apply_override(root, assignment);
   return from_toml(root, overrides.empty() ? path : path + " with --set overrides");
+}
+
+Config Config::from_checkpoint_meta(const std::string& meta_path, const std::vector<std::string>& overrides) {
+  nlohmann::json meta;
+  try {
+    meta = nlohmann::json::parse(read_file(meta_path));
+  } catch (const nlohmann::json::exception& e) {
+    fail(meta_path, ": malformed JSON (", e.what(), ")");
+  }
+  if (!meta.contains("config") || !meta["config"].is_string()) fail(meta_path, ": has no config");
+  toml::table root;
+  try {
+    root = toml::parse(meta["config"].get<std::string>());
+  } catch (const toml::parse_error& e) {
+    fail(meta_path, ": the recorded config is not valid TOML (", e.description(), ")");
+  }
+  for (const auto& assignment : overrides) apply_override(root, assignment);
+  return from_toml(root, meta_path);
 }
 
 void Config::check(const std::string& source) const {

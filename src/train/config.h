@@ -45,6 +45,9 @@ struct Config {
   static Config from_toml(const toml::table& root, const std::string& source);
   // `config` is a file path or a preset name (configs/<name>.toml).
   static Config load(const std::string& config, const std::vector<std::string>& overrides);
+  // The config recorded in a checkpoint's meta.json (its "config" field, TOML text), with
+  // `section.key=value` overrides applied.
+  static Config from_checkpoint_meta(const std::string& meta_path, const std::vector<std::string>& overrides);
 
   void check(const std::string& source) const;
   toml::table to_toml() const;
