@@ -7,7 +7,7 @@ Usage: compare_pytorch.py BUILD_DIR [--cases tiny_gpt,gpt2_124m] [--rounds N] [-
 The peers run alternately (tessera, eager, compile, tessera, ...) for --rounds rounds so that drift
 on a shared machine hits all of them alike; the table reports each peer's best median over the
 rounds and tessera's ratio (tessera tokens/s divided by the peer's). Results go to
-OUT/train_step_<device>.json and .md.
+OUT/train_step_<device>_<cases>.json and .md.
 """
 import argparse
 import json
@@ -101,8 +101,9 @@ def main():
     print(text)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"train_step_{device}.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out / f"train_step_{device}.md").write_text(text)
+    stem = f"train_step_{device}_" + "_".join(args.cases.split(","))
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / f"{stem}.md").write_text(text)
 
 
 if __name__ == "__main__":

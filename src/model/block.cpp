@@ -3,6 +3,8 @@
 
 #include <torch/torch.h>
 
+#include "model/dropout.h"
+
 namespace tessera {
 
 BlockImpl::BlockImpl(const ModelOptions& opts, int64_t layer) : dropout_(opts.dropout) {
@@ -25,13 +27,13 @@ void BlockImpl::set_checkpoint_mode(CheckpointMode mode) {
 BlockOutput BlockImpl::run(const at::Tensor& x) {
   auto h = ln_1(x);
   auto a = softmax_attn ? softmax_attn(h) : linear_attn(h);
-  auto y = x + torch::dropout(a, dropout_, is_training());
+  auto y = x + dropout_if_active(a, dropout_, is_training());
   h = ln_2(y);
   if (moe) {
     auto out = moe(h);
-    return {y + torch::dropout(out.y, dropout_, is_training()), out.aux_loss};
+    return {y + dropout_if_active(out.y, dropout_, is_training()), out.aux_loss};
   }
-  return {y + torch::dropout(mlp(h), dropout_, is_training()), torch::zeros({}, x.options().dtype(at::kFloat))};
+  return {y + dropout_if_active(mlp(h), dropout_, is_training()), torch::zeros({}, x.options().dtype(at::kFloat))};
 }
 
 BlockOutput BlockImpl::forward(const at::Tensor& x) {

@@ -3,6 +3,8 @@
 
 #include <torch/torch.h>
 
+#include "model/dropout.h"
+
 #include "core/error.h"
 #include "model/norm.h"
 
@@ -36,7 +38,7 @@ ModelOutput TransformerLMImpl::forward(const at::Tensor& idx, const at::Tensor& 
   require(T <= opts_.block_size, "sequence length ", T, " exceeds model.block_size = ", opts_.block_size);
   auto x = wte(idx);
   if (wpe) x = x + wpe(torch::arange(T, idx.options()));
-  x = torch::dropout(x, opts_.dropout, is_training());
+  x = dropout_if_active(x, opts_.dropout, is_training());
   ModelOutput out;
   out.aux_loss = torch::zeros({}, x.options().dtype(at::kFloat));
   for (auto& b : blocks_) {
