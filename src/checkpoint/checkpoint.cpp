@@ -91,7 +91,7 @@ std::string resolve_checkpoint_dir(const std::string& path) {
   fail(path, ": not a checkpoint (no meta.json) and no checkpoints/latest beneath it");
 }
 
-LoadedCheckpoint load_checkpoint(const std::string& path) {
+LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer) {
   LoadedCheckpoint out;
   out.dir = resolve_checkpoint_dir(path);
   const fs::path dir(out.dir);
@@ -120,7 +120,7 @@ LoadedCheckpoint load_checkpoint(const std::string& path) {
   }
   out.step = out.meta["step"].get<int64_t>();
   out.model = read_safetensors((dir / kModelFile).string()).tensors;
-  out.optimizer = read_safetensors((dir / kOptimizerFile).string()).tensors;
+  if (with_optimizer) out.optimizer = read_safetensors((dir / kOptimizerFile).string()).tensors;
   return out;
 }
 

@@ -46,8 +46,10 @@ struct LoadedCheckpoint {
 std::string save_checkpoint(const std::string& checkpoints_dir, int64_t step, const CheckpointContents& contents);
 
 // `path` may be a step directory, a checkpoints directory or a run directory (the latter two
-// resolve through `latest`). Throws tessera::Error naming the file on any inconsistency.
-LoadedCheckpoint load_checkpoint(const std::string& path);
+// resolve through `latest`). Throws tessera::Error naming the file on any inconsistency. Every
+// file is verified; the optimizer tensors are read only when `with_optimizer` (generation needs
+// the model alone).
+LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer = true);
 
 // Resolves `path` as load_checkpoint does, without reading tensors.
 std::string resolve_checkpoint_dir(const std::string& path);

@@ -32,10 +32,8 @@ Command add_bench_command(CLI::App& app) {
   return [args]() {
     Config config = Config::load(args->config, args->sets);
     require(args->steps > 0 && args->warmup >= 0, "bench: --steps must be > 0 and --warmup >= 0");
-    if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
-    c10::Device device(config.train.device);
-    torch::manual_seed(static_cast<uint64_t>(config.train.seed));
-    TrainStep step(config, device);
+    TrainStep step(config);
+    const c10::Device device = step.device();
     at::Generator generator = at::detail::createCPUGenerator(1);
     std::vector<Batch> batches;
     for (int64_t i = 0; i < config.train.grad_accum; ++i) {

@@ -25,7 +25,7 @@ Command add_generate_command(CLI::App& app) {
   cmd->add_option("--top-k", args->sampling.top_k, "sample from the k most likely tokens (0 = all)")->capture_default_str();
   cmd->add_option("--seed", args->sampling.seed, "random seed")->capture_default_str();
   return [args]() {
-    LoadedCheckpoint ckpt = load_checkpoint(args->checkpoint);
+    LoadedCheckpoint ckpt = load_checkpoint(args->checkpoint, /*with_optimizer=*/false);
     Config config = Config::from_checkpoint_meta(ckpt.dir + "/meta.json", {});
     TransformerLM model(config.model);
     import_state(*model, ckpt.model, ckpt.dir + "/model.safetensors");

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/torch.h>
 
+#include "core/error.h"
 #include "optim/clipping.h"
 #include "precision/autocast.h"
 
@@ -20,19 +21,31 @@ std::map<std::string, at::Tensor> with_prefix(const std::map<std::string, at::Te
   return out;
 }
 
+c10::Device training_device(const std::string& name) {
+  c10::Device device(name);
+  if (device.is_cuda() && !torch::cuda::is_available())
+    fail("train.device = \"", name, "\" but no CUDA device is available",
+#ifdef TESSERA_WITH_CUDA
+         ""
+#else
+         " (this build has TESSERA_CUDA=OFF)"
+#endif
+    );
+  return device;
+}
+
 }  // namespace
 
-TrainStep::TrainStep(const Config& config, c10::Device device)
-    : config_(config), device_(device), autocast_(autocast_dtype(config.precision)) {
+TrainStep::TrainStep(const Config& config)
+    : config_(config), device_(training_device(config.train.device)), autocast_(autocast_dtype(config.precision)) {
+  if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
+  torch::manual_seed(static_cast<uint64_t>(config.train.seed));
   model_ = TransformerLM(config.model);
   model_->set_activation_checkpointing(config.memory.activation_checkpointing);
-  model_->to(device_);
+  model_->to(device_, parameter_dtype(config.precision));
   NamedTensors named;
   for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
   if (config.precision.dtype == "fp16") {
-    model_->to(at::kHalf);
-    named.clear();
-    for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
     master_ = std::make_unique<MasterWeights>(named);
     scaler_ = std::make_unique<DynamicLossScaler>(config.precision, device_);
     optimizer_ = make_optimizer(config.optim, master_->master());

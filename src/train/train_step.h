@@ -31,14 +31,16 @@ struct StepResult {
 
 class TrainStep {
  public:
-  // Builds the model from config.model (initialised from torch's global seed) on `device`.
-  TrainStep(const Config& config, c10::Device device);
+  // Sets the intra-op threads (train.threads), seeds torch with train.seed, and builds the model
+  // from config.model on train.device (refused by name when CUDA is asked for but absent).
+  explicit TrainStep(const Config& config);
 
   StepResult run(const std::vector<Batch>& micro_batches, double lr);
   // Mean cross-entropy over `batches`, without gradients, in eval mode.
   double evaluate(const std::vector<Batch>& batches);
 
   TransformerLM& model() { return model_; }
+  c10::Device device() const { return device_; }
   const DynamicLossScaler* loss_scaler() const { return scaler_.get(); }
   c10::ScalarType compute_dtype() const;
 

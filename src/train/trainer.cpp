@@ -29,19 +29,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-c10::Device parse_device(const std::string& name) {
-  c10::Device device(name);
-  if (device.is_cuda() && !torch::cuda::is_available())
-    fail("train.device = \"", name, "\" but no CUDA device is available",
-#ifdef TESSERA_WITH_CUDA
-         ""
-#else
-         " (this build has TESSERA_CUDA=OFF)"
-#endif
-    );
-  return device;
-}
-
 }  // namespace
 
 struct Trainer::State {
@@ -70,8 +57,6 @@ Trainer::Trainer(Config config, std::string run_dir, std::string resume) : state
   s.resume = std::move(resume);
   const Config& c = s.config;
 
-  if (c.train.threads > 0) at::set_num_threads(static_cast<int>(c.train.threads));
-  s.device = parse_device(c.train.device);
 
   s.data_dir = c.data.path;
   if (!fs::is_directory(s.data_dir))
@@ -89,8 +74,8 @@ Trainer::Trainer(Config config, std::string run_dir, std::string resume) : state
   s.eval_batches = evaluation_batches(*s.val_tokens, c.eval.batches, c.train.batch_size, c.train.seq_len);
   s.unigram = unigram_entropy(*s.train_tokens);
 
-  torch::manual_seed(static_cast<uint64_t>(c.train.seed));
-  s.trainer = std::make_unique<TrainStep>(c, s.device);
+  s.trainer = std::make_unique<TrainStep>(c);
+  s.device = s.trainer->device();
 
   if (!s.resume.empty()) {
     LoadedCheckpoint ckpt = load_checkpoint(s.resume);
