@@ -6,7 +6,6 @@ RUN ?= runs/tiny_gpt
 CONFIG ?= configs/tiny_gpt.toml
 DATA ?= $(BUILD)/data/kjv
 JOBS ?= $(shell nproc)
-VENV = $(shell bash scripts/install.sh | sed -n 's/^TESSERA_VENV=//p')
 
 .PHONY: deps build train test bench clean
 
