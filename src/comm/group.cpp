@@ -1,0 +1,320 @@
+#include "comm/group.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "core/error.h"
+
+namespace tessera::comm {
+
+// Tags of the ring collectives have this bit set; tags callers pass to send/recv must stay below it.
+constexpr int kRingTagBit = 1 << 30;
+
+// Shared by the Group and its communication thread. The thread keeps it alive, so a Group
+// destroyed after a failure can leave a thread that is still blocked in the backend.
+struct Group::Impl {
+  std::string name;
+  std::vector<int64_t> ranks;
+  int64_t rank = 0;
+  c10::intrusive_ptr<c10d::Backend> backend;
+  std::chrono::milliseconds timeout;
+
+  std::mutex mutex;
+  std::condition_variable ready;
+  std::deque<std::function<void()>> queue;
+  bool stopping = false;
+  std::atomic<bool> failed{false};
+  std::thread thread;
+
+  std::mutex traffic_mutex;
+  std::map<std::string, int64_t> traffic;
+  int64_t ring_tag = 0;  // touched only on the communication thread
+
+  int64_t size() const { return static_cast<int64_t>(ranks.size()); }
+
+  [[noreturn]] void fail_op(const std::string& op, const std::string& detail) {
+    failed = true;
+    fail("rank ", ranks[rank], " (group '", name, "', rank ", rank, " of ", size(), "): ", op, " failed: ", detail);
+  }
+
+  void count(const std::string& op, double bytes) {
+    std::lock_guard<std::mutex> lock(traffic_mutex);
+    traffic[op] += static_cast<int64_t>(bytes);
+  }
+
+  // Runs `body` (which may throw c10::Error/std::exception from the backend), naming the op on failure.
+  void guarded(const std::string& op, const std::function<void()>& body) {
+    try {
+      body();
+    } catch (const Error&) {
+      failed = true;
+      throw;
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      if (what.size() > 400) what = what.substr(0, 400) + " ...";
+      fail_op(op, what);
+    }
+  }
+
+  void wait_backend(const c10::intrusive_ptr<c10d::Work>& work) {
+    if (!work->wait(timeout)) throw std::runtime_error("aborted");
+  }
+
+  Work enqueue(const std::string& op, std::function<void()> body) {
+    auto promise = std::make_shared<std::promise<void>>();
+    Work work(promise->get_future().share());
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (failed) fail_op(op, "an earlier operation of this group failed");
+      queue.push_back([this, op, body = std::move(body), promise]() {
+        try {
+          guarded(op, body);
+          promise->set_value();
+        } catch (...) {
+          promise->set_exception(std::current_exception());
+        }
+      });
+    }
+    ready.notify_one();
+    return work;
+  }
+
+  void run_queue() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        ready.wait(lock, [&] { return stopping || !queue.empty(); });
+        if (queue.empty()) return;
+        task = std::move(queue.front());
+        queue.pop_front();
+      }
+      task();
+    }
+  }
+
+  // Ring reduce-scatter over send/recv: N-1 steps; in step s rank r sends its partial sum of
+  // chunk (r - s - 1) mod N to r + 1 and adds the partial of chunk (r - s - 2) mod N received
+  // from r - 1. After the last step chunk r holds the sum over all ranks.
+  void ring_reduce_scatter(at::Tensor output, at::Tensor input) {
+    const int64_t n = size();
+    const int64_t chunk = output.numel();
+    at::Tensor acc = input.reshape({n, chunk}).clone();
+    at::Tensor incoming = at::empty({chunk}, input.options());
+    const int64_t next = (rank + 1) % n, prev = (rank + n - 1) % n;
+    const int64_t tag_base = ring_tag++ * n;
+    for (int64_t s = 0; s + 1 < n; ++s) {
+      const int64_t send_chunk = ((rank - s - 1) % n + n) % n, recv_chunk = ((rank - s - 2) % n + n) % n;
+      std::vector<at::Tensor> out{acc[send_chunk]}, in{incoming};
+      const int tag = kRingTagBit | static_cast<int>((tag_base + s) % kRingTagBit);
+      auto sent = backend->send(out, static_cast<int>(next), tag);
+      auto received = backend->recv(in, static_cast<int>(prev), tag);
+      wait_backend(sent);
+      wait_backend(received);
+      acc[recv_chunk].add_(incoming);
+    }
+    output.copy_(acc[rank].view_as(output));
+  }
+};
+
+void Work::wait() {
+  if (done_.valid()) done_.get();
+}
+
+Group::Group(std::string name, std::vector<int64_t> ranks, int64_t rank, c10::intrusive_ptr<c10d::Backend> backend,
+             std::chrono::milliseconds timeout)
+    : impl_(std::make_shared<Impl>()) {
+  require(!ranks.empty() && rank >= 0 && rank < static_cast<int64_t>(ranks.size()),
+          "internal: group '", name, "' rank ", rank, " outside its ", ranks.size(), " members");
+  require(backend || ranks.size() == 1, "internal: group '", name, "' of ", ranks.size(), " ranks has no backend");
+  impl_->name = std::move(name);
+  impl_->ranks = std::move(ranks);
+  impl_->rank = rank;
+  impl_->backend = std::move(backend);
+  impl_->timeout = timeout;
+  impl_->thread = std::thread([impl = impl_] { impl->run_queue(); });
+}
+
+Group::~Group() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->stopping = true;
+  }
+  impl_->ready.notify_one();
+  // After a failure the thread may be blocked in the backend until its timeout: leave it.
+  if (impl_->failed)
+    impl_->thread.detach();
+  else
+    impl_->thread.join();
+}
+
+const std::string& Group::name() const { return impl_->name; }
+int64_t Group::rank() const { return impl_->rank; }
+int64_t Group::size() const { return impl_->size(); }
+int64_t Group::global_rank() const { return impl_->ranks[impl_->rank]; }
+int64_t Group::global_rank_of(int64_t rank) const { return impl_->ranks.at(rank); }
+const std::vector<int64_t>& Group::ranks() const { return impl_->ranks; }
+
+namespace {
+
+c10d::ReduceOp backend_op(ReduceOp op) {
+  return op == ReduceOp::max ? c10d::ReduceOp(c10d::ReduceOp::MAX) : c10d::ReduceOp(c10d::ReduceOp::SUM);
+}
+
+std::string shape_text(const at::Tensor& t) {
+  return std::to_string(t.numel() * static_cast<int64_t>(t.element_size())) + " bytes";
+}
+
+}  // namespace
+
+Work Group::all_reduce_async(at::Tensor tensor, ReduceOp op) {
+  Impl& g = *impl_;
+  require(tensor.is_contiguous(), "internal: all_reduce on group '", g.name, "' needs a contiguous tensor");
+  if (g.size() == 1) return Work();
+  const double bytes = 2.0 * (g.size() - 1) / g.size() * tensor.numel() * tensor.element_size();
+  return g.enqueue("all_reduce of " + shape_text(tensor), [&g, tensor, op, bytes]() mutable {
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::AllreduceOptions options;
+    options.reduceOp = backend_op(op);
+    g.wait_backend(g.backend->allreduce(tensors, options));
+    if (op == ReduceOp::avg) tensor.div_(static_cast<double>(g.size()));
+    g.count("all_reduce", bytes);
+  });
+}
+
+void Group::all_reduce(std::vector<at::Tensor> tensors, ReduceOp op) {
+  std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
+  for (auto& t : tensors) by_dtype[t.scalar_type()].push_back(t);
+  for (auto& [dtype, group] : by_dtype) {
+    std::vector<at::Tensor> flat_parts;
+    for (auto& t : group) flat_parts.push_back(t.reshape({-1}));
+    at::Tensor flat = at::cat(flat_parts);
+    all_reduce_async(flat, op).wait();
+    int64_t offset = 0;
+    for (auto& t : group) {
+      t.copy_(flat.narrow(0, offset, t.numel()).view_as(t));
+      offset += t.numel();
+    }
+  }
+}
+
+void Group::broadcast(at::Tensor tensor, int64_t root) {
+  Impl& g = *impl_;
+  if (g.size() == 1) return;
+  const double bytes = g.rank == root ? static_cast<double>(tensor.numel() * tensor.element_size()) : 0.0;
+  g.enqueue("broadcast of " + shape_text(tensor) + " from rank " + std::to_string(root), [&g, tensor, root, bytes]() {
+     std::vector<at::Tensor> tensors{tensor};
+     c10d::BroadcastOptions options;
+     options.rootRank = root;
+     g.wait_backend(g.backend->broadcast(tensors, options));
+     g.count("broadcast", bytes);
+   }).wait();
+}
+
+Work Group::all_gather_async(at::Tensor output, at::Tensor input) {
+  Impl& g = *impl_;
+  require(output.numel() == input.numel() * g.size() && output.is_contiguous() && input.is_contiguous(),
+          "internal: all_gather on group '", g.name, "': output of ", output.numel(), " elements for ", g.size(),
+          " inputs of ", input.numel());
+  if (g.size() == 1) {
+    output.view_as(input).copy_(input);
+    return Work();
+  }
+  const double bytes = static_cast<double>(g.size() - 1) * input.numel() * input.element_size();
+  return g.enqueue("all_gather of " + shape_text(output), [&g, output, input, bytes]() mutable {
+    g.wait_backend(g.backend->_allgather_base(output, input));
+    g.count("all_gather", bytes);
+  });
+}
+
+Work Group::reduce_scatter_async(at::Tensor output, at::Tensor input, ReduceOp op) {
+  Impl& g = *impl_;
+  require(input.numel() == output.numel() * g.size() && output.is_contiguous() && input.is_contiguous(),
+          "internal: reduce_scatter on group '", g.name, "': input of ", input.numel(), " elements for ", g.size(),
+          " outputs of ", output.numel());
+  require(op != ReduceOp::max, "internal: reduce_scatter supports sum and avg");
+  if (g.size() == 1) {
+    output.copy_(input.view_as(output));
+    return Work();
+  }
+  const double bytes = static_cast<double>(g.size() - 1) * output.numel() * output.element_size();
+  return g.enqueue("reduce_scatter of " + shape_text(input), [&g, output, input, op, bytes]() mutable {
+    if (input.is_cuda()) {
+      c10d::ReduceScatterOptions options;
+      g.wait_backend(g.backend->_reduce_scatter_base(output, input, options));
+    } else {
+      g.ring_reduce_scatter(output, input);
+    }
+    if (op == ReduceOp::avg) output.div_(static_cast<double>(g.size()));
+    g.count("reduce_scatter", bytes);
+  });
+}
+
+void Group::send_recv(at::Tensor send, int64_t to, at::Tensor recv, int64_t from, int64_t tag) {
+  Impl& g = *impl_;
+  require(tag >= 0 && tag < kRingTagBit, "internal: send/recv tag ", tag, " outside [0, 2^30)");
+  if (g.size() == 1) {
+    recv.copy_(send);
+    return;
+  }
+  const double bytes = static_cast<double>(send.numel() * send.element_size());
+  g.guarded("send_recv of " + shape_text(send) + " to rank " + std::to_string(to) + ", from rank " +
+                std::to_string(from),
+            [&] {
+              std::vector<at::Tensor> out{send}, in{recv};
+              auto sent = g.backend->send(out, static_cast<int>(to), static_cast<int>(tag));
+              auto received = g.backend->recv(in, static_cast<int>(from), static_cast<int>(tag));
+              g.wait_backend(sent);
+              g.wait_backend(received);
+            });
+  g.count("send", bytes);
+}
+
+void Group::send(at::Tensor tensor, int64_t to, int64_t tag) {
+  Impl& g = *impl_;
+  g.guarded("send of " + shape_text(tensor) + " to rank " + std::to_string(to), [&] {
+    std::vector<at::Tensor> out{tensor};
+    g.wait_backend(g.backend->send(out, static_cast<int>(to), static_cast<int>(tag)));
+  });
+  g.count("send", static_cast<double>(tensor.numel() * tensor.element_size()));
+}
+
+void Group::recv(at::Tensor tensor, int64_t from, int64_t tag) {
+  Impl& g = *impl_;
+  g.guarded("recv of " + shape_text(tensor) + " from rank " + std::to_string(from), [&] {
+    std::vector<at::Tensor> in{tensor};
+    g.wait_backend(g.backend->recv(in, static_cast<int>(from), static_cast<int>(tag)));
+  });
+}
+
+void Group::barrier() {
+  Impl& g = *impl_;
+  if (g.size() == 1) return;
+  g.enqueue("barrier", [&g]() { g.wait_backend(g.backend->barrier()); }).wait();
+}
+
+std::map<std::string, int64_t> Group::traffic() const {
+  std::lock_guard<std::mutex> lock(impl_->traffic_mutex);
+  return impl_->traffic;
+}
+
+int64_t Group::bytes_sent() const {
+  int64_t total = 0;
+  for (const auto& [op, bytes] : traffic()) total += bytes;
+  return total;
+}
+
+void Group::reset_traffic() {
+  std::lock_guard<std::mutex> lock(impl_->traffic_mutex);
+  impl_->traffic.clear();
+}
+
+}  // namespace tessera::comm

@@ -1,0 +1,96 @@
+// comm::Group: one process group and the only way tessera code talks to other ranks.
+//
+// A Group wraps one c10d backend (Gloo here; one per group, built on a PrefixStore named after
+// the group) behind named collectives. Invariants:
+// - Every collective of a group runs on that group's own communication thread, in the order the
+//   caller issued it. All ranks issue the same collectives in the same order, so the order on
+//   the wire is the same everywhere, and a caller can overlap communication with compute by
+//   holding the returned Work and waiting later (gradient buckets during backward).
+// - Tensors passed to an async call must stay alive and untouched until its Work is waited.
+// - A failure (a dead peer, a timeout after parallel.timeout_s) surfaces from Work::wait as a
+//   tessera::Error naming the global rank, the group and the operation. After a failure the group
+//   is unusable; the caller is expected to end the process.
+// - A group of size 1 has no backend: every collective is the identity (or a copy).
+// - Gloo has no real reduce-scatter (c10d emulates it with a full all-reduce); reduce_scatter
+//   here is a ring over send/recv that sends (N-1)/N of the input per rank.
+// - traffic() counts the bytes this rank sent, per operation, by the ring algorithm's volume:
+//   all_reduce 2(N-1)/N * bytes, all_gather and reduce_scatter (N-1)/N * full bytes, broadcast
+//   `bytes` on the root, send `bytes`.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <future>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+namespace tessera::comm {
+
+enum class ReduceOp { sum, avg, max };
+
+class Work {
+ public:
+  Work() = default;
+  explicit Work(std::shared_future<void> done) : done_(std::move(done)) {}
+  // Blocks until the operation finished; rethrows its tessera::Error. A default Work is done.
+  void wait();
+  bool pending() const { return done_.valid(); }
+
+ private:
+  std::shared_future<void> done_;
+};
+
+class Group {
+ public:
+  struct Impl;
+  // `ranks`: the members' global ranks, ascending; `rank`: this process's index in `ranks`.
+  // `backend` may be null only when ranks.size() == 1.
+  Group(std::string name, std::vector<int64_t> ranks, int64_t rank,
+        c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout);
+  ~Group();
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+
+  const std::string& name() const;
+  int64_t rank() const;
+  int64_t size() const;
+  int64_t global_rank() const;                // this process
+  int64_t global_rank_of(int64_t rank) const;  // a member
+  const std::vector<int64_t>& ranks() const;
+
+  // In place on `tensor` (contiguous).
+  Work all_reduce_async(at::Tensor tensor, ReduceOp op = ReduceOp::sum);
+  void all_reduce(at::Tensor tensor, ReduceOp op = ReduceOp::sum) { all_reduce_async(tensor, op).wait(); }
+  // Many tensors in one call (flattened into one message per dtype).
+  void all_reduce(std::vector<at::Tensor> tensors, ReduceOp op = ReduceOp::sum);
+  void broadcast(at::Tensor tensor, int64_t root);
+  // output: size() * input.numel() elements, member i's input at [i * n, (i + 1) * n).
+  Work all_gather_async(at::Tensor output, at::Tensor input);
+  void all_gather(at::Tensor output, at::Tensor input) { all_gather_async(output, input).wait(); }
+  // input: size() * output.numel() elements; output = reduction over members of chunk rank().
+  Work reduce_scatter_async(at::Tensor output, at::Tensor input, ReduceOp op = ReduceOp::sum);
+  void reduce_scatter(at::Tensor output, at::Tensor input, ReduceOp op = ReduceOp::sum) {
+    reduce_scatter_async(output, input, op).wait();
+  }
+  // Point to point with group-local peer ranks; a send and a recv are matched by `tag`.
+  // Both are posted at once and waited together, so a ring step cannot deadlock.
+  void send_recv(at::Tensor send, int64_t to, at::Tensor recv, int64_t from, int64_t tag = 0);
+  void send(at::Tensor tensor, int64_t to, int64_t tag = 0);
+  void recv(at::Tensor tensor, int64_t from, int64_t tag = 0);
+  void barrier();
+
+  // Bytes this rank sent, by operation name ("all_reduce", "all_gather", ...).
+  std::map<std::string, int64_t> traffic() const;
+  int64_t bytes_sent() const;
+  void reset_traffic();
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace tessera::comm

@@ -1,0 +1,62 @@
+// comm::Mesh: the connected process mesh. It owns the rendezvous store, the world group and one
+// group per mesh dimension (ParallelDims::group_names(): dp, tp, pp, sp, ep, dp_sp) holding this
+// rank. Groups with the same members as one already built share it (with only data parallelism,
+// "dp" is "world"), so each distinct set of ranks has one backend and one ordered queue.
+//
+// Every rank must call Mesh::connect with the same degrees; it returns when all groups of this
+// rank are connected, or throws after parallel.timeout_s naming the rank and the group that did
+// not assemble. A world of one process needs no store and no network.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <c10/core/Device.h>
+
+#include "comm/group.h"
+#include "comm/rendezvous.h"
+#include "core/parallel_dims.h"
+
+namespace c10d {
+class Store;
+}
+
+namespace tessera::comm {
+
+class Mesh {
+ public:
+  static std::unique_ptr<Mesh> connect(const LaunchInfo& launch, const ParallelDims& dims,
+                                       const ParallelOptions& options, c10::Device device);
+  ~Mesh();
+
+  const ParallelDims& dims() const { return dims_; }
+  const LaunchInfo& launch() const { return launch_; }
+  int64_t rank() const { return launch_.rank; }
+  int64_t world_size() const { return launch_.world_size; }
+  MeshCoord coord() const { return dims_.coord(launch_.rank); }
+
+  Group& world() { return *world_; }
+  Group& group(const std::string& dim);
+
+  // A further group over `ranks` (global, ascending). Every member calls it with the same name
+  // and ranks, in the same order relative to other new_group calls; non-members must not call.
+  std::unique_ptr<Group> new_group(const std::string& name, std::vector<int64_t> ranks);
+
+ private:
+  Mesh(LaunchInfo launch, ParallelDims dims, const ParallelOptions& options, c10::Device device);
+
+  LaunchInfo launch_;
+  ParallelDims dims_;
+  c10::Device device_;
+  std::string backend_name_;
+  std::chrono::milliseconds timeout_;
+  std::string local_address_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::vector<std::unique_ptr<Group>> owned_;
+  Group* world_ = nullptr;
+  std::map<std::string, Group*> groups_;
+};
+
+}  // namespace tessera::comm

@@ -1,0 +1,106 @@
+#include "core/parallel_dims.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace tessera {
+
+void ParallelOptions::check(const std::string& source) const {
+  const std::pair<const char*, int64_t> degrees[] = {{"tp", tp}, {"pp", pp}, {"sp", sp}, {"ep", ep}};
+  for (const auto& [key, value] : degrees)
+    require(value >= 1, source, ": parallel.", key, " must be at least 1 (got ", value, ")");
+  require(dp >= 0, source, ": parallel.dp must be 0 (fill the world) or at least 1 (got ", dp, ")");
+  require(zero_stage >= 0 && zero_stage <= 3, source, ": parallel.zero_stage must be 0, 1, 2 or 3 (got ",
+          zero_stage, ")");
+  require(bucket_mb > 0, source, ": parallel.bucket_mb must be positive (got ", bucket_mb, ")");
+  require(timeout_s > 0, source, ": parallel.timeout_s must be positive (got ", timeout_s, ")");
+  require(backend == "auto" || backend == "gloo" || backend == "nccl", source,
+          ": parallel.backend must be auto, gloo or nccl (got \"", backend, "\")");
+  const char* compressions[] = {"none", "bf16", "fp16", "powersgd", "topk"};
+  require(std::find(std::begin(compressions), std::end(compressions), grad_compression) != std::end(compressions),
+          source, ": parallel.grad_compression must be none, bf16, fp16, powersgd or topk (got \"", grad_compression,
+          "\")");
+  require(powersgd_rank >= 1, source, ": parallel.powersgd_rank must be at least 1 (got ", powersgd_rank, ")");
+  require(powersgd_start_step >= 0, source, ": parallel.powersgd_start_step must be >= 0 (got ",
+          powersgd_start_step, ")");
+  require(topk_ratio > 0 && topk_ratio <= 1, source, ": parallel.topk_ratio must be in (0, 1] (got ", topk_ratio,
+          ")");
+}
+
+ParallelDims::ParallelDims(const ParallelOptions& o, int64_t world_size, const std::string& source)
+    : world_(world_size), dp_(o.dp), tp_(o.tp), pp_(o.pp), sp_(o.sp), ep_(o.ep) {
+  o.check(source);
+  require(world_size >= 1, source, ": world size must be at least 1 (got ", world_size, ")");
+  const int64_t model_ranks = tp_ * pp_ * sp_;
+  if (dp_ == 0) {
+    require(world_size % model_ranks == 0, source, ": parallel.tp * parallel.pp * parallel.sp = ", tp_, " * ", pp_,
+            " * ", sp_, " = ", model_ranks, " does not divide the world size ", world_size);
+    dp_ = world_size / model_ranks;
+  }
+  require(dp_ * model_ranks == world_size, source, ": parallel.dp * tp * pp * sp = ", dp_, " * ", tp_, " * ", pp_,
+          " * ", sp_, " = ", dp_ * model_ranks, " but the world has ", world_size, " ranks");
+  require(dp_ % ep_ == 0, source, ": parallel.ep = ", ep_, " must divide the data-parallel degree ", dp_);
+}
+
+MeshCoord ParallelDims::coord(int64_t rank) const {
+  MeshCoord c;
+  c.tp = rank % tp_;
+  rank /= tp_;
+  c.sp = rank % sp_;
+  rank /= sp_;
+  c.dp = rank % dp_;
+  c.pp = rank / dp_;
+  return c;
+}
+
+int64_t ParallelDims::rank(const MeshCoord& c) const { return ((c.pp * dp_ + c.dp) * sp_ + c.sp) * tp_ + c.tp; }
+
+const std::vector<std::string>& ParallelDims::group_names() {
+  static const std::vector<std::string> names = {"dp", "tp", "pp", "sp", "ep", "dp_sp"};
+  return names;
+}
+
+std::vector<int64_t> ParallelDims::group_of(const std::string& dim, int64_t rank) const {
+  const MeshCoord me = coord(rank);
+  std::vector<int64_t> out;
+  for (int64_t r = 0; r < world_; ++r) {
+    const MeshCoord c = coord(r);
+    bool same_pp = c.pp == me.pp, same_dp = c.dp == me.dp, same_sp = c.sp == me.sp, same_tp = c.tp == me.tp;
+    bool member;
+    if (dim == "tp")
+      member = same_pp && same_dp && same_sp;
+    else if (dim == "sp")
+      member = same_pp && same_dp && same_tp;
+    else if (dim == "dp")
+      member = same_pp && same_sp && same_tp;
+    else if (dim == "pp")
+      member = same_dp && same_sp && same_tp;
+    else if (dim == "dp_sp")
+      member = same_pp && same_tp;
+    else if (dim == "ep")
+      member = same_pp && same_sp && same_tp && c.dp / ep_ == me.dp / ep_;
+    else
+      fail("internal: unknown mesh dimension \"", dim, "\"");
+    if (member) out.push_back(r);
+  }
+  return out;
+}
+
+std::vector<std::vector<int64_t>> ParallelDims::groups(const std::string& dim) const {
+  std::vector<std::vector<int64_t>> out;
+  for (int64_t r = 0; r < world_; ++r) {
+    auto g = group_of(dim, r);
+    if (g.front() == r) out.push_back(std::move(g));
+  }
+  return out;
+}
+
+std::string ParallelDims::describe() const {
+  std::ostringstream s;
+  s << "dp=" << dp_ << " tp=" << tp_ << " pp=" << pp_ << " sp=" << sp_ << " ep=" << ep_ << " (world " << world_ << ")";
+  return s.str();
+}
+
+}  // namespace tessera

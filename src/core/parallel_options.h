@@ -1,0 +1,46 @@
+// The [parallel] section: how many ranks each parallelism gets, how data parallelism shards its
+// state, and how collectives behave. ParallelDims (parallel_dims.h) turns the degrees into a mesh.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tessera {
+
+struct ParallelOptions {
+  int64_t dp = 0;  // data-parallel degree; 0 = world size / (tp * pp * sp)
+  int64_t tp = 1;
+  int64_t pp = 1;
+  int64_t sp = 1;
+  int64_t ep = 1;  // expert parallelism, carved out of the data-parallel ranks (divides dp)
+  int64_t zero_stage = 0;
+  double bucket_mb = 4;        // gradient bucket size for overlapped reduction
+  double timeout_s = 120;      // a collective or rendezvous that takes longer fails, naming the rank
+  std::string backend = "auto";  // auto (gloo on CPU, nccl on CUDA), gloo, nccl
+  bool offload = false;          // optimizer state and step on the CPU (ZeRO-Offload)
+  std::string grad_compression = "none";  // none, bf16, fp16, powersgd, topk
+  int64_t powersgd_rank = 4;
+  int64_t powersgd_start_step = 10;  // uncompressed steps before PowerSGD starts
+  double topk_ratio = 0.01;
+
+  template <class V>
+  void visit(V& v) {
+    v("dp", dp, "data-parallel degree (0 = whatever the other degrees leave of the world size)");
+    v("tp", tp, "tensor-parallel degree");
+    v("pp", pp, "pipeline-parallel degree");
+    v("sp", sp, "sequence-parallel degree");
+    v("ep", ep, "expert-parallel degree (taken from the data-parallel ranks; divides dp)");
+    v("zero_stage", zero_stage, "0 = DDP, 1 = shard optimizer state, 2 = + gradients, 3 = + parameters");
+    v("bucket_mb", bucket_mb, "gradient bucket size in MB for reduction overlapped with backward");
+    v("timeout_s", timeout_s, "seconds before a stuck rendezvous or collective fails every rank");
+    v("backend", backend, "auto (gloo on CPU, nccl on CUDA), gloo or nccl");
+    v("offload", offload, "keep optimizer state and run the optimizer step on the CPU");
+    v("grad_compression", grad_compression, "none, bf16, fp16, powersgd or topk");
+    v("powersgd_rank", powersgd_rank, "rank of the PowerSGD approximation");
+    v("powersgd_start_step", powersgd_start_step, "uncompressed steps before PowerSGD starts");
+    v("topk_ratio", topk_ratio, "fraction of gradient entries top-k compression sends");
+  }
+  void check(const std::string& source) const;
+};
+
+}  // namespace tessera

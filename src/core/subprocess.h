@@ -1,0 +1,52 @@
+// Child processes for the local launcher (`tessera train --nproc`) and the multi-rank tests.
+//
+// spawn() forks and execs at once (nothing but dup2/execve runs between the two, so a parent with
+// threads is safe). supervise() waits for a set of children and never hangs: it ends when all
+// have exited, when `deadline_s` passes (the rest are killed), or when *interrupted becomes true
+// (Ctrl-C on the launcher). With stop_on_failure, the first child to fail (non-zero exit or a
+// signal) makes it stop the others: SIGTERM, then SIGKILL after `grace_s`.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <string>
+#include <sys/types.h>
+#include <vector>
+
+namespace tessera {
+
+struct ChildSpec {
+  std::vector<std::string> argv;            // argv[0] is the program path
+  std::map<std::string, std::string> env;   // added to (or replacing in) this process's environment
+  std::string output_file;                  // stdout and stderr go here; empty = inherited
+  int inherit_fd = -1;                      // a descriptor the child keeps across exec
+};
+
+pid_t spawn(const ChildSpec& spec);
+
+struct ChildExit {
+  pid_t pid = -1;
+  int code = -1;    // exit code, or -1 when killed by a signal
+  int signal = 0;
+  bool stopped_by_supervisor = false;  // we sent the signal (another child failed, timeout, Ctrl-C)
+  bool ok() const { return code == 0; }
+  std::string describe() const;  // "exited with code 2" / "killed by signal 9 (SIGKILL)"
+};
+
+struct SuperviseOptions {
+  double deadline_s = 0;       // 0 = no deadline
+  bool stop_on_failure = true;
+  double grace_s = 5;
+  const std::atomic<bool>* interrupted = nullptr;
+};
+
+struct SuperviseResult {
+  std::vector<ChildExit> exits;  // in the order of `pids`
+  int first_failure = -1;        // index of the first child that failed on its own
+  bool timed_out = false;
+  bool interrupted = false;
+};
+
+SuperviseResult supervise(const std::vector<pid_t>& pids, const SuperviseOptions& options);
+
+}  // namespace tessera

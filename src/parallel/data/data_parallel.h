@@ -1,0 +1,75 @@
+// DataParallel: data parallelism over the mesh's "dp" group, with ZeRO stages 0-3, applied to a
+// single-device model from outside. It owns the optimizer (of the shard this rank updates).
+//
+// One training step, as TrainStep drives it:
+//   for each micro-batch m of M:  dp.before_backward(m == M - 1);  loss.backward();
+//   dp.finish_gradients();             // every reduction done; gradients are the dp mean
+//   norm = dp.clip_grad_norm(max);     // the global norm, over all ranks' shards
+//   dp.step(lr);                       // update, then parameters are whole again (stages 0-2)
+//   dp.zero_grad();
+//
+// Stages (Rajbhandari et al., ZeRO; bytes per parameter for fp32 training with Adam, N = dp):
+//   0  DDP: gradients bucketed (parallel.bucket_mb, in reverse registration order) and
+//      all-reduced while backward is still running, from gradient-ready hooks. No communication
+//      on micro-batches before the last. Every rank holds everything: 4 + 4 + 8 bytes.
+//   1  optimizer state sharded: gradients all-reduced as in 0, each rank updates its 1/N of the
+//      flattened parameters, then the parameters are all-gathered: 4 + 4 + 8/N.
+//   2  + gradients sharded: each bucket is reduce-scattered as soon as it is ready and the full
+//      gradient is freed; a rank keeps only its shard: 4 + (4 + 8)/N.
+//   3  + parameters sharded: each transformer block's parameters are all-gathered just before
+//      its forward (the next block's gather is issued ahead, as prefetch), freed after it, and
+//      gathered again for its backward; (4 + 4 + 8)/N plus the blocks in flight.
+// Sharding is per unit (one unit per transformer block, one for the rest), each unit flattened
+// and padded to a multiple of N, rank r owning elements [r * S, (r + 1) * S) of every unit.
+//
+// Equivalence: with the same global batch (N ranks x batch_size each against one process with
+// N x batch_size), losses and parameters match the single-process run to float32 rounding
+// (tests/distributed/test_data_parallel.cpp states the tolerance).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "comm/group.h"
+#include "core/parallel_options.h"
+#include "model/transformer.h"
+#include "optim/optimizer.h"
+
+namespace tessera {
+
+class DataParallel {
+ public:
+  // Registers the hooks on `model` (already on its device). Throws tessera::Error naming the key
+  // for combinations that are not supported (e.g. Adafactor with zero_stage >= 1).
+  DataParallel(TransformerLM model, comm::Group& dp, const ParallelOptions& parallel, const OptimOptions& optim);
+  ~DataParallel();
+
+  void before_backward(bool last_micro_batch);
+  void finish_gradients();
+  double clip_grad_norm(double max_norm);
+  void step(double lr);
+  void zero_grad();
+
+  // Optimizer state as whole tensors named like Optimizer::state() ("<param>.exp_avg", ...), the
+  // same on every rank and independent of N and the stage (a collective: every rank calls it).
+  NamedParams full_optimizer_state();
+  // Each rank takes its shard of whole-tensor state (as full_optimizer_state() returns).
+  void load_full_optimizer_state(const std::map<std::string, at::Tensor>& state, const std::string& source);
+  // Stage 3: gathers every parameter into the model (for export/evaluation); a collective.
+  void gather_full_parameters();
+
+  // Bytes per rank now held for parameters, gradients and optimizer state (for the ZeRO benchmark).
+  struct Memory {
+    int64_t parameters = 0, gradients = 0, optimizer = 0;
+  };
+  Memory memory() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,117 @@
+// The comm layer against exact arithmetic on 2-4 ranks: every collective's result, the ring
+// reduce-scatter's traffic ((N-1)/N of the input per rank, not an all-reduce's 2(N-1)/N), and the
+// mesh groups matching ParallelDims.
+#include <ATen/ATen.h>
+
+#include "dist_test.h"
+
+namespace {
+
+using tessera::comm::ReduceOp;
+
+// Rank r's tensor: r + 1 + i * 0.5 at index i.
+at::Tensor rank_tensor(int64_t rank, int64_t n) {
+  return at::arange(n, at::kFloat) * 0.5 + static_cast<double>(rank + 1);
+}
+
+TEST(Comm, AllReduceSumAvgMaxAndBroadcast) {
+  tessera::test::Ranks ranks(4);
+  if (!ranks.is_worker()) return ranks.expect_success();
+  auto mesh = ranks.connect();
+  auto& world = mesh->world();
+  ASSERT_EQ(world.size(), 4);
+  at::Tensor expected_sum = at::zeros({10});
+  for (int64_t r = 0; r < 4; ++r) expected_sum += rank_tensor(r, 10);
+
+  at::Tensor t = rank_tensor(world.rank(), 10);
+  world.all_reduce(t);
+  EXPECT_TRUE(at::equal(t, expected_sum));
+  t = rank_tensor(world.rank(), 10);
+  world.all_reduce(t, ReduceOp::avg);
+  EXPECT_TRUE(at::allclose(t, expected_sum / 4));
+  t = rank_tensor(world.rank(), 10);
+  world.all_reduce(t, ReduceOp::max);
+  EXPECT_TRUE(at::equal(t, rank_tensor(3, 10)));
+
+  at::Tensor bf = rank_tensor(world.rank(), 8).to(at::kBFloat16);
+  world.all_reduce(bf);
+  EXPECT_TRUE(at::equal(bf.to(at::kFloat), expected_sum.narrow(0, 0, 8).to(at::kBFloat16).to(at::kFloat)));
+
+  at::Tensor b = rank_tensor(world.rank(), 5);
+  world.broadcast(b, 2);
+  EXPECT_TRUE(at::equal(b, rank_tensor(2, 5)));
+
+  std::vector<at::Tensor> many{rank_tensor(world.rank(), 3), rank_tensor(world.rank(), 4).to(at::kDouble)};
+  world.all_reduce(many, ReduceOp::avg);
+  EXPECT_TRUE(at::allclose(many[0], expected_sum.narrow(0, 0, 3) / 4));
+  EXPECT_TRUE(at::allclose(many[1], (expected_sum.narrow(0, 0, 4) / 4).to(at::kDouble)));
+}
+
+TEST(Comm, RingReduceScatterAndAllGather) {
+  tessera::test::Ranks ranks(4);
+  if (!ranks.is_worker()) return ranks.expect_success();
+  auto mesh = ranks.connect();
+  auto& world = mesh->world();
+  const int64_t n = world.size(), chunk = 6;
+  at::Tensor input = rank_tensor(world.rank(), n * chunk);
+  at::Tensor full = input.clone();
+  world.all_reduce(full);
+  world.reset_traffic();
+
+  at::Tensor shard = at::empty({chunk});
+  world.reduce_scatter(shard, input);
+  EXPECT_TRUE(at::equal(shard, full.narrow(0, world.rank() * chunk, chunk)));
+  EXPECT_EQ(world.traffic().at("reduce_scatter"), (n - 1) * chunk * 4);
+
+  at::Tensor avg_shard = at::empty({chunk});
+  world.reduce_scatter_async(avg_shard, input, ReduceOp::avg).wait();
+  EXPECT_TRUE(at::allclose(avg_shard, full.narrow(0, world.rank() * chunk, chunk) / n));
+
+  at::Tensor gathered = at::empty({n * chunk});
+  world.all_gather(gathered, shard);
+  EXPECT_TRUE(at::equal(gathered, full));
+
+  // Overlap: several async ops in flight, waited out of order, still correct.
+  std::vector<at::Tensor> outs;
+  std::vector<tessera::comm::Work> works;
+  for (int i = 0; i < 3; ++i) {
+    outs.push_back(rank_tensor(world.rank(), 4) * (i + 1));
+    works.push_back(world.all_reduce_async(outs.back()));
+  }
+  for (int i = 2; i >= 0; --i) {
+    works[i].wait();
+    EXPECT_TRUE(at::allclose(outs[i], full.narrow(0, 0, 4) * (i + 1)));
+  }
+}
+
+TEST(Comm, SendRecvRing) {
+  tessera::test::Ranks ranks(3);
+  if (!ranks.is_worker()) return ranks.expect_success();
+  auto mesh = ranks.connect();
+  auto& world = mesh->world();
+  const int64_t n = world.size(), me = world.rank();
+  at::Tensor incoming = at::empty({7});
+  world.send_recv(rank_tensor(me, 7), (me + 1) % n, incoming, (me + n - 1) % n, 5);
+  EXPECT_TRUE(at::equal(incoming, rank_tensor((me + n - 1) % n, 7)));
+}
+
+TEST(Comm, MeshGroupsFollowParallelDims) {
+  tessera::test::Ranks ranks(4);
+  if (!ranks.is_worker()) return ranks.expect_success();
+  tessera::ParallelOptions options;
+  options.tp = 2;
+  auto mesh = ranks.connect(options);
+  const int64_t me = mesh->rank();
+  EXPECT_EQ(mesh->dims().dp(), 2);
+  EXPECT_EQ(mesh->group("tp").ranks(), (std::vector<int64_t>{me / 2 * 2, me / 2 * 2 + 1}));
+  EXPECT_EQ(mesh->group("dp").ranks(), (std::vector<int64_t>{me % 2, me % 2 + 2}));
+  // A collective on the tp group sums only over the pair.
+  at::Tensor t = at::full({2}, static_cast<double>(me));
+  mesh->group("tp").all_reduce(t);
+  EXPECT_EQ(t[0].item<double>(), static_cast<double>(me / 2 * 2 * 2 + 1));
+  at::Tensor d = at::full({2}, static_cast<double>(me));
+  mesh->group("dp").all_reduce(d);
+  EXPECT_EQ(d[0].item<double>(), static_cast<double>(2 * (me % 2) + 2));
+}
+
+}  // namespace

@@ -1,0 +1,100 @@
+// No run may hang: a rank that dies, or one that stops taking part, ends every other rank with a
+// tessera::Error naming its rank, the group and the operation, within parallel.timeout_s.
+#include <chrono>
+#include <iostream>
+#include <thread>
+
+#include <ATen/ATen.h>
+
+#include "core/error.h"
+#include "dist_test.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Worker side: runs `body`; a tessera::Error is printed and ends the process with exit code 3.
+template <class Body>
+void exit_3_on_error(Body body) {
+  try {
+    body();
+  } catch (const tessera::Error& e) {
+    std::cerr << "error: " << e.what() << std::endl;
+    std::_Exit(3);
+  }
+}
+
+TEST(CommFailures, DeadRankEndsTheOthersWithANamedError) {
+  const auto start = Clock::now();
+  tessera::test::Ranks ranks(3, 60);
+  if (ranks.is_worker()) {
+    tessera::ParallelOptions options;
+    options.timeout_s = 20;
+    auto mesh = ranks.connect(options);
+    exit_3_on_error([&] {
+      at::Tensor t = at::ones({1000});
+      mesh->world().all_reduce(t);
+      if (mesh->rank() == 2) std::_Exit(7);  // dies between two collectives
+      mesh->world().all_reduce(t);
+    });
+    return;
+  }
+  EXPECT_FALSE(ranks.timed_out());
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_LT(seconds, 30) << "the survivors should fail fast (connection closed), well inside the timeout";
+  EXPECT_EQ(ranks.results()[2].exit.code, 7);
+  for (int r = 0; r < 2; ++r) {
+    const auto& result = ranks.results()[r];
+    EXPECT_EQ(result.exit.code, 3) << result.output;
+    EXPECT_NE(result.output.find("rank " + std::to_string(r) + " (group 'world'"), std::string::npos) << result.output;
+    EXPECT_NE(result.output.find("all_reduce of 4000 bytes failed"), std::string::npos) << result.output;
+  }
+}
+
+TEST(CommFailures, StuckRankTimesOutNamingTheOperation) {
+  const auto start = Clock::now();
+  tessera::test::Ranks ranks(2, 60);
+  if (ranks.is_worker()) {
+    tessera::ParallelOptions options;
+    options.timeout_s = 2;
+    auto mesh = ranks.connect(options);
+    exit_3_on_error([&] {
+      at::Tensor t = at::ones({16});
+      if (mesh->rank() == 1) {
+        std::this_thread::sleep_for(std::chrono::seconds(6));  // alive but not taking part
+        std::_Exit(0);
+      }
+      mesh->world().all_reduce(t);
+    });
+    return;
+  }
+  const auto& rank0 = ranks.results()[0];
+  EXPECT_EQ(rank0.exit.code, 3) << rank0.output;
+  EXPECT_NE(rank0.output.find("rank 0 (group 'world', rank 0 of 2): all_reduce of 64 bytes failed"),
+            std::string::npos)
+      << rank0.output;
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_LT(seconds, 40);
+}
+
+TEST(CommFailures, WrongDegreesAreRefusedBeforeAnyWork) {
+  tessera::ParallelOptions options;
+  options.tp = 3;
+  try {
+    tessera::ParallelDims dims(options, 4, "run.toml");
+    FAIL() << "tp = 3 on 4 ranks was accepted";
+  } catch (const tessera::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("run.toml: parallel.tp * parallel.pp * parallel.sp = 3 * 1 * 1 = 3 does "
+                                         "not divide the world size 4"),
+              std::string::npos)
+        << e.what();
+  }
+  options.tp = 1;
+  options.dp = 3;
+  EXPECT_THROW(tessera::ParallelDims(options, 4, "run.toml"), tessera::Error);
+  options.dp = 0;
+  options.ep = 3;
+  EXPECT_THROW(tessera::ParallelDims(options, 4, "run.toml"), tessera::Error);
+}
+
+}  // namespace
