@@ -41,8 +41,8 @@ ModelOutput TransformerLMImpl::forward(const at::Tensor& idx, const at::Tensor& 
   x = dropout_if_active(x, opts_.dropout, is_training());
   ModelOutput out;
   out.aux_loss = torch::zeros({}, x.options().dtype(at::kFloat));
-  for (auto& b : blocks_) {
-    auto o = b(x);
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    auto o = block_runner_ ? block_runner_(static_cast<int64_t>(l), x) : blocks_[l](x);
     x = o.x;
     out.aux_loss = out.aux_loss + o.aux_loss;
   }

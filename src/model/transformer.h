@@ -14,6 +14,7 @@
 // communicates; parallelism and checkpointing are applied from outside.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,13 @@ class TransformerLMImpl : public torch::nn::Module {
   const ModelOptions& options() const { return opts_; }
   Block block(int64_t i) const { return blocks_.at(static_cast<size_t>(i)); }
 
+  // How forward runs block i on x: block(i)(x) unless a runner is set. Parallelism applied from
+  // outside wraps each block this way (ZeRO-3 gathers a block's parameters around its forward,
+  // parallel/data/data_parallel.h); the runner calls block(i) itself. An empty runner restores
+  // the default.
+  using BlockRunner = std::function<BlockOutput(int64_t layer, const at::Tensor& x)>;
+  void set_block_runner(BlockRunner runner) { block_runner_ = std::move(runner); }
+
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};
   torch::nn::ModuleList h{nullptr};
   Norm ln_f{nullptr};
@@ -55,6 +63,7 @@ class TransformerLMImpl : public torch::nn::Module {
  private:
   ModelOptions opts_;
   std::vector<Block> blocks_;  // the entries of h, typed
+  BlockRunner block_runner_;
 };
 TORCH_MODULE(TransformerLM);
 
