@@ -67,12 +67,13 @@ Command add_bench_command(CLI::App& app) {
                           {"threads", at::get_num_threads()}};
     if (args->json) {
       std::cout << out.dump() << "\n";
-      return;
+      return 0;
     }
     std::printf("%12s %10s %14s %12s %8s\n", "params", "tokens/step", "median step s", "tokens/s", "MFU");
     std::printf("%11.2fM %10.0f %14.4f %12.0f %7.2f%%\n", parameter_count(config.model) / 1e6, tokens, median,
                 tokens / median, 100 * mfu);
     std::printf("(MFU against %.3g TFLOP/s: %s)\n", peak.flops / 1e12, peak.basis.c_str());
+    return 0;
   };
 }
 

@@ -1,5 +1,5 @@
 // The `tessera` subcommands. Each add_*_command registers its options on the CLI11 app and
-// returns the function that runs it once parsing succeeded.
+// returns the function that runs it once parsing succeeded; that function returns the exit code.
 #pragma once
 
 #include <functional>
@@ -8,7 +8,7 @@
 
 namespace tessera::cli {
 
-using Command = std::function<void()>;
+using Command = std::function<int()>;
 
 Command add_train_command(CLI::App& app);
 Command add_generate_command(CLI::App& app);

@@ -34,6 +34,7 @@ Command add_generate_command(CLI::App& app) {
     generate_tokens(*model, tokenizer->encode(args->prompt), args->sampling,
                     [&](int64_t token) { std::cout << tokenizer->decode({token}) << std::flush; });
     std::cout << "\n";
+    return 0;
   };
 }
 

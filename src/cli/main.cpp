@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
   }
   try {
     for (auto& [sub, run] : commands)
-      if (sub->parsed()) run();
+      if (sub->parsed()) return run();
   } catch (const tessera::Error& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;

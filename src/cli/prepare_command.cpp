@@ -18,7 +18,10 @@ Command add_prepare_command(CLI::App& app) {
   cmd->add_option("--merges", options->vocab_bpe, "GPT-2 vocab.bpe merges file (with --tokenizer gpt2)");
   cmd->add_option("--val-fraction", options->val_fraction, "fraction of tokens held out for validation (the tail)")
       ->capture_default_str();
-  return [options]() { prepare_data(*options, std::cout); };
+  return [options]() {
+    prepare_data(*options, std::cout);
+    return 0;
+  };
 }
 
 }  // namespace tessera::cli

@@ -1,10 +1,14 @@
 // `tessera train`: trains from a config (file or preset) with --set overrides, or resumes from a
-// checkpoint (whose own config is used when --config is not given).
+// checkpoint (whose own config is used when --config is not given). With --nproc it launches
+// that many workers (cli/launcher.h); a worker, or a process started by torchrun, mpirun or srun,
+// joins the mesh its environment describes (comm/rendezvous.h) before training.
 #include <filesystem>
 #include <iostream>
 
 #include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
+#include "cli/launcher.h"
+#include "comm/mesh.h"
 #include "core/error.h"
 #include "train/config.h"
 #include "train/trainer.h"
@@ -15,13 +19,20 @@ Command add_train_command(CLI::App& app) {
   struct Args {
     std::string config, out, resume;
     std::vector<std::string> sets;
+    LaunchOptions launch;
   };
   auto args = std::make_shared<Args>();
-  CLI::App* cmd = app.add_subcommand("train", "train a model (single process)");
+  CLI::App* cmd = app.add_subcommand("train", "train a model (one process, or --nproc N workers per node)");
   cmd->add_option("--config", args->config, "config file, or a preset name from configs/ (e.g. tiny_gpt)");
   cmd->add_option("--set", args->sets, "override a config key: section.key=value (repeatable)")->take_all();
   cmd->add_option("--out", args->out, "run directory (default: runs/<config name>)");
   cmd->add_option("--resume", args->resume, "continue from a checkpoint (a step_N, checkpoints or run directory)");
+  cmd->add_option("--nproc", args->launch.nproc, "start this many worker processes on this node (like torchrun)");
+  cmd->add_option("--nnodes", args->launch.nnodes, "number of nodes (hosts), each running its own `--nproc` launcher");
+  cmd->add_option("--node-rank", args->launch.node_rank, "this node's index, 0 .. nnodes-1");
+  cmd->add_option("--master", args->launch.master,
+                  "HOST:PORT where rank 0 serves the rendezvous store (required with --nnodes > 1; "
+                  "default 127.0.0.1 and a free port)");
   cmd->footer("Config keys (section.key, default, meaning):\n" + config_reference());
   return [args]() {
     if (args->config.empty() && args->resume.empty()) fail("train: give --config FILE|PRESET (or --resume CHECKPOINT)");
@@ -32,11 +43,24 @@ Command add_train_command(CLI::App& app) {
       std::string name = args->config.empty() ? "resumed" : std::filesystem::path(args->config).stem().string();
       out = "runs/" + name;
     }
-    Trainer trainer(config, out, args->resume);
+    const std::string source = args->config.empty() ? args->resume : resolve_config_path(args->config);
+    if (args->launch.nproc > 0) {
+      ParallelDims(config.parallel, int64_t{args->launch.nproc} * args->launch.nnodes, source);  // refuse before launching
+      return launch_workers(args->launch, out);
+    }
+    require(args->launch.nnodes == 1 && args->launch.master.empty(),
+            "train: --nnodes and --master need --nproc (the workers per node)");
+
+    const comm::LaunchInfo launch = comm::launch_info_from_environment();
+    const ParallelDims dims(config.parallel, launch.world_size, source);
+    std::unique_ptr<comm::Mesh> mesh = comm::Mesh::connect(launch, dims, config.parallel, c10::Device(config.train.device));
+    Trainer trainer(config, out, args->resume, mesh.get());
     TrainSummary summary = trainer.run();
+    if (launch.rank != 0) return 0;
     std::printf("done: %lld steps, train loss %.4f, val loss %.4f (unigram baseline %.4f), checkpoint %s\n",
                 static_cast<long long>(summary.steps), summary.last_loss, summary.last_val_loss,
                 summary.unigram_baseline, summary.checkpoint.c_str());
+    return 0;
   };
 }
 

@@ -42,9 +42,12 @@ Batch gather(const TokenFile& file, const std::vector<int64_t>& offsets, int64_t
 
 }  // namespace
 
-BatchSampler::BatchSampler(const TokenFile& file, int64_t batch, int64_t seq_len, uint64_t seed)
-    : file_(file), batch_(batch), seq_len_(seq_len), seed_(seed) {
+BatchSampler::BatchSampler(const TokenFile& file, int64_t batch, int64_t seq_len, uint64_t seed, int64_t first_row,
+                           int64_t rows)
+    : file_(file), batch_(batch), seq_len_(seq_len), seed_(seed), first_row_(first_row), rows_(rows > 0 ? rows : batch) {
   check_shape(file, batch, seq_len);
+  require(first_row_ >= 0 && first_row_ + rows_ <= batch_, "internal: rows [", first_row_, ", ", first_row_ + rows_,
+          ") outside a batch of ", batch_);
 }
 
 int64_t BatchSampler::offset(int64_t k, int64_t i) const {
@@ -54,8 +57,8 @@ int64_t BatchSampler::offset(int64_t k, int64_t i) const {
 }
 
 Batch BatchSampler::next() {
-  std::vector<int64_t> offsets(static_cast<size_t>(batch_));
-  for (int64_t i = 0; i < batch_; ++i) offsets[static_cast<size_t>(i)] = offset(position_, i);
+  std::vector<int64_t> offsets(static_cast<size_t>(rows_));
+  for (int64_t i = 0; i < rows_; ++i) offsets[static_cast<size_t>(i)] = offset(position_, first_row_ + i);
   ++position_;
   return gather(file_, offsets, seq_len_);
 }

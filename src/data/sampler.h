@@ -26,8 +26,11 @@ struct Batch {
 
 class BatchSampler {
  public:
-  // Throws naming the file when it holds fewer than seq_len + 1 tokens.
-  BatchSampler(const TokenFile& file, int64_t batch, int64_t seq_len, uint64_t seed);
+  // Throws naming the file when it holds fewer than seq_len + 1 tokens. With `rows` > 0, next()
+  // returns only rows [first_row, first_row + rows) of each batch of `batch` windows: a data-parallel
+  // rank's slice of the global batch, so N ranks together read exactly what one process would.
+  BatchSampler(const TokenFile& file, int64_t batch, int64_t seq_len, uint64_t seed, int64_t first_row = 0,
+               int64_t rows = 0);
 
   Batch next();
   int64_t position() const { return position_; }  // batches drawn so far
@@ -38,6 +41,7 @@ class BatchSampler {
   TokenFile file_;
   int64_t batch_, seq_len_;
   uint64_t seed_;
+  int64_t first_row_, rows_;
   int64_t position_ = 0;
 };
 

@@ -110,6 +110,7 @@ void Config::check(const std::string& source) const {
   eval.check(source);
   checkpoint.check(source);
   memory.check(source);
+  parallel.check(source);
   if (train.seq_len > model.block_size)
     fail(source, ": train.seq_len = ", train.seq_len, " exceeds model.block_size = ", model.block_size);
 }

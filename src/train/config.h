@@ -10,6 +10,7 @@
 
 #include <toml++/toml.h>
 
+#include "core/parallel_options.h"
 #include "data/data_options.h"
 #include "model/model_options.h"
 #include "optim/optim_options.h"
@@ -27,6 +28,7 @@ struct Config {
   EvalOptions eval;
   CheckpointOptions checkpoint;
   MemoryOptions memory;
+  ParallelOptions parallel;
 
   // Calls f(section_name, options) for each section, in file order.
   template <class F>
@@ -39,6 +41,7 @@ struct Config {
     f("eval", eval);
     f("checkpoint", checkpoint);
     f("memory", memory);
+    f("parallel", parallel);
   }
 
   // `source` names the origin in error messages (a file path, or "checkpoint meta.json").

@@ -8,8 +8,8 @@
 
 namespace tessera {
 
-Progress::Progress(int64_t total_steps, const std::string& log_path, bool append)
-    : total_steps_(total_steps), tty_(::isatty(STDOUT_FILENO) != 0),
+Progress::Progress(int64_t total_steps, const std::string& log_path, bool append, bool echo)
+    : total_steps_(total_steps), tty_(::isatty(STDOUT_FILENO) != 0), echo_(echo),
       log_(log_path, append ? std::ios::app : std::ios::trunc) {}
 
 Progress::~Progress() { clear_line(); }
@@ -27,6 +27,7 @@ void Progress::update(int64_t step, double loss, double tokens_per_s, double sec
   std::snprintf(text, sizeof(text), "step %lld/%lld | loss %.4f | %.0f tok/s | ETA %s", static_cast<long long>(step),
                 static_cast<long long>(total_steps_), loss, tokens_per_s, format_duration(eta).c_str());
   log_ << text << "\n" << std::flush;
+  if (!echo_) return;
   if (tty_) {
     int width = 28;
     int filled = static_cast<int>(width * step / std::max<int64_t>(total_steps_, 1));
@@ -39,7 +40,7 @@ void Progress::update(int64_t step, double loss, double tokens_per_s, double sec
 
 void Progress::message(const std::string& line) {
   clear_line();
-  std::cout << line << "\n" << std::flush;
+  if (echo_) std::cout << line << "\n" << std::flush;
   log_ << line << "\n" << std::flush;
 }
 

@@ -12,7 +12,8 @@ namespace tessera {
 
 class Progress {
  public:
-  Progress(int64_t total_steps, const std::string& log_path, bool append);
+  // echo = false writes the log file only (ranks other than 0 of a multi-process run).
+  Progress(int64_t total_steps, const std::string& log_path, bool append, bool echo = true);
   ~Progress();
 
   void update(int64_t step, double loss, double tokens_per_s, double seconds_per_step);
@@ -22,6 +23,7 @@ class Progress {
   void clear_line();
   int64_t total_steps_;
   bool tty_;
+  bool echo_;
   bool line_open_ = false;
   std::ofstream log_;
 };

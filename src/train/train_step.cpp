@@ -4,7 +4,9 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
+#include "model/hf_names.h"
 #include "optim/clipping.h"
+#include "parallel/data/data_parallel.h"
 #include "precision/autocast.h"
 
 namespace tessera {
@@ -34,10 +36,24 @@ c10::Device training_device(const std::string& name) {
   return device;
 }
 
+void refuse_unbuilt_parallelism(const Config& config, const comm::Mesh& mesh) {
+  const ParallelDims& d = mesh.dims();
+  const std::pair<const char*, int64_t> unbuilt[] = {{"tp", d.tp()}, {"pp", d.pp()}, {"sp", d.sp()}, {"ep", d.ep()}};
+  for (const auto& [key, degree] : unbuilt)
+    require(degree == 1, "parallel.", key, " = ", degree, ": this build runs data parallelism only (parallel.dp); ",
+            key, " is not implemented yet");
+  require(d.dp() == 1 || config.precision.dtype != "fp16", "precision.dtype = \"fp16\" with parallel.dp = ", d.dp(),
+          ": fp16 master weights are not combined with data parallelism yet; use bf16 or fp32");
+}
+
 }  // namespace
 
-TrainStep::TrainStep(const Config& config)
-    : config_(config), device_(training_device(config.train.device)), autocast_(autocast_dtype(config.precision)) {
+TrainStep::TrainStep(const Config& config, comm::Mesh* mesh)
+    : config_(config),
+      device_(training_device(config.train.device)),
+      autocast_(autocast_dtype(config.precision)),
+      mesh_(mesh) {
+  if (mesh_) refuse_unbuilt_parallelism(config, *mesh_);
   if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
   torch::manual_seed(static_cast<uint64_t>(config.train.seed));
   model_ = TransformerLM(config.model);
@@ -45,7 +61,9 @@ TrainStep::TrainStep(const Config& config)
   model_->to(device_, parameter_dtype(config.precision));
   NamedTensors named;
   for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
-  if (config.precision.dtype == "fp16") {
+  if (mesh_ && mesh_->dims().dp() > 1) {
+    dp_ = std::make_unique<DataParallel>(model_, mesh_->group("dp"), config.parallel, config.optim);
+  } else if (config.precision.dtype == "fp16") {
     master_ = std::make_unique<MasterWeights>(named);
     scaler_ = std::make_unique<DynamicLossScaler>(config.precision, device_);
     optimizer_ = make_optimizer(config.optim, master_->master());
@@ -53,6 +71,8 @@ TrainStep::TrainStep(const Config& config)
     optimizer_ = make_optimizer(config.optim, named);
   }
 }
+
+TrainStep::~TrainStep() = default;
 
 c10::ScalarType TrainStep::compute_dtype() const { return master_ ? at::kHalf : autocast_.value_or(at::kFloat); }
 
@@ -70,7 +90,8 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr) {
   model_->train();
   const double n = static_cast<double>(micro_batches.size());
   at::Tensor ce_sum = at::zeros({}, at::kDouble), aux_sum = at::zeros({}, at::kDouble);
-  for (const Batch& batch : micro_batches) {
+  for (size_t m = 0; m < micro_batches.size(); ++m) {
+    const Batch& batch = micro_batches[m];
     ModelOutput out;
     {
       AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
@@ -78,13 +99,27 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr) {
     }
     at::Tensor loss = out.loss.to(at::kFloat) / n;
     if (scaler_) loss = loss * scaler_->value();
+    if (dp_) dp_->before_backward(m + 1 == micro_batches.size());
     loss.backward();
     ce_sum += out.ce_loss.detach().to(at::kCPU, at::kDouble);
     aux_sum += out.aux_loss.detach().to(at::kCPU, at::kDouble);
   }
+  if (dp_) {
+    at::Tensor losses = at::stack({ce_sum, aux_sum});
+    mesh_->group("dp").all_reduce(losses, comm::ReduceOp::avg);
+    ce_sum = losses[0];
+    aux_sum = losses[1];
+  }
   result.ce_loss = ce_sum.item<double>() / n;
   result.aux_loss = aux_sum.item<double>() / n;
 
+  if (dp_) {
+    dp_->finish_gradients();
+    result.grad_norm = dp_->clip_grad_norm(config_.optim.grad_clip);
+    dp_->step(lr);
+    dp_->zero_grad();
+    return result;
+  }
   if (master_) {
     result.skipped = master_->copy_grads_to_master(1.0 / scaler_->value());
     if (!result.skipped) {
@@ -105,26 +140,39 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr) {
 double TrainStep::evaluate(const std::vector<Batch>& batches) {
   torch::NoGradGuard no_grad;
   model_->eval();
-  double total = 0;
-  for (const Batch& batch : batches) {
+  // Data-parallel ranks split the batches (batch i on dp rank i mod N) and sum over ranks.
+  const int64_t ranks = dp_ ? mesh_->dims().dp() : 1, me = dp_ ? mesh_->group("dp").rank() : 0;
+  at::Tensor total = at::zeros({}, at::kDouble);
+  for (size_t i = static_cast<size_t>(me); i < batches.size(); i += static_cast<size_t>(ranks)) {
     AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
-    total += model_->forward(batch.inputs.to(device_), batch.targets.to(device_)).ce_loss.item<double>();
+    total += model_->forward(batches[i].inputs.to(device_), batches[i].targets.to(device_))
+                 .ce_loss.detach()
+                 .to(at::kCPU, at::kDouble);
   }
+  if (dp_) mesh_->group("dp").all_reduce(total);
   model_->train();
-  return total / static_cast<double>(batches.size());
+  return total.item<double>() / static_cast<double>(batches.size());
+}
+
+NamedTensors TrainStep::model_state() {
+  if (dp_) dp_->gather_full_parameters();
+  return export_state(*model_);
 }
 
 NamedTensors TrainStep::training_state() const {
   NamedTensors out;
   if (master_) append_prefixed(out, "master.", master_->master());
-  append_prefixed(out, "optim.", optimizer_->state());
+  append_prefixed(out, "optim.", dp_ ? dp_->full_optimizer_state() : optimizer_->state());
   if (scaler_) append_prefixed(out, "scaler.", scaler_->state());
   return out;
 }
 
 void TrainStep::load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) {
   if (master_) load_named_state(master_->master(), with_prefix(tensors, "master."), source);
-  optimizer_->load_state(with_prefix(tensors, "optim."), source);
+  if (dp_)
+    dp_->load_full_optimizer_state(with_prefix(tensors, "optim."), source);
+  else
+    optimizer_->load_state(with_prefix(tensors, "optim."), source);
   if (scaler_) scaler_->load_state(with_prefix(tensors, "scaler."), source);
 }
 

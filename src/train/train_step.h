@@ -5,6 +5,11 @@
 // A step: for each micro-batch, forward under autocast (bf16) and backward of loss/grad_accum
 // (times the loss scale in fp16); then, in fp16, unscale into the fp32 master gradients and skip
 // the update on overflow; clip the global gradient norm; optimizer update at `lr`; zero grads.
+//
+// With a mesh whose data-parallel degree is above 1, DataParallel (parallel/data/data_parallel.h)
+// owns the optimizer and the gradient reduction; the losses reported are means over the dp ranks,
+// and training_state()/evaluate() are collectives (every rank calls them). Degrees this build
+// cannot run yet (tp, pp, sp, ep > 1; fp16 with dp > 1) are refused by key before any work.
 #pragma once
 
 #include <map>
@@ -14,6 +19,7 @@
 #include <vector>
 
 #include "checkpoint/safetensors.h"
+#include "comm/mesh.h"
 #include "data/sampler.h"
 #include "model/transformer.h"
 #include "optim/optimizer.h"
@@ -29,17 +35,23 @@ struct StepResult {
   bool skipped = false;  // fp16 overflow: no update was made
 };
 
+class DataParallel;
+
 class TrainStep {
  public:
   // Sets the intra-op threads (train.threads), seeds torch with train.seed, and builds the model
   // from config.model on train.device (refused by name when CUDA is asked for but absent).
-  explicit TrainStep(const Config& config);
+  // `mesh` may be null (one process).
+  explicit TrainStep(const Config& config, comm::Mesh* mesh = nullptr);
+  ~TrainStep();
 
   StepResult run(const std::vector<Batch>& micro_batches, double lr);
   // Mean cross-entropy over `batches`, without gradients, in eval mode.
   double evaluate(const std::vector<Batch>& batches);
 
   TransformerLM& model() { return model_; }
+  // The model's parameters in Hugging Face names (model/hf_names.h), whole even under ZeRO-3.
+  NamedTensors model_state();
   c10::Device device() const { return device_; }
   const DynamicLossScaler* loss_scaler() const { return scaler_.get(); }
   c10::ScalarType compute_dtype() const;
@@ -57,7 +69,9 @@ class TrainStep {
   TransformerLM model_{nullptr};
   std::unique_ptr<MasterWeights> master_;  // fp16 only
   std::unique_ptr<DynamicLossScaler> scaler_;  // fp16 only
-  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<Optimizer> optimizer_;    // one process
+  comm::Mesh* mesh_ = nullptr;
+  std::unique_ptr<DataParallel> dp_;        // dp > 1
 };
 
 }  // namespace tessera

@@ -44,19 +44,27 @@ struct Trainer::State {
   double unigram = 0;
 
   std::unique_ptr<TrainStep> trainer;
+  comm::Mesh* mesh = nullptr;
+  int64_t rank = 0, dp = 1, dp_rank = 0;
 
   int64_t step = 0;
   int64_t tokens_seen = 0;
   double elapsed_before = 0;  // seconds trained before this process (resume)
 };
 
-Trainer::Trainer(Config config, std::string run_dir, std::string resume) : state_(std::make_unique<State>()) {
+Trainer::Trainer(Config config, std::string run_dir, std::string resume, comm::Mesh* mesh)
+    : state_(std::make_unique<State>()) {
   State& s = *state_;
   s.config = std::move(config);
   s.run_dir = std::move(run_dir);
   s.resume = std::move(resume);
+  s.mesh = mesh;
+  if (mesh) {
+    s.rank = mesh->rank();
+    s.dp = mesh->dims().dp();
+    s.dp_rank = mesh->coord().dp;
+  }
   const Config& c = s.config;
-
 
   s.data_dir = c.data.path;
   if (!fs::is_directory(s.data_dir))
@@ -69,12 +77,13 @@ Trainer::Trainer(Config config, std::string run_dir, std::string resume) : state
   for (const TokenFile* file : {&*s.train_tokens, &*s.val_tokens})
     require(file->vocab_bound() <= c.model.vocab_size, file->path(), ": holds token id ", file->vocab_bound() - 1,
             ", outside model.vocab_size = ", c.model.vocab_size);
-  s.sampler = std::make_unique<BatchSampler>(*s.train_tokens, c.train.batch_size, c.train.seq_len,
-                                             static_cast<uint64_t>(c.data.seed));
+  s.sampler = std::make_unique<BatchSampler>(*s.train_tokens, c.train.batch_size * s.dp, c.train.seq_len,
+                                             static_cast<uint64_t>(c.data.seed), s.dp_rank * c.train.batch_size,
+                                             c.train.batch_size);
   s.eval_batches = evaluation_batches(*s.val_tokens, c.eval.batches, c.train.batch_size, c.train.seq_len);
   s.unigram = unigram_entropy(*s.train_tokens);
 
-  s.trainer = std::make_unique<TrainStep>(c);
+  s.trainer = std::make_unique<TrainStep>(c, mesh);
   s.device = s.trainer->device();
 
   if (!s.resume.empty()) {
@@ -102,13 +111,20 @@ Trainer::~Trainer() = default;
 TrainSummary Trainer::run() {
   State& s = *state_;
   const Config& c = s.config;
-  fs::create_directories(s.run_dir);
+  const bool lead = s.rank == 0, distributed = s.mesh && s.mesh->world_size() > 1;
+  fs::create_directories(s.run_dir + (distributed ? "/logs" : ""));
   const bool resumed = !s.resume.empty();
-  write_file_atomic(s.run_dir + "/config.toml", c.to_toml_string());
-  MetricsLog metrics(s.run_dir + "/metrics.jsonl", resumed ? s.step : -1);
-  Progress progress(c.train.steps, s.run_dir + "/train.log", resumed);
+  std::optional<MetricsLog> metrics;
+  if (lead) {
+    write_file_atomic(s.run_dir + "/config.toml", c.to_toml_string());
+    metrics.emplace(s.run_dir + "/metrics.jsonl", resumed ? s.step : -1);
+  }
+  Progress progress(c.train.steps,
+                    distributed ? s.run_dir + "/logs/rank_" + std::to_string(s.rank) + ".log" : s.run_dir + "/train.log",
+                    resumed, lead);
 
-  const int64_t tokens_per_step = c.train.batch_size * c.train.seq_len * c.train.grad_accum;
+  const int64_t tokens_per_step = c.train.batch_size * s.dp * c.train.seq_len * c.train.grad_accum;
+  const int64_t devices = distributed ? s.mesh->world_size() : 1;
   const double flops_per_tok = flops_per_token(c.model, c.train.seq_len);
   const DevicePeak peak = device_peak(s.device, s.trainer->compute_dtype(), c.train.peak_tflops);
   {
@@ -117,6 +133,7 @@ TrainSummary Trainer::run() {
          << "), " << s.train_tokens->size() << " training tokens, " << tokens_per_step << " tokens/step, "
          << c.precision.dtype << " on " << s.device << "; unigram baseline " << s.unigram << " nats; peak "
          << peak.flops / 1e12 << " TFLOP/s (" << peak.basis << ")";
+    if (distributed) head << "; " << s.mesh->dims().describe() << ", zero_stage " << c.parallel.zero_stage;
     if (resumed) head << "; resumed at step " << s.step;
     progress.message(head.str());
   }
@@ -129,10 +146,12 @@ TrainSummary Trainer::run() {
   double interval_loss = 0, interval_aux = 0;
   std::string last_checkpoint;
 
+  // Every rank takes part in gathering the state; rank 0 writes it.
   auto save = [&]() {
     CheckpointContents contents;
-    contents.model = export_state(*s.trainer->model());
+    contents.model = s.trainer->model_state();
     contents.optimizer = s.trainer->training_state();
+    if (!lead) return;
     contents.optimizer.emplace_back("rng.cpu", at::detail::getDefaultCPUGenerator().get_state());
     contents.meta = {{"config", c.to_toml_string()},
                      {"data", {{"path", s.data_dir}, {"seed", c.data.seed}, {"position", s.sampler->position()}}},
@@ -171,13 +190,13 @@ TrainSummary Trainer::run() {
                              {"loss", loss},
                              {"lr", lr},
                              {"tokens_per_s", tokens_per_s},
-                             {"mfu", flops_per_tok * tokens_per_s / peak.flops},
+                             {"mfu", flops_per_tok * tokens_per_s / (peak.flops * static_cast<double>(devices))},
                              {"grad_norm", result.grad_norm},
                              {"tokens", s.tokens_seen},
                              {"elapsed_s", s.elapsed_before + seconds_since(run_start)}};
       if (c.model.ffn == "moe") line["aux_loss"] = interval_aux / interval_steps;
       if (const auto* scaler = s.trainer->loss_scaler()) line["loss_scale"] = scaler->value();
-      metrics.write(line);
+      if (metrics) metrics->write(line);
       progress.update(s.step, loss, tokens_per_s, interval_s / interval_steps);
       summary.last_loss = loss;
       interval_loss = interval_aux = 0;
@@ -186,7 +205,8 @@ TrainSummary Trainer::run() {
     }
     if ((c.eval.every > 0 && s.step % c.eval.every == 0) || last) {
       const double val_loss = s.trainer->evaluate(s.eval_batches);
-      metrics.write({{"step", s.step}, {"val_loss", val_loss}, {"elapsed_s", s.elapsed_before + seconds_since(run_start)}});
+      if (metrics)
+        metrics->write({{"step", s.step}, {"val_loss", val_loss}, {"elapsed_s", s.elapsed_before + seconds_since(run_start)}});
       char text[96];
       std::snprintf(text, sizeof(text), "eval: step %lld val_loss %.4f", static_cast<long long>(s.step), val_loss);
       progress.message(text);

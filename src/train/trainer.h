@@ -9,11 +9,19 @@
 // The run directory receives config.toml (the resolved config), metrics.jsonl (one JSON object per
 // logged step with step, loss, lr, tokens_per_s, mfu, grad_norm, elapsed_s; evaluation lines carry
 // val_loss), train.log, and checkpoints/.
+//
+// On several ranks (a mesh with dp > 1): one optimizer step reads train.batch_size sequences per
+// micro-batch on each data-parallel rank, rank r taking rows [r * B, (r + 1) * B) of the global
+// micro-batch the sampler draws, so N ranks read exactly what one process with N * B would.
+// Rank 0 prints progress and writes config.toml, metrics.jsonl, train.log and the checkpoints
+// (optimizer state gathered whole, so a checkpoint resumes at any dp size and ZeRO stage); every
+// rank writes logs/rank_<r>.log.
 #pragma once
 
 #include <memory>
 #include <string>
 
+#include "comm/mesh.h"
 #include "train/config.h"
 
 namespace tessera {
@@ -29,7 +37,8 @@ struct TrainSummary {
 class Trainer {
  public:
   // `resume` is empty for a fresh run, else a checkpoint, checkpoints or run directory.
-  Trainer(Config config, std::string run_dir, std::string resume);
+  // `mesh` may be null (one process).
+  Trainer(Config config, std::string run_dir, std::string resume, comm::Mesh* mesh = nullptr);
   ~Trainer();
   TrainSummary run();
 

@@ -1,0 +1,26 @@
+// `tessera train --nproc N`: the local launcher. It starts N copies of this very command line
+// (without the launcher flags) as ranks node_rank * N ... node_rank * N + N - 1 of a world of
+// N * nnodes, with the torchrun variables set, and supervises them:
+// - the rendezvous store's socket is bound here, to the --master address only, and handed to
+//   global rank 0 (node 0), so there is no port race and no listening on every interface;
+// - rank 0 of this node keeps the terminal; the others write to RUN_DIR/logs/rank_<r>.out;
+// - when a worker fails, the others are stopped (SIGTERM, then SIGKILL) and the launcher exits
+//   with the worker's code after printing which rank failed and the end of its output;
+// - Ctrl-C (SIGINT) or SIGTERM on the launcher stops every worker, and it exits with 130.
+#pragma once
+
+#include <string>
+
+namespace tessera::cli {
+
+struct LaunchOptions {
+  int nproc = 0;   // workers on this node (0 = not launching)
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master;  // host:port of the store; default 127.0.0.1 with a free port (one node only)
+};
+
+// Runs the workers to completion; returns the launcher's exit code.
+int launch_workers(const LaunchOptions& options, const std::string& run_dir);
+
+}  // namespace tessera::cli
