@@ -1,6 +1,12 @@
 // `tessera bench`: times training steps of a config on synthetic tokens (no data directory
 // needed), through the same TrainStep the trainer runs. Prints a table and, with --json, one JSON
-// object that bench/compare_pytorch.py reads.
+// object that bench/compare_pytorch.py and bench/data_parallel.py read.
+//
+// With --nproc N it runs N ranks (cli/launcher.h) training data-parallel as parallel.* says, each
+// rank on its own synthetic batch; --no-comm runs the same N processes doing the same compute
+// with no data parallelism at all (each trains alone), the baseline for communication overhead
+// on a machine whose cores the processes share. Rank 0 reports; with data parallelism it adds the
+// dp group's bytes sent and communication-thread busy time per step.
 #include <algorithm>
 #include <chrono>
 #include <iostream>
@@ -8,6 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/launcher.h"
+#include "comm/mesh.h"
 #include "core/error.h"
 #include "train/config.h"
 #include "train/device_peak.h"
@@ -21,6 +29,8 @@ Command add_bench_command(CLI::App& app) {
     std::vector<std::string> sets;
     int64_t steps = 5, warmup = 2;
     bool json = false;
+    bool no_comm = false;
+    LaunchOptions launch;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("bench", "time training steps of a config on synthetic tokens");
@@ -29,12 +39,24 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_option("--steps", args->steps, "timed steps")->capture_default_str();
   cmd->add_option("--warmup", args->warmup, "untimed steps first")->capture_default_str();
   cmd->add_flag("--json", args->json, "print one JSON object instead of a table");
+  cmd->add_option("--nproc", args->launch.nproc, "run this many ranks (data parallel as parallel.* says)");
+  cmd->add_flag("--no-comm", args->no_comm, "with --nproc: every rank trains alone (the no-communication baseline)");
   return [args]() {
     Config config = Config::load(args->config, args->sets);
     require(args->steps > 0 && args->warmup >= 0, "bench: --steps must be > 0 and --warmup >= 0");
-    TrainStep step(config);
+    if (args->launch.nproc > 0) {
+      ParallelDims(config.parallel, args->launch.nproc, resolve_config_path(args->config));
+      return launch_workers(args->launch, "runs/bench");
+    }
+    const comm::LaunchInfo launch = comm::launch_info_from_environment();
+    std::unique_ptr<comm::Mesh> mesh;
+    if (!args->no_comm)
+      mesh = comm::Mesh::connect(launch, ParallelDims(config.parallel, launch.world_size, args->config),
+                                 config.parallel, c10::Device(config.train.device));
+    TrainStep step(config, mesh.get());
+    comm::Group* dp = mesh && mesh->dims().dp() > 1 ? &mesh->group("dp") : nullptr;
     const c10::Device device = step.device();
-    at::Generator generator = at::detail::createCPUGenerator(1);
+    at::Generator generator = at::detail::createCPUGenerator(1 + static_cast<uint64_t>(launch.rank));
     std::vector<Batch> batches;
     for (int64_t i = 0; i < config.train.grad_accum; ++i) {
       at::Tensor tokens = at::randint(config.model.vocab_size, {config.train.batch_size, config.train.seq_len + 1},
@@ -43,6 +65,7 @@ Command add_bench_command(CLI::App& app) {
     }
     std::vector<double> seconds;
     for (int64_t i = 0; i < args->warmup + args->steps; ++i) {
+      if (dp && i == args->warmup) dp->reset_traffic();
       auto start = std::chrono::steady_clock::now();
       step.run(batches, config.optim.lr);
       if (device.is_cuda()) torch::cuda::synchronize();
@@ -64,7 +87,17 @@ Command add_bench_command(CLI::App& app) {
                           {"mfu", mfu},
                           {"peak_flops", peak.flops},
                           {"peak_basis", peak.basis},
-                          {"threads", at::get_num_threads()}};
+                          {"threads", at::get_num_threads()},
+                          {"ranks", launch.world_size},
+                          {"data_parallel", dp != nullptr}};
+    if (dp) {
+      const double steps = static_cast<double>(args->steps);
+      out["comm_bytes_per_step"] = static_cast<double>(dp->bytes_sent()) / steps;
+      out["comm_busy_s_per_step"] = dp->busy_seconds() / steps;
+      out["zero_stage"] = config.parallel.zero_stage;
+      out["grad_compression"] = config.parallel.grad_compression;
+    }
+    if (launch.rank != 0) return 0;
     if (args->json) {
       std::cout << out.dump() << "\n";
       return 0;

@@ -36,6 +36,7 @@ struct Group::Impl {
 
   std::mutex traffic_mutex;
   std::map<std::string, int64_t> traffic;
+  double busy_seconds = 0;
   int64_t ring_tag = 0;  // touched only on the communication thread
 
   int64_t size() const { return static_cast<int64_t>(ranks.size()); }
@@ -48,6 +49,12 @@ struct Group::Impl {
   void count(const std::string& op, double bytes) {
     std::lock_guard<std::mutex> lock(traffic_mutex);
     traffic[op] += static_cast<int64_t>(bytes);
+  }
+
+  void add_busy(std::chrono::steady_clock::time_point start) {
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::lock_guard<std::mutex> lock(traffic_mutex);
+    busy_seconds += seconds;
   }
 
   // Runs `body` (which may throw c10::Error/std::exception from the backend), naming the op on failure.
@@ -75,10 +82,13 @@ struct Group::Impl {
       std::lock_guard<std::mutex> lock(mutex);
       if (failed) fail_op(op, "an earlier operation of this group failed");
       queue.push_back([this, op, body = std::move(body), promise]() {
+        const auto start = std::chrono::steady_clock::now();
         try {
           guarded(op, body);
+          add_busy(start);
           promise->set_value();
         } catch (...) {
+          add_busy(start);
           promise->set_exception(std::current_exception());
         }
       });
@@ -312,9 +322,15 @@ int64_t Group::bytes_sent() const {
   return total;
 }
 
+double Group::busy_seconds() const {
+  std::lock_guard<std::mutex> lock(impl_->traffic_mutex);
+  return impl_->busy_seconds;
+}
+
 void Group::reset_traffic() {
   std::lock_guard<std::mutex> lock(impl_->traffic_mutex);
   impl_->traffic.clear();
+  impl_->busy_seconds = 0;
 }
 
 }  // namespace tessera::comm

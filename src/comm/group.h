@@ -87,7 +87,10 @@ class Group {
   // Bytes this rank sent, by operation name ("all_reduce", "all_gather", ...).
   std::map<std::string, int64_t> traffic() const;
   int64_t bytes_sent() const;
-  void reset_traffic();
+  // Seconds the communication thread spent running queued operations (busy time, whether or not
+  // the caller was waiting: compare with the exposed wait to get the overlap).
+  double busy_seconds() const;
+  void reset_traffic();  // clears bytes and busy time
 
  private:
   std::shared_ptr<Impl> impl_;
