@@ -7,7 +7,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "test_util.h"
 
@@ -18,8 +22,9 @@ struct CommandResult {
   std::string output;  // stdout and stderr together
 };
 
-inline CommandResult run_tessera(const std::string& args) {
-  std::string command = std::string(TESSERA_BINARY) + " " + args + " 2>&1";
+// `env` is prepended to the command line (e.g. "RANK=1 WORLD_SIZE=2").
+inline CommandResult run_tessera_env(const std::string& env, const std::string& args) {
+  std::string command = env + " " + std::string(TESSERA_BINARY) + " " + args + " 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
   std::string output;
   char buffer[4096];
@@ -27,6 +32,8 @@ inline CommandResult run_tessera(const std::string& args) {
   int status = pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
 }
+
+inline CommandResult run_tessera(const std::string& args) { return run_tessera_env("", args); }
 
 // The bundled corpus prepared with the byte tokenizer (once per process).
 inline const std::string& prepared_corpus() {
@@ -50,6 +57,15 @@ inline std::string tiny_settings(const std::string& data_dir) {
 inline std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// The lines of RUN_DIR/metrics.jsonl, parsed.
+inline std::vector<nlohmann::json> metrics_lines(const std::string& run_dir) {
+  std::vector<nlohmann::json> lines;
+  std::istringstream in(slurp(run_dir + "/metrics.jsonl"));
+  std::string line;
+  while (std::getline(in, line)) lines.push_back(nlohmann::json::parse(line));
+  return lines;
 }
 
 }  // namespace tessera::test

@@ -12,14 +12,6 @@
 namespace tessera::test {
 namespace {
 
-std::vector<nlohmann::json> metrics_lines(const std::string& run_dir) {
-  std::vector<nlohmann::json> lines;
-  std::istringstream in(slurp(run_dir + "/metrics.jsonl"));
-  std::string line;
-  while (std::getline(in, line)) lines.push_back(nlohmann::json::parse(line));
-  return lines;
-}
-
 TEST(DefaultRun, ValidationLossFallsFarBelowUnigramBaseline) {
   std::string out = fresh_dir("default_run");
   auto r = run_tessera("train --config tiny_gpt --set data.path=" + prepared_corpus() + " --out " + out);

@@ -1,0 +1,156 @@
+// `tessera train` on several processes, end to end: --nproc and torchrun-style launches give the
+// losses of one process with the same global batch; a checkpoint from 4 ranks at ZeRO-3 resumes
+// on 2 ranks at ZeRO-1 and on one process; a killed rank stops the run with its name; degrees that
+// do not fit the world are refused before anything starts.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <thread>
+
+#include "cli_util.h"
+#include "comm/rendezvous.h"
+
+namespace tessera::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Tiny settings without dropout (masks would differ between layouts), `steps` steps.
+std::string settings(int64_t batch_size, int64_t steps) {
+  return tiny_settings(prepared_corpus()) + " --set model.dropout=0 --set train.batch_size=" +
+         std::to_string(batch_size) + " --set train.steps=" + std::to_string(steps) + " --set eval.every=0";
+}
+
+std::map<int64_t, double> losses(const std::string& run_dir) {
+  std::map<int64_t, double> out;
+  for (const auto& line : metrics_lines(run_dir))
+    if (line.contains("loss")) out[line["step"]] = line["loss"];
+  return out;
+}
+
+// Same steps, each loss within `rtol` relative (the reduction order of the gradients differs).
+void expect_same_losses(const std::map<int64_t, double>& actual, const std::map<int64_t, double>& expected,
+                        double rtol, const std::string& what) {
+  ASSERT_FALSE(actual.empty()) << what;
+  for (const auto& [step, loss] : actual) {
+    ASSERT_TRUE(expected.count(step)) << what << ": step " << step;
+    EXPECT_NEAR(loss, expected.at(step), rtol * std::abs(expected.at(step))) << what << ": step " << step;
+  }
+}
+
+TEST(DistributedTrain, TwoRanksMatchOneProcessWithTheSameGlobalBatch) {
+  const std::string one = fresh_dir("dp_one"), two = fresh_dir("dp_two"), three = fresh_dir("dp_zero3");
+  auto r1 = run_tessera("train --config tiny_gpt" + settings(8, 12) + " --out " + one);
+  ASSERT_EQ(r1.exit_code, 0) << r1.output;
+  auto r2 = run_tessera("train --config tiny_gpt --nproc 2" + settings(4, 12) + " --out " + two);
+  ASSERT_EQ(r2.exit_code, 0) << r2.output;
+  EXPECT_NE(r2.output.find("dp=2 tp=1 pp=1 sp=1 ep=1 (world 2), zero_stage 0"), std::string::npos) << r2.output;
+  expect_same_losses(losses(two), losses(one), 1e-4, "DDP on 2 ranks");
+  EXPECT_TRUE(fs::exists(two + "/logs/rank_0.log") && fs::exists(two + "/logs/rank_1.log"));
+  auto r3 = run_tessera("train --config tiny_gpt --nproc 2 --set parallel.zero_stage=3" + settings(4, 12) +
+                        " --out " + three);
+  ASSERT_EQ(r3.exit_code, 0) << r3.output;
+  expect_same_losses(losses(three), losses(one), 1e-4, "ZeRO-3 on 2 ranks");
+}
+
+TEST(DistributedTrain, ResumesAtAnotherDpSizeAndZeroStage) {
+  const std::string full = fresh_dir("reshard_full"), four = fresh_dir("reshard_four");
+  const std::string two = fresh_dir("reshard_two"), single = fresh_dir("reshard_single");
+  auto uninterrupted = run_tessera("train --config tiny_gpt" + settings(8, 8) + " --out " + full);
+  ASSERT_EQ(uninterrupted.exit_code, 0) << uninterrupted.output;
+  auto first = run_tessera("train --config tiny_gpt --nproc 4 --set parallel.zero_stage=3" + settings(2, 8) +
+                           " --set checkpoint.every=4 --set checkpoint.keep=0 --out " + four);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  // Same global batch (2 x 4 = 4 x 2 = 8 x 1), so the continuation must match the single run.
+  auto on_two = run_tessera("train --resume " + four + "/checkpoints/step_4 --nproc 2 --set parallel.zero_stage=1"
+                            " --set train.batch_size=4 --out " + two);
+  ASSERT_EQ(on_two.exit_code, 0) << on_two.output;
+  auto on_one = run_tessera("train --resume " + four + "/checkpoints/step_4 --set parallel.zero_stage=0"
+                            " --set train.batch_size=8 --out " + single);
+  ASSERT_EQ(on_one.exit_code, 0) << on_one.output;
+  const auto expected = losses(full);
+  expect_same_losses(losses(two), expected, 1e-4, "4 ranks ZeRO-3 -> 2 ranks ZeRO-1");
+  expect_same_losses(losses(single), expected, 1e-4, "4 ranks ZeRO-3 -> 1 process");
+  EXPECT_EQ(losses(two).begin()->first, 5);
+}
+
+TEST(DistributedTrain, TorchrunStyleEnvironmentIsRecognised) {
+  const std::string out = fresh_dir("torchrun_env");
+  const comm::ListenSocket probe = comm::listen_on("127.0.0.1", 0);
+  const int port = probe.port;
+  ::close(probe.fd);
+  std::vector<std::thread> ranks;
+  std::vector<CommandResult> results(2);
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      results[r] = run_tessera_env("RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(r) +
+                                       " LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port),
+                                   "train --config tiny_gpt" + settings(4, 3) + " --out " + out);
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
+  EXPECT_NE(results[0].output.find("dp=2"), std::string::npos) << results[0].output;
+  EXPECT_EQ(losses(out).size(), 3u);
+}
+
+// The pid of the worker of `run_dir` with RANK=rank, or -1.
+pid_t find_worker(const std::string& run_dir, int rank) {
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string cmdline = slurp(entry.path().string() + "/cmdline");
+    const std::string environ = slurp(entry.path().string() + "/environ");
+    if (cmdline.find(run_dir) == std::string::npos) continue;
+    if (environ.find(std::string("\0RANK=", 6) + std::to_string(rank) + '\0') != std::string::npos &&
+        environ.find("TESSERA_LAUNCHER=1") != std::string::npos)
+      return static_cast<pid_t>(std::stol(name));
+  }
+  return -1;
+}
+
+TEST(DistributedTrain, KilledRankStopsEveryWorkerAndNamesIt) {
+  const std::string out = fresh_dir("kill_rank");
+  CommandResult result;
+  const auto start = std::chrono::steady_clock::now();
+  std::thread launcher([&] {
+    result = run_tessera("train --config tiny_gpt --nproc 3" + settings(2, 100000) +
+                         " --set parallel.timeout_s=20 --out " + out);
+  });
+  pid_t victim = -1;
+  for (int i = 0; i < 600 && victim < 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (slurp(out + "/logs/rank_1.log").find("step 2/") != std::string::npos) victim = find_worker(out, 1);
+  }
+  ASSERT_GT(victim, 0) << "rank 1 never started training";
+  ::kill(victim, SIGKILL);
+  launcher.join();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_NE(result.output.find("error: rank 1 (pid " + std::to_string(victim) + ") killed by signal 9"),
+            std::string::npos)
+      << result.output;
+  EXPECT_LT(seconds, 90) << result.output;
+  EXPECT_EQ(find_worker(out, 0), -1) << "rank 0 still running";
+  EXPECT_EQ(find_worker(out, 2), -1) << "rank 2 still running";
+}
+
+TEST(DistributedTrain, DegreesThatDoNotFitAreRefusedBeforeLaunch) {
+  const std::string out = fresh_dir("bad_degrees");
+  auto r = run_tessera("train --config tiny_gpt --nproc 2 --set parallel.tp=3" + settings(4, 2) + " --out " + out);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("parallel.tp * parallel.pp * parallel.sp = 3 * 1 * 1 = 3 does not divide the world size 2"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("started ranks"), std::string::npos) << "workers were started: " << r.output;
+  auto unbuilt = run_tessera("train --config tiny_gpt --nproc 2 --set parallel.tp=2" + settings(4, 2) + " --out " + out);
+  EXPECT_EQ(unbuilt.exit_code, 2);
+  EXPECT_NE(unbuilt.output.find("parallel.tp = 2: this build runs data parallelism only"), std::string::npos)
+      << unbuilt.output;
+}
+
+}  // namespace
+}  // namespace tessera::test
