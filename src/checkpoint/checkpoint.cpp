@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <sstream>
+
+#include <ATen/ATen.h>
 
 #include "core/error.h"
 #include "core/fs.h"
@@ -16,6 +19,41 @@ const char* kOptimizerFile = "optimizer.safetensors";
 const char* kMetaFile = "meta.json";
 
 std::string step_name(int64_t step) { return "step_" + std::to_string(step); }
+
+std::string shard_name(int64_t rank, int64_t shards) {
+  return "optimizer-" + std::to_string(rank) + "-of-" + std::to_string(shards) + ".safetensors";
+}
+
+// Whole tensors from the shards of a multi-rank checkpoint. Each shard tensor is a 1-D slice;
+// the file's metadata maps its name to "offset shape..." of the whole. Every element must be
+// covered exactly once.
+std::map<std::string, at::Tensor> assemble_shards(const fs::path& dir, int64_t shards) {
+  std::map<std::string, at::Tensor> whole;
+  std::map<std::string, int64_t> covered;
+  for (int64_t r = 0; r < shards; ++r) {
+    const std::string path = (dir / shard_name(r, shards)).string();
+    SafetensorsContents shard = read_safetensors(path);
+    for (const auto& [name, slice] : shard.tensors) {
+      auto meta = shard.metadata.find(name);
+      require(meta != shard.metadata.end(), path, ": tensor '", name, "' has no slice record in the metadata");
+      std::istringstream in(meta->second);
+      int64_t offset = 0;
+      in >> offset;
+      std::vector<int64_t> shape;
+      for (int64_t d; in >> d;) shape.push_back(d);
+      auto it = whole.find(name);
+      if (it == whole.end()) it = whole.emplace(name, at::empty(shape, slice.options())).first;
+      require(it->second.sizes().vec() == shape && offset >= 0 && offset + slice.numel() <= it->second.numel(), path,
+              ": slice of '", name, "' does not fit the shape the other shards record");
+      it->second.view({-1}).narrow(0, offset, slice.numel()).copy_(slice);
+      covered[name] += slice.numel();
+    }
+  }
+  for (const auto& [name, t] : whole)
+    require(covered[name] == t.numel(), dir.string(), ": the shards cover ", covered[name], " of the ", t.numel(),
+            " elements of '", name, "'");
+  return whole;
+}
 
 // Step directories under `checkpoints_dir`, oldest first.
 std::vector<std::pair<int64_t, fs::path>> step_dirs(const fs::path& checkpoints_dir) {
@@ -34,15 +72,48 @@ std::vector<std::pair<int64_t, fs::path>> step_dirs(const fs::path& checkpoints_
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& checkpoints_dir, int64_t step, const CheckpointContents& contents) {
+std::string partial_checkpoint_dir(const std::string& checkpoints_dir, int64_t step) {
+  return (fs::path(checkpoints_dir) / (step_name(step) + ".partial")).string();
+}
+
+std::string prepare_checkpoint_dir(const std::string& checkpoints_dir, int64_t step) {
   fs::create_directories(checkpoints_dir);
-  const fs::path final_dir = fs::path(checkpoints_dir) / step_name(step);
-  const fs::path partial = fs::path(checkpoints_dir) / (step_name(step) + ".partial");
+  const std::string partial = partial_checkpoint_dir(checkpoints_dir, step);
   fs::remove_all(partial);
   fs::create_directories(partial);
+  return partial;
+}
+
+void write_optimizer_shard(const std::string& partial_dir, int64_t rank, int64_t shards, const NamedTensors& optimizer) {
+  NamedTensors slices;
+  std::map<std::string, std::string> records;
+  for (const auto& [name, t] : optimizer) {
+    const int64_t n = t.numel(), per_rank = (n + shards - 1) / shards;
+    const int64_t begin = std::min(n, rank * per_rank), end = std::min(n, begin + per_rank);
+    if (end <= begin) continue;
+    slices.emplace_back(name, t.reshape({-1}).narrow(0, begin, end - begin).contiguous());
+    std::string record = std::to_string(begin);
+    for (int64_t d : t.sizes()) record += " " + std::to_string(d);
+    records[name] = record;
+  }
+  write_safetensors((fs::path(partial_dir) / shard_name(rank, shards)).string(), slices, records);
+}
+
+std::string save_checkpoint(const std::string& checkpoints_dir, int64_t step, const CheckpointContents& contents) {
+  return commit_checkpoint(checkpoints_dir, step, contents, 0);
+}
+
+std::string commit_checkpoint(const std::string& checkpoints_dir, int64_t step, const CheckpointContents& contents,
+                              int64_t shards) {
+  const fs::path final_dir = fs::path(checkpoints_dir) / step_name(step);
+  const fs::path partial = shards > 0 ? fs::path(partial_checkpoint_dir(checkpoints_dir, step))
+                                      : fs::path(prepare_checkpoint_dir(checkpoints_dir, step));
+  for (int64_t r = 0; r < shards; ++r)
+    require(fs::exists(partial / shard_name(r, shards)), (partial / shard_name(r, shards)).string(),
+            ": missing when committing the checkpoint (did rank ", r, " fail?)");
 
   write_safetensors((partial / kModelFile).string(), contents.model, {{"format", "pt"}});
-  write_safetensors((partial / kOptimizerFile).string(), contents.optimizer);
+  if (shards == 0) write_safetensors((partial / kOptimizerFile).string(), contents.optimizer);
   for (const auto& file : contents.extra_files) {
     fs::path target = partial / fs::path(file).filename();
     write_file_durable(target.string(), read_file(file));
@@ -51,6 +122,7 @@ std::string save_checkpoint(const std::string& checkpoints_dir, int64_t step, co
   nlohmann::json meta = contents.meta;
   meta["format_version"] = kCheckpointFormatVersion;
   meta["step"] = step;
+  if (shards > 0) meta["optimizer_shards"] = shards;
   nlohmann::json files = nlohmann::json::object();
   for (const auto& entry : fs::directory_iterator(partial)) {
     std::string name = entry.path().filename().string();
@@ -107,8 +179,12 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer) {
   int version = out.meta["format_version"].get<int>();
   if (version != kCheckpointFormatVersion)
     fail(meta_path, ": checkpoint format version ", version, ", this tessera reads version ", kCheckpointFormatVersion);
-  for (const char* required : {kModelFile, kOptimizerFile})
-    if (!out.meta["files"].contains(required)) fail(meta_path, ": does not list ", required);
+  const int64_t shards = out.meta.value("optimizer_shards", int64_t{0});
+  std::vector<std::string> required{kModelFile};
+  for (int64_t r = 0; r < shards; ++r) required.push_back(shard_name(r, shards));
+  if (shards == 0) required.push_back(kOptimizerFile);
+  for (const auto& name : required)
+    if (!out.meta["files"].contains(name)) fail(meta_path, ": does not list ", name);
   for (const auto& [name, info] : out.meta["files"].items()) {
     const fs::path file = dir / name;
     if (!fs::exists(file)) fail(file.string(), ": missing from the checkpoint");
@@ -120,7 +196,8 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer) {
   }
   out.step = out.meta["step"].get<int64_t>();
   out.model = read_safetensors((dir / kModelFile).string()).tensors;
-  if (with_optimizer) out.optimizer = read_safetensors((dir / kOptimizerFile).string()).tensors;
+  if (with_optimizer)
+    out.optimizer = shards > 0 ? assemble_shards(dir, shards) : read_safetensors((dir / kOptimizerFile).string()).tensors;
   return out;
 }
 

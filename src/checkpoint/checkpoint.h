@@ -6,6 +6,14 @@
 //                          its size and checksum
 //   tokenizer files        copied from the data directory so `tessera generate` needs nothing else
 //
+// A multi-rank checkpoint replaces optimizer.safetensors by one shard per rank,
+//   optimizer-<r>-of-<N>.safetensors   rank r's slice of every flattened optimizer tensor
+// written by every rank into the same step_<N>.partial/ (prepare_checkpoint_dir on rank 0, a
+// barrier, write_optimizer_shard everywhere, a barrier, commit_checkpoint on rank 0). meta.json
+// is written last, after all shards, and lists them with their checksums: it is the commit
+// marker, and the rename into place makes the step visible. load_checkpoint reassembles whole
+// tensors from the shards, so the checkpoint resumes at any number of ranks.
+//
 // Invariants:
 // - A checkpoint directory is complete or absent. It is written as step_<N>.partial/, every file
 //   fsync'ed, then renamed into place; an existing step_<N> is only moved aside (and then deleted)
@@ -44,6 +52,18 @@ struct LoadedCheckpoint {
 
 // Writes checkpoints_dir/step_<step>/ atomically and returns its path.
 std::string save_checkpoint(const std::string& checkpoints_dir, int64_t step, const CheckpointContents& contents);
+
+// The multi-rank protocol above. prepare_checkpoint_dir (rank 0) creates an empty
+// step_<step>.partial/ and returns its path (partial_checkpoint_dir gives it on every rank);
+// write_optimizer_shard writes rank `rank`'s even slice (elements [r * ceil(n/N), ...) of each
+// flattened tensor) of the whole `optimizer` tensors, which every rank holds; commit_checkpoint
+// (rank 0) writes the model, the extra files and meta.json (recording `shards` = N) and renames
+// the directory into place. `contents.optimizer` is ignored by commit_checkpoint.
+std::string partial_checkpoint_dir(const std::string& checkpoints_dir, int64_t step);
+std::string prepare_checkpoint_dir(const std::string& checkpoints_dir, int64_t step);
+void write_optimizer_shard(const std::string& partial_dir, int64_t rank, int64_t shards, const NamedTensors& optimizer);
+std::string commit_checkpoint(const std::string& checkpoints_dir, int64_t step, const CheckpointContents& contents,
+                              int64_t shards);
 
 // `path` may be a step directory, a checkpoints directory or a run directory (the latter two
 // resolve through `latest`). Throws tessera::Error naming the file on any inconsistency. Every

@@ -89,7 +89,9 @@ Trainer::Trainer(Config config, std::string run_dir, std::string resume, comm::M
   if (!s.resume.empty()) {
     LoadedCheckpoint ckpt = load_checkpoint(s.resume);
     const std::string model_file = ckpt.dir + "/model.safetensors";
-    const std::string optim_file = ckpt.dir + "/optimizer.safetensors";
+    const int64_t shards = ckpt.meta.value("optimizer_shards", int64_t{0});
+    const std::string optim_file =
+        ckpt.dir + (shards > 0 ? "/optimizer-*-of-" + std::to_string(shards) + ".safetensors" : "/optimizer.safetensors");
     import_state(*s.trainer->model(), ckpt.model, model_file);
     s.trainer->load_training_state(ckpt.optimizer, optim_file);
     auto rng = ckpt.optimizer.find("rng.cpu");
@@ -146,13 +148,23 @@ TrainSummary Trainer::run() {
   double interval_loss = 0, interval_aux = 0;
   std::string last_checkpoint;
 
-  // Every rank takes part in gathering the state; rank 0 writes it.
+  // Every rank takes part in gathering the state. One process writes a plain checkpoint; several
+  // write one optimizer shard each into the same partial directory, and rank 0 commits it after
+  // a barrier (checkpoint/checkpoint.h).
+  const std::string checkpoints_dir = s.run_dir + "/checkpoints";
   auto save = [&]() {
     CheckpointContents contents;
     contents.model = s.trainer->model_state();
     contents.optimizer = s.trainer->training_state();
-    if (!lead) return;
     contents.optimizer.emplace_back("rng.cpu", at::detail::getDefaultCPUGenerator().get_state());
+    if (distributed) {
+      if (lead) prepare_checkpoint_dir(checkpoints_dir, s.step);
+      s.mesh->world().barrier();
+      write_optimizer_shard(partial_checkpoint_dir(checkpoints_dir, s.step), s.rank, s.mesh->world_size(),
+                            contents.optimizer);
+      s.mesh->world().barrier();
+      if (!lead) return;
+    }
     contents.meta = {{"config", c.to_toml_string()},
                      {"data", {{"path", s.data_dir}, {"seed", c.data.seed}, {"position", s.sampler->position()}}},
                      {"tokens_seen", s.tokens_seen},
@@ -162,8 +174,9 @@ TrainSummary Trainer::run() {
       fs::path file = fs::path(s.data_dir) / name;
       if (fs::exists(file)) contents.extra_files.push_back(file.string());
     }
-    last_checkpoint = save_checkpoint(s.run_dir + "/checkpoints", s.step, contents);
-    prune_checkpoints(s.run_dir + "/checkpoints", c.checkpoint.keep);
+    last_checkpoint = distributed ? commit_checkpoint(checkpoints_dir, s.step, contents, s.mesh->world_size())
+                                  : save_checkpoint(checkpoints_dir, s.step, contents);
+    prune_checkpoints(checkpoints_dir, c.checkpoint.keep);
     progress.message("checkpoint: " + last_checkpoint);
   };
 
