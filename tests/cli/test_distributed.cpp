@@ -11,6 +11,7 @@
 #include <map>
 #include <thread>
 
+#include "checkpoint/safetensors.h"
 #include "cli_util.h"
 #include "comm/rendezvous.h"
 
@@ -76,6 +77,25 @@ TEST(DistributedTrain, ResumesAtAnotherDpSizeAndZeroStage) {
   expect_same_losses(losses(two), expected, 1e-4, "4 ranks ZeRO-3 -> 2 ranks ZeRO-1");
   expect_same_losses(losses(single), expected, 1e-4, "4 ranks ZeRO-3 -> 1 process");
   EXPECT_EQ(losses(two).begin()->first, 5);
+
+  // The 4-rank checkpoint at step 8, exported whole, holds the single run's model and optimizer.
+  const std::string model_file = four + "/export_model.safetensors", optim_file = four + "/export_optim.safetensors";
+  auto exported = run_tessera("export --checkpoint " + four + "/checkpoints/step_8 --out " + model_file +
+                              " --optimizer " + optim_file);
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  EXPECT_NE(exported.output.find("(4 shards)"), std::string::npos) << exported.output;
+  const auto reference_model = read_safetensors(full + "/checkpoints/step_8/model.safetensors").tensors;
+  const auto reference_optim = read_safetensors(full + "/checkpoints/step_8/optimizer.safetensors").tensors;
+  const auto model = read_safetensors(model_file).tensors;
+  const auto optim = read_safetensors(optim_file).tensors;
+  ASSERT_EQ(model.size(), reference_model.size());
+  for (const auto& [name, t] : reference_model)
+    EXPECT_TRUE(all_close(model.at(name), t, 1e-4, 1e-6)) << name;
+  for (const auto& [name, t] : reference_optim) {
+    if (name.rfind("optim.", 0) != 0) continue;
+    ASSERT_TRUE(optim.count(name)) << name;
+    EXPECT_TRUE(all_close(optim.at(name), t, 1e-3, 1e-8)) << name;
+  }
 }
 
 TEST(DistributedTrain, TorchrunStyleEnvironmentIsRecognised) {
