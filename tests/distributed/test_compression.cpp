@@ -5,9 +5,11 @@
 // - error feedback (PowerSGD, top-k) conserves the sum of gradients over steps, and every rank
 //   applies the same update;
 // - state() / load_state() resume bit-identically; malformed state is refused by name;
-// - bytes sent per step on a GPT-2-small block (printed) match each compressor's formula.
+// - bytes sent per step on a GPT-2-small block (printed) match each compressor's formula;
+// - on a CUDA device (when there is one) each compressor computes what it does on the CPU.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <chrono>
@@ -128,6 +130,27 @@ TEST(Compression, LoadStateRefusesMalformedStateByName) {
   topk->load_state({{"topk.bucket4.residual", at::zeros({5})}}, "ck.safetensors");
   EXPECT_TRUE(tessera::test::throws_naming([&] { topk->all_reduce_mean(grads, 4, solo); },
                                            {"ck.safetensors", "topk.bucket4.residual", "5", "282"}));
+}
+
+// On a CUDA device (skipped without one) every compressor computes what it computes on the CPU,
+// on a one-member group (its collectives are the identity, so no backend is involved).
+TEST(Compression, CudaMatchesCpuOnOneRank) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  Group solo("solo", {0}, 0, nullptr, std::chrono::milliseconds(1000));
+  for (const char* name : {"bf16", "fp16", "powersgd", "topk"}) {
+    auto cpu = tessera::make_compressor(compression(name));
+    auto cuda = tessera::make_compressor(compression(name));
+    for (int64_t step = 0; step < 3; ++step) {
+      auto on_cpu = rank_grads(kShapes, step, 0);
+      std::vector<at::Tensor> on_cuda;
+      for (const auto& g : on_cpu) on_cuda.push_back(g.to(at::kCUDA));
+      cpu->all_reduce_mean(on_cpu, 0, solo);
+      cuda->all_reduce_mean(on_cuda, 0, solo);
+      for (size_t i = 0; i < kShapes.size(); ++i)
+        EXPECT_TRUE(tessera::test::all_close(on_cuda[i].cpu(), on_cpu[i], 1e-4, 1e-5))
+            << name << " step " << step << " tensor " << i;
+    }
+  }
 }
 
 TEST(Compression, Bf16AndFp16RoundTheMeanAsSpecified) {
