@@ -21,10 +21,12 @@
 //   sum of applied updates + mean over ranks of the residuals = sum of the true mean gradients.
 //
 // Checkpointing: state() lists "<compressor>.bucket<b>.<slot>" tensors (see each compressor), the
-// live ones (copy them before the next step if a snapshot is needed); load_state() copies and
-// replaces the whole state, and load_state(state()) changes nothing the next steps compute. Names, dtypes and ranks of the tensors are checked when
-// loading; sizes are checked against the bucket's layout at that bucket's next call, since
-// buckets are only known once they are reduced. Every refusal names `source` and the tensor.
+// live ones (copy them before the next step if a snapshot is needed). Residuals differ between
+// ranks, so every rank saves and loads its own. load_state() copies and replaces the whole state,
+// and load_state(state()) changes nothing the next steps compute. Names, dtypes and ranks of the
+// tensors are checked when loading; sizes are checked against the bucket's layout at that
+// bucket's next call, since buckets are only known once they are reduced. Every refusal names
+// `source` and the tensor.
 #pragma once
 
 #include <cstdint>
