@@ -11,18 +11,21 @@
 
 namespace tessera {
 
-AdamW::AdamW(const OptimOptions& options, NamedParams named_params)
+AdamW::AdamW(const OptimOptions& options, NamedParams named_params, std::vector<bool> decay)
     : beta1_(options.beta1),
       beta2_(options.beta2),
       eps_(options.eps),
       weight_decay_(options.weight_decay),
       fused_(options.fused) {
   at::NoGradGuard no_grad;
-  for (auto& [name, param] : named_params) {
+  require(decay.empty() || decay.size() == named_params.size(), "internal: AdamW got ", decay.size(),
+          " weight-decay flags for ", named_params.size(), " parameters");
+  for (size_t i = 0; i < named_params.size(); ++i) {
+    const auto& [name, param] = named_params[i];
     require(param.is_floating_point(), "optimizer: parameter ", name, " is not floating point");
     slots_.push_back({name, param, at::zeros_like(param, at::MemoryFormat::Contiguous),
                       at::zeros_like(param, at::MemoryFormat::Contiguous),
-                      at::zeros({}, param.options().dtype(at::kFloat))});
+                      at::zeros({}, param.options().dtype(at::kFloat)), decay.empty() ? decays(param) : decay[i]});
   }
 }
 
@@ -41,7 +44,7 @@ void AdamW::step_fused(double lr) {
   for (auto& s : slots_) {
     const at::Tensor& grad = s.param.grad();
     if (!grad.defined()) continue;
-    Group& g = groups[{s.param.device().str(), s.param.scalar_type(), decays(s.param)}];
+    Group& g = groups[{s.param.device().str(), s.param.scalar_type(), s.decay}];
     g.params.push_back(s.param);
     g.grads.push_back(grad);
     g.exp_avgs.push_back(s.exp_avg);
@@ -62,7 +65,7 @@ void AdamW::step_unfused(double lr) {
     if (!grad.defined()) continue;
     s.step.add_(1);
     const double t = s.step.item<double>();
-    if (decays(s.param) && weight_decay_ != 0) s.param.mul_(1 - lr * weight_decay_);
+    if (s.decay && weight_decay_ != 0) s.param.mul_(1 - lr * weight_decay_);
     s.exp_avg.lerp_(grad, 1 - beta1_);
     s.exp_avg_sq.mul_(beta2_).addcmul_(grad, grad, 1 - beta2_);
     const double step_size = lr / (1 - std::pow(beta1_, t));

@@ -11,7 +11,8 @@
 // step tensors are advanced first with _foreach_add_, as torch/optim/adam.py does); otherwise
 // per-tensor ops in the order of torch.optim.AdamW(foreach=False), which the tests use as the
 // cross-check. State per parameter: exp_avg, exp_avg_sq (dtype and device of p) and step
-// (float32 scalar on p's device).
+// (float32 scalar on p's device). Weight decay follows `decay` (one flag per parameter) when given,
+// else decays(p).
 #pragma once
 
 #include <map>
@@ -26,7 +27,7 @@ namespace tessera {
 
 class AdamW final : public Optimizer {
  public:
-  AdamW(const OptimOptions& options, NamedParams named_params);
+  AdamW(const OptimOptions& options, NamedParams named_params, std::vector<bool> decay = {});
 
   void step(double lr) override;
   NamedParams state() const override;
@@ -37,6 +38,7 @@ class AdamW final : public Optimizer {
   struct Slot {
     std::string name;
     at::Tensor param, exp_avg, exp_avg_sq, step;
+    bool decay;
   };
   void step_fused(double lr);
   void step_unfused(double lr);

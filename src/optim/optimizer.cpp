@@ -14,8 +14,10 @@ namespace tessera {
 
 Optimizer::~Optimizer() = default;
 
-std::unique_ptr<Optimizer> make_optimizer(const OptimOptions& options, NamedParams named_params) {
-  if (options.name == "adamw") return std::make_unique<AdamW>(options, std::move(named_params));
+std::unique_ptr<Optimizer> make_optimizer(const OptimOptions& options, NamedParams named_params,
+                                          std::vector<bool> decay) {
+  if (options.name == "adamw") return std::make_unique<AdamW>(options, std::move(named_params), std::move(decay));
+  require(decay.empty(), "internal: optim.name = adafactor takes no per-parameter weight-decay flags");
   if (options.name == "adafactor") return std::make_unique<Adafactor>(options, std::move(named_params));
   fail("optim.name must be adamw or adafactor (got ", options.name, ")");
 }

@@ -41,8 +41,11 @@ class Optimizer {
   virtual void zero_grad() = 0;
 };
 
-// AdamW or Adafactor per options.name. Weight decay applies to parameters with dim() >= 2.
-std::unique_ptr<Optimizer> make_optimizer(const OptimOptions& options, NamedParams named_params);
+// AdamW or Adafactor per options.name. Weight decay applies to parameters with dim() >= 2, or,
+// when `decay` is given (AdamW only; one flag per parameter), to those flagged: an optimizer over
+// 1-D slices of a sharded flat buffer decays the slices of matrices (parallel/data).
+std::unique_ptr<Optimizer> make_optimizer(const OptimOptions& options, NamedParams named_params,
+                                          std::vector<bool> decay = {});
 
 // Shared by the optimizers' load_state(): checks that `given` holds exactly the names of `live`
 // with the same shapes, then copies each into its live tensor (converting device and dtype).
