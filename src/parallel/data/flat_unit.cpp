@@ -1,0 +1,91 @@
+// FlatUnit: flattening, shard views, storage release and the gathers of a ZeRO unit (flat_unit.h).
+#include "parallel/data/flat_unit.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/StorageImpl.h>
+
+#include "core/error.h"
+#include "optim/optimizer.h"
+
+namespace tessera {
+
+FlatUnit::FlatUnit(const std::vector<std::pair<std::string, at::Tensor>>& params, int64_t world, int64_t rank,
+                   bool own_shard)
+    : world_(world), rank_(rank) {
+  require(!params.empty(), "internal: a ZeRO unit without parameters");
+  int64_t total = 0;
+  for (const auto& [name, param] : params) {
+    require(param.scalar_type() == params[0].second.scalar_type() && param.device() == params[0].second.device(),
+            "internal: ZeRO unit mixes dtypes or devices (", name, ")");
+    entries_.push_back({name, param, total, param.numel(), decays(param)});
+    total += param.numel();
+  }
+  shard_numel_ = (total + world - 1) / world;
+  at::NoGradGuard no_grad;
+  flat_ = at::zeros({padded_numel()}, params[0].second.options());
+  for (auto& e : entries_) {
+    at::Tensor view = flat_.narrow(0, e.offset, e.numel);
+    view.copy_(e.param.reshape(-1));
+    e.param.set_data(view.view(e.param.sizes()));
+  }
+  shard_ = flat_.narrow(0, rank_ * shard_numel_, shard_numel_);
+  if (own_shard) shard_ = shard_.clone();
+}
+
+std::pair<int64_t, int64_t> FlatUnit::owned(const Entry& e) const {
+  const int64_t begin = std::max(e.offset, rank_ * shard_numel_);
+  const int64_t end = std::min(e.offset + e.numel, (rank_ + 1) * shard_numel_);
+  return begin < end ? std::make_pair(begin, end) : std::make_pair(begin, begin);
+}
+
+at::Tensor FlatUnit::owned_part(const Entry& e, const at::Tensor& of) const {
+  const auto [begin, end] = owned(e);
+  return of.narrow(0, begin - rank_ * shard_numel_, end - begin);
+}
+
+bool FlatUnit::materialized() const { return flat_.storage().nbytes() > 0; }
+
+int64_t FlatUnit::flat_bytes() const { return static_cast<int64_t>(flat_.storage().nbytes()); }
+
+void FlatUnit::release() { flat_.storage().unsafeGetStorageImpl()->reset(); }
+
+void FlatUnit::materialize() {
+  if (materialized()) return;
+  c10::StorageImpl* storage = flat_.storage().unsafeGetStorageImpl();
+  const size_t bytes = static_cast<size_t>(padded_numel()) * flat_.element_size();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+}
+
+comm::Work FlatUnit::gather_async(comm::Group& dp) {
+  require(materialized(), "internal: gathering a released ZeRO unit");
+  const bool aliases = shard_.is_alias_of(flat_);
+  return dp.all_gather_async(flat_, aliases ? shard_.clone() : shard_);
+}
+
+at::Tensor FlatUnit::flatten_grads() const {
+  at::Tensor out = at::zeros({padded_numel()}, flat_.options());
+  for (const auto& e : entries_) {
+    const at::Tensor& grad = e.param.grad();
+    if (grad.defined()) out.narrow(0, e.offset, e.numel).copy_(grad.reshape(-1));
+  }
+  return out;
+}
+
+std::vector<at::Tensor> FlatUnit::gather_entries(comm::Group& dp,
+                                                 const std::function<at::Tensor(const Entry&)>& part,
+                                                 const at::TensorOptions& options) const {
+  at::Tensor mine = at::zeros({shard_numel_}, options);
+  for (const auto& e : entries_) {
+    at::Tensor p = part(e);
+    if (p.defined()) owned_part(e, mine).copy_(p);
+  }
+  at::Tensor whole = at::empty({padded_numel()}, options);
+  dp.all_gather(whole, mine);
+  std::vector<at::Tensor> out;
+  for (const auto& e : entries_) out.push_back(whole.narrow(0, e.offset, e.numel).view(e.param.sizes()));
+  return out;
+}
+
+}  // namespace tessera

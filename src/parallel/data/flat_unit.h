@@ -1,0 +1,80 @@
+// FlatUnit: the unit of ZeRO sharding. A set of parameters (one transformer block, or the rest of
+// the model) is flattened, in order, into one buffer padded to a multiple of the data-parallel
+// degree N, and rank r owns the elements [r * S, (r + 1) * S) of it:
+//
+//   flat   [N * S]   entry e at [e.offset, e.offset + e.numel), zeros in the padding
+//   shard  [S]       this rank's part: a view of flat (stages 1-2) or a buffer of its own (stage 3)
+//
+// Invariants:
+// - The model's parameters are views of `flat` (installed with set_data), so they all share flat's
+//   StorageImpl. release() frees that storage and materialize() gives it fresh memory of the same
+//   size: every parameter, and every tensor the autograd graph saved from one (a leaf itself or a
+//   view such as weight.t()), sees the new memory; gather_async() then fills it from the shards.
+// - The padding is never handed to an optimizer, so it stays zero.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "comm/group.h"
+
+namespace tessera {
+
+class FlatUnit {
+ public:
+  struct Entry {
+    std::string name;
+    at::Tensor param;  // the model's parameter, a view of flat once built
+    int64_t offset = 0, numel = 0;
+    bool decay = false;  // weight decay of the original parameter (decays(), optim/optimizer.h)
+  };
+
+  // Flattens `params` into `flat` and points them at it. With own_shard, `shard` is a copy that
+  // stays when `flat` is released (stage 3); otherwise it is a view of flat.
+  FlatUnit(const std::vector<std::pair<std::string, at::Tensor>>& params, int64_t world, int64_t rank,
+           bool own_shard);
+
+  const std::vector<Entry>& entries() const { return entries_; }
+  int64_t shard_numel() const { return shard_numel_; }
+  int64_t padded_numel() const { return shard_numel_ * world_; }
+  const at::Tensor& flat() const { return flat_; }
+  const at::Tensor& shard() const { return shard_; }
+
+  // The elements [begin, end) of entry e (in unit coordinates) that this rank owns; begin == end
+  // when it owns none of them.
+  std::pair<int64_t, int64_t> owned(const Entry& e) const;
+  // The owned part of entry e, as a 1-D view of `of` ([S], laid out as the shard).
+  at::Tensor owned_part(const Entry& e, const at::Tensor& of) const;
+
+  // Stage 3 storage of `flat`: bytes now held (0 when released).
+  bool materialized() const;
+  int64_t flat_bytes() const;
+  void release();
+  void materialize();
+
+  // Fills `flat` (materialized) from every rank's shard. The shard goes in as a copy where it is a
+  // view of flat (the input may not alias the output), which lives until the Work is waited.
+  comm::Work gather_async(comm::Group& dp);
+
+  // [N * S]: the entries' current gradients, zero where a gradient is undefined and in the padding.
+  at::Tensor flatten_grads() const;
+
+  // Whole tensors from per-rank parts: part(e) is this rank's owned part of entry e's tensor
+  // (owned_part layout) or undefined when it owns none. Returns one tensor per entry, shaped like
+  // the parameter, identical on every rank (a collective).
+  std::vector<at::Tensor> gather_entries(comm::Group& dp, const std::function<at::Tensor(const Entry&)>& part,
+                                         const at::TensorOptions& options) const;
+
+ private:
+  std::vector<Entry> entries_;
+  int64_t world_, rank_;
+  int64_t shard_numel_ = 0;
+  at::Tensor flat_, shard_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,351 @@
+// DataParallel (ZeRO stages 0-3) against the single-process run, on 1, 2 and 4 ranks.
+//
+// Every run trains a tiny GPT (2 blocks, width 32, vocabulary 64, no biases, fp32) for 20 steps
+// with AdamW (weight decay 0.1 on matrices only), a cosine schedule and gradient clipping at 1.0
+// (active in the first steps). Step s's global batch is drawn from seed 1000 + s on every rank;
+// with N ranks and M micro-batches of B rows, rank r takes rows [r M B, (r + 1) M B) and
+// micro-batch m the rows [m B, (m + 1) B) of those. The reference trains the same initial model in
+// the same process on the whole global batch at once, without DataParallel (so it is also the
+// M = 1 run with an M-times larger batch). Compared per step: the dp mean of the ranks' losses and
+// the gradient norm; at the end: every parameter (and, for stage 3 on 4 ranks, the optimizer state).
+//
+// Tolerances, against the measured worst case over all runs (the runs differ only in float32
+// summation order: the batch mean per rank then over ranks, the clipping norm over shards):
+//   losses, gradient norms   1e-6 relative          measured 2.3e-7
+//   parameters               1e-6 + 1e-5 |p|        measured |diff| 2.8e-7 (1 rank, stages 0-1: 0)
+//   optimizer state          2e-6 max|t| + 1e-4 |t| measured 5% of that bound
+//   fp16 compression         1e-4 rel. losses, 2e-3 abs. parameters (measured 3e-5, 4.7e-4)
+// Two choices keep float32 rounding from growing into visible differences: no biases (the key
+// bias of attention has an exactly zero gradient, and Adam turns its rounding noise into lr-sized
+// steps), and lr 3e-3 (at 1e-2 this model's training amplifies any rounding difference about 10x
+// per step after step 10, even between two plain all-reduce layouts).
+#include <ATen/ATen.h>
+#include <torch/torch.h>
+
+#include "dist_test.h"
+#include "model/transformer.h"
+#include "optim/clipping.h"
+#include "optim/optimizer.h"
+#include "parallel/data/data_parallel.h"
+#include "test_util.h"
+
+namespace tessera {
+namespace {
+
+constexpr int64_t kRows = 2;            // rows per rank per micro-batch
+constexpr int64_t kSteps = 20;          // steps of each run
+constexpr int64_t kScheduleSteps = 30;  // the schedule's length (the resharding test continues to 30)
+constexpr double kLossRtol = 1e-6;
+constexpr double kParamRtol = 1e-5, kParamAtol = 1e-6;
+constexpr double kStateRtol = 1e-4, kStateScaledAtol = 2e-6;  // atol: this times the tensor's largest |value|
+
+ModelOptions tiny_gpt() {
+  ModelOptions o;
+  o.n_layer = 2;
+  o.n_head = 2;
+  o.n_embd = 32;
+  o.vocab_size = 64;
+  o.block_size = 16;
+  o.bias = false;
+  return o;
+}
+
+OptimOptions adamw() {
+  OptimOptions o;
+  o.lr = 3e-3;
+  o.warmup_steps = 5;
+  o.weight_decay = 0.1;
+  o.grad_clip = 1.0;
+  return o;
+}
+
+TransformerLM fresh_model() {
+  torch::manual_seed(1234);
+  return TransformerLM(tiny_gpt());
+}
+
+// Step s's global batch: [rows, T + 1] tokens, the same on every rank.
+at::Tensor global_batch(int64_t step, int64_t rows) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + step);
+  return at::randint(tiny_gpt().vocab_size, {rows, tiny_gpt().block_size + 1}, gen, at::kLong);
+}
+
+struct Training {
+  std::vector<double> losses, norms;
+  std::map<std::string, at::Tensor> params;
+  NamedParams optimizer_state;
+};
+
+std::map<std::string, at::Tensor> snapshot(TransformerLM& model) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& item : model->named_parameters()) out[item.key()] = item.value().detach().clone();
+  return out;
+}
+
+// The single process: steps [0, steps) on `rows` rows per step.
+Training reference(int64_t rows, int64_t steps) {
+  TransformerLM model = fresh_model();
+  NamedParams params;
+  for (const auto& item : model->named_parameters()) params.emplace_back(item.key(), item.value());
+  auto optimizer = make_optimizer(adamw(), params);
+  std::vector<at::Tensor> tensors;
+  for (const auto& [name, p] : params) tensors.push_back(p);
+  Training run;
+  for (int64_t s = 0; s < steps; ++s) {
+    at::Tensor batch = global_batch(s, rows);
+    auto out = model->forward(batch.narrow(1, 0, batch.size(1) - 1), batch.narrow(1, 1, batch.size(1) - 1));
+    out.loss.backward();
+    run.losses.push_back(out.loss.item<double>());
+    run.norms.push_back(clip_grad_norm(tensors, adamw().grad_clip));
+    optimizer->step(learning_rate(adamw(), s, kScheduleSteps));
+    optimizer->zero_grad();
+  }
+  run.params = snapshot(model);
+  for (const auto& [name, t] : optimizer->state()) run.optimizer_state.emplace_back(name, t.clone());
+  return run;
+}
+
+struct DpSetup {
+  int64_t stage = 0;
+  int64_t micro_batches = 1;
+  bool checkpointing = false;
+  int64_t rows = kRows;  // per rank per micro-batch
+  std::string compression = "none";
+};
+
+// Steps [first, last) under DataParallel. `prepare` may load parameters into the fresh model (before
+// DataParallel takes it) and `resume` optimizer state into the DataParallel.
+Training train_dp(comm::Group& group, const DpSetup& setup, int64_t first, int64_t last,
+             const std::map<std::string, at::Tensor>& start_params = {},
+             const std::map<std::string, at::Tensor>& start_state = {}, bool keep_state = false) {
+  TransformerLM model = fresh_model();
+  if (!start_params.empty()) {
+    at::NoGradGuard no_grad;
+    for (auto& item : model->named_parameters()) item.value().copy_(start_params.at(item.key()));
+  }
+  if (setup.checkpointing) model->set_activation_checkpointing("full");
+  ParallelOptions parallel;
+  parallel.zero_stage = setup.stage;
+  parallel.bucket_mb = 0.02;  // several buckets even for this tiny model
+  parallel.grad_compression = setup.compression;
+  DataParallel dp(model, group, parallel, adamw());
+  if (!start_state.empty()) dp.load_full_optimizer_state(start_state, "test state");
+
+  const int64_t n = group.size(), m_count = setup.micro_batches, b = setup.rows;
+  Training run;
+  for (int64_t s = first; s < last; ++s) {
+    at::Tensor mine = global_batch(s, n * m_count * b).narrow(0, group.rank() * m_count * b, m_count * b);
+    double loss = 0;
+    for (int64_t m = 0; m < m_count; ++m) {
+      const bool last_micro = m + 1 == m_count;
+      const int64_t sent_before = group.bytes_sent();
+      at::Tensor rows = mine.narrow(0, m * b, b);
+      auto out = model->forward(rows.narrow(1, 0, rows.size(1) - 1), rows.narrow(1, 1, rows.size(1) - 1));
+      at::Tensor scaled = out.loss / static_cast<double>(m_count);
+      dp.before_backward(last_micro);
+      scaled.backward();
+      loss += scaled.item<double>();
+      // Stages 0-1 communicate only in the last micro-batch.
+      if (!last_micro && setup.stage <= 1) {
+        EXPECT_EQ(group.bytes_sent(), sent_before) << "micro-batch " << m;
+      }
+    }
+    dp.finish_gradients();
+    run.norms.push_back(dp.clip_grad_norm(adamw().grad_clip));
+    dp.step(learning_rate(adamw(), s, kScheduleSteps));
+    dp.zero_grad();
+    at::Tensor mean = at::full({1}, loss, at::kDouble);
+    group.all_reduce(mean, comm::ReduceOp::avg);
+    run.losses.push_back(mean.item<double>());
+  }
+  dp.gather_full_parameters();
+  run.params = snapshot(model);
+  if (keep_state) run.optimizer_state = dp.full_optimizer_state();
+  return run;
+}
+
+// `run` against `ref`'s steps [first, first + run.losses.size()) and final parameters.
+struct Tolerance {
+  double loss_rtol = kLossRtol, param_rtol = kParamRtol, param_atol = kParamAtol;
+};
+
+// `run` against `ref`'s steps [first, first + run.losses.size()) and final parameters.
+void expect_matches(const Training& run, const Training& ref, int64_t first, const std::string& what,
+                    const Tolerance& tol = {}) {
+  SCOPED_TRACE(what);
+  ASSERT_EQ(run.params.size(), ref.params.size());
+  for (size_t i = 0; i < run.losses.size(); ++i) {
+    const size_t s = static_cast<size_t>(first) + i;
+    EXPECT_NEAR(run.losses[i], ref.losses[s], tol.loss_rtol * std::abs(ref.losses[s])) << "step " << s;
+    EXPECT_NEAR(run.norms[i], ref.norms[s], tol.loss_rtol * std::abs(ref.norms[s])) << "step " << s;
+  }
+  for (const auto& [name, p] : ref.params)
+    EXPECT_TRUE(test::all_close(run.params.at(name), p, tol.param_rtol, tol.param_atol)) << name;
+}
+
+void all_stages_match(comm::Group& group) {
+  const Training ref = reference(group.size() * kRows, kSteps);
+  for (int64_t stage = 0; stage <= 3; ++stage)
+    expect_matches(train_dp(group, {stage}, 0, kSteps), ref, 0, "stage " + std::to_string(stage));
+}
+
+int64_t numel_of(const std::vector<at::Tensor>& tensors) {
+  int64_t n = 0;
+  for (const auto& t : tensors) n += t.numel();
+  return n;
+}
+
+// ZeRO units of the tiny model: per block, then the rest; S = ceil(numel / N) each.
+std::vector<int64_t> shard_sizes(TransformerLM& model, int64_t n) {
+  std::vector<int64_t> sizes;
+  int64_t in_blocks = 0;
+  for (int64_t l = 0; l < model->options().n_layer; ++l) {
+    const int64_t numel = numel_of(model->block(l)->parameters());
+    in_blocks += numel;
+    sizes.push_back((numel + n - 1) / n);
+  }
+  sizes.push_back((numel_of(model->parameters()) - in_blocks + n - 1) / n);
+  return sizes;
+}
+
+// Reductions run while backward does (a barrier queued after backward finds them done, before
+// finish_gradients), each gradient element is sent once by the ring volumes of comm/group.h, and
+// memory() holds what each stage keeps.
+void expect_overlap_and_memory(comm::Group& group) {
+  const int64_t n = group.size();
+  for (int64_t stage = 0; stage <= 3; ++stage) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    TransformerLM model = fresh_model();
+    const int64_t P = numel_of(model->parameters());
+    const std::vector<int64_t> shards = shard_sizes(model, n);
+    int64_t S = 0;
+    for (int64_t s : shards) S += s;
+    const int64_t rest_full = 4 * n * shards.back();
+    ParallelOptions parallel;
+    parallel.zero_stage = stage;
+    parallel.bucket_mb = 0.02;
+    DataParallel dp(model, group, parallel, adamw());
+    at::Tensor rows = global_batch(0, n * kRows).narrow(0, group.rank() * kRows, kRows);
+    group.reset_traffic();
+    auto out = model->forward(rows.narrow(1, 0, 16), rows.narrow(1, 1, 16));
+    if (stage == 3) {
+      EXPECT_EQ(dp.memory().parameters, 4 * S + rest_full) << "blocks released after forward";
+    }
+    dp.before_backward(true);
+    out.loss.backward();
+    group.barrier();
+    auto traffic = group.traffic();
+    if (stage <= 1) {
+      EXPECT_EQ(traffic["all_reduce"], 2 * (n - 1) * 4 * P / n);
+    } else {
+      EXPECT_EQ(traffic["reduce_scatter"], (n - 1) * 4 * S);
+      EXPECT_EQ(traffic["all_reduce"], 0);
+    }
+    dp.finish_gradients();
+    dp.clip_grad_norm(1.0);
+    dp.step(1e-3);
+    dp.zero_grad();
+    const DataParallel::Memory m = dp.memory();
+    at::Tensor optimizer_total = at::full({1}, static_cast<double>(m.optimizer), at::kDouble);
+    group.all_reduce(optimizer_total);
+    const int64_t n_params = static_cast<int64_t>(model->parameters().size());
+    switch (stage) {
+      case 0:
+        EXPECT_EQ(m.parameters, 4 * P);
+        EXPECT_EQ(m.gradients, 4 * P);
+        EXPECT_EQ(m.optimizer, 8 * P + 4 * n_params);  // exp_avg, exp_avg_sq, a float32 step each
+        break;
+      case 1:
+        EXPECT_EQ(m.parameters, 4 * n * S);
+        EXPECT_EQ(m.gradients, 4 * P);
+        break;
+      case 2:
+        EXPECT_EQ(m.parameters, 4 * n * S);
+        EXPECT_EQ(m.gradients, 4 * S);
+        break;
+      case 3:
+        EXPECT_EQ(m.parameters, 4 * S + rest_full);
+        EXPECT_EQ(m.gradients, 4 * S);
+        dp.gather_full_parameters();
+        EXPECT_EQ(dp.memory().parameters, 4 * S + 4 * n * S);
+        break;
+    }
+    if (stage >= 1) {
+      // The moments are split across ranks; only the per-slice step scalars are repeated.
+      EXPECT_LE(m.optimizer, 8 * S + 4 * n_params);
+      EXPECT_GE(optimizer_total.item<double>(), 8.0 * P);
+      EXPECT_LE(optimizer_total.item<double>(), 8.0 * P + 4.0 * (n_params + n * static_cast<double>(shards.size())));
+    }
+  }
+}
+
+TEST(DataParallel, OneRankAllStagesMatchSingleProcess) {
+  test::Ranks ranks(1);
+  if (!ranks.is_worker()) return ranks.expect_success();
+  auto mesh = ranks.connect();
+  comm::Group& group = mesh->group("dp");
+  all_stages_match(group);
+  expect_overlap_and_memory(group);
+
+  ParallelOptions parallel;
+  parallel.zero_stage = 1;
+  OptimOptions adafactor = adamw();
+  adafactor.name = "adafactor";
+  EXPECT_TRUE(test::throws_naming([&] { DataParallel dp(fresh_model(), group, parallel, adafactor); },
+                                  {"parallel.zero_stage", "optim.name"}));
+  parallel.grad_compression = "bf16";
+  EXPECT_TRUE(test::throws_naming([&] { DataParallel dp(fresh_model(), group, parallel, adamw()); },
+                                  {"parallel.grad_compression", "parallel.zero_stage"}));
+}
+
+TEST(DataParallel, TwoRanksStagesAccumulationCheckpointingOverlap) {
+  test::Ranks ranks(2);
+  if (!ranks.is_worker()) return ranks.expect_success();
+  auto mesh = ranks.connect();
+  comm::Group& group = mesh->group("dp");
+  all_stages_match(group);
+  // M = 2 micro-batches of kRows rows against the single process on the whole 2 * 2 * kRows rows
+  // (= M = 1 with the doubled batch); stages 0-1 send nothing in micro-batch 0 (train_dp checks).
+  const Training ref = reference(2 * 2 * kRows, kSteps);
+  for (int64_t stage = 0; stage <= 3; ++stage)
+    expect_matches(train_dp(group, {stage, 2}, 0, kSteps), ref, 0, "accumulation, stage " + std::to_string(stage));
+  expect_matches(train_dp(group, {3, 2, /*checkpointing=*/true}, 0, kSteps), ref, 0, "stage 3, full checkpointing");
+  // fp16 compression at stage 0 (after backward, per bucket): gradients rounded to float16.
+  DpSetup fp16;
+  fp16.compression = "fp16";
+  expect_matches(train_dp(group, fp16, 0, kSteps), reference(2 * kRows, kSteps), 0, "stage 0, fp16 compression",
+                 {1e-4, 0, 2e-3});
+  expect_overlap_and_memory(group);
+}
+
+// Stage 3 on 4 ranks, its whole optimizer state and parameters taken to stage 1 on 2 ranks, which
+// continue as the uninterrupted single-process run does.
+TEST(DataParallel, FourRanksStagesAndReshardingToTwoRanks) {
+  test::Ranks ranks(4, 300);
+  if (!ranks.is_worker()) return ranks.expect_success();
+  auto mesh = ranks.connect();
+  comm::Group& group = mesh->group("dp");
+  const Training ref = reference(4 * kRows, kSteps), ref_longer = reference(4 * kRows, kScheduleSteps);
+  for (int64_t stage = 0; stage <= 2; ++stage)
+    expect_matches(train_dp(group, {stage}, 0, kSteps), ref, 0, "stage " + std::to_string(stage));
+  const Training zero3 = train_dp(group, {3}, 0, kSteps, {}, {}, /*keep_state=*/true);
+  expect_matches(zero3, ref, 0, "stage 3");
+  ASSERT_EQ(zero3.optimizer_state.size(), ref.optimizer_state.size());
+  for (size_t i = 0; i < ref.optimizer_state.size(); ++i) {
+    EXPECT_EQ(zero3.optimizer_state[i].first, ref.optimizer_state[i].first);
+    const at::Tensor& expected = ref.optimizer_state[i].second;
+    const double atol = kStateScaledAtol * expected.abs().max().item<double>();
+    EXPECT_TRUE(test::all_close(zero3.optimizer_state[i].second, expected, kStateRtol, atol))
+        << ref.optimizer_state[i].first;
+  }
+  if (group.rank() < 2) {
+    auto pair = mesh->new_group("dp_pair", {0, 1});
+    std::map<std::string, at::Tensor> state(zero3.optimizer_state.begin(), zero3.optimizer_state.end());
+    const Training resumed = train_dp(*pair, {1, 1, false, 2 * kRows}, kSteps, kScheduleSteps, zero3.params, state);
+    expect_matches(resumed, ref_longer, kSteps, "stage 1 on 2 ranks, resumed at step 20");
+  }
+  mesh->world().barrier();
+}
+
+}  // namespace
+}  // namespace tessera
