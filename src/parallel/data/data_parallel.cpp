@@ -294,6 +294,8 @@ void DataParallel::before_backward(bool last_micro_batch) {
 
 void DataParallel::Impl::grad_ready(size_t param) {
   require(armed, "internal: backward ran without DataParallel::before_backward (parameter ", params[param].first, ")");
+  require(stage >= 2 || params[param].second.grad().is_same(grad_views[param]), "internal: the gradient of ",
+          params[param].first, " is no longer a view of its bucket (reset outside DataParallel::zero_grad)");
   if (!reducing) return;
   require(!arrived[param] && reduction_of[param] >= next_launch, "internal: a second gradient for ",
           params[param].first, " arrived after its reduction was launched");
@@ -529,6 +531,16 @@ void DataParallel::load_full_optimizer_state(const std::map<std::string, at::Ten
     }
   }
   s.optimizer->load_state(mine, source);
+}
+
+NamedParams DataParallel::compression_state() const {
+  return impl_->compressor ? impl_->compressor->state() : NamedParams{};
+}
+
+void DataParallel::load_compression_state(const std::map<std::string, at::Tensor>& state, const std::string& source) {
+  if (impl_->compressor) return impl_->compressor->load_state(state, source);
+  require(state.empty(), source, ": gradient-compression state ", state.empty() ? "" : state.begin()->first,
+          " given, but parallel.grad_compression = none");
 }
 
 DataParallel::Memory DataParallel::memory() const {

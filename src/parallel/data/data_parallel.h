@@ -14,13 +14,30 @@
 //      on micro-batches before the last. Every rank holds everything: 4 + 4 + 8 bytes.
 //   1  optimizer state sharded: gradients all-reduced as in 0, each rank updates its 1/N of the
 //      flattened parameters, then the parameters are all-gathered: 4 + 4 + 8/N.
-//   2  + gradients sharded: each bucket is reduce-scattered as soon as it is ready and the full
-//      gradient is freed; a rank keeps only its shard: 4 + (4 + 8)/N.
+//   2  + gradients sharded: each unit's gradients are reduce-scattered as soon as backward has
+//      produced them all and the full gradients are freed; a rank keeps only its shard:
+//      4 + (4 + 8)/N.
 //   3  + parameters sharded: each transformer block's parameters are all-gathered just before
 //      its forward (the next block's gather is issued ahead, as prefetch), freed after it, and
 //      gathered again for its backward; (4 + 4 + 8)/N plus the blocks in flight.
 // Sharding is per unit (one unit per transformer block, one for the rest), each unit flattened
-// and padded to a multiple of N, rank r owning elements [r * S, (r + 1) * S) of every unit.
+// and padded to a multiple of N, rank r owning elements [r * S, (r + 1) * S) of every unit
+// (flat_unit.h). At stages 1-3 the model's parameters become views of their unit's flat buffer.
+//
+// Details the stages above leave open:
+// - Stages 0-1 send nothing before the last micro-batch (gradients accumulate locally, in the
+//   buckets). Stages 2-3 reduce-scatter every micro-batch, accumulating into the shard, so a full
+//   gradient never outlives its unit's backward (as DeepSpeed does).
+// - Stage 3 keeps the rest unit (embeddings, final norm) gathered for the whole step: it is used
+//   at both ends of the forward pass. Outside a forward the blocks' parameters are released
+//   (their storage is empty): call gather_full_parameters() before reading or saving them. Load
+//   weights into the model before constructing DataParallel; the constructor broadcasts rank 0's
+//   parameters at every stage.
+// - At stages 0-1 each parameter's .grad is a view of its bucket: zero them with zero_grad() here,
+//   never by resetting the grads (model->zero_grad()); a gradient found elsewhere throws.
+// - parallel.grad_compression (stage 0 only) averages each bucket with the compressor in
+//   finish_gradients, after backward, without overlap. parallel.offload is refused.
+// - A backward needs before_backward() first (a gradient arriving otherwise throws).
 //
 // Equivalence: with the same global batch (N ranks x batch_size each against one process with
 // N x batch_size), losses and parameters match the single-process run to float32 rounding
@@ -58,8 +75,14 @@ class DataParallel {
   NamedParams full_optimizer_state();
   // Each rank takes its shard of whole-tensor state (as full_optimizer_state() returns).
   void load_full_optimizer_state(const std::map<std::string, at::Tensor>& state, const std::string& source);
-  // Stage 3: gathers every parameter into the model (for export/evaluation); a collective.
+  // Stage 3: gathers every parameter into the model (for export/evaluation); a collective. They
+  // stay gathered until the next forward releases each block after use.
   void gather_full_parameters();
+
+  // The gradient compressor's state (error-feedback residuals, PowerSGD's Q), this rank's own;
+  // empty without compression. Loading refuses entries when there is no compressor.
+  NamedParams compression_state() const;
+  void load_compression_state(const std::map<std::string, at::Tensor>& state, const std::string& source);
 
   // Bytes per rank now held for parameters, gradients and optimizer state (for the ZeRO benchmark).
   struct Memory {
