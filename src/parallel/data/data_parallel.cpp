@@ -1,4 +1,6 @@
-// DataParallel: ZeRO stages 0-3 over the dp group (data_parallel.h).
+// DataParallel: construction, gradient reductions, clipping and the step, ZeRO stages 0-3
+// (data_parallel.h; the state is in data_parallel_impl.h, stage 3's gathering in zero3.cpp, the
+// whole-tensor optimizer state in sharded_state.cpp).
 //
 // Gradient reductions. Gradients leave a rank in "reductions" launched in one fixed order, the
 // same on every rank (collectives are matched by their order): stages 0-1 reduce buckets
@@ -15,28 +17,23 @@
 // Stages 2-3: every micro-batch reduce-scatters each unit's gradients as soon as the unit is
 // complete and drops the full gradients, accumulating this rank's part into grad_shards (as
 // DeepSpeed does with accumulation: the full gradients never outlive one unit's backward).
-// Stage 3: TransformerLM's block runner gathers block l before its forward (prefetching l + 1)
-// and releases it after; an identity autograd function at the block's outputs gathers it again
-// when backward reaches them (prefetching l - 1), and the unit is released when its gradients
-// are reduce-scattered. The rest unit (embeddings, final norm) stays gathered: it is used at both
-// ends of the forward pass.
+// Optimizer (stages 1-3): one leaf per owned parameter slice, aliasing the shard, with the
+// matching gradient slice (of the bucket or of grad_shards) as its .grad; weight decay follows
+// the original parameter.
 #include "parallel/data/data_parallel.h"
 
 #include <cmath>
-#include <deque>
 #include <set>
 #include <utility>
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include "core/error.h"
 #include "optim/clipping.h"
-#include "optim/compression/compressor.h"
-#include "parallel/data/flat_unit.h"
+#include "parallel/data/data_parallel_impl.h"
 
 namespace tessera {
 namespace {
@@ -44,105 +41,16 @@ namespace {
 // Reduce-scatters of stages 2-3 that may be in flight at once; each holds a unit's full gradients.
 constexpr size_t kReduceScattersInFlight = 2;
 
-// Slots of AdamW state: elementwise ones are sharded like the parameters, the scalar step is not.
-// (Sharded stages run AdamW only: Adafactor's factored state spans whole rows and columns.)
-const std::vector<std::string> kElementwiseSlots{"exp_avg", "exp_avg_sq"};
-const std::string kStepSlot = "step";
-
+// Runs fn after AccumulateGrad has stored a parameter's gradient in .grad.
 struct GradReadyHook : torch::autograd::PostAccumulateGradHook {
   explicit GradReadyHook(std::function<void()> fn) : fn(std::move(fn)) {}
   void operator()(const torch::autograd::Variable&) override { fn(); }
   std::function<void()> fn;
 };
 
-struct BackwardCallback : torch::CustomClassHolder {
-  std::function<void()> fn;
-};
-
-// Identity in forward; in backward, runs the callback before passing the gradients on, i.e. just
-// before backward enters the part of the graph that produced the inputs.
-struct CallInBackward : public torch::autograd::Function<CallInBackward> {
-  static TensorList forward(torch::autograd::AutogradContext* ctx, const std::function<void()>& fn,
-                            at::TensorList inputs) {
-    auto callback = c10::make_intrusive<BackwardCallback>();
-    callback->fn = fn;
-    ctx->saved_data["callback"] = c10::IValue::make_capsule(callback);
-    return inputs.vec();
-  }
-  static TensorList backward(torch::autograd::AutogradContext* ctx, TensorList grads) {
-    c10::static_intrusive_pointer_cast<BackwardCallback>(ctx->saved_data["callback"].toCapsule())->fn();
-    TensorList out{at::Tensor()};  // fn is not a tensor
-    out.insert(out.end(), grads.begin(), grads.end());
-    return out;
-  }
-};
-
 int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
 
 }  // namespace
-
-struct DataParallel::Impl {
-  struct Bucket {
-    std::vector<size_t> params;  // indices into `params`
-    at::Tensor grad;             // [sum of numel]: the parameters' .grad are views of it
-    comm::Work work;
-  };
-  struct Reduction {
-    size_t index;  // bucket (stages 0-1) or unit (stages 2-3)
-    int64_t expected, arrived = 0;
-  };
-  struct PendingScatter {
-    comm::Work work;
-    size_t unit;
-    at::Tensor input, output;  // [N * S] full gradients, [S] this rank's sum
-  };
-
-  TransformerLM model;
-  comm::Group& dp;
-  int64_t stage, world, rank, n_blocks;
-  NamedParams params;  // the model's, in registration order
-  std::unique_ptr<Optimizer> optimizer;
-  std::unique_ptr<GradientCompressor> compressor;
-
-  std::vector<Bucket> buckets;          // stages 0-1
-  std::vector<at::Tensor> grad_views;   // stages 0-1: per parameter, its .grad (a view of its bucket)
-  std::vector<FlatUnit> units;          // stages 1-3: blocks 0..n_blocks-1, then the rest
-  std::vector<at::Tensor> grad_shards;  // stages 2-3: per unit, [S]
-  std::vector<comm::Work> gathers;      // stage 3: per unit, a gather in flight
-
-  std::vector<Reduction> reductions;  // in launch order
-  std::vector<size_t> reduction_of;   // per parameter
-  std::vector<char> arrived;          // per parameter, in this backward
-  size_t next_launch = 0;
-  bool armed = false;     // before_backward was called and finish_gradients not yet
-  bool reducing = false;  // this backward's gradients are reduced
-  std::deque<PendingScatter> scatters;
-
-  Impl(TransformerLM m, comm::Group& group, const ParallelOptions& parallel)
-      : model(std::move(m)),
-        dp(group),
-        stage(parallel.zero_stage),
-        world(group.size()),
-        rank(group.rank()),
-        n_blocks(model->options().n_layer) {}
-
-  void build_buckets(double bucket_mb);
-  void build_units();
-  void build_optimizer(const OptimOptions& optim);
-  void register_hooks();
-
-  void grad_ready(size_t param);
-  void launch_through(size_t end);
-  void launch(const Reduction& r);
-  void drain_scatters(size_t keep);
-
-  // Stage 3.
-  BlockOutput run_block(int64_t layer, const at::Tensor& x);
-  void before_block_backward(int64_t layer);
-  void gather(size_t unit);
-  void prefetch(size_t unit);
-  void release(size_t unit);
-};
 
 DataParallel::DataParallel(TransformerLM model, comm::Group& dp, const ParallelOptions& parallel,
                            const OptimOptions& optim)
@@ -314,6 +222,7 @@ void DataParallel::Impl::launch(const Reduction& r) {
     buckets[r.index].work = dp.all_reduce_async(buckets[r.index].grad);
     return;
   }
+  at::NoGradGuard no_grad;
   FlatUnit& unit = units[r.index];
   at::Tensor input = unit.flatten_grads();
   for (const auto& e : unit.entries()) e.param.mutable_grad().reset();
@@ -399,148 +308,6 @@ void DataParallel::zero_grad() {
   }
   for (auto& g : s.grad_shards) g.zero_();
   for (auto& [name, p] : s.params) p.mutable_grad().reset();
-}
-
-BlockOutput DataParallel::Impl::run_block(int64_t layer, const at::Tensor& x) {
-  const auto unit = static_cast<size_t>(layer);
-  gather(unit);
-  if (layer + 1 < n_blocks) prefetch(unit + 1);
-  BlockOutput out = model->block(layer)(x);
-  if (out.x.requires_grad()) {
-    const bool aux = out.aux_loss.requires_grad();
-    TensorList inputs{out.x};
-    if (aux) inputs.push_back(out.aux_loss);
-    TensorList wrapped =
-        CallInBackward::apply(std::function<void()>([this, layer] { before_block_backward(layer); }),
-                              at::TensorList(inputs));
-    out.x = wrapped[0];
-    if (aux) out.aux_loss = wrapped[1];
-  }
-  release(unit);
-  return out;
-}
-
-void DataParallel::Impl::before_block_backward(int64_t layer) {
-  // Blocks after this one are done: launch their reductions now so the order on the wire stays
-  // the same on every rank, ahead of this block's gathers.
-  launch_through(static_cast<size_t>(n_blocks - 1 - layer));
-  gather(static_cast<size_t>(layer));
-  if (layer > 0) prefetch(static_cast<size_t>(layer - 1));
-}
-
-void DataParallel::Impl::gather(size_t unit) {
-  if (gathers[unit].pending()) {
-    gathers[unit].wait();
-    gathers[unit] = comm::Work();
-    return;
-  }
-  if (units[unit].materialized()) return;
-  units[unit].materialize();
-  units[unit].gather_async(dp).wait();
-}
-
-void DataParallel::Impl::prefetch(size_t unit) {
-  if (gathers[unit].pending() || units[unit].materialized()) return;
-  units[unit].materialize();
-  gathers[unit] = units[unit].gather_async(dp);
-}
-
-void DataParallel::Impl::release(size_t unit) {
-  if (gathers[unit].pending()) {
-    gathers[unit].wait();
-    gathers[unit] = comm::Work();
-  }
-  units[unit].release();
-}
-
-void DataParallel::gather_full_parameters() {
-  Impl& s = *impl_;
-  if (s.stage < 3) return;
-  for (int64_t l = 0; l < s.n_blocks; ++l) s.prefetch(static_cast<size_t>(l));
-  for (int64_t l = 0; l < s.n_blocks; ++l) s.gather(static_cast<size_t>(l));
-}
-
-NamedParams DataParallel::full_optimizer_state() {
-  Impl& s = *impl_;
-  if (s.stage == 0) return s.optimizer->state();
-  std::map<std::string, at::Tensor> mine;
-  for (auto& [name, t] : s.optimizer->state()) mine[name] = t;
-  std::map<std::string, at::Tensor> whole;
-  // Elementwise slots: each unit's shards gathered. Steps: the max over ranks (those owning none
-  // of a parameter report 0; the owners agree).
-  at::Tensor steps = at::zeros({static_cast<int64_t>(s.params.size())}, at::kFloat);
-  std::map<std::string, int64_t> position;
-  for (size_t i = 0; i < s.params.size(); ++i) position[s.params[i].first] = static_cast<int64_t>(i);
-  for (const auto& unit : s.units) {
-    for (const auto& slot : kElementwiseSlots) {
-      auto tensors = unit.gather_entries(
-          s.dp,
-          [&](const FlatUnit::Entry& e) {
-            auto it = mine.find(e.name + "." + slot);
-            return it == mine.end() ? at::Tensor() : it->second;
-          },
-          unit.flat().options());
-      for (size_t j = 0; j < tensors.size(); ++j) whole[unit.entries()[j].name + "." + slot] = tensors[j];
-    }
-    for (const auto& e : unit.entries()) {
-      auto it = mine.find(e.name + "." + kStepSlot);
-      if (it != mine.end()) steps[position.at(e.name)] = it->second.item<float>();
-    }
-  }
-  const at::Device device = s.params.front().second.device();
-  at::Tensor all_steps = steps.to(device);
-  s.dp.all_reduce(all_steps, comm::ReduceOp::max);
-  NamedParams out;
-  for (size_t i = 0; i < s.params.size(); ++i) {
-    const std::string& name = s.params[i].first;
-    for (const auto& slot : kElementwiseSlots) out.emplace_back(name + "." + slot, whole.at(name + "." + slot));
-    out.emplace_back(name + "." + kStepSlot, all_steps[static_cast<int64_t>(i)].clone());
-  }
-  return out;
-}
-
-void DataParallel::load_full_optimizer_state(const std::map<std::string, at::Tensor>& state,
-                                             const std::string& source) {
-  Impl& s = *impl_;
-  if (s.stage == 0) return s.optimizer->load_state(state, source);
-  std::set<std::string> expected;
-  for (const auto& [name, p] : s.params) {
-    for (const auto& slot : kElementwiseSlots) {
-      auto it = state.find(name + "." + slot);
-      require(it != state.end(), source, ": optimizer state ", name, ".", slot, " is missing");
-      require(it->second.sizes() == p.sizes(), source, ": optimizer state ", name, ".", slot, " has shape ",
-              it->second.sizes(), ", expected ", p.sizes());
-      expected.insert(name + "." + slot);
-    }
-    auto it = state.find(name + "." + kStepSlot);
-    require(it != state.end() && it->second.numel() == 1, source, ": optimizer state ", name, ".", kStepSlot,
-            " is missing or not a scalar");
-    expected.insert(name + "." + kStepSlot);
-  }
-  for (const auto& entry : state)
-    require(expected.count(entry.first) > 0, source, ": unexpected optimizer state ", entry.first,
-            " (no such parameter slot)");
-  std::map<std::string, at::Tensor> mine;
-  for (const auto& unit : s.units) {
-    for (const auto& e : unit.entries()) {
-      const auto [begin, end] = unit.owned(e);
-      if (begin == end) continue;
-      for (const auto& slot : kElementwiseSlots)
-        mine[e.name + "." + slot] = state.at(e.name + "." + slot).reshape(-1).narrow(0, begin - e.offset, end - begin);
-      mine[e.name + "." + kStepSlot] = state.at(e.name + "." + kStepSlot).reshape({});
-    }
-  }
-  s.optimizer->load_state(mine, source);
-}
-
-NamedParams DataParallel::compression_state() const {
-  return impl_->compressor ? impl_->compressor->state() : NamedParams{};
-}
-
-void DataParallel::load_compression_state(const std::map<std::string, at::Tensor>& state, const std::string& source) {
-  if (impl_->compressor) return impl_->compressor->load_state(state, source);
-  require(state.empty(), source, ": gradient-compression state ", state.empty() ? "" : state.begin()->first,
-          " given, but parallel.grad_compression = none");
 }
 
 DataParallel::Memory DataParallel::memory() const {

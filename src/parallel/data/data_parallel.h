@@ -72,6 +72,8 @@ class DataParallel {
 
   // Optimizer state as whole tensors named like Optimizer::state() ("<param>.exp_avg", ...), the
   // same on every rank and independent of N and the stage (a collective: every rank calls it).
+  // At stage 0 these are the optimizer's live tensors (copy them before the next step), at
+  // stages 1-3 fresh ones.
   NamedParams full_optimizer_state();
   // Each rank takes its shard of whole-tensor state (as full_optimizer_state() returns).
   void load_full_optimizer_state(const std::map<std::string, at::Tensor>& state, const std::string& source);

@@ -1,0 +1,93 @@
+// DataParallel's state, shared by its implementation files: data_parallel.cpp (construction,
+// gradient reductions, clipping, the step), zero3.cpp (stage 3's parameter gathering) and
+// sharded_state.cpp (whole-tensor optimizer state). Internal to src/parallel/data.
+//
+// Invariants:
+// - `reductions` lists the gradient reductions in the one order every rank launches them;
+//   reductions[0, next_launch) are launched in the current backward.
+// - Stages 0-1: grad_views[i] is parameters i's .grad, a view of its bucket's `grad`.
+// - Stages 2-3: no parameter holds a gradient between backward passes; the dp sum of this rank's
+//   part is in grad_shards (divided by N in finish_gradients).
+// - Stage 3: a block's unit is materialized only between its gather and its release; gathers[u]
+//   is pending while a prefetch of unit u is in flight.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "comm/group.h"
+#include "optim/compression/compressor.h"
+#include "optim/optimizer.h"
+#include "parallel/data/data_parallel.h"
+#include "parallel/data/flat_unit.h"
+
+namespace tessera {
+
+struct DataParallel::Impl {
+  struct Bucket {
+    std::vector<size_t> params;  // indices into `params`
+    at::Tensor grad;             // [sum of numel]: the parameters' .grad are views of it
+    comm::Work work;
+  };
+  struct Reduction {
+    size_t index;  // bucket (stages 0-1) or unit (stages 2-3)
+    int64_t expected, arrived = 0;
+  };
+  struct PendingScatter {
+    comm::Work work;
+    size_t unit;
+    at::Tensor input, output;  // [N * S] full gradients, [S] this rank's sum
+  };
+
+  TransformerLM model;
+  comm::Group& dp;
+  int64_t stage, world, rank, n_blocks;
+  NamedParams params;  // the model's, in registration order
+  std::unique_ptr<Optimizer> optimizer;
+  std::unique_ptr<GradientCompressor> compressor;
+
+  std::vector<Bucket> buckets;          // stages 0-1
+  std::vector<at::Tensor> grad_views;   // stages 0-1: per parameter, its .grad (a view of its bucket)
+  std::vector<FlatUnit> units;          // stages 1-3: blocks 0..n_blocks-1, then the rest
+  std::vector<at::Tensor> grad_shards;  // stages 2-3: per unit, [S]
+  std::vector<comm::Work> gathers;      // stage 3: per unit, a gather in flight
+
+  std::vector<Reduction> reductions;  // in launch order
+  std::vector<size_t> reduction_of;   // per parameter
+  std::vector<char> arrived;          // per parameter, in this backward
+  size_t next_launch = 0;
+  bool armed = false;     // before_backward was called and finish_gradients not yet
+  bool reducing = false;  // this backward's gradients are reduced
+  std::deque<PendingScatter> scatters;
+
+  Impl(TransformerLM m, comm::Group& group, const ParallelOptions& parallel)
+      : model(std::move(m)),
+        dp(group),
+        stage(parallel.zero_stage),
+        world(group.size()),
+        rank(group.rank()),
+        n_blocks(model->options().n_layer) {}
+
+  void build_buckets(double bucket_mb);
+  void build_units();
+  void build_optimizer(const OptimOptions& optim);
+  void register_hooks();
+
+  void grad_ready(size_t param);
+  void launch_through(size_t end);
+  void launch(const Reduction& r);
+  void drain_scatters(size_t keep);
+
+  // Stage 3.
+  BlockOutput run_block(int64_t layer, const at::Tensor& x);
+  void before_block_backward(int64_t layer);
+  void gather(size_t unit);
+  void prefetch(size_t unit);
+  void release(size_t unit);
+};
+
+}  // namespace tessera

@@ -1,0 +1,107 @@
+// DataParallel's optimizer state as whole tensors, whatever N and the stage (data_parallel.h), and
+// the gradient compressor's state.
+//
+// At stages 1-3 each rank's optimizer holds one slice per parameter part it owns; the whole
+// tensor of an elementwise slot is all-gathered unit by unit in the flat layout (flat_unit.h) and
+// cut back into parameter shapes, and loading takes each rank's slices of the whole tensors.
+#include <set>
+
+#include <ATen/ATen.h>
+
+#include "core/error.h"
+#include "parallel/data/data_parallel_impl.h"
+
+namespace tessera {
+namespace {
+
+// Slots of AdamW state: elementwise ones are sharded like the parameters, the scalar step is not.
+// (Sharded stages run AdamW only: Adafactor's factored state spans whole rows and columns.)
+const std::vector<std::string> kElementwiseSlots{"exp_avg", "exp_avg_sq"};
+const std::string kStepSlot = "step";
+
+}  // namespace
+
+NamedParams DataParallel::full_optimizer_state() {
+  Impl& s = *impl_;
+  if (s.stage == 0) return s.optimizer->state();
+  std::map<std::string, at::Tensor> mine;
+  for (auto& [name, t] : s.optimizer->state()) mine[name] = t;
+  std::map<std::string, at::Tensor> whole;
+  // Elementwise slots: each unit's shards gathered. Steps: the max over ranks (those owning none
+  // of a parameter report 0; the owners agree).
+  at::Tensor steps = at::zeros({static_cast<int64_t>(s.params.size())}, at::kFloat);
+  std::map<std::string, int64_t> position;
+  for (size_t i = 0; i < s.params.size(); ++i) position[s.params[i].first] = static_cast<int64_t>(i);
+  for (const auto& unit : s.units) {
+    for (const auto& slot : kElementwiseSlots) {
+      auto tensors = unit.gather_entries(
+          s.dp,
+          [&](const FlatUnit::Entry& e) {
+            auto it = mine.find(e.name + "." + slot);
+            return it == mine.end() ? at::Tensor() : it->second;
+          },
+          unit.flat().options());
+      for (size_t j = 0; j < tensors.size(); ++j) whole[unit.entries()[j].name + "." + slot] = tensors[j];
+    }
+    for (const auto& e : unit.entries()) {
+      auto it = mine.find(e.name + "." + kStepSlot);
+      if (it != mine.end()) steps[position.at(e.name)] = it->second.item<float>();
+    }
+  }
+  const at::Device device = s.params.front().second.device();
+  at::Tensor all_steps = steps.to(device);
+  s.dp.all_reduce(all_steps, comm::ReduceOp::max);
+  NamedParams out;
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    const std::string& name = s.params[i].first;
+    for (const auto& slot : kElementwiseSlots) out.emplace_back(name + "." + slot, whole.at(name + "." + slot));
+    out.emplace_back(name + "." + kStepSlot, all_steps[static_cast<int64_t>(i)].clone());
+  }
+  return out;
+}
+
+void DataParallel::load_full_optimizer_state(const std::map<std::string, at::Tensor>& state,
+                                             const std::string& source) {
+  Impl& s = *impl_;
+  if (s.stage == 0) return s.optimizer->load_state(state, source);
+  std::set<std::string> expected;
+  for (const auto& [name, p] : s.params) {
+    for (const auto& slot : kElementwiseSlots) {
+      auto it = state.find(name + "." + slot);
+      require(it != state.end(), source, ": optimizer state ", name, ".", slot, " is missing");
+      require(it->second.sizes() == p.sizes(), source, ": optimizer state ", name, ".", slot, " has shape ",
+              it->second.sizes(), ", expected ", p.sizes());
+      expected.insert(name + "." + slot);
+    }
+    auto it = state.find(name + "." + kStepSlot);
+    require(it != state.end() && it->second.numel() == 1, source, ": optimizer state ", name, ".", kStepSlot,
+            " is missing or not a scalar");
+    expected.insert(name + "." + kStepSlot);
+  }
+  for (const auto& entry : state)
+    require(expected.count(entry.first) > 0, source, ": unexpected optimizer state ", entry.first,
+            " (no such parameter slot)");
+  std::map<std::string, at::Tensor> mine;
+  for (const auto& unit : s.units) {
+    for (const auto& e : unit.entries()) {
+      const auto [begin, end] = unit.owned(e);
+      if (begin == end) continue;
+      for (const auto& slot : kElementwiseSlots)
+        mine[e.name + "." + slot] = state.at(e.name + "." + slot).reshape(-1).narrow(0, begin - e.offset, end - begin);
+      mine[e.name + "." + kStepSlot] = state.at(e.name + "." + kStepSlot).reshape({});
+    }
+  }
+  s.optimizer->load_state(mine, source);
+}
+
+NamedParams DataParallel::compression_state() const {
+  return impl_->compressor ? impl_->compressor->state() : NamedParams{};
+}
+
+void DataParallel::load_compression_state(const std::map<std::string, at::Tensor>& state, const std::string& source) {
+  if (impl_->compressor) return impl_->compressor->load_state(state, source);
+  require(state.empty(), source, ": gradient-compression state ", state.empty() ? "" : state.begin()->first,
+          " given, but parallel.grad_compression = none");
+}
+
+}  // namespace tessera
