@@ -59,9 +59,15 @@ OptimOptions adamw() {
   return o;
 }
 
-TransformerLM fresh_model() {
+// With moe, block 1 is a Switch mixture of 4 experts (its aux loss reaches the router).
+TransformerLM fresh_model(bool moe = false) {
   torch::manual_seed(1234);
-  return TransformerLM(tiny_gpt());
+  ModelOptions o = tiny_gpt();
+  if (moe) {
+    o.ffn = "moe";
+    o.moe_every = 2;
+  }
+  return TransformerLM(o);
 }
 
 // Step s's global batch: [rows, T + 1] tokens, the same on every rank.
@@ -111,24 +117,28 @@ struct DpSetup {
   bool checkpointing = false;
   int64_t rows = kRows;  // per rank per micro-batch
   std::string compression = "none";
+  bool moe = false;
 };
 
-// Steps [first, last) under DataParallel. `prepare` may load parameters into the fresh model (before
-// DataParallel takes it) and `resume` optimizer state into the DataParallel.
+// Steps [first, last) under DataParallel, from the fresh model or from `start_params` and
+// `start_state` (whole tensors, loaded as a resuming trainer does). With keep_state, the result
+// carries full_optimizer_state().
 Training train_dp(comm::Group& group, const DpSetup& setup, int64_t first, int64_t last,
-             const std::map<std::string, at::Tensor>& start_params = {},
-             const std::map<std::string, at::Tensor>& start_state = {}, bool keep_state = false) {
-  TransformerLM model = fresh_model();
-  if (!start_params.empty()) {
-    at::NoGradGuard no_grad;
-    for (auto& item : model->named_parameters()) item.value().copy_(start_params.at(item.key()));
-  }
+                  const std::map<std::string, at::Tensor>& start_params = {},
+                  const std::map<std::string, at::Tensor>& start_state = {}, bool keep_state = false) {
+  TransformerLM model = fresh_model(setup.moe);
   if (setup.checkpointing) model->set_activation_checkpointing("full");
   ParallelOptions parallel;
   parallel.zero_stage = setup.stage;
   parallel.bucket_mb = 0.02;  // several buckets even for this tiny model
   parallel.grad_compression = setup.compression;
   DataParallel dp(model, group, parallel, adamw());
+  if (!start_params.empty()) {  // as a trainer resumes: into the model DataParallel already holds
+    dp.gather_full_parameters();
+    at::NoGradGuard no_grad;
+    for (auto& item : model->named_parameters()) item.value().copy_(start_params.at(item.key()));
+    dp.reshard_parameters();
+  }
   if (!start_state.empty()) dp.load_full_optimizer_state(start_state, "test state");
 
   const int64_t n = group.size(), m_count = setup.micro_batches, b = setup.rows;
@@ -315,11 +325,17 @@ TEST(DataParallel, TwoRanksStagesAccumulationCheckpointingOverlap) {
   fp16.compression = "fp16";
   expect_matches(train_dp(group, fp16, 0, kSteps), reference(2 * kRows, kSteps), 0, "stage 0, fp16 compression",
                  {1e-4, 0, 2e-3});
+  // MoE: the block's aux loss goes through stage 3's backward gather too. Routing capacity
+  // depends on the local batch, so the comparison is with stage 0 on the same ranks.
+  DpSetup moe0, moe3;
+  moe0.moe = moe3.moe = true;
+  moe3.stage = 3;
+  expect_matches(train_dp(group, moe3, 0, kSteps), train_dp(group, moe0, 0, kSteps), 0, "MoE, stage 3 against stage 0");
   expect_overlap_and_memory(group);
 }
 
-// Stage 3 on 4 ranks, its whole optimizer state and parameters taken to stage 1 on 2 ranks, which
-// continue as the uninterrupted single-process run does.
+// Stage 3 on 4 ranks, its whole optimizer state and parameters taken to stages 1 and 3 on 2 ranks,
+// which continue as the uninterrupted single-process run does.
 TEST(DataParallel, FourRanksStagesAndReshardingToTwoRanks) {
   test::Ranks ranks(4, 300);
   if (!ranks.is_worker()) return ranks.expect_success();
@@ -341,8 +357,10 @@ TEST(DataParallel, FourRanksStagesAndReshardingToTwoRanks) {
   if (group.rank() < 2) {
     auto pair = mesh->new_group("dp_pair", {0, 1});
     std::map<std::string, at::Tensor> state(zero3.optimizer_state.begin(), zero3.optimizer_state.end());
-    const Training resumed = train_dp(*pair, {1, 1, false, 2 * kRows}, kSteps, kScheduleSteps, zero3.params, state);
-    expect_matches(resumed, ref_longer, kSteps, "stage 1 on 2 ranks, resumed at step 20");
+    for (int64_t stage : {1, 3}) {
+      const Training resumed = train_dp(*pair, {stage, 1, false, 2 * kRows}, kSteps, kScheduleSteps, zero3.params, state);
+      expect_matches(resumed, ref_longer, kSteps, "stage " + std::to_string(stage) + " on 2 ranks, resumed at step 20");
+    }
   }
   mesh->world().barrier();
 }

@@ -30,9 +30,8 @@
 //   gradient never outlives its unit's backward (as DeepSpeed does).
 // - Stage 3 keeps the rest unit (embeddings, final norm) gathered for the whole step: it is used
 //   at both ends of the forward pass. Outside a forward the blocks' parameters are released
-//   (their storage is empty): call gather_full_parameters() before reading or saving them. Load
-//   weights into the model before constructing DataParallel; the constructor broadcasts rank 0's
-//   parameters at every stage.
+//   (their storage is empty): call gather_full_parameters() before reading or saving them, and
+//   reshard_parameters() after writing them. The constructor broadcasts rank 0's parameters.
 // - At stages 0-1 each parameter's .grad is a view of its bucket: zero them with zero_grad() here,
 //   never by resetting the grads (model->zero_grad()); a gradient found elsewhere throws.
 // - parallel.grad_compression (stage 0 only) averages each bucket with the compressor in
@@ -80,6 +79,10 @@ class DataParallel {
   // Stage 3: gathers every parameter into the model (for export/evaluation); a collective. They
   // stay gathered until the next forward releases each block after use.
   void gather_full_parameters();
+  // Stage 3: after the gathered parameters were overwritten (a checkpoint imported into the model
+  // after gather_full_parameters()), takes this rank's shard from them and releases the blocks.
+  // Stages 0-2 need nothing: the model's parameters are the storage the optimizer updates.
+  void reshard_parameters();
 
   // The gradient compressor's state (error-feedback residuals, PowerSGD's Q), this rank's own;
   // empty without compression. Loading refuses entries when there is no compressor.

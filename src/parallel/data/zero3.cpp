@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "core/error.h"
 #include "parallel/data/data_parallel_impl.h"
 
 namespace tessera {
@@ -100,6 +101,19 @@ void DataParallel::gather_full_parameters() {
   if (s.stage < 3) return;
   for (int64_t l = 0; l < s.n_blocks; ++l) s.prefetch(static_cast<size_t>(l));
   for (int64_t l = 0; l < s.n_blocks; ++l) s.gather(static_cast<size_t>(l));
+}
+
+void DataParallel::reshard_parameters() {
+  Impl& s = *impl_;
+  if (s.stage < 3) return;
+  at::NoGradGuard no_grad;
+  for (size_t u = 0; u < s.units.size(); ++u) {
+    FlatUnit& unit = s.units[u];
+    require(unit.materialized() && !s.gathers[u].pending(),
+            "internal: DataParallel::reshard_parameters without gather_full_parameters");
+    unit.shard().copy_(unit.flat().narrow(0, s.rank * unit.shard_numel(), unit.shard_numel()));
+    if (u < static_cast<size_t>(s.n_blocks)) s.release(u);
+  }
 }
 
 }  // namespace tessera
