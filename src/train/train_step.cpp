@@ -140,16 +140,21 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr) {
 double TrainStep::evaluate(const std::vector<Batch>& batches) {
   torch::NoGradGuard no_grad;
   model_->eval();
-  // Data-parallel ranks split the batches (batch i on dp rank i mod N) and sum over ranks.
+  // Data-parallel ranks each take their equal share of every batch's rows; the mean of their
+  // means is the batch mean.
   const int64_t ranks = dp_ ? mesh_->dims().dp() : 1, me = dp_ ? mesh_->group("dp").rank() : 0;
   at::Tensor total = at::zeros({}, at::kDouble);
-  for (size_t i = static_cast<size_t>(me); i < batches.size(); i += static_cast<size_t>(ranks)) {
+  for (const Batch& batch : batches) {
+    const int64_t rows = batch.inputs.size(0) / ranks;
+    require(rows * ranks == batch.inputs.size(0), "internal: evaluation batch of ", batch.inputs.size(0),
+            " rows for ", ranks, " data-parallel ranks");
     AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
-    total += model_->forward(batches[i].inputs.to(device_), batches[i].targets.to(device_))
+    total += model_->forward(batch.inputs.narrow(0, me * rows, rows).to(device_),
+                             batch.targets.narrow(0, me * rows, rows).to(device_))
                  .ce_loss.detach()
                  .to(at::kCPU, at::kDouble);
   }
-  if (dp_) mesh_->group("dp").all_reduce(total);
+  if (dp_) mesh_->group("dp").all_reduce(total, comm::ReduceOp::avg);
   model_->train();
   return total.item<double>() / static_cast<double>(batches.size());
 }
@@ -157,6 +162,12 @@ double TrainStep::evaluate(const std::vector<Batch>& batches) {
 NamedTensors TrainStep::model_state() {
   if (dp_) dp_->gather_full_parameters();
   return export_state(*model_);
+}
+
+void TrainStep::load_model_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) {
+  if (dp_) dp_->gather_full_parameters();
+  import_state(*model_, tensors, source);
+  if (dp_) dp_->reshard_parameters();
 }
 
 NamedTensors TrainStep::training_state() const {

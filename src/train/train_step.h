@@ -46,12 +46,15 @@ class TrainStep {
   ~TrainStep();
 
   StepResult run(const std::vector<Batch>& micro_batches, double lr);
-  // Mean cross-entropy over `batches`, without gradients, in eval mode.
+  // Mean cross-entropy over `batches`, without gradients, in eval mode (with dp > 1, each rank
+  // evaluates its share of every batch's rows).
   double evaluate(const std::vector<Batch>& batches);
 
   TransformerLM& model() { return model_; }
   // The model's parameters in Hugging Face names (model/hf_names.h), whole even under ZeRO-3.
   NamedTensors model_state();
+  // Loads HF-named parameters (a checkpoint's model.safetensors) into the model, on every rank.
+  void load_model_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source);
   c10::Device device() const { return device_; }
   const DynamicLossScaler* loss_scaler() const { return scaler_.get(); }
   c10::ScalarType compute_dtype() const;

@@ -80,7 +80,7 @@ Trainer::Trainer(Config config, std::string run_dir, std::string resume, comm::M
   s.sampler = std::make_unique<BatchSampler>(*s.train_tokens, c.train.batch_size * s.dp, c.train.seq_len,
                                              static_cast<uint64_t>(c.data.seed), s.dp_rank * c.train.batch_size,
                                              c.train.batch_size);
-  s.eval_batches = evaluation_batches(*s.val_tokens, c.eval.batches, c.train.batch_size, c.train.seq_len);
+  s.eval_batches = evaluation_batches(*s.val_tokens, c.eval.batches, c.train.batch_size * s.dp, c.train.seq_len);
   s.unigram = unigram_entropy(*s.train_tokens);
 
   s.trainer = std::make_unique<TrainStep>(c, mesh);
@@ -92,7 +92,7 @@ Trainer::Trainer(Config config, std::string run_dir, std::string resume, comm::M
     const int64_t shards = ckpt.meta.value("optimizer_shards", int64_t{0});
     const std::string optim_file =
         ckpt.dir + (shards > 0 ? "/optimizer-*-of-" + std::to_string(shards) + ".safetensors" : "/optimizer.safetensors");
-    import_state(*s.trainer->model(), ckpt.model, model_file);
+    s.trainer->load_model_state(ckpt.model, model_file);
     s.trainer->load_training_state(ckpt.optimizer, optim_file);
     auto rng = ckpt.optimizer.find("rng.cpu");
     require(rng != ckpt.optimizer.end(), optim_file, ": missing tensor 'rng.cpu'");
