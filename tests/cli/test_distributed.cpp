@@ -89,8 +89,10 @@ TEST(DistributedTrain, ResumesAtAnotherDpSizeAndZeroStage) {
   const auto model = read_safetensors(model_file).tensors;
   const auto optim = read_safetensors(optim_file).tensors;
   ASSERT_EQ(model.size(), reference_model.size());
+  // Adam turns the different reduction order's rounding into parameter differences of ~1e-5 on
+  // the biases (their gradients are near zero); a misplaced shard would be off by ~1e-2.
   for (const auto& [name, t] : reference_model)
-    EXPECT_TRUE(all_close(model.at(name), t, 1e-4, 1e-6)) << name;
+    EXPECT_TRUE(all_close(model.at(name), t, 1e-3, 1e-4)) << name;
   for (const auto& [name, t] : reference_optim) {
     if (name.rfind("optim.", 0) != 0) continue;
     ASSERT_TRUE(optim.count(name)) << name;
