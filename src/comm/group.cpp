@@ -8,6 +8,7 @@
 #include <thread>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
@@ -98,6 +99,10 @@ struct Group::Impl {
   }
 
   void run_queue() {
+    // A thread torch did not create starts with OpenMP's default team size (all cores); the
+    // arithmetic of the ring and of averaging must use the process's train.threads setting, or its
+    // idle OpenMP workers spin against the training threads.
+    at::init_num_threads();
     for (;;) {
       std::function<void()> task;
       {
