@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "memory/activation_checkpointing.h"
+#include "model/linear.h"
 #include "model/norm.h"
 
 namespace tessera {
@@ -30,10 +31,10 @@ at::Tensor CausalSelfAttentionImpl::core(const at::Tensor& qkv) {
 }
 
 at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
-  auto qkv = c_attn(x);
+  auto qkv = linear(c_attn, x);
   auto y = checkpoint_core_ && checkpoint_applies(qkv) ? checkpoint([this](const at::Tensor& t) { return core(t); }, qkv)
                                                     : core(qkv);
-  return c_proj(y);
+  return linear(c_proj, y);
 }
 
 }  // namespace tessera

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "memory/activation_checkpointing.h"
+#include "model/linear.h"
 #include "model/norm.h"
 
 namespace tessera {
@@ -126,11 +127,12 @@ at::Tensor LinearAttentionImpl::core(const at::Tensor& qkv) {
 at::Tensor LinearAttentionImpl::forward(const at::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
   auto heads = [&](const at::Tensor& t) { return t.view({B, T, n_head_, C / n_head_}).transpose(1, 2); };
-  auto qkv = at::stack({heads(at::silu(q_proj(x))), heads(at::silu(k_proj(x))), heads(v_proj(x))});
+  auto qkv =
+      at::stack({heads(at::silu(linear(q_proj, x))), heads(at::silu(linear(k_proj, x))), heads(linear(v_proj, x))});
   auto o = checkpoint_core_ && checkpoint_applies(qkv)
                ? checkpoint([this](const at::Tensor& t) { return core(t); }, qkv)
                : core(qkv);
-  return o_proj(o * at::sigmoid(u_proj(x)));
+  return linear(o_proj, o * at::sigmoid(linear(u_proj, x)));
 }
 
 }  // namespace tessera

@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include "model/linear.h"
 #include "model/norm.h"
 
 namespace tessera {
@@ -18,12 +19,12 @@ MLPImpl::MLPImpl(const ModelOptions& opts) : glu_(opts.arch == "linear") {
 }
 
 at::Tensor MLPImpl::forward(const at::Tensor& x) {
-  auto h = c_fc(x);
+  auto h = linear(c_fc, x);
   if (glu_) {
     auto parts = h.chunk(2, -1);
-    return c_proj(parts[0] * at::silu(parts[1]));
+    return linear(c_proj, parts[0] * at::silu(parts[1]));
   }
-  return c_proj(at::gelu(h, "tanh"));
+  return linear(c_proj, at::gelu(h, "tanh"));
 }
 
 }  // namespace tessera
