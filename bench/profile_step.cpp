@@ -1,0 +1,169 @@
+// tessera_profile_step: where the time of `tessera bench`'s training step goes, for diffing against
+// the PyTorch peer (bench/profile_peer.py). Runs TrainStep::run on the same synthetic tokens as
+// `tessera bench` (same --config/--set), then, over the timed steps, either
+//   (default) records every ATen op and autograd node through at::RecordFunction: calls per step,
+//             self time (its own time minus that of the ops it called) and total time per op name,
+//             printed sorted by self time, or with --json as {name: {calls, self_us, total_us}};
+//   --timing  records nothing and prints one JSON object: the calling thread's CPU seconds per step
+//             (min, median; with train.threads=1 this is the step's work, insensitive to other
+//             processes on a shared machine), wall seconds per step, and minor page faults per step.
+// Both modes report the process's minor page faults per step (getrusage), the number that exposed
+// glibc returning the heap to the kernel between steps (docs/benchmarks.md).
+//
+// Invariant: warmup steps run unobserved, so first-call initialisation never enters the numbers.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <ATen/record_function.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "train/config.h"
+#include "train/train_step.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Stat {
+  int64_t calls = 0;
+  double self_us = 0, total_us = 0;
+};
+
+struct Frame {
+  std::string name;
+  Clock::time_point start;
+  double child_us = 0;
+};
+
+std::mutex stats_mutex;
+std::map<std::string, Stat> stats;
+thread_local std::vector<Frame> frames;
+
+std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
+  frames.push_back({fn.name(), Clock::now(), 0.0});
+  return nullptr;
+}
+
+void on_exit(const at::RecordFunction&, at::ObserverContext*) {
+  if (frames.empty()) return;  // entered before the callback was added
+  Frame f = std::move(frames.back());
+  frames.pop_back();
+  const double total = std::chrono::duration<double, std::micro>(Clock::now() - f.start).count();
+  if (!frames.empty()) frames.back().child_us += total;
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  Stat& s = stats[f.name];
+  s.calls += 1;
+  s.self_us += total - f.child_us;
+  s.total_us += total;
+}
+
+double thread_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+int64_t minor_faults() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"per-op profile of tessera's training step (bench/profile_step.cpp)"};
+  std::string config_name;
+  std::vector<std::string> sets;
+  int64_t steps = 10, warmup = 3;
+  bool json = false, timing = false;
+  app.add_option("--config", config_name, "config file or preset name")->required();
+  app.add_option("--set", sets, "override a config key: section.key=value (repeatable)")->take_all();
+  app.add_option("--steps", steps, "observed steps")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--warmup", warmup, "unobserved steps first")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_flag("--json", json, "print {op: {calls, self_us, total_us}} per step as one JSON object");
+  app.add_flag("--timing", timing, "record no ops; print CPU and wall seconds and page faults per step");
+  CLI11_PARSE(app, argc, argv);
+
+  const tessera::Config config = tessera::Config::load(config_name, sets);
+  tessera::TrainStep step(config);
+  at::Generator generator = at::detail::createCPUGenerator(1);
+  std::vector<tessera::Batch> batches;
+  for (int64_t i = 0; i < config.train.grad_accum; ++i) {
+    at::Tensor tokens = at::randint(config.model.vocab_size, {config.train.batch_size, config.train.seq_len + 1},
+                                    generator, at::TensorOptions().dtype(at::kLong));
+    batches.push_back({tokens.narrow(1, 0, config.train.seq_len), tokens.narrow(1, 1, config.train.seq_len)});
+  }
+  for (int64_t i = 0; i < warmup; ++i) step.run(batches, config.optim.lr);
+  const double n = static_cast<double>(steps);
+
+  if (timing) {
+    std::vector<double> cpu, wall;
+    const int64_t faults0 = minor_faults();
+    for (int64_t i = 0; i < steps; ++i) {
+      const double c0 = thread_cpu_s();
+      const auto w0 = Clock::now();
+      step.run(batches, config.optim.lr);
+      cpu.push_back(thread_cpu_s() - c0);
+      wall.push_back(std::chrono::duration<double>(Clock::now() - w0).count());
+    }
+    const double faults = static_cast<double>(minor_faults() - faults0) / n;
+    std::cout << nlohmann::json{{"peer", "tessera"},
+                                {"threads", at::get_num_threads()},
+                                {"cpu_s_min", *std::min_element(cpu.begin(), cpu.end())},
+                                {"cpu_s_median", median(cpu)},
+                                {"wall_s_min", *std::min_element(wall.begin(), wall.end())},
+                                {"wall_s_median", median(wall)},
+                                {"page_faults_per_step", faults}}
+                     .dump()
+              << "\n";
+    return 0;
+  }
+
+  at::CallbackHandle handle = at::addGlobalCallback(
+      at::RecordFunctionCallback(on_enter, on_exit)
+          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION, at::RecordScope::USER_SCOPE}));
+  const int64_t faults0 = minor_faults();
+  const auto start = Clock::now();
+  for (int64_t i = 0; i < steps; ++i) step.run(batches, config.optim.lr);
+  const double wall_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+  const double faults = static_cast<double>(minor_faults() - faults0) / n;
+  at::removeCallback(handle);
+
+  std::vector<std::pair<std::string, Stat>> rows(stats.begin(), stats.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.self_us > b.second.self_us; });
+  if (json) {
+    nlohmann::json ops = nlohmann::json::object();
+    for (const auto& [name, s] : rows)
+      ops[name] = {{"calls", s.calls / n}, {"self_us", s.self_us / n}, {"total_us", s.total_us / n}};
+    std::cout << nlohmann::json{{"peer", "tessera"},
+                                {"step_us", wall_us / n},
+                                {"threads", at::get_num_threads()},
+                                {"page_faults_per_step", faults},
+                                {"ops", ops}}
+                     .dump()
+              << "\n";
+    return 0;
+  }
+  std::printf("step %.1f us while recording, %d threads, %.0f minor page faults; per step:\n", wall_us / n,
+              at::get_num_threads(), faults);
+  std::printf("%-60s %8s %12s %12s\n", "op", "calls", "self us", "total us");
+  for (const auto& [name, s] : rows)
+    std::printf("%-60s %8.1f %12.1f %12.1f\n", name.c_str(), s.calls / n, s.self_us / n, s.total_us / n);
+  return 0;
+}
