@@ -96,19 +96,17 @@ int launch_workers(const LaunchOptions& o, const std::string& run_dir) {
   std::vector<std::string> outputs;
   for (int local = 0; local < o.nproc; ++local) {
     const int rank = o.node_rank * o.nproc + local;
+    comm::LaunchInfo worker;
+    worker.rank = rank;
+    worker.world_size = world;
+    worker.local_rank = local;
+    worker.local_world_size = o.nproc;
+    worker.master_addr = host;
+    worker.master_port = port;
     ChildSpec spec;
     spec.argv = argv;
-    spec.env = {{"TESSERA_LAUNCHER", "1"},
-                {"RANK", std::to_string(rank)},
-                {"WORLD_SIZE", std::to_string(world)},
-                {"LOCAL_RANK", std::to_string(local)},
-                {"LOCAL_WORLD_SIZE", std::to_string(o.nproc)},
-                {"MASTER_ADDR", host},
-                {"MASTER_PORT", std::to_string(port)}};
-    if (rank == 0) {
-      spec.env["TESSERA_STORE_FD"] = std::to_string(store.fd);
-      spec.inherit_fd = store.fd;
-    }
+    spec.env = comm::worker_environment(worker, store.fd);
+    if (rank == 0) spec.inherit_fd = store.fd;
     if (local != 0) spec.output_file = log_dir + "/rank_" + std::to_string(rank) + ".out";
     outputs.push_back(spec.output_file);
     pids.push_back(spawn(spec));

@@ -293,23 +293,6 @@ void Group::send_recv(at::Tensor send, int64_t to, at::Tensor recv, int64_t from
   g.count("send", bytes);
 }
 
-void Group::send(at::Tensor tensor, int64_t to, int64_t tag) {
-  Impl& g = *impl_;
-  g.guarded("send of " + shape_text(tensor) + " to rank " + std::to_string(to), [&] {
-    std::vector<at::Tensor> out{tensor};
-    g.wait_backend(g.backend->send(out, static_cast<int>(to), static_cast<int>(tag)));
-  });
-  g.count("send", static_cast<double>(tensor.numel() * tensor.element_size()));
-}
-
-void Group::recv(at::Tensor tensor, int64_t from, int64_t tag) {
-  Impl& g = *impl_;
-  g.guarded("recv of " + shape_text(tensor) + " from rank " + std::to_string(from), [&] {
-    std::vector<at::Tensor> in{tensor};
-    g.wait_backend(g.backend->recv(in, static_cast<int>(from), static_cast<int>(tag)));
-  });
-}
-
 void Group::barrier() {
   Impl& g = *impl_;
   if (g.size() == 1) return;

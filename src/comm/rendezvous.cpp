@@ -96,6 +96,18 @@ LaunchInfo launch_info_from_environment() {
   return info;
 }
 
+std::map<std::string, std::string> worker_environment(const LaunchInfo& w, int store_fd) {
+  std::map<std::string, std::string> env = {{"TESSERA_LAUNCHER", "1"},
+                                            {"RANK", std::to_string(w.rank)},
+                                            {"WORLD_SIZE", std::to_string(w.world_size)},
+                                            {"LOCAL_RANK", std::to_string(w.local_rank)},
+                                            {"LOCAL_WORLD_SIZE", std::to_string(w.local_world_size)},
+                                            {"MASTER_ADDR", w.master_addr},
+                                            {"MASTER_PORT", std::to_string(w.master_port)}};
+  if (w.rank == 0) env["TESSERA_STORE_FD"] = std::to_string(store_fd);
+  return env;
+}
+
 ListenSocket listen_on(const std::string& host, int port) {
   socklen_t length = 0;
   sockaddr_storage address = resolve(host, port, length);

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 namespace tessera::comm {
@@ -33,6 +34,11 @@ struct LaunchInfo {
 };
 
 LaunchInfo launch_info_from_environment();
+
+// The environment a tessera-launched worker reads back through launch_info_from_environment():
+// TESSERA_LAUNCHER plus the torchrun variables, and for global rank 0 TESSERA_STORE_FD =
+// `store_fd` (the inherited listening socket; the caller also keeps that fd open across exec).
+std::map<std::string, std::string> worker_environment(const LaunchInfo& worker, int store_fd);
 
 // A TCP socket bound to host:port and listening (port 0 picks a free one). Throws naming the
 // address when it cannot bind.

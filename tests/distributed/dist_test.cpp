@@ -25,20 +25,15 @@ Ranks::Ranks(int world_size, double deadline_s) {
   const comm::ListenSocket store = comm::listen_on("127.0.0.1", 0);
   std::vector<pid_t> pids;
   for (int r = 0; r < world_size; ++r) {
+    comm::LaunchInfo worker;
+    worker.rank = worker.local_rank = r;
+    worker.world_size = worker.local_world_size = world_size;
+    worker.master_port = store.port;
     ChildSpec spec;
     spec.argv = {fs::read_symlink("/proc/self/exe").string(), "--gtest_filter=" + filter};
-    spec.env = {{"TESSERA_TEST_RANK", std::to_string(r)},
-                {"TESSERA_LAUNCHER", "1"},
-                {"RANK", std::to_string(r)},
-                {"WORLD_SIZE", std::to_string(world_size)},
-                {"LOCAL_RANK", std::to_string(r)},
-                {"LOCAL_WORLD_SIZE", std::to_string(world_size)},
-                {"MASTER_ADDR", "127.0.0.1"},
-                {"MASTER_PORT", std::to_string(store.port)}};
-    if (r == 0) {
-      spec.env["TESSERA_STORE_FD"] = std::to_string(store.fd);
-      spec.inherit_fd = store.fd;
-    }
+    spec.env = comm::worker_environment(worker, store.fd);
+    spec.env["TESSERA_TEST_RANK"] = std::to_string(r);
+    if (r == 0) spec.inherit_fd = store.fd;
     spec.output_file = dir + "/rank_" + std::to_string(r) + ".log";
     pids.push_back(spawn(spec));
   }
