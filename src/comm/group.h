@@ -15,7 +15,7 @@
 //   here is a ring over send/recv that sends (N-1)/N of the input per rank.
 // - traffic() counts the bytes this rank sent, per operation, by the ring algorithm's volume:
 //   all_reduce 2(N-1)/N * bytes, all_gather and reduce_scatter (N-1)/N * full bytes, broadcast
-//   `bytes` on the root, send `bytes`.
+//   `bytes` on the root, send_recv `bytes` (counted as "send").
 #pragma once
 
 #include <chrono>
