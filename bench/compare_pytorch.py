@@ -22,8 +22,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 # Shapes passed explicitly to both sides, so they train the identical model.
 CASES = {
-    "tiny_gpt": dict(vocab=256, block=128, layers=4, heads=4, embd=128, batch=16, seq=128, steps=10, warmup=3),
-    "gpt2_124m": dict(vocab=50257, block=1024, layers=12, heads=12, embd=768, batch=1, seq=512, steps=3, warmup=1),
+    "tiny_gpt": dict(vocab=256, block=128, layers=4, heads=4, embd=128, batch=16, seq=128, steps=30, warmup=5),
+    "gpt2_124m": dict(vocab=50257, block=1024, layers=12, heads=12, embd=768, batch=1, seq=512, steps=4, warmup=1),
 }
 
 
