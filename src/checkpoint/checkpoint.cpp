@@ -24,6 +24,10 @@ std::string shard_name(int64_t rank, int64_t shards) {
   return "optimizer-" + std::to_string(rank) + "-of-" + std::to_string(shards) + ".safetensors";
 }
 
+std::string compression_name(int64_t rank, int64_t ranks) {
+  return "compression-" + std::to_string(rank) + "-of-" + std::to_string(ranks) + ".safetensors";
+}
+
 // Whole tensors from the shards of a multi-rank checkpoint. Each shard tensor is a 1-D slice;
 // the file's metadata maps its name to "offset shape..." of the whole. Every element must be
 // covered exactly once.
@@ -99,6 +103,10 @@ void write_optimizer_shard(const std::string& partial_dir, int64_t rank, int64_t
   write_safetensors((fs::path(partial_dir) / shard_name(rank, shards)).string(), slices, records);
 }
 
+void write_compression_state(const std::string& partial_dir, int64_t rank, int64_t ranks, const NamedTensors& state) {
+  write_safetensors((fs::path(partial_dir) / compression_name(rank, ranks)).string(), state);
+}
+
 std::string save_checkpoint(const std::string& checkpoints_dir, int64_t step, const CheckpointContents& contents) {
   return commit_checkpoint(checkpoints_dir, step, contents, 0);
 }
@@ -110,6 +118,10 @@ std::string commit_checkpoint(const std::string& checkpoints_dir, int64_t step, 
                                       : fs::path(prepare_checkpoint_dir(checkpoints_dir, step));
   for (int64_t r = 0; r < shards; ++r)
     require(fs::exists(partial / shard_name(r, shards)), (partial / shard_name(r, shards)).string(),
+            ": missing when committing the checkpoint (did rank ", r, " fail?)");
+  for (int64_t r = 0; r < contents.compression_ranks; ++r)
+    require(fs::exists(partial / compression_name(r, contents.compression_ranks)),
+            (partial / compression_name(r, contents.compression_ranks)).string(),
             ": missing when committing the checkpoint (did rank ", r, " fail?)");
 
   write_safetensors((partial / kModelFile).string(), contents.model, {{"format", "pt"}});
@@ -123,6 +135,7 @@ std::string commit_checkpoint(const std::string& checkpoints_dir, int64_t step, 
   meta["format_version"] = kCheckpointFormatVersion;
   meta["step"] = step;
   if (shards > 0) meta["optimizer_shards"] = shards;
+  if (contents.compression_ranks > 0) meta["compression_ranks"] = contents.compression_ranks;
   nlohmann::json files = nlohmann::json::object();
   for (const auto& entry : fs::directory_iterator(partial)) {
     std::string name = entry.path().filename().string();
@@ -183,6 +196,8 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer) {
   std::vector<std::string> required{kModelFile};
   for (int64_t r = 0; r < shards; ++r) required.push_back(shard_name(r, shards));
   if (shards == 0) required.push_back(kOptimizerFile);
+  const int64_t compression_ranks = out.meta.value("compression_ranks", int64_t{0});
+  for (int64_t r = 0; r < compression_ranks; ++r) required.push_back(compression_name(r, compression_ranks));
   for (const auto& name : required)
     if (!out.meta["files"].contains(name)) fail(meta_path, ": does not list ", name);
   for (const auto& [name, info] : out.meta["files"].items()) {
@@ -196,8 +211,10 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer) {
   }
   out.step = out.meta["step"].get<int64_t>();
   out.model = read_safetensors((dir / kModelFile).string()).tensors;
-  if (with_optimizer)
-    out.optimizer = shards > 0 ? assemble_shards(dir, shards) : read_safetensors((dir / kOptimizerFile).string()).tensors;
+  if (!with_optimizer) return out;
+  out.optimizer = shards > 0 ? assemble_shards(dir, shards) : read_safetensors((dir / kOptimizerFile).string()).tensors;
+  for (int64_t r = 0; r < compression_ranks; ++r)
+    out.compression.push_back(read_safetensors((dir / compression_name(r, compression_ranks)).string()).tensors);
   return out;
 }
 

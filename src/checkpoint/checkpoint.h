@@ -14,6 +14,12 @@
 // marker, and the rename into place makes the step visible. load_checkpoint reassembles whole
 // tensors from the shards, so the checkpoint resumes at any number of ranks.
 //
+// State that only its own rank holds (gradient-compression residuals, which differ between ranks)
+// goes into one file per rank,
+//   compression-<r>-of-<N>.safetensors   rank r's state, whole
+// written by each rank next to its optimizer shard (write_compression_state); commit_checkpoint
+// requires all N of them when contents.compression_ranks = N and records the count in meta.json.
+//
 // Invariants:
 // - A checkpoint directory is complete or absent. It is written as step_<N>.partial/, every file
 //   fsync'ed, then renamed into place; an existing step_<N> is only moved aside (and then deleted)
@@ -40,6 +46,7 @@ struct CheckpointContents {
   NamedTensors optimizer;
   nlohmann::json meta;                  // caller's fields; save adds format_version, step, files
   std::vector<std::string> extra_files;  // copied in by name (e.g. tokenizer.json)
+  int64_t compression_ranks = 0;         // > 0: compression-<r>-of-<N> files every rank wrote
 };
 
 struct LoadedCheckpoint {
@@ -47,6 +54,7 @@ struct LoadedCheckpoint {
   int64_t step = 0;
   std::map<std::string, at::Tensor> model;
   std::map<std::string, at::Tensor> optimizer;
+  std::vector<std::map<std::string, at::Tensor>> compression;  // per saving rank, in rank order
   nlohmann::json meta;
 };
 
@@ -62,6 +70,7 @@ std::string save_checkpoint(const std::string& checkpoints_dir, int64_t step, co
 std::string partial_checkpoint_dir(const std::string& checkpoints_dir, int64_t step);
 std::string prepare_checkpoint_dir(const std::string& checkpoints_dir, int64_t step);
 void write_optimizer_shard(const std::string& partial_dir, int64_t rank, int64_t shards, const NamedTensors& optimizer);
+void write_compression_state(const std::string& partial_dir, int64_t rank, int64_t ranks, const NamedTensors& state);
 std::string commit_checkpoint(const std::string& checkpoints_dir, int64_t step, const CheckpointContents& contents,
                               int64_t shards);
 

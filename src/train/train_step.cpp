@@ -200,4 +200,11 @@ void TrainStep::load_training_state(const std::map<std::string, at::Tensor>& ten
   if (scaler_) scaler_->load_state(with_prefix(tensors, "scaler."), source);
 }
 
+NamedTensors TrainStep::compression_state() const { return dp_ ? dp_->compression_state() : NamedTensors{}; }
+
+void TrainStep::load_compression_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) {
+  if (dp_) return dp_->load_compression_state(tensors, source);
+  require(tensors.empty(), source, ": gradient-compression state given, but this run has no data parallelism");
+}
+
 }  // namespace tessera

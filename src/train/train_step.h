@@ -62,6 +62,10 @@ class TrainStep {
   // Optimizer, fp32 master weights and loss scaler, named "optim.", "master.", "scaler.".
   NamedTensors training_state() const;
   void load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source);
+  // The gradient compressor's state of this rank (parallel/data/data_parallel.h); empty without
+  // data parallelism or compression. Loading refuses a non-empty state where there is none.
+  NamedTensors compression_state() const;
+  void load_compression_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source);
 
  private:
   std::vector<at::Tensor> optimized_parameters() const;

@@ -16,6 +16,7 @@
 #include "data/token_file.h"
 #include "data/tokenizer.h"
 #include "model/hf_names.h"
+#include "optim/compression/compressor.h"
 #include "train/device_peak.h"
 #include "train/metrics.h"
 #include "train/progress.h"
@@ -28,6 +29,30 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Restores this rank's gradient-compression state (checkpoint/checkpoint.h keeps one file per
+// saving rank). The same number of ranks and the same compressor continue exactly; another number
+// of ranks loads the merged state (optim/compression/compressor.h). Anything else starts the
+// compressor afresh. Returns a note for the log when the continuation is not exact.
+std::string restore_compression(const ParallelOptions& parallel, int64_t dp, int64_t dp_rank, TrainStep& trainer,
+                                const LoadedCheckpoint& ckpt) {
+  const std::string configured = parallel.grad_compression;
+  const std::string saved = ckpt.meta.value("grad_compression", std::string("none"));
+  const auto ranks = static_cast<int64_t>(ckpt.compression.size());
+  const std::string files = ckpt.dir + "/compression-*-of-" + std::to_string(ranks) + ".safetensors";
+  if (configured == "none" || dp == 1)
+    return ranks > 0 ? files + ": gradient-compression state not used (this run does not compress)" : "";
+  if (ranks == 0 || saved != configured)
+    return "parallel.grad_compression = " + configured + ": the checkpoint holds no " + configured +
+           " state; the compressor starts afresh (error-feedback residuals zero)";
+  if (ranks == dp) {
+    trainer.load_compression_state(ckpt.compression[static_cast<size_t>(dp_rank)], files);
+    return "";
+  }
+  trainer.load_compression_state(compression::merge_rank_states(ckpt.compression, files), files);
+  return files + ": gradient-compression state of " + std::to_string(ranks) + " ranks merged for dp = " +
+         std::to_string(dp) + " (each rank takes the mean residual)";
+}
 
 }  // namespace
 
@@ -50,6 +75,7 @@ struct Trainer::State {
   int64_t step = 0;
   int64_t tokens_seen = 0;
   double elapsed_before = 0;  // seconds trained before this process (resume)
+  std::vector<std::string> resume_notes;  // printed once the progress line exists
 };
 
 Trainer::Trainer(Config config, std::string run_dir, std::string resume, comm::Mesh* mesh)
@@ -94,6 +120,8 @@ Trainer::Trainer(Config config, std::string run_dir, std::string resume, comm::M
         ckpt.dir + (shards > 0 ? "/optimizer-*-of-" + std::to_string(shards) + ".safetensors" : "/optimizer.safetensors");
     s.trainer->load_model_state(ckpt.model, model_file);
     s.trainer->load_training_state(ckpt.optimizer, optim_file);
+    const std::string note = restore_compression(c.parallel, s.dp, s.dp_rank, *s.trainer, ckpt);
+    if (!note.empty()) s.resume_notes.push_back(note);
     auto rng = ckpt.optimizer.find("rng.cpu");
     require(rng != ckpt.optimizer.end(), optim_file, ": missing tensor 'rng.cpu'");
     at::Generator cpu_generator = at::detail::getDefaultCPUGenerator();
@@ -138,6 +166,7 @@ TrainSummary Trainer::run() {
     if (distributed) head << "; " << s.mesh->dims().describe() << ", zero_stage " << c.parallel.zero_stage;
     if (resumed) head << "; resumed at step " << s.step;
     progress.message(head.str());
+    for (const std::string& note : s.resume_notes) progress.message(note);
   }
 
   TrainSummary summary;
@@ -152,6 +181,7 @@ TrainSummary Trainer::run() {
   // write one optimizer shard each into the same partial directory, and rank 0 commits it after
   // a barrier (checkpoint/checkpoint.h).
   const std::string checkpoints_dir = s.run_dir + "/checkpoints";
+  const bool compressing = distributed && s.dp > 1 && c.parallel.grad_compression != "none";
   auto save = [&]() {
     CheckpointContents contents;
     contents.model = s.trainer->model_state();
@@ -162,6 +192,9 @@ TrainSummary Trainer::run() {
       s.mesh->world().barrier();
       write_optimizer_shard(partial_checkpoint_dir(checkpoints_dir, s.step), s.rank, s.mesh->world_size(),
                             contents.optimizer);
+      if (compressing)
+        write_compression_state(partial_checkpoint_dir(checkpoints_dir, s.step), s.rank, s.mesh->world_size(),
+                                s.trainer->compression_state());
       s.mesh->world().barrier();
       if (!lead) return;
     }
@@ -169,7 +202,9 @@ TrainSummary Trainer::run() {
                      {"data", {{"path", s.data_dir}, {"seed", c.data.seed}, {"position", s.sampler->position()}}},
                      {"tokens_seen", s.tokens_seen},
                      {"elapsed_s", s.elapsed_before + seconds_since(run_start)},
-                     {"torch_version", TORCH_VERSION}};
+                     {"torch_version", TORCH_VERSION},
+                     {"grad_compression", compressing ? c.parallel.grad_compression : "none"}};
+    if (compressing) contents.compression_ranks = s.mesh->world_size();
     for (const char* name : {"tokenizer.json", "encoder.json", "vocab.bpe"}) {
       fs::path file = fs::path(s.data_dir) / name;
       if (fs::exists(file)) contents.extra_files.push_back(file.string());

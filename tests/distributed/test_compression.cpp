@@ -204,6 +204,35 @@ TEST(Compression, TopKWithRatioOneIsTheExactMean) {
   EXPECT_TRUE(at::equal(topk->state().at(0).second, at::zeros({282})));
 }
 
+// Resuming at another number of ranks: residuals are averaged (the mean residual, which the
+// error-feedback invariant is about, is kept), tensors equal on every rank are kept as they are.
+TEST(Compression, MergeRankStatesKeepsTheMeanResidual) {
+  const at::Tensor q = at::randn({6}), step = at::scalar_tensor(7, at::kLong);
+  const at::Tensor r0 = at::randn({5}), r1 = at::randn({5});
+  using State = std::map<std::string, at::Tensor>;
+  const std::vector<State> states{{{"powersgd.bucket0.q", q}, {"powersgd.bucket0.residual", r0}, {"powersgd.bucket0.step", step}},
+                                  {{"powersgd.bucket0.q", q.clone()}, {"powersgd.bucket0.residual", r1}, {"powersgd.bucket0.step", step.clone()}}};
+  const State merged = tessera::compression::merge_rank_states(states, "ck");
+  ASSERT_EQ(merged.size(), 3u);
+  EXPECT_TRUE(at::equal(merged.at("powersgd.bucket0.q"), q));
+  EXPECT_EQ(merged.at("powersgd.bucket0.step").item<int64_t>(), 7);
+  EXPECT_EQ(merged.at("powersgd.bucket0.step").scalar_type(), at::kLong);
+  EXPECT_TRUE(tessera::test::all_close(merged.at("powersgd.bucket0.residual"), (r0 + r1) / 2, 1e-6, 1e-7));
+
+  std::vector<State> steps_differ = states;
+  steps_differ[1]["powersgd.bucket0.step"] = at::scalar_tensor(8, at::kLong);
+  EXPECT_TRUE(tessera::test::throws_naming([&] { tessera::compression::merge_rank_states(steps_differ, "ck"); },
+                                           {"ck", "powersgd.bucket0.step", "differs between ranks"}));
+  std::vector<State> missing = states;
+  missing[1].erase("powersgd.bucket0.q");
+  EXPECT_TRUE(tessera::test::throws_naming([&] { tessera::compression::merge_rank_states(missing, "ck"); },
+                                           {"ck", "powersgd.bucket0.q", "rank 1"}));
+  std::vector<State> extra = states;
+  extra[1]["powersgd.bucket1.q"] = q;
+  EXPECT_TRUE(tessera::test::throws_naming([&] { tessera::compression::merge_rank_states(extra, "ck"); },
+                                           {"ck", "rank 1 saved 4"}));
+}
+
 // Over 6 steps: sum of applied + mean residual = sum of true means; the compression is lossy on
 // some step (the test could fail); every rank applies the same values.
 void expect_error_feedback_conserves(const ParallelOptions& options, Group& world) {

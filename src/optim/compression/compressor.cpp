@@ -113,6 +113,33 @@ std::pair<int64_t, std::string> parse_state_name(const std::string& name, const 
   return {std::stoll(name.substr(head.size(), digits_end - head.size())), slot};
 }
 
+std::map<std::string, at::Tensor> merge_rank_states(const std::vector<std::map<std::string, at::Tensor>>& states,
+                                                    const std::string& source) {
+  std::map<std::string, at::Tensor> merged;
+  if (states.empty()) return merged;
+  at::NoGradGuard no_grad;
+  for (const auto& [name, first] : states.front()) {
+    bool equal = true;
+    at::Tensor sum = first.is_floating_point() ? first.to(at::kDouble) : first;
+    for (size_t r = 1; r < states.size(); ++r) {
+      auto it = states[r].find(name);
+      require(it != states[r].end() && it->second.sizes() == first.sizes() &&
+                  it->second.scalar_type() == first.scalar_type(),
+              source, ": gradient-compression state ", name, " of rank ", r,
+              " is missing or differs in shape or dtype from rank 0's");
+      equal = equal && at::equal(it->second, first);
+      if (first.is_floating_point()) sum = sum + it->second.to(at::kDouble);
+    }
+    require(equal || first.is_floating_point(), source, ": gradient-compression state ", name,
+            " differs between ranks and cannot be averaged (", first.scalar_type(), ")");
+    merged[name] = equal ? first : (sum / static_cast<double>(states.size())).to(first.scalar_type());
+  }
+  for (size_t r = 1; r < states.size(); ++r)
+    require(states[r].size() == merged.size(), source, ": rank ", r, " saved ", states[r].size(),
+            " gradient-compression tensors, rank 0 saved ", merged.size());
+  return merged;
+}
+
 at::Tensor checked_state(const at::Tensor& tensor, int64_t numel, const std::string& what, const std::string& name,
                          const std::string& source, c10::Device device) {
   require(tensor.numel() == numel, source, ": gradient-compression state ", name, " has ", tensor.numel(),

@@ -27,6 +27,12 @@
 // tensors are checked when loading; sizes are checked against the bucket's layout at that
 // bucket's next call, since buckets are only known once they are reduced. Every refusal names
 // `source` and the tensor.
+//
+// Resuming at another number of ranks: merge_rank_states() turns the saved states of M ranks into
+// the one state every rank of the new group loads. Tensors equal on every rank (PowerSGD's Q and
+// step counts, which the collectives keep identical) are kept; the others (residuals) are
+// averaged. Each new rank then holds the old mean residual, so the error-feedback invariant above
+// carries over the change exactly.
 #pragma once
 
 #include <cstdint>
@@ -74,6 +80,12 @@ void unflatten_into(const at::Tensor& flat, std::vector<at::Tensor>& grads);
 std::pair<int64_t, std::string> parse_state_name(const std::string& name, const std::string& prefix,
                                                  const std::vector<std::string>& slots, const std::string& source);
 std::string state_name(const std::string& prefix, int64_t bucket, const std::string& slot);
+
+// The state for any number of ranks from `states`, one per saving rank (see the header comment).
+// Throws naming `source` when the ranks' names or shapes differ, or when a non-floating tensor
+// differs between ranks.
+std::map<std::string, at::Tensor> merge_rank_states(const std::vector<std::map<std::string, at::Tensor>>& states,
+                                                    const std::string& source);
 
 // A loaded state tensor named `name`, as contiguous float32 on `device`; throws naming `source`
 // when it does not hold `numel` elements (`what` says what those elements are).
