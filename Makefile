@@ -26,6 +26,7 @@ $(DATA)/train.bin: | build
 train: build $(DATA)/train.bin
 	@$(BUILD)/tessera train --config $(CONFIG) --set data.path=$(DATA) --out $(RUN)
 	@$(BUILD)/tessera generate --checkpoint $(RUN) --prompt "And God said" --max-tokens 300 --seed 1
+	@echo "loss curves: $$(python3 scripts/plot_losses.py $(RUN) --out $(RUN)/loss.svg --title '$(RUN)')"
 
 test: build
 	@cd $(BUILD) && ctest -j $(JOBS) --output-on-failure
