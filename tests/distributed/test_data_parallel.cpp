@@ -15,10 +15,17 @@
 //   parameters               1e-6 + 1e-5 |p|        measured |diff| 2.8e-7 (1 rank, stages 0-1: 0)
 //   optimizer state          2e-6 max|t| + 1e-4 |t| measured 5% of that bound
 //   fp16 compression         1e-4 rel. losses, 2e-3 abs. parameters (measured 3e-5, 4.7e-4)
+// ZeRO-Offload (parallel.offload) is compared with the same stage without it: only where AdamW's
+// leaves live differs, so on a CPU device losses, norms, parameters and optimizer state are equal
+// exactly (a CUDA case, labelled gpu, compares within 1e-5 relative losses and 1e-5 + 1e-4 |p|
+// parameters, chosen and not measured: the host's AdamW kernel rounds unlike the device's).
 // Two choices keep float32 rounding from growing into visible differences: no biases (the key
 // bias of attention has an exactly zero gradient, and Adam turns its rounding noise into lr-sized
 // steps), and lr 3e-3 (at 1e-2 this model's training amplifies any rounding difference about 10x
 // per step after step 10, even between two plain all-reduce layouts).
+#include <algorithm>
+#include <set>
+
 #include <ATen/ATen.h>
 #include <torch/torch.h>
 
@@ -84,7 +91,7 @@ struct Training {
 
 std::map<std::string, at::Tensor> snapshot(TransformerLM& model) {
   std::map<std::string, at::Tensor> out;
-  for (const auto& item : model->named_parameters()) out[item.key()] = item.value().detach().clone();
+  for (const auto& item : model->named_parameters()) out[item.key()] = item.value().detach().cpu().clone();
   return out;
 }
 
@@ -118,6 +125,9 @@ struct DpSetup {
   int64_t rows = kRows;  // per rank per micro-batch
   std::string compression = "none";
   bool moe = false;
+  bool offload = false;
+  c10::Device device = at::kCPU;
+  double grad_clip = adamw().grad_clip;
 };
 
 // Steps [first, last) under DataParallel, from the fresh model or from `start_params` and
@@ -127,11 +137,13 @@ Training train_dp(comm::Group& group, const DpSetup& setup, int64_t first, int64
                   const std::map<std::string, at::Tensor>& start_params = {},
                   const std::map<std::string, at::Tensor>& start_state = {}, bool keep_state = false) {
   TransformerLM model = fresh_model(setup.moe);
+  model->to(setup.device);
   if (setup.checkpointing) model->set_activation_checkpointing("full");
   ParallelOptions parallel;
   parallel.zero_stage = setup.stage;
   parallel.bucket_mb = 0.02;  // several buckets even for this tiny model
   parallel.grad_compression = setup.compression;
+  parallel.offload = setup.offload;
   DataParallel dp(model, group, parallel, adamw());
   if (!start_params.empty()) {  // as a trainer resumes: into the model DataParallel already holds
     dp.gather_full_parameters();
@@ -149,7 +161,7 @@ Training train_dp(comm::Group& group, const DpSetup& setup, int64_t first, int64
     for (int64_t m = 0; m < m_count; ++m) {
       const bool last_micro = m + 1 == m_count;
       const int64_t sent_before = group.bytes_sent();
-      at::Tensor rows = mine.narrow(0, m * b, b);
+      at::Tensor rows = mine.narrow(0, m * b, b).to(setup.device);
       auto out = model->forward(rows.narrow(1, 0, rows.size(1) - 1), rows.narrow(1, 1, rows.size(1) - 1));
       at::Tensor scaled = out.loss / static_cast<double>(m_count);
       dp.before_backward(last_micro);
@@ -161,7 +173,7 @@ Training train_dp(comm::Group& group, const DpSetup& setup, int64_t first, int64
       }
     }
     dp.finish_gradients();
-    run.norms.push_back(dp.clip_grad_norm(adamw().grad_clip));
+    run.norms.push_back(dp.clip_grad_norm(setup.grad_clip));
     dp.step(learning_rate(adamw(), s, kScheduleSteps));
     dp.zero_grad();
     at::Tensor mean = at::full({1}, loss, at::kDouble);
@@ -193,6 +205,45 @@ void expect_matches(const Training& run, const Training& ref, int64_t first, con
     EXPECT_TRUE(test::all_close(run.params.at(name), p, tol.param_rtol, tol.param_atol)) << name;
 }
 
+// Bitwise equality of two runs (offload against none on a CPU device).
+void expect_identical(const Training& run, const Training& ref, size_t first, const std::string& what) {
+  SCOPED_TRACE(what);
+  ASSERT_EQ(run.losses.size() + first, ref.losses.size());
+  EXPECT_TRUE(std::equal(run.losses.begin(), run.losses.end(), ref.losses.begin() + first));
+  EXPECT_TRUE(std::equal(run.norms.begin(), run.norms.end(), ref.norms.begin() + first));
+  for (const auto& [name, p] : ref.params) EXPECT_TRUE(at::equal(run.params.at(name), p)) << name;
+  ASSERT_EQ(run.optimizer_state.size(), ref.optimizer_state.size());
+  for (size_t i = 0; i < ref.optimizer_state.size(); ++i) {
+    const auto& [name, expected] = ref.optimizer_state[i];
+    EXPECT_EQ(run.optimizer_state[i].first, name);
+    EXPECT_TRUE(at::equal(run.optimizer_state[i].second, expected)) << name;
+  }
+}
+
+// Offload at stages 1-3, M = 1 and 2, against the same run without it, whole optimizer state
+// included, clipping at 0.25 (the norm exceeds it in every step here; 1.0 is never reached on 2
+// ranks with M = 2). Then an offloaded run stopped at step 10 and resumed from its whole
+// parameters and state (reshard_parameters, load_full_optimizer_state) continues it exactly.
+void offload_matches(comm::Group& group) {
+  for (int64_t stage = 1; stage <= 3; ++stage) {
+    const std::string what = "offload, stage " + std::to_string(stage);
+    for (int64_t m_count : {1, 2}) {
+      DpSetup setup{stage, m_count};
+      setup.grad_clip = 0.25;
+      const Training plain = train_dp(group, setup, 0, kSteps, {}, {}, /*keep_state=*/true);
+      setup.offload = true;
+      expect_identical(train_dp(group, setup, 0, kSteps, {}, {}, true), plain, 0,
+                       what + ", " + std::to_string(m_count) + " micro-batches");
+      EXPECT_GT(*std::min_element(plain.norms.begin(), plain.norms.end()), setup.grad_clip) << "clipped every step";
+      if (m_count == 2) continue;
+      const Training first = train_dp(group, setup, 0, kSteps / 2, {}, {}, true);
+      const std::map<std::string, at::Tensor> state(first.optimizer_state.begin(), first.optimizer_state.end());
+      expect_identical(train_dp(group, setup, kSteps / 2, kSteps, first.params, state, true), plain, kSteps / 2,
+                       what + ", resumed at step 10");
+    }
+  }
+}
+
 void all_stages_match(comm::Group& group) {
   const Training ref = reference(group.size() * kRows, kSteps);
   for (int64_t stage = 0; stage <= 3; ++stage)
@@ -218,13 +269,41 @@ std::vector<int64_t> shard_sizes(TransformerLM& model, int64_t n) {
   return sizes;
 }
 
+// This rank's part of the units: the elements it owns and the parameter slices they fall in.
+std::pair<int64_t, int64_t> owned_by(TransformerLM& model, int64_t n, int64_t rank) {
+  std::vector<std::vector<at::Tensor>> units;
+  std::set<const c10::TensorImpl*> in_blocks;
+  for (int64_t l = 0; l < model->options().n_layer; ++l) {
+    units.push_back(model->block(l)->parameters());
+    for (const auto& p : units.back()) in_blocks.insert(p.unsafeGetTensorImpl());
+  }
+  units.emplace_back();
+  for (const auto& p : model->parameters())
+    if (!in_blocks.count(p.unsafeGetTensorImpl())) units.back().push_back(p);
+  int64_t elements = 0, slices = 0;
+  for (const auto& unit : units) {
+    const int64_t S = (numel_of(unit) + n - 1) / n;
+    int64_t offset = 0;
+    for (const auto& p : unit) {
+      const int64_t overlap = std::min(offset + p.numel(), (rank + 1) * S) - std::max(offset, rank * S);
+      if (overlap > 0) {
+        elements += overlap;
+        ++slices;
+      }
+      offset += p.numel();
+    }
+  }
+  return {elements, slices};
+}
+
 // Reductions run while backward does (a barrier queued after backward finds them done, before
 // finish_gradients), each gradient element is sent once by the ring volumes of comm/group.h, and
-// memory() holds what each stage keeps.
-void expect_overlap_and_memory(comm::Group& group) {
+// memory() holds what each stage keeps. Offload (stages 1-3) changes neither the traffic nor the
+// device's parameters and gradients; the optimizer's bytes move to host_optimizer.
+void expect_overlap_and_memory(comm::Group& group, bool offload = false) {
   const int64_t n = group.size();
-  for (int64_t stage = 0; stage <= 3; ++stage) {
-    SCOPED_TRACE("stage " + std::to_string(stage));
+  for (int64_t stage = offload ? 1 : 0; stage <= 3; ++stage) {
+    SCOPED_TRACE("stage " + std::to_string(stage) + (offload ? ", offload" : ""));
     TransformerLM model = fresh_model();
     const int64_t P = numel_of(model->parameters());
     const std::vector<int64_t> shards = shard_sizes(model, n);
@@ -234,6 +313,7 @@ void expect_overlap_and_memory(comm::Group& group) {
     ParallelOptions parallel;
     parallel.zero_stage = stage;
     parallel.bucket_mb = 0.02;
+    parallel.offload = offload;
     DataParallel dp(model, group, parallel, adamw());
     at::Tensor rows = global_batch(0, n * kRows).narrow(0, group.rank() * kRows, kRows);
     group.reset_traffic();
@@ -280,7 +360,13 @@ void expect_overlap_and_memory(comm::Group& group) {
         EXPECT_EQ(dp.memory().parameters, 4 * S + 4 * n * S);
         break;
     }
-    if (stage >= 1) {
+    if (offload) {
+      // exp_avg, exp_avg_sq and a step per owned slice; the master and gradient [S] per unit.
+      const auto [elements, slices] = owned_by(model, n, group.rank());
+      EXPECT_EQ(m.optimizer, 0);
+      EXPECT_EQ(m.host_optimizer, 8 * elements + 4 * slices + 8 * S);
+    } else if (stage >= 1) {
+      EXPECT_EQ(m.host_optimizer, 0);
       // The moments are split across ranks; only the per-slice step scalars are repeated.
       EXPECT_LE(m.optimizer, 8 * S + 4 * n_params);
       EXPECT_GE(optimizer_total.item<double>(), 8.0 * P);
@@ -296,11 +382,21 @@ TEST(DataParallel, OneRankAllStagesMatchSingleProcess) {
   comm::Group& group = mesh->group("dp");
   all_stages_match(group);
   expect_overlap_and_memory(group);
+  offload_matches(group);
+  expect_overlap_and_memory(group, /*offload=*/true);
+
+  ParallelOptions offload;  // zero_stage 0
+  offload.offload = true;
+  EXPECT_TRUE(test::throws_naming([&] { DataParallel dp(fresh_model(), group, offload, adamw()); },
+                                  {"parallel.offload", "parallel.zero_stage"}));
+  offload.zero_stage = 2;
+  OptimOptions adafactor = adamw();
+  adafactor.name = "adafactor";
+  EXPECT_TRUE(test::throws_naming([&] { DataParallel dp(fresh_model(), group, offload, adafactor); },
+                                  {"parallel.offload", "optim.name"}));
 
   ParallelOptions parallel;
   parallel.zero_stage = 1;
-  OptimOptions adafactor = adamw();
-  adafactor.name = "adafactor";
   EXPECT_TRUE(test::throws_naming([&] { DataParallel dp(fresh_model(), group, parallel, adafactor); },
                                   {"parallel.zero_stage", "optim.name"}));
   parallel.grad_compression = "bf16";
@@ -332,6 +428,8 @@ TEST(DataParallel, TwoRanksStagesAccumulationCheckpointingOverlap) {
   moe3.stage = 3;
   expect_matches(train_dp(group, moe3, 0, kSteps), train_dp(group, moe0, 0, kSteps), 0, "MoE, stage 3 against stage 0");
   expect_overlap_and_memory(group);
+  offload_matches(group);
+  expect_overlap_and_memory(group, /*offload=*/true);
 }
 
 // Stage 3 on 4 ranks, its whole optimizer state and parameters taken to stages 1 and 3 on 2 ranks,
@@ -363,6 +461,27 @@ TEST(DataParallel, FourRanksStagesAndReshardingToTwoRanks) {
     }
   }
   mesh->world().barrier();
+}
+
+// Offload on a CUDA device (CTest label gpu; skipped without one), one rank (a one-member group
+// needs no backend): the copy stream's path against the same stage without offload.
+TEST(DataParallelCuda, OffloadMatchesNoOffloadOnOneRank) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  comm::Group solo("dp", {0}, 0, nullptr, std::chrono::milliseconds(60000));
+  for (int64_t stage = 1; stage <= 3; ++stage) {
+    DpSetup setup{stage, 2};
+    setup.device = at::Device(at::kCUDA, 0);
+    const Training plain = train_dp(solo, setup, 0, kSteps, {}, {}, /*keep_state=*/true);
+    setup.offload = true;
+    const Training offloaded = train_dp(solo, setup, 0, kSteps, {}, {}, true);
+    expect_matches(offloaded, plain, 0, "CUDA offload, stage " + std::to_string(stage), {1e-5, 1e-4, 1e-5});
+    for (size_t i = 0; i < plain.optimizer_state.size(); ++i) {
+      const at::Tensor expected = plain.optimizer_state[i].second.cpu();
+      const double atol = 1e-4 * expected.abs().max().item<double>();
+      EXPECT_TRUE(test::all_close(offloaded.optimizer_state[i].second.cpu(), expected, 1e-3, atol))
+          << plain.optimizer_state[i].first;
+    }
+  }
 }
 
 }  // namespace

@@ -20,6 +20,11 @@
 // Optimizer (stages 1-3): one leaf per owned parameter slice, aliasing the shard, with the
 // matching gradient slice (of the bucket or of grad_shards) as its .grad; weight decay follows
 // the original parameter.
+// Offload (parallel.offload, offload.h): the leaves alias the host masters instead, with the host
+// gradients as .grad. The device gradients are copied to the host as soon as they are the dp mean:
+// stage 1 per bucket in finish_gradients, stages 2-3 per unit when its reduce-scatter of the last
+// micro-batch is collected (during backward). step() updates on the host, then copies the masters
+// into the device shards before the parameter all-gather.
 #include "parallel/data/data_parallel.h"
 
 #include <cmath>
@@ -57,6 +62,12 @@ DataParallel::DataParallel(TransformerLM model, comm::Group& dp, const ParallelO
     : impl_(std::make_unique<Impl>(std::move(model), dp, parallel)) {
   Impl& s = *impl_;
   require(s.stage >= 0 && s.stage <= 3, "parallel.zero_stage must be 0, 1, 2 or 3 (got ", s.stage, ")");
+  require(!parallel.offload || s.stage >= 1,
+          "parallel.offload = true needs parallel.zero_stage = 1, 2 or 3 (got 0): ZeRO-Offload keeps this "
+          "rank's shard of the optimizer on the host, and stage 0 does not shard it");
+  require(!parallel.offload || optim.name == "adamw", "parallel.offload = true updates this rank's shard "
+          "elementwise on the host, which optim.name = ", optim.name,
+          " cannot do (Adafactor factors its second moment over whole rows and columns); use optim.name = adamw");
   require(s.stage == 0 || optim.name == "adamw", "parallel.zero_stage = ", s.stage,
           " shards optimizer state elementwise, which optim.name = ", optim.name,
           " cannot use (Adafactor factors its second moment over whole rows and columns); use "
@@ -64,7 +75,6 @@ DataParallel::DataParallel(TransformerLM model, comm::Group& dp, const ParallelO
   require(s.stage == 0 || parallel.grad_compression == "none", "parallel.grad_compression = ",
           parallel.grad_compression, " needs parallel.zero_stage = 0 (got ", s.stage,
           "): compressed gradients are all-reduced whole, not reduce-scattered");
-  require(!parallel.offload, "parallel.offload = true is not supported by data parallelism (ZeRO-Offload)");
   s.compressor = make_compressor(parallel);
 
   for (const auto& item : s.model->named_parameters()) s.params.emplace_back(item.key(), item.value());
@@ -74,7 +84,7 @@ DataParallel::DataParallel(TransformerLM model, comm::Group& dp, const ParallelO
   }
   if (s.stage <= 1) s.build_buckets(parallel.bucket_mb);
   if (s.stage >= 1) s.build_units();
-  s.build_optimizer(optim);
+  s.build_optimizer(optim, parallel.offload);
   s.register_hooks();
   if (s.stage == 3) {
     s.gathers.resize(s.units.size());
@@ -134,14 +144,19 @@ void DataParallel::Impl::build_units() {
     for (const auto& u : units) grad_shards.push_back(at::zeros({u.shard_numel()}, u.flat().options()));
 }
 
-void DataParallel::Impl::build_optimizer(const OptimOptions& optim) {
+void DataParallel::Impl::build_optimizer(const OptimOptions& optim, bool offload_to_host) {
   if (stage == 0) {
     optimizer = make_optimizer(optim, params);
     return;
   }
-  // The shard as one leaf per parameter slice, with the matching gradient slice as its .grad.
+  if (offload_to_host) offload = std::make_unique<OffloadedShard>(units, params.front().second.device());
+  // The shard as one leaf per parameter slice, with the matching gradient slice as its .grad (on
+  // the device, or with offload on the host, filled from the device slice).
   std::map<const c10::TensorImpl*, size_t> index_of;
   for (size_t i = 0; i < params.size(); ++i) index_of[params[i].second.unsafeGetTensorImpl()] = i;
+  std::vector<size_t> bucket_of(params.size());
+  for (size_t b = 0; b < buckets.size(); ++b)
+    for (size_t i : buckets[b].params) bucket_of[i] = b;
   NamedParams slices;
   std::vector<bool> decay;
   for (size_t u = 0; u < units.size(); ++u) {
@@ -149,15 +164,22 @@ void DataParallel::Impl::build_optimizer(const OptimOptions& optim) {
     for (const auto& e : unit.entries()) {
       const auto [begin, end] = unit.owned(e);
       if (begin == end) continue;
-      at::Tensor slice = unit.owned_part(e, unit.shard());
-      if (stage == 1)
-        slice.mutable_grad() = grad_views[index_of.at(e.param.unsafeGetTensorImpl())].reshape(-1).narrow(
-            0, begin - e.offset, end - begin);
-      else
-        slice.mutable_grad() = unit.owned_part(e, grad_shards[u]);
+      const size_t i = index_of.at(e.param.unsafeGetTensorImpl());
+      at::Tensor device_grad = stage == 1 ? grad_views[i].reshape(-1).narrow(0, begin - e.offset, end - begin)
+                                          : unit.owned_part(e, grad_shards[u]);
+      at::Tensor slice;
+      if (offload) {
+        slice = unit.owned_part(e, offload->master(u));
+        slice.mutable_grad() = unit.owned_part(e, offload->grad(u));
+        if (stage == 1) offload->add_grad_source(bucket_of[i], device_grad, slice.grad());
+      } else {
+        slice = unit.owned_part(e, unit.shard());
+        slice.mutable_grad() = device_grad;
+      }
       slices.emplace_back(e.name, slice);
       decay.push_back(e.decay);
     }
+    if (offload && stage >= 2) offload->add_grad_source(u, grad_shards[u], offload->grad(u));
   }
   optimizer = make_optimizer(optim, std::move(slices), std::move(decay));
 }
@@ -193,6 +215,7 @@ void DataParallel::before_backward(bool last_micro_batch) {
   require(!(s.armed && s.reducing && s.stage <= 1),
           "internal: DataParallel::before_backward after the last micro-batch without finish_gradients");
   if (s.armed && s.reducing) s.launch_through(s.reductions.size());
+  s.last_micro_batch = last_micro_batch;
   s.reducing = s.stage >= 2 || (last_micro_batch && !s.compressor);
   for (auto& r : s.reductions) r.arrived = 0;
   std::fill(s.arrived.begin(), s.arrived.end(), 0);
@@ -228,22 +251,38 @@ void DataParallel::Impl::launch(const Reduction& r) {
   for (const auto& e : unit.entries()) e.param.mutable_grad().reset();
   at::Tensor output = at::empty({unit.shard_numel()}, input.options());
   drain_scatters(kReduceScattersInFlight - 1);
-  scatters.push_back({dp.reduce_scatter_async(output, input), r.index, input, output});
+  scatters.push_back({dp.reduce_scatter_async(output, input), r.index, last_micro_batch, input, output});
+  // A reduce-scatter that was complete when it returned (a one-rank group's copy) is collected at
+  // once, so its unit's gradient is final (and, with offload, on its way to the host) while
+  // backward goes on.
+  while (!scatters.empty() && !scatters.front().work.pending()) {
+    collect(scatters.front());
+    scatters.pop_front();
+  }
   if (stage == 3 && r.index < static_cast<size_t>(n_blocks)) release(r.index);
 }
 
 void DataParallel::Impl::drain_scatters(size_t keep) {
-  at::NoGradGuard no_grad;
   while (scatters.size() > keep) {
-    scatters.front().work.wait();
-    grad_shards[scatters.front().unit].add_(scatters.front().output);
+    collect(scatters.front());
     scatters.pop_front();
   }
 }
 
+void DataParallel::Impl::collect(PendingScatter& pending) {
+  at::NoGradGuard no_grad;
+  pending.work.wait();
+  at::Tensor& shard = grad_shards[pending.unit];
+  shard.add_(pending.output);
+  if (!pending.last) return;
+  if (world > 1) shard.div_(static_cast<double>(world));
+  if (offload) offload->grads_to_host(pending.unit);
+}
+
 void DataParallel::finish_gradients() {
   Impl& s = *impl_;
-  require(s.armed, "internal: DataParallel::finish_gradients without before_backward");
+  require(s.armed && s.last_micro_batch,
+          "internal: DataParallel::finish_gradients without before_backward(last_micro_batch = true)");
   at::NoGradGuard no_grad;
   if (s.reducing) s.launch_through(s.reductions.size());
   if (s.stage <= 1) {
@@ -258,12 +297,11 @@ void DataParallel::finish_gradients() {
         s.buckets[b].work.wait();
         s.buckets[b].work = comm::Work();
         if (s.world > 1) s.buckets[b].grad.div_(static_cast<double>(s.world));
+        if (s.offload) s.offload->grads_to_host(b);
       }
     }
   } else {
-    s.drain_scatters(0);
-    if (s.world > 1)
-      for (auto& g : s.grad_shards) g.div_(static_cast<double>(s.world));
+    s.drain_scatters(0);  // each unit's gradient is divided by N as its last reduce-scatter is collected
   }
   s.armed = false;
   s.reducing = false;
@@ -271,24 +309,37 @@ void DataParallel::finish_gradients() {
 
 double DataParallel::clip_grad_norm(double max_norm) {
   Impl& s = *impl_;
+  at::NoGradGuard no_grad;
+  if (s.offload) s.offload->wait();
+  // The gradients the optimizer reads: with offload the host's, scaled as clipping.h scales.
+  auto scale = [&](const std::vector<at::Tensor>& grads, double norm) {
+    if (max_norm > 0 && std::isfinite(norm) && norm > max_norm)
+      at::_foreach_mul_(grads, at::Scalar(max_norm / (norm + 1e-6)));
+  };
   if (s.stage <= 1) {
     std::vector<at::Tensor> tensors;
     for (const auto& [name, p] : s.params) tensors.push_back(p);
-    return tessera::clip_grad_norm(tensors, max_norm);
+    if (!s.offload) return tessera::clip_grad_norm(tensors, max_norm);
+    // The norm over the whole (all-reduced) device gradients, as without offload.
+    const double norm = tessera::clip_grad_norm(tensors, 0);
+    scale(s.offload->grads(), norm);
+    return norm;
   }
   // Every element of the gradient lives in exactly one rank's shards (the padding is zero).
-  at::NoGradGuard no_grad;
-  at::Tensor squares = at::stack(at::_foreach_norm(s.grad_shards, 2)).to(at::kDouble).pow(2).sum().reshape({1});
+  const std::vector<at::Tensor>& shards = s.offload ? s.offload->grads() : s.grad_shards;
+  at::Tensor squares = at::stack(at::_foreach_norm(shards, 2)).to(at::kDouble).pow(2).sum().reshape({1});
+  squares = squares.to(s.params.front().second.device());
   s.dp.all_reduce(squares);
   const double norm = std::sqrt(squares.item<double>());
-  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm)
-    at::_foreach_mul_(s.grad_shards, at::Scalar(max_norm / (norm + 1e-6)));
+  scale(shards, norm);
   return norm;
 }
 
 void DataParallel::step(double lr) {
   Impl& s = *impl_;
+  if (s.offload) s.offload->wait();
   s.optimizer->step(lr);
+  if (s.offload) s.offload->masters_to_device(s.units);
   if (s.stage == 1 || s.stage == 2) {
     std::vector<comm::Work> works;
     for (auto& u : s.units) works.push_back(u.gather_async(s.dp));
@@ -322,7 +373,8 @@ DataParallel::Memory DataParallel::memory() const {
     for (const auto& [name, p] : s.params) m.gradients += bytes_of(p.grad());
     for (const auto& pending : s.scatters) m.gradients += bytes_of(pending.input) + bytes_of(pending.output);
   }
-  for (const auto& [name, t] : s.optimizer->state()) m.optimizer += bytes_of(t);
+  for (const auto& [name, t] : s.optimizer->state()) (s.offload ? m.host_optimizer : m.optimizer) += bytes_of(t);
+  if (s.offload) m.host_optimizer += s.offload->bytes();
   return m;
 }
 

@@ -4,6 +4,7 @@
 // One training step, as TrainStep drives it:
 //   for each micro-batch m of M:  dp.before_backward(m == M - 1);  loss.backward();
 //   dp.finish_gradients();             // every reduction done; gradients are the dp mean
+//                                      // (needs before_backward(true) for the last micro-batch)
 //   norm = dp.clip_grad_norm(max);     // the global norm, over all ranks' shards
 //   dp.step(lr);                       // update, then parameters are whole again (stages 0-2)
 //   dp.zero_grad();
@@ -20,6 +21,10 @@
 //   3  + parameters sharded: each transformer block's parameters are all-gathered just before
 //      its forward (the next block's gather is issued ahead, as prefetch), freed after it, and
 //      gathered again for its backward; (4 + 4 + 8)/N plus the blocks in flight.
+//   parallel.offload = true with stages 1-3 (ZeRO-Offload, Ren et al.): the optimizer state, a
+//      float32 master copy of the shard and the shard's gradient move to the host (offload.h),
+//      and the optimizer step runs there. Device bytes: stage 1 4 + 4, stage 2 4 + 4/N, stage 3
+//      (4 + 4)/N plus the blocks in flight; host bytes: (4 + 4 + 8)/N.
 // Sharding is per unit (one unit per transformer block, one for the rest), each unit flattened
 // and padded to a multiple of N, rank r owning elements [r * S, (r + 1) * S) of every unit
 // (flat_unit.h). At stages 1-3 the model's parameters become views of their unit's flat buffer.
@@ -35,7 +40,18 @@
 // - At stages 0-1 each parameter's .grad is a view of its bucket: zero them with zero_grad() here,
 //   never by resetting the grads (model->zero_grad()); a gradient found elsewhere throws.
 // - parallel.grad_compression (stage 0 only) averages each bucket with the compressor in
-//   finish_gradients, after backward, without overlap. parallel.offload is refused.
+//   finish_gradients, after backward, without overlap.
+// - Offload: this rank's gradient shard is copied to the host once it is the dp mean: stage 1 per
+//   bucket in finish_gradients, stages 2-3 per unit as its reduce-scatter of the last micro-batch
+//   is collected (during backward; with N > 1 the host collects a finished reduce-scatter when a
+//   later unit launches its own or in finish_gradients). clip_grad_norm takes the same global norm
+//   (stage 1 over the device gradients, stages 2-3 over the host shards) and scales the host
+//   gradients; step() updates the host masters with AdamW, copies them into the device shards and
+//   then all-gathers as without offload. On CUDA the host buffers are pinned and both directions
+//   run non_blocking on a copy stream of their own: the device-to-host copies overlap the rest of
+//   backward (stages 2-3) and the host waits for them before clipping and the step; the compute
+//   stream waits for the host-to-device copies before the all-gather. On a CPU device the same
+//   path runs with synchronous copies. Optimizer AdamW only (refused for stage 0 and Adafactor).
 // - A backward needs before_backward() first (a gradient arriving otherwise throws).
 //
 // Equivalence: with the same global batch (N ranks x batch_size each against one process with
@@ -59,7 +75,8 @@ namespace tessera {
 class DataParallel {
  public:
   // Registers the hooks on `model` (already on its device). Throws tessera::Error naming the key
-  // for combinations that are not supported (e.g. Adafactor with zero_stage >= 1).
+  // for combinations that are not supported (e.g. Adafactor with zero_stage >= 1 or offload,
+  // offload with zero_stage 0).
   DataParallel(TransformerLM model, comm::Group& dp, const ParallelOptions& parallel, const OptimOptions& optim);
   ~DataParallel();
 
@@ -79,9 +96,10 @@ class DataParallel {
   // Stage 3: gathers every parameter into the model (for export/evaluation); a collective. They
   // stay gathered until the next forward releases each block after use.
   void gather_full_parameters();
-  // Stage 3: after the gathered parameters were overwritten (a checkpoint imported into the model
-  // after gather_full_parameters()), takes this rank's shard from them and releases the blocks.
-  // Stages 0-2 need nothing: the model's parameters are the storage the optimizer updates.
+  // After the model's parameters were overwritten (a checkpoint imported into the model after
+  // gather_full_parameters()). Stage 3: takes this rank's shard from them and releases the
+  // blocks. With offload (stages 1-3): copies the shard into the host master the optimizer
+  // updates. Stages 0-2 without offload need nothing: the parameters are what the optimizer updates.
   void reshard_parameters();
 
   // The gradient compressor's state (error-feedback residuals, PowerSGD's Q), this rank's own;
@@ -89,9 +107,12 @@ class DataParallel {
   NamedParams compression_state() const;
   void load_compression_state(const std::map<std::string, at::Tensor>& state, const std::string& source);
 
-  // Bytes per rank now held for parameters, gradients and optimizer state (for the ZeRO benchmark).
+  // Bytes per rank now held for parameters, gradients and optimizer state (for the ZeRO benchmark)
+  // on the model's device, and, with offload, on the host: the optimizer state, the master copy
+  // and the host gradient buffers (then optimizer is 0).
   struct Memory {
     int64_t parameters = 0, gradients = 0, optimizer = 0;
+    int64_t host_optimizer = 0;
   };
   Memory memory() const;
 

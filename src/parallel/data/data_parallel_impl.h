@@ -7,7 +7,11 @@
 //   reductions[0, next_launch) are launched in the current backward.
 // - Stages 0-1: grad_views[i] is parameters i's .grad, a view of its bucket's `grad`.
 // - Stages 2-3: no parameter holds a gradient between backward passes; the dp sum of this rank's
-//   part is in grad_shards (divided by N in finish_gradients).
+//   part is in grad_shards, divided by N (the dp mean) as soon as the unit's reduce-scatter of the
+//   last micro-batch is collected.
+// - Offload (stages 1-3): the optimizer's leaves are views of offload's host masters; the host
+//   gradients are filled per bucket (stage 1) or unit (stages 2-3) once the device values are the
+//   dp mean, and the shards are written from the masters after each step.
 // - Stage 3: a block's unit is materialized only between its gather and its release; gathers[u]
 //   is pending while a prefetch of unit u is in flight.
 #pragma once
@@ -24,6 +28,7 @@
 #include "optim/optimizer.h"
 #include "parallel/data/data_parallel.h"
 #include "parallel/data/flat_unit.h"
+#include "parallel/data/offload.h"
 
 namespace tessera {
 
@@ -40,6 +45,7 @@ struct DataParallel::Impl {
   struct PendingScatter {
     comm::Work work;
     size_t unit;
+    bool last;                 // of the last micro-batch: the unit's gradient is final once collected
     at::Tensor input, output;  // [N * S] full gradients, [S] this rank's sum
   };
 
@@ -49,6 +55,7 @@ struct DataParallel::Impl {
   NamedParams params;  // the model's, in registration order
   std::unique_ptr<Optimizer> optimizer;
   std::unique_ptr<GradientCompressor> compressor;
+  std::unique_ptr<OffloadedShard> offload;  // parallel.offload
 
   std::vector<Bucket> buckets;          // stages 0-1
   std::vector<at::Tensor> grad_views;   // stages 0-1: per parameter, its .grad (a view of its bucket)
@@ -62,6 +69,7 @@ struct DataParallel::Impl {
   size_t next_launch = 0;
   bool armed = false;     // before_backward was called and finish_gradients not yet
   bool reducing = false;  // this backward's gradients are reduced
+  bool last_micro_batch = false;
   std::deque<PendingScatter> scatters;
 
   Impl(TransformerLM m, comm::Group& group, const ParallelOptions& parallel)
@@ -74,13 +82,14 @@ struct DataParallel::Impl {
 
   void build_buckets(double bucket_mb);
   void build_units();
-  void build_optimizer(const OptimOptions& optim);
+  void build_optimizer(const OptimOptions& optim, bool offload_to_host);
   void register_hooks();
 
   void grad_ready(size_t param);
   void launch_through(size_t end);
   void launch(const Reduction& r);
   void drain_scatters(size_t keep);
+  void collect(PendingScatter& pending);
 
   // Stage 3.
   BlockOutput run_block(int64_t layer, const at::Tensor& x);

@@ -9,6 +9,8 @@
 //
 // The gathered storage is the same StorageImpl the forward's saved tensors point at (flat_unit.h),
 // so the backward (and a full activation-checkpointing recomputation) sees the gathered values.
+// reshard_parameters() lives here too: at stage 3 it takes the shards from the gathered blocks,
+// and with offload (any stage) it refreshes the host master copies from the device shards.
 #include <functional>
 
 #include <ATen/ATen.h>
@@ -105,15 +107,17 @@ void DataParallel::gather_full_parameters() {
 
 void DataParallel::reshard_parameters() {
   Impl& s = *impl_;
-  if (s.stage < 3) return;
   at::NoGradGuard no_grad;
-  for (size_t u = 0; u < s.units.size(); ++u) {
-    FlatUnit& unit = s.units[u];
-    require(unit.materialized() && !s.gathers[u].pending(),
-            "internal: DataParallel::reshard_parameters without gather_full_parameters");
-    unit.shard().copy_(unit.flat().narrow(0, s.rank * unit.shard_numel(), unit.shard_numel()));
-    if (u < static_cast<size_t>(s.n_blocks)) s.release(u);
+  if (s.stage == 3) {
+    for (size_t u = 0; u < s.units.size(); ++u) {
+      FlatUnit& unit = s.units[u];
+      require(unit.materialized() && !s.gathers[u].pending(),
+              "internal: DataParallel::reshard_parameters without gather_full_parameters");
+      unit.shard().copy_(unit.flat().narrow(0, s.rank * unit.shard_numel(), unit.shard_numel()));
+      if (u < static_cast<size_t>(s.n_blocks)) s.release(u);
+    }
   }
+  if (s.offload) s.offload->masters_from_device(s.units);  // the host masters are what the optimizer updates
 }
 
 }  // namespace tessera
