@@ -19,6 +19,12 @@ namespace tessera::comm {
 // Tags of the ring collectives have this bit set; tags callers pass to send/recv must stay below it.
 constexpr int kRingTagBit = 1 << 30;
 
+namespace {
+std::string shape_text(const at::Tensor& t) {
+  return std::to_string(t.numel() * static_cast<int64_t>(t.element_size())) + " bytes";
+}
+}  // namespace
+
 // Shared by the Group and its communication thread. The thread keeps it alive, so a Group
 // destroyed after a failure can leave a thread that is still blocked in the backend.
 struct Group::Impl {
@@ -74,6 +80,25 @@ struct Group::Impl {
 
   void wait_backend(const c10::intrusive_ptr<c10d::Work>& work) {
     if (!work->wait(timeout)) throw std::runtime_error("aborted");
+  }
+
+  // Posts the send (if `send` is defined) and the receive (if `recv` is), then waits for both, on
+  // the caller's thread; peers are group-local ranks.
+  void point_to_point(const at::Tensor& send, int64_t to, const at::Tensor& recv, int64_t from, int64_t tag) {
+    require(tag >= 0 && tag < kRingTagBit, "internal: send/recv tag ", tag, " outside [0, 2^30)");
+    require(size() > 1, "group '", name, "' has one member: there is no peer to send to or receive from");
+    std::string op = send.defined() ? "send of " + shape_text(send) + " to rank " + std::to_string(to) : "";
+    if (recv.defined())
+      op += (op.empty() ? "" : ", ") + std::string("recv of ") + shape_text(recv) + " from rank " + std::to_string(from);
+    guarded(op, [&] {
+      c10::intrusive_ptr<c10d::Work> sent, received;
+      std::vector<at::Tensor> out{send}, in{recv};
+      if (send.defined()) sent = backend->send(out, static_cast<int>(to), static_cast<int>(tag));
+      if (recv.defined()) received = backend->recv(in, static_cast<int>(from), static_cast<int>(tag));
+      if (sent) wait_backend(sent);
+      if (received) wait_backend(received);
+    });
+    if (send.defined()) count("send", static_cast<double>(send.numel() * send.element_size()));
   }
 
   Work enqueue(const std::string& op, std::function<void()> body) {
@@ -184,10 +209,6 @@ c10d::ReduceOp backend_op(ReduceOp op) {
   return op == ReduceOp::max ? c10d::ReduceOp(c10d::ReduceOp::MAX) : c10d::ReduceOp(c10d::ReduceOp::SUM);
 }
 
-std::string shape_text(const at::Tensor& t) {
-  return std::to_string(t.numel() * static_cast<int64_t>(t.element_size())) + " bytes";
-}
-
 }  // namespace
 
 Work Group::all_reduce_async(at::Tensor tensor, ReduceOp op) {
@@ -274,24 +295,16 @@ Work Group::reduce_scatter_async(at::Tensor output, at::Tensor input, ReduceOp o
 }
 
 void Group::send_recv(at::Tensor send, int64_t to, at::Tensor recv, int64_t from, int64_t tag) {
-  Impl& g = *impl_;
-  require(tag >= 0 && tag < kRingTagBit, "internal: send/recv tag ", tag, " outside [0, 2^30)");
-  if (g.size() == 1) {
+  if (impl_->size() == 1) {
     recv.copy_(send);
     return;
   }
-  const double bytes = static_cast<double>(send.numel() * send.element_size());
-  g.guarded("send_recv of " + shape_text(send) + " to rank " + std::to_string(to) + ", from rank " +
-                std::to_string(from),
-            [&] {
-              std::vector<at::Tensor> out{send}, in{recv};
-              auto sent = g.backend->send(out, static_cast<int>(to), static_cast<int>(tag));
-              auto received = g.backend->recv(in, static_cast<int>(from), static_cast<int>(tag));
-              g.wait_backend(sent);
-              g.wait_backend(received);
-            });
-  g.count("send", bytes);
+  impl_->point_to_point(send, to, recv, from, tag);
 }
+
+void Group::send(at::Tensor tensor, int64_t to, int64_t tag) { impl_->point_to_point(tensor, to, {}, -1, tag); }
+
+void Group::recv(at::Tensor tensor, int64_t from, int64_t tag) { impl_->point_to_point({}, -1, tensor, from, tag); }
 
 void Group::barrier() {
   Impl& g = *impl_;

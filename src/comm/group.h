@@ -80,6 +80,9 @@ class Group {
   // Point to point with group-local peer ranks; a send and a recv are matched by `tag`.
   // Both are posted at once and waited together, so a ring step cannot deadlock.
   void send_recv(at::Tensor send, int64_t to, at::Tensor recv, int64_t from, int64_t tag = 0);
+  // One direction only, blocking (a pipeline of ranks: LASP's state ring, parallel/sequence).
+  void send(at::Tensor tensor, int64_t to, int64_t tag = 0);
+  void recv(at::Tensor tensor, int64_t from, int64_t tag = 0);
   void barrier();
 
   // Bytes this rank sent, by operation name ("all_reduce", "all_gather", ...).

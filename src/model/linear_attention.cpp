@@ -120,7 +120,8 @@ LinearAttentionImpl::LinearAttentionImpl(const ModelOptions& opts)
 at::Tensor LinearAttentionImpl::core(const at::Tensor& qkv) {
   const int64_t B = qkv.size(1), T = qkv.size(3), C = qkv.size(2) * qkv.size(4);
   if (!decay_device_.defined() || decay_device_.device() != qkv.device()) decay_device_ = decay_.to(qkv.device());
-  auto o = lightning_attention_chunked(qkv[0], qkv[1], qkv[2], decay_device_, chunk_);
+  auto o = kernel_ ? kernel_(qkv[0], qkv[1], qkv[2], decay_device_, chunk_)
+                   : lightning_attention_chunked(qkv[0], qkv[1], qkv[2], decay_device_, chunk_);
   return rms_normalize(o).transpose(1, 2).contiguous().view({B, T, C});
 }
 

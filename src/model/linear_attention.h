@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
@@ -53,11 +54,19 @@ at::Tensor alibi_slopes(int64_t n_head);
 //   o = rms_normalize(o) per head (no parameters)             -> [B, T, C]
 //   out = o_proj(o * sigmoid(u_proj x))
 // Selective checkpointing recomputes the core (stacked q, k, v -> normalised o).
+//
+// The kernel (q, k, v, λ, chunk -> o, shapes as lightning_attention_chunked's) is replaceable
+// from outside: sequence parallelism (parallel/sequence/lasp.h) installs one that carries the
+// state across ranks. An empty kernel restores lightning_attention_chunked.
 class LinearAttentionImpl : public torch::nn::Module {
  public:
+  using Kernel = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                          const at::Tensor& decay, int64_t chunk)>;
+
   explicit LinearAttentionImpl(const ModelOptions& opts);
   at::Tensor forward(const at::Tensor& x);  // [B, T, C] -> [B, T, C]
   void set_checkpoint_core(bool on) { checkpoint_core_ = on; }
+  void set_kernel(Kernel kernel) { kernel_ = std::move(kernel); }
 
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, u_proj{nullptr}, o_proj{nullptr};
 
@@ -68,6 +77,7 @@ class LinearAttentionImpl : public torch::nn::Module {
   at::Tensor decay_;         // [H] float32 λ on the CPU (not a buffer: module dtype casts must not round it)
   at::Tensor decay_device_;  // decay_ on the device of the last input
   bool checkpoint_core_ = false;
+  Kernel kernel_;
 };
 TORCH_MODULE(LinearAttention);
 
