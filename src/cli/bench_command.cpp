@@ -7,6 +7,14 @@
 // with no data parallelism at all (each trains alone), the baseline for communication overhead
 // on a machine whose cores the processes share. Rank 0 reports; with data parallelism it adds the
 // dp group's bytes sent and communication-thread busy time per step.
+//
+// Host memory (rank 0; memory/host_memory_stats.h, installed as the CPU allocator at start):
+//   model_state_bytes  CPU tensor bytes live after the last step (its update and zero_grad done,
+//                      before any next forward) minus those live before the model was built: what
+//                      the model, optimizer and DataParallel hold between steps.
+//   peak_bytes         the most CPU tensor bytes live at once during the timed steps, minus the
+//                      same baseline: model state plus activations, gradients in flight, buffers.
+// On CUDA both count host tensors only (the batches are made before the baseline).
 #include <algorithm>
 #include <chrono>
 #include <iostream>
@@ -17,6 +25,7 @@
 #include "cli/launcher.h"
 #include "comm/mesh.h"
 #include "core/error.h"
+#include "memory/host_memory_stats.h"
 #include "train/config.h"
 #include "train/device_peak.h"
 #include "train/train_step.h"
@@ -42,6 +51,7 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_option("--nproc", args->launch.nproc, "run this many ranks (data parallel as parallel.* says)");
   cmd->add_flag("--no-comm", args->no_comm, "with --nproc: every rank trains alone (the no-communication baseline)");
   return [args]() {
+    host_memory::install();
     Config config = Config::load(args->config, args->sets);
     require(args->steps > 0 && args->warmup >= 0, "bench: --steps must be > 0 and --warmup >= 0");
     if (args->launch.nproc > 0) {
@@ -53,9 +63,6 @@ Command add_bench_command(CLI::App& app) {
     if (!args->no_comm)
       mesh = comm::Mesh::connect(launch, ParallelDims(config.parallel, launch.world_size, args->config),
                                  config.parallel, c10::Device(config.train.device));
-    TrainStep step(config, mesh.get());
-    comm::Group* dp = mesh && mesh->dims().dp() > 1 ? &mesh->group("dp") : nullptr;
-    const c10::Device device = step.device();
     at::Generator generator = at::detail::createCPUGenerator(1 + static_cast<uint64_t>(launch.rank));
     std::vector<Batch> batches;
     for (int64_t i = 0; i < config.train.grad_accum; ++i) {
@@ -63,15 +70,24 @@ Command add_bench_command(CLI::App& app) {
                                       generator, at::TensorOptions().dtype(at::kLong));
       batches.push_back({tokens.narrow(1, 0, config.train.seq_len), tokens.narrow(1, 1, config.train.seq_len)});
     }
+    const int64_t bytes_before_model = host_memory::current();
+    TrainStep step(config, mesh.get());
+    comm::Group* dp = mesh && mesh->dims().dp() > 1 ? &mesh->group("dp") : nullptr;
+    const c10::Device device = step.device();
     std::vector<double> seconds;
     for (int64_t i = 0; i < args->warmup + args->steps; ++i) {
-      if (dp && i == args->warmup) dp->reset_traffic();
+      if (i == args->warmup) {
+        if (dp) dp->reset_traffic();
+        host_memory::reset_peak();
+      }
       auto start = std::chrono::steady_clock::now();
       step.run(batches, config.optim.lr);
       if (device.is_cuda()) torch::cuda::synchronize();
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (i >= args->warmup) seconds.push_back(s);
     }
+    const int64_t model_state_bytes = host_memory::current() - bytes_before_model;
+    const int64_t peak_bytes = host_memory::peak() - bytes_before_model;
     std::vector<double> sorted = seconds;
     std::sort(sorted.begin(), sorted.end());
     const double median = sorted[sorted.size() / 2];
@@ -89,7 +105,9 @@ Command add_bench_command(CLI::App& app) {
                           {"peak_basis", peak.basis},
                           {"threads", at::get_num_threads()},
                           {"ranks", launch.world_size},
-                          {"data_parallel", dp != nullptr}};
+                          {"data_parallel", dp != nullptr},
+                          {"model_state_bytes", model_state_bytes},
+                          {"peak_bytes", peak_bytes}};
     if (dp) {
       const double steps = static_cast<double>(args->steps);
       out["comm_bytes_per_step"] = static_cast<double>(dp->bytes_sent()) / steps;
@@ -106,6 +124,10 @@ Command add_bench_command(CLI::App& app) {
     std::printf("%11.2fM %10.0f %14.4f %12.0f %7.2f%%\n", parameter_count(config.model) / 1e6, tokens, median,
                 tokens / median, 100 * mfu);
     std::printf("(MFU against %.3g TFLOP/s: %s)\n", peak.flops / 1e12, peak.basis.c_str());
+    std::printf("host memory, rank 0: model state %.1f MiB (%.2f bytes/parameter), peak %.1f MiB\n",
+                model_state_bytes / 1048576.0,
+                static_cast<double>(model_state_bytes) / static_cast<double>(parameter_count(config.model)),
+                peak_bytes / 1048576.0);
     return 0;
   };
 }
