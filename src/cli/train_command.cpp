@@ -11,6 +11,7 @@
 #include "comm/mesh.h"
 #include "core/error.h"
 #include "train/config.h"
+#include "train/train_step.h"
 #include "train/trainer.h"
 
 namespace tessera::cli {
@@ -45,7 +46,8 @@ Command add_train_command(CLI::App& app) {
     }
     const std::string source = args->config.empty() ? args->resume : resolve_config_path(args->config);
     if (args->launch.nproc > 0) {
-      ParallelDims(config.parallel, int64_t{args->launch.nproc} * args->launch.nnodes, source);  // refuse before launching
+      // Refused here, before any worker starts.
+      check_parallel_layout(config, ParallelDims(config.parallel, int64_t{args->launch.nproc} * args->launch.nnodes, source));
       return launch_workers(args->launch, out);
     }
     require(args->launch.nnodes == 1 && args->launch.master.empty(),

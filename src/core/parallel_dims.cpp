@@ -18,6 +18,9 @@ void ParallelOptions::check(const std::string& source) const {
   require(timeout_s > 0, source, ": parallel.timeout_s must be positive (got ", timeout_s, ")");
   require(backend == "auto" || backend == "gloo" || backend == "nccl", source,
           ": parallel.backend must be auto, gloo or nccl (got \"", backend, "\")");
+  const char* sp_methods[] = {"auto", "lasp", "lasp2", "ulysses", "ring"};
+  require(std::find(std::begin(sp_methods), std::end(sp_methods), sp_method) != std::end(sp_methods), source,
+          ": parallel.sp_method must be auto, lasp, lasp2, ulysses or ring (got \"", sp_method, "\")");
   const char* compressions[] = {"none", "bf16", "fp16", "powersgd", "topk"};
   require(std::find(std::begin(compressions), std::end(compressions), grad_compression) != std::end(compressions),
           source, ": parallel.grad_compression must be none, bf16, fp16, powersgd or topk (got \"", grad_compression,

@@ -13,6 +13,7 @@ struct ParallelOptions {
   int64_t pp = 1;
   int64_t sp = 1;
   int64_t ep = 1;  // expert parallelism, carved out of the data-parallel ranks (divides dp)
+  std::string sp_method = "auto";  // auto (lasp for linear attention), lasp, lasp2, ulysses, ring
   int64_t zero_stage = 0;
   double bucket_mb = 4;        // gradient bucket size for overlapped reduction
   double timeout_s = 120;      // a collective or rendezvous that takes longer fails, naming the rank
@@ -30,6 +31,9 @@ struct ParallelOptions {
     v("pp", pp, "pipeline-parallel degree");
     v("sp", sp, "sequence-parallel degree");
     v("ep", ep, "expert-parallel degree (taken from the data-parallel ranks; divides dp)");
+    v("sp_method", sp_method,
+      "sequence parallelism: auto (lasp for linear attention), lasp (state ring), lasp2 (state all-gather), "
+      "ulysses, ring");
     v("zero_stage", zero_stage, "0 = DDP, 1 = shard optimizer state, 2 = + gradients, 3 = + parameters");
     v("bucket_mb", bucket_mb, "gradient bucket size in MB for reduction overlapped with backward");
     v("timeout_s", timeout_s, "seconds before a stuck rendezvous or collective fails every rank");

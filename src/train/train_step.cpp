@@ -9,6 +9,7 @@
 #include "model/hf_names.h"
 #include "optim/clipping.h"
 #include "parallel/data/data_parallel.h"
+#include "parallel/sequence/lasp.h"
 #include "precision/autocast.h"
 
 namespace tessera {
@@ -48,24 +49,34 @@ void keep_host_heap() {
 #endif
 }
 
-void refuse_unbuilt_parallelism(const Config& config, const comm::Mesh& mesh) {
-  const ParallelDims& d = mesh.dims();
-  const std::pair<const char*, int64_t> unbuilt[] = {{"tp", d.tp()}, {"pp", d.pp()}, {"sp", d.sp()}, {"ep", d.ep()}};
-  for (const auto& [key, degree] : unbuilt)
-    require(degree == 1, "parallel.", key, " = ", degree, ": this build runs data parallelism only (parallel.dp); ",
-            key, " is not implemented yet");
-  require(d.dp() == 1 || config.precision.dtype != "fp16", "precision.dtype = \"fp16\" with parallel.dp = ", d.dp(),
-          ": fp16 master weights are not combined with data parallelism yet; use bf16 or fp32");
-}
-
 }  // namespace
+
+void check_parallel_layout(const Config& config, const ParallelDims& d) {
+  const std::pair<const char*, int64_t> unbuilt[] = {{"tp", d.tp()}, {"pp", d.pp()}, {"ep", d.ep()}};
+  for (const auto& [key, degree] : unbuilt)
+    require(degree == 1, "parallel.", key, " = ", degree,
+            ": this build runs data and sequence parallelism only (parallel.dp, parallel.sp); ", key,
+            " is not implemented yet");
+  require(d.dp() * d.sp() == 1 || config.precision.dtype != "fp16", "precision.dtype = \"fp16\" with parallel.dp = ",
+          d.dp(), " and parallel.sp = ", d.sp(),
+          ": fp16 master weights are not combined with data or sequence parallelism yet; use bf16 or fp32");
+  if (d.sp() == 1) return;
+  require(config.train.seq_len % d.sp() == 0, "train.seq_len = ", config.train.seq_len,
+          " is not divisible by parallel.sp = ", d.sp(), " (each rank takes an equal contiguous chunk)");
+  const std::string& method = config.parallel.sp_method;
+  require(config.model.arch == "linear", "parallel.sp = ", d.sp(), " with model.arch = ", config.model.arch,
+          ": sequence parallelism for softmax attention (parallel.sp_method = ulysses or ring) is not implemented "
+          "yet; LASP (parallel.sp_method = lasp or lasp2) needs model.arch = linear");
+  require(method == "auto" || method == "lasp" || method == "lasp2", "parallel.sp_method = \"", method,
+          "\" with model.arch = linear: ulysses and ring attention split softmax attention; use lasp or lasp2");
+}
 
 TrainStep::TrainStep(const Config& config, comm::Mesh* mesh)
     : config_(config),
       device_(training_device(config.train.device)),
       autocast_(autocast_dtype(config.precision)),
       mesh_(mesh) {
-  if (mesh_) refuse_unbuilt_parallelism(config, *mesh_);
+  if (mesh_) check_parallel_layout(config, mesh_->dims());
   if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
   keep_host_heap();
   torch::manual_seed(static_cast<uint64_t>(config.train.seed));
@@ -74,8 +85,17 @@ TrainStep::TrainStep(const Config& config, comm::Mesh* mesh)
   model_->to(device_, parameter_dtype(config.precision));
   NamedTensors named;
   for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
-  if (mesh_ && mesh_->dims().dp() > 1) {
-    dp_ = std::make_unique<DataParallel>(model_, mesh_->group("dp"), config.parallel, config.optim);
+  if (mesh_ && mesh_->dims().sp() > 1) {
+    sp_ = mesh_->dims().sp();
+    sp_rank_ = mesh_->coord().sp;
+    apply_lasp(model_, mesh_->group("sp"),
+               lasp_variant(config.parallel.sp_method == "auto" ? "lasp" : config.parallel.sp_method));
+  }
+  // Gradients are averaged over every rank holding a replica of the parameters: the dp ranks, and
+  // with sequence parallelism also the sp ranks (each saw a different chunk of the same sequences).
+  if (mesh_ && mesh_->dims().dp() * sp_ > 1) {
+    replicas_ = &mesh_->group(sp_ > 1 ? "dp_sp" : "dp");
+    dp_ = std::make_unique<DataParallel>(model_, *replicas_, config.parallel, config.optim);
   } else if (config.precision.dtype == "fp16") {
     master_ = std::make_unique<MasterWeights>(named);
     scaler_ = std::make_unique<DynamicLossScaler>(config.precision, device_);
@@ -98,6 +118,14 @@ std::vector<at::Tensor> TrainStep::optimized_parameters() const {
   return out;
 }
 
+at::Tensor TrainStep::sequence_chunk(const at::Tensor& tokens) const {
+  if (sp_ == 1) return tokens;
+  const int64_t length = tokens.size(1) / sp_;
+  require(length * sp_ == tokens.size(1), "internal: a batch of ", tokens.size(1), " tokens per row for parallel.sp = ",
+          sp_);
+  return tokens.narrow(1, sp_rank_ * length, length);
+}
+
 StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr) {
   StepResult result;
   model_->train();
@@ -108,7 +136,7 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr) {
     ModelOutput out;
     {
       AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
-      out = model_->forward(batch.inputs.to(device_), batch.targets.to(device_));
+      out = model_->forward(sequence_chunk(batch.inputs).to(device_), sequence_chunk(batch.targets).to(device_));
     }
     at::Tensor loss = out.loss.to(at::kFloat) / n;
     if (scaler_) loss = loss * scaler_->value();
@@ -119,7 +147,7 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr) {
   }
   if (dp_) {
     at::Tensor losses = at::stack({ce_sum, aux_sum});
-    mesh_->group("dp").all_reduce(losses, comm::ReduceOp::avg);
+    replicas_->all_reduce(losses, comm::ReduceOp::avg);
     ce_sum = losses[0];
     aux_sum = losses[1];
   }
@@ -153,8 +181,8 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr) {
 double TrainStep::evaluate(const std::vector<Batch>& batches) {
   torch::NoGradGuard no_grad;
   model_->eval();
-  // Data-parallel ranks each take their equal share of every batch's rows; the mean of their
-  // means is the batch mean.
+  // Data-parallel ranks each take their equal share of every batch's rows, sequence-parallel ranks
+  // their chunk of each row; the mean of their means is the batch mean.
   const int64_t ranks = dp_ ? mesh_->dims().dp() : 1, me = dp_ ? mesh_->group("dp").rank() : 0;
   at::Tensor total = at::zeros({}, at::kDouble);
   for (const Batch& batch : batches) {
@@ -162,12 +190,12 @@ double TrainStep::evaluate(const std::vector<Batch>& batches) {
     require(rows * ranks == batch.inputs.size(0), "internal: evaluation batch of ", batch.inputs.size(0),
             " rows for ", ranks, " data-parallel ranks");
     AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
-    total += model_->forward(batch.inputs.narrow(0, me * rows, rows).to(device_),
-                             batch.targets.narrow(0, me * rows, rows).to(device_))
+    total += model_->forward(sequence_chunk(batch.inputs.narrow(0, me * rows, rows)).to(device_),
+                             sequence_chunk(batch.targets.narrow(0, me * rows, rows)).to(device_))
                  .ce_loss.detach()
                  .to(at::kCPU, at::kDouble);
   }
-  if (dp_) mesh_->group("dp").all_reduce(total, comm::ReduceOp::avg);
+  if (dp_) replicas_->all_reduce(total, comm::ReduceOp::avg);
   model_->train();
   return total.item<double>() / static_cast<double>(batches.size());
 }

@@ -8,8 +8,13 @@
 //
 // With a mesh whose data-parallel degree is above 1, DataParallel (parallel/data/data_parallel.h)
 // owns the optimizer and the gradient reduction; the losses reported are means over the dp ranks,
-// and training_state()/evaluate() are collectives (every rank calls them). Degrees this build
-// cannot run yet (tp, pp, sp, ep > 1; fp16 with dp > 1) are refused by key before any work.
+// and training_state()/evaluate() are collectives (every rank calls them).
+// With parallel.sp > 1 (linear attention only), LASP (parallel/sequence/lasp.h) carries the
+// attention state across the sp ranks: every rank of an sp group gets the same batches and runs
+// its contiguous chunk of each sequence, and DataParallel reduces over the "dp_sp" group (the
+// losses are means over it, exact when every rank's chunk has the same number of targets).
+// Degrees this build cannot run yet (tp, pp, ep > 1; sp > 1 for softmax attention; fp16 with
+// dp * sp > 1) are refused by key before any work.
 #pragma once
 
 #include <map>
@@ -36,6 +41,11 @@ struct StepResult {
 };
 
 class DataParallel;
+
+// Refuses, naming the keys, a layout this build cannot train: tp, pp, ep > 1; sp > 1 except with
+// LASP on linear attention and a train.seq_len the sp degree divides; fp16 with dp * sp > 1.
+// The launcher calls it before starting workers; TrainStep again in every process.
+void check_parallel_layout(const Config& config, const ParallelDims& dims);
 
 class TrainStep {
  public:
@@ -69,6 +79,8 @@ class TrainStep {
 
  private:
   std::vector<at::Tensor> optimized_parameters() const;
+  // This rank's part of [B, T] tokens: columns [r T/sp, (r+1) T/sp) for sp rank r.
+  at::Tensor sequence_chunk(const at::Tensor& tokens) const;
 
   Config config_;
   c10::Device device_;
@@ -78,7 +90,9 @@ class TrainStep {
   std::unique_ptr<DynamicLossScaler> scaler_;  // fp16 only
   std::unique_ptr<Optimizer> optimizer_;    // one process
   comm::Mesh* mesh_ = nullptr;
-  std::unique_ptr<DataParallel> dp_;        // dp > 1
+  std::unique_ptr<DataParallel> dp_;        // dp * sp > 1
+  comm::Group* replicas_ = nullptr;         // the group dp_ reduces over ("dp", or "dp_sp" with sp > 1)
+  int64_t sp_ = 1, sp_rank_ = 0;
 };
 
 }  // namespace tessera

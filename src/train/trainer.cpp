@@ -34,24 +34,25 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 // saving rank). The same number of ranks and the same compressor continue exactly; another number
 // of ranks loads the merged state (optim/compression/compressor.h). Anything else starts the
 // compressor afresh. Returns a note for the log when the continuation is not exact.
-std::string restore_compression(const ParallelOptions& parallel, int64_t dp, int64_t dp_rank, TrainStep& trainer,
+// `ranks` and `rank`: the ranks that reduce gradients (dp x sp) and this one's place among them.
+std::string restore_compression(const ParallelOptions& parallel, int64_t ranks_now, int64_t rank, TrainStep& trainer,
                                 const LoadedCheckpoint& ckpt) {
   const std::string configured = parallel.grad_compression;
   const std::string saved = ckpt.meta.value("grad_compression", std::string("none"));
   const auto ranks = static_cast<int64_t>(ckpt.compression.size());
   const std::string files = ckpt.dir + "/compression-*-of-" + std::to_string(ranks) + ".safetensors";
-  if (configured == "none" || dp == 1)
+  if (configured == "none" || ranks_now == 1)
     return ranks > 0 ? files + ": gradient-compression state not used (this run does not compress)" : "";
   if (ranks == 0 || saved != configured)
     return "parallel.grad_compression = " + configured + ": the checkpoint holds no " + configured +
            " state; the compressor starts afresh (error-feedback residuals zero)";
-  if (ranks == dp) {
-    trainer.load_compression_state(ckpt.compression[static_cast<size_t>(dp_rank)], files);
+  if (ranks == ranks_now) {
+    trainer.load_compression_state(ckpt.compression[static_cast<size_t>(rank)], files);
     return "";
   }
   trainer.load_compression_state(compression::merge_rank_states(ckpt.compression, files), files);
-  return files + ": gradient-compression state of " + std::to_string(ranks) + " ranks merged for dp = " +
-         std::to_string(dp) + " (each rank takes the mean residual)";
+  return files + ": gradient-compression state of " + std::to_string(ranks) + " ranks merged for " +
+         std::to_string(ranks_now) + " ranks (each takes the mean residual)";
 }
 
 }  // namespace
@@ -120,7 +121,8 @@ Trainer::Trainer(Config config, std::string run_dir, std::string resume, comm::M
         ckpt.dir + (shards > 0 ? "/optimizer-*-of-" + std::to_string(shards) + ".safetensors" : "/optimizer.safetensors");
     s.trainer->load_model_state(ckpt.model, model_file);
     s.trainer->load_training_state(ckpt.optimizer, optim_file);
-    const std::string note = restore_compression(c.parallel, s.dp, s.dp_rank, *s.trainer, ckpt);
+    const std::string note =
+        restore_compression(c.parallel, s.mesh ? s.mesh->world_size() : 1, s.rank, *s.trainer, ckpt);
     if (!note.empty()) s.resume_notes.push_back(note);
     auto rng = ckpt.optimizer.find("rng.cpu");
     require(rng != ckpt.optimizer.end(), optim_file, ": missing tensor 'rng.cpu'");
@@ -181,7 +183,7 @@ TrainSummary Trainer::run() {
   // write one optimizer shard each into the same partial directory, and rank 0 commits it after
   // a barrier (checkpoint/checkpoint.h).
   const std::string checkpoints_dir = s.run_dir + "/checkpoints";
-  const bool compressing = distributed && s.dp > 1 && c.parallel.grad_compression != "none";
+  const bool compressing = distributed && c.parallel.grad_compression != "none";
   auto save = [&]() {
     CheckpointContents contents;
     contents.model = s.trainer->model_state();
