@@ -38,7 +38,8 @@ struct ParallelOptions {
     v("bucket_mb", bucket_mb, "gradient bucket size in MB for reduction overlapped with backward");
     v("timeout_s", timeout_s, "seconds before a stuck rendezvous or collective fails every rank");
     v("backend", backend, "auto (gloo on CPU, nccl on CUDA), gloo or nccl");
-    v("offload", offload, "keep optimizer state and run the optimizer step on the CPU");
+    v("offload", offload,
+      "keep optimizer state and run the optimizer step on the CPU (ZeRO-Offload; needs zero_stage 1-3 and AdamW)");
     v("grad_compression", grad_compression, "none, bf16, fp16, powersgd or topk");
     v("powersgd_rank", powersgd_rank, "rank of the PowerSGD approximation");
     v("powersgd_start_step", powersgd_start_step, "uncompressed steps before PowerSGD starts");

@@ -93,7 +93,9 @@ TrainStep::TrainStep(const Config& config, comm::Mesh* mesh)
   }
   // Gradients are averaged over every rank holding a replica of the parameters: the dp ranks, and
   // with sequence parallelism also the sp ranks (each saw a different chunk of the same sequences).
-  if (mesh_ && mesh_->dims().dp() * sp_ > 1) {
+  // ZeRO-Offload is DataParallel's too, so it runs through it on one rank as well.
+  require(mesh_ || !config.parallel.offload, "parallel.offload = true needs a process mesh (tessera train)");
+  if (mesh_ && (mesh_->dims().dp() * sp_ > 1 || config.parallel.offload)) {
     replicas_ = &mesh_->group(sp_ > 1 ? "dp_sp" : "dp");
     dp_ = std::make_unique<DataParallel>(model_, *replicas_, config.parallel, config.optim);
   } else if (config.precision.dtype == "fp16") {

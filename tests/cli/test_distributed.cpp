@@ -212,6 +212,21 @@ TEST(DistributedTrain, DegreesThatDoNotFitAreRefusedBeforeLaunch) {
   EXPECT_EQ(uneven.output.find("started ranks"), std::string::npos) << "workers were started: " << uneven.output;
 }
 
+// ZeRO-Offload on a single process (its main use: one GPU) runs through DataParallel too, and
+// trains exactly as without it.
+TEST(DistributedTrain, OffloadOnOneProcessMatchesNoOffload) {
+  const std::string plain = fresh_dir("offload_plain"), offload = fresh_dir("offload_one");
+  auto r1 = run_tessera("train --config tiny_gpt" + settings(4, 5) + " --out " + plain);
+  ASSERT_EQ(r1.exit_code, 0) << r1.output;
+  auto r2 = run_tessera("train --config tiny_gpt --set parallel.offload=true --set parallel.zero_stage=1" +
+                        settings(4, 5) + " --out " + offload);
+  ASSERT_EQ(r2.exit_code, 0) << r2.output;
+  expect_same_losses(losses(offload), losses(plain), 1e-6, "offload on one process");
+  auto refused = run_tessera("train --config tiny_gpt --set parallel.offload=true" + settings(4, 2) + " --out " + offload);
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.output.find("parallel.offload"), std::string::npos) << refused.output;
+}
+
 // LASP inside training: every rank of an sp group runs its chunk of the same sequences, gradients
 // are reduced over dp x sp. Losses (training and validation) equal one process with the same batch.
 TEST(DistributedTrain, LaspSequenceParallelMatchesOneProcess) {
