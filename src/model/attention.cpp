@@ -25,8 +25,9 @@ at::Tensor CausalSelfAttentionImpl::core(const at::Tensor& qkv) {
   auto heads = [&](const at::Tensor& t) { return t.view({B, T, n_head_, C / n_head_}).transpose(1, 2); };
   auto parts = qkv.split(C, -1);
   const double p = is_training() ? dropout_ : 0.0;
-  auto y = at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), {}, p,
-                                            /*is_causal=*/true);
+  auto y = kernel_ ? kernel_(heads(parts[0]), heads(parts[1]), heads(parts[2]))
+                   : at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), {}, p,
+                                                      /*is_causal=*/true);
   return y.transpose(1, 2).contiguous().view({B, T, C});
 }
 

@@ -7,7 +7,15 @@
 //
 // The attention core (split, SDPA, merge: qkv -> y) is what selective activation checkpointing
 // recomputes in backward; set_checkpoint_core(true) turns that on.
+//
+// The kernel (q, k, v [B, H, T, d] -> y [B, H, T, d], causal, scale 1/sqrt(d)) is replaceable from
+// outside: softmax sequence parallelism (parallel/sequence/softmax_attention_sp.h) installs one
+// that communicates across the ranks holding the other chunks of the sequence. A kernel applies
+// no dropout; it runs inside the core, so selective checkpointing recomputes it (and repeats its
+// communication) in backward. An empty kernel restores SDPA.
 #pragma once
+
+#include <functional>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
@@ -24,6 +32,9 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);  // [B, T, C] -> [B, T, C]
   void set_checkpoint_core(bool on) { checkpoint_core_ = on; }
 
+  using Kernel = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
+  void set_kernel(Kernel kernel) { kernel_ = std::move(kernel); }
+
   torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
 
  private:
@@ -32,6 +43,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   int64_t n_head_;
   double dropout_;
   bool checkpoint_core_ = false;
+  Kernel kernel_;
 };
 TORCH_MODULE(CausalSelfAttention);
 

@@ -32,12 +32,21 @@ void TransformerLMImpl::set_activation_checkpointing(const std::string& mode) {
   for (auto& b : blocks_) b->set_checkpoint_mode(parsed);
 }
 
+void TransformerLMImpl::set_position_offset(int64_t offset) {
+  require(offset >= 0, "internal: position offset ", offset, " is negative");
+  position_offset_ = offset;
+}
+
 ModelOutput TransformerLMImpl::forward(const at::Tensor& idx, const at::Tensor& targets) {
   require(idx.dim() == 2, "model input must be [batch, time] token ids (got shape ", idx.sizes(), ")");
-  const int64_t T = idx.size(1);
-  require(T <= opts_.block_size, "sequence length ", T, " exceeds model.block_size = ", opts_.block_size);
+  const int64_t T = idx.size(1), first = position_offset_;
+  if (first == 0)
+    require(T <= opts_.block_size, "sequence length ", T, " exceeds model.block_size = ", opts_.block_size);
+  else
+    require(first + T <= opts_.block_size, "positions ", first, "..", first + T - 1, " (a chunk of ", T,
+            " tokens at position offset ", first, ") exceed model.block_size = ", opts_.block_size);
   auto x = wte(idx);
-  if (wpe) x = x + wpe(torch::arange(T, idx.options()));
+  if (wpe) x = x + wpe(torch::arange(first, first + T, idx.options()));
   x = dropout_if_active(x, opts_.dropout, is_training());
   ModelOutput out;
   out.aux_loss = torch::zeros({}, x.options().dtype(at::kFloat));

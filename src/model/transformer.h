@@ -1,7 +1,7 @@
 // The language model: token embedding (+ learned positions for arch gpt), n_layer blocks, a final
 // norm and an output head tied to the token embedding.
 //
-//   x = dropout(wte(idx) [+ wpe(0..T-1)])          [B, T, C]
+//   x = dropout(wte(idx) [+ wpe(o..o+T-1)])        [B, T, C], o = position offset (0 by default)
 //   x = h[l](x) for l = 0..n_layer-1              (block.h)
 //   logits = ln_f(x) wte^T                         [B, T, V]
 //   ce_loss = cross_entropy(logits, targets)       mean over positions whose target is not -1
@@ -11,7 +11,9 @@
 // h.{i}.ln_2.*, h.{i}.mlp.* or h.{i}.moe.*, ln_f.*. There is no lm_head parameter.
 // Initialisation follows GPT-2: N(0, 0.02) weights, N(0, 0.02/sqrt(2*n_layer)) for residual output
 // projections, zero biases, unit norm weights. The model is written for one device and never
-// communicates; parallelism and checkpointing are applied from outside.
+// communicates; parallelism and checkpointing are applied from outside. Under sequence
+// parallelism a rank's input is one contiguous chunk of each sequence, starting at token o of it:
+// set_position_offset(o) gives that chunk its positions (arch gpt).
 #pragma once
 
 #include <functional>
@@ -40,8 +42,12 @@ class TransformerLMImpl : public torch::nn::Module {
  public:
   explicit TransformerLMImpl(const ModelOptions& opts);
 
-  // idx: [B, T] int64 with T <= block_size; targets: [B, T] int64 (-1 = ignored) or undefined.
+  // idx: [B, T] int64 with offset + T <= block_size; targets: [B, T] int64 (-1 = ignored) or undefined.
   ModelOutput forward(const at::Tensor& idx, const at::Tensor& targets = {});
+
+  // The position of idx[:, 0] in its sequence (>= 0): forward embeds positions offset .. offset+T-1.
+  void set_position_offset(int64_t offset);
+  int64_t position_offset() const { return position_offset_; }
 
   // "none" | "full" | "selective" (memory.activation_checkpointing); throws tessera::Error otherwise.
   void set_activation_checkpointing(const std::string& mode);
@@ -64,6 +70,7 @@ class TransformerLMImpl : public torch::nn::Module {
   ModelOptions opts_;
   std::vector<Block> blocks_;  // the entries of h, typed
   BlockRunner block_runner_;
+  int64_t position_offset_ = 0;
 };
 TORCH_MODULE(TransformerLM);
 
