@@ -11,7 +11,8 @@
 // Host memory (rank 0; memory/host_memory_stats.h, installed as the CPU allocator at start):
 //   model_state_bytes  CPU tensor bytes live after the last step (its update and zero_grad done,
 //                      before any next forward) minus those live before the model was built: what
-//                      the model, optimizer and DataParallel hold between steps.
+//                      the model, optimizer and DataParallel hold between steps (read after a dp
+//                      barrier, once the communication thread has dropped its last operation).
 //   peak_bytes         the most CPU tensor bytes live at once during the timed steps, minus the
 //                      same baseline: model state plus activations, gradients in flight, buffers.
 // On CUDA both count host tensors only (the batches are made before the baseline).
@@ -86,8 +87,14 @@ Command add_bench_command(CLI::App& app) {
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (i >= args->warmup) seconds.push_back(s);
     }
-    const int64_t model_state_bytes = host_memory::current() - bytes_before_model;
+    const double steps = static_cast<double>(args->steps);
+    const double comm_bytes_per_step = dp ? static_cast<double>(dp->bytes_sent()) / steps : 0.0;
+    const double comm_busy_s_per_step = dp ? dp->busy_seconds() / steps : 0.0;
     const int64_t peak_bytes = host_memory::peak() - bytes_before_model;
+    // The communication thread drops a finished operation (and the tensors it holds, such as the
+    // step's all-gather inputs) just after waking its waiter; a barrier queues behind it.
+    if (dp) dp->barrier();
+    const int64_t model_state_bytes = host_memory::current() - bytes_before_model;
     std::vector<double> sorted = seconds;
     std::sort(sorted.begin(), sorted.end());
     const double median = sorted[sorted.size() / 2];
@@ -109,9 +116,8 @@ Command add_bench_command(CLI::App& app) {
                           {"model_state_bytes", model_state_bytes},
                           {"peak_bytes", peak_bytes}};
     if (dp) {
-      const double steps = static_cast<double>(args->steps);
-      out["comm_bytes_per_step"] = static_cast<double>(dp->bytes_sent()) / steps;
-      out["comm_busy_s_per_step"] = dp->busy_seconds() / steps;
+      out["comm_bytes_per_step"] = comm_bytes_per_step;
+      out["comm_busy_s_per_step"] = comm_busy_s_per_step;
       out["zero_stage"] = config.parallel.zero_stage;
       out["grad_compression"] = config.parallel.grad_compression;
     }
