@@ -294,6 +294,25 @@ Work Group::reduce_scatter_async(at::Tensor output, at::Tensor input, ReduceOp o
   });
 }
 
+Work Group::all_to_all_async(at::Tensor output, at::Tensor input) {
+  Impl& g = *impl_;
+  require(output.numel() == input.numel() && input.numel() % g.size() == 0 && output.is_contiguous() &&
+              input.is_contiguous() && output.scalar_type() == input.scalar_type(),
+          "internal: all_to_all on group '", g.name, "': input of ", input.numel(), " and output of ", output.numel(),
+          " elements (contiguous, one dtype, a multiple of ", g.size(), " needed)");
+  if (g.size() == 1) {
+    output.copy_(input.view_as(output));
+    return Work();
+  }
+  const double bytes = static_cast<double>(g.size() - 1) * (input.numel() / g.size()) * input.element_size();
+  return g.enqueue("all_to_all of " + shape_text(input), [&g, output, input, bytes]() mutable {
+    at::Tensor out = output.view({-1}), in = input.view({-1});
+    std::vector<int64_t> equal_splits;  // empty: size() equal chunks along dim 0
+    g.wait_backend(g.backend->alltoall_base(out, in, equal_splits, equal_splits));
+    g.count("all_to_all", bytes);
+  });
+}
+
 void Group::send_recv(at::Tensor send, int64_t to, at::Tensor recv, int64_t from, int64_t tag) {
   if (impl_->size() == 1) {
     recv.copy_(send);

@@ -15,7 +15,8 @@
 //   here is a ring over send/recv that sends (N-1)/N of the input per rank.
 // - traffic() counts the bytes this rank sent, per operation, by the ring algorithm's volume:
 //   all_reduce 2(N-1)/N * bytes, all_gather and reduce_scatter (N-1)/N * full bytes, broadcast
-//   `bytes` on the root, send_recv `bytes` (counted as "send").
+//   `bytes` on the root, send_recv `bytes` (counted as "send"), all_to_all (N-1)/N * input bytes
+//   (the chunks that leave this rank).
 #pragma once
 
 #include <chrono>
@@ -77,6 +78,10 @@ class Group {
   void reduce_scatter(at::Tensor output, at::Tensor input, ReduceOp op = ReduceOp::sum) {
     reduce_scatter_async(output, input, op).wait();
   }
+  // input, output: the same number of elements, a multiple of size(), seen as size() equal chunks
+  // along dim 0 of a flat view; member i's chunk j lands in member j's output chunk i.
+  Work all_to_all_async(at::Tensor output, at::Tensor input);
+  void all_to_all(at::Tensor output, at::Tensor input) { all_to_all_async(output, input).wait(); }
   // Point to point with group-local peer ranks; a send and a recv are matched by `tag`.
   // Both are posted at once and waited together, so a ring step cannot deadlock.
   void send_recv(at::Tensor send, int64_t to, at::Tensor recv, int64_t from, int64_t tag = 0);
