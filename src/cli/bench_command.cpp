@@ -6,7 +6,8 @@
 // rank on its own synthetic batch; --no-comm runs the same N processes doing the same compute
 // with no data parallelism at all (each trains alone), the baseline for communication overhead
 // on a machine whose cores the processes share. Rank 0 reports; with data parallelism it adds the
-// dp group's bytes sent and communication-thread busy time per step.
+// dp group's bytes sent and communication-thread busy time per step, with sequence parallelism
+// the sp group's bytes sent per step by operation (sp_bytes_per_step; bench/sequence_parallel.py).
 //
 // Host memory (rank 0; memory/host_memory_stats.h, installed as the CPU allocator at start):
 //   model_state_bytes  CPU tensor bytes live after the last step (its update and zero_grad done,
@@ -56,7 +57,7 @@ Command add_bench_command(CLI::App& app) {
     Config config = Config::load(args->config, args->sets);
     require(args->steps > 0 && args->warmup >= 0, "bench: --steps must be > 0 and --warmup >= 0");
     if (args->launch.nproc > 0) {
-      ParallelDims(config.parallel, args->launch.nproc, resolve_config_path(args->config));
+      check_parallel_layout(config, ParallelDims(config.parallel, args->launch.nproc, resolve_config_path(args->config)));
       return launch_workers(args->launch, "runs/bench");
     }
     const comm::LaunchInfo launch = comm::launch_info_from_environment();
@@ -74,11 +75,13 @@ Command add_bench_command(CLI::App& app) {
     const int64_t bytes_before_model = host_memory::current();
     TrainStep step(config, mesh.get());
     comm::Group* dp = mesh && mesh->dims().dp() > 1 ? &mesh->group("dp") : nullptr;
+    comm::Group* sp = mesh && mesh->dims().sp() > 1 ? &mesh->group("sp") : nullptr;
     const c10::Device device = step.device();
     std::vector<double> seconds;
     for (int64_t i = 0; i < args->warmup + args->steps; ++i) {
       if (i == args->warmup) {
         if (dp) dp->reset_traffic();
+        if (sp) sp->reset_traffic();
         host_memory::reset_peak();
       }
       auto start = std::chrono::steady_clock::now();
@@ -115,6 +118,12 @@ Command add_bench_command(CLI::App& app) {
                           {"data_parallel", dp != nullptr},
                           {"model_state_bytes", model_state_bytes},
                           {"peak_bytes", peak_bytes}};
+    if (sp) {  // by operation: with dp = 1 the sp group is also the gradients' group (all_reduce)
+      nlohmann::json by_op = nlohmann::json::object();
+      for (const auto& [op, bytes] : sp->traffic()) by_op[op] = static_cast<double>(bytes) / steps;
+      out["sp_bytes_per_step"] = by_op;
+      out["sp_method"] = config.parallel.sp_method;
+    }
     if (dp) {
       out["comm_bytes_per_step"] = comm_bytes_per_step;
       out["comm_busy_s_per_step"] = comm_busy_s_per_step;

@@ -10,6 +10,7 @@
 #include "optim/clipping.h"
 #include "parallel/data/data_parallel.h"
 #include "parallel/sequence/lasp.h"
+#include "parallel/sequence/softmax_attention_sp.h"
 #include "precision/autocast.h"
 
 namespace tessera {
@@ -64,11 +65,17 @@ void check_parallel_layout(const Config& config, const ParallelDims& d) {
   require(config.train.seq_len % d.sp() == 0, "train.seq_len = ", config.train.seq_len,
           " is not divisible by parallel.sp = ", d.sp(), " (each rank takes an equal contiguous chunk)");
   const std::string& method = config.parallel.sp_method;
-  require(config.model.arch == "linear", "parallel.sp = ", d.sp(), " with model.arch = ", config.model.arch,
-          ": sequence parallelism for softmax attention (parallel.sp_method = ulysses or ring) is not implemented "
-          "yet; LASP (parallel.sp_method = lasp or lasp2) needs model.arch = linear");
-  require(method == "auto" || method == "lasp" || method == "lasp2", "parallel.sp_method = \"", method,
-          "\" with model.arch = linear: ulysses and ring attention split softmax attention; use lasp or lasp2");
+  if (config.model.arch == "linear") {
+    require(method == "auto" || method == "lasp" || method == "lasp2", "parallel.sp_method = \"", method,
+            "\" with model.arch = linear: ulysses and ring attention split softmax attention; use lasp or lasp2");
+    return;
+  }
+  require(method == "auto" || method == "ulysses" || method == "ring", "parallel.sp_method = \"", method,
+          "\" with model.arch = ", config.model.arch, ": LASP needs linear attention; use ring or ulysses");
+  require(config.model.dropout == 0, "model.dropout = ", config.model.dropout, " with parallel.sp = ", d.sp(),
+          ": sequence-parallel softmax attention applies no attention dropout; set model.dropout = 0");
+  require(method != "ulysses" || config.model.n_head % d.sp() == 0, "model.n_head = ", config.model.n_head,
+          " is not a multiple of parallel.sp = ", d.sp(), " (Ulysses gives each rank whole heads); use ring");
 }
 
 TrainStep::TrainStep(const Config& config, comm::Mesh* mesh)
@@ -88,8 +95,11 @@ TrainStep::TrainStep(const Config& config, comm::Mesh* mesh)
   if (mesh_ && mesh_->dims().sp() > 1) {
     sp_ = mesh_->dims().sp();
     sp_rank_ = mesh_->coord().sp;
-    apply_lasp(model_, mesh_->group("sp"),
-               lasp_variant(config.parallel.sp_method == "auto" ? "lasp" : config.parallel.sp_method));
+    const std::string& method = config.parallel.sp_method;
+    if (config.model.arch == "linear")
+      apply_lasp(model_, mesh_->group("sp"), lasp_variant(method == "auto" ? "lasp" : method));
+    else
+      apply_sequence_parallel_attention(model_, mesh_->group("sp"), method == "auto" ? "ring" : method);
   }
   // Gradients are averaged over every rank holding a replica of the parameters: the dp ranks, and
   // with sequence parallelism also the sp ranks (each saw a different chunk of the same sequences).
@@ -120,11 +130,12 @@ std::vector<at::Tensor> TrainStep::optimized_parameters() const {
   return out;
 }
 
-at::Tensor TrainStep::sequence_chunk(const at::Tensor& tokens) const {
+at::Tensor TrainStep::sequence_chunk(const at::Tensor& tokens) {
   if (sp_ == 1) return tokens;
   const int64_t length = tokens.size(1) / sp_;
   require(length * sp_ == tokens.size(1), "internal: a batch of ", tokens.size(1), " tokens per row for parallel.sp = ",
           sp_);
+  model_->set_position_offset(sp_rank_ * length);
   return tokens.narrow(1, sp_rank_ * length, length);
 }
 

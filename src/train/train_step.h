@@ -9,12 +9,13 @@
 // With a mesh whose data-parallel degree is above 1, DataParallel (parallel/data/data_parallel.h)
 // owns the optimizer and the gradient reduction; the losses reported are means over the dp ranks,
 // and training_state()/evaluate() are collectives (every rank calls them).
-// With parallel.sp > 1 (linear attention only), LASP (parallel/sequence/lasp.h) carries the
-// attention state across the sp ranks: every rank of an sp group gets the same batches and runs
-// its contiguous chunk of each sequence, and DataParallel reduces over the "dp_sp" group (the
+// With parallel.sp > 1 every rank of an sp group gets the same batches and runs its contiguous
+// chunk of each sequence; attention crosses the chunks by LASP for linear attention
+// (parallel/sequence/lasp.h) or ring attention / Ulysses for softmax attention
+// (parallel/sequence/softmax_attention_sp.h). DataParallel reduces over the "dp_sp" group (the
 // losses are means over it, exact when every rank's chunk has the same number of targets).
-// Degrees this build cannot run yet (tp, pp, ep > 1; sp > 1 for softmax attention; fp16 with
-// dp * sp > 1) are refused by key before any work.
+// Degrees this build cannot run yet (tp, pp, ep > 1; fp16 with dp * sp > 1) are refused by key
+// before any work.
 #pragma once
 
 #include <map>
@@ -42,8 +43,9 @@ struct StepResult {
 
 class DataParallel;
 
-// Refuses, naming the keys, a layout this build cannot train: tp, pp, ep > 1; sp > 1 except with
-// LASP on linear attention and a train.seq_len the sp degree divides; fp16 with dp * sp > 1.
+// Refuses, naming the keys, a layout this build cannot train: tp, pp, ep > 1; sp > 1 with a
+// train.seq_len it does not divide, an sp_method that does not fit model.arch, attention dropout,
+// or (Ulysses) heads it does not divide; fp16 with dp * sp > 1.
 // The launcher calls it before starting workers; TrainStep again in every process.
 void check_parallel_layout(const Config& config, const ParallelDims& dims);
 
@@ -79,8 +81,9 @@ class TrainStep {
 
  private:
   std::vector<at::Tensor> optimized_parameters() const;
-  // This rank's part of [B, T] tokens: columns [r T/sp, (r+1) T/sp) for sp rank r.
-  at::Tensor sequence_chunk(const at::Tensor& tokens) const;
+  // This rank's part of [B, T] tokens: columns [r T/sp, (r+1) T/sp) for sp rank r; the model's
+  // learned positions start at r T/sp (model/transformer.h).
+  at::Tensor sequence_chunk(const at::Tensor& tokens);
 
   Config config_;
   c10::Device device_;

@@ -201,15 +201,43 @@ TEST(DistributedTrain, DegreesThatDoNotFitAreRefusedBeforeLaunch) {
             std::string::npos)
       << unbuilt.output;
   EXPECT_EQ(unbuilt.output.find("started ranks"), std::string::npos) << "workers were started: " << unbuilt.output;
-  // Sequence parallelism: softmax attention has no sp method yet; the chunks must be equal.
-  auto softmax = run_tessera("train --config tiny_gpt --nproc 2 --set parallel.sp=2" + settings(4, 2) + " --out " + out);
-  EXPECT_EQ(softmax.exit_code, 2);
-  EXPECT_NE(softmax.output.find("parallel.sp = 2 with model.arch = gpt"), std::string::npos) << softmax.output;
+  // Sequence parallelism: the method must fit the attention, Ulysses whole heads, chunks equal.
+  auto lasp_gpt = run_tessera("train --config tiny_gpt --nproc 2 --set parallel.sp=2 --set parallel.sp_method=lasp" +
+                              settings(4, 2) + " --out " + out);
+  EXPECT_EQ(lasp_gpt.exit_code, 2);
+  EXPECT_NE(lasp_gpt.output.find("parallel.sp_method = \"lasp\" with model.arch = gpt"), std::string::npos)
+      << lasp_gpt.output;
+  auto heads = run_tessera("train --config tiny_gpt --nproc 4 --set parallel.sp=4 --set parallel.sp_method=ulysses" +
+                           settings(4, 2) + " --out " + out);
+  EXPECT_EQ(heads.exit_code, 2);
+  EXPECT_NE(heads.output.find("model.n_head = 2 is not a multiple of parallel.sp = 4"), std::string::npos)
+      << heads.output;
   auto uneven = run_tessera("train --config tiny_linear --nproc 3 --set parallel.sp=3" + settings(4, 2) + " --out " + out);
   EXPECT_EQ(uneven.exit_code, 2);
   EXPECT_NE(uneven.output.find("train.seq_len = 32 is not divisible by parallel.sp = 3"), std::string::npos)
       << uneven.output;
   EXPECT_EQ(uneven.output.find("started ranks"), std::string::npos) << "workers were started: " << uneven.output;
+}
+
+// Softmax attention split along the sequence: ring attention (the default for GPT) and Ulysses,
+// alone and under data parallelism, give the losses of one process with the same batch.
+TEST(DistributedTrain, RingAttentionAndUlyssesMatchOneProcess) {
+  const std::string one = fresh_dir("sp_gpt_one"), ring = fresh_dir("sp_gpt_ring"), ulysses = fresh_dir("sp_gpt_ulysses"),
+                    mixed = fresh_dir("sp_gpt_dp2_ring");
+  auto r1 = run_tessera("train --config tiny_gpt" + settings(8, 6) + " --out " + one);
+  ASSERT_EQ(r1.exit_code, 0) << r1.output;
+  auto r2 = run_tessera("train --config tiny_gpt --nproc 2 --set parallel.sp=2" + settings(8, 6) + " --out " + ring);
+  ASSERT_EQ(r2.exit_code, 0) << r2.output;
+  auto r3 = run_tessera("train --config tiny_gpt --nproc 2 --set parallel.sp=2 --set parallel.sp_method=ulysses" +
+                        settings(8, 6) + " --out " + ulysses);
+  ASSERT_EQ(r3.exit_code, 0) << r3.output;
+  auto r4 = run_tessera("train --config tiny_gpt --nproc 4 --set parallel.sp=2 --set parallel.zero_stage=1" +
+                        settings(4, 6) + " --out " + mixed);
+  ASSERT_EQ(r4.exit_code, 0) << r4.output;
+  const auto expected = losses(one);
+  expect_same_losses(losses(ring), expected, 1e-4, "ring attention sp=2");
+  expect_same_losses(losses(ulysses), expected, 1e-4, "Ulysses sp=2");
+  expect_same_losses(losses(mixed), expected, 1e-4, "dp=2 x sp=2 ring, ZeRO-1");
 }
 
 // ZeRO-Offload on a single process (its main use: one GPU) runs through DataParallel too, and
