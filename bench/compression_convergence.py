@@ -3,7 +3,10 @@
 against uncompressed DDP on the bundled corpus, same ranks, same global batch, same steps.
 
 Usage: compression_convergence.py BUILD_DIR [--ranks 2] [--steps 600] [--margin 0.05]
-                                  [--modes none,bf16,fp16,powersgd,topk] [--out bench/results]
+                                  [--modes none,bf16,fp16,powersgd-r4,topk-0.01] [--out bench/results]
+
+A mode is none, bf16, fp16, powersgd-r<RANK> (PowerSGD at that rank, 10 uncompressed steps first)
+or topk-<RATIO> (top-k keeping that fraction of each bucket).
 
 Every mode runs `tessera train --config tiny_gpt --nproc RANKS` (the `make train` model and
 schedule, global batch 16 split over the ranks, one thread per rank) with only
@@ -24,19 +27,22 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "scripts"))
 import plot_losses  # noqa: E402
 
-SETTINGS = {
-    "none": {},
-    "bf16": {"parallel.grad_compression": "bf16"},
-    "fp16": {"parallel.grad_compression": "fp16"},
-    "powersgd": {"parallel.grad_compression": "powersgd", "parallel.powersgd_rank": 4,
-                 "parallel.powersgd_start_step": 10},
-    "topk": {"parallel.grad_compression": "topk", "parallel.topk_ratio": 0.01},
-}
+def settings(mode):
+    if mode == "none":
+        return {}
+    if mode in ("bf16", "fp16"):
+        return {"parallel.grad_compression": mode}
+    if mode.startswith("powersgd-r"):
+        return {"parallel.grad_compression": "powersgd", "parallel.powersgd_rank": int(mode[len("powersgd-r"):]),
+                "parallel.powersgd_start_step": 10}
+    if mode.startswith("topk-"):
+        return {"parallel.grad_compression": "topk", "parallel.topk_ratio": float(mode[len("topk-"):])}
+    raise SystemExit(f"unknown mode {mode!r} (none, bf16, fp16, powersgd-r<RANK>, topk-<RATIO>)")
 
 
 def train(build, data, ranks, steps, mode, out_dir):
     sets = {"data.path": data, "train.steps": steps, "train.batch_size": 16 // ranks, "train.threads": 1,
-            "checkpoint.every": 0, **SETTINGS[mode]}
+            "checkpoint.every": 0, **settings(mode)}
     cmd = [str(pathlib.Path(build) / "tessera"), "train", "--config", "tiny_gpt", "--nproc", str(ranks),
            "--out", str(out_dir)]
     for k, v in sets.items():
@@ -48,7 +54,7 @@ def train(build, data, ranks, steps, mode, out_dir):
     train_losses, val = plot_losses.read_metrics(out_dir / "metrics.jsonl")
     baseline = next((float(w.rstrip(";")) for line in result.stdout.splitlines() if "unigram baseline" in line
                      for prev, w in zip(line.split(), line.split()[1:]) if prev == "baseline"), None)
-    return {"mode": mode, "settings": SETTINGS[mode], "val_loss": val[-1][1], "val_curve": val,
+    return {"mode": mode, "settings": settings(mode), "val_loss": val[-1][1], "val_curve": val,
             "final_train_loss": train_losses[-1][1], "wall_s": round(time.time() - start, 1),
             "unigram": baseline, "command": " ".join(cmd)}
 
@@ -57,9 +63,9 @@ def bytes_ratio(mode, ranks):
     """Bytes sent per step relative to an fp32 all-reduce (docs/gradient_compression.md)."""
     if mode in ("bf16", "fp16"):
         return 0.5
-    if mode == "topk":  # (N-1) * 8k against 2 (N-1)/N * 4 numel, k = ratio * numel
-        return (ranks - 1) * 8 * SETTINGS["topk"]["parallel.topk_ratio"] / (2 * (ranks - 1) / ranks * 4)
-    return None if mode == "powersgd" else 1.0
+    if mode.startswith("topk-"):  # (N-1) * 8k against 2 (N-1)/N * 4 numel, k = ratio * numel
+        return (ranks - 1) * 8 * float(mode[len("topk-"):]) / (2 * (ranks - 1) / ranks * 4)
+    return None if mode.startswith("powersgd") else 1.0
 
 
 def main():
@@ -69,7 +75,7 @@ def main():
     a.add_argument("--ranks", type=int, default=2)
     a.add_argument("--steps", type=int, default=600)
     a.add_argument("--margin", type=float, default=0.05)
-    a.add_argument("--modes", default=",".join(SETTINGS))
+    a.add_argument("--modes", default="none,bf16,fp16,powersgd-r4,powersgd-r16,topk-0.01,topk-0.1")
     a.add_argument("--out", default="bench/results")
     args = a.parse_args()
     data = args.data or str(pathlib.Path(args.build) / "data" / "kjv")
