@@ -83,9 +83,11 @@ def main():
     a.add_argument("build")
     a.add_argument("--ranks", type=int, default=4)
     a.add_argument("--lengths", default="4096,8192,16384,32768,65536")
-    a.add_argument("--methods", default="lasp,lasp2")
-    a.add_argument("--cap-mib", type=float, default=256)
-    a.add_argument("--degrees", default="1,2,4,8")
+    a.add_argument("--methods", default="lasp,lasp2,ulysses,ring")
+    a.add_argument("--softmax-max-length", type=int, default=16384,
+                   help="softmax attention is quadratic: longer sequences get the formula only")
+    a.add_argument("--cap-mib", type=float, default=512)
+    a.add_argument("--degrees", default="1,2,4,8", help="sp degrees for the memory search ('' to skip it)")
     a.add_argument("--out", default="bench/results")
     args = a.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
@@ -96,27 +98,31 @@ def main():
         row = {"length": length}
         for method in methods:
             config = "tiny_linear" if method.startswith("lasp") else "tiny_gpt"
+            if config == "tiny_gpt" and length > args.softmax_max_length:
+                continue
             r = bench(args.build, config, args.ranks, {"parallel.sp": args.ranks, "parallel.sp_method": method,
                                                          "train.seq_len": length, "model.block_size": length})
             # The sp group is also the gradients' group here (dp = 1): leave out its all_reduce.
             row[method] = sum(b for op, b in r["sp_bytes_per_step"].items() if op != "all_reduce")
+            row[method + "_tokens_per_s"] = r["tokens_per_s"]
             print(f"T={length} {method}: {row[method]:.0f} bytes/step, "
                   f"predicted {predicted_bytes(method, length, args.ranks, 0)}", flush=True)
         rows.append(row)
 
     cap = int(args.cap_mib * 2**20)
     memory = []
-    for degree in [int(x) for x in args.degrees.split(",")]:
+    for degree in [int(x) for x in args.degrees.split(",") if x]:
         longest = longest_sequence(args.build, degree, cap, "lasp")
         memory.append({"sp": degree, "longest": longest})
-    base = memory[0]["longest"]
+    base = memory[0]["longest"] if memory else None
     for m in memory:
         m["vs_linear"] = m["longest"] / (base * m["sp"]) if base else None
 
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     command = (f"python3 bench/sequence_parallel.py {args.build} --ranks {args.ranks} --lengths {args.lengths} "
-               f"--methods {args.methods} --cap-mib {args.cap_mib:g} --degrees {args.degrees}")
+               f"--methods {args.methods} --softmax-max-length {args.softmax_max_length} --cap-mib {args.cap_mib:g} "
+               f"--degrees {args.degrees}")
     meta = {"command": command, "machine": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M")}
     pathlib.Path(out / "sequence_parallel_cpu.json").write_text(
         json.dumps({**meta, "bytes": rows, "memory": memory}, indent=2) + "\n")
@@ -135,6 +141,12 @@ def main():
             else:
                 cells.append(f"{predicted / 1024:.0f} KiB f")
         lines.append(f"| {row['length']} | " + " | ".join(cells) + " |")
+    lines += ["", "Training throughput in the same runs (tokens/s over all ranks, one step after one warm-up; "
+              f"{args.ranks} processes on this machine's cores, so compare methods, not absolute values):", "",
+              "| T | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+    for row in rows:
+        lines.append(f"| {row['length']} | " + " | ".join(
+            f"{row[m + '_tokens_per_s']:.0f}" if m + "_tokens_per_s" in row else "-" for m in methods) + " |")
     lines += ["", f"Longest trainable sequence (LASP) with rank 0's peak CPU tensor bytes under {args.cap_mib:g} MiB:",
               "", "| sp | longest T | vs sp=1 x sp (floor 0.9) |", "|---|---|---|"]
     for m in memory:
