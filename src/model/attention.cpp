@@ -10,7 +10,7 @@
 namespace tessera {
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelOptions& opts)
-    : n_head_(opts.n_head), dropout_(opts.dropout) {
+    : head_dim_(opts.head_dim()), dropout_(opts.dropout) {
   const int64_t C = opts.n_embd;
   c_attn = register_module("c_attn", torch::nn::Linear(torch::nn::LinearOptions(C, 3 * C).bias(opts.bias)));
   c_proj = register_module("c_proj", torch::nn::Linear(torch::nn::LinearOptions(C, C).bias(opts.bias)));
@@ -22,7 +22,7 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelOptions& opts)
 
 at::Tensor CausalSelfAttentionImpl::core(const at::Tensor& qkv) {
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
-  auto heads = [&](const at::Tensor& t) { return t.view({B, T, n_head_, C / n_head_}).transpose(1, 2); };
+  auto heads = [&](const at::Tensor& t) { return t.view({B, T, C / head_dim_, head_dim_}).transpose(1, 2); };
   auto parts = qkv.split(C, -1);
   const double p = is_training() ? dropout_ : 0.0;
   auto y = kernel_ ? kernel_(heads(parts[0]), heads(parts[1]), heads(parts[2]))
@@ -32,10 +32,10 @@ at::Tensor CausalSelfAttentionImpl::core(const at::Tensor& qkv) {
 }
 
 at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
-  auto qkv = linear(c_attn, x);
+  auto qkv = linear(c_attn, region_.input(x));
   auto y = checkpoint_core_ && checkpoint_applies(qkv) ? checkpoint([this](const at::Tensor& t) { return core(t); }, qkv)
                                                     : core(qkv);
-  return linear(c_proj, y);
+  return region_.output(c_proj, y);
 }
 
 }  // namespace tessera

@@ -13,6 +13,10 @@
 // that communicates across the ranks holding the other chunks of the sequence. A kernel applies
 // no dropout; it runs inside the core, so selective checkpointing recomputes it (and repeats its
 // communication) in backward. An empty kernel restores SDPA.
+//
+// Tensor parallelism shards the layer from outside (set_region, model/sharded_region.h): c_attn
+// then holds the q, k and v rows of this rank's heads (in that order) and c_proj the matching input
+// columns; the core works on however many heads of d = n_embd / n_head the projection gives it.
 #pragma once
 
 #include <functional>
@@ -23,6 +27,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "model/model_options.h"
+#include "model/sharded_region.h"
 
 namespace tessera {
 
@@ -34,16 +39,18 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
 
   using Kernel = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
   void set_kernel(Kernel kernel) { kernel_ = std::move(kernel); }
+  void set_region(ShardedRegion region) { region_ = std::move(region); }
 
   torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
 
  private:
-  at::Tensor core(const at::Tensor& qkv);  // [B, T, 3C] -> [B, T, C]
+  at::Tensor core(const at::Tensor& qkv);  // [B, T, 3 h d] -> [B, T, h d], h heads (n_head unsharded)
 
-  int64_t n_head_;
+  int64_t head_dim_;
   double dropout_;
   bool checkpoint_core_ = false;
   Kernel kernel_;
+  ShardedRegion region_;
 };
 TORCH_MODULE(CausalSelfAttention);
 

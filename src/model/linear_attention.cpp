@@ -101,7 +101,7 @@ at::Tensor alibi_slopes(int64_t n_head) {
 }
 
 LinearAttentionImpl::LinearAttentionImpl(const ModelOptions& opts)
-    : n_head_(opts.n_head), chunk_(opts.linear_chunk), decay_(at::exp(-alibi_slopes(opts.n_head))) {
+    : head_dim_(opts.head_dim()), chunk_(opts.linear_chunk), decay_(at::exp(-alibi_slopes(opts.n_head))) {
   const int64_t C = opts.n_embd;
   auto linear = [&](const char* name) {
     auto m = register_module(name, torch::nn::Linear(torch::nn::LinearOptions(C, C).bias(opts.bias)));
@@ -117,6 +117,13 @@ LinearAttentionImpl::LinearAttentionImpl(const ModelOptions& opts)
   init_normal(o_proj->weight, residual_std(opts.n_layer));
 }
 
+void LinearAttentionImpl::select_heads(int64_t first, int64_t count) {
+  require(first >= 0 && count >= 1 && first + count <= decay_.size(0), "linear attention: heads [", first, ", ",
+          first + count, ") are not within the layer's ", decay_.size(0), " heads");
+  decay_ = decay_.narrow(0, first, count).clone();
+  decay_device_ = at::Tensor();
+}
+
 at::Tensor LinearAttentionImpl::core(const at::Tensor& qkv) {
   const int64_t B = qkv.size(1), T = qkv.size(3), C = qkv.size(2) * qkv.size(4);
   if (!decay_device_.defined() || decay_device_.device() != qkv.device()) decay_device_ = decay_.to(qkv.device());
@@ -126,14 +133,15 @@ at::Tensor LinearAttentionImpl::core(const at::Tensor& qkv) {
 }
 
 at::Tensor LinearAttentionImpl::forward(const at::Tensor& x) {
-  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
-  auto heads = [&](const at::Tensor& t) { return t.view({B, T, n_head_, C / n_head_}).transpose(1, 2); };
-  auto qkv =
-      at::stack({heads(at::silu(linear(q_proj, x))), heads(at::silu(linear(k_proj, x))), heads(linear(v_proj, x))});
+  const at::Tensor in = region_.input(x);  // [B, T, C] (the whole sequence under sequence-parallel regions)
+  const int64_t B = in.size(0), T = in.size(1);
+  auto heads = [&](const at::Tensor& t) { return t.view({B, T, t.size(2) / head_dim_, head_dim_}).transpose(1, 2); };
+  auto qkv = at::stack(
+      {heads(at::silu(linear(q_proj, in))), heads(at::silu(linear(k_proj, in))), heads(linear(v_proj, in))});
   auto o = checkpoint_core_ && checkpoint_applies(qkv)
                ? checkpoint([this](const at::Tensor& t) { return core(t); }, qkv)
                : core(qkv);
-  return linear(o_proj, o * at::sigmoid(linear(u_proj, x)));
+  return region_.output(o_proj, o * at::sigmoid(linear(u_proj, in)));
 }
 
 }  // namespace tessera

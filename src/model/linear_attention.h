@@ -26,6 +26,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "model/model_options.h"
+#include "model/sharded_region.h"
 
 namespace tessera {
 
@@ -58,6 +59,10 @@ at::Tensor alibi_slopes(int64_t n_head);
 // The kernel (q, k, v, λ, chunk -> o, shapes as lightning_attention_chunked's) is replaceable
 // from outside: sequence parallelism (parallel/sequence/lasp.h) installs one that carries the
 // state across ranks. An empty kernel restores lightning_attention_chunked.
+//
+// Tensor parallelism shards the layer from outside (set_region, model/sharded_region.h): q, k, v
+// and u_proj then hold the rows of this rank's heads [first, first + count), o_proj the matching
+// input columns, and select_heads(first, count) keeps those heads' decays.
 class LinearAttentionImpl : public torch::nn::Module {
  public:
   using Kernel = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -67,17 +72,21 @@ class LinearAttentionImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);  // [B, T, C] -> [B, T, C]
   void set_checkpoint_core(bool on) { checkpoint_core_ = on; }
   void set_kernel(Kernel kernel) { kernel_ = std::move(kernel); }
+  void set_region(ShardedRegion region) { region_ = std::move(region); }
+  // The layer computes heads [first, first + count) of model.n_head only; throws when out of range.
+  void select_heads(int64_t first, int64_t count);
 
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, u_proj{nullptr}, o_proj{nullptr};
 
  private:
   at::Tensor core(const at::Tensor& qkv);  // [3, B, H, T, d] -> [B, T, C]
 
-  int64_t n_head_, chunk_;
-  at::Tensor decay_;         // [H] float32 λ on the CPU (not a buffer: module dtype casts must not round it)
+  int64_t head_dim_, chunk_;
+  at::Tensor decay_;         // [H] float32 (H = this layer's heads) λ on the CPU (not a buffer: module dtype casts must not round it)
   at::Tensor decay_device_;  // decay_ on the device of the last input
   bool checkpoint_core_ = false;
   Kernel kernel_;
+  ShardedRegion region_;
 };
 TORCH_MODULE(LinearAttention);
 

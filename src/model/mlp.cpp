@@ -19,12 +19,12 @@ MLPImpl::MLPImpl(const ModelOptions& opts) : glu_(opts.arch == "linear") {
 }
 
 at::Tensor MLPImpl::forward(const at::Tensor& x) {
-  auto h = linear(c_fc, x);
+  auto h = linear(c_fc, region_.input(x));
   if (glu_) {
     auto parts = h.chunk(2, -1);
-    return linear(c_proj, parts[0] * at::silu(parts[1]));
+    return region_.output(c_proj, parts[0] * at::silu(parts[1]));
   }
-  return linear(c_proj, at::gelu(h, "tanh"));
+  return region_.output(c_proj, at::gelu(h, "tanh"));
 }
 
 }  // namespace tessera

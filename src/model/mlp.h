@@ -1,6 +1,9 @@
 // The dense feed-forward of a block (model.ffn = dense), hidden width H = mlp_ratio * C.
 //   arch gpt:    out = c_proj(gelu_tanh(c_fc x))              c_fc: C -> H
 //   arch linear: a, g = split(c_fc x); out = c_proj(a * silu(g))   c_fc: C -> 2H (GLU; a first)
+// Tensor parallelism shards it from outside (set_region, model/sharded_region.h): c_fc then holds
+// this rank's hidden units (for the GLU its a rows, then the matching g rows) and c_proj the
+// matching input columns.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -9,6 +12,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "model/model_options.h"
+#include "model/sharded_region.h"
 
 namespace tessera {
 
@@ -16,11 +20,13 @@ class MLPImpl : public torch::nn::Module {
  public:
   explicit MLPImpl(const ModelOptions& opts);
   at::Tensor forward(const at::Tensor& x);  // [B, T, C] -> [B, T, C]
+  void set_region(ShardedRegion region) { region_ = std::move(region); }
 
   torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
 
  private:
   bool glu_;
+  ShardedRegion region_;
 };
 TORCH_MODULE(MLP);
 

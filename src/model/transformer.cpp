@@ -45,9 +45,11 @@ ModelOutput TransformerLMImpl::forward(const at::Tensor& idx, const at::Tensor& 
   else
     require(first + T <= opts_.block_size, "positions ", first, "..", first + T - 1, " (a chunk of ", T,
             " tokens at position offset ", first, ") exceed model.block_size = ", opts_.block_size);
-  auto x = wte(idx);
+  const ShardHooks& hooks = shard_hooks_;
+  auto x = hooks.embed ? hooks.embed(idx) : wte(idx);
   if (wpe) x = x + wpe(torch::arange(first, first + T, idx.options()));
   x = dropout_if_active(x, opts_.dropout, is_training());
+  if (hooks.enter_blocks) x = hooks.enter_blocks(x);
   ModelOutput out;
   out.aux_loss = torch::zeros({}, x.options().dtype(at::kFloat));
   for (size_t l = 0; l < blocks_.size(); ++l) {
@@ -55,12 +57,14 @@ ModelOutput TransformerLMImpl::forward(const at::Tensor& idx, const at::Tensor& 
     x = o.x;
     out.aux_loss = out.aux_loss + o.aux_loss;
   }
-  out.logits = at::linear(ln_f(x), wte->weight);
+  out.logits = hooks.logits ? hooks.logits(ln_f(x)) : at::linear(ln_f(x), wte->weight);
   if (targets.defined()) {
     require(targets.sizes() == idx.sizes(), "targets shape ", targets.sizes(), " differs from input shape ",
             idx.sizes());
-    out.ce_loss = at::cross_entropy_loss(out.logits.reshape({-1, out.logits.size(-1)}).to(at::kFloat),
-                                         targets.reshape(-1), {}, at::Reduction::Mean, /*ignore_index=*/-1);
+    out.ce_loss = hooks.cross_entropy
+                      ? hooks.cross_entropy(out.logits, targets)
+                      : at::cross_entropy_loss(out.logits.reshape({-1, out.logits.size(-1)}).to(at::kFloat),
+                                               targets.reshape(-1), {}, at::Reduction::Mean, /*ignore_index=*/-1);
     out.loss = out.ce_loss + out.aux_loss;
   }
   return out;

@@ -14,6 +14,11 @@
 // communicates; parallelism and checkpointing are applied from outside. Under sequence
 // parallelism a rank's input is one contiguous chunk of each sequence, starting at token o of it:
 // set_position_offset(o) gives that chunk its positions (arch gpt).
+//
+// Tensor parallelism (parallel/tensor/parallelize.h) shards the blocks through their regions
+// (model/sharded_region.h) and the model's ends through set_shard_hooks: the token lookup, the
+// split of the residual stream along the sequence (Megatron sequence parallelism), the head and the
+// loss. Then logits are this rank's vocabulary columns [B, T, V/tp].
 #pragma once
 
 #include <functional>
@@ -32,7 +37,7 @@
 namespace tessera {
 
 struct ModelOutput {
-  at::Tensor logits;    // [B, T, V]
+  at::Tensor logits;    // [B, T, V] ([B, T, V/tp] under tensor parallelism)
   at::Tensor loss;      // scalar: ce_loss + aux_loss; undefined without targets
   at::Tensor ce_loss;   // scalar; undefined without targets
   at::Tensor aux_loss;  // float32 scalar: sum of MoE load-balance and z-losses; zero for dense models
@@ -62,6 +67,18 @@ class TransformerLMImpl : public torch::nn::Module {
   using BlockRunner = std::function<BlockOutput(int64_t layer, const at::Tensor& x)>;
   void set_block_runner(BlockRunner runner) { block_runner_ = std::move(runner); }
 
+  // The model's ends when tensor parallelism shards them; an empty member keeps the single-device
+  // computation (shown on the right):
+  //   forward: x = dropout(embed(idx) + positions);  x = enter_blocks(x);  blocks;  logits(ln_f(x))
+  struct ShardHooks {
+    std::function<at::Tensor(const at::Tensor& idx)> embed;  // [B, T] -> [B, T, C]          wte(idx)
+    std::function<at::Tensor(const at::Tensor& x)> enter_blocks;  // [B, T, C] -> [B, T', C] identity
+    std::function<at::Tensor(const at::Tensor& h)> logits;  // [B, T', C] -> [B, T, V']      h wte^T
+    // logits, targets [B, T] -> float32 mean over targets != -1    cross_entropy
+    std::function<at::Tensor(const at::Tensor& logits, const at::Tensor& targets)> cross_entropy;
+  };
+  void set_shard_hooks(ShardHooks hooks) { shard_hooks_ = std::move(hooks); }
+
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};
   torch::nn::ModuleList h{nullptr};
   Norm ln_f{nullptr};
@@ -70,6 +87,7 @@ class TransformerLMImpl : public torch::nn::Module {
   ModelOptions opts_;
   std::vector<Block> blocks_;  // the entries of h, typed
   BlockRunner block_runner_;
+  ShardHooks shard_hooks_;
   int64_t position_offset_ = 0;
 };
 TORCH_MODULE(TransformerLM);

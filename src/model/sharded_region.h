@@ -1,0 +1,45 @@
+// The hook through which tensor parallelism, applied from outside (parallel/tensor/parallelize.h),
+// splits a block's attention or MLP Megatron-style. The model never communicates: a layer calls
+// the region's functions where the split computation needs the other ranks, and a layer without
+// a region computes on one device exactly as before.
+//
+// A region is a column-parallel input projection (or several), a local function of its output,
+// and a row-parallel output projection:
+//   without a region:  y = out_proj(f(in_proj(x)))                   bias inside out_proj's GEMM
+//   with a region:     y = exit(f(in_proj(enter(x))) W_out^T) + b_out
+// where in_proj holds this rank's output columns (heads, hidden units), W_out this rank's input
+// columns, and b_out, replicated, is added once after exit has summed the ranks' partial products.
+//   enter: [B, T', C] -> [B, T, C]    copy_to_tp (T' = T), or gather_from_sequence (T' = T/N)
+//   exit:  [B, T, C] partial -> [B, T', C] reduced   reduce_from_tp, or reduce_scatter_to_sequence
+// Both members are set together.
+#pragma once
+
+#include <functional>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/linear.h>
+#include <torch/nn/modules/linear.h>
+
+#include "model/linear.h"
+
+namespace tessera {
+
+struct ShardedRegion {
+  using Map = std::function<at::Tensor(const at::Tensor&)>;
+  Map enter;
+  Map exit;
+
+  bool active() const { return static_cast<bool>(enter); }
+
+  // The input of the region's column-parallel projections.
+  at::Tensor input(const at::Tensor& x) const { return active() ? enter(x) : x; }
+
+  // The row-parallel output projection of y [B, T, in]: [B, T', out].
+  at::Tensor output(const torch::nn::Linear& proj, const at::Tensor& y) const {
+    if (!active()) return linear(proj, y);
+    at::Tensor out = exit(at::linear(y, proj->weight));
+    return proj->bias.defined() ? out + proj->bias : out;
+  }
+};
+
+}  // namespace tessera

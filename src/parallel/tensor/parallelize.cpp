@@ -1,0 +1,152 @@
+// Sharding a TransformerLM for tensor parallelism and gathering it back (parallelize.h).
+#include "parallel/tensor/parallelize.h"
+
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "core/error.h"
+#include "parallel/tensor/tp_comm.h"
+#include "parallel/tensor/vocab_parallel.h"
+
+namespace tessera {
+namespace {
+
+bool ends_with(const std::string& name, const std::string& suffix) {
+  return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+void check_model(const ModelOptions& o, const comm::Group& tp) {
+  const int64_t N = tp.size();
+  require(o.arch == "gpt" || o.arch == "linear", "parallel.tp = ", N, " needs model.arch = gpt or linear (got ",
+          o.arch, ")");
+  require(o.ffn == "dense", "parallel.tp = ", N, " shards dense MLPs only: model.ffn = ", o.ffn,
+          " is not tensor-parallel (use expert parallelism for MoE)");
+  require(o.n_head % N == 0, "model.n_head = ", o.n_head, " is not a multiple of parallel.tp = ", N,
+          " (each tensor-parallel rank computes n_head / tp whole heads)");
+  require(o.vocab_size % N == 0, "model.vocab_size = ", o.vocab_size, " is not a multiple of parallel.tp = ", N,
+          " (each tensor-parallel rank holds vocab_size / tp rows of the token embedding)");
+  require(o.dropout == 0.0, "model.dropout = ", o.dropout, " with parallel.tp = ", N,
+          ": tensor-parallel ranks would draw correlated dropout masks (no per-rank random streams); set "
+          "model.dropout = 0");
+}
+
+ShardedRegion region(comm::Group& tp, bool megatron_sp) {
+  ShardedRegion r;
+  if (megatron_sp) {
+    r.enter = [&tp](const at::Tensor& x) { return gather_from_sequence(x, tp); };
+    r.exit = [&tp](const at::Tensor& y) { return reduce_scatter_to_sequence(y, tp); };
+  } else {
+    r.enter = [&tp](const at::Tensor& x) { return copy_to_tp(x, tp); };
+    r.exit = [&tp](const at::Tensor& y) { return reduce_from_tp(y, tp); };
+  }
+  return r;
+}
+
+TransformerLMImpl::ShardHooks shard_hooks(TransformerLM& model, comm::Group& tp, bool megatron_sp) {
+  torch::nn::Embedding wte = model->wte;
+  TransformerLMImpl::ShardHooks hooks;
+  hooks.embed = [wte, &tp](const at::Tensor& idx) { return vocab_parallel_embedding(idx, wte->weight, tp); };
+  if (megatron_sp)
+    hooks.enter_blocks = [&tp](const at::Tensor& x) {
+      require(x.size(1) % tp.size() == 0, "sequence length ", x.size(1), " (train.seq_len) is not a multiple of ",
+              "parallel.tp = ", tp.size(), ": Megatron sequence parallelism gives each tensor-parallel rank ",
+              "seq_len / tp tokens of every sequence");
+      return scatter_to_sequence(x, tp);
+    };
+  hooks.logits = [wte, &tp, megatron_sp](const at::Tensor& h) {
+    return at::linear(megatron_sp ? gather_from_sequence(h, tp) : copy_to_tp(h, tp), wte->weight);
+  };
+  hooks.cross_entropy = [&tp](const at::Tensor& logits, const at::Tensor& targets) {
+    return vocab_parallel_cross_entropy(logits, targets, tp);
+  };
+  return hooks;
+}
+
+}  // namespace
+
+TensorParallelLayout tensor_parallel_layout(const ModelOptions& opts, const std::string& name) {
+  if (name == "wte.weight") return {0, 1};
+  if (ends_with(name, ".attn.c_attn.weight") || ends_with(name, ".attn.c_attn.bias")) return {0, 3};
+  if (ends_with(name, ".mlp.c_fc.weight") || ends_with(name, ".mlp.c_fc.bias")) return {0, opts.arch == "linear" ? 2 : 1};
+  for (const char* column : {".attn.q_proj.", ".attn.k_proj.", ".attn.v_proj.", ".attn.u_proj."})
+    if (name.find(column) != std::string::npos) return {0, 1};
+  for (const char* row : {".attn.c_proj.weight", ".mlp.c_proj.weight", ".attn.o_proj.weight"})
+    if (ends_with(name, row)) return {1, 1};
+  return {};
+}
+
+at::Tensor shard_tensor(const at::Tensor& full, const TensorParallelLayout& layout, int64_t rank, int64_t ranks) {
+  if (layout.dim < 0 || ranks == 1) return full;
+  std::vector<at::Tensor> pieces;
+  for (const at::Tensor& block : full.chunk(layout.parts, layout.dim)) {
+    require(block.size(layout.dim) % ranks == 0, "tensor parallelism: a ", full.sizes(),
+            " tensor cannot be split over parallel.tp = ", ranks, " along dimension ", layout.dim);
+    pieces.push_back(block.chunk(ranks, layout.dim)[rank]);
+  }
+  return at::cat(pieces, layout.dim).contiguous();
+}
+
+at::Tensor gather_tensor(const at::Tensor& part, const TensorParallelLayout& layout, comm::Group& tp) {
+  const int64_t N = tp.size();
+  if (layout.dim < 0 || N == 1) return part.detach().contiguous();
+  // [parts * n, rest...] along dim -> [parts, n, rest...]; gathered [N, parts, n, rest...].
+  at::Tensor moved = part.detach().movedim(layout.dim, 0);
+  std::vector<int64_t> shape = moved.sizes().vec();
+  shape[0] /= layout.parts;
+  shape.insert(shape.begin(), layout.parts);
+  at::Tensor input = moved.reshape(shape).contiguous();
+  shape.insert(shape.begin(), N);
+  at::Tensor output = at::empty(shape, input.options());
+  tp.all_gather(output.view(-1), input.view(-1));
+  // -> [parts, N, n, rest...] -> [parts N n, rest...], the dimension back in place.
+  std::vector<int64_t> full = moved.sizes().vec();
+  full[0] *= N;
+  return output.transpose(0, 1).reshape(full).movedim(0, layout.dim).contiguous();
+}
+
+void parallelize_tensor(TransformerLM& model, comm::Group& tp, bool megatron_sp) {
+  const int64_t N = tp.size(), r = tp.rank();
+  if (N == 1) return;
+  const ModelOptions& o = model->options();
+  check_model(o, tp);
+  require(model->wte->weight.size(0) == o.vocab_size,
+          "internal: parallelize_tensor on a model that is already tensor-parallel");
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& item : model->named_parameters()) {
+      at::Tensor& param = item.value();
+      const TensorParallelLayout layout = tensor_parallel_layout(o, item.key());
+      if (layout.dim >= 0) param.set_data(shard_tensor(param.detach(), layout, r, N).clone());
+      param.mutable_grad() = at::Tensor();
+      // Under megatron_sp a replicated parameter other than wpe (added before the split) sees this
+      // rank's tokens only: its gradient is summed over tp before it is accumulated.
+      if (megatron_sp && layout.dim < 0 && item.key() != "wpe.weight")
+        param.register_hook([&tp](const at::Tensor& grad) {
+          at::Tensor sum = grad.clone(at::MemoryFormat::Contiguous);
+          tp.all_reduce(sum);
+          return sum;
+        });
+    }
+  }
+  const int64_t heads = o.n_head / N;
+  for (int64_t l = 0; l < o.n_layer; ++l) {
+    Block block = model->block(l);
+    if (block->softmax_attn) block->softmax_attn->set_region(region(tp, megatron_sp));
+    if (block->linear_attn) {
+      block->linear_attn->set_region(region(tp, megatron_sp));
+      block->linear_attn->select_heads(r * heads, heads);
+    }
+    block->mlp->set_region(region(tp, megatron_sp));
+  }
+  model->set_shard_hooks(shard_hooks(model, tp, megatron_sp));
+}
+
+NamedTensors gather_tensor_parallel_state(TransformerLMImpl& model, comm::Group& tp) {
+  NamedTensors out;
+  for (const auto& item : model.named_parameters())
+    out.emplace_back(item.key(), gather_tensor(item.value(), tensor_parallel_layout(model.options(), item.key()), tp));
+  return out;
+}
+
+}  // namespace tessera

@@ -1,0 +1,85 @@
+// Megatron tensor parallelism applied from outside to a single-device TransformerLM (Shoeybi et
+// al., arXiv 1909.08053; sequence parallelism: Korthikanti et al., arXiv 2205.05198; papers.md).
+//
+// parallelize_tensor shards the model's parameters in place over the tensor-parallel group (N
+// ranks, this rank r) and installs the communication through the model's hook points
+// (model/sharded_region.h, TransformerLMImpl::set_shard_hooks). Per block, with C = n_embd,
+// H = n_head, d = C / H, F = MLP hidden width:
+//
+//   layer            parameter           split                          communication (fwd / bwd)
+//   attention (gpt)  c_attn [3C, C]      rows: the q, k, v rows of      enter: copy_to_tp
+//                                        heads [r H/N, (r+1) H/N)              (identity / all-reduce)
+//                    c_proj [C, C]       columns of those heads; bias   exit: reduce_from_tp
+//                                        replicated, added after exit          (all-reduce / identity)
+//   attention        q, k, v, u_proj     rows of this rank's heads;     as gpt; the decays λ_h of
+//   (linear)         o_proj              columns; bias replicated       the rank's heads are kept
+//   MLP              c_fc [F or 2F, C]   rows (GLU: a rows, g rows)     enter / exit as attention
+//                    c_proj [C, F]       columns; bias replicated
+//   embedding        wte [V, C]          rows [r V/N, (r+1) V/N)        vocab_parallel_embedding:
+//                                                                        all-reduce / none
+//   head (tied)      wte                 (the same rows)                copy_to_tp on ln_f's output;
+//                                                                        logits [B, T, V/N]
+//   loss                                                                 vocab_parallel_cross_entropy
+//   LayerNorms, wpe  replicated
+//
+// With megatron_sp (Megatron sequence parallelism) the LayerNorm / dropout / residual region
+// holds tokens [r T/N, (r+1) T/N) of each sequence: the embedding's sum is split along the
+// sequence (scatter_to_sequence; backward all-gather), enter becomes gather_from_sequence
+// (all-gather / reduce-scatter), exit reduce_scatter_to_sequence (reduce-scatter / all-gather), and
+// the head gathers ln_f's output along the sequence. A layer sends the same bytes as without it
+// (an all-reduce is a reduce-scatter plus an all-gather); the activations of that region take 1/N
+// of the memory. Each replicated parameter used inside the
+// region (ln_1, ln_2, ln_f, the row-parallel biases) then sees only this rank's tokens: a gradient
+// hook all-reduces its gradient over tp before it is accumulated, so .grad holds the full gradient.
+//
+// The caller's contract (the training step):
+// - every rank of tp runs the same batch (the same idx and targets) through forward and backward;
+//   under megatron_sp the sequence length must be a multiple of N (checked at forward);
+// - the loss is the same on every tp rank; each rank's backward gives every parameter it holds its
+//   exact gradient (the slice of the single-device gradient for split parameters, the full
+//   gradient, identical on all tp ranks, for replicated ones): no reduction over tp is needed after
+//   backward, gradients are reduced over dp as usual;
+// - logits are this rank's vocabulary columns [B, T, V/N] (gather_from_tp gives all of them);
+// - `tp` outlives the model's use; every rank calls parallelize_tensor with equal arguments.
+// Refused (tessera::Error naming the keys): model.ffn = moe, model.n_head or model.vocab_size not a
+// multiple of parallel.tp, model.dropout > 0 (ranks would draw correlated masks: there are no
+// per-rank random streams), a model that is already sharded.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "checkpoint/safetensors.h"
+#include "comm/group.h"
+#include "model/transformer.h"
+
+namespace tessera {
+
+// Shards `model` in place for the ranks of `tp` (see above). With tp.size() == 1 it does nothing.
+void parallelize_tensor(TransformerLM& model, comm::Group& tp, bool megatron_sp);
+
+// How a parameter (or a tensor of its shape, such as an optimizer moment) is split.
+struct TensorParallelLayout {
+  int64_t dim = -1;   // -1: replicated; otherwise split along this dimension
+  int64_t parts = 1;  // the dimension is `parts` equal blocks (c_attn: q, k, v; GLU c_fc: a, g),
+                      // each split into N chunks; rank r holds chunk r of every block, in order
+};
+
+// The layout of a parameter by its name in named_parameters() ("h.0.attn.c_attn.weight", ...).
+TensorParallelLayout tensor_parallel_layout(const ModelOptions& opts, const std::string& name);
+
+// Rank `rank` of `ranks`'s part of a full tensor.
+at::Tensor shard_tensor(const at::Tensor& full, const TensorParallelLayout& layout, int64_t rank, int64_t ranks);
+
+// The full tensor from every rank's part (a collective of tp; the inverse of shard_tensor).
+at::Tensor gather_tensor(const at::Tensor& part, const TensorParallelLayout& layout, comm::Group& tp);
+
+// The unsharded parameters of a tensor-parallel model under their named_parameters() names, in
+// that order, detached and contiguous, on every rank (a collective of tp): what the model was
+// before parallelize_tensor, with training's updates. Copied into a single-device model of the same
+// options they give export_state its tensors (checkpoints are exported at tp = 1).
+NamedTensors gather_tensor_parallel_state(TransformerLMImpl& model, comm::Group& tp);
+
+}  // namespace tessera
