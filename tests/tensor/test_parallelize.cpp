@@ -1,12 +1,15 @@
 // parallelize_tensor (parallel/tensor/parallelize.h) on a tiny GPT (2 layers, 4 heads, width 32,
-// vocabulary 64, dropout 0) at tp = 2 and 4, against the same model on one process:
+// vocabulary 64, dropout 0) and the same shape with arch linear (lightning attention: the heads'
+// decays must follow the head split; GLU MLP) at tp = 2 and 4, against the same model on one
+// process:
 // - the loss equals the single-process loss and the logits equal its columns [r V/N, (r+1) V/N);
 // - every parameter's gradient equals its slice of the single-process gradient (shard_tensor of
 //   it: rows of heads for c_attn, columns for c_proj, vocabulary rows for wte, the whole gradient
 //   for replicated parameters), tolerance 1e-5; replicated parameters' gradients are bitwise equal
 //   on all tp ranks;
-// - all of this with megatron_sp off and on, and on with full activation checkpointing (whose
-//   recomputation repeats the forward's collectives);
+// - all of this with megatron_sp off and on, gpt also with megatron_sp and full activation
+//   checkpointing (whose recomputation repeats the forward's collectives), linear also with
+//   selective checkpointing;
 // - the bytes each rank sends per step equal the formulas of parallelize.h;
 // - gather_tensor_parallel_state reproduces the unsharded parameters exactly, also after a step
 //   of SGD on both models (within 1e-6);
@@ -14,6 +17,8 @@
 //   under megatron_sp.
 #include <ATen/ATen.h>
 #include <torch/torch.h>
+
+#include <sstream>
 
 #include "distributed/dist_test.h"
 #include "model/transformer.h"
@@ -34,6 +39,15 @@ tessera::ModelOptions tiny_gpt() {
   o.n_head = 4;
   o.n_embd = 32;
   o.block_size = 32;
+  return o;
+}
+
+// arch linear: RMSNorm, lightning attention with per-head decays (4 heads, 4 distinct slopes),
+// GLU MLP, no positions; chunks of 8 tokens so the sequence spans two.
+tessera::ModelOptions tiny_linear() {
+  tessera::ModelOptions o = tiny_gpt();
+  o.arch = "linear";
+  o.linear_chunk = 8;
   return o;
 }
 
@@ -73,9 +87,9 @@ bool same_on_all_ranks(const at::Tensor& t, Group& tp) {
   return at::equal(all.view({tp.size(), -1}), local.view({1, -1}).expand({tp.size(), -1}));
 }
 
-void expect_matches_single(Group& tp, bool megatron_sp, const std::string& checkpointing) {
+void expect_matches_single(Group& tp, const tessera::ModelOptions& opts, bool megatron_sp,
+                           const std::string& checkpointing) {
   const int64_t N = tp.size(), r = tp.rank();
-  const tessera::ModelOptions opts = tiny_gpt();
   const Reference ref = run_single(opts, checkpointing);
 
   torch::manual_seed(7);
@@ -88,26 +102,34 @@ void expect_matches_single(Group& tp, bool megatron_sp, const std::string& check
   out.loss.backward();
   auto traffic = tp.traffic();
 
-  const std::string what = std::string("tp=") + std::to_string(N) + " megatron_sp=" + (megatron_sp ? "on" : "off") +
+  const std::string what = opts.arch + " tp=" + std::to_string(N) + " megatron_sp=" + (megatron_sp ? "on" : "off") +
                            " checkpointing=" + checkpointing + " rank " + std::to_string(r);
   EXPECT_TRUE(all_close(out.loss, ref.loss, 1e-5, 1e-5)) << what << ": loss";
   EXPECT_TRUE(all_close(out.logits, ref.logits.chunk(N, -1)[r], 1e-5, 1e-5)) << what << ": logits";
+  double worst = 0;  // largest |gradient - expected| over all parameters
   for (const auto& item : model->named_parameters()) {
     const auto layout = tessera::tensor_parallel_layout(opts, item.key());
     const at::Tensor expected = tessera::shard_tensor(ref.grads.at(item.key()), layout, r, N);
     ASSERT_TRUE(item.value().grad().defined()) << what << ": " << item.key();
+    worst = std::max(worst, (item.value().grad() - expected).abs().max().item<double>());
     EXPECT_TRUE(all_close(item.value().grad(), expected, 1e-5, 1e-5)) << what << ": grad of " << item.key();
     if (layout.dim < 0)
       EXPECT_TRUE(same_on_all_ranks(item.value().grad(), tp)) << what << ": grad of " << item.key() << " differs";
   }
+  if (r == 0)
+    std::printf("%s: |loss - single| = %.2e, max |grad - single| = %.2e\n", what.c_str(),
+                (out.loss - ref.loss).abs().item<double>(), worst);
   if (checkpointing == "none") {
     // Bytes per rank and step (parallelize.h), A = one [B, T, C] float32 activation, P = B T positions:
     // all-reduces of A: the embedding's, the head's backward, and without megatron_sp 4 per layer;
     // the loss: 3 P floats; with megatron_sp 4 all-gathers and 4 reduce-scatters of A per layer, one
     // more of each at the head, an all-gather at the embedding's split, and the all-reduced gradients
-    // of ln_1, ln_2 (weight, bias), both c_proj biases per layer and ln_f: 6 C L + 2 C floats.
+    // of the replicated parameters the sequence-split region uses: per layer ln_1, ln_2 and the two
+    // row-parallel biases, then ln_f; gpt: 6 C L + 2 C floats (LayerNorm weight and bias), linear:
+    // 4 C L + C (RMSNorm weight only).
     const int64_t C = opts.n_embd, L = opts.n_layer, A = B * T * C * 4, P = B * T;
-    const int64_t all_reduced = megatron_sp ? A + 3 * P * 4 + (6 * C * L + 2 * C) * 4 : (2 + 4 * L) * A + 3 * P * 4;
+    const int64_t region_params = opts.arch == "gpt" ? 6 * C * L + 2 * C : 4 * C * L + C;
+    const int64_t all_reduced = megatron_sp ? A + 3 * P * 4 + region_params * 4 : (2 + 4 * L) * A + 3 * P * 4;
     EXPECT_EQ(traffic["all_reduce"], 2 * (N - 1) * all_reduced / N) << what;
     EXPECT_EQ(traffic["all_gather"], megatron_sp ? (N - 1) * (4 * L + 2) * A / N : 0) << what;
     EXPECT_EQ(traffic["reduce_scatter"], megatron_sp ? (N - 1) * (4 * L + 1) * A / N : 0) << what;
@@ -143,14 +165,23 @@ void expect_gathered_state(Group& tp) {
 
 void run_case(int world) {
   tessera::test::Ranks ranks(world);
-  if (!ranks.is_worker()) return ranks.expect_success();
+  if (!ranks.is_worker()) {
+    ranks.expect_success();
+    std::istringstream lines(ranks.results().at(0).output);  // rank 0's measured differences
+    for (std::string line; std::getline(lines, line);)
+      if (line.find("|loss - single|") != std::string::npos) std::printf("%s\n", line.c_str());
+    return;
+  }
   tessera::ParallelOptions options;
   options.tp = world;
   auto mesh = ranks.connect(options);
   Group& tp = mesh->group("tp");
-  expect_matches_single(tp, false, "none");
-  expect_matches_single(tp, true, "none");
-  expect_matches_single(tp, true, "full");
+  expect_matches_single(tp, tiny_gpt(), false, "none");
+  expect_matches_single(tp, tiny_gpt(), true, "none");
+  expect_matches_single(tp, tiny_gpt(), true, "full");
+  expect_matches_single(tp, tiny_linear(), false, "none");
+  expect_matches_single(tp, tiny_linear(), true, "none");
+  expect_matches_single(tp, tiny_linear(), false, "selective");
   expect_gathered_state(tp);
 }
 
