@@ -8,7 +8,8 @@
 //   without a region:  y = out_proj(f(in_proj(x)))                   bias inside out_proj's GEMM
 //   with a region:     y = exit(f(in_proj(enter(x))) W_out^T) + b_out
 // where in_proj holds this rank's output columns (heads, hidden units), W_out this rank's input
-// columns, and b_out, replicated, is added once after exit has summed the ranks' partial products.
+// columns, and b_out, replicated, is added once after exit has summed the ranks' partial products
+// (in the product's dtype, as the GEMM would under autocast).
 //   enter: [B, T', C] -> [B, T, C]    copy_to_tp (T' = T), or gather_from_sequence (T' = T/N)
 //   exit:  [B, T, C] partial -> [B, T', C] reduced   reduce_from_tp, or reduce_scatter_to_sequence
 // Both members are set together.
@@ -38,7 +39,7 @@ struct ShardedRegion {
   at::Tensor output(const torch::nn::Linear& proj, const at::Tensor& y) const {
     if (!active()) return linear(proj, y);
     at::Tensor out = exit(at::linear(y, proj->weight));
-    return proj->bias.defined() ? out + proj->bias : out;
+    return proj->bias.defined() ? out + proj->bias.to(out.scalar_type()) : out;
   }
 };
 

@@ -23,6 +23,7 @@
 #include "distributed/dist_test.h"
 #include "model/transformer.h"
 #include "parallel/tensor/parallelize.h"
+#include "precision/autocast.h"
 #include "test_util.h"
 
 namespace {
@@ -163,15 +164,17 @@ void expect_gathered_state(Group& tp) {
     EXPECT_TRUE(all_close(gathered[i].second, named[i].value(), 1e-6, 1e-6)) << "after a step: " << gathered[i].first;
 }
 
+// Parent side: every rank passed; rank 0's measured differences (lines with "single|") are shown.
+void expect_success_and_show(const tessera::test::Ranks& ranks) {
+  ranks.expect_success();
+  std::istringstream lines(ranks.results().at(0).output);
+  for (std::string line; std::getline(lines, line);)
+    if (line.find("single|") != std::string::npos) std::printf("%s\n", line.c_str());
+}
+
 void run_case(int world) {
   tessera::test::Ranks ranks(world);
-  if (!ranks.is_worker()) {
-    ranks.expect_success();
-    std::istringstream lines(ranks.results().at(0).output);  // rank 0's measured differences
-    for (std::string line; std::getline(lines, line);)
-      if (line.find("|loss - single|") != std::string::npos) std::printf("%s\n", line.c_str());
-    return;
-  }
+  if (!ranks.is_worker()) return expect_success_and_show(ranks);
   tessera::ParallelOptions options;
   options.tp = world;
   auto mesh = ranks.connect(options);
@@ -187,6 +190,48 @@ void run_case(int world) {
 
 TEST(TensorParallelModel, TwoRanksMatchOneProcess) { run_case(2); }
 TEST(TensorParallelModel, FourRanksMatchOneProcess) { run_case(4); }
+
+// Under bf16 autocast (the training step's precision.dtype = bf16 on CPU) the sharded model runs
+// (bf16 activations through the collectives, bf16 logits into the loss) and stays within bf16
+// rounding of the single process under the same autocast: the ranks' partial products are
+// rounded to bf16 before they are summed, the single process rounds the whole product once.
+TEST(TensorParallelModel, Bf16AutocastStaysWithinRounding) {
+  tessera::test::Ranks ranks(2);
+  if (!ranks.is_worker()) return expect_success_and_show(ranks);
+  tessera::ParallelOptions options;
+  options.tp = 2;
+  auto mesh = ranks.connect(options);
+  Group& tp = mesh->group("tp");
+  const tessera::ModelOptions opts = tiny_gpt();
+  const Batch batch = make_batch();
+  torch::manual_seed(7);
+  tessera::TransformerLM single(opts);
+  torch::manual_seed(7);
+  tessera::TransformerLM model(opts);
+  tessera::parallelize_tensor(model, tp, /*megatron_sp=*/true);
+  std::vector<at::Tensor> losses;
+  for (tessera::TransformerLM* m : {&single, &model}) {
+    {
+      tessera::AutocastGuard guard(at::kCPU, at::kBFloat16);
+      auto out = (*m)->forward(batch.idx, batch.targets);
+      EXPECT_EQ(out.logits.scalar_type(), at::kBFloat16);
+      losses.push_back(out.loss);
+    }
+    losses.back().backward();
+  }
+  EXPECT_TRUE(all_close(losses[1], losses[0], 1e-2, 0)) << "loss";
+  const auto reference = single->named_parameters();
+  double worst = 0;
+  for (const auto& item : model->named_parameters()) {
+    const auto layout = tessera::tensor_parallel_layout(opts, item.key());
+    const at::Tensor expected = tessera::shard_tensor(reference[item.key()].grad(), layout, tp.rank(), 2);
+    const double scale = expected.abs().max().item<double>();
+    worst = std::max(worst, (item.value().grad() - expected).abs().max().item<double>() / scale);
+    EXPECT_TRUE(all_close(item.value().grad(), expected, 0, 0.05 * scale)) << item.key();
+  }
+  std::printf("bf16 autocast tp=2 rank %lld: max |grad - single| / max |single| = %.2e\n",
+              static_cast<long long>(tp.rank()), worst);
+}
 
 TEST(TensorParallelModel, RefusesWhatItCannotSplit) {
   tessera::test::Ranks ranks(4);
