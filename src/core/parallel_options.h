@@ -13,6 +13,7 @@ struct ParallelOptions {
   int64_t pp = 1;
   int64_t sp = 1;
   int64_t ep = 1;  // expert parallelism, carved out of the data-parallel ranks (divides dp)
+  bool megatron_sp = false;  // with tp > 1: LayerNorm/dropout regions split along the sequence
   std::string sp_method = "auto";  // auto (lasp for linear attention), lasp, lasp2, ulysses, ring
   int64_t zero_stage = 0;
   double bucket_mb = 4;        // gradient bucket size for overlapped reduction
@@ -31,6 +32,9 @@ struct ParallelOptions {
     v("pp", pp, "pipeline-parallel degree");
     v("sp", sp, "sequence-parallel degree");
     v("ep", ep, "expert-parallel degree (taken from the data-parallel ranks; divides dp)");
+    v("megatron_sp", megatron_sp,
+      "with tp > 1, Megatron sequence parallelism: norms and residuals split along the sequence, all-gather / "
+      "reduce-scatter at region borders");
     v("sp_method", sp_method,
       "sequence parallelism: auto (lasp for linear attention), lasp (state ring), lasp2 (state all-gather), "
       "ulysses, ring");

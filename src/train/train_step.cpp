@@ -2,6 +2,8 @@
 
 #include <malloc.h>
 
+#include <cmath>
+
 #include <ATen/ATen.h>
 #include <torch/torch.h>
 
@@ -11,6 +13,7 @@
 #include "parallel/data/data_parallel.h"
 #include "parallel/sequence/lasp.h"
 #include "parallel/sequence/softmax_attention_sp.h"
+#include "parallel/tensor/parallelize.h"
 #include "precision/autocast.h"
 
 namespace tessera {
@@ -53,14 +56,31 @@ void keep_host_heap() {
 }  // namespace
 
 void check_parallel_layout(const Config& config, const ParallelDims& d) {
-  const std::pair<const char*, int64_t> unbuilt[] = {{"tp", d.tp()}, {"pp", d.pp()}, {"ep", d.ep()}};
+  const std::pair<const char*, int64_t> unbuilt[] = {{"pp", d.pp()}, {"ep", d.ep()}};
   for (const auto& [key, degree] : unbuilt)
     require(degree == 1, "parallel.", key, " = ", degree,
-            ": this build runs data and sequence parallelism only (parallel.dp, parallel.sp); ", key,
+            ": this build runs data, tensor and sequence parallelism only (parallel.dp, tp, sp); ", key,
             " is not implemented yet");
-  require(d.dp() * d.sp() == 1 || config.precision.dtype != "fp16", "precision.dtype = \"fp16\" with parallel.dp = ",
-          d.dp(), " and parallel.sp = ", d.sp(),
-          ": fp16 master weights are not combined with data or sequence parallelism yet; use bf16 or fp32");
+  require(d.dp() * d.sp() * d.tp() == 1 || config.precision.dtype != "fp16", "precision.dtype = \"fp16\" with ",
+          d.describe(), ": fp16 master weights are not combined with parallelism yet; use bf16 or fp32");
+  if (d.tp() > 1) {
+    const ModelOptions& m = config.model;
+    const ParallelOptions& p = config.parallel;
+    require(d.sp() == 1, "parallel.tp = ", d.tp(), " with parallel.sp = ", d.sp(),
+            ": tensor and sequence parallelism together are not implemented yet (parallel.megatron_sp splits the "
+            "sequence inside the tp group)");
+    require(p.zero_stage <= 1 && !p.offload && config.optim.name == "adamw", "parallel.tp = ", d.tp(),
+            " runs with parallel.zero_stage 0 or 1, no parallel.offload and optim.name = adamw (got zero_stage ",
+            p.zero_stage, ", offload ", p.offload, ", optim.name ", config.optim.name, ")");
+    require(m.ffn == "dense", "parallel.tp = ", d.tp(), " with model.ffn = ", m.ffn, ": only dense MLPs are split");
+    require(m.dropout == 0, "model.dropout = ", m.dropout, " with parallel.tp = ", d.tp(),
+            ": tensor-parallel ranks have no separate random streams; set model.dropout = 0");
+    require(m.n_head % d.tp() == 0, "model.n_head = ", m.n_head, " is not a multiple of parallel.tp = ", d.tp());
+    require(m.vocab_size % d.tp() == 0, "model.vocab_size = ", m.vocab_size, " is not a multiple of parallel.tp = ",
+            d.tp());
+    require(!p.megatron_sp || config.train.seq_len % d.tp() == 0, "train.seq_len = ", config.train.seq_len,
+            " is not a multiple of parallel.tp = ", d.tp(), " (parallel.megatron_sp splits the sequence)");
+  }
   if (d.sp() == 1) return;
   require(config.train.seq_len % d.sp() == 0, "train.seq_len = ", config.train.seq_len,
           " is not divisible by parallel.sp = ", d.sp(), " (each rank takes an equal contiguous chunk)");
@@ -88,8 +108,12 @@ TrainStep::TrainStep(const Config& config, comm::Mesh* mesh)
   keep_host_heap();
   torch::manual_seed(static_cast<uint64_t>(config.train.seed));
   model_ = TransformerLM(config.model);
-  model_->set_activation_checkpointing(config.memory.activation_checkpointing);
   model_->to(device_, parameter_dtype(config.precision));
+  if (mesh_ && mesh_->dims().tp() > 1) {  // every tp rank built the same model (same seed) to shard
+    tp_ = &mesh_->group("tp");
+    parallelize_tensor(model_, *tp_, config.parallel.megatron_sp);
+  }
+  model_->set_activation_checkpointing(config.memory.activation_checkpointing);
   NamedTensors named;
   for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
   if (mesh_ && mesh_->dims().sp() > 1) {
@@ -169,7 +193,8 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr) {
 
   if (dp_) {
     dp_->finish_gradients();
-    result.grad_norm = dp_->clip_grad_norm(config_.optim.grad_clip);
+    result.grad_norm =
+        tp_ ? clip_tensor_parallel(config_.optim.grad_clip) : dp_->clip_grad_norm(config_.optim.grad_clip);
     dp_->step(lr);
     dp_->zero_grad();
     return result;
@@ -183,7 +208,8 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr) {
     }
     scaler_->update(result.skipped);
   } else {
-    result.grad_norm = clip_grad_norm(optimized_parameters(), config_.optim.grad_clip);
+    result.grad_norm = tp_ ? clip_tensor_parallel(config_.optim.grad_clip)
+                           : clip_grad_norm(optimized_parameters(), config_.optim.grad_clip);
     optimizer_->step(lr);
   }
   optimizer_->zero_grad();
@@ -215,30 +241,83 @@ double TrainStep::evaluate(const std::vector<Batch>& batches) {
 
 NamedTensors TrainStep::model_state() {
   if (dp_) dp_->gather_full_parameters();
-  return export_state(*model_);
+  if (!tp_) return export_state(*model_);
+  // Checkpoints hold the unsharded model (tp = 1), whatever tp saved them.
+  TransformerLM full(config_.model);
+  const NamedTensors gathered = gather_tensor_parallel_state(*model_, *tp_);
+  at::NoGradGuard no_grad;
+  auto params = full->named_parameters();
+  for (const auto& [name, tensor] : gathered) params[name].copy_(tensor);
+  return export_state(*full);
 }
 
 void TrainStep::load_model_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) {
   if (dp_) dp_->gather_full_parameters();
-  import_state(*model_, tensors, source);
+  if (tp_) {
+    TransformerLM full(config_.model);
+    import_state(*full, tensors, source);
+    at::NoGradGuard no_grad;
+    auto whole = full->named_parameters();
+    for (auto& item : model_->named_parameters())
+      item.value().copy_(shard_tensor(whole[item.key()], tensor_parallel_layout(config_.model, item.key()),
+                                      tp_->rank(), tp_->size()));
+  } else {
+    import_state(*model_, tensors, source);
+  }
   if (dp_) dp_->reshard_parameters();
+}
+
+// Under tensor parallelism an AdamW moment "<param>.exp_avg[_sq]" has its parameter's shape and
+// split; this gives the layout of such a state tensor, or none (replicated, and the step counts).
+std::optional<TensorParallelLayout> TrainStep::moment_layout(const std::string& name, const at::Tensor& t) const {
+  const size_t dot = name.rfind('.');
+  if (!tp_ || dot == std::string::npos || t.dim() == 0) return std::nullopt;
+  const TensorParallelLayout layout = tensor_parallel_layout(config_.model, name.substr(0, dot));
+  if (layout.dim < 0) return std::nullopt;
+  return layout;
 }
 
 NamedTensors TrainStep::training_state() const {
   NamedTensors out;
   if (master_) append_prefixed(out, "master.", master_->master());
-  append_prefixed(out, "optim.", dp_ ? dp_->full_optimizer_state() : optimizer_->state());
+  NamedTensors optim = dp_ ? dp_->full_optimizer_state() : optimizer_->state();
+  for (auto& [name, t] : optim)
+    if (const auto layout = moment_layout(name, t)) t = gather_tensor(t.contiguous(), *layout, *tp_);
+  append_prefixed(out, "optim.", optim);
   if (scaler_) append_prefixed(out, "scaler.", scaler_->state());
   return out;
 }
 
 void TrainStep::load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) {
   if (master_) load_named_state(master_->master(), with_prefix(tensors, "master."), source);
+  std::map<std::string, at::Tensor> optim = with_prefix(tensors, "optim.");
+  for (auto& [name, t] : optim)
+    if (const auto layout = moment_layout(name, t)) t = shard_tensor(t, *layout, tp_->rank(), tp_->size());
   if (dp_)
-    dp_->load_full_optimizer_state(with_prefix(tensors, "optim."), source);
+    dp_->load_full_optimizer_state(optim, source);
   else
-    optimizer_->load_state(with_prefix(tensors, "optim."), source);
+    optimizer_->load_state(optim, source);
   if (scaler_) scaler_->load_state(with_prefix(tensors, "scaler."), source);
+}
+
+// The global gradient norm of a tensor-parallel model: split parameters' squares summed over tp,
+// replicated ones (identical on every tp rank) counted once; clipping as clip_grad_norm.
+double TrainStep::clip_tensor_parallel(double max_norm) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads;
+  std::vector<double> weights;
+  for (const auto& item : model_->named_parameters()) {
+    if (!item.value().grad().defined()) continue;
+    grads.push_back(item.value().grad());
+    const bool replicated = tensor_parallel_layout(config_.model, item.key()).dim < 0;
+    weights.push_back(replicated ? 1.0 / static_cast<double>(tp_->size()) : 1.0);
+  }
+  at::Tensor squares = at::stack(at::_foreach_norm(grads, 2)).to(at::kDouble).pow(2);
+  squares = (squares * at::tensor(weights, squares.options())).sum().reshape({1});
+  tp_->all_reduce(squares);
+  const double norm = std::sqrt(squares.item<double>());
+  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) at::_foreach_mul_(grads, at::Scalar(max_norm / (norm + 1e-6)));
+  return norm;
 }
 
 NamedTensors TrainStep::compression_state() const { return dp_ ? dp_->compression_state() : NamedTensors{}; }

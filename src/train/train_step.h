@@ -14,8 +14,12 @@
 // (parallel/sequence/lasp.h) or ring attention / Ulysses for softmax attention
 // (parallel/sequence/softmax_attention_sp.h). DataParallel reduces over the "dp_sp" group (the
 // losses are means over it, exact when every rank's chunk has the same number of targets).
-// Degrees this build cannot run yet (tp, pp, ep > 1; fp16 with dp * sp > 1) are refused by key
-// before any work.
+// With parallel.tp > 1 the model is sharded Megatron-style (parallel/tensor/parallelize.h): every
+// tp rank runs the same batch, gradients are exact after backward and reduced over dp only; the
+// clipping norm counts split parameters over tp and replicated ones once; model_state() and
+// training_state() hold unsharded tensors (checkpoints are tp = 1, loadable at any tp).
+// Degrees this build cannot run yet (pp, ep > 1; tp with sp; fp16 with any parallelism) are
+// refused by key before any work.
 #pragma once
 
 #include <map>
@@ -30,6 +34,7 @@
 #include "model/transformer.h"
 #include "optim/optimizer.h"
 #include "precision/fp16.h"
+#include "parallel/tensor/parallelize.h"
 #include "train/config.h"
 
 namespace tessera {
@@ -81,6 +86,8 @@ class TrainStep {
 
  private:
   std::vector<at::Tensor> optimized_parameters() const;
+  double clip_tensor_parallel(double max_norm);
+  std::optional<TensorParallelLayout> moment_layout(const std::string& name, const at::Tensor& t) const;
   // This rank's part of [B, T] tokens: columns [r T/sp, (r+1) T/sp) for sp rank r; the model's
   // learned positions start at r T/sp (model/transformer.h).
   at::Tensor sequence_chunk(const at::Tensor& tokens);
@@ -94,7 +101,8 @@ class TrainStep {
   std::unique_ptr<Optimizer> optimizer_;    // one process
   comm::Mesh* mesh_ = nullptr;
   std::unique_ptr<DataParallel> dp_;        // dp * sp > 1
-  comm::Group* replicas_ = nullptr;         // the group dp_ reduces over ("dp", or "dp_sp" with sp > 1)
+  comm::Group* replicas_ = nullptr;
+  comm::Group* tp_ = nullptr;               // tp > 1: the model is sharded (parallel/tensor/parallelize.h)         // the group dp_ reduces over ("dp", or "dp_sp" with sp > 1)
   int64_t sp_ = 1, sp_rank_ = 0;
 };
 

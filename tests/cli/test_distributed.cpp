@@ -195,11 +195,15 @@ TEST(DistributedTrain, DegreesThatDoNotFitAreRefusedBeforeLaunch) {
             std::string::npos)
       << r.output;
   EXPECT_EQ(r.output.find("started ranks"), std::string::npos) << "workers were started: " << r.output;
-  auto unbuilt = run_tessera("train --config tiny_gpt --nproc 2 --set parallel.tp=2" + settings(4, 2) + " --out " + out);
+  auto unbuilt = run_tessera("train --config tiny_gpt --nproc 2 --set parallel.pp=2" + settings(4, 2) + " --out " + out);
   EXPECT_EQ(unbuilt.exit_code, 2);
-  EXPECT_NE(unbuilt.output.find("parallel.tp = 2: this build runs data and sequence parallelism only"),
+  EXPECT_NE(unbuilt.output.find("parallel.pp = 2: this build runs data, tensor and sequence parallelism only"),
             std::string::npos)
       << unbuilt.output;
+  auto tp_heads = run_tessera("train --config tiny_gpt --nproc 4 --set parallel.tp=4" + settings(4, 2) + " --out " + out);
+  EXPECT_EQ(tp_heads.exit_code, 2);
+  EXPECT_NE(tp_heads.output.find("model.n_head = 2 is not a multiple of parallel.tp = 4"), std::string::npos)
+      << tp_heads.output;
   EXPECT_EQ(unbuilt.output.find("started ranks"), std::string::npos) << "workers were started: " << unbuilt.output;
   // Sequence parallelism: the method must fit the attention, Ulysses whole heads, chunks equal.
   auto lasp_gpt = run_tessera("train --config tiny_gpt --nproc 2 --set parallel.sp=2 --set parallel.sp_method=lasp" +
@@ -238,6 +242,41 @@ TEST(DistributedTrain, RingAttentionAndUlyssesMatchOneProcess) {
   expect_same_losses(losses(ring), expected, 1e-4, "ring attention sp=2");
   expect_same_losses(losses(ulysses), expected, 1e-4, "Ulysses sp=2");
   expect_same_losses(losses(mixed), expected, 1e-4, "dp=2 x sp=2 ring, ZeRO-1");
+}
+
+// Megatron tensor parallelism inside training: tp = 2 (with and without Megatron sequence
+// parallelism, GPT and linear attention) and dp 2 x tp 2 give one process's losses; a tp = 2
+// checkpoint holds the unsharded model and resumes on one process.
+TEST(DistributedTrain, TensorParallelMatchesOneProcessAndResumesUnsharded) {
+  const std::string one = fresh_dir("tp_one"), tp2 = fresh_dir("tp_two"), msp = fresh_dir("tp_msp"),
+                    mixed = fresh_dir("tp_dp2"), resumed = fresh_dir("tp_resumed"), lin_one = fresh_dir("tp_lin_one"),
+                    lin_tp = fresh_dir("tp_lin_two");
+  auto r1 = run_tessera("train --config tiny_gpt" + settings(8, 6) + " --out " + one);
+  ASSERT_EQ(r1.exit_code, 0) << r1.output;
+  auto r2 = run_tessera("train --config tiny_gpt --nproc 2 --set parallel.tp=2" + settings(8, 6) +
+                        " --set checkpoint.every=3 --set checkpoint.keep=0 --out " + tp2);
+  ASSERT_EQ(r2.exit_code, 0) << r2.output;
+  auto r3 = run_tessera("train --config tiny_gpt --nproc 2 --set parallel.tp=2 --set parallel.megatron_sp=true" +
+                        settings(8, 6) + " --out " + msp);
+  ASSERT_EQ(r3.exit_code, 0) << r3.output;
+  auto r4 = run_tessera("train --config tiny_gpt --nproc 4 --set parallel.tp=2 --set parallel.zero_stage=1" +
+                        settings(4, 6) + " --out " + mixed);
+  ASSERT_EQ(r4.exit_code, 0) << r4.output;
+  auto r5 = run_tessera("train --resume " + tp2 + "/checkpoints/step_3 --set parallel.tp=1 --out " + resumed);
+  ASSERT_EQ(r5.exit_code, 0) << r5.output;
+  const auto expected = losses(one);
+  expect_same_losses(losses(tp2), expected, 1e-4, "tp=2");
+  expect_same_losses(losses(msp), expected, 1e-4, "tp=2 with Megatron sequence parallelism");
+  expect_same_losses(losses(mixed), expected, 1e-4, "dp=2 x tp=2, ZeRO-1");
+  expect_same_losses(losses(resumed), expected, 1e-4, "tp=2 checkpoint resumed on one process");
+  EXPECT_EQ(losses(resumed).begin()->first, 4);
+
+  auto l1 = run_tessera("train --config tiny_linear" + settings(8, 6) + " --out " + lin_one);
+  ASSERT_EQ(l1.exit_code, 0) << l1.output;
+  auto l2 = run_tessera("train --config tiny_linear --nproc 2 --set parallel.tp=2 --set parallel.megatron_sp=true" +
+                        settings(8, 6) + " --out " + lin_tp);
+  ASSERT_EQ(l2.exit_code, 0) << l2.output;
+  expect_same_losses(losses(lin_tp), losses(lin_one), 1e-4, "linear attention tp=2, Megatron SP");
 }
 
 // ZeRO-Offload on a single process (its main use: one GPU) runs through DataParallel too, and
