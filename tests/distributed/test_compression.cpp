@@ -373,24 +373,15 @@ TEST(Compression, BytesPerStepOnAGptBlock) {
     ParallelOptions options;
     int64_t expected;
   };
-  // Top-k selects layer-wise: k = sum over the block's tensors of ceil(ratio numel_i).
-  auto topk_count = [&](double ratio) {
-    int64_t k = 0;
-    for (const auto& shape : block) {
-      int64_t elements = 1;
-      for (int64_t d : shape) elements *= d;
-      k += tessera::TopK(ratio).count(elements);
-    }
-    return k;
-  };
+  const tessera::TopK topk_1(0.01), topk_01(0.001);
   const std::vector<Row> rows = {
       {"bf16", compression("bf16"), none / 2},
       {"fp16", compression("fp16"), none / 2},
       {"powersgd rank 1", compression("powersgd", 1, 0), 2 * (n - 1) * 4 * powersgd_elements(1) / n},
       {"powersgd rank 4", compression("powersgd", 4, 0), 2 * (n - 1) * 4 * powersgd_elements(4) / n},
       {"powersgd rank 16", compression("powersgd", 16, 0), 2 * (n - 1) * 4 * powersgd_elements(16) / n},
-      {"topk 0.01", compression("topk", 4, 0, 0.01), (n - 1) * 8 * topk_count(0.01)},
-      {"topk 0.001", compression("topk", 4, 0, 0.001), (n - 1) * 8 * topk_count(0.001)},
+      {"topk 0.01", compression("topk", 4, 0, 0.01), (n - 1) * 8 * topk_1.count(numel)},
+      {"topk 0.001", compression("topk", 4, 0, 0.001), (n - 1) * 8 * topk_01.count(numel)},
   };
   if (world.rank() == 0)
     std::printf("GPT-2-small block, %lld parameters, %lld ranks: bytes sent per rank per step\n",

@@ -48,16 +48,8 @@ void TopK::all_reduce_mean(std::vector<at::Tensor>& grads, int64_t bucket, comm:
   }
   if (state.residual.defined()) acc.add_(state.residual);
 
-  // Each gradient tensor keeps its own k largest entries (layer-wise), at their bucket offsets.
-  std::vector<at::Tensor> picked;
-  int64_t offset = 0;
-  for (const at::Tensor& g : grads) {
-    const at::Tensor part = acc.narrow(0, offset, g.numel()).abs();
-    picked.push_back(std::get<1>(part.topk(count(g.numel()), /*dim=*/0, /*largest=*/true, /*sorted=*/false)) + offset);
-    offset += g.numel();
-  }
-  const at::Tensor indices = at::cat(picked);
-  const int64_t k = indices.numel();
+  const int64_t k = count(numel);
+  const at::Tensor indices = std::get<1>(acc.abs().topk(k, /*dim=*/0, /*largest=*/true, /*sorted=*/false));
   const at::Tensor sent = at::cat({indices.to(at::kInt).view(at::kFloat), acc.index_select(0, indices)});
   at::Tensor gathered = at::empty({group.size() * 2 * k}, sent.options());
   group.all_gather(gathered, sent);

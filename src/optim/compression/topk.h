@@ -3,11 +3,8 @@
 //
 // Per bucket b, in float32 (N = group size):
 //   acc [numel] = the bucket's gradients flattened in order + the residual
-//   per gradient tensor i of the bucket, k_i = ceil(parallel.topk_ratio * numel_i) (computed in
-//   double, at least 1), and its k_i entries of largest |acc| (layer-wise selection, as in Deep
-//   Gradient Compression: a bucket-wide selection starves the tensors whose gradients are small,
-//   which then move in rare large bursts); k = sum of k_i
-//   this rank sends those k entries as (int32 index, float32 value) pairs; one
+//   k = ceil(parallel.topk_ratio * numel) (computed in double, at least 1)
+//   this rank sends the k entries of largest |acc| as (int32 index, float32 value) pairs; one
 //   all_gather brings every rank's k pairs (the indices travel as the bit patterns of float32
 //   elements of the same message: all_gather copies bytes, it never computes on them)
 //   mean [numel] = (sum over ranks r, in rank order, of rank r's values scattered to its
@@ -40,7 +37,7 @@ class TopK : public GradientCompressor {
   NamedParams state() const override;
   void load_state(const std::map<std::string, at::Tensor>& state, const std::string& source) override;
 
-  // k_i for a gradient tensor of `numel` elements.
+  // k for a bucket of `numel` elements.
   int64_t count(int64_t numel) const;
 
  private:
