@@ -66,9 +66,9 @@ void check_parallel_layout(const Config& config, const ParallelDims& d) {
   if (d.tp() > 1) {
     const ModelOptions& m = config.model;
     const ParallelOptions& p = config.parallel;
-    require(d.sp() == 1, "parallel.tp = ", d.tp(), " with parallel.sp = ", d.sp(),
-            ": tensor and sequence parallelism together are not implemented yet (parallel.megatron_sp splits the "
-            "sequence inside the tp group)");
+    require(d.sp() == 1 || !p.megatron_sp, "parallel.megatron_sp with parallel.sp = ", d.sp(),
+            ": Megatron sequence parallelism splits the sequence inside the tp group, parallel.sp across groups; "
+            "use one of them");
     require(p.zero_stage <= 1 && !p.offload && config.optim.name == "adamw", "parallel.tp = ", d.tp(),
             " runs with parallel.zero_stage 0 or 1, no parallel.offload and optim.name = adamw (got zero_stage ",
             p.zero_stage, ", offload ", p.offload, ", optim.name ", config.optim.name, ")");
@@ -94,8 +94,9 @@ void check_parallel_layout(const Config& config, const ParallelDims& d) {
           "\" with model.arch = ", config.model.arch, ": LASP needs linear attention; use ring or ulysses");
   require(config.model.dropout == 0, "model.dropout = ", config.model.dropout, " with parallel.sp = ", d.sp(),
           ": sequence-parallel softmax attention applies no attention dropout; set model.dropout = 0");
-  require(method != "ulysses" || config.model.n_head % d.sp() == 0, "model.n_head = ", config.model.n_head,
-          " is not a multiple of parallel.sp = ", d.sp(), " (Ulysses gives each rank whole heads); use ring");
+  require(method != "ulysses" || config.model.n_head % (d.sp() * d.tp()) == 0, "model.n_head = ", config.model.n_head,
+          " is not a multiple of parallel.sp * parallel.tp = ", d.sp() * d.tp(),
+          " (Ulysses gives each rank whole heads of its tensor-parallel share); use ring");
 }
 
 TrainStep::TrainStep(const Config& config, comm::Mesh* mesh)

@@ -18,8 +18,9 @@
 // tp rank runs the same batch, gradients are exact after backward and reduced over dp only; the
 // clipping norm counts split parameters over tp and replicated ones once; model_state() and
 // training_state() hold unsharded tensors (checkpoints are tp = 1, loadable at any tp).
-// Degrees this build cannot run yet (pp, ep > 1; tp with sp; fp16 with any parallelism) are
-// refused by key before any work.
+// Tensor and sequence parallelism combine (dp x tp x sp): the model is sharded first, then the
+// sequence-parallel kernels run on each rank's heads. Degrees this build cannot run yet (pp, ep > 1;
+// megatron_sp with sp > 1; fp16 with any parallelism) are refused by key before any work.
 #pragma once
 
 #include <map>
@@ -48,7 +49,7 @@ struct StepResult {
 
 class DataParallel;
 
-// Refuses, naming the keys, a layout this build cannot train: tp, pp, ep > 1; sp > 1 with a
+// Refuses, naming the keys, a layout this build cannot train: pp, ep > 1; sp > 1 with a
 // train.seq_len it does not divide, an sp_method that does not fit model.arch, attention dropout,
 // or (Ulysses) heads it does not divide; fp16 with dp * sp > 1.
 // The launcher calls it before starting workers; TrainStep again in every process.

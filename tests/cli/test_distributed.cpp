@@ -214,7 +214,7 @@ TEST(DistributedTrain, DegreesThatDoNotFitAreRefusedBeforeLaunch) {
   auto heads = run_tessera("train --config tiny_gpt --nproc 4 --set parallel.sp=4 --set parallel.sp_method=ulysses" +
                            settings(4, 2) + " --out " + out);
   EXPECT_EQ(heads.exit_code, 2);
-  EXPECT_NE(heads.output.find("model.n_head = 2 is not a multiple of parallel.sp = 4"), std::string::npos)
+  EXPECT_NE(heads.output.find("model.n_head = 2 is not a multiple of parallel.sp * parallel.tp = 4"), std::string::npos)
       << heads.output;
   auto uneven = run_tessera("train --config tiny_linear --nproc 3 --set parallel.sp=3" + settings(4, 2) + " --out " + out);
   EXPECT_EQ(uneven.exit_code, 2);
@@ -277,6 +277,26 @@ TEST(DistributedTrain, TensorParallelMatchesOneProcessAndResumesUnsharded) {
                         settings(8, 6) + " --out " + lin_tp);
   ASSERT_EQ(l2.exit_code, 0) << l2.output;
   expect_same_losses(losses(lin_tp), losses(lin_one), 1e-4, "linear attention tp=2, Megatron SP");
+}
+
+// Three-way layouts on 8 ranks: dp 2 x tp 2 x sp 2, for the linear-attention model (LASP on each
+// rank's heads) and for GPT (ring attention), give one process's losses.
+TEST(DistributedTrain, ThreeWayLayoutsOnEightRanksMatchOneProcess) {
+  const std::string lin_one = fresh_dir("3d_lin_one"), lin = fresh_dir("3d_lin"), gpt_one = fresh_dir("3d_gpt_one"),
+                    gpt = fresh_dir("3d_gpt");
+  const std::string three_way = " --nproc 8 --set parallel.tp=2 --set parallel.sp=2";
+  auto l1 = run_tessera("train --config tiny_linear" + settings(8, 5) + " --set model.linear_chunk=4 --out " + lin_one);
+  ASSERT_EQ(l1.exit_code, 0) << l1.output;
+  auto l8 = run_tessera("train --config tiny_linear" + three_way + " --set parallel.zero_stage=1" + settings(4, 5) +
+                        " --set model.linear_chunk=4 --out " + lin);
+  ASSERT_EQ(l8.exit_code, 0) << l8.output;
+  EXPECT_NE(l8.output.find("dp=2 tp=2 pp=1 sp=2 ep=1 (world 8)"), std::string::npos) << l8.output;
+  expect_same_losses(losses(lin), losses(lin_one), 1e-4, "linear dp2 x tp2 x sp2 LASP");
+  auto g1 = run_tessera("train --config tiny_gpt" + settings(8, 5) + " --out " + gpt_one);
+  ASSERT_EQ(g1.exit_code, 0) << g1.output;
+  auto g8 = run_tessera("train --config tiny_gpt" + three_way + settings(4, 5) + " --out " + gpt);
+  ASSERT_EQ(g8.exit_code, 0) << g8.output;
+  expect_same_losses(losses(gpt), losses(gpt_one), 1e-4, "GPT dp2 x tp2 x sp2 ring attention");
 }
 
 // ZeRO-Offload on a single process (its main use: one GPU) runs through DataParallel too, and
