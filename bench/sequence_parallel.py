@@ -9,8 +9,9 @@ Bytes: tiny_linear (4 layers, width 128, 4 heads of 32) with LASP (ring) and LAS
 ranks, batch 1, one timed step per length; the sp group's bytes sent by rank 0 (in the ring it sends
 forward only) as `tessera bench` reports them, against the formulas
 of docs/sequence_parallel.md and papers.md §2.3. Softmax methods (ulysses, ring) are measured on a
-GPT of the same width when this build has them; Megatron-SP is a formula only (no tensor
-parallelism yet).
+GPT of the same width; Megatron-SP is tiny_gpt at tp = --ranks with parallel.megatron_sp, its tp
+group's bytes (the formula counts the blocks only; the measured total adds the embedding, the
+head and the vocab-parallel loss).
 
 Memory: for each sp degree, the longest sequence (a multiple of 1024 * degree) whose step keeps
 rank 0's peak CPU tensor bytes (`peak_bytes`, the counting allocator) under --cap-mib, found by
@@ -55,7 +56,8 @@ def predicted_bytes(method, length, ranks, rank, layers=4, width=128, heads=4, b
     block = batch * chunk * width  # one chunk of K (or V) over all heads, elements
     if method == "ring":  # K, V blocks 0..t go on to t+1 (forward and again in backward), fp32 dK, dV travel W steps
         return layers * (4 * (rank + 1) * block * 4 * (rank + 1 < ranks) + 8 * ranks * block)
-    if method == "megatron-sp":  # 2 all-gathers + 2 reduce-scatters of B N d per layer forward, as many backward
+    if method == "megatron-sp":  # the blocks' 2 all-gathers + 2 reduce-scatters of B N d forward, as many
+        # backward; measured totals add the embedding, the head's gather and the vocab-parallel loss
         return layers * 8 * (ranks - 1) * batch * chunk * width * 4
     raise ValueError(method)
 
@@ -83,7 +85,7 @@ def main():
     a.add_argument("build")
     a.add_argument("--ranks", type=int, default=4)
     a.add_argument("--lengths", default="4096,8192,16384,32768,65536")
-    a.add_argument("--methods", default="lasp,lasp2,ulysses,ring")
+    a.add_argument("--methods", default="lasp,lasp2,ulysses,ring,megatron-sp")
     a.add_argument("--softmax-max-length", type=int, default=16384,
                    help="softmax attention is quadratic: longer sequences get the formula only")
     a.add_argument("--cap-mib", type=float, default=512)
@@ -100,10 +102,15 @@ def main():
             config = "tiny_linear" if method.startswith("lasp") else "tiny_gpt"
             if config == "tiny_gpt" and length > args.softmax_max_length:
                 continue
-            r = bench(args.build, config, args.ranks, {"parallel.sp": args.ranks, "parallel.sp_method": method,
-                                                         "train.seq_len": length, "model.block_size": length})
-            # The sp group is also the gradients' group here (dp = 1): leave out its all_reduce.
-            row[method] = sum(b for op, b in r["sp_bytes_per_step"].items() if op != "all_reduce")
+            if method == "megatron-sp":  # tp = ranks with Megatron sequence parallelism: the tp group's bytes
+                r = bench(args.build, config, args.ranks, {"parallel.tp": args.ranks, "parallel.megatron_sp": "true",
+                                                             "train.seq_len": length, "model.block_size": length})
+                row[method] = sum(r["tp_bytes_per_step"].values())
+            else:
+                r = bench(args.build, config, args.ranks, {"parallel.sp": args.ranks, "parallel.sp_method": method,
+                                                             "train.seq_len": length, "model.block_size": length})
+                # The sp group is also the gradients' group here (dp = 1): leave out its all_reduce.
+                row[method] = sum(b for op, b in r["sp_bytes_per_step"].items() if op != "all_reduce")
             row[method + "_tokens_per_s"] = r["tokens_per_s"]
             print(f"T={length} {method}: {row[method]:.0f} bytes/step, "
                   f"predicted {predicted_bytes(method, length, args.ranks, 0)}", flush=True)

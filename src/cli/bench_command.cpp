@@ -7,7 +7,8 @@
 // with no data parallelism at all (each trains alone), the baseline for communication overhead
 // on a machine whose cores the processes share. Rank 0 reports; with data parallelism it adds the
 // dp group's bytes sent and communication-thread busy time per step, with sequence parallelism
-// the sp group's bytes sent per step by operation (sp_bytes_per_step; bench/sequence_parallel.py).
+// the sp group's bytes sent per step by operation (sp_bytes_per_step; bench/sequence_parallel.py),
+// with tensor parallelism the tp group's (tp_bytes_per_step).
 //
 // Host memory (rank 0; memory/host_memory_stats.h, installed as the CPU allocator at start):
 //   model_state_bytes  CPU tensor bytes live after the last step (its update and zero_grad done,
@@ -76,12 +77,14 @@ Command add_bench_command(CLI::App& app) {
     TrainStep step(config, mesh.get());
     comm::Group* dp = mesh && mesh->dims().dp() > 1 ? &mesh->group("dp") : nullptr;
     comm::Group* sp = mesh && mesh->dims().sp() > 1 ? &mesh->group("sp") : nullptr;
+    comm::Group* tp = mesh && mesh->dims().tp() > 1 ? &mesh->group("tp") : nullptr;
     const c10::Device device = step.device();
     std::vector<double> seconds;
     for (int64_t i = 0; i < args->warmup + args->steps; ++i) {
       if (i == args->warmup) {
         if (dp) dp->reset_traffic();
         if (sp) sp->reset_traffic();
+        if (tp) tp->reset_traffic();
         host_memory::reset_peak();
       }
       auto start = std::chrono::steady_clock::now();
@@ -118,11 +121,19 @@ Command add_bench_command(CLI::App& app) {
                           {"data_parallel", dp != nullptr},
                           {"model_state_bytes", model_state_bytes},
                           {"peak_bytes", peak_bytes}};
-    if (sp) {  // by operation: with dp = 1 the sp group is also the gradients' group (all_reduce)
+    // By operation; with dp = 1 the sp (or tp) group is also the gradients' group (all_reduce).
+    auto bytes_by_op = [&](const comm::Group& group) {
       nlohmann::json by_op = nlohmann::json::object();
-      for (const auto& [op, bytes] : sp->traffic()) by_op[op] = static_cast<double>(bytes) / steps;
-      out["sp_bytes_per_step"] = by_op;
+      for (const auto& [op, bytes] : group.traffic()) by_op[op] = static_cast<double>(bytes) / steps;
+      return by_op;
+    };
+    if (sp) {
+      out["sp_bytes_per_step"] = bytes_by_op(*sp);
       out["sp_method"] = config.parallel.sp_method;
+    }
+    if (tp) {
+      out["tp_bytes_per_step"] = bytes_by_op(*tp);
+      out["megatron_sp"] = config.parallel.megatron_sp;
     }
     if (dp) {
       out["comm_bytes_per_step"] = comm_bytes_per_step;

@@ -128,6 +128,9 @@ struct Group::Impl {
     // arithmetic of the ring and of averaging must use the process's train.threads setting, or its
     // idle OpenMP workers spin against the training threads.
     at::init_num_threads();
+    // Collectives are never part of an autograd graph: the ring's in-place arithmetic on views of
+    // tensors made under no_grad (inside autograd functions' forward) must not be recorded here.
+    at::NoGradGuard no_grad;
     for (;;) {
       std::function<void()> task;
       {

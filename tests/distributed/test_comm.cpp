@@ -71,6 +71,17 @@ TEST(Comm, RingReduceScatterAndAllGather) {
   world.all_gather(gathered, shard);
   EXPECT_TRUE(at::equal(gathered, full));
 
+  // As inside an autograd function's forward: the output a view made under no_grad, the input
+  // requiring grad. The communication thread records no autograd, so the in-place ring is allowed.
+  at::Tensor tracked = input.clone().requires_grad_();
+  at::Tensor base = at::empty({2 * chunk}), view_out;
+  {
+    at::NoGradGuard no_grad;
+    view_out = base.narrow(0, chunk, chunk);
+  }
+  world.reduce_scatter(view_out, tracked);
+  EXPECT_TRUE(at::equal(view_out, shard));
+
   // Overlap: several async ops in flight, waited out of order, still correct.
   std::vector<at::Tensor> outs;
   std::vector<tessera::comm::Work> works;
