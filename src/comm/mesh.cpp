@@ -1,5 +1,7 @@
 #include "comm/mesh.h"
 
+#include <csignal>
+
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -39,6 +41,9 @@ std::unique_ptr<Mesh> Mesh::connect(const LaunchInfo& launch, const ParallelDims
   std::unique_ptr<Mesh> mesh(new Mesh(launch, dims, options, device));
   Mesh& m = *mesh;
   if (launch.world_size > 1) {
+    // A peer that died closes its sockets; writing to one must fail the collective with a named
+    // error (EPIPE), not kill this process silently with SIGPIPE's default action.
+    std::signal(SIGPIPE, SIG_IGN);
     c10d::TCPStoreOptions store_options;
     store_options.port = static_cast<uint16_t>(launch.master_port);
     store_options.isServer = launch.rank == 0 && !launch.agent_store;

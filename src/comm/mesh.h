@@ -5,7 +5,9 @@
 //
 // Every rank must call Mesh::connect with the same degrees; it returns when all groups of this
 // rank are connected, or throws after parallel.timeout_s naming the rank and the group that did
-// not assemble. A world of one process needs no store and no network.
+// not assemble. A world of one process needs no store and no network. Connecting a world of
+// several sets SIGPIPE to be ignored in this process: a dead peer's closed socket then fails the
+// collective with a named error instead of killing the survivor silently.
 #pragma once
 
 #include <map>

@@ -45,7 +45,7 @@ TEST(CommFailures, DeadRankEndsTheOthersWithANamedError) {
   EXPECT_EQ(ranks.results()[2].exit.code, 7);
   for (int r = 0; r < 2; ++r) {
     const auto& result = ranks.results()[r];
-    EXPECT_EQ(result.exit.code, 3) << result.output;
+    EXPECT_EQ(result.exit.code, 3) << "rank " << r << " " << result.exit.describe() << "\n" << result.output;
     EXPECT_NE(result.output.find("rank " + std::to_string(r) + " (group 'world'"), std::string::npos) << result.output;
     EXPECT_NE(result.output.find("all_reduce of 4000 bytes failed"), std::string::npos) << result.output;
   }
