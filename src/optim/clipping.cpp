@@ -27,11 +27,15 @@ double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
     group_norms.push_back(at::linalg_vector_norm(at::stack(norms), 2).to(at::kCPU, at::kDouble));
   }
   const double norm = at::linalg_vector_norm(at::stack(group_norms), 2).item<double>();
-  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
-    const double coef = max_norm / (norm + 1e-6);
-    for (auto& [key, grads] : groups) at::_foreach_mul_(grads, at::Scalar(coef));
-  }
+  for (auto& [key, grads] : groups) scale_to_max_norm(grads, norm, max_norm);
   return norm;
+}
+
+void scale_to_max_norm(const std::vector<at::Tensor>& grads, double norm, double max_norm) {
+  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm && !grads.empty()) {
+    at::NoGradGuard no_grad;
+    at::_foreach_mul_(grads, at::Scalar(max_norm / (norm + 1e-6)));
+  }
 }
 
 }  // namespace tessera

@@ -15,4 +15,9 @@ namespace tessera {
 
 double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
 
+// The scaling step alone, for callers that computed the global norm themselves (over shards, or
+// summed over ranks): grads *= max_norm / (norm + 1e-6) when max_norm > 0 and a finite norm
+// exceeds it; otherwise nothing.
+void scale_to_max_norm(const std::vector<at::Tensor>& grads, double norm, double max_norm);
+
 }  // namespace tessera

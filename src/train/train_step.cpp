@@ -317,7 +317,7 @@ double TrainStep::clip_tensor_parallel(double max_norm) {
   squares = (squares * at::tensor(weights, squares.options())).sum().reshape({1});
   tp_->all_reduce(squares);
   const double norm = std::sqrt(squares.item<double>());
-  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) at::_foreach_mul_(grads, at::Scalar(max_norm / (norm + 1e-6)));
+  scale_to_max_norm(grads, norm, max_norm);
   return norm;
 }
 

@@ -311,18 +311,14 @@ double DataParallel::clip_grad_norm(double max_norm) {
   Impl& s = *impl_;
   at::NoGradGuard no_grad;
   if (s.offload) s.offload->wait();
-  // The gradients the optimizer reads: with offload the host's, scaled as clipping.h scales.
-  auto scale = [&](const std::vector<at::Tensor>& grads, double norm) {
-    if (max_norm > 0 && std::isfinite(norm) && norm > max_norm)
-      at::_foreach_mul_(grads, at::Scalar(max_norm / (norm + 1e-6)));
-  };
+  // Scaled are the gradients the optimizer reads: with offload the host's.
   if (s.stage <= 1) {
     std::vector<at::Tensor> tensors;
     for (const auto& [name, p] : s.params) tensors.push_back(p);
     if (!s.offload) return tessera::clip_grad_norm(tensors, max_norm);
     // The norm over the whole (all-reduced) device gradients, as without offload.
     const double norm = tessera::clip_grad_norm(tensors, 0);
-    scale(s.offload->grads(), norm);
+    scale_to_max_norm(s.offload->grads(), norm, max_norm);
     return norm;
   }
   // Every element of the gradient lives in exactly one rank's shards (the padding is zero).
@@ -331,7 +327,7 @@ double DataParallel::clip_grad_norm(double max_norm) {
   squares = squares.to(s.params.front().second.device());
   s.dp.all_reduce(squares);
   const double norm = std::sqrt(squares.item<double>());
-  scale(shards, norm);
+  scale_to_max_norm(shards, norm, max_norm);
   return norm;
 }
 
