@@ -20,8 +20,9 @@ import argparse
 import json
 import pathlib
 import platform
-import subprocess
 import time
+
+from tessera_bench import tessera_bench
 
 MODEL = {"model.preset": "tiny_gpt", "model.vocab_size": 8192, "model.block_size": 128, "model.n_layer": 4,
          "model.n_head": 6, "model.n_embd": 384, "train.batch_size": 4, "train.seq_len": 128,
@@ -38,12 +39,7 @@ MODES = {
 
 
 def run(build, ranks, flags, sets, steps, warmup):
-    cmd = [str(pathlib.Path(build) / "tessera"), "bench", "--config", "tiny_gpt", "--json", "--nproc", str(ranks),
-           "--steps", str(steps), "--warmup", str(warmup)] + flags
-    for k, v in {**MODEL, **sets}.items():
-        cmd += ["--set", f"{k}={v}"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return tessera_bench(build, "tiny_gpt", {**MODEL, **sets}, ranks, steps, warmup, flags)
 
 
 def main():

@@ -22,24 +22,16 @@ import argparse
 import json
 import pathlib
 import platform
-import subprocess
 import time
+
+from tessera_bench import tessera_bench
 
 MODEL = {"model.n_layer": 4, "model.n_embd": 128, "model.n_head": 4, "train.batch_size": 1, "train.threads": 1,
          "data.path": "unused", "model.dropout": 0.0}
 
 
-def bench(build, config, ranks, sets, steps=1, warmup=1):
-    cmd = [str(pathlib.Path(build) / "tessera"), "bench", "--config", config, "--json", "--steps", str(steps),
-           "--warmup", str(warmup)]
-    if ranks > 1:
-        cmd += ["--nproc", str(ranks)]
-    for k, v in {**MODEL, **sets}.items():
-        cmd += ["--set", f"{k}={v}"]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)}\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+def bench(build, config, ranks, sets):
+    return tessera_bench(build, config, {**MODEL, **sets}, ranks)
 
 
 def predicted_bytes(method, length, ranks, rank, layers=4, width=128, heads=4, batch=1):

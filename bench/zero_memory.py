@@ -27,8 +27,9 @@ import argparse
 import json
 import pathlib
 import platform
-import subprocess
 import time
+
+from tessera_bench import tessera_bench
 
 MODEL = {"model.preset": "tiny_gpt", "model.vocab_size": 256, "model.block_size": 64, "model.n_layer": 12,
          "model.n_head": 8, "model.n_embd": 512, "train.batch_size": 1, "train.seq_len": 64,
@@ -51,12 +52,7 @@ def predicted(stage, n, params, rest):
 
 
 def run(build, ranks, stage, steps, warmup):
-    cmd = [str(pathlib.Path(build) / "tessera"), "bench", "--config", "tiny_gpt", "--json", "--nproc", str(ranks),
-           "--steps", str(steps), "--warmup", str(warmup)]
-    for k, v in {**MODEL, "parallel.zero_stage": stage}.items():
-        cmd += ["--set", f"{k}={v}"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return tessera_bench(build, "tiny_gpt", {**MODEL, "parallel.zero_stage": stage}, ranks, steps, warmup)
 
 
 def main():
