@@ -102,6 +102,11 @@ struct Group::Impl {
   }
 
   Work enqueue(const std::string& op, std::function<void()> body) {
+    if (std::this_thread::get_id() == thread.get_id()) {  // inside a composite operation (run_async)
+      if (failed) fail_op(op, "an earlier operation of this group failed");
+      guarded(op, body);
+      return Work();
+    }
     auto promise = std::make_shared<std::promise<void>>();
     Work work(promise->get_future().share());
     {
@@ -327,6 +332,10 @@ void Group::send_recv(at::Tensor send, int64_t to, at::Tensor recv, int64_t from
 void Group::send(at::Tensor tensor, int64_t to, int64_t tag) { impl_->point_to_point(tensor, to, {}, -1, tag); }
 
 void Group::recv(at::Tensor tensor, int64_t from, int64_t tag) { impl_->point_to_point({}, -1, tensor, from, tag); }
+
+Work Group::run_async(const std::string& op, std::function<void()> body) {
+  return impl_->enqueue(op, std::move(body));
+}
 
 void Group::barrier() {
   Impl& g = *impl_;

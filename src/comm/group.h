@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
@@ -89,6 +90,10 @@ class Group {
   void send(at::Tensor tensor, int64_t to, int64_t tag = 0);
   void recv(at::Tensor tensor, int64_t from, int64_t tag = 0);
   void barrier();
+  // A composite operation named `op` (see the invariants above). `body` may issue this group's
+  // collectives (they run inline and their Work is already done when returned) and compute; the
+  // tensors it touches follow the async rules. Its exceptions surface from the returned Work.
+  Work run_async(const std::string& op, std::function<void()> body);
 
   // Bytes this rank sent, by operation name ("all_reduce", "all_gather", ...).
   std::map<std::string, int64_t> traffic() const;

@@ -1,9 +1,15 @@
 // The comm layer against exact arithmetic on 2-4 ranks: every collective's result, the ring
 // reduce-scatter's traffic ((N-1)/N of the input per rank, not an all-reduce's 2(N-1)/N), and the
-// mesh groups matching ParallelDims.
+// mesh groups matching ParallelDims, and composite operations (run_async) keeping the group's order.
+#include <atomic>
+#include <chrono>
+#include <thread>
+
 #include <ATen/ATen.h>
 
+#include "core/error.h"
 #include "dist_test.h"
+#include "test_util.h"
 
 namespace {
 
@@ -104,6 +110,41 @@ TEST(Comm, SendRecvRing) {
   at::Tensor incoming = at::empty({7});
   world.send_recv(rank_tensor(me, 7), (me + 1) % n, incoming, (me + n - 1) % n, 5);
   EXPECT_TRUE(at::equal(incoming, rank_tensor((me + n - 1) % n, 7)));
+}
+
+// A composite operation's inner collectives run inline on the communication thread, in the
+// queue position of run_async: the plain all-reduce issued after it is matched with the other
+// rank's plain all-reduce even though rank 0's composite is slow to start, and run_async returns
+// before its body has run.
+TEST(Comm, CompositeOperationKeepsTheGroupOrder) {
+  tessera::test::Ranks ranks(2);
+  if (!ranks.is_worker()) return ranks.expect_success();
+  auto mesh = ranks.connect();
+  auto& world = mesh->world();
+  const int64_t me = world.rank();
+  at::Tensor first = rank_tensor(me, 4), second = rank_tensor(me, 3), plain = rank_tensor(me, 5);
+  std::atomic<bool> started{false};
+  tessera::comm::Work composite = world.run_async("two all-reduces", [&] {
+    started = true;
+    if (me == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    world.all_reduce(first);
+    second.add_(first.narrow(0, 0, 3));  // compute between the collectives
+    world.all_reduce_async(second).wait();
+  });
+  if (me == 0) {
+    EXPECT_TRUE(composite.pending());
+  }
+  tessera::comm::Work after = world.all_reduce_async(plain);
+  after.wait();
+  EXPECT_TRUE(started);
+  composite.wait();
+  const at::Tensor sum_first = rank_tensor(0, 4) + rank_tensor(1, 4);
+  EXPECT_TRUE(at::equal(first, sum_first));
+  EXPECT_TRUE(at::equal(second, rank_tensor(0, 3) + rank_tensor(1, 3) + 2 * sum_first.narrow(0, 0, 3)));
+  EXPECT_TRUE(at::equal(plain, rank_tensor(0, 5) + rank_tensor(1, 5)));
+  // A failure inside the body surfaces from the Work.
+  tessera::comm::Work failing = world.run_async("failing composite", [] { tessera::fail("the body's own error"); });
+  EXPECT_TRUE(tessera::test::throws_naming([&] { failing.wait(); }, {"the body's own error"}));
 }
 
 TEST(Comm, MeshGroupsFollowParallelDims) {
