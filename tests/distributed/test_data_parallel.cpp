@@ -171,6 +171,12 @@ Training train_dp(comm::Group& group, const DpSetup& setup, int64_t first, int64
       if (!last_micro && setup.stage <= 1) {
         EXPECT_EQ(group.bytes_sent(), sent_before) << "micro-batch " << m;
       }
+      // Compressed buckets start from backward's hooks: the barrier is queued behind every one
+      // already launched, so their bytes are counted before finish_gradients.
+      if (last_micro && setup.compression != "none" && group.size() > 1) {
+        group.barrier();
+        EXPECT_GT(group.bytes_sent(), sent_before) << "no compressed bucket started during backward";
+      }
     }
     dp.finish_gradients();
     run.norms.push_back(dp.clip_grad_norm(setup.grad_clip));
@@ -416,7 +422,7 @@ TEST(DataParallel, TwoRanksStagesAccumulationCheckpointingOverlap) {
   for (int64_t stage = 0; stage <= 3; ++stage)
     expect_matches(train_dp(group, {stage, 2}, 0, kSteps), ref, 0, "accumulation, stage " + std::to_string(stage));
   expect_matches(train_dp(group, {3, 2, /*checkpointing=*/true}, 0, kSteps), ref, 0, "stage 3, full checkpointing");
-  // fp16 compression at stage 0 (after backward, per bucket): gradients rounded to float16.
+  // fp16 compression at stage 0 (per bucket, started during backward): gradients rounded to float16.
   DpSetup fp16;
   fp16.compression = "fp16";
   expect_matches(train_dp(group, fp16, 0, kSteps), reference(2 * kRows, kSteps), 0, "stage 0, fp16 compression",

@@ -8,6 +8,9 @@
 // - all_reduce_mean() is called once per bucket per optimizer step, one call at a time, with the
 //   same buckets (same tensors' shapes, same order) in the same order on every rank of `group`.
 //   It is a collective: every rank calls it, and it returns when the bucket is averaged.
+// - DataParallel calls it on `group`'s communication thread (comm::Group::run_async) while
+//   backward is still running, so it must use no thread-local state of the training thread;
+//   state() and load_state() are called on the training thread only when no bucket is in flight.
 // - `bucket` names the bucket across steps; per-bucket state (residuals, PowerSGD's Q, step
 //   counts) is keyed by it. A bucket keeps its layout for the whole run.
 // - Gradients may be any floating dtype and shape; PowerSGD and top-k compute in float32 and

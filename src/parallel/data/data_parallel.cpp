@@ -216,7 +216,7 @@ void DataParallel::before_backward(bool last_micro_batch) {
           "internal: DataParallel::before_backward after the last micro-batch without finish_gradients");
   if (s.armed && s.reducing) s.launch_through(s.reductions.size());
   s.last_micro_batch = last_micro_batch;
-  s.reducing = s.stage >= 2 || (last_micro_batch && !s.compressor);
+  s.reducing = s.stage >= 2 || last_micro_batch;
   for (auto& r : s.reductions) r.arrived = 0;
   std::fill(s.arrived.begin(), s.arrived.end(), 0);
   s.next_launch = 0;
@@ -241,6 +241,11 @@ void DataParallel::Impl::launch_through(size_t end) {
 }
 
 void DataParallel::Impl::launch(const Reduction& r) {
+  if (stage <= 1 && compressor) {
+    buckets[r.index].work = dp.run_async("compressed reduction of bucket " + std::to_string(r.index),
+                                         [this, b = r.index] { compress(b); });
+    return;
+  }
   if (stage <= 1) {
     buckets[r.index].work = dp.all_reduce_async(buckets[r.index].grad);
     return;
@@ -260,6 +265,15 @@ void DataParallel::Impl::launch(const Reduction& r) {
     scatters.pop_front();
   }
   if (stage == 3 && r.index < static_cast<size_t>(n_blocks)) release(r.index);
+}
+
+void DataParallel::Impl::compress(size_t bucket) {
+  const std::vector<size_t>& members = buckets[bucket].params;
+  std::vector<at::Tensor> grads;
+  for (size_t i : members) grads.push_back(grad_views[i]);
+  compressor->all_reduce_mean(grads, static_cast<int64_t>(bucket), dp);
+  for (size_t j = 0; j < grads.size(); ++j)
+    if (!grads[j].is_same(grad_views[members[j]])) grad_views[members[j]].copy_(grads[j]);
 }
 
 void DataParallel::Impl::drain_scatters(size_t keep) {
@@ -287,18 +301,11 @@ void DataParallel::finish_gradients() {
   if (s.reducing) s.launch_through(s.reductions.size());
   if (s.stage <= 1) {
     for (size_t b = 0; b < s.buckets.size(); ++b) {
-      if (s.compressor) {
-        std::vector<at::Tensor> grads;
-        for (size_t i : s.buckets[b].params) grads.push_back(s.grad_views[i]);
-        s.compressor->all_reduce_mean(grads, static_cast<int64_t>(b), s.dp);
-        for (size_t j = 0; j < grads.size(); ++j)
-          if (!grads[j].is_same(s.grad_views[s.buckets[b].params[j]])) s.grad_views[s.buckets[b].params[j]].copy_(grads[j]);
-      } else {
-        s.buckets[b].work.wait();
-        s.buckets[b].work = comm::Work();
-        if (s.world > 1) s.buckets[b].grad.div_(static_cast<double>(s.world));
-        if (s.offload) s.offload->grads_to_host(b);
-      }
+      s.buckets[b].work.wait();
+      s.buckets[b].work = comm::Work();
+      if (s.compressor) continue;  // the compressor's result is already the mean
+      if (s.world > 1) s.buckets[b].grad.div_(static_cast<double>(s.world));
+      if (s.offload) s.offload->grads_to_host(b);
     }
   } else {
     s.drain_scatters(0);  // each unit's gradient is divided by N as its last reduce-scatter is collected

@@ -39,8 +39,10 @@
 //   reshard_parameters() after writing them. The constructor broadcasts rank 0's parameters.
 // - At stages 0-1 each parameter's .grad is a view of its bucket: zero them with zero_grad() here,
 //   never by resetting the grads (model->zero_grad()); a gradient found elsewhere throws.
-// - parallel.grad_compression (stage 0 only) averages each bucket with the compressor in
-//   finish_gradients, after backward, without overlap.
+// - parallel.grad_compression (stage 0 only) averages each bucket with the compressor instead of
+//   the all-reduce, launched from the same hooks: the compressor runs on the dp group's
+//   communication thread as one composite operation per bucket (comm::Group::run_async), so its
+//   compute and collectives overlap the rest of backward and stay in the group's order.
 // - Offload: this rank's gradient shard is copied to the host once it is the dp mean: stage 1 per
 //   bucket in finish_gradients, stages 2-3 per unit as its reduce-scatter of the last micro-batch
 //   is collected (during backward; with N > 1 the host collects a finished reduce-scatter when a

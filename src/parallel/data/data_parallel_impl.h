@@ -90,6 +90,8 @@ struct DataParallel::Impl {
   void launch(const Reduction& r);
   void drain_scatters(size_t keep);
   void collect(PendingScatter& pending);
+  // Stage 0 with a compressor: averages bucket b with it, on dp's communication thread (run_async).
+  void compress(size_t bucket);
 
   // Stage 3.
   BlockOutput run_block(int64_t layer, const at::Tensor& x);
