@@ -88,19 +88,29 @@ std::string prepare_checkpoint_dir(const std::string& checkpoints_dir, int64_t s
   return partial;
 }
 
-void write_optimizer_shard(const std::string& partial_dir, int64_t rank, int64_t shards, const NamedTensors& optimizer) {
-  NamedTensors slices;
-  std::map<std::string, std::string> records;
-  for (const auto& [name, t] : optimizer) {
+std::vector<TensorSlice> even_slices(const NamedTensors& whole, int64_t rank, int64_t shards) {
+  std::vector<TensorSlice> out;
+  for (const auto& [name, t] : whole) {
     const int64_t n = t.numel(), per_rank = (n + shards - 1) / shards;
     const int64_t begin = std::min(n, rank * per_rank), end = std::min(n, begin + per_rank);
-    if (end <= begin) continue;
-    slices.emplace_back(name, t.reshape({-1}).narrow(0, begin, end - begin).contiguous());
-    std::string record = std::to_string(begin);
-    for (int64_t d : t.sizes()) record += " " + std::to_string(d);
-    records[name] = record;
+    if (end > begin) out.push_back({name, t.reshape({-1}).narrow(0, begin, end - begin), begin, t.sizes().vec()});
   }
-  write_safetensors((fs::path(partial_dir) / shard_name(rank, shards)).string(), slices, records);
+  return out;
+}
+
+void write_optimizer_shard(const std::string& partial_dir, int64_t rank, int64_t shards,
+                           const std::vector<TensorSlice>& slices) {
+  NamedTensors tensors;
+  std::map<std::string, std::string> records;
+  for (const TensorSlice& slice : slices) {
+    require(records.count(slice.name) == 0, "internal: two slices of '", slice.name, "' in rank ", rank,
+            "'s optimizer shard");
+    tensors.emplace_back(slice.name, slice.values.reshape({-1}).contiguous());
+    std::string record = std::to_string(slice.begin);
+    for (int64_t d : slice.shape) record += " " + std::to_string(d);
+    records[slice.name] = record;
+  }
+  write_safetensors((fs::path(partial_dir) / shard_name(rank, shards)).string(), tensors, records);
 }
 
 void write_compression_state(const std::string& partial_dir, int64_t rank, int64_t ranks, const NamedTensors& state) {

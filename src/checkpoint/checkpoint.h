@@ -7,7 +7,9 @@
 //   tokenizer files        copied from the data directory so `tessera generate` needs nothing else
 //
 // A multi-rank checkpoint replaces optimizer.safetensors by one shard per rank,
-//   optimizer-<r>-of-<N>.safetensors   rank r's slice of every flattened optimizer tensor
+//   optimizer-<r>-of-<N>.safetensors   contiguous slices of the flattened optimizer tensors
+//                                      (rank r's even slice of each, or what rank r owns under
+//                                      ZeRO: any split that covers every element exactly once)
 // written by every rank into the same step_<N>.partial/ (prepare_checkpoint_dir on rank 0, a
 // barrier, write_optimizer_shard everywhere, a barrier, commit_checkpoint on rank 0). meta.json
 // is written last, after all shards, and lists them with their checksums: it is the commit
@@ -61,15 +63,30 @@ struct LoadedCheckpoint {
 // Writes checkpoints_dir/step_<step>/ atomically and returns its path.
 std::string save_checkpoint(const std::string& checkpoints_dir, int64_t step, const CheckpointContents& contents);
 
+// A contiguous piece of a tensor in an optimizer shard: `values` (any shape, read flattened)
+// are the elements [begin, begin + values.numel()) of the flattened whole tensor `name`, whose
+// shape is `shape` ({} for a scalar).
+struct TensorSlice {
+  std::string name;
+  at::Tensor values;
+  int64_t begin = 0;
+  std::vector<int64_t> shape;
+};
+
+// Rank `rank`'s even slice, elements [r * ceil(n/N), (r + 1) * ceil(n/N)) clipped to n, of each
+// whole tensor (a tensor with no elements there is left out).
+std::vector<TensorSlice> even_slices(const NamedTensors& whole, int64_t rank, int64_t shards);
+
 // The multi-rank protocol above. prepare_checkpoint_dir (rank 0) creates an empty
 // step_<step>.partial/ and returns its path (partial_checkpoint_dir gives it on every rank);
-// write_optimizer_shard writes rank `rank`'s even slice (elements [r * ceil(n/N), ...) of each
-// flattened tensor) of the whole `optimizer` tensors, which every rank holds; commit_checkpoint
+// write_optimizer_shard writes rank `rank`'s slices (over all N ranks every element of every
+// tensor must be written exactly once; load_checkpoint checks the coverage); commit_checkpoint
 // (rank 0) writes the model, the extra files and meta.json (recording `shards` = N) and renames
 // the directory into place. `contents.optimizer` is ignored by commit_checkpoint.
 std::string partial_checkpoint_dir(const std::string& checkpoints_dir, int64_t step);
 std::string prepare_checkpoint_dir(const std::string& checkpoints_dir, int64_t step);
-void write_optimizer_shard(const std::string& partial_dir, int64_t rank, int64_t shards, const NamedTensors& optimizer);
+void write_optimizer_shard(const std::string& partial_dir, int64_t rank, int64_t shards,
+                           const std::vector<TensorSlice>& slices);
 void write_compression_state(const std::string& partial_dir, int64_t rank, int64_t ranks, const NamedTensors& state);
 std::string commit_checkpoint(const std::string& checkpoints_dir, int64_t step, const CheckpointContents& contents,
                               int64_t shards);

@@ -289,6 +289,13 @@ NamedTensors TrainStep::training_state() const {
   return out;
 }
 
+std::vector<TensorSlice> TrainStep::training_state_slices(int64_t rank, int64_t shards) const {
+  if (!dp_ || tp_ || replicas_->size() != shards) return even_slices(training_state(), rank, shards);
+  std::vector<TensorSlice> out = dp_->optimizer_state_slices();
+  for (TensorSlice& slice : out) slice.name = "optim." + slice.name;
+  return out;
+}
+
 void TrainStep::load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) {
   if (master_) load_named_state(master_->master(), with_prefix(tensors, "master."), source);
   std::map<std::string, at::Tensor> optim = with_prefix(tensors, "optim.");

@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/safetensors.h"
+#include "checkpoint/checkpoint.h"
 #include "comm/mesh.h"
 #include "data/sampler.h"
 #include "model/transformer.h"
@@ -80,6 +80,11 @@ class TrainStep {
   // Optimizer, fp32 master weights and loss scaler, named "optim.", "master.", "scaler.".
   NamedTensors training_state() const;
   void load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source);
+  // This rank's slices of training_state() for shard `rank` of a checkpoint written by `shards`
+  // ranks (checkpoint/checkpoint.h). When the data-parallel replicas are the whole world and tp = 1,
+  // each rank's own ZeRO slices, with no gathering (the whole optimizer state never exists on any
+  // rank); otherwise the even slices of training_state() (a collective).
+  std::vector<TensorSlice> training_state_slices(int64_t rank, int64_t shards) const;
   // The gradient compressor's state of this rank (parallel/data/data_parallel.h); empty without
   // data parallelism or compression. Loading refuses a non-empty state where there is none.
   NamedTensors compression_state() const;

@@ -187,13 +187,14 @@ TrainSummary Trainer::run() {
   auto save = [&]() {
     CheckpointContents contents;
     contents.model = s.trainer->model_state();
-    contents.optimizer = s.trainer->training_state();
-    contents.optimizer.emplace_back("rng.cpu", at::detail::getDefaultCPUGenerator().get_state());
+    const NamedTensors rng{{"rng.cpu", at::detail::getDefaultCPUGenerator().get_state()}};
     if (distributed) {
+      const int64_t world = s.mesh->world_size();
+      std::vector<TensorSlice> slices = s.trainer->training_state_slices(s.rank, world);
+      for (TensorSlice& slice : even_slices(rng, s.rank, world)) slices.push_back(std::move(slice));
       if (lead) prepare_checkpoint_dir(checkpoints_dir, s.step);
       s.mesh->world().barrier();
-      write_optimizer_shard(partial_checkpoint_dir(checkpoints_dir, s.step), s.rank, s.mesh->world_size(),
-                            contents.optimizer);
+      write_optimizer_shard(partial_checkpoint_dir(checkpoints_dir, s.step), s.rank, world, slices);
       if (compressing)
         write_compression_state(partial_checkpoint_dir(checkpoints_dir, s.step), s.rank, s.mesh->world_size(),
                                 s.trainer->compression_state());
@@ -210,6 +211,10 @@ TrainSummary Trainer::run() {
     for (const char* name : {"tokenizer.json", "encoder.json", "vocab.bpe"}) {
       fs::path file = fs::path(s.data_dir) / name;
       if (fs::exists(file)) contents.extra_files.push_back(file.string());
+    }
+    if (!distributed) {
+      contents.optimizer = s.trainer->training_state();
+      contents.optimizer.push_back(rng.front());
     }
     last_checkpoint = distributed ? commit_checkpoint(checkpoints_dir, s.step, contents, s.mesh->world_size())
                                   : save_checkpoint(checkpoints_dir, s.step, contents);

@@ -130,6 +130,28 @@ struct DpSetup {
   double grad_clip = adamw().grad_clip;
 };
 
+// optimizer_state_slices(), a sharded checkpoint's content: sent nothing, each slice equals its
+// range of the whole tensor, and over the ranks every element is in exactly one slice.
+void expect_slices_cover(const DataParallel& dp, const NamedParams& whole, comm::Group& group) {
+  const int64_t sent = group.bytes_sent();
+  const std::vector<TensorSlice> slices = dp.optimizer_state_slices();
+  EXPECT_EQ(group.bytes_sent(), sent) << "optimizer_state_slices communicated";
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < whole.size(); ++i) index[whole[i].first] = i;
+  at::Tensor covered = at::zeros({static_cast<int64_t>(whole.size())}, at::kLong);
+  for (const TensorSlice& slice : slices) {
+    ASSERT_TRUE(index.count(slice.name)) << slice.name;
+    const at::Tensor& t = whole[index[slice.name]].second;
+    EXPECT_EQ(slice.shape, t.sizes().vec()) << slice.name;
+    const at::Tensor part = t.reshape({-1}).narrow(0, slice.begin, slice.values.numel());
+    EXPECT_TRUE(at::equal(slice.values.reshape({-1}).cpu(), part.cpu())) << slice.name;
+    covered[static_cast<int64_t>(index[slice.name])] += slice.values.numel();
+  }
+  group.all_reduce(covered);
+  for (size_t i = 0; i < whole.size(); ++i)
+    EXPECT_EQ(covered[static_cast<int64_t>(i)].item<int64_t>(), whole[i].second.numel()) << whole[i].first;
+}
+
 // Steps [first, last) under DataParallel, from the fresh model or from `start_params` and
 // `start_state` (whole tensors, loaded as a resuming trainer does). With keep_state, the result
 // carries full_optimizer_state().
@@ -188,7 +210,10 @@ Training train_dp(comm::Group& group, const DpSetup& setup, int64_t first, int64
   }
   dp.gather_full_parameters();
   run.params = snapshot(model);
-  if (keep_state) run.optimizer_state = dp.full_optimizer_state();
+  if (keep_state) {
+    run.optimizer_state = dp.full_optimizer_state();
+    expect_slices_cover(dp, run.optimizer_state, group);
+  }
   return run;
 }
 

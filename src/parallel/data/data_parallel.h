@@ -64,9 +64,11 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
+#include "checkpoint/checkpoint.h"
 #include "comm/group.h"
 #include "core/parallel_options.h"
 #include "model/transformer.h"
@@ -93,6 +95,12 @@ class DataParallel {
   // At stage 0 these are the optimizer's live tensors (copy them before the next step), at
   // stages 1-3 fresh ones.
   NamedParams full_optimizer_state();
+  // This rank's part of full_optimizer_state() as slices of its whole tensors, without any
+  // communication or copy of the whole state (for a sharded checkpoint): stage 0 the even slices
+  // (every rank holds everything), stages 1-3 the range of each "<param>.<slot>" this rank owns
+  // and each "<param>.step" from the rank owning the parameter's first element. Over the dp
+  // ranks every element is in exactly one slice.
+  std::vector<TensorSlice> optimizer_state_slices() const;
   // Each rank takes its shard of whole-tensor state (as full_optimizer_state() returns).
   void load_full_optimizer_state(const std::map<std::string, at::Tensor>& state, const std::string& source);
   // Stage 3: gathers every parameter into the model (for export/evaluation); a collective. They

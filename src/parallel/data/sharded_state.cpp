@@ -3,7 +3,8 @@
 //
 // At stages 1-3 each rank's optimizer holds one slice per parameter part it owns; the whole
 // tensor of an elementwise slot is all-gathered unit by unit in the flat layout (flat_unit.h) and
-// cut back into parameter shapes, and loading takes each rank's slices of the whole tensors.
+// cut back into parameter shapes, and loading takes each rank's slices of the whole tensors. A
+// sharded checkpoint needs no gathering: each rank writes the slices it owns.
 #include <set>
 
 #include <ATen/ATen.h>
@@ -56,6 +57,27 @@ NamedParams DataParallel::full_optimizer_state() {
     const std::string& name = s.params[i].first;
     for (const auto& slot : kElementwiseSlots) out.emplace_back(name + "." + slot, whole.at(name + "." + slot));
     out.emplace_back(name + "." + kStepSlot, all_steps[static_cast<int64_t>(i)].clone());
+  }
+  return out;
+}
+
+std::vector<TensorSlice> DataParallel::optimizer_state_slices() const {
+  const Impl& s = *impl_;
+  if (s.stage == 0) return even_slices(s.optimizer->state(), s.rank, s.world);
+  std::map<std::string, at::Tensor> mine;
+  for (const auto& [name, t] : s.optimizer->state()) mine[name] = t;
+  std::vector<TensorSlice> out;
+  for (const auto& unit : s.units) {
+    for (const auto& e : unit.entries()) {
+      const auto [begin, end] = unit.owned(e);
+      if (begin == end) continue;
+      const std::vector<int64_t> shape = e.param.sizes().vec();
+      for (const auto& slot : kElementwiseSlots)
+        out.push_back({e.name + "." + slot, mine.at(e.name + "." + slot), begin - e.offset, shape});
+      // The step as full_optimizer_state() gives it: a float32 scalar.
+      if (begin == e.offset)
+        out.push_back({e.name + "." + kStepSlot, mine.at(e.name + "." + kStepSlot).to(at::kFloat).reshape({}), 0, {}});
+    }
   }
   return out;
 }

@@ -1,5 +1,6 @@
 // Multi-rank checkpoints: shards written by 3 "ranks" reassemble into exactly the whole tensors,
-// a missing shard blocks the commit, and a tampered shard is refused by name on load.
+// whether each holds even slices or uneven ones (as ZeRO owns them), a gap in the coverage is
+// named, a missing shard blocks the commit, and a tampered shard is refused by name on load.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -31,7 +32,7 @@ CheckpointContents contents() {
 TEST(ShardedCheckpoint, ShardsReassembleIntoTheWholeTensors) {
   const std::string dir = fresh_dir("sharded") + "/checkpoints";
   const std::string partial = prepare_checkpoint_dir(dir, 4);
-  for (int64_t r = 0; r < 3; ++r) write_optimizer_shard(partial, r, 3, optimizer_state());
+  for (int64_t r = 0; r < 3; ++r) write_optimizer_shard(partial, r, 3, even_slices(optimizer_state(), r, 3));
   const std::string committed = commit_checkpoint(dir, 4, contents(), 3);
   EXPECT_FALSE(std::filesystem::exists(partial));
   LoadedCheckpoint loaded = load_checkpoint(committed);
@@ -43,14 +44,39 @@ TEST(ShardedCheckpoint, ShardsReassembleIntoTheWholeTensors) {
   EXPECT_EQ(loaded.meta["optimizer_shards"], 3);
 }
 
+// Rank 0 owns w[0, 30) and the scalar, rank 1 w[30, 35) and all of b, rank 2 nothing of w.
+std::vector<TensorSlice> uneven_slices(int64_t rank, bool leave_gap) {
+  const NamedTensors whole = optimizer_state();
+  const at::Tensor w = whole[0].second.reshape({-1}), b = whole[2].second;
+  if (rank == 0) return {{"optim.w.exp_avg", w.narrow(0, 0, leave_gap ? 29 : 30), 0, {5, 7}},
+                         {"optim.w.step", whole[1].second, 0, {}}};
+  if (rank == 1) return {{"optim.w.exp_avg", w.narrow(0, 30, 5), 30, {5, 7}}, {"optim.b.exp_avg_sq", b, 0, {4}}};
+  return {};
+}
+
+TEST(ShardedCheckpoint, UnevenSlicesReassembleAndAGapIsNamed) {
+  const std::string dir = fresh_dir("sharded_uneven") + "/checkpoints";
+  std::string partial = prepare_checkpoint_dir(dir, 1);
+  for (int64_t r = 0; r < 3; ++r) write_optimizer_shard(partial, r, 3, uneven_slices(r, false));
+  LoadedCheckpoint loaded = load_checkpoint(commit_checkpoint(dir, 1, contents(), 3));
+  ASSERT_EQ(loaded.optimizer.size(), 3u);
+  for (const auto& [name, t] : optimizer_state())
+    if (name != "rng.cpu") EXPECT_TRUE(at::equal(loaded.optimizer.at(name), t)) << name;
+
+  partial = prepare_checkpoint_dir(dir, 2);
+  for (int64_t r = 0; r < 3; ++r) write_optimizer_shard(partial, r, 3, uneven_slices(r, true));
+  const std::string gap = commit_checkpoint(dir, 2, contents(), 3);
+  EXPECT_TRUE(throws_naming([&] { load_checkpoint(gap); }, {"cover 34 of the 35", "optim.w.exp_avg"}));
+}
+
 TEST(ShardedCheckpoint, MissingShardBlocksTheCommitAndTamperingIsNamed) {
   const std::string dir = fresh_dir("sharded_bad") + "/checkpoints";
   std::string partial = prepare_checkpoint_dir(dir, 2);
-  write_optimizer_shard(partial, 0, 2, optimizer_state());
+  write_optimizer_shard(partial, 0, 2, even_slices(optimizer_state(), 0, 2));
   EXPECT_TRUE(throws_naming([&] { commit_checkpoint(dir, 2, contents(), 2); }, {"optimizer-1-of-2.safetensors", "missing"}));
   EXPECT_FALSE(std::filesystem::exists(dir + "/step_2"));
 
-  write_optimizer_shard(partial, 1, 2, optimizer_state());
+  write_optimizer_shard(partial, 1, 2, even_slices(optimizer_state(), 1, 2));
   const std::string committed = commit_checkpoint(dir, 2, contents(), 2);
   {
     std::fstream f(committed + "/optimizer-1-of-2.safetensors", std::ios::in | std::ios::out | std::ios::binary);
