@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
 
 #include "core/error.h"
 #include "core/fs.h"
@@ -28,12 +29,67 @@ std::string compression_name(int64_t rank, int64_t ranks) {
   return "compression-" + std::to_string(rank) + "-of-" + std::to_string(ranks) + ".safetensors";
 }
 
-// Whole tensors from the shards of a multi-rank checkpoint. Each shard tensor is a 1-D slice;
-// the file's metadata maps its name to "offset shape..." of the whole. Every element must be
-// covered exactly once.
-std::map<std::string, at::Tensor> assemble_shards(const fs::path& dir, int64_t shards) {
-  std::map<std::string, at::Tensor> whole;
-  std::map<std::string, int64_t> covered;
+// Collects the optimizer tensors of a checkpoint from 1-D slices (a shard's, or a whole tensor
+// of a single-file checkpoint seen flat): whole tensors, or for names in `ranges` the 1-D range.
+class OptimizerAssembly {
+ public:
+  explicit OptimizerAssembly(const OptimizerRanges& ranges) : ranges_(ranges) {}
+
+  // `slice` holds elements [offset, offset + numel) of the flattened tensor `name` of `shape`.
+  void add(const std::string& file, const std::string& name, const at::Tensor& slice, int64_t offset,
+           const std::vector<int64_t>& shape) {
+    require(offset >= 0 && offset + slice.numel() <= c10::multiply_integers(shape), file, ": slice of '", name,
+            "' lies outside its recorded shape ", at::IntArrayRef(shape));
+    auto it = parts_.find(name);
+    if (it == parts_.end()) {
+      Part part{shape, 0, c10::multiply_integers(shape), {}, 0};
+      auto range = ranges_.find(name);
+      if (range != ranges_.end()) {
+        require(shape == range->second.shape, file, ": optimizer tensor '", name, "' has shape ", at::IntArrayRef(shape),
+                ", this run expects ", at::IntArrayRef(range->second.shape));
+        part.begin = range->second.begin;
+        part.end = range->second.end;
+        part.values = at::empty({part.end - part.begin}, slice.options());
+      } else {
+        part.values = at::empty(shape, slice.options());
+      }
+      it = parts_.emplace(name, std::move(part)).first;
+    }
+    Part& part = it->second;
+    require(part.shape == shape, file, ": slice of '", name, "' records shape ", at::IntArrayRef(shape),
+            ", another shard ", at::IntArrayRef(part.shape));
+    const int64_t lo = std::max(offset, part.begin), hi = std::min(offset + slice.numel(), part.end);
+    if (hi <= lo) return;
+    part.values.view({-1}).narrow(0, lo - part.begin, hi - lo).copy_(slice.reshape({-1}).narrow(0, lo - offset, hi - lo));
+    part.covered += hi - lo;
+  }
+
+  std::map<std::string, at::Tensor> finish(const std::string& where) {
+    std::map<std::string, at::Tensor> out;
+    for (auto& [name, part] : parts_) {
+      require(part.covered == part.end - part.begin, where, ": the shards cover ", part.covered, " of the ",
+              part.end - part.begin, " elements of '", name, "'",
+              ranges_.count(name) ? " this rank reads" : "");
+      out.emplace(name, std::move(part.values));
+    }
+    return out;
+  }
+
+ private:
+  struct Part {
+    std::vector<int64_t> shape;
+    int64_t begin, end;  // the elements wanted
+    at::Tensor values;
+    int64_t covered;
+  };
+  const OptimizerRanges& ranges_;
+  std::map<std::string, Part> parts_;
+};
+
+// The shards of a multi-rank checkpoint, read one file at a time. Each shard tensor is a 1-D
+// slice; the file's metadata maps its name to "offset shape..." of the whole.
+std::map<std::string, at::Tensor> assemble_shards(const fs::path& dir, int64_t shards, const OptimizerRanges& ranges) {
+  OptimizerAssembly assembly(ranges);
   for (int64_t r = 0; r < shards; ++r) {
     const std::string path = (dir / shard_name(r, shards)).string();
     SafetensorsContents shard = read_safetensors(path);
@@ -45,18 +101,16 @@ std::map<std::string, at::Tensor> assemble_shards(const fs::path& dir, int64_t s
       in >> offset;
       std::vector<int64_t> shape;
       for (int64_t d; in >> d;) shape.push_back(d);
-      auto it = whole.find(name);
-      if (it == whole.end()) it = whole.emplace(name, at::empty(shape, slice.options())).first;
-      require(it->second.sizes().vec() == shape && offset >= 0 && offset + slice.numel() <= it->second.numel(), path,
-              ": slice of '", name, "' does not fit the shape the other shards record");
-      it->second.view({-1}).narrow(0, offset, slice.numel()).copy_(slice);
-      covered[name] += slice.numel();
+      assembly.add(path, name, slice, offset, shape);
     }
   }
-  for (const auto& [name, t] : whole)
-    require(covered[name] == t.numel(), dir.string(), ": the shards cover ", covered[name], " of the ", t.numel(),
-            " elements of '", name, "'");
-  return whole;
+  return assembly.finish(dir.string());
+}
+
+std::map<std::string, at::Tensor> read_optimizer_file(const fs::path& file, const OptimizerRanges& ranges) {
+  OptimizerAssembly assembly(ranges);
+  for (const auto& [name, t] : read_safetensors(file.string()).tensors) assembly.add(file.string(), name, t, 0, t.sizes().vec());
+  return assembly.finish(file.string());
 }
 
 // Step directories under `checkpoints_dir`, oldest first.
@@ -186,7 +240,7 @@ std::string resolve_checkpoint_dir(const std::string& path) {
   fail(path, ": not a checkpoint (no meta.json) and no checkpoints/latest beneath it");
 }
 
-LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer) {
+LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer, const OptimizerRanges& ranges) {
   LoadedCheckpoint out;
   out.dir = resolve_checkpoint_dir(path);
   const fs::path dir(out.dir);
@@ -222,7 +276,7 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer) {
   out.step = out.meta["step"].get<int64_t>();
   out.model = read_safetensors((dir / kModelFile).string()).tensors;
   if (!with_optimizer) return out;
-  out.optimizer = shards > 0 ? assemble_shards(dir, shards) : read_safetensors((dir / kOptimizerFile).string()).tensors;
+  out.optimizer = shards > 0 ? assemble_shards(dir, shards, ranges) : read_optimizer_file(dir / kOptimizerFile, ranges);
   for (int64_t r = 0; r < compression_ranks; ++r)
     out.compression.push_back(read_safetensors((dir / compression_name(r, compression_ranks)).string()).tensors);
   return out;

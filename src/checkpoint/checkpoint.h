@@ -91,11 +91,22 @@ void write_compression_state(const std::string& partial_dir, int64_t rank, int64
 std::string commit_checkpoint(const std::string& checkpoints_dir, int64_t step, const CheckpointContents& contents,
                               int64_t shards);
 
+// The part of one optimizer tensor a rank reads on resume: elements [begin, end) of the flattened
+// whole tensor, whose shape must be `shape` (begin == end: none of it, only the shape is checked).
+struct OptimizerRange {
+  std::vector<int64_t> shape;
+  int64_t begin = 0, end = 0;
+};
+using OptimizerRanges = std::map<std::string, OptimizerRange>;
+
 // `path` may be a step directory, a checkpoints directory or a run directory (the latter two
 // resolve through `latest`). Throws tessera::Error naming the file on any inconsistency. Every
 // file is verified; the optimizer tensors are read only when `with_optimizer` (generation needs
-// the model alone).
-LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer = true);
+// the model alone). A tensor named in `ranges` comes back as the 1-D tensor of its range (read
+// shard by shard, so the whole tensor is never held); the others whole. The shards must cover
+// each whole tensor, and each range, exactly once.
+LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer = true,
+                                 const OptimizerRanges& ranges = {});
 
 // Resolves `path` as load_checkpoint does, without reading tensors.
 std::string resolve_checkpoint_dir(const std::string& path);

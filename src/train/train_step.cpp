@@ -301,11 +301,20 @@ void TrainStep::load_training_state(const std::map<std::string, at::Tensor>& ten
   std::map<std::string, at::Tensor> optim = with_prefix(tensors, "optim.");
   for (auto& [name, t] : optim)
     if (const auto layout = moment_layout(name, t)) t = shard_tensor(t, *layout, tp_->rank(), tp_->size());
-  if (dp_)
+  if (dp_ && !training_state_ranges().empty())
+    dp_->load_optimizer_state_ranges(optim, source);
+  else if (dp_)
     dp_->load_full_optimizer_state(optim, source);
   else
     optimizer_->load_state(optim, source);
   if (scaler_) scaler_->load_state(with_prefix(tensors, "scaler."), source);
+}
+
+OptimizerRanges TrainStep::training_state_ranges() const {
+  OptimizerRanges out;
+  if (!dp_ || tp_) return out;
+  for (const auto& [name, range] : dp_->optimizer_state_ranges()) out.emplace("optim." + name, range);
+  return out;
 }
 
 // The global gradient norm of a tensor-parallel model: split parameters' squares summed over tp,

@@ -79,7 +79,11 @@ class TrainStep {
 
   // Optimizer, fp32 master weights and loss scaler, named "optim.", "master.", "scaler.".
   NamedTensors training_state() const;
+  // Takes the tensors as load_checkpoint(..., training_state_ranges()) returns them.
   void load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source);
+  // The optimizer ranges this rank reads on resume, named as in training_state(): its own ZeRO
+  // 1-3 slices; empty (whole tensors) without ZeRO 1-3 or with tp > 1.
+  OptimizerRanges training_state_ranges() const;
   // This rank's slices of training_state() for shard `rank` of a checkpoint written by `shards`
   // ranks (checkpoint/checkpoint.h). When the data-parallel replicas are the whole world and tp = 1,
   // each rank's own ZeRO slices, with no gathering (the whole optimizer state never exists on any

@@ -114,7 +114,8 @@ Trainer::Trainer(Config config, std::string run_dir, std::string resume, comm::M
   s.device = s.trainer->device();
 
   if (!s.resume.empty()) {
-    LoadedCheckpoint ckpt = load_checkpoint(s.resume);
+    // Under ZeRO 1-3 each rank reads only the optimizer slices it owns.
+    LoadedCheckpoint ckpt = load_checkpoint(s.resume, true, s.trainer->training_state_ranges());
     const std::string model_file = ckpt.dir + "/model.safetensors";
     const int64_t shards = ckpt.meta.value("optimizer_shards", int64_t{0});
     const std::string optim_file =

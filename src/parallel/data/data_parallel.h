@@ -103,6 +103,12 @@ class DataParallel {
   std::vector<TensorSlice> optimizer_state_slices() const;
   // Each rank takes its shard of whole-tensor state (as full_optimizer_state() returns).
   void load_full_optimizer_state(const std::map<std::string, at::Tensor>& state, const std::string& source);
+  // What a resume reads at stages 1-3: for every "<param>.<slot>" the range of it this rank owns
+  // (empty where it owns none). Empty at stage 0, which needs the whole tensors.
+  OptimizerRanges optimizer_state_ranges() const;
+  // Loads state read with optimizer_state_ranges() (load_checkpoint's `ranges`): each
+  // "<param>.<slot>" the 1-D tensor of exactly its range, each "<param>.step" whole.
+  void load_optimizer_state_ranges(const std::map<std::string, at::Tensor>& state, const std::string& source);
   // Stage 3: gathers every parameter into the model (for export/evaluation); a collective. They
   // stay gathered until the next forward releases each block after use.
   void gather_full_parameters();

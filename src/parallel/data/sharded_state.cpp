@@ -82,19 +82,50 @@ std::vector<TensorSlice> DataParallel::optimizer_state_slices() const {
   return out;
 }
 
+OptimizerRanges DataParallel::optimizer_state_ranges() const {
+  const Impl& s = *impl_;
+  OptimizerRanges out;
+  if (s.stage == 0) return out;
+  for (const auto& unit : s.units) {
+    for (const auto& e : unit.entries()) {
+      const auto [begin, end] = unit.owned(e);
+      for (const auto& slot : kElementwiseSlots)
+        out[e.name + "." + slot] = {e.param.sizes().vec(), begin == end ? 0 : begin - e.offset,
+                                    begin == end ? 0 : end - e.offset};
+    }
+  }
+  return out;
+}
+
 void DataParallel::load_full_optimizer_state(const std::map<std::string, at::Tensor>& state,
                                              const std::string& source) {
   Impl& s = *impl_;
   if (s.stage == 0) return s.optimizer->load_state(state, source);
+  std::map<std::string, at::Tensor> ranged = state;
+  for (const auto& [name, range] : optimizer_state_ranges()) {
+    auto it = ranged.find(name);
+    if (it == ranged.end()) continue;  // named as missing below
+    require(it->second.sizes().vec() == range.shape, source, ": optimizer state ", name, " has shape ",
+            it->second.sizes(), ", expected ", at::IntArrayRef(range.shape));
+    it->second = it->second.reshape(-1).narrow(0, range.begin, range.end - range.begin);
+  }
+  load_optimizer_state_ranges(ranged, source);
+}
+
+void DataParallel::load_optimizer_state_ranges(const std::map<std::string, at::Tensor>& state,
+                                               const std::string& source) {
+  Impl& s = *impl_;
+  require(s.stage > 0, "internal: load_optimizer_state_ranges at ZeRO stage 0");
+  const OptimizerRanges ranges = optimizer_state_ranges();
   std::set<std::string> expected;
+  for (const auto& [name, range] : ranges) {
+    auto it = state.find(name);
+    require(it != state.end(), source, ": optimizer state ", name, " is missing");
+    require(it->second.numel() == range.end - range.begin, source, ": optimizer state ", name, " holds ",
+            it->second.numel(), " elements for this rank's ", range.end - range.begin);
+    expected.insert(name);
+  }
   for (const auto& [name, p] : s.params) {
-    for (const auto& slot : kElementwiseSlots) {
-      auto it = state.find(name + "." + slot);
-      require(it != state.end(), source, ": optimizer state ", name, ".", slot, " is missing");
-      require(it->second.sizes() == p.sizes(), source, ": optimizer state ", name, ".", slot, " has shape ",
-              it->second.sizes(), ", expected ", p.sizes());
-      expected.insert(name + "." + slot);
-    }
     auto it = state.find(name + "." + kStepSlot);
     require(it != state.end() && it->second.numel() == 1, source, ": optimizer state ", name, ".", kStepSlot,
             " is missing or not a scalar");
@@ -108,8 +139,7 @@ void DataParallel::load_full_optimizer_state(const std::map<std::string, at::Ten
     for (const auto& e : unit.entries()) {
       const auto [begin, end] = unit.owned(e);
       if (begin == end) continue;
-      for (const auto& slot : kElementwiseSlots)
-        mine[e.name + "." + slot] = state.at(e.name + "." + slot).reshape(-1).narrow(0, begin - e.offset, end - begin);
+      for (const auto& slot : kElementwiseSlots) mine[e.name + "." + slot] = state.at(e.name + "." + slot).reshape(-1);
       mine[e.name + "." + kStepSlot] = state.at(e.name + "." + kStepSlot).reshape({});
     }
   }

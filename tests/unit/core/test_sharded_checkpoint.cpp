@@ -1,6 +1,7 @@
 // Multi-rank checkpoints: shards written by 3 "ranks" reassemble into exactly the whole tensors,
 // whether each holds even slices or uneven ones (as ZeRO owns them), a gap in the coverage is
-// named, a missing shard blocks the commit, and a tampered shard is refused by name on load.
+// named, a resuming rank reads just its ranges, a missing shard blocks the commit, and a tampered
+// shard is refused by name on load.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -67,6 +68,28 @@ TEST(ShardedCheckpoint, UnevenSlicesReassembleAndAGapIsNamed) {
   for (int64_t r = 0; r < 3; ++r) write_optimizer_shard(partial, r, 3, uneven_slices(r, true));
   const std::string gap = commit_checkpoint(dir, 2, contents(), 3);
   EXPECT_TRUE(throws_naming([&] { load_checkpoint(gap); }, {"cover 34 of the 35", "optim.w.exp_avg"}));
+}
+
+// A resuming rank reads only its ranges (across shard boundaries, or none of a tensor), from a
+// sharded and from a single-file checkpoint alike; a shape other than the run's is named.
+TEST(ShardedCheckpoint, RangesReadOnlyWhatARankOwns) {
+  const std::string dir = fresh_dir("sharded_ranges") + "/checkpoints";
+  const std::string partial = prepare_checkpoint_dir(dir, 3);
+  for (int64_t r = 0; r < 3; ++r) write_optimizer_shard(partial, r, 3, even_slices(optimizer_state(), r, 3));
+  const std::string sharded = commit_checkpoint(dir, 3, contents(), 3);
+  CheckpointContents single = contents();
+  single.optimizer = optimizer_state();
+  const std::string whole_file = save_checkpoint(dir, 4, single);
+  const OptimizerRanges ranges{{"optim.w.exp_avg", {{5, 7}, 10, 32}}, {"optim.b.exp_avg_sq", {{4}, 0, 0}}};
+  for (const std::string& checkpoint : {sharded, whole_file}) {
+    LoadedCheckpoint loaded = load_checkpoint(checkpoint, true, ranges);
+    EXPECT_TRUE(at::equal(loaded.optimizer.at("optim.w.exp_avg"), at::arange(10, 32, at::kFloat))) << checkpoint;
+    EXPECT_EQ(loaded.optimizer.at("optim.b.exp_avg_sq").numel(), 0) << checkpoint;
+    EXPECT_TRUE(at::equal(loaded.optimizer.at("optim.w.step"), at::full({}, 3.0))) << checkpoint;
+  }
+  const OptimizerRanges wrong{{"optim.w.exp_avg", {{7, 5}, 0, 35}}};
+  EXPECT_TRUE(throws_naming([&] { load_checkpoint(sharded, true, wrong); },
+                            {"optimizer-0-of-3.safetensors", "'optim.w.exp_avg' has shape [5, 7]", "expects [7, 5]"}));
 }
 
 TEST(ShardedCheckpoint, MissingShardBlocksTheCommitAndTamperingIsNamed) {
