@@ -36,12 +36,30 @@ target_compile_definitions(tessera_torch INTERFACE _GLIBCXX_USE_CXX11_ABI=${TORC
 # std::filesystem::remove_all ran libtorch's copy against this compiler's inline code and crashed.
 set(_libs -Wl,--push-state,--no-as-needed -lstdc++ -Wl,--pop-state
     ${_torch_lib}/libtorch.so ${_torch_lib}/libtorch_cpu.so ${_torch_lib}/libc10.so)
+set(_link_options "-Wl,-rpath,${_torch_lib}")
 if(TESSERA_CUDA)
   # --no-as-needed: nothing references libtorch_cuda directly, but loading it registers the
   # CUDA backend with the dispatcher.
   list(APPEND _libs -Wl,--no-as-needed ${_torch_lib}/libtorch_cuda.so ${_torch_lib}/libc10_cuda.so -Wl,--as-needed)
-  target_compile_definitions(tessera_torch INTERFACE TESSERA_WITH_CUDA=1)
+  # c10d's NCCL backend (ProcessGroupNCCL, in libtorch_cuda) is declared under USE_C10D_NCCL; its
+  # header includes nccl.h and the CUDA runtime headers, which the wheel's nvidia-* packages carry
+  # (a CUDA toolkit is not needed). Their libraries (libcudart, libnccl, ...) are found at run time
+  # through libtorch_cuda's own RPATH; at link time -rpath-link names the same folders.
+  get_filename_component(_nvidia ${TORCH_ROOT}/../nvidia ABSOLUTE)
+  find_path(TESSERA_CUDA_INCLUDE cuda_runtime_api.h NO_DEFAULT_PATH
+            PATHS ${_nvidia}/cu13/include ${_nvidia}/cuda_runtime/include /usr/local/cuda/include)
+  find_path(TESSERA_NCCL_INCLUDE nccl.h NO_DEFAULT_PATH PATHS ${_nvidia}/nccl/include /usr/include)
+  if(NOT TESSERA_CUDA_INCLUDE OR NOT TESSERA_NCCL_INCLUDE)
+    message(FATAL_ERROR "tessera: TESSERA_CUDA=ON needs cuda_runtime_api.h and nccl.h (looked in ${_nvidia}/*/include, "
+                        "/usr/local/cuda/include, /usr/include): install the CUDA wheel of torch")
+  endif()
+  target_include_directories(tessera_torch SYSTEM INTERFACE ${TESSERA_CUDA_INCLUDE} ${TESSERA_NCCL_INCLUDE})
+  target_compile_definitions(tessera_torch INTERFACE TESSERA_WITH_CUDA=1 USE_C10D_NCCL)
+  file(GLOB _nvidia_libs LIST_DIRECTORIES true ${_nvidia}/*/lib)
+  foreach(dir ${_nvidia_libs})
+    list(APPEND _link_options "-Wl,-rpath-link,${dir}")
+  endforeach()
 endif()
 target_link_libraries(tessera_torch INTERFACE ${_libs})
-target_link_options(tessera_torch INTERFACE "-Wl,-rpath,${_torch_lib}")
+target_link_options(tessera_torch INTERFACE ${_link_options})
 message(STATUS "tessera: CUDA ${TESSERA_CUDA}")

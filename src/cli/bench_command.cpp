@@ -26,6 +26,7 @@
 
 #include "cli/commands.h"
 #include "cli/launcher.h"
+#include "comm/device.h"
 #include "comm/mesh.h"
 #include "core/error.h"
 #include "memory/host_memory_stats.h"
@@ -65,7 +66,7 @@ Command add_bench_command(CLI::App& app) {
     std::unique_ptr<comm::Mesh> mesh;
     if (!args->no_comm)
       mesh = comm::Mesh::connect(launch, ParallelDims(config.parallel, launch.world_size, args->config),
-                                 config.parallel, c10::Device(config.train.device));
+                                 config.parallel, comm::select_device(config.train.device, launch));
     at::Generator generator = at::detail::createCPUGenerator(1 + static_cast<uint64_t>(launch.rank));
     std::vector<Batch> batches;
     for (int64_t i = 0; i < config.train.grad_accum; ++i) {

@@ -8,6 +8,7 @@
 #include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
 #include "cli/launcher.h"
+#include "comm/device.h"
 #include "comm/mesh.h"
 #include "core/error.h"
 #include "train/config.h"
@@ -55,7 +56,8 @@ Command add_train_command(CLI::App& app) {
 
     const comm::LaunchInfo launch = comm::launch_info_from_environment();
     const ParallelDims dims(config.parallel, launch.world_size, source);
-    std::unique_ptr<comm::Mesh> mesh = comm::Mesh::connect(launch, dims, config.parallel, c10::Device(config.train.device));
+    const c10::Device device = comm::select_device(config.train.device, launch);  // one GPU per local rank
+    std::unique_ptr<comm::Mesh> mesh = comm::Mesh::connect(launch, dims, config.parallel, device);
     Trainer trainer(config, out, args->resume, mesh.get());
     TrainSummary summary = trainer.run();
     if (launch.rank != 0) return 0;

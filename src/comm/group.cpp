@@ -1,3 +1,5 @@
+// comm::Group (group.h): the per-group communication thread, the Gloo ring reduce-scatter, and
+// the stream discipline of CUDA (NCCL) groups.
 #include "comm/group.h"
 
 #include <atomic>
@@ -5,10 +7,14 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
@@ -33,6 +39,8 @@ struct Group::Impl {
   int64_t rank = 0;
   c10::intrusive_ptr<c10d::Backend> backend;
   std::chrono::milliseconds timeout;
+  c10::Device device{c10::kCPU};
+  std::optional<c10::Stream> comm_stream;  // CUDA groups: set and used by the communication thread only
 
   std::mutex mutex;
   std::condition_variable ready;
@@ -47,6 +55,18 @@ struct Group::Impl {
   int64_t ring_tag = 0;  // touched only on the communication thread
 
   int64_t size() const { return static_cast<int64_t>(ranks.size()); }
+  bool on_cuda() const { return device.is_cuda(); }
+
+  static const c10::impl::DeviceGuardImplInterface* cuda() {
+    return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  }
+
+  // The tensor the backend sees: on a CUDA group a CPU tensor is copied to the group's GPU.
+  at::Tensor staged(const at::Tensor& t) const { return t.defined() && on_cuda() && !t.is_cuda() ? t.to(device) : t; }
+  // Copies a staged result back into the caller's tensor.
+  static void unstage(const at::Tensor& t, const at::Tensor& staged) {
+    if (t.defined() && !staged.is_same(t)) t.copy_(staged);
+  }
 
   [[noreturn]] void fail_op(const std::string& op, const std::string& detail) {
     failed = true;
@@ -82,25 +102,43 @@ struct Group::Impl {
     if (!work->wait(timeout)) throw std::runtime_error("aborted");
   }
 
-  // Posts the send (if `send` is defined) and the receive (if `recv` is), then waits for both, on
-  // the caller's thread; peers are group-local ranks.
+  // Posts the send (if `send` is defined) and the receive (if `recv` is), then waits for both;
+  // peers are group-local ranks. Gloo: on the caller's thread. NCCL: on the communication thread
+  // as one coalesced group, so that neither rank's send waits behind its own receive.
   void point_to_point(const at::Tensor& send, int64_t to, const at::Tensor& recv, int64_t from, int64_t tag) {
     require(tag >= 0 && tag < kRingTagBit, "internal: send/recv tag ", tag, " outside [0, 2^30)");
     require(size() > 1, "group '", name, "' has one member: there is no peer to send to or receive from");
     std::string op = send.defined() ? "send of " + shape_text(send) + " to rank " + std::to_string(to) : "";
     if (recv.defined())
       op += (op.empty() ? "" : ", ") + std::string("recv of ") + shape_text(recv) + " from rank " + std::to_string(from);
-    guarded(op, [&] {
-      c10::intrusive_ptr<c10d::Work> sent, received;
-      std::vector<at::Tensor> out{send}, in{recv};
-      if (send.defined()) sent = backend->send(out, static_cast<int>(to), static_cast<int>(tag));
-      if (recv.defined()) received = backend->recv(in, static_cast<int>(from), static_cast<int>(tag));
-      if (sent) wait_backend(sent);
-      if (received) wait_backend(received);
-    });
+    if (on_cuda()) {
+      enqueue(op, [this, send, to, recv, from]() {
+        const at::Tensor out = staged(send), in = staged(recv);
+        std::vector<at::Tensor> outs{out}, ins{in};
+        backend->startCoalescing();
+        if (out.defined()) backend->send(outs, static_cast<int>(to), 0);
+        if (in.defined()) backend->recv(ins, static_cast<int>(from), 0);
+        const c10::intrusive_ptr<c10d::Work> both = backend->endCoalescing();
+        if (both) wait_backend(both);
+        unstage(recv, in);
+      }).wait();
+    } else {
+      guarded(op, [&] {
+        c10::intrusive_ptr<c10d::Work> sent, received;
+        std::vector<at::Tensor> out{send}, in{recv};
+        if (send.defined()) sent = backend->send(out, static_cast<int>(to), static_cast<int>(tag));
+        if (recv.defined()) received = backend->recv(in, static_cast<int>(from), static_cast<int>(tag));
+        if (sent) wait_backend(sent);
+        if (received) wait_backend(received);
+      });
+    }
     if (send.defined()) count("send", static_cast<double>(send.numel() * send.element_size()));
   }
 
+  // Queues `body` for the communication thread (inside a composite operation, runs it inline). On
+  // a CUDA group the caller's current stream is marked here, on the calling thread, and the comm
+  // stream waits on the mark before `body`; after `body` the thread synchronizes the comm stream,
+  // so a completed Work leaves no GPU work behind (group.h).
   Work enqueue(const std::string& op, std::function<void()> body) {
     if (std::this_thread::get_id() == thread.get_id()) {  // inside a composite operation (run_async)
       if (failed) fail_op(op, "an earlier operation of this group failed");
@@ -109,13 +147,22 @@ struct Group::Impl {
     }
     auto promise = std::make_shared<std::promise<void>>();
     Work work(promise->get_future().share());
+    std::shared_ptr<c10::Event> issued;
+    if (on_cuda()) {
+      issued = std::make_shared<c10::Event>(c10::DeviceType::CUDA);
+      issued->record(cuda()->getStream(device));
+    }
     {
       std::lock_guard<std::mutex> lock(mutex);
       if (failed) fail_op(op, "an earlier operation of this group failed");
-      queue.push_back([this, op, body = std::move(body), promise]() {
+      queue.push_back([this, op, body = std::move(body), promise, issued]() {
         const auto start = std::chrono::steady_clock::now();
         try {
-          guarded(op, body);
+          guarded(op, [&] {
+            if (issued) issued->block(*comm_stream);
+            body();
+            if (comm_stream) comm_stream->synchronize();
+          });
           add_busy(start);
           promise->set_value();
         } catch (...) {
@@ -136,6 +183,12 @@ struct Group::Impl {
     // Collectives are never part of an autograd graph: the ring's in-place arithmetic on views of
     // tensors made under no_grad (inside autograd functions' forward) must not be recorded here.
     at::NoGradGuard no_grad;
+    // A CUDA group's thread works on the group's GPU, on a stream of its own (group.h).
+    if (on_cuda()) {
+      cuda()->setDevice(device);
+      comm_stream = cuda()->getStreamFromGlobalPool(device);
+      cuda()->exchangeStream(*comm_stream);
+    }
     for (;;) {
       std::function<void()> task;
       {
@@ -178,16 +231,19 @@ void Work::wait() {
 }
 
 Group::Group(std::string name, std::vector<int64_t> ranks, int64_t rank, c10::intrusive_ptr<c10d::Backend> backend,
-             std::chrono::milliseconds timeout)
+             std::chrono::milliseconds timeout, c10::Device device)
     : impl_(std::make_shared<Impl>()) {
   require(!ranks.empty() && rank >= 0 && rank < static_cast<int64_t>(ranks.size()),
           "internal: group '", name, "' rank ", rank, " outside its ", ranks.size(), " members");
   require(backend || ranks.size() == 1, "internal: group '", name, "' of ", ranks.size(), " ranks has no backend");
+  require(device.is_cpu() || (device.is_cuda() && device.has_index()), "internal: group '", name, "' on device ",
+          device, " (cpu or an indexed cuda device expected)");
   impl_->name = std::move(name);
   impl_->ranks = std::move(ranks);
   impl_->rank = rank;
   impl_->backend = std::move(backend);
   impl_->timeout = timeout;
+  impl_->device = device;
   impl_->thread = std::thread([impl = impl_] { impl->run_queue(); });
 }
 
@@ -198,10 +254,14 @@ Group::~Group() {
   }
   impl_->ready.notify_one();
   // After a failure the thread may be blocked in the backend until its timeout: leave it.
-  if (impl_->failed)
+  if (impl_->failed) {
     impl_->thread.detach();
-  else
-    impl_->thread.join();
+    return;
+  }
+  impl_->thread.join();
+  // NCCL's normal exit (what destroy_process_group does in Python): finish and free the
+  // communicator now, while every member is also tearing its mesh down.
+  if (impl_->backend && impl_->on_cuda()) impl_->backend->shutdown();
 }
 
 const std::string& Group::name() const { return impl_->name; }
@@ -210,6 +270,7 @@ int64_t Group::size() const { return impl_->size(); }
 int64_t Group::global_rank() const { return impl_->ranks[impl_->rank]; }
 int64_t Group::global_rank_of(int64_t rank) const { return impl_->ranks.at(rank); }
 const std::vector<int64_t>& Group::ranks() const { return impl_->ranks; }
+c10::Device Group::device() const { return impl_->device; }
 
 namespace {
 
@@ -224,12 +285,14 @@ Work Group::all_reduce_async(at::Tensor tensor, ReduceOp op) {
   require(tensor.is_contiguous(), "internal: all_reduce on group '", g.name, "' needs a contiguous tensor");
   if (g.size() == 1) return Work();
   const double bytes = 2.0 * (g.size() - 1) / g.size() * tensor.numel() * tensor.element_size();
-  return g.enqueue("all_reduce of " + shape_text(tensor), [&g, tensor, op, bytes]() mutable {
-    std::vector<at::Tensor> tensors{tensor};
+  return g.enqueue("all_reduce of " + shape_text(tensor), [&g, tensor, op, bytes]() {
+    const at::Tensor t = g.staged(tensor);
+    std::vector<at::Tensor> tensors{t};
     c10d::AllreduceOptions options;
     options.reduceOp = backend_op(op);
     g.wait_backend(g.backend->allreduce(tensors, options));
-    if (op == ReduceOp::avg) tensor.div_(static_cast<double>(g.size()));
+    if (op == ReduceOp::avg) t.div_(static_cast<double>(g.size()));
+    Impl::unstage(tensor, t);
     g.count("all_reduce", bytes);
   });
 }
@@ -255,10 +318,12 @@ void Group::broadcast(at::Tensor tensor, int64_t root) {
   if (g.size() == 1) return;
   const double bytes = g.rank == root ? static_cast<double>(tensor.numel() * tensor.element_size()) : 0.0;
   g.enqueue("broadcast of " + shape_text(tensor) + " from rank " + std::to_string(root), [&g, tensor, root, bytes]() {
-     std::vector<at::Tensor> tensors{tensor};
+     const at::Tensor t = g.staged(tensor);
+     std::vector<at::Tensor> tensors{t};
      c10d::BroadcastOptions options;
      options.rootRank = root;
      g.wait_backend(g.backend->broadcast(tensors, options));
+     Impl::unstage(tensor, t);
      g.count("broadcast", bytes);
    }).wait();
 }
@@ -273,8 +338,10 @@ Work Group::all_gather_async(at::Tensor output, at::Tensor input) {
     return Work();
   }
   const double bytes = static_cast<double>(g.size() - 1) * input.numel() * input.element_size();
-  return g.enqueue("all_gather of " + shape_text(output), [&g, output, input, bytes]() mutable {
-    g.wait_backend(g.backend->_allgather_base(output, input));
+  return g.enqueue("all_gather of " + shape_text(output), [&g, output, input, bytes]() {
+    at::Tensor out = g.staged(output), in = g.staged(input);
+    g.wait_backend(g.backend->_allgather_base(out, in));
+    Impl::unstage(output, out);
     g.count("all_gather", bytes);
   });
 }
@@ -290,14 +357,16 @@ Work Group::reduce_scatter_async(at::Tensor output, at::Tensor input, ReduceOp o
     return Work();
   }
   const double bytes = static_cast<double>(g.size() - 1) * output.numel() * output.element_size();
-  return g.enqueue("reduce_scatter of " + shape_text(input), [&g, output, input, op, bytes]() mutable {
-    if (input.is_cuda()) {
+  return g.enqueue("reduce_scatter of " + shape_text(input), [&g, output, input, op, bytes]() {
+    at::Tensor out = g.staged(output), in = g.staged(input);
+    if (g.on_cuda()) {
       c10d::ReduceScatterOptions options;
-      g.wait_backend(g.backend->_reduce_scatter_base(output, input, options));
+      g.wait_backend(g.backend->_reduce_scatter_base(out, in, options));
     } else {
-      g.ring_reduce_scatter(output, input);
+      g.ring_reduce_scatter(out, in);
     }
-    if (op == ReduceOp::avg) output.div_(static_cast<double>(g.size()));
+    if (op == ReduceOp::avg) out.div_(static_cast<double>(g.size()));
+    Impl::unstage(output, out);
     g.count("reduce_scatter", bytes);
   });
 }
@@ -313,10 +382,12 @@ Work Group::all_to_all_async(at::Tensor output, at::Tensor input) {
     return Work();
   }
   const double bytes = static_cast<double>(g.size() - 1) * (input.numel() / g.size()) * input.element_size();
-  return g.enqueue("all_to_all of " + shape_text(input), [&g, output, input, bytes]() mutable {
-    at::Tensor out = output.view({-1}), in = input.view({-1});
+  return g.enqueue("all_to_all of " + shape_text(input), [&g, output, input, bytes]() {
+    const at::Tensor flat_output = output.view({-1});
+    at::Tensor out = g.staged(flat_output), in = g.staged(input.view({-1}));
     std::vector<int64_t> equal_splits;  // empty: size() equal chunks along dim 0
     g.wait_backend(g.backend->alltoall_base(out, in, equal_splits, equal_splits));
+    Impl::unstage(flat_output, out);
     g.count("all_to_all", bytes);
   });
 }
@@ -340,7 +411,14 @@ Work Group::run_async(const std::string& op, std::function<void()> body) {
 void Group::barrier() {
   Impl& g = *impl_;
   if (g.size() == 1) return;
-  g.enqueue("barrier", [&g]() { g.wait_backend(g.backend->barrier()); }).wait();
+  g.enqueue("barrier", [&g]() {
+     c10d::BarrierOptions options;  // NCCL: a one-element all-reduce on this group's GPU
+     if (g.on_cuda()) {
+       options.device_ids = {g.device.index()};
+       options.device = g.device;
+     }
+     g.wait_backend(g.backend->barrier(options));
+   }).wait();
 }
 
 std::map<std::string, int64_t> Group::traffic() const {

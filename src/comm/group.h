@@ -1,7 +1,7 @@
 // comm::Group: one process group and the only way tessera code talks to other ranks.
 //
-// A Group wraps one c10d backend (Gloo here; one per group, built on a PrefixStore named after
-// the group) behind named collectives. Invariants:
+// A Group wraps one c10d backend (Gloo on the CPU, NCCL on CUDA; one per group, built on a
+// PrefixStore named after the group, comm/mesh.h) behind named collectives. Invariants:
 // - Every collective of a group runs on that group's own communication thread, in the order the
 //   caller issued it. All ranks issue the same collectives in the same order, so the order on
 //   the wire is the same everywhere, and a caller can overlap communication with compute by
@@ -12,11 +12,30 @@
 //   is unusable; the caller is expected to end the process.
 // - A group of size 1 has no backend: every collective is the identity (or a copy).
 // - Gloo has no real reduce-scatter (c10d emulates it with a full all-reduce); reduce_scatter
-//   here is a ring over send/recv that sends (N-1)/N of the input per rank.
+//   on a Gloo group is a ring over send/recv that sends (N-1)/N of the input per rank. Gloo
+//   point-to-point runs on the caller's thread (its tags keep it apart from the queue).
 // - traffic() counts the bytes this rank sent, per operation, by the ring algorithm's volume:
 //   all_reduce 2(N-1)/N * bytes, all_gather and reduce_scatter (N-1)/N * full bytes, broadcast
 //   `bytes` on the root, send_recv `bytes` (counted as "send"), all_to_all (N-1)/N * input bytes
 //   (the chunks that leave this rank).
+//
+// A CUDA group (`device` is a GPU; NCCL) adds, for streams and ordering:
+// - Its communication thread has the group's GPU as current device and a pool stream of its own
+//   as current stream (the "comm stream"). Point-to-point runs on that thread too, in issue
+//   order, as one coalesced NCCL group per call (a ring step's send and receive together), and
+//   so does a composite operation's body (run_async), whose kernels go to the comm stream.
+// - Issue: the calling thread records an event on its current stream; the comm stream waits on
+//   it before the operation, so the operation reads what every kernel queued before the call
+//   wrote. (ProcessGroupNCCL orders its NCCL stream after the calling thread's current stream,
+//   which on the communication thread is the comm stream.)
+// - Completion: c10d's WorkNCCL::wait(timeout) makes the comm stream wait on the NCCL stream and
+//   then blocks the communication thread until the NCCL kernels finished (or throws after the
+//   timeout). The thread then synchronizes the comm stream (the avg division, staging copies)
+//   before it completes the Work. So when Work::wait() returns, all GPU work of the operation has
+//   finished: kernels the caller queues afterwards, on any stream, see the result. No stream of
+//   the caller is made to wait on the NCCL stream.
+// - A CPU tensor given to a CUDA group travels through a copy on the group's GPU (the losses and
+//   norms the trainer reduces as CPU scalars).
 #pragma once
 
 #include <chrono>
@@ -29,6 +48,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 namespace tessera::comm {
@@ -51,9 +71,10 @@ class Group {
  public:
   struct Impl;
   // `ranks`: the members' global ranks, ascending; `rank`: this process's index in `ranks`.
-  // `backend` may be null only when ranks.size() == 1.
-  Group(std::string name, std::vector<int64_t> ranks, int64_t rank,
-        c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout);
+  // `backend` may be null only when ranks.size() == 1. `device`: where the backend communicates,
+  // the CPU for Gloo, this process's GPU (with an index) for NCCL.
+  Group(std::string name, std::vector<int64_t> ranks, int64_t rank, c10::intrusive_ptr<c10d::Backend> backend,
+        std::chrono::milliseconds timeout, c10::Device device = c10::Device(c10::kCPU));
   ~Group();
   Group(const Group&) = delete;
   Group& operator=(const Group&) = delete;
@@ -64,6 +85,7 @@ class Group {
   int64_t global_rank() const;                // this process
   int64_t global_rank_of(int64_t rank) const;  // a member
   const std::vector<int64_t>& ranks() const;
+  c10::Device device() const;
 
   // In place on `tensor` (contiguous).
   Work all_reduce_async(at::Tensor tensor, ReduceOp op = ReduceOp::sum);
@@ -83,8 +105,9 @@ class Group {
   // along dim 0 of a flat view; member i's chunk j lands in member j's output chunk i.
   Work all_to_all_async(at::Tensor output, at::Tensor input);
   void all_to_all(at::Tensor output, at::Tensor input) { all_to_all_async(output, input).wait(); }
-  // Point to point with group-local peer ranks; a send and a recv are matched by `tag`.
-  // Both are posted at once and waited together, so a ring step cannot deadlock.
+  // Point to point with group-local peer ranks; a send and a recv are matched by `tag` (Gloo) or
+  // by issue order (NCCL). Both are posted at once and waited together, so a ring step cannot
+  // deadlock.
   void send_recv(at::Tensor send, int64_t to, at::Tensor recv, int64_t from, int64_t tag = 0);
   // One direction only, blocking (a pipeline of ranks: LASP's state ring, parallel/sequence).
   void send(at::Tensor tensor, int64_t to, int64_t tag = 0);

@@ -1,3 +1,4 @@
+// comm::Mesh (mesh.h): the store, and one Gloo or NCCL backend per distinct group of ranks.
 #include "comm/mesh.h"
 
 #include <csignal>
@@ -5,6 +6,9 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef TESSERA_WITH_CUDA
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 #include "core/error.h"
 
@@ -17,21 +21,51 @@ std::string member_text(const std::vector<int64_t>& ranks) {
   return out;
 }
 
+#ifdef TESSERA_WITH_CUDA
+// One NCCL communicator for the group on this process's GPU, bound to it and connected now
+// (eagerly: every member is in Mesh::connect or new_group for the same group at this point).
+// Its watchdog aborts an operation stuck past the same timeout as the Group's own waits.
+c10::intrusive_ptr<c10d::Backend> nccl_backend(const c10::intrusive_ptr<c10d::Store>& store, const std::string& name,
+                                               const std::vector<int64_t>& ranks, int64_t rank, c10::Device device,
+                                               std::chrono::milliseconds timeout) {
+  auto options = c10d::ProcessGroupNCCL::Options::create();
+  options->timeout = timeout;
+  options->group_name = "tessera/" + name;
+  options->group_desc = name;
+  options->global_ranks_in_group.assign(ranks.begin(), ranks.end());
+  auto backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, static_cast<int>(rank),
+                                                             static_cast<int>(ranks.size()), options);
+  backend->setBoundDeviceId(device);
+  backend->eagerConnectSingleDevice(device);
+  return backend;
+}
+#endif
+
 }  // namespace
+
+std::string choose_backend(const std::string& backend, c10::Device device) {
+  const std::string chosen = backend == "auto" ? (device.is_cuda() ? "nccl" : "gloo") : backend;
+  const std::string asked = "parallel.backend = \"" + backend + "\"" + (backend == "auto" ? " (nccl)" : "");
+  if (chosen == "gloo") {
+    require(!device.is_cuda(), asked, " with train.device = ", device,
+            ": Gloo collectives run on CPU tensors here; use parallel.backend = \"nccl\" (or \"auto\") on CUDA");
+    return chosen;
+  }
+  require(device.is_cuda(), asked, " needs train.device = cuda (got ", device, "); use parallel.backend = \"gloo\"");
+#ifndef TESSERA_WITH_CUDA
+  fail(asked, " with train.device = ", device,
+       ": this build has TESSERA_CUDA=OFF, so it has no NCCL; rebuild with -DTESSERA_CUDA=ON or use train.device = cpu");
+#endif
+  return chosen;
+}
 
 Mesh::Mesh(LaunchInfo launch, ParallelDims dims, const ParallelOptions& options, c10::Device device)
     : launch_(std::move(launch)),
       dims_(std::move(dims)),
       device_(device),
       timeout_(static_cast<int64_t>(options.timeout_s * 1000)) {
-  backend_name_ = options.backend == "auto" ? (device.is_cuda() ? "nccl" : "gloo") : options.backend;
-  if (launch_.world_size == 1) return;
-  require(backend_name_ == "gloo" || device.is_cuda(), "parallel.backend = \"", backend_name_,
-          "\" needs train.device = cuda (got ", device, ")");
-  require(backend_name_ == "gloo", "parallel.backend = \"", backend_name_,
-          "\": only gloo is built so far; use parallel.backend = \"gloo\"");
-  require(!device.is_cuda(), "train.device = ", device,
-          " with more than one process: CUDA collectives (NCCL) are not built yet; use train.device = cpu");
+  // A world of one has no backend, so parallel.backend is not checked there.
+  backend_name_ = launch_.world_size == 1 ? "none" : choose_backend(options.backend, device);
 }
 
 std::unique_ptr<Mesh> Mesh::connect(const LaunchInfo& launch, const ParallelDims& dims, const ParallelOptions& options,
@@ -98,21 +132,29 @@ std::unique_ptr<Group> Mesh::new_group(const std::string& name, std::vector<int6
   require(me != ranks.end(), "internal: rank ", launch_.rank, " is not a member of group '", name, "'");
   const int64_t rank = me - ranks.begin();
   c10::intrusive_ptr<c10d::Backend> backend;
+  const bool nccl = backend_name_ == "nccl";
   if (ranks.size() > 1) {
-    auto options = c10d::ProcessGroupGloo::Options::create(timeout_);
-    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(local_address_));
-    options->threads = 1;
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>("tessera/" + name + "/", store_);
     try {
-      backend = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, static_cast<int>(rank),
-                                                            static_cast<int>(ranks.size()), options);
+      if (nccl) {
+#ifdef TESSERA_WITH_CUDA  // without CUDA, choose_backend() never picks nccl
+        backend = nccl_backend(prefixed, name, ranks, rank, device_, timeout_);
+#endif
+      } else {
+        auto options = c10d::ProcessGroupGloo::Options::create(timeout_);
+        options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(local_address_));
+        options->threads = 1;
+        backend = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, static_cast<int>(rank),
+                                                              static_cast<int>(ranks.size()), options);
+      }
     } catch (const std::exception& e) {
       std::string what = e.what();
-      fail("rank ", launch_.rank, ": group '", name, "' (ranks ", member_text(ranks), ") did not assemble within ",
-           timeout_.count() / 1000.0, " s (parallel.timeout_s): ", what.substr(0, 300));
+      fail("rank ", launch_.rank, ": group '", name, "' (ranks ", member_text(ranks), ", ", backend_name_,
+           ") did not assemble within ", timeout_.count() / 1000.0, " s (parallel.timeout_s): ", what.substr(0, 300));
     }
   }
-  return std::make_unique<Group>(name, std::move(ranks), rank, std::move(backend), timeout_);
+  return std::make_unique<Group>(name, std::move(ranks), rank, std::move(backend), timeout_,
+                                 nccl ? device_ : c10::Device(c10::kCPU));
 }
 
 }  // namespace tessera::comm

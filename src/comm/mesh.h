@@ -8,6 +8,12 @@
 // not assemble. A world of one process needs no store and no network. Connecting a world of
 // several sets SIGPIPE to be ignored in this process: a dead peer's closed socket then fails the
 // collective with a named error instead of killing the survivor silently.
+//
+// Backends (choose_backend): Gloo on the CPU, NCCL on CUDA (parallel.backend = auto picks by
+// train.device). `device` is this process's own device, comm::select_device() (one GPU per local
+// rank); an NCCL group is bound to it and connects its communicator eagerly inside connect(), so a
+// group that cannot assemble fails there, not at its first collective. NCCL exists only in builds
+// with TESSERA_CUDA=ON; elsewhere asking for it is refused, never replaced by Gloo.
 #pragma once
 
 #include <map>
@@ -27,6 +33,11 @@ class Store;
 
 namespace tessera::comm {
 
+// The backend a multi-process mesh uses: parallel.backend ("auto", "gloo", "nccl") for `device`.
+// auto is nccl on a CUDA device and gloo on the CPU. Refused, naming parallel.backend and
+// train.device: nccl without a CUDA device, nccl in a build without CUDA, gloo with a CUDA device.
+std::string choose_backend(const std::string& backend, c10::Device device);
+
 class Mesh {
  public:
   static std::unique_ptr<Mesh> connect(const LaunchInfo& launch, const ParallelDims& dims,
@@ -37,6 +48,7 @@ class Mesh {
   const LaunchInfo& launch() const { return launch_; }
   int64_t rank() const { return launch_.rank; }
   int64_t world_size() const { return launch_.world_size; }
+  c10::Device device() const { return device_; }
   MeshCoord coord() const { return dims_.coord(launch_.rank); }
 
   Group& world() { return *world_; }

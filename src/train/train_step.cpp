@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <torch/torch.h>
 
+#include "comm/device.h"
 #include "core/error.h"
 #include "model/hf_names.h"
 #include "optim/clipping.h"
@@ -28,19 +29,6 @@ std::map<std::string, at::Tensor> with_prefix(const std::map<std::string, at::Te
   for (const auto& [name, t] : all)
     if (name.rfind(prefix, 0) == 0) out.emplace(name.substr(prefix.size()), t);
   return out;
-}
-
-c10::Device training_device(const std::string& name) {
-  c10::Device device(name);
-  if (device.is_cuda() && !torch::cuda::is_available())
-    fail("train.device = \"", name, "\" but no CUDA device is available",
-#ifdef TESSERA_WITH_CUDA
-         ""
-#else
-         " (this build has TESSERA_CUDA=OFF)"
-#endif
-    );
-  return device;
 }
 
 // glibc hands the heap top back to the kernel whenever a step's activations are freed and faults
@@ -101,7 +89,7 @@ void check_parallel_layout(const Config& config, const ParallelDims& d) {
 
 TrainStep::TrainStep(const Config& config, comm::Mesh* mesh)
     : config_(config),
-      device_(training_device(config.train.device)),
+      device_(mesh ? mesh->device() : comm::select_device(config.train.device, comm::LaunchInfo())),
       autocast_(autocast_dtype(config.precision)),
       mesh_(mesh) {
   if (mesh_) check_parallel_layout(config, mesh_->dims());
