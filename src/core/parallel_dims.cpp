@@ -30,6 +30,9 @@ void ParallelOptions::check(const std::string& source) const {
           powersgd_start_step, ")");
   require(topk_ratio > 0 && topk_ratio <= 1, source, ": parallel.topk_ratio must be in (0, 1] (got ", topk_ratio,
           ")");
+  require(topk_start_step >= 0, source, ": parallel.topk_start_step must be >= 0 (got ", topk_start_step, ")");
+  require(topk_warmup_steps >= 0, source, ": parallel.topk_warmup_steps must be >= 0 (got ", topk_warmup_steps,
+          ")");
 }
 
 ParallelDims::ParallelDims(const ParallelOptions& o, int64_t world_size, const std::string& source)

@@ -24,6 +24,8 @@ struct ParallelOptions {
   int64_t powersgd_rank = 4;
   int64_t powersgd_start_step = 10;  // uncompressed steps before PowerSGD starts
   double topk_ratio = 0.01;
+  int64_t topk_start_step = 100;   // plain all-reduce steps before top-k starts
+  int64_t topk_warmup_steps = 0;   // steps over which the sent fraction falls from dense to topk_ratio
 
   template <class V>
   void visit(V& v) {
@@ -48,6 +50,9 @@ struct ParallelOptions {
     v("powersgd_rank", powersgd_rank, "rank of the PowerSGD approximation");
     v("powersgd_start_step", powersgd_start_step, "uncompressed steps before PowerSGD starts");
     v("topk_ratio", topk_ratio, "fraction of gradient entries top-k compression sends");
+    v("topk_start_step", topk_start_step, "uncompressed steps before top-k starts");
+    v("topk_warmup_steps", topk_warmup_steps,
+      "steps after topk_start_step over which top-k's sent fraction falls geometrically from dense to topk_ratio");
   }
   void check(const std::string& source) const;
 };

@@ -1,6 +1,7 @@
 // Gradient compression (src/optim/compression) on 2 ranks over Gloo:
 // - bf16/fp16 equal the mean rounded exactly as compressor.cpp specifies; top-k with ratio 1 is
-//   the exact mean;
+//   the exact mean; top-k's dense start and sparsity warm-up follow their schedule (k and bytes
+//   per step) and conserve the sum of gradients;
 // - PowerSGD equals PyTorch's powerSGD_hook (golden_compression.py) within float32 rounding;
 // - error feedback (PowerSGD, top-k) conserves the sum of gradients over steps, and every rank
 //   applies the same update;
@@ -13,6 +14,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 
 #include "dist_test.h"
@@ -32,13 +34,16 @@ using Shapes = std::vector<std::vector<int64_t>>;
 // Matrices PowerSGD compresses at rank 2, a vector and a [3, 2] matrix it sends whole.
 const Shapes kShapes = {{16, 12}, {6, 4, 3}, {12}, {3, 2}};
 
+// start_step sets both powersgd_start_step and topk_start_step (plain all-reduce steps first).
 ParallelOptions compression(const std::string& name, int64_t powersgd_rank = 2, int64_t start_step = 1,
-                            double topk_ratio = 0.1) {
+                            double topk_ratio = 0.1, int64_t topk_warmup_steps = 0) {
   ParallelOptions options;
   options.grad_compression = name;
   options.powersgd_rank = powersgd_rank;
   options.powersgd_start_step = start_step;
   options.topk_ratio = topk_ratio;
+  options.topk_start_step = start_step;
+  options.topk_warmup_steps = topk_warmup_steps;
   return options;
 }
 
@@ -89,10 +94,23 @@ TEST(Compression, FactoryAndTopKCount) {
   EXPECT_NE(dynamic_cast<tessera::TopK*>(tessera::make_compressor(compression("topk")).get()), nullptr);
   EXPECT_TRUE(tessera::test::throws_naming([] { tessera::make_compressor(compression("gzip")); },
                                            {"parallel.grad_compression", "gzip"}));
-  EXPECT_EQ(tessera::TopK(0.01).count(150), 2);  // ceil(1.5)
-  EXPECT_EQ(tessera::TopK(0.01).count(1), 1);
-  EXPECT_EQ(tessera::TopK(0.25).count(8), 2);
-  EXPECT_EQ(tessera::TopK(1.0).count(7), 7);
+  EXPECT_EQ(tessera::TopK(0.01, 0, 0).count(150, 0), 2);  // ceil(1.5)
+  EXPECT_EQ(tessera::TopK(0.01, 0, 0).count(1, 0), 1);
+  EXPECT_EQ(tessera::TopK(0.25, 0, 0).count(8, 0), 2);
+  EXPECT_EQ(tessera::TopK(1.0, 0, 0).count(7, 0), 7);
+  // Start 2, warm-up 3: dense, dense, then ratio^(1/4), ratio^(2/4), ratio^(3/4), ratio from then on.
+  const tessera::TopK warm(0.01, 2, 3);
+  EXPECT_EQ(warm.ratio_at(0), 1.0);
+  EXPECT_EQ(warm.ratio_at(1), 1.0);
+  EXPECT_EQ(warm.count(150, 1), 150);
+  EXPECT_DOUBLE_EQ(warm.ratio_at(2), std::pow(0.01, 0.25));
+  EXPECT_DOUBLE_EQ(warm.ratio_at(3), 0.1);
+  EXPECT_DOUBLE_EQ(warm.ratio_at(4), std::pow(0.01, 0.75));
+  EXPECT_EQ(warm.ratio_at(5), 0.01);
+  EXPECT_EQ(warm.ratio_at(1000), 0.01);
+  EXPECT_EQ(warm.count(150, 5), 2);
+  EXPECT_TRUE(tessera::test::throws_naming([] { tessera::TopK(0.01, -1, 0); }, {"parallel.topk_start_step", "-1"}));
+  EXPECT_TRUE(tessera::test::throws_naming([] { tessera::TopK(0.01, 0, -2); }, {"parallel.topk_warmup_steps", "-2"}));
 }
 
 TEST(Compression, LoadStateRefusesMalformedStateByName) {
@@ -127,7 +145,12 @@ TEST(Compression, LoadStateRefusesMalformedStateByName) {
   EXPECT_TRUE(tessera::test::throws_naming([&] { powersgd->all_reduce_mean(grads, 2, solo); },
                                            {"ck.safetensors", "powersgd.bucket2.residual", "100", "282"}));
   auto topk = tessera::make_compressor(compression("topk"));
-  topk->load_state({{"topk.bucket4.residual", at::zeros({5})}}, "ck.safetensors");
+  EXPECT_TRUE(tessera::test::throws_naming(
+      [&] { topk->load_state({{"topk.bucket4.residual", at::zeros({5})}}, "ck"); }, {"ck", "topk.bucket4.step", "missing"}));
+  EXPECT_TRUE(tessera::test::throws_naming(
+      [&] { topk->load_state({{"topk.bucket4.step", at::scalar_tensor(-1, at::kLong)}}, "ck"); },
+      {"ck", "topk.bucket4.step", "non-negative integer"}));
+  topk->load_state({{"topk.bucket4.step", step}, {"topk.bucket4.residual", at::zeros({5})}}, "ck.safetensors");
   EXPECT_TRUE(tessera::test::throws_naming([&] { topk->all_reduce_mean(grads, 4, solo); },
                                            {"ck.safetensors", "topk.bucket4.residual", "5", "282"}));
 }
@@ -201,7 +224,50 @@ TEST(Compression, TopKWithRatioOneIsTheExactMean) {
     const auto mean = mean_grads(kShapes, step, 2);
     for (size_t i = 0; i < kShapes.size(); ++i) EXPECT_TRUE(at::equal(grads[i], mean[i])) << "tensor " << i;
   }
-  EXPECT_TRUE(at::equal(topk->state().at(0).second, at::zeros({282})));
+  const auto state = copied_state(*topk);
+  EXPECT_TRUE(at::equal(state.at("topk.bucket0.residual"), at::zeros({282})));
+}
+
+// Start 1, warm-up 3, ratio 0.1 on 282 elements over 2 ranks: step 0 is a plain all-reduce (the
+// exact mean, no residual yet); step 1 (ratio 0.1^(1/4), k = 159, 2k >= 282) an all-reduce of
+// gradient + residual; steps 2, 3 top-k with k = ceil(282 * 0.1^(2/4)) = 90 and
+// ceil(282 * 0.1^(3/4)) = 51; then k = 29. Bytes per step follow; the sum of gradients is conserved
+// through the whole schedule.
+TEST(Compression, TopKWarmUpIsDenseThenSparsifiesGeometrically) {
+  tessera::test::Ranks ranks(2);
+  if (!ranks.is_worker()) return ranks.expect_success();
+  auto mesh = ranks.connect();
+  Group& world = mesh->world();
+  auto topk = tessera::make_compressor(compression("topk", 2, 1, 0.1, 3));
+  const int64_t numel = 282, all_reduce_bytes = 2 * (world.size() - 1) * 4 * numel / world.size();
+  const std::vector<int64_t> k = {0, 0, 90, 51, 29, 29, 29};  // 0: an all-reduce
+  std::vector<at::Tensor> applied, truth;
+  for (const auto& shape : kShapes) {
+    applied.push_back(at::zeros(shape));
+    truth.push_back(at::zeros(shape));
+  }
+  for (int64_t step = 0; step < static_cast<int64_t>(k.size()); ++step) {
+    auto grads = rank_grads(kShapes, step, world.rank());
+    world.reset_traffic();
+    topk->all_reduce_mean(grads, 0, world);
+    EXPECT_EQ(world.bytes_sent(), k[step] == 0 ? all_reduce_bytes : (world.size() - 1) * 8 * k[step]) << step;
+    const auto mean = mean_grads(kShapes, step, world.size());
+    for (size_t i = 0; i < kShapes.size(); ++i) {
+      if (step == 0) EXPECT_TRUE(at::equal(grads[i], mean[i])) << "tensor " << i;
+      applied[i] += grads[i];
+      truth[i] += mean[i];
+    }
+    const auto state = copied_state(*topk);
+    EXPECT_EQ(state.at("topk.bucket0.step").item<int64_t>(), step + 1);
+    EXPECT_EQ(state.count("topk.bucket0.residual"), step == 0 ? 0u : 1u) << step;
+    if (step == 1) EXPECT_TRUE(at::equal(state.at("topk.bucket0.residual"), at::zeros({numel})));
+  }
+  at::Tensor residual = copied_state(*topk).at("topk.bucket0.residual");
+  EXPECT_GT(residual.abs().max().item<double>(), 0.1);  // the sparse steps left something behind
+  world.all_reduce(residual, ReduceOp::avg);
+  const auto mean_residual = split(residual, kShapes);
+  for (size_t i = 0; i < kShapes.size(); ++i)
+    EXPECT_TRUE(tessera::test::all_close(applied[i] + mean_residual[i], truth[i], 1e-5, 1e-5)) << "tensor " << i;
 }
 
 // Resuming at another number of ranks: residuals are averaged (the mean residual, which the
@@ -314,7 +380,8 @@ TEST(Compression, StateRoundTripsThroughLoadState) {
   if (!ranks.is_worker()) return ranks.expect_success();
   auto mesh = ranks.connect();
   Group& world = mesh->world();
-  for (const auto& options : {compression("powersgd", 2, 1), compression("topk", 2, 1, 0.1)}) {
+  // Top-k's step 3 is inside its warm-up (k depends on the step count, which must come back).
+  for (const auto& options : {compression("powersgd", 2, 1), compression("topk", 2, 1, 0.1, 3)}) {
     auto original = tessera::make_compressor(options);
     for (int64_t step = 0; step < 3; ++step) {
       for (int64_t bucket : {0, 1}) {
@@ -373,15 +440,15 @@ TEST(Compression, BytesPerStepOnAGptBlock) {
     ParallelOptions options;
     int64_t expected;
   };
-  const tessera::TopK topk_1(0.01), topk_01(0.001);
+  const tessera::TopK topk_1(0.01, 0, 0), topk_01(0.001, 0, 0);
   const std::vector<Row> rows = {
       {"bf16", compression("bf16"), none / 2},
       {"fp16", compression("fp16"), none / 2},
       {"powersgd rank 1", compression("powersgd", 1, 0), 2 * (n - 1) * 4 * powersgd_elements(1) / n},
       {"powersgd rank 4", compression("powersgd", 4, 0), 2 * (n - 1) * 4 * powersgd_elements(4) / n},
       {"powersgd rank 16", compression("powersgd", 16, 0), 2 * (n - 1) * 4 * powersgd_elements(16) / n},
-      {"topk 0.01", compression("topk", 4, 0, 0.01), (n - 1) * 8 * topk_1.count(numel)},
-      {"topk 0.001", compression("topk", 4, 0, 0.001), (n - 1) * 8 * topk_01.count(numel)},
+      {"topk 0.01", compression("topk", 4, 0, 0.01), (n - 1) * 8 * topk_1.count(numel, 0)},
+      {"topk 0.001", compression("topk", 4, 0, 0.001), (n - 1) * 8 * topk_01.count(numel, 0)},
   };
   if (world.rank() == 0)
     std::printf("GPT-2-small block, %lld parameters, %lld ranks: bytes sent per rank per step\n",

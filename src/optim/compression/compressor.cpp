@@ -71,7 +71,7 @@ std::unique_ptr<GradientCompressor> make_compressor(const ParallelOptions& optio
   if (name == "bf16") return std::make_unique<CastCompressor>(at::kBFloat16, false);
   if (name == "fp16") return std::make_unique<CastCompressor>(at::kHalf, true);
   if (name == "powersgd") return std::make_unique<PowerSGD>(options.powersgd_rank, options.powersgd_start_step);
-  if (name == "topk") return std::make_unique<TopK>(options.topk_ratio);
+  if (name == "topk") return std::make_unique<TopK>(options.topk_ratio, options.topk_start_step, options.topk_warmup_steps);
   fail("parallel.grad_compression must be none, bf16, fp16, powersgd or topk (got \"", name, "\")");
 }
 
