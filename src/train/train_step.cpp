@@ -44,6 +44,7 @@ void keep_host_heap() {
 }  // namespace
 
 void check_parallel_layout(const Config& config, const ParallelDims& d) {
+  if (d.world_size() > 1) comm::choose_backend(config.parallel.backend, c10::Device(config.train.device));
   const std::pair<const char*, int64_t> unbuilt[] = {{"pp", d.pp()}, {"ep", d.ep()}};
   for (const auto& [key, degree] : unbuilt)
     require(degree == 1, "parallel.", key, " = ", degree,

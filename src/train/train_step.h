@@ -51,7 +51,8 @@ class DataParallel;
 
 // Refuses, naming the keys, a layout this build cannot train: pp, ep > 1; sp > 1 with a
 // train.seq_len it does not divide, an sp_method that does not fit model.arch, attention dropout,
-// or (Ulysses) heads it does not divide; fp16 with dp * sp > 1.
+// or (Ulysses) heads it does not divide; fp16 with dp * sp > 1; with several ranks, a
+// parallel.backend that does not fit train.device or the build (comm::choose_backend).
 // The launcher calls it before starting workers; TrainStep again in every process.
 void check_parallel_layout(const Config& config, const ParallelDims& dims);
 

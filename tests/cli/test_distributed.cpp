@@ -205,6 +205,13 @@ TEST(DistributedTrain, DegreesThatDoNotFitAreRefusedBeforeLaunch) {
   EXPECT_NE(tp_heads.output.find("model.n_head = 2 is not a multiple of parallel.tp = 4"), std::string::npos)
       << tp_heads.output;
   EXPECT_EQ(unbuilt.output.find("started ranks"), std::string::npos) << "workers were started: " << unbuilt.output;
+  // The backend must fit the device (and the build) before any worker starts.
+  auto nccl_cpu = run_tessera("train --config tiny_gpt --nproc 2 --set parallel.backend=nccl" + settings(4, 2) +
+                              " --out " + out);
+  EXPECT_EQ(nccl_cpu.exit_code, 2);
+  EXPECT_NE(nccl_cpu.output.find("parallel.backend = \"nccl\" needs train.device = cuda"), std::string::npos)
+      << nccl_cpu.output;
+  EXPECT_EQ(nccl_cpu.output.find("started ranks"), std::string::npos) << "workers were started: " << nccl_cpu.output;
   // Sequence parallelism: the method must fit the attention, Ulysses whole heads, chunks equal.
   auto lasp_gpt = run_tessera("train --config tiny_gpt --nproc 2 --set parallel.sp=2 --set parallel.sp_method=lasp" +
                               settings(4, 2) + " --out " + out);
