@@ -6,7 +6,8 @@ Usage: compression_convergence.py BUILD_DIR [--ranks 2] [--steps 600] [--margin 
                                   [--modes none,bf16,fp16,powersgd-r4,topk-0.01] [--out bench/results]
 
 A mode is none, bf16, fp16, powersgd-r<RANK> (PowerSGD at that rank, 10 uncompressed steps first)
-or topk-<RATIO> (top-k keeping that fraction of each bucket).
+or topk-<RATIO>[-s<START>][-w<WARMUP>] (top-k keeping that fraction of each bucket, after START
+plain all-reduce steps and a WARMUP-step geometric fall from dense to RATIO; both 0 when absent).
 
 Every mode runs `tessera train --config tiny_gpt --nproc RANKS` (the `make train` model and
 schedule, global batch 16 split over the ranks, one thread per rank) with only
@@ -36,8 +37,15 @@ def settings(mode):
         return {"parallel.grad_compression": "powersgd", "parallel.powersgd_rank": int(mode[len("powersgd-r"):]),
                 "parallel.powersgd_start_step": 10}
     if mode.startswith("topk-"):
-        return {"parallel.grad_compression": "topk", "parallel.topk_ratio": float(mode[len("topk-"):])}
-    raise SystemExit(f"unknown mode {mode!r} (none, bf16, fp16, powersgd-r<RANK>, topk-<RATIO>)")
+        ratio, *extra = mode[len("topk-"):].split("-")
+        steps = {"s": 0, "w": 0}
+        for e in extra:
+            if e[:1] not in steps or not e[1:].isdigit():
+                raise SystemExit(f"unknown mode {mode!r} (topk-<RATIO>[-s<START>][-w<WARMUP>])")
+            steps[e[0]] = int(e[1:])
+        return {"parallel.grad_compression": "topk", "parallel.topk_ratio": float(ratio),
+                "parallel.topk_start_step": steps["s"], "parallel.topk_warmup_steps": steps["w"]}
+    raise SystemExit(f"unknown mode {mode!r} (none, bf16, fp16, powersgd-r<RANK>, topk-<RATIO>[-s<START>][-w<WARMUP>])")
 
 
 def train(build, data, ranks, steps, mode, out_dir):
@@ -59,12 +67,19 @@ def train(build, data, ranks, steps, mode, out_dir):
             "unigram": baseline, "command": " ".join(cmd)}
 
 
-def bytes_ratio(mode, ranks):
-    """Bytes sent per step relative to an fp32 all-reduce (docs/gradient_compression.md)."""
+def bytes_ratio(mode, ranks, steps):
+    """Bytes sent per step, averaged over the run, relative to an fp32 all-reduce
+    (docs/gradient_compression.md; k rounding ignored)."""
     if mode in ("bf16", "fp16"):
         return 0.5
-    if mode.startswith("topk-"):  # (N-1) * 8k against 2 (N-1)/N * 4 numel, k = ratio * numel
-        return (ranks - 1) * 8 * float(mode[len("topk-"):]) / (2 * (ranks - 1) / ranks * 4)
+    if mode.startswith("topk-"):
+        # (N-1) * 8k against 2 (N-1)/N * 4 numel: N ratio_t, or 1 where top-k takes the all-reduce
+        s = settings(mode)
+        ratio, start, warmup = (s[f"parallel.topk_{k}"] for k in ("ratio", "start_step", "warmup_steps"))
+        def at(step):
+            t = step - start
+            return 1.0 if t < 0 else ratio ** ((t + 1) / (warmup + 1)) if t < warmup else ratio
+        return sum(min(1.0, ranks * at(step)) for step in range(steps)) / steps
     return None if mode.startswith("powersgd") else 1.0
 
 
@@ -99,7 +114,8 @@ def main():
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / "compression_convergence_cpu"
-    command = f"python3 bench/compression_convergence.py {args.build} --ranks {args.ranks} --steps {args.steps}"
+    command = (f"python3 bench/compression_convergence.py {args.build}{f' --data {args.data}' if args.data else ''} "
+               f"--ranks {args.ranks} --steps {args.steps} --modes {args.modes}")
     unigram = results[0]["unigram"]
     plot_losses.plot([(r["mode"], runs_root / r["mode"] / "metrics.jsonl") for r in results], f"{stem}.svg",
                      f"tiny_gpt on {args.ranks} ranks: gradient compression against none", unigram)
@@ -110,10 +126,10 @@ def main():
              f"tiny_gpt (`make train`'s model and schedule), {args.steps} steps, global batch 16 x 128 tokens; "
              f"unigram baseline {unigram} nats. Margin: final validation loss at most {args.margin:.0%} above "
              "uncompressed.", "",
-             "| mode | settings | bytes/step vs none | final val loss | vs none | within margin | wall s |",
+             "| mode | settings | bytes/step vs none (run mean) | final val loss | vs none | within margin | wall s |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
-        ratio = bytes_ratio(r["mode"], args.ranks)
+        ratio = bytes_ratio(r["mode"], args.ranks, args.steps)
         settings = ", ".join(f"{k.split('.')[1]}={v}" for k, v in r["settings"].items() if k != "parallel.grad_compression")
         lines.append(f"| {r['mode']} | {settings} | {'see note' if ratio is None else f'{ratio:.3g}'} | "
                      f"{r['val_loss']:.4f} | {r['excess']:+.2%} | {'yes' if r['within_margin'] else 'NO'} | {r['wall_s']} |")

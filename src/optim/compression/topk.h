@@ -24,9 +24,10 @@
 // all-reduce is taken where it would not). With ratio 1 every step is the exact mean.
 //
 // Why the warm-ups (docs/gradient_compression.md has the measurements): under AdamW a coordinate
-// that error feedback delivers once every T steps, as the sum of T gradients, moves about sqrt(T)
-// normalised steps where a dense run moves T, so sparse steps learn slowly; dense early steps get
-// the model through its fast early phase at the full rate.
+// that error feedback delivers once every T steps, as the sum of T steady gradients, moves roughly
+// sqrt(T) normalised steps where a dense run moves T (Adam's second moment sees the burst squared),
+// so sparse steps learn slowly; dense early steps take the model through its fast early phase at
+// the full rate.
 //
 // State per bucket: "topk.bucket<b>.step" int64 [] (steps taken), and from its first step >= S on
 // "topk.bucket<b>.residual" float32 [bucket numel].
