@@ -125,6 +125,19 @@ TEST(DistributedTrain, CompressedRunResumesWithItsResiduals) {
   ASSERT_EQ(on_four.exit_code, 0) << on_four.output;
   EXPECT_NE(on_four.output.find("state of 2 ranks merged for 4 ranks"), std::string::npos) << on_four.output;
   expect_same_losses(losses(four), expected, 2e-2, "powersgd 2 ranks -> 4 ranks");
+
+  // Top-k past its dense start: the residuals and the per-bucket step counts carry over.
+  const std::string topk_full = fresh_dir("topk_full"), topk_again = fresh_dir("topk_again");
+  const std::string topk = " --set parallel.grad_compression=topk --set parallel.topk_ratio=0.1"
+                           " --set parallel.topk_start_step=2";
+  auto topk_first = run_tessera("train --config tiny_gpt --nproc 2" + settings(4, 8) + topk +
+                                " --set checkpoint.every=4 --set checkpoint.keep=0 --out " + topk_full);
+  ASSERT_EQ(topk_first.exit_code, 0) << topk_first.output;
+  auto topk_resumed = run_tessera("train --resume " + topk_full + "/checkpoints/step_4 --nproc 2 --out " + topk_again);
+  ASSERT_EQ(topk_resumed.exit_code, 0) << topk_resumed.output;
+  const auto topk_expected = losses(topk_full), topk_continued = losses(topk_again);
+  ASSERT_EQ(topk_continued.begin()->first, 5);
+  for (const auto& [step, loss] : topk_continued) EXPECT_DOUBLE_EQ(loss, topk_expected.at(step)) << "top-k step " << step;
 }
 
 TEST(DistributedTrain, TorchrunStyleEnvironmentIsRecognised) {

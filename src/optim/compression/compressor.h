@@ -66,7 +66,8 @@ class GradientCompressor {
 };
 
 // nullptr for "none"; otherwise the compressor named by options.grad_compression, configured
-// from parallel.powersgd_rank, parallel.powersgd_start_step and parallel.topk_ratio. Throws
+// from parallel.powersgd_rank, parallel.powersgd_start_step, parallel.topk_ratio,
+// parallel.topk_start_step and parallel.topk_warmup_steps. Throws
 // tessera::Error naming parallel.grad_compression for an unknown name.
 std::unique_ptr<GradientCompressor> make_compressor(const ParallelOptions& options);
 
