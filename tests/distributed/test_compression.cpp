@@ -157,7 +157,7 @@ TEST(Compression, LoadStateRefusesMalformedStateByName) {
 
 // On a CUDA device (skipped without one) every compressor computes what it computes on the CPU,
 // on a one-member group (its collectives are the identity, so no backend is involved).
-TEST(Compression, CudaMatchesCpuOnOneRank) {
+TEST(CompressionCuda, MatchesCpuOnOneRank) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   Group solo("solo", {0}, 0, nullptr, std::chrono::milliseconds(1000));
   for (const char* name : {"bf16", "fp16", "powersgd", "topk"}) {
