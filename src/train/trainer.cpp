@@ -197,7 +197,7 @@ TrainSummary Trainer::run() {
       s.mesh->world().barrier();
       write_optimizer_shard(partial_checkpoint_dir(checkpoints_dir, s.step), s.rank, world, slices);
       if (compressing)
-        write_compression_state(partial_checkpoint_dir(checkpoints_dir, s.step), s.rank, s.mesh->world_size(),
+        write_compression_state(partial_checkpoint_dir(checkpoints_dir, s.step), s.rank, world,
                                 s.trainer->compression_state());
       s.mesh->world().barrier();
       if (!lead) return;

@@ -61,27 +61,6 @@ NamedParams DataParallel::full_optimizer_state() {
   return out;
 }
 
-std::vector<TensorSlice> DataParallel::optimizer_state_slices() const {
-  const Impl& s = *impl_;
-  if (s.stage == 0) return even_slices(s.optimizer->state(), s.rank, s.world);
-  std::map<std::string, at::Tensor> mine;
-  for (const auto& [name, t] : s.optimizer->state()) mine[name] = t;
-  std::vector<TensorSlice> out;
-  for (const auto& unit : s.units) {
-    for (const auto& e : unit.entries()) {
-      const auto [begin, end] = unit.owned(e);
-      if (begin == end) continue;
-      const std::vector<int64_t> shape = e.param.sizes().vec();
-      for (const auto& slot : kElementwiseSlots)
-        out.push_back({e.name + "." + slot, mine.at(e.name + "." + slot), begin - e.offset, shape});
-      // The step as full_optimizer_state() gives it: a float32 scalar.
-      if (begin == e.offset)
-        out.push_back({e.name + "." + kStepSlot, mine.at(e.name + "." + kStepSlot).to(at::kFloat).reshape({}), 0, {}});
-    }
-  }
-  return out;
-}
-
 OptimizerRanges DataParallel::optimizer_state_ranges() const {
   const Impl& s = *impl_;
   OptimizerRanges out;
@@ -93,6 +72,26 @@ OptimizerRanges DataParallel::optimizer_state_ranges() const {
         out[e.name + "." + slot] = {e.param.sizes().vec(), begin == end ? 0 : begin - e.offset,
                                     begin == end ? 0 : end - e.offset};
     }
+  }
+  return out;
+}
+
+std::vector<TensorSlice> DataParallel::optimizer_state_slices() const {
+  const Impl& s = *impl_;
+  if (s.stage == 0) return even_slices(s.optimizer->state(), s.rank, s.world);
+  std::map<std::string, at::Tensor> mine;
+  for (const auto& [name, t] : s.optimizer->state()) mine[name] = t;
+  const OptimizerRanges ranges = optimizer_state_ranges();
+  std::vector<TensorSlice> out;
+  for (const auto& [name, p] : s.params) {
+    const OptimizerRange& owned = ranges.at(name + "." + kElementwiseSlots.front());
+    if (owned.begin == owned.end) continue;
+    for (const auto& slot : kElementwiseSlots)
+      out.push_back({name + "." + slot, mine.at(name + "." + slot), owned.begin, owned.shape});
+    // The step once, from the owner of the first element, as full_optimizer_state() gives it:
+    // a float32 scalar.
+    if (owned.begin == 0)
+      out.push_back({name + "." + kStepSlot, mine.at(name + "." + kStepSlot).to(at::kFloat).reshape({}), 0, {}});
   }
   return out;
 }
@@ -135,13 +134,11 @@ void DataParallel::load_optimizer_state_ranges(const std::map<std::string, at::T
     require(expected.count(entry.first) > 0, source, ": unexpected optimizer state ", entry.first,
             " (no such parameter slot)");
   std::map<std::string, at::Tensor> mine;
-  for (const auto& unit : s.units) {
-    for (const auto& e : unit.entries()) {
-      const auto [begin, end] = unit.owned(e);
-      if (begin == end) continue;
-      for (const auto& slot : kElementwiseSlots) mine[e.name + "." + slot] = state.at(e.name + "." + slot).reshape(-1);
-      mine[e.name + "." + kStepSlot] = state.at(e.name + "." + kStepSlot).reshape({});
-    }
+  for (const auto& [name, p] : s.params) {
+    const OptimizerRange& owned = ranges.at(name + "." + kElementwiseSlots.front());
+    if (owned.begin == owned.end) continue;
+    for (const auto& slot : kElementwiseSlots) mine[name + "." + slot] = state.at(name + "." + slot).reshape(-1);
+    mine[name + "." + kStepSlot] = state.at(name + "." + kStepSlot).reshape({});
   }
   s.optimizer->load_state(mine, source);
 }
