@@ -14,7 +14,8 @@
 // barrier, write_optimizer_shard everywhere, a barrier, commit_checkpoint on rank 0). meta.json
 // is written last, after all shards, and lists them with their checksums: it is the commit
 // marker, and the rename into place makes the step visible. load_checkpoint reassembles whole
-// tensors from the shards, so the checkpoint resumes at any number of ranks.
+// tensors from the shards, or reads only the ranges a resuming rank owns (`ranges`), so the
+// checkpoint resumes at any number of ranks.
 //
 // State that only its own rank holds (gradient-compression residuals, which differ between ranks)
 // goes into one file per rank,

@@ -9,15 +9,17 @@
 
 namespace tessera {
 
-CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelOptions& opts)
-    : head_dim_(opts.head_dim()), dropout_(opts.dropout) {
+ParameterSpecs CausalSelfAttentionImpl::parameter_specs() const {
+  ParameterSpecs specs = column_linear("c_attn", 0.02, 3);
+  add_specs(specs, row_linear("c_proj", residual_std_));
+  return specs;
+}
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelOptions& opts, const at::TensorOptions& where)
+    : head_dim_(opts.head_dim()), residual_std_(residual_std(opts.n_layer)), dropout_(opts.dropout) {
   const int64_t C = opts.n_embd;
-  c_attn = register_module("c_attn", torch::nn::Linear(torch::nn::LinearOptions(C, 3 * C).bias(opts.bias)));
-  c_proj = register_module("c_proj", torch::nn::Linear(torch::nn::LinearOptions(C, C).bias(opts.bias)));
-  init_normal(c_attn->weight, 0.02);
-  init_zero(c_attn->bias);
-  init_normal(c_proj->weight, residual_std(opts.n_layer));
-  init_zero(c_proj->bias);
+  c_attn = register_module("c_attn", Linear(C, 3 * C, opts.bias, where));
+  c_proj = register_module("c_proj", Linear(C, C, opts.bias, where));
 }
 
 at::Tensor CausalSelfAttentionImpl::core(const at::Tensor& qkv) {

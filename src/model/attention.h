@@ -23,30 +23,42 @@
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include "core/error.h"
+#include "model/linear.h"
 #include "model/model_options.h"
+#include "model/parameter_spec.h"
 #include "model/sharded_region.h"
 
 namespace tessera {
 
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
-  explicit CausalSelfAttentionImpl(const ModelOptions& opts);
+  CausalSelfAttentionImpl(const ModelOptions& opts, const at::TensorOptions& where);
   at::Tensor forward(const at::Tensor& x);  // [B, T, C] -> [B, T, C]
   void set_checkpoint_core(bool on) { checkpoint_core_ = on; }
+  // c_attn column-parallel in three blocks (q, k, v), c_proj row-parallel.
+  ParameterSpecs parameter_specs() const;
 
   using Kernel = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
-  void set_kernel(Kernel kernel) { kernel_ = std::move(kernel); }
-  void set_region(ShardedRegion region) { region_ = std::move(region); }
+  // Each slot has one owner: installing a second kernel or region is refused (an empty one clears).
+  void set_kernel(Kernel kernel) {
+    require(!kernel || !kernel_, "internal: the attention kernel is already installed (one owner per layer)");
+    kernel_ = std::move(kernel);
+  }
+  void set_region(ShardedRegion region) {
+    require(!region.active() || !region_.active(), "internal: the layer is already sharded (one owner per layer)");
+    region_ = std::move(region);
+  }
 
-  torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
+  Linear c_attn{nullptr}, c_proj{nullptr};
 
  private:
   at::Tensor core(const at::Tensor& qkv);  // [B, T, 3 h d] -> [B, T, h d], h heads (n_head unsharded)
 
   int64_t head_dim_;
+  double residual_std_;
   double dropout_;
   bool checkpoint_core_ = false;
   Kernel kernel_;

@@ -7,15 +7,26 @@
 
 namespace tessera {
 
-BlockImpl::BlockImpl(const ModelOptions& opts, int64_t layer) : dropout_(opts.dropout) {
+BlockImpl::BlockImpl(const ModelOptions& opts, int64_t layer, const at::TensorOptions& where)
+    : dropout_(opts.dropout) {
   const bool linear = opts.arch == "linear";
   const NormKind norm = linear ? NormKind::rms : NormKind::layer;
-  ln_1 = register_module("ln_1", Norm(norm, opts.n_embd, opts.bias));
-  if (linear) linear_attn = register_module("attn", LinearAttention(opts));
-  else softmax_attn = register_module("attn", CausalSelfAttention(opts));
-  ln_2 = register_module("ln_2", Norm(norm, opts.n_embd, opts.bias));
-  if (opts.is_moe_block(layer)) moe = register_module("moe", MoE(opts));
-  else mlp = register_module("mlp", MLP(opts));
+  ln_1 = register_module("ln_1", Norm(norm, opts.n_embd, opts.bias, where));
+  if (linear) linear_attn = register_module("attn", LinearAttention(opts, where));
+  else softmax_attn = register_module("attn", CausalSelfAttention(opts, where));
+  ln_2 = register_module("ln_2", Norm(norm, opts.n_embd, opts.bias, where));
+  if (opts.is_moe_block(layer)) moe = register_module("moe", MoE(opts, where));
+  else mlp = register_module("mlp", MLP(opts, where));
+}
+
+ParameterSpecs BlockImpl::parameter_specs() const {
+  ParameterSpecs specs;
+  add_specs(specs, "ln_1", ln_1->parameter_specs());
+  add_specs(specs, "attn", softmax_attn ? softmax_attn->parameter_specs() : linear_attn->parameter_specs());
+  add_specs(specs, "ln_2", ln_2->parameter_specs());
+  if (moe) add_specs(specs, "moe", moe->parameter_specs());
+  else add_specs(specs, "mlp", mlp->parameter_specs());
+  return specs;
 }
 
 void BlockImpl::set_checkpoint_mode(CheckpointMode mode) {

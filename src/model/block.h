@@ -31,9 +31,10 @@ struct BlockOutput {
 
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(const ModelOptions& opts, int64_t layer);
+  BlockImpl(const ModelOptions& opts, int64_t layer, const at::TensorOptions& where);
   BlockOutput forward(const at::Tensor& x);
   void set_checkpoint_mode(CheckpointMode mode);
+  ParameterSpecs parameter_specs() const;  // its submodules', under their names
 
   Norm ln_1{nullptr}, ln_2{nullptr};
   CausalSelfAttention softmax_attn{nullptr};  // registered as "attn" (arch gpt)

@@ -100,21 +100,24 @@ at::Tensor alibi_slopes(int64_t n_head) {
   return torch::tensor(slopes, torch::kDouble).to(at::kFloat);
 }
 
-LinearAttentionImpl::LinearAttentionImpl(const ModelOptions& opts)
-    : head_dim_(opts.head_dim()), chunk_(opts.linear_chunk), decay_(at::exp(-alibi_slopes(opts.n_head))) {
+ParameterSpecs LinearAttentionImpl::parameter_specs() const {
+  ParameterSpecs specs = row_linear("o_proj", residual_std_);
+  for (const char* column : {"q_proj", "k_proj", "v_proj", "u_proj"}) add_specs(specs, column_linear(column, 0.02));
+  return specs;
+}
+
+LinearAttentionImpl::LinearAttentionImpl(const ModelOptions& opts, const at::TensorOptions& where)
+    : head_dim_(opts.head_dim()),
+      chunk_(opts.linear_chunk),
+      residual_std_(residual_std(opts.n_layer)),
+      decay_(at::exp(-alibi_slopes(opts.n_head))) {
   const int64_t C = opts.n_embd;
-  auto linear = [&](const char* name) {
-    auto m = register_module(name, torch::nn::Linear(torch::nn::LinearOptions(C, C).bias(opts.bias)));
-    init_normal(m->weight, 0.02);
-    init_zero(m->bias);
-    return m;
-  };
+  auto linear = [&](const char* name) { return register_module(name, Linear(C, C, opts.bias, where)); };
   q_proj = linear("q_proj");
   k_proj = linear("k_proj");
   v_proj = linear("v_proj");
   u_proj = linear("u_proj");
   o_proj = linear("o_proj");
-  init_normal(o_proj->weight, residual_std(opts.n_layer));
 }
 
 void LinearAttentionImpl::select_heads(int64_t first, int64_t count) {

@@ -25,7 +25,10 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include "core/error.h"
+#include "model/linear.h"
 #include "model/model_options.h"
+#include "model/parameter_spec.h"
 #include "model/sharded_region.h"
 
 namespace tessera {
@@ -68,20 +71,30 @@ class LinearAttentionImpl : public torch::nn::Module {
   using Kernel = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                           const at::Tensor& decay, int64_t chunk)>;
 
-  explicit LinearAttentionImpl(const ModelOptions& opts);
+  LinearAttentionImpl(const ModelOptions& opts, const at::TensorOptions& where);
   at::Tensor forward(const at::Tensor& x);  // [B, T, C] -> [B, T, C]
   void set_checkpoint_core(bool on) { checkpoint_core_ = on; }
-  void set_kernel(Kernel kernel) { kernel_ = std::move(kernel); }
-  void set_region(ShardedRegion region) { region_ = std::move(region); }
+  // q, k, v, u_proj column-parallel (this rank's heads), o_proj row-parallel.
+  ParameterSpecs parameter_specs() const;
+  // Each slot has one owner: installing a second kernel or region is refused (an empty one clears).
+  void set_kernel(Kernel kernel) {
+    require(!kernel || !kernel_, "internal: the linear-attention kernel is already installed (one owner per layer)");
+    kernel_ = std::move(kernel);
+  }
+  void set_region(ShardedRegion region) {
+    require(!region.active() || !region_.active(), "internal: the layer is already sharded (one owner per layer)");
+    region_ = std::move(region);
+  }
   // The layer computes heads [first, first + count) of model.n_head only; throws when out of range.
   void select_heads(int64_t first, int64_t count);
 
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, u_proj{nullptr}, o_proj{nullptr};
+  Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, u_proj{nullptr}, o_proj{nullptr};
 
  private:
   at::Tensor core(const at::Tensor& qkv);  // [3, B, H, T, d] -> [B, T, C]
 
   int64_t head_dim_, chunk_;
+  double residual_std_;
   at::Tensor decay_;         // [H] float32 (H = this layer's heads) λ on the CPU (not a buffer: module dtype casts must not round it)
   at::Tensor decay_device_;  // decay_ on the device of the last input
   bool checkpoint_core_ = false;

@@ -8,14 +8,17 @@
 
 namespace tessera {
 
-MLPImpl::MLPImpl(const ModelOptions& opts) : glu_(opts.arch == "linear") {
+ParameterSpecs MLPImpl::parameter_specs() const {
+  ParameterSpecs specs = column_linear("c_fc", 0.02, glu_ ? 2 : 1);
+  add_specs(specs, row_linear("c_proj", residual_std_));
+  return specs;
+}
+
+MLPImpl::MLPImpl(const ModelOptions& opts, const at::TensorOptions& where)
+    : glu_(opts.arch == "linear"), residual_std_(residual_std(opts.n_layer)) {
   const int64_t C = opts.n_embd, H = opts.hidden();
-  c_fc = register_module("c_fc", torch::nn::Linear(torch::nn::LinearOptions(C, glu_ ? 2 * H : H).bias(opts.bias)));
-  c_proj = register_module("c_proj", torch::nn::Linear(torch::nn::LinearOptions(H, C).bias(opts.bias)));
-  init_normal(c_fc->weight, 0.02);
-  init_zero(c_fc->bias);
-  init_normal(c_proj->weight, residual_std(opts.n_layer));
-  init_zero(c_proj->bias);
+  c_fc = register_module("c_fc", Linear(C, glu_ ? 2 * H : H, opts.bias, where));
+  c_proj = register_module("c_proj", Linear(H, C, opts.bias, where));
 }
 
 at::Tensor MLPImpl::forward(const at::Tensor& x) {

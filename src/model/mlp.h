@@ -8,24 +8,33 @@
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include "core/error.h"
+#include "model/linear.h"
 #include "model/model_options.h"
+#include "model/parameter_spec.h"
 #include "model/sharded_region.h"
 
 namespace tessera {
 
 class MLPImpl : public torch::nn::Module {
  public:
-  explicit MLPImpl(const ModelOptions& opts);
+  MLPImpl(const ModelOptions& opts, const at::TensorOptions& where);
   at::Tensor forward(const at::Tensor& x);  // [B, T, C] -> [B, T, C]
-  void set_region(ShardedRegion region) { region_ = std::move(region); }
+  // One owner: a second region is refused (an empty one clears).
+  void set_region(ShardedRegion region) {
+    require(!region.active() || !region_.active(), "internal: the MLP is already sharded (one owner per layer)");
+    region_ = std::move(region);
+  }
+  // c_fc column-parallel (the GLU's in two blocks, a and g), c_proj row-parallel.
+  ParameterSpecs parameter_specs() const;
 
-  torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
+  Linear c_fc{nullptr}, c_proj{nullptr};
 
  private:
   bool glu_;
+  double residual_std_;
   ShardedRegion region_;
 };
 TORCH_MODULE(MLP);

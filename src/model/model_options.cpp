@@ -1,4 +1,4 @@
-// ModelOptions: checks, presets and the analytic parameter and FLOP counts (model_options.h).
+// ModelOptions: checks, presets, and the parameter and FLOP counts (model_options.h).
 //
 // Preset shapes: GPT-2 from the released checkpoints; GPT-3 from Brown et al. 2020 Table 2.1, with
 // two typos of that table fixed so that n_embd = n_head * d_head: GPT-3 XL (1.3B) uses 16 heads of
@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "model/transformer.h"
 
 namespace tessera {
 namespace {
@@ -71,33 +72,23 @@ std::string known_presets() {
   return out.str();
 }
 
-// Parameters of one block's feed-forward: a dense MLP (GELU or GLU) or an MoE layer counting
-// `experts` of its experts.
-int64_t ffn_params(const ModelOptions& o, bool moe, int64_t experts) {
-  const int64_t C = o.n_embd, H = o.hidden(), b = o.bias ? 1 : 0;
-  if (moe) return C * o.moe_experts + experts * (C * H + b * H + H * C + b * C);
-  const int64_t fc_out = o.arch == "linear" ? 2 * H : H;
-  return C * fc_out + b * fc_out + H * C + b * C;
-}
+// The stored and the per-token parameter counts of the model's own modules, built on the meta
+// device (no allocation): per token, positions are a lookup and an MoE layer runs top_k of its
+// experts (their stacked weights hold E experts' worth each).
+struct Counts {
+  int64_t stored = 0, active = 0;
+};
 
-int64_t attention_params(const ModelOptions& o) {
-  const int64_t C = o.n_embd, b = o.bias ? 1 : 0;
-  if (o.arch == "linear") return 5 * (C * C + b * C);  // q, k, v, u, o projections
-  return (3 * C * C + b * 3 * C) + (C * C + b * C);   // c_attn, c_proj
-}
-
-int64_t norm_params(const ModelOptions& o) {
-  if (o.arch == "linear") return o.n_embd;           // RMSNorm: weight
-  return o.bias ? 2 * o.n_embd : o.n_embd;           // LayerNorm: weight (+ bias)
-}
-
-// Sum over blocks plus embeddings; `active_experts` experts of each MoE layer are counted
-// (moe_experts for the stored count, moe_top_k for the per-token compute).
-int64_t count(const ModelOptions& o, int64_t active_experts, bool with_positions) {
-  int64_t n = o.vocab_size * o.n_embd + norm_params(o);  // wte, ln_f
-  if (o.arch == "gpt" && with_positions) n += o.block_size * o.n_embd;
-  for (int64_t l = 0; l < o.n_layer; ++l)
-    n += 2 * norm_params(o) + attention_params(o) + ffn_params(o, o.is_moe_block(l), active_experts);
+Counts count(const ModelOptions& o) {
+  TransformerLM meta(o, ModelStage{}, at::TensorOptions().device(at::kMeta));
+  Counts n;
+  for (const auto& item : meta->named_parameters()) {
+    const int64_t numel = item.value().numel();
+    n.stored += numel;
+    if (item.key() == "wpe.weight") continue;
+    const bool expert = meta->parameter_specs().at(item.key()).split == Split::expert;
+    n.active += expert ? numel / o.moe_experts * o.moe_top_k : numel;
+  }
   return n;
 }
 
@@ -146,10 +137,10 @@ std::vector<std::string> ModelOptions::preset_names() {
   return names;
 }
 
-int64_t parameter_count(const ModelOptions& opts) { return count(opts, opts.moe_experts, true); }
+int64_t parameter_count(const ModelOptions& opts) { return count(opts).stored; }
 
 double flops_per_token(const ModelOptions& opts, int64_t seq_len) {
-  const double n_active = static_cast<double>(count(opts, opts.moe_top_k, false));
+  const double n_active = static_cast<double>(count(opts).active);
   const double L = static_cast<double>(opts.n_layer), C = static_cast<double>(opts.n_embd);
   if (opts.arch == "linear") {
     const double c = static_cast<double>(std::min(seq_len, opts.linear_chunk));

@@ -1,4 +1,4 @@
-// [model] options: the shape of the network, named presets, and analytic size and cost.
+// [model] options: the shape of the network, named presets, and its size and cost.
 //
 // Two architectures share one block layout (pre-norm residual blocks, tied output head):
 //   arch = "gpt"    GPT-2: learned positions, LayerNorm, causal softmax attention, GELU MLP;
@@ -71,14 +71,15 @@ struct ModelOptions {
   static std::vector<std::string> preset_names();
 };
 
-// Parameter count of TransformerLM(opts), equal to the sum of its parameters' numel (the output
-// head is tied to wte and not counted twice).
+// Parameter count of TransformerLM(opts): the sum of its parameters' numel, counted on a model
+// built on the meta device (the modules themselves, no allocation; the output head is tied to wte
+// and not counted twice).
 int64_t parameter_count(const ModelOptions& opts);
 
 // Training FLOPs per token (forward + backward) at sequence length seq_len:
 //   6 * N_active + attention term, where N_active is parameter_count without wpe (positions are a
 //   lookup, not a matmul; wte counts because it is the tied head's matmul) and with only top_k of
-//   the experts in MoE layers. The attention term is PaLM appendix B's 12*L*C*T with the causal
+//   the experts in MoE layers (the parameters declared Split::expert, scaled by top_k / experts). The attention term is PaLM appendix B's 12*L*C*T with the causal
 //   half counted: 6*L*C*T for softmax attention. For linear attention the quadratic part only spans
 //   a chunk, c = min(T, linear_chunk): 6*L*C*c (intra-chunk, causal half) + 12*L*C*d (the inter-chunk
 //   q*S product and the state update k^T v, d = head_dim).

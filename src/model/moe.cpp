@@ -8,6 +8,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/torch.h>
 
+#include "core/error.h"
 #include "model/norm.h"
 
 namespace tessera {
@@ -22,23 +23,34 @@ double MoEStats::dropped_fraction() const {
   return 1.0 - kept.sum().item<double>() / static_cast<double>(tokens * top_k);
 }
 
-MoEImpl::MoEImpl(const ModelOptions& opts)
+ParameterSpecs MoEImpl::parameter_specs() const {
+  return {{"router.weight", {Split::replicated, 1, normal_init(0.02)}},
+          {"w_fc", {Split::expert, 1, normal_init(0.02)}},
+          {"w_proj", {Split::expert, 1, normal_init(residual_std_)}},
+          {"b_fc", {Split::expert, 1, {}}},
+          {"b_proj", {Split::expert, 1, {}}}};
+}
+
+MoEImpl::MoEImpl(const ModelOptions& opts, const at::TensorOptions& where)
     : n_experts_(opts.moe_experts),
       top_k_(opts.moe_top_k),
       capacity_factor_(opts.moe_capacity_factor),
       aux_coef_(opts.moe_aux_loss_coef),
-      z_coef_(opts.moe_z_loss_coef) {
+      z_coef_(opts.moe_z_loss_coef),
+      residual_std_(residual_std(opts.n_layer)) {
   const int64_t E = opts.moe_experts, C = opts.n_embd, H = opts.hidden();
-  router = register_module("router", torch::nn::Linear(torch::nn::LinearOptions(C, E).bias(false)));
-  init_normal(router->weight, 0.02);
-  w_fc = register_parameter("w_fc", torch::empty({E, C, H}));
-  w_proj = register_parameter("w_proj", torch::empty({E, H, C}));
-  init_normal(w_fc, 0.02);
-  init_normal(w_proj, residual_std(opts.n_layer));
+  router = register_module("router", Linear(C, E, false, where));
+  w_fc = register_parameter("w_fc", at::empty({E, C, H}, where));
+  w_proj = register_parameter("w_proj", at::empty({E, H, C}, where));
   if (opts.bias) {
-    b_fc = register_parameter("b_fc", torch::zeros({E, H}));
-    b_proj = register_parameter("b_proj", torch::zeros({E, C}));
+    b_fc = register_parameter("b_fc", at::empty({E, H}, where));
+    b_proj = register_parameter("b_proj", at::empty({E, C}, where));
   }
+}
+
+void MoEImpl::set_expert_step(ExpertStep step) {
+  require(!step || !expert_step_, "internal: the MoE expert step is already installed (one owner per layer)");
+  expert_step_ = std::move(step);
 }
 
 MoERouting MoEImpl::route(const at::Tensor& x) {
@@ -107,7 +119,10 @@ MoEOutput MoEImpl::forward(const at::Tensor& x) {
   const auto shape = x.sizes().vec();
   auto flat = x.reshape({-1, x.size(-1)});
   auto r = route(flat);
-  auto y = combine(experts(dispatch(flat, r)), r);
+  const at::Tensor buffer = dispatch(flat, r);
+  auto y = combine(expert_step_ ? expert_step_(buffer, [this](const at::Tensor& b) { return experts(b); })
+                                : experts(buffer),
+                   r);
   return {y.view(shape), r.aux_loss};
 }
 

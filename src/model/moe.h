@@ -11,7 +11,11 @@
 //   experts:  out = gelu_tanh(buffer @ w_fc + b_fc) @ w_proj + b_proj               [E, cap, C]
 //   combine:  y[token] += gate * out[e, slot]                                       [N, C]
 // Expert weights are stacked ([E, ...]) so that expert parallelism can shard them along E and put
-// an all-to-all between dispatch/experts/combine, which are separate steps for that reason.
+// an all-to-all between dispatch/experts/combine, which are separate steps for that reason. The
+// step between them is replaceable from outside (set_expert_step): expert parallelism installs one
+// that sends each expert's slots to the rank holding it, runs that rank's experts through the
+// function it is given, and returns the outputs to their tokens; an empty step runs experts()
+// here. The model never communicates.
 //
 // Auxiliary losses (float32 scalars, summed into MoEOutput::aux_loss):
 //   load balance (Switch): aux_coef * E * Σ_e f_e P_e, f_e = fraction of tokens whose top-1 choice
@@ -20,13 +24,15 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include "model/linear.h"
 #include "model/model_options.h"
+#include "model/parameter_spec.h"
 
 namespace tessera {
 
@@ -55,7 +61,7 @@ struct MoEOutput {
 
 class MoEImpl : public torch::nn::Module {
  public:
-  explicit MoEImpl(const ModelOptions& opts);
+  MoEImpl(const ModelOptions& opts, const at::TensorOptions& where);
   MoEOutput forward(const at::Tensor& x);  // x [B, T, C]
 
   MoERouting route(const at::Tensor& x);                                   // x [N, C]
@@ -63,14 +69,23 @@ class MoEImpl : public torch::nn::Module {
   at::Tensor experts(const at::Tensor& buffer) const;                      // [E, cap, C] -> [E, cap, C]
   at::Tensor combine(const at::Tensor& out, const MoERouting& r) const;    // -> [N, C]
 
-  const MoEStats& last_stats() const { return stats_; }
+  // buffer [E, cap, C] -> outputs [E, cap, C]; `experts` computes the experts this process holds.
+  using ExpertStep =
+      std::function<at::Tensor(const at::Tensor& buffer, const std::function<at::Tensor(const at::Tensor&)>& experts)>;
+  // Installs the step (once: a second owner is refused; an empty step restores the default).
+  void set_expert_step(ExpertStep step);
 
-  torch::nn::Linear router{nullptr};
+  const MoEStats& last_stats() const { return stats_; }
+  // The router replicated; the stacked expert weights split along experts (expert parallelism).
+  ParameterSpecs parameter_specs() const;
+
+  Linear router{nullptr};
   at::Tensor w_fc, b_fc, w_proj, b_proj;  // [E, C, H], [E, H], [E, H, C], [E, C]; biases with model.bias
 
  private:
   int64_t n_experts_, top_k_;
-  double capacity_factor_, aux_coef_, z_coef_;
+  double capacity_factor_, aux_coef_, z_coef_, residual_std_;
+  ExpertStep expert_step_;
   MoEStats stats_;
 };
 TORCH_MODULE(MoE);

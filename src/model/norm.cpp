@@ -1,4 +1,4 @@
-// LayerNorm / RMSNorm and the initialisation helpers (norm.h).
+// LayerNorm / RMSNorm (norm.h).
 #include "model/norm.h"
 
 #include <cmath>
@@ -7,9 +7,9 @@
 
 namespace tessera {
 
-NormImpl::NormImpl(NormKind kind, int64_t dim, bool bias) : kind_(kind) {
-  weight_ = register_parameter("weight", torch::ones({dim}));
-  if (kind == NormKind::layer && bias) bias_ = register_parameter("bias", torch::zeros({dim}));
+NormImpl::NormImpl(NormKind kind, int64_t dim, bool bias, const at::TensorOptions& where) : kind_(kind) {
+  weight_ = register_parameter("weight", at::empty({dim}, where));
+  if (kind == NormKind::layer && bias) bias_ = register_parameter("bias", at::empty({dim}, where));
 }
 
 at::Tensor NormImpl::forward(const at::Tensor& x) {
@@ -24,17 +24,6 @@ at::Tensor NormImpl::forward(const at::Tensor& x) {
 at::Tensor rms_normalize(const at::Tensor& x, double eps) {
   auto xf = x.to(at::kFloat);
   return (xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps)).to(x.scalar_type());
-}
-
-void init_normal(at::Tensor& weight, double std) {
-  torch::NoGradGuard no_grad;
-  weight.normal_(0.0, std);
-}
-
-void init_zero(at::Tensor& bias) {
-  if (!bias.defined()) return;
-  torch::NoGradGuard no_grad;
-  bias.zero_();
 }
 
 double residual_std(int64_t n_layer) { return 0.02 / std::sqrt(2.0 * static_cast<double>(n_layer)); }

@@ -1,4 +1,4 @@
-// Normalisation layers and the GPT-2 initialisation helpers shared by the model files.
+// Normalisation layers, and the GPT-2 residual initialisation scale shared by the model files.
 //
 // Norm is LayerNorm (arch gpt: weight, and bias when model.bias; eps 1e-5) or RMSNorm
 // (arch linear: weight only; y = x / sqrt(mean(x^2) + eps) * weight, eps 1e-5), so that both
@@ -12,6 +12,8 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include "model/parameter_spec.h"
+
 namespace tessera {
 
 constexpr double kNormEps = 1e-5;
@@ -20,8 +22,11 @@ enum class NormKind { layer, rms };
 
 class NormImpl : public torch::nn::Module {
  public:
-  NormImpl(NormKind kind, int64_t dim, bool bias);
+  NormImpl(NormKind kind, int64_t dim, bool bias, const at::TensorOptions& where);
   at::Tensor forward(const at::Tensor& x);  // [..., C] -> [..., C]
+  ParameterSpecs parameter_specs() const {  // replicated; unit weight, zero bias
+    return {{"weight", {Split::replicated, 1, ones_init()}}, {"bias", {}}};
+  }
 
  private:
   NormKind kind_;
@@ -31,10 +36,6 @@ TORCH_MODULE(Norm);
 
 // Per-row RMS normalisation without parameters over the last dimension (float32 statistics).
 at::Tensor rms_normalize(const at::Tensor& x, double eps = kNormEps);
-
-// GPT-2 initialisation: weight ~ N(0, std^2), bias zero (when defined).
-void init_normal(at::Tensor& weight, double std);
-void init_zero(at::Tensor& bias);
 
 // std of residual output projections: 0.02 / sqrt(2 * n_layer) (GPT-2 paper, §2.3).
 double residual_std(int64_t n_layer);

@@ -1,4 +1,4 @@
-// The hook through which tensor parallelism, applied from outside (parallel/tensor/parallelize.h),
+// The hook through which tensor parallelism, applied from outside (parallel/tensor/tensor_parallel.h),
 // splits a block's attention or MLP Megatron-style. The model never communicates: a layer calls
 // the region's functions where the split computation needs the other ranks, and a layer without
 // a region computes on one device exactly as before.
@@ -19,7 +19,6 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/linear.h>
-#include <torch/nn/modules/linear.h>
 
 #include "model/linear.h"
 
@@ -36,7 +35,7 @@ struct ShardedRegion {
   at::Tensor input(const at::Tensor& x) const { return active() ? enter(x) : x; }
 
   // The row-parallel output projection of y [B, T, in]: [B, T', out].
-  at::Tensor output(const torch::nn::Linear& proj, const at::Tensor& y) const {
+  at::Tensor output(const Linear& proj, const at::Tensor& y) const {
     if (!active()) return linear(proj, y);
     at::Tensor out = exit(at::linear(y, proj->weight));
     return proj->bias.defined() ? out + proj->bias.to(out.scalar_type()) : out;

@@ -1,35 +1,71 @@
-// TransformerLM: embeddings, blocks, tied head, losses (transformer.h).
+// TransformerLM: stages, declarations, embeddings, blocks through their wrappers, tied head,
+// losses (transformer.h).
 #include "model/transformer.h"
 
 #include <torch/torch.h>
 
-#include "model/dropout.h"
-
 #include "core/error.h"
+#include "model/dropout.h"
+#include "model/init.h"
 #include "model/norm.h"
 
 namespace tessera {
 
-TransformerLMImpl::TransformerLMImpl(const ModelOptions& opts) : opts_(opts) {
+TransformerLMImpl::TransformerLMImpl(const ModelOptions& opts, const ModelStage& stage, const at::TensorOptions& where,
+                                     ModelInit init)
+    : opts_(opts), stage_(stage) {
   opts_.check("model options");
-  const int64_t C = opts.n_embd;
-  wte = register_module("wte", torch::nn::Embedding(opts.vocab_size, C));
-  init_normal(wte->weight, 0.02);
-  if (opts.arch == "gpt") {
-    wpe = register_module("wpe", torch::nn::Embedding(opts.block_size, C));
-    init_normal(wpe->weight, 0.02);
+  const int64_t C = opts.n_embd, end = stage.end(opts);
+  require(stage.first_layer >= 0 && stage.first_layer < end && end <= opts.n_layer, "internal: a model stage of blocks [",
+          stage.first_layer, ", ", end, ") for model.n_layer = ", opts.n_layer);
+  const at::TensorOptions options = where.dtype(at::kFloat);
+  if (has_embedding() || has_head()) {
+    wte = register_module("wte", Embedding(opts.vocab_size, C, options));
+    specs_.emplace("wte.weight", ParameterSpec{Split::vocab, 1, normal_init(0.02)});
   }
-  h = register_module("h", torch::nn::ModuleList());
-  for (int64_t l = 0; l < opts.n_layer; ++l) {
-    blocks_.push_back(Block(opts, l));
-    h->push_back(blocks_.back());
+  if (has_embedding() && opts.arch == "gpt") {
+    wpe = register_module("wpe", Embedding(opts.block_size, C, options));
+    specs_.emplace("wpe.weight", ParameterSpec{Split::replicated, 1, normal_init(0.02)});
   }
-  ln_f = register_module("ln_f", Norm(opts.arch == "linear" ? NormKind::rms : NormKind::layer, C, opts.bias));
+  auto h = register_module("h", std::make_shared<torch::nn::Module>());
+  for (int64_t l = stage.first_layer; l < end; ++l) {
+    const std::string name = std::to_string(l);
+    Block block = h->register_module(name, Block(opts, l, options));
+    blocks_.emplace(l, block);
+    add_specs(specs_, "h." + name, block->parameter_specs());
+  }
+  if (has_head()) {
+    ln_f = register_module("ln_f", Norm(opts.arch == "linear" ? NormKind::rms : NormKind::layer, C, opts.bias, options));
+    add_specs(specs_, "ln_f", ln_f->parameter_specs());
+  }
+  // Keep exactly the declarations of parameters that exist; a parameter without one is an error.
+  ParameterSpecs declared;
+  for (const auto& item : named_parameters()) {
+    const auto spec = specs_.find(item.key());
+    require(spec != specs_.end(), "internal: parameter ", item.key(), " has no declaration (model/parameter_spec.h)");
+    declared.insert(*spec);
+  }
+  specs_ = std::move(declared);
+  if (!where.device().is_meta() && init == ModelInit::seeded) initialize_parameters(*this, specs_, draw_model_seed());
+}
+
+Block TransformerLMImpl::block(int64_t layer) const {
+  const auto it = blocks_.find(layer);
+  require(it != blocks_.end(), "internal: block ", layer, " is not in this model stage (blocks ", first_layer(), "..",
+          end_layer() - 1, ")");
+  return it->second;
+}
+
+bool TransformerLMImpl::is_meta() const { return parameters().front().is_meta(); }
+
+TransformerLM materialize(const TransformerLMImpl& meta, const at::TensorOptions& where) {
+  require(meta.is_meta(), "internal: materialize() on a model that is already on ", meta.parameters().front().device());
+  return TransformerLM(meta.options(), meta.stage(), where);
 }
 
 void TransformerLMImpl::set_activation_checkpointing(const std::string& mode) {
   const CheckpointMode parsed = parse_checkpoint_mode(mode);
-  for (auto& b : blocks_) b->set_checkpoint_mode(parsed);
+  for (auto& [l, b] : blocks_) b->set_checkpoint_mode(parsed);
 }
 
 void TransformerLMImpl::set_position_offset(int64_t offset) {
@@ -37,7 +73,28 @@ void TransformerLMImpl::set_position_offset(int64_t offset) {
   position_offset_ = offset;
 }
 
-ModelOutput TransformerLMImpl::forward(const at::Tensor& idx, const at::Tensor& targets) {
+int64_t TransformerLMImpl::add_block_wrapper(BlockWrapper wrapper) {
+  wrappers_.emplace_back(next_wrapper_id_, std::move(wrapper));
+  return next_wrapper_id_++;
+}
+
+void TransformerLMImpl::remove_block_wrapper(int64_t id) {
+  for (auto it = wrappers_.begin(); it != wrappers_.end(); ++it)
+    if (it->first == id) {
+      wrappers_.erase(it);
+      return;
+    }
+  fail("internal: no block wrapper ", id);
+}
+
+void TransformerLMImpl::set_shard_hooks(ShardHooks hooks) {
+  require(hooks.empty() || shard_hooks_.empty(), "internal: the model's shard hooks are already installed (one owner)");
+  shard_hooks_ = std::move(hooks);
+}
+
+at::Tensor TransformerLMImpl::embed(const at::Tensor& idx) {
+  require(has_embedding(), "internal: embed() on a model stage without the embedding (blocks ", first_layer(), "..",
+          end_layer() - 1, ")");
   require(idx.dim() == 2, "model input must be [batch, time] token ids (got shape ", idx.sizes(), ")");
   const int64_t T = idx.size(1), first = position_offset_;
   if (first == 0)
@@ -49,18 +106,30 @@ ModelOutput TransformerLMImpl::forward(const at::Tensor& idx, const at::Tensor& 
   auto x = hooks.embed ? hooks.embed(idx) : wte(idx);
   if (wpe) x = x + wpe(torch::arange(first, first + T, idx.options()));
   x = dropout_if_active(x, opts_.dropout, is_training());
-  if (hooks.enter_blocks) x = hooks.enter_blocks(x);
-  ModelOutput out;
-  out.aux_loss = torch::zeros({}, x.options().dtype(at::kFloat));
-  for (size_t l = 0; l < blocks_.size(); ++l) {
-    auto o = block_runner_ ? block_runner_(static_cast<int64_t>(l), x) : blocks_[l](x);
-    x = o.x;
+  return hooks.enter_blocks ? hooks.enter_blocks(x) : x;
+}
+
+BlockOutput TransformerLMImpl::run_blocks(const at::Tensor& x) {
+  BlockOutput out{x, torch::zeros({}, x.options().dtype(at::kFloat))};
+  for (auto& [l, block] : blocks_) {
+    BlockCall call = [b = block](const at::Tensor& in) mutable { return b->forward(in); };
+    for (const auto& [id, wrapper] : wrappers_)
+      call = [layer = l, w = wrapper, inner = std::move(call)](const at::Tensor& in) { return w(layer, in, inner); };
+    BlockOutput o = call(out.x);
+    out.x = o.x;
     out.aux_loss = out.aux_loss + o.aux_loss;
   }
+  return out;
+}
+
+ModelOutput TransformerLMImpl::head(const at::Tensor& x, const at::Tensor& targets, const at::Tensor& aux_loss) {
+  require(has_head(), "internal: head() on a model stage without the head (blocks ", first_layer(), "..",
+          end_layer() - 1, ")");
+  const ShardHooks& hooks = shard_hooks_;
+  ModelOutput out;
+  out.aux_loss = aux_loss;
   out.logits = hooks.logits ? hooks.logits(ln_f(x)) : at::linear(ln_f(x), wte->weight);
   if (targets.defined()) {
-    require(targets.sizes() == idx.sizes(), "targets shape ", targets.sizes(), " differs from input shape ",
-            idx.sizes());
     out.ce_loss = hooks.cross_entropy
                       ? hooks.cross_entropy(out.logits, targets)
                       : at::cross_entropy_loss(out.logits.reshape({-1, out.logits.size(-1)}).to(at::kFloat),
@@ -68,6 +137,14 @@ ModelOutput TransformerLMImpl::forward(const at::Tensor& idx, const at::Tensor& 
     out.loss = out.ce_loss + out.aux_loss;
   }
   return out;
+}
+
+ModelOutput TransformerLMImpl::forward(const at::Tensor& idx, const at::Tensor& targets) {
+  if (targets.defined())
+    require(targets.sizes() == idx.sizes(), "targets shape ", targets.sizes(), " differs from input shape ",
+            idx.sizes());
+  BlockOutput body = run_blocks(embed(idx));
+  return head(body.x, targets, body.aux_loss);
 }
 
 }  // namespace tessera

@@ -8,31 +8,49 @@
 //   loss = ce_loss + aux_loss                      aux_loss = Σ over MoE blocks (zero when dense)
 //
 // Parameter names (named_parameters()): wte.weight, wpe.weight (gpt), h.{i}.ln_1.*, h.{i}.attn.*,
-// h.{i}.ln_2.*, h.{i}.mlp.* or h.{i}.moe.*, ln_f.*. There is no lm_head parameter.
-// Initialisation follows GPT-2: N(0, 0.02) weights, N(0, 0.02/sqrt(2*n_layer)) for residual output
-// projections, zero biases, unit norm weights. The model is written for one device and never
-// communicates; parallelism and checkpointing are applied from outside. Under sequence
-// parallelism a rank's input is one contiguous chunk of each sequence, starting at token o of it:
-// set_position_offset(o) gives that chunk its positions (arch gpt).
+// h.{i}.ln_2.*, h.{i}.mlp.* or h.{i}.moe.*, ln_f.*. There is no lm_head parameter. Every parameter
+// is declared with its split and initialisation (parameter_specs(), model/parameter_spec.h); a
+// parameter's initial value depends only on the model's seed and its name (model/init.h).
 //
-// Tensor parallelism (parallel/tensor/parallelize.h) shards the blocks through their regions
-// (model/sharded_region.h) and the model's ends through set_shard_hooks: the token lookup, the
-// split of the residual stream along the sequence (Megatron sequence parallelism), the head and the
-// loss. Then logits are this rank's vocabulary columns [B, T, V/tp].
+// Stages. A process may build only part of the model (ModelStage): blocks [first, end) under their
+// global names h.{i}; the first stage also holds the embeddings, the last ln_f, the head and the
+// loss (with its own copy of wte when it is not also the first: the tie is then kept by summing
+// the two copies' gradients, which is the pipeline's job). The pieces of forward run separately:
+//   embed(idx) -> x;  run_blocks(x) -> x, aux;  head(x, targets) -> logits, losses
+// and forward() is the three in a row (the whole model only).
+//
+// Deferred construction: built with TensorOptions on the meta device, parameters have shapes but
+// no storage and no seed is drawn (counting and planning at any size, `tessera inspect`);
+// materialize() then builds the described model on a device, equal to building there directly.
+//
+// The model is written for one device and never communicates; parallelism is applied from
+// outside (parallel/parallelize.h) through these points, each with a stated owner:
+// - block wrappers (add_block_wrapper): any number, composing: a wrapper receives the call of the
+//   wrappers added before it (innermost: the block itself, with its activation checkpointing)
+//   and decides when to make it (ZeRO-3 gathers around it; a pipeline stage or a swap engine
+//   wraps outside that);
+// - shard hooks (set_shard_hooks): the model's ends under tensor parallelism, one owner;
+// - the layers' regions and kernels (model/sharded_region.h, attention.h, linear_attention.h,
+//   moe.h), one owner each: a second installation is refused, never silently replaced.
+// Under sequence parallelism a rank's input is one contiguous chunk of each sequence, starting at
+// token o of it: set_position_offset(o) gives that chunk its positions (arch gpt).
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
-#include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/embedding.h>
 #include <torch/nn/pimpl.h>
 
 #include "model/block.h"
+#include "model/linear.h"
 #include "model/model_options.h"
+#include "model/parameter_spec.h"
 
 namespace tessera {
 
@@ -43,12 +61,36 @@ struct ModelOutput {
   at::Tensor aux_loss;  // float32 scalar: sum of MoE load-balance and z-losses; zero for dense models
 };
 
+// The part of the model a process builds: blocks [first_layer, end_layer), with the embeddings
+// when first_layer == 0 and ln_f, the head and the loss when end_layer == n_layer.
+struct ModelStage {
+  int64_t first_layer = 0;
+  int64_t end_layer = -1;  // -1: n_layer
+  bool embedding() const { return first_layer == 0; }
+  bool head(const ModelOptions& o) const { return end(o) == o.n_layer; }
+  int64_t end(const ModelOptions& o) const { return end_layer < 0 ? o.n_layer : end_layer; }
+};
+
+// How a new model's parameters start: drawn from their declarations with a seed taken from torch's
+// default CPU generator, or left uninitialised (no random number drawn) for a caller that fills
+// every one of them next (a checkpoint's values, gathered shards).
+enum class ModelInit { seeded, uninitialized };
+
 class TransformerLMImpl : public torch::nn::Module {
  public:
-  explicit TransformerLMImpl(const ModelOptions& opts);
+  // `where`: the parameters' device (default: the CPU; float32); the meta device defers their
+  // allocation and draws nothing (see materialize()).
+  explicit TransformerLMImpl(const ModelOptions& opts, const ModelStage& stage = {},
+                             const at::TensorOptions& where = {}, ModelInit init = ModelInit::seeded);
 
-  // idx: [B, T] int64 with offset + T <= block_size; targets: [B, T] int64 (-1 = ignored) or undefined.
+  // The whole model. idx: [B, T] int64 with offset + T <= block_size; targets: [B, T] int64
+  // (-1 = ignored) or undefined.
   ModelOutput forward(const at::Tensor& idx, const at::Tensor& targets = {});
+
+  // The pieces of forward (first stage, every stage, last stage):
+  at::Tensor embed(const at::Tensor& idx);       // [B, T] -> [B, T', C] (T' = T / tp under Megatron-SP)
+  BlockOutput run_blocks(const at::Tensor& x);   // this stage's blocks, through the wrappers; aux summed
+  ModelOutput head(const at::Tensor& x, const at::Tensor& targets, const at::Tensor& aux_loss);
 
   // The position of idx[:, 0] in its sequence (>= 0): forward embeds positions offset .. offset+T-1.
   void set_position_offset(int64_t offset);
@@ -58,38 +100,58 @@ class TransformerLMImpl : public torch::nn::Module {
   void set_activation_checkpointing(const std::string& mode);
 
   const ModelOptions& options() const { return opts_; }
-  Block block(int64_t i) const { return blocks_.at(static_cast<size_t>(i)); }
+  const ModelStage& stage() const { return stage_; }
+  int64_t first_layer() const { return stage_.first_layer; }
+  int64_t end_layer() const { return stage_.end(opts_); }
+  bool has_embedding() const { return stage_.embedding(); }
+  bool has_head() const { return stage_.head(opts_); }
+  // Block `layer` by its global index (within [first_layer, end_layer)).
+  Block block(int64_t layer) const;
 
-  // How forward runs block i on x: block(i)(x) unless a runner is set. Parallelism applied from
-  // outside wraps each block this way (ZeRO-3 gathers a block's parameters around its forward,
-  // parallel/data/data_parallel.h); the runner calls block(i) itself. An empty runner restores
-  // the default.
-  using BlockRunner = std::function<BlockOutput(int64_t layer, const at::Tensor& x)>;
-  void set_block_runner(BlockRunner runner) { block_runner_ = std::move(runner); }
+  // Every parameter's declaration, by its name in named_parameters().
+  const ParameterSpecs& parameter_specs() const { return specs_; }
+  bool is_meta() const;
+
+  // A block wrapper makes the call of block `layer` on x through `inner` (the wrappers added
+  // before it, then the block), doing its own work around it. Returns an id for removal.
+  using BlockCall = std::function<BlockOutput(const at::Tensor& x)>;
+  using BlockWrapper = std::function<BlockOutput(int64_t layer, const at::Tensor& x, const BlockCall& inner)>;
+  int64_t add_block_wrapper(BlockWrapper wrapper);
+  void remove_block_wrapper(int64_t id);
 
   // The model's ends when tensor parallelism shards them; an empty member keeps the single-device
   // computation (shown on the right):
   //   forward: x = dropout(embed(idx) + positions);  x = enter_blocks(x);  blocks;  logits(ln_f(x))
+  // One owner: installing hooks over installed ones is refused (empty hooks clear them).
   struct ShardHooks {
     std::function<at::Tensor(const at::Tensor& idx)> embed;  // [B, T] -> [B, T, C]          wte(idx)
     std::function<at::Tensor(const at::Tensor& x)> enter_blocks;  // [B, T, C] -> [B, T', C] identity
     std::function<at::Tensor(const at::Tensor& h)> logits;  // [B, T', C] -> [B, T, V']      h wte^T
     // logits, targets [B, T] -> float32 mean over targets != -1    cross_entropy
     std::function<at::Tensor(const at::Tensor& logits, const at::Tensor& targets)> cross_entropy;
+    bool empty() const { return !embed && !enter_blocks && !logits && !cross_entropy; }
   };
-  void set_shard_hooks(ShardHooks hooks) { shard_hooks_ = std::move(hooks); }
+  void set_shard_hooks(ShardHooks hooks);
 
-  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
-  torch::nn::ModuleList h{nullptr};
-  Norm ln_f{nullptr};
+  Embedding wte{nullptr}, wpe{nullptr};  // wte: first and last stage; wpe: first stage, arch gpt
+  Norm ln_f{nullptr};                    // last stage
 
  private:
   ModelOptions opts_;
-  std::vector<Block> blocks_;  // the entries of h, typed
-  BlockRunner block_runner_;
+  ModelStage stage_;
+  std::map<int64_t, Block> blocks_;  // this stage's, by global index (registered as h.{i})
+  ParameterSpecs specs_;
+  std::vector<std::pair<int64_t, BlockWrapper>> wrappers_;  // innermost first
+  int64_t next_wrapper_id_ = 0;
   ShardHooks shard_hooks_;
   int64_t position_offset_ = 0;
 };
 TORCH_MODULE(TransformerLM);
+
+// The model `meta` describes (its options and stage), built with its parameters on `where` and
+// initialised: what building there directly at this point of the generator gives. (A parameter
+// cannot change from the meta device to another in place, so this is a new model.) Refused when
+// `meta` is not on the meta device.
+TransformerLM materialize(const TransformerLMImpl& meta, const at::TensorOptions& where);
 
 }  // namespace tessera

@@ -31,6 +31,24 @@ double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
   return norm;
 }
 
+at::Tensor weighted_squares(const std::vector<at::Tensor>& tensors, const std::vector<double>& weights,
+                            const at::Device& device) {
+  at::NoGradGuard no_grad;
+  at::Tensor total = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device));
+  std::map<std::pair<std::string, at::ScalarType>, std::pair<std::vector<at::Tensor>, std::vector<double>>> groups;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    auto& group = groups[{tensors[i].device().str(), tensors[i].scalar_type()}];
+    group.first.push_back(tensors[i]);
+    group.second.push_back(weights[i]);
+  }
+  for (auto& [key, group] : groups) {
+    at::Tensor squares = at::stack(at::_foreach_norm(group.first, 2)).to(at::kDouble).pow(2);
+    at::Tensor w = at::tensor(group.second, squares.options());
+    total += (squares * w).sum().to(device);
+  }
+  return total;
+}
+
 void scale_to_max_norm(const std::vector<at::Tensor>& grads, double norm, double max_norm) {
   if (max_norm > 0 && std::isfinite(norm) && norm > max_norm && !grads.empty()) {
     at::NoGradGuard no_grad;

@@ -20,4 +20,10 @@ double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
 // exceeds it; otherwise nothing.
 void scale_to_max_norm(const std::vector<at::Tensor>& grads, double norm, double max_norm);
 
+// sum_i weights[i] * ||tensors[i]||_2^2 as a float64 [1] tensor on `device` (each norm accumulated
+// in fp32 by the multi-tensor kernel): one rank's share of a global squared norm, before it is
+// summed over the ranks that hold other parts (tensors may be on several devices).
+at::Tensor weighted_squares(const std::vector<at::Tensor>& tensors, const std::vector<double>& weights,
+                            const at::Device& device);
+
 }  // namespace tessera

@@ -1,5 +1,6 @@
-// The single-process training loop: data, model, precision, optimizer, evaluation, metrics,
-// progress and checkpoints wired together from one Config.
+// The training loop of one process (one rank of a mesh, or the only one): data, the parallelized
+// model and its optimizer (TrainStep), evaluation, metrics, progress and checkpoints wired
+// together from one Config.
 //
 // One optimizer step = train.grad_accum micro-batches of [train.batch_size, train.seq_len] tokens.
 // Step numbers count completed optimizer steps; checkpoint step_<N> holds the state after step N,
@@ -10,7 +11,7 @@
 // logged step with step, loss, lr, tokens_per_s, mfu, grad_norm, elapsed_s; evaluation lines carry
 // val_loss), train.log, and checkpoints/.
 //
-// On several ranks (a mesh with dp > 1): one optimizer step reads train.batch_size sequences per
+// On several ranks (a mesh; any layout parallelize() accepts): one optimizer step reads train.batch_size sequences per
 // micro-batch on each data-parallel rank, rank r taking rows [r * B, (r + 1) * B) of the global
 // micro-batch the sampler draws, so N ranks read exactly what one process with N * B would.
 // Rank 0 prints progress and writes config.toml, metrics.jsonl, train.log and the checkpoints

@@ -26,12 +26,15 @@ std::string settings(int64_t batch_size, int64_t steps) {
          std::to_string(batch_size) + " --set train.steps=" + std::to_string(steps) + " --set eval.every=0";
 }
 
-std::map<int64_t, double> losses(const std::string& run_dir) {
+std::map<int64_t, double> logged(const std::string& run_dir, const char* key) {
   std::map<int64_t, double> out;
   for (const auto& line : metrics_lines(run_dir))
-    if (line.contains("loss")) out[line["step"]] = line["loss"];
+    if (line.contains(key)) out[line["step"]] = line[key];
   return out;
 }
+std::map<int64_t, double> losses(const std::string& run_dir) { return logged(run_dir, "loss"); }
+// The gradient norm before clipping: a factor-N error in a reduction shows here, not in AdamW's losses.
+std::map<int64_t, double> grad_norms(const std::string& run_dir) { return logged(run_dir, "grad_norm"); }
 
 // Same steps, each loss within `rtol` relative (the reduction order of the gradients differs).
 void expect_same_losses(const std::map<int64_t, double>& actual, const std::map<int64_t, double>& expected,
@@ -93,10 +96,12 @@ TEST(DistributedTrain, ResumesAtAnotherDpSizeAndZeroStage) {
   // the biases (their gradients are near zero); a misplaced shard would be off by ~1e-2.
   for (const auto& [name, t] : reference_model)
     EXPECT_TRUE(all_close(model.at(name), t, 1e-3, 1e-4)) << name;
+  // Moments: measured within 2.5e-5 of each tensor's largest |value| (rounding carried through 8
+  // Adam steps); a misplaced shard is off by the values themselves.
   for (const auto& [name, t] : reference_optim) {
     if (name.rfind("optim.", 0) != 0) continue;
     ASSERT_TRUE(optim.count(name)) << name;
-    EXPECT_TRUE(all_close(optim.at(name), t, 1e-3, 1e-8)) << name;
+    EXPECT_TRUE(all_close(optim.at(name), t, 1e-3, 1e-4 * t.abs().max().item<double>())) << name;
   }
 }
 
@@ -265,12 +270,13 @@ TEST(DistributedTrain, RingAttentionAndUlyssesMatchOneProcess) {
 }
 
 // Megatron tensor parallelism inside training: tp = 2 (with and without Megatron sequence
-// parallelism, GPT and linear attention) and dp 2 x tp 2 give one process's losses; a tp = 2
-// checkpoint holds the unsharded model and resumes on one process.
+// parallelism, GPT and linear attention) and dp 2 x tp 2 at ZeRO 1, 2 and 3 with offload give one
+// process's losses and gradient norms; a tp = 2 checkpoint holds the unsharded model and resumes
+// on one process.
 TEST(DistributedTrain, TensorParallelMatchesOneProcessAndResumesUnsharded) {
   const std::string one = fresh_dir("tp_one"), tp2 = fresh_dir("tp_two"), msp = fresh_dir("tp_msp"),
                     mixed = fresh_dir("tp_dp2"), resumed = fresh_dir("tp_resumed"), lin_one = fresh_dir("tp_lin_one"),
-                    lin_tp = fresh_dir("tp_lin_two");
+                    lin_tp = fresh_dir("tp_lin_two"), zero2 = fresh_dir("tp_zero2"), zero3 = fresh_dir("tp_zero3");
   auto r1 = run_tessera("train --config tiny_gpt" + settings(8, 6) + " --out " + one);
   ASSERT_EQ(r1.exit_code, 0) << r1.output;
   auto r2 = run_tessera("train --config tiny_gpt --nproc 2 --set parallel.tp=2" + settings(8, 6) +
@@ -284,10 +290,22 @@ TEST(DistributedTrain, TensorParallelMatchesOneProcessAndResumesUnsharded) {
   ASSERT_EQ(r4.exit_code, 0) << r4.output;
   auto r5 = run_tessera("train --resume " + tp2 + "/checkpoints/step_3 --set parallel.tp=1 --out " + resumed);
   ASSERT_EQ(r5.exit_code, 0) << r5.output;
-  const auto expected = losses(one);
+  // The tensor-parallel clipping norm over ZeRO-2/3 shards and offloaded host gradients.
+  auto r6 = run_tessera("train --config tiny_gpt --nproc 4 --set parallel.tp=2 --set parallel.zero_stage=2" +
+                        settings(4, 6) + " --out " + zero2);
+  ASSERT_EQ(r6.exit_code, 0) << r6.output;
+  auto r7 = run_tessera("train --config tiny_gpt --nproc 4 --set parallel.tp=2 --set parallel.zero_stage=3"
+                        " --set parallel.offload=true --set parallel.megatron_sp=true" + settings(4, 6) + " --out " + zero3);
+  ASSERT_EQ(r7.exit_code, 0) << r7.output;
+  const auto expected = losses(one), expected_norms = grad_norms(one);
   expect_same_losses(losses(tp2), expected, 1e-4, "tp=2");
   expect_same_losses(losses(msp), expected, 1e-4, "tp=2 with Megatron sequence parallelism");
   expect_same_losses(losses(mixed), expected, 1e-4, "dp=2 x tp=2, ZeRO-1");
+  expect_same_losses(losses(zero2), expected, 1e-4, "dp=2 x tp=2, ZeRO-2");
+  expect_same_losses(losses(zero3), expected, 1e-4, "dp=2 x tp=2 Megatron-SP, ZeRO-3 with offload");
+  for (const auto& [run, what] : {std::pair{tp2, "tp=2"}, {msp, "tp=2 Megatron-SP"}, {mixed, "dp2 x tp2 ZeRO-1"},
+                                  {zero2, "dp2 x tp2 ZeRO-2"}, {zero3, "dp2 x tp2 ZeRO-3 offload"}})
+    expect_same_losses(grad_norms(run), expected_norms, 1e-4, std::string(what) + ": gradient norm");
   expect_same_losses(losses(resumed), expected, 1e-4, "tp=2 checkpoint resumed on one process");
   EXPECT_EQ(losses(resumed).begin()->first, 4);
 

@@ -57,24 +57,30 @@ int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * static_
 
 }  // namespace
 
-DataParallel::DataParallel(TransformerLM model, comm::Group& dp, const ParallelOptions& parallel,
-                           const OptimOptions& optim)
-    : impl_(std::make_unique<Impl>(std::move(model), dp, parallel)) {
-  Impl& s = *impl_;
-  require(s.stage >= 0 && s.stage <= 3, "parallel.zero_stage must be 0, 1, 2 or 3 (got ", s.stage, ")");
-  require(!parallel.offload || s.stage >= 1,
+void check_data_parallel(const ParallelOptions& parallel, const OptimOptions& optim) {
+  const int64_t stage = parallel.zero_stage;
+  require(stage >= 0 && stage <= 3, "parallel.zero_stage must be 0, 1, 2 or 3 (got ", stage, ")");
+  require(!parallel.offload || stage >= 1,
           "parallel.offload = true needs parallel.zero_stage = 1, 2 or 3 (got 0): ZeRO-Offload keeps this "
           "rank's shard of the optimizer on the host, and stage 0 does not shard it");
   require(!parallel.offload || optim.name == "adamw", "parallel.offload = true updates this rank's shard "
           "elementwise on the host, which optim.name = ", optim.name,
           " cannot do (Adafactor factors its second moment over whole rows and columns); use optim.name = adamw");
-  require(s.stage == 0 || optim.name == "adamw", "parallel.zero_stage = ", s.stage,
+  require(stage == 0 || optim.name == "adamw", "parallel.zero_stage = ", stage,
           " shards optimizer state elementwise, which optim.name = ", optim.name,
           " cannot use (Adafactor factors its second moment over whole rows and columns); use "
           "parallel.zero_stage = 0 or optim.name = adamw");
-  require(s.stage == 0 || parallel.grad_compression == "none", "parallel.grad_compression = ",
-          parallel.grad_compression, " needs parallel.zero_stage = 0 (got ", s.stage,
+  require(stage == 0 || parallel.grad_compression == "none", "parallel.grad_compression = ",
+          parallel.grad_compression, " needs parallel.zero_stage = 0 (got ", stage,
           "): compressed gradients are all-reduced whole, not reduce-scattered");
+}
+
+DataParallel::DataParallel(TransformerLM model, comm::Group& dp, const ParallelOptions& parallel,
+                           const OptimOptions& optim, ModelParallelNorm norm)
+    : impl_(std::make_unique<Impl>(std::move(model), dp, parallel)) {
+  Impl& s = *impl_;
+  check_data_parallel(parallel, optim);
+  s.norm = std::move(norm);
   s.compressor = make_compressor(parallel);
 
   for (const auto& item : s.model->named_parameters()) s.params.emplace_back(item.key(), item.value());
@@ -89,13 +95,16 @@ DataParallel::DataParallel(TransformerLM model, comm::Group& dp, const ParallelO
   if (s.stage == 3) {
     s.gathers.resize(s.units.size());
     for (int64_t l = 0; l < s.n_blocks; ++l) s.release(static_cast<size_t>(l));
-    s.model->set_block_runner([&s](int64_t layer, const at::Tensor& x) { return s.run_block(layer, x); });
+    s.block_wrapper = s.model->add_block_wrapper(
+        [&s](int64_t layer, const at::Tensor& x, const TransformerLMImpl::BlockCall& inner) {
+          return s.run_block(layer, x, inner);
+        });
   }
 }
 
 DataParallel::~DataParallel() {
   for (auto& [name, p] : impl_->params) torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
-  if (impl_->stage == 3) impl_->model->set_block_runner(nullptr);
+  if (impl_->stage == 3) impl_->model->remove_block_wrapper(impl_->block_wrapper);
 }
 
 void DataParallel::Impl::build_buckets(double bucket_mb) {
@@ -318,24 +327,62 @@ double DataParallel::clip_grad_norm(double max_norm) {
   Impl& s = *impl_;
   at::NoGradGuard no_grad;
   if (s.offload) s.offload->wait();
+  const at::Device device = s.params.front().second.device();
   // Scaled are the gradients the optimizer reads: with offload the host's.
   if (s.stage <= 1) {
-    std::vector<at::Tensor> tensors;
-    for (const auto& [name, p] : s.params) tensors.push_back(p);
-    if (!s.offload) return tessera::clip_grad_norm(tensors, max_norm);
-    // The norm over the whole (all-reduced) device gradients, as without offload.
-    const double norm = tessera::clip_grad_norm(tensors, 0);
-    scale_to_max_norm(s.offload->grads(), norm, max_norm);
+    std::vector<at::Tensor> grads;
+    if (!s.norm.group) {
+      std::vector<at::Tensor> tensors;
+      for (const auto& [name, p] : s.params) tensors.push_back(p);
+      if (!s.offload) return tessera::clip_grad_norm(tensors, max_norm);
+      // The norm over the whole (all-reduced) device gradients, as without offload.
+      const double norm = tessera::clip_grad_norm(tensors, 0);
+      scale_to_max_norm(s.offload->grads(), norm, max_norm);
+      return norm;
+    }
+    std::vector<double> weights;
+    for (const auto& [name, p] : s.params)
+      if (p.grad().defined()) {
+        grads.push_back(p.grad());
+        weights.push_back(s.norm.weight_of(name));
+      }
+    at::Tensor squares = weighted_squares(grads, weights, device);
+    s.norm.group->all_reduce(squares);
+    const double norm = std::sqrt(squares.item<double>());
+    scale_to_max_norm(s.offload ? s.offload->grads() : grads, norm, max_norm);
     return norm;
   }
   // Every element of the gradient lives in exactly one rank's shards (the padding is zero).
   const std::vector<at::Tensor>& shards = s.offload ? s.offload->grads() : s.grad_shards;
-  at::Tensor squares = at::stack(at::_foreach_norm(shards, 2)).to(at::kDouble).pow(2).sum().reshape({1});
-  squares = squares.to(s.params.front().second.device());
+  at::Tensor squares;
+  if (!s.norm.group) {
+    squares = at::stack(at::_foreach_norm(shards, 2)).to(at::kDouble).pow(2).sum().reshape({1}).to(device);
+  } else {  // each entry's owned part counted by its tensor-parallel weight
+    std::vector<at::Tensor> parts;
+    std::vector<double> weights;
+    for (size_t u = 0; u < s.units.size(); ++u)
+      for (const auto& e : s.units[u].entries()) {
+        const auto [begin, end] = s.units[u].owned(e);
+        if (begin == end) continue;
+        parts.push_back(s.units[u].owned_part(e, shards[u]));
+        weights.push_back(s.norm.weight_of(e.name));
+      }
+    squares = weighted_squares(parts, weights, device);
+  }
   s.dp.all_reduce(squares);
+  if (s.norm.group) s.norm.group->all_reduce(squares);
   const double norm = std::sqrt(squares.item<double>());
   scale_to_max_norm(shards, norm, max_norm);
   return norm;
+}
+
+UpdateResult DataParallel::update(double lr, double max_norm) {
+  finish_gradients();
+  UpdateResult result;
+  result.grad_norm = clip_grad_norm(max_norm);
+  step(lr);
+  zero_grad();
+  return result;
 }
 
 void DataParallel::step(double lr) {

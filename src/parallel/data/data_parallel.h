@@ -1,5 +1,7 @@
 // DataParallel: data parallelism over the mesh's "dp" group, with ZeRO stages 0-3, applied to a
-// single-device model from outside. It owns the optimizer (of the shard this rank updates).
+// single-device model from outside. It owns the optimizer (of the shard this rank updates) and is
+// the OptimizerOwner (parallel/optimizer_owner.h) parallelize() gives the training step whenever
+// gradients are reduced over several replicas (or offloaded).
 //
 // One training step, as TrainStep drives it:
 //   for each micro-batch m of M:  dp.before_backward(m == M - 1);  loss.backward();
@@ -8,6 +10,10 @@
 //   norm = dp.clip_grad_norm(max);     // the global norm, over all ranks' shards
 //   dp.step(lr);                       // update, then parameters are whole again (stages 0-2)
 //   dp.zero_grad();
+// (update(lr, max) is the last four in one.) Under tensor parallelism the model is already
+// sharded over tp (any stage: each unit flattens this rank's tp shards) and the clipping norm
+// counts each parameter by its ModelParallelNorm weight, summed over tp as well as over the dp
+// shards.
 //
 // Stages (Rajbhandari et al., ZeRO; bytes per parameter for fp32 training with Adam, N = dp):
 //   0  DDP: gradients bucketed (parallel.bucket_mb, in reverse registration order) and
@@ -34,7 +40,9 @@
 //   buckets). Stages 2-3 reduce-scatter every micro-batch, accumulating into the shard, so a full
 //   gradient never outlives its unit's backward (as DeepSpeed does).
 // - Stage 3 keeps the rest unit (embeddings, final norm) gathered for the whole step: it is used
-//   at both ends of the forward pass. Outside a forward the blocks' parameters are released
+//   at both ends of the forward pass. It gathers each block around its call through a block
+//   wrapper (TransformerLMImpl::add_block_wrapper), so wrappers added later (a pipeline stage, a
+//   swap engine) compose outside it. Outside a forward the blocks' parameters are released
 //   (their storage is empty): call gather_full_parameters() before reading or saving them, and
 //   reshard_parameters() after writing them. The constructor broadcasts rank 0's parameters.
 // - At stages 0-1 each parameter's .grad is a view of its bucket: zero them with zero_grad() here,
@@ -73,18 +81,25 @@
 #include "core/parallel_options.h"
 #include "model/transformer.h"
 #include "optim/optimizer.h"
+#include "parallel/optimizer_owner.h"
 
 namespace tessera {
 
-class DataParallel {
+// Refuses, naming the keys, what DataParallel cannot run: zero_stage outside 0-3, offload at stage
+// 0 or with Adafactor, Adafactor at stages 1-3, compression at stages 1-3. The layout validator
+// (parallel/parallelize.h) and DataParallel's constructor call it.
+void check_data_parallel(const ParallelOptions& parallel, const OptimOptions& optim);
+
+class DataParallel : public OptimizerOwner {
  public:
   // Registers the hooks on `model` (already on its device). Throws tessera::Error naming the key
-  // for combinations that are not supported (e.g. Adafactor with zero_stage >= 1 or offload,
-  // offload with zero_stage 0).
-  DataParallel(TransformerLM model, comm::Group& dp, const ParallelOptions& parallel, const OptimOptions& optim);
-  ~DataParallel();
+  // for combinations that are not supported (check_data_parallel). `norm`: how the clipping norm
+  // counts tensor-parallel shards (none without tensor parallelism).
+  DataParallel(TransformerLM model, comm::Group& dp, const ParallelOptions& parallel, const OptimOptions& optim,
+               ModelParallelNorm norm = {});
+  ~DataParallel() override;
 
-  void before_backward(bool last_micro_batch);
+  void before_backward(bool last_micro_batch) override;
   void finish_gradients();
   double clip_grad_norm(double max_norm);
   void step(double lr);
@@ -111,17 +126,25 @@ class DataParallel {
   void load_optimizer_state_ranges(const std::map<std::string, at::Tensor>& state, const std::string& source);
   // Stage 3: gathers every parameter into the model (for export/evaluation); a collective. They
   // stay gathered until the next forward releases each block after use.
-  void gather_full_parameters();
+  void gather_full_parameters() override;
   // After the model's parameters were overwritten (a checkpoint imported into the model after
   // gather_full_parameters()). Stage 3: takes this rank's shard from them and releases the
   // blocks. With offload (stages 1-3): copies the shard into the host master the optimizer
   // updates. Stages 0-2 without offload need nothing: the parameters are what the optimizer updates.
-  void reshard_parameters();
+  void reshard_parameters() override;
 
   // The gradient compressor's state (error-feedback residuals, PowerSGD's Q), this rank's own;
   // empty without compression. Loading refuses entries when there is no compressor.
-  NamedParams compression_state() const;
-  void load_compression_state(const std::map<std::string, at::Tensor>& state, const std::string& source);
+  NamedParams compression_state() const override;
+  void load_compression_state(const std::map<std::string, at::Tensor>& state, const std::string& source) override;
+
+  // OptimizerOwner: the optimizer state under "optim." (full_optimizer_state and friends).
+  UpdateResult update(double lr, double max_norm) override;
+  NamedTensors training_state() override;
+  void load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) override;
+  OptimizerRanges training_state_ranges() const override;
+  void load_training_state_ranges(const std::map<std::string, at::Tensor>& tensors, const std::string& source) override;
+  std::vector<TensorSlice> own_training_state_slices() const override;
 
   // Bytes per rank now held for parameters, gradients and optimizer state (for the ZeRO benchmark)
   // on the model's device, and, with offload, on the host: the optimizer state, the master copy

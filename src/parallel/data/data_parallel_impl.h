@@ -56,6 +56,8 @@ struct DataParallel::Impl {
   std::unique_ptr<Optimizer> optimizer;
   std::unique_ptr<GradientCompressor> compressor;
   std::unique_ptr<OffloadedShard> offload;  // parallel.offload
+  ModelParallelNorm norm;                    // tensor parallelism's weights in the clipping norm
+  int64_t block_wrapper = -1;                // stage 3: the model's block wrapper id
 
   std::vector<Bucket> buckets;          // stages 0-1
   std::vector<at::Tensor> grad_views;   // stages 0-1: per parameter, its .grad (a view of its bucket)
@@ -94,7 +96,7 @@ struct DataParallel::Impl {
   void compress(size_t bucket);
 
   // Stage 3.
-  BlockOutput run_block(int64_t layer, const at::Tensor& x);
+  BlockOutput run_block(int64_t layer, const at::Tensor& x, const TransformerLMImpl::BlockCall& inner);
   void before_block_backward(int64_t layer);
   void gather(size_t unit);
   void prefetch(size_t unit);

@@ -153,4 +153,43 @@ void DataParallel::load_compression_state(const std::map<std::string, at::Tensor
           " given, but parallel.grad_compression = none");
 }
 
+// OptimizerOwner's state: the optimizer's under "optim.".
+NamedTensors DataParallel::training_state() {
+  NamedTensors out;
+  for (auto& [name, t] : full_optimizer_state()) out.emplace_back("optim." + name, t);
+  return out;
+}
+
+namespace {
+// The "optim." entries of a checkpoint's state, unprefixed (the others, such as the RNG state, are
+// not the owner's).
+std::map<std::string, at::Tensor> optimizer_entries(const std::map<std::string, at::Tensor>& tensors) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [name, t] : tensors)
+    if (name.rfind("optim.", 0) == 0) out.emplace(name.substr(6), t);
+  return out;
+}
+}  // namespace
+
+void DataParallel::load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) {
+  load_full_optimizer_state(optimizer_entries(tensors), source);
+}
+
+OptimizerRanges DataParallel::training_state_ranges() const {
+  OptimizerRanges out;
+  for (const auto& [name, range] : optimizer_state_ranges()) out.emplace("optim." + name, range);
+  return out;
+}
+
+void DataParallel::load_training_state_ranges(const std::map<std::string, at::Tensor>& tensors,
+                                              const std::string& source) {
+  load_optimizer_state_ranges(optimizer_entries(tensors), source);
+}
+
+std::vector<TensorSlice> DataParallel::own_training_state_slices() const {
+  std::vector<TensorSlice> out = optimizer_state_slices();
+  for (TensorSlice& slice : out) slice.name = "optim." + slice.name;
+  return out;
+}
+
 }  // namespace tessera

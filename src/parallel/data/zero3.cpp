@@ -46,11 +46,12 @@ struct CallInBackward : public torch::autograd::Function<CallInBackward> {
 
 }  // namespace
 
-BlockOutput DataParallel::Impl::run_block(int64_t layer, const at::Tensor& x) {
+BlockOutput DataParallel::Impl::run_block(int64_t layer, const at::Tensor& x,
+                                         const TransformerLMImpl::BlockCall& inner) {
   const auto unit = static_cast<size_t>(layer);
   gather(unit);
   if (layer + 1 < n_blocks) prefetch(unit + 1);
-  BlockOutput out = model->block(layer)(x);
+  BlockOutput out = inner(x);
   if (out.x.requires_grad()) {
     const bool aux = out.aux_loss.requires_grad();
     TensorList inputs{out.x};

@@ -121,9 +121,7 @@ at::Tensor lasp_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
 }
 
 void apply_lasp(TransformerLM& model, comm::Group& sp, LaspVariant variant) {
-  require(model->options().arch == "linear", "parallel.sp = ", sp.size(), " with LASP needs model.arch = linear (got ",
-          model->options().arch, ")");
-  for (int64_t l = 0; l < model->options().n_layer; ++l)
+  for (int64_t l = model->first_layer(); l < model->end_layer(); ++l)
     model->block(l)->linear_attn->set_kernel(
         [&sp, variant](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& decay,
                        int64_t chunk) { return lasp_attention(q, k, v, decay, chunk, sp, variant); });

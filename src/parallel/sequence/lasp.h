@@ -49,8 +49,8 @@ LaspVariant lasp_variant(const std::string& sp_method);
 at::Tensor lasp_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& decay,
                           int64_t chunk, comm::Group& sp, LaspVariant variant);
 
-// Installs lasp_attention as the kernel of every linear-attention layer of `model` (arch linear);
-// `sp` must outlive the model's use. Throws naming model.arch for other architectures.
+// Installs lasp_attention as the kernel of every linear-attention layer of `model` (arch linear,
+// checked by check_sequence_parallel, sequence_parallel.h); `sp` must outlive the model's use.
 void apply_lasp(TransformerLM& model, comm::Group& sp, LaspVariant variant);
 
 }  // namespace tessera

@@ -16,20 +16,12 @@ SoftmaxSpMethod softmax_sp_method(const std::string& sp_method) {
 
 void apply_sequence_parallel_attention(TransformerLM& model, comm::Group& sp, const std::string& method) {
   const SoftmaxSpMethod parsed = softmax_sp_method(method);
-  const ModelOptions& opts = model->options();
-  require(opts.arch == "gpt", "parallel.sp_method = ", method, " needs softmax attention, model.arch = gpt (got ",
-          opts.arch, ")");
-  require(opts.dropout == 0.0, "parallel.sp = ", sp.size(), " with ", method,
-          " attention needs model.dropout = 0 (got ", opts.dropout, "): the attention kernel applies no dropout");
-  if (parsed == SoftmaxSpMethod::ulysses)
-    require(opts.n_head % sp.size() == 0, "model.n_head = ", opts.n_head, " is not a multiple of parallel.sp = ",
-            sp.size(), " (Ulysses gives each sp rank n_head / sp whole heads)");
   CausalSelfAttentionImpl::Kernel kernel;
   if (parsed == SoftmaxSpMethod::ulysses)
     kernel = [&sp](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) { return ulysses_attention(q, k, v, sp); };
   else
     kernel = [&sp](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) { return ring_attention(q, k, v, sp); };
-  for (int64_t l = 0; l < opts.n_layer; ++l) model->block(l)->softmax_attn->set_kernel(kernel);
+  for (int64_t l = model->first_layer(); l < model->end_layer(); ++l) model->block(l)->softmax_attn->set_kernel(kernel);
 }
 
 }  // namespace tessera

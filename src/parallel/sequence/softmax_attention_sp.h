@@ -10,8 +10,9 @@
 //   forward's communication in backward);
 // - the loss on rank t is its chunk's; the chunks' logits are those of the whole sequence, so
 //   gradients are reduced over the sp ranks as over data-parallel ones.
-// Refused: another architecture (model.arch), attention dropout (model.dropout > 0: the kernels
-// apply none), and for Ulysses a head count that is not a multiple of W (model.n_head, parallel.sp).
+// check_sequence_parallel (sequence_parallel.h) refuses another architecture (model.arch),
+// attention dropout (model.dropout > 0: the kernels apply none), and for Ulysses a head count that
+// is not a multiple of W * tp (model.n_head, parallel.sp, parallel.tp).
 #pragma once
 
 #include <string>

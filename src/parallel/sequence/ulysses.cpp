@@ -52,8 +52,8 @@ struct AllToAllFunction : public torch::autograd::Function<AllToAllFunction> {
 
 at::Tensor ulysses_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, comm::Group& sp) {
   const int64_t H = q.size(1), W = sp.size();
-  require(H % W == 0, "model.n_head = ", H, " is not a multiple of parallel.sp = ", W,
-          " (Ulysses gives each sp rank n_head / sp whole heads)");
+  require(H % W == 0, "internal: Ulysses over parallel.sp = ", W, " ranks got ", H,
+          " heads (check_sequence_parallel refuses model.n_head not a multiple of sp * tp)");
   if (W == 1) return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
   at::Tensor heads = AllToAllFunction::apply(at::stack({q, k, v}), &sp, true);  // [3, B, H/W, T, d]
   at::Tensor y = at::scaled_dot_product_attention(heads[0], heads[1], heads[2], {}, 0.0, /*is_causal=*/true);

@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "model/init.h"
 #include "model/moe.h"
 #include "test_util.h"
 
@@ -23,6 +24,13 @@ ModelOptions moe_options(int64_t top_k, double capacity_factor) {
   return o;
 }
 
+// A standalone layer, initialised from its declarations as a model would.
+MoE make_moe(const ModelOptions& o) {
+  MoE moe(o, at::TensorOptions());
+  initialize_parameters(*moe, moe->parameter_specs(), 7);
+  return moe;
+}
+
 TEST(MoE, CapacityFormula) {
   EXPECT_EQ(expert_capacity(48, 4, 1, 1.25), 15);  // ceil(15.0)
   EXPECT_EQ(expert_capacity(48, 4, 2, 1.25), 30);
@@ -35,7 +43,7 @@ class MoECapacity : public ::testing::TestWithParam<std::tuple<int64_t, double>>
 TEST_P(MoECapacity, SlotsAreUniqueBelowCapacityAndInPriorityOrder) {
   auto [top_k, factor] = GetParam();
   torch::manual_seed(1);
-  MoE moe(moe_options(top_k, factor));
+  MoE moe = make_moe(moe_options(top_k, factor));
   {
     torch::NoGradGuard no_grad;
     moe->router->weight.normal_(0, 1.0);  // uneven routing, so some experts overflow
@@ -79,7 +87,7 @@ INSTANTIATE_TEST_SUITE_P(MoE, MoECapacity,
 
 TEST(MoE, TinyCapacityDropsTokensAndTheirOutputIsZero) {
   torch::manual_seed(2);
-  MoE moe(moe_options(1, 0.1));  // capacity = ceil(40 / 4 * 0.1) = 1
+  MoE moe = make_moe(moe_options(1, 0.1));  // capacity = ceil(40 / 4 * 0.1) = 1
   auto x = torch::randn({1, 40, 16}).requires_grad_();
   auto out = moe->forward(x);
   auto r = moe->route(x.view({40, 16}));
@@ -104,7 +112,7 @@ TEST(MoE, AuxLossOnHandBuiltRouter) {
   o.moe_experts = 2;
   o.moe_aux_loss_coef = 0.01;
   o.moe_z_loss_coef = 0.001;
-  MoE moe(o);
+  MoE moe = make_moe(o);
   {
     torch::NoGradGuard no_grad;
     moe->router->weight.copy_(torch::tensor({{2.0f, 0.0f}, {0.0f, 1.0f}}));
@@ -125,7 +133,7 @@ TEST(MoE, AuxLossOnHandBuiltRouter) {
 TEST(MoE, UniformRouterGivesAuxEqualToCoefficient) {
   // Switch: the balance term equals α when router probabilities are uniform; the z-loss is (log E)^2.
   ModelOptions o = moe_options(2, 4.0);  // capacity 24: nothing dropped
-  MoE moe(o);
+  MoE moe = make_moe(o);
   {
     torch::NoGradGuard no_grad;
     moe->router->weight.zero_();
@@ -134,6 +142,31 @@ TEST(MoE, UniformRouterGivesAuxEqualToCoefficient) {
   const double expected = o.moe_aux_loss_coef + o.moe_z_loss_coef * std::pow(std::log(4.0), 2);
   EXPECT_NEAR(r.aux_loss.item<double>(), expected, 1e-7);
   EXPECT_TRUE(test::all_close(r.gate.sum(1), torch::ones({12}), 0, 1e-6));  // GShard gates renormalised
+}
+
+// The step between dispatch and combine is replaceable from outside (expert parallelism's hook):
+// a step that sends the buffer through the experts it is given in two halves of the slots (as an
+// all-to-all would regroup them) gives the default output and gradients; a second owner is refused.
+TEST(MoE, ExpertStepFromOutsideMatchesTheDefault) {
+  torch::manual_seed(3);
+  MoE moe = make_moe(moe_options(2, 1.25));
+  const at::Tensor x = torch::randn({2, 6, 16}, torch::requires_grad());
+  const MoEOutput plain = moe(x);
+  const at::Tensor plain_grad = torch::autograd::grad({plain.y.sum()}, {moe->w_fc})[0];
+  int calls = 0;
+  moe->set_expert_step([&calls](const at::Tensor& buffer, const std::function<at::Tensor(const at::Tensor&)>& experts) {
+    ++calls;
+    const int64_t half = buffer.size(1) / 2;
+    return at::cat({experts(buffer.narrow(1, 0, half)), experts(buffer.narrow(1, half, buffer.size(1) - half))}, 1);
+  });
+  const MoEOutput stepped = moe(x);
+  const at::Tensor stepped_grad = torch::autograd::grad({stepped.y.sum()}, {moe->w_fc})[0];
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(at::allclose(stepped.y, plain.y, 1e-6, 1e-6));
+  EXPECT_TRUE(at::allclose(stepped_grad, plain_grad, 1e-6, 1e-6));
+  EXPECT_TRUE(test::throws_naming(
+      [&] { moe->set_expert_step([](const at::Tensor& b, const std::function<at::Tensor(const at::Tensor&)>& e) { return e(b); }); },
+      {"already installed"}));
 }
 
 }  // namespace

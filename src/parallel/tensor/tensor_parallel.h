@@ -2,8 +2,10 @@
 // al., arXiv 1909.08053; sequence parallelism: Korthikanti et al., arXiv 2205.05198; papers.md).
 //
 // parallelize_tensor shards the model's parameters in place over the tensor-parallel group (N
-// ranks, this rank r) and installs the communication through the model's hook points
-// (model/sharded_region.h, TransformerLMImpl::set_shard_hooks). Per block, with C = n_embd,
+// ranks, this rank r) as each module declares them (model/parameter_spec.h: column, row, vocab,
+// replicated) and installs the communication through the model's hook points
+// (model/sharded_region.h, TransformerLMImpl::set_shard_hooks). It is one step of parallelize()
+// (parallel/parallelize.h), which runs check_tensor_parallel() first. Per block, with C = n_embd,
 // H = n_head, d = C / H, F = MLP hidden width:
 //
 //   layer            parameter           split                          communication (fwd / bwd)
@@ -41,9 +43,10 @@
 //   backward, gradients are reduced over dp as usual;
 // - logits are this rank's vocabulary columns [B, T, V/N] (gather_from_tp gives all of them);
 // - `tp` outlives the model's use; every rank calls parallelize_tensor with equal arguments.
-// Refused (tessera::Error naming the keys): model.ffn = moe, model.n_head or model.vocab_size not a
-// multiple of parallel.tp, model.dropout > 0 (ranks would draw correlated masks: there are no
-// per-rank random streams), a model that is already sharded.
+// check_tensor_parallel refuses, naming the keys: model.ffn = moe, model.n_head or model.vocab_size
+// not a multiple of parallel.tp, model.dropout > 0 (ranks would draw correlated masks: there are no
+// per-rank random streams), parallel.megatron_sp with tp = 1 or with parallel.sp > 1, a sequence
+// length Megatron-SP cannot split, optim.name = adafactor (it factors whole rows and columns).
 #pragma once
 
 #include <cstdint>
@@ -53,9 +56,16 @@
 
 #include "checkpoint/safetensors.h"
 #include "comm/group.h"
+#include "core/parallel_dims.h"
+#include "core/parallel_options.h"
 #include "model/transformer.h"
 
 namespace tessera {
+
+// Refuses what tensor parallelism cannot run (see above), naming the keys; called by the layout
+// validator (parallel/parallelize.h). `seq_len`: train.seq_len; `optimizer`: optim.name.
+void check_tensor_parallel(const ModelOptions& model, const ParallelOptions& parallel, const ParallelDims& dims,
+                           int64_t seq_len, const std::string& optimizer);
 
 // Shards `model` in place for the ranks of `tp` (see above). With tp.size() == 1 it does nothing.
 void parallelize_tensor(TransformerLM& model, comm::Group& tp, bool megatron_sp);
@@ -67,8 +77,8 @@ struct TensorParallelLayout {
                       // each split into N chunks; rank r holds chunk r of every block, in order
 };
 
-// The layout of a parameter by its name in named_parameters() ("h.0.attn.c_attn.weight", ...).
-TensorParallelLayout tensor_parallel_layout(const ModelOptions& opts, const std::string& name);
+// The layout of a parameter under tensor parallelism, from its declaration.
+TensorParallelLayout tensor_parallel_layout(const ParameterSpec& spec);
 
 // Rank `rank` of `ranks`'s part of a full tensor.
 at::Tensor shard_tensor(const at::Tensor& full, const TensorParallelLayout& layout, int64_t rank, int64_t ranks);

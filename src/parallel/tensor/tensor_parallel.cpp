@@ -1,5 +1,5 @@
-// Sharding a TransformerLM for tensor parallelism and gathering it back (parallelize.h).
-#include "parallel/tensor/parallelize.h"
+// Tensor parallelism's checks, sharding a TransformerLM and gathering it back (tensor_parallel.h).
+#include "parallel/tensor/tensor_parallel.h"
 
 #include <vector>
 
@@ -11,25 +11,6 @@
 
 namespace tessera {
 namespace {
-
-bool ends_with(const std::string& name, const std::string& suffix) {
-  return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-void check_model(const ModelOptions& o, const comm::Group& tp) {
-  const int64_t N = tp.size();
-  require(o.arch == "gpt" || o.arch == "linear", "parallel.tp = ", N, " needs model.arch = gpt or linear (got ",
-          o.arch, ")");
-  require(o.ffn == "dense", "parallel.tp = ", N, " shards dense MLPs only: model.ffn = ", o.ffn,
-          " is not tensor-parallel (use expert parallelism for MoE)");
-  require(o.n_head % N == 0, "model.n_head = ", o.n_head, " is not a multiple of parallel.tp = ", N,
-          " (each tensor-parallel rank computes n_head / tp whole heads)");
-  require(o.vocab_size % N == 0, "model.vocab_size = ", o.vocab_size, " is not a multiple of parallel.tp = ", N,
-          " (each tensor-parallel rank holds vocab_size / tp rows of the token embedding)");
-  require(o.dropout == 0.0, "model.dropout = ", o.dropout, " with parallel.tp = ", N,
-          ": tensor-parallel ranks would draw correlated dropout masks (no per-rank random streams); set "
-          "model.dropout = 0");
-}
 
 ShardedRegion region(comm::Group& tp, bool megatron_sp) {
   ShardedRegion r;
@@ -44,7 +25,7 @@ ShardedRegion region(comm::Group& tp, bool megatron_sp) {
 }
 
 TransformerLMImpl::ShardHooks shard_hooks(TransformerLM& model, comm::Group& tp, bool megatron_sp) {
-  torch::nn::Embedding wte = model->wte;
+  Embedding wte = model->wte;
   TransformerLMImpl::ShardHooks hooks;
   hooks.embed = [wte, &tp](const at::Tensor& idx) { return vocab_parallel_embedding(idx, wte->weight, tp); };
   if (megatron_sp)
@@ -65,14 +46,38 @@ TransformerLMImpl::ShardHooks shard_hooks(TransformerLM& model, comm::Group& tp,
 
 }  // namespace
 
-TensorParallelLayout tensor_parallel_layout(const ModelOptions& opts, const std::string& name) {
-  if (name == "wte.weight") return {0, 1};
-  if (ends_with(name, ".attn.c_attn.weight") || ends_with(name, ".attn.c_attn.bias")) return {0, 3};
-  if (ends_with(name, ".mlp.c_fc.weight") || ends_with(name, ".mlp.c_fc.bias")) return {0, opts.arch == "linear" ? 2 : 1};
-  for (const char* column : {".attn.q_proj.", ".attn.k_proj.", ".attn.v_proj.", ".attn.u_proj."})
-    if (name.find(column) != std::string::npos) return {0, 1};
-  for (const char* row : {".attn.c_proj.weight", ".mlp.c_proj.weight", ".attn.o_proj.weight"})
-    if (ends_with(name, row)) return {1, 1};
+void check_tensor_parallel(const ModelOptions& m, const ParallelOptions& p, const ParallelDims& d, int64_t seq_len,
+                           const std::string& optimizer) {
+  const int64_t N = d.tp();
+  require(N > 1 || !p.megatron_sp, "parallel.megatron_sp = true with parallel.tp = 1: Megatron sequence "
+          "parallelism splits the sequence inside a tensor-parallel group; set parallel.tp > 1 or megatron_sp = false");
+  if (N == 1) return;
+  require(d.sp() == 1 || !p.megatron_sp, "parallel.megatron_sp with parallel.sp = ", d.sp(),
+          ": Megatron sequence parallelism splits the sequence inside the tp group, parallel.sp across groups; "
+          "use one of them");
+  require(m.ffn == "dense", "parallel.tp = ", N, " with model.ffn = ", m.ffn,
+          ": only dense MLPs are split (MoE layers are not tensor-parallel)");
+  require(m.n_head % N == 0, "model.n_head = ", m.n_head, " is not a multiple of parallel.tp = ", N,
+          " (each tensor-parallel rank computes n_head / tp whole heads)");
+  require(m.vocab_size % N == 0, "model.vocab_size = ", m.vocab_size, " is not a multiple of parallel.tp = ", N,
+          " (each tensor-parallel rank holds vocab_size / tp rows of the token embedding)");
+  require(m.dropout == 0, "model.dropout = ", m.dropout, " with parallel.tp = ", N,
+          ": tensor-parallel ranks have no separate random streams and would draw correlated masks; set "
+          "model.dropout = 0");
+  require(!p.megatron_sp || seq_len % N == 0, "train.seq_len = ", seq_len,
+          " is not a multiple of parallel.tp = ", N, " (parallel.megatron_sp gives each rank seq_len / tp tokens)");
+  require(optimizer != "adafactor", "parallel.tp = ", N, " with optim.name = adafactor: Adafactor factors "
+          "its second moment over whole rows and columns, which tensor parallelism splits; use optim.name = adamw");
+}
+
+TensorParallelLayout tensor_parallel_layout(const ParameterSpec& spec) {
+  switch (spec.split) {
+    case Split::column: return {0, spec.parts};
+    case Split::vocab: return {0, 1};
+    case Split::row: return {1, 1};
+    case Split::replicated:
+    case Split::expert: return {};
+  }
   return {};
 }
 
@@ -109,14 +114,13 @@ void parallelize_tensor(TransformerLM& model, comm::Group& tp, bool megatron_sp)
   const int64_t N = tp.size(), r = tp.rank();
   if (N == 1) return;
   const ModelOptions& o = model->options();
-  check_model(o, tp);
   require(model->wte->weight.size(0) == o.vocab_size,
           "internal: parallelize_tensor on a model that is already tensor-parallel");
   {
     torch::NoGradGuard no_grad;
     for (auto& item : model->named_parameters()) {
       at::Tensor& param = item.value();
-      const TensorParallelLayout layout = tensor_parallel_layout(o, item.key());
+      const TensorParallelLayout layout = tensor_parallel_layout(model->parameter_specs().at(item.key()));
       if (layout.dim >= 0) param.set_data(shard_tensor(param.detach(), layout, r, N).clone());
       param.mutable_grad() = at::Tensor();
       // Under megatron_sp a replicated parameter other than wpe (added before the split) sees this
@@ -130,7 +134,7 @@ void parallelize_tensor(TransformerLM& model, comm::Group& tp, bool megatron_sp)
     }
   }
   const int64_t heads = o.n_head / N;
-  for (int64_t l = 0; l < o.n_layer; ++l) {
+  for (int64_t l = model->first_layer(); l < model->end_layer(); ++l) {
     Block block = model->block(l);
     if (block->softmax_attn) block->softmax_attn->set_region(region(tp, megatron_sp));
     if (block->linear_attn) {
@@ -145,7 +149,8 @@ void parallelize_tensor(TransformerLM& model, comm::Group& tp, bool megatron_sp)
 NamedTensors gather_tensor_parallel_state(TransformerLMImpl& model, comm::Group& tp) {
   NamedTensors out;
   for (const auto& item : model.named_parameters())
-    out.emplace_back(item.key(), gather_tensor(item.value(), tensor_parallel_layout(model.options(), item.key()), tp));
+    out.emplace_back(item.key(),
+                     gather_tensor(item.value(), tensor_parallel_layout(model.parameter_specs().at(item.key())), tp));
   return out;
 }
 

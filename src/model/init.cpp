@@ -1,0 +1,54 @@
+// Per-parameter seeded initialisation (init.h).
+#include "model/init.h"
+
+#include <mutex>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include "core/error.h"
+
+namespace tessera {
+namespace {
+
+// FNV-1a over the name, mixed with the seed by splitmix64: stable across builds and platforms.
+uint64_t mix(uint64_t seed, const std::string& name) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  uint64_t z = seed + h + 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+void initialize_parameters(torch::nn::Module& module, const ParameterSpecs& specs, uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  for (auto& item : module.named_parameters()) {
+    const auto spec = specs.find(item.key());
+    require(spec != specs.end(), "internal: parameter ", item.key(), " has no declaration (model/parameter_spec.h)");
+    at::Tensor& p = item.value();
+    if (p.is_meta()) continue;
+    const ParameterInit& init = spec->second.init;
+    switch (init.kind) {
+      case ParameterInit::Kind::zeros: p.zero_(); break;
+      case ParameterInit::Kind::ones: p.fill_(1.0); break;
+      case ParameterInit::Kind::normal: {
+        at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(mix(seed, item.key()));
+        at::Tensor values = at::empty(p.sizes(), at::TensorOptions().dtype(at::kFloat));
+        values.normal_(0.0, init.std, gen);
+        p.copy_(values);
+        break;
+      }
+    }
+  }
+}
+
+uint64_t draw_model_seed() {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get<at::CPUGeneratorImpl>()->random64();
+}
+
+}  // namespace tessera

@@ -1,0 +1,67 @@
+// How each parameter of a model is laid out across model-parallel ranks and how it starts,
+// declared by the module that owns it (Megatron's ModuleSpec, DTensor placements). Parallelism
+// applied from outside reads these declarations; nothing is inferred from a parameter's name.
+//
+//   split        tensor parallelism (N = tp ranks, rank r)         expert parallelism
+//   replicated   every rank holds the whole tensor                 whole
+//   column       dim 0 in `parts` equal blocks, each cut in N;     whole
+//                rank r holds chunk r of every block, in order
+//                (c_attn: q, k, v; the GLU's c_fc: a, g)
+//   row          dim 1 cut in N, rank r holds chunk r              whole
+//   vocab        dim 0 (the vocabulary) cut in N                   whole
+//   expert       whole (the MoE layer is not tensor-parallel)      dim 0 (experts) cut in ep
+//
+// Initialisation is declared beside the split (GPT-2's: N(0, 0.02) weights, N(0, 0.02/sqrt(2L))
+// residual output projections, zero biases, unit norm weights) and drawn per parameter from a
+// generator seeded by the model's seed and the parameter's global name (model/init.h), so a
+// parameter starts equal however the model is built: whole, as a pipeline stage, or on the meta
+// device and materialised later.
+//
+// A model's declarations cover every one of its named_parameters(): TransformerLMImpl checks that
+// at construction, so a parameter added without a declaration is an error, never "replicated".
+// (A declared bias that model.bias = false leaves out is dropped.)
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace tessera {
+
+enum class Split { replicated, column, row, vocab, expert };
+
+struct ParameterInit {
+  enum class Kind { zeros, ones, normal };
+  Kind kind = Kind::zeros;
+  double std = 0;  // normal only
+};
+
+struct ParameterSpec {
+  Split split = Split::replicated;
+  int64_t parts = 1;  // column only: equal blocks of dim 0, each split separately
+  ParameterInit init;
+};
+
+// Parameter name (as in named_parameters(), relative to the declaring module) -> its spec.
+using ParameterSpecs = std::map<std::string, ParameterSpec>;
+
+inline ParameterInit normal_init(double std) { return {ParameterInit::Kind::normal, std}; }
+inline ParameterInit ones_init() { return {ParameterInit::Kind::ones, 0}; }
+
+inline void add_specs(ParameterSpecs& out, const ParameterSpecs& more) { out.insert(more.begin(), more.end()); }
+// Adds a submodule's declarations under `prefix` + ".".
+inline void add_specs(ParameterSpecs& out, const std::string& prefix, const ParameterSpecs& inner) {
+  for (const auto& [name, spec] : inner) out.emplace(prefix + "." + name, spec);
+}
+
+// A Linear's weight (normal, `std`) and bias (zeros): a column-parallel layer splits both along
+// its outputs; a row-parallel layer splits the weight's inputs and keeps its bias whole (it is
+// added once, after the ranks' partial products are summed).
+inline ParameterSpecs column_linear(const std::string& name, double std, int64_t parts = 1) {
+  return {{name + ".weight", {Split::column, parts, normal_init(std)}}, {name + ".bias", {Split::column, parts, {}}}};
+}
+inline ParameterSpecs row_linear(const std::string& name, double std) {
+  return {{name + ".weight", {Split::row, 1, normal_init(std)}}, {name + ".bias", {Split::replicated, 1, {}}}};
+}
+
+}  // namespace tessera

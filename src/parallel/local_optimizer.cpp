@@ -1,0 +1,96 @@
+// The owner of a model's optimizer without data parallelism (local_optimizer.h).
+#include "parallel/local_optimizer.h"
+
+#include <cmath>
+
+#include <ATen/ATen.h>
+
+#include "comm/group.h"
+#include "optim/clipping.h"
+
+namespace tessera {
+namespace {
+
+std::map<std::string, at::Tensor> with_prefix(const std::map<std::string, at::Tensor>& all, const std::string& prefix) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [name, t] : all)
+    if (name.rfind(prefix, 0) == 0) out.emplace(name.substr(prefix.size()), t);
+  return out;
+}
+
+}  // namespace
+
+LocalOptimizer::LocalOptimizer(const NamedParams& params, const OptimOptions& optim, const PrecisionOptions& precision,
+                               c10::Device device, ModelParallelNorm norm)
+    : params_(params), norm_(std::move(norm)) {
+  if (precision.dtype == "fp16") {
+    master_ = std::make_unique<MasterWeights>(params_);
+    scaler_ = std::make_unique<DynamicLossScaler>(precision, device);
+    optimizer_ = make_optimizer(optim, master_->master());
+  } else {
+    optimizer_ = make_optimizer(optim, params_);
+  }
+}
+
+double LocalOptimizer::loss_scale() const { return scaler_ ? scaler_->value() : 1.0; }
+
+// The norm of the gradients the optimizer reads (the masters' under fp16), clipped in place.
+double LocalOptimizer::clip(double max_norm) {
+  const NamedParams& optimized = master_ ? master_->master() : params_;
+  if (!norm_.group) {
+    std::vector<at::Tensor> tensors;
+    for (const auto& [name, p] : optimized) tensors.push_back(p);
+    return clip_grad_norm(tensors, max_norm);
+  }
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads;
+  std::vector<double> weights;
+  for (const auto& [name, p] : optimized)
+    if (p.grad().defined()) {
+      grads.push_back(p.grad());
+      weights.push_back(norm_.weight_of(name));
+    }
+  at::Tensor squares = weighted_squares(grads, weights, optimized.front().second.device());
+  norm_.group->all_reduce(squares);
+  const double norm = std::sqrt(squares.item<double>());
+  scale_to_max_norm(grads, norm, max_norm);
+  return norm;
+}
+
+UpdateResult LocalOptimizer::update(double lr, double max_norm) {
+  UpdateResult result;
+  if (master_) {
+    result.skipped = master_->copy_grads_to_master(1.0 / scaler_->value());
+    if (!result.skipped) {
+      result.grad_norm = clip(max_norm);
+      optimizer_->step(lr);
+      master_->copy_master_to_model();
+    }
+    scaler_->update(result.skipped);
+  } else {
+    result.grad_norm = clip(max_norm);
+    optimizer_->step(lr);
+  }
+  optimizer_->zero_grad();
+  for (auto& [name, p] : params_) p.mutable_grad().reset();
+  return result;
+}
+
+NamedTensors LocalOptimizer::training_state() {
+  NamedTensors out;
+  auto append = [&](const std::string& prefix, const NamedParams& in) {
+    for (const auto& [name, t] : in) out.emplace_back(prefix + name, t);
+  };
+  if (master_) append("master.", master_->master());
+  append("optim.", optimizer_->state());
+  if (scaler_) append("scaler.", scaler_->state());
+  return out;
+}
+
+void LocalOptimizer::load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) {
+  if (master_) load_named_state(master_->master(), with_prefix(tensors, "master."), source);
+  optimizer_->load_state(with_prefix(tensors, "optim."), source);
+  if (scaler_) scaler_->load_state(with_prefix(tensors, "scaler."), source);
+}
+
+}  // namespace tessera

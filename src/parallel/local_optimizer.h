@@ -1,0 +1,47 @@
+// LocalOptimizer: the OptimizerOwner (optimizer_owner.h) when no gradient crosses a data-parallel
+// replica: one process, or tensor parallelism alone (each tp rank's gradients are exact after
+// backward; parallel/tensor/tensor_parallel.h). It holds the optimizer over the model's
+// parameters and, with precision.dtype = fp16, the float32 master weights and the dynamic loss
+// scaler (precision/fp16.h):
+//
+//   update:  fp16: unscale the model's fp16 gradients into the masters; on overflow skip the
+//            update and lower the scale;
+//            norm = the global gradient norm (ModelParallelNorm: under tp each rank's squares by
+//            weight, summed over tp), clipped to max_norm;
+//            optimizer step at lr; fp16: masters copied into the model; gradients dropped.
+#pragma once
+
+#include <memory>
+
+#include "optim/optimizer.h"
+#include "parallel/optimizer_owner.h"
+#include "precision/fp16.h"
+#include "precision/precision_options.h"
+
+namespace tessera {
+
+class LocalOptimizer : public OptimizerOwner {
+ public:
+  // `params`: the model's named parameters (on their device, in fp16 when precision.dtype is).
+  LocalOptimizer(const NamedParams& params, const OptimOptions& optim, const PrecisionOptions& precision,
+                 c10::Device device, ModelParallelNorm norm = {});
+
+  double loss_scale() const override;
+  void before_backward(bool last_micro_batch) override {}
+  UpdateResult update(double lr, double max_norm) override;
+  const DynamicLossScaler* loss_scaler() const override { return scaler_.get(); }
+
+  NamedTensors training_state() override;
+  void load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) override;
+
+ private:
+  double clip(double max_norm);
+
+  NamedParams params_;
+  std::unique_ptr<MasterWeights> master_;      // fp16 only
+  std::unique_ptr<DynamicLossScaler> scaler_;  // fp16 only
+  std::unique_ptr<Optimizer> optimizer_;
+  ModelParallelNorm norm_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,88 @@
+// OptimizerOwner: the one interface through which the training step drives whatever owns a
+// parallelized model's gradients and optimizer (parallel/parallelize.h picks it): LocalOptimizer
+// (one process, or tensor parallelism alone; fp16 master weights and loss scaling) or
+// DataParallel (dp x sp replicas, ZeRO 0-3, offload, compression). The step never asks which.
+//
+// A step, as TrainStep drives it:
+//   for each micro-batch m of M:  owner.before_backward(m == M - 1);  (loss * loss_scale()).backward();
+//   owner.update(lr, max_norm);     // gradients final (reduced, unscaled), clipped, applied, zeroed
+//
+// State, for checkpoints (names as in this rank's model; tensor-parallel shards stay shards, the
+// caller turns them whole by their declarations): "optim.<param>.<slot>", and with fp16
+// "master.<param>" and "scaler.<key>".
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "checkpoint/checkpoint.h"
+#include "core/error.h"
+
+namespace tessera {
+
+class DynamicLossScaler;
+namespace comm {
+class Group;
+}
+
+// How the global gradient norm counts a model split over model-parallel ranks (tensor
+// parallelism): norm^2 = sum over the ranks of `group` of sum_i weight_i ||g_i||^2, where a
+// parameter split over the group (each rank a different part) has weight 1 and one replicated on
+// all N ranks of it 1/N, so that it counts once. Without a group every weight is 1.
+struct ModelParallelNorm {
+  comm::Group* group = nullptr;
+  std::map<std::string, double> weight;  // by parameter name; absent: 1
+  double weight_of(const std::string& name) const {
+    const auto it = weight.find(name);
+    return it == weight.end() ? 1.0 : it->second;
+  }
+};
+
+struct UpdateResult {
+  double grad_norm = 0;  // the global norm before clipping
+  bool skipped = false;  // fp16 overflow: no update was made
+};
+
+class OptimizerOwner {
+ public:
+  virtual ~OptimizerOwner() = default;
+
+  // The loss is multiplied by this before backward (fp16's dynamic loss scale; 1 otherwise).
+  virtual double loss_scale() const { return 1.0; }
+  virtual void before_backward(bool last_micro_batch) = 0;
+  virtual UpdateResult update(double lr, double max_norm) = 0;
+  virtual const DynamicLossScaler* loss_scaler() const { return nullptr; }
+
+  // Whole over the data-parallel ranks (a collective where state is sharded over them).
+  virtual NamedTensors training_state() = 0;
+  // Takes whole tensors, as training_state() gave them.
+  virtual void load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) = 0;
+  // The ranges of "optim.*" this rank reads on resume (its own ZeRO 1-3 slices); empty: whole.
+  virtual OptimizerRanges training_state_ranges() const { return {}; }
+  // Takes the tensors load_checkpoint(..., training_state_ranges()) returns (ranges not empty).
+  virtual void load_training_state_ranges(const std::map<std::string, at::Tensor>& tensors,
+                                          const std::string& source) {
+    load_training_state(tensors, source);
+  }
+  // This rank's own slices of training_state() when they cover it exactly once over `ranks`
+  // ranks without communication (ZeRO 1-3); empty when this owner has none.
+  virtual std::vector<TensorSlice> own_training_state_slices() const { return {}; }
+
+  // The gradient compressor's state of this rank (empty without one); loading refuses a
+  // non-empty state where there is no compressor.
+  virtual NamedTensors compression_state() const { return {}; }
+  virtual void load_compression_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) {
+    require(tensors.empty(), source, ": gradient-compression state given, but this run has no data parallelism");
+  }
+
+  // Make every parameter of the model whole and current (ZeRO-3 gathers; a collective), and
+  // after the model's parameters were overwritten, take them back into the owner's state.
+  virtual void gather_full_parameters() {}
+  virtual void reshard_parameters() {}
+};
+
+}  // namespace tessera

@@ -1,0 +1,182 @@
+// The layout validator, parallelize() and the layout-free state of a parallel model
+// (parallelize.h).
+#include "parallel/parallelize.h"
+
+#include <torch/torch.h>
+
+#include "core/error.h"
+#include "model/hf_names.h"
+#include "parallel/data/data_parallel.h"
+#include "parallel/local_optimizer.h"
+#include "parallel/sequence/sequence_parallel.h"
+#include "precision/precision_options.h"
+
+namespace tessera {
+namespace {
+
+std::string state_param(const std::string& name) {
+  for (const char* prefix : {"optim.", "master."})
+    if (name.rfind(prefix, 0) == 0) {
+      const std::string rest = name.substr(std::string(prefix).size());
+      const size_t dot = rest.rfind('.');
+      return prefix == std::string("master.") || dot == std::string::npos ? rest : rest.substr(0, dot);
+    }
+  return "";
+}
+
+}  // namespace
+
+void check_parallel_layout(const Config& config, const ParallelDims& d) {
+  if (d.world_size() > 1) comm::choose_backend(config.parallel.backend, c10::Device(config.train.device));
+  const std::pair<const char*, int64_t> unbuilt[] = {{"pp", d.pp()}, {"ep", d.ep()}};
+  for (const auto& [key, degree] : unbuilt)
+    require(degree == 1, "parallel.", key, " = ", degree,
+            ": this build runs data, tensor and sequence parallelism only (parallel.dp, tp, sp); ", key,
+            " is not implemented yet");
+  if (config.precision.dtype == "fp16") {
+    require(d.dp() * d.sp() * d.tp() == 1, "precision.dtype = \"fp16\" with ", d.describe(),
+            ": fp16 master weights and loss scaling are kept by the one-process optimizer only (the data-parallel "
+            "shards and the tensor-parallel overflow check would need their own); use bf16 or fp32");
+    require(!config.parallel.offload, "precision.dtype = \"fp16\" with parallel.offload = true: ZeRO-Offload's host "
+            "optimizer keeps no fp16 master weights or loss scaler; use bf16 or fp32, or parallel.offload = false");
+  }
+  check_tensor_parallel(config.model, config.parallel, d, config.train.seq_len, config.optim.name);
+  check_sequence_parallel(config.model, config.parallel, d, config.train.seq_len);
+  check_data_parallel(config.parallel, config.optim);
+}
+
+ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config& config)
+    : config_(config), model_(std::move(model)), mesh_(mesh) {
+  require(mesh_ || !config.parallel.offload, "parallel.offload = true needs a process mesh (tessera train)");
+  if (mesh_) check_parallel_layout(config, mesh_->dims());
+  const ParallelDims* dims = mesh_ ? &mesh_->dims() : nullptr;
+  // 1. Tensor parallelism: every tp rank built the same model (same seed) and keeps its shards.
+  ModelParallelNorm norm;
+  if (dims && dims->tp() > 1) {
+    tp_ = &mesh_->group("tp");
+    parallelize_tensor(model_, *tp_, config.parallel.megatron_sp);
+    norm.group = tp_;
+    for (const auto& [name, spec] : model_->parameter_specs())
+      if (tensor_parallel_layout(spec).dim < 0) norm.weight[name] = 1.0 / static_cast<double>(tp_->size());
+  }
+  // 2. Sequence parallelism on each rank's (tensor-parallel) heads.
+  if (dims && dims->sp() > 1) {
+    sp_ = dims->sp();
+    sp_rank_ = mesh_->coord().sp;
+    apply_sequence_parallel(model_, mesh_->group("sp"), config.parallel.sp_method);
+  }
+  // 3. Expert and pipeline parallelism: refused by check_parallel_layout until built.
+  // 4. Activation checkpointing inside every block.
+  model_->set_activation_checkpointing(config.memory.activation_checkpointing);
+  // 5. The optimizer owner. Gradients are averaged over every rank holding a replica of the
+  // parameters: the dp ranks, and with sequence parallelism also the sp ranks (each saw a
+  // different chunk of the same sequences). ZeRO-Offload is DataParallel's, so it runs through it
+  // on one rank as well.
+  if (dims && (dims->dp() * sp_ > 1 || config.parallel.offload)) {
+    replicas_ = &mesh_->group(sp_ > 1 ? "dp_sp" : "dp");
+    owner_ = std::make_unique<DataParallel>(model_, *replicas_, config.parallel, config.optim, std::move(norm));
+  } else {
+    NamedParams named;
+    for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
+    const c10::Device device = named.front().second.device();
+    owner_ = std::make_unique<LocalOptimizer>(named, config.optim, config.precision, device, std::move(norm));
+  }
+}
+
+ParallelModel::~ParallelModel() = default;
+
+std::unique_ptr<ParallelModel> parallelize(TransformerLM model, comm::Mesh* mesh, const Config& config) {
+  return std::unique_ptr<ParallelModel>(new ParallelModel(std::move(model), mesh, config));
+}
+
+at::Tensor ParallelModel::local_tokens(const at::Tensor& tokens) {
+  if (sp_ == 1) return tokens;
+  const int64_t length = tokens.size(1) / sp_;
+  require(length * sp_ == tokens.size(1), "internal: a batch of ", tokens.size(1), " tokens per row for parallel.sp = ",
+          sp_);
+  model_->set_position_offset(sp_rank_ * length);
+  return tokens.narrow(1, sp_rank_ * length, length);
+}
+
+void ParallelModel::average_over_replicas(at::Tensor& values) {
+  if (replicas_) replicas_->all_reduce(values, comm::ReduceOp::avg);
+}
+
+int64_t ParallelModel::data_ranks() const { return replicas_ ? mesh_->dims().dp() : 1; }
+int64_t ParallelModel::data_rank() const { return replicas_ ? mesh_->coord().dp : 0; }
+
+// A whole model on the CPU, uninitialised (no random number drawn), to convert between whole
+// tensors and Hugging Face names.
+TransformerLM ParallelModel::whole_model_shell() const {
+  return TransformerLM(config_.model, ModelStage{}, at::TensorOptions(), ModelInit::uninitialized);
+}
+
+NamedTensors ParallelModel::model_state() {
+  owner_->gather_full_parameters();
+  if (!tp_) return export_state(*model_);
+  // Checkpoints hold the unsharded model (tp = 1), whatever tp saved them.
+  const NamedTensors gathered = gather_tensor_parallel_state(*model_, *tp_);
+  TransformerLM whole = whole_model_shell();
+  at::NoGradGuard no_grad;
+  auto params = whole->named_parameters();
+  for (const auto& [name, tensor] : gathered) params[name].copy_(tensor);
+  return export_state(*whole);
+}
+
+void ParallelModel::load_model_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) {
+  owner_->gather_full_parameters();
+  if (tp_) {
+    TransformerLM whole = whole_model_shell();
+    import_state(*whole, tensors, source);
+    at::NoGradGuard no_grad;
+    auto params = whole->named_parameters();
+    for (auto& item : model_->named_parameters())
+      item.value().copy_(shard_tensor(params[item.key()],
+                                      tensor_parallel_layout(model_->parameter_specs().at(item.key())), tp_->rank(),
+                                      tp_->size()));
+  } else {
+    import_state(*model_, tensors, source);
+  }
+  owner_->reshard_parameters();
+}
+
+// Under tensor parallelism a state tensor of a parameter ("optim.<param>.<slot>",
+// "master.<param>") has the parameter's split; scalars (steps) and the scaler's entries are
+// replicated.
+std::optional<TensorParallelLayout> ParallelModel::state_layout(const std::string& name, const at::Tensor& t) const {
+  if (!tp_ || t.dim() == 0) return std::nullopt;
+  const auto spec = model_->parameter_specs().find(state_param(name));
+  if (spec == model_->parameter_specs().end()) return std::nullopt;
+  const TensorParallelLayout layout = tensor_parallel_layout(spec->second);
+  if (layout.dim < 0) return std::nullopt;
+  return layout;
+}
+
+NamedTensors ParallelModel::training_state() {
+  NamedTensors state = owner_->training_state();
+  for (auto& [name, t] : state)
+    if (const auto layout = state_layout(name, t)) t = gather_tensor(t.contiguous(), *layout, *tp_);
+  return state;
+}
+
+void ParallelModel::load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) {
+  if (!training_state_ranges().empty()) return owner_->load_training_state_ranges(tensors, source);
+  std::map<std::string, at::Tensor> local = tensors;
+  for (auto& [name, t] : local)
+    if (const auto layout = state_layout(name, t)) t = shard_tensor(t, *layout, tp_->rank(), tp_->size());
+  owner_->load_training_state(local, source);
+}
+
+OptimizerRanges ParallelModel::training_state_ranges() const {
+  return tp_ ? OptimizerRanges{} : owner_->training_state_ranges();
+}
+
+std::vector<TensorSlice> ParallelModel::training_state_slices(int64_t rank, int64_t shards) {
+  if (!tp_ && replicas_ && replicas_->size() == shards) {
+    std::vector<TensorSlice> own = owner_->own_training_state_slices();
+    if (!own.empty()) return own;
+  }
+  return even_slices(training_state(), rank, shards);
+}
+
+}  // namespace tessera

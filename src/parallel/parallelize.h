@@ -1,0 +1,107 @@
+// parallelize(): the one place that applies parallelism to a single-device model, and the one
+// layout validator. A parallelism is added by adding a component here, not by editing the trainer.
+//
+// The order (each step sees the model the previous ones left):
+//   1. tensor parallelism (parallel.tp): parameters sharded by their declarations, the layers'
+//      regions and the model's ends installed (parallel/tensor/tensor_parallel.h);
+//   2. sequence parallelism (parallel.sp): the attention kernels of sp_method, on each rank's
+//      tensor-parallel heads (parallel/sequence/sequence_parallel.h);
+//   3. expert parallelism (parallel.ep) and pipeline stages (parallel.pp): refused until built;
+//   4. activation checkpointing (memory.activation_checkpointing), inside every block;
+//   5. the optimizer owner (parallel/optimizer_owner.h): DataParallel when gradients are reduced
+//      over several replicas (dp x sp > 1) or offloaded (ZeRO 0-3, offload and compression inside
+//      it; at stage 3 its block wrapper gathers outside the checkpointing), else LocalOptimizer
+//      (one process or tp alone; fp16 master weights and loss scaling). Under tp either one counts
+//      the clipping norm by the parameters' declared splits.
+//
+// check_parallel_layout calls each component's own check (check_tensor_parallel,
+// check_sequence_parallel, check_data_parallel) and the refusals that belong to no component
+// (unbuilt degrees, fp16 with parallelism or offload, the backend). The launcher calls it before
+// any worker starts; parallelize() again in every worker.
+//
+// The result, ParallelModel, is what the training step drives: the model, its owner, this rank's
+// share of the data (sequence chunk, data-parallel rows), and the model and optimizer state in a
+// form independent of the layout (whole tensors under the model's own names, for checkpoints that
+// load at any layout).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "checkpoint/checkpoint.h"
+#include "comm/mesh.h"
+#include "model/transformer.h"
+#include "parallel/optimizer_owner.h"
+#include "parallel/tensor/tensor_parallel.h"
+#include "train/config.h"
+
+namespace tessera {
+
+// Refuses, naming the keys and the reason, a layout this build cannot train (see above).
+void check_parallel_layout(const Config& config, const ParallelDims& dims);
+
+class ParallelModel {
+ public:
+  ParallelModel(const ParallelModel&) = delete;
+  ParallelModel& operator=(const ParallelModel&) = delete;
+  ~ParallelModel();
+
+  TransformerLM& model() { return model_; }
+  OptimizerOwner& owner() { return *owner_; }
+
+  // This rank's columns of a [B, T] token batch: its contiguous chunk [r T/sp, (r+1) T/sp) under
+  // sequence parallelism (setting the model's position offset to r T/sp), all of them otherwise.
+  at::Tensor local_tokens(const at::Tensor& tokens);
+  // The mean of `values` over the ranks that ran different data (dp x sp); a collective of them,
+  // nothing without.
+  void average_over_replicas(at::Tensor& values);
+  // Data-parallel ranks and this rank's place among them (evaluation splits a batch's rows).
+  int64_t data_ranks() const;
+  int64_t data_rank() const;
+
+  // The model's parameters in Hugging Face names (model/hf_names.h), whole whatever the layout
+  // (tensor-parallel shards gathered, ZeRO-3 gathered): a collective.
+  NamedTensors model_state();
+  // Loads whole HF-named parameters into this rank's part of the model, on every rank.
+  void load_model_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source);
+
+  // The owner's state with tensor-parallel shards gathered whole (a collective).
+  NamedTensors training_state();
+  // Takes load_checkpoint(..., training_state_ranges()) tensors: this rank's ranges, or whole
+  // tensors (cut to this rank's tensor-parallel shards here).
+  void load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source);
+  // What this rank reads on resume: its own ZeRO 1-3 slices; empty (whole) under tp or without ZeRO.
+  OptimizerRanges training_state_ranges() const;
+  // This rank's slices of training_state() for shard `rank` of `shards` (checkpoint/checkpoint.h):
+  // the owner's own slices, without communication, when the data-parallel replicas are the whole
+  // world; otherwise the even slices of training_state() (a collective).
+  std::vector<TensorSlice> training_state_slices(int64_t rank, int64_t shards);
+
+ private:
+  friend std::unique_ptr<ParallelModel> parallelize(TransformerLM model, comm::Mesh* mesh, const Config& config);
+  ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config& config);
+  // The tensor-parallel layout of a state tensor "<prefix><param>[.<slot>]" of `t`'s shape, or
+  // none (replicated, a scalar, or no tensor parallelism).
+  std::optional<TensorParallelLayout> state_layout(const std::string& name, const at::Tensor& t) const;
+  TransformerLM whole_model_shell() const;
+
+  Config config_;
+  TransformerLM model_;
+  comm::Mesh* mesh_;
+  comm::Group* tp_ = nullptr;        // tp > 1
+  comm::Group* replicas_ = nullptr;  // dp x sp > 1 (or offload): the owner reduces over it
+  int64_t sp_ = 1, sp_rank_ = 0;
+  std::unique_ptr<OptimizerOwner> owner_;
+};
+
+// Applies every parallelism of `config` to `model` (built whole, on its device, in the parameter
+// dtype) over `mesh` (null: one process) in the order above. Every rank calls it with equal
+// arguments and the same model (same seed).
+std::unique_ptr<ParallelModel> parallelize(TransformerLM model, comm::Mesh* mesh, const Config& config);
+
+}  // namespace tessera

@@ -1,0 +1,153 @@
+// The one layout validator (parallel/parallelize.h): every refusal names its keys, each
+// component's check is reached through it, and layouts that compose are accepted. No processes:
+// ParallelDims is arithmetic.
+#include <gtest/gtest.h>
+
+#include "core/parallel_dims.h"
+#include "parallel/parallelize.h"
+#include "test_util.h"
+
+namespace tessera {
+namespace {
+
+Config tiny(const std::string& arch = "gpt") {
+  Config c;
+  c.model.arch = arch;
+  c.model.n_layer = 2;
+  c.model.n_head = 4;
+  c.model.n_embd = 32;
+  c.model.vocab_size = 64;
+  c.model.block_size = 32;
+  c.train.seq_len = 16;
+  return c;
+}
+
+ParallelDims dims(const Config& c, int64_t world) { return ParallelDims(c.parallel, world, "test"); }
+
+::testing::AssertionResult refused(const Config& c, int64_t world, std::initializer_list<std::string> parts) {
+  return test::throws_naming([&] { check_parallel_layout(c, dims(c, world)); }, parts);
+}
+
+TEST(LayoutCheck, AcceptsLayoutsThatCompose) {
+  Config c = tiny();
+  EXPECT_NO_THROW(check_parallel_layout(c, dims(c, 1)));
+  c.parallel.tp = 2;
+  c.parallel.sp = 2;
+  c.parallel.sp_method = "ulysses";  // 4 heads = 2 (tp) x 2 (sp)
+  EXPECT_NO_THROW(check_parallel_layout(c, dims(c, 8)));
+  // Tensor parallelism with every ZeRO stage and with offload (refused before parallelize()).
+  for (int64_t stage : {0, 1, 2, 3}) {
+    Config z = tiny();
+    z.parallel.tp = 2;
+    z.parallel.zero_stage = stage;
+    z.parallel.offload = stage > 0;
+    EXPECT_NO_THROW(check_parallel_layout(z, dims(z, 4))) << "zero_stage " << stage;
+  }
+  Config lasp = tiny("linear");
+  lasp.parallel.sp = 4;
+  lasp.parallel.sp_method = "lasp2";
+  EXPECT_NO_THROW(check_parallel_layout(lasp, dims(lasp, 4)));
+}
+
+TEST(LayoutCheck, TensorParallelRefusalsNameTheirKeys) {
+  Config c = tiny();
+  c.parallel.tp = 4;
+  c.model.n_head = 2;
+  c.model.n_embd = 16;
+  EXPECT_TRUE(refused(c, 4, {"model.n_head = 2", "parallel.tp = 4"}));
+  c = tiny();
+  c.parallel.tp = 4;
+  c.model.vocab_size = 66;
+  EXPECT_TRUE(refused(c, 4, {"model.vocab_size = 66", "parallel.tp = 4"}));
+  c.model.vocab_size = 64;
+  c.model.ffn = "moe";
+  EXPECT_TRUE(refused(c, 4, {"model.ffn = moe", "parallel.tp = 4"}));
+  EXPECT_TRUE(refused(c, 4, {"MoE layers are not tensor-parallel"}));
+  c.model.ffn = "dense";
+  c.model.dropout = 0.1;
+  EXPECT_TRUE(refused(c, 4, {"model.dropout = 0.1", "parallel.tp = 4"}));
+  c.model.dropout = 0;
+  c.optim.name = "adafactor";
+  EXPECT_TRUE(refused(c, 4, {"optim.name = adafactor", "parallel.tp = 4"}));
+  c.optim.name = "adamw";
+  c.parallel.megatron_sp = true;
+  c.train.seq_len = 18;
+  EXPECT_TRUE(refused(c, 4, {"train.seq_len = 18", "parallel.tp = 4", "megatron_sp"}));
+  c.train.seq_len = 16;
+  c.parallel.tp = 2;
+  c.parallel.sp = 2;
+  EXPECT_TRUE(refused(c, 4, {"parallel.megatron_sp", "parallel.sp = 2"}));
+}
+
+// Found trying the keys as a new user would: megatron_sp without tensor parallelism was accepted
+// and ignored, and fp16 with offload on one process trained without master weights.
+TEST(LayoutCheck, SilentAcceptancesAreRefused) {
+  Config c = tiny();
+  c.parallel.megatron_sp = true;
+  EXPECT_TRUE(refused(c, 1, {"parallel.megatron_sp = true", "parallel.tp = 1"}));
+  EXPECT_TRUE(refused(c, 2, {"parallel.megatron_sp = true", "parallel.tp = 1"}));
+  c = tiny();
+  c.precision.dtype = "fp16";
+  c.parallel.zero_stage = 1;
+  c.parallel.offload = true;
+  EXPECT_TRUE(refused(c, 1, {"precision.dtype = \"fp16\"", "parallel.offload"}));
+  c.parallel.offload = false;
+  c.parallel.zero_stage = 0;
+  EXPECT_TRUE(refused(c, 2, {"precision.dtype = \"fp16\"", "dp=2"}));
+  c.parallel.tp = 2;
+  EXPECT_TRUE(refused(c, 2, {"precision.dtype = \"fp16\"", "tp=2"}));
+}
+
+TEST(LayoutCheck, SequenceParallelRefusalsNameTheirKeys) {
+  Config c = tiny();
+  c.parallel.sp = 2;
+  c.parallel.sp_method = "ulysses";
+  c.model.n_head = 3;
+  c.model.n_embd = 24;
+  EXPECT_TRUE(refused(c, 2, {"model.n_head = 3", "parallel.sp * parallel.tp = 2"}));
+  // Ulysses splits each rank's tensor-parallel heads again: n_head % (sp * tp), in one place.
+  c = tiny();
+  c.parallel.sp = 2;
+  c.parallel.tp = 4;
+  c.parallel.sp_method = "ulysses";
+  EXPECT_TRUE(refused(c, 8, {"model.n_head = 4", "parallel.sp * parallel.tp = 8"}));
+  c.parallel.sp_method = "ring";
+  EXPECT_NO_THROW(check_parallel_layout(c, dims(c, 8)));
+  c = tiny();
+  c.parallel.sp = 2;
+  c.model.dropout = 0.1;
+  EXPECT_TRUE(refused(c, 2, {"model.dropout = 0.1", "parallel.sp = 2"}));
+  c = tiny();
+  c.parallel.sp = 2;
+  c.parallel.sp_method = "lasp";
+  EXPECT_TRUE(refused(c, 2, {"parallel.sp_method = \"lasp\"", "model.arch = gpt"}));
+  c = tiny("linear");
+  c.parallel.sp = 2;
+  c.parallel.sp_method = "ring";
+  EXPECT_TRUE(refused(c, 2, {"parallel.sp_method = \"ring\"", "model.arch = linear"}));
+  c = tiny();
+  c.parallel.sp = 3;
+  EXPECT_TRUE(refused(c, 3, {"train.seq_len = 16", "parallel.sp = 3"}));
+}
+
+TEST(LayoutCheck, DataParallelAndUnbuiltDegreesNameTheirKeys) {
+  Config c = tiny();
+  c.parallel.offload = true;
+  EXPECT_TRUE(refused(c, 2, {"parallel.offload = true", "parallel.zero_stage"}));
+  c.parallel.zero_stage = 2;
+  c.optim.name = "adafactor";
+  EXPECT_TRUE(refused(c, 2, {"parallel.offload", "optim.name = adafactor"}));
+  c = tiny();
+  c.parallel.zero_stage = 1;
+  c.parallel.grad_compression = "powersgd";
+  EXPECT_TRUE(refused(c, 2, {"parallel.grad_compression = powersgd", "parallel.zero_stage = 0"}));
+  c = tiny();
+  c.parallel.pp = 2;
+  EXPECT_TRUE(refused(c, 2, {"parallel.pp = 2", "not implemented"}));
+  c = tiny();
+  c.parallel.ep = 2;
+  EXPECT_TRUE(refused(c, 2, {"parallel.ep = 2", "not implemented"}));
+}
+
+}  // namespace
+}  // namespace tessera
