@@ -15,5 +15,6 @@ Command add_generate_command(CLI::App& app);
 Command add_prepare_command(CLI::App& app);
 Command add_bench_command(CLI::App& app);
 Command add_export_command(CLI::App& app);
+Command add_inspect_command(CLI::App& app);
 
 }  // namespace tessera::cli

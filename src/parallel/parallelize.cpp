@@ -28,6 +28,10 @@ std::string state_param(const std::string& name) {
 
 void check_parallel_layout(const Config& config, const ParallelDims& d) {
   if (d.world_size() > 1) comm::choose_backend(config.parallel.backend, c10::Device(config.train.device));
+  check_layout_options(config, d);
+}
+
+void check_layout_options(const Config& config, const ParallelDims& d) {
   const std::pair<const char*, int64_t> unbuilt[] = {{"pp", d.pp()}, {"ep", d.ep()}};
   for (const auto& [key, degree] : unbuilt)
     require(degree == 1, "parallel.", key, " = ", degree,

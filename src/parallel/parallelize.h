@@ -44,6 +44,9 @@ namespace tessera {
 
 // Refuses, naming the keys and the reason, a layout this build cannot train (see above).
 void check_parallel_layout(const Config& config, const ParallelDims& dims);
+// The same without the checks that depend on this machine's build (the backend for the device):
+// what a layout is, wherever it runs (`tessera inspect` plans for machines it is not on).
+void check_layout_options(const Config& config, const ParallelDims& dims);
 
 class ParallelModel {
  public:

@@ -1,0 +1,46 @@
+// What a configured run holds per rank, computed from the model's own modules built on the meta
+// device (nothing is allocated) and the layout (ParallelDims, ZeRO stage, offload, precision).
+//
+// Per parameter, from its declaration (model/parameter_spec.h): a split one (column, row, vocab)
+// holds 1/tp of its elements on each tensor-parallel rank, an expert one 1/ep; replicated ones
+// are whole. Then, over the dp ranks:
+//   parameters   P x bytes of the parameter dtype (fp32; fp16 with precision.dtype = fp16), /dp at ZeRO-3
+//   gradients    P x the same bytes, /dp at ZeRO-2 and 3
+//   optimizer    AdamW 8 bytes per element; Adafactor 4 x (n + m) per [.., n, m] matrix row and
+//                column statistics (4 x numel for vectors) plus 4 x numel with beta1 > 0;
+//                fp16 adds 4 bytes of fp32 master per element; /dp at ZeRO 1-3; on the host with
+//                parallel.offload (with a device copy of the gradient shard)
+//   activations  per token per block, Korthikanti et al. (arXiv 2205.05198) eq. 1-4 at 2-byte
+//                activations, scaled to the compute dtype: 34 h + 5 a s without tensor parallelism,
+//                h (10 + 24/t) + 5 a s / t with it, (34 h + 5 a s) / t with Megatron-SP; selective
+//                checkpointing drops the 5 a s attention-score term, full checkpointing keeps only
+//                the block input (2 h); for linear attention s is the lightning chunk
+//                (min(s, linear_chunk)). h = n_embd, a = n_head, s = train.seq_len, t = tp, and
+//                s / sp tokens per rank under sequence parallelism. The formula assumes a 4h MLP
+//                and a dense feed-forward (MoE layers' expert buffers are not counted).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/parallel_dims.h"
+#include "train/config.h"
+
+namespace tessera {
+
+struct MemoryEstimate {
+  int64_t parameters_total = 0;   // the whole model's parameter count
+  int64_t parameters_rank = 0;    // elements this rank holds after tensor/expert parallelism
+  double parameter_bytes = 0;     // per rank, on the device
+  double gradient_bytes = 0;
+  double optimizer_bytes = 0;     // on the device, or on the host with offload
+  bool optimizer_on_host = false;
+  double activation_bytes_per_token = 0;  // all of this rank's blocks, per token of its sequence chunk
+  double activation_bytes_per_micro_batch = 0;  // x train.batch_size x (seq_len / sp)
+  double device_bytes() const;    // parameters + gradients + optimizer (unless on the host) + activations
+};
+
+// Estimates any layout; check_parallel_layout says whether it can run.
+MemoryEstimate estimate_memory(const Config& config, const ParallelDims& dims);
+
+}  // namespace tessera

@@ -1,0 +1,72 @@
+// `tessera inspect`: parameter counts from the model's own modules (meta device) and the
+// per-rank memory of the configured layout, checked against numbers known independently.
+#include <gtest/gtest.h>
+
+#include <regex>
+
+#include "cli_util.h"
+
+namespace tessera::test {
+namespace {
+
+// The value of a "  <label>  <number> <unit>" line, in bytes.
+double bytes_of(const std::string& output, const std::string& label) {
+  std::smatch m;
+  if (!std::regex_search(output, m, std::regex(label + " +([0-9.]+) (B|KiB|MiB|GiB|TiB)"))) return -1;
+  const std::string unit = m[2];
+  double scale = 1;
+  for (const char* u : {"KiB", "MiB", "GiB", "TiB"}) {
+    scale *= 1024;
+    if (unit == u) return std::stod(m[1]) * scale;
+  }
+  return std::stod(m[1]);
+}
+
+TEST(Inspect, CountsGpt2AndGpt3FromTheirModules) {
+  // GPT-2 small as released (Hugging Face gpt2): 124,439,808 parameters.
+  auto gpt2 = run_tessera("inspect --config gpt2_124m");
+  ASSERT_EQ(gpt2.exit_code, 0) << gpt2.output;
+  EXPECT_NE(gpt2.output.find("(124439808)"), std::string::npos) << gpt2.output;
+  // GPT-3 175B (Brown et al.): within 0.5% of 175B, without allocating it.
+  auto gpt3 = run_tessera("inspect --config gpt3_175b --world 1024");
+  ASSERT_EQ(gpt3.exit_code, 0) << gpt3.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(gpt3.output, m, std::regex("\\(([0-9]+)\\)"))) << gpt3.output;
+  EXPECT_NEAR(std::stod(m[1]), 175e9, 0.005 * 175e9) << gpt3.output;
+  EXPECT_NE(gpt3.output.find("dp=128 tp=8"), std::string::npos) << gpt3.output;
+}
+
+// ZeRO's bytes per parameter (Rajbhandari et al.): fp32 AdamW holds 4 + 4 + 8 bytes per
+// parameter; stage 1 divides the 8 by N, stage 2 also the gradient's 4, stage 3 everything.
+TEST(Inspect, ZeroStagesDivideWhatTheyShard) {
+  const double P = 124439808;
+  const double N = 4;
+  const double expected[4][3] = {{4 * P, 4 * P, 8 * P},
+                                 {4 * P, 4 * P, 8 * P / N},
+                                 {4 * P, 4 * P / N, 8 * P / N},
+                                 {4 * P / N, 4 * P / N, 8 * P / N}};
+  for (int stage = 0; stage <= 3; ++stage) {
+    auto r = run_tessera("inspect --config gpt2_124m --world 4 --set parallel.zero_stage=" + std::to_string(stage));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const char* labels[] = {"parameters", "gradients", "optimizer state"};
+    for (int i = 0; i < 3; ++i)  // printed with 3 significant decimals of the unit
+      EXPECT_NEAR(bytes_of(r.output, labels[i]), expected[stage][i], 0.001 * expected[stage][i])
+          << "stage " << stage << " " << labels[i] << "\n" << r.output;
+  }
+  // Under tp = 2 a rank holds half of every split matrix and all of the norms and wpe.
+  auto tp = run_tessera("inspect --config gpt2_124m --world 2 --set parallel.tp=2 --set model.vocab_size=50304");
+  ASSERT_EQ(tp.exit_code, 0) << tp.output;
+  EXPECT_NE(tp.output.find("dp=1 tp=2"), std::string::npos) << tp.output;
+  // Replicated: wpe 1024 x 768, 25 LayerNorms' 2 x 768, 24 row-parallel biases of 768; the rest of
+  // the 124,475,904 (vocabulary padded to 50304) is split in two.
+  const double replicated = 1024 * 768 + 25 * 2 * 768 + 24 * 768;
+  const double held = (124475904 - replicated) / 2 + replicated;
+  EXPECT_NEAR(bytes_of(tp.output, "parameters"), 4 * held, 0.001 * 4 * held) << tp.output;
+  // Refused layouts are refused as `tessera train` would refuse them.
+  auto refused = run_tessera("inspect --config gpt2_124m --world 2 --set parallel.tp=2");
+  EXPECT_EQ(refused.exit_code, 2);
+  EXPECT_NE(refused.output.find("model.vocab_size = 50257"), std::string::npos) << refused.output;
+}
+
+}  // namespace
+}  // namespace tessera::test
