@@ -57,10 +57,21 @@ double LocalOptimizer::clip(double max_norm) {
   return norm;
 }
 
-UpdateResult LocalOptimizer::update(double lr, double max_norm) {
+void LocalOptimizer::finish_gradients() {
+  overflow_ = master_ && master_->copy_grads_to_master(1.0 / scaler_->value());
+}
+
+NamedTensors LocalOptimizer::gradients() {
+  NamedTensors out;
+  for (const auto& [name, p] : master_ ? master_->master() : params_)
+    out.emplace_back(name, p.grad().defined() ? p.grad().clone() : at::Tensor());
+  return out;
+}
+
+UpdateResult LocalOptimizer::apply(double lr, double max_norm) {
   UpdateResult result;
   if (master_) {
-    result.skipped = master_->copy_grads_to_master(1.0 / scaler_->value());
+    result.skipped = overflow_;
     if (!result.skipped) {
       result.grad_norm = clip(max_norm);
       optimizer_->step(lr);

@@ -4,11 +4,11 @@
 // parameters and, with precision.dtype = fp16, the float32 master weights and the dynamic loss
 // scaler (precision/fp16.h):
 //
-//   update:  fp16: unscale the model's fp16 gradients into the masters; on overflow skip the
-//            update and lower the scale;
+//   finish_gradients:  fp16: unscale the model's fp16 gradients into the masters (overflow noted);
+//   apply:   fp16 overflow: skip the update and lower the scale; otherwise
 //            norm = the global gradient norm (ModelParallelNorm: under tp each rank's squares by
-//            weight, summed over tp), clipped to max_norm;
-//            optimizer step at lr; fp16: masters copied into the model; gradients dropped.
+//            weight, summed over tp), clipped to max_norm; optimizer step at lr; fp16: masters
+//            copied into the model and the scale updated; gradients dropped.
 #pragma once
 
 #include <memory>
@@ -28,7 +28,9 @@ class LocalOptimizer : public OptimizerOwner {
 
   double loss_scale() const override;
   void before_backward(bool last_micro_batch) override {}
-  UpdateResult update(double lr, double max_norm) override;
+  void finish_gradients() override;  // fp16: unscaled into the masters, overflow noted
+  NamedTensors gradients() override;
+  UpdateResult apply(double lr, double max_norm) override;
   const DynamicLossScaler* loss_scaler() const override { return scaler_.get(); }
 
   NamedTensors training_state() override;
@@ -42,6 +44,7 @@ class LocalOptimizer : public OptimizerOwner {
   std::unique_ptr<DynamicLossScaler> scaler_;  // fp16 only
   std::unique_ptr<Optimizer> optimizer_;
   ModelParallelNorm norm_;
+  bool overflow_ = false;  // fp16: this step's gradients were not finite
 };
 
 }  // namespace tessera

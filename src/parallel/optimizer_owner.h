@@ -5,7 +5,10 @@
 //
 // A step, as TrainStep drives it:
 //   for each micro-batch m of M:  owner.before_backward(m == M - 1);  (loss * loss_scale()).backward();
-//   owner.update(lr, max_norm);     // gradients final (reduced, unscaled), clipped, applied, zeroed
+//   owner.finish_gradients();       // gradients final: reduced over the replicas, unscaled
+//   [owner.gradients()]             // optional: read them (the equivalence harness does)
+//   owner.apply(lr, max_norm);      // clipped, applied, zeroed
+// (update() is the last two.)
 //
 // State, for checkpoints (names as in this rank's model; tensor-parallel shards stay shards, the
 // caller turns them whole by their declarations): "optim.<param>.<slot>", and with fp16
@@ -54,7 +57,16 @@ class OptimizerOwner {
   // The loss is multiplied by this before backward (fp16's dynamic loss scale; 1 otherwise).
   virtual double loss_scale() const { return 1.0; }
   virtual void before_backward(bool last_micro_batch) = 0;
-  virtual UpdateResult update(double lr, double max_norm) = 0;
+  virtual void finish_gradients() = 0;
+  // The final gradients, whole over the data-parallel ranks (a collective where they are sharded
+  // over them), by parameter name (tensor-parallel shards stay shards); between
+  // finish_gradients() and apply(). Undefined tensors where a parameter got no gradient.
+  virtual NamedTensors gradients() = 0;
+  virtual UpdateResult apply(double lr, double max_norm) = 0;
+  UpdateResult update(double lr, double max_norm) {
+    finish_gradients();
+    return apply(lr, max_norm);
+  }
   virtual const DynamicLossScaler* loss_scaler() const { return nullptr; }
 
   // Whole over the data-parallel ranks (a collective where state is sharded over them).

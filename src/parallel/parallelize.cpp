@@ -156,6 +156,16 @@ std::optional<TensorParallelLayout> ParallelModel::state_layout(const std::strin
   return layout;
 }
 
+NamedTensors ParallelModel::gradients() {
+  NamedTensors grads = owner_->gradients();
+  auto params = model_->named_parameters();
+  for (auto& [name, g] : grads) {
+    if (!g.defined()) g = at::zeros_like(params[name]);
+    if (tp_) g = gather_tensor(g.contiguous(), tensor_parallel_layout(model_->parameter_specs().at(name)), *tp_);
+  }
+  return grads;
+}
+
 NamedTensors ParallelModel::training_state() {
   NamedTensors state = owner_->training_state();
   for (auto& [name, t] : state)

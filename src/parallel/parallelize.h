@@ -73,6 +73,11 @@ class ParallelModel {
   // Loads whole HF-named parameters into this rank's part of the model, on every rank.
   void load_model_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source);
 
+  // The final gradients of this step (between the owner's finish_gradients and apply) under the
+  // model's parameter names, whole whatever the layout (a collective of every rank); zeros where
+  // a parameter got no gradient.
+  NamedTensors gradients();
+
   // The owner's state with tensor-parallel shards gathered whole (a collective).
   NamedTensors training_state();
   // Takes load_checkpoint(..., training_state_ranges()) tensors: this rank's ranges, or whole

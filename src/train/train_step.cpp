@@ -44,7 +44,7 @@ c10::ScalarType TrainStep::compute_dtype() const {
   return config_.precision.dtype == "fp16" ? at::kHalf : autocast_.value_or(at::kFloat);
 }
 
-StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr) {
+StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr, const GradientObserver& observe) {
   StepResult result;
   TransformerLM& model = parallel_->model();
   OptimizerOwner& owner = parallel_->owner();
@@ -69,7 +69,9 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr) {
   parallel_->average_over_replicas(losses);
   result.ce_loss = losses[0].item<double>() / n;
   result.aux_loss = losses[1].item<double>() / n;
-  const UpdateResult update = owner.update(lr, config_.optim.grad_clip);
+  owner.finish_gradients();
+  if (observe) observe(parallel_->gradients());
+  const UpdateResult update = owner.apply(lr, config_.optim.grad_clip);
   result.grad_norm = update.grad_norm;
   result.skipped = update.skipped;
   return result;

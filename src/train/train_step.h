@@ -11,6 +11,7 @@
 // which parallelism runs: parallelize() chose the owner and installed everything in the model.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -42,7 +43,11 @@ class TrainStep {
   explicit TrainStep(const Config& config, comm::Mesh* mesh = nullptr);
   ~TrainStep();
 
-  StepResult run(const std::vector<Batch>& micro_batches, double lr);
+  // `observe`, when given, receives the step's final gradients (reduced over the replicas,
+  // unscaled, before clipping and the update) whole, under the model's parameter names: a
+  // collective (every rank passes one), for the equivalence harness and debugging.
+  using GradientObserver = std::function<void(const NamedTensors& gradients)>;
+  StepResult run(const std::vector<Batch>& micro_batches, double lr, const GradientObserver& observe = {});
   // Mean cross-entropy over `batches`, without gradients, in eval mode (each data-parallel rank
   // evaluates its share of every batch's rows).
   double evaluate(const std::vector<Batch>& batches);

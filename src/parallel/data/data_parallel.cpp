@@ -376,8 +376,7 @@ double DataParallel::clip_grad_norm(double max_norm) {
   return norm;
 }
 
-UpdateResult DataParallel::update(double lr, double max_norm) {
-  finish_gradients();
+UpdateResult DataParallel::apply(double lr, double max_norm) {
   UpdateResult result;
   result.grad_norm = clip_grad_norm(max_norm);
   step(lr);

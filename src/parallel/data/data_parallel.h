@@ -10,7 +10,7 @@
 //   norm = dp.clip_grad_norm(max);     // the global norm, over all ranks' shards
 //   dp.step(lr);                       // update, then parameters are whole again (stages 0-2)
 //   dp.zero_grad();
-// (update(lr, max) is the last four in one.) Under tensor parallelism the model is already
+// (apply(lr, max) is the last three in one.) Under tensor parallelism the model is already
 // sharded over tp (any stage: each unit flattens this rank's tp shards) and the clipping norm
 // counts each parameter by its ModelParallelNorm weight, summed over tp as well as over the dp
 // shards.
@@ -100,7 +100,7 @@ class DataParallel : public OptimizerOwner {
   ~DataParallel() override;
 
   void before_backward(bool last_micro_batch) override;
-  void finish_gradients();
+  void finish_gradients() override;
   double clip_grad_norm(double max_norm);
   void step(double lr);
   void zero_grad();
@@ -139,7 +139,8 @@ class DataParallel : public OptimizerOwner {
   void load_compression_state(const std::map<std::string, at::Tensor>& state, const std::string& source) override;
 
   // OptimizerOwner: the optimizer state under "optim." (full_optimizer_state and friends).
-  UpdateResult update(double lr, double max_norm) override;
+  NamedTensors gradients() override;
+  UpdateResult apply(double lr, double max_norm) override;
   NamedTensors training_state() override;
   void load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) override;
   OptimizerRanges training_state_ranges() const override;

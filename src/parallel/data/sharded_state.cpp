@@ -153,6 +153,30 @@ void DataParallel::load_compression_state(const std::map<std::string, at::Tensor
           " given, but parallel.grad_compression = none");
 }
 
+NamedTensors DataParallel::gradients() {
+  Impl& s = *impl_;
+  at::NoGradGuard no_grad;
+  NamedTensors out;
+  if (s.stage <= 1) {
+    for (const auto& [name, p] : s.params) out.emplace_back(name, p.grad().defined() ? p.grad().clone() : at::Tensor());
+    return out;
+  }
+  std::map<std::string, at::Tensor> whole;
+  for (size_t u = 0; u < s.units.size(); ++u) {
+    const FlatUnit& unit = s.units[u];
+    const std::vector<at::Tensor> tensors = unit.gather_entries(
+        s.dp,
+        [&](const FlatUnit::Entry& e) {
+          const auto [begin, end] = unit.owned(e);
+          return begin == end ? at::Tensor() : unit.owned_part(e, s.grad_shards[u]);
+        },
+        s.grad_shards[u].options());
+    for (size_t j = 0; j < tensors.size(); ++j) whole[unit.entries()[j].name] = tensors[j];
+  }
+  for (const auto& [name, p] : s.params) out.emplace_back(name, whole.at(name));
+  return out;
+}
+
 // OptimizerOwner's state: the optimizer's under "optim.".
 NamedTensors DataParallel::training_state() {
   NamedTensors out;
