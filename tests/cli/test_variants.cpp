@@ -1,9 +1,11 @@
 // Every model, precision, checkpointing mode and optimizer trains end to end through the CLI:
-// the loss is finite and falls over 30 steps. Activation checkpointing must not change the
+// the loss is finite and falls over 30 steps, and differs from the default run's (so the setting
+// was not ignored). Activation checkpointing must not change the
 // losses (same computation, recomputed).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <cmath>
 #include <sstream>
 
 #include "cli_util.h"
@@ -41,6 +43,15 @@ TEST_P(TrainsWith, LossIsFiniteAndFalls) {
   for (double l : losses) ASSERT_TRUE(std::isfinite(l));
   double first = (losses[0] + losses[1] + losses[2]) / 3, last = (losses[27] + losses[28] + losses[29]) / 3;
   EXPECT_LT(last, first - 0.5) << "first " << first << " last " << last;
+  // The setting took effect: the same 3 steps without it give other losses (the runs are
+  // deterministic, so an ignored --set, bf16 running as fp32 or Adafactor as AdamW, would repeat
+  // the default run's losses exactly).
+  if (std::string(GetParam().name) == "gpt") return;
+  const std::vector<double> plain = train_losses(std::string("plain_for_") + GetParam().name, "", 3);
+  ASSERT_EQ(plain.size(), 3u);
+  double apart = 0;
+  for (size_t i = 0; i < 3; ++i) apart = std::max(apart, std::abs(losses[i] - plain[i]) / plain[i]);
+  EXPECT_GT(apart, 1e-6) << GetParam().settings << " trained exactly like the default run";
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -21,6 +21,7 @@ Ranks::Ranks(int world_size, double deadline_s) {
   }
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   const std::string filter = std::string(info->test_suite_name()) + "." + info->name();
+  filter_ = filter;
   const std::string dir = fresh_dir("ranks_" + filter);
   const comm::ListenSocket store = comm::listen_on("127.0.0.1", 0);
   std::vector<pid_t> pids;
@@ -58,9 +59,12 @@ std::unique_ptr<comm::Mesh> Ranks::connect(ParallelOptions options) const {
 
 void Ranks::expect_success() const {
   EXPECT_FALSE(timed_out_) << "a rank did not finish before the deadline and was killed";
-  for (size_t r = 0; r < results_.size(); ++r)
+  for (size_t r = 0; r < results_.size(); ++r) {
     EXPECT_TRUE(results_[r].exit.ok()) << "rank " << r << " " << results_[r].exit.describe() << "; its output:\n"
                                        << results_[r].output;
+    EXPECT_NE(results_[r].output.find("[ RUN      ] " + filter_), std::string::npos)
+        << "rank " << r << " ran no test named " << filter_ << "; its output:\n" << results_[r].output;
+  }
 }
 
 }  // namespace tessera::test

@@ -45,13 +45,16 @@ class Ranks {
   // Parent side.
   const std::vector<RankResult>& results() const { return results_; }
   bool timed_out() const { return timed_out_; }
-  void expect_success() const;  // every rank exited 0; prints the output of those that did not
+  // Every rank exited 0 after running this very test (a worker whose filter matched no test
+  // would exit 0 too); prints the output of those that did not.
+  void expect_success() const;
 
  private:
   bool worker_ = false;
   comm::LaunchInfo launch_;
   std::vector<RankResult> results_;
   bool timed_out_ = false;
+  std::string filter_;  // the test the ranks run, "Suite.Name"
 };
 
 }  // namespace tessera::test

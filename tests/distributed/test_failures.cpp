@@ -1,6 +1,7 @@
 // No run may hang: a rank that dies, or one that stops taking part, ends every other rank with a
 // tessera::Error naming its rank, the group and the operation, within parallel.timeout_s.
 #include <chrono>
+#include <regex>
 #include <iostream>
 #include <thread>
 
@@ -51,20 +52,29 @@ TEST(CommFailures, DeadRankEndsTheOthersWithANamedError) {
   }
 }
 
+// Rank 1 stays alive without taking part for far longer than parallel.timeout_s = 2, so only the
+// timeout can end rank 0's all_reduce in time (a closed socket would take 15 s): rank 0 reports
+// how long its collective lasted, and it must be about the timeout.
 TEST(CommFailures, StuckRankTimesOutNamingTheOperation) {
-  const auto start = Clock::now();
   tessera::test::Ranks ranks(2, 60);
   if (ranks.is_worker()) {
     tessera::ParallelOptions options;
     options.timeout_s = 2;
     auto mesh = ranks.connect(options);
+    at::Tensor t = at::ones({16});
+    if (mesh->rank() == 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(15));  // alive but not taking part
+      std::_Exit(0);
+    }
+    const auto start = Clock::now();
     exit_3_on_error([&] {
-      at::Tensor t = at::ones({16});
-      if (mesh->rank() == 1) {
-        std::this_thread::sleep_for(std::chrono::seconds(6));  // alive but not taking part
-        std::_Exit(0);
+      try {
+        mesh->world().all_reduce(t);
+      } catch (const tessera::Error&) {
+        std::cerr << "collective ended after " << std::chrono::duration<double>(Clock::now() - start).count()
+                  << " s" << std::endl;
+        throw;
       }
-      mesh->world().all_reduce(t);
     });
     return;
   }
@@ -73,8 +83,11 @@ TEST(CommFailures, StuckRankTimesOutNamingTheOperation) {
   EXPECT_NE(rank0.output.find("rank 0 (group 'world', rank 0 of 2): all_reduce of 64 bytes failed"),
             std::string::npos)
       << rank0.output;
-  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  EXPECT_LT(seconds, 40);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(rank0.output, m, std::regex("collective ended after ([0-9.e+-]+) s"))) << rank0.output;
+  const double seconds = std::stod(m[1]);
+  EXPECT_GE(seconds, 1.5) << "ended before parallel.timeout_s = 2\n" << rank0.output;
+  EXPECT_LT(seconds, 8) << "parallel.timeout_s = 2 did not end the collective\n" << rank0.output;
 }
 
 TEST(CommFailures, WrongDegreesAreRefusedBeforeAnyWork) {
