@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <cmath>
 #include <regex>
 #include <sstream>
 
@@ -74,6 +75,11 @@ TEST(RunDirectory, MetricsFollowTheContract) {
       EXPECT_TRUE(line.contains(key)) << key << " missing in " << line;
     EXPECT_GT(line["tokens_per_s"].get<double>(), 0);
     EXPECT_GT(line["mfu"].get<double>(), 0);
+    // The logged lr is the schedule's (tiny_gpt: lr 3e-3, cosine to 0.1 lr; here 2 warm-up steps
+    // of 6), written out by hand: step n uses s = n - 1.
+    const double s = line["step"].get<double>() - 1, lr = 3e-3, floor = 0.1 * lr;
+    const double expected = s < 2 ? lr * (s + 1) / 2 : floor + (lr - floor) * (1 + std::cos(M_PI * (s - 2) / 4)) / 2;
+    EXPECT_NEAR(line["lr"].get<double>(), expected, 1e-12) << line;
   }
   EXPECT_EQ(train_lines, 6);
   EXPECT_EQ(eval_lines, 2);

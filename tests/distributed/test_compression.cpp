@@ -228,6 +228,36 @@ TEST(Compression, TopKWithRatioOneIsTheExactMean) {
   EXPECT_TRUE(at::equal(state.at("topk.bucket0.residual"), at::zeros({282})));
 }
 
+// Top-k sends each rank's k largest |gradient| entries, nothing else: on its first sparse step
+// (start 0, ratio 0.1, k = ceil(282 * 0.1) = 29 of the bucket's 282) the result is the mean of the
+// two ranks' gradients each kept at its own 29 largest magnitudes, written out here with
+// torch's topk, and each rank's residual is the rest of its own gradient.
+TEST(Compression, TopKSendsTheKLargestEntries) {
+  tessera::test::Ranks ranks(2);
+  if (!ranks.is_worker()) return ranks.expect_success();
+  auto mesh = ranks.connect();
+  Group& world = mesh->world();
+  auto topk = tessera::make_compressor(compression("topk", 2, 0, 0.1));
+  auto grads = rank_grads(kShapes, 0, world.rank());
+  topk->all_reduce_mean(grads, 0, world);
+  auto kept = [](int64_t rank) {
+    std::vector<at::Tensor> flat;
+    for (const auto& g : rank_grads(kShapes, 0, rank)) flat.push_back(g.reshape(-1));
+    const at::Tensor whole = at::cat(flat);
+    const at::Tensor index = std::get<1>(whole.abs().topk(29));
+    return at::zeros_like(whole).index_put_({index}, whole.index({index}));
+  };
+  const at::Tensor expected = (kept(0) + kept(1)) / 2;
+  std::vector<at::Tensor> flat;
+  for (const auto& g : grads) flat.push_back(g.reshape(-1));
+  EXPECT_TRUE(tessera::test::all_close(at::cat(flat), expected, 1e-6, 1e-7));
+  EXPECT_EQ(at::cat(flat).ne(0).sum().item<int64_t>(), expected.ne(0).sum().item<int64_t>());
+  std::vector<at::Tensor> mine;
+  for (const auto& g : rank_grads(kShapes, 0, world.rank())) mine.push_back(g.reshape(-1));
+  const at::Tensor own = at::cat(mine);
+  EXPECT_TRUE(tessera::test::all_close(copied_state(*topk).at("topk.bucket0.residual"), own - kept(world.rank()), 0, 0));
+}
+
 // Start 1, warm-up 3, ratio 0.1 on 282 elements over 2 ranks: step 0 is a plain all-reduce (the
 // exact mean, no residual yet); step 1 (ratio 0.1^(1/4), k = 159, 2k >= 282) an all-reduce of
 // gradient + residual; steps 2, 3 top-k with k = ceil(282 * 0.1^(2/4)) = 90 and
