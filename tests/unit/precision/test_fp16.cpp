@@ -86,11 +86,11 @@ TEST(MasterWeights, Fp16TrainingTracksFp32) {
     for (auto& [n, p] : model) p.mutable_grad().reset();
   }
   EXPECT_LT(fp16_loss, 0.5 * first_loss);
-  EXPECT_NEAR(fp16_loss, ref_loss, 5e-3 * ref_loss);  // measured: 7e-5 relative
+  EXPECT_NEAR(fp16_loss, ref_loss, 3e-4 * ref_loss);  // measured: 7e-5 relative
   // fp16 forward/backward error (rel ~1e-3) accumulated over 30 Adam steps of size ~2e-2;
   // measured max |diff| 2.2e-4 on parameters of size ~0.1-1.
   for (size_t i = 0; i < ref.size(); ++i) {
-    EXPECT_TRUE(test::all_close(masters.master()[i].second, ref[i].second, 1e-2, 2e-3)) << ref[i].first;
+    EXPECT_TRUE(test::all_close(masters.master()[i].second, ref[i].second, 0, 1e-3)) << ref[i].first;
     EXPECT_TRUE(at::equal(model[i].second, masters.master()[i].second.to(at::kHalf))) << ref[i].first;
   }
 }
