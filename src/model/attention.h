@@ -25,7 +25,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
-#include "core/error.h"
+#include "model/hook_slot.h"
 #include "model/linear.h"
 #include "model/model_options.h"
 #include "model/parameter_spec.h"
@@ -42,15 +42,9 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   ParameterSpecs parameter_specs() const;
 
   using Kernel = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
-  // Each slot has one owner: installing a second kernel or region is refused (an empty one clears).
-  void set_kernel(Kernel kernel) {
-    require(!kernel || !kernel_, "internal: the attention kernel is already installed (one owner per layer)");
-    kernel_ = std::move(kernel);
-  }
-  void set_region(ShardedRegion region) {
-    require(!region.active() || !region_.active(), "internal: the layer is already sharded (one owner per layer)");
-    region_ = std::move(region);
-  }
+  // One owner each (model/hook_slot.h): a second kernel or region is refused; an empty one clears.
+  void set_kernel(Kernel kernel) { install_once(kernel_, std::move(kernel), "the attention kernel"); }
+  void set_region(ShardedRegion region) { install_once(region_, std::move(region), "the layer's region"); }
 
   Linear c_attn{nullptr}, c_proj{nullptr};
 

@@ -25,7 +25,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
-#include "core/error.h"
+#include "model/hook_slot.h"
 #include "model/linear.h"
 #include "model/model_options.h"
 #include "model/parameter_spec.h"
@@ -76,15 +76,9 @@ class LinearAttentionImpl : public torch::nn::Module {
   void set_checkpoint_core(bool on) { checkpoint_core_ = on; }
   // q, k, v, u_proj column-parallel (this rank's heads), o_proj row-parallel.
   ParameterSpecs parameter_specs() const;
-  // Each slot has one owner: installing a second kernel or region is refused (an empty one clears).
-  void set_kernel(Kernel kernel) {
-    require(!kernel || !kernel_, "internal: the linear-attention kernel is already installed (one owner per layer)");
-    kernel_ = std::move(kernel);
-  }
-  void set_region(ShardedRegion region) {
-    require(!region.active() || !region_.active(), "internal: the layer is already sharded (one owner per layer)");
-    region_ = std::move(region);
-  }
+  // One owner each (model/hook_slot.h): a second kernel or region is refused; an empty one clears.
+  void set_kernel(Kernel kernel) { install_once(kernel_, std::move(kernel), "the linear-attention kernel"); }
+  void set_region(ShardedRegion region) { install_once(region_, std::move(region), "the layer's region"); }
   // The layer computes heads [first, first + count) of model.n_head only; throws when out of range.
   void select_heads(int64_t first, int64_t count);
 

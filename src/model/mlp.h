@@ -10,7 +10,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
-#include "core/error.h"
+#include "model/hook_slot.h"
 #include "model/linear.h"
 #include "model/model_options.h"
 #include "model/parameter_spec.h"
@@ -22,11 +22,8 @@ class MLPImpl : public torch::nn::Module {
  public:
   MLPImpl(const ModelOptions& opts, const at::TensorOptions& where);
   at::Tensor forward(const at::Tensor& x);  // [B, T, C] -> [B, T, C]
-  // One owner: a second region is refused (an empty one clears).
-  void set_region(ShardedRegion region) {
-    require(!region.active() || !region_.active(), "internal: the MLP is already sharded (one owner per layer)");
-    region_ = std::move(region);
-  }
+  // One owner (model/hook_slot.h): a second region is refused; an empty one clears.
+  void set_region(ShardedRegion region) { install_once(region_, std::move(region), "the MLP's region"); }
   // c_fc column-parallel (the GLU's in two blocks, a and g), c_proj row-parallel.
   ParameterSpecs parameter_specs() const;
 

@@ -8,7 +8,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/torch.h>
 
-#include "core/error.h"
+#include "model/hook_slot.h"
 #include "model/norm.h"
 
 namespace tessera {
@@ -48,10 +48,7 @@ MoEImpl::MoEImpl(const ModelOptions& opts, const at::TensorOptions& where)
   }
 }
 
-void MoEImpl::set_expert_step(ExpertStep step) {
-  require(!step || !expert_step_, "internal: the MoE expert step is already installed (one owner per layer)");
-  expert_step_ = std::move(step);
-}
+void MoEImpl::set_expert_step(ExpertStep step) { install_once(expert_step_, std::move(step), "the MoE expert step"); }
 
 MoERouting MoEImpl::route(const at::Tensor& x) {
   const int64_t N = x.size(0), E = n_experts_, k = top_k_;

@@ -30,6 +30,7 @@ struct ShardedRegion {
   Map exit;
 
   bool active() const { return static_cast<bool>(enter); }
+  explicit operator bool() const { return active(); }
 
   // The input of the region's column-parallel projections.
   at::Tensor input(const at::Tensor& x) const { return active() ? enter(x) : x; }

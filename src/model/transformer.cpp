@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "model/dropout.h"
+#include "model/hook_slot.h"
 #include "model/init.h"
 #include "model/norm.h"
 
@@ -88,8 +89,7 @@ void TransformerLMImpl::remove_block_wrapper(int64_t id) {
 }
 
 void TransformerLMImpl::set_shard_hooks(ShardHooks hooks) {
-  require(hooks.empty() || shard_hooks_.empty(), "internal: the model's shard hooks are already installed (one owner)");
-  shard_hooks_ = std::move(hooks);
+  install_once(shard_hooks_, std::move(hooks), "the model's shard hooks");
 }
 
 at::Tensor TransformerLMImpl::embed(const at::Tensor& idx) {

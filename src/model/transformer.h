@@ -129,7 +129,7 @@ class TransformerLMImpl : public torch::nn::Module {
     std::function<at::Tensor(const at::Tensor& h)> logits;  // [B, T', C] -> [B, T, V']      h wte^T
     // logits, targets [B, T] -> float32 mean over targets != -1    cross_entropy
     std::function<at::Tensor(const at::Tensor& logits, const at::Tensor& targets)> cross_entropy;
-    bool empty() const { return !embed && !enter_blocks && !logits && !cross_entropy; }
+    explicit operator bool() const { return embed || enter_blocks || logits || cross_entropy; }
   };
   void set_shard_hooks(ShardHooks hooks);
 

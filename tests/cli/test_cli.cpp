@@ -7,8 +7,11 @@
 #include <regex>
 #include <sstream>
 
+#include "checkpoint/safetensors.h"
 #include "cli_util.h"
 #include "core/fs.h"
+#include "model/hf_names.h"
+#include "model/transformer.h"
 
 namespace tessera::test {
 namespace {
@@ -34,8 +37,9 @@ TEST(DefaultRun, ValidationLossFallsFarBelowUnigramBaseline) {
 
 TEST(Resume, ContinuesBitIdenticallyInFp32) {
   std::string a = fresh_dir("resume_a"), b = fresh_dir("resume_b");
+  // With dropout, so that the continuation depends on the restored random state too.
   std::string common = "train --config tiny_gpt" + tiny_settings(prepared_corpus()) +
-                       " --set train.steps=12 --set checkpoint.every=6 --set checkpoint.keep=0";
+                       " --set train.steps=12 --set checkpoint.every=6 --set checkpoint.keep=0 --set model.dropout=0.1";
   auto full = run_tessera(common + " --out " + a);
   ASSERT_EQ(full.exit_code, 0) << full.output;
   auto resumed = run_tessera("train --resume " + a + "/checkpoints/step_6 --out " + b);
@@ -85,6 +89,43 @@ TEST(RunDirectory, MetricsFollowTheContract) {
   EXPECT_EQ(eval_lines, 2);
   EXPECT_TRUE(std::filesystem::exists(out + "/config.toml"));
   EXPECT_NE(slurp(out + "/train.log").find("step 6/6"), std::string::npos);
+}
+
+// `--temperature 0` is greedy decoding: each token the argmax of a forward pass of the checkpoint's
+// model over the text so far, computed here with the model itself.
+TEST(Generate, TemperatureZeroIsTheForwardPassArgmax) {
+  std::string out = fresh_dir("generate_greedy");
+  auto r = run_tessera("train --config tiny_gpt" + tiny_settings(prepared_corpus()) + " --set train.steps=20 --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string prompt = "And God said";
+  auto greedy = run_tessera("generate --checkpoint " + out + " --prompt '" + prompt + "' --max-tokens 24 --temperature 0");
+  ASSERT_EQ(greedy.exit_code, 0) << greedy.output;
+
+  ModelOptions o = ModelOptions::from_preset("tiny_gpt");  // as tiny_settings shapes it
+  o.n_layer = 2;
+  o.n_embd = 32;
+  o.n_head = 2;
+  o.block_size = 32;
+  TransformerLM model(o);
+  const std::string file = out + "/checkpoints/step_20/model.safetensors";
+  import_state(*model, read_safetensors(file).tensors, file);
+  model->eval();
+  torch::NoGradGuard no_grad;
+  std::vector<int64_t> ids(prompt.begin(), prompt.end());  // byte tokens
+  std::string expected = prompt;
+  for (int i = 0; i < 24; ++i) {
+    const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - o.block_size);
+    const at::Tensor idx = at::tensor(std::vector<int64_t>(ids.begin() + start, ids.end()), at::kLong).unsqueeze(0);
+    const int64_t next = model->forward(idx).logits[0][-1].argmax().item<int64_t>();
+    ids.push_back(next);
+    expected.push_back(static_cast<char>(next));
+  }
+  EXPECT_EQ(greedy.output.substr(0, expected.size()), expected) << greedy.output;
+  // Sampling restricted to the top 1 token is the argmax too, whatever the temperature and seed.
+  auto top1 = run_tessera("generate --checkpoint " + out + " --prompt '" + prompt +
+                          "' --max-tokens 24 --temperature 0.8 --top-k 1 --seed 5");
+  ASSERT_EQ(top1.exit_code, 0) << top1.output;
+  EXPECT_EQ(top1.output.substr(0, expected.size()), expected) << top1.output;
 }
 
 TEST(Generate, IsSeededAndContinuesThePrompt) {
