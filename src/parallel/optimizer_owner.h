@@ -8,7 +8,6 @@
 //   owner.finish_gradients();       // gradients final: reduced over the replicas, unscaled
 //   [owner.gradients()]             // optional: read them (the equivalence harness does)
 //   owner.apply(lr, max_norm);      // clipped, applied, zeroed
-// (update() is the last two.)
 //
 // State, for checkpoints (names as in this rank's model; tensor-parallel shards stay shards, the
 // caller turns them whole by their declarations): "optim.<param>.<slot>", and with fp16
@@ -63,10 +62,6 @@ class OptimizerOwner {
   // finish_gradients() and apply(). Undefined tensors where a parameter got no gradient.
   virtual NamedTensors gradients() = 0;
   virtual UpdateResult apply(double lr, double max_norm) = 0;
-  UpdateResult update(double lr, double max_norm) {
-    finish_gradients();
-    return apply(lr, max_norm);
-  }
   virtual const DynamicLossScaler* loss_scaler() const { return nullptr; }
 
   // Whole over the data-parallel ranks (a collective where state is sharded over them).
@@ -80,8 +75,9 @@ class OptimizerOwner {
                                           const std::string& source) {
     load_training_state(tensors, source);
   }
-  // This rank's own slices of training_state() when they cover it exactly once over `ranks`
-  // ranks without communication (ZeRO 1-3); empty when this owner has none.
+  // This rank's own slices of training_state(), which over the data-parallel ranks cover it
+  // exactly once, without communication (DataParallel's ZeRO slices, or its even slice at stage
+  // 0); empty when this owner has none.
   virtual std::vector<TensorSlice> own_training_state_slices() const { return {}; }
 
   // The gradient compressor's state of this rank (empty without one); loading refuses a
