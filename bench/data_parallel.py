@@ -14,7 +14,9 @@ each run ~40% slower than one alone), not tessera. Reported per mode: the best m
 over the rounds, its ratio to no-comm, the exposed communication (step - no-comm step), the dp
 group's busy time per step (its communication thread running collectives) and the share of that
 time hidden behind compute: overlap = 1 - exposed / busy (0 when nothing overlapped).
-Results go to OUT/data_parallel_cpu.json and .md.
+Results go to OUT/data_parallel_cpu.json and .md. With --baseline OTHER_BUILD (say, the previous
+commit built elsewhere) every mode also runs with that build's binary, interleaved in the same rounds,
+and the table gains its rows: a regression check that the machine's drift hits alike.
 """
 import argparse
 import json
@@ -51,27 +53,32 @@ def main():
     a.add_argument("--warmup", type=int, default=2)
     a.add_argument("--modes", default=",".join(MODES))
     a.add_argument("--out", default="bench/results")
+    a.add_argument("--baseline", help="another build directory to run every mode with too, interleaved")
     args = a.parse_args()
     modes = args.modes.split(",")
+    builds = [("", args.build)] + ([(" (baseline)", args.baseline)] if args.baseline else [])
     best = {}
     for r in range(args.rounds):
-        for mode in modes:
-            flags, sets = MODES[mode]
-            result = run(args.build, args.ranks, flags, sets, args.steps, args.warmup)
-            print(f"round {r + 1} {mode:9s} median step {result['median_step_s']:.4f} s", flush=True)
-            if mode not in best or result["median_step_s"] < best[mode]["median_step_s"]:
-                best[mode] = result
-    base = best["no-comm"]["median_step_s"]
+        for suffix, build in builds:
+            for mode in modes:
+                flags, sets = MODES[mode]
+                result = run(build, args.ranks, flags, sets, args.steps, args.warmup)
+                print(f"round {r + 1} {mode + suffix:20s} median step {result['median_step_s']:.4f} s", flush=True)
+                key = mode + suffix
+                if key not in best or result["median_step_s"] < best[key]["median_step_s"]:
+                    best[key] = result
     rows = []
-    for mode in modes:
-        b = best[mode]
-        row = {"mode": mode, "step_s": b["median_step_s"], "ratio": b["median_step_s"] / base}
-        if b.get("data_parallel"):
-            exposed = max(0.0, b["median_step_s"] - base)
-            busy = b["comm_busy_s_per_step"]
-            row.update(exposed_s=exposed, busy_s=busy, bytes_per_step=b["comm_bytes_per_step"],
-                       overlap=max(0.0, 1 - exposed / busy) if busy > 0 else 0.0)
-        rows.append(row)
+    for suffix, _ in builds:
+        base = best["no-comm" + suffix]["median_step_s"]
+        for mode in modes:
+            b = best[mode + suffix]
+            row = {"mode": mode + suffix, "step_s": b["median_step_s"], "ratio": b["median_step_s"] / base}
+            if b.get("data_parallel"):
+                exposed = max(0.0, b["median_step_s"] - base)
+                busy = b["comm_busy_s_per_step"]
+                row.update(exposed_s=exposed, busy_s=busy, bytes_per_step=b["comm_bytes_per_step"],
+                           overlap=max(0.0, 1 - exposed / busy) if busy > 0 else 0.0)
+            rows.append(row)
     params = best["no-comm"]["parameters"]
     lines = [f"# Data-parallel overhead on {args.ranks} ranks (CPU, Gloo over loopback, 1 thread per rank)", "",
              f"GPT of {params / 1e6:.1f}M parameters, batch 4 x 128 tokens per rank, AdamW. Best median of "
@@ -84,7 +91,9 @@ def main():
                          f"{row['busy_s']:.4f} | {100 * row['overlap']:.0f}% | {row['bytes_per_step'] / 1e6:.1f} |")
         else:
             lines.append(f"| {row['mode']} | {row['step_s']:.4f} | 1.000x | | | | |")
-    lines += ["", f"Command: `python3 bench/data_parallel.py {args.build} --ranks {args.ranks} --rounds {args.rounds}`",
+    baseline = f" --baseline {args.baseline}" if args.baseline else ""
+    lines += ["", f"Command: `python3 bench/data_parallel.py {args.build} --ranks {args.ranks} --rounds {args.rounds} "
+                  f"--modes {args.modes}{baseline}`",
               f"Machine: {platform.node()}, {time.strftime('%Y-%m-%d %H:%M')}"]
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
