@@ -12,6 +12,7 @@
 #include "core/fs.h"
 #include "model/hf_names.h"
 #include "model/transformer.h"
+#include "train/config.h"
 
 namespace tessera::test {
 namespace {
@@ -140,14 +141,39 @@ TEST(Generate, IsSeededAndContinuesThePrompt) {
   EXPECT_NE(first.output, other.output);
 }
 
+// Every key of every section (walked with the options' own visitors, so a key added anywhere is
+// checked without editing this test) appears in `train --help`.
 TEST(Help, ListsEveryConfigKey) {
   auto r = run_tessera("train --help");
   EXPECT_EQ(r.exit_code, 0);
-  for (const char* key : {"model.preset", "model.n_layer", "data.path", "train.steps", "train.grad_accum", "optim.lr",
-                          "optim.name", "precision.dtype", "eval.every", "checkpoint.every",
-                          "memory.activation_checkpointing", "--resume", "--set"})
-    EXPECT_NE(r.output.find(key), std::string::npos) << key;
-  for (const char* sub : {"generate --help", "prepare --help"}) EXPECT_EQ(run_tessera(sub).exit_code, 0) << sub;
+  std::vector<std::string> keys{"--resume", "--set", "--nproc"};
+  Config config;
+  config.for_each_section([&](const char* section, auto& options) {
+    auto collect = [&](const char* key, auto&, const char*) { keys.push_back(std::string(section) + "." + key); };
+    options.visit(collect);
+  });
+  EXPECT_GT(keys.size(), 70u);
+  for (const std::string& key : keys) EXPECT_NE(r.output.find(key), std::string::npos) << key;
+  for (const char* sub : {"generate --help", "prepare --help", "inspect --help", "bench --help", "export --help"})
+    EXPECT_EQ(run_tessera(sub).exit_code, 0) << sub;
+}
+
+// `tessera bench` times TrainStep on synthetic tokens and reports one JSON object; the numbers
+// agree with the config they were asked for and with each other.
+TEST(Bench, ReportsTheStepItTimed) {
+  auto r = run_tessera("bench --config tiny_gpt --json --steps 2 --warmup 1 --set train.batch_size=2 "
+                       "--set train.seq_len=64 --set train.threads=1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output.substr(r.output.rfind('{')));
+  EXPECT_EQ(j["tokens_per_step"].get<int64_t>(), 2 * 64);
+  EXPECT_EQ(j["parameters"].get<int64_t>(), parameter_count(ModelOptions::from_preset("tiny_gpt")));
+  EXPECT_EQ(j["ranks"].get<int64_t>(), 1);
+  EXPECT_FALSE(j["data_parallel"].get<bool>());
+  const double median = j["median_step_s"].get<double>();
+  EXPECT_GT(median, 0);
+  EXPECT_NEAR(j["tokens_per_s"].get<double>(), 128 / median, 1e-6 * 128 / median);
+  EXPECT_GT(j["mfu"].get<double>(), 0);
+  EXPECT_GT(j["model_state_bytes"].get<int64_t>(), 0);
 }
 
 }  // namespace
