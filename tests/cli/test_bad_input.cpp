@@ -132,6 +132,28 @@ TEST_F(BadCheckpoint, MissingPath) {
   expect_error("train --resume " + run_dir_ + "/checkpoints/step_99", {"step_99", "does not exist"});
 }
 
+// A run killed while it saved step 4 leaves step_4.partial beside the committed step_2 (here a
+// half-written model file and no meta.json, what a crash mid-save leaves). Resuming the run
+// directory continues from step 2, never reads the partial, writes step 4 over it and commits it.
+TEST_F(BadCheckpoint, CrashDuringASaveResumesFromTheLastCommittedStep) {
+  const std::string partial = run_dir_ + "/checkpoints/step_4.partial";
+  fs::create_directories(partial);
+  const std::string model = slurp(step_dir_ + "/model.safetensors");
+  write_file_durable(partial + "/model.safetensors", model.substr(0, model.size() / 2));
+  auto r = run_tessera("train --resume " + run_dir_ + " --set train.steps=4 --out " + run_dir_ + "_r");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<int64_t> steps;
+  for (const auto& line : metrics_lines(run_dir_ + "_r"))
+    if (line.contains("loss")) steps.push_back(line["step"]);
+  EXPECT_EQ(steps, (std::vector<int64_t>{3, 4})) << r.output;
+  EXPECT_EQ(load_checkpoint(run_dir_ + "_r").step, 4);
+  // Resumed into the same directory, the stale partial is replaced by a committed step_4.
+  auto same = run_tessera("train --resume " + run_dir_ + " --set train.steps=4 --out " + run_dir_);
+  ASSERT_EQ(same.exit_code, 0) << same.output;
+  EXPECT_FALSE(fs::exists(partial));
+  EXPECT_EQ(load_checkpoint(run_dir_).step, 4);
+}
+
 TEST(CheckpointWrite, ReplacingAStepKeepsACompleteCheckpointAndLatestPointsToIt) {
   std::string dir = fresh_dir("ckpt_replace");
   CheckpointContents contents;
