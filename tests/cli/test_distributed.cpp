@@ -6,6 +6,7 @@
 // check what only the command shows (launch, sampler, checkpoints, validation).
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -16,6 +17,7 @@
 #include "checkpoint/safetensors.h"
 #include "cli_util.h"
 #include "comm/rendezvous.h"
+#include "core/subprocess.h"
 
 namespace tessera::test {
 namespace {
@@ -61,6 +63,38 @@ TEST(DistributedTrain, TwoRanksMatchOneProcessWithTheSameGlobalBatch) {
                         " --out " + three);
   ASSERT_EQ(r3.exit_code, 0) << r3.output;
   expect_same_losses(losses(three), losses(one), 1e-4, "ZeRO-3 on 2 ranks");
+}
+
+// Two nodes on one machine: two launchers (`--nnodes 2 --node-rank 0|1 --master HOST:PORT`, one
+// worker each) form one world of 2 and train as 2 data-parallel ranks of one launcher would: one
+// process's losses and gradient norms with the same global batch.
+TEST(DistributedTrain, TwoNodeLaunchersFormOneWorld) {
+  const std::string one = fresh_dir("nodes_one"), two = fresh_dir("nodes_two");
+  auto r1 = run_tessera("train --config tiny_gpt" + settings(8, 6) + " --out " + one);
+  ASSERT_EQ(r1.exit_code, 0) << r1.output;
+  const comm::ListenSocket probe = comm::listen_on("127.0.0.1", 0);  // a free port for the store
+  const int port = probe.port;
+  ::close(probe.fd);
+  std::vector<pid_t> nodes;
+  for (int node = 0; node < 2; ++node) {
+    ChildSpec spec;
+    spec.argv = {"/bin/sh", "-c",
+                 std::string(TESSERA_BINARY) + " train --config tiny_gpt --nproc 1 --nnodes 2 --node-rank " +
+                     std::to_string(node) + " --master 127.0.0.1:" + std::to_string(port) + settings(4, 6) +
+                     " --out " + two};
+    spec.output_file = two + "_node" + std::to_string(node) + ".out";
+    nodes.push_back(spawn(spec));
+  }
+  SuperviseOptions options;
+  options.deadline_s = 120;
+  const SuperviseResult result = supervise(nodes, options);
+  EXPECT_FALSE(result.timed_out);
+  for (int node = 0; node < 2; ++node)
+    ASSERT_EQ(result.exits[node].code, 0) << "node " << node << ":\n" << slurp(two + "_node" + std::to_string(node) + ".out");
+  EXPECT_NE(slurp(two + "_node0.out").find("dp=2 tp=1 pp=1 sp=1 ep=1 (world 2)"), std::string::npos)
+      << slurp(two + "_node0.out");
+  expect_same_losses(losses(two), losses(one), 1e-4, "2 nodes x 1 worker");
+  expect_same_losses(grad_norms(two), grad_norms(one), 1e-4, "2 nodes x 1 worker: gradient norm");
 }
 
 TEST(DistributedTrain, ResumesAtAnotherDpSizeAndZeroStage) {
