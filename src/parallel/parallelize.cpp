@@ -14,6 +14,8 @@
 namespace tessera {
 namespace {
 
+// The parameter a state tensor belongs to: "optim.<param>.<slot>" and "master.<param>" name it;
+// anything else (the loss scaler's entries) belongs to none ("").
 std::string state_param(const std::string& name) {
   for (const char* prefix : {"optim.", "master."})
     if (name.rfind(prefix, 0) == 0) {
