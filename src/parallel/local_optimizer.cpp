@@ -1,24 +1,9 @@
 // The owner of a model's optimizer without data parallelism (local_optimizer.h).
 #include "parallel/local_optimizer.h"
 
-#include <cmath>
-
 #include <ATen/ATen.h>
 
-#include "comm/group.h"
-#include "optim/clipping.h"
-
 namespace tessera {
-namespace {
-
-std::map<std::string, at::Tensor> with_prefix(const std::map<std::string, at::Tensor>& all, const std::string& prefix) {
-  std::map<std::string, at::Tensor> out;
-  for (const auto& [name, t] : all)
-    if (name.rfind(prefix, 0) == 0) out.emplace(name.substr(prefix.size()), t);
-  return out;
-}
-
-}  // namespace
 
 LocalOptimizer::LocalOptimizer(const NamedParams& params, const OptimOptions& optim, const PrecisionOptions& precision,
                                c10::Device device, ModelParallelNorm norm)
@@ -44,15 +29,7 @@ double LocalOptimizer::clip(double max_norm) {
   }
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
-  std::vector<double> weights;
-  for (const auto& [name, p] : optimized)
-    if (p.grad().defined()) {
-      grads.push_back(p.grad());
-      weights.push_back(norm_.weight_of(name));
-    }
-  at::Tensor squares = weighted_squares(grads, weights, optimized.front().second.device());
-  norm_.group->all_reduce(squares);
-  const double norm = std::sqrt(squares.item<double>());
+  const double norm = norm_.grad_norm(optimized, grads);
   scale_to_max_norm(grads, norm, max_norm);
   return norm;
 }

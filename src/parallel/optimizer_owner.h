@@ -14,6 +14,7 @@
 // "master.<param>" and "scaler.<key>".
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -22,14 +23,14 @@
 #include <ATen/core/Tensor.h>
 
 #include "checkpoint/checkpoint.h"
+#include "comm/group.h"
 #include "core/error.h"
+#include "optim/clipping.h"
+#include "optim/optimizer.h"
 
 namespace tessera {
 
 class DynamicLossScaler;
-namespace comm {
-class Group;
-}
 
 // How the global gradient norm counts a model split over model-parallel ranks (tensor
 // parallelism): norm^2 = sum over the ranks of `group` of sum_i weight_i ||g_i||^2, where a
@@ -42,7 +43,30 @@ struct ModelParallelNorm {
     const auto it = weight.find(name);
     return it == weight.end() ? 1.0 : it->second;
   }
+  // The global norm of `params`' gradients (a collective of `group`); `counted` receives the
+  // gradients it summed, for the caller to scale.
+  double grad_norm(const NamedParams& params, std::vector<at::Tensor>& counted) const {
+    std::vector<double> weights;
+    for (const auto& [name, p] : params)
+      if (p.grad().defined()) {
+        counted.push_back(p.grad());
+        weights.push_back(weight_of(name));
+      }
+    at::Tensor squares = weighted_squares(counted, weights, params.front().second.device());
+    if (group) group->all_reduce(squares);
+    return std::sqrt(squares.item<double>());
+  }
 };
+
+// The entries of `all` named "<prefix>...", with the prefix removed (a checkpoint's "optim.",
+// "master.", "scaler." parts of the training state).
+inline std::map<std::string, at::Tensor> with_prefix(const std::map<std::string, at::Tensor>& all,
+                                                     const std::string& prefix) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [name, t] : all)
+    if (name.rfind(prefix, 0) == 0) out.emplace(name.substr(prefix.size()), t);
+  return out;
+}
 
 struct UpdateResult {
   double grad_norm = 0;  // the global norm before clipping

@@ -9,7 +9,6 @@
 #include "parallel/data/data_parallel.h"
 #include "parallel/local_optimizer.h"
 #include "parallel/sequence/sequence_parallel.h"
-#include "precision/precision_options.h"
 
 namespace tessera {
 namespace {

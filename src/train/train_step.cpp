@@ -2,8 +2,6 @@
 
 #include <malloc.h>
 
-#include <cmath>
-
 #include <ATen/ATen.h>
 #include <torch/torch.h>
 

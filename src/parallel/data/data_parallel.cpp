@@ -330,25 +330,17 @@ double DataParallel::clip_grad_norm(double max_norm) {
   const at::Device device = s.params.front().second.device();
   // Scaled are the gradients the optimizer reads: with offload the host's.
   if (s.stage <= 1) {
+    // The norm over the whole (all-reduced) device gradients, with or without offload.
     std::vector<at::Tensor> grads;
-    if (!s.norm.group) {
+    double norm;
+    if (s.norm.group) {
+      norm = s.norm.grad_norm(s.params, grads);
+    } else {
       std::vector<at::Tensor> tensors;
       for (const auto& [name, p] : s.params) tensors.push_back(p);
       if (!s.offload) return tessera::clip_grad_norm(tensors, max_norm);
-      // The norm over the whole (all-reduced) device gradients, as without offload.
-      const double norm = tessera::clip_grad_norm(tensors, 0);
-      scale_to_max_norm(s.offload->grads(), norm, max_norm);
-      return norm;
+      norm = tessera::clip_grad_norm(tensors, 0);
     }
-    std::vector<double> weights;
-    for (const auto& [name, p] : s.params)
-      if (p.grad().defined()) {
-        grads.push_back(p.grad());
-        weights.push_back(s.norm.weight_of(name));
-      }
-    at::Tensor squares = weighted_squares(grads, weights, device);
-    s.norm.group->all_reduce(squares);
-    const double norm = std::sqrt(squares.item<double>());
     scale_to_max_norm(s.offload ? s.offload->grads() : grads, norm, max_norm);
     return norm;
   }

@@ -184,19 +184,9 @@ NamedTensors DataParallel::training_state() {
   return out;
 }
 
-namespace {
-// The "optim." entries of a checkpoint's state, unprefixed (the others, such as the RNG state, are
-// not the owner's).
-std::map<std::string, at::Tensor> optimizer_entries(const std::map<std::string, at::Tensor>& tensors) {
-  std::map<std::string, at::Tensor> out;
-  for (const auto& [name, t] : tensors)
-    if (name.rfind("optim.", 0) == 0) out.emplace(name.substr(6), t);
-  return out;
-}
-}  // namespace
-
+// Only the "optim." entries are the owner's (a checkpoint's state also holds the RNG's).
 void DataParallel::load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) {
-  load_full_optimizer_state(optimizer_entries(tensors), source);
+  load_full_optimizer_state(with_prefix(tensors, "optim."), source);
 }
 
 OptimizerRanges DataParallel::training_state_ranges() const {
@@ -207,7 +197,7 @@ OptimizerRanges DataParallel::training_state_ranges() const {
 
 void DataParallel::load_training_state_ranges(const std::map<std::string, at::Tensor>& tensors,
                                               const std::string& source) {
-  load_optimizer_state_ranges(optimizer_entries(tensors), source);
+  load_optimizer_state_ranges(with_prefix(tensors, "optim."), source);
 }
 
 std::vector<TensorSlice> DataParallel::own_training_state_slices() const {
