@@ -5,12 +5,10 @@
 // machine's build, since a plan is often for another machine), so a layout that cannot run is
 // refused here as it would be by `tessera train`.
 #include <cstdio>
-#include <map>
 
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/parallel_dims.h"
-#include "model/transformer.h"
 #include "parallel/parallelize.h"
 #include "plan/memory_estimate.h"
 #include "train/config.h"
@@ -62,20 +60,13 @@ Command add_inspect_command(CLI::App& app) {
     const ParallelDims dims(p, world, resolve_config_path(args->config));
     check_layout_options(config, dims);
     const ModelOptions& m = config.model;
-    const TransformerLM meta(m, ModelStage{}, at::TensorOptions().device(at::kMeta));
-    std::map<std::string, int64_t> by_component;  // embedding, blocks, final norm
-    for (const auto& item : meta->named_parameters()) {
-      const std::string& name = item.key();
-      const std::string component = name.rfind("h.", 0) == 0 ? "blocks" : name.rfind("ln_f", 0) == 0 ? "final norm" : "embedding";
-      by_component[component] += item.value().numel();
-    }
     const MemoryEstimate e = estimate_memory(config, dims);
     std::printf("model: arch %s, ffn %s, %lld blocks, n_embd %lld, %lld heads, vocab %lld, block_size %lld\n",
                 m.arch.c_str(), m.ffn.c_str(), static_cast<long long>(m.n_layer), static_cast<long long>(m.n_embd),
                 static_cast<long long>(m.n_head), static_cast<long long>(m.vocab_size),
                 static_cast<long long>(m.block_size));
     std::printf("parameters: %s (%lld)", count(e.parameters_total).c_str(), static_cast<long long>(e.parameters_total));
-    for (const auto& [component, n] : by_component) std::printf(", %s %s", component.c_str(), count(n).c_str());
+    for (const auto& [component, n] : e.parameters_by_component) std::printf(", %s %s", component.c_str(), count(n).c_str());
     std::printf("; the head is tied to the token embedding\n");
     std::printf("layout: %s, zero_stage %lld%s, precision %s, optimizer %s, activation checkpointing %s\n",
                 dims.describe().c_str(), static_cast<long long>(p.zero_stage), p.offload ? " with offload" : "",

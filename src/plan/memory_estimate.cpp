@@ -27,6 +27,10 @@ MemoryEstimate estimate_memory(const Config& config, const ParallelDims& dims) {
                                                     : 1.0 / static_cast<double>(dims.tp());
     const double local = static_cast<double>(t.numel()) * share;
     e.parameters_total += t.numel();
+    const std::string& name = item.key();
+    e.parameters_by_component[name.rfind("h.", 0) == 0 ? "blocks" : name.rfind("ln_f", 0) == 0 ? "final norm"
+                                                                                               : "embedding"] +=
+        t.numel();
     e.parameters_rank += static_cast<int64_t>(local);
     double state = 8 * local;  // AdamW: exp_avg, exp_avg_sq
     if (config.optim.name == "adafactor") {

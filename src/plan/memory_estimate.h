@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "core/parallel_dims.h"
@@ -30,6 +31,7 @@ namespace tessera {
 
 struct MemoryEstimate {
   int64_t parameters_total = 0;   // the whole model's parameter count
+  std::map<std::string, int64_t> parameters_by_component;  // "embedding", "blocks", "final norm"
   int64_t parameters_rank = 0;    // elements this rank holds after tensor/expert parallelism
   double parameter_bytes = 0;     // per rank, on the device
   double gradient_bytes = 0;
