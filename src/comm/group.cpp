@@ -98,8 +98,14 @@ struct Group::Impl {
     }
   }
 
+  // Waits for a backend operation. On Gloo it then also waits (briefly, at most the group's
+  // timeout) until Gloo's worker thread has dropped its reference to the operation, so the
+  // operation's buffers are freed with the caller's last reference, before the Work completes.
   void wait_backend(const c10::intrusive_ptr<c10d::Work>& work) {
     if (!work->wait(timeout)) throw std::runtime_error("aborted");
+    if (on_cuda()) return;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (work.use_count() > 1 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
   }
 
   // Posts the send (if `send` is defined) and the receive (if `recv` is), then waits for both;
@@ -155,7 +161,9 @@ struct Group::Impl {
     {
       std::lock_guard<std::mutex> lock(mutex);
       if (failed) fail_op(op, "an earlier operation of this group failed");
-      queue.push_back([this, op, body = std::move(body), promise, issued]() {
+      // The body (and the tensors it holds) is destroyed before the Work completes, so memory the
+      // operation used is free when the caller's wait returns (exact memory accounting, ZeRO-3).
+      queue.push_back([this, op, body = std::move(body), promise, issued]() mutable {
         const auto start = std::chrono::steady_clock::now();
         try {
           guarded(op, [&] {
@@ -163,9 +171,11 @@ struct Group::Impl {
             body();
             if (comm_stream) comm_stream->synchronize();
           });
+          body = nullptr;
           add_busy(start);
           promise->set_value();
         } catch (...) {
+          body = nullptr;
           add_busy(start);
           promise->set_exception(std::current_exception());
         }

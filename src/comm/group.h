@@ -14,6 +14,9 @@
 // - Gloo has no real reduce-scatter (c10d emulates it with a full all-reduce); reduce_scatter
 //   on a Gloo group is a ring over send/recv that sends (N-1)/N of the input per rank. Gloo
 //   point-to-point runs on the caller's thread (its tags keep it apart from the queue).
+// - When a Work completes, the operation holds no memory any more: the queued body and its
+//   tensors are destroyed first and, on Gloo, the backend's worker thread has dropped the
+//   operation (its staging buffers are freed), so a memory count taken after wait() is exact.
 // - traffic() counts the bytes this rank sent, per operation, by the ring algorithm's volume:
 //   all_reduce 2(N-1)/N * bytes, all_gather and reduce_scatter (N-1)/N * full bytes, broadcast
 //   `bytes` on the root, send_recv `bytes` (counted as "send"), all_to_all (N-1)/N * input bytes

@@ -88,6 +88,27 @@ void TransformerLMImpl::remove_block_wrapper(int64_t id) {
   fail("internal: no block wrapper ", id);
 }
 
+int64_t TransformerLMImpl::add_end_wrapper(EndWrapper wrapper) {
+  end_wrappers_.emplace_back(next_wrapper_id_, std::move(wrapper));
+  return next_wrapper_id_++;
+}
+
+void TransformerLMImpl::remove_end_wrapper(int64_t id) {
+  for (auto it = end_wrappers_.begin(); it != end_wrappers_.end(); ++it)
+    if (it->first == id) {
+      end_wrappers_.erase(it);
+      return;
+    }
+  fail("internal: no end wrapper ", id);
+}
+
+void TransformerLMImpl::through_end_wrappers(const ModelPart& part, const std::function<void()>& run) {
+  std::function<void()> call = run;
+  for (const auto& [id, wrapper] : end_wrappers_)
+    call = [&part, w = wrapper, inner = std::move(call)] { w(part, inner); };
+  call();
+}
+
 void TransformerLMImpl::set_shard_hooks(ShardHooks hooks) {
   install_once(shard_hooks_, std::move(hooks), "the model's shard hooks");
 }
@@ -103,8 +124,11 @@ at::Tensor TransformerLMImpl::embed(const at::Tensor& idx) {
     require(first + T <= opts_.block_size, "positions ", first, "..", first + T - 1, " (a chunk of ", T,
             " tokens at position offset ", first, ") exceed model.block_size = ", opts_.block_size);
   const ShardHooks& hooks = shard_hooks_;
-  auto x = hooks.embed ? hooks.embed(idx) : wte(idx);
-  if (wpe) x = x + wpe(torch::arange(first, first + T, idx.options()));
+  at::Tensor x;
+  through_end_wrappers(ModelPart::embedding(), [&] {
+    x = hooks.embed ? hooks.embed(idx) : wte(idx);
+    if (wpe) x = x + wpe(torch::arange(first, first + T, idx.options()));
+  });
   x = dropout_if_active(x, opts_.dropout, is_training());
   return hooks.enter_blocks ? hooks.enter_blocks(x) : x;
 }
@@ -128,14 +152,16 @@ ModelOutput TransformerLMImpl::head(const at::Tensor& x, const at::Tensor& targe
   const ShardHooks& hooks = shard_hooks_;
   ModelOutput out;
   out.aux_loss = aux_loss;
-  out.logits = hooks.logits ? hooks.logits(ln_f(x)) : at::linear(ln_f(x), wte->weight);
-  if (targets.defined()) {
-    out.ce_loss = hooks.cross_entropy
-                      ? hooks.cross_entropy(out.logits, targets)
-                      : at::cross_entropy_loss(out.logits.reshape({-1, out.logits.size(-1)}).to(at::kFloat),
-                                               targets.reshape(-1), {}, at::Reduction::Mean, /*ignore_index=*/-1);
-    out.loss = out.ce_loss + out.aux_loss;
-  }
+  through_end_wrappers(ModelPart::head(), [&] {
+    out.logits = hooks.logits ? hooks.logits(ln_f(x)) : at::linear(ln_f(x), wte->weight);
+    if (targets.defined()) {
+      out.ce_loss = hooks.cross_entropy
+                        ? hooks.cross_entropy(out.logits, targets)
+                        : at::cross_entropy_loss(out.logits.reshape({-1, out.logits.size(-1)}).to(at::kFloat),
+                                                 targets.reshape(-1), {}, at::Reduction::Mean, /*ignore_index=*/-1);
+      out.loss = out.ce_loss + out.aux_loss;
+    }
+  });
   return out;
 }
 

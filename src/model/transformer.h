@@ -29,6 +29,8 @@
 //   wrappers added before it (innermost: the block itself, with its activation checkpointing)
 //   and decides when to make it (ZeRO-3 gathers around it; a pipeline stage or a swap engine
 //   wraps outside that);
+// - end wrappers (add_end_wrapper): the same for the embedding and the head (ZeRO-3 brings the
+//   ends' parameters in around each of them);
 // - shard hooks (set_shard_hooks): the model's ends under tensor parallelism, one owner;
 // - the layers' regions and kernels (model/sharded_region.h, attention.h, linear_attention.h,
 //   moe.h), one owner each: a second installation is refused, never silently replaced.
@@ -50,6 +52,7 @@
 #include "model/block.h"
 #include "model/linear.h"
 #include "model/model_options.h"
+#include "model/model_part.h"
 #include "model/parameter_spec.h"
 
 namespace tessera {
@@ -118,6 +121,11 @@ class TransformerLMImpl : public torch::nn::Module {
   using BlockWrapper = std::function<BlockOutput(int64_t layer, const at::Tensor& x, const BlockCall& inner)>;
   int64_t add_block_wrapper(BlockWrapper wrapper);
   void remove_block_wrapper(int64_t id);
+  // An end wrapper makes the call of the embedding or the head (`part`) through `inner` (the
+  // wrappers added before it, then the part itself), doing its own work around it. Returns an id.
+  using EndWrapper = std::function<void(const ModelPart& part, const std::function<void()>& inner)>;
+  int64_t add_end_wrapper(EndWrapper wrapper);
+  void remove_end_wrapper(int64_t id);
 
   // The model's ends when tensor parallelism shards them; an empty member keeps the single-device
   // computation (shown on the right):
@@ -141,7 +149,11 @@ class TransformerLMImpl : public torch::nn::Module {
   ModelStage stage_;
   std::map<int64_t, Block> blocks_;  // this stage's, by global index (registered as h.{i})
   ParameterSpecs specs_;
+  // Runs `part` (an end) through the end wrappers.
+  void through_end_wrappers(const ModelPart& part, const std::function<void()>& run);
+
   std::vector<std::pair<int64_t, BlockWrapper>> wrappers_;  // innermost first
+  std::vector<std::pair<int64_t, EndWrapper>> end_wrappers_;  // innermost first
   int64_t next_wrapper_id_ = 0;
   ShardHooks shard_hooks_;
   int64_t position_offset_ = 0;

@@ -30,6 +30,7 @@
 #include <torch/torch.h>
 
 #include "dist_test.h"
+#include "memory/host_memory_stats.h"
 #include "model/transformer.h"
 #include "optim/clipping.h"
 #include "optim/optimizer.h"
@@ -329,79 +330,69 @@ std::pair<int64_t, int64_t> owned_by(TransformerLM& model, int64_t n, int64_t ra
 
 // Reductions run while backward does (a barrier queued after backward finds them done, before
 // finish_gradients), each gradient element is sent once by the ring volumes of comm/group.h, and
-// memory() holds what each stage keeps. Offload (stages 1-3) changes neither the traffic nor the
-// device's parameters and gradients; the optimizer's bytes move to host_optimizer.
+// what each stage keeps between steps is exactly what the counting CPU allocator
+// (memory/host_memory_stats.h) sees live after a step, against what the model held before
+// DataParallel:
+//   stage 0   4P parameters + 4P gradient buckets + AdamW (8 bytes per element, a float32 step
+//             per parameter)
+//   stage 1   4NS flat units + 4P buckets + AdamW over this rank's slices
+//   stage 2   4NS + 4S gradient shards + AdamW over the slices
+//   stage 3   4S own shards + 4S gradient shards + AdamW over the slices: every unit, the ends'
+//             included, is released between passes; gather_full_parameters() adds 4NS
+// (S = this rank's shard of all units, P = the parameters). Offload (stages 1-3) changes neither
+// the traffic nor the total on a CPU device: AdamW's state moves to the host, and the host adds a
+// float32 master and gradient per shard element (8S).
 void expect_overlap_and_memory(comm::Group& group, bool offload = false) {
+  host_memory::install();
   const int64_t n = group.size();
   for (int64_t stage = offload ? 1 : 0; stage <= 3; ++stage) {
     SCOPED_TRACE("stage " + std::to_string(stage) + (offload ? ", offload" : ""));
     TransformerLM model = fresh_model();
     const int64_t P = numel_of(model->parameters());
+    const int64_t n_params = static_cast<int64_t>(model->parameters().size());
     const std::vector<int64_t> shards = shard_sizes(model, n);
     int64_t S = 0;
     for (int64_t s : shards) S += s;
-    const int64_t rest_full = 4 * n * shards.back();
+    const auto [elements, slices] = owned_by(model, n, group.rank());
+    const int64_t before = host_memory::current() - 4 * P;  // the model's parameters are counted below
     ParallelOptions parallel;
     parallel.zero_stage = stage;
     parallel.bucket_mb = 0.02;
     parallel.offload = offload;
     DataParallel dp(model, group, parallel, adamw());
-    at::Tensor rows = global_batch(0, n * kRows).narrow(0, group.rank() * kRows, kRows);
-    group.reset_traffic();
-    auto out = model->forward(rows.narrow(1, 0, 16), rows.narrow(1, 1, 16));
+    {
+      at::Tensor rows = global_batch(0, n * kRows).narrow(0, group.rank() * kRows, kRows);
+      group.reset_traffic();
+      auto out = model->forward(rows.narrow(1, 0, 16), rows.narrow(1, 1, 16));
+      if (stage == 3) {
+        EXPECT_EQ(model->block(0)->parameters()[0].storage().nbytes(), 0u) << "blocks released after forward";
+        EXPECT_GT(model->wte->weight.storage().nbytes(), 0u) << "the ends kept for the head's backward";
+      }
+      dp.before_backward(true);
+      out.loss.backward();
+      group.barrier();
+      auto traffic = group.traffic();
+      if (stage <= 1) {
+        EXPECT_EQ(traffic["all_reduce"], 2 * (n - 1) * 4 * P / n);
+      } else {
+        EXPECT_EQ(traffic["reduce_scatter"], (n - 1) * 4 * S);
+        EXPECT_EQ(traffic["all_reduce"], 0);
+      }
+      dp.finish_gradients();
+      dp.clip_grad_norm(1.0);
+      dp.step(1e-3);
+      dp.zero_grad();
+    }
+    const int64_t adamw_sharded = 8 * elements + 4 * slices;
+    const int64_t expected = stage == 0   ? 4 * P + 4 * P + 8 * P + 4 * n_params
+                             : stage == 1 ? 4 * n * S + 4 * P + adamw_sharded
+                             : stage == 2 ? 4 * n * S + 4 * S + adamw_sharded
+                                          : 4 * S + 4 * S + adamw_sharded;
+    EXPECT_EQ(host_memory::current() - before, expected + (offload ? 8 * S : 0));
     if (stage == 3) {
-      EXPECT_EQ(dp.memory().parameters, 4 * S + rest_full) << "blocks released after forward";
-    }
-    dp.before_backward(true);
-    out.loss.backward();
-    group.barrier();
-    auto traffic = group.traffic();
-    if (stage <= 1) {
-      EXPECT_EQ(traffic["all_reduce"], 2 * (n - 1) * 4 * P / n);
-    } else {
-      EXPECT_EQ(traffic["reduce_scatter"], (n - 1) * 4 * S);
-      EXPECT_EQ(traffic["all_reduce"], 0);
-    }
-    dp.finish_gradients();
-    dp.clip_grad_norm(1.0);
-    dp.step(1e-3);
-    dp.zero_grad();
-    const DataParallel::Memory m = dp.memory();
-    at::Tensor optimizer_total = at::full({1}, static_cast<double>(m.optimizer), at::kDouble);
-    group.all_reduce(optimizer_total);
-    const int64_t n_params = static_cast<int64_t>(model->parameters().size());
-    switch (stage) {
-      case 0:
-        EXPECT_EQ(m.parameters, 4 * P);
-        EXPECT_EQ(m.gradients, 4 * P);
-        EXPECT_EQ(m.optimizer, 8 * P + 4 * n_params);  // exp_avg, exp_avg_sq, a float32 step each
-        break;
-      case 1:
-        EXPECT_EQ(m.parameters, 4 * n * S);
-        EXPECT_EQ(m.gradients, 4 * P);
-        break;
-      case 2:
-        EXPECT_EQ(m.parameters, 4 * n * S);
-        EXPECT_EQ(m.gradients, 4 * S);
-        break;
-      case 3:
-        EXPECT_EQ(m.parameters, 4 * S + rest_full);
-        EXPECT_EQ(m.gradients, 4 * S);
-        dp.gather_full_parameters();
-        EXPECT_EQ(dp.memory().parameters, 4 * S + 4 * n * S);
-        break;
-    }
-    if (offload) {
-      // exp_avg, exp_avg_sq and a step per owned slice; the master and gradient [S] per unit.
-      const auto [elements, slices] = owned_by(model, n, group.rank());
-      EXPECT_EQ(m.optimizer, 0);
-      EXPECT_EQ(m.host_optimizer, 8 * elements + 4 * slices + 8 * S);
-    } else if (stage >= 1) {
-      EXPECT_EQ(m.host_optimizer, 0);
-      // The moments are split across ranks; only the per-slice step scalars are repeated.
-      EXPECT_LE(m.optimizer, 8 * S + 4 * n_params);
-      EXPECT_GE(optimizer_total.item<double>(), 8.0 * P);
-      EXPECT_LE(optimizer_total.item<double>(), 8.0 * P + 4.0 * (n_params + n * static_cast<double>(shards.size())));
+      EXPECT_EQ(model->wte->weight.storage().nbytes(), 0u) << "the ends released between passes";
+      dp.gather_full_parameters();
+      EXPECT_EQ(host_memory::current() - before, expected + (offload ? 8 * S : 0) + 4 * n * S);
     }
   }
 }

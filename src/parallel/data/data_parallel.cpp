@@ -93,18 +93,23 @@ DataParallel::DataParallel(TransformerLM model, comm::Group& dp, const ParallelO
   s.build_optimizer(optim, parallel.offload);
   s.register_hooks();
   if (s.stage == 3) {
-    s.gathers.resize(s.units.size());
-    for (int64_t l = 0; l < s.n_blocks; ++l) s.release(static_cast<size_t>(l));
+    s.residency = std::make_unique<Residency>(s.units, dp, zero3_plan(s.n_blocks));
+    s.residency->release_all();
     s.block_wrapper = s.model->add_block_wrapper(
         [&s](int64_t layer, const at::Tensor& x, const TransformerLMImpl::BlockCall& inner) {
           return s.run_block(layer, x, inner);
         });
+    s.end_wrapper = s.model->add_end_wrapper(
+        [&s](const ModelPart& part, const std::function<void()>& inner) { s.around_end(part, inner); });
   }
 }
 
 DataParallel::~DataParallel() {
   for (auto& [name, p] : impl_->params) torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
-  if (impl_->stage == 3) impl_->model->remove_block_wrapper(impl_->block_wrapper);
+  if (impl_->stage == 3) {
+    impl_->model->remove_block_wrapper(impl_->block_wrapper);
+    impl_->model->remove_end_wrapper(impl_->end_wrapper);
+  }
 }
 
 void DataParallel::Impl::build_buckets(double bucket_mb) {
@@ -273,7 +278,10 @@ void DataParallel::Impl::launch(const Reduction& r) {
     collect(scatters.front());
     scatters.pop_front();
   }
-  if (stage == 3 && r.index < static_cast<size_t>(n_blocks)) release(r.index);
+  if (stage == 3)
+    residency->at(Pass::training, {ResidencyPoint::Kind::after_reduction,
+                                   r.index < static_cast<size_t>(n_blocks) ? ModelPart::block(static_cast<int64_t>(r.index))
+                                                                           : ModelPart::embedding()});
 }
 
 void DataParallel::Impl::compress(size_t bucket) {
@@ -381,12 +389,10 @@ void DataParallel::step(double lr) {
   if (s.offload) s.offload->wait();
   s.optimizer->step(lr);
   if (s.offload) s.offload->masters_to_device(s.units);
-  if (s.stage == 1 || s.stage == 2) {
+  if (s.stage == 1 || s.stage == 2) {  // stage 3 fetches each unit at its next use
     std::vector<comm::Work> works;
     for (auto& u : s.units) works.push_back(u.gather_async(s.dp));
     for (auto& w : works) w.wait();
-  } else if (s.stage == 3) {
-    s.units.back().gather_async(s.dp).wait();
   }
 }
 
@@ -400,23 +406,6 @@ void DataParallel::zero_grad() {
   }
   for (auto& g : s.grad_shards) g.zero_();
   for (auto& [name, p] : s.params) p.mutable_grad().reset();
-}
-
-DataParallel::Memory DataParallel::memory() const {
-  const Impl& s = *impl_;
-  Memory m;
-  if (s.stage == 0)
-    for (const auto& [name, p] : s.params) m.parameters += bytes_of(p);
-  for (const auto& u : s.units) m.parameters += (s.stage == 3 ? bytes_of(u.shard()) : 0) + u.flat_bytes();
-  for (const auto& b : s.buckets) m.gradients += bytes_of(b.grad);
-  for (const auto& g : s.grad_shards) m.gradients += bytes_of(g);
-  if (s.stage >= 2) {
-    for (const auto& [name, p] : s.params) m.gradients += bytes_of(p.grad());
-    for (const auto& pending : s.scatters) m.gradients += bytes_of(pending.input) + bytes_of(pending.output);
-  }
-  for (const auto& [name, t] : s.optimizer->state()) (s.offload ? m.host_optimizer : m.optimizer) += bytes_of(t);
-  if (s.offload) m.host_optimizer += s.offload->bytes();
-  return m;
 }
 
 }  // namespace tessera

@@ -26,12 +26,13 @@
 //      4 + (4 + 8)/N.
 //   3  + parameters sharded: each transformer block's parameters are all-gathered just before
 //      its forward (the next block's gather is issued ahead, as prefetch), freed after it, and
-//      gathered again for its backward; (4 + 4 + 8)/N plus the blocks in flight.
+//      gathered again for its backward, and so are the ends'; (4 + 4 + 8)/N plus the units in
+//      flight.
 //   parallel.offload = true with stages 1-3 (ZeRO-Offload, Ren et al.): the optimizer state, a
 //      float32 master copy of the shard and the shard's gradient move to the host (offload.h),
 //      and the optimizer step runs there. Device bytes: stage 1 4 + 4, stage 2 4 + 4/N, stage 3
-//      (4 + 4)/N plus the blocks in flight; host bytes: (4 + 4 + 8)/N.
-// Sharding is per unit (one unit per transformer block, one for the rest), each unit flattened
+//      (4 + 4)/N plus the units in flight; host bytes: (4 + 4 + 8)/N.
+// Sharding is per unit (one unit per transformer block, one for the ends), each unit flattened
 // and padded to a multiple of N, rank r owning elements [r * S, (r + 1) * S) of every unit
 // (flat_unit.h). At stages 1-3 the model's parameters become views of their unit's flat buffer.
 //
@@ -39,12 +40,15 @@
 // - Stages 0-1 send nothing before the last micro-batch (gradients accumulate locally, in the
 //   buckets). Stages 2-3 reduce-scatter every micro-batch, accumulating into the shard, so a full
 //   gradient never outlives its unit's backward (as DeepSpeed does).
-// - Stage 3 keeps the rest unit (embeddings, final norm) gathered for the whole step: it is used
-//   at both ends of the forward pass. It gathers each block around its call through a block
-//   wrapper (TransformerLMImpl::add_block_wrapper), so wrappers added later (a pipeline stage, a
-//   swap engine) compose outside it. Outside a forward the blocks' parameters are released
-//   (their storage is empty): call gather_full_parameters() before reading or saving them, and
-//   reshard_parameters() after writing them. The constructor broadcasts rank 0's parameters.
+// - Stage 3 brings each unit in around its uses by a residency plan (memory/residency/): the
+//   blocks' around their forward and again for their backward, the ends' (embeddings, final
+//   norm; wte is tied to the head) around the embedding, then again from the last block's forward
+//   through the head's backward. Blocks are gathered through a block wrapper and the ends through
+//   an end wrapper (TransformerLMImpl::add_block_wrapper, add_end_wrapper), so wrappers added
+//   later (a pipeline stage, a swap engine) compose outside them. Outside a pass every parameter
+//   is released (its storage is empty): call gather_full_parameters() before reading or saving
+//   them and reshard_parameters() after writing them.
+//   The constructor broadcasts rank 0's parameters.
 // - At stages 0-1 each parameter's .grad is a view of its bucket: zero them with zero_grad() here,
 //   never by resetting the grads (model->zero_grad()); a gradient found elsewhere throws.
 // - parallel.grad_compression (stage 0 only) averages each bucket with the compressor instead of
@@ -124,8 +128,8 @@ class DataParallel : public OptimizerOwner {
   // Loads state read with optimizer_state_ranges() (load_checkpoint's `ranges`): each
   // "<param>.<slot>" the 1-D tensor of exactly its range, each "<param>.step" whole.
   void load_optimizer_state_ranges(const std::map<std::string, at::Tensor>& state, const std::string& source);
-  // Stage 3: gathers every parameter into the model (for export/evaluation); a collective. They
-  // stay gathered until the next forward releases each block after use.
+  // Stage 3: gathers every parameter into the model (for export); a collective. They stay
+  // gathered until reshard_parameters() or the release after their next use.
   void gather_full_parameters() override;
   // After the model's parameters were overwritten (a checkpoint imported into the model after
   // gather_full_parameters()). Stage 3: takes this rank's shard from them and releases the
@@ -146,15 +150,6 @@ class DataParallel : public OptimizerOwner {
   OptimizerRanges training_state_ranges() const override;
   void load_training_state_ranges(const std::map<std::string, at::Tensor>& tensors, const std::string& source) override;
   std::vector<TensorSlice> own_training_state_slices() const override;
-
-  // Bytes per rank now held for parameters, gradients and optimizer state (for the ZeRO benchmark)
-  // on the model's device, and, with offload, on the host: the optimizer state, the master copy
-  // and the host gradient buffers (then optimizer is 0).
-  struct Memory {
-    int64_t parameters = 0, gradients = 0, optimizer = 0;
-    int64_t host_optimizer = 0;
-  };
-  Memory memory() const;
 
  private:
   struct Impl;

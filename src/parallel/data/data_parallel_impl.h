@@ -12,8 +12,8 @@
 // - Offload (stages 1-3): the optimizer's leaves are views of offload's host masters; the host
 //   gradients are filled per bucket (stage 1) or unit (stages 2-3) once the device values are the
 //   dp mean, and the shards are written from the masters after each step.
-// - Stage 3: a block's unit is materialized only between its gather and its release; gathers[u]
-//   is pending while a prefetch of unit u is in flight.
+// - Stage 3: `residency` runs the ZeRO-3 plan (memory/residency/residency_plan.h) over `units`:
+//   a unit (a block's, or the ends') is materialized only between its fetch and its release.
 #pragma once
 
 #include <cstdint>
@@ -27,8 +27,9 @@
 #include "optim/compression/compressor.h"
 #include "optim/optimizer.h"
 #include "parallel/data/data_parallel.h"
-#include "parallel/data/flat_unit.h"
-#include "parallel/data/offload.h"
+#include "memory/residency/flat_unit.h"
+#include "memory/offload/offload.h"
+#include "memory/residency/residency.h"
 
 namespace tessera {
 
@@ -57,13 +58,13 @@ struct DataParallel::Impl {
   std::unique_ptr<GradientCompressor> compressor;
   std::unique_ptr<OffloadedShard> offload;  // parallel.offload
   ModelParallelNorm norm;                    // tensor parallelism's weights in the clipping norm
-  int64_t block_wrapper = -1;                // stage 3: the model's block wrapper id
+  int64_t block_wrapper = -1, end_wrapper = -1;  // stage 3: the model's wrapper ids
 
   std::vector<Bucket> buckets;          // stages 0-1
   std::vector<at::Tensor> grad_views;   // stages 0-1: per parameter, its .grad (a view of its bucket)
   std::vector<FlatUnit> units;          // stages 1-3: blocks 0..n_blocks-1, then the rest
   std::vector<at::Tensor> grad_shards;  // stages 2-3: per unit, [S]
-  std::vector<comm::Work> gathers;      // stage 3: per unit, a gather in flight
+  std::unique_ptr<Residency> residency;  // stage 3
 
   std::vector<Reduction> reductions;  // in launch order
   std::vector<size_t> reduction_of;   // per parameter
@@ -97,10 +98,8 @@ struct DataParallel::Impl {
 
   // Stage 3.
   BlockOutput run_block(int64_t layer, const at::Tensor& x, const TransformerLMImpl::BlockCall& inner);
+  void around_end(const ModelPart& part, const std::function<void()>& inner);
   void before_block_backward(int64_t layer);
-  void gather(size_t unit);
-  void prefetch(size_t unit);
-  void release(size_t unit);
 };
 
 }  // namespace tessera

@@ -1,16 +1,20 @@
-// Stage 3 of DataParallel: a block's parameters are gathered around its forward and again for its
-// backward (data_parallel.h, data_parallel_impl.h).
+// Stage 3 of DataParallel: every unit's parameters (a block's, and the ends': embeddings and
+// final norm) are brought in around their uses by the ZeRO-3 residency plan
+// (memory/residency/residency_plan.h, run by `residency`) from two kinds of wrappers:
 //
-//   forward of block l:   gather l (wait for its prefetch) | issue the gather of l + 1 | run l |
-//                         wrap its outputs in CallInBackward | release l
+//   embedding / head (end wrapper):  the plan's before_forward and after_forward points
+//   block l (block wrapper):         before_forward(l) | run l | wrap its outputs in
+//                                    CallInBackward | after_forward(l)
 //   backward reaches l's outputs (CallInBackward): launch the reductions of blocks > l (the
-//                         order on the wire), gather l, issue the gather of l - 1
-//   l's gradients all arrived (data_parallel.cpp): reduce-scatter them, release l
+//                                    order on the wire), then before_backward(l)
+//   l's gradients handed to their reduce-scatter (data_parallel.cpp): after_reduction(l)
 //
-// The gathered storage is the same StorageImpl the forward's saved tensors point at (flat_unit.h),
-// so the backward (and a full activation-checkpointing recomputation) sees the gathered values.
-// reshard_parameters() lives here too: at stage 3 it takes the shards from the gathered blocks,
-// and with offload (any stage) it refreshes the host master copies from the device shards.
+// The pass is training when grad mode is on at a forward point, inference otherwise (evaluation,
+// generation); the backward points exist only in training. The gathered storage is the same
+// StorageImpl the forward's saved tensors point at (flat_unit.h), so the backward (and a full
+// activation-checkpointing recomputation) sees the gathered values.
+// reshard_parameters() lives here too: at stage 3 it takes the shards from the gathered units, and
+// with offload (any stage) it refreshes the host master copies from the device shards.
 #include <functional>
 
 #include <ATen/ATen.h>
@@ -46,11 +50,16 @@ struct CallInBackward : public torch::autograd::Function<CallInBackward> {
 
 }  // namespace
 
+namespace {
+
+Pass current_pass() { return at::GradMode::is_enabled() ? Pass::training : Pass::inference; }
+
+}  // namespace
+
 BlockOutput DataParallel::Impl::run_block(int64_t layer, const at::Tensor& x,
                                          const TransformerLMImpl::BlockCall& inner) {
-  const auto unit = static_cast<size_t>(layer);
-  gather(unit);
-  if (layer + 1 < n_blocks) prefetch(unit + 1);
+  const Pass pass = current_pass();
+  residency->at(pass, {ResidencyPoint::Kind::before_forward, ModelPart::block(layer)});
   BlockOutput out = inner(x);
   if (out.x.requires_grad()) {
     const bool aux = out.aux_loss.requires_grad();
@@ -62,48 +71,26 @@ BlockOutput DataParallel::Impl::run_block(int64_t layer, const at::Tensor& x,
     out.x = wrapped[0];
     if (aux) out.aux_loss = wrapped[1];
   }
-  release(unit);
+  residency->at(pass, {ResidencyPoint::Kind::after_forward, ModelPart::block(layer)});
   return out;
+}
+
+void DataParallel::Impl::around_end(const ModelPart& part, const std::function<void()>& inner) {
+  const Pass pass = current_pass();
+  residency->at(pass, {ResidencyPoint::Kind::before_forward, part});
+  inner();
+  residency->at(pass, {ResidencyPoint::Kind::after_forward, part});
 }
 
 void DataParallel::Impl::before_block_backward(int64_t layer) {
   // Blocks after this one are done: launch their reductions now so the order on the wire stays
   // the same on every rank, ahead of this block's gathers.
   launch_through(static_cast<size_t>(n_blocks - 1 - layer));
-  gather(static_cast<size_t>(layer));
-  if (layer > 0) prefetch(static_cast<size_t>(layer - 1));
-}
-
-void DataParallel::Impl::gather(size_t unit) {
-  if (gathers[unit].pending()) {
-    gathers[unit].wait();
-    gathers[unit] = comm::Work();
-    return;
-  }
-  if (units[unit].materialized()) return;
-  units[unit].materialize();
-  units[unit].gather_async(dp).wait();
-}
-
-void DataParallel::Impl::prefetch(size_t unit) {
-  if (gathers[unit].pending() || units[unit].materialized()) return;
-  units[unit].materialize();
-  gathers[unit] = units[unit].gather_async(dp);
-}
-
-void DataParallel::Impl::release(size_t unit) {
-  if (gathers[unit].pending()) {
-    gathers[unit].wait();
-    gathers[unit] = comm::Work();
-  }
-  units[unit].release();
+  residency->at(Pass::training, {ResidencyPoint::Kind::before_backward, ModelPart::block(layer)});
 }
 
 void DataParallel::gather_full_parameters() {
-  Impl& s = *impl_;
-  if (s.stage < 3) return;
-  for (int64_t l = 0; l < s.n_blocks; ++l) s.prefetch(static_cast<size_t>(l));
-  for (int64_t l = 0; l < s.n_blocks; ++l) s.gather(static_cast<size_t>(l));
+  if (impl_->stage == 3) impl_->residency->gather_all();
 }
 
 void DataParallel::reshard_parameters() {
@@ -112,11 +99,10 @@ void DataParallel::reshard_parameters() {
   if (s.stage == 3) {
     for (size_t u = 0; u < s.units.size(); ++u) {
       FlatUnit& unit = s.units[u];
-      require(unit.materialized() && !s.gathers[u].pending(),
-              "internal: DataParallel::reshard_parameters without gather_full_parameters");
+      require(s.residency->resident(u), "internal: DataParallel::reshard_parameters without gather_full_parameters");
       unit.shard().copy_(unit.flat().narrow(0, s.rank * unit.shard_numel(), unit.shard_numel()));
-      if (u < static_cast<size_t>(s.n_blocks)) s.release(u);
     }
+    s.residency->release_all();
   }
   if (s.offload) s.offload->masters_from_device(s.units);  // the host masters are what the optimizer updates
 }

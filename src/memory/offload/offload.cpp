@@ -1,6 +1,6 @@
 // OffloadedShard: host buffers of ZeRO-Offload and the copies between them and the device
 // (offload.h).
-#include "parallel/data/offload.h"
+#include "memory/offload/offload.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/Event.h>

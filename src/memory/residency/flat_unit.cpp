@@ -1,5 +1,5 @@
 // FlatUnit: flattening, shard views, storage release and the gathers of a ZeRO unit (flat_unit.h).
-#include "parallel/data/flat_unit.h"
+#include "memory/residency/flat_unit.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>

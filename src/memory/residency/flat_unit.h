@@ -1,6 +1,7 @@
-// FlatUnit: the unit of ZeRO sharding. A set of parameters (one transformer block, or the rest of
-// the model) is flattened, in order, into one buffer padded to a multiple of the data-parallel
-// degree N, and rank r owns the elements [r * S, (r + 1) * S) of it:
+// FlatUnit: the unit of the residency layer (residency.h) and of ZeRO sharding. A set of
+// parameters (one transformer block, or the model's ends: embeddings, final norm) is flattened, in
+// order, into one buffer padded to a multiple of the data-parallel degree N, and rank r owns the
+// elements [r * S, (r + 1) * S) of it:
 //
 //   flat   [N * S]   entry e at [e.offset, e.offset + e.numel), zeros in the padding
 //   shard  [S]       this rank's part: a view of flat (stages 1-2) or a buffer of its own (stage 3)

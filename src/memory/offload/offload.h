@@ -33,7 +33,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
-#include "parallel/data/flat_unit.h"
+#include "memory/residency/flat_unit.h"
 
 namespace tessera {
 
