@@ -4,8 +4,7 @@
 // (a CustomClassHolder), so it is freed together with the autograd node.
 #include "memory/activation_checkpointing.h"
 
-#include <mutex>
-#include <set>
+#include <optional>
 #include <utility>
 
 #include <ATen/Context.h>
@@ -15,35 +14,29 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
+#include "core/random_streams.h"
 
 namespace tessera {
 namespace {
 
-// Default generator states of the CPU and of the CUDA devices the inputs live on.
+// Every random stream's state (core/random_streams.h: torch's default generators and the
+// model-parallel stream) on the CPU and on the CUDA device the inputs live on.
 struct RngState {
-  std::vector<std::pair<at::Device, at::Tensor>> states;
+  std::optional<at::Device> cuda;
+  std::vector<std::pair<std::string, at::Tensor>> states;
 
   static RngState capture(const TensorList& inputs) {
-    std::set<c10::DeviceIndex> cuda;
-    for (const auto& t : inputs)
-      if (t.defined() && t.is_cuda()) cuda.insert(t.device().index());
     RngState r;
-    r.states.emplace_back(at::Device(at::kCPU), state_of(at::Device(at::kCPU)));
-    for (auto index : cuda) r.states.emplace_back(at::Device(at::kCUDA, index), state_of(at::Device(at::kCUDA, index)));
+    for (const auto& t : inputs)
+      if (t.defined() && t.is_cuda()) {
+        require(!r.cuda || *r.cuda == t.device(), "activation checkpointing: a segment's inputs on two GPUs (",
+                *r.cuda, ", ", t.device(), ")");
+        r.cuda = t.device();
+      }
+    r.states = random::states(r.cuda);
     return r;
   }
-  static at::Tensor state_of(at::Device device) {
-    auto gen = at::globalContext().defaultGenerator(device);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    return gen.get_state();
-  }
-  void restore() const {
-    for (const auto& [device, state] : states) {
-      auto gen = at::globalContext().defaultGenerator(device);
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(state);
-    }
-  }
+  void restore() const { random::load_states(states, cuda, "activation checkpointing"); }
 };
 
 // Autocast enabled flag and dtype for CPU and CUDA.

@@ -2,8 +2,9 @@
 // backward (reentrant style, as torch/utils/checkpoint.py's CheckpointFunction; libtorch has no
 // C++ checkpoint, libtorch-notes §4.4).
 //
-// Forward runs fn under NoGradGuard and saves only the inputs, the CPU RNG state, the RNG state of
-// each CUDA device an input lives on, and the autocast state. Backward forks the RNG (saves the
+// Forward runs fn under NoGradGuard and saves only the inputs, every random stream's state on the
+// CPU and on the CUDA device the inputs live on (core/random_streams.h: the default generators and
+// the model-parallel stream), and the autocast state. Backward forks the RNG (saves the
 // current state, restores the forward's), recomputes fn under grad mode on detached copies of the
 // inputs, calls torch::autograd::backward on the outputs with the incoming gradients (this
 // accumulates the gradients of the parameters fn uses, as reentrant checkpointing does), puts the

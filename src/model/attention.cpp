@@ -28,8 +28,10 @@ at::Tensor CausalSelfAttentionImpl::core(const at::Tensor& qkv) {
   auto parts = qkv.split(C, -1);
   const double p = is_training() ? dropout_ : 0.0;
   auto y = kernel_ ? kernel_(heads(parts[0]), heads(parts[1]), heads(parts[2]))
-                   : at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), {}, p,
-                                                      /*is_causal=*/true);
+                   : random::fork(p > 0 ? dropout_stream_ : random::Stream::shared, qkv.device(), [&] {
+                       return at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
+                                                               {}, p, /*is_causal=*/true);
+                     });
   return y.transpose(1, 2).contiguous().view({B, T, C});
 }
 

@@ -25,6 +25,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include "core/random_streams.h"
 #include "model/hook_slot.h"
 #include "model/linear.h"
 #include "model/model_options.h"
@@ -38,6 +39,8 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   CausalSelfAttentionImpl(const ModelOptions& opts, const at::TensorOptions& where);
   at::Tensor forward(const at::Tensor& x);  // [B, T, C] -> [B, T, C]
   void set_checkpoint_core(bool on) { checkpoint_core_ = on; }
+  // The random stream of the attention-probability dropout (core/random_streams.h).
+  void set_dropout_stream(random::Stream stream) { dropout_stream_ = stream; }
   // c_attn column-parallel in three blocks (q, k, v), c_proj row-parallel.
   ParameterSpecs parameter_specs() const;
 
@@ -54,6 +57,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   int64_t head_dim_;
   double residual_std_;
   double dropout_;
+  random::Stream dropout_stream_ = random::Stream::shared;
   bool checkpoint_core_ = false;
   Kernel kernel_;
   ShardedRegion region_;

@@ -35,16 +35,21 @@ void BlockImpl::set_checkpoint_mode(CheckpointMode mode) {
   if (linear_attn) linear_attn->set_checkpoint_core(mode == CheckpointMode::selective);
 }
 
+void BlockImpl::set_dropout_streams(const DropoutStreams& streams) {
+  streams_ = streams;
+  if (softmax_attn) softmax_attn->set_dropout_stream(streams.attention);
+}
+
 BlockOutput BlockImpl::run(const at::Tensor& x) {
   auto h = ln_1(x);
   auto a = softmax_attn ? softmax_attn(h) : linear_attn(h);
-  auto y = x + dropout_if_active(a, dropout_, is_training());
+  auto y = x + dropout_if_active(a, dropout_, is_training(), streams_.residual);
   h = ln_2(y);
   if (moe) {
     auto out = moe(h);
-    return {y + dropout_if_active(out.y, dropout_, is_training()), out.aux_loss};
+    return {y + dropout_if_active(out.y, dropout_, is_training(), streams_.residual), out.aux_loss};
   }
-  return {y + dropout_if_active(mlp(h), dropout_, is_training()), torch::zeros({}, x.options().dtype(at::kFloat))};
+  return {y + dropout_if_active(mlp(h), dropout_, is_training(), streams_.residual), torch::zeros({}, x.options().dtype(at::kFloat))};
 }
 
 BlockOutput BlockImpl::forward(const at::Tensor& x) {

@@ -16,6 +16,7 @@
 
 #include "memory/activation_checkpointing.h"
 #include "model/attention.h"
+#include "model/dropout.h"
 #include "model/linear_attention.h"
 #include "model/mlp.h"
 #include "model/model_options.h"
@@ -34,6 +35,8 @@ class BlockImpl : public torch::nn::Module {
   BlockImpl(const ModelOptions& opts, int64_t layer, const at::TensorOptions& where);
   BlockOutput forward(const at::Tensor& x);
   void set_checkpoint_mode(CheckpointMode mode);
+  // Where the block's dropout masks come from (model/dropout.h; default: the shared stream).
+  void set_dropout_streams(const DropoutStreams& streams);
   ParameterSpecs parameter_specs() const;  // its submodules', under their names
 
   Norm ln_1{nullptr}, ln_2{nullptr};
@@ -46,6 +49,7 @@ class BlockImpl : public torch::nn::Module {
   BlockOutput run(const at::Tensor& x);
 
   double dropout_;
+  DropoutStreams streams_;
   CheckpointMode mode_ = CheckpointMode::none;
 };
 TORCH_MODULE(Block);

@@ -88,6 +88,10 @@ void TransformerLMImpl::remove_block_wrapper(int64_t id) {
   fail("internal: no block wrapper ", id);
 }
 
+void TransformerLMImpl::set_dropout_streams(const DropoutStreams& streams) {
+  for (auto& [l, block] : blocks_) block->set_dropout_streams(streams);
+}
+
 int64_t TransformerLMImpl::add_end_wrapper(EndWrapper wrapper) {
   end_wrappers_.emplace_back(next_wrapper_id_, std::move(wrapper));
   return next_wrapper_id_++;

@@ -99,6 +99,9 @@ class TransformerLMImpl : public torch::nn::Module {
   void set_position_offset(int64_t offset);
   int64_t position_offset() const { return position_offset_; }
 
+  // Where every block's dropout masks come from (model/dropout.h).
+  void set_dropout_streams(const DropoutStreams& streams);
+
   // "none" | "full" | "selective" (memory.activation_checkpointing); throws tessera::Error otherwise.
   void set_activation_checkpointing(const std::string& mode);
 

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
+#include "core/random_streams.h"
 #include "model/hf_names.h"
 #include "parallel/data/data_parallel.h"
 #include "parallel/local_optimizer.h"
@@ -55,6 +56,17 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
   require(mesh_ || !config.parallel.offload, "parallel.offload = true needs a process mesh (tessera train)");
   if (mesh_) check_parallel_layout(config, mesh_->dims());
   const ParallelDims* dims = mesh_ ? &mesh_->dims() : nullptr;
+  // 0. Random streams: masks agree where activations are replicated over tp and differ elsewhere.
+  const MeshCoord coord = mesh_ ? mesh_->coord() : MeshCoord{};
+  replica_ = dims ? (coord.pp * dims->dp() + coord.dp) * dims->sp() + coord.sp : 0;
+  tp_rank_ = coord.tp;
+  seed_random_streams(0);
+  if (dims && dims->tp() > 1) {
+    DropoutStreams streams;
+    streams.attention = random::Stream::model_parallel;
+    if (config.parallel.megatron_sp) streams.residual = random::Stream::model_parallel;
+    model_->set_dropout_streams(streams);
+  }
   // 1. Tensor parallelism: every tp rank built the same model (same seed) and keeps its shards.
   ModelParallelNorm norm;
   if (dims && dims->tp() > 1) {
@@ -89,6 +101,12 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
 }
 
 ParallelModel::~ParallelModel() = default;
+
+void ParallelModel::seed_random_streams(int64_t step) {
+  const at::Device device = model_->parameters().front().device();
+  const uint64_t seed = static_cast<uint64_t>(config_.train.seed) ^ (static_cast<uint64_t>(step) * 0x9e3779b97f4a7c15ULL);
+  random::seed_streams(seed, replica_, tp_rank_, device.is_cuda() ? std::optional<at::Device>(device) : std::nullopt);
+}
 
 std::unique_ptr<ParallelModel> parallelize(TransformerLM model, comm::Mesh* mesh, const Config& config) {
   return std::unique_ptr<ParallelModel>(new ParallelModel(std::move(model), mesh, config));

@@ -2,6 +2,11 @@
 // layout validator. A parallelism is added by adding a component here, not by editing the trainer.
 //
 // The order (each step sees the model the previous ones left):
+//   0. random streams (core/random_streams.h), seeded from train.seed and the rank's coordinates:
+//      the shared stream equal within a tp group and different across replicas (pp, dp, sp), the
+//      model-parallel stream different on every rank; under tp the attention dropout draws from
+//      the model-parallel stream, and under Megatron-SP the residual dropout too (its activations
+//      are sequence chunks); the model was built (and initialised) before, from train.seed alone;
 //   1. tensor parallelism (parallel.tp): parameters sharded by their declarations, the layers'
 //      regions and the model's ends installed (parallel/tensor/tensor_parallel.h);
 //   2. sequence parallelism (parallel.sp): the attention kernels of sp_method, on each rank's
@@ -66,6 +71,10 @@ class ParallelModel {
   // Data-parallel ranks and this rank's place among them (evaluation splits a batch's rows).
   int64_t data_ranks() const;
   int64_t data_rank() const;
+  // Seeds this rank's random streams (core/random_streams.h) from train.seed, `step` and the rank's
+  // coordinates: parallelize() does it with step 0; a resume that finds no saved states for this
+  // rank does it with the checkpoint's step.
+  void seed_random_streams(int64_t step);
 
   // The model's parameters in Hugging Face names (model/hf_names.h), whole whatever the layout
   // (tensor-parallel shards gathered, ZeRO-3 gathered): a collective.
@@ -104,6 +113,7 @@ class ParallelModel {
   comm::Group* tp_ = nullptr;        // tp > 1
   comm::Group* replicas_ = nullptr;  // dp x sp > 1 (or offload): the owner reduces over it
   int64_t sp_ = 1, sp_rank_ = 0;
+  int64_t replica_ = 0, tp_rank_ = 0;  // the random streams' coordinates (seed_random_streams)
   std::unique_ptr<OptimizerOwner> owner_;
 };
 

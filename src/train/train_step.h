@@ -60,6 +60,8 @@ class TrainStep {
     parallel_->load_model_state(tensors, source);
   }
   c10::Device device() const { return device_; }
+  // Seeds this rank's random streams for `step` (parallel/parallelize.h).
+  void seed_random_streams(int64_t step) { parallel_->seed_random_streams(step); }
   const DynamicLossScaler* loss_scaler() const { return parallel_->owner().loss_scaler(); }
   c10::ScalarType compute_dtype() const;
 

@@ -30,6 +30,38 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// This rank's random stream states (core/random_streams.h) as checkpoint entries
+// "rng.rank<r>.<stream>.<device type>": each rank writes its own, whole.
+NamedTensors random_stream_states(int64_t rank, const at::Device& device) {
+  NamedTensors out;
+  for (auto& [name, state] : random::states(device.is_cuda() ? std::optional<at::Device>(device) : std::nullopt))
+    out.emplace_back("rng.rank" + std::to_string(rank) + "." + name, std::move(state));
+  return out;
+}
+
+// Restores this rank's random streams from a checkpoint's entries. A checkpoint written by fewer
+// ranks (or before streams were saved per rank) has none for this rank: the streams are then
+// seeded afresh from train.seed and the step, and the returned note says so (the run goes on, but
+// its dropout masks are not those an uninterrupted run would draw).
+std::string restore_random_streams(const std::map<std::string, at::Tensor>& tensors, int64_t rank,
+                                   const at::Device& device, int64_t step, TrainStep& trainer,
+                                   const std::string& source) {
+  const std::string prefix = "rng.rank" + std::to_string(rank) + ".";
+  std::vector<std::pair<std::string, at::Tensor>> mine;
+  for (const auto& [name, t] : tensors)
+    if (name.rfind(prefix, 0) == 0) mine.emplace_back(name.substr(prefix.size()), t);
+  const std::optional<at::Device> cuda = device.is_cuda() ? std::optional<at::Device>(device) : std::nullopt;
+  const bool complete = mine.size() == random::states(cuda).size();
+  if (complete) {
+    random::load_states(mine, cuda, source);
+    return "";
+  }
+  trainer.seed_random_streams(step);
+  return "resume: " + source + " holds no random stream states for rank " + std::to_string(rank) +
+         " (written by fewer ranks, or on another device type); dropout streams re-seeded from train.seed and step " +
+         std::to_string(step);
+}
+
 // Restores this rank's gradient-compression state (checkpoint/checkpoint.h keeps one file per
 // saving rank). The same number of ranks and the same compressor continue exactly; another number
 // of ranks loads the merged state (optim/compression/compressor.h). Anything else starts the
@@ -125,11 +157,8 @@ Trainer::Trainer(Config config, std::string run_dir, std::string resume, comm::M
     const std::string note =
         restore_compression(c.parallel, s.mesh ? s.mesh->world_size() : 1, s.rank, *s.trainer, ckpt);
     if (!note.empty()) s.resume_notes.push_back(note);
-    auto rng = ckpt.optimizer.find("rng.cpu");
-    require(rng != ckpt.optimizer.end(), optim_file, ": missing tensor 'rng.cpu'");
-    at::Generator cpu_generator = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(cpu_generator.mutex());
-    cpu_generator.set_state(rng->second);
+    const std::string rng_note = restore_random_streams(ckpt.optimizer, s.rank, s.device, ckpt.step, *s.trainer, optim_file);
+    if (!rng_note.empty()) s.resume_notes.push_back(rng_note);
     s.step = ckpt.step;
     s.sampler->seek(ckpt.meta.at("data").at("position").get<int64_t>());
     s.tokens_seen = ckpt.meta.value("tokens_seen", int64_t{0});
@@ -188,11 +217,11 @@ TrainSummary Trainer::run() {
   auto save = [&]() {
     CheckpointContents contents;
     contents.model = s.trainer->model_state();
-    const NamedTensors rng{{"rng.cpu", at::detail::getDefaultCPUGenerator().get_state()}};
+    const NamedTensors rng = random_stream_states(s.rank, s.device);
     if (distributed) {
       const int64_t world = s.mesh->world_size();
       std::vector<TensorSlice> slices = s.trainer->training_state_slices(s.rank, world);
-      for (TensorSlice& slice : even_slices(rng, s.rank, world)) slices.push_back(std::move(slice));
+      for (const auto& [name, state] : rng) slices.push_back({name, state, 0, state.sizes().vec()});
       if (lead) prepare_checkpoint_dir(checkpoints_dir, s.step);
       s.mesh->world().barrier();
       write_optimizer_shard(partial_checkpoint_dir(checkpoints_dir, s.step), s.rank, world, slices);
@@ -215,7 +244,7 @@ TrainSummary Trainer::run() {
     }
     if (!distributed) {
       contents.optimizer = s.trainer->training_state();
-      contents.optimizer.push_back(rng.front());
+      contents.optimizer.insert(contents.optimizer.end(), rng.begin(), rng.end());
     }
     last_checkpoint = distributed ? commit_checkpoint(checkpoints_dir, s.step, contents, s.mesh->world_size())
                                   : save_checkpoint(checkpoints_dir, s.step, contents);

@@ -61,9 +61,6 @@ void check_tensor_parallel(const ModelOptions& m, const ParallelOptions& p, cons
           " (each tensor-parallel rank computes n_head / tp whole heads)");
   require(m.vocab_size % N == 0, "model.vocab_size = ", m.vocab_size, " is not a multiple of parallel.tp = ", N,
           " (each tensor-parallel rank holds vocab_size / tp rows of the token embedding)");
-  require(m.dropout == 0, "model.dropout = ", m.dropout, " with parallel.tp = ", N,
-          ": tensor-parallel ranks have no separate random streams and would draw correlated masks; set "
-          "model.dropout = 0");
   require(!p.megatron_sp || seq_len % N == 0, "train.seq_len = ", seq_len,
           " is not a multiple of parallel.tp = ", N, " (parallel.megatron_sp gives each rank seq_len / tp tokens)");
   require(optimizer != "adafactor", "parallel.tp = ", N, " with optim.name = adafactor: Adafactor factors "

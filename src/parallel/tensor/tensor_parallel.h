@@ -44,8 +44,7 @@
 // - logits are this rank's vocabulary columns [B, T, V/N] (gather_from_tp gives all of them);
 // - `tp` outlives the model's use; every rank calls parallelize_tensor with equal arguments.
 // check_tensor_parallel refuses, naming the keys: model.ffn = moe, model.n_head or model.vocab_size
-// not a multiple of parallel.tp, model.dropout > 0 (ranks would draw correlated masks: there are no
-// per-rank random streams), parallel.megatron_sp with tp = 1 or with parallel.sp > 1, a sequence
+// not a multiple of parallel.tp, parallel.megatron_sp with tp = 1 or with parallel.sp > 1, a sequence
 // length Megatron-SP cannot split, optim.name = adafactor (it factors whole rows and columns).
 #pragma once
 

@@ -47,6 +47,17 @@ TEST(LayoutCheck, AcceptsLayoutsThatCompose) {
   lasp.parallel.sp = 4;
   lasp.parallel.sp_method = "lasp2";
   EXPECT_NO_THROW(check_parallel_layout(lasp, dims(lasp, 4)));
+  // Dropout under tensor parallelism, with and without Megatron-SP (per-rank random streams,
+  // refused before them), and under LASP.
+  for (bool megatron_sp : {false, true}) {
+    Config d = tiny();
+    d.model.dropout = 0.1;
+    d.parallel.tp = 2;
+    d.parallel.megatron_sp = megatron_sp;
+    EXPECT_NO_THROW(check_parallel_layout(d, dims(d, 4))) << "megatron_sp " << megatron_sp;
+  }
+  lasp.model.dropout = 0.1;
+  EXPECT_NO_THROW(check_parallel_layout(lasp, dims(lasp, 4)));
 }
 
 TEST(LayoutCheck, TensorParallelRefusalsNameTheirKeys) {
@@ -64,9 +75,6 @@ TEST(LayoutCheck, TensorParallelRefusalsNameTheirKeys) {
   EXPECT_TRUE(refused(c, 4, {"model.ffn = moe", "parallel.tp = 4"}));
   EXPECT_TRUE(refused(c, 4, {"MoE layers are not tensor-parallel"}));
   c.model.ffn = "dense";
-  c.model.dropout = 0.1;
-  EXPECT_TRUE(refused(c, 4, {"model.dropout = 0.1", "parallel.tp = 4"}));
-  c.model.dropout = 0;
   c.optim.name = "adafactor";
   EXPECT_TRUE(refused(c, 4, {"optim.name = adafactor", "parallel.tp = 4"}));
   c.optim.name = "adamw";
