@@ -1,5 +1,7 @@
 #include "checkpoint/checkpoint.h"
 
+#include <cstdio>
+
 #include <algorithm>
 #include <filesystem>
 #include <sstream>
@@ -23,6 +25,41 @@ std::string step_name(int64_t step) { return "step_" + std::to_string(step); }
 
 std::string shard_name(int64_t rank, int64_t shards) {
   return "optimizer-" + std::to_string(rank) + "-of-" + std::to_string(shards) + ".safetensors";
+}
+
+const char* kModelIndex = "model.safetensors.index.json";
+
+// Hugging Face's sharded-model convention: model-00001-of-00004.safetensors (1-based).
+std::string model_shard_name(int64_t rank, int64_t shards) {
+  char name[64];
+  std::snprintf(name, sizeof name, "model-%05lld-of-%05lld.safetensors", static_cast<long long>(rank + 1),
+                static_cast<long long>(shards));
+  return name;
+}
+
+// The model of a checkpoint written in `shards` files, merged: every tensor from the one file the
+// index names for it.
+std::map<std::string, at::Tensor> read_model_shards(const fs::path& dir, int64_t shards) {
+  const std::string index_path = (dir / kModelIndex).string();
+  nlohmann::json index;
+  try {
+    index = nlohmann::json::parse(read_file(index_path));
+  } catch (const nlohmann::json::exception& e) {
+    fail(index_path, ": malformed JSON (", e.what(), ")");
+  }
+  if (!index.contains("weight_map") || !index["weight_map"].is_object()) fail(index_path, ": no weight_map");
+  std::map<std::string, at::Tensor> model;
+  for (int64_t r = 0; r < shards; ++r) {
+    const std::string file = model_shard_name(r, shards);
+    for (auto& [name, t] : read_safetensors((dir / file).string()).tensors) {
+      if (index["weight_map"].value(name, std::string()) != file)
+        fail((dir / file).string(), ": holds '", name, "', which ", index_path, " does not place in this file");
+      model.emplace(name, std::move(t));
+    }
+  }
+  for (const auto& [name, file] : index["weight_map"].items())
+    if (!model.count(name)) fail(index_path, ": names '", name, "' in ", file.get<std::string>(), ", which lacks it");
+  return model;
 }
 
 std::string compression_name(int64_t rank, int64_t ranks) {
@@ -167,6 +204,10 @@ void write_optimizer_shard(const std::string& partial_dir, int64_t rank, int64_t
   write_safetensors((fs::path(partial_dir) / shard_name(rank, shards)).string(), tensors, records);
 }
 
+void write_model_shard(const std::string& partial_dir, int64_t rank, int64_t shards, const NamedTensors& tensors) {
+  write_safetensors((fs::path(partial_dir) / model_shard_name(rank, shards)).string(), tensors, {{"format", "pt"}});
+}
+
 void write_compression_state(const std::string& partial_dir, int64_t rank, int64_t ranks, const NamedTensors& state) {
   write_safetensors((fs::path(partial_dir) / compression_name(rank, ranks)).string(), state);
 }
@@ -188,7 +229,24 @@ std::string commit_checkpoint(const std::string& checkpoints_dir, int64_t step, 
             (partial / compression_name(r, contents.compression_ranks)).string(),
             ": missing when committing the checkpoint (did rank ", r, " fail?)");
 
-  write_safetensors((partial / kModelFile).string(), contents.model, {{"format", "pt"}});
+  if (contents.model_shards > 0) {
+    // The index in Hugging Face's format, from the shards' headers (no tensor is read).
+    nlohmann::json weight_map = nlohmann::json::object();
+    int64_t total = 0;
+    for (int64_t r = 0; r < contents.model_shards; ++r) {
+      const fs::path file = partial / model_shard_name(r, contents.model_shards);
+      require(fs::exists(file), file.string(), ": missing when committing the checkpoint (did rank ", r, " fail?)");
+      for (const auto& [name, bytes] : read_safetensors_sizes(file.string())) {
+        require(!weight_map.contains(name), "internal: '", name, "' written by two ranks");
+        weight_map[name] = file.filename().string();
+        total += bytes;
+      }
+    }
+    const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    write_file_durable((partial / kModelIndex).string(), index.dump(2) + "\n");
+  } else {
+    write_safetensors((partial / kModelFile).string(), contents.model, {{"format", "pt"}});
+  }
   if (shards == 0) write_safetensors((partial / kOptimizerFile).string(), contents.optimizer);
   for (const auto& file : contents.extra_files) {
     fs::path target = partial / fs::path(file).filename();
@@ -199,6 +257,7 @@ std::string commit_checkpoint(const std::string& checkpoints_dir, int64_t step, 
   meta["format_version"] = kCheckpointFormatVersion;
   meta["step"] = step;
   if (shards > 0) meta["optimizer_shards"] = shards;
+  if (contents.model_shards > 0) meta["model_shards"] = contents.model_shards;
   if (contents.compression_ranks > 0) meta["compression_ranks"] = contents.compression_ranks;
   nlohmann::json files = nlohmann::json::object();
   for (const auto& entry : fs::directory_iterator(partial)) {
@@ -221,6 +280,10 @@ std::string commit_checkpoint(const std::string& checkpoints_dir, int64_t step, 
   write_file_atomic((fs::path(checkpoints_dir) / "latest").string(), step_name(step) + "\n");
   if (had_old) fs::remove_all(replaced);
   return final_dir.string();
+}
+
+std::string model_source(const LoadedCheckpoint& ckpt) {
+  return ckpt.dir + (ckpt.meta.contains("model_shards") ? "/model-*.safetensors" : "/" + std::string(kModelFile));
 }
 
 std::string resolve_checkpoint_dir(const std::string& path) {
@@ -257,7 +320,11 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer, c
   if (version != kCheckpointFormatVersion)
     fail(meta_path, ": checkpoint format version ", version, ", this tessera reads version ", kCheckpointFormatVersion);
   const int64_t shards = out.meta.value("optimizer_shards", int64_t{0});
-  std::vector<std::string> required{kModelFile};
+  const int64_t model_shards = out.meta.value("model_shards", int64_t{0});
+  std::vector<std::string> required;
+  if (model_shards == 0) required.push_back(kModelFile);
+  else required.push_back(kModelIndex);
+  for (int64_t r = 0; r < model_shards; ++r) required.push_back(model_shard_name(r, model_shards));
   for (int64_t r = 0; r < shards; ++r) required.push_back(shard_name(r, shards));
   if (shards == 0) required.push_back(kOptimizerFile);
   const int64_t compression_ranks = out.meta.value("compression_ranks", int64_t{0});
@@ -274,7 +341,7 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer, c
       fail(file.string(), ": checksum mismatch (the file was modified or corrupted)");
   }
   out.step = out.meta["step"].get<int64_t>();
-  out.model = read_safetensors((dir / kModelFile).string()).tensors;
+  out.model = model_shards > 0 ? read_model_shards(dir, model_shards) : read_safetensors((dir / kModelFile).string()).tensors;
   if (!with_optimizer) return out;
   out.optimizer = shards > 0 ? assemble_shards(dir, shards, ranges) : read_optimizer_file(dir / kOptimizerFile, ranges);
   for (int64_t r = 0; r < compression_ranks; ++r)

@@ -6,7 +6,13 @@
 //                          its size and checksum
 //   tokenizer files        copied from the data directory so `tessera generate` needs nothing else
 //
-// A multi-rank checkpoint replaces optimizer.safetensors by one shard per rank,
+// A multi-rank checkpoint writes the model as one file per rank, in Hugging Face's sharded layout,
+//   model-00001-of-0000N.safetensors ...   whole tensors, each written by the one rank that owns it
+//                                          (no rank ever holds the whole model to save it)
+//   model.safetensors.index.json           {"metadata": {"total_size"}, "weight_map": {name: file}},
+//                                          made by commit_checkpoint from the shards' headers
+// (meta.json records model_shards = N; load_checkpoint merges them; `tessera export` writes one
+// model.safetensors), and replaces optimizer.safetensors by one shard per rank,
 //   optimizer-<r>-of-<N>.safetensors   contiguous slices of the flattened optimizer tensors
 //                                      (rank r's even slice of each, or what rank r owns under
 //                                      ZeRO: any split that covers every element exactly once)
@@ -50,6 +56,7 @@ struct CheckpointContents {
   nlohmann::json meta;                  // caller's fields; save adds format_version, step, files
   std::vector<std::string> extra_files;  // copied in by name (e.g. tokenizer.json)
   int64_t compression_ranks = 0;         // > 0: compression-<r>-of-<N> files every rank wrote
+  int64_t model_shards = 0;              // > 0: model-<r+1>-of-<N> files every rank wrote; `model` unused
 };
 
 struct LoadedCheckpoint {
@@ -82,13 +89,17 @@ std::vector<TensorSlice> even_slices(const NamedTensors& whole, int64_t rank, in
 // step_<step>.partial/ and returns its path (partial_checkpoint_dir gives it on every rank);
 // write_optimizer_shard writes rank `rank`'s slices (over all N ranks every element of every
 // tensor must be written exactly once; load_checkpoint checks the coverage); commit_checkpoint
-// (rank 0) writes the model, the extra files and meta.json (recording `shards` = N) and renames
-// the directory into place. `contents.optimizer` is ignored by commit_checkpoint.
+// (rank 0) writes the model (or, with contents.model_shards, the index of the shards every rank
+// wrote with write_model_shard), the extra files and meta.json (recording `shards` = N) and
+// renames the directory into place. `contents.optimizer` is ignored by commit_checkpoint.
 std::string partial_checkpoint_dir(const std::string& checkpoints_dir, int64_t step);
 std::string prepare_checkpoint_dir(const std::string& checkpoints_dir, int64_t step);
 void write_optimizer_shard(const std::string& partial_dir, int64_t rank, int64_t shards,
                            const std::vector<TensorSlice>& slices);
 void write_compression_state(const std::string& partial_dir, int64_t rank, int64_t ranks, const NamedTensors& state);
+// Rank `rank`'s whole model tensors (export names), model-<rank+1 as 00001>-of-<N>.safetensors: over
+// all N ranks each tensor is written by exactly one (commit_checkpoint refuses a tensor twice).
+void write_model_shard(const std::string& partial_dir, int64_t rank, int64_t shards, const NamedTensors& tensors);
 std::string commit_checkpoint(const std::string& checkpoints_dir, int64_t step, const CheckpointContents& contents,
                               int64_t shards);
 
@@ -108,6 +119,10 @@ using OptimizerRanges = std::map<std::string, OptimizerRange>;
 // each whole tensor, and each range, exactly once.
 LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer = true,
                                  const OptimizerRanges& ranges = {});
+
+// Where a loaded checkpoint's model came from, for messages: ".../model.safetensors" or
+// ".../model-*.safetensors" (sharded).
+std::string model_source(const LoadedCheckpoint& ckpt);
 
 // Resolves `path` as load_checkpoint does, without reading tensors.
 std::string resolve_checkpoint_dir(const std::string& path);

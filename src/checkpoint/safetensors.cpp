@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
@@ -59,14 +60,15 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');
 
-  std::string out;
-  out.reserve(8 + json.size() + offset);
+  std::string head;
   uint64_t n = json.size();
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
-  out += json;
+  for (int i = 0; i < 8; ++i) head.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+  head += json;
+  // Written piece by piece: the tensors' bytes are never copied into one buffer.
+  std::vector<std::pair<const char*, size_t>> pieces{{head.data(), head.size()}};
   for (const auto& [name, t] : order)
-    out.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
-  write_file_durable(path, out);
+    pieces.emplace_back(static_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.numel() * t.element_size()));
+  write_file_durable(path, pieces);
 }
 
 SafetensorsContents read_safetensors(const std::string& path) {
@@ -125,6 +127,30 @@ SafetensorsContents read_safetensors(const std::string& path) {
   }
   if (cursor != data_size) fail(path, ": ", data_size - cursor, " trailing bytes after the last tensor");
   return result;
+}
+
+std::map<std::string, int64_t> read_safetensors_sizes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, ": cannot open");
+  unsigned char length[8];
+  if (!in.read(reinterpret_cast<char*>(length), 8)) fail(path, ": truncated safetensors file");
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(length[i]) << (8 * i);
+  std::string text(n, ' ');
+  if (!in.read(text.data(), static_cast<std::streamsize>(n))) fail(path, ": header length ", n, " exceeds the file");
+  std::map<std::string, int64_t> sizes;
+  try {
+    const nlohmann::json header = nlohmann::json::parse(text);
+    for (const auto& [name, entry] : header.items()) {
+      if (name == "__metadata__") continue;
+      const auto offsets = entry.at("data_offsets").get<std::vector<int64_t>>();
+      if (offsets.size() != 2) fail(path, ": malformed entry for tensor '", name, "'");
+      sizes[name] = offsets[1] - offsets[0];
+    }
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, ": malformed safetensors header (", e.what(), ")");
+  }
+  return sizes;
 }
 
 }  // namespace tessera

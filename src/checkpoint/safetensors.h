@@ -33,4 +33,7 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
 
 SafetensorsContents read_safetensors(const std::string& path);
 
+// The tensors' names and byte sizes, from the header alone (the data is not read).
+std::map<std::string, int64_t> read_safetensors_sizes(const std::string& path);
+
 }  // namespace tessera

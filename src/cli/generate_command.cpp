@@ -28,7 +28,7 @@ Command add_generate_command(CLI::App& app) {
     LoadedCheckpoint ckpt = load_checkpoint(args->checkpoint, /*with_optimizer=*/false);
     Config config = Config::from_checkpoint_meta(ckpt.dir + "/meta.json", {});
     TransformerLM model(config.model);
-    import_state(*model, ckpt.model, ckpt.dir + "/model.safetensors");
+    import_state(*model, ckpt.model, model_source(ckpt));
     auto tokenizer = load_tokenizer(ckpt.dir);
     std::cout << args->prompt << std::flush;
     generate_tokens(*model, tokenizer->encode(args->prompt), args->sampling,

@@ -23,18 +23,24 @@ std::string read_file(const std::string& path) {
 }
 
 void write_file_durable(const std::string& path, const std::string& bytes) {
+  write_file_durable(path, {{bytes.data(), bytes.size()}});
+}
+
+void write_file_durable(const std::string& path, const std::vector<std::pair<const char*, size_t>>& pieces) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) fail(path, ": cannot create (", std::strerror(errno), ")");
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int e = errno;
-      ::close(fd);
-      fail(path, ": write failed (", std::strerror(e), ")");
+  for (const auto& [data, size] : pieces) {
+    size_t done = 0;
+    while (done < size) {
+      ssize_t n = ::write(fd, data + done, size - done);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        int e = errno;
+        ::close(fd);
+        fail(path, ": write failed (", std::strerror(e), ")");
+      }
+      done += static_cast<size_t>(n);
     }
-    done += static_cast<size_t>(n);
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0) fail(path, ": fsync/close failed (", std::strerror(errno), ")");
 }

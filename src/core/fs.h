@@ -5,11 +5,15 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace tessera {
 
 std::string read_file(const std::string& path);  // throws naming the path
 void write_file_durable(const std::string& path, const std::string& bytes);  // fsync'ed
+// The same for bytes in pieces, written in order without joining them first (large files).
+void write_file_durable(const std::string& path, const std::vector<std::pair<const char*, size_t>>& pieces);
 // Writes `path.tmp` then renames it over `path`; readers see the old or the new file, whole.
 void write_file_atomic(const std::string& path, const std::string& bytes);
 void fsync_directory(const std::string& path);

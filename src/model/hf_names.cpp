@@ -25,6 +25,8 @@ std::string shape_string(at::IntArrayRef sizes) {
   return out.str();
 }
 
+std::string export_name(bool hf, const std::string& param) { return (hf ? "transformer." : "model.") + param; }
+
 struct ExportEntry {
   std::string name;   // export name
   at::Tensor param;   // the model's parameter
@@ -36,7 +38,7 @@ std::vector<ExportEntry> export_entries(TransformerLMImpl& model) {
   std::vector<ExportEntry> entries;
   for (const auto& item : model.named_parameters()) {
     const bool transpose = hf && is_conv1d_weight(item.key());
-    entries.push_back({(hf ? "transformer." : "model.") + item.key(), item.value(), transpose});
+    entries.push_back({export_name(hf, item.key()), item.value(), transpose});
   }
   return entries;
 }
@@ -54,6 +56,13 @@ NamedTensors export_state(TransformerLMImpl& model) {
     out.emplace_back(e.name, e.transposed ? t.t().contiguous() : t.contiguous());
   }
   return out;
+}
+
+std::pair<std::string, at::Tensor> export_tensor(const ModelOptions& opts, const std::string& param,
+                                                 const at::Tensor& value) {
+  const bool hf = uses_hf_gpt2_names(opts);
+  const at::Tensor t = value.detach();
+  return {export_name(hf, param), hf && is_conv1d_weight(param) ? t.t().contiguous() : t.clone()};
 }
 
 void import_state(TransformerLMImpl& model, const std::map<std::string, at::Tensor>& tensors,

@@ -25,6 +25,10 @@ bool uses_hf_gpt2_names(const ModelOptions& opts);
 
 // The model's parameters under their export names (detached; contiguous).
 NamedTensors export_state(TransformerLMImpl& model);
+// One parameter's export name and its whole value `value` in the export layout, in memory of its
+// own (a copy, never a view of `value`): what export_state gives for it.
+std::pair<std::string, at::Tensor> export_tensor(const ModelOptions& opts, const std::string& param,
+                                                 const at::Tensor& value);
 
 // Copies `tensors` (export names) into the model's parameters under NoGradGuard, converting dtype
 // and device. Throws tessera::Error naming `source` and the tensor when a parameter is missing, a

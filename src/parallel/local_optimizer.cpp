@@ -81,4 +81,10 @@ void LocalOptimizer::load_training_state(const std::map<std::string, at::Tensor>
   if (scaler_) scaler_->load_state(with_prefix(tensors, "scaler."), source);
 }
 
+void LocalOptimizer::visit_full_parameters(const std::function<void(const std::vector<std::string>& names)>& fn) {
+  std::vector<std::string> names;
+  for (const auto& [name, p] : params_) names.push_back(name);
+  fn(names);
+}
+
 }  // namespace tessera

@@ -36,6 +36,8 @@ class LocalOptimizer : public OptimizerOwner {
   NamedTensors training_state() override;
   void load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) override;
 
+  void visit_full_parameters(const std::function<void(const std::vector<std::string>& names)>& fn) override;
+
  private:
   double clip(double max_norm);
 

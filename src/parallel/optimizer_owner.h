@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -115,6 +116,11 @@ class OptimizerOwner {
   // after the model's parameters were overwritten, take them back into the owner's state.
   virtual void gather_full_parameters() {}
   virtual void reshard_parameters() {}
+  // Calls fn with the names of parameters that are whole (over the owner's ranks) during the call,
+  // until every parameter was named once, in the same order on every rank: ZeRO-3 gathers one
+  // unit per call and releases it after (a collective), so the whole model is never resident;
+  // the others call fn once with every parameter.
+  virtual void visit_full_parameters(const std::function<void(const std::vector<std::string>& names)>& fn) = 0;
 };
 
 }  // namespace tessera

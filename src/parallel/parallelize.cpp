@@ -2,6 +2,8 @@
 // (parallelize.h).
 #include "parallel/parallelize.h"
 
+#include <algorithm>
+
 #include <torch/torch.h>
 
 #include "core/error.h"
@@ -144,6 +146,34 @@ NamedTensors ParallelModel::model_state() {
   auto params = whole->named_parameters();
   for (const auto& [name, tensor] : gathered) params[name].copy_(tensor);
   return export_state(*whole);
+}
+
+NamedTensors ParallelModel::model_state_shard(int64_t rank, int64_t shards) {
+  // Owners: each parameter, in registration order, to the rank holding the fewest elements so far.
+  std::map<std::string, TensorParallelLayout> layouts;
+  std::map<std::string, int64_t> owner;
+  std::vector<int64_t> load(static_cast<size_t>(shards), 0);
+  for (const auto& item : model_->named_parameters()) {
+    const TensorParallelLayout layout = tensor_parallel_layout(model_->parameter_specs().at(item.key()));
+    const int64_t numel = item.value().numel() * (tp_ && layout.dim >= 0 ? tp_->size() : 1);
+    const auto least = std::min_element(load.begin(), load.end()) - load.begin();
+    owner[item.key()] = least;
+    load[static_cast<size_t>(least)] += numel;
+    layouts.emplace(item.key(), layout);
+  }
+  auto params = model_->named_parameters();
+  NamedTensors mine;
+  at::NoGradGuard no_grad;
+  owner_->visit_full_parameters([&](const std::vector<std::string>& names) {
+    for (const std::string& name : names) {
+      const TensorParallelLayout& layout = layouts.at(name);
+      const bool gathered = tp_ && layout.dim >= 0;  // every tp rank takes part in the gather
+      if (!gathered && owner.at(name) != rank) continue;
+      const at::Tensor whole = gathered ? gather_tensor(params[name].contiguous(), layout, *tp_) : params[name];
+      if (owner.at(name) == rank) mine.push_back(export_tensor(model_->options(), name, whole));
+    }
+  });
+  return mine;
 }
 
 void ParallelModel::load_model_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) {

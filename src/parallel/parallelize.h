@@ -79,6 +79,11 @@ class ParallelModel {
   // The model's parameters in Hugging Face names (model/hf_names.h), whole whatever the layout
   // (tensor-parallel shards gathered, ZeRO-3 gathered): a collective.
   NamedTensors model_state();
+  // This rank's share of model_state() for a checkpoint written as `shards` files (one per rank of
+  // the world): whole tensors under their export names, each tensor in exactly one rank's share
+  // (assigned by size, the same on every rank). A collective of every rank; no rank holds more
+  // than its share, one ZeRO-3 unit and one tensor-parallel tensor beyond its training state.
+  NamedTensors model_state_shard(int64_t rank, int64_t shards);
   // Loads whole HF-named parameters into this rank's part of the model, on every rank.
   void load_model_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source);
 

@@ -55,6 +55,8 @@ class TrainStep {
   TransformerLM& model() { return parallel_->model(); }
   // The model's parameters in Hugging Face names (model/hf_names.h), whole whatever the layout.
   NamedTensors model_state() { return parallel_->model_state(); }
+  // This rank's share of the model for a checkpoint of `shards` files (parallel/parallelize.h).
+  NamedTensors model_state_shard(int64_t rank, int64_t shards) { return parallel_->model_state_shard(rank, shards); }
   // Loads HF-named parameters (a checkpoint's model.safetensors) into the model, on every rank.
   void load_model_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) {
     parallel_->load_model_state(tensors, source);

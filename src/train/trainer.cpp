@@ -148,7 +148,7 @@ Trainer::Trainer(Config config, std::string run_dir, std::string resume, comm::M
   if (!s.resume.empty()) {
     // Under ZeRO 1-3 each rank reads only the optimizer slices it owns.
     LoadedCheckpoint ckpt = load_checkpoint(s.resume, true, s.trainer->training_state_ranges());
-    const std::string model_file = ckpt.dir + "/model.safetensors";
+    const std::string model_file = model_source(ckpt);
     const int64_t shards = ckpt.meta.value("optimizer_shards", int64_t{0});
     const std::string optim_file =
         ckpt.dir + (shards > 0 ? "/optimizer-*-of-" + std::to_string(shards) + ".safetensors" : "/optimizer.safetensors");
@@ -216,14 +216,17 @@ TrainSummary Trainer::run() {
   const bool compressing = distributed && c.parallel.grad_compression != "none";
   auto save = [&]() {
     CheckpointContents contents;
-    contents.model = s.trainer->model_state();
     const NamedTensors rng = random_stream_states(s.rank, s.device);
     if (distributed) {
+      // Every rank writes its share of the model and its slices of the optimizer state.
       const int64_t world = s.mesh->world_size();
-      std::vector<TensorSlice> slices = s.trainer->training_state_slices(s.rank, world);
-      for (const auto& [name, state] : rng) slices.push_back({name, state, 0, state.sizes().vec()});
+      contents.model_shards = world;
       if (lead) prepare_checkpoint_dir(checkpoints_dir, s.step);
       s.mesh->world().barrier();
+      write_model_shard(partial_checkpoint_dir(checkpoints_dir, s.step), s.rank, world,
+                        s.trainer->model_state_shard(s.rank, world));
+      std::vector<TensorSlice> slices = s.trainer->training_state_slices(s.rank, world);
+      for (const auto& [name, state] : rng) slices.push_back({name, state, 0, state.sizes().vec()});
       write_optimizer_shard(partial_checkpoint_dir(checkpoints_dir, s.step), s.rank, world, slices);
       if (compressing)
         write_compression_state(partial_checkpoint_dir(checkpoints_dir, s.step), s.rank, world,
@@ -243,6 +246,7 @@ TrainSummary Trainer::run() {
       if (fs::exists(file)) contents.extra_files.push_back(file.string());
     }
     if (!distributed) {
+      contents.model = s.trainer->model_state();
       contents.optimizer = s.trainer->training_state();
       contents.optimizer.insert(contents.optimizer.end(), rng.begin(), rng.end());
     }

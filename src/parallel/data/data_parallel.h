@@ -131,6 +131,9 @@ class DataParallel : public OptimizerOwner {
   // Stage 3: gathers every parameter into the model (for export); a collective. They stay
   // gathered until reshard_parameters() or the release after their next use.
   void gather_full_parameters() override;
+  // Stage 3: one unit at a time (gathered for the call, released after unless it was resident);
+  // stages 0-2: every parameter in one call.
+  void visit_full_parameters(const std::function<void(const std::vector<std::string>& names)>& fn) override;
   // After the model's parameters were overwritten (a checkpoint imported into the model after
   // gather_full_parameters()). Stage 3: takes this rank's shard from them and releases the
   // blocks. With offload (stages 1-3): copies the shard into the host master the optimizer

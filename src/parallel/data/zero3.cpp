@@ -93,6 +93,23 @@ void DataParallel::gather_full_parameters() {
   if (impl_->stage == 3) impl_->residency->gather_all();
 }
 
+void DataParallel::visit_full_parameters(const std::function<void(const std::vector<std::string>& names)>& fn) {
+  Impl& s = *impl_;
+  if (s.stage < 3) {
+    std::vector<std::string> names;
+    for (const auto& [name, p] : s.params) names.push_back(name);
+    return fn(names);
+  }
+  for (size_t u = 0; u < s.units.size(); ++u) {
+    const bool was_resident = s.residency->resident(u);
+    s.residency->complete(u);
+    std::vector<std::string> names;
+    for (const auto& e : s.units[u].entries()) names.push_back(e.name);
+    fn(names);
+    if (!was_resident) s.residency->release(u);
+  }
+}
+
 void DataParallel::reshard_parameters() {
   Impl& s = *impl_;
   at::NoGradGuard no_grad;

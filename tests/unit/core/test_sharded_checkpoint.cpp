@@ -1,11 +1,15 @@
 // Multi-rank checkpoints: shards written by 3 "ranks" reassemble into exactly the whole tensors,
 // whether each holds even slices or uneven ones (as ZeRO owns them), a gap in the coverage is
 // named, a resuming rank reads just its ranges, a missing shard blocks the commit, and a tampered
-// shard is refused by name on load.
+// shard is refused by name on load. The model, written as one file per rank, gets Hugging Face's
+// index, merges on load, and a tensor written by two ranks or a shard missing from the index is
+// refused.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include <ATen/ATen.h>
 
@@ -28,6 +32,35 @@ CheckpointContents contents() {
   c.model = {{"wte.weight", at::ones({3, 2})}};
   c.meta = {{"config", "x"}};
   return c;
+}
+
+TEST(ShardedCheckpoint, ModelShardsGetAHuggingFaceIndexAndMergeOnLoad) {
+  const std::string dir = fresh_dir("model_shards") + "/checkpoints";
+  const std::string partial = prepare_checkpoint_dir(dir, 2);
+  for (int64_t r = 0; r < 2; ++r) write_optimizer_shard(partial, r, 2, even_slices(optimizer_state(), r, 2));
+  write_model_shard(partial, 0, 2, {{"transformer.wte.weight", at::ones({3, 2})}});
+  write_model_shard(partial, 1, 2, {{"transformer.ln_f.weight", at::arange(2, at::kFloat)},
+                                    {"transformer.ln_f.bias", at::zeros({2}, at::kDouble)}});
+  CheckpointContents c = contents();
+  c.model_shards = 2;
+  const std::string committed = commit_checkpoint(dir, 2, c, 2);
+  EXPECT_FALSE(std::filesystem::exists(committed + "/model.safetensors"));
+  const auto index = nlohmann::json::parse(read_file(committed + "/model.safetensors.index.json"));
+  EXPECT_EQ(index["metadata"]["total_size"], 3 * 2 * 4 + 2 * 4 + 2 * 8);
+  EXPECT_EQ(index["weight_map"]["transformer.wte.weight"], "model-00001-of-00002.safetensors");
+  EXPECT_EQ(index["weight_map"]["transformer.ln_f.bias"], "model-00002-of-00002.safetensors");
+  const LoadedCheckpoint loaded = load_checkpoint(committed);
+  EXPECT_EQ(loaded.model.size(), 3u);
+  EXPECT_TRUE(at::equal(loaded.model.at("transformer.ln_f.weight"), at::arange(2, at::kFloat)));
+  EXPECT_EQ(model_source(loaded), committed + "/model-*.safetensors");
+
+  // The same tensor from two ranks is refused at commit.
+  const std::string twice = prepare_checkpoint_dir(dir, 3);
+  for (int64_t r = 0; r < 2; ++r) {
+    write_optimizer_shard(twice, r, 2, even_slices(optimizer_state(), r, 2));
+    write_model_shard(twice, r, 2, {{"transformer.wte.weight", at::ones({3, 2})}});
+  }
+  EXPECT_THROW(commit_checkpoint(dir, 3, c, 2), Error);
 }
 
 TEST(ShardedCheckpoint, ShardsReassembleIntoTheWholeTensors) {
