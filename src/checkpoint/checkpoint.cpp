@@ -1,6 +1,7 @@
 #include "checkpoint/checkpoint.h"
 
 #include <cstdio>
+#include <set>
 
 #include <algorithm>
 #include <filesystem>
@@ -37,9 +38,15 @@ std::string model_shard_name(int64_t rank, int64_t shards) {
   return name;
 }
 
-// The model of a checkpoint written in `shards` files, merged: every tensor from the one file the
-// index names for it.
-std::map<std::string, at::Tensor> read_model_shards(const fs::path& dir, int64_t shards) {
+// Where each model tensor of a checkpoint is: the one file, or for `shards` files the file the
+// index names, checked against the shards' headers (every tensor in exactly the file named).
+std::map<std::string, std::string> model_file_map(const fs::path& dir, int64_t shards) {
+  std::map<std::string, std::string> files;
+  if (shards == 0) {
+    for (const auto& [name, bytes] : read_safetensors_sizes((dir / kModelFile).string()))
+      files[name] = (dir / kModelFile).string();
+    return files;
+  }
   const std::string index_path = (dir / kModelIndex).string();
   nlohmann::json index;
   try {
@@ -48,18 +55,17 @@ std::map<std::string, at::Tensor> read_model_shards(const fs::path& dir, int64_t
     fail(index_path, ": malformed JSON (", e.what(), ")");
   }
   if (!index.contains("weight_map") || !index["weight_map"].is_object()) fail(index_path, ": no weight_map");
-  std::map<std::string, at::Tensor> model;
   for (int64_t r = 0; r < shards; ++r) {
     const std::string file = model_shard_name(r, shards);
-    for (auto& [name, t] : read_safetensors((dir / file).string()).tensors) {
+    for (const auto& [name, bytes] : read_safetensors_sizes((dir / file).string())) {
       if (index["weight_map"].value(name, std::string()) != file)
         fail((dir / file).string(), ": holds '", name, "', which ", index_path, " does not place in this file");
-      model.emplace(name, std::move(t));
+      files[name] = (dir / file).string();
     }
   }
   for (const auto& [name, file] : index["weight_map"].items())
-    if (!model.count(name)) fail(index_path, ": names '", name, "' in ", file.get<std::string>(), ", which lacks it");
-  return model;
+    if (!files.count(name)) fail(index_path, ": names '", name, "' in ", file.get<std::string>(), ", which lacks it");
+  return files;
 }
 
 std::string compression_name(int64_t rank, int64_t ranks) {
@@ -303,7 +309,14 @@ std::string resolve_checkpoint_dir(const std::string& path) {
   fail(path, ": not a checkpoint (no meta.json) and no checkpoints/latest beneath it");
 }
 
-LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer, const OptimizerRanges& ranges) {
+at::Tensor read_model_tensor(const LoadedCheckpoint& ckpt, const std::string& name) {
+  const auto it = ckpt.model_files.find(name);
+  if (it == ckpt.model_files.end()) fail(ckpt.dir, ": the checkpoint's model has no tensor '", name, "'");
+  return read_safetensors_tensor(it->second, name);
+}
+
+LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer, const OptimizerRanges& ranges,
+                                 bool with_model) {
   LoadedCheckpoint out;
   out.dir = resolve_checkpoint_dir(path);
   const fs::path dir(out.dir);
@@ -341,7 +354,17 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer, c
       fail(file.string(), ": checksum mismatch (the file was modified or corrupted)");
   }
   out.step = out.meta["step"].get<int64_t>();
-  out.model = model_shards > 0 ? read_model_shards(dir, model_shards) : read_safetensors((dir / kModelFile).string()).tensors;
+  out.model_files = model_file_map(dir, model_shards);
+  if (with_model) {
+    if (model_shards == 0) {
+      out.model = read_safetensors((dir / kModelFile).string()).tensors;
+    } else {
+      std::set<std::string> files;
+      for (const auto& [name, file] : out.model_files) files.insert(file);
+      for (const std::string& file : files)
+        for (auto& [name, t] : read_safetensors(file).tensors) out.model.emplace(name, std::move(t));
+    }
+  }
   if (!with_optimizer) return out;
   out.optimizer = shards > 0 ? assemble_shards(dir, shards, ranges) : read_optimizer_file(dir / kOptimizerFile, ranges);
   for (int64_t r = 0; r < compression_ranks; ++r)

@@ -62,7 +62,8 @@ struct CheckpointContents {
 struct LoadedCheckpoint {
   std::string dir;
   int64_t step = 0;
-  std::map<std::string, at::Tensor> model;
+  std::map<std::string, at::Tensor> model;              // empty when loaded without the model
+  std::map<std::string, std::string> model_files;       // every model tensor's file (always filled)
   std::map<std::string, at::Tensor> optimizer;
   std::vector<std::map<std::string, at::Tensor>> compression;  // per saving rank, in rank order
   nlohmann::json meta;
@@ -114,11 +115,16 @@ using OptimizerRanges = std::map<std::string, OptimizerRange>;
 // `path` may be a step directory, a checkpoints directory or a run directory (the latter two
 // resolve through `latest`). Throws tessera::Error naming the file on any inconsistency. Every
 // file is verified; the optimizer tensors are read only when `with_optimizer` (generation needs
-// the model alone). A tensor named in `ranges` comes back as the 1-D tensor of its range (read
+// the model alone), the model's only when `with_model` (a resuming rank reads the tensors it
+// keeps one at a time with read_model_tensor). A tensor named in `ranges` comes back as the 1-D tensor of its range (read
 // shard by shard, so the whole tensor is never held); the others whole. The shards must cover
 // each whole tensor, and each range, exactly once.
 LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer = true,
-                                 const OptimizerRanges& ranges = {});
+                                 const OptimizerRanges& ranges = {}, bool with_model = true);
+
+// One model tensor of a checkpoint loaded without its model, read from its file alone (the files
+// were verified by load_checkpoint).
+at::Tensor read_model_tensor(const LoadedCheckpoint& ckpt, const std::string& name);
 
 // Where a loaded checkpoint's model came from, for messages: ".../model.safetensors" or
 // ".../model-*.safetensors" (sharded).

@@ -129,8 +129,10 @@ SafetensorsContents read_safetensors(const std::string& path) {
   return result;
 }
 
-std::map<std::string, int64_t> read_safetensors_sizes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+namespace {
+
+// The parsed header of an open file and where the tensor bytes start.
+nlohmann::json read_header(std::ifstream& in, const std::string& path, uint64_t& data_start) {
   if (!in) fail(path, ": cannot open");
   unsigned char length[8];
   if (!in.read(reinterpret_cast<char*>(length), 8)) fail(path, ": truncated safetensors file");
@@ -138,9 +140,47 @@ std::map<std::string, int64_t> read_safetensors_sizes(const std::string& path) {
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(length[i]) << (8 * i);
   std::string text(n, ' ');
   if (!in.read(text.data(), static_cast<std::streamsize>(n))) fail(path, ": header length ", n, " exceeds the file");
+  data_start = 8 + n;
+  try {
+    nlohmann::json header = nlohmann::json::parse(text);
+    if (!header.is_object()) fail(path, ": safetensors header is not a JSON object");
+    return header;
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, ": malformed safetensors header (", e.what(), ")");
+  }
+}
+
+}  // namespace
+
+at::Tensor read_safetensors_tensor(const std::string& path, const std::string& name) {
+  std::ifstream in(path, std::ios::binary);
+  uint64_t data_start = 0;
+  const nlohmann::json header = read_header(in, path, data_start);
+  if (!header.contains(name) || name == "__metadata__") fail(path, ": no tensor '", name, "'");
+  try {
+    const auto& entry = header.at(name);
+    const auto type = dtype_from_name(entry.at("dtype").get<std::string>(), path, name);
+    const auto shape = entry.at("shape").get<std::vector<int64_t>>();
+    const auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
+    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(type));
+    const uint64_t bytes = static_cast<uint64_t>(t.numel()) * at::elementSize(type);
+    if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] - offsets[0] != bytes)
+      fail(path, ": tensor '", name, "' has inconsistent offsets for its shape");
+    in.seekg(static_cast<std::streamoff>(data_start + offsets[0]));
+    if (bytes && !in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(bytes)))
+      fail(path, ": tensor '", name, "' lies outside the file (truncated?)");
+    return t;
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, ": malformed entry for tensor '", name, "' (", e.what(), ")");
+  }
+}
+
+std::map<std::string, int64_t> read_safetensors_sizes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  uint64_t data_start = 0;
+  const nlohmann::json header = read_header(in, path, data_start);
   std::map<std::string, int64_t> sizes;
   try {
-    const nlohmann::json header = nlohmann::json::parse(text);
     for (const auto& [name, entry] : header.items()) {
       if (name == "__metadata__") continue;
       const auto offsets = entry.at("data_offsets").get<std::vector<int64_t>>();

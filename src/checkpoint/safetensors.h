@@ -36,4 +36,8 @@ SafetensorsContents read_safetensors(const std::string& path);
 // The tensors' names and byte sizes, from the header alone (the data is not read).
 std::map<std::string, int64_t> read_safetensors_sizes(const std::string& path);
 
+// One tensor of a file, read by seeking to its bytes (the rest of the file is not read). Throws
+// tessera::Error naming the file and the tensor when it is absent or its entry is inconsistent.
+at::Tensor read_safetensors_tensor(const std::string& path, const std::string& name);
+
 }  // namespace tessera

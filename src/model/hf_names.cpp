@@ -65,29 +65,46 @@ std::pair<std::string, at::Tensor> export_tensor(const ModelOptions& opts, const
   return {export_name(hf, param), hf && is_conv1d_weight(param) ? t.t().contiguous() : t.clone()};
 }
 
+std::string export_name(const ModelOptions& opts, const std::string& param) {
+  return export_name(uses_hf_gpt2_names(opts), param);
+}
+
+at::Tensor import_tensor(const ModelOptions& o, const std::string& param, const at::Tensor& stored,
+                         at::IntArrayRef expected, const std::string& source) {
+  const bool transposed = uses_hf_gpt2_names(o) && is_conv1d_weight(param);
+  at::Tensor value = transposed && stored.dim() == 2 ? stored.t() : stored;
+  if (value.sizes() != expected) {
+    const std::vector<int64_t> stored_shape =
+        transposed && expected.size() == 2 ? std::vector<int64_t>{expected[1], expected[0]} : expected.vec();
+    fail(source, ": tensor '", export_name(o, param), "' has shape ", shape_string(stored.sizes()),
+         ", the model expects ", shape_string(stored_shape), " (model.vocab_size = ", o.vocab_size,
+         ", model.n_embd = ", o.n_embd, ", model.block_size = ", o.block_size, ", model.mlp_ratio = ", o.mlp_ratio,
+         ", model.moe_experts = ", o.moe_experts, ")");
+  }
+  return value;
+}
+
+void check_export_names(const ModelOptions& o, const std::vector<std::string>& params,
+                        const std::set<std::string>& names, const std::string& source) {
+  std::set<std::string> expected;
+  for (const auto& p : params) expected.insert(export_name(o, p));
+  for (const auto& name : names)
+    require(expected.count(name), source, ": unexpected tensor '", name, "' (the model is arch ", o.arch, ", ffn ",
+            o.ffn, ", bias ", o.bias ? "true" : "false", ", n_layer ", o.n_layer, ")");
+  for (const auto& name : expected) require(names.count(name), source, ": missing tensor '", name, "'");
+}
+
 void import_state(TransformerLMImpl& model, const std::map<std::string, at::Tensor>& tensors,
                   const std::string& source) {
   const auto& o = model.options();
-  auto entries = export_entries(model);
-  std::set<std::string> expected;
-  for (const auto& e : entries) expected.insert(e.name);
-  for (const auto& [name, t] : tensors)
-    require(expected.count(name), source, ": unexpected tensor '", name, "' (the model is arch ", o.arch, ", ffn ",
-            o.ffn, ", bias ", o.bias ? "true" : "false", ", n_layer ", o.n_layer, ")");
+  std::vector<std::string> params;
+  std::set<std::string> names;
+  for (const auto& item : model.named_parameters()) params.push_back(item.key());
+  for (const auto& [name, t] : tensors) names.insert(name);
+  check_export_names(o, params, names, source);
   torch::NoGradGuard no_grad;
-  for (auto& e : entries) {
-    auto it = tensors.find(e.name);
-    require(it != tensors.end(), source, ": missing tensor '", e.name, "'");
-    auto value = e.transposed && it->second.dim() == 2 ? it->second.t() : it->second;
-    if (value.sizes() != e.param.sizes()) {
-      auto stored = e.transposed ? e.param.t().sizes() : e.param.sizes();
-      fail(source, ": tensor '", e.name, "' has shape ", shape_string(it->second.sizes()), ", the model expects ",
-           shape_string(stored), " (model.vocab_size = ", o.vocab_size, ", model.n_embd = ", o.n_embd,
-           ", model.block_size = ", o.block_size, ", model.mlp_ratio = ", o.mlp_ratio, ", model.moe_experts = ",
-           o.moe_experts, ")");
-    }
-    e.param.copy_(value);
-  }
+  for (auto& item : model.named_parameters())
+    item.value().copy_(import_tensor(o, item.key(), tensors.at(export_name(o, item.key())), item.value().sizes(), source));
 }
 
 }  // namespace tessera

@@ -11,7 +11,9 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -29,6 +31,18 @@ NamedTensors export_state(TransformerLMImpl& model);
 // own (a copy, never a view of `value`): what export_state gives for it.
 std::pair<std::string, at::Tensor> export_tensor(const ModelOptions& opts, const std::string& param,
                                                  const at::Tensor& value);
+
+// Parameter `param`'s export name.
+std::string export_name(const ModelOptions& opts, const std::string& param);
+// Parameter `param`'s value in the model's layout from its export-layout tensor `stored` (a view
+// where it is transposed), checked against the whole parameter's shape `expected`; throws
+// tessera::Error naming `source`, the tensor and the model keys that set the shape.
+at::Tensor import_tensor(const ModelOptions& opts, const std::string& param, const at::Tensor& stored,
+                         at::IntArrayRef expected, const std::string& source);
+// Refuses, naming `source`, export names in `names` that no parameter in `params` has (an
+// unexpected tensor) and parameters whose export name `names` lacks (a missing one).
+void check_export_names(const ModelOptions& opts, const std::vector<std::string>& params,
+                        const std::set<std::string>& names, const std::string& source);
 
 // Copies `tensors` (export names) into the model's parameters under NoGradGuard, converting dtype
 // and device. Throws tessera::Error naming `source` and the tensor when a parameter is missing, a

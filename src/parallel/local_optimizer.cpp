@@ -81,6 +81,13 @@ void LocalOptimizer::load_training_state(const std::map<std::string, at::Tensor>
   if (scaler_) scaler_->load_state(with_prefix(tensors, "scaler."), source);
 }
 
+void LocalOptimizer::load_parameter(const std::string& name, const at::Tensor& value) {
+  at::NoGradGuard no_grad;
+  for (auto& [n, p] : params_)
+    if (n == name) return void(p.copy_(value));
+  fail("internal: LocalOptimizer has no parameter '", name, "'");
+}
+
 void LocalOptimizer::visit_full_parameters(const std::function<void(const std::vector<std::string>& names)>& fn) {
   std::vector<std::string> names;
   for (const auto& [name, p] : params_) names.push_back(name);

@@ -37,6 +37,7 @@ class LocalOptimizer : public OptimizerOwner {
   void load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) override;
 
   void visit_full_parameters(const std::function<void(const std::vector<std::string>& names)>& fn) override;
+  void load_parameter(const std::string& name, const at::Tensor& value) override;
 
  private:
   double clip(double max_norm);

@@ -112,10 +112,15 @@ class OptimizerOwner {
     require(tensors.empty(), source, ": gradient-compression state given, but this run has no data parallelism");
   }
 
-  // Make every parameter of the model whole and current (ZeRO-3 gathers; a collective), and
-  // after the model's parameters were overwritten, take them back into the owner's state.
+  // Make every parameter of the model whole and current (ZeRO-3 gathers; a collective).
   virtual void gather_full_parameters() {}
-  virtual void reshard_parameters() {}
+  // Loading the model's parameters (a checkpoint), one at a time and without communication:
+  // whether this rank keeps any of parameter `name` (a caller need not read it otherwise), its
+  // whole value (in the model's local layout, after any tensor-parallel cut), then, once all
+  // are loaded, parameters_loaded().
+  virtual bool keeps_part_of(const std::string& name) const { return true; }
+  virtual void load_parameter(const std::string& name, const at::Tensor& value) = 0;
+  virtual void parameters_loaded() {}
   // Calls fn with the names of parameters that are whole (over the owner's ranks) during the call,
   // until every parameter was named once, in the same order on every rank: ZeRO-3 gathers one
   // unit per call and releases it after (a collective), so the whole model is never resident;

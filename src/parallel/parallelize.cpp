@@ -130,23 +130,7 @@ void ParallelModel::average_over_replicas(at::Tensor& values) {
 int64_t ParallelModel::data_ranks() const { return replicas_ ? mesh_->dims().dp() : 1; }
 int64_t ParallelModel::data_rank() const { return replicas_ ? mesh_->coord().dp : 0; }
 
-// A whole model on the CPU, uninitialised (no random number drawn), to convert between whole
-// tensors and Hugging Face names.
-TransformerLM ParallelModel::whole_model_shell() const {
-  return TransformerLM(config_.model, ModelStage{}, at::TensorOptions(), ModelInit::uninitialized);
-}
-
-NamedTensors ParallelModel::model_state() {
-  owner_->gather_full_parameters();
-  if (!tp_) return export_state(*model_);
-  // Checkpoints hold the unsharded model (tp = 1), whatever tp saved them.
-  const NamedTensors gathered = gather_tensor_parallel_state(*model_, *tp_);
-  TransformerLM whole = whole_model_shell();
-  at::NoGradGuard no_grad;
-  auto params = whole->named_parameters();
-  for (const auto& [name, tensor] : gathered) params[name].copy_(tensor);
-  return export_state(*whole);
-}
+NamedTensors ParallelModel::model_state() { return model_state_shard(0, 1); }
 
 NamedTensors ParallelModel::model_state_shard(int64_t rank, int64_t shards) {
   // Owners: each parameter, in registration order, to the rank holding the fewest elements so far.
@@ -176,21 +160,24 @@ NamedTensors ParallelModel::model_state_shard(int64_t rank, int64_t shards) {
   return mine;
 }
 
-void ParallelModel::load_model_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) {
-  owner_->gather_full_parameters();
-  if (tp_) {
-    TransformerLM whole = whole_model_shell();
-    import_state(*whole, tensors, source);
-    at::NoGradGuard no_grad;
-    auto params = whole->named_parameters();
-    for (auto& item : model_->named_parameters())
-      item.value().copy_(shard_tensor(params[item.key()],
-                                      tensor_parallel_layout(model_->parameter_specs().at(item.key())), tp_->rank(),
-                                      tp_->size()));
-  } else {
-    import_state(*model_, tensors, source);
+void ParallelModel::load_model_state(const std::set<std::string>& names,
+                                     const std::function<at::Tensor(const std::string&)>& read,
+                                     const std::string& source) {
+  // The whole model's parameter shapes, from a model on the meta device (no memory).
+  const TransformerLM whole(config_.model, ModelStage{}, at::TensorOptions().device(at::kMeta));
+  std::vector<std::string> params;
+  for (const auto& item : whole->named_parameters()) params.push_back(item.key());
+  check_export_names(config_.model, params, names, source);
+  for (const auto& item : whole->named_parameters()) {
+    const std::string& name = item.key();
+    if (!owner_->keeps_part_of(name)) continue;
+    at::Tensor value =
+        import_tensor(config_.model, name, read(export_name(config_.model, name)), item.value().sizes(), source);
+    if (tp_)
+      value = shard_tensor(value, tensor_parallel_layout(model_->parameter_specs().at(name)), tp_->rank(), tp_->size());
+    owner_->load_parameter(name, value);
   }
-  owner_->reshard_parameters();
+  owner_->parameters_loaded();
 }
 
 // Under tensor parallelism a state tensor of a parameter ("optim.<param>.<slot>",

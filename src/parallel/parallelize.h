@@ -30,7 +30,9 @@
 // load at any layout).
 #pragma once
 
+#include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <optional>
 #include <string>
@@ -84,8 +86,12 @@ class ParallelModel {
   // (assigned by size, the same on every rank). A collective of every rank; no rank holds more
   // than its share, one ZeRO-3 unit and one tensor-parallel tensor beyond its training state.
   NamedTensors model_state_shard(int64_t rank, int64_t shards);
-  // Loads whole HF-named parameters into this rank's part of the model, on every rank.
-  void load_model_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source);
+  // Loads the model from export-named whole tensors: `names` are those the source holds (a
+  // missing or unexpected one is refused, naming `source`), read(name) gives one. Each rank reads
+  // only the tensors it keeps a part of (under ZeRO-3 those overlapping its shards), one at a
+  // time, and keeps only its part: no rank holds the whole model. No communication.
+  void load_model_state(const std::set<std::string>& names, const std::function<at::Tensor(const std::string&)>& read,
+                        const std::string& source);
 
   // The final gradients of this step (between the owner's finish_gradients and apply) under the
   // model's parameter names, whole whatever the layout (a collective of every rank); zeros where
@@ -110,7 +116,6 @@ class ParallelModel {
   // The tensor-parallel layout of a state tensor "<prefix><param>[.<slot>]" of `t`'s shape, or
   // none (replicated, a scalar, or no tensor parallelism).
   std::optional<TensorParallelLayout> state_layout(const std::string& name, const at::Tensor& t) const;
-  TransformerLM whole_model_shell() const;
 
   Config config_;
   TransformerLM model_;

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -58,8 +59,9 @@ class TrainStep {
   // This rank's share of the model for a checkpoint of `shards` files (parallel/parallelize.h).
   NamedTensors model_state_shard(int64_t rank, int64_t shards) { return parallel_->model_state_shard(rank, shards); }
   // Loads HF-named parameters (a checkpoint's model.safetensors) into the model, on every rank.
-  void load_model_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) {
-    parallel_->load_model_state(tensors, source);
+  void load_model_state(const std::set<std::string>& names, const std::function<at::Tensor(const std::string&)>& read,
+                        const std::string& source) {
+    parallel_->load_model_state(names, read, source);
   }
   c10::Device device() const { return device_; }
   // Seeds this rank's random streams for `step` (parallel/parallelize.h).

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <filesystem>
 #include <optional>
+#include <set>
 
 #include <ATen/ATen.h>
 #include <torch/torch.h>
@@ -147,12 +148,15 @@ Trainer::Trainer(Config config, std::string run_dir, std::string resume, comm::M
 
   if (!s.resume.empty()) {
     // Under ZeRO 1-3 each rank reads only the optimizer slices it owns.
-    LoadedCheckpoint ckpt = load_checkpoint(s.resume, true, s.trainer->training_state_ranges());
+    LoadedCheckpoint ckpt = load_checkpoint(s.resume, true, s.trainer->training_state_ranges(), /*with_model=*/false);
     const std::string model_file = model_source(ckpt);
     const int64_t shards = ckpt.meta.value("optimizer_shards", int64_t{0});
     const std::string optim_file =
         ckpt.dir + (shards > 0 ? "/optimizer-*-of-" + std::to_string(shards) + ".safetensors" : "/optimizer.safetensors");
-    s.trainer->load_model_state(ckpt.model, model_file);
+    std::set<std::string> model_names;
+    for (const auto& [name, file] : ckpt.model_files) model_names.insert(name);
+    s.trainer->load_model_state(
+        model_names, [&ckpt](const std::string& name) { return read_model_tensor(ckpt, name); }, model_file);
     s.trainer->load_training_state(ckpt.optimizer, optim_file);
     const std::string note =
         restore_compression(c.parallel, s.mesh ? s.mesh->world_size() : 1, s.rank, *s.trainer, ckpt);

@@ -169,10 +169,9 @@ Training train_dp(comm::Group& group, const DpSetup& setup, int64_t first, int64
   parallel.offload = setup.offload;
   DataParallel dp(model, group, parallel, adamw());
   if (!start_params.empty()) {  // as a trainer resumes: into the model DataParallel already holds
-    dp.gather_full_parameters();
-    at::NoGradGuard no_grad;
-    for (auto& item : model->named_parameters()) item.value().copy_(start_params.at(item.key()));
-    dp.reshard_parameters();
+    for (auto& item : model->named_parameters())
+      if (dp.keeps_part_of(item.key())) dp.load_parameter(item.key(), start_params.at(item.key()));
+    dp.parameters_loaded();
   }
   if (!start_state.empty()) dp.load_full_optimizer_state(start_state, "test state");
 
@@ -255,7 +254,7 @@ void expect_identical(const Training& run, const Training& ref, size_t first, co
 // Offload at stages 1-3, M = 1 and 2, against the same run without it, whole optimizer state
 // included, clipping at 0.25 (the norm exceeds it in every step here; 1.0 is never reached on 2
 // ranks with M = 2). Then an offloaded run stopped at step 10 and resumed from its whole
-// parameters and state (reshard_parameters, load_full_optimizer_state) continues it exactly.
+// parameters and state (load_parameter, load_full_optimizer_state) continues it exactly.
 void offload_matches(comm::Group& group) {
   for (int64_t stage = 1; stage <= 3; ++stage) {
     const std::string what = "offload, stage " + std::to_string(stage);

@@ -46,8 +46,8 @@
 //   through the head's backward. Blocks are gathered through a block wrapper and the ends through
 //   an end wrapper (TransformerLMImpl::add_block_wrapper, add_end_wrapper), so wrappers added
 //   later (a pipeline stage, a swap engine) compose outside them. Outside a pass every parameter
-//   is released (its storage is empty): call gather_full_parameters() before reading or saving
-//   them and reshard_parameters() after writing them.
+//   is released (its storage is empty): read them through visit_full_parameters() (or
+//   gather_full_parameters()), and write them through load_parameter().
 //   The constructor broadcasts rank 0's parameters.
 // - At stages 0-1 each parameter's .grad is a view of its bucket: zero them with zero_grad() here,
 //   never by resetting the grads (model->zero_grad()); a gradient found elsewhere throws.
@@ -129,16 +129,17 @@ class DataParallel : public OptimizerOwner {
   // "<param>.<slot>" the 1-D tensor of exactly its range, each "<param>.step" whole.
   void load_optimizer_state_ranges(const std::map<std::string, at::Tensor>& state, const std::string& source);
   // Stage 3: gathers every parameter into the model (for export); a collective. They stay
-  // gathered until reshard_parameters() or the release after their next use.
+  // gathered until the release after their next use.
   void gather_full_parameters() override;
   // Stage 3: one unit at a time (gathered for the call, released after unless it was resident);
   // stages 0-2: every parameter in one call.
   void visit_full_parameters(const std::function<void(const std::vector<std::string>& names)>& fn) override;
-  // After the model's parameters were overwritten (a checkpoint imported into the model after
-  // gather_full_parameters()). Stage 3: takes this rank's shard from them and releases the
-  // blocks. With offload (stages 1-3): copies the shard into the host master the optimizer
-  // updates. Stages 0-2 without offload need nothing: the parameters are what the optimizer updates.
-  void reshard_parameters() override;
+  // Loading a parameter's whole value (a checkpoint): stages 0-2 copy it into the parameter; stage
+  // 3 into this rank's owned slice of its unit's shard only (and the gathered unit, if resident).
+  bool keeps_part_of(const std::string& name) const override;
+  void load_parameter(const std::string& name, const at::Tensor& value) override;
+  // With offload (stages 1-3): copies the shards into the host masters the optimizer updates.
+  void parameters_loaded() override;
 
   // The gradient compressor's state (error-feedback residuals, PowerSGD's Q), this rank's own;
   // empty without compression. Loading refuses entries when there is no compressor.

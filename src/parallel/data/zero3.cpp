@@ -13,8 +13,9 @@
 // generation); the backward points exist only in training. The gathered storage is the same
 // StorageImpl the forward's saved tensors point at (flat_unit.h), so the backward (and a full
 // activation-checkpointing recomputation) sees the gathered values.
-// reshard_parameters() lives here too: at stage 3 it takes the shards from the gathered units, and
-// with offload (any stage) it refreshes the host master copies from the device shards.
+// Loading parameters lives here too: at stage 3 a parameter's value goes into this rank's shard
+// only (its owned slice), and with offload (any stage) the host master copies are refreshed from
+// the device shards once every parameter is loaded.
 #include <functional>
 
 #include <ATen/ATen.h>
@@ -110,18 +111,42 @@ void DataParallel::visit_full_parameters(const std::function<void(const std::vec
   }
 }
 
-void DataParallel::reshard_parameters() {
+bool DataParallel::keeps_part_of(const std::string& name) const {
+  const Impl& s = *impl_;
+  if (s.stage < 3) return true;
+  for (const FlatUnit& unit : s.units)
+    for (const auto& e : unit.entries())
+      if (e.name == name) {
+        const auto [begin, end] = unit.owned(e);
+        return begin < end;
+      }
+  fail("internal: DataParallel has no parameter '", name, "'");
+}
+
+void DataParallel::load_parameter(const std::string& name, const at::Tensor& value) {
   Impl& s = *impl_;
   at::NoGradGuard no_grad;
-  if (s.stage == 3) {
-    for (size_t u = 0; u < s.units.size(); ++u) {
-      FlatUnit& unit = s.units[u];
-      require(s.residency->resident(u), "internal: DataParallel::reshard_parameters without gather_full_parameters");
-      unit.shard().copy_(unit.flat().narrow(0, s.rank * unit.shard_numel(), unit.shard_numel()));
-    }
-    s.residency->release_all();
+  if (s.stage < 3) {
+    for (auto& [n, p] : s.params)
+      if (n == name) return void(p.copy_(value));
+    fail("internal: DataParallel has no parameter '", name, "'");
   }
-  if (s.offload) s.offload->masters_from_device(s.units);  // the host masters are what the optimizer updates
+  for (FlatUnit& unit : s.units)
+    for (const auto& e : unit.entries())
+      if (e.name == name) {
+        require(value.numel() == e.numel, "internal: loading ", value.numel(), " values into '", name, "' of ",
+                e.numel);
+        const auto [begin, end] = unit.owned(e);
+        if (begin < end)
+          unit.owned_part(e, unit.shard()).copy_(value.reshape(-1).narrow(0, begin - e.offset, end - begin));
+        if (s.residency->resident(&unit - s.units.data())) e.param.copy_(value);
+        return;
+      }
+  fail("internal: DataParallel has no parameter '", name, "'");
+}
+
+void DataParallel::parameters_loaded() {
+  if (impl_->offload) impl_->offload->masters_from_device(impl_->units);  // what the optimizer updates
 }
 
 }  // namespace tessera
