@@ -11,6 +11,7 @@
 #include <c10/util/accumulate.h>
 
 #include "core/error.h"
+#include "core/json_file.h"
 #include "core/fs.h"
 
 namespace tessera {
@@ -48,12 +49,7 @@ std::map<std::string, std::string> model_file_map(const fs::path& dir, int64_t s
     return files;
   }
   const std::string index_path = (dir / kModelIndex).string();
-  nlohmann::json index;
-  try {
-    index = nlohmann::json::parse(read_file(index_path));
-  } catch (const nlohmann::json::exception& e) {
-    fail(index_path, ": malformed JSON (", e.what(), ")");
-  }
+  const nlohmann::json index = read_json_file(index_path);
   if (!index.contains("weight_map") || !index["weight_map"].is_object()) fail(index_path, ": no weight_map");
   for (int64_t r = 0; r < shards; ++r) {
     const std::string file = model_shard_name(r, shards);
@@ -321,11 +317,7 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer, c
   out.dir = resolve_checkpoint_dir(path);
   const fs::path dir(out.dir);
   const std::string meta_path = (dir / kMetaFile).string();
-  try {
-    out.meta = nlohmann::json::parse(read_file(meta_path));
-  } catch (const nlohmann::json::exception& e) {
-    fail(meta_path, ": malformed JSON (", e.what(), ")");
-  }
+  out.meta = read_json_file(meta_path);
   if (!out.meta.is_object() || !out.meta.contains("format_version") || !out.meta.contains("files") ||
       !out.meta.contains("step"))
     fail(meta_path, ": missing format_version, step or files");

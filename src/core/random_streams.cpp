@@ -9,21 +9,14 @@
 #include <ATen/core/Generator.h>
 
 #include "core/error.h"
+#include "core/splitmix.h"
 
 namespace tessera::random {
 namespace {
 
-// splitmix64's finalizer: distinct inputs give unrelated seeds.
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 struct ModelParallel {
   std::mutex mutex;
-  uint64_t seed = mix(0);
+  uint64_t seed = splitmix64(0);
   std::map<std::pair<int, int>, at::Tensor> states;  // by device: (type, index)
 };
 
@@ -65,8 +58,8 @@ std::vector<c10::Device> devices(std::optional<c10::Device> cuda) {
 }  // namespace
 
 void seed_streams(uint64_t seed, int64_t replica, int64_t tp_rank, std::optional<c10::Device> cuda) {
-  const uint64_t shared = mix(mix(seed) + static_cast<uint64_t>(replica) + 1);
-  const uint64_t own = mix(mix(seed ^ 0x2718281828459045ULL) + (static_cast<uint64_t>(replica) << 24) +
+  const uint64_t shared = splitmix64(splitmix64(seed) + static_cast<uint64_t>(replica) + 1);
+  const uint64_t own = splitmix64(splitmix64(seed ^ 0x2718281828459045ULL) + (static_cast<uint64_t>(replica) << 24) +
                            static_cast<uint64_t>(tp_rank) + 1);
   for (const c10::Device& device : devices(cuda)) {
     at::Generator gen = at::globalContext().defaultGenerator(device);

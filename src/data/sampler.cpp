@@ -6,16 +6,10 @@
 #include <ATen/ops/empty.h>
 
 #include "core/error.h"
+#include "core/splitmix.h"
 
 namespace tessera {
 namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 void check_shape(const TokenFile& file, int64_t batch, int64_t seq_len) {
   require(batch > 0, file.path(), ": batch size must be > 0 (got ", batch, ")");

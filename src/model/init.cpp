@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
+#include "core/splitmix.h"
 
 namespace tessera {
 namespace {
@@ -15,10 +16,7 @@ namespace {
 uint64_t mix(uint64_t seed, const std::string& name) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
-  uint64_t z = seed + h + 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
+  return splitmix64(seed + h);
 }
 
 }  // namespace

@@ -11,6 +11,20 @@
 #include "model/norm.h"
 
 namespace tessera {
+namespace {
+
+// Removes the wrapper with `id` from `wrappers` ((id, wrapper) pairs); refuses an unknown id.
+template <class Wrapper>
+void erase_wrapper(std::vector<std::pair<int64_t, Wrapper>>& wrappers, int64_t id, const char* kind) {
+  for (auto it = wrappers.begin(); it != wrappers.end(); ++it)
+    if (it->first == id) {
+      wrappers.erase(it);
+      return;
+    }
+  fail("internal: no ", kind, " wrapper ", id);
+}
+
+}  // namespace
 
 TransformerLMImpl::TransformerLMImpl(const ModelOptions& opts, const ModelStage& stage, const at::TensorOptions& where,
                                      ModelInit init)
@@ -79,14 +93,7 @@ int64_t TransformerLMImpl::add_block_wrapper(BlockWrapper wrapper) {
   return next_wrapper_id_++;
 }
 
-void TransformerLMImpl::remove_block_wrapper(int64_t id) {
-  for (auto it = wrappers_.begin(); it != wrappers_.end(); ++it)
-    if (it->first == id) {
-      wrappers_.erase(it);
-      return;
-    }
-  fail("internal: no block wrapper ", id);
-}
+void TransformerLMImpl::remove_block_wrapper(int64_t id) { erase_wrapper(wrappers_, id, "block"); }
 
 void TransformerLMImpl::set_dropout_streams(const DropoutStreams& streams) {
   for (auto& [l, block] : blocks_) block->set_dropout_streams(streams);
@@ -97,14 +104,7 @@ int64_t TransformerLMImpl::add_end_wrapper(EndWrapper wrapper) {
   return next_wrapper_id_++;
 }
 
-void TransformerLMImpl::remove_end_wrapper(int64_t id) {
-  for (auto it = end_wrappers_.begin(); it != end_wrappers_.end(); ++it)
-    if (it->first == id) {
-      end_wrappers_.erase(it);
-      return;
-    }
-  fail("internal: no end wrapper ", id);
-}
+void TransformerLMImpl::remove_end_wrapper(int64_t id) { erase_wrapper(end_wrappers_, id, "end"); }
 
 void TransformerLMImpl::through_end_wrappers(const ModelPart& part, const std::function<void()>& run) {
   std::function<void()> call = run;

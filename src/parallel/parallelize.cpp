@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/random_streams.h"
+#include "core/splitmix.h"
 #include "model/hf_names.h"
 #include "parallel/data/data_parallel.h"
 #include "parallel/local_optimizer.h"
@@ -106,7 +107,7 @@ ParallelModel::~ParallelModel() = default;
 
 void ParallelModel::seed_random_streams(int64_t step) {
   const at::Device device = model_->parameters().front().device();
-  const uint64_t seed = static_cast<uint64_t>(config_.train.seed) ^ (static_cast<uint64_t>(step) * 0x9e3779b97f4a7c15ULL);
+  const uint64_t seed = splitmix64(static_cast<uint64_t>(config_.train.seed) + static_cast<uint64_t>(step));
   random::seed_streams(seed, replica_, tp_rank_, device.is_cuda() ? std::optional<at::Device>(device) : std::nullopt);
 }
 

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_file.h"
 #include "core/fs.h"
 #include "core/options.h"
 
@@ -84,12 +85,7 @@ Config Config::load(const std::string& config, const std::vector<std::string>& o
 }
 
 Config Config::from_checkpoint_meta(const std::string& meta_path, const std::vector<std::string>& overrides) {
-  nlohmann::json meta;
-  try {
-    meta = nlohmann::json::parse(read_file(meta_path));
-  } catch (const nlohmann::json::exception& e) {
-    fail(meta_path, ": malformed JSON (", e.what(), ")");
-  }
+  const nlohmann::json meta = read_json_file(meta_path);
   if (!meta.contains("config") || !meta["config"].is_string()) fail(meta_path, ": has no config");
   toml::table root;
   try {
