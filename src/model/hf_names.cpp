@@ -27,22 +27,6 @@ std::string shape_string(at::IntArrayRef sizes) {
 
 std::string export_name(bool hf, const std::string& param) { return (hf ? "transformer." : "model.") + param; }
 
-struct ExportEntry {
-  std::string name;   // export name
-  at::Tensor param;   // the model's parameter
-  bool transposed;    // stored transposed on export
-};
-
-std::vector<ExportEntry> export_entries(TransformerLMImpl& model) {
-  const bool hf = uses_hf_gpt2_names(model.options());
-  std::vector<ExportEntry> entries;
-  for (const auto& item : model.named_parameters()) {
-    const bool transpose = hf && is_conv1d_weight(item.key());
-    entries.push_back({export_name(hf, item.key()), item.value(), transpose});
-  }
-  return entries;
-}
-
 }  // namespace
 
 bool uses_hf_gpt2_names(const ModelOptions& opts) {
@@ -51,10 +35,7 @@ bool uses_hf_gpt2_names(const ModelOptions& opts) {
 
 NamedTensors export_state(TransformerLMImpl& model) {
   NamedTensors out;
-  for (const auto& e : export_entries(model)) {
-    auto t = e.param.detach();
-    out.emplace_back(e.name, e.transposed ? t.t().contiguous() : t.contiguous());
-  }
+  for (const auto& item : model.named_parameters()) out.push_back(export_tensor(model.options(), item.key(), item.value()));
   return out;
 }
 

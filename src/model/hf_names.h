@@ -25,7 +25,7 @@ namespace tessera {
 // Whether export_state uses the Hugging Face GPT-2 names for this model.
 bool uses_hf_gpt2_names(const ModelOptions& opts);
 
-// The model's parameters under their export names (detached; contiguous).
+// The model's parameters under their export names (copies, in the export layout).
 NamedTensors export_state(TransformerLMImpl& model);
 // One parameter's export name and its whole value `value` in the export layout, in memory of its
 // own (a copy, never a view of `value`): what export_state gives for it.

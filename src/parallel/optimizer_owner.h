@@ -112,8 +112,6 @@ class OptimizerOwner {
     require(tensors.empty(), source, ": gradient-compression state given, but this run has no data parallelism");
   }
 
-  // Make every parameter of the model whole and current (ZeRO-3 gathers; a collective).
-  virtual void gather_full_parameters() {}
   // Loading the model's parameters (a checkpoint), one at a time and without communication:
   // whether this rank keeps any of parameter `name` (a caller need not read it otherwise), its
   // whole value (in the model's local layout, after any tensor-parallel cut), then, once all

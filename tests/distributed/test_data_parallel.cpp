@@ -96,6 +96,16 @@ std::map<std::string, at::Tensor> snapshot(TransformerLM& model) {
   return out;
 }
 
+// The same through DataParallel, which at stage 3 gathers one unit at a time for it.
+std::map<std::string, at::Tensor> snapshot(DataParallel& dp, TransformerLM& model) {
+  std::map<std::string, at::Tensor> out;
+  auto params = model->named_parameters();
+  dp.visit_full_parameters([&](const std::vector<std::string>& names) {
+    for (const auto& name : names) out[name] = params[name].detach().cpu().clone();
+  });
+  return out;
+}
+
 // The single process: steps [0, steps) on `rows` rows per step.
 Training reference(int64_t rows, int64_t steps) {
   TransformerLM model = fresh_model();
@@ -208,8 +218,7 @@ Training train_dp(comm::Group& group, const DpSetup& setup, int64_t first, int64
     group.all_reduce(mean, comm::ReduceOp::avg);
     run.losses.push_back(mean.item<double>());
   }
-  dp.gather_full_parameters();
-  run.params = snapshot(model);
+  run.params = snapshot(dp, model);
   if (keep_state) {
     run.optimizer_state = dp.full_optimizer_state();
     expect_slices_cover(dp, run.optimizer_state, group);
@@ -337,7 +346,8 @@ std::pair<int64_t, int64_t> owned_by(TransformerLM& model, int64_t n, int64_t ra
 //   stage 1   4NS flat units + 4P buckets + AdamW over this rank's slices
 //   stage 2   4NS + 4S gradient shards + AdamW over the slices
 //   stage 3   4S own shards + 4S gradient shards + AdamW over the slices: every unit, the ends'
-//             included, is released between passes; gather_full_parameters() adds 4NS
+//             included, is released between passes; visit_full_parameters() holds one unit
+//             gathered at a time
 // (S = this rank's shard of all units, P = the parameters). Offload (stages 1-3) changes neither
 // the traffic nor the total on a CPU device: AdamW's state moves to the host, and the host adds a
 // float32 master and gradient per shard element (8S).
@@ -390,8 +400,17 @@ void expect_overlap_and_memory(comm::Group& group, bool offload = false) {
     EXPECT_EQ(host_memory::current() - before, expected + (offload ? 8 * S : 0));
     if (stage == 3) {
       EXPECT_EQ(model->wte->weight.storage().nbytes(), 0u) << "the ends released between passes";
-      dp.gather_full_parameters();
-      EXPECT_EQ(host_memory::current() - before, expected + (offload ? 8 * S : 0) + 4 * n * S);
+      // Visiting the parameters gathers one unit at a time (4N bytes per shard element of it)
+      // and releases it again.
+      size_t unit = 0;
+      dp.visit_full_parameters([&](const std::vector<std::string>&) {
+        ASSERT_LT(unit, shards.size());
+        EXPECT_EQ(host_memory::current() - before, expected + (offload ? 8 * S : 0) + 4 * n * shards[unit])
+            << "unit " << unit;
+        ++unit;
+      });
+      EXPECT_EQ(unit, shards.size());
+      EXPECT_EQ(host_memory::current() - before, expected + (offload ? 8 * S : 0));
     }
   }
 }

@@ -42,11 +42,6 @@ void Residency::release(size_t unit) {
 
 bool Residency::resident(size_t unit) const { return units_[unit].materialized() && !fetches_[unit].pending(); }
 
-void Residency::gather_all() {
-  for (size_t u = 0; u < units_.size(); ++u) fetch(u);
-  for (size_t u = 0; u < units_.size(); ++u) complete(u);
-}
-
 void Residency::release_all() {
   for (size_t u = 0; u < units_.size(); ++u) release(u);
 }

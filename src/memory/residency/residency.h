@@ -15,7 +15,7 @@
 //
 // Invariants:
 // - The FlatUnits outlive the Residency; nothing else materializes or releases them while it
-//   runs (gather_all / release_all are the way for whole-model work: checkpoints).
+//   runs.
 // - A unit in flight is materialized; release completes a fetch in flight before freeing, so the
 //   group's collectives are never abandoned (every rank runs the same plan, so every rank issues
 //   the same gathers in the same order).
@@ -44,8 +44,7 @@ class Residency {
   void release(size_t unit);
   bool resident(size_t unit) const;
 
-  // Every unit resident (fetches issued together, then completed) / every unit released.
-  void gather_all();
+  // Every unit released.
   void release_all();
 
  private:

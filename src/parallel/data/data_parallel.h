@@ -46,8 +46,8 @@
 //   through the head's backward. Blocks are gathered through a block wrapper and the ends through
 //   an end wrapper (TransformerLMImpl::add_block_wrapper, add_end_wrapper), so wrappers added
 //   later (a pipeline stage, a swap engine) compose outside them. Outside a pass every parameter
-//   is released (its storage is empty): read them through visit_full_parameters() (or
-//   gather_full_parameters()), and write them through load_parameter().
+//   is released (its storage is empty): read them through visit_full_parameters() and
+//   write them through load_parameter().
 //   The constructor broadcasts rank 0's parameters.
 // - At stages 0-1 each parameter's .grad is a view of its bucket: zero them with zero_grad() here,
 //   never by resetting the grads (model->zero_grad()); a gradient found elsewhere throws.
@@ -128,9 +128,6 @@ class DataParallel : public OptimizerOwner {
   // Loads state read with optimizer_state_ranges() (load_checkpoint's `ranges`): each
   // "<param>.<slot>" the 1-D tensor of exactly its range, each "<param>.step" whole.
   void load_optimizer_state_ranges(const std::map<std::string, at::Tensor>& state, const std::string& source);
-  // Stage 3: gathers every parameter into the model (for export); a collective. They stay
-  // gathered until the release after their next use.
-  void gather_full_parameters() override;
   // Stage 3: one unit at a time (gathered for the call, released after unless it was resident);
   // stages 0-2: every parameter in one call.
   void visit_full_parameters(const std::function<void(const std::vector<std::string>& names)>& fn) override;

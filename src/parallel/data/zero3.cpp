@@ -90,10 +90,6 @@ void DataParallel::Impl::before_block_backward(int64_t layer) {
   residency->at(Pass::training, {ResidencyPoint::Kind::before_backward, ModelPart::block(layer)});
 }
 
-void DataParallel::gather_full_parameters() {
-  if (impl_->stage == 3) impl_->residency->gather_all();
-}
-
 void DataParallel::visit_full_parameters(const std::function<void(const std::vector<std::string>& names)>& fn) {
   Impl& s = *impl_;
   if (s.stage < 3) {

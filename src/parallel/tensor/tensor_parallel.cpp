@@ -143,12 +143,4 @@ void parallelize_tensor(TransformerLM& model, comm::Group& tp, bool megatron_sp)
   model->set_shard_hooks(shard_hooks(model, tp, megatron_sp));
 }
 
-NamedTensors gather_tensor_parallel_state(TransformerLMImpl& model, comm::Group& tp) {
-  NamedTensors out;
-  for (const auto& item : model.named_parameters())
-    out.emplace_back(item.key(),
-                     gather_tensor(item.value(), tensor_parallel_layout(model.parameter_specs().at(item.key())), tp));
-  return out;
-}
-
 }  // namespace tessera

@@ -85,10 +85,4 @@ at::Tensor shard_tensor(const at::Tensor& full, const TensorParallelLayout& layo
 // The full tensor from every rank's part (a collective of tp; the inverse of shard_tensor).
 at::Tensor gather_tensor(const at::Tensor& part, const TensorParallelLayout& layout, comm::Group& tp);
 
-// The unsharded parameters of a tensor-parallel model under their named_parameters() names, in
-// that order, detached and contiguous, on every rank (a collective of tp): what the model was
-// before parallelize_tensor, with training's updates. Copied into a single-device model of the same
-// options they give export_state its tensors (checkpoints are exported at tp = 1).
-NamedTensors gather_tensor_parallel_state(TransformerLMImpl& model, comm::Group& tp);
-
 }  // namespace tessera
