@@ -13,20 +13,14 @@
 #include "core/random_streams.h"
 #include "dist_test.h"
 #include "parallel/parallelize.h"
+#include "tiny_config.h"
 
 namespace tessera {
 namespace {
 
 Config tiny(int64_t tp, bool megatron_sp, double dropout) {
-  Config c;
-  c.model.n_layer = 2;
-  c.model.n_head = 4;
-  c.model.n_embd = 32;
-  c.model.vocab_size = 64;
-  c.model.block_size = 16;
+  Config c = test::tiny_config(16);
   c.model.dropout = dropout;
-  c.train.seq_len = 16;
-  c.train.threads = 1;
   c.train.seed = 5;
   c.parallel.tp = tp;
   c.parallel.megatron_sp = megatron_sp;

@@ -34,6 +34,7 @@
 #include "comm/mesh.h"
 #include "distributed/dist_test.h"
 #include "test_util.h"
+#include "tiny_config.h"
 #include "train/train_step.h"
 
 namespace tessera {
@@ -66,19 +67,12 @@ struct Layout {
 void PrintTo(const Layout& layout, std::ostream* os) { *os << layout.name; }
 
 Config base(const std::string& arch = "gpt", const std::string& ffn = "dense") {
-  Config c;
+  Config c = test::tiny_config(kSeqLen);
   c.model.arch = arch;
   c.model.ffn = ffn;
   c.model.moe_every = 2;
-  c.model.n_layer = 2;
-  c.model.n_head = 4;
-  c.model.n_embd = 32;
-  c.model.vocab_size = 64;
-  c.model.block_size = kSeqLen;
   c.model.bias = false;  // the attention key bias has an exactly zero gradient, which Adam turns into noise
   c.model.linear_chunk = 4;
-  c.train.seq_len = kSeqLen;
-  c.train.threads = 1;
   c.train.seed = 11;
   c.optim.lr = 1e-3;
   c.optim.warmup_steps = 0;

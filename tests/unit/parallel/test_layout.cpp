@@ -6,19 +6,14 @@
 #include "core/parallel_dims.h"
 #include "parallel/parallelize.h"
 #include "test_util.h"
+#include "tiny_config.h"
 
 namespace tessera {
 namespace {
 
 Config tiny(const std::string& arch = "gpt") {
-  Config c;
+  Config c = test::tiny_config(/*seq_len=*/16, /*block_size=*/32);
   c.model.arch = arch;
-  c.model.n_layer = 2;
-  c.model.n_head = 4;
-  c.model.n_embd = 32;
-  c.model.vocab_size = 64;
-  c.model.block_size = 32;
-  c.train.seq_len = 16;
   return c;
 }
 
