@@ -1,7 +1,8 @@
 // comm::Mesh: the connected process mesh. It owns the rendezvous store, the world group and one
-// group per mesh dimension (ParallelDims::group_names(): dp, tp, pp, sp, ep, dp_sp) holding this
-// rank. Groups with the same members as one already built share it (with only data parallelism,
-// "dp" is "world"), so each distinct set of ranks has one backend and one ordered queue.
+// group per mesh dimension (ParallelDims::group_names(): dp, tp, pp, sp, ep, dp_sp, edp, edp_sp,
+// embedding) holding this rank. Groups with the same members as one already built share it (with
+// only data parallelism, "dp" is "world"; with ep = 1, "edp" is "dp"), so each distinct set of
+// ranks has one backend and one ordered queue.
 //
 // Every rank must call Mesh::connect with the same degrees; it returns when all groups of this
 // rank are connected, or throws after parallel.timeout_s naming the rank and the group that did

@@ -64,7 +64,7 @@ MeshCoord ParallelDims::coord(int64_t rank) const {
 int64_t ParallelDims::rank(const MeshCoord& c) const { return ((c.pp * dp_ + c.dp) * sp_ + c.sp) * tp_ + c.tp; }
 
 const std::vector<std::string>& ParallelDims::group_names() {
-  static const std::vector<std::string> names = {"dp", "tp", "pp", "sp", "ep", "dp_sp"};
+  static const std::vector<std::string> names = {"dp", "tp", "pp", "sp", "ep", "dp_sp", "edp", "edp_sp", "embedding"};
   return names;
 }
 
@@ -87,6 +87,13 @@ std::vector<int64_t> ParallelDims::group_of(const std::string& dim, int64_t rank
       member = same_pp && same_tp;
     else if (dim == "ep")
       member = same_pp && same_sp && same_tp && c.dp / ep_ == me.dp / ep_;
+    else if (dim == "edp")
+      member = same_pp && same_sp && same_tp && c.dp % ep_ == me.dp % ep_;
+    else if (dim == "edp_sp")
+      member = same_pp && same_tp && c.dp % ep_ == me.dp % ep_;
+    else if (dim == "embedding")
+      member = same_dp && same_sp && same_tp &&
+               (c.pp == me.pp || ((c.pp == 0 || c.pp == pp_ - 1) && (me.pp == 0 || me.pp == pp_ - 1)));
     else
       fail("internal: unknown mesh dimension \"", dim, "\"");
     if (member) out.push_back(r);

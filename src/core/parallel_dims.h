@@ -7,7 +7,15 @@
 // Groups (each a list of global ranks, ascending):
 //   "tp", "sp", "dp", "pp": ranks that differ only in that coordinate;
 //   "dp_sp": ranks that differ in dp and sp (gradient reduction when sp > 1);
-//   "ep": ep consecutive dp coordinates with the same pp, sp, tp (ep divides dp).
+//   "ep": ep consecutive dp coordinates with the same pp, sp, tp (ep divides dp): the ranks that
+//         split the experts between them (a rank's expert coordinate is dp_i % ep);
+//   "edp": the expert-data-parallel group, ranks with the same pp, sp, tp and expert coordinate
+//         (dp / ep of them): they hold the same experts and average those gradients;
+//   "edp_sp": edp x sp (expert gradient reduction when sp > 1);
+//   "embedding": the first and the last pipeline stage with the same dp, sp, tp (both hold the
+//         tied token embedding); a middle stage's group is itself alone.
+// With ep = 1 "edp" has the same members as "dp", and with pp <= 2 "embedding" as "pp";
+// comm::Mesh builds one group per distinct set of ranks.
 #pragma once
 
 #include <cstdint>

@@ -25,10 +25,10 @@ double MoEStats::dropped_fraction() const {
 
 ParameterSpecs MoEImpl::parameter_specs() const {
   return {{"router.weight", {Split::replicated, 1, normal_init(0.02)}},
-          {"w_fc", {Split::expert, 1, normal_init(0.02)}},
-          {"w_proj", {Split::expert, 1, normal_init(residual_std_)}},
-          {"b_fc", {Split::expert, 1, {}}},
-          {"b_proj", {Split::expert, 1, {}}}};
+          {"w_fc", {Split::expert, 1, normal_init(0.02), ReductionGroup::expert_data}},
+          {"w_proj", {Split::expert, 1, normal_init(residual_std_), ReductionGroup::expert_data}},
+          {"b_fc", {Split::expert, 1, {}, ReductionGroup::expert_data}},
+          {"b_proj", {Split::expert, 1, {}, ReductionGroup::expert_data}}};
 }
 
 MoEImpl::MoEImpl(const ModelOptions& opts, const at::TensorOptions& where)

@@ -11,6 +11,16 @@
 //   vocab        dim 0 (the vocabulary) cut in N                   whole
 //   expert       whole (the MoE layer is not tensor-parallel)      dim 0 (experts) cut in ep
 //
+// Each parameter also declares which ranks average its gradient (its reduction group; the data
+// replicas are the ranks that ran different data on the same parameters):
+//   data          the dp ranks (x sp under sequence parallelism): every replica of the parameter
+//   expert_data   the edp ranks (x sp): the dp / ep replicas that hold the same experts; the ep
+//                 ranks of an edp group hold different experts, so the clipping norm sums over dp
+// An expert-split parameter is reduced over expert_data and every other over data (checked with the
+// declarations at construction). The tied token embedding of a model built as pipeline stages is
+// also summed between the first and last stage (ParallelDims' "embedding" group); that sum is the
+// pipeline's, not a declaration.
+//
 // Initialisation is declared beside the split (GPT-2's: N(0, 0.02) weights, N(0, 0.02/sqrt(2L))
 // residual output projections, zero biases, unit norm weights) and drawn per parameter from a
 // generator seeded by the model's seed and the parameter's global name (model/init.h), so a
@@ -29,6 +39,7 @@
 namespace tessera {
 
 enum class Split { replicated, column, row, vocab, expert };
+enum class ReductionGroup { data, expert_data };
 
 struct ParameterInit {
   enum class Kind { zeros, ones, normal };
@@ -40,6 +51,7 @@ struct ParameterSpec {
   Split split = Split::replicated;
   int64_t parts = 1;  // column only: equal blocks of dim 0, each split separately
   ParameterInit init;
+  ReductionGroup reduce = ReductionGroup::data;
 };
 
 // Parameter name (as in named_parameters(), relative to the declaring module) -> its spec.

@@ -58,6 +58,10 @@ TransformerLMImpl::TransformerLMImpl(const ModelOptions& opts, const ModelStage&
   for (const auto& item : named_parameters()) {
     const auto spec = specs_.find(item.key());
     require(spec != specs_.end(), "internal: parameter ", item.key(), " has no declaration (model/parameter_spec.h)");
+    require((spec->second.split == Split::expert) == (spec->second.reduce == ReductionGroup::expert_data),
+            "internal: parameter ", item.key(), " is declared ",
+            spec->second.split == Split::expert ? "expert-split but not" : "not expert-split but",
+            " reduced over the expert-data-parallel group (model/parameter_spec.h)");
     declared.insert(*spec);
   }
   specs_ = std::move(declared);

@@ -94,7 +94,9 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
   // on one rank as well.
   if (dims && (dims->dp() * sp_ > 1 || config.parallel.offload)) {
     replicas_ = &mesh_->group(sp_ > 1 ? "dp_sp" : "dp");
-    owner_ = std::make_unique<DataParallel>(model_, *replicas_, config.parallel, config.optim, std::move(norm));
+    comm::Group& expert_replicas = mesh_->group(sp_ > 1 ? "edp_sp" : "edp");  // replicas_ itself while ep = 1
+    owner_ = std::make_unique<DataParallel>(model_, ReductionGroups(*replicas_, &expert_replicas), config.parallel,
+                                            config.optim, std::move(norm));
   } else {
     NamedParams named;
     for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());

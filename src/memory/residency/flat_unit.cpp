@@ -10,9 +10,8 @@
 
 namespace tessera {
 
-FlatUnit::FlatUnit(const std::vector<std::pair<std::string, at::Tensor>>& params, int64_t world, int64_t rank,
-                   bool own_shard)
-    : world_(world), rank_(rank) {
+FlatUnit::FlatUnit(const std::vector<std::pair<std::string, at::Tensor>>& params, comm::Group& group, bool own_shard)
+    : group_(&group), world_(group.size()), rank_(group.rank()) {
   require(!params.empty(), "internal: a ZeRO unit without parameters");
   int64_t total = 0;
   for (const auto& [name, param] : params) {
@@ -21,7 +20,7 @@ FlatUnit::FlatUnit(const std::vector<std::pair<std::string, at::Tensor>>& params
     entries_.push_back({name, param, total, param.numel(), decays(param)});
     total += param.numel();
   }
-  shard_numel_ = (total + world - 1) / world;
+  shard_numel_ = (total + world_ - 1) / world_;
   at::NoGradGuard no_grad;
   flat_ = at::zeros({padded_numel()}, params[0].second.options());
   for (auto& e : entries_) {
@@ -58,10 +57,10 @@ void FlatUnit::materialize() {
   storage->set_nbytes(bytes);
 }
 
-comm::Work FlatUnit::gather_async(comm::Group& dp) {
+comm::Work FlatUnit::gather_async() {
   require(materialized(), "internal: gathering a released ZeRO unit");
   const bool aliases = shard_.is_alias_of(flat_);
-  return dp.all_gather_async(flat_, aliases ? shard_.clone() : shard_);
+  return group_->all_gather_async(flat_, aliases ? shard_.clone() : shard_);
 }
 
 at::Tensor FlatUnit::flatten_grads() const {
@@ -73,8 +72,7 @@ at::Tensor FlatUnit::flatten_grads() const {
   return out;
 }
 
-std::vector<at::Tensor> FlatUnit::gather_entries(comm::Group& dp,
-                                                 const std::function<at::Tensor(const Entry&)>& part,
+std::vector<at::Tensor> FlatUnit::gather_entries(const std::function<at::Tensor(const Entry&)>& part,
                                                  const at::TensorOptions& options) const {
   at::Tensor mine = at::zeros({shard_numel_}, options);
   for (const auto& e : entries_) {
@@ -82,7 +80,7 @@ std::vector<at::Tensor> FlatUnit::gather_entries(comm::Group& dp,
     if (p.defined()) owned_part(e, mine).copy_(p);
   }
   at::Tensor whole = at::empty({padded_numel()}, options);
-  dp.all_gather(whole, mine);
+  group_->all_gather(whole, mine);
   std::vector<at::Tensor> out;
   for (const auto& e : entries_) out.push_back(whole.narrow(0, e.offset, e.numel).view(e.param.sizes()));
   return out;

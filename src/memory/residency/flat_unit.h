@@ -1,7 +1,8 @@
 // FlatUnit: the unit of the residency layer (residency.h) and of ZeRO sharding. A set of
-// parameters (one transformer block, or the model's ends: embeddings, final norm) is flattened, in
-// order, into one buffer padded to a multiple of the data-parallel degree N, and rank r owns the
-// elements [r * S, (r + 1) * S) of it:
+// parameters reduced over one group (a transformer block's, or the model's ends: embeddings, final
+// norm; a block with experts has a second unit for them, reduced over the expert-data-parallel
+// group) is flattened, in order, into one buffer padded to a multiple of the group's size N, and
+// the group's rank r owns the elements [r * S, (r + 1) * S) of it:
 //
 //   flat   [N * S]   entry e at [e.offset, e.offset + e.numel), zeros in the padding
 //   shard  [S]       this rank's part: a view of flat (stages 1-2) or a buffer of its own (stage 3)
@@ -35,11 +36,12 @@ class FlatUnit {
     bool decay = false;  // weight decay of the original parameter (decays(), optim/optimizer.h)
   };
 
-  // Flattens `params` into `flat` and points them at it. With own_shard, `shard` is a copy that
-  // stays when `flat` is released (stage 3); otherwise it is a view of flat.
-  FlatUnit(const std::vector<std::pair<std::string, at::Tensor>>& params, int64_t world, int64_t rank,
-           bool own_shard);
+  // Flattens `params` into `flat`, sharded over `group` (which outlives the unit), and points them
+  // at it. With own_shard, `shard` is a copy that stays when `flat` is released (stage 3);
+  // otherwise it is a view of flat.
+  FlatUnit(const std::vector<std::pair<std::string, at::Tensor>>& params, comm::Group& group, bool own_shard);
 
+  comm::Group& group() const { return *group_; }
   const std::vector<Entry>& entries() const { return entries_; }
   int64_t shard_numel() const { return shard_numel_; }
   int64_t padded_numel() const { return shard_numel_ * world_; }
@@ -60,7 +62,7 @@ class FlatUnit {
 
   // Fills `flat` (materialized) from every rank's shard. The shard goes in as a copy where it is a
   // view of flat (the input may not alias the output), which lives until the Work is waited.
-  comm::Work gather_async(comm::Group& dp);
+  comm::Work gather_async();
 
   // [N * S]: the entries' current gradients, zero where a gradient is undefined and in the padding.
   at::Tensor flatten_grads() const;
@@ -68,11 +70,12 @@ class FlatUnit {
   // Whole tensors from per-rank parts: part(e) is this rank's owned part of entry e's tensor
   // (owned_part layout) or undefined when it owns none. Returns one tensor per entry, shaped like
   // the parameter, identical on every rank (a collective).
-  std::vector<at::Tensor> gather_entries(comm::Group& dp, const std::function<at::Tensor(const Entry&)>& part,
+  std::vector<at::Tensor> gather_entries(const std::function<at::Tensor(const Entry&)>& part,
                                          const at::TensorOptions& options) const;
 
  private:
   std::vector<Entry> entries_;
+  comm::Group* group_;
   int64_t world_, rank_;
   int64_t shard_numel_ = 0;
   at::Tensor flat_, shard_;

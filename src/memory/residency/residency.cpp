@@ -6,10 +6,15 @@
 
 namespace tessera {
 
-Residency::Residency(std::vector<FlatUnit>& units, comm::Group& home, ResidencyPlan plan)
-    : units_(units), home_(home), plan_(std::move(plan)), fetches_(units.size()) {
-  require(units_.size() == plan_.ends_unit() + 1, "internal: a residency plan for ", plan_.ends_unit() + 1,
-          " units over ", units_.size());
+Residency::Residency(std::vector<FlatUnit>& flats, std::vector<std::vector<size_t>> members, ResidencyPlan plan)
+    : flats_(flats), members_(std::move(members)), plan_(std::move(plan)), fetches_(flats.size()) {
+  require(members_.size() == plan_.ends_unit() + 1, "internal: a residency plan for ", plan_.ends_unit() + 1,
+          " units over ", members_.size());
+  std::vector<int> seen(flats_.size(), 0);
+  for (const auto& m : members_) {
+    require(!m.empty(), "internal: a residency unit without FlatUnits");
+    for (size_t f : m) require(f < flats_.size() && seen[f]++ == 0, "internal: FlatUnit ", f, " in two residency units");
+  }
 }
 
 void Residency::at(Pass pass, const ResidencyPoint& point) {
@@ -23,27 +28,40 @@ void Residency::at(Pass pass, const ResidencyPoint& point) {
 }
 
 void Residency::fetch(size_t unit) {
-  if (fetches_[unit].pending() || units_[unit].materialized()) return;
-  units_[unit].materialize();
-  fetches_[unit] = units_[unit].gather_async(home_);
+  for (size_t f : members_[unit]) {
+    if (fetches_[f].pending() || flats_[f].materialized()) continue;
+    flats_[f].materialize();
+    fetches_[f] = flats_[f].gather_async();
+  }
 }
 
 void Residency::complete(size_t unit) {
   fetch(unit);
-  if (!fetches_[unit].pending()) return;
-  fetches_[unit].wait();
-  fetches_[unit] = comm::Work();
+  for (size_t f : members_[unit]) {
+    if (!fetches_[f].pending()) continue;
+    fetches_[f].wait();
+    fetches_[f] = comm::Work();
+  }
 }
 
 void Residency::release(size_t unit) {
-  if (fetches_[unit].pending()) complete(unit);
-  units_[unit].release();
+  for (size_t f : members_[unit]) {
+    if (fetches_[f].pending()) {  // a gather in flight is completed before its storage goes
+      fetches_[f].wait();
+      fetches_[f] = comm::Work();
+    }
+    flats_[f].release();
+  }
 }
 
-bool Residency::resident(size_t unit) const { return units_[unit].materialized() && !fetches_[unit].pending(); }
+bool Residency::resident(size_t unit) const {
+  for (size_t f : members_[unit])
+    if (!flats_[f].materialized() || fetches_[f].pending()) return false;
+  return true;
+}
 
 void Residency::release_all() {
-  for (size_t u = 0; u < units_.size(); ++u) release(u);
+  for (size_t u = 0; u < members_.size(); ++u) release(u);
 }
 
 }  // namespace tessera

@@ -4,8 +4,9 @@
 //
 // Gradient reductions. Gradients leave a rank in "reductions" launched in one fixed order, the
 // same on every rank (collectives are matched by their order): stages 0-1 reduce buckets
-// (parameters in reverse registration order, parallel.bucket_mb each), stages 2-3 reduce units
-// (blocks last to first, then the rest, the order backward finishes them). A post-accumulate-grad
+// (parameters in reverse registration order, parallel.bucket_mb each, a new bucket where the
+// reduction group changes), stages 2-3 reduce units (blocks last to first, then the ends, the
+// order backward finishes them; a part's dense unit before its experts'). Each over its group. A post-accumulate-grad
 // hook on each parameter counts arrivals; a reduction launches once all its parameters arrived
 // and every reduction before it launched. Reductions whose parameters got no gradient (an expert
 // no token chose) are launched at the next ordered point: before the next micro-batch, before a
@@ -75,25 +76,32 @@ void check_data_parallel(const ParallelOptions& parallel, const OptimOptions& op
           "): compressed gradients are all-reduced whole, not reduce-scattered");
 }
 
-DataParallel::DataParallel(TransformerLM model, comm::Group& dp, const ParallelOptions& parallel,
+DataParallel::DataParallel(TransformerLM model, ReductionGroups groups, const ParallelOptions& parallel,
                            const OptimOptions& optim, ModelParallelNorm norm)
-    : impl_(std::make_unique<Impl>(std::move(model), dp, parallel)) {
+    : impl_(std::make_unique<Impl>(std::move(model), groups, parallel)) {
   Impl& s = *impl_;
   check_data_parallel(parallel, optim);
+  require(s.groups.size() == 1 || parallel.grad_compression == "none",
+          "parallel.grad_compression = ", parallel.grad_compression,
+          " with an expert-data-parallel group: the compressors keep one state over the data-parallel group");
   s.norm = std::move(norm);
   s.compressor = make_compressor(parallel);
 
-  for (const auto& item : s.model->named_parameters()) s.params.emplace_back(item.key(), item.value());
+  for (const auto& item : s.model->named_parameters()) {
+    s.params.emplace_back(item.key(), item.value());
+    const ParameterSpec& spec = s.model->parameter_specs().at(item.key());
+    s.group_of.push_back(spec.reduce == ReductionGroup::expert_data && s.groups.size() > 1 ? 1 : 0);
+  }
   {
-    at::NoGradGuard no_grad;  // every rank starts from rank 0's parameters
-    for (auto& [name, p] : s.params) dp.broadcast(p, 0);
+    at::NoGradGuard no_grad;  // every rank starts from its group's first rank's parameters
+    for (size_t i = 0; i < s.params.size(); ++i) s.group(s.group_of[i]).broadcast(s.params[i].second, 0);
   }
   if (s.stage <= 1) s.build_buckets(parallel.bucket_mb);
   if (s.stage >= 1) s.build_units();
   s.build_optimizer(optim, parallel.offload);
   s.register_hooks();
   if (s.stage == 3) {
-    s.residency = std::make_unique<Residency>(s.units, dp, zero3_plan(s.n_blocks));
+    s.residency = std::make_unique<Residency>(s.units, s.part_units, zero3_plan(s.n_blocks));
     s.residency->release_all();
     s.block_wrapper = s.model->add_block_wrapper(
         [&s](int64_t layer, const at::Tensor& x, const TransformerLMImpl::BlockCall& inner) {
@@ -117,10 +125,11 @@ void DataParallel::Impl::build_buckets(double bucket_mb) {
   int64_t filled = 0;
   for (size_t i = params.size(); i-- > 0;) {
     const at::Tensor& p = params[i].second;
-    const bool fits = !buckets.empty() && filled < capacity &&
+    const bool fits = !buckets.empty() && filled < capacity && buckets.back().group == group_of[i] &&
                       params[buckets.back().params.front()].second.options().type_equal(p.options());
     if (!fits) {
       buckets.emplace_back();
+      buckets.back().group = group_of[i];
       filled = 0;
     }
     buckets.back().params.push_back(i);
@@ -146,14 +155,24 @@ void DataParallel::Impl::build_units() {
   std::vector<std::set<const c10::TensorImpl*>> in_block(static_cast<size_t>(n_blocks));
   for (int64_t l = 0; l < n_blocks; ++l)
     for (const auto& p : model->block(l)->parameters()) in_block[l].insert(p.unsafeGetTensorImpl());
-  std::vector<std::vector<std::pair<std::string, at::Tensor>>> members(static_cast<size_t>(n_blocks) + 1);
-  for (const auto& [name, p] : params) {
-    size_t unit = static_cast<size_t>(n_blocks);
+  // members[part][group]
+  std::vector<std::vector<std::vector<std::pair<std::string, at::Tensor>>>> members(
+      static_cast<size_t>(n_blocks) + 1, std::vector<std::vector<std::pair<std::string, at::Tensor>>>(groups.size()));
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& [name, p] = params[i];
+    size_t part = static_cast<size_t>(n_blocks);
     for (size_t l = 0; l < in_block.size(); ++l)
-      if (in_block[l].count(p.unsafeGetTensorImpl())) unit = l;
-    members[unit].emplace_back(name, p);
+      if (in_block[l].count(p.unsafeGetTensorImpl())) part = l;
+    members[part][group_of[i]].emplace_back(name, p);
   }
-  for (const auto& m : members) units.emplace_back(m, world, rank, /*own_shard=*/stage == 3);
+  part_units.resize(members.size());
+  for (size_t part = 0; part < members.size(); ++part)
+    for (size_t g = 0; g < groups.size(); ++g) {
+      if (members[part][g].empty()) continue;
+      part_units[part].push_back(units.size());
+      unit_part.push_back(part);
+      units.emplace_back(members[part][g], group(g), /*own_shard=*/stage == 3);
+    }
   if (stage >= 2)
     for (const auto& u : units) grad_shards.push_back(at::zeros({u.shard_numel()}, u.flat().options()));
 }
@@ -209,19 +228,26 @@ void DataParallel::Impl::register_hooks() {
   if (stage <= 1) {
     for (size_t b = 0; b < buckets.size(); ++b) add(b, buckets[b].params);
   } else {
-    std::vector<size_t> order;
-    for (int64_t l = n_blocks - 1; l >= 0; --l) order.push_back(static_cast<size_t>(l));
-    order.push_back(static_cast<size_t>(n_blocks));
-    for (size_t u : order) {
-      std::vector<size_t> members;
-      for (const auto& e : units[u].entries()) members.push_back(index_of.at(e.param.unsafeGetTensorImpl()));
-      add(u, members);
-    }
+    std::vector<size_t> parts;
+    for (int64_t l = n_blocks - 1; l >= 0; --l) parts.push_back(static_cast<size_t>(l));
+    parts.push_back(static_cast<size_t>(n_blocks));
+    for (size_t part : parts)
+      for (size_t u : part_units[part]) {
+        std::vector<size_t> members;
+        for (const auto& e : units[u].entries()) members.push_back(index_of.at(e.param.unsafeGetTensorImpl()));
+        add(u, members);
+      }
   }
   arrived.assign(params.size(), 0);
   for (size_t i = 0; i < params.size(); ++i)
     torch::autograd::impl::set_post_acc_grad_hooks(params[i].second,
                                                    std::make_unique<GradReadyHook>([this, i] { grad_ready(i); }));
+}
+
+size_t DataParallel::Impl::reductions_after_block(int64_t layer) const {
+  size_t count = 0;
+  for (int64_t l = n_blocks - 1; l > layer; --l) count += part_units[static_cast<size_t>(l)].size();
+  return count;
 }
 
 void DataParallel::before_backward(bool last_micro_batch) {
@@ -261,7 +287,8 @@ void DataParallel::Impl::launch(const Reduction& r) {
     return;
   }
   if (stage <= 1) {
-    buckets[r.index].work = dp.all_reduce_async(buckets[r.index].grad);
+    Bucket& b = buckets[r.index];
+    b.work = group(b.group).all_reduce_async(b.grad);
     return;
   }
   at::NoGradGuard no_grad;
@@ -270,7 +297,7 @@ void DataParallel::Impl::launch(const Reduction& r) {
   for (const auto& e : unit.entries()) e.param.mutable_grad().reset();
   at::Tensor output = at::empty({unit.shard_numel()}, input.options());
   drain_scatters(kReduceScattersInFlight - 1);
-  scatters.push_back({dp.reduce_scatter_async(output, input), r.index, last_micro_batch, input, output});
+  scatters.push_back({unit.group().reduce_scatter_async(output, input), r.index, last_micro_batch, input, output});
   // A reduce-scatter that was complete when it returned (a one-rank group's copy) is collected at
   // once, so its unit's gradient is final (and, with offload, on its way to the host) while
   // backward goes on.
@@ -278,10 +305,11 @@ void DataParallel::Impl::launch(const Reduction& r) {
     collect(scatters.front());
     scatters.pop_front();
   }
-  if (stage == 3)
+  const size_t part = unit_part[r.index];
+  if (stage == 3 && part_units[part].back() == r.index)  // the part's last unit
     residency->at(Pass::training, {ResidencyPoint::Kind::after_reduction,
-                                   r.index < static_cast<size_t>(n_blocks) ? ModelPart::block(static_cast<int64_t>(r.index))
-                                                                           : ModelPart::embedding()});
+                                   part < static_cast<size_t>(n_blocks) ? ModelPart::block(static_cast<int64_t>(part))
+                                                                        : ModelPart::embedding()});
 }
 
 void DataParallel::Impl::compress(size_t bucket) {
@@ -306,7 +334,8 @@ void DataParallel::Impl::collect(PendingScatter& pending) {
   at::Tensor& shard = grad_shards[pending.unit];
   shard.add_(pending.output);
   if (!pending.last) return;
-  if (world > 1) shard.div_(static_cast<double>(world));
+  const int64_t n = units[pending.unit].group().size();
+  if (n > 1) shard.div_(static_cast<double>(n));
   if (offload) offload->grads_to_host(pending.unit);
 }
 
@@ -321,7 +350,8 @@ void DataParallel::finish_gradients() {
       s.buckets[b].work.wait();
       s.buckets[b].work = comm::Work();
       if (s.compressor) continue;  // the compressor's result is already the mean
-      if (s.world > 1) s.buckets[b].grad.div_(static_cast<double>(s.world));
+      const int64_t n = s.group(s.buckets[b].group).size();
+      if (n > 1) s.buckets[b].grad.div_(static_cast<double>(n));
       if (s.offload) s.offload->grads_to_host(b);
     }
   } else {
@@ -341,7 +371,21 @@ double DataParallel::clip_grad_norm(double max_norm) {
     // The norm over the whole (all-reduced) device gradients, with or without offload.
     std::vector<at::Tensor> grads;
     double norm;
-    if (s.norm.group) {
+    if (s.groups.size() > 1) {
+      // Each replica of a gradient counted 1/|group| times over the data group, whose other ranks
+      // hold other experts.
+      std::vector<double> weights;
+      for (size_t i = 0; i < s.params.size(); ++i) {
+        const at::Tensor& g = s.params[i].second.grad();
+        if (!g.defined()) continue;
+        grads.push_back(g);
+        weights.push_back(s.norm.weight_of(s.params[i].first) / static_cast<double>(s.group(s.group_of[i]).size()));
+      }
+      at::Tensor squares = weighted_squares(grads, weights, device);
+      s.dp.all_reduce(squares);
+      if (s.norm.group) s.norm.group->all_reduce(squares);
+      norm = std::sqrt(squares.item<double>());
+    } else if (s.norm.group) {
       norm = s.norm.grad_norm(s.params, grads);
     } else {
       std::vector<at::Tensor> tensors;
@@ -391,7 +435,7 @@ void DataParallel::step(double lr) {
   if (s.offload) s.offload->masters_to_device(s.units);
   if (s.stage == 1 || s.stage == 2) {  // stage 3 fetches each unit at its next use
     std::vector<comm::Work> works;
-    for (auto& u : s.units) works.push_back(u.gather_async(s.dp));
+    for (auto& u : s.units) works.push_back(u.gather_async());
     for (auto& w : works) w.wait();
   }
 }

@@ -36,6 +36,14 @@
 // and padded to a multiple of N, rank r owning elements [r * S, (r + 1) * S) of every unit
 // (flat_unit.h). At stages 1-3 the model's parameters become views of their unit's flat buffer.
 //
+// Reduction groups (ReductionGroups below; each parameter's is declared, model/parameter_spec.h):
+// a parameter's gradient is averaged over its group only, its bucket or unit holds parameters of
+// that group only (a block with experts has two units), and its shard is 1/|group| of it. N above
+// is the parameter's group's size: every replica ("data") or, for experts, the replicas holding
+// the same experts ("expert_data", dp / ep of them). The ranks outside a parameter's group hold
+// different parameters (other experts), so the clipping norm sums every rank's share over `data`.
+// The constructor broadcasts each parameter from its group's first rank.
+//
 // Details the stages above leave open:
 // - Stages 0-1 send nothing before the last micro-batch (gradients accumulate locally, in the
 //   buckets). Stages 2-3 reduce-scatter every micro-batch, accumulating into the shard, so a full
@@ -94,12 +102,21 @@ namespace tessera {
 // (parallel/parallelize.h) and DataParallel's constructor call it.
 void check_data_parallel(const ParallelOptions& parallel, const OptimOptions& optim);
 
+// The groups that average gradients, by declared ReductionGroup: `data` every replica of the
+// model (dp, or dp x sp), `expert_data` (null, or the same group: as data) the replicas holding the
+// same experts, a subgroup of data (edp, or edp x sp). Both outlive the DataParallel.
+struct ReductionGroups {
+  ReductionGroups(comm::Group& data, comm::Group* expert_data = nullptr) : data(&data), expert_data(expert_data) {}
+  comm::Group* data;
+  comm::Group* expert_data;
+};
+
 class DataParallel : public OptimizerOwner {
  public:
   // Registers the hooks on `model` (already on its device). Throws tessera::Error naming the key
   // for combinations that are not supported (check_data_parallel). `norm`: how the clipping norm
   // counts tensor-parallel shards (none without tensor parallelism).
-  DataParallel(TransformerLM model, comm::Group& dp, const ParallelOptions& parallel, const OptimOptions& optim,
+  DataParallel(TransformerLM model, ReductionGroups groups, const ParallelOptions& parallel, const OptimOptions& optim,
                ModelParallelNorm norm = {});
   ~DataParallel() override;
 
@@ -118,7 +135,8 @@ class DataParallel : public OptimizerOwner {
   // communication or copy of the whole state (for a sharded checkpoint): stage 0 the even slices
   // (every rank holds everything), stages 1-3 the range of each "<param>.<slot>" this rank owns
   // and each "<param>.step" from the rank owning the parameter's first element. Over the dp
-  // ranks every element is in exactly one slice.
+  // ranks every element is in exactly one slice. Refused with an expert-data group (expert
+  // parallelism's state is named per expert shard, which that issue adds).
   std::vector<TensorSlice> optimizer_state_slices() const;
   // Each rank takes its shard of whole-tensor state (as full_optimizer_state() returns).
   void load_full_optimizer_state(const std::map<std::string, at::Tensor>& state, const std::string& source);

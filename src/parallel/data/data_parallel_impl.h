@@ -14,6 +14,10 @@
 //   dp mean, and the shards are written from the masters after each step.
 // - Stage 3: `residency` runs the ZeRO-3 plan (memory/residency/residency_plan.h) over `units`:
 //   a unit (a block's, or the ends') is materialized only between its fetch and its release.
+// - Reduction groups: groups[0] is `dp` (every replica); groups[1], present only when it has
+//   other members, the expert-data-parallel group. A bucket or a unit holds parameters of one
+//   group only and is reduced, sharded and gathered over it. The units of a part are consecutive
+//   in `units` and in the reduction order (dense, then experts).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +28,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "comm/group.h"
+#include "core/error.h"
 #include "optim/compression/compressor.h"
 #include "optim/optimizer.h"
 #include "parallel/data/data_parallel.h"
@@ -38,6 +43,7 @@ struct DataParallel::Impl {
     std::vector<size_t> params;  // indices into `params`
     at::Tensor grad;             // [sum of numel]: the parameters' .grad are views of it
     comm::Work work;
+    size_t group = 0;            // index into `groups`
   };
   struct Reduction {
     size_t index;  // bucket (stages 0-1) or unit (stages 2-3)
@@ -51,9 +57,11 @@ struct DataParallel::Impl {
   };
 
   TransformerLM model;
-  comm::Group& dp;
-  int64_t stage, world, rank, n_blocks;
+  comm::Group& dp;                    // every replica: the clipping norm and the steps are summed over it
+  std::vector<comm::Group*> groups;   // the reduction groups (see above)
+  int64_t stage, n_blocks;
   NamedParams params;  // the model's, in registration order
+  std::vector<size_t> group_of;  // per parameter: its reduction group, an index into `groups`
   std::unique_ptr<Optimizer> optimizer;
   std::unique_ptr<GradientCompressor> compressor;
   std::unique_ptr<OffloadedShard> offload;  // parallel.offload
@@ -62,7 +70,9 @@ struct DataParallel::Impl {
 
   std::vector<Bucket> buckets;          // stages 0-1
   std::vector<at::Tensor> grad_views;   // stages 0-1: per parameter, its .grad (a view of its bucket)
-  std::vector<FlatUnit> units;          // stages 1-3: blocks 0..n_blocks-1, then the rest
+  std::vector<FlatUnit> units;          // stages 1-3: per part (blocks 0..n_blocks-1, then the ends) one per group
+  std::vector<size_t> unit_part;        // per unit: its part, l for block l, n_blocks for the ends
+  std::vector<std::vector<size_t>> part_units;  // per part: its units
   std::vector<at::Tensor> grad_shards;  // stages 2-3: per unit, [S]
   std::unique_ptr<Residency> residency;  // stage 3
 
@@ -75,14 +85,19 @@ struct DataParallel::Impl {
   bool last_micro_batch = false;
   std::deque<PendingScatter> scatters;
 
-  Impl(TransformerLM m, comm::Group& group, const ParallelOptions& parallel)
-      : model(std::move(m)),
-        dp(group),
-        stage(parallel.zero_stage),
-        world(group.size()),
-        rank(group.rank()),
-        n_blocks(model->options().n_layer) {}
-
+  Impl(TransformerLM m, const ReductionGroups& reduction, const ParallelOptions& parallel)
+      : model(std::move(m)), dp(*reduction.data), stage(parallel.zero_stage), n_blocks(model->options().n_layer) {
+    groups.push_back(reduction.data);
+    if (reduction.expert_data && reduction.expert_data != reduction.data) groups.push_back(reduction.expert_data);
+  }
+  comm::Group& group(size_t g) const { return *groups[g]; }
+  // The reductions that belong to blocks after `layer` (stages 2-3 launch them in that order first).
+  size_t reductions_after_block(int64_t layer) const;
+  // Refuses `what` with an expert-data group: whole optimizer state under the model's names cannot
+  // tell the experts of different ep ranks apart (expert parallelism names them).
+  void require_one_group(const char* what) const {
+    require(groups.size() == 1, "internal: ", what, " with an expert-data-parallel group is expert parallelism's work");
+  }
   void build_buckets(double bucket_mb);
   void build_units();
   void build_optimizer(const OptimOptions& optim, bool offload_to_host);

@@ -24,6 +24,7 @@ const std::string kStepSlot = "step";
 
 NamedParams DataParallel::full_optimizer_state() {
   Impl& s = *impl_;
+  s.require_one_group("the whole optimizer state");
   if (s.stage == 0) return s.optimizer->state();
   std::map<std::string, at::Tensor> mine;
   for (auto& [name, t] : s.optimizer->state()) mine[name] = t;
@@ -36,7 +37,6 @@ NamedParams DataParallel::full_optimizer_state() {
   for (const auto& unit : s.units) {
     for (const auto& slot : kElementwiseSlots) {
       auto tensors = unit.gather_entries(
-          s.dp,
           [&](const FlatUnit::Entry& e) {
             auto it = mine.find(e.name + "." + slot);
             return it == mine.end() ? at::Tensor() : it->second;
@@ -78,7 +78,8 @@ OptimizerRanges DataParallel::optimizer_state_ranges() const {
 
 std::vector<TensorSlice> DataParallel::optimizer_state_slices() const {
   const Impl& s = *impl_;
-  if (s.stage == 0) return even_slices(s.optimizer->state(), s.rank, s.world);
+  s.require_one_group("a sharded checkpoint of the optimizer state");
+  if (s.stage == 0) return even_slices(s.optimizer->state(), s.dp.rank(), s.dp.size());
   std::map<std::string, at::Tensor> mine;
   for (const auto& [name, t] : s.optimizer->state()) mine[name] = t;
   const OptimizerRanges ranges = optimizer_state_ranges();
@@ -165,7 +166,6 @@ NamedTensors DataParallel::gradients() {
   for (size_t u = 0; u < s.units.size(); ++u) {
     const FlatUnit& unit = s.units[u];
     const std::vector<at::Tensor> tensors = unit.gather_entries(
-        s.dp,
         [&](const FlatUnit::Entry& e) {
           const auto [begin, end] = unit.owned(e);
           return begin == end ? at::Tensor() : unit.owned_part(e, s.grad_shards[u]);

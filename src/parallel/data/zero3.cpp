@@ -86,7 +86,7 @@ void DataParallel::Impl::around_end(const ModelPart& part, const std::function<v
 void DataParallel::Impl::before_block_backward(int64_t layer) {
   // Blocks after this one are done: launch their reductions now so the order on the wire stays
   // the same on every rank, ahead of this block's gathers.
-  launch_through(static_cast<size_t>(n_blocks - 1 - layer));
+  launch_through(reductions_after_block(layer));
   residency->at(Pass::training, {ResidencyPoint::Kind::before_backward, ModelPart::block(layer)});
 }
 
@@ -97,13 +97,14 @@ void DataParallel::visit_full_parameters(const std::function<void(const std::vec
     for (const auto& [name, p] : s.params) names.push_back(name);
     return fn(names);
   }
-  for (size_t u = 0; u < s.units.size(); ++u) {
-    const bool was_resident = s.residency->resident(u);
-    s.residency->complete(u);
+  for (size_t part = 0; part < s.part_units.size(); ++part) {
+    const bool was_resident = s.residency->resident(part);
+    s.residency->complete(part);
     std::vector<std::string> names;
-    for (const auto& e : s.units[u].entries()) names.push_back(e.name);
+    for (size_t u : s.part_units[part])
+      for (const auto& e : s.units[u].entries()) names.push_back(e.name);
     fn(names);
-    if (!was_resident) s.residency->release(u);
+    if (!was_resident) s.residency->release(part);
   }
 }
 
@@ -135,7 +136,7 @@ void DataParallel::load_parameter(const std::string& name, const at::Tensor& val
         const auto [begin, end] = unit.owned(e);
         if (begin < end)
           unit.owned_part(e, unit.shard()).copy_(value.reshape(-1).narrow(0, begin - e.offset, end - begin));
-        if (s.residency->resident(&unit - s.units.data())) e.param.copy_(value);
+        if (s.residency->resident(s.unit_part[static_cast<size_t>(&unit - s.units.data())])) e.param.copy_(value);
         return;
       }
   fail("internal: DataParallel has no parameter '", name, "'");

@@ -35,7 +35,31 @@ TEST(ParallelDims, PipelineOutermostAndExpertGroupsInsideDp) {
   EXPECT_EQ(dims.groups("pp"), (Ranks{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
   EXPECT_EQ(dims.groups("dp"), (Ranks{{0, 1, 2, 3}, {4, 5, 6, 7}}));
   EXPECT_EQ(dims.groups("ep"), (Ranks{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(dims.groups("edp"), (Ranks{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(dims.groups("edp_sp"), dims.groups("edp"));
+  EXPECT_EQ(dims.groups("embedding"), dims.groups("pp"));
   EXPECT_EQ(dims.describe(), "dp=4 tp=1 pp=2 sp=1 ep=2 (world 8)");
+}
+
+TEST(ParallelDims, ExpertDataAndEmbeddingGroups) {
+  tessera::ParallelOptions o;
+  o.pp = 3;
+  o.sp = 2;
+  o.ep = 2;
+  tessera::ParallelDims dims(o, 24, "t");  // dp = 4
+  // rank = (pp_i * 4 + dp_i) * 2 + sp_i
+  EXPECT_EQ(dims.group_of("edp", 0), (std::vector<int64_t>{0, 4}));
+  EXPECT_EQ(dims.group_of("edp", 3), (std::vector<int64_t>{3, 7}));
+  EXPECT_EQ(dims.group_of("edp_sp", 0), (std::vector<int64_t>{0, 1, 4, 5}));
+  EXPECT_EQ(dims.group_of("edp_sp", 10), (std::vector<int64_t>{10, 11, 14, 15}));
+  EXPECT_EQ(dims.group_of("ep", 0), (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(dims.group_of("embedding", 3), (std::vector<int64_t>{3, 19}));
+  EXPECT_EQ(dims.group_of("embedding", 19), (std::vector<int64_t>{3, 19}));
+  EXPECT_EQ(dims.group_of("embedding", 11), (std::vector<int64_t>{11}));  // a middle stage
+  o.ep = 1;
+  tessera::ParallelDims no_experts(o, 24, "t");
+  EXPECT_EQ(no_experts.groups("edp"), no_experts.groups("dp"));
+  EXPECT_EQ(no_experts.groups("edp_sp"), no_experts.groups("dp_sp"));
 }
 
 TEST(ParallelDims, RefusesDegreesThatDoNotFit) {

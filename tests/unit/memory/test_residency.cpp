@@ -98,22 +98,23 @@ TEST(ResidencyPlan, RefusesUnitsLeftBehindAtTheEndOfAPass) {
   EXPECT_NE(refusal(fetched).find("(training): unit 0 is still being fetched when the pass ends"), std::string::npos);
 }
 
-// The executor over three one-parameter units with a one-rank home: storage appears and goes
-// exactly as the plan says, and a fetched unit holds its shard's values.
+// The executor over four one-parameter FlatUnits with a one-rank home, block 1's unit made of two
+// of them (as a block's dense parameters and its experts are): storage appears and goes exactly
+// as the plan says, for every FlatUnit of a unit, and a fetched unit holds its shard's values.
 TEST(Residency, FollowsThePlanOverFlatUnits) {
   comm::Group home("dp", {0}, 0, nullptr, std::chrono::milliseconds(1000));
   std::vector<at::Tensor> params;
   std::vector<FlatUnit> units;
-  for (int u = 0; u < 3; ++u) {
+  for (int u = 0; u < 4; ++u) {
     params.push_back(torch::full({4, 3}, static_cast<float>(u + 1)));
     units.emplace_back(std::vector<std::pair<std::string, at::Tensor>>{{"p" + std::to_string(u), params.back()}},
-                       /*world=*/1, /*rank=*/0, /*own_shard=*/true);
+                       home, /*own_shard=*/true);
   }
-  Residency residency(units, home, zero3_plan(2));
+  Residency residency(units, {{0}, {1, 3}, {2}}, zero3_plan(2));
   residency.release_all();
   auto resident = [&] {
     std::string s;
-    for (size_t u = 0; u < units.size(); ++u) s += residency.resident(u) ? '1' : '0';
+    for (size_t u = 0; u < 3; ++u) s += residency.resident(u) ? '1' : '0';
     return s;
   };
   EXPECT_EQ(resident(), "000");
@@ -126,10 +127,12 @@ TEST(Residency, FollowsThePlanOverFlatUnits) {
   residency.at(Pass::training, {Kind::before_forward, ModelPart::block(0)});
   residency.at(Pass::training, {Kind::after_forward, ModelPart::block(0)});
   EXPECT_EQ(resident(), "010");
+  EXPECT_TRUE(params[3].equal(torch::full({4, 3}, 4.0f)));  // block 1 fetched ahead, both of its FlatUnits
   residency.at(Pass::training, {Kind::before_forward, ModelPart::block(1)});
   residency.at(Pass::training, {Kind::after_forward, ModelPart::block(1)});
   residency.at(Pass::training, {Kind::before_forward, ModelPart::head()});
   EXPECT_EQ(resident(), "001");
+  EXPECT_EQ(params[3].storage().nbytes(), 0u);
   residency.at(Pass::training, {Kind::before_backward, ModelPart::block(1)});
   EXPECT_EQ(resident(), "110");
   EXPECT_TRUE(params[0].equal(torch::full({4, 3}, 1.0f)));
