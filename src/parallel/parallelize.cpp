@@ -29,6 +29,18 @@ std::string state_param(const std::string& name) {
   return "";
 }
 
+// Owners for tensors of `numels` elements, in order, each to the shard holding the fewest
+// elements so far: the same on every rank.
+std::vector<int64_t> owners_by_size(const std::vector<int64_t>& numels, int64_t shards) {
+  std::vector<int64_t> load(static_cast<size_t>(shards), 0), owner;
+  for (int64_t n : numels) {
+    const auto least = std::min_element(load.begin(), load.end()) - load.begin();
+    owner.push_back(least);
+    load[static_cast<size_t>(least)] += n;
+  }
+  return owner;
+}
+
 }  // namespace
 
 void check_parallel_layout(const Config& config, const ParallelDims& d) {
@@ -138,16 +150,17 @@ NamedTensors ParallelModel::model_state() { return model_state_shard(0, 1); }
 NamedTensors ParallelModel::model_state_shard(int64_t rank, int64_t shards) {
   // Owners: each parameter, in registration order, to the rank holding the fewest elements so far.
   std::map<std::string, TensorParallelLayout> layouts;
-  std::map<std::string, int64_t> owner;
-  std::vector<int64_t> load(static_cast<size_t>(shards), 0);
+  std::vector<std::string> order;
+  std::vector<int64_t> numels;
   for (const auto& item : model_->named_parameters()) {
     const TensorParallelLayout layout = tensor_parallel_layout(model_->parameter_specs().at(item.key()));
-    const int64_t numel = item.value().numel() * (tp_ && layout.dim >= 0 ? tp_->size() : 1);
-    const auto least = std::min_element(load.begin(), load.end()) - load.begin();
-    owner[item.key()] = least;
-    load[static_cast<size_t>(least)] += numel;
+    order.push_back(item.key());
+    numels.push_back(item.value().numel() * (tp_ && layout.dim >= 0 ? tp_->size() : 1));
     layouts.emplace(item.key(), layout);
   }
+  std::map<std::string, int64_t> owner;
+  const std::vector<int64_t> owners = owners_by_size(numels, shards);
+  for (size_t i = 0; i < order.size(); ++i) owner[order[i]] = owners[i];
   auto params = model_->named_parameters();
   NamedTensors mine;
   at::NoGradGuard no_grad;
@@ -229,7 +242,25 @@ std::vector<TensorSlice> ParallelModel::training_state_slices(int64_t rank, int6
     std::vector<TensorSlice> own = owner_->own_training_state_slices();
     if (!own.empty()) return own;
   }
-  return even_slices(training_state(), rank, shards);
+  if (!tp_) return even_slices(training_state(), rank, shards);
+  // Under tensor parallelism: one state tensor at a time gathered whole over tp and kept only by
+  // the rank it is assigned to (by size, the same on every rank), so no rank holds more than its
+  // share of the whole state and one tensor beyond its own state.
+  NamedTensors local = owner_->training_state();
+  std::vector<std::optional<TensorParallelLayout>> layouts;
+  std::vector<int64_t> numels;
+  for (const auto& [name, t] : local) {
+    layouts.push_back(state_layout(name, t));
+    numels.push_back(t.numel() * (layouts.back() ? tp_->size() : 1));
+  }
+  const std::vector<int64_t> owners = owners_by_size(numels, shards);
+  std::vector<TensorSlice> mine;
+  for (size_t i = 0; i < local.size(); ++i) {
+    const auto& [name, t] = local[i];
+    const at::Tensor whole = layouts[i] ? gather_tensor(t.contiguous(), *layouts[i], *tp_) : t;
+    if (owners[i] == rank) mine.push_back({name, whole, 0, whole.sizes().vec()});
+  }
+  return mine;
 }
 
 }  // namespace tessera

@@ -107,7 +107,9 @@ class ParallelModel {
   OptimizerRanges training_state_ranges() const;
   // This rank's slices of training_state() for shard `rank` of `shards` (checkpoint/checkpoint.h):
   // the owner's own slices, without communication, when the data-parallel replicas are the whole
-  // world; otherwise the even slices of training_state() (a collective).
+  // world; under tensor parallelism whole tensors, each gathered over tp one at a time and kept by
+  // the one rank it is assigned to by size (a collective); otherwise the even slices of
+  // training_state().
   std::vector<TensorSlice> training_state_slices(int64_t rank, int64_t shards);
 
  private:
