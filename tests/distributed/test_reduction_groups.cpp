@@ -20,20 +20,17 @@
 #include "optim/clipping.h"
 #include "parallel/data/data_parallel.h"
 #include "test_util.h"
+#include "tiny_config.h"
 
 namespace tessera {
 namespace {
 
+// The shared tiny transformer (4 heads, width 32, 2 blocks), block 1 a mixture of experts.
 ModelOptions tiny_moe() {
-  ModelOptions o;
-  o.n_layer = 2;
-  o.n_head = 2;
-  o.n_embd = 32;
-  o.vocab_size = 64;
-  o.block_size = 16;
+  ModelOptions o = test::tiny_config(16).model;
   o.bias = false;
   o.ffn = "moe";
-  o.moe_every = 2;  // block 1 is a mixture of experts
+  o.moe_every = 2;
   return o;
 }
 
