@@ -24,7 +24,7 @@ $(DATA)/train.bin: | build
 	@$(BUILD)/tessera prepare --input data/kjv/genesis_to_ruth.txt --out $(DATA) --tokenizer byte
 
 train: build $(DATA)/train.bin
-	@$(BUILD)/tessera train --config $(CONFIG) --set data.path=$(DATA) --out $(RUN)
+	@$(BUILD)/tessera train --config $(CONFIG) --set data.path=$(DATA) --out $(RUN) --overwrite
 	@$(BUILD)/tessera generate --checkpoint $(RUN) --prompt "And God said" --max-tokens 300 --seed 1
 	@echo "loss curves: $$(python3 scripts/plot_losses.py $(RUN) --out $(RUN)/loss.svg --title '$(RUN)')"
 

@@ -52,7 +52,7 @@ def train(build, data, ranks, steps, mode, out_dir):
     sets = {"data.path": data, "train.steps": steps, "train.batch_size": 16 // ranks, "train.threads": 1,
             "checkpoint.every": 0, **settings(mode)}
     cmd = [str(pathlib.Path(build) / "tessera"), "train", "--config", "tiny_gpt", "--nproc", str(ranks),
-           "--out", str(out_dir)]
+           "--out", str(out_dir), "--overwrite"]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
     start = time.time()

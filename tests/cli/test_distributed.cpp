@@ -187,6 +187,16 @@ TEST(DistributedTrain, CompressedRunResumesWithItsResiduals) {
   auto on_four = run_tessera("train --resume " + step4 + " --nproc 4 --set train.batch_size=2 --out " + four);
   ASSERT_EQ(on_four.exit_code, 0) << on_four.output;
   EXPECT_NE(on_four.output.find("state of 2 ranks merged for 4 ranks"), std::string::npos) << on_four.output;
+  // Ranks 2 and 3 find no random stream states in a 2-rank checkpoint: they re-seed from train.seed
+  // and the step, and say so in their logs; ranks 0 and 1 restore theirs.
+  for (int r = 0; r < 4; ++r) {
+    const std::string log = slurp(four + "/logs/rank_" + std::to_string(r) + ".log");
+    EXPECT_EQ(log.find("holds no random stream states for rank " + std::to_string(r) +
+                       " (written by fewer ranks, or on another device type); dropout streams re-seeded from "
+                       "train.seed and step 4") != std::string::npos,
+              r >= 2)
+        << "rank " << r << ":\n" << log;
+  }
   expect_same_losses(losses(four), expected, 2e-2, "powersgd 2 ranks -> 4 ranks");
 
   // Top-k past its dense start: the residuals and the per-bucket step counts carry over.

@@ -1,0 +1,82 @@
+// Claiming and locking a run directory (run_dir.h).
+#include "train/run_dir.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/fs.h"
+
+namespace tessera {
+namespace fs = std::filesystem;
+namespace {
+
+// What a run writes into its directory (trainer.cpp, launcher.cpp); run.lock is not among them:
+// it marks a directory that was used, not a run.
+const char* const kRunFiles[] = {"config.toml", "metrics.jsonl", "train.log", "logs", "checkpoints"};
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> run_files(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const char* name : kRunFiles) {
+    const fs::path p = fs::path(dir) / name;
+    if (fs::exists(p)) out.push_back(fs::is_directory(p) ? std::string(name) + "/" : std::string(name));
+  }
+  return out;
+}
+
+std::string run_dir_of_checkpoint(const std::string& checkpoint_dir) {
+  const fs::path parent = fs::weakly_canonical(fs::path(checkpoint_dir)).parent_path();
+  return parent.filename() == "checkpoints" ? parent.parent_path().string() : "";
+}
+
+RunLock::RunLock(const std::string& dir) {
+  fs::create_directories(dir);
+  const std::string path = (fs::path(dir) / "run.lock").string();
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT, 0644);
+  require(fd_ >= 0, path, ": cannot open the run lock: ", std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    require(err == EWOULDBLOCK, path, ": cannot lock: ", std::strerror(err));
+    std::string holder = read_file(path);
+    holder.erase(holder.find_last_not_of(" \n") + 1);
+    fail(dir, " is in use by another run (", holder.empty() ? "pid unknown" : holder,
+         "): wait for it to finish or stop it, or train into another --out");
+  }
+  const std::string mine = "pid " + std::to_string(::getpid());
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, mine.data(), mine.size(), 0) != static_cast<ssize_t>(mine.size()))
+    fail(path, ": cannot write the run lock: ", std::strerror(errno));
+}
+
+RunLock::~RunLock() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::unique_ptr<RunLock> claim_run_dir(const std::string& dir, const RunClaim& claim) {
+  auto lock = std::make_unique<RunLock>(dir);
+  const std::vector<std::string> held = run_files(dir);
+  if (held.empty()) return lock;
+  const bool continues = !claim.resume_from.empty() && !run_dir_of_checkpoint(claim.resume_from).empty() &&
+                         fs::equivalent(run_dir_of_checkpoint(claim.resume_from), dir);
+  if (continues) return lock;
+  require(claim.overwrite, dir, " already holds a run (", joined(held), "): continue it with --resume ", dir,
+          ", start it over with --overwrite (deletes those), or train into another --out");
+  for (const std::string& name : held) fs::remove_all(fs::path(dir) / name);
+  return lock;
+}
+
+}  // namespace tessera
