@@ -153,6 +153,7 @@ nlohmann::json read_header(std::ifstream& in, const std::string& path, uint64_t&
 }  // namespace
 
 at::Tensor read_safetensors_tensor(const std::string& path, const std::string& name) {
+  require_regular_file(path);
   std::ifstream in(path, std::ios::binary);
   uint64_t data_start = 0;
   const nlohmann::json header = read_header(in, path, data_start);
@@ -176,6 +177,7 @@ at::Tensor read_safetensors_tensor(const std::string& path, const std::string& n
 }
 
 std::map<std::string, int64_t> read_safetensors_sizes(const std::string& path) {
+  require_regular_file(path);
   std::ifstream in(path, std::ios::binary);
   uint64_t data_start = 0;
   const nlohmann::json header = read_header(in, path, data_start);

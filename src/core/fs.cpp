@@ -1,6 +1,7 @@
 #include "core/fs.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,7 +15,19 @@
 
 namespace tessera {
 
+void require_regular_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) return;
+  const char* kind = S_ISFIFO(st.st_mode)  ? "a FIFO"
+                     : S_ISDIR(st.st_mode) ? "a directory"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                     : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                                                                   : "a special file";
+  fail(path, ": is ", kind, ", not a regular file; tessera reads data, configs and checkpoints from regular files only");
+}
+
 std::string read_file(const std::string& path) {
+  require_regular_file(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(path, ": cannot open (", std::strerror(errno), ")");
   std::ostringstream s;
@@ -61,6 +74,7 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
 }
 
 std::string file_checksum(const std::string& path) {
+  require_regular_file(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(path, ": cannot open (", std::strerror(errno), ")");
   uint64_t hash = 1469598103934665603ull;

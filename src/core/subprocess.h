@@ -1,7 +1,9 @@
 // Child processes for the local launcher (`tessera train --nproc`) and the multi-rank tests.
 //
-// spawn() forks and execs at once (nothing but dup2/execve runs between the two, so a parent with
-// threads is safe). supervise() waits for a set of children and never hangs: it ends when all
+// spawn() forks and execs at once (nothing but dup2, prctl and execve runs between the two, so a
+// parent with threads is safe). A child never outlives the thread that spawned it: it is killed
+// (SIGKILL, PR_SET_PDEATHSIG) when that thread's process dies, however it dies (a SIGKILLed
+// launcher leaves no workers running, holding GPUs and the run directory's lock). supervise() waits for a set of children and never hangs: it ends when all
 // have exited, when `deadline_s` passes (the rest are killed), or when *interrupted becomes true
 // (Ctrl-C on the launcher). With stop_on_failure, the first child to fail (non-zero exit or a
 // signal) makes it stop the others: SIGTERM, then SIGKILL after `grace_s`.

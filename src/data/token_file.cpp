@@ -22,6 +22,7 @@ TokenFile::Mapping::~Mapping() {
 }
 
 TokenFile TokenFile::open(const std::string& path) {
+  require_regular_file(path);
   int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) fail(path, ": cannot open token file (", std::strerror(errno), ")");
   struct stat st {};

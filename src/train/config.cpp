@@ -31,6 +31,9 @@ std::vector<std::string> known_presets() {
 }  // namespace
 
 std::string resolve_config_path(const std::string& config) {
+  // A FIFO, socket or device named as the config is refused as such (a directory of that name may
+  // stand beside a preset's name: it falls through to the presets).
+  if (fs::exists(config) && !fs::is_directory(config)) require_regular_file(config);
   if (fs::is_regular_file(config)) return config;
   fs::path preset = fs::path(TESSERA_CONFIG_DIR) / (config + ".toml");
   if (config.find('/') == std::string::npos && config.find(".toml") == std::string::npos && fs::is_regular_file(preset))

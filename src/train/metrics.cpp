@@ -1,12 +1,14 @@
 #include "train/metrics.h"
 
 #include "core/error.h"
+#include "core/fs.h"
 
 namespace tessera {
 
 MetricsLog::MetricsLog(const std::string& path, int64_t resumed_step) : path_(path) {
   std::string kept;
   if (resumed_step >= 0) {
+    require_regular_file(path);
     std::ifstream in(path);
     std::string line;
     while (std::getline(in, line)) {

@@ -1,6 +1,7 @@
 // Every bad input of the CLI contract ends with one clear message naming the file and key, exit
 // code 2, and no existing checkpoint changed or lost.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include "checkpoint/checkpoint.h"
 #include "cli_util.h"
@@ -11,9 +12,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Expects exit code 2 and every `needle` in the message.
+// Expects exit code 2 and every `needle` in the message. A `train` without --out or --resume gets
+// a run directory of its own (cases run in parallel, and each run locks its directory).
 void expect_error(const std::string& args, std::initializer_list<std::string> needles) {
-  auto r = run_tessera(args);
+  static int runs = 0;
+  const bool own_dir = args.rfind("train ", 0) == 0 && args.find("--out") == std::string::npos &&
+                       args.find("--resume") == std::string::npos;
+  auto r = run_tessera(args + (own_dir ? " --out " + fresh_dir("bad_input_run_" + std::to_string(runs++)) : ""));
   EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
   EXPECT_NE(r.output.find("error: "), std::string::npos) << r.output;
   for (const auto& needle : needles) EXPECT_NE(r.output.find(needle), std::string::npos) << "missing '" << needle << "' in:\n" << r.output;
@@ -84,6 +89,23 @@ TEST(BadData, ShortFile) {
 TEST(BadData, OddSizedFile) {
   std::string dir = data_with_train_bin("odd", std::string(4097, 'a'));
   expect_error("train --config tiny_gpt" + tiny_settings(dir), {dir + "/train.bin"});
+}
+
+// A FIFO (or any file that is not a regular one) where a data or config file belongs is refused at
+// once; open(2) on a FIFO with no writer would otherwise wait forever (`timeout` ends the command
+// if it does).
+TEST(BadData, FifoInsteadOfAFileIsRefusedNotWaitedOn) {
+  std::string dir = data_with_train_bin("fifo", "");
+  fs::remove(dir + "/train.bin");
+  ASSERT_EQ(::mkfifo((dir + "/train.bin").c_str(), 0644), 0);
+  auto data = run_tessera_env("timeout 60", "train --config tiny_gpt" + tiny_settings(dir) + " --out " + fresh_dir("fifo_run"));
+  EXPECT_EQ(data.exit_code, 2) << data.output;
+  EXPECT_NE(data.output.find(dir + "/train.bin: is a FIFO, not a regular file"), std::string::npos) << data.output;
+  const std::string config = fresh_dir("fifo_config") + "/run.toml";
+  ASSERT_EQ(::mkfifo(config.c_str(), 0644), 0);
+  auto cfg = run_tessera_env("timeout 60", "train --config " + config);
+  EXPECT_EQ(cfg.exit_code, 2) << cfg.output;
+  EXPECT_NE(cfg.output.find(config + ": is a FIFO"), std::string::npos) << cfg.output;
 }
 
 TEST(BadData, TruncatedTokenFile) {

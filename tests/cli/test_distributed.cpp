@@ -6,12 +6,14 @@
 // check what only the command shows (launch, sampler, checkpoints, validation).
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <sstream>
 #include <thread>
 
 #include "checkpoint/safetensors.h"
@@ -271,6 +273,34 @@ TEST(DistributedTrain, KilledRankStopsEveryWorkerAndNamesIt) {
   EXPECT_LT(seconds, 90) << result.output;
   EXPECT_EQ(find_worker(out, 0), -1) << "rank 0 still running";
   EXPECT_EQ(find_worker(out, 2), -1) << "rank 2 still running";
+}
+
+// The launcher killed outright (SIGKILL: no chance to stop its workers) takes its workers with it
+// (core/subprocess.h), so they hold neither the devices nor the run directory's lock.
+TEST(DistributedTrain, WorkersDieWithAKilledLauncher) {
+  const std::string out = fresh_dir("kill_launcher");
+  ChildSpec spec;
+  spec.argv = {TESSERA_BINARY, "train", "--config", "tiny_gpt", "--nproc", "2", "--out", out};
+  std::istringstream words(settings(2, 100000));
+  for (std::string w; words >> w;) spec.argv.push_back(w);
+  spec.output_file = out + ".launcher.log";
+  const pid_t launcher = spawn(spec);
+  bool training = false;
+  for (int i = 0; i < 600 && !training; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    training = slurp(out + "/logs/rank_1.log").find("step 2/") != std::string::npos;
+  }
+  ASSERT_TRUE(training) << slurp(spec.output_file);
+  ASSERT_GT(find_worker(out, 0), 0);
+  ASSERT_GT(find_worker(out, 1), 0);
+  ::kill(launcher, SIGKILL);
+  ::waitpid(launcher, nullptr, 0);
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    gone = find_worker(out, 0) < 0 && find_worker(out, 1) < 0;
+  }
+  EXPECT_TRUE(gone) << "workers still running 10 s after their launcher was killed";
 }
 
 TEST(DistributedTrain, DegreesThatDoNotFitAreRefusedBeforeLaunch) {
