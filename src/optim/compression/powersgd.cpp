@@ -20,7 +20,7 @@ namespace tessera {
 
 namespace {
 
-const char* const kPrefix = "powersgd";
+const char* const kPowerSgdPrefix = "powersgd";
 
 // One gradient of the bucket. A compressed one has r > 0 and is viewed as [n, m].
 struct Part {
@@ -99,10 +99,10 @@ void PowerSGD::compress(std::vector<at::Tensor>& grads, int64_t index, Bucket& s
   if (!state.loaded_from.empty()) {
     const std::string bucket_text = "bucket " + std::to_string(index);
     state.residual = compression::checked_state(state.residual, layout.numel, bucket_text + "'s gradient elements",
-                                                compression::state_name(kPrefix, index, "residual"),
+                                                compression::state_name(kPowerSgdPrefix, index, "residual"),
                                                 state.loaded_from, device);
     state.q = compression::checked_state(state.q, layout.q_numel, "the Q factors of " + bucket_text + "'s matrices",
-                                         compression::state_name(kPrefix, index, "q"), state.loaded_from, device);
+                                         compression::state_name(kPowerSgdPrefix, index, "q"), state.loaded_from, device);
     state.loaded_from.clear();
   }
   at::Tensor acc = compression::flatten_float(grads);
@@ -155,10 +155,10 @@ void PowerSGD::compress(std::vector<at::Tensor>& grads, int64_t index, Bucket& s
 NamedParams PowerSGD::state() const {
   NamedParams out;
   for (const auto& [index, bucket] : buckets_) {
-    out.emplace_back(compression::state_name(kPrefix, index, "step"), at::scalar_tensor(bucket.step, at::kLong));
+    out.emplace_back(compression::state_name(kPowerSgdPrefix, index, "step"), at::scalar_tensor(bucket.step, at::kLong));
     if (!bucket.residual.defined()) continue;
-    out.emplace_back(compression::state_name(kPrefix, index, "residual"), bucket.residual);
-    out.emplace_back(compression::state_name(kPrefix, index, "q"), bucket.q);
+    out.emplace_back(compression::state_name(kPowerSgdPrefix, index, "residual"), bucket.residual);
+    out.emplace_back(compression::state_name(kPowerSgdPrefix, index, "q"), bucket.q);
   }
   return out;
 }
@@ -167,7 +167,7 @@ void PowerSGD::load_state(const std::map<std::string, at::Tensor>& state, const 
   std::map<int64_t, Bucket> loaded;
   std::map<int64_t, std::set<std::string>> slots;
   for (const auto& [name, tensor] : state) {
-    const auto [index, slot] = compression::parse_state_name(name, kPrefix, {"step", "residual", "q"}, source);
+    const auto [index, slot] = compression::parse_state_name(name, kPowerSgdPrefix, {"step", "residual", "q"}, source);
     slots[index].insert(slot);
     Bucket& bucket = loaded[index];
     if (slot == "step") {
@@ -183,9 +183,9 @@ void PowerSGD::load_state(const std::map<std::string, at::Tensor>& state, const 
   }
   for (const auto& [index, present] : slots) {
     require(present.count("step") > 0, source, ": gradient-compression state ",
-            compression::state_name(kPrefix, index, "step"), " is missing");
+            compression::state_name(kPowerSgdPrefix, index, "step"), " is missing");
     require(present.count("residual") == present.count("q"), source, ": gradient-compression state ",
-            compression::state_name(kPrefix, index, present.count("q") ? "residual" : "q"),
+            compression::state_name(kPowerSgdPrefix, index, present.count("q") ? "residual" : "q"),
             " is missing (residual and q come together)");
   }
   buckets_ = std::move(loaded);

@@ -19,7 +19,7 @@
 namespace tessera {
 
 namespace {
-const char* const kPrefix = "topk";
+const char* const kTopKPrefix = "topk";
 }  // namespace
 
 TopK::TopK(double ratio, int64_t start_step, int64_t warmup_steps)
@@ -58,7 +58,7 @@ void TopK::all_reduce_mean(std::vector<at::Tensor>& grads, int64_t bucket, comm:
   if (!state.loaded_from.empty()) {
     state.residual = compression::checked_state(state.residual, numel,
                                                 "bucket " + std::to_string(bucket) + "'s gradient elements",
-                                                compression::state_name(kPrefix, bucket, "residual"),
+                                                compression::state_name(kTopKPrefix, bucket, "residual"),
                                                 state.loaded_from, acc.device());
     state.loaded_from.clear();
   }
@@ -91,9 +91,9 @@ void TopK::all_reduce_mean(std::vector<at::Tensor>& grads, int64_t bucket, comm:
 NamedParams TopK::state() const {
   NamedParams out;
   for (const auto& [index, bucket] : buckets_) {
-    out.emplace_back(compression::state_name(kPrefix, index, "step"), at::scalar_tensor(bucket.step, at::kLong));
+    out.emplace_back(compression::state_name(kTopKPrefix, index, "step"), at::scalar_tensor(bucket.step, at::kLong));
     if (bucket.residual.defined())
-      out.emplace_back(compression::state_name(kPrefix, index, "residual"), bucket.residual);
+      out.emplace_back(compression::state_name(kTopKPrefix, index, "residual"), bucket.residual);
   }
   return out;
 }
@@ -102,7 +102,7 @@ void TopK::load_state(const std::map<std::string, at::Tensor>& state, const std:
   std::map<int64_t, Bucket> loaded;
   std::map<int64_t, bool> has_step;
   for (const auto& [name, tensor] : state) {
-    const auto [index, slot] = compression::parse_state_name(name, kPrefix, {"step", "residual"}, source);
+    const auto [index, slot] = compression::parse_state_name(name, kTopKPrefix, {"step", "residual"}, source);
     Bucket& bucket = loaded[index];
     if (slot == "step") {
       require(tensor.dim() == 0 && !at::isFloatingType(tensor.scalar_type()) && tensor.item<int64_t>() >= 0, source,
@@ -118,7 +118,7 @@ void TopK::load_state(const std::map<std::string, at::Tensor>& state, const std:
   }
   for (const auto& [index, bucket] : loaded)
     require(has_step.count(index) > 0, source, ": gradient-compression state ",
-            compression::state_name(kPrefix, index, "step"), " is missing");
+            compression::state_name(kTopKPrefix, index, "step"), " is missing");
   buckets_ = std::move(loaded);
 }
 
