@@ -16,9 +16,11 @@ namespace tessera {
 namespace fs = std::filesystem;
 namespace {
 
-// What a run writes into its directory (trainer.cpp, launcher.cpp); run.lock is not among them:
-// it marks a directory that was used, not a run.
-const char* const kRunFiles[] = {"config.toml", "metrics.jsonl", "train.log", "logs", "checkpoints"};
+// What a run writes into its directory once it has been claimed (trainer.cpp). Not among them:
+// run.lock, which marks a directory that was used, not a run; and logs/, which the launchers of
+// every node create before they start their workers (a node other than 0 may do so before node 0
+// has claimed the directory), and whose per-rank files a new run truncates.
+const char* const kRunFiles[] = {"config.toml", "metrics.jsonl", "train.log", "checkpoints"};
 
 std::string joined(const std::vector<std::string>& names) {
   std::string out;
