@@ -1,7 +1,9 @@
 #include "core/options.h"
 
 #include <algorithm>
+#include <cmath>
 #include <iomanip>
+#include <limits>
 #include <sstream>
 
 #include "core/error.h"
@@ -36,8 +38,16 @@ void TomlSectionReader::operator()(const char* key, int64_t& value, const char*)
 void TomlSectionReader::operator()(const char* key, double& value, const char*) {
   const toml::node* node = find(key);
   if (!node) return;
-  if (auto v = node->value<double>()) value = *v;  // accepts integers too
-  else wrong_type(key, "a number");
+  const auto v = node->value<double>();  // accepts integers too
+  if (!v) wrong_type(key, "a number");
+  // Every real-valued key reaches float32 arithmetic (optimizer, loss terms): a value that is not
+  // finite, or that float32 would turn into inf or 0, trains into NaN or into nothing.
+  const double magnitude = std::fabs(*v);
+  require(std::isfinite(*v) && magnitude <= std::numeric_limits<float>::max() &&
+              (magnitude == 0 || magnitude >= std::numeric_limits<float>::min()),
+          source_, ": ", section_, ".", key, " = ", *v, " is not a finite number within float32's normal range (",
+          std::numeric_limits<float>::min(), " to ", std::numeric_limits<float>::max(), ", or 0)");
+  value = *v;
 }
 
 void TomlSectionReader::operator()(const char* key, bool& value, const char*) {

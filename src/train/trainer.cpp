@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <optional>
 #include <set>
@@ -265,6 +266,16 @@ TrainSummary Trainer::run() {
     std::vector<Batch> micro_batches;
     for (int64_t micro = 0; micro < c.train.grad_accum; ++micro) micro_batches.push_back(s.sampler->next());
     const StepResult result = s.trainer->run(micro_batches, lr);
+    // A non-finite loss, or a non-finite gradient norm that no loss scaler handled, ends the run
+    // here, before anything is saved: every rank sees the same values (averaged over the replicas,
+    // a global norm), so every rank stops at the same step.
+    const bool finite_loss = std::isfinite(result.ce_loss) && std::isfinite(result.aux_loss);
+    if (!finite_loss || (!result.skipped && !std::isfinite(result.grad_norm)))
+      fail("step ", s.step + 1, ": ", finite_loss ? "the gradient norm" : "the training loss", " is ",
+           finite_loss ? result.grad_norm : result.ce_loss + result.aux_loss,
+           " (not finite); the run stops without saving this step (",
+           last_checkpoint.empty() ? std::string("no checkpoint written by this run") : "last checkpoint " + last_checkpoint,
+           "). Common causes: optim.lr too high, precision.dtype = fp16 without enough range, bad data");
     if (result.skipped)
       progress.message("step " + std::to_string(s.step + 1) + ": fp16 overflow, update skipped, loss scale now " +
                        std::to_string(s.trainer->loss_scaler()->value()));

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <regex>
+
 #include "checkpoint/checkpoint.h"
 #include "cli_util.h"
 #include "core/fs.h"
@@ -69,6 +71,33 @@ std::string data_with_train_bin(const std::string& name, const std::string& byte
   for (const char* file : {"val.bin", "tokenizer.json"}) fs::copy_file(prepared_corpus() + "/" + file, dir + "/" + file);
   write_file_durable(dir + "/train.bin", bytes);
   return dir;
+}
+
+// Every real-valued key: a value that is not finite, or that float32 turns into inf or 0, is refused
+// by name (these trained to "done" with a NaN loss, or never updated).
+TEST(BadConfig, RealValuesOutsideFloat32AreRefused) {
+  for (const std::string& set : {"optim.weight_decay=inf", "optim.lr=1e308", "optim.eps=1e-320",
+                                 "model.moe_aux_loss_coef=nan", "optim.adafactor_eps1=-inf"}) {
+    const std::string key = set.substr(0, set.find('='));
+    expect_error("train --config tiny_gpt --set " + set, {key, "not a finite number within float32's normal range"});
+  }
+}
+
+// A loss that stops being finite ends the run at that step with a message, saving nothing from it.
+TEST(BadConfig, NonFiniteLossStopsTheRunNamingTheStep) {
+  const std::string out = fresh_dir("nonfinite_run");
+  auto r = run_tessera("train --config tiny_gpt" + tiny_settings(prepared_corpus()) +
+                       " --set optim.lr=1e30 --set optim.warmup_steps=0 --set train.steps=20 --set checkpoint.every=1"
+                       " --set checkpoint.keep=0 --set eval.every=0 --out " + out);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex("error: step ([0-9]+): the (training loss|gradient norm) is "
+                                                        "[-a-z]+ \\(not finite\\); the run stops without saving")))
+      << r.output;
+  const int step = std::stoi(m[1]);
+  EXPECT_GT(step, 1);
+  EXPECT_TRUE(fs::exists(out + "/checkpoints/step_" + std::to_string(step - 1)));
+  EXPECT_FALSE(fs::exists(out + "/checkpoints/step_" + std::to_string(step)));
 }
 
 TEST(BadData, MissingDirectory) {
