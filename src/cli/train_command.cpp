@@ -45,11 +45,11 @@ Command add_train_command(CLI::App& app) {
   cmd->footer("Config keys (section.key, default, meaning):\n" + config_reference());
   return [args]() {
     if (args->config.empty() && args->resume.empty()) fail("train: give --config FILE|PRESET (or --resume CHECKPOINT)");
-    Config config = args->config.empty() ? Config::from_checkpoint_meta(resolve_checkpoint_dir(args->resume) + "/meta.json", args->sets)
-                                         : Config::load(args->config, args->sets);
     RunClaim claim;
     claim.overwrite = args->overwrite;
     if (!args->resume.empty()) claim.resume_from = resolve_checkpoint_dir(args->resume);
+    Config config = args->config.empty() ? Config::from_checkpoint_meta(claim.resume_from + "/meta.json", args->sets)
+                                         : Config::load(args->config, args->sets);
     std::string out = args->out;
     if (out.empty() && !claim.resume_from.empty()) {
       out = run_dir_of_checkpoint(claim.resume_from);

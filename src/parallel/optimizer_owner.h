@@ -45,15 +45,20 @@ struct ModelParallelNorm {
     return it == weight.end() ? 1.0 : it->second;
   }
   // The global norm of `params`' gradients (a collective of `group`); `counted` receives the
-  // gradients it summed, for the caller to scale.
-  double grad_norm(const NamedParams& params, std::vector<at::Tensor>& counted) const {
+  // gradients it summed, for the caller to scale. With `replicas` (per parameter: how many ranks of
+  // `replicas_group` hold the same gradient) each is counted 1/replicas[i] per rank and the sum is
+  // also taken over replicas_group (data parallelism with several reduction groups).
+  double grad_norm(const NamedParams& params, std::vector<at::Tensor>& counted,
+                   const std::vector<int64_t>& replicas = {}, comm::Group* replicas_group = nullptr) const {
     std::vector<double> weights;
-    for (const auto& [name, p] : params)
-      if (p.grad().defined()) {
-        counted.push_back(p.grad());
-        weights.push_back(weight_of(name));
-      }
+    for (size_t i = 0; i < params.size(); ++i) {
+      const auto& [name, p] = params[i];
+      if (!p.grad().defined()) continue;
+      counted.push_back(p.grad());
+      weights.push_back(weight_of(name) / (replicas.empty() ? 1.0 : static_cast<double>(replicas[i])));
+    }
     at::Tensor squares = weighted_squares(counted, weights, params.front().second.device());
+    if (replicas_group) replicas_group->all_reduce(squares);
     if (group) group->all_reduce(squares);
     return std::sqrt(squares.item<double>());
   }

@@ -72,9 +72,8 @@ std::unique_ptr<RunLock> claim_run_dir(const std::string& dir, const RunClaim& c
   auto lock = std::make_unique<RunLock>(dir);
   const std::vector<std::string> held = run_files(dir);
   if (held.empty()) return lock;
-  const bool continues = !claim.resume_from.empty() && !run_dir_of_checkpoint(claim.resume_from).empty() &&
-                         fs::equivalent(run_dir_of_checkpoint(claim.resume_from), dir);
-  if (continues) return lock;
+  const std::string resumed_run = claim.resume_from.empty() ? "" : run_dir_of_checkpoint(claim.resume_from);
+  if (!resumed_run.empty() && fs::equivalent(resumed_run, dir)) return lock;  // the run continues itself
   require(claim.overwrite, dir, " already holds a run (", joined(held), "): continue it with --resume ", dir,
           ", start it over with --overwrite (deletes those), or train into another --out");
   for (const std::string& name : held) fs::remove_all(fs::path(dir) / name);

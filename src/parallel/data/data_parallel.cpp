@@ -6,8 +6,9 @@
 // same on every rank (collectives are matched by their order): stages 0-1 reduce buckets
 // (parameters in reverse registration order, parallel.bucket_mb each, a new bucket where the
 // reduction group changes), stages 2-3 reduce units (blocks last to first, then the ends, the
-// order backward finishes them; a part's dense unit before its experts'). Each over its group. A post-accumulate-grad
-// hook on each parameter counts arrivals; a reduction launches once all its parameters arrived
+// order backward finishes them; a part's dense unit before its experts'), each over its own
+// group. A post-accumulate-grad hook on each parameter counts arrivals; a reduction launches once
+// all its parameters arrived
 // and every reduction before it launched. Reductions whose parameters got no gradient (an expert
 // no token chose) are launched at the next ordered point: before the next micro-batch, before a
 // block's backward gather (stage 3) or in finish_gradients, with zeros for the missing gradients.
@@ -372,19 +373,11 @@ double DataParallel::clip_grad_norm(double max_norm) {
     std::vector<at::Tensor> grads;
     double norm;
     if (s.groups.size() > 1) {
-      // Each replica of a gradient counted 1/|group| times over the data group, whose other ranks
-      // hold other experts.
-      std::vector<double> weights;
-      for (size_t i = 0; i < s.params.size(); ++i) {
-        const at::Tensor& g = s.params[i].second.grad();
-        if (!g.defined()) continue;
-        grads.push_back(g);
-        weights.push_back(s.norm.weight_of(s.params[i].first) / static_cast<double>(s.group(s.group_of[i]).size()));
-      }
-      at::Tensor squares = weighted_squares(grads, weights, device);
-      s.dp.all_reduce(squares);
-      if (s.norm.group) s.norm.group->all_reduce(squares);
-      norm = std::sqrt(squares.item<double>());
+      // Each replica of a gradient counted 1/|its group| times over the data group, whose ranks
+      // outside an expert group hold other experts.
+      std::vector<int64_t> replicas;
+      for (size_t g : s.group_of) replicas.push_back(s.group(g).size());
+      norm = s.norm.grad_norm(s.params, grads, replicas, &s.dp);
     } else if (s.norm.group) {
       norm = s.norm.grad_norm(s.params, grads);
     } else {
