@@ -38,7 +38,7 @@ namespace tessera::cli {
 
 Command add_bench_command(CLI::App& app) {
   struct Args {
-    std::string config;
+    std::string config, out = "runs/bench";
     std::vector<std::string> sets;
     int64_t steps = 5, warmup = 2;
     bool json = false;
@@ -53,6 +53,8 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_option("--warmup", args->warmup, "untimed steps first")->capture_default_str();
   cmd->add_flag("--json", args->json, "print one JSON object instead of a table");
   cmd->add_option("--nproc", args->launch.nproc, "run this many ranks (data parallel as parallel.* says)");
+  cmd->add_option("--out", args->out, "with --nproc: directory for the other ranks' logs (logs/rank_N.out)")
+      ->capture_default_str();
   cmd->add_flag("--no-comm", args->no_comm, "with --nproc: every rank trains alone (the no-communication baseline)");
   return [args]() {
     host_memory::install();
@@ -60,7 +62,7 @@ Command add_bench_command(CLI::App& app) {
     require(args->steps > 0 && args->warmup >= 0, "bench: --steps must be > 0 and --warmup >= 0");
     if (args->launch.nproc > 0) {
       check_parallel_layout(config, ParallelDims(config.parallel, args->launch.nproc, resolve_config_path(args->config)));
-      return launch_workers(args->launch, "runs/bench");
+      return launch_workers(args->launch, args->out, config.parallel.timeout_s);
     }
     const comm::LaunchInfo launch = comm::launch_info_from_environment();
     std::unique_ptr<comm::Mesh> mesh;

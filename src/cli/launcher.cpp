@@ -11,6 +11,7 @@
 
 #include "comm/rendezvous.h"
 #include "core/error.h"
+#include "train/stop_request.h"
 #include "core/subprocess.h"
 
 namespace tessera::cli {
@@ -56,7 +57,7 @@ std::string tail_of(const std::string& path, size_t max_lines) {
 
 }  // namespace
 
-int launch_workers(const LaunchOptions& o, const std::string& run_dir) {
+int launch_workers(const LaunchOptions& o, const std::string& run_dir, double stop_grace_s) {
   require(o.nproc >= 1, "--nproc must be at least 1 (got ", o.nproc, ")");
   require(o.nnodes >= 1, "--nnodes must be at least 1 (got ", o.nnodes, ")");
   require(o.node_rank >= 0 && o.node_rank < o.nnodes, "--node-rank ", o.node_rank, " is outside 0..", o.nnodes - 1);
@@ -105,6 +106,7 @@ int launch_workers(const LaunchOptions& o, const std::string& run_dir) {
     worker.master_port = port;
     ChildSpec spec;
     spec.argv = argv;
+    spec.own_process_group = true;
     spec.env = comm::worker_environment(worker, store.fd);
     if (rank == 0) spec.inherit_fd = store.fd;
     if (local != 0) spec.output_file = log_dir + "/rank_" + std::to_string(rank) + ".out";
@@ -118,9 +120,19 @@ int launch_workers(const LaunchOptions& o, const std::string& run_dir) {
 
   SuperviseOptions options;
   options.interrupted = &g_interrupted;
+  options.interrupt_grace_s = stop_grace_s;
+  options.ok_codes = {0, kStoppedExitCode};
   const SuperviseResult result = supervise(pids, options);
-  if (result.interrupted) {
-    std::cerr << "tessera: interrupted; stopped all " << o.nproc << " workers\n";
+  bool all_stopped = true;
+  for (const ChildExit& exit : result.exits) all_stopped = all_stopped && exit.code == kStoppedExitCode;
+  if (all_stopped) {
+    std::cerr << "tessera: the workers stopped early with a checkpoint; continue with `tessera train --resume " << run_dir
+              << "`\n";
+    return kStoppedExitCode;
+  }
+  if (result.interrupted && result.first_failure < 0) {
+    std::cerr << "tessera: interrupted; the workers did not all stop with a checkpoint within " << stop_grace_s
+              << " s (parallel.timeout_s) and were stopped\n";
     return 130;
   }
   if (result.first_failure >= 0) {

@@ -6,7 +6,11 @@
 // - rank 0 of this node keeps the terminal; the others write to RUN_DIR/logs/rank_<r>.out;
 // - when a worker fails, the others are stopped (SIGTERM, then SIGKILL) and the launcher exits
 //   with the worker's code after printing which rank failed and the end of its output;
-// - Ctrl-C (SIGINT) or SIGTERM on the launcher stops every worker, and it exits with 130.
+// - Ctrl-C (SIGINT) or SIGTERM on the launcher is forwarded to the workers as SIGTERM: they finish
+//   their step, save a checkpoint and exit with kStoppedExitCode (train/stop_request.h), and so does
+//   the launcher; workers still running `stop_grace_s` later are killed, and it exits with 130.
+//   The workers run in a process group of their own, so a terminal's Ctrl-C reaches them only
+//   through the launcher. A worker that exits with kStoppedExitCode (train.time_limit) has not failed.
 #pragma once
 
 #include <string>
@@ -21,6 +25,6 @@ struct LaunchOptions {
 };
 
 // Runs the workers to completion; returns the launcher's exit code.
-int launch_workers(const LaunchOptions& options, const std::string& run_dir);
+int launch_workers(const LaunchOptions& options, const std::string& run_dir, double stop_grace_s);
 
 }  // namespace tessera::cli

@@ -3,7 +3,9 @@
 // that many workers (cli/launcher.h); a worker, or a process started by torchrun, mpirun or srun,
 // joins the mesh its environment describes (comm/rendezvous.h) before training. The run directory
 // is claimed and locked first (train/run_dir.h): by the launcher of node 0, or without a tessera
-// launcher by global rank 0 before it joins the mesh.
+// launcher by global rank 0 before it joins the mesh; that process also prints the resolved config
+// (every key and where its value came from). `--dry-run` stops after the checks and prints what
+// the run would be.
 #include <filesystem>
 #include <iostream>
 
@@ -13,8 +15,11 @@
 #include "comm/device.h"
 #include "comm/mesh.h"
 #include "core/error.h"
+#include "data/training_data.h"
+#include "plan/memory_estimate.h"
 #include "train/config.h"
 #include "train/run_dir.h"
+#include "train/stop_request.h"
 #include "train/train_step.h"
 #include "train/trainer.h"
 
@@ -24,7 +29,7 @@ Command add_train_command(CLI::App& app) {
   struct Args {
     std::string config, out, resume;
     std::vector<std::string> sets;
-    bool overwrite = false;
+    bool overwrite = false, dry_run = false;
     LaunchOptions launch;
   };
   auto args = std::make_shared<Args>();
@@ -36,6 +41,9 @@ Command add_train_command(CLI::App& app) {
                   "place); a directory that holds another run is refused");
   cmd->add_option("--resume", args->resume, "continue from a checkpoint (a step_N, checkpoints or run directory)");
   cmd->add_flag("--overwrite", args->overwrite, "train into --out even if it holds a run: its run files are deleted first");
+  cmd->add_flag("--dry-run", args->dry_run,
+                "resolve and check the config, layout, data and run directory, print them with the predicted memory "
+                "per rank, and start nothing");
   cmd->add_option("--nproc", args->launch.nproc, "start this many worker processes on this node (like torchrun)");
   cmd->add_option("--nnodes", args->launch.nnodes, "number of nodes (hosts), each running its own `--nproc` launcher");
   cmd->add_option("--node-rank", args->launch.node_rank, "this node's index, 0 .. nnodes-1");
@@ -59,24 +67,50 @@ Command add_train_command(CLI::App& app) {
     }
     if (out.empty()) out = "runs/" + std::filesystem::path(args->config).stem().string();
     const std::string source = args->config.empty() ? args->resume : resolve_config_path(args->config);
-    if (args->launch.nproc > 0) {
-      // Refused here, before any worker starts.
-      check_parallel_layout(config, ParallelDims(config.parallel, int64_t{args->launch.nproc} * args->launch.nnodes, source));
-      const std::unique_ptr<RunLock> lock = args->launch.node_rank == 0 ? claim_run_dir(out, claim) : nullptr;
-      return launch_workers(args->launch, out);
-    }
-    require(args->launch.nnodes == 1 && args->launch.master.empty(),
-            "train: --nnodes and --master need --nproc (the workers per node)");
 
-    const comm::LaunchInfo launch = comm::launch_info_from_environment();
-    const ParallelDims dims(config.parallel, launch.world_size, source);
-    check_parallel_layout(config, dims);  // a layout error is reported before the run directory is touched
-    const std::unique_ptr<RunLock> lock =
-        launch.launcher != "tessera" && launch.rank == 0 ? claim_run_dir(out, claim) : nullptr;
+    // Everything that can be refused is refused here, before any worker starts or the run
+    // directory is touched: the layout, and memory the host cannot hold.
+    const bool launching = args->launch.nproc > 0;
+    require(launching || (args->launch.nnodes == 1 && args->launch.master.empty()),
+            "train: --nnodes and --master need --nproc (the workers per node)");
+    const comm::LaunchInfo launch = launching ? comm::LaunchInfo() : comm::launch_info_from_environment();
+    const ParallelDims dims(config.parallel, launching ? int64_t{args->launch.nproc} * args->launch.nnodes : launch.world_size,
+                            source);
+    check_parallel_layout(config, dims);
+    const int64_t accumulation = config.train.accumulation(dims.dp());
+    const MemoryEstimate memory = estimate_memory(config, dims);
+    check_memory_fits(config, memory, launching ? args->launch.nproc : launch.local_world_size, host_memory_available());
+    // The process that speaks for the run: the launcher of node 0, or global rank 0 when no
+    // tessera launcher started this process (one process, torchrun, mpirun, srun).
+    const bool lead = launching ? args->launch.node_rank == 0 : launch.launcher != "tessera" && launch.rank == 0;
+    if (args->dry_run) {
+      std::printf("config (after each key: where its value came from)\n%s\n%s", config.to_annotated_toml().c_str(),
+                  describe_memory_estimate(config, dims, memory).c_str());
+      std::printf("global batch: %lld sequences = train.batch_size %lld x %lld data-parallel ranks x %lld micro-batches\n",
+                  static_cast<long long>(config.train.batch_size * dims.dp() * accumulation),
+                  static_cast<long long>(config.train.batch_size), static_cast<long long>(dims.dp()),
+                  static_cast<long long>(accumulation));
+      std::printf("data: %s\nrun directory: %s\ndry run: the config, layout, data and run directory are valid; nothing "
+                  "was started\n",
+                  open_training_data(config.data, config.model.vocab_size).describe().c_str(),
+                  describe_claim(out, claim).c_str());
+      return 0;
+    }
+    if (lead) std::printf("config (after each key: where its value came from)\n%s\n", config.to_annotated_toml().c_str());
+    const std::unique_ptr<RunLock> lock = lead ? claim_run_dir(out, claim) : nullptr;
+    if (launching) return launch_workers(args->launch, out, config.parallel.timeout_s);
+
     const c10::Device device = comm::select_device(config.train.device, launch);  // one GPU per local rank
     std::unique_ptr<comm::Mesh> mesh = comm::Mesh::connect(launch, dims, config.parallel, device);
+    stop_request::install();
     Trainer trainer(config, out, args->resume, mesh.get());
     TrainSummary summary = trainer.run();
+    if (!summary.stopped.empty()) {
+      if (launch.rank == 0)
+        std::printf("stopped: %lld of %lld steps (%s), checkpoint %s\n", static_cast<long long>(summary.steps),
+                    static_cast<long long>(config.train.steps), summary.stopped.c_str(), summary.checkpoint.c_str());
+      return kStoppedExitCode;
+    }
     if (launch.rank != 0) return 0;
     std::printf("done: %lld steps, train loss %.4f, val loss %.4f (unigram baseline %.4f), checkpoint %s\n",
                 static_cast<long long>(summary.steps), summary.last_loss, summary.last_val_loss,

@@ -10,32 +10,53 @@
 
 namespace tessera {
 
+bool Range::contains(double value) const {
+  const bool low = min_open ? value > min : value >= min;
+  const bool high = max_open ? value < max : value <= max;
+  return low && high;
+}
+
+std::string Range::describe() const {
+  std::ostringstream s;
+  s << (min_open ? "(" : "[") << min << ", " << max << (max_open ? ")" : "]");
+  return s.str();
+}
+
 TomlSectionReader::TomlSectionReader(const toml::table* table, std::string section, std::string source)
     : table_(table), section_(std::move(section)), source_(std::move(source)) {}
 
 const toml::node* TomlSectionReader::find(const char* key) {
   known_.insert(key);
   if (!table_) return nullptr;
-  return table_->get(key);
+  const toml::node* node = table_->get(key);
+  if (node) assigned_.insert(key);
+  return node;
+}
+
+void require_in_range(const std::string& source, const std::string& section, const char* key, double value,
+                      const Range& range) {
+  require(range.contains(value), source, ": ", section, ".", key, " = ", value, " is outside its range ",
+          range.describe());
 }
 
 void TomlSectionReader::wrong_type(const char* key, const char* expected) const {
   fail(source_, ": ", section_, ".", key, " must be ", expected);
 }
 
-void TomlSectionReader::operator()(const char* key, int64_t& value, const char*) {
+void TomlSectionReader::operator()(const char* key, int64_t& value, const char*, const Range& range) {
   const toml::node* node = find(key);
   if (!node) return;
   if (auto v = node->value_exact<int64_t>()) {
     value = *v;
-  } else if (auto d = node->value_exact<double>(); d && *d == static_cast<double>(static_cast<int64_t>(*d))) {
+  } else if (auto d = node->value_exact<double>(); d && std::isfinite(*d) && std::trunc(*d) == *d) {
+    require_in_range(source_, section_, key, *d, range);  // before the cast: 1e30 does not fit an int64
     value = static_cast<int64_t>(*d);  // 1e6 written for a count
   } else {
     wrong_type(key, "an integer");
   }
 }
 
-void TomlSectionReader::operator()(const char* key, double& value, const char*) {
+void TomlSectionReader::operator()(const char* key, double& value, const char*, const Range& range) {
   const toml::node* node = find(key);
   if (!node) return;
   const auto v = node->value<double>();  // accepts integers too
@@ -105,13 +126,13 @@ void HelpWriter::line(const char* key, const std::string& value, const char* hel
   s << "  " << std::left << std::setw(30) << name << " " << std::setw(14) << value << " " << help << "\n";
   out_ += s.str();
 }
-void HelpWriter::operator()(const char* key, const int64_t& value, const char* help) {
-  line(key, std::to_string(value), help);
+void HelpWriter::operator()(const char* key, const int64_t& value, const char* help, const Range& range) {
+  line(key, std::to_string(value), (std::string(help) + " " + range.describe()).c_str());
 }
-void HelpWriter::operator()(const char* key, const double& value, const char* help) {
+void HelpWriter::operator()(const char* key, const double& value, const char* help, const Range& range) {
   std::ostringstream s;
   s << value;
-  line(key, s.str(), help);
+  line(key, s.str(), (std::string(help) + " " + range.describe()).c_str());
 }
 void HelpWriter::operator()(const char* key, const bool& value, const char* help) {
   line(key, value ? "true" : "false", help);
@@ -163,6 +184,8 @@ void apply_override(toml::table& root, const std::string& assignment) {
   std::string section = assignment.substr(0, dot);
   std::string key = assignment.substr(dot + 1, eq - dot - 1);
   std::string text = assignment.substr(eq + 1);
+  if (text.find_first_of("\n\r") != std::string::npos)
+    fail("--set ", section, ".", key, ": the value holds a line break; give one value per --set");
   toml::table parsed;
   try {
     parsed = toml::parse("v = " + text);

@@ -8,14 +8,7 @@
 namespace tessera {
 
 void ParallelOptions::check(const std::string& source) const {
-  const std::pair<const char*, int64_t> degrees[] = {{"tp", tp}, {"pp", pp}, {"sp", sp}, {"ep", ep}};
-  for (const auto& [key, value] : degrees)
-    require(value >= 1, source, ": parallel.", key, " must be at least 1 (got ", value, ")");
-  require(dp >= 0, source, ": parallel.dp must be 0 (fill the world) or at least 1 (got ", dp, ")");
-  require(zero_stage >= 0 && zero_stage <= 3, source, ": parallel.zero_stage must be 0, 1, 2 or 3 (got ",
-          zero_stage, ")");
-  require(bucket_mb > 0, source, ": parallel.bucket_mb must be positive (got ", bucket_mb, ")");
-  require(timeout_s > 0, source, ": parallel.timeout_s must be positive (got ", timeout_s, ")");
+  check_ranges(*this, "parallel", source);
   require(backend == "auto" || backend == "gloo" || backend == "nccl", source,
           ": parallel.backend must be auto, gloo or nccl (got \"", backend, "\")");
   const char* sp_methods[] = {"auto", "lasp", "lasp2", "ulysses", "ring"};
@@ -25,14 +18,6 @@ void ParallelOptions::check(const std::string& source) const {
   require(std::find(std::begin(compressions), std::end(compressions), grad_compression) != std::end(compressions),
           source, ": parallel.grad_compression must be none, bf16, fp16, powersgd or topk (got \"", grad_compression,
           "\")");
-  require(powersgd_rank >= 1, source, ": parallel.powersgd_rank must be at least 1 (got ", powersgd_rank, ")");
-  require(powersgd_start_step >= 0, source, ": parallel.powersgd_start_step must be >= 0 (got ",
-          powersgd_start_step, ")");
-  require(topk_ratio > 0 && topk_ratio <= 1, source, ": parallel.topk_ratio must be in (0, 1] (got ", topk_ratio,
-          ")");
-  require(topk_start_step >= 0, source, ": parallel.topk_start_step must be >= 0 (got ", topk_start_step, ")");
-  require(topk_warmup_steps >= 0, source, ": parallel.topk_warmup_steps must be >= 0 (got ", topk_warmup_steps,
-          ")");
 }
 
 ParallelDims::ParallelDims(const ParallelOptions& o, int64_t world_size, const std::string& source)

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include "core/options.h"
 
 namespace tessera {
 
@@ -29,30 +30,30 @@ struct ParallelOptions {
 
   template <class V>
   void visit(V& v) {
-    v("dp", dp, "data-parallel degree (0 = whatever the other degrees leave of the world size)");
-    v("tp", tp, "tensor-parallel degree");
-    v("pp", pp, "pipeline-parallel degree");
-    v("sp", sp, "sequence-parallel degree");
-    v("ep", ep, "expert-parallel degree (taken from the data-parallel ranks; divides dp)");
+    v("dp", dp, "data-parallel degree (0 = whatever the other degrees leave of the world size)", between(0, 1 << 20));
+    v("tp", tp, "tensor-parallel degree", between(1, 4096));
+    v("pp", pp, "pipeline-parallel degree", between(1, 4096));
+    v("sp", sp, "sequence-parallel degree", between(1, 4096));
+    v("ep", ep, "expert-parallel degree (taken from the data-parallel ranks; divides dp)", between(1, 4096));
     v("megatron_sp", megatron_sp,
       "with tp > 1, Megatron sequence parallelism: norms and residuals split along the sequence, all-gather / "
       "reduce-scatter at region borders");
     v("sp_method", sp_method,
       "sequence parallelism: auto (lasp for linear attention), lasp (state ring), lasp2 (state all-gather), "
       "ulysses, ring");
-    v("zero_stage", zero_stage, "0 = DDP, 1 = shard optimizer state, 2 = + gradients, 3 = + parameters");
-    v("bucket_mb", bucket_mb, "gradient bucket size in MB for reduction overlapped with backward");
-    v("timeout_s", timeout_s, "seconds before a stuck rendezvous or collective fails every rank");
+    v("zero_stage", zero_stage, "0 = DDP, 1 = shard optimizer state, 2 = + gradients, 3 = + parameters", between(0, 3));
+    v("bucket_mb", bucket_mb, "gradient bucket size in MB for reduction overlapped with backward", above(0, 65536));
+    v("timeout_s", timeout_s, "seconds before a stuck rendezvous or collective fails every rank", above(0, 1e6));
     v("backend", backend, "auto (gloo on CPU, nccl on CUDA), gloo or nccl");
     v("offload", offload,
       "keep optimizer state and run the optimizer step on the CPU (ZeRO-Offload; needs zero_stage 1-3 and AdamW)");
     v("grad_compression", grad_compression, "none, bf16, fp16, powersgd or topk");
-    v("powersgd_rank", powersgd_rank, "rank of the PowerSGD approximation");
-    v("powersgd_start_step", powersgd_start_step, "uncompressed steps before PowerSGD starts");
-    v("topk_ratio", topk_ratio, "fraction of gradient entries top-k compression sends");
-    v("topk_start_step", topk_start_step, "uncompressed steps before top-k starts");
+    v("powersgd_rank", powersgd_rank, "rank of the PowerSGD approximation", between(1, 4096));
+    v("powersgd_start_step", powersgd_start_step, "uncompressed steps before PowerSGD starts", between(0, 1e12));
+    v("topk_ratio", topk_ratio, "fraction of gradient entries top-k compression sends", above(0, 1));
+    v("topk_start_step", topk_start_step, "uncompressed steps before top-k starts", between(0, 1e12));
     v("topk_warmup_steps", topk_warmup_steps,
-      "steps after topk_start_step over which top-k's sent fraction falls geometrically from dense to topk_ratio");
+      "steps after topk_start_step over which top-k's sent fraction falls geometrically from dense to topk_ratio", between(0, 1e12));
   }
   void check(const std::string& source) const;
 };

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -49,6 +50,7 @@ pid_t spawn(const ChildSpec& spec) {
       ::dup2(out_fd, STDERR_FILENO);
     }
     if (spec.inherit_fd >= 0) ::fcntl(spec.inherit_fd, F_SETFD, 0);
+    if (spec.own_process_group) ::setpgid(0, 0);
     ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);
   }
@@ -81,6 +83,7 @@ SuperviseResult supervise(const std::vector<pid_t>& pids, const SuperviseOptions
         result.exits[i].stopped_by_supervisor = true;
       }
   };
+  double grace_s = options.grace_s;
   auto begin_stop = [&]() {
     if (stopping) return;
     stopping = true;
@@ -103,7 +106,8 @@ SuperviseResult supervise(const std::vector<pid_t>& pids, const SuperviseOptions
       } else {
         exit.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
       }
-      if (!exit.ok() && !exit.stopped_by_supervisor && result.first_failure < 0) {
+      const bool ok = std::find(options.ok_codes.begin(), options.ok_codes.end(), exit.code) != options.ok_codes.end();
+      if (!ok && !exit.stopped_by_supervisor && result.first_failure < 0) {
         result.first_failure = static_cast<int>(i);
         if (options.stop_on_failure) begin_stop();
       }
@@ -112,13 +116,14 @@ SuperviseResult supervise(const std::vector<pid_t>& pids, const SuperviseOptions
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     if (options.interrupted && *options.interrupted && !result.interrupted) {
       result.interrupted = true;
+      if (!stopping) grace_s = options.interrupt_grace_s;
       begin_stop();
     }
     if (options.deadline_s > 0 && elapsed > options.deadline_s && !result.timed_out) {
       result.timed_out = true;
       stop_all(SIGKILL);
     }
-    if (stopping && std::chrono::duration<double>(Clock::now() - stop_started).count() > options.grace_s)
+    if (stopping && std::chrono::duration<double>(Clock::now() - stop_started).count() > grace_s)
       stop_all(SIGKILL);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

@@ -5,8 +5,9 @@
 // (SIGKILL, PR_SET_PDEATHSIG) when that thread's process dies, however it dies (a SIGKILLed
 // launcher leaves no workers running, holding GPUs and the run directory's lock). supervise() waits for a set of children and never hangs: it ends when all
 // have exited, when `deadline_s` passes (the rest are killed), or when *interrupted becomes true
-// (Ctrl-C on the launcher). With stop_on_failure, the first child to fail (non-zero exit or a
-// signal) makes it stop the others: SIGTERM, then SIGKILL after `grace_s`.
+// (Ctrl-C on the launcher: SIGTERM to every child, SIGKILL after `interrupt_grace_s`, time for them
+// to checkpoint). With stop_on_failure, the first child to fail (an exit code not in `ok_codes`,
+// or a signal) makes it stop the others: SIGTERM, then SIGKILL after `grace_s`.
 #pragma once
 
 #include <atomic>
@@ -22,6 +23,7 @@ struct ChildSpec {
   std::map<std::string, std::string> env;   // added to (or replacing in) this process's environment
   std::string output_file;                  // stdout and stderr go here; empty = inherited
   int inherit_fd = -1;                      // a descriptor the child keeps across exec
+  bool own_process_group = false;           // setpgid(0, 0): a terminal's Ctrl-C does not reach it
 };
 
 pid_t spawn(const ChildSpec& spec);
@@ -31,7 +33,6 @@ struct ChildExit {
   int code = -1;    // exit code, or -1 when killed by a signal
   int signal = 0;
   bool stopped_by_supervisor = false;  // we sent the signal (another child failed, timeout, Ctrl-C)
-  bool ok() const { return code == 0; }
   std::string describe() const;  // "exited with code 2" / "killed by signal 9 (SIGKILL)"
 };
 
@@ -39,6 +40,8 @@ struct SuperviseOptions {
   double deadline_s = 0;       // 0 = no deadline
   bool stop_on_failure = true;
   double grace_s = 5;
+  double interrupt_grace_s = 5;
+  std::vector<int> ok_codes = {0};
   const std::atomic<bool>* interrupted = nullptr;
 };
 

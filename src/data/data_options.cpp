@@ -7,12 +7,12 @@
 namespace tessera {
 
 void DataOptions::check(const std::string& source) const {
+  check_ranges(*this, "data", source);
   require(!path.empty(), source, ": data.path must not be empty");
   require(!train_file.empty(), source, ": data.train_file must not be empty");
   require(!val_file.empty(), source, ": data.val_file must not be empty");
   require(train_file != val_file, source, ": data.train_file and data.val_file must differ (both '", train_file,
           "')");
-  require(seed >= 0, source, ": data.seed must be >= 0 (got ", seed, ")");
 }
 
 }  // namespace tessera

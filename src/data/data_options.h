@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include "core/options.h"
 
 namespace tessera {
 
@@ -18,7 +19,7 @@ struct DataOptions {
     v("path", path, "directory written by `tessera prepare` (train/val token files, tokenizer.json)");
     v("train_file", train_file, "training token file inside data.path (llm.c or raw uint16 format)");
     v("val_file", val_file, "validation token file inside data.path");
-    v("seed", seed, "seed of the training batch order (independent of train.seed)");
+    v("seed", seed, "seed of the training batch order (independent of train.seed)", between(0, 9.2e18));
   }
   void check(const std::string& source) const;
 

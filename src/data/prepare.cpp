@@ -74,7 +74,7 @@ PrepareReport prepare_data(const PrepareOptions& options, std::ostream& log) {
   report.train_tokens = total - val;
   report.val_tokens = val;
   report.vocab_size = tokenizer->vocab_size();
-  report.unigram_entropy_nats = unigram_entropy(TokenFile::open(train_path));
+  report.unigram_entropy_nats = unigram_entropy(TokenStream({TokenFile::open(train_path)}, train_path));
   log << "prepare: " << text.size() << " bytes from " << options.inputs.size() << " file(s), "
       << tokenizer->type() << " tokenizer (vocab " << report.vocab_size << ") -> " << options.out_dir << "\n"
       << "  train " << report.train_tokens << " tokens, val " << report.val_tokens << " tokens (last "
@@ -84,10 +84,11 @@ PrepareReport prepare_data(const PrepareOptions& options, std::ostream& log) {
   return report;
 }
 
-double unigram_entropy(const TokenFile& file) {
-  std::vector<int64_t> counts(static_cast<size_t>(file.vocab_bound()), 0);
-  for (int64_t i = 0; i < file.size(); ++i) ++counts[file[i]];
-  const double n = static_cast<double>(file.size());
+double unigram_entropy(const TokenStream& data) {
+  std::vector<int64_t> counts(static_cast<size_t>(data.vocab_bound()), 0);
+  for (const TokenFile& shard : data.shards())
+    for (int64_t i = 0; i < shard.size(); ++i) ++counts[shard[i]];
+  const double n = static_cast<double>(data.size());
   double entropy = 0;
   for (int64_t c : counts)
     if (c > 0) entropy -= (c / n) * std::log(c / n);

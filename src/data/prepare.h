@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "data/token_file.h"
+#include "data/token_stream.h"
 
 namespace tessera {
 
@@ -32,8 +32,8 @@ struct PrepareReport {
 
 PrepareReport prepare_data(const PrepareOptions& options, std::ostream& log);
 
-// Entropy of the file's token frequencies, -sum p ln p, in nats per token: the cross-entropy that a
-// model ignoring context cannot beat, the baseline training must get below.
-double unigram_entropy(const TokenFile& file);
+// Entropy of the stream's token frequencies, -sum p ln p, in nats per token: the cross-entropy that
+// a model ignoring context cannot beat, the baseline training must get below.
+double unigram_entropy(const TokenStream& data);
 
 }  // namespace tessera

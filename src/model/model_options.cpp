@@ -95,32 +95,15 @@ Counts count(const ModelOptions& o) {
 }  // namespace
 
 void ModelOptions::check(const std::string& source) const {
-  auto positive = [&](const char* key, int64_t value) {
-    require(value > 0, source, ": model.", key, " must be positive (got ", value, ")");
-  };
+  check_ranges(*this, "model", source);
   if (!preset.empty() && !presets().count(preset))
     fail(source, ": unknown model preset '", preset, "' (model.preset); known: ", known_presets());
   require(arch == "gpt" || arch == "linear", source, ": model.arch must be gpt or linear (got '", arch, "')");
   require(ffn == "dense" || ffn == "moe", source, ": model.ffn must be dense or moe (got '", ffn, "')");
-  positive("vocab_size", vocab_size);
-  positive("n_layer", n_layer);
-  positive("n_head", n_head);
-  positive("n_embd", n_embd);
-  positive("block_size", block_size);
-  positive("moe_experts", moe_experts);
-  positive("moe_every", moe_every);
-  positive("linear_chunk", linear_chunk);
-  positive("mlp_ratio", mlp_ratio);
   require(n_embd % n_head == 0, source, ": model.n_embd must be a multiple of model.n_head (got n_embd ", n_embd,
           ", n_head ", n_head, ")");
-  require(dropout >= 0 && dropout < 1, source, ": model.dropout must be in [0, 1) (got ", dropout, ")");
-  require(moe_top_k == 1 || moe_top_k == 2, source, ": model.moe_top_k must be 1 or 2 (got ", moe_top_k, ")");
   require(moe_top_k <= moe_experts, source, ": model.moe_top_k must be at most model.moe_experts (got top_k ",
           moe_top_k, ", experts ", moe_experts, ")");
-  require(moe_capacity_factor > 0, source, ": model.moe_capacity_factor must be positive (got ",
-          moe_capacity_factor, ")");
-  require(moe_aux_loss_coef >= 0, source, ": model.moe_aux_loss_coef must be >= 0 (got ", moe_aux_loss_coef, ")");
-  require(moe_z_loss_coef >= 0, source, ": model.moe_z_loss_coef must be >= 0 (got ", moe_z_loss_coef, ")");
   require(ffn != "moe" || moe_every <= n_layer, source, ": model.moe_every must be at most model.n_layer (got ",
           moe_every, ", n_layer ", n_layer, ")");
 }

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+#include "core/options.h"
 
 namespace tessera {
 
@@ -40,22 +41,22 @@ struct ModelOptions {
   void visit(V& v) {
     v("preset", preset, "named model shape applied before the other keys (\"\" = none)");
     v("arch", arch, "gpt (softmax attention) or linear (lightning attention, TransNormerLLM)");
-    v("vocab_size", vocab_size, "token vocabulary size");
-    v("n_layer", n_layer, "transformer blocks");
-    v("n_head", n_head, "attention heads per block");
-    v("n_embd", n_embd, "model width (a multiple of n_head)");
-    v("block_size", block_size, "maximum sequence length");
-    v("dropout", dropout, "dropout on embeddings, attention probabilities and residual branches");
+    v("vocab_size", vocab_size, "token vocabulary size", between(1, 1 << 24));
+    v("n_layer", n_layer, "transformer blocks", between(1, 1024));
+    v("n_head", n_head, "attention heads per block", between(1, 1024));
+    v("n_embd", n_embd, "model width (a multiple of n_head)", between(1, 1 << 17));
+    v("block_size", block_size, "maximum sequence length", between(1, 1 << 22));
+    v("dropout", dropout, "dropout on embeddings, attention probabilities and residual branches", fraction_below_one());
     v("bias", bias, "biases in linear layers and LayerNorms");
     v("ffn", ffn, "dense (MLP) or moe (mixture of experts)");
-    v("moe_experts", moe_experts, "experts per MoE layer");
-    v("moe_top_k", moe_top_k, "experts per token: 1 = Switch, 2 = GShard");
-    v("moe_capacity_factor", moe_capacity_factor, "expert capacity = ceil(top_k * tokens / experts * factor)");
-    v("moe_aux_loss_coef", moe_aux_loss_coef, "weight of the Switch load-balancing loss");
-    v("moe_z_loss_coef", moe_z_loss_coef, "weight of the router z-loss");
-    v("moe_every", moe_every, "every k-th block is MoE (blocks k-1, 2k-1, ...)");
-    v("linear_chunk", linear_chunk, "chunk length of lightning attention (arch linear)");
-    v("mlp_ratio", mlp_ratio, "MLP hidden width = mlp_ratio * n_embd");
+    v("moe_experts", moe_experts, "experts per MoE layer", between(1, 4096));
+    v("moe_top_k", moe_top_k, "experts per token: 1 = Switch, 2 = GShard", between(1, 2));
+    v("moe_capacity_factor", moe_capacity_factor, "expert capacity = ceil(top_k * tokens / experts * factor)", above(0, 1024));
+    v("moe_aux_loss_coef", moe_aux_loss_coef, "weight of the Switch load-balancing loss", between(0, 100));
+    v("moe_z_loss_coef", moe_z_loss_coef, "weight of the router z-loss", between(0, 100));
+    v("moe_every", moe_every, "every k-th block is MoE (blocks k-1, 2k-1, ...)", between(1, 1024));
+    v("linear_chunk", linear_chunk, "chunk length of lightning attention (arch linear)", between(1, 1 << 16));
+    v("mlp_ratio", mlp_ratio, "MLP hidden width = mlp_ratio * n_embd", between(1, 64));
   }
 
   // Throws tessera::Error("<source>: model.<key> must be ... (got X)").

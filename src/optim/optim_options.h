@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <string>
+#include "core/options.h"
 
 namespace tessera {
 
@@ -40,23 +41,23 @@ struct OptimOptions {
   template <class V>
   void visit(V& v) {
     v("name", name, "optimizer: adamw or adafactor");
-    v("lr", lr, "peak learning rate (after warmup)");
-    v("min_lr_ratio", min_lr_ratio, "final learning rate as a fraction of lr (cosine and linear schedules)");
-    v("warmup_steps", warmup_steps, "steps of linear warmup from lr/warmup_steps to lr");
+    v("lr", lr, "peak learning rate (after warmup)", above(0, 10));
+    v("min_lr_ratio", min_lr_ratio, "final learning rate as a fraction of lr (cosine and linear schedules)", between(0, 1));
+    v("warmup_steps", warmup_steps, "steps of linear warmup from lr/warmup_steps to lr", between(0, 1e12));
     v("schedule", schedule, "after warmup: cosine, linear (both decay to lr*min_lr_ratio) or constant");
-    v("beta1", beta1, "AdamW first-moment decay");
-    v("beta2", beta2, "AdamW second-moment decay");
-    v("eps", eps, "AdamW denominator epsilon");
-    v("weight_decay", weight_decay, "decoupled weight decay, applied to parameters with 2+ dims only");
-    v("grad_clip", grad_clip, "clip the global gradient L2 norm to this value (0 = off, norm still measured)");
+    v("beta1", beta1, "AdamW first-moment decay", fraction_below_one());
+    v("beta2", beta2, "AdamW second-moment decay", fraction_below_one());
+    v("eps", eps, "AdamW denominator epsilon", above(0, 1));
+    v("weight_decay", weight_decay, "decoupled weight decay, applied to parameters with 2+ dims only", between(0, 10));
+    v("grad_clip", grad_clip, "clip the global gradient L2 norm to this value (0 = off, norm still measured)", between(0, 1e6));
     v("fused", fused, "AdamW through the fused ATen kernel (_fused_adamw_) instead of per-tensor ops");
     v("adafactor_relative_step", adafactor_relative_step,
       "Adafactor step size min(1e-2, 1/sqrt(t)), ignoring lr and its schedule");
-    v("adafactor_clip_threshold", adafactor_clip_threshold, "Adafactor update clipping: RMS(update) <= this");
-    v("adafactor_decay_rate", adafactor_decay_rate, "Adafactor second-moment decay beta2_t = 1 - t^decay_rate (< 0)");
-    v("adafactor_eps1", adafactor_eps1, "Adafactor epsilon added to squared gradients");
-    v("adafactor_eps2", adafactor_eps2, "Adafactor floor on RMS(parameter) when scaling the step");
-    v("adafactor_beta1", adafactor_beta1, "Adafactor first-moment decay (0 = no first moment)");
+    v("adafactor_clip_threshold", adafactor_clip_threshold, "Adafactor update clipping: RMS(update) <= this", above(0, 1e6));
+    v("adafactor_decay_rate", adafactor_decay_rate, "Adafactor second-moment decay beta2_t = 1 - t^decay_rate (< 0)", Range{-10, 0, false, true});
+    v("adafactor_eps1", adafactor_eps1, "Adafactor epsilon added to squared gradients", above(0, 1));
+    v("adafactor_eps2", adafactor_eps2, "Adafactor floor on RMS(parameter) when scaling the step", between(0, 1));
+    v("adafactor_beta1", adafactor_beta1, "Adafactor first-moment decay (0 = no first moment)", fraction_below_one());
     v("adafactor_scale_parameter", adafactor_scale_parameter,
       "Adafactor step scaled by max(adafactor_eps2, RMS(parameter))");
   }

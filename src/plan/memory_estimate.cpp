@@ -2,10 +2,50 @@
 #include "plan/memory_estimate.h"
 
 #include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <fstream>
 
+#include "core/error.h"
 #include "model/transformer.h"
 
 namespace tessera {
+namespace {
+
+std::string count(int64_t n) {
+  char out[32];
+  if (n >= 1000000000)
+    std::snprintf(out, sizeof(out), "%.2fB", static_cast<double>(n) / 1e9);
+  else if (n >= 1000000)
+    std::snprintf(out, sizeof(out), "%.2fM", static_cast<double>(n) / 1e6);
+  else
+    std::snprintf(out, sizeof(out), "%lld", static_cast<long long>(n));
+  return out;
+}
+
+std::string line(const char* format, ...) __attribute__((format(printf, 1, 2)));
+std::string line(const char* format, ...) {
+  char text[512];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(text, sizeof(text), format, args);
+  va_end(args);
+  return text;
+}
+
+}  // namespace
+
+std::string format_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  char out[32];
+  std::snprintf(out, sizeof(out), "%.2f %s", b, units[u]);
+  return out;
+}
 
 double MemoryEstimate::device_bytes() const {
   return parameter_bytes + gradient_bytes + (optimizer_on_host ? 0 : optimizer_bytes) + activation_bytes_per_micro_batch;
@@ -67,6 +107,61 @@ MemoryEstimate estimate_memory(const Config& config, const ParallelDims& dims) {
   e.activation_bytes_per_micro_batch =
       e.activation_bytes_per_token * static_cast<double>(config.train.batch_size * tokens);
   return e;
+}
+
+std::string describe_memory_estimate(const Config& config, const ParallelDims& dims, const MemoryEstimate& e) {
+  const ModelOptions& m = config.model;
+  const ParallelOptions& p = config.parallel;
+  std::string out;
+  out += line("model: arch %s, ffn %s, %lld blocks, n_embd %lld, %lld heads, vocab %lld, block_size %lld\n",
+              m.arch.c_str(), m.ffn.c_str(), static_cast<long long>(m.n_layer), static_cast<long long>(m.n_embd),
+              static_cast<long long>(m.n_head), static_cast<long long>(m.vocab_size),
+              static_cast<long long>(m.block_size));
+  out += line("parameters: %s (%lld)", count(e.parameters_total).c_str(), static_cast<long long>(e.parameters_total));
+  for (const auto& [component, n] : e.parameters_by_component)
+    out += line(", %s %s", component.c_str(), count(n).c_str());
+  out += "; the head is tied to the token embedding\n";
+  out += line("layout: %s, zero_stage %lld%s, precision %s, optimizer %s, activation checkpointing %s\n",
+              dims.describe().c_str(), static_cast<long long>(p.zero_stage), p.offload ? " with offload" : "",
+              config.precision.dtype.c_str(), config.optim.name.c_str(), config.memory.activation_checkpointing.c_str());
+  out += line("per rank (%s parameters after tensor/expert parallelism):\n", count(e.parameters_rank).c_str());
+  out += line("  parameters       %12s\n", format_bytes(e.parameter_bytes).c_str());
+  out += line("  gradients        %12s\n", format_bytes(e.gradient_bytes).c_str());
+  out += line("  optimizer state  %12s%s\n", format_bytes(e.optimizer_bytes).c_str(), e.optimizer_on_host ? " (host)" : "");
+  out += line("  activations      %12s per micro-batch of %lld x %lld tokens (%s per token)\n",
+              format_bytes(e.activation_bytes_per_micro_batch).c_str(), static_cast<long long>(config.train.batch_size),
+              static_cast<long long>(config.train.seq_len / dims.sp()), format_bytes(e.activation_bytes_per_token).c_str());
+  out += line("  device total     %12s\n", format_bytes(e.device_bytes()).c_str());
+  return out;
+}
+
+void check_memory_fits(const Config& config, const MemoryEstimate& e, int64_t ranks_on_host, double available_bytes) {
+  if (config.train.device != "cpu" || available_bytes <= 0) return;
+  const double per_rank = e.device_bytes() + (e.optimizer_on_host ? e.optimizer_bytes : 0);
+  const double total = per_rank * static_cast<double>(ranks_on_host);
+  if (total <= available_bytes) return;
+  const std::pair<double, const char*> terms[] = {
+      {e.parameter_bytes + e.gradient_bytes + e.optimizer_bytes,
+       "parameters, gradients and optimizer state (model.n_layer, model.n_embd, model.vocab_size, model.mlp_ratio, "
+       "model.moe_experts; parallel.zero_stage and parallel.tp divide them)"},
+      {e.activation_bytes_per_micro_batch,
+       "activations (train.batch_size, train.seq_len, model.n_embd, model.n_layer; memory.activation_checkpointing "
+       "and smaller micro-batches with train.grad_accum reduce them)"}};
+  const auto& largest = terms[0].first >= terms[1].first ? terms[0] : terms[1];
+  fail("this run needs at least ", format_bytes(per_rank), " per rank", ranks_on_host > 1 ? " x " : "",
+       ranks_on_host > 1 ? std::to_string(ranks_on_host) + " ranks on this host = " + format_bytes(total) : "",
+       ", but the host has ", format_bytes(available_bytes), " available; the largest term is ",
+       format_bytes(largest.first), " of ", largest.second, " (`tessera inspect` shows the estimate)");
+}
+
+double host_memory_available() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
 }
 
 }  // namespace tessera

@@ -45,4 +45,21 @@ struct MemoryEstimate {
 // Estimates any layout; check_parallel_layout says whether it can run.
 MemoryEstimate estimate_memory(const Config& config, const ParallelDims& dims);
 
+// The model, the parameter count by component, the layout and the per-rank table, as lines of
+// text (`tessera inspect`, `tessera train --dry-run`).
+std::string describe_memory_estimate(const Config& config, const ParallelDims& dims, const MemoryEstimate& e);
+
+// "1.50 GiB".
+std::string format_bytes(double bytes);
+
+// Refuses, before anything is allocated, a run whose estimate cannot fit: on the CPU, when
+// `ranks_on_host` ranks of `e` (device bytes, plus offloaded optimizer state) exceed
+// `available_bytes`. The message names the largest term and the keys that set it. The estimate is
+// a lower bound (no logits, allocator slack or libtorch's own memory), so what passes may still
+// not fit; what is refused cannot. On CUDA devices nothing is checked here yet.
+void check_memory_fits(const Config& config, const MemoryEstimate& e, int64_t ranks_on_host, double available_bytes);
+
+// MemAvailable of /proc/meminfo in bytes (0 when unreadable: then nothing is refused).
+double host_memory_available();
+
 }  // namespace tessera

@@ -5,7 +5,9 @@
 //         with bfloat16 (AutocastGuard); no loss scaling (bf16 has fp32's exponent range).
 //   fp16  Megatron style: float16 model parameters and activations, float32 master weights that
 //         the optimizer owns (MasterWeights), and a dynamic loss scale (DynamicLossScaler). A step
-//         whose gradients overflow is skipped and the scale backs off.
+//         whose gradients overflow is skipped and the scale backs off; max_skipped_steps
+//         consecutive skips stop the run (the scale has backed off by backoff^N: the model
+//         overflows at any scale, and the loss is not going to become finite again).
 //
 // fp16 uses half parameters rather than autocast. Not for lack of coverage: measured on torch
 // 2.11, CPU autocast with float16 casts linear, matmul, bmm and SDPA to half exactly as it does
@@ -20,6 +22,7 @@
 #include <string>
 
 #include <c10/core/ScalarType.h>
+#include "core/options.h"
 
 namespace tessera {
 
@@ -29,15 +32,18 @@ struct PrecisionOptions {
   int64_t loss_scale_growth_interval = 2000;
   double loss_scale_growth = 2.0;
   double loss_scale_backoff = 0.5;
+  int64_t max_skipped_steps = 50;
 
   template <class V>
   void visit(V& v) {
     v("dtype", dtype, "fp32, bf16 (autocast forward, fp32 weights) or fp16 (fp16 weights, fp32 masters, loss scaling)");
-    v("loss_scale_init", loss_scale_init, "fp16: initial loss scale");
+    v("loss_scale_init", loss_scale_init, "fp16: initial loss scale", above(0, 4294967296.0));
     v("loss_scale_growth_interval", loss_scale_growth_interval,
-      "fp16: consecutive steps without overflow before the scale grows");
-    v("loss_scale_growth", loss_scale_growth, "fp16: factor the scale grows by");
-    v("loss_scale_backoff", loss_scale_backoff, "fp16: factor the scale shrinks by on overflow");
+      "fp16: consecutive steps without overflow before the scale grows", between(1, 1e9));
+    v("loss_scale_growth", loss_scale_growth, "fp16: factor the scale grows by", between(1, 1024));
+    v("loss_scale_backoff", loss_scale_backoff, "fp16: factor the scale shrinks by on overflow", Range{0, 1, true, true});
+    v("max_skipped_steps", max_skipped_steps, "fp16: consecutive overflow-skipped steps that stop the run",
+      between(1, 1e6));
   }
   void check(const std::string& source) const;
 };

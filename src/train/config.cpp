@@ -1,5 +1,6 @@
 #include "train/config.h"
 
+#include <charconv>
 #include <filesystem>
 #include <sstream>
 
@@ -28,6 +29,11 @@ std::vector<std::string> known_presets() {
   return names;
 }
 
+// Overrides were checked by apply_override: each is "section.key=value".
+void mark_overrides(Config& config, const std::vector<std::string>& overrides) {
+  for (const std::string& assignment : overrides) config.sources[assignment.substr(0, assignment.find('='))] = "--set";
+}
+
 }  // namespace
 
 std::string resolve_config_path(const std::string& config) {
@@ -43,7 +49,7 @@ std::string resolve_config_path(const std::string& config) {
   fail(config, ": no such config file or preset (presets: ", list, ")");
 }
 
-Config Config::from_toml(const toml::table& root, const std::string& source) {
+Config Config::from_toml(const toml::table& root, const std::string& source, const std::string& origin) {
   Config config;
   std::set<std::string> sections;
   config.for_each_section([&](const char* name, auto& options) {
@@ -63,6 +69,8 @@ Config Config::from_toml(const toml::table& root, const std::string& source) {
     TomlSectionReader reader(table, name, source);
     options.visit(reader);
     reader.finish();
+    for (const std::string& key : reader.assigned())
+      config.sources[std::string(name) + "." + key] = origin.empty() ? source : origin;
   });
   for (const auto& [key, node] : root) {
     std::string name(key.str());
@@ -84,7 +92,9 @@ Config Config::load(const std::string& config, const std::vector<std::string>& o
     fail(path, ":", where.line, ":", where.column, ": TOML syntax error: ", e.description());
   }
   for (const auto& assignment : overrides) apply_override(root, assignment);
-  return from_toml(root, overrides.empty() ? path : path + " with --set overrides");
+  Config loaded = from_toml(root, overrides.empty() ? path : path + " with --set overrides", path);
+  mark_overrides(loaded, overrides);
+  return loaded;
 }
 
 Config Config::from_checkpoint_meta(const std::string& meta_path, const std::vector<std::string>& overrides) {
@@ -97,7 +107,9 @@ Config Config::from_checkpoint_meta(const std::string& meta_path, const std::vec
     fail(meta_path, ": the recorded config is not valid TOML (", e.description(), ")");
   }
   for (const auto& assignment : overrides) apply_override(root, assignment);
-  return from_toml(root, meta_path);
+  Config loaded = from_toml(root, meta_path, "checkpoint " + fs::path(meta_path).parent_path().string());
+  mark_overrides(loaded, overrides);
+  return loaded;
 }
 
 void Config::check(const std::string& source) const {
@@ -126,6 +138,44 @@ toml::table Config::to_toml() const {
   return root;
 }
 
+std::string Config::source_of(const std::string& key) const {
+  if (auto it = sources.find(key); it != sources.end()) return it->second;
+  if (key.rfind("model.", 0) == 0 && !model.preset.empty()) return "model.preset " + model.preset;
+  return "default";
+}
+
+std::string Config::to_annotated_toml() const {
+  Config copy = *this;
+  std::string out;
+  copy.for_each_section([&](const char* section, auto& options) {
+    out += std::string(out.empty() ? "" : "\n") + "[" + section + "]\n";
+    auto line = [&](const char* key, const auto& value, const char* help, auto&&... range) {
+      std::string assignment;
+      if constexpr (std::is_same_v<std::decay_t<decltype(value)>, double>) {
+        // The shortest text that reads back as the same double (toml++ prints 17 digits: 0.1 as
+        // 0.10000000000000001), with a decimal point so that TOML reads a float.
+        char text[32];
+        const auto end = std::to_chars(text, text + sizeof(text), value).ptr;
+        std::string number(text, end);
+        if (number.find_first_of(".en") == std::string::npos) number += ".0";
+        assignment = std::string(key) + " = " + number;
+      } else {
+        toml::table one;
+        TomlSectionWriter writer(one);
+        writer(key, value, help, range...);
+        std::ostringstream text;
+        text << one;
+        assignment = text.str();
+      }
+      const std::string source = source_of(std::string(section) + "." + key);
+      if (assignment.size() < 40) assignment.resize(40, ' ');
+      out += assignment + "  # " + source + "\n";
+    };
+    options.visit(line);
+  });
+  return out;
+}
+
 std::string Config::to_toml_string() const {
   std::ostringstream out;
   out << to_toml() << "\n";
@@ -144,26 +194,27 @@ std::string config_reference() {
 }
 
 void TrainOptions::check(const std::string& source) const {
-  require(steps > 0, source, ": train.steps must be > 0 (got ", steps, ")");
-  require(batch_size > 0, source, ": train.batch_size must be > 0 (got ", batch_size, ")");
-  require(seq_len > 0, source, ": train.seq_len must be > 0 (got ", seq_len, ")");
-  require(grad_accum > 0, source, ": train.grad_accum must be > 0 (got ", grad_accum, ")");
-  require(log_every > 0, source, ": train.log_every must be > 0 (got ", log_every, ")");
-  require(threads >= 0, source, ": train.threads must be >= 0 (got ", threads, ")");
-  require(peak_tflops >= 0, source, ": train.peak_tflops must be >= 0 (got ", peak_tflops, ")");
+  check_ranges(*this, "train", source);
   require(device == "cpu" || device.rfind("cuda", 0) == 0, source, ": train.device must be cpu, cuda or cuda:N (got '",
           device, "')");
 }
 
-void EvalOptions::check(const std::string& source) const {
-  require(every >= 0, source, ": eval.every must be >= 0 (got ", every, ")");
-  require(batches > 0, source, ": eval.batches must be > 0 (got ", batches, ")");
+int64_t TrainOptions::accumulation(int64_t dp) const {
+  if (global_batch_size == 0) return grad_accum;
+  const int64_t per_micro_batch = batch_size * dp;
+  require(global_batch_size % per_micro_batch == 0, "train.global_batch_size = ", global_batch_size,
+          " is not a multiple of train.batch_size x data-parallel ranks = ", batch_size, " x ", dp, " = ",
+          per_micro_batch);
+  const int64_t derived = global_batch_size / per_micro_batch;
+  require(grad_accum == 1 || grad_accum == derived, "train.global_batch_size = ", global_batch_size,
+          " with train.batch_size = ", batch_size, " on ", dp, " data-parallel ranks means ", derived,
+          " micro-batches per step, but train.grad_accum = ", grad_accum, " says otherwise: give one of the two");
+  return derived;
 }
 
-void CheckpointOptions::check(const std::string& source) const {
-  require(every >= 0, source, ": checkpoint.every must be >= 0 (got ", every, ")");
-  require(keep >= 0, source, ": checkpoint.keep must be >= 0 (got ", keep, ")");
-}
+void EvalOptions::check(const std::string& source) const { check_ranges(*this, "eval", source); }
+
+void CheckpointOptions::check(const std::string& source) const { check_ranges(*this, "checkpoint", source); }
 
 void MemoryOptions::check(const std::string& source) const {
   require(activation_checkpointing == "none" || activation_checkpointing == "full" ||

@@ -3,8 +3,15 @@
 // Loading order: the preset file (configs/<name>.toml, or any path), then `--set section.key=value`
 // overrides, then checks. [model] applies model.preset first, so explicit keys refine a preset.
 // Every key of every section is known here; anything else is refused by name.
+//
+// Each key's value has a source, kept in Config::sources: the config file that set it, the
+// model.preset that shaped it, a --set override, or the checkpoint whose recorded config a resume
+// reads; a key no one set holds its default. to_annotated_toml() writes every key with its source
+// as a comment: the run directory's config.toml, printed at the start of every run and by
+// `tessera train --dry-run`.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -30,6 +37,10 @@ struct Config {
   MemoryOptions memory;
   ParallelOptions parallel;
 
+  // "section.key" -> where its value came from (a file path, "--set", "checkpoint DIR"); keys
+  // without an entry are defaults, or in [model] the preset's when model.preset is set.
+  std::map<std::string, std::string> sources;
+
   // Calls f(section_name, options) for each section, in file order.
   template <class F>
   void for_each_section(F&& f) {
@@ -44,8 +55,9 @@ struct Config {
     f("parallel", parallel);
   }
 
-  // `source` names the origin in error messages (a file path, or "checkpoint meta.json").
-  static Config from_toml(const toml::table& root, const std::string& source);
+  // `source` names the origin in error messages (a file path, or "checkpoint meta.json"); the keys
+  // `root` sets are recorded in `sources` as coming from `origin` (default: `source`).
+  static Config from_toml(const toml::table& root, const std::string& source, const std::string& origin = "");
   // `config` is a file path or a preset name (configs/<name>.toml).
   static Config load(const std::string& config, const std::vector<std::string>& overrides);
   // The config recorded in a checkpoint's meta.json (its "config" field, TOML text), with
@@ -55,6 +67,12 @@ struct Config {
   void check(const std::string& source) const;
   toml::table to_toml() const;
   std::string to_toml_string() const;
+  // Every key, one per line in declaration order, each followed by "# <source>"; valid TOML that
+  // loads back to the same config.
+  std::string to_annotated_toml() const;
+  // Where `key` ("section.key") got its value: its entry in `sources`, "model.preset NAME", or
+  // "default".
+  std::string source_of(const std::string& key) const;
 };
 
 // Every key with its default and help, grouped by section (for --help).

@@ -68,15 +68,24 @@ RunLock::~RunLock() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-std::unique_ptr<RunLock> claim_run_dir(const std::string& dir, const RunClaim& claim) {
-  auto lock = std::make_unique<RunLock>(dir);
+std::string describe_claim(const std::string& dir, const RunClaim& claim) {
   const std::vector<std::string> held = run_files(dir);
-  if (held.empty()) return lock;
+  if (held.empty()) return dir + (fs::exists(dir) ? " (holds no run)" : " (new)");
   const std::string resumed_run = claim.resume_from.empty() ? "" : run_dir_of_checkpoint(claim.resume_from);
-  if (!resumed_run.empty() && fs::equivalent(resumed_run, dir)) return lock;  // the run continues itself
+  if (!resumed_run.empty() && fs::equivalent(resumed_run, dir)) return dir + " (the run continues in place)";
   require(claim.overwrite, dir, " already holds a run (", joined(held), "): continue it with --resume ", dir,
           ", start it over with --overwrite (deletes those), or train into another --out");
-  for (const std::string& name : held) fs::remove_all(fs::path(dir) / name);
+  return dir + " (its run is deleted first: " + joined(held) + ")";
+}
+
+std::unique_ptr<RunLock> claim_run_dir(const std::string& dir, const RunClaim& claim) {
+  auto lock = std::make_unique<RunLock>(dir);
+  describe_claim(dir, claim);
+  const std::vector<std::string> held = run_files(dir);
+  const std::string resumed_run = claim.resume_from.empty() ? "" : run_dir_of_checkpoint(claim.resume_from);
+  const bool continues = !resumed_run.empty() && fs::exists(dir) && fs::equivalent(resumed_run, dir);
+  if (!continues)
+    for (const std::string& name : held) fs::remove_all(fs::path(dir) / name);
   return lock;
 }
 

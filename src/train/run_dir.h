@@ -49,8 +49,13 @@ class RunLock {
   int fd_ = -1;
 };
 
-// Locks `dir` and applies the claim rules above; throws naming the directory, what it holds and
-// the flags that would allow it.
+// Applies the claim rules above without touching anything: throws naming the directory, what it
+// holds and the flags that would allow it, or says what claiming would do ("DIR (new)", "DIR (the
+// run continues in place)", ...). `tessera train --dry-run` prints it.
+std::string describe_claim(const std::string& dir, const RunClaim& claim);
+
+// Locks `dir`, then applies the claim rules (describe_claim) and, with --overwrite, deletes the old
+// run's files.
 std::unique_ptr<RunLock> claim_run_dir(const std::string& dir, const RunClaim& claim);
 
 }  // namespace tessera

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include "core/options.h"
 
 namespace tessera {
 
@@ -11,25 +12,38 @@ struct TrainOptions {
   int64_t batch_size = 16;   // sequences per micro-batch
   int64_t seq_len = 128;     // tokens per sequence (<= model.block_size)
   int64_t grad_accum = 1;    // micro-batches per optimizer step
+  int64_t global_batch_size = 0;  // sequences per optimizer step over all ranks; 0 = batch_size x dp x grad_accum
   int64_t log_every = 10;
   int64_t seed = 1337;       // model initialisation and dropout
   int64_t threads = 0;       // intra-op threads; 0 = all cores
   std::string device = "cpu";
   double peak_tflops = 0;    // for MFU; 0 = the device's known peak, or on CPU a measured matmul rate
+  double time_limit = 0;     // wall seconds before the run checkpoints and stops (0 = none)
 
   template <class V>
   void visit(V& v) {
-    v("steps", steps, "optimizer steps to train for");
-    v("batch_size", batch_size, "sequences per micro-batch");
-    v("seq_len", seq_len, "tokens per sequence (at most model.block_size)");
-    v("grad_accum", grad_accum, "micro-batches accumulated per optimizer step");
-    v("log_every", log_every, "steps between metrics lines and progress updates");
-    v("seed", seed, "seed for initialisation and dropout");
-    v("threads", threads, "intra-op CPU threads (0 = all cores)");
+    v("steps", steps, "optimizer steps to train for", between(1, 1e12));
+    v("batch_size", batch_size, "sequences per micro-batch", between(1, 1 << 20));
+    v("seq_len", seq_len, "tokens per sequence (at most model.block_size)", between(1, 1 << 22));
+    v("grad_accum", grad_accum, "micro-batches accumulated per optimizer step", between(1, 1 << 20));
+    v("global_batch_size", global_batch_size,
+      "sequences per optimizer step over all ranks; when set, grad_accum is derived as global / (batch_size x dp) "
+      "(0 = batch_size x dp x grad_accum)",
+      between(0, 1 << 24));
+    v("log_every", log_every, "steps between metrics lines and progress updates", between(1, 1e12));
+    v("seed", seed, "seed for initialisation and dropout", between(0, 9.2e18));
+    v("threads", threads, "intra-op CPU threads (0 = all cores)", between(0, 1024));
     v("device", device, "cpu, cuda or cuda:N");
-    v("peak_tflops", peak_tflops, "device peak for MFU (0 = known GPU peak / measured CPU matmul rate)");
+    v("peak_tflops", peak_tflops, "device peak for MFU (0 = known GPU peak / measured CPU matmul rate)", between(0, 1e6));
+    v("time_limit", time_limit,
+      "wall seconds this process trains before it checkpoints and stops with exit code 3 (0 = no limit)",
+      between(0, 1e9));
   }
   void check(const std::string& source) const;
+  // Micro-batches per step on each of `dp` data-parallel ranks: grad_accum, or with
+  // global_batch_size set, global_batch_size / (batch_size x dp); throws naming the keys when it
+  // does not divide or contradicts an explicit grad_accum.
+  int64_t accumulation(int64_t dp) const;
 };
 
 struct EvalOptions {
@@ -38,8 +52,8 @@ struct EvalOptions {
 
   template <class V>
   void visit(V& v) {
-    v("every", every, "steps between validation-loss evaluations (0 = only at the end)");
-    v("batches", batches, "validation batches per evaluation");
+    v("every", every, "steps between validation-loss evaluations (0 = only at the end)", between(0, 1e12));
+    v("batches", batches, "validation batches per evaluation", between(1, 1e6));
   }
   void check(const std::string& source) const;
 };
@@ -50,8 +64,8 @@ struct CheckpointOptions {
 
   template <class V>
   void visit(V& v) {
-    v("every", every, "steps between checkpoints (0 = only at the end of training)");
-    v("keep", keep, "newest checkpoints kept on disk (0 = keep all)");
+    v("every", every, "steps between checkpoints (0 = only at the end of training)", between(0, 1e12));
+    v("keep", keep, "newest checkpoints kept on disk (0 = keep all)", between(0, 1e6));
   }
   void check(const std::string& source) const;
 };

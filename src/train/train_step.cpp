@@ -1,5 +1,7 @@
 #include "train/train_step.h"
 
+#include <thread>
+
 #include <malloc.h>
 
 #include <ATen/ATen.h>
@@ -28,6 +30,11 @@ TrainStep::TrainStep(const Config& config, comm::Mesh* mesh)
     : config_(config),
       device_(mesh ? mesh->device() : comm::select_device(config.train.device, comm::LaunchInfo())),
       autocast_(autocast_dtype(config.precision)) {
+  // More intra-op threads than cores only makes them wait on each other (measured: 600 threads on
+  // 2 cores made a step 5x slower, and set-up takes seconds).
+  const int64_t cores = std::thread::hardware_concurrency();
+  require(cores == 0 || config.train.threads <= cores, "train.threads = ", config.train.threads,
+          " exceeds this machine's ", cores, " cores (0 = use them all)");
   if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
   keep_host_heap();
   torch::manual_seed(static_cast<uint64_t>(config.train.seed));

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <optional>
 #include <set>
+#include <sstream>
 
 #include <ATen/ATen.h>
 #include <torch/torch.h>
@@ -15,13 +16,13 @@
 #include "core/fs.h"
 #include "data/prepare.h"
 #include "data/sampler.h"
-#include "data/token_file.h"
-#include "data/tokenizer.h"
+#include "data/training_data.h"
 #include "model/hf_names.h"
 #include "optim/compression/compressor.h"
 #include "train/device_peak.h"
 #include "train/metrics.h"
 #include "train/progress.h"
+#include "train/stop_request.h"
 #include "train/train_step.h"
 
 namespace tessera {
@@ -89,6 +90,29 @@ std::string restore_compression(const ParallelOptions& parallel, int64_t ranks_n
          std::to_string(ranks_now) + " ranks (each takes the mean residual)";
 }
 
+// The data a resumed run continues on must be the data its checkpoint was drawn from (the same
+// shards, in the same order, of the same sizes: the file names, not the directory, so moved data
+// resumes), and the position must be the step's (the sampler draws one global batch per step).
+// A different global batch is allowed, with a note: the windows after the resume then differ
+// from those of an uninterrupted run.
+std::string check_resumed_data(const LoadedCheckpoint& ckpt, const TokenStream& train, int64_t global_batch) {
+  const std::string meta = ckpt.dir + "/meta.json";
+  const nlohmann::json& data = ckpt.meta.at("data");
+  require(data.is_object() && data.contains("position") && data["position"].is_number_integer(), meta,
+          ": 'data.position' is missing or not an integer");
+  const int64_t position = data["position"].get<int64_t>();
+  require(position == ckpt.step, meta, ": data.position = ", position, " disagrees with step ", ckpt.step,
+          " (one global batch is drawn per step); the file is damaged or from an older tessera");
+  if (data.contains("train") && data["train"] != train.manifest())
+    fail(meta, ": the checkpoint was trained on the shards ", data["train"].dump(), " but ", train.name(),
+         " now holds ", train.manifest().dump(), "; resume on the same data (data.path, data.train_file)");
+  const int64_t saved_batch = data.value("global_batch", int64_t{0});
+  if (saved_batch != 0 && saved_batch != global_batch)
+    return "the global batch changed from " + std::to_string(saved_batch) + " to " + std::to_string(global_batch) +
+           " sequences: the data from step " + std::to_string(ckpt.step) + " on differs from the uninterrupted run's";
+  return "";
+}
+
 }  // namespace
 
 struct Trainer::State {
@@ -97,8 +121,8 @@ struct Trainer::State {
   std::string resume;
   c10::Device device{at::kCPU};
 
-  std::string data_dir;
-  std::optional<TokenFile> train_tokens, val_tokens;
+  std::optional<TrainingData> data;
+  int64_t accumulation = 1;  // micro-batches per step on this rank
   std::unique_ptr<BatchSampler> sampler;
   std::vector<Batch> eval_batches;
   double unigram = 0;
@@ -127,22 +151,12 @@ Trainer::Trainer(Config config, std::string run_dir, std::string resume, comm::M
   }
   const Config& c = s.config;
 
-  s.data_dir = c.data.path;
-  if (!fs::is_directory(s.data_dir))
-    fail("data.path = \"", s.data_dir, "\": no such directory (create it with `tessera prepare --out ", s.data_dir, "`)");
-  auto tokenizer = load_tokenizer(s.data_dir);
-  require(tokenizer->vocab_size() <= c.model.vocab_size, s.data_dir, "/tokenizer.json: vocabulary of ",
-          tokenizer->vocab_size(), " tokens does not fit model.vocab_size = ", c.model.vocab_size);
-  s.train_tokens = TokenFile::open((fs::path(s.data_dir) / c.data.train_file).string());
-  s.val_tokens = TokenFile::open((fs::path(s.data_dir) / c.data.val_file).string());
-  for (const TokenFile* file : {&*s.train_tokens, &*s.val_tokens})
-    require(file->vocab_bound() <= c.model.vocab_size, file->path(), ": holds token id ", file->vocab_bound() - 1,
-            ", outside model.vocab_size = ", c.model.vocab_size);
-  s.sampler = std::make_unique<BatchSampler>(*s.train_tokens, c.train.batch_size * s.dp, c.train.seq_len,
-                                             static_cast<uint64_t>(c.data.seed), s.dp_rank * c.train.batch_size,
-                                             c.train.batch_size);
-  s.eval_batches = evaluation_batches(*s.val_tokens, c.eval.batches, c.train.batch_size * s.dp, c.train.seq_len);
-  s.unigram = unigram_entropy(*s.train_tokens);
+  s.data = open_training_data(c.data, c.model.vocab_size);
+  s.accumulation = c.train.accumulation(s.dp);
+  s.sampler = std::make_unique<BatchSampler>(s.data->train, BatchLayout{c.train.batch_size, s.dp, s.dp_rank, s.accumulation},
+                                             c.train.seq_len, static_cast<uint64_t>(c.data.seed));
+  s.eval_batches = evaluation_batches(s.data->val, c.eval.batches, c.train.batch_size * s.dp, c.train.seq_len);
+  s.unigram = unigram_entropy(s.data->train);
 
   s.trainer = std::make_unique<TrainStep>(c, mesh);
   s.device = s.trainer->device();
@@ -165,7 +179,9 @@ Trainer::Trainer(Config config, std::string run_dir, std::string resume, comm::M
     const std::string rng_note = restore_random_streams(ckpt.optimizer, s.rank, s.device, ckpt.step, *s.trainer, optim_file);
     if (!rng_note.empty()) s.resume_notes.push_back(rng_note);
     s.step = ckpt.step;
-    s.sampler->seek(ckpt.meta.at("data").at("position").get<int64_t>());
+    const std::string note_data = check_resumed_data(ckpt, s.data->train, s.sampler->global_batch());
+    if (!note_data.empty()) s.resume_notes.push_back(note_data);
+    s.sampler->seek(s.step);
     s.tokens_seen = ckpt.meta.value("tokens_seen", int64_t{0});
     s.elapsed_before = ckpt.meta.value("elapsed_s", 0.0);
     require(s.step <= c.train.steps, ckpt.dir, ": checkpoint is at step ", s.step, ", beyond train.steps = ",
@@ -183,21 +199,21 @@ TrainSummary Trainer::run() {
   const bool resumed = !s.resume.empty();
   std::optional<MetricsLog> metrics;
   if (lead) {
-    write_file_atomic(s.run_dir + "/config.toml", c.to_toml_string());
+    write_file_atomic(s.run_dir + "/config.toml", c.to_annotated_toml());
     metrics.emplace(s.run_dir + "/metrics.jsonl", resumed ? s.step : -1);
   }
   Progress progress(c.train.steps,
                     distributed ? s.run_dir + "/logs/rank_" + std::to_string(s.rank) + ".log" : s.run_dir + "/train.log",
                     resumed, lead);
 
-  const int64_t tokens_per_step = c.train.batch_size * s.dp * c.train.seq_len * c.train.grad_accum;
+  const int64_t tokens_per_step = s.sampler->global_batch() * c.train.seq_len;
   const int64_t devices = distributed ? s.mesh->world_size() : 1;
   const double flops_per_tok = flops_per_token(c.model, c.train.seq_len);
   const DevicePeak peak = device_peak(s.device, s.trainer->compute_dtype(), c.train.peak_tflops);
   {
     std::ostringstream head;
     head << "tessera: " << parameter_count(c.model) / 1e6 << "M parameters (" << c.model.arch << ", " << c.model.ffn
-         << "), " << s.train_tokens->size() << " training tokens, " << tokens_per_step << " tokens/step, "
+         << "), " << s.data->train.size() << " training tokens, " << tokens_per_step << " tokens/step, "
          << c.precision.dtype << " on " << s.device << "; unigram baseline " << s.unigram << " nats; peak "
          << peak.flops / 1e12 << " TFLOP/s (" << peak.basis << ")";
     if (distributed) head << "; " << s.mesh->dims().describe() << ", zero_stage " << c.parallel.zero_stage;
@@ -213,6 +229,7 @@ TrainSummary Trainer::run() {
   int64_t interval_steps = 0;
   double interval_loss = 0, interval_aux = 0;
   std::string last_checkpoint;
+  int64_t consecutive_skips = 0;  // fp16 steps skipped for overflow, in a row
 
   // Every rank takes part in gathering the state. One process writes a plain checkpoint; several
   // write one optimizer shard each into the same partial directory, and rank 0 commits it after
@@ -240,14 +257,19 @@ TrainSummary Trainer::run() {
       if (!lead) return;
     }
     contents.meta = {{"config", c.to_toml_string()},
-                     {"data", {{"path", s.data_dir}, {"seed", c.data.seed}, {"position", s.sampler->position()}}},
+                     {"data",
+                      {{"path", c.data.path},
+                       {"seed", c.data.seed},
+                       {"position", s.sampler->position()},
+                       {"global_batch", s.sampler->global_batch()},
+                       {"train", s.data->train.manifest()}}},
                      {"tokens_seen", s.tokens_seen},
                      {"elapsed_s", s.elapsed_before + seconds_since(run_start)},
                      {"torch_version", TORCH_VERSION},
                      {"grad_compression", compressing ? c.parallel.grad_compression : "none"}};
     if (compressing) contents.compression_ranks = s.mesh->world_size();
     for (const char* name : {"tokenizer.json", "encoder.json", "vocab.bpe"}) {
-      fs::path file = fs::path(s.data_dir) / name;
+      fs::path file = fs::path(c.data.path) / name;
       if (fs::exists(file)) contents.extra_files.push_back(file.string());
     }
     if (!distributed) {
@@ -263,19 +285,28 @@ TrainSummary Trainer::run() {
 
   while (s.step < c.train.steps) {
     const double lr = learning_rate(c.optim, s.step, c.train.steps);
-    std::vector<Batch> micro_batches;
-    for (int64_t micro = 0; micro < c.train.grad_accum; ++micro) micro_batches.push_back(s.sampler->next());
+    const std::vector<Batch> micro_batches = s.sampler->next();
     const StepResult result = s.trainer->run(micro_batches, lr);
     // A non-finite loss, or a non-finite gradient norm that no loss scaler handled, ends the run
     // here, before anything is saved: every rank sees the same values (averaged over the replicas,
-    // a global norm), so every rank stops at the same step.
-    const bool finite_loss = std::isfinite(result.ce_loss) && std::isfinite(result.aux_loss);
-    if (!finite_loss || (!result.skipped && !std::isfinite(result.grad_norm)))
-      fail("step ", s.step + 1, ": ", finite_loss ? "the gradient norm" : "the training loss", " is ",
-           finite_loss ? result.grad_norm : result.ce_loss + result.aux_loss,
-           " (not finite); the run stops without saving this step (",
+    // a global norm), so every rank stops at the same step. So do too many fp16 overflows in a row.
+    auto stop = [&](const std::string& why, const char* causes) {
+      fail("step ", s.step + 1, ": ", why, "; the run stops without saving this step (",
            last_checkpoint.empty() ? std::string("no checkpoint written by this run") : "last checkpoint " + last_checkpoint,
-           "). Common causes: optim.lr too high, precision.dtype = fp16 without enough range, bad data");
+           "). Common causes: ", causes);
+    };
+    const bool finite_loss = std::isfinite(result.ce_loss) && std::isfinite(result.aux_loss);
+    if (!finite_loss || (!result.skipped && !std::isfinite(result.grad_norm))) {
+      std::ostringstream why;
+      why << (finite_loss ? "the gradient norm" : "the training loss") << " is "
+          << (finite_loss ? result.grad_norm : result.ce_loss + result.aux_loss) << " (not finite)";
+      stop(why.str(), "optim.lr too high, precision.dtype = fp16 without enough range, bad data");
+    }
+    consecutive_skips = result.skipped ? consecutive_skips + 1 : 0;
+    if (consecutive_skips >= c.precision.max_skipped_steps)
+      stop(std::to_string(consecutive_skips) + " consecutive fp16 steps overflowed and were skipped " +
+               "(precision.max_skipped_steps = " + std::to_string(c.precision.max_skipped_steps) + ")",
+           "optim.lr too high, bad data; precision.dtype = bf16 has fp32's range");
     if (result.skipped)
       progress.message("step " + std::to_string(s.step + 1) + ": fp16 overflow, update skipped, loss scale now " +
                        std::to_string(s.trainer->loss_scaler()->value()));
@@ -317,9 +348,25 @@ TrainSummary Trainer::run() {
       summary.last_val_loss = val_loss;
       interval_start = Clock::now();  // evaluation time is not training throughput
     }
-    if ((c.checkpoint.every > 0 && s.step % c.checkpoint.every == 0) || last) {
+    const bool saved = (c.checkpoint.every > 0 && s.step % c.checkpoint.every == 0) || last;
+    if (saved) {
       save();
       interval_start = Clock::now();
+    }
+    // Every rank stops at the same step when any rank has a reason (stop_request.h).
+    int64_t reason = stop_request::local_reason(seconds_since(run_start), c.train.time_limit);
+    if (distributed) {
+      at::Tensor flag = at::full({1}, reason, at::TensorOptions().dtype(at::kLong).device(s.mesh->world().device()));
+      s.mesh->world().all_reduce(flag, comm::ReduceOp::max);
+      reason = flag.item<int64_t>();
+    }
+    if (reason != stop_request::kNone && !last) {
+      if (!saved) save();
+      summary.stopped = stop_request::describe(static_cast<stop_request::Reason>(reason), c.train.time_limit);
+      progress.message("stopped at step " + std::to_string(s.step) + " of " + std::to_string(c.train.steps) + " (" +
+                       summary.stopped + "): checkpoint " + last_checkpoint + "; continue with `tessera train --resume " +
+                       s.run_dir + "`");
+      break;
     }
   }
   summary.steps = s.step;

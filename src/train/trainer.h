@@ -33,6 +33,7 @@ struct TrainSummary {
   double last_val_loss = 0;     // validation loss at the end
   double unigram_baseline = 0;  // entropy of the training tokens' unigram distribution (nats)
   std::string checkpoint;       // the final checkpoint directory
+  std::string stopped;          // why the run stopped before train.steps ("" = it did not)
 };
 
 class Trainer {

@@ -68,4 +68,16 @@ inline std::vector<nlohmann::json> metrics_lines(const std::string& run_dir) {
   return lines;
 }
 
+// Expects exit code 2 and every `needle` in the message. A `train` without --out or --resume gets
+// a run directory of its own (cases run in parallel, and each run locks its directory).
+inline void expect_error(const std::string& args, std::initializer_list<std::string> needles) {
+  static int runs = 0;
+  const bool own_dir = args.rfind("train ", 0) == 0 && args.find("--out") == std::string::npos &&
+                       args.find("--resume") == std::string::npos;
+  auto r = run_tessera(args + (own_dir ? " --out " + fresh_dir("bad_input_run_" + std::to_string(runs++)) : ""));
+  EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+  EXPECT_NE(r.output.find("error: "), std::string::npos) << r.output;
+  for (const auto& needle : needles) EXPECT_NE(r.output.find(needle), std::string::npos) << "missing '" << needle << "' in:\n" << r.output;
+}
+
 }  // namespace tessera::test

@@ -14,18 +14,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Expects exit code 2 and every `needle` in the message. A `train` without --out or --resume gets
-// a run directory of its own (cases run in parallel, and each run locks its directory).
-void expect_error(const std::string& args, std::initializer_list<std::string> needles) {
-  static int runs = 0;
-  const bool own_dir = args.rfind("train ", 0) == 0 && args.find("--out") == std::string::npos &&
-                       args.find("--resume") == std::string::npos;
-  auto r = run_tessera(args + (own_dir ? " --out " + fresh_dir("bad_input_run_" + std::to_string(runs++)) : ""));
-  EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
-  EXPECT_NE(r.output.find("error: "), std::string::npos) << r.output;
-  for (const auto& needle : needles) EXPECT_NE(r.output.find(needle), std::string::npos) << "missing '" << needle << "' in:\n" << r.output;
-}
-
 std::string write_config(const std::string& name, const std::string& text) {
   std::string path = fresh_dir("cfg_" + name) + "/" + name + ".toml";
   write_file_durable(path, text);
@@ -63,6 +51,15 @@ TEST(BadConfig, WrongTypeAndOutOfRange) {
   expect_error("train --config tiny_gpt --set train.steps=many", {"train.steps must be an integer"});
   expect_error("train --config tiny_gpt --set train.steps=-5", {"train.steps", "-5"});
   expect_error("train --config tiny_gpt --set train.seq_len=4096", {"train.seq_len", "model.block_size"});
+  // Upper ends too: these hung in the thread-pool set-up or died of an allocation failure.
+  expect_error("train --config tiny_gpt --set train.threads=2000", {"train.threads = 2000", "outside its range [0, 1024]"});
+  expect_error("train --config tiny_gpt" + tiny_settings(prepared_corpus()) + " --set train.threads=600",
+               {"train.threads = 600", "exceeds this machine's"});
+  expect_error("train --config tiny_gpt --set model.n_embd=1e9", {"model.n_embd", "outside its range"});
+  expect_error("train --config tiny_gpt --set optim.lr=1e30", {"optim.lr", "outside its range (0, 10]"});
+  // A line break in a --set value would silently drop the rest of it.
+  expect_error("train --config tiny_gpt --set \"$(printf 'train.steps=5\\ndata.path=/tmp')\"",
+               {"--set train.steps", "line break"});
 }
 
 // A data directory whose train.bin is replaced by `bytes`.
@@ -87,7 +84,10 @@ TEST(BadConfig, RealValuesOutsideFloat32AreRefused) {
 TEST(BadConfig, NonFiniteLossStopsTheRunNamingTheStep) {
   const std::string out = fresh_dir("nonfinite_run");
   auto r = run_tessera("train --config tiny_gpt" + tiny_settings(prepared_corpus()) +
-                       " --set optim.lr=1e30 --set optim.warmup_steps=0 --set train.steps=20 --set checkpoint.every=1"
+                       " --set optim.lr=10 --set optim.grad_clip=0 --set optim.warmup_steps=0 --set train.steps=20"
+                       " --set model.n_embd=128 --set model.n_head=4 --set model.n_layer=4 --set model.block_size=64"
+                       " --set train.seq_len=64"
+                       " --set checkpoint.every=1"
                        " --set checkpoint.keep=0 --set eval.every=0 --out " + out);
   EXPECT_EQ(r.exit_code, 2) << r.output;
   std::smatch m;
@@ -98,6 +98,19 @@ TEST(BadConfig, NonFiniteLossStopsTheRunNamingTheStep) {
   EXPECT_GT(step, 1);
   EXPECT_TRUE(fs::exists(out + "/checkpoints/step_" + std::to_string(step - 1)));
   EXPECT_FALSE(fs::exists(out + "/checkpoints/step_" + std::to_string(step)));
+}
+
+// fp16 steps skipped for overflow are normal, but not without end: precision.max_skipped_steps in a
+// row stop the run (here a loss scale of 2^32 that backs off by 1% per skip).
+TEST(BadConfig, ConsecutiveFp16SkipsStopTheRun) {
+  const std::string out = fresh_dir("fp16_skips");
+  auto r = run_tessera("train --config tiny_gpt" + tiny_settings(prepared_corpus()) +
+                       " --set precision.dtype=fp16 --set precision.loss_scale_init=4294967296"
+                       " --set precision.loss_scale_backoff=0.99 --set precision.max_skipped_steps=3"
+                       " --set train.steps=20 --out " + out);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("error: step 3: 3 consecutive fp16 steps overflowed and were skipped "
+                          "(precision.max_skipped_steps = 3)"), std::string::npos) << r.output;
 }
 
 TEST(BadData, MissingDirectory) {

@@ -10,6 +10,7 @@
 #include "checkpoint/safetensors.h"
 #include "cli_util.h"
 #include "core/fs.h"
+#include "data/token_stream.h"
 #include "model/hf_names.h"
 #include "model/transformer.h"
 #include "train/config.h"
@@ -92,6 +93,74 @@ TEST(RunDirectory, MetricsFollowTheContract) {
   EXPECT_NE(slurp(out + "/train.log").find("step 6/6"), std::string::npos);
 }
 
+// The resolved config: every key with where its value came from, printed at the start and saved
+// as the run's config.toml, which loads back to the same run.
+TEST(ResolvedConfig, EveryKeyCarriesItsSourceAndTheFileLoadsBack) {
+  const std::string out = fresh_dir("resolved");
+  auto r = run_tessera("train --config tiny_gpt" + tiny_settings(prepared_corpus()) +
+                       " --set train.steps=2 --set optim.lr=0.0004 --set eval.every=0 --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string saved = slurp(out + "/config.toml");
+  for (const std::string& text : {r.output, saved}) {
+    EXPECT_TRUE(std::regex_search(text, std::regex("\nlr = 4e-04 +# --set\n"))) << text;
+    EXPECT_TRUE(std::regex_search(text, std::regex("\nmlp_ratio = 4 +# model.preset tiny_gpt\n"))) << text;
+    EXPECT_TRUE(std::regex_search(text, std::regex("\npreset = 'tiny_gpt' +# .*configs/tiny_gpt.toml\n"))) << text;
+    EXPECT_TRUE(std::regex_search(text, std::regex("\nbeta1 = 0.9 +# default\n"))) << text;
+  }
+  const Config reloaded = Config::load(out + "/config.toml", {});
+  EXPECT_EQ(reloaded.to_toml_string(), Config::from_checkpoint_meta(out + "/checkpoints/step_2/meta.json", {}).to_toml_string());
+  EXPECT_DOUBLE_EQ(reloaded.optim.lr, 0.0004);
+}
+
+// --dry-run resolves and checks everything a run would, prints it, and starts nothing; what the
+// run would refuse, the dry run refuses.
+TEST(DryRun, PrintsTheRunAndStartsNothing) {
+  const std::string out = fresh_dir("dry_run");
+  std::filesystem::remove_all(out);
+  auto r = run_tessera("train --config tiny_gpt" + tiny_settings(prepared_corpus()) +
+                       " --dry-run --nproc 2 --set train.global_batch_size=16 --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* part : {"# --set", "layout: dp=2", "device total", "global batch: 16 sequences = train.batch_size 4 x 2 "
+                           "data-parallel ranks x 2 micro-batches", "train.bin: 1 shard", "tokenizer byte",
+                           "(new)", "nothing was started"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << " in " << r.output;
+  EXPECT_FALSE(std::filesystem::exists(out));
+  expect_error("train --config tiny_gpt --dry-run --nproc 2 --set parallel.tp=3", {"parallel.tp"});
+  expect_error("train --config tiny_gpt" + tiny_settings(prepared_corpus()) +
+                   " --dry-run --nproc 2 --set train.global_batch_size=12",
+               {"train.global_batch_size = 12 is not a multiple of train.batch_size x data-parallel ranks = 4 x 2"});
+  ASSERT_EQ(run_tessera("train --config tiny_gpt" + tiny_settings(prepared_corpus()) +
+                        " --set train.steps=1 --set eval.every=0 --out " + out).exit_code, 0);
+  expect_error("train --config tiny_gpt --dry-run --out " + out, {out, "already holds a run"});
+}
+
+// Data as llm.c's scripts write it: numbered shards and no tokenizer.json. data.train_file and
+// data.val_file take globs, training runs (model.vocab_size covers the tokens), the checkpoint
+// records the shards, and generate asks for --tokenizer instead of guessing one.
+TEST(LlmcData, ShardsWithoutATokenizerTrainAndGenerateAsksForOne) {
+  const std::string data = fresh_dir("llmc_data"), out = fresh_dir("llmc_run");
+  const TokenStream corpus = TokenStream::open(prepared_corpus(), "train.bin");
+  std::vector<int64_t> tokens(static_cast<size_t>(corpus.size()));
+  corpus.read(0, corpus.size(), tokens.data());
+  const auto half = tokens.begin() + static_cast<std::ptrdiff_t>(tokens.size() / 2);
+  write_token_file(data + "/fineweb_train_000001.bin", std::vector<int64_t>(tokens.begin(), half));
+  write_token_file(data + "/fineweb_train_000002.bin", std::vector<int64_t>(half, tokens.end()));
+  std::filesystem::copy_file(prepared_corpus() + "/val.bin", data + "/fineweb_val_000000.bin");
+  auto r = run_tessera("train --config tiny_gpt" + tiny_settings(data) +
+                       " --set 'data.train_file=fineweb_train_*.bin' --set 'data.val_file=fineweb_val_*.bin'"
+                       " --set train.steps=2 --set eval.every=0 --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto meta = nlohmann::json::parse(slurp(out + "/checkpoints/step_2/meta.json"));
+  EXPECT_EQ(meta["data"]["train"].size(), 2u) << meta.dump();
+  EXPECT_EQ(meta["data"]["train"][1]["file"], "fineweb_train_000002.bin");
+  EXPECT_FALSE(std::filesystem::exists(out + "/checkpoints/step_2/tokenizer.json"));
+  expect_error("generate --checkpoint " + out + " --max-tokens 4", {"holds no tokenizer.json", "--tokenizer"});
+  auto g = run_tessera("generate --checkpoint " + out + " --max-tokens 4 --tokenizer " + prepared_corpus() +
+                       " --prompt 'And'");
+  EXPECT_EQ(g.exit_code, 0) << g.output;
+  EXPECT_EQ(g.output.rfind("And", 0), 0u) << g.output;
+}
+
 // `--temperature 0` is greedy decoding: each token the argmax of a forward pass of the checkpoint's
 // model over the text so far, computed here with the model itself.
 TEST(Generate, TemperatureZeroIsTheForwardPassArgmax) {
@@ -149,7 +218,7 @@ TEST(Help, ListsEveryConfigKey) {
   std::vector<std::string> keys{"--resume", "--set", "--nproc"};
   Config config;
   config.for_each_section([&](const char* section, auto& options) {
-    auto collect = [&](const char* key, auto&, const char*) { keys.push_back(std::string(section) + "." + key); };
+    auto collect = [&](const char* key, auto&, const char*, auto&&...) { keys.push_back(std::string(section) + "." + key); };
     options.visit(collect);
   });
   EXPECT_GT(keys.size(), 70u);

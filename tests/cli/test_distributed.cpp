@@ -5,6 +5,8 @@
 // loss, gradients and parameters, is the equivalence harness's (tests/equivalence/); the runs here
 // check what only the command shows (launch, sampler, checkpoints, validation).
 #include <gtest/gtest.h>
+
+#include <regex>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,6 +22,7 @@
 #include "cli_util.h"
 #include "comm/rendezvous.h"
 #include "core/subprocess.h"
+#include "train/stop_request.h"
 
 namespace tessera::test {
 namespace {
@@ -65,6 +68,40 @@ TEST(DistributedTrain, TwoRanksMatchOneProcessWithTheSameGlobalBatch) {
                         " --out " + three);
   ASSERT_EQ(r3.exit_code, 0) << r3.output;
   expect_same_losses(losses(three), losses(one), 1e-4, "ZeRO-3 on 2 ranks");
+}
+
+// train.global_batch_size fixes the windows of every step whatever their split into ranks and
+// micro-batches (data/sampler.h): 8 sequences per step as 1 x 8, 1 x 4 x 2 accumulated, 2 ranks x 4,
+// and dp 2 x sp 2 x 2 x 2 accumulated give the same losses and gradient norms over 20 steps, and the
+// 2-rank run's checkpoint resumed on one process with 2 micro-batches continues the same run.
+TEST(DistributedTrain, GlobalBatchSizeGivesOneRunForEveryDecomposition) {
+  const std::string whole = fresh_dir("gbs_whole"), accumulated = fresh_dir("gbs_accumulated");
+  const std::string ranks = fresh_dir("gbs_ranks"), sequence = fresh_dir("gbs_dp_sp"), resumed = fresh_dir("gbs_resumed");
+  auto run = [](const std::string& launch, int64_t batch, const std::string& out, const std::string& extra = "") {
+    auto r = run_tessera("train --config tiny_gpt" + launch + settings(batch, 20) +
+                         " --set train.global_batch_size=8 --set checkpoint.every=10 --set checkpoint.keep=0" + extra +
+                         " --out " + out);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return r.output;
+  };
+  run("", 8, whole);
+  run("", 4, accumulated);
+  run(" --nproc 2", 4, ranks);
+  run(" --nproc 4", 2, sequence, " --set parallel.sp=2");
+  auto r = run_tessera("train --resume " + ranks + "/checkpoints/step_10 --set train.batch_size=4 --out " + resumed);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("global batch changed"), std::string::npos) << r.output;
+  const auto expected_loss = losses(whole), expected_norm = grad_norms(whole);
+  ASSERT_EQ(expected_loss.size(), 20u);
+  for (const auto& [dir, what] : std::vector<std::pair<std::string, std::string>>{
+           {accumulated, "1 process, 2 micro-batches of 4"},
+           {ranks, "2 ranks x 4"},
+           {sequence, "dp 2 x sp 2, 2 micro-batches of 2"},
+           {resumed, "2 ranks, resumed at step 10 on 1 process with 2 micro-batches"}}) {
+    expect_same_losses(losses(dir), expected_loss, 1e-5, what);
+    expect_same_losses(grad_norms(dir), expected_norm, 1e-4, what + " (grad norm)");
+  }
+  EXPECT_EQ(losses(resumed).begin()->first, 11);
 }
 
 // Two nodes on one machine: two launchers (`--nnodes 2 --node-rank 0|1 --master HOST:PORT`, one
@@ -301,6 +338,62 @@ TEST(DistributedTrain, WorkersDieWithAKilledLauncher) {
     gone = find_worker(out, 0) < 0 && find_worker(out, 1) < 0;
   }
   EXPECT_TRUE(gone) << "workers still running 10 s after their launcher was killed";
+}
+
+// Preemption: SIGTERM to the launcher of a 2-rank run mid-training. Every rank finishes its step,
+// one checkpoint of that step is written, the job exits with kStoppedExitCode (3) within
+// parallel.timeout_s, and resuming it continues the uninterrupted run exactly (the same losses and
+// gradient norms, bitwise).
+TEST(DistributedTrain, SigtermToTheLauncherCheckpointsAndTheRunContinuesExactly) {
+  const std::string full = fresh_dir("preempt_full"), out = fresh_dir("preempt");
+  const std::string run = "train --config tiny_gpt --nproc 2" + settings(2, 60) +
+                          " --set checkpoint.every=1000 --set parallel.timeout_s=30 --out ";
+  ASSERT_EQ(run_tessera(run + full).exit_code, 0);
+  ChildSpec spec;
+  spec.argv = {"/bin/sh", "-c", "exec " + std::string(TESSERA_BINARY) + " " + run + out};
+  spec.output_file = out + ".launcher.log";
+  const pid_t launcher = spawn(spec);
+  bool training = false;
+  for (int i = 0; i < 600 && !training; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    training = slurp(out + "/logs/rank_1.log").find("step 3/") != std::string::npos;
+  }
+  ASSERT_TRUE(training) << slurp(spec.output_file);
+  const auto signalled = std::chrono::steady_clock::now();
+  ::kill(launcher, SIGTERM);
+  SuperviseOptions options;
+  options.deadline_s = 60;
+  options.ok_codes = {kStoppedExitCode};
+  const SuperviseResult result = supervise({launcher}, options);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - signalled).count();
+  const std::string output = slurp(spec.output_file);
+  ASSERT_EQ(result.exits[0].code, kStoppedExitCode) << output;
+  EXPECT_LT(seconds, 30) << output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(output, m, std::regex("stopped at step ([0-9]+) of 60 \\(SIGTERM received\\)")))
+      << output;
+  const int step = std::stoi(m[1]);
+  EXPECT_LT(step, 60);
+  EXPECT_TRUE(fs::exists(out + "/checkpoints/step_" + std::to_string(step) + "/meta.json")) << output;
+  auto resumed = run_tessera("train --resume " + out + " --nproc 2");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const auto expected_loss = losses(full), expected_norm = grad_norms(full);
+  const auto loss = losses(out), norm = grad_norms(out);
+  ASSERT_EQ(loss.size(), 60u);
+  for (const auto& [s, value] : loss) EXPECT_EQ(value, expected_loss.at(s)) << "step " << s;
+  for (const auto& [s, value] : norm) EXPECT_EQ(value, expected_norm.at(s)) << "step " << s;
+}
+
+// train.time_limit: one process checkpoints and stops with exit code 3 once the wall time passes.
+TEST(DistributedTrain, TimeLimitCheckpointsAndStops) {
+  const std::string out = fresh_dir("time_limit");
+  auto r = run_tessera("train --config tiny_gpt" + settings(2, 100000) + " --set train.time_limit=2 --out " + out);
+  EXPECT_EQ(r.exit_code, kStoppedExitCode) << r.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex("stopped at step ([0-9]+) of 100000 \\(train.time_limit = 2 s "
+                                                        "reached\\)")))
+      << r.output;
+  EXPECT_TRUE(fs::exists(out + "/checkpoints/step_" + std::string(m[1]) + "/meta.json"));
 }
 
 TEST(DistributedTrain, DegreesThatDoNotFitAreRefusedBeforeLaunch) {

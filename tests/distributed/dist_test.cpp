@@ -60,7 +60,7 @@ std::unique_ptr<comm::Mesh> Ranks::connect(ParallelOptions options) const {
 void Ranks::expect_success() const {
   EXPECT_FALSE(timed_out_) << "a rank did not finish before the deadline and was killed";
   for (size_t r = 0; r < results_.size(); ++r) {
-    EXPECT_TRUE(results_[r].exit.ok()) << "rank " << r << " " << results_[r].exit.describe() << "; its output:\n"
+    EXPECT_TRUE(results_[r].exit.code == 0) << "rank " << r << " " << results_[r].exit.describe() << "; its output:\n"
                                        << results_[r].output;
     EXPECT_NE(results_[r].output.find("[ RUN      ] " + filter_), std::string::npos)
         << "rank " << r << " ran no test named " << filter_ << "; its output:\n" << results_[r].output;

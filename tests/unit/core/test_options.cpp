@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/options.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {
@@ -13,8 +14,8 @@ struct DemoOptions {
   std::string name = "x";
   template <class V>
   void visit(V& v) {
-    v("steps", steps, "steps");
-    v("lr", lr, "learning rate");
+    v("steps", steps, "steps", between(1, 100));
+    v("lr", lr, "learning rate", above(0, 1));
     v("flag", flag, "a flag");
     v("name", name, "a name");
   }
@@ -70,6 +71,24 @@ TEST(Options, OverrideParsesTomlValuesAndBareWords) {
   EXPECT_TRUE(o.flag);
   EXPECT_THROW(apply_override(root, "nodot=1"), Error);
   EXPECT_THROW(apply_override(root, "demo.steps"), Error);
+}
+
+// TOML would read a second line as a further key (and a bare word would carry it into a path):
+// a value holding a line break is refused instead of silently dropping the rest.
+TEST(Options, OverrideWithALineBreakIsRefused) {
+  toml::table root;
+  EXPECT_TRUE(test::throws_naming([&] { apply_override(root, "demo.name=a\nb = 3"); }, {"--set demo.name", "line break"}));
+  EXPECT_TRUE(test::throws_naming([&] { apply_override(root, "demo.steps=5\r"); }, {"--set demo.steps", "line break"}));
+  EXPECT_FALSE(root.contains("demo"));
+}
+
+TEST(Options, RangesDescribeTheirEnds) {
+  EXPECT_EQ(between(0, 1024).describe(), "[0, 1024]");
+  EXPECT_EQ(above(0, 10).describe(), "(0, 10]");
+  EXPECT_FALSE(above(0, 10).contains(0));
+  EXPECT_TRUE(above(0, 10).contains(10));
+  EXPECT_FALSE(fraction_below_one().contains(1));
+  EXPECT_TRUE(fraction_below_one().contains(0));
 }
 
 TEST(Options, WriterRoundTrips) {

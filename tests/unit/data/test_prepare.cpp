@@ -49,7 +49,7 @@ TEST(Prepare, ByteTokenizerSplitsTheTailAndRoundTrips) {
   EXPECT_EQ(tokenizer->type(), "byte");
   EXPECT_EQ(tokenizer->decode(all_tokens(train)), text.substr(0, 3600));
   EXPECT_EQ(tokenizer->decode(all_tokens(val)), text.substr(3600));
-  EXPECT_DOUBLE_EQ(report.unigram_entropy_nats, unigram_entropy(train));
+  EXPECT_DOUBLE_EQ(report.unigram_entropy_nats, unigram_entropy(TokenStream({train}, train.path())));
   EXPECT_GT(report.unigram_entropy_nats, 2.0);  // English letters: about 3 nats per byte
   EXPECT_LT(report.unigram_entropy_nats, std::log(256.0));
   std::vector<std::string> written = test::list_dir(options.out_dir);
@@ -96,11 +96,11 @@ TEST(Prepare, BadInputsAreNamed) {
 TEST(UnigramEntropy, MatchesExactValues) {
   std::string dir = test::fresh_dir("entropy");
   write_token_file(dir + "/two.bin", {0, 1, 1, 0, 0, 1});
-  EXPECT_NEAR(unigram_entropy(TokenFile::open(dir + "/two.bin")), std::log(2.0), 1e-12);
+  EXPECT_NEAR(unigram_entropy(TokenStream::open(dir, "two.bin")), std::log(2.0), 1e-12);
   write_token_file(dir + "/three.bin", {7, 7, 3, 9});  // p = 1/2, 1/4, 1/4
-  EXPECT_NEAR(unigram_entropy(TokenFile::open(dir + "/three.bin")), 1.5 * std::log(2.0), 1e-12);
+  EXPECT_NEAR(unigram_entropy(TokenStream::open(dir, "three.bin")), 1.5 * std::log(2.0), 1e-12);
   write_token_file(dir + "/one.bin", {5, 5, 5});
-  EXPECT_EQ(unigram_entropy(TokenFile::open(dir + "/one.bin")), 0.0);
+  EXPECT_EQ(unigram_entropy(TokenStream::open(dir, "one.bin")), 0.0);
 }
 
 }  // namespace

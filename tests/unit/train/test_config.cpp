@@ -1,0 +1,76 @@
+// The config's ranges: every numeric key of every section has one (the visitors have no numeric
+// overload without it), the defaults and presets lie inside, and a value outside is refused by
+// name whether it comes from a file or from code.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "model/model_options.h"
+#include "test_util.h"
+#include "train/config.h"
+
+namespace tessera {
+namespace {
+
+struct NumericKey {
+  std::string section, key;
+  bool integer;
+  Range range;
+};
+
+std::vector<NumericKey> numeric_keys() {
+  std::vector<NumericKey> keys;
+  Config config;
+  config.for_each_section([&](const char* section, auto& options) {
+    struct Collect {
+      const char* section;
+      std::vector<NumericKey>& keys;
+      void operator()(const char* key, int64_t&, const char*, const Range& r) { keys.push_back({section, key, true, r}); }
+      void operator()(const char* key, double&, const char*, const Range& r) { keys.push_back({section, key, false, r}); }
+      void operator()(const char*, bool&, const char*) {}
+      void operator()(const char*, std::string&, const char*) {}
+      void operator()(const char*, std::vector<std::string>&, const char*) {}
+    } collect{section, keys};
+    options.visit(collect);
+  });
+  return keys;
+}
+
+TEST(ConfigRanges, DefaultsAndPresetsLieInside) {
+  EXPECT_GT(numeric_keys().size(), 55u);
+  EXPECT_NO_THROW(Config().check("defaults"));
+  for (const std::string& name : ModelOptions::preset_names())
+    EXPECT_NO_THROW(ModelOptions::from_preset(name).check(name)) << name;
+}
+
+// Both ends of every key: just past a closed end, or on an open one.
+TEST(ConfigRanges, EveryNumericKeyRefusesValuesOutsideItsRange) {
+  for (const NumericKey& k : numeric_keys()) {
+    const Range& r = k.range;
+    const double past_max = r.max_open ? r.max : r.max + std::max(1.0, std::fabs(r.max));
+    const double past_min = r.min_open ? r.min : r.min - std::max(1.0, std::fabs(r.min));
+    for (double value : {past_max, past_min}) {
+      toml::table root;
+      toml::table section;
+      section.insert(k.key, value);
+      root.insert(k.section, section);
+      const std::string name = k.section + "." + k.key;
+      EXPECT_TRUE(test::throws_naming([&] { Config::from_toml(root, "run.toml"); },
+                                      {"run.toml: " + name, "outside its range " + r.describe()}))
+          << name << " = " << value;
+    }
+  }
+}
+
+TEST(ConfigRanges, OptionsBuiltInCodeAreHeldToTheSameRanges) {
+  Config config;
+  config.train.threads = 2000;
+  EXPECT_TRUE(test::throws_naming([&] { config.check("code"); }, {"code: train.threads = 2000", "[0, 1024]"}));
+  config = Config();
+  config.optim.lr = 1e30;
+  EXPECT_TRUE(test::throws_naming([&] { config.check("code"); }, {"optim.lr", "(0, 10]"}));
+}
+
+}  // namespace
+}  // namespace tessera
