@@ -19,6 +19,41 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The rules every model, optimizer and compression tensor read from a checkpoint obeys
+// (checkpoint.h): a wrong dtype, a NaN or a negative second moment would resume into NaN.
+void check_state_tensor(const std::string& file, const std::string& name, const at::Tensor& t) {
+  if (name.rfind("rng.", 0) == 0) return;  // random stream states: bytes
+  const bool counter = name.size() > 5 && name.compare(name.size() - 5, 5, ".step") == 0;
+  if (counter && at::isIntegralType(t.scalar_type(), /*includeBool=*/false)) {
+    require(t.numel() == 0 || t.min().item<int64_t>() >= 0, file, ": step counter '", name, "' is negative");
+    return;
+  }
+  require(at::isFloatingType(t.scalar_type()), file, ": tensor '", name, "' has dtype ", t.scalar_type(),
+          "; a checkpoint's model and optimizer tensors are floating point (step counters may be integers)");
+  require(t.numel() == 0 || at::isfinite(t).all().item<bool>(), file, ": tensor '", name,
+          "' holds NaN or infinite values; a run resumed from it would train on garbage");
+  if (name.find("exp_avg_sq") != std::string::npos)
+    require(t.numel() == 0 || t.min().item<double>() >= 0, file, ": tensor '", name,
+            "' is a second moment with negative entries (", t.min().item<double>(), ")");
+}
+
+// meta.json's fields as the loader needs them, each checked for its type.
+template <class T>
+T meta_field(const nlohmann::json& meta, const char* key, const std::string& path) {
+  const auto it = meta.find(key);
+  bool ok = it != meta.end();
+  if constexpr (std::is_same_v<T, int64_t>) ok = ok && it->is_number_integer();
+  else if constexpr (std::is_same_v<T, std::string>) ok = ok && it->is_string();
+  else ok = ok && it->is_object();
+  require(ok, path, ": '", key, "' is missing or of the wrong type");
+  return it->template get<T>();
+}
+
+std::string meta_checksum(nlohmann::json meta) {
+  meta.erase("meta_checksum");
+  return checksum(meta.dump());
+}
+
 const char* kModelFile = "model.safetensors";
 const char* kOptimizerFile = "optimizer.safetensors";
 const char* kMetaFile = "meta.json";
@@ -77,6 +112,7 @@ class OptimizerAssembly {
   // `slice` holds elements [offset, offset + numel) of the flattened tensor `name` of `shape`.
   void add(const std::string& file, const std::string& name, const at::Tensor& slice, int64_t offset,
            const std::vector<int64_t>& shape) {
+    check_state_tensor(file, name, slice);
     require(offset >= 0 && offset + slice.numel() <= c10::multiply_integers(shape), file, ": slice of '", name,
             "' lies outside its recorded shape ", at::IntArrayRef(shape));
     auto it = parts_.find(name);
@@ -267,6 +303,7 @@ std::string commit_checkpoint(const std::string& checkpoints_dir, int64_t step, 
     files[name] = {{"bytes", fs::file_size(entry.path())}, {"checksum", file_checksum(entry.path().string())}};
   }
   meta["files"] = files;
+  meta["meta_checksum"] = meta_checksum(meta);
   write_file_durable((partial / kMetaFile).string(), meta.dump(2) + "\n");
   fsync_directory(partial.string());
 
@@ -308,7 +345,9 @@ std::string resolve_checkpoint_dir(const std::string& path) {
 at::Tensor read_model_tensor(const LoadedCheckpoint& ckpt, const std::string& name) {
   const auto it = ckpt.model_files.find(name);
   if (it == ckpt.model_files.end()) fail(ckpt.dir, ": the checkpoint's model has no tensor '", name, "'");
-  return read_safetensors_tensor(it->second, name);
+  at::Tensor t = read_safetensors_tensor(it->second, name);
+  check_state_tensor(it->second, name, t);
+  return t;
 }
 
 LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer, const OptimizerRanges& ranges,
@@ -318,25 +357,41 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer, c
   const fs::path dir(out.dir);
   const std::string meta_path = (dir / kMetaFile).string();
   out.meta = read_json_file(meta_path);
-  if (!out.meta.is_object() || !out.meta.contains("format_version") || !out.meta.contains("files") ||
-      !out.meta.contains("step"))
-    fail(meta_path, ": missing format_version, step or files");
-  int version = out.meta["format_version"].get<int>();
+  require(out.meta.is_object(), meta_path, ": not a JSON object");
+  const int64_t version = meta_field<int64_t>(out.meta, "format_version", meta_path);
   if (version != kCheckpointFormatVersion)
     fail(meta_path, ": checkpoint format version ", version, ", this tessera reads version ", kCheckpointFormatVersion);
-  const int64_t shards = out.meta.value("optimizer_shards", int64_t{0});
-  const int64_t model_shards = out.meta.value("model_shards", int64_t{0});
+  if (meta_field<std::string>(out.meta, "meta_checksum", meta_path) != meta_checksum(out.meta))
+    fail(meta_path, ": checksum mismatch (the file was modified or corrupted)");
+  out.step = meta_field<int64_t>(out.meta, "step", meta_path);
+  require(out.step >= 0, meta_path, ": step ", out.step, " is negative");
+  const std::string dir_name = dir.filename().string();
+  if (dir_name.rfind("step_", 0) == 0 && dir_name.size() > 5 &&
+      std::all_of(dir_name.begin() + 5, dir_name.end(), ::isdigit))
+    require(dir_name == step_name(out.step), meta_path, ": step ", out.step, " disagrees with the directory name ",
+            dir_name);
+  const nlohmann::json files = meta_field<nlohmann::json>(out.meta, "files", meta_path);
+  auto count = [&](const char* key) {
+    const int64_t n = out.meta.contains(key) ? meta_field<int64_t>(out.meta, key, meta_path) : 0;
+    require(n >= 0 && n <= (1 << 20), meta_path, ": '", key, "' = ", n, " is out of range");
+    return n;
+  };
+  const int64_t shards = count("optimizer_shards");
+  const int64_t model_shards = count("model_shards");
   std::vector<std::string> required;
   if (model_shards == 0) required.push_back(kModelFile);
   else required.push_back(kModelIndex);
   for (int64_t r = 0; r < model_shards; ++r) required.push_back(model_shard_name(r, model_shards));
   for (int64_t r = 0; r < shards; ++r) required.push_back(shard_name(r, shards));
   if (shards == 0) required.push_back(kOptimizerFile);
-  const int64_t compression_ranks = out.meta.value("compression_ranks", int64_t{0});
+  const int64_t compression_ranks = count("compression_ranks");
   for (int64_t r = 0; r < compression_ranks; ++r) required.push_back(compression_name(r, compression_ranks));
   for (const auto& name : required)
-    if (!out.meta["files"].contains(name)) fail(meta_path, ": does not list ", name);
-  for (const auto& [name, info] : out.meta["files"].items()) {
+    if (!files.contains(name)) fail(meta_path, ": does not list ", name);
+  for (const auto& [name, info] : files.items()) {
+    require(name.find('/') == std::string::npos && name != ".." && info.is_object() && info.contains("bytes") &&
+                info["bytes"].is_number_unsigned() && info.contains("checksum") && info["checksum"].is_string(),
+            meta_path, ": the entry of '", name, "' in 'files' is malformed");
     const fs::path file = dir / name;
     if (!fs::exists(file)) fail(file.string(), ": missing from the checkpoint");
     uintmax_t bytes = fs::file_size(file);
@@ -345,22 +400,23 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer, c
     if (file_checksum(file.string()) != info["checksum"].get<std::string>())
       fail(file.string(), ": checksum mismatch (the file was modified or corrupted)");
   }
-  out.step = out.meta["step"].get<int64_t>();
   out.model_files = model_file_map(dir, model_shards);
   if (with_model) {
-    if (model_shards == 0) {
-      out.model = read_safetensors((dir / kModelFile).string()).tensors;
-    } else {
-      std::set<std::string> files;
-      for (const auto& [name, file] : out.model_files) files.insert(file);
-      for (const std::string& file : files)
-        for (auto& [name, t] : read_safetensors(file).tensors) out.model.emplace(name, std::move(t));
-    }
+    std::set<std::string> model_files;
+    for (const auto& [name, file] : out.model_files) model_files.insert(file);
+    for (const std::string& file : model_files)
+      for (auto& [name, t] : read_safetensors(file).tensors) {
+        check_state_tensor(file, name, t);
+        out.model.emplace(name, std::move(t));
+      }
   }
   if (!with_optimizer) return out;
   out.optimizer = shards > 0 ? assemble_shards(dir, shards, ranges) : read_optimizer_file(dir / kOptimizerFile, ranges);
-  for (int64_t r = 0; r < compression_ranks; ++r)
-    out.compression.push_back(read_safetensors((dir / compression_name(r, compression_ranks)).string()).tensors);
+  for (int64_t r = 0; r < compression_ranks; ++r) {
+    const std::string file = (dir / compression_name(r, compression_ranks)).string();
+    out.compression.push_back(read_safetensors(file).tensors);
+    for (const auto& [name, t] : out.compression.back()) check_state_tensor(file, name, t);
+  }
   return out;
 }
 

@@ -34,8 +34,12 @@
 //   fsync'ed, then renamed into place; an existing step_<N> is only moved aside (and then deleted)
 //   after its replacement is complete. `latest` (a text file naming the newest step directory) is
 //   replaced atomically after the rename.
-// - load_checkpoint() verifies the format version and every file's size and checksum before any
-//   tensor is used, and names the file that fails.
+// - load_checkpoint() verifies the format version, meta.json's own checksum ("meta_checksum", over
+//   its other fields) and every file's size and checksum before any tensor is used, and names the
+//   file that fails. It validates every field it reads: types, a step >= 0 that agrees with a
+//   step_<N> directory name, file entries. Tensors it reads must be floating point (the random
+//   stream states "rng.*" excepted, and "*.step" counters may be non-negative integers) and finite, and second moments (*exp_avg_sq*) non-negative:
+//   a checkpoint that would resume into NaN is refused naming the file and tensor.
 #pragma once
 
 #include <map>
@@ -48,7 +52,7 @@
 
 namespace tessera {
 
-constexpr int kCheckpointFormatVersion = 1;
+constexpr int kCheckpointFormatVersion = 2;  // 2: meta.json carries meta_checksum
 
 struct CheckpointContents {
   NamedTensors model;

@@ -73,23 +73,39 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
   fsync_directory(slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash));
 }
 
-std::string file_checksum(const std::string& path) {
-  require_regular_file(path);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, ": cannot open (", std::strerror(errno), ")");
-  uint64_t hash = 1469598103934665603ull;
-  std::vector<char> buffer(1 << 20);
-  while (in) {
-    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
-    std::streamsize n = in.gcount();
-    for (std::streamsize i = 0; i < n; ++i) {
-      hash ^= static_cast<unsigned char>(buffer[static_cast<size_t>(i)]);
-      hash *= 1099511628211ull;
-    }
+namespace {
+
+constexpr uint64_t kFnvOffset = 1469598103934665603ull;
+
+uint64_t fnv1a(uint64_t hash, const char* data, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    hash ^= static_cast<unsigned char>(data[i]);
+    hash *= 1099511628211ull;
   }
+  return hash;
+}
+
+std::string hex(uint64_t hash) {
   char out[17];
   std::snprintf(out, sizeof(out), "%016llx", static_cast<unsigned long long>(hash));
   return out;
 }
+
+}  // namespace
+
+std::string file_checksum(const std::string& path) {
+  require_regular_file(path);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, ": cannot open (", std::strerror(errno), ")");
+  uint64_t hash = kFnvOffset;
+  std::vector<char> buffer(1 << 20);
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    hash = fnv1a(hash, buffer.data(), static_cast<size_t>(in.gcount()));
+  }
+  return hex(hash);
+}
+
+std::string checksum(const std::string& bytes) { return hex(fnv1a(kFnvOffset, bytes.data(), bytes.size())); }
 
 }  // namespace tessera

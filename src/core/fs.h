@@ -26,5 +26,7 @@ void fsync_directory(const std::string& path);
 // 64-bit FNV-1a over the file's bytes, as 16 hex digits. Detects truncation and edits; not a
 // cryptographic hash.
 std::string file_checksum(const std::string& path);
+// The same over bytes in memory.
+std::string checksum(const std::string& bytes);
 
 }  // namespace tessera

@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <functional>
 #include <regex>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors.h"
 #include "cli_util.h"
 #include "core/fs.h"
 
@@ -190,6 +192,81 @@ TEST_F(BadCheckpoint, ShapeMismatchIsNamedAndTheCheckpointSurvives) {
                {step_dir_ + "/model.safetensors", "shape"});
   EXPECT_EQ(before, slurp(step_dir_ + "/model.safetensors") + slurp(step_dir_ + "/meta.json"));
   EXPECT_NO_THROW(load_checkpoint(run_dir_));
+}
+
+// Rewrites meta.json with `edit` applied and, like a knowing hand would, its checksum recomputed
+// (or, with keep_checksum, the old one kept).
+void edit_meta(const std::string& step_dir, const std::function<void(nlohmann::json&)>& edit, bool keep_checksum = false) {
+  nlohmann::json meta = nlohmann::json::parse(slurp(step_dir + "/meta.json"));
+  edit(meta);
+  if (!keep_checksum) {
+    nlohmann::json without = meta;
+    without.erase("meta_checksum");
+    meta["meta_checksum"] = checksum(without.dump());
+  }
+  write_file_durable(step_dir + "/meta.json", meta.dump(2));
+}
+
+// Replaces a checkpoint file's tensors and records the new file's size and checksum, so that only
+// the values themselves are wrong.
+void rewrite_tensors(const std::string& step_dir, const std::string& file,
+                     const std::function<void(std::map<std::string, at::Tensor>&)>& edit) {
+  const std::string path = step_dir + "/" + file;
+  SafetensorsContents contents = read_safetensors(path);
+  edit(contents.tensors);
+  write_safetensors(path, NamedTensors(contents.tensors.begin(), contents.tensors.end()), contents.metadata);
+  edit_meta(step_dir, [&](nlohmann::json& meta) {
+    meta["files"][file] = {{"bytes", fs::file_size(path)}, {"checksum", file_checksum(path)}};
+  });
+}
+
+// meta.json is covered by its own checksum, and each field is validated even when the checksum was
+// recomputed: a wrong step re-passed earlier steps or trained "forever" into step_-99999...
+TEST_F(BadCheckpoint, TamperedMetaJsonIsRefused) {
+  const std::string resume = "train --resume " + step_dir_ + " --set train.steps=4 --out " + run_dir_ + "_r";
+  const std::string meta = step_dir_ + "/meta.json", original = slurp(meta);
+  edit_meta(step_dir_, [](nlohmann::json& m) { m["step"] = 1; }, /*keep_checksum=*/true);
+  expect_error(resume, {meta, "checksum mismatch"});
+  for (const nlohmann::json& step : {nlohmann::json(1), nlohmann::json(-1), nlohmann::json(-1e12), nlohmann::json(1e30)}) {
+    write_file_durable(meta, original);
+    edit_meta(step_dir_, [&](nlohmann::json& m) { m["step"] = step; });
+    expect_error(resume, {meta, "step"});
+  }
+  write_file_durable(meta, original);
+  edit_meta(step_dir_, [](nlohmann::json& m) { m["data"]["position"] = 7; });
+  expect_error(resume, {meta, "data.position = 7 disagrees with step 2"});
+  write_file_durable(meta, original);
+  edit_meta(step_dir_, [](nlohmann::json& m) { m["files"]["model.safetensors"]["bytes"] = "many"; });
+  expect_error(resume, {meta, "'model.safetensors'", "malformed"});
+  write_file_durable(meta, original);
+  EXPECT_EQ(run_tessera(resume).exit_code, 0);
+}
+
+// Tensors of the right size and checksum but wrong values: an integer dtype, NaN weights, a
+// negative second moment. Each resumed into NaN; each is refused naming the file and tensor.
+TEST_F(BadCheckpoint, WrongDtypeNaNAndNegativeMomentsAreRefused) {
+  const std::string resume = "train --resume " + step_dir_ + " --set train.steps=4 --out " + run_dir_ + "_r";
+  const std::string model = step_dir_ + "/model.safetensors", optimizer = step_dir_ + "/optimizer.safetensors";
+  const std::string model_bytes = slurp(model), optimizer_bytes = slurp(optimizer), meta = slurp(step_dir_ + "/meta.json");
+  auto restore = [&] {
+    write_file_durable(model, model_bytes);
+    write_file_durable(optimizer, optimizer_bytes);
+    write_file_durable(step_dir_ + "/meta.json", meta);
+  };
+  rewrite_tensors(step_dir_, "model.safetensors", [](auto& t) { t["transformer.wte.weight"] = t["transformer.wte.weight"].to(torch::kInt); });
+  expect_error(resume, {model, "transformer.wte.weight", "dtype Int"});
+  restore();
+  rewrite_tensors(step_dir_, "model.safetensors", [](auto& t) { t["transformer.ln_f.weight"][0] = NAN; });
+  expect_error(resume, {model, "transformer.ln_f.weight", "NaN"});
+  expect_error("generate --checkpoint " + step_dir_, {model, "NaN"});
+  restore();
+  rewrite_tensors(step_dir_, "optimizer.safetensors", [](auto& t) {
+    for (auto& [name, tensor] : t)
+      if (name.find("exp_avg_sq") != std::string::npos) tensor.fill_(-1);
+  });
+  expect_error(resume, {optimizer, "exp_avg_sq", "negative"});
+  restore();
+  EXPECT_EQ(run_tessera(resume).exit_code, 0);
 }
 
 TEST_F(BadCheckpoint, MissingPath) {
