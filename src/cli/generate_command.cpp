@@ -43,6 +43,7 @@ Command add_generate_command(CLI::App& app) {
     require(tokenizer->vocab_size() <= config.model.vocab_size, own ? ckpt.dir : args->tokenizer,
             "/tokenizer.json: vocabulary of ", tokenizer->vocab_size(), " tokens does not fit the model's ",
             config.model.vocab_size);
+    args->sampling.vocab = tokenizer->vocab_size();
     std::cout << args->prompt << std::flush;
     generate_tokens(*model, tokenizer->encode(args->prompt), args->sampling,
                     [&](int64_t token) { std::cout << tokenizer->decode({token}) << std::flush; });

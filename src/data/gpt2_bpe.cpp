@@ -6,6 +6,7 @@
 #include <array>
 #include <iterator>
 #include <limits>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -150,11 +151,17 @@ Gpt2Bpe::Gpt2Bpe(const std::string& encoder_json, const std::string& vocab_bpe, 
   }
   require(json.is_object() && !json.empty(), encoder_json, ": must be a non-empty object of token -> id");
   int64_t largest = -1;
+  std::map<int64_t, std::string> owner;  // id -> the symbol that holds it
   for (const auto& [symbol, id] : json.items()) {
     require(id.is_number_integer() && id.get<int64_t>() >= 0, encoder_json, ": id of '", symbol,
             "' must be a non-negative integer");
-    largest = std::max(largest, id.get<int64_t>());
-    encoder_.emplace(symbol_to_bytes(symbol, encoder_json), id.get<int64_t>());
+    const int64_t value = id.get<int64_t>();
+    const auto [held, fresh] = owner.emplace(value, symbol);
+    require(fresh, encoder_json, ": tokens '", held->second, "' and '", symbol, "' share id ", value,
+            " (a token id must decode to one text)");
+    largest = std::max(largest, value);
+    require(encoder_.emplace(symbol_to_bytes(symbol, encoder_json), value).second, encoder_json, ": token '", symbol,
+            "' (id ", value, ") stands for the same bytes as another token");
   }
   vocab_size_ = vocab_size > 0 ? vocab_size : largest + 1;
   require(largest < vocab_size_, encoder_json, ": id ", largest, " is not below vocab_size ", vocab_size_);

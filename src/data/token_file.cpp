@@ -3,12 +3,16 @@
 #include "data/token_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <mutex>
 
 #include <ATen/ops/empty.h>
 
@@ -16,8 +20,84 @@
 #include "core/fs.h"
 
 namespace tessera {
+namespace {
+
+// The live mappings, for the SIGBUS handler: a slot is claimed by setting `bytes` last and freed by
+// clearing it first, so the handler never sees a half-written slot as live.
+struct MappingSlot {
+  std::atomic<uintptr_t> base{0};
+  std::atomic<size_t> bytes{0};
+  char path[512] = {};
+};
+constexpr size_t kMappingSlots = 4096;
+MappingSlot g_mappings[kMappingSlots];
+std::atomic<size_t> g_claimed{0};  // slots [0, g_claimed) have been used at least once
+std::mutex g_slots_mutex;
+
+void write_all(const char* text) {
+  size_t n = std::strlen(text);
+  while (n > 0) {
+    const ssize_t w = ::write(STDERR_FILENO, text, n);
+    if (w <= 0) return;
+    text += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void on_sigbus(int sig, siginfo_t* info, void*) {
+  const auto address = reinterpret_cast<uintptr_t>(info->si_addr);
+  const size_t used = g_claimed.load();
+  for (size_t i = 0; i < used; ++i) {
+    const size_t bytes = g_mappings[i].bytes.load();
+    const uintptr_t base = g_mappings[i].base.load();
+    if (bytes == 0 || address < base || address >= base + bytes) continue;
+    write_all("error: ");
+    write_all(g_mappings[i].path);
+    write_all(": the memory-mapped token file shrank or became unreadable while the run read it (SIGBUS): "
+              "was it truncated or rewritten in place? Token files must not change during a run; the run "
+              "stops here, its last checkpoint is intact\n");
+    ::_exit(2);
+  }
+  ::signal(sig, SIG_DFL);  // not a token file: the default action
+  ::raise(sig);
+}
+
+void install_sigbus_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction action {};
+    action.sa_sigaction = on_sigbus;
+    action.sa_flags = SA_SIGINFO;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGBUS, &action, nullptr);
+  });
+}
+
+// Returns the slot index, or -1 when every slot is in use (the file is then read unguarded).
+int register_mapping(const void* base, size_t bytes, const std::string& path) {
+  std::lock_guard<std::mutex> lock(g_slots_mutex);
+  for (size_t i = 0; i < kMappingSlots; ++i) {
+    MappingSlot& slot = g_mappings[i];
+    if (slot.bytes.load() != 0) continue;
+    std::snprintf(slot.path, sizeof(slot.path), "%s", path.c_str());
+    slot.base = reinterpret_cast<uintptr_t>(base);
+    slot.bytes = bytes;
+    if (i + 1 > g_claimed.load()) g_claimed = i + 1;
+    return static_cast<int>(i);
+  }
+  return -1;
+}
+
+void unregister_mapping(int slot) {
+  if (slot < 0) return;
+  std::lock_guard<std::mutex> lock(g_slots_mutex);
+  g_mappings[slot].bytes = 0;
+}
+
+}  // namespace
 
 TokenFile::Mapping::~Mapping() {
+  unregister_mapping(slot);
   if (base) ::munmap(base, bytes);
 }
 
@@ -45,6 +125,8 @@ TokenFile TokenFile::open(const std::string& path) {
     map->base = nullptr;
     fail(path, ": cannot mmap token file (", std::strerror(e), ")");
   }
+  install_sigbus_handler();
+  map->slot = register_mapping(map->base, map->bytes, path);
 
   const auto* header = static_cast<const int32_t*>(map->base);
   const size_t header_bytes = kLlmcHeaderInts * sizeof(int32_t);

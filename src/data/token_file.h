@@ -6,6 +6,13 @@
 //
 // Invariants: an open TokenFile holds at least one token and its size agrees with its header; every
 // error names the file. Copies share one mapping, which is unmapped when the last copy goes.
+//
+// A mapped file that shrinks while it is read (truncated or rewritten in place by another
+// program) makes the next read of a page past its new end raise SIGBUS. The first open installs a
+// SIGBUS handler that finds the mapping holding the faulting address (a registry of up to 4096
+// live mappings, read lock-free in the handler), writes "error: PATH: the memory-mapped token file
+// shrank ..." to stderr and exits with code 2, like any other data error; a SIGBUS elsewhere keeps
+// its default action.
 // `tessera prepare` writes the llm.c format (write_token_file).
 #pragma once
 
@@ -44,6 +51,7 @@ class TokenFile {
     const uint16_t* tokens = nullptr;
     int64_t count = 0;
     mutable std::atomic<int64_t> vocab_bound{-1};
+    int slot = -1;  // in the SIGBUS handler's registry (token_file.cpp)
     ~Mapping();
   };
   explicit TokenFile(std::shared_ptr<const Mapping> map) : map_(std::move(map)) {}

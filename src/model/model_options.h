@@ -8,6 +8,13 @@
 // with a Switch (top-1) or GShard (top-2) mixture of experts.
 //
 // Presets set shapes only; the loader applies model.preset first and explicit keys refine it.
+//
+// Vocabulary padding: the token embedding (and the tied head) has padded_vocab() rows, vocab_size
+// rounded up to a multiple of vocab_multiple (Megatron's make-vocab-size-divisible-by, but
+// independent of tp, so the model is the same at every layout: 50257 -> 50304 at 128). Token ids
+// stay below vocab_size; the padded rows are trained as Megatron trains them (their logits are
+// pushed down by the softmax), kept in tessera's own checkpoints so a resume is exact, cut off by
+// `tessera export` and never sampled by `tessera generate`.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +28,7 @@ struct ModelOptions {
   std::string preset;          // "" = none
   std::string arch = "gpt";    // gpt | linear
   int64_t vocab_size = 256;
+  int64_t vocab_multiple = 128;
   int64_t n_layer = 4;
   int64_t n_head = 4;
   int64_t n_embd = 128;
@@ -42,6 +50,9 @@ struct ModelOptions {
     v("preset", preset, "named model shape applied before the other keys (\"\" = none)");
     v("arch", arch, "gpt (softmax attention) or linear (lightning attention, TransNormerLLM)");
     v("vocab_size", vocab_size, "token vocabulary size", between(1, 1 << 24));
+    v("vocab_multiple", vocab_multiple,
+      "the embedding holds vocab_size rounded up to a multiple of this (1 = no padding; any tp then works)",
+      between(1, 1 << 16));
     v("n_layer", n_layer, "transformer blocks", between(1, 1024));
     v("n_head", n_head, "attention heads per block", between(1, 1024));
     v("n_embd", n_embd, "model width (a multiple of n_head)", between(1, 1 << 17));
@@ -63,6 +74,7 @@ struct ModelOptions {
   void check(const std::string& source) const;
 
   int64_t head_dim() const { return n_embd / n_head; }
+  int64_t padded_vocab() const { return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
   int64_t hidden() const { return mlp_ratio * n_embd; }
   // Whether block `layer` (0-based) uses the MoE feed-forward.
   bool is_moe_block(int64_t layer) const { return ffn == "moe" && (layer + 1) % moe_every == 0; }

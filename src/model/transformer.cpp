@@ -35,7 +35,7 @@ TransformerLMImpl::TransformerLMImpl(const ModelOptions& opts, const ModelStage&
           stage.first_layer, ", ", end, ") for model.n_layer = ", opts.n_layer);
   const at::TensorOptions options = where.dtype(at::kFloat);
   if (has_embedding() || has_head()) {
-    wte = register_module("wte", Embedding(opts.vocab_size, C, options));
+    wte = register_module("wte", Embedding(opts.padded_vocab(), C, options));
     specs_.emplace("wte.weight", ParameterSpec{Split::vocab, 1, normal_init(0.02)});
   }
   if (has_embedding() && opts.arch == "gpt") {

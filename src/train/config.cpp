@@ -1,6 +1,7 @@
 #include "train/config.h"
 
 #include <charconv>
+#include <cstdlib>
 #include <filesystem>
 #include <sstream>
 
@@ -11,19 +12,38 @@
 #include "core/fs.h"
 #include "core/options.h"
 
-#ifndef TESSERA_CONFIG_DIR
-#error "TESSERA_CONFIG_DIR must name the configs/ directory"
-#endif
-
 namespace tessera {
 namespace fs = std::filesystem;
 
 namespace {
 
+// Where presets may live, in the order searched: $TESSERA_CONFIG_DIR, then relative to this
+// binary: <bin>/configs, <bin>/../configs (a build directory inside the source tree) and
+// <bin>/../share/tessera/configs (an install prefix). No compile-time path: a binary moved or
+// installed elsewhere finds the presets that travel with it.
+std::vector<fs::path> preset_search_path() {
+  std::vector<fs::path> dirs;
+  if (const char* env = std::getenv("TESSERA_CONFIG_DIR"); env && *env) dirs.emplace_back(env);
+  std::error_code error;
+  const fs::path bin = fs::read_symlink("/proc/self/exe", error).parent_path();
+  if (!error)
+    for (const fs::path& dir : {bin / "configs", bin.parent_path() / "configs", bin.parent_path() / "share/tessera/configs"})
+      dirs.push_back(dir);
+  return dirs;
+}
+
+// The first directory of the search path that exists (empty when none does).
+fs::path preset_dir() {
+  for (const fs::path& dir : preset_search_path())
+    if (fs::is_directory(dir)) return dir;
+  return {};
+}
+
 std::vector<std::string> known_presets() {
   std::vector<std::string> names;
-  if (fs::is_directory(TESSERA_CONFIG_DIR))
-    for (const auto& entry : fs::directory_iterator(TESSERA_CONFIG_DIR))
+  const fs::path dir = preset_dir();
+  if (!dir.empty())
+    for (const auto& entry : fs::directory_iterator(dir))
       if (entry.path().extension() == ".toml") names.push_back(entry.path().stem().string());
   std::sort(names.begin(), names.end());
   return names;
@@ -41,12 +61,20 @@ std::string resolve_config_path(const std::string& config) {
   // stand beside a preset's name: it falls through to the presets).
   if (fs::exists(config) && !fs::is_directory(config)) require_regular_file(config);
   if (fs::is_regular_file(config)) return config;
-  fs::path preset = fs::path(TESSERA_CONFIG_DIR) / (config + ".toml");
-  if (config.find('/') == std::string::npos && config.find(".toml") == std::string::npos && fs::is_regular_file(preset))
+  const fs::path dir = preset_dir();
+  const fs::path preset = dir / (config + ".toml");
+  if (!dir.empty() && config.find('/') == std::string::npos && config.find(".toml") == std::string::npos &&
+      fs::is_regular_file(preset))
     return preset.string();
+  if (dir.empty()) {
+    std::string searched;
+    for (const fs::path& d : preset_search_path()) searched += (searched.empty() ? "" : ", ") + d.string();
+    fail(config, ": no such config file, and no preset directory was found (searched ", searched,
+         "; set TESSERA_CONFIG_DIR to the configs/ directory)");
+  }
   std::string list;
   for (const auto& name : known_presets()) list += (list.empty() ? "" : ", ") + name;
-  fail(config, ": no such config file or preset (presets: ", list, ")");
+  fail(config, ": no such config file or preset in ", dir.string(), " (presets: ", list, ")");
 }
 
 Config Config::from_toml(const toml::table& root, const std::string& source, const std::string& origin) {

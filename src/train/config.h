@@ -78,7 +78,9 @@ struct Config {
 // Every key with its default and help, grouped by section (for --help).
 std::string config_reference();
 
-// configs/<name>.toml for a preset name; the name itself when it is a path to a file.
+// The name itself when it is a path to a file; else <name>.toml in the preset directory: the first
+// of $TESSERA_CONFIG_DIR, <bin>/configs, <bin>/../configs, <bin>/../share/tessera/configs that
+// exists (relative to the running binary, never a compile-time path).
 std::string resolve_config_path(const std::string& config);
 
 }  // namespace tessera

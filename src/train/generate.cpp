@@ -18,10 +18,13 @@ std::vector<int64_t> generate_tokens(TransformerLMImpl& model, const std::vector
   at::Generator generator = at::detail::createCPUGenerator(options.seed);
   std::vector<int64_t> context = prompt, produced;
   const int64_t block = model.options().block_size;
+  const int64_t vocab = options.vocab > 0 ? std::min(options.vocab, model.options().vocab_size) : model.options().vocab_size;
   for (int64_t i = 0; i < options.max_tokens; ++i) {
     int64_t begin = std::max<int64_t>(0, static_cast<int64_t>(context.size()) - block);
     at::Tensor idx = at::tensor(std::vector<int64_t>(context.begin() + begin, context.end())).unsqueeze(0).to(device);
-    at::Tensor logits = model.forward(idx, {}).logits.select(1, -1).squeeze(0).to(at::kCPU, at::kFloat);
+    // The padded rows of the vocabulary (model_options.h), and ids the tokenizer cannot decode,
+    // are never sampled.
+    at::Tensor logits = model.forward(idx, {}).logits.select(1, -1).squeeze(0).narrow(0, 0, vocab).to(at::kCPU, at::kFloat);
     int64_t next;
     if (options.temperature == 0) {
       next = logits.argmax().item<int64_t>();

@@ -15,6 +15,7 @@ struct SamplingOptions {
   double temperature = 0.8;  // 0 = greedy
   int64_t top_k = 0;         // 0 = whole vocabulary
   uint64_t seed = 0;
+  int64_t vocab = 0;         // sample only ids below this (the tokenizer's vocabulary); 0 = model.vocab_size
 };
 
 // Returns the new tokens; calls on_token for each as soon as it is drawn.

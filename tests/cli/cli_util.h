@@ -22,15 +22,20 @@ struct CommandResult {
   std::string output;  // stdout and stderr together
 };
 
-// `env` is prepended to the command line (e.g. "RANK=1 WORLD_SIZE=2").
-inline CommandResult run_tessera_env(const std::string& env, const std::string& args) {
-  std::string command = env + " " + std::string(TESSERA_BINARY) + " " + args + " 2>&1";
+// A shell command line, its stderr joined to its stdout.
+inline CommandResult run_command(const std::string& command_line) {
+  const std::string command = command_line + " 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
   std::string output;
   char buffer[4096];
   while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
   int status = pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+// `env` is prepended to the command line (e.g. "RANK=1 WORLD_SIZE=2").
+inline CommandResult run_tessera_env(const std::string& env, const std::string& args) {
+  return run_command(env + " " + std::string(TESSERA_BINARY) + " " + args);
 }
 
 inline CommandResult run_tessera(const std::string& args) { return run_tessera_env("", args); }

@@ -2,14 +2,19 @@
 // code 2, and no existing checkpoint changed or lost.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <functional>
 #include <regex>
+#include <sstream>
+#include <thread>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "cli_util.h"
 #include "core/fs.h"
+#include "core/subprocess.h"
 
 namespace tessera::test {
 namespace {
@@ -156,6 +161,35 @@ TEST(BadData, TruncatedTokenFile) {
   std::string full = slurp(prepared_corpus() + "/train.bin");
   std::string dir = data_with_train_bin("truncated", full.substr(0, full.size() / 2));
   expect_error("train --config tiny_gpt" + tiny_settings(dir), {dir + "/train.bin"});
+}
+
+// train.bin truncated while a run reads it (memory-mapped): the next read past the new end raises
+// SIGBUS, which ends the run with a message naming the file and exit code 2 instead of a bare
+// "Bus error" (exit 135). The checkpoint written before stays.
+TEST(BadData, TokenFileTruncatedDuringTheRunStopsItNamingTheFile) {
+  const std::string dir = data_with_train_bin("shrinks", slurp(prepared_corpus() + "/train.bin"));
+  const std::string out = fresh_dir("shrinks_run");
+  ChildSpec spec;
+  spec.argv = {TESSERA_BINARY, "train", "--config", "tiny_gpt"};
+  std::istringstream words(tiny_settings(dir) + " --set train.steps=100000 --set checkpoint.every=2 --out " + out);
+  for (std::string w; words >> w;) spec.argv.push_back(w);
+  spec.output_file = out + ".log";
+  const pid_t run = spawn(spec);
+  bool training = false;
+  for (int i = 0; i < 600 && !training; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    training = fs::exists(out + "/checkpoints/step_2/meta.json");
+  }
+  ASSERT_TRUE(training) << slurp(spec.output_file);
+  ASSERT_EQ(::truncate((dir + "/train.bin").c_str(), 4096), 0);
+  SuperviseOptions options;
+  options.deadline_s = 60;
+  const SuperviseResult result = supervise({run}, options);
+  const std::string output = slurp(spec.output_file);
+  EXPECT_EQ(result.exits[0].code, 2) << result.exits[0].describe() << "\n" << output;
+  EXPECT_NE(output.find("error: " + dir + "/train.bin: the memory-mapped token file shrank"), std::string::npos)
+      << output;
+  EXPECT_NO_THROW(load_checkpoint(out));  // the latest checkpoint before the fault
 }
 
 class BadCheckpoint : public ::testing::Test {

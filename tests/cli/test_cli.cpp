@@ -7,6 +7,7 @@
 #include <regex>
 #include <sstream>
 
+#include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "cli_util.h"
 #include "core/fs.h"
@@ -159,6 +160,47 @@ TEST(LlmcData, ShardsWithoutATokenizerTrainAndGenerateAsksForOne) {
                        " --prompt 'And'");
   EXPECT_EQ(g.exit_code, 0) << g.output;
   EXPECT_EQ(g.output.rfind("And", 0), 0u) << g.output;
+}
+
+// Presets travel with the binary, not with the source tree it was built in: an installed layout
+// (<prefix>/bin/tessera, <prefix>/share/tessera/configs) finds them; a binary with none beside it
+// names the places it searched and TESSERA_CONFIG_DIR, which points anywhere.
+TEST(Presets, AreFoundRelativeToTheBinaryOrThroughTesseraConfigDir) {
+  namespace fs = std::filesystem;
+  const std::string prefix = fresh_dir("install_prefix");
+  fs::create_directories(prefix + "/bin");
+  fs::copy_file(TESSERA_BINARY, prefix + "/bin/tessera");
+  const std::string binary = prefix + "/bin/tessera";
+  auto bare = run_command(binary + " inspect --config tiny_gpt");
+  EXPECT_EQ(bare.exit_code, 2) << bare.output;
+  EXPECT_NE(bare.output.find("no preset directory was found (searched " + prefix + "/bin/configs"), std::string::npos)
+      << bare.output;
+  EXPECT_NE(bare.output.find("TESSERA_CONFIG_DIR"), std::string::npos) << bare.output;
+  auto through_env = run_command("TESSERA_CONFIG_DIR=" + source_path("configs") + " " + binary + " inspect --config tiny_gpt");
+  EXPECT_EQ(through_env.exit_code, 0) << through_env.output;
+  fs::create_directories(prefix + "/share/tessera");
+  fs::copy(source_path("configs"), prefix + "/share/tessera/configs");
+  auto installed = run_command(binary + " inspect --config tiny_gpt");
+  EXPECT_EQ(installed.exit_code, 0) << installed.output;
+  EXPECT_NE(installed.output.find("parameters: "), std::string::npos) << installed.output;
+}
+
+// model.vocab_multiple pads the embedding (here 256 byte tokens to 384 rows, which also split over
+// tp = 3 where 256 would not); the padded rows are trained and kept in tessera's checkpoints, but
+// `export` cuts them off and `generate` never samples them (at temperature 5 a third of the draws
+// would otherwise land on ids the byte tokenizer cannot decode).
+TEST(Vocabulary, PaddedRowsNeverLeaveTheModel) {
+  const std::string out = fresh_dir("vocab_padding");
+  auto r = run_tessera("train --config tiny_gpt --nproc 3" + tiny_settings(prepared_corpus()) +
+                       " --set model.vocab_multiple=384 --set parallel.tp=3 --set model.n_head=3 --set model.n_embd=48"
+                       " --set model.dropout=0 --set train.steps=2 --set eval.every=0 --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(load_checkpoint(out).model.at("transformer.wte.weight").size(0), 384);
+  const std::string exported = out + "/exported.safetensors";
+  ASSERT_EQ(run_tessera("export --checkpoint " + out + " --out " + exported).exit_code, 0);
+  EXPECT_EQ(read_safetensors(exported).tensors.at("transformer.wte.weight").size(0), 256);
+  auto g = run_tessera("generate --checkpoint " + out + " --max-tokens 300 --temperature 5 --seed 3");
+  EXPECT_EQ(g.exit_code, 0) << g.output;
 }
 
 // `--temperature 0` is greedy decoding: each token the argmax of a forward pass of the checkpoint's

@@ -23,10 +23,13 @@ double bytes_of(const std::string& output, const std::string& label) {
 }
 
 TEST(Inspect, CountsGpt2AndGpt3FromTheirModules) {
-  // GPT-2 small as released (Hugging Face gpt2): 124,439,808 parameters.
+  // GPT-2 small as released (Hugging Face gpt2): 124,439,808 parameters; with the vocabulary padded
+  // from 50257 to 50304 rows (model.vocab_multiple = 128) 124,475,904, and without padding HF's.
   auto gpt2 = run_tessera("inspect --config gpt2_124m");
   ASSERT_EQ(gpt2.exit_code, 0) << gpt2.output;
-  EXPECT_NE(gpt2.output.find("(124439808)"), std::string::npos) << gpt2.output;
+  EXPECT_NE(gpt2.output.find("(124475904)"), std::string::npos) << gpt2.output;
+  auto unpadded = run_tessera("inspect --config gpt2_124m --set model.vocab_multiple=1");
+  EXPECT_NE(unpadded.output.find("(124439808)"), std::string::npos) << unpadded.output;
   // GPT-3 175B (Brown et al.): within 0.5% of 175B, without allocating it.
   auto gpt3 = run_tessera("inspect --config gpt3_175b --world 1024");
   ASSERT_EQ(gpt3.exit_code, 0) << gpt3.output;
@@ -39,7 +42,7 @@ TEST(Inspect, CountsGpt2AndGpt3FromTheirModules) {
 // ZeRO's bytes per parameter (Rajbhandari et al.): fp32 AdamW holds 4 + 4 + 8 bytes per
 // parameter; stage 1 divides the 8 by N, stage 2 also the gradient's 4, stage 3 everything.
 TEST(Inspect, ZeroStagesDivideWhatTheyShard) {
-  const double P = 124439808;
+  const double P = 124475904;  // vocabulary padded to 50304
   const double N = 4;
   const double expected[4][3] = {{4 * P, 4 * P, 8 * P},
                                  {4 * P, 4 * P, 8 * P / N},
@@ -54,7 +57,8 @@ TEST(Inspect, ZeroStagesDivideWhatTheyShard) {
           << "stage " << stage << " " << labels[i] << "\n" << r.output;
   }
   // Under tp = 2 a rank holds half of every split matrix and all of the norms and wpe.
-  auto tp = run_tessera("inspect --config gpt2_124m --world 2 --set parallel.tp=2 --set model.vocab_size=50304");
+  // (The padded vocabulary of 50304 rows splits at tp = 2 without further keys.)
+  auto tp = run_tessera("inspect --config gpt2_124m --world 2 --set parallel.tp=2");
   ASSERT_EQ(tp.exit_code, 0) << tp.output;
   EXPECT_NE(tp.output.find("dp=1 tp=2"), std::string::npos) << tp.output;
   // Replicated: wpe 1024 x 768, 25 LayerNorms' 2 x 768, 24 row-parallel biases of 768; the rest of
@@ -63,9 +67,12 @@ TEST(Inspect, ZeroStagesDivideWhatTheyShard) {
   const double held = (124475904 - replicated) / 2 + replicated;
   EXPECT_NEAR(bytes_of(tp.output, "parameters"), 4 * held, 0.001 * 4 * held) << tp.output;
   // Refused layouts are refused as `tessera train` would refuse them.
-  auto refused = run_tessera("inspect --config gpt2_124m --world 2 --set parallel.tp=2");
+  auto refused = run_tessera("inspect --config gpt2_124m --world 2 --set parallel.tp=2 --set model.vocab_multiple=1");
   EXPECT_EQ(refused.exit_code, 2);
-  EXPECT_NE(refused.output.find("model.vocab_size = 50257"), std::string::npos) << refused.output;
+  EXPECT_NE(refused.output.find("model.vocab_size = 50257 padded to a multiple of model.vocab_multiple = 1 is 50257, "
+                                "not a multiple of parallel.tp = 2"),
+            std::string::npos)
+      << refused.output;
 }
 
 }  // namespace

@@ -53,6 +53,7 @@ ModelOptions tiny_gpt() {
   o.n_head = 2;
   o.n_embd = 32;
   o.vocab_size = 64;
+  o.vocab_multiple = 1;  // DataParallel's mechanics on an unpadded model (padding: test_cli Vocabulary.*)
   o.block_size = 16;
   o.bias = false;
   return o;

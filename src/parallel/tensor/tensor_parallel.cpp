@@ -59,8 +59,9 @@ void check_tensor_parallel(const ModelOptions& m, const ParallelOptions& p, cons
           ": only dense MLPs are split (MoE layers are not tensor-parallel)");
   require(m.n_head % N == 0, "model.n_head = ", m.n_head, " is not a multiple of parallel.tp = ", N,
           " (each tensor-parallel rank computes n_head / tp whole heads)");
-  require(m.vocab_size % N == 0, "model.vocab_size = ", m.vocab_size, " is not a multiple of parallel.tp = ", N,
-          " (each tensor-parallel rank holds vocab_size / tp rows of the token embedding)");
+  require(m.padded_vocab() % N == 0, "model.vocab_size = ", m.vocab_size, " padded to a multiple of model.vocab_multiple = ",
+          m.vocab_multiple, " is ", m.padded_vocab(), ", not a multiple of parallel.tp = ", N,
+          " (each tensor-parallel rank holds 1/tp of the embedding's rows; raise model.vocab_multiple)");
   require(!p.megatron_sp || seq_len % N == 0, "train.seq_len = ", seq_len,
           " is not a multiple of parallel.tp = ", N, " (parallel.megatron_sp gives each rank seq_len / tp tokens)");
   require(optimizer != "adafactor", "parallel.tp = ", N, " with optim.name = adafactor: Adafactor factors "
@@ -111,7 +112,7 @@ void parallelize_tensor(TransformerLM& model, comm::Group& tp, bool megatron_sp)
   const int64_t N = tp.size(), r = tp.rank();
   if (N == 1) return;
   const ModelOptions& o = model->options();
-  require(model->wte->weight.size(0) == o.vocab_size,
+  require(model->wte->weight.size(0) == o.padded_vocab(),
           "internal: parallelize_tensor on a model that is already tensor-parallel");
   {
     torch::NoGradGuard no_grad;

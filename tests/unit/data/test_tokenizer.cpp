@@ -136,6 +136,10 @@ TEST(Gpt2Bpe, BadVocabularyFilesAreNamed) {
   EXPECT_TRUE(test::throws_naming([&] { Gpt2Bpe(dir + "/encoder.json", dir + "/vocab.bpe"); },
                                   {dir + "/encoder.json", "no token for byte"}));
   EXPECT_TRUE(test::throws_naming([&] { tiny_bpe(dir, "a b\nabc\n"); }, {dir + "/vocab.bpe:3", "abc"}));
+  // Two tokens sharing an id: prepare accepted this, and decoding could not tell them apart.
+  write_file_durable(dir + "/encoder.json", R"({"a": 0, "b": 0})");
+  EXPECT_TRUE(test::throws_naming([&] { Gpt2Bpe(dir + "/encoder.json", dir + "/vocab.bpe"); },
+                                  {dir + "/encoder.json", "tokens 'a' and 'b' share id 0"}));
   EXPECT_TRUE(test::throws_naming([&] { tiny_bpe(dir, "a \xE2\x82\xAC\n"); }, {dir + "/vocab.bpe:2", "alphabet"}));
 }
 

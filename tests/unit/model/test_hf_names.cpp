@@ -16,6 +16,7 @@ ModelOptions tiny(const std::string& arch, const std::string& ffn) {
   o.arch = arch;
   o.ffn = ffn;
   o.vocab_size = 40;
+  o.vocab_multiple = 1;
   o.n_layer = 2;
   o.n_head = 2;
   o.n_embd = 8;

@@ -23,6 +23,7 @@ ModelOptions options_from(const std::map<std::string, std::string>& meta) {
   o.ffn = meta.at("ffn");
   o.bias = meta.at("bias") == "True";
   o.vocab_size = i("vocab_size");
+  o.vocab_multiple = 1;  // the PyTorch reference has exactly vocab_size rows
   o.n_layer = i("n_layer");
   o.n_head = i("n_head");
   o.n_embd = i("n_embd");

@@ -39,8 +39,14 @@ TEST(ModelOptions, ParameterCountEqualsModuleForTinyPresetsAndVariants) {
   }
 }
 
+// Without padding, Hugging Face's gpt2 count; with model.vocab_multiple = 128 (the default) the
+// embedding holds 50304 rows: 47 x 768 more.
 TEST(ModelOptions, Gpt2SmallHasPublishedParameterCount) {
-  EXPECT_EQ(parameter_count(ModelOptions::from_preset("gpt2_124m")), 124439808);
+  ModelOptions o = ModelOptions::from_preset("gpt2_124m");
+  EXPECT_EQ(o.padded_vocab(), 50304);
+  EXPECT_EQ(parameter_count(o), 124439808 + 47 * 768);
+  o.vocab_multiple = 1;
+  EXPECT_EQ(parameter_count(o), 124439808);
 }
 
 TEST(ModelOptions, PresetShapes) {
@@ -55,6 +61,7 @@ TEST(ModelOptions, PresetShapes) {
   EXPECT_EQ(big.n_embd, 12288);
   EXPECT_EQ(big.block_size, 2048);
   // 174.6B with the 50257-token tied embedding and 2048 positions (the paper rounds to 175B).
+  big.vocab_multiple = 1;
   EXPECT_EQ(parameter_count(big), 174604259328);
   EXPECT_EQ(ModelOptions::from_preset("tiny_moe").moe_top_k, 2);
   EXPECT_EQ(ModelOptions::from_preset("tiny_linear").arch, "linear");
@@ -95,7 +102,7 @@ TEST(ModelOptions, ChecksNameTheKey) {
 
 TEST(ModelOptions, FlopsPerToken) {
   auto o = ModelOptions::from_preset("gpt2_124m");
-  const double n = 124439808.0 - 1024.0 * 768.0;  // without wpe
+  const double n = 124475904.0 - 1024.0 * 768.0;  // without wpe, with the padded rows the head computes
   EXPECT_DOUBLE_EQ(flops_per_token(o, 1024), 6 * n + 6.0 * 12 * 768 * 1024);
   auto lin = ModelOptions::from_preset("tiny_linear");
   const double nl = static_cast<double>(parameter_count(lin));  // no wpe in arch linear

@@ -64,7 +64,10 @@ TEST(LayoutCheck, TensorParallelRefusalsNameTheirKeys) {
   c = tiny();
   c.parallel.tp = 4;
   c.model.vocab_size = 66;
-  EXPECT_TRUE(refused(c, 4, {"model.vocab_size = 66", "parallel.tp = 4"}));
+  c.model.vocab_multiple = 2;
+  EXPECT_TRUE(refused(c, 4, {"model.vocab_size = 66", "model.vocab_multiple = 2", "parallel.tp = 4"}));
+  c.model.vocab_multiple = 128;
+  EXPECT_NO_THROW(check_parallel_layout(c, dims(c, 4)));  // 66 padded to 128 rows splits four ways
   c.model.vocab_size = 64;
   c.model.ffn = "moe";
   EXPECT_TRUE(refused(c, 4, {"model.ffn = moe", "parallel.tp = 4"}));
