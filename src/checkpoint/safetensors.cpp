@@ -35,6 +35,20 @@ at::ScalarType dtype_from_name(const std::string& name, const std::string& path,
   fail(path, ": tensor '", tensor, "' has unknown dtype '", name, "'");
 }
 
+// The byte size of a tensor of `shape`, refused (naming the tensor) when a dimension is negative or
+// the size overflows or exceeds `available` bytes: a hostile header must not reach at::empty.
+uint64_t checked_bytes(const std::vector<int64_t>& shape, at::ScalarType type, uint64_t available,
+                       const std::string& path, const std::string& name) {
+  for (int64_t d : shape)
+    if (d < 0) fail(path, ": tensor '", name, "' has a negative dimension");
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
+  uint64_t bytes = at::elementSize(type);
+  for (int64_t d : shape)
+    if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes) || bytes > available)
+      fail(path, ": tensor '", name, "' has shape ", at::IntArrayRef(shape), ", more bytes than the file holds");
+  return bytes;
+}
+
 }  // namespace
 
 void write_safetensors(const std::string& path, const NamedTensors& tensors,
@@ -103,12 +117,7 @@ SafetensorsContents read_safetensors(const std::string& path) {
       auto offsets = entry.at("data_offsets").get<std::vector<size_t>>();
       if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] > data_size)
         fail(path, ": tensor '", name, "' lies outside the file (truncated?)");
-      int64_t numel = 1;
-      for (int64_t d : shape) {
-        if (d < 0) fail(path, ": tensor '", name, "' has a negative dimension");
-        numel *= d;
-      }
-      size_t expected = static_cast<size_t>(numel) * at::elementSize(type);
+      const size_t expected = checked_bytes(shape, type, data_size, path, name);
       if (offsets[1] - offsets[0] != expected)
         fail(path, ": tensor '", name, "' has ", offsets[1] - offsets[0], " bytes, its shape needs ", expected);
       at::Tensor t = at::empty(shape, at::TensorOptions().dtype(type));
@@ -163,10 +172,12 @@ at::Tensor read_safetensors_tensor(const std::string& path, const std::string& n
     const auto type = dtype_from_name(entry.at("dtype").get<std::string>(), path, name);
     const auto shape = entry.at("shape").get<std::vector<int64_t>>();
     const auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
-    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(type));
-    const uint64_t bytes = static_cast<uint64_t>(t.numel()) * at::elementSize(type);
+    in.seekg(0, std::ios::end);
+    const uint64_t file_bytes = static_cast<uint64_t>(in.tellg());
+    const uint64_t bytes = checked_bytes(shape, type, file_bytes > data_start ? file_bytes - data_start : 0, path, name);
     if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] - offsets[0] != bytes)
       fail(path, ": tensor '", name, "' has inconsistent offsets for its shape");
+    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(type));
     in.seekg(static_cast<std::streamoff>(data_start + offsets[0]));
     if (bytes && !in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(bytes)))
       fail(path, ": tensor '", name, "' lies outside the file (truncated?)");

@@ -41,6 +41,7 @@ struct Group::Impl {
   std::chrono::milliseconds timeout;
   c10::Device device{c10::kCPU};
   std::optional<c10::Stream> comm_stream;  // CUDA groups: set and used by the communication thread only
+  std::function<std::string()> diagnose;   // who to blame when an operation fails (may be empty)
 
   std::mutex mutex;
   std::condition_variable ready;
@@ -69,8 +70,9 @@ struct Group::Impl {
   }
 
   [[noreturn]] void fail_op(const std::string& op, const std::string& detail) {
-    failed = true;
-    fail("rank ", ranks[rank], " (group '", name, "', rank ", rank, " of ", size(), "): ", op, " failed: ", detail);
+    const bool first = !failed.exchange(true);
+    const std::string blame = first && diagnose ? "; " + diagnose() : "";
+    fail("rank ", ranks[rank], " (group '", name, "', rank ", rank, " of ", size(), "): ", op, " failed: ", detail, blame);
   }
 
   void count(const std::string& op, double bytes) {
@@ -446,6 +448,8 @@ double Group::busy_seconds() const {
   std::lock_guard<std::mutex> lock(impl_->traffic_mutex);
   return impl_->busy_seconds;
 }
+
+void Group::set_failure_diagnosis(std::function<std::string()> diagnose) { impl_->diagnose = std::move(diagnose); }
 
 void Group::reset_traffic() {
   std::lock_guard<std::mutex> lock(impl_->traffic_mutex);

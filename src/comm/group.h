@@ -129,6 +129,10 @@ class Group {
   double busy_seconds() const;
   void reset_traffic();  // clears bytes and busy time
 
+  // Called once, on the group's first failed operation, and appended to its message: who is to
+  // blame (comm/heartbeat.h). Set by the mesh before any operation.
+  void set_failure_diagnosis(std::function<std::string()> diagnose);
+
  private:
   std::shared_ptr<Impl> impl_;
 };

@@ -100,6 +100,11 @@ std::unique_ptr<Mesh> Mesh::connect(const LaunchInfo& launch, const ParallelDims
            launch.master_port, " within parallel.timeout_s = ", options.timeout_s, " s: ", e.what());
     }
     m.local_address_ = local_address_towards(launch.master_addr);
+    const uint16_t port = static_cast<c10d::TCPStore&>(*m.store_).getPort();
+    m.heartbeat_ = std::make_unique<Heartbeat>(
+        launch.master_addr, port, launch.rank, launch.world_size,
+        (launch.agent_store ? "torchrun's agent at " : "rank 0's process at ") + launch.master_addr + ":" +
+            std::to_string(port));
   }
   std::vector<int64_t> everyone(static_cast<size_t>(launch.world_size));
   for (int64_t r = 0; r < launch.world_size; ++r) everyone[static_cast<size_t>(r)] = r;
@@ -153,8 +158,10 @@ std::unique_ptr<Group> Mesh::new_group(const std::string& name, std::vector<int6
            ") did not assemble within ", timeout_.count() / 1000.0, " s (parallel.timeout_s): ", what.substr(0, 300));
     }
   }
-  return std::make_unique<Group>(name, std::move(ranks), rank, std::move(backend), timeout_,
-                                 nccl ? device_ : c10::Device(c10::kCPU));
+  auto group = std::make_unique<Group>(name, std::move(ranks), rank, std::move(backend), timeout_,
+                                       nccl ? device_ : c10::Device(c10::kCPU));
+  if (heartbeat_) group->set_failure_diagnosis([heartbeat = heartbeat_.get()] { return heartbeat->diagnose(); });
+  return group;
 }
 
 }  // namespace tessera::comm

@@ -8,7 +8,8 @@
 // rank are connected, or throws after parallel.timeout_s naming the rank and the group that did
 // not assemble. A world of one process needs no store and no network. Connecting a world of
 // several sets SIGPIPE to be ignored in this process: a dead peer's closed socket then fails the
-// collective with a named error instead of killing the survivor silently.
+// collective with a named error instead of killing the survivor silently. Its ranks beat a
+// heartbeat (comm/heartbeat.h), so a group's failure names the rank that stopped answering.
 //
 // Backends (choose_backend): Gloo on the CPU, NCCL on CUDA (parallel.backend = auto picks by
 // train.device). `device` is this process's own device, comm::select_device() (one GPU per local
@@ -25,6 +26,7 @@
 #include <c10/core/Device.h>
 
 #include "comm/group.h"
+#include "comm/heartbeat.h"
 #include "comm/rendezvous.h"
 #include "core/parallel_dims.h"
 
@@ -69,6 +71,7 @@ class Mesh {
   std::chrono::milliseconds timeout_;
   std::string local_address_;
   c10::intrusive_ptr<c10d::Store> store_;
+  std::unique_ptr<Heartbeat> heartbeat_;  // outlives the groups, whose failures it diagnoses
   std::vector<std::unique_ptr<Group>> owned_;
   Group* world_ = nullptr;
   std::map<std::string, Group*> groups_;

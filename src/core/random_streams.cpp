@@ -120,6 +120,10 @@ void load_states(const std::vector<std::pair<std::string, at::Tensor>>& states, 
     const c10::Device device = type == "cpu" ? c10::Device(c10::kCPU) : *cuda;
     at::Generator gen = at::globalContext().defaultGenerator(device);
     std::lock_guard<std::mutex> lock(gen.mutex());
+    const at::Tensor current = gen.get_state();
+    require(state.scalar_type() == current.scalar_type() && state.sizes() == current.sizes(), source,
+            ": random stream state '", name, "' is ", state.scalar_type(), " ", state.sizes(), ", this build's ",
+            type, " generator keeps ", current.scalar_type(), " ", current.sizes());
     if (stream == "shared")
       gen.set_state(state);
     else

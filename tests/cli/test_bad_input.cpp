@@ -277,7 +277,8 @@ TEST_F(BadCheckpoint, TamperedMetaJsonIsRefused) {
 }
 
 // Tensors of the right size and checksum but wrong values: an integer dtype, NaN weights, a
-// negative second moment. Each resumed into NaN; each is refused naming the file and tensor.
+// negative second moment (each resumed into NaN), a random stream state of the wrong size. Each is
+// refused naming the file or the tensor.
 TEST_F(BadCheckpoint, WrongDtypeNaNAndNegativeMomentsAreRefused) {
   const std::string resume = "train --resume " + step_dir_ + " --set train.steps=4 --out " + run_dir_ + "_r";
   const std::string model = step_dir_ + "/model.safetensors", optimizer = step_dir_ + "/optimizer.safetensors";
@@ -299,6 +300,12 @@ TEST_F(BadCheckpoint, WrongDtypeNaNAndNegativeMomentsAreRefused) {
       if (name.find("exp_avg_sq") != std::string::npos) tensor.fill_(-1);
   });
   expect_error(resume, {optimizer, "exp_avg_sq", "negative"});
+  restore();
+  // A random stream state of the wrong size (libtorch's own error said only "RNG state is wrong size").
+  rewrite_tensors(step_dir_, "optimizer.safetensors", [](auto& t) {
+    t["rng.rank0.shared.cpu"] = t["rng.rank0.shared.cpu"].narrow(0, 0, 100).clone();
+  });
+  expect_error(resume, {"random stream state 'shared.cpu'", "this build's cpu generator keeps"});
   restore();
   EXPECT_EQ(run_tessera(resume).exit_code, 0);
 }

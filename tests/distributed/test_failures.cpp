@@ -1,5 +1,8 @@
 // No run may hang: a rank that dies, or one that stops taking part, ends every other rank with a
 // tessera::Error naming its rank, the group and the operation, within parallel.timeout_s.
+#include <signal.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <regex>
 #include <iostream>
@@ -88,6 +91,45 @@ TEST(CommFailures, StuckRankTimesOutNamingTheOperation) {
   const double seconds = std::stod(m[1]);
   EXPECT_GE(seconds, 1.5) << "ended before parallel.timeout_s = 2\n" << rank0.output;
   EXPECT_LT(seconds, 8) << "parallel.timeout_s = 2 did not end the collective\n" << rank0.output;
+}
+
+// Rank 2 stops (SIGSTOP, as a hung host or a debugger would) before a collective. Ranks 0 and 1
+// time out after parallel.timeout_s and their errors name rank 2, whose heartbeat stopped, not
+// themselves alone. (A helper process ends the stopped rank 14 s later.)
+TEST(CommFailures, StoppedRankIsNamedByTheOthers) {
+  tessera::test::Ranks ranks(3, 60);
+  if (ranks.is_worker()) {
+    tessera::ParallelOptions options;
+    options.timeout_s = 2;
+    auto mesh = ranks.connect(options);
+    at::Tensor t = at::ones({16});
+    mesh->world().all_reduce(t);
+    if (mesh->rank() == 2) {
+      if (::fork() == 0) {
+        std::this_thread::sleep_for(std::chrono::seconds(14));  // the others fail after 2 + 3 (+ 5) s
+        ::kill(::getppid(), SIGKILL);
+        std::_Exit(0);
+      }
+      ::raise(SIGSTOP);
+    }
+    exit_3_on_error([&] {
+      try {
+        mesh->world().all_reduce(t);
+      } catch (const tessera::Error&) {
+        // Rank 0's process holds the store the other rank's diagnosis reads: it stays a while.
+        if (mesh->rank() == 0) std::this_thread::sleep_for(std::chrono::seconds(5));
+        throw;
+      }
+    });
+    return;
+  }
+  for (int r = 0; r < 2; ++r) {
+    const auto& result = ranks.results()[r];
+    EXPECT_EQ(result.exit.code, 3) << "rank " << r << " " << result.exit.describe() << "\n" << result.output;
+    EXPECT_NE(result.output.find("rank 2 sent no heartbeat for 3 s: it is stopped, hung, dead or cut off"),
+              std::string::npos)
+        << result.output;
+  }
 }
 
 TEST(CommFailures, WrongDegreesAreRefusedBeforeAnyWork) {

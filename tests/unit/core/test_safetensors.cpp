@@ -64,6 +64,23 @@ TEST(Safetensors, CorruptHeaderIsAnError) {
   EXPECT_THROW(read_safetensors(path), Error);
 }
 
+// A header whose shape multiplies past int64 (or past the file) is refused naming the tensor,
+// before anything is allocated (this ended in bad_alloc or "negative dimension").
+TEST(Safetensors, HugeOrOverflowingShapesAreRefusedBeforeAllocating) {
+  for (const std::string& shape : {"[4294967296, 4294967296]", "[1099511627776]"}) {
+    const std::string header = R"({"w": {"dtype": "F32", "shape": )" + shape + R"(, "data_offsets": [0, 16]}})";
+    std::string bytes(8, '\0');
+    for (int i = 0; i < 8; ++i) bytes[static_cast<size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+    bytes += header + std::string(16, '\0');
+    const std::string path = tmp("huge.safetensors");
+    write_file_durable(path, bytes);
+    EXPECT_TRUE(test::throws_naming([&] { read_safetensors(path); }, {path, "tensor 'w'", "more bytes than the file holds"}))
+        << shape;
+    EXPECT_TRUE(test::throws_naming([&] { read_safetensors_tensor(path, "w"); }, {path, "more bytes than the file holds"}))
+        << shape;
+  }
+}
+
 TEST(Checksum, ChangesWithOneByte) {
   std::string path = tmp("sum.bin");
   write_file_durable(path, "hello world");
