@@ -102,6 +102,7 @@ Command add_train_command(CLI::App& app) {
 
     const c10::Device device = comm::select_device(config.train.device, launch);  // one GPU per local rank
     std::unique_ptr<comm::Mesh> mesh = comm::Mesh::connect(launch, dims, config.parallel, device);
+    check_shared_run_dir(out, mesh->world());
     stop_request::install();
     Trainer trainer(config, out, args->resume, mesh.get());
     TrainSummary summary = trainer.run();

@@ -9,6 +9,11 @@
 #include <cstring>
 #include <filesystem>
 
+#include <limits>
+
+#include <ATen/ATen.h>
+
+#include "comm/group.h"
 #include "core/error.h"
 #include "core/fs.h"
 
@@ -76,6 +81,32 @@ std::string describe_claim(const std::string& dir, const RunClaim& claim) {
   require(claim.overwrite, dir, " already holds a run (", joined(held), "): continue it with --resume ", dir,
           ", start it over with --overwrite (deletes those), or train into another --out");
   return dir + " (its run is deleted first: " + joined(held) + ")";
+}
+
+void check_shared_run_dir(const std::string& dir, comm::Group& world) {
+  if (world.size() == 1) return;
+  const std::string path = (fs::path(dir) / ".shared-check").string();
+  at::Tensor token = at::zeros({2}, at::kLong);
+  if (world.rank() == 0) {
+    token = at::randint(1, std::numeric_limits<int64_t>::max(), {2}, at::kLong);
+    fs::create_directories(dir);
+    write_file_durable(path, std::to_string(token[0].item<int64_t>()) + std::to_string(token[1].item<int64_t>()));
+  }
+  world.broadcast(token, 0);
+  const std::string expected = std::to_string(token[0].item<int64_t>()) + std::to_string(token[1].item<int64_t>());
+  std::error_code error;
+  const bool sees = fs::is_regular_file(path, error) && read_file(path) == expected;
+  at::Tensor seen = at::empty({world.size()}, at::kLong);
+  world.all_gather(seen, at::full({1}, sees ? 1 : 0, at::kLong));
+  world.barrier();
+  if (world.rank() == 0) fs::remove(path, error);
+  std::string blind;
+  for (int64_t r = 0; r < world.size(); ++r)
+    if (seen[r].item<int64_t>() == 0) blind += (blind.empty() ? "" : ", ") + std::to_string(world.global_rank_of(r));
+  require(blind.empty(), "the run directory ", dir, " is not shared by all ranks: rank(s) ", blind,
+          " cannot see the file rank 0 wrote there. Every rank writes its checkpoint shards into --out, so on "
+          "several hosts it must be one directory all of them see (a shared filesystem mounted at the same "
+          "path, or given to each node's launcher as its --out)");
 }
 
 std::unique_ptr<RunLock> claim_run_dir(const std::string& dir, const RunClaim& claim) {

@@ -22,6 +22,9 @@
 #include <vector>
 
 namespace tessera {
+namespace comm {
+class Group;
+}
 
 // The files of a run that DIR holds, relative names ("config.toml", "checkpoints/", ...); empty
 // when it holds none (or does not exist).
@@ -53,6 +56,14 @@ class RunLock {
 // holds and the flags that would allow it, or says what claiming would do ("DIR (new)", "DIR (the
 // run continues in place)", ...). `tessera train --dry-run` prints it.
 std::string describe_claim(const std::string& dir, const RunClaim& claim);
+
+// Every rank of a run writes its checkpoint shards into the same run directory, so on several
+// hosts --out must be one directory all of them see (a shared filesystem). Checked when the mesh
+// is up, before any step: rank 0 writes DIR/.shared-check holding a random token, every rank reads
+// its own `dir` and compares, and the ranks that cannot see it are named on every rank, so a run
+// on unshared directories fails at once instead of at its first checkpoint, after the work.
+// Collective: every rank calls it.
+void check_shared_run_dir(const std::string& dir, comm::Group& world);
 
 // Locks `dir`, then applies the claim rules (describe_claim) and, with --overwrite, deletes the old
 // run's files.
