@@ -4,15 +4,19 @@
 
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "core/subprocess.h"
 #include "test_util.h"
 
 namespace tessera::test {
@@ -39,6 +43,24 @@ inline CommandResult run_tessera_env(const std::string& env, const std::string& 
 }
 
 inline CommandResult run_tessera(const std::string& args) { return run_tessera_env("", args); }
+
+// `tessera ARGS` started in the background (through `sh -c exec`, so the pid is tessera's own),
+// its output in `output_file`.
+inline pid_t spawn_tessera(const std::string& args, const std::string& output_file) {
+  ChildSpec spec;
+  spec.argv = {"/bin/sh", "-c", "exec " + std::string(TESSERA_BINARY) + " " + args};
+  spec.output_file = output_file;
+  return spawn(spec);
+}
+
+// Polls `done` every 50 ms for up to `seconds`; whether it became true.
+inline bool wait_until(const std::function<bool()>& done, double seconds) {
+  for (int i = 0; i < static_cast<int>(seconds * 20); ++i) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return done();
+}
 
 // The bundled corpus prepared with the byte tokenizer (once per process).
 inline const std::string& prepared_corpus() {

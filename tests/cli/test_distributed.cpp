@@ -35,6 +35,12 @@ std::string settings(int64_t batch_size, int64_t steps) {
          std::to_string(batch_size) + " --set train.steps=" + std::to_string(steps) + " --set eval.every=0";
 }
 
+// One worker on node `node` of two, whose store is on 127.0.0.1:port.
+std::string node_launch(int node, int port) {
+  return "train --config tiny_gpt --nproc 1 --nnodes 2 --node-rank " + std::to_string(node) +
+         " --master 127.0.0.1:" + std::to_string(port);
+}
+
 std::map<int64_t, double> logged(const std::string& run_dir, const char* key) {
   std::map<int64_t, double> out;
   for (const auto& line : metrics_lines(run_dir))
@@ -68,6 +74,35 @@ TEST(DistributedTrain, TwoRanksMatchOneProcessWithTheSameGlobalBatch) {
                         " --out " + three);
   ASSERT_EQ(r3.exit_code, 0) << r3.output;
   expect_same_losses(losses(three), losses(one), 1e-4, "ZeRO-3 on 2 ranks");
+}
+
+// Two nodes whose --out are different directories (hosts without a shared filesystem): before,
+// training ran and the first checkpoint failed after the work ("step_10.partial/optimizer-1-of-2...:
+// cannot create"). Now both nodes stop before the first step, naming the rank that cannot see
+// rank 0's run directory.
+TEST(DistributedTrain, NodesWithoutASharedRunDirectoryAreRefusedAtStart) {
+  const std::string a = fresh_dir("unshared_node0"), b = fresh_dir("unshared_node1");
+  const comm::ListenSocket probe = comm::listen_on("127.0.0.1", 0);
+  const int port = probe.port;
+  ::close(probe.fd);
+  std::vector<pid_t> nodes;
+  const std::string outs[2] = {a, b};
+  for (int node = 0; node < 2; ++node)
+    nodes.push_back(spawn_tessera(node_launch(node, port) + settings(4, 20) + " --set checkpoint.every=10 --out " +
+                                      outs[node],
+                                  outs[node] + "_launcher.out"));
+  SuperviseOptions options;
+  options.deadline_s = 120;
+  options.stop_on_failure = false;
+  const SuperviseResult result = supervise(nodes, options);
+  EXPECT_FALSE(result.timed_out);
+  for (int node = 0; node < 2; ++node) {
+    const std::string output = slurp(outs[node] + "_launcher.out");
+    EXPECT_EQ(result.exits[node].code, 2) << "node " << node << ":\n" << output;
+    EXPECT_NE(output.find("is not shared by all ranks: rank(s) 1 cannot see"), std::string::npos)
+        << "node " << node << ":\n" << output;
+  }
+  EXPECT_FALSE(fs::exists(a + "/metrics.jsonl"));  // no step was taken
 }
 
 // train.global_batch_size fixes the windows of every step whatever their split into ranks and
@@ -115,15 +150,9 @@ TEST(DistributedTrain, TwoNodeLaunchersFormOneWorld) {
   const int port = probe.port;
   ::close(probe.fd);
   std::vector<pid_t> nodes;
-  for (int node = 0; node < 2; ++node) {
-    ChildSpec spec;
-    spec.argv = {"/bin/sh", "-c",
-                 std::string(TESSERA_BINARY) + " train --config tiny_gpt --nproc 1 --nnodes 2 --node-rank " +
-                     std::to_string(node) + " --master 127.0.0.1:" + std::to_string(port) + settings(4, 6) +
-                     " --out " + two};
-    spec.output_file = two + "_node" + std::to_string(node) + ".out";
-    nodes.push_back(spawn(spec));
-  }
+  for (int node = 0; node < 2; ++node)
+    nodes.push_back(spawn_tessera(node_launch(node, port) + settings(4, 6) + " --out " + two,
+                                  two + "_node" + std::to_string(node) + ".out"));
   SuperviseOptions options;
   options.deadline_s = 120;
   const SuperviseResult result = supervise(nodes, options);
@@ -315,19 +344,10 @@ TEST(DistributedTrain, KilledRankStopsEveryWorkerAndNamesIt) {
 // The launcher killed outright (SIGKILL: no chance to stop its workers) takes its workers with it
 // (core/subprocess.h), so they hold neither the devices nor the run directory's lock.
 TEST(DistributedTrain, WorkersDieWithAKilledLauncher) {
-  const std::string out = fresh_dir("kill_launcher");
-  ChildSpec spec;
-  spec.argv = {TESSERA_BINARY, "train", "--config", "tiny_gpt", "--nproc", "2", "--out", out};
-  std::istringstream words(settings(2, 100000));
-  for (std::string w; words >> w;) spec.argv.push_back(w);
-  spec.output_file = out + ".launcher.log";
-  const pid_t launcher = spawn(spec);
-  bool training = false;
-  for (int i = 0; i < 600 && !training; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    training = slurp(out + "/logs/rank_1.log").find("step 2/") != std::string::npos;
-  }
-  ASSERT_TRUE(training) << slurp(spec.output_file);
+  const std::string out = fresh_dir("kill_launcher"), log = out + ".launcher.log";
+  const pid_t launcher = spawn_tessera("train --config tiny_gpt --nproc 2 --out " + out + settings(2, 100000), log);
+  ASSERT_TRUE(wait_until([&] { return slurp(out + "/logs/rank_1.log").find("step 2/") != std::string::npos; }, 60))
+      << slurp(log);
   ASSERT_GT(find_worker(out, 0), 0);
   ASSERT_GT(find_worker(out, 1), 0);
   ::kill(launcher, SIGKILL);
@@ -349,16 +369,10 @@ TEST(DistributedTrain, SigtermToTheLauncherCheckpointsAndTheRunContinuesExactly)
   const std::string run = "train --config tiny_gpt --nproc 2" + settings(2, 60) +
                           " --set checkpoint.every=1000 --set parallel.timeout_s=30 --out ";
   ASSERT_EQ(run_tessera(run + full).exit_code, 0);
-  ChildSpec spec;
-  spec.argv = {"/bin/sh", "-c", "exec " + std::string(TESSERA_BINARY) + " " + run + out};
-  spec.output_file = out + ".launcher.log";
-  const pid_t launcher = spawn(spec);
-  bool training = false;
-  for (int i = 0; i < 600 && !training; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    training = slurp(out + "/logs/rank_1.log").find("step 3/") != std::string::npos;
-  }
-  ASSERT_TRUE(training) << slurp(spec.output_file);
+  const std::string log = out + ".launcher.log";
+  const pid_t launcher = spawn_tessera(run + out, log);
+  ASSERT_TRUE(wait_until([&] { return slurp(out + "/logs/rank_1.log").find("step 3/") != std::string::npos; }, 30))
+      << slurp(log);
   const auto signalled = std::chrono::steady_clock::now();
   ::kill(launcher, SIGTERM);
   SuperviseOptions options;
@@ -366,7 +380,7 @@ TEST(DistributedTrain, SigtermToTheLauncherCheckpointsAndTheRunContinuesExactly)
   options.ok_codes = {kStoppedExitCode};
   const SuperviseResult result = supervise({launcher}, options);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - signalled).count();
-  const std::string output = slurp(spec.output_file);
+  const std::string output = slurp(log);
   ASSERT_EQ(result.exits[0].code, kStoppedExitCode) << output;
   EXPECT_LT(seconds, 30) << output;
   std::smatch m;
