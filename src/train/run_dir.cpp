@@ -73,14 +73,31 @@ RunLock::~RunLock() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-std::string describe_claim(const std::string& dir, const RunClaim& claim) {
-  const std::vector<std::string> held = run_files(dir);
-  if (held.empty()) return dir + (fs::exists(dir) ? " (holds no run)" : " (new)");
+namespace {
+
+// What claiming `dir` does: the run files it holds and whether they stay (the run continues in
+// place) or go (--overwrite); throws when the rules refuse the claim.
+struct ClaimDecision {
+  std::vector<std::string> held;
+  bool continues = false;
+};
+
+ClaimDecision decide_claim(const std::string& dir, const RunClaim& claim) {
+  ClaimDecision d{run_files(dir), false};
+  if (d.held.empty()) return d;
   const std::string resumed_run = claim.resume_from.empty() ? "" : run_dir_of_checkpoint(claim.resume_from);
-  if (!resumed_run.empty() && fs::equivalent(resumed_run, dir)) return dir + " (the run continues in place)";
-  require(claim.overwrite, dir, " already holds a run (", joined(held), "): continue it with --resume ", dir,
-          ", start it over with --overwrite (deletes those), or train into another --out");
-  return dir + " (its run is deleted first: " + joined(held) + ")";
+  d.continues = !resumed_run.empty() && fs::equivalent(resumed_run, dir);
+  require(d.continues || claim.overwrite, dir, " already holds a run (", joined(d.held), "): continue it with --resume ",
+          dir, ", start it over with --overwrite (deletes those), or train into another --out");
+  return d;
+}
+
+}  // namespace
+
+std::string describe_claim(const std::string& dir, const RunClaim& claim) {
+  const ClaimDecision d = decide_claim(dir, claim);
+  if (d.held.empty()) return dir + (fs::exists(dir) ? " (holds no run)" : " (new)");
+  return dir + (d.continues ? " (the run continues in place)" : " (its run is deleted first: " + joined(d.held) + ")");
 }
 
 void check_shared_run_dir(const std::string& dir, comm::Group& world) {
@@ -111,12 +128,9 @@ void check_shared_run_dir(const std::string& dir, comm::Group& world) {
 
 std::unique_ptr<RunLock> claim_run_dir(const std::string& dir, const RunClaim& claim) {
   auto lock = std::make_unique<RunLock>(dir);
-  describe_claim(dir, claim);
-  const std::vector<std::string> held = run_files(dir);
-  const std::string resumed_run = claim.resume_from.empty() ? "" : run_dir_of_checkpoint(claim.resume_from);
-  const bool continues = !resumed_run.empty() && fs::exists(dir) && fs::equivalent(resumed_run, dir);
-  if (!continues)
-    for (const std::string& name : held) fs::remove_all(fs::path(dir) / name);
+  const ClaimDecision d = decide_claim(dir, claim);
+  if (!d.continues)
+    for (const std::string& name : d.held) fs::remove_all(fs::path(dir) / name);
   return lock;
 }
 
