@@ -80,8 +80,8 @@ std::string data_with_train_bin(const std::string& name, const std::string& byte
 // Every real-valued key: a value that is not finite, or that float32 turns into inf or 0, is refused
 // by name (these trained to "done" with a NaN loss, or never updated).
 TEST(BadConfig, RealValuesOutsideFloat32AreRefused) {
-  for (const std::string& set : {"optim.weight_decay=inf", "optim.lr=1e308", "optim.eps=1e-320",
-                                 "model.moe_aux_loss_coef=nan", "optim.adafactor_eps1=-inf"}) {
+  for (const std::string set : {"optim.weight_decay=inf", "optim.lr=1e308", "optim.eps=1e-320",
+                                "model.moe_aux_loss_coef=nan", "optim.adafactor_eps1=-inf"}) {
     const std::string key = set.substr(0, set.find('='));
     expect_error("train --config tiny_gpt --set " + set, {key, "not a finite number within float32's normal range"});
   }

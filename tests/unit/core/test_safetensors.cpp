@@ -67,7 +67,7 @@ TEST(Safetensors, CorruptHeaderIsAnError) {
 // A header whose shape multiplies past int64 (or past the file) is refused naming the tensor,
 // before anything is allocated (this ended in bad_alloc or "negative dimension").
 TEST(Safetensors, HugeOrOverflowingShapesAreRefusedBeforeAllocating) {
-  for (const std::string& shape : {"[4294967296, 4294967296]", "[1099511627776]"}) {
+  for (const std::string shape : {"[4294967296, 4294967296]", "[1099511627776]"}) {
     const std::string header = R"({"w": {"dtype": "F32", "shape": )" + shape + R"(, "data_offsets": [0, 16]}})";
     std::string bytes(8, '\0');
     for (int i = 0; i < 8; ++i) bytes[static_cast<size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
