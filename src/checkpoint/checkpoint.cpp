@@ -37,18 +37,6 @@ void check_state_tensor(const std::string& file, const std::string& name, const 
             "' is a second moment with negative entries (", t.min().item<double>(), ")");
 }
 
-// meta.json's fields as the loader needs them, each checked for its type.
-template <class T>
-T meta_field(const nlohmann::json& meta, const char* key, const std::string& path) {
-  const auto it = meta.find(key);
-  bool ok = it != meta.end();
-  if constexpr (std::is_same_v<T, int64_t>) ok = ok && it->is_number_integer();
-  else if constexpr (std::is_same_v<T, std::string>) ok = ok && it->is_string();
-  else ok = ok && it->is_object();
-  require(ok, path, ": '", key, "' is missing or of the wrong type");
-  return it->template get<T>();
-}
-
 std::string meta_checksum(nlohmann::json meta) {
   meta.erase("meta_checksum");
   return checksum(meta.dump());

@@ -42,6 +42,7 @@
 //   a checkpoint that would resume into NaN is refused naming the file and tensor.
 #pragma once
 
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
@@ -49,10 +50,26 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/safetensors.h"
+#include "core/error.h"
 
 namespace tessera {
 
-constexpr int kCheckpointFormatVersion = 2;  // 2: meta.json carries meta_checksum
+constexpr int kCheckpointFormatVersion = 2;
+
+// A field of meta.json (or of an object in it), checked for its type: int64_t (an integer),
+// double (a finite number), std::string, nlohmann::json (an object). Throws naming `path` and
+// `key` when it is missing or of another type.
+template <class T>
+T meta_field(const nlohmann::json& meta, const char* key, const std::string& path) {
+  const auto it = meta.find(key);
+  bool ok = it != meta.end();
+  if constexpr (std::is_same_v<T, int64_t>) ok = ok && it->is_number_integer();
+  else if constexpr (std::is_same_v<T, double>) ok = ok && it->is_number() && std::isfinite(it->template get<double>());
+  else if constexpr (std::is_same_v<T, std::string>) ok = ok && it->is_string();
+  else ok = ok && it->is_object();
+  require(ok, path, ": '", key, "' is missing or of the wrong type");
+  return it->template get<T>();
+}  // 2: meta.json carries meta_checksum
 
 struct CheckpointContents {
   NamedTensors model;

@@ -12,7 +12,6 @@
 // not answer it says so, naming where the store lives (rank 0's process, or torchrun's agent).
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>

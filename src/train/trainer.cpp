@@ -97,11 +97,8 @@ std::string restore_compression(const ParallelOptions& parallel, int64_t ranks_n
 // from those of an uninterrupted run.
 std::string check_resumed_data(const LoadedCheckpoint& ckpt, const TokenStream& train, int64_t global_batch) {
   const std::string meta = ckpt.dir + "/meta.json";
-  require(ckpt.meta.contains("data") && ckpt.meta["data"].is_object(), meta, ": 'data' is missing or not an object");
-  const nlohmann::json& data = ckpt.meta["data"];
-  require(data.contains("position") && data["position"].is_number_integer(), meta,
-          ": 'data.position' is missing or not an integer");
-  const int64_t position = data["position"].get<int64_t>();
+  const nlohmann::json data = meta_field<nlohmann::json>(ckpt.meta, "data", meta);
+  const int64_t position = meta_field<int64_t>(data, "position", meta);
   require(position == ckpt.step, meta, ": data.position = ", position, " disagrees with step ", ckpt.step,
           " (one global batch is drawn per step); the file is damaged or from an older tessera");
   if (data.contains("train") && data["train"] != train.manifest())
@@ -184,14 +181,10 @@ Trainer::Trainer(Config config, std::string run_dir, std::string resume, comm::M
     if (!note_data.empty()) s.resume_notes.push_back(note_data);
     s.sampler->seek(s.step);
     const std::string meta = ckpt.dir + "/meta.json";
-    require(ckpt.meta.contains("tokens_seen") && ckpt.meta["tokens_seen"].is_number_integer() &&
-                ckpt.meta["tokens_seen"].get<int64_t>() >= 0,
-            meta, ": 'tokens_seen' is missing or not a count");
-    require(ckpt.meta.contains("elapsed_s") && ckpt.meta["elapsed_s"].is_number() &&
-                std::isfinite(ckpt.meta["elapsed_s"].get<double>()) && ckpt.meta["elapsed_s"].get<double>() >= 0,
-            meta, ": 'elapsed_s' is missing or not a duration");
-    s.tokens_seen = ckpt.meta["tokens_seen"].get<int64_t>();
-    s.elapsed_before = ckpt.meta["elapsed_s"].get<double>();
+    s.tokens_seen = meta_field<int64_t>(ckpt.meta, "tokens_seen", meta);
+    s.elapsed_before = meta_field<double>(ckpt.meta, "elapsed_s", meta);
+    require(s.tokens_seen >= 0 && s.elapsed_before >= 0, meta, ": tokens_seen ", s.tokens_seen, " or elapsed_s ",
+            s.elapsed_before, " is negative");
     require(s.step <= c.train.steps, ckpt.dir, ": checkpoint is at step ", s.step, ", beyond train.steps = ",
             c.train.steps);
   }
