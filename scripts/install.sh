@@ -7,11 +7,14 @@
 #                    clone ($TESSERA_DEPS, default ~/.cache/tessera) so that every clone and
 #                    every CI run on this machine reuses it. The same environment gives the
 #                    Python `torch` that computes golden tensors and runs the benchmark peer.
+#   transformers:    pinned, in the same environment: the reference the Hugging Face import and
+#                    export tests compare with (tests/hf/).
 #
 # Prints the environment's location on its last line as TESSERA_VENV=<path>.
 set -euo pipefail
 
 TORCH_VERSION="2.11.0"
+TRANSFORMERS_VERSION="5.23.0"
 DEPS="${TESSERA_DEPS:-$HOME/.cache/tessera}"
 VENV="$DEPS/venv-torch-$TORCH_VERSION"
 STAMP="$VENV/.tessera-installed"
@@ -39,5 +42,13 @@ if [ ! -f "$STAMP" ]; then
   "$VENV/bin/python" -m pip install -q "torch==$TORCH_VERSION" numpy
   "$VENV/bin/python" -c "import torch; assert torch.__version__.startswith('$TORCH_VERSION'), torch.__version__"
   touch "$STAMP"
+fi
+# Added after the environment first existed: checked on its own so that an old venv gains it.
+TRANSFORMERS_STAMP="$VENV/.tessera-transformers-$TRANSFORMERS_VERSION"
+if [ ! -f "$TRANSFORMERS_STAMP" ]; then
+  echo "[install] transformers==$TRANSFORMERS_VERSION into $VENV (first time only)"
+  "$VENV/bin/python" -m pip install -q "transformers==$TRANSFORMERS_VERSION"
+  "$VENV/bin/python" -c "import transformers; assert transformers.__version__ == '$TRANSFORMERS_VERSION'"
+  touch "$TRANSFORMERS_STAMP"
 fi
 echo "TESSERA_VENV=$VENV"

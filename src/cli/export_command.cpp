@@ -2,28 +2,56 @@
 // one whose optimizer state is spread over per-rank shards. The model file keeps its Hugging Face
 // GPT-2 names (loadable by `transformers`) and the embedding loses its padded rows (model.vocab_size
 // rows, not model.vocab_multiple's padding); --optimizer writes the whole optimizer state as
-// trained (padded).
+// trained (padded). --hf DIR writes a folder that transformers' from_pretrained loads (and
+// `tessera import --hf` reads back): model.safetensors, config.json (model/hf_gpt2.h) and, for a
+// checkpoint with GPT-2's BPE, vocab.json and merges.txt.
+#include <filesystem>
 #include <iostream>
 
 #include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/fs.h"
+#include "core/json_file.h"
+#include "model/hf_gpt2.h"
 #include "model/hf_names.h"
 #include "train/config.h"
 
 namespace tessera::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// config.json and, when the checkpoint's tokenizer is GPT-2's BPE, vocab.json and merges.txt.
+void write_hf_folder(const std::string& dir, const ModelOptions& model, const std::string& checkpoint_dir) {
+  fs::create_directories(dir);
+  write_file_durable(dir + "/config.json", hf_config_from_model_options(model).dump(2) + "\n");
+  const std::string tokenizer = checkpoint_dir + "/tokenizer.json";
+  if (!fs::exists(tokenizer)) return;
+  const nlohmann::json description = read_json_file(tokenizer);
+  if (description.value("type", std::string()) != "gpt2") return;
+  fs::copy_file(checkpoint_dir + "/" + description.value("encoder", std::string()), dir + "/vocab.json",
+                fs::copy_options::overwrite_existing);
+  fs::copy_file(checkpoint_dir + "/" + description.value("merges", std::string()), dir + "/merges.txt",
+                fs::copy_options::overwrite_existing);
+}
+
+}  // namespace
 
 Command add_export_command(CLI::App& app) {
   struct Args {
-    std::string checkpoint, out, optimizer_out;
+    std::string checkpoint, out, hf, optimizer_out;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("export", "write a checkpoint as one consolidated safetensors file");
   cmd->add_option("--checkpoint", args->checkpoint, "a step_N, checkpoints or run directory")->required();
-  cmd->add_option("--out", args->out, "the model file to write (e.g. model.safetensors)")->required();
+  CLI::Option* out = cmd->add_option("--out", args->out, "the model file to write (e.g. model.safetensors)");
+  cmd->add_option("--hf", args->hf, "write a Hugging Face GPT-2 folder (model, config.json, tokenizer) to this directory")
+      ->excludes(out);
   cmd->add_option("--optimizer", args->optimizer_out,
                   "also write the whole optimizer state (reassembled from the shards) to this file");
   return [args]() {
+    require(!args->out.empty() || !args->hf.empty(), "export: give --out FILE or --hf DIR");
     LoadedCheckpoint ckpt = load_checkpoint(args->checkpoint, !args->optimizer_out.empty());
     const ModelOptions model = Config::from_checkpoint_meta(ckpt.dir + "/meta.json", {}).model;
     const std::string embedding = export_name(model, "wte.weight");
@@ -32,6 +60,13 @@ Command add_export_command(CLI::App& app) {
     auto sorted = [](const std::map<std::string, at::Tensor>& tensors) {
       return NamedTensors(tensors.begin(), tensors.end());
     };
+    if (!args->hf.empty()) {
+      require(uses_hf_gpt2_names(model), "export --hf: ", ckpt.dir, " holds a model that is not GPT-2 (arch ",
+              model.arch, ", ffn ", model.ffn, ", bias ", model.bias ? "true" : "false",
+              "); use --out for a safetensors file of its own names");
+      write_hf_folder(args->hf, model, ckpt.dir);
+      args->out = args->hf + "/model.safetensors";
+    }
     write_safetensors(args->out, sorted(ckpt.model), {{"format", "pt"}});
     std::cout << "wrote " << args->out << ": " << ckpt.model.size() << " tensors from " << ckpt.dir << "\n";
     if (!args->optimizer_out.empty()) {

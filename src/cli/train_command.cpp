@@ -1,5 +1,7 @@
 // `tessera train`: trains from a config (file or preset) with --set overrides, or resumes from a
-// checkpoint (whose own config is used when --config is not given). With --nproc it launches
+// checkpoint (whose own config is used when --config is not given), or starts from a checkpoint's
+// weights alone (--init-from: an imported Hugging Face model, or another run's; its [model] is
+// adopted, Config::adopt_model). With --nproc it launches
 // that many workers (cli/launcher.h); a worker, or a process started by torchrun, mpirun or srun,
 // joins the mesh its environment describes (comm/rendezvous.h) before training. The run directory
 // is claimed and locked first (train/run_dir.h): by the launcher of node 0, or without a tessera
@@ -15,6 +17,7 @@
 #include "comm/device.h"
 #include "comm/mesh.h"
 #include "core/error.h"
+#include "core/json_file.h"
 #include "data/training_data.h"
 #include "plan/memory_estimate.h"
 #include "train/config.h"
@@ -27,7 +30,7 @@ namespace tessera::cli {
 
 Command add_train_command(CLI::App& app) {
   struct Args {
-    std::string config, out, resume;
+    std::string config, out, resume, init_from;
     std::vector<std::string> sets;
     bool overwrite = false, dry_run = false;
     LaunchOptions launch;
@@ -39,7 +42,12 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--out", args->out,
                   "run directory (default: runs/<config name>; with --resume, the checkpoint's own run, continued in "
                   "place); a directory that holds another run is refused");
-  cmd->add_option("--resume", args->resume, "continue from a checkpoint (a step_N, checkpoints or run directory)");
+  CLI::Option* resume =
+      cmd->add_option("--resume", args->resume, "continue from a checkpoint (a step_N, checkpoints or run directory)");
+  cmd->add_option("--init-from", args->init_from,
+                  "start from a checkpoint's model weights (e.g. one made by `tessera import`): step 0, a fresh "
+                  "optimizer, the model keys taken from the checkpoint")
+      ->excludes(resume);
   cmd->add_flag("--overwrite", args->overwrite, "train into --out even if it holds a run: its run files are deleted first");
   cmd->add_flag("--dry-run", args->dry_run,
                 "resolve and check the config, layout, data and run directory, print them with the predicted memory "
@@ -52,12 +60,24 @@ Command add_train_command(CLI::App& app) {
                   "default 127.0.0.1 and a free port)");
   cmd->footer("Config keys (section.key, default, meaning):\n" + config_reference());
   return [args]() {
+    require(args->init_from.empty() || !args->config.empty(),
+            "train --init-from: give --config FILE|PRESET, the training config (its [model] comes from the checkpoint)");
     if (args->config.empty() && args->resume.empty()) fail("train: give --config FILE|PRESET (or --resume CHECKPOINT)");
     RunClaim claim;
     claim.overwrite = args->overwrite;
-    if (!args->resume.empty()) claim.resume_from = resolve_checkpoint_dir(args->resume);
+    if (!args->resume.empty()) {
+      claim.resume_from = resolve_checkpoint_dir(args->resume);
+      require(!read_json_file(claim.resume_from + "/meta.json").contains("imported_from"), "train --resume ",
+              args->resume, ": ", claim.resume_from, " is an imported model without training state; start from it with "
+              "--init-from ", args->resume, " --config FILE");
+    }
     Config config = args->config.empty() ? Config::from_checkpoint_meta(claim.resume_from + "/meta.json", args->sets)
                                          : Config::load(args->config, args->sets);
+    std::string init_from;
+    if (!args->init_from.empty()) {
+      init_from = resolve_checkpoint_dir(args->init_from);
+      config.adopt_model(Config::from_checkpoint_meta(init_from + "/meta.json", {}), init_from);
+    }
     std::string out = args->out;
     if (out.empty() && !claim.resume_from.empty()) {
       out = run_dir_of_checkpoint(claim.resume_from);
@@ -104,7 +124,7 @@ Command add_train_command(CLI::App& app) {
     std::unique_ptr<comm::Mesh> mesh = comm::Mesh::connect(launch, dims, config.parallel, device);
     check_shared_run_dir(out, mesh->world());
     stop_request::install();
-    Trainer trainer(config, out, args->resume, mesh.get());
+    Trainer trainer(config, out, TrainStart{args->resume, init_from}, mesh.get());
     TrainSummary summary = trainer.run();
     if (!summary.stopped.empty()) {
       if (launch.rank == 0)

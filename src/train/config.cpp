@@ -140,6 +140,32 @@ Config Config::from_checkpoint_meta(const std::string& meta_path, const std::vec
   return loaded;
 }
 
+void Config::adopt_model(const Config& init, const std::string& init_dir) {
+  const toml::table mine = *to_toml()["model"].as_table(), theirs = *init.to_toml()["model"].as_table();
+  auto text = [](const toml::node& node) {
+    std::ostringstream out;
+    node.visit([&out](const auto& value) { out << value; });
+    return out.str();
+  };
+  const bool own_dropout = source_of("model.dropout") != "default";
+  for (const auto& [key, value] : theirs) {
+    const std::string name = "model." + std::string(key.str());
+    if (name == "model.dropout" || name == "model.preset") continue;
+    const toml::node* own = mine.get(key.str());
+    if (source_of(name) != "default" && own && text(*own) != text(value))
+      fail(name, " = ", text(*own), " (", source_of(name), ") disagrees with the model of --init-from ", init_dir, " (",
+           name, " = ", text(value), "); the weights fix the model: drop the key or start without --init-from");
+  }
+  const double dropout = model.dropout;
+  model = init.model;
+  if (own_dropout) model.dropout = dropout;
+  for (const auto& [key, value] : theirs) {
+    const std::string name = "model." + std::string(key.str());
+    if (name != "model.dropout" || !own_dropout) sources[name] = "init-from " + init_dir;
+  }
+  check("--init-from " + init_dir);
+}
+
 void Config::check(const std::string& source) const {
   model.check(source);
   data.check(source);

@@ -64,6 +64,12 @@ struct Config {
   // `section.key=value` overrides applied.
   static Config from_checkpoint_meta(const std::string& meta_path, const std::vector<std::string>& overrides);
 
+  // For a run that starts from the weights of checkpoint `init_dir` (train --init-from), whose
+  // recorded config is `init`: [model] becomes init's (sources "init-from DIR"), except dropout
+  // when this config sets it. A model key this config sets (file, preset or --set) to another
+  // value is refused naming it: the weights fix the model.
+  void adopt_model(const Config& init, const std::string& init_dir);
+
   void check(const std::string& source) const;
   toml::table to_toml() const;
   std::string to_toml_string() const;

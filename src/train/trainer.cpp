@@ -111,6 +111,15 @@ std::string check_resumed_data(const LoadedCheckpoint& ckpt, const TokenStream& 
   return "";
 }
 
+// The checkpoint's model (loaded without its tensors) into the trainer: each rank reads the
+// tensors it keeps, one at a time.
+void load_model_weights(TrainStep& trainer, const LoadedCheckpoint& ckpt) {
+  std::set<std::string> names;
+  for (const auto& [name, file] : ckpt.model_files) names.insert(name);
+  trainer.load_model_state(
+      names, [&ckpt](const std::string& name) { return read_model_tensor(ckpt, name); }, model_source(ckpt));
+}
+
 }  // namespace
 
 struct Trainer::State {
@@ -135,12 +144,12 @@ struct Trainer::State {
   std::vector<std::string> resume_notes;  // printed once the progress line exists
 };
 
-Trainer::Trainer(Config config, std::string run_dir, std::string resume, comm::Mesh* mesh)
+Trainer::Trainer(Config config, std::string run_dir, TrainStart start, comm::Mesh* mesh)
     : state_(std::make_unique<State>()) {
   State& s = *state_;
   s.config = std::move(config);
   s.run_dir = std::move(run_dir);
-  s.resume = std::move(resume);
+  s.resume = std::move(start.resume);
   s.mesh = mesh;
   if (mesh) {
     s.rank = mesh->rank();
@@ -159,17 +168,19 @@ Trainer::Trainer(Config config, std::string run_dir, std::string resume, comm::M
   s.trainer = std::make_unique<TrainStep>(c, mesh);
   s.device = s.trainer->device();
 
+  if (!start.init_from.empty()) {
+    // The weights alone; every rank reads the tensors it keeps.
+    const LoadedCheckpoint ckpt = load_checkpoint(start.init_from, false, {}, /*with_model=*/false);
+    load_model_weights(*s.trainer, ckpt);
+    s.resume_notes.push_back("initialized from the model of " + ckpt.dir + " (step 0, a fresh optimizer)");
+  }
   if (!s.resume.empty()) {
     // Under ZeRO 1-3 each rank reads only the optimizer slices it owns.
     LoadedCheckpoint ckpt = load_checkpoint(s.resume, true, s.trainer->training_state_ranges(), /*with_model=*/false);
-    const std::string model_file = model_source(ckpt);
     const int64_t shards = ckpt.meta.value("optimizer_shards", int64_t{0});
     const std::string optim_file =
         ckpt.dir + (shards > 0 ? "/optimizer-*-of-" + std::to_string(shards) + ".safetensors" : "/optimizer.safetensors");
-    std::set<std::string> model_names;
-    for (const auto& [name, file] : ckpt.model_files) model_names.insert(name);
-    s.trainer->load_model_state(
-        model_names, [&ckpt](const std::string& name) { return read_model_tensor(ckpt, name); }, model_file);
+    load_model_weights(*s.trainer, ckpt);
     s.trainer->load_training_state(ckpt.optimizer, optim_file);
     const std::string note =
         restore_compression(c.parallel, s.mesh ? s.mesh->world_size() : 1, s.rank, *s.trainer, ckpt);

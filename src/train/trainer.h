@@ -36,11 +36,20 @@ struct TrainSummary {
   std::string stopped;          // why the run stopped before train.steps ("" = it did not)
 };
 
+// Where a run starts: from scratch (both empty), from a checkpoint's whole training state
+// (`resume`: continue its run exactly), or from a checkpoint's model weights alone (`init_from`:
+// step 0, a fresh optimizer and data position; an imported or another run's model, whose [model]
+// the config must already hold, see Config::adopt_model). Each is a step, checkpoints or run
+// directory.
+struct TrainStart {
+  std::string resume;
+  std::string init_from;
+};
+
 class Trainer {
  public:
-  // `resume` is empty for a fresh run, else a checkpoint, checkpoints or run directory.
   // `mesh` may be null (one process).
-  Trainer(Config config, std::string run_dir, std::string resume, comm::Mesh* mesh = nullptr);
+  Trainer(Config config, std::string run_dir, TrainStart start, comm::Mesh* mesh = nullptr);
   ~Trainer();
   TrainSummary run();
 

@@ -501,6 +501,29 @@ TEST(DistributedTrain, TensorParallelMatchesOneProcessAndResumesUnsharded) {
   expect_same_losses(losses(lin_tp), losses(lin_one), 1e-4, "linear attention tp=2, Megatron SP");
 }
 
+// --init-from loads the starting weights whatever the layout: each rank reads the tensors (or
+// the shards of them) it keeps, so tp=2 and dp=2 under ZeRO-3 start where one process starts and
+// train alike (losses and gradient norms).
+TEST(DistributedTrain, InitFromStartsEveryLayoutFromTheSameWeights) {
+  const std::string base = fresh_dir("init_base"), one = fresh_dir("init_one"), tp2 = fresh_dir("init_tp2"),
+                    zero3 = fresh_dir("init_zero3");
+  auto trained = run_tessera("train --config tiny_gpt" + settings(8, 10) + " --out " + base);
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const std::string from = " --init-from " + base + " --set data.seed=7";
+  auto r1 = run_tessera("train --config tiny_gpt" + settings(8, 4) + from + " --out " + one);
+  ASSERT_EQ(r1.exit_code, 0) << r1.output;
+  auto r2 = run_tessera("train --config tiny_gpt --nproc 2 --set parallel.tp=2" + settings(8, 4) + from + " --out " + tp2);
+  ASSERT_EQ(r2.exit_code, 0) << r2.output;
+  auto r3 = run_tessera("train --config tiny_gpt --nproc 2 --set parallel.zero_stage=3" + settings(4, 4) + from +
+                        " --out " + zero3);
+  ASSERT_EQ(r3.exit_code, 0) << r3.output;
+  expect_same_losses(losses(tp2), losses(one), 1e-4, "init-from at tp=2");
+  expect_same_losses(losses(zero3), losses(one), 1e-4, "init-from at dp=2 ZeRO-3");
+  expect_same_losses(grad_norms(tp2), grad_norms(one), 1e-4, "init-from at tp=2: gradient norm");
+  expect_same_losses(grad_norms(zero3), grad_norms(one), 1e-4, "init-from at dp=2 ZeRO-3: gradient norm");
+  EXPECT_LT(losses(one).at(1), 0.9 * losses(base).at(1));
+}
+
 // ZeRO-Offload on a single process (its main use: one GPU) runs through DataParallel too, and
 // trains exactly as without it.
 TEST(DistributedTrain, OffloadOnOneProcessMatchesNoOffload) {

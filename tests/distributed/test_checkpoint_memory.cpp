@@ -100,7 +100,9 @@ TEST(ShardedModelSave, PeaksNoHigherThanAStepAtZero3OnFourRanks) {
     for (const auto& [n, t] : read_safetensors(dir + name).tensors) {
       ++seen[n];
       for (const auto& [wn, wt] : whole)
-        if (wn == n) EXPECT_TRUE(t.equal(wt)) << n;
+        if (wn == n) {
+          EXPECT_TRUE(t.equal(wt)) << n;
+        }
     }
   }
   EXPECT_EQ(seen.size(), whole.size());
@@ -139,7 +141,9 @@ TEST(ShardedModelSave, PeaksNoHigherThanAStepAtZero3OnFourRanks) {
   EXPECT_LE(load_peak, step_peak);
   for (const auto& [n, t] : fresh->model_state())
     for (const auto& [wn, wt] : whole)
-      if (wn == n) EXPECT_TRUE(t.equal(wt)) << n;
+      if (wn == n) {
+        EXPECT_TRUE(t.equal(wt)) << n;
+      }
   mesh->world().barrier();
   if (ranks.rank() == 0) std::filesystem::remove_all(dir);
 }
