@@ -17,6 +17,7 @@
 #include "comm/device.h"
 #include "comm/mesh.h"
 #include "core/error.h"
+#include "core/fs.h"
 #include "core/json_file.h"
 #include "data/training_data.h"
 #include "plan/memory_estimate.h"
@@ -27,6 +28,28 @@
 #include "train/trainer.h"
 
 namespace tessera::cli {
+namespace {
+
+// Every rank must train the same config (a node started with another file or --set would train
+// another model or data order, or hang in a collective the others never issue). Compared after
+// the mesh is up, data.path excepted (each host may mount the data elsewhere; the checkpoint's
+// data manifest checks the contents). Collective.
+void check_same_config(const Config& config, comm::Group& world) {
+  if (world.size() == 1) return;
+  Config compared = config;
+  compared.data.path = "";
+  const int64_t mine = static_cast<int64_t>(std::stoull(checksum(compared.to_toml_string()), nullptr, 16) >> 1);
+  at::Tensor all = at::empty({world.size()}, at::kLong);
+  world.all_gather(all, at::full({1}, mine, at::kLong));
+  std::string differ;
+  for (int64_t r = 1; r < world.size(); ++r)
+    if (all[r].item<int64_t>() != all[0].item<int64_t>()) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+  require(differ.empty(), "rank(s) ", differ, " resolved another config than rank 0 (a different --config file, --set or "
+          "checkpoint on that node); every node must give the same. The resolved config is printed at the start and saved "
+          "as RUN_DIR/config.toml on rank 0");
+}
+
+}  // namespace
 
 Command add_train_command(CLI::App& app) {
   struct Args {
@@ -65,7 +88,14 @@ Command add_train_command(CLI::App& app) {
     if (args->config.empty() && args->resume.empty()) fail("train: give --config FILE|PRESET (or --resume CHECKPOINT)");
     RunClaim claim;
     claim.overwrite = args->overwrite;
-    if (!args->resume.empty()) {
+    // A node of a checkpoint.gather run that does not hold the run's checkpoints joins a resume
+    // with the run's config and a local --out; rank 0 sends it the checkpoint.
+    const bool resume_elsewhere = !args->resume.empty() && !std::filesystem::exists(args->resume);
+    require(!resume_elsewhere || (!args->config.empty() && !args->out.empty()), "train --resume ", args->resume,
+            ": does not exist on this node. A node without the run's checkpoints (checkpoint.gather = true) joins the "
+            "resumed run with --config (the run's config) and --out (its local run directory); rank 0 sends it the "
+            "checkpoint");
+    if (!args->resume.empty() && !resume_elsewhere) {
       claim.resume_from = resolve_checkpoint_dir(args->resume);
       require(!read_json_file(claim.resume_from + "/meta.json").contains("imported_from"), "train --resume ",
               args->resume, ": ", claim.resume_from, " is an imported model without training state; start from it with "
@@ -73,6 +103,9 @@ Command add_train_command(CLI::App& app) {
     }
     Config config = args->config.empty() ? Config::from_checkpoint_meta(claim.resume_from + "/meta.json", args->sets)
                                          : Config::load(args->config, args->sets);
+    require(!resume_elsewhere || config.checkpoint.gather, "train --resume ", args->resume,
+            ": does not exist on this node, and checkpoint.gather is false: give every node the checkpoint at this path "
+            "(a shared directory or a copy), or run with checkpoint.gather = true");
     std::string init_from;
     if (!args->init_from.empty()) {
       init_from = resolve_checkpoint_dir(args->init_from);
@@ -117,12 +150,15 @@ Command add_train_command(CLI::App& app) {
       return 0;
     }
     if (lead) std::printf("config (after each key: where its value came from)\n%s\n", config.to_annotated_toml().c_str());
+    require(!lead || !resume_elsewhere, "train --resume ", args->resume,
+            ": does not exist here, on the node of rank 0, which holds the run's checkpoints");
     const std::unique_ptr<RunLock> lock = lead ? claim_run_dir(out, claim) : nullptr;
     if (launching) return launch_workers(args->launch, out, config.parallel.timeout_s);
 
     const c10::Device device = comm::select_device(config.train.device, launch);  // one GPU per local rank
     std::unique_ptr<comm::Mesh> mesh = comm::Mesh::connect(launch, dims, config.parallel, device);
-    check_shared_run_dir(out, mesh->world());
+    check_same_config(config, mesh->world());
+    check_shared_run_dir(out, mesh->world(), config.checkpoint.gather);
     stop_request::install();
     Trainer trainer(config, out, TrainStart{args->resume, init_from}, mesh.get());
     TrainSummary summary = trainer.run();

@@ -100,7 +100,7 @@ std::string describe_claim(const std::string& dir, const RunClaim& claim) {
   return dir + (d.continues ? " (the run continues in place)" : " (its run is deleted first: " + joined(d.held) + ")");
 }
 
-void check_shared_run_dir(const std::string& dir, comm::Group& world) {
+void check_shared_run_dir(const std::string& dir, comm::Group& world, bool gather) {
   if (world.size() == 1) return;
   const std::string path = (fs::path(dir) / ".shared-check").string();
   at::Tensor token = at::zeros({2}, at::kLong);
@@ -120,10 +120,11 @@ void check_shared_run_dir(const std::string& dir, comm::Group& world) {
   std::string blind;
   for (int64_t r = 0; r < world.size(); ++r)
     if (seen[r].item<int64_t>() == 0) blind += (blind.empty() ? "" : ", ") + std::to_string(world.global_rank_of(r));
-  require(blind.empty(), "the run directory ", dir, " is not shared by all ranks: rank(s) ", blind,
+  require(blind.empty() || gather, "the run directory ", dir, " is not shared by all ranks: rank(s) ", blind,
           " cannot see the file rank 0 wrote there. Every rank writes its checkpoint shards into --out, so on "
           "several hosts it must be one directory all of them see (a shared filesystem mounted at the same "
-          "path, or given to each node's launcher as its --out)");
+          "path, or given to each node's launcher as its --out), or set checkpoint.gather = true: rank 0 then "
+          "writes whole checkpoints into its own --out");
 }
 
 std::unique_ptr<RunLock> claim_run_dir(const std::string& dir, const RunClaim& claim) {

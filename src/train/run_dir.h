@@ -62,8 +62,9 @@ std::string describe_claim(const std::string& dir, const RunClaim& claim);
 // is up, before any step: rank 0 writes DIR/.shared-check holding a random token, every rank reads
 // its own `dir` and compares, and the ranks that cannot see it are named on every rank, so a run
 // on unshared directories fails at once instead of at its first checkpoint, after the work.
-// Collective: every rank calls it.
-void check_shared_run_dir(const std::string& dir, comm::Group& world);
+// With `gather` (checkpoint.gather: rank 0 writes whole checkpoints) unshared directories are
+// allowed. Collective: every rank calls it.
+void check_shared_run_dir(const std::string& dir, comm::Group& world, bool gather);
 
 // Locks `dir`, then applies the claim rules (describe_claim) and, with --overwrite, deletes the old
 // run's files.

@@ -61,11 +61,18 @@ struct EvalOptions {
 struct CheckpointOptions {
   int64_t every = 0;  // steps between checkpoints (0 = only at the end)
   int64_t keep = 3;   // newest checkpoints kept (0 = all)
+  // Hosts without a shared filesystem: rank 0 writes every file of a checkpoint into its --out
+  // (the other ranks send theirs over the network), and on resume sends the checkpoint to the
+  // ranks that do not hold it. Without it, --out must be one directory every rank sees.
+  bool gather = false;
 
   template <class V>
   void visit(V& v) {
     v("every", every, "steps between checkpoints (0 = only at the end of training)", between(0, 1e12));
     v("keep", keep, "newest checkpoints kept on disk (0 = keep all)", between(0, 1e6));
+    v("gather", gather,
+      "rank 0 writes whole checkpoints, the other ranks send their shards over the network (hosts without a shared "
+      "--out); a resume sends the checkpoint to the ranks that lack it");
   }
   void check(const std::string& source) const;
 };

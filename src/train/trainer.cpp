@@ -19,6 +19,7 @@
 #include "data/training_data.h"
 #include "model/hf_names.h"
 #include "optim/compression/compressor.h"
+#include "train/checkpoint_transfer.h"
 #include "train/device_peak.h"
 #include "train/metrics.h"
 #include "train/progress.h"
@@ -175,8 +176,11 @@ Trainer::Trainer(Config config, std::string run_dir, TrainStart start, comm::Mes
     s.resume_notes.push_back("initialized from the model of " + ckpt.dir + " (step 0, a fresh optimizer)");
   }
   if (!s.resume.empty()) {
-    // Under ZeRO 1-3 each rank reads only the optimizer slices it owns.
-    LoadedCheckpoint ckpt = load_checkpoint(s.resume, true, s.trainer->training_state_ranges(), /*with_model=*/false);
+    // Under ZeRO 1-3 each rank reads only the optimizer slices it owns. With checkpoint.gather
+    // the checkpoint is on rank 0's disk: the ranks without it receive a copy first.
+    const bool fetch = c.checkpoint.gather && mesh && mesh->world_size() > 1;
+    const FetchedCheckpoint source = fetch ? fetch_checkpoint(mesh->world(), s.resume, s.run_dir) : FetchedCheckpoint{s.resume, ""};
+    LoadedCheckpoint ckpt = load_checkpoint(source.dir, true, s.trainer->training_state_ranges(), /*with_model=*/false);
     const int64_t shards = ckpt.meta.value("optimizer_shards", int64_t{0});
     const std::string optim_file =
         ckpt.dir + (shards > 0 ? "/optimizer-*-of-" + std::to_string(shards) + ".safetensors" : "/optimizer.safetensors");
@@ -198,6 +202,7 @@ Trainer::Trainer(Config config, std::string run_dir, TrainStart start, comm::Mes
             s.elapsed_before, " is negative");
     require(s.step <= c.train.steps, ckpt.dir, ": checkpoint is at step ", s.step, ", beyond train.steps = ",
             c.train.steps);
+    if (!source.received.empty()) fs::remove_all(source.received);
   }
 }
 
@@ -257,14 +262,19 @@ TrainSummary Trainer::run() {
       contents.model_shards = world;
       if (lead) prepare_checkpoint_dir(checkpoints_dir, s.step);
       s.mesh->world().barrier();
-      write_model_shard(partial_checkpoint_dir(checkpoints_dir, s.step), s.rank, world,
-                        s.trainer->model_state_shard(s.rank, world));
+      // checkpoint.gather: ranks > 0 write on their own disk and send the files to rank 0.
+      const std::string partial = partial_checkpoint_dir(checkpoints_dir, s.step);
+      const std::string mine = c.checkpoint.gather && !lead ? gather_staging_dir(s.run_dir, s.rank) : partial;
+      if (mine != partial) {
+        fs::remove_all(mine);
+        fs::create_directories(mine);
+      }
+      write_model_shard(mine, s.rank, world, s.trainer->model_state_shard(s.rank, world));
       std::vector<TensorSlice> slices = s.trainer->training_state_slices(s.rank, world);
       for (const auto& [name, state] : rng) slices.push_back({name, state, 0, state.sizes().vec()});
-      write_optimizer_shard(partial_checkpoint_dir(checkpoints_dir, s.step), s.rank, world, slices);
-      if (compressing)
-        write_compression_state(partial_checkpoint_dir(checkpoints_dir, s.step), s.rank, world,
-                                s.trainer->compression_state());
+      write_optimizer_shard(mine, s.rank, world, slices);
+      if (compressing) write_compression_state(mine, s.rank, world, s.trainer->compression_state());
+      if (c.checkpoint.gather) gather_checkpoint_files(s.mesh->world(), mine, partial);
       s.mesh->world().barrier();
       if (!lead) return;
     }

@@ -101,8 +101,76 @@ TEST(DistributedTrain, NodesWithoutASharedRunDirectoryAreRefusedAtStart) {
     EXPECT_EQ(result.exits[node].code, 2) << "node " << node << ":\n" << output;
     EXPECT_NE(output.find("is not shared by all ranks: rank(s) 1 cannot see"), std::string::npos)
         << "node " << node << ":\n" << output;
+    EXPECT_NE(output.find("or set checkpoint.gather = true"), std::string::npos)
+        << "node " << node << ":\n" << output;
   }
   EXPECT_FALSE(fs::exists(a + "/metrics.jsonl"));  // no step was taken
+}
+
+// Two node launchers, each in a working directory of its own, started with the same `args`
+// (relative paths: one string names a different directory on each "host", as on machines that
+// share no filesystem). Returns each node's exit code; output in <cwd>/launcher.out.
+std::vector<int> run_two_nodes(const std::string cwds[2], const std::string& args) {
+  const comm::ListenSocket probe = comm::listen_on("127.0.0.1", 0);
+  const int port = probe.port;
+  ::close(probe.fd);
+  std::vector<pid_t> nodes;
+  for (int node = 0; node < 2; ++node) {
+    ChildSpec spec;
+    spec.argv = {"/bin/sh", "-c",
+                 "cd " + cwds[node] + " && exec " + TESSERA_BINARY + " " + node_launch(node, port) + " " + args};
+    spec.output_file = cwds[node] + "/launcher.out";
+    nodes.push_back(spawn(spec));
+  }
+  SuperviseOptions options;
+  options.deadline_s = 120;
+  options.stop_on_failure = false;
+  const SuperviseResult result = supervise(nodes, options);
+  EXPECT_FALSE(result.timed_out);
+  return {result.exits[0].code, result.exits[1].code};
+}
+
+// checkpoint.gather, for hosts without a shared filesystem: each node has its own --out; rank 0
+// writes whole checkpoints into its own (rank 1 sends its shards), the run equals one process,
+// and a resume where rank 1's node lacks the checkpoint receives it from rank 0 and continues the
+// uninterrupted run. A node that resolved another config is refused at start, naming it.
+TEST(DistributedTrain, NodesWithoutASharedFilesystemGatherCheckpointsOnRankZero) {
+  const std::string one = fresh_dir("gather_one");
+  const std::string cwds[2] = {fresh_dir("gather_host0"), fresh_dir("gather_host1")};
+  auto single = run_tessera("train --config tiny_gpt" + settings(8, 6) + " --out " + one);
+  ASSERT_EQ(single.exit_code, 0) << single.output;
+  const std::string gather = settings(4, 6) + " --set checkpoint.gather=true --set checkpoint.every=3 --set checkpoint.keep=0";
+  auto codes = run_two_nodes(cwds, gather + " --out run");
+  for (int node = 0; node < 2; ++node) ASSERT_EQ(codes[node], 0) << slurp(cwds[node] + "/launcher.out");
+  const std::string run0 = cwds[0] + "/run", run1 = cwds[1] + "/run";
+  expect_same_losses(losses(run0), losses(one), 1e-4, "2 hosts, gathered checkpoints");
+  expect_same_losses(grad_norms(run0), grad_norms(one), 1e-4, "2 hosts, gathered checkpoints: gradient norm");
+  for (const char* step : {"step_3", "step_6"}) {
+    EXPECT_TRUE(fs::exists(run0 + "/checkpoints/" + step + "/optimizer-1-of-2.safetensors")) << step;
+    EXPECT_TRUE(fs::exists(run0 + "/checkpoints/" + step + "/model-00002-of-00002.safetensors")) << step;
+  }
+  EXPECT_FALSE(fs::exists(run1 + "/checkpoints"));
+  EXPECT_FALSE(fs::exists(run1 + "/.gather-rank1"));
+
+  // Resume from step 3: the path exists on host 0 only.
+  codes = run_two_nodes(cwds, gather + " --resume run/checkpoints/step_3 --out resumed");
+  for (int node = 0; node < 2; ++node) ASSERT_EQ(codes[node], 0) << slurp(cwds[node] + "/launcher.out");
+  expect_same_losses(losses(cwds[0] + "/resumed"), losses(one), 1e-4, "resumed on 2 hosts, rank 1 receiving");
+  EXPECT_EQ(losses(cwds[0] + "/resumed").begin()->first, 4);
+  EXPECT_FALSE(fs::exists(cwds[1] + "/resumed/.received-rank1"));
+
+  // Without gather, host 1 cannot resume from a checkpoint it does not hold: refused by name
+  // (and host 0, whose peer never joins, gives up after parallel.timeout_s).
+  codes = run_two_nodes(cwds, settings(4, 6) + " --set parallel.timeout_s=5 --resume run/checkpoints/step_3 --out resumed_again");
+  EXPECT_EQ(codes[1], 2);
+  EXPECT_NE(slurp(cwds[1] + "/launcher.out").find("checkpoint.gather is false"), std::string::npos)
+      << slurp(cwds[1] + "/launcher.out");
+
+  // A node whose config differs (here its optim.lr) stops both before the first step.
+  codes = run_two_nodes(cwds, gather + " --out differs --set optim.lr=$(( $(pwd | grep -c host1) + 1 ))e-3");
+  EXPECT_EQ(codes[0], 2);
+  EXPECT_NE(slurp(cwds[0] + "/launcher.out").find("rank(s) 1 resolved another config than rank 0"), std::string::npos)
+      << slurp(cwds[0] + "/launcher.out");
 }
 
 // train.global_batch_size fixes the windows of every step whatever their split into ranks and
@@ -281,23 +349,36 @@ TEST(DistributedTrain, CompressedRunResumesWithItsResiduals) {
   for (const auto& [step, loss] : topk_continued) EXPECT_DOUBLE_EQ(loss, topk_expected.at(step)) << "top-k step " << step;
 }
 
-TEST(DistributedTrain, TorchrunStyleEnvironmentIsRecognised) {
-  const std::string out = fresh_dir("torchrun_env");
-  const comm::ListenSocket probe = comm::listen_on("127.0.0.1", 0);
-  const int port = probe.port;
-  ::close(probe.fd);
-  std::vector<std::thread> ranks;
-  std::vector<CommandResult> results(2);
-  for (int r = 0; r < 2; ++r)
-    ranks.emplace_back([&, r] {
-      results[r] = run_tessera_env("RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(r) +
-                                       " LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port),
-                                   "train --config tiny_gpt" + settings(4, 3) + " --out " + out);
-    });
-  for (auto& t : ranks) t.join();
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
-  EXPECT_NE(results[0].output.find("dp=2"), std::string::npos) << results[0].output;
-  EXPECT_EQ(losses(out).size(), 3u);
+// Processes started by torchrun, mpirun (Open MPI) or srun (Slurm) join one world from their
+// launcher's environment (comm/rendezvous.h). Each style starts 2 ranks as 2 nodes of one process
+// (local rank 0 of 1 each, as on two hosts), and each trains as 2 data-parallel ranks: one
+// process's losses with the same global batch.
+TEST(DistributedTrain, TorchrunMpirunAndSrunEnvironmentsFormOneWorld) {
+  const std::string one = fresh_dir("launcher_env_one");
+  ASSERT_EQ(run_tessera("train --config tiny_gpt" + settings(8, 3) + " --out " + one).exit_code, 0);
+  const std::map<std::string, std::string> styles = {
+      {"torchrun", "RANK={r} WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1"},
+      {"mpirun", "OMPI_COMM_WORLD_RANK={r} OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_RANK=0 OMPI_COMM_WORLD_LOCAL_SIZE=1"},
+      {"srun", "SLURM_PROCID={r} SLURM_NTASKS=2 SLURM_LOCALID=0 SLURM_NTASKS_PER_NODE=1"}};
+  for (const auto& [launcher, pattern] : styles) {
+    const std::string out = fresh_dir("launcher_env_" + launcher);
+    const comm::ListenSocket probe = comm::listen_on("127.0.0.1", 0);
+    const int port = probe.port;
+    ::close(probe.fd);
+    std::vector<std::thread> ranks;
+    std::vector<CommandResult> results(2);
+    for (int r = 0; r < 2; ++r)
+      ranks.emplace_back([&, r] {
+        const std::string env = std::regex_replace(pattern, std::regex("\\{r\\}"), std::to_string(r)) +
+                                " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port);
+        results[r] = run_tessera_env(env, "train --config tiny_gpt" + settings(4, 3) + " --out " + out);
+      });
+    for (auto& t : ranks) t.join();
+    for (int r = 0; r < 2; ++r) ASSERT_EQ(results[r].exit_code, 0) << launcher << " rank " << r << ": " << results[r].output;
+    EXPECT_NE(results[0].output.find("dp=2 tp=1 pp=1 sp=1 ep=1 (world 2)"), std::string::npos) << results[0].output;
+    expect_same_losses(losses(out), losses(one), 1e-4, launcher);
+    expect_same_losses(grad_norms(out), grad_norms(one), 1e-4, launcher + ": gradient norm");
+  }
 }
 
 // The pid of the worker of `run_dir` with RANK=rank, or -1.
