@@ -156,6 +156,8 @@ Command add_train_command(CLI::App& app) {
     if (launching) return launch_workers(args->launch, out, config.parallel.timeout_s);
 
     const c10::Device device = comm::select_device(config.train.device, launch);  // one GPU per local rank
+    if (device.is_cuda())
+      check_memory_fits(config, memory, launch.local_world_size, host_memory_available(), comm::device_memory_bytes(device));
     std::unique_ptr<comm::Mesh> mesh = comm::Mesh::connect(launch, dims, config.parallel, device);
     check_same_config(config, mesh->world());
     check_shared_run_dir(out, mesh->world(), config.checkpoint.gather);

@@ -6,6 +6,9 @@
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/cuda.h>
+#ifdef TESSERA_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
 
 #include "core/error.h"
 
@@ -66,6 +69,15 @@ c10::Device select_device(const std::string& train_device, const LaunchInfo& lau
       resolve_device(train_device, launch, wants_cuda ? static_cast<int64_t>(torch::cuda::device_count()) : 0);
   if (device.is_cuda()) c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->setDevice(device);
   return device;
+}
+
+double device_memory_bytes(const c10::Device& device) {
+#ifdef TESSERA_WITH_CUDA
+  if (device.is_cuda())
+    return static_cast<double>(at::cuda::getDeviceProperties(device.has_index() ? device.index() : 0)->totalGlobalMem);
+#endif
+  (void)device;
+  return 0;
 }
 
 }  // namespace tessera::comm

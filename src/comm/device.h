@@ -27,4 +27,7 @@ c10::Device resolve_device(const std::string& train_device, const LaunchInfo& la
 // a CUDA result becomes the calling thread's current device.
 c10::Device select_device(const std::string& train_device, const LaunchInfo& launch);
 
+// The total memory of a CUDA device in bytes; 0 for the CPU (or a build without CUDA).
+double device_memory_bytes(const c10::Device& device);
+
 }  // namespace tessera::comm

@@ -135,23 +135,37 @@ std::string describe_memory_estimate(const Config& config, const ParallelDims& d
   return out;
 }
 
-void check_memory_fits(const Config& config, const MemoryEstimate& e, int64_t ranks_on_host, double available_bytes) {
-  if (config.train.device != "cpu" || available_bytes <= 0) return;
-  const double per_rank = e.device_bytes() + (e.optimizer_on_host ? e.optimizer_bytes : 0);
-  const double total = per_rank * static_cast<double>(ranks_on_host);
-  if (total <= available_bytes) return;
+void check_memory_fits(const Config& config, const MemoryEstimate& e, int64_t ranks_on_host,
+                       double host_available_bytes, double device_capacity_bytes) {
   const std::pair<double, const char*> terms[] = {
-      {e.parameter_bytes + e.gradient_bytes + e.optimizer_bytes,
+      {e.parameter_bytes + e.gradient_bytes + (e.optimizer_on_host ? 0 : e.optimizer_bytes),
        "parameters, gradients and optimizer state (model.n_layer, model.n_embd, model.vocab_size, model.mlp_ratio, "
-       "model.moe_experts; parallel.zero_stage and parallel.tp divide them)"},
+       "model.moe_experts; parallel.zero_stage and parallel.tp divide them, parallel.offload moves the optimizer state "
+       "to the host)"},
       {e.activation_bytes_per_micro_batch,
        "activations (train.batch_size, train.seq_len, model.n_embd, model.n_layer; memory.activation_checkpointing "
        "and smaller micro-batches with train.grad_accum reduce them)"}};
   const auto& largest = terms[0].first >= terms[1].first ? terms[0] : terms[1];
+  const std::string advice = ", the largest term is " + format_bytes(largest.first) + " of " + largest.second +
+                             " (`tessera inspect` shows the estimate)";
+  if (device_capacity_bytes > 0) {
+    if (e.device_bytes() > device_capacity_bytes)
+      fail("this run needs at least ", format_bytes(e.device_bytes()), " of GPU memory per rank, but the GPU ("
+           "train.device = ", config.train.device, ") has ", format_bytes(device_capacity_bytes), advice);
+    const double offloaded = e.optimizer_on_host ? e.optimizer_bytes * static_cast<double>(ranks_on_host) : 0;
+    if (host_available_bytes > 0 && offloaded > host_available_bytes)
+      fail("the offloaded optimizer state needs ", format_bytes(offloaded), " of host memory (",
+           format_bytes(e.optimizer_bytes), " x ", ranks_on_host, " ranks on this host), but the host has ",
+           format_bytes(host_available_bytes), " available (parallel.offload, parallel.zero_stage)");
+    return;
+  }
+  if (config.train.device != "cpu" || host_available_bytes <= 0) return;
+  const double per_rank = e.device_bytes() + (e.optimizer_on_host ? e.optimizer_bytes : 0);
+  const double total = per_rank * static_cast<double>(ranks_on_host);
+  if (total <= host_available_bytes) return;
   fail("this run needs at least ", format_bytes(per_rank), " per rank", ranks_on_host > 1 ? " x " : "",
        ranks_on_host > 1 ? std::to_string(ranks_on_host) + " ranks on this host = " + format_bytes(total) : "",
-       ", but the host has ", format_bytes(available_bytes), " available; the largest term is ",
-       format_bytes(largest.first), " of ", largest.second, " (`tessera inspect` shows the estimate)");
+       ", but the host has ", format_bytes(host_available_bytes), " available;", advice.substr(1));
 }
 
 double host_memory_available() {

@@ -52,12 +52,16 @@ std::string describe_memory_estimate(const Config& config, const ParallelDims& d
 // "1.50 GiB".
 std::string format_bytes(double bytes);
 
-// Refuses, before anything is allocated, a run whose estimate cannot fit: on the CPU, when
-// `ranks_on_host` ranks of `e` (device bytes, plus offloaded optimizer state) exceed
-// `available_bytes`. The message names the largest term and the keys that set it. The estimate is
-// a lower bound (no logits, allocator slack or libtorch's own memory), so what passes may still
-// not fit; what is refused cannot. On CUDA devices nothing is checked here yet.
-void check_memory_fits(const Config& config, const MemoryEstimate& e, int64_t ranks_on_host, double available_bytes);
+// Refuses, before anything is allocated, a run whose estimate cannot fit. On the CPU
+// (`device_capacity_bytes` 0): when `ranks_on_host` ranks of `e` (device bytes, plus offloaded
+// optimizer state) exceed `host_available_bytes`. On a GPU (`device_capacity_bytes` > 0, the
+// device's total memory, checked by each worker once its device is chosen): when one rank's device
+// bytes exceed it, and offloaded optimizer state x `ranks_on_host` exceeds the host's. The message
+// names the largest term and the keys that set it. The estimate is a lower bound (no logits,
+// allocator slack, CUDA context or libtorch's own memory), so what passes may still not fit; what
+// is refused cannot. A capacity <= 0 is unknown: nothing is refused for it.
+void check_memory_fits(const Config& config, const MemoryEstimate& e, int64_t ranks_on_host,
+                       double host_available_bytes, double device_capacity_bytes = 0);
 
 // MemAvailable of /proc/meminfo in bytes (0 when unreadable: then nothing is refused).
 double host_memory_available();

@@ -1,0 +1,42 @@
+// check_memory_fits: a run whose memory estimate cannot fit is refused before anything is
+// allocated, on the CPU against the host's available memory (all ranks of the host together) and
+// on a GPU against the device's memory (per rank), naming the largest term and its keys.
+#include <gtest/gtest.h>
+
+#include "plan/memory_estimate.h"
+#include "test_util.h"
+#include "train/config.h"
+
+namespace tessera {
+namespace {
+
+Config gpt2_config(const std::string& device) {
+  Config config = Config::load(test::source_path("configs/gpt2_124m.toml"), {"train.device=" + device});
+  return config;
+}
+
+TEST(MemoryFits, CpuRunsAreCheckedAgainstTheHostForAllItsRanks) {
+  const Config config = gpt2_config("cpu");
+  const ParallelDims dims(config.parallel, 1, "test");
+  const MemoryEstimate e = estimate_memory(config, dims);
+  const double one = e.device_bytes();
+  EXPECT_NO_THROW(check_memory_fits(config, e, 1, one * 1.01));
+  EXPECT_TRUE(test::throws_naming([&] { check_memory_fits(config, e, 2, one * 1.5); },
+                                  {"per rank x 2 ranks on this host", "available", "the largest term"}));
+  EXPECT_NO_THROW(check_memory_fits(config, e, 1, 0));  // unknown: nothing refused
+}
+
+TEST(MemoryFits, GpuRunsAreCheckedAgainstTheDeviceMemoryPerRank) {
+  const Config config = gpt2_config("cuda");
+  const ParallelDims dims(config.parallel, 1, "test");
+  const MemoryEstimate e = estimate_memory(config, dims);
+  const double one = e.device_bytes();
+  // Eight ranks on the host do not add up on the GPU: each has its own device.
+  EXPECT_NO_THROW(check_memory_fits(config, e, 8, one, one * 1.01));
+  EXPECT_TRUE(test::throws_naming([&] { check_memory_fits(config, e, 1, 1e15, one * 0.9); },
+                                  {"of GPU memory per rank", "train.device = cuda", "the largest term"}));
+  EXPECT_NO_THROW(check_memory_fits(config, e, 1, 1e15, 0));
+}
+
+}  // namespace
+}  // namespace tessera
