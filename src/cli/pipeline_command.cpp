@@ -1,0 +1,117 @@
+// `tessera pipeline`: builds (or reads) a pipeline schedule, validates it, replays it with
+// per-action costs and prints the table, the step time, the bubble against the schedule's
+// formula and the peak of held activations per rank; --svg draws the timeline. No model runs.
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/fs.h"
+#include "parallel/pipeline/schedule_builders.h"
+#include "parallel/pipeline/simulate.h"
+#include "parallel/pipeline/timeline_svg.h"
+#include "parallel/pipeline/validate.h"
+
+namespace tessera::cli {
+namespace {
+
+using namespace tessera::pipeline;
+
+// "f=1,b=2,i=1,w=1,transfer=0.1" -> costs (keys may be left out).
+ActionCosts parse_costs(const std::string& text) {
+  ActionCosts costs;
+  std::stringstream items(text);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    const auto eq = item.find('=');
+    require(eq != std::string::npos, "--costs: '", item, "' is not key=value (keys f, b, i, w, transfer)");
+    const std::string key = item.substr(0, eq);
+    double value = 0;
+    try {
+      value = std::stod(item.substr(eq + 1));
+    } catch (const std::exception&) {
+      fail("--costs: '", item, "' has no number after '='");
+    }
+    require(value >= 0 && value < 1e9, "--costs: ", key, " = ", value, " must be in [0, 1e9)");
+    if (key == "f") costs.f = value;
+    else if (key == "b") costs.b = value;
+    else if (key == "i") costs.i = value;
+    else if (key == "w") costs.w = value;
+    else if (key == "transfer") costs.transfer = value;
+    else fail("--costs: unknown key '", key, "' (f, b, i, w, transfer)");
+  }
+  return costs;
+}
+
+// The schedule's bubble by its formula for unit costs, or a negative value where it has none.
+double formula_bubble(const Schedule& s) {
+  const double p = static_cast<double>(s.pp), m = static_cast<double>(s.micro_batches), v = static_cast<double>(s.v);
+  if (s.name == "gpipe" || s.name == "1f1b") return (p - 1) / (m + p - 1);
+  if (s.name == "interleaved") return (p - 1) / (v * m + p - 1);
+  if (s.name == "zbh1" && m >= p) return (p - 1) / (3 * m + p - 1);
+  if (s.name == "zbv" && m >= p) return (p - 1) / (6 * m + p - 1);
+  return -1;
+}
+
+}  // namespace
+
+Command add_pipeline_command(CLI::App& app) {
+  struct Args {
+    std::string schedule = "1f1b", costs, svg, csv;
+    int64_t pp = 4, microbatches = 8, virtual_stages = 0;
+    bool vee = false;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand("pipeline", "print, check, simulate and draw a pipeline schedule (no model runs)");
+  cmd->add_option("--schedule", args->schedule, "gpipe, 1f1b, interleaved, zbh1, zbv, or file:PATH (a CSV table)")
+      ->capture_default_str();
+  cmd->add_option("--pp", args->pp, "pipeline ranks")->capture_default_str();
+  cmd->add_option("--microbatches", args->microbatches, "micro-batches per step")->capture_default_str();
+  cmd->add_option("--virtual", args->virtual_stages, "stages per rank (default: 2 for interleaved and zbv, else 1)");
+  cmd->add_flag("--vee", args->vee, "with file:PATH, V placement (rank 0 holds the first and last stage)");
+  cmd->add_option("--costs", args->costs, "action costs, e.g. f=1,b=2,i=1,w=1,transfer=0 (the defaults)");
+  cmd->add_option("--svg", args->svg, "draw the simulated timeline to this SVG file");
+  cmd->add_option("--csv", args->csv, "write the table (with its communication) to this CSV file");
+  return [args]() {
+    require(args->pp >= 1 && args->pp <= 4096, "--pp must be in [1, 4096] (got ", args->pp, ")");
+    require(args->microbatches >= 1 && args->microbatches <= 65536, "--microbatches must be in [1, 65536] (got ",
+            args->microbatches, ")");
+    const bool from_file = args->schedule.rfind("file:", 0) == 0;
+    const bool chunked = args->schedule == "interleaved" || args->schedule == "zbv";
+    const int64_t v = args->virtual_stages > 0 ? args->virtual_stages : (chunked || args->vee ? 2 : 1);
+    const Schedule s = from_file ? read_schedule_csv(args->schedule.substr(5), args->pp, v, args->microbatches,
+                                                     args->vee ? Placement::vee : Placement::loop)
+                                 : build_schedule(args->schedule, args->pp, args->microbatches, v);
+    validate_schedule(s);
+    const ActionCosts costs = parse_costs(args->costs);
+    const Simulation sim = simulate_schedule(s, costs);
+    std::printf("%s: pp %lld, %lld stage(s) per rank, %lld micro-batches (compute actions; <stage><op><micro-batch>)\n%s",
+                s.name.c_str(), static_cast<long long>(s.pp), static_cast<long long>(s.v),
+                static_cast<long long>(s.micro_batches), format_grid(s).c_str());
+    std::printf("costs: F %g, B %g, I %g, W %g, transfer %g\n", costs.f, costs.b, costs.i, costs.w, costs.transfer);
+    std::printf("step time %g; bubble %.2f%% of %lld ranks x step time", sim.step_time, 100 * sim.bubble(),
+                static_cast<long long>(s.pp));
+    const double formula = formula_bubble(s);
+    const bool unit = costs.f == 1 && costs.i == 1 && costs.w == 1 && costs.b == 2 && costs.transfer == 0;
+    if (formula >= 0 && unit) std::printf(" (formula %.2f%%)", 100 * formula);
+    std::printf("\npeak activations held (micro-batches x one stage), per rank:");
+    for (int64_t peak : sim.peak_held) std::printf(" %lld", static_cast<long long>(peak));
+    std::printf("\n");
+    if (!args->csv.empty()) {
+      write_file_durable(args->csv, to_csv(s));
+      std::printf("table: %s\n", args->csv.c_str());
+    }
+    if (!args->svg.empty()) {
+      char title[160];
+      std::snprintf(title, sizeof title, "%s, pp %lld, %lld micro-batches: step %g, bubble %.1f%%", s.name.c_str(),
+                    static_cast<long long>(s.pp), static_cast<long long>(s.micro_batches), sim.step_time,
+                    100 * sim.bubble());
+      write_file_durable(args->svg, timeline_svg(s, sim, title));
+      std::printf("timeline: %s\n", args->svg.c_str());
+    }
+    return 0;
+  };
+}
+
+}  // namespace tessera::cli

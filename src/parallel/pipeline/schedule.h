@@ -1,0 +1,81 @@
+// Pipeline schedules as data (DESIGN.md "Schedules are data"): one ordered list of actions per
+// pipeline rank, built by a generator (schedule_builders.h) or read from a CSV file, checked by
+// validate_schedule, replayed by simulate_schedule and run by one executor.
+//
+// The model is cut into S = pp x v stages (v "virtual" chunks per rank). Placement says which
+// rank holds stage s: `loop` puts stage s on rank s mod pp (GPipe, 1F1B, interleaved, ZB-H1);
+// `vee` (v = 2) puts stages 0..pp-1 on ranks 0..pp-1 and stages pp..2pp-1 back on ranks pp-1..0,
+// so rank 0 holds the first and the last stage (ZB-V, DualPipeV).
+//
+// An action is (op, stage, micro-batch):
+//   F      forward of `stage` for micro-batch `micro`
+//   B      the whole backward (input and weight gradients)
+//   I, W   the backward split (zero bubble): I the input gradient, on the critical path; W the
+//          weight gradient, any time after its I. A schedule uses B, or I and W, for all actions.
+//   SEND_F / RECV_F   the activation leaving stage s for stage s+1 (SEND_F carries the producing
+//          stage s, RECV_F the consuming stage s+1); only between different ranks.
+//   SEND_B / RECV_B   the gradient leaving stage s for stage s-1 (SEND_B: producer s, RECV_B:
+//          consumer s-1).
+// Sends are asynchronous (posted, completed later); a receive blocks until its data arrived.
+//
+// Text form (as torch.distributed.pipelining writes actions): "<stage><OP><micro>", e.g. "0F3",
+// "2I0", "1SEND_F4"; a CSV file holds one row per rank, one action per cell (empty cells ignored).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tessera::pipeline {
+
+enum class Op : uint8_t { F, B, I, W, SendF, RecvF, SendB, RecvB };
+
+struct Action {
+  Op op = Op::F;
+  int64_t stage = 0;
+  int64_t micro = 0;
+
+  bool operator==(const Action& o) const { return op == o.op && stage == o.stage && micro == o.micro; }
+  bool is_compute() const { return op == Op::F || op == Op::B || op == Op::I || op == Op::W; }
+  std::string str() const;  // "0F3"
+};
+
+// Parses "0F3", "1SEND_B2"; throws tessera::Error naming `where` on anything else.
+Action parse_action(const std::string& text, const std::string& where);
+
+enum class Placement : uint8_t { loop, vee };
+
+struct Schedule {
+  std::string name;            // gpipe, 1f1b, interleaved, zbh1, zbv, or the file's path
+  int64_t pp = 1;              // pipeline ranks
+  int64_t v = 1;               // stages per rank
+  int64_t micro_batches = 1;   // m, the micro-batches of one optimizer step
+  Placement placement = Placement::loop;
+  // The most activations a rank may hold at once, in units of one micro-batch's activations for
+  // one stage (a chunk); per rank; empty = no stated bound. The validator holds the table to it.
+  std::vector<int64_t> peak_limit;
+  std::vector<std::vector<Action>> ranks;  // ranks[r]: rank r's actions in order
+
+  int64_t stages() const { return pp * v; }
+  int64_t rank_of(int64_t stage) const;
+  // Whether the backward is split into I and W (any I action).
+  bool split_backward() const;
+};
+
+// Inserts the SEND/RECV actions a table of compute actions needs: a receive just before the
+// action that consumes it, a send just after the action that produces it, none between stages on
+// one rank. Existing communication actions are removed first.
+void add_communication(Schedule& schedule);
+
+// One row per rank of comma-separated actions.
+std::string to_csv(const Schedule& schedule);
+// Reads a CSV table for `pp` ranks, `v` stages each, `micro_batches` micro-batches, with
+// `placement`; adds the communication when the file has none. Errors name the file, row and cell.
+Schedule read_schedule_csv(const std::string& path, int64_t pp, int64_t v, int64_t micro_batches, Placement placement);
+
+// The table as a grid, one line per rank, one column per slot; `mark` (rank, index) is drawn
+// as [action] (index -1: none). `compute_only` leaves out the communication actions.
+std::string format_grid(const Schedule& schedule, bool compute_only = true, int64_t mark_rank = -1,
+                        int64_t mark_index = -1);
+
+}  // namespace tessera::pipeline

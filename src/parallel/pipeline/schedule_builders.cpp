@@ -1,0 +1,188 @@
+// The built-in schedules (schedule_builders.h).
+#include "parallel/pipeline/schedule_builders.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+
+#include "core/error.h"
+
+namespace tessera::pipeline {
+namespace {
+
+Schedule empty_schedule(const std::string& name, int64_t pp, int64_t m, int64_t v, Placement placement) {
+  Schedule s;
+  s.name = name;
+  s.pp = pp;
+  s.v = v;
+  s.micro_batches = m;
+  s.placement = placement;
+  s.ranks.resize(pp);
+  s.peak_limit.resize(pp);
+  return s;
+}
+
+Schedule gpipe(int64_t p, int64_t m) {
+  Schedule s = empty_schedule("gpipe", p, m, 1, Placement::loop);
+  for (int64_t r = 0; r < p; ++r) {
+    for (int64_t k = 0; k < m; ++k) s.ranks[r].push_back({Op::F, r, k});
+    for (int64_t k = 0; k < m; ++k) s.ranks[r].push_back({Op::B, r, k});
+    s.peak_limit[r] = m;
+  }
+  return s;
+}
+
+Schedule one_f_one_b(int64_t p, int64_t m) {
+  Schedule s = empty_schedule("1f1b", p, m, 1, Placement::loop);
+  for (int64_t r = 0; r < p; ++r) {
+    const int64_t warmup = std::min(p - r - 1, m);
+    auto& a = s.ranks[r];
+    for (int64_t k = 0; k < warmup; ++k) a.push_back({Op::F, r, k});
+    for (int64_t i = 0; i < m - warmup; ++i) {
+      a.push_back({Op::F, r, warmup + i});
+      a.push_back({Op::B, r, i});
+    }
+    for (int64_t k = m - warmup; k < m; ++k) a.push_back({Op::B, r, k});
+    s.peak_limit[r] = std::min(p - r, m);
+  }
+  return s;
+}
+
+// Megatron-LM's interleaved 1F1B: rank r walks its m*v (chunk, micro-batch) pairs in groups of p
+// micro-batches per chunk, forwards in chunk order 0..v-1 and backwards in v-1..0.
+Schedule interleaved(int64_t p, int64_t m, int64_t v) {
+  Schedule s = empty_schedule("interleaved", p, m, v, Placement::loop);
+  const int64_t total = m * v, group = p * v;
+  auto micro = [&](int64_t k) { return (k / group) * p + k % p; };
+  for (int64_t r = 0; r < p; ++r) {
+    const int64_t warmup = std::min((p - r - 1) * 2 + (v - 1) * p, total);
+    auto forward = [&](int64_t k) { return Action{Op::F, ((k % group) / p) * p + r, micro(k)}; };
+    auto backward = [&](int64_t k) { return Action{Op::B, (v - 1 - (k % group) / p) * p + r, micro(k)}; };
+    auto& a = s.ranks[r];
+    for (int64_t k = 0; k < warmup; ++k) a.push_back(forward(k));
+    for (int64_t i = 0; i < total - warmup; ++i) {
+      a.push_back(forward(warmup + i));
+      a.push_back(backward(i));
+    }
+    for (int64_t k = total - warmup; k < total; ++k) a.push_back(backward(k));
+    s.peak_limit[r] = std::min(warmup + 1, total);
+  }
+  return s;
+}
+
+// Rank r delays each W by r micro-batches, so that the input gradients of the last micro-batches
+// run back to rank 0 without waiting behind W's; every rank then holds at most p activations.
+Schedule zero_bubble_h1(int64_t p, int64_t m) {
+  Schedule s = empty_schedule("zbh1", p, m, 1, Placement::loop);
+  for (int64_t r = 0; r < p; ++r) {
+    auto& a = s.ranks[r];
+    int64_t next_f = std::min(p - r, m), next_w = 0;
+    for (int64_t k = 0; k < next_f; ++k) a.push_back({Op::F, r, k});
+    for (int64_t j = 0; j < m; ++j) {
+      a.push_back({Op::I, r, j});
+      if (j - r >= 0) a.push_back({Op::W, r, next_w++});
+      if (next_f < m) a.push_back({Op::F, r, next_f++});
+    }
+    while (next_w < m) a.push_back({Op::W, r, next_w++});
+    s.peak_limit[r] = std::min(p, m);
+  }
+  return s;
+}
+
+// ZB-V by list scheduling over unit-time slots (the zero-bubble paper's greedy): at each slot a
+// free rank takes the first available of: an I whose inputs are ready (lowest micro-batch, deeper
+// stage first), an F while it holds fewer than `limit` activations (lowest micro-batch, deeper
+// stage first), its oldest pending W.
+Schedule zero_bubble_v(int64_t p, int64_t m) {
+  Schedule s = empty_schedule("zbv", p, m, 2, Placement::vee);
+  const int64_t stages = 2 * p, limit = 2 * p;
+  constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+  std::map<std::pair<int64_t, int64_t>, int64_t> f_done, i_done;  // (stage, micro) -> finish slot
+  auto done_by = [&](const auto& done, int64_t stage, int64_t mb, int64_t t) {
+    const auto it = done.find({stage, mb});
+    return it != done.end() && it->second <= t;
+  };
+  std::vector<std::vector<int64_t>> next_f(p, std::vector<int64_t>(2, 0));
+  std::vector<int64_t> held(p, 0);
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> pending_w(p);
+  const int64_t work = 3 * stages * m;
+  int64_t scheduled = 0;
+  for (int64_t t = 0; scheduled < work; ++t) {
+    require(t < 10 * work + 10 * p, "internal: the ZB-V list scheduler made no progress");
+    for (int64_t r = 0; r < p; ++r) {
+      const int64_t mine[2] = {r, stages - 1 - r};  // chunk 0 and chunk 1 of rank r
+      Action chosen{Op::W, -1, kNever};
+      for (int64_t mb = 0; mb < m && chosen.stage < 0; ++mb)
+        for (int64_t stage : {mine[1], mine[0]}) {
+          if (!done_by(f_done, stage, mb, t) || i_done.count({stage, mb})) continue;
+          if (stage + 1 < stages && !done_by(i_done, stage + 1, mb, t)) continue;
+          chosen = {Op::I, stage, mb};
+          break;
+        }
+      if (chosen.stage < 0 && held[r] < limit) {
+        for (int64_t c : {1, 0}) {
+          const int64_t stage = mine[c], mb = next_f[r][c];
+          if (mb >= m || (stage > 0 && !done_by(f_done, stage - 1, mb, t))) continue;
+          if (chosen.stage < 0 || mb < chosen.micro) chosen = {Op::F, stage, mb};
+        }
+      }
+      if (chosen.stage < 0 && !pending_w[r].empty()) {
+        chosen = {Op::W, pending_w[r].front().first, pending_w[r].front().second};
+        pending_w[r].erase(pending_w[r].begin());
+      }
+      if (chosen.stage < 0) continue;
+      s.ranks[r].push_back(chosen);
+      ++scheduled;
+      if (chosen.op == Op::F) {
+        f_done[{chosen.stage, chosen.micro}] = t + 1;
+        ++next_f[r][chosen.stage == mine[0] ? 0 : 1];
+        ++held[r];
+      } else if (chosen.op == Op::I) {
+        i_done[{chosen.stage, chosen.micro}] = t + 1;
+        pending_w[r].push_back({chosen.stage, chosen.micro});
+      } else {
+        --held[r];
+      }
+    }
+  }
+  for (int64_t r = 0; r < p; ++r) s.peak_limit[r] = limit;
+  return s;
+}
+
+}  // namespace
+
+const std::vector<std::string>& schedule_names() {
+  static const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved", "zbh1", "zbv"};
+  return names;
+}
+
+Schedule build_schedule(const std::string& name, int64_t pp, int64_t micro_batches, int64_t v) {
+  require(pp >= 1, "parallel.pp must be at least 1 (got ", pp, ")");
+  require(micro_batches >= 1, "a pipeline step needs at least one micro-batch (got ", micro_batches, ")");
+  const int64_t m = micro_batches;
+  if (name == "interleaved") {
+    require(v >= 2, "parallel.pp_schedule = interleaved needs parallel.pp_virtual >= 2 stages per rank (got ", v, ")");
+    require(m % pp == 0, "parallel.pp_schedule = interleaved needs the micro-batches of a step (the accumulation count, "
+            "train.global_batch_size / (train.batch_size x dp)) to be a multiple of parallel.pp = ", pp, " (got ", m, ")");
+  } else if (name == "zbv") {
+    require(v == 2, "parallel.pp_schedule = zbv places exactly 2 stages per rank (parallel.pp_virtual = 2, got ", v, ")");
+  } else {
+    require(v == 1, "parallel.pp_schedule = ", name, " places one stage per rank: parallel.pp_virtual must be 1 (got ",
+            v, "); interleaved and zbv take several");
+  }
+  Schedule s;
+  if (name == "gpipe") s = gpipe(pp, m);
+  else if (name == "1f1b") s = one_f_one_b(pp, m);
+  else if (name == "interleaved") s = interleaved(pp, m, v);
+  else if (name == "zbh1") s = zero_bubble_h1(pp, m);
+  else if (name == "zbv") s = zero_bubble_v(pp, m);
+  else {
+    std::string known;
+    for (const auto& n : schedule_names()) known += (known.empty() ? "" : ", ") + n;
+    fail("parallel.pp_schedule = '", name, "' is not a schedule (", known, ", or file:PATH)");
+  }
+  add_communication(s);
+  return s;
+}
+
+}  // namespace tessera::pipeline

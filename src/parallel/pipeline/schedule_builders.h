@@ -1,0 +1,42 @@
+// The built-in pipeline schedules, as tables (schedule.h). Each builder gives every rank its
+// compute actions in order, the communication added (add_communication), and the peak it promises
+// (Schedule::peak_limit, in activations of one micro-batch for one stage), which the validator
+// holds it to. With p ranks, m micro-batches, v stages per rank and unit costs F = I = W = 1
+// (B = 2), the bubble (idle share of p x step time) each gives, checked by the simulator in tests:
+//
+//   gpipe        all F, then all B.                                     (p-1)/(m+p-1); peak m
+//   1f1b         PipeDream-flush: rank r runs min(p-r-1, m) forwards, then
+//                alternates F and B, then the remaining B.               (p-1)/(m+p-1); peak p-r
+//   interleaved  Megatron's interleaved 1F1B over v chunks per rank
+//                (stage c*p + r on rank r); m must be a multiple of p.   (p-1)/(v*m+p-1)
+//   zbh1         zero bubble H1: B split into I and W; rank r runs p-r
+//                forwards, then per micro-batch j: I_j, W_(j-r), the
+//                next F; then its remaining W.                            (p-1)/(3m+p-1) for m >= p;
+//                                                                        peak p on every rank
+//   zbv          zero bubble V: two chunks per rank in V placement (rank
+//                0 holds the first and the last stage); built by a
+//                list scheduler over unit-time slots: an I whose input
+//                is ready first, then an F while fewer than 2p chunk
+//                activations are held, then a W.                         (p-1)/(6m+p-1), the pipeline
+//                                                                        fill alone, for m >= p; peak 2p
+//
+// Refusals name the key: the micro-batches of a step are the accumulation count
+// (train.global_batch_size / (train.batch_size x dp), or train.grad_accum).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "parallel/pipeline/schedule.h"
+
+namespace tessera::pipeline {
+
+// The names build_schedule knows.
+const std::vector<std::string>& schedule_names();
+
+// `name` with `pp` ranks, `micro_batches` micro-batches and `v` stages per rank (interleaved: >= 2;
+// zbv: 2; the others: 1). Throws tessera::Error naming parallel.pp_schedule / parallel.pp_virtual
+// or the micro-batch count when the combination cannot be built.
+Schedule build_schedule(const std::string& name, int64_t pp, int64_t micro_batches, int64_t v);
+
+}  // namespace tessera::pipeline

@@ -1,0 +1,123 @@
+// Schedule replay (simulate.h).
+#include "parallel/pipeline/simulate.h"
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+namespace tessera::pipeline {
+namespace {
+
+// (op, stage, micro) of an event another action waits for; B and I both count as "input
+// gradient done", kept under Op::I.
+using EventKey = std::tuple<Op, int64_t, int64_t>;
+
+}  // namespace
+
+double ActionCosts::of(Op op) const {
+  switch (op) {
+    case Op::F: return f;
+    case Op::B: return b;
+    case Op::I: return i;
+    case Op::W: return w;
+    default: return 0;
+  }
+}
+
+double Simulation::bubble() const {
+  if (step_time <= 0 || busy.empty()) return 0;
+  double total = 0;
+  for (double b : busy) total += b;
+  return 1 - total / (static_cast<double>(busy.size()) * step_time);
+}
+
+Simulation simulate_schedule(const Schedule& s, const ActionCosts& costs) {
+  const int64_t pp = static_cast<int64_t>(s.ranks.size());
+  Simulation sim;
+  sim.timeline.resize(pp);
+  sim.busy.assign(pp, 0);
+  sim.peak_held.assign(pp, 0);
+  std::vector<double> clock(pp, 0);
+  std::vector<int64_t> next(pp, 0), held(pp, 0);
+  std::map<EventKey, double> done;     // compute ends, and arrivals (keyed by the send)
+
+  // The time the inputs of `a` on rank r are ready, or -1 when one has not happened yet; `why`
+  // names the missing one.
+  auto ready_time = [&](int64_t r, const Action& a, std::string& why) -> double {
+    std::vector<EventKey> needs;
+    switch (a.op) {
+      case Op::F:
+        if (a.stage > 0 && s.rank_of(a.stage - 1) == r) needs.emplace_back(Op::F, a.stage - 1, a.micro);
+        if (a.stage > 0 && s.rank_of(a.stage - 1) != r) needs.emplace_back(Op::RecvF, a.stage, a.micro);
+        break;
+      case Op::B:
+      case Op::I:
+        needs.emplace_back(Op::F, a.stage, a.micro);
+        if (a.stage + 1 < s.stages() && s.rank_of(a.stage + 1) == r) needs.emplace_back(Op::I, a.stage + 1, a.micro);
+        if (a.stage + 1 < s.stages() && s.rank_of(a.stage + 1) != r) needs.emplace_back(Op::RecvB, a.stage, a.micro);
+        break;
+      case Op::W: needs.emplace_back(Op::I, a.stage, a.micro); break;
+      case Op::SendF: needs.emplace_back(Op::F, a.stage, a.micro); break;
+      case Op::SendB: needs.emplace_back(Op::I, a.stage, a.micro); break;
+      case Op::RecvF: needs.emplace_back(Op::SendF, a.stage - 1, a.micro); break;
+      case Op::RecvB: needs.emplace_back(Op::SendB, a.stage + 1, a.micro); break;
+    }
+    double ready = 0;
+    for (const EventKey& key : needs) {
+      const auto it = done.find(key);
+      if (it == done.end()) {
+        const auto& [op, stage, micro] = key;
+        const std::string shown = Action{op == Op::I && !s.split_backward() ? Op::B : op, stage, micro}.str();
+        if (op == Op::RecvF || op == Op::RecvB) why = "its receive " + shown;
+        else if (op == Op::SendF || op == Op::SendB) why = "the send " + shown + " on rank " + std::to_string(s.rank_of(stage));
+        else if (s.rank_of(stage) == r) why = shown + ", which does not come before it on this rank";
+        else why = shown + " on rank " + std::to_string(s.rank_of(stage));
+        return -1;
+      }
+      ready = std::max(ready, it->second);
+    }
+    return ready;
+  };
+
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int64_t r = 0; r < pp; ++r) {
+      while (next[r] < static_cast<int64_t>(s.ranks[r].size())) {
+        const Action& a = s.ranks[r][next[r]];
+        std::string why;
+        const double ready = ready_time(r, a, why);
+        if (ready < 0) break;
+        if (a.op == Op::SendF || a.op == Op::SendB) {
+          done[{a.op, a.stage, a.micro}] = std::max(clock[r], ready) + costs.transfer;
+        } else {
+          const double start = std::max(clock[r], ready), end = start + costs.of(a.op);
+          clock[r] = end;
+          sim.busy[r] += costs.of(a.op);
+          sim.timeline[r].push_back({a, start, end});
+          if (a.is_compute()) {
+            const Op key = a.op == Op::B ? Op::I : a.op;
+            done[{key, a.stage, a.micro}] = end;
+          } else {
+            done[{a.op, a.stage, a.micro}] = end;
+          }
+          if (a.op == Op::F) held[r] += 1;
+          if (a.op == Op::B || a.op == Op::W) held[r] -= 1;
+          sim.peak_held[r] = std::max(sim.peak_held[r], held[r]);
+        }
+        ++next[r];
+        progress = true;
+      }
+    }
+  }
+  for (int64_t r = 0; r < pp; ++r) {
+    sim.step_time = std::max(sim.step_time, clock[r]);
+    if (next[r] < static_cast<int64_t>(s.ranks[r].size())) {
+      std::string why;
+      ready_time(r, s.ranks[r][next[r]], why);
+      sim.stuck.push_back({r, next[r], why});
+    }
+  }
+  return sim;
+}
+
+}  // namespace tessera::pipeline

@@ -1,0 +1,54 @@
+// Replaying a schedule table with per-action costs: when each action would start and end on each
+// rank, the step time, the bubble and the peak of held activations. The validator uses it to find
+// deadlocks; `tessera pipeline` prints it; the executor's measured timeline is drawn beside it.
+//
+// Semantics (the executor's): each rank runs its actions in order, one at a time.
+//   F(s, j) needs F(s-1, j): on the same rank its end, across ranks its RECV_F.
+//   B/I(s, j) needs F(s, j) on this rank and B/I(s+1, j): on the same rank its end, across ranks
+//   its RECV_B. W(s, j) needs I(s, j).
+//   SEND_* takes no time on the rank (it is posted and completes in the background); the data
+//   arrives `transfer` after the send was posted. RECV_* waits until its data arrived.
+// Held activations: +1 at F, -1 at B or W (I frees nothing that W does not still need).
+//
+// A table in which some rank can never run its next action (a receive whose send never comes, an
+// action before its own input) ends the replay early: `stuck` lists each blocked rank's action.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "parallel/pipeline/schedule.h"
+
+namespace tessera::pipeline {
+
+struct ActionCosts {
+  double f = 1, b = 2, i = 1, w = 1;  // compute, per action (one stage, one micro-batch)
+  double transfer = 0;                // from a send being posted to the data's arrival
+  double of(Op op) const;
+};
+
+struct TimedAction {
+  Action action;
+  double start = 0, end = 0;
+};
+
+struct BlockedRank {
+  int64_t rank = 0;
+  int64_t index = 0;       // the action it cannot run, in schedule.ranks[rank]
+  std::string waits_for;   // "2F3 on rank 2" / "1F4, later on this rank"
+};
+
+struct Simulation {
+  std::vector<std::vector<TimedAction>> timeline;  // per rank, in order (compute and receives)
+  double step_time = 0;                            // the last action's end
+  std::vector<double> busy;                        // compute time per rank
+  std::vector<int64_t> peak_held;                  // most activations held at once, per rank
+  std::vector<BlockedRank> stuck;                  // empty when the table ran to its end
+
+  // Idle share of pp x step_time.
+  double bubble() const;
+};
+
+Simulation simulate_schedule(const Schedule& schedule, const ActionCosts& costs = {});
+
+}  // namespace tessera::pipeline

@@ -1,0 +1,115 @@
+// Schedule validation (validate.h).
+#include "parallel/pipeline/validate.h"
+
+#include <map>
+#include <sstream>
+#include <tuple>
+
+#include "core/error.h"
+#include "parallel/pipeline/simulate.h"
+
+namespace tessera::pipeline {
+namespace {
+
+std::string schedule_title(const Schedule& s) {
+  std::ostringstream out;
+  out << "pipeline schedule " << s.name << " (pp " << s.pp << ", " << s.v << " stage(s) per rank, " << s.micro_batches
+      << " micro-batches)";
+  return out.str();
+}
+
+[[noreturn]] void refuse(const Schedule& s, int64_t rank, int64_t index, const std::string& what) {
+  const bool comm = index >= 0 && !s.ranks[rank][index].is_compute();
+  fail(schedule_title(s), ": rank ", rank, ", action ", index >= 0 ? s.ranks[rank][index].str() : std::string("-"),
+       " (position ", index, "): ", what, "\n", format_grid(s, !comm, rank, index));
+}
+
+// Where each action of a kind stands: (op, stage, micro) -> (rank, index), refusing duplicates.
+using Where = std::map<std::tuple<Op, int64_t, int64_t>, std::pair<int64_t, int64_t>>;
+
+}  // namespace
+
+void validate_schedule(const Schedule& s) {
+  require(static_cast<int64_t>(s.ranks.size()) == s.pp, schedule_title(s), ": ", s.ranks.size(),
+          " rows of actions, one per pipeline rank expected (", s.pp, ")");
+  require(s.placement == Placement::loop || s.v == 2, schedule_title(s), ": V placement needs 2 stages per rank");
+  const bool split = s.split_backward();
+  Where where;
+  for (int64_t r = 0; r < s.pp; ++r)
+    for (int64_t i = 0; i < static_cast<int64_t>(s.ranks[r].size()); ++i) {
+      const Action& a = s.ranks[r][i];
+      if (a.stage < 0 || a.stage >= s.stages())
+        refuse(s, r, i, "stage " + std::to_string(a.stage) + " does not exist (" + std::to_string(s.stages()) + " stages)");
+      if (a.micro < 0 || a.micro >= s.micro_batches)
+        refuse(s, r, i, "micro-batch " + std::to_string(a.micro) + " does not exist (" +
+                            std::to_string(s.micro_batches) + " per step)");
+      if (s.rank_of(a.stage) != r)
+        refuse(s, r, i, "stage " + std::to_string(a.stage) + " is held by rank " + std::to_string(s.rank_of(a.stage)));
+      if (split && a.op == Op::B) refuse(s, r, i, "a full B in a table that splits the backward into I and W");
+      if (!where.emplace(std::make_tuple(a.op, a.stage, a.micro), std::make_pair(r, i)).second)
+        refuse(s, r, i, "appears twice");
+    }
+  auto find = [&](Op op, int64_t stage, int64_t micro) {
+    const auto it = where.find({op, stage, micro});
+    return it == where.end() ? std::make_pair(int64_t{-1}, int64_t{-1}) : it->second;
+  };
+  // Every (stage, micro-batch): its compute, in order on its rank.
+  for (int64_t stage = 0; stage < s.stages(); ++stage)
+    for (int64_t j = 0; j < s.micro_batches; ++j) {
+      const int64_t r = s.rank_of(stage);
+      const Action f{Op::F, stage, j}, back{split ? Op::I : Op::B, stage, j};
+      const auto fpos = find(Op::F, stage, j), bpos = find(back.op, stage, j);
+      if (fpos.first < 0) refuse(s, r, -1, "the forward " + f.str() + " is missing");
+      if (bpos.first < 0) refuse(s, r, -1, "the backward " + back.str() + " is missing");
+      if (bpos.second < fpos.second) refuse(s, r, bpos.second, "comes before its forward " + f.str());
+      if (split) {
+        const auto wpos = find(Op::W, stage, j);
+        if (wpos.first < 0) refuse(s, r, -1, "the weight gradient " + Action{Op::W, stage, j}.str() + " is missing");
+        if (wpos.second < bpos.second) refuse(s, r, wpos.second, "comes before its input gradient " + back.str());
+      }
+      // Transfers between ranks: forward to stage+1, gradient to stage-1.
+      for (const bool forward : {true, false}) {
+        const int64_t peer_stage = forward ? stage + 1 : stage - 1;
+        const bool needed = peer_stage >= 0 && peer_stage < s.stages() && s.rank_of(peer_stage) != r;
+        const Op send_op = forward ? Op::SendF : Op::SendB, recv_op = forward ? Op::RecvF : Op::RecvB;
+        const auto send = find(send_op, stage, j), recv = find(recv_op, peer_stage, j);
+        const auto producer = forward ? fpos : bpos;
+        if (!needed) {
+          if (send.first >= 0) refuse(s, send.first, send.second, "sends where no transfer is (the next stage is on this rank or there is none)");
+          continue;
+        }
+        const int64_t peer = s.rank_of(peer_stage);
+        const auto consumer = find(forward ? Op::F : back.op, peer_stage, j);
+        if (send.first < 0)
+          refuse(s, r, producer.second, "its output goes to rank " + std::to_string(peer) + " but no " +
+                                            Action{send_op, stage, j}.str() + " follows it");
+        if (send.second < producer.second) refuse(s, r, send.second, "sends before its data is computed");
+        if (recv.first < 0)
+          refuse(s, peer, consumer.second, "its input comes from rank " + std::to_string(r) + " but no " +
+                                               Action{recv_op, peer_stage, j}.str() + " precedes it");
+        if (consumer.second >= 0 && recv.second > consumer.second)
+          refuse(s, peer, recv.second, "receives after the action that needs it");
+      }
+    }
+  for (const auto& [key, pos] : where) {
+    const auto& [op, stage, micro] = key;
+    if (op == Op::RecvF && (stage == 0 || s.rank_of(stage - 1) == pos.first))
+      refuse(s, pos.first, pos.second, "receives where no transfer is");
+    if (op == Op::RecvB && (stage + 1 >= s.stages() || s.rank_of(stage + 1) == pos.first))
+      refuse(s, pos.first, pos.second, "receives where no transfer is");
+  }
+  const Simulation sim = simulate_schedule(s);
+  if (!sim.stuck.empty()) {
+    std::string blocked;
+    for (const BlockedRank& b : sim.stuck)
+      blocked += "\n  rank " + std::to_string(b.rank) + " at " + s.ranks[b.rank][b.index].str() + " waits for " + b.waits_for;
+    refuse(s, sim.stuck.front().rank, sim.stuck.front().index,
+           "can never run: the table deadlocks (a cycle of waits across ranks):" + blocked);
+  }
+  for (int64_t r = 0; r < s.pp && r < static_cast<int64_t>(s.peak_limit.size()); ++r)
+    if (s.peak_limit[r] > 0 && sim.peak_held[r] > s.peak_limit[r])
+      refuse(s, r, -1, "holds " + std::to_string(sim.peak_held[r]) + " micro-batches' activations at once, more than the " +
+                           std::to_string(s.peak_limit[r]) + " the schedule states");
+}
+
+}  // namespace tessera::pipeline

@@ -1,0 +1,36 @@
+// `tessera pipeline`: the table, the simulated bubble beside its formula, the peak per rank and
+// the timeline picture, without a model; a broken CSV table is refused naming rank and action.
+#include <gtest/gtest.h>
+
+#include "cli_util.h"
+
+namespace tessera::test {
+namespace {
+
+TEST(PipelineCommand, PrintsTheTableBubbleAndPeakAndDrawsTheTimeline) {
+  const std::string dir = fresh_dir("pipeline_command");
+  auto r = run_tessera("pipeline --schedule zbh1 --pp 4 --microbatches 8 --svg " + dir + "/zbh1.svg --csv " + dir +
+                       "/zbh1.csv");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 3  | 3F0 3I0 3F1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step time 27; bubble 11.11% of 4 ranks x step time (formula 11.11%)"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("per rank: 4 4 4 4"), std::string::npos) << r.output;
+  const std::string svg = slurp(dir + "/zbh1.svg");
+  EXPECT_NE(svg.find("<svg"), std::string::npos);
+  EXPECT_NE(svg.find(">3I7<"), std::string::npos);
+
+  // The written table runs again as file:PATH; with one receive removed it is refused.
+  auto again = run_tessera("pipeline --schedule file:" + dir + "/zbh1.csv --pp 4 --microbatches 8");
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_NE(again.output.find("bubble 11.11%"), std::string::npos) << again.output;
+  std::string table = slurp(dir + "/zbh1.csv");
+  table.replace(table.find("1RECV_F1,"), 9, "");
+  std::ofstream(dir + "/broken.csv") << table;
+  expect_error("pipeline --schedule file:" + dir + "/broken.csv --pp 4 --microbatches 8",
+               {"rank 1, action 1F1", "no 1RECV_F1 precedes it", "[1F1]"});
+  expect_error("pipeline --schedule interleaved --pp 4 --microbatches 6", {"multiple of parallel.pp = 4"});
+}
+
+}  // namespace
+}  // namespace tessera::test

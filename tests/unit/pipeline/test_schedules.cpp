@@ -1,0 +1,161 @@
+// Pipeline schedules as data: every built-in table validates, its replay with unit costs gives
+// the schedule's bubble formula and stated activation peak, broken tables are refused naming the
+// rank and action, and tables survive CSV.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "parallel/pipeline/schedule_builders.h"
+#include "parallel/pipeline/simulate.h"
+#include "parallel/pipeline/validate.h"
+#include "test_util.h"
+
+namespace tessera::pipeline {
+namespace {
+
+// Index of `a` in rank r's actions (-1 when absent).
+int64_t index_of(const Schedule& s, int64_t r, const Action& a) {
+  const auto& v = s.ranks[r];
+  const auto it = std::find(v.begin(), v.end(), a);
+  return it == v.end() ? -1 : it - v.begin();
+}
+
+struct Case {
+  std::string name;
+  int64_t v;
+  double (*formula)(double p, double m, double v);
+  int64_t min_m_factor;  // the formula holds for m >= min_m_factor * p (0: any m)
+};
+
+const Case kCases[] = {
+    {"gpipe", 1, [](double p, double m, double) { return (p - 1) / (m + p - 1); }, 0},
+    {"1f1b", 1, [](double p, double m, double) { return (p - 1) / (m + p - 1); }, 0},
+    {"interleaved", 2, [](double p, double m, double v) { return (p - 1) / (v * m + p - 1); }, 1},
+    {"zbh1", 1, [](double p, double m, double) { return (p - 1) / (3 * m + p - 1); }, 1},
+    {"zbv", 2, [](double p, double m, double) { return (p - 1) / (6 * m + p - 1); }, 1},
+};
+
+TEST(PipelineSchedules, BuiltInTablesValidateAndGiveTheirBubbleFormula) {
+  for (const Case& c : kCases)
+    for (int64_t p : {int64_t{2}, int64_t{4}, int64_t{8}})
+      for (int64_t m : {int64_t{4}, int64_t{8}, int64_t{16}, 2 * p}) {
+        if (m < c.min_m_factor * p || (c.name == "interleaved" && m % p != 0)) continue;
+        const Schedule s = build_schedule(c.name, p, m, c.v);
+        SCOPED_TRACE(c.name + " pp " + std::to_string(p) + " m " + std::to_string(m));
+        ASSERT_NO_THROW(validate_schedule(s));
+        const Simulation sim = simulate_schedule(s);
+        ASSERT_TRUE(sim.stuck.empty());
+        EXPECT_NEAR(sim.bubble(), c.formula(p, m, c.v), 1e-12) << format_grid(s);
+      }
+  // Interleaved with 3 and 4 chunks per rank.
+  for (int64_t v : {3, 4}) {
+    const Schedule s = build_schedule("interleaved", 4, 8, v);
+    validate_schedule(s);
+    EXPECT_NEAR(simulate_schedule(s).bubble(), 3.0 / (v * 8 + 3), 1e-12) << v;
+  }
+}
+
+TEST(PipelineSchedules, PeakActivationsAreTheSchedulesCounts) {
+  const int64_t p = 4, m = 8;
+  const Simulation gpipe = simulate_schedule(build_schedule("gpipe", p, m, 1));
+  const Simulation ofob = simulate_schedule(build_schedule("1f1b", p, m, 1));
+  const Simulation zbh1 = simulate_schedule(build_schedule("zbh1", p, m, 1));
+  const Simulation zbv = simulate_schedule(build_schedule("zbv", p, m, 2));
+  for (int64_t r = 0; r < p; ++r) {
+    EXPECT_EQ(gpipe.peak_held[r], m) << r;
+    EXPECT_EQ(ofob.peak_held[r], p - r) << r;
+    EXPECT_EQ(zbh1.peak_held[r], p) << r;
+    EXPECT_LE(zbv.peak_held[r], 2 * p) << r;  // chunks of half a stage: p whole stages
+  }
+  // 1F1B with fewer micro-batches than stages still runs (no hang), with the longer bubble.
+  const Schedule short_run = build_schedule("1f1b", 8, 3, 1);
+  validate_schedule(short_run);
+  EXPECT_NEAR(simulate_schedule(short_run).bubble(), 7.0 / 10.0, 1e-12);
+}
+
+TEST(PipelineSchedules, ZeroBubbleBeatsOneFOneB) {
+  for (int64_t p : {4, 8}) {
+    const double ofob = simulate_schedule(build_schedule("1f1b", p, 2 * p, 1), {1, 2, 1, 1, 0}).step_time;
+    const double zbh1 = simulate_schedule(build_schedule("zbh1", p, 2 * p, 1)).step_time;
+    const double zbv = simulate_schedule(build_schedule("zbv", p, 2 * p, 2), {0.5, 1, 0.5, 0.5, 0}).step_time;
+    // Per micro-batch work 3 (F + I + W = F + B); 1F1B idles (p-1)*3, ZB-H1 (p-1)*1, ZB-V (p-1)*0.5.
+    EXPECT_DOUBLE_EQ(ofob, 3 * 2 * p + 3 * (p - 1));
+    EXPECT_DOUBLE_EQ(zbh1, 3 * 2 * p + (p - 1));
+    EXPECT_DOUBLE_EQ(zbv, 3 * 2 * p + 0.5 * (p - 1));
+  }
+}
+
+TEST(PipelineSchedules, BrokenTablesAreRefusedNamingRankAndAction) {
+  const Schedule good = build_schedule("1f1b", 2, 4, 1);
+  {  // A missing forward.
+    Schedule s = good;
+    s.ranks[1].erase(s.ranks[1].begin() + index_of(s, 1, {Op::F, 1, 2}));
+    EXPECT_TRUE(test::throws_naming([&] { validate_schedule(s); }, {"the forward 1F2 is missing"}));
+  }
+  {  // A backward before its forward.
+    Schedule s = good;
+    std::swap(s.ranks[0][index_of(s, 0, {Op::F, 0, 3})], s.ranks[0][index_of(s, 0, {Op::B, 0, 3})]);
+    EXPECT_TRUE(test::throws_naming([&] { validate_schedule(s); }, {"rank 0, action 0B3", "comes before its forward 0F3", "[0B3]"}));
+  }
+  {  // An unmatched send: the receive is gone.
+    Schedule s = good;
+    s.ranks[1].erase(s.ranks[1].begin() + index_of(s, 1, {Op::RecvF, 1, 1}));
+    EXPECT_TRUE(test::throws_naming([&] { validate_schedule(s); }, {"rank 1", "no 1RECV_F1 precedes it"}));
+  }
+  {  // A send where no transfer is.
+    Schedule s = good;
+    s.ranks[1].push_back({Op::SendF, 1, 0});
+    EXPECT_TRUE(test::throws_naming([&] { validate_schedule(s); }, {"1SEND_F0", "sends where no transfer is"}));
+  }
+  {  // A cycle: rank 0 waits for a gradient before sending the activation rank 1 needs to make it.
+    Schedule s = build_schedule("gpipe", 2, 2, 1);
+    auto& r0 = s.ranks[0];
+    const int64_t recv = index_of(s, 0, {Op::RecvB, 0, 0});
+    const Action moved = r0[recv];
+    r0.erase(r0.begin() + recv);
+    r0.insert(r0.begin() + index_of(s, 0, {Op::SendF, 0, 0}), moved);
+    EXPECT_TRUE(test::throws_naming([&] { validate_schedule(s); },
+                                    {"deadlocks", "rank 0 at 0RECV_B0 waits for the send 1SEND_B0 on rank 1",
+                                     "rank 1 at 1RECV_F0 waits for the send 0SEND_F0 on rank 0"}));
+  }
+  {  // An action on a rank that does not hold its stage, and more activations than stated.
+    Schedule s = good;
+    s.ranks[0].push_back({Op::W, 1, 0});
+    EXPECT_TRUE(test::throws_naming([&] { validate_schedule(s); }, {"stage 1 is held by rank 1"}));
+    Schedule tight = good;
+    tight.peak_limit[0] = 1;
+    EXPECT_TRUE(test::throws_naming([&] { validate_schedule(tight); }, {"holds 2 micro-batches' activations", "1 the schedule states"}));
+  }
+}
+
+TEST(PipelineSchedules, CombinationsThatCannotBeBuiltNameTheKey) {
+  EXPECT_TRUE(test::throws_naming([] { build_schedule("interleaved", 4, 6, 2); },
+                                  {"multiple of parallel.pp = 4", "train.global_batch_size"}));
+  EXPECT_TRUE(test::throws_naming([] { build_schedule("interleaved", 4, 8, 1); }, {"parallel.pp_virtual >= 2"}));
+  EXPECT_TRUE(test::throws_naming([] { build_schedule("zbv", 4, 8, 3); }, {"parallel.pp_virtual = 2"}));
+  EXPECT_TRUE(test::throws_naming([] { build_schedule("1f1b", 4, 8, 2); }, {"parallel.pp_virtual must be 1"}));
+  EXPECT_TRUE(test::throws_naming([] { build_schedule("zbh2", 4, 8, 1); }, {"'zbh2' is not a schedule", "zbv"}));
+}
+
+TEST(PipelineSchedules, TablesRoundTripThroughCsv) {
+  const std::string dir = test::fresh_dir("pipeline_csv");
+  for (const std::string name : {"zbh1", "zbv"}) {
+    const Schedule s = build_schedule(name, 4, 8, name == "zbv" ? 2 : 1);
+    const std::string path = dir + "/" + name + ".csv";
+    std::ofstream(path) << to_csv(s);
+    const Schedule back = read_schedule_csv(path, 4, s.v, 8, s.placement);
+    EXPECT_EQ(back.ranks, s.ranks) << name;
+  }
+  // A file with compute actions only gets its communication.
+  std::ofstream(dir + "/compute.csv") << "0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n";
+  const Schedule compute = read_schedule_csv(dir + "/compute.csv", 2, 1, 2, Placement::loop);
+  validate_schedule(compute);
+  EXPECT_EQ(index_of(compute, 1, {Op::RecvF, 1, 0}), 0);
+  std::ofstream(dir + "/bad.csv") << "0F0,0X1\n1F0\n";
+  EXPECT_TRUE(test::throws_naming([&] { read_schedule_csv(dir + "/bad.csv", 2, 1, 2, Placement::loop); },
+                                  {"bad.csv: row 1, cell 2", "'0X1' is not an action"}));
+}
+
+}  // namespace
+}  // namespace tessera::pipeline
