@@ -1,13 +1,22 @@
 // `tessera pipeline`: builds (or reads) a pipeline schedule, validates it, replays it with
 // per-action costs and prints the table, the step time, the bubble against the schedule's
 // formula and the peak of held activations per rank; --svg draws the timeline. No model runs.
+// --measure MS runs the table on pp local processes (Gloo) whose compute actions sleep their cost
+// x MS milliseconds (parallel/pipeline/measure.h) and prints the measured bubble beside the
+// simulated one (--svg then also draws the measured timeline, FILE.measured.svg).
 #include <cstdio>
+#include <filesystem>
+#include <unistd.h>
 #include <fstream>
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/launcher.h"
+#include "comm/mesh.h"
+#include "comm/rendezvous.h"
 #include "core/error.h"
 #include "core/fs.h"
+#include "parallel/pipeline/measure.h"
 #include "parallel/pipeline/schedule_builders.h"
 #include "parallel/pipeline/simulate.h"
 #include "parallel/pipeline/timeline_svg.h"
@@ -60,6 +69,7 @@ Command add_pipeline_command(CLI::App& app) {
   struct Args {
     std::string schedule = "1f1b", costs, svg, csv;
     int64_t pp = 4, microbatches = 8, virtual_stages = 0;
+    double measure_ms = 0;
     bool vee = false;
   };
   auto args = std::make_shared<Args>();
@@ -73,6 +83,8 @@ Command add_pipeline_command(CLI::App& app) {
   cmd->add_option("--costs", args->costs, "action costs, e.g. f=1,b=2,i=1,w=1,transfer=0 (the defaults)");
   cmd->add_option("--svg", args->svg, "draw the simulated timeline to this SVG file");
   cmd->add_option("--csv", args->csv, "write the table (with its communication) to this CSV file");
+  cmd->add_option("--measure", args->measure_ms,
+                  "also run the table on pp local processes whose actions sleep cost x this many milliseconds");
   return [args]() {
     require(args->pp >= 1 && args->pp <= 4096, "--pp must be in [1, 4096] (got ", args->pp, ")");
     require(args->microbatches >= 1 && args->microbatches <= 65536, "--microbatches must be in [1, 65536] (got ",
@@ -86,6 +98,25 @@ Command add_pipeline_command(CLI::App& app) {
     validate_schedule(s);
     const ActionCosts costs = parse_costs(args->costs);
     const Simulation sim = simulate_schedule(s, costs);
+    const comm::LaunchInfo launch = comm::launch_info_from_environment();
+    if (args->measure_ms > 0 && launch.launcher != "tessera") {
+      require(args->measure_ms <= 10000, "--measure must be at most 10000 ms per unit of cost (got ", args->measure_ms, ")");
+      LaunchOptions workers;
+      workers.nproc = static_cast<int>(args->pp);
+      const std::string logs = (std::filesystem::temp_directory_path() / ("tessera-pipeline-" + std::to_string(::getpid()))).string();
+      const int code = launch_workers(workers, logs, 10);
+      std::filesystem::remove_all(logs);
+      return code;
+    }
+    MeasuredSchedule measured;
+    if (args->measure_ms > 0) {
+      ParallelOptions options;
+      options.pp = s.pp;
+      const std::unique_ptr<comm::Mesh> mesh =
+          comm::Mesh::connect(launch, ParallelDims(options, launch.world_size, "tessera pipeline"), options, c10::Device(c10::kCPU));
+      measured = measure_schedule(s, mesh->group("pp"), costs, args->measure_ms / 1000);
+      if (launch.rank != 0) return 0;
+    }
     std::printf("%s: pp %lld, %lld stage(s) per rank, %lld micro-batches (compute actions; <stage><op><micro-batch>)\n%s",
                 s.name.c_str(), static_cast<long long>(s.pp), static_cast<long long>(s.v),
                 static_cast<long long>(s.micro_batches), format_grid(s).c_str());
@@ -95,6 +126,11 @@ Command add_pipeline_command(CLI::App& app) {
     const double formula = formula_bubble(s);
     const bool unit = costs.f == 1 && costs.i == 1 && costs.w == 1 && costs.b == 2 && costs.transfer == 0;
     if (formula >= 0 && unit) std::printf(" (formula %.2f%%)", 100 * formula);
+    if (args->measure_ms > 0)
+      std::printf("\nmeasured on %lld processes (actions sleep cost x %g ms): step %.1f ms (simulated %.1f ms); bubble "
+                  "%.2f%% (simulated %.2f%%)",
+                  static_cast<long long>(s.pp), args->measure_ms, 1000 * measured.step_time,
+                  sim.step_time * args->measure_ms, 100 * measured.bubble, 100 * sim.bubble());
     std::printf("\npeak activations held (micro-batches x one stage), per rank:");
     for (int64_t peak : sim.peak_held) std::printf(" %lld", static_cast<long long>(peak));
     std::printf("\n");
@@ -109,6 +145,17 @@ Command add_pipeline_command(CLI::App& app) {
                     100 * sim.bubble());
       write_file_durable(args->svg, timeline_svg(s, sim, title));
       std::printf("timeline: %s\n", args->svg.c_str());
+      if (args->measure_ms > 0) {
+        Simulation seen;
+        seen.timeline = measured.timeline;
+        seen.step_time = measured.step_time;
+        std::snprintf(title, sizeof title, "%s, pp %lld, %lld micro-batches, measured (sleeps of %g ms per unit): bubble %.1f%%",
+                      s.name.c_str(), static_cast<long long>(s.pp), static_cast<long long>(s.micro_batches),
+                      args->measure_ms, 100 * measured.bubble);
+        const std::string path = std::filesystem::path(args->svg).replace_extension(".measured.svg").string();
+        write_file_durable(path, timeline_svg(s, seen, title));
+        std::printf("measured timeline: %s\n", path.c_str());
+      }
     }
     return 0;
   };

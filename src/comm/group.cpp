@@ -416,6 +416,24 @@ void Group::send(at::Tensor tensor, int64_t to, int64_t tag) { impl_->point_to_p
 
 void Group::recv(at::Tensor tensor, int64_t from, int64_t tag) { impl_->point_to_point({}, -1, tensor, from, tag); }
 
+Work Group::send_async(at::Tensor tensor, int64_t to, int64_t tag) {
+  Impl& g = *impl_;
+  require(tag >= 0 && tag < kRingTagBit, "internal: send tag ", tag, " outside [0, 2^30)");
+  require(g.size() > 1, "group '", g.name, "' has one member: there is no peer to send to");
+  const std::string op = "send of " + shape_text(tensor) + " to rank " + std::to_string(to);
+  if (g.on_cuda()) return g.enqueue(op, [&g, tensor, to]() { g.point_to_point(tensor, to, {}, -1, 0); });
+  c10::intrusive_ptr<c10d::Work> sent;
+  g.guarded(op, [&] {
+    std::vector<at::Tensor> out{tensor};
+    sent = g.backend->send(out, static_cast<int>(to), static_cast<int>(tag));
+  });
+  g.count("send", static_cast<double>(tensor.numel() * tensor.element_size()));
+  std::shared_ptr<Impl> impl = impl_;  // the Work may outlive this call, not the group's state
+  return Work(std::async(std::launch::deferred, [impl, sent, tensor, op]() {
+                impl->guarded(op, [&] { impl->wait_backend(sent); });
+              }).share());
+}
+
 Work Group::run_async(const std::string& op, std::function<void()> body) {
   return impl_->enqueue(op, std::move(body));
 }

@@ -114,6 +114,10 @@ class Group {
   void send_recv(at::Tensor send, int64_t to, at::Tensor recv, int64_t from, int64_t tag = 0);
   // One direction only, blocking (a pipeline of ranks: LASP's state ring, parallel/sequence).
   void send(at::Tensor tensor, int64_t to, int64_t tag = 0);
+  // A send posted now and completed in the background (pipeline schedules: a rank goes on
+  // computing while its activation travels); wait() on the Work before `tensor` changes or dies.
+  // Gloo: posted on the caller's thread, waited by Work::wait; NCCL: on the communication thread.
+  Work send_async(at::Tensor tensor, int64_t to, int64_t tag = 0);
   void recv(at::Tensor tensor, int64_t from, int64_t tag = 0);
   void barrier();
   // A composite operation named `op` (see the invariants above). `body` may issue this group's

@@ -30,6 +30,13 @@ TEST(PipelineCommand, PrintsTheTableBubbleAndPeakAndDrawsTheTimeline) {
   expect_error("pipeline --schedule file:" + dir + "/broken.csv --pp 4 --microbatches 8",
                {"rank 1, action 1F1", "no 1RECV_F1 precedes it", "[1F1]"});
   expect_error("pipeline --schedule interleaved --pp 4 --microbatches 6", {"multiple of parallel.pp = 4"});
+
+  // --measure runs the table on pp processes and draws the measured timeline too.
+  auto measured = run_tessera("pipeline --schedule 1f1b --pp 2 --microbatches 4 --measure 5 --svg " + dir + "/m.svg");
+  ASSERT_EQ(measured.exit_code, 0) << measured.output;
+  EXPECT_NE(measured.output.find("measured on 2 processes (actions sleep cost x 5 ms)"), std::string::npos)
+      << measured.output;
+  EXPECT_NE(slurp(dir + "/m.measured.svg").find("measured (sleeps of 5 ms per unit)"), std::string::npos);
 }
 
 }  // namespace

@@ -1,0 +1,91 @@
+// The pipeline executor (executor.h).
+#include "parallel/pipeline/executor.h"
+
+#include <chrono>
+#include <map>
+#include <tuple>
+
+#include "core/error.h"
+
+namespace tessera::pipeline {
+namespace {
+
+// (direction: 0 forward / 1 backward, consuming stage, micro-batch) -> a Gloo tag below 2^30.
+int64_t transfer_tag(int64_t direction, int64_t stage, int64_t micro) {
+  require(stage < (1 << 13) && micro < (1 << 16), "internal: pipeline stage ", stage, " or micro-batch ", micro,
+          " too large for a transfer tag");
+  return (direction << 29) | (stage << 16) | micro;
+}
+
+using Key = std::tuple<int64_t, int64_t, int64_t>;  // (direction, consuming stage, micro-batch)
+
+}  // namespace
+
+std::vector<TimedAction> run_schedule(const Schedule& s, comm::Group& pipe, const StageWork& work) {
+  const int64_t me = pipe.rank();
+  require(pipe.size() == s.pp, "internal: a schedule for ", s.pp, " pipeline ranks run on a group of ", pipe.size());
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point begin = Clock::now();
+  auto now = [&]() { return std::chrono::duration<double>(Clock::now() - begin).count(); };
+
+  std::map<Key, at::Tensor> ready;  // inputs waiting for their consumer, received or handed over
+  std::vector<std::pair<comm::Work, at::Tensor>> sends;
+  std::vector<TimedAction> timeline;
+  auto take = [&](const Key& key, const Action& a) {
+    const auto it = ready.find(key);
+    require(it != ready.end(), "internal: pipeline rank ", me, " runs ", a.str(), " without its input");
+    at::Tensor t = std::move(it->second);
+    ready.erase(it);
+    return t;
+  };
+  for (const Action& a : s.ranks[me]) {
+    const double start = now();
+    try {
+      switch (a.op) {
+        case Op::F:
+        case Op::B:
+        case Op::I:
+        case Op::W: {
+          const bool forward = a.op == Op::F;
+          at::Tensor input;
+          if (forward && a.stage > 0) input = take({0, a.stage, a.micro}, a);
+          if ((a.op == Op::B || a.op == Op::I) && a.stage + 1 < s.stages()) input = take({1, a.stage, a.micro}, a);
+          at::Tensor out = work.compute(a, input);
+          if (forward && a.stage + 1 < s.stages()) ready[{0, a.stage + 1, a.micro}] = out;
+          if ((a.op == Op::B || a.op == Op::I) && a.stage > 0) ready[{1, a.stage - 1, a.micro}] = out;
+          timeline.push_back({a, start, now()});
+          break;
+        }
+        case Op::SendF:
+        case Op::SendB: {
+          const bool forward = a.op == Op::SendF;
+          const int64_t to_stage = forward ? a.stage + 1 : a.stage - 1;
+          at::Tensor t = take({forward ? 0 : 1, to_stage, a.micro}, a).contiguous();
+          sends.emplace_back(pipe.send_async(t, s.rank_of(to_stage), transfer_tag(forward ? 0 : 1, to_stage, a.micro)), t);
+          break;
+        }
+        case Op::RecvF:
+        case Op::RecvB: {
+          const bool forward = a.op == Op::RecvF;
+          at::Tensor buffer = work.receive_buffer(a);
+          pipe.recv(buffer, s.rank_of(forward ? a.stage - 1 : a.stage + 1), transfer_tag(forward ? 0 : 1, a.stage, a.micro));
+          ready[{forward ? 0 : 1, a.stage, a.micro}] = buffer;
+          timeline.push_back({a, start, now()});
+          break;
+        }
+      }
+    } catch (const Error& e) {
+      fail("pipeline rank ", me, " (", s.name, "), action ", a.str(), ": ", e.what());
+    }
+  }
+  for (auto& [done, tensor] : sends) {
+    try {
+      done.wait();
+    } catch (const Error& e) {
+      fail("pipeline rank ", me, " (", s.name, "), waiting for its sends at the end of the step: ", e.what());
+    }
+  }
+  return timeline;
+}
+
+}  // namespace tessera::pipeline

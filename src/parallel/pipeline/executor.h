@@ -1,0 +1,44 @@
+// The one executor of pipeline schedules: runs this rank's row of a validated table (schedule.h)
+// over the pipeline group, in order, and records when each action ran.
+//
+// What an action computes is the caller's (StageWork::compute): the model's stages for training,
+// fixed sleeps for measuring a schedule's bubble. The executor moves the data between them:
+//   F(s, j)   gets the activation of F(s-1, j): received (RECV_F) or, when stage s-1 is on this
+//             rank (V placement), handed over directly; stage 0 gets none. What F returns goes
+//             to F(s+1, j) the same way (SEND_F, or directly).
+//   B/I(s, j) gets the gradient B/I(s+1, j) returned (received by RECV_B, or directly); the last
+//             stage gets none. What it returns goes to stage s-1. W gets and returns nothing.
+// Transfers: SEND_* posts an asynchronous send (comm::Group::send_async) and goes on; RECV_*
+// blocks until its tensor arrived (a buffer from StageWork::receive_buffer). A transfer's tag is
+// (direction, consuming stage, micro-batch), so a receive can only match its own send. Every send
+// is waited before run_schedule returns. A peer that dies or stalls surfaces as the group's error
+// (naming the rank, within parallel.timeout_s), prefixed with this rank's action.
+//
+// Invariants: the table passed validate_schedule (the executor trusts its order); StageWork is
+// called only for compute actions, on this rank's stages, in table order.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "comm/group.h"
+#include "parallel/pipeline/simulate.h"
+
+namespace tessera::pipeline {
+
+struct StageWork {
+  // Runs compute action `action` with `input` (undefined where there is none); returns what goes
+  // on (undefined where nothing does: W, the last stage's F output is the caller's, stage 0's
+  // input gradient).
+  std::function<at::Tensor(const Action& action, const at::Tensor& input)> compute;
+  // An empty tensor of the shape and dtype that RECV action `recv` receives.
+  std::function<at::Tensor(const Action& recv)> receive_buffer;
+};
+
+// Runs rank pipe.rank()'s actions of `schedule` (pipe: the pp group, group rank = pipeline rank).
+// Returns the compute actions and receives with their start and end in seconds since the call.
+std::vector<TimedAction> run_schedule(const Schedule& schedule, comm::Group& pipe, const StageWork& work);
+
+}  // namespace tessera::pipeline

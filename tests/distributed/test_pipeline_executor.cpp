@@ -1,0 +1,86 @@
+// The pipeline executor on real ranks (Gloo, 4 processes), with compute actions that sleep a fixed
+// time (parallel/pipeline/measure.h): every built-in schedule runs to its end without a hang, each
+// action receives exactly the data of the action it depends on (checked inside), and the measured
+// bubble is the simulated one; a rank that dies mid-schedule stops the others with its name.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include "dist_test.h"
+#include "core/error.h"
+#include "parallel/pipeline/executor.h"
+#include "parallel/pipeline/measure.h"
+#include "parallel/pipeline/schedule_builders.h"
+#include "parallel/pipeline/validate.h"
+
+namespace tessera::pipeline {
+namespace {
+
+TEST(PipelineExecutor, EverySchedulesMeasuredBubbleIsItsSimulatedOne) {
+  test::Ranks ranks(4);
+  if (!ranks.is_worker()) return ranks.expect_success();
+  ParallelOptions options;
+  options.pp = 4;
+  auto mesh = ranks.connect(options);
+  comm::Group& pipe = mesh->group("pp");
+  const double unit = 0.05;  // seconds per unit of cost: F = I = W = 1, B = 2
+  for (const auto& [name, v] : std::vector<std::pair<std::string, int64_t>>{
+           {"gpipe", 1}, {"1f1b", 1}, {"interleaved", 2}, {"zbh1", 1}, {"zbv", 2}}) {
+    const Schedule s = build_schedule(name, 4, 8, v);
+    validate_schedule(s);
+    ActionCosts costs;
+    if (v == 2) costs = {0.5, 1, 0.5, 0.5, 0};  // a chunk is half a stage
+    const Simulation planned = simulate_schedule(s, costs);
+    const MeasuredSchedule measured = measure_schedule(s, pipe, costs, unit);
+    if (ranks.rank() == 0)
+      std::printf("%s: measured bubble %.4f, step %.4f s; planned %.4f, %.4f s\n", name.c_str(), measured.bubble,
+                  measured.step_time, planned.bubble(), planned.step_time * unit);
+    // Each action and transfer adds ~0.1-0.3 ms (bench/results/pipeline_bubble_cpu.md: at most +1.4 points over
+    // 44 runs); 3 points leave room for a machine loaded by other tests.
+    EXPECT_NEAR(measured.bubble, planned.bubble(), 0.03) << name;
+    EXPECT_NEAR(measured.step_time, planned.step_time * unit, 0.1 * planned.step_time * unit) << name;
+    ASSERT_EQ(measured.timeline.size(), 4u);
+    // The measured order of compute actions on every rank is the table's.
+    for (int64_t r = 0; r < 4; ++r) {
+      std::vector<Action> ran, table;
+      for (const TimedAction& t : measured.timeline[r])
+        if (t.action.is_compute()) ran.push_back(t.action);
+      for (const Action& a : s.ranks[r])
+        if (a.is_compute()) table.push_back(a);
+      EXPECT_EQ(ran, table) << name << " rank " << r;
+    }
+  }
+}
+
+TEST(PipelineExecutor, ADeadStageIsNamedByTheOthers) {
+  test::Ranks ranks(2, 60);
+  if (!ranks.is_worker()) {
+    ASSERT_FALSE(ranks.timed_out());
+    const std::string survivor = ranks.results()[0].output;
+    EXPECT_NE(ranks.results()[0].exit.code, 0) << survivor;
+    EXPECT_NE(survivor.find("pipeline rank 0 (1f1b), action 0RECV_B"), std::string::npos) << survivor;
+    EXPECT_NE(survivor.find("rank 1"), std::string::npos) << survivor;
+    return;
+  }
+  ParallelOptions options;
+  options.pp = 2;
+  options.timeout_s = 5;
+  auto mesh = ranks.connect(options);
+  const Schedule s = build_schedule("1f1b", 2, 4, 1);
+  StageWork work;
+  work.compute = [&](const Action& a, const at::Tensor&) {
+    if (ranks.rank() == 1 && a.op == Op::B && a.micro == 1) _exit(9);  // dies mid-schedule
+    return at::zeros({3}, at::kDouble);
+  };
+  work.receive_buffer = [](const Action&) { return at::empty({3}, at::kDouble); };
+  try {
+    run_schedule(s, mesh->group("pp"), work);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::exit(2);
+  }
+  std::exit(0);
+}
+
+}  // namespace
+}  // namespace tessera::pipeline
