@@ -12,6 +12,9 @@ struct ParallelOptions {
   int64_t dp = 0;  // data-parallel degree; 0 = world size / (tp * pp * sp)
   int64_t tp = 1;
   int64_t pp = 1;
+  std::string pp_schedule = "1f1b";  // gpipe, 1f1b, interleaved, zbh1, zbv, file:PATH (parallel/pipeline)
+  int64_t pp_virtual = 0;            // stages per pipeline rank; 0 = the schedule's (2 for interleaved, zbv)
+  std::string pp_cut = "layers";     // layers | params | profile (plan/stage_cut.h)
   int64_t sp = 1;
   int64_t ep = 1;  // expert parallelism, carved out of the data-parallel ranks (divides dp)
   bool megatron_sp = false;  // with tp > 1: LayerNorm/dropout regions split along the sequence
@@ -33,6 +36,13 @@ struct ParallelOptions {
     v("dp", dp, "data-parallel degree (0 = whatever the other degrees leave of the world size)", between(0, 1 << 20));
     v("tp", tp, "tensor-parallel degree", between(1, 4096));
     v("pp", pp, "pipeline-parallel degree", between(1, 4096));
+    v("pp_schedule", pp_schedule,
+      "pipeline schedule: gpipe, 1f1b, interleaved, zbh1, zbv, or file:PATH (a CSV table; `tessera pipeline`)");
+    v("pp_virtual", pp_virtual, "stages per pipeline rank (0 = the schedule's: 2 for interleaved and zbv, else 1)",
+      between(0, 64));
+    v("pp_cut", pp_cut,
+      "how blocks are cut into stages: layers (equal block counts) or params (balanced parameters, the embedding and "
+      "the tied head counted with the first and last stage)");
     v("sp", sp, "sequence-parallel degree", between(1, 4096));
     v("ep", ep, "expert-parallel degree (taken from the data-parallel ranks; divides dp)", between(1, 4096));
     v("megatron_sp", megatron_sp,
@@ -56,6 +66,8 @@ struct ParallelOptions {
       "steps after topk_start_step over which top-k's sent fraction falls geometrically from dense to topk_ratio", between(0, 1e12));
   }
   void check(const std::string& source) const;
+  // pp_virtual with 0 resolved: 2 for interleaved and zbv, 1 otherwise.
+  int64_t pipeline_virtual() const;
 };
 
 }  // namespace tessera

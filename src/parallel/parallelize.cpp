@@ -13,6 +13,7 @@
 #include "parallel/data/data_parallel.h"
 #include "parallel/local_optimizer.h"
 #include "parallel/sequence/sequence_parallel.h"
+#include "plan/stage_cut.h"
 
 namespace tessera {
 namespace {
@@ -46,14 +47,19 @@ std::vector<int64_t> owners_by_size(const std::vector<int64_t>& numels, int64_t 
 void check_parallel_layout(const Config& config, const ParallelDims& d) {
   if (d.world_size() > 1) comm::choose_backend(config.parallel.backend, c10::Device(config.train.device));
   check_layout_options(config, d);
+  require(d.pp() == 1, "parallel.pp = ", d.pp(), ": training with pipeline parallelism is not implemented yet in this "
+          "build; its schedules run in `tessera pipeline` and `tessera inspect` plans the layout (parallel.dp, tp and sp "
+          "train)");
 }
 
 void check_layout_options(const Config& config, const ParallelDims& d) {
-  const std::pair<const char*, int64_t> unbuilt[] = {{"pp", d.pp()}, {"ep", d.ep()}};
-  for (const auto& [key, degree] : unbuilt)
-    require(degree == 1, "parallel.", key, " = ", degree,
-            ": this build runs data, tensor and sequence parallelism only (parallel.dp, tp, sp); ", key,
-            " is not implemented yet");
+  require(d.ep() == 1, "parallel.ep = ", d.ep(),
+          ": this build runs data, tensor, sequence and (planned) pipeline parallelism only; ep is not implemented yet");
+  if (d.pp() > 1) {
+    // The cut (no stage without a block) and the schedule for this step's micro-batches.
+    cut_stages(config.model, d.pp() * config.parallel.pipeline_virtual(), config.parallel.pp_cut);
+    pipeline_schedule(config, d);
+  }
   if (config.precision.dtype == "fp16") {
     require(d.dp() * d.sp() * d.tp() == 1, "precision.dtype = \"fp16\" with ", d.describe(),
             ": fp16 master weights and loss scaling are kept by the one-process optimizer only (the data-parallel "

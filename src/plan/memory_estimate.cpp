@@ -8,6 +8,9 @@
 
 #include "core/error.h"
 #include "model/transformer.h"
+#include "parallel/pipeline/schedule_builders.h"
+#include "parallel/pipeline/simulate.h"
+#include "plan/stage_cut.h"
 
 namespace tessera {
 namespace {
@@ -51,36 +54,40 @@ double MemoryEstimate::device_bytes() const {
   return parameter_bytes + gradient_bytes + (optimizer_on_host ? 0 : optimizer_bytes) + activation_bytes_per_micro_batch;
 }
 
-MemoryEstimate estimate_memory(const Config& config, const ParallelDims& dims) {
+namespace {
+
+// The estimate for a rank holding `stages` of the model (the whole model: one ModelStage{}),
+// whose schedule keeps up to `held` micro-batches' activations of one of them at once.
+MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, const std::vector<ModelStage>& stages,
+                             double held) {
   const ModelOptions& m = config.model;
   const ParallelOptions& p = config.parallel;
-  const TransformerLM meta(m, ModelStage{}, at::TensorOptions().device(at::kMeta));
   MemoryEstimate e;
   const bool fp16 = config.precision.dtype == "fp16";
   const double param_bytes = fp16 ? 2 : 4;
   double optimizer_elements_bytes = 0;
-  for (const auto& item : meta->named_parameters()) {
-    const at::Tensor& t = item.value();
-    const Split split = meta->parameter_specs().at(item.key()).split;
-    const double share = split == Split::replicated ? 1.0
-                         : split == Split::expert   ? 1.0 / static_cast<double>(dims.ep())
-                                                    : 1.0 / static_cast<double>(dims.tp());
-    const double local = static_cast<double>(t.numel()) * share;
-    e.parameters_total += t.numel();
-    const std::string& name = item.key();
-    e.parameters_by_component[name.rfind("h.", 0) == 0 ? "blocks" : name.rfind("ln_f", 0) == 0 ? "final norm"
-                                                                                               : "embedding"] +=
-        t.numel();
-    e.parameters_rank += static_cast<int64_t>(local);
-    double state = 8 * local;  // AdamW: exp_avg, exp_avg_sq
-    if (config.optim.name == "adafactor") {
-      const bool factored = t.dim() >= 2;
-      const double rows = factored ? static_cast<double>(t.numel() / t.size(-1)) : 0;
-      const double cols = factored ? static_cast<double>(t.numel() / t.size(-2)) : 0;
-      state = (factored ? 4 * (rows + cols) * share : 4 * local) + (config.optim.adafactor_beta1 > 0 ? 4 * local : 0);
+  int64_t blocks = 0;
+  for (const ModelStage& stage : stages) {
+    const TransformerLM meta(m, stage, at::TensorOptions().device(at::kMeta));
+    blocks += stage.end(m) - stage.first_layer;
+    for (const auto& item : meta->named_parameters()) {
+      const at::Tensor& t = item.value();
+      const Split split = meta->parameter_specs().at(item.key()).split;
+      const double share = split == Split::replicated ? 1.0
+                           : split == Split::expert   ? 1.0 / static_cast<double>(dims.ep())
+                                                      : 1.0 / static_cast<double>(dims.tp());
+      const double local = static_cast<double>(t.numel()) * share;
+      e.parameters_rank += static_cast<int64_t>(local);
+      double state = 8 * local;  // AdamW: exp_avg, exp_avg_sq
+      if (config.optim.name == "adafactor") {
+        const bool factored = t.dim() >= 2;
+        const double rows = factored ? static_cast<double>(t.numel() / t.size(-1)) : 0;
+        const double cols = factored ? static_cast<double>(t.numel() / t.size(-2)) : 0;
+        state = (factored ? 4 * (rows + cols) * share : 4 * local) + (config.optim.adafactor_beta1 > 0 ? 4 * local : 0);
+      }
+      if (fp16) state += 4 * local;  // fp32 master
+      optimizer_elements_bytes += state;
     }
-    if (fp16) state += 4 * local;  // fp32 master
-    optimizer_elements_bytes += state;
   }
   const double N = static_cast<double>(dims.dp());
   const double P = static_cast<double>(e.parameters_rank);
@@ -103,9 +110,54 @@ MemoryEstimate estimate_memory(const Config& config, const ParallelDims& dims) {
     per_layer = (p.megatron_sp ? 34 * h / t : h * (10 + 24 / t)) + scores;
   }
   const bool half = fp16 || config.precision.dtype == "bf16";
-  e.activation_bytes_per_token = per_layer * (half ? 1 : 2) * static_cast<double>(m.n_layer);
+  // Activations of one micro-batch through this rank's blocks, times the micro-batches a pipeline
+  // schedule holds at once (in units of one stage's; 1 without a pipeline).
+  const double per_stage_blocks = static_cast<double>(blocks) / static_cast<double>(stages.size());
+  e.activation_bytes_per_token = per_layer * (half ? 1 : 2) * per_stage_blocks * held;
   e.activation_bytes_per_micro_batch =
       e.activation_bytes_per_token * static_cast<double>(config.train.batch_size * tokens);
+  return e;
+}
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const Config& config, const ParallelDims& dims) {
+  const ModelOptions& m = config.model;
+  MemoryEstimate e;
+  if (dims.pp() == 1) {
+    e = estimate_rank(config, dims, {ModelStage{}}, 1);
+  } else {
+    // Every pipeline rank's stages and the activations its schedule holds; the table shows the
+    // rank that needs the most.
+    const ParallelOptions& p = config.parallel;
+    const int64_t v = p.pipeline_virtual();
+    const StageCut cut = cut_stages(m, dims.pp() * v, p.pp_cut);
+    const pipeline::Schedule schedule = pipeline_schedule(config, dims);
+    const pipeline::Simulation sim = pipeline::simulate_schedule(schedule);
+    for (int64_t r = 0; r < dims.pp(); ++r) {
+      std::vector<ModelStage> mine;
+      for (int64_t stage = 0; stage < cut.stages(); ++stage)
+        if (schedule.rank_of(stage) == r) mine.push_back({cut.boundaries[stage], cut.boundaries[stage + 1]});
+      MemoryEstimate rank = estimate_rank(config, dims, mine, static_cast<double>(sim.peak_held[r]) / static_cast<double>(v));
+      rank.pipeline_rank = r;
+      rank.pipeline_held = sim.peak_held[r];
+      if (r == 0 || rank.device_bytes() > e.device_bytes()) e = rank;
+    }
+    e.pipeline = "pipeline: " + schedule.name + ", " + std::to_string(dims.pp()) + " ranks x " + std::to_string(v) +
+                 " stage(s), cut by " + cut.method + ":\n" + describe_stage_cut(cut);
+    char text[200];
+    std::snprintf(text, sizeof text, "  %lld micro-batches per step: simulated bubble %.1f%% (equal F, I, W costs)\n",
+                  static_cast<long long>(schedule.micro_batches), 100 * sim.bubble());
+    e.pipeline += text;
+  }
+  const TransformerLM meta(m, ModelStage{}, at::TensorOptions().device(at::kMeta));
+  for (const auto& item : meta->named_parameters()) {
+    const std::string& name = item.key();
+    e.parameters_total += item.value().numel();
+    e.parameters_by_component[name.rfind("h.", 0) == 0 ? "blocks" : name.rfind("ln_f", 0) == 0 ? "final norm"
+                                                                                               : "embedding"] +=
+        item.value().numel();
+  }
   return e;
 }
 
@@ -124,11 +176,19 @@ std::string describe_memory_estimate(const Config& config, const ParallelDims& d
   out += line("layout: %s, zero_stage %lld%s, precision %s, optimizer %s, activation checkpointing %s\n",
               dims.describe().c_str(), static_cast<long long>(p.zero_stage), p.offload ? " with offload" : "",
               config.precision.dtype.c_str(), config.optim.name.c_str(), config.memory.activation_checkpointing.c_str());
-  out += line("per rank (%s parameters after tensor/expert parallelism):\n", count(e.parameters_rank).c_str());
+  out += e.pipeline;
+  if (e.pipeline_rank >= 0)
+    out += line("per rank (the largest: pipeline rank %lld, %s parameters after tensor/expert parallelism, activations of "
+                "up to %lld micro-batches x one stage held by its schedule):\n",
+                static_cast<long long>(e.pipeline_rank), count(e.parameters_rank).c_str(),
+                static_cast<long long>(e.pipeline_held));
+  else
+    out += line("per rank (%s parameters after tensor/expert parallelism):\n", count(e.parameters_rank).c_str());
   out += line("  parameters       %12s\n", format_bytes(e.parameter_bytes).c_str());
   out += line("  gradients        %12s\n", format_bytes(e.gradient_bytes).c_str());
   out += line("  optimizer state  %12s%s\n", format_bytes(e.optimizer_bytes).c_str(), e.optimizer_on_host ? " (host)" : "");
-  out += line("  activations      %12s per micro-batch of %lld x %lld tokens (%s per token)\n",
+  out += line(e.pipeline_rank >= 0 ? "  activations      %12s at the schedule's peak, micro-batches of %lld x %lld tokens (%s per token)\n"
+                                   : "  activations      %12s per micro-batch of %lld x %lld tokens (%s per token)\n",
               format_bytes(e.activation_bytes_per_micro_batch).c_str(), static_cast<long long>(config.train.batch_size),
               static_cast<long long>(config.train.seq_len / dims.sp()), format_bytes(e.activation_bytes_per_token).c_str());
   out += line("  device total     %12s\n", format_bytes(e.device_bytes()).c_str());

@@ -39,10 +39,18 @@ struct MemoryEstimate {
   bool optimizer_on_host = false;
   double activation_bytes_per_token = 0;  // all of this rank's blocks, per token of its sequence chunk
   double activation_bytes_per_micro_batch = 0;  // x train.batch_size x (seq_len / sp)
+  // With parallel.pp > 1: the pipeline rank these numbers are for (the one that needs the most),
+  // the micro-batches' activations (x one stage) its schedule holds at its peak, which the
+  // activation terms include, and the cut and schedule as text. pipeline_rank -1: no pipeline.
+  int64_t pipeline_rank = -1;
+  int64_t pipeline_held = 0;
+  std::string pipeline;
   double device_bytes() const;    // parameters + gradients + optimizer (unless on the host) + activations
 };
 
-// Estimates any layout; check_parallel_layout says whether it can run.
+// Estimates any layout; check_parallel_layout says whether it can run. With parallel.pp > 1 each
+// pipeline rank holds the stages plan/stage_cut.h gives it and the activations its schedule
+// holds at its peak (parallel/pipeline/simulate.h), and the estimate is the largest rank's.
 MemoryEstimate estimate_memory(const Config& config, const ParallelDims& dims);
 
 // The model, the parameter count by component, the layout and the per-rank table, as lines of

@@ -253,19 +253,6 @@ void TrainOptions::check(const std::string& source) const {
           device, "')");
 }
 
-int64_t TrainOptions::accumulation(int64_t dp) const {
-  if (global_batch_size == 0) return grad_accum;
-  const int64_t per_micro_batch = batch_size * dp;
-  require(global_batch_size % per_micro_batch == 0, "train.global_batch_size = ", global_batch_size,
-          " is not a multiple of train.batch_size x data-parallel ranks = ", batch_size, " x ", dp, " = ",
-          per_micro_batch);
-  const int64_t derived = global_batch_size / per_micro_batch;
-  require(grad_accum == 1 || grad_accum == derived, "train.global_batch_size = ", global_batch_size,
-          " with train.batch_size = ", batch_size, " on ", dp, " data-parallel ranks means ", derived,
-          " micro-batches per step, but train.grad_accum = ", grad_accum, " says otherwise: give one of the two");
-  return derived;
-}
-
 void EvalOptions::check(const std::string& source) const { check_ranges(*this, "eval", source); }
 
 void CheckpointOptions::check(const std::string& source) const { check_ranges(*this, "checkpoint", source); }

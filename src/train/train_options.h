@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include "core/error.h"
 #include "core/options.h"
 
 namespace tessera {
@@ -42,8 +43,20 @@ struct TrainOptions {
   void check(const std::string& source) const;
   // Micro-batches per step on each of `dp` data-parallel ranks: grad_accum, or with
   // global_batch_size set, global_batch_size / (batch_size x dp); throws naming the keys when it
-  // does not divide or contradicts an explicit grad_accum.
-  int64_t accumulation(int64_t dp) const;
+  // does not divide or contradicts an explicit grad_accum. (Inline: the layout checks and the
+  // planner, below the trainer, need it.)
+  int64_t accumulation(int64_t dp) const {
+    if (global_batch_size == 0) return grad_accum;
+    const int64_t per_micro_batch = batch_size * dp;
+    require(global_batch_size % per_micro_batch == 0, "train.global_batch_size = ", global_batch_size,
+            " is not a multiple of train.batch_size x data-parallel ranks = ", batch_size, " x ", dp, " = ",
+            per_micro_batch);
+    const int64_t derived = global_batch_size / per_micro_batch;
+    require(grad_accum == 1 || grad_accum == derived, "train.global_batch_size = ", global_batch_size,
+            " with train.batch_size = ", batch_size, " on ", dp, " data-parallel ranks means ", derived,
+            " micro-batches per step, but train.grad_accum = ", grad_accum, " says otherwise: give one of the two");
+    return derived;
+  }
 };
 
 struct EvalOptions {

@@ -75,5 +75,26 @@ TEST(Inspect, ZeroStagesDivideWhatTheyShard) {
       << refused.output;
 }
 
+// A pipeline layout is planned (training it is not built yet): the cut, the schedule's simulated
+// bubble, and the memory of the pipeline rank that needs the most, whose parameters are its
+// stage's: GPT-2 small on 4 stages, rank 0 = the embeddings and blocks 0-2.
+TEST(Inspect, PipelineLayoutsShowTheCutScheduleAndLargestRank) {
+  auto r = run_tessera("inspect --config gpt2_124m --world 4 --set parallel.pp=4 --set train.grad_accum=8");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("pipeline: 1f1b, 4 ranks x 1 stage(s), cut by layers"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("stage 3: blocks 9-11 + head"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("8 micro-batches per step: simulated bubble 27.3%"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the largest: pipeline rank 0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("up to 4 micro-batches"), std::string::npos) << r.output;
+  const double stage0 = 50304.0 * 768 + 1024 * 768 + 3 * 7087872.0;
+  EXPECT_NEAR(bytes_of(r.output, "parameters"), 4 * stage0, 0.001 * 4 * stage0) << r.output;
+  expect_error("inspect --config gpt2_124m --world 4 --set parallel.pp=4 --set parallel.pp_schedule=interleaved "
+               "--set train.grad_accum=6",
+               {"multiple of parallel.pp = 4"});
+  expect_error("inspect --config gpt2_124m --world 16 --set parallel.pp=16", {"16 pipeline stages", "model.n_layer = 12"});
+  expect_error("inspect --config gpt2_124m --world 4 --set parallel.pp=4 --set parallel.pp_cut=profile",
+               {"parallel.pp_cut", "profile", "not built yet"});
+}
+
 }  // namespace
 }  // namespace tessera::test

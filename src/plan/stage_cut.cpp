@@ -1,0 +1,134 @@
+// Pipeline stage cuts (stage_cut.h).
+#include "plan/stage_cut.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+#include <utility>
+
+#include "core/error.h"
+#include "model/transformer.h"
+#include "parallel/pipeline/schedule_builders.h"
+#include "parallel/pipeline/validate.h"
+
+namespace tessera {
+namespace {
+
+// Parameters of each block, of the embeddings (wte, wpe), of ln_f and of wte alone (the last
+// stage's copy of the tied embedding when it is not also the first), from the meta model.
+struct BlockWeights {
+  std::vector<int64_t> block;
+  int64_t embedding = 0, final_norm = 0, wte = 0;
+};
+
+// The parameters stage s of `stages` holds with blocks [first, end).
+int64_t stage_weight(const BlockWeights& w, int64_t s, int64_t stages, int64_t first, int64_t end) {
+  int64_t total = 0;
+  for (int64_t i = first; i < end; ++i) total += w.block[i];
+  if (s == 0) total += w.embedding;
+  if (s == stages - 1) total += w.final_norm + (stages > 1 ? w.wte : 0);
+  return total;
+}
+
+BlockWeights block_weights(const ModelOptions& m) {
+  const TransformerLM meta(m, ModelStage{}, at::TensorOptions().device(at::kMeta));
+  BlockWeights w;
+  w.block.assign(m.n_layer, 0);
+  for (const auto& item : meta->named_parameters()) {
+    const std::string& name = item.key();
+    const int64_t n = item.value().numel();
+    if (name.rfind("h.", 0) == 0) w.block[std::stoll(name.substr(2, name.find('.', 2) - 2))] += n;
+    else if (name.rfind("ln_f", 0) == 0) w.final_norm += n;
+    else w.embedding += n;
+    if (name == "wte.weight") w.wte = n;
+  }
+  return w;
+}
+
+std::string count_text(int64_t n) {
+  char out[32];
+  if (n >= 1000000000) std::snprintf(out, sizeof(out), "%.2fB", static_cast<double>(n) / 1e9);
+  else if (n >= 1000000) std::snprintf(out, sizeof(out), "%.2fM", static_cast<double>(n) / 1e6);
+  else std::snprintf(out, sizeof(out), "%lld", static_cast<long long>(n));
+  return out;
+}
+
+}  // namespace
+
+bool StageCut::even() const {
+  for (int64_t s = 1; s < stages(); ++s)
+    if (boundaries[s + 1] - boundaries[s] != boundaries[1] - boundaries[0]) return false;
+  return true;
+}
+
+StageCut cut_stages(const ModelOptions& m, int64_t stages, const std::string& method) {
+  require(stages >= 1 && stages <= m.n_layer, "parallel.pp x stages per rank = ", stages, " pipeline stages, but model.n_layer = ",
+          m.n_layer, " blocks: every stage needs at least one block (lower parallel.pp or parallel.pp_virtual)");
+  require(method == "layers" || method == "params", "parallel.pp_cut must be layers or params (got \"", method, "\")");
+  const BlockWeights w = block_weights(m);
+  const int64_t L = m.n_layer;
+  StageCut cut;
+  cut.method = method;
+  if (method == "layers") {
+    cut.boundaries.push_back(0);
+    for (int64_t s = 0; s < stages; ++s) cut.boundaries.push_back(cut.boundaries.back() + L / stages + (s < L % stages ? 1 : 0));
+  } else {
+    // best[s][b]: for stages 0..s-1 holding blocks [0, b), the smallest largest stage and, among
+    // the cuts reaching it, the smallest sum of squared stage sizes (the most even).
+    using Cost = std::pair<int64_t, double>;
+    const Cost none{std::numeric_limits<int64_t>::max(), 0};
+    std::vector<std::vector<Cost>> best(stages + 1, std::vector<Cost>(L + 1, none));
+    std::vector<std::vector<int64_t>> from(stages + 1, std::vector<int64_t>(L + 1, -1));
+    best[0][0] = {0, 0};
+    for (int64_t s = 1; s <= stages; ++s)
+      for (int64_t b = s; b <= L - (stages - s); ++b)
+        for (int64_t a = s - 1; a < b; ++a) {
+          if (best[s - 1][a] == none) continue;
+          const int64_t w_stage = stage_weight(w, s - 1, stages, a, b);
+          const Cost value{std::max(best[s - 1][a].first, w_stage),
+                           best[s - 1][a].second + static_cast<double>(w_stage) * static_cast<double>(w_stage)};
+          if (value < best[s][b]) {
+            best[s][b] = value;
+            from[s][b] = a;
+          }
+        }
+    cut.boundaries.assign(stages + 1, L);
+    for (int64_t s = stages; s > 0; --s) cut.boundaries[s - 1] = from[s][cut.boundaries[s]];
+    cut.boundaries[0] = 0;
+  }
+  for (int64_t s = 0; s < stages; ++s)
+    cut.parameters.push_back(stage_weight(w, s, stages, cut.boundaries[s], cut.boundaries[s + 1]));
+  return cut;
+}
+
+std::string describe_stage_cut(const StageCut& cut) {
+  std::string out;
+  char text[160];
+  for (int64_t s = 0; s < cut.stages(); ++s) {
+    const int64_t first = cut.boundaries[s], end = cut.boundaries[s + 1];
+    const std::string blocks = end - first == 1 ? "block " + std::to_string(first)
+                                                : "blocks " + std::to_string(first) + "-" + std::to_string(end - 1);
+    std::snprintf(text, sizeof text, "  stage %lld: %s%s%s (%s parameters)\n", static_cast<long long>(s),
+                  blocks.c_str(), s == 0 ? " + embedding" : "", s == cut.stages() - 1 ? " + head" : "",
+                  count_text(cut.parameters[s]).c_str());
+    out += text;
+  }
+  if (!cut.even())
+    out += "  (the blocks do not divide evenly into " + std::to_string(cut.stages()) + " stages: the cut above is " +
+           (cut.method == "layers" ? std::string("as even as it can be, no block dropped") :
+                                     std::string("balanced by parameters, no block dropped")) + ")\n";
+  return out;
+}
+
+pipeline::Schedule pipeline_schedule(const Config& config, const ParallelDims& dims) {
+  const ParallelOptions& p = config.parallel;
+  const int64_t v = p.pipeline_virtual(), m = config.train.accumulation(dims.dp());
+  const pipeline::Schedule s =
+      p.pp_schedule.rfind("file:", 0) == 0
+          ? pipeline::read_schedule_csv(p.pp_schedule.substr(5), dims.pp(), v, m, pipeline::Placement::loop)
+          : pipeline::build_schedule(p.pp_schedule, dims.pp(), m, v);
+  pipeline::validate_schedule(s);
+  return s;
+}
+
+}  // namespace tessera

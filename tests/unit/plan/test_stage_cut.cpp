@@ -1,0 +1,50 @@
+// Pipeline stage cuts: every block in exactly one stage, uneven counts said so, the parameter cut
+// balancing the embedding and the tied head against blocks, and more stages than blocks refused.
+#include <gtest/gtest.h>
+
+#include "plan/stage_cut.h"
+#include "test_util.h"
+#include "train/config.h"
+
+namespace tessera {
+namespace {
+
+ModelOptions gpt2() { return Config::load(test::source_path("configs/gpt2_124m.toml"), {}).model; }
+
+TEST(StageCut, LayersCutCoversEveryBlockOnceAndSaysWhenUneven) {
+  ModelOptions m = gpt2();
+  const StageCut even = cut_stages(m, 4, "layers");
+  EXPECT_EQ(even.boundaries, (std::vector<int64_t>{0, 3, 6, 9, 12}));
+  EXPECT_TRUE(even.even());
+  // GPT-2 small: h = 768, a block 12h^2 + 13h = 7,087,872; wte 50304 x 768, wpe 1024 x 768.
+  const int64_t block = 7087872, wte = 50304 * 768, wpe = 1024 * 768, ln_f = 2 * 768;
+  EXPECT_EQ(even.parameters, (std::vector<int64_t>{wte + wpe + 3 * block, 3 * block, 3 * block, 3 * block + ln_f + wte}));
+  m.n_layer = 10;  // 10 blocks on 4 stages: 3, 3, 2, 2 (torchtitan and Megatron once dropped the remainder)
+  const StageCut uneven = cut_stages(m, 4, "layers");
+  EXPECT_EQ(uneven.boundaries, (std::vector<int64_t>{0, 3, 6, 8, 10}));
+  EXPECT_FALSE(uneven.even());
+  EXPECT_NE(describe_stage_cut(uneven).find("do not divide evenly into 4 stages"), std::string::npos);
+  EXPECT_NE(describe_stage_cut(uneven).find("stage 3: blocks 8-9 + head"), std::string::npos) << describe_stage_cut(uneven);
+}
+
+TEST(StageCut, ParamsCutBalancesTheEmbeddingAndHeadAgainstBlocks) {
+  const StageCut cut = cut_stages(gpt2(), 4, "params");
+  ASSERT_EQ(cut.boundaries.size(), 5u);
+  EXPECT_EQ(cut.boundaries.front(), 0);
+  EXPECT_EQ(cut.boundaries.back(), 12);
+  // The embedding (and the head's copy of it) weigh about 5.5 blocks: the end stages get one block.
+  // Among the cuts with that largest stage, the most even: 1, 5, 5, 1 (not 1, 4, 6, 1).
+  EXPECT_EQ(cut.boundaries, (std::vector<int64_t>{0, 1, 6, 11, 12}));
+  const int64_t largest = *std::max_element(cut.parameters.begin(), cut.parameters.end());
+  EXPECT_EQ(largest, 50304 * 768 + 1024 * 768 + 7087872);  // the first stage: embeddings + one block
+  const StageCut layers = cut_stages(gpt2(), 4, "layers");
+  EXPECT_LT(largest, *std::max_element(layers.parameters.begin(), layers.parameters.end()));
+}
+
+TEST(StageCut, MoreStagesThanBlocksAreRefused) {
+  EXPECT_TRUE(test::throws_naming([] { cut_stages(gpt2(), 16, "layers"); },
+                                  {"16 pipeline stages", "model.n_layer = 12", "parallel.pp"}));
+}
+
+}  // namespace
+}  // namespace tessera
