@@ -47,9 +47,22 @@ std::vector<int64_t> owners_by_size(const std::vector<int64_t>& numels, int64_t 
 void check_parallel_layout(const Config& config, const ParallelDims& d) {
   if (d.world_size() > 1) comm::choose_backend(config.parallel.backend, c10::Device(config.train.device));
   check_layout_options(config, d);
-  require(d.pp() == 1, "parallel.pp = ", d.pp(), ": training with pipeline parallelism is not implemented yet in this "
-          "build; its schedules run in `tessera pipeline` and `tessera inspect` plans the layout (parallel.dp, tp and sp "
-          "train)");
+  if (d.pp() > 1) {
+    // What a pipeline trains with in this build; the rest is planned (inspect) but refused here.
+    const ParallelOptions& p = config.parallel;
+    require(d.dp() == 1 && d.tp() == 1 && d.sp() == 1, "parallel.pp = ", d.pp(), " with ", d.describe(),
+            ": this build trains a pipeline alone (parallel.dp, tp and sp 1); pipeline with data, tensor or sequence "
+            "parallelism is not implemented yet");
+    require(p.pp_schedule == "gpipe" || p.pp_schedule == "1f1b" || p.pp_schedule == "zbh1", "parallel.pp_schedule = ",
+            p.pp_schedule, ": this build trains a model with gpipe, 1f1b and zbh1 (one stage per rank); interleaved, zbv "
+            "and file: tables run in `tessera pipeline` but do not train a model yet");
+    require(config.model.ffn == "dense", "model.ffn = ", config.model.ffn,
+            " with parallel.pp > 1: mixture-of-experts stages are not implemented yet");
+    require(config.precision.dtype != "fp16", "precision.dtype = \"fp16\" with parallel.pp > 1: the loss scaler's "
+            "overflow check would have to span every stage; use bf16 or fp32");
+    require(!p.offload && p.zero_stage == 0 && p.grad_compression == "none", "parallel.pp > 1 with ZeRO, offload or "
+            "gradient compression: not implemented yet (parallel.zero_stage = 0, offload = false, grad_compression = none)");
+  }
 }
 
 void check_layout_options(const Config& config, const ParallelDims& d) {
@@ -103,7 +116,15 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
     sp_rank_ = mesh_->coord().sp;
     apply_sequence_parallel(model_, mesh_->group("sp"), config.parallel.sp_method);
   }
-  // 3. Expert and pipeline parallelism: refused by check_parallel_layout until built.
+  // 3. Pipeline stages: each rank built its stage of the cut (train/train_step.h); the clipping
+  // norm is summed over the stages, the last stage's copy of the tied embedding counted zero
+  // times (its gradient equals the first stage's once summed). Expert parallelism: refused until
+  // built.
+  if (dims && dims->pp() > 1) {
+    pp_ = &mesh_->group("pp");
+    norm.group = pp_;
+    if (model_->has_head() && !model_->has_embedding()) norm.weight["wte.weight"] = 0.0;
+  }
   // 4. Activation checkpointing inside every block.
   model_->set_activation_checkpointing(config.memory.activation_checkpointing);
   // 5. The optimizer owner. Gradients are averaged over every rank holding a replica of the
@@ -151,9 +172,25 @@ void ParallelModel::average_over_replicas(at::Tensor& values) {
 int64_t ParallelModel::data_ranks() const { return replicas_ ? mesh_->dims().dp() : 1; }
 int64_t ParallelModel::data_rank() const { return replicas_ ? mesh_->coord().dp : 0; }
 
-NamedTensors ParallelModel::model_state() { return model_state_shard(0, 1); }
+NamedTensors ParallelModel::model_state() {
+  require(!pp_, "internal: the whole model is not held by any pipeline rank; write it with model_state_shard");
+  return model_state_shard(0, 1);
+}
+
+// The parameters this stage writes: all of its own, but the last stage's copy of the tied
+// embedding, which the first stage writes (pipeline only).
+bool ParallelModel::writes_parameter(const std::string& name) const {
+  return !(pp_ && name == "wte.weight" && model_->has_head() && !model_->has_embedding());
+}
 
 NamedTensors ParallelModel::model_state_shard(int64_t rank, int64_t shards) {
+  if (pp_) {
+    // Each pipeline rank writes its own stage's parameters (one rank per stage, dp = tp = 1).
+    NamedTensors mine;
+    for (const auto& item : model_->named_parameters())
+      if (writes_parameter(item.key())) mine.push_back(export_tensor(model_->options(), item.key(), item.value()));
+    return mine;
+  }
   // Owners: each parameter, in registration order, to the rank holding the fewest elements so far.
   std::map<std::string, TensorParallelLayout> layouts;
   std::vector<std::string> order;
@@ -190,6 +227,14 @@ void ParallelModel::load_model_state(const std::set<std::string>& names,
   std::vector<std::string> params;
   for (const auto& item : whole->named_parameters()) params.push_back(item.key());
   check_export_names(config_.model, params, names, source);
+  if (pp_) {
+    // This stage's parameters (the last stage's wte from the one tied embedding).
+    for (const auto& item : model_->named_parameters())
+      owner_->load_parameter(item.key(), import_tensor(config_.model, item.key(),
+                                                       read(export_name(config_.model, item.key())),
+                                                       item.value().sizes(), source));
+    return owner_->parameters_loaded();
+  }
   for (const auto& item : whole->named_parameters()) {
     const std::string& name = item.key();
     if (!owner_->keeps_part_of(name)) continue;
@@ -232,6 +277,15 @@ NamedTensors ParallelModel::training_state() {
 }
 
 void ParallelModel::load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) {
+  if (pp_) {
+    // The state of this stage's parameters (and the loss scaler's, replicated), whole.
+    std::set<std::string> mine;
+    for (const auto& item : model_->named_parameters()) mine.insert(item.key());
+    std::map<std::string, at::Tensor> stage;
+    for (const auto& [name, t] : tensors)
+      if (state_param(name).empty() || mine.count(state_param(name))) stage.emplace(name, t);
+    return owner_->load_training_state(stage, source);
+  }
   if (!training_state_ranges().empty()) return owner_->load_training_state_ranges(tensors, source);
   std::map<std::string, at::Tensor> local = tensors;
   for (auto& [name, t] : local)
@@ -244,6 +298,14 @@ OptimizerRanges ParallelModel::training_state_ranges() const {
 }
 
 std::vector<TensorSlice> ParallelModel::training_state_slices(int64_t rank, int64_t shards) {
+  if (pp_) {
+    // Each stage's state whole, by the rank holding it (the tied embedding's by the first stage).
+    std::vector<TensorSlice> mine;
+    for (const auto& [name, t] : owner_->training_state())
+      if (state_param(name).empty() ? rank == 0 : writes_parameter(state_param(name)))
+        mine.push_back({name, t, 0, t.sizes().vec()});
+    return mine;
+  }
   if (!tp_ && replicas_ && replicas_->size() == shards) {
     std::vector<TensorSlice> own = owner_->own_training_state_slices();
     if (!own.empty()) return own;

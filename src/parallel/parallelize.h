@@ -11,7 +11,12 @@
 //      regions and the model's ends installed (parallel/tensor/tensor_parallel.h);
 //   2. sequence parallelism (parallel.sp): the attention kernels of sp_method, on each rank's
 //      tensor-parallel heads (parallel/sequence/sequence_parallel.h);
-//   3. expert parallelism (parallel.ep) and pipeline stages (parallel.pp): refused until built;
+//   3. pipeline stages (parallel.pp): the model was built as this rank's stage of the cut
+//      (plan/stage_cut.h) by the caller; here the clipping norm spans the stages (the last
+//      stage's copy of the tied embedding counted once) and the state functions below work per
+//      stage (each rank writes its stage; loading takes the stage's tensors by name, so a
+//      checkpoint loads at any pp); the schedule runs in train/pipeline_step.h. Expert
+//      parallelism (parallel.ep): refused until built;
 //   4. activation checkpointing (memory.activation_checkpointing), inside every block;
 //   5. the optimizer owner (parallel/optimizer_owner.h): DataParallel when gradients are reduced
 //      over several replicas (dp x sp > 1) or offloaded (ZeRO 0-3, offload and compression inside
@@ -95,7 +100,7 @@ class ParallelModel {
 
   // The final gradients of this step (between the owner's finish_gradients and apply) under the
   // model's parameter names, whole whatever the layout (a collective of every rank); zeros where
-  // a parameter got no gradient.
+  // a parameter got no gradient. Under pp: this stage's parameters only.
   NamedTensors gradients();
 
   // The owner's state with tensor-parallel shards gathered whole (a collective).
@@ -122,7 +127,12 @@ class ParallelModel {
   Config config_;
   TransformerLM model_;
   comm::Mesh* mesh_;
+  // Whether this rank writes parameter `name` (and its state) into a checkpoint: under pp not the
+  // last stage's copy of the tied embedding.
+  bool writes_parameter(const std::string& name) const;
+
   comm::Group* tp_ = nullptr;        // tp > 1
+  comm::Group* pp_ = nullptr;        // pp > 1: this rank holds one stage of the cut
   comm::Group* replicas_ = nullptr;  // dp x sp > 1 (or offload): the owner reduces over it
   int64_t sp_ = 1, sp_rank_ = 0;
   int64_t replica_ = 0, tp_rank_ = 0;  // the random streams' coordinates (seed_random_streams)

@@ -9,6 +9,7 @@
 
 #include "comm/device.h"
 #include "core/error.h"
+#include "plan/stage_cut.h"
 #include "precision/autocast.h"
 
 namespace tessera {
@@ -38,9 +39,19 @@ TrainStep::TrainStep(const Config& config, comm::Mesh* mesh)
   if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
   keep_host_heap();
   torch::manual_seed(static_cast<uint64_t>(config.train.seed));
-  TransformerLM model(config.model);
+  // Under pipeline parallelism each rank builds its stage of the cut (its parameters equal the
+  // whole model's: they depend on the seed and their names only).
+  ModelStage stage;
+  if (mesh && mesh->dims().pp() > 1) {
+    check_parallel_layout(config, mesh->dims());
+    const StageCut cut = cut_stages(config.model, mesh->dims().pp(), config.parallel.pp_cut);
+    const int64_t s = mesh->coord().pp;
+    stage = ModelStage{cut.boundaries[s], cut.boundaries[s + 1]};
+  }
+  TransformerLM model(config.model, stage);
   model->to(device_, parameter_dtype(config.precision));
   parallel_ = parallelize(model, mesh, config);
+  if (mesh && mesh->dims().pp() > 1) pipeline_ = std::make_unique<PipelineStep>(model, *mesh, config, device_, autocast_);
 }
 
 TrainStep::~TrainStep() = default;
@@ -56,7 +67,11 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr, co
   model->train();
   const double n = static_cast<double>(micro_batches.size());
   at::Tensor losses = at::zeros({2}, at::kDouble);  // cross-entropy, auxiliary
-  for (size_t m = 0; m < micro_batches.size(); ++m) {
+  if (pipeline_) {
+    const PipelineLosses sums = pipeline_->run(micro_batches);
+    losses = at::tensor({sums.ce_sum, sums.aux_sum}, at::kDouble);
+  }
+  for (size_t m = 0; m < micro_batches.size() && !pipeline_; ++m) {
     const Batch& batch = micro_batches[m];
     ModelOutput out;
     {
@@ -83,6 +98,7 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr, co
 }
 
 double TrainStep::evaluate(const std::vector<Batch>& batches) {
+  if (pipeline_) return pipeline_->evaluate(batches);
   torch::NoGradGuard no_grad;
   TransformerLM& model = parallel_->model();
   model->eval();

@@ -4,7 +4,9 @@
 // times exactly what training runs.
 //
 // A step: for each micro-batch, this rank's part of the batch (its sequence chunk) forward under
-// autocast (bf16), backward of loss / grad_accum times the owner's loss scale (fp16); then the
+// autocast (bf16), backward of loss / grad_accum times the owner's loss scale (fp16) (under
+// pipeline parallelism the rank builds its stage of the cut and the layout's schedule runs the
+// micro-batches' forwards and backwards instead: train/pipeline_step.h); then the
 // owner's update: gradients reduced over the replicas, unscaled, clipped to the global norm,
 // applied at `lr`, zeroed. Losses reported are means over the replicas that ran different data;
 // training_state() and evaluate() are collectives (every rank calls them). The step does not know
@@ -26,6 +28,7 @@
 #include "parallel/parallelize.h"
 #include "precision/fp16.h"
 #include "train/config.h"
+#include "train/pipeline_step.h"
 
 namespace tessera {
 
@@ -91,6 +94,7 @@ class TrainStep {
   c10::Device device_;
   std::optional<at::ScalarType> autocast_;
   std::unique_ptr<ParallelModel> parallel_;
+  std::unique_ptr<PipelineStep> pipeline_;  // parallel.pp > 1: the schedule runs the micro-batches
 };
 
 }  // namespace tessera

@@ -499,9 +499,10 @@ TEST(DistributedTrain, DegreesThatDoNotFitAreRefusedBeforeLaunch) {
             std::string::npos)
       << r.output;
   EXPECT_EQ(r.output.find("started ranks"), std::string::npos) << "workers were started: " << r.output;
-  auto unbuilt = run_tessera("train --config tiny_gpt --nproc 2 --set parallel.pp=2" + settings(4, 2) + " --out " + out);
+  auto unbuilt = run_tessera("train --config tiny_gpt --nproc 4 --set parallel.pp=2" + settings(4, 2) + " --out " + out);
   EXPECT_EQ(unbuilt.exit_code, 2);
-  EXPECT_NE(unbuilt.output.find("parallel.pp = 2: training with pipeline parallelism is not implemented yet"),
+  EXPECT_NE(unbuilt.output.find("parallel.pp = 2 with dp=2 tp=1 pp=2 sp=1 ep=1 (world 4): this build trains a pipeline "
+                                "alone"),
             std::string::npos)
       << unbuilt.output;
   auto tp_heads = run_tessera("train --config tiny_gpt --nproc 4 --set parallel.tp=4" + settings(4, 2) + " --out " + out);
@@ -603,6 +604,45 @@ TEST(DistributedTrain, InitFromStartsEveryLayoutFromTheSameWeights) {
   expect_same_losses(grad_norms(tp2), grad_norms(one), 1e-4, "init-from at tp=2: gradient norm");
   expect_same_losses(grad_norms(zero3), grad_norms(one), 1e-4, "init-from at dp=2 ZeRO-3: gradient norm");
   EXPECT_LT(losses(one).at(1), 0.9 * losses(base).at(1));
+}
+
+// Pipeline parallelism trains the model of one process: 4 blocks cut into 2 or 4 stages, each
+// built on its rank, the step's 4 micro-batches run by GPipe, 1F1B or ZB-H1 (the backward split
+// into input and weight gradients), the tied embedding's gradient summed between the first and
+// last stage and the clipping norm taken over every stage: the same losses, gradient norms and
+// validation loss. A pp = 4 checkpoint (each rank writing its stage) resumes at pp = 2 and on one
+// process and continues the same run.
+TEST(DistributedTrain, PipelineSchedulesMatchOneProcessAndCheckpointsLoadAtAnyPp) {
+  const std::string pipeline = " --set model.n_layer=4 --set train.grad_accum=4";
+  const std::string one = fresh_dir("pp_one");
+  auto r1 = run_tessera("train --config tiny_gpt" + settings(2, 6) + pipeline + " --out " + one);
+  ASSERT_EQ(r1.exit_code, 0) << r1.output;
+  const auto expected = losses(one), expected_norms = grad_norms(one), expected_val = logged(one, "val_loss");
+  for (const auto& [pp, schedule] : std::vector<std::pair<int, std::string>>{
+           {2, "gpipe"}, {2, "1f1b"}, {2, "zbh1"}, {4, "1f1b"}, {4, "zbh1"}}) {
+    const std::string what = "pp=" + std::to_string(pp) + " " + schedule;
+    const std::string out = fresh_dir("pp_" + std::to_string(pp) + "_" + schedule);
+    auto r = run_tessera("train --config tiny_gpt --nproc " + std::to_string(pp) + " --set parallel.pp=" +
+                         std::to_string(pp) + " --set parallel.pp_schedule=" + schedule + settings(2, 6) + pipeline +
+                         " --set checkpoint.every=3 --set checkpoint.keep=0 --out " + out);
+    ASSERT_EQ(r.exit_code, 0) << what << "\n" << r.output;
+    expect_same_losses(losses(out), expected, 1e-5, what);
+    expect_same_losses(grad_norms(out), expected_norms, 1e-5, what + ": gradient norm");
+    expect_same_losses(logged(out, "val_loss"), expected_val, 1e-5, what + ": validation loss");
+    if (pp != 4 || schedule != "1f1b") continue;
+    // The pp = 4 checkpoint at step 3 continues at pp = 2 and on one process.
+    const std::string at_two = fresh_dir("pp_resumed_two"), at_one = fresh_dir("pp_resumed_one");
+    auto two = run_tessera("train --resume " + out + "/checkpoints/step_3 --nproc 2 --set parallel.pp=2 --out " + at_two);
+    ASSERT_EQ(two.exit_code, 0) << two.output;
+    auto single = run_tessera("train --resume " + out + "/checkpoints/step_3 --set parallel.pp=1 --out " + at_one);
+    ASSERT_EQ(single.exit_code, 0) << single.output;
+    expect_same_losses(losses(at_two), expected, 1e-5, "pp=4 checkpoint resumed at pp=2");
+    expect_same_losses(losses(at_one), expected, 1e-5, "pp=4 checkpoint resumed on one process");
+    EXPECT_EQ(losses(at_one).begin()->first, 4);
+    auto exported = run_tessera("export --checkpoint " + out + " --out " + out + "/model.safetensors");
+    ASSERT_EQ(exported.exit_code, 0) << exported.output;
+    EXPECT_NE(exported.output.find(": 52 tensors"), std::string::npos) << exported.output;  // 4 blocks x 12 + 4
+  }
 }
 
 // ZeRO-Offload on a single process (its main use: one GPU) runs through DataParallel too, and

@@ -149,7 +149,16 @@ TEST(LayoutCheck, DataParallelAndUnbuiltDegreesNameTheirKeys) {
   EXPECT_TRUE(refused(c, 2, {"parallel.grad_compression = powersgd", "parallel.zero_stage = 0"}));
   c = tiny();
   c.parallel.pp = 2;
-  EXPECT_TRUE(refused(c, 2, {"parallel.pp = 2", "not implemented"}));
+  EXPECT_TRUE(refused(c, 4, {"parallel.pp = 2 with dp=2", "pipeline with data, tensor or sequence parallelism is not "
+                                                           "implemented yet"}));
+  c.parallel.pp_schedule = "interleaved";
+  c.model.n_layer = 4;
+  c.train.grad_accum = 2;
+  EXPECT_TRUE(refused(c, 2, {"parallel.pp_schedule = interleaved", "do not train a model yet"}));
+  c.parallel.pp_schedule = "1f1b";
+  c.model.n_layer = 2;
+  c.parallel.pp = 3;
+  EXPECT_TRUE(refused(c, 3, {"3 pipeline stages", "model.n_layer = 2"}));
   c = tiny();
   c.parallel.ep = 2;
   EXPECT_TRUE(refused(c, 2, {"parallel.ep = 2", "not implemented"}));

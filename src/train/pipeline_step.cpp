@@ -1,0 +1,146 @@
+// A training step through pipeline stages (pipeline_step.h).
+#include "train/pipeline_step.h"
+
+#include <torch/torch.h>
+
+#include "core/error.h"
+#include "parallel/pipeline/executor.h"
+#include "plan/stage_cut.h"
+#include "precision/autocast.h"
+
+namespace tessera {
+
+using pipeline::Action;
+using pipeline::Op;
+
+namespace {
+
+// The gradient of an output for autograd: none for the last stage's scalar loss (ones).
+std::vector<at::Tensor> gradient_list(const at::Tensor& grad) {
+  return grad.defined() ? std::vector<at::Tensor>{grad} : std::vector<at::Tensor>{};
+}
+
+}  // namespace
+
+PipelineStep::PipelineStep(TransformerLM model, comm::Mesh& mesh, const Config& config, c10::Device device,
+                           std::optional<at::ScalarType> autocast)
+    : model_(std::move(model)),
+      mesh_(mesh),
+      pipe_(mesh.group("pp")),
+      config_(config),
+      device_(device),
+      autocast_(autocast),
+      first_(model_->has_embedding()),
+      last_(model_->has_head()) {}
+
+at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const std::vector<Batch>& batches) {
+  const Batch& batch = batches[a.micro];
+  switch (a.op) {
+    case Op::F: {
+      Stash& s = stash_[a.micro];
+      AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
+      at::Tensor x;
+      if (first_) {
+        x = model_->embed(batch.inputs.to(device_));
+      } else {
+        s.input = input.to(device_).detach().requires_grad_(true);
+        x = s.input;
+      }
+      const BlockOutput blocks = model_->run_blocks(x);
+      if (!last_) {
+        s.output = blocks.x;
+        return blocks.x.detach().to(at::kFloat);
+      }
+      const ModelOutput out = model_->head(blocks.x, batch.targets.to(device_), blocks.aux_loss);
+      s.output = out.loss.to(at::kFloat) / static_cast<double>(micro_batches_);
+      ce_sum_ += out.ce_loss.detach().to(at::kCPU, at::kDouble);
+      aux_sum_ += out.aux_loss.detach().to(at::kCPU, at::kDouble);
+      return {};
+    }
+    case Op::B: {
+      Stash s = std::move(stash_.at(a.micro));
+      stash_.erase(a.micro);
+      if (last_) s.output.backward();
+      else s.output.backward(input.to(device_, s.output.scalar_type()));
+      return first_ ? at::Tensor() : s.input.grad().to(at::kFloat);
+    }
+    case Op::I: {
+      Stash& s = stash_.at(a.micro);
+      if (!last_) s.grad_out = input.to(device_, s.output.scalar_type());
+      if (first_) return {};  // no input to differentiate: W runs the whole backward
+      const auto grads = torch::autograd::grad({s.output}, {s.input}, gradient_list(s.grad_out), /*retain_graph=*/true);
+      return grads[0].to(at::kFloat);
+    }
+    case Op::W: {
+      Stash s = std::move(stash_.at(a.micro));
+      stash_.erase(a.micro);
+      std::vector<at::Tensor> params;
+      for (const auto& p : model_->parameters())
+        if (p.requires_grad()) params.push_back(p);
+      torch::autograd::backward({s.output}, gradient_list(s.grad_out), /*retain_graph=*/false, /*create_graph=*/false,
+                                params);
+      return {};
+    }
+    default:
+      fail("internal: the pipeline executor asked a stage to compute ", a.str());
+  }
+}
+
+void PipelineStep::sum_tied_embedding() {
+  if (first_ == last_) return;  // one stage holds both ends (pp = 1 is not a pipeline) or neither
+  at::Tensor& g = model_->wte->weight.mutable_grad();
+  if (!g.defined()) g = at::zeros_like(model_->wte->weight);
+  mesh_.group("embedding").all_reduce(g);
+}
+
+PipelineLosses PipelineStep::run(const std::vector<Batch>& batches) {
+  micro_batches_ = static_cast<int64_t>(batches.size());
+  if (!schedule_ || schedule_->micro_batches != micro_batches_) {
+    Config c = config_;
+    c.train.grad_accum = micro_batches_;
+    c.train.global_batch_size = 0;
+    schedule_ = pipeline_schedule(c, mesh_.dims());
+  }
+  ce_sum_ = at::zeros({}, at::kDouble);
+  aux_sum_ = at::zeros({}, at::kDouble);
+  const int64_t rows = batches.front().inputs.size(0), tokens = batches.front().inputs.size(1);
+  pipeline::StageWork work;
+  work.compute = [&](const Action& a, const at::Tensor& input) { return compute(a, input, batches); };
+  work.receive_buffer = [&](const Action&) {
+    return at::empty({rows, tokens, config_.model.n_embd}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  };
+  pipeline::run_schedule(*schedule_, pipe_, work);
+  require(stash_.empty(), "internal: the pipeline step left ", stash_.size(), " micro-batches without their backward");
+  sum_tied_embedding();
+  at::Tensor sums = at::stack({ce_sum_, aux_sum_});
+  pipe_.all_reduce(sums);  // only the last stage's are non-zero
+  return {sums[0].item<double>(), sums[1].item<double>()};
+}
+
+double PipelineStep::evaluate(const std::vector<Batch>& batches) {
+  torch::NoGradGuard no_grad;
+  model_->eval();
+  at::Tensor total = at::zeros({}, at::kDouble);
+  const int64_t me = pipe_.rank();
+  for (const Batch& batch : batches) {
+    AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
+    at::Tensor x;
+    if (first_) {
+      x = model_->embed(batch.inputs.to(device_));
+    } else {
+      x = at::empty({batch.inputs.size(0), batch.inputs.size(1), config_.model.n_embd},
+                    at::TensorOptions().dtype(at::kFloat).device(device_));
+      pipe_.recv(x, me - 1);
+    }
+    const BlockOutput blocks = model_->run_blocks(x);
+    if (last_)
+      total += model_->head(blocks.x, batch.targets.to(device_), blocks.aux_loss).ce_loss.detach().to(at::kCPU, at::kDouble);
+    else
+      pipe_.send(blocks.x.to(at::kFloat).contiguous(), me + 1);
+  }
+  pipe_.all_reduce(total);
+  model_->train();
+  return total.item<double>() / static_cast<double>(batches.size());
+}
+
+}  // namespace tessera

@@ -1,0 +1,75 @@
+// One training step's forward and backward through a pipeline of model stages: this rank's stage
+// (a TransformerLM built for ModelStage{first, end} of the cut, plan/stage_cut.h) runs the
+// compute actions of the layout's schedule (parallel/pipeline/) through the one executor, which
+// moves activations and their gradients between the ranks of the pp group.
+//
+//   F(j)  stage 0 embeds micro-batch j's tokens, the others take the received activation as a
+//         leaf requiring grad; the stage's blocks run; the last stage adds the head and the loss
+//         (ce + aux) / micro-batches. Activations travel in float32 whatever the compute dtype.
+//   B(j)  backward of the stage's output (the last stage: of its loss) with the received gradient;
+//         returns the input's gradient for the previous stage.
+//   I(j)  the input's gradient alone (autograd::grad, graph kept); stage 0 has no input to
+//         differentiate and leaves its whole backward to W.
+//   W(j)  the parameters' gradients (autograd::backward restricted to them), graph freed.
+// Afterwards the tied embedding holds the same gradient on the first and the last stage (summed
+// over the embedding group), the cross-entropy sum is known on every rank (summed over pp), and
+// the optimizer owner (parallel/parallelize.h: norm over every stage, the last stage's copy of
+// wte counted once) does the rest.
+//
+// evaluate(): the forward alone, stage after stage (blocking sends along the chain), the loss
+// known on every rank.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "comm/mesh.h"
+#include "data/sampler.h"
+#include "model/transformer.h"
+#include "parallel/pipeline/schedule.h"
+#include "train/config.h"
+
+namespace tessera {
+
+struct PipelineLosses {
+  double ce_sum = 0;   // summed over the step's micro-batches (known on every rank)
+  double aux_sum = 0;
+};
+
+class PipelineStep {
+ public:
+  PipelineStep(TransformerLM model, comm::Mesh& mesh, const Config& config, c10::Device device,
+               std::optional<at::ScalarType> autocast);
+
+  // Forward and backward of the step's micro-batches (gradients accumulated in the parameters).
+  PipelineLosses run(const std::vector<Batch>& micro_batches);
+  // Mean cross-entropy of `batches`, forward only.
+  double evaluate(const std::vector<Batch>& batches);
+
+ private:
+  at::Tensor compute(const pipeline::Action& action, const at::Tensor& input, const std::vector<Batch>& batches);
+  void sum_tied_embedding();
+
+  TransformerLM model_;
+  comm::Mesh& mesh_;
+  comm::Group& pipe_;
+  Config config_;
+  c10::Device device_;
+  std::optional<at::ScalarType> autocast_;
+  bool first_ = false, last_ = false;
+
+  struct Stash {
+    at::Tensor input;     // the received activation (a leaf), undefined on stage 0
+    at::Tensor output;    // the stage's output (the loss on the last stage), with its graph
+    at::Tensor grad_out;  // the gradient I used, kept for W
+  };
+  std::map<int64_t, Stash> stash_;
+  at::Tensor ce_sum_, aux_sum_;
+  int64_t micro_batches_ = 1;
+  std::optional<pipeline::Schedule> schedule_;
+};
+
+}  // namespace tessera
