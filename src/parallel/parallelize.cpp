@@ -172,9 +172,35 @@ void ParallelModel::average_over_replicas(at::Tensor& values) {
 int64_t ParallelModel::data_ranks() const { return replicas_ ? mesh_->dims().dp() : 1; }
 int64_t ParallelModel::data_rank() const { return replicas_ ? mesh_->coord().dp : 0; }
 
+NamedTensors ParallelModel::gather_over_stages(const std::function<at::Tensor(const std::string& name)>& mine) {
+  // The whole model's parameters in the same order on every rank (a meta model: no memory), each
+  // broadcast over pp by the stage that holds it (the tied embedding by the first).
+  const TransformerLM whole(config_.model, ModelStage{}, at::TensorOptions().device(at::kMeta));
+  const StageCut cut = cut_stages(config_.model, pp_->size(), config_.parallel.pp_cut);
+  auto holder = [&](const std::string& name) -> int64_t {
+    if (name.rfind("h.", 0) != 0) return name.rfind("ln_f", 0) == 0 ? pp_->size() - 1 : 0;
+    const int64_t block = std::stoll(name.substr(2, name.find('.', 2) - 2));
+    return std::upper_bound(cut.boundaries.begin(), cut.boundaries.end(), block) - cut.boundaries.begin() - 1;
+  };
+  const at::Device device = model_->parameters().front().device();
+  NamedTensors out;
+  for (const auto& item : whole->named_parameters()) {
+    const int64_t from = holder(item.key());
+    at::Tensor t = from == pp_->rank() ? mine(item.key()).to(at::kFloat).contiguous()
+                                       : at::empty(item.value().sizes(), at::TensorOptions().dtype(at::kFloat).device(device));
+    pp_->broadcast(t, from);
+    out.emplace_back(item.key(), t);
+  }
+  return out;
+}
+
 NamedTensors ParallelModel::model_state() {
-  require(!pp_, "internal: the whole model is not held by any pipeline rank; write it with model_state_shard");
-  return model_state_shard(0, 1);
+  if (!pp_) return model_state_shard(0, 1);
+  auto params = model_->named_parameters();
+  NamedTensors out;
+  for (const auto& [name, t] : gather_over_stages([&](const std::string& n) { return params[n].detach(); }))
+    out.push_back(export_tensor(model_->options(), name, t));
+  return out;
 }
 
 // The parameters this stage writes: all of its own, but the last stage's copy of the tied
@@ -260,6 +286,15 @@ std::optional<TensorParallelLayout> ParallelModel::state_layout(const std::strin
 }
 
 NamedTensors ParallelModel::gradients() {
+  if (pp_) {
+    std::map<std::string, at::Tensor> mine;
+    for (const auto& [name, g] : owner_->gradients()) mine[name] = g;
+    auto params = model_->named_parameters();
+    return gather_over_stages([&](const std::string& name) {
+      const at::Tensor& g = mine[name];
+      return g.defined() ? g : at::zeros_like(params[name]);
+    });
+  }
   NamedTensors grads = owner_->gradients();
   auto params = model_->named_parameters();
   for (auto& [name, g] : grads) {

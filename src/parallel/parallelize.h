@@ -100,7 +100,7 @@ class ParallelModel {
 
   // The final gradients of this step (between the owner's finish_gradients and apply) under the
   // model's parameter names, whole whatever the layout (a collective of every rank); zeros where
-  // a parameter got no gradient. Under pp: this stage's parameters only.
+  // a parameter got no gradient. Under pp gathered over the stages.
   NamedTensors gradients();
 
   // The owner's state with tensor-parallel shards gathered whole (a collective).
@@ -130,6 +130,9 @@ class ParallelModel {
   // Whether this rank writes parameter `name` (and its state) into a checkpoint: under pp not the
   // last stage's copy of the tied embedding.
   bool writes_parameter(const std::string& name) const;
+  // Under pp: every parameter of the whole model, in its order, float32 on every rank, each
+  // broadcast by the stage holding it from mine(name) (a collective of the pp group).
+  NamedTensors gather_over_stages(const std::function<at::Tensor(const std::string& name)>& mine);
 
   comm::Group* tp_ = nullptr;        // tp > 1
   comm::Group* pp_ = nullptr;        // pp > 1: this rank holds one stage of the cut

@@ -152,7 +152,36 @@ const std::vector<Layout>& layouts() {
          c.parallel.sp = 2;
          c.parallel.zero_stage = 1;
        }},
+      {"pp2_gpipe_accum4", 2,
+       [](Config& c) { c.parallel.pp = 2; c.parallel.pp_schedule = "gpipe"; c.train.grad_accum = 4; }},
+      {"pp2_1f1b_accum4_full_checkpointing", 2,
+       [](Config& c) {
+         c.parallel.pp = 2;
+         c.train.grad_accum = 4;
+         c.memory.activation_checkpointing = "full";
+       }},
+      {"pp4_zbh1_accum4", 4,
+       [](Config& c) {
+         c.model.n_layer = 4;
+         c.parallel.pp = 4;
+         c.parallel.pp_schedule = "zbh1";
+         c.train.grad_accum = 4;
+       }},
+      {"pp4_1f1b_uneven_accum2", 4,
+       [](Config& c) {
+         c.model.n_layer = 6;  // stages of 2, 2, 1, 1 blocks
+         c.parallel.pp = 4;
+         c.train.grad_accum = 2;
+       }},
       {"dp2_bf16", 2, [](Config& c) { c.precision.dtype = "bf16"; }, &kBf16},
+      {"pp2_zbh1_bf16_accum2", 2,
+       [](Config& c) {
+         c.parallel.pp = 2;
+         c.parallel.pp_schedule = "zbh1";
+         c.train.grad_accum = 2;
+         c.precision.dtype = "bf16";
+       },
+       &kBf16},
       {"tp2_megatron_sp_bf16", 2,
        [](Config& c) {
          c.parallel.tp = 2;
