@@ -88,7 +88,8 @@ class ParallelModel {
   NamedTensors model_state();
   // This rank's share of model_state() for a checkpoint written as `shards` files (one per rank of
   // the world): whole tensors under their export names, each tensor in exactly one rank's share
-  // (assigned by size, the same on every rank). A collective of every rank; no rank holds more
+  // (assigned by size, the same on every rank; under pp each rank's share is its own stage, the
+  // tied embedding the first stage's). A collective of every rank; no rank holds more
   // than its share, one ZeRO-3 unit and one tensor-parallel tensor beyond its training state.
   NamedTensors model_state_shard(int64_t rank, int64_t shards);
   // Loads the model from export-named whole tensors: `names` are those the source holds (a
@@ -110,7 +111,8 @@ class ParallelModel {
   void load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source);
   // What this rank reads on resume: its own ZeRO 1-3 slices; empty (whole) under tp or without ZeRO.
   OptimizerRanges training_state_ranges() const;
-  // This rank's slices of training_state() for shard `rank` of `shards` (checkpoint/checkpoint.h):
+  // This rank's slices of training_state() for shard `rank` of `shards` (checkpoint/checkpoint.h;
+  // under pp its own stage's state, whole, the tied embedding's by the first stage):
   // the owner's own slices, without communication, when the data-parallel replicas are the whole
   // world; under tensor parallelism whole tensors, each gathered over tp one at a time and kept by
   // the one rank it is assigned to by size (a collective); otherwise the even slices of
