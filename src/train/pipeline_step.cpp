@@ -4,7 +4,9 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
+#include "core/fs.h"
 #include "parallel/pipeline/executor.h"
+#include "parallel/pipeline/timeline_svg.h"
 #include "plan/stage_cut.h"
 #include "precision/autocast.h"
 
@@ -109,12 +111,52 @@ PipelineLosses PipelineStep::run(const std::vector<Batch>& batches) {
   work.receive_buffer = [&](const Action&) {
     return at::empty({rows, tokens, config_.model.n_embd}, at::TensorOptions().dtype(at::kFloat).device(device_));
   };
-  pipeline::run_schedule(*schedule_, pipe_, work);
+  timeline_ = pipeline::run_schedule(*schedule_, pipe_, work);
   require(stash_.empty(), "internal: the pipeline step left ", stash_.size(), " micro-batches without their backward");
   sum_tied_embedding();
   at::Tensor sums = at::stack({ce_sum_, aux_sum_});
   pipe_.all_reduce(sums);  // only the last stage's are non-zero
   return {sums[0].item<double>(), sums[1].item<double>()};
+}
+
+double PipelineStep::write_timeline(const std::string& dir, const std::string& name) {
+  const auto timelines = pipeline::gather_timelines(pipe_, timeline_);
+  pipeline::Simulation measured;
+  measured.timeline = timelines;
+  std::map<Op, std::pair<double, int64_t>> durations;  // op -> (total seconds, count)
+  for (const auto& rank : timelines) {
+    double busy = 0;
+    for (const pipeline::TimedAction& t : rank) {
+      measured.step_time = std::max(measured.step_time, t.end);
+      if (!t.action.is_compute()) continue;
+      busy += t.end - t.start;
+      durations[t.action.op].first += t.end - t.start;
+      durations[t.action.op].second += 1;
+    }
+    measured.busy.push_back(busy);
+  }
+  if (pipe_.rank() != 0) return measured.bubble();
+  pipeline::ActionCosts costs;
+  auto mean = [&](Op op, double fallback) {
+    const auto it = durations.find(op);
+    return it == durations.end() ? fallback : it->second.first / static_cast<double>(it->second.second);
+  };
+  costs.f = mean(Op::F, 0);
+  costs.i = mean(Op::I, 0);
+  costs.w = mean(Op::W, 0);
+  costs.b = mean(Op::B, costs.i + costs.w);
+  const pipeline::Simulation planned = pipeline::simulate_schedule(*schedule_, costs);
+  char title[200];
+  std::snprintf(title, sizeof title, "%s, pp %lld, %lld micro-batches, measured: step %.1f ms, bubble %.1f%%",
+                schedule_->name.c_str(), static_cast<long long>(schedule_->pp),
+                static_cast<long long>(schedule_->micro_batches), 1000 * measured.step_time, 100 * measured.bubble());
+  write_file_durable(dir + "/" + name + ".svg", pipeline::timeline_svg(*schedule_, measured, title));
+  std::snprintf(title, sizeof title, "%s, planned with the measured mean F %.2f ms, B %.2f ms, I %.2f ms, W %.2f ms: "
+                "step %.1f ms, bubble %.1f%%", schedule_->name.c_str(), 1000 * costs.f, 1000 * costs.b, 1000 * costs.i,
+                1000 * costs.w, 1000 * planned.step_time, 100 * planned.bubble());
+  write_file_durable(dir + "/" + name + ".planned.svg", pipeline::timeline_svg(*schedule_, planned, title));
+  write_file_durable(dir + "/" + name + ".trace.json", pipeline::timeline_chrome_trace(timelines, 1.0));
+  return measured.bubble();
 }
 
 double PipelineStep::evaluate(const std::vector<Batch>& batches) {

@@ -30,6 +30,7 @@
 #include "data/sampler.h"
 #include "model/transformer.h"
 #include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/simulate.h"
 #include "train/config.h"
 
 namespace tessera {
@@ -48,6 +49,11 @@ class PipelineStep {
   PipelineLosses run(const std::vector<Batch>& micro_batches);
   // Mean cross-entropy of `batches`, forward only.
   double evaluate(const std::vector<Batch>& batches);
+  // The last run()'s timeline of every rank, written by pipeline rank 0 into `dir` as
+  // <name>.svg (measured), <name>.planned.svg (the schedule simulated with the mean measured F,
+  // B, I and W times) and <name>.trace.json (Chrome trace); returns the measured bubble. A
+  // collective of the pp group.
+  double write_timeline(const std::string& dir, const std::string& name);
 
  private:
   at::Tensor compute(const pipeline::Action& action, const at::Tensor& input, const std::vector<Batch>& batches);
@@ -70,6 +76,7 @@ class PipelineStep {
   at::Tensor ce_sum_, aux_sum_;
   int64_t micro_batches_ = 1;
   std::optional<pipeline::Schedule> schedule_;
+  std::vector<pipeline::TimedAction> timeline_;  // the last run()'s, this rank's
 };
 
 }  // namespace tessera

@@ -67,6 +67,8 @@ class TrainStep {
     parallel_->load_model_state(names, read, source);
   }
   c10::Device device() const { return device_; }
+  // The pipeline step under parallel.pp > 1, else null (its timeline: PipelineStep::write_timeline).
+  PipelineStep* pipeline() { return pipeline_.get(); }
   // Seeds this rank's random streams for `step` (parallel/parallelize.h).
   void seed_random_streams(int64_t step) { parallel_->seed_random_streams(step); }
   const DynamicLossScaler* loss_scaler() const { return parallel_->owner().loss_scaler(); }

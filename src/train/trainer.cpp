@@ -309,6 +309,16 @@ TrainSummary Trainer::run() {
     const double lr = learning_rate(c.optim, s.step, c.train.steps);
     const std::vector<Batch> micro_batches = s.sampler->next();
     const StepResult result = s.trainer->run(micro_batches, lr);
+    if (c.train.trace_step == s.step + 1 && s.trainer->pipeline()) {
+      // The pipeline timeline of this step, every rank's, written by rank 0 (a collective).
+      const std::string name = "pipeline_step" + std::to_string(s.step + 1);
+      const double bubble = s.trainer->pipeline()->write_timeline(s.run_dir, name);
+      char note[160];
+      std::snprintf(note, sizeof note, "pipeline timeline of step %lld (bubble %.1f%%): %s.svg, %s.planned.svg, "
+                    "%s.trace.json", static_cast<long long>(s.step + 1), 100 * bubble, name.c_str(), name.c_str(),
+                    name.c_str());
+      progress.message(note);
+    }
     // A non-finite loss, or a non-finite gradient norm that no loss scaler handled, ends the run
     // here, before anything is saved: every rank sees the same values (averaged over the replicas,
     // a global norm), so every rank stops at the same step. So do too many fp16 overflows in a row.

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -629,6 +630,24 @@ TEST(DistributedTrain, PipelineSchedulesMatchOneProcessAndCheckpointsLoadAtAnyPp
     expect_same_losses(losses(out), expected, 1e-5, what);
     expect_same_losses(grad_norms(out), expected_norms, 1e-5, what + ": gradient norm");
     expect_same_losses(logged(out, "val_loss"), expected_val, 1e-5, what + ": validation loss");
+    if (pp == 4 && schedule == "zbh1") {
+      // train.trace_step: step 2's timeline of all 4 ranks, measured and planned.
+      auto traced = run_tessera("train --config tiny_gpt --nproc 4 --set parallel.pp=4 --set parallel.pp_schedule=zbh1" +
+                                settings(2, 2) + pipeline + " --set train.trace_step=2 --out " + out + "_traced");
+      ASSERT_EQ(traced.exit_code, 0) << traced.output;
+      EXPECT_NE(traced.output.find("pipeline timeline of step 2"), std::string::npos) << traced.output;
+      const nlohmann::json trace = nlohmann::json::parse(slurp(out + "_traced/pipeline_step2.trace.json"));
+      std::set<int> pids;
+      int computes = 0;
+      for (const auto& e : trace["traceEvents"]) {
+        pids.insert(e["pid"].get<int>());
+        if (e.value("cat", "") == "compute") ++computes;
+      }
+      EXPECT_EQ(pids.size(), 4u);
+      EXPECT_EQ(computes, 4 * 4 * 3);  // 4 ranks x 4 micro-batches x F, I, W
+      EXPECT_NE(slurp(out + "_traced/pipeline_step2.svg").find("zbh1, pp 4, 4 micro-batches, measured"), std::string::npos);
+      EXPECT_NE(slurp(out + "_traced/pipeline_step2.planned.svg").find("planned with the measured mean"), std::string::npos);
+    }
     if (pp != 4 || schedule != "1f1b") continue;
     // The pp = 4 checkpoint at step 3 continues at pp = 2 and on one process.
     const std::string at_two = fresh_dir("pp_resumed_two"), at_one = fresh_dir("pp_resumed_one");

@@ -5,6 +5,8 @@
 #include <map>
 #include <tuple>
 
+#include <ATen/ATen.h>
+
 #include "core/error.h"
 
 namespace tessera::pipeline {
@@ -18,6 +20,20 @@ int64_t transfer_tag(int64_t direction, int64_t stage, int64_t micro) {
 }
 
 using Key = std::tuple<int64_t, int64_t, int64_t>;  // (direction, consuming stage, micro-batch)
+
+// Rows of (op, stage, micro, start, end) for one rank's timeline, padded to `rows`.
+at::Tensor timeline_rows(const std::vector<TimedAction>& timeline, int64_t rows) {
+  at::Tensor t = at::full({rows, 5}, -1.0, at::kDouble);
+  auto a = t.accessor<double, 2>();
+  for (size_t i = 0; i < timeline.size(); ++i) {
+    a[i][0] = static_cast<double>(timeline[i].action.op);
+    a[i][1] = static_cast<double>(timeline[i].action.stage);
+    a[i][2] = static_cast<double>(timeline[i].action.micro);
+    a[i][3] = timeline[i].start;
+    a[i][4] = timeline[i].end;
+  }
+  return t;
+}
 
 }  // namespace
 
@@ -86,6 +102,27 @@ std::vector<TimedAction> run_schedule(const Schedule& s, comm::Group& pipe, cons
     }
   }
   return timeline;
+}
+
+std::vector<std::vector<TimedAction>> gather_timelines(comm::Group& pipe, const std::vector<TimedAction>& mine) {
+  at::Tensor rows = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
+  pipe.all_reduce(rows, comm::ReduceOp::max);
+  const int64_t n = rows.item<int64_t>();
+  at::Tensor all = at::empty({pipe.size() * n, 5}, at::kDouble);
+  pipe.all_gather(all, timeline_rows(mine, n));
+  std::vector<std::vector<TimedAction>> out(pipe.size());
+  for (int64_t r = 0; r < pipe.size(); ++r) {
+    const at::Tensor rank_rows = all.narrow(0, r * n, n);
+    const auto a = rank_rows.accessor<double, 2>();
+    for (int64_t i = 0; i < n && a[i][0] >= 0; ++i) {
+      TimedAction t;
+      t.action = {static_cast<Op>(static_cast<int>(a[i][0])), static_cast<int64_t>(a[i][1]), static_cast<int64_t>(a[i][2])};
+      t.start = a[i][3];
+      t.end = a[i][4];
+      out[r].push_back(t);
+    }
+  }
+  return out;
 }
 
 }  // namespace tessera::pipeline

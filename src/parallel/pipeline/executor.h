@@ -41,4 +41,8 @@ struct StageWork {
 // Returns the compute actions and receives with their start and end in seconds since the call.
 std::vector<TimedAction> run_schedule(const Schedule& schedule, comm::Group& pipe, const StageWork& work);
 
+// Every rank's timeline (from run_schedule) on every rank, in rank order (a collective of `pipe`);
+// each rank's times are from its own start.
+std::vector<std::vector<TimedAction>> gather_timelines(comm::Group& pipe, const std::vector<TimedAction>& mine);
+
 }  // namespace tessera::pipeline

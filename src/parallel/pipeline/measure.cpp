@@ -24,20 +24,6 @@ void expect_payload(const at::Tensor& got, int64_t stage, int64_t micro, int64_t
           "), expected stage ", stage, ", micro-batch ", micro, " (direction ", direction, ")");
 }
 
-// Rows of (op, stage, micro, start, end) for one rank's timeline, padded to `rows`.
-at::Tensor timeline_rows(const std::vector<TimedAction>& timeline, int64_t rows) {
-  at::Tensor t = at::full({rows, 5}, -1.0, at::kDouble);
-  auto a = t.accessor<double, 2>();
-  for (size_t i = 0; i < timeline.size(); ++i) {
-    a[i][0] = static_cast<double>(timeline[i].action.op);
-    a[i][1] = static_cast<double>(timeline[i].action.stage);
-    a[i][2] = static_cast<double>(timeline[i].action.micro);
-    a[i][3] = timeline[i].start;
-    a[i][4] = timeline[i].end;
-  }
-  return t;
-}
-
 }  // namespace
 
 MeasuredSchedule measure_schedule(const Schedule& s, comm::Group& pipe, const ActionCosts& costs, double unit_s) {
@@ -64,24 +50,7 @@ MeasuredSchedule measure_schedule(const Schedule& s, comm::Group& pipe, const Ac
   pipe.all_reduce(busy_sum, comm::ReduceOp::sum);
   result.step_time = end.item<double>();
   result.bubble = 1 - busy_sum.item<double>() / (static_cast<double>(s.pp) * result.step_time);
-  // Every rank's timeline on rank 0 (padded to the longest).
-  at::Tensor rows = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
-  pipe.all_reduce(rows, comm::ReduceOp::max);
-  const int64_t n = rows.item<int64_t>();
-  at::Tensor all = at::empty({s.pp * n, 5}, at::kDouble);
-  pipe.all_gather(all, timeline_rows(mine, n));
-  result.timeline.resize(s.pp);
-  for (int64_t r = 0; r < s.pp; ++r) {
-    const at::Tensor rank_rows = all.narrow(0, r * n, n);
-    const auto a = rank_rows.accessor<double, 2>();
-    for (int64_t i = 0; i < n && a[i][0] >= 0; ++i) {
-      TimedAction t;
-      t.action = {static_cast<Op>(static_cast<int>(a[i][0])), static_cast<int64_t>(a[i][1]), static_cast<int64_t>(a[i][2])};
-      t.start = a[i][3];
-      t.end = a[i][4];
-      result.timeline[r].push_back(t);
-    }
-  }
+  result.timeline = gather_timelines(pipe, mine);
   return result;
 }
 

@@ -65,4 +65,21 @@ std::string timeline_svg(const Schedule& s, const Simulation& sim, const std::st
   return out.str();
 }
 
+std::string timeline_chrome_trace(const std::vector<std::vector<TimedAction>>& timeline, double seconds_per_unit) {
+  std::ostringstream out;
+  out << "{\"traceEvents\": [";
+  bool first = true;
+  for (size_t r = 0; r < timeline.size(); ++r) {
+    out << (first ? "" : ",") << "\n{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": " << r
+        << ", \"args\": {\"name\": \"pipeline rank " << r << "\"}}";
+    first = false;
+    for (const TimedAction& t : timeline[r])
+      out << ",\n{\"name\": \"" << t.action.str() << "\", \"cat\": \"" << (t.action.is_compute() ? "compute" : "wait")
+          << "\", \"ph\": \"X\", \"pid\": " << r << ", \"tid\": 0, \"ts\": " << t.start * seconds_per_unit * 1e6
+          << ", \"dur\": " << (t.end - t.start) * seconds_per_unit * 1e6 << "}";
+  }
+  out << "\n]}\n";
+  return out.str();
+}
+
 }  // namespace tessera::pipeline
