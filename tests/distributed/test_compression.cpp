@@ -283,14 +283,18 @@ TEST(Compression, TopKWarmUpIsDenseThenSparsifiesGeometrically) {
     EXPECT_EQ(world.bytes_sent(), k[step] == 0 ? all_reduce_bytes : (world.size() - 1) * 8 * k[step]) << step;
     const auto mean = mean_grads(kShapes, step, world.size());
     for (size_t i = 0; i < kShapes.size(); ++i) {
-      if (step == 0) EXPECT_TRUE(at::equal(grads[i], mean[i])) << "tensor " << i;
+      if (step == 0) {
+        EXPECT_TRUE(at::equal(grads[i], mean[i])) << "tensor " << i;
+      }
       applied[i] += grads[i];
       truth[i] += mean[i];
     }
     const auto state = copied_state(*topk);
     EXPECT_EQ(state.at("topk.bucket0.step").item<int64_t>(), step + 1);
     EXPECT_EQ(state.count("topk.bucket0.residual"), step == 0 ? 0u : 1u) << step;
-    if (step == 1) EXPECT_TRUE(at::equal(state.at("topk.bucket0.residual"), at::zeros({numel})));
+    if (step == 1) {
+      EXPECT_TRUE(at::equal(state.at("topk.bucket0.residual"), at::zeros({numel})));
+    }
   }
   at::Tensor residual = copied_state(*topk).at("topk.bucket0.residual");
   EXPECT_GT(residual.abs().max().item<double>(), 0.1);  // the sparse steps left something behind

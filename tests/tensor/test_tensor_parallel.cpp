@@ -80,8 +80,9 @@ void expect_traffic_and_replicated_grads(Group& tp, const tessera::ModelOptions&
   for (const auto& item : model->named_parameters()) {
     const auto layout = tessera::tensor_parallel_layout(model->parameter_specs().at(item.key()));
     ASSERT_TRUE(item.value().grad().defined()) << what << ": " << item.key();
-    if (layout.dim < 0)
+    if (layout.dim < 0) {
       EXPECT_TRUE(same_on_all_ranks(item.value().grad(), tp)) << what << ": grad of " << item.key() << " differs";
+    }
   }
   {
     // Bytes per rank and step (parallelize.h), A = one [B, T, C] float32 activation, P = B T positions:
