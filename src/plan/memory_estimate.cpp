@@ -15,16 +15,6 @@
 namespace tessera {
 namespace {
 
-std::string count(int64_t n) {
-  char out[32];
-  if (n >= 1000000000)
-    std::snprintf(out, sizeof(out), "%.2fB", static_cast<double>(n) / 1e9);
-  else if (n >= 1000000)
-    std::snprintf(out, sizeof(out), "%.2fM", static_cast<double>(n) / 1e6);
-  else
-    std::snprintf(out, sizeof(out), "%lld", static_cast<long long>(n));
-  return out;
-}
 
 std::string line(const char* format, ...) __attribute__((format(printf, 1, 2)));
 std::string line(const char* format, ...) {
@@ -37,6 +27,17 @@ std::string line(const char* format, ...) {
 }
 
 }  // namespace
+
+std::string format_count(int64_t n) {
+  char out[32];
+  if (n >= 1000000000)
+    std::snprintf(out, sizeof(out), "%.2fB", static_cast<double>(n) / 1e9);
+  else if (n >= 1000000)
+    std::snprintf(out, sizeof(out), "%.2fM", static_cast<double>(n) / 1e6);
+  else
+    std::snprintf(out, sizeof(out), "%lld", static_cast<long long>(n));
+  return out;
+}
 
 std::string format_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -169,9 +170,9 @@ std::string describe_memory_estimate(const Config& config, const ParallelDims& d
               m.arch.c_str(), m.ffn.c_str(), static_cast<long long>(m.n_layer), static_cast<long long>(m.n_embd),
               static_cast<long long>(m.n_head), static_cast<long long>(m.vocab_size),
               static_cast<long long>(m.block_size));
-  out += line("parameters: %s (%lld)", count(e.parameters_total).c_str(), static_cast<long long>(e.parameters_total));
+  out += line("parameters: %s (%lld)", format_count(e.parameters_total).c_str(), static_cast<long long>(e.parameters_total));
   for (const auto& [component, n] : e.parameters_by_component)
-    out += line(", %s %s", component.c_str(), count(n).c_str());
+    out += line(", %s %s", component.c_str(), format_count(n).c_str());
   out += "; the head is tied to the token embedding\n";
   out += line("layout: %s, zero_stage %lld%s, precision %s, optimizer %s, activation checkpointing %s\n",
               dims.describe().c_str(), static_cast<long long>(p.zero_stage), p.offload ? " with offload" : "",
@@ -180,10 +181,10 @@ std::string describe_memory_estimate(const Config& config, const ParallelDims& d
   if (e.pipeline_rank >= 0)
     out += line("per rank (the largest: pipeline rank %lld, %s parameters after tensor/expert parallelism, activations of "
                 "up to %lld micro-batches x one stage held by its schedule):\n",
-                static_cast<long long>(e.pipeline_rank), count(e.parameters_rank).c_str(),
+                static_cast<long long>(e.pipeline_rank), format_count(e.parameters_rank).c_str(),
                 static_cast<long long>(e.pipeline_held));
   else
-    out += line("per rank (%s parameters after tensor/expert parallelism):\n", count(e.parameters_rank).c_str());
+    out += line("per rank (%s parameters after tensor/expert parallelism):\n", format_count(e.parameters_rank).c_str());
   out += line("  parameters       %12s\n", format_bytes(e.parameter_bytes).c_str());
   out += line("  gradients        %12s\n", format_bytes(e.gradient_bytes).c_str());
   out += line("  optimizer state  %12s%s\n", format_bytes(e.optimizer_bytes).c_str(), e.optimizer_on_host ? " (host)" : "");

@@ -59,6 +59,8 @@ std::string describe_memory_estimate(const Config& config, const ParallelDims& d
 
 // "1.50 GiB".
 std::string format_bytes(double bytes);
+// "124.48M", "174.60B", "812".
+std::string format_count(int64_t n);
 
 // Refuses, before anything is allocated, a run whose estimate cannot fit. On the CPU
 // (`device_capacity_bytes` 0): when `ranks_on_host` ranks of `e` (device bytes, plus offloaded

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "model/transformer.h"
+#include "plan/memory_estimate.h"
 #include "parallel/pipeline/schedule_builders.h"
 #include "parallel/pipeline/validate.h"
 
@@ -45,13 +46,6 @@ BlockWeights block_weights(const ModelOptions& m) {
   return w;
 }
 
-std::string count_text(int64_t n) {
-  char out[32];
-  if (n >= 1000000000) std::snprintf(out, sizeof(out), "%.2fB", static_cast<double>(n) / 1e9);
-  else if (n >= 1000000) std::snprintf(out, sizeof(out), "%.2fM", static_cast<double>(n) / 1e6);
-  else std::snprintf(out, sizeof(out), "%lld", static_cast<long long>(n));
-  return out;
-}
 
 }  // namespace
 
@@ -110,7 +104,7 @@ std::string describe_stage_cut(const StageCut& cut) {
                                                 : "blocks " + std::to_string(first) + "-" + std::to_string(end - 1);
     std::snprintf(text, sizeof text, "  stage %lld: %s%s%s (%s parameters)\n", static_cast<long long>(s),
                   blocks.c_str(), s == 0 ? " + embedding" : "", s == cut.stages() - 1 ? " + head" : "",
-                  count_text(cut.parameters[s]).c_str());
+                  format_count(cut.parameters[s]).c_str());
     out += text;
   }
   if (!cut.even())
