@@ -45,6 +45,18 @@ NamedTensors LocalOptimizer::gradients() {
   return out;
 }
 
+void LocalOptimizer::sum_gradient_over(const std::string& name, comm::Group& copies) {
+  require(!master_, "internal: summing a tied gradient over copies with fp16 master weights");
+  at::NoGradGuard no_grad;
+  for (auto& [n, p] : params_)
+    if (n == name) {
+      at::Tensor& g = p.mutable_grad();
+      if (!g.defined()) g = at::zeros_like(p);
+      return copies.all_reduce(g);
+    }
+  fail("internal: LocalOptimizer has no parameter '", name, "'");
+}
+
 UpdateResult LocalOptimizer::apply(double lr, double max_norm) {
   UpdateResult result;
   if (master_) {

@@ -30,6 +30,7 @@ class LocalOptimizer : public OptimizerOwner {
   void before_backward(bool last_micro_batch) override {}
   void finish_gradients() override;  // fp16: unscaled into the masters, overflow noted
   NamedTensors gradients() override;
+  void sum_gradient_over(const std::string& name, comm::Group& copies) override;
   UpdateResult apply(double lr, double max_norm) override;
   const DynamicLossScaler* loss_scaler() const override { return scaler_.get(); }
 

@@ -6,6 +6,7 @@
 // A step, as TrainStep drives it:
 //   for each micro-batch m of M:  owner.before_backward(m == M - 1);  (loss * loss_scale()).backward();
 //   owner.finish_gradients();       // gradients final: reduced over the replicas, unscaled
+//   [owner.sum_gradient_over(..)]   // a pipeline's tied embedding: its copies' gradients summed
 //   [owner.gradients()]             // optional: read them (the equivalence harness does)
 //   owner.apply(lr, max_norm);      // clipped, applied, zeroed
 //
@@ -91,6 +92,11 @@ class OptimizerOwner {
   // over them), by parameter name (tensor-parallel shards stay shards); between
   // finish_gradients() and apply(). Undefined tensors where a parameter got no gradient.
   virtual NamedTensors gradients() = 0;
+  // Sums the final gradient of parameter `name` (this rank's part of it: whole, or its ZeRO shard)
+  // over `copies`, whose ranks hold copies of one tied parameter laid out alike (a pipeline's
+  // first and last stage hold the tied embedding); between finish_gradients() and apply(). A
+  // collective of `copies`.
+  virtual void sum_gradient_over(const std::string& name, comm::Group& copies) = 0;
   virtual UpdateResult apply(double lr, double max_norm) = 0;
   virtual const DynamicLossScaler* loss_scaler() const { return nullptr; }
 

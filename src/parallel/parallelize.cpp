@@ -3,6 +3,7 @@
 #include "parallel/parallelize.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include <torch/torch.h>
 
@@ -50,9 +51,9 @@ void check_parallel_layout(const Config& config, const ParallelDims& d) {
   if (d.pp() > 1) {
     // What a pipeline trains with in this build; the rest is planned (inspect) but refused here.
     const ParallelOptions& p = config.parallel;
-    require(d.dp() == 1 && d.tp() == 1 && d.sp() == 1, "parallel.pp = ", d.pp(), " with ", d.describe(),
-            ": this build trains a pipeline alone (parallel.dp, tp and sp 1); pipeline with data, tensor or sequence "
-            "parallelism is not implemented yet");
+    require(d.tp() == 1 && d.sp() == 1, "parallel.pp = ", d.pp(), " with ", d.describe(),
+            ": this build trains a pipeline alone or with data parallelism (parallel.tp and sp 1); pipeline with "
+            "tensor or sequence parallelism is not implemented yet");
     require(p.pp_schedule == "gpipe" || p.pp_schedule == "1f1b" || p.pp_schedule == "zbh1", "parallel.pp_schedule = ",
             p.pp_schedule, ": this build trains a model with gpipe, 1f1b and zbh1 (one stage per rank); interleaved, zbv "
             "and file: tables run in `tessera pipeline` but do not train a model yet");
@@ -60,8 +61,10 @@ void check_parallel_layout(const Config& config, const ParallelDims& d) {
             " with parallel.pp > 1: mixture-of-experts stages are not implemented yet");
     require(config.precision.dtype != "fp16", "precision.dtype = \"fp16\" with parallel.pp > 1: the loss scaler's "
             "overflow check would have to span every stage; use bf16 or fp32");
-    require(!p.offload && p.zero_stage == 0 && p.grad_compression == "none", "parallel.pp > 1 with ZeRO, offload or "
-            "gradient compression: not implemented yet (parallel.zero_stage = 0, offload = false, grad_compression = none)");
+    require(p.zero_stage <= 2, "parallel.zero_stage = 3 with parallel.pp > 1: gathering a stage's parameters "
+            "inside the schedule is not implemented yet; use parallel.zero_stage = 0, 1 or 2");
+    require(!p.offload && p.grad_compression == "none", "parallel.pp > 1 with offload or gradient compression: not "
+            "implemented yet (parallel.offload = false, grad_compression = none)");
   }
 }
 
@@ -209,19 +212,23 @@ bool ParallelModel::writes_parameter(const std::string& name) const {
   return !(pp_ && name == "wte.weight" && model_->has_head() && !model_->has_embedding());
 }
 
+std::pair<int64_t, int64_t> ParallelModel::stage_share() const {
+  const ParallelDims& d = mesh_->dims();
+  const int64_t me = mesh_->rank(), stage = d.coord(me).pp;
+  int64_t index = 0;
+  for (int64_t r = 0; r < me; ++r) index += d.coord(r).pp == stage ? 1 : 0;
+  return {index, d.world_size() / d.pp()};
+}
+
 NamedTensors ParallelModel::model_state_shard(int64_t rank, int64_t shards) {
-  if (pp_) {
-    // Each pipeline rank writes its own stage's parameters (one rank per stage, dp = tp = 1).
-    NamedTensors mine;
-    for (const auto& item : model_->named_parameters())
-      if (writes_parameter(item.key())) mine.push_back(export_tensor(model_->options(), item.key(), item.value()));
-    return mine;
-  }
+  // Under pp the ranks holding this stage (its data-parallel replicas) share out its parameters.
+  if (pp_) std::tie(rank, shards) = stage_share();
   // Owners: each parameter, in registration order, to the rank holding the fewest elements so far.
   std::map<std::string, TensorParallelLayout> layouts;
   std::vector<std::string> order;
   std::vector<int64_t> numels;
   for (const auto& item : model_->named_parameters()) {
+    if (!writes_parameter(item.key())) continue;
     const TensorParallelLayout layout = tensor_parallel_layout(model_->parameter_specs().at(item.key()));
     order.push_back(item.key());
     numels.push_back(item.value().numel() * (tp_ && layout.dim >= 0 ? tp_->size() : 1));
@@ -235,6 +242,7 @@ NamedTensors ParallelModel::model_state_shard(int64_t rank, int64_t shards) {
   at::NoGradGuard no_grad;
   owner_->visit_full_parameters([&](const std::vector<std::string>& names) {
     for (const std::string& name : names) {
+      if (!owner.count(name)) continue;  // a copy another stage writes
       const TensorParallelLayout& layout = layouts.at(name);
       const bool gathered = tp_ && layout.dim >= 0;  // every tp rank takes part in the gather
       if (!gathered && owner.at(name) != rank) continue;
@@ -313,12 +321,14 @@ NamedTensors ParallelModel::training_state() {
 
 void ParallelModel::load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) {
   if (pp_) {
-    // The state of this stage's parameters (and the loss scaler's, replicated), whole.
+    // The state of this stage's parameters (and the loss scaler's, replicated): whole, or the
+    // ranges of its ZeRO slices.
     std::set<std::string> mine;
     for (const auto& item : model_->named_parameters()) mine.insert(item.key());
     std::map<std::string, at::Tensor> stage;
     for (const auto& [name, t] : tensors)
       if (state_param(name).empty() || mine.count(state_param(name))) stage.emplace(name, t);
+    if (!training_state_ranges().empty()) return owner_->load_training_state_ranges(stage, source);
     return owner_->load_training_state(stage, source);
   }
   if (!training_state_ranges().empty()) return owner_->load_training_state_ranges(tensors, source);
@@ -334,8 +344,14 @@ OptimizerRanges ParallelModel::training_state_ranges() const {
 
 std::vector<TensorSlice> ParallelModel::training_state_slices(int64_t rank, int64_t shards) {
   if (pp_) {
-    // Each stage's state whole, by the rank holding it (the tied embedding's by the first stage).
+    // Each stage's state: its data-parallel replicas' own slices, or whole by its one rank; the
+    // tied embedding's by the first stage.
     std::vector<TensorSlice> mine;
+    if (replicas_) {
+      for (TensorSlice& slice : owner_->own_training_state_slices())
+        if (writes_parameter(state_param(slice.name))) mine.push_back(std::move(slice));
+      return mine;
+    }
     for (const auto& [name, t] : owner_->training_state())
       if (state_param(name).empty() ? rank == 0 : writes_parameter(state_param(name)))
         mine.push_back({name, t, 0, t.sizes().vec()});

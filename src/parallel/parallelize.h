@@ -14,9 +14,11 @@
 //   3. pipeline stages (parallel.pp): the model was built as this rank's stage of the cut
 //      (plan/stage_cut.h) by the caller; here the clipping norm spans the stages (the last
 //      stage's copy of the tied embedding counted once) and the state functions below work per
-//      stage (each rank writes its stage; loading takes the stage's tensors by name, so a
-//      checkpoint loads at any pp); the schedule runs in train/pipeline_step.h. Expert
-//      parallelism (parallel.ep): refused until built;
+//      stage (the ranks holding a stage, its dp replicas, write its tensors; loading takes the
+//      stage's tensors by name, so a checkpoint loads at any pp); the schedule runs in
+//      train/pipeline_step.h. With dp the owner below is DataParallel over the stage's replicas
+//      (ZeRO 0-2; the tied embedding a unit of its own). Expert parallelism (parallel.ep):
+//      refused until built;
 //   4. activation checkpointing (memory.activation_checkpointing), inside every block;
 //   5. the optimizer owner (parallel/optimizer_owner.h): DataParallel when gradients are reduced
 //      over several replicas (dp x sp > 1) or offloaded (ZeRO 0-3, offload and compression inside
@@ -88,8 +90,8 @@ class ParallelModel {
   NamedTensors model_state();
   // This rank's share of model_state() for a checkpoint written as `shards` files (one per rank of
   // the world): whole tensors under their export names, each tensor in exactly one rank's share
-  // (assigned by size, the same on every rank; under pp each rank's share is its own stage, the
-  // tied embedding the first stage's). A collective of every rank; no rank holds more
+  // (assigned by size, the same on every rank; under pp among the ranks holding the stage, over
+  // its own tensors, the tied embedding the first stage's). A collective of every rank; no rank holds more
   // than its share, one ZeRO-3 unit and one tensor-parallel tensor beyond its training state.
   NamedTensors model_state_shard(int64_t rank, int64_t shards);
   // Loads the model from export-named whole tensors: `names` are those the source holds (a
@@ -112,7 +114,8 @@ class ParallelModel {
   // What this rank reads on resume: its own ZeRO 1-3 slices; empty (whole) under tp or without ZeRO.
   OptimizerRanges training_state_ranges() const;
   // This rank's slices of training_state() for shard `rank` of `shards` (checkpoint/checkpoint.h;
-  // under pp its own stage's state, whole, the tied embedding's by the first stage):
+  // under pp its own stage's state, whole or, with dp, its owner's own slices; the tied
+  // embedding's by the first stage):
   // the owner's own slices, without communication, when the data-parallel replicas are the whole
   // world; under tensor parallelism whole tensors, each gathered over tp one at a time and kept by
   // the one rank it is assigned to by size (a collective); otherwise the even slices of
@@ -132,6 +135,8 @@ class ParallelModel {
   // Whether this rank writes parameter `name` (and its state) into a checkpoint: under pp not the
   // last stage's copy of the tied embedding.
   bool writes_parameter(const std::string& name) const;
+  // Under pp: this rank's index among the ranks holding its stage, and their number.
+  std::pair<int64_t, int64_t> stage_share() const;
   // Under pp: every parameter of the whole model, in its order, float32 on every rank, each
   // broadcast by the stage holding it from mine(name) (a collective of the pp group).
   NamedTensors gather_over_stages(const std::function<at::Tensor(const std::string& name)>& mine);

@@ -24,9 +24,10 @@ std::vector<at::Tensor> gradient_list(const at::Tensor& grad) {
 
 }  // namespace
 
-PipelineStep::PipelineStep(TransformerLM model, comm::Mesh& mesh, const Config& config, c10::Device device,
-                           std::optional<at::ScalarType> autocast)
+PipelineStep::PipelineStep(TransformerLM model, OptimizerOwner& owner, comm::Mesh& mesh, const Config& config,
+                           c10::Device device, std::optional<at::ScalarType> autocast)
     : model_(std::move(model)),
+      owner_(owner),
       mesh_(mesh),
       pipe_(mesh.group("pp")),
       config_(config),
@@ -62,6 +63,7 @@ at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const
     case Op::B: {
       Stash s = std::move(stash_.at(a.micro));
       stash_.erase(a.micro);
+      owner_.before_backward(--backwards_left_ == 0);
       if (last_) s.output.backward();
       else s.output.backward(input.to(device_, s.output.scalar_type()));
       return first_ ? at::Tensor() : s.input.grad().to(at::kFloat);
@@ -76,6 +78,7 @@ at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const
     case Op::W: {
       Stash s = std::move(stash_.at(a.micro));
       stash_.erase(a.micro);
+      owner_.before_backward(--backwards_left_ == 0);
       std::vector<at::Tensor> params;
       for (const auto& p : model_->parameters())
         if (p.requires_grad()) params.push_back(p);
@@ -88,11 +91,9 @@ at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const
   }
 }
 
-void PipelineStep::sum_tied_embedding() {
+void PipelineStep::tie_embedding() {
   if (first_ == last_) return;  // one stage holds both ends (pp = 1 is not a pipeline) or neither
-  at::Tensor& g = model_->wte->weight.mutable_grad();
-  if (!g.defined()) g = at::zeros_like(model_->wte->weight);
-  mesh_.group("embedding").all_reduce(g);
+  owner_.sum_gradient_over("wte.weight", mesh_.group("embedding"));
 }
 
 PipelineLosses PipelineStep::run(const std::vector<Batch>& batches) {
@@ -103,6 +104,9 @@ PipelineLosses PipelineStep::run(const std::vector<Batch>& batches) {
     c.train.global_batch_size = 0;
     schedule_ = pipeline_schedule(c, mesh_.dims());
   }
+  backwards_left_ = 0;
+  for (const Action& a : schedule_->ranks[static_cast<size_t>(pipe_.rank())])
+    backwards_left_ += a.op == Op::B || a.op == Op::W ? 1 : 0;
   ce_sum_ = at::zeros({}, at::kDouble);
   aux_sum_ = at::zeros({}, at::kDouble);
   const int64_t rows = batches.front().inputs.size(0), tokens = batches.front().inputs.size(1);
@@ -112,8 +116,8 @@ PipelineLosses PipelineStep::run(const std::vector<Batch>& batches) {
     return at::empty({rows, tokens, config_.model.n_embd}, at::TensorOptions().dtype(at::kFloat).device(device_));
   };
   timeline_ = pipeline::run_schedule(*schedule_, pipe_, work);
-  require(stash_.empty(), "internal: the pipeline step left ", stash_.size(), " micro-batches without their backward");
-  sum_tied_embedding();
+  require(stash_.empty() && backwards_left_ == 0, "internal: the pipeline step left ", stash_.size(),
+          " micro-batches without their backward");
   at::Tensor sums = at::stack({ce_sum_, aux_sum_});
   pipe_.all_reduce(sums);  // only the last stage's are non-zero
   return {sums[0].item<double>(), sums[1].item<double>()};

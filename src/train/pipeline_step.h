@@ -11,10 +11,13 @@
 //   I(j)  the input's gradient alone (autograd::grad, graph kept); stage 0 has no input to
 //         differentiate and leaves its whole backward to W.
 //   W(j)  the parameters' gradients (autograd::backward restricted to them), graph freed.
-// Afterwards the tied embedding holds the same gradient on the first and the last stage (summed
-// over the embedding group), the cross-entropy sum is known on every rank (summed over pp), and
-// the optimizer owner (parallel/parallelize.h: norm over every stage, the last stage's copy of
-// wte counted once) does the rest.
+// The optimizer owner (parallel/optimizer_owner.h) sees each backward: before_backward(last) ahead
+// of every B and W (an I touches no parameter's gradient), `last` on this rank's final one, so a
+// DataParallel owner reduces over the stage's dp replicas exactly as after gradient accumulation.
+// After run() the cross-entropy sum is known on every rank (summed over pp); once the owner
+// finished the gradients, tie_embedding() sums the tied embedding's two copies (first and last
+// stage, over the embedding group) so they stay equal, and the owner (norm over every stage, the
+// last stage's copy of wte counted once) does the rest.
 //
 // evaluate(): the forward alone, stage after stage (blocking sends along the chain), the loss
 // known on every rank.
@@ -29,6 +32,7 @@
 #include "comm/mesh.h"
 #include "data/sampler.h"
 #include "model/transformer.h"
+#include "parallel/optimizer_owner.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/simulate.h"
 #include "train/config.h"
@@ -42,12 +46,14 @@ struct PipelineLosses {
 
 class PipelineStep {
  public:
-  PipelineStep(TransformerLM model, comm::Mesh& mesh, const Config& config, c10::Device device,
-               std::optional<at::ScalarType> autocast);
+  PipelineStep(TransformerLM model, OptimizerOwner& owner, comm::Mesh& mesh, const Config& config,
+               c10::Device device, std::optional<at::ScalarType> autocast);
 
   // Forward and backward of the step's micro-batches (gradients accumulated in the parameters).
   PipelineLosses run(const std::vector<Batch>& micro_batches);
-  // Mean cross-entropy of `batches`, forward only.
+  // After the owner's finish_gradients: the tied embedding's gradient summed over its two copies.
+  void tie_embedding();
+  // Mean cross-entropy of `batches` (this rank's rows), forward only.
   double evaluate(const std::vector<Batch>& batches);
   // The last run()'s timeline of every rank, written by pipeline rank 0 into `dir` as
   // <name>.svg (measured), <name>.planned.svg (the schedule simulated with the mean measured F,
@@ -57,9 +63,9 @@ class PipelineStep {
 
  private:
   at::Tensor compute(const pipeline::Action& action, const at::Tensor& input, const std::vector<Batch>& batches);
-  void sum_tied_embedding();
 
   TransformerLM model_;
+  OptimizerOwner& owner_;
   comm::Mesh& mesh_;
   comm::Group& pipe_;
   Config config_;
@@ -73,6 +79,7 @@ class PipelineStep {
     at::Tensor grad_out;  // the gradient I used, kept for W
   };
   std::map<int64_t, Stash> stash_;
+  size_t backwards_left_ = 0;  // this run's B and W actions not yet run on this rank
   at::Tensor ce_sum_, aux_sum_;
   int64_t micro_batches_ = 1;
   std::optional<pipeline::Schedule> schedule_;

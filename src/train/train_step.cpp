@@ -51,7 +51,7 @@ TrainStep::TrainStep(const Config& config, comm::Mesh* mesh)
   TransformerLM model(config.model, stage);
   model->to(device_, parameter_dtype(config.precision));
   parallel_ = parallelize(model, mesh, config);
-  if (mesh && mesh->dims().pp() > 1) pipeline_ = std::make_unique<PipelineStep>(model, *mesh, config, device_, autocast_);
+  if (mesh && mesh->dims().pp() > 1) pipeline_ = std::make_unique<PipelineStep>(model, parallel_->owner(), *mesh, config, device_, autocast_);
 }
 
 TrainStep::~TrainStep() = default;
@@ -90,6 +90,7 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr, co
   result.ce_loss = losses[0].item<double>() / n;
   result.aux_loss = losses[1].item<double>() / n;
   owner.finish_gradients();
+  if (pipeline_) pipeline_->tie_embedding();
   if (observe) observe(parallel_->gradients());
   const UpdateResult update = owner.apply(lr, config_.optim.grad_clip);
   result.grad_norm = update.grad_norm;
@@ -98,26 +99,33 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr, co
 }
 
 double TrainStep::evaluate(const std::vector<Batch>& batches) {
-  if (pipeline_) return pipeline_->evaluate(batches);
-  torch::NoGradGuard no_grad;
-  TransformerLM& model = parallel_->model();
-  model->eval();
   // Data-parallel ranks each take their equal share of every batch's rows, sequence-parallel ranks
   // their chunk of each row; the mean of their means is the batch mean.
   const int64_t ranks = parallel_->data_ranks(), me = parallel_->data_rank();
-  at::Tensor total = at::zeros({}, at::kDouble);
+  std::vector<Batch> mine;
   for (const Batch& batch : batches) {
     const int64_t rows = batch.inputs.size(0) / ranks;
     require(rows * ranks == batch.inputs.size(0), "internal: evaluation batch of ", batch.inputs.size(0),
             " rows for ", ranks, " data-parallel ranks");
-    AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
-    total += model->forward(parallel_->local_tokens(batch.inputs.narrow(0, me * rows, rows)).to(device_),
-                            parallel_->local_tokens(batch.targets.narrow(0, me * rows, rows)).to(device_))
-                 .ce_loss.detach()
-                 .to(at::kCPU, at::kDouble);
+    mine.push_back({batch.inputs.narrow(0, me * rows, rows), batch.targets.narrow(0, me * rows, rows)});
+  }
+  at::Tensor total = at::zeros({}, at::kDouble);
+  if (pipeline_) {
+    total += pipeline_->evaluate(mine) * static_cast<double>(mine.size());
+  } else {
+    torch::NoGradGuard no_grad;
+    TransformerLM& model = parallel_->model();
+    model->eval();
+    for (const Batch& batch : mine) {
+      AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
+      total += model->forward(parallel_->local_tokens(batch.inputs).to(device_),
+                              parallel_->local_tokens(batch.targets).to(device_))
+                   .ce_loss.detach()
+                   .to(at::kCPU, at::kDouble);
+    }
+    model->train();
   }
   parallel_->average_over_replicas(total);
-  model->train();
   return total.item<double>() / static_cast<double>(batches.size());
 }
 

@@ -173,6 +173,23 @@ const std::vector<Layout>& layouts() {
          c.parallel.pp = 4;
          c.train.grad_accum = 2;
        }},
+      {"dp2_pp2_1f1b_accum2", 4,
+       [](Config& c) { c.parallel.pp = 2; c.train.grad_accum = 2; }},
+      {"dp2_pp2_zbh1_zero1_accum4", 4,
+       [](Config& c) {
+         c.parallel.pp = 2;
+         c.parallel.pp_schedule = "zbh1";
+         c.parallel.zero_stage = 1;
+         c.train.grad_accum = 4;
+       }},
+      {"dp2_pp2_gpipe_zero2_accum2_uneven", 4,
+       [](Config& c) {
+         c.model.n_layer = 3;  // stages of 2 and 1 blocks
+         c.parallel.pp = 2;
+         c.parallel.pp_schedule = "gpipe";
+         c.parallel.zero_stage = 2;
+         c.train.grad_accum = 2;
+       }},
       {"dp2_bf16", 2, [](Config& c) { c.precision.dtype = "bf16"; }, &kBf16},
       {"pp2_zbh1_bf16_accum2", 2,
        [](Config& c) {

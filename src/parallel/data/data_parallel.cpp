@@ -101,6 +101,8 @@ DataParallel::DataParallel(TransformerLM model, ReductionGroups groups, const Pa
   if (s.stage >= 1) s.build_units();
   s.build_optimizer(optim, parallel.offload);
   s.register_hooks();
+  require(s.stage < 3 || (s.model->has_embedding() && s.model->has_head()),
+          "internal: ZeRO-3 residency over a pipeline stage is not built (check_parallel_layout refuses it)");
   if (s.stage == 3) {
     s.residency = std::make_unique<Residency>(s.units, s.part_units, zero3_plan(s.n_blocks));
     s.residency->release_all();
@@ -153,26 +155,35 @@ void DataParallel::Impl::build_buckets(double bucket_mb) {
 }
 
 void DataParallel::Impl::build_units() {
+  const int64_t first = model->first_layer(), end = model->end_layer();
   std::vector<std::set<const c10::TensorImpl*>> in_block(static_cast<size_t>(n_blocks));
-  for (int64_t l = 0; l < n_blocks; ++l)
+  for (int64_t l = first; l < end; ++l)
     for (const auto& p : model->block(l)->parameters()) in_block[l].insert(p.unsafeGetTensorImpl());
-  // members[part][group]
+  // members[part][key]: key = the reduction group, and for a pipeline stage's tied embedding a
+  // unit of its own after the ends' others (key groups.size()), so that the first and the last
+  // stage shard it alike.
+  const bool own_tied_unit = !(model->has_embedding() && model->has_head());
   std::vector<std::vector<std::vector<std::pair<std::string, at::Tensor>>>> members(
-      static_cast<size_t>(n_blocks) + 1, std::vector<std::vector<std::pair<std::string, at::Tensor>>>(groups.size()));
+      static_cast<size_t>(n_blocks) + 1,
+      std::vector<std::vector<std::pair<std::string, at::Tensor>>>(groups.size() + 1));
+  std::vector<size_t> key_group(groups.size() + 1, 0);
+  for (size_t g = 0; g < groups.size(); ++g) key_group[g] = g;
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& [name, p] = params[i];
     size_t part = static_cast<size_t>(n_blocks);
-    for (size_t l = 0; l < in_block.size(); ++l)
-      if (in_block[l].count(p.unsafeGetTensorImpl())) part = l;
-    members[part][group_of[i]].emplace_back(name, p);
+    for (int64_t l = first; l < end; ++l)
+      if (in_block[l].count(p.unsafeGetTensorImpl())) part = static_cast<size_t>(l);
+    const bool tied = own_tied_unit && name == "wte.weight";
+    require(!tied || group_of[i] == 0, "internal: the tied embedding reduces over the data group");
+    members[part][tied ? groups.size() : group_of[i]].emplace_back(name, p);
   }
   part_units.resize(members.size());
   for (size_t part = 0; part < members.size(); ++part)
-    for (size_t g = 0; g < groups.size(); ++g) {
-      if (members[part][g].empty()) continue;
+    for (size_t key = 0; key < members[part].size(); ++key) {
+      if (members[part][key].empty()) continue;
       part_units[part].push_back(units.size());
       unit_part.push_back(part);
-      units.emplace_back(members[part][g], group(g), /*own_shard=*/stage == 3);
+      units.emplace_back(members[part][key], group(key_group[key]), /*own_shard=*/stage == 3);
     }
   if (stage >= 2)
     for (const auto& u : units) grad_shards.push_back(at::zeros({u.shard_numel()}, u.flat().options()));
@@ -230,7 +241,7 @@ void DataParallel::Impl::register_hooks() {
     for (size_t b = 0; b < buckets.size(); ++b) add(b, buckets[b].params);
   } else {
     std::vector<size_t> parts;
-    for (int64_t l = n_blocks - 1; l >= 0; --l) parts.push_back(static_cast<size_t>(l));
+    for (int64_t l = model->end_layer() - 1; l >= model->first_layer(); --l) parts.push_back(static_cast<size_t>(l));
     parts.push_back(static_cast<size_t>(n_blocks));
     for (size_t part : parts)
       for (size_t u : part_units[part]) {
@@ -247,7 +258,7 @@ void DataParallel::Impl::register_hooks() {
 
 size_t DataParallel::Impl::reductions_after_block(int64_t layer) const {
   size_t count = 0;
-  for (int64_t l = n_blocks - 1; l > layer; --l) count += part_units[static_cast<size_t>(l)].size();
+  for (int64_t l = model->end_layer() - 1; l > layer; --l) count += part_units[static_cast<size_t>(l)].size();
   return count;
 }
 
@@ -411,6 +422,21 @@ double DataParallel::clip_grad_norm(double max_norm) {
   const double norm = std::sqrt(squares.item<double>());
   scale_to_max_norm(shards, norm, max_norm);
   return norm;
+}
+
+void DataParallel::sum_gradient_over(const std::string& name, comm::Group& copies) {
+  Impl& s = *impl_;
+  require(!s.offload, "internal: summing a tied gradient over copies with offload (its host copy is taken)");
+  at::NoGradGuard no_grad;
+  if (s.stage <= 1) {
+    for (size_t i = 0; i < s.params.size(); ++i)
+      if (s.params[i].first == name) return copies.all_reduce(s.grad_views[i]);
+  } else {
+    for (size_t u = 0; u < s.units.size(); ++u)
+      if (s.units[u].entries().size() == 1 && s.units[u].entries().front().name == name)
+        return copies.all_reduce(s.grad_shards[u]);
+  }
+  fail("internal: DataParallel has no parameter '", name, "' in a unit of its own");
 }
 
 UpdateResult DataParallel::apply(double lr, double max_norm) {

@@ -32,6 +32,10 @@
 //      float32 master copy of the shard and the shard's gradient move to the host (offload.h),
 //      and the optimizer step runs there. Device bytes: stage 1 4 + 4, stage 2 4 + 4/N, stage 3
 //      (4 + 4)/N plus the units in flight; host bytes: (4 + 4 + 8)/N.
+// A pipeline stage's model (TransformerLMImpl::stage) has the units of its own blocks and ends,
+// and its tied embedding (wte on the first or the last stage) is a unit of its own, so both stages
+// shard it alike and sum_gradient_over can add their gradient shards; stage 3 (whose residency
+// plan covers the whole model) is not built for a stage.
 // Sharding is per unit (one unit per transformer block, one for the ends), each unit flattened
 // and padded to a multiple of N, rank r owning elements [r * S, (r + 1) * S) of every unit
 // (flat_unit.h). At stages 1-3 the model's parameters become views of their unit's flat buffer.
@@ -163,6 +167,10 @@ class DataParallel : public OptimizerOwner {
 
   // OptimizerOwner: the optimizer state under "optim." (full_optimizer_state and friends).
   NamedTensors gradients() override;
+  // Stages 0-1 the parameter's gradient (a view of its bucket), stage 2 its unit's gradient shard
+  // (a pipeline stage's tied embedding is a unit of its own); refused with offload, whose host
+  // copy was already taken.
+  void sum_gradient_over(const std::string& name, comm::Group& copies) override;
   UpdateResult apply(double lr, double max_norm) override;
   NamedTensors training_state() override;
   void load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) override;

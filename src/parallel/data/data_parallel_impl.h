@@ -70,7 +70,9 @@ struct DataParallel::Impl {
 
   std::vector<Bucket> buckets;          // stages 0-1
   std::vector<at::Tensor> grad_views;   // stages 0-1: per parameter, its .grad (a view of its bucket)
-  std::vector<FlatUnit> units;          // stages 1-3: per part (blocks 0..n_blocks-1, then the ends) one per group
+  // stages 1-3: per part (the model's blocks, then the ends) one per group (and a pipeline
+  // stage's tied embedding one of its own)
+  std::vector<FlatUnit> units;
   std::vector<size_t> unit_part;        // per unit: its part, l for block l, n_blocks for the ends
   std::vector<std::vector<size_t>> part_units;  // per part: its units
   std::vector<at::Tensor> grad_shards;  // stages 2-3: per unit, [S]
