@@ -22,7 +22,7 @@ double LocalOptimizer::loss_scale() const { return scaler_ ? scaler_->value() : 
 // The norm of the gradients the optimizer reads (the masters' under fp16), clipped in place.
 double LocalOptimizer::clip(double max_norm) {
   const NamedParams& optimized = master_ ? master_->master() : params_;
-  if (!norm_.group) {
+  if (!norm_.split()) {
     std::vector<at::Tensor> tensors;
     for (const auto& [name, p] : optimized) tensors.push_back(p);
     return clip_grad_norm(tensors, max_norm);

@@ -34,18 +34,24 @@ namespace tessera {
 
 class DynamicLossScaler;
 
-// How the global gradient norm counts a model split over model-parallel ranks (tensor
-// parallelism): norm^2 = sum over the ranks of `group` of sum_i weight_i ||g_i||^2, where a
-// parameter split over the group (each rank a different part) has weight 1 and one replicated on
-// all N ranks of it 1/N, so that it counts once. Without a group every weight is 1.
+// How the global gradient norm counts a model split over model-parallel ranks (tensor and
+// pipeline parallelism): norm^2 = sum over the ranks of `groups` of sum_i weight_i ||g_i||^2,
+// where a parameter split over a group (each rank a different part, or a different stage) has
+// weight 1, one replicated on all N ranks of the tp group 1/N, so that it counts once, and a
+// pipeline's second copy of the tied embedding 0. Without groups every weight is 1.
 struct ModelParallelNorm {
-  comm::Group* group = nullptr;
+  std::vector<comm::Group*> groups;  // the squares are summed over each in turn (tp, then pp)
   std::map<std::string, double> weight;  // by parameter name; absent: 1
+  bool split() const { return !groups.empty(); }
   double weight_of(const std::string& name) const {
     const auto it = weight.find(name);
     return it == weight.end() ? 1.0 : it->second;
   }
-  // The global norm of `params`' gradients (a collective of `group`); `counted` receives the
+  // Sums this rank's squares over the groups (a collective of each).
+  void sum_over_groups(at::Tensor& squares) const {
+    for (comm::Group* g : groups) g->all_reduce(squares);
+  }
+  // The global norm of `params`' gradients (a collective of the groups); `counted` receives the
   // gradients it summed, for the caller to scale. With `replicas` (per parameter: how many ranks of
   // `replicas_group` hold the same gradient) each is counted 1/replicas[i] per rank and the sum is
   // also taken over replicas_group (data parallelism with several reduction groups).
@@ -60,7 +66,7 @@ struct ModelParallelNorm {
     }
     at::Tensor squares = weighted_squares(counted, weights, params.front().second.device());
     if (replicas_group) replicas_group->all_reduce(squares);
-    if (group) group->all_reduce(squares);
+    sum_over_groups(squares);
     return std::sqrt(squares.item<double>());
   }
 };

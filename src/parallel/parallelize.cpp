@@ -51,9 +51,8 @@ void check_parallel_layout(const Config& config, const ParallelDims& d) {
   if (d.pp() > 1) {
     // What a pipeline trains with in this build; the rest is planned (inspect) but refused here.
     const ParallelOptions& p = config.parallel;
-    require(d.tp() == 1 && d.sp() == 1, "parallel.pp = ", d.pp(), " with ", d.describe(),
-            ": this build trains a pipeline alone or with data parallelism (parallel.tp and sp 1); pipeline with "
-            "tensor or sequence parallelism is not implemented yet");
+    require(d.sp() == 1, "parallel.pp = ", d.pp(), " with ", d.describe(), ": this build trains a pipeline with data "
+            "and tensor parallelism (parallel.sp 1); pipeline with sequence parallelism is not implemented yet");
     require(p.pp_schedule == "gpipe" || p.pp_schedule == "1f1b" || p.pp_schedule == "zbh1", "parallel.pp_schedule = ",
             p.pp_schedule, ": this build trains a model with gpipe, 1f1b and zbh1 (one stage per rank); interleaved, zbv "
             "and file: tables run in `tessera pipeline` but do not train a model yet");
@@ -109,7 +108,7 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
   if (dims && dims->tp() > 1) {
     tp_ = &mesh_->group("tp");
     parallelize_tensor(model_, *tp_, config.parallel.megatron_sp);
-    norm.group = tp_;
+    norm.groups.push_back(tp_);
     for (const auto& [name, spec] : model_->parameter_specs())
       if (tensor_parallel_layout(spec).dim < 0) norm.weight[name] = 1.0 / static_cast<double>(tp_->size());
   }
@@ -125,7 +124,7 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
   // built.
   if (dims && dims->pp() > 1) {
     pp_ = &mesh_->group("pp");
-    norm.group = pp_;
+    norm.groups.push_back(pp_);
     if (model_->has_head() && !model_->has_embedding()) norm.weight["wte.weight"] = 0.0;
   }
   // 4. Activation checkpointing inside every block.
@@ -201,9 +200,14 @@ NamedTensors ParallelModel::model_state() {
   if (!pp_) return model_state_shard(0, 1);
   auto params = model_->named_parameters();
   NamedTensors out;
-  for (const auto& [name, t] : gather_over_stages([&](const std::string& n) { return params[n].detach(); }))
+  for (const auto& [name, t] : gather_over_stages([&](const std::string& n) { return whole_over_tp(n, params[n].detach()); }))
     out.push_back(export_tensor(model_->options(), name, t));
   return out;
+}
+
+at::Tensor ParallelModel::whole_over_tp(const std::string& name, const at::Tensor& t) {
+  if (!tp_) return t;
+  return gather_tensor(t.contiguous(), tensor_parallel_layout(model_->parameter_specs().at(name)), *tp_);
 }
 
 // The parameters this stage writes: all of its own, but the last stage's copy of the tied
@@ -261,17 +265,11 @@ void ParallelModel::load_model_state(const std::set<std::string>& names,
   std::vector<std::string> params;
   for (const auto& item : whole->named_parameters()) params.push_back(item.key());
   check_export_names(config_.model, params, names, source);
-  if (pp_) {
-    // This stage's parameters (the last stage's wte from the one tied embedding).
-    for (const auto& item : model_->named_parameters())
-      owner_->load_parameter(item.key(), import_tensor(config_.model, item.key(),
-                                                       read(export_name(config_.model, item.key())),
-                                                       item.value().sizes(), source));
-    return owner_->parameters_loaded();
-  }
+  // Under pp this stage's parameters only (the last stage's wte from the one tied embedding).
+  auto mine = model_->named_parameters();
   for (const auto& item : whole->named_parameters()) {
     const std::string& name = item.key();
-    if (!owner_->keeps_part_of(name)) continue;
+    if ((pp_ && !mine.contains(name)) || !owner_->keeps_part_of(name)) continue;
     at::Tensor value =
         import_tensor(config_.model, name, read(export_name(config_.model, name)), item.value().sizes(), source);
     if (tp_)
@@ -294,22 +292,12 @@ std::optional<TensorParallelLayout> ParallelModel::state_layout(const std::strin
 }
 
 NamedTensors ParallelModel::gradients() {
-  if (pp_) {
-    std::map<std::string, at::Tensor> mine;
-    for (const auto& [name, g] : owner_->gradients()) mine[name] = g;
-    auto params = model_->named_parameters();
-    return gather_over_stages([&](const std::string& name) {
-      const at::Tensor& g = mine[name];
-      return g.defined() ? g : at::zeros_like(params[name]);
-    });
-  }
   NamedTensors grads = owner_->gradients();
   auto params = model_->named_parameters();
-  for (auto& [name, g] : grads) {
-    if (!g.defined()) g = at::zeros_like(params[name]);
-    if (tp_) g = gather_tensor(g.contiguous(), tensor_parallel_layout(model_->parameter_specs().at(name)), *tp_);
-  }
-  return grads;
+  for (auto& [name, g] : grads) g = whole_over_tp(name, g.defined() ? g : at::zeros_like(params[name]));
+  if (!pp_) return grads;
+  const std::map<std::string, at::Tensor> mine(grads.begin(), grads.end());
+  return gather_over_stages([&](const std::string& name) { return mine.at(name); });
 }
 
 NamedTensors ParallelModel::training_state() {
@@ -320,19 +308,12 @@ NamedTensors ParallelModel::training_state() {
 }
 
 void ParallelModel::load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) {
-  if (pp_) {
-    // The state of this stage's parameters (and the loss scaler's, replicated): whole, or the
-    // ranges of its ZeRO slices.
-    std::set<std::string> mine;
-    for (const auto& item : model_->named_parameters()) mine.insert(item.key());
-    std::map<std::string, at::Tensor> stage;
-    for (const auto& [name, t] : tensors)
-      if (state_param(name).empty() || mine.count(state_param(name))) stage.emplace(name, t);
-    if (!training_state_ranges().empty()) return owner_->load_training_state_ranges(stage, source);
-    return owner_->load_training_state(stage, source);
-  }
-  if (!training_state_ranges().empty()) return owner_->load_training_state_ranges(tensors, source);
-  std::map<std::string, at::Tensor> local = tensors;
+  // Under pp the state of this stage's parameters (and any of no parameter, replicated).
+  std::map<std::string, at::Tensor> local;
+  auto mine = model_->named_parameters();
+  for (const auto& [name, t] : tensors)
+    if (!pp_ || state_param(name).empty() || mine.contains(state_param(name))) local.emplace(name, t);
+  if (!training_state_ranges().empty()) return owner_->load_training_state_ranges(local, source);
   for (auto& [name, t] : local)
     if (const auto layout = state_layout(name, t)) t = shard_tensor(t, *layout, tp_->rank(), tp_->size());
   owner_->load_training_state(local, source);
@@ -343,29 +324,22 @@ OptimizerRanges ParallelModel::training_state_ranges() const {
 }
 
 std::vector<TensorSlice> ParallelModel::training_state_slices(int64_t rank, int64_t shards) {
-  if (pp_) {
-    // Each stage's state: its data-parallel replicas' own slices, or whole by its one rank; the
-    // tied embedding's by the first stage.
-    std::vector<TensorSlice> mine;
-    if (replicas_) {
-      for (TensorSlice& slice : owner_->own_training_state_slices())
-        if (writes_parameter(state_param(slice.name))) mine.push_back(std::move(slice));
-      return mine;
-    }
-    for (const auto& [name, t] : owner_->training_state())
-      if (state_param(name).empty() ? rank == 0 : writes_parameter(state_param(name)))
-        mine.push_back({name, t, 0, t.sizes().vec()});
-    return mine;
-  }
+  // Under pp the ranks holding a stage share out its state, the tied embedding's by the first stage.
+  if (pp_) std::tie(rank, shards) = stage_share();
+  auto written = [&](const std::string& name) { return writes_parameter(state_param(name)); };
   if (!tp_ && replicas_ && replicas_->size() == shards) {
     std::vector<TensorSlice> own = owner_->own_training_state_slices();
+    own.erase(std::remove_if(own.begin(), own.end(), [&](const TensorSlice& slice) { return !written(slice.name); }),
+              own.end());
     if (!own.empty()) return own;
   }
-  if (!tp_) return even_slices(training_state(), rank, shards);
+  NamedTensors local = tp_ ? owner_->training_state() : training_state();
+  local.erase(std::remove_if(local.begin(), local.end(), [&](const auto& item) { return !written(item.first); }),
+              local.end());
+  if (!tp_) return even_slices(local, rank, shards);
   // Under tensor parallelism: one state tensor at a time gathered whole over tp and kept only by
   // the rank it is assigned to (by size, the same on every rank), so no rank holds more than its
   // share of the whole state and one tensor beyond its own state.
-  NamedTensors local = owner_->training_state();
   std::vector<std::optional<TensorParallelLayout>> layouts;
   std::vector<int64_t> numels;
   for (const auto& [name, t] : local) {

@@ -135,6 +135,9 @@ class ParallelModel {
   // Whether this rank writes parameter `name` (and its state) into a checkpoint: under pp not the
   // last stage's copy of the tied embedding.
   bool writes_parameter(const std::string& name) const;
+  // Parameter `name`'s tensor `t` (a value or a gradient) whole: gathered over tp by its declared
+  // split (a collective of tp), or `t` itself.
+  at::Tensor whole_over_tp(const std::string& name, const at::Tensor& t);
   // Under pp: this rank's index among the ranks holding its stage, and their number.
   std::pair<int64_t, int64_t> stage_share() const;
   // Under pp: every parameter of the whole model, in its order, float32 on every rank, each

@@ -91,6 +91,13 @@ at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const
   }
 }
 
+at::Tensor PipelineStep::activation_buffer(const Batch& batch) const {
+  // Under Megatron sequence parallelism a block's activation is this tp rank's sequence chunk.
+  const int64_t tokens = batch.inputs.size(1) / (config_.parallel.megatron_sp ? config_.parallel.tp : 1);
+  return at::empty({batch.inputs.size(0), tokens, config_.model.n_embd},
+                   at::TensorOptions().dtype(at::kFloat).device(device_));
+}
+
 void PipelineStep::tie_embedding() {
   if (first_ == last_) return;  // one stage holds both ends (pp = 1 is not a pipeline) or neither
   owner_.sum_gradient_over("wte.weight", mesh_.group("embedding"));
@@ -109,12 +116,9 @@ PipelineLosses PipelineStep::run(const std::vector<Batch>& batches) {
     backwards_left_ += a.op == Op::B || a.op == Op::W ? 1 : 0;
   ce_sum_ = at::zeros({}, at::kDouble);
   aux_sum_ = at::zeros({}, at::kDouble);
-  const int64_t rows = batches.front().inputs.size(0), tokens = batches.front().inputs.size(1);
   pipeline::StageWork work;
   work.compute = [&](const Action& a, const at::Tensor& input) { return compute(a, input, batches); };
-  work.receive_buffer = [&](const Action&) {
-    return at::empty({rows, tokens, config_.model.n_embd}, at::TensorOptions().dtype(at::kFloat).device(device_));
-  };
+  work.receive_buffer = [&](const Action&) { return activation_buffer(batches.front()); };
   timeline_ = pipeline::run_schedule(*schedule_, pipe_, work);
   require(stash_.empty() && backwards_left_ == 0, "internal: the pipeline step left ", stash_.size(),
           " micro-batches without their backward");
@@ -174,8 +178,7 @@ double PipelineStep::evaluate(const std::vector<Batch>& batches) {
     if (first_) {
       x = model_->embed(batch.inputs.to(device_));
     } else {
-      x = at::empty({batch.inputs.size(0), batch.inputs.size(1), config_.model.n_embd},
-                    at::TensorOptions().dtype(at::kFloat).device(device_));
+      x = activation_buffer(batch);
       pipe_.recv(x, me - 1);
     }
     const BlockOutput blocks = model_->run_blocks(x);

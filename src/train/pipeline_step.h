@@ -5,7 +5,9 @@
 //
 //   F(j)  stage 0 embeds micro-batch j's tokens, the others take the received activation as a
 //         leaf requiring grad; the stage's blocks run; the last stage adds the head and the loss
-//         (ce + aux) / micro-batches. Activations travel in float32 whatever the compute dtype.
+//         (ce + aux) / micro-batches. Activations travel in float32 whatever the compute dtype;
+//         under tensor parallelism each tp rank sends to its own tp rank of the next stage (the
+//         pp group), with Megatron sequence parallelism only its sequence chunk.
 //   B(j)  backward of the stage's output (the last stage: of its loss) with the received gradient;
 //         returns the input's gradient for the previous stage.
 //   I(j)  the input's gradient alone (autograd::grad, graph kept); stage 0 has no input to
@@ -63,6 +65,8 @@ class PipelineStep {
 
  private:
   at::Tensor compute(const pipeline::Action& action, const at::Tensor& input, const std::vector<Batch>& batches);
+  // A float32 buffer for the activation between two stages of `batch`'s rows.
+  at::Tensor activation_buffer(const Batch& batch) const;
 
   TransformerLM model_;
   OptimizerOwner& owner_;

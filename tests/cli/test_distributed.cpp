@@ -500,11 +500,11 @@ TEST(DistributedTrain, DegreesThatDoNotFitAreRefusedBeforeLaunch) {
             std::string::npos)
       << r.output;
   EXPECT_EQ(r.output.find("started ranks"), std::string::npos) << "workers were started: " << r.output;
-  auto unbuilt = run_tessera("train --config tiny_gpt --nproc 4 --set parallel.pp=2 --set parallel.tp=2" +
+  auto unbuilt = run_tessera("train --config tiny_gpt --nproc 4 --set parallel.pp=2 --set parallel.sp=2" +
                              settings(4, 2) + " --out " + out);
   EXPECT_EQ(unbuilt.exit_code, 2);
-  EXPECT_NE(unbuilt.output.find("parallel.pp = 2 with dp=1 tp=2 pp=2 sp=1 ep=1 (world 4): this build trains a pipeline "
-                                "alone or with data parallelism"),
+  EXPECT_NE(unbuilt.output.find("parallel.pp = 2 with dp=1 tp=1 pp=2 sp=2 ep=1 (world 4): this build trains a pipeline "
+                                "with data and tensor parallelism"),
             std::string::npos)
       << unbuilt.output;
   auto tp_heads = run_tessera("train --config tiny_gpt --nproc 4 --set parallel.tp=4" + settings(4, 2) + " --out " + out);
@@ -683,6 +683,19 @@ TEST(DistributedTrain, PipelineSchedulesMatchOneProcessAndCheckpointsLoadAtAnyPp
   ASSERT_EQ(single.exit_code, 0) << single.output;
   expect_same_losses(losses(mixed_one), expected, 1e-5, "dp=2 x pp=2 ZeRO-2 checkpoint resumed on one process");
   EXPECT_EQ(losses(mixed_one).begin()->first, 4);
+  // pp = 2 x tp = 2 with Megatron sequence parallelism: the same run; its checkpoint (each tensor
+  // gathered over tp by the rank of the stage that writes it) resumes at pp = 4 on 4 ranks.
+  const std::string tp_pp = fresh_dir("pp_tp"), tp_pp_resumed = fresh_dir("pp_tp_resumed_pp4");
+  auto rt = run_tessera("train --config tiny_gpt --nproc 4 --set parallel.pp=2 --set parallel.tp=2 "
+                        "--set parallel.megatron_sp=true" + settings(2, 6) + pipeline +
+                        " --set checkpoint.every=3 --set checkpoint.keep=0 --out " + tp_pp);
+  ASSERT_EQ(rt.exit_code, 0) << rt.output;
+  expect_same_losses(losses(tp_pp), expected, 1e-5, "pp=2 x tp=2 Megatron-SP");
+  expect_same_losses(grad_norms(tp_pp), expected_norms, 1e-5, "pp=2 x tp=2 Megatron-SP: gradient norm");
+  auto at_pp4 = run_tessera("train --resume " + tp_pp + "/checkpoints/step_3 --nproc 4 --set parallel.pp=4"
+                            " --set parallel.tp=1 --set parallel.megatron_sp=false --out " + tp_pp_resumed);
+  ASSERT_EQ(at_pp4.exit_code, 0) << at_pp4.output;
+  expect_same_losses(losses(tp_pp_resumed), expected, 1e-5, "pp=2 x tp=2 checkpoint resumed at pp=4");
 }
 
 // ZeRO-Offload on a single process (its main use: one GPU) runs through DataParallel too, and

@@ -190,6 +190,24 @@ const std::vector<Layout>& layouts() {
          c.parallel.zero_stage = 2;
          c.train.grad_accum = 2;
        }},
+      {"pp2_tp2_1f1b_accum2", 4,
+       [](Config& c) { c.parallel.pp = 2; c.parallel.tp = 2; c.train.grad_accum = 2; }},
+      {"pp2_tp2_megatron_sp_zbh1_accum4", 4,
+       [](Config& c) {
+         c.parallel.pp = 2;
+         c.parallel.tp = 2;
+         c.parallel.megatron_sp = true;
+         c.parallel.pp_schedule = "zbh1";
+         c.train.grad_accum = 4;
+       }},
+      {"dp2_pp2_tp2_megatron_sp_zero2_accum2", 8,
+       [](Config& c) {
+         c.parallel.pp = 2;
+         c.parallel.tp = 2;
+         c.parallel.megatron_sp = true;
+         c.parallel.zero_stage = 2;
+         c.train.grad_accum = 2;
+       }},
       {"dp2_bf16", 2, [](Config& c) { c.precision.dtype = "bf16"; }, &kBf16},
       {"pp2_zbh1_bf16_accum2", 2,
        [](Config& c) {

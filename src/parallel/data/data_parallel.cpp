@@ -389,7 +389,7 @@ double DataParallel::clip_grad_norm(double max_norm) {
       std::vector<int64_t> replicas;
       for (size_t g : s.group_of) replicas.push_back(s.group(g).size());
       norm = s.norm.grad_norm(s.params, grads, replicas, &s.dp);
-    } else if (s.norm.group) {
+    } else if (s.norm.split()) {
       norm = s.norm.grad_norm(s.params, grads);
     } else {
       std::vector<at::Tensor> tensors;
@@ -403,7 +403,7 @@ double DataParallel::clip_grad_norm(double max_norm) {
   // Every element of the gradient lives in exactly one rank's shards (the padding is zero).
   const std::vector<at::Tensor>& shards = s.offload ? s.offload->grads() : s.grad_shards;
   at::Tensor squares;
-  if (!s.norm.group) {
+  if (!s.norm.split()) {
     squares = at::stack(at::_foreach_norm(shards, 2)).to(at::kDouble).pow(2).sum().reshape({1}).to(device);
   } else {  // each entry's owned part counted by its tensor-parallel weight
     std::vector<at::Tensor> parts;
@@ -418,7 +418,7 @@ double DataParallel::clip_grad_norm(double max_norm) {
     squares = weighted_squares(parts, weights, device);
   }
   s.dp.all_reduce(squares);
-  if (s.norm.group) s.norm.group->all_reduce(squares);
+  s.norm.sum_over_groups(squares);
   const double norm = std::sqrt(squares.item<double>());
   scale_to_max_norm(shards, norm, max_norm);
   return norm;

@@ -112,7 +112,7 @@ void parallelize_tensor(TransformerLM& model, comm::Group& tp, bool megatron_sp)
   const int64_t N = tp.size(), r = tp.rank();
   if (N == 1) return;
   const ModelOptions& o = model->options();
-  require(model->wte->weight.size(0) == o.padded_vocab(),
+  require(!model->wte || model->wte->weight.size(0) == o.padded_vocab(),
           "internal: parallelize_tensor on a model that is already tensor-parallel");
   {
     torch::NoGradGuard no_grad;
