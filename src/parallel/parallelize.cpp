@@ -51,8 +51,6 @@ void check_parallel_layout(const Config& config, const ParallelDims& d) {
   if (d.pp() > 1) {
     // What a pipeline trains with in this build; the rest is planned (inspect) but refused here.
     const ParallelOptions& p = config.parallel;
-    require(d.sp() == 1, "parallel.pp = ", d.pp(), " with ", d.describe(), ": this build trains a pipeline with data "
-            "and tensor parallelism (parallel.sp 1); pipeline with sequence parallelism is not implemented yet");
     require(p.pp_schedule == "gpipe" || p.pp_schedule == "1f1b" || p.pp_schedule == "zbh1", "parallel.pp_schedule = ",
             p.pp_schedule, ": this build trains a model with gpipe, 1f1b and zbh1 (one stage per rank); interleaved, zbv "
             "and file: tables run in `tessera pipeline` but do not train a model yet");

@@ -56,6 +56,12 @@ TrainStep::TrainStep(const Config& config, comm::Mesh* mesh)
 
 TrainStep::~TrainStep() = default;
 
+std::vector<Batch> TrainStep::local_batches(const std::vector<Batch>& batches) {
+  std::vector<Batch> out;
+  for (const Batch& b : batches) out.push_back({parallel_->local_tokens(b.inputs), parallel_->local_tokens(b.targets)});
+  return out;
+}
+
 c10::ScalarType TrainStep::compute_dtype() const {
   return config_.precision.dtype == "fp16" ? at::kHalf : autocast_.value_or(at::kFloat);
 }
@@ -68,7 +74,7 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr, co
   const double n = static_cast<double>(micro_batches.size());
   at::Tensor losses = at::zeros({2}, at::kDouble);  // cross-entropy, auxiliary
   if (pipeline_) {
-    const PipelineLosses sums = pipeline_->run(micro_batches);
+    const PipelineLosses sums = pipeline_->run(local_batches(micro_batches));
     losses = at::tensor({sums.ce_sum, sums.aux_sum}, at::kDouble);
   }
   for (size_t m = 0; m < micro_batches.size() && !pipeline_; ++m) {
@@ -111,7 +117,7 @@ double TrainStep::evaluate(const std::vector<Batch>& batches) {
   }
   at::Tensor total = at::zeros({}, at::kDouble);
   if (pipeline_) {
-    total += pipeline_->evaluate(mine) * static_cast<double>(mine.size());
+    total += pipeline_->evaluate(local_batches(mine)) * static_cast<double>(mine.size());
   } else {
     torch::NoGradGuard no_grad;
     TransformerLM& model = parallel_->model();

@@ -92,6 +92,9 @@ class TrainStep {
   }
 
  private:
+  // This rank's columns of each batch (its sequence chunk under sequence parallelism).
+  std::vector<Batch> local_batches(const std::vector<Batch>& batches);
+
   Config config_;
   c10::Device device_;
   std::optional<at::ScalarType> autocast_;

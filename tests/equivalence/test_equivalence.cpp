@@ -167,6 +167,21 @@ const std::vector<Layout>& layouts() {
          c.parallel.pp_schedule = "zbh1";
          c.train.grad_accum = 4;
        }},
+      {"pp2_zbh1_accum2_full_checkpointing", 2,
+       [](Config& c) {
+         c.parallel.pp = 2;
+         c.parallel.pp_schedule = "zbh1";
+         c.train.grad_accum = 2;
+         c.memory.activation_checkpointing = "full";
+       }},
+      {"pp2_zbh1_linear_accum2_selective_checkpointing", 2,
+       [](Config& c) {
+         c.model.arch = "linear";
+         c.parallel.pp = 2;
+         c.parallel.pp_schedule = "zbh1";
+         c.train.grad_accum = 2;
+         c.memory.activation_checkpointing = "selective";
+       }},
       {"pp4_1f1b_uneven_accum2", 4,
        [](Config& c) {
          c.model.n_layer = 6;  // stages of 2, 2, 1, 1 blocks
@@ -206,6 +221,23 @@ const std::vector<Layout>& layouts() {
          c.parallel.tp = 2;
          c.parallel.megatron_sp = true;
          c.parallel.zero_stage = 2;
+         c.train.grad_accum = 2;
+       }},
+      {"pp2_sp2_lasp_linear_zbh1_accum2", 4,
+       [](Config& c) {
+         c.model.arch = "linear";
+         c.parallel.pp = 2;
+         c.parallel.sp = 2;
+         c.parallel.sp_method = "lasp";
+         c.parallel.pp_schedule = "zbh1";
+         c.train.grad_accum = 2;
+       }},
+      {"pp2_sp2_ring_zero1_accum2", 4,
+       [](Config& c) {
+         c.parallel.pp = 2;
+         c.parallel.sp = 2;
+         c.parallel.sp_method = "ring";
+         c.parallel.zero_stage = 1;
          c.train.grad_accum = 2;
        }},
       {"dp2_bf16", 2, [](Config& c) { c.precision.dtype = "bf16"; }, &kBf16},

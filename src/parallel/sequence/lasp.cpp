@@ -3,6 +3,7 @@
 
 #include <torch/autograd.h>
 #include <torch/torch.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 #include "core/error.h"
 #include "model/linear_attention.h"
@@ -81,6 +82,9 @@ struct LaspFunction : public torch::autograd::Function<LaspFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    // A backward that keeps its graph (a pipeline's input-gradient pass, before the weight-gradient
+    // pass runs this node again) keeps the local chunk's graph too; otherwise it is freed here.
+    const bool keep = torch::autograd::get_current_graph_task_keep_graph();
     auto saved = [&](const char* key) { return ctx->saved_data[key].toTensor(); };
     auto* sp = reinterpret_cast<comm::Group*>(ctx->saved_data["sp"].toInt());
     const auto variant = static_cast<LaspVariant>(ctx->saved_data["variant"].toInt());
@@ -93,15 +97,15 @@ struct LaspFunction : public torch::autograd::Function<LaspFunction> {
     if (variant == LaspVariant::ring) {
       at::Tensor d_s_out = at::zeros_like(s_out);
       if (t + 1 < W) sp->recv(d_s_out, t + 1, kBackwardTag);
-      grads = torch::autograd::grad({o, s_out}, {q, k, v, s_in}, {d_o, d_s_out});
+      grads = torch::autograd::grad({o, s_out}, {q, k, v, s_in}, {d_o, d_s_out}, keep);
       if (t > 0) sp->send(grads[3].contiguous(), t - 1, kBackwardTag);
     } else {
       const at::Tensor d_s_in = torch::autograd::grad({o}, {s_in}, {d_o}, /*retain_graph=*/true)[0];
       const at::Tensor d_s_out =
           decayed_sum(all_gather_states(*sp, d_s_in), t, false, chunk_decay(saved("decay"), q.size(2)));
-      grads = torch::autograd::grad({o, s_out}, {q, k, v}, {d_o, d_s_out});
+      grads = torch::autograd::grad({o, s_out}, {q, k, v}, {d_o, d_s_out}, keep);
     }
-    ctx->saved_data.clear();
+    if (!keep) ctx->saved_data.clear();
     return {grads[0], grads[1], grads[2], at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
