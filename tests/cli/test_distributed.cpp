@@ -423,6 +423,36 @@ TEST(DistributedTrain, KilledRankStopsEveryWorkerAndNamesIt) {
   EXPECT_EQ(find_worker(out, 2), -1) << "rank 2 still running";
 }
 
+// A pipeline stage that stalls mid-schedule (SIGSTOP: alive, silent): the stages waiting on it end
+// within parallel.timeout_s with an error naming the stalled rank and the action they waited on,
+// and the launcher stops every worker.
+TEST(DistributedTrain, AStalledPipelineStageIsNamedByTheOthers) {
+  const std::string out = fresh_dir("stall_stage");
+  CommandResult result;
+  const auto start = std::chrono::steady_clock::now();
+  std::thread launcher([&] {
+    result = run_tessera("train --config tiny_gpt --nproc 3" + settings(2, 100000) + " --set parallel.pp=3"
+                         " --set model.n_layer=3 --set train.grad_accum=3 --set parallel.timeout_s=10 --out " + out);
+  });
+  pid_t victim = -1;
+  for (int i = 0; i < 600 && victim < 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (slurp(out + "/logs/rank_1.log").find("step 2/") != std::string::npos) victim = find_worker(out, 1);
+  }
+  ASSERT_GT(victim, 0) << "rank 1 never started training";
+  ::kill(victim, SIGSTOP);
+  launcher.join();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(result.exit_code, 0);
+  // Rank 0 prints to the launcher's output, the others to their logs.
+  const std::string said = result.output + slurp(out + "/logs/rank_2.log");
+  EXPECT_NE(said.find("pipeline rank 0 (1f1b), action "), std::string::npos) << said;
+  EXPECT_NE(said.find("waiting on pipeline rank 1 (stage 1)"), std::string::npos) << said;
+  EXPECT_NE(said.find("rank 1 sent no heartbeat"), std::string::npos) << said;
+  EXPECT_LT(seconds, 90) << result.output;
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(find_worker(out, r), -1) << "rank " << r << " still running";
+}
+
 // The launcher killed outright (SIGKILL: no chance to stop its workers) takes its workers with it
 // (core/subprocess.h), so they hold neither the devices nor the run directory's lock.
 TEST(DistributedTrain, WorkersDieWithAKilledLauncher) {

@@ -91,6 +91,11 @@ std::vector<TimedAction> run_schedule(const Schedule& s, comm::Group& pipe, cons
         }
       }
     } catch (const Error& e) {
+      if (a.op == Op::RecvF || a.op == Op::RecvB) {
+        const int64_t from = a.op == Op::RecvF ? a.stage - 1 : a.stage + 1;
+        fail("pipeline rank ", me, " (", s.name, "), action ", a.str(), ", waiting on pipeline rank ", s.rank_of(from),
+             " (stage ", from, "): ", e.what());
+      }
       fail("pipeline rank ", me, " (", s.name, "), action ", a.str(), ": ", e.what());
     }
   }
