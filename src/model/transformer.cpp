@@ -2,6 +2,8 @@
 // losses (transformer.h).
 #include "model/transformer.h"
 
+#include <algorithm>
+
 #include <torch/torch.h>
 
 #include "core/error.h"
@@ -26,13 +28,43 @@ void erase_wrapper(std::vector<std::pair<int64_t, Wrapper>>& wrappers, int64_t i
 
 }  // namespace
 
+bool ModelStage::embedding() const {
+  return whole() || std::any_of(chunks.begin(), chunks.end(), [](const auto& c) { return c.first == 0; });
+}
+
+bool ModelStage::head(const ModelOptions& o) const {
+  return whole() || std::any_of(chunks.begin(), chunks.end(), [&](const auto& c) { return c.second == o.n_layer; });
+}
+
+std::vector<int64_t> ModelStage::layers(const ModelOptions& o) const {
+  std::vector<int64_t> out;
+  if (whole())
+    for (int64_t l = 0; l < o.n_layer; ++l) out.push_back(l);
+  for (const auto& [first, end] : chunks)
+    for (int64_t l = first; l < end; ++l) out.push_back(l);
+  return out;
+}
+
+std::string ModelStage::describe(const ModelOptions& o) const {
+  if (whole()) return "blocks 0-" + std::to_string(o.n_layer - 1);
+  std::string out = "blocks ";
+  for (size_t i = 0; i < chunks.size(); ++i)
+    out += (i ? ", " : "") + std::to_string(chunks[i].first) + "-" + std::to_string(chunks[i].second - 1);
+  return out;
+}
+
 TransformerLMImpl::TransformerLMImpl(const ModelOptions& opts, const ModelStage& stage, const at::TensorOptions& where,
                                      ModelInit init)
     : opts_(opts), stage_(stage) {
   opts_.check("model options");
-  const int64_t C = opts.n_embd, end = stage.end(opts);
-  require(stage.first_layer >= 0 && stage.first_layer < end && end <= opts.n_layer, "internal: a model stage of blocks [",
-          stage.first_layer, ", ", end, ") for model.n_layer = ", opts.n_layer);
+  const int64_t C = opts.n_embd;
+  int64_t previous_end = 0;
+  for (const auto& [first, end] : stage.chunks) {
+    require(first >= previous_end && first < end && end <= opts.n_layer, "internal: a model stage of ",
+            stage.describe(opts), " for model.n_layer = ", opts.n_layer, " (ranges ascending, disjoint, not empty)");
+    previous_end = end;
+  }
+  layers_ = stage.layers(opts);
   const at::TensorOptions options = where.dtype(at::kFloat);
   if (has_embedding() || has_head()) {
     wte = register_module("wte", Embedding(opts.padded_vocab(), C, options));
@@ -43,7 +75,7 @@ TransformerLMImpl::TransformerLMImpl(const ModelOptions& opts, const ModelStage&
     specs_.emplace("wpe.weight", ParameterSpec{Split::replicated, 1, normal_init(0.02)});
   }
   auto h = register_module("h", std::make_shared<torch::nn::Module>());
-  for (int64_t l = stage.first_layer; l < end; ++l) {
+  for (int64_t l : layers_) {
     const std::string name = std::to_string(l);
     Block block = h->register_module(name, Block(opts, l, options));
     blocks_.emplace(l, block);
@@ -70,8 +102,7 @@ TransformerLMImpl::TransformerLMImpl(const ModelOptions& opts, const ModelStage&
 
 Block TransformerLMImpl::block(int64_t layer) const {
   const auto it = blocks_.find(layer);
-  require(it != blocks_.end(), "internal: block ", layer, " is not in this model stage (blocks ", first_layer(), "..",
-          end_layer() - 1, ")");
+  require(it != blocks_.end(), "internal: block ", layer, " is not in this model stage (", stage_.describe(opts_), ")");
   return it->second;
 }
 
@@ -122,8 +153,7 @@ void TransformerLMImpl::set_shard_hooks(ShardHooks hooks) {
 }
 
 at::Tensor TransformerLMImpl::embed(const at::Tensor& idx) {
-  require(has_embedding(), "internal: embed() on a model stage without the embedding (blocks ", first_layer(), "..",
-          end_layer() - 1, ")");
+  require(has_embedding(), "internal: embed() on a model stage without the embedding (", stage_.describe(opts_), ")");
   require(idx.dim() == 2, "model input must be [batch, time] token ids (got shape ", idx.sizes(), ")");
   const int64_t T = idx.size(1), first = position_offset_;
   if (first == 0)
@@ -141,9 +171,12 @@ at::Tensor TransformerLMImpl::embed(const at::Tensor& idx) {
   return hooks.enter_blocks ? hooks.enter_blocks(x) : x;
 }
 
-BlockOutput TransformerLMImpl::run_blocks(const at::Tensor& x) {
+BlockOutput TransformerLMImpl::run_blocks(const at::Tensor& x) { return run_blocks(x, 0, opts_.n_layer); }
+
+BlockOutput TransformerLMImpl::run_blocks(const at::Tensor& x, int64_t first, int64_t end) {
   BlockOutput out{x, torch::zeros({}, x.options().dtype(at::kFloat))};
-  for (auto& [l, block] : blocks_) {
+  for (auto it = blocks_.lower_bound(first); it != blocks_.end() && it->first < end; ++it) {
+    auto& [l, block] = *it;
     BlockCall call = [b = block](const at::Tensor& in) mutable { return b->forward(in); };
     for (const auto& [id, wrapper] : wrappers_)
       call = [layer = l, w = wrapper, inner = std::move(call)](const at::Tensor& in) { return w(layer, in, inner); };
@@ -155,8 +188,7 @@ BlockOutput TransformerLMImpl::run_blocks(const at::Tensor& x) {
 }
 
 ModelOutput TransformerLMImpl::head(const at::Tensor& x, const at::Tensor& targets, const at::Tensor& aux_loss) {
-  require(has_head(), "internal: head() on a model stage without the head (blocks ", first_layer(), "..",
-          end_layer() - 1, ")");
+  require(has_head(), "internal: head() on a model stage without the head (", stage_.describe(opts_), ")");
   const ShardHooks& hooks = shard_hooks_;
   ModelOutput out;
   out.aux_loss = aux_loss;

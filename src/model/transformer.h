@@ -12,11 +12,13 @@
 // is declared with its split and initialisation (parameter_specs(), model/parameter_spec.h); a
 // parameter's initial value depends only on the model's seed and its name (model/init.h).
 //
-// Stages. A process may build only part of the model (ModelStage): blocks [first, end) under their
-// global names h.{i}; the first stage also holds the embeddings, the last ln_f, the head and the
-// loss (with its own copy of wte when it is not also the first: the tie is then kept by summing
-// the two copies' gradients, which is the pipeline's job). The pieces of forward run separately:
-//   embed(idx) -> x;  run_blocks(x) -> x, aux;  head(x, targets) -> logits, losses
+// Stages. A process may build only part of the model (ModelStage): one or more ranges of blocks
+// (a pipeline rank's stages, several with virtual stages) under their global names h.{i}; the part
+// holding block 0 also holds the embeddings, the one holding the last block ln_f, the head and the
+// loss (with its own copy of wte when it does not hold the embedding: the tie is then kept by
+// summing the two copies' gradients, which is the pipeline's job). The pieces of forward run
+// separately:
+//   embed(idx) -> x;  run_blocks(x[, first, end]) -> x, aux;  head(x, targets) -> logits, losses
 // and forward() is the three in a row (the whole model only).
 //
 // Deferred construction: built with TensorOptions on the meta device, parameters have shapes but
@@ -64,14 +66,20 @@ struct ModelOutput {
   at::Tensor aux_loss;  // float32 scalar: sum of MoE load-balance and z-losses; zero for dense models
 };
 
-// The part of the model a process builds: blocks [first_layer, end_layer), with the embeddings
-// when first_layer == 0 and ln_f, the head and the loss when end_layer == n_layer.
+// The part of the model a process builds: block ranges [first, end) (ascending, disjoint; none:
+// the whole model), with the embeddings when a range starts at block 0 and ln_f, the head and the
+// loss when one ends at n_layer.
 struct ModelStage {
-  int64_t first_layer = 0;
-  int64_t end_layer = -1;  // -1: n_layer
-  bool embedding() const { return first_layer == 0; }
-  bool head(const ModelOptions& o) const { return end(o) == o.n_layer; }
-  int64_t end(const ModelOptions& o) const { return end_layer < 0 ? o.n_layer : end_layer; }
+  std::vector<std::pair<int64_t, int64_t>> chunks;
+  ModelStage() = default;
+  ModelStage(int64_t first, int64_t end) : chunks{{first, end}} {}
+  bool whole() const { return chunks.empty(); }
+  bool embedding() const;
+  bool head(const ModelOptions& o) const;
+  // The blocks held, ascending.
+  std::vector<int64_t> layers(const ModelOptions& o) const;
+  // "blocks 0-3", "blocks 0-1, 6-7".
+  std::string describe(const ModelOptions& o) const;
 };
 
 // How a new model's parameters start: drawn from their declarations with a seed taken from torch's
@@ -93,6 +101,7 @@ class TransformerLMImpl : public torch::nn::Module {
   // The pieces of forward (first stage, every stage, last stage):
   at::Tensor embed(const at::Tensor& idx);       // [B, T] -> [B, T', C] (T' = T / tp under Megatron-SP)
   BlockOutput run_blocks(const at::Tensor& x);   // this stage's blocks, through the wrappers; aux summed
+  BlockOutput run_blocks(const at::Tensor& x, int64_t first, int64_t end);  // its blocks in [first, end)
   ModelOutput head(const at::Tensor& x, const at::Tensor& targets, const at::Tensor& aux_loss);
 
   // The position of idx[:, 0] in its sequence (>= 0): forward embeds positions offset .. offset+T-1.
@@ -107,11 +116,11 @@ class TransformerLMImpl : public torch::nn::Module {
 
   const ModelOptions& options() const { return opts_; }
   const ModelStage& stage() const { return stage_; }
-  int64_t first_layer() const { return stage_.first_layer; }
-  int64_t end_layer() const { return stage_.end(opts_); }
+  // The blocks this model holds, by global index, ascending.
+  const std::vector<int64_t>& layers() const { return layers_; }
   bool has_embedding() const { return stage_.embedding(); }
   bool has_head() const { return stage_.head(opts_); }
-  // Block `layer` by its global index (within [first_layer, end_layer)).
+  // Block `layer` by its global index (one of layers()).
   Block block(int64_t layer) const;
 
   // Every parameter's declaration, by its name in named_parameters().
@@ -150,6 +159,7 @@ class TransformerLMImpl : public torch::nn::Module {
  private:
   ModelOptions opts_;
   ModelStage stage_;
+  std::vector<int64_t> layers_;
   std::map<int64_t, Block> blocks_;  // this stage's, by global index (registered as h.{i})
   ParameterSpecs specs_;
   // Runs `part` (an end) through the end wrappers.

@@ -51,9 +51,6 @@ void check_parallel_layout(const Config& config, const ParallelDims& d) {
   if (d.pp() > 1) {
     // What a pipeline trains with in this build; the rest is planned (inspect) but refused here.
     const ParallelOptions& p = config.parallel;
-    require(p.pp_schedule == "gpipe" || p.pp_schedule == "1f1b" || p.pp_schedule == "zbh1", "parallel.pp_schedule = ",
-            p.pp_schedule, ": this build trains a model with gpipe, 1f1b and zbh1 (one stage per rank); interleaved, zbv "
-            "and file: tables run in `tessera pipeline` but do not train a model yet");
     require(config.model.ffn == "dense", "model.ffn = ", config.model.ffn,
             " with parallel.pp > 1: mixture-of-experts stages are not implemented yet");
     require(config.precision.dtype != "fp16", "precision.dtype = \"fp16\" with parallel.pp > 1: the loss scaler's "
@@ -176,11 +173,14 @@ NamedTensors ParallelModel::gather_over_stages(const std::function<at::Tensor(co
   // The whole model's parameters in the same order on every rank (a meta model: no memory), each
   // broadcast over pp by the stage that holds it (the tied embedding by the first).
   const TransformerLM whole(config_.model, ModelStage{}, at::TensorOptions().device(at::kMeta));
-  const StageCut cut = cut_stages(config_.model, pp_->size(), config_.parallel.pp_cut);
+  const StageCut cut =
+      cut_stages(config_.model, pp_->size() * config_.parallel.pipeline_virtual(), config_.parallel.pp_cut);
+  const pipeline::Schedule schedule = pipeline_schedule(config_, mesh_->dims());  // its placement
   auto holder = [&](const std::string& name) -> int64_t {
-    if (name.rfind("h.", 0) != 0) return name.rfind("ln_f", 0) == 0 ? pp_->size() - 1 : 0;
+    if (name.rfind("h.", 0) != 0) return schedule.rank_of(name.rfind("ln_f", 0) == 0 ? cut.stages() - 1 : 0);
     const int64_t block = std::stoll(name.substr(2, name.find('.', 2) - 2));
-    return std::upper_bound(cut.boundaries.begin(), cut.boundaries.end(), block) - cut.boundaries.begin() - 1;
+    return schedule.rank_of(std::upper_bound(cut.boundaries.begin(), cut.boundaries.end(), block) -
+                            cut.boundaries.begin() - 1);
   };
   const at::Device device = model_->parameters().front().device();
   NamedTensors out;

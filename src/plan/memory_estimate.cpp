@@ -57,20 +57,18 @@ double MemoryEstimate::device_bytes() const {
 
 namespace {
 
-// The estimate for a rank holding `stages` of the model (the whole model: one ModelStage{}),
-// whose schedule keeps up to `held` micro-batches' activations of one of them at once.
-MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, const std::vector<ModelStage>& stages,
-                             double held) {
+// The estimate for a rank holding `stage` of the model (the whole model: ModelStage{}), whose
+// schedule keeps up to `held` micro-batches' activations of one of its stages at once.
+MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, const ModelStage& stage, double held) {
   const ModelOptions& m = config.model;
   const ParallelOptions& p = config.parallel;
   MemoryEstimate e;
   const bool fp16 = config.precision.dtype == "fp16";
   const double param_bytes = fp16 ? 2 : 4;
   double optimizer_elements_bytes = 0;
-  int64_t blocks = 0;
-  for (const ModelStage& stage : stages) {
+  const int64_t blocks = static_cast<int64_t>(stage.layers(m).size());
+  {
     const TransformerLM meta(m, stage, at::TensorOptions().device(at::kMeta));
-    blocks += stage.end(m) - stage.first_layer;
     for (const auto& item : meta->named_parameters()) {
       const at::Tensor& t = item.value();
       const Split split = meta->parameter_specs().at(item.key()).split;
@@ -113,7 +111,8 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   const bool half = fp16 || config.precision.dtype == "bf16";
   // Activations of one micro-batch through this rank's blocks, times the micro-batches a pipeline
   // schedule holds at once (in units of one stage's; 1 without a pipeline).
-  const double per_stage_blocks = static_cast<double>(blocks) / static_cast<double>(stages.size());
+  const double chunks = stage.whole() ? 1.0 : static_cast<double>(stage.chunks.size());
+  const double per_stage_blocks = static_cast<double>(blocks) / chunks;
   e.activation_bytes_per_token = per_layer * (half ? 1 : 2) * per_stage_blocks * held;
   e.activation_bytes_per_micro_batch =
       e.activation_bytes_per_token * static_cast<double>(config.train.batch_size * tokens);
@@ -126,7 +125,7 @@ MemoryEstimate estimate_memory(const Config& config, const ParallelDims& dims) {
   const ModelOptions& m = config.model;
   MemoryEstimate e;
   if (dims.pp() == 1) {
-    e = estimate_rank(config, dims, {ModelStage{}}, 1);
+    e = estimate_rank(config, dims, ModelStage{}, 1);
   } else {
     // Every pipeline rank's stages and the activations its schedule holds; the table shows the
     // rank that needs the most.
@@ -136,10 +135,8 @@ MemoryEstimate estimate_memory(const Config& config, const ParallelDims& dims) {
     const pipeline::Schedule schedule = pipeline_schedule(config, dims);
     const pipeline::Simulation sim = pipeline::simulate_schedule(schedule);
     for (int64_t r = 0; r < dims.pp(); ++r) {
-      std::vector<ModelStage> mine;
-      for (int64_t stage = 0; stage < cut.stages(); ++stage)
-        if (schedule.rank_of(stage) == r) mine.push_back({cut.boundaries[stage], cut.boundaries[stage + 1]});
-      MemoryEstimate rank = estimate_rank(config, dims, mine, static_cast<double>(sim.peak_held[r]) / static_cast<double>(v));
+      MemoryEstimate rank = estimate_rank(config, dims, rank_stage(cut, schedule, r),
+                                          static_cast<double>(sim.peak_held[r]) / static_cast<double>(v));
       rank.pipeline_rank = r;
       rank.pipeline_held = sim.peak_held[r];
       if (r == 0 || rank.device_bytes() > e.device_bytes()) e = rank;

@@ -125,4 +125,14 @@ pipeline::Schedule pipeline_schedule(const Config& config, const ParallelDims& d
   return s;
 }
 
+ModelStage rank_stage(const StageCut& cut, const pipeline::Schedule& schedule, int64_t rank) {
+  require(cut.stages() == schedule.stages(), "internal: a cut of ", cut.stages(), " stages for a schedule of ",
+          schedule.stages());
+  ModelStage mine;
+  for (int64_t s = 0; s < cut.stages(); ++s)
+    if (schedule.rank_of(s) == rank) mine.chunks.emplace_back(cut.boundaries[s], cut.boundaries[s + 1]);
+  std::sort(mine.chunks.begin(), mine.chunks.end());
+  return mine;
+}
+
 }  // namespace tessera

@@ -24,6 +24,7 @@
 
 #include "core/parallel_dims.h"
 #include "model/model_options.h"
+#include "model/transformer.h"
 #include "parallel/pipeline/schedule.h"
 #include "train/config.h"
 
@@ -43,5 +44,10 @@ StageCut cut_stages(const ModelOptions& model, int64_t stages, const std::string
 std::string describe_stage_cut(const StageCut& cut);
 
 pipeline::Schedule pipeline_schedule(const Config& config, const ParallelDims& dims);
+
+// The part of the model pipeline rank `rank` holds: the blocks of its stages under `schedule`'s
+// placement (several ranges with virtual stages), with the embedding if it holds stage 0 and the
+// head if it holds the last stage.
+ModelStage rank_stage(const StageCut& cut, const pipeline::Schedule& schedule, int64_t rank);
 
 }  // namespace tessera

@@ -33,24 +33,26 @@ PipelineStep::PipelineStep(TransformerLM model, OptimizerOwner& owner, comm::Mes
       config_(config),
       device_(device),
       autocast_(autocast),
-      first_(model_->has_embedding()),
-      last_(model_->has_head()) {}
+      cut_(cut_stages(config.model, mesh.dims().pp() * config.parallel.pipeline_virtual(), config.parallel.pp_cut)),
+      schedule_(pipeline_schedule(config, mesh.dims())) {}
 
 at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const std::vector<Batch>& batches) {
   const Batch& batch = batches[a.micro];
+  const bool first = a.stage == 0, last = a.stage + 1 == cut_.stages();
+  const std::pair<int64_t, int64_t> key{a.stage, a.micro};
   switch (a.op) {
     case Op::F: {
-      Stash& s = stash_[a.micro];
+      Stash& s = stash_[key];
       AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
       at::Tensor x;
-      if (first_) {
+      if (first) {
         x = model_->embed(batch.inputs.to(device_));
       } else {
         s.input = input.to(device_).detach().requires_grad_(true);
         x = s.input;
       }
-      const BlockOutput blocks = model_->run_blocks(x);
-      if (!last_) {
+      const BlockOutput blocks = model_->run_blocks(x, cut_.boundaries[a.stage], cut_.boundaries[a.stage + 1]);
+      if (!last) {
         s.output = blocks.x;
         return blocks.x.detach().to(at::kFloat);
       }
@@ -61,24 +63,26 @@ at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const
       return {};
     }
     case Op::B: {
-      Stash s = std::move(stash_.at(a.micro));
-      stash_.erase(a.micro);
+      Stash s = std::move(stash_.at(key));
+      stash_.erase(key);
       owner_.before_backward(--backwards_left_ == 0);
-      if (last_) s.output.backward();
+      if (last) s.output.backward();
       else s.output.backward(input.to(device_, s.output.scalar_type()));
-      return first_ ? at::Tensor() : s.input.grad().to(at::kFloat);
+      return first ? at::Tensor() : s.input.grad().to(at::kFloat);
     }
     case Op::I: {
-      Stash& s = stash_.at(a.micro);
-      if (!last_) s.grad_out = input.to(device_, s.output.scalar_type());
-      if (first_) return {};  // no input to differentiate: W runs the whole backward
+      Stash& s = stash_.at(key);
+      if (!last) s.grad_out = input.to(device_, s.output.scalar_type());
+      if (first) return {};  // no input to differentiate: W runs the whole backward
       const auto grads = torch::autograd::grad({s.output}, {s.input}, gradient_list(s.grad_out), /*retain_graph=*/true);
       return grads[0].to(at::kFloat);
     }
     case Op::W: {
-      Stash s = std::move(stash_.at(a.micro));
-      stash_.erase(a.micro);
+      Stash s = std::move(stash_.at(key));
+      stash_.erase(key);
       owner_.before_backward(--backwards_left_ == 0);
+      // The parameters this stage's graph reaches (under V placement or interleaving the rank's
+      // other stages' parameters are not in it).
       std::vector<at::Tensor> params;
       for (const auto& p : model_->parameters())
         if (p.requires_grad()) params.push_back(p);
@@ -99,18 +103,14 @@ at::Tensor PipelineStep::activation_buffer(const Batch& batch) const {
 }
 
 void PipelineStep::tie_embedding() {
-  if (first_ == last_) return;  // one stage holds both ends (pp = 1 is not a pipeline) or neither
+  // One rank holding both ends (V placement) keeps one embedding; a rank holding neither has none.
+  if (model_->has_embedding() == model_->has_head()) return;
   owner_.sum_gradient_over("wte.weight", mesh_.group("embedding"));
 }
 
 PipelineLosses PipelineStep::run(const std::vector<Batch>& batches) {
   micro_batches_ = static_cast<int64_t>(batches.size());
-  if (!schedule_ || schedule_->micro_batches != micro_batches_) {
-    Config c = config_;
-    c.train.grad_accum = micro_batches_;
-    c.train.global_batch_size = 0;
-    schedule_ = pipeline_schedule(c, mesh_.dims());
-  }
+  schedule_for(micro_batches_);
   backwards_left_ = 0;
   for (const Action& a : schedule_->ranks[static_cast<size_t>(pipe_.rank())])
     backwards_left_ += a.op == Op::B || a.op == Op::W ? 1 : 0;
@@ -171,25 +171,40 @@ double PipelineStep::evaluate(const std::vector<Batch>& batches) {
   torch::NoGradGuard no_grad;
   model_->eval();
   at::Tensor total = at::zeros({}, at::kDouble);
-  const int64_t me = pipe_.rank();
+  const int64_t me = pipe_.rank(), stages = cut_.stages();
+  auto rank_of = [&](int64_t stage) { return schedule_->rank_of(stage); };  // the placement
   for (const Batch& batch : batches) {
     AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
-    at::Tensor x;
-    if (first_) {
-      x = model_->embed(batch.inputs.to(device_));
-    } else {
-      x = activation_buffer(batch);
-      pipe_.recv(x, me - 1);
+    at::Tensor x;  // the activation between this rank's consecutive stages
+    for (int64_t s = 0; s < stages; ++s) {
+      if (rank_of(s) != me) continue;
+      if (s == 0) {
+        x = model_->embed(batch.inputs.to(device_));
+      } else if (rank_of(s - 1) != me) {
+        x = activation_buffer(batch);
+        pipe_.recv(x, rank_of(s - 1));
+      }
+      const BlockOutput blocks = model_->run_blocks(x, cut_.boundaries[s], cut_.boundaries[s + 1]);
+      x = blocks.x;
+      if (s + 1 == stages)
+        total += model_->head(x, batch.targets.to(device_), blocks.aux_loss).ce_loss.detach().to(at::kCPU, at::kDouble);
+      else if (rank_of(s + 1) != me)
+        pipe_.send(x.to(at::kFloat).contiguous(), rank_of(s + 1));
     }
-    const BlockOutput blocks = model_->run_blocks(x);
-    if (last_)
-      total += model_->head(blocks.x, batch.targets.to(device_), blocks.aux_loss).ce_loss.detach().to(at::kCPU, at::kDouble);
-    else
-      pipe_.send(blocks.x.to(at::kFloat).contiguous(), me + 1);
   }
   pipe_.all_reduce(total);
   model_->train();
   return total.item<double>() / static_cast<double>(batches.size());
+}
+
+const pipeline::Schedule& PipelineStep::schedule_for(int64_t micro_batches) {
+  if (!schedule_ || schedule_->micro_batches != micro_batches) {
+    Config c = config_;
+    c.train.grad_accum = micro_batches;
+    c.train.global_batch_size = 0;
+    schedule_ = pipeline_schedule(c, mesh_.dims());
+  }
+  return *schedule_;
 }
 
 }  // namespace tessera

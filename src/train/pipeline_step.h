@@ -1,9 +1,11 @@
-// One training step's forward and backward through a pipeline of model stages: this rank's stage
-// (a TransformerLM built for ModelStage{first, end} of the cut, plan/stage_cut.h) runs the
-// compute actions of the layout's schedule (parallel/pipeline/) through the one executor, which
-// moves activations and their gradients between the ranks of the pp group.
+// One training step's forward and backward through a pipeline of model stages: this rank's part
+// of the model (a TransformerLM built for rank_stage() of the cut, plan/stage_cut.h: one stage,
+// or several with virtual stages) runs the compute actions of the layout's schedule
+// (parallel/pipeline/) through the one executor, which moves activations and their gradients
+// between the ranks of the pp group. An action (op, stage s, micro-batch j) runs the blocks of
+// stage s only:
 //
-//   F(j)  stage 0 embeds micro-batch j's tokens, the others take the received activation as a
+//   F(j)  stage 0 embeds micro-batch j's tokens, the others take the incoming activation as a
 //         leaf requiring grad; the stage's blocks run; the last stage adds the head and the loss
 //         (ce + aux) / micro-batches. Activations travel in float32 whatever the compute dtype;
 //         under tensor and sequence parallelism each rank sends to its own tp and sp rank of
@@ -22,8 +24,8 @@
 // stage, over the embedding group) so they stay equal, and the owner (norm over every stage, the
 // last stage's copy of wte counted once) does the rest.
 //
-// evaluate(): the forward alone, stage after stage (blocking sends along the chain), the loss
-// known on every rank.
+// evaluate(): the forward alone, stage after stage in the schedule's placement (blocking sends
+// between ranks), the loss known on every rank.
 #pragma once
 
 #include <map>
@@ -38,6 +40,7 @@
 #include "parallel/optimizer_owner.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/simulate.h"
+#include "plan/stage_cut.h"
 #include "train/config.h"
 
 namespace tessera {
@@ -66,6 +69,8 @@ class PipelineStep {
 
  private:
   at::Tensor compute(const pipeline::Action& action, const at::Tensor& input, const std::vector<Batch>& batches);
+  // The schedule for `micro_batches` (built when they change).
+  const pipeline::Schedule& schedule_for(int64_t micro_batches);
   // A float32 buffer for the activation between two stages of `batch`'s rows.
   at::Tensor activation_buffer(const Batch& batch) const;
 
@@ -76,18 +81,18 @@ class PipelineStep {
   Config config_;
   c10::Device device_;
   std::optional<at::ScalarType> autocast_;
-  bool first_ = false, last_ = false;
+  StageCut cut_;  // pp x v stages
 
   struct Stash {
     at::Tensor input;     // the received activation (a leaf), undefined on stage 0
     at::Tensor output;    // the stage's output (the loss on the last stage), with its graph
     at::Tensor grad_out;  // the gradient I used, kept for W
   };
-  std::map<int64_t, Stash> stash_;
+  std::map<std::pair<int64_t, int64_t>, Stash> stash_;  // by (stage, micro-batch)
   size_t backwards_left_ = 0;  // this run's B and W actions not yet run on this rank
   at::Tensor ce_sum_, aux_sum_;
   int64_t micro_batches_ = 1;
-  std::optional<pipeline::Schedule> schedule_;
+  std::optional<pipeline::Schedule> schedule_;  // for the last run()'s micro-batches (the placement: any)
   std::vector<pipeline::TimedAction> timeline_;  // the last run()'s, this rank's
 };
 

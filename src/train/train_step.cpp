@@ -39,14 +39,14 @@ TrainStep::TrainStep(const Config& config, comm::Mesh* mesh)
   if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
   keep_host_heap();
   torch::manual_seed(static_cast<uint64_t>(config.train.seed));
-  // Under pipeline parallelism each rank builds its stage of the cut (its parameters equal the
+  // Under pipeline parallelism each rank builds its stages of the cut (its parameters equal the
   // whole model's: they depend on the seed and their names only).
   ModelStage stage;
   if (mesh && mesh->dims().pp() > 1) {
     check_parallel_layout(config, mesh->dims());
-    const StageCut cut = cut_stages(config.model, mesh->dims().pp(), config.parallel.pp_cut);
-    const int64_t s = mesh->coord().pp;
-    stage = ModelStage{cut.boundaries[s], cut.boundaries[s + 1]};
+    const StageCut cut =
+        cut_stages(config.model, mesh->dims().pp() * config.parallel.pipeline_virtual(), config.parallel.pp_cut);
+    stage = rank_stage(cut, pipeline_schedule(config, mesh->dims()), mesh->coord().pp);
   }
   TransformerLM model(config.model, stage);
   model->to(device_, parameter_dtype(config.precision));

@@ -651,7 +651,7 @@ TEST(DistributedTrain, PipelineSchedulesMatchOneProcessAndCheckpointsLoadAtAnyPp
   ASSERT_EQ(r1.exit_code, 0) << r1.output;
   const auto expected = losses(one), expected_norms = grad_norms(one), expected_val = logged(one, "val_loss");
   for (const auto& [pp, schedule] : std::vector<std::pair<int, std::string>>{
-           {2, "gpipe"}, {2, "1f1b"}, {2, "zbh1"}, {4, "1f1b"}, {4, "zbh1"}}) {
+           {2, "gpipe"}, {2, "1f1b"}, {2, "zbh1"}, {2, "interleaved"}, {2, "zbv"}, {4, "1f1b"}, {4, "zbh1"}}) {
     const std::string what = "pp=" + std::to_string(pp) + " " + schedule;
     const std::string out = fresh_dir("pp_" + std::to_string(pp) + "_" + schedule);
     auto r = run_tessera("train --config tiny_gpt --nproc " + std::to_string(pp) + " --set parallel.pp=" +
@@ -678,6 +678,13 @@ TEST(DistributedTrain, PipelineSchedulesMatchOneProcessAndCheckpointsLoadAtAnyPp
       EXPECT_EQ(computes, 4 * 4 * 3);  // 4 ranks x 4 micro-batches x F, I, W
       EXPECT_NE(slurp(out + "_traced/pipeline_step2.svg").find("zbh1, pp 4, 4 micro-batches, measured"), std::string::npos);
       EXPECT_NE(slurp(out + "_traced/pipeline_step2.planned.svg").find("planned with the measured mean"), std::string::npos);
+    }
+    if (schedule == "zbv") {
+      // Two stages per rank, V-shaped: its checkpoint resumes on one process.
+      const std::string resumed = fresh_dir("pp_zbv_resumed_one");
+      auto one_more = run_tessera("train --resume " + out + "/checkpoints/step_3 --set parallel.pp=1 --out " + resumed);
+      ASSERT_EQ(one_more.exit_code, 0) << one_more.output;
+      expect_same_losses(losses(resumed), expected, 1e-5, "pp=2 zbv checkpoint resumed on one process");
     }
     if (pp != 4 || schedule != "1f1b") continue;
     // The pp = 4 checkpoint at step 3 continues at pp = 2 and on one process.

@@ -182,6 +182,35 @@ const std::vector<Layout>& layouts() {
          c.train.grad_accum = 2;
          c.memory.activation_checkpointing = "selective";
        }},
+      {"pp2_interleaved_v2_accum2", 2,
+       [](Config& c) {
+         c.model.n_layer = 4;
+         c.parallel.pp = 2;
+         c.parallel.pp_schedule = "interleaved";
+         c.train.grad_accum = 2;
+       }},
+      {"pp4_interleaved_v2_accum4_uneven", 4,
+       [](Config& c) {
+         c.model.n_layer = 10;  // 8 stages of 2, 2, 1, ... blocks
+         c.parallel.pp = 4;
+         c.parallel.pp_schedule = "interleaved";
+         c.train.grad_accum = 4;
+       }},
+      {"pp2_zbv_accum4", 2,
+       [](Config& c) {
+         c.model.n_layer = 4;
+         c.parallel.pp = 2;
+         c.parallel.pp_schedule = "zbv";
+         c.train.grad_accum = 4;
+       }},
+      {"dp2_pp2_zbv_zero2_accum2", 4,
+       [](Config& c) {
+         c.model.n_layer = 4;
+         c.parallel.pp = 2;
+         c.parallel.pp_schedule = "zbv";
+         c.parallel.zero_stage = 2;
+         c.train.grad_accum = 2;
+       }},
       {"pp4_1f1b_uneven_accum2", 4,
        [](Config& c) {
          c.model.n_layer = 6;  // stages of 2, 2, 1, 1 blocks

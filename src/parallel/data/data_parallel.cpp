@@ -101,7 +101,7 @@ DataParallel::DataParallel(TransformerLM model, ReductionGroups groups, const Pa
   if (s.stage >= 1) s.build_units();
   s.build_optimizer(optim, parallel.offload);
   s.register_hooks();
-  require(s.stage < 3 || (s.model->has_embedding() && s.model->has_head()),
+  require(s.stage < 3 || s.model->stage().whole(),
           "internal: ZeRO-3 residency over a pipeline stage is not built (check_parallel_layout refuses it)");
   if (s.stage == 3) {
     s.residency = std::make_unique<Residency>(s.units, s.part_units, zero3_plan(s.n_blocks));
@@ -155,9 +155,8 @@ void DataParallel::Impl::build_buckets(double bucket_mb) {
 }
 
 void DataParallel::Impl::build_units() {
-  const int64_t first = model->first_layer(), end = model->end_layer();
   std::vector<std::set<const c10::TensorImpl*>> in_block(static_cast<size_t>(n_blocks));
-  for (int64_t l = first; l < end; ++l)
+  for (int64_t l : model->layers())
     for (const auto& p : model->block(l)->parameters()) in_block[l].insert(p.unsafeGetTensorImpl());
   // members[part][key]: key = the reduction group, and for a pipeline stage's tied embedding a
   // unit of its own after the ends' others (key groups.size()), so that the first and the last
@@ -171,7 +170,7 @@ void DataParallel::Impl::build_units() {
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& [name, p] = params[i];
     size_t part = static_cast<size_t>(n_blocks);
-    for (int64_t l = first; l < end; ++l)
+    for (int64_t l : model->layers())
       if (in_block[l].count(p.unsafeGetTensorImpl())) part = static_cast<size_t>(l);
     const bool tied = own_tied_unit && name == "wte.weight";
     require(!tied || group_of[i] == 0, "internal: the tied embedding reduces over the data group");
@@ -241,7 +240,7 @@ void DataParallel::Impl::register_hooks() {
     for (size_t b = 0; b < buckets.size(); ++b) add(b, buckets[b].params);
   } else {
     std::vector<size_t> parts;
-    for (int64_t l = model->end_layer() - 1; l >= model->first_layer(); --l) parts.push_back(static_cast<size_t>(l));
+    for (auto l = model->layers().rbegin(); l != model->layers().rend(); ++l) parts.push_back(static_cast<size_t>(*l));
     parts.push_back(static_cast<size_t>(n_blocks));
     for (size_t part : parts)
       for (size_t u : part_units[part]) {
@@ -258,7 +257,8 @@ void DataParallel::Impl::register_hooks() {
 
 size_t DataParallel::Impl::reductions_after_block(int64_t layer) const {
   size_t count = 0;
-  for (int64_t l = model->end_layer() - 1; l > layer; --l) count += part_units[static_cast<size_t>(l)].size();
+  for (int64_t l : model->layers())
+    if (l > layer) count += part_units[static_cast<size_t>(l)].size();
   return count;
 }
 

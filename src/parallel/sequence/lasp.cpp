@@ -125,7 +125,7 @@ at::Tensor lasp_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
 }
 
 void apply_lasp(TransformerLM& model, comm::Group& sp, LaspVariant variant) {
-  for (int64_t l = model->first_layer(); l < model->end_layer(); ++l)
+  for (int64_t l : model->layers())
     model->block(l)->linear_attn->set_kernel(
         [&sp, variant](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& decay,
                        int64_t chunk) { return lasp_attention(q, k, v, decay, chunk, sp, variant); });

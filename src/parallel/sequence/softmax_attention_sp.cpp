@@ -21,7 +21,7 @@ void apply_sequence_parallel_attention(TransformerLM& model, comm::Group& sp, co
     kernel = [&sp](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) { return ulysses_attention(q, k, v, sp); };
   else
     kernel = [&sp](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) { return ring_attention(q, k, v, sp); };
-  for (int64_t l = model->first_layer(); l < model->end_layer(); ++l) model->block(l)->softmax_attn->set_kernel(kernel);
+  for (int64_t l : model->layers()) model->block(l)->softmax_attn->set_kernel(kernel);
 }
 
 }  // namespace tessera

@@ -132,7 +132,7 @@ void parallelize_tensor(TransformerLM& model, comm::Group& tp, bool megatron_sp)
     }
   }
   const int64_t heads = o.n_head / N;
-  for (int64_t l = model->first_layer(); l < model->end_layer(); ++l) {
+  for (int64_t l : model->layers()) {
     Block block = model->block(l);
     if (block->softmax_attn) block->softmax_attn->set_region(region(tp, megatron_sp));
     if (block->linear_attn) {

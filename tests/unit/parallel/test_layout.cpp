@@ -155,12 +155,9 @@ TEST(LayoutCheck, DataParallelAndUnbuiltDegreesNameTheirKeys) {
   c.parallel.offload = true;
   EXPECT_TRUE(refused(c, 4, {"parallel.pp > 1 with offload"}));
   c.parallel.offload = false;
-  c.parallel.pp_schedule = "interleaved";
-  c.model.n_layer = 4;
-  c.train.grad_accum = 2;
-  EXPECT_TRUE(refused(c, 2, {"parallel.pp_schedule = interleaved", "do not train a model yet"}));
-  c.parallel.pp_schedule = "1f1b";
-  c.model.n_layer = 2;
+  c.model.ffn = "moe";
+  EXPECT_TRUE(refused(c, 2, {"model.ffn = moe with parallel.pp > 1", "not implemented yet"}));
+  c.model.ffn = "dense";
   c.parallel.pp = 3;
   EXPECT_TRUE(refused(c, 3, {"3 pipeline stages", "model.n_layer = 2"}));
   c = tiny();
