@@ -74,11 +74,13 @@ Command add_pipeline_command(CLI::App& app) {
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("pipeline", "print, check, simulate and draw a pipeline schedule (no model runs)");
-  cmd->add_option("--schedule", args->schedule, "gpipe, 1f1b, interleaved, zbh1, zbv, or file:PATH (a CSV table)")
+  cmd->add_option("--schedule", args->schedule,
+                  "gpipe, 1f1b, interleaved, zbh1, zbv, dualpipev, or file:PATH (a CSV table)")
       ->capture_default_str();
   cmd->add_option("--pp", args->pp, "pipeline ranks")->capture_default_str();
   cmd->add_option("--microbatches", args->microbatches, "micro-batches per step")->capture_default_str();
-  cmd->add_option("--virtual", args->virtual_stages, "stages per rank (default: 2 for interleaved and zbv, else 1)");
+  cmd->add_option("--virtual", args->virtual_stages,
+                  "stages per rank (default: 2 for interleaved, zbv and dualpipev, else 1)");
   cmd->add_flag("--vee", args->vee, "with file:PATH, V placement (rank 0 holds the first and last stage)");
   cmd->add_option("--costs", args->costs, "action costs, e.g. f=1,b=2,i=1,w=1,transfer=0 (the defaults)");
   cmd->add_option("--svg", args->svg, "draw the simulated timeline to this SVG file");
@@ -90,8 +92,9 @@ Command add_pipeline_command(CLI::App& app) {
     require(args->microbatches >= 1 && args->microbatches <= 65536, "--microbatches must be in [1, 65536] (got ",
             args->microbatches, ")");
     const bool from_file = args->schedule.rfind("file:", 0) == 0;
-    const bool chunked = args->schedule == "interleaved" || args->schedule == "zbv";
-    const int64_t v = args->virtual_stages > 0 ? args->virtual_stages : (chunked || args->vee ? 2 : 1);
+    ParallelOptions layout;  // its default stages per rank for the schedule
+    layout.pp_schedule = args->schedule;
+    const int64_t v = args->virtual_stages > 0 ? args->virtual_stages : (args->vee ? 2 : layout.pipeline_virtual());
     const Schedule s = from_file ? read_schedule_csv(args->schedule.substr(5), args->pp, v, args->microbatches,
                                                      args->vee ? Placement::vee : Placement::loop)
                                  : build_schedule(args->schedule, args->pp, args->microbatches, v);

@@ -14,10 +14,11 @@ void ParallelOptions::check(const std::string& source) const {
   const char* sp_methods[] = {"auto", "lasp", "lasp2", "ulysses", "ring"};
   require(std::find(std::begin(sp_methods), std::end(sp_methods), sp_method) != std::end(sp_methods), source,
           ": parallel.sp_method must be auto, lasp, lasp2, ulysses or ring (got \"", sp_method, "\")");
-  const char* schedules[] = {"gpipe", "1f1b", "interleaved", "zbh1", "zbv"};
+  const char* schedules[] = {"gpipe", "1f1b", "interleaved", "zbh1", "zbv", "dualpipev"};
   require(std::find(std::begin(schedules), std::end(schedules), pp_schedule) != std::end(schedules) ||
               pp_schedule.rfind("file:", 0) == 0,
-          source, ": parallel.pp_schedule must be gpipe, 1f1b, interleaved, zbh1, zbv or file:PATH (got \"", pp_schedule,
+          source, ": parallel.pp_schedule must be gpipe, 1f1b, interleaved, zbh1, zbv, dualpipev or file:PATH (got \"",
+          pp_schedule,
           "\")");
   require(pp_cut == "layers" || pp_cut == "params", source, ": parallel.pp_cut must be layers or params (got \"",
           pp_cut, "\")", pp_cut == "profile" ? "; profile (balancing measured block times) is not built yet" : "");
@@ -29,7 +30,7 @@ void ParallelOptions::check(const std::string& source) const {
 
 int64_t ParallelOptions::pipeline_virtual() const {
   if (pp_virtual > 0) return pp_virtual;
-  return pp_schedule == "interleaved" || pp_schedule == "zbv" ? 2 : 1;
+  return pp_schedule == "interleaved" || pp_schedule == "zbv" || pp_schedule == "dualpipev" ? 2 : 1;
 }
 
 ParallelDims::ParallelDims(const ParallelOptions& o, int64_t world_size, const std::string& source)

@@ -12,7 +12,7 @@ struct ParallelOptions {
   int64_t dp = 0;  // data-parallel degree; 0 = world size / (tp * pp * sp)
   int64_t tp = 1;
   int64_t pp = 1;
-  std::string pp_schedule = "1f1b";  // gpipe, 1f1b, interleaved, zbh1, zbv, file:PATH (parallel/pipeline)
+  std::string pp_schedule = "1f1b";  // gpipe, 1f1b, interleaved, zbh1, zbv, dualpipev, file:PATH (parallel/pipeline)
   int64_t pp_virtual = 0;            // stages per pipeline rank; 0 = the schedule's (2 for interleaved, zbv)
   std::string pp_cut = "layers";     // layers | params | profile (plan/stage_cut.h)
   int64_t sp = 1;

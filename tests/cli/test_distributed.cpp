@@ -651,7 +651,8 @@ TEST(DistributedTrain, PipelineSchedulesMatchOneProcessAndCheckpointsLoadAtAnyPp
   ASSERT_EQ(r1.exit_code, 0) << r1.output;
   const auto expected = losses(one), expected_norms = grad_norms(one), expected_val = logged(one, "val_loss");
   for (const auto& [pp, schedule] : std::vector<std::pair<int, std::string>>{
-           {2, "gpipe"}, {2, "1f1b"}, {2, "zbh1"}, {2, "interleaved"}, {2, "zbv"}, {4, "1f1b"}, {4, "zbh1"}}) {
+           {2, "gpipe"}, {2, "1f1b"}, {2, "zbh1"}, {2, "interleaved"}, {2, "zbv"}, {2, "dualpipev"}, {4, "1f1b"},
+           {4, "zbh1"}}) {
     const std::string what = "pp=" + std::to_string(pp) + " " + schedule;
     const std::string out = fresh_dir("pp_" + std::to_string(pp) + "_" + schedule);
     auto r = run_tessera("train --config tiny_gpt --nproc " + std::to_string(pp) + " --set parallel.pp=" +

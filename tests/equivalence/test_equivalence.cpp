@@ -211,6 +211,23 @@ const std::vector<Layout>& layouts() {
          c.parallel.zero_stage = 2;
          c.train.grad_accum = 2;
        }},
+      {"pp2_dualpipev_accum4", 2,
+       [](Config& c) {
+         c.model.n_layer = 4;
+         c.parallel.pp = 2;
+         c.parallel.pp_schedule = "dualpipev";
+         c.train.grad_accum = 4;
+       }},
+      {"pp2_dualpipev_tp2_megatron_sp_accum4_full_checkpointing", 4,
+       [](Config& c) {
+         c.model.n_layer = 4;
+         c.parallel.pp = 2;
+         c.parallel.tp = 2;
+         c.parallel.megatron_sp = true;
+         c.parallel.pp_schedule = "dualpipev";
+         c.train.grad_accum = 4;
+         c.memory.activation_checkpointing = "full";
+       }},
       {"pp4_1f1b_uneven_accum2", 4,
        [](Config& c) {
          c.model.n_layer = 6;  // stages of 2, 2, 1, 1 blocks

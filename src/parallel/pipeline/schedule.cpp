@@ -63,11 +63,9 @@ int64_t Schedule::rank_of(int64_t stage) const {
   return stage < pp ? stage : 2 * pp - 1 - stage;
 }
 
-bool Schedule::split_backward() const {
-  for (const auto& actions : ranks)
-    for (const Action& a : actions)
-      if (a.op == Op::I) return true;
-  return false;
+bool Schedule::split_backward(int64_t stage, int64_t micro) const {
+  const std::vector<Action>& row = ranks[static_cast<size_t>(rank_of(stage))];
+  return std::find(row.begin(), row.end(), Action{Op::I, stage, micro}) != row.end();
 }
 
 void add_communication(Schedule& s) {

@@ -11,7 +11,8 @@
 //   F      forward of `stage` for micro-batch `micro`
 //   B      the whole backward (input and weight gradients)
 //   I, W   the backward split (zero bubble): I the input gradient, on the critical path; W the
-//          weight gradient, any time after its I. A schedule uses B, or I and W, for all actions.
+//          weight gradient, any time after its I. Each (stage, micro-batch) has a B, or an I and
+//          a W (the zero-bubble schedules split all; DualPipeV some).
 //   SEND_F / RECV_F   the activation leaving stage s for stage s+1 (SEND_F carries the producing
 //          stage s, RECV_F the consuming stage s+1); only between different ranks.
 //   SEND_B / RECV_B   the gradient leaving stage s for stage s-1 (SEND_B: producer s, RECV_B:
@@ -46,7 +47,7 @@ Action parse_action(const std::string& text, const std::string& where);
 enum class Placement : uint8_t { loop, vee };
 
 struct Schedule {
-  std::string name;            // gpipe, 1f1b, interleaved, zbh1, zbv, or the file's path
+  std::string name;            // gpipe, 1f1b, interleaved, zbh1, zbv, dualpipev, or the file's path
   int64_t pp = 1;              // pipeline ranks
   int64_t v = 1;               // stages per rank
   int64_t micro_batches = 1;   // m, the micro-batches of one optimizer step
@@ -58,8 +59,8 @@ struct Schedule {
 
   int64_t stages() const { return pp * v; }
   int64_t rank_of(int64_t stage) const;
-  // Whether the backward is split into I and W (any I action).
-  bool split_backward() const;
+  // Whether the backward of (stage, micro) is split into I and W (its rank's row has the I).
+  bool split_backward(int64_t stage, int64_t micro) const;
 };
 
 // Inserts the SEND/RECV actions a table of compute actions needs: a receive just before the

@@ -149,10 +149,57 @@ Schedule zero_bubble_v(int64_t p, int64_t m) {
   return s;
 }
 
+// DualPipeV (DeepSeek's DualPipe cut in half, V placement): rank r's chunk 0 is stage r, chunk 1
+// stage 2p-1-r. Its row, in phases (counts per rank; "F0 B1" a forward of one chunk paired with
+// a backward of the other, which DualPipe overlaps; a zero-bubble backward is I now and W later,
+// the W's run in the order of their I's):
+//   1  2(p-r-1) x F0          2  r+1 x F0 F1          3  p-r-1 x I1 W F1
+//   4  m-2p+r+1 x F0 B1 F1 B0 (the steady state)      5  p-r-1 x B1 F1 B0
+//   6  r+1 x B1 B0, the later half of them zero-bubble (I), from the middle on
+//   7  p-r-1 x W I0           8  r+1 x W
+Schedule dualpipe_v(int64_t p, int64_t m) {
+  require(m >= 2 * p, "parallel.pp_schedule = dualpipev needs at least 2 x parallel.pp = ", 2 * p,
+          " micro-batches per step (the accumulation count; got ", m, ")");
+  Schedule s = empty_schedule("dualpipev", p, m, 2, Placement::vee);
+  for (int64_t r = 0; r < p; ++r) {
+    std::vector<Action>& row = s.ranks[r];
+    const int64_t stage[2] = {r, 2 * p - 1 - r};
+    int64_t next_f[2] = {0, 0}, next_b[2] = {0, 0};
+    std::vector<Action> weights;  // W's waiting, oldest first
+    auto forward = [&](int c) { row.push_back({Op::F, stage[c], next_f[c]++}); };
+    auto backward = [&](int c, bool zero_bubble) {
+      const int64_t j = next_b[c]++;
+      row.push_back({zero_bubble ? Op::I : Op::B, stage[c], j});
+      if (zero_bubble) weights.push_back({Op::W, stage[c], j});
+    };
+    auto weight = [&] {
+      row.push_back(weights.front());
+      weights.erase(weights.begin());
+    };
+    for (int64_t i = 0; i < 2 * (p - r - 1); ++i) forward(0);
+    for (int64_t i = 0; i < r + 1; ++i) { forward(0); forward(1); }
+    for (int64_t i = 0; i < p - r - 1; ++i) { backward(1, true); weight(); forward(1); }
+    for (int64_t i = 0; i < m - 2 * p + r + 1; ++i) { forward(0); backward(1, false); forward(1); backward(0, false); }
+    for (int64_t i = 0; i < p - r - 1; ++i) { backward(1, false); forward(1); backward(0, false); }
+    bool zero_bubble = false;
+    for (int64_t i = 0; i < r + 1; ++i) {
+      if (i == (r + 1) / 2 && r % 2 == 1) zero_bubble = true;
+      backward(1, zero_bubble);
+      if (i == (r + 1) / 2 && r % 2 == 0) zero_bubble = true;
+      backward(0, zero_bubble);
+    }
+    for (int64_t i = 0; i < p - r - 1; ++i) { weight(); backward(0, true); }
+    for (int64_t i = 0; i < r + 1; ++i) weight();
+    require(weights.empty(), "internal: DualPipeV left weight gradients of rank ", r, " unscheduled");
+    s.peak_limit[r] = 2 * p + 1;
+  }
+  return s;
+}
+
 }  // namespace
 
 const std::vector<std::string>& schedule_names() {
-  static const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved", "zbh1", "zbv"};
+  static const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved", "zbh1", "zbv", "dualpipev"};
   return names;
 }
 
@@ -164,11 +211,12 @@ Schedule build_schedule(const std::string& name, int64_t pp, int64_t micro_batch
     require(v >= 2, "parallel.pp_schedule = interleaved needs parallel.pp_virtual >= 2 stages per rank (got ", v, ")");
     require(m % pp == 0, "parallel.pp_schedule = interleaved needs the micro-batches of a step (the accumulation count, "
             "train.global_batch_size / (train.batch_size x dp)) to be a multiple of parallel.pp = ", pp, " (got ", m, ")");
-  } else if (name == "zbv") {
-    require(v == 2, "parallel.pp_schedule = zbv places exactly 2 stages per rank (parallel.pp_virtual = 2, got ", v, ")");
+  } else if (name == "zbv" || name == "dualpipev") {
+    require(v == 2, "parallel.pp_schedule = ", name, " places exactly 2 stages per rank (parallel.pp_virtual = 2, got ",
+            v, ")");
   } else {
     require(v == 1, "parallel.pp_schedule = ", name, " places one stage per rank: parallel.pp_virtual must be 1 (got ",
-            v, "); interleaved and zbv take several");
+            v, "); interleaved, zbv and dualpipev take several");
   }
   Schedule s;
   if (name == "gpipe") s = gpipe(pp, m);
@@ -176,6 +224,7 @@ Schedule build_schedule(const std::string& name, int64_t pp, int64_t micro_batch
   else if (name == "interleaved") s = interleaved(pp, m, v);
   else if (name == "zbh1") s = zero_bubble_h1(pp, m);
   else if (name == "zbv") s = zero_bubble_v(pp, m);
+  else if (name == "dualpipev") s = dualpipe_v(pp, m);
   else {
     std::string known;
     for (const auto& n : schedule_names()) known += (known.empty() ? "" : ", ") + n;

@@ -19,6 +19,11 @@
 //                is ready first, then an F while fewer than 2p chunk
 //                activations are held, then a W.                         (p-1)/(6m+p-1), the pipeline
 //                                                                        fill alone, for m >= p; peak 2p
+//   dualpipev    DeepSeek's DualPipeV: V placement, the forward of one chunk
+//                paired with the backward of the other in the steady state,
+//                zero-bubble I/W only at the ends (schedule_builders.cpp
+//                lists its phases); m >= 2p.                              no formula (simulated: p 4,
+//                                                                        m 8: 5.9%; m 16: 3.0%); peak 2p+1
 //
 // Refusals name the key: the micro-batches of a step are the accumulation count
 // (train.global_batch_size / (train.batch_size x dp), or train.grad_accum).

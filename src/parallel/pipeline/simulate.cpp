@@ -67,7 +67,8 @@ Simulation simulate_schedule(const Schedule& s, const ActionCosts& costs) {
       const auto it = done.find(key);
       if (it == done.end()) {
         const auto& [op, stage, micro] = key;
-        const std::string shown = Action{op == Op::I && !s.split_backward() ? Op::B : op, stage, micro}.str();
+        const std::string shown =
+            Action{op == Op::I && !s.split_backward(stage, micro) ? Op::B : op, stage, micro}.str();
         if (op == Op::RecvF || op == Op::RecvB) why = "its receive " + shown;
         else if (op == Op::SendF || op == Op::SendB) why = "the send " + shown + " on rank " + std::to_string(s.rank_of(stage));
         else if (s.rank_of(stage) == r) why = shown + ", which does not come before it on this rank";

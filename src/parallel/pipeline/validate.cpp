@@ -33,7 +33,6 @@ void validate_schedule(const Schedule& s) {
   require(static_cast<int64_t>(s.ranks.size()) == s.pp, schedule_title(s), ": ", s.ranks.size(),
           " rows of actions, one per pipeline rank expected (", s.pp, ")");
   require(s.placement == Placement::loop || s.v == 2, schedule_title(s), ": V placement needs 2 stages per rank");
-  const bool split = s.split_backward();
   Where where;
   for (int64_t r = 0; r < s.pp; ++r)
     for (int64_t i = 0; i < static_cast<int64_t>(s.ranks[r].size()); ++i) {
@@ -45,7 +44,6 @@ void validate_schedule(const Schedule& s) {
                             std::to_string(s.micro_batches) + " per step)");
       if (s.rank_of(a.stage) != r)
         refuse(s, r, i, "stage " + std::to_string(a.stage) + " is held by rank " + std::to_string(s.rank_of(a.stage)));
-      if (split && a.op == Op::B) refuse(s, r, i, "a full B in a table that splits the backward into I and W");
       if (!where.emplace(std::make_tuple(a.op, a.stage, a.micro), std::make_pair(r, i)).second)
         refuse(s, r, i, "appears twice");
     }
@@ -57,15 +55,21 @@ void validate_schedule(const Schedule& s) {
   for (int64_t stage = 0; stage < s.stages(); ++stage)
     for (int64_t j = 0; j < s.micro_batches; ++j) {
       const int64_t r = s.rank_of(stage);
-      const Action f{Op::F, stage, j}, back{split ? Op::I : Op::B, stage, j};
-      const auto fpos = find(Op::F, stage, j), bpos = find(back.op, stage, j);
+      const Action f{Op::F, stage, j};
+      const bool split = find(Op::I, stage, j).first >= 0;  // this backward is I and W, else one B
+      const Action back{split ? Op::I : Op::B, stage, j};
+      const auto fpos = find(Op::F, stage, j), bpos = find(back.op, stage, j), wpos = find(Op::W, stage, j);
       if (fpos.first < 0) refuse(s, r, -1, "the forward " + f.str() + " is missing");
-      if (bpos.first < 0) refuse(s, r, -1, "the backward " + back.str() + " is missing");
+      if (bpos.first < 0) refuse(s, r, -1, "the backward " + back.str() + " (or " + Action{Op::I, stage, j}.str() +
+                                               " and " + Action{Op::W, stage, j}.str() + ") is missing");
       if (bpos.second < fpos.second) refuse(s, r, bpos.second, "comes before its forward " + f.str());
       if (split) {
-        const auto wpos = find(Op::W, stage, j);
+        const auto full = find(Op::B, stage, j);
+        if (full.first >= 0) refuse(s, r, full.second, "a full backward beside its split one " + back.str());
         if (wpos.first < 0) refuse(s, r, -1, "the weight gradient " + Action{Op::W, stage, j}.str() + " is missing");
         if (wpos.second < bpos.second) refuse(s, r, wpos.second, "comes before its input gradient " + back.str());
+      } else if (wpos.first >= 0) {
+        refuse(s, r, wpos.second, "a weight gradient without its input gradient " + Action{Op::I, stage, j}.str());
       }
       // Transfers between ranks: forward to stage+1, gradient to stage-1.
       for (const bool forward : {true, false}) {
@@ -79,7 +83,8 @@ void validate_schedule(const Schedule& s) {
           continue;
         }
         const int64_t peer = s.rank_of(peer_stage);
-        const auto consumer = find(forward ? Op::F : back.op, peer_stage, j);
+        const auto consumer = forward ? find(Op::F, peer_stage, j)
+                                      : find(find(Op::I, peer_stage, j).first >= 0 ? Op::I : Op::B, peer_stage, j);
         if (send.first < 0)
           refuse(s, r, producer.second, "its output goes to rank " + std::to_string(peer) + " but no " +
                                             Action{send_op, stage, j}.str() + " follows it");

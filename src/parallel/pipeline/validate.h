@@ -2,8 +2,8 @@
 // the rank and the action, followed by the table's grid with the action marked ([0F3]), when:
 //   - the table has another number of rows than pp, or an action names a stage or micro-batch
 //     outside the run, or sits on a rank that does not hold its stage;
-//   - a (stage, micro-batch) lacks its F, or its backward (one B, or one I and one W; a table
-//     uses B or I/W throughout), or has one twice;
+//   - a (stage, micro-batch) lacks its F, or its backward (one B, or one I and one W: each
+//     backward chooses, DualPipeV splits only some), or has one twice;
 //   - on its rank, a B/I comes before its F, or a W before its I;
 //   - a transfer between ranks lacks its SEND after the producer or its RECV before the consumer,
 //     has one twice, or a SEND/RECV stands where no transfer is (same rank, first/last stage);

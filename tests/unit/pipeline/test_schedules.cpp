@@ -34,6 +34,8 @@ const Case kCases[] = {
     {"interleaved", 2, [](double p, double m, double v) { return (p - 1) / (v * m + p - 1); }, 1},
     {"zbh1", 1, [](double p, double m, double) { return (p - 1) / (3 * m + p - 1); }, 1},
     {"zbv", 2, [](double p, double m, double) { return (p - 1) / (6 * m + p - 1); }, 1},
+    // DualPipeV has no published formula for these costs; its replay gives ZB-V's (m >= 2p).
+    {"dualpipev", 2, [](double p, double m, double) { return (p - 1) / (6 * m + p - 1); }, 2},
 };
 
 TEST(PipelineSchedules, BuiltInTablesValidateAndGiveTheirBubbleFormula) {
@@ -62,7 +64,9 @@ TEST(PipelineSchedules, PeakActivationsAreTheSchedulesCounts) {
   const Simulation ofob = simulate_schedule(build_schedule("1f1b", p, m, 1));
   const Simulation zbh1 = simulate_schedule(build_schedule("zbh1", p, m, 1));
   const Simulation zbv = simulate_schedule(build_schedule("zbv", p, m, 2));
+  const Simulation dualpipev = simulate_schedule(build_schedule("dualpipev", p, m, 2));
   for (int64_t r = 0; r < p; ++r) {
+    EXPECT_EQ(dualpipev.peak_held[r], 2 * p + 1) << r;
     EXPECT_EQ(gpipe.peak_held[r], m) << r;
     EXPECT_EQ(ofob.peak_held[r], p - r) << r;
     EXPECT_EQ(zbh1.peak_held[r], p) << r;
@@ -127,6 +131,35 @@ TEST(PipelineSchedules, BrokenTablesAreRefusedNamingRankAndAction) {
     tight.peak_limit[0] = 1;
     EXPECT_TRUE(test::throws_naming([&] { validate_schedule(tight); }, {"holds 2 micro-batches' activations", "1 the schedule states"}));
   }
+}
+
+// DualPipeV: every (stage, micro-batch) once, some backwards whole (B, paired with a forward of the
+// other chunk in the steady state), the rest split into I and W.
+TEST(PipelineSchedules, DualPipeVMixesWholeAndSplitBackwards) {
+  const int64_t p = 4, m = 8;
+  const Schedule s = build_schedule("dualpipev", p, m, 2);
+  for (int64_t r = 0; r < p; ++r) {
+    int64_t f = 0, b = 0, i = 0, w = 0;
+    for (const Action& a : s.ranks[r]) {
+      f += a.op == Op::F;
+      b += a.op == Op::B;
+      i += a.op == Op::I;
+      w += a.op == Op::W;
+    }
+    EXPECT_EQ(f, 2 * m) << r;
+    EXPECT_EQ(b + i, 2 * m) << r;
+    EXPECT_EQ(i, w) << r;
+    EXPECT_GT(b, 0) << r;
+    EXPECT_GT(i, 0) << r;
+  }
+  // Steady state on rank 0: F of stage 0 paired with B of stage 7, F of 7 with B of 0.
+  EXPECT_EQ(index_of(s, 0, {Op::B, 7, 3}), index_of(s, 0, {Op::F, 0, 7}) + 1 + 1) << format_grid(s, false);
+  Schedule mixed = s;  // a W beside a whole B
+  mixed.ranks[0].push_back({Op::W, 7, 3});
+  EXPECT_TRUE(test::throws_naming([&] { validate_schedule(mixed); },
+                                  {"a weight gradient without its input gradient 7I3"}));
+  EXPECT_TRUE(test::throws_naming([] { build_schedule("dualpipev", 4, 7, 2); },
+                                  {"dualpipev needs at least 2 x parallel.pp = 8 micro-batches"}));
 }
 
 TEST(PipelineSchedules, CombinationsThatCannotBeBuiltNameTheKey) {
