@@ -8,7 +8,9 @@
 // on a machine whose cores the processes share. Rank 0 reports; with data parallelism it adds the
 // dp group's bytes sent and communication-thread busy time per step, with sequence parallelism
 // the sp group's bytes sent per step by operation (sp_bytes_per_step; bench/sequence_parallel.py),
-// with tensor parallelism the tp group's (tp_bytes_per_step).
+// with tensor parallelism the tp group's (tp_bytes_per_step), with pipeline parallelism every
+// pipeline rank's host memory (pp_peak_bytes, pp_model_state_bytes: the two figures below, per
+// pipeline rank in order; bench/pipeline_memory.py).
 //
 // Host memory (rank 0; memory/host_memory_stats.h, installed as the CPU allocator at start):
 //   model_state_bytes  CPU tensor bytes live after the last step (its update and zero_grad done,
@@ -104,6 +106,17 @@ Command add_bench_command(CLI::App& app) {
     // step's all-gather inputs) just after waking its waiter; a barrier queues behind it.
     if (dp) dp->barrier();
     const int64_t model_state_bytes = host_memory::current() - bytes_before_model;
+    std::vector<int64_t> pp_peak, pp_state;  // per pipeline rank
+    if (mesh && mesh->dims().pp() > 1) {
+      comm::Group& pp = mesh->group("pp");
+      const at::Tensor mine = at::tensor({peak_bytes, model_state_bytes}, at::kLong);
+      at::Tensor all = at::empty({pp.size() * 2}, at::kLong);
+      pp.all_gather(all, mine);
+      for (int64_t r = 0; r < pp.size(); ++r) {
+        pp_peak.push_back(all[2 * r].item<int64_t>());
+        pp_state.push_back(all[2 * r + 1].item<int64_t>());
+      }
+    }
     std::vector<double> sorted = seconds;
     std::sort(sorted.begin(), sorted.end());
     const double median = sorted[sorted.size() / 2];
@@ -137,6 +150,11 @@ Command add_bench_command(CLI::App& app) {
     if (tp) {
       out["tp_bytes_per_step"] = bytes_by_op(*tp);
       out["megatron_sp"] = config.parallel.megatron_sp;
+    }
+    if (!pp_peak.empty()) {
+      out["pp_peak_bytes"] = pp_peak;
+      out["pp_model_state_bytes"] = pp_state;
+      out["pp_schedule"] = config.parallel.pp_schedule;
     }
     if (dp) {
       out["comm_bytes_per_step"] = comm_bytes_per_step;

@@ -114,6 +114,25 @@ void TomlSectionReader::finish() const {
   }
 }
 
+void TomlSectionReader::operator()(const char* key, std::vector<int64_t>& value, const char*) {
+  const toml::node* node = find(key);
+  if (!node) return;
+  const toml::array* array = node->as_array();
+  if (!array) wrong_type(key, "a list of integers");
+  value.clear();
+  for (const toml::node& item : *array) {
+    auto n = item.value_exact<int64_t>();
+    if (!n) wrong_type(key, "a list of integers");
+    value.push_back(*n);
+  }
+}
+
+void TomlSectionWriter::operator()(const char* key, const std::vector<int64_t>& value, const char*) {
+  toml::array array;
+  for (int64_t n : value) array.push_back(n);
+  out_.insert_or_assign(key, std::move(array));
+}
+
 void TomlSectionWriter::operator()(const char* key, const std::vector<std::string>& value, const char*) {
   toml::array array;
   for (const auto& s : value) array.push_back(s);
@@ -143,6 +162,12 @@ void HelpWriter::operator()(const char* key, const std::string& value, const cha
 void HelpWriter::operator()(const char* key, const std::vector<std::string>& value, const char* help) {
   std::string joined = "[";
   for (size_t i = 0; i < value.size(); ++i) joined += (i ? ", \"" : "\"") + value[i] + "\"";
+  line(key, joined + "]", help);
+}
+
+void HelpWriter::operator()(const char* key, const std::vector<int64_t>& value, const char* help) {
+  std::string joined = "[";
+  for (size_t i = 0; i < value.size(); ++i) joined += (i ? ", " : "") + std::to_string(value[i]);
   line(key, joined + "]", help);
 }
 

@@ -78,6 +78,7 @@ class TomlSectionReader {
   void operator()(const char* key, bool& value, const char* help);
   void operator()(const char* key, std::string& value, const char* help);
   void operator()(const char* key, std::vector<std::string>& value, const char* help);
+  void operator()(const char* key, std::vector<int64_t>& value, const char* help);
 
   // The keys this table set (for the resolved config's value sources).
   const std::set<std::string>& assigned() const { return assigned_; }
@@ -105,6 +106,7 @@ class TomlSectionWriter {
   void operator()(const char* key, const bool& value, const char*) { out_.insert_or_assign(key, value); }
   void operator()(const char* key, const std::string& value, const char*) { out_.insert_or_assign(key, value); }
   void operator()(const char* key, const std::vector<std::string>& value, const char*);
+  void operator()(const char* key, const std::vector<int64_t>& value, const char*);
 
  private:
   toml::table& out_;
@@ -119,6 +121,7 @@ class HelpWriter {
   void operator()(const char* key, const bool& value, const char* help);
   void operator()(const char* key, const std::string& value, const char* help);
   void operator()(const char* key, const std::vector<std::string>& value, const char* help);
+  void operator()(const char* key, const std::vector<int64_t>& value, const char* help);
 
  private:
   void line(const char* key, const std::string& value, const char* help);

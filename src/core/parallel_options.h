@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
 #include "core/options.h"
 
 namespace tessera {
@@ -13,8 +15,9 @@ struct ParallelOptions {
   int64_t tp = 1;
   int64_t pp = 1;
   std::string pp_schedule = "1f1b";  // gpipe, 1f1b, interleaved, zbh1, zbv, dualpipev, file:PATH (parallel/pipeline)
-  int64_t pp_virtual = 0;            // stages per pipeline rank; 0 = the schedule's (2 for interleaved, zbv)
-  std::string pp_cut = "layers";     // layers | params | profile (plan/stage_cut.h)
+  int64_t pp_virtual = 0;            // stages per pipeline rank; 0 = the schedule's (2 for interleaved, zbv, dualpipev)
+  std::string pp_cut = "layers";     // layers | params (plan/stage_cut.h)
+  std::vector<int64_t> pp_layers;    // blocks per stage, set by hand (empty: cut by pp_cut)
   int64_t sp = 1;
   int64_t ep = 1;  // expert parallelism, carved out of the data-parallel ranks (divides dp)
   bool megatron_sp = false;  // with tp > 1: LayerNorm/dropout regions split along the sequence
@@ -37,12 +40,16 @@ struct ParallelOptions {
     v("tp", tp, "tensor-parallel degree", between(1, 4096));
     v("pp", pp, "pipeline-parallel degree", between(1, 4096));
     v("pp_schedule", pp_schedule,
-      "pipeline schedule: gpipe, 1f1b, interleaved, zbh1, zbv, or file:PATH (a CSV table; `tessera pipeline`)");
-    v("pp_virtual", pp_virtual, "stages per pipeline rank (0 = the schedule's: 2 for interleaved and zbv, else 1)",
-      between(0, 64));
+      "pipeline schedule: gpipe, 1f1b, interleaved, zbh1, zbv, dualpipev, or file:PATH (a CSV table; `tessera "
+      "pipeline`)");
+    v("pp_virtual", pp_virtual,
+      "stages per pipeline rank (0 = the schedule's: 2 for interleaved, zbv and dualpipev, else 1)", between(0, 64));
     v("pp_cut", pp_cut,
       "how blocks are cut into stages: layers (equal block counts) or params (balanced parameters, the embedding and "
       "the tied head counted with the first and last stage)");
+    v("pp_layers", pp_layers,
+      "the cut by hand: blocks per pipeline stage, in stage order (pp x stages per rank entries summing to "
+      "model.n_layer); empty = cut by pp_cut");
     v("sp", sp, "sequence-parallel degree", between(1, 4096));
     v("ep", ep, "expert-parallel degree (taken from the data-parallel ranks; divides dp)", between(1, 4096));
     v("megatron_sp", megatron_sp,
@@ -66,7 +73,7 @@ struct ParallelOptions {
       "steps after topk_start_step over which top-k's sent fraction falls geometrically from dense to topk_ratio", between(0, 1e12));
   }
   void check(const std::string& source) const;
-  // pp_virtual with 0 resolved: 2 for interleaved and zbv, 1 otherwise.
+  // pp_virtual with 0 resolved: 2 for interleaved, zbv and dualpipev, 1 otherwise.
   int64_t pipeline_virtual() const;
 };
 

@@ -67,7 +67,7 @@ void check_layout_options(const Config& config, const ParallelDims& d) {
           ": this build runs data, tensor, sequence and (planned) pipeline parallelism only; ep is not implemented yet");
   if (d.pp() > 1) {
     // The cut (no stage without a block) and the schedule for this step's micro-batches.
-    cut_stages(config.model, d.pp() * config.parallel.pipeline_virtual(), config.parallel.pp_cut);
+    pipeline_cut(config, d);
     pipeline_schedule(config, d);
   }
   if (config.precision.dtype == "fp16") {
@@ -173,8 +173,7 @@ NamedTensors ParallelModel::gather_over_stages(const std::function<at::Tensor(co
   // The whole model's parameters in the same order on every rank (a meta model: no memory), each
   // broadcast over pp by the stage that holds it (the tied embedding by the first).
   const TransformerLM whole(config_.model, ModelStage{}, at::TensorOptions().device(at::kMeta));
-  const StageCut cut =
-      cut_stages(config_.model, pp_->size() * config_.parallel.pipeline_virtual(), config_.parallel.pp_cut);
+  const StageCut cut = pipeline_cut(config_, mesh_->dims());
   const pipeline::Schedule schedule = pipeline_schedule(config_, mesh_->dims());  // its placement
   auto holder = [&](const std::string& name) -> int64_t {
     if (name.rfind("h.", 0) != 0) return schedule.rank_of(name.rfind("ln_f", 0) == 0 ? cut.stages() - 1 : 0);

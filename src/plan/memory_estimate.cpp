@@ -131,7 +131,7 @@ MemoryEstimate estimate_memory(const Config& config, const ParallelDims& dims) {
     // rank that needs the most.
     const ParallelOptions& p = config.parallel;
     const int64_t v = p.pipeline_virtual();
-    const StageCut cut = cut_stages(m, dims.pp() * v, p.pp_cut);
+    const StageCut cut = pipeline_cut(config, dims);
     const pipeline::Schedule schedule = pipeline_schedule(config, dims);
     const pipeline::Simulation sim = pipeline::simulate_schedule(schedule);
     for (int64_t r = 0; r < dims.pp(); ++r) {

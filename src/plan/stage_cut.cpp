@@ -95,6 +95,36 @@ StageCut cut_stages(const ModelOptions& m, int64_t stages, const std::string& me
   return cut;
 }
 
+StageCut cut_stages(const ModelOptions& m, const std::vector<int64_t>& layers) {
+  const int64_t stages = static_cast<int64_t>(layers.size());
+  StageCut cut;
+  cut.method = "hand";
+  cut.boundaries.push_back(0);
+  std::string listed;
+  for (int64_t n : layers) listed += (listed.empty() ? "" : ", ") + std::to_string(n);
+  for (int64_t s = 0; s < stages; ++s) {
+    require(layers[s] >= 1, "parallel.pp_layers = [", listed, "]: stage ", s, " has ", layers[s],
+            " blocks; every stage needs at least one");
+    cut.boundaries.push_back(cut.boundaries.back() + layers[s]);
+  }
+  require(cut.boundaries.back() == m.n_layer, "parallel.pp_layers = [", listed, "] holds ", cut.boundaries.back(),
+          " blocks, but model.n_layer = ", m.n_layer, ": the stages must hold every block exactly once");
+  const BlockWeights w = block_weights(m);
+  for (int64_t s = 0; s < stages; ++s)
+    cut.parameters.push_back(stage_weight(w, s, stages, cut.boundaries[s], cut.boundaries[s + 1]));
+  return cut;
+}
+
+StageCut pipeline_cut(const Config& config, const ParallelDims& dims) {
+  const ParallelOptions& p = config.parallel;
+  const int64_t stages = dims.pp() * p.pipeline_virtual();
+  if (p.pp_layers.empty()) return cut_stages(config.model, stages, p.pp_cut);
+  require(static_cast<int64_t>(p.pp_layers.size()) == stages, "parallel.pp_layers has ", p.pp_layers.size(),
+          " entries for ", stages, " pipeline stages (parallel.pp = ", dims.pp(), " x ", p.pipeline_virtual(),
+          " stages per rank): give one block count per stage");
+  return cut_stages(config.model, p.pp_layers);
+}
+
 std::string describe_stage_cut(const StageCut& cut) {
   std::string out;
   char text[160];
@@ -109,8 +139,9 @@ std::string describe_stage_cut(const StageCut& cut) {
   }
   if (!cut.even())
     out += "  (the blocks do not divide evenly into " + std::to_string(cut.stages()) + " stages: the cut above is " +
-           (cut.method == "layers" ? std::string("as even as it can be, no block dropped") :
-                                     std::string("balanced by parameters, no block dropped")) + ")\n";
+           (cut.method == "layers"   ? std::string("as even as it can be, no block dropped")
+            : cut.method == "params" ? std::string("balanced by parameters, no block dropped")
+                                     : std::string("parallel.pp_layers, by hand")) + ")\n";
   return out;
 }
 

@@ -9,9 +9,12 @@
 //   parallel.pp_cut = params   the contiguous cut minimizing the largest stage's parameters, the
 //                              embedding counted with the first stage and the head (ln_f and
 //                              the tied embedding's copy) with the last (exact, by dynamic
-//                              programming over the block boundaries).
+//                              programming over the block boundaries);
+//   parallel.pp_layers = [..]  by hand: the block count of each stage in stage order (method
+//                              "hand"; pp_cut is then not used).
 //
-// Refused naming the keys: more stages than blocks.
+// Refused naming the keys: more stages than blocks; a hand cut with another number of entries
+// than stages, an empty stage, or counts that do not add up to model.n_layer.
 //
 // pipeline_schedule: the layout's schedule table (parallel.pp_schedule, the stages per rank, and
 // the step's micro-batches, which are its accumulation count at this dp), built and validated
@@ -31,7 +34,7 @@
 namespace tessera {
 
 struct StageCut {
-  std::string method;                   // layers | params
+  std::string method;                   // layers | params | hand
   std::vector<int64_t> boundaries;      // S + 1 entries: stage s holds blocks [boundaries[s], boundaries[s+1])
   std::vector<int64_t> parameters;      // per stage, with the embedding (first) and the head (last)
   int64_t stages() const { return static_cast<int64_t>(boundaries.size()) - 1; }
@@ -39,6 +42,10 @@ struct StageCut {
 };
 
 StageCut cut_stages(const ModelOptions& model, int64_t stages, const std::string& method);
+// The cut by hand: stage s holds layers[s] blocks.
+StageCut cut_stages(const ModelOptions& model, const std::vector<int64_t>& layers);
+// The layout's cut: pp x stages-per-rank stages, by parallel.pp_layers or parallel.pp_cut.
+StageCut pipeline_cut(const Config& config, const ParallelDims& dims);
 
 // "stage 0: blocks 0-5 + embedding (43.12M parameters)" per stage, and a note when uneven.
 std::string describe_stage_cut(const StageCut& cut);

@@ -33,7 +33,7 @@ PipelineStep::PipelineStep(TransformerLM model, OptimizerOwner& owner, comm::Mes
       config_(config),
       device_(device),
       autocast_(autocast),
-      cut_(cut_stages(config.model, mesh.dims().pp() * config.parallel.pipeline_virtual(), config.parallel.pp_cut)),
+      cut_(pipeline_cut(config, mesh.dims())),
       schedule_(pipeline_schedule(config, mesh.dims())) {}
 
 at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const std::vector<Batch>& batches) {

@@ -44,9 +44,7 @@ TrainStep::TrainStep(const Config& config, comm::Mesh* mesh)
   ModelStage stage;
   if (mesh && mesh->dims().pp() > 1) {
     check_parallel_layout(config, mesh->dims());
-    const StageCut cut =
-        cut_stages(config.model, mesh->dims().pp() * config.parallel.pipeline_virtual(), config.parallel.pp_cut);
-    stage = rank_stage(cut, pipeline_schedule(config, mesh->dims()), mesh->coord().pp);
+    stage = rank_stage(pipeline_cut(config, mesh->dims()), pipeline_schedule(config, mesh->dims()), mesh->coord().pp);
   }
   TransformerLM model(config.model, stage);
   model->to(device_, parameter_dtype(config.precision));

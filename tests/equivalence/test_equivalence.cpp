@@ -228,6 +228,14 @@ const std::vector<Layout>& layouts() {
          c.train.grad_accum = 4;
          c.memory.activation_checkpointing = "full";
        }},
+      {"pp2_zbh1_hand_cut_3_1_accum2", 2,
+       [](Config& c) {
+         c.model.n_layer = 4;
+         c.parallel.pp = 2;
+         c.parallel.pp_schedule = "zbh1";
+         c.parallel.pp_layers = {3, 1};
+         c.train.grad_accum = 2;
+       }},
       {"pp4_1f1b_uneven_accum2", 4,
        [](Config& c) {
          c.model.n_layer = 6;  // stages of 2, 2, 1, 1 blocks

@@ -41,6 +41,30 @@ TEST(StageCut, ParamsCutBalancesTheEmbeddingAndHeadAgainstBlocks) {
   EXPECT_LT(largest, *std::max_element(layers.parameters.begin(), layers.parameters.end()));
 }
 
+// parallel.pp_layers: the cut by hand, one block count per stage (pp x stages per rank).
+TEST(StageCut, HandCutIsTakenAsGivenAndMustCoverTheBlocks) {
+  Config c = Config::load(test::source_path("configs/gpt2_124m.toml"), {});
+  c.parallel.pp = 4;
+  c.parallel.pp_layers = {2, 4, 4, 2};
+  const ParallelDims dims(c.parallel, 4, "test");
+  const StageCut cut = pipeline_cut(c, dims);
+  EXPECT_EQ(cut.method, "hand");
+  EXPECT_EQ(cut.boundaries, (std::vector<int64_t>{0, 2, 6, 10, 12}));
+  EXPECT_NE(describe_stage_cut(cut).find("parallel.pp_layers, by hand"), std::string::npos) << describe_stage_cut(cut);
+  c.parallel.pp_layers = {2, 4, 4};
+  EXPECT_TRUE(test::throws_naming([&] { pipeline_cut(c, dims); },
+                                  {"parallel.pp_layers has 3 entries for 4 pipeline stages"}));
+  c.parallel.pp_layers = {2, 4, 4, 1};
+  EXPECT_TRUE(test::throws_naming([&] { pipeline_cut(c, dims); },
+                                  {"parallel.pp_layers = [2, 4, 4, 1] holds 11 blocks", "model.n_layer = 12"}));
+  c.parallel.pp_layers = {6, 0, 4, 2};
+  EXPECT_TRUE(test::throws_naming([&] { pipeline_cut(c, dims); }, {"stage 1 has 0 blocks"}));
+  c.parallel.pp_schedule = "interleaved";  // 8 stages: 8 entries
+  c.train.grad_accum = 4;
+  c.parallel.pp_layers = {1, 2, 2, 1, 1, 2, 2, 1};
+  EXPECT_EQ(pipeline_cut(c, dims).stages(), 8);
+}
+
 TEST(StageCut, MoreStagesThanBlocksAreRefused) {
   EXPECT_TRUE(test::throws_naming([] { cut_stages(gpt2(), 16, "layers"); },
                                   {"16 pipeline stages", "model.n_layer = 12", "parallel.pp"}));

@@ -31,6 +31,7 @@ std::vector<NumericKey> numeric_keys() {
       void operator()(const char*, bool&, const char*) {}
       void operator()(const char*, std::string&, const char*) {}
       void operator()(const char*, std::vector<std::string>&, const char*) {}
+      void operator()(const char*, std::vector<int64_t>&, const char*) {}
     } collect{section, keys};
     options.visit(collect);
   });
