@@ -13,6 +13,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -397,23 +399,39 @@ pid_t find_worker(const std::string& run_dir, int rank) {
   return -1;
 }
 
+// `tessera <command> --out out` run to its end, with `signal` sent to rank `rank`'s worker once
+// its log shows step 2 (the run must be long enough to get there).
+struct SignalledRun {
+  CommandResult result;
+  pid_t victim = -1;
+  double seconds = 0;  // launch to end
+};
+SignalledRun run_and_signal(const std::string& command, const std::string& out, int rank, int signal) {
+  SignalledRun run;
+  const auto start = std::chrono::steady_clock::now();
+  std::thread launcher([&] { run.result = run_tessera(command + " --out " + out); });
+  const std::string log = out + "/logs/rank_" + std::to_string(rank) + ".log";
+  for (int i = 0; i < 600 && run.victim < 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (slurp(log).find("step 2/") != std::string::npos) run.victim = find_worker(out, rank);
+  }
+  if (run.victim < 0) {
+    std::fprintf(stderr, "rank %d never started training (%s)\n", rank, log.c_str());
+    std::abort();  // the launcher would train for ever
+  }
+  ::kill(run.victim, signal);
+  launcher.join();
+  run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return run;
+}
+
 TEST(DistributedTrain, KilledRankStopsEveryWorkerAndNamesIt) {
   const std::string out = fresh_dir("kill_rank");
-  CommandResult result;
-  const auto start = std::chrono::steady_clock::now();
-  std::thread launcher([&] {
-    result = run_tessera("train --config tiny_gpt --nproc 3" + settings(2, 100000) +
-                         " --set parallel.timeout_s=20 --out " + out);
-  });
-  pid_t victim = -1;
-  for (int i = 0; i < 600 && victim < 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    if (slurp(out + "/logs/rank_1.log").find("step 2/") != std::string::npos) victim = find_worker(out, 1);
-  }
-  ASSERT_GT(victim, 0) << "rank 1 never started training";
-  ::kill(victim, SIGKILL);
-  launcher.join();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const SignalledRun run = run_and_signal("train --config tiny_gpt --nproc 3" + settings(2, 100000) +
+                                          " --set parallel.timeout_s=20", out, 1, SIGKILL);
+  const CommandResult& result = run.result;
+  const pid_t victim = run.victim;
+  const double seconds = run.seconds;
   EXPECT_NE(result.exit_code, 0);
   EXPECT_NE(result.output.find("error: rank 1 (pid " + std::to_string(victim) + ") killed by signal 9"),
             std::string::npos)
@@ -428,21 +446,12 @@ TEST(DistributedTrain, KilledRankStopsEveryWorkerAndNamesIt) {
 // and the launcher stops every worker.
 TEST(DistributedTrain, AStalledPipelineStageIsNamedByTheOthers) {
   const std::string out = fresh_dir("stall_stage");
-  CommandResult result;
-  const auto start = std::chrono::steady_clock::now();
-  std::thread launcher([&] {
-    result = run_tessera("train --config tiny_gpt --nproc 3" + settings(2, 100000) + " --set parallel.pp=3"
-                         " --set model.n_layer=3 --set train.grad_accum=3 --set parallel.timeout_s=10 --out " + out);
-  });
-  pid_t victim = -1;
-  for (int i = 0; i < 600 && victim < 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    if (slurp(out + "/logs/rank_1.log").find("step 2/") != std::string::npos) victim = find_worker(out, 1);
-  }
-  ASSERT_GT(victim, 0) << "rank 1 never started training";
-  ::kill(victim, SIGSTOP);
-  launcher.join();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const SignalledRun run = run_and_signal("train --config tiny_gpt --nproc 3" + settings(2, 100000) +
+                                              " --set parallel.pp=3 --set model.n_layer=3 --set train.grad_accum=3"
+                                              " --set parallel.timeout_s=10",
+                                          out, 1, SIGSTOP);
+  const CommandResult& result = run.result;
+  const double seconds = run.seconds;
   EXPECT_NE(result.exit_code, 0);
   // Rank 0 prints to the launcher's output, the others to their logs.
   const std::string said = result.output + slurp(out + "/logs/rank_2.log");

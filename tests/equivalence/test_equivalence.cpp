@@ -228,6 +228,28 @@ const std::vector<Layout>& layouts() {
          c.train.grad_accum = 4;
          c.memory.activation_checkpointing = "full";
        }},
+      {"pp4_gpipe_accum8", 4,
+       [](Config& c) {
+         c.model.n_layer = 4;
+         c.parallel.pp = 4;
+         c.parallel.pp_schedule = "gpipe";
+         c.train.grad_accum = 8;
+       }},
+      {"pp4_zbv_accum4", 4,
+       [](Config& c) {
+         c.model.n_layer = 8;
+         c.parallel.pp = 4;
+         c.parallel.pp_schedule = "zbv";
+         c.train.grad_accum = 4;
+       }},
+      {"pp4_dualpipev_accum8_adafactor", 4,
+       [](Config& c) {
+         c.model.n_layer = 8;
+         c.parallel.pp = 4;
+         c.parallel.pp_schedule = "dualpipev";
+         c.train.grad_accum = 8;
+         c.optim.name = "adafactor";
+       }},
       {"pp2_zbh1_hand_cut_3_1_accum2", 2,
        [](Config& c) {
          c.model.n_layer = 4;
