@@ -6,3 +6,4 @@ venv="$(bash scripts/install.sh | sed -n 's/^TESSERA_VENV=//p')"
 "$venv/bin/python" bench/compare_pytorch.py "$build"
 bash bench/pipeline_bubble.sh "$build" 50
 python3 bench/pipeline_memory.py "$build"
+python3 bench/pipeline_throughput.py "$build"
