@@ -4,9 +4,11 @@
 // DataParallel (dp x sp replicas, ZeRO 0-3, offload, compression). The step never asks which.
 //
 // A step, as TrainStep drives it:
+//   [owner.begin_pass()]            // a pipeline stage: its parameters whole for the schedule
 //   for each micro-batch m of M:  owner.before_backward(m == M - 1);  (loss * loss_scale()).backward();
 //   owner.finish_gradients();       // gradients final: reduced over the replicas, unscaled
 //   [owner.sum_gradient_over(..)]   // a pipeline's tied embedding: its copies' gradients summed
+//   [owner.end_pass()]              // a pipeline stage: sharded again
 //   [owner.gradients()]             // optional: read them (the equivalence harness does)
 //   owner.apply(lr, max_norm);      // clipped, applied, zeroed
 //
@@ -90,6 +92,12 @@ class OptimizerOwner {
  public:
   virtual ~OptimizerOwner() = default;
 
+  // Around one pass of a pipeline stage (a step's schedule, or an evaluation): between them every
+  // parameter of the stage is whole. ZeRO-3 over a pipeline stage gathers its units at begin_pass
+  // and releases them at end_pass (after finish_gradients); nothing for the other owners.
+  // Collectives of the data replicas.
+  virtual void begin_pass() {}
+  virtual void end_pass() {}
   // The loss is multiplied by this before backward (fp16's dynamic loss scale; 1 otherwise).
   virtual double loss_scale() const { return 1.0; }
   virtual void before_backward(bool last_micro_batch) = 0;

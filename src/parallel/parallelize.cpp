@@ -55,8 +55,6 @@ void check_parallel_layout(const Config& config, const ParallelDims& d) {
             " with parallel.pp > 1: mixture-of-experts stages are not implemented yet");
     require(config.precision.dtype != "fp16", "precision.dtype = \"fp16\" with parallel.pp > 1: the loss scaler's "
             "overflow check would have to span every stage; use bf16 or fp32");
-    require(p.zero_stage <= 2, "parallel.zero_stage = 3 with parallel.pp > 1: gathering a stage's parameters "
-            "inside the schedule is not implemented yet; use parallel.zero_stage = 0, 1 or 2");
     require(!p.offload && p.grad_compression == "none", "parallel.pp > 1 with offload or gradient compression: not "
             "implemented yet (parallel.offload = false, grad_compression = none)");
   }
@@ -195,9 +193,14 @@ NamedTensors ParallelModel::gather_over_stages(const std::function<at::Tensor(co
 
 NamedTensors ParallelModel::model_state() {
   if (!pp_) return model_state_shard(0, 1);
+  // This stage's parameters whole (ZeRO-3 gathers them unit by unit), then over the stages.
   auto params = model_->named_parameters();
+  std::map<std::string, at::Tensor> mine;
+  owner_->visit_full_parameters([&](const std::vector<std::string>& names) {
+    for (const std::string& name : names) mine[name] = whole_over_tp(name, params[name].detach().clone());
+  });
   NamedTensors out;
-  for (const auto& [name, t] : gather_over_stages([&](const std::string& n) { return whole_over_tp(n, params[n].detach()); }))
+  for (const auto& [name, t] : gather_over_stages([&](const std::string& n) { return mine.at(n); }))
     out.push_back(export_tensor(model_->options(), name, t));
   return out;
 }

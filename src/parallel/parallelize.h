@@ -17,8 +17,9 @@
 //      stage (the ranks holding a stage, its dp replicas, write its tensors; loading takes the
 //      stage's tensors by name, so a checkpoint loads at any pp); the schedule runs in
 //      train/pipeline_step.h, whose stages may be split over tp (and Megatron-SP) and sp as
-//      above. With dp or sp the owner below is DataParallel over the stage's replicas (ZeRO 0-2;
-//      the tied embedding a unit of its own). Expert parallelism (parallel.ep):
+//      above. With dp or sp the owner below is DataParallel over the stage's replicas (ZeRO 0-3,
+//      stage 3 gathering the stage once per pass; the tied embedding a unit of its own). Expert
+//      parallelism (parallel.ep):
 //      refused until built;
 //   4. activation checkpointing (memory.activation_checkpointing), inside every block;
 //   5. the optimizer owner (parallel/optimizer_owner.h): DataParallel when gradients are reduced

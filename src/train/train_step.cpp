@@ -72,6 +72,7 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr, co
   const double n = static_cast<double>(micro_batches.size());
   at::Tensor losses = at::zeros({2}, at::kDouble);  // cross-entropy, auxiliary
   if (pipeline_) {
+    owner.begin_pass();
     const PipelineLosses sums = pipeline_->run(local_batches(micro_batches));
     losses = at::tensor({sums.ce_sum, sums.aux_sum}, at::kDouble);
   }
@@ -94,7 +95,10 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr, co
   result.ce_loss = losses[0].item<double>() / n;
   result.aux_loss = losses[1].item<double>() / n;
   owner.finish_gradients();
-  if (pipeline_) pipeline_->tie_embedding();
+  if (pipeline_) {
+    pipeline_->tie_embedding();
+    owner.end_pass();
+  }
   if (observe) observe(parallel_->gradients());
   const UpdateResult update = owner.apply(lr, config_.optim.grad_clip);
   result.grad_norm = update.grad_norm;
@@ -115,7 +119,9 @@ double TrainStep::evaluate(const std::vector<Batch>& batches) {
   }
   at::Tensor total = at::zeros({}, at::kDouble);
   if (pipeline_) {
+    parallel_->owner().begin_pass();
     total += pipeline_->evaluate(local_batches(mine)) * static_cast<double>(mine.size());
+    parallel_->owner().end_pass();
   } else {
     torch::NoGradGuard no_grad;
     TransformerLM& model = parallel_->model();

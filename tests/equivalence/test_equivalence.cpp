@@ -273,6 +273,22 @@ const std::vector<Layout>& layouts() {
          c.parallel.zero_stage = 1;
          c.train.grad_accum = 4;
        }},
+      {"dp2_pp2_zbh1_zero3_accum4", 4,
+       [](Config& c) {
+         c.parallel.pp = 2;
+         c.parallel.pp_schedule = "zbh1";
+         c.parallel.zero_stage = 3;
+         c.train.grad_accum = 4;
+       }},
+      {"dp2_pp2_zbv_tp2_zero3_accum2", 8,
+       [](Config& c) {
+         c.model.n_layer = 4;
+         c.parallel.pp = 2;
+         c.parallel.tp = 2;
+         c.parallel.pp_schedule = "zbv";
+         c.parallel.zero_stage = 3;
+         c.train.grad_accum = 2;
+       }},
       {"dp2_pp2_gpipe_zero2_accum2_uneven", 4,
        [](Config& c) {
          c.model.n_layer = 3;  // stages of 2 and 1 blocks

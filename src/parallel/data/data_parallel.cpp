@@ -101,9 +101,11 @@ DataParallel::DataParallel(TransformerLM model, ReductionGroups groups, const Pa
   if (s.stage >= 1) s.build_units();
   s.build_optimizer(optim, parallel.offload);
   s.register_hooks();
-  require(s.stage < 3 || s.model->stage().whole(),
-          "internal: ZeRO-3 residency over a pipeline stage is not built (check_parallel_layout refuses it)");
-  if (s.stage == 3) {
+  if (s.stage == 3 && !s.model->stage().whole()) {
+    // A pipeline stage: whole from begin_pass() to end_pass(), sharded between passes.
+    s.pass_gathers = true;
+    for (FlatUnit& u : s.units) u.release();
+  } else if (s.stage == 3) {
     s.residency = std::make_unique<Residency>(s.units, s.part_units, zero3_plan(s.n_blocks));
     s.residency->release_all();
     s.block_wrapper = s.model->add_block_wrapper(
@@ -117,10 +119,28 @@ DataParallel::DataParallel(TransformerLM model, ReductionGroups groups, const Pa
 
 DataParallel::~DataParallel() {
   for (auto& [name, p] : impl_->params) torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
-  if (impl_->stage == 3) {
+  if (impl_->residency) {
     impl_->model->remove_block_wrapper(impl_->block_wrapper);
     impl_->model->remove_end_wrapper(impl_->end_wrapper);
   }
+}
+
+void DataParallel::begin_pass() {
+  Impl& s = *impl_;
+  if (!s.pass_gathers) return;
+  std::vector<comm::Work> works;
+  for (FlatUnit& u : s.units) {
+    if (u.materialized()) continue;
+    u.materialize();
+    works.push_back(u.gather_async());
+  }
+  for (comm::Work& w : works) w.wait();
+}
+
+void DataParallel::end_pass() {
+  Impl& s = *impl_;
+  if (!s.pass_gathers) return;
+  for (FlatUnit& u : s.units) u.release();
 }
 
 void DataParallel::Impl::build_buckets(double bucket_mb) {
@@ -318,7 +338,7 @@ void DataParallel::Impl::launch(const Reduction& r) {
     scatters.pop_front();
   }
   const size_t part = unit_part[r.index];
-  if (stage == 3 && part_units[part].back() == r.index)  // the part's last unit
+  if (residency && part_units[part].back() == r.index)  // the part's last unit
     residency->at(Pass::training, {ResidencyPoint::Kind::after_reduction,
                                    part < static_cast<size_t>(n_blocks) ? ModelPart::block(static_cast<int64_t>(part))
                                                                         : ModelPart::embedding()});

@@ -76,7 +76,8 @@ struct DataParallel::Impl {
   std::vector<size_t> unit_part;        // per unit: its part, l for block l, n_blocks for the ends
   std::vector<std::vector<size_t>> part_units;  // per part: its units
   std::vector<at::Tensor> grad_shards;  // stages 2-3: per unit, [S]
-  std::unique_ptr<Residency> residency;  // stage 3
+  std::unique_ptr<Residency> residency;  // stage 3 over the whole model (its wrappers run the plan)
+  bool pass_gathers = false;             // stage 3 over a pipeline stage: begin_pass / end_pass
 
   std::vector<Reduction> reductions;  // in launch order
   std::vector<size_t> reduction_of;   // per parameter
