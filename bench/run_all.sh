@@ -7,3 +7,4 @@ venv="$(bash scripts/install.sh | sed -n 's/^TESSERA_VENV=//p')"
 bash bench/pipeline_bubble.sh "$build" 50
 python3 bench/pipeline_memory.py "$build"
 python3 bench/pipeline_throughput.py "$build"
+python3 bench/pipeline_zero3.py "$build"

@@ -158,6 +158,7 @@ Command add_bench_command(CLI::App& app) {
     }
     if (dp) {
       out["comm_bytes_per_step"] = comm_bytes_per_step;
+      out["dp_bytes_per_step"] = bytes_by_op(*dp);
       out["comm_busy_s_per_step"] = comm_busy_s_per_step;
       out["zero_stage"] = config.parallel.zero_stage;
       out["grad_compression"] = config.parallel.grad_compression;
