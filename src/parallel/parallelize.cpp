@@ -51,8 +51,6 @@ void check_parallel_layout(const Config& config, const ParallelDims& d) {
   if (d.pp() > 1) {
     // What a pipeline trains with in this build; the rest is planned (inspect) but refused here.
     const ParallelOptions& p = config.parallel;
-    require(config.model.ffn == "dense", "model.ffn = ", config.model.ffn,
-            " with parallel.pp > 1: mixture-of-experts stages are not implemented yet");
     require(config.precision.dtype != "fp16", "precision.dtype = \"fp16\" with parallel.pp > 1: the loss scaler's "
             "overflow check would have to span every stage; use bf16 or fp32");
     require(!p.offload && p.grad_compression == "none", "parallel.pp > 1 with offload or gradient compression: not "

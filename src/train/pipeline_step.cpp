@@ -17,12 +17,18 @@ using pipeline::Op;
 
 namespace {
 
-// The gradient of an output for autograd: none for the last stage's scalar loss (ones).
-std::vector<at::Tensor> gradient_list(const at::Tensor& grad) {
-  return grad.defined() ? std::vector<at::Tensor>{grad} : std::vector<at::Tensor>{};
-}
-
 }  // namespace
+
+PipelineStep::Roots PipelineStep::Stash::roots() const {
+  Roots r;
+  r.tensors.push_back(output);
+  r.grads.push_back(grad_out.defined() ? grad_out : at::ones_like(output));  // the last stage: its loss
+  if (aux.defined()) {
+    r.tensors.push_back(aux);
+    r.grads.push_back(at::ones_like(aux));
+  }
+  return r;
+}
 
 PipelineStep::PipelineStep(TransformerLM model, OptimizerOwner& owner, comm::Mesh& mesh, const Config& config,
                            c10::Device device, std::optional<at::ScalarType> autocast)
@@ -54,6 +60,10 @@ at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const
       const BlockOutput blocks = model_->run_blocks(x, cut_.boundaries[a.stage], cut_.boundaries[a.stage + 1]);
       if (!last) {
         s.output = blocks.x;
+        if (blocks.aux_loss.requires_grad()) {  // mixture-of-experts blocks: their own loss term
+          s.aux = blocks.aux_loss / static_cast<double>(micro_batches_);
+          aux_sum_ += blocks.aux_loss.detach().to(at::kCPU, at::kDouble);
+        }
         return blocks.x.detach().to(at::kFloat);
       }
       const ModelOutput out = model_->head(blocks.x, batch.targets.to(device_), blocks.aux_loss);
@@ -66,15 +76,17 @@ at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const
       Stash s = std::move(stash_.at(key));
       stash_.erase(key);
       owner_.before_backward(--backwards_left_ == 0);
-      if (last) s.output.backward();
-      else s.output.backward(input.to(device_, s.output.scalar_type()));
+      if (!last) s.grad_out = input.to(device_, s.output.scalar_type());
+      const Roots roots = s.roots();
+      torch::autograd::backward(roots.tensors, roots.grads);
       return first ? at::Tensor() : s.input.grad().to(at::kFloat);
     }
     case Op::I: {
       Stash& s = stash_.at(key);
       if (!last) s.grad_out = input.to(device_, s.output.scalar_type());
       if (first) return {};  // no input to differentiate: W runs the whole backward
-      const auto grads = torch::autograd::grad({s.output}, {s.input}, gradient_list(s.grad_out), /*retain_graph=*/true);
+      const Roots roots = s.roots();
+      const auto grads = torch::autograd::grad(roots.tensors, {s.input}, roots.grads, /*retain_graph=*/true);
       return grads[0].to(at::kFloat);
     }
     case Op::W: {
@@ -86,8 +98,8 @@ at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const
       std::vector<at::Tensor> params;
       for (const auto& p : model_->parameters())
         if (p.requires_grad()) params.push_back(p);
-      torch::autograd::backward({s.output}, gradient_list(s.grad_out), /*retain_graph=*/false, /*create_graph=*/false,
-                                params);
+      const Roots roots = s.roots();
+      torch::autograd::backward(roots.tensors, roots.grads, /*retain_graph=*/false, /*create_graph=*/false, params);
       return {};
     }
     default:

@@ -7,7 +7,8 @@
 //
 //   F(j)  stage 0 embeds micro-batch j's tokens, the others take the incoming activation as a
 //         leaf requiring grad; the stage's blocks run; the last stage adds the head and the loss
-//         (ce + aux) / micro-batches. Activations travel in float32 whatever the compute dtype;
+//         (ce + aux) / micro-batches; an earlier stage with mixture-of-experts blocks keeps their
+//         auxiliary loss / micro-batches as a second root of its backward. Activations travel in float32 whatever the compute dtype;
 //         under tensor and sequence parallelism each rank sends to its own tp and sp rank of
 //         the next stage (the pp group), with Megatron-SP or sp > 1 only its sequence chunk (the
 //         batches given to run() are this rank's columns already).
@@ -83,10 +84,17 @@ class PipelineStep {
   std::optional<at::ScalarType> autocast_;
   StageCut cut_;  // pp x v stages
 
+  // What a backward starts from, with the gradient of each.
+  struct Roots {
+    std::vector<at::Tensor> tensors, grads;
+  };
   struct Stash {
     at::Tensor input;     // the received activation (a leaf), undefined on stage 0
     at::Tensor output;    // the stage's output (the loss on the last stage), with its graph
-    at::Tensor grad_out;  // the gradient I used, kept for W
+    at::Tensor aux;       // before the last stage: its MoE blocks' auxiliary loss / micro-batches
+    at::Tensor grad_out;  // the gradient of the output received (kept from I for W)
+    // The output with grad_out (the last stage's loss: ones), and the auxiliary loss with ones.
+    Roots roots() const;
   };
   std::map<std::pair<int64_t, int64_t>, Stash> stash_;  // by (stage, micro-batch)
   size_t backwards_left_ = 0;  // this run's B and W actions not yet run on this rank

@@ -250,6 +250,22 @@ const std::vector<Layout>& layouts() {
          c.train.grad_accum = 8;
          c.optim.name = "adafactor";
        }},
+      {"pp2_moe_1f1b_accum2", 2,
+       [](Config& c) {
+         c.model.ffn = "moe";
+         c.model.moe_every = 1;  // every block: stage 0 has experts, whose loss is its own root
+         c.parallel.pp = 2;
+         c.train.grad_accum = 2;
+       }},
+      {"dp2_pp2_moe_zbh1_zero2_accum2", 4,
+       [](Config& c) {
+         c.model.ffn = "moe";
+         c.model.moe_every = 1;  // every block: stage 0 has experts, whose loss is its own root
+         c.parallel.pp = 2;
+         c.parallel.pp_schedule = "zbh1";
+         c.parallel.zero_stage = 2;
+         c.train.grad_accum = 2;
+       }},
       {"pp2_zbh1_hand_cut_3_1_accum2", 2,
        [](Config& c) {
          c.model.n_layer = 4;

@@ -153,9 +153,9 @@ TEST(LayoutCheck, DataParallelAndUnbuiltDegreesNameTheirKeys) {
   c.parallel.offload = true;
   EXPECT_TRUE(refused(c, 4, {"parallel.pp > 1 with offload"}));
   c.parallel.offload = false;
-  c.model.ffn = "moe";
-  EXPECT_TRUE(refused(c, 2, {"model.ffn = moe with parallel.pp > 1", "not implemented yet"}));
-  c.model.ffn = "dense";
+  c.precision.dtype = "fp16";
+  EXPECT_TRUE(refused(c, 2, {"precision.dtype = \"fp16\" with parallel.pp > 1"}));
+  c.precision.dtype = "fp32";
   c.parallel.pp = 3;
   EXPECT_TRUE(refused(c, 3, {"3 pipeline stages", "model.n_layer = 2"}));
   c = tiny();
