@@ -8,10 +8,11 @@
 //   F(j)  stage 0 embeds micro-batch j's tokens, the others take the incoming activation as a
 //         leaf requiring grad; the stage's blocks run; the last stage adds the head and the loss
 //         (ce + aux) / micro-batches; an earlier stage with mixture-of-experts blocks keeps their
-//         auxiliary loss / micro-batches as a second root of its backward. Activations travel in float32 whatever the compute dtype;
-//         under tensor and sequence parallelism each rank sends to its own tp and sp rank of
-//         the next stage (the pp group), with Megatron-SP or sp > 1 only its sequence chunk (the
-//         batches given to run() are this rank's columns already).
+//         auxiliary loss / micro-batches as a second root of its backward. Activations travel
+//         in float32 whatever the compute dtype; under tensor and sequence parallelism each
+//         rank sends to its own tp and sp rank of the next stage (the pp group), with
+//         Megatron-SP or sp > 1 only its sequence chunk (the batches given to run() are this
+//         rank's columns already).
 //   B(j)  backward of the stage's output (the last stage: of its loss) with the received gradient;
 //         returns the input's gradient for the previous stage.
 //   I(j)  the input's gradient alone (autograd::grad, graph kept); stage 0 has no input to

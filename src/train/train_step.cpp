@@ -44,12 +44,14 @@ TrainStep::TrainStep(const Config& config, comm::Mesh* mesh)
   ModelStage stage;
   if (mesh && mesh->dims().pp() > 1) {
     check_parallel_layout(config, mesh->dims());
-    stage = rank_stage(pipeline_cut(config, mesh->dims()), pipeline_schedule(config, mesh->dims()), mesh->coord().pp);
+    const ParallelDims& dims = mesh->dims();
+    stage = rank_stage(pipeline_cut(config, dims), pipeline_schedule(config, dims), mesh->coord().pp);
   }
   TransformerLM model(config.model, stage);
   model->to(device_, parameter_dtype(config.precision));
   parallel_ = parallelize(model, mesh, config);
-  if (mesh && mesh->dims().pp() > 1) pipeline_ = std::make_unique<PipelineStep>(model, parallel_->owner(), *mesh, config, device_, autocast_);
+  if (mesh && mesh->dims().pp() > 1)
+    pipeline_ = std::make_unique<PipelineStep>(model, parallel_->owner(), *mesh, config, device_, autocast_);
 }
 
 TrainStep::~TrainStep() = default;
