@@ -53,8 +53,8 @@ void check_parallel_layout(const Config& config, const ParallelDims& d) {
     const ParallelOptions& p = config.parallel;
     require(config.precision.dtype != "fp16", "precision.dtype = \"fp16\" with parallel.pp > 1: the loss scaler's "
             "overflow check would have to span every stage; use bf16 or fp32");
-    require(!p.offload && p.grad_compression == "none", "parallel.pp > 1 with offload or gradient compression: not "
-            "implemented yet (parallel.offload = false, grad_compression = none)");
+    require(p.grad_compression == "none", "parallel.pp > 1 with parallel.grad_compression = ", p.grad_compression,
+            ": not implemented yet (the compressors' state is kept over one data-parallel group per model); use none");
   }
 }
 

@@ -305,6 +305,21 @@ const std::vector<Layout>& layouts() {
          c.parallel.zero_stage = 3;
          c.train.grad_accum = 2;
        }},
+      {"dp2_pp2_1f1b_zero1_offload_accum2", 4,
+       [](Config& c) {
+         c.parallel.pp = 2;
+         c.parallel.zero_stage = 1;
+         c.parallel.offload = true;
+         c.train.grad_accum = 2;
+       }},
+      {"pp2_zbh1_zero3_offload_accum2", 2,
+       [](Config& c) {
+         c.parallel.pp = 2;
+         c.parallel.pp_schedule = "zbh1";
+         c.parallel.zero_stage = 3;
+         c.parallel.offload = true;
+         c.train.grad_accum = 2;
+       }},
       {"dp2_pp2_gpipe_zero2_accum2_uneven", 4,
        [](Config& c) {
          c.model.n_layer = 3;  // stages of 2 and 1 blocks

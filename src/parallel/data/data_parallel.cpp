@@ -446,15 +446,24 @@ double DataParallel::clip_grad_norm(double max_norm) {
 
 void DataParallel::sum_gradient_over(const std::string& name, comm::Group& copies) {
   Impl& s = *impl_;
-  require(!s.offload, "internal: summing a tied gradient over copies with offload (its host copy is taken)");
   at::NoGradGuard no_grad;
+  // With offload the sum goes to the host again (its copy there was taken in finish_gradients or
+  // as the unit's last reduce-scatter was collected).
   if (s.stage <= 1) {
-    for (size_t i = 0; i < s.params.size(); ++i)
-      if (s.params[i].first == name) return copies.all_reduce(s.grad_views[i]);
+    for (size_t b = 0; b < s.buckets.size(); ++b)
+      for (size_t i : s.buckets[b].params)
+        if (s.params[i].first == name) {
+          copies.all_reduce(s.grad_views[i]);
+          if (s.offload) s.offload->grads_to_host(b);
+          return;
+        }
   } else {
     for (size_t u = 0; u < s.units.size(); ++u)
-      if (s.units[u].entries().size() == 1 && s.units[u].entries().front().name == name)
-        return copies.all_reduce(s.grad_shards[u]);
+      if (s.units[u].entries().size() == 1 && s.units[u].entries().front().name == name) {
+        copies.all_reduce(s.grad_shards[u]);
+        if (s.offload) s.offload->grads_to_host(u);
+        return;
+      }
   }
   fail("internal: DataParallel has no parameter '", name, "' in a unit of its own");
 }

@@ -172,9 +172,9 @@ class DataParallel : public OptimizerOwner {
 
   // OptimizerOwner: the optimizer state under "optim." (full_optimizer_state and friends).
   NamedTensors gradients() override;
-  // Stages 0-1 the parameter's gradient (a view of its bucket), stage 2 its unit's gradient shard
-  // (a pipeline stage's tied embedding is a unit of its own); refused with offload, whose host
-  // copy was already taken.
+  // Stages 0-1 the parameter's gradient (a view of its bucket), stages 2-3 its unit's gradient
+  // shard (a pipeline stage's tied embedding is a unit of its own); with offload the sum is copied
+  // to the host again.
   void sum_gradient_over(const std::string& name, comm::Group& copies) override;
   UpdateResult apply(double lr, double max_norm) override;
   NamedTensors training_state() override;

@@ -149,10 +149,9 @@ TEST(LayoutCheck, DataParallelAndUnbuiltDegreesNameTheirKeys) {
   EXPECT_TRUE(refused(c, 2, {"parallel.grad_compression = powersgd", "parallel.zero_stage = 0"}));
   c = tiny();
   c.parallel.pp = 2;
-  c.parallel.zero_stage = 2;
-  c.parallel.offload = true;
-  EXPECT_TRUE(refused(c, 4, {"parallel.pp > 1 with offload"}));
-  c.parallel.offload = false;
+  c.parallel.grad_compression = "bf16";
+  EXPECT_TRUE(refused(c, 4, {"parallel.pp > 1 with parallel.grad_compression = bf16"}));
+  c.parallel.grad_compression = "none";
   c.precision.dtype = "fp16";
   EXPECT_TRUE(refused(c, 2, {"precision.dtype = \"fp16\" with parallel.pp > 1"}));
   c.precision.dtype = "fp32";
