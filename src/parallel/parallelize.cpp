@@ -60,7 +60,8 @@ void check_parallel_layout(const Config& config, const ParallelDims& d) {
 
 void check_layout_options(const Config& config, const ParallelDims& d) {
   require(d.ep() == 1, "parallel.ep = ", d.ep(),
-          ": this build runs data, tensor, sequence and pipeline parallelism; expert parallelism is not implemented yet");
+          ": this build runs data, tensor, sequence and pipeline parallelism; expert parallelism is not implemented "
+          "yet");
   if (d.pp() > 1) {
     // The cut (no stage without a block) and the schedule for this step's micro-batches.
     pipeline_cut(config, d);
