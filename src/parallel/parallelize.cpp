@@ -49,7 +49,7 @@ void check_parallel_layout(const Config& config, const ParallelDims& d) {
   if (d.world_size() > 1) comm::choose_backend(config.parallel.backend, c10::Device(config.train.device));
   check_layout_options(config, d);
   if (d.pp() > 1) {
-    // What a pipeline trains with in this build; the rest is planned (inspect) but refused here.
+    // What a pipeline cannot train with in this build (inspect still plans it).
     const ParallelOptions& p = config.parallel;
     require(config.precision.dtype != "fp16", "precision.dtype = \"fp16\" with parallel.pp > 1: the loss scaler's "
             "overflow check would have to span every stage; use bf16 or fp32");
@@ -110,13 +110,18 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
     sp_rank_ = mesh_->coord().sp;
     apply_sequence_parallel(model_, mesh_->group("sp"), config.parallel.sp_method);
   }
-  // 3. Pipeline stages: each rank built its stage of the cut (train/train_step.h); the clipping
+  // 3. Pipeline stages: each rank built its stages of the cut (train/train_step.h); the clipping
   // norm is summed over the stages, the last stage's copy of the tied embedding counted zero
   // times (its gradient equals the first stage's once summed). Expert parallelism: refused until
   // built.
   if (dims && dims->pp() > 1) {
     pp_ = &mesh_->group("pp");
     norm.groups.push_back(pp_);
+    const StageCut cut = pipeline_cut(config, *dims);
+    const pipeline::Schedule schedule = pipeline_schedule(config, *dims);  // its placement
+    for (int64_t s = 0; s < cut.stages(); ++s)
+      for (int64_t l = cut.boundaries[s]; l < cut.boundaries[s + 1]; ++l) block_rank_.push_back(schedule.rank_of(s));
+    head_rank_ = schedule.rank_of(cut.stages() - 1);
     if (model_->has_head() && !model_->has_embedding()) norm.weight["wte.weight"] = 0.0;
   }
   // 4. Activation checkpointing inside every block.
@@ -170,13 +175,9 @@ NamedTensors ParallelModel::gather_over_stages(const std::function<at::Tensor(co
   // The whole model's parameters in the same order on every rank (a meta model: no memory), each
   // broadcast over pp by the stage that holds it (the tied embedding by the first).
   const TransformerLM whole(config_.model, ModelStage{}, at::TensorOptions().device(at::kMeta));
-  const StageCut cut = pipeline_cut(config_, mesh_->dims());
-  const pipeline::Schedule schedule = pipeline_schedule(config_, mesh_->dims());  // its placement
   auto holder = [&](const std::string& name) -> int64_t {
-    if (name.rfind("h.", 0) != 0) return schedule.rank_of(name.rfind("ln_f", 0) == 0 ? cut.stages() - 1 : 0);
-    const int64_t block = std::stoll(name.substr(2, name.find('.', 2) - 2));
-    return schedule.rank_of(std::upper_bound(cut.boundaries.begin(), cut.boundaries.end(), block) -
-                            cut.boundaries.begin() - 1);
+    if (name.rfind("h.", 0) != 0) return name.rfind("ln_f", 0) == 0 ? head_rank_ : 0;
+    return block_rank_[static_cast<size_t>(std::stoll(name.substr(2, name.find('.', 2) - 2)))];
   };
   const at::Device device = model_->parameters().front().device();
   NamedTensors out;

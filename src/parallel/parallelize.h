@@ -147,7 +147,9 @@ class ParallelModel {
   NamedTensors gather_over_stages(const std::function<at::Tensor(const std::string& name)>& mine);
 
   comm::Group* tp_ = nullptr;        // tp > 1
-  comm::Group* pp_ = nullptr;        // pp > 1: this rank holds one stage of the cut
+  comm::Group* pp_ = nullptr;        // pp > 1: this rank holds its stages of the cut
+  std::vector<int64_t> block_rank_;  // pp > 1: the pipeline rank holding each block
+  int64_t head_rank_ = 0;            // pp > 1: the one holding ln_f (the embeddings: rank 0)
   comm::Group* replicas_ = nullptr;  // dp x sp > 1 (or offload): the owner reduces over it
   int64_t sp_ = 1, sp_rank_ = 0;
   int64_t replica_ = 0, tp_rank_ = 0;  // the random streams' coordinates (seed_random_streams)

@@ -15,10 +15,6 @@ namespace tessera {
 using pipeline::Action;
 using pipeline::Op;
 
-namespace {
-
-}  // namespace
-
 PipelineStep::Roots PipelineStep::Stash::roots() const {
   Roots r;
   r.tensors.push_back(output);
