@@ -22,6 +22,10 @@ void ParallelOptions::check(const std::string& source) const {
           "\")");
   require(pp_cut == "layers" || pp_cut == "params", source, ": parallel.pp_cut must be layers or params (got \"",
           pp_cut, "\")", pp_cut == "profile" ? "; profile (balancing measured block times) is not built yet" : "");
+  require(!zero3_reshard_per_microbatch || (zero_stage == 3 && pp > 1), source,
+          ": parallel.zero3_reshard_per_microbatch = true needs parallel.zero_stage = 3 and parallel.pp > 1 (got "
+          "zero_stage ", zero_stage, ", pp ", pp, "); without a pipeline ZeRO-3 already gathers each block around "
+          "its forward and its backward");
   const char* compressions[] = {"none", "bf16", "fp16", "powersgd", "topk"};
   require(std::find(std::begin(compressions), std::end(compressions), grad_compression) != std::end(compressions),
           source, ": parallel.grad_compression must be none, bf16, fp16, powersgd or topk (got \"", grad_compression,

@@ -23,6 +23,7 @@ struct ParallelOptions {
   bool megatron_sp = false;  // with tp > 1: LayerNorm/dropout regions split along the sequence
   std::string sp_method = "auto";  // auto (lasp for linear attention), lasp, lasp2, ulysses, ring
   int64_t zero_stage = 0;
+  bool zero3_reshard_per_microbatch = false;  // pp > 1, ZeRO-3: gather a stage around each action
   double bucket_mb = 4;        // gradient bucket size for overlapped reduction
   double timeout_s = 120;      // a collective or rendezvous that takes longer fails, naming the rank
   std::string backend = "auto";  // auto (gloo on CPU, nccl on CUDA), gloo, nccl
@@ -59,6 +60,9 @@ struct ParallelOptions {
       "sequence parallelism: auto (lasp for linear attention), lasp (state ring), lasp2 (state all-gather), "
       "ulysses, ring");
     v("zero_stage", zero_stage, "0 = DDP, 1 = shard optimizer state, 2 = + gradients, 3 = + parameters", between(0, 3));
+    v("zero3_reshard_per_microbatch", zero3_reshard_per_microbatch,
+      "with pp > 1 and zero_stage 3: gather a stage's parameters around each forward and backward action and shard "
+      "them again after (less memory, one all-gather per action) instead of once per step");
     v("bucket_mb", bucket_mb, "gradient bucket size in MB for reduction overlapped with backward", above(0, 65536));
     v("timeout_s", timeout_s, "seconds before a stuck rendezvous or collective fails every rank", above(0, 1e6));
     v("backend", backend, "auto (gloo on CPU, nccl on CUDA), gloo or nccl");

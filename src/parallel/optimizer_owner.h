@@ -4,13 +4,14 @@
 // DataParallel (dp x sp replicas, ZeRO 0-3, offload, compression). The step never asks which.
 //
 // A step, as TrainStep drives it:
-//   [owner.begin_pass()]            // a pipeline stage: its parameters whole for the schedule
 //   for each micro-batch m of M:  owner.before_backward(m == M - 1);  (loss * loss_scale()).backward();
 //   owner.finish_gradients();       // gradients final: reduced over the replicas, unscaled
 //   [owner.sum_gradient_over(..)]   // a pipeline's tied embedding: its copies' gradients summed
-//   [owner.end_pass()]              // a pipeline stage: sharded again
 //   [owner.gradients()]             // optional: read them (the equivalence harness does)
 //   owner.apply(lr, max_norm);      // clipped, applied, zeroed
+// Through a pipeline (train/pipeline_step.h) the schedule's actions drive the same calls: each B
+// and W calls before_backward, its GATHER/RELEASE call gather_stage/release_stage, and its OPTIM
+// runs finish_gradients through apply.
 //
 // State, for checkpoints (names as in this rank's model; tensor-parallel shards stay shards, the
 // caller turns them whole by their declarations): "optim.<param>.<slot>", and with fp16
@@ -30,6 +31,7 @@
 #include "comm/group.h"
 #include "core/error.h"
 #include "optim/clipping.h"
+#include "model/transformer.h"
 #include "optim/optimizer.h"
 
 namespace tessera {
@@ -92,10 +94,16 @@ class OptimizerOwner {
  public:
   virtual ~OptimizerOwner() = default;
 
-  // Around one pass of a pipeline stage (a step's schedule, or an evaluation): between them every
-  // parameter of the stage is whole. ZeRO-3 over a pipeline stage gathers its units at begin_pass
-  // and releases them at end_pass (after finish_gradients); nothing for the other owners.
-  // Collectives of the data replicas.
+  // ZeRO-3 over a pipeline stage (an owner whose shards_parameters()): between
+  // gather_stage(stage) and release_stage(stage) the parameters of `stage` (its blocks, and the
+  // ends when it holds the embedding or the head) are whole, sharded again after; a part that two
+  // of the rank's stages share (the ends under V placement) stays whole while either holds it.
+  // The pipeline schedule's GATHER and RELEASE actions call them; begin_pass/end_pass do the same
+  // for every stage of the rank, around an evaluation. Collectives of the data replicas; nothing
+  // for the other owners.
+  virtual bool shards_parameters() const { return false; }
+  virtual void gather_stage(const ModelStage& stage) {}
+  virtual void release_stage(const ModelStage& stage) {}
   virtual void begin_pass() {}
   virtual void end_pass() {}
   // The loss is multiplied by this before backward (fp16's dynamic loss scale; 1 otherwise).

@@ -53,6 +53,9 @@ void check_parallel_layout(const Config& config, const ParallelDims& d) {
     const ParallelOptions& p = config.parallel;
     require(config.precision.dtype != "fp16", "precision.dtype = \"fp16\" with parallel.pp > 1: the loss scaler's "
             "overflow check would have to span every stage; use bf16 or fp32");
+    require(!p.zero3_reshard_per_microbatch || d.dp() * d.sp() > 1 || p.offload,
+            "parallel.zero3_reshard_per_microbatch = true with one data-parallel replica per stage (", d.describe(),
+            ") and no offload: ZeRO-3 has no replicas to shard the parameters over; leave it false");
     require(p.grad_compression == "none", "parallel.pp > 1 with parallel.grad_compression = ", p.grad_compression,
             ": not implemented yet (the compressors' state is kept over one data-parallel group per model); use none");
   }

@@ -17,8 +17,8 @@
 // than stages, an empty stage, or counts that do not add up to model.n_layer.
 //
 // pipeline_schedule: the layout's schedule table (parallel.pp_schedule, the stages per rank, and
-// the step's micro-batches, which are its accumulation count at this dp), built and validated
-// (parallel/pipeline/); refusals name the keys.
+// the step's micro-batches, which are its accumulation count at this dp) with its parameter
+// actions (`gathers`, and OPTIM), built and validated (parallel/pipeline/); refusals name the keys.
 #pragma once
 
 #include <cstdint>
@@ -50,7 +50,8 @@ StageCut pipeline_cut(const Config& config, const ParallelDims& dims);
 // "stage 0: blocks 0-5 + embedding (43.12M parameters)" per stage, and a note when uneven.
 std::string describe_stage_cut(const StageCut& cut);
 
-pipeline::Schedule pipeline_schedule(const Config& config, const ParallelDims& dims);
+pipeline::Schedule pipeline_schedule(const Config& config, const ParallelDims& dims,
+                                     pipeline::Gathers gathers = pipeline::Gathers::none);
 
 // The part of the model pipeline rank `rank` holds: the blocks of its stages under `schedule`'s
 // placement (several ranges with virtual stages), with the embedding if it holds stage 0 and the

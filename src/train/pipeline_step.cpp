@@ -35,8 +35,9 @@ PipelineStep::PipelineStep(TransformerLM model, OptimizerOwner& owner, comm::Mes
       config_(config),
       device_(device),
       autocast_(autocast),
-      cut_(pipeline_cut(config, mesh.dims())),
-      schedule_(pipeline_schedule(config, mesh.dims())) {}
+      cut_(pipeline_cut(config, mesh.dims())) {
+  schedule_for(config.train.accumulation(mesh.dims().dp()));
+}
 
 at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const std::vector<Batch>& batches) {
   const Batch& batch = batches[a.micro];
@@ -81,6 +82,10 @@ at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const
       Stash& s = stash_.at(key);
       if (!last) s.grad_out = input.to(device_, s.output.scalar_type());
       if (first) return {};  // no input to differentiate: W runs the whole backward
+      // A fully checkpointed block recomputes inside this backward and accumulates its parameters'
+      // gradients here (reentrant checkpointing), so the owner sees this backward too; W then
+      // finds those parameters out of its graph's reach and computes the rest.
+      if (config_.memory.activation_checkpointing == "full") owner_.before_backward(false);
       const Roots roots = s.roots();
       const auto grads = torch::autograd::grad(roots.tensors, {s.input}, roots.grads, /*retain_graph=*/true);
       return grads[0].to(at::kFloat);
@@ -116,7 +121,7 @@ void PipelineStep::tie_embedding() {
   owner_.sum_gradient_over("wte.weight", mesh_.group("embedding"));
 }
 
-PipelineLosses PipelineStep::run(const std::vector<Batch>& batches) {
+PipelineLosses PipelineStep::run(const std::vector<Batch>& batches, const std::function<void()>& optimizer_step) {
   micro_batches_ = static_cast<int64_t>(batches.size());
   schedule_for(micro_batches_);
   backwards_left_ = 0;
@@ -127,6 +132,12 @@ PipelineLosses PipelineStep::run(const std::vector<Batch>& batches) {
   pipeline::StageWork work;
   work.compute = [&](const Action& a, const at::Tensor& input) { return compute(a, input, batches); };
   work.receive_buffer = [&](const Action&) { return activation_buffer(batches.front()); };
+  work.parameters = [&](const Action& a) {
+    const ModelStage stage(cut_.boundaries[a.stage], cut_.boundaries[a.stage + 1]);
+    if (a.op == Op::Gather) owner_.gather_stage(stage);
+    if (a.op == Op::Release) owner_.release_stage(stage);
+    if (a.op == Op::Optim) optimizer_step();
+  };
   timeline_ = pipeline::run_schedule(*schedule_, pipe_, work);
   require(stash_.empty() && backwards_left_ == 0, "internal: the pipeline step left ", stash_.size(),
           " micro-batches without their backward");
@@ -144,8 +155,8 @@ double PipelineStep::write_timeline(const std::string& dir, const std::string& n
     double busy = 0;
     for (const pipeline::TimedAction& t : rank) {
       measured.step_time = std::max(measured.step_time, t.end);
-      if (!t.action.is_compute()) continue;
-      busy += t.end - t.start;
+      if (t.action.is_transfer()) continue;
+      if (t.action.is_compute()) busy += t.end - t.start;
       durations[t.action.op].first += t.end - t.start;
       durations[t.action.op].second += 1;
     }
@@ -161,6 +172,8 @@ double PipelineStep::write_timeline(const std::string& dir, const std::string& n
   costs.i = mean(Op::I, 0);
   costs.w = mean(Op::W, 0);
   costs.b = mean(Op::B, costs.i + costs.w);
+  costs.gather = mean(Op::Gather, 0);
+  costs.optim = mean(Op::Optim, 0);
   const pipeline::Simulation planned = pipeline::simulate_schedule(*schedule_, costs);
   char title[200];
   std::snprintf(title, sizeof title, "%s, pp %lld, %lld micro-batches, measured: step %.1f ms, bubble %.1f%%",
@@ -210,7 +223,10 @@ const pipeline::Schedule& PipelineStep::schedule_for(int64_t micro_batches) {
     Config c = config_;
     c.train.grad_accum = micro_batches;
     c.train.global_batch_size = 0;
-    schedule_ = pipeline_schedule(c, mesh_.dims());
+    const pipeline::Gathers gathers = !owner_.shards_parameters()                    ? pipeline::Gathers::none
+                                      : config_.parallel.zero3_reshard_per_microbatch ? pipeline::Gathers::per_action
+                                                                                      : pipeline::Gathers::per_step;
+    schedule_ = pipeline_schedule(c, mesh_.dims(), gathers);
   }
   return *schedule_;
 }

@@ -16,20 +16,29 @@
 //   B(j)  backward of the stage's output (the last stage: of its loss) with the received gradient;
 //         returns the input's gradient for the previous stage.
 //   I(j)  the input's gradient alone (autograd::grad, graph kept); stage 0 has no input to
-//         differentiate and leaves its whole backward to W.
+//         differentiate and leaves its whole backward to W. Under full activation checkpointing
+//         a block's recomputation accumulates its parameters' gradients during I (reentrant
+//         checkpointing), so the owner is told of the I as of a backward (before_backward(false))
+//         and W computes what remains (the ends).
 //   W(j)  the parameters' gradients (autograd::backward restricted to them), graph freed.
+//   GATHER(s) / RELEASE(s)  the owner's gather_stage / release_stage of stage s (ZeRO-3 over the
+//         stage's dp replicas: the table has them when the owner shards_parameters(), once per
+//         step or, with parallel.zero3_reshard_per_microbatch, around each compute action).
+//   OPTIM the caller's optimizer step (run()'s `optimizer_step`), after the rank's sends.
 // The optimizer owner (parallel/optimizer_owner.h) sees each backward: before_backward(last) ahead
-// of every B and W (an I touches no parameter's gradient), `last` on this rank's final one, so a
+// of every B and W (an I touches no parameter's gradient but for the case above), `last` on this
+// rank's final one, so a
 // DataParallel owner reduces over the stage's dp replicas exactly as after gradient accumulation.
-// After run() the cross-entropy sum is known on every rank (summed over pp); once the owner
-// finished the gradients, tie_embedding() sums the tied embedding's two copies (first and last
-// stage, over the embedding group) so they stay equal, and the owner (norm over every stage, the
-// last stage's copy of wte counted once) does the rest.
+// The optimizer step finishes the gradients, calls tie_embedding(), which sums the tied
+// embedding's two copies (first and last stage, over the embedding group) so they stay equal, and
+// applies them (the norm over every stage, the last stage's copy of wte counted once). After
+// run() the cross-entropy sum is known on every rank (summed over pp).
 //
 // evaluate(): the forward alone, stage after stage in the schedule's placement (blocking sends
 // between ranks), the loss known on every rank.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <vector>
@@ -57,8 +66,9 @@ class PipelineStep {
   PipelineStep(TransformerLM model, OptimizerOwner& owner, comm::Mesh& mesh, const Config& config,
                c10::Device device, std::optional<at::ScalarType> autocast);
 
-  // Forward and backward of the step's micro-batches (gradients accumulated in the parameters).
-  PipelineLosses run(const std::vector<Batch>& micro_batches);
+  // The step's schedule on this rank: forward and backward of the micro-batches, then
+  // `optimizer_step` at the table's OPTIM.
+  PipelineLosses run(const std::vector<Batch>& micro_batches, const std::function<void()>& optimizer_step);
   // After the owner's finish_gradients: the tied embedding's gradient summed over its two copies.
   void tie_embedding();
   // Mean cross-entropy of `batches` (this rank's rows), forward only.
@@ -71,7 +81,7 @@ class PipelineStep {
 
  private:
   at::Tensor compute(const pipeline::Action& action, const at::Tensor& input, const std::vector<Batch>& batches);
-  // The schedule for `micro_batches` (built when they change).
+  // The schedule for `micro_batches` (built when they change), with this owner's gathers.
   const pipeline::Schedule& schedule_for(int64_t micro_batches);
   // A float32 buffer for the activation between two stages of `batch`'s rows.
   at::Tensor activation_buffer(const Batch& batch) const;

@@ -73,9 +73,16 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr, co
   model->train();
   const double n = static_cast<double>(micro_batches.size());
   at::Tensor losses = at::zeros({2}, at::kDouble);  // cross-entropy, auxiliary
+  UpdateResult update;
+  // The gradients finished (reduced over the replicas, unscaled), read by `observe`, applied.
+  auto optimizer_step = [&]() {
+    owner.finish_gradients();
+    if (pipeline_) pipeline_->tie_embedding();
+    if (observe) observe(parallel_->gradients());
+    update = owner.apply(lr, config_.optim.grad_clip);
+  };
   if (pipeline_) {
-    owner.begin_pass();
-    const PipelineLosses sums = pipeline_->run(local_batches(micro_batches));
+    const PipelineLosses sums = pipeline_->run(local_batches(micro_batches), optimizer_step);
     losses = at::tensor({sums.ce_sum, sums.aux_sum}, at::kDouble);
   }
   for (size_t m = 0; m < micro_batches.size() && !pipeline_; ++m) {
@@ -96,13 +103,7 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr, co
   parallel_->average_over_replicas(losses);
   result.ce_loss = losses[0].item<double>() / n;
   result.aux_loss = losses[1].item<double>() / n;
-  owner.finish_gradients();
-  if (pipeline_) {
-    pipeline_->tie_embedding();
-    owner.end_pass();
-  }
-  if (observe) observe(parallel_->gradients());
-  const UpdateResult update = owner.apply(lr, config_.optim.grad_clip);
+  if (!pipeline_) optimizer_step();  // a pipeline ran it at its OPTIM
   result.grad_norm = update.grad_norm;
   result.skipped = update.skipped;
   return result;

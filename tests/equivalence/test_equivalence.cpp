@@ -296,6 +296,32 @@ const std::vector<Layout>& layouts() {
          c.parallel.zero_stage = 3;
          c.train.grad_accum = 4;
        }},
+      {"dp2_pp2_zbh1_zero3_reshard_per_microbatch_accum4", 4,
+       [](Config& c) {
+         c.parallel.pp = 2;
+         c.parallel.pp_schedule = "zbh1";
+         c.parallel.zero_stage = 3;
+         c.parallel.zero3_reshard_per_microbatch = true;
+         c.train.grad_accum = 4;
+       }},
+      {"dp2_pp2_zbv_zero3_reshard_per_microbatch_full_checkpointing_accum2", 4,
+       [](Config& c) {
+         c.model.n_layer = 4;
+         c.parallel.pp = 2;
+         c.parallel.pp_schedule = "zbv";
+         c.parallel.zero_stage = 3;
+         c.parallel.zero3_reshard_per_microbatch = true;
+         c.memory.activation_checkpointing = "full";
+         c.train.grad_accum = 2;
+       }},
+      {"dp2_pp2_zbh1_zero1_full_checkpointing_accum2", 4,
+       [](Config& c) {
+         c.parallel.pp = 2;
+         c.parallel.pp_schedule = "zbh1";
+         c.parallel.zero_stage = 1;
+         c.memory.activation_checkpointing = "full";
+         c.train.grad_accum = 2;
+       }},
       {"dp2_pp2_zbv_tp2_zero3_accum2", 8,
        [](Config& c) {
          c.model.n_layer = 4;

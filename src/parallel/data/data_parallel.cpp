@@ -104,6 +104,7 @@ DataParallel::DataParallel(TransformerLM model, ReductionGroups groups, const Pa
   if (s.stage == 3 && !s.model->stage().whole()) {
     // A pipeline stage: whole from begin_pass() to end_pass(), sharded between passes.
     s.pass_gathers = true;
+    s.part_holds.assign(s.part_units.size(), 0);
     for (FlatUnit& u : s.units) u.release();
   } else if (s.stage == 3) {
     s.residency = std::make_unique<Residency>(s.units, s.part_units, zero3_plan(s.n_blocks));
@@ -125,23 +126,42 @@ DataParallel::~DataParallel() {
   }
 }
 
-void DataParallel::begin_pass() {
+std::vector<size_t> DataParallel::Impl::parts_of(const ModelStage& st) const {
+  std::vector<size_t> parts;
+  for (int64_t l : st.layers(model->options())) parts.push_back(static_cast<size_t>(l));
+  if (st.embedding() || st.head(model->options())) parts.push_back(static_cast<size_t>(n_blocks));
+  return parts;
+}
+
+bool DataParallel::shards_parameters() const { return impl_->pass_gathers; }
+
+void DataParallel::gather_stage(const ModelStage& stage) {
   Impl& s = *impl_;
   if (!s.pass_gathers) return;
   std::vector<comm::Work> works;
-  for (FlatUnit& u : s.units) {
-    if (u.materialized()) continue;
-    u.materialize();
-    works.push_back(u.gather_async());
+  for (size_t part : s.parts_of(stage)) {
+    if (s.part_holds[part]++ > 0) continue;
+    for (size_t u : s.part_units[part]) {
+      s.units[u].materialize();
+      works.push_back(s.units[u].gather_async());
+    }
   }
   for (comm::Work& w : works) w.wait();
 }
 
-void DataParallel::end_pass() {
+void DataParallel::release_stage(const ModelStage& stage) {
   Impl& s = *impl_;
   if (!s.pass_gathers) return;
-  for (FlatUnit& u : s.units) u.release();
+  for (size_t part : s.parts_of(stage)) {
+    require(s.part_holds[part] > 0, "internal: releasing part ", part, " of a pipeline stage that is not gathered");
+    if (--s.part_holds[part] > 0) continue;
+    for (size_t u : s.part_units[part]) s.units[u].release();
+  }
 }
+
+void DataParallel::begin_pass() { gather_stage(impl_->model->stage()); }
+
+void DataParallel::end_pass() { release_stage(impl_->model->stage()); }
 
 void DataParallel::Impl::build_buckets(double bucket_mb) {
   const auto capacity = static_cast<int64_t>(bucket_mb * 1024 * 1024);

@@ -77,7 +77,8 @@ struct DataParallel::Impl {
   std::vector<std::vector<size_t>> part_units;  // per part: its units
   std::vector<at::Tensor> grad_shards;  // stages 2-3: per unit, [S]
   std::unique_ptr<Residency> residency;  // stage 3 over the whole model (its wrappers run the plan)
-  bool pass_gathers = false;             // stage 3 over a pipeline stage: begin_pass / end_pass
+  bool pass_gathers = false;             // stage 3 over a pipeline stage: gather_stage / release_stage
+  std::vector<int64_t> part_holds;       // per part: the gather_stage calls holding it whole
 
   std::vector<Reduction> reductions;  // in launch order
   std::vector<size_t> reduction_of;   // per parameter
@@ -94,6 +95,8 @@ struct DataParallel::Impl {
     if (reduction.expert_data && reduction.expert_data != reduction.data) groups.push_back(reduction.expert_data);
   }
   comm::Group& group(size_t g) const { return *groups[g]; }
+  // The parts (blocks, n_blocks for the ends) of a pipeline stage.
+  std::vector<size_t> parts_of(const ModelStage& stage) const;
   // The reductions that belong to blocks after `layer` (stages 2-3 launch them in that order first).
   size_t reductions_after_block(int64_t layer) const;
   // Refuses `what` with an expert-data group: whole optimizer state under the model's names cannot

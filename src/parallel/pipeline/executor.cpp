@@ -47,6 +47,10 @@ std::vector<TimedAction> run_schedule(const Schedule& s, comm::Group& pipe, cons
   std::map<Key, at::Tensor> ready;  // inputs waiting for their consumer, received or handed over
   std::vector<std::pair<comm::Work, at::Tensor>> sends;
   std::vector<TimedAction> timeline;
+  auto wait_sends = [&]() {
+    for (auto& [done, tensor] : sends) done.wait();
+    sends.clear();
+  };
   auto take = [&](const Key& key, const Action& a) {
     const auto it = ready.find(key);
     require(it != ready.end(), "internal: pipeline rank ", me, " runs ", a.str(), " without its input");
@@ -89,6 +93,16 @@ std::vector<TimedAction> run_schedule(const Schedule& s, comm::Group& pipe, cons
           timeline.push_back({a, start, now()});
           break;
         }
+        case Op::Gather:
+        case Op::Release:
+        case Op::Optim: {
+          require(static_cast<bool>(work.parameters), "internal: a pipeline table with ", a.str(),
+                  " run without parameter actions");
+          if (a.op == Op::Optim) wait_sends();
+          work.parameters(a);
+          if (a.op != Op::Release) timeline.push_back({a, start, now()});
+          break;
+        }
       }
     } catch (const Error& e) {
       if (a.op == Op::RecvF || a.op == Op::RecvB) {
@@ -99,12 +113,10 @@ std::vector<TimedAction> run_schedule(const Schedule& s, comm::Group& pipe, cons
       fail("pipeline rank ", me, " (", s.name, "), action ", a.str(), ": ", e.what());
     }
   }
-  for (auto& [done, tensor] : sends) {
-    try {
-      done.wait();
-    } catch (const Error& e) {
-      fail("pipeline rank ", me, " (", s.name, "), waiting for its sends at the end of the step: ", e.what());
-    }
+  try {
+    wait_sends();
+  } catch (const Error& e) {
+    fail("pipeline rank ", me, " (", s.name, "), waiting for its sends at the end of the step: ", e.what());
   }
   return timeline;
 }

@@ -8,6 +8,8 @@
 //             to F(s+1, j) the same way (SEND_F, or directly).
 //   B/I(s, j) gets the gradient B/I(s+1, j) returned (received by RECV_B, or directly); the last
 //             stage gets none. What it returns goes to stage s-1. W gets and returns nothing.
+// Parameter actions (GATHER, RELEASE, OPTIM) go to StageWork::parameters; before OPTIM every send
+// of the step is waited for.
 // Transfers: SEND_* posts an asynchronous send (comm::Group::send_async) and goes on; RECV_*
 // blocks until its tensor arrived (a buffer from StageWork::receive_buffer). A transfer's tag is
 // (direction, consuming stage, micro-batch), so a receive can only match its own send. Every send
@@ -15,7 +17,7 @@
 // (naming the rank, within parallel.timeout_s), prefixed with this rank's action.
 //
 // Invariants: the table passed validate_schedule (the executor trusts its order); StageWork is
-// called only for compute actions, on this rank's stages, in table order.
+// called only for compute and parameter actions, on this rank's stages, in table order.
 #pragma once
 
 #include <functional>
@@ -35,10 +37,13 @@ struct StageWork {
   std::function<at::Tensor(const Action& action, const at::Tensor& input)> compute;
   // An empty tensor of the shape and dtype that RECV action `recv` receives.
   std::function<at::Tensor(const Action& recv)> receive_buffer;
+  // Runs a GATHER, RELEASE or OPTIM (unset: the table must have none).
+  std::function<void(const Action& action)> parameters;
 };
 
 // Runs rank pipe.rank()'s actions of `schedule` (pipe: the pp group, group rank = pipeline rank).
-// Returns the compute actions and receives with their start and end in seconds since the call.
+// Returns the compute actions, receives, GATHERs and OPTIM with their start and end in seconds
+// since the call.
 std::vector<TimedAction> run_schedule(const Schedule& schedule, comm::Group& pipe, const StageWork& work);
 
 // Every rank's timeline (from run_schedule) on every rank, in rank order (a collective of `pipe`);

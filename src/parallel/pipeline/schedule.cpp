@@ -17,9 +17,10 @@ struct OpName {
   const char* name;
 };
 // Longest names first, so that "SEND_F" is not read as "S..." of something shorter.
-constexpr OpName kOpNames[] = {{Op::SendF, "SEND_F"}, {Op::RecvF, "RECV_F"}, {Op::SendB, "SEND_B"},
-                               {Op::RecvB, "RECV_B"}, {Op::F, "F"},          {Op::B, "B"},
-                               {Op::I, "I"},          {Op::W, "W"}};
+constexpr OpName kOpNames[] = {{Op::Release, "RELEASE"}, {Op::Gather, "GATHER"}, {Op::SendF, "SEND_F"},
+                               {Op::RecvF, "RECV_F"},    {Op::SendB, "SEND_B"},   {Op::RecvB, "RECV_B"},
+                               {Op::F, "F"},             {Op::B, "B"},            {Op::I, "I"},
+                               {Op::W, "W"},             {Op::Optim, "OPTIM"}};
 
 const char* op_name(Op op) {
   for (const auto& n : kOpNames)
@@ -35,20 +36,30 @@ std::string trimmed(const std::string& s) {
 
 }  // namespace
 
-std::string Action::str() const { return std::to_string(stage) + op_name(op) + std::to_string(micro); }
+std::string Action::str() const {
+  if (op == Op::Optim) return op_name(op);
+  if (op == Op::Gather || op == Op::Release) return std::to_string(stage) + op_name(op);
+  return std::to_string(stage) + op_name(op) + std::to_string(micro);
+}
 
 Action parse_action(const std::string& text, const std::string& where) {
   const std::string t = trimmed(text);
+  if (t == op_name(Op::Optim)) return {Op::Optim, 0, 0};
   size_t i = 0;
   while (i < t.size() && std::isdigit(static_cast<unsigned char>(t[i]))) ++i;
   auto bad = [&]() {
-    fail(where, ": '", t, "' is not an action (<stage><F|B|I|W|SEND_F|RECV_F|SEND_B|RECV_B><micro-batch>, e.g. 0F3)");
+    fail(where, ": '", t, "' is not an action (<stage><F|B|I|W|SEND_F|RECV_F|SEND_B|RECV_B><micro-batch>, e.g. 0F3; "
+         "<stage>GATHER, <stage>RELEASE; OPTIM)");
   };
   if (i == 0 || i > 9) bad();
   for (const auto& n : kOpNames) {
     const size_t len = std::char_traits<char>::length(n.name);
-    if (t.compare(i, len, n.name) != 0) continue;
+    if (n.op == Op::Optim || t.compare(i, len, n.name) != 0) continue;
     const std::string micro = t.substr(i + len);
+    if (n.op == Op::Gather || n.op == Op::Release) {
+      if (!micro.empty()) bad();
+      return {n.op, std::stoll(t.substr(0, i)), 0};
+    }
     if (micro.empty() || micro.size() > 9 ||
         !std::all_of(micro.begin(), micro.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }))
       bad();
@@ -72,6 +83,7 @@ void add_communication(Schedule& s) {
   for (int64_t r = 0; r < static_cast<int64_t>(s.ranks.size()); ++r) {
     std::vector<Action> out;
     for (const Action& a : s.ranks[r]) {
+      if (a.is_parameter()) out.push_back(a);
       if (!a.is_compute()) continue;
       const bool forward = a.op == Op::F, input_grad = a.op == Op::B || a.op == Op::I;
       // Receive just before the consumer.
@@ -84,6 +96,36 @@ void add_communication(Schedule& s) {
       if (input_grad && a.stage > 0 && s.rank_of(a.stage - 1) != r) out.push_back({Op::SendB, a.stage, a.micro});
     }
     s.ranks[r] = std::move(out);
+  }
+}
+
+void add_parameter_actions(Schedule& s, Gathers gathers) {
+  for (std::vector<Action>& row : s.ranks) {
+    std::vector<Action> out;
+    // Where each action's GATHER goes: before the receive right ahead of it, if there is one.
+    auto gather_before = [&](int64_t stage) {
+      const bool after_receive = !out.empty() && (out.back().op == Op::RecvF || out.back().op == Op::RecvB);
+      out.insert(after_receive ? out.end() - 1 : out.end(), Action{Op::Gather, stage, 0});
+    };
+    std::vector<int64_t> last_compute(static_cast<size_t>(s.stages()), -1);  // per stage, in `row`
+    for (size_t i = 0; i < row.size(); ++i)
+      if (row[i].is_compute()) last_compute[row[i].stage] = static_cast<int64_t>(i);
+    std::vector<bool> gathered(static_cast<size_t>(s.stages()), false);
+    for (size_t i = 0; i < row.size(); ++i) {
+      const Action& a = row[i];
+      if (a.is_parameter()) continue;
+      if (gathers == Gathers::per_action && a.is_compute()) gather_before(a.stage);
+      if (gathers == Gathers::per_step && a.is_compute() && !gathered[a.stage]) {
+        gather_before(a.stage);
+        gathered[a.stage] = true;
+      }
+      out.push_back(a);
+      const bool release = (gathers == Gathers::per_action && a.is_compute()) ||
+                           (gathers == Gathers::per_step && static_cast<int64_t>(i) == last_compute[a.stage]);
+      if (release) out.push_back({Op::Release, a.stage, 0});
+    }
+    out.push_back({Op::Optim, 0, 0});
+    row = std::move(out);
   }
 }
 
@@ -120,7 +162,7 @@ Schedule read_schedule_csv(const std::string& path, int64_t pp, int64_t v, int64
       ++column;
       if (trimmed(cell).empty()) continue;
       actions.push_back(parse_action(cell, path + ": row " + std::to_string(row) + ", cell " + std::to_string(column)));
-      has_communication = has_communication || !actions.back().is_compute();
+      has_communication = has_communication || actions.back().is_transfer();
     }
     s.ranks.push_back(std::move(actions));
   }
@@ -137,7 +179,7 @@ std::string format_grid(const Schedule& s, bool compute_only, int64_t mark_rank,
     for (size_t i = 0; i < s.ranks[r].size(); ++i) {
       const Action& a = s.ranks[r][i];
       const bool marked = static_cast<int64_t>(r) == mark_rank && static_cast<int64_t>(i) == mark_index;
-      if (compute_only && !a.is_compute() && !marked) continue;
+      if (compute_only && a.is_transfer() && !marked) continue;
       cells[r].push_back(marked ? "[" + a.str() + "]" : a.str());
       width = std::max(width, cells[r].back().size());
     }

@@ -18,9 +18,18 @@
 //   SEND_B / RECV_B   the gradient leaving stage s for stage s-1 (SEND_B: producer s, RECV_B:
 //          consumer s-1).
 // Sends are asynchronous (posted, completed later); a receive blocks until its data arrived.
+// Parameter actions (add_parameter_actions; the micro field is 0):
+//   GATHER / RELEASE  ZeRO-3 over the stage's data-parallel replicas: from GATHER(s) to RELEASE(s)
+//          the parameters of stage s are whole on this rank (all-gathered from their shards, a
+//          collective of the replicas, which run the same row), sharded again after. In a table
+//          that has them, every compute action of a stage stands between a GATHER and a RELEASE.
+//   OPTIM  the optimizer step: the gradients finished (reduced over the replicas, the tied
+//          embedding's copies summed), clipped by the norm over every stage and applied. The last
+//          action of each rank; the rank's sends are complete before it.
 //
 // Text form (as torch.distributed.pipelining writes actions): "<stage><OP><micro>", e.g. "0F3",
-// "2I0", "1SEND_F4"; a CSV file holds one row per rank, one action per cell (empty cells ignored).
+// "2I0", "1SEND_F4"; "<stage>GATHER", "<stage>RELEASE", "OPTIM". A CSV file holds one row per
+// rank, one action per cell (empty cells ignored).
 #pragma once
 
 #include <cstdint>
@@ -29,7 +38,7 @@
 
 namespace tessera::pipeline {
 
-enum class Op : uint8_t { F, B, I, W, SendF, RecvF, SendB, RecvB };
+enum class Op : uint8_t { F, B, I, W, SendF, RecvF, SendB, RecvB, Gather, Release, Optim };
 
 struct Action {
   Op op = Op::F;
@@ -38,10 +47,12 @@ struct Action {
 
   bool operator==(const Action& o) const { return op == o.op && stage == o.stage && micro == o.micro; }
   bool is_compute() const { return op == Op::F || op == Op::B || op == Op::I || op == Op::W; }
-  std::string str() const;  // "0F3"
+  bool is_parameter() const { return op == Op::Gather || op == Op::Release || op == Op::Optim; }
+  bool is_transfer() const { return !is_compute() && !is_parameter(); }
+  std::string str() const;  // "0F3", "1GATHER", "OPTIM"
 };
 
-// Parses "0F3", "1SEND_B2"; throws tessera::Error naming `where` on anything else.
+// Parses "0F3", "1SEND_B2", "2GATHER", "OPTIM"; throws tessera::Error naming `where` on anything else.
 Action parse_action(const std::string& text, const std::string& where);
 
 enum class Placement : uint8_t { loop, vee };
@@ -68,14 +79,30 @@ struct Schedule {
 // one rank. Existing communication actions are removed first.
 void add_communication(Schedule& schedule);
 
+// How a table brings a stage's sharded parameters in (ZeRO-3 over its data-parallel replicas):
+//   none        no GATHER/RELEASE (the parameters are whole on every rank);
+//   per_step    GATHER(s) before the rank's first action on stage s (ahead of the receive that
+//               feeds it, so the gather overlaps the wait), RELEASE(s) after its last compute
+//               action: the parameters are gathered once and kept for every micro-batch;
+//   per_action  GATHER(s) before each compute action on s (again ahead of its receive), RELEASE(s)
+//               right after it (parallel.zero3_reshard_per_microbatch): one stage whole at a time,
+//               at one gather per compute action.
+enum class Gathers : uint8_t { none, per_step, per_action };
+
+// Replaces the table's parameter actions: GATHER/RELEASE by `gathers`, and OPTIM at the end of
+// every rank's row.
+void add_parameter_actions(Schedule& schedule, Gathers gathers);
+
 // One row per rank of comma-separated actions.
 std::string to_csv(const Schedule& schedule);
 // Reads a CSV table for `pp` ranks, `v` stages each, `micro_batches` micro-batches, with
-// `placement`; adds the communication when the file has none. Errors name the file, row and cell.
+// `placement`; adds the communication when the file has none. Parameter actions in the file are
+// kept (the training step replaces them by its own, add_parameter_actions). Errors name the file, row and cell.
 Schedule read_schedule_csv(const std::string& path, int64_t pp, int64_t v, int64_t micro_batches, Placement placement);
 
 // The table as a grid, one line per rank, one column per slot; `mark` (rank, index) is drawn
-// as [action] (index -1: none). `compute_only` leaves out the communication actions.
+// as [action] (index -1: none). `compute_only` leaves out the communication actions (not the
+// parameter actions).
 std::string format_grid(const Schedule& schedule, bool compute_only = true, int64_t mark_rank = -1,
                         int64_t mark_index = -1);
 

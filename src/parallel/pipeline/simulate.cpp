@@ -20,6 +20,8 @@ double ActionCosts::of(Op op) const {
     case Op::B: return b;
     case Op::I: return i;
     case Op::W: return w;
+    case Op::Gather: return gather;
+    case Op::Optim: return optim;
     default: return 0;
   }
 }
@@ -37,8 +39,9 @@ Simulation simulate_schedule(const Schedule& s, const ActionCosts& costs) {
   sim.timeline.resize(pp);
   sim.busy.assign(pp, 0);
   sim.peak_held.assign(pp, 0);
-  std::vector<double> clock(pp, 0);
-  std::vector<int64_t> next(pp, 0), held(pp, 0);
+  sim.peak_gathered.assign(pp, 0);
+  std::vector<double> clock(pp, 0), sent(pp, 0);  // sent: when the rank's last send arrives
+  std::vector<int64_t> next(pp, 0), held(pp, 0), gathered(pp, 0);
   std::map<EventKey, double> done;     // compute ends, and arrivals (keyed by the send)
 
   // The time the inputs of `a` on rank r are ready, or -1 when one has not happened yet; `why`
@@ -61,6 +64,9 @@ Simulation simulate_schedule(const Schedule& s, const ActionCosts& costs) {
       case Op::SendB: needs.emplace_back(Op::I, a.stage, a.micro); break;
       case Op::RecvF: needs.emplace_back(Op::SendF, a.stage - 1, a.micro); break;
       case Op::RecvB: needs.emplace_back(Op::SendB, a.stage + 1, a.micro); break;
+      case Op::Gather:
+      case Op::Release: break;
+      case Op::Optim: return sent[r];
     }
     double ready = 0;
     for (const EventKey& key : needs) {
@@ -90,17 +96,21 @@ Simulation simulate_schedule(const Schedule& s, const ActionCosts& costs) {
         if (ready < 0) break;
         if (a.op == Op::SendF || a.op == Op::SendB) {
           done[{a.op, a.stage, a.micro}] = std::max(clock[r], ready) + costs.transfer;
+          sent[r] = std::max(sent[r], done[{a.op, a.stage, a.micro}]);
+        } else if (a.op == Op::Release) {
+          gathered[r] -= 1;
         } else {
           const double start = std::max(clock[r], ready), end = start + costs.of(a.op);
           clock[r] = end;
-          sim.busy[r] += costs.of(a.op);
+          if (a.is_compute()) sim.busy[r] += costs.of(a.op);
           sim.timeline[r].push_back({a, start, end});
           if (a.is_compute()) {
             const Op key = a.op == Op::B ? Op::I : a.op;
             done[{key, a.stage, a.micro}] = end;
-          } else {
+          } else if (a.is_transfer()) {
             done[{a.op, a.stage, a.micro}] = end;
           }
+          if (a.op == Op::Gather) sim.peak_gathered[r] = std::max(sim.peak_gathered[r], ++gathered[r]);
           if (a.op == Op::F) held[r] += 1;
           if (a.op == Op::B || a.op == Op::W) held[r] -= 1;
           sim.peak_held[r] = std::max(sim.peak_held[r], held[r]);

@@ -8,7 +8,11 @@
 //   its RECV_B. W(s, j) needs I(s, j).
 //   SEND_* takes no time on the rank (it is posted and completes in the background); the data
 //   arrives `transfer` after the send was posted. RECV_* waits until its data arrived.
+//   GATHER takes `gather` on the rank (a collective of its data replicas, which run alike), RELEASE
+//   nothing; OPTIM waits for the rank's sends to arrive, then takes `optim`.
 // Held activations: +1 at F, -1 at B or W (I frees nothing that W does not still need).
+// Gathered stages: +1 at GATHER, -1 at RELEASE (whole parameters, in units of one stage's).
+// Busy time counts the compute actions only: a gather or the optimizer step is not pipeline work.
 //
 // A table in which some rank can never run its next action (a receive whose send never comes, an
 // action before its own input) ends the replay early: `stuck` lists each blocked rank's action.
@@ -24,6 +28,7 @@ namespace tessera::pipeline {
 struct ActionCosts {
   double f = 1, b = 2, i = 1, w = 1;  // compute, per action (one stage, one micro-batch)
   double transfer = 0;                // from a send being posted to the data's arrival
+  double gather = 0, optim = 0;       // a GATHER, an OPTIM
   double of(Op op) const;
 };
 
@@ -43,6 +48,7 @@ struct Simulation {
   double step_time = 0;                            // the last action's end
   std::vector<double> busy;                        // compute time per rank
   std::vector<int64_t> peak_held;                  // most activations held at once, per rank
+  std::vector<int64_t> peak_gathered;              // most stages gathered at once, per rank
   std::vector<BlockedRank> stuck;                  // empty when the table ran to its end
 
   // Idle share of pp x step_time.

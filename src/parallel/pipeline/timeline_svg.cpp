@@ -18,8 +18,11 @@ std::string escaped(const std::string& text) {
   return out;
 }
 
-// hsl() colour of a micro-batch: hue by micro-batch, lightness by kind.
+// hsl() colour of a micro-batch: hue by micro-batch, lightness by kind; greys for a GATHER and
+// the optimizer step.
 std::string fill_of(const Action& a, int64_t micro_batches) {
+  if (a.op == Op::Gather) return "#999";
+  if (a.op == Op::Optim) return "#444";
   const int hue = static_cast<int>((a.micro * 360) / std::max<int64_t>(micro_batches, 1)) % 360;
   const int light = a.op == Op::F ? 62 : a.op == Op::W ? 82 : 40;
   char buffer[40];
@@ -45,7 +48,7 @@ std::string timeline_svg(const Schedule& s, const Simulation& sim, const std::st
         << "\" fill=\"none\" stroke=\"#ddd\"/>\n";
     for (const TimedAction& t : sim.timeline[r]) {
       const double x = kLeft + t.start * scale, w = (t.end - t.start) * scale;
-      if (!t.action.is_compute()) {
+      if (t.action.is_transfer()) {
         if (w > 0)
           out << "<rect x=\"" << x << "\" y=\"" << y + kBox * 0.4 << "\" width=\"" << w << "\" height=\"" << kBox * 0.2
               << "\" fill=\"#bbb\"><title>" << t.action.str() << " (waiting)</title></rect>\n";
@@ -61,7 +64,7 @@ std::string timeline_svg(const Schedule& s, const Simulation& sim, const std::st
   }
   out << "<text x=\"" << kLeft << "\" y=\"" << height - 14
       << "\">boxes: &lt;stage&gt;&lt;F|B|I|W&gt;&lt;micro-batch&gt;; colour = micro-batch; F bright, B/I dark, W pale; "
-         "white = idle (bubble)</text>\n</svg>\n";
+         "grey = ZeRO-3 GATHER, dark grey = OPTIM; white = idle (bubble)</text>\n</svg>\n";
   return out.str();
 }
 
@@ -74,7 +77,7 @@ std::string timeline_chrome_trace(const std::vector<std::vector<TimedAction>>& t
         << ", \"args\": {\"name\": \"pipeline rank " << r << "\"}}";
     first = false;
     for (const TimedAction& t : timeline[r])
-      out << ",\n{\"name\": \"" << t.action.str() << "\", \"cat\": \"" << (t.action.is_compute() ? "compute" : "wait")
+      out << ",\n{\"name\": \"" << t.action.str() << "\", \"cat\": \"" << (t.action.is_compute() ? "compute" : t.action.is_transfer() ? "wait" : "parameters")
           << "\", \"ph\": \"X\", \"pid\": " << r << ", \"tid\": 0, \"ts\": " << t.start * seconds_per_unit * 1e6
           << ", \"dur\": " << (t.end - t.start) * seconds_per_unit * 1e6 << "}";
   }

@@ -19,13 +19,49 @@ std::string schedule_title(const Schedule& s) {
 }
 
 [[noreturn]] void refuse(const Schedule& s, int64_t rank, int64_t index, const std::string& what) {
-  const bool comm = index >= 0 && !s.ranks[rank][index].is_compute();
+  const bool comm = index >= 0 && s.ranks[rank][index].is_transfer();
   fail(schedule_title(s), ": rank ", rank, ", action ", index >= 0 ? s.ranks[rank][index].str() : std::string("-"),
        " (position ", index, "): ", what, "\n", format_grid(s, !comm, rank, index));
 }
 
 // Where each action of a kind stands: (op, stage, micro) -> (rank, index), refusing duplicates.
 using Where = std::map<std::tuple<Op, int64_t, int64_t>, std::pair<int64_t, int64_t>>;
+
+// GATHER/RELEASE bracket every compute action of a table that has them; OPTIM once per rank, last.
+void check_parameter_actions(const Schedule& s) {
+  bool gated = false;
+  for (const auto& row : s.ranks)
+    for (const Action& a : row) gated = gated || a.op == Op::Gather;
+  int64_t stepping = 0, first_without = -1;
+  for (int64_t r = 0; r < s.pp; ++r) {
+    std::vector<bool> gathered(static_cast<size_t>(s.stages()), false);
+    int64_t optim = -1;
+    for (int64_t i = 0; i < static_cast<int64_t>(s.ranks[r].size()); ++i) {
+      const Action& a = s.ranks[r][i];
+      const std::string stage = "stage " + std::to_string(a.stage);
+      if (a.op == Op::Gather) {
+        if (gathered[a.stage]) refuse(s, r, i, "gathers " + stage + " again before its RELEASE");
+        gathered[a.stage] = true;
+      } else if (a.op == Op::Release) {
+        if (!gathered[a.stage]) refuse(s, r, i, "releases " + stage + ", which is not gathered");
+        gathered[a.stage] = false;
+      } else if (a.op == Op::Optim) {
+        if (optim >= 0) refuse(s, r, i, "a second optimizer step on this rank");
+        optim = i;
+      } else if (a.is_compute()) {
+        if (optim >= 0) refuse(s, r, i, "comes after the optimizer step (OPTIM at position " + std::to_string(optim) + ")");
+        if (gated && !gathered[a.stage])
+          refuse(s, r, i, "computes while the parameters of " + stage + " are sharded (no GATHER since its last RELEASE)");
+      }
+    }
+    for (int64_t st = 0; st < s.stages(); ++st)
+      if (gathered[st]) refuse(s, r, -1, "stage " + std::to_string(st) + " is gathered and never released");
+    if (optim >= 0) ++stepping;
+    else if (first_without < 0) first_without = r;
+  }
+  if (stepping > 0 && first_without >= 0)
+    refuse(s, first_without, -1, "has no OPTIM while " + std::to_string(stepping) + " other rank(s) step the optimizer");
+}
 
 }  // namespace
 
@@ -37,6 +73,7 @@ void validate_schedule(const Schedule& s) {
   for (int64_t r = 0; r < s.pp; ++r)
     for (int64_t i = 0; i < static_cast<int64_t>(s.ranks[r].size()); ++i) {
       const Action& a = s.ranks[r][i];
+      if (a.op == Op::Optim) continue;
       if (a.stage < 0 || a.stage >= s.stages())
         refuse(s, r, i, "stage " + std::to_string(a.stage) + " does not exist (" + std::to_string(s.stages()) + " stages)");
       if (a.micro < 0 || a.micro >= s.micro_batches)
@@ -44,6 +81,7 @@ void validate_schedule(const Schedule& s) {
                             std::to_string(s.micro_batches) + " per step)");
       if (s.rank_of(a.stage) != r)
         refuse(s, r, i, "stage " + std::to_string(a.stage) + " is held by rank " + std::to_string(s.rank_of(a.stage)));
+      if (a.is_parameter()) continue;  // checked below
       if (!where.emplace(std::make_tuple(a.op, a.stage, a.micro), std::make_pair(r, i)).second)
         refuse(s, r, i, "appears twice");
     }
@@ -103,6 +141,7 @@ void validate_schedule(const Schedule& s) {
     if (op == Op::RecvB && (stage + 1 >= s.stages() || s.rank_of(stage + 1) == pos.first))
       refuse(s, pos.first, pos.second, "receives where no transfer is");
   }
+  check_parameter_actions(s);
   const Simulation sim = simulate_schedule(s);
   if (!sim.stuck.empty()) {
     std::string blocked;

@@ -3,6 +3,7 @@
 // rank and action, and tables survive CSV.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -131,6 +132,79 @@ TEST(PipelineSchedules, BrokenTablesAreRefusedNamingRankAndAction) {
     tight.peak_limit[0] = 1;
     EXPECT_TRUE(test::throws_naming([&] { validate_schedule(tight); }, {"holds 2 micro-batches' activations", "1 the schedule states"}));
   }
+}
+
+// ZeRO-3's GATHER/RELEASE and the optimizer step as table actions: once per step a rank holds all
+// its stages whole (interleaved: v of them), per action one at a time, with one gather per compute
+// action; the validator refuses a compute action outside its gather and a misplaced OPTIM.
+TEST(PipelineSchedules, GathersAndTheOptimizerStepAreActionsOfTheTable) {
+  const int64_t p = 2, m = 4, v = 2;
+  for (const Gathers mode : {Gathers::per_step, Gathers::per_action}) {
+    Schedule s = build_schedule("interleaved", p, m, v);
+    add_parameter_actions(s, mode);
+    validate_schedule(s);
+    const Simulation sim = simulate_schedule(s);
+    for (int64_t r = 0; r < p; ++r) {
+      int64_t gathers = 0, compute = 0;
+      for (const Action& a : s.ranks[r]) {
+        gathers += a.op == Op::Gather;
+        compute += a.is_compute();
+      }
+      EXPECT_EQ(s.ranks[r].back().op, Op::Optim) << r;
+      EXPECT_EQ(gathers, mode == Gathers::per_step ? v : compute) << r;
+      EXPECT_EQ(sim.peak_gathered[r], mode == Gathers::per_step ? v : 1) << r;
+    }
+    // A gather runs ahead of the receive that feeds its action.
+    if (mode == Gathers::per_action) {
+      const int64_t f = index_of(s, 1, {Op::F, 1, 0});
+      EXPECT_EQ(s.ranks[1][f - 1].op, Op::RecvF);
+      EXPECT_EQ(s.ranks[1][f - 2].op, Op::Gather);
+    }
+  }
+  // Gather costs lengthen the step; the bubble counts compute alone.
+  Schedule timed = build_schedule("1f1b", p, m, 1);
+  add_parameter_actions(timed, Gathers::per_action);
+  ActionCosts costs;
+  costs.gather = 0.5;
+  const double plain = simulate_schedule(timed).step_time, with = simulate_schedule(timed, costs).step_time;
+  EXPECT_GT(with, plain + 0.5 - 1e-9);
+  EXPECT_LE(with, plain + static_cast<double>(p * 2 * m) * 0.5 + 1e-9);
+  EXPECT_NEAR(simulate_schedule(timed, costs).busy[0], simulate_schedule(timed).busy[0], 1e-12);
+
+  Schedule good = build_schedule("1f1b", p, m, 1);
+  add_parameter_actions(good, Gathers::per_action);
+  {  // A compute action whose gather is gone.
+    Schedule s = good;
+    const int64_t f = index_of(s, 0, {Op::F, 0, 2});
+    ASSERT_EQ(s.ranks[0][f - 1].op, Op::Gather);
+    s.ranks[0].erase(s.ranks[0].begin() + f - 1);
+    EXPECT_TRUE(test::throws_naming([&] { validate_schedule(s); },
+                                    {"rank 0, action 0F2", "parameters of stage 0 are sharded", "[0F2]"}));
+  }
+  {  // A release twice, and a stage never released.
+    Schedule s = good;
+    const int64_t f = index_of(s, 0, {Op::F, 0, 2});
+    s.ranks[0].insert(s.ranks[0].begin() + f + 1, Action{Op::Release, 0, 0});
+    EXPECT_TRUE(test::throws_naming([&] { validate_schedule(s); }, {"releases stage 0, which is not gathered"}));
+    Schedule open = good;
+    auto& row = open.ranks[1];
+    row.erase(std::find(row.rbegin(), row.rend(), Action{Op::Release, 1, 0}).base() - 1);  // the last RELEASE
+    EXPECT_TRUE(test::throws_naming([&] { validate_schedule(open); }, {"rank 1", "stage 1 is gathered and never released"}));
+  }
+  {  // OPTIM before a compute action, and on one rank only.
+    Schedule s = good;
+    s.ranks[0].pop_back();
+    s.ranks[0].insert(s.ranks[0].begin(), Action{Op::Optim, 0, 0});
+    EXPECT_TRUE(test::throws_naming([&] { validate_schedule(s); }, {"comes after the optimizer step"}));
+    Schedule one = good;
+    one.ranks[1].pop_back();
+    EXPECT_TRUE(test::throws_naming([&] { validate_schedule(one); }, {"rank 1", "has no OPTIM"}));
+  }
+  // The text form reads back.
+  EXPECT_EQ(parse_action("3GATHER", "t"), (Action{Op::Gather, 3, 0}));
+  EXPECT_EQ(parse_action("1RELEASE", "t"), (Action{Op::Release, 1, 0}));
+  EXPECT_EQ(parse_action("OPTIM", "t"), (Action{Op::Optim, 0, 0}));
+  EXPECT_TRUE(test::throws_naming([&] { parse_action("1GATHER2", "cell"); }, {"cell", "1GATHER2", "<stage>GATHER"}));
 }
 
 // DualPipeV: every (stage, micro-batch) once, some backwards whole (B, paired with a forward of the
