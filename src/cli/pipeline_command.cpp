@@ -1,6 +1,8 @@
 // `tessera pipeline`: builds (or reads) a pipeline schedule, validates it, replays it with
 // per-action costs and prints the table, the step time, the bubble against the schedule's
 // formula and the peak of held activations per rank; --svg draws the timeline. No model runs.
+// --zero3 step|action adds ZeRO-3's GATHER/RELEASE (and the optimizer step) as a training run at
+// parallel.zero_stage 3 has them, and prints the most stages each rank holds whole.
 // --measure MS runs the table on pp local processes (Gloo) whose compute actions sleep their cost
 // x MS milliseconds (parallel/pipeline/measure.h) and prints the measured bubble beside the
 // simulated one (--svg then also draws the measured timeline, FILE.measured.svg).
@@ -27,14 +29,14 @@ namespace {
 
 using namespace tessera::pipeline;
 
-// "f=1,b=2,i=1,w=1,transfer=0.1" -> costs (keys may be left out).
+// "f=1,b=2,i=1,w=1,transfer=0.1,gather=0.5,optim=1" -> costs (keys may be left out).
 ActionCosts parse_costs(const std::string& text) {
   ActionCosts costs;
   std::stringstream items(text);
   std::string item;
   while (std::getline(items, item, ',')) {
     const auto eq = item.find('=');
-    require(eq != std::string::npos, "--costs: '", item, "' is not key=value (keys f, b, i, w, transfer)");
+    require(eq != std::string::npos, "--costs: '", item, "' is not key=value (keys f, b, i, w, transfer, gather, optim)");
     const std::string key = item.substr(0, eq);
     double value = 0;
     try {
@@ -48,7 +50,9 @@ ActionCosts parse_costs(const std::string& text) {
     else if (key == "i") costs.i = value;
     else if (key == "w") costs.w = value;
     else if (key == "transfer") costs.transfer = value;
-    else fail("--costs: unknown key '", key, "' (f, b, i, w, transfer)");
+    else if (key == "gather") costs.gather = value;
+    else if (key == "optim") costs.optim = value;
+    else fail("--costs: unknown key '", key, "' (f, b, i, w, transfer, gather, optim)");
   }
   return costs;
 }
@@ -67,7 +71,7 @@ double formula_bubble(const Schedule& s) {
 
 Command add_pipeline_command(CLI::App& app) {
   struct Args {
-    std::string schedule = "1f1b", costs, svg, csv;
+    std::string schedule = "1f1b", costs, svg, csv, zero3 = "none";
     int64_t pp = 4, microbatches = 8, virtual_stages = 0;
     double measure_ms = 0;
     bool vee = false;
@@ -82,7 +86,13 @@ Command add_pipeline_command(CLI::App& app) {
   cmd->add_option("--virtual", args->virtual_stages,
                   "stages per rank (default: 2 for interleaved, zbv and dualpipev, else 1)");
   cmd->add_flag("--vee", args->vee, "with file:PATH, V placement (rank 0 holds the first and last stage)");
-  cmd->add_option("--costs", args->costs, "action costs, e.g. f=1,b=2,i=1,w=1,transfer=0 (the defaults)");
+  cmd->add_option("--costs", args->costs,
+                  "action costs, e.g. f=1,b=2,i=1,w=1,transfer=0,gather=0,optim=0 (the defaults)");
+  cmd->add_option("--zero3", args->zero3,
+                  "none, or ZeRO-3's GATHER/RELEASE per step or per action (parallel.zero3_reshard_per_microbatch), "
+                  "with the optimizer step")
+      ->check(CLI::IsMember({"none", "step", "action"}))
+      ->capture_default_str();
   cmd->add_option("--svg", args->svg, "draw the simulated timeline to this SVG file");
   cmd->add_option("--csv", args->csv, "write the table (with its communication) to this CSV file");
   cmd->add_option("--measure", args->measure_ms,
@@ -95,9 +105,10 @@ Command add_pipeline_command(CLI::App& app) {
     ParallelOptions layout;  // its default stages per rank for the schedule
     layout.pp_schedule = args->schedule;
     const int64_t v = args->virtual_stages > 0 ? args->virtual_stages : (args->vee ? 2 : layout.pipeline_virtual());
-    const Schedule s = from_file ? read_schedule_csv(args->schedule.substr(5), args->pp, v, args->microbatches,
-                                                     args->vee ? Placement::vee : Placement::loop)
-                                 : build_schedule(args->schedule, args->pp, args->microbatches, v);
+    Schedule s = from_file ? read_schedule_csv(args->schedule.substr(5), args->pp, v, args->microbatches,
+                                               args->vee ? Placement::vee : Placement::loop)
+                           : build_schedule(args->schedule, args->pp, args->microbatches, v);
+    if (args->zero3 != "none") add_parameter_actions(s, args->zero3 == "step" ? Gathers::per_step : Gathers::per_action);
     validate_schedule(s);
     const ActionCosts costs = parse_costs(args->costs);
     const Simulation sim = simulate_schedule(s, costs);
@@ -120,14 +131,16 @@ Command add_pipeline_command(CLI::App& app) {
       measured = measure_schedule(s, mesh->group("pp"), costs, args->measure_ms / 1000);
       if (launch.rank != 0) return 0;
     }
-    std::printf("%s: pp %lld, %lld stage(s) per rank, %lld micro-batches (compute actions; <stage><op><micro-batch>)\n%s",
+    std::printf("%s: pp %lld, %lld stage(s) per rank, %lld micro-batches (compute and parameter actions; <stage><op><micro-batch>)\n%s",
                 s.name.c_str(), static_cast<long long>(s.pp), static_cast<long long>(s.v),
                 static_cast<long long>(s.micro_batches), format_grid(s).c_str());
-    std::printf("costs: F %g, B %g, I %g, W %g, transfer %g\n", costs.f, costs.b, costs.i, costs.w, costs.transfer);
+    std::printf("costs: F %g, B %g, I %g, W %g, transfer %g, gather %g, optim %g\n", costs.f, costs.b, costs.i, costs.w,
+                costs.transfer, costs.gather, costs.optim);
     std::printf("step time %g; bubble %.2f%% of %lld ranks x step time", sim.step_time, 100 * sim.bubble(),
                 static_cast<long long>(s.pp));
     const double formula = formula_bubble(s);
-    const bool unit = costs.f == 1 && costs.i == 1 && costs.w == 1 && costs.b == 2 && costs.transfer == 0;
+    const bool unit = costs.f == 1 && costs.i == 1 && costs.w == 1 && costs.b == 2 && costs.transfer == 0 &&
+                      (args->zero3 == "none" || costs.gather == 0);
     if (formula >= 0 && unit) std::printf(" (formula %.2f%%)", 100 * formula);
     if (args->measure_ms > 0)
       std::printf("\nmeasured on %lld processes (actions sleep cost x %g ms): step %.1f ms (simulated %.1f ms); bubble "
@@ -137,6 +150,11 @@ Command add_pipeline_command(CLI::App& app) {
     std::printf("\npeak activations held (micro-batches x one stage), per rank:");
     for (int64_t peak : sim.peak_held) std::printf(" %lld", static_cast<long long>(peak));
     std::printf("\n");
+    if (args->zero3 != "none") {
+      std::printf("peak stages gathered whole (ZeRO-3 per %s), per rank:", args->zero3.c_str());
+      for (int64_t peak : sim.peak_gathered) std::printf(" %lld", static_cast<long long>(peak));
+      std::printf("\n");
+    }
     if (!args->csv.empty()) {
       write_file_durable(args->csv, to_csv(s));
       std::printf("table: %s\n", args->csv.c_str());

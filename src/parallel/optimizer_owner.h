@@ -109,6 +109,12 @@ class OptimizerOwner {
   // The loss is multiplied by this before backward (fp16's dynamic loss scale; 1 otherwise).
   virtual double loss_scale() const { return 1.0; }
   virtual void before_backward(bool last_micro_batch) = 0;
+  // before_backward for a backward that reaches the parameters of pipeline stage `stage` only (a
+  // rank with several stages: DataParallel at ZeRO-2/3 then reduce-scatters that stage's units,
+  // not the others' empty gradients).
+  virtual void before_stage_backward(bool last_micro_batch, const ModelStage& stage) {
+    before_backward(last_micro_batch);
+  }
   virtual void finish_gradients() = 0;
   // The final gradients, whole over the data-parallel ranks (a collective where they are sharded
   // over them), by parameter name (tensor-parallel shards stay shards); between

@@ -72,7 +72,7 @@ at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const
     case Op::B: {
       Stash s = std::move(stash_.at(key));
       stash_.erase(key);
-      owner_.before_backward(--backwards_left_ == 0);
+      owner_.before_stage_backward(--backwards_left_ == 0, stage_of(a.stage));
       if (!last) s.grad_out = input.to(device_, s.output.scalar_type());
       const Roots roots = s.roots();
       torch::autograd::backward(roots.tensors, roots.grads);
@@ -85,7 +85,7 @@ at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const
       // A fully checkpointed block recomputes inside this backward and accumulates its parameters'
       // gradients here (reentrant checkpointing), so the owner sees this backward too; W then
       // finds those parameters out of its graph's reach and computes the rest.
-      if (config_.memory.activation_checkpointing == "full") owner_.before_backward(false);
+      if (config_.memory.activation_checkpointing == "full") owner_.before_stage_backward(false, stage_of(a.stage));
       const Roots roots = s.roots();
       const auto grads = torch::autograd::grad(roots.tensors, {s.input}, roots.grads, /*retain_graph=*/true);
       return grads[0].to(at::kFloat);
@@ -93,7 +93,7 @@ at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const
     case Op::W: {
       Stash s = std::move(stash_.at(key));
       stash_.erase(key);
-      owner_.before_backward(--backwards_left_ == 0);
+      owner_.before_stage_backward(--backwards_left_ == 0, stage_of(a.stage));
       // The parameters this stage's graph reaches (under V placement or interleaving the rank's
       // other stages' parameters are not in it).
       std::vector<at::Tensor> params;
@@ -106,6 +106,10 @@ at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const
     default:
       fail("internal: the pipeline executor asked a stage to compute ", a.str());
   }
+}
+
+ModelStage PipelineStep::stage_of(int64_t stage) const {
+  return ModelStage(cut_.boundaries[stage], cut_.boundaries[stage + 1]);
 }
 
 at::Tensor PipelineStep::activation_buffer(const Batch& batch) const {
@@ -133,9 +137,8 @@ PipelineLosses PipelineStep::run(const std::vector<Batch>& batches, const std::f
   work.compute = [&](const Action& a, const at::Tensor& input) { return compute(a, input, batches); };
   work.receive_buffer = [&](const Action&) { return activation_buffer(batches.front()); };
   work.parameters = [&](const Action& a) {
-    const ModelStage stage(cut_.boundaries[a.stage], cut_.boundaries[a.stage + 1]);
-    if (a.op == Op::Gather) owner_.gather_stage(stage);
-    if (a.op == Op::Release) owner_.release_stage(stage);
+    if (a.op == Op::Gather) owner_.gather_stage(stage_of(a.stage));
+    if (a.op == Op::Release) owner_.release_stage(stage_of(a.stage));
     if (a.op == Op::Optim) optimizer_step();
   };
   timeline_ = pipeline::run_schedule(*schedule_, pipe_, work);

@@ -18,15 +18,15 @@
 //   I(j)  the input's gradient alone (autograd::grad, graph kept); stage 0 has no input to
 //         differentiate and leaves its whole backward to W. Under full activation checkpointing
 //         a block's recomputation accumulates its parameters' gradients during I (reentrant
-//         checkpointing), so the owner is told of the I as of a backward (before_backward(false))
-//         and W computes what remains (the ends).
+//         checkpointing), so the owner is told of the I as of a backward
+//         (before_stage_backward(false, s)) and W computes what remains (the ends).
 //   W(j)  the parameters' gradients (autograd::backward restricted to them), graph freed.
 //   GATHER(s) / RELEASE(s)  the owner's gather_stage / release_stage of stage s (ZeRO-3 over the
 //         stage's dp replicas: the table has them when the owner shards_parameters(), once per
 //         step or, with parallel.zero3_reshard_per_microbatch, around each compute action).
 //   OPTIM the caller's optimizer step (run()'s `optimizer_step`), after the rank's sends.
-// The optimizer owner (parallel/optimizer_owner.h) sees each backward: before_backward(last) ahead
-// of every B and W (an I touches no parameter's gradient but for the case above), `last` on this
+// The optimizer owner (parallel/optimizer_owner.h) sees each backward: before_stage_backward(last,
+// s) ahead of every B and W of stage s (an I touches no parameter's gradient but for the case above), `last` on this
 // rank's final one, so a
 // DataParallel owner reduces over the stage's dp replicas exactly as after gradient accumulation.
 // The optimizer step finishes the gradients, calls tie_embedding(), which sums the tied
@@ -83,6 +83,8 @@ class PipelineStep {
   at::Tensor compute(const pipeline::Action& action, const at::Tensor& input, const std::vector<Batch>& batches);
   // The schedule for `micro_batches` (built when they change), with this owner's gathers.
   const pipeline::Schedule& schedule_for(int64_t micro_batches);
+  // The blocks (and ends) of pipeline stage `stage`.
+  ModelStage stage_of(int64_t stage) const;
   // A float32 buffer for the activation between two stages of `batch`'s rows.
   at::Tensor activation_buffer(const Batch& batch) const;
 

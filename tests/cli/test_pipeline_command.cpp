@@ -31,6 +31,17 @@ TEST(PipelineCommand, PrintsTheTableBubbleAndPeakAndDrawsTheTimeline) {
                {"rank 1, action 1F1", "no 1RECV_F1 precedes it", "[1F1]"});
   expect_error("pipeline --schedule interleaved --pp 4 --microbatches 6", {"multiple of parallel.pp = 4"});
 
+  // ZeRO-3's gathers as table actions: per action one stage whole at a time, per step both of an
+  // interleaved rank's.
+  auto gathers = run_tessera("pipeline --schedule interleaved --pp 2 --microbatches 4 --zero3 action --costs gather=0.5");
+  ASSERT_EQ(gathers.exit_code, 0) << gathers.output;
+  EXPECT_NE(gathers.output.find("rank 0  |  0GATHER      0F0 0RELEASE  0GATHER      0F1"), std::string::npos)
+      << gathers.output;
+  EXPECT_NE(gathers.output.find("OPTIM"), std::string::npos) << gathers.output;
+  EXPECT_NE(gathers.output.find("gathered whole (ZeRO-3 per action), per rank: 1 1"), std::string::npos) << gathers.output;
+  auto once = run_tessera("pipeline --schedule interleaved --pp 2 --microbatches 4 --zero3 step");
+  EXPECT_NE(once.output.find("per rank: 2 2"), std::string::npos) << once.output;
+
   // --measure runs the table on pp processes and draws the measured timeline too.
   auto measured = run_tessera("pipeline --schedule 1f1b --pp 2 --microbatches 4 --measure 5 --svg " + dir + "/m.svg");
   ASSERT_EQ(measured.exit_code, 0) << measured.output;

@@ -322,6 +322,15 @@ const std::vector<Layout>& layouts() {
          c.memory.activation_checkpointing = "full";
          c.train.grad_accum = 2;
        }},
+      {"dp2_pp2_interleaved_zero2_offload_accum2", 4,
+       [](Config& c) {
+         c.model.n_layer = 4;
+         c.parallel.pp = 2;
+         c.parallel.pp_schedule = "interleaved";
+         c.parallel.zero_stage = 2;
+         c.parallel.offload = true;
+         c.train.grad_accum = 2;
+       }},
       {"dp2_pp2_zbv_tp2_zero3_accum2", 8,
        [](Config& c) {
          c.model.n_layer = 4;

@@ -290,6 +290,8 @@ void DataParallel::Impl::register_hooks() {
       }
   }
   arrived.assign(params.size(), 0);
+  in_window.assign(reductions.size(), 1);
+  finalized.assign(units.size(), 0);
   for (size_t i = 0; i < params.size(); ++i)
     torch::autograd::impl::set_post_acc_grad_hooks(params[i].second,
                                                    std::make_unique<GradReadyHook>([this, i] { grad_ready(i); }));
@@ -313,6 +315,16 @@ void DataParallel::before_backward(bool last_micro_batch) {
   std::fill(s.arrived.begin(), s.arrived.end(), 0);
   s.next_launch = 0;
   s.armed = true;
+  s.in_window.assign(s.reductions.size(), 1);
+}
+
+void DataParallel::before_stage_backward(bool last_micro_batch, const ModelStage& stage) {
+  Impl& s = *impl_;
+  before_backward(last_micro_batch);
+  if (s.stage < 2) return;  // buckets mix stages, and are reduced once, after the last backward
+  std::vector<char> in_stage(s.part_units.size(), 0);
+  for (size_t part : s.parts_of(stage)) in_stage[part] = 1;
+  for (size_t r = 0; r < s.reductions.size(); ++r) s.in_window[r] = in_stage[s.unit_part[s.reductions[r].index]];
 }
 
 void DataParallel::Impl::grad_ready(size_t param) {
@@ -322,14 +334,21 @@ void DataParallel::Impl::grad_ready(size_t param) {
   if (!reducing) return;
   require(!arrived[param] && reduction_of[param] >= next_launch, "internal: a second gradient for ",
           params[param].first, " arrived after its reduction was launched");
+  require(in_window[reduction_of[param]], "internal: a gradient for ", params[param].first,
+          " arrived in the backward of another pipeline stage");
   arrived[param] = 1;
   ++reductions[reduction_of[param]].arrived;
-  while (next_launch < reductions.size() && reductions[next_launch].arrived == reductions[next_launch].expected)
-    launch(reductions[next_launch++]);
+  while (next_launch < reductions.size()) {
+    Reduction& r = reductions[next_launch];
+    if (in_window[next_launch] && r.arrived < r.expected) break;
+    if (in_window[next_launch]) launch(r);
+    ++next_launch;
+  }
 }
 
 void DataParallel::Impl::launch_through(size_t end) {
-  while (next_launch < end) launch(reductions[next_launch++]);
+  for (; next_launch < end; ++next_launch)
+    if (in_window[next_launch]) launch(reductions[next_launch]);
 }
 
 void DataParallel::Impl::launch(const Reduction& r) {
@@ -385,10 +404,14 @@ void DataParallel::Impl::collect(PendingScatter& pending) {
   pending.work.wait();
   at::Tensor& shard = grad_shards[pending.unit];
   shard.add_(pending.output);
-  if (!pending.last) return;
-  const int64_t n = units[pending.unit].group().size();
-  if (n > 1) shard.div_(static_cast<double>(n));
-  if (offload) offload->grads_to_host(pending.unit);
+  if (pending.last) finalize(pending.unit);
+}
+
+void DataParallel::Impl::finalize(size_t unit) {
+  const int64_t n = units[unit].group().size();
+  if (n > 1) grad_shards[unit].div_(static_cast<double>(n));
+  if (offload) offload->grads_to_host(unit);
+  finalized[unit] = 1;
 }
 
 void DataParallel::finish_gradients() {
@@ -407,7 +430,12 @@ void DataParallel::finish_gradients() {
       if (s.offload) s.offload->grads_to_host(b);
     }
   } else {
-    s.drain_scatters(0);  // each unit's gradient is divided by N as its last reduce-scatter is collected
+    // Each unit's gradient is divided by N as its last reduce-scatter is collected, or here when
+    // that was in an earlier backward (another pipeline stage of this rank backed last).
+    s.drain_scatters(0);
+    for (size_t u = 0; u < s.units.size(); ++u)
+      if (!s.finalized[u]) s.finalize(u);
+    std::fill(s.finalized.begin(), s.finalized.end(), 0);
   }
   s.armed = false;
   s.reducing = false;

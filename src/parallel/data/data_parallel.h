@@ -56,7 +56,10 @@
 // Details the stages above leave open:
 // - Stages 0-1 send nothing before the last micro-batch (gradients accumulate locally, in the
 //   buckets). Stages 2-3 reduce-scatter every micro-batch, accumulating into the shard, so a full
-//   gradient never outlives its unit's backward (as DeepSpeed does).
+//   gradient never outlives its unit's backward (as DeepSpeed does). A pipeline rank with several
+//   stages (interleaved, V placement) says which stage a backward covers
+//   (before_stage_backward): only that stage's units are reduce-scattered after it, and a unit
+//   whose last backward was not the rank's last is divided by N in finish_gradients.
 // - Stage 3 brings each unit in around its uses by a residency plan (memory/residency/): the
 //   blocks' around their forward and again for their backward, the ends' (embeddings, final
 //   norm; wte is tied to the head) around the embedding, then again from the last block's forward
@@ -130,6 +133,7 @@ class DataParallel : public OptimizerOwner {
   ~DataParallel() override;
 
   void before_backward(bool last_micro_batch) override;
+  void before_stage_backward(bool last_micro_batch, const ModelStage& stage) override;
   void finish_gradients() override;
   bool shards_parameters() const override;
   void gather_stage(const ModelStage& stage) override;

@@ -88,6 +88,10 @@ struct DataParallel::Impl {
   bool reducing = false;  // this backward's gradients are reduced
   bool last_micro_batch = false;
   std::deque<PendingScatter> scatters;
+  // Per reduction: part of this backward (a pipeline stage's backward at stages 2-3 reduces the
+  // units of that stage only; 1 for every reduction otherwise).
+  std::vector<char> in_window;
+  std::vector<char> finalized;  // stages 2-3, per unit: its gradient is this step's mean already
 
   Impl(TransformerLM m, const ReductionGroups& reduction, const ParallelOptions& parallel)
       : model(std::move(m)), dp(*reduction.data), stage(parallel.zero_stage), n_blocks(model->options().n_layer) {
@@ -114,6 +118,9 @@ struct DataParallel::Impl {
   void launch(const Reduction& r);
   void drain_scatters(size_t keep);
   void collect(PendingScatter& pending);
+  // Stages 2-3: the unit's summed shard divided by its group's size (and copied to the host with
+  // offload), once per step.
+  void finalize(size_t unit);
   // Stage 0 with a compressor: averages bucket b with it, on dp's communication thread (run_async).
   void compress(size_t bucket);
 

@@ -37,6 +37,9 @@ MeasuredSchedule measure_schedule(const Schedule& s, comm::Group& pipe, const Ac
     return payload(a.stage, a.micro, a.op == Op::F ? 0 : 1);
   };
   work.receive_buffer = [](const Action&) { return at::empty({3}, at::kDouble); };
+  work.parameters = [&](const Action& a) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(costs.of(a.op) * unit_s));
+  };
   pipe.barrier();
   const std::vector<TimedAction> mine = run_schedule(s, pipe, work);
   // Busy: the compute actions as they ran (a sleep's overshoot is work, not bubble).
