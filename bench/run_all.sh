@@ -8,3 +8,4 @@ bash bench/pipeline_bubble.sh "$build" 50
 python3 bench/pipeline_memory.py "$build"
 python3 bench/pipeline_throughput.py "$build"
 python3 bench/pipeline_zero3.py "$build"
+python3 bench/pipeline_profile_cut.py "$build"

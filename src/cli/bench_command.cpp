@@ -32,6 +32,7 @@
 #include "comm/mesh.h"
 #include "core/error.h"
 #include "memory/host_memory_stats.h"
+#include "plan/stage_cut.h"
 #include "train/config.h"
 #include "train/device_peak.h"
 #include "train/train_step.h"
@@ -155,6 +156,8 @@ Command add_bench_command(CLI::App& app) {
       out["pp_peak_bytes"] = pp_peak;
       out["pp_model_state_bytes"] = pp_state;
       out["pp_schedule"] = config.parallel.pp_schedule;
+      const StageCut cut = pipeline_cut(step.config(), mesh->dims());  // as measured under pp_cut = profile
+      out["pp_cut"] = {{"method", cut.method}, {"boundaries", cut.boundaries}, {"predicted_s", cut.seconds}};
     }
     if (dp) {
       out["comm_bytes_per_step"] = comm_bytes_per_step;

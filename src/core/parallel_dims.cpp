@@ -20,8 +20,8 @@ void ParallelOptions::check(const std::string& source) const {
           source, ": parallel.pp_schedule must be gpipe, 1f1b, interleaved, zbh1, zbv, dualpipev or file:PATH (got \"",
           pp_schedule,
           "\")");
-  require(pp_cut == "layers" || pp_cut == "params", source, ": parallel.pp_cut must be layers or params (got \"",
-          pp_cut, "\")", pp_cut == "profile" ? "; profile (balancing measured block times) is not built yet" : "");
+  require(pp_cut == "layers" || pp_cut == "params" || pp_cut == "profile", source,
+          ": parallel.pp_cut must be layers, params or profile (got \"", pp_cut, "\")");
   require(!zero3_reshard_per_microbatch || (zero_stage == 3 && pp > 1), source,
           ": parallel.zero3_reshard_per_microbatch = true needs parallel.zero_stage = 3 and parallel.pp > 1 (got "
           "zero_stage ", zero_stage, ", pp ", pp, "); without a pipeline ZeRO-3 already gathers each block around "

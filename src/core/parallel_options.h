@@ -10,14 +10,22 @@
 
 namespace tessera {
 
+// parallel.pp_cut = profile, as the workers measured it at start (plan/profile_cut.h); not a key.
+struct ProfiledCut {
+  std::vector<int64_t> layers;          // blocks per stage
+  std::vector<double> seconds;          // per stage, forward + backward of one micro-batch
+  std::vector<double> activation_bytes; // per stage, per micro-batch
+};
+
 struct ParallelOptions {
   int64_t dp = 0;  // data-parallel degree; 0 = world size / (tp * pp * sp)
   int64_t tp = 1;
   int64_t pp = 1;
   std::string pp_schedule = "1f1b";  // gpipe, 1f1b, interleaved, zbh1, zbv, dualpipev, file:PATH (parallel/pipeline)
   int64_t pp_virtual = 0;            // stages per pipeline rank; 0 = the schedule's (2 for interleaved, zbv, dualpipev)
-  std::string pp_cut = "layers";     // layers | params (plan/stage_cut.h)
+  std::string pp_cut = "layers";     // layers | params | profile (plan/stage_cut.h)
   std::vector<int64_t> pp_layers;    // blocks per stage, set by hand (empty: cut by pp_cut)
+  ProfiledCut profiled;              // pp_cut = profile, once measured
   int64_t sp = 1;
   int64_t ep = 1;  // expert parallelism, carved out of the data-parallel ranks (divides dp)
   bool megatron_sp = false;  // with tp > 1: LayerNorm/dropout regions split along the sequence
@@ -46,8 +54,9 @@ struct ParallelOptions {
     v("pp_virtual", pp_virtual,
       "stages per pipeline rank (0 = the schedule's: 2 for interleaved, zbv and dualpipev, else 1)", between(0, 64));
     v("pp_cut", pp_cut,
-      "how blocks are cut into stages: layers (equal block counts) or params (balanced parameters, the embedding and "
-      "the tied head counted with the first and last stage)");
+      "how blocks are cut into stages: layers (equal block counts), params (balanced parameters, the embedding and "
+      "the tied head counted with the first and last stage) or profile (balanced forward + backward time, measured "
+      "by the workers at start, the embedding and the head and loss counted)");
     v("pp_layers", pp_layers,
       "the cut by hand: blocks per pipeline stage, in stage order (pp x stages per rank entries summing to "
       "model.n_layer); empty = cut by pp_cut");

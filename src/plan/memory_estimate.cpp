@@ -141,12 +141,7 @@ MemoryEstimate estimate_memory(const Config& config, const ParallelDims& dims) {
       rank.pipeline_held = sim.peak_held[r];
       if (r == 0 || rank.device_bytes() > e.device_bytes()) e = rank;
     }
-    e.pipeline = "pipeline: " + schedule.name + ", " + std::to_string(dims.pp()) + " ranks x " + std::to_string(v) +
-                 " stage(s), cut by " + cut.method + ":\n" + describe_stage_cut(cut);
-    char text[200];
-    std::snprintf(text, sizeof text, "  %lld micro-batches per step: simulated bubble %.1f%% (equal F, I, W costs)\n",
-                  static_cast<long long>(schedule.micro_batches), 100 * sim.bubble());
-    e.pipeline += text;
+    e.pipeline = describe_pipeline_layout(config, dims);
   }
   const TransformerLM meta(m, ModelStage{}, at::TensorOptions().device(at::kMeta));
   for (const auto& item : meta->named_parameters()) {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <utility>
 
@@ -10,6 +11,7 @@
 #include "model/transformer.h"
 #include "plan/memory_estimate.h"
 #include "parallel/pipeline/schedule_builders.h"
+#include "parallel/pipeline/simulate.h"
 #include "parallel/pipeline/validate.h"
 
 namespace tessera {
@@ -55,10 +57,43 @@ bool StageCut::even() const {
   return true;
 }
 
+namespace {
+
+// The contiguous cut of `blocks` blocks into `stages` minimizing the largest cost(stage, first,
+// end), exact by dynamic programming over the block boundaries; its S + 1 boundaries.
+std::vector<int64_t> balanced_cut(int64_t blocks, int64_t stages,
+                                  const std::function<double(int64_t stage, int64_t first, int64_t end)>& cost) {
+  // best[s][b]: for stages 0..s-1 holding blocks [0, b), the smallest largest stage cost and,
+  // among the cuts reaching it, the smallest sum of squared stage costs (the most even).
+  using Cost = std::pair<double, double>;
+  const Cost none{std::numeric_limits<double>::infinity(), 0};
+  const int64_t L = blocks;
+  std::vector<std::vector<Cost>> best(stages + 1, std::vector<Cost>(L + 1, none));
+  std::vector<std::vector<int64_t>> from(stages + 1, std::vector<int64_t>(L + 1, -1));
+  best[0][0] = {0, 0};
+  for (int64_t s = 1; s <= stages; ++s)
+    for (int64_t b = s; b <= L - (stages - s); ++b)
+      for (int64_t a = s - 1; a < b; ++a) {
+        if (best[s - 1][a] == none) continue;
+        const double c = cost(s - 1, a, b);
+        const Cost value{std::max(best[s - 1][a].first, c), best[s - 1][a].second + c * c};
+        if (value < best[s][b]) {
+          best[s][b] = value;
+          from[s][b] = a;
+        }
+      }
+  std::vector<int64_t> boundaries(stages + 1, L);
+  for (int64_t s = stages; s > 0; --s) boundaries[s - 1] = from[s][boundaries[s]];
+  boundaries[0] = 0;
+  return boundaries;
+}
+
+}  // namespace
+
 StageCut cut_stages(const ModelOptions& m, int64_t stages, const std::string& method) {
   require(stages >= 1 && stages <= m.n_layer, "parallel.pp x stages per rank = ", stages, " pipeline stages, but model.n_layer = ",
           m.n_layer, " blocks: every stage needs at least one block (lower parallel.pp or parallel.pp_virtual)");
-  require(method == "layers" || method == "params", "parallel.pp_cut must be layers or params (got \"", method, "\")");
+  require(method == "layers" || method == "params", "internal: cut_stages by \"", method, "\"");
   const BlockWeights w = block_weights(m);
   const int64_t L = m.n_layer;
   StageCut cut;
@@ -67,31 +102,39 @@ StageCut cut_stages(const ModelOptions& m, int64_t stages, const std::string& me
     cut.boundaries.push_back(0);
     for (int64_t s = 0; s < stages; ++s) cut.boundaries.push_back(cut.boundaries.back() + L / stages + (s < L % stages ? 1 : 0));
   } else {
-    // best[s][b]: for stages 0..s-1 holding blocks [0, b), the smallest largest stage and, among
-    // the cuts reaching it, the smallest sum of squared stage sizes (the most even).
-    using Cost = std::pair<int64_t, double>;
-    const Cost none{std::numeric_limits<int64_t>::max(), 0};
-    std::vector<std::vector<Cost>> best(stages + 1, std::vector<Cost>(L + 1, none));
-    std::vector<std::vector<int64_t>> from(stages + 1, std::vector<int64_t>(L + 1, -1));
-    best[0][0] = {0, 0};
-    for (int64_t s = 1; s <= stages; ++s)
-      for (int64_t b = s; b <= L - (stages - s); ++b)
-        for (int64_t a = s - 1; a < b; ++a) {
-          if (best[s - 1][a] == none) continue;
-          const int64_t w_stage = stage_weight(w, s - 1, stages, a, b);
-          const Cost value{std::max(best[s - 1][a].first, w_stage),
-                           best[s - 1][a].second + static_cast<double>(w_stage) * static_cast<double>(w_stage)};
-          if (value < best[s][b]) {
-            best[s][b] = value;
-            from[s][b] = a;
-          }
-        }
-    cut.boundaries.assign(stages + 1, L);
-    for (int64_t s = stages; s > 0; --s) cut.boundaries[s - 1] = from[s][cut.boundaries[s]];
-    cut.boundaries[0] = 0;
+    cut.boundaries = balanced_cut(L, stages, [&](int64_t s, int64_t first, int64_t end) {
+      return static_cast<double>(stage_weight(w, s, stages, first, end));
+    });
   }
   for (int64_t s = 0; s < stages; ++s)
     cut.parameters.push_back(stage_weight(w, s, stages, cut.boundaries[s], cut.boundaries[s + 1]));
+  return cut;
+}
+
+StageCut cut_by_time(const ModelOptions& m, int64_t stages, const BlockCosts& costs) {
+  require(stages >= 1 && stages <= m.n_layer, "parallel.pp x stages per rank = ", stages, " pipeline stages, but model.n_layer = ",
+          m.n_layer, " blocks: every stage needs at least one block (lower parallel.pp or parallel.pp_virtual)");
+  require(static_cast<int64_t>(costs.block_seconds.size()) == m.n_layer, "internal: ", costs.block_seconds.size(),
+          " block times for ", m.n_layer, " blocks");
+  auto stage_seconds = [&](int64_t s, int64_t first, int64_t end) {
+    double t = (s == 0 ? costs.embedding_seconds : 0) + (s == stages - 1 ? costs.head_seconds : 0);
+    for (int64_t i = first; i < end; ++i) t += costs.block_seconds[i];
+    return t;
+  };
+  StageCut cut = cut_stages(m, [&] {
+    std::vector<int64_t> layers;
+    const std::vector<int64_t> b = balanced_cut(m.n_layer, stages, stage_seconds);
+    for (int64_t s = 0; s < stages; ++s) layers.push_back(b[s + 1] - b[s]);
+    return layers;
+  }());
+  cut.method = "profile";
+  for (int64_t s = 0; s < stages; ++s) {
+    const int64_t first = cut.boundaries[s], end = cut.boundaries[s + 1];
+    cut.seconds.push_back(stage_seconds(s, first, end));
+    double bytes = 0;
+    for (int64_t i = first; i < end; ++i) bytes += costs.block_activation_bytes[i];
+    cut.activation_bytes.push_back(bytes);
+  }
   return cut;
 }
 
@@ -118,6 +161,19 @@ StageCut cut_stages(const ModelOptions& m, const std::vector<int64_t>& layers) {
 StageCut pipeline_cut(const Config& config, const ParallelDims& dims) {
   const ParallelOptions& p = config.parallel;
   const int64_t stages = dims.pp() * p.pipeline_virtual();
+  if (p.pp_layers.empty() && p.pp_cut == "profile") {
+    if (!p.profiled.layers.empty()) {
+      StageCut cut = cut_stages(config.model, p.profiled.layers);
+      cut.method = "profile";
+      cut.seconds = p.profiled.seconds;
+      cut.activation_bytes = p.profiled.activation_bytes;
+      return cut;
+    }
+    // Before the workers measured the blocks (a dry run, the launcher's memory check).
+    StageCut cut = cut_stages(config.model, stages, "params");
+    cut.method = "params until profiled";
+    return cut;
+  }
   if (p.pp_layers.empty()) return cut_stages(config.model, stages, p.pp_cut);
   require(static_cast<int64_t>(p.pp_layers.size()) == stages, "parallel.pp_layers has ", p.pp_layers.size(),
           " entries for ", stages, " pipeline stages (parallel.pp = ", dims.pp(), " x ", p.pipeline_virtual(),
@@ -132,16 +188,35 @@ std::string describe_stage_cut(const StageCut& cut) {
     const int64_t first = cut.boundaries[s], end = cut.boundaries[s + 1];
     const std::string blocks = end - first == 1 ? "block " + std::to_string(first)
                                                 : "blocks " + std::to_string(first) + "-" + std::to_string(end - 1);
-    std::snprintf(text, sizeof text, "  stage %lld: %s%s%s (%s parameters)\n", static_cast<long long>(s),
+    std::snprintf(text, sizeof text, "  stage %lld: %s%s%s (%s parameters", static_cast<long long>(s),
                   blocks.c_str(), s == 0 ? " + embedding" : "", s == cut.stages() - 1 ? " + head" : "",
                   format_count(cut.parameters[s]).c_str());
     out += text;
+    if (!cut.seconds.empty()) {
+      std::snprintf(text, sizeof text, "; measured forward + backward %.2f ms, activations %s per micro-batch",
+                    1000 * cut.seconds[s], format_bytes(cut.activation_bytes[s]).c_str());
+      out += text;
+    }
+    out += ")\n";
   }
   if (!cut.even())
     out += "  (the blocks do not divide evenly into " + std::to_string(cut.stages()) + " stages: the cut above is " +
-           (cut.method == "layers"   ? std::string("as even as it can be, no block dropped")
-            : cut.method == "params" ? std::string("balanced by parameters, no block dropped")
-                                     : std::string("parallel.pp_layers, by hand")) + ")\n";
+           (cut.method == "layers"    ? std::string("as even as it can be, no block dropped")
+            : cut.method == "hand"    ? std::string("parallel.pp_layers, by hand")
+            : cut.method == "profile" ? std::string("balanced by measured time, no block dropped")
+                                      : std::string("balanced by parameters, no block dropped")) + ")\n";
+  if (cut.method == "params until profiled")
+    out += "  (parallel.pp_cut = profile: the workers measure every block at start and cut by time; this is the "
+           "parameter cut meanwhile)\n";
+  if (cut.method == "profile") {
+    const double slowest = *std::max_element(cut.seconds.begin(), cut.seconds.end());
+    double total = 0;
+    for (double t : cut.seconds) total += t;
+    char line[200];
+    std::snprintf(line, sizeof line, "  slowest stage %.2f ms against an even share of %.2f ms (%.0f%% balanced)\n",
+                  1000 * slowest, 1000 * total / static_cast<double>(cut.stages()), 100 * total / (slowest * static_cast<double>(cut.stages())));
+    out += line;
+  }
   return out;
 }
 
@@ -155,6 +230,20 @@ pipeline::Schedule pipeline_schedule(const Config& config, const ParallelDims& d
   pipeline::add_parameter_actions(s, gathers);
   pipeline::validate_schedule(s);
   return s;
+}
+
+std::string describe_pipeline_layout(const Config& config, const ParallelDims& dims) {
+  const StageCut cut = pipeline_cut(config, dims);
+  const pipeline::Schedule schedule = pipeline_schedule(config, dims);
+  const pipeline::Simulation sim = pipeline::simulate_schedule(schedule);
+  char text[200];
+  std::snprintf(text, sizeof text, "pipeline: %s, %lld ranks x %lld stage(s), cut by %s:\n", schedule.name.c_str(),
+                static_cast<long long>(dims.pp()), static_cast<long long>(config.parallel.pipeline_virtual()),
+                cut.method.c_str());
+  std::string out = text + describe_stage_cut(cut);
+  std::snprintf(text, sizeof text, "  %lld micro-batches per step: simulated bubble %.1f%% (equal F, I, W costs)\n",
+                static_cast<long long>(schedule.micro_batches), 100 * sim.bubble());
+  return out + text;
 }
 
 ModelStage rank_stage(const StageCut& cut, const pipeline::Schedule& schedule, int64_t rank) {

@@ -10,6 +10,11 @@
 //                              embedding counted with the first stage and the head (ln_f and
 //                              the tied embedding's copy) with the last (exact, by dynamic
 //                              programming over the block boundaries);
+//   parallel.pp_cut = profile  the contiguous cut minimizing the slowest stage's measured forward
+//                              + backward time of one micro-batch, the embedding counted with the
+//                              first stage and the head and loss with the last
+//                              (plan/profile_cut.h measures them in the workers at start; until
+//                              then, e.g. in a dry run, the cut is the parameter cut and says so);
 //   parallel.pp_layers = [..]  by hand: the block count of each stage in stage order (method
 //                              "hand"; pp_cut is then not used).
 //
@@ -33,22 +38,40 @@
 
 namespace tessera {
 
+// Measured costs of one micro-batch, per block and for the ends (plan/profile_cut.h).
+struct BlockCosts {
+  std::vector<double> block_seconds;           // per block: forward + backward
+  std::vector<double> block_activation_bytes;  // per block: held from its forward to its backward
+  double embedding_seconds = 0;                // token and position embedding, forward + backward
+  double head_seconds = 0;                     // ln_f, the tied head and the loss, forward + backward
+};
+
 struct StageCut {
-  std::string method;                   // layers | params | hand
+  std::string method;                   // layers | params | profile | hand (| "params until profiled")
   std::vector<int64_t> boundaries;      // S + 1 entries: stage s holds blocks [boundaries[s], boundaries[s+1])
   std::vector<int64_t> parameters;      // per stage, with the embedding (first) and the head (last)
+  std::vector<double> seconds;          // profile: per stage, measured forward + backward (else empty)
+  std::vector<double> activation_bytes; // profile: per stage, per micro-batch (else empty)
   int64_t stages() const { return static_cast<int64_t>(boundaries.size()) - 1; }
   bool even() const;                    // every stage has the same number of blocks
 };
 
+// By "layers" or "params".
 StageCut cut_stages(const ModelOptions& model, int64_t stages, const std::string& method);
+// By measured time ("profile").
+StageCut cut_by_time(const ModelOptions& model, int64_t stages, const BlockCosts& costs);
 // The cut by hand: stage s holds layers[s] blocks.
 StageCut cut_stages(const ModelOptions& model, const std::vector<int64_t>& layers);
-// The layout's cut: pp x stages-per-rank stages, by parallel.pp_layers or parallel.pp_cut.
+// The layout's cut: pp x stages-per-rank stages, by parallel.pp_layers or parallel.pp_cut (profile:
+// the cut the workers measured, ParallelOptions::profiled).
 StageCut pipeline_cut(const Config& config, const ParallelDims& dims);
 
 // "stage 0: blocks 0-5 + embedding (43.12M parameters)" per stage, and a note when uneven.
 std::string describe_stage_cut(const StageCut& cut);
+
+// "pipeline: 1f1b, 4 ranks x 1 stage(s), cut by layers:", the stages (describe_stage_cut) and the
+// schedule's simulated bubble.
+std::string describe_pipeline_layout(const Config& config, const ParallelDims& dims);
 
 pipeline::Schedule pipeline_schedule(const Config& config, const ParallelDims& dims,
                                      pipeline::Gathers gathers = pipeline::Gathers::none);

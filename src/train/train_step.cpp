@@ -9,6 +9,7 @@
 
 #include "comm/device.h"
 #include "core/error.h"
+#include "plan/profile_cut.h"
 #include "plan/stage_cut.h"
 #include "precision/autocast.h"
 
@@ -38,20 +39,23 @@ TrainStep::TrainStep(const Config& config, comm::Mesh* mesh)
           " exceeds this machine's ", cores, " cores (0 = use them all)");
   if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
   keep_host_heap();
-  torch::manual_seed(static_cast<uint64_t>(config.train.seed));
   // Under pipeline parallelism each rank builds its stages of the cut (its parameters equal the
-  // whole model's: they depend on the seed and their names only).
+  // whole model's: they depend on the seed and their names only); parallel.pp_cut = profile
+  // measures the blocks first (a collective of the world).
   ModelStage stage;
   if (mesh && mesh->dims().pp() > 1) {
-    check_parallel_layout(config, mesh->dims());
+    check_parallel_layout(config_, mesh->dims());
+    if (config_.parallel.pp_cut == "profile" && config_.parallel.pp_layers.empty())
+      config_.parallel.profiled = profile_pipeline_cut(config_, *mesh);
     const ParallelDims& dims = mesh->dims();
-    stage = rank_stage(pipeline_cut(config, dims), pipeline_schedule(config, dims), mesh->coord().pp);
+    stage = rank_stage(pipeline_cut(config_, dims), pipeline_schedule(config_, dims), mesh->coord().pp);
   }
-  TransformerLM model(config.model, stage);
-  model->to(device_, parameter_dtype(config.precision));
-  parallel_ = parallelize(model, mesh, config);
+  torch::manual_seed(static_cast<uint64_t>(config_.train.seed));
+  TransformerLM model(config_.model, stage);
+  model->to(device_, parameter_dtype(config_.precision));
+  parallel_ = parallelize(model, mesh, config_);
   if (mesh && mesh->dims().pp() > 1)
-    pipeline_ = std::make_unique<PipelineStep>(model, parallel_->owner(), *mesh, config, device_, autocast_);
+    pipeline_ = std::make_unique<PipelineStep>(model, parallel_->owner(), *mesh, config_, device_, autocast_);
 }
 
 TrainStep::~TrainStep() = default;

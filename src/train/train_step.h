@@ -41,11 +41,15 @@ struct StepResult {
 
 class TrainStep {
  public:
-  // Sets the intra-op threads (train.threads), seeds torch with train.seed, builds the model from
-  // config.model on train.device (refused by name when CUDA is asked for but absent) and
+  // Sets the intra-op threads (train.threads), measures the blocks under parallel.pp_cut = profile
+  // (plan/profile_cut.h, a collective of the world), seeds torch with train.seed, builds the model
+  // from config.model on train.device (refused by name when CUDA is asked for but absent) and
   // parallelizes it over `mesh` (null: one process).
   explicit TrainStep(const Config& config, comm::Mesh* mesh = nullptr);
   ~TrainStep();
+
+  // The config the step runs: the one given, with the measured cut under parallel.pp_cut = profile.
+  const Config& config() const { return config_; }
 
   // `observe`, when given, receives the step's final gradients (reduced over the replicas,
   // unscaled, before clipping and the update) whole, under the model's parameter names: a

@@ -19,6 +19,7 @@
 #include "data/training_data.h"
 #include "model/hf_names.h"
 #include "optim/compression/compressor.h"
+#include "plan/stage_cut.h"
 #include "train/checkpoint_transfer.h"
 #include "train/device_peak.h"
 #include "train/metrics.h"
@@ -142,7 +143,7 @@ struct Trainer::State {
   int64_t step = 0;
   int64_t tokens_seen = 0;
   double elapsed_before = 0;  // seconds trained before this process (resume)
-  std::vector<std::string> resume_notes;  // printed once the progress line exists
+  std::vector<std::string> start_notes;  // printed once the progress line exists
 };
 
 Trainer::Trainer(Config config, std::string run_dir, TrainStart start, comm::Mesh* mesh)
@@ -166,14 +167,21 @@ Trainer::Trainer(Config config, std::string run_dir, TrainStart start, comm::Mes
   s.eval_batches = evaluation_batches(s.data->val, c.eval.batches, c.train.batch_size * s.dp, c.train.seq_len);
   s.unigram = unigram_entropy(s.data->train);
 
+  // Under parallel.pp_cut = profile the step measures the blocks and cuts by time; the run's config
+  // keeps the key, not the measured cut, so a resume at another layout measures again.
   s.trainer = std::make_unique<TrainStep>(c, mesh);
+  if (mesh && mesh->dims().pp() > 1) {
+    std::string text = describe_pipeline_layout(s.trainer->config(), mesh->dims());
+    text.pop_back();  // the final newline
+    s.start_notes.push_back(text);
+  }
   s.device = s.trainer->device();
 
   if (!start.init_from.empty()) {
     // The weights alone; every rank reads the tensors it keeps.
     const LoadedCheckpoint ckpt = load_checkpoint(start.init_from, false, {}, /*with_model=*/false);
     load_model_weights(*s.trainer, ckpt);
-    s.resume_notes.push_back("initialized from the model of " + ckpt.dir + " (step 0, a fresh optimizer)");
+    s.start_notes.push_back("initialized from the model of " + ckpt.dir + " (step 0, a fresh optimizer)");
   }
   if (!s.resume.empty()) {
     // Under ZeRO 1-3 each rank reads only the optimizer slices it owns. With checkpoint.gather
@@ -188,12 +196,12 @@ Trainer::Trainer(Config config, std::string run_dir, TrainStart start, comm::Mes
     s.trainer->load_training_state(ckpt.optimizer, optim_file);
     const std::string note =
         restore_compression(c.parallel, s.mesh ? s.mesh->world_size() : 1, s.rank, *s.trainer, ckpt);
-    if (!note.empty()) s.resume_notes.push_back(note);
+    if (!note.empty()) s.start_notes.push_back(note);
     const std::string rng_note = restore_random_streams(ckpt.optimizer, s.rank, s.device, ckpt.step, *s.trainer, optim_file);
-    if (!rng_note.empty()) s.resume_notes.push_back(rng_note);
+    if (!rng_note.empty()) s.start_notes.push_back(rng_note);
     s.step = ckpt.step;
     const std::string note_data = check_resumed_data(ckpt, s.data->train, s.sampler->global_batch());
-    if (!note_data.empty()) s.resume_notes.push_back(note_data);
+    if (!note_data.empty()) s.start_notes.push_back(note_data);
     s.sampler->seek(s.step);
     const std::string meta = ckpt.dir + "/meta.json";
     s.tokens_seen = meta_field<int64_t>(ckpt.meta, "tokens_seen", meta);
@@ -236,7 +244,7 @@ TrainSummary Trainer::run() {
     if (distributed) head << "; " << s.mesh->dims().describe() << ", zero_stage " << c.parallel.zero_stage;
     if (resumed) head << "; resumed at step " << s.step;
     progress.message(head.str());
-    for (const std::string& note : s.resume_notes) progress.message(note);
+    for (const std::string& note : s.start_notes) progress.message(note);
   }
 
   TrainSummary summary;

@@ -92,8 +92,13 @@ TEST(Inspect, PipelineLayoutsShowTheCutScheduleAndLargestRank) {
                "--set train.grad_accum=6",
                {"multiple of parallel.pp = 4"});
   expect_error("inspect --config gpt2_124m --world 16 --set parallel.pp=16", {"16 pipeline stages", "model.n_layer = 12"});
-  expect_error("inspect --config gpt2_124m --world 4 --set parallel.pp=4 --set parallel.pp_cut=profile",
-               {"parallel.pp_cut", "profile", "not built yet"});
+  // The profile cut is measured by the workers; before that the plan shows the parameter cut, saying so.
+  auto profiled = run_tessera("inspect --config gpt2_124m --world 4 --set parallel.pp=4 --set parallel.pp_cut=profile");
+  ASSERT_EQ(profiled.exit_code, 0) << profiled.output;
+  EXPECT_NE(profiled.output.find("cut by params until profiled"), std::string::npos) << profiled.output;
+  EXPECT_NE(profiled.output.find("the workers measure every block at start"), std::string::npos) << profiled.output;
+  expect_error("inspect --config gpt2_124m --world 4 --set parallel.pp=4 --set parallel.pp_cut=time",
+               {"parallel.pp_cut must be layers, params or profile"});
 }
 
 }  // namespace

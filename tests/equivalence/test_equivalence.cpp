@@ -331,6 +331,13 @@ const std::vector<Layout>& layouts() {
          c.parallel.offload = true;
          c.train.grad_accum = 2;
        }},
+      {"pp2_1f1b_profile_cut_accum2", 2,
+       [](Config& c) {
+         c.model.n_layer = 4;
+         c.parallel.pp = 2;
+         c.parallel.pp_cut = "profile";
+         c.train.grad_accum = 2;
+       }},
       {"dp2_pp2_zbv_tp2_zero3_accum2", 8,
        [](Config& c) {
          c.model.n_layer = 4;

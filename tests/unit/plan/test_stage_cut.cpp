@@ -27,6 +27,30 @@ TEST(StageCut, LayersCutCoversEveryBlockOnceAndSaysWhenUneven) {
   EXPECT_NE(describe_stage_cut(uneven).find("stage 3: blocks 8-9 + head"), std::string::npos) << describe_stage_cut(uneven);
 }
 
+// The profile cut balances measured time: a head (with the loss) as costly as four blocks leaves
+// the last stage one block; the stages' predicted times and activation bytes are the sums.
+TEST(StageCut, ProfileCutBalancesMeasuredTime) {
+  ModelOptions m = gpt2();
+  BlockCosts costs;
+  costs.block_seconds.assign(12, 0.010);
+  costs.block_activation_bytes.assign(12, 1 << 20);
+  costs.embedding_seconds = 0.001;
+  costs.head_seconds = 0.040;
+  const StageCut cut = cut_by_time(m, 4, costs);
+  EXPECT_EQ(cut.method, "profile");
+  // At most 50 ms a stage (the last: one block and the head); of those cuts the most even: 31, 40,
+  // 40 and 50 ms.
+  EXPECT_EQ(cut.boundaries, (std::vector<int64_t>{0, 3, 7, 11, 12}));
+  ASSERT_EQ(cut.seconds.size(), 4u);
+  EXPECT_NEAR(cut.seconds[0], 0.031, 1e-12);
+  EXPECT_NEAR(cut.seconds[3], 0.050, 1e-12);
+  EXPECT_DOUBLE_EQ(cut.activation_bytes[1], 4.0 * (1 << 20));
+  const std::string text = describe_stage_cut(cut);
+  EXPECT_NE(text.find("measured forward + backward 50.00 ms, activations 1.00 MiB"), std::string::npos) << text;
+  EXPECT_NE(text.find("balanced by measured time"), std::string::npos) << text;
+  EXPECT_NE(text.find("slowest stage 50.00 ms"), std::string::npos) << text;
+}
+
 TEST(StageCut, ParamsCutBalancesTheEmbeddingAndHeadAgainstBlocks) {
   const StageCut cut = cut_stages(gpt2(), 4, "params");
   ASSERT_EQ(cut.boundaries.size(), 5u);
