@@ -1,0 +1,71 @@
+// Swap plan replay (swap_simulate.h).
+#include "memory/swap/swap_simulate.h"
+
+#include <algorithm>
+#include <map>
+
+#include "core/error.h"
+
+namespace tessera::swap {
+
+SwapTimeline simulate_swap_plan(const SwapPlan& plan) {
+  require(plan.bandwidth > 0, "internal: a swap plan simulated without a bandwidth");
+  SwapTimeline t;
+  std::map<Stream, double> free_at;
+  const auto n = plan.subs.size();
+  std::vector<double> loaded(n, 0), computed(n, 0), stored(n, -1);
+  double evicted = 0;  // the latest EVICT issued so far
+  for (const Action& a : plan.actions) {
+    const SubModel& s = plan.subs[static_cast<size_t>(a.sub)];
+    double ready = 0, cost = 0;
+    switch (a.op) {
+      case Op::Load:
+        ready = evicted;
+        cost = s.parameter_bytes / plan.bandwidth;
+        break;
+      case Op::ComputeF:
+      case Op::ComputeB:
+        ready = loaded[a.sub];
+        cost = a.op == Op::ComputeF ? s.forward_s : s.backward_s;
+        break;
+      case Op::StoreGrad:
+        ready = computed[a.sub];
+        cost = s.gradient_bytes / plan.bandwidth;
+        break;
+      case Op::Optim:
+        ready = stored[a.sub];
+        cost = s.optim_s;
+        break;
+      case Op::Evict:
+        ready = std::max(computed[a.sub], stored[a.sub]);
+        break;
+    }
+    double start = ready, end = ready;
+    if (a.op != Op::Evict) {
+      double& stream = free_at[stream_of(a.op)];
+      start = std::max(stream, ready);
+      if (a.op == Op::ComputeF || a.op == Op::ComputeB) t.exposed_load += std::max(0.0, ready - stream);
+      end = start + cost;
+      stream = end;
+    }
+    switch (a.op) {
+      case Op::Load:
+        loaded[a.sub] = end;
+        t.load_time += cost;
+        break;
+      case Op::ComputeF:
+      case Op::ComputeB:
+        computed[a.sub] = end;
+        t.compute_time += cost;
+        break;
+      case Op::StoreGrad: stored[a.sub] = end; break;
+      case Op::Evict: evicted = std::max(evicted, end); break;
+      case Op::Optim: break;
+    }
+    t.actions.push_back({a, start, end});
+    t.step_time = std::max(t.step_time, end);
+  }
+  return t;
+}
+
+}  // namespace tessera::swap

@@ -1,0 +1,89 @@
+// ATOM swap plans as data: the built order (prefetch, the last sub-model resident across the turn),
+// the device occupancy it implies, the validator's refusals, and the replay's overlap.
+#include <gtest/gtest.h>
+
+#include "memory/swap/swap_plan.h"
+#include "memory/swap/swap_simulate.h"
+#include "test_util.h"
+
+namespace tessera::swap {
+namespace {
+
+std::vector<SubModel> equal_subs(int64_t n, double params, double activations, double forward_s) {
+  std::vector<SubModel> subs;
+  for (int64_t i = 0; i < n; ++i) {
+    SubModel s;
+    s.first = i;
+    s.end = i + 1;
+    s.parameter_bytes = params;
+    s.gradient_bytes = params;
+    s.activation_bytes = activations;
+    s.forward_s = forward_s;
+    s.backward_s = 2 * forward_s;
+    s.optim_s = forward_s;
+    subs.push_back(s);
+  }
+  return subs;
+}
+
+int64_t position(const SwapPlan& p, Action a) {
+  for (size_t k = 0; k < p.actions.size(); ++k)
+    if (p.actions[k] == a) return static_cast<int64_t>(k);
+  return -1;
+}
+
+TEST(SwapPlan, AtomOrderPrefetchesAndKeepsTheLastSubModelAcrossTheTurn) {
+  const SwapPlan plan = build_swap_plan(equal_subs(3, 10, 1, 1), 32, 1);
+  validate_swap_plan(plan);
+  // The next load is issued right after the current compute; the last sub-model is never evicted
+  // between its forward and its backward.
+  EXPECT_EQ(position(plan, {Op::Load, 1}), position(plan, {Op::ComputeF, 0}) + 1);
+  EXPECT_EQ(position(plan, {Op::ComputeB, 2}), position(plan, {Op::ComputeF, 2}) + 1);
+  // Occupancy in issue order (parameters 10, activations 1, gradients 10 per sub-model): the most
+  // is at the backward of sub-model 2 with sub-model 1 loading, 2 activations still held.
+  const Occupancy o = occupancy(plan);
+  EXPECT_DOUBLE_EQ(o.peak, 32);
+  EXPECT_DOUBLE_EQ(o.after.back(), 0);
+  // A budget one byte short is refused at that action, naming the budget's key.
+  const SwapPlan tight = build_swap_plan(equal_subs(3, 10, 1, 1), 31, 1);
+  EXPECT_TRUE(test::throws_naming([&] { validate_swap_plan(tight); },
+                                  {"action LOAD 1", "above its budget", "memory.device_budget_gb", ">>"}));
+}
+
+TEST(SwapPlan, BrokenPlansAreRefusedNamingTheAction) {
+  const SwapPlan good = build_swap_plan(equal_subs(3, 10, 1, 1), 100, 1);
+  auto without = [&](Action a) {
+    SwapPlan p = good;
+    p.actions.erase(p.actions.begin() + position(p, a));
+    return p;
+  };
+  EXPECT_TRUE(test::throws_naming([&] { validate_swap_plan(without({Op::Load, 1})); },
+                                  {"COMPUTE_F 1", "not loaded"}));
+  EXPECT_TRUE(test::throws_naming([&] { validate_swap_plan(without({Op::StoreGrad, 1})); },
+                                  {"EVICT 1", "before its gradients are stored"}));
+  EXPECT_TRUE(test::throws_naming([&] { validate_swap_plan(without({Op::Optim, 0})); },
+                                  {"sub-model 0 is never updated"}));
+  SwapPlan swapped = good;
+  std::swap(swapped.actions[position(good, {Op::ComputeF, 1})], swapped.actions[position(good, {Op::ComputeF, 2})]);
+  EXPECT_TRUE(test::throws_naming([&] { validate_swap_plan(swapped); }, {"forward out of order"}));
+}
+
+TEST(SwapPlan, ReplayHidesEveryLoadButTheFirstWhenTheBandwidthAllows) {
+  // Loads of 10 bytes at 20 bytes/s take 0.5 s, under every compute (forward 1 s): only the first
+  // load is exposed.
+  const SwapTimeline fast = simulate_swap_plan(build_swap_plan(equal_subs(4, 10, 1, 1), 1e9, 20));
+  EXPECT_NEAR(fast.exposed_load, 0.5, 1e-12);
+  EXPECT_NEAR(fast.load_time, 7 * 0.5, 1e-12);  // 4 forward loads, 3 backward (the last stays)
+  EXPECT_NEAR(fast.compute_time, 4 * 3.0, 1e-12);
+  // The step: the first load, all compute, then the last store (0.5 s) and optimizer step (1 s).
+  EXPECT_NEAR(fast.step_time, 0.5 + 12 + 0.5 + 1, 1e-12);
+  EXPECT_NEAR(fast.overlap(), 1 - 0.5 / 3.5, 1e-12);
+  // At 2 bytes/s a load takes 5 s and the compute waits for each.
+  const SwapTimeline slow = simulate_swap_plan(build_swap_plan(equal_subs(4, 10, 1, 1), 1e9, 2));
+  EXPECT_GT(slow.exposed_load, 5 * 5 - 4 - 1e-9);
+  EXPECT_GT(slow.step_time, 7 * 5.0);
+  EXPECT_LT(slow.overlap(), 0.5);
+}
+
+}  // namespace
+}  // namespace tessera::swap
