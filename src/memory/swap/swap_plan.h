@@ -5,20 +5,31 @@
 //   LOAD i        load stream    sub-model i's compute parameters, host -> device
 //   COMPUTE_F i   compute stream its forward (activations stay on the device for its backward)
 //   COMPUTE_B i   compute stream its backward (its activations freed, its gradients made)
-//   STORE_GRAD i  store stream   its gradients, device -> host
-//   OPTIM i       host           the optimizer over sub-model i's host state, once its gradients
-//                                arrived (overlaps the device's backward of earlier sub-models)
-//   EVICT i       compute stream frees sub-model i's parameters (and stored gradients) on the
-//                                device, once the compute stream is past its last use
+//   STORE_GRAD i  store stream   its gradients, device -> host (added to the host gradient after
+//                                the step's first micro-batch)
+//   OPTIM i       host           the optimizer over sub-model i's host state, once its last
+//                                gradients arrived (overlaps the device's backward of earlier
+//                                sub-models)
+//   EVICT i       (none)         frees sub-model i's parameters and gradients on the device, once
+//                                the compute stream is past them and its gradients are stored
 //
-// build_swap_plan gives ATOM's order: forward loads sub-model i+1 while i computes and evicts i
-// after its forward, except the last, which stays resident into backward; backward walks the
-// sub-models in reverse with the same prefetch, storing each one's gradients and evicting it,
-// and the host updates each as its gradients arrive. The LOAD of the next sub-model is issued
-// right after the current one's COMPUTE is issued, so the two overlap.
+// The ends (token and position embeddings, ln_f: sub = kEnds, "ends") are loaded first and stay
+// on the device for the whole step: wte serves both the first sub-model (the embedding) and the
+// last (the tied head), so its gradient accumulates on the device over every micro-batch, as in a
+// resident run, and is stored once after the last backward.
 //
-// Device memory, in issue order (occupancy): LOAD adds the parameters, COMPUTE_F the activations,
-// COMPUTE_B frees those activations and adds the gradients, EVICT frees parameters and gradients.
+// build_swap_plan gives ATOM's order for each micro-batch: forward loads sub-model i+1 while i
+// computes and evicts i after its forward, except the last, which stays resident into backward
+// (the top turn); backward walks the sub-models in reverse with the same prefetch, storing each
+// one's gradients and evicting it; sub-model 0 stays resident into the next micro-batch's forward
+// (the bottom turn: its gradients are stored, its parameters stay). After
+// the last micro-batch the host updates each sub-model as its gradients arrive, or, with
+// defer_optim (clipping: the clip coefficient needs the global norm, so every gradient must be on
+// the host first), every sub-model after the last store, in forward order.
+//
+// Device memory, in issue order (occupancy): LOAD adds the parameters (the ends: and their
+// gradients), COMPUTE_F the activations, COMPUTE_B frees those activations and adds the gradients
+// (once: later micro-batches accumulate into them), EVICT frees parameters and gradients.
 // validate_swap_plan holds the plan to the budget at every action and to the order above; a
 // failure names the action and its position and prints the plan with it marked.
 #pragma once
@@ -33,18 +44,24 @@ enum class Op : uint8_t { Load, ComputeF, ComputeB, StoreGrad, Optim, Evict };
 enum class Stream : uint8_t { compute, load, store, host };
 Stream stream_of(Op op);
 const char* stream_name(Stream stream);
+const char* op_name(Op op);
+
+constexpr int64_t kEnds = -1;  // the sub index of the ends
 
 struct Action {
   Op op = Op::Load;
-  int64_t sub = 0;
-  bool operator==(const Action& o) const { return op == o.op && sub == o.sub; }
-  std::string str() const;  // "LOAD 3", "COMPUTE_F 0"
+  int64_t sub = 0;    // a sub-model, or kEnds
+  int64_t micro = 0;  // the micro-batch of a COMPUTE, STORE_GRAD or EVICT (0 for the others)
+  bool operator==(const Action& o) const { return op == o.op && sub == o.sub && micro == o.micro; }
+  std::string str() const;  // "LOAD 3", "COMPUTE_F 0", "STORE_GRAD ends", "COMPUTE_B 2 mb1" (micro > 0)
 };
 
-// One sub-model: blocks [first, end) of the model, its bytes and its costs for one step.
+// One sub-model: blocks [first, end) of the model, its bytes and its costs for one micro-batch.
+// The ends use the bytes and optim_s only (their compute is part of the first and last
+// sub-models' times).
 struct SubModel {
   int64_t first = 0, end = 0;
-  double parameter_bytes = 0;   // the compute copy (bf16 or fp32) loaded for each pass
+  double parameter_bytes = 0;   // the compute copy loaded for each pass
   double gradient_bytes = 0;    // made by its backward, stored to the host
   double activation_bytes = 0;  // held from its forward to its backward
   double forward_s = 0, backward_s = 0;  // compute
@@ -53,12 +70,19 @@ struct SubModel {
 
 struct SwapPlan {
   std::vector<SubModel> subs;
+  SubModel ends;
   double device_budget_bytes = 0;  // memory.device_budget_gb
   double bandwidth = 0;            // host <-> device bytes per second, each direction
+  int64_t micro_batches = 1;
+  bool defer_optim = false;        // every OPTIM after the last STORE_GRAD (clipping)
   std::vector<Action> actions;     // in issue order
+
+  int64_t size() const { return static_cast<int64_t>(subs.size()); }
+  const SubModel& sub(int64_t i) const { return i == kEnds ? ends : subs[static_cast<size_t>(i)]; }
 };
 
-SwapPlan build_swap_plan(std::vector<SubModel> subs, double device_budget_bytes, double bandwidth);
+// `plan` with its actions in ATOM's order (any actions given are replaced).
+SwapPlan build_swap_plan(SwapPlan plan);
 
 // Device bytes in use after each action of plan.actions, and the most.
 struct Occupancy {

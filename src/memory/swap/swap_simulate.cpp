@@ -12,11 +12,14 @@ SwapTimeline simulate_swap_plan(const SwapPlan& plan) {
   require(plan.bandwidth > 0, "internal: a swap plan simulated without a bandwidth");
   SwapTimeline t;
   std::map<Stream, double> free_at;
-  const auto n = plan.subs.size();
-  std::vector<double> loaded(n, 0), computed(n, 0), stored(n, -1);
-  double evicted = 0;  // the latest EVICT issued so far
+  const size_t n = plan.subs.size();
+  auto slot = [&](int64_t sub) { return sub == kEnds ? n : static_cast<size_t>(sub); };
+  std::vector<double> loaded(n + 1, 0), computed(n + 1, 0), stored(n + 1, 0);
+  double evicted = 0;       // the latest EVICT issued so far
+  double all_stored = 0;    // the latest STORE_GRAD so far (deferred updates wait for it)
   for (const Action& a : plan.actions) {
-    const SubModel& s = plan.subs[static_cast<size_t>(a.sub)];
+    const SubModel& s = plan.sub(a.sub);
+    const size_t k = slot(a.sub);
     double ready = 0, cost = 0;
     switch (a.op) {
       case Op::Load:
@@ -25,19 +28,19 @@ SwapTimeline simulate_swap_plan(const SwapPlan& plan) {
         break;
       case Op::ComputeF:
       case Op::ComputeB:
-        ready = loaded[a.sub];
+        ready = std::max(loaded[k], loaded[n]);
         cost = a.op == Op::ComputeF ? s.forward_s : s.backward_s;
         break;
       case Op::StoreGrad:
-        ready = computed[a.sub];
+        ready = computed[k];
         cost = s.gradient_bytes / plan.bandwidth;
         break;
       case Op::Optim:
-        ready = stored[a.sub];
+        ready = plan.defer_optim ? all_stored : stored[k];
         cost = s.optim_s;
         break;
       case Op::Evict:
-        ready = std::max(computed[a.sub], stored[a.sub]);
+        ready = std::max(computed[k], stored[k]);
         break;
     }
     double start = ready, end = ready;
@@ -50,15 +53,19 @@ SwapTimeline simulate_swap_plan(const SwapPlan& plan) {
     }
     switch (a.op) {
       case Op::Load:
-        loaded[a.sub] = end;
+        loaded[k] = end;
         t.load_time += cost;
         break;
       case Op::ComputeF:
       case Op::ComputeB:
-        computed[a.sub] = end;
+        computed[k] = end;
+        computed[n] = end;  // the ends compute within every sub-model
         t.compute_time += cost;
         break;
-      case Op::StoreGrad: stored[a.sub] = end; break;
+      case Op::StoreGrad:
+        stored[k] = end;
+        all_stored = std::max(all_stored, end);
+        break;
       case Op::Evict: evicted = std::max(evicted, end); break;
       case Op::Optim: break;
     }

@@ -4,10 +4,11 @@
 //
 // Semantics: each stream (compute, load, store, host) runs its actions in issue order, one at a
 // time; an action starts when its stream is free and what it needs has ended:
-//   COMPUTE_F/B i  the LOAD i issued before it;     LOAD     the EVICTs issued before it (the
-//   STORE_GRAD i   COMPUTE_B i;                                memory it fills)
-//   OPTIM i        STORE_GRAD i;                    EVICT i  the last COMPUTE i before it and,
-//                                                            after backward, STORE_GRAD i
+//   COMPUTE_F/B i  the LOAD i issued before it and    LOAD     the EVICTs issued before it (the
+//                  the ends' LOAD                              memory it fills)
+//   STORE_GRAD i   the last COMPUTE i (the ends: the  EVICT i  the last COMPUTE i before it and
+//                  last COMPUTE)                               STORE_GRAD i
+//   OPTIM i        STORE_GRAD i; with defer_optim every STORE_GRAD of the step
 // LOAD takes parameter_bytes / bandwidth, STORE_GRAD gradient_bytes / bandwidth, COMPUTE and OPTIM
 // their sub-model's times; EVICT takes no time and holds no stream (it happens when both are
 // true).

@@ -2,6 +2,8 @@
 // the device occupancy it implies, the validator's refusals, and the replay's overlap.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "memory/swap/swap_plan.h"
 #include "memory/swap/swap_simulate.h"
 #include "test_util.h"
@@ -26,6 +28,21 @@ std::vector<SubModel> equal_subs(int64_t n, double params, double activations, d
   return subs;
 }
 
+SwapPlan plan_of(std::vector<SubModel> subs, double budget, double bandwidth, int64_t micro_batches = 1,
+                 bool defer_optim = false) {
+  SwapPlan p;
+  p.subs = std::move(subs);
+  p.device_budget_bytes = budget;
+  p.bandwidth = bandwidth;
+  p.micro_batches = micro_batches;
+  p.defer_optim = defer_optim;
+  return build_swap_plan(p);
+}
+
+int64_t count(const SwapPlan& p, Op op, int64_t sub) {
+  return std::count_if(p.actions.begin(), p.actions.end(), [&](const Action& a) { return a.op == op && a.sub == sub; });
+}
+
 int64_t position(const SwapPlan& p, Action a) {
   for (size_t k = 0; k < p.actions.size(); ++k)
     if (p.actions[k] == a) return static_cast<int64_t>(k);
@@ -33,7 +50,7 @@ int64_t position(const SwapPlan& p, Action a) {
 }
 
 TEST(SwapPlan, AtomOrderPrefetchesAndKeepsTheLastSubModelAcrossTheTurn) {
-  const SwapPlan plan = build_swap_plan(equal_subs(3, 10, 1, 1), 32, 1);
+  const SwapPlan plan = plan_of(equal_subs(3, 10, 1, 1), 32, 1);
   validate_swap_plan(plan);
   // The next load is issued right after the current compute; the last sub-model is never evicted
   // between its forward and its backward.
@@ -45,13 +62,13 @@ TEST(SwapPlan, AtomOrderPrefetchesAndKeepsTheLastSubModelAcrossTheTurn) {
   EXPECT_DOUBLE_EQ(o.peak, 32);
   EXPECT_DOUBLE_EQ(o.after.back(), 0);
   // A budget one byte short is refused at that action, naming the budget's key.
-  const SwapPlan tight = build_swap_plan(equal_subs(3, 10, 1, 1), 31, 1);
+  const SwapPlan tight = plan_of(equal_subs(3, 10, 1, 1), 31, 1);
   EXPECT_TRUE(test::throws_naming([&] { validate_swap_plan(tight); },
                                   {"action LOAD 1", "above its budget", "memory.device_budget_gb", ">>"}));
 }
 
 TEST(SwapPlan, BrokenPlansAreRefusedNamingTheAction) {
-  const SwapPlan good = build_swap_plan(equal_subs(3, 10, 1, 1), 100, 1);
+  const SwapPlan good = plan_of(equal_subs(3, 10, 1, 1), 100, 1);
   auto without = [&](Action a) {
     SwapPlan p = good;
     p.actions.erase(p.actions.begin() + position(p, a));
@@ -71,7 +88,7 @@ TEST(SwapPlan, BrokenPlansAreRefusedNamingTheAction) {
 TEST(SwapPlan, ReplayHidesEveryLoadButTheFirstWhenTheBandwidthAllows) {
   // Loads of 10 bytes at 20 bytes/s take 0.5 s, under every compute (forward 1 s): only the first
   // load is exposed.
-  const SwapTimeline fast = simulate_swap_plan(build_swap_plan(equal_subs(4, 10, 1, 1), 1e9, 20));
+  const SwapTimeline fast = simulate_swap_plan(plan_of(equal_subs(4, 10, 1, 1), 1e9, 20));
   EXPECT_NEAR(fast.exposed_load, 0.5, 1e-12);
   EXPECT_NEAR(fast.load_time, 7 * 0.5, 1e-12);  // 4 forward loads, 3 backward (the last stays)
   EXPECT_NEAR(fast.compute_time, 4 * 3.0, 1e-12);
@@ -79,10 +96,46 @@ TEST(SwapPlan, ReplayHidesEveryLoadButTheFirstWhenTheBandwidthAllows) {
   EXPECT_NEAR(fast.step_time, 0.5 + 12 + 0.5 + 1, 1e-12);
   EXPECT_NEAR(fast.overlap(), 1 - 0.5 / 3.5, 1e-12);
   // At 2 bytes/s a load takes 5 s and the compute waits for each.
-  const SwapTimeline slow = simulate_swap_plan(build_swap_plan(equal_subs(4, 10, 1, 1), 1e9, 2));
+  const SwapTimeline slow = simulate_swap_plan(plan_of(equal_subs(4, 10, 1, 1), 1e9, 2));
   EXPECT_GT(slow.exposed_load, 5 * 5 - 4 - 1e-9);
   EXPECT_GT(slow.step_time, 7 * 5.0);
   EXPECT_LT(slow.overlap(), 0.5);
+}
+
+TEST(SwapPlan, MicroBatchesKeepSubModelZeroAcrossTheBottomTurnAndClippingDefersTheUpdates) {
+  // Two micro-batches over three sub-models: sub-model 0 is loaded at the start and for each
+  // backward, not for the second forward (it stays from the first backward into it); every sub-model's gradients are stored after each of its
+  // backwards, the ends' once; each is updated once, after the last micro-batch.
+  const SwapPlan p = plan_of(equal_subs(3, 10, 1, 1), 1e9, 1, 2);
+  validate_swap_plan(p);
+  EXPECT_EQ(count(p, Op::Load, 0), 3);
+  EXPECT_EQ(count(p, Op::StoreGrad, 0), 2);
+  EXPECT_EQ(count(p, Op::StoreGrad, 1), 2);
+  EXPECT_EQ(count(p, Op::StoreGrad, kEnds), 1);
+  EXPECT_EQ(count(p, Op::Optim, 1), 1);
+  EXPECT_GT(position(p, {Op::Optim, 1}), position(p, {Op::StoreGrad, 1, 1}));
+  EXPECT_LT(position(p, {Op::Optim, 1}), position(p, {Op::ComputeB, 0, 1}));  // overlaps the backward
+  // A step's second forward before the first backward finished is refused.
+  SwapPlan early = p;
+  std::swap(early.actions[position(p, {Op::ComputeB, 0, 0})], early.actions[position(p, {Op::ComputeF, 0, 1})]);
+  EXPECT_TRUE(test::throws_naming([&] { validate_swap_plan(early); }, {"COMPUTE_F 0 mb1", "micro-batch 0 is not finished"}));
+  // Under clipping every update waits for every gradient; one moved ahead is refused.
+  const SwapPlan deferred = plan_of(equal_subs(3, 10, 1, 1), 1e9, 1, 2, /*defer_optim=*/true);
+  validate_swap_plan(deferred);
+  EXPECT_GT(position(deferred, {Op::Optim, 2}), position(deferred, {Op::StoreGrad, 0, 1}));
+  SwapPlan hasty = deferred;
+  const Action optim{Op::Optim, 2};
+  hasty.actions.erase(hasty.actions.begin() + position(hasty, optim));
+  hasty.actions.insert(hasty.actions.begin() + position(hasty, {Op::StoreGrad, 2, 1}) + 1, optim);
+  EXPECT_TRUE(test::throws_naming([&] { validate_swap_plan(hasty); }, {"OPTIM 2", "global norm", "optim.grad_clip"}));
+  // The replay: deferred updates start after the last store.
+  const SwapTimeline t = simulate_swap_plan(deferred);
+  double last_store = 0, first_optim = 1e30;
+  for (const TimedAction& a : t.actions) {
+    if (a.action.op == Op::StoreGrad) last_store = std::max(last_store, a.end);
+    if (a.action.op == Op::Optim) first_optim = std::min(first_optim, a.start);
+  }
+  EXPECT_GE(first_optim, last_store);
 }
 
 }  // namespace
