@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/random_streams.h"
 #include "core/splitmix.h"
+#include "memory/swap/swap_owner.h"
 #include "model/hf_names.h"
 #include "parallel/data/data_parallel.h"
 #include "parallel/local_optimizer.h"
@@ -77,6 +78,21 @@ void check_layout_options(const Config& config, const ParallelDims& d) {
     require(!config.parallel.offload, "precision.dtype = \"fp16\" with parallel.offload = true: ZeRO-Offload's host "
             "optimizer keeps no fp16 master weights or loss scaler; use bf16 or fp32, or parallel.offload = false");
   }
+  if (config.memory.swap) {
+    // The swap engine trains one replica on one device today (docs/swap.md).
+    const MemoryOptions& m = config.memory;
+    require(d.world_size() == 1, "memory.swap = true with ", d.describe(), ": the swap engine trains one process; "
+            "data parallelism of swapped replicas and swapping with tp, pp or sp are not implemented yet");
+    require(config.parallel.zero_stage == 0 && !config.parallel.offload, "memory.swap = true with parallel.zero_stage = ",
+            config.parallel.zero_stage, config.parallel.offload ? " and parallel.offload = true" : "",
+            ": swapping keeps the whole training state in host memory itself; set zero_stage = 0 and offload = false");
+    require(config.precision.dtype != "fp16", "memory.swap = true with precision.dtype = \"fp16\": the host optimizer "
+            "keeps no fp16 loss scaler; use bf16 or fp32");
+    int64_t blocks = 0;
+    for (int64_t b : m.swap_blocks) blocks += b;
+    require(m.swap_blocks.empty() || blocks == config.model.n_layer, "memory.swap_blocks sums to ", blocks,
+            " blocks, but model.n_layer = ", config.model.n_layer);
+  }
   check_tensor_parallel(config.model, config.parallel, d, config.train.seq_len, config.optim.name);
   check_sequence_parallel(config.model, config.parallel, d, config.train.seq_len);
   check_data_parallel(config.parallel, config.optim);
@@ -133,7 +149,15 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
   // parameters: the dp ranks, and with sequence parallelism also the sp ranks (each saw a
   // different chunk of the same sequences). ZeRO-Offload is DataParallel's, so it runs through it
   // on one rank as well.
-  if (dims && (dims->dp() * sp_ > 1 || config.parallel.offload)) {
+  if (config.memory.swap) {
+    // ATOM: the training state in host memory, the step run by the swap plan (train/swap_step.h).
+    NamedParams named;
+    for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
+    require(config.memory.swap_boundaries.size() >= 2, "internal: parallelize() of a swapped model before its cut");
+    owner_ = std::make_unique<SwapOwner>(named, config.memory.swap_boundaries, config.optim,
+                                         mesh_ ? mesh_->device() : c10::Device(config.train.device),
+                                         config.memory.modelled_bandwidth_gbps * 1e9);
+  } else if (dims && (dims->dp() * sp_ > 1 || config.parallel.offload)) {
     replicas_ = &mesh_->group(sp_ > 1 ? "dp_sp" : "dp");
     comm::Group& expert_replicas = mesh_->group(sp_ > 1 ? "edp_sp" : "edp");  // replicas_ itself while ep = 1
     owner_ = std::make_unique<DataParallel>(model_, ReductionGroups(*replicas_, &expert_replicas), config.parallel,

@@ -258,10 +258,17 @@ void EvalOptions::check(const std::string& source) const { check_ranges(*this, "
 void CheckpointOptions::check(const std::string& source) const { check_ranges(*this, "checkpoint", source); }
 
 void MemoryOptions::check(const std::string& source) const {
+  check_ranges(*this, "memory", source);
   require(activation_checkpointing == "none" || activation_checkpointing == "full" ||
               activation_checkpointing == "selective",
           source, ": memory.activation_checkpointing must be none, full or selective (got '", activation_checkpointing,
           "')");
+  require(!swap || device_budget_gb > 0, source, ": memory.swap = true needs memory.device_budget_gb, the device "
+          "memory the swap plan may use (GiB)");
+  require(swap || (device_budget_gb == 0 && swap_blocks.empty()), source,
+          ": memory.device_budget_gb and memory.swap_blocks apply with memory.swap = true only");
+  for (int64_t b : swap_blocks)
+    require(b >= 1, source, ": memory.swap_blocks entries must be at least 1 block (got ", b, ")");
 }
 
 }  // namespace tessera

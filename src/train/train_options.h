@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 #include "core/error.h"
 #include "core/options.h"
 
@@ -97,11 +98,28 @@ struct CheckpointOptions {
 
 struct MemoryOptions {
   std::string activation_checkpointing = "none";
+  bool swap = false;                    // ATOM: the model in host memory, swapped through the device
+  double device_budget_gb = 0;          // swap: device memory the plan may use
+  double modelled_bandwidth_gbps = 16;  // swap on a CPU "device": the modelled host <-> device link
+  std::vector<int64_t> swap_blocks;     // swap: blocks per sub-model by hand (empty: the partitioner)
+  // Not a key: the sub-models' block boundaries the run swaps (K + 1 entries), set by the swap
+  // step before the model is parallelized (by hand from swap_blocks, else by the partitioner).
+  std::vector<int64_t> swap_boundaries;
 
   template <class V>
   void visit(V& v) {
     v("activation_checkpointing", activation_checkpointing,
       "none, full (recompute each block) or selective (recompute attention only)");
+    v("swap", swap,
+      "keep the model's weights, gradients and optimizer state in host memory and stream it through the device "
+      "sub-model by sub-model with prefetch (ATOM; docs/swap.md)");
+    v("device_budget_gb", device_budget_gb,
+      "with swap: the device memory (GiB) the swap plan may use for sub-models and activations", between(0, 1e6));
+    v("modelled_bandwidth_gbps", modelled_bandwidth_gbps,
+      "with swap on a CPU device: the host <-> device bandwidth (GB/s) the copies are throttled to (0 = unthrottled); "
+      "on CUDA the link is real", between(0, 1e6));
+    v("swap_blocks", swap_blocks,
+      "with swap: blocks per sub-model, summing to model.n_layer (empty: the partitioner picks them)");
   }
   void check(const std::string& source) const;
 };

@@ -10,6 +10,7 @@
 #include "comm/device.h"
 #include "core/error.h"
 #include "plan/profile_cut.h"
+#include "plan/swap_cut.h"
 #include "plan/stage_cut.h"
 #include "precision/autocast.h"
 
@@ -50,12 +51,24 @@ TrainStep::TrainStep(const Config& config, comm::Mesh* mesh)
     const ParallelDims& dims = mesh->dims();
     stage = rank_stage(pipeline_cut(config_, dims), pipeline_schedule(config_, dims), mesh->coord().pp);
   }
+  // Under memory.swap the blocks are measured on the device and the model cut into sub-models
+  // first; the model is built in host memory, and only the swap plan brings parts of it over.
+  std::optional<swap::SwapPlan> swap_plan;
+  if (config_.memory.swap) {
+    if (mesh) check_parallel_layout(config_, mesh->dims());
+    swap_plan = plan_swap(config_, measure_swap_costs(config_, device_));
+    config_.memory.swap_boundaries = {0};
+    for (const swap::SubModel& s : swap_plan->subs) config_.memory.swap_boundaries.push_back(s.end);
+  }
   torch::manual_seed(static_cast<uint64_t>(config_.train.seed));
   TransformerLM model(config_.model, stage);
-  model->to(device_, parameter_dtype(config_.precision));
+  model->to(swap_plan ? c10::Device(at::kCPU) : device_, parameter_dtype(config_.precision));
   parallel_ = parallelize(model, mesh, config_);
   if (mesh && mesh->dims().pp() > 1)
     pipeline_ = std::make_unique<PipelineStep>(model, parallel_->owner(), *mesh, config_, device_, autocast_);
+  if (swap_plan)
+    swap_ = std::make_unique<SwapStep>(model, dynamic_cast<SwapOwner&>(parallel_->owner()), config_, device_, autocast_,
+                                       std::move(*swap_plan));
 }
 
 TrainStep::~TrainStep() = default;
@@ -89,7 +102,15 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr, co
     const PipelineLosses sums = pipeline_->run(local_batches(micro_batches), optimizer_step);
     losses = at::tensor({sums.ce_sum, sums.aux_sum}, at::kDouble);
   }
-  for (size_t m = 0; m < micro_batches.size() && !pipeline_; ++m) {
+  if (swap_) {
+    // The plan's OPTIM actions update; the gradients are read once all are on the host.
+    const SwapStepResult r = swap_->run(local_batches(micro_batches), lr, [&] {
+      if (observe) observe(parallel_->gradients());
+    });
+    losses = at::tensor({r.ce_sum, r.aux_sum}, at::kDouble);
+    update.grad_norm = r.grad_norm;
+  }
+  for (size_t m = 0; m < micro_batches.size() && !pipeline_ && !swap_; ++m) {
     const Batch& batch = micro_batches[m];
     ModelOutput out;
     {
@@ -107,7 +128,7 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr, co
   parallel_->average_over_replicas(losses);
   result.ce_loss = losses[0].item<double>() / n;
   result.aux_loss = losses[1].item<double>() / n;
-  if (!pipeline_) optimizer_step();  // a pipeline ran it at its OPTIM
+  if (!pipeline_ && !swap_) optimizer_step();  // a pipeline ran it at its OPTIM, a swap plan at its OPTIMs
   result.grad_norm = update.grad_norm;
   result.skipped = update.skipped;
   return result;
@@ -125,7 +146,9 @@ double TrainStep::evaluate(const std::vector<Batch>& batches) {
     mine.push_back({batch.inputs.narrow(0, me * rows, rows), batch.targets.narrow(0, me * rows, rows)});
   }
   at::Tensor total = at::zeros({}, at::kDouble);
-  if (pipeline_) {
+  if (swap_) {
+    total += swap_->evaluate(local_batches(mine)) * static_cast<double>(mine.size());
+  } else if (pipeline_) {
     parallel_->owner().begin_pass();
     total += pipeline_->evaluate(local_batches(mine)) * static_cast<double>(mine.size());
     parallel_->owner().end_pass();

@@ -11,6 +11,9 @@
 // applied at `lr`, zeroed. Losses reported are means over the replicas that ran different data;
 // training_state() and evaluate() are collectives (every rank calls them). The step does not know
 // which parallelism runs: parallelize() chose the owner and installed everything in the model.
+// Under memory.swap the model is built in host memory and cut into sub-models (plan/swap_cut.h)
+// before parallelize(); the swap step (train/swap_step.h) then runs the micro-batches and the
+// updates through its plan.
 #pragma once
 
 #include <functional>
@@ -29,6 +32,7 @@
 #include "precision/fp16.h"
 #include "train/config.h"
 #include "train/pipeline_step.h"
+#include "train/swap_step.h"
 
 namespace tessera {
 
@@ -73,6 +77,8 @@ class TrainStep {
   c10::Device device() const { return device_; }
   // The pipeline step under parallel.pp > 1, else null (its timeline: PipelineStep::write_timeline).
   PipelineStep* pipeline() { return pipeline_.get(); }
+  // The swap step under memory.swap, else null (its plan and timeline: SwapStep).
+  SwapStep* swapped() { return swap_.get(); }
   // Seeds this rank's random streams for `step` (parallel/parallelize.h).
   void seed_random_streams(int64_t step) { parallel_->seed_random_streams(step); }
   const DynamicLossScaler* loss_scaler() const { return parallel_->owner().loss_scaler(); }
@@ -104,6 +110,7 @@ class TrainStep {
   std::optional<at::ScalarType> autocast_;
   std::unique_ptr<ParallelModel> parallel_;
   std::unique_ptr<PipelineStep> pipeline_;  // parallel.pp > 1: the schedule runs the micro-batches
+  std::unique_ptr<SwapStep> swap_;           // memory.swap: the swap plan runs the micro-batches
 };
 
 }  // namespace tessera

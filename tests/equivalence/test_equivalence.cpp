@@ -87,8 +87,46 @@ Config base(const std::string& arch = "gpt", const std::string& ffn = "dense") {
   return c;
 }
 
+// A swapped run (memory.swap) on one process: the model in host memory, cut into sub-models.
+void swapped(Config& c, std::vector<int64_t> blocks) {
+  c.memory.swap = true;
+  c.memory.device_budget_gb = 1;
+  c.memory.modelled_bandwidth_gbps = 64;
+  c.memory.swap_blocks = std::move(blocks);
+}
+
 const std::vector<Layout>& layouts() {
   static const std::vector<Layout> table = {
+      {"swap_3_submodels_accum2", 1,
+       [](Config& c) {
+         c.model.n_layer = 4;
+         swapped(c, {1, 2, 1});
+         c.train.grad_accum = 2;
+       }},
+      {"swap_partitioned_moe_full_checkpointing_accum2", 1,
+       [](Config& c) {
+         c.model.n_layer = 4;
+         c.model.ffn = "moe";
+         c.model.moe_every = 1;  // every sub-model has experts, whose loss is a root of its own
+         c.memory.activation_checkpointing = "full";
+         swapped(c, {});
+         c.train.grad_accum = 2;
+       }},
+      {"swap_linear_selective_checkpointing_adafactor", 1,
+       [](Config& c) {
+         c.model.arch = "linear";
+         c.model.n_layer = 3;
+         c.memory.activation_checkpointing = "selective";
+         c.optim.name = "adafactor";
+         swapped(c, {1, 1, 1});
+       }},
+      {"swap_overlapped_updates_no_clipping_accum2", 1,
+       [](Config& c) {
+         c.model.n_layer = 4;
+         c.optim.grad_clip = 0;  // every OPTIM overlaps the backward of earlier sub-models
+         swapped(c, {2, 1, 1});
+         c.train.grad_accum = 2;
+       }},
       {"dp2", 2, [](Config& c) {}},
       {"dp2_zero1", 2, [](Config& c) { c.parallel.zero_stage = 1; }},
       {"dp2_zero2_accum2", 2, [](Config& c) { c.parallel.zero_stage = 2; c.train.grad_accum = 2; }},
@@ -483,6 +521,9 @@ TEST_P(Equivalence, MatchesOneProcess) {
 
   Config single = config;
   single.parallel = ParallelOptions();
+  single.memory.swap = false;  // swapping is a layout too: the reference trains resident
+  single.memory.device_budget_gb = 0;
+  single.memory.swap_blocks.clear();
   const Trace reference = train(single, nullptr, dims.dp() * config.train.grad_accum);
   const Tolerance& tol = *layout.tolerance;
   double loss = 0, norm = 0, first = 0, grad = 0, param = 0;  // worst errors, measured as compared

@@ -1,0 +1,44 @@
+// The one executor of swap plans (swap_plan.h): runs a plan's actions in issue order, each on its
+// stream, and records when each ran (the measured timeline, drawn by swap_timeline.h).
+//
+//   compute  COMPUTE_F/B on the calling thread (work.compute), after waiting for the tickets of
+//            the sub-model's LOAD and the ends' LOAD, and a backward also for its sub-model's
+//            STORE_GRAD still in flight (the gradients it would add to must be gone first)
+//   load     LOAD jobs on the load Worker; a LOAD first waits for the sub-model's EVICT when that
+//            ran on the store stream (its memory must be released before it is filled again)
+//   store    STORE_GRAD jobs on the store Worker; an EVICT of a sub-model with a store in flight
+//            follows it there, any other EVICT runs on the calling thread at once
+//   host     OPTIM jobs on the host Worker, each after its sub-model's last STORE_GRAD; in a plan
+//            with defer_optim, work.gradients_stored runs there first, once, after every store
+//            (the norm and clipping); otherwise it runs on the calling thread after the plan
+// Jobs are made (work.job) on the calling thread when their action is issued, so a copy's CUDA
+// event `ready` follows the compute queued before it (swap_streams.h). A job's exception is
+// rethrown here after every job in flight has finished, so nothing outlives what it touches.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "memory/swap/swap_plan.h"
+#include "memory/swap/swap_simulate.h"
+#include "memory/swap/swap_streams.h"
+
+namespace tessera::swap {
+
+struct SwapWork {
+  std::function<void(const Action&)> compute;                 // COMPUTE_F, COMPUTE_B
+  std::function<std::function<void()>(const Action&)> job;   // LOAD, STORE_GRAD, OPTIM, EVICT
+  std::function<void()> gradients_stored;
+};
+
+class SwapExecutor {
+ public:
+  SwapExecutor();
+  // The measured timeline: one entry per action, seconds since the run started.
+  std::vector<TimedAction> run(const SwapPlan& plan, const SwapWork& work);
+
+ private:
+  Worker load_, store_, host_;
+};
+
+}  // namespace tessera::swap

@@ -1,0 +1,253 @@
+// The host side of the swap engine (swap_owner.h).
+#include "memory/swap/swap_owner.h"
+
+#include <algorithm>
+
+#include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include "core/error.h"
+#include "optim/clipping.h"
+
+namespace tessera {
+namespace {
+
+// Block index of a parameter "h.<l>.<...>", or -1 for the ends.
+int64_t block_of(const std::string& name) {
+  if (name.rfind("h.", 0) != 0) return -1;
+  return std::stoll(name.substr(2, name.find('.', 2) - 2));
+}
+
+}  // namespace
+
+SwapOwner::SwapOwner(const NamedParams& params, std::vector<int64_t> boundaries, const OptimOptions& optim,
+                     c10::Device device, double modelled_bandwidth)
+    : device_(device), load_link_(device, modelled_bandwidth), store_link_(device, modelled_bandwidth) {
+  require(boundaries.size() >= 2, "internal: a swap cut of no sub-models");
+  const int64_t subs = static_cast<int64_t>(boundaries.size()) - 1;
+  units_.resize(static_cast<size_t>(subs) + 1);
+  // Each parameter into its unit, in model order.
+  for (const auto& [name, p] : params) {
+    require(!p.is_cuda() && p.scalar_type() == at::kFloat, "internal: swapped parameter ", name,
+            " must be built float32 on the host");
+    const int64_t block = block_of(name);
+    int64_t sub = subs;  // the ends
+    if (block >= 0) {
+      const auto it = std::upper_bound(boundaries.begin(), boundaries.end(), block);
+      require(it != boundaries.begin() && it != boundaries.end(), "internal: block ", block, " is outside the swap cut");
+      sub = (it - boundaries.begin()) - 1;
+    }
+    Unit& u = units_[static_cast<size_t>(sub)];
+    order_.emplace_back(static_cast<size_t>(sub), u.entries.size());
+    const int64_t offset = u.entries.empty() ? 0 : u.entries.back().offset + u.entries.back().numel;
+    u.entries.push_back({name, p, {}, {}, offset, p.numel()});
+  }
+  int64_t total = 0, largest = 0;
+  for (Unit& u : units_) {
+    require(!u.entries.empty(), "internal: a swap unit without parameters");
+    const int64_t n = u.entries.back().offset + u.entries.back().numel;
+    total += n;
+    largest = std::max(largest, n);
+  }
+  const auto host = at::TensorOptions().dtype(at::kFloat).device(at::kCPU).pinned_memory(device.is_cuda());
+  at::NoGradGuard no_grad;
+  master_buffer_ = at::empty({total}, host);
+  grad_buffer_ = at::zeros({total}, host);
+  staging_ = at::empty({largest}, host);
+  int64_t at_offset = 0;
+  for (Unit& u : units_) {
+    const int64_t n = u.entries.back().offset + u.entries.back().numel;
+    u.master = master_buffer_.narrow(0, at_offset, n);
+    u.grad = grad_buffer_.narrow(0, at_offset, n);
+    u.device = at::empty({n}, at::TensorOptions().dtype(at::kFloat).device(device));
+    NamedParams named;
+    for (Entry& e : u.entries) {
+      e.master = u.master.narrow(0, e.offset, e.numel).view(e.param.sizes());
+      e.grad = u.grad.narrow(0, e.offset, e.numel).view(e.param.sizes());
+      e.master.copy_(e.param);
+      e.param.set_data(u.device.narrow(0, e.offset, e.numel).view(e.param.sizes()));
+      named.emplace_back(e.name, e.master);
+    }
+    release(u.device);
+    u.optimizer = make_optimizer(optim, std::move(named));
+    at_offset += n;
+  }
+}
+
+SwapOwner::~SwapOwner() = default;
+
+SwapOwner::Unit& SwapOwner::unit(int64_t sub) {
+  return units_[static_cast<size_t>(sub == swap::kEnds ? sub_models() : sub)];
+}
+
+void SwapOwner::release(at::Tensor& flat) { flat.storage().unsafeGetStorageImpl()->reset(); }
+
+void SwapOwner::materialize(at::Tensor& flat) {
+  c10::StorageImpl* storage = flat.storage().unsafeGetStorageImpl();
+  if (storage->nbytes() > 0) return;
+  const size_t bytes = static_cast<size_t>(flat.numel()) * flat.element_size();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+}
+
+std::function<void()> SwapOwner::load_job(int64_t sub) {
+  Unit& u = unit(sub);
+  const double bytes = static_cast<double>(u.master.numel()) * 4;
+  return load_link_.job(
+      [&u](bool non_blocking) {
+        materialize(u.device);
+        u.device.copy_(u.master, non_blocking);
+      },
+      bytes);
+}
+
+std::function<void()> SwapOwner::store_job(int64_t sub) {
+  Unit& u = unit(sub);
+  const bool add = u.stored;  // a later micro-batch: land in the staging buffer, then add
+  u.stored = true;
+  double bytes = 0;
+  for (const Entry& e : u.entries)
+    if (e.param.grad().defined()) bytes += static_cast<double>(e.numel) * 4;
+  auto copy = store_link_.job(
+      [this, &u, add](bool non_blocking) {
+        for (Entry& e : u.entries) {
+          const at::Tensor& g = e.param.grad();
+          if (!g.defined()) continue;
+          at::Tensor into = add ? staging_.narrow(0, e.offset, e.numel).view(e.param.sizes()) : e.grad;
+          into.copy_(g, non_blocking);
+        }
+      },
+      bytes);
+  return [this, &u, add, copy = std::move(copy)] {
+    copy();
+    at::NoGradGuard no_grad;
+    for (Entry& e : u.entries) {
+      const bool has = e.param.grad().defined();
+      if (add && has && e.got_grad) e.grad.add_(staging_.narrow(0, e.offset, e.numel).view(e.param.sizes()));
+      else if (add && has) e.grad.copy_(staging_.narrow(0, e.offset, e.numel).view(e.param.sizes()));
+      else if (!add && !has) e.grad.zero_();
+      e.got_grad = e.got_grad || has;
+      e.param.mutable_grad().reset();  // stored: the next backward starts a new gradient
+    }
+  };
+}
+
+void SwapOwner::evict(int64_t sub) {
+  Unit& u = unit(sub);
+  if (device_.is_cuda()) {
+    // The device copy came from the load stream's pool: the compute stream must be past its last
+    // read before the memory can serve another load (event `computed`).
+    c10::impl::VirtualGuardImpl guard(device_.type());
+    c10::Event computed(device_.type());
+    computed.record(guard.getDefaultStream(device_));
+    computed.synchronize();
+  }
+  for (Entry& e : u.entries) e.param.mutable_grad().reset();
+  release(u.device);
+}
+
+double SwapOwner::gradients_stored(double max_norm) {
+  std::vector<at::Tensor> masters;  // in model order, as a resident run's clipping sees them
+  for (const auto& [u, i] : order_) {
+    Entry& e = units_[u].entries[i];
+    if (e.got_grad) e.master.mutable_grad() = e.grad;
+    masters.push_back(e.master);
+  }
+  return clip_grad_norm(masters, max_norm);
+}
+
+void SwapOwner::update(int64_t sub, double lr) {
+  at::NoGradGuard no_grad;
+  Unit& u = unit(sub);
+  for (Entry& e : u.entries)
+    if (e.got_grad) e.master.mutable_grad() = e.grad;
+  u.optimizer->step(lr);
+}
+
+void SwapOwner::end_step() {
+  for (Unit& u : units_) {
+    u.optimizer->zero_grad();
+    u.stored = false;
+    for (Entry& e : u.entries) e.got_grad = false;
+  }
+}
+
+int64_t SwapOwner::device_bytes() const {
+  int64_t bytes = 0;
+  for (const Unit& u : units_) {
+    bytes += static_cast<int64_t>(u.device.storage().nbytes());
+    for (const Entry& e : u.entries)
+      if (e.param.grad().defined()) bytes += e.param.grad().numel() * e.param.grad().element_size();
+  }
+  return bytes;
+}
+
+int64_t SwapOwner::host_bytes() const {
+  int64_t bytes = (master_buffer_.numel() + grad_buffer_.numel() + staging_.numel()) * 4;
+  for (const Unit& u : units_)
+    for (const auto& [name, t] : u.optimizer->state()) bytes += t.numel() * t.element_size();
+  return bytes;
+}
+
+void SwapOwner::before_backward(bool) { fail("internal: a swapped model's backward is the swap step's (train/swap_step.h)"); }
+void SwapOwner::finish_gradients() { fail("internal: a swapped model's gradients are the swap step's (train/swap_step.h)"); }
+UpdateResult SwapOwner::apply(double, double) {
+  fail("internal: a swapped model is updated by its swap plan's OPTIM actions (train/swap_step.h)");
+}
+void SwapOwner::sum_gradient_over(const std::string& name, comm::Group&) {
+  fail("internal: a swapped model has no tied copies to sum (", name, ")");
+}
+
+NamedTensors SwapOwner::gradients() {
+  NamedTensors out;
+  for (const auto& [u, i] : order_) {
+    const Entry& e = units_[u].entries[i];
+    out.emplace_back(e.name, e.got_grad ? e.grad.clone() : at::Tensor());
+  }
+  return out;
+}
+
+NamedTensors SwapOwner::training_state() {
+  NamedTensors out;
+  for (Unit& u : units_)
+    for (const auto& [name, t] : u.optimizer->state()) out.emplace_back("optim." + name, t);
+  return out;
+}
+
+void SwapOwner::load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) {
+  const auto state = with_prefix(tensors, "optim.");
+  for (Unit& u : units_) {
+    std::map<std::string, at::Tensor> mine;
+    for (const auto& [name, t] : u.optimizer->state()) {
+      const auto it = state.find(name);
+      if (it != state.end()) mine.emplace(name, it->second);
+    }
+    u.optimizer->load_state(mine, source);  // refuses what is missing, naming it
+  }
+  size_t known = 0;
+  for (Unit& u : units_) known += u.optimizer->state().size();
+  require(known == state.size(), source, ": ", state.size() - known, " optimizer state tensors name no parameter of this model");
+}
+
+void SwapOwner::load_parameter(const std::string& name, const at::Tensor& value) {
+  at::NoGradGuard no_grad;
+  for (Unit& u : units_)
+    for (Entry& e : u.entries)
+      if (e.name == name) return void(e.master.copy_(value));
+  fail("internal: the swapped model has no parameter '", name, "'");
+}
+
+void SwapOwner::visit_full_parameters(const std::function<void(const std::vector<std::string>& names)>& fn) {
+  for (int64_t sub = swap::kEnds; sub < sub_models(); ++sub) {
+    load_job(sub)();
+    std::vector<std::string> names;
+    for (const Entry& e : unit(sub).entries) names.push_back(e.name);
+    fn(names);
+    evict(sub);
+  }
+}
+
+}  // namespace tessera

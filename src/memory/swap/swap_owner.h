@@ -1,0 +1,118 @@
+// SwapOwner: the OptimizerOwner of a swapped model (memory.swap = true; ATOM, issue 14). The
+// model's training state lives in host memory and only the sub-models being computed or loaded
+// are on the device; the swap step (train/swap_step.h) runs the plan (swap_plan.h) and calls the
+// operations below from the plan's streams.
+//
+// Units. Sub-model i (blocks [first, end)) is one unit; the ends (wte, wpe, ln_f) are another.
+// Every unit's parameters, in model order, are flattened into three host buffers of float32,
+// each carved into per-unit views (one allocation each, pinned on CUDA: pinning per tensor forces
+// a device sync and rounds every allocation up to a power of two):
+//   master    [P]  the values the optimizer updates (the model's parameters)
+//   grad      [P]  the step's gradients, accumulated over its micro-batches
+//   staging   [max unit]  the landing place of a later micro-batch's gradients before the add
+// and the unit's device copy, `device` [N] (the compute dtype is float32: autocast casts inside
+// the blocks), whose storage exists between a LOAD and an EVICT only. The model's parameters are
+// views of the device copies (set_data), so the autograd graph saved between a sub-model's
+// forward and its backward sees the reloaded memory (the FlatUnit trick,
+// memory/residency/flat_unit.h). The optimizer state (AdamW or Adafactor, one optimizer per unit
+// over views of master shaped like the parameters) is host memory as well, so a unit's update
+// runs on the host stream while the device computes. Per-unit optimizers equal one optimizer over
+// the model: both update each parameter on its own.
+//
+// A parameter whose gradient stayed undefined in every micro-batch (an unused expert) gets no
+// gradient in the update either, as in a resident run (its step count does not advance).
+//
+// Invariants:
+// - Between steps every unit is evicted: the device holds nothing of the model.
+// - A unit's device storage is written by its LOAD only, on the load stream, and read by the
+//   compute stream after the LOAD's ticket; its gradients are read by its STORE_GRAD only.
+// - The host gradients of a unit are complete once its last STORE_GRAD of the step ran; the norm
+//   and the update read them after that.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include "memory/swap/swap_plan.h"
+#include "memory/swap/swap_streams.h"
+#include "optim/optim_options.h"
+#include "optim/optimizer.h"
+#include "parallel/optimizer_owner.h"
+
+namespace tessera {
+
+class SwapOwner : public OptimizerOwner {
+ public:
+  // `params`: the model's named parameters, float32 on the host (the model was built there);
+  // `boundaries`: K + 1 block indices, sub-model i holds blocks [boundaries[i], boundaries[i+1]).
+  // `modelled_bandwidth`: bytes per second of the CPU "device"'s link (copy_streams.h).
+  SwapOwner(const NamedParams& params, std::vector<int64_t> boundaries, const OptimOptions& optim, c10::Device device,
+            double modelled_bandwidth);
+  ~SwapOwner() override;
+
+  int64_t sub_models() const { return static_cast<int64_t>(units_.size()) - 1; }
+  // The jobs of the plan's copy actions, made when the action is issued and run on its stream:
+  std::function<void()> load_job(int64_t sub);   // materialize the device copy, copy master in
+  // Device gradients to the host (added after the step's first), then dropped on the device.
+  std::function<void()> store_job(int64_t sub);
+  // Frees the unit's device copy and gradients (after its compute, and its store when it has one).
+  void evict(int64_t sub);
+  // Once every STORE_GRAD of the step ran: the global norm of the host gradients (as
+  // clip_grad_norm over the model's parameters in order), clipped in place to max_norm (> 0).
+  double gradients_stored(double max_norm);
+  // The optimizer step of one unit at `lr` over its host state.
+  void update(int64_t sub, double lr);
+  // After the step: the host gradients dropped (the next step's first stores overwrite them).
+  void end_step();
+
+  // Device bytes of the model now held: device copies and gradients (activations not counted).
+  int64_t device_bytes() const;
+  // Host bytes of the master, gradient and staging buffers and the optimizer state.
+  int64_t host_bytes() const;
+
+  // OptimizerOwner. The step is the swap step's: before_backward, finish_gradients and apply are
+  // not its calls and refuse.
+  void before_backward(bool) override;
+  void finish_gradients() override;
+  NamedTensors gradients() override;
+  void sum_gradient_over(const std::string& name, comm::Group& copies) override;
+  UpdateResult apply(double lr, double max_norm) override;
+  NamedTensors training_state() override;
+  void load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) override;
+  void load_parameter(const std::string& name, const at::Tensor& value) override;
+  // One unit at a time: loaded, named, evicted.
+  void visit_full_parameters(const std::function<void(const std::vector<std::string>& names)>& fn) override;
+
+ private:
+  struct Entry {
+    std::string name;
+    at::Tensor param;         // the model's parameter: a view of the unit's device copy
+    at::Tensor master, grad;  // views of the unit's host buffers, shaped like the parameter
+    int64_t offset = 0, numel = 0;
+    bool got_grad = false;    // some micro-batch of this step gave it a gradient
+  };
+  struct Unit {
+    std::vector<Entry> entries;
+    at::Tensor master, grad;  // [N] views of the host buffers
+    at::Tensor device;        // [N] the device copy
+    std::unique_ptr<Optimizer> optimizer;
+    bool stored = false;      // this step's gradients started (later stores add)
+  };
+  Unit& unit(int64_t sub);
+  static void release(at::Tensor& flat);
+  static void materialize(at::Tensor& flat);
+
+  std::vector<Unit> units_;  // the sub-models, then the ends
+  std::vector<std::pair<size_t, size_t>> order_;  // (unit, entry) of each parameter, in model order
+  c10::Device device_;
+  at::Tensor master_buffer_, grad_buffer_, staging_;
+  swap::CopyLink load_link_, store_link_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,116 @@
+// Swap plan partitioning by dynamic programming over contiguous cuts (swap_partition.h).
+#include "memory/swap/swap_partition.h"
+
+#include <cstdio>
+#include <limits>
+
+#include "core/error.h"
+
+namespace tessera::swap {
+namespace {
+
+std::string mib(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f MiB", bytes / (1024.0 * 1024.0));
+  return text;
+}
+
+SubModel merge(const std::vector<SubModel>& blocks, int64_t first, int64_t end) {
+  SubModel s;
+  s.first = blocks[static_cast<size_t>(first)].first;
+  s.end = blocks[static_cast<size_t>(end - 1)].end;
+  for (int64_t b = first; b < end; ++b) {
+    const SubModel& x = blocks[static_cast<size_t>(b)];
+    s.parameter_bytes += x.parameter_bytes;
+    s.gradient_bytes += x.gradient_bytes;
+    s.activation_bytes += x.activation_bytes;
+    s.forward_s += x.forward_s;
+    s.backward_s += x.backward_s;
+    s.optim_s += x.optim_s;
+  }
+  return s;
+}
+
+}  // namespace
+
+SwapPlan cut_swap_plan(const std::vector<SubModel>& blocks, const SwapPlan& shape, const std::vector<int64_t>& boundaries) {
+  require(boundaries.size() >= 2 && boundaries.front() == 0 &&
+              boundaries.back() == static_cast<int64_t>(blocks.size()),
+          "internal: a swap cut must run from block 0 to block ", blocks.size());
+  SwapPlan plan = shape;
+  plan.subs.clear();
+  for (size_t i = 0; i + 1 < boundaries.size(); ++i) plan.subs.push_back(merge(blocks, boundaries[i], boundaries[i + 1]));
+  plan = build_swap_plan(std::move(plan));
+  validate_swap_plan(plan);
+  return plan;
+}
+
+SwapPlan partition_swap_plan(const std::vector<SubModel>& blocks, const SwapPlan& shape) {
+  const auto n = static_cast<int64_t>(blocks.size());
+  require(n > 0, "internal: partitioning a model of no blocks");
+  const double budget = shape.device_budget_bytes, bw = shape.bandwidth;
+  const double ends = shape.ends.parameter_bytes + shape.ends.gradient_bytes;
+  std::vector<double> act(static_cast<size_t>(n) + 1, 0);  // activations of blocks [0, l)
+  for (int64_t l = 0; l < n; ++l) act[l + 1] = act[l] + blocks[static_cast<size_t>(l)].activation_bytes;
+  // A block must fit with its gradients, the ends and the activations held when it computes.
+  for (int64_t l = 0; l < n; ++l) {
+    const SubModel& b = blocks[static_cast<size_t>(l)];
+    const double need = ends + act[l + 1] + b.parameter_bytes + b.gradient_bytes;
+    require(need <= budget, "memory.device_budget_gb = ", budget / (1024.0 * 1024.0 * 1024.0),
+            " GiB is too small for block ", l, ": it needs ", mib(need), " on the device (its parameters ",
+            mib(b.parameter_bytes), " and gradients ", mib(b.gradient_bytes), ", the activations of blocks 0-", l, " ",
+            mib(act[l + 1]), ", the ends ", mib(ends), "); raise the budget, use activation checkpointing "
+            "(memory.activation_checkpointing) or smaller micro-batches (train.batch_size)");
+  }
+  // Sub-model [i, j) as a merged SubModel, cached.
+  std::vector<std::vector<SubModel>> sub(static_cast<size_t>(n), std::vector<SubModel>(static_cast<size_t>(n) + 1));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = i + 1; j <= n; ++j) sub[i][j] = merge(blocks, i, j);
+  const double inf = std::numeric_limits<double>::infinity();
+  // best[i][j]: the least pairwise cost of cutting blocks [0, j) with [i, j) the last sub-model
+  // (every pair feasible); from[i][j]: the start of the sub-model before it (-1: none).
+  std::vector<std::vector<double>> best(static_cast<size_t>(n), std::vector<double>(static_cast<size_t>(n) + 1, inf));
+  std::vector<std::vector<int64_t>> from(static_cast<size_t>(n), std::vector<int64_t>(static_cast<size_t>(n) + 1, -1));
+  for (int64_t j = 1; j <= n; ++j) best[0][j] = sub[0][j].parameter_bytes / bw;  // the first load is exposed
+  for (int64_t i = 1; i < n; ++i)
+    for (int64_t j = i + 1; j <= n; ++j)
+      for (int64_t h = 0; h < i; ++h) {
+        if (best[h][i] == inf) continue;
+        const SubModel &a = sub[h][i], &b = sub[i][j];
+        const double held = ends + act[i] + a.parameter_bytes + b.parameter_bytes +
+                            std::max(a.gradient_bytes, b.gradient_bytes);
+        if (held > budget) continue;
+        const double cost = best[h][i] + std::max(a.forward_s, b.parameter_bytes / bw) +
+                            std::max(b.backward_s, a.parameter_bytes / bw);
+        if (cost < best[i][j]) {
+          best[i][j] = cost;
+          from[i][j] = h;
+        }
+      }
+  // The last sub-model [i, n) at the turn.
+  int64_t last = -1;
+  double least = inf;
+  for (int64_t i = 0; i < n; ++i) {
+    const SubModel& s = sub[i][n];
+    if (best[i][n] == inf || ends + act[n] + s.parameter_bytes + s.gradient_bytes > budget) continue;
+    const double cost = best[i][n] + s.forward_s + s.backward_s;
+    if (cost < least) {
+      least = cost;
+      last = i;
+    }
+  }
+  require(last >= 0, "memory.device_budget_gb = ", budget / (1024.0 * 1024.0 * 1024.0), " GiB: no cut of the ", n,
+          " blocks into sub-models fits (every block fits alone, but no two neighbours fit together with the ",
+          "activations held when they meet: ", mib(act[n]), " at the turn, the ends ", mib(ends),
+          "); raise the budget or use activation checkpointing");
+  std::vector<int64_t> boundaries{n};
+  for (int64_t i = last, j = n; i >= 0;) {
+    boundaries.insert(boundaries.begin(), i);
+    const int64_t h = from[i][j];
+    j = i;
+    i = h;
+  }
+  return cut_swap_plan(blocks, shape, boundaries);
+}
+
+}  // namespace tessera::swap

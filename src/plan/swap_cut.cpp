@@ -1,0 +1,139 @@
+// Measuring a run's swap costs and planning its cut (swap_cut.h).
+#include "plan/swap_cut.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include <ATen/ATen.h>
+#include <torch/cuda.h>
+
+#include "core/error.h"
+#include "memory/swap/swap_partition.h"
+#include "memory/swap/swap_simulate.h"
+#include "model/transformer.h"
+#include "optim/optimizer.h"
+#include "plan/profile_cut.h"
+
+namespace tessera {
+namespace {
+
+// Host seconds per parameter of one optimizer step (the median of three after a warm-up).
+double optimizer_seconds_per_parameter(const OptimOptions& options, int64_t numel) {
+  at::Tensor p = at::randn({numel}, at::kFloat);
+  p.mutable_grad() = at::randn({numel}, at::kFloat);
+  auto optimizer = make_optimizer(options, {{"p", p}});
+  std::vector<double> times;
+  for (int i = 0; i < 4; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    optimizer->step(1e-4);
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(times.begin() + 1, times.end());
+  return times[2] / static_cast<double>(numel);
+}
+
+// Bytes per second of a pinned host-to-device copy of 64 MiB (CUDA).
+double measured_bandwidth(c10::Device device) {
+  const int64_t n = 16 << 20;
+  at::Tensor host = at::empty({n}, at::TensorOptions().dtype(at::kFloat).pinned_memory(true));
+  at::Tensor dev = at::empty({n}, at::TensorOptions().dtype(at::kFloat).device(device));
+  dev.copy_(host);
+  torch::cuda::synchronize(device.index());
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 3; ++i) dev.copy_(host, /*non_blocking=*/true);
+  torch::cuda::synchronize(device.index());
+  return 3.0 * n * 4 / std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::string mib(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f MiB", bytes / (1024.0 * 1024.0));
+  return text;
+}
+
+}  // namespace
+
+SwapCosts measure_swap_costs(const Config& config, c10::Device device) {
+  const ModelOptions& m = config.model;
+  SwapCosts c;
+  c.blocks.resize(static_cast<size_t>(m.n_layer));
+  const TransformerLM meta(m, ModelStage{}, at::TensorOptions().device(at::kMeta));
+  int64_t largest = 0;
+  std::vector<int64_t> numel(static_cast<size_t>(m.n_layer), 0);
+  int64_t ends = 0;
+  for (const auto& item : meta->named_parameters()) {
+    const std::string& name = item.key();
+    if (name.rfind("h.", 0) == 0) numel[static_cast<size_t>(std::stoll(name.substr(2, name.find('.', 2) - 2)))] += item.value().numel();
+    else ends += item.value().numel();
+  }
+  for (int64_t n : numel) largest = std::max(largest, n);
+  const double optim_per_param = optimizer_seconds_per_parameter(config.optim, std::max(largest, ends));
+  const BlockCosts profile = profile_blocks(config, device);
+  for (int64_t l = 0; l < m.n_layer; ++l) {
+    swap::SubModel& b = c.blocks[static_cast<size_t>(l)];
+    b.first = l;
+    b.end = l + 1;
+    b.parameter_bytes = b.gradient_bytes = 4.0 * static_cast<double>(numel[static_cast<size_t>(l)]);
+    b.activation_bytes = profile.block_activation_bytes[static_cast<size_t>(l)];
+    double seconds = profile.block_seconds[static_cast<size_t>(l)];
+    if (l == 0) seconds += profile.embedding_seconds;
+    if (l + 1 == m.n_layer) seconds += profile.head_seconds;
+    b.forward_s = seconds / 3;
+    b.backward_s = 2 * seconds / 3;
+    b.optim_s = optim_per_param * static_cast<double>(numel[static_cast<size_t>(l)]);
+  }
+  c.ends.parameter_bytes = c.ends.gradient_bytes = 4.0 * static_cast<double>(ends);
+  c.ends.optim_s = optim_per_param * static_cast<double>(ends);
+  c.bandwidth = device.is_cuda() ? measured_bandwidth(device) : config.memory.modelled_bandwidth_gbps * 1e9;
+  require(c.bandwidth > 0, "memory.modelled_bandwidth_gbps = 0 (unthrottled) leaves the swap planner no link to "
+          "plan with; give the bandwidth to model");
+  return c;
+}
+
+swap::SwapPlan plan_swap(const Config& config, const SwapCosts& costs) {
+  swap::SwapPlan shape;
+  shape.ends = costs.ends;
+  shape.device_budget_bytes = config.memory.device_budget_gb * 1024.0 * 1024.0 * 1024.0;
+  shape.bandwidth = costs.bandwidth;
+  shape.micro_batches = config.train.accumulation(1);
+  shape.defer_optim = config.optim.grad_clip > 0;
+  const std::vector<int64_t>& hand = config.memory.swap_blocks;
+  if (hand.empty()) return swap::partition_swap_plan(costs.blocks, shape);
+  std::vector<int64_t> boundaries{0};
+  for (int64_t b : hand) boundaries.push_back(boundaries.back() + b);
+  return swap::cut_swap_plan(costs.blocks, shape, boundaries);
+}
+
+std::string describe_swap_plan(const swap::SwapPlan& plan) {
+  std::string out;
+  char line[256];
+  std::snprintf(line, sizeof line, "swap plan: %lld sub-models, %lld micro-batches, budget %s, link %.2f GB/s%s\n",
+                static_cast<long long>(plan.size()), static_cast<long long>(plan.micro_batches),
+                mib(plan.device_budget_bytes).c_str(), plan.bandwidth / 1e9,
+                plan.defer_optim ? ", updates after the clipping norm" : ", updates overlapped with backward");
+  out += line;
+  std::snprintf(line, sizeof line, "  ends (wte, wpe, ln_f): %s parameters + %s gradients, resident for the step\n",
+                mib(plan.ends.parameter_bytes).c_str(), mib(plan.ends.gradient_bytes).c_str());
+  out += line;
+  for (int64_t i = 0; i < plan.size(); ++i) {
+    const swap::SubModel& s = plan.subs[static_cast<size_t>(i)];
+    std::snprintf(line, sizeof line,
+                  "  sub-model %lld: blocks %lld-%lld, %s parameters, %s activations, forward %.2f ms, backward %.2f "
+                  "ms, load %.2f ms, update %.2f ms\n",
+                  static_cast<long long>(i), static_cast<long long>(s.first), static_cast<long long>(s.end - 1),
+                  mib(s.parameter_bytes).c_str(), mib(s.activation_bytes).c_str(), 1000 * s.forward_s,
+                  1000 * s.backward_s, 1000 * s.parameter_bytes / plan.bandwidth, 1000 * s.optim_s);
+    out += line;
+  }
+  const swap::SwapTimeline t = swap::simulate_swap_plan(plan);
+  std::snprintf(line, sizeof line,
+                "  device peak (parameters, gradients, activations) %s; predicted step %.2f ms: compute %.2f ms, "
+                "loads %.2f ms of which %.2f ms exposed (%.0f%% hidden)\n",
+                mib(swap::occupancy(plan).peak).c_str(), 1000 * t.step_time, 1000 * t.compute_time,
+                1000 * t.load_time, 1000 * t.exposed_load, 100 * t.overlap());
+  out += line;
+  return out;
+}
+
+}  // namespace tessera

@@ -1,0 +1,40 @@
+// The swap plan of a run (memory.swap = true; ATOM, issue 14): what each block costs, measured on
+// the device the run trains on, and where the model is cut into sub-models.
+//
+// measure_swap_costs: per block, its parameters and gradients (float32, counted from the model's
+// declarations on the meta device: nothing is allocated), its forward and backward time and its
+// activation bytes per micro-batch (plan/profile_cut.h's profile_blocks: forward + backward split
+// 1 : 2), the embedding's and the head's time folded into the first and last block; the ends'
+// bytes (wte, wpe, ln_f); the host optimizer's time per parameter, measured by stepping
+// optim.name over a tensor the size of the largest block; the link's bandwidth: on CUDA measured
+// (a 64 MiB pinned host-to-device copy), on a CPU device memory.modelled_bandwidth_gbps.
+//
+// plan_swap: the plan for train.grad_accum micro-batches (the updates deferred under clipping)
+// cut by memory.swap_blocks when given, else by the partitioner (memory/swap/swap_partition.h),
+// under memory.device_budget_gb. Refusals name the key.
+#pragma once
+
+#include <vector>
+
+#include <c10/core/Device.h>
+
+#include "memory/swap/swap_plan.h"
+#include "train/config.h"
+
+namespace tessera {
+
+struct SwapCosts {
+  std::vector<swap::SubModel> blocks;  // one per block
+  swap::SubModel ends;
+  double bandwidth = 0;  // bytes per second
+};
+
+SwapCosts measure_swap_costs(const Config& config, c10::Device device);
+
+swap::SwapPlan plan_swap(const Config& config, const SwapCosts& costs);
+
+// "sub-model 0: blocks 0-3, 12.0 MiB ... predicted step 85.2 ms, 97% of loading hidden": the cut,
+// each sub-model's bytes and times, the peak occupancy and the replay's prediction.
+std::string describe_swap_plan(const swap::SwapPlan& plan);
+
+}  // namespace tessera

@@ -1,0 +1,155 @@
+// A training step of a swapped model (swap_step.h).
+#include "train/swap_step.h"
+
+#include <cstdio>
+
+#include <torch/torch.h>
+
+#include "core/error.h"
+#include "core/fs.h"
+#include "memory/swap/swap_timeline.h"
+#include "precision/autocast.h"
+
+namespace tessera {
+
+using swap::Action;
+using swap::Op;
+
+SwapStep::SwapStep(TransformerLM model, SwapOwner& owner, const Config& config, c10::Device device,
+                   std::optional<at::ScalarType> autocast, swap::SwapPlan plan)
+    : model_(std::move(model)),
+      owner_(owner),
+      config_(config),
+      device_(device),
+      autocast_(autocast),
+      plan_(swap::build_swap_plan(std::move(plan))) {
+  swap::validate_swap_plan(plan_);
+}
+
+void SwapStep::compute(const Action& a, const std::vector<Batch>& batches) {
+  const Batch& batch = batches[static_cast<size_t>(a.micro)];
+  const swap::SubModel& sub = plan_.sub(a.sub);
+  const bool first = a.sub == 0, last = a.sub + 1 == plan_.size();
+  const double micro_batches = static_cast<double>(plan_.micro_batches);
+  Stash& s = stash_[a.sub];
+  if (a.op == Op::ComputeF) {
+    AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
+    at::Tensor x;
+    if (first) {
+      x = model_->embed(batch.inputs.to(device_));
+    } else {
+      Stash& before = stash_.at(a.sub - 1);
+      s.input = before.output.detach().requires_grad_(true);
+      x = s.input;
+    }
+    const BlockOutput blocks = model_->run_blocks(x, sub.first, sub.end);
+    if (!last) {
+      s.output = blocks.x;
+      if (blocks.aux_loss.requires_grad()) {  // mixture-of-experts blocks: their own loss term
+        s.aux = blocks.aux_loss / micro_batches;
+        aux_sum_ += blocks.aux_loss.detach().to(at::kCPU, at::kDouble);
+      }
+      return;
+    }
+    const ModelOutput out = model_->head(blocks.x, batch.targets.to(device_), blocks.aux_loss);
+    s.output = out.loss.to(at::kFloat) / micro_batches;
+    ce_sum_ += out.ce_loss.detach().to(at::kCPU, at::kDouble);
+    aux_sum_ += out.aux_loss.detach().to(at::kCPU, at::kDouble);
+    return;
+  }
+  std::vector<at::Tensor> roots{s.output}, grads{s.grad_out.defined() ? s.grad_out : at::ones_like(s.output)};
+  if (s.aux.defined()) {
+    roots.push_back(s.aux);
+    grads.push_back(at::ones_like(s.aux));
+  }
+  torch::autograd::backward(roots, grads);
+  if (!first) stash_.at(a.sub - 1).grad_out = s.input.grad();
+  stash_.erase(a.sub);
+}
+
+SwapStepResult SwapStep::run(const std::vector<Batch>& batches, double lr,
+                             const std::function<void()>& gradients_ready) {
+  const auto micro_batches = static_cast<int64_t>(batches.size());
+  const bool clipping = config_.optim.grad_clip > 0;
+  if (plan_.micro_batches != micro_batches || plan_.defer_optim != clipping) {
+    plan_.micro_batches = micro_batches;
+    plan_.defer_optim = clipping;
+    plan_ = swap::build_swap_plan(plan_);
+    swap::validate_swap_plan(plan_);
+  }
+  model_->train();
+  ce_sum_ = at::zeros({}, at::kDouble);
+  aux_sum_ = at::zeros({}, at::kDouble);
+  SwapStepResult result;
+  swap::SwapWork work;
+  work.compute = [&](const Action& a) { compute(a, batches); };
+  work.job = [&](const Action& a) -> std::function<void()> {
+    switch (a.op) {
+      case Op::Load: return owner_.load_job(a.sub);
+      case Op::StoreGrad: return owner_.store_job(a.sub);
+      case Op::Evict: return [this, sub = a.sub] { owner_.evict(sub); };
+      case Op::Optim: return [this, sub = a.sub, lr] { owner_.update(sub, lr); };
+      default: fail("internal: the swap executor asked for a job of ", a.str());
+    }
+  };
+  work.gradients_stored = [&] {
+    if (gradients_ready) gradients_ready();
+    result.grad_norm = owner_.gradients_stored(config_.optim.grad_clip);
+  };
+  try {
+    timeline_ = executor_.run(plan_, work);
+  } catch (...) {
+    stash_.clear();
+    owner_.end_step();
+    throw;
+  }
+  require(stash_.empty(), "internal: the swap step left ", stash_.size(), " sub-models without their backward");
+  owner_.end_step();
+  result.ce_sum = ce_sum_.item<double>();
+  result.aux_sum = aux_sum_.item<double>();
+  return result;
+}
+
+double SwapStep::evaluate(const std::vector<Batch>& batches) {
+  torch::NoGradGuard no_grad;
+  model_->eval();
+  at::Tensor total = at::zeros({}, at::kDouble);
+  owner_.load_job(swap::kEnds)();
+  for (const Batch& batch : batches) {
+    AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
+    at::Tensor x = model_->embed(batch.inputs.to(device_));
+    BlockOutput blocks;
+    for (int64_t i = 0; i < plan_.size(); ++i) {
+      owner_.load_job(i)();
+      blocks = model_->run_blocks(x, plan_.subs[static_cast<size_t>(i)].first, plan_.subs[static_cast<size_t>(i)].end);
+      x = blocks.x;
+      owner_.evict(i);
+    }
+    total += model_->head(x, batch.targets.to(device_), blocks.aux_loss).ce_loss.to(at::kCPU, at::kDouble);
+  }
+  owner_.evict(swap::kEnds);
+  model_->train();
+  return total.item<double>() / static_cast<double>(batches.size());
+}
+
+double SwapStep::write_timeline(const std::string& dir, const std::string& name) const {
+  double measured = 0, compute = 0;
+  for (const swap::TimedAction& t : timeline_) {
+    measured = std::max(measured, t.end);
+    if (t.action.op == Op::ComputeF || t.action.op == Op::ComputeB) compute += t.end - t.start;
+  }
+  char title[240];
+  std::snprintf(title, sizeof title, "swap step, %lld sub-models, %lld micro-batches, measured: step %.1f ms, compute "
+                "%.1f ms, exposed load %.1f ms", static_cast<long long>(plan_.size()),
+                static_cast<long long>(plan_.micro_batches), 1000 * measured, 1000 * compute,
+                1000 * swap::exposed_load(timeline_));
+  write_file_durable(dir + "/" + name + ".svg", swap::swap_timeline_svg(timeline_, title));
+  const swap::SwapTimeline planned = swap::simulate_swap_plan(plan_);
+  std::snprintf(title, sizeof title, "swap step planned: step %.1f ms, compute %.1f ms, exposed load %.1f ms "
+                "(%.0f%% of loading hidden)", 1000 * planned.step_time, 1000 * planned.compute_time,
+                1000 * planned.exposed_load, 100 * planned.overlap());
+  write_file_durable(dir + "/" + name + ".planned.svg", swap::swap_timeline_svg(planned.actions, title));
+  return measured;
+}
+
+}  // namespace tessera
