@@ -35,14 +35,35 @@ std::vector<TimedAction> SwapExecutor::run(const SwapPlan& plan, const SwapWork&
       timeline[k].end = now();
     };
   };
+  std::vector<bool> issued(plan.actions.size(), false);
+  auto issue_load = [&](size_t k) {
+    const Action& a = plan.actions[k];
+    std::vector<Ticket> after;
+    if (evicted_on_store.count(a.sub)) after.push_back(evicted_on_store[a.sub]);
+    evicted_on_store.erase(a.sub);
+    loaded[a.sub] = load_.submit(timed(k, work.job(a), std::move(after)));
+    all.push_back(loaded[a.sub]);
+    issued[k] = true;
+  };
   std::exception_ptr failure;
   try {
     for (size_t k = 0; k < plan.actions.size(); ++k) {
       const Action& a = plan.actions[k];
       timeline[k].action = a;
+      if (issued[k]) continue;
       switch (a.op) {
         case Op::ComputeF:
         case Op::ComputeB: {
+          // The loads that follow this compute in the plan go first: the compute holds this
+          // thread until it is done (on CUDA it would only be queued), and they overlap it.
+          for (size_t j = k + 1; j < plan.actions.size(); ++j) {
+            const Op op = plan.actions[j].op;
+            if (op == Op::ComputeF || op == Op::ComputeB) break;
+            if (op == Op::Load) {
+              timeline[j].action = plan.actions[j];
+              issue_load(j);
+            }
+          }
           wait(loaded[a.sub]);
           wait(loaded[kEnds]);
           if (a.op == Op::ComputeB) wait(stored[a.sub]);
@@ -51,14 +72,9 @@ std::vector<TimedAction> SwapExecutor::run(const SwapPlan& plan, const SwapWork&
           timeline[k].end = now();
           break;
         }
-        case Op::Load: {
-          std::vector<Ticket> after;
-          if (evicted_on_store.count(a.sub)) after.push_back(evicted_on_store[a.sub]);
-          evicted_on_store.erase(a.sub);
-          loaded[a.sub] = load_.submit(timed(k, work.job(a), std::move(after)));
-          all.push_back(loaded[a.sub]);
+        case Op::Load:
+          issue_load(k);
           break;
-        }
         case Op::StoreGrad:
           stored[a.sub] = store_.submit(timed(k, work.job(a), {}));
           all.push_back(stored[a.sub]);

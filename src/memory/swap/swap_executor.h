@@ -4,8 +4,10 @@
 //   compute  COMPUTE_F/B on the calling thread (work.compute), after waiting for the tickets of
 //            the sub-model's LOAD and the ends' LOAD, and a backward also for its sub-model's
 //            STORE_GRAD still in flight (the gradients it would add to must be gone first)
-//   load     LOAD jobs on the load Worker; a LOAD first waits for the sub-model's EVICT when that
-//            ran on the store stream (its memory must be released before it is filled again)
+//   load     LOAD jobs on the load Worker, issued with the COMPUTE before them (the compute holds
+//            the calling thread until done, and the plan's LOAD overlaps it); a LOAD first waits
+//            for the sub-model's EVICT when that ran on the store stream (its memory must be
+//            released before it is filled again)
 //   store    STORE_GRAD jobs on the store Worker; an EVICT of a sub-model with a store in flight
 //            follows it there, any other EVICT runs on the calling thread at once
 //   host     OPTIM jobs on the host Worker, each after its sub-model's last STORE_GRAD; in a plan
