@@ -132,7 +132,9 @@ Command add_train_command(CLI::App& app) {
     check_parallel_layout(config, dims);
     const int64_t accumulation = config.train.accumulation(dims.dp());
     const MemoryEstimate memory = estimate_memory(config, dims);
-    check_memory_fits(config, memory, launching ? args->launch.nproc : launch.local_world_size, host_memory_available());
+    // A swapped run is held to its own prediction (plan/swap_cut.h) once its blocks are measured.
+    if (!config.memory.swap)
+      check_memory_fits(config, memory, launching ? args->launch.nproc : launch.local_world_size, host_memory_available());
     // The process that speaks for the run: the launcher of node 0, or global rank 0 when no
     // tessera launcher started this process (one process, torchrun, mpirun, srun).
     const bool lead = launching ? args->launch.node_rank == 0 : launch.launcher != "tessera" && launch.rank == 0;
@@ -156,8 +158,14 @@ Command add_train_command(CLI::App& app) {
     if (launching) return launch_workers(args->launch, out, config.parallel.timeout_s);
 
     const c10::Device device = comm::select_device(config.train.device, launch);  // one GPU per local rank
-    if (device.is_cuda())
+    if (device.is_cuda() && !config.memory.swap)
       check_memory_fits(config, memory, launch.local_world_size, host_memory_available(), comm::device_memory_bytes(device));
+    if (device.is_cuda() && config.memory.swap) {
+      const double capacity = static_cast<double>(comm::device_memory_bytes(device));
+      require(capacity <= 0 || config.memory.device_budget_gb * 1024 * 1024 * 1024 <= capacity,
+              "memory.device_budget_gb = ", config.memory.device_budget_gb, " exceeds ", device.str(), "'s ",
+              capacity / (1024.0 * 1024 * 1024), " GiB");
+    }
     std::unique_ptr<comm::Mesh> mesh = comm::Mesh::connect(launch, dims, config.parallel, device);
     check_same_config(config, mesh->world());
     check_shared_run_dir(out, mesh->world(), config.checkpoint.gather);

@@ -75,7 +75,10 @@ SwapCosts measure_swap_costs(const Config& config, c10::Device device) {
     b.first = l;
     b.end = l + 1;
     b.parameter_bytes = b.gradient_bytes = 4.0 * static_cast<double>(numel[static_cast<size_t>(l)]);
-    b.activation_bytes = profile.block_activation_bytes[static_cast<size_t>(l)];
+    // At least the block's output, which stays as the next block's saved input (what full
+    // checkpointing keeps; the profile counts what the block itself adds).
+    b.activation_bytes = std::max(profile.block_activation_bytes[static_cast<size_t>(l)],
+                                  4.0 * static_cast<double>(config.train.batch_size * config.train.seq_len * m.n_embd));
     double seconds = profile.block_seconds[static_cast<size_t>(l)];
     if (l == 0) seconds += profile.embedding_seconds;
     if (l + 1 == m.n_layer) seconds += profile.head_seconds;
@@ -103,6 +106,43 @@ swap::SwapPlan plan_swap(const Config& config, const SwapCosts& costs) {
   std::vector<int64_t> boundaries{0};
   for (int64_t b : hand) boundaries.push_back(boundaries.back() + b);
   return swap::cut_swap_plan(costs.blocks, shape, boundaries);
+}
+
+SwapHostMemory swap_host_memory(const Config& config, const swap::SwapPlan& plan) {
+  SwapHostMemory h;
+  double largest = plan.ends.parameter_bytes;
+  for (const swap::SubModel& s : plan.subs) {
+    h.masters += s.parameter_bytes;
+    largest = std::max(largest, s.parameter_bytes);
+  }
+  h.masters += plan.ends.parameter_bytes;
+  h.gradients = h.masters;
+  h.staging = largest;
+  const TransformerLM meta(config.model, ModelStage{}, at::TensorOptions().device(at::kMeta));
+  const bool adafactor = config.optim.name == "adafactor";
+  for (const auto& item : meta->named_parameters()) {
+    const at::Tensor& p = item.value();
+    if (!adafactor) {
+      h.optimizer += 8.0 * static_cast<double>(p.numel()) + 4;
+      continue;
+    }
+    h.optimizer += p.dim() >= 2 ? 4.0 * static_cast<double>(p.numel() / p.size(-1) + p.numel() / p.size(-2))
+                                : 4.0 * static_cast<double>(p.numel());
+    if (config.optim.adafactor_beta1 > 0) h.optimizer += 4.0 * static_cast<double>(p.numel());
+  }
+  if (config.train.device == "cpu") h.device = plan.device_budget_bytes;
+  return h;
+}
+
+void check_swap_host_memory(const Config& config, const swap::SwapPlan& plan, double available_bytes) {
+  const SwapHostMemory h = swap_host_memory(config, plan);
+  if (available_bytes <= 0 || h.total() <= available_bytes) return;
+  fail("memory.swap = true: the model's training state needs ", mib(h.total()), " of host memory (masters ",
+       mib(h.masters), ", gradients ", mib(h.gradients), ", staging ", mib(h.staging), ", optimizer state (",
+       config.optim.name, ") ", mib(h.optimizer), config.train.device == "cpu" ? ", the CPU device's budget " + mib(h.device) : "",
+       "), but this host has ", mib(available_bytes), " available; train a smaller model (model.n_layer, model.n_embd)",
+       config.optim.name == "adamw" ? ", use optim.name = \"adafactor\" (factored state)" : "",
+       " or a host with more memory");
 }
 
 std::string describe_swap_plan(const swap::SwapPlan& plan) {

@@ -4,7 +4,7 @@
 // measure_swap_costs: per block, its parameters and gradients (float32, counted from the model's
 // declarations on the meta device: nothing is allocated), its forward and backward time and its
 // activation bytes per micro-batch (plan/profile_cut.h's profile_blocks: forward + backward split
-// 1 : 2), the embedding's and the head's time folded into the first and last block; the ends'
+// 1 : 2; activations at least the block's float32 output, which the next block keeps), the embedding's and the head's time folded into the first and last block; the ends'
 // bytes (wte, wpe, ln_f); the host optimizer's time per parameter, measured by stepping
 // optim.name over a tensor the size of the largest block; the link's bandwidth: on CUDA measured
 // (a 64 MiB pinned host-to-device copy), on a CPU device memory.modelled_bandwidth_gbps.
@@ -32,6 +32,19 @@ struct SwapCosts {
 SwapCosts measure_swap_costs(const Config& config, c10::Device device);
 
 swap::SwapPlan plan_swap(const Config& config, const SwapCosts& costs);
+
+// The host memory a swapped run holds (swap_owner.h): the float32 masters and gradients, the
+// staging buffer (the largest sub-model), the optimizer state (AdamW: exp_avg and exp_avg_sq;
+// Adafactor: its factored rows and columns, or a full second moment for vectors, plus exp_avg
+// with adafactor_beta1 > 0) and, on a CPU "device", the device budget, which is host memory too.
+struct SwapHostMemory {
+  double masters = 0, gradients = 0, staging = 0, optimizer = 0, device = 0;
+  double total() const { return masters + gradients + staging + optimizer + device; }
+};
+SwapHostMemory swap_host_memory(const Config& config, const swap::SwapPlan& plan);
+// Refuses, before anything is allocated, a swapped run whose host memory exceeds
+// `available_bytes` (0: unknown, nothing refused), naming memory.swap and the terms.
+void check_swap_host_memory(const Config& config, const swap::SwapPlan& plan, double available_bytes);
 
 // "sub-model 0: blocks 0-3, 12.0 MiB ... predicted step 85.2 ms, 97% of loading hidden": the cut,
 // each sub-model's bytes and times, the peak occupancy and the replay's prediction.

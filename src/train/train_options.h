@@ -21,7 +21,7 @@ struct TrainOptions {
   std::string device = "cpu";
   double peak_tflops = 0;    // for MFU; 0 = the device's known peak, or on CPU a measured matmul rate
   double time_limit = 0;     // wall seconds before the run checkpoints and stops (0 = none)
-  int64_t trace_step = 0;    // parallel.pp > 1: the step whose pipeline timeline is written (0 = none)
+  int64_t trace_step = 0;    // pp > 1 or swap: the step whose timeline is written (0 = none)
 
   template <class V>
   void visit(V& v) {
@@ -42,8 +42,8 @@ struct TrainOptions {
       "wall seconds this process trains before it checkpoints and stops with exit code 3 (0 = no limit)",
       between(0, 1e9));
     v("trace_step", trace_step,
-      "with parallel.pp > 1, write this step's pipeline timeline into the run directory: measured and planned SVG "
-      "pictures and a Chrome trace (0 = none)",
+      "with parallel.pp > 1 or memory.swap, write this step's pipeline or swap timeline into the run directory: "
+      "measured and planned SVG pictures (and for a pipeline a Chrome trace) (0 = none)",
       between(0, 1e12));
   }
   void check(const std::string& source) const;

@@ -9,6 +9,7 @@
 
 #include "comm/device.h"
 #include "core/error.h"
+#include "plan/memory_estimate.h"
 #include "plan/profile_cut.h"
 #include "plan/swap_cut.h"
 #include "plan/stage_cut.h"
@@ -57,6 +58,7 @@ TrainStep::TrainStep(const Config& config, comm::Mesh* mesh)
   if (config_.memory.swap) {
     if (mesh) check_parallel_layout(config_, mesh->dims());
     swap_plan = plan_swap(config_, measure_swap_costs(config_, device_));
+    check_swap_host_memory(config_, *swap_plan, host_memory_available());
     config_.memory.swap_boundaries = {0};
     for (const swap::SubModel& s : swap_plan->subs) config_.memory.swap_boundaries.push_back(s.end);
   }

@@ -16,6 +16,7 @@
 #include "core/fs.h"
 #include "data/prepare.h"
 #include "data/sampler.h"
+#include "plan/swap_cut.h"
 #include "data/training_data.h"
 #include "model/hf_names.h"
 #include "optim/compression/compressor.h"
@@ -175,6 +176,11 @@ Trainer::Trainer(Config config, std::string run_dir, TrainStart start, comm::Mes
     text.pop_back();  // the final newline
     s.start_notes.push_back(text);
   }
+  if (SwapStep* swapped = s.trainer->swapped()) {
+    std::string text = describe_swap_plan(swapped->plan());
+    text.pop_back();
+    s.start_notes.push_back(text);
+  }
   s.device = s.trainer->device();
 
   if (!start.init_from.empty()) {
@@ -325,6 +331,14 @@ TrainSummary Trainer::run() {
       std::snprintf(note, sizeof note, "pipeline timeline of step %lld (bubble %.1f%%): %s.svg, %s.planned.svg, "
                     "%s.trace.json", static_cast<long long>(s.step + 1), 100 * bubble, name.c_str(), name.c_str(),
                     name.c_str());
+      progress.message(note);
+    }
+    if (c.train.trace_step == s.step + 1 && s.trainer->swapped()) {
+      const std::string name = "swap_step" + std::to_string(s.step + 1);
+      const double measured = s.trainer->swapped()->write_timeline(s.run_dir, name);
+      char note[160];
+      std::snprintf(note, sizeof note, "swap timeline of step %lld (%.1f ms): %s.svg, %s.planned.svg",
+                    static_cast<long long>(s.step + 1), 1000 * measured, name.c_str(), name.c_str());
       progress.message(note);
     }
     // A non-finite loss, or a non-finite gradient norm that no loss scaler handled, ends the run

@@ -66,7 +66,10 @@ std::vector<TimedAction> SwapExecutor::run(const SwapPlan& plan, const SwapWork&
           }
           wait(loaded[a.sub]);
           wait(loaded[kEnds]);
-          if (a.op == Op::ComputeB) wait(stored[a.sub]);
+          if (a.op == Op::ComputeB) {  // its gradients, and the ends', must be stored and gone
+            wait(stored[a.sub]);
+            wait(stored[kEnds]);
+          }
           timeline[k].start = now();
           work.compute(a);
           timeline[k].end = now();

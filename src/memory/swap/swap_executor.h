@@ -2,8 +2,8 @@
 // stream, and records when each ran (the measured timeline, drawn by swap_timeline.h).
 //
 //   compute  COMPUTE_F/B on the calling thread (work.compute), after waiting for the tickets of
-//            the sub-model's LOAD and the ends' LOAD, and a backward also for its sub-model's
-//            STORE_GRAD still in flight (the gradients it would add to must be gone first)
+//            the sub-model's LOAD and the ends' LOAD, and a backward also for its sub-model's and
+//            the ends' STORE_GRAD still in flight (the gradients it would add to must be gone)
 //   load     LOAD jobs on the load Worker, issued with the COMPUTE before them (the compute holds
 //            the calling thread until done, and the plan's LOAD overlaps it); a LOAD first waits
 //            for the sub-model's EVICT when that ran on the store stream (its memory must be

@@ -83,7 +83,7 @@ SwapPlan build_swap_plan(SwapPlan plan) {
     for (int64_t i = n - 1; i >= 0; --i) {
       a.push_back({Op::ComputeB, i, m});
       if (i > 0) a.push_back({Op::Load, i - 1, m});
-      if (i == 0 && last_micro) a.push_back({Op::StoreGrad, kEnds, m});
+      if (i == 0) a.push_back({Op::StoreGrad, kEnds, m});
       a.push_back({Op::StoreGrad, i, m});
       if (i == 0 && !last_micro) continue;  // stays resident into the next forward
       a.push_back({Op::Evict, i, m});

@@ -15,8 +15,9 @@
 //
 // The ends (token and position embeddings, ln_f: sub = kEnds, "ends") are loaded first and stay
 // on the device for the whole step: wte serves both the first sub-model (the embedding) and the
-// last (the tied head), so its gradient accumulates on the device over every micro-batch, as in a
-// resident run, and is stored once after the last backward.
+// last (the tied head), so within a micro-batch its gradient sums both uses on the device, as in a
+// resident backward, and is stored after the micro-batch's last backward (then added on the host
+// in micro-batch order, as a resident run accumulates).
 //
 // build_swap_plan gives ATOM's order for each micro-batch: forward loads sub-model i+1 while i
 // computes and evicts i after its forward, except the last, which stays resident into backward

@@ -29,6 +29,7 @@ SwapTimeline simulate_swap_plan(const SwapPlan& plan) {
       case Op::ComputeF:
       case Op::ComputeB:
         ready = std::max(loaded[k], loaded[n]);
+        if (a.op == Op::ComputeB) ready = std::max({ready, stored[k], stored[n]});  // gradients it adds to
         cost = a.op == Op::ComputeF ? s.forward_s : s.backward_s;
         break;
       case Op::StoreGrad:

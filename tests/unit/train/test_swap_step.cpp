@@ -1,0 +1,98 @@
+// A swapped run's state is the resident run's: a swapped run's model and optimizer state, loaded
+// into a resident run, continue bit-identically to the swapped run continuing, and the reverse
+// (the same tensors a checkpoint holds: model_state() and training_state()). Evaluation of a
+// swapped model equals the resident one's. The host memory a swapped run needs is predicted and a
+// host too small for it is refused naming memory.swap.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "plan/swap_cut.h"
+#include "test_util.h"
+#include "tiny_config.h"
+#include "train/train_step.h"
+
+namespace tessera {
+namespace {
+
+Config tiny(bool swapped) {
+  Config c = test::tiny_config(8);
+  c.model.n_layer = 3;
+  c.model.bias = false;
+  c.train.grad_accum = 2;
+  c.train.threads = 1;
+  c.optim.grad_clip = 1.0;
+  if (swapped) {
+    c.memory.swap = true;
+    c.memory.device_budget_gb = 1;
+    c.memory.modelled_bandwidth_gbps = 64;
+    c.memory.swap_blocks = {1, 2};
+  }
+  return c;
+}
+
+std::vector<Batch> micro_batches(int64_t step, const Config& c) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(100 + step);
+  std::vector<Batch> out;
+  for (int m = 0; m < 2; ++m) {
+    const at::Tensor tokens = at::randint(c.model.vocab_size, {2, c.train.seq_len + 1}, gen, at::kLong);
+    out.push_back({tokens.narrow(1, 0, c.train.seq_len).contiguous(), tokens.narrow(1, 1, c.train.seq_len).contiguous()});
+  }
+  return out;
+}
+
+std::map<std::string, at::Tensor> as_map(const NamedTensors& named) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [name, t] : named) out[name] = t.clone();
+  return out;
+}
+
+// `to` takes `from`'s model and optimizer state, as a resume from its checkpoint does.
+void resume(TrainStep& to, TrainStep& from) {
+  const auto model = as_map(from.model_state());
+  std::set<std::string> names;
+  for (const auto& [name, t] : model) names.insert(name);
+  to.load_model_state(names, [&](const std::string& name) { return model.at(name); }, "test checkpoint");
+  to.load_training_state(as_map(from.training_state()), "test checkpoint");
+}
+
+double max_difference(TrainStep& a, TrainStep& b) {
+  const auto x = as_map(a.model_state()), y = as_map(b.model_state());
+  double worst = 0;
+  for (const auto& [name, t] : x) worst = std::max(worst, (t - y.at(name)).abs().max().item<double>());
+  return worst;
+}
+
+TEST(SwapStep, StateResumesAcrossSwappedAndResidentBitIdentically) {
+  for (const bool from_swapped : {true, false}) {
+    const Config a = tiny(from_swapped), b = tiny(!from_swapped);
+    TrainStep original(a);
+    for (int64_t s = 0; s < 2; ++s) original.run(micro_batches(s, a), 1e-3);
+    TrainStep resumed(b);
+    resume(resumed, original);
+    EXPECT_EQ(max_difference(original, resumed), 0.0);
+    const StepResult x = original.run(micro_batches(2, a), 1e-3), y = resumed.run(micro_batches(2, b), 1e-3);
+    EXPECT_EQ(x.ce_loss, y.ce_loss) << (from_swapped ? "swapped -> resident" : "resident -> swapped");
+    EXPECT_EQ(x.grad_norm, y.grad_norm);
+    EXPECT_EQ(max_difference(original, resumed), 0.0) << (from_swapped ? "swapped -> resident" : "resident -> swapped");
+    EXPECT_EQ(original.evaluate(micro_batches(3, a)), resumed.evaluate(micro_batches(3, b)));
+  }
+}
+
+TEST(SwapStep, HostMemoryIsPredictedAndAHostTooSmallIsRefused) {
+  Config c = tiny(true);
+  c.memory.swap_blocks.clear();
+  const swap::SwapPlan plan = plan_swap(c, measure_swap_costs(c, c10::Device(at::kCPU)));
+  const SwapHostMemory host = swap_host_memory(c, plan);
+  int64_t params = 0;
+  for (const auto& p : TransformerLM(c.model)->parameters()) params += p.numel();
+  EXPECT_EQ(host.masters, 4.0 * params);
+  EXPECT_EQ(host.gradients, 4.0 * params);
+  EXPECT_NEAR(host.optimizer, 8.0 * params, 4.0 * 64);  // exp_avg, exp_avg_sq, and a step per tensor
+  EXPECT_EQ(host.device, plan.device_budget_bytes);      // the CPU "device" is host memory
+  check_swap_host_memory(c, plan, host.total());
+  EXPECT_TRUE(test::throws_naming([&] { check_swap_host_memory(c, plan, host.total() - 1); },
+                                  {"memory.swap", "host memory", "optimizer state (adamw)"}));
+}
+
+}  // namespace
+}  // namespace tessera
