@@ -9,3 +9,4 @@ python3 bench/pipeline_memory.py "$build"
 python3 bench/pipeline_throughput.py "$build"
 python3 bench/pipeline_zero3.py "$build"
 python3 bench/pipeline_profile_cut.py "$build"
+python3 bench/swap.py "$build" all

@@ -33,6 +33,22 @@ double optimizer_seconds_per_parameter(const OptimOptions& options, int64_t nume
   return times[2] / static_cast<double>(numel);
 }
 
+// Bytes per second of a 64 MiB copy into freshly allocated memory on the CPU: the fastest a CPU
+// "device"'s link can be whatever its modelled bandwidth (the copy is real; the median of three).
+double measured_memcpy_bandwidth() {
+  const int64_t n = 16 << 20;
+  at::Tensor from = at::ones({n}, at::kFloat);
+  std::vector<double> times;
+  for (int i = 0; i < 3; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    at::Tensor to = at::empty({n}, at::kFloat);
+    to.copy_(from);
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(times.begin(), times.end());
+  return static_cast<double>(n) * 4 / times[1];
+}
+
 // Bytes per second of a pinned host-to-device copy of 64 MiB (CUDA).
 double measured_bandwidth(c10::Device device) {
   const int64_t n = 16 << 20;
@@ -88,8 +104,9 @@ SwapCosts measure_swap_costs(const Config& config, c10::Device device) {
   }
   c.ends.parameter_bytes = c.ends.gradient_bytes = 4.0 * static_cast<double>(ends);
   c.ends.optim_s = optim_per_param * static_cast<double>(ends);
-  c.bandwidth = device.is_cuda() ? measured_bandwidth(device) : config.memory.modelled_bandwidth_gbps * 1e9;
-  require(c.bandwidth > 0, "memory.modelled_bandwidth_gbps = 0 (unthrottled) leaves the swap planner no link to "
+  c.bandwidth = device.is_cuda() ? measured_bandwidth(device)
+                                 : std::min(config.memory.modelled_bandwidth_gbps * 1e9, measured_memcpy_bandwidth());
+  require(device.is_cuda() || config.memory.modelled_bandwidth_gbps > 0, "memory.modelled_bandwidth_gbps = 0 (unthrottled) leaves the swap planner no link to "
           "plan with; give the bandwidth to model");
   return c;
 }

@@ -7,7 +7,9 @@
 // 1 : 2; activations at least the block's float32 output, which the next block keeps), the embedding's and the head's time folded into the first and last block; the ends'
 // bytes (wte, wpe, ln_f); the host optimizer's time per parameter, measured by stepping
 // optim.name over a tensor the size of the largest block; the link's bandwidth: on CUDA measured
-// (a 64 MiB pinned host-to-device copy), on a CPU device memory.modelled_bandwidth_gbps.
+// (a 64 MiB pinned host-to-device copy), on a CPU device memory.modelled_bandwidth_gbps or, where
+// lower, the measured speed of a 64 MiB copy into fresh memory (the CPU link's copies are real
+// memcpy, which no modelled bandwidth can beat).
 //
 // plan_swap: the plan for train.grad_accum micro-batches (the updates deferred under clipping)
 // cut by memory.swap_blocks when given, else by the partitioner (memory/swap/swap_partition.h),
