@@ -81,8 +81,8 @@ void check_layout_options(const Config& config, const ParallelDims& d) {
   if (config.memory.swap) {
     // The swap engine trains one replica on one device today (docs/swap.md).
     const MemoryOptions& m = config.memory;
-    require(d.world_size() == 1, "memory.swap = true with ", d.describe(), ": the swap engine trains one process; "
-            "data parallelism of swapped replicas and swapping with tp, pp or sp are not implemented yet");
+    require(d.world_size() == d.dp(), "memory.swap = true with ", d.describe(), ": the swap engine trains "
+            "data-parallel replicas (parallel.dp) only; swapping with tp, pp, sp or ep is not implemented yet");
     require(config.parallel.zero_stage == 0 && !config.parallel.offload, "memory.swap = true with parallel.zero_stage = ",
             config.parallel.zero_stage, config.parallel.offload ? " and parallel.offload = true" : "",
             ": swapping keeps the whole training state in host memory itself; set zero_stage = 0 and offload = false");
@@ -154,9 +154,10 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
     NamedParams named;
     for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
     require(config.memory.swap_boundaries.size() >= 2, "internal: parallelize() of a swapped model before its cut");
+    if (dims && dims->dp() > 1) replicas_ = &mesh_->group("dp");  // swapped replicas reduce from the host
     owner_ = std::make_unique<SwapOwner>(named, config.memory.swap_boundaries, config.optim,
                                          mesh_ ? mesh_->device() : c10::Device(config.train.device),
-                                         config.memory.modelled_bandwidth_gbps * 1e9);
+                                         config.memory.modelled_bandwidth_gbps * 1e9, replicas_);
   } else if (dims && (dims->dp() * sp_ > 1 || config.parallel.offload)) {
     replicas_ = &mesh_->group(sp_ > 1 ? "dp_sp" : "dp");
     comm::Group& expert_replicas = mesh_->group(sp_ > 1 ? "edp_sp" : "edp");  // replicas_ itself while ep = 1

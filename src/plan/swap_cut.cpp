@@ -111,13 +111,13 @@ SwapCosts measure_swap_costs(const Config& config, c10::Device device) {
   return c;
 }
 
-swap::SwapPlan plan_swap(const Config& config, const SwapCosts& costs) {
+swap::SwapPlan plan_swap(const Config& config, const SwapCosts& costs, int64_t dp) {
   swap::SwapPlan shape;
   shape.ends = costs.ends;
   shape.device_budget_bytes = config.memory.device_budget_gb * 1024.0 * 1024.0 * 1024.0;
   shape.bandwidth = costs.bandwidth;
-  shape.micro_batches = config.train.accumulation(1);
-  shape.defer_optim = config.optim.grad_clip > 0;
+  shape.micro_batches = config.train.accumulation(dp);
+  shape.defer_optim = config.optim.grad_clip > 0 || dp > 1;
   const std::vector<int64_t>& hand = config.memory.swap_blocks;
   if (hand.empty()) return swap::partition_swap_plan(costs.blocks, shape);
   std::vector<int64_t> boundaries{0};

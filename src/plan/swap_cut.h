@@ -11,7 +11,7 @@
 // lower, the measured speed of a 64 MiB copy into fresh memory (the CPU link's copies are real
 // memcpy, which no modelled bandwidth can beat).
 //
-// plan_swap: the plan for train.grad_accum micro-batches (the updates deferred under clipping)
+// plan_swap: the plan for this rank's micro-batches (the updates deferred under clipping or dp)
 // cut by memory.swap_blocks when given, else by the partitioner (memory/swap/swap_partition.h),
 // under memory.device_budget_gb. Refusals name the key.
 #pragma once
@@ -33,7 +33,9 @@ struct SwapCosts {
 
 SwapCosts measure_swap_costs(const Config& config, c10::Device device);
 
-swap::SwapPlan plan_swap(const Config& config, const SwapCosts& costs);
+// `dp`: data-parallel replicas (each accumulates its share of the micro-batches; with dp > 1 the
+// updates wait for the reduction, as for clipping).
+swap::SwapPlan plan_swap(const Config& config, const SwapCosts& costs, int64_t dp = 1);
 
 // The host memory a swapped run holds (swap_owner.h): the float32 masters and gradients, the
 // staging buffer (the largest sub-model), the optimizer state (AdamW: exp_avg and exp_avg_sq;

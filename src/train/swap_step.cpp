@@ -70,10 +70,11 @@ void SwapStep::compute(const Action& a, const std::vector<Batch>& batches) {
 SwapStepResult SwapStep::run(const std::vector<Batch>& batches, double lr,
                              const std::function<void()>& gradients_ready) {
   const auto micro_batches = static_cast<int64_t>(batches.size());
-  const bool clipping = config_.optim.grad_clip > 0;
-  if (plan_.micro_batches != micro_batches || plan_.defer_optim != clipping) {
+  // Clipping needs the global norm and replicas the averaged gradients before any update.
+  const bool defer = config_.optim.grad_clip > 0 || owner_.replicated();
+  if (plan_.micro_batches != micro_batches || plan_.defer_optim != defer) {
     plan_.micro_batches = micro_batches;
-    plan_.defer_optim = clipping;
+    plan_.defer_optim = defer;
     plan_ = swap::build_swap_plan(plan_);
     swap::validate_swap_plan(plan_);
   }
@@ -93,6 +94,7 @@ SwapStepResult SwapStep::run(const std::vector<Batch>& batches, double lr,
     }
   };
   work.gradients_stored = [&] {
+    owner_.reduce_gradients();
     if (gradients_ready) gradients_ready();
     result.grad_norm = owner_.gradients_stored(config_.optim.grad_clip);
   };

@@ -11,10 +11,11 @@
 //                with the gradient the next sub-model's backward left on its input); its input's
 //                gradient goes to sub-model i-1. The gradients it makes stay on the device until
 //                its STORE_GRAD.
-// The copy and host actions are the owner's jobs. Once every gradient is on the host, the
-// caller's `gradients_ready` runs (the equivalence harness reads them), then the global norm and,
-// under clipping, the clip (the plan defers the updates for it); the plan's OPTIM actions update
-// each sub-model on the host stream.
+// The copy and host actions are the owner's jobs. Once every gradient is on the host, they are
+// averaged over the data-parallel replicas (with dp > 1), the caller's `gradients_ready` runs
+// (the equivalence harness reads them), then the global norm and, under clipping, the clip (the
+// plan defers the updates for both); the plan's OPTIM actions update each sub-model on the host
+// stream.
 //
 // The step equals a resident step: the same forward, the same backward (split at the sub-model
 // boundaries, where autograd passes the same gradient on), gradients accumulated over the

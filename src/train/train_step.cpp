@@ -57,7 +57,7 @@ TrainStep::TrainStep(const Config& config, comm::Mesh* mesh)
   std::optional<swap::SwapPlan> swap_plan;
   if (config_.memory.swap) {
     if (mesh) check_parallel_layout(config_, mesh->dims());
-    swap_plan = plan_swap(config_, measure_swap_costs(config_, device_));
+    swap_plan = plan_swap(config_, measure_swap_costs(config_, device_), mesh ? mesh->dims().dp() : 1);
     check_swap_host_memory(config_, *swap_plan, host_memory_available());
     config_.memory.swap_boundaries = {0};
     for (const swap::SubModel& s : swap_plan->subs) config_.memory.swap_boundaries.push_back(s.end);

@@ -126,6 +126,12 @@ const std::vector<Layout>& layouts() {
          swapped(c, {1, 1, 1});
        },
        &kExact},
+      {"dp2_swap_accum2", 2,
+       [](Config& c) {
+         c.model.n_layer = 4;
+         swapped(c, {1, 3});
+         c.train.grad_accum = 2;
+       }},
       {"swap_bf16_2_submodels", 1,
        [](Config& c) {
          c.model.n_layer = 4;

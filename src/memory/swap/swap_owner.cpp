@@ -9,6 +9,7 @@
 #include <c10/core/StorageImpl.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include "comm/group.h"
 #include "core/error.h"
 #include "optim/clipping.h"
 
@@ -24,8 +25,11 @@ int64_t block_of(const std::string& name) {
 }  // namespace
 
 SwapOwner::SwapOwner(const NamedParams& params, std::vector<int64_t> boundaries, const OptimOptions& optim,
-                     c10::Device device, double modelled_bandwidth)
-    : device_(device), load_link_(device, modelled_bandwidth), store_link_(device, modelled_bandwidth) {
+                     c10::Device device, double modelled_bandwidth, comm::Group* replicas)
+    : device_(device),
+      replicas_(replicas),
+      load_link_(device, modelled_bandwidth),
+      store_link_(device, modelled_bandwidth) {
   require(boundaries.size() >= 2, "internal: a swap cut of no sub-models");
   const int64_t subs = static_cast<int64_t>(boundaries.size()) - 1;
   units_.resize(static_cast<size_t>(subs) + 1);
@@ -147,6 +151,19 @@ void SwapOwner::evict(int64_t sub) {
   }
   for (Entry& e : u.entries) e.param.mutable_grad().reset();
   release(u.device);
+}
+
+void SwapOwner::reduce_gradients() {
+  if (replicas_) {
+    at::NoGradGuard no_grad;
+    at::Tensor got = at::empty({static_cast<int64_t>(order_.size())}, at::kFloat);
+    for (size_t k = 0; k < order_.size(); ++k) got[k] = units_[order_[k].first].entries[order_[k].second].got_grad ? 1.0 : 0.0;
+    replicas_->all_reduce(got);
+    replicas_->all_reduce(grad_buffer_);  // zeros where a replica got no gradient
+    grad_buffer_.div_(static_cast<double>(replicas_->size()));
+    const auto any = got.accessor<float, 1>();
+    for (size_t k = 0; k < order_.size(); ++k) units_[order_[k].first].entries[order_[k].second].got_grad = any[k] > 0;
+  }
 }
 
 double SwapOwner::gradients_stored(double max_norm) {

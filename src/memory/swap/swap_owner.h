@@ -28,6 +28,8 @@
 //   compute stream after the LOAD's ticket; its gradients are read by its STORE_GRAD only.
 // - The host gradients of a unit are complete once its last STORE_GRAD of the step ran; the norm
 //   and the update read them after that.
+// - Data-parallel replicas (each a whole swapped model on its own device) hold equal masters and
+//   optimizer state: they apply the same averaged gradients.
 #pragma once
 
 #include <cstdint>
@@ -51,9 +53,10 @@ class SwapOwner : public OptimizerOwner {
  public:
   // `params`: the model's named parameters, float32 on the host (the model was built there);
   // `boundaries`: K + 1 block indices, sub-model i holds blocks [boundaries[i], boundaries[i+1]).
-  // `modelled_bandwidth`: bytes per second of the CPU "device"'s link (copy_streams.h).
+  // `modelled_bandwidth`: bytes per second of the CPU "device"'s link (swap_streams.h).
+  // `replicas`: the data-parallel group of swapped replicas (outlives this), or null.
   SwapOwner(const NamedParams& params, std::vector<int64_t> boundaries, const OptimOptions& optim, c10::Device device,
-            double modelled_bandwidth);
+            double modelled_bandwidth, comm::Group* replicas = nullptr);
   ~SwapOwner() override;
 
   int64_t sub_models() const { return static_cast<int64_t>(units_.size()) - 1; }
@@ -63,9 +66,16 @@ class SwapOwner : public OptimizerOwner {
   std::function<void()> store_job(int64_t sub);
   // Frees the unit's device copy and gradients (after its compute, and its store when it has one).
   void evict(int64_t sub);
-  // Once every STORE_GRAD of the step ran: the global norm of the host gradients (as
-  // clip_grad_norm over the model's parameters in order), clipped in place to max_norm (> 0).
+  // Once every STORE_GRAD of the step ran, in this order:
+  // reduce_gradients: with replicas, the host gradients averaged over them (one all-reduce of the
+  //   gradient buffer from host memory, and one of which parameters got a gradient on any
+  //   replica; a collective of the replicas); nothing without;
+  // gradients_stored: the global norm of the host gradients (as clip_grad_norm over the model's
+  //   parameters in order), clipped in place to max_norm (> 0).
+  void reduce_gradients();
   double gradients_stored(double max_norm);
+  // Whether gradients_stored reduces over replicas (the plan must then defer every update).
+  bool replicated() const { return replicas_ != nullptr; }
   // The optimizer step of one unit at `lr` over its host state.
   void update(int64_t sub, double lr);
   // After the step: the host gradients dropped (the next step's first stores overwrite them).
@@ -111,6 +121,7 @@ class SwapOwner : public OptimizerOwner {
   std::vector<Unit> units_;  // the sub-models, then the ends
   std::vector<std::pair<size_t, size_t>> order_;  // (unit, entry) of each parameter, in model order
   c10::Device device_;
+  comm::Group* replicas_;
   at::Tensor master_buffer_, grad_buffer_, staging_;
   swap::CopyLink load_link_, store_link_;
 };

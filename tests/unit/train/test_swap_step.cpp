@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "parallel/parallelize.h"
 #include "plan/swap_cut.h"
 #include "test_util.h"
 #include "tiny_config.h"
@@ -92,6 +93,24 @@ TEST(SwapStep, HostMemoryIsPredictedAndAHostTooSmallIsRefused) {
   check_swap_host_memory(c, plan, host.total());
   EXPECT_TRUE(test::throws_naming([&] { check_swap_host_memory(c, plan, host.total() - 1); },
                                   {"memory.swap", "host memory", "optimizer state (adamw)"}));
+}
+
+TEST(SwapStep, LayoutsItCannotTrainAreRefusedByKey) {
+  Config c = tiny(true);
+  c.parallel.tp = 2;
+  EXPECT_TRUE(test::throws_naming([&] { check_layout_options(c, ParallelDims(c.parallel, 2, "test")); },
+                                  {"memory.swap = true", "tp=2", "not implemented yet"}));
+  c = tiny(true);
+  c.parallel.zero_stage = 3;
+  EXPECT_TRUE(test::throws_naming([&] { check_layout_options(c, ParallelDims(c.parallel, 1, "test")); },
+                                  {"memory.swap = true", "parallel.zero_stage = 3"}));
+  c = tiny(true);
+  c.memory.swap_blocks = {1, 1};
+  EXPECT_TRUE(test::throws_naming([&] { check_layout_options(c, ParallelDims(c.parallel, 1, "test")); },
+                                  {"memory.swap_blocks sums to 2", "model.n_layer = 3"}));
+  c = tiny(true);
+  c.parallel.dp = 2;  // data parallelism of swapped replicas is built
+  check_layout_options(c, ParallelDims(c.parallel, 2, "test"));
 }
 
 }  // namespace
