@@ -14,12 +14,16 @@
 namespace tessera {
 
 double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
+  std::vector<at::Tensor> grads;
+  for (const auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  return clip_gradients(grads, max_norm);
+}
+
+double clip_gradients(const std::vector<at::Tensor>& grads_in_order, double max_norm) {
   at::NoGradGuard no_grad;
   std::map<std::pair<std::string, at::ScalarType>, std::vector<at::Tensor>> groups;
-  for (const auto& p : params) {
-    const at::Tensor& g = p.grad();
-    if (g.defined()) groups[{g.device().str(), g.scalar_type()}].push_back(g);
-  }
+  for (const auto& g : grads_in_order) groups[{g.device().str(), g.scalar_type()}].push_back(g);
   if (groups.empty()) return 0.0;
   std::vector<at::Tensor> group_norms;
   for (auto& [key, grads] : groups) {

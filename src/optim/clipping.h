@@ -14,6 +14,8 @@
 namespace tessera {
 
 double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
+// The same over the gradients themselves (defined tensors, in the order the parameters would give).
+double clip_gradients(const std::vector<at::Tensor>& grads, double max_norm);
 
 // The scaling step alone, for callers that computed the global norm themselves (over shards, or
 // summed over ranks): grads *= max_norm / (norm + 1e-6) when max_norm > 0 and a finite norm

@@ -24,6 +24,14 @@ SwapStep::SwapStep(TransformerLM model, SwapOwner& owner, const Config& config, 
       autocast_(autocast),
       plan_(swap::build_swap_plan(std::move(plan))) {
   swap::validate_swap_plan(plan_);
+  owner_.set_settle([this] { executor_.settle(); });
+}
+
+SwapStep::~SwapStep() { owner_.set_settle({}); }
+
+const std::vector<swap::TimedAction>& SwapStep::timeline() {
+  executor_.settle();
+  return *timeline_;
 }
 
 void SwapStep::compute(const Action& a, const std::vector<Batch>& batches) {
@@ -106,13 +114,13 @@ SwapStepResult SwapStep::run(const std::vector<Batch>& batches, double lr,
     throw;
   }
   require(stash_.empty(), "internal: the swap step left ", stash_.size(), " sub-models without their backward");
-  owner_.end_step();
   result.ce_sum = ce_sum_.item<double>();
   result.aux_sum = aux_sum_.item<double>();
   return result;
 }
 
 double SwapStep::evaluate(const std::vector<Batch>& batches) {
+  executor_.settle();
   torch::NoGradGuard no_grad;
   model_->eval();
   at::Tensor total = at::zeros({}, at::kDouble);
@@ -134,9 +142,10 @@ double SwapStep::evaluate(const std::vector<Batch>& batches) {
   return total.item<double>() / static_cast<double>(batches.size());
 }
 
-double SwapStep::write_timeline(const std::string& dir, const std::string& name) const {
+double SwapStep::write_timeline(const std::string& dir, const std::string& name) {
+  const std::vector<swap::TimedAction>& timeline = this->timeline();
   double measured = 0, compute = 0;
-  for (const swap::TimedAction& t : timeline_) {
+  for (const swap::TimedAction& t : timeline) {
     measured = std::max(measured, t.end);
     if (t.action.op == Op::ComputeF || t.action.op == Op::ComputeB) compute += t.end - t.start;
   }
@@ -144,8 +153,8 @@ double SwapStep::write_timeline(const std::string& dir, const std::string& name)
   std::snprintf(title, sizeof title, "swap step, %lld sub-models, %lld micro-batches, measured: step %.1f ms, compute "
                 "%.1f ms, exposed load %.1f ms", static_cast<long long>(plan_.size()),
                 static_cast<long long>(plan_.micro_batches), 1000 * measured, 1000 * compute,
-                1000 * swap::exposed_load(timeline_));
-  write_file_durable(dir + "/" + name + ".svg", swap::swap_timeline_svg(timeline_, title));
+                1000 * swap::exposed_load(timeline));
+  write_file_durable(dir + "/" + name + ".svg", swap::swap_timeline_svg(timeline, title));
   const swap::SwapTimeline planned = swap::simulate_swap_plan(plan_);
   std::snprintf(title, sizeof title, "swap step planned: step %.1f ms, compute %.1f ms, exposed load %.1f ms "
                 "(%.0f%% of loading hidden)", 1000 * planned.step_time, 1000 * planned.compute_time,

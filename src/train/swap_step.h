@@ -11,6 +11,9 @@
 //                with the gradient the next sub-model's backward left on its input); its input's
 //                gradient goes to sub-model i-1. The gradients it makes stay on the device until
 //                its STORE_GRAD.
+// The step returns with its updates still running on the host stream; the next step's LOADs wait
+// for them, so they overlap its forward, and evaluate(), the timeline and the owner's state
+// accessors settle them first.
 // The copy and host actions are the owner's jobs. Once every gradient is on the host, they are
 // averaged over the data-parallel replicas (with dp > 1), the caller's `gradients_ready` runs
 // (the equivalence harness reads them), then the global norm and, under clipping, the clip (the
@@ -58,11 +61,12 @@ class SwapStep {
 
   // The plan of the last run (or the planned one before any).
   const swap::SwapPlan& plan() const { return plan_; }
-  // The last run's measured timeline.
-  const std::vector<swap::TimedAction>& timeline() const { return timeline_; }
+  // The last run's measured timeline (its updates settled first).
+  const std::vector<swap::TimedAction>& timeline();
   // The last run's timeline written into `dir` as <name>.svg (measured) and <name>.planned.svg
   // (the plan replayed with its costs); returns the measured step time in seconds.
-  double write_timeline(const std::string& dir, const std::string& name) const;
+  double write_timeline(const std::string& dir, const std::string& name);
+  ~SwapStep();
 
  private:
   void compute(const swap::Action& a, const std::vector<Batch>& batches);
@@ -83,7 +87,7 @@ class SwapStep {
   };
   std::map<int64_t, Stash> stash_;  // by sub-model, for the micro-batch in flight
   at::Tensor ce_sum_, aux_sum_;
-  std::vector<swap::TimedAction> timeline_;
+  swap::Timeline timeline_ = std::make_shared<std::vector<swap::TimedAction>>();
 };
 
 }  // namespace tessera

@@ -3,7 +3,6 @@
 
 #include <chrono>
 #include <exception>
-#include <map>
 
 #include "core/error.h"
 
@@ -14,33 +13,65 @@ void wait(const Ticket& t) {
   if (t.valid()) t.get();
 }
 
+// Waits for every ticket; returns the first failure (null if none).
+std::exception_ptr wait_all(const std::vector<Ticket>& tickets) {
+  std::exception_ptr failure;
+  for (const Ticket& t : tickets) {
+    try {
+      wait(t);
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  return failure;
+}
+
 }  // namespace
 
 SwapExecutor::SwapExecutor() : load_("swap load"), store_("swap store"), host_("swap host") {}
 
-std::vector<TimedAction> SwapExecutor::run(const SwapPlan& plan, const SwapWork& work) {
+SwapExecutor::~SwapExecutor() {
+  std::vector<Ticket> left;
+  for (const auto& [sub, t] : updating_) left.push_back(t);
+  wait_all(left);
+}
+
+void SwapExecutor::settle() {
+  std::vector<Ticket> left;
+  for (const auto& [sub, t] : updating_) left.push_back(t);
+  updating_.clear();
+  if (std::exception_ptr failure = wait_all(left)) std::rethrow_exception(failure);
+}
+
+Timeline SwapExecutor::run(const SwapPlan& plan, const SwapWork& work) {
   using clock = std::chrono::steady_clock;
   const auto epoch = clock::now();
-  auto now = [&] { return std::chrono::duration<double>(clock::now() - epoch).count(); };
-  std::vector<TimedAction> timeline(plan.actions.size());
+  auto timeline = std::make_shared<std::vector<TimedAction>>(plan.actions.size());
   // Per sub-model (by index; the ends at key kEnds): the tickets still relevant.
   std::map<int64_t, Ticket> loaded, stored, evicted_on_store;
-  std::vector<Ticket> all;  // every job, to wait for before returning
+  std::map<int64_t, Ticket> updating = std::move(updating_);  // the last step's OPTIMs still running
+  updating_.clear();
+  std::vector<Ticket> all, optims;  // the jobs to wait for before returning, and the updates
   bool barrier_issued = false;
-  auto timed = [&](size_t k, std::function<void()> job, std::vector<Ticket> after) {
-    return [&timeline, k, now, job = std::move(job), after = std::move(after)] {
+  auto timed = [timeline, epoch](size_t k, std::function<void()> job, std::vector<Ticket> after) {
+    return [timeline, epoch, k, job = std::move(job), after = std::move(after)] {
       for (const Ticket& t : after) wait(t);
-      timeline[k].start = now();
+      (*timeline)[k].start = std::chrono::duration<double>(clock::now() - epoch).count();
       job();
-      timeline[k].end = now();
+      (*timeline)[k].end = std::chrono::duration<double>(clock::now() - epoch).count();
     };
   };
+  auto now = [epoch] { return std::chrono::duration<double>(clock::now() - epoch).count(); };
   std::vector<bool> issued(plan.actions.size(), false);
   auto issue_load = [&](size_t k) {
     const Action& a = plan.actions[k];
     std::vector<Ticket> after;
-    if (evicted_on_store.count(a.sub)) after.push_back(evicted_on_store[a.sub]);
-    evicted_on_store.erase(a.sub);
+    for (auto* before : {&evicted_on_store, &updating}) {
+      const auto it = before->find(a.sub);
+      if (it == before->end()) continue;
+      after.push_back(it->second);
+      before->erase(it);
+    }
     loaded[a.sub] = load_.submit(timed(k, work.job(a), std::move(after)));
     all.push_back(loaded[a.sub]);
     issued[k] = true;
@@ -49,7 +80,7 @@ std::vector<TimedAction> SwapExecutor::run(const SwapPlan& plan, const SwapWork&
   try {
     for (size_t k = 0; k < plan.actions.size(); ++k) {
       const Action& a = plan.actions[k];
-      timeline[k].action = a;
+      (*timeline)[k].action = a;
       if (issued[k]) continue;
       switch (a.op) {
         case Op::ComputeF:
@@ -60,7 +91,7 @@ std::vector<TimedAction> SwapExecutor::run(const SwapPlan& plan, const SwapWork&
             const Op op = plan.actions[j].op;
             if (op == Op::ComputeF || op == Op::ComputeB) break;
             if (op == Op::Load) {
-              timeline[j].action = plan.actions[j];
+              (*timeline)[j].action = plan.actions[j];
               issue_load(j);
             }
           }
@@ -70,9 +101,9 @@ std::vector<TimedAction> SwapExecutor::run(const SwapPlan& plan, const SwapWork&
             wait(stored[a.sub]);
             wait(stored[kEnds]);
           }
-          timeline[k].start = now();
+          (*timeline)[k].start = now();
           work.compute(a);
-          timeline[k].end = now();
+          (*timeline)[k].end = now();
           break;
         }
         case Op::Load:
@@ -103,7 +134,8 @@ std::vector<TimedAction> SwapExecutor::run(const SwapPlan& plan, const SwapWork&
             }));
             barrier_issued = true;
           }
-          all.push_back(host_.submit(timed(k, work.job(a), {stored[a.sub]})));
+          updating_[a.sub] = host_.submit(timed(k, work.job(a), {stored[a.sub]}));
+          optims.push_back(updating_[a.sub]);
           break;
         }
       }
@@ -111,14 +143,14 @@ std::vector<TimedAction> SwapExecutor::run(const SwapPlan& plan, const SwapWork&
   } catch (...) {
     failure = std::current_exception();
   }
-  for (const Ticket& t : all) {
-    try {
-      wait(t);
-    } catch (...) {
-      if (!failure) failure = std::current_exception();
-    }
+  for (const auto& [sub, t] : updating) all.push_back(t);  // a last step's update no LOAD waited for
+  std::exception_ptr first = wait_all(all);
+  if (!failure) failure = first;
+  if (failure) {
+    wait_all(optims);  // nothing may run on after a failed step
+    updating_.clear();
+    std::rethrow_exception(failure);
   }
-  if (failure) std::rethrow_exception(failure);
   if (!plan.defer_optim) work.gradients_stored();
   return timeline;
 }

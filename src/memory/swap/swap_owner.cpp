@@ -133,7 +133,7 @@ std::function<void()> SwapOwner::store_job(int64_t sub) {
       if (add && has && e.got_grad) e.grad.add_(staging_.narrow(0, e.offset, e.numel).view(e.param.sizes()));
       else if (add && has) e.grad.copy_(staging_.narrow(0, e.offset, e.numel).view(e.param.sizes()));
       else if (!add && !has) e.grad.zero_();
-      e.got_grad = e.got_grad || has;
+      e.got_grad = add ? e.got_grad || has : has;  // the step's first store starts afresh
       e.param.mutable_grad().reset();  // stored: the next backward starts a new gradient
     }
   };
@@ -167,13 +167,12 @@ void SwapOwner::reduce_gradients() {
 }
 
 double SwapOwner::gradients_stored(double max_norm) {
-  std::vector<at::Tensor> masters;  // in model order, as a resident run's clipping sees them
+  std::vector<at::Tensor> grads;  // in model order, as a resident run's clipping sees them
   for (const auto& [u, i] : order_) {
-    Entry& e = units_[u].entries[i];
-    if (e.got_grad) e.master.mutable_grad() = e.grad;
-    masters.push_back(e.master);
+    const Entry& e = units_[u].entries[i];
+    if (e.got_grad) grads.push_back(e.grad);
   }
-  return clip_grad_norm(masters, max_norm);
+  return clip_gradients(grads, max_norm);
 }
 
 void SwapOwner::update(int64_t sub, double lr) {
@@ -182,14 +181,23 @@ void SwapOwner::update(int64_t sub, double lr) {
   for (Entry& e : u.entries)
     if (e.got_grad) e.master.mutable_grad() = e.grad;
   u.optimizer->step(lr);
+  u.optimizer->zero_grad();
+  u.stored = false;  // the next step's first store overwrites the host gradients
 }
 
 void SwapOwner::end_step() {
   for (Unit& u : units_) {
     u.optimizer->zero_grad();
     u.stored = false;
-    for (Entry& e : u.entries) e.got_grad = false;
+    for (Entry& e : u.entries) {
+      e.got_grad = false;
+      e.param.mutable_grad().reset();
+    }
   }
+}
+
+void SwapOwner::settle() {
+  if (settle_) settle_();
 }
 
 int64_t SwapOwner::device_bytes() const {
@@ -228,6 +236,7 @@ NamedTensors SwapOwner::gradients() {
 }
 
 NamedTensors SwapOwner::training_state() {
+  settle();
   NamedTensors out;
   for (Unit& u : units_)
     for (const auto& [name, t] : u.optimizer->state()) out.emplace_back("optim." + name, t);
@@ -235,6 +244,7 @@ NamedTensors SwapOwner::training_state() {
 }
 
 void SwapOwner::load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) {
+  settle();
   const auto state = with_prefix(tensors, "optim.");
   for (Unit& u : units_) {
     std::map<std::string, at::Tensor> mine;
@@ -250,6 +260,7 @@ void SwapOwner::load_training_state(const std::map<std::string, at::Tensor>& ten
 }
 
 void SwapOwner::load_parameter(const std::string& name, const at::Tensor& value) {
+  settle();
   at::NoGradGuard no_grad;
   for (Unit& u : units_)
     for (Entry& e : u.entries)
@@ -258,6 +269,7 @@ void SwapOwner::load_parameter(const std::string& name, const at::Tensor& value)
 }
 
 void SwapOwner::visit_full_parameters(const std::function<void(const std::vector<std::string>& names)>& fn) {
+  settle();
   for (int64_t sub = swap::kEnds; sub < sub_models(); ++sub) {
     load_job(sub)();
     std::vector<std::string> names;

@@ -76,10 +76,14 @@ class SwapOwner : public OptimizerOwner {
   double gradients_stored(double max_norm);
   // Whether gradients_stored reduces over replicas (the plan must then defer every update).
   bool replicated() const { return replicas_ != nullptr; }
-  // The optimizer step of one unit at `lr` over its host state.
+  // The optimizer step of one unit at `lr` over its host state (its gradients then let go: the
+  // next step's first store overwrites them).
   void update(int64_t sub, double lr);
-  // After the step: the host gradients dropped (the next step's first stores overwrite them).
+  // After a failed step: every unit's step state dropped, device gradients included.
   void end_step();
+  // The swap step's wait for its updates still running (swap_executor.h: they overlap the next
+  // step's forward); the state accessors below call it before reading or writing host state.
+  void set_settle(std::function<void()> settle) { settle_ = std::move(settle); }
 
   // Device bytes of the model now held: device copies and gradients (activations not counted).
   int64_t device_bytes() const;
@@ -96,7 +100,8 @@ class SwapOwner : public OptimizerOwner {
   NamedTensors training_state() override;
   void load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) override;
   void load_parameter(const std::string& name, const at::Tensor& value) override;
-  // One unit at a time: loaded, named, evicted.
+  // One unit at a time: loaded, named, evicted. (The state accessors settle the updates first;
+  // gradients() does not: it runs on the host stream itself, before the updates.)
   void visit_full_parameters(const std::function<void(const std::vector<std::string>& names)>& fn) override;
 
  private:
@@ -115,6 +120,7 @@ class SwapOwner : public OptimizerOwner {
     bool stored = false;      // this step's gradients started (later stores add)
   };
   Unit& unit(int64_t sub);
+  void settle();
   static void release(at::Tensor& flat);
   static void materialize(at::Tensor& flat);
 
@@ -124,6 +130,7 @@ class SwapOwner : public OptimizerOwner {
   comm::Group* replicas_;
   at::Tensor master_buffer_, grad_buffer_, staging_;
   swap::CopyLink load_link_, store_link_;
+  std::function<void()> settle_;
 };
 
 }  // namespace tessera

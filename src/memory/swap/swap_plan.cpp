@@ -91,9 +91,9 @@ SwapPlan build_swap_plan(SwapPlan plan) {
     }
   }
   a.push_back({Op::Evict, kEnds, mbs - 1});
-  if (plan.defer_optim)
-    for (int64_t i = 0; i < n; ++i) a.push_back({Op::Optim, i});
   a.push_back({Op::Optim, kEnds});
+  if (plan.defer_optim)  // in the order the next step loads them
+    for (int64_t i = 0; i < n; ++i) a.push_back({Op::Optim, i});
   return plan;
 }
 

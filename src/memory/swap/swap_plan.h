@@ -26,7 +26,9 @@
 // (the bottom turn: its gradients are stored, its parameters stay). After
 // the last micro-batch the host updates each sub-model as its gradients arrive, or, with
 // defer_optim (clipping: the clip coefficient needs the global norm, so every gradient must be on
-// the host first), every sub-model after the last store, in forward order.
+// the host first), every sub-model after the last store, the ends first and then in forward
+// order: the order the next step loads them, so the updates overlap its forward (the executor
+// lets a step's OPTIMs run on while the next step starts; each LOAD waits for its update).
 //
 // Device memory, in issue order (occupancy): LOAD adds the parameters (the ends: and their
 // gradients), COMPUTE_F the activations, COMPUTE_B frees those activations and adds the gradients

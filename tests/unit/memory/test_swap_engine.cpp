@@ -7,7 +7,9 @@
 // small for a block.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -63,9 +65,10 @@ std::vector<TimedAction> run_synthetic(const SwapPlan& plan) {
   };
   int stored = 0;
   work.gradients_stored = [&] { ++stored; };
-  auto timeline = executor.run(plan, work);
+  const Timeline timeline = executor.run(plan, work);
   EXPECT_EQ(stored, 1);
-  return timeline;
+  executor.settle();
+  return *timeline;
 }
 
 TEST(SwapExecutor, EveryLoadButTheFirstOverlapsACompute) {
@@ -90,6 +93,51 @@ TEST(SwapExecutor, EveryLoadButTheFirstOverlapsACompute) {
   EXPECT_NEAR(measured, planned.step_time, 0.15 * planned.step_time);
   std::printf("measured: synthetic swap step %.1f ms, replay %.1f ms, exposed load %.1f ms (first load %.1f ms)\n",
               1000 * measured, 1000 * planned.step_time, 1000 * exposed_load(timeline), 1000 * first_load);
+}
+
+TEST(SwapExecutor, DeferredUpdatesRunOnIntoTheNextStepWhoseLoadsWaitForThem) {
+  // Updates of 30 ms per sub-model after the clipping norm: run() returns before they finish, and
+  // the next step's LOAD of each sub-model starts only after that sub-model's update ended.
+  SwapPlan plan = synthetic(3, 0.002, 0.005);
+  for (SubModel& s : plan.subs) s.optim_s = 0.030;
+  plan = build_swap_plan(plan);
+  SwapExecutor executor;
+  std::vector<std::pair<Action, std::chrono::steady_clock::time_point>> starts, ends;
+  std::mutex mutex;
+  SwapWork work;
+  work.compute = [](const Action&) { sleep_s(0.005); };
+  work.job = [&](const Action& a) -> std::function<void()> {
+    return [&, a] {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        starts.emplace_back(a, std::chrono::steady_clock::now());
+      }
+      sleep_s(a.op == Op::Optim && a.sub != kEnds ? 0.030 : 0.002);
+      std::lock_guard<std::mutex> lock(mutex);
+      ends.emplace_back(a, std::chrono::steady_clock::now());
+    };
+  };
+  work.gradients_stored = [] {};
+  executor.run(plan, work);
+  size_t updates_done_at_return;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    updates_done_at_return = std::count_if(ends.begin(), ends.end(), [](const auto& e) { return e.first.op == Op::Optim; });
+  }
+  EXPECT_LT(updates_done_at_return, 4u);  // the ends' and three sub-models' updates: not all done
+  const size_t first_run = starts.size();
+  executor.run(plan, work);
+  executor.settle();
+  std::lock_guard<std::mutex> lock(mutex);
+  for (int64_t sub = 0; sub < 3; ++sub) {
+    std::chrono::steady_clock::time_point updated{}, reloaded{};
+    for (const auto& [a, t] : ends)
+      if (a.op == Op::Optim && a.sub == sub && updated.time_since_epoch().count() == 0) updated = t;
+    for (size_t k = first_run; k < starts.size(); ++k)
+      if (starts[k].first.op == Op::Load && starts[k].first.sub == sub && reloaded.time_since_epoch().count() == 0)
+        reloaded = starts[k].second;
+    EXPECT_GE(reloaded, updated) << "sub-model " << sub << " reloaded before its update ended";
+  }
 }
 
 TEST(SwapExecutor, SlowLoadsAreExposedAndJobFailuresSurface) {
