@@ -185,6 +185,11 @@ std::string describe_memory_estimate(const Config& config, const ParallelDims& d
               format_bytes(e.activation_bytes_per_micro_batch).c_str(), static_cast<long long>(config.train.batch_size),
               static_cast<long long>(config.train.seq_len / dims.sp()), format_bytes(e.activation_bytes_per_token).c_str());
   out += line("  device total     %12s\n", format_bytes(e.device_bytes()).c_str());
+  if (config.memory.swap)
+    out += line("memory.swap = true: the figures above are what the model would hold resident; swapped, the device "
+                "holds at most memory.device_budget_gb = %g GiB and the state lives in host memory (`tessera "
+                "swap-plan` measures the blocks and prints the plan's device peak and host memory)\n",
+                config.memory.device_budget_gb);
   return out;
 }
 
