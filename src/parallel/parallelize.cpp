@@ -49,6 +49,10 @@ std::vector<int64_t> owners_by_size(const std::vector<int64_t>& numels, int64_t 
 void check_parallel_layout(const Config& config, const ParallelDims& d) {
   if (d.world_size() > 1) comm::choose_backend(config.parallel.backend, c10::Device(config.train.device));
   check_layout_options(config, d);
+  require(!config.memory.swap || d.dp() == 1 || !c10::Device(config.train.device).is_cuda(),
+          "memory.swap = true with parallel.dp = ", d.dp(), " on ", config.train.device, ": the replicas average "
+          "their gradients in host memory, which needs a Gloo group beside NCCL's; not implemented yet (dp of "
+          "swapped replicas runs on CPU devices)");
   if (d.pp() > 1) {
     // What a pipeline cannot train with in this build (inspect still plans it).
     const ParallelOptions& p = config.parallel;
