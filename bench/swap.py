@@ -12,13 +12,15 @@ threads have the second core:
   largest  the largest model this machine trains swapped with a device budget of 1 GiB: its
            training state (float32 masters, gradients, AdamW moments) at least 10x the budget;
            tokens/s swapped and resident (the CPU holds the resident model too).
+  copies   the sweep model in bf16 at a 1 GB/s link: LOADs of fp32 copies against bf16 copies
+           (memory.swap_copies), and the model resident
   offload  the sweep model swapped (16 GB/s) against tessera's own ZeRO-3 with parallel.offload
            on one process: on a CPU "device" ZeRO-Offload's copies are plain memcpy, not held to
            the modelled link, which favours it.
 
 Written to bench/results/swap_cpu.md.
 
-usage: bench/swap.py [BUILD_DIR] [sweep|largest|offload|all]
+usage: bench/swap.py [BUILD_DIR] [sweep|largest|copies|offload|all]
 """
 import json
 import subprocess
@@ -89,6 +91,25 @@ def largest(f):
     f.write("\n")
 
 
+def copies(f):
+    bf16 = SWEEP + ["precision.dtype=bf16"]
+    resident = bench(bf16)
+    f.write(f"## bf16 copies on the link\n\nCommand: `bench/swap.py {BUILD} copies`. Model: the sweep's in "
+            f"precision.dtype=bf16, swapped with {', '.join(SWAP)} at a 1 GB/s modelled link; resident "
+            f"{1000 * resident['median_step_s']:.1f} ms per step.\n\n")
+    f.write("| memory.swap_copies | cut | step ms | vs resident | predicted ms | load ms | exposed load measured / "
+            "predicted ms |\n|---|---|---|---|---|---|---|\n")
+    for kind in ("fp32", "bf16"):
+        r = bench(bf16 + SWAP + ["memory.modelled_bandwidth_gbps=1", f"memory.swap_copies={kind}"])
+        s = r["swap"]
+        f.write(f"| {kind} | {s['boundaries']} | {1000 * r['median_step_s']:.1f} | "
+                f"{r['median_step_s'] / resident['median_step_s']:.2f} | {1000 * s['predicted_step_s']:.1f} | "
+                f"{1000 * s['load_s']:.1f} | {1000 * s['measured_exposed_load_s']:.2f} / "
+                f"{1000 * s['predicted_exposed_load_s']:.2f} |\n")
+        print(kind, r["median_step_s"], s, flush=True)
+    f.write("\n")
+
+
 def offload(f):
     swapped = bench(SWEEP + SWAP + ["memory.modelled_bandwidth_gbps=16"])
     zero3 = bench(SWEEP + ["parallel.zero_stage=3", "parallel.offload=true"], nproc=1)
@@ -103,7 +124,7 @@ def offload(f):
 
 def main():
     out = Path("bench/results/swap_cpu.md")
-    parts = {"sweep": sweep, "largest": largest, "offload": offload}
+    parts = {"sweep": sweep, "largest": largest, "copies": copies, "offload": offload}
     chosen = list(parts) if PART == "all" else [PART]
     text = {}
     for name in chosen:
@@ -124,7 +145,7 @@ def main():
                 # keep an earlier part's section when only another part was run
                 for section in old.split("\n## ")[1:]:
                     if section.lower().startswith({"sweep": "bandwidth", "largest": "the largest",
-                                                   "offload": "against"}[name]):
+                                                   "copies": "bf16 copies", "offload": "against"}[name]):
                         f.write("## " + section.rstrip("\n") + "\n\n")
     print(out.read_text())
 

@@ -46,9 +46,10 @@ Command add_swap_plan_command(CLI::App& app) {
     const swap::SwapPlan plan = plan_swap(config, measure_swap_costs(config, device));
     std::fputs(describe_swap_plan(plan).c_str(), stdout);
     const SwapHostMemory host = swap_host_memory(config, plan);
-    std::printf("  host memory: %s (masters %s, gradients %s, staging %s, optimizer %s%s); available %s\n",
-                format_bytes(host.total()).c_str(), format_bytes(host.masters).c_str(),
+    std::printf("  host memory: %s (masters %s, gradients %s, staging %s, bf16 copies %s, optimizer %s%s); "
+                "available %s\n", format_bytes(host.total()).c_str(), format_bytes(host.masters).c_str(),
                 format_bytes(host.gradients).c_str(), format_bytes(host.staging).c_str(),
+                format_bytes(host.copies).c_str(),
                 format_bytes(host.optimizer).c_str(),
                 host.device > 0 ? (", the CPU device " + format_bytes(host.device)).c_str() : "",
                 format_bytes(host_memory_available()).c_str());

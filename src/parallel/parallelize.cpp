@@ -92,6 +92,9 @@ void check_layout_options(const Config& config, const ParallelDims& d) {
             ": swapping keeps the whole training state in host memory itself; set zero_stage = 0 and offload = false");
     require(config.precision.dtype != "fp16", "memory.swap = true with precision.dtype = \"fp16\": the host optimizer "
             "keeps no fp16 loss scaler; use bf16 or fp32");
+    require(m.swap_copies != "bf16" || config.precision.dtype == "bf16", "memory.swap_copies = \"bf16\" with "
+            "precision.dtype = \"", config.precision.dtype, "\": bf16 copies would round an fp32 run's weights; use "
+            "precision.dtype = \"bf16\" or memory.swap_copies = \"auto\"");
     int64_t blocks = 0;
     for (int64_t b : m.swap_blocks) blocks += b;
     require(m.swap_blocks.empty() || blocks == config.model.n_layer, "memory.swap_blocks sums to ", blocks,
@@ -161,7 +164,8 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
     if (dims && dims->dp() > 1) replicas_ = &mesh_->group("dp");  // swapped replicas reduce from the host
     owner_ = std::make_unique<SwapOwner>(named, config.memory.swap_boundaries, config.optim,
                                          mesh_ ? mesh_->device() : c10::Device(config.train.device),
-                                         config.memory.modelled_bandwidth_gbps * 1e9, replicas_);
+                                         config.memory.modelled_bandwidth_gbps * 1e9, replicas_,
+                                         config.memory.swap_bf16_copies(config.precision.dtype));
   } else if (dims && (dims->dp() * sp_ > 1 || config.parallel.offload)) {
     replicas_ = &mesh_->group(sp_ > 1 ? "dp_sp" : "dp");
     comm::Group& expert_replicas = mesh_->group(sp_ > 1 ? "edp_sp" : "edp");  // replicas_ itself while ep = 1

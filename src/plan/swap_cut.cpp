@@ -118,6 +118,7 @@ swap::SwapPlan plan_swap(const Config& config, const SwapCosts& costs, int64_t d
   shape.bandwidth = costs.bandwidth;
   shape.micro_batches = config.train.accumulation(dp);
   shape.defer_optim = config.optim.grad_clip > 0 || dp > 1;
+  shape.load_fraction = config.memory.swap_bf16_copies(config.precision.dtype) ? 0.5 : 1.0;
   const std::vector<int64_t>& hand = config.memory.swap_blocks;
   if (hand.empty()) return swap::partition_swap_plan(costs.blocks, shape);
   std::vector<int64_t> boundaries{0};
@@ -148,6 +149,7 @@ SwapHostMemory swap_host_memory(const Config& config, const swap::SwapPlan& plan
     if (config.optim.adafactor_beta1 > 0) h.optimizer += 4.0 * static_cast<double>(p.numel());
   }
   if (config.train.device == "cpu") h.device = plan.device_budget_bytes;
+  if (plan.load_fraction < 1) h.copies = h.masters * plan.load_fraction;  // the bf16 mirror
   return h;
 }
 
@@ -155,7 +157,8 @@ void check_swap_host_memory(const Config& config, const swap::SwapPlan& plan, do
   const SwapHostMemory h = swap_host_memory(config, plan);
   if (available_bytes <= 0 || h.total() <= available_bytes) return;
   fail("memory.swap = true: the model's training state needs ", mib(h.total()), " of host memory (masters ",
-       mib(h.masters), ", gradients ", mib(h.gradients), ", staging ", mib(h.staging), ", optimizer state (",
+       mib(h.masters), ", gradients ", mib(h.gradients), ", staging ", mib(h.staging), ", bf16 copies ",
+       mib(h.copies), ", optimizer state (",
        config.optim.name, ") ", mib(h.optimizer), config.train.device == "cpu" ? ", the CPU device's budget " + mib(h.device) : "",
        "), but this host has ", mib(available_bytes), " available; train a smaller model (model.n_layer, model.n_embd)",
        config.optim.name == "adamw" ? ", use optim.name = \"adafactor\" (factored state)" : "",
@@ -165,9 +168,9 @@ void check_swap_host_memory(const Config& config, const swap::SwapPlan& plan, do
 std::string describe_swap_plan(const swap::SwapPlan& plan) {
   std::string out;
   char line[256];
-  std::snprintf(line, sizeof line, "swap plan: %lld sub-models, %lld micro-batches, budget %s, link %.2f GB/s%s\n",
-                static_cast<long long>(plan.size()), static_cast<long long>(plan.micro_batches),
-                mib(plan.device_budget_bytes).c_str(), plan.bandwidth / 1e9,
+  std::snprintf(line, sizeof line, "swap plan: %lld sub-models, %lld micro-batches, budget %s, link %.2f GB/s (%s "
+                "copies)%s\n", static_cast<long long>(plan.size()), static_cast<long long>(plan.micro_batches),
+                mib(plan.device_budget_bytes).c_str(), plan.bandwidth / 1e9, plan.load_fraction < 1 ? "bf16" : "fp32",
                 plan.defer_optim ? ", updates after the clipping norm" : ", updates overlapped with backward");
   out += line;
   std::snprintf(line, sizeof line, "  ends (wte, wpe, ln_f): %s parameters + %s gradients, resident for the step\n",
@@ -180,7 +183,7 @@ std::string describe_swap_plan(const swap::SwapPlan& plan) {
                   "ms, load %.2f ms, update %.2f ms\n",
                   static_cast<long long>(i), static_cast<long long>(s.first), static_cast<long long>(s.end - 1),
                   mib(s.parameter_bytes).c_str(), mib(s.activation_bytes).c_str(), 1000 * s.forward_s,
-                  1000 * s.backward_s, 1000 * s.parameter_bytes / plan.bandwidth, 1000 * s.optim_s);
+                  1000 * s.backward_s, 1000 * s.parameter_bytes * plan.load_fraction / plan.bandwidth, 1000 * s.optim_s);
     out += line;
   }
   const swap::SwapTimeline t = swap::simulate_swap_plan(plan);

@@ -38,12 +38,13 @@ SwapCosts measure_swap_costs(const Config& config, c10::Device device);
 swap::SwapPlan plan_swap(const Config& config, const SwapCosts& costs, int64_t dp = 1);
 
 // The host memory a swapped run holds (swap_owner.h): the float32 masters and gradients, the
-// staging buffer (the largest sub-model), the optimizer state (AdamW: exp_avg and exp_avg_sq;
+// staging buffer (the largest sub-model), the bf16 copies of the masters (memory.swap_copies), the
+// optimizer state (AdamW: exp_avg and exp_avg_sq;
 // Adafactor: its factored rows and columns, or a full second moment for vectors, plus exp_avg
 // with adafactor_beta1 > 0) and, on a CPU "device", the device budget, which is host memory too.
 struct SwapHostMemory {
-  double masters = 0, gradients = 0, staging = 0, optimizer = 0, device = 0;
-  double total() const { return masters + gradients + staging + optimizer + device; }
+  double masters = 0, gradients = 0, staging = 0, copies = 0, optimizer = 0, device = 0;
+  double total() const { return masters + gradients + staging + copies + optimizer + device; }
 };
 SwapHostMemory swap_host_memory(const Config& config, const swap::SwapPlan& plan);
 // Refuses, before anything is allocated, a swapped run whose host memory exceeds

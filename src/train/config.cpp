@@ -267,6 +267,8 @@ void MemoryOptions::check(const std::string& source) const {
           "memory the swap plan may use (GiB)");
   require(swap || (device_budget_gb == 0 && swap_blocks.empty()), source,
           ": memory.device_budget_gb and memory.swap_blocks apply with memory.swap = true only");
+  require(swap_copies == "auto" || swap_copies == "fp32" || swap_copies == "bf16", source,
+          ": memory.swap_copies must be auto, fp32 or bf16 (got '", swap_copies, "')");
   for (int64_t b : swap_blocks)
     require(b >= 1, source, ": memory.swap_blocks entries must be at least 1 block (got ", b, ")");
 }

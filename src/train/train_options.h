@@ -102,6 +102,7 @@ struct MemoryOptions {
   double device_budget_gb = 0;          // swap: device memory the plan may use
   double modelled_bandwidth_gbps = 16;  // swap on a CPU "device": the modelled host <-> device link
   std::vector<int64_t> swap_blocks;     // swap: blocks per sub-model by hand (empty: the partitioner)
+  std::string swap_copies = "auto";     // swap: what a LOAD moves: auto, fp32 or bf16
   // Not a key: the sub-models' block boundaries the run swaps (K + 1 entries), set by the swap
   // step before the model is parallelized (by hand from swap_blocks, else by the partitioner).
   std::vector<int64_t> swap_boundaries;
@@ -120,6 +121,13 @@ struct MemoryOptions {
       "on CUDA the link is real", between(0, 1e6));
     v("swap_blocks", swap_blocks,
       "with swap: blocks per sub-model, summing to model.n_layer (empty: the partitioner picks them)");
+    v("swap_copies", swap_copies,
+      "with swap: the parameter copies a LOAD moves over the link: bf16 (half the bytes; needs precision.dtype = "
+      "bf16), fp32, or auto (bf16 under precision.dtype = bf16, else fp32)");
+  }
+  // Whether a swapped run's LOADs move bf16 copies, under precision.dtype `dtype`.
+  bool swap_bf16_copies(const std::string& dtype) const {
+    return swap_copies == "bf16" || (swap_copies == "auto" && dtype == "bf16");
   }
   void check(const std::string& source) const;
 };

@@ -132,13 +132,25 @@ const std::vector<Layout>& layouts() {
          swapped(c, {1, 3});
          c.train.grad_accum = 2;
        }},
-      {"swap_bf16_2_submodels", 1,
+      {"swap_bf16_fp32_copies_2_submodels", 1,
+       [](Config& c) {
+         c.model.n_layer = 4;
+         c.precision.dtype = "bf16";
+         swapped(c, {2, 2});
+         c.memory.swap_copies = "fp32";
+       },
+       &kExact},
+      // bf16 copies on the link: the device computes with the masters rounded to bf16 (autocast
+      // rounds every matmul operand so anyway; norms and embeddings see the rounding too), so
+      // near-zero gradients can change sign and Adam turns that into steps of up to 2 lr, as
+      // under tensor parallelism: the bf16-under-tp bounds.
+      {"swap_bf16_copies_2_submodels", 1,
        [](Config& c) {
          c.model.n_layer = 4;
          c.precision.dtype = "bf16";
          swapped(c, {2, 2});
        },
-       &kExact},
+       &kBf16Sharded},
       {"swap_overlapped_updates_no_clipping_accum2", 1,
        [](Config& c) {
          c.model.n_layer = 4;

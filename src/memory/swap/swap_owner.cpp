@@ -25,7 +25,7 @@ int64_t block_of(const std::string& name) {
 }  // namespace
 
 SwapOwner::SwapOwner(const NamedParams& params, std::vector<int64_t> boundaries, const OptimOptions& optim,
-                     c10::Device device, double modelled_bandwidth, comm::Group* replicas)
+                     c10::Device device, double modelled_bandwidth, comm::Group* replicas, bool bf16_copies)
     : device_(device),
       replicas_(replicas),
       load_link_(device, modelled_bandwidth),
@@ -61,11 +61,13 @@ SwapOwner::SwapOwner(const NamedParams& params, std::vector<int64_t> boundaries,
   master_buffer_ = at::empty({total}, host);
   grad_buffer_ = at::zeros({total}, host);
   staging_ = at::empty({largest}, host);
+  if (bf16_copies) copies_ = at::empty({total}, host.dtype(at::kBFloat16));
   int64_t at_offset = 0;
   for (Unit& u : units_) {
     const int64_t n = u.entries.back().offset + u.entries.back().numel;
     u.master = master_buffer_.narrow(0, at_offset, n);
     u.grad = grad_buffer_.narrow(0, at_offset, n);
+    if (copies_.defined()) u.copy = copies_.narrow(0, at_offset, n);
     u.device = at::empty({n}, at::TensorOptions().dtype(at::kFloat).device(device));
     NamedParams named;
     for (Entry& e : u.entries) {
@@ -76,6 +78,7 @@ SwapOwner::SwapOwner(const NamedParams& params, std::vector<int64_t> boundaries,
       named.emplace_back(e.name, e.master);
     }
     release(u.device);
+    if (u.copy.defined()) u.copy.copy_(u.master);
     u.optimizer = make_optimizer(optim, std::move(named));
     at_offset += n;
   }
@@ -99,11 +102,12 @@ void SwapOwner::materialize(at::Tensor& flat) {
 
 std::function<void()> SwapOwner::load_job(int64_t sub) {
   Unit& u = unit(sub);
-  const double bytes = static_cast<double>(u.master.numel()) * 4;
+  const at::Tensor& from = u.copy.defined() ? u.copy : u.master;  // bf16 copies: half the bytes
+  const double bytes = static_cast<double>(from.numel() * from.element_size());
   return load_link_.job(
-      [&u](bool non_blocking) {
+      [&u, from](bool non_blocking) {
         materialize(u.device);
-        u.device.copy_(u.master, non_blocking);
+        u.device.copy_(from, non_blocking);
       },
       bytes);
 }
@@ -182,6 +186,7 @@ void SwapOwner::update(int64_t sub, double lr) {
     if (e.got_grad) e.master.mutable_grad() = e.grad;
   u.optimizer->step(lr);
   u.optimizer->zero_grad();
+  if (u.copy.defined()) u.copy.copy_(u.master);
   u.stored = false;  // the next step's first store overwrites the host gradients
 }
 
@@ -212,6 +217,7 @@ int64_t SwapOwner::device_bytes() const {
 
 int64_t SwapOwner::host_bytes() const {
   int64_t bytes = (master_buffer_.numel() + grad_buffer_.numel() + staging_.numel()) * 4;
+  if (copies_.defined()) bytes += copies_.numel() * 2;
   for (const Unit& u : units_)
     for (const auto& [name, t] : u.optimizer->state()) bytes += t.numel() * t.element_size();
   return bytes;
@@ -264,7 +270,11 @@ void SwapOwner::load_parameter(const std::string& name, const at::Tensor& value)
   at::NoGradGuard no_grad;
   for (Unit& u : units_)
     for (Entry& e : u.entries)
-      if (e.name == name) return void(e.master.copy_(value));
+      if (e.name == name) {
+        e.master.copy_(value);
+        if (u.copy.defined()) u.copy.narrow(0, e.offset, e.numel).copy_(e.master.reshape(-1));
+        return;
+      }
   fail("internal: the swapped model has no parameter '", name, "'");
 }
 

@@ -10,8 +10,11 @@
 //   master    [P]  the values the optimizer updates (the model's parameters)
 //   grad      [P]  the step's gradients, accumulated over its micro-batches
 //   staging   [max unit]  the landing place of a later micro-batch's gradients before the add
-// and the unit's device copy, `device` [N] (the compute dtype is float32: autocast casts inside
-// the blocks), whose storage exists between a LOAD and an EVICT only. The model's parameters are
+// and the unit's device copy, `device` [N] (float32: autocast casts inside the blocks), whose
+// storage exists between a LOAD and an EVICT only. With bf16 copies (memory.swap_copies) a fourth
+// buffer, `copies` [P] bfloat16, mirrors the masters (refreshed by each update) and a LOAD moves
+// it, half the bytes, widened to float32 on the device: the device computes with the masters
+// rounded to bf16, which autocast does to every matmul operand anyway. The model's parameters are
 // views of the device copies (set_data), so the autograd graph saved between a sub-model's
 // forward and its backward sees the reloaded memory (the FlatUnit trick,
 // memory/residency/flat_unit.h). The optimizer state (AdamW or Adafactor, one optimizer per unit
@@ -55,8 +58,9 @@ class SwapOwner : public OptimizerOwner {
   // `boundaries`: K + 1 block indices, sub-model i holds blocks [boundaries[i], boundaries[i+1]).
   // `modelled_bandwidth`: bytes per second of the CPU "device"'s link (swap_streams.h).
   // `replicas`: the data-parallel group of swapped replicas (outlives this), or null.
+  // `bf16_copies`: LOADs move bf16 copies of the masters (memory.swap_copies), kept beside them.
   SwapOwner(const NamedParams& params, std::vector<int64_t> boundaries, const OptimOptions& optim, c10::Device device,
-            double modelled_bandwidth, comm::Group* replicas = nullptr);
+            double modelled_bandwidth, comm::Group* replicas = nullptr, bool bf16_copies = false);
   ~SwapOwner() override;
 
   int64_t sub_models() const { return static_cast<int64_t>(units_.size()) - 1; }
@@ -115,6 +119,7 @@ class SwapOwner : public OptimizerOwner {
   struct Unit {
     std::vector<Entry> entries;
     at::Tensor master, grad;  // [N] views of the host buffers
+    at::Tensor copy;          // [N] bfloat16 view of the copies buffer (bf16 copies), else undefined
     at::Tensor device;        // [N] the device copy
     std::unique_ptr<Optimizer> optimizer;
     bool stored = false;      // this step's gradients started (later stores add)
@@ -128,7 +133,7 @@ class SwapOwner : public OptimizerOwner {
   std::vector<std::pair<size_t, size_t>> order_;  // (unit, entry) of each parameter, in model order
   c10::Device device_;
   comm::Group* replicas_;
-  at::Tensor master_buffer_, grad_buffer_, staging_;
+  at::Tensor master_buffer_, grad_buffer_, staging_, copies_;
   swap::CopyLink load_link_, store_link_;
   std::function<void()> settle_;
 };

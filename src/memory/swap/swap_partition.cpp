@@ -102,7 +102,7 @@ SwapPlan cut_swap_plan(const std::vector<SubModel>& blocks, const SwapPlan& shap
 SwapPlan partition_swap_plan(const std::vector<SubModel>& blocks, const SwapPlan& shape) {
   const auto n = static_cast<int64_t>(blocks.size());
   require(n > 0, "internal: partitioning a model of no blocks");
-  const double budget = shape.device_budget_bytes, bw = shape.bandwidth;
+  const double budget = shape.device_budget_bytes, bw = shape.bandwidth / shape.load_fraction;  // device bytes/s
   const double ends = shape.ends.parameter_bytes + shape.ends.gradient_bytes;
   std::vector<double> act(static_cast<size_t>(n) + 1, 0);  // activations of blocks [0, l)
   for (int64_t l = 0; l < n; ++l) act[l + 1] = act[l] + blocks[static_cast<size_t>(l)].activation_bytes;

@@ -76,6 +76,7 @@ struct SwapPlan {
   SubModel ends;
   double device_budget_bytes = 0;  // memory.device_budget_gb
   double bandwidth = 0;            // host <-> device bytes per second, each direction
+  double load_fraction = 1;        // link bytes of a LOAD per device parameter byte (0.5: bf16 copies)
   int64_t micro_batches = 1;
   bool defer_optim = false;        // every OPTIM after the last STORE_GRAD (clipping)
   std::vector<Action> actions;     // in issue order

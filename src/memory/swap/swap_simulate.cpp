@@ -24,7 +24,7 @@ SwapTimeline simulate_swap_plan(const SwapPlan& plan) {
     switch (a.op) {
       case Op::Load:
         ready = evicted;
-        cost = s.parameter_bytes / plan.bandwidth;
+        cost = s.parameter_bytes * plan.load_fraction / plan.bandwidth;
         break;
       case Op::ComputeF:
       case Op::ComputeB:

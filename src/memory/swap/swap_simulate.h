@@ -11,7 +11,7 @@
 //   OPTIM i        STORE_GRAD i; with defer_optim every STORE_GRAD of the step
 //   (COMPUTE_B i also waits for the STORE_GRADs of i and of the ends issued before it: the
 //   gradients it makes must not meet the stored ones)
-// LOAD takes parameter_bytes / bandwidth, STORE_GRAD gradient_bytes / bandwidth, COMPUTE and OPTIM
+// LOAD takes parameter_bytes x load_fraction / bandwidth, STORE_GRAD gradient_bytes / bandwidth, COMPUTE and OPTIM
 // their sub-model's times; EVICT takes no time and holds no stream (it happens when both are
 // true).
 #pragma once
