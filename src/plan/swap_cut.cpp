@@ -13,6 +13,7 @@
 #include "memory/swap/swap_simulate.h"
 #include "model/transformer.h"
 #include "optim/optimizer.h"
+#include "plan/memory_estimate.h"
 #include "plan/profile_cut.h"
 
 namespace tessera {
@@ -60,12 +61,6 @@ double measured_bandwidth(c10::Device device) {
   for (int i = 0; i < 3; ++i) dev.copy_(host, /*non_blocking=*/true);
   torch::cuda::synchronize(device.index());
   return 3.0 * n * 4 / std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-std::string mib(double bytes) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.1f MiB", bytes / (1024.0 * 1024.0));
-  return text;
 }
 
 }  // namespace
@@ -156,11 +151,11 @@ SwapHostMemory swap_host_memory(const Config& config, const swap::SwapPlan& plan
 void check_swap_host_memory(const Config& config, const swap::SwapPlan& plan, double available_bytes) {
   const SwapHostMemory h = swap_host_memory(config, plan);
   if (available_bytes <= 0 || h.total() <= available_bytes) return;
-  fail("memory.swap = true: the model's training state needs ", mib(h.total()), " of host memory (masters ",
-       mib(h.masters), ", gradients ", mib(h.gradients), ", staging ", mib(h.staging), ", bf16 copies ",
-       mib(h.copies), ", optimizer state (",
-       config.optim.name, ") ", mib(h.optimizer), config.train.device == "cpu" ? ", the CPU device's budget " + mib(h.device) : "",
-       "), but this host has ", mib(available_bytes), " available; train a smaller model (model.n_layer, model.n_embd)",
+  fail("memory.swap = true: the model's training state needs ", format_bytes(h.total()), " of host memory (masters ",
+       format_bytes(h.masters), ", gradients ", format_bytes(h.gradients), ", staging ", format_bytes(h.staging), ", bf16 copies ",
+       format_bytes(h.copies), ", optimizer state (",
+       config.optim.name, ") ", format_bytes(h.optimizer), config.train.device == "cpu" ? ", the CPU device's budget " + format_bytes(h.device) : "",
+       "), but this host has ", format_bytes(available_bytes), " available; train a smaller model (model.n_layer, model.n_embd)",
        config.optim.name == "adamw" ? ", use optim.name = \"adafactor\" (factored state)" : "",
        " or a host with more memory");
 }
@@ -170,11 +165,11 @@ std::string describe_swap_plan(const swap::SwapPlan& plan) {
   char line[256];
   std::snprintf(line, sizeof line, "swap plan: %lld sub-models, %lld micro-batches, budget %s, link %.2f GB/s (%s "
                 "copies)%s\n", static_cast<long long>(plan.size()), static_cast<long long>(plan.micro_batches),
-                mib(plan.device_budget_bytes).c_str(), plan.bandwidth / 1e9, plan.load_fraction < 1 ? "bf16" : "fp32",
+                format_bytes(plan.device_budget_bytes).c_str(), plan.bandwidth / 1e9, plan.load_fraction < 1 ? "bf16" : "fp32",
                 plan.defer_optim ? ", updates after the clipping norm" : ", updates overlapped with backward");
   out += line;
   std::snprintf(line, sizeof line, "  ends (wte, wpe, ln_f): %s parameters + %s gradients, resident for the step\n",
-                mib(plan.ends.parameter_bytes).c_str(), mib(plan.ends.gradient_bytes).c_str());
+                format_bytes(plan.ends.parameter_bytes).c_str(), format_bytes(plan.ends.gradient_bytes).c_str());
   out += line;
   for (int64_t i = 0; i < plan.size(); ++i) {
     const swap::SubModel& s = plan.subs[static_cast<size_t>(i)];
@@ -182,7 +177,7 @@ std::string describe_swap_plan(const swap::SwapPlan& plan) {
                   "  sub-model %lld: blocks %lld-%lld, %s parameters, %s activations, forward %.2f ms, backward %.2f "
                   "ms, load %.2f ms, update %.2f ms\n",
                   static_cast<long long>(i), static_cast<long long>(s.first), static_cast<long long>(s.end - 1),
-                  mib(s.parameter_bytes).c_str(), mib(s.activation_bytes).c_str(), 1000 * s.forward_s,
+                  format_bytes(s.parameter_bytes).c_str(), format_bytes(s.activation_bytes).c_str(), 1000 * s.forward_s,
                   1000 * s.backward_s, 1000 * s.parameter_bytes * plan.load_fraction / plan.bandwidth, 1000 * s.optim_s);
     out += line;
   }
@@ -190,7 +185,7 @@ std::string describe_swap_plan(const swap::SwapPlan& plan) {
   std::snprintf(line, sizeof line,
                 "  device peak (parameters, gradients, activations) %s; predicted step %.2f ms: compute %.2f ms, "
                 "loads %.2f ms of which %.2f ms exposed (%.0f%% hidden)\n",
-                mib(swap::occupancy(plan).peak).c_str(), 1000 * t.step_time, 1000 * t.compute_time,
+                format_bytes(swap::occupancy(plan).peak).c_str(), 1000 * t.step_time, 1000 * t.compute_time,
                 1000 * t.load_time, 1000 * t.exposed_load, 100 * t.overlap());
   out += line;
   return out;

@@ -6,6 +6,7 @@
 #include <c10/core/StorageImpl.h>
 
 #include "core/error.h"
+#include "memory/storage.h"
 #include "optim/optimizer.h"
 
 namespace tessera {
@@ -43,19 +44,13 @@ at::Tensor FlatUnit::owned_part(const Entry& e, const at::Tensor& of) const {
   return of.narrow(0, begin - rank_ * shard_numel_, end - begin);
 }
 
-bool FlatUnit::materialized() const { return flat_.storage().nbytes() > 0; }
+bool FlatUnit::materialized() const { return storage_materialized(flat_); }
 
 int64_t FlatUnit::flat_bytes() const { return static_cast<int64_t>(flat_.storage().nbytes()); }
 
-void FlatUnit::release() { flat_.storage().unsafeGetStorageImpl()->reset(); }
+void FlatUnit::release() { release_storage(flat_); }
 
-void FlatUnit::materialize() {
-  if (materialized()) return;
-  c10::StorageImpl* storage = flat_.storage().unsafeGetStorageImpl();
-  const size_t bytes = static_cast<size_t>(padded_numel()) * flat_.element_size();
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
-  storage->set_nbytes(bytes);
-}
+void FlatUnit::materialize() { materialize_storage(flat_, static_cast<size_t>(padded_numel()) * flat_.element_size()); }
 
 comm::Work FlatUnit::gather_async() {
   require(materialized(), "internal: gathering a released ZeRO unit");

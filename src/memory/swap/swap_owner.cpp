@@ -6,11 +6,11 @@
 #include <ATen/ATen.h>
 #include <c10/core/Event.h>
 #include <c10/core/GradMode.h>
-#include <c10/core/StorageImpl.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include "comm/group.h"
 #include "core/error.h"
+#include "memory/storage.h"
 #include "optim/clipping.h"
 
 namespace tessera {
@@ -77,7 +77,7 @@ SwapOwner::SwapOwner(const NamedParams& params, std::vector<int64_t> boundaries,
       e.param.set_data(u.device.narrow(0, e.offset, e.numel).view(e.param.sizes()));
       named.emplace_back(e.name, e.master);
     }
-    release(u.device);
+    release_storage(u.device);
     if (u.copy.defined()) u.copy.copy_(u.master);
     u.optimizer = make_optimizer(optim, std::move(named));
     at_offset += n;
@@ -90,23 +90,13 @@ SwapOwner::Unit& SwapOwner::unit(int64_t sub) {
   return units_[static_cast<size_t>(sub == swap::kEnds ? sub_models() : sub)];
 }
 
-void SwapOwner::release(at::Tensor& flat) { flat.storage().unsafeGetStorageImpl()->reset(); }
-
-void SwapOwner::materialize(at::Tensor& flat) {
-  c10::StorageImpl* storage = flat.storage().unsafeGetStorageImpl();
-  if (storage->nbytes() > 0) return;
-  const size_t bytes = static_cast<size_t>(flat.numel()) * flat.element_size();
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
-  storage->set_nbytes(bytes);
-}
-
 std::function<void()> SwapOwner::load_job(int64_t sub) {
   Unit& u = unit(sub);
   const at::Tensor& from = u.copy.defined() ? u.copy : u.master;  // bf16 copies: half the bytes
   const double bytes = static_cast<double>(from.numel() * from.element_size());
   return load_link_.job(
       [&u, from](bool non_blocking) {
-        materialize(u.device);
+        materialize_storage(u.device, static_cast<size_t>(u.device.numel()) * u.device.element_size());
         u.device.copy_(from, non_blocking);
       },
       bytes);
@@ -154,7 +144,7 @@ void SwapOwner::evict(int64_t sub) {
     computed.synchronize();
   }
   for (Entry& e : u.entries) e.param.mutable_grad().reset();
-  release(u.device);
+  release_storage(u.device);
 }
 
 void SwapOwner::reduce_gradients() {

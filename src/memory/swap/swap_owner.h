@@ -16,8 +16,8 @@
 // it, half the bytes, widened to float32 on the device: the device computes with the masters
 // rounded to bf16, which autocast does to every matmul operand anyway. The model's parameters are
 // views of the device copies (set_data), so the autograd graph saved between a sub-model's
-// forward and its backward sees the reloaded memory (the FlatUnit trick,
-// memory/residency/flat_unit.h). The optimizer state (AdamW or Adafactor, one optimizer per unit
+// forward and its backward sees the reloaded memory (memory/storage.h, as the residency layer's
+// FlatUnit). The optimizer state (AdamW or Adafactor, one optimizer per unit
 // over views of master shaped like the parameters) is host memory as well, so a unit's update
 // runs on the host stream while the device computes. Per-unit optimizers equal one optimizer over
 // the model: both update each parameter on its own.
@@ -126,8 +126,6 @@ class SwapOwner : public OptimizerOwner {
   };
   Unit& unit(int64_t sub);
   void settle();
-  static void release(at::Tensor& flat);
-  static void materialize(at::Tensor& flat);
 
   std::vector<Unit> units_;  // the sub-models, then the ends
   std::vector<std::pair<size_t, size_t>> order_;  // (unit, entry) of each parameter, in model order

@@ -12,12 +12,6 @@
 namespace tessera::swap {
 namespace {
 
-std::string mib(double bytes) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.1f MiB", bytes / (1024.0 * 1024.0));
-  return text;
-}
-
 SubModel merge(const std::vector<SubModel>& blocks, int64_t first, int64_t end) {
   SubModel s;
   s.first = blocks[static_cast<size_t>(first)].first;
@@ -111,9 +105,9 @@ SwapPlan partition_swap_plan(const std::vector<SubModel>& blocks, const SwapPlan
     const SubModel& b = blocks[static_cast<size_t>(l)];
     const double need = ends + act[l + 1] + b.parameter_bytes + b.gradient_bytes;
     require(need <= budget, "memory.device_budget_gb = ", budget / (1024.0 * 1024.0 * 1024.0),
-            " GiB is too small for block ", l, ": it needs ", mib(need), " on the device (its parameters ",
-            mib(b.parameter_bytes), " and gradients ", mib(b.gradient_bytes), ", the activations of blocks 0-", l, " ",
-            mib(act[l + 1]), ", the ends ", mib(ends), "); raise the budget, use activation checkpointing "
+            " GiB is too small for block ", l, ": it needs ", format_mib(need), " on the device (its parameters ",
+            format_mib(b.parameter_bytes), " and gradients ", format_mib(b.gradient_bytes), ", the activations of blocks 0-", l, " ",
+            format_mib(act[l + 1]), ", the ends ", format_mib(ends), "); raise the budget, use activation checkpointing "
             "(memory.activation_checkpointing) or smaller micro-batches (train.batch_size)");
   }
   // Sub-model [i, j) as a merged SubModel, cached.
@@ -161,7 +155,7 @@ SwapPlan partition_swap_plan(const std::vector<SubModel>& blocks, const SwapPlan
   }
   require(last >= 0, "memory.device_budget_gb = ", budget / (1024.0 * 1024.0 * 1024.0), " GiB: no cut of the ", n,
           " blocks into sub-models fits (every block fits alone, but no two neighbours fit together with the ",
-          "activations held when they meet: ", mib(act[n]), " at the turn, the ends ", mib(ends),
+          "activations held when they meet: ", format_mib(act[n]), " at the turn, the ends ", format_mib(ends),
           "); raise the budget or use activation checkpointing");
   std::vector<int64_t> boundaries{n};
   for (int64_t i = last, j = n; i >= 0;) {

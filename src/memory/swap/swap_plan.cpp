@@ -9,15 +9,9 @@
 namespace tessera::swap {
 namespace {
 
-std::string gib(double bytes) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.3f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
-  return text;
-}
-
 [[noreturn]] void refuse_action(const SwapPlan& plan, int64_t index, const std::string& what) {
   fail("swap plan (", plan.subs.size(), " sub-models, ", plan.micro_batches, " micro-batches, device budget ",
-       gib(plan.device_budget_bytes), "): action ", index >= 0 ? plan.actions[index].str() : std::string("-"),
+       format_mib(plan.device_budget_bytes), "): action ", index >= 0 ? plan.actions[index].str() : std::string("-"),
        " (position ", index, "): ", what, "\n", format_swap_plan(plan, index));
 }
 
@@ -208,8 +202,8 @@ void validate_swap_plan(const SwapPlan& plan) {
         break;
     }
     if (o.after[k] > plan.device_budget_bytes)
-      refuse_action(plan, k, "the device would hold " + gib(o.after[k]) + ", above its budget of " +
-                                 gib(plan.device_budget_bytes) + " (memory.device_budget_gb)");
+      refuse_action(plan, k, "the device would hold " + format_mib(o.after[k]) + ", above its budget of " +
+                                 format_mib(plan.device_budget_bytes) + " (memory.device_budget_gb)");
   }
   for (int64_t i = kEnds; i < n; ++i) {
     const State& s = st[slot(plan, i)];
@@ -221,6 +215,12 @@ void validate_swap_plan(const SwapPlan& plan) {
   }
 }
 
+std::string format_mib(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f MiB", bytes / (1024.0 * 1024.0));
+  return text;
+}
+
 std::string format_swap_plan(const SwapPlan& plan, int64_t mark) {
   const Occupancy o = occupancy(plan);
   std::string out;
@@ -229,7 +229,7 @@ std::string format_swap_plan(const SwapPlan& plan, int64_t mark) {
     const Action& a = plan.actions[k];
     std::snprintf(line, sizeof line, "%s %4zu  %-7s  %-17s  (device %s)\n",
                   static_cast<int64_t>(k) == mark ? ">>" : "  ", k, stream_name(stream_of(a.op)), a.str().c_str(),
-                  gib(o.after[k]).c_str());
+                  format_mib(o.after[k]).c_str());
     out += line;
   }
   return out;

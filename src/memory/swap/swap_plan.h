@@ -97,7 +97,10 @@ Occupancy occupancy(const SwapPlan& plan);
 
 void validate_swap_plan(const SwapPlan& plan);
 
-// One line per action: "  12  compute  COMPUTE_F 3  (device 1.20 GiB)", `mark` drawn as ">>".
+// One line per action: "  12  compute  COMPUTE_F 3  (device 12.3 MiB)", `mark` drawn as ">>".
 std::string format_swap_plan(const SwapPlan& plan, int64_t mark = -1);
+
+// "12.3 MiB": the unit the swap engine's messages use.
+std::string format_mib(double bytes);
 
 }  // namespace tessera::swap
