@@ -53,15 +53,15 @@ Timeline SwapExecutor::run(const SwapPlan& plan, const SwapWork& work) {
   updating_.clear();
   std::vector<Ticket> all, optims;  // the jobs to wait for before returning, and the updates
   bool barrier_issued = false;
-  auto timed = [timeline, epoch](size_t k, std::function<void()> job, std::vector<Ticket> after) {
-    return [timeline, epoch, k, job = std::move(job), after = std::move(after)] {
+  auto now = [epoch] { return std::chrono::duration<double>(clock::now() - epoch).count(); };
+  auto timed = [timeline, now](size_t k, std::function<void()> job, std::vector<Ticket> after) {
+    return [timeline, now, k, job = std::move(job), after = std::move(after)] {
       for (const Ticket& t : after) wait(t);
-      (*timeline)[k].start = std::chrono::duration<double>(clock::now() - epoch).count();
+      (*timeline)[k].start = now();
       job();
-      (*timeline)[k].end = std::chrono::duration<double>(clock::now() - epoch).count();
+      (*timeline)[k].end = now();
     };
   };
-  auto now = [epoch] { return std::chrono::duration<double>(clock::now() - epoch).count(); };
   std::vector<bool> issued(plan.actions.size(), false);
   auto issue_load = [&](size_t k) {
     const Action& a = plan.actions[k];

@@ -195,24 +195,6 @@ void SwapOwner::settle() {
   if (settle_) settle_();
 }
 
-int64_t SwapOwner::device_bytes() const {
-  int64_t bytes = 0;
-  for (const Unit& u : units_) {
-    bytes += static_cast<int64_t>(u.device.storage().nbytes());
-    for (const Entry& e : u.entries)
-      if (e.param.grad().defined()) bytes += e.param.grad().numel() * e.param.grad().element_size();
-  }
-  return bytes;
-}
-
-int64_t SwapOwner::host_bytes() const {
-  int64_t bytes = (master_buffer_.numel() + grad_buffer_.numel() + staging_.numel()) * 4;
-  if (copies_.defined()) bytes += copies_.numel() * 2;
-  for (const Unit& u : units_)
-    for (const auto& [name, t] : u.optimizer->state()) bytes += t.numel() * t.element_size();
-  return bytes;
-}
-
 void SwapOwner::before_backward(bool) { fail("internal: a swapped model's backward is the swap step's (train/swap_step.h)"); }
 void SwapOwner::finish_gradients() { fail("internal: a swapped model's gradients are the swap step's (train/swap_step.h)"); }
 UpdateResult SwapOwner::apply(double, double) {

@@ -89,11 +89,6 @@ class SwapOwner : public OptimizerOwner {
   // step's forward); the state accessors below call it before reading or writing host state.
   void set_settle(std::function<void()> settle) { settle_ = std::move(settle); }
 
-  // Device bytes of the model now held: device copies and gradients (activations not counted).
-  int64_t device_bytes() const;
-  // Host bytes of the master, gradient and staging buffers and the optimizer state.
-  int64_t host_bytes() const;
-
   // OptimizerOwner. The step is the swap step's: before_backward, finish_gradients and apply are
   // not its calls and refuse.
   void before_backward(bool) override;
