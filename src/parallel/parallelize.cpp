@@ -83,7 +83,7 @@ void check_layout_options(const Config& config, const ParallelDims& d) {
             "optimizer keeps no fp16 master weights or loss scaler; use bf16 or fp32, or parallel.offload = false");
   }
   if (config.memory.swap) {
-    // The swap engine trains one replica on one device today (docs/swap.md).
+    // The swap engine trains data-parallel replicas of a whole model, each on one device (docs/swap.md).
     const MemoryOptions& m = config.memory;
     require(d.world_size() == d.dp(), "memory.swap = true with ", d.describe(), ": the swap engine trains "
             "data-parallel replicas (parallel.dp) only; swapping with tp, pp, sp or ep is not implemented yet");

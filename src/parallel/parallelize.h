@@ -22,7 +22,9 @@
 //      parallelism (parallel.ep):
 //      refused until built;
 //   4. activation checkpointing (memory.activation_checkpointing), inside every block;
-//   5. the optimizer owner (parallel/optimizer_owner.h): DataParallel when gradients are reduced
+//   5. the optimizer owner (parallel/optimizer_owner.h): SwapOwner under memory.swap (the model's
+//      state in host memory, the step run by train/swap_step.h; its dp replicas reduce in host
+//      memory), else DataParallel when gradients are reduced
 //      over several replicas (dp x sp > 1) or offloaded (ZeRO 0-3, offload and compression inside
 //      it; at stage 3 its block wrapper gathers outside the checkpointing), else LocalOptimizer
 //      (one process or tp alone; fp16 master weights and loss scaling). Under tp either one counts
