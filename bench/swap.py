@@ -17,10 +17,13 @@ threads have the second core:
   offload  the sweep model swapped (16 GB/s) against tessera's own ZeRO-3 with parallel.offload
            on one process: on a CPU "device" ZeRO-Offload's copies are plain memcpy, not held to
            the modelled link, which favours it.
+  evaluation  the sweep model's validation (8 batches) swapped at a 0.5 GB/s link against resident:
+           the seconds of each evaluation (metrics.jsonl eval_s) over 6 steps evaluating after each;
+           a swapped evaluation loads each sub-model once, the next while the current computes.
 
 Written to bench/results/swap_cpu.md.
 
-usage: bench/swap.py [BUILD_DIR] [sweep|largest|copies|offload|all]
+usage: bench/swap.py [BUILD_DIR] [sweep|largest|copies|offload|evaluation|all]
 """
 import json
 import subprocess
@@ -122,9 +125,38 @@ def offload(f):
     print("offload", zero3["median_step_s"], "swapped", swapped["median_step_s"], flush=True)
 
 
+def evaluations(sets):
+    """Median seconds of one evaluation in a 6-step `tessera train` evaluating after every step."""
+    out, data = "/tmp/tessera-bench-swap-eval", BUILD / "data/kjv"
+    if not (data / "val.bin").exists():  # as `make train` prepares it
+        subprocess.run([str(BUILD / "tessera"), "prepare", "--input", "data/kjv/genesis_to_ruth.txt", "--out",
+                        str(data), "--tokenizer", "byte"], check=True, capture_output=True)
+    args = [str(BUILD / "tessera"), "train", "--config", "tiny_gpt", "--out", out, "--overwrite"]
+    for s in sets + [f"data.path={data}", "train.steps=6", "eval.every=1", "eval.batches=8",
+                     "checkpoint.every=0"]:
+        args += ["--set", s]
+    subprocess.run(args, check=True, capture_output=True, text=True)
+    lines = [json.loads(l) for l in Path(out, "metrics.jsonl").read_text().splitlines()]
+    seconds = sorted(l["eval_s"] for l in lines if "eval_s" in l)
+    return seconds[len(seconds) // 2], len(seconds)
+
+
+def evaluation(f):
+    link = ["memory.modelled_bandwidth_gbps=0.5"]
+    resident, n = evaluations(SWEEP)
+    swapped, _ = evaluations(SWEEP + SWAP + link)
+    plan = bench(SWEEP + SWAP + link, steps=2)["swap"]
+    f.write(f"## Evaluation\n\nCommand: `bench/swap.py {BUILD} evaluation`. Model: the sweep's, 8 validation "
+            f"batches per evaluation, median of {n} evaluations in one run; swapped at a 0.5 GB/s modelled link "
+            f"({len(plan['boundaries']) - 1} sub-models, boundaries {plan['boundaries']})."
+            f"\n\n| run | ms per evaluation |\n|---|---|\n| resident | {1000 * resident:.1f} |\n"
+            f"| swapped | {1000 * swapped:.1f} |\n\n")
+    print("evaluation resident", resident, "swapped", swapped, flush=True)
+
+
 def main():
     out = Path("bench/results/swap_cpu.md")
-    parts = {"sweep": sweep, "largest": largest, "copies": copies, "offload": offload}
+    parts = {"sweep": sweep, "largest": largest, "copies": copies, "offload": offload, "evaluation": evaluation}
     chosen = list(parts) if PART == "all" else [PART]
     text = {}
     for name in chosen:
@@ -145,7 +177,8 @@ def main():
                 # keep an earlier part's section when only another part was run
                 for section in old.split("\n## ")[1:]:
                     if section.lower().startswith({"sweep": "bandwidth", "largest": "the largest",
-                                                   "copies": "bf16 copies", "offload": "against"}[name]):
+                                                   "copies": "bf16 copies", "offload": "against",
+                                                   "evaluation": "evaluation"}[name]):
                         f.write("## " + section.rstrip("\n") + "\n\n")
     print(out.read_text())
 

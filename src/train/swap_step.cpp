@@ -123,23 +123,35 @@ double SwapStep::evaluate(const std::vector<Batch>& batches) {
   executor_.settle();
   torch::NoGradGuard no_grad;
   model_->eval();
-  at::Tensor total = at::zeros({}, at::kDouble);
-  owner_.load_job(swap::kEnds)();
-  for (const Batch& batch : batches) {
-    AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
-    at::Tensor x = model_->embed(batch.inputs.to(device_));
-    BlockOutput blocks;
-    for (int64_t i = 0; i < plan_.size(); ++i) {
-      owner_.load_job(i)();
-      blocks = model_->run_blocks(x, plan_.subs[static_cast<size_t>(i)].first, plan_.subs[static_cast<size_t>(i)].end);
-      x = blocks.x;
+  AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
+  const int64_t subs = plan_.size();
+  swap::Worker loader("evaluation load");
+  try {
+    owner_.load_job(swap::kEnds)();
+    std::vector<at::Tensor> xs;
+    for (const Batch& batch : batches) xs.push_back(model_->embed(batch.inputs.to(device_)));
+    std::vector<BlockOutput> blocks(batches.size());
+    swap::Ticket loaded = loader.submit(owner_.load_job(0));
+    for (int64_t i = 0; i < subs; ++i) {
+      loaded.get();
+      // Sub-model i+1 loads while i computes, as in the training forward (two resident at most).
+      if (i + 1 < subs) loaded = loader.submit(owner_.load_job(i + 1));
+      const swap::SubModel& sub = plan_.sub(i);
+      for (size_t b = 0; b < batches.size(); ++b) xs[b] = (blocks[b] = model_->run_blocks(xs[b], sub.first, sub.end)).x;
       owner_.evict(i);
     }
-    total += model_->head(x, batch.targets.to(device_), blocks.aux_loss).ce_loss.to(at::kCPU, at::kDouble);
+    at::Tensor total = at::zeros({}, at::kDouble);
+    for (size_t b = 0; b < batches.size(); ++b)
+      total += model_->head(xs[b], batches[b].targets.to(device_), blocks[b].aux_loss).ce_loss.to(at::kCPU, at::kDouble);
+    owner_.evict(swap::kEnds);
+    model_->train();
+    return total.item<double>() / static_cast<double>(batches.size());
+  } catch (...) {
+    loader.drain();
+    for (int64_t i = swap::kEnds; i < subs; ++i) owner_.evict(i);
+    model_->train();
+    throw;
   }
-  owner_.evict(swap::kEnds);
-  model_->train();
-  return total.item<double>() / static_cast<double>(batches.size());
 }
 
 double SwapStep::write_timeline(const std::string& dir, const std::string& name) {

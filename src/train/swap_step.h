@@ -24,8 +24,11 @@
 // boundaries, where autograd passes the same gradient on), gradients accumulated over the
 // micro-batches in the same order, the same norm and update per parameter.
 //
-// evaluate(): the forward alone, one sub-model after another, each loaded and evicted in turn
-// (not prefetched).
+// evaluate(): the forward alone, sub-model by sub-model over all the batches at once, so each
+// sub-model is loaded once per evaluation (not once per batch), the next one's LOAD running while
+// the current one computes (two resident at most, as in the training forward). Every batch's
+// hidden state stays on the device between sub-models: eval.batches x batch x seq x n_embd
+// values, beside the plan's budget (which holds the training step's activations).
 #pragma once
 
 #include <functional>

@@ -393,11 +393,15 @@ TrainSummary Trainer::run() {
       interval_start = Clock::now();
     }
     if ((c.eval.every > 0 && s.step % c.eval.every == 0) || last) {
+      const Clock::time_point eval_start = Clock::now();
       const double val_loss = s.trainer->evaluate(s.eval_batches);
+      const double eval_s = seconds_since(eval_start);
       if (metrics)
-        metrics->write({{"step", s.step}, {"val_loss", val_loss}, {"elapsed_s", s.elapsed_before + seconds_since(run_start)}});
+        metrics->write({{"step", s.step}, {"val_loss", val_loss}, {"eval_s", eval_s},
+                        {"elapsed_s", s.elapsed_before + seconds_since(run_start)}});
       char text[96];
-      std::snprintf(text, sizeof(text), "eval: step %lld val_loss %.4f", static_cast<long long>(s.step), val_loss);
+      std::snprintf(text, sizeof(text), "eval: step %lld val_loss %.4f (%.2f s)", static_cast<long long>(s.step), val_loss,
+                    eval_s);
       progress.message(text);
       summary.last_val_loss = val_loss;
       interval_start = Clock::now();  // evaluation time is not training throughput
