@@ -3,11 +3,17 @@
 model, optimizer, batch and thread count, measured in one run on one machine.
 
 Usage: compare_pytorch.py BUILD_DIR [--cases tiny_gpt,gpt2_124m] [--rounds N] [--out bench/results]
+                          [--device cuda --dtype bf16 --batch B --steps N]
 
 The peers run alternately (tessera, eager, compile, tessera, ...) for --rounds rounds so that drift
 on a shared machine hits all of them alike; the table reports each peer's best median over the
 rounds and tessera's ratio (tessera tokens/s divided by the peer's). Results go to
-OUT/train_step_<device>_<cases>.json and .md.
+OUT/train_step_<device>_<cases>.json and .md. A peer's MFU is tessera's scaled by their tokens/s:
+the same model and sequence, so the same FLOPs per token, over the peak tessera names (on a GPU the
+card's published dense peak for the dtype, src/train/device_peak.h).
+
+GPU (docs/gpu.md): `--device cuda --dtype bf16 --cases gpt2_124m_1024 --batch B` trains both sides
+on the device with bf16 autocast; `--batch` and `--steps` override the case's.
 """
 import argparse
 import json
@@ -24,6 +30,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 CASES = {
     "tiny_gpt": dict(vocab=256, block=128, layers=4, heads=4, embd=128, batch=16, seq=128, steps=30, warmup=5),
     "gpt2_124m": dict(vocab=50257, block=1024, layers=12, heads=12, embd=768, batch=1, seq=512, steps=4, warmup=1),
+    # The GPU measurement of docs/gpu.md: sequence 1024, the batch from --batch.
+    "gpt2_124m_1024": dict(vocab=50257, block=1024, layers=12, heads=12, embd=768, batch=8, seq=1024, steps=20, warmup=5),
 }
 
 
@@ -32,12 +40,12 @@ def run_json(cmd):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def tessera_cmd(build, case, threads):
-    c = CASES[case]
+def tessera_cmd(build, c, threads, device, dtype):
     sets = {"model.preset": "tiny_gpt", "model.vocab_size": c["vocab"], "model.block_size": c["block"],
             "model.n_layer": c["layers"], "model.n_head": c["heads"], "model.n_embd": c["embd"],
             "train.batch_size": c["batch"], "train.seq_len": c["seq"], "train.threads": threads,
-            "optim.name": "adamw", "optim.fused": "true", "optim.grad_clip": 1.0, "data.path": "unused"}
+            "optim.name": "adamw", "optim.fused": "true", "optim.grad_clip": 1.0, "data.path": "unused",
+            "train.device": device, "precision.dtype": dtype}
     cmd = [str(pathlib.Path(build) / "tessera"), "bench", "--config", "tiny_gpt", "--json",
            "--steps", str(c["steps"]), "--warmup", str(c["warmup"])]
     for k, v in sets.items():
@@ -45,9 +53,9 @@ def tessera_cmd(build, case, threads):
     return cmd
 
 
-def peer_cmd(case, mode, threads):
-    c = CASES[case]
-    cmd = [sys.executable, str(HERE / "peer_pytorch.py"), "--mode", mode, "--threads", str(threads)]
+def peer_cmd(c, mode, threads, device, dtype):
+    cmd = [sys.executable, str(HERE / "peer_pytorch.py"), "--mode", mode, "--threads", str(threads),
+           "--device", device, "--dtype", dtype]
     for k in ("vocab", "block", "layers", "heads", "embd", "batch", "seq", "steps", "warmup"):
         cmd += [f"--{k}", str(c[k])]
     return cmd
@@ -61,14 +69,21 @@ def main():
     a.add_argument("--threads", type=int, default=os.cpu_count())
     a.add_argument("--peers", default="eager,compile")
     a.add_argument("--out", default=str(HERE / "results"))
+    a.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    a.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    a.add_argument("--batch", type=int, default=0, help="overrides the case's batch")
+    a.add_argument("--steps", type=int, default=0, help="overrides the case's timed steps")
     args = a.parse_args()
 
     results = []
     for case in args.cases.split(","):
+        c = dict(CASES[case])
+        c.update({k: v for k, v in (("batch", args.batch), ("steps", args.steps)) if v})
         best = {}
         for r in range(args.rounds):
-            runs = [("tessera", tessera_cmd(args.build, case, args.threads))]
-            runs += [(f"pytorch-{m}", peer_cmd(case, m, args.threads)) for m in args.peers.split(",")]
+            runs = [("tessera", tessera_cmd(args.build, c, args.threads, args.device, args.dtype))]
+            runs += [(f"pytorch-{m}", peer_cmd(c, m, args.threads, args.device, args.dtype))
+                     for m in args.peers.split(",")]
             for name, cmd in runs:
                 t0 = time.time()
                 try:
@@ -83,13 +98,23 @@ def main():
         base = best.get("tessera")
         for name, res in best.items():
             res["case"] = case
+            res["batch"] = c["batch"]
             res["tessera_ratio"] = base["tokens_per_s"] / res["tokens_per_s"] if base else None
+            if base and "mfu" not in res:
+                res["mfu"] = base["mfu"] * res["tokens_per_s"] / base["tokens_per_s"]
             results.append(res)
 
-    device = "cpu"
-    lines = [f"# Training-step throughput: tessera vs PyTorch ({device})", "",
-             f"Machine: {platform.machine()}, {os.cpu_count()} cores, {args.threads} threads; "
-             f"`python3 bench/compare_pytorch.py build --cases {args.cases} --rounds {args.rounds}`; "
+    device = args.device.split(":")[0]
+    named = next((r["device_name"] for r in results if r.get("device_name", "cpu") != "cpu"), platform.machine())
+    peak = next((f"; MFU against {r['peak_flops'] / 1e12:.1f} TFLOP/s ({r['peak_basis']})"
+                 for r in results if "peak_flops" in r), "")
+    flags = "" if args.device == "cpu" else f" --device {args.device}"
+    flags += f" --dtype {args.dtype}" if args.dtype != "fp32" else ""
+    flags += f" --batch {args.batch}" if args.batch else ""
+    flags += f" --steps {args.steps}" if args.steps else ""
+    lines = [f"# Training-step throughput: tessera vs PyTorch ({device}, {args.dtype})", "",
+             f"Machine: {named}, {os.cpu_count()} cores, {args.threads} threads{peak}; "
+             f"`python3 bench/compare_pytorch.py build --cases {args.cases} --rounds {args.rounds}{flags}`; "
              f"best median over {args.rounds} alternating rounds.", "",
              "| case | peer | params | tokens/step | median step (s) | tokens/s | MFU | tessera ratio |",
              "|---|---|---|---|---|---|---|---|"]
@@ -101,7 +126,7 @@ def main():
     print(text)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"train_step_{device}_" + "_".join(args.cases.split(","))
+    stem = f"train_step_{device}_" + "_".join(args.cases.split(",")) + ("" if args.dtype == "fp32" else "_bf16")
     (out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
     (out / f"{stem}.md").write_text(text)
 

@@ -2,7 +2,12 @@
 """The PyTorch peer of `tessera bench`: the same GPT (pre-LayerNorm, learned positions, SDPA causal
 attention, GELU-tanh MLP, tied head), the same AdamW (fused, decay on matrices only), gradient
 clipping and synthetic batch, in eager mode or under torch.compile. Prints one JSON object.
+
+--device cuda times each step between two torch.cuda.synchronize() calls (the step's kernels are
+asynchronous); --dtype bf16 runs the forward and loss under bf16 autocast with float32 parameters,
+gradients and optimizer state, as tessera's precision.dtype = bf16 does.
 """
+import contextlib
 import argparse
 import json
 import math
@@ -55,11 +60,18 @@ def main():
         a.add_argument(f"--{name}", type=int, default=default)
     a.add_argument("--lr", type=float, default=1e-3)
     a.add_argument("--mode", choices=["eager", "compile"], default="eager")
+    a.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    a.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     args = a.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if args.dtype == "bf16" \
+        else contextlib.nullcontext
     torch.manual_seed(1337)
-    model = GPT(args.vocab, args.block, args.layers, args.heads, args.embd)
+    model = GPT(args.vocab, args.block, args.layers, args.heads, args.embd).to(device)
     params = sum(p.numel() for p in model.parameters())
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -68,17 +80,20 @@ def main():
     forward = torch.compile(model) if args.mode == "compile" else model
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(args.vocab, (args.batch, args.seq + 1), generator=g)
-    x, y = tokens[:, :-1], tokens[:, 1:]
+    x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
 
     seconds = []
     compile_s = 0.0
     for i in range(args.warmup + args.steps):
+        sync()
         start = time.perf_counter()
-        loss = forward(x, y)
+        with autocast():
+            loss = forward(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        sync()
         s = time.perf_counter() - start
         if i == 0:
             compile_s = s
@@ -89,7 +104,9 @@ def main():
     print(json.dumps({"peer": f"pytorch-{args.mode}", "parameters": params, "tokens_per_step": tokens_per_step,
                       "step_s": seconds, "median_step_s": median, "tokens_per_s": tokens_per_step / median,
                       "first_step_s": compile_s, "threads": torch.get_num_threads(),
-                      "torch": torch.__version__, "loss": float(loss.detach())}))
+                      "torch": torch.__version__, "loss": float(loss.detach()), "device": str(device),
+                      "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
+                      "dtype": args.dtype, "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if cuda else None}))
 
 
 if __name__ == "__main__":
