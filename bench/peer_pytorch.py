@@ -7,8 +7,8 @@ clipping and synthetic batch, in eager mode or under torch.compile. Prints one J
 asynchronous); --dtype bf16 runs the forward and loss under bf16 autocast with float32 parameters,
 gradients and optimizer state, as tessera's precision.dtype = bf16 does.
 """
-import contextlib
 import argparse
+import contextlib
 import json
 import math
 import time

@@ -25,7 +25,8 @@ CHECK=0
 if [ "${1:-}" = "--check" ]; then CHECK=1; shift; fi
 DIR="$(realpath -m "${1:-$ROOT/.gpu_bundle}")"
 
-bash "$ROOT/scripts/install.sh" >/dev/null  # the packages copied below come from it
+# The packages copied below come from it; its venv configures the check.
+VENV="$(bash "$ROOT/scripts/install.sh" | sed -n 's/^TESSERA_VENV=//p')"
 ARCH="$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)"
 
 # Each package's files under these folders are copied to DIR with /usr stripped; libraries are
@@ -53,7 +54,6 @@ echo "$(find "$DIR" -type f | wc -l) files, $(du -sh "$DIR" | cut -f1) in $DIR (
 # /dev/null, for the check's processes only.
 HIDE=(/usr/include/{toml++,CLI,nlohmann,gtest,gmock,gloo} /usr/share/cmake/{CLI11,nlohmann_json,Gloo}
       /usr/lib/"$ARCH"/cmake/{GTest,tomlplusplus} /usr/lib/"$ARCH"/lib{tomlplusplus.so.3.3.0,gtest.a,gtest_main.a,gmock.a,gmock_main.a})
-VENV="$(bash "$ROOT/scripts/install.sh" | sed -n 's/^TESSERA_VENV=//p')"
 CHECK_BUILD="$ROOT/build-gpu-check"
 EMPTY="$(mktemp -d)"
 export ROOT DIR VENV CHECK_BUILD EMPTY

@@ -128,21 +128,20 @@ double SwapStep::evaluate(const std::vector<Batch>& batches) {
   swap::Worker loader("evaluation load");
   try {
     owner_.load_job(swap::kEnds)();
-    std::vector<at::Tensor> xs;
-    for (const Batch& batch : batches) xs.push_back(model_->embed(batch.inputs.to(device_)));
-    std::vector<BlockOutput> blocks(batches.size());
+    std::vector<BlockOutput> states(batches.size());  // each batch's hidden state (and last aux loss)
+    for (size_t b = 0; b < batches.size(); ++b) states[b].x = model_->embed(batches[b].inputs.to(device_));
     swap::Ticket loaded = loader.submit(owner_.load_job(0));
     for (int64_t i = 0; i < subs; ++i) {
       loaded.get();
       // Sub-model i+1 loads while i computes, as in the training forward (two resident at most).
       if (i + 1 < subs) loaded = loader.submit(owner_.load_job(i + 1));
       const swap::SubModel& sub = plan_.sub(i);
-      for (size_t b = 0; b < batches.size(); ++b) xs[b] = (blocks[b] = model_->run_blocks(xs[b], sub.first, sub.end)).x;
+      for (BlockOutput& state : states) state = model_->run_blocks(state.x, sub.first, sub.end);
       owner_.evict(i);
     }
     at::Tensor total = at::zeros({}, at::kDouble);
     for (size_t b = 0; b < batches.size(); ++b)
-      total += model_->head(xs[b], batches[b].targets.to(device_), blocks[b].aux_loss).ce_loss.to(at::kCPU, at::kDouble);
+      total += model_->head(states[b].x, batches[b].targets.to(device_), states[b].aux_loss).ce_loss.to(at::kCPU, at::kDouble);
     owner_.evict(swap::kEnds);
     model_->train();
     return total.item<double>() / static_cast<double>(batches.size());
