@@ -27,9 +27,6 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "memory/swap/swap_simulate.h"
-#include "memory/swap/swap_timeline.h"
-#include "plan/swap_cut.h"
 #include "cli/launcher.h"
 #include "comm/device.h"
 #include "comm/mesh.h"
@@ -159,36 +156,10 @@ Command add_bench_command(CLI::App& app) {
       out["pp_peak_bytes"] = pp_peak;
       out["pp_model_state_bytes"] = pp_state;
       out["pp_schedule"] = config.parallel.pp_schedule;
-      const StageCut cut = pipeline_cut(step.config(), mesh->dims());  // as measured under pp_cut = profile
+      const StageCut& cut = step.layout().cut();  // as measured under pp_cut = profile
       out["pp_cut"] = {{"method", cut.method}, {"boundaries", cut.boundaries}, {"predicted_s", cut.seconds}};
     }
-    if (SwapStep* swapped = step.swapped()) {
-      const swap::SwapPlan& plan = swapped->plan();
-      const swap::SwapTimeline predicted = swap::simulate_swap_plan(plan);
-      std::vector<int64_t> boundaries{0};
-      for (const swap::SubModel& s : plan.subs) boundaries.push_back(s.end);
-      out["swap"] = {{"boundaries", boundaries},
-                     {"bandwidth", plan.bandwidth},
-                     {"device_budget_bytes", plan.device_budget_bytes},
-                     {"planned_device_peak_bytes", swap::occupancy(plan).peak},
-                     {"host_bytes", swap_host_memory(step.config(), plan).total()},
-                     {"predicted_step_s", predicted.step_time},
-                     {"predicted_exposed_load_s", predicted.exposed_load},
-                     {"load_s", predicted.load_time},
-                     {"measured_exposed_load_s", swap::exposed_load(swapped->timeline())}};
-      // The last timed step's timeline: compute busy time, and what ran after the last compute.
-      double compute = 0, last_compute = 0, end = 0;
-      for (const swap::TimedAction& t : swapped->timeline()) {
-        end = std::max(end, t.end);
-        if (t.action.op != swap::Op::ComputeF && t.action.op != swap::Op::ComputeB) continue;
-        compute += t.end - t.start;
-        last_compute = std::max(last_compute, t.end);
-      }
-      out["swap"]["measured_compute_s"] = compute;
-      out["swap"]["measured_plan_s"] = end;
-      out["swap"]["measured_tail_s"] = end - last_compute;
-      out["swap"]["predicted_compute_s"] = predicted.compute_time;
-    }
+    step.runner().add_bench_fields(out);  // the swap plan's prediction against its measured timeline
     if (dp) {
       out["comm_bytes_per_step"] = comm_bytes_per_step;
       out["dp_bytes_per_step"] = bytes_by_op(*dp);

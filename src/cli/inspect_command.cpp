@@ -33,7 +33,7 @@ Command add_inspect_command(CLI::App& app) {
     const int64_t world = args->world > 0 ? args->world : std::max<int64_t>(p.dp, 1) * p.tp * p.pp * p.sp;
     const ParallelDims dims(p, world, resolve_config_path(args->config));
     check_layout_options(config, dims);
-    std::fputs(describe_memory_estimate(config, dims, estimate_memory(config, dims)).c_str(), stdout);
+    std::fputs(describe_memory_estimate(config, dims, estimate_memory(config, make_layout(config, dims))).c_str(), stdout);
     return 0;
   };
 }

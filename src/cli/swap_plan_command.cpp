@@ -16,6 +16,7 @@
 #include "memory/swap/swap_timeline.h"
 #include "parallel/parallelize.h"
 #include "plan/memory_estimate.h"
+#include "plan/layout.h"
 #include "plan/swap_cut.h"
 #include "train/config.h"
 
@@ -40,10 +41,12 @@ Command add_swap_plan_command(CLI::App& app) {
     require(config.memory.swap, resolve_config_path(args->config),
             ": memory.swap is false; swap-plan plans a swapped run (add --set memory.swap=true "
             "--set memory.device_budget_gb=...)");
-    check_layout_options(config, ParallelDims(config.parallel, 1, resolve_config_path(args->config)));
+    const ParallelDims dims(config.parallel, 1, resolve_config_path(args->config));
+    check_layout_options(config, dims);
     const c10::Device device = comm::select_device(config.train.device, comm::LaunchInfo());
     std::printf("measuring %lld blocks on %s ...\n", static_cast<long long>(config.model.n_layer), device.str().c_str());
-    const swap::SwapPlan plan = plan_swap(config, measure_swap_costs(config, device));
+    const Layout layout = make_layout(config, dims, measure_layout(config, nullptr, device));
+    const swap::SwapPlan& plan = layout.swap_plan();
     std::fputs(describe_swap_plan(plan).c_str(), stdout);
     const SwapHostMemory host = swap_host_memory(config, plan);
     std::printf("  host memory: %s (masters %s, gradients %s, staging %s, bf16 copies %s, optimizer %s%s); "

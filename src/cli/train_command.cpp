@@ -131,7 +131,7 @@ Command add_train_command(CLI::App& app) {
                             source);
     check_parallel_layout(config, dims);
     const int64_t accumulation = config.train.accumulation(dims.dp());
-    const MemoryEstimate memory = estimate_memory(config, dims);
+    const MemoryEstimate memory = estimate_memory(config, make_layout(config, dims));
     // A swapped run is held to its own prediction (plan/swap_cut.h) once its blocks are measured.
     if (!config.memory.swap)
       check_memory_fits(config, memory, launching ? args->launch.nproc : launch.local_world_size, host_memory_available());

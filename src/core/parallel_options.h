@@ -10,13 +10,6 @@
 
 namespace tessera {
 
-// parallel.pp_cut = profile, as the workers measured it at start (plan/profile_cut.h); not a key.
-struct ProfiledCut {
-  std::vector<int64_t> layers;          // blocks per stage
-  std::vector<double> seconds;          // per stage, forward + backward of one micro-batch
-  std::vector<double> activation_bytes; // per stage, per micro-batch
-};
-
 struct ParallelOptions {
   int64_t dp = 0;  // data-parallel degree; 0 = world size / (tp * pp * sp)
   int64_t tp = 1;
@@ -25,7 +18,6 @@ struct ParallelOptions {
   int64_t pp_virtual = 0;            // stages per pipeline rank; 0 = the schedule's (2 for interleaved, zbv, dualpipev)
   std::string pp_cut = "layers";     // layers | params | profile (plan/stage_cut.h)
   std::vector<int64_t> pp_layers;    // blocks per stage, set by hand (empty: cut by pp_cut)
-  ProfiledCut profiled;              // pp_cut = profile, once measured
   int64_t sp = 1;
   int64_t ep = 1;  // expert parallelism, carved out of the data-parallel ranks (divides dp)
   bool megatron_sp = false;  // with tp > 1: LayerNorm/dropout regions split along the sequence

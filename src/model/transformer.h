@@ -29,8 +29,9 @@
 // outside (parallel/parallelize.h) through these points, each with a stated owner:
 // - block wrappers (add_block_wrapper): any number, composing: a wrapper receives the call of the
 //   wrappers added before it (innermost: the block itself, with its activation checkpointing)
-//   and decides when to make it (ZeRO-3 gathers around it; a pipeline stage or a swap engine
-//   wraps outside that);
+//   and decides when to make it (ZeRO-3 gathers around it); a pipeline stage is not a wrapper but
+//   a model built with a ModelStage (its blocks and ends only), and the swap engine swaps the
+//   storage under the parameters (parallel/swap_step.h);
 // - end wrappers (add_end_wrapper): the same for the embedding and the head (ZeRO-3 brings the
 //   ends' parameters in around each of them);
 // - shard hooks (set_shard_hooks): the model's ends under tensor parallelism, one owner;

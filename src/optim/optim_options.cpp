@@ -10,7 +10,9 @@ namespace tessera {
 
 void OptimOptions::check(const std::string& source) const {
   check_ranges(*this, "optim", source);
-  require(name == "adamw" || name == "adafactor", source, ": optim.name must be adamw or adafactor (got ", name, ")");
+  require(name == "adamw" || name == "adafactor" || name == "sgd", source,
+          ": optim.name must be adamw, adafactor or sgd (got ", name, ")");
+  require(!nesterov || momentum > 0, source, ": optim.nesterov = true needs optim.momentum > 0 (got ", momentum, ")");
   require(schedule == "cosine" || schedule == "linear" || schedule == "constant", source,
           ": optim.schedule must be cosine, linear or constant (got ", schedule, ")");
 }

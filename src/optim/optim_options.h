@@ -8,6 +8,8 @@
 //   s >= W, "linear":         min + (lr - min) * (1 - p)
 // where min = lr * min_lr_ratio and p is clamped to [0, 1], so steps past T stay at the floor.
 //
+// SGD (optim/sgd.h) uses lr, weight_decay (L2, added to the gradient), momentum and nesterov.
+//
 // Adafactor with adafactor_relative_step = true computes its own step size
 // min(1e-2, 1/sqrt(t)) and ignores the schedule's lr (HF transformers semantics).
 #pragma once
@@ -30,6 +32,8 @@ struct OptimOptions {
   double weight_decay = 0.1;
   double grad_clip = 1.0;
   bool fused = true;
+  double momentum = 0.9;
+  bool nesterov = false;
   bool adafactor_relative_step = true;
   double adafactor_clip_threshold = 1.0;
   double adafactor_decay_rate = -0.8;
@@ -40,7 +44,7 @@ struct OptimOptions {
 
   template <class V>
   void visit(V& v) {
-    v("name", name, "optimizer: adamw or adafactor");
+    v("name", name, "optimizer: adamw, adafactor or sgd");
     v("lr", lr, "peak learning rate (after warmup)", above(0, 10));
     v("min_lr_ratio", min_lr_ratio, "final learning rate as a fraction of lr (cosine and linear schedules)", between(0, 1));
     v("warmup_steps", warmup_steps, "steps of linear warmup from lr/warmup_steps to lr", between(0, 1e12));
@@ -50,6 +54,8 @@ struct OptimOptions {
     v("eps", eps, "AdamW denominator epsilon", above(0, 1));
     v("weight_decay", weight_decay, "decoupled weight decay, applied to parameters with 2+ dims only", between(0, 10));
     v("grad_clip", grad_clip, "clip the global gradient L2 norm to this value (0 = off, norm still measured)", between(0, 1e6));
+    v("momentum", momentum, "SGD momentum (0 = plain SGD, no state)", fraction_below_one());
+    v("nesterov", nesterov, "SGD with Nesterov momentum (needs momentum > 0)");
     v("fused", fused, "AdamW through the fused ATen kernel (_fused_adamw_) instead of per-tensor ops");
     v("adafactor_relative_step", adafactor_relative_step,
       "Adafactor step size min(1e-2, 1/sqrt(t)), ignoring lr and its schedule");

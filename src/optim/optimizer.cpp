@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "optim/adafactor.h"
 #include "optim/adamw.h"
+#include "optim/sgd.h"
 
 namespace tessera {
 
@@ -17,9 +18,19 @@ Optimizer::~Optimizer() = default;
 std::unique_ptr<Optimizer> make_optimizer(const OptimOptions& options, NamedParams named_params,
                                           std::vector<bool> decay) {
   if (options.name == "adamw") return std::make_unique<AdamW>(options, std::move(named_params), std::move(decay));
+  if (options.name == "sgd") return std::make_unique<SGD>(options, std::move(named_params), std::move(decay));
   require(decay.empty(), "internal: optim.name = adafactor takes no per-parameter weight-decay flags");
   if (options.name == "adafactor") return std::make_unique<Adafactor>(options, std::move(named_params));
-  fail("optim.name must be adamw or adafactor (got ", options.name, ")");
+  fail("optim.name must be adamw, adafactor or sgd (got ", options.name, ")");
+}
+
+ElementwiseState elementwise_state(const OptimOptions& options) {
+  if (options.name == "adamw") return {true, {"exp_avg", "exp_avg_sq"}, true};
+  if (options.name == "sgd") {
+    if (options.momentum == 0) return {true, {}, false};
+    return {true, {"momentum_buffer"}, true};
+  }
+  return {false, {}, false};
 }
 
 void load_named_state(const NamedParams& live, const std::map<std::string, at::Tensor>& given,

@@ -1,5 +1,5 @@
-// The optimizer interface shared by AdamW (adamw.h) and Adafactor (adafactor.h), and the
-// factory that picks one from OptimOptions.
+// The optimizer interface shared by AdamW (adamw.h), Adafactor (adafactor.h) and SGD (sgd.h), and
+// the factory that picks one from OptimOptions.
 //
 // Invariants:
 // - An optimizer owns state for exactly the parameters it was built with, created eagerly (zeros,
@@ -8,7 +8,8 @@
 //   step counters do not advance (each parameter counts its own steps, as torch.optim does).
 // - state() returns the live state tensors named "<param name>.<slot>" (slots: exp_avg,
 //   exp_avg_sq, step for AdamW; exp_avg_sq_row, exp_avg_sq_col or exp_avg_sq, exp_avg, step for
-//   Adafactor). Copy them (a checkpoint writer does) before stepping again if a snapshot is needed.
+//   Adafactor; momentum_buffer, step for SGD with momentum, nothing without). Copy them (a
+//   checkpoint writer does) before stepping again if a snapshot is needed.
 //   load_state(state()) followed by step() is bit-identical to never having saved.
 // - load_state() refuses missing, extra and shape-mismatched entries, naming `source` and the
 //   tensor, and changes nothing when it refuses.
@@ -41,11 +42,23 @@ class Optimizer {
   virtual void zero_grad() = 0;
 };
 
-// AdamW or Adafactor per options.name. Weight decay applies to parameters with dim() >= 2, or,
-// when `decay` is given (AdamW only; one flag per parameter), to those flagged: an optimizer over
-// 1-D slices of a sharded flat buffer decays the slices of matrices (parallel/data).
+// AdamW, Adafactor or SGD per options.name. Weight decay applies to parameters with dim() >= 2,
+// or, when `decay` is given (AdamW and SGD; one flag per parameter), to those flagged: an
+// optimizer over 1-D slices of a sharded flat buffer decays the slices of matrices (parallel/data).
 std::unique_ptr<Optimizer> make_optimizer(const OptimOptions& options, NamedParams named_params,
                                           std::vector<bool> decay = {});
+
+// The per-parameter state of an optimizer that updates each element on its own, so that ZeRO can
+// shard it like the parameters (parallel/data): the slots shaped like the parameter (AdamW:
+// exp_avg, exp_avg_sq; SGD with momentum: momentum_buffer; plain SGD: none) and whether each
+// parameter also has a scalar "step". Adafactor factors its state over whole rows and columns:
+// not elementwise (shardable() false).
+struct ElementwiseState {
+  bool shardable = true;
+  std::vector<std::string> slots;
+  bool step = false;
+};
+ElementwiseState elementwise_state(const OptimOptions& options);
 
 // Shared by the optimizers' load_state(): checks that `given` holds exactly the names of `live`
 // with the same shapes, then copies each into its live tensor (converting device and dtype).

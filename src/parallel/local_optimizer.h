@@ -20,7 +20,7 @@
 
 namespace tessera {
 
-class LocalOptimizer : public OptimizerOwner {
+class LocalOptimizer : public ResidentOwner {
  public:
   // `params`: the model's named parameters (on their device, in fp16 when precision.dtype is).
   LocalOptimizer(const NamedParams& params, const OptimOptions& optim, const PrecisionOptions& precision,

@@ -1,17 +1,23 @@
-// OptimizerOwner: the one interface through which the training step drives whatever owns a
-// parallelized model's gradients and optimizer (parallel/parallelize.h picks it): LocalOptimizer
-// (one process, or tensor parallelism alone; fp16 master weights and loss scaling) or
-// DataParallel (dp x sp replicas, ZeRO 0-3, offload, compression). The step never asks which.
+// The owners of a parallelized model's gradients and optimizer (parallel/parallelize.h picks one),
+// as two interfaces, so that no owner implements a call it cannot honour:
 //
-// A step, as TrainStep drives it:
+// OptimizerOwner: what every owner does: the model's state for checkpoints, loading parameters,
+// the step's final gradients for a reader, and visiting the parameters whole. SwapOwner
+// (memory/swap/swap_owner.h) is one: its step is the swap plan's (parallel/swap_step.h).
+//
+// ResidentOwner: an OptimizerOwner whose model is resident on its device and whose backward the
+// step runs: LocalOptimizer (one process, or tensor parallelism alone; fp16 master weights and
+// loss scaling) or DataParallel (dp x sp replicas, ZeRO 0-3, offload, compression). A step, as
+// the plain step runner drives it (parallel/plain_step.h):
 //   for each micro-batch m of M:  owner.before_backward(m == M - 1);  (loss * loss_scale()).backward();
 //   owner.finish_gradients();       // gradients final: reduced over the replicas, unscaled
 //   [owner.sum_gradient_over(..)]   // a pipeline's tied embedding: its copies' gradients summed
 //   [owner.gradients()]             // optional: read them (the equivalence harness does)
 //   owner.apply(lr, max_norm);      // clipped, applied, zeroed
-// Through a pipeline (train/pipeline_step.h) the schedule's actions drive the same calls: each B
-// and W calls before_backward, its GATHER/RELEASE call gather_stage/release_stage, and its OPTIM
-// runs finish_gradients through apply.
+// Through a pipeline (parallel/pipeline_step.h) the schedule's actions drive the same calls: each
+// B and W calls before_backward, its GATHER/RELEASE call gather_stage/release_stage, and its OPTIM
+// runs finish_gradients through apply. The step runners hold the owner they drive by its concrete
+// interface; none asks which owner it has.
 //
 // State, for checkpoints (names as in this rank's model; tensor-parallel shards stay shards, the
 // caller turns them whole by their declarations): "optim.<param>.<slot>", and with fp16
@@ -94,38 +100,10 @@ class OptimizerOwner {
  public:
   virtual ~OptimizerOwner() = default;
 
-  // ZeRO-3 over a pipeline stage (an owner whose shards_parameters()): between
-  // gather_stage(stage) and release_stage(stage) the parameters of `stage` (its blocks, and the
-  // ends when it holds the embedding or the head) are whole, sharded again after; a part that two
-  // of the rank's stages share (the ends under V placement) stays whole while either holds it.
-  // The pipeline schedule's GATHER and RELEASE actions call them; begin_pass/end_pass do the same
-  // for every stage of the rank, around an evaluation. Collectives of the data replicas; nothing
-  // for the other owners.
-  virtual bool shards_parameters() const { return false; }
-  virtual void gather_stage(const ModelStage& stage) {}
-  virtual void release_stage(const ModelStage& stage) {}
-  virtual void begin_pass() {}
-  virtual void end_pass() {}
-  // The loss is multiplied by this before backward (fp16's dynamic loss scale; 1 otherwise).
-  virtual double loss_scale() const { return 1.0; }
-  virtual void before_backward(bool last_micro_batch) = 0;
-  // before_backward for a backward that reaches the parameters of pipeline stage `stage` only (a
-  // rank with several stages: DataParallel at ZeRO-2/3 then reduce-scatters that stage's units,
-  // not the others' empty gradients).
-  virtual void before_stage_backward(bool last_micro_batch, const ModelStage& stage) {
-    before_backward(last_micro_batch);
-  }
-  virtual void finish_gradients() = 0;
-  // The final gradients, whole over the data-parallel ranks (a collective where they are sharded
-  // over them), by parameter name (tensor-parallel shards stay shards); between
-  // finish_gradients() and apply(). Undefined tensors where a parameter got no gradient.
+  // The step's final gradients (reduced, unscaled, before the update), whole over the
+  // data-parallel ranks (a collective where they are sharded over them), by parameter name
+  // (tensor-parallel shards stay shards). Undefined tensors where a parameter got no gradient.
   virtual NamedTensors gradients() = 0;
-  // Sums the final gradient of parameter `name` (this rank's part of it: whole, or its ZeRO shard)
-  // over `copies`, whose ranks hold copies of one tied parameter laid out alike (a pipeline's
-  // first and last stage hold the tied embedding); between finish_gradients() and apply(). A
-  // collective of `copies`.
-  virtual void sum_gradient_over(const std::string& name, comm::Group& copies) = 0;
-  virtual UpdateResult apply(double lr, double max_norm) = 0;
   virtual const DynamicLossScaler* loss_scaler() const { return nullptr; }
 
   // Whole over the data-parallel ranks (a collective where state is sharded over them).
@@ -163,6 +141,38 @@ class OptimizerOwner {
   // unit per call and releases it after (a collective), so the whole model is never resident;
   // the others call fn once with every parameter.
   virtual void visit_full_parameters(const std::function<void(const std::vector<std::string>& names)>& fn) = 0;
+};
+
+class ResidentOwner : public OptimizerOwner {
+ public:
+  // ZeRO-3 over a pipeline stage (an owner whose shards_parameters()): between
+  // gather_stage(stage) and release_stage(stage) the parameters of `stage` (its blocks, and the
+  // ends when it holds the embedding or the head) are whole, sharded again after; a part that two
+  // of the rank's stages share (the ends under V placement) stays whole while either holds it.
+  // The pipeline schedule's GATHER and RELEASE actions call them; begin_pass/end_pass do the same
+  // for every stage of the rank, around an evaluation. Collectives of the data replicas; nothing
+  // for the other owners.
+  virtual bool shards_parameters() const { return false; }
+  virtual void gather_stage(const ModelStage& stage) {}
+  virtual void release_stage(const ModelStage& stage) {}
+  virtual void begin_pass() {}
+  virtual void end_pass() {}
+  // The loss is multiplied by this before backward (fp16's dynamic loss scale; 1 otherwise).
+  virtual double loss_scale() const { return 1.0; }
+  virtual void before_backward(bool last_micro_batch) = 0;
+  // before_backward for a backward that reaches the parameters of pipeline stage `stage` only (a
+  // rank with several stages: DataParallel at ZeRO-2/3 then reduce-scatters that stage's units,
+  // not the others' empty gradients).
+  virtual void before_stage_backward(bool last_micro_batch, const ModelStage& stage) {
+    before_backward(last_micro_batch);
+  }
+  virtual void finish_gradients() = 0;
+  // Sums the final gradient of parameter `name` (this rank's part of it: whole, or its ZeRO shard)
+  // over `copies`, whose ranks hold copies of one tied parameter laid out alike (a pipeline's
+  // first and last stage hold the tied embedding); between finish_gradients() and apply(). A
+  // collective of `copies`.
+  virtual void sum_gradient_over(const std::string& name, comm::Group& copies) = 0;
+  virtual UpdateResult apply(double lr, double max_norm) = 0;
 };
 
 }  // namespace tessera

@@ -14,8 +14,11 @@
 #include "model/hf_names.h"
 #include "parallel/data/data_parallel.h"
 #include "parallel/local_optimizer.h"
+#include "parallel/pipeline_step.h"
+#include "parallel/plain_step.h"
 #include "parallel/sequence/sequence_parallel.h"
-#include "plan/stage_cut.h"
+#include "parallel/swap_step.h"
+#include "precision/autocast.h"
 
 namespace tessera {
 namespace {
@@ -70,11 +73,7 @@ void check_layout_options(const Config& config, const ParallelDims& d) {
   require(d.ep() == 1, "parallel.ep = ", d.ep(),
           ": this build runs data, tensor, sequence and pipeline parallelism; expert parallelism is not implemented "
           "yet");
-  if (d.pp() > 1) {
-    // The cut (no stage without a block) and the schedule for this step's micro-batches.
-    pipeline_cut(config, d);
-    pipeline_schedule(config, d);
-  }
+  make_layout(config, d);  // the cut (no stage without a block) and the schedule for the step's micro-batches
   if (config.precision.dtype == "fp16") {
     require(d.dp() * d.sp() * d.tp() == 1, "precision.dtype = \"fp16\" with ", d.describe(),
             ": fp16 master weights and loss scaling are kept by the one-process optimizer only (the data-parallel "
@@ -105,8 +104,9 @@ void check_layout_options(const Config& config, const ParallelDims& d) {
   check_data_parallel(config.parallel, config.optim);
 }
 
-ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config& config)
-    : config_(config), model_(std::move(model)), mesh_(mesh) {
+ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config& config, const Layout& layout,
+                             c10::Device device)
+    : config_(config), layout_(layout), model_(std::move(model)), mesh_(mesh) {
   require(mesh_ || !config.parallel.offload, "parallel.offload = true needs a process mesh (tessera train)");
   if (mesh_) check_parallel_layout(config, mesh_->dims());
   const ParallelDims* dims = mesh_ ? &mesh_->dims() : nullptr;
@@ -136,18 +136,13 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
     sp_rank_ = mesh_->coord().sp;
     apply_sequence_parallel(model_, mesh_->group("sp"), config.parallel.sp_method);
   }
-  // 3. Pipeline stages: each rank built its stages of the cut (train/train_step.h); the clipping
-  // norm is summed over the stages, the last stage's copy of the tied embedding counted zero
-  // times (its gradient equals the first stage's once summed). Expert parallelism: refused until
-  // built.
-  if (dims && dims->pp() > 1) {
+  // 3. Pipeline stages: each rank built its stages of the layout's cut (train/train_step.h); the
+  // clipping norm is summed over the stages, the last stage's copy of the tied embedding counted
+  // zero times (its gradient equals the first stage's once summed). Expert parallelism: refused
+  // until built.
+  if (layout_.pipelined()) {
     pp_ = &mesh_->group("pp");
     norm.groups.push_back(pp_);
-    const StageCut cut = pipeline_cut(config, *dims);
-    const pipeline::Schedule schedule = pipeline_schedule(config, *dims);  // its placement
-    for (int64_t s = 0; s < cut.stages(); ++s)
-      for (int64_t l = cut.boundaries[s]; l < cut.boundaries[s + 1]; ++l) block_rank_.push_back(schedule.rank_of(s));
-    head_rank_ = schedule.rank_of(cut.stages() - 1);
     if (model_->has_head() && !model_->has_embedding()) norm.weight["wte.weight"] = 0.0;
   }
   // 4. Activation checkpointing inside every block.
@@ -156,27 +151,36 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
   // parameters: the dp ranks, and with sequence parallelism also the sp ranks (each saw a
   // different chunk of the same sequences). ZeRO-Offload is DataParallel's, so it runs through it
   // on one rank as well.
-  if (config.memory.swap) {
-    // ATOM: the training state in host memory, the step run by the swap plan (train/swap_step.h).
+  const std::optional<at::ScalarType> autocast = autocast_dtype(config.precision);
+  if (layout_.swapped()) {
+    // ATOM: the training state in host memory, the step run by the swap plan (parallel/swap_step.h).
     NamedParams named;
     for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
-    require(config.memory.swap_boundaries.size() >= 2, "internal: parallelize() of a swapped model before its cut");
     if (dims && dims->dp() > 1) replicas_ = &mesh_->group("dp");  // swapped replicas reduce from the host
-    owner_ = std::make_unique<SwapOwner>(named, config.memory.swap_boundaries, config.optim,
-                                         mesh_ ? mesh_->device() : c10::Device(config.train.device),
-                                         config.memory.modelled_bandwidth_gbps * 1e9, replicas_,
-                                         config.memory.swap_bf16_copies(config.precision.dtype));
-  } else if (dims && (dims->dp() * sp_ > 1 || config.parallel.offload)) {
-    replicas_ = &mesh_->group(sp_ > 1 ? "dp_sp" : "dp");
-    comm::Group& expert_replicas = mesh_->group(sp_ > 1 ? "edp_sp" : "edp");  // replicas_ itself while ep = 1
-    owner_ = std::make_unique<DataParallel>(model_, ReductionGroups(*replicas_, &expert_replicas), config.parallel,
-                                            config.optim, std::move(norm));
+    auto owner = std::make_unique<SwapOwner>(named, layout_.swap_boundaries(), config.optim, device,
+                                             config.memory.modelled_bandwidth_gbps * 1e9, replicas_,
+                                             config.memory.swap_bf16_copies(config.precision.dtype));
+    runner_ = std::make_unique<SwapStep>(model_, *owner, config, device, autocast, layout_.swap_plan());
+    owner_ = std::move(owner);
+    return;
+  }
+  std::unique_ptr<ResidentOwner> owner;
+  if (dims && (dims->dp() * sp_ > 1 || config.parallel.offload)) {
+    replicas_ = &mesh_->group(layout_.replica_group());
+    comm::Group& expert_replicas = mesh_->group(layout_.expert_replica_group());  // replicas_ itself while ep = 1
+    owner = std::make_unique<DataParallel>(model_, ReductionGroups(*replicas_, &expert_replicas), config.parallel,
+                                           config.optim, std::move(norm));
   } else {
     NamedParams named;
     for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
-    const c10::Device device = named.front().second.device();
-    owner_ = std::make_unique<LocalOptimizer>(named, config.optim, config.precision, device, std::move(norm));
+    owner = std::make_unique<LocalOptimizer>(named, config.optim, config.precision, named.front().second.device(),
+                                             std::move(norm));
   }
+  if (layout_.pipelined())
+    runner_ = std::make_unique<PipelineStep>(model_, *owner, *mesh_, config, layout_, device, autocast);
+  else
+    runner_ = std::make_unique<PlainStep>(model_, *owner, device, autocast, config.optim.grad_clip);
+  owner_ = std::move(owner);
 }
 
 ParallelModel::~ParallelModel() = default;
@@ -187,8 +191,9 @@ void ParallelModel::seed_random_streams(int64_t step) {
   random::seed_streams(seed, replica_, tp_rank_, device.is_cuda() ? std::optional<at::Device>(device) : std::nullopt);
 }
 
-std::unique_ptr<ParallelModel> parallelize(TransformerLM model, comm::Mesh* mesh, const Config& config) {
-  return std::unique_ptr<ParallelModel>(new ParallelModel(std::move(model), mesh, config));
+std::unique_ptr<ParallelModel> parallelize(TransformerLM model, comm::Mesh* mesh, const Config& config,
+                                           const Layout& layout, c10::Device device) {
+  return std::unique_ptr<ParallelModel>(new ParallelModel(std::move(model), mesh, config, layout, device));
 }
 
 at::Tensor ParallelModel::local_tokens(const at::Tensor& tokens) {
@@ -212,8 +217,8 @@ NamedTensors ParallelModel::gather_over_stages(const std::function<at::Tensor(co
   // broadcast over pp by the stage that holds it (the tied embedding by the first).
   const TransformerLM whole(config_.model, ModelStage{}, at::TensorOptions().device(at::kMeta));
   auto holder = [&](const std::string& name) -> int64_t {
-    if (name.rfind("h.", 0) != 0) return name.rfind("ln_f", 0) == 0 ? head_rank_ : 0;
-    return block_rank_[static_cast<size_t>(std::stoll(name.substr(2, name.find('.', 2) - 2)))];
+    if (name.rfind("h.", 0) != 0) return name.rfind("ln_f", 0) == 0 ? layout_.head_holder() : layout_.embedding_holder();
+    return layout_.block_holder(std::stoll(name.substr(2, name.find('.', 2) - 2)));
   };
   const at::Device device = model_->parameters().front().device();
   NamedTensors out;

@@ -11,34 +11,35 @@
 //      regions and the model's ends installed (parallel/tensor/tensor_parallel.h);
 //   2. sequence parallelism (parallel.sp): the attention kernels of sp_method, on each rank's
 //      tensor-parallel heads (parallel/sequence/sequence_parallel.h);
-//   3. pipeline stages (parallel.pp): the model was built as this rank's stage of the cut
-//      (plan/stage_cut.h) by the caller; here the clipping norm spans the stages (the last
+//   3. pipeline stages (parallel.pp): the model was built as this rank's stage of the layout's
+//      cut (plan/layout.h) by the caller; here the clipping norm spans the stages (the last
 //      stage's copy of the tied embedding counted once) and the state functions below work per
 //      stage (the ranks holding a stage, its dp replicas, write its tensors; loading takes the
-//      stage's tensors by name, so a checkpoint loads at any pp); the schedule runs in
-//      train/pipeline_step.h, whose stages may be split over tp (and Megatron-SP) and sp as
-//      above. With dp or sp the owner below is DataParallel over the stage's replicas (ZeRO 0-3,
-//      stage 3 gathering the stage once per pass; the tied embedding a unit of its own). Expert
-//      parallelism (parallel.ep):
-//      refused until built;
+//      stage's tensors by name, so a checkpoint loads at any pp); the schedule runs in the
+//      pipeline step runner (parallel/pipeline_step.h), whose stages may be split over tp (and
+//      Megatron-SP) and sp as above. With dp or sp the owner below is DataParallel over the
+//      stage's replicas (ZeRO 0-3, stage 3 gathering the stage once per pass; the tied embedding a
+//      unit of its own). Expert parallelism (parallel.ep): refused until built;
 //   4. activation checkpointing (memory.activation_checkpointing), inside every block;
-//   5. the optimizer owner (parallel/optimizer_owner.h): SwapOwner under memory.swap (the model's
-//      state in host memory, the step run by train/swap_step.h; its dp replicas reduce in host
-//      memory), else DataParallel when gradients are reduced
-//      over several replicas (dp x sp > 1) or offloaded (ZeRO 0-3, offload and compression inside
-//      it; at stage 3 its block wrapper gathers outside the checkpointing), else LocalOptimizer
-//      (one process or tp alone; fp16 master weights and loss scaling). Under tp either one counts
-//      the clipping norm by the parameters' declared splits.
+//   5. the optimizer owner (parallel/optimizer_owner.h) and the step runner that drives it
+//      (parallel/step_runner.h): SwapOwner and SwapStep under memory.swap (the model's state in
+//      host memory, the step run by the layout's swap plan; its dp replicas reduce in host
+//      memory), else a ResidentOwner driven by PipelineStep under pp or PlainStep: DataParallel
+//      when gradients are reduced over several replicas (dp x sp > 1) or offloaded (ZeRO 0-3,
+//      offload and compression inside it; at stage 3 its block wrapper gathers outside the
+//      checkpointing), else LocalOptimizer (one process or tp alone; fp16 master weights and loss
+//      scaling). Under tp either one counts the clipping norm by the parameters' declared splits.
 //
 // check_parallel_layout calls each component's own check (check_tensor_parallel,
 // check_sequence_parallel, check_data_parallel) and the refusals that belong to no component
 // (unbuilt degrees, fp16 with parallelism or offload, the backend). The launcher calls it before
 // any worker starts; parallelize() again in every worker.
 //
-// The result, ParallelModel, is what the training step drives: the model, its owner, this rank's
-// share of the data (sequence chunk, data-parallel rows), and the model and optimizer state in a
-// form independent of the layout (whole tensors under the model's own names, for checkpoints that
-// load at any layout).
+// The result, ParallelModel, is what the training step drives: the model, its step runner and
+// owner, this rank's share of the data (sequence chunk, data-parallel rows), and the model and
+// optimizer state in a form independent of the layout (whole tensors under the model's own names,
+// for checkpoints that load at any layout). The layout (plan/layout.h) is the caller's, computed
+// once; parallelize() reads it and keeps a copy.
 #pragma once
 
 #include <functional>
@@ -55,7 +56,9 @@
 #include "comm/mesh.h"
 #include "model/transformer.h"
 #include "parallel/optimizer_owner.h"
+#include "parallel/step_runner.h"
 #include "parallel/tensor/tensor_parallel.h"
+#include "plan/layout.h"
 #include "train/config.h"
 
 namespace tessera {
@@ -74,6 +77,8 @@ class ParallelModel {
 
   TransformerLM& model() { return model_; }
   OptimizerOwner& owner() { return *owner_; }
+  StepRunner& runner() { return *runner_; }
+  const Layout& layout() const { return layout_; }
 
   // This rank's columns of a [B, T] token batch: its contiguous chunk [r T/sp, (r+1) T/sp) under
   // sequence parallelism (setting the model's position offset to r T/sp), all of them otherwise.
@@ -127,13 +132,15 @@ class ParallelModel {
   std::vector<TensorSlice> training_state_slices(int64_t rank, int64_t shards);
 
  private:
-  friend std::unique_ptr<ParallelModel> parallelize(TransformerLM model, comm::Mesh* mesh, const Config& config);
-  ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config& config);
+  friend std::unique_ptr<ParallelModel> parallelize(TransformerLM model, comm::Mesh* mesh, const Config& config,
+                                                    const Layout& layout, c10::Device device);
+  ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config& config, const Layout& layout, c10::Device device);
   // The tensor-parallel layout of a state tensor "<prefix><param>[.<slot>]" of `t`'s shape, or
   // none (replicated, a scalar, or no tensor parallelism).
   std::optional<TensorParallelLayout> state_layout(const std::string& name, const at::Tensor& t) const;
 
   Config config_;
+  Layout layout_;
   TransformerLM model_;
   comm::Mesh* mesh_;
   // Whether this rank writes parameter `name` (and its state) into a checkpoint: under pp not the
@@ -150,17 +157,18 @@ class ParallelModel {
 
   comm::Group* tp_ = nullptr;        // tp > 1
   comm::Group* pp_ = nullptr;        // pp > 1: this rank holds its stages of the cut
-  std::vector<int64_t> block_rank_;  // pp > 1: the pipeline rank holding each block
-  int64_t head_rank_ = 0;            // pp > 1: the one holding ln_f (the embeddings: rank 0)
   comm::Group* replicas_ = nullptr;  // dp x sp > 1 (or offload): the owner reduces over it
   int64_t sp_ = 1, sp_rank_ = 0;
   int64_t replica_ = 0, tp_rank_ = 0;  // the random streams' coordinates (seed_random_streams)
   std::unique_ptr<OptimizerOwner> owner_;
+  std::unique_ptr<StepRunner> runner_;  // drives owner_ (declared after it: destroyed first)
 };
 
-// Applies every parallelism of `config` to `model` (built whole, on its device, in the parameter
-// dtype) over `mesh` (null: one process) in the order above. Every rank calls it with equal
-// arguments and the same model (same seed).
-std::unique_ptr<ParallelModel> parallelize(TransformerLM model, comm::Mesh* mesh, const Config& config);
+// Applies every parallelism of `config` to `model` (built as the layout's stage_of() this rank, on
+// `device` or, under memory.swap, in host memory, in the parameter dtype) over `mesh` (null: one
+// process) in the order above. Every rank calls it with equal arguments and the same model (same
+// seed).
+std::unique_ptr<ParallelModel> parallelize(TransformerLM model, comm::Mesh* mesh, const Config& config,
+                                           const Layout& layout, c10::Device device);
 
 }  // namespace tessera

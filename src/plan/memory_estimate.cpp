@@ -78,6 +78,7 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
       const double local = static_cast<double>(t.numel()) * share;
       e.parameters_rank += static_cast<int64_t>(local);
       double state = 8 * local;  // AdamW: exp_avg, exp_avg_sq
+      if (config.optim.name == "sgd") state = config.optim.momentum > 0 ? 4 * local : 0;  // momentum_buffer
       if (config.optim.name == "adafactor") {
         const bool factored = t.dim() >= 2;
         const double rows = factored ? static_cast<double>(t.numel() / t.size(-1)) : 0;
@@ -121,8 +122,9 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
 
 }  // namespace
 
-MemoryEstimate estimate_memory(const Config& config, const ParallelDims& dims) {
+MemoryEstimate estimate_memory(const Config& config, const Layout& layout) {
   const ModelOptions& m = config.model;
+  const ParallelDims& dims = layout.dims();
   MemoryEstimate e;
   if (dims.pp() == 1) {
     e = estimate_rank(config, dims, ModelStage{}, 1);
@@ -131,17 +133,15 @@ MemoryEstimate estimate_memory(const Config& config, const ParallelDims& dims) {
     // rank that needs the most.
     const ParallelOptions& p = config.parallel;
     const int64_t v = p.pipeline_virtual();
-    const StageCut cut = pipeline_cut(config, dims);
-    const pipeline::Schedule schedule = pipeline_schedule(config, dims);
-    const pipeline::Simulation sim = pipeline::simulate_schedule(schedule);
+    const pipeline::Simulation sim = pipeline::simulate_schedule(layout.schedule());
     for (int64_t r = 0; r < dims.pp(); ++r) {
-      MemoryEstimate rank = estimate_rank(config, dims, rank_stage(cut, schedule, r),
+      MemoryEstimate rank = estimate_rank(config, dims, layout.stage_of(r),
                                           static_cast<double>(sim.peak_held[r]) / static_cast<double>(v));
       rank.pipeline_rank = r;
       rank.pipeline_held = sim.peak_held[r];
       if (r == 0 || rank.device_bytes() > e.device_bytes()) e = rank;
     }
-    e.pipeline = describe_pipeline_layout(config, dims);
+    e.pipeline = describe_pipeline_layout(config, dims, layout.cut(), layout.schedule());
   }
   const TransformerLM meta(m, ModelStage{}, at::TensorOptions().device(at::kMeta));
   for (const auto& item : meta->named_parameters()) {

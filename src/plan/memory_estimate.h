@@ -6,8 +6,9 @@
 // are whole. Then, over the dp ranks:
 //   parameters   P x bytes of the parameter dtype (fp32; fp16 with precision.dtype = fp16), /dp at ZeRO-3
 //   gradients    P x the same bytes, /dp at ZeRO-2 and 3
-//   optimizer    AdamW 8 bytes per element; Adafactor 4 x (n + m) per [.., n, m] matrix row and
-//                column statistics (4 x numel for vectors) plus 4 x numel with beta1 > 0;
+//   optimizer    AdamW 8 bytes per element; SGD 4 with momentum, 0 without; Adafactor 4 x (n + m)
+//                per [.., n, m] matrix row and column statistics (4 x numel for vectors) plus
+//                4 x numel with beta1 > 0;
 //                fp16 adds 4 bytes of fp32 master per element; /dp at ZeRO 1-3; on the host with
 //                parallel.offload (with a device copy of the gradient shard)
 //   activations  per token per block, Korthikanti et al. (arXiv 2205.05198) eq. 1-4 at 2-byte
@@ -25,6 +26,7 @@
 #include <string>
 
 #include "core/parallel_dims.h"
+#include "plan/layout.h"
 #include "train/config.h"
 
 namespace tessera {
@@ -48,10 +50,10 @@ struct MemoryEstimate {
   double device_bytes() const;    // parameters + gradients + optimizer (unless on the host) + activations
 };
 
-// Estimates any layout; check_parallel_layout says whether it can run. With parallel.pp > 1 each
-// pipeline rank holds the stages plan/stage_cut.h gives it and the activations its schedule
-// holds at its peak (parallel/pipeline/simulate.h), and the estimate is the largest rank's.
-MemoryEstimate estimate_memory(const Config& config, const ParallelDims& dims);
+// Estimates any layout (plan/layout.h); check_parallel_layout says whether it can run. With
+// parallel.pp > 1 each pipeline rank holds the stages the layout gives it and the activations its
+// schedule holds at its peak (parallel/pipeline/simulate.h), and the estimate is the largest rank's.
+MemoryEstimate estimate_memory(const Config& config, const Layout& layout);
 
 // The model, the parameter count by component, the layout and the per-rank table, as lines of
 // text (`tessera inspect`, `tessera train --dry-run`).

@@ -127,7 +127,7 @@ BlockCosts profile_blocks(const Config& config, c10::Device device) {
   return costs;
 }
 
-ProfiledCut profile_pipeline_cut(const Config& config, comm::Mesh& mesh) {
+BlockCosts profile_world_blocks(const Config& config, comm::Mesh& mesh) {
   const BlockCosts mine = profile_blocks(config, mesh.device());
   const int64_t L = config.model.n_layer;
   // [block seconds (L), block activation bytes (L), embedding, head], averaged over the world.
@@ -148,12 +148,7 @@ ProfiledCut profile_pipeline_cut(const Config& config, comm::Mesh& mesh) {
   }
   mean.embedding_seconds = a[2 * L];
   mean.head_seconds = a[2 * L + 1];
-  const StageCut cut = cut_by_time(config.model, mesh.dims().pp() * config.parallel.pipeline_virtual(), mean);
-  ProfiledCut profiled;
-  for (int64_t s = 0; s < cut.stages(); ++s) profiled.layers.push_back(cut.boundaries[s + 1] - cut.boundaries[s]);
-  profiled.seconds = cut.seconds;
-  profiled.activation_bytes = cut.activation_bytes;
-  return profiled;
+  return mean;
 }
 
 }  // namespace tessera

@@ -12,15 +12,14 @@
 // before it (the CPU counting allocator, memory/host_memory_stats.h, which the pass installs; the
 // CUDA caching allocator's statistics).
 //
-// profile_pipeline_cut runs in every worker at start, before the model is built (a collective of
+// profile_world_blocks runs in every worker at start, before the model is built (a collective of
 // the world): each rank profiles on its own device and the costs are averaged over the world, so
-// every rank computes the same cut from the same numbers.
+// every rank computes the same cut from the same numbers (plan/layout.h's make_layout cuts by them).
 #pragma once
 
 #include <c10/core/Device.h>
 
 #include "comm/mesh.h"
-#include "core/parallel_options.h"
 #include "plan/stage_cut.h"
 #include "train/config.h"
 
@@ -28,6 +27,6 @@ namespace tessera {
 
 BlockCosts profile_blocks(const Config& config, c10::Device device);
 
-ProfiledCut profile_pipeline_cut(const Config& config, comm::Mesh& mesh);
+BlockCosts profile_world_blocks(const Config& config, comm::Mesh& mesh);
 
 }  // namespace tessera

@@ -162,14 +162,8 @@ StageCut pipeline_cut(const Config& config, const ParallelDims& dims) {
   const ParallelOptions& p = config.parallel;
   const int64_t stages = dims.pp() * p.pipeline_virtual();
   if (p.pp_layers.empty() && p.pp_cut == "profile") {
-    if (!p.profiled.layers.empty()) {
-      StageCut cut = cut_stages(config.model, p.profiled.layers);
-      cut.method = "profile";
-      cut.seconds = p.profiled.seconds;
-      cut.activation_bytes = p.profiled.activation_bytes;
-      return cut;
-    }
-    // Before the workers measured the blocks (a dry run, the launcher's memory check).
+    // Without the workers' measurements (a dry run, the launcher's memory check): make_layout
+    // (plan/layout.h) cuts by measured time when it has them.
     StageCut cut = cut_stages(config.model, stages, "params");
     cut.method = "params until profiled";
     return cut;
@@ -232,9 +226,8 @@ pipeline::Schedule pipeline_schedule(const Config& config, const ParallelDims& d
   return s;
 }
 
-std::string describe_pipeline_layout(const Config& config, const ParallelDims& dims) {
-  const StageCut cut = pipeline_cut(config, dims);
-  const pipeline::Schedule schedule = pipeline_schedule(config, dims);
+std::string describe_pipeline_layout(const Config& config, const ParallelDims& dims, const StageCut& cut,
+                                     const pipeline::Schedule& schedule) {
   const pipeline::Simulation sim = pipeline::simulate_schedule(schedule);
   char text[200];
   std::snprintf(text, sizeof text, "pipeline: %s, %lld ranks x %lld stage(s), cut by %s:\n", schedule.name.c_str(),

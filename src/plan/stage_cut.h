@@ -62,16 +62,18 @@ StageCut cut_stages(const ModelOptions& model, int64_t stages, const std::string
 StageCut cut_by_time(const ModelOptions& model, int64_t stages, const BlockCosts& costs);
 // The cut by hand: stage s holds layers[s] blocks.
 StageCut cut_stages(const ModelOptions& model, const std::vector<int64_t>& layers);
-// The layout's cut: pp x stages-per-rank stages, by parallel.pp_layers or parallel.pp_cut (profile:
-// the cut the workers measured, ParallelOptions::profiled).
+// The cut of pp x stages-per-rank stages by parallel.pp_layers or parallel.pp_cut, without
+// measurements (profile: the parameter cut, method "params until profiled"; plan/layout.h's
+// make_layout cuts by the workers' measured time instead).
 StageCut pipeline_cut(const Config& config, const ParallelDims& dims);
 
 // "stage 0: blocks 0-5 + embedding (43.12M parameters)" per stage, and a note when uneven.
 std::string describe_stage_cut(const StageCut& cut);
 
 // "pipeline: 1f1b, 4 ranks x 1 stage(s), cut by layers:", the stages (describe_stage_cut) and the
-// schedule's simulated bubble.
-std::string describe_pipeline_layout(const Config& config, const ParallelDims& dims);
+// schedule's simulated bubble, for a layout's cut and schedule (plan/layout.h).
+std::string describe_pipeline_layout(const Config& config, const ParallelDims& dims, const StageCut& cut,
+                                     const pipeline::Schedule& schedule);
 
 pipeline::Schedule pipeline_schedule(const Config& config, const ParallelDims& dims,
                                      pipeline::Gathers gathers = pipeline::Gathers::none);

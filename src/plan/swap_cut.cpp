@@ -135,6 +135,10 @@ SwapHostMemory swap_host_memory(const Config& config, const swap::SwapPlan& plan
   const bool adafactor = config.optim.name == "adafactor";
   for (const auto& item : meta->named_parameters()) {
     const at::Tensor& p = item.value();
+    if (config.optim.name == "sgd") {  // momentum_buffer and step
+      h.optimizer += config.optim.momentum > 0 ? 4.0 * static_cast<double>(p.numel()) + 4 : 0;
+      continue;
+    }
     if (!adafactor) {
       h.optimizer += 8.0 * static_cast<double>(p.numel()) + 4;
       continue;

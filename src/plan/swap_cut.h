@@ -39,7 +39,7 @@ swap::SwapPlan plan_swap(const Config& config, const SwapCosts& costs, int64_t d
 
 // The host memory a swapped run holds (swap_owner.h): the float32 masters and gradients, the
 // staging buffer (the largest sub-model), the bf16 copies of the masters (memory.swap_copies), the
-// optimizer state (AdamW: exp_avg and exp_avg_sq;
+// optimizer state (AdamW: exp_avg and exp_avg_sq; SGD with momentum: momentum_buffer;
 // Adafactor: its factored rows and columns, or a full second moment for vectors, plus exp_avg
 // with adafactor_beta1 > 0) and, on a CPU "device", the device budget, which is host memory too.
 struct SwapHostMemory {

@@ -103,9 +103,6 @@ struct MemoryOptions {
   double modelled_bandwidth_gbps = 16;  // swap on a CPU "device": the modelled host <-> device link
   std::vector<int64_t> swap_blocks;     // swap: blocks per sub-model by hand (empty: the partitioner)
   std::string swap_copies = "auto";     // swap: what a LOAD moves: auto, fp32 or bf16
-  // Not a key: the sub-models' block boundaries the run swaps (K + 1 entries), set by the swap
-  // step before the model is parallelized (by hand from swap_blocks, else by the partitioner).
-  std::vector<int64_t> swap_boundaries;
 
   template <class V>
   void visit(V& v) {

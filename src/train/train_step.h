@@ -1,19 +1,16 @@
-// One optimizer step of a parallelized model, and the state it owns: the model (built whole from
-// config.model, then parallelize()d: parallel/parallelize.h), its optimizer owner and the
-// mixed-precision policy. The trainer and `tessera bench` both drive this class, so the benchmark
-// times exactly what training runs.
+// One optimizer step of a parallelized model, and the state it owns: the run's layout (plan/layout.h,
+// made once here from the resolved config, the mesh and what the layout needs measured), the
+// model (built as the layout's stage of this rank, then parallelize()d: parallel/parallelize.h),
+// its step runner and optimizer owner, and the mixed-precision policy. The trainer and `tessera
+// bench` both drive this class, so the benchmark times exactly what training runs.
 //
-// A step: for each micro-batch, this rank's part of the batch (its sequence chunk) forward under
-// autocast (bf16), backward of loss / grad_accum times the owner's loss scale (fp16) (under
-// pipeline parallelism the rank builds its stage of the cut and the layout's schedule runs the
-// micro-batches' forwards and backwards instead: train/pipeline_step.h); then the
-// owner's update: gradients reduced over the replicas, unscaled, clipped to the global norm,
-// applied at `lr`, zeroed. Losses reported are means over the replicas that ran different data;
-// training_state() and evaluate() are collectives (every rank calls them). The step does not know
-// which parallelism runs: parallelize() chose the owner and installed everything in the model.
-// Under memory.swap the model is built in host memory and cut into sub-models (plan/swap_cut.h)
-// before parallelize(); the swap step (train/swap_step.h) then runs the micro-batches and the
-// updates through its plan.
+// A step: this rank's part of each micro-batch (its sequence chunk) through the step runner
+// (parallel/step_runner.h: plain, pipeline or swapped; the step does not know which), which runs
+// forward, backward and the owner's update (gradients reduced over the replicas, unscaled,
+// clipped to the global norm, applied at `lr`, zeroed). Losses reported are means over the
+// replicas that ran different data; training_state() and evaluate() are collectives (every rank
+// calls them). Under memory.swap the model is built in host memory and only the swap plan brings
+// parts of it over.
 #pragma once
 
 #include <functional>
@@ -30,9 +27,8 @@
 #include "model/transformer.h"
 #include "parallel/parallelize.h"
 #include "precision/fp16.h"
+#include "plan/layout.h"
 #include "train/config.h"
-#include "train/pipeline_step.h"
-#include "train/swap_step.h"
 
 namespace tessera {
 
@@ -45,15 +41,19 @@ struct StepResult {
 
 class TrainStep {
  public:
-  // Sets the intra-op threads (train.threads), measures the blocks under parallel.pp_cut = profile
-  // (plan/profile_cut.h, a collective of the world), seeds torch with train.seed, builds the model
-  // from config.model on train.device (refused by name when CUDA is asked for but absent) and
+  // Sets the intra-op threads (train.threads), measures what the layout needs (the blocks under
+  // parallel.pp_cut = profile, a collective of the world; the swap costs under memory.swap), makes
+  // the layout, seeds torch with train.seed, builds this rank's part of the model from
+  // config.model on train.device (refused by name when CUDA is asked for but absent) and
   // parallelizes it over `mesh` (null: one process).
   explicit TrainStep(const Config& config, comm::Mesh* mesh = nullptr);
   ~TrainStep();
 
-  // The config the step runs: the one given, with the measured cut under parallel.pp_cut = profile.
+  // The config the step runs (as given: never changed) and its layout.
   const Config& config() const { return config_; }
+  const Layout& layout() const { return parallel_->layout(); }
+  // The step runner: its last step's timeline (write_timeline) and bench fields.
+  StepRunner& runner() { return parallel_->runner(); }
 
   // `observe`, when given, receives the step's final gradients (reduced over the replicas,
   // unscaled, before clipping and the update) whole, under the model's parameter names: a
@@ -75,10 +75,6 @@ class TrainStep {
     parallel_->load_model_state(names, read, source);
   }
   c10::Device device() const { return device_; }
-  // The pipeline step under parallel.pp > 1, else null (its timeline: PipelineStep::write_timeline).
-  PipelineStep* pipeline() { return pipeline_.get(); }
-  // The swap step under memory.swap, else null (its plan and timeline: SwapStep).
-  SwapStep* swapped() { return swap_.get(); }
   // Seeds this rank's random streams for `step` (parallel/parallelize.h).
   void seed_random_streams(int64_t step) { parallel_->seed_random_streams(step); }
   const DynamicLossScaler* loss_scaler() const { return parallel_->owner().loss_scaler(); }
@@ -109,8 +105,6 @@ class TrainStep {
   c10::Device device_;
   std::optional<at::ScalarType> autocast_;
   std::unique_ptr<ParallelModel> parallel_;
-  std::unique_ptr<PipelineStep> pipeline_;  // parallel.pp > 1: the schedule runs the micro-batches
-  std::unique_ptr<SwapStep> swap_;           // memory.swap: the swap plan runs the micro-batches
 };
 
 }  // namespace tessera

@@ -171,16 +171,7 @@ Trainer::Trainer(Config config, std::string run_dir, TrainStart start, comm::Mes
   // Under parallel.pp_cut = profile the step measures the blocks and cuts by time; the run's config
   // keeps the key, not the measured cut, so a resume at another layout measures again.
   s.trainer = std::make_unique<TrainStep>(c, mesh);
-  if (mesh && mesh->dims().pp() > 1) {
-    std::string text = describe_pipeline_layout(s.trainer->config(), mesh->dims());
-    text.pop_back();  // the final newline
-    s.start_notes.push_back(text);
-  }
-  if (SwapStep* swapped = s.trainer->swapped()) {
-    std::string text = describe_swap_plan(swapped->plan());
-    text.pop_back();
-    s.start_notes.push_back(text);
-  }
+  if (const std::string text = describe_layout(c, s.trainer->layout()); !text.empty()) s.start_notes.push_back(text);
   s.device = s.trainer->device();
 
   if (!start.init_from.empty()) {
@@ -323,23 +314,9 @@ TrainSummary Trainer::run() {
     const double lr = learning_rate(c.optim, s.step, c.train.steps);
     const std::vector<Batch> micro_batches = s.sampler->next();
     const StepResult result = s.trainer->run(micro_batches, lr);
-    if (c.train.trace_step == s.step + 1 && s.trainer->pipeline()) {
-      // The pipeline timeline of this step, every rank's, written by rank 0 (a collective).
-      const std::string name = "pipeline_step" + std::to_string(s.step + 1);
-      const double bubble = s.trainer->pipeline()->write_timeline(s.run_dir, name);
-      char note[160];
-      std::snprintf(note, sizeof note, "pipeline timeline of step %lld (bubble %.1f%%): %s.svg, %s.planned.svg, "
-                    "%s.trace.json", static_cast<long long>(s.step + 1), 100 * bubble, name.c_str(), name.c_str(),
-                    name.c_str());
-      progress.message(note);
-    }
-    if (c.train.trace_step == s.step + 1 && s.trainer->swapped()) {
-      const std::string name = "swap_step" + std::to_string(s.step + 1);
-      const double measured = s.trainer->swapped()->write_timeline(s.run_dir, name);
-      char note[160];
-      std::snprintf(note, sizeof note, "swap timeline of step %lld (%.1f ms): %s.svg, %s.planned.svg",
-                    static_cast<long long>(s.step + 1), 1000 * measured, name.c_str(), name.c_str());
-      progress.message(note);
+    if (c.train.trace_step == s.step + 1) {
+      // This step's timeline where the runner records one (pipeline, swap): a collective.
+      if (const auto note = s.trainer->runner().write_timeline(s.run_dir, s.step + 1)) progress.message(*note);
     }
     // A non-finite loss, or a non-finite gradient norm that no loss scaler handled, ends the run
     // here, before anything is saved: every rank sees the same values (averaged over the replicas,

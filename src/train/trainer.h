@@ -14,9 +14,10 @@
 // On several ranks (a mesh; any layout parallelize() accepts): one optimizer step reads train.batch_size sequences per
 // micro-batch on each data-parallel rank, rank r taking rows [r * B, (r + 1) * B) of the global
 // micro-batch the sampler draws, so N ranks read exactly what one process with N * B would.
-// Rank 0 prints progress and writes config.toml, metrics.jsonl, train.log and the checkpoints
-// (optimizer state gathered whole, so a checkpoint resumes at any dp size and ZeRO stage); every
-// rank writes logs/rank_<r>.log.
+// Rank 0 prints progress and writes config.toml, metrics.jsonl and train.log; checkpoints hold the
+// model and optimizer state under the model's own names, whole or as each rank's slices
+// (optimizer-*-of-N), so a checkpoint resumes at any dp size and ZeRO stage; every rank writes
+// logs/rank_<r>.log.
 #pragma once
 
 #include <memory>

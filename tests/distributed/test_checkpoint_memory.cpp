@@ -49,18 +49,10 @@ TEST(ShardedModelSave, PeaksNoHigherThanAStepAtZero3OnFourRanks) {
   c.parallel.zero_stage = 3;
   auto mesh = ranks.connect(c.parallel);
   torch::manual_seed(1);
-  auto parallel = parallelize(TransformerLM(c.model), mesh.get(), c);
-  TransformerLM& model = parallel->model();
-  OptimizerOwner& owner = parallel->owner();
+  auto parallel = parallelize(TransformerLM(c.model), mesh.get(), c, make_layout(c, mesh->dims()), mesh->device());
   auto gen = at::make_generator<at::CPUGeneratorImpl>(7 + ranks.rank());
   const at::Tensor batch = at::randint(c.model.vocab_size, {2, 65}, gen, at::kLong);
-  auto step = [&] {
-    owner.before_backward(true);
-    auto out = model->forward(batch.narrow(1, 0, 64), batch.narrow(1, 1, 64));
-    out.loss.backward();
-    owner.finish_gradients();
-    owner.apply(1e-3, 1.0);
-  };
+  auto step = [&] { parallel->runner().run({{batch.narrow(1, 0, 64), batch.narrow(1, 1, 64)}}, 1e-3, {}); };
   step();  // AdamW's state exists from here on
 
   const int64_t state = host_memory::current();
@@ -122,7 +114,7 @@ TEST(ShardedModelSave, PeaksNoHigherThanAStepAtZero3OnFourRanks) {
     }
   }
   torch::manual_seed(99);
-  auto fresh = parallelize(TransformerLM(c.model), mesh.get(), c);
+  auto fresh = parallelize(TransformerLM(c.model), mesh.get(), c, make_layout(c, mesh->dims()), mesh->device());
   int64_t reads = 0;
   const int64_t before_load = host_memory::current();
   host_memory::reset_peak();

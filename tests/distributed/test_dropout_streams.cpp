@@ -53,7 +53,7 @@ TEST(DropoutStreams, TensorParallelRanksAgreeWhereActivationsAreReplicated) {
   Config c = tiny(2, false, 0.2);
   auto mesh = ranks.connect(c.parallel);
   torch::manual_seed(c.train.seed);
-  auto parallel = parallelize(TransformerLM(c.model), mesh.get(), c);
+  auto parallel = parallelize(TransformerLM(c.model), mesh.get(), c, make_layout(c, mesh->dims()), mesh->device());
   TransformerLM& model = parallel->model();
   at::Tensor hidden;
   model->add_block_wrapper([&](int64_t layer, const at::Tensor& x, const TransformerLMImpl::BlockCall& inner) {
@@ -73,14 +73,7 @@ TEST(DropoutStreams, TensorParallelRanksAgreeWhereActivationsAreReplicated) {
 
   // A few steps with dropout: the replicated parameters (LayerNorms, c_proj/mlp.c_proj biases) stay
   // equal across the tp ranks.
-  OptimizerOwner& owner = parallel->owner();
-  for (int step = 0; step < 3; ++step) {
-    owner.before_backward(true);
-    auto o = model->forward(batch.narrow(1, 0, 16), batch.narrow(1, 1, 16));
-    o.loss.backward();
-    owner.finish_gradients();
-    owner.apply(1e-2, 1.0);
-  }
+  for (int step = 0; step < 3; ++step) parallel->runner().run({{batch.narrow(1, 0, 16), batch.narrow(1, 1, 16)}}, 1e-2, {});
   int replicated = 0;
   for (const auto& item : model->named_parameters()) {
     const ParameterSpec& spec = model->parameter_specs().at(item.key());
@@ -98,7 +91,7 @@ TEST(DropoutStreams, MegatronSequenceParallelBlocksDrawFromTheirOwnStreams) {
   for (const bool megatron_sp : {false, true}) {
     Config c = tiny(2, megatron_sp, 0.2);
     torch::manual_seed(c.train.seed);
-    auto parallel = parallelize(TransformerLM(c.model), mesh.get(), c);
+    auto parallel = parallelize(TransformerLM(c.model), mesh.get(), c, make_layout(c, mesh->dims()), mesh->device());
     TransformerLM& model = parallel->model();
     at::Tensor shared_first, shared_last;
     model->add_block_wrapper([&](int64_t layer, const at::Tensor& x, const TransformerLMImpl::BlockCall& inner) {
@@ -126,7 +119,7 @@ TEST(DropoutStreams, DataParallelRanksDrawDifferentMasks) {
     Config c = tiny(1, false, dropout);
     c.parallel.dp = 2;
     torch::manual_seed(c.train.seed);
-    auto parallel = parallelize(TransformerLM(c.model), mesh.get(), c);
+    auto parallel = parallelize(TransformerLM(c.model), mesh.get(), c, make_layout(c, mesh->dims()), mesh->device());
     parallel->model()->train();
     const at::Tensor batch = tokens(2);  // the same rows on both ranks
     auto out = parallel->model()->forward(batch.narrow(1, 0, 16), batch.narrow(1, 1, 16));

@@ -90,6 +90,16 @@ Config base(const std::string& arch = "gpt", const std::string& ffn = "dense") {
   return c;
 }
 
+// SGD with Nesterov momentum: its update is proportional to the gradient, so a constant
+// gradient-scale error moves the parameters (AdamW's would not); lr large enough that the
+// parameters move well beyond rounding between steps.
+void sgd(Config& c) {
+  c.optim.name = "sgd";
+  c.optim.lr = 0.1;
+  c.optim.momentum = 0.9;
+  c.optim.nesterov = true;
+}
+
 // A swapped run (memory.swap) on one process: the model in host memory, cut into sub-models.
 void swapped(Config& c, std::vector<int64_t> blocks) {
   c.memory.swap = true;
@@ -160,6 +170,35 @@ const std::vector<Layout>& layouts() {
        },
        &kExact},
       {"dp2", 2, [](Config& c) {}},
+      {"dp2_zero3_sgd", 2, [](Config& c) { sgd(c); c.parallel.zero_stage = 3; }},
+      {"dp2_tp2_sgd", 4, [](Config& c) { sgd(c); c.parallel.tp = 2; }},
+      {"pp2_1f1b_sgd_accum2", 2,
+       [](Config& c) {
+         sgd(c);
+         c.parallel.pp = 2;
+         c.train.grad_accum = 2;
+       }},
+      {"sp2_lasp_linear_sgd", 2,
+       [](Config& c) {
+         sgd(c);
+         c.model.arch = "linear";
+         c.parallel.sp = 2;
+         c.parallel.sp_method = "lasp";
+       }},
+      {"swap_sgd_2_submodels_accum2", 1,
+       [](Config& c) {
+         sgd(c);
+         c.model.n_layer = 4;
+         swapped(c, {2, 2});
+         c.train.grad_accum = 2;
+       },
+       &kExact},
+      {"dp2_zero1_offload_sgd", 2,
+       [](Config& c) {
+         sgd(c);
+         c.parallel.zero_stage = 1;
+         c.parallel.offload = true;
+       }},
       {"dp2_zero1", 2, [](Config& c) { c.parallel.zero_stage = 1; }},
       {"dp2_zero2_accum2", 2, [](Config& c) { c.parallel.zero_stage = 2; c.train.grad_accum = 2; }},
       {"dp4_zero3_full_checkpointing", 4,

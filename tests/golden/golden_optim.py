@@ -4,11 +4,13 @@ Three parameters (a [4, 6] matrix, a [2, 3, 5] tensor, a [6] vector) take 3 step
 gradients. AdamW is torch.optim.AdamW (foreach=False) with weight decay on the 2+-dim parameters
 only. Adafactor is written here from the paper and HF transformers' formulas (transformers is not
 installed), in two configurations: the defaults (relative step, parameter scaling, no first
-moment) and explicit lr with a first moment and no parameter scaling.
+moment) and explicit lr with a first moment and no parameter scaling. SGD is torch.optim.SGD with
+momentum 0.9, plain and Nesterov, weight decay (L2) on the 2+-dim parameters only.
 
 File optim_trajectories.safetensors:
   init.<p>, grad<k>.<p>                       k = 0, 1, 2
   adamw.<k>.<p>, adafactor.<k>.<p>, adafactor_lr.<k>.<p>   parameters after step k
+  sgd.<k>.<p>, sgd_nesterov.<k>.<p>           torch.optim.SGD, momentum 0.9 (heavy ball, Nesterov)
   lr                                          [3] float64, the lr passed to step k
 """
 import math
@@ -38,6 +40,23 @@ def adamw(init, grads):
             params[n].grad = grads[k][n].clone()
         opt.step()
         out.update({f"adamw.{k}.{n}": params[n].detach().clone() for n in NAMES})
+    return out
+
+
+def sgd(init, grads, tag, nesterov):
+    params = {n: init[n].clone().requires_grad_(True) for n in NAMES}
+    decay = [params[n] for n in NAMES if params[n].dim() >= 2]
+    no_decay = [params[n] for n in NAMES if params[n].dim() < 2]
+    opt = torch.optim.SGD([{"params": decay, "weight_decay": WD}, {"params": no_decay, "weight_decay": 0.0}],
+                          lr=LRS[0], momentum=0.9, nesterov=nesterov, foreach=False)
+    out = {}
+    for k in range(STEPS):
+        for group in opt.param_groups:
+            group["lr"] = LRS[k]
+        for n in NAMES:
+            params[n].grad = grads[k][n].clone()
+        opt.step()
+        out.update({f"{tag}.{k}.{n}": params[n].detach().clone() for n in NAMES})
     return out
 
 
@@ -100,6 +119,8 @@ def generate(out):
     for k in range(STEPS):
         tensors.update({f"grad{k}.{n}": grads[k][n] for n in NAMES})
     tensors.update(adamw(init, grads))
+    tensors.update(sgd(init, grads, "sgd", nesterov=False))
+    tensors.update(sgd(init, grads, "sgd_nesterov", nesterov=True))
     tensors.update(adafactor(init, grads, "adafactor", relative_step=True, scale_parameter=True, beta1=0.0))
     tensors.update(adafactor(init, grads, "adafactor_lr", relative_step=False, scale_parameter=False, beta1=0.9))
     tensors["lr"] = torch.tensor(LRS, dtype=torch.float64)

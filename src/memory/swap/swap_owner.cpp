@@ -195,15 +195,6 @@ void SwapOwner::settle() {
   if (settle_) settle_();
 }
 
-void SwapOwner::before_backward(bool) { fail("internal: a swapped model's backward is the swap step's (train/swap_step.h)"); }
-void SwapOwner::finish_gradients() { fail("internal: a swapped model's gradients are the swap step's (train/swap_step.h)"); }
-UpdateResult SwapOwner::apply(double, double) {
-  fail("internal: a swapped model is updated by its swap plan's OPTIM actions (train/swap_step.h)");
-}
-void SwapOwner::sum_gradient_over(const std::string& name, comm::Group&) {
-  fail("internal: a swapped model has no tied copies to sum (", name, ")");
-}
-
 NamedTensors SwapOwner::gradients() {
   NamedTensors out;
   for (const auto& [u, i] : order_) {

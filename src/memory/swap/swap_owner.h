@@ -1,6 +1,6 @@
 // SwapOwner: the OptimizerOwner of a swapped model (memory.swap = true; ATOM, issue 14). The
 // model's training state lives in host memory and only the sub-models being computed or loaded
-// are on the device; the swap step (train/swap_step.h) runs the plan (swap_plan.h) and calls the
+// are on the device; the swap step (parallel/swap_step.h) runs the plan (swap_plan.h) and calls the
 // operations below from the plan's streams.
 //
 // Units. Sub-model i (blocks [first, end)) is one unit; the ends (wte, wpe, ln_f) are another.
@@ -89,13 +89,10 @@ class SwapOwner : public OptimizerOwner {
   // step's forward); the state accessors below call it before reading or writing host state.
   void set_settle(std::function<void()> settle) { settle_ = std::move(settle); }
 
-  // OptimizerOwner. The step is the swap step's: before_backward, finish_gradients and apply are
-  // not its calls and refuse.
-  void before_backward(bool) override;
-  void finish_gradients() override;
+  // OptimizerOwner (not a ResidentOwner: the swap step, parallel/swap_step.h, runs its backward
+  // and its updates through the operations above). gradients(): the host gradients, once every
+  // STORE_GRAD of the step ran.
   NamedTensors gradients() override;
-  void sum_gradient_over(const std::string& name, comm::Group& copies) override;
-  UpdateResult apply(double lr, double max_norm) override;
   NamedTensors training_state() override;
   void load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) override;
   void load_parameter(const std::string& name, const at::Tensor& value) override;

@@ -65,13 +65,14 @@ void check_data_parallel(const ParallelOptions& parallel, const OptimOptions& op
   require(!parallel.offload || stage >= 1,
           "parallel.offload = true needs parallel.zero_stage = 1, 2 or 3 (got 0): ZeRO-Offload keeps this "
           "rank's shard of the optimizer on the host, and stage 0 does not shard it");
-  require(!parallel.offload || optim.name == "adamw", "parallel.offload = true updates this rank's shard "
+  const bool elementwise = elementwise_state(optim).shardable;
+  require(!parallel.offload || elementwise, "parallel.offload = true updates this rank's shard "
           "elementwise on the host, which optim.name = ", optim.name,
-          " cannot do (Adafactor factors its second moment over whole rows and columns); use optim.name = adamw");
-  require(stage == 0 || optim.name == "adamw", "parallel.zero_stage = ", stage,
+          " cannot do (Adafactor factors its second moment over whole rows and columns); use optim.name = adamw or sgd");
+  require(stage == 0 || elementwise, "parallel.zero_stage = ", stage,
           " shards optimizer state elementwise, which optim.name = ", optim.name,
           " cannot use (Adafactor factors its second moment over whole rows and columns); use "
-          "parallel.zero_stage = 0 or optim.name = adamw");
+          "parallel.zero_stage = 0 or optim.name = adamw or sgd");
   require(stage == 0 || parallel.grad_compression == "none", "parallel.grad_compression = ",
           parallel.grad_compression, " needs parallel.zero_stage = 0 (got ", stage,
           "): compressed gradients are all-reduced whole, not reduce-scattered");
@@ -229,6 +230,7 @@ void DataParallel::Impl::build_units() {
 }
 
 void DataParallel::Impl::build_optimizer(const OptimOptions& optim, bool offload_to_host) {
+  state_slots = elementwise_state(optim);
   if (stage == 0) {
     optimizer = make_optimizer(optim, params);
     return;

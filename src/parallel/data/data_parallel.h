@@ -123,7 +123,7 @@ struct ReductionGroups {
   comm::Group* expert_data;
 };
 
-class DataParallel : public OptimizerOwner {
+class DataParallel : public ResidentOwner {
  public:
   // Registers the hooks on `model` (already on its device). Throws tessera::Error naming the key
   // for combinations that are not supported (check_data_parallel). `norm`: how the clipping norm

@@ -63,6 +63,7 @@ struct DataParallel::Impl {
   NamedParams params;  // the model's, in registration order
   std::vector<size_t> group_of;  // per parameter: its reduction group, an index into `groups`
   std::unique_ptr<Optimizer> optimizer;
+  ElementwiseState state_slots;  // the optimizer's per-parameter state, sharded at stages 1-3
   std::unique_ptr<GradientCompressor> compressor;
   std::unique_ptr<OffloadedShard> offload;  // parallel.offload
   ModelParallelNorm norm;                    // tensor parallelism's weights in the clipping norm
@@ -108,6 +109,9 @@ struct DataParallel::Impl {
   void require_one_group(const char* what) const {
     require(groups.size() == 1, "internal: ", what, " with an expert-data-parallel group is expert parallelism's work");
   }
+  // Stages 1-3: every parameter (in registration order) with the range of its flattened elements
+  // this rank owns (begin == end: none), and its shape.
+  std::vector<std::pair<std::string, OptimizerRange>> owned_ranges() const;
   void build_buckets(double bucket_mb);
   void build_units();
   void build_optimizer(const OptimOptions& optim, bool offload_to_host);

@@ -15,9 +15,9 @@
 namespace tessera {
 namespace {
 
-// Slots of AdamW state: elementwise ones are sharded like the parameters, the scalar step is not.
-// (Sharded stages run AdamW only: Adafactor's factored state spans whole rows and columns.)
-const std::vector<std::string> kElementwiseSlots{"exp_avg", "exp_avg_sq"};
+// The optimizer's elementwise slots (Impl::state_slots: AdamW's exp_avg and exp_avg_sq, SGD's
+// momentum_buffer) are sharded like the parameters; the scalar step is not. (Sharded stages run
+// elementwise optimizers only: Adafactor's factored state spans whole rows and columns.)
 const std::string kStepSlot = "step";
 
 }  // namespace
@@ -35,7 +35,7 @@ NamedParams DataParallel::full_optimizer_state() {
   std::map<std::string, int64_t> position;
   for (size_t i = 0; i < s.params.size(); ++i) position[s.params[i].first] = static_cast<int64_t>(i);
   for (const auto& unit : s.units) {
-    for (const auto& slot : kElementwiseSlots) {
+    for (const auto& slot : s.state_slots.slots) {
       auto tensors = unit.gather_entries(
           [&](const FlatUnit::Entry& e) {
             auto it = mine.find(e.name + "." + slot);
@@ -55,9 +55,21 @@ NamedParams DataParallel::full_optimizer_state() {
   NamedParams out;
   for (size_t i = 0; i < s.params.size(); ++i) {
     const std::string& name = s.params[i].first;
-    for (const auto& slot : kElementwiseSlots) out.emplace_back(name + "." + slot, whole.at(name + "." + slot));
-    out.emplace_back(name + "." + kStepSlot, all_steps[static_cast<int64_t>(i)].clone());
+    for (const auto& slot : s.state_slots.slots) out.emplace_back(name + "." + slot, whole.at(name + "." + slot));
+    if (s.state_slots.step) out.emplace_back(name + "." + kStepSlot, all_steps[static_cast<int64_t>(i)].clone());
   }
+  return out;
+}
+
+std::vector<std::pair<std::string, OptimizerRange>> DataParallel::Impl::owned_ranges() const {
+  std::map<std::string, OptimizerRange> by_name;
+  for (const auto& unit : units)
+    for (const auto& e : unit.entries()) {
+      const auto [begin, end] = unit.owned(e);
+      by_name[e.name] = {e.param.sizes().vec(), begin == end ? 0 : begin - e.offset, begin == end ? 0 : end - e.offset};
+    }
+  std::vector<std::pair<std::string, OptimizerRange>> out;
+  for (const auto& [name, p] : params) out.emplace_back(name, by_name.at(name));
   return out;
 }
 
@@ -65,14 +77,8 @@ OptimizerRanges DataParallel::optimizer_state_ranges() const {
   const Impl& s = *impl_;
   OptimizerRanges out;
   if (s.stage == 0) return out;
-  for (const auto& unit : s.units) {
-    for (const auto& e : unit.entries()) {
-      const auto [begin, end] = unit.owned(e);
-      for (const auto& slot : kElementwiseSlots)
-        out[e.name + "." + slot] = {e.param.sizes().vec(), begin == end ? 0 : begin - e.offset,
-                                    begin == end ? 0 : end - e.offset};
-    }
-  }
+  for (const auto& [name, range] : s.owned_ranges())
+    for (const auto& slot : s.state_slots.slots) out[name + "." + slot] = range;
   return out;
 }
 
@@ -82,16 +88,14 @@ std::vector<TensorSlice> DataParallel::optimizer_state_slices() const {
   if (s.stage == 0) return even_slices(s.optimizer->state(), s.dp.rank(), s.dp.size());
   std::map<std::string, at::Tensor> mine;
   for (const auto& [name, t] : s.optimizer->state()) mine[name] = t;
-  const OptimizerRanges ranges = optimizer_state_ranges();
   std::vector<TensorSlice> out;
-  for (const auto& [name, p] : s.params) {
-    const OptimizerRange& owned = ranges.at(name + "." + kElementwiseSlots.front());
+  for (const auto& [name, owned] : s.owned_ranges()) {
     if (owned.begin == owned.end) continue;
-    for (const auto& slot : kElementwiseSlots)
+    for (const auto& slot : s.state_slots.slots)
       out.push_back({name + "." + slot, mine.at(name + "." + slot), owned.begin, owned.shape});
     // The step once, from the owner of the first element, as full_optimizer_state() gives it:
     // a float32 scalar.
-    if (owned.begin == 0)
+    if (s.state_slots.step && owned.begin == 0)
       out.push_back({name + "." + kStepSlot, mine.at(name + "." + kStepSlot).to(at::kFloat).reshape({}), 0, {}});
   }
   return out;
@@ -126,6 +130,7 @@ void DataParallel::load_optimizer_state_ranges(const std::map<std::string, at::T
     expected.insert(name);
   }
   for (const auto& [name, p] : s.params) {
+    if (!s.state_slots.step) break;
     auto it = state.find(name + "." + kStepSlot);
     require(it != state.end() && it->second.numel() == 1, source, ": optimizer state ", name, ".", kStepSlot,
             " is missing or not a scalar");
@@ -135,11 +140,10 @@ void DataParallel::load_optimizer_state_ranges(const std::map<std::string, at::T
     require(expected.count(entry.first) > 0, source, ": unexpected optimizer state ", entry.first,
             " (no such parameter slot)");
   std::map<std::string, at::Tensor> mine;
-  for (const auto& [name, p] : s.params) {
-    const OptimizerRange& owned = ranges.at(name + "." + kElementwiseSlots.front());
+  for (const auto& [name, owned] : s.owned_ranges()) {
     if (owned.begin == owned.end) continue;
-    for (const auto& slot : kElementwiseSlots) mine[name + "." + slot] = state.at(name + "." + slot).reshape(-1);
-    mine[name + "." + kStepSlot] = state.at(name + "." + kStepSlot).reshape({});
+    for (const auto& slot : s.state_slots.slots) mine[name + "." + slot] = state.at(name + "." + slot).reshape(-1);
+    if (s.state_slots.step) mine[name + "." + kStepSlot] = state.at(name + "." + kStepSlot).reshape({});
   }
   s.optimizer->load_state(mine, source);
 }

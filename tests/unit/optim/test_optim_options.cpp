@@ -64,8 +64,16 @@ TEST(OptimOptions, CheckNamesTheKey) {
   OptimOptions ok;
   EXPECT_NO_THROW(ok.check("run.toml"));
   OptimOptions o;
+  o.name = "lamb";
+  expect_check_error(o, "name must be adamw, adafactor or sgd (got lamb)");
+  o = {};
   o.name = "sgd";
-  expect_check_error(o, "name must be adamw or adafactor (got sgd)");
+  o.momentum = 0;
+  o.nesterov = true;
+  expect_check_error(o, "nesterov = true needs optim.momentum > 0");
+  o = {};
+  o.momentum = 1.0;
+  expect_check_error(o, "momentum");
   o = {};
   o.schedule = "step";
   expect_check_error(o, "schedule");

@@ -1,5 +1,5 @@
-// AdamW and Adafactor against PyTorch / Python-reference trajectories (golden_optim.py), fused vs
-// per-tensor AdamW, the state round trip, load_state errors and parameters without gradients.
+// AdamW, Adafactor and SGD against PyTorch / Python-reference trajectories (golden_optim.py), fused
+// vs per-tensor AdamW, the state round trip, load_state errors and parameters without gradients.
 //
 // Tolerances: rtol 1e-6, atol 1e-7 (fp32). Measured: both AdamW paths are bit-identical to
 // torch.optim.AdamW(foreach=False); Adafactor is within 1 ulp (max |diff| 6e-8 on values ~0.8),
@@ -52,6 +52,14 @@ OptimOptions adafactor_options(bool relative) {
   return o;
 }
 
+OptimOptions sgd_options(bool nesterov, double momentum = 0.9) {
+  OptimOptions o;
+  o.name = "sgd";
+  o.momentum = momentum;
+  o.nesterov = nesterov;
+  return o;  // weight decay 0.1 (L2) on matrices: as golden_optim.py
+}
+
 void expect_trajectory(const OptimOptions& options, const std::string& tag) {
   Golden g;
   NamedParams params = initial_params(g);
@@ -67,6 +75,41 @@ void expect_trajectory(const OptimOptions& options, const std::string& tag) {
 
 TEST(AdamW, FusedMatchesTorch) { expect_trajectory(adamw_options(true), "adamw"); }
 TEST(AdamW, PerTensorMatchesTorch) { expect_trajectory(adamw_options(false), "adamw"); }
+TEST(SGD, HeavyBallMatchesTorch) { expect_trajectory(sgd_options(false), "sgd"); }
+TEST(SGD, NesterovMatchesTorch) { expect_trajectory(sgd_options(true), "sgd_nesterov"); }
+
+TEST(SGD, WithoutMomentumIsPlainGradientDescentWithNoState) {
+  Golden g;
+  NamedParams params = initial_params(g);
+  auto opt = make_optimizer(sgd_options(false, 0.0), params);
+  EXPECT_TRUE(opt->state().empty());
+  set_grads(params, g, 0);
+  opt->step(0.5);
+  // w decays (L2 on matrices): w - lr (g + wd w); b does not.
+  EXPECT_TRUE(test::all_close(params[0].second, g.get("init.w") - 0.5 * (g.get("grad0.w") + 0.1 * g.get("init.w")), 1e-6, 1e-7));
+  EXPECT_TRUE(test::all_close(params[2].second, g.get("init.b") - 0.5 * g.get("grad0.b"), 1e-6, 1e-7));
+}
+
+TEST(SGD, UpdateIsProportionalToTheGradient) {
+  // The property the equivalence harness relies on: a gradient twice as large moves the
+  // parameters twice as far (AdamW's normalised update would not). The moves are 1e-3..1e-2 on
+  // values near 1, so each carries float32's rounding of the parameter (1.2e-7): atol 5e-7.
+  Golden g;
+  OptimOptions o = sgd_options(true);
+  o.weight_decay = 0;
+  NamedParams a = initial_params(g), b = initial_params(g);
+  auto oa = make_optimizer(o, a), ob = make_optimizer(o, b);
+  set_grads(a, g, 0);
+  set_grads(b, g, 0);
+  for (auto& [n, p] : b) p.mutable_grad().mul_(2);
+  oa->step(1e-2);
+  ob->step(1e-2);
+  for (size_t i = 0; i < a.size(); ++i) {
+    const std::string& n = a[i].first;
+    EXPECT_TRUE(test::all_close(b[i].second - g.get("init." + n), 2 * (a[i].second - g.get("init." + n)), 1e-5, 5e-7)) << n;
+  }
+}
+
 TEST(Adafactor, RelativeStepMatchesReference) { expect_trajectory(adafactor_options(true), "adafactor"); }
 TEST(Adafactor, ExplicitLrWithFirstMomentMatchesReference) {
   expect_trajectory(adafactor_options(false), "adafactor_lr");
@@ -132,6 +175,8 @@ TEST(OptimizerState, RoundTripIsBitIdentical) {
   expect_round_trip(adamw_options(false));
   expect_round_trip(adafactor_options(true));
   expect_round_trip(adafactor_options(false));
+  expect_round_trip(sgd_options(true));
+  expect_round_trip(sgd_options(false));
 }
 
 TEST(OptimizerState, NamesSlotsPerParameter) {
@@ -181,7 +226,7 @@ TEST(OptimizerState, LoadRefusesMissingExtraAndMisshapen) {
 }
 
 TEST(Optimizer, ParametersWithoutGradAreSkipped) {
-  for (const auto& options : {adamw_options(true), adamw_options(false), adafactor_options(true)}) {
+  for (const auto& options : {adamw_options(true), adamw_options(false), adafactor_options(true), sgd_options(true)}) {
     Golden g;
     NamedParams params = initial_params(g);
     auto opt = make_optimizer(options, params);

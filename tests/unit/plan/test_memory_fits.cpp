@@ -18,7 +18,7 @@ Config gpt2_config(const std::string& device) {
 TEST(MemoryFits, CpuRunsAreCheckedAgainstTheHostForAllItsRanks) {
   const Config config = gpt2_config("cpu");
   const ParallelDims dims(config.parallel, 1, "test");
-  const MemoryEstimate e = estimate_memory(config, dims);
+  const MemoryEstimate e = estimate_memory(config, make_layout(config, dims));
   const double one = e.device_bytes();
   EXPECT_NO_THROW(check_memory_fits(config, e, 1, one * 1.01));
   EXPECT_TRUE(test::throws_naming([&] { check_memory_fits(config, e, 2, one * 1.5); },
@@ -29,7 +29,7 @@ TEST(MemoryFits, CpuRunsAreCheckedAgainstTheHostForAllItsRanks) {
 TEST(MemoryFits, GpuRunsAreCheckedAgainstTheDeviceMemoryPerRank) {
   const Config config = gpt2_config("cuda");
   const ParallelDims dims(config.parallel, 1, "test");
-  const MemoryEstimate e = estimate_memory(config, dims);
+  const MemoryEstimate e = estimate_memory(config, make_layout(config, dims));
   const double one = e.device_bytes();
   // Eight ranks on the host do not add up on the GPU: each has its own device.
   EXPECT_NO_THROW(check_memory_fits(config, e, 8, one, one * 1.01));

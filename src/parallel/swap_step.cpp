@@ -1,5 +1,5 @@
 // A training step of a swapped model (swap_step.h).
-#include "train/swap_step.h"
+#include "parallel/swap_step.h"
 
 #include <cstdio>
 
@@ -7,13 +7,13 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "memory/swap/swap_simulate.h"
 #include "memory/swap/swap_timeline.h"
+#include "plan/swap_cut.h"
 #include "precision/autocast.h"
 
 namespace tessera {
 
-using swap::Action;
-using swap::Op;
 
 SwapStep::SwapStep(TransformerLM model, SwapOwner& owner, const Config& config, c10::Device device,
                    std::optional<at::ScalarType> autocast, swap::SwapPlan plan)
@@ -34,13 +34,13 @@ const std::vector<swap::TimedAction>& SwapStep::timeline() {
   return *timeline_;
 }
 
-void SwapStep::compute(const Action& a, const std::vector<Batch>& batches) {
+void SwapStep::compute(const swap::Action& a, const std::vector<Batch>& batches) {
   const Batch& batch = batches[static_cast<size_t>(a.micro)];
   const swap::SubModel& sub = plan_.sub(a.sub);
   const bool first = a.sub == 0, last = a.sub + 1 == plan_.size();
   const double micro_batches = static_cast<double>(plan_.micro_batches);
   Stash& s = stash_[a.sub];
-  if (a.op == Op::ComputeF) {
+  if (a.op == swap::Op::ComputeF) {
     AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
     at::Tensor x;
     if (first) {
@@ -75,8 +75,7 @@ void SwapStep::compute(const Action& a, const std::vector<Batch>& batches) {
   stash_.erase(a.sub);
 }
 
-SwapStepResult SwapStep::run(const std::vector<Batch>& batches, double lr,
-                             const std::function<void()>& gradients_ready) {
+StepLosses SwapStep::run(const std::vector<Batch>& batches, double lr, const std::function<void()>& gradients_ready) {
   const auto micro_batches = static_cast<int64_t>(batches.size());
   // Clipping needs the global norm and replicas the averaged gradients before any update.
   const bool defer = config_.optim.grad_clip > 0 || owner_.replicated();
@@ -89,22 +88,22 @@ SwapStepResult SwapStep::run(const std::vector<Batch>& batches, double lr,
   model_->train();
   ce_sum_ = at::zeros({}, at::kDouble);
   aux_sum_ = at::zeros({}, at::kDouble);
-  SwapStepResult result;
+  StepLosses result;
   swap::SwapWork work;
-  work.compute = [&](const Action& a) { compute(a, batches); };
-  work.job = [&](const Action& a) -> std::function<void()> {
+  work.compute = [&](const swap::Action& a) { compute(a, batches); };
+  work.job = [&](const swap::Action& a) -> std::function<void()> {
     switch (a.op) {
-      case Op::Load: return owner_.load_job(a.sub);
-      case Op::StoreGrad: return owner_.store_job(a.sub);
-      case Op::Evict: return [this, sub = a.sub] { owner_.evict(sub); };
-      case Op::Optim: return [this, sub = a.sub, lr] { owner_.update(sub, lr); };
+      case swap::Op::Load: return owner_.load_job(a.sub);
+      case swap::Op::StoreGrad: return owner_.store_job(a.sub);
+      case swap::Op::Evict: return [this, sub = a.sub] { owner_.evict(sub); };
+      case swap::Op::Optim: return [this, sub = a.sub, lr] { owner_.update(sub, lr); };
       default: fail("internal: the swap executor asked for a job of ", a.str());
     }
   };
   work.gradients_stored = [&] {
     owner_.reduce_gradients();
     if (gradients_ready) gradients_ready();
-    result.grad_norm = owner_.gradients_stored(config_.optim.grad_clip);
+    result.update.grad_norm = owner_.gradients_stored(config_.optim.grad_clip);
   };
   try {
     timeline_ = executor_.run(plan_, work);
@@ -153,12 +152,13 @@ double SwapStep::evaluate(const std::vector<Batch>& batches) {
   }
 }
 
-double SwapStep::write_timeline(const std::string& dir, const std::string& name) {
+std::optional<std::string> SwapStep::write_timeline(const std::string& dir, int64_t step) {
+  const std::string name = "swap_step" + std::to_string(step);
   const std::vector<swap::TimedAction>& timeline = this->timeline();
   double measured = 0, compute = 0;
   for (const swap::TimedAction& t : timeline) {
     measured = std::max(measured, t.end);
-    if (t.action.op == Op::ComputeF || t.action.op == Op::ComputeB) compute += t.end - t.start;
+    if (t.action.op == swap::Op::ComputeF || t.action.op == swap::Op::ComputeB) compute += t.end - t.start;
   }
   char title[240];
   std::snprintf(title, sizeof title, "swap step, %lld sub-models, %lld micro-batches, measured: step %.1f ms, compute "
@@ -171,7 +171,37 @@ double SwapStep::write_timeline(const std::string& dir, const std::string& name)
                 "(%.0f%% of loading hidden)", 1000 * planned.step_time, 1000 * planned.compute_time,
                 1000 * planned.exposed_load, 100 * planned.overlap());
   write_file_durable(dir + "/" + name + ".planned.svg", swap::swap_timeline_svg(planned.actions, title));
-  return measured;
+  char note[160];
+  std::snprintf(note, sizeof note, "swap timeline of step %lld (%.1f ms): %s.svg, %s.planned.svg",
+                static_cast<long long>(step), 1000 * measured, name.c_str(), name.c_str());
+  return std::string(note);
+}
+
+void SwapStep::add_bench_fields(nlohmann::json& out) {
+  const swap::SwapTimeline predicted = swap::simulate_swap_plan(plan_);
+  std::vector<int64_t> boundaries{0};
+  for (const swap::SubModel& s : plan_.subs) boundaries.push_back(s.end);
+  out["swap"] = {{"boundaries", boundaries},
+                 {"bandwidth", plan_.bandwidth},
+                 {"device_budget_bytes", plan_.device_budget_bytes},
+                 {"planned_device_peak_bytes", swap::occupancy(plan_).peak},
+                 {"host_bytes", swap_host_memory(config_, plan_).total()},
+                 {"predicted_step_s", predicted.step_time},
+                 {"predicted_exposed_load_s", predicted.exposed_load},
+                 {"load_s", predicted.load_time},
+                 {"measured_exposed_load_s", swap::exposed_load(timeline())}};
+  // The last timed step's timeline: compute busy time, and what ran after the last compute.
+  double compute = 0, last_compute = 0, end = 0;
+  for (const swap::TimedAction& t : timeline()) {
+    end = std::max(end, t.end);
+    if (t.action.op != swap::Op::ComputeF && t.action.op != swap::Op::ComputeB) continue;
+    compute += t.end - t.start;
+    last_compute = std::max(last_compute, t.end);
+  }
+  out["swap"]["measured_compute_s"] = compute;
+  out["swap"]["measured_plan_s"] = end;
+  out["swap"]["measured_tail_s"] = end - last_compute;
+  out["swap"]["predicted_compute_s"] = predicted.compute_time;
 }
 
 }  // namespace tessera

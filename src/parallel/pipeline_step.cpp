@@ -1,5 +1,5 @@
 // A training step through pipeline stages (pipeline_step.h).
-#include "train/pipeline_step.h"
+#include "parallel/pipeline_step.h"
 
 #include <torch/torch.h>
 
@@ -7,7 +7,6 @@
 #include "core/fs.h"
 #include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/timeline_svg.h"
-#include "plan/stage_cut.h"
 #include "precision/autocast.h"
 
 namespace tessera {
@@ -26,8 +25,8 @@ PipelineStep::Roots PipelineStep::Stash::roots() const {
   return r;
 }
 
-PipelineStep::PipelineStep(TransformerLM model, OptimizerOwner& owner, comm::Mesh& mesh, const Config& config,
-                           c10::Device device, std::optional<at::ScalarType> autocast)
+PipelineStep::PipelineStep(TransformerLM model, ResidentOwner& owner, comm::Mesh& mesh, const Config& config,
+                           const Layout& layout, c10::Device device, std::optional<at::ScalarType> autocast)
     : model_(std::move(model)),
       owner_(owner),
       mesh_(mesh),
@@ -35,7 +34,7 @@ PipelineStep::PipelineStep(TransformerLM model, OptimizerOwner& owner, comm::Mes
       config_(config),
       device_(device),
       autocast_(autocast),
-      cut_(pipeline_cut(config, mesh.dims())) {
+      cut_(layout.cut()) {
   schedule_for(config.train.accumulation(mesh.dims().dp()));
 }
 
@@ -125,7 +124,8 @@ void PipelineStep::tie_embedding() {
   owner_.sum_gradient_over("wte.weight", mesh_.group("embedding"));
 }
 
-PipelineLosses PipelineStep::run(const std::vector<Batch>& batches, const std::function<void()>& optimizer_step) {
+StepLosses PipelineStep::run(const std::vector<Batch>& batches, double lr, const std::function<void()>& gradients_ready) {
+  StepLosses losses;
   micro_batches_ = static_cast<int64_t>(batches.size());
   schedule_for(micro_batches_);
   backwards_left_ = 0;
@@ -139,17 +139,25 @@ PipelineLosses PipelineStep::run(const std::vector<Batch>& batches, const std::f
   work.parameters = [&](const Action& a) {
     if (a.op == Op::Gather) owner_.gather_stage(stage_of(a.stage));
     if (a.op == Op::Release) owner_.release_stage(stage_of(a.stage));
-    if (a.op == Op::Optim) optimizer_step();
+    if (a.op == Op::Optim) {
+      owner_.finish_gradients();
+      tie_embedding();
+      if (gradients_ready) gradients_ready();
+      losses.update = owner_.apply(lr, config_.optim.grad_clip);
+    }
   };
   timeline_ = pipeline::run_schedule(*schedule_, pipe_, work);
   require(stash_.empty() && backwards_left_ == 0, "internal: the pipeline step left ", stash_.size(),
           " micro-batches without their backward");
   at::Tensor sums = at::stack({ce_sum_, aux_sum_});
   pipe_.all_reduce(sums);  // only the last stage's are non-zero
-  return {sums[0].item<double>(), sums[1].item<double>()};
+  losses.ce_sum = sums[0].item<double>();
+  losses.aux_sum = sums[1].item<double>();
+  return losses;
 }
 
-double PipelineStep::write_timeline(const std::string& dir, const std::string& name) {
+std::optional<std::string> PipelineStep::write_timeline(const std::string& dir, int64_t step) {
+  const std::string name = "pipeline_step" + std::to_string(step);
   const auto timelines = pipeline::gather_timelines(pipe_, timeline_);
   pipeline::Simulation measured;
   measured.timeline = timelines;
@@ -165,7 +173,10 @@ double PipelineStep::write_timeline(const std::string& dir, const std::string& n
     }
     measured.busy.push_back(busy);
   }
-  if (pipe_.rank() != 0) return measured.bubble();
+  char note[200];
+  std::snprintf(note, sizeof note, "pipeline timeline of step %lld (bubble %.1f%%): %s.svg, %s.planned.svg, %s.trace.json",
+                static_cast<long long>(step), 100 * measured.bubble(), name.c_str(), name.c_str(), name.c_str());
+  if (pipe_.rank() != 0) return std::string(note);
   pipeline::ActionCosts costs;
   auto mean = [&](Op op, double fallback) {
     const auto it = durations.find(op);
@@ -188,10 +199,11 @@ double PipelineStep::write_timeline(const std::string& dir, const std::string& n
                 1000 * costs.w, 1000 * planned.step_time, 100 * planned.bubble());
   write_file_durable(dir + "/" + name + ".planned.svg", pipeline::timeline_svg(*schedule_, planned, title));
   write_file_durable(dir + "/" + name + ".trace.json", pipeline::timeline_chrome_trace(timelines, 1.0));
-  return measured.bubble();
+  return std::string(note);
 }
 
 double PipelineStep::evaluate(const std::vector<Batch>& batches) {
+  owner_.begin_pass();
   torch::NoGradGuard no_grad;
   model_->eval();
   at::Tensor total = at::zeros({}, at::kDouble);
@@ -218,6 +230,7 @@ double PipelineStep::evaluate(const std::vector<Batch>& batches) {
   }
   pipe_.all_reduce(total);
   model_->train();
+  owner_.end_pass();
   return total.item<double>() / static_cast<double>(batches.size());
 }
 

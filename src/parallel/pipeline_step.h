@@ -1,0 +1,117 @@
+// The step runner (parallel/step_runner.h) of a pipeline of model stages: this rank's part of the
+// model (a TransformerLM built for the layout's stage_of(rank), plan/layout.h: one stage, or
+// several with virtual stages) runs the compute actions of the layout's schedule
+// (parallel/pipeline/) through the one executor, which moves activations and their gradients
+// between the ranks of the pp group. An action (op, stage s, micro-batch j) runs the blocks of
+// stage s only:
+//
+//   F(j)  stage 0 embeds micro-batch j's tokens, the others take the incoming activation as a
+//         leaf requiring grad; the stage's blocks run; the last stage adds the head and the loss
+//         (ce + aux) / micro-batches; an earlier stage with mixture-of-experts blocks keeps their
+//         auxiliary loss / micro-batches as a second root of its backward. Activations travel
+//         in float32 whatever the compute dtype; under tensor and sequence parallelism each
+//         rank sends to its own tp and sp rank of the next stage (the pp group), with
+//         Megatron-SP or sp > 1 only its sequence chunk (the batches given to run() are this
+//         rank's columns already).
+//   B(j)  backward of the stage's output (the last stage: of its loss) with the received gradient;
+//         returns the input's gradient for the previous stage.
+//   I(j)  the input's gradient alone (autograd::grad, graph kept); stage 0 has no input to
+//         differentiate and leaves its whole backward to W. Under full activation checkpointing
+//         a block's recomputation accumulates its parameters' gradients during I (reentrant
+//         checkpointing), so the owner is told of the I as of a backward
+//         (before_stage_backward(false, s)) and W computes what remains (the ends).
+//   W(j)  the parameters' gradients (autograd::backward restricted to them), graph freed.
+//   GATHER(s) / RELEASE(s)  the owner's gather_stage / release_stage of stage s (ZeRO-3 over the
+//         stage's dp replicas: the table has them when the owner shards_parameters(), once per
+//         step or, with parallel.zero3_reshard_per_microbatch, around each compute action).
+//   OPTIM the optimizer step, after the rank's sends: the owner's finish_gradients, the tied
+//         embedding's copies summed, run()'s `gradients_ready`, apply(lr, optim.grad_clip).
+// The optimizer owner (parallel/optimizer_owner.h) sees each backward: before_stage_backward(last,
+// s) ahead of every B and W of stage s (an I touches no parameter's gradient but for the case above), `last` on this
+// rank's final one, so a
+// DataParallel owner reduces over the stage's dp replicas exactly as after gradient accumulation.
+// The optimizer step finishes the gradients, sums the tied embedding's two copies (first and last
+// stage, over the embedding group) so they stay equal, and applies them (the norm over every
+// stage, the last stage's copy of wte counted once). After run() the cross-entropy sum is known on
+// every rank (summed over pp).
+//
+// evaluate(): the forward alone, stage after stage in the schedule's placement (blocking sends
+// between ranks), the loss known on every rank; under ZeRO-3 the owner's begin_pass/end_pass
+// around it.
+//
+// write_timeline(): the last run()'s timeline of every rank, written by pipeline rank 0 into `dir`
+// as pipeline_step<N>.svg (measured), .planned.svg (the schedule simulated with the mean measured
+// F, B, I and W times) and .trace.json (Chrome trace), with the measured bubble in its line. A
+// collective of the pp group.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "comm/mesh.h"
+#include "data/sampler.h"
+#include "model/transformer.h"
+#include "parallel/optimizer_owner.h"
+#include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/simulate.h"
+#include "parallel/step_runner.h"
+#include "plan/layout.h"
+#include "train/config.h"
+
+namespace tessera {
+
+class PipelineStep final : public StepRunner {
+ public:
+  PipelineStep(TransformerLM model, ResidentOwner& owner, comm::Mesh& mesh, const Config& config, const Layout& layout,
+               c10::Device device, std::optional<at::ScalarType> autocast);
+
+  StepLosses run(const std::vector<Batch>& micro_batches, double lr, const std::function<void()>& gradients_ready) override;
+  double evaluate(const std::vector<Batch>& batches) override;
+  std::optional<std::string> write_timeline(const std::string& dir, int64_t step) override;
+
+ private:
+  at::Tensor compute(const pipeline::Action& action, const at::Tensor& input, const std::vector<Batch>& batches);
+  // The schedule for `micro_batches` (built when they change), with this owner's gathers.
+  const pipeline::Schedule& schedule_for(int64_t micro_batches);
+  // The blocks (and ends) of pipeline stage `stage`.
+  ModelStage stage_of(int64_t stage) const;
+  // A float32 buffer for the activation between two stages of `batch`'s rows.
+  at::Tensor activation_buffer(const Batch& batch) const;
+
+  // After the owner's finish_gradients: the tied embedding's gradient summed over its two copies.
+  void tie_embedding();
+
+  TransformerLM model_;
+  ResidentOwner& owner_;
+  comm::Mesh& mesh_;
+  comm::Group& pipe_;
+  Config config_;
+  c10::Device device_;
+  std::optional<at::ScalarType> autocast_;
+  StageCut cut_;  // pp x v stages
+
+  // What a backward starts from, with the gradient of each.
+  struct Roots {
+    std::vector<at::Tensor> tensors, grads;
+  };
+  struct Stash {
+    at::Tensor input;     // the received activation (a leaf), undefined on stage 0
+    at::Tensor output;    // the stage's output (the loss on the last stage), with its graph
+    at::Tensor aux;       // before the last stage: its MoE blocks' auxiliary loss / micro-batches
+    at::Tensor grad_out;  // the gradient of the output received (kept from I for W)
+    // The output with grad_out (the last stage's loss: ones), and the auxiliary loss with ones.
+    Roots roots() const;
+  };
+  std::map<std::pair<int64_t, int64_t>, Stash> stash_;  // by (stage, micro-batch)
+  size_t backwards_left_ = 0;  // this run's B and W actions not yet run on this rank
+  at::Tensor ce_sum_, aux_sum_;
+  int64_t micro_batches_ = 1;
+  std::optional<pipeline::Schedule> schedule_;  // for the last run()'s micro-batches (the placement: any)
+  std::vector<pipeline::TimedAction> timeline_;  // the last run()'s, this rank's
+};
+
+}  // namespace tessera

@@ -1,0 +1,82 @@
+// The Layout value and what it is made from (layout.h).
+#include "plan/layout.h"
+
+#include "core/error.h"
+#include "plan/profile_cut.h"
+
+namespace tessera {
+
+Layout::Layout(ParallelDims dims, std::optional<StageCut> cut, std::optional<pipeline::Schedule> schedule,
+               std::optional<swap::SwapPlan> swap)
+    : dims_(std::move(dims)), cut_(std::move(cut)), schedule_(std::move(schedule)), swap_(std::move(swap)) {}
+
+const StageCut& Layout::cut() const {
+  require(cut_.has_value(), "internal: the pipeline cut of a layout without pipeline parallelism");
+  return *cut_;
+}
+
+const pipeline::Schedule& Layout::schedule() const {
+  require(schedule_.has_value(), "internal: the pipeline schedule of a layout without pipeline parallelism");
+  return *schedule_;
+}
+
+ModelStage Layout::stage_of(int64_t pp_rank) const {
+  if (!cut_) return ModelStage{};
+  return rank_stage(*cut_, *schedule_, pp_rank);
+}
+
+int64_t Layout::block_holder(int64_t block) const {
+  if (!cut_) return 0;
+  for (int64_t s = 0; s < cut_->stages(); ++s)
+    if (block < cut_->boundaries[s + 1]) return schedule_->rank_of(s);
+  fail("internal: block ", block, " beyond the pipeline cut's ", cut_->boundaries.back(), " blocks");
+}
+
+int64_t Layout::embedding_holder() const { return cut_ ? schedule_->rank_of(0) : 0; }
+int64_t Layout::head_holder() const { return cut_ ? schedule_->rank_of(cut_->stages() - 1) : 0; }
+
+const swap::SwapPlan& Layout::swap_plan() const {
+  require(swap_.has_value(), "internal: the swap plan of a layout that does not swap (or was not measured)");
+  return *swap_;
+}
+
+std::vector<int64_t> Layout::swap_boundaries() const {
+  std::vector<int64_t> out{0};
+  for (const swap::SubModel& s : swap_plan().subs) out.push_back(s.end);
+  return out;
+}
+
+Layout make_layout(const Config& config, const ParallelDims& dims, const LayoutMeasurements& measured) {
+  std::optional<StageCut> cut;
+  std::optional<pipeline::Schedule> schedule;
+  if (dims.pp() > 1) {
+    const ParallelOptions& p = config.parallel;
+    cut = p.pp_layers.empty() && p.pp_cut == "profile" && measured.blocks
+              ? cut_by_time(config.model, dims.pp() * p.pipeline_virtual(), *measured.blocks)
+              : pipeline_cut(config, dims);
+    schedule = pipeline_schedule(config, dims);
+    require(cut->stages() == schedule->stages(), "internal: a cut of ", cut->stages(), " stages for a schedule of ",
+            schedule->stages());
+  }
+  std::optional<swap::SwapPlan> swap;
+  if (config.memory.swap && measured.swap) swap = plan_swap(config, *measured.swap, dims.dp());
+  return Layout(dims, std::move(cut), std::move(schedule), std::move(swap));
+}
+
+std::string describe_layout(const Config& config, const Layout& layout) {
+  std::string out;
+  if (layout.pipelined()) out += describe_pipeline_layout(config, layout.dims(), layout.cut(), layout.schedule());
+  if (layout.swapped()) out += describe_swap_plan(layout.swap_plan());
+  if (!out.empty() && out.back() == '\n') out.pop_back();
+  return out;
+}
+
+LayoutMeasurements measure_layout(const Config& config, comm::Mesh* mesh, c10::Device device) {
+  LayoutMeasurements m;
+  if (mesh && mesh->dims().pp() > 1 && config.parallel.pp_cut == "profile" && config.parallel.pp_layers.empty())
+    m.blocks = profile_world_blocks(config, *mesh);
+  if (config.memory.swap) m.swap = measure_swap_costs(config, device);
+  return m;
+}
+
+}  // namespace tessera
