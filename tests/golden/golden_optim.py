@@ -26,29 +26,12 @@ STEPS = 3
 WD = 0.1
 
 
-def adamw(init, grads):
+def torch_trajectory(init, grads, tag, make_optimizer):
+    """The parameters after each step of a torch.optim optimizer, weight decay on 2+-dim only."""
     params = {n: init[n].clone().requires_grad_(True) for n in NAMES}
     decay = [params[n] for n in NAMES if params[n].dim() >= 2]
     no_decay = [params[n] for n in NAMES if params[n].dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": WD}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=LRS[0], betas=(0.9, 0.95), eps=1e-8, foreach=False)
-    out = {}
-    for k in range(STEPS):
-        for group in opt.param_groups:
-            group["lr"] = LRS[k]
-        for n in NAMES:
-            params[n].grad = grads[k][n].clone()
-        opt.step()
-        out.update({f"adamw.{k}.{n}": params[n].detach().clone() for n in NAMES})
-    return out
-
-
-def sgd(init, grads, tag, nesterov):
-    params = {n: init[n].clone().requires_grad_(True) for n in NAMES}
-    decay = [params[n] for n in NAMES if params[n].dim() >= 2]
-    no_decay = [params[n] for n in NAMES if params[n].dim() < 2]
-    opt = torch.optim.SGD([{"params": decay, "weight_decay": WD}, {"params": no_decay, "weight_decay": 0.0}],
-                          lr=LRS[0], momentum=0.9, nesterov=nesterov, foreach=False)
+    opt = make_optimizer([{"params": decay, "weight_decay": WD}, {"params": no_decay, "weight_decay": 0.0}])
     out = {}
     for k in range(STEPS):
         for group in opt.param_groups:
@@ -58,6 +41,18 @@ def sgd(init, grads, tag, nesterov):
         opt.step()
         out.update({f"{tag}.{k}.{n}": params[n].detach().clone() for n in NAMES})
     return out
+
+
+def adamw(init, grads):
+    return torch_trajectory(init, grads, "adamw",
+                            lambda groups: torch.optim.AdamW(groups, lr=LRS[0], betas=(0.9, 0.95), eps=1e-8,
+                                                             foreach=False))
+
+
+def sgd(init, grads, tag, nesterov):
+    return torch_trajectory(init, grads, tag,
+                            lambda groups: torch.optim.SGD(groups, lr=LRS[0], momentum=0.9, nesterov=nesterov,
+                                                           foreach=False))
 
 
 def rms(x):
