@@ -152,6 +152,8 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
   // different chunk of the same sequences). ZeRO-Offload is DataParallel's, so it runs through it
   // on one rank as well.
   const std::optional<at::ScalarType> autocast = autocast_dtype(config.precision);
+  require(layout_.swapped() == config.memory.swap, "internal: memory.swap = ", config.memory.swap ? "true" : "false",
+          " with a layout ", layout_.swapped() ? "that swaps" : "made without the swap costs (plan/layout.h, measure_layout)");
   if (layout_.swapped()) {
     // ATOM: the training state in host memory, the step run by the swap plan (parallel/swap_step.h).
     NamedParams named;

@@ -66,14 +66,15 @@ const Tolerance kBf16Sharded{2e-2, 5e-2, 5e-2, 1e-1, 5e-2, 8e-3, 5e-2};
 // on copies of the parameters that travel between host and device: it is held to equality.
 const Tolerance kExact{0, 0, 0, 0, 0, 0, 0};
 
-struct Layout {
+// A row of the table: a layout to train (named Row: plan/layout.h's Layout is what a run computes).
+struct Row {
   std::string name;
   int ranks;
   std::function<void(Config&)> set;
   const Tolerance* tolerance = &kFp32;
 };
 
-void PrintTo(const Layout& layout, std::ostream* os) { *os << layout.name; }
+void PrintTo(const Row& layout, std::ostream* os) { *os << layout.name; }
 
 Config base(const std::string& arch = "gpt", const std::string& ffn = "dense") {
   Config c = test::tiny_config(kSeqLen);
@@ -108,8 +109,8 @@ void swapped(Config& c, std::vector<int64_t> blocks) {
   c.memory.swap_blocks = std::move(blocks);
 }
 
-const std::vector<Layout>& layouts() {
-  static const std::vector<Layout> table = {
+const std::vector<Row>& layouts() {
+  static const std::vector<Row> table = {
       {"swap_3_submodels_accum2", 1,
        [](Config& c) {
          c.model.n_layer = 4;
@@ -570,10 +571,10 @@ Trace train(const Config& config, comm::Mesh* mesh, int64_t split) {
   return run;
 }
 
-class Equivalence : public ::testing::TestWithParam<Layout> {};
+class Equivalence : public ::testing::TestWithParam<Row> {};
 
 TEST_P(Equivalence, MatchesOneProcess) {
-  const Layout& layout = GetParam();
+  const Row& layout = GetParam();
   test::Ranks ranks(layout.ranks);
   if (!ranks.is_worker()) {
     ranks.expect_success();
@@ -629,7 +630,7 @@ TEST_P(Equivalence, MatchesOneProcess) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, Equivalence, ::testing::ValuesIn(layouts()),
-                         [](const ::testing::TestParamInfo<Layout>& info) { return info.param.name; });
+                         [](const ::testing::TestParamInfo<Row>& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace tessera
