@@ -4,6 +4,10 @@
 // comes and goes. Every view, and every tensor the autograd graph saved from one, shares the
 // StorageImpl, so all of them see the memory given back by materialize_storage.
 //
+// materialize_meta_parameter gives a parameter built on the meta device its first real tensor,
+// in place, so the modules' handles to it (their `weight` members, the named_parameters entry)
+// all see it: what set_data does, without set_data's refusal of a meta -> dense change of type.
+//
 // Invariants: release_storage leaves the StorageImpl with 0 bytes (reading a view then is an
 // error, never stale data); materialize_storage allocates with the storage's own allocator (on CUDA
 // the caching allocator, on the calling thread's current stream) and does nothing when memory is
@@ -25,6 +29,14 @@ inline void materialize_storage(const at::Tensor& t, size_t bytes) {
   if (storage->nbytes() > 0) return;
   storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
   storage->set_nbytes(bytes);
+}
+
+// `param` (meta, no gradient accumulator yet: never used in a backward) takes `value`'s storage,
+// shape, dtype and device; its autograd identity (requires_grad, hooks, version counter) stays.
+inline void materialize_meta_parameter(at::Tensor& param, const at::Tensor& value) {
+  TORCH_CHECK(param.is_meta() && !param.grad().defined(), "internal: materialize_meta_parameter on a parameter that ",
+              param.is_meta() ? "has a gradient" : "is not on the meta device");
+  param.unsafeGetTensorImpl()->shallow_copy_from(value.getIntrusivePtr());
 }
 
 }  // namespace tessera

@@ -21,6 +21,20 @@ uint64_t mix(uint64_t seed, const std::string& name) {
 
 }  // namespace
 
+at::Tensor initial_value(const ParameterInit& init, const std::string& name, at::IntArrayRef shape, uint64_t seed) {
+  switch (init.kind) {
+    case ParameterInit::Kind::zeros: return at::zeros(shape, at::kFloat);
+    case ParameterInit::Kind::ones: return at::ones(shape, at::kFloat);
+    case ParameterInit::Kind::normal: {
+      at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(mix(seed, name));
+      at::Tensor values = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
+      values.normal_(0.0, init.std, gen);
+      return values;
+    }
+  }
+  fail("internal: parameter ", name, " has an unknown initialisation");
+}
+
 void initialize_parameters(torch::nn::Module& module, const ParameterSpecs& specs, uint64_t seed) {
   torch::NoGradGuard no_grad;
   for (auto& item : module.named_parameters()) {
@@ -28,17 +42,10 @@ void initialize_parameters(torch::nn::Module& module, const ParameterSpecs& spec
     require(spec != specs.end(), "internal: parameter ", item.key(), " has no declaration (model/parameter_spec.h)");
     at::Tensor& p = item.value();
     if (p.is_meta()) continue;
-    const ParameterInit& init = spec->second.init;
-    switch (init.kind) {
+    switch (spec->second.init.kind) {
       case ParameterInit::Kind::zeros: p.zero_(); break;
       case ParameterInit::Kind::ones: p.fill_(1.0); break;
-      case ParameterInit::Kind::normal: {
-        at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(mix(seed, item.key()));
-        at::Tensor values = at::empty(p.sizes(), at::TensorOptions().dtype(at::kFloat));
-        values.normal_(0.0, init.std, gen);
-        p.copy_(values);
-        break;
-      }
+      case ParameterInit::Kind::normal: p.copy_(initial_value(spec->second.init, item.key(), p.sizes(), seed)); break;
     }
   }
 }

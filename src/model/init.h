@@ -18,6 +18,11 @@ namespace tessera {
 // Throws tessera::Error naming a parameter without a declaration.
 void initialize_parameters(torch::nn::Module& module, const ParameterSpecs& specs, uint64_t seed);
 
+// The initial value of parameter `name` (its global name) of the whole `shape`, float32 on the
+// CPU: what initialize_parameters gives it. A rank that holds a part of the parameter (a
+// tensor-parallel shard) draws the whole value and keeps its part (parallel/parallelize.h).
+at::Tensor initial_value(const ParameterInit& init, const std::string& name, at::IntArrayRef shape, uint64_t seed);
+
 // A seed drawn from torch's default CPU generator (so torch::manual_seed(s) before building a model
 // fixes its parameters, as it did when each layer drew its own).
 uint64_t draw_model_seed();

@@ -10,8 +10,10 @@
 #include "core/error.h"
 #include "core/random_streams.h"
 #include "core/splitmix.h"
+#include "memory/storage.h"
 #include "memory/swap/swap_owner.h"
 #include "model/hf_names.h"
+#include "model/init.h"
 #include "parallel/data/data_parallel.h"
 #include "parallel/local_optimizer.h"
 #include "parallel/pipeline_step.h"
@@ -105,8 +107,9 @@ void check_layout_options(const Config& config, const ParallelDims& d) {
 }
 
 ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config& config, const Layout& layout,
-                             c10::Device device)
-    : config_(config), layout_(layout), model_(std::move(model)), mesh_(mesh) {
+                             c10::Device device, uint64_t init_seed)
+    : config_(config), layout_(layout), model_(std::move(model)), mesh_(mesh), device_(device) {
+  require(model_->is_meta(), "internal: parallelize() takes a model built on the meta device");
   require(mesh_ || !config.parallel.offload, "parallel.offload = true needs a process mesh (tessera train)");
   if (mesh_) check_parallel_layout(config, mesh_->dims());
   const ParallelDims* dims = mesh_ ? &mesh_->dims() : nullptr;
@@ -145,6 +148,11 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
     norm.groups.push_back(pp_);
     if (model_->has_head() && !model_->has_embedding()) norm.weight["wte.weight"] = 0.0;
   }
+  // The parameters, this rank's parts only, on their device (in host memory under memory.swap).
+  materialize(at::TensorOptions()
+                  .device(config.memory.swap ? c10::Device(at::kCPU) : device)
+                  .dtype(parameter_dtype(config.precision)),
+              init_seed);
   // 4. Activation checkpointing inside every block.
   model_->set_activation_checkpointing(config.memory.activation_checkpointing);
   // 5. The optimizer owner. Gradients are averaged over every rank holding a replica of the
@@ -188,14 +196,30 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
 ParallelModel::~ParallelModel() = default;
 
 void ParallelModel::seed_random_streams(int64_t step) {
-  const at::Device device = model_->parameters().front().device();
   const uint64_t seed = splitmix64(static_cast<uint64_t>(config_.train.seed) + static_cast<uint64_t>(step));
-  random::seed_streams(seed, replica_, tp_rank_, device.is_cuda() ? std::optional<at::Device>(device) : std::nullopt);
+  random::seed_streams(seed, replica_, tp_rank_, device_.is_cuda() ? std::optional<at::Device>(device_) : std::nullopt);
+}
+
+at::Tensor ParallelModel::local_part(const std::string& name, const at::Tensor& whole) const {
+  if (!tp_) return whole;
+  return shard_tensor(whole, tensor_parallel_layout(model_->parameter_specs().at(name)), tp_->rank(), tp_->size());
+}
+
+void ParallelModel::materialize(const at::TensorOptions& where, uint64_t seed) {
+  // The whole shapes of this rank's parameters, from the same stage on the meta device.
+  const TransformerLM whole(config_.model, model_->stage(), at::TensorOptions().device(at::kMeta));
+  auto shapes = whole->named_parameters();
+  at::NoGradGuard no_grad;
+  for (auto& item : model_->named_parameters()) {
+    const at::Tensor value =
+        initial_value(model_->parameter_specs().at(item.key()).init, item.key(), shapes[item.key()].sizes(), seed);
+    materialize_meta_parameter(item.value(), local_part(item.key(), value).to(where).contiguous());
+  }
 }
 
 std::unique_ptr<ParallelModel> parallelize(TransformerLM model, comm::Mesh* mesh, const Config& config,
-                                           const Layout& layout, c10::Device device) {
-  return std::unique_ptr<ParallelModel>(new ParallelModel(std::move(model), mesh, config, layout, device));
+                                           const Layout& layout, c10::Device device, uint64_t init_seed) {
+  return std::unique_ptr<ParallelModel>(new ParallelModel(std::move(model), mesh, config, layout, device, init_seed));
 }
 
 at::Tensor ParallelModel::local_tokens(const at::Tensor& tokens) {
@@ -315,9 +339,7 @@ void ParallelModel::load_model_state(const std::set<std::string>& names,
     if ((pp_ && !mine.contains(name)) || !owner_->keeps_part_of(name)) continue;
     at::Tensor value =
         import_tensor(config_.model, name, read(export_name(config_.model, name)), item.value().sizes(), source);
-    if (tp_)
-      value = shard_tensor(value, tensor_parallel_layout(model_->parameter_specs().at(name)), tp_->rank(), tp_->size());
-    owner_->load_parameter(name, value);
+    owner_->load_parameter(name, local_part(name, value));
   }
   owner_->parameters_loaded();
 }

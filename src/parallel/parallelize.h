@@ -7,8 +7,9 @@
 //      model-parallel stream different on every rank; under tp the attention dropout draws from
 //      the model-parallel stream, and under Megatron-SP the residual dropout too (its activations
 //      are sequence chunks); the model was built (and initialised) before, from train.seed alone;
-//   1. tensor parallelism (parallel.tp): parameters sharded by their declarations, the layers'
-//      regions and the model's ends installed (parallel/tensor/tensor_parallel.h);
+//   1. tensor parallelism (parallel.tp): parameters sharded by their declarations (on the meta
+//      device: shapes only), the layers' regions and the model's ends installed
+//      (parallel/tensor/tensor_parallel.h);
 //   2. sequence parallelism (parallel.sp): the attention kernels of sp_method, on each rank's
 //      tensor-parallel heads (parallel/sequence/sequence_parallel.h);
 //   3. pipeline stages (parallel.pp): the model was built as this rank's stage of the layout's
@@ -20,6 +21,7 @@
 //      Megatron-SP) and sp as above. With dp or sp the owner below is DataParallel over the
 //      stage's replicas (ZeRO 0-3, stage 3 gathering the stage once per pass; the tied embedding a
 //      unit of its own). Expert parallelism (parallel.ep): refused until built;
+//   then the parameters materialised: this rank's parts only (materialize() below);
 //   4. activation checkpointing (memory.activation_checkpointing), inside every block;
 //   5. the optimizer owner (parallel/optimizer_owner.h) and the step runner that drives it
 //      (parallel/step_runner.h): SwapOwner and SwapStep under memory.swap (the model's state in
@@ -133,8 +135,17 @@ class ParallelModel {
 
  private:
   friend std::unique_ptr<ParallelModel> parallelize(TransformerLM model, comm::Mesh* mesh, const Config& config,
-                                                    const Layout& layout, c10::Device device);
-  ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config& config, const Layout& layout, c10::Device device);
+                                                    const Layout& layout, c10::Device device, uint64_t init_seed);
+  ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config& config, const Layout& layout, c10::Device device,
+                uint64_t init_seed);
+  // This rank's part of parameter `name` from its whole value: its tensor-parallel shard by the
+  // declaration, or the whole (the one whole -> part routine of materialisation and loading).
+  at::Tensor local_part(const std::string& name, const at::Tensor& whole) const;
+  // Gives every (meta) parameter its storage on `where`: its initial value drawn whole, one
+  // parameter at a time, and cut by local_part(), so each rank allocates only its own part and
+  // holds it exactly as the whole model's (model/init.h: the values depend on the seed and the
+  // name only).
+  void materialize(const at::TensorOptions& where, uint64_t seed);
   // The tensor-parallel layout of a state tensor "<prefix><param>[.<slot>]" of `t`'s shape, or
   // none (replicated, a scalar, or no tensor parallelism).
   std::optional<TensorParallelLayout> state_layout(const std::string& name, const at::Tensor& t) const;
@@ -143,6 +154,7 @@ class ParallelModel {
   Layout layout_;
   TransformerLM model_;
   comm::Mesh* mesh_;
+  c10::Device device_;
   // Whether this rank writes parameter `name` (and its state) into a checkpoint: under pp not the
   // last stage's copy of the tied embedding.
   bool writes_parameter(const std::string& name) const;
@@ -164,11 +176,13 @@ class ParallelModel {
   std::unique_ptr<StepRunner> runner_;  // drives owner_ (declared after it: destroyed first)
 };
 
-// Applies every parallelism of `config` to `model` (built as the layout's stage_of() this rank, on
-// `device` or, under memory.swap, in host memory, in the parameter dtype) over `mesh` (null: one
-// process) in the order above. Every rank calls it with equal arguments and the same model (same
-// seed).
+// Applies every parallelism of `config` to `model` over `mesh` (null: one process) in the order
+// above. `model` is the layout's stage_of() this rank, built on the meta device (nothing
+// allocated); after the model-parallel steps (1-3) each parameter is materialised as this rank's
+// part only, on `device` (in host memory under memory.swap) in the parameter dtype, initialised
+// from `init_seed` (model/init.h's draw_model_seed() right after torch::manual_seed(train.seed):
+// the values a model built whole there would have). Every rank calls it with equal arguments.
 std::unique_ptr<ParallelModel> parallelize(TransformerLM model, comm::Mesh* mesh, const Config& config,
-                                           const Layout& layout, c10::Device device);
+                                           const Layout& layout, c10::Device device, uint64_t init_seed);
 
 }  // namespace tessera

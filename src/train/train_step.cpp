@@ -9,6 +9,7 @@
 
 #include "comm/device.h"
 #include "core/error.h"
+#include "model/init.h"
 #include "plan/memory_estimate.h"
 #include "plan/swap_cut.h"
 #include "precision/autocast.h"
@@ -46,10 +47,12 @@ TrainStep::TrainStep(const Config& config, comm::Mesh* mesh)
   const ParallelDims dims = mesh ? mesh->dims() : ParallelDims(config_.parallel, 1, "train");
   const Layout layout = make_layout(config_, dims, measure_layout(config_, mesh, device_));
   if (layout.swapped()) check_swap_host_memory(config_, layout.swap_plan(), host_memory_available());
+  // The model on the meta device: parallelize() materialises this rank's parts only, with the
+  // values the whole model built after torch::manual_seed(train.seed) would have.
   torch::manual_seed(static_cast<uint64_t>(config_.train.seed));
-  TransformerLM model(config_.model, layout.stage_of(mesh ? mesh->coord().pp : 0));
-  model->to(layout.swapped() ? c10::Device(at::kCPU) : device_, parameter_dtype(config_.precision));
-  parallel_ = parallelize(model, mesh, config_, layout, device_);
+  const uint64_t init_seed = draw_model_seed();
+  TransformerLM model(config_.model, layout.stage_of(mesh ? mesh->coord().pp : 0), at::TensorOptions().device(at::kMeta));
+  parallel_ = parallelize(model, mesh, config_, layout, device_, init_seed);
 }
 
 TrainStep::~TrainStep() = default;

@@ -17,6 +17,7 @@
 
 #include <torch/torch.h>
 
+#include "model/init.h"
 #include "checkpoint/checkpoint.h"
 #include "dist_test.h"
 #include "memory/host_memory_stats.h"
@@ -49,7 +50,8 @@ TEST(ShardedModelSave, PeaksNoHigherThanAStepAtZero3OnFourRanks) {
   c.parallel.zero_stage = 3;
   auto mesh = ranks.connect(c.parallel);
   torch::manual_seed(1);
-  auto parallel = parallelize(TransformerLM(c.model), mesh.get(), c, make_layout(c, mesh->dims()), mesh->device());
+  auto parallel = parallelize(TransformerLM(c.model, ModelStage{}, at::TensorOptions().device(at::kMeta)), mesh.get(), c, make_layout(c, mesh->dims()),
+                              mesh->device(), draw_model_seed());
   auto gen = at::make_generator<at::CPUGeneratorImpl>(7 + ranks.rank());
   const at::Tensor batch = at::randint(c.model.vocab_size, {2, 65}, gen, at::kLong);
   auto step = [&] { parallel->runner().run({{batch.narrow(1, 0, 64), batch.narrow(1, 1, 64)}}, 1e-3, {}); };
@@ -114,7 +116,8 @@ TEST(ShardedModelSave, PeaksNoHigherThanAStepAtZero3OnFourRanks) {
     }
   }
   torch::manual_seed(99);
-  auto fresh = parallelize(TransformerLM(c.model), mesh.get(), c, make_layout(c, mesh->dims()), mesh->device());
+  auto fresh = parallelize(TransformerLM(c.model, ModelStage{}, at::TensorOptions().device(at::kMeta)), mesh.get(), c, make_layout(c, mesh->dims()),
+                              mesh->device(), draw_model_seed());
   int64_t reads = 0;
   const int64_t before_load = host_memory::current();
   host_memory::reset_peak();

@@ -10,6 +10,7 @@
 //   loss with dropout 0 (the control: the difference is the masks).
 #include <torch/torch.h>
 
+#include "model/init.h"
 #include "core/random_streams.h"
 #include "dist_test.h"
 #include "parallel/parallelize.h"
@@ -53,7 +54,8 @@ TEST(DropoutStreams, TensorParallelRanksAgreeWhereActivationsAreReplicated) {
   Config c = tiny(2, false, 0.2);
   auto mesh = ranks.connect(c.parallel);
   torch::manual_seed(c.train.seed);
-  auto parallel = parallelize(TransformerLM(c.model), mesh.get(), c, make_layout(c, mesh->dims()), mesh->device());
+  auto parallel = parallelize(TransformerLM(c.model, ModelStage{}, at::TensorOptions().device(at::kMeta)), mesh.get(), c, make_layout(c, mesh->dims()),
+                              mesh->device(), draw_model_seed());
   TransformerLM& model = parallel->model();
   at::Tensor hidden;
   model->add_block_wrapper([&](int64_t layer, const at::Tensor& x, const TransformerLMImpl::BlockCall& inner) {
@@ -91,7 +93,8 @@ TEST(DropoutStreams, MegatronSequenceParallelBlocksDrawFromTheirOwnStreams) {
   for (const bool megatron_sp : {false, true}) {
     Config c = tiny(2, megatron_sp, 0.2);
     torch::manual_seed(c.train.seed);
-    auto parallel = parallelize(TransformerLM(c.model), mesh.get(), c, make_layout(c, mesh->dims()), mesh->device());
+    auto parallel = parallelize(TransformerLM(c.model, ModelStage{}, at::TensorOptions().device(at::kMeta)), mesh.get(), c, make_layout(c, mesh->dims()),
+                              mesh->device(), draw_model_seed());
     TransformerLM& model = parallel->model();
     at::Tensor shared_first, shared_last;
     model->add_block_wrapper([&](int64_t layer, const at::Tensor& x, const TransformerLMImpl::BlockCall& inner) {
@@ -119,7 +122,8 @@ TEST(DropoutStreams, DataParallelRanksDrawDifferentMasks) {
     Config c = tiny(1, false, dropout);
     c.parallel.dp = 2;
     torch::manual_seed(c.train.seed);
-    auto parallel = parallelize(TransformerLM(c.model), mesh.get(), c, make_layout(c, mesh->dims()), mesh->device());
+    auto parallel = parallelize(TransformerLM(c.model, ModelStage{}, at::TensorOptions().device(at::kMeta)), mesh.get(), c, make_layout(c, mesh->dims()),
+                              mesh->device(), draw_model_seed());
     parallel->model()->train();
     const at::Tensor batch = tokens(2);  // the same rows on both ranks
     auto out = parallel->model()->forward(batch.narrow(1, 0, 16), batch.narrow(1, 1, 16));
