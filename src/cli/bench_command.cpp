@@ -79,8 +79,20 @@ Command add_bench_command(CLI::App& app) {
                                       generator, at::TensorOptions().dtype(at::kLong));
       batches.push_back({tokens.narrow(1, 0, config.train.seq_len), tokens.narrow(1, 1, config.train.seq_len)});
     }
+    host_memory::reset_peak();
     const int64_t bytes_before_model = host_memory::current();
     TrainStep step(config, mesh.get());
+    // Set-up, per rank: host memory held at its end and at its peak (the layout's measurements,
+    // the model's parts, the optimizer state), and the parameters the rank holds.
+    int64_t local_parameters = 0;
+    for (const auto& p : step.model()->parameters()) local_parameters += p.numel();
+    std::vector<int64_t> setup = {host_memory::peak() - bytes_before_model, host_memory::current() - bytes_before_model,
+                                  local_parameters};
+    if (mesh) {
+      at::Tensor all = at::empty({mesh->world_size() * 3}, at::kLong);
+      mesh->world().all_gather(all, at::tensor(setup, at::kLong));
+      setup.assign(all.data_ptr<int64_t>(), all.data_ptr<int64_t>() + all.numel());
+    }
     comm::Group* dp = mesh && mesh->dims().dp() > 1 ? &mesh->group("dp") : nullptr;
     comm::Group* sp = mesh && mesh->dims().sp() > 1 ? &mesh->group("sp") : nullptr;
     comm::Group* tp = mesh && mesh->dims().tp() > 1 ? &mesh->group("tp") : nullptr;
@@ -137,6 +149,7 @@ Command add_bench_command(CLI::App& app) {
                           {"ranks", launch.world_size},
                           {"data_parallel", dp != nullptr},
                           {"model_state_bytes", model_state_bytes},
+                          {"setup_by_rank", setup},  // per rank: peak bytes, bytes held, parameters
                           {"peak_bytes", peak_bytes}};
     // By operation; with dp = 1 the sp (or tp) group is also the gradients' group (all_reduce).
     auto bytes_by_op = [&](const comm::Group& group) {
