@@ -280,6 +280,35 @@ TEST(DistributedTrain, ResumesAtAnotherDpSizeAndZeroStage) {
   }
 }
 
+// A checkpoint of the 3D layout tp 2 x pp 2 x dp 2 at ZeRO-3 (8 ranks) resumes at pp 4 (4 ranks) and
+// on one process, optimizer state included, and both continue the uninterrupted one-process run
+// with the same global batch (2 rows x 2 dp x 2 micro-batches = 2 x 4 micro-batches = 8): losses
+// and gradient norms.
+TEST(DistributedTrain, ResumesA3DZero3CheckpointAtPp4AndOnOneProcess) {
+  const std::string full = fresh_dir("resume3d_full"), three_d = fresh_dir("resume3d_8"),
+                    pp4 = fresh_dir("resume3d_pp4"), single = fresh_dir("resume3d_one");
+  const std::string model = settings(2, 6) + " --set model.n_layer=4";  // four blocks: four stages at pp 4
+  auto uninterrupted = run_tessera("train --config tiny_gpt" + model + " --set train.grad_accum=4 --out " + full);
+  ASSERT_EQ(uninterrupted.exit_code, 0) << uninterrupted.output;
+  auto first = run_tessera("train --config tiny_gpt --nproc 8 --set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2"
+                           " --set parallel.zero_stage=3" + model + " --set train.grad_accum=2"
+                           " --set checkpoint.every=3 --set checkpoint.keep=0 --out " + three_d);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  auto on_pp4 = run_tessera("train --resume " + three_d + "/checkpoints/step_3 --nproc 4 --set parallel.tp=1"
+                            " --set parallel.dp=1 --set parallel.pp=4 --set parallel.zero_stage=0"
+                            " --set train.grad_accum=4 --out " + pp4);
+  ASSERT_EQ(on_pp4.exit_code, 0) << on_pp4.output;
+  auto on_one = run_tessera("train --resume " + three_d + "/checkpoints/step_3 --set parallel.tp=1 --set parallel.pp=1"
+                            " --set parallel.dp=0 --set parallel.zero_stage=0 --set train.grad_accum=4 --out " + single);
+  ASSERT_EQ(on_one.exit_code, 0) << on_one.output;
+  expect_same_losses(losses(three_d), losses(full), 1e-4, "tp2 x pp2 x dp2 ZeRO-3");
+  for (const auto& [run, what] : {std::pair{pp4, "resumed at pp 4"}, std::pair{single, "resumed on one process"}}) {
+    EXPECT_EQ(losses(run).begin()->first, 4) << what;
+    expect_same_losses(losses(run), losses(full), 1e-4, what);
+    expect_same_losses(grad_norms(run), grad_norms(full), 1e-4, std::string(what) + ", gradient norms");
+  }
+}
+
 // Dropout under dp 2 x tp 2: every rank saves its own random streams (core/random_streams.h), so a
 // run resumed on the same layout draws the masks the uninterrupted run drew: the same losses and
 // gradient norms, bitwise. (Restoring one state on every rank, or none, changes the masks.)
