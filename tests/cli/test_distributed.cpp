@@ -72,11 +72,13 @@ TEST(DistributedTrain, TwoRanksMatchOneProcessWithTheSameGlobalBatch) {
   ASSERT_EQ(r2.exit_code, 0) << r2.output;
   EXPECT_NE(r2.output.find("dp=2 tp=1 pp=1 sp=1 ep=1 (world 2), zero_stage 0"), std::string::npos) << r2.output;
   expect_same_losses(losses(two), losses(one), 1e-4, "DDP on 2 ranks");
+  expect_same_losses(grad_norms(two), grad_norms(one), 1e-4, "DDP on 2 ranks: gradient norm");
   EXPECT_TRUE(fs::exists(two + "/logs/rank_0.log") && fs::exists(two + "/logs/rank_1.log"));
   auto r3 = run_tessera("train --config tiny_gpt --nproc 2 --set parallel.zero_stage=3" + settings(4, 12) +
                         " --out " + three);
   ASSERT_EQ(r3.exit_code, 0) << r3.output;
   expect_same_losses(losses(three), losses(one), 1e-4, "ZeRO-3 on 2 ranks");
+  expect_same_losses(grad_norms(three), grad_norms(one), 1e-4, "ZeRO-3 on 2 ranks: gradient norm");
 }
 
 // Two nodes whose --out are different directories (hosts without a shared filesystem): before,
@@ -254,6 +256,8 @@ TEST(DistributedTrain, ResumesAtAnotherDpSizeAndZeroStage) {
   const auto expected = losses(full);
   expect_same_losses(losses(two), expected, 1e-4, "4 ranks ZeRO-3 -> 2 ranks ZeRO-1");
   expect_same_losses(losses(single), expected, 1e-4, "4 ranks ZeRO-3 -> 1 process");
+  expect_same_losses(grad_norms(two), grad_norms(full), 1e-4, "4 ranks ZeRO-3 -> 2 ranks ZeRO-1: gradient norm");
+  expect_same_losses(grad_norms(single), grad_norms(full), 1e-4, "4 ranks ZeRO-3 -> 1 process: gradient norm");
   EXPECT_EQ(losses(two).begin()->first, 5);
 
   // The 4-rank checkpoint at step 8, exported whole, holds the single run's model and optimizer.
@@ -641,6 +645,7 @@ TEST(DistributedTrain, TensorParallelMatchesOneProcessAndResumesUnsharded) {
   ASSERT_EQ(r7.exit_code, 0) << r7.output;
   const auto expected = losses(one), expected_norms = grad_norms(one);
   expect_same_losses(losses(tp2), expected, 1e-4, "tp=2");
+  expect_same_losses(grad_norms(resumed), expected_norms, 1e-4, "tp=2 checkpoint resumed on one process: gradient norm");
   expect_same_losses(losses(msp), expected, 1e-4, "tp=2 with Megatron sequence parallelism");
   expect_same_losses(losses(mixed), expected, 1e-4, "dp=2 x tp=2, ZeRO-1");
   expect_same_losses(losses(zero2), expected, 1e-4, "dp=2 x tp=2, ZeRO-2");
@@ -740,6 +745,8 @@ TEST(DistributedTrain, PipelineSchedulesMatchOneProcessAndCheckpointsLoadAtAnyPp
     ASSERT_EQ(single.exit_code, 0) << single.output;
     expect_same_losses(losses(at_two), expected, 1e-5, "pp=4 checkpoint resumed at pp=2");
     expect_same_losses(losses(at_one), expected, 1e-5, "pp=4 checkpoint resumed on one process");
+    expect_same_losses(grad_norms(at_two), expected_norms, 1e-5, "pp=4 checkpoint resumed at pp=2: gradient norm");
+    expect_same_losses(grad_norms(at_one), expected_norms, 1e-5, "pp=4 checkpoint resumed on one process: gradient norm");
     EXPECT_EQ(losses(at_one).begin()->first, 4);
     auto exported = run_tessera("export --checkpoint " + out + " --out " + out + "/model.safetensors");
     ASSERT_EQ(exported.exit_code, 0) << exported.output;
@@ -779,6 +786,7 @@ TEST(DistributedTrain, PipelineSchedulesMatchOneProcessAndCheckpointsLoadAtAnyPp
                             " --set parallel.tp=1 --set parallel.megatron_sp=false --out " + tp_pp_resumed);
   ASSERT_EQ(at_pp4.exit_code, 0) << at_pp4.output;
   expect_same_losses(losses(tp_pp_resumed), expected, 1e-5, "pp=2 x tp=2 checkpoint resumed at pp=4");
+  expect_same_losses(grad_norms(tp_pp_resumed), expected_norms, 1e-5, "pp=2 x tp=2 checkpoint resumed at pp=4: gradient norm");
 }
 
 // ZeRO-Offload on a single process (its main use: one GPU) runs through DataParallel too, and
@@ -791,6 +799,7 @@ TEST(DistributedTrain, OffloadOnOneProcessMatchesNoOffload) {
                         settings(4, 5) + " --out " + offload);
   ASSERT_EQ(r2.exit_code, 0) << r2.output;
   expect_same_losses(losses(offload), losses(plain), 1e-6, "offload on one process");
+  expect_same_losses(grad_norms(offload), grad_norms(plain), 1e-6, "offload on one process: gradient norm");
   auto refused = run_tessera("train --config tiny_gpt --set parallel.offload=true" + settings(4, 2) + " --out " + offload);
   EXPECT_NE(refused.exit_code, 0);
   EXPECT_NE(refused.output.find("parallel.offload"), std::string::npos) << refused.output;
@@ -818,6 +827,9 @@ TEST(DistributedTrain, LaspSequenceParallelMatchesOneProcess) {
   expect_same_losses(losses(sp2), expected, 1e-4, "LASP sp=2");
   expect_same_losses(losses(sp4), expected, 1e-4, "LASP-2 sp=4, ZeRO-3");
   expect_same_losses(losses(mixed), expected, 1e-4, "dp=2 x sp=2, ZeRO-2");
+  for (const auto& [run, what] : {std::pair{sp2, "LASP sp=2"}, std::pair{sp4, "LASP-2 sp=4, ZeRO-3"},
+                                  std::pair{mixed, "dp=2 x sp=2, ZeRO-2"}})
+    expect_same_losses(grad_norms(run), grad_norms(one), 1e-4, std::string(what) + ": gradient norm");
   auto val_losses = [](const std::string& run) {
     std::map<int64_t, double> out;
     for (const auto& line : metrics_lines(run))
