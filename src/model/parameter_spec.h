@@ -21,6 +21,14 @@
 // also summed between the first and last stage (ParallelDims' "embedding" group); that sum is the
 // pipeline's, not a declaration.
 //
+// Where a parameter lives in the model is declared too, so that pipeline stages, the swap engine's
+// sub-models and the memory estimate never read it from a name: `block`, the global index of the
+// block it belongs to, or -1 for the model's ends, which say which end (`end`: the embedding, wte
+// and wpe, built with the first stage; the head, ln_f, with the last). The token embedding is
+// `tied`: the head computes the logits with it, so a stage that holds the head but not the
+// embedding holds a copy of it, whose gradient the pipeline sums with the first stage's (over
+// ParallelDims' "embedding" group) and which the clipping norm and the checkpoints count once.
+//
 // Initialisation is declared beside the split (GPT-2's: N(0, 0.02) weights, N(0, 0.02/sqrt(2L))
 // residual output projections, zero biases, unit norm weights) and drawn per parameter from a
 // generator seeded by the model's seed and the parameter's global name (model/init.h), so a
@@ -40,6 +48,7 @@ namespace tessera {
 
 enum class Split { replicated, column, row, vocab, expert };
 enum class ReductionGroup { data, expert_data };
+enum class ModelEnd { none, embedding, head };
 
 struct ParameterInit {
   enum class Kind { zeros, ones, normal };
@@ -52,6 +61,9 @@ struct ParameterSpec {
   int64_t parts = 1;  // column only: equal blocks of dim 0, each split separately
   ParameterInit init;
   ReductionGroup reduce = ReductionGroup::data;
+  int64_t block = -1;             // the global block index; -1: one of the ends
+  ModelEnd end = ModelEnd::none;  // which end, for block -1
+  bool tied = false;              // the token embedding, which the head uses too
 };
 
 // Parameter name (as in named_parameters(), relative to the declaring module) -> its spec.

@@ -68,22 +68,31 @@ TransformerLMImpl::TransformerLMImpl(const ModelOptions& opts, const ModelStage&
   const at::TensorOptions options = where.dtype(at::kFloat);
   if (has_embedding() || has_head()) {
     wte = register_module("wte", Embedding(opts.padded_vocab(), C, options));
-    specs_.emplace("wte.weight", ParameterSpec{Split::vocab, 1, normal_init(0.02)});
+    ParameterSpec spec{Split::vocab, 1, normal_init(0.02)};
+    spec.end = ModelEnd::embedding;
+    spec.tied = true;
+    specs_.emplace("wte.weight", spec);
   }
   if (has_embedding() && opts.arch == "gpt") {
     wpe = register_module("wpe", Embedding(opts.block_size, C, options));
-    specs_.emplace("wpe.weight", ParameterSpec{Split::replicated, 1, normal_init(0.02)});
+    ParameterSpec spec{Split::replicated, 1, normal_init(0.02)};
+    spec.end = ModelEnd::embedding;
+    specs_.emplace("wpe.weight", spec);
   }
   auto h = register_module("h", std::make_shared<torch::nn::Module>());
   for (int64_t l : layers_) {
     const std::string name = std::to_string(l);
     Block block = h->register_module(name, Block(opts, l, options));
     blocks_.emplace(l, block);
-    add_specs(specs_, "h." + name, block->parameter_specs());
+    ParameterSpecs inner = block->parameter_specs();
+    for (auto& [n, spec] : inner) spec.block = l;
+    add_specs(specs_, "h." + name, inner);
   }
   if (has_head()) {
     ln_f = register_module("ln_f", Norm(opts.arch == "linear" ? NormKind::rms : NormKind::layer, C, opts.bias, options));
-    add_specs(specs_, "ln_f", ln_f->parameter_specs());
+    ParameterSpecs inner = ln_f->parameter_specs();
+    for (auto& [n, spec] : inner) spec.end = ModelEnd::head;
+    add_specs(specs_, "ln_f", inner);
   }
   // Keep exactly the declarations of parameters that exist; a parameter without one is an error.
   ParameterSpecs declared;

@@ -146,7 +146,9 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
   if (layout_.pipelined()) {
     pp_ = &mesh_->group("pp");
     norm.groups.push_back(pp_);
-    if (model_->has_head() && !model_->has_embedding()) norm.weight["wte.weight"] = 0.0;
+    if (model_->has_head() && !model_->has_embedding())
+      for (const auto& [name, spec] : model_->parameter_specs())
+        if (spec.tied) norm.weight[name] = 0.0;
   }
   // The parameters, this rank's parts only, on their device (in host memory under memory.swap).
   materialize(at::TensorOptions()
@@ -165,9 +167,13 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
   if (layout_.swapped()) {
     // ATOM: the training state in host memory, the step run by the swap plan (parallel/swap_step.h).
     NamedParams named;
-    for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
+    std::vector<int64_t> blocks;  // each parameter's block, -1 for the ends
+    for (const auto& item : model_->named_parameters()) {
+      named.emplace_back(item.key(), item.value());
+      blocks.push_back(model_->parameter_specs().at(item.key()).block);
+    }
     if (dims && dims->dp() > 1) replicas_ = &mesh_->group("dp");  // swapped replicas reduce from the host
-    auto owner = std::make_unique<SwapOwner>(named, layout_.swap_boundaries(), config.optim, device,
+    auto owner = std::make_unique<SwapOwner>(named, blocks, layout_.swap_boundaries(), config.optim, device,
                                              config.memory.modelled_bandwidth_gbps * 1e9, replicas_,
                                              config.memory.swap_bf16_copies(config.precision.dtype));
     runner_ = std::make_unique<SwapStep>(model_, *owner, config, device, autocast, layout_.swap_plan());
@@ -243,8 +249,9 @@ NamedTensors ParallelModel::gather_over_stages(const std::function<at::Tensor(co
   // broadcast over pp by the stage that holds it (the tied embedding by the first).
   const TransformerLM whole(config_.model, ModelStage{}, at::TensorOptions().device(at::kMeta));
   auto holder = [&](const std::string& name) -> int64_t {
-    if (name.rfind("h.", 0) != 0) return name.rfind("ln_f", 0) == 0 ? layout_.head_holder() : layout_.embedding_holder();
-    return layout_.block_holder(std::stoll(name.substr(2, name.find('.', 2) - 2)));
+    const ParameterSpec& spec = whole->parameter_specs().at(name);
+    if (spec.block >= 0) return layout_.block_holder(spec.block);
+    return spec.end == ModelEnd::head ? layout_.head_holder() : layout_.embedding_holder();
   };
   const at::Device device = model_->parameters().front().device();
   NamedTensors out;
@@ -280,7 +287,7 @@ at::Tensor ParallelModel::whole_over_tp(const std::string& name, const at::Tenso
 // The parameters this stage writes: all of its own, but the last stage's copy of the tied
 // embedding, which the first stage writes (pipeline only).
 bool ParallelModel::writes_parameter(const std::string& name) const {
-  return !(pp_ && name == "wte.weight" && model_->has_head() && !model_->has_embedding());
+  return !(pp_ && model_->parameter_specs().at(name).tied && model_->has_head() && !model_->has_embedding());
 }
 
 std::pair<int64_t, int64_t> ParallelModel::stage_share() const {

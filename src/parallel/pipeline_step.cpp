@@ -121,7 +121,8 @@ at::Tensor PipelineStep::activation_buffer(const Batch& batch) const {
 void PipelineStep::tie_embedding() {
   // One rank holding both ends (V placement) keeps one embedding; a rank holding neither has none.
   if (model_->has_embedding() == model_->has_head()) return;
-  owner_.sum_gradient_over("wte.weight", mesh_.group("embedding"));
+  for (const auto& [name, spec] : model_->parameter_specs())
+    if (spec.tied) owner_.sum_gradient_over(name, mesh_.group("embedding"));
 }
 
 StepLosses PipelineStep::run(const std::vector<Batch>& batches, double lr, const std::function<void()>& gradients_ready) {

@@ -147,8 +147,8 @@ MemoryEstimate estimate_memory(const Config& config, const Layout& layout) {
   for (const auto& item : meta->named_parameters()) {
     const std::string& name = item.key();
     e.parameters_total += item.value().numel();
-    e.parameters_by_component[name.rfind("h.", 0) == 0 ? "blocks" : name.rfind("ln_f", 0) == 0 ? "final norm"
-                                                                                               : "embedding"] +=
+    const ParameterSpec& spec = meta->parameter_specs().at(name);
+    e.parameters_by_component[spec.block >= 0 ? "blocks" : spec.end == ModelEnd::head ? "final norm" : "embedding"] +=
         item.value().numel();
   }
   return e;

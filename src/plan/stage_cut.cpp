@@ -38,12 +38,12 @@ BlockWeights block_weights(const ModelOptions& m) {
   BlockWeights w;
   w.block.assign(m.n_layer, 0);
   for (const auto& item : meta->named_parameters()) {
-    const std::string& name = item.key();
+    const ParameterSpec& spec = meta->parameter_specs().at(item.key());
     const int64_t n = item.value().numel();
-    if (name.rfind("h.", 0) == 0) w.block[std::stoll(name.substr(2, name.find('.', 2) - 2))] += n;
-    else if (name.rfind("ln_f", 0) == 0) w.final_norm += n;
+    if (spec.block >= 0) w.block[spec.block] += n;
+    else if (spec.end == ModelEnd::head) w.final_norm += n;
     else w.embedding += n;
-    if (name == "wte.weight") w.wte = n;
+    if (spec.tied) w.wte = n;
   }
   return w;
 }

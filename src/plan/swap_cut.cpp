@@ -75,7 +75,8 @@ SwapCosts measure_swap_costs(const Config& config, c10::Device device) {
   int64_t ends = 0;
   for (const auto& item : meta->named_parameters()) {
     const std::string& name = item.key();
-    if (name.rfind("h.", 0) == 0) numel[static_cast<size_t>(std::stoll(name.substr(2, name.find('.', 2) - 2)))] += item.value().numel();
+    const int64_t block = meta->parameter_specs().at(name).block;
+    if (block >= 0) numel[static_cast<size_t>(block)] += item.value().numel();
     else ends += item.value().numel();
   }
   for (int64_t n : numel) largest = std::max(largest, n);

@@ -14,30 +14,22 @@
 #include "optim/clipping.h"
 
 namespace tessera {
-namespace {
-
-// Block index of a parameter "h.<l>.<...>", or -1 for the ends.
-int64_t block_of(const std::string& name) {
-  if (name.rfind("h.", 0) != 0) return -1;
-  return std::stoll(name.substr(2, name.find('.', 2) - 2));
-}
-
-}  // namespace
-
-SwapOwner::SwapOwner(const NamedParams& params, std::vector<int64_t> boundaries, const OptimOptions& optim,
+SwapOwner::SwapOwner(const NamedParams& params, const std::vector<int64_t>& blocks, std::vector<int64_t> boundaries, const OptimOptions& optim,
                      c10::Device device, double modelled_bandwidth, comm::Group* replicas, bool bf16_copies)
     : device_(device),
       replicas_(replicas),
       load_link_(device, modelled_bandwidth),
       store_link_(device, modelled_bandwidth) {
   require(boundaries.size() >= 2, "internal: a swap cut of no sub-models");
+  require(blocks.size() == params.size(), "internal: ", blocks.size(), " block indices for ", params.size(), " parameters");
   const int64_t subs = static_cast<int64_t>(boundaries.size()) - 1;
   units_.resize(static_cast<size_t>(subs) + 1);
   // Each parameter into its unit, in model order.
-  for (const auto& [name, p] : params) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& [name, p] = params[i];
     require(!p.is_cuda() && p.scalar_type() == at::kFloat, "internal: swapped parameter ", name,
             " must be built float32 on the host");
-    const int64_t block = block_of(name);
+    const int64_t block = blocks[i];
     int64_t sub = subs;  // the ends
     if (block >= 0) {
       const auto it = std::upper_bound(boundaries.begin(), boundaries.end(), block);

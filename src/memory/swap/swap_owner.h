@@ -55,11 +55,12 @@ namespace tessera {
 class SwapOwner : public OptimizerOwner {
  public:
   // `params`: the model's named parameters, float32 on the host (the model was built there);
+  // `blocks`: each parameter's block (its declaration's, model/parameter_spec.h), -1 for the ends;
   // `boundaries`: K + 1 block indices, sub-model i holds blocks [boundaries[i], boundaries[i+1]).
   // `modelled_bandwidth`: bytes per second of the CPU "device"'s link (swap_streams.h).
   // `replicas`: the data-parallel group of swapped replicas (outlives this), or null.
   // `bf16_copies`: LOADs move bf16 copies of the masters (memory.swap_copies), kept beside them.
-  SwapOwner(const NamedParams& params, std::vector<int64_t> boundaries, const OptimOptions& optim, c10::Device device,
+  SwapOwner(const NamedParams& params, const std::vector<int64_t>& blocks, std::vector<int64_t> boundaries, const OptimOptions& optim, c10::Device device,
             double modelled_bandwidth, comm::Group* replicas = nullptr, bool bf16_copies = false);
   ~SwapOwner() override;
 

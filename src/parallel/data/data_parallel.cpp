@@ -213,7 +213,7 @@ void DataParallel::Impl::build_units() {
     size_t part = static_cast<size_t>(n_blocks);
     for (int64_t l : model->layers())
       if (in_block[l].count(p.unsafeGetTensorImpl())) part = static_cast<size_t>(l);
-    const bool tied = own_tied_unit && name == "wte.weight";
+    const bool tied = own_tied_unit && model->parameter_specs().at(name).tied;
     require(!tied || group_of[i] == 0, "internal: the tied embedding reduces over the data group");
     members[part][tied ? groups.size() : group_of[i]].emplace_back(name, p);
   }

@@ -1,5 +1,5 @@
 // The model's structure as parallelism sees it from outside: every parameter declared with its
-// split, block wrappers that compose, stages built from a layer range that reproduce the whole
+// split and its placement (block, end, tied), block wrappers that compose, stages built from a layer range that reproduce the whole
 // model, and construction on the meta device that counts without allocating and materialises to
 // the same parameters.
 #include <gtest/gtest.h>
@@ -50,6 +50,20 @@ TEST(ModelStructure, EveryParameterIsDeclaredWithItsSplit) {
   TransformerLM moe(tiny("gpt", "moe"));
   EXPECT_EQ(moe->parameter_specs().at("h.1.moe.w_fc").split, Split::expert);
   EXPECT_EQ(moe->parameter_specs().at("h.1.moe.router.weight").split, Split::replicated);
+
+  // Placement: the block of every block parameter, the end of the others, the tied embedding; the
+  // same in a stage that holds blocks 2-3 and the head.
+  for (const TransformerLM& m : {gpt, TransformerLM(tiny(), ModelStage(2, 4), at::TensorOptions().device(at::kMeta))})
+    for (const auto& [name, spec] : m->parameter_specs()) {
+      if (name.rfind("h.", 0) == 0) {
+        EXPECT_EQ(spec.block, std::stoll(name.substr(2, name.find('.', 2) - 2))) << name;
+        EXPECT_EQ(spec.end, ModelEnd::none) << name;
+      } else {
+        EXPECT_EQ(spec.block, -1) << name;
+        EXPECT_EQ(spec.end, name.rfind("ln_f", 0) == 0 ? ModelEnd::head : ModelEnd::embedding) << name;
+      }
+      EXPECT_EQ(spec.tied, name == "wte.weight") << name;
+    }
 
   // A parameter without a declaration is an error, not "replicated".
   torch::nn::Module module;
