@@ -118,12 +118,14 @@ void parallelize_tensor(TransformerLM& model, comm::Group& tp, bool megatron_sp)
     torch::NoGradGuard no_grad;
     for (auto& item : model->named_parameters()) {
       at::Tensor& param = item.value();
-      const TensorParallelLayout layout = tensor_parallel_layout(model->parameter_specs().at(item.key()));
+      const ParameterSpec& spec = model->parameter_specs().at(item.key());
+      const TensorParallelLayout layout = tensor_parallel_layout(spec);
       if (layout.dim >= 0) param.set_data(shard_tensor(param.detach(), layout, r, N).clone());
       param.mutable_grad() = at::Tensor();
-      // Under megatron_sp a replicated parameter other than wpe (added before the split) sees this
-      // rank's tokens only: its gradient is summed over tp before it is accumulated.
-      if (megatron_sp && layout.dim < 0 && item.key() != "wpe.weight")
+      // Under megatron_sp a replicated parameter used after the sequence split (any but the
+      // embedding's: wpe is added to the whole sequence before it) sees this rank's tokens only:
+      // its gradient is summed over tp before it is accumulated.
+      if (megatron_sp && layout.dim < 0 && spec.end != ModelEnd::embedding)
         param.register_hook([&tp](const at::Tensor& grad) {
           at::Tensor sum = grad.clone(at::MemoryFormat::Contiguous);
           tp.all_reduce(sum);
