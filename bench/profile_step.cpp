@@ -27,7 +27,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "train/config.h"
+#include "core/config.h"
 #include "train/train_step.h"
 
 namespace {

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "train/config.h"
+#include "core/config.h"
 
 namespace tessera::test {
 

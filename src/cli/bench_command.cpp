@@ -33,7 +33,7 @@
 #include "core/error.h"
 #include "memory/host_memory_stats.h"
 #include "plan/stage_cut.h"
-#include "train/config.h"
+#include "core/config.h"
 #include "train/device_peak.h"
 #include "train/train_step.h"
 

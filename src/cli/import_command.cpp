@@ -21,7 +21,7 @@
 #include "model/hf_gpt2.h"
 #include "model/hf_names.h"
 #include "model/transformer.h"
-#include "train/config.h"
+#include "core/config.h"
 
 namespace tessera::cli {
 namespace {

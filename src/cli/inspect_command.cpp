@@ -11,7 +11,7 @@
 #include "core/parallel_dims.h"
 #include "parallel/parallelize.h"
 #include "plan/memory_estimate.h"
-#include "train/config.h"
+#include "core/config.h"
 
 namespace tessera::cli {
 

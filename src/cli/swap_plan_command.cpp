@@ -18,7 +18,7 @@
 #include "plan/memory_estimate.h"
 #include "plan/layout.h"
 #include "plan/swap_cut.h"
-#include "train/config.h"
+#include "core/config.h"
 
 namespace tessera::cli {
 

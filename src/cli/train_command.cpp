@@ -21,7 +21,7 @@
 #include "core/json_file.h"
 #include "data/training_data.h"
 #include "plan/memory_estimate.h"
-#include "train/config.h"
+#include "core/config.h"
 #include "train/run_dir.h"
 #include "train/stop_request.h"
 #include "train/train_step.h"

@@ -61,7 +61,7 @@
 #include "parallel/step_runner.h"
 #include "parallel/tensor/tensor_parallel.h"
 #include "plan/layout.h"
-#include "train/config.h"
+#include "core/config.h"
 
 namespace tessera {
 

@@ -60,7 +60,7 @@
 #include "parallel/pipeline/simulate.h"
 #include "parallel/step_runner.h"
 #include "plan/layout.h"
-#include "train/config.h"
+#include "core/config.h"
 
 namespace tessera {
 

@@ -45,7 +45,7 @@
 #include "memory/swap/swap_plan.h"
 #include "model/transformer.h"
 #include "parallel/step_runner.h"
-#include "train/config.h"
+#include "core/config.h"
 
 namespace tessera {
 

@@ -32,7 +32,7 @@
 #include "parallel/pipeline/schedule.h"
 #include "plan/stage_cut.h"
 #include "plan/swap_cut.h"
-#include "train/config.h"
+#include "core/config.h"
 
 namespace tessera {
 

@@ -27,7 +27,7 @@
 
 #include "core/parallel_dims.h"
 #include "plan/layout.h"
-#include "train/config.h"
+#include "core/config.h"
 
 namespace tessera {
 

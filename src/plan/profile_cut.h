@@ -21,7 +21,7 @@
 
 #include "comm/mesh.h"
 #include "plan/stage_cut.h"
-#include "train/config.h"
+#include "core/config.h"
 
 namespace tessera {
 

@@ -34,7 +34,7 @@
 #include "model/model_options.h"
 #include "model/transformer.h"
 #include "parallel/pipeline/schedule.h"
-#include "train/config.h"
+#include "core/config.h"
 
 namespace tessera {
 

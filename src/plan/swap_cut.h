@@ -21,7 +21,7 @@
 #include <c10/core/Device.h>
 
 #include "memory/swap/swap_plan.h"
-#include "train/config.h"
+#include "core/config.h"
 
 namespace tessera {
 

@@ -1,4 +1,4 @@
-#include "train/config.h"
+#include "core/config.h"
 
 #include <charconv>
 #include <cstdlib>

@@ -28,7 +28,7 @@
 #include "parallel/parallelize.h"
 #include "precision/fp16.h"
 #include "plan/layout.h"
-#include "train/config.h"
+#include "core/config.h"
 
 namespace tessera {
 

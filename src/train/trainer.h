@@ -24,7 +24,7 @@
 #include <string>
 
 #include "comm/mesh.h"
-#include "train/config.h"
+#include "core/config.h"
 
 namespace tessera {
 

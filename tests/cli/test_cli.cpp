@@ -14,7 +14,7 @@
 #include "data/token_stream.h"
 #include "model/hf_names.h"
 #include "model/transformer.h"
-#include "train/config.h"
+#include "core/config.h"
 
 namespace tessera::test {
 namespace {

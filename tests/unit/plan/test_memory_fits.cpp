@@ -5,7 +5,7 @@
 
 #include "plan/memory_estimate.h"
 #include "test_util.h"
-#include "train/config.h"
+#include "core/config.h"
 
 namespace tessera {
 namespace {

@@ -4,7 +4,7 @@
 
 #include "plan/stage_cut.h"
 #include "test_util.h"
-#include "train/config.h"
+#include "core/config.h"
 
 namespace tessera {
 namespace {

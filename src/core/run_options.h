@@ -1,4 +1,5 @@
-// Options of the training loop itself: [train], [eval], [checkpoint], [memory] sections.
+// Options of the run itself: the [train], [eval], [checkpoint] and [memory] sections (their checks:
+// train/config.cpp, with the rest of the config's loading).
 #pragma once
 
 #include <cstdint>

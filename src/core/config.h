@@ -1,4 +1,8 @@
-// The whole configuration of a run: one options struct per TOML section.
+// The whole configuration of a run: one options struct per TOML section. The aggregate lives in
+// core/ so that every layer reads the resolved config (parallelize(), the planner, the step
+// runners) without depending on the training loop; its loading, checking and writing (the member
+// functions below, config_reference, resolve_config_path) are defined in train/config.cpp, the one
+// place that knows every section's checks, and only the front door (cli/, train/) calls them.
 //
 // Loading order: the preset file (configs/<name>.toml, or any path), then `--set section.key=value`
 // overrides, then checks. [model] applies model.preset first, so explicit keys refine a preset.
@@ -22,7 +26,7 @@
 #include "model/model_options.h"
 #include "optim/optim_options.h"
 #include "precision/precision_options.h"
-#include "train/train_options.h"
+#include "core/run_options.h"
 
 namespace tessera {
 
