@@ -43,9 +43,9 @@ class TrainStep {
  public:
   // Sets the intra-op threads (train.threads), measures what the layout needs (the blocks under
   // parallel.pp_cut = profile, a collective of the world; the swap costs under memory.swap), makes
-  // the layout, seeds torch with train.seed, builds this rank's part of the model from
-  // config.model on train.device (refused by name when CUDA is asked for but absent) and
-  // parallelizes it over `mesh` (null: one process).
+  // the layout, seeds torch with train.seed, builds this rank's stage of the model on the meta
+  // device and parallelizes it over `mesh` (null: one process), which materialises this rank's
+  // parts on train.device (refused by name when CUDA is asked for but absent).
   explicit TrainStep(const Config& config, comm::Mesh* mesh = nullptr);
   ~TrainStep();
 
