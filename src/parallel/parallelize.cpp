@@ -173,7 +173,7 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
       blocks.push_back(model_->parameter_specs().at(item.key()).block);
     }
     if (dims && dims->dp() > 1) replicas_ = &mesh_->group("dp");  // swapped replicas reduce from the host
-    auto owner = std::make_unique<SwapOwner>(named, blocks, layout_.swap_boundaries(), config.optim, device,
+    auto owner = std::make_unique<SwapOwner>(named, blocks, layout_.swap_plan().boundaries(), config.optim, device,
                                              config.memory.modelled_bandwidth_gbps * 1e9, replicas_,
                                              config.memory.swap_bf16_copies(config.precision.dtype));
     runner_ = std::make_unique<SwapStep>(model_, *owner, config, device, autocast, layout_.swap_plan());

@@ -35,6 +35,7 @@ PipelineStep::PipelineStep(TransformerLM model, ResidentOwner& owner, comm::Mesh
       device_(device),
       autocast_(autocast),
       cut_(layout.cut()) {
+  if (!owner_.shards_parameters()) schedule_ = layout.schedule();  // no gathers to add
   schedule_for(config.train.accumulation(mesh.dims().dp()));
 }
 

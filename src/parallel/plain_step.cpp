@@ -11,18 +11,18 @@ PlainStep::PlainStep(TransformerLM model, ResidentOwner& owner, c10::Device devi
                      std::optional<at::ScalarType> autocast, double grad_clip)
     : model_(std::move(model)), owner_(owner), device_(device), autocast_(autocast), grad_clip_(grad_clip) {}
 
+ModelOutput PlainStep::forward(const Batch& batch) {
+  AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
+  return model_->forward(batch.inputs.to(device_), batch.targets.to(device_));
+}
+
 StepLosses PlainStep::run(const std::vector<Batch>& micro_batches, double lr,
                           const std::function<void()>& gradients_ready) {
   model_->train();
   const double n = static_cast<double>(micro_batches.size());
   at::Tensor sums = at::zeros({2}, at::kDouble);  // cross-entropy, auxiliary
   for (size_t m = 0; m < micro_batches.size(); ++m) {
-    const Batch& batch = micro_batches[m];
-    ModelOutput out;
-    {
-      AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
-      out = model_->forward(batch.inputs.to(device_), batch.targets.to(device_));
-    }
+    const ModelOutput out = forward(micro_batches[m]);
     at::Tensor loss = out.loss.to(at::kFloat) / n;
     const double scale = owner_.loss_scale();
     if (scale != 1.0) loss = loss * scale;
@@ -43,10 +43,7 @@ double PlainStep::evaluate(const std::vector<Batch>& batches) {
   torch::NoGradGuard no_grad;
   model_->eval();
   at::Tensor total = at::zeros({}, at::kDouble);
-  for (const Batch& batch : batches) {
-    AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
-    total += model_->forward(batch.inputs.to(device_), batch.targets.to(device_)).ce_loss.detach().to(at::kCPU, at::kDouble);
-  }
+  for (const Batch& batch : batches) total += forward(batch).ce_loss.detach().to(at::kCPU, at::kDouble);
   model_->train();
   return total.item<double>() / static_cast<double>(batches.size());
 }

@@ -28,6 +28,9 @@ class PlainStep final : public StepRunner {
   double evaluate(const std::vector<Batch>& batches) override;
 
  private:
+  // The model's forward of `batch` on the device, under autocast.
+  ModelOutput forward(const Batch& batch);
+
   TransformerLM model_;
   ResidentOwner& owner_;
   c10::Device device_;

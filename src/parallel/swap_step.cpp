@@ -179,9 +179,7 @@ std::optional<std::string> SwapStep::write_timeline(const std::string& dir, int6
 
 void SwapStep::add_bench_fields(nlohmann::json& out) {
   const swap::SwapTimeline predicted = swap::simulate_swap_plan(plan_);
-  std::vector<int64_t> boundaries{0};
-  for (const swap::SubModel& s : plan_.subs) boundaries.push_back(s.end);
-  out["swap"] = {{"boundaries", boundaries},
+  out["swap"] = {{"boundaries", plan_.boundaries()},
                  {"bandwidth", plan_.bandwidth},
                  {"device_budget_bytes", plan_.device_budget_bytes},
                  {"planned_device_peak_bytes", swap::occupancy(plan_).peak},

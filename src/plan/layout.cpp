@@ -40,12 +40,6 @@ const swap::SwapPlan& Layout::swap_plan() const {
   return *swap_;
 }
 
-std::vector<int64_t> Layout::swap_boundaries() const {
-  std::vector<int64_t> out{0};
-  for (const swap::SubModel& s : swap_plan().subs) out.push_back(s.end);
-  return out;
-}
-
 Layout make_layout(const Config& config, const ParallelDims& dims, const LayoutMeasurements& measured) {
   std::optional<StageCut> cut;
   std::optional<pipeline::Schedule> schedule;

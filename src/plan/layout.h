@@ -63,8 +63,6 @@ class Layout {
 
   bool swapped() const { return swap_.has_value(); }
   const swap::SwapPlan& swap_plan() const;
-  // The swap plan's sub-model boundaries: K + 1 block indices.
-  std::vector<int64_t> swap_boundaries() const;
 
   // The groups the data replicas average over: dense and expert parameters (comm/mesh.h's names).
   std::string replica_group() const { return dims_.sp() > 1 ? "dp_sp" : "dp"; }

@@ -83,6 +83,12 @@ struct SwapPlan {
 
   int64_t size() const { return static_cast<int64_t>(subs.size()); }
   const SubModel& sub(int64_t i) const { return i == kEnds ? ends : subs[static_cast<size_t>(i)]; }
+  // K + 1 block indices: sub-model i holds blocks [boundaries()[i], boundaries()[i + 1]).
+  std::vector<int64_t> boundaries() const {
+    std::vector<int64_t> out{0};
+    for (const SubModel& s : subs) out.push_back(s.end);
+    return out;
+  }
 };
 
 // `plan` with its actions in ATOM's order (any actions given are replaced).
