@@ -15,7 +15,8 @@
 //   [owner.gradients()]             // optional: read them (the equivalence harness does)
 //   owner.apply(lr, max_norm);      // clipped, applied, zeroed
 // Through a pipeline (parallel/pipeline_step.h) the schedule's actions drive the same calls: each
-// B and W calls before_backward, its GATHER/RELEASE call gather_stage/release_stage, and its OPTIM
+// B and W calls before_backward, its GATHER/RELEASE call fetch_stage/release_stage (and each
+// compute action complete_stage first), and its OPTIM
 // runs finish_gradients through apply. The step runners hold the owner they drive by its concrete
 // interface; none asks which owner it has.
 //
@@ -145,15 +146,18 @@ class OptimizerOwner {
 
 class ResidentOwner : public OptimizerOwner {
  public:
-  // ZeRO-3 over a pipeline stage (an owner whose shards_parameters()): between
-  // gather_stage(stage) and release_stage(stage) the parameters of `stage` (its blocks, and the
-  // ends when it holds the embedding or the head) are whole, sharded again after; a part that two
-  // of the rank's stages share (the ends under V placement) stays whole while either holds it.
-  // The pipeline schedule's GATHER and RELEASE actions call them; begin_pass/end_pass do the same
-  // for every stage of the rank, around an evaluation. Collectives of the data replicas; nothing
-  // for the other owners.
+  // ZeRO-3 over a pipeline stage (an owner whose shards_parameters()): fetch_stage(stage) starts
+  // bringing the parameters of `stage` (its blocks, and the ends when it holds the embedding or
+  // the head) in and returns with the gathers in flight; from complete_stage(stage) to
+  // release_stage(stage) they are whole, sharded again after. Fetches are held and counted: a part
+  // that two fetches hold (the rank's two stages sharing the ends under V placement, or the next
+  // action's fetch on the same stage) stays whole until both released it. The pipeline schedule's
+  // GATHER and RELEASE actions call fetch and release, each compute action complete;
+  // begin_pass/end_pass fetch and complete, and release, every stage of the rank around an
+  // evaluation. Collectives of the data replicas; nothing for the other owners.
   virtual bool shards_parameters() const { return false; }
-  virtual void gather_stage(const ModelStage& stage) {}
+  virtual void fetch_stage(const ModelStage& stage) {}
+  virtual void complete_stage(const ModelStage& stage) {}
   virtual void release_stage(const ModelStage& stage) {}
   virtual void begin_pass() {}
   virtual void end_pass() {}

@@ -138,8 +138,9 @@ StepLosses PipelineStep::run(const std::vector<Batch>& batches, double lr, const
   pipeline::StageWork work;
   work.compute = [&](const Action& a, const at::Tensor& input) { return compute(a, input, batches); };
   work.receive_buffer = [&](const Action&) { return activation_buffer(batches.front()); };
+  work.complete = [&](const Action& a) { owner_.complete_stage(stage_of(a.stage)); };
   work.parameters = [&](const Action& a) {
-    if (a.op == Op::Gather) owner_.gather_stage(stage_of(a.stage));
+    if (a.op == Op::Gather) owner_.fetch_stage(stage_of(a.stage));
     if (a.op == Op::Release) owner_.release_stage(stage_of(a.stage));
     if (a.op == Op::Optim) {
       owner_.finish_gradients();
@@ -188,7 +189,7 @@ std::optional<std::string> PipelineStep::write_timeline(const std::string& dir, 
   costs.i = mean(Op::I, 0);
   costs.w = mean(Op::W, 0);
   costs.b = mean(Op::B, costs.i + costs.w);
-  costs.gather = mean(Op::Gather, 0);
+  costs.gather = mean(Op::Gather, 0);  // the exposed waits: a lower bound on a fetch
   costs.optim = mean(Op::Optim, 0);
   const pipeline::Simulation planned = pipeline::simulate_schedule(*schedule_, costs);
   char title[200];

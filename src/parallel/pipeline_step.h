@@ -21,9 +21,11 @@
 //         checkpointing), so the owner is told of the I as of a backward
 //         (before_stage_backward(false, s)) and W computes what remains (the ends).
 //   W(j)  the parameters' gradients (autograd::backward restricted to them), graph freed.
-//   GATHER(s) / RELEASE(s)  the owner's gather_stage / release_stage of stage s (ZeRO-3 over the
+//   GATHER(s) / RELEASE(s)  the owner's fetch_stage / release_stage of stage s (ZeRO-3 over the
 //         stage's dp replicas: the table has them when the owner shards_parameters(), once per
-//         step or, with parallel.zero3_reshard_per_microbatch, around each compute action).
+//         step or, with parallel.zero3_reshard_per_microbatch, for each compute action, issued
+//         one compute action ahead); the first compute action on s after a fetch calls the
+//         owner's complete_stage first.
 //   OPTIM the optimizer step, after the rank's sends: the owner's finish_gradients, the tied
 //         embedding's copies summed, run()'s `gradients_ready`, apply(lr, optim.grad_clip).
 // The optimizer owner (parallel/optimizer_owner.h) sees each backward: before_stage_backward(last,

@@ -1,9 +1,18 @@
-// Residency: the executor of a ResidencyPlan (residency_plan.h) over a model's FlatUnits
-// (flat_unit.h). A unit has a home, where its values live while it is not on the compute device,
-// and a residency there: its flat storage, present between a fetch and a release. A plan's unit
-// (one per part: a block, the ends) is made of one or more FlatUnits, one per reduction group of
-// its parameters (a block with experts: the dense parameters and the experts); the plan's actions
-// apply to all of them, in order.
+// Residency: ZeRO-3's one residency layer over a model's FlatUnits (flat_unit.h), with and
+// without a pipeline. A unit has a home, where its values live while it is not on the compute
+// device, and a residency there: its flat storage, present between a fetch and a release. A unit
+// (one per part: a block, the ends) is made of zero or more FlatUnits, one per reduction group of
+// its parameters (a block with experts: the dense parameters and the experts; none for a part
+// another pipeline stage holds); every action applies to all of them, in order.
+//
+// Two drivers, one executor:
+// - a ResidencyPlan (residency_plan.h) over the whole model, run at the points of a pass by the
+//   model's wrappers (at());
+// - a pipeline schedule (parallel/pipeline/schedule.h), whose GATHER holds a stage's units
+//   (hold(): a fetch issued ahead of the compute action that needs them), each compute action
+//   completing them first (complete()) and RELEASE dropping the hold (drop()). Holds are counted,
+//   so a part that two holders share (a rank's two stages sharing the ends, or a prefetch for the
+//   next action on the same stage) stays resident while either holds it.
 //
 // Home. Today one kind: sharded across the ranks of the FlatUnit's group (ZeRO-3): each rank keeps
 // its shard (FlatUnit::shard) and a fetch all-gathers the flat buffer from the group's shards. ATOM's swap
@@ -22,10 +31,13 @@
 // - A unit in flight is materialized; release completes a fetch in flight before freeing, so the
 //   group's collectives are never abandoned (every rank runs the same plan, so every rank issues
 //   the same gathers in the same order).
-// - Every rank runs the same plan at the same points: fetches are collectives.
+// - Every rank of a home's group runs the same plan (or schedule row) at the same points: fetches
+//   are collectives, issued in the same order everywhere.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "comm/group.h"
@@ -36,28 +48,38 @@ namespace tessera {
 
 class Residency {
  public:
-  // members[u]: the FlatUnits (indices into `flats`) of the plan's unit u.
-  Residency(std::vector<FlatUnit>& flats, std::vector<std::vector<size_t>> members, ResidencyPlan plan);
+  // members[u]: the FlatUnits (indices into `flats`) of unit u. With a plan, its units are these
+  // (every one with a FlatUnit); without, the caller drives hold/complete/drop.
+  Residency(std::vector<FlatUnit>& flats, std::vector<std::vector<size_t>> members,
+            std::optional<ResidencyPlan> plan = std::nullopt);
 
-  const ResidencyPlan& plan() const { return plan_; }
-  // Runs the plan's actions at `point` of `pass`.
+  bool planned() const { return plan_.has_value(); }
+  const ResidencyPlan& plan() const { return *plan_; }
+  // Runs the plan's actions at `point` of `pass` (planned() only).
   void at(Pass pass, const ResidencyPoint& point);
 
-  // Of the plan's units.
+  size_t units() const { return members_.size(); }
   void fetch(size_t unit);
   void complete(size_t unit);
   void release(size_t unit);
   bool resident(size_t unit) const;
   const std::vector<size_t>& members(size_t unit) const { return members_[unit]; }
 
-  // Every unit released.
+  // Counted holds: the first hold fetches (it returns with the fetch in flight), the last drop
+  // releases. A unit held is never released by release_all().
+  void hold(size_t unit);
+  void drop(size_t unit);
+  int64_t holds(size_t unit) const { return holds_[unit]; }
+
+  // Every unit released (none may be held).
   void release_all();
 
  private:
   std::vector<FlatUnit>& flats_;
   std::vector<std::vector<size_t>> members_;
-  ResidencyPlan plan_;
+  std::optional<ResidencyPlan> plan_;
   std::vector<comm::Work> fetches_;  // per FlatUnit, a gather in flight
+  std::vector<int64_t> holds_;       // per unit
 };
 
 }  // namespace tessera

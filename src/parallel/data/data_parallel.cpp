@@ -103,10 +103,9 @@ DataParallel::DataParallel(TransformerLM model, ReductionGroups groups, const Pa
   s.build_optimizer(optim, parallel.offload);
   s.register_hooks();
   if (s.stage == 3 && !s.model->stage().whole()) {
-    // A pipeline stage: whole from begin_pass() to end_pass(), sharded between passes.
-    s.pass_gathers = true;
-    s.part_holds.assign(s.part_units.size(), 0);
-    for (FlatUnit& u : s.units) u.release();
+    // A pipeline stage: the schedule's GATHER/RELEASE hold its parts (fetch_stage, release_stage).
+    s.residency = std::make_unique<Residency>(s.units, s.part_units);
+    s.residency->release_all();
   } else if (s.stage == 3) {
     s.residency = std::make_unique<Residency>(s.units, s.part_units, zero3_plan(s.n_blocks));
     s.residency->release_all();
@@ -121,7 +120,7 @@ DataParallel::DataParallel(TransformerLM model, ReductionGroups groups, const Pa
 
 DataParallel::~DataParallel() {
   for (auto& [name, p] : impl_->params) torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
-  if (impl_->residency) {
+  if (impl_->residency && impl_->residency->planned()) {
     impl_->model->remove_block_wrapper(impl_->block_wrapper);
     impl_->model->remove_end_wrapper(impl_->end_wrapper);
   }
@@ -134,33 +133,33 @@ std::vector<size_t> DataParallel::Impl::parts_of(const ModelStage& st) const {
   return parts;
 }
 
-bool DataParallel::shards_parameters() const { return impl_->pass_gathers; }
+bool DataParallel::shards_parameters() const { return impl_->residency && !impl_->residency->planned(); }
 
-void DataParallel::gather_stage(const ModelStage& stage) {
+void DataParallel::fetch_stage(const ModelStage& stage) {
   Impl& s = *impl_;
-  if (!s.pass_gathers) return;
-  std::vector<comm::Work> works;
+  if (!shards_parameters()) return;
+  for (size_t part : s.parts_of(stage)) s.residency->hold(part);
+}
+
+void DataParallel::complete_stage(const ModelStage& stage) {
+  Impl& s = *impl_;
+  if (!shards_parameters()) return;
   for (size_t part : s.parts_of(stage)) {
-    if (s.part_holds[part]++ > 0) continue;
-    for (size_t u : s.part_units[part]) {
-      s.units[u].materialize();
-      works.push_back(s.units[u].gather_async());
-    }
+    require(s.residency->holds(part) > 0, "internal: completing part ", part, " of a pipeline stage that is not held");
+    s.residency->complete(part);
   }
-  for (comm::Work& w : works) w.wait();
 }
 
 void DataParallel::release_stage(const ModelStage& stage) {
   Impl& s = *impl_;
-  if (!s.pass_gathers) return;
-  for (size_t part : s.parts_of(stage)) {
-    require(s.part_holds[part] > 0, "internal: releasing part ", part, " of a pipeline stage that is not gathered");
-    if (--s.part_holds[part] > 0) continue;
-    for (size_t u : s.part_units[part]) s.units[u].release();
-  }
+  if (!shards_parameters()) return;
+  for (size_t part : s.parts_of(stage)) s.residency->drop(part);
 }
 
-void DataParallel::begin_pass() { gather_stage(impl_->model->stage()); }
+void DataParallel::begin_pass() {
+  fetch_stage(impl_->model->stage());
+  complete_stage(impl_->model->stage());
+}
 
 void DataParallel::end_pass() { release_stage(impl_->model->stage()); }
 
@@ -379,7 +378,7 @@ void DataParallel::Impl::launch(const Reduction& r) {
     scatters.pop_front();
   }
   const size_t part = unit_part[r.index];
-  if (residency && part_units[part].back() == r.index)  // the part's last unit
+  if (residency && residency->planned() && part_units[part].back() == r.index)  // the part's last unit
     residency->at(Pass::training, {ResidencyPoint::Kind::after_reduction,
                                    part < static_cast<size_t>(n_blocks) ? ModelPart::block(static_cast<int64_t>(part))
                                                                         : ModelPart::embedding()});

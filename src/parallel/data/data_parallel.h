@@ -35,12 +35,14 @@
 // A pipeline stage's model (TransformerLMImpl::stage) has the units of its own blocks and ends,
 // and its tied embedding (wte on the first or the last stage) is a unit of its own, so both stages
 // shard it alike and sum_gradient_over can add their gradient shards. At stage 3 a pipeline
-// stage's units are gathered and released by the schedule's GATHER and RELEASE actions
-// (gather_stage, release_stage: once per step and kept for every micro-batch, or around each
-// compute action with parallel.zero3_reshard_per_microbatch), counted per part so that the ends
-// two stages of a rank share stay whole while either needs them; the gradients are
-// reduce-scattered per unit as at stage 2; the residency plan and its wrappers serve the whole
-// model only.
+// stage's units go through the same residency layer (memory/residency/residency.h) held by the
+// schedule instead of a plan: its GATHER fetches them (fetch_stage: the all-gathers start and the
+// schedule goes on, one compute action ahead of the action that needs them), each compute action
+// completes them (complete_stage) and RELEASE drops them (release_stage): once per step and kept
+// for every micro-batch, or around each compute action with
+// parallel.zero3_reshard_per_microbatch. Holds are counted per part, so the ends two stages of a
+// rank share stay whole while either needs them; the gradients are reduce-scattered per unit as
+// at stage 2; the ZeRO-3 plan and its wrappers serve the whole model only.
 // Sharding is per unit (one unit per transformer block, one for the ends), each unit flattened
 // and padded to a multiple of N, rank r owning elements [r * S, (r + 1) * S) of every unit
 // (flat_unit.h). At stages 1-3 the model's parameters become views of their unit's flat buffer.
@@ -136,7 +138,8 @@ class DataParallel : public ResidentOwner {
   void before_stage_backward(bool last_micro_batch, const ModelStage& stage) override;
   void finish_gradients() override;
   bool shards_parameters() const override;
-  void gather_stage(const ModelStage& stage) override;
+  void fetch_stage(const ModelStage& stage) override;
+  void complete_stage(const ModelStage& stage) override;
   void release_stage(const ModelStage& stage) override;
   void begin_pass() override;
   void end_pass() override;

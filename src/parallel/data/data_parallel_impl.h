@@ -12,8 +12,9 @@
 // - Offload (stages 1-3): the optimizer's leaves are views of offload's host masters; the host
 //   gradients are filled per bucket (stage 1) or unit (stages 2-3) once the device values are the
 //   dp mean, and the shards are written from the masters after each step.
-// - Stage 3: `residency` runs the ZeRO-3 plan (memory/residency/residency_plan.h) over `units`:
-//   a unit (a block's, or the ends') is materialized only between its fetch and its release.
+// - Stage 3: `residency` (memory/residency/residency.h) brings `units` in and out, by the ZeRO-3
+//   plan over the whole model or by the pipeline schedule's holds over a stage: a unit (a
+//   block's, or the ends') is materialized only between its fetch and its release.
 // - Reduction groups: groups[0] is `dp` (every replica); groups[1], present only when it has
 //   other members, the expert-data-parallel group. A bucket or a unit holds parameters of one
 //   group only and is reduced, sharded and gathered over it. The units of a part are consecutive
@@ -77,9 +78,9 @@ struct DataParallel::Impl {
   std::vector<size_t> unit_part;        // per unit: its part, l for block l, n_blocks for the ends
   std::vector<std::vector<size_t>> part_units;  // per part: its units
   std::vector<at::Tensor> grad_shards;  // stages 2-3: per unit, [S]
-  std::unique_ptr<Residency> residency;  // stage 3 over the whole model (its wrappers run the plan)
-  bool pass_gathers = false;             // stage 3 over a pipeline stage: gather_stage / release_stage
-  std::vector<int64_t> part_holds;       // per part: the gather_stage calls holding it whole
+  // Stage 3 over `units`: over the whole model with the ZeRO-3 plan (its wrappers run it), over
+  // a pipeline stage without one (the schedule holds and drops parts: fetch_stage, release_stage).
+  std::unique_ptr<Residency> residency;
 
   std::vector<Reduction> reductions;  // in launch order
   std::vector<size_t> reduction_of;   // per parameter

@@ -102,23 +102,10 @@ void DataParallel::visit_full_parameters(const std::function<void(const std::vec
     std::vector<std::string> names;
     for (size_t u : s.part_units[part])
       for (const auto& e : s.units[u].entries()) names.push_back(e.name);
-    if (s.residency) {
-      const bool was_resident = s.residency->resident(part);
-      s.residency->complete(part);
-      fn(names);
-      if (!was_resident) s.residency->release(part);
-      continue;
-    }
-    // A pipeline stage between passes: the part's units gathered for the call.
-    std::vector<size_t> gathered;
-    for (size_t u : s.part_units[part])
-      if (!s.units[u].materialized()) {
-        s.units[u].materialize();
-        s.units[u].gather_async().wait();
-        gathered.push_back(u);
-      }
+    const bool was_resident = s.residency->resident(part);
+    s.residency->complete(part);
     fn(names);
-    for (size_t u : gathered) s.units[u].release();
+    if (!was_resident && s.residency->holds(part) == 0) s.residency->release(part);
   }
 }
 
@@ -150,9 +137,7 @@ void DataParallel::load_parameter(const std::string& name, const at::Tensor& val
         const auto [begin, end] = unit.owned(e);
         if (begin < end)
           unit.owned_part(e, unit.shard()).copy_(value.reshape(-1).narrow(0, begin - e.offset, end - begin));
-        const bool whole = s.residency ? s.residency->resident(s.unit_part[static_cast<size_t>(&unit - s.units.data())])
-                                       : unit.materialized();
-        if (whole) e.param.copy_(value);
+        if (s.residency->resident(s.unit_part[static_cast<size_t>(&unit - s.units.data())])) e.param.copy_(value);
         return;
       }
   fail("internal: DataParallel has no parameter '", name, "'");

@@ -47,6 +47,9 @@ std::vector<TimedAction> run_schedule(const Schedule& s, comm::Group& pipe, cons
   std::map<Key, at::Tensor> ready;  // inputs waiting for their consumer, received or handed over
   std::vector<std::pair<comm::Work, at::Tensor>> sends;
   std::vector<TimedAction> timeline;
+  // Per stage: GATHER holds, and whether the first compute action since the fetch has waited for it.
+  std::vector<int64_t> holds(static_cast<size_t>(s.stages()), 0);
+  std::vector<char> awaited(static_cast<size_t>(s.stages()), 1);
   auto wait_sends = [&]() {
     for (auto& [done, tensor] : sends) done.wait();
     sends.clear();
@@ -59,7 +62,7 @@ std::vector<TimedAction> run_schedule(const Schedule& s, comm::Group& pipe, cons
     return t;
   };
   for (const Action& a : s.ranks[me]) {
-    const double start = now();
+    double start = now();
     try {
       switch (a.op) {
         case Op::F:
@@ -67,6 +70,13 @@ std::vector<TimedAction> run_schedule(const Schedule& s, comm::Group& pipe, cons
         case Op::I:
         case Op::W: {
           const bool forward = a.op == Op::F;
+          if (!awaited[a.stage]) {  // its stage's fetch: the wait is the GATHER's entry
+            const double from = now();
+            work.complete(a);
+            start = now();
+            timeline.push_back({Action{Op::Gather, a.stage, a.micro}, from, start});
+            awaited[a.stage] = 1;
+          }
           at::Tensor input;
           if (forward && a.stage > 0) input = take({0, a.stage, a.micro}, a);
           if ((a.op == Op::B || a.op == Op::I) && a.stage + 1 < s.stages()) input = take({1, a.stage, a.micro}, a);
@@ -100,7 +110,9 @@ std::vector<TimedAction> run_schedule(const Schedule& s, comm::Group& pipe, cons
                   " run without parameter actions");
           if (a.op == Op::Optim) wait_sends();
           work.parameters(a);
-          if (a.op != Op::Release) timeline.push_back({a, start, now()});
+          if (a.op == Op::Gather && holds[a.stage]++ == 0) awaited[a.stage] = 0;
+          if (a.op == Op::Release) holds[a.stage] -= 1;
+          if (a.op == Op::Optim) timeline.push_back({a, start, now()});
           break;
         }
       }

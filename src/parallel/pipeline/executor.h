@@ -9,7 +9,9 @@
 //   B/I(s, j) gets the gradient B/I(s+1, j) returned (received by RECV_B, or directly); the last
 //             stage gets none. What it returns goes to stage s-1. W gets and returns nothing.
 // Parameter actions (GATHER, RELEASE, OPTIM) go to StageWork::parameters; before OPTIM every send
-// of the step is waited for.
+// of the step is waited for. A GATHER that takes a stage's first hold starts its fetch and returns;
+// the next compute action on that stage first calls StageWork::complete, and the time it waited
+// is the timeline's GATHER entry (the exposed part of the gather).
 // Transfers: SEND_* posts an asynchronous send (comm::Group::send_async) and goes on; RECV_*
 // blocks until its tensor arrived (a buffer from StageWork::receive_buffer). A transfer's tag is
 // (direction, consuming stage, micro-batch), so a receive can only match its own send. Every send
@@ -37,13 +39,15 @@ struct StageWork {
   std::function<at::Tensor(const Action& action, const at::Tensor& input)> compute;
   // An empty tensor of the shape and dtype that RECV action `recv` receives.
   std::function<at::Tensor(const Action& recv)> receive_buffer;
-  // Runs a GATHER, RELEASE or OPTIM (unset: the table must have none).
+  // Runs a GATHER (starts the stage's fetch), RELEASE or OPTIM (unset: the table must have none).
   std::function<void(const Action& action)> parameters;
+  // Waits for the fetch of compute action `action`'s stage (set when the table has GATHERs).
+  std::function<void(const Action& action)> complete;
 };
 
 // Runs rank pipe.rank()'s actions of `schedule` (pipe: the pp group, group rank = pipeline rank).
-// Returns the compute actions, receives, GATHERs and OPTIM with their start and end in seconds
-// since the call.
+// Returns the compute actions, receives, GATHER waits and OPTIM with their start and end in
+// seconds since the call.
 std::vector<TimedAction> run_schedule(const Schedule& schedule, comm::Group& pipe, const StageWork& work);
 
 // Every rank's timeline (from run_schedule) on every rank, in rank order (a collective of `pipe`);

@@ -1,8 +1,10 @@
 // Sleep-driven schedule measurement (measure.h).
 #include "parallel/pipeline/measure.h"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
+#include <vector>
 
 #include <ATen/ATen.h>
 
@@ -37,9 +39,19 @@ MeasuredSchedule measure_schedule(const Schedule& s, comm::Group& pipe, const Ac
     return payload(a.stage, a.micro, a.op == Op::F ? 0 : 1);
   };
   work.receive_buffer = [](const Action&) { return at::empty({3}, at::kDouble); };
+  // A fetch "completes" `gather` after it starts, after the rank's earlier ones (simulate.h).
+  using Clock = std::chrono::steady_clock;
+  std::vector<Clock::time_point> fetched(static_cast<size_t>(s.stages()));
+  std::vector<int64_t> holds(static_cast<size_t>(s.stages()), 0);
+  Clock::time_point fetching = Clock::now();
+  const auto gather = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(costs.gather * unit_s));
   work.parameters = [&](const Action& a) {
-    std::this_thread::sleep_for(std::chrono::duration<double>(costs.of(a.op) * unit_s));
+    if (a.op == Op::Gather && holds[a.stage]++ == 0)
+      fetching = fetched[a.stage] = std::max(Clock::now(), fetching) + gather;
+    if (a.op == Op::Release) holds[a.stage] -= 1;
+    if (a.op == Op::Optim) std::this_thread::sleep_for(std::chrono::duration<double>(costs.optim * unit_s));
   };
+  work.complete = [&](const Action& a) { std::this_thread::sleep_until(fetched[a.stage]); };
   pipe.barrier();
   const std::vector<TimedAction> mine = run_schedule(s, pipe, work);
   // Busy: the compute actions as they ran (a sleep's overshoot is work, not bubble).

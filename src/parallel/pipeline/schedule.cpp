@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "core/error.h"
@@ -102,11 +103,9 @@ void add_communication(Schedule& s) {
 void add_parameter_actions(Schedule& s, Gathers gathers) {
   for (std::vector<Action>& row : s.ranks) {
     std::vector<Action> out;
-    // Where each action's GATHER goes: before the receive right ahead of it, if there is one.
-    auto gather_before = [&](int64_t stage) {
-      const bool after_receive = !out.empty() && (out.back().op == Op::RecvF || out.back().op == Op::RecvB);
-      out.insert(after_receive ? out.end() - 1 : out.end(), Action{Op::Gather, stage, 0});
-    };
+    // The gather point of the last compute action (ahead of its receive, if one is right before
+    // it): per_step issues a stage's GATHER there, one compute action ahead of its own.
+    std::optional<size_t> ahead;
     std::vector<int64_t> last_compute(static_cast<size_t>(s.stages()), -1);  // per stage, in `row`
     for (size_t i = 0; i < row.size(); ++i)
       if (row[i].is_compute()) last_compute[row[i].stage] = static_cast<int64_t>(i);
@@ -114,10 +113,15 @@ void add_parameter_actions(Schedule& s, Gathers gathers) {
     for (size_t i = 0; i < row.size(); ++i) {
       const Action& a = row[i];
       if (a.is_parameter()) continue;
-      if (gathers == Gathers::per_action && a.is_compute()) gather_before(a.stage);
-      if (gathers == Gathers::per_step && a.is_compute() && !gathered[a.stage]) {
-        gather_before(a.stage);
-        gathered[a.stage] = true;
+      if (a.is_compute()) {
+        const bool after_receive = !out.empty() && (out.back().op == Op::RecvF || out.back().op == Op::RecvB);
+        const size_t own = out.size() - (after_receive ? 1 : 0);
+        if (gathers == Gathers::per_action) out.insert(out.begin() + static_cast<std::ptrdiff_t>(own), Action{Op::Gather, a.stage, 0});
+        if (gathers == Gathers::per_step && !gathered[a.stage]) {
+          gathered[a.stage] = true;
+          out.insert(out.begin() + static_cast<std::ptrdiff_t>(ahead.value_or(own)), Action{Op::Gather, a.stage, 0});
+        }
+        ahead = out.size() - (after_receive ? 1 : 0);
       }
       out.push_back(a);
       const bool release = (gathers == Gathers::per_action && a.is_compute()) ||

@@ -19,10 +19,13 @@
 //          consumer s-1).
 // Sends are asynchronous (posted, completed later); a receive blocks until its data arrived.
 // Parameter actions (add_parameter_actions; the micro field is 0):
-//   GATHER / RELEASE  ZeRO-3 over the stage's data-parallel replicas: from GATHER(s) to RELEASE(s)
-//          the parameters of stage s are whole on this rank (all-gathered from their shards, a
-//          collective of the replicas, which run the same row), sharded again after. In a table
-//          that has them, every compute action of a stage stands between a GATHER and a RELEASE.
+//   GATHER / RELEASE  ZeRO-3 over the stage's data-parallel replicas: GATHER(s) starts bringing
+//          the parameters of stage s in (an all-gather from their shards, a collective of the
+//          replicas, which run the same row) and the row goes on while it is in flight; the first
+//          compute action on s after it waits for it; from then to the RELEASE(s) matching the
+//          GATHER they are whole on this rank, sharded again after. GATHERs are holds, counted per
+//          stage: a stage gathered twice stays whole until both are released. In a table that
+//          has them, every compute action of a stage has a hold on it.
 //   OPTIM  the optimizer step: the gradients finished (reduced over the replicas, the tied
 //          embedding's copies summed), clipped by the norm over every stage and applied. The last
 //          action of each rank; the rank's sends are complete before it.
@@ -81,12 +84,16 @@ void add_communication(Schedule& schedule);
 
 // How a table brings a stage's sharded parameters in (ZeRO-3 over its data-parallel replicas):
 //   none        no GATHER/RELEASE (the parameters are whole on every rank);
-//   per_step    GATHER(s) before the rank's first action on stage s (ahead of the receive that
-//               feeds it, so the gather overlaps the wait), RELEASE(s) after its last compute
-//               action: the parameters are gathered once and kept for every micro-batch;
-//   per_action  GATHER(s) before each compute action on s (again ahead of its receive), RELEASE(s)
-//               right after it (parallel.zero3_reshard_per_microbatch): one stage whole at a time,
-//               at one gather per compute action.
+//   per_step    one GATHER(s) for the rank's first action on stage s, RELEASE(s) after its last
+//               compute action: the parameters are gathered once and kept for every micro-batch.
+//               The GATHER is issued one compute action ahead (before the compute action
+//               preceding that first action, ahead of that one's receive), so the all-gather
+//               overlaps it; the rank's first gather goes ahead of its first action's receive;
+//   per_action  one GATHER(s) for each compute action on s, ahead of the receive right before it
+//               (so the all-gather overlaps the wait), RELEASE(s) right after the action
+//               (parallel.zero3_reshard_per_microbatch): one stage whole at a time, at one gather
+//               per compute action. Issuing it a compute action earlier would keep two stages
+//               whole, which is per_step's memory for v = 2 and never releases a rank's only stage.
 enum class Gathers : uint8_t { none, per_step, per_action };
 
 // Replaces the table's parameter actions: GATHER/RELEASE by `gathers`, and OPTIM at the end of

@@ -20,7 +20,6 @@ double ActionCosts::of(Op op) const {
     case Op::B: return b;
     case Op::I: return i;
     case Op::W: return w;
-    case Op::Gather: return gather;
     case Op::Optim: return optim;
     default: return 0;
   }
@@ -41,7 +40,13 @@ Simulation simulate_schedule(const Schedule& s, const ActionCosts& costs) {
   sim.peak_held.assign(pp, 0);
   sim.peak_gathered.assign(pp, 0);
   std::vector<double> clock(pp, 0), sent(pp, 0);  // sent: when the rank's last send arrives
-  std::vector<int64_t> next(pp, 0), held(pp, 0), gathered(pp, 0);
+  std::vector<int64_t> next(pp, 0), held(pp, 0);
+  // Per rank: holds per stage, when each stage's fetch completes, whether a compute has waited
+  // for it yet, and when the rank's last fetch completes (its fetches run one after another).
+  std::vector<std::vector<int64_t>> holds(pp, std::vector<int64_t>(static_cast<size_t>(s.stages()), 0));
+  std::vector<std::vector<double>> fetched(pp, std::vector<double>(static_cast<size_t>(s.stages()), 0));
+  std::vector<std::vector<char>> awaited(pp, std::vector<char>(static_cast<size_t>(s.stages()), 1));
+  std::vector<double> fetching(pp, 0);
   std::map<EventKey, double> done;     // compute ends, and arrivals (keyed by the send)
 
   // The time the inputs of `a` on rank r are ready, or -1 when one has not happened yet; `why`
@@ -97,10 +102,25 @@ Simulation simulate_schedule(const Schedule& s, const ActionCosts& costs) {
         if (a.op == Op::SendF || a.op == Op::SendB) {
           done[{a.op, a.stage, a.micro}] = std::max(clock[r], ready) + costs.transfer;
           sent[r] = std::max(sent[r], done[{a.op, a.stage, a.micro}]);
+        } else if (a.op == Op::Gather) {
+          if (holds[r][a.stage]++ == 0) {
+            fetching[r] = fetched[r][a.stage] = std::max(clock[r], fetching[r]) + costs.gather;
+            awaited[r][a.stage] = 0;
+          }
+          int64_t whole = 0;
+          for (int64_t h : holds[r]) whole += h > 0 ? 1 : 0;
+          sim.peak_gathered[r] = std::max(sim.peak_gathered[r], whole);
         } else if (a.op == Op::Release) {
-          gathered[r] -= 1;
+          holds[r][a.stage] -= 1;
         } else {
-          const double start = std::max(clock[r], ready), end = start + costs.of(a.op);
+          double start = std::max(clock[r], ready);
+          if (a.is_compute() && !awaited[r][a.stage]) {  // the exposed part of its stage's fetch
+            const double until = std::max(start, fetched[r][a.stage]);
+            sim.timeline[r].push_back({Action{Op::Gather, a.stage, a.micro}, start, until});
+            start = until;
+            awaited[r][a.stage] = 1;
+          }
+          const double end = start + costs.of(a.op);
           clock[r] = end;
           if (a.is_compute()) sim.busy[r] += costs.of(a.op);
           sim.timeline[r].push_back({a, start, end});
@@ -110,7 +130,6 @@ Simulation simulate_schedule(const Schedule& s, const ActionCosts& costs) {
           } else if (a.is_transfer()) {
             done[{a.op, a.stage, a.micro}] = end;
           }
-          if (a.op == Op::Gather) sim.peak_gathered[r] = std::max(sim.peak_gathered[r], ++gathered[r]);
           if (a.op == Op::F) held[r] += 1;
           if (a.op == Op::B || a.op == Op::W) held[r] -= 1;
           sim.peak_held[r] = std::max(sim.peak_held[r], held[r]);

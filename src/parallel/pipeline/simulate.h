@@ -8,10 +8,14 @@
 //   its RECV_B. W(s, j) needs I(s, j).
 //   SEND_* takes no time on the rank (it is posted and completes in the background); the data
 //   arrives `transfer` after the send was posted. RECV_* waits until its data arrived.
-//   GATHER takes `gather` on the rank (a collective of its data replicas, which run alike), RELEASE
-//   nothing; OPTIM waits for the rank's sends to arrive, then takes `optim`.
+//   GATHER takes no time on the rank: the first GATHER holding a stage starts its fetch (a
+//   collective of its data replicas, which run alike), which completes `gather` later, after the
+//   rank's earlier fetches (they queue on one group); the first compute action on the stage after
+//   it waits for that, and the wait is in the timeline as a GATHER entry (so the measured and the
+//   replayed timelines show the exposed part of a gather). RELEASE drops a hold and takes nothing;
+//   OPTIM waits for the rank's sends to arrive, then takes `optim`.
 // Held activations: +1 at F, -1 at B or W (I frees nothing that W does not still need).
-// Gathered stages: +1 at GATHER, -1 at RELEASE (whole parameters, in units of one stage's).
+// Gathered stages: the stages with a hold (whole parameters, in units of one stage's).
 // Busy time counts the compute actions only: a gather or the optimizer step is not pipeline work.
 //
 // A table in which some rank can never run its next action (a receive whose send never comes, an
@@ -28,7 +32,7 @@ namespace tessera::pipeline {
 struct ActionCosts {
   double f = 1, b = 2, i = 1, w = 1;  // compute, per action (one stage, one micro-batch)
   double transfer = 0;                // from a send being posted to the data's arrival
-  double gather = 0, optim = 0;       // a GATHER, an OPTIM
+  double gather = 0, optim = 0;       // a GATHER's fetch, an OPTIM
   double of(Op op) const;
 };
 

@@ -27,35 +27,35 @@ std::string schedule_title(const Schedule& s) {
 // Where each action of a kind stands: (op, stage, micro) -> (rank, index), refusing duplicates.
 using Where = std::map<std::tuple<Op, int64_t, int64_t>, std::pair<int64_t, int64_t>>;
 
-// GATHER/RELEASE bracket every compute action of a table that has them; OPTIM once per rank, last.
+// GATHER/RELEASE bracket every compute action of a table that has them (holds counted per
+// stage); OPTIM once per rank, last.
 void check_parameter_actions(const Schedule& s) {
   bool gated = false;
   for (const auto& row : s.ranks)
     for (const Action& a : row) gated = gated || a.op == Op::Gather;
   int64_t stepping = 0, first_without = -1;
   for (int64_t r = 0; r < s.pp; ++r) {
-    std::vector<bool> gathered(static_cast<size_t>(s.stages()), false);
+    std::vector<int64_t> holds(static_cast<size_t>(s.stages()), 0);
     int64_t optim = -1;
     for (int64_t i = 0; i < static_cast<int64_t>(s.ranks[r].size()); ++i) {
       const Action& a = s.ranks[r][i];
       const std::string stage = "stage " + std::to_string(a.stage);
       if (a.op == Op::Gather) {
-        if (gathered[a.stage]) refuse(s, r, i, "gathers " + stage + " again before its RELEASE");
-        gathered[a.stage] = true;
+        holds[a.stage] += 1;
       } else if (a.op == Op::Release) {
-        if (!gathered[a.stage]) refuse(s, r, i, "releases " + stage + ", which is not gathered");
-        gathered[a.stage] = false;
+        if (holds[a.stage] == 0) refuse(s, r, i, "releases " + stage + ", which is not gathered");
+        holds[a.stage] -= 1;
       } else if (a.op == Op::Optim) {
         if (optim >= 0) refuse(s, r, i, "a second optimizer step on this rank");
         optim = i;
       } else if (a.is_compute()) {
         if (optim >= 0) refuse(s, r, i, "comes after the optimizer step (OPTIM at position " + std::to_string(optim) + ")");
-        if (gated && !gathered[a.stage])
+        if (gated && holds[a.stage] == 0)
           refuse(s, r, i, "computes while the parameters of " + stage + " are sharded (no GATHER since its last RELEASE)");
       }
     }
     for (int64_t st = 0; st < s.stages(); ++st)
-      if (gathered[st]) refuse(s, r, -1, "stage " + std::to_string(st) + " is gathered and never released");
+      if (holds[st] > 0) refuse(s, r, -1, "stage " + std::to_string(st) + " is gathered and never released");
     if (optim >= 0) ++stepping;
     else if (first_without < 0) first_without = r;
   }

@@ -12,9 +12,9 @@
 //     every blocked rank and what it waits for;
 //   - a rank holds more activations than the schedule states (Schedule::peak_limit);
 //   - parameter actions: in a table with any GATHER, a compute action on a stage that is not
-//     gathered on its rank (no GATHER since its last RELEASE), a GATHER of a stage already
-//     gathered, a RELEASE of one that is not, a stage left gathered at the end; an OPTIM twice on
-//     a rank, before one of the rank's compute actions, or on some ranks only.
+//     gathered on its rank (GATHERs and RELEASEs are holds, counted per stage: none left since
+//     its last RELEASE), a RELEASE of a stage not held, a stage left held at the end; an OPTIM
+//     twice on a rank, before one of the rank's compute actions, or on some ranks only.
 #pragma once
 
 #include "parallel/pipeline/schedule.h"

@@ -13,6 +13,7 @@
 #include "memory/residency/flat_unit.h"
 #include "memory/residency/residency.h"
 #include "memory/residency/residency_plan.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {
@@ -140,6 +141,39 @@ TEST(Residency, FollowsThePlanOverFlatUnits) {
   residency.at(Pass::training, {Kind::before_backward, ModelPart::block(0)});
   residency.at(Pass::training, {Kind::after_reduction, ModelPart::block(0)});
   EXPECT_EQ(resident(), "000");
+}
+
+// Driven by a schedule instead of a plan (a pipeline stage's units): holds are counted, the first
+// fetches, complete makes the unit resident, the last drop releases; a part the stage does not
+// hold has no FlatUnits and is never anything but "resident"; a held unit is not released by
+// release_all, and a plan's actions are refused.
+TEST(Residency, HoldsAreCountedWhenAScheduleDrivesIt) {
+  comm::Group home("dp", {0}, 0, nullptr, std::chrono::milliseconds(1000));
+  at::Tensor a = torch::full({2, 5}, 7.0f), b = torch::full({3}, -1.0f);
+  std::vector<FlatUnit> units;
+  units.emplace_back(std::vector<std::pair<std::string, at::Tensor>>{{"a", a}}, home, /*own_shard=*/true);
+  units.emplace_back(std::vector<std::pair<std::string, at::Tensor>>{{"b", b}}, home, /*own_shard=*/true);
+  Residency residency(units, {{}, {0, 1}});
+  EXPECT_FALSE(residency.planned());
+  residency.release_all();
+  EXPECT_EQ(a.storage().nbytes(), 0u);
+  EXPECT_TRUE(residency.resident(0));
+  EXPECT_FALSE(residency.resident(1));
+  residency.hold(1);
+  residency.hold(1);
+  residency.complete(1);
+  EXPECT_TRUE(residency.resident(1));
+  EXPECT_TRUE(a.equal(torch::full({2, 5}, 7.0f)));
+  EXPECT_TRUE(b.equal(torch::full({3}, -1.0f)));
+  EXPECT_TRUE(test::throws_naming([&] { residency.release_all(); }, {"unit 1", "held"}));
+  residency.drop(1);
+  EXPECT_TRUE(residency.resident(1));
+  residency.drop(1);
+  EXPECT_FALSE(residency.resident(1));
+  EXPECT_EQ(b.storage().nbytes(), 0u);
+  EXPECT_TRUE(test::throws_naming([&] { residency.drop(1); }, {"unit 1", "not held"}));
+  EXPECT_TRUE(test::throws_naming([&] { residency.at(Pass::training, {Kind::before_forward, ModelPart::head()}); },
+                                  {"no plan"}));
 }
 
 }  // namespace

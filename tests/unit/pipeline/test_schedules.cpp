@@ -135,8 +135,10 @@ TEST(PipelineSchedules, BrokenTablesAreRefusedNamingRankAndAction) {
 }
 
 // ZeRO-3's GATHER/RELEASE and the optimizer step as table actions: once per step a rank holds all
-// its stages whole (interleaved: v of them), per action one at a time, with one gather per compute
-// action; the validator refuses a compute action outside its gather and a misplaced OPTIM.
+// its stages whole (interleaved: v of them), each stage's gather issued one compute action ahead;
+// per action one stage at a time, with one gather per compute action ahead of its receive. A
+// GATHER starts a fetch the compute action waits for. The validator refuses a compute action
+// outside its gather and a misplaced OPTIM.
 TEST(PipelineSchedules, GathersAndTheOptimizerStepAreActionsOfTheTable) {
   const int64_t p = 2, m = 4, v = 2;
   for (const Gathers mode : {Gathers::per_step, Gathers::per_action}) {
@@ -154,31 +156,56 @@ TEST(PipelineSchedules, GathersAndTheOptimizerStepAreActionsOfTheTable) {
       EXPECT_EQ(gathers, mode == Gathers::per_step ? v : compute) << r;
       EXPECT_EQ(sim.peak_gathered[r], mode == Gathers::per_step ? v : 1) << r;
     }
-    // A gather runs ahead of the receive that feeds its action.
-    if (mode == Gathers::per_action) {
-      const int64_t f = index_of(s, 1, {Op::F, 1, 0});
-      EXPECT_EQ(s.ranks[1][f - 1].op, Op::RecvF);
-      EXPECT_EQ(s.ranks[1][f - 2].op, Op::Gather);
+    // A rank's first gather runs ahead of the receive that feeds its action.
+    const int64_t f = index_of(s, 1, {Op::F, 1, 0});
+    EXPECT_EQ(s.ranks[1][f - 1].op, Op::RecvF);
+    EXPECT_EQ(s.ranks[1][f - 2].op, Op::Gather);
+    if (mode == Gathers::per_step) {  // the second stage's, ahead of the compute action before its first
+      const auto& row = s.ranks[0];
+      const int64_t gather = std::find(row.begin(), row.end(), Action{Op::Gather, 2, 0}) - row.begin();
+      int64_t first = gather;
+      while (!(row[first].is_compute() && row[first].stage == 2)) ++first;
+      int64_t computes_between = 0;
+      for (int64_t i = gather; i < first; ++i) computes_between += row[i].is_compute();
+      EXPECT_EQ(computes_between, 1);
     }
   }
-  // Gather costs lengthen the step; the bubble counts compute alone.
-  Schedule timed = build_schedule("1f1b", p, m, 1);
-  add_parameter_actions(timed, Gathers::per_action);
+  // A fetch runs while the rank goes on: once per step, only the first gather is exposed (the
+  // second stage's overlaps the compute action before its first). The bubble counts compute alone.
+  Schedule once = build_schedule("interleaved", p, m, v);
+  add_parameter_actions(once, Gathers::per_step);
   ActionCosts costs;
   costs.gather = 0.5;
+  {
+    const Simulation plain = simulate_schedule(once), with = simulate_schedule(once, costs);
+    EXPECT_NEAR(with.step_time, plain.step_time + 0.5, 1e-9);
+    EXPECT_NEAR(with.busy[0], plain.busy[0], 1e-12);
+    int64_t exposed = 0;
+    for (const TimedAction& t : with.timeline[0]) exposed += t.action.op == Op::Gather && t.end > t.start;
+    EXPECT_EQ(exposed, 1);
+  }
+  // Per action a gather overlaps at most its receive's wait: the step grows by at least the first
+  // and at most every gather.
+  Schedule timed = build_schedule("1f1b", p, m, 1);
+  add_parameter_actions(timed, Gathers::per_action);
   const double plain = simulate_schedule(timed).step_time, with = simulate_schedule(timed, costs).step_time;
   EXPECT_GT(with, plain + 0.5 - 1e-9);
   EXPECT_LE(with, plain + static_cast<double>(p * 2 * m) * 0.5 + 1e-9);
-  EXPECT_NEAR(simulate_schedule(timed, costs).busy[0], simulate_schedule(timed).busy[0], 1e-12);
 
   Schedule good = build_schedule("1f1b", p, m, 1);
   add_parameter_actions(good, Gathers::per_action);
-  {  // A compute action whose gather is gone.
-    Schedule s = good;
-    const int64_t f = index_of(s, 0, {Op::F, 0, 2});
-    ASSERT_EQ(s.ranks[0][f - 1].op, Op::Gather);
-    s.ranks[0].erase(s.ranks[0].begin() + f - 1);
+  {  // A compute action with no hold on its stage: the one gather of a per-step table gone.
+    Schedule s = build_schedule("1f1b", p, m, 1);
+    add_parameter_actions(s, Gathers::per_step);
+    auto& row = s.ranks[0];
+    row.erase(std::find(row.begin(), row.end(), Action{Op::Gather, 0, 0}));
     EXPECT_TRUE(test::throws_naming([&] { validate_schedule(s); },
+                                    {"rank 0, action 0F0", "parameters of stage 0 are sharded", "[0F0]"}));
+    Schedule each = good;  // per action: the gather right ahead of 0F2 (and its receive) gone
+    const int64_t f = index_of(each, 0, {Op::F, 0, 2});
+    ASSERT_EQ(each.ranks[0][f - 1].op, Op::Gather);
+    each.ranks[0].erase(each.ranks[0].begin() + f - 1);
+    EXPECT_TRUE(test::throws_naming([&] { validate_schedule(each); },
                                     {"rank 0, action 0F2", "parameters of stage 0 are sharded", "[0F2]"}));
   }
   {  // A release twice, and a stage never released.
