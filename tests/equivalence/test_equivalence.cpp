@@ -62,6 +62,10 @@ const Tolerance kBf16{2e-2, 5e-2, 5e-2, 1e-1, 5e-2, 5e-4, 5e-2};
 // turns a changed sign into a step of 2 lr: parameters may differ by up to 2 lr per step (6e-3
 // after kSteps = 3 at lr 1e-3; measured 3.3e-3). The gradients keep bf16's bounds.
 const Tolerance kBf16Sharded{2e-2, 5e-2, 5e-2, 1e-1, 5e-2, 8e-3, 5e-2};
+// fp16 gradient compression (parallel.grad_compression = fp16): each rank's gradient is rounded
+// to float16 (relative 2^-11) before the mean, so gradients agree to that rounding at the first
+// step and Adam turns a changed sign near zero into a step of up to 2 lr, as under bf16.
+const Tolerance kFp16Compressed{1e-4, 1e-3, 1e-3, 5e-2, 2e-3, 8e-3, 1e-3};
 // Swapping (memory.swap) computes the same operations in the same order as a resident run, only
 // on copies of the parameters that travel between host and device: it is held to equality.
 const Tolerance kExact{0, 0, 0, 0, 0, 0, 0};
@@ -207,6 +211,13 @@ const std::vector<Row>& layouts() {
       {"dp2_zero3_offload", 2, [](Config& c) { c.parallel.zero_stage = 3; c.parallel.offload = true; }},
       {"dp1_zero1_offload", 1, [](Config& c) { c.parallel.zero_stage = 1; c.parallel.offload = true; }},
       {"dp2_moe", 2, [](Config& c) { c.model.ffn = "moe"; }},
+      {"dp2_zero3_moe_accum2", 2,
+       [](Config& c) {
+         c.model.ffn = "moe";
+         c.parallel.zero_stage = 3;
+         c.train.grad_accum = 2;
+       }},
+      {"dp2_fp16_compression", 2, [](Config& c) { c.parallel.grad_compression = "fp16"; }, &kFp16Compressed},
       {"dp2_adafactor", 2, [](Config& c) { c.optim.name = "adafactor"; }},
       {"dp2_linear_selective_checkpointing", 2,
        [](Config& c) { c.model.arch = "linear"; c.memory.activation_checkpointing = "selective"; }},
