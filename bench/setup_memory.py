@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Host memory of one rank at the end of set-up, before the first step, for GPT-2 124M (fp32) at
-tp 1, 2, 4 and pp 1, 2, 4 (issue 25: each rank materialises only its own part).
+"""Host memory of one rank at the end of set-up, before the first step, and during a checkpoint
+save, for GPT-2 124M (fp32) at tp 1, 2, 4 and pp 1, 2, 4 (issue 25: each rank materialises only its
+own part, and saves without holding the whole model).
 
 Runs `tessera bench --json` on 1, 2 or 4 local processes (Gloo, CPU; one step of one micro-batch
 per pipeline stage of 1 x 64 tokens, so set-up dominates) and reads "setup_by_rank": per rank, the
@@ -9,8 +10,15 @@ allocation, the model's parameters and AdamW's two moments, which it creates eag
 parameters the rank holds. The prediction for the held bytes is 12 bytes per held parameter
 (float32 value + exp_avg + exp_avg_sq); the peak's excess over the held bytes is the transient
 overhead of set-up (one parameter drawn whole before it is cut to the rank's part, and the
-measurements of the layout). Reported for the rank that holds the most. Written to
-bench/results/setup_memory_cpu.md.
+measurements of the layout). Reported for the rank that holds the most.
+
+The save (`--save-to`, "save_by_rank"): after the step, each rank makes and writes its shares of a
+distributed checkpoint as the trainer does (model_state_shard, training_state_slices); the peak of
+the counting allocator above what the rank held before. Its bound: the rank's share of the whole
+state written (the larger of its model share, 4 bytes per parameter / ranks, and its optimizer
+share, 8 bytes per parameter / ranks: each is made and written in turn), plus under tp one whole
+tensor being gathered twice over (the all-gather's output and the tensor reassembled from it; the
+largest is wte, 50304 x 768 float32). Written to bench/results/setup_memory_cpu.md.
 
 usage: bench/setup_memory.py [BUILD_DIR]
 """
@@ -22,6 +30,7 @@ from pathlib import Path
 BUILD = Path(sys.argv[1] if len(sys.argv) > 1 else "build")
 LAYOUTS = [(1, 1), (2, 1), (4, 1), (1, 2), (1, 4)]  # (tp, pp)
 MIB = 1 << 20
+LARGEST = 50304 * 768 * 4  # bytes of GPT-2 124M's largest tensor, wte (vocabulary padded to 64)
 
 
 def bench(tp, pp):
@@ -29,21 +38,25 @@ def bench(tp, pp):
     cmd = [str(BUILD / "tessera"), "bench", "--config", "gpt2_124m", "--steps", "1", "--warmup", "0", "--json",
            "--set", "train.batch_size=1", "--set", "train.seq_len=64", "--set", f"train.grad_accum={max(pp, 1)}",
            "--set", "train.threads=1", "--set", f"parallel.tp={tp}", "--set", f"parallel.pp={pp}"]
+    cmd += ["--save-to", f"/tmp/tessera-setup-memory-save-{tp}-{pp}"]
     if ranks > 1:
         cmd += ["--nproc", str(ranks), "--out", f"/tmp/tessera-setup-memory-{tp}-{pp}"]
     text = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     out = json.loads(next(l for l in text.splitlines() if l.startswith("{")))
-    by_rank = out["setup_by_rank"]
-    return [tuple(by_rank[i:i + 3]) for i in range(0, len(by_rank), 3)]
+    by_rank, save = out["setup_by_rank"], out["save_by_rank"]
+    return [tuple(by_rank[i:i + 3]) + (save[2 * (i // 3)],) for i in range(0, len(by_rank), 3)], out["parameters"]
 
 
 def main():
-    rows = []
+    rows, saves = [], []
     for tp, pp in LAYOUTS:
-        ranks = bench(tp, pp)
-        peak, held, params = max(ranks, key=lambda r: r[2])
+        ranks, total = bench(tp, pp)
+        peak, held, params, _ = max(ranks, key=lambda r: r[2])
         rows.append((tp, pp, params, held, 12 * params, peak))
-        print(tp, pp, params, held, peak, flush=True)
+        world = tp * pp
+        share = max(4, 8) * total / world
+        saves.append((tp, pp, max(r[3] for r in ranks), share, share + (2 * LARGEST if tp > 1 else 0)))
+        print(tp, pp, params, held, peak, saves[-1], flush=True)
     whole = rows[0][2]
     lines = ["# Set-up host memory per rank, GPT-2 124M fp32 (CPU)", "",
              "`bench/setup_memory.py` (`tessera bench --json`'s setup_by_rank; the rank holding the most "
@@ -54,6 +67,16 @@ def main():
     for tp, pp, params, held, predicted, peak in rows:
         lines.append(f"| {tp} | {pp} | {params / 1e6:.2f}M | {params / whole:.3f} | {held / MIB:.1f} | {predicted / MIB:.1f} | "
                      f"{held / predicted:.3f} | {peak / MIB:.1f} | {(peak - held) / MIB:.1f} |")
+    lines += ["", "## During a checkpoint save", "",
+              "The most any rank allocated above what it held, while making and writing its shares of a distributed "
+              "checkpoint (`tessera bench --save-to`); share: the larger of its model and optimizer shares of the whole "
+              "state, 8 bytes per parameter of the whole model / ranks (AdamW's two moments); bound: the share plus, "
+              "under tp, twice the largest tensor (wte, 147.4 MiB: the all-gather's output and its reassembled copy).", "",
+              "| tp | pp | ranks | save peak above held MiB | share MiB | bound MiB | save peak / bound |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    for tp, pp, above, share, bound in saves:
+        lines.append(f"| {tp} | {pp} | {tp * pp} | {above / MIB:.1f} | {share / MIB:.1f} | {bound / MIB:.1f} | "
+                     f"{above / bound:.3f} |")
     text = "\n".join(lines) + "\n"
     Path("bench/results/setup_memory_cpu.md").write_text(text)
     print(text)

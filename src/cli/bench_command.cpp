@@ -22,10 +22,12 @@
 // On CUDA both count host tensors only (the batches are made before the baseline).
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <iostream>
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
 #include "cli/launcher.h"
 #include "comm/device.h"
@@ -41,7 +43,7 @@ namespace tessera::cli {
 
 Command add_bench_command(CLI::App& app) {
   struct Args {
-    std::string config, out = "runs/bench";
+    std::string config, out = "runs/bench", save_to;
     std::vector<std::string> sets;
     int64_t steps = 5, warmup = 2;
     bool json = false;
@@ -59,6 +61,9 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_option("--out", args->out, "with --nproc: directory for the other ranks' logs (logs/rank_N.out)")
       ->capture_default_str();
   cmd->add_flag("--no-comm", args->no_comm, "with --nproc: every rank trains alone (the no-communication baseline)");
+  cmd->add_option("--save-to", args->save_to,
+                  "after the steps, write each rank's checkpoint shares into this directory as a distributed save "
+                  "does, and report the host memory it took per rank (save_by_rank)");
   return [args]() {
     host_memory::install();
     Config config = Config::load(args->config, args->sets);
@@ -130,6 +135,27 @@ Command add_bench_command(CLI::App& app) {
         pp_state.push_back(all[2 * r + 1].item<int64_t>());
       }
     }
+    // A checkpoint save's shares (as the trainer writes them, without the commit): per rank, the
+    // peak above the state held before it, and the bytes held before it.
+    std::vector<int64_t> save;
+    if (!args->save_to.empty()) {
+      const int64_t world = mesh ? mesh->world_size() : 1, rank = mesh ? mesh->rank() : 0;
+      if (rank == 0) {
+        std::filesystem::remove_all(args->save_to);
+        std::filesystem::create_directories(args->save_to);
+      }
+      if (mesh) mesh->world().barrier();
+      const int64_t before = host_memory::current();
+      host_memory::reset_peak();
+      write_model_shard(args->save_to, rank, world, step.model_state_shard(rank, world));
+      write_optimizer_shard(args->save_to, rank, world, step.training_state_slices(rank, world));
+      save = {host_memory::peak() - before, before - bytes_before_model};
+      if (mesh) {
+        at::Tensor all = at::empty({world * 2}, at::kLong);
+        mesh->world().all_gather(all, at::tensor(save, at::kLong));
+        save.assign(all.data_ptr<int64_t>(), all.data_ptr<int64_t>() + all.numel());
+      }
+    }
     std::vector<double> sorted = seconds;
     std::sort(sorted.begin(), sorted.end());
     const double median = sorted[sorted.size() / 2];
@@ -172,6 +198,7 @@ Command add_bench_command(CLI::App& app) {
       const StageCut& cut = step.layout().cut();  // as measured under pp_cut = profile
       out["pp_cut"] = {{"method", cut.method}, {"boundaries", cut.boundaries}, {"predicted_s", cut.seconds}};
     }
+    if (!save.empty()) out["save_by_rank"] = save;  // per rank: peak above the held bytes, held bytes
     step.runner().add_bench_fields(out);  // the swap plan's prediction against its measured timeline
     if (dp) {
       out["comm_bytes_per_step"] = comm_bytes_per_step;
