@@ -18,9 +18,16 @@ the counting allocator above what the rank held before. Its bound: the rank's sh
 state written (the larger of its model share, 4 bytes per parameter / ranks, and its optimizer
 share, 8 bytes per parameter / ranks: each is made and written in turn), plus under tp one whole
 tensor being gathered twice over (the all-gather's output and the tensor reassembled from it; the
-largest is wte, 50304 x 768 float32). Written to bench/results/setup_memory_cpu.md.
+largest is wte, 50304 x 768 float32).
 
-usage: bench/setup_memory.py [BUILD_DIR]
+ZeRO-3 at dp 2 and 4: a rank holds 16 bytes per parameter / dp at the end of set-up (its shard, its
+gradient shard, AdamW's moments of the shard); during set-up no more than one unit whole beyond
+them (the largest is the ends', wte + wpe + ln_f) and the one parameter being drawn whole (wte).
+With BASELINE_BUILD_DIR the same runs of that build are shown beside (the commit before ZeRO-3's
+per-unit set-up materialised the whole stage, then flattened it). Written to
+bench/results/setup_memory_cpu.md.
+
+usage: bench/setup_memory.py [BUILD_DIR [BASELINE_BUILD_DIR]]
 """
 import json
 import subprocess
@@ -28,9 +35,27 @@ import sys
 from pathlib import Path
 
 BUILD = Path(sys.argv[1] if len(sys.argv) > 1 else "build")
+BASELINE = Path(sys.argv[2]) if len(sys.argv) > 2 else None
 LAYOUTS = [(1, 1), (2, 1), (4, 1), (1, 2), (1, 4)]  # (tp, pp)
 MIB = 1 << 20
 LARGEST = 50304 * 768 * 4  # bytes of GPT-2 124M's largest tensor, wte (vocabulary padded to 64)
+ENDS_UNIT = ((50304 + 1024) * 768 + 2 * 768) * 4  # the ends' ZeRO unit: wte, wpe, ln_f (before padding)
+
+
+def run(build, ranks, sets):
+    cmd = [str(build / "tessera"), "bench", "--config", "gpt2_124m", "--steps", "1", "--warmup", "0", "--json",
+           "--set", "train.batch_size=1", "--set", "train.seq_len=64", "--set", "train.threads=1", *sets]
+    if ranks > 1:
+        cmd += ["--nproc", str(ranks), "--out", "/tmp/tessera-setup-memory"]
+    text = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(next(l for l in text.splitlines() if l.startswith("{")))
+
+
+def zero3(build, dp):
+    """Per rank (peak, held) of set-up at ZeRO-3 over dp ranks, and the whole model's parameters."""
+    out = run(build, dp, ["--set", f"parallel.dp={dp}", "--set", "parallel.zero_stage=3"])
+    by_rank = out["setup_by_rank"]
+    return [tuple(by_rank[i:i + 2]) for i in range(0, len(by_rank), 3)], out["parameters"]
 
 
 def bench(tp, pp):
@@ -77,6 +102,25 @@ def main():
     for tp, pp, above, share, bound in saves:
         lines.append(f"| {tp} | {pp} | {tp * pp} | {above / MIB:.1f} | {share / MIB:.1f} | {bound / MIB:.1f} | "
                      f"{above / bound:.3f} |")
+    lines += ["", "## ZeRO-3 set-up", "",
+              "The rank with the highest peak. Predicted held: 16 bytes x parameters / dp (shard, gradient shard, "
+              "AdamW's two moments of the shard); bound on the peak above it: one unit whole (the ends', "
+              f"{ENDS_UNIT / MIB:.1f} MiB) and the parameter being drawn (wte, {LARGEST / MIB:.1f} MiB)."
+              + (f" Baseline: {BASELINE}." if BASELINE else ""), "",
+              "| dp | held MiB | predicted MiB | held / predicted | peak - held MiB | bound MiB |"
+              + (" baseline peak MiB | baseline held MiB |" if BASELINE else ""),
+              "| --- | --- | --- | --- | --- | --- |" + (" --- | --- |" if BASELINE else "")]
+    for dp in (2, 4):
+        ranks, total = zero3(BUILD, dp)
+        peak, held = max(ranks)
+        predicted = 16 * total / dp
+        row = (f"| {dp} | {held / MIB:.1f} | {predicted / MIB:.1f} | {held / predicted:.3f} | {(peak - held) / MIB:.1f} | "
+               f"{(ENDS_UNIT + LARGEST) / MIB:.1f} |")
+        if BASELINE:
+            base_peak, base_held = max(zero3(BASELINE, dp)[0])
+            row += f" {base_peak / MIB:.1f} | {base_held / MIB:.1f} |"
+        lines.append(row)
+        print(row, flush=True)
     text = "\n".join(lines) + "\n"
     Path("bench/results/setup_memory_cpu.md").write_text(text)
     print(text)

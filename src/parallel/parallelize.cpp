@@ -150,11 +150,15 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
       for (const auto& [name, spec] : model_->parameter_specs())
         if (spec.tied) norm.weight[name] = 0.0;
   }
-  // The parameters, this rank's parts only, on their device (in host memory under memory.swap).
-  materialize(at::TensorOptions()
-                  .device(config.memory.swap ? c10::Device(at::kCPU) : device)
-                  .dtype(parameter_dtype(config.precision)),
-              init_seed);
+  // The parameters, this rank's parts only, on their device (in host memory under memory.swap);
+  // under ZeRO-3 DataParallel materialises them unit by unit, already sharded (step 5).
+  const InitialValues initial = initial_values(at::TensorOptions()
+                                                   .device(config.memory.swap ? c10::Device(at::kCPU) : device)
+                                                   .dtype(parameter_dtype(config.precision)),
+                                               init_seed);
+  const bool data_parallel = !layout_.swapped() && dims && (dims->dp() * sp_ > 1 || config.parallel.offload);
+  const bool zero3_from_meta = data_parallel && config.parallel.zero_stage == 3;
+  if (!zero3_from_meta) materialize(initial);
   // 4. Activation checkpointing inside every block.
   model_->set_activation_checkpointing(config.memory.activation_checkpointing);
   // 5. The optimizer owner. Gradients are averaged over every rank holding a replica of the
@@ -181,11 +185,11 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
     return;
   }
   std::unique_ptr<ResidentOwner> owner;
-  if (dims && (dims->dp() * sp_ > 1 || config.parallel.offload)) {
+  if (data_parallel) {
     replicas_ = &mesh_->group(layout_.replica_group());
     comm::Group& expert_replicas = mesh_->group(layout_.expert_replica_group());  // replicas_ itself while ep = 1
     owner = std::make_unique<DataParallel>(model_, ReductionGroups(*replicas_, &expert_replicas), config.parallel,
-                                           config.optim, std::move(norm));
+                                           config.optim, std::move(norm), zero3_from_meta ? &initial : nullptr);
   } else {
     NamedParams named;
     for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
@@ -211,16 +215,23 @@ at::Tensor ParallelModel::local_part(const std::string& name, const at::Tensor& 
   return shard_tensor(whole, tensor_parallel_layout(model_->parameter_specs().at(name)), tp_->rank(), tp_->size());
 }
 
-void ParallelModel::materialize(const at::TensorOptions& where, uint64_t seed) {
+InitialValues ParallelModel::initial_values(const at::TensorOptions& where, uint64_t seed) const {
   // The whole shapes of this rank's parameters, from the same stage on the meta device.
   const TransformerLM whole(config_.model, model_->stage(), at::TensorOptions().device(at::kMeta));
-  auto shapes = whole->named_parameters();
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& item : whole->named_parameters()) shapes[item.key()] = item.value().sizes().vec();
+  InitialValues initial;
+  initial.where = where;
+  initial.of = [this, shapes = std::move(shapes), where, seed](const std::string& name) {
+    const at::Tensor value = initial_value(model_->parameter_specs().at(name).init, name, shapes.at(name), seed);
+    return local_part(name, value).to(where).contiguous();
+  };
+  return initial;
+}
+
+void ParallelModel::materialize(const InitialValues& initial) {
   at::NoGradGuard no_grad;
-  for (auto& item : model_->named_parameters()) {
-    const at::Tensor value =
-        initial_value(model_->parameter_specs().at(item.key()).init, item.key(), shapes[item.key()].sizes(), seed);
-    materialize_meta_parameter(item.value(), local_part(item.key(), value).to(where).contiguous());
-  }
+  for (auto& item : model_->named_parameters()) materialize_meta_parameter(item.value(), initial.of(item.key()));
 }
 
 std::unique_ptr<ParallelModel> parallelize(TransformerLM model, comm::Mesh* mesh, const Config& config,

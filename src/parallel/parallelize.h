@@ -21,7 +21,8 @@
 //      Megatron-SP) and sp as above. With dp or sp the owner below is DataParallel over the
 //      stage's replicas (ZeRO 0-3, stage 3 gathering the stage once per pass; the tied embedding a
 //      unit of its own). Expert parallelism (parallel.ep): refused until built;
-//   then the parameters materialised: this rank's parts only (materialize() below);
+//   then the parameters materialised: this rank's parts only (materialize() below), or under
+//   ZeRO-3 by DataParallel one unit at a time, sharded as it goes;
 //   4. activation checkpointing (memory.activation_checkpointing), inside every block;
 //   5. the optimizer owner (parallel/optimizer_owner.h) and the step runner that drives it
 //      (parallel/step_runner.h): SwapOwner and SwapStep under memory.swap (the model's state in
@@ -57,6 +58,7 @@
 #include "checkpoint/checkpoint.h"
 #include "comm/mesh.h"
 #include "model/transformer.h"
+#include "memory/residency/flat_unit.h"
 #include "parallel/optimizer_owner.h"
 #include "parallel/step_runner.h"
 #include "parallel/tensor/tensor_parallel.h"
@@ -141,11 +143,13 @@ class ParallelModel {
   // This rank's part of parameter `name` from its whole value: its tensor-parallel shard by the
   // declaration, or the whole (the one whole -> part routine of materialisation and loading).
   at::Tensor local_part(const std::string& name, const at::Tensor& whole) const;
-  // Gives every (meta) parameter its storage on `where`: its initial value drawn whole, one
-  // parameter at a time, and cut by local_part(), so each rank allocates only its own part and
-  // holds it exactly as the whole model's (model/init.h: the values depend on the seed and the
-  // name only).
-  void materialize(const at::TensorOptions& where, uint64_t seed);
+  // Each (meta) parameter's initial value on `where`: drawn whole, one parameter at a time, and
+  // cut by local_part(), so each rank allocates only its own part and holds it exactly as the
+  // whole model's (model/init.h: the values depend on the seed and the name only).
+  InitialValues initial_values(const at::TensorOptions& where, uint64_t seed) const;
+  // Gives every (meta) parameter its storage from `initial`, one at a time. (ZeRO-3 leaves the
+  // model on meta for DataParallel, which fills and shards one unit at a time.)
+  void materialize(const InitialValues& initial);
   // The tensor-parallel layout of a state tensor "<prefix><param>[.<slot>]" of `t`'s shape, or
   // none (replicated, a scalar, or no tensor parallelism).
   std::optional<TensorParallelLayout> state_layout(const std::string& name, const at::Tensor& t) const;

@@ -11,23 +11,35 @@
 
 namespace tessera {
 
-FlatUnit::FlatUnit(const std::vector<std::pair<std::string, at::Tensor>>& params, comm::Group& group, bool own_shard)
+FlatUnit::FlatUnit(const std::vector<std::pair<std::string, at::Tensor>>& params, comm::Group& group, bool own_shard,
+                   const InitialValues* initial)
     : group_(&group), world_(group.size()), rank_(group.rank()) {
   require(!params.empty(), "internal: a ZeRO unit without parameters");
+  const bool meta = params[0].second.is_meta();
+  require(!meta || initial, "internal: a ZeRO unit of meta parameters without their initial values");
+  const at::TensorOptions options = meta ? initial->where : params[0].second.options();
   int64_t total = 0;
   for (const auto& [name, param] : params) {
-    require(param.scalar_type() == params[0].second.scalar_type() && param.device() == params[0].second.device(),
-            "internal: ZeRO unit mixes dtypes or devices (", name, ")");
+    require(param.is_meta() == meta && (meta || (param.scalar_type() == options.dtype() && param.device() == options.device())),
+            "internal: ZeRO unit mixes dtypes, devices or meta parameters (", name, ")");
     entries_.push_back({name, param, total, param.numel(), decays(param)});
     total += param.numel();
   }
   shard_numel_ = (total + world_ - 1) / world_;
   at::NoGradGuard no_grad;
-  flat_ = at::zeros({padded_numel()}, params[0].second.options());
+  flat_ = at::zeros({padded_numel()}, options.requires_grad(false));
   for (auto& e : entries_) {
     at::Tensor view = flat_.narrow(0, e.offset, e.numel);
-    view.copy_(e.param.reshape(-1));
-    e.param.set_data(view.view(e.param.sizes()));
+    if (meta) {
+      const at::Tensor value = initial->of(e.name);
+      require(value.numel() == e.numel, "internal: the initial value of '", e.name, "' has ", value.numel(),
+              " elements, the parameter ", e.numel);
+      view.copy_(value.reshape(-1));
+      materialize_meta_parameter(e.param, view.view(e.param.sizes()));
+    } else {
+      view.copy_(e.param.reshape(-1));
+      e.param.set_data(view.view(e.param.sizes()));
+    }
   }
   shard_ = flat_.narrow(0, rank_ * shard_numel_, shard_numel_);
   if (own_shard) shard_ = shard_.clone();

@@ -13,6 +13,9 @@
 //   size: every parameter, and every tensor the autograd graph saved from one (a leaf itself or a
 //   view such as weight.t()), sees the new memory; gather_async() then fills it from the shards.
 // - The padding is never handed to an optimizer, so it stays zero.
+// - A unit may be built from parameters still on the meta device (ZeRO-3's set-up: no rank
+//   materialises its whole stage): each takes its value from InitialValues into its place in
+//   `flat`, one parameter at a time, and becomes a view of flat as above.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +30,13 @@
 
 namespace tessera {
 
+// The values of parameters built on the meta device: `of(name)` is this rank's part of parameter
+// `name`, on `where` (device and dtype), as a materialised model would hold it.
+struct InitialValues {
+  at::TensorOptions where;
+  std::function<at::Tensor(const std::string& name)> of;
+};
+
 class FlatUnit {
  public:
   struct Entry {
@@ -38,8 +48,10 @@ class FlatUnit {
 
   // Flattens `params` into `flat`, sharded over `group` (which outlives the unit), and points them
   // at it. With own_shard, `shard` is a copy that stays when `flat` is released (stage 3);
-  // otherwise it is a view of flat.
-  FlatUnit(const std::vector<std::pair<std::string, at::Tensor>>& params, comm::Group& group, bool own_shard);
+  // otherwise it is a view of flat. Parameters on the meta device take their values from
+  // `initial` (required then; all of a unit's parameters are meta or none).
+  FlatUnit(const std::vector<std::pair<std::string, at::Tensor>>& params, comm::Group& group, bool own_shard,
+           const InitialValues* initial = nullptr);
 
   comm::Group& group() const { return *group_; }
   const std::vector<Entry>& entries() const { return entries_; }

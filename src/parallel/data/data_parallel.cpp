@@ -79,7 +79,7 @@ void check_data_parallel(const ParallelOptions& parallel, const OptimOptions& op
 }
 
 DataParallel::DataParallel(TransformerLM model, ReductionGroups groups, const ParallelOptions& parallel,
-                           const OptimOptions& optim, ModelParallelNorm norm)
+                           const OptimOptions& optim, ModelParallelNorm norm, const InitialValues* initial)
     : impl_(std::make_unique<Impl>(std::move(model), groups, parallel)) {
   Impl& s = *impl_;
   check_data_parallel(parallel, optim);
@@ -94,12 +94,15 @@ DataParallel::DataParallel(TransformerLM model, ReductionGroups groups, const Pa
     const ParameterSpec& spec = s.model->parameter_specs().at(item.key());
     s.group_of.push_back(spec.reduce == ReductionGroup::expert_data && s.groups.size() > 1 ? 1 : 0);
   }
-  {
+  const bool meta = s.model->is_meta();
+  require(!meta || (s.stage == 3 && initial), "internal: DataParallel takes a model on the meta device at "
+          "parallel.zero_stage = 3 with its initial values only");
+  if (!meta) {
     at::NoGradGuard no_grad;  // every rank starts from its group's first rank's parameters
     for (size_t i = 0; i < s.params.size(); ++i) s.group(s.group_of[i]).broadcast(s.params[i].second, 0);
   }
   if (s.stage <= 1) s.build_buckets(parallel.bucket_mb);
-  if (s.stage >= 1) s.build_units();
+  if (s.stage >= 1) s.build_units(initial);
   s.build_optimizer(optim, parallel.offload);
   s.register_hooks();
   if (s.stage == 3 && !s.model->stage().whole()) {
@@ -194,10 +197,7 @@ void DataParallel::Impl::build_buckets(double bucket_mb) {
   }
 }
 
-void DataParallel::Impl::build_units() {
-  std::vector<std::set<const c10::TensorImpl*>> in_block(static_cast<size_t>(n_blocks));
-  for (int64_t l : model->layers())
-    for (const auto& p : model->block(l)->parameters()) in_block[l].insert(p.unsafeGetTensorImpl());
+void DataParallel::Impl::build_units(const InitialValues* initial) {
   // members[part][key]: key = the reduction group, and for a pipeline stage's tied embedding a
   // unit of its own after the ends' others (key groups.size()), so that the first and the last
   // stage shard it alike.
@@ -209,10 +209,9 @@ void DataParallel::Impl::build_units() {
   for (size_t g = 0; g < groups.size(); ++g) key_group[g] = g;
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& [name, p] = params[i];
-    size_t part = static_cast<size_t>(n_blocks);
-    for (int64_t l : model->layers())
-      if (in_block[l].count(p.unsafeGetTensorImpl())) part = static_cast<size_t>(l);
-    const bool tied = own_tied_unit && model->parameter_specs().at(name).tied;
+    const ParameterSpec& spec = model->parameter_specs().at(name);
+    const size_t part = spec.block >= 0 ? static_cast<size_t>(spec.block) : static_cast<size_t>(n_blocks);
+    const bool tied = own_tied_unit && spec.tied;
     require(!tied || group_of[i] == 0, "internal: the tied embedding reduces over the data group");
     members[part][tied ? groups.size() : group_of[i]].emplace_back(name, p);
   }
@@ -222,7 +221,8 @@ void DataParallel::Impl::build_units() {
       if (members[part][key].empty()) continue;
       part_units[part].push_back(units.size());
       unit_part.push_back(part);
-      units.emplace_back(members[part][key], group(key_group[key]), /*own_shard=*/stage == 3);
+      units.emplace_back(members[part][key], group(key_group[key]), /*own_shard=*/stage == 3, initial);
+      if (initial) units.back().release();  // stage 3 from meta: one unit whole at a time
     }
   if (stage >= 2)
     for (const auto& u : units) grad_shards.push_back(at::zeros({u.shard_numel()}, u.flat().options()));

@@ -53,7 +53,7 @@
 // is the parameter's group's size: every replica ("data") or, for experts, the replicas holding
 // the same experts ("expert_data", dp / ep of them). The ranks outside a parameter's group hold
 // different parameters (other experts), so the clipping norm sums every rank's share over `data`.
-// The constructor broadcasts each parameter from its group's first rank.
+// The constructor broadcasts each parameter from its group's first rank (a materialised model).
 //
 // Details the stages above leave open:
 // - Stages 0-1 send nothing before the last micro-batch (gradients accumulate locally, in the
@@ -70,7 +70,8 @@
 //   later (a pipeline stage, a swap engine) compose outside them. Outside a pass every parameter
 //   is released (its storage is empty): read them through visit_full_parameters() and
 //   write them through load_parameter().
-//   The constructor broadcasts rank 0's parameters.
+//   The constructor broadcasts rank 0's parameters, or, given a meta model and its initial
+//   values, fills and shards one unit at a time (every replica draws the same values).
 // - At stages 0-1 each parameter's .grad is a view of its bucket: zero them with zero_grad() here,
 //   never by resetting the grads (model->zero_grad()); a gradient found elsewhere throws.
 // - parallel.grad_compression (stage 0 only) averages each bucket with the compressor instead of
@@ -105,6 +106,7 @@
 #include "checkpoint/checkpoint.h"
 #include "comm/group.h"
 #include "core/parallel_options.h"
+#include "memory/residency/flat_unit.h"
 #include "model/transformer.h"
 #include "optim/optimizer.h"
 #include "parallel/optimizer_owner.h"
@@ -129,9 +131,12 @@ class DataParallel : public ResidentOwner {
  public:
   // Registers the hooks on `model` (already on its device). Throws tessera::Error naming the key
   // for combinations that are not supported (check_data_parallel). `norm`: how the clipping norm
-  // counts tensor-parallel shards (none without tensor parallelism).
+  // counts tensor-parallel shards (none without tensor parallelism). At stage 3 `model` may still
+  // be on the meta device, with `initial` giving each parameter's value (this rank's tp/pp part,
+  // the same on every replica): each unit is then filled from them and sharded in turn, so set-up
+  // never holds more than one unit whole beyond the shards (and no broadcast is needed).
   DataParallel(TransformerLM model, ReductionGroups groups, const ParallelOptions& parallel, const OptimOptions& optim,
-               ModelParallelNorm norm = {});
+               ModelParallelNorm norm = {}, const InitialValues* initial = nullptr);
   ~DataParallel() override;
 
   void before_backward(bool last_micro_batch) override;

@@ -114,7 +114,8 @@ struct DataParallel::Impl {
   // this rank owns (begin == end: none), and its shape.
   std::vector<std::pair<std::string, OptimizerRange>> owned_ranges() const;
   void build_buckets(double bucket_mb);
-  void build_units();
+  // Stages 1-3; with `initial` (stage 3, a meta model) each unit is filled and released in turn.
+  void build_units(const InitialValues* initial);
   void build_optimizer(const OptimOptions& optim, bool offload_to_host);
   void register_hooks();
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -141,6 +142,31 @@ TEST(Residency, FollowsThePlanOverFlatUnits) {
   residency.at(Pass::training, {Kind::before_backward, ModelPart::block(0)});
   residency.at(Pass::training, {Kind::after_reduction, ModelPart::block(0)});
   EXPECT_EQ(resident(), "000");
+}
+
+// A unit built from meta parameters and their initial values holds what one built from the same
+// values materialised does: the parameters become views of its flat buffer with those values, and
+// its shard equals the other's; a meta unit without values is refused.
+TEST(FlatUnit, BuildsFromMetaParametersAndTheirInitialValues) {
+  comm::Group home("dp", {0}, 0, nullptr, std::chrono::milliseconds(1000));
+  const std::map<std::string, at::Tensor> values = {{"w", torch::arange(6, torch::kFloat).view({2, 3})},
+                                                    {"b", torch::full({4}, 0.5f)}};
+  at::Tensor w = torch::empty({2, 3}, torch::device(at::kMeta)).requires_grad_(true);
+  at::Tensor b = torch::empty({4}, torch::device(at::kMeta)).requires_grad_(true);
+  InitialValues initial{at::TensorOptions().dtype(at::kFloat), [&](const std::string& name) { return values.at(name); }};
+  FlatUnit unit({{"w", w}, {"b", b}}, home, /*own_shard=*/true, &initial);
+  EXPECT_FALSE(w.is_meta());
+  EXPECT_TRUE(w.requires_grad());
+  EXPECT_TRUE(w.equal(values.at("w")));
+  EXPECT_TRUE(b.equal(values.at("b")));
+  EXPECT_TRUE(w.storage().is_alias_of(unit.flat().storage()));
+  at::Tensor w2 = values.at("w").clone(), b2 = values.at("b").clone();
+  FlatUnit whole({{"w", w2}, {"b", b2}}, home, /*own_shard=*/true);
+  EXPECT_TRUE(unit.shard().equal(whole.shard()));
+  unit.release();
+  EXPECT_EQ(w.storage().nbytes(), 0u);
+  at::Tensor m = torch::empty({3}, torch::device(at::kMeta));
+  EXPECT_TRUE(test::throws_naming([&] { FlatUnit bad({{"m", m}}, home, true); }, {"meta parameters without"}));
 }
 
 // Driven by a schedule instead of a plan (a pipeline stage's units): holds are counted, the first
