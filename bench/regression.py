@@ -26,6 +26,8 @@ LAYOUTS = [
     ("pp 2 1F1B, 8 micro-batches", 2, ["--set", "parallel.pp=2", "--set", "train.grad_accum=8"]),
     ("pp 2 ZB-H1, 8 micro-batches", 2, ["--set", "parallel.pp=2", "--set", "parallel.pp_schedule=zbh1",
                                         "--set", "train.grad_accum=8"]),
+    ("dp 2 x pp 2 ZeRO-3 1F1B, 8 micro-batches", 4, ["--set", "parallel.pp=2", "--set", "parallel.dp=2",
+                                                      "--set", "parallel.zero_stage=3", "--set", "train.grad_accum=8"]),
     ("swap, 4 sub-models, 16 GB/s", 0, ["--set", "memory.swap=true", "--set", "memory.device_budget_gb=1",
                                         "--set", "memory.modelled_bandwidth_gbps=16",
                                         "--set", "memory.swap_blocks=[2,2,2,2]"]),

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "parallel/pipeline/executor.h"
+#include "parallel/pipeline/schedule_builders.h"
 #include "parallel/pipeline/timeline_svg.h"
 #include "precision/autocast.h"
 
@@ -239,13 +240,10 @@ double PipelineStep::evaluate(const std::vector<Batch>& batches) {
 
 const pipeline::Schedule& PipelineStep::schedule_for(int64_t micro_batches) {
   if (!schedule_ || schedule_->micro_batches != micro_batches) {
-    Config c = config_;
-    c.train.grad_accum = micro_batches;
-    c.train.global_batch_size = 0;
     const pipeline::Gathers gathers = !owner_.shards_parameters()                    ? pipeline::Gathers::none
                                       : config_.parallel.zero3_reshard_per_microbatch ? pipeline::Gathers::per_action
                                                                                       : pipeline::Gathers::per_step;
-    schedule_ = pipeline_schedule(c, mesh_.dims(), gathers);
+    schedule_ = pipeline::schedule_for_options(config_.parallel, mesh_.dims().pp(), micro_batches, gathers);
   }
   return *schedule_;
 }

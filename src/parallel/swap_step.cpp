@@ -9,7 +9,6 @@
 #include "core/fs.h"
 #include "memory/swap/swap_simulate.h"
 #include "memory/swap/swap_timeline.h"
-#include "plan/swap_cut.h"
 #include "precision/autocast.h"
 
 namespace tessera {

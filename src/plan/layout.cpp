@@ -1,6 +1,8 @@
 // The Layout value and what it is made from (layout.h).
 #include "plan/layout.h"
 
+#include "parallel/pipeline/schedule_builders.h"
+
 #include "core/error.h"
 #include "plan/profile_cut.h"
 
@@ -48,7 +50,7 @@ Layout make_layout(const Config& config, const ParallelDims& dims, const LayoutM
     cut = p.pp_layers.empty() && p.pp_cut == "profile" && measured.blocks
               ? cut_by_time(config.model, dims.pp() * p.pipeline_virtual(), *measured.blocks)
               : pipeline_cut(config, dims);
-    schedule = pipeline_schedule(config, dims);
+    schedule = pipeline::schedule_for_options(p, dims.pp(), config.train.accumulation(dims.dp()));
     require(cut->stages() == schedule->stages(), "internal: a cut of ", cut->stages(), " stages for a schedule of ",
             schedule->stages());
   }

@@ -214,18 +214,6 @@ std::string describe_stage_cut(const StageCut& cut) {
   return out;
 }
 
-pipeline::Schedule pipeline_schedule(const Config& config, const ParallelDims& dims, pipeline::Gathers gathers) {
-  const ParallelOptions& p = config.parallel;
-  const int64_t v = p.pipeline_virtual(), m = config.train.accumulation(dims.dp());
-  pipeline::Schedule s =
-      p.pp_schedule.rfind("file:", 0) == 0
-          ? pipeline::read_schedule_csv(p.pp_schedule.substr(5), dims.pp(), v, m, pipeline::Placement::loop)
-          : pipeline::build_schedule(p.pp_schedule, dims.pp(), m, v);
-  pipeline::add_parameter_actions(s, gathers);
-  pipeline::validate_schedule(s);
-  return s;
-}
-
 std::string describe_pipeline_layout(const Config& config, const ParallelDims& dims, const StageCut& cut,
                                      const pipeline::Schedule& schedule) {
   const pipeline::Simulation sim = pipeline::simulate_schedule(schedule);

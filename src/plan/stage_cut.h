@@ -21,9 +21,7 @@
 // Refused naming the keys: more stages than blocks; a hand cut with another number of entries
 // than stages, an empty stage, or counts that do not add up to model.n_layer.
 //
-// pipeline_schedule: the layout's schedule table (parallel.pp_schedule, the stages per rank, and
-// the step's micro-batches, which are its accumulation count at this dp) with its parameter
-// actions (`gathers`, and OPTIM), built and validated (parallel/pipeline/); refusals name the keys.
+// The layout's schedule table is parallel/pipeline/schedule_builders.h's schedule_for_options.
 #pragma once
 
 #include <cstdint>
@@ -74,9 +72,6 @@ std::string describe_stage_cut(const StageCut& cut);
 // schedule's simulated bubble, for a layout's cut and schedule (plan/layout.h).
 std::string describe_pipeline_layout(const Config& config, const ParallelDims& dims, const StageCut& cut,
                                      const pipeline::Schedule& schedule);
-
-pipeline::Schedule pipeline_schedule(const Config& config, const ParallelDims& dims,
-                                     pipeline::Gathers gathers = pipeline::Gathers::none);
 
 // The part of the model pipeline rank `rank` holds: the blocks of its stages under `schedule`'s
 // placement (several ranges with virtual stages), with the embedding if it holds stage 0 and the

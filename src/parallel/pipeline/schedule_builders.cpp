@@ -6,6 +6,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "parallel/pipeline/validate.h"
 
 namespace tessera::pipeline {
 namespace {
@@ -231,6 +232,16 @@ Schedule build_schedule(const std::string& name, int64_t pp, int64_t micro_batch
     fail("parallel.pp_schedule = '", name, "' is not a schedule (", known, ", or file:PATH)");
   }
   add_communication(s);
+  return s;
+}
+
+Schedule schedule_for_options(const ParallelOptions& parallel, int64_t pp, int64_t micro_batches, Gathers gathers) {
+  const int64_t v = parallel.pipeline_virtual();
+  Schedule s = parallel.pp_schedule.rfind("file:", 0) == 0
+                   ? read_schedule_csv(parallel.pp_schedule.substr(5), pp, v, micro_batches, Placement::loop)
+                   : build_schedule(parallel.pp_schedule, pp, micro_batches, v);
+  add_parameter_actions(s, gathers);
+  validate_schedule(s);
   return s;
 }
 

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "core/parallel_options.h"
 #include "parallel/pipeline/schedule.h"
 
 namespace tessera::pipeline {
@@ -43,5 +44,12 @@ const std::vector<std::string>& schedule_names();
 // zbv: 2; the others: 1). Throws tessera::Error naming parallel.pp_schedule / parallel.pp_virtual
 // or the micro-batch count when the combination cannot be built.
 Schedule build_schedule(const std::string& name, int64_t pp, int64_t micro_batches, int64_t v);
+
+// A layout's schedule table: parallel.pp_schedule (a built-in, or file:PATH read as a CSV table) on
+// `pp` ranks with parallel.pp_virtual stages each and `micro_batches` (the step's accumulation
+// count at its dp), with its parameter actions (`gathers`, and OPTIM), validated. Refusals name the
+// keys or the file.
+Schedule schedule_for_options(const ParallelOptions& parallel, int64_t pp, int64_t micro_batches,
+                              Gathers gathers = Gathers::none);
 
 }  // namespace tessera::pipeline
