@@ -25,18 +25,6 @@
 namespace tessera {
 namespace {
 
-// The parameter a state tensor belongs to: "optim.<param>.<slot>" and "master.<param>" name it;
-// anything else (the loss scaler's entries) belongs to none ("").
-std::string state_param(const std::string& name) {
-  for (const char* prefix : {"optim.", "master."})
-    if (name.rfind(prefix, 0) == 0) {
-      const std::string rest = name.substr(std::string(prefix).size());
-      const size_t dot = rest.rfind('.');
-      return prefix == std::string("master.") || dot == std::string::npos ? rest : rest.substr(0, dot);
-    }
-  return "";
-}
-
 // Owners for tensors of `numels` elements, in order, each to the shard holding the fewest
 // elements so far: the same on every rank.
 std::vector<int64_t> owners_by_size(const std::vector<int64_t>& numels, int64_t shards) {
@@ -150,6 +138,7 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
       for (const auto& [name, spec] : model_->parameter_specs())
         if (spec.tied) norm.weight[name] = 0.0;
   }
+  placement_ = std::make_unique<ParameterPlacement>(model_, layout_, tp_, pp_);
   // The parameters, this rank's parts only, on their device (in host memory under memory.swap);
   // under ZeRO-3 DataParallel materialises them unit by unit, already sharded (step 5).
   const InitialValues initial = initial_values(at::TensorOptions()
@@ -210,11 +199,6 @@ void ParallelModel::seed_random_streams(int64_t step) {
   random::seed_streams(seed, replica_, tp_rank_, device_.is_cuda() ? std::optional<at::Device>(device_) : std::nullopt);
 }
 
-at::Tensor ParallelModel::local_part(const std::string& name, const at::Tensor& whole) const {
-  if (!tp_) return whole;
-  return shard_tensor(whole, tensor_parallel_layout(model_->parameter_specs().at(name)), tp_->rank(), tp_->size());
-}
-
 InitialValues ParallelModel::initial_values(const at::TensorOptions& where, uint64_t seed) const {
   // The whole shapes of this rank's parameters, from the same stage on the meta device.
   const TransformerLM whole(config_.model, model_->stage(), at::TensorOptions().device(at::kMeta));
@@ -224,7 +208,7 @@ InitialValues ParallelModel::initial_values(const at::TensorOptions& where, uint
   initial.where = where;
   initial.of = [this, shapes = std::move(shapes), where, seed](const std::string& name) {
     const at::Tensor value = initial_value(model_->parameter_specs().at(name).init, name, shapes.at(name), seed);
-    return local_part(name, value).to(where).contiguous();
+    return placement_->part(name, value).to(where).contiguous();
   };
   return initial;
 }
@@ -255,50 +239,18 @@ void ParallelModel::average_over_replicas(at::Tensor& values) {
 int64_t ParallelModel::data_ranks() const { return replicas_ ? mesh_->dims().dp() : 1; }
 int64_t ParallelModel::data_rank() const { return replicas_ ? mesh_->coord().dp : 0; }
 
-NamedTensors ParallelModel::gather_over_stages(const std::function<at::Tensor(const std::string& name)>& mine) {
-  // The whole model's parameters in the same order on every rank (a meta model: no memory), each
-  // broadcast over pp by the stage that holds it (the tied embedding by the first).
-  const TransformerLM whole(config_.model, ModelStage{}, at::TensorOptions().device(at::kMeta));
-  auto holder = [&](const std::string& name) -> int64_t {
-    const ParameterSpec& spec = whole->parameter_specs().at(name);
-    if (spec.block >= 0) return layout_.block_holder(spec.block);
-    return spec.end == ModelEnd::head ? layout_.head_holder() : layout_.embedding_holder();
-  };
-  const at::Device device = model_->parameters().front().device();
-  NamedTensors out;
-  for (const auto& item : whole->named_parameters()) {
-    const int64_t from = holder(item.key());
-    at::Tensor t = from == pp_->rank() ? mine(item.key()).to(at::kFloat).contiguous()
-                                       : at::empty(item.value().sizes(), at::TensorOptions().dtype(at::kFloat).device(device));
-    pp_->broadcast(t, from);
-    out.emplace_back(item.key(), t);
-  }
-  return out;
-}
-
 NamedTensors ParallelModel::model_state() {
   if (!pp_) return model_state_shard(0, 1);
   // This stage's parameters whole (ZeRO-3 gathers them unit by unit), then over the stages.
   auto params = model_->named_parameters();
   std::map<std::string, at::Tensor> mine;
   owner_->visit_full_parameters([&](const std::vector<std::string>& names) {
-    for (const std::string& name : names) mine[name] = whole_over_tp(name, params[name].detach().clone());
+    for (const std::string& name : names) mine[name] = placement_->whole(name, params[name].detach().clone());
   });
   NamedTensors out;
-  for (const auto& [name, t] : gather_over_stages([&](const std::string& n) { return mine.at(n); }))
+  for (const auto& [name, t] : placement_->over_stages([&](const std::string& n) { return mine.at(n); }))
     out.push_back(export_tensor(model_->options(), name, t));
   return out;
-}
-
-at::Tensor ParallelModel::whole_over_tp(const std::string& name, const at::Tensor& t) {
-  if (!tp_) return t;
-  return gather_tensor(t.contiguous(), tensor_parallel_layout(model_->parameter_specs().at(name)), *tp_);
-}
-
-// The parameters this stage writes: all of its own, but the last stage's copy of the tied
-// embedding, which the first stage writes (pipeline only).
-bool ParallelModel::writes_parameter(const std::string& name) const {
-  return !(pp_ && model_->parameter_specs().at(name).tied && model_->has_head() && !model_->has_embedding());
 }
 
 std::pair<int64_t, int64_t> ParallelModel::stage_share() const {
@@ -313,15 +265,12 @@ NamedTensors ParallelModel::model_state_shard(int64_t rank, int64_t shards) {
   // Under pp the ranks holding this stage (its data-parallel replicas) share out its parameters.
   if (pp_) std::tie(rank, shards) = stage_share();
   // Owners: each parameter, in registration order, to the rank holding the fewest elements so far.
-  std::map<std::string, TensorParallelLayout> layouts;
   std::vector<std::string> order;
   std::vector<int64_t> numels;
   for (const auto& item : model_->named_parameters()) {
-    if (!writes_parameter(item.key())) continue;
-    const TensorParallelLayout layout = tensor_parallel_layout(model_->parameter_specs().at(item.key()));
+    if (!placement_->writes(item.key())) continue;
     order.push_back(item.key());
-    numels.push_back(item.value().numel() * (tp_ && layout.dim >= 0 ? tp_->size() : 1));
-    layouts.emplace(item.key(), layout);
+    numels.push_back(item.value().numel() * (placement_->split_over_tp(item.key()) ? tp_->size() : 1));
   }
   std::map<std::string, int64_t> owner;
   const std::vector<int64_t> owners = owners_by_size(numels, shards);
@@ -332,10 +281,9 @@ NamedTensors ParallelModel::model_state_shard(int64_t rank, int64_t shards) {
   owner_->visit_full_parameters([&](const std::vector<std::string>& names) {
     for (const std::string& name : names) {
       if (!owner.count(name)) continue;  // a copy another stage writes
-      const TensorParallelLayout& layout = layouts.at(name);
-      const bool gathered = tp_ && layout.dim >= 0;  // every tp rank takes part in the gather
-      if (!gathered && owner.at(name) != rank) continue;
-      const at::Tensor whole = gathered ? gather_tensor(params[name].contiguous(), layout, *tp_) : params[name];
+      // Every tp rank takes part in gathering a split parameter.
+      if (!placement_->split_over_tp(name) && owner.at(name) != rank) continue;
+      const at::Tensor whole = placement_->whole(name, params[name]);
       if (owner.at(name) == rank) mine.push_back(export_tensor(model_->options(), name, whole));
     }
   });
@@ -357,48 +305,33 @@ void ParallelModel::load_model_state(const std::set<std::string>& names,
     if ((pp_ && !mine.contains(name)) || !owner_->keeps_part_of(name)) continue;
     at::Tensor value =
         import_tensor(config_.model, name, read(export_name(config_.model, name)), item.value().sizes(), source);
-    owner_->load_parameter(name, local_part(name, value));
+    owner_->load_parameter(name, placement_->part(name, value));
   }
   owner_->parameters_loaded();
-}
-
-// Under tensor parallelism a state tensor of a parameter ("optim.<param>.<slot>",
-// "master.<param>") has the parameter's split; scalars (steps) and the scaler's entries are
-// replicated.
-std::optional<TensorParallelLayout> ParallelModel::state_layout(const std::string& name, const at::Tensor& t) const {
-  if (!tp_ || t.dim() == 0) return std::nullopt;
-  const auto spec = model_->parameter_specs().find(state_param(name));
-  if (spec == model_->parameter_specs().end()) return std::nullopt;
-  const TensorParallelLayout layout = tensor_parallel_layout(spec->second);
-  if (layout.dim < 0) return std::nullopt;
-  return layout;
 }
 
 NamedTensors ParallelModel::gradients() {
   NamedTensors grads = owner_->gradients();
   auto params = model_->named_parameters();
-  for (auto& [name, g] : grads) g = whole_over_tp(name, g.defined() ? g : at::zeros_like(params[name]));
+  for (auto& [name, g] : grads) g = placement_->whole(name, g.defined() ? g : at::zeros_like(params[name]));
   if (!pp_) return grads;
   const std::map<std::string, at::Tensor> mine(grads.begin(), grads.end());
-  return gather_over_stages([&](const std::string& name) { return mine.at(name); });
+  return placement_->over_stages([&](const std::string& name) { return mine.at(name); });
 }
 
 NamedTensors ParallelModel::training_state() {
   NamedTensors state = owner_->training_state();
-  for (auto& [name, t] : state)
-    if (const auto layout = state_layout(name, t)) t = gather_tensor(t.contiguous(), *layout, *tp_);
+  for (auto& [name, t] : state) t = placement_->state_whole(name, t);
   return state;
 }
 
 void ParallelModel::load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) {
   // Under pp the state of this stage's parameters (and any of no parameter, replicated).
   std::map<std::string, at::Tensor> local;
-  auto mine = model_->named_parameters();
   for (const auto& [name, t] : tensors)
-    if (!pp_ || state_param(name).empty() || mine.contains(state_param(name))) local.emplace(name, t);
+    if (placement_->keeps_state(name)) local.emplace(name, t);
   if (!training_state_ranges().empty()) return owner_->load_training_state_ranges(local, source);
-  for (auto& [name, t] : local)
-    if (const auto layout = state_layout(name, t)) t = shard_tensor(t, *layout, tp_->rank(), tp_->size());
+  for (auto& [name, t] : local) t = placement_->state_part(name, t);
   owner_->load_training_state(local, source);
 }
 
@@ -409,7 +342,7 @@ OptimizerRanges ParallelModel::training_state_ranges() const {
 std::vector<TensorSlice> ParallelModel::training_state_slices(int64_t rank, int64_t shards) {
   // Under pp the ranks holding a stage share out its state, the tied embedding's by the first stage.
   if (pp_) std::tie(rank, shards) = stage_share();
-  auto written = [&](const std::string& name) { return writes_parameter(state_param(name)); };
+  auto written = [&](const std::string& name) { return placement_->writes_state(name); };
   if (!tp_ && replicas_ && replicas_->size() == shards) {
     std::vector<TensorSlice> own = owner_->own_training_state_slices();
     own.erase(std::remove_if(own.begin(), own.end(), [&](const TensorSlice& slice) { return !written(slice.name); }),
@@ -423,17 +356,13 @@ std::vector<TensorSlice> ParallelModel::training_state_slices(int64_t rank, int6
   // Under tensor parallelism: one state tensor at a time gathered whole over tp and kept only by
   // the rank it is assigned to (by size, the same on every rank), so no rank holds more than its
   // share of the whole state and one tensor beyond its own state.
-  std::vector<std::optional<TensorParallelLayout>> layouts;
   std::vector<int64_t> numels;
-  for (const auto& [name, t] : local) {
-    layouts.push_back(state_layout(name, t));
-    numels.push_back(t.numel() * (layouts.back() ? tp_->size() : 1));
-  }
+  for (const auto& [name, t] : local) numels.push_back(t.numel() * (placement_->state_split(name, t) ? tp_->size() : 1));
   const std::vector<int64_t> owners = owners_by_size(numels, shards);
   std::vector<TensorSlice> mine;
   for (size_t i = 0; i < local.size(); ++i) {
     const auto& [name, t] = local[i];
-    const at::Tensor whole = layouts[i] ? gather_tensor(t.contiguous(), *layouts[i], *tp_) : t;
+    const at::Tensor whole = placement_->state_whole(name, t);
     if (owners[i] == rank) mine.push_back({name, whole, 0, whole.sizes().vec()});
   }
   return mine;

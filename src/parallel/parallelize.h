@@ -41,8 +41,9 @@
 // The result, ParallelModel, is what the training step drives: the model, its step runner and
 // owner, this rank's share of the data (sequence chunk, data-parallel rows), and the model and
 // optimizer state in a form independent of the layout (whole tensors under the model's own names,
-// for checkpoints that load at any layout). The layout (plan/layout.h) is the caller's, computed
-// once; parallelize() reads it and keeps a copy.
+// for checkpoints that load at any layout), each turned whole or cut to this rank's part by the one
+// routine in parallel/parameter_placement.h (tp and pp) and the owner (ZeRO). The layout
+// (plan/layout.h) is the caller's, computed once; parallelize() reads it and keeps a copy.
 #pragma once
 
 #include <functional>
@@ -60,6 +61,7 @@
 #include "model/transformer.h"
 #include "memory/residency/flat_unit.h"
 #include "parallel/optimizer_owner.h"
+#include "parallel/parameter_placement.h"
 #include "parallel/step_runner.h"
 #include "parallel/tensor/tensor_parallel.h"
 #include "plan/layout.h"
@@ -140,42 +142,27 @@ class ParallelModel {
                                                     const Layout& layout, c10::Device device, uint64_t init_seed);
   ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config& config, const Layout& layout, c10::Device device,
                 uint64_t init_seed);
-  // This rank's part of parameter `name` from its whole value: its tensor-parallel shard by the
-  // declaration, or the whole (the one whole -> part routine of materialisation and loading).
-  at::Tensor local_part(const std::string& name, const at::Tensor& whole) const;
   // Each (meta) parameter's initial value on `where`: drawn whole, one parameter at a time, and
-  // cut by local_part(), so each rank allocates only its own part and holds it exactly as the
-  // whole model's (model/init.h: the values depend on the seed and the name only).
+  // cut by the placement (parameter_placement.h), so each rank allocates only its own part and
+  // holds it exactly as the whole model's (model/init.h: the values depend on the seed and the
+  // name only).
   InitialValues initial_values(const at::TensorOptions& where, uint64_t seed) const;
   // Gives every (meta) parameter its storage from `initial`, one at a time. (ZeRO-3 leaves the
   // model on meta for DataParallel, which fills and shards one unit at a time.)
   void materialize(const InitialValues& initial);
-  // The tensor-parallel layout of a state tensor "<prefix><param>[.<slot>]" of `t`'s shape, or
-  // none (replicated, a scalar, or no tensor parallelism).
-  std::optional<TensorParallelLayout> state_layout(const std::string& name, const at::Tensor& t) const;
-
   Config config_;
   Layout layout_;
   TransformerLM model_;
   comm::Mesh* mesh_;
   c10::Device device_;
-  // Whether this rank writes parameter `name` (and its state) into a checkpoint: under pp not the
-  // last stage's copy of the tied embedding.
-  bool writes_parameter(const std::string& name) const;
-  // Parameter `name`'s tensor `t` (a value or a gradient) whole: gathered over tp by its declared
-  // split (a collective of tp), or `t` itself.
-  at::Tensor whole_over_tp(const std::string& name, const at::Tensor& t);
   // Under pp: this rank's index among the ranks holding its stage, and their number.
   std::pair<int64_t, int64_t> stage_share() const;
-  // Under pp: every parameter of the whole model, in its order, float32 on every rank, each
-  // broadcast by the stage holding it from mine(name) (a collective of the pp group).
-  NamedTensors gather_over_stages(const std::function<at::Tensor(const std::string& name)>& mine);
-
   comm::Group* tp_ = nullptr;        // tp > 1
   comm::Group* pp_ = nullptr;        // pp > 1: this rank holds its stages of the cut
   comm::Group* replicas_ = nullptr;  // dp x sp > 1 (or offload): the owner reduces over it
   int64_t sp_ = 1, sp_rank_ = 0;
   int64_t replica_ = 0, tp_rank_ = 0;  // the random streams' coordinates (seed_random_streams)
+  std::unique_ptr<ParameterPlacement> placement_;  // once tp_ and pp_ are known: whole <-> part
   std::unique_ptr<OptimizerOwner> owner_;
   std::unique_ptr<StepRunner> runner_;  // drives owner_ (declared after it: destroyed first)
 };

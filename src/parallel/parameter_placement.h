@@ -1,0 +1,81 @@
+// ParameterPlacement: where each parameter of the model lives under this rank's layout, and the
+// one routine between a whole tensor and this rank's part of it, for parameters and for the state
+// kept per parameter (optimizer slots, fp16 master weights). ParallelModel (parallelize.h) goes through it
+// for materialisation, loading, saving, export, the gradient observer and optimizer-state
+// checkpoints.
+//
+// What decides a placement is declared, never read from a name: each parameter's
+// ParameterSpec (model/parameter_spec.h) gives its tensor-parallel split, its block (hence its
+// pipeline stage, by the layout's cut) and whether it is the tied embedding. The layers:
+//   tp   part(name, whole) cuts the rank's shard by the declared split; whole(name, part)
+//        all-gathers it back (a collective of tp when split, the tensor itself otherwise);
+//   pp   holder(name) is the pipeline rank holding a parameter of the whole model (the tied
+//        embedding: the first stage's), writes(name) whether this rank writes it (not the last
+//        stage's copy of the tied embedding), over_stages() assembles the whole model's tensors
+//        from the stages (a collective of pp);
+//   ZeRO is the owner's (parallel/optimizer_owner.h): whole over the data replicas by
+//        visit_full_parameters, gradients() and training_state(), parts by the owner's ranges.
+// State tensors are named by their owner: "optim.<param>.<slot>" and "master.<param>" belong to
+// <param> (parameter_of(), the only place that reads those names); others (the loss scaler's
+// "scaler.*", a step counter kept as a scalar) belong to no parameter and are replicated.
+//
+// Invariants: a ParameterPlacement is made once per ParallelModel from the rank's model (built for
+// its stages) and the layout, and never changes; every rank of a tp group holds the same names.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "comm/group.h"
+#include "model/transformer.h"
+#include "parallel/tensor/tensor_parallel.h"
+#include "plan/layout.h"
+
+namespace tessera {
+
+class ParameterPlacement {
+ public:
+  // `model`: this rank's (its stages); `tp`, `pp`: its groups, or null without that parallelism.
+  ParameterPlacement(const TransformerLM& model, const Layout& layout, comm::Group* tp, comm::Group* pp);
+
+  // Parameters of this rank's model.
+  TensorParallelLayout split(const std::string& param) const;
+  bool split_over_tp(const std::string& param) const { return tp_ && split(param).dim >= 0; }
+  at::Tensor part(const std::string& param, const at::Tensor& whole) const;
+  at::Tensor whole(const std::string& param, const at::Tensor& part) const;
+  bool writes(const std::string& param) const;
+
+  // State tensors ("optim.<param>.<slot>", "master.<param>", or none).
+  std::string parameter_of(const std::string& state) const;
+  // The split of state tensor `state` of `t`'s shape: its parameter's, or none (replicated, a
+  // scalar, or no tensor parallelism).
+  std::optional<TensorParallelLayout> state_split(const std::string& state, const at::Tensor& t) const;
+  at::Tensor state_part(const std::string& state, const at::Tensor& whole) const;
+  at::Tensor state_whole(const std::string& state, const at::Tensor& part) const;
+  // Whether this rank keeps (and writes) state tensor `state`: under pp its stage's and those of
+  // no parameter; writes_state as writes() for its parameter.
+  bool keeps_state(const std::string& state) const;
+  bool writes_state(const std::string& state) const;
+
+  // Under pp: the pipeline rank holding parameter `param` of the whole model, and every parameter
+  // of the whole model in its order, float32, each broadcast over pp by its holder from
+  // mine(name) (a collective of pp).
+  int64_t holder(const std::string& param) const;
+  NamedTensors over_stages(const std::function<at::Tensor(const std::string& param)>& mine) const;
+
+ private:
+  TransformerLM model_;
+  const Layout& layout_;
+  comm::Group* tp_;
+  comm::Group* pp_;
+  std::map<std::string, ParameterSpec> whole_specs_;  // the whole model's, for holder()
+  std::vector<std::pair<std::string, std::vector<int64_t>>> whole_shapes_;  // in the whole model's order
+};
+
+}  // namespace tessera
