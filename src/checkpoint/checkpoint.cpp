@@ -381,6 +381,7 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer, c
                 info["bytes"].is_number_unsigned() && info.contains("checksum") && info["checksum"].is_string(),
             meta_path, ": the entry of '", name, "' in 'files' is malformed");
     const fs::path file = dir / name;
+    require_regular_file(file.string());  // not a directory, a device, a symlink loop
     if (!fs::exists(file)) fail(file.string(), ": missing from the checkpoint");
     uintmax_t bytes = fs::file_size(file);
     if (bytes != info["bytes"].get<uintmax_t>())

@@ -1,6 +1,7 @@
 #include "checkpoint/safetensors.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 
@@ -85,124 +86,126 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
   write_file_durable(path, pieces);
 }
 
-SafetensorsContents read_safetensors(const std::string& path) {
-  std::string bytes = read_file(path);
-  if (bytes.size() < 8) fail(path, ": truncated safetensors file (", bytes.size(), " bytes)");
+namespace {
+
+struct IndexEntry {
+  at::ScalarType type;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;  // offsets into the tensor bytes
+};
+
+// The one reader's checks, shared by every way of reading a file: the header length within the
+// file (checked before anything is allocated), a JSON object, every entry's dtype, shape and
+// offsets consistent and inside the file, the tensors' bytes contiguous (no overlap, no gap, no
+// trailing bytes) and every metadata value a string. Throws tessera::Error naming the file and
+// the tensor or key.
+struct Index {
+  uint64_t data_start = 0;
+  std::map<std::string, IndexEntry> entries;
+  std::map<std::string, std::string> metadata;
+};
+
+Index read_index(std::ifstream& in, const std::string& path) {
+  if (!in) fail(path, ": cannot open (", std::strerror(errno), ")");
+  in.seekg(0, std::ios::end);
+  const auto end = in.tellg();
+  if (end < 0) fail(path, ": cannot read its size");
+  const uint64_t file_bytes = static_cast<uint64_t>(end);
+  in.seekg(0);
+  unsigned char length[8];
+  if (file_bytes < 8 || !in.read(reinterpret_cast<char*>(length), 8))
+    fail(path, ": truncated safetensors file (", file_bytes, " bytes)");
   uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
-  if (n > bytes.size() - 8) fail(path, ": header length ", n, " exceeds the file size ", bytes.size());
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(length[i]) << (8 * i);
+  if (n > file_bytes - 8) fail(path, ": header length ", n, " exceeds the file size ", file_bytes);
+  std::string text(n, ' ');
+  if (!in.read(text.data(), static_cast<std::streamsize>(n))) fail(path, ": cannot read its header");
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(bytes.substr(8, n));
+    header = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail(path, ": malformed safetensors header (", e.what(), ")");
   }
   if (!header.is_object()) fail(path, ": safetensors header is not a JSON object");
-
-  const size_t data_start = 8 + n;
-  const size_t data_size = bytes.size() - data_start;
-  SafetensorsContents result;
-  std::vector<std::pair<size_t, size_t>> spans;
+  Index index;
+  index.data_start = 8 + n;
+  const uint64_t data_size = file_bytes - index.data_start;
+  std::vector<std::pair<uint64_t, uint64_t>> spans;
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
+      if (!entry.is_object()) fail(path, ": __metadata__ is not a JSON object");
       for (const auto& [k, v] : entry.items()) {
         if (!v.is_string()) fail(path, ": metadata value '", k, "' is not a string");
-        result.metadata[k] = v.get<std::string>();
+        index.metadata[k] = v.get<std::string>();
       }
       continue;
     }
     try {
-      auto type = dtype_from_name(entry.at("dtype").get<std::string>(), path, name);
-      auto shape = entry.at("shape").get<std::vector<int64_t>>();
-      auto offsets = entry.at("data_offsets").get<std::vector<size_t>>();
+      IndexEntry e;
+      e.type = dtype_from_name(entry.at("dtype").get<std::string>(), path, name);
+      e.shape = entry.at("shape").get<std::vector<int64_t>>();
+      const auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
       if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] > data_size)
         fail(path, ": tensor '", name, "' lies outside the file (truncated?)");
-      const size_t expected = checked_bytes(shape, type, data_size, path, name);
+      const uint64_t expected = checked_bytes(e.shape, e.type, data_size, path, name);
       if (offsets[1] - offsets[0] != expected)
         fail(path, ": tensor '", name, "' has ", offsets[1] - offsets[0], " bytes, its shape needs ", expected);
-      at::Tensor t = at::empty(shape, at::TensorOptions().dtype(type));
-      if (expected) std::memcpy(t.data_ptr(), bytes.data() + data_start + offsets[0], expected);
-      result.tensors.emplace(name, std::move(t));
-      spans.emplace_back(offsets[0], offsets[1]);
+      e.begin = offsets[0];
+      e.end = offsets[1];
+      spans.emplace_back(e.begin, e.end);
+      index.entries.emplace(name, std::move(e));
     } catch (const nlohmann::json::exception& e) {
       fail(path, ": malformed entry for tensor '", name, "' (", e.what(), ")");
     }
   }
   std::sort(spans.begin(), spans.end());
-  size_t cursor = 0;
+  uint64_t cursor = 0;
   for (const auto& [begin, end] : spans) {
     if (begin != cursor) fail(path, ": tensor data is not contiguous at byte ", begin, " (overlap or gap)");
     cursor = end;
   }
   if (cursor != data_size) fail(path, ": ", data_size - cursor, " trailing bytes after the last tensor");
-  return result;
+  return index;
 }
 
-namespace {
+std::ifstream open_checked(const std::string& path) {
+  require_regular_file(path);
+  return std::ifstream(path, std::ios::binary);
+}
 
-// The parsed header of an open file and where the tensor bytes start.
-nlohmann::json read_header(std::ifstream& in, const std::string& path, uint64_t& data_start) {
-  if (!in) fail(path, ": cannot open");
-  unsigned char length[8];
-  if (!in.read(reinterpret_cast<char*>(length), 8)) fail(path, ": truncated safetensors file");
-  uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(length[i]) << (8 * i);
-  std::string text(n, ' ');
-  if (!in.read(text.data(), static_cast<std::streamsize>(n))) fail(path, ": header length ", n, " exceeds the file");
-  data_start = 8 + n;
-  try {
-    nlohmann::json header = nlohmann::json::parse(text);
-    if (!header.is_object()) fail(path, ": safetensors header is not a JSON object");
-    return header;
-  } catch (const nlohmann::json::exception& e) {
-    fail(path, ": malformed safetensors header (", e.what(), ")");
-  }
+at::Tensor read_entry(std::ifstream& in, const Index& index, const std::string& path, const std::string& name) {
+  const IndexEntry& e = index.entries.at(name);
+  at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.type));
+  const uint64_t bytes = e.end - e.begin;
+  in.seekg(static_cast<std::streamoff>(index.data_start + e.begin));
+  if (bytes && !in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(bytes)))
+    fail(path, ": tensor '", name, "' cannot be read (the file changed while it was read?)");
+  return t;
 }
 
 }  // namespace
 
+SafetensorsContents read_safetensors(const std::string& path) {
+  std::ifstream in = open_checked(path);
+  const Index index = read_index(in, path);
+  SafetensorsContents result;
+  result.metadata = index.metadata;
+  for (const auto& [name, entry] : index.entries) result.tensors.emplace(name, read_entry(in, index, path, name));
+  return result;
+}
+
 at::Tensor read_safetensors_tensor(const std::string& path, const std::string& name) {
-  require_regular_file(path);
-  std::ifstream in(path, std::ios::binary);
-  uint64_t data_start = 0;
-  const nlohmann::json header = read_header(in, path, data_start);
-  if (!header.contains(name) || name == "__metadata__") fail(path, ": no tensor '", name, "'");
-  try {
-    const auto& entry = header.at(name);
-    const auto type = dtype_from_name(entry.at("dtype").get<std::string>(), path, name);
-    const auto shape = entry.at("shape").get<std::vector<int64_t>>();
-    const auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
-    in.seekg(0, std::ios::end);
-    const uint64_t file_bytes = static_cast<uint64_t>(in.tellg());
-    const uint64_t bytes = checked_bytes(shape, type, file_bytes > data_start ? file_bytes - data_start : 0, path, name);
-    if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] - offsets[0] != bytes)
-      fail(path, ": tensor '", name, "' has inconsistent offsets for its shape");
-    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(type));
-    in.seekg(static_cast<std::streamoff>(data_start + offsets[0]));
-    if (bytes && !in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(bytes)))
-      fail(path, ": tensor '", name, "' lies outside the file (truncated?)");
-    return t;
-  } catch (const nlohmann::json::exception& e) {
-    fail(path, ": malformed entry for tensor '", name, "' (", e.what(), ")");
-  }
+  std::ifstream in = open_checked(path);
+  const Index index = read_index(in, path);
+  if (!index.entries.count(name)) fail(path, ": no tensor '", name, "'");
+  return read_entry(in, index, path, name);
 }
 
 std::map<std::string, int64_t> read_safetensors_sizes(const std::string& path) {
-  require_regular_file(path);
-  std::ifstream in(path, std::ios::binary);
-  uint64_t data_start = 0;
-  const nlohmann::json header = read_header(in, path, data_start);
+  std::ifstream in = open_checked(path);
+  const Index index = read_index(in, path);
   std::map<std::string, int64_t> sizes;
-  try {
-    for (const auto& [name, entry] : header.items()) {
-      if (name == "__metadata__") continue;
-      const auto offsets = entry.at("data_offsets").get<std::vector<int64_t>>();
-      if (offsets.size() != 2) fail(path, ": malformed entry for tensor '", name, "'");
-      sizes[name] = offsets[1] - offsets[0];
-    }
-  } catch (const nlohmann::json::exception& e) {
-    fail(path, ": malformed safetensors header (", e.what(), ")");
-  }
+  for (const auto& [name, e] : index.entries) sizes[name] = static_cast<int64_t>(e.end - e.begin);
   return sizes;
 }
 

@@ -5,9 +5,12 @@
 //            "__metadata__": {"key": "value"}}
 //
 // Offsets are relative to the start of the tensor bytes, contiguous, in the writer's order
-// (by dtype size, largest first, then by name, as the reference writer does). The reader checks
-// every offset, shape and dtype against the file and names the file and tensor on failure, so a
-// truncated or edited file is an error, never a wrong tensor.
+// (by dtype size, largest first, then by name, as the reference writer does). Every way of reading
+// (the whole file, one tensor, the sizes) runs the same checks on the whole header first: the
+// header length within the file, every offset, shape and dtype against the file, the tensors'
+// bytes contiguous with no overlap, gap or trailing bytes, and every metadata value a string; a
+// failure names the file and the tensor, so a truncated or edited file is an error, never a wrong
+// tensor, whichever command reads it.
 #pragma once
 
 #include <map>

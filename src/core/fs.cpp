@@ -17,7 +17,11 @@ namespace tessera {
 
 void require_regular_file(const std::string& path) {
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) return;
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return;  // the caller says what is missing
+    fail(path, ": cannot be read (", std::strerror(errno), ")");  // a symlink loop, a denied directory
+  }
+  if (S_ISREG(st.st_mode)) return;
   const char* kind = S_ISFIFO(st.st_mode)  ? "a FIFO"
                      : S_ISDIR(st.st_mode) ? "a directory"
                      : S_ISSOCK(st.st_mode) ? "a socket"

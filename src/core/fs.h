@@ -12,8 +12,9 @@ namespace tessera {
 
 // Throws naming `path` when it exists and is not a regular file (a FIFO, a device, a socket or a
 // directory): every file tessera reads goes through this first, so a FIFO given as data or config
-// is refused instead of blocking open(2) or read(2) forever. A missing path passes (the open that
-// follows names it).
+// is refused instead of blocking open(2) or read(2) forever; a path that cannot be examined (a
+// symlink loop, a denied directory) is refused naming the reason. A missing path passes (the open
+// that follows names it).
 void require_regular_file(const std::string& path);
 std::string read_file(const std::string& path);  // throws naming the path
 void write_file_durable(const std::string& path, const std::string& bytes);  // fsync'ed

@@ -163,6 +163,11 @@ Gpt2Bpe::Gpt2Bpe(const std::string& encoder_json, const std::string& vocab_bpe, 
     require(encoder_.emplace(symbol_to_bytes(symbol, encoder_json), value).second, encoder_json, ": token '", symbol,
             "' (id ", value, ") stands for the same bytes as another token");
   }
+  // Without a vocabulary size the ids are GPT-2's dense 0 .. tokens - 1: a larger id is refused
+  // here, before a decoder table of its size is allocated.
+  const auto tokens = static_cast<int64_t>(json.size());
+  require(vocab_size > 0 || largest < tokens, encoder_json, ": id ", largest, " is not below the number of tokens ",
+          tokens, " (a GPT-2 encoder numbers its tokens 0 .. ", tokens - 1, ")");
   vocab_size_ = vocab_size > 0 ? vocab_size : largest + 1;
   require(largest < vocab_size_, encoder_json, ": id ", largest, " is not below vocab_size ", vocab_size_);
   decoder_.resize(static_cast<size_t>(vocab_size_));

@@ -304,6 +304,28 @@ TEST_F(BadCheckpoint, WrongDtypeNaNAndNegativeMomentsAreRefused) {
   EXPECT_EQ(run_tessera(resume).exit_code, 0);
 }
 
+// model.safetensors replaced by a directory, a symlink to /dev/zero or a symlink loop: `train
+// --resume` and `generate` end with tessera's own message naming the file and exit 2 (these ended
+// in a raw "filesystem error" and exit 1).
+TEST_F(BadCheckpoint, ADirectoryDeviceOrSymlinkLoopInPlaceOfAFileIsNamed) {
+  const std::string file = step_dir_ + "/model.safetensors";
+  const std::string saved = slurp(file);
+  const std::vector<std::pair<std::function<void()>, std::string>> cases = {
+      {[&] { fs::create_directory(file); }, "is a directory, not a regular file"},
+      {[&] { fs::create_symlink("/dev/zero", file); }, "is a device, not a regular file"},
+      {[&] { fs::create_symlink(file, file); }, "cannot be read (Too many levels of symbolic links)"},
+  };
+  for (const auto& [make, says] : cases) {
+    fs::remove(file);
+    make();
+    expect_error("train --resume " + step_dir_ + " --out " + run_dir_ + "_r", {file, says});
+    expect_error("generate --checkpoint " + step_dir_, {file, says});
+    fs::remove(file);
+  }
+  write_file_durable(file, saved);
+  EXPECT_NO_THROW(load_checkpoint(run_dir_));
+}
+
 TEST_F(BadCheckpoint, MissingPath) {
   expect_error("train --resume " + run_dir_ + "/checkpoints/step_99", {"step_99", "does not exist"});
 }

@@ -81,6 +81,48 @@ TEST(Safetensors, HugeOrOverflowingShapesAreRefusedBeforeAllocating) {
   }
 }
 
+// A file made by hand from a header and data bytes.
+std::string handmade(const std::string& name, const std::string& header, const std::string& data,
+                     uint64_t length_field = 0) {
+  const uint64_t n = length_field ? length_field : header.size();
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+  const std::string path = tmp(name);
+  write_file_durable(path, bytes + header + data);
+  return path;
+}
+
+// One reader: the whole-file read (generate, import), the one-tensor read (resume) and the sizes
+// refuse the same edited files alike, naming the file: overlapping tensors, trailing bytes, a
+// metadata value that is not a string, and a header length of 2^40 or 2^64 - 1 (which ended in
+// "basic_string::_M_create" before the length was checked against the file).
+TEST(Safetensors, EveryWayOfReadingRefusesTheSameEditedFiles) {
+  const std::string two = R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, )"
+                          R"("b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})";
+  const std::string one = R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})";
+  const std::string meta = R"({"__metadata__": {"k": 3}, "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})";
+  struct Case {
+    std::string path, says;
+  };
+  const std::vector<Case> cases = {
+      {handmade("overlap.safetensors", two, std::string(12, '\0')), "not contiguous"},
+      {handmade("trailing.safetensors", one, std::string(12, '\0')), "4 trailing bytes"},
+      {handmade("meta.safetensors", meta, std::string(8, '\0')), "metadata value 'k' is not a string"},
+      {handmade("long.safetensors", one, std::string(8, '\0'), uint64_t(1) << 40), "header length 1099511627776"},
+      {handmade("longest.safetensors", one, std::string(8, '\0'), ~uint64_t(0)), "exceeds the file size"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_TRUE(test::throws_naming([&] { read_safetensors(c.path); }, {c.path, c.says})) << c.path;
+    EXPECT_TRUE(test::throws_naming([&] { read_safetensors_tensor(c.path, "a"); }, {c.path, c.says})) << c.path;
+    EXPECT_TRUE(test::throws_naming([&] { read_safetensors_sizes(c.path); }, {c.path, c.says})) << c.path;
+  }
+  // The same file without the edit reads, all three ways.
+  const std::string good = handmade("good.safetensors", one, std::string(8, '\0'));
+  EXPECT_EQ(read_safetensors(good).tensors.at("a").numel(), 2);
+  EXPECT_EQ(read_safetensors_tensor(good, "a").numel(), 2);
+  EXPECT_EQ(read_safetensors_sizes(good).at("a"), 8);
+}
+
 TEST(Checksum, ChangesWithOneByte) {
   std::string path = tmp("sum.bin");
   write_file_durable(path, "hello world");

@@ -141,6 +141,11 @@ TEST(Gpt2Bpe, BadVocabularyFilesAreNamed) {
   EXPECT_TRUE(test::throws_naming([&] { Gpt2Bpe(dir + "/encoder.json", dir + "/vocab.bpe"); },
                                   {dir + "/encoder.json", "tokens 'a' and 'b' share id 0"}));
   EXPECT_TRUE(test::throws_naming([&] { tiny_bpe(dir, "a \xE2\x82\xAC\n"); }, {dir + "/vocab.bpe:2", "alphabet"}));
+  // An id of 10^12: refused naming the file before a decoder table of that size is allocated (this
+  // ended in std::bad_alloc in prepare and in training).
+  write_file_durable(dir + "/encoder.json", R"({"a": 0, "b": 1000000000000})");
+  EXPECT_TRUE(test::throws_naming([&] { Gpt2Bpe(dir + "/encoder.json", dir + "/vocab.bpe"); },
+                                  {dir + "/encoder.json", "id 1000000000000 is not below the number of tokens 2"}));
 }
 
 }  // namespace
