@@ -270,6 +270,19 @@ TEST_F(BadCheckpoint, TamperedMetaJsonIsRefused) {
   EXPECT_EQ(run_tessera(resume).exit_code, 0);
 }
 
+// A model file with bytes after its last tensor and meta.json re-signed for it, as a buggy writer
+// or a hand edit leaves it: `train --resume` read it and trained while `generate` refused it (two
+// readers with different checks); both refuse it now, naming the file.
+TEST_F(BadCheckpoint, TrailingBytesAreRefusedByResumeAndGenerateAlike) {
+  const std::string model = step_dir_ + "/model.safetensors";
+  write_file_durable(model, slurp(model) + std::string(8, '\0'));
+  edit_meta(step_dir_, [&](nlohmann::json& meta) {
+    meta["files"]["model.safetensors"] = {{"bytes", fs::file_size(model)}, {"checksum", file_checksum(model)}};
+  });
+  expect_error("train --resume " + step_dir_ + " --set train.steps=4 --out " + run_dir_ + "_r", {model, "8 trailing bytes"});
+  expect_error("generate --checkpoint " + step_dir_, {model, "8 trailing bytes"});
+}
+
 // Tensors of the right size and checksum but wrong values: an integer dtype, NaN weights, a
 // negative second moment (each resumed into NaN), a random stream state of the wrong size. Each is
 // refused naming the file or the tensor.
