@@ -4,6 +4,8 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <limits>
+#include <type_traits>
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
@@ -42,7 +44,16 @@ uint64_t checked_bytes(const std::vector<int64_t>& shape, at::ScalarType type, u
                        const std::string& path, const std::string& name) {
   for (int64_t d : shape)
     if (d < 0) fail(path, ": tensor '", name, "' has a negative dimension");
-  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) {
+    // No bytes, but the strides still multiply the other dimensions (at::empty ends the process
+    // with its own error when they overflow): they must fit int64.
+    uint64_t strides = 1;
+    for (int64_t d : shape)
+      if (__builtin_mul_overflow(strides, static_cast<uint64_t>(std::max<int64_t>(d, 1)), &strides) ||
+          strides > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        fail(path, ": tensor '", name, "' has shape ", at::IntArrayRef(shape), ", whose size overflows");
+    return 0;
+  }
   uint64_t bytes = at::elementSize(type);
   for (int64_t d : shape)
     if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes) || bytes > available)
@@ -105,7 +116,24 @@ struct Index {
   std::map<std::string, std::string> metadata;
 };
 
-Index read_index(std::ifstream& in, const std::string& path) {
+// A JSON array of integers that fit T, refused naming the tensor and the field otherwise (a number
+// past 2^64 parses as a float, whose conversion would be undefined).
+template <typename T>
+std::vector<T> integers(const nlohmann::json& array, const std::string& path, const std::string& name,
+                        const char* field) {
+  if (!array.is_array()) fail(path, ": tensor '", name, "' has a ", field, " that is not an array");
+  std::vector<T> out;
+  for (const auto& v : array) {
+    const auto most = static_cast<uint64_t>(std::numeric_limits<T>::max());
+    const bool fits = std::is_signed_v<T> ? v.is_number_integer() && (!v.is_number_unsigned() || v.get<uint64_t>() <= most)
+                                          : v.is_number_unsigned();
+    if (!fits) fail(path, ": tensor '", name, "' has ", field, " entry ", v.dump(), ", not an integer of its range");
+    out.push_back(v.get<T>());
+  }
+  return out;
+}
+
+Index read_index(std::istream& in, const std::string& path) {
   if (!in) fail(path, ": cannot open (", std::strerror(errno), ")");
   in.seekg(0, std::ios::end);
   const auto end = in.tellg();
@@ -143,8 +171,8 @@ Index read_index(std::ifstream& in, const std::string& path) {
     try {
       IndexEntry e;
       e.type = dtype_from_name(entry.at("dtype").get<std::string>(), path, name);
-      e.shape = entry.at("shape").get<std::vector<int64_t>>();
-      const auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
+      e.shape = integers<int64_t>(entry.at("shape"), path, name, "shape");
+      const auto offsets = integers<uint64_t>(entry.at("data_offsets"), path, name, "data_offsets");
       if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] > data_size)
         fail(path, ": tensor '", name, "' lies outside the file (truncated?)");
       const uint64_t expected = checked_bytes(e.shape, e.type, data_size, path, name);
@@ -173,7 +201,7 @@ std::ifstream open_checked(const std::string& path) {
   return std::ifstream(path, std::ios::binary);
 }
 
-at::Tensor read_entry(std::ifstream& in, const Index& index, const std::string& path, const std::string& name) {
+at::Tensor read_entry(std::istream& in, const Index& index, const std::string& path, const std::string& name) {
   const IndexEntry& e = index.entries.at(name);
   at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.type));
   const uint64_t bytes = e.end - e.begin;
@@ -185,13 +213,17 @@ at::Tensor read_entry(std::ifstream& in, const Index& index, const std::string& 
 
 }  // namespace
 
-SafetensorsContents read_safetensors(const std::string& path) {
-  std::ifstream in = open_checked(path);
+SafetensorsContents read_safetensors(std::istream& in, const std::string& path) {
   const Index index = read_index(in, path);
   SafetensorsContents result;
   result.metadata = index.metadata;
   for (const auto& [name, entry] : index.entries) result.tensors.emplace(name, read_entry(in, index, path, name));
   return result;
+}
+
+SafetensorsContents read_safetensors(const std::string& path) {
+  std::ifstream in = open_checked(path);
+  return read_safetensors(in, path);
 }
 
 at::Tensor read_safetensors_tensor(const std::string& path, const std::string& name) {

@@ -13,6 +13,7 @@
 // tensor, whichever command reads it.
 #pragma once
 
+#include <istream>
 #include <map>
 #include <string>
 #include <utility>
@@ -35,6 +36,8 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
 SafetensorsContents read_safetensors(const std::string& path);
+// The same from a stream (`path` names it in errors): what the fuzz target (tests/fuzz/) drives.
+SafetensorsContents read_safetensors(std::istream& in, const std::string& path);
 
 // The tensors' names and byte sizes, from the header alone (the data is not read).
 std::map<std::string, int64_t> read_safetensors_sizes(const std::string& path);

@@ -79,6 +79,26 @@ TEST(Safetensors, HugeOrOverflowingShapesAreRefusedBeforeAllocating) {
     EXPECT_TRUE(test::throws_naming([&] { read_safetensors_tensor(path, "w"); }, {path, "more bytes than the file holds"}))
         << shape;
   }
+  // An empty dimension beside two huge ones: zero bytes, but strides past int64 (found by the fuzz
+  // target, tests/fuzz/: at::empty ended the process with c10::Error "Stride calculation overflowed").
+  const std::string header =
+      R"({"w": {"dtype": "F32", "shape": [0, 9223372036854775807, 9223372036854775807], "data_offsets": [0, 0]}})";
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[static_cast<size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  const std::string path = tmp("empty_huge.safetensors");
+  write_file_durable(path, bytes + header);
+  EXPECT_TRUE(test::throws_naming([&] { read_safetensors(path); }, {path, "tensor 'w'", "size overflows"}));
+  // A shape entry past 2^64 parses as a float, and an offset below zero: refused by field (the
+  // fuzz target found the float's conversion to int64, undefined behaviour under UBSan).
+  for (const auto& [field, says] : std::vector<std::pair<std::string, std::string>>{
+           {R"("shape": [0, 92233720368547758372036854775807], "data_offsets": [0, 0])", "shape entry"},
+           {R"("shape": [1], "data_offsets": [-4, 0])", "data_offsets entry -4"}}) {
+    const std::string h = R"({"w": {"dtype": "F32", )" + field + "}}";
+    std::string b(8, '\0');
+    for (int i = 0; i < 8; ++i) b[static_cast<size_t>(i)] = static_cast<char>((h.size() >> (8 * i)) & 0xff);
+    write_file_durable(path, b + h);
+    EXPECT_TRUE(test::throws_naming([&] { read_safetensors(path); }, {path, "tensor 'w'", says})) << field;
+  }
 }
 
 // A file made by hand from a header and data bytes.

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Builds a libFuzzer target of tests/fuzz/ with clang (-fsanitize=fuzzer,address,undefined) against
+# the torch of tessera's venv and runs it from its seed corpus for RUNS executions (default 10^6).
+# Findings (crashing inputs) land in $TESSERA_FUZZ_DIR/<target>/findings (default build/fuzz); the
+# corpus it grows there is not kept. Exits 77 (CTest's skip) without clang++.
+#   usage: tests/fuzz/run.sh TARGET [RUNS]      e.g. tests/fuzz/run.sh safetensors 1000000
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+target=${1:?usage: tests/fuzz/run.sh TARGET [RUNS]}
+runs=${2:-1000000}
+command -v clang++ >/dev/null || { echo "no clang++: fuzz target $target not built" >&2; exit 77; }
+python=${TESSERA_PYTHON:-$(ls -d "$HOME"/.cache/tessera/venv-torch-* | tail -1)/bin/python}
+torch=$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
+out=${TESSERA_FUZZ_DIR:-build/fuzz}/$target
+mkdir -p "$out/findings" "$out/corpus"
+sources=(tests/fuzz/fuzz_$target.cpp)
+case $target in
+  safetensors) sources+=(src/checkpoint/safetensors.cpp src/core/fs.cpp) ;;
+  *) echo "unknown fuzz target '$target' (safetensors)" >&2; exit 2 ;;
+esac
+if [ ! -x "$out/fuzz" ] || [ -n "$(find "${sources[@]}" src/checkpoint/safetensors.h -newer "$out/fuzz")" ]; then
+  echo "building $out/fuzz (clang, libFuzzer + ASan + UBSan)"
+  clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+    -D_GLIBCXX_USE_CXX11_ABI=1 -Isrc -isystem "$torch/include" -isystem "$torch/include/torch/csrc/api/include" \
+    "${sources[@]}" -L"$torch/lib" -Wl,-rpath,"$torch/lib" -ltorch_cpu -lc10 -o "$out/fuzz"
+fi
+cp -n tests/fuzz/corpus/$target/* "$out/corpus/" 2>/dev/null || true
+ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 \
+  "$out/fuzz" -runs="$runs" -max_len=4096 -rss_limit_mb=4096 -artifact_prefix="$out/findings/" \
+  -print_final_stats=1 "$out/corpus"
