@@ -16,9 +16,12 @@ mkdir -p "$out/findings" "$out/corpus"
 sources=(tests/fuzz/fuzz_$target.cpp)
 case $target in
   safetensors) sources+=(src/checkpoint/safetensors.cpp src/core/fs.cpp) ;;
-  *) echo "unknown fuzz target '$target' (safetensors)" >&2; exit 2 ;;
+  schedule_csv) sources+=(src/parallel/pipeline/schedule.cpp src/parallel/pipeline/validate.cpp
+                          src/parallel/pipeline/simulate.cpp src/core/fs.cpp) ;;
+  *) echo "unknown fuzz target '$target' (safetensors, schedule_csv)" >&2; exit 2 ;;
 esac
-if [ ! -x "$out/fuzz" ] || [ -n "$(find "${sources[@]}" src/checkpoint/safetensors.h -newer "$out/fuzz")" ]; then
+if [ ! -x "$out/fuzz" ] || [ -n "$(find "${sources[@]}" src/checkpoint src/parallel/pipeline -name '*.h' -newer "$out/fuzz")" ] ||
+   [ -n "$(find "${sources[@]}" -newer "$out/fuzz")" ]; then
   echo "building $out/fuzz (clang, libFuzzer + ASan + UBSan)"
   clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -D_GLIBCXX_USE_CXX11_ABI=1 -Isrc -isystem "$torch/include" -isystem "$torch/include/torch/csrc/api/include" \

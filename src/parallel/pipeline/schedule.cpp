@@ -146,6 +146,11 @@ Schedule read_schedule_csv(const std::string& path, int64_t pp, int64_t v, int64
   require_regular_file(path);
   std::ifstream in(path);
   require(in.good(), path, ": cannot open the pipeline schedule file");
+  return read_schedule_csv(in, path, pp, v, micro_batches, placement);
+}
+
+Schedule read_schedule_csv(std::istream& in, const std::string& path, int64_t pp, int64_t v, int64_t micro_batches,
+                           Placement placement) {
   Schedule s;
   s.name = "file:" + path;
   s.pp = pp;

@@ -36,6 +36,7 @@
 #pragma once
 
 #include <cstdint>
+#include <istream>
 #include <string>
 #include <vector>
 
@@ -106,6 +107,9 @@ std::string to_csv(const Schedule& schedule);
 // `placement`; adds the communication when the file has none. Parameter actions in the file are
 // kept (the training step replaces them by its own, add_parameter_actions). Errors name the file, row and cell.
 Schedule read_schedule_csv(const std::string& path, int64_t pp, int64_t v, int64_t micro_batches, Placement placement);
+// The same from a stream; `path` names it in errors (the fuzz target, tests/fuzz/, drives it).
+Schedule read_schedule_csv(std::istream& in, const std::string& path, int64_t pp, int64_t v, int64_t micro_batches,
+                           Placement placement);
 
 // The table as a grid, one line per rank, one column per slot; `mark` (rank, index) is drawn
 // as [action] (index -1: none). `compute_only` leaves out the communication actions (not the
