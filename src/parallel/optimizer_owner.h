@@ -150,8 +150,8 @@ class ResidentOwner : public OptimizerOwner {
   // bringing the parameters of `stage` (its blocks, and the ends when it holds the embedding or
   // the head) in and returns with the gathers in flight; from complete_stage(stage) to
   // release_stage(stage) they are whole, sharded again after. Fetches are held and counted: a part
-  // that two fetches hold (the rank's two stages sharing the ends under V placement, or the next
-  // action's fetch on the same stage) stays whole until both released it. The pipeline schedule's
+  // that two fetches hold (the rank's two stages sharing the ends under V placement) stays whole
+  // until both released it. The pipeline schedule's
   // GATHER and RELEASE actions call fetch and release, each compute action complete;
   // begin_pass/end_pass fetch and complete, and release, every stage of the rank around an
   // evaluation. Collectives of the data replicas; nothing for the other owners.

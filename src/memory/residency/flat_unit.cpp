@@ -20,8 +20,8 @@ FlatUnit::FlatUnit(const std::vector<std::pair<std::string, at::Tensor>>& params
   const at::TensorOptions options = meta ? initial->where : params[0].second.options();
   int64_t total = 0;
   for (const auto& [name, param] : params) {
-    require(param.is_meta() == meta && (meta || (param.scalar_type() == options.dtype() && param.device() == options.device())),
-            "internal: ZeRO unit mixes dtypes, devices or meta parameters (", name, ")");
+    const bool alike = meta || (param.scalar_type() == options.dtype() && param.device() == options.device());
+    require(param.is_meta() == meta && alike, "internal: ZeRO unit mixes dtypes, devices or meta parameters (", name, ")");
     entries_.push_back({name, param, total, param.numel(), decays(param)});
     total += param.numel();
   }

@@ -11,8 +11,8 @@
 // - a pipeline schedule (parallel/pipeline/schedule.h), whose GATHER holds a stage's units
 //   (hold(): a fetch issued ahead of the compute action that needs them), each compute action
 //   completing them first (complete()) and RELEASE dropping the hold (drop()). Holds are counted,
-//   so a part that two holders share (a rank's two stages sharing the ends, or a prefetch for the
-//   next action on the same stage) stays resident while either holds it.
+//   so a part that two holders share (the ends of a rank's two stages under V placement) stays
+//   resident while either holds it.
 //
 // Home. Today one kind: sharded across the ranks of the FlatUnit's group (ZeRO-3): each rank keeps
 // its shard (FlatUnit::shard) and a fetch all-gathers the flat buffer from the group's shards. ATOM's swap
@@ -58,7 +58,6 @@ class Residency {
   // Runs the plan's actions at `point` of `pass` (planned() only).
   void at(Pass pass, const ResidencyPoint& point);
 
-  size_t units() const { return members_.size(); }
   void fetch(size_t unit);
   void complete(size_t unit);
   void release(size_t unit);

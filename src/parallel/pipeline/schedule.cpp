@@ -116,7 +116,8 @@ void add_parameter_actions(Schedule& s, Gathers gathers) {
       if (a.is_compute()) {
         const bool after_receive = !out.empty() && (out.back().op == Op::RecvF || out.back().op == Op::RecvB);
         const size_t own = out.size() - (after_receive ? 1 : 0);
-        if (gathers == Gathers::per_action) out.insert(out.begin() + static_cast<std::ptrdiff_t>(own), Action{Op::Gather, a.stage, 0});
+        if (gathers == Gathers::per_action)
+          out.insert(out.begin() + static_cast<std::ptrdiff_t>(own), Action{Op::Gather, a.stage, 0});
         if (gathers == Gathers::per_step && !gathered[a.stage]) {
           gathered[a.stage] = true;
           out.insert(out.begin() + static_cast<std::ptrdiff_t>(ahead.value_or(own)), Action{Op::Gather, a.stage, 0});
