@@ -201,9 +201,8 @@ void ParallelModel::seed_random_streams(int64_t step) {
 
 InitialValues ParallelModel::initial_values(const at::TensorOptions& where, uint64_t seed) const {
   // The whole shapes of this rank's parameters, from the same stage on the meta device.
-  const TransformerLM whole(config_.model, model_->stage(), at::TensorOptions().device(at::kMeta));
-  std::map<std::string, std::vector<int64_t>> shapes;
-  for (const auto& item : whole->named_parameters()) shapes[item.key()] = item.value().sizes().vec();
+  const std::map<std::string, std::vector<int64_t>> shapes(placement_->whole_shapes().begin(),
+                                                           placement_->whole_shapes().end());
   InitialValues initial;
   initial.where = where;
   initial.of = [this, shapes = std::move(shapes), where, seed](const std::string& name) {
@@ -294,17 +293,14 @@ void ParallelModel::load_model_state(const std::set<std::string>& names,
                                      const std::function<at::Tensor(const std::string&)>& read,
                                      const std::string& source) {
   // The whole model's parameter shapes, from a model on the meta device (no memory).
-  const TransformerLM whole(config_.model, ModelStage{}, at::TensorOptions().device(at::kMeta));
   std::vector<std::string> params;
-  for (const auto& item : whole->named_parameters()) params.push_back(item.key());
+  for (const auto& [name, shape] : placement_->whole_shapes()) params.push_back(name);
   check_export_names(config_.model, params, names, source);
   // Under pp this stage's parameters only (the last stage's wte from the one tied embedding).
   auto mine = model_->named_parameters();
-  for (const auto& item : whole->named_parameters()) {
-    const std::string& name = item.key();
+  for (const auto& [name, shape] : placement_->whole_shapes()) {
     if ((pp_ && !mine.contains(name)) || !owner_->keeps_part_of(name)) continue;
-    at::Tensor value =
-        import_tensor(config_.model, name, read(export_name(config_.model, name)), item.value().sizes(), source);
+    at::Tensor value = import_tensor(config_.model, name, read(export_name(config_.model, name)), shape, source);
     owner_->load_parameter(name, placement_->part(name, value));
   }
   owner_->parameters_loaded();

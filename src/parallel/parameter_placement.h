@@ -67,6 +67,8 @@ class ParameterPlacement {
   // of the whole model in its order, float32, each broadcast over pp by its holder from
   // mine(name) (a collective of pp).
   int64_t holder(const std::string& param) const;
+  // Every parameter of the whole model, in its order, with its whole (unsplit) shape.
+  const std::vector<std::pair<std::string, std::vector<int64_t>>>& whole_shapes() const { return whole_shapes_; }
   NamedTensors over_stages(const std::function<at::Tensor(const std::string& param)>& mine) const;
 
  private:
