@@ -62,77 +62,88 @@ std::string model_shard_name(int64_t rank, int64_t shards) {
   return name;
 }
 
-// Where each model tensor of a checkpoint is: the one file, or for `shards` files the file the
-// index names, checked against the shards' headers (every tensor in exactly the file named).
-std::map<std::string, std::string> model_file_map(const fs::path& dir, int64_t shards) {
-  std::map<std::string, std::string> files;
+// The pieces of each model tensor of a checkpoint: the one file, or for `shards` files the files
+// the index names, checked against the shards' headers (every tensor in exactly the files named,
+// its parts tiling it).
+std::map<std::string, std::vector<StoredPiece>> model_file_map(const fs::path& dir, int64_t shards) {
+  std::map<std::string, std::vector<StoredPiece>> pieces;
   if (shards == 0) {
-    for (const auto& [name, bytes] : read_safetensors_sizes((dir / kModelFile).string()))
-      files[name] = (dir / kModelFile).string();
-    return files;
+    const std::string file = (dir / kModelFile).string();
+    for (const auto& [name, e] : read_safetensors_header(file).tensors) pieces[name] = {{file, Region::whole(e.shape)}};
+    return pieces;
   }
   const std::string index_path = (dir / kModelIndex).string();
   const nlohmann::json index = read_json_file(index_path);
   if (!index.contains("weight_map") || !index["weight_map"].is_object()) fail(index_path, ": no weight_map");
+  const nlohmann::json parts = index.value("part_map", nlohmann::json::object());
+  if (!parts.is_object()) fail(index_path, ": part_map is not an object");
+  auto listed = [&](const std::string& name, const std::string& file) {
+    if (!parts.contains(name)) return index["weight_map"].value(name, std::string()) == file;
+    const nlohmann::json& files = parts[name];
+    return files.is_array() && std::find(files.begin(), files.end(), file) != files.end();
+  };
   for (int64_t r = 0; r < shards; ++r) {
-    const std::string file = model_shard_name(r, shards);
-    for (const auto& [name, bytes] : read_safetensors_sizes((dir / file).string())) {
-      if (index["weight_map"].value(name, std::string()) != file)
-        fail((dir / file).string(), ": holds '", name, "', which ", index_path, " does not place in this file");
-      files[name] = (dir / file).string();
+    const std::string file = model_shard_name(r, shards), path = (dir / file).string();
+    const SafetensorsHeader header = read_safetensors_header(path);
+    for (const auto& [name, e] : header.tensors) {
+      if (!listed(name, file)) fail(path, ": holds '", name, "', which ", index_path, " does not place in this file");
+      const auto record = header.metadata.find(name);
+      const int64_t numel = Region::whole(e.shape).whole_numel();
+      pieces[name].push_back({path, record == header.metadata.end()
+                                        ? Region::whole(e.shape)
+                                        : Region::parse(record->second, numel, path + ": '" + name + "'")});
     }
   }
   for (const auto& [name, file] : index["weight_map"].items())
-    if (!files.count(name)) fail(index_path, ": names '", name, "' in ", file.get<std::string>(), ", which lacks it");
-  return files;
+    if (!pieces.count(name) || pieces[name].size() != 1 ||
+        !(pieces[name][0].region == Region::whole(pieces[name][0].region.shape)))
+      fail(index_path, ": names '", name, "' in ", file.dump(), ", which lacks it or holds a part of it");
+  for (const auto& [name, files] : parts.items()) {
+    if (!pieces.count(name) || !files.is_array() || pieces[name].size() != files.size())
+      fail(index_path, ": places the parts of '", name, "' in ", files.dump(), ", the shards hold ",
+           pieces.count(name) ? pieces[name].size() : 0);
+    std::vector<Region> regions;
+    for (const StoredPiece& p : pieces[name]) regions.push_back(p.region);
+    if (!tiles(regions)) fail(index_path, ": the parts of '", name, "' overlap or leave a gap");
+  }
+  return pieces;
 }
 
 std::string compression_name(int64_t rank, int64_t ranks) {
   return "compression-" + std::to_string(rank) + "-of-" + std::to_string(ranks) + ".safetensors";
 }
 
-// Collects the optimizer tensors of a checkpoint from 1-D slices (a shard's, or a whole tensor
-// of a single-file checkpoint seen flat): whole tensors, or for names in `ranges` the 1-D range.
+// Collects the optimizer tensors of a checkpoint from their pieces (a shard's regions, or the whole
+// tensors of a single-file checkpoint): whole tensors, or for names in `ranges` that region's
+// values, 1-D.
 class OptimizerAssembly {
  public:
   explicit OptimizerAssembly(const OptimizerRanges& ranges) : ranges_(ranges) {}
 
-  // `slice` holds elements [offset, offset + numel) of the flattened tensor `name` of `shape`.
-  void add(const std::string& file, const std::string& name, const at::Tensor& slice, int64_t offset,
-           const std::vector<int64_t>& shape) {
-    check_state_tensor(file, name, slice);
-    require(offset >= 0 && offset + slice.numel() <= c10::multiply_integers(shape), file, ": slice of '", name,
-            "' lies outside its recorded shape ", at::IntArrayRef(shape));
+  // `values` hold `stored` of the tensor `name`.
+  void add(const std::string& file, const std::string& name, const at::Tensor& values, const Region& stored) {
+    check_state_tensor(file, name, values);
     auto it = parts_.find(name);
     if (it == parts_.end()) {
-      Part part{shape, 0, c10::multiply_integers(shape), {}, 0};
       auto range = ranges_.find(name);
-      if (range != ranges_.end()) {
-        require(shape == range->second.shape, file, ": optimizer tensor '", name, "' has shape ", at::IntArrayRef(shape),
-                ", this run expects ", at::IntArrayRef(range->second.shape));
-        part.begin = range->second.begin;
-        part.end = range->second.end;
-        part.values = at::empty({part.end - part.begin}, slice.options());
-      } else {
-        part.values = at::empty(shape, slice.options());
-      }
+      Part part{range != ranges_.end() ? range->second : Region::whole(stored.shape), {}, 0};
+      require(part.want.shape == stored.shape, file, ": optimizer tensor '", name, "' has shape ",
+              at::IntArrayRef(stored.shape), ", this run expects ", at::IntArrayRef(part.want.shape));
+      part.values = range != ranges_.end() ? at::empty({part.want.numel()}, values.options())
+                                           : at::empty(stored.shape, values.options());
       it = parts_.emplace(name, std::move(part)).first;
     }
     Part& part = it->second;
-    require(part.shape == shape, file, ": slice of '", name, "' records shape ", at::IntArrayRef(shape),
-            ", another shard ", at::IntArrayRef(part.shape));
-    const int64_t lo = std::max(offset, part.begin), hi = std::min(offset + slice.numel(), part.end);
-    if (hi <= lo) return;
-    part.values.view({-1}).narrow(0, lo - part.begin, hi - lo).copy_(slice.reshape({-1}).narrow(0, lo - offset, hi - lo));
-    part.covered += hi - lo;
+    require(part.want.shape == stored.shape, file, ": slice of '", name, "' records shape ",
+            at::IntArrayRef(stored.shape), ", another shard ", at::IntArrayRef(part.want.shape));
+    part.covered += copy_overlap(stored, values, part.want, part.values);
   }
 
   std::map<std::string, at::Tensor> finish(const std::string& where) {
     std::map<std::string, at::Tensor> out;
     for (auto& [name, part] : parts_) {
-      require(part.covered == part.end - part.begin, where, ": the shards cover ", part.covered, " of the ",
-              part.end - part.begin, " elements of '", name, "'",
-              ranges_.count(name) ? " this rank reads" : "");
+      require(part.covered == part.want.numel(), where, ": the shards cover ", part.covered, " of the ",
+              part.want.numel(), " elements of '", name, "'", ranges_.count(name) ? " this rank reads" : "");
       out.emplace(name, std::move(part.values));
     }
     return out;
@@ -140,8 +151,7 @@ class OptimizerAssembly {
 
  private:
   struct Part {
-    std::vector<int64_t> shape;
-    int64_t begin, end;  // the elements wanted
+    Region want;
     at::Tensor values;
     int64_t covered;
   };
@@ -149,8 +159,8 @@ class OptimizerAssembly {
   std::map<std::string, Part> parts_;
 };
 
-// The shards of a multi-rank checkpoint, read one file at a time. Each shard tensor is a 1-D
-// slice; the file's metadata maps its name to "offset shape..." of the whole.
+// The shards of a multi-rank checkpoint, read one file at a time. Each shard tensor is 1-D; the
+// file's metadata holds its region's record (region.h).
 std::map<std::string, at::Tensor> assemble_shards(const fs::path& dir, int64_t shards, const OptimizerRanges& ranges) {
   OptimizerAssembly assembly(ranges);
   for (int64_t r = 0; r < shards; ++r) {
@@ -159,12 +169,7 @@ std::map<std::string, at::Tensor> assemble_shards(const fs::path& dir, int64_t s
     for (const auto& [name, slice] : shard.tensors) {
       auto meta = shard.metadata.find(name);
       require(meta != shard.metadata.end(), path, ": tensor '", name, "' has no slice record in the metadata");
-      std::istringstream in(meta->second);
-      int64_t offset = 0;
-      in >> offset;
-      std::vector<int64_t> shape;
-      for (int64_t d; in >> d;) shape.push_back(d);
-      assembly.add(path, name, slice, offset, shape);
+      assembly.add(path, name, slice, Region::parse(meta->second, slice.numel(), path + ": '" + name + "'"));
     }
   }
   return assembly.finish(dir.string());
@@ -172,7 +177,8 @@ std::map<std::string, at::Tensor> assemble_shards(const fs::path& dir, int64_t s
 
 std::map<std::string, at::Tensor> read_optimizer_file(const fs::path& file, const OptimizerRanges& ranges) {
   OptimizerAssembly assembly(ranges);
-  for (const auto& [name, t] : read_safetensors(file.string()).tensors) assembly.add(file.string(), name, t, 0, t.sizes().vec());
+  for (const auto& [name, t] : read_safetensors(file.string()).tensors)
+    assembly.add(file.string(), name, t, Region::whole(t.sizes().vec()));
   return assembly.finish(file.string());
 }
 
@@ -210,7 +216,7 @@ std::vector<TensorSlice> even_slices(const NamedTensors& whole, int64_t rank, in
   for (const auto& [name, t] : whole) {
     const int64_t n = t.numel(), per_rank = (n + shards - 1) / shards;
     const int64_t begin = std::min(n, rank * per_rank), end = std::min(n, begin + per_rank);
-    if (end > begin) out.push_back({name, t.reshape({-1}).narrow(0, begin, end - begin), begin, t.sizes().vec()});
+    if (end > begin) out.push_back({name, t.reshape({-1}).narrow(0, begin, end - begin), Region::range(t.sizes().vec(), begin, end)});
   }
   return out;
 }
@@ -222,16 +228,25 @@ void write_optimizer_shard(const std::string& partial_dir, int64_t rank, int64_t
   for (const TensorSlice& slice : slices) {
     require(records.count(slice.name) == 0, "internal: two slices of '", slice.name, "' in rank ", rank,
             "'s optimizer shard");
+    require(slice.values.numel() == slice.region.numel(), "internal: the slice of '", slice.name, "' holds ",
+            slice.values.numel(), " elements, its region ", slice.region.numel());
     tensors.emplace_back(slice.name, slice.values.reshape({-1}).contiguous());
-    std::string record = std::to_string(slice.begin);
-    for (int64_t d : slice.shape) record += " " + std::to_string(d);
-    records[slice.name] = record;
+    records[slice.name] = slice.region.record();
   }
   write_safetensors((fs::path(partial_dir) / shard_name(rank, shards)).string(), tensors, records);
 }
 
-void write_model_shard(const std::string& partial_dir, int64_t rank, int64_t shards, const NamedTensors& tensors) {
-  write_safetensors((fs::path(partial_dir) / model_shard_name(rank, shards)).string(), tensors, {{"format", "pt"}});
+void write_model_shard(const std::string& partial_dir, int64_t rank, int64_t shards,
+                       const std::vector<TensorSlice>& tensors) {
+  NamedTensors values;
+  std::map<std::string, std::string> metadata{{"format", "pt"}};
+  for (const TensorSlice& t : tensors) {
+    require(t.values.numel() == t.region.numel(), "internal: the part of '", t.name, "' holds ", t.values.numel(),
+            " elements, its region ", t.region.numel());
+    values.emplace_back(t.name, t.values);
+    if (!(t.region == Region::whole(t.region.shape))) metadata[t.name] = t.region.record();
+  }
+  write_safetensors((fs::path(partial_dir) / model_shard_name(rank, shards)).string(), values, metadata);
 }
 
 void write_compression_state(const std::string& partial_dir, int64_t rank, int64_t ranks, const NamedTensors& state) {
@@ -257,18 +272,25 @@ std::string commit_checkpoint(const std::string& checkpoints_dir, int64_t step, 
 
   if (contents.model_shards > 0) {
     // The index in Hugging Face's format, from the shards' headers (no tensor is read).
-    nlohmann::json weight_map = nlohmann::json::object();
+    nlohmann::json weight_map = nlohmann::json::object(), part_map = nlohmann::json::object();
     int64_t total = 0;
     for (int64_t r = 0; r < contents.model_shards; ++r) {
       const fs::path file = partial / model_shard_name(r, contents.model_shards);
       require(fs::exists(file), file.string(), ": missing when committing the checkpoint (did rank ", r, " fail?)");
-      for (const auto& [name, bytes] : read_safetensors_sizes(file.string())) {
+      const SafetensorsHeader header = read_safetensors_header(file.string());
+      for (const auto& [name, e] : header.tensors) {
         require(!weight_map.contains(name), "internal: '", name, "' written by two ranks");
-        weight_map[name] = file.filename().string();
-        total += bytes;
+        if (header.metadata.count(name)) {
+          part_map[name].push_back(file.filename().string());
+        } else {
+          require(!part_map.contains(name), "internal: '", name, "' written whole and in parts");
+          weight_map[name] = file.filename().string();
+        }
+        total += e.bytes;
       }
     }
-    const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    if (!part_map.empty()) index["part_map"] = part_map;
     write_file_durable((partial / kModelIndex).string(), index.dump(2) + "\n");
   } else {
     write_safetensors((partial / kModelFile).string(), contents.model, {{"format", "pt"}});
@@ -330,12 +352,66 @@ std::string resolve_checkpoint_dir(const std::string& path) {
   fail(path, ": not a checkpoint (no meta.json) and no checkpoints/latest beneath it");
 }
 
-at::Tensor read_model_tensor(const LoadedCheckpoint& ckpt, const std::string& name) {
+namespace {
+
+const std::vector<StoredPiece>& pieces_of(const LoadedCheckpoint& ckpt, const std::string& name) {
   const auto it = ckpt.model_files.find(name);
   if (it == ckpt.model_files.end()) fail(ckpt.dir, ": the checkpoint's model has no tensor '", name, "'");
-  at::Tensor t = read_safetensors_tensor(it->second, name);
-  check_state_tensor(it->second, name, t);
-  return t;
+  return it->second;
+}
+
+}  // namespace
+
+std::vector<int64_t> model_tensor_shape(const LoadedCheckpoint& ckpt, const std::string& name) {
+  return pieces_of(ckpt, name).front().region.shape;
+}
+
+at::Tensor read_model_region(const LoadedCheckpoint& ckpt, const std::string& name, const Region& region) {
+  const std::vector<StoredPiece>& pieces = pieces_of(ckpt, name);
+  require(region.shape == pieces.front().region.shape, model_source(ckpt), ": tensor '", name, "' has shape ",
+          at::IntArrayRef(pieces.front().region.shape), ", read as ", at::IntArrayRef(region.shape));
+  at::Tensor values;
+  int64_t covered = 0;
+  for (const StoredPiece& piece : pieces) {
+    if (pieces.size() > 1 && !overlaps(piece.region, region)) continue;
+    const at::Tensor t = read_safetensors_tensor(piece.file, name);
+    check_state_tensor(piece.file, name, t);
+    if (!values.defined()) values = at::empty({region.numel()}, t.options());
+    require(t.scalar_type() == values.scalar_type(), piece.file, ": part of '", name, "' has dtype ",
+            t.scalar_type(), ", another part ", values.scalar_type());
+    covered += copy_overlap(piece.region, t, region, values);
+  }
+  require(covered == region.numel(), model_source(ckpt), ": the parts of '", name, "' cover ", covered, " of the ",
+          region.numel(), " elements read");
+  return values.defined() ? values : at::empty({0});
+}
+
+ModelReader model_reader(const LoadedCheckpoint& ckpt) {
+  ModelReader reader;
+  for (const auto& [name, pieces] : ckpt.model_files) reader.names.insert(name);
+  reader.shape = [&ckpt](const std::string& name) { return model_tensor_shape(ckpt, name); };
+  reader.read = [&ckpt](const std::string& name, const Region& region) { return read_model_region(ckpt, name, region); };
+  reader.source = model_source(ckpt);
+  return reader;
+}
+
+ModelReader model_reader(const std::map<std::string, at::Tensor>& tensors, std::string source) {
+  ModelReader reader;
+  for (const auto& [name, t] : tensors) reader.names.insert(name);
+  reader.shape = [&tensors](const std::string& name) { return tensors.at(name).sizes().vec(); };
+  reader.read = [&tensors](const std::string& name, const Region& region) {
+    const at::Tensor& t = tensors.at(name);
+    at::Tensor values = at::empty({region.numel()}, t.options());
+    copy_overlap(Region::whole(t.sizes().vec()), t, region, values);
+    return values;
+  };
+  reader.source = std::move(source);
+  return reader;
+}
+
+at::Tensor read_model_tensor(const LoadedCheckpoint& ckpt, const std::string& name) {
+  const std::vector<int64_t> shape = model_tensor_shape(ckpt, name);
+  return read_model_region(ckpt, name, Region::whole(shape)).view(shape);
 }
 
 LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer, const OptimizerRanges& ranges,
@@ -390,15 +466,8 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer, c
       fail(file.string(), ": checksum mismatch (the file was modified or corrupted)");
   }
   out.model_files = model_file_map(dir, model_shards);
-  if (with_model) {
-    std::set<std::string> model_files;
-    for (const auto& [name, file] : out.model_files) model_files.insert(file);
-    for (const std::string& file : model_files)
-      for (auto& [name, t] : read_safetensors(file).tensors) {
-        check_state_tensor(file, name, t);
-        out.model.emplace(name, std::move(t));
-      }
-  }
+  if (with_model)
+    for (const auto& [name, pieces] : out.model_files) out.model.emplace(name, read_model_tensor(out, name));
   if (!with_optimizer) return out;
   out.optimizer = shards > 0 ? assemble_shards(dir, shards, ranges) : read_optimizer_file(dir / kOptimizerFile, ranges);
   for (int64_t r = 0; r < compression_ranks; ++r) {

@@ -8,14 +8,22 @@
 //
 // A multi-rank checkpoint writes the model as one file per rank, in Hugging Face's sharded layout,
 //   model-00001-of-0000N.safetensors ...   whole tensors, each written by the one rank that owns it
-//                                          (no rank ever holds the whole model to save it)
-//   model.safetensors.index.json           {"metadata": {"total_size"}, "weight_map": {name: file}},
-//                                          made by commit_checkpoint from the shards' headers
-// (meta.json records model_shards = N; load_checkpoint merges them; `tessera export` writes one
-// model.safetensors), and replaces optimizer.safetensors by one shard per rank,
-//   optimizer-<r>-of-<N>.safetensors   contiguous slices of the flattened optimizer tensors
-//                                      (rank r's even slice of each, or what rank r owns under
-//                                      ZeRO: any split that covers every element exactly once)
+//                                          (no rank ever holds the whole model to save it), and
+//                                          under tensor parallelism each rank's part of a split
+//                                          tensor, with its region's record in the file's metadata
+//                                          (region.h; no rank gathers a split tensor to save it)
+//   model.safetensors.index.json           {"metadata": {"total_size"}, "weight_map": {name: file}}
+//                                          for the whole tensors, and "part_map": {name: [files]}
+//                                          for those written in parts; made by commit_checkpoint
+//                                          from the shards' headers
+// (meta.json records model_shards = N; load_checkpoint merges them, assembling parts; without
+// parts the directory loads in Hugging Face's transformers as it is, and `tessera export` writes
+// one model.safetensors in every case), and replaces optimizer.safetensors by one shard per rank,
+//   optimizer-<r>-of-<N>.safetensors   regions of the optimizer tensors, each 1-D with its record
+//                                      (region.h) in the metadata: rank r's even slice of each,
+//                                      what rank r owns under ZeRO, its tensor-parallel part or
+//                                      its ZeRO range of that part: any split that covers every
+//                                      element exactly once
 // written by every rank into the same step_<N>.partial/ (prepare_checkpoint_dir on rank 0, a
 // barrier, write_optimizer_shard everywhere, a barrier, commit_checkpoint on rank 0). meta.json
 // is written last, after all shards, and lists them with their checksums: it is the commit
@@ -43,12 +51,15 @@
 #pragma once
 
 #include <cmath>
+#include <functional>
+#include <set>
 #include <map>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/region.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 
@@ -80,11 +91,17 @@ struct CheckpointContents {
   int64_t model_shards = 0;              // > 0: model-<r+1>-of-<N> files every rank wrote; `model` unused
 };
 
+// Where a model tensor, or a part of it, is stored: a file and the region (region.h) it holds.
+struct StoredPiece {
+  std::string file;
+  Region region;
+};
+
 struct LoadedCheckpoint {
   std::string dir;
   int64_t step = 0;
   std::map<std::string, at::Tensor> model;              // empty when loaded without the model
-  std::map<std::string, std::string> model_files;       // every model tensor's file (always filled)
+  std::map<std::string, std::vector<StoredPiece>> model_files;  // every model tensor's pieces (always filled)
   std::map<std::string, at::Tensor> optimizer;
   std::vector<std::map<std::string, at::Tensor>> compression;  // per saving rank, in rank order
   nlohmann::json meta;
@@ -93,14 +110,13 @@ struct LoadedCheckpoint {
 // Writes checkpoints_dir/step_<step>/ atomically and returns its path.
 std::string save_checkpoint(const std::string& checkpoints_dir, int64_t step, const CheckpointContents& contents);
 
-// A contiguous piece of a tensor in an optimizer shard: `values` (any shape, read flattened)
-// are the elements [begin, begin + values.numel()) of the flattened whole tensor `name`, whose
-// shape is `shape` ({} for a scalar).
+// A piece of a tensor in a shard: `values` (any shape, read flattened) are the elements of the
+// whole tensor `name` that `region` (region.h) describes: a range of it flattened, or a
+// tensor-parallel part (or a range of one).
 struct TensorSlice {
   std::string name;
   at::Tensor values;
-  int64_t begin = 0;
-  std::vector<int64_t> shape;
+  Region region;
 };
 
 // Rank `rank`'s even slice, elements [r * ceil(n/N), (r + 1) * ceil(n/N)) clipped to n, of each
@@ -119,19 +135,19 @@ std::string prepare_checkpoint_dir(const std::string& checkpoints_dir, int64_t s
 void write_optimizer_shard(const std::string& partial_dir, int64_t rank, int64_t shards,
                            const std::vector<TensorSlice>& slices);
 void write_compression_state(const std::string& partial_dir, int64_t rank, int64_t ranks, const NamedTensors& state);
-// Rank `rank`'s whole model tensors (export names), model-<rank+1 as 00001>-of-<N>.safetensors: over
-// all N ranks each tensor is written by exactly one (commit_checkpoint refuses a tensor twice).
-void write_model_shard(const std::string& partial_dir, int64_t rank, int64_t shards, const NamedTensors& tensors);
+// Rank `rank`'s model tensors and parts of tensors (export names; a part in its part's shape),
+// model-<rank+1 as 00001>-of-<N>.safetensors: over all N ranks each tensor is written whole by
+// exactly one, or in parts that tile it (commit_checkpoint refuses a tensor written twice whole,
+// load_checkpoint parts that overlap or leave a gap).
+void write_model_shard(const std::string& partial_dir, int64_t rank, int64_t shards,
+                       const std::vector<TensorSlice>& tensors);
 std::string commit_checkpoint(const std::string& checkpoints_dir, int64_t step, const CheckpointContents& contents,
                               int64_t shards);
 
-// The part of one optimizer tensor a rank reads on resume: elements [begin, end) of the flattened
-// whole tensor, whose shape must be `shape` (begin == end: none of it, only the shape is checked).
-struct OptimizerRange {
-  std::vector<int64_t> shape;
-  int64_t begin = 0, end = 0;
-};
-using OptimizerRanges = std::map<std::string, OptimizerRange>;
+// The part of one optimizer tensor a rank reads on resume, a region of the whole tensor, whose shape
+// must be the region's (an empty region: none of it, only the shape is checked).
+using OptimizerRange = Region;
+using OptimizerRanges = std::map<std::string, Region>;
 
 // `path` may be a step directory, a checkpoints directory or a run directory (the latter two
 // resolve through `latest`). Throws tessera::Error naming the file on any inconsistency. Every
@@ -146,6 +162,25 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer = 
 // One model tensor of a checkpoint loaded without its model, read from its file alone (the files
 // were verified by load_checkpoint).
 at::Tensor read_model_tensor(const LoadedCheckpoint& ckpt, const std::string& name);
+// The values of `region` of one model tensor (flattened), read from the pieces that hold them one
+// at a time: a rank reading its tensor-parallel part never holds the whole tensor when the
+// checkpoint was saved in parts. `region.shape` must be the stored tensor's.
+at::Tensor read_model_region(const LoadedCheckpoint& ckpt, const std::string& name, const Region& region);
+// A model tensor's whole shape as stored.
+std::vector<int64_t> model_tensor_shape(const LoadedCheckpoint& ckpt, const std::string& name);
+
+// A model to load (export names), as ParallelModel::load_model_state reads it: the tensors it
+// holds, each one's whole shape, and the values of a region of one (flattened).
+struct ModelReader {
+  std::set<std::string> names;
+  std::function<std::vector<int64_t>(const std::string& name)> shape;
+  std::function<at::Tensor(const std::string& name, const Region& region)> read;
+  std::string source;  // for messages
+};
+// A checkpoint's model (loaded without it: the tensors are read as asked for; `ckpt` outlives the reader).
+ModelReader model_reader(const LoadedCheckpoint& ckpt);
+// Whole tensors in memory (`tensors` outlives the reader).
+ModelReader model_reader(const std::map<std::string, at::Tensor>& tensors, std::string source);
 
 // Where a loaded checkpoint's model came from, for messages: ".../model.safetensors" or
 // ".../model-*.safetensors" (sharded).

@@ -233,12 +233,14 @@ at::Tensor read_safetensors_tensor(const std::string& path, const std::string& n
   return read_entry(in, index, path, name);
 }
 
-std::map<std::string, int64_t> read_safetensors_sizes(const std::string& path) {
+SafetensorsHeader read_safetensors_header(const std::string& path) {
   std::ifstream in = open_checked(path);
   const Index index = read_index(in, path);
-  std::map<std::string, int64_t> sizes;
-  for (const auto& [name, e] : index.entries) sizes[name] = static_cast<int64_t>(e.end - e.begin);
-  return sizes;
+  SafetensorsHeader header;
+  header.metadata = index.metadata;
+  for (const auto& [name, e] : index.entries)
+    header.tensors[name] = {e.type, e.shape, static_cast<int64_t>(e.end - e.begin)};
+  return header;
 }
 
 }  // namespace tessera

@@ -39,8 +39,17 @@ SafetensorsContents read_safetensors(const std::string& path);
 // The same from a stream (`path` names it in errors): what the fuzz target (tests/fuzz/) drives.
 SafetensorsContents read_safetensors(std::istream& in, const std::string& path);
 
-// The tensors' names and byte sizes, from the header alone (the data is not read).
-std::map<std::string, int64_t> read_safetensors_sizes(const std::string& path);
+// The header alone (the data is not read), checked as every read checks it.
+struct SafetensorsEntry {
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;
+  int64_t bytes = 0;
+};
+struct SafetensorsHeader {
+  std::map<std::string, SafetensorsEntry> tensors;
+  std::map<std::string, std::string> metadata;
+};
+SafetensorsHeader read_safetensors_header(const std::string& path);
 
 // One tensor of a file, read by seeking to its bytes (the rest of the file is not read). Throws
 // tessera::Error naming the file and the tensor when it is absent or its entry is inconsistent.

@@ -147,8 +147,8 @@ Command add_bench_command(CLI::App& app) {
       if (mesh) mesh->world().barrier();
       const int64_t before = host_memory::current();
       host_memory::reset_peak();
-      write_model_shard(args->save_to, rank, world, step.model_state_shard(rank, world));
-      write_optimizer_shard(args->save_to, rank, world, step.training_state_slices(rank, world));
+      write_model_shard(args->save_to, rank, world, step.model_state_shard());
+      write_optimizer_shard(args->save_to, rank, world, step.training_state_slices());
       save = {host_memory::peak() - before, before - bytes_before_model};
       if (mesh) {
         at::Tensor all = at::empty({world * 2}, at::kLong);

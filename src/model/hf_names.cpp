@@ -50,6 +50,14 @@ std::string export_name(const ModelOptions& opts, const std::string& param) {
   return export_name(uses_hf_gpt2_names(opts), param);
 }
 
+Region export_region(const ModelOptions& opts, const std::string& param, const Region& region) {
+  if (!uses_hf_gpt2_names(opts) || !is_conv1d_weight(param) || region.shape.size() != 2) return region;
+  require(region.begin == 0 && region.end == region.part_numel(), "internal: a range of a transposed part of '", param,
+          "' has no region in the export layout");
+  return Region::split({region.shape[1], region.shape[0]}, region.is_split() ? 1 - region.dim : -1, region.blocks,
+                       region.index, region.count);
+}
+
 at::Tensor import_tensor(const ModelOptions& o, const std::string& param, const at::Tensor& stored,
                          at::IntArrayRef expected, const std::string& source) {
   const bool transposed = uses_hf_gpt2_names(o) && is_conv1d_weight(param);

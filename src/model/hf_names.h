@@ -17,6 +17,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "checkpoint/region.h"
 #include "checkpoint/safetensors.h"
 #include "model/transformer.h"
 
@@ -34,6 +35,10 @@ std::pair<std::string, at::Tensor> export_tensor(const ModelOptions& opts, const
 
 // Parameter `param`'s export name.
 std::string export_name(const ModelOptions& opts, const std::string& param);
+// The region (checkpoint/region.h) of parameter `param`'s export-layout tensor that holds `region`
+// of it in the model's layout (a transposed weight's split moves to the other dimension). A
+// tensor-parallel part is written and read this way without being gathered.
+Region export_region(const ModelOptions& opts, const std::string& param, const Region& region);
 // Parameter `param`'s value in the model's layout from its export-layout tensor `stored` (a view
 // where it is transposed), checked against the whole parameter's shape `expected`; throws
 // tessera::Error naming `source`, the tensor and the model keys that set the shape.

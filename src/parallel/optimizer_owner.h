@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -120,8 +121,9 @@ class OptimizerOwner {
   }
   // This rank's own slices of training_state(), which over the data-parallel ranks cover it
   // exactly once, without communication (DataParallel's ZeRO slices, or its even slice at stage
-  // 0); empty when this owner has none.
-  virtual std::vector<TensorSlice> own_training_state_slices() const { return {}; }
+  // 0; possibly none on this rank); nullopt when this kind of owner has none (its state is the
+  // same on every replica).
+  virtual std::optional<std::vector<TensorSlice>> own_training_state_slices() const { return std::nullopt; }
 
   // The gradient compressor's state of this rank (empty without one); loading refuses a
   // non-empty state where there is no compressor.

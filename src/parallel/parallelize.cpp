@@ -23,22 +23,6 @@
 #include "precision/autocast.h"
 
 namespace tessera {
-namespace {
-
-// Owners for tensors of `numels` elements, in order, each to the shard holding the fewest
-// elements so far: the same on every rank.
-std::vector<int64_t> owners_by_size(const std::vector<int64_t>& numels, int64_t shards) {
-  std::vector<int64_t> load(static_cast<size_t>(shards), 0), owner;
-  for (int64_t n : numels) {
-    const auto least = std::min_element(load.begin(), load.end()) - load.begin();
-    owner.push_back(least);
-    load[static_cast<size_t>(least)] += n;
-  }
-  return owner;
-}
-
-}  // namespace
-
 void check_parallel_layout(const Config& config, const ParallelDims& d) {
   if (d.world_size() > 1) comm::choose_backend(config.parallel.backend, c10::Device(config.train.device));
   check_layout_options(config, d);
@@ -239,69 +223,92 @@ int64_t ParallelModel::data_ranks() const { return replicas_ ? mesh_->dims().dp(
 int64_t ParallelModel::data_rank() const { return replicas_ ? mesh_->coord().dp : 0; }
 
 NamedTensors ParallelModel::model_state() {
-  if (!pp_) return model_state_shard(0, 1);
   // This stage's parameters whole (ZeRO-3 gathers them unit by unit), then over the stages.
   auto params = model_->named_parameters();
   std::map<std::string, at::Tensor> mine;
-  owner_->visit_full_parameters([&](const std::vector<std::string>& names) {
-    for (const std::string& name : names) mine[name] = placement_->whole(name, params[name].detach().clone());
-  });
   NamedTensors out;
+  owner_->visit_full_parameters([&](const std::vector<std::string>& names) {
+    for (const std::string& name : names) {
+      if (pp_) mine[name] = placement_->whole(name, params[name].detach().clone());
+      else out.push_back(export_tensor(model_->options(), name, placement_->whole(name, params[name].detach())));
+    }
+  });
+  if (!pp_) return out;
   for (const auto& [name, t] : placement_->over_stages([&](const std::string& n) { return mine.at(n); }))
     out.push_back(export_tensor(model_->options(), name, t));
   return out;
 }
 
-std::pair<int64_t, int64_t> ParallelModel::stage_share() const {
-  const ParallelDims& d = mesh_->dims();
-  const int64_t me = mesh_->rank(), stage = d.coord(me).pp;
-  int64_t index = 0;
-  for (int64_t r = 0; r < me; ++r) index += d.coord(r).pp == stage ? 1 : 0;
-  return {index, d.world_size() / d.pp()};
+std::vector<int64_t> ParallelModel::writers(const std::vector<std::pair<int64_t, int64_t>>& pieces) const {
+  // The ranks holding this stage (every rank without pp) and their tensor-parallel coordinates.
+  std::vector<std::pair<int64_t, int64_t>> ranks;
+  if (!mesh_) ranks.emplace_back(0, 0);
+  else
+    for (int64_t r = 0; r < mesh_->world_size(); ++r)
+      if (mesh_->dims().coord(r).pp == mesh_->coord().pp) ranks.emplace_back(r, mesh_->dims().coord(r).tp);
+  std::vector<int64_t> load(ranks.size(), 0), out;
+  for (const auto& [numel, tp_rank] : pieces) {
+    size_t least = ranks.size();
+    for (size_t i = 0; i < ranks.size(); ++i)
+      if ((tp_rank < 0 || ranks[i].second == tp_rank) && (least == ranks.size() || load[i] < load[least])) least = i;
+    load[least] += numel;
+    out.push_back(ranks[least].first);
+  }
+  return out;
 }
 
-NamedTensors ParallelModel::model_state_shard(int64_t rank, int64_t shards) {
-  // Under pp the ranks holding this stage (its data-parallel replicas) share out its parameters.
-  if (pp_) std::tie(rank, shards) = stage_share();
-  // Owners: each parameter, in registration order, to the rank holding the fewest elements so far.
-  std::vector<std::string> order;
-  std::vector<int64_t> numels;
+std::vector<TensorSlice> ParallelModel::model_state_shard() {
+  // Each written tensor whole, or under tp each rank's part, to one of the ranks holding it.
+  const int64_t tp = tp_ ? tp_->size() : 1, me = mesh_ ? mesh_->rank() : 0;
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  std::vector<std::pair<std::string, int64_t>> which;  // (parameter, tp rank or -1)
   for (const auto& item : model_->named_parameters()) {
     if (!placement_->writes(item.key())) continue;
-    order.push_back(item.key());
-    numels.push_back(item.value().numel() * (placement_->split_over_tp(item.key()) ? tp_->size() : 1));
+    const bool split = placement_->split_over_tp(item.key());
+    for (int64_t r = 0; r < (split ? tp : 1); ++r) {
+      pieces.emplace_back(placement_->part_region(item.key()).part_numel(), split ? r : -1);
+      which.emplace_back(item.key(), split ? r : -1);
+    }
   }
-  std::map<std::string, int64_t> owner;
-  const std::vector<int64_t> owners = owners_by_size(numels, shards);
-  for (size_t i = 0; i < order.size(); ++i) owner[order[i]] = owners[i];
+  const std::vector<int64_t> writer = writers(pieces);
+  std::set<std::string> mine;
+  for (size_t i = 0; i < which.size(); ++i)
+    if (writer[i] == me && (which[i].second < 0 || which[i].second == tp_rank_)) mine.insert(which[i].first);
   auto params = model_->named_parameters();
-  NamedTensors mine;
+  std::vector<TensorSlice> out;
   at::NoGradGuard no_grad;
   owner_->visit_full_parameters([&](const std::vector<std::string>& names) {
     for (const std::string& name : names) {
-      if (!owner.count(name)) continue;  // a copy another stage writes
-      // Every tp rank takes part in gathering a split parameter.
-      if (!placement_->split_over_tp(name) && owner.at(name) != rank) continue;
-      const at::Tensor whole = placement_->whole(name, params[name]);
-      if (owner.at(name) == rank) mine.push_back(export_tensor(model_->options(), name, whole));
+      if (!mine.count(name)) continue;
+      auto [stored, values] = export_tensor(model_->options(), name, params[name]);
+      out.push_back({stored, values, export_region(model_->options(), name, placement_->part_region(name))});
     }
   });
-  return mine;
+  return out;
 }
 
-void ParallelModel::load_model_state(const std::set<std::string>& names,
-                                     const std::function<at::Tensor(const std::string&)>& read,
-                                     const std::string& source) {
-  // The whole model's parameter shapes, from a model on the meta device (no memory).
+void ParallelModel::load_model_state(const ModelReader& reader) {
   std::vector<std::string> params;
   for (const auto& [name, shape] : placement_->whole_shapes()) params.push_back(name);
-  check_export_names(config_.model, params, names, source);
+  check_export_names(config_.model, params, reader.names, reader.source);
   // Under pp this stage's parameters only (the last stage's wte from the one tied embedding).
   auto mine = model_->named_parameters();
+  const ModelOptions& options = model_->options();
   for (const auto& [name, shape] : placement_->whole_shapes()) {
     if ((pp_ && !mine.contains(name)) || !owner_->keeps_part_of(name)) continue;
-    at::Tensor value = import_tensor(config_.model, name, read(export_name(config_.model, name)), shape, source);
-    owner_->load_parameter(name, placement_->part(name, value));
+    const std::string stored = export_name(options, name);
+    const Region part = placement_->part_region(name), want = export_region(options, name, part);
+    const std::vector<int64_t> stored_shape = reader.shape(stored);
+    if (stored_shape == want.shape) {
+      // This rank's part alone, from the pieces holding it.
+      const at::Tensor values = reader.read(stored, want).view(want.part_shape());
+      owner_->load_parameter(name, import_tensor(options, name, values, part.part_shape(), reader.source));
+    } else {
+      // Another shape (an embedding without the padded rows, or one import_tensor refuses by name):
+      // read whole and cut.
+      const at::Tensor whole = reader.read(stored, Region::whole(stored_shape)).view(stored_shape);
+      owner_->load_parameter(name, placement_->part(name, import_tensor(options, name, whole, shape, reader.source)));
+    }
   }
   owner_->parameters_loaded();
 }
@@ -326,40 +333,73 @@ void ParallelModel::load_training_state(const std::map<std::string, at::Tensor>&
   std::map<std::string, at::Tensor> local;
   for (const auto& [name, t] : tensors)
     if (placement_->keeps_state(name)) local.emplace(name, t);
-  if (!training_state_ranges().empty()) return owner_->load_training_state_ranges(local, source);
-  for (auto& [name, t] : local) t = placement_->state_part(name, t);
+  // This rank's regions come 1-D (an owner taking whole tensors gets its tensor-parallel part in
+  // its shape); whole tensors are cut to this rank's part.
+  const bool ranged = !owner_->training_state_ranges().empty();
+  const OptimizerRanges ranges = training_state_ranges();
+  for (auto& [name, t] : local) {
+    const auto range = ranges.find(name);
+    if (range == ranges.end()) t = placement_->state_part(name, t);
+    else if (!ranged && t.numel() == range->second.numel()) t = t.view(range->second.part_shape());
+  }
+  if (ranged) return owner_->load_training_state_ranges(local, source);
   owner_->load_training_state(local, source);
 }
 
 OptimizerRanges ParallelModel::training_state_ranges() const {
-  return tp_ ? OptimizerRanges{} : owner_->training_state_ranges();
+  OptimizerRanges own = owner_->training_state_ranges();
+  if (!tp_) return own;
+  // Under tp each split state tensor's part of the whole: the owner's ZeRO ranges of it, or (an
+  // owner holding its state whole) all of it.
+  if (own.empty())
+    for (const auto& [name, t] : owner_->training_state()) own[name] = Region::whole(t.sizes().vec());
+  OptimizerRanges out;
+  for (const auto& [name, range] : own) {
+    const Region region = placement_->state_region(name, range.shape);
+    if (region.is_split()) out[name] = region.sub(range.begin, range.end);
+    else if (!(range == Region::whole(range.shape))) out[name] = range;
+  }
+  return out;
 }
 
-std::vector<TensorSlice> ParallelModel::training_state_slices(int64_t rank, int64_t shards) {
+std::vector<TensorSlice> ParallelModel::training_state_slices() {
   // Under pp the ranks holding a stage share out its state, the tied embedding's by the first stage.
-  if (pp_) std::tie(rank, shards) = stage_share();
   auto written = [&](const std::string& name) { return placement_->writes_state(name); };
-  if (!tp_ && replicas_ && replicas_->size() == shards) {
-    std::vector<TensorSlice> own = owner_->own_training_state_slices();
-    own.erase(std::remove_if(own.begin(), own.end(), [&](const TensorSlice& slice) { return !written(slice.name); }),
-              own.end());
-    if (!own.empty()) return own;
+  // The owner's own slices (its ZeRO ranges, or its even slice at stage 0), which cover its state
+  // over the data-parallel replicas; under tp each is a range of this rank's part, and a tensor
+  // not split (the same on every tp rank) is written by tp rank 0.
+  if (std::optional<std::vector<TensorSlice>> own = owner_->own_training_state_slices()) {
+    std::vector<TensorSlice> out;
+    for (TensorSlice& slice : *own) {
+      if (!written(slice.name)) continue;
+      const Region region = placement_->state_region(slice.name, slice.region.shape);
+      if (region.is_split()) slice.region = region.sub(slice.region.begin, slice.region.end);
+      else if (tp_rank_ != 0) continue;
+      out.push_back(std::move(slice));
+    }
+    return out;
   }
-  NamedTensors local = tp_ ? owner_->training_state() : training_state();
+  // Otherwise the owner's state, whole over the data replicas (a collective where it is sharded):
+  // each tensor, or under tp each rank's part of a split one, written by one rank holding it.
+  NamedTensors local = owner_->training_state();
   local.erase(std::remove_if(local.begin(), local.end(), [&](const auto& item) { return !written(item.first); }),
               local.end());
-  if (!tp_) return even_slices(local, rank, shards);
-  // Under tensor parallelism: one state tensor at a time gathered whole over tp and kept only by
-  // the rank it is assigned to (by size, the same on every rank), so no rank holds more than its
-  // share of the whole state and one tensor beyond its own state.
-  std::vector<int64_t> numels;
-  for (const auto& [name, t] : local) numels.push_back(t.numel() * (placement_->state_split(name, t) ? tp_->size() : 1));
-  const std::vector<int64_t> owners = owners_by_size(numels, shards);
-  std::vector<TensorSlice> mine;
+  const int64_t tp = tp_ ? tp_->size() : 1, me = mesh_ ? mesh_->rank() : 0;
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  std::vector<std::pair<size_t, int64_t>> which;  // (index in local, tp rank or -1)
   for (size_t i = 0; i < local.size(); ++i) {
-    const auto& [name, t] = local[i];
-    const at::Tensor whole = placement_->state_whole(name, t);
-    if (owners[i] == rank) mine.push_back({name, whole, 0, whole.sizes().vec()});
+    const Region region = placement_->state_region(local[i].first, local[i].second.sizes().vec());
+    for (int64_t r = 0; r < (region.is_split() ? tp : 1); ++r) {
+      pieces.emplace_back(region.numel(), region.is_split() ? r : -1);
+      which.emplace_back(i, region.is_split() ? r : -1);
+    }
+  }
+  const std::vector<int64_t> writer = writers(pieces);
+  std::vector<TensorSlice> mine;
+  for (size_t k = 0; k < which.size(); ++k) {
+    if (writer[k] != me || (which[k].second >= 0 && which[k].second != tp_rank_)) continue;
+    const auto& [name, t] = local[which[k].first];
+    mine.push_back({name, t, placement_->state_region(name, t.sizes().vec())});
   }
   return mine;
 }

@@ -103,18 +103,20 @@ class ParallelModel {
   // The model's parameters in Hugging Face names (model/hf_names.h), whole whatever the layout
   // (tensor-parallel shards gathered, ZeRO-3 gathered): a collective.
   NamedTensors model_state();
-  // This rank's share of model_state() for a checkpoint written as `shards` files (one per rank of
-  // the world): whole tensors under their export names, each tensor in exactly one rank's share
-  // (assigned by size, the same on every rank; under pp among the ranks holding the stage, over
-  // its own tensors, the tied embedding the first stage's). A collective of every rank; no rank holds more
-  // than its share, one ZeRO-3 unit and one tensor-parallel tensor beyond its training state.
-  NamedTensors model_state_shard(int64_t rank, int64_t shards);
-  // Loads the model from export-named whole tensors: `names` are those the source holds (a
-  // missing or unexpected one is refused, naming `source`), read(name) gives one. Each rank reads
-  // only the tensors it keeps a part of (under ZeRO-3 those overlapping its shards), one at a
-  // time, and keeps only its part: no rank holds the whole model. No communication.
-  void load_model_state(const std::set<std::string>& names, const std::function<at::Tensor(const std::string&)>& read,
-                        const std::string& source);
+  // This rank's share of the model for a checkpoint written as one file per rank
+  // (checkpoint/checkpoint.h): under export names, each tensor whole in exactly one rank's share,
+  // or under tp each rank's part of a split tensor in one share of a rank holding that part (its
+  // region recorded), assigned by size, the same on every rank; under pp among the ranks holding
+  // the stage, over its own tensors, the tied embedding the first stage's. A collective of every
+  // rank under ZeRO-3 (units are gathered over the replicas); nothing is gathered over tp, so no
+  // rank holds more than its share and one ZeRO-3 unit beyond its training state.
+  std::vector<TensorSlice> model_state_shard();
+  // Loads the model from export-named tensors (a missing or unexpected one is refused, naming
+  // reader.source). Each rank reads only the tensors it keeps a part of (under ZeRO-3 those
+  // overlapping its shards), one at a time, and of a tensor-parallel tensor only its part's
+  // region (when the stored shape is the model's), so no rank holds the whole model, nor, from
+  // a checkpoint saved in parts, a whole split tensor. No communication.
+  void load_model_state(const ModelReader& reader);
 
   // The final gradients of this step (between the owner's finish_gradients and apply) under the
   // model's parameter names, whole whatever the layout (a collective of every rank); zeros where
@@ -123,19 +125,19 @@ class ParallelModel {
 
   // The owner's state with tensor-parallel shards gathered whole (a collective).
   NamedTensors training_state();
-  // Takes load_checkpoint(..., training_state_ranges()) tensors: this rank's ranges, or whole
-  // tensors (cut to this rank's tensor-parallel shards here).
+  // Takes load_checkpoint(..., training_state_ranges()) tensors: this rank's regions (1-D; a
+  // tensor-parallel part is reshaped here for an owner that takes whole tensors), or whole tensors.
   void load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source);
-  // What this rank reads on resume: its own ZeRO 1-3 slices; empty (whole) under tp or without ZeRO.
+  // What this rank reads on resume: its own ZeRO 1-3 slices, under tp as regions of the whole
+  // tensors (its part, or its ZeRO range of its part); empty (whole) without either.
   OptimizerRanges training_state_ranges() const;
-  // This rank's slices of training_state() for shard `rank` of `shards` (checkpoint/checkpoint.h;
-  // under pp its own stage's state, whole or, with dp, its owner's own slices; the tied
-  // embedding's by the first stage):
-  // the owner's own slices, without communication, when the data-parallel replicas are the whole
-  // world; under tensor parallelism whole tensors, each gathered over tp one at a time and kept by
-  // the one rank it is assigned to by size (a collective); otherwise the even slices of
-  // training_state().
-  std::vector<TensorSlice> training_state_slices(int64_t rank, int64_t shards);
+  // This rank's slices of the training state for a checkpoint of one file per rank
+  // (checkpoint/checkpoint.h; under pp its own stage's state, the tied embedding's by the first
+  // stage): the owner's own slices when it has them (no communication; under tp regions of this
+  // rank's part, a tensor not split written by tp rank 0); otherwise the owner's state, each
+  // tensor (under tp each rank's part) written by one rank holding it, assigned by size. Nothing
+  // is gathered over tp.
+  std::vector<TensorSlice> training_state_slices();
 
  private:
   friend std::unique_ptr<ParallelModel> parallelize(TransformerLM model, comm::Mesh* mesh, const Config& config,
@@ -155,8 +157,10 @@ class ParallelModel {
   TransformerLM model_;
   comm::Mesh* mesh_;
   c10::Device device_;
-  // Under pp: this rank's index among the ranks holding its stage, and their number.
-  std::pair<int64_t, int64_t> stage_share() const;
+  // The writer of each piece of a checkpoint: `pieces` in order, each (elements, the tp rank holding
+  // it, or -1 for any), to the rank holding its stage (and that tp rank) with the fewest elements
+  // so far. The same on every rank.
+  std::vector<int64_t> writers(const std::vector<std::pair<int64_t, int64_t>>& pieces) const;
   comm::Group* tp_ = nullptr;        // tp > 1
   comm::Group* pp_ = nullptr;        // pp > 1: this rank holds its stages of the cut
   comm::Group* replicas_ = nullptr;  // dp x sp > 1 (or offload): the owner reduces over it

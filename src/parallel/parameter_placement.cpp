@@ -30,6 +30,24 @@ at::Tensor ParameterPlacement::whole(const std::string& param, const at::Tensor&
   return gather_tensor(part.contiguous(), split(param), *tp_);
 }
 
+Region ParameterPlacement::part_region(const std::string& param) const {
+  const ParameterSpec& spec = model_->parameter_specs().at(param);
+  std::vector<int64_t> shape;
+  for (const auto& [name, whole] : whole_shapes_)
+    if (name == param) shape = whole;
+  if (!tp_) return Region::whole(shape);
+  const TensorParallelLayout layout = tensor_parallel_layout(spec);
+  return Region::split(shape, layout.dim, layout.parts, tp_->rank(), tp_->size());
+}
+
+Region ParameterPlacement::state_region(const std::string& state, const std::vector<int64_t>& local) const {
+  const auto layout = state_split(state, at::empty(local, at::TensorOptions().device(at::kMeta)));
+  if (!layout) return Region::whole(local);
+  std::vector<int64_t> shape = local;
+  shape[static_cast<size_t>(layout->dim)] *= tp_->size();
+  return Region::split(shape, layout->dim, layout->parts, tp_->rank(), tp_->size());
+}
+
 bool ParameterPlacement::writes(const std::string& param) const {
   return !(pp_ && model_->parameter_specs().at(param).tied && model_->has_head() && !model_->has_embedding());
 }

@@ -9,6 +9,8 @@
 // pipeline stage, by the layout's cut) and whether it is the tied embedding. The layers:
 //   tp   part(name, whole) cuts the rank's shard by the declared split; whole(name, part)
 //        all-gathers it back (a collective of tp when split, the tensor itself otherwise);
+//        part_region(name) describes the part as a region of the whole tensor, so a checkpoint
+//        holds and reads parts without gathering them;
 //   pp   holder(name) is the pipeline rank holding a parameter of the whole model (the tied
 //        embedding: the first stage's), writes(name) whether this rank writes it (not the last
 //        stage's copy of the tied embedding), over_stages() assembles the whole model's tensors
@@ -32,6 +34,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "checkpoint/region.h"
 #include "comm/group.h"
 #include "model/transformer.h"
 #include "parallel/tensor/tensor_parallel.h"
@@ -50,6 +53,9 @@ class ParameterPlacement {
   at::Tensor part(const std::string& param, const at::Tensor& whole) const;
   at::Tensor whole(const std::string& param, const at::Tensor& part) const;
   bool writes(const std::string& param) const;
+  // The region (checkpoint/region.h) of the whole parameter this rank's part is: its tensor-parallel
+  // chunk when split, the whole tensor otherwise. A checkpoint writes and reads parts by it.
+  Region part_region(const std::string& param) const;
 
   // State tensors ("optim.<param>.<slot>", "master.<param>", or none).
   std::string parameter_of(const std::string& state) const;
@@ -58,6 +64,9 @@ class ParameterPlacement {
   std::optional<TensorParallelLayout> state_split(const std::string& state, const at::Tensor& t) const;
   at::Tensor state_part(const std::string& state, const at::Tensor& whole) const;
   at::Tensor state_whole(const std::string& state, const at::Tensor& part) const;
+  // The region of the whole state tensor that this rank's `state`, of shape `local`, is (its
+  // parameter's part when split).
+  Region state_region(const std::string& state, const std::vector<int64_t>& local) const;
   // Whether this rank keeps (and writes) state tensor `state`: under pp its stage's and those of
   // no parameter; writes_state as writes() for its parameter.
   bool keeps_state(const std::string& state) const;

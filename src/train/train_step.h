@@ -67,13 +67,10 @@ class TrainStep {
   TransformerLM& model() { return parallel_->model(); }
   // The model's parameters in Hugging Face names (model/hf_names.h), whole whatever the layout.
   NamedTensors model_state() { return parallel_->model_state(); }
-  // This rank's share of the model for a checkpoint of `shards` files (parallel/parallelize.h).
-  NamedTensors model_state_shard(int64_t rank, int64_t shards) { return parallel_->model_state_shard(rank, shards); }
-  // Loads HF-named parameters (a checkpoint's model.safetensors) into the model, on every rank.
-  void load_model_state(const std::set<std::string>& names, const std::function<at::Tensor(const std::string&)>& read,
-                        const std::string& source) {
-    parallel_->load_model_state(names, read, source);
-  }
+  // This rank's share of the model for a checkpoint of one file per rank (parallel/parallelize.h).
+  std::vector<TensorSlice> model_state_shard() { return parallel_->model_state_shard(); }
+  // Loads HF-named parameters (a checkpoint's model) into the model, on every rank.
+  void load_model_state(const ModelReader& reader) { parallel_->load_model_state(reader); }
   c10::Device device() const { return device_; }
   // Seeds this rank's random streams for `step` (parallel/parallelize.h).
   void seed_random_streams(int64_t step) { parallel_->seed_random_streams(step); }
@@ -87,9 +84,7 @@ class TrainStep {
     parallel_->load_training_state(tensors, source);
   }
   OptimizerRanges training_state_ranges() const { return parallel_->training_state_ranges(); }
-  std::vector<TensorSlice> training_state_slices(int64_t rank, int64_t shards) {
-    return parallel_->training_state_slices(rank, shards);
-  }
+  std::vector<TensorSlice> training_state_slices() { return parallel_->training_state_slices(); }
   // The gradient compressor's state of this rank (parallel/data/data_parallel.h); empty without
   // data parallelism or compression. Loading refuses a non-empty state where there is none.
   NamedTensors compression_state() const { return parallel_->owner().compression_state(); }

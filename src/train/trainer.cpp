@@ -116,12 +116,7 @@ std::string check_resumed_data(const LoadedCheckpoint& ckpt, const TokenStream& 
 
 // The checkpoint's model (loaded without its tensors) into the trainer: each rank reads the
 // tensors it keeps, one at a time.
-void load_model_weights(TrainStep& trainer, const LoadedCheckpoint& ckpt) {
-  std::set<std::string> names;
-  for (const auto& [name, file] : ckpt.model_files) names.insert(name);
-  trainer.load_model_state(
-      names, [&ckpt](const std::string& name) { return read_model_tensor(ckpt, name); }, model_source(ckpt));
-}
+void load_model_weights(TrainStep& trainer, const LoadedCheckpoint& ckpt) { trainer.load_model_state(model_reader(ckpt)); }
 
 }  // namespace
 
@@ -274,9 +269,9 @@ TrainSummary Trainer::run() {
         fs::remove_all(mine);
         fs::create_directories(mine);
       }
-      write_model_shard(mine, s.rank, world, s.trainer->model_state_shard(s.rank, world));
-      std::vector<TensorSlice> slices = s.trainer->training_state_slices(s.rank, world);
-      for (const auto& [name, state] : rng) slices.push_back({name, state, 0, state.sizes().vec()});
+      write_model_shard(mine, s.rank, world, s.trainer->model_state_shard());
+      std::vector<TensorSlice> slices = s.trainer->training_state_slices();
+      for (const auto& [name, state] : rng) slices.push_back({name, state, Region::whole(state.sizes().vec())});
       write_optimizer_shard(mine, s.rank, world, slices);
       if (compressing) write_compression_state(mine, s.rank, world, s.trainer->compression_state());
       if (c.checkpoint.gather) gather_checkpoint_files(s.mesh->world(), mine, partial);

@@ -21,7 +21,10 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "checkpoint/safetensors.h"
+#include "core/fs.h"
 #include "cli_util.h"
 #include "comm/rendezvous.h"
 #include "core/subprocess.h"
@@ -33,9 +36,10 @@ namespace {
 namespace fs = std::filesystem;
 
 // Tiny settings without dropout (masks would differ between layouts), `steps` steps.
-std::string settings(int64_t batch_size, int64_t steps) {
+std::string settings(int64_t batch_size, int64_t steps, int64_t heads = 0) {
   return tiny_settings(prepared_corpus()) + " --set model.dropout=0 --set train.batch_size=" +
-         std::to_string(batch_size) + " --set train.steps=" + std::to_string(steps) + " --set eval.every=0";
+         std::to_string(batch_size) + " --set train.steps=" + std::to_string(steps) + " --set eval.every=0" +
+         (heads > 0 ? " --set model.n_head=" + std::to_string(heads) : "");
 }
 
 // One worker on node `node` of two, whose store is on 127.0.0.1:port.
@@ -617,31 +621,48 @@ TEST(DistributedTrain, DegreesThatDoNotFitAreRefusedBeforeLaunch) {
 
 // Megatron tensor parallelism inside training: tp = 2 (with and without Megatron sequence
 // parallelism, GPT and linear attention) and dp 2 x tp 2 at ZeRO 1, 2 and 3 with offload give one
-// process's losses and gradient norms; a tp = 2 checkpoint holds the unsharded model and resumes
-// on one process.
-TEST(DistributedTrain, TensorParallelMatchesOneProcessAndResumesUnsharded) {
+// process's losses and gradient norms. A tp = 2 checkpoint holds each rank's part of a split tensor
+// (nothing gathered to save it) and resumes on one process and at tp = 4; one process's checkpoint
+// resumes at dp 2 x tp 2 ZeRO-1 (each rank reading its ZeRO range of its part); the parts export
+// to whole tensors.
+TEST(DistributedTrain, TensorParallelMatchesOneProcessAndResumesAtAnyTp) {
   const std::string one = fresh_dir("tp_one"), tp2 = fresh_dir("tp_two"), msp = fresh_dir("tp_msp"),
                     mixed = fresh_dir("tp_dp2"), resumed = fresh_dir("tp_resumed"), lin_one = fresh_dir("tp_lin_one"),
-                    lin_tp = fresh_dir("tp_lin_two"), zero2 = fresh_dir("tp_zero2"), zero3 = fresh_dir("tp_zero3");
-  auto r1 = run_tessera("train --config tiny_gpt" + settings(8, 6) + " --out " + one);
+                    lin_tp = fresh_dir("tp_lin_two"), zero2 = fresh_dir("tp_zero2"), zero3 = fresh_dir("tp_zero3"),
+                    at_tp4 = fresh_dir("tp_at_tp4"), one_at_tp2 = fresh_dir("tp_one_at_tp2"),
+                    exported = fresh_dir("tp_exported");
+  auto r1 = run_tessera("train --config tiny_gpt" + settings(8, 6, 4) +
+                        " --set checkpoint.every=3 --set checkpoint.keep=0 --out " + one);
   ASSERT_EQ(r1.exit_code, 0) << r1.output;
-  auto r2 = run_tessera("train --config tiny_gpt --nproc 2 --set parallel.tp=2" + settings(8, 6) +
+  auto r2 = run_tessera("train --config tiny_gpt --nproc 2 --set parallel.tp=2" + settings(8, 6, 4) +
                         " --set checkpoint.every=3 --set checkpoint.keep=0 --out " + tp2);
   ASSERT_EQ(r2.exit_code, 0) << r2.output;
   auto r3 = run_tessera("train --config tiny_gpt --nproc 2 --set parallel.tp=2 --set parallel.megatron_sp=true" +
-                        settings(8, 6) + " --out " + msp);
+                        settings(8, 6, 4) + " --out " + msp);
   ASSERT_EQ(r3.exit_code, 0) << r3.output;
   auto r4 = run_tessera("train --config tiny_gpt --nproc 4 --set parallel.tp=2 --set parallel.zero_stage=1" +
-                        settings(4, 6) + " --out " + mixed);
+                        settings(4, 6, 4) + " --out " + mixed);
   ASSERT_EQ(r4.exit_code, 0) << r4.output;
   auto r5 = run_tessera("train --resume " + tp2 + "/checkpoints/step_3 --set parallel.tp=1 --out " + resumed);
   ASSERT_EQ(r5.exit_code, 0) << r5.output;
+  const auto index = nlohmann::json::parse(read_file(tp2 + "/checkpoints/step_3/model.safetensors.index.json"));
+  EXPECT_EQ(index["part_map"]["transformer.h.0.attn.c_attn.weight"].size(), 2u) << index.dump();
+  EXPECT_FALSE(index["weight_map"].contains("transformer.h.0.attn.c_attn.weight")) << index.dump();
+  auto r8 = run_tessera("train --resume " + tp2 + "/checkpoints/step_3 --nproc 4 --set parallel.tp=4 --out " + at_tp4);
+  ASSERT_EQ(r8.exit_code, 0) << r8.output;
+  auto r9 = run_tessera("train --resume " + one + "/checkpoints/step_3 --nproc 4 --set parallel.tp=2"
+                        " --set parallel.zero_stage=1 --set train.batch_size=4 --out " + one_at_tp2);
+  ASSERT_EQ(r9.exit_code, 0) << r9.output;
+  auto e = run_tessera("export --checkpoint " + tp2 + "/checkpoints/step_3 --out " + exported + "/model.safetensors");
+  ASSERT_EQ(e.exit_code, 0) << e.output;
+  const auto whole = read_safetensors(exported + "/model.safetensors").tensors;
+  EXPECT_EQ(whole.at("transformer.h.0.attn.c_attn.weight").sizes(), at::IntArrayRef({32, 96}));
   // The tensor-parallel clipping norm over ZeRO-2/3 shards and offloaded host gradients.
   auto r6 = run_tessera("train --config tiny_gpt --nproc 4 --set parallel.tp=2 --set parallel.zero_stage=2" +
-                        settings(4, 6) + " --out " + zero2);
+                        settings(4, 6, 4) + " --out " + zero2);
   ASSERT_EQ(r6.exit_code, 0) << r6.output;
   auto r7 = run_tessera("train --config tiny_gpt --nproc 4 --set parallel.tp=2 --set parallel.zero_stage=3"
-                        " --set parallel.offload=true --set parallel.megatron_sp=true" + settings(4, 6) + " --out " + zero3);
+                        " --set parallel.offload=true --set parallel.megatron_sp=true" + settings(4, 6, 4) + " --out " + zero3);
   ASSERT_EQ(r7.exit_code, 0) << r7.output;
   const auto expected = losses(one), expected_norms = grad_norms(one);
   expect_same_losses(losses(tp2), expected, 1e-4, "tp=2");
@@ -655,11 +676,17 @@ TEST(DistributedTrain, TensorParallelMatchesOneProcessAndResumesUnsharded) {
     expect_same_losses(grad_norms(run), expected_norms, 1e-4, std::string(what) + ": gradient norm");
   expect_same_losses(losses(resumed), expected, 1e-4, "tp=2 checkpoint resumed on one process");
   EXPECT_EQ(losses(resumed).begin()->first, 4);
+  for (const auto& [run, what] : {std::pair{at_tp4, "tp=2 checkpoint resumed at tp=4"},
+                                  {one_at_tp2, "one process's checkpoint resumed at dp2 x tp2 ZeRO-1"}}) {
+    EXPECT_EQ(losses(run).begin()->first, 4) << what;
+    expect_same_losses(losses(run), expected, 1e-4, what);
+    expect_same_losses(grad_norms(run), expected_norms, 1e-4, std::string(what) + ": gradient norm");
+  }
 
-  auto l1 = run_tessera("train --config tiny_linear" + settings(8, 6) + " --out " + lin_one);
+  auto l1 = run_tessera("train --config tiny_linear" + settings(8, 6, 4) + " --out " + lin_one);
   ASSERT_EQ(l1.exit_code, 0) << l1.output;
   auto l2 = run_tessera("train --config tiny_linear --nproc 2 --set parallel.tp=2 --set parallel.megatron_sp=true" +
-                        settings(8, 6) + " --out " + lin_tp);
+                        settings(8, 6, 4) + " --out " + lin_tp);
   ASSERT_EQ(l2.exit_code, 0) << l2.output;
   expect_same_losses(losses(lin_tp), losses(lin_one), 1e-4, "linear attention tp=2, Megatron SP");
 }

@@ -150,8 +150,9 @@ void expect_slices_cover(const DataParallel& dp, const NamedParams& whole, comm:
   for (const TensorSlice& slice : slices) {
     ASSERT_TRUE(index.count(slice.name)) << slice.name;
     const at::Tensor& t = whole[index[slice.name]].second;
-    EXPECT_EQ(slice.shape, t.sizes().vec()) << slice.name;
-    const at::Tensor part = t.reshape({-1}).narrow(0, slice.begin, slice.values.numel());
+    EXPECT_EQ(slice.region.shape, t.sizes().vec()) << slice.name;
+    EXPECT_FALSE(slice.region.is_split()) << slice.name;
+    const at::Tensor part = t.reshape({-1}).narrow(0, slice.region.begin, slice.values.numel());
     EXPECT_TRUE(at::equal(slice.values.reshape({-1}).cpu(), part.cpu())) << slice.name;
     covered[static_cast<int64_t>(index[slice.name])] += slice.values.numel();
   }

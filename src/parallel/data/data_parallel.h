@@ -198,7 +198,7 @@ class DataParallel : public ResidentOwner {
   void load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) override;
   OptimizerRanges training_state_ranges() const override;
   void load_training_state_ranges(const std::map<std::string, at::Tensor>& tensors, const std::string& source) override;
-  std::vector<TensorSlice> own_training_state_slices() const override;
+  std::optional<std::vector<TensorSlice>> own_training_state_slices() const override;
 
  private:
   struct Impl;

@@ -92,11 +92,11 @@ std::vector<TensorSlice> DataParallel::optimizer_state_slices() const {
   for (const auto& [name, owned] : s.owned_ranges()) {
     if (owned.begin == owned.end) continue;
     for (const auto& slot : s.state_slots.slots)
-      out.push_back({name + "." + slot, mine.at(name + "." + slot), owned.begin, owned.shape});
+      out.push_back({name + "." + slot, mine.at(name + "." + slot), owned});
     // The step once, from the owner of the first element, as full_optimizer_state() gives it:
     // a float32 scalar.
     if (s.state_slots.step && owned.begin == 0)
-      out.push_back({name + "." + kStepSlot, mine.at(name + "." + kStepSlot).to(at::kFloat).reshape({}), 0, {}});
+      out.push_back({name + "." + kStepSlot, mine.at(name + "." + kStepSlot).to(at::kFloat).reshape({}), Region::whole({})});
   }
   return out;
 }
@@ -204,7 +204,7 @@ void DataParallel::load_training_state_ranges(const std::map<std::string, at::Te
   load_optimizer_state_ranges(with_prefix(tensors, "optim."), source);
 }
 
-std::vector<TensorSlice> DataParallel::own_training_state_slices() const {
+std::optional<std::vector<TensorSlice>> DataParallel::own_training_state_slices() const {
   std::vector<TensorSlice> out = optimizer_state_slices();
   for (TensorSlice& slice : out) slice.name = "optim." + slice.name;
   return out;

@@ -134,13 +134,13 @@ TEST(Safetensors, EveryWayOfReadingRefusesTheSameEditedFiles) {
   for (const Case& c : cases) {
     EXPECT_TRUE(test::throws_naming([&] { read_safetensors(c.path); }, {c.path, c.says})) << c.path;
     EXPECT_TRUE(test::throws_naming([&] { read_safetensors_tensor(c.path, "a"); }, {c.path, c.says})) << c.path;
-    EXPECT_TRUE(test::throws_naming([&] { read_safetensors_sizes(c.path); }, {c.path, c.says})) << c.path;
+    EXPECT_TRUE(test::throws_naming([&] { read_safetensors_header(c.path); }, {c.path, c.says})) << c.path;
   }
   // The same file without the edit reads, all three ways.
   const std::string good = handmade("good.safetensors", one, std::string(8, '\0'));
   EXPECT_EQ(read_safetensors(good).tensors.at("a").numel(), 2);
   EXPECT_EQ(read_safetensors_tensor(good, "a").numel(), 2);
-  EXPECT_EQ(read_safetensors_sizes(good).at("a"), 8);
+  EXPECT_EQ(read_safetensors_header(good).tensors.at("a").bytes, 8);
 }
 
 TEST(Checksum, ChangesWithOneByte) {

@@ -38,9 +38,9 @@ TEST(ShardedCheckpoint, ModelShardsGetAHuggingFaceIndexAndMergeOnLoad) {
   const std::string dir = fresh_dir("model_shards") + "/checkpoints";
   const std::string partial = prepare_checkpoint_dir(dir, 2);
   for (int64_t r = 0; r < 2; ++r) write_optimizer_shard(partial, r, 2, even_slices(optimizer_state(), r, 2));
-  write_model_shard(partial, 0, 2, {{"transformer.wte.weight", at::ones({3, 2})}});
-  write_model_shard(partial, 1, 2, {{"transformer.ln_f.weight", at::arange(2, at::kFloat)},
-                                    {"transformer.ln_f.bias", at::zeros({2}, at::kDouble)}});
+  write_model_shard(partial, 0, 2, {{"transformer.wte.weight", at::ones({3, 2}), Region::whole({3, 2})}});
+  write_model_shard(partial, 1, 2, {{"transformer.ln_f.weight", at::arange(2, at::kFloat), Region::whole({2})},
+                                    {"transformer.ln_f.bias", at::zeros({2}, at::kDouble), Region::whole({2})}});
   CheckpointContents c = contents();
   c.model_shards = 2;
   const std::string committed = commit_checkpoint(dir, 2, c, 2);
@@ -58,9 +58,55 @@ TEST(ShardedCheckpoint, ModelShardsGetAHuggingFaceIndexAndMergeOnLoad) {
   const std::string twice = prepare_checkpoint_dir(dir, 3);
   for (int64_t r = 0; r < 2; ++r) {
     write_optimizer_shard(twice, r, 2, even_slices(optimizer_state(), r, 2));
-    write_model_shard(twice, r, 2, {{"transformer.wte.weight", at::ones({3, 2})}});
+    write_model_shard(twice, r, 2, {{"transformer.wte.weight", at::ones({3, 2}), Region::whole({3, 2})}});
   }
   EXPECT_THROW(commit_checkpoint(dir, 3, c, 2), Error);
+}
+
+// Under tensor parallelism each rank writes its part of a split tensor (q, k, v blocks along dim 1
+// here, as a transposed c_attn weight is stored) and its optimizer state's part: the index places
+// the parts in part_map, a whole read assembles them, a rank of another tp size reads its own part
+// (and a ZeRO range of it) alone, and a missing part is named on load.
+TEST(ShardedCheckpoint, TensorParallelPartsAssembleAtAnyTpSize) {
+  const std::string dir = fresh_dir("model_parts") + "/checkpoints";
+  const at::Tensor w = at::arange(48, at::kFloat).view({4, 12});
+  const std::string partial = prepare_checkpoint_dir(dir, 5);
+  for (int64_t r = 0; r < 2; ++r) {
+    const Region part = Region::split({4, 12}, 1, 3, r, 2);
+    const at::Tensor values = w.view({4, 3, 2, 2}).select(2, r).reshape(part.part_shape());
+    std::vector<TensorSlice> model{{"transformer.h.0.attn.c_attn.weight", values, part}};
+    if (r == 0) model.push_back({"transformer.ln_f.weight", at::ones({12}), Region::whole({12})});
+    write_model_shard(partial, r, 2, model);
+    write_optimizer_shard(partial, r, 2, {{"optim.w.exp_avg", values, part}});
+  }
+  CheckpointContents c = contents();
+  c.model_shards = 2;
+  const std::string committed = commit_checkpoint(dir, 5, c, 2);
+  const auto index = nlohmann::json::parse(read_file(committed + "/model.safetensors.index.json"));
+  EXPECT_EQ(index["part_map"]["transformer.h.0.attn.c_attn.weight"],
+            nlohmann::json({"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}));
+  EXPECT_EQ(index["weight_map"]["transformer.ln_f.weight"], "model-00001-of-00002.safetensors");
+  EXPECT_FALSE(index["weight_map"].contains("transformer.h.0.attn.c_attn.weight"));
+
+  const LoadedCheckpoint loaded = load_checkpoint(committed);
+  EXPECT_TRUE(at::equal(loaded.model.at("transformer.h.0.attn.c_attn.weight"), w));
+  EXPECT_TRUE(at::equal(loaded.optimizer.at("optim.w.exp_avg"), w));
+  const Region third = Region::split({4, 12}, 1, 3, 2, 4);  // tp 4, rank 2: columns 2, 6, 10 of each row
+  EXPECT_TRUE(at::equal(read_model_region(loaded, "transformer.h.0.attn.c_attn.weight", third),
+                        w.view({4, 3, 4, 1}).select(2, 2).reshape({-1})));
+  const LoadedCheckpoint ranged = load_checkpoint(committed, true, {{"optim.w.exp_avg", third.sub(2, 7)}});
+  EXPECT_TRUE(at::equal(ranged.optimizer.at("optim.w.exp_avg"), w.view({4, 3, 4, 1}).select(2, 2).reshape({-1}).narrow(0, 2, 5)));
+
+  // Rank 1's part of the model missing: the index and the shards disagree, or the parts leave a gap.
+  const std::string gap = prepare_checkpoint_dir(dir, 6);
+  for (int64_t r = 0; r < 2; ++r) {
+    const Region part = Region::split({4, 12}, 1, 3, 0, 2);  // both ranks write rank 0's part
+    write_model_shard(gap, r, 2, {{"transformer.h.0.attn.c_attn.weight", at::zeros(part.part_shape()), part}});
+    write_optimizer_shard(gap, r, 2, {});
+  }
+  const std::string bad = commit_checkpoint(dir, 6, c, 2);
+  EXPECT_TRUE(throws_naming([&] { load_checkpoint(bad); },
+                            {"model.safetensors.index.json", "transformer.h.0.attn.c_attn.weight", "overlap or leave a gap"}));
 }
 
 TEST(ShardedCheckpoint, ShardsReassembleIntoTheWholeTensors) {
@@ -82,9 +128,11 @@ TEST(ShardedCheckpoint, ShardsReassembleIntoTheWholeTensors) {
 std::vector<TensorSlice> uneven_slices(int64_t rank, bool leave_gap) {
   const NamedTensors whole = optimizer_state();
   const at::Tensor w = whole[0].second.reshape({-1}), b = whole[2].second;
-  if (rank == 0) return {{"optim.w.exp_avg", w.narrow(0, 0, leave_gap ? 29 : 30), 0, {5, 7}},
-                         {"optim.w.step", whole[1].second, 0, {}}};
-  if (rank == 1) return {{"optim.w.exp_avg", w.narrow(0, 30, 5), 30, {5, 7}}, {"optim.b.exp_avg_sq", b, 0, {4}}};
+  if (rank == 0) return {{"optim.w.exp_avg", w.narrow(0, 0, leave_gap ? 29 : 30), Region::range({5, 7}, 0, leave_gap ? 29 : 30)},
+                         {"optim.w.step", whole[1].second, Region::whole({})}};
+  if (rank == 1)
+    return {{"optim.w.exp_avg", w.narrow(0, 30, 5), Region::range({5, 7}, 30, 35)},
+            {"optim.b.exp_avg_sq", b, Region::whole({4})}};
   return {};
 }
 
@@ -116,14 +164,15 @@ TEST(ShardedCheckpoint, RangesReadOnlyWhatARankOwns) {
   CheckpointContents single = contents();
   single.optimizer = optimizer_state();
   const std::string whole_file = save_checkpoint(dir, 4, single);
-  const OptimizerRanges ranges{{"optim.w.exp_avg", {{5, 7}, 10, 32}}, {"optim.b.exp_avg_sq", {{4}, 0, 0}}};
+  const OptimizerRanges ranges{{"optim.w.exp_avg", Region::range({5, 7}, 10, 32)},
+                               {"optim.b.exp_avg_sq", Region::range({4}, 0, 0)}};
   for (const std::string& checkpoint : {sharded, whole_file}) {
     LoadedCheckpoint loaded = load_checkpoint(checkpoint, true, ranges);
     EXPECT_TRUE(at::equal(loaded.optimizer.at("optim.w.exp_avg"), at::arange(10, 32, at::kFloat))) << checkpoint;
     EXPECT_EQ(loaded.optimizer.at("optim.b.exp_avg_sq").numel(), 0) << checkpoint;
     EXPECT_TRUE(at::equal(loaded.optimizer.at("optim.w.step"), at::full({}, 3.0))) << checkpoint;
   }
-  const OptimizerRanges wrong{{"optim.w.exp_avg", {{7, 5}, 0, 35}}};
+  const OptimizerRanges wrong{{"optim.w.exp_avg", Region::whole({7, 5})}};
   EXPECT_TRUE(throws_naming([&] { load_checkpoint(sharded, true, wrong); },
                             {"optimizer-0-of-3.safetensors", "'optim.w.exp_avg' has shape [5, 7]", "expects [7, 5]"}));
 }

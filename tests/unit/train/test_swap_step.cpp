@@ -50,9 +50,7 @@ std::map<std::string, at::Tensor> as_map(const NamedTensors& named) {
 // `to` takes `from`'s model and optimizer state, as a resume from its checkpoint does.
 void resume(TrainStep& to, TrainStep& from) {
   const auto model = as_map(from.model_state());
-  std::set<std::string> names;
-  for (const auto& [name, t] : model) names.insert(name);
-  to.load_model_state(names, [&](const std::string& name) { return model.at(name); }, "test checkpoint");
+  to.load_model_state(model_reader(model, "test checkpoint"));
   to.load_training_state(as_map(from.training_state()), "test checkpoint");
 }
 
