@@ -16,9 +16,8 @@ The save (`--save-to`, "save_by_rank"): after the step, each rank makes and writ
 distributed checkpoint as the trainer does (model_state_shard, training_state_slices); the peak of
 the counting allocator above what the rank held before. Its bound: the rank's share of the whole
 state written (the larger of its model share, 4 bytes per parameter / ranks, and its optimizer
-share, 8 bytes per parameter / ranks: each is made and written in turn), plus under tp one whole
-tensor being gathered twice over (the all-gather's output and the tensor reassembled from it; the
-largest is wte, 50304 x 768 float32).
+share, 8 bytes per parameter / ranks: each is made and written in turn). Under tp nothing is
+gathered: each rank writes its own part of a split tensor (checkpoint/region.h).
 
 ZeRO-3 at dp 2 and 4: a rank holds 16 bytes per parameter / dp at the end of set-up (its shard, its
 gradient shard, AdamW's moments of the shard); during set-up no more than one unit whole beyond
@@ -80,7 +79,7 @@ def main():
         rows.append((tp, pp, params, held, 12 * params, peak))
         world = tp * pp
         share = max(4, 8) * total / world
-        saves.append((tp, pp, max(r[3] for r in ranks), share, share + (2 * LARGEST if tp > 1 else 0)))
+        saves.append((tp, pp, max(r[3] for r in ranks), share))
         print(tp, pp, params, held, peak, saves[-1], flush=True)
     whole = rows[0][2]
     lines = ["# Set-up host memory per rank, GPT-2 124M fp32 (CPU)", "",
@@ -95,13 +94,12 @@ def main():
     lines += ["", "## During a checkpoint save", "",
               "The most any rank allocated above what it held, while making and writing its shares of a distributed "
               "checkpoint (`tessera bench --save-to`); share: the larger of its model and optimizer shares of the whole "
-              "state, 8 bytes per parameter of the whole model / ranks (AdamW's two moments); bound: the share plus, "
-              "under tp, twice the largest tensor (wte, 147.4 MiB: the all-gather's output and its reassembled copy).", "",
-              "| tp | pp | ranks | save peak above held MiB | share MiB | bound MiB | save peak / bound |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
-    for tp, pp, above, share, bound in saves:
-        lines.append(f"| {tp} | {pp} | {tp * pp} | {above / MIB:.1f} | {share / MIB:.1f} | {bound / MIB:.1f} | "
-                     f"{above / bound:.3f} |")
+              "state, 8 bytes per parameter of the whole model / ranks (AdamW's two moments). Under tp each rank "
+              "writes its own part of a split tensor, gathering nothing.", "",
+              "| tp | pp | ranks | save peak above held MiB | share MiB | save peak / share |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    for tp, pp, above, share in saves:
+        lines.append(f"| {tp} | {pp} | {tp * pp} | {above / MIB:.1f} | {share / MIB:.1f} | {above / share:.3f} |")
     lines += ["", "## ZeRO-3 set-up", "",
               "The rank with the highest peak. Predicted held: 16 bytes x parameters / dp (shard, gradient shard, "
               "AdamW's two moments of the shard); bound on the peak above it: one unit whole (the ends', "
