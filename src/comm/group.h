@@ -65,6 +65,10 @@ class Work {
   // Blocks until the operation finished; rethrows its tessera::Error. A default Work is done.
   void wait();
   bool pending() const { return done_.valid(); }
+  // Whether it finished (a default Work has), without waiting.
+  bool ready() const {
+    return !done_.valid() || done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  }
 
  private:
   std::shared_future<void> done_;

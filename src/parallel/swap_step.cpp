@@ -21,7 +21,8 @@ SwapStep::SwapStep(TransformerLM model, SwapOwner& owner, const Config& config, 
       config_(config),
       device_(device),
       autocast_(autocast),
-      plan_(swap::build_swap_plan(std::move(plan))) {
+      plan_(swap::build_swap_plan(std::move(plan))),
+      executor_(owner) {
   swap::validate_swap_plan(plan_);
   owner_.set_settle([this] { executor_.settle(); });
 }
@@ -90,14 +91,8 @@ StepLosses SwapStep::run(const std::vector<Batch>& batches, double lr, const std
   StepLosses result;
   swap::SwapWork work;
   work.compute = [&](const swap::Action& a) { compute(a, batches); };
-  work.job = [&](const swap::Action& a) -> std::function<void()> {
-    switch (a.op) {
-      case swap::Op::Load: return owner_.load_job(a.sub);
-      case swap::Op::StoreGrad: return owner_.store_job(a.sub);
-      case swap::Op::Evict: return [this, sub = a.sub] { owner_.evict(sub); };
-      case swap::Op::Optim: return [this, sub = a.sub, lr] { owner_.update(sub, lr); };
-      default: fail("internal: the swap executor asked for a job of ", a.str());
-    }
+  work.update = [&](const swap::Action& a) -> std::function<void()> {
+    return [this, sub = a.sub, lr] { owner_.update(sub, lr); };
   };
   work.gradients_stored = [&] {
     owner_.reduce_gradients();
@@ -123,29 +118,30 @@ double SwapStep::evaluate(const std::vector<Batch>& batches) {
   model_->eval();
   AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
   const int64_t subs = plan_.size();
-  swap::Worker loader("evaluation load");
+  auto unit = [subs](int64_t sub) { return swap::unit_of(sub, subs); };
+  Residency& residency = executor_.residency();
   try {
-    owner_.load_job(swap::kEnds)();
+    residency.complete(unit(swap::kEnds));
     std::vector<BlockOutput> states(batches.size());  // each batch's hidden state (and last aux loss)
     for (size_t b = 0; b < batches.size(); ++b) states[b].x = model_->embed(batches[b].inputs.to(device_));
-    swap::Ticket loaded = loader.submit(owner_.load_job(0));
+    residency.fetch(unit(0));
     for (int64_t i = 0; i < subs; ++i) {
-      loaded.get();
+      residency.complete(unit(i));
       // Sub-model i+1 loads while i computes, as in the training forward (two resident at most).
-      if (i + 1 < subs) loaded = loader.submit(owner_.load_job(i + 1));
+      if (i + 1 < subs) residency.fetch(unit(i + 1));
       const swap::SubModel& sub = plan_.sub(i);
       for (BlockOutput& state : states) state = model_->run_blocks(state.x, sub.first, sub.end);
-      owner_.evict(i);
+      residency.release(unit(i));
     }
     at::Tensor total = at::zeros({}, at::kDouble);
     for (size_t b = 0; b < batches.size(); ++b)
       total += model_->head(states[b].x, batches[b].targets.to(device_), states[b].aux_loss).ce_loss.to(at::kCPU, at::kDouble);
-    owner_.evict(swap::kEnds);
+    residency.release(unit(swap::kEnds));
     model_->train();
     return total.item<double>() / static_cast<double>(batches.size());
   } catch (...) {
-    loader.drain();
-    for (int64_t i = swap::kEnds; i < subs; ++i) owner_.evict(i);
+    owner_.drain();
+    residency.reset();
     model_->train();
     throw;
   }

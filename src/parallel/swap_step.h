@@ -14,7 +14,8 @@
 // The step returns with its updates still running on the host stream; the next step's LOADs wait
 // for them, so they overlap its forward, and evaluate(), the timeline and the owner's state
 // accessors settle them first.
-// The copy and host actions are the owner's jobs. Once every gradient is on the host, they are
+// The copies go through the residency layer over the owner, the model's home in host memory
+// (memory/swap/host_home.h); the host actions are the owner's jobs. Once every gradient is on the host, they are
 // averaged over the data-parallel replicas (with dp > 1), the caller's `gradients_ready` runs
 // (the equivalence harness reads them), then the global norm and, under clipping, the clip (the
 // plan defers the updates for both); the plan's OPTIM actions update each sub-model on the host
@@ -25,8 +26,9 @@
 // micro-batches in the same order, the same norm and update per parameter.
 //
 // evaluate(): the forward alone, sub-model by sub-model over all the batches at once, so each
-// sub-model is loaded once per evaluation (not once per batch), the next one's LOAD running while
-// the current one computes (two resident at most, as in the training forward). Every batch's
+// sub-model is loaded once per evaluation (not once per batch), the next one's fetch running while
+// the current one computes (two resident at most, as in the training forward), through the same
+// residency layer as the step. Every batch's
 // hidden state stays on the device between sub-models: eval.batches x batch x seq x n_embd
 // values, beside the plan's budget (which holds the training step's activations).
 #pragma once

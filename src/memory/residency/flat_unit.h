@@ -1,4 +1,4 @@
-// FlatUnit: the unit of the residency layer (residency.h) and of ZeRO sharding. A set of
+// FlatUnit: the unit of ZeRO sharding and of ZeRO-3's home in the residency layer (sharded_home.h). A
 // parameters reduced over one group (a transformer block's, or the model's ends: embeddings, final
 // norm; a block with experts has a second unit for them, reduced over the expert-data-parallel
 // group) is flattened, in order, into one buffer padded to a multiple of the group's size N, and

@@ -1,22 +1,22 @@
-// Residency: fetch, complete and release of FlatUnits with a sharded home, run from a plan or held
-// by a schedule (residency.h).
+// Residency: fetch, complete and release of units with a home, run from a plan, held by a
+// schedule or driven by a swap plan (residency.h).
 #include "memory/residency/residency.h"
 
 #include "core/error.h"
 
 namespace tessera {
 
-Residency::Residency(std::vector<FlatUnit>& flats, std::vector<std::vector<size_t>> members,
-                     std::optional<ResidencyPlan> plan)
-    : flats_(flats), members_(std::move(members)), plan_(std::move(plan)), fetches_(flats.size()),
-      holds_(members_.size(), 0) {
-  require(!plan_ || members_.size() == plan_->ends_unit() + 1, "internal: a residency plan for ",
-          plan_ ? plan_->ends_unit() + 1 : 0, " units over ", members_.size());
-  std::vector<int> seen(flats_.size(), 0);
-  for (const auto& m : members_) {
-    require(!plan_ || !m.empty(), "internal: a planned residency unit without FlatUnits");
-    for (size_t f : m) require(f < flats_.size() && seen[f]++ == 0, "internal: FlatUnit ", f, " in two residency units");
-  }
+Residency::Residency(Home& home, std::optional<ResidencyPlan> plan)
+    : home_(home), plan_(std::move(plan)), fetches_(home.units()), before_(home.units()), readers_(home.units()),
+      holds_(home.units(), 0) {
+  require(!plan_ || home_.units() == plan_->ends_unit() + 1, "internal: a residency plan for ",
+          plan_ ? plan_->ends_unit() + 1 : 0, " units over ", home_.units());
+}
+
+std::vector<comm::Work> Residency::take(std::vector<comm::Work>& works) {
+  std::vector<comm::Work> out;
+  out.swap(works);
+  return out;
 }
 
 void Residency::at(Pass pass, const ResidencyPoint& point) {
@@ -31,37 +31,30 @@ void Residency::at(Pass pass, const ResidencyPoint& point) {
 }
 
 void Residency::fetch(size_t unit) {
-  for (size_t f : members_[unit]) {
-    if (fetches_[f].pending() || flats_[f].materialized()) continue;
-    flats_[f].materialize();
-    fetches_[f] = flats_[f].gather_async();
-  }
+  if (fetches_[unit].pending() || home_.materialized(unit)) return;
+  fetches_[unit] = home_.fetch(unit, take(before_[unit]));
 }
 
 void Residency::complete(size_t unit) {
   fetch(unit);
-  for (size_t f : members_[unit]) {
-    if (!fetches_[f].pending()) continue;
-    fetches_[f].wait();
-    fetches_[f] = comm::Work();
-  }
+  comm::Work fetch = std::move(fetches_[unit]);
+  fetches_[unit] = comm::Work();
+  fetch.wait();
 }
 
 void Residency::release(size_t unit) {
-  for (size_t f : members_[unit]) {
-    if (fetches_[f].pending()) {  // a gather in flight is completed before its storage goes
-      fetches_[f].wait();
-      fetches_[f] = comm::Work();
-    }
-    flats_[f].release();
-  }
+  std::vector<comm::Work> after = take(readers_[unit]);
+  if (fetches_[unit].pending()) after.push_back(std::move(fetches_[unit]));
+  fetches_[unit] = comm::Work();
+  comm::Work released = home_.release(unit, std::move(after));
+  if (released.pending()) before_[unit].push_back(std::move(released));
 }
 
-bool Residency::resident(size_t unit) const {
-  for (size_t f : members_[unit])
-    if (!flats_[f].materialized() || fetches_[f].pending()) return false;
-  return true;
-}
+bool Residency::resident(size_t unit) const { return home_.materialized(unit) && !fetches_[unit].pending(); }
+
+void Residency::reads(size_t unit, comm::Work work) { readers_[unit].push_back(std::move(work)); }
+
+void Residency::writes(size_t unit, comm::Work work) { before_[unit].push_back(std::move(work)); }
 
 void Residency::hold(size_t unit) {
   if (holds_[unit]++ == 0) fetch(unit);
@@ -73,9 +66,19 @@ void Residency::drop(size_t unit) {
 }
 
 void Residency::release_all() {
-  for (size_t u = 0; u < members_.size(); ++u) {
+  for (size_t u = 0; u < holds_.size(); ++u) {
     require(holds_[u] == 0, "internal: releasing residency unit ", u, " while it is held");
     release(u);
+  }
+}
+
+void Residency::reset() {
+  for (size_t u = 0; u < holds_.size(); ++u) {
+    require(holds_[u] == 0, "internal: resetting residency unit ", u, " while it is held");
+    fetches_[u] = comm::Work();
+    before_[u].clear();
+    readers_[u].clear();
+    if (home_.materialized(u)) home_.release(u, {});
   }
 }
 

@@ -1,38 +1,33 @@
-// Residency: ZeRO-3's one residency layer over a model's FlatUnits (flat_unit.h), with and
-// without a pipeline. A unit has a home, where its values live while it is not on the compute
-// device, and a residency there: its flat storage, present between a fetch and a release. A unit
-// (one per part: a block, the ends) is made of zero or more FlatUnits, one per reduction group of
-// its parameters (a block with experts: the dense parameters and the experts; none for a part
-// another pipeline stage holds); every action applies to all of them, in order.
+// Residency: the one residency layer. A unit of parameters (one per part of the model: a block,
+// the ends; for the swap engine a sub-model of blocks, the ends) has a home (home.h), where its
+// values live while it is not on the compute device: sharded over the ranks of a group (ZeRO-3,
+// sharded_home.h) or in host memory (ATOM's swap engine, memory/swap/host_home.h). Residency is
+// the one executor that brings units in and out, whatever the home and whatever drives it:
 //
-// Two drivers, one executor:
 // - a ResidencyPlan (residency_plan.h) over the whole model, run at the points of a pass by the
-//   model's wrappers (at());
+//   model's wrappers (at(): ZeRO-3 without a pipeline);
 // - a pipeline schedule (parallel/pipeline/schedule.h), whose GATHER holds a stage's units
 //   (hold(): a fetch issued ahead of the compute action that needs them), each compute action
 //   completing them first (complete()) and RELEASE dropping the hold (drop()). Holds are counted,
 //   so a part that two holders share (the ends of a rank's two stages under V placement) stays
-//   resident while either holds it.
+//   resident while either holds it;
+// - a swap plan (memory/swap/swap_plan.h), whose LOAD fetches, whose computes complete and whose
+//   EVICT releases, run by the swap executor (memory/swap/swap_executor.h).
 //
-// Home. Today one kind: sharded across the ranks of the FlatUnit's group (ZeRO-3): each rank keeps
-// its shard (FlatUnit::shard) and a fetch all-gathers the flat buffer from the group's shards. ATOM's swap
-// engine adds a home in host memory, filled over a copy stream (the offload copy stream,
-// memory/offload/offload.h, is the pattern).
-//
-// Completion. A fetch returns at once with the gather in flight (comm::Work); complete waits for
-// it. On Gloo and on NCCL today that wait blocks the host until the gather finished
-// (comm/group.h: Work::wait returns after the comm stream was synchronized), so the compute stream
-// never runs ahead of a gather it reads; an event the compute stream waits on instead is the GPU
-// issue's work.
+// Order. A fetch returns at once with the movement in flight; complete waits for it. What else
+// touches a unit's memory is told to the layer as a Work in flight, and the layer orders it:
+//   reads(u, w)    w reads u's device storage (its gradients' store to the host): u's release
+//                  waits for w;
+//   writes(u, w)   w writes u's home (its optimizer update in host memory): u's next fetch waits
+//                  for w;
+// and a release still in flight (the swap engine's, on the store stream) is waited by the unit's
+// next fetch. The home keeps that order on its own streams, so the caller never blocks for it.
 //
 // Invariants:
-// - The FlatUnits outlive the Residency; nothing else materializes or releases them while it
-//   runs.
-// - A unit in flight is materialized; release completes a fetch in flight before freeing, so the
-//   group's collectives are never abandoned (every rank runs the same plan, so every rank issues
-//   the same gathers in the same order).
-// - Every rank of a home's group runs the same plan (or schedule row) at the same points: fetches
-//   are collectives, issued in the same order everywhere.
+// - The home outlives the Residency; nothing else fetches or releases its units while it runs.
+// - A release waits for the unit's fetch in flight, so a group's collectives are never
+//   abandoned (every rank runs the same plan, so every rank issues the same gathers in order).
+// - Every rank of a sharded home's group runs the same plan (or schedule row) at the same points.
 #pragma once
 
 #include <cstddef>
@@ -41,17 +36,16 @@
 #include <vector>
 
 #include "comm/group.h"
-#include "memory/residency/flat_unit.h"
+#include "memory/residency/home.h"
 #include "memory/residency/residency_plan.h"
 
 namespace tessera {
 
 class Residency {
  public:
-  // members[u]: the FlatUnits (indices into `flats`) of unit u. With a plan, its units are these
-  // (every one with a FlatUnit); without, the caller drives hold/complete/drop.
-  Residency(std::vector<FlatUnit>& flats, std::vector<std::vector<size_t>> members,
-            std::optional<ResidencyPlan> plan = std::nullopt);
+  // With a plan, the home's units are the plan's (blocks, then the ends); without, the caller
+  // drives fetch/complete/release or hold/drop.
+  explicit Residency(Home& home, std::optional<ResidencyPlan> plan = std::nullopt);
 
   bool planned() const { return plan_.has_value(); }
   const ResidencyPlan& plan() const { return *plan_; }
@@ -61,8 +55,11 @@ class Residency {
   void fetch(size_t unit);
   void complete(size_t unit);
   void release(size_t unit);
+  // Materialized with no fetch in flight.
   bool resident(size_t unit) const;
-  const std::vector<size_t>& members(size_t unit) const { return members_[unit]; }
+
+  void reads(size_t unit, comm::Work work);
+  void writes(size_t unit, comm::Work work);
 
   // Counted holds: the first hold fetches (it returns with the fetch in flight), the last drop
   // releases. A unit held is never released by release_all().
@@ -72,13 +69,18 @@ class Residency {
 
   // Every unit released (none may be held).
   void release_all();
+  // After a failure, once the home's streams ran dry: forgets every Work in flight and releases
+  // every unit still materialized (none may be held).
+  void reset();
 
  private:
-  std::vector<FlatUnit>& flats_;
-  std::vector<std::vector<size_t>> members_;
+  static std::vector<comm::Work> take(std::vector<comm::Work>& works);
+  Home& home_;
   std::optional<ResidencyPlan> plan_;
-  std::vector<comm::Work> fetches_;  // per FlatUnit, a gather in flight
-  std::vector<int64_t> holds_;       // per unit
+  std::vector<comm::Work> fetches_;              // per unit, a fetch in flight
+  std::vector<std::vector<comm::Work>> before_;  // per unit, what its next fetch waits for
+  std::vector<std::vector<comm::Work>> readers_;  // per unit, what its next release waits for
+  std::vector<int64_t> holds_;
 };
 
 }  // namespace tessera

@@ -9,16 +9,12 @@
 namespace tessera::swap {
 namespace {
 
-void wait(const Ticket& t) {
-  if (t.valid()) t.get();
-}
-
-// Waits for every ticket; returns the first failure (null if none).
-std::exception_ptr wait_all(const std::vector<Ticket>& tickets) {
+// Waits for every Work; returns the first failure (null if none).
+std::exception_ptr wait_all(std::vector<comm::Work> works) {
   std::exception_ptr failure;
-  for (const Ticket& t : tickets) {
+  for (comm::Work& w : works) {
     try {
-      wait(t);
+      w.wait();
     } catch (...) {
       if (!failure) failure = std::current_exception();
     }
@@ -26,54 +22,49 @@ std::exception_ptr wait_all(const std::vector<Ticket>& tickets) {
   return failure;
 }
 
-}  // namespace
-
-SwapExecutor::SwapExecutor() : load_("swap load"), store_("swap store"), host_("swap host") {}
-
-SwapExecutor::~SwapExecutor() {
-  std::vector<Ticket> left;
-  for (const auto& [sub, t] : updating_) left.push_back(t);
-  wait_all(left);
+std::vector<comm::Work> works_of(const std::map<int64_t, Ticket>& tickets) {
+  std::vector<comm::Work> out;
+  for (const auto& [sub, t] : tickets) out.emplace_back(t);
+  return out;
 }
 
+}  // namespace
+
+SwapExecutor::SwapExecutor(HostHome& home) : home_(home), residency_(home), host_("swap host") {}
+
+SwapExecutor::~SwapExecutor() { wait_all(works_of(updating_)); }
+
 void SwapExecutor::settle() {
-  std::vector<Ticket> left;
-  for (const auto& [sub, t] : updating_) left.push_back(t);
+  std::vector<comm::Work> left = works_of(updating_);
   updating_.clear();
-  if (std::exception_ptr failure = wait_all(left)) std::rethrow_exception(failure);
+  if (std::exception_ptr failure = wait_all(std::move(left))) std::rethrow_exception(failure);
 }
 
 Timeline SwapExecutor::run(const SwapPlan& plan, const SwapWork& work) {
   using clock = std::chrono::steady_clock;
   const auto epoch = clock::now();
   auto timeline = std::make_shared<std::vector<TimedAction>>(plan.actions.size());
-  // Per sub-model (by index; the ends at key kEnds): the tickets still relevant.
-  std::map<int64_t, Ticket> loaded, stored, evicted_on_store;
+  auto now = [epoch] { return std::chrono::duration<double>(clock::now() - epoch).count(); };
+  home_.set_clock(now);
+  auto unit = [&](int64_t sub) { return unit_of(sub, plan.size()); };
+  // The home's next movement reports into entry k of the timeline.
+  auto trace = [&](size_t k) {
+    home_.trace_next([timeline, k](double start, double end) {
+      (*timeline)[k].start = start;
+      (*timeline)[k].end = end;
+    });
+  };
+  std::map<int64_t, comm::Work> stored;                    // per sub-model, its last STORE_GRAD
   std::map<int64_t, Ticket> updating = std::move(updating_);  // the last step's OPTIMs still running
   updating_.clear();
-  std::vector<Ticket> all, optims;  // the jobs to wait for before returning, and the updates
+  std::vector<comm::Work> stores;
+  comm::Work barrier;  // the deferred norm, after every store
   bool barrier_issued = false;
-  auto now = [epoch] { return std::chrono::duration<double>(clock::now() - epoch).count(); };
-  auto timed = [timeline, now](size_t k, std::function<void()> job, std::vector<Ticket> after) {
-    return [timeline, now, k, job = std::move(job), after = std::move(after)] {
-      for (const Ticket& t : after) wait(t);
-      (*timeline)[k].start = now();
-      job();
-      (*timeline)[k].end = now();
-    };
-  };
   std::vector<bool> issued(plan.actions.size(), false);
   auto issue_load = [&](size_t k) {
-    const Action& a = plan.actions[k];
-    std::vector<Ticket> after;
-    for (auto* before : {&evicted_on_store, &updating}) {
-      const auto it = before->find(a.sub);
-      if (it == before->end()) continue;
-      after.push_back(it->second);
-      before->erase(it);
-    }
-    loaded[a.sub] = load_.submit(timed(k, work.job(a), std::move(after)));
-    all.push_back(loaded[a.sub]);
+    trace(k);
+    residency_.fetch(unit(plan.actions[k].sub));
+    home_.trace_next(nullptr);  // a unit already resident moved nothing
     issued[k] = true;
   };
   std::exception_ptr failure;
@@ -95,11 +86,11 @@ Timeline SwapExecutor::run(const SwapPlan& plan, const SwapWork& work) {
               issue_load(j);
             }
           }
-          wait(loaded[a.sub]);
-          wait(loaded[kEnds]);
+          residency_.complete(unit(a.sub));
+          residency_.complete(unit(kEnds));
           if (a.op == Op::ComputeB) {  // its gradients, and the ends', must be stored and gone
-            wait(stored[a.sub]);
-            wait(stored[kEnds]);
+            stored[a.sub].wait();
+            stored[kEnds].wait();
           }
           (*timeline)[k].start = now();
           work.compute(a);
@@ -110,32 +101,32 @@ Timeline SwapExecutor::run(const SwapPlan& plan, const SwapWork& work) {
           issue_load(k);
           break;
         case Op::StoreGrad:
-          stored[a.sub] = store_.submit(timed(k, work.job(a), {}));
-          all.push_back(stored[a.sub]);
+          trace(k);
+          stored[a.sub] = home_.store(unit(a.sub));
+          residency_.reads(unit(a.sub), stored[a.sub]);
+          stores.push_back(stored[a.sub]);
           break;
-        case Op::Evict: {
-          const auto it = stored.find(a.sub);
-          if (it != stored.end() && it->second.valid() &&
-              it->second.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
-            evicted_on_store[a.sub] = store_.submit(timed(k, work.job(a), {}));
-            all.push_back(evicted_on_store[a.sub]);
-          } else {
-            timed(k, work.job(a), {})();
-          }
+        case Op::Evict:
+          trace(k);
+          residency_.release(unit(a.sub));
+          home_.trace_next(nullptr);
           break;
-        }
         case Op::Optim: {
           if (plan.defer_optim && !barrier_issued) {
-            std::vector<Ticket> stores;
-            for (const auto& [sub, t] : stored) stores.push_back(t);
-            all.push_back(host_.submit([stores, &work] {
-              for (const Ticket& t : stores) wait(t);
+            barrier = comm::Work(host_.submit([stores, &work]() mutable {
+              for (comm::Work& w : stores) w.wait();
               work.gradients_stored();
             }));
             barrier_issued = true;
           }
-          updating_[a.sub] = host_.submit(timed(k, work.job(a), {stored[a.sub]}));
-          optims.push_back(updating_[a.sub]);
+          const comm::Work after = stored[a.sub];
+          updating_[a.sub] = host_.submit([timeline, k, now, after, job = work.update(a)]() mutable {
+            comm::Work(after).wait();
+            (*timeline)[k].start = now();
+            job();
+            (*timeline)[k].end = now();
+          });
+          residency_.writes(unit(a.sub), comm::Work(updating_[a.sub]));
           break;
         }
       }
@@ -143,12 +134,18 @@ Timeline SwapExecutor::run(const SwapPlan& plan, const SwapWork& work) {
   } catch (...) {
     failure = std::current_exception();
   }
-  for (const auto& [sub, t] : updating) all.push_back(t);  // a last step's update no LOAD waited for
-  std::exception_ptr first = wait_all(all);
+  // Everything but this step's updates: the stores, the evictions on the store stream, the
+  // deferred norm, and a last step's update no LOAD waited for.
+  home_.drain();
+  std::vector<comm::Work> waited = stores;
+  for (comm::Work& w : works_of(updating)) waited.push_back(w);
+  waited.push_back(barrier);
+  std::exception_ptr first = wait_all(std::move(waited));
   if (!failure) failure = first;
   if (failure) {
-    wait_all(optims);  // nothing may run on after a failed step
+    wait_all(works_of(updating_));  // nothing may run on after a failed step
     updating_.clear();
+    residency_.reset();
     std::rethrow_exception(failure);
   }
   if (!plan.defer_optim) work.gradients_stored();

@@ -16,7 +16,8 @@
 namespace tessera {
 SwapOwner::SwapOwner(const NamedParams& params, const std::vector<int64_t>& blocks, std::vector<int64_t> boundaries, const OptimOptions& optim,
                      c10::Device device, double modelled_bandwidth, comm::Group* replicas, bool bf16_copies)
-    : device_(device),
+    : swap::HostHome(boundaries.size()),
+      device_(device),
       replicas_(replicas),
       load_link_(device, modelled_bandwidth),
       store_link_(device, modelled_bandwidth) {
@@ -76,14 +77,12 @@ SwapOwner::SwapOwner(const NamedParams& params, const std::vector<int64_t>& bloc
   }
 }
 
-SwapOwner::~SwapOwner() = default;
+SwapOwner::~SwapOwner() { stop(); }
 
-SwapOwner::Unit& SwapOwner::unit(int64_t sub) {
-  return units_[static_cast<size_t>(sub == swap::kEnds ? sub_models() : sub)];
-}
+SwapOwner::Unit& SwapOwner::unit(int64_t sub) { return units_[swap::unit_of(sub, sub_models())]; }
 
-std::function<void()> SwapOwner::load_job(int64_t sub) {
-  Unit& u = unit(sub);
+std::function<void()> SwapOwner::load_job(size_t unit) {
+  Unit& u = units_[unit];
   const at::Tensor& from = u.copy.defined() ? u.copy : u.master;  // bf16 copies: half the bytes
   const double bytes = static_cast<double>(from.numel() * from.element_size());
   return load_link_.job(
@@ -94,8 +93,8 @@ std::function<void()> SwapOwner::load_job(int64_t sub) {
       bytes);
 }
 
-std::function<void()> SwapOwner::store_job(int64_t sub) {
-  Unit& u = unit(sub);
+std::function<void()> SwapOwner::store_job(size_t unit) {
+  Unit& u = units_[unit];
   const bool add = u.stored;  // a later micro-batch: land in the staging buffer, then add
   u.stored = true;
   double bytes = 0;
@@ -125,8 +124,8 @@ std::function<void()> SwapOwner::store_job(int64_t sub) {
   };
 }
 
-void SwapOwner::evict(int64_t sub) {
-  Unit& u = unit(sub);
+void SwapOwner::evict(size_t unit) {
+  Unit& u = units_[unit];
   if (device_.is_cuda()) {
     // The device copy came from the load stream's pool: the compute stream must be past its last
     // read before the memory can serve another load (event `computed`).
@@ -236,11 +235,12 @@ void SwapOwner::load_parameter(const std::string& name, const at::Tensor& value)
 void SwapOwner::visit_full_parameters(const std::function<void(const std::vector<std::string>& names)>& fn) {
   settle();
   for (int64_t sub = swap::kEnds; sub < sub_models(); ++sub) {
-    load_job(sub)();
+    const size_t u = swap::unit_of(sub, sub_models());
+    fetch(u, {}).wait();
     std::vector<std::string> names;
-    for (const Entry& e : unit(sub).entries) names.push_back(e.name);
+    for (const Entry& e : units_[u].entries) names.push_back(e.name);
     fn(names);
-    evict(sub);
+    release(u, {});
   }
 }
 

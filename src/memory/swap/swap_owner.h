@@ -1,9 +1,11 @@
-// SwapOwner: the OptimizerOwner of a swapped model (memory.swap = true; ATOM, issue 14). The
-// model's training state lives in host memory and only the sub-models being computed or loaded
-// are on the device; the swap step (parallel/swap_step.h) runs the plan (swap_plan.h) and calls the
-// operations below from the plan's streams.
+// SwapOwner: the OptimizerOwner of a swapped model (memory.swap = true; ATOM, issue 14), and its
+// home in host memory (host_home.h). The model's training state lives in host memory and only the
+// sub-models being computed or loaded are on the device; the swap step (parallel/swap_step.h) runs
+// the plan (swap_plan.h) through the residency layer over this home (LOAD fetches, EVICT releases,
+// STORE_GRAD stores) and calls the host operations below from the plan's host stream.
 //
-// Units. Sub-model i (blocks [first, end)) is one unit; the ends (wte, wpe, ln_f) are another.
+// Units. Sub-model i (blocks [first, end)) is unit i; the ends (wte, wpe, ln_f) are unit K (K
+// sub-models; swap::unit_of).
 // Every unit's parameters, in model order, are flattened into three host buffers of float32,
 // each carved into per-unit views (one allocation each, pinned on CUDA: pinning per tensor forces
 // a device sync and rounds every allocation up to a power of two):
@@ -44,6 +46,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include "memory/swap/host_home.h"
 #include "memory/swap/swap_plan.h"
 #include "memory/swap/swap_streams.h"
 #include "optim/optim_options.h"
@@ -52,7 +55,7 @@
 
 namespace tessera {
 
-class SwapOwner : public OptimizerOwner {
+class SwapOwner : public OptimizerOwner, public swap::HostHome {
  public:
   // `params`: the model's named parameters, float32 on the host (the model was built there);
   // `blocks`: each parameter's block (its declaration's, model/parameter_spec.h), -1 for the ends;
@@ -65,12 +68,6 @@ class SwapOwner : public OptimizerOwner {
   ~SwapOwner() override;
 
   int64_t sub_models() const { return static_cast<int64_t>(units_.size()) - 1; }
-  // The jobs of the plan's copy actions, made when the action is issued and run on its stream:
-  std::function<void()> load_job(int64_t sub);   // materialize the device copy, copy master in
-  // Device gradients to the host (added after the step's first), then dropped on the device.
-  std::function<void()> store_job(int64_t sub);
-  // Frees the unit's device copy and gradients (after its compute, and its store when it has one).
-  void evict(int64_t sub);
   // Once every STORE_GRAD of the step ran, in this order:
   // reduce_gradients: with replicas, the host gradients averaged over them (one all-reduce of the
   //   gradient buffer from host memory, and one of which parameters got a gradient on any
@@ -100,6 +97,14 @@ class SwapOwner : public OptimizerOwner {
   // One unit at a time: loaded, named, evicted. (The state accessors settle the updates first;
   // gradients() does not: it runs on the host stream itself, before the updates.)
   void visit_full_parameters(const std::function<void(const std::vector<std::string>& names)>& fn) override;
+
+ protected:
+  // HostHome's jobs, made when the movement is issued and run on its stream:
+  std::function<void()> load_job(size_t unit) override;   // materialize the device copy, copy master in
+  // Device gradients to the host (added after the step's first), then dropped on the device.
+  std::function<void()> store_job(size_t unit) override;
+  // Frees the unit's device copy and gradients (after its compute, and its store when it has one).
+  void evict(size_t unit) override;
 
  private:
   struct Entry {

@@ -50,6 +50,8 @@ const char* stream_name(Stream stream);
 const char* op_name(Op op);
 
 constexpr int64_t kEnds = -1;  // the sub index of the ends
+// The residency unit of sub-model `sub` (the ends: unit `subs`) in a model of `subs` sub-models.
+inline size_t unit_of(int64_t sub, int64_t subs) { return static_cast<size_t>(sub == kEnds ? subs : sub); }
 
 struct Action {
   Op op = Op::Load;

@@ -107,10 +107,12 @@ DataParallel::DataParallel(TransformerLM model, ReductionGroups groups, const Pa
   s.register_hooks();
   if (s.stage == 3 && !s.model->stage().whole()) {
     // A pipeline stage: the schedule's GATHER/RELEASE hold its parts (fetch_stage, release_stage).
-    s.residency = std::make_unique<Residency>(s.units, s.part_units);
+    s.home = std::make_unique<ShardedHome>(s.units, s.part_units);
+    s.residency = std::make_unique<Residency>(*s.home);
     s.residency->release_all();
   } else if (s.stage == 3) {
-    s.residency = std::make_unique<Residency>(s.units, s.part_units, zero3_plan(s.n_blocks));
+    s.home = std::make_unique<ShardedHome>(s.units, s.part_units);
+    s.residency = std::make_unique<Residency>(*s.home, zero3_plan(s.n_blocks));
     s.residency->release_all();
     s.block_wrapper = s.model->add_block_wrapper(
         [&s](int64_t layer, const at::Tensor& x, const TransformerLMImpl::BlockCall& inner) {

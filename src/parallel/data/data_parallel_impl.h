@@ -12,7 +12,8 @@
 // - Offload (stages 1-3): the optimizer's leaves are views of offload's host masters; the host
 //   gradients are filled per bucket (stage 1) or unit (stages 2-3) once the device values are the
 //   dp mean, and the shards are written from the masters after each step.
-// - Stage 3: `residency` (memory/residency/residency.h) brings `units` in and out, by the ZeRO-3
+// - Stage 3: `residency` (memory/residency/residency.h), over `home` (the units' shards,
+//   memory/residency/sharded_home.h), brings `units` in and out, by the ZeRO-3
 //   plan over the whole model or by the pipeline schedule's holds over a stage: a unit (a
 //   block's, or the ends') is materialized only between its fetch and its release.
 // - Reduction groups: groups[0] is `dp` (every replica); groups[1], present only when it has
@@ -36,6 +37,7 @@
 #include "memory/residency/flat_unit.h"
 #include "memory/offload/offload.h"
 #include "memory/residency/residency.h"
+#include "memory/residency/sharded_home.h"
 
 namespace tessera {
 
@@ -80,6 +82,7 @@ struct DataParallel::Impl {
   std::vector<at::Tensor> grad_shards;  // stages 2-3: per unit, [S]
   // Stage 3 over `units`: over the whole model with the ZeRO-3 plan (its wrappers run it), over
   // a pipeline stage without one (the schedule holds and drops parts: fetch_stage, release_stage).
+  std::unique_ptr<ShardedHome> home;  // the units' home: their shards over the groups
   std::unique_ptr<Residency> residency;
 
   std::vector<Reduction> reductions;  // in launch order

@@ -14,6 +14,7 @@
 #include "memory/residency/flat_unit.h"
 #include "memory/residency/residency.h"
 #include "memory/residency/residency_plan.h"
+#include "memory/residency/sharded_home.h"
 #include "test_util.h"
 
 namespace tessera {
@@ -112,7 +113,8 @@ TEST(Residency, FollowsThePlanOverFlatUnits) {
     units.emplace_back(std::vector<std::pair<std::string, at::Tensor>>{{"p" + std::to_string(u), params.back()}},
                        home, /*own_shard=*/true);
   }
-  Residency residency(units, {{0}, {1, 3}, {2}}, zero3_plan(2));
+  ShardedHome sharded(units, {{0}, {1, 3}, {2}});
+  Residency residency(sharded, zero3_plan(2));
   residency.release_all();
   auto resident = [&] {
     std::string s;
@@ -179,7 +181,8 @@ TEST(Residency, HoldsAreCountedWhenAScheduleDrivesIt) {
   std::vector<FlatUnit> units;
   units.emplace_back(std::vector<std::pair<std::string, at::Tensor>>{{"a", a}}, home, /*own_shard=*/true);
   units.emplace_back(std::vector<std::pair<std::string, at::Tensor>>{{"b", b}}, home, /*own_shard=*/true);
-  Residency residency(units, {{}, {0, 1}});
+  ShardedHome sharded(units, {{}, {0, 1}});
+  Residency residency(sharded);
   EXPECT_FALSE(residency.planned());
   residency.release_all();
   EXPECT_EQ(a.storage().nbytes(), 0u);

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "memory/swap/host_home.h"
 #include "memory/swap/swap_executor.h"
 #include "memory/swap/swap_partition.h"
 #include "memory/swap/swap_plan.h"
@@ -46,23 +47,42 @@ SwapPlan synthetic(int64_t subs, double load_s, double forward_s) {
   return build_swap_plan(p);
 }
 
+// A home in host memory whose movements are jobs given by the test: job(op, sub) for LOAD,
+// STORE_GRAD and EVICT of sub-model `sub` (kEnds for the ends) of a model of `subs`.
+class FakeHome final : public HostHome {
+ public:
+  using Jobs = std::function<std::function<void()>(Op op, int64_t sub)>;
+  FakeHome(int64_t subs, Jobs jobs) : HostHome(static_cast<size_t>(subs) + 1), subs_(subs), jobs_(std::move(jobs)) {}
+  ~FakeHome() override { stop(); }
+
+ protected:
+  std::function<void()> load_job(size_t unit) override { return jobs_(Op::Load, sub(unit)); }
+  std::function<void()> store_job(size_t unit) override { return jobs_(Op::StoreGrad, sub(unit)); }
+  void evict(size_t unit) override { jobs_(Op::Evict, sub(unit))(); }
+
+ private:
+  int64_t sub(size_t unit) const { return static_cast<int64_t>(unit) == subs_ ? kEnds : static_cast<int64_t>(unit); }
+  int64_t subs_;
+  Jobs jobs_;
+};
+
 // Runs `plan` with every action a sleep of its planned duration.
 std::vector<TimedAction> run_synthetic(const SwapPlan& plan) {
-  SwapExecutor executor;
+  FakeHome home(plan.size(), [&](Op op, int64_t sub) -> std::function<void()> {
+    const SubModel& s = plan.sub(sub);
+    switch (op) {
+      case Op::Load: return [d = s.parameter_bytes / plan.bandwidth] { sleep_s(d); };
+      case Op::StoreGrad: return [d = s.gradient_bytes / plan.bandwidth] { sleep_s(d); };
+      default: return [] {};
+    }
+  });
+  SwapExecutor executor(home);
   SwapWork work;
   work.compute = [&](const Action& a) {
     const SubModel& s = plan.sub(a.sub);
     sleep_s(a.op == Op::ComputeF ? s.forward_s : s.backward_s);
   };
-  work.job = [&](const Action& a) -> std::function<void()> {
-    const SubModel& s = plan.sub(a.sub);
-    switch (a.op) {
-      case Op::Load: return [d = s.parameter_bytes / plan.bandwidth] { sleep_s(d); };
-      case Op::StoreGrad: return [d = s.gradient_bytes / plan.bandwidth] { sleep_s(d); };
-      case Op::Optim: return [d = s.optim_s] { sleep_s(d); };
-      default: return [] {};
-    }
-  };
+  work.update = [&](const Action& a) -> std::function<void()> { return [d = plan.sub(a.sub).optim_s] { sleep_s(d); }; };
   int stored = 0;
   work.gradients_stored = [&] { ++stored; };
   const Timeline timeline = executor.run(plan, work);
@@ -101,12 +121,9 @@ TEST(SwapExecutor, DeferredUpdatesRunOnIntoTheNextStepWhoseLoadsWaitForThem) {
   SwapPlan plan = synthetic(3, 0.002, 0.005);
   for (SubModel& s : plan.subs) s.optim_s = 0.030;
   plan = build_swap_plan(plan);
-  SwapExecutor executor;
   std::vector<std::pair<Action, std::chrono::steady_clock::time_point>> starts, ends;
   std::mutex mutex;
-  SwapWork work;
-  work.compute = [](const Action&) { sleep_s(0.005); };
-  work.job = [&](const Action& a) -> std::function<void()> {
+  auto recorded = [&](Action a) -> std::function<void()> {
     return [&, a] {
       {
         std::lock_guard<std::mutex> lock(mutex);
@@ -117,6 +134,11 @@ TEST(SwapExecutor, DeferredUpdatesRunOnIntoTheNextStepWhoseLoadsWaitForThem) {
       ends.emplace_back(a, std::chrono::steady_clock::now());
     };
   };
+  FakeHome home(plan.size(), [&](Op op, int64_t sub) { return recorded(Action{op, sub}); });
+  SwapExecutor executor(home);
+  SwapWork work;
+  work.compute = [](const Action&) { sleep_s(0.005); };
+  work.update = [&](const Action& a) { return recorded(a); };
   work.gradients_stored = [] {};
   executor.run(plan, work);
   size_t updates_done_at_return;
@@ -146,15 +168,23 @@ TEST(SwapExecutor, SlowLoadsAreExposedAndJobFailuresSurface) {
   EXPECT_GT(exposed_load(timeline), 3 * 0.025);
   // A job that throws is rethrown by run() after the jobs in flight finished.
   const SwapPlan plan = synthetic(3, 0.001, 0.001);
-  SwapExecutor executor;
+  bool failing = true;
+  FakeHome home(plan.size(), [&](Op op, int64_t sub) -> std::function<void()> {
+    if (failing && op == Op::StoreGrad && sub == 1) return [] { fail("store of sub-model 1 failed"); };
+    return [] {};
+  });
+  SwapExecutor executor(home);
   SwapWork work;
   work.compute = [](const Action&) {};
-  work.job = [](const Action& a) -> std::function<void()> {
-    if (a.op == Op::StoreGrad && a.sub == 1) return [] { fail("store of sub-model 1 failed"); };
-    return [] {};
-  };
+  work.update = [](const Action&) -> std::function<void()> { return [] {}; };
   work.gradients_stored = [] {};
   EXPECT_TRUE(test::throws_naming([&] { executor.run(plan, work); }, {"store of sub-model 1 failed"}));
+  // Every unit was released, and the same executor runs the next step afresh.
+  for (size_t u = 0; u < home.units(); ++u) EXPECT_FALSE(home.materialized(u)) << u;
+  failing = false;
+  EXPECT_NO_THROW(executor.run(plan, work));
+  executor.settle();
+  for (size_t u = 0; u < home.units(); ++u) EXPECT_FALSE(home.materialized(u)) << u;
 }
 
 std::vector<SubModel> random_blocks(std::mt19937& rng, int64_t n) {
