@@ -18,9 +18,14 @@ case $target in
   safetensors) sources+=(src/checkpoint/safetensors.cpp src/core/fs.cpp) ;;
   schedule_csv) sources+=(src/parallel/pipeline/schedule.cpp src/parallel/pipeline/validate.cpp
                           src/parallel/pipeline/simulate.cpp src/core/fs.cpp) ;;
-  *) echo "unknown fuzz target '$target' (safetensors, schedule_csv)" >&2; exit 2 ;;
+  region) sources+=(src/checkpoint/region.cpp) ;;
+  checkpoint_dir) sources+=(src/checkpoint/checkpoint.cpp src/checkpoint/safetensors.cpp src/checkpoint/region.cpp
+                            src/core/fs.cpp) ;;
+  config) sources+=(src/train/config.cpp src/core/options.cpp src/data/data_options.cpp src/model/model_options.cpp
+                    src/optim/optim_options.cpp src/precision/precision_options.cpp src/core/fs.cpp) ;;
+  *) echo "unknown fuzz target '$target' (safetensors, schedule_csv, region, checkpoint_dir, config)" >&2; exit 2 ;;
 esac
-if [ ! -x "$out/fuzz" ] || [ -n "$(find "${sources[@]}" src/checkpoint src/parallel/pipeline -name '*.h' -newer "$out/fuzz")" ] ||
+if [ ! -x "$out/fuzz" ] || [ -n "$(find "${sources[@]}" src/checkpoint src/core src/parallel/pipeline -name '*.h' -newer "$out/fuzz")" ] ||
    [ -n "$(find "${sources[@]}" -newer "$out/fuzz")" ]; then
   echo "building $out/fuzz (clang, libFuzzer + ASan + UBSan)"
   clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
