@@ -38,6 +38,7 @@
 #include "core/config.h"
 #include "train/device_peak.h"
 #include "train/train_step.h"
+#include "model/model_size.h"
 
 namespace tessera::cli {
 

@@ -22,6 +22,7 @@
 #include "model/hf_names.h"
 #include "model/transformer.h"
 #include "core/config.h"
+#include "model/model_size.h"
 
 namespace tessera::cli {
 namespace {

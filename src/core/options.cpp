@@ -1,6 +1,7 @@
 #include "core/options.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <iomanip>
 #include <limits>
@@ -201,6 +202,114 @@ std::string closest_key(const std::string& key, const std::set<std::string>& kno
   return best;
 }
 
+namespace {
+
+// The length of the UTF-8 sequence starting at text[i] (1 for ASCII), or 0 when it is invalid
+// (a stray continuation byte, a truncated or overlong sequence, a surrogate, past U+10FFFF).
+size_t utf8_length(const std::string& text, size_t i) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char c = byte(i);
+  if (c < 0x80) return 1;
+  const size_t n = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 ? (c <= 0xEF ? 3 : 0) : c >= 0xC2 ? 2 : 0;
+  if (n == 0 || i + n > text.size()) return 0;
+  for (size_t k = 1; k < n; ++k)
+    if ((byte(i + k) & 0xC0) != 0x80) return 0;
+  const unsigned char d = byte(i + 1);
+  if ((c == 0xE0 && d < 0xA0) || (c == 0xED && d > 0x9F) || (c == 0xF0 && d < 0x90) || (c == 0xF4 && d > 0x8F))
+    return 0;
+  return n;
+}
+
+// The first place where `text` is not valid UTF-8 or holds a non-ASCII character outside a string
+// or a comment: its byte offset and what is wrong; npos when there is none. `ascii` receives the
+// text with every non-ASCII byte replaced by 'x'.
+std::pair<size_t, const char*> unsafe_toml_byte(const std::string& text, std::string& ascii) {
+  ascii = text;
+  enum class In { code, comment, basic, literal, multi_basic, multi_literal } in = In::code;
+  bool line_start = true;    // in code, nothing but whitespace yet on this line
+  bool opens_string = true;  // in code, a quote here starts a string (a key's or a value's place)
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = utf8_length(text, i);
+    if (n == 0) return {i, "invalid UTF-8"};
+    if (n > 1 && in == In::code)
+      return {i, "a non-ASCII character outside a string or a comment (TOML allows them there only)"};
+    const char c = text[i];
+    for (size_t k = 1; k < n; ++k) ascii[i] = ascii[i + k] = 'x';
+    const auto starts = [&](const char* s) { return text.compare(i, std::char_traits<char>::length(s), s) == 0; };
+    if ((in == In::basic || in == In::multi_basic) && c == '\\' && i + 1 < text.size() &&
+        static_cast<unsigned char>(text[i + 1]) >= 0x80)
+      return {i + 1, "a backslash before a non-ASCII character (TOML escapes are ASCII)"};
+    switch (in) {
+      case In::code:
+        if (c == '[' && line_start) {  // a table header: toml++ asserts that a key starts it
+          size_t k = i + 1 + (starts("[[") ? 1 : 0);
+          while (k < text.size() && (text[k] == ' ' || text[k] == '\t')) ++k;
+          const char first = k < text.size() ? text[k] : '\0';
+          if (static_cast<unsigned char>(first) < 0x80 && !(std::isalnum(static_cast<unsigned char>(first)) ||
+                first == '_' || first == '-' || first == '"' || first == '\'' || first == ']'))
+            return {k, "a table header that does not start with a key"};
+        }
+        if (c == '#') {
+          in = In::comment;
+        } else if ((c == '"' || c == '\'') && opens_string) {  // a string starts only where a key or value does
+          if (starts("\"\"\"")) in = In::multi_basic, i += 2;
+          else if (starts("'''")) in = In::multi_literal, i += 2;
+          else in = c == '"' ? In::basic : In::literal;
+        }
+        if (c != ' ' && c != '\t' && c != '\r') {
+          line_start = c == '\n';
+          opens_string = c == '\n' || c == '=' || c == '[' || c == ',' || c == '{' || c == '.';
+        }
+        break;
+      case In::comment:
+        if (c == '\n') in = In::code, line_start = opens_string = true;
+        break;
+      case In::basic:
+        if (c == '\\' && i + 1 < text.size() && text[i + 1] != '\n' && static_cast<unsigned char>(text[i + 1]) < 0x80) ++i;
+        else if (c == '"' || c == '\n') in = In::code, line_start = opens_string = c == '\n';
+        break;
+      case In::literal:
+        if (c == '\'' || c == '\n') in = In::code, line_start = opens_string = c == '\n';
+        break;
+      case In::multi_basic:
+        if (c == '\\' && i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) < 0x80) ++i;
+        else if (starts("\"\"\"")) in = In::code, opens_string = false, i += 2;
+        break;
+      case In::multi_literal:
+        if (starts("'''")) in = In::code, opens_string = false, i += 2;
+        break;
+    }
+    i += n;
+  }
+  return {std::string::npos, nullptr};
+}
+
+}  // namespace
+
+toml::table parse_toml(const std::string& text, const std::string& source) {
+  std::string ascii;
+  const auto [at, what] = unsafe_toml_byte(text, ascii);
+  if (what) {
+    const size_t line_start = text.rfind('\n', at == 0 ? 0 : at - 1);
+    const size_t line = 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(at), '\n');
+    const size_t column = at - (line_start == std::string::npos || at == 0 ? 0 : line_start + 1) + 1;
+    fail(source, ":", line, ":", column, ": TOML syntax error: ", what);
+  }
+  auto parse = [&](const std::string& t) {
+    try {
+      return toml::parse(t, source);
+    } catch (const toml::parse_error& e) {
+      const auto& where = e.source().begin;
+      fail(source, ":", where.line, ":", where.column, ": TOML syntax error: ", e.description());
+    }
+  };
+  // With non-ASCII characters, the ASCII copy first: once it parses, they are where the parser
+  // reads them as strings and comments (the scan above can be wrong only about a text the parser
+  // refuses).
+  if (ascii != text) parse(ascii);
+  return parse(text);
+}
+
 void apply_override(toml::table& root, const std::string& assignment) {
   size_t eq = assignment.find('=');
   size_t dot = assignment.find('.');
@@ -213,8 +322,8 @@ void apply_override(toml::table& root, const std::string& assignment) {
     fail("--set ", section, ".", key, ": the value holds a line break; give one value per --set");
   toml::table parsed;
   try {
-    parsed = toml::parse("v = " + text);
-  } catch (const toml::parse_error&) {
+    parsed = parse_toml("v = " + text, "--set " + assignment);
+  } catch (const Error&) {
     parsed = toml::table{{"v", text}};  // a bare word: take it as a string
   }
   if (!root.contains(section)) root.insert(section, toml::table{});

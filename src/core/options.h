@@ -132,6 +132,14 @@ class HelpWriter {
 // The known key closest to `key` by edit distance, or "" when none is close.
 std::string closest_key(const std::string& key, const std::set<std::string>& known);
 
+// `text` parsed as TOML, or tessera::Error naming `source`, the line and the column. The text is
+// checked first, so the parser (toml++) only sees what it handles safely: valid UTF-8, and
+// non-ASCII characters only inside strings and comments, where TOML allows them, and a key at the
+// start of every table header (toml++ 3.3 reaches an assertion, and in a release build undefined
+// behaviour, on a non-ASCII byte where a key starts or a header that starts with another character:
+// found by fuzzing, tests/fuzz/fuzz_config.cpp).
+toml::table parse_toml(const std::string& text, const std::string& source);
+
 // Parses "section.key=value" (value in TOML syntax; bare words are taken as strings) and sets it
 // in `root`, creating the section. Throws naming the argument when it is malformed, or when the
 // value holds a line break (TOML would read the rest as further keys, or a bare word would carry

@@ -12,7 +12,6 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "model/transformer.h"
 
 namespace tessera {
 namespace {
@@ -72,26 +71,6 @@ std::string known_presets() {
   return out.str();
 }
 
-// The stored and the per-token parameter counts of the model's own modules, built on the meta
-// device (no allocation): per token, positions are a lookup and an MoE layer runs top_k of its
-// experts (their stacked weights hold E experts' worth each).
-struct Counts {
-  int64_t stored = 0, active = 0;
-};
-
-Counts count(const ModelOptions& o) {
-  TransformerLM meta(o, ModelStage{}, at::TensorOptions().device(at::kMeta));
-  Counts n;
-  for (const auto& item : meta->named_parameters()) {
-    const int64_t numel = item.value().numel();
-    n.stored += numel;
-    if (item.key() == "wpe.weight") continue;
-    const bool expert = meta->parameter_specs().at(item.key()).split == Split::expert;
-    n.active += expert ? numel / o.moe_experts * o.moe_top_k : numel;
-  }
-  return n;
-}
-
 }  // namespace
 
 void ModelOptions::check(const std::string& source) const {
@@ -118,18 +97,6 @@ std::vector<std::string> ModelOptions::preset_names() {
   std::vector<std::string> names;
   for (const auto& entry : presets()) names.push_back(entry.first);
   return names;
-}
-
-int64_t parameter_count(const ModelOptions& opts) { return count(opts).stored; }
-
-double flops_per_token(const ModelOptions& opts, int64_t seq_len) {
-  const double n_active = static_cast<double>(count(opts).active);
-  const double L = static_cast<double>(opts.n_layer), C = static_cast<double>(opts.n_embd);
-  if (opts.arch == "linear") {
-    const double c = static_cast<double>(std::min(seq_len, opts.linear_chunk));
-    return 6 * n_active + 6 * L * C * c + 12 * L * C * static_cast<double>(opts.head_dim());
-  }
-  return 6 * n_active + 6 * L * C * static_cast<double>(seq_len);
 }
 
 }  // namespace tessera

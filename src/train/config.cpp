@@ -112,13 +112,7 @@ Config Config::from_toml(const toml::table& root, const std::string& source, con
 
 Config Config::load(const std::string& config, const std::vector<std::string>& overrides) {
   std::string path = resolve_config_path(config);
-  toml::table root;
-  try {
-    root = toml::parse_file(path);
-  } catch (const toml::parse_error& e) {
-    const auto& where = e.source().begin;
-    fail(path, ":", where.line, ":", where.column, ": TOML syntax error: ", e.description());
-  }
+  toml::table root = parse_toml(read_file(path), path);
   for (const auto& assignment : overrides) apply_override(root, assignment);
   Config loaded = from_toml(root, overrides.empty() ? path : path + " with --set overrides", path);
   mark_overrides(loaded, overrides);
@@ -128,12 +122,7 @@ Config Config::load(const std::string& config, const std::vector<std::string>& o
 Config Config::from_checkpoint_meta(const std::string& meta_path, const std::vector<std::string>& overrides) {
   const nlohmann::json meta = read_json_file(meta_path);
   if (!meta.contains("config") || !meta["config"].is_string()) fail(meta_path, ": has no config");
-  toml::table root;
-  try {
-    root = toml::parse(meta["config"].get<std::string>());
-  } catch (const toml::parse_error& e) {
-    fail(meta_path, ": the recorded config is not valid TOML (", e.description(), ")");
-  }
+  toml::table root = parse_toml(meta["config"].get<std::string>(), meta_path + ": the recorded config");
   for (const auto& assignment : overrides) apply_override(root, assignment);
   Config loaded = from_toml(root, meta_path, "checkpoint " + fs::path(meta_path).parent_path().string());
   mark_overrides(loaded, overrides);

@@ -27,6 +27,7 @@
 #include "train/progress.h"
 #include "train/stop_request.h"
 #include "train/train_step.h"
+#include "model/model_size.h"
 
 namespace tessera {
 namespace fs = std::filesystem;

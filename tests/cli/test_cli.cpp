@@ -15,6 +15,7 @@
 #include "model/hf_names.h"
 #include "model/transformer.h"
 #include "core/config.h"
+#include "model/model_size.h"
 
 namespace tessera::test {
 namespace {

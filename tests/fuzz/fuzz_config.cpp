@@ -44,7 +44,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     tessera::Config config;
     if (from_meta) {
-      write(dir + "/meta.json", nlohmann::json({{"config", toml}}).dump());
+      write(dir + "/meta.json", nlohmann::json({{"config", toml}}).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
       config = tessera::Config::from_checkpoint_meta(dir + "/meta.json", overrides);
     } else {
       write(dir + "/run.toml", toml);

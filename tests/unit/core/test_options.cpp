@@ -109,3 +109,38 @@ TEST(Options, WriterRoundTrips) {
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera::test {
+namespace {
+
+// toml++ 3.3 asserts (and in a release build runs into undefined behaviour) on a non-ASCII byte
+// where a key starts, or a table header that starts with something else than a key; parse_toml
+// refuses such text before the parser sees it, naming the line and column, and passes non-ASCII
+// text in strings and comments on (inputs found by tests/fuzz/fuzz_config.cpp).
+TEST(Options, NonAsciiOutsideStringsAndInvalidUtf8AreNamedBeforeParsing) {
+  const toml::table ok = parse_toml("# d\xc3\xa9j\xc3\xa0 vu\n[data]\npath = \"corpus/\xc3\xa9t\xc3\xa9\"\n"
+                                    "note = '''\nna\xc3\xafve \"\"\" '''\ntag = \"\\\"\xe2\x82\xac\"\n", "ok.toml");
+  EXPECT_EQ(ok["data"]["path"].value<std::string>(), "corpus/\xc3\xa9t\xc3\xa9");
+  EXPECT_EQ(ok["data"]["tag"].value<std::string>(), "\"\xe2\x82\xac");
+  struct Bad {
+    std::string text, says;
+  };
+  for (const Bad& b : std::vector<Bad>{{"[\xc3\xa9]\nx = 1\n", "bad.toml:1:2: TOML syntax error: a non-ASCII character"},
+                                       {"[model]\npreset = \"tiny_moe\"\n[\x90\x9e\x8d\x95llel]\n", "bad.toml:3:2: TOML syntax error: invalid UTF-8"},
+                                       {"x = \"\xed\xa0\x80\"\n", "bad.toml:1:6: TOML syntax error: invalid UTF-8"},
+                                       {"x = 1 \xc3\xa9\n", "bad.toml:1:7: TOML syntax error: a non-ASCII"},
+                                       {"x = \"a\nb\xc3\xa9 = 2\n", "bad.toml:2:2: TOML syntax error: a non-ASCII"},
+                                       {"x = \"\"\"\\\xd0\xa3\"\"\"\n", "bad.toml:1:9: TOML syntax error: a backslash before a non-ASCII"},
+                                       {"preset = 7i77\"=\"\xcd\x8d\"\n", "bad.toml:1:"},
+                                       {"[`arallel]\n", "bad.toml:1:2: TOML syntax error: a table header that does not start"},
+                                       {"a = 1\n  [[ =x]]\n", "bad.toml:2:6: TOML syntax error: a table header that does not start"},
+                                       {"x = [1,\n", "bad.toml:1:9: TOML syntax error: Error while parsing array"}})
+    EXPECT_TRUE(throws_naming([&] { parse_toml(b.text, "bad.toml"); }, {b.says})) << b.text;
+  // An override's value with such a byte is a bare word, kept as a string.
+  toml::table root;
+  apply_override(root, "data.path=\xc3\xa9t\xc3\xa9");
+  EXPECT_EQ(root["data"]["path"].value<std::string>(), "\xc3\xa9t\xc3\xa9");
+}
+
+}  // namespace
+}  // namespace tessera::test

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "model/transformer.h"
 #include "test_util.h"
+#include "model/model_size.h"
 
 namespace tessera {
 namespace {

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "model/transformer.h"
+#include "model/model_size.h"
 
 namespace tessera {
 namespace {

@@ -8,6 +8,7 @@
 #include "model/init.h"
 #include "model/transformer.h"
 #include "test_util.h"
+#include "model/model_size.h"
 
 namespace tessera {
 namespace {
