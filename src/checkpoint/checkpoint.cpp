@@ -96,7 +96,7 @@ std::map<std::string, std::vector<StoredPiece>> model_file_map(const fs::path& d
   }
   for (const auto& [name, file] : index["weight_map"].items())
     if (!pieces.count(name) || pieces[name].size() != 1 ||
-        !(pieces[name][0].region == Region::whole(pieces[name][0].region.shape)))
+        !pieces[name][0].region.is_whole())
       fail(index_path, ": names '", name, "' in ", file.dump(), ", which lacks it or holds a part of it");
   for (const auto& [name, files] : parts.items()) {
     if (!pieces.count(name) || !files.is_array() || pieces[name].size() != files.size())
@@ -244,7 +244,7 @@ void write_model_shard(const std::string& partial_dir, int64_t rank, int64_t sha
     require(t.values.numel() == t.region.numel(), "internal: the part of '", t.name, "' holds ", t.values.numel(),
             " elements, its region ", t.region.numel());
     values.emplace_back(t.name, t.values);
-    if (!(t.region == Region::whole(t.region.shape))) metadata[t.name] = t.region.record();
+    if (!t.region.is_whole()) metadata[t.name] = t.region.record();
   }
   write_safetensors((fs::path(partial_dir) / model_shard_name(rank, shards)).string(), values, metadata);
 }

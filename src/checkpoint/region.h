@@ -45,6 +45,8 @@ struct Region {
   static Region split(std::vector<int64_t> shape, int64_t dim, int64_t blocks, int64_t index, int64_t count);
 
   bool is_split() const { return dim >= 0 && count > 1; }
+  // Every element of the tensor, unsplit.
+  bool is_whole() const { return !is_split() && begin == 0 && end == whole_numel(); }
   int64_t whole_numel() const;
   int64_t part_numel() const;
   std::vector<int64_t> part_shape() const;  // the split part's shape

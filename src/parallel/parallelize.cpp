@@ -184,13 +184,11 @@ void ParallelModel::seed_random_streams(int64_t step) {
 }
 
 InitialValues ParallelModel::initial_values(const at::TensorOptions& where, uint64_t seed) const {
-  // The whole shapes of this rank's parameters, from the same stage on the meta device.
-  const std::map<std::string, std::vector<int64_t>> shapes(placement_->whole_shapes().begin(),
-                                                           placement_->whole_shapes().end());
   InitialValues initial;
   initial.where = where;
-  initial.of = [this, shapes = std::move(shapes), where, seed](const std::string& name) {
-    const at::Tensor value = initial_value(model_->parameter_specs().at(name).init, name, shapes.at(name), seed);
+  initial.of = [this, where, seed](const std::string& name) {
+    const at::Tensor value =
+        initial_value(model_->parameter_specs().at(name).init, name, placement_->whole_shape(name), seed);
     return placement_->part(name, value).to(where).contiguous();
   };
   return initial;
@@ -357,7 +355,7 @@ OptimizerRanges ParallelModel::training_state_ranges() const {
   for (const auto& [name, range] : own) {
     const Region region = placement_->state_region(name, range.shape);
     if (region.is_split()) out[name] = region.sub(range.begin, range.end);
-    else if (!(range == Region::whole(range.shape))) out[name] = range;
+    else if (!range.is_whole()) out[name] = range;
   }
   return out;
 }

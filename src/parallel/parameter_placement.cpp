@@ -13,7 +13,10 @@ ParameterPlacement::ParameterPlacement(const TransformerLM& model, const Layout&
   // The whole model's declarations and shapes, from a model on the meta device (no memory).
   const TransformerLM whole(model_->options(), ModelStage{}, at::TensorOptions().device(at::kMeta));
   whole_specs_ = whole->parameter_specs();
-  for (const auto& item : whole->named_parameters()) whole_shapes_.emplace_back(item.key(), item.value().sizes().vec());
+  for (const auto& item : whole->named_parameters()) {
+    position_[item.key()] = whole_shapes_.size();
+    whole_shapes_.emplace_back(item.key(), item.value().sizes().vec());
+  }
 }
 
 TensorParallelLayout ParameterPlacement::split(const std::string& param) const {
@@ -32,9 +35,7 @@ at::Tensor ParameterPlacement::whole(const std::string& param, const at::Tensor&
 
 Region ParameterPlacement::part_region(const std::string& param) const {
   const ParameterSpec& spec = model_->parameter_specs().at(param);
-  std::vector<int64_t> shape;
-  for (const auto& [name, whole] : whole_shapes_)
-    if (name == param) shape = whole;
+  const std::vector<int64_t>& shape = whole_shape(param);
   if (!tp_) return Region::whole(shape);
   const TensorParallelLayout layout = tensor_parallel_layout(spec);
   return Region::split(shape, layout.dim, layout.parts, tp_->rank(), tp_->size());

@@ -78,6 +78,7 @@ class ParameterPlacement {
   int64_t holder(const std::string& param) const;
   // Every parameter of the whole model, in its order, with its whole (unsplit) shape.
   const std::vector<std::pair<std::string, std::vector<int64_t>>>& whole_shapes() const { return whole_shapes_; }
+  const std::vector<int64_t>& whole_shape(const std::string& param) const { return whole_shapes_[position_.at(param)].second; }
   NamedTensors over_stages(const std::function<at::Tensor(const std::string& param)>& mine) const;
 
  private:
@@ -87,6 +88,7 @@ class ParameterPlacement {
   comm::Group* pp_;
   std::map<std::string, ParameterSpec> whole_specs_;  // the whole model's, for holder()
   std::vector<std::pair<std::string, std::vector<int64_t>>> whole_shapes_;  // in the whole model's order
+  std::map<std::string, size_t> position_;                                  // in whole_shapes_
 };
 
 }  // namespace tessera
