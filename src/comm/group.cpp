@@ -7,6 +7,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <thread>
 
@@ -402,6 +403,39 @@ Work Group::all_to_all_async(at::Tensor output, at::Tensor input) {
     Impl::unstage(flat_output, out);
     g.count("all_to_all", bytes);
   });
+}
+
+Work Group::all_to_all_async(at::Tensor output, at::Tensor input, std::vector<int64_t> output_rows,
+                             std::vector<int64_t> input_rows) {
+  Impl& g = *impl_;
+  const auto sum = [](const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); };
+  const auto row = [](const at::Tensor& t) { return t.dim() == 0 ? int64_t{0} : t.numel() / std::max<int64_t>(t.size(0), 1); };
+  require(static_cast<int64_t>(output_rows.size()) == g.size() && static_cast<int64_t>(input_rows.size()) == g.size() &&
+              input.dim() > 0 && output.dim() > 0 && sum(input_rows) == input.size(0) &&
+              sum(output_rows) == output.size(0) && input.sizes().slice(1) == output.sizes().slice(1) &&
+              output.is_contiguous() && input.is_contiguous() && output.scalar_type() == input.scalar_type(),
+          "internal: all_to_all on group '", g.name, "': input ", input.sizes(), " in rows ",
+          at::IntArrayRef(input_rows), ", output ", output.sizes(), " in rows ", at::IntArrayRef(output_rows),
+          " (one row count per member, summing to dim 0; other dims equal; contiguous, one dtype)");
+  if (g.size() == 1) {
+    output.copy_(input);
+    return Work();
+  }
+  const int64_t per_row = row(input);
+  double bytes = 0;
+  for (int64_t j = 0; j < g.size(); ++j)
+    if (j != g.rank) bytes += static_cast<double>(input_rows[static_cast<size_t>(j)] * per_row * input.element_size());
+  for (int64_t& r : input_rows) r *= per_row;  // c10d's splits count elements of the flat tensors
+  for (int64_t& r : output_rows) r *= per_row;
+  return g.enqueue("all_to_all (variable) of " + shape_text(input),
+                   [&g, output, input, output_rows = std::move(output_rows), input_rows = std::move(input_rows),
+                    bytes]() mutable {
+                     const at::Tensor flat_output = output.view({-1});
+                     at::Tensor out = g.staged(flat_output), in = g.staged(input.view({-1}));
+                     g.wait_backend(g.backend->alltoall_base(out, in, output_rows, input_rows));
+                     Impl::unstage(flat_output, out);
+                     g.count("all_to_all", bytes);
+                   });
 }
 
 void Group::send_recv(at::Tensor send, int64_t to, at::Tensor recv, int64_t from, int64_t tag) {

@@ -20,7 +20,7 @@
 // - traffic() counts the bytes this rank sent, per operation, by the ring algorithm's volume:
 //   all_reduce 2(N-1)/N * bytes, all_gather and reduce_scatter (N-1)/N * full bytes, broadcast
 //   `bytes` on the root, send_recv `bytes` (counted as "send"), all_to_all (N-1)/N * input bytes
-//   (the chunks that leave this rank).
+//   (the chunks that leave this rank; with variable splits, the rows sent to other members).
 //
 // A CUDA group (`device` is a GPU; NCCL) adds, for streams and ordering:
 // - Its communication thread has the group's GPU as current device and a pool stream of its own
@@ -112,6 +112,12 @@ class Group {
   // along dim 0 of a flat view; member i's chunk j lands in member j's output chunk i.
   Work all_to_all_async(at::Tensor output, at::Tensor input);
   void all_to_all(at::Tensor output, at::Tensor input) { all_to_all_async(output, input).wait(); }
+  // Variable splits along dim 0 (expert dispatch): input's first input_rows[j] rows go to member
+  // j, in member order; output receives output_rows[i] rows from member i, in member order. The
+  // counts must agree pairwise (member i's input_rows[j] == member j's output_rows[i]); any may
+  // be zero, and a member may send and receive nothing. Other dims equal, both contiguous.
+  Work all_to_all_async(at::Tensor output, at::Tensor input, std::vector<int64_t> output_rows,
+                        std::vector<int64_t> input_rows);
   // Point to point with group-local peer ranks; a send and a recv are matched by `tag` (Gloo) or
   // by issue order (NCCL). Both are posted at once and waited together, so a ring step cannot
   // deadlock.

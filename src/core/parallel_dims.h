@@ -15,7 +15,7 @@
 //   "embedding": the first and the last pipeline stage with the same dp, sp, tp (both hold the
 //         tied token embedding); a middle stage's group is itself alone.
 // With ep = 1 "edp" has the same members as "dp", and with pp <= 2 "embedding" as "pp";
-// comm::Mesh builds one group per distinct set of ranks.
+// comm::Mesh builds one group per distinct set of ranks (and one of its own for "ep", comm/mesh.h).
 #pragma once
 
 #include <cstdint>

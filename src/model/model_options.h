@@ -5,7 +5,8 @@
 //   arch = "linear" TransNormerLLM / lightning attention: no positions, RMSNorm, causal linear
 //                   attention with per-head decay, GLU MLP.
 // ffn = "moe" replaces the MLP of every moe_every-th block (blocks moe_every-1, 2*moe_every-1, ...)
-// with a Switch (top-1) or GShard (top-2) mixture of experts.
+// with a mixture of experts: top-k of moe_experts (Switch top-1, GShard top-2, any k), softmax or
+// sigmoid scores, capacity or dropless routing (model/moe.h).
 //
 // Presets set shapes only; the loader applies model.preset first and explicit keys refine it.
 //
@@ -37,8 +38,9 @@ struct ModelOptions {
   bool bias = true;
   std::string ffn = "dense";   // dense | moe
   int64_t moe_experts = 4;
-  int64_t moe_top_k = 1;       // 1 = Switch, 2 = GShard
-  double moe_capacity_factor = 1.25;
+  int64_t moe_top_k = 1;       // 1 = Switch, 2 = GShard, up to moe_experts
+  std::string moe_score = "softmax";  // softmax | sigmoid (DeepSeek-V3)
+  double moe_capacity_factor = 1.25;  // 0 = dropless
   double moe_aux_loss_coef = 0.01;
   double moe_z_loss_coef = 0.001;
   int64_t moe_every = 1;
@@ -61,8 +63,11 @@ struct ModelOptions {
     v("bias", bias, "biases in linear layers and LayerNorms");
     v("ffn", ffn, "dense (MLP) or moe (mixture of experts)");
     v("moe_experts", moe_experts, "experts per MoE layer", between(1, 4096));
-    v("moe_top_k", moe_top_k, "experts per token: 1 = Switch, 2 = GShard", between(1, 2));
-    v("moe_capacity_factor", moe_capacity_factor, "expert capacity = ceil(top_k * tokens / experts * factor)", above(0, 1024));
+    v("moe_top_k", moe_top_k, "experts per token (1 = Switch, 2 = GShard; at most moe_experts)", between(1, 4096));
+    v("moe_score", moe_score, "router scores: softmax, or sigmoid (DeepSeek-V3)");
+    v("moe_capacity_factor", moe_capacity_factor,
+      "expert capacity = ceil(top_k * tokens / experts * factor); 0 = dropless (every token processed)",
+      between(0, 1024));
     v("moe_aux_loss_coef", moe_aux_loss_coef, "weight of the Switch load-balancing loss", between(0, 100));
     v("moe_z_loss_coef", moe_z_loss_coef, "weight of the router z-loss", between(0, 100));
     v("moe_every", moe_every, "every k-th block is MoE (blocks k-1, 2k-1, ...)", between(1, 1024));

@@ -34,6 +34,7 @@ ParameterSpecs MoEImpl::parameter_specs() const {
 MoEImpl::MoEImpl(const ModelOptions& opts, const at::TensorOptions& where)
     : n_experts_(opts.moe_experts),
       top_k_(opts.moe_top_k),
+      sigmoid_(opts.moe_score == "sigmoid"),
       capacity_factor_(opts.moe_capacity_factor),
       aux_coef_(opts.moe_aux_loss_coef),
       z_coef_(opts.moe_z_loss_coef),
@@ -57,20 +58,20 @@ MoERouting MoEImpl::route(const at::Tensor& x) {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);  // router in float32
     logits = at::matmul(x.to(at::kFloat), router->weight.to(at::kFloat).t());     // [N, E]
   }
-  auto probs = at::softmax(logits, -1);
-  auto [top_p, top_e] = probs.topk(k, -1);  // [N, k]
+  const at::Tensor scores = sigmoid_ ? at::sigmoid(logits) : at::softmax(logits, -1);
+  auto [top_p, top_e] = scores.topk(k, -1);  // [N, k]
   auto gate = k == 1 ? top_p : top_p / top_p.sum(-1, /*keepdim=*/true);
 
   MoERouting r;
-  r.capacity = expert_capacity(N, E, k, capacity_factor_);
   auto counts = torch::zeros({E}, top_e.options());
   std::vector<at::Tensor> slots;
-  for (int64_t c = 0; c < k; ++c) {  // first choices of all tokens, then second choices
+  for (int64_t c = 0; c < k; ++c) {  // first choices of all tokens, then second choices, ...
     auto onehot = at::one_hot(top_e.select(1, c), E);                              // [N, E]
     auto position = at::cumsum(onehot, 0) - 1 + counts;                            // [N, E]
     slots.push_back(position.gather(1, top_e.select(1, c).unsqueeze(1)).squeeze(1));
     counts = counts + onehot.sum(0);
   }
+  r.capacity = capacity_factor_ > 0 ? expert_capacity(N, E, k, capacity_factor_) : counts.max().item<int64_t>();
   auto slot = at::stack(slots, 1);  // [N, k]
   auto kept = slot < r.capacity;
   r.expert = top_e;
@@ -79,7 +80,8 @@ MoERouting MoEImpl::route(const at::Tensor& x) {
   r.assigned = counts;
 
   auto f = at::one_hot(top_e.select(1, 0), E).to(at::kFloat).mean(0);  // no gradient
-  auto balance = aux_coef_ * static_cast<double>(E) * (f * probs.mean(0)).sum();
+  const at::Tensor share = sigmoid_ ? scores / scores.sum(-1, /*keepdim=*/true) : scores;
+  auto balance = aux_coef_ * static_cast<double>(E) * (f * share.mean(0)).sum();
   auto z = z_coef_ * at::logsumexp(logits, -1).pow(2).mean();
   r.aux_loss = balance + z;
 

@@ -1,25 +1,30 @@
-// Mixture-of-experts feed-forward (model.ffn = moe; papers.md §5): Switch top-1 / GShard top-2.
+// Mixture-of-experts feed-forward (model.ffn = moe; papers.md §5): top-k of E experts (Switch
+// top-1, GShard top-2, any k <= E), capacity or dropless routing.
 //
 // For N = B*T tokens x [N, C] and E experts:
 //   logits = x W_r^T in float32 (router Linear "router", no bias, autocast off)     [N, E]
-//   p = softmax(logits); (g, e) = top-k(p)                                          [N, k]
-//   top-1 (Switch): gate g1;  top-2 (GShard): gates g1/(g1+g2), g2/(g1+g2)
-//   capacity = ceil(k * N / E * capacity_factor)
-//   slots by priority: every token's first choice, in token order, then every second choice;
+//   scores s = softmax(logits) (model.moe_score = softmax) or sigmoid(logits) (DeepSeek-V3)
+//   (g, e) = top-k(s)                                                                [N, k]
+//   gates: k = 1: g1; k > 1: g_i / Σ_j g_j
+//   capacity = ceil(k * N / E * capacity_factor), or with capacity_factor = 0 (dropless) the
+//     busiest expert's count (read on the host: the one sync of a dropless layer)
+//   slots by priority: every token's first choice, in token order, then every second choice, ...;
 //   a choice whose slot is >= capacity is dropped (gate 0; the block's residual carries the token).
 //   dispatch: buffer[e, slot] = x[token]                                            [E, cap, C]
 //   experts:  out = gelu_tanh(buffer @ w_fc + b_fc) @ w_proj + b_proj               [E, cap, C]
 //   combine:  y[token] += gate * out[e, slot]                                       [N, C]
 // Expert weights are stacked ([E, ...]) so that expert parallelism can shard them along E and put
 // an all-to-all between dispatch/experts/combine, which are separate steps for that reason. The
-// step between them is replaceable from outside (set_expert_step): expert parallelism installs one
-// that sends each expert's slots to the rank holding it, runs that rank's experts through the
+// step between them is replaceable from outside (set_expert_step): expert parallelism
+// (parallel/expert/expert_parallel.h) installs one that sends each expert's slots to the rank
+// holding it, runs that rank's experts (w_fc etc. then hold only those, [E/ep, ...]) through the
 // function it is given, and returns the outputs to their tokens; an empty step runs experts()
 // here. The model never communicates.
 //
 // Auxiliary losses (float32 scalars, summed into MoEOutput::aux_loss):
 //   load balance (Switch): aux_coef * E * Σ_e f_e P_e, f_e = fraction of tokens whose top-1 choice
-//     is e (before dropping, no gradient), P_e = mean router probability of e;
+//     is e (before dropping, no gradient), P_e = mean over tokens of s_e / Σ_e' s_e' (the softmax
+//     probability itself);
 //   router z-loss: z_coef * mean_n(logsumexp(logits_n)^2).
 #pragma once
 
@@ -84,13 +89,15 @@ class MoEImpl : public torch::nn::Module {
 
  private:
   int64_t n_experts_, top_k_;
+  bool sigmoid_;
   double capacity_factor_, aux_coef_, z_coef_, residual_std_;
   ExpertStep expert_step_;
   MoEStats stats_;
 };
 TORCH_MODULE(MoE);
 
-// Expert capacity for `tokens` tokens: ceil(top_k * tokens / experts * capacity_factor).
+// Expert capacity for `tokens` tokens: ceil(top_k * tokens / experts * capacity_factor) (a
+// positive factor; dropless routing sizes the buffer by the routed counts instead).
 int64_t expert_capacity(int64_t tokens, int64_t experts, int64_t top_k, double capacity_factor);
 
 }  // namespace tessera

@@ -15,6 +15,7 @@
 #include "model/hf_names.h"
 #include "model/init.h"
 #include "parallel/data/data_parallel.h"
+#include "parallel/expert/expert_parallel.h"
 #include "parallel/local_optimizer.h"
 #include "parallel/pipeline_step.h"
 #include "parallel/plain_step.h"
@@ -44,9 +45,7 @@ void check_parallel_layout(const Config& config, const ParallelDims& d) {
 }
 
 void check_layout_options(const Config& config, const ParallelDims& d) {
-  require(d.ep() == 1, "parallel.ep = ", d.ep(),
-          ": this build runs data, tensor, sequence and pipeline parallelism; expert parallelism is not implemented "
-          "yet");
+  check_expert_parallel(config, d);
   make_layout(config, d);  // the cut (no stage without a block) and the schedule for the step's micro-batches
   if (config.precision.dtype == "fp16") {
     require(d.dp() * d.sp() * d.tp() == 1, "precision.dtype = \"fp16\" with ", d.describe(),
@@ -113,8 +112,7 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
   }
   // 3. Pipeline stages: each rank built its stages of the layout's cut (train/train_step.h); the
   // clipping norm is summed over the stages, the last stage's copy of the tied embedding counted
-  // zero times (its gradient equals the first stage's once summed). Expert parallelism: refused
-  // until built.
+  // zero times (its gradient equals the first stage's once summed).
   if (layout_.pipelined()) {
     pp_ = &mesh_->group("pp");
     norm.groups.push_back(pp_);
@@ -122,7 +120,12 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
       for (const auto& [name, spec] : model_->parameter_specs())
         if (spec.tied) norm.weight[name] = 0.0;
   }
-  placement_ = std::make_unique<ParameterPlacement>(model_, layout_, tp_, pp_);
+  // 3b. Expert parallelism: this rank's experts, tokens dispatched to theirs.
+  if (dims && dims->ep() > 1) {
+    ep_ = &mesh_->group("ep");
+    apply_expert_parallel(model_, *ep_);
+  }
+  placement_ = std::make_unique<ParameterPlacement>(model_, layout_, tp_, pp_, ep_);
   // The parameters, this rank's parts only, on their device (in host memory under memory.swap);
   // under ZeRO-3 DataParallel materialises them unit by unit, already sharded (step 5).
   const InitialValues initial = initial_values(at::TensorOptions()
@@ -237,41 +240,53 @@ NamedTensors ParallelModel::model_state() {
   return out;
 }
 
-std::vector<int64_t> ParallelModel::writers(const std::vector<std::pair<int64_t, int64_t>>& pieces) const {
-  // The ranks holding this stage (every rank without pp) and their tensor-parallel coordinates.
-  std::vector<std::pair<int64_t, int64_t>> ranks;
-  if (!mesh_) ranks.emplace_back(0, 0);
+void ParallelModel::add_pieces(std::vector<Piece>& pieces, const Region& region, comm::Group* over) {
+  for (int64_t r = 0; r < (over ? over->size() : 1); ++r) pieces.push_back({region.part_numel(), over, over ? r : -1});
+}
+
+bool ParallelModel::holds(const Piece& piece) const {
+  return !piece.over || piece.over->rank() == piece.index;
+}
+
+std::vector<int64_t> ParallelModel::writers(const std::vector<Piece>& pieces) const {
+  // The ranks holding this stage (every rank without pp) and their coordinates in tp and ep.
+  struct Holder {
+    int64_t rank, tp, ep;
+  };
+  std::vector<Holder> ranks;
+  if (!mesh_) ranks.push_back({0, 0, 0});
   else
-    for (int64_t r = 0; r < mesh_->world_size(); ++r)
-      if (mesh_->dims().coord(r).pp == mesh_->coord().pp) ranks.emplace_back(r, mesh_->dims().coord(r).tp);
+    for (int64_t r = 0; r < mesh_->world_size(); ++r) {
+      const MeshCoord c = mesh_->dims().coord(r);
+      if (c.pp == mesh_->coord().pp) ranks.push_back({r, c.tp, c.dp % mesh_->dims().ep()});
+    }
   std::vector<int64_t> load(ranks.size(), 0), out;
-  for (const auto& [numel, tp_rank] : pieces) {
+  for (const Piece& piece : pieces) {
     size_t least = ranks.size();
-    for (size_t i = 0; i < ranks.size(); ++i)
-      if ((tp_rank < 0 || ranks[i].second == tp_rank) && (least == ranks.size() || load[i] < load[least])) least = i;
-    load[least] += numel;
-    out.push_back(ranks[least].first);
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      const int64_t coordinate = piece.over == tp_ ? ranks[i].tp : ranks[i].ep;
+      if ((!piece.over || coordinate == piece.index) && (least == ranks.size() || load[i] < load[least])) least = i;
+    }
+    load[least] += piece.numel;
+    out.push_back(ranks[least].rank);
   }
   return out;
 }
 
 std::vector<TensorSlice> ParallelModel::model_state_shard() {
-  // Each written tensor whole, or under tp each rank's part, to one of the ranks holding it.
-  const int64_t tp = tp_ ? tp_->size() : 1, me = mesh_ ? mesh_->rank() : 0;
-  std::vector<std::pair<int64_t, int64_t>> pieces;
-  std::vector<std::pair<std::string, int64_t>> which;  // (parameter, tp rank or -1)
+  // Each written tensor whole, or under tp and ep each rank's part, to one of the ranks holding it.
+  const int64_t me = mesh_ ? mesh_->rank() : 0;
+  std::vector<Piece> pieces;
+  std::vector<std::string> which;  // per piece, its parameter
   for (const auto& item : model_->named_parameters()) {
     if (!placement_->writes(item.key())) continue;
-    const bool split = placement_->split_over_tp(item.key());
-    for (int64_t r = 0; r < (split ? tp : 1); ++r) {
-      pieces.emplace_back(placement_->part_region(item.key()).part_numel(), split ? r : -1);
-      which.emplace_back(item.key(), split ? r : -1);
-    }
+    add_pieces(pieces, placement_->part_region(item.key()), placement_->split_group(item.key()));
+    which.resize(pieces.size(), item.key());
   }
   const std::vector<int64_t> writer = writers(pieces);
   std::set<std::string> mine;
   for (size_t i = 0; i < which.size(); ++i)
-    if (writer[i] == me && (which[i].second < 0 || which[i].second == tp_rank_)) mine.insert(which[i].first);
+    if (writer[i] == me && holds(pieces[i])) mine.insert(which[i]);
   auto params = model_->named_parameters();
   std::vector<TensorSlice> out;
   at::NoGradGuard no_grad;
@@ -346,9 +361,9 @@ void ParallelModel::load_training_state(const std::map<std::string, at::Tensor>&
 
 OptimizerRanges ParallelModel::training_state_ranges() const {
   OptimizerRanges own = owner_->training_state_ranges();
-  if (!tp_) return own;
-  // Under tp each split state tensor's part of the whole: the owner's ZeRO ranges of it, or (an
-  // owner holding its state whole) all of it.
+  if (!tp_ && !ep_) return own;
+  // Under tp or ep each split state tensor's part of the whole: the owner's ZeRO ranges of it, or
+  // (an owner holding its state whole) all of it.
   if (own.empty())
     for (const auto& [name, t] : owner_->training_state()) own[name] = Region::whole(t.sizes().vec());
   OptimizerRanges out;
@@ -370,33 +385,37 @@ std::vector<TensorSlice> ParallelModel::training_state_slices() {
     std::vector<TensorSlice> out;
     for (TensorSlice& slice : *own) {
       if (!written(slice.name)) continue;
+      // A tensor the same on every tp rank is written by tp rank 0, and an expert's tensor that is
+      // not split (its step, a scalar) by ep rank 0.
+      comm::Group* const cut = placement_->state_split_group(slice.name, slice.region.shape);
+      const std::string param = placement_->parameter_of(slice.name);
+      if (cut != tp_ && tp_rank_ != 0) continue;
+      if (ep_ && cut != ep_ && !param.empty() && placement_->split_group(param) == ep_ && ep_->rank() != 0) continue;
       const Region region = placement_->state_region(slice.name, slice.region.shape);
       if (region.is_split()) slice.region = region.sub(slice.region.begin, slice.region.end);
-      else if (tp_rank_ != 0) continue;
       out.push_back(std::move(slice));
     }
     return out;
   }
   // Otherwise the owner's state, whole over the data replicas (a collective where it is sharded):
-  // each tensor, or under tp each rank's part of a split one, written by one rank holding it.
+  // each tensor, or under tp or ep each rank's part of a split one, written by one rank holding it.
   NamedTensors local = owner_->training_state();
   local.erase(std::remove_if(local.begin(), local.end(), [&](const auto& item) { return !written(item.first); }),
               local.end());
-  const int64_t tp = tp_ ? tp_->size() : 1, me = mesh_ ? mesh_->rank() : 0;
-  std::vector<std::pair<int64_t, int64_t>> pieces;
-  std::vector<std::pair<size_t, int64_t>> which;  // (index in local, tp rank or -1)
+  const int64_t me = mesh_ ? mesh_->rank() : 0;
+  std::vector<Piece> pieces;
+  std::vector<size_t> which;  // per piece, its index in local
   for (size_t i = 0; i < local.size(); ++i) {
-    const Region region = placement_->state_region(local[i].first, local[i].second.sizes().vec());
-    for (int64_t r = 0; r < (region.is_split() ? tp : 1); ++r) {
-      pieces.emplace_back(region.numel(), region.is_split() ? r : -1);
-      which.emplace_back(i, region.is_split() ? r : -1);
-    }
+    const std::vector<int64_t> shape = local[i].second.sizes().vec();
+    add_pieces(pieces, placement_->state_region(local[i].first, shape),
+               placement_->state_split_group(local[i].first, shape));
+    which.resize(pieces.size(), i);
   }
   const std::vector<int64_t> writer = writers(pieces);
   std::vector<TensorSlice> mine;
   for (size_t k = 0; k < which.size(); ++k) {
-    if (writer[k] != me || (which[k].second >= 0 && which[k].second != tp_rank_)) continue;
-    const auto& [name, t] = local[which[k].first];
+    if (writer[k] != me || !holds(pieces[k])) continue;
+    const auto& [name, t] = local[which[k]];
     mine.push_back({name, t, placement_->state_region(name, t.sizes().vec())});
   }
   return mine;

@@ -20,7 +20,10 @@
 //      pipeline step runner (parallel/pipeline_step.h), whose stages may be split over tp (and
 //      Megatron-SP) and sp as above. With dp or sp the owner below is DataParallel over the
 //      stage's replicas (ZeRO 0-3, stage 3 gathering the stage once per pass; the tied embedding a
-//      unit of its own). Expert parallelism (parallel.ep): refused until built;
+//      unit of its own);
+//   3b. expert parallelism (parallel.ep): each MoE layer keeps its rank's experts (on the meta
+//      device) and dispatches tokens to the ranks holding theirs (parallel/expert/expert_parallel.h);
+//      DataParallel reduces the expert gradients over the expert-data-parallel group;
 //   then the parameters materialised: this rank's parts only (materialize() below), or under
 //   ZeRO-3 by DataParallel one unit at a time, sharded as it goes;
 //   4. activation checkpointing (memory.activation_checkpointing), inside every block;
@@ -42,7 +45,7 @@
 // owner, this rank's share of the data (sequence chunk, data-parallel rows), and the model and
 // optimizer state in a form independent of the layout (whole tensors under the model's own names,
 // for checkpoints that load at any layout), each turned whole or cut to this rank's part by the one
-// routine in parallel/parameter_placement.h (tp and pp) and the owner (ZeRO). The layout
+// routine in parallel/parameter_placement.h (tp, ep and pp) and the owner (ZeRO). The layout
 // (plan/layout.h) is the caller's, computed once; parallelize() reads it and keeps a copy.
 #pragma once
 
@@ -157,11 +160,22 @@ class ParallelModel {
   TransformerLM model_;
   comm::Mesh* mesh_;
   c10::Device device_;
-  // The writer of each piece of a checkpoint: `pieces` in order, each (elements, the tp rank holding
-  // it, or -1 for any), to the rank holding its stage (and that tp rank) with the fewest elements
-  // so far. The same on every rank.
-  std::vector<int64_t> writers(const std::vector<std::pair<int64_t, int64_t>>& pieces) const;
+  // A piece of a checkpoint: `numel` elements of the part at coordinate `index` of split group
+  // `over` (tp or ep), or of a tensor every rank of the stage holds (`over` null).
+  struct Piece {
+    int64_t numel;
+    comm::Group* over;
+    int64_t index;
+  };
+  // Every part of the tensor of `region` split over `over` (one piece when `over` is null).
+  static void add_pieces(std::vector<Piece>& pieces, const Region& region, comm::Group* over);
+  // The writer of each piece: to the rank holding its stage (and that part) with the fewest
+  // elements so far. The same on every rank.
+  std::vector<int64_t> writers(const std::vector<Piece>& pieces) const;
+  // Whether this rank holds the part of `piece`.
+  bool holds(const Piece& piece) const;
   comm::Group* tp_ = nullptr;        // tp > 1
+  comm::Group* ep_ = nullptr;        // ep > 1: the experts' group
   comm::Group* pp_ = nullptr;        // pp > 1: this rank holds its stages of the cut
   comm::Group* replicas_ = nullptr;  // dp x sp > 1 (or offload): the owner reduces over it
   int64_t sp_ = 1, sp_rank_ = 0;

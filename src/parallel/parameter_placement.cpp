@@ -1,4 +1,4 @@
-// ParameterPlacement: the whole <-> part routine over tp and pp (parameter_placement.h).
+// ParameterPlacement: the whole <-> part routine over tp, ep and pp (parameter_placement.h).
 #include "parallel/parameter_placement.h"
 
 #include <ATen/ATen.h>
@@ -8,8 +8,8 @@
 namespace tessera {
 
 ParameterPlacement::ParameterPlacement(const TransformerLM& model, const Layout& layout, comm::Group* tp,
-                                       comm::Group* pp)
-    : model_(model), layout_(layout), tp_(tp), pp_(pp) {
+                                       comm::Group* pp, comm::Group* ep)
+    : model_(model), layout_(layout), tp_(tp), pp_(pp), ep_(ep && ep->size() > 1 ? ep : nullptr) {
   // The whole model's declarations and shapes, from a model on the meta device (no memory).
   const TransformerLM whole(model_->options(), ModelStage{}, at::TensorOptions().device(at::kMeta));
   whole_specs_ = whole->parameter_specs();
@@ -19,34 +19,52 @@ ParameterPlacement::ParameterPlacement(const TransformerLM& model, const Layout&
   }
 }
 
-TensorParallelLayout ParameterPlacement::split(const std::string& param) const {
-  return tensor_parallel_layout(model_->parameter_specs().at(param));
+ParameterPlacement::Cut ParameterPlacement::cut(const std::string& param) const {
+  const ParameterSpec& spec = model_->parameter_specs().at(param);
+  if (spec.split == Split::expert) return ep_ ? Cut{{0, 1}, ep_} : Cut{};
+  const TensorParallelLayout layout = tensor_parallel_layout(spec);
+  return tp_ && layout.dim >= 0 ? Cut{layout, tp_} : Cut{};
 }
 
+comm::Group* ParameterPlacement::split_group(const std::string& param) const { return cut(param).group; }
+
 at::Tensor ParameterPlacement::part(const std::string& param, const at::Tensor& whole) const {
-  if (!tp_) return whole;
-  return shard_tensor(whole, split(param), tp_->rank(), tp_->size());
+  const Cut c = cut(param);
+  return c.group ? shard_tensor(whole, c.layout, c.group->rank(), c.group->size()) : whole;
 }
 
 at::Tensor ParameterPlacement::whole(const std::string& param, const at::Tensor& part) const {
-  if (!tp_) return part;
-  return gather_tensor(part.contiguous(), split(param), *tp_);
+  const Cut c = cut(param);
+  return c.group ? gather_tensor(part.contiguous(), c.layout, *c.group) : part;
 }
 
 Region ParameterPlacement::part_region(const std::string& param) const {
-  const ParameterSpec& spec = model_->parameter_specs().at(param);
   const std::vector<int64_t>& shape = whole_shape(param);
-  if (!tp_) return Region::whole(shape);
-  const TensorParallelLayout layout = tensor_parallel_layout(spec);
-  return Region::split(shape, layout.dim, layout.parts, tp_->rank(), tp_->size());
+  const Cut c = cut(param);
+  if (!c.group) return Region::whole(shape);
+  return Region::split(shape, c.layout.dim, c.layout.parts, c.group->rank(), c.group->size());
+}
+
+ParameterPlacement::Cut ParameterPlacement::state_cut(const std::string& state, const std::vector<int64_t>& shape) const {
+  if (shape.empty()) return {};
+  const std::string param = parameter_of(state);
+  if (!model_->parameter_specs().count(param)) return {};
+  const Cut c = cut(param);
+  // A state tensor of another rank than its parameter's (Adafactor's factored rows) is not cut.
+  if (!c.group || static_cast<int64_t>(shape.size()) <= c.layout.dim) return {};
+  return c;
+}
+
+comm::Group* ParameterPlacement::state_split_group(const std::string& state, const std::vector<int64_t>& shape) const {
+  return state_cut(state, shape).group;
 }
 
 Region ParameterPlacement::state_region(const std::string& state, const std::vector<int64_t>& local) const {
-  const auto layout = state_split(state, at::empty(local, at::TensorOptions().device(at::kMeta)));
-  if (!layout) return Region::whole(local);
+  const Cut c = state_cut(state, local);
+  if (!c.group) return Region::whole(local);
   std::vector<int64_t> shape = local;
-  shape[static_cast<size_t>(layout->dim)] *= tp_->size();
-  return Region::split(shape, layout->dim, layout->parts, tp_->rank(), tp_->size());
+  shape[static_cast<size_t>(c.layout.dim)] *= c.group->size();
+  return Region::split(shape, c.layout.dim, c.layout.parts, c.group->rank(), c.group->size());
 }
 
 bool ParameterPlacement::writes(const std::string& param) const {
@@ -63,24 +81,14 @@ std::string ParameterPlacement::parameter_of(const std::string& state) const {
   return "";
 }
 
-std::optional<TensorParallelLayout> ParameterPlacement::state_split(const std::string& state,
-                                                                 const at::Tensor& t) const {
-  if (!tp_ || t.dim() == 0) return std::nullopt;
-  const auto spec = model_->parameter_specs().find(parameter_of(state));
-  if (spec == model_->parameter_specs().end()) return std::nullopt;
-  const TensorParallelLayout layout = tensor_parallel_layout(spec->second);
-  if (layout.dim < 0) return std::nullopt;
-  return layout;
-}
-
 at::Tensor ParameterPlacement::state_part(const std::string& state, const at::Tensor& whole) const {
-  const auto layout = state_split(state, whole);
-  return layout ? shard_tensor(whole, *layout, tp_->rank(), tp_->size()) : whole;
+  const Cut c = state_cut(state, whole.sizes().vec());
+  return c.group ? shard_tensor(whole, c.layout, c.group->rank(), c.group->size()) : whole;
 }
 
 at::Tensor ParameterPlacement::state_whole(const std::string& state, const at::Tensor& part) const {
-  const auto layout = state_split(state, part);
-  return layout ? gather_tensor(part.contiguous(), *layout, *tp_) : part;
+  const Cut c = state_cut(state, part.sizes().vec());
+  return c.group ? gather_tensor(part.contiguous(), c.layout, *c.group) : part;
 }
 
 bool ParameterPlacement::keeps_state(const std::string& state) const {

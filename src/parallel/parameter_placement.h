@@ -5,12 +5,15 @@
 // checkpoints.
 //
 // What decides a placement is declared, never read from a name: each parameter's
-// ParameterSpec (model/parameter_spec.h) gives its tensor-parallel split, its block (hence its
-// pipeline stage, by the layout's cut) and whether it is the tied embedding. The layers:
+// ParameterSpec (model/parameter_spec.h) gives its split, its block (hence its pipeline stage, by
+// the layout's cut) and whether it is the tied embedding. The layers:
 //   tp   part(name, whole) cuts the rank's shard by the declared split; whole(name, part)
 //        all-gathers it back (a collective of tp when split, the tensor itself otherwise);
 //        part_region(name) describes the part as a region of the whole tensor, so a checkpoint
 //        holds and reads parts without gathering them;
+//   ep   the same for the stacked expert weights (Split::expert): dim 0 cut over the ep group
+//        (parallel/expert/expert_parallel.h); a parameter is split over one group at most
+//        (split_group(): tp, ep, or none);
 //   pp   holder(name) is the pipeline rank holding a parameter of the whole model (the tied
 //        embedding: the first stage's), writes(name) whether this rank writes it (not the last
 //        stage's copy of the tied embedding), over_stages() assembles the whole model's tensors
@@ -22,7 +25,8 @@
 // "scaler.*", a step counter kept as a scalar) belong to no parameter and are replicated.
 //
 // Invariants: a ParameterPlacement is made once per ParallelModel from the rank's model (built for
-// its stages) and the layout, and never changes; every rank of a tp group holds the same names.
+// its stages) and the layout, and never changes; every rank of a tp or ep group holds the same
+// names.
 #pragma once
 
 #include <cstdint>
@@ -44,24 +48,27 @@ namespace tessera {
 
 class ParameterPlacement {
  public:
-  // `model`: this rank's (its stages); `tp`, `pp`: its groups, or null without that parallelism.
-  ParameterPlacement(const TransformerLM& model, const Layout& layout, comm::Group* tp, comm::Group* pp);
+  // `model`: this rank's (its stages); `tp`, `pp`, `ep`: its groups, or null without that
+  // parallelism.
+  ParameterPlacement(const TransformerLM& model, const Layout& layout, comm::Group* tp, comm::Group* pp,
+                     comm::Group* ep = nullptr);
 
   // Parameters of this rank's model.
-  TensorParallelLayout split(const std::string& param) const;
-  bool split_over_tp(const std::string& param) const { return tp_ && split(param).dim >= 0; }
+  // The group its parameter is split over (tp or ep), or null when this rank holds it whole.
+  comm::Group* split_group(const std::string& param) const;
   at::Tensor part(const std::string& param, const at::Tensor& whole) const;
   at::Tensor whole(const std::string& param, const at::Tensor& part) const;
   bool writes(const std::string& param) const;
-  // The region (checkpoint/region.h) of the whole parameter this rank's part is: its tensor-parallel
-  // chunk when split, the whole tensor otherwise. A checkpoint writes and reads parts by it.
+  // The region (checkpoint/region.h) of the whole parameter this rank's part is: its tensor- or
+  // expert-parallel chunk when split, the whole tensor otherwise. A checkpoint writes and reads
+  // parts by it.
   Region part_region(const std::string& param) const;
 
   // State tensors ("optim.<param>.<slot>", "master.<param>", or none).
   std::string parameter_of(const std::string& state) const;
-  // The split of state tensor `state` of `t`'s shape: its parameter's, or none (replicated, a
-  // scalar, or no tensor parallelism).
-  std::optional<TensorParallelLayout> state_split(const std::string& state, const at::Tensor& t) const;
+  // The group state tensor `state` (of its parameter's part's shape) is split over: its
+  // parameter's, or null (replicated, a scalar, or no parameter).
+  comm::Group* state_split_group(const std::string& state, const std::vector<int64_t>& shape) const;
   at::Tensor state_part(const std::string& state, const at::Tensor& whole) const;
   at::Tensor state_whole(const std::string& state, const at::Tensor& part) const;
   // The region of the whole state tensor that this rank's `state`, of shape `local`, is (its
@@ -82,10 +89,20 @@ class ParameterPlacement {
   NamedTensors over_stages(const std::function<at::Tensor(const std::string& param)>& mine) const;
 
  private:
+  // How a parameter is cut: along `layout` over `group`, or not (group null).
+  struct Cut {
+    TensorParallelLayout layout;
+    comm::Group* group = nullptr;
+  };
+  Cut cut(const std::string& param) const;
+  // The cut of state tensor `state` of `shape`: its parameter's, or none.
+  Cut state_cut(const std::string& state, const std::vector<int64_t>& shape) const;
+
   TransformerLM model_;
   const Layout& layout_;
   comm::Group* tp_;
   comm::Group* pp_;
+  comm::Group* ep_;
   std::map<std::string, ParameterSpec> whole_specs_;  // the whole model's, for holder()
   std::vector<std::pair<std::string, std::vector<int64_t>>> whole_shapes_;  // in the whole model's order
   std::map<std::string, size_t> position_;                                  // in whole_shapes_

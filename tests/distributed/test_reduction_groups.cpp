@@ -1,7 +1,7 @@
 // Reduction groups per parameter (parallel/data/data_parallel.h): with an expert-data-parallel
-// group, DataParallel averages each expert gradient over that group only and every other
-// gradient over all data-parallel ranks, at every ZeRO stage, and the clipping norm counts each
-// group's gradients once.
+// group, DataParallel sums each expert gradient over that group only and every other gradient
+// over all data-parallel ranks, divides both by the number of data replicas, at every ZeRO stage,
+// and the clipping norm counts each group's gradients once.
 //
 // Four ranks, dp = 4, ep = 2: the edp groups are {0, 2} and {1, 3}. Expert parallelism itself is
 // not applied (every rank holds every expert), so the two edp groups stand for the two ep ranks'
@@ -58,7 +58,7 @@ void expect_close(const at::Tensor& got, const at::Tensor& want, const std::stri
   EXPECT_LE((got - want).abs().max().item<double>(), 1e-6 * scale) << what;
 }
 
-TEST(ReductionGroups, ExpertGradientsAveragedOverTheirGroupAtEveryStage) {
+TEST(ReductionGroups, ExpertGradientsSummedOverTheirGroupAtEveryStage) {
   test::Ranks ranks(4);
   if (!ranks.is_worker()) return ranks.expect_success();
   ParallelOptions layout;
@@ -82,10 +82,12 @@ TEST(ReductionGroups, ExpertGradientsAveragedOverTheirGroupAtEveryStage) {
     }
   }
   const TransformerLM names = fresh_model();
+  // Summed over `over`, divided by the 4 data replicas (with expert parallelism an expert's
+  // gradient would carry its ep group's tokens already).
   auto mean_over = [&](const std::string& name, const std::vector<int64_t>& over) {
     at::Tensor sum = at::zeros_like(local.at(name)[0]);
     for (int64_t r : over) sum += local.at(name)[static_cast<size_t>(r)];
-    return sum / static_cast<double>(over.size());
+    return sum / 4.0;
   };
   // The norm expected from every rank: dense gradients once, each edp group's experts once.
   double squares = 0;

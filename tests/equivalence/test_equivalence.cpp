@@ -217,6 +217,40 @@ const std::vector<Row>& layouts() {
          c.parallel.zero_stage = 3;
          c.train.grad_accum = 2;
        }},
+      {"dp2_ep2_moe_top2_sgd", 2,
+       [](Config& c) {
+         sgd(c);
+         c.model.ffn = "moe";
+         c.model.moe_top_k = 2;
+         c.parallel.ep = 2;
+       }},
+      {"dp4_ep4_moe_top4_of_8_dropless_zero1", 4,
+       [](Config& c) {
+         c.model.ffn = "moe";
+         c.model.moe_experts = 8;
+         c.model.moe_top_k = 4;
+         c.model.moe_capacity_factor = 0;
+         c.parallel.ep = 4;
+         c.parallel.zero_stage = 1;
+       }},
+      {"dp4_ep2_moe_sigmoid_zero3_sgd_accum2", 4,
+       [](Config& c) {
+         sgd(c);
+         c.model.ffn = "moe";
+         c.model.moe_score = "sigmoid";
+         c.model.moe_top_k = 2;
+         c.parallel.ep = 2;
+         c.parallel.zero_stage = 3;
+         c.train.grad_accum = 2;
+       }},
+      {"dp2_ep2_moe_capacity_drops_zero2_full_checkpointing", 2,
+       [](Config& c) {
+         c.model.ffn = "moe";
+         c.model.moe_capacity_factor = 0.5;  // half the choices cannot fit: the same ones drop
+         c.parallel.ep = 2;
+         c.parallel.zero_stage = 2;
+         c.memory.activation_checkpointing = "full";
+       }},
       {"dp2_fp16_compression", 2, [](Config& c) { c.parallel.grad_compression = "fp16"; }, &kFp16Compressed},
       {"dp2_adafactor", 2, [](Config& c) { c.optim.name = "adafactor"; }},
       {"dp2_linear_selective_checkpointing", 2,

@@ -411,7 +411,7 @@ void DataParallel::Impl::collect(PendingScatter& pending) {
 }
 
 void DataParallel::Impl::finalize(size_t unit) {
-  const int64_t n = units[unit].group().size();
+  const int64_t n = dp.size();  // the data replicas, whatever the unit's group (data_parallel.h)
   if (n > 1) grad_shards[unit].div_(static_cast<double>(n));
   if (offload) offload->grads_to_host(unit);
   finalized[unit] = 1;
@@ -428,7 +428,7 @@ void DataParallel::finish_gradients() {
       s.buckets[b].work.wait();
       s.buckets[b].work = comm::Work();
       if (s.compressor) continue;  // the compressor's result is already the mean
-      const int64_t n = s.group(s.buckets[b].group).size();
+      const int64_t n = s.dp.size();  // the data replicas, whatever the bucket's group (data_parallel.h)
       if (n > 1) s.buckets[b].grad.div_(static_cast<double>(n));
       if (s.offload) s.offload->grads_to_host(b);
     }

@@ -48,11 +48,16 @@
 // (flat_unit.h). At stages 1-3 the model's parameters become views of their unit's flat buffer.
 //
 // Reduction groups (ReductionGroups below; each parameter's is declared, model/parameter_spec.h):
-// a parameter's gradient is averaged over its group only, its bucket or unit holds parameters of
+// a parameter's gradient is summed over its group only, its bucket or unit holds parameters of
 // that group only (a block with experts has two units), and its shard is 1/|group| of it. N above
 // is the parameter's group's size: every replica ("data") or, for experts, the replicas holding
-// the same experts ("expert_data", dp / ep of them). The ranks outside a parameter's group hold
-// different parameters (other experts), so the clipping norm sums every rank's share over `data`.
+// the same experts ("expert_data", dp / ep of them). The sum is divided by the number of data
+// replicas (|data|) for every group: under expert parallelism an expert's gradient arrives
+// already summed over the tokens of its ep group's ranks (the dispatch all-to-all's backward,
+// parallel/expert/expert_parallel.h), so the sum over its edp replicas covers every replica's
+// tokens once, and dividing by |data| gives the one-process mean. The ranks outside a parameter's
+// group hold different parameters (other experts), so the clipping norm sums every rank's share
+// over `data`.
 // The constructor broadcasts each parameter from its group's first rank (a materialised model).
 //
 // Details the stages above leave open:

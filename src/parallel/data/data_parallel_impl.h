@@ -108,11 +108,6 @@ struct DataParallel::Impl {
   std::vector<size_t> parts_of(const ModelStage& stage) const;
   // The reductions that belong to blocks after `layer` (stages 2-3 launch them in that order first).
   size_t reductions_after_block(int64_t layer) const;
-  // Refuses `what` with an expert-data group: whole optimizer state under the model's names cannot
-  // tell the experts of different ep ranks apart (expert parallelism names them).
-  void require_one_group(const char* what) const {
-    require(groups.size() == 1, "internal: ", what, " with an expert-data-parallel group is expert parallelism's work");
-  }
   // Stages 1-3: every parameter (in registration order) with the range of its flattened elements
   // this rank owns (begin == end: none), and its shape.
   std::vector<std::pair<std::string, OptimizerRange>> owned_ranges() const;

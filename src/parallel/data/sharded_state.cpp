@@ -4,7 +4,10 @@
 // At stages 1-3 each rank's optimizer holds one slice per parameter part it owns; the whole
 // tensor of an elementwise slot is all-gathered unit by unit in the flat layout (flat_unit.h) and
 // cut back into parameter shapes, and loading takes each rank's slices of the whole tensors. A
-// sharded checkpoint needs no gathering: each rank writes the slices it owns.
+// sharded checkpoint needs no gathering: each rank writes the slices it owns (at stage 0 an even
+// slice of each tensor over its parameter's reduction group). "Whole" is over the reduction
+// groups: under expert parallelism an expert's state is this rank's experts' (the caller joins
+// the ep parts, parallel/parameter_placement.h).
 #include <set>
 
 #include <ATen/ATen.h>
@@ -24,7 +27,6 @@ const std::string kStepSlot = "step";
 
 NamedParams DataParallel::full_optimizer_state() {
   Impl& s = *impl_;
-  s.require_one_group("the whole optimizer state");
   if (s.stage == 0) return s.optimizer->state();
   std::map<std::string, at::Tensor> mine;
   for (auto& [name, t] : s.optimizer->state()) mine[name] = t;
@@ -84,8 +86,18 @@ OptimizerRanges DataParallel::optimizer_state_ranges() const {
 
 std::vector<TensorSlice> DataParallel::optimizer_state_slices() const {
   const Impl& s = *impl_;
-  s.require_one_group("a sharded checkpoint of the optimizer state");
-  if (s.stage == 0) return even_slices(s.optimizer->state(), s.dp.rank(), s.dp.size());
+  if (s.stage == 0) {
+    // Each tensor in even slices over the replicas holding it: its parameter's reduction group.
+    std::map<std::string, size_t> group_of;
+    for (size_t i = 0; i < s.params.size(); ++i) group_of[s.params[i].first] = s.group_of[i];
+    std::vector<TensorSlice> out;
+    for (auto& [name, t] : s.optimizer->state()) {
+      const auto param = group_of.find(name.substr(0, name.rfind('.')));
+      const comm::Group& g = s.group(param == group_of.end() ? 0 : param->second);
+      for (TensorSlice& slice : even_slices({{name, t}}, g.rank(), g.size())) out.push_back(std::move(slice));
+    }
+    return out;
+  }
   std::map<std::string, at::Tensor> mine;
   for (const auto& [name, t] : s.optimizer->state()) mine[name] = t;
   std::vector<TensorSlice> out;

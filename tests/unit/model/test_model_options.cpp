@@ -92,11 +92,12 @@ TEST(ModelOptions, ChecksNameTheKey) {
   expect_key([](ModelOptions& o) { o.n_embd = 130; }, "model.n_embd");
   expect_key([](ModelOptions& o) { o.arch = "rnn"; }, "model.arch");
   expect_key([](ModelOptions& o) { o.ffn = "sparse"; }, "model.ffn");
-  expect_key([](ModelOptions& o) { o.moe_top_k = 3; }, "model.moe_top_k");
+  expect_key([](ModelOptions& o) { o.moe_top_k = 5; }, "model.moe_top_k");  // of 4 experts
+  expect_key([](ModelOptions& o) { o.moe_score = "tanh"; }, "model.moe_score");
   expect_key([](ModelOptions& o) { o.moe_experts = 1; o.moe_top_k = 2; }, "model.moe_top_k");
   expect_key([](ModelOptions& o) { o.dropout = 1.0; }, "model.dropout");
   expect_key([](ModelOptions& o) { o.linear_chunk = 0; }, "model.linear_chunk");
-  expect_key([](ModelOptions& o) { o.moe_capacity_factor = 0; }, "model.moe_capacity_factor");
+  expect_key([](ModelOptions& o) { o.moe_capacity_factor = -1; }, "model.moe_capacity_factor");
   expect_key([](ModelOptions& o) { o.preset = "nope"; }, "model.preset");
   EXPECT_NO_THROW(ModelOptions().check("cfg.toml"));
 }

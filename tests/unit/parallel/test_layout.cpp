@@ -157,9 +157,23 @@ TEST(LayoutCheck, DataParallelAndUnbuiltDegreesNameTheirKeys) {
   c.precision.dtype = "fp32";
   c.parallel.pp = 3;
   EXPECT_TRUE(refused(c, 3, {"3 pipeline stages", "model.n_layer = 2"}));
+  // Expert parallelism: refused by key before launch.
   c = tiny();
   c.parallel.ep = 2;
-  EXPECT_TRUE(refused(c, 2, {"parallel.ep = 2", "not implemented"}));
+  EXPECT_TRUE(refused(c, 2, {"parallel.ep = 2 with model.ffn = dense"}));
+  c.model.ffn = "moe";
+  c.model.moe_experts = 3;
+  EXPECT_TRUE(refused(c, 2, {"parallel.ep = 2 does not divide model.moe_experts = 3"}));
+  c.model.moe_experts = 4;
+  EXPECT_TRUE(refused(c, 3, {"parallel.ep = 2 must divide the data-parallel degree 3"}));
+  c.parallel.grad_compression = "fp16";
+  EXPECT_TRUE(refused(c, 2, {"parallel.grad_compression = fp16 with parallel.ep = 2"}));
+  c.parallel.grad_compression = "none";
+  c.memory.swap = true;
+  EXPECT_TRUE(refused(c, 2, {"memory.swap = true with parallel.ep = 2"}));
+  c.memory.swap = false;
+  c.parallel.tp = 2;
+  EXPECT_TRUE(refused(c, 4, {"model.ffn = moe"}));
 }
 
 }  // namespace

@@ -1,0 +1,46 @@
+// Expert parallelism (parallel.ep): each MoE layer's experts split over the ranks of an "ep" group
+// (ep consecutive data-parallel coordinates, core/parallel_dims.h), tokens carried to their experts
+// and back by all-to-all (GShard; Megatron-Core's all-to-all dispatcher).
+//
+// Rank j of the group holds experts [j E/ep, (j+1) E/ep) of every MoE layer: its part of the
+// stacked expert weights (Split::expert, dim 0; ParameterPlacement cuts and joins it). Each rank
+// routes its own tokens over all E experts exactly as one process would (model/moe.h: this rank's
+// buffer [E, cap, C], cap its capacity), then the layer's expert step (MoEImpl::set_expert_step):
+//   dispatch  one all-to-all with variable splits: the buffer's rows of rank j's experts,
+//             [E/ep, cap, C], go to rank j; rank j receives [E/ep, cap_i, C] from each rank i and
+//             runs its experts once on [E/ep, Σ_i cap_i, C] (the sources side by side per expert);
+//   combine   the inverse all-to-all returns each source's outputs to it, [E, cap, C], and the
+//             model weights them by the gates.
+// The ranks' caps travel first (an all-gather of one integer): with capacity routing they are
+// equal (same micro-batch shape), with dropless routing (model.moe_capacity_factor = 0) each is its
+// busiest expert's count. A rank whose tokens all go elsewhere, or to which none come, sends or
+// receives zero rows; its experts still run (on no rows) and get a zero gradient.
+//
+// Both all-to-alls are one autograd function whose backward is the inverse all-to-all of the
+// gradient, keeping only the row counts (no tensors): an expert's gradient on rank j sums the
+// contributions of every token of its ep group that chose it. DataParallel then sums it over the
+// expert's replicas (the "edp" group) and divides by the number of data replicas, which makes it
+// the one-process mean (parallel/data/data_parallel.h).
+//
+// Invariants: every rank of an ep group runs the same MoE layers in the same order (forward,
+// recomputation under activation checkpointing, backward): the collectives need it, and every
+// layout that trains replicas of one schedule does so. The all-to-alls run on the "ep" group,
+// which comm::Mesh shares with no other dimension, so they never queue behind gradient buckets.
+#pragma once
+
+#include "comm/group.h"
+#include "core/config.h"
+#include "core/parallel_dims.h"
+#include "model/transformer.h"
+
+namespace tessera {
+
+// Refuses, naming the keys, what expert parallelism cannot run: ep > 1 without MoE layers, ep not
+// dividing model.moe_experts, and the combinations not built.
+void check_expert_parallel(const Config& config, const ParallelDims& dims);
+
+// Keeps this rank's experts of every MoE layer of `model` (on the meta device: the parameters are
+// materialised later, by their placement) and installs the dispatching expert step over `ep`.
+void apply_expert_parallel(TransformerLM& model, comm::Group& ep);
+
+}  // namespace tessera
