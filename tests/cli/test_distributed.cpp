@@ -691,6 +691,39 @@ TEST(DistributedTrain, TensorParallelMatchesOneProcessAndResumesAtAnyTp) {
   expect_same_losses(losses(lin_tp), losses(lin_one), 1e-4, "linear attention tp=2, Megatron SP");
 }
 
+// Expert parallelism inside training, and its checkpoints at any ep: four experts, top-2, trained
+// at ep = 4 (dp 4, ZeRO-1) give one process's losses and gradient norms over the same micro-batches
+// (batch 2, four per step); the ep = 4 checkpoint holds each rank's experts as parts of the stacked
+// tensors (nothing gathered) and resumes at ep = 2 (dp 2, two micro-batches each, ZeRO-3) and on one
+// process, optimizer state included, continuing the uninterrupted run.
+TEST(DistributedTrain, ExpertParallelMatchesOneProcessAndResumesAtAnyEp) {
+  const std::string one = fresh_dir("ep_one"), ep4 = fresh_dir("ep_four"), at_ep2 = fresh_dir("ep_at_two"),
+                    at_one = fresh_dir("ep_at_one");
+  const std::string moe = " --set model.ffn=moe --set model.moe_experts=4 --set model.moe_top_k=2";
+  auto r1 = run_tessera("train --config tiny_gpt" + moe + settings(2, 6) + " --set train.grad_accum=4 --out " + one);
+  ASSERT_EQ(r1.exit_code, 0) << r1.output;
+  auto r2 = run_tessera("train --config tiny_gpt --nproc 4 --set parallel.ep=4 --set parallel.zero_stage=1" + moe +
+                        settings(2, 6) + " --set checkpoint.every=3 --set checkpoint.keep=0 --out " + ep4);
+  ASSERT_EQ(r2.exit_code, 0) << r2.output;
+  const auto index = nlohmann::json::parse(read_file(ep4 + "/checkpoints/step_3/model.safetensors.index.json"));
+  EXPECT_EQ(index["part_map"]["model.h.0.moe.w_fc"].size(), 4u) << index.dump();
+  auto r3 = run_tessera("train --resume " + ep4 + "/checkpoints/step_3 --nproc 2 --set parallel.ep=2"
+                        " --set parallel.zero_stage=3 --set train.grad_accum=2 --out " + at_ep2);
+  ASSERT_EQ(r3.exit_code, 0) << r3.output;
+  auto r4 = run_tessera("train --resume " + ep4 + "/checkpoints/step_3 --nproc 1 --set parallel.ep=1"
+                        " --set parallel.zero_stage=0 --set train.grad_accum=4 --out " + at_one);
+  ASSERT_EQ(r4.exit_code, 0) << r4.output;
+  const auto expected = losses(one), expected_norms = grad_norms(one);
+  expect_same_losses(losses(ep4), expected, 1e-4, "ep=4");
+  expect_same_losses(grad_norms(ep4), expected_norms, 1e-4, "ep=4: gradient norm");
+  for (const auto& [run, what] : {std::pair{at_ep2, "ep=4 checkpoint resumed at ep=2, ZeRO-3"},
+                                  {at_one, "ep=4 checkpoint resumed on one process"}}) {
+    EXPECT_EQ(losses(run).begin()->first, 4) << what;
+    expect_same_losses(losses(run), expected, 1e-4, what);
+    expect_same_losses(grad_norms(run), expected_norms, 1e-4, std::string(what) + ": gradient norm");
+  }
+}
+
 // --init-from loads the starting weights whatever the layout: each rank reads the tensors (or
 // the shards of them) it keeps, so tp=2 and dp=2 under ZeRO-3 start where one process starts and
 // train alike (losses and gradient norms).

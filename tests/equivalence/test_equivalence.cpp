@@ -251,6 +251,28 @@ const std::vector<Row>& layouts() {
          c.parallel.zero_stage = 2;
          c.memory.activation_checkpointing = "full";
        }},
+      {"dp2_pp2_ep2_moe_top2_1f1b_zero1_accum2", 4,
+       [](Config& c) {
+         c.model.ffn = "moe";
+         c.model.moe_every = 1;  // every block: stage 0 has experts, whose loss is its own root
+         c.model.moe_top_k = 2;
+         c.parallel.pp = 2;
+         c.parallel.ep = 2;
+         c.parallel.zero_stage = 1;
+         c.train.grad_accum = 2;
+       }},
+      {"dp4_pp2_ep2_moe_dropless_zbh1_zero3_sgd_accum2", 8,
+       [](Config& c) {
+         sgd(c);
+         c.model.ffn = "moe";
+         c.model.moe_every = 1;
+         c.model.moe_capacity_factor = 0;
+         c.parallel.pp = 2;
+         c.parallel.ep = 2;
+         c.parallel.pp_schedule = "zbh1";
+         c.parallel.zero_stage = 3;
+         c.train.grad_accum = 2;
+       }},
       {"dp2_fp16_compression", 2, [](Config& c) { c.parallel.grad_compression = "fp16"; }, &kFp16Compressed},
       {"dp2_adafactor", 2, [](Config& c) { c.optim.name = "adafactor"; }},
       {"dp2_linear_selective_checkpointing", 2,
