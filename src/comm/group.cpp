@@ -409,7 +409,6 @@ Work Group::all_to_all_async(at::Tensor output, at::Tensor input, std::vector<in
                              std::vector<int64_t> input_rows) {
   Impl& g = *impl_;
   const auto sum = [](const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); };
-  const auto row = [](const at::Tensor& t) { return t.dim() == 0 ? int64_t{0} : t.numel() / std::max<int64_t>(t.size(0), 1); };
   require(static_cast<int64_t>(output_rows.size()) == g.size() && static_cast<int64_t>(input_rows.size()) == g.size() &&
               input.dim() > 0 && output.dim() > 0 && sum(input_rows) == input.size(0) &&
               sum(output_rows) == output.size(0) && input.sizes().slice(1) == output.sizes().slice(1) &&
@@ -421,7 +420,7 @@ Work Group::all_to_all_async(at::Tensor output, at::Tensor input, std::vector<in
     output.copy_(input);
     return Work();
   }
-  const int64_t per_row = row(input);
+  const int64_t per_row = c10::multiply_integers(input.sizes().slice(1));
   double bytes = 0;
   for (int64_t j = 0; j < g.size(); ++j)
     if (j != g.rank) bytes += static_cast<double>(input_rows[static_cast<size_t>(j)] * per_row * input.element_size());

@@ -92,19 +92,22 @@ void check_expert_parallel(const Config& config, const ParallelDims& dims) {
           "reduce over another; use none");
 }
 
-void apply_expert_parallel(TransformerLM& model, comm::Group& ep) {
+void apply_expert_parallel(MoEImpl& moe, comm::Group& ep) {
   const int64_t W = ep.size(), r = ep.rank();
   if (W == 1) return;
-  require(model->is_meta(), "internal: apply_expert_parallel takes a model on the meta device");
-  for (int64_t layer : model->layers()) {
-    MoE moe = model->block(layer)->moe;
-    if (!moe) continue;
-    for (at::Tensor* p : {&moe->w_fc, &moe->b_fc, &moe->w_proj, &moe->b_proj})
-      if (p->defined()) p->set_data(p->detach().chunk(W, 0)[static_cast<size_t>(r)].clone());
-    moe->set_expert_step([&ep](const at::Tensor& buffer, const std::function<at::Tensor(const at::Tensor&)>& experts) {
-      return dispatch_and_combine(buffer, experts, ep);
-    });
+  for (at::Tensor* p : {&moe.w_fc, &moe.b_fc, &moe.w_proj, &moe.b_proj}) {
+    if (!p->defined()) continue;
+    require(p->is_meta(), "internal: apply_expert_parallel takes a layer on the meta device");
+    p->set_data(p->detach().chunk(W, 0)[static_cast<size_t>(r)].clone());
   }
+  moe.set_expert_step([&ep](const at::Tensor& buffer, const std::function<at::Tensor(const at::Tensor&)>& experts) {
+    return dispatch_and_combine(buffer, experts, ep);
+  });
+}
+
+void apply_expert_parallel(TransformerLM& model, comm::Group& ep) {
+  for (int64_t layer : model->layers())
+    if (MoE moe = model->block(layer)->moe) apply_expert_parallel(*moe, ep);
 }
 
 }  // namespace tessera

@@ -42,5 +42,7 @@ void check_expert_parallel(const Config& config, const ParallelDims& dims);
 // Keeps this rank's experts of every MoE layer of `model` (on the meta device: the parameters are
 // materialised later, by their placement) and installs the dispatching expert step over `ep`.
 void apply_expert_parallel(TransformerLM& model, comm::Group& ep);
+// The same for one MoE layer (on the meta device).
+void apply_expert_parallel(MoEImpl& moe, comm::Group& ep);
 
 }  // namespace tessera

@@ -1,0 +1,128 @@
+// Expert parallelism's pieces on several ranks (parallel/expert/expert_parallel.h): the
+// variable-split all-to-all with empty splits, and one MoE layer whose experts are split over an ep
+// group, against the same layer whole on one process, when every token goes to one expert (the
+// other experts, and a whole ep rank, receive none). The harness (tests/equivalence) checks whole
+// models under every composition; this checks what it cannot steer.
+#include <ATen/ATen.h>
+#include <torch/torch.h>
+
+#include "dist_test.h"
+#include "memory/storage.h"
+#include "model/moe.h"
+#include "parallel/expert/expert_parallel.h"
+#include "test_util.h"
+
+namespace tessera {
+namespace {
+
+// Rows member i sends member j, two exchanges: member 2 sends nothing but receives a row, then
+// sends and receives nothing; member 0 sends nothing to itself.
+const int64_t kRows[2][3][3] = {{{0, 2, 1}, {3, 1, 0}, {0, 0, 0}}, {{0, 2, 0}, {3, 1, 0}, {0, 0, 0}}};
+
+TEST(ExpertParallel, AllToAllWithVariableAndEmptySplits) {
+  test::Ranks ranks(3);
+  if (!ranks.is_worker()) return ranks.expect_success();
+  auto mesh = ranks.connect();
+  comm::Group& world = mesh->world();
+  const int64_t me = ranks.rank();
+  for (const auto& counts : kRows) {
+    std::vector<int64_t> send(3), receive(3);
+    std::vector<at::Tensor> rows;
+    for (int64_t j = 0; j < 3; ++j) {
+      send[j] = counts[me][j];
+      receive[j] = counts[j][me];
+      // Row k of member me's rows for member j holds (me, j, k) in each of its 2 columns.
+      for (int64_t k = 0; k < send[j]; ++k) rows.push_back(at::full({1, 2}, static_cast<double>(100 * me + 10 * j + k)));
+    }
+    const at::Tensor input = rows.empty() ? at::empty({0, 2}) : at::cat(rows, 0);
+    at::Tensor output = at::full({receive[0] + receive[1] + receive[2], 2}, -1.0);
+    world.reset_traffic();
+    world.all_to_all_async(output, input, receive, send).wait();
+    int64_t at_row = 0;
+    for (int64_t i = 0; i < 3; ++i)
+      for (int64_t k = 0; k < receive[i]; ++k, ++at_row)
+        EXPECT_EQ(output[at_row][1].item<double>(), static_cast<double>(100 * i + 10 * me + k)) << "from " << i;
+    // Bytes that left this rank: its rows to the other members.
+    const int64_t away = (send[0] + send[1] + send[2] - send[me]) * 2 * 4;
+    EXPECT_EQ(world.traffic()["all_to_all"], away);
+  }
+}
+
+ModelOptions layer_options(double capacity_factor) {
+  ModelOptions o;
+  o.n_embd = 8;
+  o.mlp_ratio = 2;
+  o.ffn = "moe";
+  o.moe_experts = 4;
+  o.moe_top_k = 1;
+  o.moe_capacity_factor = capacity_factor;
+  return o;
+}
+
+// Every parameter drawn from one seed; the router sends a token whose features are all positive to
+// expert 0 (its row +0.5, the others' -0.5).
+void fill(MoEImpl& whole) {
+  at::NoGradGuard no_grad;
+  torch::manual_seed(7);
+  for (auto& p : whole.parameters()) p.normal_(0, 0.5);
+  whole.router->weight.fill_(-0.5);
+  whole.router->weight[0].fill_(0.5);
+}
+
+// Rank r's tokens: all features positive.
+at::Tensor tokens_of(int64_t rank) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(50 + rank);
+  return at::rand({2, 3, 8}, gen) + 0.1;
+}
+
+at::Tensor loss_of(const at::Tensor& y) { return (y * at::linspace(-1, 1, y.numel()).view(y.sizes())).sum(); }
+
+TEST(ExpertParallel, ExpertsAndARankWithoutTokensGetZeroGradients) {
+  test::Ranks ranks(2);
+  if (!ranks.is_worker()) return ranks.expect_success();
+  auto mesh = ranks.connect();
+  comm::Group& ep = mesh->world();
+  for (double factor : {0.0, 1.0}) {  // dropless, and a capacity that drops what expert 0 cannot take
+    SCOPED_TRACE("capacity factor " + std::to_string(factor));
+    const ModelOptions o = layer_options(factor);
+    MoE whole(o, at::TensorOptions());
+    fill(*whole);
+    // One process: both ranks' tokens through the whole layer, gradients summed.
+    at::Tensor want_y;
+    for (int64_t r = 0; r < 2; ++r) {
+      at::Tensor y = whole->forward(tokens_of(r)).y;
+      if (r == ranks.rank()) want_y = y.detach();
+      loss_of(y).backward();
+    }
+    // This rank: its experts (2 of 4), the same values.
+    MoE split(o, at::TensorOptions().device(at::kMeta));
+    apply_expert_parallel(*split, ep);
+    {
+      at::NoGradGuard no_grad;
+      auto from = whole->named_parameters();
+      for (auto& item : split->named_parameters()) {
+        const at::Tensor value = from[item.key()].detach();
+        at::Tensor p = item.value();
+        materialize_meta_parameter(
+            p, item.key() == "router.weight" ? value.clone() : value.chunk(2, 0)[ranks.rank()].clone());
+      }
+    }
+    at::Tensor y = split->forward(tokens_of(ranks.rank())).y;
+    EXPECT_TRUE(test::all_close(y, want_y, 1e-6, 1e-6));
+    loss_of(y).backward();
+    auto want = whole->named_parameters();
+    for (const auto& item : split->named_parameters()) {
+      if (item.key() == "router.weight") continue;  // its gradient is this rank's tokens' only
+      const at::Tensor g = item.value().grad();
+      const at::Tensor expected = want[item.key()].grad().chunk(2, 0)[ranks.rank()];
+      EXPECT_TRUE(test::all_close(g, expected, 1e-5, 1e-6)) << item.key();
+      // Expert 0 (rank 0's first) took every token; the others none: exactly zero.
+      const at::Tensor idle = ranks.rank() == 0 ? g.narrow(0, 1, 1) : g;
+      EXPECT_EQ(idle.abs().max().item<double>(), 0.0) << item.key();
+      if (ranks.rank() == 0) EXPECT_GT(g[0].abs().max().item<double>(), 0.0) << item.key();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera
