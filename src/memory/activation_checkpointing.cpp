@@ -60,6 +60,9 @@ struct AutocastState {
   }
 };
 
+// Segments being recomputed on this thread (recomputing()).
+thread_local int recompute_depth = 0;
+
 // What the backward pass needs besides the saved inputs.
 struct Segment : torch::CustomClassHolder {
   SegmentFn fn;
@@ -93,7 +96,14 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
       segment->rng.restore();
       segment->autocast.apply();
       at::AutoGradMode grad_mode(true);
-      outputs = segment->fn(inputs);
+      ++recompute_depth;
+      try {
+        outputs = segment->fn(inputs);
+      } catch (...) {
+        --recompute_depth;
+        throw;
+      }
+      --recompute_depth;
       outer_autocast.apply();
       outer_rng.restore();
     }
@@ -122,6 +132,8 @@ TensorList checkpoint(SegmentFn fn, const TensorList& inputs) {
 at::Tensor checkpoint(std::function<at::Tensor(const at::Tensor&)> fn, const at::Tensor& input) {
   return checkpoint([fn = std::move(fn)](const TensorList& in) { return TensorList{fn(in[0])}; }, TensorList{input})[0];
 }
+
+bool recomputing() { return recompute_depth > 0; }
 
 bool checkpoint_applies(const at::Tensor& x) { return at::GradMode::is_enabled() && x.requires_grad(); }
 

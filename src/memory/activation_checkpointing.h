@@ -36,6 +36,10 @@ at::Tensor checkpoint(std::function<at::Tensor(const at::Tensor&)> fn, const at:
 // (Under NoGradGuard, e.g. evaluation, segments run directly.)
 bool checkpoint_applies(const at::Tensor& x);
 
+// Whether this thread is recomputing a checkpointed segment in backward: a layer that counts what
+// its forward saw (MoE routing statistics) counts the first forward only.
+bool recomputing();
+
 // The values of memory.activation_checkpointing.
 enum class CheckpointMode { none, full, selective };
 

@@ -3,11 +3,13 @@
 // never read and whose output is zero, so routing needs no data-dependent shapes (no host sync).
 #include "model/moe.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/torch.h>
 
+#include "memory/activation_checkpointing.h"
 #include "model/hook_slot.h"
 #include "model/norm.h"
 
@@ -18,9 +20,24 @@ int64_t expert_capacity(int64_t tokens, int64_t experts, int64_t top_k, double c
       std::ceil(static_cast<double>(top_k * tokens) / static_cast<double>(experts) * capacity_factor));
 }
 
-double MoEStats::dropped_fraction() const {
+double MoEStatistics::dropped_fraction() const {
   if (tokens == 0) return 0.0;
   return 1.0 - kept.sum().item<double>() / static_cast<double>(tokens * top_k);
+}
+
+double MoELayerStatistics::max_violation() const {
+  double total = 0, most = 0;
+  for (double l : load) {
+    total += l;
+    most = std::max(most, l);
+  }
+  return total > 0 ? most / (total / static_cast<double>(load.size())) - 1.0 : 0.0;
+}
+
+double MoELayerStatistics::dropped_fraction() const {
+  double processed = 0;
+  for (double k : kept) processed += k;
+  return tokens > 0 ? 1.0 - processed / (tokens * static_cast<double>(top_k)) : 0.0;
 }
 
 ParameterSpecs MoEImpl::parameter_specs() const {
@@ -85,11 +102,18 @@ MoERouting MoEImpl::route(const at::Tensor& x) {
   auto z = z_coef_ * at::logsumexp(logits, -1).pow(2).mean();
   r.aux_loss = balance + z;
 
-  stats_.tokens = N;
-  stats_.top_k = k;
-  stats_.capacity = r.capacity;
-  stats_.assigned = counts.detach();
-  stats_.kept = counts.clamp_max(r.capacity).detach();
+  if (!recomputing()) {
+    const auto add = [](at::Tensor& sum, const at::Tensor& value) {
+      sum = sum.defined() ? sum + value.detach() : value.detach().clone();
+    };
+    ++stats_.forwards;
+    stats_.tokens += N;
+    stats_.top_k = k;
+    add(stats_.assigned, counts);
+    add(stats_.kept, counts.clamp_max(r.capacity));
+    add(stats_.balance_loss, balance);
+    add(stats_.z_loss, z);
+  }
   return r;
 }
 

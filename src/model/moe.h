@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
@@ -51,12 +52,30 @@ struct MoERouting {
   int64_t capacity = 0;
 };
 
-// Routing statistics of the last forward (tensors, so reading them is the caller's sync).
-struct MoEStats {
-  int64_t tokens = 0, top_k = 0, capacity = 0;
-  at::Tensor assigned;  // [E] choices routed to each expert before dropping
-  at::Tensor kept;      // [E] choices processed (<= capacity)
+// Routing statistics summed over the forwards since reset_statistics() (a step's micro-batches),
+// a recomputation under activation checkpointing not counted again (memory/activation_checkpointing.h).
+// Tensors, detached, so reading them is the caller's sync.
+struct MoEStatistics {
+  int64_t forwards = 0, tokens = 0, top_k = 0;
+  at::Tensor assigned;      // [E] int64: choices routed to each expert before dropping
+  at::Tensor kept;          // [E] int64: choices processed (<= capacity per forward)
+  at::Tensor balance_loss;  // float32 scalar: the load-balance terms summed (coefficient applied)
+  at::Tensor z_loss;        // float32 scalar: the z-loss terms summed (coefficient applied)
   double dropped_fraction() const;  // dropped choices / (tokens * top_k)
+};
+
+// One MoE layer's statistics over a step, summed over every rank that routed (the trainer's
+// metrics; parallel/parallelize.h gathers them).
+struct MoELayerStatistics {
+  int64_t layer = 0;
+  std::vector<double> load;  // per expert: choices routed to it before dropping
+  std::vector<double> kept;  // per expert: choices processed
+  double tokens = 0, forwards = 0;
+  double balance_loss = 0, z_loss = 0;  // mean over the forwards (coefficients applied)
+  int64_t top_k = 0;
+  // MaxVio (DeepSeek-V3's load imbalance): max_e load_e / mean load - 1 (0 when balanced).
+  double max_violation() const;
+  double dropped_fraction() const;  // 1 - kept / (tokens * top_k)
 };
 
 struct MoEOutput {
@@ -80,7 +99,8 @@ class MoEImpl : public torch::nn::Module {
   // Installs the step (once: a second owner is refused; an empty step restores the default).
   void set_expert_step(ExpertStep step);
 
-  const MoEStats& last_stats() const { return stats_; }
+  const MoEStatistics& statistics() const { return stats_; }
+  void reset_statistics() { stats_ = MoEStatistics(); }
   // The router replicated; the stacked expert weights split along experts (expert parallelism).
   ParameterSpecs parameter_specs() const;
 
@@ -92,7 +112,7 @@ class MoEImpl : public torch::nn::Module {
   bool sigmoid_;
   double capacity_factor_, aux_coef_, z_coef_, residual_std_;
   ExpertStep expert_step_;
-  MoEStats stats_;
+  MoEStatistics stats_;
 };
 TORCH_MODULE(MoE);
 

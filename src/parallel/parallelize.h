@@ -95,6 +95,11 @@ class ParallelModel {
   // The mean of `values` over the ranks that ran different data (dp x sp); a collective of them,
   // nothing without.
   void average_over_replicas(at::Tensor& values);
+  // The MoE layers' routing statistics since reset_moe_statistics() (model/moe.h): per MoE layer
+  // of the whole model, summed over every rank that routes (a collective of the world; the tp
+  // ranks of a replica count once). Empty for a dense model.
+  std::vector<MoELayerStatistics> moe_statistics();
+  void reset_moe_statistics();
   // Data-parallel ranks and this rank's place among them (evaluation splits a batch's rows).
   int64_t data_ranks() const;
   int64_t data_rank() const;

@@ -68,6 +68,7 @@ c10::ScalarType TrainStep::compute_dtype() const {
 }
 
 StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr, const GradientObserver& observe) {
+  parallel_->reset_moe_statistics();  // evaluation since the last step counted too
   const StepLosses step = parallel_->runner().run(local_batches(micro_batches), lr, [&] {
     if (observe) observe(parallel_->gradients());
   });
@@ -79,6 +80,7 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr, co
   result.aux_loss = losses[1].item<double>() / n;
   result.grad_norm = step.update.grad_norm;
   result.skipped = step.update.skipped;
+  result.moe = parallel_->moe_statistics();
   return result;
 }
 

@@ -24,6 +24,7 @@
 #include "checkpoint/checkpoint.h"
 #include "comm/mesh.h"
 #include "data/sampler.h"
+#include "model/moe.h"
 #include "model/transformer.h"
 #include "parallel/parallelize.h"
 #include "precision/fp16.h"
@@ -37,6 +38,7 @@ struct StepResult {
   double aux_loss = 0;  // MoE auxiliary terms, mean over micro-batches
   double grad_norm = 0;
   bool skipped = false;  // fp16 overflow: no update was made
+  std::vector<MoELayerStatistics> moe;  // per MoE layer of the model, over every rank (model/moe.h)
 };
 
 class TrainStep {

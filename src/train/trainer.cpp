@@ -357,6 +357,14 @@ TrainSummary Trainer::run() {
                              {"tokens", s.tokens_seen},
                              {"elapsed_s", s.elapsed_before + seconds_since(run_start)}};
       if (c.model.ffn == "moe") line["aux_loss"] = interval_aux / interval_steps;
+      // Per MoE layer, this step's routing over every rank (docs/moe.md; scripts/plot_expert_load.py).
+      for (const MoELayerStatistics& m : result.moe)
+        line["moe"].push_back({{"layer", m.layer},
+                               {"balance_loss", m.balance_loss},
+                               {"z_loss", m.z_loss},
+                               {"dropped", m.dropped_fraction()},
+                               {"max_violation", m.max_violation()},
+                               {"load", m.load}});
       if (const auto* scaler = s.trainer->loss_scaler()) line["loss_scale"] = scaler->value();
       if (metrics) metrics->write(line);
       progress.update(s.step, loss, tokens_per_s, interval_s / interval_steps);

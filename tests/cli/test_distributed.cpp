@@ -714,6 +714,27 @@ TEST(DistributedTrain, ExpertParallelMatchesOneProcessAndResumesAtAnyEp) {
                         " --set parallel.zero_stage=0 --set train.grad_accum=4 --out " + at_one);
   ASSERT_EQ(r4.exit_code, 0) << r4.output;
   const auto expected = losses(one), expected_norms = grad_norms(one);
+  // Per MoE layer and step, the loads over every rank equal one process's, and sum to the step's
+  // tokens times top_k (4 micro-batches of 2 x seq_len tokens).
+  std::map<int64_t, nlohmann::json> routed;
+  for (const auto& line : metrics_lines(one))
+    if (line.contains("moe")) routed[line["step"]] = line["moe"];
+  ASSERT_EQ(routed.size(), 6u);
+  for (const auto& line : metrics_lines(ep4)) {
+    if (!line.contains("moe")) continue;
+    const nlohmann::json& want = routed.at(line["step"]);
+    ASSERT_EQ(line["moe"].size(), want.size());
+    for (size_t l = 0; l < want.size(); ++l) {
+      EXPECT_EQ(line["moe"][l]["load"], want[l]["load"]) << "step " << line["step"] << " layer " << l;
+      double total = 0, most = 0;
+      for (double v : want[l]["load"]) {
+        total += v;
+        most = std::max(most, v);
+      }
+      EXPECT_EQ(total, 2.0 * 4 * 2 * 32) << "step " << line["step"];  // k x micro-batches x rows x train.seq_len
+      EXPECT_NEAR(line["moe"][l]["max_violation"].get<double>(), most / (total / 4) - 1, 1e-12);
+    }
+  }
   expect_same_losses(losses(ep4), expected, 1e-4, "ep=4");
   expect_same_losses(grad_norms(ep4), expected_norms, 1e-4, "ep=4: gradient norm");
   for (const auto& [run, what] : {std::pair{at_ep2, "ep=4 checkpoint resumed at ep=2, ZeRO-3"},

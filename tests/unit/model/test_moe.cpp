@@ -8,6 +8,7 @@
 
 #include "model/init.h"
 #include "model/moe.h"
+#include "model/transformer.h"
 #include "test_util.h"
 
 namespace tessera {
@@ -75,8 +76,10 @@ TEST_P(MoECapacity, SlotsAreUniqueBelowCapacityAndInPriorityOrder) {
     EXPECT_LE(static_cast<int64_t>(used[e].size()), r.capacity);
     EXPECT_EQ(r.assigned[e].item<int64_t>(), next[e]);
   }
+  moe->reset_statistics();
   moe->forward(x.view({2, 32, 16}));
-  const auto& stats = moe->last_stats();
+  const auto& stats = moe->statistics();
+  EXPECT_EQ(stats.forwards, 1);
   EXPECT_LE(stats.kept.max().item<int64_t>(), r.capacity);
   EXPECT_NEAR(stats.dropped_fraction(), static_cast<double>(dropped) / static_cast<double>(N * top_k), 1e-12);
 }
@@ -98,7 +101,9 @@ TEST(MoE, TinyCapacityDropsTokensAndTheirOutputIsZero) {
   auto y = out.y.view({40, 16});
   EXPECT_EQ(y.index({dropped}).abs().max().item<float>(), 0.0f);
   EXPECT_GT(y.index({~dropped}).abs().min().item<float>(), 0.0f);
-  EXPECT_NEAR(moe->last_stats().dropped_fraction(), static_cast<double>(n_dropped) / 40.0, 1e-12);
+  // route() above counted a second forward of the same tokens.
+  EXPECT_EQ(moe->statistics().forwards, 2);
+  EXPECT_NEAR(moe->statistics().dropped_fraction(), static_cast<double>(n_dropped) / 40.0, 1e-12);
   y.sum().backward();  // a dropped token reaches y neither through an expert nor through its (zero) gate
   auto gx = x.grad().view({40, 16});
   EXPECT_EQ(gx.index({dropped}).abs().max().item<float>(), 0.0f);
@@ -167,6 +172,45 @@ TEST(MoE, ExpertStepFromOutsideMatchesTheDefault) {
   EXPECT_TRUE(test::throws_naming(
       [&] { moe->set_expert_step([](const at::Tensor& b, const std::function<at::Tensor(const at::Tensor&)>& e) { return e(b); }); },
       {"already installed"}));
+}
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// Dropless routing (capacity factor 0) keeps every choice, with any k and sigmoid scores; the
+// statistics count a step's forwards once each, whatever activation checkpointing recomputes.
+TEST(MoE, DroplessKeepsEveryChoiceAndRecomputationIsNotCountedTwice) {
+  ModelOptions o = moe_options(3, 0.0);
+  o.moe_score = "sigmoid";
+  MoE moe = make_moe(o);
+  auto x = torch::randn({40, 16});
+  auto r = moe->route(x);
+  EXPECT_EQ(r.capacity, r.assigned.max().item<int64_t>());
+  EXPECT_TRUE((r.slot < r.capacity).all().item<bool>());
+  EXPECT_TRUE(torch::allclose(r.gate.sum(1), torch::ones({40})));  // k > 1: normalised
+  EXPECT_EQ(moe->statistics().dropped_fraction(), 0.0);
+
+  ModelOptions m = moe_options(2, 1.0);
+  m.n_layer = 2;
+  m.vocab_size = 64;
+  m.block_size = 16;
+  torch::manual_seed(3);
+  TransformerLM model(m);
+  const at::Tensor idx = torch::randint(64, {2, 16});
+  for (const std::string mode : {"none", "full"}) {
+    model->set_activation_checkpointing(mode);
+    for (int64_t l : model->layers()) model->block(l)->moe->reset_statistics();
+    model->forward(idx, idx).loss.backward();
+    for (int64_t l : model->layers()) {
+      const MoEStatistics& s = model->block(l)->moe->statistics();
+      EXPECT_EQ(s.forwards, 1) << mode << " layer " << l;
+      EXPECT_EQ(s.tokens, 32) << mode << " layer " << l;
+      EXPECT_EQ(s.assigned.sum().item<int64_t>(), 64) << mode << " layer " << l;
+    }
+  }
 }
 
 }  // namespace
