@@ -43,6 +43,7 @@ struct ModelOptions {
   double moe_capacity_factor = 1.25;  // 0 = dropless
   double moe_aux_loss_coef = 0.01;
   double moe_z_loss_coef = 0.001;
+  double moe_bias_update_rate = 0;  // aux-loss-free balancing (DeepSeek-V3); 0 = off
   int64_t moe_every = 1;
   int64_t linear_chunk = 64;
   int64_t mlp_ratio = 4;
@@ -70,6 +71,9 @@ struct ModelOptions {
       between(0, 1024));
     v("moe_aux_loss_coef", moe_aux_loss_coef, "weight of the Switch load-balancing loss", between(0, 100));
     v("moe_z_loss_coef", moe_z_loss_coef, "weight of the router z-loss", between(0, 100));
+    v("moe_bias_update_rate", moe_bias_update_rate,
+      "aux-loss-free balancing: a per-expert selection bias moved by this much each step toward the mean load "
+      "(DeepSeek-V3 uses 0.001; 0 = off)", between(0, 1));
     v("moe_every", moe_every, "every k-th block is MoE (blocks k-1, 2k-1, ...)", between(1, 1024));
     v("linear_chunk", linear_chunk, "chunk length of lightning attention (arch linear)", between(1, 1 << 16));
     v("mlp_ratio", mlp_ratio, "MLP hidden width = mlp_ratio * n_embd", between(1, 64));

@@ -9,6 +9,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/torch.h>
 
+#include "core/error.h"
 #include "memory/activation_checkpointing.h"
 #include "model/hook_slot.h"
 #include "model/norm.h"
@@ -66,6 +67,23 @@ MoEImpl::MoEImpl(const ModelOptions& opts, const at::TensorOptions& where)
   }
 }
 
+void MoEImpl::set_selection_bias(at::Tensor bias) {
+  require(bias.dim() == 1 && bias.size(0) == n_experts_, "the MoE selection bias has shape ", bias.sizes(),
+          " for model.moe_experts = ", n_experts_);
+  selection_bias_ = bias.to(at::kCPU, at::kFloat).contiguous();
+}
+
+void MoEImpl::update_selection_bias(const std::vector<double>& load, double rate) {
+  require(static_cast<int64_t>(load.size()) == n_experts_, "internal: ", load.size(), " loads for ", n_experts_,
+          " experts");
+  double mean = 0;
+  for (double l : load) mean += l / static_cast<double>(load.size());
+  if (!selection_bias_.defined()) selection_bias_ = at::zeros({n_experts_}, at::kFloat);
+  float* b = selection_bias_.data_ptr<float>();
+  for (size_t e = 0; e < load.size(); ++e)
+    b[e] += static_cast<float>(rate * (load[e] < mean ? 1.0 : load[e] > mean ? -1.0 : 0.0));
+}
+
 void MoEImpl::set_expert_step(ExpertStep step) { install_once(expert_step_, std::move(step), "the MoE expert step"); }
 
 MoERouting MoEImpl::route(const at::Tensor& x) {
@@ -76,7 +94,13 @@ MoERouting MoEImpl::route(const at::Tensor& x) {
     logits = at::matmul(x.to(at::kFloat), router->weight.to(at::kFloat).t());     // [N, E]
   }
   const at::Tensor scores = sigmoid_ ? at::sigmoid(logits) : at::softmax(logits, -1);
-  auto [top_p, top_e] = scores.topk(k, -1);  // [N, k]
+  at::Tensor top_p, top_e;  // [N, k]
+  if (selection_bias_.defined()) {
+    top_e = std::get<1>((scores.detach() + selection_bias_.to(scores.device())).topk(k, -1));
+    top_p = scores.gather(1, top_e);
+  } else {
+    std::tie(top_p, top_e) = scores.topk(k, -1);
+  }
   auto gate = k == 1 ? top_p : top_p / top_p.sum(-1, /*keepdim=*/true);
 
   MoERouting r;

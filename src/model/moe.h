@@ -26,6 +26,11 @@
 //     is e (before dropping, no gradient), P_e = mean over tokens of s_e / Σ_e' s_e' (the softmax
 //     probability itself);
 //   router z-loss: z_coef * mean_n(logsumexp(logits_n)^2).
+// Aux-loss-free balancing (model.moe_bias_update_rate > 0; DeepSeek-V3): the top-k choice is made
+// on s + b, b a per-expert bias that takes no gradient, while the gates stay the scores s of the
+// chosen experts; after each step b_e += rate * sign(mean load - load_e), the loads counted over
+// every rank that routes (parallel/parallelize.h), so b is the same everywhere. b is state: a
+// checkpoint keeps it ("moe.h.<layer>.selection_bias").
 #pragma once
 
 #include <cstdint>
@@ -99,6 +104,12 @@ class MoEImpl : public torch::nn::Module {
   // Installs the step (once: a second owner is refused; an empty step restores the default).
   void set_expert_step(ExpertStep step);
 
+  // The aux-loss-free selection bias [E] float32 on the CPU; undefined (zero) before the first update.
+  const at::Tensor& selection_bias() const { return selection_bias_; }
+  void set_selection_bias(at::Tensor bias);
+  // b_e += rate * sign(mean(load) - load_e).
+  void update_selection_bias(const std::vector<double>& load, double rate);
+
   const MoEStatistics& statistics() const { return stats_; }
   void reset_statistics() { stats_ = MoEStatistics(); }
   // The router replicated; the stacked expert weights split along experts (expert parallelism).
@@ -113,6 +124,7 @@ class MoEImpl : public torch::nn::Module {
   double capacity_factor_, aux_coef_, z_coef_, residual_std_;
   ExpertStep expert_step_;
   MoEStatistics stats_;
+  at::Tensor selection_bias_;
 };
 TORCH_MODULE(MoE);
 

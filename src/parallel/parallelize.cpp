@@ -270,6 +270,32 @@ std::vector<MoELayerStatistics> ParallelModel::moe_statistics() {
   return out;
 }
 
+void ParallelModel::balance_experts(const std::vector<MoELayerStatistics>& step) {
+  const double rate = model_->options().moe_bias_update_rate;
+  if (rate == 0) return;
+  const std::vector<int64_t>& held = model_->layers();
+  for (const MoELayerStatistics& s : step)
+    if (std::find(held.begin(), held.end(), s.layer) != held.end())
+      model_->block(s.layer)->moe->update_selection_bias(s.load, rate);
+}
+
+NamedTensors ParallelModel::routing_state() const {
+  NamedTensors out;
+  for (int64_t layer : model_->layers())
+    if (MoE moe = model_->block(layer)->moe)
+      if (moe->selection_bias().defined())
+        out.emplace_back("moe.h." + std::to_string(layer) + ".selection_bias", moe->selection_bias().clone());
+  return out;
+}
+
+void ParallelModel::load_routing_state(const std::map<std::string, at::Tensor>& tensors) {
+  for (int64_t layer : model_->layers())
+    if (MoE moe = model_->block(layer)->moe) {
+      const auto it = tensors.find("moe.h." + std::to_string(layer) + ".selection_bias");
+      if (it != tensors.end()) moe->set_selection_bias(it->second);
+    }
+}
+
 int64_t ParallelModel::data_ranks() const { return replicas_ ? mesh_->dims().dp() : 1; }
 int64_t ParallelModel::data_rank() const { return replicas_ ? mesh_->coord().dp : 0; }
 
@@ -388,10 +414,12 @@ NamedTensors ParallelModel::gradients() {
 NamedTensors ParallelModel::training_state() {
   NamedTensors state = owner_->training_state();
   for (auto& [name, t] : state) t = placement_->state_whole(name, t);
+  for (auto& entry : routing_state()) state.push_back(std::move(entry));
   return state;
 }
 
 void ParallelModel::load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) {
+  load_routing_state(tensors);
   // Under pp the state of this stage's parameters (and any of no parameter, replicated).
   std::map<std::string, at::Tensor> local;
   for (const auto& [name, t] : tensors)
@@ -426,6 +454,15 @@ OptimizerRanges ParallelModel::training_state_ranges() const {
 }
 
 std::vector<TensorSlice> ParallelModel::training_state_slices() {
+  std::vector<TensorSlice> out;
+  const MeshCoord c = mesh_ ? mesh_->coord() : MeshCoord{};
+  if (c.dp == 0 && c.sp == 0 && c.tp == 0)
+    for (auto& [name, t] : routing_state()) out.push_back({name, t, Region::whole(t.sizes().vec())});
+  for (TensorSlice& slice : state_slices()) out.push_back(std::move(slice));
+  return out;
+}
+
+std::vector<TensorSlice> ParallelModel::state_slices() {
   // Under pp the ranks holding a stage share out its state, the tied embedding's by the first stage.
   auto written = [&](const std::string& name) { return placement_->writes_state(name); };
   // The owner's own slices (its ZeRO ranges, or its even slice at stage 0), which cover its state

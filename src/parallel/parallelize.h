@@ -100,6 +100,9 @@ class ParallelModel {
   // ranks of a replica count once). Empty for a dense model.
   std::vector<MoELayerStatistics> moe_statistics();
   void reset_moe_statistics();
+  // Aux-loss-free balancing (model.moe_bias_update_rate > 0): moves each held MoE layer's
+  // selection bias by the step's loads (`step`: moe_statistics(), the same on every rank).
+  void balance_experts(const std::vector<MoELayerStatistics>& step);
   // Data-parallel ranks and this rank's place among them (evaluation splits a batch's rows).
   int64_t data_ranks() const;
   int64_t data_rank() const;
@@ -131,7 +134,8 @@ class ParallelModel {
   // a parameter got no gradient. Under pp gathered over the stages.
   NamedTensors gradients();
 
-  // The owner's state with tensor-parallel shards gathered whole (a collective).
+  // The owner's state with tensor- and expert-parallel parts gathered whole (a collective), and
+  // the routing state (routing_state()).
   NamedTensors training_state();
   // Takes load_checkpoint(..., training_state_ranges()) tensors: this rank's regions (1-D; a
   // tensor-parallel part is reshaped here for an owner that takes whole tensors), or whole tensors.
@@ -141,10 +145,11 @@ class ParallelModel {
   OptimizerRanges training_state_ranges() const;
   // This rank's slices of the training state for a checkpoint of one file per rank
   // (checkpoint/checkpoint.h; under pp its own stage's state, the tied embedding's by the first
-  // stage): the owner's own slices when it has them (no communication; under tp regions of this
-  // rank's part, a tensor not split written by tp rank 0); otherwise the owner's state, each
-  // tensor (under tp each rank's part) written by one rank holding it, assigned by size. Nothing
-  // is gathered over tp.
+  // stage): the owner's own slices when it has them (no communication; under tp or ep regions of
+  // this rank's part, a tensor not split written by tp rank 0, an expert's scalar by ep rank 0);
+  // otherwise the owner's state, each tensor (under tp or ep each rank's part) written by one rank
+  // holding it, assigned by size. Nothing is gathered over tp or ep. The routing state is written
+  // by each stage's replica at dp = sp = tp = 0.
   std::vector<TensorSlice> training_state_slices();
 
  private:
@@ -172,6 +177,13 @@ class ParallelModel {
     comm::Group* over;
     int64_t index;
   };
+  // The held MoE layers' selection biases, "moe.h.<layer>.selection_bias" (none while undefined):
+  // state of the routing, kept whole, written by the replica at dp = sp = tp = 0 of each stage.
+  NamedTensors routing_state() const;
+  // Takes the held layers' biases from `tensors` (entries for other layers are another stage's).
+  void load_routing_state(const std::map<std::string, at::Tensor>& tensors);
+  // The owner's state as training_state_slices() writes it (without the routing state).
+  std::vector<TensorSlice> state_slices();
   // Every part of the tensor of `region` split over `over` (one piece when `over` is null).
   static void add_pieces(std::vector<Piece>& pieces, const Region& region, comm::Group* over);
   // The writer of each piece: to the rank holding its stage (and that part) with the fewest

@@ -81,6 +81,7 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr, co
   result.grad_norm = step.update.grad_norm;
   result.skipped = step.update.skipped;
   result.moe = parallel_->moe_statistics();
+  parallel_->balance_experts(result.moe);
   return result;
 }
 

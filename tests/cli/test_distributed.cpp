@@ -691,15 +691,19 @@ TEST(DistributedTrain, TensorParallelMatchesOneProcessAndResumesAtAnyTp) {
   expect_same_losses(losses(lin_tp), losses(lin_one), 1e-4, "linear attention tp=2, Megatron SP");
 }
 
-// Expert parallelism inside training, and its checkpoints at any ep: four experts, top-2, trained
-// at ep = 4 (dp 4, ZeRO-1) give one process's losses and gradient norms over the same micro-batches
-// (batch 2, four per step); the ep = 4 checkpoint holds each rank's experts as parts of the stacked
-// tensors (nothing gathered) and resumes at ep = 2 (dp 2, two micro-batches each, ZeRO-3) and on one
+// Expert parallelism inside training, and its checkpoints at any ep: four experts, top-2, with
+// aux-loss-free balancing, trained at ep = 4 (dp 4, ZeRO-1) give one process's losses, gradient
+// norms and expert loads over the same micro-batches (batch 2, four per step); the ep = 4
+// checkpoint holds each rank's experts as parts of the stacked tensors (nothing gathered) and the
+// selection biases, and resumes at ep = 2 (dp 2, two micro-batches each, ZeRO-3) and on one
 // process, optimizer state included, continuing the uninterrupted run.
 TEST(DistributedTrain, ExpertParallelMatchesOneProcessAndResumesAtAnyEp) {
   const std::string one = fresh_dir("ep_one"), ep4 = fresh_dir("ep_four"), at_ep2 = fresh_dir("ep_at_two"),
                     at_one = fresh_dir("ep_at_one");
-  const std::string moe = " --set model.ffn=moe --set model.moe_experts=4 --set model.moe_top_k=2";
+  // Aux-loss-free balancing on: the selection bias moves the routing each step, so a resume that
+  // lost it (or a rank whose bias differed) would route differently.
+  const std::string moe = " --set model.ffn=moe --set model.moe_experts=4 --set model.moe_top_k=2"
+                          " --set model.moe_bias_update_rate=0.01";
   auto r1 = run_tessera("train --config tiny_gpt" + moe + settings(2, 6) + " --set train.grad_accum=4 --out " + one);
   ASSERT_EQ(r1.exit_code, 0) << r1.output;
   auto r2 = run_tessera("train --config tiny_gpt --nproc 4 --set parallel.ep=4 --set parallel.zero_stage=1" + moe +

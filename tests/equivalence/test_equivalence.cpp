@@ -251,6 +251,15 @@ const std::vector<Row>& layouts() {
          c.parallel.zero_stage = 2;
          c.memory.activation_checkpointing = "full";
        }},
+      {"dp4_ep2_moe_aux_loss_free_zero1", 4,
+       [](Config& c) {
+         c.model.ffn = "moe";
+         c.model.moe_top_k = 2;
+         c.model.moe_aux_loss_coef = 0;
+         c.model.moe_bias_update_rate = 0.05;  // moves the routing of steps 2 and 3
+         c.parallel.ep = 2;
+         c.parallel.zero_stage = 1;
+       }},
       {"dp2_pp2_ep2_moe_top2_1f1b_zero1_accum2", 4,
        [](Config& c) {
          c.model.ffn = "moe";

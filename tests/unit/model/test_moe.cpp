@@ -213,5 +213,19 @@ TEST(MoE, DroplessKeepsEveryChoiceAndRecomputationIsNotCountedTwice) {
   }
 }
 
+// Aux-loss-free balancing: the bias moves by rate * sign(mean - load) and steers the choice only;
+// the gate is the chosen expert's score.
+TEST(MoE, SelectionBiasSteersTheChoiceButNotTheGate) {
+  MoE moe = make_moe(moe_options(1, 0.0));
+  moe->update_selection_bias({10, 2, 4, 0}, 0.5);  // mean 4: over, under, even, under
+  EXPECT_TRUE(torch::equal(moe->selection_bias(), torch::tensor({-0.5f, 0.5f, 0.0f, 0.5f})));
+  moe->set_selection_bias(torch::tensor({0.0f, 0.0f, 0.0f, 10.0f}));
+  auto x = torch::randn({40, 16});
+  auto r = moe->route(x);
+  EXPECT_TRUE((r.expert == 3).all().item<bool>());
+  const at::Tensor scores = at::softmax(at::matmul(x, moe->router->weight.t()), -1);
+  EXPECT_TRUE(torch::allclose(r.gate.squeeze(1), scores.select(1, 3)));
+}
+
 }  // namespace
 }  // namespace tessera
