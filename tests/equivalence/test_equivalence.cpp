@@ -260,6 +260,23 @@ const std::vector<Row>& layouts() {
          c.parallel.ep = 2;
          c.parallel.zero_stage = 1;
        }},
+      {"dp2_ep2_tp2_moe_zero2", 4,
+       [](Config& c) {
+         c.model.ffn = "moe";
+         c.model.moe_top_k = 2;
+         c.parallel.tp = 2;
+         c.parallel.ep = 2;
+         c.parallel.zero_stage = 2;
+       }},
+      {"dp2_sp2_ep2_moe_dropless_ring", 4,
+       [](Config& c) {
+         c.model.ffn = "moe";
+         c.model.moe_capacity_factor = 0;  // each chunk routes alone: equal to one process when nothing drops
+         c.model.moe_aux_loss_coef = 0;    // and without the balance loss (a product of means over the chunk)
+         c.parallel.sp = 2;
+         c.parallel.sp_method = "ring";
+         c.parallel.ep = 2;
+       }},
       {"dp2_pp2_ep2_moe_top2_1f1b_zero1_accum2", 4,
        [](Config& c) {
          c.model.ffn = "moe";

@@ -55,8 +55,9 @@ void check_tensor_parallel(const ModelOptions& m, const ParallelOptions& p, cons
   require(d.sp() == 1 || !p.megatron_sp, "parallel.megatron_sp with parallel.sp = ", d.sp(),
           ": Megatron sequence parallelism splits the sequence inside the tp group, parallel.sp across groups; "
           "use one of them");
-  require(m.ffn == "dense", "parallel.tp = ", N, " with model.ffn = ", m.ffn,
-          ": only dense MLPs are split (MoE layers are not tensor-parallel)");
+  require(m.ffn == "dense" || !p.megatron_sp, "parallel.megatron_sp = true with model.ffn = moe: each tensor-parallel "
+          "rank would route only its sequence chunk; set megatron_sp = false (MoE layers then run whole on every "
+          "tp rank, their experts split by parallel.ep)");
   require(m.n_head % N == 0, "model.n_head = ", m.n_head, " is not a multiple of parallel.tp = ", N,
           " (each tensor-parallel rank computes n_head / tp whole heads)");
   require(m.padded_vocab() % N == 0, "model.vocab_size = ", m.vocab_size, " padded to a multiple of model.vocab_multiple = ",
@@ -141,7 +142,7 @@ void parallelize_tensor(TransformerLM& model, comm::Group& tp, bool megatron_sp)
       block->linear_attn->set_region(region(tp, megatron_sp));
       block->linear_attn->select_heads(r * heads, heads);
     }
-    block->mlp->set_region(region(tp, megatron_sp));
+    if (block->mlp) block->mlp->set_region(region(tp, megatron_sp));
   }
   model->set_shard_hooks(shard_hooks(model, tp, megatron_sp));
 }

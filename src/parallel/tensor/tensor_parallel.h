@@ -43,8 +43,10 @@
 //   backward, gradients are reduced over dp as usual;
 // - logits are this rank's vocabulary columns [B, T, V/N] (gather_from_tp gives all of them);
 // - `tp` outlives the model's use; every rank calls parallelize_tensor with equal arguments.
-// check_tensor_parallel refuses, naming the keys: model.ffn = moe, model.n_head or model.vocab_size
-// not a multiple of parallel.tp, parallel.megatron_sp with tp = 1 or with parallel.sp > 1, a sequence
+// An MoE layer is not split: it runs whole on every tp rank, on the replicated input (its experts
+// split by expert parallelism, parallel/expert/expert_parallel.h, if at all).
+// check_tensor_parallel refuses, naming the keys: model.ffn = moe with parallel.megatron_sp (a rank
+// would route its sequence chunk alone), model.n_head or model.vocab_size not a multiple of parallel.tp, parallel.megatron_sp with tp = 1 or with parallel.sp > 1, a sequence
 // length Megatron-SP cannot split, optim.name = adafactor (it factors whole rows and columns).
 #pragma once
 

@@ -173,7 +173,8 @@ TEST(LayoutCheck, DataParallelAndUnbuiltDegreesNameTheirKeys) {
   EXPECT_TRUE(refused(c, 2, {"memory.swap = true with parallel.ep = 2"}));
   c.memory.swap = false;
   c.parallel.tp = 2;
-  EXPECT_TRUE(refused(c, 4, {"model.ffn = moe"}));
+  c.parallel.megatron_sp = true;
+  EXPECT_TRUE(refused(c, 4, {"parallel.megatron_sp = true with model.ffn = moe"}));
 }
 
 }  // namespace
