@@ -70,8 +70,10 @@ TEST(LayoutCheck, TensorParallelRefusalsNameTheirKeys) {
   EXPECT_NO_THROW(check_parallel_layout(c, dims(c, 4)));  // 66 padded to 128 rows splits four ways
   c.model.vocab_size = 64;
   c.model.ffn = "moe";
-  EXPECT_TRUE(refused(c, 4, {"model.ffn = moe", "parallel.tp = 4"}));
-  EXPECT_TRUE(refused(c, 4, {"MoE layers are not tensor-parallel"}));
+  EXPECT_NO_THROW(check_parallel_layout(c, dims(c, 4)));  // MoE layers run whole on every tp rank
+  c.parallel.megatron_sp = true;
+  EXPECT_TRUE(refused(c, 4, {"parallel.megatron_sp = true with model.ffn = moe"}));
+  c.parallel.megatron_sp = false;
   c.model.ffn = "dense";
   c.optim.name = "adafactor";
   EXPECT_TRUE(refused(c, 4, {"optim.name = adafactor", "parallel.tp = 4"}));
