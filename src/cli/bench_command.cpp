@@ -8,7 +8,8 @@
 // on a machine whose cores the processes share. Rank 0 reports; with data parallelism it adds the
 // dp group's bytes sent and communication-thread busy time per step, with sequence parallelism
 // the sp group's bytes sent per step by operation (sp_bytes_per_step; bench/sequence_parallel.py),
-// with tensor parallelism the tp group's (tp_bytes_per_step), with pipeline parallelism every
+// with tensor parallelism the tp group's (tp_bytes_per_step), with expert parallelism the ep
+// group's (ep_bytes_per_step; bench/expert_parallel.py), with pipeline parallelism every
 // pipeline rank's host memory (pp_peak_bytes, pp_model_state_bytes: the two figures below, per
 // pipeline rank in order; bench/pipeline_memory.py).
 //
@@ -102,6 +103,7 @@ Command add_bench_command(CLI::App& app) {
     comm::Group* dp = mesh && mesh->dims().dp() > 1 ? &mesh->group("dp") : nullptr;
     comm::Group* sp = mesh && mesh->dims().sp() > 1 ? &mesh->group("sp") : nullptr;
     comm::Group* tp = mesh && mesh->dims().tp() > 1 ? &mesh->group("tp") : nullptr;
+    comm::Group* ep = mesh && mesh->dims().ep() > 1 ? &mesh->group("ep") : nullptr;
     const c10::Device device = step.device();
     std::vector<double> seconds;
     for (int64_t i = 0; i < args->warmup + args->steps; ++i) {
@@ -109,6 +111,7 @@ Command add_bench_command(CLI::App& app) {
         if (dp) dp->reset_traffic();
         if (sp) sp->reset_traffic();
         if (tp) tp->reset_traffic();
+        if (ep) ep->reset_traffic();
         host_memory::reset_peak();
       }
       auto start = std::chrono::steady_clock::now();
@@ -192,6 +195,7 @@ Command add_bench_command(CLI::App& app) {
       out["tp_bytes_per_step"] = bytes_by_op(*tp);
       out["megatron_sp"] = config.parallel.megatron_sp;
     }
+    if (ep) out["ep_bytes_per_step"] = bytes_by_op(*ep);
     if (!pp_peak.empty()) {
       out["pp_peak_bytes"] = pp_peak;
       out["pp_model_state_bytes"] = pp_state;
