@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/torch.h>
@@ -112,11 +113,23 @@ MoERouting MoEImpl::route(const at::Tensor& x) {
     slots.push_back(position.gather(1, top_e.select(1, c).unsqueeze(1)).squeeze(1));
     counts = counts + onehot.sum(0);
   }
-  r.capacity = capacity_factor_ > 0 ? expert_capacity(N, E, k, capacity_factor_) : counts.max().item<int64_t>();
   auto slot = at::stack(slots, 1);  // [N, k]
-  auto kept = slot < r.capacity;
+  at::Tensor size;                  // [E] rows per expert, on the device
+  if (capacity_factor_ > 0) {
+    r.capacity = expert_capacity(N, E, k, capacity_factor_);
+    r.sizes.assign(static_cast<size_t>(E), r.capacity);
+    size = torch::full({E}, r.capacity, top_e.options());
+  } else {
+    const at::Tensor host = counts.cpu();
+    r.sizes.assign(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + E);
+    r.capacity = *std::max_element(r.sizes.begin(), r.sizes.end());
+    size = counts;
+  }
+  const at::Tensor offset = at::cumsum(size, 0) - size;  // [E] first row of each expert
+  auto kept = slot < size.index({top_e});
   r.expert = top_e;
   r.slot = at::where(kept, slot, r.capacity);
+  r.row = at::where(kept, offset.index({top_e}) + slot, r.rows());
   r.gate = gate * kept.to(gate.scalar_type());
   r.assigned = counts;
 
@@ -141,24 +154,46 @@ MoERouting MoEImpl::route(const at::Tensor& x) {
   return r;
 }
 
+int64_t MoERouting::rows() const { return std::accumulate(sizes.begin(), sizes.end(), int64_t{0}); }
+
 at::Tensor MoEImpl::dispatch(const at::Tensor& x, const MoERouting& r) const {
-  const int64_t N = x.size(0), C = x.size(1), k = r.expert.size(1);
-  auto buffer = torch::zeros({n_experts_, r.capacity + 1, C}, x.options());  // last slot: overflow
+  const int64_t N = x.size(0), C = x.size(1), k = r.expert.size(1), R = r.rows();
+  auto buffer = torch::zeros({R + 1, C}, x.options());  // last row: the dropped choices' overflow
   auto tokens = x.unsqueeze(1).expand({N, k, C}).reshape({N * k, C});
-  buffer = buffer.index_put({r.expert.reshape(-1), r.slot.reshape(-1)}, tokens);
-  return buffer.narrow(1, 0, r.capacity);
+  buffer = buffer.index_put({r.row.reshape(-1)}, tokens);
+  return buffer.narrow(0, 0, R);
 }
 
-at::Tensor MoEImpl::experts(const at::Tensor& buffer) const {
-  auto h = b_fc.defined() ? at::baddbmm(b_fc.unsqueeze(1), buffer, w_fc) : at::bmm(buffer, w_fc);
-  h = at::gelu(h, "tanh");
-  return b_proj.defined() ? at::baddbmm(b_proj.unsqueeze(1), h, w_proj) : at::bmm(h, w_proj);
+at::Tensor MoEImpl::experts(const at::Tensor& rows, const std::vector<int64_t>& sizes) const {
+  const int64_t E = w_fc.size(0), C = rows.size(1);
+  require(static_cast<int64_t>(sizes.size()) == E, "internal: ", sizes.size(), " expert sizes for ", E, " experts");
+  if (std::all_of(sizes.begin(), sizes.end(), [&](int64_t n) { return n == sizes.front(); })) {
+    // Equal sizes (capacity routing): one batched matmul pair over [E, cap, C].
+    const at::Tensor buffer = rows.reshape({E, sizes.front(), C});
+    auto h = b_fc.defined() ? at::baddbmm(b_fc.unsqueeze(1), buffer, w_fc) : at::bmm(buffer, w_fc);
+    h = at::gelu(h, "tanh");
+    auto out = b_proj.defined() ? at::baddbmm(b_proj.unsqueeze(1), h, w_proj) : at::bmm(h, w_proj);
+    return out.reshape({-1, C});
+  }
+  // Variable sizes (dropless): one matmul pair per expert over its own rows; an expert with none
+  // still takes part (its gradient is zero).
+  std::vector<at::Tensor> out;
+  int64_t first = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const at::Tensor mine = rows.narrow(0, first, sizes[static_cast<size_t>(e)]);
+    auto h = at::matmul(mine, w_fc[e]);
+    if (b_fc.defined()) h = h + b_fc[e];
+    h = at::matmul(at::gelu(h, "tanh"), w_proj[e]);
+    out.push_back(b_proj.defined() ? h + b_proj[e] : h);
+    first += sizes[static_cast<size_t>(e)];
+  }
+  return at::cat(out, 0);
 }
 
 at::Tensor MoEImpl::combine(const at::Tensor& out, const MoERouting& r) const {
-  const int64_t N = r.expert.size(0), k = r.expert.size(1), C = out.size(2);
-  auto padded = at::cat({out, torch::zeros({out.size(0), 1, C}, out.options())}, 1);  // overflow slot = 0
-  auto picked = padded.index({r.expert.reshape(-1), r.slot.reshape(-1)}).view({N, k, C});
+  const int64_t N = r.expert.size(0), k = r.expert.size(1), C = out.size(1);
+  auto padded = at::cat({out, torch::zeros({1, C}, out.options())}, 0);  // overflow row = 0
+  auto picked = padded.index({r.row.reshape(-1)}).view({N, k, C});
   return (picked * r.gate.to(out.scalar_type()).unsqueeze(-1)).sum(1);
 }
 
@@ -167,9 +202,8 @@ MoEOutput MoEImpl::forward(const at::Tensor& x) {
   auto flat = x.reshape({-1, x.size(-1)});
   auto r = route(flat);
   const at::Tensor buffer = dispatch(flat, r);
-  auto y = combine(expert_step_ ? expert_step_(buffer, [this](const at::Tensor& b) { return experts(b); })
-                                : experts(buffer),
-                   r);
+  const ExpertFn run = [this](const at::Tensor& rows, const std::vector<int64_t>& sizes) { return experts(rows, sizes); };
+  auto y = combine(expert_step_ ? expert_step_(buffer, r.sizes, run) : run(buffer, r.sizes), r);
   return {y.view(shape), r.aux_loss};
 }
 

@@ -6,17 +6,20 @@
 //   scores s = softmax(logits) (model.moe_score = softmax) or sigmoid(logits) (DeepSeek-V3)
 //   (g, e) = top-k(s)                                                                [N, k]
 //   gates: k = 1: g1; k > 1: g_i / Σ_j g_j
-//   capacity = ceil(k * N / E * capacity_factor), or with capacity_factor = 0 (dropless) the
-//     busiest expert's count (read on the host: the one sync of a dropless layer)
-//   slots by priority: every token's first choice, in token order, then every second choice, ...;
-//   a choice whose slot is >= capacity is dropped (gate 0; the block's residual carries the token).
-//   dispatch: buffer[e, slot] = x[token]                                            [E, cap, C]
-//   experts:  out = gelu_tanh(buffer @ w_fc + b_fc) @ w_proj + b_proj               [E, cap, C]
-//   combine:  y[token] += gate * out[e, slot]                                       [N, C]
+//   slots by priority: every token's first choice, in token order, then every second choice, ...
+//   capacity routing: each expert has cap = ceil(k * N / E * capacity_factor) rows; a choice whose
+//     slot is >= cap is dropped (gate 0; the block's residual carries the token);
+//   dropless routing (capacity_factor = 0): expert e has exactly count_e rows (the counts read on
+//     the host: the one sync of a dropless layer), nothing dropped, nothing padded;
+//   the buffer: the experts' rows one after the other, sizes[e] rows for expert e      [R, C]
+//   dispatch: buffer[offset_e + slot] = x[token]
+//   experts:  rows of e -> gelu_tanh(rows @ w_fc[e] + b_fc[e]) @ w_proj[e] + b_proj[e] [R, C]
+//             (equal sizes: one batched matmul over [E, cap, C]; else one matmul pair per expert)
+//   combine:  y[token] += gate * out[offset_e + slot]                                 [N, C]
 // Expert weights are stacked ([E, ...]) so that expert parallelism can shard them along E and put
 // an all-to-all between dispatch/experts/combine, which are separate steps for that reason. The
 // step between them is replaceable from outside (set_expert_step): expert parallelism
-// (parallel/expert/expert_parallel.h) installs one that sends each expert's slots to the rank
+// (parallel/expert/expert_parallel.h) installs one that sends each expert's rows to the rank
 // holding it, runs that rank's experts (w_fc etc. then hold only those, [E/ep, ...]) through the
 // function it is given, and returns the outputs to their tokens; an empty step runs experts()
 // here. The model never communicates.
@@ -50,11 +53,14 @@ namespace tessera {
 // Where each token's choices go.
 struct MoERouting {
   at::Tensor expert;    // [N, k] int64
-  at::Tensor slot;      // [N, k] int64, position in the expert's buffer; == capacity when dropped
+  at::Tensor slot;      // [N, k] int64, position among the expert's rows; == capacity when dropped
+  at::Tensor row;       // [N, k] int64, row in the buffer (offset_e + slot); == rows() when dropped
   at::Tensor gate;      // [N, k] float32, zero for dropped choices (differentiable to the router)
   at::Tensor assigned;  // [E] int64, choices routed to each expert before dropping
   at::Tensor aux_loss;  // float32 scalar: load-balance + z-loss, coefficients applied
-  int64_t capacity = 0;
+  int64_t capacity = 0;        // capacity routing: rows per expert; dropless: the busiest expert's count
+  std::vector<int64_t> sizes;  // [E] rows of each expert in the buffer (on the host)
+  int64_t rows() const;        // Σ sizes
 };
 
 // Routing statistics summed over the forwards since reset_statistics() (a step's micro-batches),
@@ -94,13 +100,17 @@ class MoEImpl : public torch::nn::Module {
   MoEOutput forward(const at::Tensor& x);  // x [B, T, C]
 
   MoERouting route(const at::Tensor& x);                                   // x [N, C]
-  at::Tensor dispatch(const at::Tensor& x, const MoERouting& r) const;     // -> [E, cap, C]
-  at::Tensor experts(const at::Tensor& buffer) const;                      // [E, cap, C] -> [E, cap, C]
-  at::Tensor combine(const at::Tensor& out, const MoERouting& r) const;    // -> [N, C]
+  at::Tensor dispatch(const at::Tensor& x, const MoERouting& r) const;  // -> buffer [R, C]
+  // The experts this process holds (w_fc.size(0) of them) on `rows` [Σ sizes, C], sizes[e] rows of
+  // each in order -> [Σ sizes, C].
+  at::Tensor experts(const at::Tensor& rows, const std::vector<int64_t>& sizes) const;
+  at::Tensor combine(const at::Tensor& out, const MoERouting& r) const;  // out [R, C] -> [N, C]
 
-  // buffer [E, cap, C] -> outputs [E, cap, C]; `experts` computes the experts this process holds.
+  // buffer [R, C] with `sizes` (all E experts) -> outputs [R, C]; `experts` computes the experts
+  // this process holds (as experts() above).
+  using ExpertFn = std::function<at::Tensor(const at::Tensor& rows, const std::vector<int64_t>& sizes)>;
   using ExpertStep =
-      std::function<at::Tensor(const at::Tensor& buffer, const std::function<at::Tensor(const at::Tensor&)>& experts)>;
+      std::function<at::Tensor(const at::Tensor& buffer, const std::vector<int64_t>& sizes, const ExpertFn& experts)>;
   // Installs the step (once: a second owner is refused; an empty step restores the default).
   void set_expert_step(ExpertStep step);
 

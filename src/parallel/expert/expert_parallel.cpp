@@ -44,34 +44,40 @@ struct ExpertAllToAll : public torch::autograd::Function<ExpertAllToAll> {
   }
 };
 
-// The expert step of one MoE layer over `ep` (expert_parallel.h): buffer [E, cap, C] of this
-// rank's tokens -> the outputs of their experts, [E, cap, C].
-at::Tensor dispatch_and_combine(const at::Tensor& buffer, const std::function<at::Tensor(const at::Tensor&)>& experts,
-                                comm::Group& ep) {
-  const int64_t W = ep.size(), E = buffer.size(0), cap = buffer.size(1), C = buffer.size(2), local = E / W;
-  at::Tensor caps = at::empty({W}, at::kLong);
-  ep.all_gather(caps, at::full({1}, cap, at::kLong));
-  std::vector<int64_t> from(static_cast<size_t>(W)), rows_in(static_cast<size_t>(W)), rows_out(static_cast<size_t>(W));
-  for (int64_t i = 0; i < W; ++i) {
-    from[static_cast<size_t>(i)] = caps[i].item<int64_t>();
-    rows_in[static_cast<size_t>(i)] = local * from[static_cast<size_t>(i)];  // received from rank i
-    rows_out[static_cast<size_t>(i)] = local * cap;                          // sent to rank i
-  }
-  const at::Tensor received = ExpertAllToAll::apply(buffer.reshape({E * cap, C}), &ep, rows_in, rows_out);
-  std::vector<at::Tensor> sources;  // [local, cap_i, C] per rank i
-  int64_t at_row = 0;
-  for (int64_t i = 0; i < W; ++i) {
-    sources.push_back(received.narrow(0, at_row, rows_in[static_cast<size_t>(i)]).view({local, from[static_cast<size_t>(i)], C}));
-    at_row += rows_in[static_cast<size_t>(i)];
-  }
-  const at::Tensor out = experts(at::cat(sources, 1));  // [local, Σ cap_i, C]
-  std::vector<at::Tensor> back;
-  int64_t at_slot = 0;
-  for (int64_t i = 0; i < W; ++i) {
-    back.push_back(out.narrow(1, at_slot, from[static_cast<size_t>(i)]).reshape({rows_in[static_cast<size_t>(i)], C}));
-    at_slot += from[static_cast<size_t>(i)];
-  }
-  return ExpertAllToAll::apply(at::cat(back, 0), &ep, rows_out, rows_in).view({E, cap, C});
+// The expert step of one MoE layer over `ep` (expert_parallel.h): this rank's buffer [R, C], sizes[e]
+// rows for each of the E experts in order -> the outputs of their experts, [R, C].
+at::Tensor dispatch_and_combine(const at::Tensor& buffer, const std::vector<int64_t>& sizes,
+                                const MoEImpl::ExpertFn& experts, comm::Group& ep) {
+  const int64_t W = ep.size(), E = static_cast<int64_t>(sizes.size()), local = E / W, C = buffer.size(1);
+  // Every rank's sizes: all[i][e] rows of expert e in rank i's buffer.
+  at::Tensor gathered = at::empty({W * E}, at::kLong);
+  ep.all_gather(gathered, at::tensor(sizes, at::kLong));
+  const int64_t* all = gathered.data_ptr<int64_t>();
+  auto size_of = [&](int64_t rank, int64_t expert) { return all[rank * E + expert]; };
+  // Rows to rank j: this rank's rows of j's experts (contiguous); rows from rank i: i's rows of mine.
+  const int64_t me = ep.rank();
+  std::vector<int64_t> send(static_cast<size_t>(W), 0), receive(static_cast<size_t>(W), 0);
+  for (int64_t j = 0; j < W; ++j)
+    for (int64_t l = 0; l < local; ++l) {
+      send[static_cast<size_t>(j)] += size_of(me, j * local + l);
+      receive[static_cast<size_t>(j)] += size_of(j, me * local + l);
+    }
+  const at::Tensor received = ExpertAllToAll::apply(buffer, &ep, receive, send);  // source-major
+  // Regroup expert-major (each local expert's rows from rank 0, 1, ...) and back.
+  std::vector<int64_t> order, local_sizes(static_cast<size_t>(local), 0);
+  std::vector<int64_t> source_first(static_cast<size_t>(W), 0);
+  for (int64_t i = 1; i < W; ++i) source_first[static_cast<size_t>(i)] = source_first[static_cast<size_t>(i - 1)] + receive[static_cast<size_t>(i - 1)];
+  for (int64_t l = 0; l < local; ++l)
+    for (int64_t i = 0; i < W; ++i) {
+      int64_t first = source_first[static_cast<size_t>(i)];
+      for (int64_t m = 0; m < l; ++m) first += size_of(i, me * local + m);
+      for (int64_t n = 0; n < size_of(i, me * local + l); ++n) order.push_back(first + n);
+      local_sizes[static_cast<size_t>(l)] += size_of(i, me * local + l);
+    }
+  const at::Tensor index = at::tensor(order, at::kLong).to(buffer.device());
+  const at::Tensor out = experts(received.index_select(0, index), local_sizes);
+  const at::Tensor back = at::zeros({received.size(0), C}, out.options()).index_copy(0, index, out);
+  return ExpertAllToAll::apply(back, &ep, send, receive);
 }
 
 }  // namespace
@@ -100,9 +106,8 @@ void apply_expert_parallel(MoEImpl& moe, comm::Group& ep) {
     require(p->is_meta(), "internal: apply_expert_parallel takes a layer on the meta device");
     p->set_data(p->detach().chunk(W, 0)[static_cast<size_t>(r)].clone());
   }
-  moe.set_expert_step([&ep](const at::Tensor& buffer, const std::function<at::Tensor(const at::Tensor&)>& experts) {
-    return dispatch_and_combine(buffer, experts, ep);
-  });
+  moe.set_expert_step([&ep](const at::Tensor& buffer, const std::vector<int64_t>& sizes,
+                            const MoEImpl::ExpertFn& experts) { return dispatch_and_combine(buffer, sizes, experts, ep); });
 }
 
 void apply_expert_parallel(TransformerLM& model, comm::Group& ep) {

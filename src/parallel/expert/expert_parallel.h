@@ -5,16 +5,17 @@
 // Rank j of the group holds experts [j E/ep, (j+1) E/ep) of every MoE layer: its part of the
 // stacked expert weights (Split::expert, dim 0; ParameterPlacement cuts and joins it). Each rank
 // routes its own tokens over all E experts exactly as one process would (model/moe.h: this rank's
-// buffer [E, cap, C], cap its capacity), then the layer's expert step (MoEImpl::set_expert_step):
-//   dispatch  one all-to-all with variable splits: the buffer's rows of rank j's experts,
-//             [E/ep, cap, C], go to rank j; rank j receives [E/ep, cap_i, C] from each rank i and
-//             runs its experts once on [E/ep, Σ_i cap_i, C] (the sources side by side per expert);
-//   combine   the inverse all-to-all returns each source's outputs to it, [E, cap, C], and the
-//             model weights them by the gates.
-// The ranks' caps travel first (an all-gather of one integer): with capacity routing they are
-// equal (same micro-batch shape), with dropless routing (model.moe_capacity_factor = 0) each is its
-// busiest expert's count. A rank whose tokens all go elsewhere, or to which none come, sends or
-// receives zero rows; its experts still run (on no rows) and get a zero gradient.
+// buffer [R, C], sizes[e] rows for expert e: its capacity, or under dropless routing its count),
+// then the layer's expert step (MoEImpl::set_expert_step):
+//   sizes     every rank's sizes [E] travel first (one all-gather of E integers);
+//   dispatch  one all-to-all with variable splits: the buffer's rows of rank j's experts (one
+//             contiguous run) go to rank j; rank j regroups what it received by expert (each local
+//             expert's rows from rank 0, 1, ...) and runs its experts once over them;
+//   combine   the rows go back to source order and the inverse all-to-all returns each source's
+//             outputs to it, [R, C], which the model weights by the gates.
+// Under dropless routing only routed rows travel (tokens x k per rank, nothing padded). A rank
+// whose tokens all go elsewhere, or to which none come, sends or receives zero rows; its experts
+// still run (on no rows) and get a zero gradient.
 //
 // Both all-to-alls are one autograd function whose backward is the inverse all-to-all of the
 // gradient, keeping only the row counts (no tensors): an expert's gradient on rank j sums the

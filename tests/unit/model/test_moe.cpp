@@ -150,19 +150,34 @@ TEST(MoE, UniformRouterGivesAuxEqualToCoefficient) {
 }
 
 // The step between dispatch and combine is replaceable from outside (expert parallelism's hook):
-// a step that sends the buffer through the experts it is given in two halves of the slots (as an
-// all-to-all would regroup them) gives the default output and gradients; a second owner is refused.
+// a step that sends the buffer through the experts it is given in two halves (experts 0-1 and 2-3,
+// as an all-to-all would split them) gives the default output and gradients; a second owner is
+// refused.
 TEST(MoE, ExpertStepFromOutsideMatchesTheDefault) {
   torch::manual_seed(3);
-  MoE moe = make_moe(moe_options(2, 1.25));
+  ModelOptions o = moe_options(2, 1.25);
+  o.bias = false;  // the step below narrows the expert weights only
+  MoE moe = make_moe(o);
   const at::Tensor x = torch::randn({2, 6, 16}, torch::requires_grad());
   const MoEOutput plain = moe(x);
   const at::Tensor plain_grad = torch::autograd::grad({plain.y.sum()}, {moe->w_fc})[0];
   int calls = 0;
-  moe->set_expert_step([&calls](const at::Tensor& buffer, const std::function<at::Tensor(const at::Tensor&)>& experts) {
+  moe->set_expert_step([&calls, &moe](const at::Tensor& buffer, const std::vector<int64_t>& sizes,
+                                      const MoEImpl::ExpertFn& experts) {
     ++calls;
-    const int64_t half = buffer.size(1) / 2;
-    return at::cat({experts(buffer.narrow(1, 0, half)), experts(buffer.narrow(1, half, buffer.size(1) - half))}, 1);
+    // Each half through a layer holding only its two experts (what one ep rank would hold).
+    const int64_t first_half = sizes[0] + sizes[1];
+    std::vector<at::Tensor> out;
+    for (int64_t h = 0; h < 2; ++h) {
+      const at::Tensor saved_fc = moe->w_fc, saved_proj = moe->w_proj;
+      moe->w_fc = saved_fc.narrow(0, 2 * h, 2);
+      moe->w_proj = saved_proj.narrow(0, 2 * h, 2);
+      out.push_back(experts(h == 0 ? buffer.narrow(0, 0, first_half) : buffer.narrow(0, first_half, buffer.size(0) - first_half),
+                            {sizes[2 * h], sizes[2 * h + 1]}));
+      moe->w_fc = saved_fc;
+      moe->w_proj = saved_proj;
+    }
+    return at::cat(out, 0);
   });
   const MoEOutput stepped = moe(x);
   const at::Tensor stepped_grad = torch::autograd::grad({stepped.y.sum()}, {moe->w_fc})[0];
@@ -170,7 +185,10 @@ TEST(MoE, ExpertStepFromOutsideMatchesTheDefault) {
   EXPECT_TRUE(at::allclose(stepped.y, plain.y, 1e-6, 1e-6));
   EXPECT_TRUE(at::allclose(stepped_grad, plain_grad, 1e-6, 1e-6));
   EXPECT_TRUE(test::throws_naming(
-      [&] { moe->set_expert_step([](const at::Tensor& b, const std::function<at::Tensor(const at::Tensor&)>& e) { return e(b); }); },
+      [&] {
+        moe->set_expert_step(
+            [](const at::Tensor& b, const std::vector<int64_t>& s, const MoEImpl::ExpertFn& e) { return e(b, s); });
+      },
       {"already installed"}));
 }
 
