@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/autograd.h>
 #include <torch/torch.h>
 
 #include "core/error.h"
@@ -16,6 +17,19 @@
 #include "model/norm.h"
 
 namespace tessera {
+namespace {
+
+// The identity, whose backward makes the incoming gradient dense: at::_grouped_mm's backward
+// refuses a zero-stride gradient (its output summed directly), which its callers cannot rule out.
+struct DenseGradient : public torch::autograd::Function<DenseGradient> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x) { return x.view_as(x); }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list grad) {
+    return {grad[0].contiguous()};
+  }
+};
+
+}  // namespace
 
 int64_t expert_capacity(int64_t tokens, int64_t experts, int64_t top_k, double capacity_factor) {
   return static_cast<int64_t>(
@@ -175,8 +189,23 @@ at::Tensor MoEImpl::experts(const at::Tensor& rows, const std::vector<int64_t>& 
     auto out = b_proj.defined() ? at::baddbmm(b_proj.unsqueeze(1), h, w_proj) : at::bmm(h, w_proj);
     return out.reshape({-1, C});
   }
-  // Variable sizes (dropless): one matmul pair per expert over its own rows; an expert with none
-  // still takes part (its gradient is zero).
+  // Variable sizes (dropless): at::_grouped_mm over the experts' runs of rows (bench/results/
+  // expert_compute_cpu.md: 1.2-2.6x faster than a matmul pair per expert, which remains for rows
+  // whose strides are not 16-byte multiples, as _grouped_mm requires). An expert with no rows still
+  // takes part: its gradient is zero.
+  const int64_t H = w_fc.size(2);
+  if ((C * rows.element_size()) % 16 == 0 && (H * rows.element_size()) % 16 == 0) {
+    std::vector<int64_t> ends(sizes.size());
+    std::partial_sum(sizes.begin(), sizes.end(), ends.begin());
+    const at::Tensor offs = at::tensor(ends, at::kInt).to(rows.device());
+    const at::Tensor expert_of_row =
+        at::repeat_interleave(at::arange(E, at::kLong), at::tensor(sizes, at::kLong)).to(rows.device());
+    const at::ScalarType dtype = rows.scalar_type();
+    auto h = at::_grouped_mm(rows, w_fc.to(dtype), offs);
+    if (b_fc.defined()) h = h + b_fc.to(dtype).index_select(0, expert_of_row);
+    auto out = DenseGradient::apply(at::_grouped_mm(at::gelu(h, "tanh"), w_proj.to(dtype), offs));
+    return b_proj.defined() ? out + b_proj.to(dtype).index_select(0, expert_of_row) : out;
+  }
   std::vector<at::Tensor> out;
   int64_t first = 0;
   for (int64_t e = 0; e < E; ++e) {

@@ -210,6 +210,24 @@ TEST(MoE, DroplessKeepsEveryChoiceAndRecomputationIsNotCountedTwice) {
   EXPECT_TRUE((r.slot < r.capacity).all().item<bool>());
   EXPECT_TRUE(torch::allclose(r.gate.sum(1), torch::ones({40})));  // k > 1: normalised
   EXPECT_EQ(moe->statistics().dropped_fraction(), 0.0);
+  // Dropless experts (at::_grouped_mm over variable runs; the output summed directly, whose
+  // gradient has zero strides) equal the padded batched matmul of a capacity that drops nothing.
+  for (int64_t width : {16, 6}) {  // 6 x 4 bytes: not a 16-byte stride, one matmul pair per expert
+    SCOPED_TRACE("n_embd " + std::to_string(width));
+    ModelOptions wide = moe_options(2, 0.0);
+    wide.n_embd = width;
+    wide.mlp_ratio = 2;
+    MoE dropless = make_moe(wide);
+    wide.moe_capacity_factor = 4.0;  // capacity 2 * 40 / 4 * 4 = 80 >= any count
+    MoE padded = make_moe(wide);
+    const at::Tensor tokens = torch::randn({1, 40, width});
+    const at::Tensor y = dropless->forward(tokens).y, y_padded = padded->forward(tokens).y;
+    EXPECT_TRUE(torch::allclose(y, y_padded, 1e-5, 1e-6));
+    y.sum().backward();
+    y_padded.sum().backward();
+    EXPECT_TRUE(torch::allclose(dropless->w_fc.grad(), padded->w_fc.grad(), 1e-5, 1e-6));
+    EXPECT_TRUE(torch::allclose(dropless->b_proj.grad(), padded->b_proj.grad(), 1e-5, 1e-6));
+  }
 
   ModelOptions m = moe_options(2, 1.0);
   m.n_layer = 2;
