@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -64,6 +65,14 @@ void Ranks::expect_success() const {
                                        << results_[r].output;
     EXPECT_NE(results_[r].output.find("[ RUN      ] " + filter_), std::string::npos)
         << "rank " << r << " ran no test named " << filter_ << "; its output:\n" << results_[r].output;
+  }
+}
+
+void Ranks::print_lines(const std::string& prefix) const {
+  for (const RankResult& result : results_) {
+    std::istringstream lines(result.output);
+    for (std::string line; std::getline(lines, line);)
+      if (line.rfind(prefix, 0) == 0) std::printf("%s\n", line.c_str());
   }
 }
 

@@ -48,6 +48,9 @@ class Ranks {
   // Every rank exited 0 after running this very test (a worker whose filter matched no test
   // would exit 0 too); prints the output of those that did not.
   void expect_success() const;
+  // Prints every rank's output lines that start with `prefix` (a test's measurements, shown by
+  // ctest -V).
+  void print_lines(const std::string& prefix) const;
 
  private:
   bool worker_ = false;

@@ -30,12 +30,7 @@ TEST(ShardedModelSave, PeaksNoHigherThanAStepAtZero3OnFourRanks) {
   test::Ranks ranks(4);
   if (!ranks.is_worker()) {  // the measured bytes, from every rank's output
     ranks.expect_success();
-    for (const auto& result : ranks.results()) {
-      std::istringstream lines(result.output);
-      for (std::string line; std::getline(lines, line);)
-        if (line.rfind("rank ", 0) == 0) std::printf("%s\n", line.c_str());
-    }
-    return;
+    return ranks.print_lines("rank ");
   }
   host_memory::install();
   Config c;

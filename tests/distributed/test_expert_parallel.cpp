@@ -7,7 +7,6 @@
 // composition; this checks what it cannot steer.
 #include <cstdio>
 #include <map>
-#include <sstream>
 
 #include <ATen/ATen.h>
 #include <torch/torch.h>
@@ -139,12 +138,7 @@ TEST(ExpertParallel, MemoryIsFlatOver100StepsUnderFullCheckpointing) {
   test::Ranks ranks(2);
   if (!ranks.is_worker()) {  // the measured bytes, from every rank's output
     ranks.expect_success();
-    for (const auto& result : ranks.results()) {
-      std::istringstream lines(result.output);
-      for (std::string line; std::getline(lines, line);)
-        if (line.rfind("rank ", 0) == 0) std::printf("%s\n", line.c_str());
-    }
-    return;
+    return ranks.print_lines("rank ");
   }
   host_memory::install();
   Config c;
