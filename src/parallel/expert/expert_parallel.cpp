@@ -63,17 +63,20 @@ at::Tensor dispatch_and_combine(const at::Tensor& buffer, const std::vector<int6
       receive[static_cast<size_t>(j)] += size_of(j, me * local + l);
     }
   const at::Tensor received = ExpertAllToAll::apply(buffer, &ep, receive, send);  // source-major
-  // Regroup expert-major (each local expert's rows from rank 0, 1, ...) and back.
+  // Regroup expert-major (each local expert's rows from rank 0, 1, ...) and back: `received` holds
+  // the sources one after the other, each its rows of this rank's experts in expert order.
   std::vector<int64_t> order, local_sizes(static_cast<size_t>(local), 0);
-  std::vector<int64_t> source_first(static_cast<size_t>(W), 0);
-  for (int64_t i = 1; i < W; ++i) source_first[static_cast<size_t>(i)] = source_first[static_cast<size_t>(i - 1)] + receive[static_cast<size_t>(i - 1)];
-  for (int64_t l = 0; l < local; ++l)
+  for (int64_t l = 0; l < local; ++l) {
+    int64_t source_start = 0;
     for (int64_t i = 0; i < W; ++i) {
-      int64_t first = source_first[static_cast<size_t>(i)];
+      int64_t first = source_start;
       for (int64_t m = 0; m < l; ++m) first += size_of(i, me * local + m);
-      for (int64_t n = 0; n < size_of(i, me * local + l); ++n) order.push_back(first + n);
-      local_sizes[static_cast<size_t>(l)] += size_of(i, me * local + l);
+      const int64_t n = size_of(i, me * local + l);
+      for (int64_t row = first; row < first + n; ++row) order.push_back(row);
+      local_sizes[static_cast<size_t>(l)] += n;
+      source_start += receive[static_cast<size_t>(i)];
     }
+  }
   const at::Tensor index = at::tensor(order, at::kLong).to(buffer.device());
   const at::Tensor out = experts(received.index_select(0, index), local_sizes);
   const at::Tensor back = at::zeros({received.size(0), C}, out.options()).index_copy(0, index, out);
