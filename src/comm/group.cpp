@@ -65,6 +65,11 @@ struct Group::Impl {
 
   // The tensor the backend sees: on a CUDA group a CPU tensor is copied to the group's GPU.
   at::Tensor staged(const at::Tensor& t) const { return t.defined() && on_cuda() && !t.is_cuda() ? t.to(device) : t; }
+  // What an all-to-all moves: Gloo has no bfloat16 all-to-all (the process aborts), so bf16 data
+  // travels as float16 of the same bits (an all-to-all only copies them).
+  at::Tensor on_wire(const at::Tensor& t) const {
+    return !on_cuda() && t.scalar_type() == at::kBFloat16 ? t.view(at::kHalf) : t;
+  }
   // Copies a staged result back into the caller's tensor.
   static void unstage(const at::Tensor& t, const at::Tensor& staged) {
     if (t.defined() && !staged.is_same(t)) t.copy_(staged);
@@ -399,7 +404,8 @@ Work Group::all_to_all_async(at::Tensor output, at::Tensor input) {
     const at::Tensor flat_output = output.view({-1});
     at::Tensor out = g.staged(flat_output), in = g.staged(input.view({-1}));
     std::vector<int64_t> equal_splits;  // empty: size() equal chunks along dim 0
-    g.wait_backend(g.backend->alltoall_base(out, in, equal_splits, equal_splits));
+    at::Tensor out_wire = g.on_wire(out), in_wire = g.on_wire(in);
+    g.wait_backend(g.backend->alltoall_base(out_wire, in_wire, equal_splits, equal_splits));
     Impl::unstage(flat_output, out);
     g.count("all_to_all", bytes);
   });
@@ -431,7 +437,8 @@ Work Group::all_to_all_async(at::Tensor output, at::Tensor input, std::vector<in
                     bytes]() mutable {
                      const at::Tensor flat_output = output.view({-1});
                      at::Tensor out = g.staged(flat_output), in = g.staged(input.view({-1}));
-                     g.wait_backend(g.backend->alltoall_base(out, in, output_rows, input_rows));
+                     at::Tensor out_wire = g.on_wire(out), in_wire = g.on_wire(in);
+                     g.wait_backend(g.backend->alltoall_base(out_wire, in_wire, output_rows, input_rows));
                      Impl::unstage(flat_output, out);
                      g.count("all_to_all", bytes);
                    });

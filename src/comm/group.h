@@ -21,6 +21,8 @@
 //   all_reduce 2(N-1)/N * bytes, all_gather and reduce_scatter (N-1)/N * full bytes, broadcast
 //   `bytes` on the root, send_recv `bytes` (counted as "send"), all_to_all (N-1)/N * input bytes
 //   (the chunks that leave this rank; with variable splits, the rows sent to other members).
+// - All-to-alls take bfloat16 on Gloo too (moved as float16 of the same bits: Gloo has no bf16
+//   all-to-all).
 //
 // A CUDA group (`device` is a GPU; NCCL) adds, for streams and ordering:
 // - Its communication thread has the group's GPU as current device and a pool stream of its own

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <numeric>
 
+#include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
 #include <torch/torch.h>
@@ -200,8 +201,12 @@ at::Tensor MoEImpl::experts(const at::Tensor& rows, const std::vector<int64_t>& 
     const at::Tensor offs = at::tensor(ends, at::kInt).to(rows.device());
     const at::Tensor expert_of_row =
         at::repeat_interleave(at::arange(E, at::kLong), at::tensor(sizes, at::kLong)).to(rows.device());
-    const at::ScalarType dtype = rows.scalar_type();
-    auto h = at::_grouped_mm(rows, w_fc.to(dtype), offs);
+    // _grouped_mm has no autocast rule: it computes in autocast's dtype itself, as the batched
+    // matmul and the loop do, so every path returns the same dtype on every rank.
+    const at::DeviceType device = rows.device().type();
+    const at::ScalarType dtype = at::autocast::is_autocast_enabled(device) ? at::autocast::get_autocast_dtype(device)
+                                                                           : rows.scalar_type();
+    auto h = at::_grouped_mm(rows.to(dtype), w_fc.to(dtype), offs);
     if (b_fc.defined()) h = h + b_fc.to(dtype).index_select(0, expert_of_row);
     auto out = DenseGradient::apply(at::_grouped_mm(at::gelu(h, "tanh"), w_proj.to(dtype), offs));
     return b_proj.defined() ? out + b_proj.to(dtype).index_select(0, expert_of_row) : out;
@@ -210,10 +215,10 @@ at::Tensor MoEImpl::experts(const at::Tensor& rows, const std::vector<int64_t>& 
   int64_t first = 0;
   for (int64_t e = 0; e < E; ++e) {
     const at::Tensor mine = rows.narrow(0, first, sizes[static_cast<size_t>(e)]);
-    auto h = at::matmul(mine, w_fc[e]);
-    if (b_fc.defined()) h = h + b_fc[e];
+    auto h = at::matmul(mine, w_fc[e]);  // autocast's dtype, as the other paths: the biases follow it
+    if (b_fc.defined()) h = h + b_fc[e].to(h.scalar_type());
     h = at::matmul(at::gelu(h, "tanh"), w_proj[e]);
-    out.push_back(b_proj.defined() ? h + b_proj[e] : h);
+    out.push_back(b_proj.defined() ? h + b_proj[e].to(h.scalar_type()) : h);
     first += sizes[static_cast<size_t>(e)];
   }
   return at::cat(out, 0);

@@ -617,6 +617,16 @@ const std::vector<Row>& layouts() {
          c.precision.dtype = "bf16";
        },
        &kBf16},
+      {"dp2_ep2_moe_top2_dropless_bf16", 2,
+       [](Config& c) {
+         c.model.ffn = "moe";
+         c.model.moe_top_k = 2;
+         c.model.moe_capacity_factor = 0;
+         c.parallel.ep = 2;
+         c.precision.dtype = "bf16";
+       },
+       &kBf16Sharded},  // an ep rank runs each expert on two ranks' rows at once (another bf16 kernel
+                        // and rounding than one process's per micro-batch): Adam's sign flips, as under tp
       {"tp2_megatron_sp_bf16", 2,
        [](Config& c) {
          c.parallel.tp = 2;
