@@ -14,7 +14,8 @@
 //   the buffer: the experts' rows one after the other, sizes[e] rows for expert e      [R, C]
 //   dispatch: buffer[offset_e + slot] = x[token]
 //   experts:  rows of e -> gelu_tanh(rows @ w_fc[e] + b_fc[e]) @ w_proj[e] + b_proj[e] [R, C]
-//             (equal sizes: one batched matmul over [E, cap, C]; else at::_grouped_mm)
+//             (equal sizes: one batched matmul over [E, cap, C]; else at::_grouped_mm; every path
+//             returns autocast's dtype, so ep ranks whose experts took different paths agree)
 //   combine:  y[token] += gate * out[offset_e + slot]                                 [N, C]
 // Expert weights are stacked ([E, ...]) so that expert parallelism can shard them along E and put
 // an all-to-all between dispatch/experts/combine, which are separate steps for that reason. The
