@@ -395,20 +395,9 @@ Work Group::all_to_all_async(at::Tensor output, at::Tensor input) {
               input.is_contiguous() && output.scalar_type() == input.scalar_type(),
           "internal: all_to_all on group '", g.name, "': input of ", input.numel(), " and output of ", output.numel(),
           " elements (contiguous, one dtype, a multiple of ", g.size(), " needed)");
-  if (g.size() == 1) {
-    output.copy_(input.view_as(output));
-    return Work();
-  }
-  const double bytes = static_cast<double>(g.size() - 1) * (input.numel() / g.size()) * input.element_size();
-  return g.enqueue("all_to_all of " + shape_text(input), [&g, output, input, bytes]() {
-    const at::Tensor flat_output = output.view({-1});
-    at::Tensor out = g.staged(flat_output), in = g.staged(input.view({-1}));
-    std::vector<int64_t> equal_splits;  // empty: size() equal chunks along dim 0
-    at::Tensor out_wire = g.on_wire(out), in_wire = g.on_wire(in);
-    g.wait_backend(g.backend->alltoall_base(out_wire, in_wire, equal_splits, equal_splits));
-    Impl::unstage(flat_output, out);
-    g.count("all_to_all", bytes);
-  });
+  // size() equal chunks: one row per member.
+  const std::vector<int64_t> one_each(static_cast<size_t>(g.size()), 1);
+  return all_to_all_async(output.view({g.size(), -1}), input.view({g.size(), -1}), one_each, one_each);
 }
 
 Work Group::all_to_all_async(at::Tensor output, at::Tensor input, std::vector<int64_t> output_rows,
@@ -432,7 +421,7 @@ Work Group::all_to_all_async(at::Tensor output, at::Tensor input, std::vector<in
     if (j != g.rank) bytes += static_cast<double>(input_rows[static_cast<size_t>(j)] * per_row * input.element_size());
   for (int64_t& r : input_rows) r *= per_row;  // c10d's splits count elements of the flat tensors
   for (int64_t& r : output_rows) r *= per_row;
-  return g.enqueue("all_to_all (variable) of " + shape_text(input),
+  return g.enqueue("all_to_all of " + shape_text(input),
                    [&g, output, input, output_rows = std::move(output_rows), input_rows = std::move(input_rows),
                     bytes]() mutable {
                      const at::Tensor flat_output = output.view({-1});

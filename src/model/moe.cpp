@@ -1,6 +1,7 @@
-// Switch / GShard mixture of experts: routing with capacity, dispatch, stacked experts, combine
-// (moe.h). Dropped choices are sent to an extra overflow slot (index capacity) that the experts
-// never read and whose output is zero, so routing needs no data-dependent shapes (no host sync).
+// Mixture of experts: routing (capacity or dropless), dispatch, stacked experts, combine (moe.h).
+// Dropped choices are sent to an extra overflow row that the experts never read and whose output
+// is zero, so capacity routing needs no data-dependent shapes (no host sync); dropless routing
+// reads the counts on the host once per layer.
 #include "model/moe.h"
 
 #include <algorithm>
