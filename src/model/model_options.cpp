@@ -81,6 +81,8 @@ void ModelOptions::check(const std::string& source) const {
   require(ffn == "dense" || ffn == "moe", source, ": model.ffn must be dense or moe (got '", ffn, "')");
   require(moe_score == "softmax" || moe_score == "sigmoid", source,
           ": model.moe_score must be softmax or sigmoid (got '", moe_score, "')");
+  require(moe_aux_scope == "micro_batch" || moe_aux_scope == "global", source,
+          ": model.moe_aux_scope must be micro_batch or global (got '", moe_aux_scope, "')");
   require(n_embd % n_head == 0, source, ": model.n_embd must be a multiple of model.n_head (got n_embd ", n_embd,
           ", n_head ", n_head, ")");
   require(moe_top_k <= moe_experts, source, ": model.moe_top_k must be at most model.moe_experts (got top_k ",

@@ -42,6 +42,7 @@ struct ModelOptions {
   std::string moe_score = "softmax";  // softmax | sigmoid (DeepSeek-V3)
   double moe_capacity_factor = 1.25;  // 0 = dropless
   double moe_aux_loss_coef = 0.01;
+  std::string moe_aux_scope = "micro_batch";  // micro_batch | global (model/moe.h)
   double moe_z_loss_coef = 0.001;
   double moe_bias_update_rate = 0;  // aux-loss-free balancing (DeepSeek-V3); 0 = off
   int64_t moe_every = 1;
@@ -70,6 +71,9 @@ struct ModelOptions {
       "expert capacity = ceil(top_k * tokens / experts * factor); 0 = dropless (every token processed)",
       between(0, 1024));
     v("moe_aux_loss_coef", moe_aux_loss_coef, "weight of the Switch load-balancing loss", between(0, 100));
+    v("moe_aux_scope", moe_aux_scope,
+      "tokens the load-balancing loss counts expert loads over: micro_batch (this rank's forward) or global "
+      "(the same micro-batch of every data- and sequence-parallel rank: the loss does not change with dp or sp)");
     v("moe_z_loss_coef", moe_z_loss_coef, "weight of the router z-loss", between(0, 100));
     v("moe_bias_update_rate", moe_bias_update_rate,
       "aux-loss-free balancing: a per-expert selection bias moved by this much each step toward the mean load "

@@ -102,6 +102,9 @@ void MoEImpl::update_selection_bias(const std::vector<double>& load, double rate
 }
 
 void MoEImpl::set_expert_step(ExpertStep step) { install_once(expert_step_, std::move(step), "the MoE expert step"); }
+void MoEImpl::set_balance_count_sum(CountSum sum) {
+  install_once(balance_count_sum_, std::move(sum), "the MoE balance count sum");
+}
 
 MoERouting MoEImpl::route(const at::Tensor& x) {
   const int64_t N = x.size(0), E = n_experts_, k = top_k_;
@@ -149,7 +152,15 @@ MoERouting MoEImpl::route(const at::Tensor& x) {
   r.gate = gate * kept.to(gate.scalar_type());
   r.assigned = counts;
 
-  auto f = at::one_hot(top_e.select(1, 0), E).to(at::kFloat).mean(0);  // no gradient
+  at::Tensor f;  // [E] fraction of the counted tokens whose first choice is each expert; no gradient
+  if (balance_count_sum_) {
+    at::Tensor counted = at::cat({at::one_hot(top_e.select(1, 0), E).sum(0), at::full({1}, N, top_e.options())})
+                             .to(at::kFloat);  // [E + 1]
+    balance_count_sum_(counted);
+    f = counted.narrow(0, 0, E) / counted[E];
+  } else {
+    f = at::one_hot(top_e.select(1, 0), E).to(at::kFloat).mean(0);
+  }
   const at::Tensor share = sigmoid_ ? scores / scores.sum(-1, /*keepdim=*/true) : scores;
   auto balance = aux_coef_ * static_cast<double>(E) * (f * share.mean(0)).sum();
   auto z = z_coef_ * at::logsumexp(logits, -1).pow(2).mean();

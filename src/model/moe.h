@@ -30,6 +30,12 @@
 //     is e (before dropping, no gradient), P_e = mean over tokens of s_e / Σ_e' s_e' (the softmax
 //     probability itself);
 //   router z-loss: z_coef * mean_n(logsumexp(logits_n)^2).
+// The balance loss's f counts this forward's tokens (model.moe_aux_scope = micro_batch), or, when a
+// balance count sum is installed (set_balance_count_sum; parallel/parallelize.h does so for
+// moe_aux_scope = global), the tokens of every rank routing the same micro-batch: the top-1
+// counts and the token count are summed over them before f is formed, while P_e stays this rank's
+// mean. Averaged over those ranks as their gradients are, the loss is then the one one process
+// would compute on all their tokens at once (Qwen's global-batch balance, per micro-batch).
 // Aux-loss-free balancing (model.moe_bias_update_rate > 0; DeepSeek-V3): the top-k choice is made
 // on s + b, b a per-expert bias that takes no gradient, while the gates stay the scores s of the
 // chosen experts; after each step b_e += rate * sign(mean load - load_e), the loads counted over
@@ -114,6 +120,11 @@ class MoEImpl : public torch::nn::Module {
       std::function<at::Tensor(const at::Tensor& buffer, const std::vector<int64_t>& sizes, const ExpertFn& experts)>;
   // Installs the step (once: a second owner is refused; an empty step restores the default).
   void set_expert_step(ExpertStep step);
+  // Sums `counts` [E + 1] float32 (the top-1 count of each expert, then the tokens) in place over
+  // the ranks routing the same micro-batch (a collective: every such rank routes its MoE layers in
+  // the same order, recomputation included). Installed once, as the expert step.
+  using CountSum = std::function<void(at::Tensor& counts)>;
+  void set_balance_count_sum(CountSum sum);
 
   // The aux-loss-free selection bias [E] float32 on the CPU; undefined (zero) before the first update.
   const at::Tensor& selection_bias() const { return selection_bias_; }
@@ -134,6 +145,7 @@ class MoEImpl : public torch::nn::Module {
   bool sigmoid_;
   double capacity_factor_, aux_coef_, z_coef_, residual_std_;
   ExpertStep expert_step_;
+  CountSum balance_count_sum_;
   MoEStatistics stats_;
   at::Tensor selection_bias_;
 };

@@ -125,6 +125,14 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
     ep_ = &mesh_->group("ep");
     apply_expert_parallel(model_, *ep_);
   }
+  // 3c. model.moe_aux_scope = global: the balance loss counts the loads of every data- and
+  // sequence-parallel rank's tokens of the micro-batch (tp ranks route the same tokens: not again).
+  if (dims && dims->dp() * dims->sp() > 1 && config.model.moe_aux_scope == "global") {
+    comm::Group& routing = mesh_->group("dp_sp");
+    for (int64_t layer : model_->layers())
+      if (MoE moe = model_->block(layer)->moe)
+        moe->set_balance_count_sum([&routing](at::Tensor& counts) { routing.all_reduce(counts); });
+  }
   placement_ = std::make_unique<ParameterPlacement>(model_, layout_, tp_, pp_, ep_);
   // The parameters, this rank's parts only, on their device (in host memory under memory.swap);
   // under ZeRO-3 DataParallel materialises them unit by unit, already sharded (step 5).

@@ -17,7 +17,9 @@
 // rank share its rows (TrainStep cuts each rank's sequence chunk). The reference runs the same
 // D M micro-batches one after the other: data parallelism is gradient accumulation across ranks,
 // and an MoE layer's capacity and load-balancing loss depend on the tokens of one forward, so only
-// the same split is the same computation.
+// the same split is the same computation. Rows with model.moe_aux_scope = global (whose balance
+// loss counts micro-batch m of every rank together) compare with a reference running M
+// micro-batches, micro-batch m being the D ranks' micro-batches m as one (merged_reference).
 //
 // Tolerances (one table, by precision): the runs differ only in float32 summation order (means per
 // rank then over ranks, reductions, the clipping norm over shards, LASP's chunked states).
@@ -76,6 +78,9 @@ struct Row {
   int ranks;
   std::function<void(Config&)> set;
   const Tolerance* tolerance = &kFp32;
+  // The reference runs micro-batch m of every dp rank as one (M micro-batches of D B rows) instead
+  // of D M: what model.moe_aux_scope = global computes (its balance loss counts them together).
+  bool merged_reference = false;
 };
 
 void PrintTo(const Row& layout, std::ostream* os) { *os << layout.name; }
@@ -277,6 +282,29 @@ const std::vector<Row>& layouts() {
          c.parallel.sp_method = "ring";
          c.parallel.ep = 2;
        }},
+      {"dp2_sp2_moe_global_aux_dropless_ulysses", 4,
+       [](Config& c) {
+         c.model.ffn = "moe";
+         c.model.moe_capacity_factor = 0;
+         c.model.moe_aux_loss_coef = 0.1;  // counted over both chunks and both replicas: as one process
+         c.model.moe_aux_scope = "global";
+         c.parallel.sp = 2;
+         c.parallel.sp_method = "ulysses";
+       },
+       &kFp32, true},
+      {"dp4_ep2_moe_global_aux_top2_zero1_sgd_accum2", 4,
+       [](Config& c) {
+         sgd(c);
+         c.model.ffn = "moe";
+         c.model.moe_top_k = 2;
+         c.model.moe_capacity_factor = 0;
+         c.model.moe_aux_loss_coef = 0.1;
+         c.model.moe_aux_scope = "global";
+         c.parallel.ep = 2;
+         c.parallel.zero_stage = 1;
+         c.train.grad_accum = 2;
+       },
+       &kFp32, true},
       {"dp2_pp2_ep2_moe_top2_1f1b_zero1_accum2", 4,
        [](Config& c) {
          c.model.ffn = "moe";
@@ -699,7 +727,8 @@ TEST_P(Equivalence, MatchesOneProcess) {
   single.memory.swap = false;  // swapping is a layout too: the reference trains resident
   single.memory.device_budget_gb = 0;
   single.memory.swap_blocks.clear();
-  const Trace reference = train(single, nullptr, dims.dp() * config.train.grad_accum);
+  const Trace reference =
+      train(single, nullptr, layout.merged_reference ? config.train.grad_accum : dims.dp() * config.train.grad_accum);
   const Tolerance& tol = *layout.tolerance;
   double loss = 0, norm = 0, first = 0, grad = 0, param = 0;  // worst errors, measured as compared
   for (int64_t s = 0; s < kSteps; ++s) {

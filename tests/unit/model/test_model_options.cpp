@@ -94,6 +94,7 @@ TEST(ModelOptions, ChecksNameTheKey) {
   expect_key([](ModelOptions& o) { o.ffn = "sparse"; }, "model.ffn");
   expect_key([](ModelOptions& o) { o.moe_top_k = 5; }, "model.moe_top_k");  // of 4 experts
   expect_key([](ModelOptions& o) { o.moe_score = "tanh"; }, "model.moe_score");
+  expect_key([](ModelOptions& o) { o.moe_aux_scope = "batch"; }, "model.moe_aux_scope");
   expect_key([](ModelOptions& o) { o.moe_experts = 1; o.moe_top_k = 2; }, "model.moe_top_k");
   expect_key([](ModelOptions& o) { o.dropout = 1.0; }, "model.dropout");
   expect_key([](ModelOptions& o) { o.linear_chunk = 0; }, "model.linear_chunk");
