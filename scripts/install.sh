@@ -2,7 +2,8 @@
 # Installs what tessera needs to build and test, once; a second run only checks and returns.
 #
 #   Debian packages: compiler, CMake, ninja, ccache, toml++, CLI11, nlohmann-json, GoogleTest,
-#   Gloo headers (c10d's Gloo backend is compiled into libtorch; its header needs them).
+#   Gloo headers (c10d's Gloo backend is compiled into libtorch; its header needs them), OpenDHT
+#   and OpenSSL (the ATOM swarm's DHT and its key's HMAC).
 #   libtorch:        the pinned `torch` wheel from PyPI, in a virtual environment outside the
 #                    clone ($TESSERA_DEPS, default ~/.cache/tessera) so that every clone and
 #                    every CI run on this machine reuses it. The same environment gives the
@@ -22,7 +23,7 @@ STAMP="$VENV/.tessera-installed"
 need_apt=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 for pkg in g++ cmake ninja-build ccache make python3 python3-venv python3-pip \
-           libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev libgloo-dev; do
+           libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev libgloo-dev libopendht-dev libssl-dev; do
   have_pkg "$pkg" || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

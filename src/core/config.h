@@ -27,6 +27,7 @@
 #include "optim/optim_options.h"
 #include "precision/precision_options.h"
 #include "core/run_options.h"
+#include "core/swarm_options.h"
 
 namespace tessera {
 
@@ -40,6 +41,7 @@ struct Config {
   CheckpointOptions checkpoint;
   MemoryOptions memory;
   ParallelOptions parallel;
+  SwarmOptions swarm;  // read by `tessera peer` only
 
   // "section.key" -> where its value came from (a file path, "--set", "checkpoint DIR"); keys
   // without an entry are defaults, or in [model] the preset's when model.preset is set.
@@ -57,6 +59,7 @@ struct Config {
     f("checkpoint", checkpoint);
     f("memory", memory);
     f("parallel", parallel);
+    f("swarm", swarm);
   }
 
   // `source` names the origin in error messages (a file path, or "checkpoint meta.json"); the keys

@@ -165,6 +165,7 @@ void Config::check(const std::string& source) const {
   checkpoint.check(source);
   memory.check(source);
   parallel.check(source);
+  swarm.check(source);
   if (train.seq_len > model.block_size)
     fail(source, ": train.seq_len = ", train.seq_len, " exceeds model.block_size = ", model.block_size);
 }
@@ -260,6 +261,17 @@ void MemoryOptions::check(const std::string& source) const {
           ": memory.swap_copies must be auto, fp32 or bf16 (got '", swap_copies, "')");
   for (int64_t b : swap_blocks)
     require(b >= 1, source, ": memory.swap_blocks entries must be at least 1 block (got ", b, ")");
+}
+
+void SwarmOptions::check(const std::string& source) const {
+  check_ranges(*this, "swarm", source);
+  require(sync == "batch" || sync == "diloco", source, ": swarm.sync must be batch or diloco (got '", sync, "')");
+  require(pseudo_gradient_dtype == "fp32" || pseudo_gradient_dtype == "bf16" || pseudo_gradient_dtype == "int8", source,
+          ": swarm.pseudo_gradient_dtype must be fp32, bf16 or int8 (got '", pseudo_gradient_dtype, "')");
+  require(round_timeout_min_s <= round_timeout_max_s, source, ": swarm.round_timeout_min_s = ", round_timeout_min_s,
+          " exceeds swarm.round_timeout_max_s = ", round_timeout_max_s);
+  require(publish_interval_s < record_ttl_s, source, ": swarm.publish_interval_s = ", publish_interval_s,
+          " must be below swarm.record_ttl_s = ", record_ttl_s, " (a live peer's record would expire between two)");
 }
 
 }  // namespace tessera

@@ -1,0 +1,151 @@
+// The swarm's DHT over OpenDHT (membership.h). OpenDHT's headers stay in this file.
+#include "atom/membership.h"
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <map>
+#include <mutex>
+
+#include <opendht.h>
+
+#include "atom/wire.h"
+#include "core/error.h"
+
+namespace tessera::atom {
+namespace {
+
+constexpr dht::ValueType::Id kRecordType = 0x7e55;  // "tessera peer record"
+
+dht::NetId network_of(const std::string& swarm) {
+  const dht::InfoHash h = dht::InfoHash::get("tessera swarm network " + swarm);
+  dht::NetId id = 0;
+  for (size_t i = 0; i < sizeof(id); ++i) id = (id << 8) | h[i];
+  return id == 0 ? 1 : id;  // 0 is OpenDHT's public network
+}
+
+uint64_t value_id_of(const std::string& peer_id) {
+  const dht::InfoHash h = dht::InfoHash::get("tessera peer value " + peer_id);
+  uint64_t id = 0;
+  for (size_t i = 0; i < sizeof(id); ++i) id = (id << 8) | h[i];
+  return id == 0 ? 1 : id;
+}
+
+}  // namespace
+
+struct Membership::Impl {
+  std::string swarm;
+  SwarmKey key;
+  double ttl;
+  dht::InfoHash where;
+  dht::DhtRunner node;
+  std::atomic<int64_t> refused{0};
+
+  Impl(std::string s, const SwarmKey& k, double t)
+      : swarm(std::move(s)), key(k), ttl(t), where(dht::InfoHash::get("tessera/swarm/" + swarm + "/peers")) {}
+
+  std::optional<PeerRecord> verify(const dht::Value& v) {
+    std::optional<PeerRecord> r =
+        PeerRecord::parse(std::string(v.data.begin(), v.data.end()), swarm, key);
+    if (!r) ++refused;
+    return r;
+  }
+};
+
+Membership::Membership(const std::string& swarm, const SwarmKey& key, const std::string& host, int port,
+                       const std::vector<std::string>& initial_peers, double record_ttl_s)
+    : impl_(std::make_unique<Impl>(swarm, key, record_ttl_s)) {
+  Impl* impl = impl_.get();
+  // Only records that verify are stored, and an edit only by a newer record of the same peer.
+  auto store = [impl](dht::InfoHash, const std::shared_ptr<dht::Value>& v, const dht::InfoHash&, const dht::SockAddr&) {
+    return v && impl->verify(*v).has_value();
+  };
+  auto edit = [impl](dht::InfoHash, const std::shared_ptr<dht::Value>& old, std::shared_ptr<dht::Value>& now,
+                     const dht::InfoHash&, const dht::SockAddr&) {
+    if (!old || !now) return false;
+    const auto a = impl->verify(*old), b = impl->verify(*now);
+    return a && b && a->id == b->id && b->time >= a->time;
+  };
+  const auto expiry = std::chrono::duration_cast<dht::duration>(std::chrono::duration<double>(record_ttl_s));
+  dht::DhtRunner::Config config;
+  config.dht_config.node_config.network = network_of(swarm);
+  config.dht_config.node_config.max_req_per_sec = -1;
+  config.dht_config.node_config.max_peer_req_per_sec = -1;
+  config.threaded = true;
+  try {
+    const std::vector<dht::SockAddr> bind = dht::SockAddr::resolve(host, std::to_string(port));
+    require(!bind.empty(), "no address");
+    config.bind4 = bind.front();
+    impl_->node.run(config, dht::DhtRunner::Context{});
+  } catch (const std::exception& e) {
+    fail("cannot start the swarm's DHT node on UDP ", host, ":", port, ": ", e.what());
+  }
+  impl_->node.registerType(dht::ValueType(kRecordType, "tessera peer record", expiry, store, edit));
+  for (const std::string& peer : initial_peers) {
+    const auto [peer_host, peer_port] = split_address(peer, "--initial-peer");
+    impl_->node.bootstrap(peer_host, std::to_string(peer_port));
+  }
+}
+
+Membership::~Membership() {
+  impl_->node.shutdown({}, true);
+  impl_->node.join();
+}
+
+void Membership::publish(const PeerRecord& record) {
+  const std::string bytes = record.encode(impl_->swarm, impl_->key);
+  auto v = std::make_shared<dht::Value>(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  v->type = kRecordType;
+  v->id = value_id_of(record.id);
+  impl_->node.put(impl_->where, v, [](bool) {}, dht::time_point::max(), /*permanent=*/false);
+}
+
+void Membership::publish_raw(const std::string& bytes, uint64_t value_id) {
+  auto v = std::make_shared<dht::Value>(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  v->type = kRecordType;
+  v->id = value_id;
+  impl_->node.put(impl_->where, v, [](bool) {}, dht::time_point::max(), false);
+}
+
+std::vector<PeerRecord> Membership::live_peers(double wait_s) {
+  auto done = std::make_shared<std::promise<void>>();
+  auto values = std::make_shared<std::vector<std::shared_ptr<dht::Value>>>();
+  auto mutex = std::make_shared<std::mutex>();
+  impl_->node.get(
+      impl_->where,
+      [values, mutex](const std::vector<std::shared_ptr<dht::Value>>& vs) {
+        std::lock_guard<std::mutex> lock(*mutex);
+        values->insert(values->end(), vs.begin(), vs.end());
+        return true;
+      },
+      [done](bool) { done->set_value(); });
+  done->get_future().wait_for(std::chrono::duration<double>(wait_s));
+  std::vector<std::shared_ptr<dht::Value>> seen;
+  {
+    std::lock_guard<std::mutex> lock(*mutex);
+    seen = *values;
+  }
+  std::map<std::string, PeerRecord> newest;
+  const double now = unix_now();
+  for (const auto& v : seen) {
+    if (!v) continue;
+    std::optional<PeerRecord> r = impl_->verify(*v);
+    if (!r || now - r->time > impl_->ttl) continue;
+    auto it = newest.find(r->id);
+    if (it == newest.end() || it->second.time < r->time) newest[r->id] = *r;
+  }
+  std::vector<PeerRecord> out;
+  for (auto& [id, r] : newest) out.push_back(std::move(r));
+  return out;
+}
+
+int Membership::port() const { return impl_->node.getBoundPort(AF_INET); }
+
+int64_t Membership::refused_records() const { return impl_->refused; }
+
+int64_t Membership::known_nodes() const {
+  const dht::NodeStats s = impl_->node.getNodesStats(AF_INET);
+  return static_cast<int64_t>(s.good_nodes + s.dubious_nodes);
+}
+
+}  // namespace tessera::atom

@@ -1,0 +1,53 @@
+// Membership: the swarm's DHT (OpenDHT, a Kademlia DHT) through which peers find each other and
+// see each other's progress. No node is special: a new peer bootstraps from any live one, and the
+// first peer started can leave like any other.
+//
+// Each peer runs one DHT node on UDP at its --listen address (the same port as its TCP channels),
+// on a DHT network of its own (the network id is derived from the swarm's name, so nodes of other
+// swarms and the public OpenDHT network do not mix with it). Its record (atom/peer_record.h) lives
+// under the key "tessera/swarm/<name>/peers" with a value id fixed per peer, so republishing
+// replaces it. The value type's store and edit policies, run by every peer's node, admit only
+// records whose tag verifies under the swarm key (and an edit only by a newer record of the same
+// peer): a forged record is never stored by an honest node, and one that reaches a reader anyway is
+// dropped by parse(). A record expires from the DHT after swarm.record_ttl_s, and readers drop one
+// whose time is older, so a dead peer vanishes within that time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "atom/peer_record.h"
+#include "atom/swarm_key.h"
+
+namespace tessera::atom {
+
+class Membership {
+ public:
+  // Starts the node on host:port (UDP) and bootstraps from `initial_peers` (HOST:PORT each; none
+  // for the first peer of a swarm).
+  Membership(const std::string& swarm, const SwarmKey& key, const std::string& host, int port,
+             const std::vector<std::string>& initial_peers, double record_ttl_s);
+  ~Membership();
+
+  // Publishes (or replaces) this peer's record; returns at once.
+  void publish(const PeerRecord& record);
+  // The live peers' records (tags verified, not older than the ttl, newest per id), as this
+  // node finds them within `wait_s`.
+  std::vector<PeerRecord> live_peers(double wait_s = 2.0);
+  // Publishes raw bytes under the swarm's key, as a stranger's node would (tests of forged records).
+  void publish_raw(const std::string& bytes, uint64_t value_id);
+  // The UDP port the node is bound to (the one asked for, or the one chosen for port 0).
+  int port() const;
+  // Records seen that failed verification (forged, altered, another key).
+  int64_t refused_records() const;
+  // DHT nodes this node knows of (0 until it has joined the network).
+  int64_t known_nodes() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tessera::atom

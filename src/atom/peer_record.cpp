@@ -1,0 +1,69 @@
+// Peer records: encoding, tags and checked parsing (peer_record.h).
+#include "atom/peer_record.h"
+
+#include <chrono>
+#include <cmath>
+
+#include <nlohmann/json.hpp>
+
+namespace tessera::atom {
+namespace {
+
+std::string record_tag(const std::string& swarm, const std::string& json, const SwarmKey& key) {
+  const Tag t = key.tag({"tessera peer record", swarm, "\n", json});
+  return to_hex(std::string_view(reinterpret_cast<const char*>(t.data()), t.size()));
+}
+
+}  // namespace
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string PeerRecord::encode(const std::string& swarm, const SwarmKey& key) const {
+  const nlohmann::json j = {{"id", id},           {"address", address}, {"swarm_step", swarm_step},
+                            {"local_step", local_step}, {"samples", samples}, {"claimed", claimed},
+                            {"loss", loss},       {"samples_per_s", samples_per_s}, {"time", time},
+                            {"serving_state", serving_state}};
+  const std::string json = j.dump();
+  return json + "\n" + record_tag(swarm, json, key);
+}
+
+std::optional<PeerRecord> PeerRecord::parse(const std::string& bytes, const std::string& swarm, const SwarmKey& key) {
+  if (bytes.size() > kMaxRecordBytes) return std::nullopt;
+  const size_t newline = bytes.rfind('\n');
+  if (newline == std::string::npos) return std::nullopt;
+  const std::string json = bytes.substr(0, newline), tag = bytes.substr(newline + 1);
+  const std::string want = record_tag(swarm, json, key);
+  if (tag.size() != want.size()) return std::nullopt;
+  Tag a{}, b{};
+  for (size_t i = 0; i < a.size(); ++i) {  // compare the hex tags in constant time, byte pairs as bytes
+    a[i] = static_cast<uint8_t>(tag[2 * i] ^ want[2 * i]);
+    b[i] = static_cast<uint8_t>(tag[2 * i + 1] ^ want[2 * i + 1]);
+  }
+  Tag zero{};
+  if (!same_tag(a, zero) || !same_tag(b, zero)) return std::nullopt;
+  const nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return std::nullopt;
+  PeerRecord r;
+  try {
+    r.id = j.at("id").get<std::string>();
+    r.address = j.at("address").get<std::string>();
+    r.swarm_step = j.at("swarm_step").get<int64_t>();
+    r.local_step = j.at("local_step").get<int64_t>();
+    r.samples = j.at("samples").get<int64_t>();
+    r.claimed = j.at("claimed").get<int64_t>();
+    r.loss = j.at("loss").get<double>();
+    r.samples_per_s = j.at("samples_per_s").get<double>();
+    r.time = j.at("time").get<double>();
+    r.serving_state = j.at("serving_state").get<bool>();
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
+  if (r.id.empty() || r.id.size() > 64 || r.address.empty() || r.address.size() > 256 || r.swarm_step < 0 ||
+      r.local_step < 0 || r.samples < 0 || r.claimed < 0 || !std::isfinite(r.time) || !std::isfinite(r.samples_per_s))
+    return std::nullopt;
+  return r;
+}
+
+}  // namespace tessera::atom

@@ -1,0 +1,64 @@
+// The [swarm] section: how an ATOM peer (`tessera peer`, atom/peer.h) trains with the others of
+// its swarm. Who the peer is (its swarm's name, its address, the peers it starts from) is given on
+// the command line, not here: a config is shared by every peer of a swarm.
+//
+//   sync = "batch"   peers accumulate gradients until the swarm together has processed
+//                    target_batch_size samples, average them weighted by samples and all take the
+//                    same optimizer step (synchronous training with that global batch);
+//   sync = "diloco"  each peer takes inner_steps local steps, then the group averages the
+//                    pseudo-gradients (start parameters minus local parameters, sent as
+//                    pseudo_gradient_dtype) and applies an outer Nesterov SGD step (outer_lr,
+//                    outer_momentum; DiLoCo's defaults 0.7 and 0.9).
+// A swarm is closed: key_file holds the shared secret every connection and DHT record proves
+// knowledge of (atom/swarm_key.h); a peer without one is refused before it starts.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/options.h"
+
+namespace tessera {
+
+struct SwarmOptions {
+  std::string sync = "batch";           // batch | diloco
+  int64_t target_batch_size = 64;       // batch: samples over the swarm per optimizer step
+  int64_t inner_steps = 50;             // diloco: local steps between averages
+  double outer_lr = 0.7;                // diloco: outer SGD learning rate
+  double outer_momentum = 0.9;          // diloco: outer Nesterov momentum
+  std::string pseudo_gradient_dtype = "bf16";  // diloco: fp32 | bf16 | int8 on the wire
+  std::string key_file;                 // the swarm's shared key (tessera swarm keygen)
+  int64_t min_peers = 1;                // peers seen before the first local step
+  double record_ttl_s = 10;             // a peer whose record is older is gone
+  double publish_interval_s = 1;        // how often a peer republishes its record
+  double round_timeout_min_s = 5;       // the adaptive round deadline's bounds
+  double round_timeout_max_s = 300;
+  double max_message_mb = 4096;         // a larger message from a peer is refused
+
+  template <class V>
+  void visit(V& v) {
+    v("sync", sync, "batch (accumulate to target_batch_size, average gradients) or diloco (average "
+                    "pseudo-gradients every inner_steps local steps)");
+    v("target_batch_size", target_batch_size, "batch: samples the swarm processes per optimizer step",
+      between(1, int64_t{1} << 40));
+    v("inner_steps", inner_steps, "diloco: local optimizer steps between averaging rounds", between(1, 1 << 24));
+    v("outer_lr", outer_lr, "diloco: learning rate of the outer Nesterov SGD step", between(0, 100));
+    v("outer_momentum", outer_momentum, "diloco: momentum of the outer Nesterov SGD step", fraction_below_one());
+    v("pseudo_gradient_dtype", pseudo_gradient_dtype, "diloco: what pseudo-gradients travel as: fp32, bf16 or int8");
+    v("key_file", key_file, "file holding the swarm's shared key (tessera swarm keygen --out FILE); required");
+    v("min_peers", min_peers, "live peers (this one included) a peer waits to see before its first step",
+      between(1, 1 << 20));
+    v("record_ttl_s", record_ttl_s, "a peer whose last DHT record is older than this is taken as gone",
+      between(0.5, 86400));
+    v("publish_interval_s", publish_interval_s, "seconds between a peer's DHT records", between(0.05, 3600));
+    v("round_timeout_min_s", round_timeout_min_s, "lower bound of an averaging round's adaptive deadline",
+      between(0.1, 86400));
+    v("round_timeout_max_s", round_timeout_max_s, "upper bound of an averaging round's adaptive deadline",
+      between(0.1, 86400));
+    v("max_message_mb", max_message_mb, "messages from a peer larger than this are refused", between(0.001, 1 << 20));
+  }
+
+  void check(const std::string& source) const;
+};
+
+}  // namespace tessera
