@@ -1,0 +1,360 @@
+// Averaging rounds: group formation by the round's host and the butterfly all-reduce (averaging.h).
+#include "atom/averaging.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+namespace tessera::atom {
+namespace {
+
+enum RoundMessage : uint8_t { kJoin = 10, kGroup = 11, kPart = 12, kSum = 13 };
+
+// A message of a JSON header and a binary payload: [u32 header length][header][payload].
+std::string pack(const nlohmann::json& header, const std::string& payload = "") {
+  const std::string h = header.dump();
+  std::string out(4, '\0');
+  const uint32_t n = static_cast<uint32_t>(h.size());
+  std::memcpy(out.data(), &n, 4);
+  return out + h + payload;
+}
+
+std::pair<nlohmann::json, std::string> unpack(const std::string& body, const std::string& from) {
+  uint32_t n = 0;
+  if (body.size() < 4) throw WireError("peer " + from + " sent a malformed round message");
+  std::memcpy(&n, body.data(), 4);
+  if (n > body.size() - 4 || n > 65536) throw WireError("peer " + from + " sent a malformed round message");
+  nlohmann::json header = nlohmann::json::parse(body.substr(4, n), nullptr, false);
+  if (!header.is_object()) throw WireError("peer " + from + " sent a malformed round message");
+  return {std::move(header), body.substr(4 + n)};
+}
+
+template <class T>
+T field(const nlohmann::json& j, const char* key, const std::string& from) {
+  try {
+    return j.at(key).get<T>();
+  } catch (const nlohmann::json::exception&) {
+    throw WireError("peer " + from + " sent a round message without a valid '" + key + "'");
+  }
+}
+
+// [begin, end) of part `j` of `n` over `numel` elements.
+std::pair<int64_t, int64_t> part_bounds(int64_t numel, int64_t n, int64_t j) {
+  return {numel * j / n, numel * (j + 1) / n};
+}
+
+}  // namespace
+
+Codec codec_from_name(const std::string& name) {
+  if (name == "fp32") return Codec::fp32;
+  if (name == "bf16") return Codec::bf16;
+  if (name == "int8") return Codec::int8;
+  fail("swarm.pseudo_gradient_dtype must be fp32, bf16 or int8 (got '", name, "')");
+}
+
+std::string encode_part(const at::Tensor& values, Codec codec) {
+  const at::Tensor v = values.contiguous().to(at::kFloat);
+  at::Tensor out;
+  std::string prefix;
+  switch (codec) {
+    case Codec::fp32: out = v; break;
+    case Codec::bf16: out = v.to(at::kBFloat16); break;
+    case Codec::int8: {
+      const float scale = v.numel() ? v.abs().max().item<float>() / 127.0f : 0.0f;
+      prefix.assign(reinterpret_cast<const char*>(&scale), sizeof(scale));
+      out = scale > 0 ? (v / scale).round().clamp(-127, 127).to(at::kChar) : at::zeros({v.numel()}, at::kChar);
+      break;
+    }
+  }
+  out = out.contiguous();
+  return prefix + std::string(static_cast<const char*>(out.data_ptr()), out.numel() * out.element_size());
+}
+
+at::Tensor decode_part(const std::string& bytes, int64_t n, Codec codec, const std::string& from) {
+  const size_t element = codec == Codec::fp32 ? 4 : codec == Codec::bf16 ? 2 : 1;
+  const size_t prefix = codec == Codec::int8 ? sizeof(float) : 0;
+  if (bytes.size() != prefix + static_cast<size_t>(n) * element)
+    throw WireError("peer " + from + " sent a part of " + std::to_string(bytes.size()) + " bytes where " +
+                    std::to_string(prefix + static_cast<size_t>(n) * element) + " were expected");
+  const at::ScalarType type = codec == Codec::fp32 ? at::kFloat : codec == Codec::bf16 ? at::kBFloat16 : at::kChar;
+  at::Tensor raw = at::empty({n}, type);
+  std::memcpy(raw.data_ptr(), bytes.data() + prefix, static_cast<size_t>(n) * element);
+  at::Tensor out = raw.to(at::kFloat);
+  if (codec == Codec::int8) {
+    float scale = 0;
+    std::memcpy(&scale, bytes.data(), sizeof(scale));
+    if (!std::isfinite(scale)) throw WireError("peer " + from + " sent a part with a non-finite scale");
+    out.mul_(scale);
+  }
+  if (!out.isfinite().all().item<bool>()) throw WireError("peer " + from + " sent non-finite values");
+  return out;
+}
+
+double RoundClock::deadline_s() const {
+  if (recent_.empty()) return max_s_;
+  return std::clamp(4.0 * *std::max_element(recent_.begin(), recent_.end()), min_s_, max_s_);
+}
+
+void RoundClock::record(double seconds) {
+  recent_.push_back(seconds);
+  if (recent_.size() > 8) recent_.erase(recent_.begin());
+}
+
+// The host's view of one round's JOINs.
+struct Averager::Gather {
+  std::vector<RoundMember> joined;
+  bool decided = false;
+  std::vector<RoundMember> members;
+  std::string token;
+};
+
+// This member's owned part of one attempt: the contributions summed as they arrive.
+struct Averager::Slot {
+  int64_t expected = 0, received = 0;  // contributions, this member's own included
+  at::Tensor sum;
+  double weight = 0;
+  Codec codec = Codec::fp32;
+  bool failed = false;
+  std::string reply;  // the sum as sent back, encoded once when the slot completes
+  uint64_t bytes_received = 0;
+  std::vector<std::string> from;
+};
+
+Averager::Averager(const SwarmKey& key, std::string my_id, std::string my_address, size_t max_message_bytes)
+    : key_(key), my_id_(std::move(my_id)), my_address_(std::move(my_address)), max_bytes_(max_message_bytes) {}
+
+bool Averager::serve(Channel& channel, const Message& first) {
+  if (first.type == kJoin) serve_join(channel, first);
+  else if (first.type == kPart) serve_part(channel, first);
+  else return false;
+  return true;
+}
+
+void Averager::serve_join(Channel& channel, const Message& first) {
+  const auto [header, payload] = unpack(first.body, channel.address());
+  const int64_t round = field<int64_t>(header, "round", channel.address());
+  const double wait_s = std::clamp(field<double>(header, "wait_s", channel.address()), 0.0, 86400.0);
+  const RoundMember member{channel.peer_id(), field<std::string>(header, "address", channel.address())};
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto& gather = gathers_[round];
+  if (!gather) gather = std::make_shared<Gather>();
+  const std::shared_ptr<Gather> g = gather;
+  g->joined.push_back(member);
+  changed_.notify_all();
+  const bool decided =
+      changed_.wait_for(lock, std::chrono::duration<double>(wait_s), [&] { return g->decided; });
+  if (!decided) return;  // the joiner's deadline passes: it retries the round
+  const bool in = std::any_of(g->members.begin(), g->members.end(), [&](const RoundMember& m) { return m.id == member.id; });
+  nlohmann::json members = nlohmann::json::array();
+  for (const RoundMember& m : g->members) members.push_back({m.id, m.address});
+  lock.unlock();
+  const std::string reason = !in ? "this peer joined after the group was closed"
+                             : g->token.empty() ? "the group was not a majority of the host's candidates"
+                                                : "";
+  channel.send(kGroup, pack({{"token", in ? g->token : ""}, {"members", members}, {"reason", reason}}), Deadline::in(10));
+}
+
+std::vector<RoundMember> Averager::host(int64_t round, const std::vector<RoundMember>& candidates, std::string& token,
+                                        Deadline gather, Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto& entry = gathers_[round];
+  if (!entry) entry = std::make_shared<Gather>();
+  const std::shared_ptr<Gather> g = entry;
+  auto everyone_joined = [&] {
+    for (const RoundMember& c : candidates) {
+      if (c.id == my_id_) continue;
+      if (std::none_of(g->joined.begin(), g->joined.end(), [&](const RoundMember& m) { return m.id == c.id; }))
+        return false;
+    }
+    return true;
+  };
+  changed_.wait_until(lock, gather.at, everyone_joined);
+  g->members = {{my_id_, my_address_}};
+  for (const RoundMember& m : g->joined)
+    if (std::none_of(g->members.begin(), g->members.end(), [&](const RoundMember& x) { return x.id == m.id; }))
+      g->members.push_back(m);
+  std::sort(g->members.begin(), g->members.end(), [](const RoundMember& a, const RoundMember& b) { return a.id < b.id; });
+  // Not a majority of the candidates: no token, so the joiners fail at once (run_round says why).
+  g->token = 2 * g->members.size() > candidates.size() ? to_hex(random_bytes(8)) : "";
+  g->decided = true;
+  token = g->token;
+  gathers_.erase(round);  // later JOINs of this round start a new gather (a retry)
+  changed_.notify_all();
+  return g->members;
+}
+
+std::vector<RoundMember> Averager::join(int64_t round, const RoundMember& host, std::string& token, Deadline deadline) {
+  const auto [h, p] = split_address(host.address, "the round's host");
+  std::unique_ptr<Channel> c;
+  try {
+    c = Channel::connect(h, p, key_, my_id_, deadline, max_bytes_);
+    c->send(kJoin, pack({{"round", round}, {"address", my_address_}, {"wait_s", deadline.seconds_left()}}), deadline);
+    const Message reply = c->receive(deadline, kGroup);
+    const auto [header, payload] = unpack(reply.body, c->address());
+    token = field<std::string>(header, "token", c->address());
+    std::vector<RoundMember> members;
+    for (const auto& m : field<nlohmann::json>(header, "members", c->address()))
+      members.push_back({m.at(0).get<std::string>(), m.at(1).get<std::string>()});
+    if (token.empty())
+      throw RoundError("round " + std::to_string(round) + ": host " + host.id + " (" + host.address +
+                       ") formed no group with this peer: " + field<std::string>(header, "reason", c->address()));
+    return members;
+  } catch (const WireError& e) {
+    throw RoundError("round " + std::to_string(round) + ": joining host " + host.id + " (" + host.address +
+                     ") failed: " + e.what());
+  } catch (const nlohmann::json::exception&) {
+    throw RoundError("round " + std::to_string(round) + ": host " + host.address + " sent a malformed group");
+  }
+}
+
+std::shared_ptr<Averager::Slot> Averager::slot_for(const std::string& token, bool create) {
+  auto it = slots_.find(token);
+  if (it != slots_.end()) return it->second;
+  if (!create) return nullptr;
+  return slots_[token] = std::make_shared<Slot>();
+}
+
+void Averager::serve_part(Channel& channel, const Message& first) {
+  const auto [header, payload] = unpack(first.body, channel.address());
+  const std::string token = field<std::string>(header, "token", channel.address());
+  const int64_t n = field<int64_t>(header, "numel", channel.address());
+  const double weight = field<double>(header, "weight", channel.address());
+  const Deadline deadline = Deadline::in(std::clamp(field<double>(header, "wait_s", channel.address()), 0.0, 86400.0));
+  std::unique_lock<std::mutex> lock(mutex_);
+  std::shared_ptr<Slot> slot;
+  // The part may come before this member learned its group: wait for the slot.
+  changed_.wait_until(lock, deadline.at, [&] { return (slot = slot_for(token, false)) != nullptr; });
+  if (!slot || slot->failed) return;
+  lock.unlock();
+  const at::Tensor values = decode_part(payload, n, slot->codec, channel.address());
+  lock.lock();
+  if (slot->failed || !slot->sum.defined() || values.numel() != slot->sum.numel() ||
+      std::find(slot->from.begin(), slot->from.end(), channel.peer_id()) != slot->from.end()) {
+    slot->failed = true;
+    changed_.notify_all();
+    throw WireError("peer " + channel.address() + " sent a part that does not fit this round");
+  }
+  slot->sum.add_(values);
+  slot->weight += weight;
+  slot->from.push_back(channel.peer_id());
+  ++slot->received;
+  slot->bytes_received += first.body.size();
+  changed_.notify_all();
+  const bool complete = changed_.wait_until(lock, deadline.at, [&] { return !slot->reply.empty() || slot->failed; });
+  if (!complete || slot->failed) return;
+  lock.unlock();
+  channel.send(kSum, slot->reply, deadline);
+}
+
+RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidates, const at::Tensor& vector,
+                                double weight, Codec codec, RoundClock& clock) {
+  const auto start = std::chrono::steady_clock::now();
+  std::sort(candidates.begin(), candidates.end(), [](const RoundMember& a, const RoundMember& b) { return a.id < b.id; });
+  require(!candidates.empty() && std::any_of(candidates.begin(), candidates.end(),
+                                             [&](const RoundMember& m) { return m.id == my_id_; }),
+          "internal: a round's candidates include this peer");
+  const double budget = clock.deadline_s();
+  const Deadline gather = Deadline::in(budget / 2), deadline = Deadline::in(budget);
+  std::string token;
+  const std::vector<RoundMember> members = candidates.front().id == my_id_
+                                               ? host(round, candidates, token, gather, deadline)
+                                               : join(round, candidates.front(), token, deadline);
+  const int64_t n = static_cast<int64_t>(members.size()), numel = vector.numel();
+  // A group holding half of this peer's candidates or fewer may be one side of a split view (two
+  // hosts, each seen by some): it does not average, so no two groups of one round both do.
+  if (2 * n <= static_cast<int64_t>(candidates.size()))
+    throw RoundError("round " + std::to_string(round) + ": the group has " + std::to_string(n) + " of the " +
+                     std::to_string(candidates.size()) + " candidates this peer sees; not a majority, retried");
+  const int64_t me = std::find_if(members.begin(), members.end(), [&](const RoundMember& m) { return m.id == my_id_; }) -
+                     members.begin();
+  require(me < n, "internal: this peer is not in its round's group");
+  const at::Tensor flat = vector.contiguous().to(at::kFloat).view({-1});
+  const Deadline reduce = Deadline::in(budget);
+  // This member's slot: its own part first.
+  std::shared_ptr<Slot> slot;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    slot = slot_for(token, true);
+    const auto [b, e] = part_bounds(numel, n, me);
+    slot->codec = codec;
+    slot->expected = n;
+    slot->sum = decode_part(encode_part(flat.slice(0, b, e), codec), e - b, codec, "this peer");
+    slot->weight = weight;
+    slot->received = 1;
+    changed_.notify_all();
+  }
+  RoundResult result;
+  result.members = members;
+  result.sum = at::empty({numel}, at::kFloat);
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  std::vector<double> weights(static_cast<size_t>(n), 0.0);
+  std::atomic<uint64_t> sent{0}, received{0};
+  std::vector<std::thread> exchanges;
+  for (int64_t j = 0; j < n; ++j) {
+    if (j == me) continue;
+    exchanges.emplace_back([&, j] {
+      const RoundMember& m = members[static_cast<size_t>(j)];
+      const auto [b, e] = part_bounds(numel, n, j);
+      try {
+        const auto [h, p] = split_address(m.address, "a round member");
+        auto c = Channel::connect(h, p, key_, my_id_, reduce, max_bytes_);
+        c->send(kPart, pack({{"token", token}, {"numel", e - b}, {"weight", weight}, {"wait_s", reduce.seconds_left()}},
+                            encode_part(flat.slice(0, b, e), codec)),
+                reduce);
+        const Message reply = c->receive(reduce, kSum);
+        const auto [header, payload] = unpack(reply.body, c->address());
+        result.sum.slice(0, b, e).copy_(decode_part(payload, e - b, codec, c->address()));
+        weights[static_cast<size_t>(j)] = field<double>(header, "weight", c->address());
+        sent += c->bytes_sent();
+        received += c->bytes_received();
+      } catch (const std::exception& ex) {
+        errors[static_cast<size_t>(j)] = "member " + m.id + " (" + m.address + "): " + ex.what();
+      }
+    });
+  }
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait_until(lock, reduce.at, [&] { return slot->received == slot->expected || slot->failed; });
+    const auto [b, e] = part_bounds(numel, n, me);
+    if (slot->received == slot->expected && !slot->failed) {
+      // The members receive the sum as encoded, and so does this one: every member ends equal.
+      slot->reply = pack({{"weight", slot->weight}}, encode_part(slot->sum, codec));
+      changed_.notify_all();
+      const auto [header, payload] = unpack(slot->reply, "this peer");
+      result.sum.slice(0, b, e).copy_(decode_part(payload, e - b, codec, "this peer"));
+      weights[static_cast<size_t>(me)] = slot->weight;
+    } else {
+      errors[static_cast<size_t>(me)] = "this peer's part received " + std::to_string(slot->received) + " of " +
+                                        std::to_string(slot->expected) + " contributions";
+    }
+  }
+  for (std::thread& t : exchanges) t.join();
+  {
+    // Wait briefly for this slot's replies to go out before it is dropped.
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!errors[static_cast<size_t>(me)].empty()) slot->failed = true;
+    changed_.notify_all();
+    constexpr uint64_t kFraming = 17 + 32;  // a message's header and tag (wire.h)
+    result.bytes_sent = sent + (slot->reply.size() + kFraming) * static_cast<uint64_t>(n - 1);
+    result.bytes_received = received + slot->bytes_received + kFraming * static_cast<uint64_t>(n - 1);
+    slots_.erase(token);
+  }
+  std::string failure;
+  for (const std::string& e : errors)
+    if (!e.empty()) failure += (failure.empty() ? "" : "; ") + e;
+  if (!failure.empty()) throw RoundError("round " + std::to_string(round) + " failed: " + failure);
+  result.weight = weights[0];
+  for (double w : weights)
+    if (std::abs(w - result.weight) > 1e-6 * std::max(1.0, std::abs(w)))
+      throw RoundError("round " + std::to_string(round) + " failed: the members' weights disagree");
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  clock.record(result.seconds);
+  return result;
+}
+
+}  // namespace tessera::atom

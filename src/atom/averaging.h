@@ -1,0 +1,115 @@
+// Averaging rounds: a group of peers sums one flat vector each (weighted contributions) and every
+// member gets the sum, with no fixed world and no coordinator beyond the round.
+//
+// A round (run_round) has two phases, over authenticated channels (atom/wire.h):
+//   group    the round's host is the candidate with the smallest id (deterministic from the
+//            candidates: the live peers at the same swarm step, atom/peer.h); each other member
+//            connects to it and sends JOIN; the host waits until every candidate joined or the
+//            gather deadline passed, then answers each JOIN with GROUP: the members (id and
+//            address, sorted by id) and a fresh attempt token. A candidate that did not join in
+//            time is left out of this attempt. The host hosts this attempt only: the next round's
+//            host is chosen again from that round's candidates.
+//   reduce   a butterfly all-reduce (as in Hivemind): the vector [N] is cut into one contiguous
+//            part per member; member i owns part i. Each member sends part j of its contribution
+//            to member j and receives from each member its part i; owner i sums the parts (and the
+//            weights) and sends the sum back on the same channel; the result is the concatenation
+//            of the sums. Each member sends and receives (n-1)/n of the vector twice, the volume of
+//            a ring all-reduce, in two steps instead of 2(n-1).
+// Parts travel as fp32, bf16 or int8 (per part, symmetric with a float scale: the DiLoCo
+// pseudo-gradients, swarm.pseudo_gradient_dtype); sums are taken in fp32.
+//
+// Failure. Every wait has a deadline (RoundClock: a multiple of the recent rounds' measured
+// duration, within swarm.round_timeout_min_s and _max_s; the first round gets the maximum). A
+// member that dies or stalls makes the round fail on the members waiting for it (a RoundError
+// naming it); the caller keeps its contribution and retries with the candidates still alive, so a
+// failed round loses nothing. The result is all-or-nothing except in one case: a member that
+// loses its link to one owner after that owner summed may fail while the others succeed; its
+// contribution was counted, and it finds itself one swarm step behind (atom/peer.h downloads the
+// state then).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "atom/wire.h"
+
+namespace tessera::atom {
+
+class RoundError : public Error {
+ public:
+  using Error::Error;
+};
+
+struct RoundMember {
+  std::string id, address;
+};
+
+enum class Codec : uint8_t { fp32 = 0, bf16 = 1, int8 = 2 };
+Codec codec_from_name(const std::string& name);  // "fp32", "bf16", "int8"
+// Encodes `values` [n] float32 (contiguous CPU) and decodes it back (decode(encode(x)) is x for
+// fp32, x rounded to bf16, or x quantized to 255 levels of max|x| for int8).
+std::string encode_part(const at::Tensor& values, Codec codec);
+at::Tensor decode_part(const std::string& bytes, int64_t n, Codec codec, const std::string& from);
+
+struct RoundResult {
+  at::Tensor sum;      // [N] float32: the members' contributions summed
+  double weight = 0;   // their weights summed
+  std::vector<RoundMember> members;
+  uint64_t bytes_sent = 0, bytes_received = 0;  // this member's, payload and framing
+  double seconds = 0;
+};
+
+// Deadlines from measured round durations.
+class RoundClock {
+ public:
+  RoundClock(double min_s, double max_s) : min_s_(min_s), max_s_(max_s) {}
+  double deadline_s() const;  // 4 x the slowest of the last rounds, within [min, max]; max at first
+  void record(double seconds);
+
+ private:
+  double min_s_, max_s_;
+  std::vector<double> recent_;
+};
+
+class Averager {
+ public:
+  Averager(const SwarmKey& key, std::string my_id, std::string my_address, size_t max_message_bytes);
+
+  // The Listener's handler for channels that open with a round message (returns false for any
+  // other first message, which the caller handles).
+  bool serve(Channel& channel, const Message& first);
+
+  // One round over `candidates` (the live peers of this round, this one among them) with this
+  // member's contribution `vector` [N] float32 and its `weight`; `round` names the swarm step, so
+  // members of different steps never mix. Throws RoundError (the round failed here; nothing was
+  // taken from the contribution) or returns the sum.
+  RoundResult run_round(int64_t round, std::vector<RoundMember> candidates, const at::Tensor& vector, double weight,
+                        Codec codec, RoundClock& clock);
+
+ private:
+  struct Gather;  // the host's JOINs of one round
+  struct Slot;    // this member's part of one attempt
+  std::vector<RoundMember> host(int64_t round, const std::vector<RoundMember>& candidates, std::string& token,
+                                Deadline gather, Deadline deadline);
+  std::vector<RoundMember> join(int64_t round, const RoundMember& host, std::string& token, Deadline deadline);
+  void serve_join(Channel& channel, const Message& first);
+  void serve_part(Channel& channel, const Message& first);
+  std::shared_ptr<Slot> slot_for(const std::string& token, bool create);
+
+  SwarmKey key_;
+  std::string my_id_, my_address_;
+  size_t max_bytes_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<int64_t, std::shared_ptr<Gather>> gathers_;
+  std::map<std::string, std::shared_ptr<Slot>> slots_;
+};
+
+}  // namespace tessera::atom

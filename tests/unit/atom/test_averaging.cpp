@@ -1,0 +1,149 @@
+// Averaging rounds in one process: peers with their own listeners sum their vectors exactly; a
+// candidate that never comes is left out; one that dies after joining fails the round on the
+// others, who keep their contributions and succeed when they retry without it.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "atom/averaging.h"
+#include "test_util.h"
+
+namespace tessera::atom {
+namespace {
+
+const SwarmKey kKey = SwarmKey::from_bytes(std::string(32, 'k'));
+
+struct TestPeer {
+  std::string id;
+  std::unique_ptr<Averager> averager;
+  std::unique_ptr<Listener> listener;
+  RoundClock clock{0.5, 5};
+  explicit TestPeer(std::string name) : id(std::move(name)) {
+    listener = std::make_unique<Listener>(
+        "127.0.0.1", 0, kKey, id, 1 << 26,
+        [this](std::unique_ptr<Channel> c) {
+          const Message first = c->receive(Deadline::in(5));
+          averager->serve(*c, first);
+        },
+        nullptr);
+    averager = std::make_unique<Averager>(kKey, id, address(), 1 << 26);
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(listener->port()); }
+  RoundMember member() const { return {id, address()}; }
+};
+
+// Runs one round on each of `peers` at once; a peer's result, or its error in `errors`.
+std::vector<RoundResult> run_all(std::vector<TestPeer*> peers, const std::vector<RoundMember>& candidates,
+                                 const std::vector<at::Tensor>& vectors, Codec codec, std::vector<std::string>& errors) {
+  std::vector<RoundResult> results(peers.size());
+  errors.assign(peers.size(), "");
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < peers.size(); ++i)
+    threads.emplace_back([&, i] {
+      try {
+        results[i] = peers[i]->averager->run_round(7, candidates, vectors[i], static_cast<double>(i + 1), codec,
+                                                   peers[i]->clock);
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+TEST(Averaging, FourPeersSumTheirVectorsAndAgree) {
+  std::vector<std::unique_ptr<TestPeer>> owned;
+  std::vector<TestPeer*> peers;
+  std::vector<RoundMember> candidates;
+  for (const char* name : {"d", "a", "c", "b"}) {
+    owned.push_back(std::make_unique<TestPeer>(name));
+    peers.push_back(owned.back().get());
+    candidates.push_back(owned.back()->member());
+  }
+  std::vector<at::Tensor> vectors;
+  at::Tensor want = at::zeros({1001});
+  for (size_t i = 0; i < peers.size(); ++i) {
+    vectors.push_back(at::randn({1001}));
+    want += vectors.back();
+  }
+  for (Codec codec : {Codec::fp32, Codec::bf16, Codec::int8}) {
+    std::vector<std::string> errors;
+    const std::vector<RoundResult> results = run_all(peers, candidates, vectors, codec, errors);
+    for (size_t i = 0; i < peers.size(); ++i) {
+      ASSERT_EQ(errors[i], "") << peers[i]->id;
+      EXPECT_EQ(results[i].members.size(), 4u);
+      EXPECT_DOUBLE_EQ(results[i].weight, 1 + 2 + 3 + 4);
+      EXPECT_TRUE(at::equal(results[i].sum, results[0].sum)) << "every member ends with the same sum";
+      EXPECT_GT(results[i].bytes_sent, 0u);
+    }
+    const double tol = codec == Codec::fp32 ? 1e-5 : codec == Codec::bf16 ? 5e-2 : 1e-1;
+    EXPECT_TRUE(test::all_close(results[0].sum, want, 0, tol)) << static_cast<int>(codec);
+  }
+}
+
+TEST(Averaging, ACandidateThatNeverComesIsLeftOut) {
+  TestPeer a("a"), b("b"), c("c"), dead("0dead");  // the dead one would be the host: its address is refused
+  std::vector<RoundMember> candidates = {a.member(), b.member(), c.member(), {"zz", "127.0.0.1:1"}};
+  std::vector<std::string> errors;
+  std::vector<at::Tensor> vectors = {at::ones({10}), at::ones({10}), at::ones({10})};
+  const auto results = run_all({&a, &b, &c}, candidates, vectors, Codec::fp32, errors);
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_EQ(errors[i], "");
+    EXPECT_EQ(results[i].members.size(), 3u);
+    EXPECT_TRUE(at::equal(results[i].sum, at::full({10}, 3.0f)));
+  }
+  // A dead host: every joiner fails within the deadline, naming it, and keeps its contribution.
+  candidates.push_back({"0dead", "127.0.0.1:1"});
+  const auto start = std::chrono::steady_clock::now();
+  run_all({&a, &b, &c}, candidates, vectors, Codec::fp32, errors);
+  for (const std::string& e : errors) EXPECT_NE(e.find("0dead"), std::string::npos) << e;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10.0);
+}
+
+TEST(Averaging, AMemberDyingAfterItJoinedFailsTheRoundAndTheRetrySucceeds) {
+  TestPeer a("a"), b("b"), c("c");
+  // "d" joins the group through a raw channel and disappears before sending its parts.
+  std::vector<RoundMember> candidates = {a.member(), b.member(), c.member(), {"d", "127.0.0.1:9"}};
+  std::thread ghost([&] {
+    const std::string join = R"({"round":7,"address":"127.0.0.1:9","wait_s":5.0})";
+    const uint32_t n = static_cast<uint32_t>(join.size());
+    auto ch = Channel::connect("127.0.0.1", a.listener->port(), kKey, "d", Deadline::in(5), 1 << 20);
+    ch->send(10, std::string(reinterpret_cast<const char*>(&n), 4) + join, Deadline::in(5));
+    ch->receive(Deadline::in(5), 11);  // the group, with d in it; then d is gone
+  });
+  std::vector<std::string> errors;
+  std::vector<at::Tensor> vectors = {at::ones({10}), at::ones({10}), at::ones({10})};
+  run_all({&a, &b, &c}, candidates, vectors, Codec::fp32, errors);
+  ghost.join();
+  for (const std::string& e : errors) EXPECT_NE(e, "");
+  // The retry, with the candidates still alive.
+  candidates.pop_back();
+  const auto results = run_all({&a, &b, &c}, candidates, vectors, Codec::fp32, errors);
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_EQ(errors[i], "");
+    EXPECT_TRUE(at::equal(results[i].sum, at::full({10}, 3.0f)));
+  }
+}
+
+TEST(Averaging, ASplitViewNeverAveragesTwice) {
+  // b and c see only each other; a and d only each other: two hosts, neither with a majority of
+  // the four candidates each peer was told of, so neither group averages.
+  TestPeer a("a"), b("b"), c("c"), d("d");
+  const std::vector<RoundMember> all = {a.member(), b.member(), c.member(), d.member()};
+  std::vector<std::string> errors_ad, errors_bc;
+  std::vector<at::Tensor> vectors = {at::ones({4}), at::ones({4})};
+  std::thread t1([&] { run_all({&a, &d}, all, vectors, Codec::fp32, errors_ad); });
+  std::thread t2([&] { run_all({&b, &c}, {b.member(), c.member(), {"x1", "127.0.0.1:1"}, {"x2", "127.0.0.1:1"}},
+                               vectors, Codec::fp32, errors_bc); });
+  t1.join();
+  t2.join();
+  for (const std::string& e : errors_ad) EXPECT_NE(e, "");
+  for (const std::string& e : errors_bc) EXPECT_NE(e.find("majority"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace tessera::atom
