@@ -76,6 +76,31 @@ UpdateResult LocalOptimizer::apply(double lr, double max_norm) {
   return result;
 }
 
+void LocalOptimizer::drop_gradients() {
+  optimizer_->zero_grad();
+  for (auto& [name, p] : params_) p.mutable_grad().reset();
+}
+
+std::vector<at::Tensor> LocalOptimizer::final_gradients() {
+  std::vector<at::Tensor> out;
+  for (const auto& [name, p] : master_ ? master_->master() : params_) {
+    at::Tensor& g = const_cast<at::Tensor&>(p).mutable_grad();
+    if (!g.defined()) g = at::zeros_like(p);
+    out.push_back(g);
+  }
+  return out;
+}
+
+std::vector<at::Tensor> LocalOptimizer::master_parameters() {
+  std::vector<at::Tensor> out;
+  for (const auto& [name, p] : master_ ? master_->master() : params_) out.push_back(p);
+  return out;
+}
+
+void LocalOptimizer::parameters_written() {
+  if (master_) master_->copy_master_to_model();
+}
+
 NamedTensors LocalOptimizer::training_state() {
   NamedTensors out;
   auto append = [&](const std::string& prefix, const NamedParams& in) {

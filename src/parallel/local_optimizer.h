@@ -8,7 +8,8 @@
 //   apply:   fp16 overflow: skip the update and lower the scale; otherwise
 //            norm = the global gradient norm (ModelParallelNorm: under tp each rank's squares by
 //            weight, summed over tp), clipped to max_norm; optimizer step at lr; fp16: masters
-//            copied into the model and the scale updated; gradients dropped.
+//            copied into the model and the scale updated; gradients dropped;
+//   drop_gradients: the gradients dropped, no update (fp16: the scale unchanged).
 #pragma once
 
 #include <memory>
@@ -20,7 +21,7 @@
 
 namespace tessera {
 
-class LocalOptimizer : public ResidentOwner {
+class LocalOptimizer : public ResidentOwner, public GradientHolder {
  public:
   // `params`: the model's named parameters (on their device, in fp16 when precision.dtype is).
   LocalOptimizer(const NamedParams& params, const OptimOptions& optim, const PrecisionOptions& precision,
@@ -32,6 +33,10 @@ class LocalOptimizer : public ResidentOwner {
   NamedTensors gradients() override;
   void sum_gradient_over(const std::string& name, comm::Group& copies) override;
   UpdateResult apply(double lr, double max_norm) override;
+  void drop_gradients() override;
+  std::vector<at::Tensor> final_gradients() override;
+  std::vector<at::Tensor> master_parameters() override;
+  void parameters_written() override;
   const DynamicLossScaler* loss_scaler() const override { return scaler_.get(); }
 
   NamedTensors training_state() override;

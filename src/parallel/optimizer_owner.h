@@ -96,6 +96,7 @@ inline std::map<std::string, at::Tensor> with_prefix(const std::map<std::string,
 struct UpdateResult {
   double grad_norm = 0;  // the global norm before clipping
   bool skipped = false;  // fp16 overflow: no update was made
+  bool applied = true;   // false: the step's gradients were held out of an update (step_runner.h)
 };
 
 class OptimizerOwner {
@@ -179,6 +180,28 @@ class ResidentOwner : public OptimizerOwner {
   // collective of `copies`.
   virtual void sum_gradient_over(const std::string& name, comm::Group& copies) = 0;
   virtual UpdateResult apply(double lr, double max_norm) = 0;
+  // Instead of apply(): the step's final gradients are discarded and no update is made (the caller
+  // took them elsewhere: the ATOM swarm's accumulation, atom/peer.h).
+  virtual void drop_gradients() = 0;
+};
+
+// An owner holding a whole replica's training state in this one process (LocalOptimizer,
+// SwapOwner), which it lets the ATOM swarm (atom/swarm.h) read and write in place: the step's final
+// gradients between a step's gradients_ready and its update (batch mode: added to the swarm's
+// accumulation, replaced by the round's mean) and the parameters the optimizer updates (DiLoCo's
+// outer step).
+class GradientHolder {
+ public:
+  virtual ~GradientHolder() = default;
+  // The parameters the optimizer updates (the fp32 masters under fp16 or in host memory under
+  // swapping), one per parameter in final_gradients()' order; live: after writing them call
+  // parameters_written(), which brings the model's copies (fp16 weights, swapped bf16 copies) in line.
+  virtual std::vector<at::Tensor> master_parameters() = 0;
+  virtual void parameters_written() {}
+  // This process's final gradients, one per parameter in an order fixed by the config (the same in
+  // every process of one), as the update reads them (unscaled; live tensors: writing them changes
+  // the update); a parameter that got no gradient gets zeros here, and is then updated with them.
+  virtual std::vector<at::Tensor> final_gradients() = 0;
 };
 
 }  // namespace tessera

@@ -165,6 +165,7 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
                                              config.memory.modelled_bandwidth_gbps * 1e9, replicas_,
                                              config.memory.swap_bf16_copies(config.precision.dtype));
     runner_ = std::make_unique<SwapStep>(model_, *owner, config, device, autocast, layout_.swap_plan());
+    holder_ = owner.get();
     owner_ = std::move(owner);
     return;
   }
@@ -177,8 +178,10 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
   } else {
     NamedParams named;
     for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
-    owner = std::make_unique<LocalOptimizer>(named, config.optim, config.precision, named.front().second.device(),
-                                             std::move(norm));
+    auto local = std::make_unique<LocalOptimizer>(named, config.optim, config.precision, named.front().second.device(),
+                                                  std::move(norm));
+    holder_ = local.get();
+    owner = std::move(local);
   }
   if (layout_.pipelined())
     runner_ = std::make_unique<PipelineStep>(model_, *owner, *mesh_, config, layout_, device, autocast);

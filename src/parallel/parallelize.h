@@ -86,6 +86,9 @@ class ParallelModel {
 
   TransformerLM& model() { return model_; }
   OptimizerOwner& owner() { return *owner_; }
+  // The owner as a GradientHolder (optimizer_owner.h) when it is one (one process: LocalOptimizer,
+  // SwapOwner), else null.
+  GradientHolder* gradient_holder() { return holder_; }
   StepRunner& runner() { return *runner_; }
   const Layout& layout() const { return layout_; }
 
@@ -199,6 +202,7 @@ class ParallelModel {
   int64_t replica_ = 0, tp_rank_ = 0;  // the random streams' coordinates (seed_random_streams)
   std::unique_ptr<ParameterPlacement> placement_;  // once tp_ and pp_ are known: whole <-> part
   std::unique_ptr<OptimizerOwner> owner_;
+  GradientHolder* holder_ = nullptr;  // owner_, when it is one
   std::unique_ptr<StepRunner> runner_;  // drives owner_ (declared after it: destroyed first)
 };
 

@@ -127,7 +127,7 @@ void PipelineStep::tie_embedding() {
     if (spec.tied) owner_.sum_gradient_over(name, mesh_.group("embedding"));
 }
 
-StepLosses PipelineStep::run(const std::vector<Batch>& batches, double lr, const std::function<void()>& gradients_ready) {
+StepLosses PipelineStep::run(const std::vector<Batch>& batches, double lr, const GradientsReady& gradients_ready) {
   StepLosses losses;
   micro_batches_ = static_cast<int64_t>(batches.size());
   schedule_for(micro_batches_);
@@ -146,8 +146,12 @@ StepLosses PipelineStep::run(const std::vector<Batch>& batches, double lr, const
     if (a.op == Op::Optim) {
       owner_.finish_gradients();
       tie_embedding();
-      if (gradients_ready) gradients_ready();
-      losses.update = owner_.apply(lr, config_.optim.grad_clip);
+      if (!gradients_ready || gradients_ready()) {
+        losses.update = owner_.apply(lr, config_.optim.grad_clip);
+      } else {
+        owner_.drop_gradients();
+        losses.update.applied = false;
+      }
     }
   };
   timeline_ = pipeline::run_schedule(*schedule_, pipe_, work);

@@ -71,7 +71,7 @@ class PipelineStep final : public StepRunner {
   PipelineStep(TransformerLM model, ResidentOwner& owner, comm::Mesh& mesh, const Config& config, const Layout& layout,
                c10::Device device, std::optional<at::ScalarType> autocast);
 
-  StepLosses run(const std::vector<Batch>& micro_batches, double lr, const std::function<void()>& gradients_ready) override;
+  StepLosses run(const std::vector<Batch>& micro_batches, double lr, const GradientsReady& gradients_ready) override;
   double evaluate(const std::vector<Batch>& batches) override;
   std::optional<std::string> write_timeline(const std::string& dir, int64_t step) override;
 

@@ -16,8 +16,7 @@ ModelOutput PlainStep::forward(const Batch& batch) {
   return model_->forward(batch.inputs.to(device_), batch.targets.to(device_));
 }
 
-StepLosses PlainStep::run(const std::vector<Batch>& micro_batches, double lr,
-                          const std::function<void()>& gradients_ready) {
+StepLosses PlainStep::run(const std::vector<Batch>& micro_batches, double lr, const GradientsReady& gradients_ready) {
   model_->train();
   const double n = static_cast<double>(micro_batches.size());
   at::Tensor sums = at::zeros({2}, at::kDouble);  // cross-entropy, auxiliary
@@ -31,9 +30,13 @@ StepLosses PlainStep::run(const std::vector<Batch>& micro_batches, double lr,
     sums += at::stack({out.ce_loss.detach(), out.aux_loss.detach()}).to(at::kCPU, at::kDouble);
   }
   owner_.finish_gradients();
-  if (gradients_ready) gradients_ready();
   StepLosses losses;
-  losses.update = owner_.apply(lr, grad_clip_);
+  if (!gradients_ready || gradients_ready()) {
+    losses.update = owner_.apply(lr, grad_clip_);
+  } else {
+    owner_.drop_gradients();
+    losses.update.applied = false;
+  }
   losses.ce_sum = sums[0].item<double>();
   losses.aux_sum = sums[1].item<double>();
   return losses;

@@ -24,7 +24,7 @@ class PlainStep final : public StepRunner {
   PlainStep(TransformerLM model, ResidentOwner& owner, c10::Device device, std::optional<at::ScalarType> autocast,
             double grad_clip);
 
-  StepLosses run(const std::vector<Batch>& micro_batches, double lr, const std::function<void()>& gradients_ready) override;
+  StepLosses run(const std::vector<Batch>& micro_batches, double lr, const GradientsReady& gradients_ready) override;
   double evaluate(const std::vector<Batch>& batches) override;
 
  private:

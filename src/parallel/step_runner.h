@@ -10,8 +10,10 @@
 // cut by the caller), then the update at `lr` with the gradient clipping of optim.grad_clip;
 // `gradients_ready`, when given, runs once the step's final gradients exist (reduced over the
 // replicas, unscaled, before clipping and the update) on every rank: the equivalence harness reads
-// them there (a collective). The losses are sums over this rank's micro-batches; for the mean over
-// the replicas the caller averages them.
+// them there (a collective), the ATOM swarm averages them there. It returns whether to update:
+// false holds the gradients out (the owner drops them, no update is made, UpdateResult::applied
+// is false). The losses are sums over this rank's micro-batches; for the mean over the replicas
+// the caller averages them.
 //
 // evaluate(): the mean cross-entropy over `batches` (this rank's rows and columns), forward only, in
 // eval mode; known on every rank of the model-parallel groups.
@@ -40,11 +42,12 @@ struct StepLosses {
   UpdateResult update;
 };
 
+using GradientsReady = std::function<bool()>;
+
 class StepRunner {
  public:
   virtual ~StepRunner() = default;
-  virtual StepLosses run(const std::vector<Batch>& micro_batches, double lr,
-                         const std::function<void()>& gradients_ready) = 0;
+  virtual StepLosses run(const std::vector<Batch>& micro_batches, double lr, const GradientsReady& gradients_ready) = 0;
   virtual double evaluate(const std::vector<Batch>& batches) = 0;
   virtual std::optional<std::string> write_timeline(const std::string& dir, int64_t step) { return std::nullopt; }
   // What the last step measured beyond its time, for `tessera bench`'s JSON (the swap plan's

@@ -75,10 +75,11 @@ void SwapStep::compute(const swap::Action& a, const std::vector<Batch>& batches)
   stash_.erase(a.sub);
 }
 
-StepLosses SwapStep::run(const std::vector<Batch>& batches, double lr, const std::function<void()>& gradients_ready) {
+StepLosses SwapStep::run(const std::vector<Batch>& batches, double lr, const GradientsReady& gradients_ready) {
   const auto micro_batches = static_cast<int64_t>(batches.size());
-  // Clipping needs the global norm and replicas the averaged gradients before any update.
-  const bool defer = config_.optim.grad_clip > 0 || owner_.replicated();
+  // Clipping needs the global norm, replicas the averaged gradients and a caller that may hold the
+  // gradients out its answer, before any update.
+  const bool defer = config_.optim.grad_clip > 0 || owner_.replicated() || gradients_ready;
   if (plan_.micro_batches != micro_batches || plan_.defer_optim != defer) {
     plan_.micro_batches = micro_batches;
     plan_.defer_optim = defer;
@@ -91,13 +92,15 @@ StepLosses SwapStep::run(const std::vector<Batch>& batches, double lr, const std
   StepLosses result;
   swap::SwapWork work;
   work.compute = [&](const swap::Action& a) { compute(a, batches); };
+  bool apply = true;  // known before any update runs (the plan defers them when gradients_ready is given)
   work.update = [&](const swap::Action& a) -> std::function<void()> {
+    if (!apply) return [] {};
     return [this, sub = a.sub, lr] { owner_.update(sub, lr); };
   };
   work.gradients_stored = [&] {
     owner_.reduce_gradients();
-    if (gradients_ready) gradients_ready();
-    result.update.grad_norm = owner_.gradients_stored(config_.optim.grad_clip);
+    if (gradients_ready) apply = gradients_ready();
+    if (apply) result.update.grad_norm = owner_.gradients_stored(config_.optim.grad_clip);
   };
   try {
     timeline_ = executor_.run(plan_, work);
@@ -107,6 +110,10 @@ StepLosses SwapStep::run(const std::vector<Batch>& batches, double lr, const std
     throw;
   }
   require(stash_.empty(), "internal: the swap step left ", stash_.size(), " sub-models without their backward");
+  if (!apply) {
+    owner_.end_step();  // the held gradients dropped; the next step's stores start afresh
+    result.update.applied = false;
+  }
   result.ce_sum = ce_sum_.item<double>();
   result.aux_sum = aux_sum_.item<double>();
   return result;

@@ -58,7 +58,7 @@ class SwapStep final : public StepRunner {
   SwapStep(TransformerLM model, SwapOwner& owner, const Config& config, c10::Device device,
            std::optional<at::ScalarType> autocast, swap::SwapPlan plan);
 
-  StepLosses run(const std::vector<Batch>& micro_batches, double lr, const std::function<void()>& gradients_ready) override;
+  StepLosses run(const std::vector<Batch>& micro_batches, double lr, const GradientsReady& gradients_ready) override;
   double evaluate(const std::vector<Batch>& batches) override;
   // swap_step<N>.svg (measured) and swap_step<N>.planned.svg (the plan replayed with its costs).
   std::optional<std::string> write_timeline(const std::string& dir, int64_t step) override;

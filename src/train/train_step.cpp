@@ -57,6 +57,12 @@ TrainStep::TrainStep(const Config& config, comm::Mesh* mesh)
 
 TrainStep::~TrainStep() = default;
 
+void TrainStep::set_outer_reduction(OuterReduction reduce) {
+  require(parallel_->gradient_holder(), "an outer reduction (the ATOM swarm) needs one process holding its gradients "
+          "whole: this run's layout shards them over ", parallel_->data_ranks(), " data-parallel ranks");
+  outer_ = std::move(reduce);
+}
+
 std::vector<Batch> TrainStep::local_batches(const std::vector<Batch>& batches) {
   std::vector<Batch> out;
   for (const Batch& b : batches) out.push_back({parallel_->local_tokens(b.inputs), parallel_->local_tokens(b.targets)});
@@ -69,9 +75,15 @@ c10::ScalarType TrainStep::compute_dtype() const {
 
 StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr, const GradientObserver& observe) {
   parallel_->reset_moe_statistics();  // evaluation since the last step counted too
-  const StepLosses step = parallel_->runner().run(local_batches(micro_batches), lr, [&] {
-    if (observe) observe(parallel_->gradients());
-  });
+  GradientsReady ready;  // none without a reader: a swapped step then keeps its overlapped updates
+  if (observe || outer_)
+    ready = [&] {
+      if (outer_ && !outer_(parallel_->gradient_holder()->final_gradients(), static_cast<int64_t>(micro_batches.size())))
+        return false;
+      if (observe) observe(parallel_->gradients());
+      return true;
+    };
+  const StepLosses step = parallel_->runner().run(local_batches(micro_batches), lr, ready);
   at::Tensor losses = at::tensor({step.ce_sum, step.aux_sum}, at::kDouble);
   parallel_->average_over_replicas(losses);
   const double n = static_cast<double>(micro_batches.size());
@@ -80,6 +92,7 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr, co
   result.aux_loss = losses[1].item<double>() / n;
   result.grad_norm = step.update.grad_norm;
   result.skipped = step.update.skipped;
+  result.applied = step.update.applied;
   result.moe = parallel_->moe_statistics();
   parallel_->balance_experts(result.moe);
   return result;

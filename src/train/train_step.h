@@ -38,6 +38,7 @@ struct StepResult {
   double aux_loss = 0;  // MoE auxiliary terms, mean over micro-batches
   double grad_norm = 0;
   bool skipped = false;  // fp16 overflow: no update was made
+  bool applied = true;   // false: the outer reduction held the gradients out (no update)
   std::vector<MoELayerStatistics> moe;  // per MoE layer of the model, over every rank (model/moe.h)
 };
 
@@ -62,6 +63,16 @@ class TrainStep {
   // collective (every rank passes one), for the equivalence harness and debugging.
   using GradientObserver = std::function<void(const NamedTensors& gradients)>;
   StepResult run(const std::vector<Batch>& micro_batches, double lr, const GradientObserver& observe = {});
+  // An outer reduction of each step's final gradients beyond the mesh (the ATOM swarm's batch
+  // mode, atom/peer.h): given them (live: GradientHolder::final_gradients, parallel/optimizer_owner.h)
+  // and the step's micro-batches, it returns whether to update now, with the gradients it left in
+  // them; false holds the step's gradients out (no update). It runs before the observer, which
+  // sees what is applied. Refused, naming why, unless this process's owner holds its gradients
+  // whole (one process: resident or swapped).
+  using OuterReduction = std::function<bool(const std::vector<at::Tensor>& gradients, int64_t micro_batches)>;
+  void set_outer_reduction(OuterReduction reduce);
+  // The owner as a GradientHolder when this process holds a whole replica (else null).
+  GradientHolder* gradient_holder() { return parallel_->gradient_holder(); }
   // Mean cross-entropy over `batches`, without gradients, in eval mode (each data-parallel rank
   // evaluates its share of every batch's rows).
   double evaluate(const std::vector<Batch>& batches);
@@ -102,6 +113,7 @@ class TrainStep {
   c10::Device device_;
   std::optional<at::ScalarType> autocast_;
   std::unique_ptr<ParallelModel> parallel_;
+  OuterReduction outer_;
 };
 
 }  // namespace tessera

@@ -99,12 +99,16 @@ std::string restore_compression(const ParallelOptions& parallel, int64_t ranks_n
 // resumes), and the position must be the step's (the sampler draws one global batch per step).
 // A different global batch is allowed, with a note: the windows after the resume then differ
 // from those of an uninterrupted run.
-std::string check_resumed_data(const LoadedCheckpoint& ckpt, const TokenStream& train, int64_t global_batch) {
+// A collaborating run draws batches apart from its steps (`position_is_step` false): its position
+// is only checked to be non-negative.
+std::string check_resumed_data(const LoadedCheckpoint& ckpt, const TokenStream& train, int64_t global_batch,
+                               bool position_is_step) {
   const std::string meta = ckpt.dir + "/meta.json";
   const nlohmann::json data = meta_field<nlohmann::json>(ckpt.meta, "data", meta);
   const int64_t position = meta_field<int64_t>(data, "position", meta);
-  require(position == ckpt.step, meta, ": data.position = ", position, " disagrees with step ", ckpt.step,
-          " (one global batch is drawn per step); the file is damaged or from an older tessera");
+  require(position == ckpt.step || (!position_is_step && position >= 0), meta, ": data.position = ", position,
+          " disagrees with step ", ckpt.step, " (one global batch is drawn per step); the file is damaged or from an "
+          "older tessera");
   if (data.contains("train") && data["train"] != train.manifest())
     fail(meta, ": the checkpoint was trained on the shards ", data["train"].dump(), " but ", train.name(),
          " now holds ", train.manifest().dump(), "; resume on the same data (data.path, data.train_file)");
@@ -135,6 +139,7 @@ struct Trainer::State {
 
   std::unique_ptr<TrainStep> trainer;
   comm::Mesh* mesh = nullptr;
+  Collaboration* collaboration = nullptr;
   int64_t rank = 0, dp = 1, dp_rank = 0;
 
   int64_t step = 0;
@@ -143,13 +148,14 @@ struct Trainer::State {
   std::vector<std::string> start_notes;  // printed once the progress line exists
 };
 
-Trainer::Trainer(Config config, std::string run_dir, TrainStart start, comm::Mesh* mesh)
+Trainer::Trainer(Config config, std::string run_dir, TrainStart start, comm::Mesh* mesh, Collaboration* collaboration)
     : state_(std::make_unique<State>()) {
   State& s = *state_;
   s.config = std::move(config);
   s.run_dir = std::move(run_dir);
   s.resume = std::move(start.resume);
   s.mesh = mesh;
+  s.collaboration = collaboration;
   if (mesh) {
     s.rank = mesh->rank();
     s.dp = mesh->dims().dp();
@@ -159,8 +165,9 @@ Trainer::Trainer(Config config, std::string run_dir, TrainStart start, comm::Mes
 
   s.data = open_training_data(c.data, c.model.vocab_size);
   s.accumulation = c.train.accumulation(s.dp);
+  const uint64_t data_seed = static_cast<uint64_t>(c.data.seed);
   s.sampler = std::make_unique<BatchSampler>(s.data->train, BatchLayout{c.train.batch_size, s.dp, s.dp_rank, s.accumulation},
-                                             c.train.seq_len, static_cast<uint64_t>(c.data.seed));
+                                             c.train.seq_len, collaboration ? collaboration->data_seed(data_seed) : data_seed);
   s.eval_batches = evaluation_batches(s.data->val, c.eval.batches, c.train.batch_size * s.dp, c.train.seq_len);
   s.unigram = unigram_entropy(s.data->train);
 
@@ -176,6 +183,8 @@ Trainer::Trainer(Config config, std::string run_dir, TrainStart start, comm::Mes
     load_model_weights(*s.trainer, ckpt);
     s.start_notes.push_back("initialized from the model of " + ckpt.dir + " (step 0, a fresh optimizer)");
   }
+  nlohmann::json collaboration_meta;  // a resumed peer's swarm state
+  std::map<std::string, at::Tensor> collaboration_tensors;
   if (!s.resume.empty()) {
     // Under ZeRO 1-3 each rank reads only the optimizer slices it owns. With checkpoint.gather
     // the checkpoint is on rank 0's disk: the ranks without it receive a copy first.
@@ -193,10 +202,14 @@ Trainer::Trainer(Config config, std::string run_dir, TrainStart start, comm::Mes
     const std::string rng_note = restore_random_streams(ckpt.optimizer, s.rank, s.device, ckpt.step, *s.trainer, optim_file);
     if (!rng_note.empty()) s.start_notes.push_back(rng_note);
     s.step = ckpt.step;
-    const std::string note_data = check_resumed_data(ckpt, s.data->train, s.sampler->global_batch());
+    const std::string note_data = check_resumed_data(ckpt, s.data->train, s.sampler->global_batch(), !collaboration);
     if (!note_data.empty()) s.start_notes.push_back(note_data);
-    s.sampler->seek(s.step);
     const std::string meta = ckpt.dir + "/meta.json";
+    s.sampler->seek(meta_field<int64_t>(ckpt.meta["data"], "position", meta));
+    if (collaboration) {
+      collaboration_meta = meta_field<nlohmann::json>(ckpt.meta, "collaboration", meta);
+      collaboration_tensors = ckpt.optimizer;
+    }
     s.tokens_seen = meta_field<int64_t>(ckpt.meta, "tokens_seen", meta);
     s.elapsed_before = meta_field<double>(ckpt.meta, "elapsed_s", meta);
     require(s.tokens_seen >= 0 && s.elapsed_before >= 0, meta, ": tokens_seen ", s.tokens_seen, " or elapsed_s ",
@@ -205,6 +218,7 @@ Trainer::Trainer(Config config, std::string run_dir, TrainStart start, comm::Mes
             c.train.steps);
     if (!source.received.empty()) fs::remove_all(source.received);
   }
+  if (collaboration) s.step = collaboration->attach(*s.trainer, s.step, collaboration_meta, collaboration_tensors);
 }
 
 Trainer::~Trainer() = default;
@@ -244,7 +258,7 @@ TrainSummary Trainer::run() {
   summary.unigram_baseline = s.unigram;
   const auto run_start = Clock::now();
   auto interval_start = Clock::now();
-  int64_t interval_steps = 0;
+  int64_t interval_steps = 0, interval_local = 0, interval_tokens = 0;  // local: steps run, applied or held
   double interval_loss = 0, interval_aux = 0;
   std::string last_checkpoint;
   int64_t consecutive_skips = 0;  // fp16 steps skipped for overflow, in a row
@@ -290,6 +304,7 @@ TrainSummary Trainer::run() {
                      {"elapsed_s", s.elapsed_before + seconds_since(run_start)},
                      {"torch_version", TORCH_VERSION},
                      {"grad_compression", compressing ? c.parallel.grad_compression : "none"}};
+    if (s.collaboration) contents.meta["collaboration"] = s.collaboration->checkpoint_state();
     if (compressing) contents.compression_ranks = s.mesh->world_size();
     for (const char* name : {"tokenizer.json", "encoder.json", "vocab.bpe"}) {
       fs::path file = fs::path(c.data.path) / name;
@@ -299,6 +314,8 @@ TrainSummary Trainer::run() {
       contents.model = s.trainer->model_state();
       contents.optimizer = s.trainer->training_state();
       contents.optimizer.insert(contents.optimizer.end(), rng.begin(), rng.end());
+      if (s.collaboration)
+        for (auto& entry : s.collaboration->checkpoint_tensors()) contents.optimizer.push_back(std::move(entry));
     }
     last_checkpoint = distributed ? commit_checkpoint(checkpoints_dir, s.step, contents, s.mesh->world_size())
                                   : save_checkpoint(checkpoints_dir, s.step, contents);
@@ -306,9 +323,15 @@ TrainSummary Trainer::run() {
     progress.message("checkpoint: " + last_checkpoint);
   };
 
+  auto stop_message = [&](const std::string& why) {
+    progress.message("stopped at step " + std::to_string(s.step) + " of " + std::to_string(c.train.steps) + " (" + why +
+                     "): checkpoint " + last_checkpoint + "; continue with `tessera " +
+                     (s.collaboration ? "peer" : "train") + " --resume " + s.run_dir + "`");
+  };
   while (s.step < c.train.steps) {
     const double lr = learning_rate(c.optim, s.step, c.train.steps);
     const std::vector<Batch> micro_batches = s.sampler->next();
+    const auto local_start = Clock::now();
     const StepResult result = s.trainer->run(micro_batches, lr);
     if (c.train.trace_step == s.step + 1) {
       // This step's timeline where the runner records one (pipeline, swap): a collective.
@@ -339,15 +362,34 @@ TrainSummary Trainer::run() {
                        std::to_string(s.trainer->loss_scaler()->value()));
     interval_loss += result.ce_loss;
     interval_aux += result.aux_loss;
+    ++interval_local;
+    interval_tokens += tokens_per_step;
+    s.tokens_seen += tokens_per_step;
+    if (s.collaboration) {
+      s.collaboration->after_local_step(s.sampler->global_batch(), result.ce_loss, seconds_since(local_start));
+      for (const std::string& line : s.collaboration->take_messages()) progress.message(line);
+    }
+    if (!result.applied) {
+      // The swarm holds this local step's gradients for a later round: no step was taken.
+      const int64_t reason = stop_request::local_reason(seconds_since(run_start), c.train.time_limit);
+      if (reason == stop_request::kNone) continue;
+      save();
+      summary.stopped = stop_request::describe(static_cast<stop_request::Reason>(reason), c.train.time_limit);
+      stop_message(summary.stopped);
+      break;
+    }
     ++s.step;
     ++interval_steps;
-    s.tokens_seen += tokens_per_step;
+    if (s.collaboration) {
+      s.collaboration->after_update(*s.trainer, s.step);
+      for (const std::string& line : s.collaboration->take_messages()) progress.message(line);
+    }
 
     const bool last = s.step == c.train.steps;
     if (s.step % c.train.log_every == 0 || last) {
       const double interval_s = seconds_since(interval_start);
-      const double loss = interval_loss / interval_steps;
-      const double tokens_per_s = static_cast<double>(tokens_per_step * interval_steps) / interval_s;
+      const double loss = interval_loss / static_cast<double>(interval_local);
+      const double tokens_per_s = static_cast<double>(interval_tokens) / interval_s;
       nlohmann::json line = {{"step", s.step},
                              {"loss", loss},
                              {"lr", lr},
@@ -356,7 +398,8 @@ TrainSummary Trainer::run() {
                              {"grad_norm", result.grad_norm},
                              {"tokens", s.tokens_seen},
                              {"elapsed_s", s.elapsed_before + seconds_since(run_start)}};
-      if (c.model.ffn == "moe") line["aux_loss"] = interval_aux / interval_steps;
+      if (c.model.ffn == "moe") line["aux_loss"] = interval_aux / static_cast<double>(interval_local);
+      if (s.collaboration) line["swarm"] = s.collaboration->metrics();
       // Per MoE layer, this step's routing over every rank (docs/moe.md; scripts/plot_expert_load.py).
       for (const MoELayerStatistics& m : result.moe)
         line["moe"].push_back({{"layer", m.layer},
@@ -370,7 +413,7 @@ TrainSummary Trainer::run() {
       progress.update(s.step, loss, tokens_per_s, interval_s / interval_steps);
       summary.last_loss = loss;
       interval_loss = interval_aux = 0;
-      interval_steps = 0;
+      interval_steps = interval_local = interval_tokens = 0;
       interval_start = Clock::now();
     }
     if ((c.eval.every > 0 && s.step % c.eval.every == 0) || last) {
@@ -402,12 +445,11 @@ TrainSummary Trainer::run() {
     if (reason != stop_request::kNone && !last) {
       if (!saved) save();
       summary.stopped = stop_request::describe(static_cast<stop_request::Reason>(reason), c.train.time_limit);
-      progress.message("stopped at step " + std::to_string(s.step) + " of " + std::to_string(c.train.steps) + " (" +
-                       summary.stopped + "): checkpoint " + last_checkpoint + "; continue with `tessera train --resume " +
-                       s.run_dir + "`");
+      stop_message(summary.stopped);
       break;
     }
   }
+  if (s.collaboration) s.collaboration->leave();
   summary.steps = s.step;
   summary.checkpoint = last_checkpoint;
   return summary;

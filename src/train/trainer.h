@@ -18,6 +18,11 @@
 // model and optimizer state under the model's own names, whole or as each rank's slices
 // (optimizer-*-of-N), so a checkpoint resumes at any dp size and ZeRO stage; every rank writes
 // logs/rank_<r>.log.
+//
+// With a collaboration (an ATOM peer): the data stream is the peer's own, a local step whose
+// gradients the swarm holds back is not a step (the step is the swarm's), the metrics line and the
+// checkpoint's meta.json carry the collaboration's fields, and the data position is recorded
+// apart from the step.
 #pragma once
 
 #include <memory>
@@ -25,6 +30,7 @@
 
 #include "comm/mesh.h"
 #include "core/config.h"
+#include "train/collaboration.h"
 
 namespace tessera {
 
@@ -49,8 +55,10 @@ struct TrainStart {
 
 class Trainer {
  public:
-  // `mesh` may be null (one process).
-  Trainer(Config config, std::string run_dir, TrainStart start, comm::Mesh* mesh = nullptr);
+  // `mesh` may be null (one process). `collaboration` (null for `tessera train`): the others this
+  // process trains with beyond its mesh (train/collaboration.h: the ATOM swarm's peer).
+  Trainer(Config config, std::string run_dir, TrainStart start, comm::Mesh* mesh = nullptr,
+          Collaboration* collaboration = nullptr);
   ~Trainer();
   TrainSummary run();
 

@@ -182,6 +182,32 @@ void SwapOwner::end_step() {
   }
 }
 
+std::vector<at::Tensor> SwapOwner::final_gradients() {
+  std::vector<at::Tensor> out;
+  for (Unit& u : units_)
+    for (Entry& e : u.entries) {
+      if (!e.got_grad) {
+        e.grad.zero_();
+        e.got_grad = true;
+      }
+      out.push_back(e.grad);
+    }
+  return out;
+}
+
+std::vector<at::Tensor> SwapOwner::master_parameters() {
+  settle();
+  std::vector<at::Tensor> out;
+  for (Unit& u : units_)
+    for (Entry& e : u.entries) out.push_back(e.master);
+  return out;
+}
+
+void SwapOwner::parameters_written() {
+  for (Unit& u : units_)
+    if (u.copy.defined()) u.copy.copy_(u.master);
+}
+
 void SwapOwner::settle() {
   if (settle_) settle_();
 }

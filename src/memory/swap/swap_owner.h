@@ -55,7 +55,7 @@
 
 namespace tessera {
 
-class SwapOwner : public OptimizerOwner, public swap::HostHome {
+class SwapOwner : public OptimizerOwner, public GradientHolder, public swap::HostHome {
  public:
   // `params`: the model's named parameters, float32 on the host (the model was built there);
   // `blocks`: each parameter's block (its declaration's, model/parameter_spec.h), -1 for the ends;
@@ -81,8 +81,15 @@ class SwapOwner : public OptimizerOwner, public swap::HostHome {
   // The optimizer step of one unit at `lr` over its host state (its gradients then let go: the
   // next step's first store overwrites them).
   void update(int64_t sub, double lr);
-  // After a failed step: every unit's step state dropped, device gradients included.
+  // After a failed step, or one whose gradients were held out of the update (swap_step.h): every
+  // unit's step state dropped, device gradients included.
   void end_step();
+  // The host gradients of this step (after gradients_stored's reduction), unit by unit.
+  std::vector<at::Tensor> final_gradients() override;
+  // The host masters (settled first: no update in flight); parameters_written refreshes the bf16
+  // copies the loads carry.
+  std::vector<at::Tensor> master_parameters() override;
+  void parameters_written() override;
   // The swap step's wait for its updates still running (swap_executor.h: they overlap the next
   // step's forward); the state accessors below call it before reading or writing host state.
   void set_settle(std::function<void()> settle) { settle_ = std::move(settle); }

@@ -199,6 +199,7 @@ class DataParallel : public ResidentOwner {
   // to the host again.
   void sum_gradient_over(const std::string& name, comm::Group& copies) override;
   UpdateResult apply(double lr, double max_norm) override;
+  void drop_gradients() override { zero_grad(); }
   NamedTensors training_state() override;
   void load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) override;
   OptimizerRanges training_state_ranges() const override;

@@ -1,0 +1,323 @@
+// One peer's swarm: identity, record publishing, batch-mode rounds and DiLoCo outer steps (swarm.h).
+#include "atom/swarm.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <sstream>
+
+#include <torch/torch.h>
+
+#include "core/error.h"
+#include "core/fs.h"
+#include "core/json_file.h"
+#include "checkpoint/checkpoint.h"
+#include "core/splitmix.h"
+
+namespace tessera::atom {
+namespace {
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+std::string megabytes(uint64_t bytes) {
+  std::ostringstream out;
+  out.precision(3);
+  out << static_cast<double>(bytes) / 1e6 << " MB";
+  return out.str();
+}
+
+at::Tensor flatten(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> flat;
+  for (const at::Tensor& t : tensors) flat.push_back(t.detach().reshape(-1).to(at::kFloat));
+  return at::cat(flat);
+}
+
+// Writes `flat` back into `tensors`, each its run of elements in order.
+void scatter(const at::Tensor& flat, const std::vector<at::Tensor>& tensors) {
+  at::NoGradGuard no_grad;
+  int64_t offset = 0;
+  for (const at::Tensor& t : tensors) {
+    const_cast<at::Tensor&>(t).copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+    offset += t.numel();
+  }
+}
+
+}  // namespace
+
+PeerIdentity load_or_create_identity(const std::string& run_dir, const std::string& swarm) {
+  const std::string path = run_dir + "/peer.json";
+  PeerIdentity identity;
+  identity.swarm = swarm;
+  if (std::filesystem::exists(path)) {
+    const nlohmann::json j = read_json_file(path);
+    identity.id = meta_field<std::string>(j, "id", path);
+    const std::string was = meta_field<std::string>(j, "swarm", path);
+    require(was == swarm, path, ": this run directory is a peer of swarm '", was, "', not '", swarm,
+            "' (--swarm); use another --out");
+    require(identity.id.size() == 32 && identity.id.find_first_not_of("0123456789abcdef") == std::string::npos, path,
+            ": 'id' must be 32 hex digits");
+    return identity;
+  }
+  std::filesystem::create_directories(run_dir);
+  identity.id = to_hex(random_bytes(16));
+  write_file_atomic(path, nlohmann::json{{"id", identity.id}, {"swarm", swarm}}.dump(2) + "\n");
+  return identity;
+}
+
+Swarm::Swarm(PeerIdentity identity, const Config& config)
+    : identity_(std::move(identity)),
+      config_(config),
+      key_(SwarmKey::load(config.swarm.key_file)),
+      clock_(config.swarm.round_timeout_min_s, config.swarm.round_timeout_max_s),
+      codec_(config.swarm.sync == "batch" ? Codec::fp32 : codec_from_name(config.swarm.pseudo_gradient_dtype)) {
+  const auto [host, port] = split_address(identity_.listen, "--listen");
+  const auto max_bytes = static_cast<size_t>(config.swarm.max_message_mb * 1e6);
+  listener_ = std::make_unique<Listener>(
+      host, port, key_, identity_.id, max_bytes, [this](std::unique_ptr<Channel> c) { serve(std::move(c)); },
+      [this](const std::string& address, const std::string& reason) {
+        say("refused a connection from " + address + ": " + reason);
+      });
+  identity_.listen = host + ":" + std::to_string(listener_->port());
+  averager_ = std::make_unique<Averager>(key_, identity_.id, identity_.listen, max_bytes);
+  membership_ = std::make_unique<Membership>(identity_.swarm, key_, host, listener_->port(), identity_.initial_peers,
+                                             config.swarm.record_ttl_s);
+  record_.id = identity_.id;
+  record_.address = identity_.listen;
+  micro_batch_samples_ = config.train.batch_size;
+  publisher_ = std::thread([this] {
+    while (!leaving_) {
+      publish();
+      const auto until = std::chrono::steady_clock::now() +
+                         std::chrono::duration<double>(config_.swarm.publish_interval_s);
+      while (!leaving_ && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+}
+
+Swarm::~Swarm() { leave(); }
+
+void Swarm::leave() {
+  if (leaving_.exchange(true)) return;
+  if (publisher_.joinable()) publisher_.join();
+  listener_->stop();
+}
+
+uint64_t Swarm::data_seed(uint64_t configured) const { return splitmix64(configured ^ fnv1a(identity_.id)); }
+
+void Swarm::say(const std::string& line) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  messages_.push_back("swarm: " + line);
+}
+
+std::vector<std::string> Swarm::take_messages() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::string> out;
+  out.swap(messages_);
+  return out;
+}
+
+void Swarm::publish() {
+  PeerRecord r;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    record_.swarm_step = swarm_step_;
+    record_.samples = accumulated_micro_batches_ * micro_batch_samples_;
+    record_.time = unix_now();
+    r = record_;
+  }
+  membership_->publish(r);
+}
+
+void Swarm::serve(std::unique_ptr<Channel> channel) {
+  const Message first = channel->receive(Deadline::in(30));
+  if (averager_->serve(*channel, first)) return;
+  throw WireError("peer " + channel->address() + " sent an unknown request (type " + std::to_string(first.type) + ")");
+}
+
+int64_t Swarm::attach(TrainStep& step, int64_t step_number, const nlohmann::json& meta,
+                      const std::map<std::string, at::Tensor>& tensors) {
+  holder_ = step.gradient_holder();
+  require(holder_, "tessera peer trains one whole replica per process: this layout shards it over ranks");
+  if (!meta.is_null()) {
+    const std::string source = "the checkpoint's meta.json 'collaboration'";
+    swarm_step_ = meta_field<int64_t>(meta, "swarm_step", source);
+    accumulated_micro_batches_ = meta_field<int64_t>(meta, "accumulated_micro_batches", source);
+    inner_ = meta_field<int64_t>(meta, "inner_steps_done", source);
+    const auto take = [&](const char* name) {
+      const auto it = tensors.find(name);
+      return it == tensors.end() ? at::Tensor() : it->second.to(at::kFloat).clone();
+    };
+    accumulation_ = take("swarm.accumulation");
+    outer_start_ = take("swarm.outer_start");
+    outer_momentum_ = take("swarm.outer_momentum");
+  }
+  if (config_.swarm.sync == "batch") {
+    step.set_outer_reduction(
+        [this](const std::vector<at::Tensor>& gradients, int64_t micro_batches) { return reduce(gradients, micro_batches); });
+  } else if (!outer_start_.defined()) {
+    outer_start_ = flatten(holder_->master_parameters()).clone();
+    outer_momentum_ = at::zeros_like(outer_start_);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    record_.claimed = config_.train.batch_size * config_.train.grad_accum;
+  }
+  publish();
+  // Wait to see swarm.min_peers live peers (this one included) before the first step.
+  for (int64_t seen = 0;;) {
+    const std::vector<PeerRecord> live = membership_->live_peers(1.0);
+    if (static_cast<int64_t>(live.size()) != seen) {
+      seen = static_cast<int64_t>(live.size());
+      say(std::to_string(seen) + " live peer(s) in swarm '" + identity_.swarm + "' (this one is " + identity_.id +
+          " at " + identity_.listen + ")");
+    }
+    if (seen >= config_.swarm.min_peers) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return step_number;
+}
+
+std::vector<RoundMember> Swarm::candidates(const std::vector<PeerRecord>& live) const {
+  std::vector<RoundMember> out = {{identity_.id, identity_.listen}};
+  for (const PeerRecord& r : live)
+    if (r.id != identity_.id && r.swarm_step == swarm_step_) out.push_back({r.id, r.address});
+  return out;
+}
+
+void Swarm::after_local_step(int64_t samples, double loss, double seconds) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  samples_processed_ += samples;
+  ++record_.local_step;
+  record_.loss = loss;
+  record_.samples_per_s = seconds > 0 ? static_cast<double>(samples) / seconds : 0;
+}
+
+bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t micro_batches) {
+  const at::Tensor flat = flatten(gradients);
+  if (!accumulation_.defined()) accumulation_ = at::zeros_like(flat);
+  accumulation_.add_(flat, static_cast<double>(micro_batches));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    accumulated_micro_batches_ += micro_batches;
+  }
+  publish();
+  // The swarm's samples at this step: this peer's accumulated, the others' accumulated and claimed.
+  const std::vector<PeerRecord> live = membership_->live_peers(0.5);
+  int64_t total = accumulated_micro_batches_ * micro_batch_samples_, ahead = -1;
+  for (const PeerRecord& r : live) {
+    if (r.id == identity_.id) continue;
+    if (r.swarm_step == swarm_step_) total += r.samples + r.claimed;
+    if (r.swarm_step > swarm_step_) ahead = std::max(ahead, r.swarm_step);
+  }
+  if (ahead >= 0) {
+    say("behind: live peers are at swarm step " + std::to_string(ahead) + ", this one at " +
+        std::to_string(swarm_step_) + "; its gradients are held until it has their state");
+    return false;
+  }
+  if (total < config_.swarm.target_batch_size) return false;
+  RoundResult result;
+  try {
+    result = averager_->run_round(swarm_step_, candidates(live), accumulation_,
+                                  static_cast<double>(accumulated_micro_batches_), codec_, clock_);
+  } catch (const RoundError& e) {
+    ++failed_rounds_;
+    say(std::string(e.what()) + " (the accumulated gradients are kept; retried after the next local step)");
+    return false;
+  }
+  scatter(result.sum / result.weight, gradients);
+  accumulation_.zero_();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    accumulated_micro_batches_ = 0;
+    ++swarm_step_;
+    ++rounds_;
+    bytes_sent_ += result.bytes_sent;
+    bytes_received_ += result.bytes_received;
+  }
+  std::ostringstream line;
+  line << "round " << swarm_step_ << ": " << result.members.size() << " peers, "
+       << static_cast<int64_t>(result.weight) * micro_batch_samples_ << " samples, sent " << megabytes(result.bytes_sent)
+       << " in " << result.seconds << " s";
+  say(line.str());
+  publish();
+  return true;
+}
+
+void Swarm::after_update(TrainStep& step, int64_t step_number) {
+  if (config_.swarm.sync != "diloco") return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++inner_;
+    accumulated_micro_batches_ += config_.train.grad_accum;
+  }
+  if (inner_ >= config_.swarm.inner_steps) outer_step(step);
+}
+
+void Swarm::outer_step(TrainStep& step) {
+  const std::vector<at::Tensor> masters = holder_->master_parameters();
+  const at::Tensor pseudo_gradient = outer_start_ - flatten(masters);
+  const std::vector<PeerRecord> live = membership_->live_peers(0.5);
+  RoundResult result;
+  try {
+    result = averager_->run_round(swarm_step_, candidates(live), pseudo_gradient, 1.0, codec_, clock_);
+  } catch (const RoundError& e) {
+    ++failed_rounds_;
+    say(std::string(e.what()) + " (the local steps go on; the outer step is retried after the next one)");
+    return;
+  }
+  // Outer Nesterov SGD from the last outer parameters (DiLoCo): v = mu v + g; p = p0 - lr (g + mu v).
+  const at::Tensor g = result.sum / result.weight;
+  const double mu = config_.swarm.outer_momentum;
+  outer_momentum_.mul_(mu).add_(g);
+  outer_start_.sub_(g + mu * outer_momentum_, config_.swarm.outer_lr);
+  scatter(outer_start_, masters);
+  holder_->parameters_written();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    inner_ = 0;
+    accumulated_micro_batches_ = 0;
+    ++swarm_step_;
+    ++rounds_;
+    bytes_sent_ += result.bytes_sent;
+    bytes_received_ += result.bytes_received;
+  }
+  std::ostringstream line;
+  line << "outer step " << swarm_step_ << ": " << result.members.size() << " peers, sent "
+       << megabytes(result.bytes_sent) << " in " << result.seconds << " s";
+  say(line.str());
+  publish();
+}
+
+nlohmann::json Swarm::metrics() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return {{"swarm_step", swarm_step_},   {"rounds", rounds_},          {"failed_rounds", failed_rounds_},
+          {"bytes_sent", bytes_sent_},   {"bytes_received", bytes_received_},
+          {"samples_processed", samples_processed_}};
+}
+
+nlohmann::json Swarm::checkpoint_state() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return {{"swarm", identity_.swarm},
+          {"id", identity_.id},
+          {"sync", config_.swarm.sync},
+          {"swarm_step", swarm_step_},
+          {"local_step", record_.local_step},
+          {"accumulated_micro_batches", accumulated_micro_batches_},
+          {"inner_steps_done", inner_},
+          {"samples_processed", samples_processed_}};
+}
+
+NamedTensors Swarm::checkpoint_tensors() const {
+  NamedTensors out;
+  if (accumulation_.defined()) out.emplace_back("swarm.accumulation", accumulation_.clone());
+  if (outer_start_.defined()) out.emplace_back("swarm.outer_start", outer_start_.clone());
+  if (outer_momentum_.defined()) out.emplace_back("swarm.outer_momentum", outer_momentum_.clone());
+  return out;
+}
+
+}  // namespace tessera::atom

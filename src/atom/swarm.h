@@ -1,0 +1,114 @@
+// Swarm: one ATOM peer's membership of its swarm, as the training loop's Collaboration
+// (train/collaboration.h). `tessera peer` (cli/peer_command.cpp) makes one and trains with it.
+//
+// A peer is one process training a whole replica of the model (resident, or swapped through its
+// device under memory.swap: the ATOM configuration). It runs:
+//   - a Listener (atom/wire.h) on --listen HOST:PORT (TCP): averaging rounds and state downloads
+//     from the other peers, each connection authenticated by the swarm key;
+//   - a DHT node (atom/membership.h) on the same HOST:PORT (UDP), bootstrapped from any live peer
+//     (--initial-peer), where it republishes its record every swarm.publish_interval_s: its
+//     address, swarm step, samples accumulated and claimed, loss and throughput;
+//   - the training loop's hooks:
+//       batch   (swarm.sync = batch) an outer reduction of each local step's final gradients
+//               (TrainStep::set_outer_reduction): they join the peer's accumulation (sum of
+//               gradient x micro-batches, and the micro-batches); once the swarm's samples (the
+//               accumulated and the claimed of every live peer at this swarm step) reach
+//               swarm.target_batch_size, an averaging round (atom/averaging.h) over those peers
+//               sums the accumulations, and every member writes sum / micro-batches into its
+//               gradients and updates: one synchronous step with the swarm's batch. A failed round
+//               keeps the accumulation (nothing lost) and is retried after the next local step.
+//       diloco  (swarm.sync = diloco) every swarm.inner_steps local steps: the pseudo-gradient
+//               (the parameters at the last outer step minus the current ones) averaged over the
+//               live peers at this swarm step, sent as swarm.pseudo_gradient_dtype, then an outer
+//               Nesterov SGD step (swarm.outer_lr, swarm.outer_momentum) from the last outer
+//               parameters, written into the masters (GradientHolder::master_parameters).
+// Identity: a peer's id (32 random hex digits, kept in its run directory's peer.json, so a restart
+// is the same peer) orders the candidates of a round and seeds its data stream.
+//
+// Invariant (batch): peers at the same swarm step hold the same parameters and optimizer state;
+// a round is taken by every member or by none, save the one case averaging.h names.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "atom/averaging.h"
+#include "atom/membership.h"
+#include "core/config.h"
+#include "train/collaboration.h"
+
+namespace tessera::atom {
+
+struct PeerIdentity {
+  std::string swarm;   // --swarm NAME
+  std::string id;      // 32 hex digits (peer.json)
+  std::string listen;  // --listen HOST:PORT
+  std::vector<std::string> initial_peers;  // --initial-peer HOST:PORT ...
+};
+
+// The run directory's peer.json: the peer's id and swarm, made on the first start (a random id)
+// and read on every later one; a run directory of another swarm is refused.
+PeerIdentity load_or_create_identity(const std::string& run_dir, const std::string& swarm);
+
+class Swarm final : public Collaboration {
+ public:
+  Swarm(PeerIdentity identity, const Config& config);
+  ~Swarm() override;
+
+  uint64_t data_seed(uint64_t configured) const override;
+  int64_t attach(TrainStep& step, int64_t step_number, const nlohmann::json& meta,
+                 const std::map<std::string, at::Tensor>& tensors) override;
+  void after_update(TrainStep& step, int64_t step_number) override;
+  void after_local_step(int64_t samples, double loss, double seconds) override;
+  std::vector<std::string> take_messages() override;
+  nlohmann::json metrics() const override;
+  nlohmann::json checkpoint_state() const override;
+  NamedTensors checkpoint_tensors() const override;
+  void leave() override;
+
+  const std::string& address() const { return identity_.listen; }
+  // The live peers as the DHT shows them now (tessera swarm status, tests).
+  std::vector<PeerRecord> live_peers() { return membership_->live_peers(); }
+
+ private:
+  bool reduce(const std::vector<at::Tensor>& gradients, int64_t micro_batches);  // batch mode
+  void outer_step(TrainStep& step);                                            // diloco
+  // The candidates of this swarm step's round (live peers at it, this one included).
+  std::vector<RoundMember> candidates(const std::vector<PeerRecord>& live) const;
+  void publish();
+  void say(const std::string& line);
+  void serve(std::unique_ptr<Channel> channel);
+
+  PeerIdentity identity_;
+  Config config_;
+  SwarmKey key_;
+  std::unique_ptr<Averager> averager_;
+  std::unique_ptr<Listener> listener_;
+  std::unique_ptr<Membership> membership_;
+  RoundClock clock_;
+  Codec codec_;
+  GradientHolder* holder_ = nullptr;
+
+  mutable std::mutex mutex_;  // guards the record's fields and messages_
+  PeerRecord record_;
+  std::vector<std::string> messages_;
+  int64_t swarm_step_ = 0;
+  int64_t accumulated_micro_batches_ = 0, micro_batch_samples_ = 0;
+  at::Tensor accumulation_;  // batch: [N] float32, sum of gradient x micro-batches
+  at::Tensor outer_start_, outer_momentum_;  // diloco: parameters at the last outer step, momentum
+  int64_t inner_ = 0;                        // diloco: local steps since the last outer step
+  int64_t rounds_ = 0, failed_rounds_ = 0;
+  uint64_t bytes_sent_ = 0, bytes_received_ = 0;
+  int64_t samples_processed_ = 0;
+
+  std::atomic<bool> leaving_{false};
+  std::thread publisher_;
+};
+
+}  // namespace tessera::atom

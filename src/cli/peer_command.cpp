@@ -1,0 +1,121 @@
+// `tessera peer`: one peer of an ATOM swarm (atom/swarm.h), training with its run directory as
+// `tessera train` does (config.toml, metrics.jsonl, train.log, checkpoints/, the run lock), and
+// `tessera swarm status|keygen`.
+//
+// A run directory that already holds this peer (its peer.json and a checkpoint) is a restart: the
+// peer continues from its newest checkpoint with its own identity, config and swarm state, and
+// rejoins. A fresh peer needs --config; its first record reaches the swarm through any live peer
+// named by --initial-peer (none for the first peer of a swarm).
+#include <filesystem>
+#include <iostream>
+
+#include "atom/membership.h"
+#include "atom/swarm.h"
+#include "atom/wire.h"
+#include "checkpoint/checkpoint.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/json_file.h"
+#include "core/config.h"
+#include "train/run_dir.h"
+#include "train/stop_request.h"
+#include "train/trainer.h"
+
+namespace tessera::cli {
+
+Command add_peer_command(CLI::App& app) {
+  struct Args {
+    std::string config, out, swarm, listen;
+    std::vector<std::string> initial, sets;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand("peer", "train as one peer of an ATOM swarm (no coordinator; docs/atom.md)");
+  cmd->add_option("--config", args->config, "config file or preset (its [swarm] section: sync, target batch, key)");
+  cmd->add_option("--set", args->sets, "override a config key: section.key=value (repeatable)")->take_all();
+  cmd->add_option("--swarm", args->swarm, "the swarm's name")->required();
+  cmd->add_option("--listen", args->listen, "HOST:PORT this peer listens on (TCP and the DHT's UDP; port 0: any)")
+      ->required();
+  cmd->add_option("--initial-peer", args->initial, "HOST:PORT of any live peer (repeatable; none for the first peer)")
+      ->take_all();
+  cmd->add_option("--out", args->out, "the peer's run directory (a directory holding this peer: restart)")->required();
+  cmd->footer("Config keys (section.key, default, meaning):\n" + config_reference());
+  return [args]() {
+    const std::string identity_file = args->out + "/peer.json";
+    const bool restart = std::filesystem::exists(identity_file) &&
+                         std::filesystem::exists(args->out + "/checkpoints/latest");
+    RunClaim claim;
+    if (restart) claim.resume_from = resolve_checkpoint_dir(args->out + "/checkpoints");
+    // This peer, stopped before its first checkpoint: it starts again (same identity), its files replaced.
+    claim.overwrite = !restart && std::filesystem::exists(identity_file);
+    require(restart || !args->config.empty(), "peer: give --config FILE|PRESET (", args->out,
+            " holds no checkpoint of a peer to restart from)");
+    Config config = restart && args->config.empty()
+                        ? Config::from_checkpoint_meta(claim.resume_from + "/meta.json", args->sets)
+                        : Config::load(args->config, args->sets);
+    const std::unique_ptr<RunLock> lock = claim_run_dir(args->out, claim);
+    atom::PeerIdentity identity = atom::load_or_create_identity(args->out, args->swarm);
+    identity.listen = args->listen;
+    identity.initial_peers = args->initial;
+    std::printf("config (after each key: where its value came from)\n%s\n", config.to_annotated_toml().c_str());
+    stop_request::install();
+    atom::Swarm swarm(identity, config);
+    std::printf("peer %s of swarm '%s' listening on %s%s\n", identity.id.c_str(), identity.swarm.c_str(),
+                swarm.address().c_str(), restart ? (", restarting from " + claim.resume_from).c_str() : "");
+    std::fflush(stdout);
+    Trainer trainer(config, args->out, TrainStart{claim.resume_from, ""}, nullptr, &swarm);
+    TrainSummary summary = trainer.run();
+    if (!summary.stopped.empty()) {
+      std::printf("stopped: swarm step %lld of %lld (%s), checkpoint %s\n", static_cast<long long>(summary.steps),
+                  static_cast<long long>(config.train.steps), summary.stopped.c_str(), summary.checkpoint.c_str());
+      return kStoppedExitCode;
+    }
+    std::printf("done: %lld steps, train loss %.4f, val loss %.4f, checkpoint %s\n",
+                static_cast<long long>(summary.steps), summary.last_loss, summary.last_val_loss,
+                summary.checkpoint.c_str());
+    return 0;
+  };
+}
+
+Command add_swarm_command(CLI::App& app) {
+  struct Args {
+    std::string swarm, key_file, out, listen = "127.0.0.1:0";
+    std::vector<std::string> initial;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand("swarm", "inspect an ATOM swarm, or make its key");
+  cmd->require_subcommand(1);
+  CLI::App* status = cmd->add_subcommand("status", "print the swarm's live peers and its progress");
+  status->add_option("--swarm", args->swarm, "the swarm's name")->required();
+  status->add_option("--key-file", args->key_file, "the swarm's key file (swarm.key_file)")->required();
+  status->add_option("--initial-peer", args->initial, "HOST:PORT of any live peer")->required()->take_all();
+  status->add_option("--listen", args->listen, "HOST:PORT for this query's DHT node (default: any port)");
+  CLI::App* keygen = cmd->add_subcommand("keygen", "write a new swarm key (32 random bytes, mode 0600)");
+  keygen->add_option("--out", args->out, "the key file to create")->required();
+  return [args, status, keygen]() {
+    if (keygen->parsed()) {
+      atom::SwarmKey::generate(args->out);
+      std::printf("wrote a new swarm key to %s (fingerprint %s); give every peer this file as swarm.key_file\n",
+                  args->out.c_str(), atom::SwarmKey::load(args->out).fingerprint().c_str());
+      return 0;
+    }
+    const atom::SwarmKey key = atom::SwarmKey::load(args->key_file);
+    const auto [host, port] = atom::split_address(args->listen, "--listen");
+    atom::Membership dht(args->swarm, key, host, port, args->initial, 3600);
+    std::vector<atom::PeerRecord> peers;
+    for (int i = 0; i < 20 && peers.empty(); ++i) peers = dht.live_peers(0.5);
+    std::printf("swarm '%s' (key %s): %zu live peer(s)\n", args->swarm.c_str(), key.fingerprint().c_str(), peers.size());
+    std::printf("%-34s %-22s %10s %10s %10s %9s %10s %8s\n", "peer", "address", "swarm_step", "local_step", "samples",
+                "loss", "samples/s", "age_s");
+    int64_t top = 0;
+    for (const atom::PeerRecord& r : peers) {
+      top = std::max(top, r.swarm_step);
+      std::printf("%-34s %-22s %10lld %10lld %10lld %9.4f %10.1f %8.1f\n", r.id.c_str(), r.address.c_str(),
+                  static_cast<long long>(r.swarm_step), static_cast<long long>(r.local_step),
+                  static_cast<long long>(r.samples + r.claimed), r.loss, r.samples_per_s, atom::unix_now() - r.time);
+    }
+    if (!peers.empty()) std::printf("swarm step %lld\n", static_cast<long long>(top));
+    return 0;
+  };
+}
+
+}  // namespace tessera::cli
