@@ -40,6 +40,22 @@ struct Membership::Impl {
   dht::InfoHash where;
   dht::DhtRunner node;
   std::atomic<int64_t> refused{0};
+  // Every verified record seen (by a listen on the key and by each get), newest per peer: a get
+  // that finds fewer values than are stored (a node still filling its routing table) does not
+  // make live peers vanish; a record still leaves by its age.
+  std::mutex mutex;
+  std::map<std::string, PeerRecord> seen;
+
+  void remember(const std::vector<std::shared_ptr<dht::Value>>& values) {
+    for (const auto& v : values) {
+      if (!v) continue;
+      std::optional<PeerRecord> r = verify(*v);
+      if (!r) continue;
+      std::lock_guard<std::mutex> lock(mutex);
+      auto it = seen.find(r->id);
+      if (it == seen.end() || it->second.time < r->time) seen[r->id] = *r;
+    }
+  }
 
   Impl(std::string s, const SwarmKey& k, double t)
       : swarm(std::move(s)), key(k), ttl(t), where(dht::InfoHash::get("tessera/swarm/" + swarm + "/peers")) {}
@@ -81,6 +97,10 @@ Membership::Membership(const std::string& swarm, const SwarmKey& key, const std:
     fail("cannot start the swarm's DHT node on UDP ", host, ":", port, ": ", e.what());
   }
   impl_->node.registerType(dht::ValueType(kRecordType, "tessera peer record", expiry, store, edit));
+  impl_->node.listen(impl_->where, [impl](const std::vector<std::shared_ptr<dht::Value>>& values, bool expired) {
+    if (!expired) impl->remember(values);
+    return true;
+  });
   for (const std::string& peer : initial_peers) {
     const auto [peer_host, peer_port] = split_address(peer, "--initial-peer");
     impl_->node.bootstrap(peer_host, std::to_string(peer_port));
@@ -109,33 +129,20 @@ void Membership::publish_raw(const std::string& bytes, uint64_t value_id) {
 
 std::vector<PeerRecord> Membership::live_peers(double wait_s) {
   auto done = std::make_shared<std::promise<void>>();
-  auto values = std::make_shared<std::vector<std::shared_ptr<dht::Value>>>();
-  auto mutex = std::make_shared<std::mutex>();
+  Impl* impl = impl_.get();
   impl_->node.get(
       impl_->where,
-      [values, mutex](const std::vector<std::shared_ptr<dht::Value>>& vs) {
-        std::lock_guard<std::mutex> lock(*mutex);
-        values->insert(values->end(), vs.begin(), vs.end());
+      [impl](const std::vector<std::shared_ptr<dht::Value>>& values) {
+        impl->remember(values);
         return true;
       },
       [done](bool) { done->set_value(); });
   done->get_future().wait_for(std::chrono::duration<double>(wait_s));
-  std::vector<std::shared_ptr<dht::Value>> seen;
-  {
-    std::lock_guard<std::mutex> lock(*mutex);
-    seen = *values;
-  }
-  std::map<std::string, PeerRecord> newest;
   const double now = unix_now();
-  for (const auto& v : seen) {
-    if (!v) continue;
-    std::optional<PeerRecord> r = impl_->verify(*v);
-    if (!r || now - r->time > impl_->ttl) continue;
-    auto it = newest.find(r->id);
-    if (it == newest.end() || it->second.time < r->time) newest[r->id] = *r;
-  }
   std::vector<PeerRecord> out;
-  for (auto& [id, r] : newest) out.push_back(std::move(r));
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  for (const auto& [id, r] : impl_->seen)
+    if (now - r.time <= impl_->ttl) out.push_back(r);
   return out;
 }
 

@@ -33,8 +33,9 @@ class Membership {
 
   // Publishes (or replaces) this peer's record; returns at once.
   void publish(const PeerRecord& record);
-  // The live peers' records (tags verified, not older than the ttl, newest per id), as this
-  // node finds them within `wait_s`.
+  // The live peers' records (tags verified, not older than the ttl, newest per id): every record
+  // this node has seen, kept current by a listen on the swarm's key, after a fresh get of at most
+  // `wait_s` seconds.
   std::vector<PeerRecord> live_peers(double wait_s = 2.0);
   // Publishes raw bytes under the swarm's key, as a stranger's node would (tests of forged records).
   void publish_raw(const std::string& bytes, uint64_t value_id);

@@ -1,6 +1,7 @@
 // One peer's swarm: identity, record publishing, batch-mode rounds and DiLoCo outer steps (swarm.h).
 #include "atom/swarm.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -87,7 +88,7 @@ Swarm::Swarm(PeerIdentity identity, const Config& config)
                                              config.swarm.record_ttl_s);
   record_.id = identity_.id;
   record_.address = identity_.listen;
-  micro_batch_samples_ = config.train.batch_size;
+  step_samples_ = record_.claimed = config.train.batch_size * config.train.grad_accum;
   publisher_ = std::thread([this] {
     while (!leaving_) {
       publish();
@@ -126,7 +127,7 @@ void Swarm::publish() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     record_.swarm_step = swarm_step_;
-    record_.samples = accumulated_micro_batches_ * micro_batch_samples_;
+    record_.samples = accumulated_;
     record_.time = unix_now();
     r = record_;
   }
@@ -146,7 +147,7 @@ int64_t Swarm::attach(TrainStep& step, int64_t step_number, const nlohmann::json
   if (!meta.is_null()) {
     const std::string source = "the checkpoint's meta.json 'collaboration'";
     swarm_step_ = meta_field<int64_t>(meta, "swarm_step", source);
-    accumulated_micro_batches_ = meta_field<int64_t>(meta, "accumulated_micro_batches", source);
+    accumulated_ = meta_field<int64_t>(meta, "accumulated_samples", source);
     inner_ = meta_field<int64_t>(meta, "inner_steps_done", source);
     const auto take = [&](const char* name) {
       const auto it = tensors.find(name);
@@ -158,14 +159,10 @@ int64_t Swarm::attach(TrainStep& step, int64_t step_number, const nlohmann::json
   }
   if (config_.swarm.sync == "batch") {
     step.set_outer_reduction(
-        [this](const std::vector<at::Tensor>& gradients, int64_t micro_batches) { return reduce(gradients, micro_batches); });
+        [this](const std::vector<at::Tensor>& gradients, int64_t samples) { return reduce(gradients, samples); });
   } else if (!outer_start_.defined()) {
     outer_start_ = flatten(holder_->master_parameters()).clone();
     outer_momentum_ = at::zeros_like(outer_start_);
-  }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    record_.claimed = config_.train.batch_size * config_.train.grad_accum;
   }
   publish();
   // Wait to see swarm.min_peers live peers (this one included) before the first step.
@@ -179,6 +176,7 @@ int64_t Swarm::attach(TrainStep& step, int64_t step_number, const nlohmann::json
     if (seen >= config_.swarm.min_peers) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
+  step_started_ = unix_now();
   return step_number;
 }
 
@@ -197,23 +195,36 @@ void Swarm::after_local_step(int64_t samples, double loss, double seconds) {
   record_.samples_per_s = seconds > 0 ? static_cast<double>(samples) / seconds : 0;
 }
 
-bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t micro_batches) {
+bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t samples) {
   const at::Tensor flat = flatten(gradients);
   if (!accumulation_.defined()) accumulation_ = at::zeros_like(flat);
-  accumulation_.add_(flat, static_cast<double>(micro_batches));
+  accumulation_.add_(flat, static_cast<double>(samples));
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    accumulated_micro_batches_ += micro_batches;
+    accumulated_ += samples;
+    step_samples_ = record_.claimed = samples;
   }
   publish();
   // The swarm's samples at this step: this peer's accumulated, the others' accumulated and claimed.
-  const std::vector<PeerRecord> live = membership_->live_peers(0.5);
-  int64_t total = accumulated_micro_batches_ * micro_batch_samples_, ahead = -1;
+  // Only records published since this local step began show what the others have run meanwhile
+  // (each republishes at every local step's end and every publish interval): wait for them, at
+  // most one publish interval and a little (a dead peer's never comes).
+  std::vector<PeerRecord> live;
+  for (const Deadline fresh = Deadline::in(config_.swarm.publish_interval_s + 0.1);;) {
+    live = membership_->live_peers(0.5);
+    const bool stale = std::any_of(live.begin(), live.end(), [&](const PeerRecord& r) {
+      return r.id != identity_.id && r.time < step_started_;
+    });
+    if (!stale || fresh.seconds_left() <= 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  int64_t total = accumulated_, ahead = -1;
   for (const PeerRecord& r : live) {
     if (r.id == identity_.id) continue;
     if (r.swarm_step == swarm_step_) total += r.samples + r.claimed;
     if (r.swarm_step > swarm_step_) ahead = std::max(ahead, r.swarm_step);
   }
+  step_started_ = unix_now();  // the next local step begins when this returns
   if (ahead >= 0) {
     say("behind: live peers are at swarm step " + std::to_string(ahead) + ", this one at " +
         std::to_string(swarm_step_) + "; its gradients are held until it has their state");
@@ -223,7 +234,7 @@ bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t micro_batch
   RoundResult result;
   try {
     result = averager_->run_round(swarm_step_, candidates(live), accumulation_,
-                                  static_cast<double>(accumulated_micro_batches_), codec_, clock_);
+                                  static_cast<double>(accumulated_), codec_, clock_);
   } catch (const RoundError& e) {
     ++failed_rounds_;
     say(std::string(e.what()) + " (the accumulated gradients are kept; retried after the next local step)");
@@ -231,9 +242,10 @@ bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t micro_batch
   }
   scatter(result.sum / result.weight, gradients);
   accumulation_.zero_();
+  step_started_ = unix_now();
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    accumulated_micro_batches_ = 0;
+    accumulated_ = 0;
     ++swarm_step_;
     ++rounds_;
     bytes_sent_ += result.bytes_sent;
@@ -241,7 +253,7 @@ bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t micro_batch
   }
   std::ostringstream line;
   line << "round " << swarm_step_ << ": " << result.members.size() << " peers, "
-       << static_cast<int64_t>(result.weight) * micro_batch_samples_ << " samples, sent " << megabytes(result.bytes_sent)
+       << static_cast<int64_t>(result.weight) << " samples, sent " << megabytes(result.bytes_sent)
        << " in " << result.seconds << " s";
   say(line.str());
   publish();
@@ -253,7 +265,7 @@ void Swarm::after_update(TrainStep& step, int64_t step_number) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ++inner_;
-    accumulated_micro_batches_ += config_.train.grad_accum;
+    accumulated_ += step_samples_;
   }
   if (inner_ >= config_.swarm.inner_steps) outer_step(step);
 }
@@ -280,7 +292,7 @@ void Swarm::outer_step(TrainStep& step) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     inner_ = 0;
-    accumulated_micro_batches_ = 0;
+    accumulated_ = 0;
     ++swarm_step_;
     ++rounds_;
     bytes_sent_ += result.bytes_sent;
@@ -307,7 +319,7 @@ nlohmann::json Swarm::checkpoint_state() const {
           {"sync", config_.swarm.sync},
           {"swarm_step", swarm_step_},
           {"local_step", record_.local_step},
-          {"accumulated_micro_batches", accumulated_micro_batches_},
+          {"accumulated_samples", accumulated_},
           {"inner_steps_done", inner_},
           {"samples_processed", samples_processed_}};
 }

@@ -77,7 +77,7 @@ class Swarm final : public Collaboration {
   std::vector<PeerRecord> live_peers() { return membership_->live_peers(); }
 
  private:
-  bool reduce(const std::vector<at::Tensor>& gradients, int64_t micro_batches);  // batch mode
+  bool reduce(const std::vector<at::Tensor>& gradients, int64_t samples);  // batch mode
   void outer_step(TrainStep& step);                                            // diloco
   // The candidates of this swarm step's round (live peers at it, this one included).
   std::vector<RoundMember> candidates(const std::vector<PeerRecord>& live) const;
@@ -99,11 +99,13 @@ class Swarm final : public Collaboration {
   PeerRecord record_;
   std::vector<std::string> messages_;
   int64_t swarm_step_ = 0;
-  int64_t accumulated_micro_batches_ = 0, micro_batch_samples_ = 0;
-  at::Tensor accumulation_;  // batch: [N] float32, sum of gradient x micro-batches
+  int64_t accumulated_ = 0;   // samples since the last round (batch) or outer step (diloco)
+  int64_t step_samples_ = 0;  // samples of one local step: what a record claims for the step running
+  at::Tensor accumulation_;   // batch: [N] float32, sum of each local step's gradient x its samples
   at::Tensor outer_start_, outer_momentum_;  // diloco: parameters at the last outer step, momentum
   int64_t inner_ = 0;                        // diloco: local steps since the last outer step
   int64_t rounds_ = 0, failed_rounds_ = 0;
+  double step_started_ = 0;  // Unix seconds when the local step now running began
   uint64_t bytes_sent_ = 0, bytes_received_ = 0;
   int64_t samples_processed_ = 0;
 

@@ -78,8 +78,9 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr, co
   GradientsReady ready;  // none without a reader: a swapped step then keeps its overlapped updates
   if (observe || outer_)
     ready = [&] {
-      if (outer_ && !outer_(parallel_->gradient_holder()->final_gradients(), static_cast<int64_t>(micro_batches.size())))
-        return false;
+      int64_t samples = 0;
+      for (const Batch& b : micro_batches) samples += b.inputs.size(0);
+      if (outer_ && !outer_(parallel_->gradient_holder()->final_gradients(), samples)) return false;
       if (observe) observe(parallel_->gradients());
       return true;
     };

@@ -64,12 +64,12 @@ class TrainStep {
   using GradientObserver = std::function<void(const NamedTensors& gradients)>;
   StepResult run(const std::vector<Batch>& micro_batches, double lr, const GradientObserver& observe = {});
   // An outer reduction of each step's final gradients beyond the mesh (the ATOM swarm's batch
-  // mode, atom/peer.h): given them (live: GradientHolder::final_gradients, parallel/optimizer_owner.h)
-  // and the step's micro-batches, it returns whether to update now, with the gradients it left in
-  // them; false holds the step's gradients out (no update). It runs before the observer, which
+  // mode, atom/swarm.h): given them (live: GradientHolder::final_gradients, parallel/optimizer_owner.h)
+  // and the step's samples (the sequences of its micro-batches), it returns whether to update now,
+  // with the gradients it left in them; false holds the step's gradients out (no update). It runs before the observer, which
   // sees what is applied. Refused, naming why, unless this process's owner holds its gradients
   // whole (one process: resident or swapped).
-  using OuterReduction = std::function<bool(const std::vector<at::Tensor>& gradients, int64_t micro_batches)>;
+  using OuterReduction = std::function<bool(const std::vector<at::Tensor>& gradients, int64_t samples)>;
   void set_outer_reduction(OuterReduction reduce);
   // The owner as a GradientHolder when this process holds a whole replica (else null).
   GradientHolder* gradient_holder() { return parallel_->gradient_holder(); }

@@ -29,6 +29,7 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <sstream>
@@ -38,6 +39,7 @@
 #include "distributed/dist_test.h"
 #include "test_util.h"
 #include "tiny_config.h"
+#include "atom/swarm.h"
 #include "train/train_step.h"
 
 namespace tessera {
@@ -81,6 +83,9 @@ struct Row {
   // The reference runs micro-batch m of every dp rank as one (M micro-batches of D B rows) instead
   // of D M: what model.moe_aux_scope = global computes (its balance loss counts them together).
   bool merged_reference = false;
+  // The ranks are ATOM peers (swarm.sync = batch, atom/swarm.h), each one process training alone,
+  // averaging through the swarm: rank r runs the micro-batches dp rank r would.
+  bool peers = false;
 };
 
 void PrintTo(const Row& layout, std::ostream* os) { *os << layout.name; }
@@ -282,6 +287,20 @@ const std::vector<Row>& layouts() {
          c.parallel.sp_method = "ring";
          c.parallel.ep = 2;
        }},
+      {"peers2_batch", 2, [](Config& c) {}, &kFp32, false, true},
+      {"peers2_batch_sgd_accum2", 2,
+       [](Config& c) {
+         sgd(c);
+         c.train.grad_accum = 2;
+       },
+       &kFp32, false, true},
+      {"peers2_batch_swapped_accum2", 2,
+       [](Config& c) {
+         c.model.n_layer = 4;
+         swapped(c, {1, 3});
+         c.train.grad_accum = 2;
+       },
+       &kFp32, false, true},
       {"dp2_sp2_moe_global_aux_dropless_ulysses", 4,
        [](Config& c) {
          c.model.ffn = "moe";
@@ -702,6 +721,67 @@ Trace train(const Config& config, comm::Mesh* mesh, int64_t split) {
   return run;
 }
 
+// kSteps steps of ATOM peers, one per rank of `mesh` (which only carries the peers' addresses and
+// the mean of their losses): rank r, one process with its own model, runs the micro-batches dp rank
+// r of a dp = world mesh would, and the swarm (batch mode, target: the global batch) averages.
+// Every local step must end in a round (the peers wait for each other's claimed samples).
+Trace train_peers(const Config& row, comm::Mesh& mesh) {
+  const int64_t D = mesh.world_size(), r = mesh.rank(), M = row.train.grad_accum, B = kRows / (D * M);
+  Config config = row;
+  config.parallel = ParallelOptions();
+  config.train.batch_size = B;  // what a peer's record claims for its next local step
+  const std::string dir = test::fresh_dir("peers_key");
+  std::ofstream(dir + "/key") << std::string(64, 'a') << "\n";
+  config.swarm.key_file = dir + "/key";
+  config.swarm.target_batch_size = kRows;
+  config.swarm.min_peers = D;
+  config.swarm.publish_interval_s = 0.05;
+  config.swarm.record_ttl_s = 10;
+  config.swarm.round_timeout_min_s = 2;
+  config.swarm.round_timeout_max_s = 60;
+  // Rank 0's swarm first: the others start from its address.
+  at::Tensor port = at::zeros({1}, at::kLong);
+  std::unique_ptr<atom::Swarm> swarm;
+  auto make = [&](std::vector<std::string> initial) {
+    char id[33];
+    std::snprintf(id, sizeof(id), "%032lld", static_cast<long long>(r));
+    swarm = std::make_unique<atom::Swarm>(atom::PeerIdentity{"harness", id, "127.0.0.1:0", std::move(initial)}, config);
+  };
+  if (r == 0) {
+    make({});
+    port[0] = std::stoll(swarm->address().substr(swarm->address().rfind(':') + 1));
+  }
+  mesh.world().broadcast(port, 0);
+  if (r != 0) make({"127.0.0.1:" + std::to_string(port[0].item<int64_t>())});
+  TrainStep step(config, nullptr);
+  swarm->attach(step, 0, nullptr, {});
+  Trace run;
+  for (int64_t s = 0; s < kSteps; ++s) {
+    const Batch batch = global_batch(s);
+    std::vector<Batch> micro;
+    for (int64_t m = 0; m < M; ++m) {
+      const int64_t first = (m * D + r) * B;
+      micro.push_back({batch.inputs.narrow(0, first, B), batch.targets.narrow(0, first, B)});
+    }
+    std::map<std::string, at::Tensor> grads;
+    StepResult result = step.run(micro, config.optim.lr, [&](const NamedTensors& g) {
+      for (const auto& [name, t] : g) grads[name] = t.to(at::kFloat).clone();
+    });
+    for (const std::string& line : swarm->take_messages()) std::printf("rank %lld %s\n", static_cast<long long>(r), line.c_str());
+    EXPECT_TRUE(result.applied) << "peer " << r << ": local step " << s << " ended without a round";
+    at::Tensor losses = at::tensor({result.ce_loss, result.aux_loss}, at::kDouble);
+    mesh.world().all_reduce(losses, comm::ReduceOp::avg);
+    result.ce_loss = losses[0].item<double>();
+    result.aux_loss = losses[1].item<double>();
+    run.steps.push_back(result);
+    run.gradients.push_back(std::move(grads));
+  }
+  for (const auto& [name, t] : step.model_state()) run.parameters[name] = t.to(at::kFloat);
+  mesh.world().barrier();  // no peer leaves while another may still be in a round
+  swarm->leave();
+  return run;
+}
+
 class Equivalence : public ::testing::TestWithParam<Row> {};
 
 TEST_P(Equivalence, MatchesOneProcess) {
@@ -719,7 +799,7 @@ TEST_P(Equivalence, MatchesOneProcess) {
   const ParallelDims dims(config.parallel, layout.ranks, layout.name);
   ASSERT_EQ(kRows % (dims.dp() * config.train.grad_accum), 0) << layout.name;
   auto mesh = comm::Mesh::connect(ranks.launch(), dims, config.parallel, c10::Device(at::kCPU));
-  const Trace parallel = train(config, mesh.get(), 0);
+  const Trace parallel = layout.peers ? train_peers(config, *mesh) : train(config, mesh.get(), 0);
   if (ranks.rank() != 0) return;
 
   Config single = config;
