@@ -14,6 +14,7 @@
 #include "core/json_file.h"
 #include "checkpoint/checkpoint.h"
 #include "core/splitmix.h"
+#include "checkpoint/safetensors.h"
 
 namespace tessera::atom {
 namespace {
@@ -80,10 +81,11 @@ Swarm::Swarm(PeerIdentity identity, const Config& config)
   listener_ = std::make_unique<Listener>(
       host, port, key_, identity_.id, max_bytes, [this](std::unique_ptr<Channel> c) { serve(std::move(c)); },
       [this](const std::string& address, const std::string& reason) {
-        say("refused a connection from " + address + ": " + reason);
+        say("a connection from " + address + " ended: " + reason);
       });
   identity_.listen = host + ":" + std::to_string(listener_->port());
   averager_ = std::make_unique<Averager>(key_, identity_.id, identity_.listen, max_bytes);
+  snapshots_ = std::make_unique<StateSnapshots>(identity_.run_dir + "/swarm_state");
   membership_ = std::make_unique<Membership>(identity_.swarm, key_, host, listener_->port(), identity_.initial_peers,
                                              config.swarm.record_ttl_s);
   record_.id = identity_.id;
@@ -136,7 +138,7 @@ void Swarm::publish() {
 
 void Swarm::serve(std::unique_ptr<Channel> channel) {
   const Message first = channel->receive(Deadline::in(30));
-  if (averager_->serve(*channel, first)) return;
+  if (averager_->serve(*channel, first) || snapshots_->serve(*channel, first)) return;
   throw WireError("peer " + channel->address() + " sent an unknown request (type " + std::to_string(first.type) + ")");
 }
 
@@ -149,6 +151,9 @@ int64_t Swarm::attach(TrainStep& step, int64_t step_number, const nlohmann::json
     swarm_step_ = meta_field<int64_t>(meta, "swarm_step", source);
     accumulated_ = meta_field<int64_t>(meta, "accumulated_samples", source);
     inner_ = meta_field<int64_t>(meta, "inner_steps_done", source);
+    samples_processed_ = meta_field<int64_t>(meta, "samples_processed", source);
+    samples_contributed_ = meta_field<int64_t>(meta, "samples_contributed", source);
+    samples_dropped_ = meta_field<int64_t>(meta, "samples_dropped", source);
     const auto take = [&](const char* name) {
       const auto it = tensors.find(name);
       return it == tensors.end() ? at::Tensor() : it->second.to(at::kFloat).clone();
@@ -176,6 +181,11 @@ int64_t Swarm::attach(TrainStep& step, int64_t step_number, const nlohmann::json
     if (seen >= config_.swarm.min_peers) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
+  // A late joiner, or a restart that missed rounds, takes the state of the peers ahead.
+  std::vector<PeerRecord> ahead;
+  for (const PeerRecord& r : membership_->live_peers(1.0))
+    if (r.id != identity_.id && r.swarm_step > swarm_step_) ahead.push_back(r);
+  if (!ahead.empty()) step_number = load_state(step, ahead);
   step_started_ = unix_now();
   return step_number;
 }
@@ -187,12 +197,73 @@ std::vector<RoundMember> Swarm::candidates(const std::vector<PeerRecord>& live) 
   return out;
 }
 
-void Swarm::after_local_step(int64_t samples, double loss, double seconds) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  samples_processed_ += samples;
-  ++record_.local_step;
-  record_.loss = loss;
-  record_.samples_per_s = seconds > 0 ? static_cast<double>(samples) / seconds : 0;
+std::optional<int64_t> Swarm::after_local_step(TrainStep& step, int64_t samples, double loss, double seconds) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    samples_processed_ += samples;
+    ++record_.local_step;
+    record_.loss = loss;
+    record_.samples_per_s = seconds > 0 ? static_cast<double>(samples) / seconds : 0;
+  }
+  if (!behind_) return std::nullopt;
+  behind_ = false;
+  std::vector<PeerRecord> ahead;
+  for (const PeerRecord& r : membership_->live_peers(1.0))
+    if (r.id != identity_.id && r.swarm_step > swarm_step_) ahead.push_back(r);
+  if (ahead.empty()) return std::nullopt;
+  return load_state(step, ahead);
+}
+
+NamedTensors Swarm::snapshot_tensors(TrainStep& step) {
+  NamedTensors out;
+  for (auto& [name, t] : step.model_state()) out.emplace_back("model." + name, t);
+  for (auto& entry : step.training_state()) out.push_back(std::move(entry));
+  if (outer_start_.defined()) {
+    out.emplace_back("swarm.outer_start", outer_start_);
+    out.emplace_back("swarm.outer_momentum", outer_momentum_);
+  }
+  return out;
+}
+
+int64_t Swarm::load_state(TrainStep& step, const std::vector<PeerRecord>& ahead) {
+  const Download d = download_state(ahead, key_, identity_.id, identity_.run_dir + "/swarm_state",
+                                    static_cast<size_t>(config_.swarm.max_message_mb * 1e6),
+                                    Deadline::in(config_.swarm.round_timeout_max_s));
+  const SafetensorsContents contents = read_safetensors(d.path);
+  std::map<std::string, at::Tensor> model, training;
+  for (const auto& [name, t] : contents.tensors) {
+    if (name.rfind("model.", 0) == 0) model.emplace(name.substr(6), t);
+    else if (name.rfind("swarm.", 0) != 0) training.emplace(name, t);
+  }
+  step.load_model_state(model_reader(model, d.path));
+  step.load_training_state(training, d.path);
+  const auto take = [&](const char* name) {
+    const auto it = contents.tensors.find(name);
+    return it == contents.tensors.end() ? at::Tensor() : it->second.to(at::kFloat).clone();
+  };
+  if (config_.swarm.sync == "diloco") {
+    outer_start_ = take("swarm.outer_start");
+    outer_momentum_ = take("swarm.outer_momentum");
+    require(outer_start_.defined() && outer_momentum_.defined(), d.path, ": a DiLoCo state without its outer tensors");
+  }
+  const int64_t dropped = accumulated_;
+  if (accumulation_.defined()) accumulation_.zero_();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    samples_dropped_ += accumulated_;
+    accumulated_ = 0;
+    inner_ = 0;
+    swarm_step_ = d.swarm_step;
+  }
+  std::filesystem::remove(d.path);
+  std::ostringstream line;
+  line << "took the swarm's state at swarm step " << d.swarm_step << " (" << megabytes(static_cast<uint64_t>(d.bytes))
+       << ") from " << d.donors.size() << " donor(s)";
+  if (dropped > 0) line << "; dropped " << dropped << " samples accumulated on the old parameters";
+  say(line.str());
+  publish();
+  // The loop's step: the swarm's in batch mode, its local steps under DiLoCo.
+  return config_.swarm.sync == "batch" ? d.swarm_step : d.swarm_step * config_.swarm.inner_steps;
 }
 
 bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t samples) {
@@ -226,8 +297,7 @@ bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t samples) {
   }
   step_started_ = unix_now();  // the next local step begins when this returns
   if (ahead >= 0) {
-    say("behind: live peers are at swarm step " + std::to_string(ahead) + ", this one at " +
-        std::to_string(swarm_step_) + "; its gradients are held until it has their state");
+    behind_ = true;  // after_local_step downloads their state
     return false;
   }
   if (total < config_.swarm.target_batch_size) return false;
@@ -245,6 +315,7 @@ bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t samples) {
   step_started_ = unix_now();
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    samples_contributed_ += accumulated_;
     accumulated_ = 0;
     ++swarm_step_;
     ++rounds_;
@@ -261,7 +332,10 @@ bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t samples) {
 }
 
 void Swarm::after_update(TrainStep& step, int64_t step_number) {
-  if (config_.swarm.sync != "diloco") return;
+  if (config_.swarm.sync == "batch") {
+    if (snapshots_->wanted(swarm_step_)) snapshots_->write(swarm_step_, snapshot_tensors(step));
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ++inner_;
@@ -289,9 +363,11 @@ void Swarm::outer_step(TrainStep& step) {
   outer_start_.sub_(g + mu * outer_momentum_, config_.swarm.outer_lr);
   scatter(outer_start_, masters);
   holder_->parameters_written();
+  if (snapshots_->wanted(swarm_step_ + 1)) snapshots_->write(swarm_step_ + 1, snapshot_tensors(step));
   {
     std::lock_guard<std::mutex> lock(mutex_);
     inner_ = 0;
+    samples_contributed_ += accumulated_;
     accumulated_ = 0;
     ++swarm_step_;
     ++rounds_;
@@ -307,9 +383,15 @@ void Swarm::outer_step(TrainStep& step) {
 
 nlohmann::json Swarm::metrics() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return {{"swarm_step", swarm_step_},   {"rounds", rounds_},          {"failed_rounds", failed_rounds_},
-          {"bytes_sent", bytes_sent_},   {"bytes_received", bytes_received_},
-          {"samples_processed", samples_processed_}};
+  return {{"swarm_step", swarm_step_},
+          {"rounds", rounds_},
+          {"failed_rounds", failed_rounds_},
+          {"bytes_sent", bytes_sent_},
+          {"bytes_received", bytes_received_},
+          {"samples_processed", samples_processed_},
+          {"samples_contributed", samples_contributed_},
+          {"samples_dropped", samples_dropped_},
+          {"samples_accumulated", accumulated_}};
 }
 
 nlohmann::json Swarm::checkpoint_state() const {
@@ -321,7 +403,9 @@ nlohmann::json Swarm::checkpoint_state() const {
           {"local_step", record_.local_step},
           {"accumulated_samples", accumulated_},
           {"inner_steps_done", inner_},
-          {"samples_processed", samples_processed_}};
+          {"samples_processed", samples_processed_},
+          {"samples_contributed", samples_contributed_},
+          {"samples_dropped", samples_dropped_}};
 }
 
 NamedTensors Swarm::checkpoint_tensors() const {

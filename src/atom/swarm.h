@@ -22,6 +22,11 @@
 //               live peers at this swarm step, sent as swarm.pseudo_gradient_dtype, then an outer
 //               Nesterov SGD step (swarm.outer_lr, swarm.outer_momentum) from the last outer
 //               parameters, written into the masters (GradientHolder::master_parameters).
+// Joining: a peer whose swarm step is below a live peer's (a late joiner, a restarted peer that
+// missed rounds, a member that lost a round's result) never trains on its own state: it downloads
+// the newest state from every live peer ahead of it (atom/state_transfer.h) and drops what it had
+// accumulated on the old parameters (counted in its log); peers serve their snapshot between two
+// steps when asked.
 // Identity: a peer's id (32 random hex digits, kept in its run directory's peer.json, so a restart
 // is the same peer) orders the candidates of a round and seeds its data stream.
 //
@@ -40,6 +45,7 @@
 
 #include "atom/averaging.h"
 #include "atom/membership.h"
+#include "atom/state_transfer.h"
 #include "core/config.h"
 #include "train/collaboration.h"
 
@@ -50,6 +56,7 @@ struct PeerIdentity {
   std::string id;      // 32 hex digits (peer.json)
   std::string listen;  // --listen HOST:PORT
   std::vector<std::string> initial_peers;  // --initial-peer HOST:PORT ...
+  std::string run_dir;  // where its state snapshots for joiners go (RUN_DIR/swarm_state)
 };
 
 // The run directory's peer.json: the peer's id and swarm, made on the first start (a random id)
@@ -65,7 +72,7 @@ class Swarm final : public Collaboration {
   int64_t attach(TrainStep& step, int64_t step_number, const nlohmann::json& meta,
                  const std::map<std::string, at::Tensor>& tensors) override;
   void after_update(TrainStep& step, int64_t step_number) override;
-  void after_local_step(int64_t samples, double loss, double seconds) override;
+  std::optional<int64_t> after_local_step(TrainStep& step, int64_t samples, double loss, double seconds) override;
   std::vector<std::string> take_messages() override;
   nlohmann::json metrics() const override;
   nlohmann::json checkpoint_state() const override;
@@ -82,6 +89,9 @@ class Swarm final : public Collaboration {
   // The candidates of this swarm step's round (live peers at it, this one included).
   std::vector<RoundMember> candidates(const std::vector<PeerRecord>& live) const;
   void publish();
+  // The state a joiner downloads (state_transfer.h); loading one, returning the step to go on from.
+  NamedTensors snapshot_tensors(TrainStep& step);
+  int64_t load_state(TrainStep& step, const std::vector<PeerRecord>& ahead);
   void say(const std::string& line);
   void serve(std::unique_ptr<Channel> channel);
 
@@ -94,6 +104,8 @@ class Swarm final : public Collaboration {
   RoundClock clock_;
   Codec codec_;
   GradientHolder* holder_ = nullptr;
+  std::unique_ptr<StateSnapshots> snapshots_;
+  bool behind_ = false;  // batch: live peers are ahead; the next local step's end downloads their state
 
   mutable std::mutex mutex_;  // guards the record's fields and messages_
   PeerRecord record_;
@@ -107,7 +119,9 @@ class Swarm final : public Collaboration {
   int64_t rounds_ = 0, failed_rounds_ = 0;
   double step_started_ = 0;  // Unix seconds when the local step now running began
   uint64_t bytes_sent_ = 0, bytes_received_ = 0;
-  int64_t samples_processed_ = 0;
+  // Every local step's samples end in exactly one of: averaged in a round (contributed), dropped
+  // for the others' state (dropped), or still accumulated: processed = contributed + dropped + accumulated.
+  int64_t samples_processed_ = 0, samples_contributed_ = 0, samples_dropped_ = 0;
 
   std::atomic<bool> leaving_{false};
   std::thread publisher_;

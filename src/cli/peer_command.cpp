@@ -56,6 +56,7 @@ Command add_peer_command(CLI::App& app) {
     atom::PeerIdentity identity = atom::load_or_create_identity(args->out, args->swarm);
     identity.listen = args->listen;
     identity.initial_peers = args->initial;
+    identity.run_dir = args->out;
     std::printf("config (after each key: where its value came from)\n%s\n", config.to_annotated_toml().c_str());
     stop_request::install();
     atom::Swarm swarm(identity, config);

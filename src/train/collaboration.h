@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,8 +33,10 @@ class Collaboration {
                          const std::map<std::string, at::Tensor>& tensors) = 0;
   // After each local step whose update was applied (DiLoCo's outer step runs here when due).
   virtual void after_update(TrainStep& step, int64_t step_number) = 0;
-  // After every local step, applied or held: the samples it processed and its loss.
-  virtual void after_local_step(int64_t samples, double loss, double seconds) = 0;
+  // After every local step, applied or held: the samples it processed and its loss. Returns the
+  // step to continue from when the collaboration replaced the step's state (a peer that fell
+  // behind downloads the others'), else nullopt.
+  virtual std::optional<int64_t> after_local_step(TrainStep& step, int64_t samples, double loss, double seconds) = 0;
   // Lines for the log since the last call (rounds, peers joining and leaving, refusals).
   virtual std::vector<std::string> take_messages() = 0;
   // Fields of the metrics line and of the checkpoint's meta.json ("collaboration").

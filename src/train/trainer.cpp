@@ -366,8 +366,13 @@ TrainSummary Trainer::run() {
     interval_tokens += tokens_per_step;
     s.tokens_seen += tokens_per_step;
     if (s.collaboration) {
-      s.collaboration->after_local_step(s.sampler->global_batch(), result.ce_loss, seconds_since(local_start));
+      const std::optional<int64_t> jumped =
+          s.collaboration->after_local_step(*s.trainer, s.sampler->global_batch(), result.ce_loss, seconds_since(local_start));
       for (const std::string& line : s.collaboration->take_messages()) progress.message(line);
+      if (jumped) {
+        s.step = *jumped;  // the others' state: this local step's gradients were dropped with the old one
+        continue;
+      }
     }
     if (!result.applied) {
       // The swarm holds this local step's gradients for a later round: no step was taken.

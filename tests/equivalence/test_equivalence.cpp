@@ -745,7 +745,7 @@ Trace train_peers(const Config& row, comm::Mesh& mesh) {
   auto make = [&](std::vector<std::string> initial) {
     char id[33];
     std::snprintf(id, sizeof(id), "%032lld", static_cast<long long>(r));
-    swarm = std::make_unique<atom::Swarm>(atom::PeerIdentity{"harness", id, "127.0.0.1:0", std::move(initial)}, config);
+    swarm = std::make_unique<atom::Swarm>(atom::PeerIdentity{"harness", id, "127.0.0.1:0", std::move(initial), dir}, config);
   };
   if (r == 0) {
     make({});

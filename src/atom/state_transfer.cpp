@@ -1,0 +1,185 @@
+// Snapshots served to joiners and the chunked download from several donors (state_transfer.h).
+#include "atom/state_transfer.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/safetensors.h"
+#include "core/error.h"
+#include "core/fs.h"
+
+namespace tessera::atom {
+namespace {
+
+constexpr int64_t kMaxChunk = int64_t{16} << 20;
+
+nlohmann::json parse_reply(const Message& m, const std::string& from) {
+  nlohmann::json j = nlohmann::json::parse(m.body, nullptr, false);
+  if (!j.is_object()) throw WireError("peer " + from + " sent a malformed state reply");
+  return j;
+}
+
+struct Offer {
+  PeerRecord donor;
+  int64_t swarm_step = 0, bytes = 0;
+  std::string checksum;
+};
+
+}  // namespace
+
+bool StateSnapshots::wanted(int64_t swarm_step) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return asked_ && (held_.empty() || held_.back().swarm_step < swarm_step);
+}
+
+void StateSnapshots::write(int64_t swarm_step, const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  std::filesystem::create_directories(dir_);
+  const std::string path = dir_ + "/state_" + std::to_string(swarm_step) + ".safetensors";
+  write_safetensors(path + ".tmp", tensors, {{"swarm_step", std::to_string(swarm_step)}});
+  std::filesystem::rename(path + ".tmp", path);
+  Snapshot s{swarm_step, path, file_checksum(path), static_cast<int64_t>(std::filesystem::file_size(path))};
+  std::lock_guard<std::mutex> lock(mutex_);
+  held_.push_back(s);
+  if (held_.size() > 2) {
+    std::filesystem::remove(held_.front().path);
+    held_.erase(held_.begin());
+  }
+  asked_ = false;
+}
+
+bool StateSnapshots::serve(Channel& channel, const Message& first) {
+  if (first.type == kManifest) {
+    nlohmann::json reply = {{"ready", false}};
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      asked_ = true;
+      if (!held_.empty())
+        reply = {{"ready", true},
+                 {"swarm_step", held_.back().swarm_step},
+                 {"bytes", held_.back().bytes},
+                 {"checksum", held_.back().checksum}};
+    }
+    channel.send(kManifestReply, reply.dump(), Deadline::in(10));
+    return true;
+  }
+  if (first.type != kChunk) return false;
+  const nlohmann::json request = parse_reply(first, channel.address());
+  Snapshot s;
+  int64_t offset = 0, length = 0;
+  try {
+    const int64_t step = request.at("swarm_step").get<int64_t>();
+    offset = request.at("offset").get<int64_t>();
+    length = request.at("length").get<int64_t>();
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const Snapshot& h : held_)
+      if (h.swarm_step == step) s = h;
+  } catch (const nlohmann::json::exception&) {
+    throw WireError("peer " + channel.address() + " sent a malformed chunk request");
+  }
+  if (s.swarm_step < 0 || offset < 0 || length < 0 || length > kMaxChunk || offset + length > s.bytes)
+    throw WireError("peer " + channel.address() + " asked for a chunk this peer does not hold");
+  std::string bytes(static_cast<size_t>(length), '\0');
+  std::ifstream in(s.path, std::ios::binary);
+  in.seekg(offset);
+  in.read(bytes.data(), length);
+  if (!in) throw WireError("cannot read the snapshot " + s.path);
+  channel.send(kChunkReply, bytes, Deadline::in(60));
+  return true;
+}
+
+Download download_state(const std::vector<PeerRecord>& candidates, const SwarmKey& key, const std::string& my_id,
+                        const std::string& dir, size_t max_bytes, Deadline deadline) {
+  require(!candidates.empty(), "internal: a download needs donors");
+  std::string failures;
+  for (;;) {
+    // Every candidate's offer: its newest snapshot, when it matches its current swarm step.
+    std::vector<Offer> offers;
+    failures.clear();
+    for (const PeerRecord& donor : candidates) {
+      try {
+        const auto [host, port] = split_address(donor.address, "a donor");
+        auto c = Channel::connect(host, port, key, my_id, Deadline::in(5), max_bytes);
+        c->send(kManifest, "{}", Deadline::in(5));
+        const nlohmann::json j = parse_reply(c->receive(Deadline::in(10), kManifestReply), donor.address);
+        if (!j.value("ready", false)) continue;
+        Offer o{donor, j.at("swarm_step").get<int64_t>(), j.at("bytes").get<int64_t>(), j.at("checksum").get<std::string>()};
+        if (o.swarm_step >= donor.swarm_step && o.bytes > 0) offers.push_back(o);
+      } catch (const std::exception& e) {
+        failures += std::string(failures.empty() ? "" : "; ") + donor.id + ": " + e.what();
+      }
+    }
+    // The newest state, offered by the most donors.
+    std::map<std::pair<int64_t, std::string>, std::vector<Offer>> groups;
+    for (const Offer& o : offers) groups[{o.swarm_step, o.checksum}].push_back(o);
+    const std::vector<Offer>* best = nullptr;
+    for (const auto& [k, g] : groups)
+      if (!best || k.first > best->front().swarm_step || (k.first == best->front().swarm_step && g.size() > best->size()))
+        best = &g;
+    if (best) {
+      const std::vector<Offer>& donors = *best;
+      const int64_t total = donors.front().bytes, step = donors.front().swarm_step;
+      const int64_t chunk = std::clamp<int64_t>(total / (4 * static_cast<int64_t>(donors.size())) + 1, 1 << 16, kMaxChunk);
+      std::string bytes(static_cast<size_t>(total), '\0');
+      std::vector<int64_t> pending;
+      for (int64_t offset = 0; offset < total; offset += chunk) pending.push_back(offset);
+      // Chunk k from donor k mod D, the donors in parallel; a failed donor's chunks go to the others.
+      std::vector<std::string> errors(donors.size());
+      for (int attempt = 0; attempt < 3 && !pending.empty(); ++attempt) {
+        std::vector<size_t> healthy;
+        for (size_t d = 0; d < donors.size(); ++d)
+          if (errors[d].empty()) healthy.push_back(d);
+        if (healthy.empty()) break;
+        std::vector<std::vector<int64_t>> share(donors.size());
+        for (size_t k = 0; k < pending.size(); ++k) share[healthy[k % healthy.size()]].push_back(pending[k]);
+        std::vector<std::vector<int64_t>> failed(donors.size());
+        std::vector<std::thread> threads;
+        for (size_t d = 0; d < donors.size(); ++d)
+          threads.emplace_back([&, d] {
+            try {
+              const auto [host, port] = split_address(donors[d].donor.address, "a donor");
+              for (size_t i = 0; i < share[d].size(); ++i) {  // one request per connection
+                const int64_t offset = share[d][i], length = std::min(chunk, total - offset);
+                auto c = Channel::connect(host, port, key, my_id, deadline, max_bytes);
+                c->send(kChunk, nlohmann::json{{"swarm_step", step}, {"offset", offset}, {"length", length}}.dump(),
+                        deadline);
+                const Message m = c->receive(deadline, kChunkReply);
+                if (static_cast<int64_t>(m.body.size()) != length)
+                  throw WireError("donor " + donors[d].donor.address + " sent a chunk of the wrong size");
+                std::copy(m.body.begin(), m.body.end(), bytes.begin() + offset);
+                share[d][i] = -1;
+              }
+            } catch (const std::exception& e) {
+              errors[d] = donors[d].donor.id + ": " + e.what();
+              for (int64_t o : share[d])
+                if (o >= 0) failed[d].push_back(o);
+            }
+          });
+        for (std::thread& t : threads) t.join();
+        pending.clear();
+        for (const auto& f : failed) pending.insert(pending.end(), f.begin(), f.end());
+      }
+      std::string donor_errors;
+      for (const std::string& e : errors)
+        if (!e.empty()) donor_errors += (donor_errors.empty() ? "" : "; ") + e;
+      require(pending.empty(), "downloading the swarm's state failed: ", donor_errors);
+      require(checksum(bytes) == donors.front().checksum, "the swarm's state downloaded from ", donors.size(),
+              " donor(s) does not match its checksum (", donor_errors, ")");
+      std::filesystem::create_directories(dir);
+      const std::string path = dir + "/downloaded_" + std::to_string(step) + ".safetensors";
+      write_file_durable(path, bytes);
+      Download out{path, step, {}, total};
+      for (const Offer& o : donors) out.donors.push_back(o.donor.id);
+      return out;
+    }
+    if (deadline.seconds_left() <= 0)
+      fail("no live peer offered its state before the deadline", failures.empty() ? "" : " (" + failures + ")");
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
+}  // namespace tessera::atom

@@ -1,0 +1,179 @@
+// `tessera peer` end to end on loopback: peers train together, survive each other's death (the
+// first started included), a late joiner takes the state from several donors, a restarted peer
+// rejoins from its run directory, a stranger with another key gets nothing; every sample a peer
+// processed is accounted for (averaged, dropped for newer state, or still accumulated).
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <deque>
+#include <map>
+#include <regex>
+
+#include "cli_util.h"
+
+namespace tessera::test {
+namespace {
+
+// A peer started in the background; its output in DIR.log.
+struct Peer {
+  std::string dir;
+  pid_t pid = -1;
+  std::string log() const { return slurp(dir + ".log"); }
+  // The HOST:PORT it printed ("... listening on HOST:PORT").
+  std::string address() const {
+    std::smatch m;
+    const std::string text = log();
+    return std::regex_search(text, m, std::regex("listening on (127\\.0\\.0\\.1:[0-9]+)")) ? m[1].str() : "";
+  }
+  // The newest metrics line's swarm fields (null before the first).
+  nlohmann::json swarm() const {
+    nlohmann::json last;
+    std::istringstream in(slurp(dir + "/metrics.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_object() && j.contains("swarm")) last = j["swarm"];
+    }
+    return last;
+  }
+  int64_t swarm_step() const {
+    const nlohmann::json s = swarm();
+    return s.is_null() ? -1 : s["swarm_step"].get<int64_t>();
+  }
+  void kill(int signal) const { ::kill(pid, signal); }
+  int wait() const {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+  }
+};
+
+class Swarm : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fresh_dir("swarm");
+    key_ = root_ + "/swarm.key";
+    ASSERT_EQ(run_tessera("swarm keygen --out " + key_).exit_code, 0);
+  }
+  void TearDown() override {
+    for (const Peer& p : peers_)
+      if (::kill(p.pid, 0) == 0) {
+        p.kill(SIGKILL);
+        p.wait();
+      }
+  }
+  // Settings of a small swarm: rounds of 3 peers x 8 sequences, short record lifetimes and round
+  // deadlines so dead peers are noticed within seconds.
+  std::string settings(int64_t steps, const std::string& key) const {
+    return " --config tiny_gpt" + tiny_settings(prepared_corpus()) + " --set train.steps=" + std::to_string(steps) +
+           " --set swarm.key_file=" + key + " --set swarm.target_batch_size=24 --set swarm.record_ttl_s=2"
+           " --set swarm.publish_interval_s=0.2 --set swarm.round_timeout_min_s=1 --set swarm.round_timeout_max_s=8"
+           " --set eval.every=1000 --set checkpoint.every=5";
+  }
+  Peer& start(const std::string& name, const std::string& args, const std::string& initial = "") {
+    Peer p;
+    p.dir = root_ + "/" + name;
+    p.pid = spawn_tessera("peer --swarm demo --listen 127.0.0.1:0 --out " + p.dir + args +
+                              (initial.empty() ? "" : " --initial-peer " + initial),
+                          p.dir + ".log");
+    peers_.push_back(p);
+    Peer& added = peers_.back();
+    EXPECT_TRUE(wait_until([&] { return !added.address().empty(); }, 60)) << added.log();
+    return added;
+  }
+  // Waits until `p` has taken `rounds` more swarm steps than `from`.
+  static bool advances(const Peer& p, int64_t from, int64_t rounds, double seconds = 90) {
+    return wait_until([&] { return p.swarm_step() >= from + rounds; }, seconds);
+  }
+  static void expect_accounted(const Peer& p) {
+    const nlohmann::json s = p.swarm();
+    ASSERT_FALSE(s.is_null()) << p.log();
+    EXPECT_EQ(s["samples_processed"].get<int64_t>(),
+              s["samples_contributed"].get<int64_t>() + s["samples_dropped"].get<int64_t>() +
+                  s["samples_accumulated"].get<int64_t>())
+        << s.dump();
+  }
+
+  std::string root_, key_;
+  std::deque<Peer> peers_;
+};
+
+TEST_F(Swarm, PeersSurviveEachOthersDeathAndAJoinerTakesTheStateFromSeveralDonors) {
+  const std::string args = settings(40, key_);
+  Peer& first = start("first", args);
+  Peer& second = start("second", args, first.address());
+  Peer& third = start("third", args, first.address());
+  ASSERT_TRUE(advances(third, 0, 4)) << third.log();
+  // The first peer started dies: the others go on without it.
+  first.kill(SIGKILL);
+  first.wait();
+  const int64_t at = third.swarm_step();
+  ASSERT_TRUE(advances(second, at, 4)) << second.log();
+  ASSERT_TRUE(advances(third, at, 4)) << third.log();
+  // A late joiner, started from the second (the first is gone), takes the state of both.
+  Peer& fourth = start("fourth", args, second.address());
+  ASSERT_TRUE(wait_until([&] { return fourth.log().find("took the swarm's state") != std::string::npos; }, 60))
+      << fourth.log();
+  EXPECT_NE(fourth.log().find("from 2 donor(s)"), std::string::npos) << fourth.log();
+  ASSERT_TRUE(advances(fourth, 0, third.swarm_step() + 2)) << fourth.log();
+  second.kill(SIGKILL);
+  second.wait();
+  // The two left train to the end (swarm step 40), in step with each other: the joiner's final
+  // parameters are the third's, bit for bit.
+  EXPECT_EQ(third.wait(), 0) << third.log();
+  EXPECT_EQ(fourth.wait(), 0) << fourth.log();
+  EXPECT_EQ(third.swarm_step(), 40);
+  EXPECT_EQ(fourth.swarm_step(), 40);
+  const std::string a = slurp(third.dir + "/checkpoints/step_40/model.safetensors");
+  EXPECT_FALSE(a.empty());
+  EXPECT_TRUE(a == slurp(fourth.dir + "/checkpoints/step_40/model.safetensors"));
+  for (const Peer* p : {&third, &fourth}) expect_accounted(*p);
+}
+
+TEST_F(Swarm, ARestartedPeerRejoinsFromItsRunDirectory) {
+  const std::string args = settings(100000, key_);
+  Peer& first = start("first", args);
+  Peer& second = start("second", args, first.address());
+  ASSERT_TRUE(advances(second, 0, 6)) << second.log();
+  second.kill(SIGTERM);
+  ASSERT_EQ(second.wait(), 3) << second.log();
+  const std::string id = nlohmann::json::parse(slurp(second.dir + "/peer.json"))["id"];
+  // Restarted with nothing but its run directory (config, identity and swarm state from there).
+  Peer& again = start("second", "", first.address());
+  EXPECT_NE(again.log().find("peer " + id), std::string::npos) << again.log();
+  EXPECT_NE(again.log().find("restarting from"), std::string::npos) << again.log();
+  const int64_t at = first.swarm_step();
+  ASSERT_TRUE(advances(again, at, 3)) << again.log();
+  again.kill(SIGTERM);
+  EXPECT_EQ(again.wait(), 3);
+  expect_accounted(again);
+}
+
+TEST_F(Swarm, AStrangerWithAnotherKeyGetsNothing) {
+  const std::string args = settings(100000, key_);
+  Peer& first = start("first", args);
+  Peer& second = start("second", args, first.address());
+  ASSERT_TRUE(advances(second, 0, 3)) << second.log();
+  const std::string other = root_ + "/other.key";
+  ASSERT_EQ(run_tessera("swarm keygen --out " + other).exit_code, 0);
+  // `swarm status` with the wrong key sees no peer; with the right one, both.
+  const CommandResult wrong = run_tessera("swarm status --swarm demo --key-file " + other + " --initial-peer " +
+                                          first.address());
+  EXPECT_NE(wrong.output.find("0 live peer(s)"), std::string::npos) << wrong.output;
+  const CommandResult right = run_tessera("swarm status --swarm demo --key-file " + key_ + " --initial-peer " +
+                                          first.address());
+  EXPECT_NE(right.output.find("2 live peer(s)"), std::string::npos) << right.output;
+  // A peer with the other key trains alone from step 0: it never saw the swarm, nor took its state.
+  Peer& stranger = start("stranger", settings(3, other), first.address());
+  EXPECT_EQ(stranger.wait(), 0) << stranger.log();
+  EXPECT_EQ(stranger.log().find("took the swarm's state"), std::string::npos) << stranger.log();
+  EXPECT_NE(stranger.log().find("1 live peer(s)"), std::string::npos) << stranger.log();
+  EXPECT_EQ(stranger.swarm()["swarm_step"].get<int64_t>(), 3);
+  // The swarm goes on, unharmed.
+  const int64_t at = second.swarm_step();
+  EXPECT_TRUE(advances(second, at, 3)) << second.log();
+}
+
+}  // namespace
+}  // namespace tessera::test
