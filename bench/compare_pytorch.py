@@ -54,7 +54,7 @@ def tessera_cmd(build, c, threads, device, dtype):
 
 
 def peer_cmd(c, mode, threads, device, dtype):
-    cmd = [sys.executable, str(HERE / "peer_pytorch.py"), "--mode", mode, "--threads", str(threads),
+    cmd = [sys.executable, str(HERE / "pytorch_twin.py"), "--mode", mode, "--threads", str(threads),
            "--device", device, "--dtype", dtype]
     for k in ("vocab", "block", "layers", "heads", "embd", "batch", "seq", "steps", "warmup"):
         cmd += [f"--{k}", str(c[k])]

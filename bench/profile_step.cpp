@@ -1,5 +1,5 @@
 // tessera_profile_step: where the time of `tessera bench`'s training step goes, for diffing against
-// the PyTorch peer (bench/profile_peer.py). Runs TrainStep::run on the same synthetic tokens as
+// the PyTorch twin (bench/profile_pytorch_twin.py). Runs TrainStep::run on the same synthetic tokens as
 // `tessera bench` (same --config/--set), then, over the timed steps, either
 //   (default) records every ATen op and autograd node through at::RecordFunction: calls per step,
 //             self time (its own time minus that of the ops it called) and total time per op name,

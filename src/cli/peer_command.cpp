@@ -9,9 +9,11 @@
 #include <filesystem>
 #include <iostream>
 
+#if TESSERA_ATOM
 #include "atom/membership.h"
 #include "atom/swarm.h"
 #include "atom/wire.h"
+#endif
 #include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
 #include "core/error.h"
@@ -22,6 +24,15 @@
 #include "train/trainer.h"
 
 namespace tessera::cli {
+namespace {
+
+// A build without OpenDHT (CMakeLists.txt: TESSERA_ATOM) has the commands, which say so.
+[[maybe_unused]] void require_atom() {
+  require(TESSERA_ATOM, "this tessera was built without OpenDHT and OpenSSL, which the ATOM swarm needs: install "
+          "them (Debian: apt-get install libopendht-dev libssl-dev, or scripts/install.sh) and rebuild");
+}
+
+}  // namespace
 
 Command add_peer_command(CLI::App& app) {
   struct Args {
@@ -40,6 +51,8 @@ Command add_peer_command(CLI::App& app) {
   cmd->add_option("--out", args->out, "the peer's run directory (a directory holding this peer: restart)")->required();
   cmd->footer("Config keys (section.key, default, meaning):\n" + config_reference());
   return [args]() {
+    require_atom();
+#if TESSERA_ATOM
     const std::string identity_file = args->out + "/peer.json";
     const bool restart = std::filesystem::exists(identity_file) &&
                          std::filesystem::exists(args->out + "/checkpoints/latest");
@@ -73,6 +86,7 @@ Command add_peer_command(CLI::App& app) {
     std::printf("done: %lld steps, train loss %.4f, val loss %.4f, checkpoint %s\n",
                 static_cast<long long>(summary.steps), summary.last_loss, summary.last_val_loss,
                 summary.checkpoint.c_str());
+#endif
     return 0;
   };
 }
@@ -93,6 +107,8 @@ Command add_swarm_command(CLI::App& app) {
   CLI::App* keygen = cmd->add_subcommand("keygen", "write a new swarm key (32 random bytes, mode 0600)");
   keygen->add_option("--out", args->out, "the key file to create")->required();
   return [args, status, keygen]() {
+    require_atom();
+#if TESSERA_ATOM
     if (keygen->parsed()) {
       atom::SwarmKey::generate(args->out);
       std::printf("wrote a new swarm key to %s (fingerprint %s); give every peer this file as swarm.key_file\n",
@@ -115,6 +131,7 @@ Command add_swarm_command(CLI::App& app) {
                   static_cast<long long>(r.samples + r.claimed), r.loss, r.samples_per_s, atom::unix_now() - r.time);
     }
     if (!peers.empty()) std::printf("swarm step %lld\n", static_cast<long long>(top));
+#endif
     return 0;
   };
 }

@@ -39,7 +39,9 @@
 #include "distributed/dist_test.h"
 #include "test_util.h"
 #include "tiny_config.h"
+#if TESSERA_ATOM
 #include "atom/swarm.h"
+#endif
 #include "train/train_step.h"
 
 namespace tessera {
@@ -287,6 +289,7 @@ const std::vector<Row>& layouts() {
          c.parallel.sp_method = "ring";
          c.parallel.ep = 2;
        }},
+#if TESSERA_ATOM
       {"peers2_batch", 2, [](Config& c) {}, &kFp32, false, true},
       {"peers2_batch_sgd_accum2", 2,
        [](Config& c) {
@@ -301,6 +304,7 @@ const std::vector<Row>& layouts() {
          c.train.grad_accum = 2;
        },
        &kFp32, false, true},
+#endif
       {"dp2_sp2_moe_global_aux_dropless_ulysses", 4,
        [](Config& c) {
          c.model.ffn = "moe";
@@ -721,6 +725,7 @@ Trace train(const Config& config, comm::Mesh* mesh, int64_t split) {
   return run;
 }
 
+#if TESSERA_ATOM
 // kSteps steps of ATOM peers, one per rank of `mesh` (which only carries the peers' addresses and
 // the mean of their losses): rank r, one process with its own model, runs the micro-batches dp rank
 // r of a dp = world mesh would, and the swarm (batch mode, target: the global batch) averages.
@@ -781,6 +786,9 @@ Trace train_peers(const Config& row, comm::Mesh& mesh) {
   swarm->leave();
   return run;
 }
+#else
+Trace train_peers(const Config&, comm::Mesh&) { throw std::logic_error("no peers rows without TESSERA_ATOM"); }
+#endif
 
 class Equivalence : public ::testing::TestWithParam<Row> {};
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The PyTorch peer of `tessera bench`: the same GPT (pre-LayerNorm, learned positions, SDPA causal
+"""The PyTorch twin of `tessera bench`: the same GPT (pre-LayerNorm, learned positions, SDPA causal
 attention, GELU-tanh MLP, tied head), the same AdamW (fused, decay on matrices only), gradient
 clipping and synthetic batch, in eager mode or under torch.compile. Prints one JSON object.
 

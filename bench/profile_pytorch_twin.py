@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Where the time of the PyTorch peer's training step goes (bench/peer_pytorch.py, eager), and the
+"""Where the time of the PyTorch twin's training step goes (bench/pytorch_twin.py, eager), and the
 per-op diff against tessera's (BUILD/tessera_profile_step --json, bench/profile_step.cpp).
 
 Usage:
-  profile_peer.py [--case tiny_gpt] [--threads 2] [--steps 10]            per-op table of the peer
-  profile_peer.py --diff TESSERA.json [--top 30]                          both sides, op by op
-  profile_peer.py --timing                                                CPU s, wall s, page faults per step
+  profile_pytorch_twin.py [--case tiny_gpt] [--threads 2] [--steps 10]            per-op table of the peer
+  profile_pytorch_twin.py --diff TESSERA.json [--top 30]                          both sides, op by op
+  profile_pytorch_twin.py --timing                                                CPU s, wall s, page faults per step
 
 The per-op table comes from torch.profiler over --steps steps after --warmup unrecorded ones: per
 op name, calls per step, self time and total time per step, as tessera_profile_step reports them.
@@ -15,7 +15,7 @@ records nothing and prints the same JSON fields as `tessera_profile_step --timin
 
 A like-for-like session (tiny_gpt, two threads):
   build/tessera_profile_step --config tiny_gpt --set train.threads=2 --json > /tmp/tessera_ops.json
-  python3 bench/profile_peer.py --threads 2 --diff /tmp/tessera_ops.json
+  python3 bench/profile_pytorch_twin.py --threads 2 --diff /tmp/tessera_ops.json
 """
 import argparse
 import json
@@ -30,11 +30,11 @@ from torch.profiler import ProfilerActivity, profile
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from compare_pytorch import CASES  # noqa: E402
-from peer_pytorch import GPT  # noqa: E402
+from pytorch_twin import GPT  # noqa: E402
 
 
 def make_step(case, threads):
-    """The peer's training step on the case's shapes, exactly as peer_pytorch.py runs it."""
+    """The peer's training step on the case's shapes, exactly as pytorch_twin.py runs it."""
     c = CASES[case]
     torch.set_num_threads(threads)
     torch.manual_seed(1337)

@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""ATOM swarm: batch mode against DiLoCo at equal samples processed, and the bytes each sends.
+
+    python3 bench/atom_swarm.py BUILD_DIR [--peers 3] [--steps 150] [--inner 10]
+
+Runs a swarm of `--peers` peers of tiny_gpt on loopback (one machine, so the peers share its
+cores: the time is not the point, the loss and the traffic are) for each mode:
+  batch         swarm.sync = batch, target batch = peers x train.batch_size: one synchronous step
+                per local step of every peer (data parallelism's computation), train.steps swarm steps;
+  diloco fp32 / bf16 / int8
+                swarm.sync = diloco, swarm.inner_steps local steps between averages, train.steps
+                local steps per peer,
+so every mode processes peers x steps x batch_size samples. Prints each mode's final validation
+loss (mean over the peers; they hold the same parameters after an average, and each evaluates the
+same batches), its ratio to batch mode's, the bytes each peer sent per sample it processed (from
+metrics.jsonl's swarm fields), and data parallelism's bytes per sample by its formula: a ring
+all-reduce of the float32 gradients every step, 2 (n-1)/n x 4 P bytes per rank per
+train.batch_size samples.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def last(metrics, key):
+    value = None
+    with open(metrics) as f:
+        for line in f:
+            j = json.loads(line)
+            if key in j:
+                value = j[key]
+    return value
+
+
+def run_swarm(build, work, name, peers, settings):
+    d = os.path.join(work, name)
+    os.makedirs(d)
+    key = os.path.join(d, "swarm.key")
+    subprocess.run([os.path.join(build, "tessera"), "swarm", "keygen", "--out", key], check=True,
+                   stdout=subprocess.DEVNULL)
+    procs, first = [], None
+    start = time.time()
+    for i in range(peers):
+        out = os.path.join(d, "peer%d" % i)
+        args = [os.path.join(build, "tessera"), "peer", "--config", "tiny_gpt", "--swarm", name,
+                "--listen", "127.0.0.1:0", "--out", out, "--set", "swarm.key_file=" + key,
+                "--set", "swarm.min_peers=%d" % peers] + settings
+        if first:
+            args += ["--initial-peer", first]
+        log = open(out + ".log", "w")
+        procs.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT))
+        if not first:
+            for _ in range(600):
+                text = open(out + ".log").read()
+                if "listening on " in text:
+                    first = text.split("listening on ")[1].split()[0].rstrip(",")
+                    break
+                time.sleep(0.1)
+    for p in procs:
+        if p.wait() != 0:
+            sys.exit("%s: a peer failed; see %s" % (name, d))
+    seconds = time.time() - start
+    losses, sent, samples = [], 0, 0
+    for i in range(peers):
+        metrics = os.path.join(d, "peer%d" % i, "metrics.jsonl")
+        losses.append(last(metrics, "val_loss"))
+        swarm = last(metrics, "swarm")
+        sent += swarm["bytes_sent"]
+        samples += swarm["samples_processed"]
+    return sum(losses) / len(losses), sent / samples, seconds
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("build")
+    ap.add_argument("--peers", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--inner", type=int, default=10)
+    a = ap.parse_args()
+    data = os.path.join(a.build, "data", "kjv")
+    if not os.path.exists(os.path.join(data, "train.bin")):
+        subprocess.run([os.path.join(a.build, "tessera"), "prepare", "--input",
+                        os.path.join(ROOT, "data/kjv/genesis_to_ruth.txt"), "--out", data, "--tokenizer", "byte"],
+                       check=True, stdout=subprocess.DEVNULL)
+    batch = 16
+    common = ["--set", "data.path=" + data, "--set", "train.steps=%d" % a.steps, "--set", "train.batch_size=%d" % batch,
+              "--set", "eval.every=1000000", "--set", "checkpoint.every=1000000", "--set", "train.threads=1",
+              "--set", "optim.warmup_steps=10"]
+    modes = [("batch", ["--set", "swarm.sync=batch", "--set", "swarm.target_batch_size=%d" % (a.peers * batch)])]
+    for dtype in ("fp32", "bf16", "int8"):
+        modes.append(("diloco " + dtype, ["--set", "swarm.sync=diloco", "--set", "swarm.inner_steps=%d" % a.inner,
+                                          "--set", "swarm.pseudo_gradient_dtype=" + dtype]))
+    params = None  # "parameters: N (...)" in `tessera inspect`
+    out = subprocess.run([os.path.join(a.build, "tessera"), "inspect", "--config", "tiny_gpt"], capture_output=True,
+                         text=True, check=True).stdout
+    for line in out.splitlines():
+        if line.startswith("parameters: "):
+            params = int(line.split()[1])
+    if params is None:
+        sys.exit("tessera inspect printed no parameter count")
+    work = tempfile.mkdtemp(prefix="atom_swarm_")
+    rows = []
+    for name, settings in modes:
+        loss, per_sample, seconds = run_swarm(a.build, work, name.replace(" ", "_"), a.peers, common + settings)
+        rows.append((name, loss, per_sample, seconds))
+        print("%-12s val loss %.4f, %.0f bytes sent per sample, %.0f s" % (name, loss, per_sample, seconds),
+              flush=True)
+    n = a.peers
+    dp = 2 * (n - 1) / n * 4 * params / batch
+    base = rows[0][1]
+    print()
+    print("%d peers of tiny_gpt (%d parameters), %d x %d x %d = %d samples each mode, DiLoCo every %d local steps"
+          % (n, params, n, a.steps, batch, n * a.steps * batch, a.inner))
+    print()
+    print("| mode | val loss | vs batch | bytes sent / sample | data parallelism / this |")
+    print("|---|---|---|---|---|")
+    print("| data parallelism (formula) | - | - | %.0f | 1.0 |" % dp)
+    for name, loss, per_sample, _ in rows:
+        print("| %s | %.4f | %+.2f%% | %.0f | %.1f |" % (name, loss, 100 * (loss / base - 1), per_sample, dp / per_sample))
+    shutil.rmtree(work)
+
+
+if __name__ == "__main__":
+    main()
