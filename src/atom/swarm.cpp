@@ -313,22 +313,26 @@ bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t samples) {
   scatter(result.sum / result.weight, gradients);
   accumulation_.zero_();
   step_started_ = unix_now();
+  finish_round(result, "round", std::to_string(static_cast<int64_t>(result.weight)) + " samples, ");
+  return true;
+}
+
+void Swarm::finish_round(const RoundResult& result, const std::string& what, const std::string& detail) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     samples_contributed_ += accumulated_;
     accumulated_ = 0;
+    inner_ = 0;
     ++swarm_step_;
     ++rounds_;
     bytes_sent_ += result.bytes_sent;
     bytes_received_ += result.bytes_received;
   }
   std::ostringstream line;
-  line << "round " << swarm_step_ << ": " << result.members.size() << " peers, "
-       << static_cast<int64_t>(result.weight) << " samples, sent " << megabytes(result.bytes_sent)
-       << " in " << result.seconds << " s";
+  line << what << " " << swarm_step_ << ": " << result.members.size() << " peers, " << detail << "sent "
+       << megabytes(result.bytes_sent) << " in " << result.seconds << " s";
   say(line.str());
   publish();
-  return true;
 }
 
 void Swarm::after_update(TrainStep& step, int64_t step_number) {
@@ -364,21 +368,7 @@ void Swarm::outer_step(TrainStep& step) {
   scatter(outer_start_, masters);
   holder_->parameters_written();
   if (snapshots_->wanted(swarm_step_ + 1)) snapshots_->write(swarm_step_ + 1, snapshot_tensors(step));
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    inner_ = 0;
-    samples_contributed_ += accumulated_;
-    accumulated_ = 0;
-    ++swarm_step_;
-    ++rounds_;
-    bytes_sent_ += result.bytes_sent;
-    bytes_received_ += result.bytes_received;
-  }
-  std::ostringstream line;
-  line << "outer step " << swarm_step_ << ": " << result.members.size() << " peers, sent "
-       << megabytes(result.bytes_sent) << " in " << result.seconds << " s";
-  say(line.str());
-  publish();
+  finish_round(result, "outer step", "");
 }
 
 nlohmann::json Swarm::metrics() const {

@@ -89,6 +89,9 @@ class Swarm final : public Collaboration {
   // The candidates of this swarm step's round (live peers at it, this one included).
   std::vector<RoundMember> candidates(const std::vector<PeerRecord>& live) const;
   void publish();
+  // After a round this peer took: its accumulation counted as contributed, the step advanced,
+  // the traffic counted, a line for the log, the record republished.
+  void finish_round(const RoundResult& result, const std::string& what, const std::string& detail);
   // The state a joiner downloads (state_transfer.h); loading one, returning the step to go on from.
   NamedTensors snapshot_tensors(TrainStep& step);
   int64_t load_state(TrainStep& step, const std::vector<PeerRecord>& ahead);
