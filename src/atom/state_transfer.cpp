@@ -96,6 +96,9 @@ Download download_state(const std::vector<PeerRecord>& candidates, const SwarmKe
                         const std::string& dir, size_t max_bytes, Deadline deadline) {
   require(!candidates.empty(), "internal: a download needs donors");
   std::string failures;
+  // Donors write a snapshot at their next step once asked, so offers of different steps converge
+  // within a round or two: wait that long for every responding donor to offer the same state.
+  const Deadline patience = Deadline::in(std::min(5.0, deadline.seconds_left() / 2));
   for (;;) {
     // Every candidate's offer: its newest snapshot, when it matches its current swarm step.
     std::vector<Offer> offers;
@@ -120,7 +123,8 @@ Download download_state(const std::vector<PeerRecord>& candidates, const SwarmKe
     for (const auto& [k, g] : groups)
       if (!best || k.first > best->front().swarm_step || (k.first == best->front().swarm_step && g.size() > best->size()))
         best = &g;
-    if (best) {
+    const bool everyone = best && best->size() == candidates.size();
+    if (best && (everyone || patience.seconds_left() <= 0)) {
       const std::vector<Offer>& donors = *best;
       const int64_t total = donors.front().bytes, step = donors.front().swarm_step;
       const int64_t chunk = std::clamp<int64_t>(total / (4 * static_cast<int64_t>(donors.size())) + 1, 1 << 16, kMaxChunk);

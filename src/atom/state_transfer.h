@@ -7,8 +7,9 @@
 // the metadata), written between two of its steps when someone asked for it, so it is never torn
 // by a running update. Under batch mode every peer at one swarm step holds the same state, so
 // their snapshots are the same bytes (the writer's order is fixed): a joiner asks every live peer
-// ahead of it for its manifest (swarm step, size, checksum), takes the newest state that most
-// donors offer, and fetches chunk k from donor k mod D, several at once. The file is then read by
+// ahead of it for its manifest (swarm step, size, checksum) until all offer the same state (at
+// most 5 s: asked donors write a snapshot at their next step, so their offers converge), else takes
+// the newest state that most donors offer, and fetches chunk k from donor k mod D, several at once. The file is then read by
 // the checked safetensors reader: a donor sending garbage fails the download (named), it never
 // corrupts the joiner.
 //
