@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """ATOM swarm: batch mode against DiLoCo at equal samples processed, and the bytes each sends.
 
-    python3 bench/atom_swarm.py BUILD_DIR [--peers 3] [--steps 150] [--inner 10]
+    python3 bench/atom_swarm.py BUILD_DIR [--peers 3] [--steps 150] [--inner 10] [--dtypes fp32,bf16,int8]
 
 Runs a swarm of `--peers` peers of tiny_gpt on loopback (one machine, so the peers share its
 cores: the time is not the point, the loss and the traffic are) for each mode:
@@ -83,6 +83,7 @@ def main():
     ap.add_argument("--peers", type=int, default=3)
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--inner", type=int, default=10)
+    ap.add_argument("--dtypes", default="fp32,bf16,int8", help="DiLoCo's pseudo-gradient dtypes to run")
     a = ap.parse_args()
     data = os.path.join(a.build, "data", "kjv")
     if not os.path.exists(os.path.join(data, "train.bin")):
@@ -94,7 +95,7 @@ def main():
               "--set", "eval.every=1000000", "--set", "checkpoint.every=1000000", "--set", "train.threads=1",
               "--set", "optim.warmup_steps=10"]
     modes = [("batch", ["--set", "swarm.sync=batch", "--set", "swarm.target_batch_size=%d" % (a.peers * batch)])]
-    for dtype in ("fp32", "bf16", "int8"):
+    for dtype in a.dtypes.split(","):
         modes.append(("diloco " + dtype, ["--set", "swarm.sync=diloco", "--set", "swarm.inner_steps=%d" % a.inner,
                                           "--set", "swarm.pseudo_gradient_dtype=" + dtype]))
     params = None  # "parameters: N (...)" in `tessera inspect`
