@@ -24,14 +24,23 @@ std::string pack(const nlohmann::json& header, const std::string& payload = "") 
   return out + h + payload;
 }
 
-std::pair<nlohmann::json, std::string> unpack(const std::string& body, const std::string& from) {
+// The header, and the payload as a view into `body` (a part can be hundreds of MB: not copied).
+std::pair<nlohmann::json, std::string_view> unpack(const std::string& body, const std::string& from) {
   uint32_t n = 0;
   if (body.size() < 4) throw WireError("peer " + from + " sent a malformed round message");
   std::memcpy(&n, body.data(), 4);
   if (n > body.size() - 4 || n > 65536) throw WireError("peer " + from + " sent a malformed round message");
-  nlohmann::json header = nlohmann::json::parse(body.substr(4, n), nullptr, false);
+  nlohmann::json header = nlohmann::json::parse(body.begin() + 4, body.begin() + 4 + n, nullptr, false);
   if (!header.is_object()) throw WireError("peer " + from + " sent a malformed round message");
-  return {std::move(header), body.substr(4 + n)};
+  return {std::move(header), std::string_view(body).substr(4 + n)};
+}
+
+bool holds(const std::vector<RoundMember>& members, const std::string& id) {
+  return std::any_of(members.begin(), members.end(), [&](const RoundMember& m) { return m.id == id; });
+}
+
+void sort_by_id(std::vector<RoundMember>& members) {
+  std::sort(members.begin(), members.end(), [](const RoundMember& a, const RoundMember& b) { return a.id < b.id; });
 }
 
 template <class T>
@@ -58,7 +67,7 @@ Codec codec_from_name(const std::string& name) {
 }
 
 std::string encode_part(const at::Tensor& values, Codec codec) {
-  const at::Tensor v = values.contiguous().to(at::kFloat);
+  const at::Tensor v = values.to(at::kCPU, at::kFloat).contiguous();  // bytes are read from host memory
   at::Tensor out;
   std::string prefix;
   switch (codec) {
@@ -75,7 +84,7 @@ std::string encode_part(const at::Tensor& values, Codec codec) {
   return prefix + std::string(static_cast<const char*>(out.data_ptr()), out.numel() * out.element_size());
 }
 
-at::Tensor decode_part(const std::string& bytes, int64_t n, Codec codec, const std::string& from) {
+at::Tensor decode_part(std::string_view bytes, int64_t n, Codec codec, const std::string& from) {
   const size_t element = codec == Codec::fp32 ? 4 : codec == Codec::bf16 ? 2 : 1;
   const size_t prefix = codec == Codec::int8 ? sizeof(float) : 0;
   if (bytes.size() != prefix + static_cast<size_t>(n) * element)
@@ -149,7 +158,7 @@ void Averager::serve_join(Channel& channel, const Message& first) {
   const bool decided =
       changed_.wait_for(lock, std::chrono::duration<double>(wait_s), [&] { return g->decided; });
   if (!decided) return;  // the joiner's deadline passes: it retries the round
-  const bool in = std::any_of(g->members.begin(), g->members.end(), [&](const RoundMember& m) { return m.id == member.id; });
+  const bool in = holds(g->members, member.id);
   nlohmann::json members = nlohmann::json::array();
   for (const RoundMember& m : g->members) members.push_back({m.id, m.address});
   lock.unlock();
@@ -160,25 +169,20 @@ void Averager::serve_join(Channel& channel, const Message& first) {
 }
 
 std::vector<RoundMember> Averager::host(int64_t round, const std::vector<RoundMember>& candidates, std::string& token,
-                                        Deadline gather, Deadline deadline) {
+                                        Deadline gather) {
   std::unique_lock<std::mutex> lock(mutex_);
   auto& entry = gathers_[round];
   if (!entry) entry = std::make_shared<Gather>();
   const std::shared_ptr<Gather> g = entry;
   auto everyone_joined = [&] {
-    for (const RoundMember& c : candidates) {
-      if (c.id == my_id_) continue;
-      if (std::none_of(g->joined.begin(), g->joined.end(), [&](const RoundMember& m) { return m.id == c.id; }))
-        return false;
-    }
-    return true;
+    return std::all_of(candidates.begin(), candidates.end(),
+                       [&](const RoundMember& c) { return c.id == my_id_ || holds(g->joined, c.id); });
   };
   changed_.wait_until(lock, gather.at, everyone_joined);
   g->members = {{my_id_, my_address_}};
   for (const RoundMember& m : g->joined)
-    if (std::none_of(g->members.begin(), g->members.end(), [&](const RoundMember& x) { return x.id == m.id; }))
-      g->members.push_back(m);
-  std::sort(g->members.begin(), g->members.end(), [](const RoundMember& a, const RoundMember& b) { return a.id < b.id; });
+    if (!holds(g->members, m.id)) g->members.push_back(m);
+  sort_by_id(g->members);
   // Not a majority of the candidates: no token, so the joiners fail at once (run_round says why).
   g->token = 2 * g->members.size() > candidates.size() ? to_hex(random_bytes(8)) : "";
   g->decided = true;
@@ -254,15 +258,13 @@ void Averager::serve_part(Channel& channel, const Message& first) {
 RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidates, const at::Tensor& vector,
                                 double weight, Codec codec, RoundClock& clock) {
   const auto start = std::chrono::steady_clock::now();
-  std::sort(candidates.begin(), candidates.end(), [](const RoundMember& a, const RoundMember& b) { return a.id < b.id; });
-  require(!candidates.empty() && std::any_of(candidates.begin(), candidates.end(),
-                                             [&](const RoundMember& m) { return m.id == my_id_; }),
-          "internal: a round's candidates include this peer");
+  sort_by_id(candidates);
+  require(holds(candidates, my_id_), "internal: a round's candidates include this peer");
   const double budget = clock.deadline_s();
   const Deadline gather = Deadline::in(budget / 2), deadline = Deadline::in(budget);
   std::string token;
   const std::vector<RoundMember> members = candidates.front().id == my_id_
-                                               ? host(round, candidates, token, gather, deadline)
+                                               ? host(round, candidates, token, gather)
                                                : join(round, candidates.front(), token, deadline);
   const int64_t n = static_cast<int64_t>(members.size()), numel = vector.numel();
   // A group holding half of this peer's candidates or fewer may be one side of a split view (two

@@ -34,6 +34,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -56,7 +57,7 @@ Codec codec_from_name(const std::string& name);  // "fp32", "bf16", "int8"
 // Encodes `values` [n] float32 (contiguous CPU) and decodes it back (decode(encode(x)) is x for
 // fp32, x rounded to bf16, or x quantized to 255 levels of max|x| for int8).
 std::string encode_part(const at::Tensor& values, Codec codec);
-at::Tensor decode_part(const std::string& bytes, int64_t n, Codec codec, const std::string& from);
+at::Tensor decode_part(std::string_view bytes, int64_t n, Codec codec, const std::string& from);
 
 struct RoundResult {
   at::Tensor sum;      // [N] float32: the members' contributions summed
@@ -97,7 +98,7 @@ class Averager {
   struct Gather;  // the host's JOINs of one round
   struct Slot;    // this member's part of one attempt
   std::vector<RoundMember> host(int64_t round, const std::vector<RoundMember>& candidates, std::string& token,
-                                Deadline gather, Deadline deadline);
+                                Deadline gather);
   std::vector<RoundMember> join(int64_t round, const RoundMember& host, std::string& token, Deadline deadline);
   void serve_join(Channel& channel, const Message& first);
   void serve_part(Channel& channel, const Message& first);

@@ -1,6 +1,7 @@
 // The swarm's DHT over OpenDHT (membership.h). OpenDHT's headers stay in this file.
 #include "atom/membership.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <future>
@@ -17,15 +18,10 @@ namespace {
 
 constexpr dht::ValueType::Id kRecordType = 0x7e55;  // "tessera peer record"
 
-dht::NetId network_of(const std::string& swarm) {
-  const dht::InfoHash h = dht::InfoHash::get("tessera swarm network " + swarm);
-  dht::NetId id = 0;
-  for (size_t i = 0; i < sizeof(id); ++i) id = (id << 8) | h[i];
-  return id == 0 ? 1 : id;  // 0 is OpenDHT's public network
-}
-
-uint64_t value_id_of(const std::string& peer_id) {
-  const dht::InfoHash h = dht::InfoHash::get("tessera peer value " + peer_id);
+// The first 8 bytes of the SHA-1 of `label`, never 0 (an unset value id; the network id, its low 32
+// bits, is kept off 0 too: that is OpenDHT's public network).
+uint64_t nonzero_hash(const std::string& label) {
+  const dht::InfoHash h = dht::InfoHash::get(label);
   uint64_t id = 0;
   for (size_t i = 0; i < sizeof(id); ++i) id = (id << 8) | h[i];
   return id == 0 ? 1 : id;
@@ -84,7 +80,7 @@ Membership::Membership(const std::string& swarm, const SwarmKey& key, const std:
   };
   const auto expiry = std::chrono::duration_cast<dht::duration>(std::chrono::duration<double>(record_ttl_s));
   dht::DhtRunner::Config config;
-  config.dht_config.node_config.network = network_of(swarm);
+  config.dht_config.node_config.network = std::max<dht::NetId>(1, static_cast<dht::NetId>(nonzero_hash("tessera swarm network " + swarm)));
   config.dht_config.node_config.max_req_per_sec = -1;
   config.dht_config.node_config.max_peer_req_per_sec = -1;
   config.threaded = true;
@@ -116,7 +112,7 @@ void Membership::publish(const PeerRecord& record) {
   const std::string bytes = record.encode(impl_->swarm, impl_->key);
   auto v = std::make_shared<dht::Value>(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
   v->type = kRecordType;
-  v->id = value_id_of(record.id);
+  v->id = nonzero_hash("tessera peer value " + record.id);
   impl_->node.put(impl_->where, v, [](bool) {}, dht::time_point::max(), /*permanent=*/false);
 }
 

@@ -34,15 +34,7 @@ std::optional<PeerRecord> PeerRecord::parse(const std::string& bytes, const std:
   const size_t newline = bytes.rfind('\n');
   if (newline == std::string::npos) return std::nullopt;
   const std::string json = bytes.substr(0, newline), tag = bytes.substr(newline + 1);
-  const std::string want = record_tag(swarm, json, key);
-  if (tag.size() != want.size()) return std::nullopt;
-  Tag a{}, b{};
-  for (size_t i = 0; i < a.size(); ++i) {  // compare the hex tags in constant time, byte pairs as bytes
-    a[i] = static_cast<uint8_t>(tag[2 * i] ^ want[2 * i]);
-    b[i] = static_cast<uint8_t>(tag[2 * i + 1] ^ want[2 * i + 1]);
-  }
-  Tag zero{};
-  if (!same_tag(a, zero) || !same_tag(b, zero)) return std::nullopt;
+  if (!same_bytes(tag, record_tag(swarm, json, key))) return std::nullopt;
   const nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return std::nullopt;
   PeerRecord r;

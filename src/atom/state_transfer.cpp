@@ -18,9 +18,9 @@ namespace {
 
 constexpr int64_t kMaxChunk = int64_t{16} << 20;
 
-nlohmann::json parse_reply(const Message& m, const std::string& from) {
+nlohmann::json parse_body(const Message& m, const std::string& from) {
   nlohmann::json j = nlohmann::json::parse(m.body, nullptr, false);
-  if (!j.is_object()) throw WireError("peer " + from + " sent a malformed state reply");
+  if (!j.is_object()) throw WireError("peer " + from + " sent a malformed state message");
   return j;
 }
 
@@ -68,7 +68,7 @@ bool StateSnapshots::serve(Channel& channel, const Message& first) {
     return true;
   }
   if (first.type != kChunk) return false;
-  const nlohmann::json request = parse_reply(first, channel.address());
+  const nlohmann::json request = parse_body(first, channel.address());
   Snapshot s;
   int64_t offset = 0, length = 0;
   try {
@@ -92,91 +92,109 @@ bool StateSnapshots::serve(Channel& channel, const Message& first) {
   return true;
 }
 
+namespace {
+
+// Every candidate's offer: its newest snapshot, when it is at least at its current swarm step.
+// Candidates that cannot be asked are named in `failures`.
+std::vector<Offer> ask_offers(const std::vector<PeerRecord>& candidates, const SwarmKey& key, const std::string& my_id,
+                              size_t max_bytes, std::string& failures) {
+  std::vector<Offer> offers;
+  failures.clear();
+  for (const PeerRecord& donor : candidates) {
+    try {
+      const auto [host, port] = split_address(donor.address, "a donor");
+      auto c = Channel::connect(host, port, key, my_id, Deadline::in(5), max_bytes);
+      c->send(kManifest, "{}", Deadline::in(5));
+      const nlohmann::json j = parse_body(c->receive(Deadline::in(10), kManifestReply), donor.address);
+      if (!j.value("ready", false)) continue;
+      Offer o{donor, j.at("swarm_step").get<int64_t>(), j.at("bytes").get<int64_t>(), j.at("checksum").get<std::string>()};
+      if (o.swarm_step >= donor.swarm_step && o.bytes > 0) offers.push_back(o);
+    } catch (const std::exception& e) {
+      failures += std::string(failures.empty() ? "" : "; ") + donor.id + ": " + e.what();
+    }
+  }
+  return offers;
+}
+
+// The offers of the newest state, offered by the most donors (empty without offers).
+std::vector<Offer> newest_most_offered(const std::vector<Offer>& offers) {
+  std::map<std::pair<int64_t, std::string>, std::vector<Offer>> groups;
+  for (const Offer& o : offers) groups[{o.swarm_step, o.checksum}].push_back(o);
+  const std::vector<Offer>* best = nullptr;
+  for (const auto& [k, g] : groups)
+    if (!best || k.first > best->front().swarm_step || (k.first == best->front().swarm_step && g.size() > best->size()))
+      best = &g;
+  return best ? *best : std::vector<Offer>();
+}
+
+// The snapshot `donors` all offer, chunk k from donor k mod D with the donors in parallel; a failed
+// donor's chunks go to the others (three attempts). Checked against its checksum.
+std::string fetch_chunks(const std::vector<Offer>& donors, const SwarmKey& key, const std::string& my_id,
+                         size_t max_bytes, Deadline deadline) {
+  const int64_t total = donors.front().bytes, step = donors.front().swarm_step;
+  const int64_t chunk = std::clamp<int64_t>(total / (4 * static_cast<int64_t>(donors.size())) + 1, 1 << 16, kMaxChunk);
+  std::string bytes(static_cast<size_t>(total), '\0');
+  std::vector<int64_t> pending;
+  for (int64_t offset = 0; offset < total; offset += chunk) pending.push_back(offset);
+  std::vector<std::string> errors(donors.size());
+  // One donor's share, one request per connection; what it did not deliver goes back to `failed`.
+  auto fetch_share = [&](size_t d, const std::vector<int64_t>& share, std::vector<int64_t>& failed) {
+    size_t done = 0;
+    try {
+      const auto [host, port] = split_address(donors[d].donor.address, "a donor");
+      for (; done < share.size(); ++done) {
+        const int64_t offset = share[done], length = std::min(chunk, total - offset);
+        auto c = Channel::connect(host, port, key, my_id, deadline, max_bytes);
+        c->send(kChunk, nlohmann::json{{"swarm_step", step}, {"offset", offset}, {"length", length}}.dump(), deadline);
+        const Message m = c->receive(deadline, kChunkReply);
+        if (static_cast<int64_t>(m.body.size()) != length)
+          throw WireError("donor " + donors[d].donor.address + " sent a chunk of the wrong size");
+        std::copy(m.body.begin(), m.body.end(), bytes.begin() + offset);
+      }
+    } catch (const std::exception& e) {
+      errors[d] = donors[d].donor.id + ": " + e.what();
+      failed.assign(share.begin() + static_cast<std::ptrdiff_t>(done), share.end());
+    }
+  };
+  for (int attempt = 0; attempt < 3 && !pending.empty(); ++attempt) {
+    std::vector<size_t> healthy;
+    for (size_t d = 0; d < donors.size(); ++d)
+      if (errors[d].empty()) healthy.push_back(d);
+    if (healthy.empty()) break;
+    std::vector<std::vector<int64_t>> share(donors.size()), failed(donors.size());
+    for (size_t k = 0; k < pending.size(); ++k) share[healthy[k % healthy.size()]].push_back(pending[k]);
+    std::vector<std::thread> threads;
+    for (size_t d = 0; d < donors.size(); ++d) threads.emplace_back(fetch_share, d, std::cref(share[d]), std::ref(failed[d]));
+    for (std::thread& t : threads) t.join();
+    pending.clear();
+    for (const auto& f : failed) pending.insert(pending.end(), f.begin(), f.end());
+  }
+  std::string donor_errors;
+  for (const std::string& e : errors)
+    if (!e.empty()) donor_errors += (donor_errors.empty() ? "" : "; ") + e;
+  require(pending.empty(), "downloading the swarm's state failed: ", donor_errors);
+  require(checksum(bytes) == donors.front().checksum, "the swarm's state downloaded from ", donors.size(),
+          " donor(s) does not match its checksum (", donor_errors, ")");
+  return bytes;
+}
+
+}  // namespace
+
 Download download_state(const std::vector<PeerRecord>& candidates, const SwarmKey& key, const std::string& my_id,
                         const std::string& dir, size_t max_bytes, Deadline deadline) {
   require(!candidates.empty(), "internal: a download needs donors");
-  std::string failures;
   // Donors write a snapshot at their next step once asked, so offers of different steps converge
   // within a round or two: wait that long for every responding donor to offer the same state.
   const Deadline patience = Deadline::in(std::min(5.0, deadline.seconds_left() / 2));
-  for (;;) {
-    // Every candidate's offer: its newest snapshot, when it matches its current swarm step.
-    std::vector<Offer> offers;
-    failures.clear();
-    for (const PeerRecord& donor : candidates) {
-      try {
-        const auto [host, port] = split_address(donor.address, "a donor");
-        auto c = Channel::connect(host, port, key, my_id, Deadline::in(5), max_bytes);
-        c->send(kManifest, "{}", Deadline::in(5));
-        const nlohmann::json j = parse_reply(c->receive(Deadline::in(10), kManifestReply), donor.address);
-        if (!j.value("ready", false)) continue;
-        Offer o{donor, j.at("swarm_step").get<int64_t>(), j.at("bytes").get<int64_t>(), j.at("checksum").get<std::string>()};
-        if (o.swarm_step >= donor.swarm_step && o.bytes > 0) offers.push_back(o);
-      } catch (const std::exception& e) {
-        failures += std::string(failures.empty() ? "" : "; ") + donor.id + ": " + e.what();
-      }
-    }
-    // The newest state, offered by the most donors.
-    std::map<std::pair<int64_t, std::string>, std::vector<Offer>> groups;
-    for (const Offer& o : offers) groups[{o.swarm_step, o.checksum}].push_back(o);
-    const std::vector<Offer>* best = nullptr;
-    for (const auto& [k, g] : groups)
-      if (!best || k.first > best->front().swarm_step || (k.first == best->front().swarm_step && g.size() > best->size()))
-        best = &g;
-    const bool everyone = best && best->size() == candidates.size();
-    if (best && (everyone || patience.seconds_left() <= 0)) {
-      const std::vector<Offer>& donors = *best;
-      const int64_t total = donors.front().bytes, step = donors.front().swarm_step;
-      const int64_t chunk = std::clamp<int64_t>(total / (4 * static_cast<int64_t>(donors.size())) + 1, 1 << 16, kMaxChunk);
-      std::string bytes(static_cast<size_t>(total), '\0');
-      std::vector<int64_t> pending;
-      for (int64_t offset = 0; offset < total; offset += chunk) pending.push_back(offset);
-      // Chunk k from donor k mod D, the donors in parallel; a failed donor's chunks go to the others.
-      std::vector<std::string> errors(donors.size());
-      for (int attempt = 0; attempt < 3 && !pending.empty(); ++attempt) {
-        std::vector<size_t> healthy;
-        for (size_t d = 0; d < donors.size(); ++d)
-          if (errors[d].empty()) healthy.push_back(d);
-        if (healthy.empty()) break;
-        std::vector<std::vector<int64_t>> share(donors.size());
-        for (size_t k = 0; k < pending.size(); ++k) share[healthy[k % healthy.size()]].push_back(pending[k]);
-        std::vector<std::vector<int64_t>> failed(donors.size());
-        std::vector<std::thread> threads;
-        for (size_t d = 0; d < donors.size(); ++d)
-          threads.emplace_back([&, d] {
-            try {
-              const auto [host, port] = split_address(donors[d].donor.address, "a donor");
-              for (size_t i = 0; i < share[d].size(); ++i) {  // one request per connection
-                const int64_t offset = share[d][i], length = std::min(chunk, total - offset);
-                auto c = Channel::connect(host, port, key, my_id, deadline, max_bytes);
-                c->send(kChunk, nlohmann::json{{"swarm_step", step}, {"offset", offset}, {"length", length}}.dump(),
-                        deadline);
-                const Message m = c->receive(deadline, kChunkReply);
-                if (static_cast<int64_t>(m.body.size()) != length)
-                  throw WireError("donor " + donors[d].donor.address + " sent a chunk of the wrong size");
-                std::copy(m.body.begin(), m.body.end(), bytes.begin() + offset);
-                share[d][i] = -1;
-              }
-            } catch (const std::exception& e) {
-              errors[d] = donors[d].donor.id + ": " + e.what();
-              for (int64_t o : share[d])
-                if (o >= 0) failed[d].push_back(o);
-            }
-          });
-        for (std::thread& t : threads) t.join();
-        pending.clear();
-        for (const auto& f : failed) pending.insert(pending.end(), f.begin(), f.end());
-      }
-      std::string donor_errors;
-      for (const std::string& e : errors)
-        if (!e.empty()) donor_errors += (donor_errors.empty() ? "" : "; ") + e;
-      require(pending.empty(), "downloading the swarm's state failed: ", donor_errors);
-      require(checksum(bytes) == donors.front().checksum, "the swarm's state downloaded from ", donors.size(),
-              " donor(s) does not match its checksum (", donor_errors, ")");
+  for (std::string failures;;) {
+    const std::vector<Offer> donors = newest_most_offered(ask_offers(candidates, key, my_id, max_bytes, failures));
+    if (!donors.empty() && (donors.size() == candidates.size() || patience.seconds_left() <= 0)) {
+      const std::string bytes = fetch_chunks(donors, key, my_id, max_bytes, deadline);
       std::filesystem::create_directories(dir);
+      const int64_t step = donors.front().swarm_step;
       const std::string path = dir + "/downloaded_" + std::to_string(step) + ".safetensors";
       write_file_durable(path, bytes);
-      Download out{path, step, {}, total};
+      Download out{path, step, {}, donors.front().bytes};
       for (const Offer& o : donors) out.donors.push_back(o.donor.id);
       return out;
     }

@@ -19,12 +19,6 @@
 namespace tessera::atom {
 namespace {
 
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
 std::string megabytes(uint64_t bytes) {
   std::ostringstream out;
   out.precision(3);
@@ -36,6 +30,22 @@ at::Tensor flatten(const std::vector<at::Tensor>& tensors) {
   std::vector<at::Tensor> flat;
   for (const at::Tensor& t : tensors) flat.push_back(t.detach().reshape(-1).to(at::kFloat));
   return at::cat(flat);
+}
+
+// flat += alpha x (tensors, each its run of elements in order), without a flat copy of them.
+void add_flat(at::Tensor& flat, const std::vector<at::Tensor>& tensors, double alpha) {
+  at::NoGradGuard no_grad;
+  int64_t offset = 0;
+  for (const at::Tensor& t : tensors) {
+    flat.narrow(0, offset, t.numel()).add_(t.detach().reshape(-1), alpha);
+    offset += t.numel();
+  }
+}
+
+// A checkpoint's or snapshot's tensor `name` as float32, or undefined when absent.
+at::Tensor float_copy(const std::map<std::string, at::Tensor>& tensors, const std::string& name) {
+  const auto it = tensors.find(name);
+  return it == tensors.end() ? at::Tensor() : it->second.to(at::kFloat).clone();
 }
 
 // Writes `flat` back into `tensors`, each its run of elements in order.
@@ -90,7 +100,7 @@ Swarm::Swarm(PeerIdentity identity, const Config& config)
                                              config.swarm.record_ttl_s);
   record_.id = identity_.id;
   record_.address = identity_.listen;
-  step_samples_ = record_.claimed = config.train.batch_size * config.train.grad_accum;
+  record_.claimed = config.train.batch_size * config.train.grad_accum;
   publisher_ = std::thread([this] {
     while (!leaving_) {
       publish();
@@ -110,7 +120,9 @@ void Swarm::leave() {
   listener_->stop();
 }
 
-uint64_t Swarm::data_seed(uint64_t configured) const { return splitmix64(configured ^ fnv1a(identity_.id)); }
+uint64_t Swarm::data_seed(uint64_t configured) const {
+  return splitmix64(configured ^ std::stoull(checksum(identity_.id), nullptr, 16));
+}
 
 void Swarm::say(const std::string& line) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -154,13 +166,9 @@ int64_t Swarm::attach(TrainStep& step, int64_t step_number, const nlohmann::json
     samples_processed_ = meta_field<int64_t>(meta, "samples_processed", source);
     samples_contributed_ = meta_field<int64_t>(meta, "samples_contributed", source);
     samples_dropped_ = meta_field<int64_t>(meta, "samples_dropped", source);
-    const auto take = [&](const char* name) {
-      const auto it = tensors.find(name);
-      return it == tensors.end() ? at::Tensor() : it->second.to(at::kFloat).clone();
-    };
-    accumulation_ = take("swarm.accumulation");
-    outer_start_ = take("swarm.outer_start");
-    outer_momentum_ = take("swarm.outer_momentum");
+    accumulation_ = float_copy(tensors, "swarm.accumulation");
+    outer_start_ = float_copy(tensors, "swarm.outer_start");
+    outer_momentum_ = float_copy(tensors, "swarm.outer_momentum");
   }
   if (config_.swarm.sync == "batch") {
     step.set_outer_reduction(
@@ -182,10 +190,7 @@ int64_t Swarm::attach(TrainStep& step, int64_t step_number, const nlohmann::json
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   // A late joiner, or a restart that missed rounds, takes the state of the peers ahead.
-  std::vector<PeerRecord> ahead;
-  for (const PeerRecord& r : membership_->live_peers(1.0))
-    if (r.id != identity_.id && r.swarm_step > swarm_step_) ahead.push_back(r);
-  if (!ahead.empty()) step_number = load_state(step, ahead);
+  if (const std::vector<PeerRecord> ahead = peers_ahead(); !ahead.empty()) step_number = load_state(step, ahead);
   step_started_ = unix_now();
   return step_number;
 }
@@ -207,11 +212,16 @@ std::optional<int64_t> Swarm::after_local_step(TrainStep& step, int64_t samples,
   }
   if (!behind_) return std::nullopt;
   behind_ = false;
+  const std::vector<PeerRecord> ahead = peers_ahead();
+  if (ahead.empty()) return std::nullopt;
+  return load_state(step, ahead);
+}
+
+std::vector<PeerRecord> Swarm::peers_ahead() {
   std::vector<PeerRecord> ahead;
   for (const PeerRecord& r : membership_->live_peers(1.0))
     if (r.id != identity_.id && r.swarm_step > swarm_step_) ahead.push_back(r);
-  if (ahead.empty()) return std::nullopt;
-  return load_state(step, ahead);
+  return ahead;
 }
 
 NamedTensors Swarm::snapshot_tensors(TrainStep& step) {
@@ -237,13 +247,9 @@ int64_t Swarm::load_state(TrainStep& step, const std::vector<PeerRecord>& ahead)
   }
   step.load_model_state(model_reader(model, d.path));
   step.load_training_state(training, d.path);
-  const auto take = [&](const char* name) {
-    const auto it = contents.tensors.find(name);
-    return it == contents.tensors.end() ? at::Tensor() : it->second.to(at::kFloat).clone();
-  };
   if (config_.swarm.sync == "diloco") {
-    outer_start_ = take("swarm.outer_start");
-    outer_momentum_ = take("swarm.outer_momentum");
+    outer_start_ = float_copy(contents.tensors, "swarm.outer_start");
+    outer_momentum_ = float_copy(contents.tensors, "swarm.outer_momentum");
     require(outer_start_.defined() && outer_momentum_.defined(), d.path, ": a DiLoCo state without its outer tensors");
   }
   const int64_t dropped = accumulated_;
@@ -267,13 +273,16 @@ int64_t Swarm::load_state(TrainStep& step, const std::vector<PeerRecord>& ahead)
 }
 
 bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t samples) {
-  const at::Tensor flat = flatten(gradients);
-  if (!accumulation_.defined()) accumulation_ = at::zeros_like(flat);
-  accumulation_.add_(flat, static_cast<double>(samples));
+  if (!accumulation_.defined()) {
+    int64_t numel = 0;
+    for (const at::Tensor& g : gradients) numel += g.numel();
+    accumulation_ = at::zeros({numel}, gradients.front().options().dtype(at::kFloat));
+  }
+  add_flat(accumulation_, gradients, static_cast<double>(samples));
   {
     std::lock_guard<std::mutex> lock(mutex_);
     accumulated_ += samples;
-    step_samples_ = record_.claimed = samples;
+    record_.claimed = samples;
   }
   publish();
   // The swarm's samples at this step: this peer's accumulated, the others' accumulated and claimed.
@@ -343,7 +352,7 @@ void Swarm::after_update(TrainStep& step, int64_t step_number) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ++inner_;
-    accumulated_ += step_samples_;
+    accumulated_ += record_.claimed;
   }
   if (inner_ >= config_.swarm.inner_steps) outer_step(step);
 }

@@ -86,6 +86,8 @@ class Swarm final : public Collaboration {
  private:
   bool reduce(const std::vector<at::Tensor>& gradients, int64_t samples);  // batch mode
   void outer_step(TrainStep& step);                                            // diloco
+  // The live peers at a higher swarm step than this one's.
+  std::vector<PeerRecord> peers_ahead();
   // The candidates of this swarm step's round (live peers at it, this one included).
   std::vector<RoundMember> candidates(const std::vector<PeerRecord>& live) const;
   void publish();
@@ -114,8 +116,8 @@ class Swarm final : public Collaboration {
   PeerRecord record_;
   std::vector<std::string> messages_;
   int64_t swarm_step_ = 0;
-  int64_t accumulated_ = 0;   // samples since the last round (batch) or outer step (diloco)
-  int64_t step_samples_ = 0;  // samples of one local step: what a record claims for the step running
+  int64_t accumulated_ = 0;   // samples since the last round (batch) or outer step (diloco);
+                              // record_.claimed: the samples of one local step, claimed for the running one
   at::Tensor accumulation_;   // batch: [N] float32, sum of each local step's gradient x its samples
   at::Tensor outer_start_, outer_momentum_;  // diloco: parameters at the last outer step, momentum
   int64_t inner_ = 0;                        // diloco: local steps since the last outer step

@@ -51,6 +51,10 @@ std::string random_bytes(size_t n) {
 
 bool same_tag(const Tag& a, const Tag& b) { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
 
+bool same_bytes(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
 SwarmKey SwarmKey::load(const std::string& path) {
   require(!path.empty(), "swarm.key_file is not set: a swarm is closed to peers without its key; make one with "
                          "`tessera swarm keygen --out FILE` and give every peer the same file");

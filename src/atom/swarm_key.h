@@ -40,8 +40,9 @@ class SwarmKey {
   std::string bytes_;
 };
 
-// Constant-time comparison of two tags.
+// Constant-time comparison of two tags, or of two byte strings (unequal sizes differ).
 bool same_tag(const Tag& a, const Tag& b);
+bool same_bytes(std::string_view a, std::string_view b);
 // `n` bytes from the system's cryptographic generator.
 std::string random_bytes(size_t n);
 std::string to_hex(std::string_view bytes);

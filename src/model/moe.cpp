@@ -125,12 +125,14 @@ MoERouting MoEImpl::route(const at::Tensor& x) {
 
   MoERouting r;
   auto counts = torch::zeros({E}, top_e.options());
+  at::Tensor first_counts;  // [E] tokens whose first choice is each expert
   std::vector<at::Tensor> slots;
   for (int64_t c = 0; c < k; ++c) {  // first choices of all tokens, then second choices, ...
     auto onehot = at::one_hot(top_e.select(1, c), E);                              // [N, E]
     auto position = at::cumsum(onehot, 0) - 1 + counts;                            // [N, E]
     slots.push_back(position.gather(1, top_e.select(1, c).unsqueeze(1)).squeeze(1));
     counts = counts + onehot.sum(0);
+    if (c == 0) first_counts = counts;
   }
   auto slot = at::stack(slots, 1);  // [N, k]
   at::Tensor size;                  // [E] rows per expert, on the device
@@ -152,15 +154,11 @@ MoERouting MoEImpl::route(const at::Tensor& x) {
   r.gate = gate * kept.to(gate.scalar_type());
   r.assigned = counts;
 
-  at::Tensor f;  // [E] fraction of the counted tokens whose first choice is each expert; no gradient
-  if (balance_count_sum_) {
-    at::Tensor counted = at::cat({at::one_hot(top_e.select(1, 0), E).sum(0), at::full({1}, N, top_e.options())})
-                             .to(at::kFloat);  // [E + 1]
-    balance_count_sum_(counted);
-    f = counted.narrow(0, 0, E) / counted[E];
-  } else {
-    f = at::one_hot(top_e.select(1, 0), E).to(at::kFloat).mean(0);
-  }
+  // f [E]: the fraction of the counted tokens whose first choice is each expert (no gradient): this
+  // forward's, or summed over the ranks routing the same micro-batch.
+  at::Tensor counted = at::cat({first_counts, at::full({1}, N, top_e.options())}).to(at::kFloat);  // [E + 1]
+  if (balance_count_sum_) balance_count_sum_(counted);
+  const at::Tensor f = counted.narrow(0, 0, E) / counted[E];
   const at::Tensor share = sigmoid_ ? scores / scores.sum(-1, /*keepdim=*/true) : scores;
   auto balance = aux_coef_ * static_cast<double>(E) * (f * share.mean(0)).sum();
   auto z = z_coef_ * at::logsumexp(logits, -1).pow(2).mean();

@@ -14,6 +14,7 @@
 //   [owner.sum_gradient_over(..)]   // a pipeline's tied embedding: its copies' gradients summed
 //   [owner.gradients()]             // optional: read them (the equivalence harness does)
 //   owner.apply(lr, max_norm);      // clipped, applied, zeroed
+//   [or owner.drop_gradients()]     // held out of the update (step_runner.h: the ATOM swarm's rounds)
 // Through a pipeline (parallel/pipeline_step.h) the schedule's actions drive the same calls: each
 // B and W calls before_backward, its GATHER/RELEASE call fetch_stage/release_stage (and each
 // compute action complete_stage first), and its OPTIM

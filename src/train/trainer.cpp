@@ -323,10 +323,23 @@ TrainSummary Trainer::run() {
     progress.message("checkpoint: " + last_checkpoint);
   };
 
-  auto stop_message = [&](const std::string& why) {
-    progress.message("stopped at step " + std::to_string(s.step) + " of " + std::to_string(c.train.steps) + " (" + why +
-                     "): checkpoint " + last_checkpoint + "; continue with `tessera " +
-                     (s.collaboration ? "peer" : "train") + " --resume " + s.run_dir + "`");
+  // Every rank stops at the same step when any rank has a reason (stop_request.h): it saves (unless
+  // this step was just saved), says how to continue and returns true.
+  auto stop_requested = [&](bool saved) {
+    int64_t reason = stop_request::local_reason(seconds_since(run_start), c.train.time_limit);
+    if (distributed) {
+      at::Tensor flag = at::full({1}, reason, at::TensorOptions().dtype(at::kLong).device(s.mesh->world().device()));
+      s.mesh->world().all_reduce(flag, comm::ReduceOp::max);
+      reason = flag.item<int64_t>();
+    }
+    if (reason == stop_request::kNone) return false;
+    if (!saved) save();
+    summary.stopped = stop_request::describe(static_cast<stop_request::Reason>(reason), c.train.time_limit);
+    const std::string again = s.collaboration ? "tessera peer --out " + s.run_dir + "` (with its --swarm and --listen)"
+                                              : "tessera train --resume " + s.run_dir + "`";
+    progress.message("stopped at step " + std::to_string(s.step) + " of " + std::to_string(c.train.steps) + " (" +
+                     summary.stopped + "): checkpoint " + last_checkpoint + "; continue with `" + again);
+    return true;
   };
   while (s.step < c.train.steps) {
     const double lr = learning_rate(c.optim, s.step, c.train.steps);
@@ -376,12 +389,8 @@ TrainSummary Trainer::run() {
     }
     if (!result.applied) {
       // The swarm holds this local step's gradients for a later round: no step was taken.
-      const int64_t reason = stop_request::local_reason(seconds_since(run_start), c.train.time_limit);
-      if (reason == stop_request::kNone) continue;
-      save();
-      summary.stopped = stop_request::describe(static_cast<stop_request::Reason>(reason), c.train.time_limit);
-      stop_message(summary.stopped);
-      break;
+      if (stop_requested(false)) break;
+      continue;
     }
     ++s.step;
     ++interval_steps;
@@ -440,19 +449,7 @@ TrainSummary Trainer::run() {
       save();
       interval_start = Clock::now();
     }
-    // Every rank stops at the same step when any rank has a reason (stop_request.h).
-    int64_t reason = stop_request::local_reason(seconds_since(run_start), c.train.time_limit);
-    if (distributed) {
-      at::Tensor flag = at::full({1}, reason, at::TensorOptions().dtype(at::kLong).device(s.mesh->world().device()));
-      s.mesh->world().all_reduce(flag, comm::ReduceOp::max);
-      reason = flag.item<int64_t>();
-    }
-    if (reason != stop_request::kNone && !last) {
-      if (!saved) save();
-      summary.stopped = stop_request::describe(static_cast<stop_request::Reason>(reason), c.train.time_limit);
-      stop_message(summary.stopped);
-      break;
-    }
+    if (!last && stop_requested(saved)) break;
   }
   if (s.collaboration) s.collaboration->leave();
   summary.steps = s.step;
