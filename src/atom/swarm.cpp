@@ -166,6 +166,7 @@ int64_t Swarm::attach(TrainStep& step, int64_t step_number, const nlohmann::json
     samples_processed_ = meta_field<int64_t>(meta, "samples_processed", source);
     samples_contributed_ = meta_field<int64_t>(meta, "samples_contributed", source);
     samples_dropped_ = meta_field<int64_t>(meta, "samples_dropped", source);
+    record_.local_step = meta_field<int64_t>(meta, "local_step", source);
     accumulation_ = float_copy(tensors, "swarm.accumulation");
     outer_start_ = float_copy(tensors, "swarm.outer_start");
     outer_momentum_ = float_copy(tensors, "swarm.outer_momentum");

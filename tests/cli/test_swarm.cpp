@@ -139,10 +139,23 @@ TEST_F(Swarm, ARestartedPeerRejoinsFromItsRunDirectory) {
   second.kill(SIGTERM);
   ASSERT_EQ(second.wait(), 3) << second.log();
   const std::string id = nlohmann::json::parse(slurp(second.dir + "/peer.json"))["id"];
+  const std::string latest = slurp(second.dir + "/checkpoints/latest");
+  const int64_t before =
+      nlohmann::json::parse(slurp(second.dir + "/checkpoints/" + latest.substr(0, latest.find_last_not_of("\n ") + 1) +
+                                  "/meta.json"))["collaboration"]["local_step"]
+          .get<int64_t>();  // the peer's local steps when it stopped
+  EXPECT_GT(before, 0);
   // Restarted with nothing but its run directory (config, identity and swarm state from there).
   Peer& again = start("second", "", first.address());
   EXPECT_NE(again.log().find("peer " + id), std::string::npos) << again.log();
   EXPECT_NE(again.log().find("restarting from"), std::string::npos) << again.log();
+  // Its record counts on from its local steps (swarm status shows them), not from 0.
+  ASSERT_TRUE(wait_until([&] { return again.log().find("round") != std::string::npos; }, 60)) << again.log();
+  const CommandResult status = run_tessera("swarm status --swarm demo --key-file " + key_ + " --initial-peer " +
+                                           first.address());
+  std::smatch row;
+  ASSERT_TRUE(std::regex_search(status.output, row, std::regex(id + " +[0-9.:]+ +[0-9]+ +([0-9]+)"))) << status.output;
+  EXPECT_GE(std::stoll(row[1].str()), before) << status.output;
   const int64_t at = first.swarm_step();
   ASSERT_TRUE(advances(again, at, 3)) << again.log();
   again.kill(SIGTERM);
