@@ -69,6 +69,19 @@ TEST(BadConfig, WrongTypeAndOutOfRange) {
                {"--set train.steps", "line break"});
 }
 
+// The [swarm] keys (tessera peer's): checked with the rest of the config, each named.
+TEST(BadConfig, SwarmKeysAreRefusedByName) {
+  expect_error("train --config tiny_gpt --set swarm.sync=gossip", {"swarm.sync must be batch or diloco", "gossip"});
+  expect_error("train --config tiny_gpt --set swarm.pseudo_gradient_dtype=int4",
+               {"swarm.pseudo_gradient_dtype must be fp32, bf16 or int8"});
+  expect_error("train --config tiny_gpt --set swarm.target_batch_size=0", {"swarm.target_batch_size", "outside its range"});
+  expect_error("train --config tiny_gpt --set swarm.outer_momentum=1", {"swarm.outer_momentum", "outside its range"});
+  expect_error("train --config tiny_gpt --set swarm.round_timeout_min_s=10 --set swarm.round_timeout_max_s=5",
+               {"swarm.round_timeout_min_s = 10", "swarm.round_timeout_max_s = 5"});
+  expect_error("train --config tiny_gpt --set swarm.publish_interval_s=20",
+               {"swarm.publish_interval_s = 20", "swarm.record_ttl_s"});
+}
+
 // A data directory whose train.bin is replaced by `bytes`.
 std::string data_with_train_bin(const std::string& name, const std::string& bytes) {
   std::string dir = fresh_dir("data_" + name);

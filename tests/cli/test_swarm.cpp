@@ -163,6 +163,16 @@ TEST_F(Swarm, ARestartedPeerRejoinsFromItsRunDirectory) {
   expect_accounted(again);
 }
 
+TEST_F(Swarm, APeerWithoutAKeyOrWithABadAddressIsRefusedByName) {
+  const std::string out = root_ + "/nokey";
+  CommandResult r = run_tessera("peer --config tiny_gpt --swarm demo --listen 127.0.0.1:0 --out " + out);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("swarm.key_file is not set"), std::string::npos) << r.output;
+  r = run_tessera("peer --config tiny_gpt --set swarm.key_file=" + key_ + " --swarm demo --listen localhost --out " + out);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--listen localhost: expected HOST:PORT"), std::string::npos) << r.output;
+}
+
 TEST_F(Swarm, AStrangerWithAnotherKeyGetsNothing) {
   const std::string args = settings(100000, key_);
   Peer& first = start("first", args);
