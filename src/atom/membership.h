@@ -9,8 +9,9 @@
 // replaces it. The value type's store and edit policies, run by every peer's node, admit only
 // records whose tag verifies under the swarm key (and an edit only by a newer record of the same
 // peer): a forged record is never stored by an honest node, and one that reaches a reader anyway is
-// dropped by parse(). A record expires from the DHT after swarm.record_ttl_s, and readers drop one
-// whose time is older, so a dead peer vanishes within that time.
+// dropped by parse(). Readers drop a record whose time is older than swarm.record_ttl_s, so a dead
+// peer vanishes within that time; in the DHT itself a value lives 10 minutes (a lifetime of
+// seconds made OpenDHT re-announce it without pause: membership.cpp).
 #pragma once
 
 #include <cstdint>
