@@ -1,0 +1,356 @@
+#!/usr/bin/env python3
+"""ATOM peers against pipeline and data parallelism on four hosts joined by slow links.
+
+    sudo python3 bench/atom_slow_links.py BUILD_DIR [--rates none,1gbit,100mbit,10mbit]
+        [--modes dp,gpipe,1f1b,batch,diloco] [--out bench/results/atom_slow_links_cpu]
+
+Four hosts are four network namespaces (tsr0..tsr3, 10.77.0.1-4) on one Linux bridge; each host's
+link is limited in both directions with `tc qdisc ... tbf rate R` (on its own end of the veth pair
+and on the bridge's), as a host whose network card runs at R. For each rate ("none": the veth
+pairs unlimited) the same tiny_gpt trains on the four hosts, 64 sequences of 128 tokens per
+optimizer step, in each mode:
+  dp      tessera train --nnodes 4: data parallelism, 16 sequences per rank, one ring all-reduce
+          of the float32 gradients per step;
+  gpipe   tessera train --nnodes 4 --set parallel.pp=4 (one block per host), 8 micro-batches of 8,
+  1f1b    GPipe or 1F1B: float32 activations and their gradients cross every stage boundary for
+          every micro-batch;
+  batch   four `tessera peer`s, swarm.sync = batch, target batch 64 (16 per peer per local step):
+          the peers' butterfly all-reduce of float32 gradients once per swarm step;
+  diloco  four `tessera peer`s, swarm.sync = diloco, int8 pseudo-gradients every 10 local steps
+          of 16 (the setting that ends within 4% of batch mode's loss: bench/results/atom_swarm_cpu.md).
+Throughput is the samples per second of the whole run's steady state: from each run's
+metrics.jsonl (one line per step), samples between a warm-up step and the last over the time
+between them (summed over the peers for the swarm modes). Wire bytes are each host's eth0
+tx_bytes over the whole run (start-up included) per sample. The four hosts share this machine's
+cores, as they do in every mode; the rate "none" row is what the cores allow.
+
+Writes OUT.md (tables), OUT.json and OUT.svg (samples/s against the link rate, log scale).
+Needs root (ip netns, tc); removes its namespaces and bridge when it ends.
+"""
+import argparse
+import atexit
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HOSTS = 4
+BRIDGE = "tsrbr"
+SEQ_LEN = 128
+GLOBAL_BATCH = 64
+MODES = {
+    "dp": "data parallelism",
+    "gpipe": "pipeline, GPipe",
+    "1f1b": "pipeline, 1F1B",
+    "batch": "ATOM peers, batch",
+    "diloco": "ATOM peers, DiLoCo int8 / 10 steps",
+}
+RATE_BYTES = {"gbit": 1e9 / 8, "mbit": 1e6 / 8, "kbit": 1e3 / 8}
+
+
+def sh(*args, check=True):
+    return subprocess.run(args, check=check, capture_output=True, text=True)
+
+
+def host_ip(i):
+    return "10.77.0.%d" % (i + 1)
+
+
+class Hosts:
+    """The four namespaces and their links; set_rate() changes every link's limit."""
+
+    def __init__(self):
+        self.close()  # a previous run that was killed may have left them
+        sh("ip", "link", "add", BRIDGE, "type", "bridge")
+        sh("ip", "link", "set", BRIDGE, "up")
+        for i in range(HOSTS):
+            ns = "tsr%d" % i
+            sh("ip", "netns", "add", ns)
+            sh("ip", "link", "add", "tsrv%d" % i, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            sh("ip", "link", "set", "tsrv%d" % i, "master", BRIDGE, "up")
+            sh("ip", "-n", ns, "addr", "add", host_ip(i) + "/24", "dev", "eth0")
+            sh("ip", "-n", ns, "link", "set", "eth0", "up")
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        atexit.register(self.close)
+
+    @staticmethod
+    def close():
+        for i in range(HOSTS):
+            sh("ip", "netns", "del", "tsr%d" % i, check=False)
+        sh("ip", "link", "del", BRIDGE, check=False)
+
+    @staticmethod
+    def set_rate(rate):
+        for i in range(HOSTS):
+            for where in (["ip", "netns", "exec", "tsr%d" % i, "tc"], ["tc"]):
+                dev = "eth0" if len(where) > 1 else "tsrv%d" % i
+                subprocess.run(where + ["qdisc", "del", "dev", dev, "root"], capture_output=True)
+                if rate != "none":
+                    # Burst: 10 ms at the rate (at least 16 KiB); a queue of 200 ms.
+                    burst = max(16384, int(rate_bytes(rate) / 100))
+                    subprocess.run(where + ["qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst",
+                                            str(burst), "latency", "200ms"], check=True)
+
+    @staticmethod
+    def tx_bytes():
+        return [int(sh("ip", "netns", "exec", "tsr%d" % i, "cat", "/sys/class/net/eth0/statistics/tx_bytes").stdout)
+                for i in range(HOSTS)]
+
+
+def rate_bytes(rate):
+    m = re.fullmatch(r"([0-9.]+)(gbit|mbit|kbit)", rate)
+    if not m:
+        sys.exit("--rates: %r is not none or N{gbit,mbit,kbit}" % rate)
+    return float(m.group(1)) * RATE_BYTES[m.group(2)]
+
+
+def measure_link(work):
+    """MB/s one host sends to another over its link (a 4 s TCP stream), to show the limit holds."""
+    probe = os.path.join(work, "probe.py")
+    with open(probe, "w") as f:
+        f.write("import socket, sys, time\n"
+                "if sys.argv[1] == 'serve':\n"
+                "    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+                "    s.bind((sys.argv[2], 5001)); s.listen(1); c, _ = s.accept()\n"
+                "    while c.recv(1 << 20): pass\n"
+                "else:\n"
+                "    c = socket.create_connection((sys.argv[2], 5001)); buf = b'x' * (1 << 16)\n"
+                "    t = time.time(); n = 0\n"
+                "    while time.time() - t < 4: c.sendall(buf); n += len(buf)\n"
+                "    c.close(); print(n / (time.time() - t) / 1e6)\n")
+    server = subprocess.Popen(["ip", "netns", "exec", "tsr1", sys.executable, probe, "serve", host_ip(1)])
+    time.sleep(0.5)
+    sent = sh("ip", "netns", "exec", "tsr0", sys.executable, probe, "send", host_ip(1)).stdout
+    server.wait(timeout=30)
+    return float(sent)
+
+
+def common_settings(data):
+    return ["--set", "data.path=" + data, "--set", "train.threads=1", "--set", "train.log_every=1",
+            "--set", "eval.every=1000000", "--set", "checkpoint.every=1000000", "--set", "optim.warmup_steps=5"]
+
+
+def commands(build, mode, run_dir, data, key, steps):
+    """Each host's command line for one run."""
+    tessera = os.path.join(build, "tessera")
+    common = common_settings(data) + ["--set", "train.steps=%d" % steps]
+    out = []
+    for i in range(HOSTS):
+        host_dir = os.path.join(run_dir, "host%d" % i)
+        if mode in ("dp", "gpipe", "1f1b"):
+            # One run directory for the four hosts, as on a shared filesystem (checkpoint shards).
+            args = [tessera, "train", "--config", "tiny_gpt", "--out", os.path.join(run_dir, "train"), "--nproc", "1",
+                    "--nnodes",
+                    str(HOSTS), "--node-rank", str(i), "--master", host_ip(0) + ":29500"] + common
+            if mode == "dp":
+                args += ["--set", "train.batch_size=%d" % (GLOBAL_BATCH // HOSTS)]
+            else:
+                args += ["--set", "parallel.pp=%d" % HOSTS, "--set", "parallel.pp_schedule=" + mode,
+                         "--set", "train.batch_size=8", "--set", "train.grad_accum=%d" % (GLOBAL_BATCH // 8)]
+        else:
+            args = [tessera, "peer", "--config", "tiny_gpt", "--swarm", "slow", "--listen", host_ip(i) + ":7000",
+                    "--out", host_dir, "--set", "swarm.key_file=" + key, "--set", "swarm.min_peers=%d" % HOSTS,
+                    "--set", "train.batch_size=%d" % (GLOBAL_BATCH // HOSTS)] + common
+            if i > 0:
+                args += ["--initial-peer", host_ip(0) + ":7000"]
+            if mode == "batch":
+                args += ["--set", "swarm.sync=batch", "--set", "swarm.target_batch_size=%d" % GLOBAL_BATCH]
+            else:
+                args += ["--set", "swarm.sync=diloco", "--set", "swarm.inner_steps=10",
+                         "--set", "swarm.pseudo_gradient_dtype=int8"]
+        out.append((host_dir, ["ip", "netns", "exec", "tsr%d" % i] + args))
+    return out
+
+
+def metrics(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def train_metrics(host_dirs):
+    return os.path.join(os.path.dirname(host_dirs[0]), "train", "metrics.jsonl")
+
+
+def throughput(mode, host_dirs, warm):
+    """Steady-state samples/s: samples after step `warm` over the time they took."""
+    def rate(rows, samples):
+        rows = [r for r in rows if "elapsed_s" in r and "step" in r and "loss" in r]
+        first = next(r for r in rows if r["step"] >= warm)
+        lastrow = rows[-1]
+        return (samples(lastrow) - samples(first)) / (lastrow["elapsed_s"] - first["elapsed_s"])
+
+    if mode in ("dp", "gpipe", "1f1b"):
+        return rate(metrics(train_metrics(host_dirs)), lambda r: r["tokens"] / SEQ_LEN)
+    return sum(rate([r for r in metrics(os.path.join(d, "metrics.jsonl")) if "swarm" in r],
+                    lambda r: r["swarm"]["samples_processed"]) for d in host_dirs)
+
+
+def total_samples(mode, host_dirs):
+    if mode in ("dp", "gpipe", "1f1b"):
+        return [r for r in metrics(train_metrics(host_dirs)) if "tokens" in r][-1]["tokens"] / SEQ_LEN
+    return sum([r for r in metrics(os.path.join(d, "metrics.jsonl")) if "swarm" in r][-1]["swarm"]["samples_processed"]
+               for d in host_dirs)
+
+
+def steps_for(mode, rate):
+    """Optimizer steps (local steps for DiLoCo) a run takes: enough for a steady state, bounded in time."""
+    if mode == "diloco":
+        return 60
+    if rate == "none":
+        return 30
+    slow = rate_bytes(rate) < 2e6
+    return 8 if slow else 20
+
+
+def run(build, work, mode, rate, data, key):
+    run_dir = os.path.join(work, "%s_%s" % (mode, rate))
+    os.makedirs(run_dir)
+    steps = steps_for(mode, rate)
+    before = Hosts.tx_bytes()
+    procs = []
+    for i, (host_dir, cmd) in enumerate(commands(build, mode, run_dir, data, key, steps)):
+        log = open(host_dir + ".log", "w")
+        procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+        if i == 0 and mode in ("batch", "diloco"):
+            for _ in range(600):  # the first peer listens before the others start from it
+                if "listening on" in open(host_dir + ".log").read():
+                    break
+                time.sleep(0.1)
+    deadline = time.time() + 900
+    for p in procs:
+        try:
+            code = p.wait(timeout=max(1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            sys.exit("%s at %s: did not finish in 900 s; logs in %s" % (mode, rate, run_dir))
+        if code != 0:
+            for q in procs:
+                q.kill()
+            sys.exit("%s at %s: a host exited with %d; logs in %s" % (mode, rate, code, run_dir))
+    sent = sum(a - b for a, b in zip(Hosts.tx_bytes(), before))
+    host_dirs = [os.path.join(run_dir, "host%d" % i) for i in range(HOSTS)]
+    warm = 10 if mode == "diloco" else 2
+    return {"mode": mode, "rate": rate, "steps": steps, "samples_per_s": throughput(mode, host_dirs, warm),
+            "wire_bytes_per_sample": sent / total_samples(mode, host_dirs)}
+
+
+def svg(results, rates, modes, path):
+    """samples/s (log scale) against the link rate, one line per mode."""
+    colours = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"]
+    width, height, left, right, top, bottom = 720, 420, 70, 210, 40, 50
+    values = [r["samples_per_s"] for r in results]
+    lo, hi = math.floor(math.log10(min(values))), math.ceil(math.log10(max(values)))
+    hi = max(hi, lo + 1)
+    x = lambda k: left + (width - left - right) * (k + 0.5) / len(rates)
+    y = lambda v: top + (height - top - bottom) * (hi - math.log10(v)) / (hi - lo)
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">'
+           % (width, height), '<rect width="100%" height="100%" fill="white"/>',
+           '<text x="%d" y="22" font-size="14">tiny_gpt on 4 hosts: samples/s against each host\'s link rate</text>'
+           % left]
+    for e in range(lo, hi + 1):
+        out.append('<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#ddd"/>' % (left, width - right, y(10 ** e),
+                                                                                 y(10 ** e)))
+        out.append('<text x="%d" y="%.1f" text-anchor="end">%g</text>' % (left - 6, y(10 ** e) + 4, 10 ** e))
+    for k, rate in enumerate(rates):
+        out.append('<text x="%.1f" y="%d" text-anchor="middle">%s</text>' % (x(k), height - bottom + 18,
+                                                                           "unlimited" if rate == "none" else rate))
+    out.append('<text x="%d" y="%d" text-anchor="middle">link rate per host (tbf)</text>'
+               % ((left + width - right) / 2, height - 12))
+    out.append('<text x="16" y="%d" transform="rotate(-90 16 %d)" text-anchor="middle">samples/s</text>'
+               % ((top + height - bottom) / 2, (top + height - bottom) / 2))
+    for m, mode in enumerate(modes):
+        pts = [(x(k), y(r["samples_per_s"])) for k, rate in enumerate(rates) for r in results
+               if r["mode"] == mode and r["rate"] == rate]
+        c = colours[m % len(colours)]
+        out.append('<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>'
+                   % (c, " ".join("%.1f,%.1f" % p for p in pts)))
+        out += ['<circle cx="%.1f" cy="%.1f" r="3.5" fill="%s"/>' % (px, py, c) for px, py in pts]
+        ly = top + 10 + 20 * m
+        out.append('<line x1="%d" x2="%d" y1="%d" y2="%d" stroke="%s" stroke-width="2"/>'
+                   % (width - right + 12, width - right + 32, ly, ly, c))
+        out.append('<text x="%d" y="%d">%s</text>' % (width - right + 38, ly + 4, MODES[mode]))
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("build")
+    ap.add_argument("--rates", default="none,1gbit,100mbit,10mbit")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/atom_slow_links_cpu"))
+    ap.add_argument("--keep", action="store_true", help="keep the runs' directories (logs, metrics) and say where")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("atom_slow_links.py needs root (ip netns, tc): run it with sudo")
+    rates, modes = a.rates.split(","), a.modes.split(",")
+    for m in modes:
+        if m not in MODES:
+            sys.exit("--modes: %r is not one of %s" % (m, ", ".join(MODES)))
+    build = os.path.abspath(a.build)
+    data = os.path.join(build, "data", "kjv")
+    if not os.path.exists(os.path.join(data, "train.bin")):
+        subprocess.run([os.path.join(build, "tessera"), "prepare", "--input",
+                        os.path.join(ROOT, "data/kjv/genesis_to_ruth.txt"), "--out", data, "--tokenizer", "byte"],
+                       check=True, stdout=subprocess.DEVNULL)
+    work = tempfile.mkdtemp(prefix="atom_slow_links_")
+    key = os.path.join(work, "swarm.key")
+    subprocess.run([os.path.join(build, "tessera"), "swarm", "keygen", "--out", key], check=True,
+                   stdout=subprocess.DEVNULL)
+    hosts = Hosts()
+    results, links = [], {}
+    for rate in rates:
+        hosts.set_rate(rate)
+        links[rate] = measure_link(work)
+        print("link %s: one host sends %.2f MB/s to another" % (rate, links[rate]), flush=True)
+        for mode in modes:
+            r = run(build, work, mode, rate, data, key)
+            results.append(r)
+            print("  %-7s %8.1f samples/s  %9.0f wire bytes/sample  (%d steps)"
+                  % (mode, r["samples_per_s"], r["wire_bytes_per_sample"], r["steps"]), flush=True)
+    commit = sh("git", "-C", ROOT, "rev-parse", "--short", "HEAD").stdout.strip()
+    with open(a.out + ".json", "w") as f:
+        json.dump({"commit": commit, "links_mb_per_s": links, "results": results}, f, indent=1)
+    svg(results, rates, modes, a.out + ".svg")
+    at = {(r["mode"], r["rate"]): r for r in results}
+    lines = ["| link | measured MB/s | " + " | ".join(MODES[m] for m in modes) + " |",
+             "|---|---|" + "---|" * len(modes)]
+    for rate in rates:
+        lines.append("| %s | %.1f | " % ("unlimited" if rate == "none" else rate, links[rate]) +
+                     " | ".join("%.1f" % at[(m, rate)]["samples_per_s"] for m in modes) + " |")
+    lines += ["", "Against the best pipeline schedule (samples/s of each mode over the faster of GPipe and 1F1B):", "",
+              "| link | " + " | ".join(MODES[m] for m in modes) + " |", "|---|" + "---|" * len(modes)]
+    pipes = [m for m in ("gpipe", "1f1b") if m in modes]
+    for rate in rates:
+        if pipes:
+            best = max(at[(m, rate)]["samples_per_s"] for m in pipes)
+            lines.append("| %s | " % ("unlimited" if rate == "none" else rate) +
+                         " | ".join("%.2fx" % (at[(m, rate)]["samples_per_s"] / best) for m in modes) + " |")
+    lines += ["", "Wire bytes per sample (every host's eth0 tx_bytes over the whole run, start-up included):", "",
+              "| link | " + " | ".join(MODES[m] for m in modes) + " |", "|---|" + "---|" * len(modes)]
+    for rate in rates:
+        lines.append("| %s | " % ("unlimited" if rate == "none" else rate) +
+                     " | ".join("%.0f" % at[(m, rate)]["wire_bytes_per_sample"] for m in modes) + " |")
+    table = "\n".join(lines)
+    print("\n" + table)
+    with open(a.out + ".md", "w") as f:
+        f.write("# ATOM peers against pipeline and data parallelism on slow links (CPU, network namespaces)\n\n"
+                "`sudo python3 bench/atom_slow_links.py build` at %s, %s. See the script's header for the set-up."
+                "\n\n%s\n\n![samples/s against link rate](%s.svg)\n"
+                % (commit, time.strftime("%Y-%m-%d"), table, os.path.basename(a.out)))
+    if a.keep:
+        print("runs kept in " + work)
+    else:
+        shutil.rmtree(work)
+
+
+if __name__ == "__main__":
+    main()
