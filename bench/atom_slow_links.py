@@ -39,7 +39,8 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from swarm_peers import ROOT, keygen, metrics, prepared_corpus, start_peer
+
 HOSTS = 4
 BRIDGE = "tsrbr"
 SEQ_LEN = 128
@@ -168,13 +169,8 @@ def commands(build, mode, run_dir, data, key, steps):
     return out
 
 
-def metrics(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def train_metrics(host_dirs):
-    return os.path.join(os.path.dirname(host_dirs[0]), "train", "metrics.jsonl")
+    return metrics(os.path.join(os.path.dirname(host_dirs[0]), "train"))
 
 
 def throughput(mode, host_dirs, warm):
@@ -186,15 +182,15 @@ def throughput(mode, host_dirs, warm):
         return (samples(lastrow) - samples(first)) / (lastrow["elapsed_s"] - first["elapsed_s"])
 
     if mode in ("dp", "gpipe", "1f1b"):
-        return rate(metrics(train_metrics(host_dirs)), lambda r: r["tokens"] / SEQ_LEN)
-    return sum(rate([r for r in metrics(os.path.join(d, "metrics.jsonl")) if "swarm" in r],
+        return rate(train_metrics(host_dirs), lambda r: r["tokens"] / SEQ_LEN)
+    return sum(rate([r for r in metrics(d) if "swarm" in r],
                     lambda r: r["swarm"]["samples_processed"]) for d in host_dirs)
 
 
 def total_samples(mode, host_dirs):
     if mode in ("dp", "gpipe", "1f1b"):
-        return [r for r in metrics(train_metrics(host_dirs)) if "tokens" in r][-1]["tokens"] / SEQ_LEN
-    return sum([r for r in metrics(os.path.join(d, "metrics.jsonl")) if "swarm" in r][-1]["swarm"]["samples_processed"]
+        return [r for r in train_metrics(host_dirs) if "tokens" in r][-1]["tokens"] / SEQ_LEN
+    return sum([r for r in metrics(d) if "swarm" in r][-1]["swarm"]["samples_processed"]
                for d in host_dirs)
 
 
@@ -215,13 +211,10 @@ def run(build, work, mode, rate, data, key):
     before = Hosts.tx_bytes()
     procs = []
     for i, (host_dir, cmd) in enumerate(commands(build, mode, run_dir, data, key, steps)):
-        log = open(host_dir + ".log", "w")
-        procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
-        if i == 0 and mode in ("batch", "diloco"):
-            for _ in range(600):  # the first peer listens before the others start from it
-                if "listening on" in open(host_dir + ".log").read():
-                    break
-                time.sleep(0.1)
+        if mode in ("batch", "diloco"):  # the first peer listens before the others start from it
+            procs.append(start_peer(cmd, host_dir, wait=i == 0)[0])
+        else:
+            procs.append(subprocess.Popen(cmd, stdout=open(host_dir + ".log", "w"), stderr=subprocess.STDOUT))
     deadline = time.time() + 900
     for p in procs:
         try:
@@ -296,15 +289,9 @@ def main():
         if m not in MODES:
             sys.exit("--modes: %r is not one of %s" % (m, ", ".join(MODES)))
     build = os.path.abspath(a.build)
-    data = os.path.join(build, "data", "kjv")
-    if not os.path.exists(os.path.join(data, "train.bin")):
-        subprocess.run([os.path.join(build, "tessera"), "prepare", "--input",
-                        os.path.join(ROOT, "data/kjv/genesis_to_ruth.txt"), "--out", data, "--tokenizer", "byte"],
-                       check=True, stdout=subprocess.DEVNULL)
+    data = prepared_corpus(build)
     work = tempfile.mkdtemp(prefix="atom_slow_links_")
-    key = os.path.join(work, "swarm.key")
-    subprocess.run([os.path.join(build, "tessera"), "swarm", "keygen", "--out", key], check=True,
-                   stdout=subprocess.DEVNULL)
+    key = keygen(build, os.path.join(work, "swarm.key"))
     hosts = Hosts()
     results, links = [], {}
     for rate in rates:

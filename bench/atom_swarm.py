@@ -18,7 +18,6 @@ all-reduce of the float32 gradients every step, 2 (n-1)/n x 4 P bytes per rank p
 train.batch_size samples.
 """
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -26,52 +25,32 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def last(metrics, key):
-    value = None
-    with open(metrics) as f:
-        for line in f:
-            j = json.loads(line)
-            if key in j:
-                value = j[key]
-    return value
+from swarm_peers import keygen, last, prepared_corpus, start_peer
 
 
 def run_swarm(build, work, name, peers, settings):
     d = os.path.join(work, name)
     os.makedirs(d)
-    key = os.path.join(d, "swarm.key")
-    subprocess.run([os.path.join(build, "tessera"), "swarm", "keygen", "--out", key], check=True,
-                   stdout=subprocess.DEVNULL)
+    key = keygen(build, os.path.join(d, "swarm.key"))
     procs, first = [], None
     start = time.time()
     for i in range(peers):
         out = os.path.join(d, "peer%d" % i)
         args = [os.path.join(build, "tessera"), "peer", "--config", "tiny_gpt", "--swarm", name,
                 "--listen", "127.0.0.1:0", "--out", out, "--set", "swarm.key_file=" + key,
-                "--set", "swarm.min_peers=%d" % peers] + settings
-        if first:
-            args += ["--initial-peer", first]
-        log = open(out + ".log", "w")
-        procs.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT))
-        if not first:
-            for _ in range(600):
-                text = open(out + ".log").read()
-                if "listening on " in text:
-                    first = text.split("listening on ")[1].split()[0].rstrip(",")
-                    break
-                time.sleep(0.1)
+                "--set", "swarm.min_peers=%d" % peers] + settings + (["--initial-peer", first] if first else [])
+        proc, address = start_peer(args, out, wait=first is None)
+        procs.append(proc)
+        first = first or address
     for p in procs:
         if p.wait() != 0:
             sys.exit("%s: a peer failed; see %s" % (name, d))
     seconds = time.time() - start
     losses, sent, samples = [], 0, 0
     for i in range(peers):
-        metrics = os.path.join(d, "peer%d" % i, "metrics.jsonl")
-        losses.append(last(metrics, "val_loss"))
-        swarm = last(metrics, "swarm")
+        out = os.path.join(d, "peer%d" % i)
+        losses.append(last(out, "val_loss"))
+        swarm = last(out, "swarm")
         sent += swarm["bytes_sent"]
         samples += swarm["samples_processed"]
     return sum(losses) / len(losses), sent / samples, seconds
@@ -85,11 +64,7 @@ def main():
     ap.add_argument("--inner", type=int, default=10)
     ap.add_argument("--dtypes", default="fp32,bf16,int8", help="DiLoCo's pseudo-gradient dtypes to run")
     a = ap.parse_args()
-    data = os.path.join(a.build, "data", "kjv")
-    if not os.path.exists(os.path.join(data, "train.bin")):
-        subprocess.run([os.path.join(a.build, "tessera"), "prepare", "--input",
-                        os.path.join(ROOT, "data/kjv/genesis_to_ruth.txt"), "--out", data, "--tokenizer", "byte"],
-                       check=True, stdout=subprocess.DEVNULL)
+    data = prepared_corpus(a.build)
     batch = 16
     common = ["--set", "data.path=" + data, "--set", "train.steps=%d" % a.steps, "--set", "train.batch_size=%d" % batch,
               "--set", "eval.every=1000000", "--set", "checkpoint.every=1000000", "--set", "train.threads=1",

@@ -6,7 +6,9 @@ Usage: plot_losses.py RUN_DIR[=LABEL] ... --out FILE.svg [--title TEXT] [--basel
 Each run contributes its training loss (thin line, one point per logged interval) and, where the
 run evaluated, its validation loss (thick line with dots), in one colour per run. --baseline draws
 a dashed horizontal line (e.g. the unigram entropy the trainer prints). Also importable:
-plot(runs, out, title, baseline) with runs = [(label, metrics_path), ...].
+plot(runs, out, title, baseline, events) with runs = [(label, metrics_path), ...] and events =
+[(step, label), ...] drawn as labelled vertical lines (bench/atom_churn.py marks peers joining and
+leaving).
 """
 import argparse
 import json
@@ -47,7 +49,7 @@ def nice_ticks(lo, hi, count=6):
     return ticks
 
 
-def plot(runs, out, title="loss", baseline=None):
+def plot(runs, out, title="loss", baseline=None, events=()):
     series = [(label, *read_metrics(path)) for label, path in runs]
     points = [p for _, train, val in series for p in train + val]
     if not points:
@@ -77,6 +79,10 @@ def plot(runs, out, title="loss", baseline=None):
     svg.append(f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#444"/>')
     svg.append(f'<text x="{LEFT + plot_w / 2}" y="{HEIGHT - 10}" text-anchor="middle">step</text>')
     svg.append(f'<text transform="translate(16 {TOP + plot_h / 2}) rotate(-90)" text-anchor="middle">loss (nats)</text>')
+    for k, (step, label) in enumerate(events):  # vertical lines, labels staggered down the plot
+        svg.append(f'<line x1="{x(step):.1f}" x2="{x(step):.1f}" y1="{TOP}" y2="{TOP + plot_h}" stroke="#555" '
+                   f'stroke-dasharray="3 3"/><text x="{x(step) + 3:.1f}" y="{TOP + 14 + 16 * (k % 4)}" '
+                   f'font-size="11" fill="#333">{label}</text>')
     if baseline is not None:
         svg.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y(baseline):.1f}" y2="{y(baseline):.1f}" '
                    f'stroke="#888" stroke-dasharray="6 4"/>')

@@ -150,9 +150,11 @@ void Averager::serve_join(Channel& channel, const Message& first) {
   const double wait_s = std::clamp(field<double>(header, "wait_s", channel.address()), 0.0, 86400.0);
   const RoundMember member{channel.peer_id(), field<std::string>(header, "address", channel.address())};
   std::unique_lock<std::mutex> lock(mutex_);
-  auto& gather = gathers_[round];
-  if (!gather) gather = std::make_shared<Gather>();
-  const std::shared_ptr<Gather> g = gather;
+  // A round whose group this host formed already: the joiner is late and hears so at once (it
+  // would otherwise wait out its deadline on a gather nobody decides).
+  const auto closed = std::find_if(closed_.begin(), closed_.end(), [&](const auto& c) { return c.first == round; });
+  std::shared_ptr<Gather> g = closed != closed_.end() ? closed->second : gathers_[round];
+  if (!g) g = gathers_[round] = std::make_shared<Gather>();
   g->joined.push_back(member);
   changed_.notify_all();
   const bool decided =
@@ -169,7 +171,7 @@ void Averager::serve_join(Channel& channel, const Message& first) {
 }
 
 std::vector<RoundMember> Averager::host(int64_t round, const std::vector<RoundMember>& candidates, std::string& token,
-                                        Deadline gather) {
+                                        Deadline gather, std::shared_ptr<Gather>& decided) {
   std::unique_lock<std::mutex> lock(mutex_);
   auto& entry = gathers_[round];
   if (!entry) entry = std::make_shared<Gather>();
@@ -187,7 +189,8 @@ std::vector<RoundMember> Averager::host(int64_t round, const std::vector<RoundMe
   g->token = 2 * g->members.size() > candidates.size() ? to_hex(random_bytes(8)) : "";
   g->decided = true;
   token = g->token;
-  gathers_.erase(round);  // later JOINs of this round start a new gather (a retry)
+  gathers_.erase(round);  // later JOINs of this round start a new gather (a retry), unless it completes
+  decided = g;
   changed_.notify_all();
   return g->members;
 }
@@ -263,8 +266,9 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
   const double budget = clock.deadline_s();
   const Deadline gather = Deadline::in(budget / 2), deadline = Deadline::in(budget);
   std::string token;
+  std::shared_ptr<Gather> hosted;  // the group this peer formed as the round's host
   const std::vector<RoundMember> members = candidates.front().id == my_id_
-                                               ? host(round, candidates, token, gather)
+                                               ? host(round, candidates, token, gather, hosted)
                                                : join(round, candidates.front(), token, deadline);
   const int64_t n = static_cast<int64_t>(members.size()), numel = vector.numel();
   // A group holding half of this peer's candidates or fewer may be one side of a split view (two
@@ -356,6 +360,13 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
       throw RoundError("round " + std::to_string(round) + " failed: the members' weights disagree");
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   clock.record(result.seconds);
+  if (hosted) {
+    // The round completed here: later JOINs of it are told they came late (a round that failed is
+    // retried under the same number, so only a completed one is closed).
+    std::lock_guard<std::mutex> lock(mutex_);
+    closed_.emplace_back(round, hosted);
+    if (closed_.size() > 8) closed_.pop_front();
+  }
   return result;
 }
 

@@ -7,7 +7,9 @@
 //            connects to it and sends JOIN; the host waits until every candidate joined or the
 //            gather deadline passed, then answers each JOIN with GROUP: the members (id and
 //            address, sorted by id) and a fresh attempt token. A candidate that did not join in
-//            time is left out of this attempt. The host hosts this attempt only: the next round's
+//            time is left out of this attempt; one whose JOIN reaches a host after a round of that
+//            number completed there hears at once that it came late (it is then behind the
+//            others and takes their state). The host hosts this attempt only: the next round's
 //            host is chosen again from that round's candidates.
 //   reduce   a butterfly all-reduce (as in Hivemind): the vector [N] is cut into one contiguous
 //            part per member; member i owns part i. Each member sends part j of its contribution
@@ -30,6 +32,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -98,7 +101,7 @@ class Averager {
   struct Gather;  // the host's JOINs of one round
   struct Slot;    // this member's part of one attempt
   std::vector<RoundMember> host(int64_t round, const std::vector<RoundMember>& candidates, std::string& token,
-                                Deadline gather);
+                                Deadline gather, std::shared_ptr<Gather>& decided);
   std::vector<RoundMember> join(int64_t round, const RoundMember& host, std::string& token, Deadline deadline);
   void serve_join(Channel& channel, const Message& first);
   void serve_part(Channel& channel, const Message& first);
@@ -110,6 +113,7 @@ class Averager {
   std::mutex mutex_;
   std::condition_variable changed_;
   std::map<int64_t, std::shared_ptr<Gather>> gathers_;
+  std::deque<std::pair<int64_t, std::shared_ptr<Gather>>> closed_;  // the last rounds hosted here that completed
   std::map<std::string, std::shared_ptr<Slot>> slots_;
 };
 

@@ -190,8 +190,20 @@ int64_t Swarm::attach(TrainStep& step, int64_t step_number, const nlohmann::json
     if (seen >= config_.swarm.min_peers) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
-  // A late joiner, or a restart that missed rounds, takes the state of the peers ahead.
-  if (const std::vector<PeerRecord> ahead = peers_ahead(); !ahead.empty()) step_number = load_state(step, ahead);
+  // A late joiner, or a restart that missed rounds, takes the state of the peers ahead; a failed
+  // download (a donor gone meanwhile) is retried with the peers then ahead, within the longest
+  // round deadline.
+  for (const Deadline give_up = Deadline::in(config_.swarm.round_timeout_max_s);;) {
+    const std::vector<PeerRecord> ahead = peers_ahead();
+    if (ahead.empty()) break;
+    if (const std::optional<int64_t> loaded = load_state(step, ahead)) {
+      step_number = *loaded;
+      break;
+    }
+    require(give_up.seconds_left() > 0, "peer ", identity_.id, ": could not take the swarm's state from the peers ahead "
+            "within swarm.round_timeout_max_s = ", config_.swarm.round_timeout_max_s, " s (the log says why)");
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
   step_started_ = unix_now();
   return step_number;
 }
@@ -215,7 +227,9 @@ std::optional<int64_t> Swarm::after_local_step(TrainStep& step, int64_t samples,
   behind_ = false;
   const std::vector<PeerRecord> ahead = peers_ahead();
   if (ahead.empty()) return std::nullopt;
-  return load_state(step, ahead);
+  const std::optional<int64_t> loaded = load_state(step, ahead);
+  behind_ = !loaded;  // a failed download is retried after the next local step
+  return loaded;
 }
 
 std::vector<PeerRecord> Swarm::peers_ahead() {
@@ -236,10 +250,16 @@ NamedTensors Swarm::snapshot_tensors(TrainStep& step) {
   return out;
 }
 
-int64_t Swarm::load_state(TrainStep& step, const std::vector<PeerRecord>& ahead) {
-  const Download d = download_state(ahead, key_, identity_.id, identity_.run_dir + "/swarm_state",
-                                    static_cast<size_t>(config_.swarm.max_message_mb * 1e6),
-                                    Deadline::in(config_.swarm.round_timeout_max_s));
+std::optional<int64_t> Swarm::load_state(TrainStep& step, const std::vector<PeerRecord>& ahead) {
+  Download d;
+  try {
+    d = download_state(ahead, key_, identity_.id, identity_.run_dir + "/swarm_state",
+                       static_cast<size_t>(config_.swarm.max_message_mb * 1e6),
+                       Deadline::in(config_.swarm.round_timeout_max_s));
+  } catch (const std::exception& e) {
+    say(std::string("taking the swarm's state failed: ") + e.what() + " (retried)");
+    return std::nullopt;
+  }
   const SafetensorsContents contents = read_safetensors(d.path);
   std::map<std::string, at::Tensor> model, training;
   for (const auto& [name, t] : contents.tensors) {

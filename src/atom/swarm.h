@@ -94,9 +94,10 @@ class Swarm final : public Collaboration {
   // After a round this peer took: its accumulation counted as contributed, the step advanced,
   // the traffic counted, a line for the log, the record republished.
   void finish_round(const RoundResult& result, const std::string& what, const std::string& detail);
-  // The state a joiner downloads (state_transfer.h); loading one, returning the step to go on from.
+  // The state a joiner downloads (state_transfer.h); loading one, returning the step to go on from
+  // (nullopt, with a line in the log, when the download failed: nothing was loaded).
   NamedTensors snapshot_tensors(TrainStep& step);
-  int64_t load_state(TrainStep& step, const std::vector<PeerRecord>& ahead);
+  std::optional<int64_t> load_state(TrainStep& step, const std::vector<PeerRecord>& ahead);
   void say(const std::string& line);
   void serve(std::unique_ptr<Channel> channel);
 

@@ -1,6 +1,7 @@
 // Averaging rounds in one process: peers with their own listeners sum their vectors exactly; a
 // candidate that never comes is left out; one that dies after joining fails the round on the
-// others, who keep their contributions and succeed when they retry without it.
+// others, who keep their contributions and succeed when they retry without it; one that comes
+// after its round completed hears so at once.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -36,16 +37,17 @@ struct TestPeer {
   RoundMember member() const { return {id, address()}; }
 };
 
-// Runs one round on each of `peers` at once; a peer's result, or its error in `errors`.
+// Runs round `round` on each of `peers` at once; a peer's result, or its error in `errors`.
 std::vector<RoundResult> run_all(std::vector<TestPeer*> peers, const std::vector<RoundMember>& candidates,
-                                 const std::vector<at::Tensor>& vectors, Codec codec, std::vector<std::string>& errors) {
+                                 const std::vector<at::Tensor>& vectors, Codec codec, std::vector<std::string>& errors,
+                                 int64_t round = 7) {
   std::vector<RoundResult> results(peers.size());
   errors.assign(peers.size(), "");
   std::vector<std::thread> threads;
   for (size_t i = 0; i < peers.size(); ++i)
     threads.emplace_back([&, i] {
       try {
-        results[i] = peers[i]->averager->run_round(7, candidates, vectors[i], static_cast<double>(i + 1), codec,
+        results[i] = peers[i]->averager->run_round(round, candidates, vectors[i], static_cast<double>(i + 1), codec,
                                                    peers[i]->clock);
       } catch (const std::exception& e) {
         errors[i] = e.what();
@@ -70,9 +72,10 @@ TEST(Averaging, FourPeersSumTheirVectorsAndAgree) {
     vectors.push_back(at::randn({1001}));
     want += vectors.back();
   }
+  int64_t round = 7;
   for (Codec codec : {Codec::fp32, Codec::bf16, Codec::int8}) {
     std::vector<std::string> errors;
-    const std::vector<RoundResult> results = run_all(peers, candidates, vectors, codec, errors);
+    const std::vector<RoundResult> results = run_all(peers, candidates, vectors, codec, errors, round++);
     for (size_t i = 0; i < peers.size(); ++i) {
       ASSERT_EQ(errors[i], "") << peers[i]->id;
       EXPECT_EQ(results[i].members.size(), 4u);
@@ -83,6 +86,23 @@ TEST(Averaging, FourPeersSumTheirVectorsAndAgree) {
     const double tol = codec == Codec::fp32 ? 1e-5 : codec == Codec::bf16 ? 5e-2 : 1e-1;
     EXPECT_TRUE(test::all_close(results[0].sum, want, 0, tol)) << static_cast<int>(codec);
   }
+}
+
+TEST(Averaging, AJoinerAfterItsRoundCompletedHearsSoAtOnce) {
+  TestPeer a("a"), b("b"), late("c");
+  std::vector<std::string> errors;
+  run_all({&a, &b}, {a.member(), b.member()}, {at::ones({8}), at::ones({8})}, Codec::fp32, errors);
+  for (const std::string& e : errors) ASSERT_EQ(e, "");
+  // c saw a stale view: it takes a (the smallest id) for round 7's host, after round 7 completed.
+  late.clock = RoundClock(30, 30);
+  const auto start = std::chrono::steady_clock::now();
+  run_all({&late}, {a.member(), late.member()}, {at::ones({8})}, Codec::fp32, errors);
+  EXPECT_NE(errors[0].find("joined after the group was closed"), std::string::npos) << errors[0];
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0)
+      << "without the answer it waits out its 30 s deadline";
+  // The next round number gathers anew.
+  run_all({&a, &late}, {a.member(), late.member()}, {at::ones({8}), at::ones({8})}, Codec::fp32, errors, 8);
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
 }
 
 TEST(Averaging, ACandidateThatNeverComesIsLeftOut) {
