@@ -148,6 +148,18 @@ std::vector<PeerRecord> Membership::live_peers(double wait_s) {
   return out;
 }
 
+void Membership::saw_round(const std::vector<std::string>& ids, int64_t swarm_step) {
+  const double now = unix_now();
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  for (const std::string& id : ids) {
+    const auto it = impl_->seen.find(id);
+    if (it == impl_->seen.end() || it->second.swarm_step >= swarm_step || it->second.time >= now) continue;
+    it->second.swarm_step = swarm_step;
+    it->second.samples = 0;
+    it->second.time = now;
+  }
+}
+
 int Membership::port() const { return impl_->node.getBoundPort(AF_INET); }
 
 int64_t Membership::refused_records() const { return impl_->refused; }

@@ -38,6 +38,11 @@ class Membership {
   // this node has seen, kept current by a listen on the swarm's key, after a fresh get of at most
   // `wait_s` seconds.
   std::vector<PeerRecord> live_peers(double wait_s = 2.0);
+  // First-hand news from a round this peer took part in: the peers `ids` completed it and are now
+  // at `swarm_step` with nothing accumulated. Their cached records say so at once (the records
+  // they publish next can reach this node seconds late when bulk traffic fills the link, and a
+  // stale view splits the next round's candidates); a newer record from the DHT replaces it.
+  void saw_round(const std::vector<std::string>& ids, int64_t swarm_step);
   // Publishes raw bytes under the swarm's key, as a stranger's node would (tests of forged records).
   void publish_raw(const std::string& bytes, uint64_t value_id);
   // The UDP port the node is bound to (the one asked for, or the one chosen for port 0).

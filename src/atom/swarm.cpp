@@ -358,6 +358,9 @@ void Swarm::finish_round(const RoundResult& result, const std::string& what, con
     bytes_sent_ += result.bytes_sent;
     bytes_received_ += result.bytes_received;
   }
+  std::vector<std::string> members;
+  for (const RoundMember& m : result.members) members.push_back(m.id);
+  membership_->saw_round(members, swarm_step_);
   std::ostringstream line;
   line << what << " " << swarm_step_ << ": " << result.members.size() << " peers, " << detail << "sent "
        << megabytes(result.bytes_sent) << " in " << result.seconds << " s";

@@ -1,5 +1,6 @@
 // The swarm's DHT on loopback: peers find each other from one initial peer, forged records are
-// never seen, dead peers vanish after the record's lifetime.
+// never seen, dead peers vanish after the record's lifetime, a round's members are seen at their
+// new step before their records come.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -72,6 +73,31 @@ TEST(Membership, ForgedRecordsAreNeverSeenAndDeadPeersVanish) {
   // "honest" stops publishing: after the 3 s lifetime no one sees it.
   std::this_thread::sleep_for(std::chrono::milliseconds(3500));
   EXPECT_TRUE(b.live_peers(1.0).empty());
+}
+
+TEST(Membership, ARoundsMembersAreSeenAtTheirNewStepUntilTheirOwnRecordsCome) {
+  Membership a("demo", kKey, "127.0.0.1", 0, {}, 30);
+  Membership b("demo", kKey, "127.0.0.1", 0, {"127.0.0.1:" + std::to_string(a.port())}, 30);
+  PeerRecord mine = record_of("b", b.port());
+  mine.samples = 16;
+  b.publish(mine);
+  ASSERT_EQ(wait_for_peers(a, 1).size(), 1u);
+  // a and b completed the round of swarm step 0: a sees b at step 1 with nothing accumulated at
+  // once; an id it never saw is not invented.
+  a.saw_round({"b", "stranger"}, 1);
+  std::vector<PeerRecord> seen = a.live_peers(0.5);
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].swarm_step, 1);
+  EXPECT_EQ(seen[0].samples, 0);
+  // b's own newer record replaces the news.
+  mine.swarm_step = 2;
+  mine.time = unix_now() + 0.01;
+  b.publish(mine);
+  for (int i = 0; i < 50 && seen[0].swarm_step != 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    seen = a.live_peers(0.5);
+  }
+  EXPECT_EQ(seen[0].swarm_step, 2);
 }
 
 }  // namespace
