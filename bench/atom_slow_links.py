@@ -24,7 +24,8 @@ between them (summed over the peers for the swarm modes). Wire bytes are each ho
 tx_bytes over the whole run (start-up included) per sample. The four hosts share this machine's
 cores, as they do in every mode; the rate "none" row is what the cores allow.
 
-Writes OUT.md (tables), OUT.json and OUT.svg (samples/s against the link rate, log scale).
+Writes OUT.json, OUT.md (tables) and OUT.svg (samples/s against the link rate, log scale); --render
+rewrites the last two from OUT.json.
 Needs root (ip netns, tc); removes its namespaces and bridge when it ends.
 """
 import argparse
@@ -274,6 +275,44 @@ def svg(results, rates, modes, path):
         f.write("\n".join(out) + "\n")
 
 
+def label(rate):
+    return "unlimited" if rate == "none" else rate
+
+
+def render(measured, out):
+    """OUT.md and OUT.svg from one run's OUT.json contents."""
+    results, links, rates, modes = measured["results"], measured["links_mb_per_s"], measured["rates"], measured["modes"]
+    svg(results, rates, modes, out + ".svg")
+    at = {(r["mode"], r["rate"]): r for r in results}
+    head = ["| link | " + " | ".join(MODES[m] for m in modes) + " |", "|---|" + "---|" * len(modes)]
+
+    def table(cell):
+        return [("| %s | " % label(rate)) + " | ".join(cell(at[(m, rate)], rate) for m in modes) + " |"
+                for rate in rates]
+
+    lines = ["Samples per second (the link's rate as one host measured it sending to another: %s):"
+             % ", ".join("%s %.1f MB/s" % (label(r), links[r]) for r in rates), ""]
+    lines += head + table(lambda r, rate: "%.1f" % r["samples_per_s"])
+    pipes = [m for m in ("gpipe", "1f1b") if m in modes]
+    if pipes:
+        best = {rate: max(at[(m, rate)]["samples_per_s"] for m in pipes) for rate in rates}
+        lines += ["", "Against the best pipeline schedule (samples/s over the faster of GPipe and 1F1B's):", ""]
+        lines += head + table(lambda r, rate: "%.2fx" % (r["samples_per_s"] / best[rate]))
+    lines += ["", "Wire bytes per sample (the four hosts' eth0 tx_bytes over the whole run, start-up included):", ""]
+    lines += head + table(lambda r, rate: "%.0f" % r["wire_bytes_per_sample"])
+    lines += ["", "Link use: each host's mean egress (wire bytes per sample x samples/s / 4) over the link's measured "
+              "rate:", ""]
+    lines += head + table(lambda r, rate: "%.0f%%" % (100 * r["wire_bytes_per_sample"] * r["samples_per_s"] / HOSTS /
+                                                       (links[rate] * 1e6)))
+    text = "\n".join(lines)
+    print("\n" + text)
+    with open(out + ".md", "w") as f:
+        f.write("# ATOM peers against pipeline and data parallelism on slow links (CPU, network namespaces)\n\n"
+                "`sudo python3 bench/atom_slow_links.py build` at %s, %s. See the script's header for the set-up."
+                "\n\n%s\n\n![samples/s against link rate](%s.svg)\n"
+                % (measured["commit"], measured["date"], text, os.path.basename(out)))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("build")
@@ -281,7 +320,12 @@ def main():
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/atom_slow_links_cpu"))
     ap.add_argument("--keep", action="store_true", help="keep the runs' directories (logs, metrics) and say where")
+    ap.add_argument("--render", action="store_true", help="only rewrite OUT.md and OUT.svg from OUT.json")
     a = ap.parse_args()
+    if a.render:
+        with open(a.out + ".json") as f:
+            render(json.load(f), a.out)
+        return
     if os.geteuid() != 0:
         sys.exit("atom_slow_links.py needs root (ip netns, tc): run it with sudo")
     rates, modes = a.rates.split(","), a.modes.split(",")
@@ -303,36 +347,12 @@ def main():
             results.append(r)
             print("  %-7s %8.1f samples/s  %9.0f wire bytes/sample  (%d steps)"
                   % (mode, r["samples_per_s"], r["wire_bytes_per_sample"], r["steps"]), flush=True)
-    commit = sh("git", "-C", ROOT, "rev-parse", "--short", "HEAD").stdout.strip()
+    measured = {"commit": sh("git", "-C", ROOT, "rev-parse", "--short", "HEAD").stdout.strip(),
+                "date": time.strftime("%Y-%m-%d"), "rates": rates, "modes": modes, "links_mb_per_s": links,
+                "results": results}
     with open(a.out + ".json", "w") as f:
-        json.dump({"commit": commit, "links_mb_per_s": links, "results": results}, f, indent=1)
-    svg(results, rates, modes, a.out + ".svg")
-    at = {(r["mode"], r["rate"]): r for r in results}
-    lines = ["| link | measured MB/s | " + " | ".join(MODES[m] for m in modes) + " |",
-             "|---|---|" + "---|" * len(modes)]
-    for rate in rates:
-        lines.append("| %s | %.1f | " % ("unlimited" if rate == "none" else rate, links[rate]) +
-                     " | ".join("%.1f" % at[(m, rate)]["samples_per_s"] for m in modes) + " |")
-    lines += ["", "Against the best pipeline schedule (samples/s of each mode over the faster of GPipe and 1F1B):", "",
-              "| link | " + " | ".join(MODES[m] for m in modes) + " |", "|---|" + "---|" * len(modes)]
-    pipes = [m for m in ("gpipe", "1f1b") if m in modes]
-    for rate in rates:
-        if pipes:
-            best = max(at[(m, rate)]["samples_per_s"] for m in pipes)
-            lines.append("| %s | " % ("unlimited" if rate == "none" else rate) +
-                         " | ".join("%.2fx" % (at[(m, rate)]["samples_per_s"] / best) for m in modes) + " |")
-    lines += ["", "Wire bytes per sample (every host's eth0 tx_bytes over the whole run, start-up included):", "",
-              "| link | " + " | ".join(MODES[m] for m in modes) + " |", "|---|" + "---|" * len(modes)]
-    for rate in rates:
-        lines.append("| %s | " % ("unlimited" if rate == "none" else rate) +
-                     " | ".join("%.0f" % at[(m, rate)]["wire_bytes_per_sample"] for m in modes) + " |")
-    table = "\n".join(lines)
-    print("\n" + table)
-    with open(a.out + ".md", "w") as f:
-        f.write("# ATOM peers against pipeline and data parallelism on slow links (CPU, network namespaces)\n\n"
-                "`sudo python3 bench/atom_slow_links.py build` at %s, %s. See the script's header for the set-up."
-                "\n\n%s\n\n![samples/s against link rate](%s.svg)\n"
-                % (commit, time.strftime("%Y-%m-%d"), table, os.path.basename(a.out)))
+        json.dump(measured, f, indent=1)
+    render(measured, a.out)
     if a.keep:
         print("runs kept in " + work)
     else:
