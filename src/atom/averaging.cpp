@@ -15,26 +15,6 @@ namespace {
 
 enum RoundMessage : uint8_t { kJoin = 10, kGroup = 11, kPart = 12, kSum = 13 };
 
-// A message of a JSON header and a binary payload: [u32 header length][header][payload].
-std::string pack(const nlohmann::json& header, const std::string& payload = "") {
-  const std::string h = header.dump();
-  std::string out(4, '\0');
-  const uint32_t n = static_cast<uint32_t>(h.size());
-  std::memcpy(out.data(), &n, 4);
-  return out + h + payload;
-}
-
-// The header, and the payload as a view into `body` (a part can be hundreds of MB: not copied).
-std::pair<nlohmann::json, std::string_view> unpack(const std::string& body, const std::string& from) {
-  uint32_t n = 0;
-  if (body.size() < 4) throw WireError("peer " + from + " sent a malformed round message");
-  std::memcpy(&n, body.data(), 4);
-  if (n > body.size() - 4 || n > 65536) throw WireError("peer " + from + " sent a malformed round message");
-  nlohmann::json header = nlohmann::json::parse(body.begin() + 4, body.begin() + 4 + n, nullptr, false);
-  if (!header.is_object()) throw WireError("peer " + from + " sent a malformed round message");
-  return {std::move(header), std::string_view(body).substr(4 + n)};
-}
-
 bool holds(const std::vector<RoundMember>& members, const std::string& id) {
   return std::any_of(members.begin(), members.end(), [&](const RoundMember& m) { return m.id == id; });
 }
@@ -43,66 +23,12 @@ void sort_by_id(std::vector<RoundMember>& members) {
   std::sort(members.begin(), members.end(), [](const RoundMember& a, const RoundMember& b) { return a.id < b.id; });
 }
 
-template <class T>
-T field(const nlohmann::json& j, const char* key, const std::string& from) {
-  try {
-    return j.at(key).get<T>();
-  } catch (const nlohmann::json::exception&) {
-    throw WireError("peer " + from + " sent a round message without a valid '" + key + "'");
-  }
-}
-
 // [begin, end) of part `j` of `n` over `numel` elements.
 std::pair<int64_t, int64_t> part_bounds(int64_t numel, int64_t n, int64_t j) {
   return {numel * j / n, numel * (j + 1) / n};
 }
 
 }  // namespace
-
-Codec codec_from_name(const std::string& name) {
-  if (name == "fp32") return Codec::fp32;
-  if (name == "bf16") return Codec::bf16;
-  if (name == "int8") return Codec::int8;
-  fail("swarm.pseudo_gradient_dtype must be fp32, bf16 or int8 (got '", name, "')");
-}
-
-std::string encode_part(const at::Tensor& values, Codec codec) {
-  const at::Tensor v = values.to(at::kCPU, at::kFloat).contiguous();  // bytes are read from host memory
-  at::Tensor out;
-  std::string prefix;
-  switch (codec) {
-    case Codec::fp32: out = v; break;
-    case Codec::bf16: out = v.to(at::kBFloat16); break;
-    case Codec::int8: {
-      const float scale = v.numel() ? v.abs().max().item<float>() / 127.0f : 0.0f;
-      prefix.assign(reinterpret_cast<const char*>(&scale), sizeof(scale));
-      out = scale > 0 ? (v / scale).round().clamp(-127, 127).to(at::kChar) : at::zeros({v.numel()}, at::kChar);
-      break;
-    }
-  }
-  out = out.contiguous();
-  return prefix + std::string(static_cast<const char*>(out.data_ptr()), out.numel() * out.element_size());
-}
-
-at::Tensor decode_part(std::string_view bytes, int64_t n, Codec codec, const std::string& from) {
-  const size_t element = codec == Codec::fp32 ? 4 : codec == Codec::bf16 ? 2 : 1;
-  const size_t prefix = codec == Codec::int8 ? sizeof(float) : 0;
-  if (bytes.size() != prefix + static_cast<size_t>(n) * element)
-    throw WireError("peer " + from + " sent a part of " + std::to_string(bytes.size()) + " bytes where " +
-                    std::to_string(prefix + static_cast<size_t>(n) * element) + " were expected");
-  const at::ScalarType type = codec == Codec::fp32 ? at::kFloat : codec == Codec::bf16 ? at::kBFloat16 : at::kChar;
-  at::Tensor raw = at::empty({n}, type);
-  std::memcpy(raw.data_ptr(), bytes.data() + prefix, static_cast<size_t>(n) * element);
-  at::Tensor out = raw.to(at::kFloat);
-  if (codec == Codec::int8) {
-    float scale = 0;
-    std::memcpy(&scale, bytes.data(), sizeof(scale));
-    if (!std::isfinite(scale)) throw WireError("peer " + from + " sent a part with a non-finite scale");
-    out.mul_(scale);
-  }
-  if (!out.isfinite().all().item<bool>()) throw WireError("peer " + from + " sent non-finite values");
-  return out;
-}
 
 double RoundClock::deadline_s() const {
   if (recent_.empty()) return max_s_;
@@ -145,10 +71,10 @@ bool Averager::serve(Channel& channel, const Message& first) {
 }
 
 void Averager::serve_join(Channel& channel, const Message& first) {
-  const auto [header, payload] = unpack(first.body, channel.address());
-  const int64_t round = field<int64_t>(header, "round", channel.address());
-  const double wait_s = std::clamp(field<double>(header, "wait_s", channel.address()), 0.0, 86400.0);
-  const RoundMember member{channel.peer_id(), field<std::string>(header, "address", channel.address())};
+  const JoinRequest join = parse_join(first.body, channel.address());
+  const int64_t round = join.round;
+  const double wait_s = join.wait_s;
+  const RoundMember member{channel.peer_id(), join.address};
   std::unique_lock<std::mutex> lock(mutex_);
   // A round whose group this host formed already: the joiner is late and hears so at once (it
   // would otherwise wait out its deadline on a gather nobody decides).
@@ -201,21 +127,15 @@ std::vector<RoundMember> Averager::join(int64_t round, const RoundMember& host, 
   try {
     c = Channel::connect(h, p, key_, my_id_, deadline, max_bytes_);
     c->send(kJoin, pack({{"round", round}, {"address", my_address_}, {"wait_s", deadline.seconds_left()}}), deadline);
-    const Message reply = c->receive(deadline, kGroup);
-    const auto [header, payload] = unpack(reply.body, c->address());
-    token = field<std::string>(header, "token", c->address());
-    std::vector<RoundMember> members;
-    for (const auto& m : field<nlohmann::json>(header, "members", c->address()))
-      members.push_back({m.at(0).get<std::string>(), m.at(1).get<std::string>()});
+    const GroupReply group = parse_group(c->receive(deadline, kGroup).body, c->address());
+    token = group.token;
     if (token.empty())
       throw RoundError("round " + std::to_string(round) + ": host " + host.id + " (" + host.address +
-                       ") formed no group with this peer: " + field<std::string>(header, "reason", c->address()));
-    return members;
+                       ") formed no group with this peer: " + group.reason);
+    return group.members;
   } catch (const WireError& e) {
     throw RoundError("round " + std::to_string(round) + ": joining host " + host.id + " (" + host.address +
                      ") failed: " + e.what());
-  } catch (const nlohmann::json::exception&) {
-    throw RoundError("round " + std::to_string(round) + ": host " + host.address + " sent a malformed group");
   }
 }
 
@@ -227,18 +147,16 @@ std::shared_ptr<Averager::Slot> Averager::slot_for(const std::string& token, boo
 }
 
 void Averager::serve_part(Channel& channel, const Message& first) {
-  const auto [header, payload] = unpack(first.body, channel.address());
-  const std::string token = field<std::string>(header, "token", channel.address());
-  const int64_t n = field<int64_t>(header, "numel", channel.address());
-  const double weight = field<double>(header, "weight", channel.address());
-  const Deadline deadline = Deadline::in(std::clamp(field<double>(header, "wait_s", channel.address()), 0.0, 86400.0));
+  const PartMessage part = parse_part(first.body, channel.address());
+  const std::string& token = part.token;
+  const Deadline deadline = Deadline::in(part.wait_s);
   std::unique_lock<std::mutex> lock(mutex_);
   std::shared_ptr<Slot> slot;
   // The part may come before this member learned its group: wait for the slot.
   changed_.wait_until(lock, deadline.at, [&] { return (slot = slot_for(token, false)) != nullptr; });
   if (!slot || slot->failed) return;
   lock.unlock();
-  const at::Tensor values = decode_part(payload, n, slot->codec, channel.address());
+  const at::Tensor values = decode_part(part.payload, part.numel, slot->codec, channel.address());
   lock.lock();
   if (slot->failed || !slot->sum.defined() || values.numel() != slot->sum.numel() ||
       std::find(slot->from.begin(), slot->from.end(), channel.peer_id()) != slot->from.end()) {
@@ -247,7 +165,7 @@ void Averager::serve_part(Channel& channel, const Message& first) {
     throw WireError("peer " + channel.address() + " sent a part that does not fit this round");
   }
   slot->sum.add_(values);
-  slot->weight += weight;
+  slot->weight += part.weight;
   slot->from.push_back(channel.peer_id());
   ++slot->received;
   slot->bytes_received += first.body.size();
@@ -313,9 +231,9 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
                             encode_part(flat.slice(0, b, e), codec)),
                 reduce);
         const Message reply = c->receive(reduce, kSum);
-        const auto [header, payload] = unpack(reply.body, c->address());
-        result.sum.slice(0, b, e).copy_(decode_part(payload, e - b, codec, c->address()));
-        weights[static_cast<size_t>(j)] = field<double>(header, "weight", c->address());
+        const SumReply sum = parse_sum(reply.body, c->address());
+        result.sum.slice(0, b, e).copy_(decode_part(sum.payload, e - b, codec, c->address()));
+        weights[static_cast<size_t>(j)] = sum.weight;
         sent += c->bytes_sent();
         received += c->bytes_received();
       } catch (const std::exception& ex) {
@@ -331,8 +249,7 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
       // The members receive the sum as encoded, and so does this one: every member ends equal.
       slot->reply = pack({{"weight", slot->weight}}, encode_part(slot->sum, codec));
       changed_.notify_all();
-      const auto [header, payload] = unpack(slot->reply, "this peer");
-      result.sum.slice(0, b, e).copy_(decode_part(payload, e - b, codec, "this peer"));
+      result.sum.slice(0, b, e).copy_(decode_part(parse_sum(slot->reply, "this peer").payload, e - b, codec, "this peer"));
       weights[static_cast<size_t>(me)] = slot->weight;
     } else {
       errors[static_cast<size_t>(me)] = "this peer's part received " + std::to_string(slot->received) + " of " +

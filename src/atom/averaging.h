@@ -42,6 +42,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "atom/messages.h"
 #include "atom/wire.h"
 
 namespace tessera::atom {
@@ -51,16 +52,7 @@ class RoundError : public Error {
   using Error::Error;
 };
 
-struct RoundMember {
-  std::string id, address;
-};
 
-enum class Codec : uint8_t { fp32 = 0, bf16 = 1, int8 = 2 };
-Codec codec_from_name(const std::string& name);  // "fp32", "bf16", "int8"
-// Encodes `values` [n] float32 (contiguous CPU) and decodes it back (decode(encode(x)) is x for
-// fp32, x rounded to bf16, or x quantized to 255 levels of max|x| for int8).
-std::string encode_part(const at::Tensor& values, Codec codec);
-at::Tensor decode_part(std::string_view bytes, int64_t n, Codec codec, const std::string& from);
 
 struct RoundResult {
   at::Tensor sum;      // [N] float32: the members' contributions summed

@@ -25,7 +25,10 @@ std::string PeerRecord::encode(const std::string& swarm, const SwarmKey& key) co
                             {"local_step", local_step}, {"samples", samples}, {"claimed", claimed},
                             {"loss", loss},       {"samples_per_s", samples_per_s}, {"time", time},
                             {"serving_state", serving_state}};
-  const std::string json = j.dump();
+  return signed_text(j.dump(), swarm, key);
+}
+
+std::string PeerRecord::signed_text(const std::string& json, const std::string& swarm, const SwarmKey& key) {
   return json + "\n" + record_tag(swarm, json, key);
 }
 

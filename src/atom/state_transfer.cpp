@@ -1,6 +1,8 @@
 // Snapshots served to joiners and the chunked download from several donors (state_transfer.h).
 #include "atom/state_transfer.h"
 
+#include "atom/messages.h"
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -17,12 +19,6 @@ namespace tessera::atom {
 namespace {
 
 constexpr int64_t kMaxChunk = int64_t{16} << 20;
-
-nlohmann::json parse_body(const Message& m, const std::string& from) {
-  nlohmann::json j = nlohmann::json::parse(m.body, nullptr, false);
-  if (!j.is_object()) throw WireError("peer " + from + " sent a malformed state message");
-  return j;
-}
 
 struct Offer {
   PeerRecord donor;
@@ -68,20 +64,15 @@ bool StateSnapshots::serve(Channel& channel, const Message& first) {
     return true;
   }
   if (first.type != kChunk) return false;
-  const nlohmann::json request = parse_body(first, channel.address());
+  const ChunkRequest request = parse_chunk_request(first.body, channel.address());
+  const int64_t offset = request.offset, length = request.length;
   Snapshot s;
-  int64_t offset = 0, length = 0;
-  try {
-    const int64_t step = request.at("swarm_step").get<int64_t>();
-    offset = request.at("offset").get<int64_t>();
-    length = request.at("length").get<int64_t>();
+  {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const Snapshot& h : held_)
-      if (h.swarm_step == step) s = h;
-  } catch (const nlohmann::json::exception&) {
-    throw WireError("peer " + channel.address() + " sent a malformed chunk request");
+      if (h.swarm_step == request.swarm_step) s = h;
   }
-  if (s.swarm_step < 0 || offset < 0 || length < 0 || length > kMaxChunk || offset + length > s.bytes)
+  if (s.swarm_step < 0 || length > kMaxChunk || offset > s.bytes - length)
     throw WireError("peer " + channel.address() + " asked for a chunk this peer does not hold");
   std::string bytes(static_cast<size_t>(length), '\0');
   std::ifstream in(s.path, std::ios::binary);
@@ -97,7 +88,7 @@ namespace {
 // Every candidate's offer: its newest snapshot, when it is at least at its current swarm step.
 // Candidates that cannot be asked are named in `failures`.
 std::vector<Offer> ask_offers(const std::vector<PeerRecord>& candidates, const SwarmKey& key, const std::string& my_id,
-                              size_t max_bytes, std::string& failures) {
+                              size_t max_bytes, int64_t max_state_bytes, std::string& failures) {
   std::vector<Offer> offers;
   failures.clear();
   for (const PeerRecord& donor : candidates) {
@@ -105,10 +96,12 @@ std::vector<Offer> ask_offers(const std::vector<PeerRecord>& candidates, const S
       const auto [host, port] = split_address(donor.address, "a donor");
       auto c = Channel::connect(host, port, key, my_id, Deadline::in(5), max_bytes);
       c->send(kManifest, "{}", Deadline::in(5));
-      const nlohmann::json j = parse_body(c->receive(Deadline::in(10), kManifestReply), donor.address);
-      if (!j.value("ready", false)) continue;
-      Offer o{donor, j.at("swarm_step").get<int64_t>(), j.at("bytes").get<int64_t>(), j.at("checksum").get<std::string>()};
-      if (o.swarm_step >= donor.swarm_step && o.bytes > 0) offers.push_back(o);
+      const StateOffer offer = parse_offer(c->receive(Deadline::in(10), kManifestReply).body, donor.address);
+      if (!offer.ready) continue;
+      if (offer.bytes > max_state_bytes)
+        throw WireError("offers a state of " + std::to_string(offer.bytes) + " bytes, more than this peer's own (at most " +
+                        std::to_string(max_state_bytes) + ")");
+      if (offer.swarm_step >= donor.swarm_step) offers.push_back({donor, offer.swarm_step, offer.bytes, offer.checksum});
     } catch (const std::exception& e) {
       failures += std::string(failures.empty() ? "" : "; ") + donor.id + ": " + e.what();
     }
@@ -181,13 +174,13 @@ std::string fetch_chunks(const std::vector<Offer>& donors, const SwarmKey& key, 
 }  // namespace
 
 Download download_state(const std::vector<PeerRecord>& candidates, const SwarmKey& key, const std::string& my_id,
-                        const std::string& dir, size_t max_bytes, Deadline deadline) {
+                        const std::string& dir, size_t max_bytes, int64_t max_state_bytes, Deadline deadline) {
   require(!candidates.empty(), "internal: a download needs donors");
   // Donors write a snapshot at their next step once asked, so offers of different steps converge
   // within a round or two: wait that long for every responding donor to offer the same state.
   const Deadline patience = Deadline::in(std::min(5.0, deadline.seconds_left() / 2));
   for (std::string failures;;) {
-    const std::vector<Offer> donors = newest_most_offered(ask_offers(candidates, key, my_id, max_bytes, failures));
+    const std::vector<Offer> donors = newest_most_offered(ask_offers(candidates, key, my_id, max_bytes, max_state_bytes, failures));
     if (!donors.empty() && (donors.size() == candidates.size() || patience.seconds_left() <= 0)) {
       const std::string bytes = fetch_chunks(donors, key, my_id, max_bytes, deadline);
       std::filesystem::create_directories(dir);

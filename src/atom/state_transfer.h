@@ -62,8 +62,9 @@ struct Download {
 
 // Downloads the newest snapshot most of `candidates` (live peers ahead of this one) offer into
 // `dir`, spreading its chunks over every donor offering it. Waits up to `deadline` for donors to
-// write their snapshot. Throws naming the donors on failure.
+// write their snapshot. A donor offering more than `max_state_bytes` (the size this peer's own
+// state allows) is refused before anything is allocated. Throws naming the donors on failure.
 Download download_state(const std::vector<PeerRecord>& candidates, const SwarmKey& key, const std::string& my_id,
-                        const std::string& dir, size_t max_bytes, Deadline deadline);
+                        const std::string& dir, size_t max_bytes, int64_t max_state_bytes, Deadline deadline);
 
 }  // namespace tessera::atom

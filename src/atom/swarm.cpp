@@ -251,10 +251,14 @@ NamedTensors Swarm::snapshot_tensors(TrainStep& step) {
 }
 
 std::optional<int64_t> Swarm::load_state(TrainStep& step, const std::vector<PeerRecord>& ahead) {
+  // A snapshot holds the state this peer holds (same model and optimizer): twice its tensors' bytes
+  // and a megabyte of header bound what a donor may offer.
+  int64_t own_bytes = 1 << 20;
+  for (const auto& [name, t] : snapshot_tensors(step)) own_bytes += t.numel() * static_cast<int64_t>(t.element_size());
   Download d;
   try {
     d = download_state(ahead, key_, identity_.id, identity_.run_dir + "/swarm_state",
-                       static_cast<size_t>(config_.swarm.max_message_mb * 1e6),
+                       static_cast<size_t>(config_.swarm.max_message_mb * 1e6), 2 * own_bytes,
                        Deadline::in(config_.swarm.round_timeout_max_s));
   } catch (const std::exception& e) {
     say(std::string("taking the swarm's state failed: ") + e.what() + " (retried)");

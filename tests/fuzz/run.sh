@@ -15,6 +15,7 @@ out=${TESSERA_FUZZ_DIR:-build/fuzz}/$target
 mkdir -p "$out/findings" "$out/corpus"
 sources=(tests/fuzz/fuzz_$target.cpp)
 flags=()
+libs=()
 case $target in
   safetensors) sources+=(src/checkpoint/safetensors.cpp src/core/fs.cpp) ;;
   schedule_csv) sources+=(src/parallel/pipeline/schedule.cpp src/parallel/pipeline/validate.cpp
@@ -27,14 +28,17 @@ case $target in
   config) sources+=(src/train/config.cpp src/core/options.cpp src/core/parallel_dims.cpp src/data/data_options.cpp
                     src/optim/optim_options.cpp src/precision/precision_options.cpp src/core/fs.cpp src/model/model_options.cpp)
           flags+=("-DTOML_ASSERT(expr)=static_assert(true)") ;;
-  *) echo "unknown fuzz target '$target' (safetensors, schedule_csv, region, checkpoint_dir, config)" >&2; exit 2 ;;
+  swarm_messages) sources+=(src/atom/messages.cpp src/atom/peer_record.cpp src/atom/swarm_key.cpp src/core/fs.cpp)
+                  libs+=(-lcrypto) ;;
+  *) echo "unknown fuzz target '$target' (safetensors, schedule_csv, region, checkpoint_dir, config, swarm_messages)" >&2
+     exit 2 ;;
 esac
-if [ ! -x "$out/fuzz" ] || [ -n "$(find "${sources[@]}" src/checkpoint src/core src/parallel/pipeline -name '*.h' -newer "$out/fuzz")" ] ||
+if [ ! -x "$out/fuzz" ] || [ -n "$(find "${sources[@]}" src/checkpoint src/core src/parallel/pipeline src/atom -name '*.h' -newer "$out/fuzz")" ] ||
    [ -n "$(find "${sources[@]}" -newer "$out/fuzz")" ]; then
   echo "building $out/fuzz (clang, libFuzzer + ASan + UBSan)"
   clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -D_GLIBCXX_USE_CXX11_ABI=1 "${flags[@]}" -Isrc -isystem "$torch/include" -isystem "$torch/include/torch/csrc/api/include" \
-    "${sources[@]}" -L"$torch/lib" -Wl,-rpath,"$torch/lib" -ltorch_cpu -lc10 -o "$out/fuzz"
+    "${sources[@]}" -L"$torch/lib" -Wl,-rpath,"$torch/lib" -ltorch_cpu -lc10 "${libs[@]}" -o "$out/fuzz"
 fi
 cp -n tests/fuzz/corpus/$target/* "$out/corpus/" 2>/dev/null || true
 ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 \

@@ -1,0 +1,171 @@
+// The swarm's messages: encoding and checked parsing (messages.h).
+#include "atom/messages.h"
+
+#include <cmath>
+#include <cstring>
+
+#include <torch/torch.h>
+
+#include "atom/wire.h"
+
+namespace tessera::atom {
+namespace {
+
+// The header, and the payload as a view into `body` (a part can be hundreds of MB: not copied).
+std::pair<nlohmann::json, std::string_view> unpack(const std::string& body, const std::string& from) {
+  uint32_t n = 0;
+  if (body.size() < 4) throw WireError("peer " + from + " sent a malformed round message");
+  std::memcpy(&n, body.data(), 4);
+  if (n > body.size() - 4 || n > 65536) throw WireError("peer " + from + " sent a malformed round message");
+  nlohmann::json header = nlohmann::json::parse(body.begin() + 4, body.begin() + 4 + n, nullptr, false);
+  if (!header.is_object()) throw WireError("peer " + from + " sent a malformed round message");
+  return {std::move(header), std::string_view(body).substr(4 + n)};
+}
+
+nlohmann::json parse_json(const std::string& body, const std::string& from) {
+  nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
+  if (!j.is_object()) throw WireError("peer " + from + " sent a malformed state message");
+  return j;
+}
+
+template <class T>
+T field(const nlohmann::json& j, const char* key, const std::string& from) {
+  try {
+    return j.at(key).get<T>();
+  } catch (const nlohmann::json::exception&) {
+    throw WireError("peer " + from + " sent a message without a valid '" + key + "'");
+  }
+}
+
+// An integer field within [lo, hi] (lo >= 0).
+int64_t bounded(const nlohmann::json& j, const char* key, int64_t lo, int64_t hi, const std::string& from) {
+  const nlohmann::json* v = j.contains(key) ? &j.at(key) : nullptr;
+  if (!v || !v->is_number_integer()) throw WireError("peer " + from + " sent a message without a valid '" + key + "'");
+  const bool inside = v->is_number_unsigned()
+                          ? v->get<uint64_t>() >= static_cast<uint64_t>(lo) && v->get<uint64_t>() <= static_cast<uint64_t>(hi)
+                          : v->get<int64_t>() >= lo && v->get<int64_t>() <= hi;
+  if (!inside)
+    throw WireError("peer " + from + " sent '" + key + "' = " + v->dump() + ", outside [" + std::to_string(lo) + ", " +
+                    std::to_string(hi) + "]");
+  return v->get<int64_t>();
+}
+
+// A finite number field within [lo, hi].
+double finite(const nlohmann::json& j, const char* key, double lo, double hi, const std::string& from) {
+  const double x = field<double>(j, key, from);
+  if (!std::isfinite(x) || x < lo || x > hi)
+    throw WireError("peer " + from + " sent '" + key + "' = " + std::to_string(x) + ", not a number in [" +
+                    std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return x;
+}
+
+constexpr double kMaxWaitS = 86400;
+
+}  // namespace
+
+Codec codec_from_name(const std::string& name) {
+  if (name == "fp32") return Codec::fp32;
+  if (name == "bf16") return Codec::bf16;
+  if (name == "int8") return Codec::int8;
+  fail("swarm.pseudo_gradient_dtype must be fp32, bf16 or int8 (got '", name, "')");
+}
+
+std::string encode_part(const at::Tensor& values, Codec codec) {
+  const at::Tensor v = values.to(at::kCPU, at::kFloat).contiguous();  // bytes are read from host memory
+  at::Tensor out;
+  std::string prefix;
+  switch (codec) {
+    case Codec::fp32: out = v; break;
+    case Codec::bf16: out = v.to(at::kBFloat16); break;
+    case Codec::int8: {
+      const float scale = v.numel() ? v.abs().max().item<float>() / 127.0f : 0.0f;
+      prefix.assign(reinterpret_cast<const char*>(&scale), sizeof(scale));
+      out = scale > 0 ? (v / scale).round().clamp(-127, 127).to(at::kChar) : at::zeros({v.numel()}, at::kChar);
+      break;
+    }
+  }
+  out = out.contiguous();
+  return prefix + std::string(static_cast<const char*>(out.data_ptr()), out.numel() * out.element_size());
+}
+
+at::Tensor decode_part(std::string_view bytes, int64_t n, Codec codec, const std::string& from) {
+  const size_t element = codec == Codec::fp32 ? 4 : codec == Codec::bf16 ? 2 : 1;
+  const size_t prefix = codec == Codec::int8 ? sizeof(float) : 0;
+  if (n < 0 || n > kMaxPartElements)
+    throw WireError("peer " + from + " sent a part of " + std::to_string(n) + " elements");
+  if (bytes.size() != prefix + static_cast<size_t>(n) * element)
+    throw WireError("peer " + from + " sent a part of " + std::to_string(bytes.size()) + " bytes where " +
+                    std::to_string(prefix + static_cast<size_t>(n) * element) + " were expected");
+  const at::ScalarType type = codec == Codec::fp32 ? at::kFloat : codec == Codec::bf16 ? at::kBFloat16 : at::kChar;
+  at::Tensor raw = at::empty({n}, type);
+  if (n > 0) std::memcpy(raw.data_ptr(), bytes.data() + prefix, static_cast<size_t>(n) * element);  // empty: no buffer
+  at::Tensor out = raw.to(at::kFloat);
+  if (codec == Codec::int8) {
+    float scale = 0;
+    std::memcpy(&scale, bytes.data(), sizeof(scale));
+    if (!std::isfinite(scale)) throw WireError("peer " + from + " sent a part with a non-finite scale");
+    out.mul_(scale);
+  }
+  if (!out.isfinite().all().item<bool>()) throw WireError("peer " + from + " sent non-finite values");
+  return out;
+}
+
+std::string pack(const nlohmann::json& header, std::string_view payload) {
+  const std::string h = header.dump();
+  std::string out(4, '\0');
+  const uint32_t n = static_cast<uint32_t>(h.size());
+  std::memcpy(out.data(), &n, 4);
+  out += h;
+  out += payload;
+  return out;
+}
+
+JoinRequest parse_join(const std::string& body, const std::string& from) {
+  const auto [header, payload] = unpack(body, from);
+  return {field<int64_t>(header, "round", from), field<std::string>(header, "address", from),
+          finite(header, "wait_s", 0, kMaxWaitS, from)};
+}
+
+GroupReply parse_group(const std::string& body, const std::string& from) {
+  const auto [header, payload] = unpack(body, from);
+  GroupReply g{field<std::string>(header, "token", from), {}, field<std::string>(header, "reason", from)};
+  const nlohmann::json members = field<nlohmann::json>(header, "members", from);
+  if (!members.is_array()) throw WireError("peer " + from + " sent a group whose members are not a list");
+  for (const nlohmann::json& m : members) {
+    if (!m.is_array() || m.size() != 2 || !m[0].is_string() || !m[1].is_string())
+      throw WireError("peer " + from + " sent a group member that is not [id, address]");
+    g.members.push_back({m[0].get<std::string>(), m[1].get<std::string>()});
+  }
+  return g;
+}
+
+PartMessage parse_part(const std::string& body, const std::string& from) {
+  const auto [header, payload] = unpack(body, from);
+  return {field<std::string>(header, "token", from), bounded(header, "numel", 0, kMaxPartElements, from),
+          finite(header, "weight", 0, 1e300, from), finite(header, "wait_s", 0, kMaxWaitS, from), payload};
+}
+
+SumReply parse_sum(const std::string& body, const std::string& from) {
+  const auto [header, payload] = unpack(body, from);
+  return {finite(header, "weight", 0, 1e300, from), payload};
+}
+
+StateOffer parse_offer(const std::string& body, const std::string& from) {
+  const nlohmann::json j = parse_json(body, from);
+  StateOffer o;
+  o.ready = j.contains("ready") && j.at("ready").is_boolean() && j.at("ready").get<bool>();
+  if (!o.ready) return o;
+  o.swarm_step = bounded(j, "swarm_step", 0, std::numeric_limits<int64_t>::max(), from);
+  o.bytes = bounded(j, "bytes", 1, std::numeric_limits<int64_t>::max(), from);
+  o.checksum = field<std::string>(j, "checksum", from);
+  return o;
+}
+
+ChunkRequest parse_chunk_request(const std::string& body, const std::string& from) {
+  const nlohmann::json j = parse_json(body, from);
+  constexpr int64_t most = std::numeric_limits<int64_t>::max();
+  return {bounded(j, "swarm_step", 0, most, from), bounded(j, "offset", 0, most, from),
+          bounded(j, "length", 0, most, from)};
+}
+
+}  // namespace tessera::atom

@@ -1,0 +1,86 @@
+// The messages peers exchange once a channel is open (atom/wire.h frames and authenticates them),
+// encoded and parsed in one place. A message from a peer holds the swarm key, but it may still come
+// from a buggy or hostile build: every parse_* checks each field (type, range, finiteness, sizes
+// against the payload) and throws WireError naming the peer (`from`) otherwise, so a bad message
+// ends that exchange and never reaches an allocation or a computation. The fuzz target
+// tests/fuzz/fuzz_swarm_messages.cpp drives every parser.
+//
+// Round messages (atom/averaging.h) are [u32 header length][JSON header][binary payload]:
+//   JOIN   {round, address, wait_s}                        member -> host
+//   GROUP  {token, members: [[id, address], ...], reason}  host -> member
+//   PART   {token, numel, weight, wait_s} + encoded part   member -> owner
+//   SUM    {weight} + encoded sum                          owner -> member
+// State messages (atom/state_transfer.h) are JSON:
+//   MANIFEST {}  ->  MANIFEST_REPLY {ready, swarm_step, bytes, checksum}
+//   CHUNK {swarm_step, offset, length}  ->  the chunk's bytes
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
+
+namespace tessera::atom {
+
+struct RoundMember {
+  std::string id, address;
+};
+
+enum class Codec : uint8_t { fp32 = 0, bf16 = 1, int8 = 2 };
+Codec codec_from_name(const std::string& name);  // "fp32", "bf16", "int8"
+
+// The largest part a round carries (elements); a claim past it is refused before any size is
+// computed from it.
+constexpr int64_t kMaxPartElements = int64_t{1} << 40;
+
+// A part of a vector as it travels: fp32, bf16, or int8 with a float32 scale in front (symmetric,
+// per part). decode_part checks the byte count against `n` and refuses non-finite values.
+std::string encode_part(const at::Tensor& values, Codec codec);
+at::Tensor decode_part(std::string_view bytes, int64_t n, Codec codec, const std::string& from);
+
+// [u32 header length][header][payload].
+std::string pack(const nlohmann::json& header, std::string_view payload = {});
+
+struct JoinRequest {
+  int64_t round = 0;
+  std::string address;
+  double wait_s = 0;  // within [0, 1 day]
+};
+struct GroupReply {
+  std::string token;  // empty: no group with this member (reason says why)
+  std::vector<RoundMember> members;
+  std::string reason;
+};
+struct PartMessage {
+  std::string token;
+  int64_t numel = 0;  // within [0, kMaxPartElements]
+  double weight = 0;  // finite, >= 0
+  double wait_s = 0;
+  std::string_view payload;  // a view into the message body
+};
+struct SumReply {
+  double weight = 0;
+  std::string_view payload;
+};
+
+JoinRequest parse_join(const std::string& body, const std::string& from);
+GroupReply parse_group(const std::string& body, const std::string& from);
+PartMessage parse_part(const std::string& body, const std::string& from);
+SumReply parse_sum(const std::string& body, const std::string& from);
+
+struct StateOffer {
+  bool ready = false;
+  int64_t swarm_step = 0, bytes = 0;  // when ready: >= 0 and > 0
+  std::string checksum;
+};
+struct ChunkRequest {
+  int64_t swarm_step = 0, offset = 0, length = 0;  // each >= 0
+};
+
+StateOffer parse_offer(const std::string& body, const std::string& from);
+ChunkRequest parse_chunk_request(const std::string& body, const std::string& from);
+
+}  // namespace tessera::atom

@@ -1,0 +1,85 @@
+// libFuzzer target: every message a swarm peer parses from another peer once a channel is open
+// (atom/messages.h: JOIN, GROUP, PART, SUM, the state offer and the chunk request), a part's
+// payload decoded in each codec, and a DHT peer record (atom/peer_record.h) signed with the
+// swarm's key so the input reaches the checks behind the tag. The first byte picks the parser;
+// each input must parse or end in tessera::Error (WireError), and what parses must hold the
+// ranges messages.h promises.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include <ATen/ATen.h>
+
+#include "atom/messages.h"
+#include "atom/peer_record.h"
+#include "core/error.h"
+
+namespace {
+
+const tessera::atom::SwarmKey& key() {
+  static const tessera::atom::SwarmKey k = tessera::atom::SwarmKey::from_bytes(std::string(32, 'k'));
+  return k;
+}
+
+void check(bool ok) {
+  if (!ok) __builtin_trap();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 2) return 0;
+  using namespace tessera::atom;
+  const std::string body(reinterpret_cast<const char*>(data) + 2, size - 2);
+  const Codec codec = static_cast<Codec>(data[1] % 3);
+  try {
+    switch (data[0] % 8) {
+      case 0: {
+        const JoinRequest j = parse_join(body, "fuzz");
+        check(j.wait_s >= 0 && j.wait_s <= 86400);
+        break;
+      }
+      case 1:
+        parse_group(body, "fuzz");
+        break;
+      case 2: {
+        const PartMessage p = parse_part(body, "fuzz");
+        check(p.numel >= 0 && p.numel <= kMaxPartElements && std::isfinite(p.weight) && p.weight >= 0);
+        const at::Tensor values = decode_part(p.payload, p.numel, codec, "fuzz");
+        check(values.numel() == p.numel && values.isfinite().all().item<bool>());
+        break;
+      }
+      case 3: {
+        const SumReply s = parse_sum(body, "fuzz");
+        check(std::isfinite(s.weight));
+        break;
+      }
+      case 4: {
+        const StateOffer o = parse_offer(body, "fuzz");
+        check(!o.ready || (o.swarm_step >= 0 && o.bytes > 0));
+        break;
+      }
+      case 5: {
+        const ChunkRequest c = parse_chunk_request(body, "fuzz");
+        check(c.swarm_step >= 0 && c.offset >= 0 && c.length >= 0);
+        break;
+      }
+      case 6: {
+        const auto r = PeerRecord::parse(PeerRecord::signed_text(body, "demo", key()), "demo", key());
+        if (r) check(!r->id.empty() && r->swarm_step >= 0 && std::isfinite(r->time));
+        check(!PeerRecord::parse(body, "demo", key()));  // unsigned bytes never pass
+        break;
+      }
+      default: {
+        // A raw payload decoded as a part of the length it implies.
+        const size_t element = codec == Codec::fp32 ? 4 : codec == Codec::bf16 ? 2 : 1;
+        const int64_t n = static_cast<int64_t>((body.size() - (codec == Codec::int8 ? std::min<size_t>(4, body.size()) : 0)) / element);
+        decode_part(body, n, codec, "fuzz");
+        break;
+      }
+    }
+  } catch (const tessera::Error&) {
+  }
+  return 0;
+}

@@ -1,0 +1,74 @@
+// The swarm's message parsers (atom/messages.h) refuse what a buggy or hostile peer could send
+// behind a valid key, naming the field, before any size or weight is used. Before the parsers were
+// written once, a PART's element count of 2^62 + 1 with 4 bytes passed the byte check (the count
+// times 4 wraps at 2^64) and reached at::empty, a negative weight went into the round's sum, and
+// a negative chunk offset or a state offer of any size reached a read or an allocation.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <limits>
+
+#include <torch/torch.h>
+
+#include "atom/messages.h"
+#include "atom/wire.h"
+
+namespace tessera::atom {
+namespace {
+
+std::string refusal(const std::function<void()>& parse) {
+  try {
+    parse();
+  } catch (const WireError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Messages, RoundMessagesRoundTrip) {
+  const PartMessage p = parse_part(pack({{"token", "t"}, {"numel", 2}, {"weight", 16.0}, {"wait_s", 3.0}},
+                                        encode_part(at::tensor({1.5f, -2.0f}), Codec::fp32)),
+                                   "peer");
+  EXPECT_EQ(p.token, "t");
+  EXPECT_EQ(p.numel, 2);
+  EXPECT_TRUE(at::equal(decode_part(p.payload, p.numel, Codec::fp32, "peer"), at::tensor({1.5f, -2.0f})));
+  const nlohmann::json members = nlohmann::json::array({nlohmann::json::array({"a", "h:1"}),
+                                                        nlohmann::json::array({"b", "h:2"})});
+  const GroupReply g = parse_group(pack({{"token", "t"}, {"members", members}, {"reason", ""}}), "x");
+  ASSERT_EQ(g.members.size(), 2u);
+  EXPECT_EQ(g.members[1].address, "h:2");
+  EXPECT_EQ(parse_join(pack({{"round", 4}, {"address", "h:1"}, {"wait_s", 2.5}}), "x").round, 4);
+}
+
+TEST(Messages, HostileFieldsAreRefusedByName) {
+  // 2^62 + 1 float32 elements: 4 bytes once the byte count wraps at 2^64.
+  const int64_t wraps = (int64_t{1} << 62) + 1;
+  std::string e = refusal([&] { parse_part(pack({{"token", "t"}, {"numel", wraps}, {"weight", 1.0}, {"wait_s", 1.0}}, "abcd"), "10.0.0.9:7000"); });
+  EXPECT_NE(e.find("10.0.0.9:7000 sent 'numel'"), std::string::npos) << e;
+  e = refusal([&] { decode_part("abcd", wraps, Codec::fp32, "p"); });
+  EXPECT_NE(e.find("elements"), std::string::npos) << e;
+  // A negative weight; NaN and 1e400 are not JSON numbers and never parse.
+  for (const char* bad : {"-1", "NaN", "1e400"}) {
+    const std::string header = std::string(R"({"token":"t","numel":1,"wait_s":1,"weight":)") + bad + "}";
+    std::string body(4, '\0');
+    const uint32_t n = static_cast<uint32_t>(header.size());
+    std::memcpy(body.data(), &n, 4);
+    e = refusal([&] { parse_part(body + header + "abcd", "p"); });
+    EXPECT_NE(e.find(bad == std::string("-1") ? "'weight'" : "malformed"), std::string::npos) << bad << ": " << e;
+  }
+  e = refusal([&] { parse_join(pack({{"round", 1}, {"address", "h:1"}, {"wait_s", 1e9}}), "p"); });
+  EXPECT_NE(e.find("'wait_s'"), std::string::npos) << e;
+  e = refusal([&] {
+    parse_group(pack({{"token", "t"}, {"members", nlohmann::json::array({nlohmann::json::array({"a"})})}, {"reason", ""}}), "p");
+  });
+  EXPECT_NE(e.find("[id, address]"), std::string::npos) << e;
+  e = refusal([&] { parse_offer(R"({"ready":true,"swarm_step":3,"bytes":-5,"checksum":"x"})", "p"); });
+  EXPECT_NE(e.find("'bytes'"), std::string::npos) << e;
+  e = refusal([&] { parse_chunk_request(R"({"swarm_step":3,"offset":-1,"length":5})", "p"); });
+  EXPECT_NE(e.find("'offset'"), std::string::npos) << e;
+  e = refusal([&] { parse_chunk_request(R"({"swarm_step":3,"offset":18446744073709551615,"length":5})", "p"); });
+  EXPECT_NE(e.find("'offset'"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace tessera::atom
