@@ -32,6 +32,17 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import plot_losses  # noqa: E402  (scripts/ is not a package)
 
 
+# After A, B and C start: at k sevenths of the run, (stop, peer, signal) or (start, peer, the peer it
+# starts from); a peer started again restarts from its run directory.
+SCHEDULE = [
+    (1, ("stop", "A", signal.SIGKILL), "A killed (the first started)"),
+    (2, ("start", "D", "B"), "D joins from B"),
+    (3, ("stop", "C", signal.SIGTERM), "C stopped"),
+    (4, ("start", "C", "B"), "C restarts from its run directory"),
+    (5, ("stop", "B", signal.SIGKILL), "B killed"),
+]
+
+
 class Swarm:
     def __init__(self, build, work, steps):
         self.build, self.work, self.steps = build, work, steps
@@ -93,27 +104,18 @@ def main():
     build = os.path.abspath(a.build)
     work = tempfile.mkdtemp(prefix="atom_churn_")
     s = Swarm(build, work, a.steps)
-    at = lambda k: a.steps * k // 7  # noqa: E731
     try:
         s.start("A")
         s.start("B", s.addresses["A"])
         s.start("C", s.addresses["A"])
         s.event("A, B, C start")
-        s.wait_for(at(1))
-        s.stop("A", signal.SIGKILL)
-        s.event("A killed (the first started)")
-        s.wait_for(at(2))
-        s.start("D", s.addresses["B"])
-        s.event("D joins from B")
-        s.wait_for(at(3))
-        s.stop("C", signal.SIGTERM)
-        s.event("C stopped")
-        s.wait_for(at(4))
-        s.start("C", s.addresses["B"], restart=True)
-        s.event("C restarts from its run directory")
-        s.wait_for(at(5))
-        s.stop("B", signal.SIGKILL)
-        s.event("B killed")
+        for seventh, (action, name, arg), label in SCHEDULE:
+            s.wait_for(a.steps * seventh // 7)
+            if action == "stop":
+                s.stop(name, arg)
+            else:
+                s.start(name, s.addresses[arg], restart=name in s.procs)
+            s.event(label)
         for name in ("C", "D"):
             if s.procs[name].wait() != 0:
                 sys.exit("%s did not finish; see %s.log" % (name, os.path.join(work, name)))

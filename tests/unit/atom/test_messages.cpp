@@ -6,24 +6,15 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <limits>
 
 #include <torch/torch.h>
 
 #include "atom/messages.h"
 #include "atom/wire.h"
+#include "test_util.h"
 
 namespace tessera::atom {
 namespace {
-
-std::string refusal(const std::function<void()>& parse) {
-  try {
-    parse();
-  } catch (const WireError& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(Messages, RoundMessagesRoundTrip) {
   const PartMessage p = parse_part(pack({{"token", "t"}, {"numel", 2}, {"weight", 16.0}, {"wait_s", 3.0}},
@@ -43,31 +34,31 @@ TEST(Messages, RoundMessagesRoundTrip) {
 TEST(Messages, HostileFieldsAreRefusedByName) {
   // 2^62 + 1 float32 elements: 4 bytes once the byte count wraps at 2^64.
   const int64_t wraps = (int64_t{1} << 62) + 1;
-  std::string e = refusal([&] { parse_part(pack({{"token", "t"}, {"numel", wraps}, {"weight", 1.0}, {"wait_s", 1.0}}, "abcd"), "10.0.0.9:7000"); });
-  EXPECT_NE(e.find("10.0.0.9:7000 sent 'numel'"), std::string::npos) << e;
-  e = refusal([&] { decode_part("abcd", wraps, Codec::fp32, "p"); });
-  EXPECT_NE(e.find("elements"), std::string::npos) << e;
+  EXPECT_TRUE(test::throws_naming(
+      [&] { parse_part(pack({{"token", "t"}, {"numel", wraps}, {"weight", 1.0}, {"wait_s", 1.0}}, "abcd"), "10.0.0.9:7000"); },
+      {"10.0.0.9:7000 sent 'numel'"}));
+  EXPECT_TRUE(test::throws_naming([&] { decode_part("abcd", wraps, Codec::fp32, "p"); }, {"elements"}));
   // A negative weight; NaN and 1e400 are not JSON numbers and never parse.
   for (const char* bad : {"-1", "NaN", "1e400"}) {
     const std::string header = std::string(R"({"token":"t","numel":1,"wait_s":1,"weight":)") + bad + "}";
     std::string body(4, '\0');
     const uint32_t n = static_cast<uint32_t>(header.size());
     std::memcpy(body.data(), &n, 4);
-    e = refusal([&] { parse_part(body + header + "abcd", "p"); });
-    EXPECT_NE(e.find(bad == std::string("-1") ? "'weight'" : "malformed"), std::string::npos) << bad << ": " << e;
+    EXPECT_TRUE(test::throws_naming([&] { parse_part(body + header + "abcd", "p"); },
+                                    {bad == std::string("-1") ? "'weight'" : "malformed"}))
+        << bad;
   }
-  e = refusal([&] { parse_join(pack({{"round", 1}, {"address", "h:1"}, {"wait_s", 1e9}}), "p"); });
-  EXPECT_NE(e.find("'wait_s'"), std::string::npos) << e;
-  e = refusal([&] {
-    parse_group(pack({{"token", "t"}, {"members", nlohmann::json::array({nlohmann::json::array({"a"})})}, {"reason", ""}}), "p");
-  });
-  EXPECT_NE(e.find("[id, address]"), std::string::npos) << e;
-  e = refusal([&] { parse_offer(R"({"ready":true,"swarm_step":3,"bytes":-5,"checksum":"x"})", "p"); });
-  EXPECT_NE(e.find("'bytes'"), std::string::npos) << e;
-  e = refusal([&] { parse_chunk_request(R"({"swarm_step":3,"offset":-1,"length":5})", "p"); });
-  EXPECT_NE(e.find("'offset'"), std::string::npos) << e;
-  e = refusal([&] { parse_chunk_request(R"({"swarm_step":3,"offset":18446744073709551615,"length":5})", "p"); });
-  EXPECT_NE(e.find("'offset'"), std::string::npos) << e;
+  EXPECT_TRUE(test::throws_naming([&] { parse_join(pack({{"round", 1}, {"address", "h:1"}, {"wait_s", 1e9}}), "p"); },
+                                  {"'wait_s'"}));
+  const nlohmann::json lone = nlohmann::json::array({nlohmann::json::array({"a"})});
+  EXPECT_TRUE(test::throws_naming([&] { parse_group(pack({{"token", "t"}, {"members", lone}, {"reason", ""}}), "p"); },
+                                  {"[id, address]"}));
+  EXPECT_TRUE(test::throws_naming(
+      [&] { parse_offer(R"({"ready":true,"swarm_step":3,"bytes":-5,"checksum":"x"})", "p"); }, {"'bytes'"}));
+  for (const char* offset : {"-1", "18446744073709551615"})
+    EXPECT_TRUE(test::throws_naming(
+        [&] { parse_chunk_request(std::string(R"({"swarm_step":3,"length":5,"offset":)") + offset + "}", "p"); },
+        {"'offset'"}));
 }
 
 }  // namespace
