@@ -2,6 +2,7 @@
 """ATOM swarm: batch mode against DiLoCo at equal samples processed, and the bytes each sends.
 
     python3 bench/atom_swarm.py BUILD_DIR [--peers 3] [--steps 150] [--inner 10] [--dtypes fp32,bf16,int8]
+        [--outer LR:MOMENTUM,...]
 
 Runs a swarm of `--peers` peers of tiny_gpt on loopback (one machine, so the peers share its
 cores: the time is not the point, the loss and the traffic are) for each mode:
@@ -63,6 +64,8 @@ def main():
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--inner", type=int, default=10)
     ap.add_argument("--dtypes", default="fp32,bf16,int8", help="DiLoCo's pseudo-gradient dtypes to run")
+    ap.add_argument("--outer", default="0.7:0.9",
+                    help="DiLoCo's outer steps to run, LR:MOMENTUM each (swarm.outer_lr, swarm.outer_momentum)")
     a = ap.parse_args()
     data = prepared_corpus(a.build)
     batch = 16
@@ -71,8 +74,12 @@ def main():
               "--set", "optim.warmup_steps=10"]
     modes = [("batch", ["--set", "swarm.sync=batch", "--set", "swarm.target_batch_size=%d" % (a.peers * batch)])]
     for dtype in a.dtypes.split(","):
-        modes.append(("diloco " + dtype, ["--set", "swarm.sync=diloco", "--set", "swarm.inner_steps=%d" % a.inner,
-                                          "--set", "swarm.pseudo_gradient_dtype=" + dtype]))
+        for outer in a.outer.split(","):
+            lr, momentum = outer.split(":")
+            name = "diloco " + dtype + ("" if outer == "0.7:0.9" else " outer " + outer)
+            modes.append((name, ["--set", "swarm.sync=diloco", "--set", "swarm.inner_steps=%d" % a.inner,
+                                 "--set", "swarm.pseudo_gradient_dtype=" + dtype, "--set", "swarm.outer_lr=" + lr,
+                                 "--set", "swarm.outer_momentum=" + momentum]))
     params = None  # "parameters: N (...)" in `tessera inspect`
     out = subprocess.run([os.path.join(a.build, "tessera"), "inspect", "--config", "tiny_gpt"], capture_output=True,
                          text=True, check=True).stdout
@@ -84,7 +91,7 @@ def main():
     work = tempfile.mkdtemp(prefix="atom_swarm_")
     rows = []
     for name, settings in modes:
-        loss, per_sample, seconds = run_swarm(a.build, work, name.replace(" ", "_"), a.peers, common + settings)
+        loss, per_sample, seconds = run_swarm(a.build, work, name.replace(" ", "_").replace(":", "_"), a.peers, common + settings)
         rows.append((name, loss, per_sample, seconds))
         print("%-12s val loss %.4f, %.0f bytes sent per sample, %.0f s" % (name, loss, per_sample, seconds),
               flush=True)
