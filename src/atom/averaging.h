@@ -18,7 +18,8 @@
 //            of the sums. Each member sends and receives (n-1)/n of the vector twice, the volume of
 //            a ring all-reduce, in two steps instead of 2(n-1).
 // Parts travel as fp32, bf16 or int8 (per part, symmetric with a float scale: the DiLoCo
-// pseudo-gradients, swarm.pseudo_gradient_dtype); sums are taken in fp32.
+// pseudo-gradients, swarm.pseudo_gradient_dtype); sums are taken in fp32. The messages and their
+// checked parsing are atom/messages.h's.
 //
 // Failure. Every wait has a deadline (RoundClock: a multiple of the recent rounds' measured
 // duration, within swarm.round_timeout_min_s and _max_s; the first round gets the maximum). A

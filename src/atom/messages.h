@@ -1,5 +1,6 @@
-// The messages peers exchange once a channel is open (atom/wire.h frames and authenticates them),
-// encoded and parsed in one place. A message from a peer holds the swarm key, but it may still come
+// The messages peers exchange once a channel is open (atom/wire.h frames and authenticates them):
+// their layout, the parts' codec, and every parser (senders build headers with pack() where they
+// send them). A message from a peer holds the swarm key, but it may still come
 // from a buggy or hostile build: every parse_* checks each field (type, range, finiteness, sizes
 // against the payload) and throws WireError naming the peer (`from`) otherwise, so a bad message
 // ends that exchange and never reaches an allocation or a computation. The fuzz target

@@ -170,6 +170,11 @@ Gpt2Bpe::Gpt2Bpe(const std::string& encoder_json, const std::string& vocab_bpe, 
           tokens, " (a GPT-2 encoder numbers its tokens 0 .. ", tokens - 1, ")");
   vocab_size_ = vocab_size > 0 ? vocab_size : largest + 1;
   require(largest < vocab_size_, encoder_json, ": id ", largest, " is not below vocab_size ", vocab_size_);
+  // Ids past the encoder's are padding (a vocabulary rounded up for the model's matrices); a
+  // vocab_size far past them is a wrong file, refused before a decoder table of its size exists.
+  require(vocab_size_ - tokens <= kMaxVocabPadding, encoder_json, ": vocab_size ", vocab_size_,
+          " (tokenizer.json) exceeds its ", tokens, " tokens by more than ", kMaxVocabPadding,
+          " (ids without a token)");
   decoder_.resize(static_cast<size_t>(vocab_size_));
   known_.assign(static_cast<size_t>(vocab_size_), false);
   for (const auto& [bytes, id] : encoder_) {

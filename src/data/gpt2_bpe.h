@@ -34,7 +34,9 @@ std::vector<std::string> gpt2_pretokenize(const std::string& text);
 class Gpt2Bpe : public Tokenizer {
  public:
   // vocab_size 0 takes one more than the largest id of encoder.json; otherwise every id must be
-  // below it. Errors name the file and the entry.
+  // below it, and it may exceed the encoder's token count by kMaxVocabPadding at most (padding).
+  // Errors name the file and the entry.
+  static constexpr int64_t kMaxVocabPadding = 65536;
   Gpt2Bpe(const std::string& encoder_json, const std::string& vocab_bpe, int64_t vocab_size = 0);
 
   std::vector<int64_t> encode(const std::string& text) const override;

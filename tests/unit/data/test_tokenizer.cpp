@@ -146,6 +146,13 @@ TEST(Gpt2Bpe, BadVocabularyFilesAreNamed) {
   write_file_durable(dir + "/encoder.json", R"({"a": 0, "b": 1000000000000})");
   EXPECT_TRUE(test::throws_naming([&] { Gpt2Bpe(dir + "/encoder.json", dir + "/vocab.bpe"); },
                                   {dir + "/encoder.json", "id 1000000000000 is not below the number of tokens 2"}));
+  // A whole encoder but a vocab_size of 10^12 from tokenizer.json: refused before its decoder table
+  // (seen in the loader while writing the tokenizer fuzz target: it allocated that table).
+  tiny_bpe(dir, "");
+  EXPECT_TRUE(test::throws_naming([&] { Gpt2Bpe(dir + "/encoder.json", dir + "/vocab.bpe", 1000000000000); },
+                                  {dir + "/encoder.json", "vocab_size 1000000000000 (tokenizer.json)", "259 tokens"}));
+  EXPECT_EQ(Gpt2Bpe(dir + "/encoder.json", dir + "/vocab.bpe", 259 + Gpt2Bpe::kMaxVocabPadding).vocab_size(),
+            259 + Gpt2Bpe::kMaxVocabPadding);
 }
 
 }  // namespace
