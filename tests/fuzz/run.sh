@@ -28,11 +28,12 @@ case $target in
   config) sources+=(src/train/config.cpp src/core/options.cpp src/core/parallel_dims.cpp src/data/data_options.cpp
                     src/optim/optim_options.cpp src/precision/precision_options.cpp src/core/fs.cpp src/model/model_options.cpp)
           flags+=("-DTOML_ASSERT(expr)=static_assert(true)") ;;
+  token_files) sources+=(src/data/token_stream.cpp src/data/token_file.cpp src/core/fs.cpp) ;;
   tokenizer) sources+=(src/data/tokenizer.cpp src/data/gpt2_bpe.cpp src/data/byte_tokenizer.cpp src/core/fs.cpp) ;;
   swarm_messages) sources+=(src/atom/messages.cpp src/atom/peer_record.cpp src/atom/swarm_key.cpp src/core/fs.cpp)
                   libs+=(-lcrypto) ;;
   *) echo "unknown fuzz target '$target' (safetensors, schedule_csv, region, checkpoint_dir, config, tokenizer,
-     swarm_messages)" >&2
+     token_files, swarm_messages)" >&2
      exit 2 ;;
 esac
 if [ ! -x "$out/fuzz" ] || [ -n "$(find "${sources[@]}" src/checkpoint src/core src/parallel/pipeline src/atom src/data -name '*.h' -newer "$out/fuzz")" ] ||
