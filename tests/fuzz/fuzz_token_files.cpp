@@ -5,25 +5,17 @@
 // are skipped: the target reads only files it wrote. Every input must open or end in
 // tessera::Error; a stream that opens must read its first and last tokens and a window across
 // every shard boundary, each token below its vocab_bound().
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "data/token_stream.h"
+#include "fuzz_files.h"
 
 namespace {
-
-void write(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << bytes;
-}
 
 void check_window(const tessera::TokenStream& s, int64_t begin, int64_t length) {
   begin = std::max<int64_t>(0, std::min(begin, s.size() - 1));
@@ -42,20 +34,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (eol == std::string::npos) return 0;
   const std::string pattern = input.substr(0, eol);
   if (pattern.find("..") != std::string::npos || pattern.find('/') != std::string::npos) return 0;
-  static const std::string dir = "/tmp/tessera-fuzz-tokens-" + std::to_string(getpid());
-  static const bool made = [] { return system(("mkdir -p " + dir).c_str()) == 0; }();
-  if (!made) __builtin_trap();
-  size_t start = eol + 1;
-  for (int k = 0; k < 3; ++k) {
-    const std::string path = dir + "/s" + std::to_string(k) + ".bin";
-    if (start > input.size()) {
-      std::remove(path.c_str());
-      continue;
-    }
-    const size_t end = input.find("\n%%\n", start);
-    write(path, input.substr(start, end == std::string::npos ? std::string::npos : end - start));
-    start = end == std::string::npos ? input.size() + 1 : end + 4;
-  }
+  const std::string& dir = tessera::fuzz::scratch_dir("token_files");
+  tessera::fuzz::write_parts(dir, input.substr(eol + 1), {"s0.bin", "s1.bin", "s2.bin"});
   try {
     const tessera::TokenStream s = tessera::TokenStream::open(dir, pattern);
     if (s.size() <= 0) __builtin_trap();

@@ -4,24 +4,16 @@
 // separated by lines "%%" (missing ones stay absent). Every input must load or end in
 // tessera::Error; a tokenizer that loads must encode a fixed text (every byte value, UTF-8 and
 // GPT-2's pre-tokeniser's cases) to ids below its vocabulary and decode them back to that text.
-#include <unistd.h>
-
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 
 #include "core/error.h"
 #include "data/tokenizer.h"
+#include "fuzz_files.h"
 
 namespace {
-
-void write(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-}
 
 std::string sample_text() {
   std::string text = "Hello, world! It's 2026: caf\xc3\xa9 \xe2\x82\xac 42  \n\t x's've";
@@ -33,21 +25,8 @@ std::string sample_text() {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string input(reinterpret_cast<const char*>(data), size);
-  static const std::string dir = "/tmp/tessera-fuzz-tokenizer-" + std::to_string(getpid());
-  static const bool made = [] { return system(("mkdir -p " + dir).c_str()) == 0; }();
-  if (!made) __builtin_trap();
-  const char* names[] = {"tokenizer.json", "encoder.json", "vocab.bpe"};
-  size_t start = 0;
-  for (const char* name : names) {
-    const std::string path = dir + "/" + name;
-    if (start > input.size()) {
-      std::remove(path.c_str());
-      continue;
-    }
-    const size_t end = input.find("\n%%\n", start);
-    write(path, input.substr(start, end == std::string::npos ? std::string::npos : end - start));
-    start = end == std::string::npos ? input.size() + 1 : end + 4;
-  }
+  const std::string& dir = tessera::fuzz::scratch_dir("tokenizer");
+  tessera::fuzz::write_parts(dir, input, {"tokenizer.json", "encoder.json", "vocab.bpe"});
   static const std::string text = sample_text();
   try {
     const std::unique_ptr<tessera::Tokenizer> t = tessera::load_tokenizer(dir);
