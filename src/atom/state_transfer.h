@@ -13,8 +13,8 @@
 // the checked safetensors reader: a donor sending garbage fails the download (named), it never
 // corrupts the joiner.
 //
-// Messages (over authenticated channels, atom/wire.h): MANIFEST {} -> {"ready", "swarm_step",
-// "bytes", "checksum"}; CHUNK {"swarm_step", "offset", "length"} -> the bytes.
+// Messages (over authenticated channels, atom/wire.h; their layout and checked parsing are
+// atom/messages.h's): MANIFEST -> an offer, CHUNK -> the bytes.
 #pragma once
 
 #include <cstdint>

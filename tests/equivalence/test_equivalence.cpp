@@ -701,24 +701,36 @@ struct Trace {
   std::map<std::string, at::Tensor> parameters;              // after the last step
 };
 
+// Step s's micro-batches of dp rank r of D with M micro-batches each: [(m D + r) B, ...) for m < M,
+// B = kRows / (D M).
+std::vector<Batch> rank_micro_batches(int64_t s, int64_t M, int64_t D, int64_t r) {
+  const Batch batch = global_batch(s);
+  const int64_t B = kRows / (D * M);
+  std::vector<Batch> micro;
+  for (int64_t m = 0; m < M; ++m) {
+    const int64_t first = (m * D + r) * B;
+    micro.push_back({batch.inputs.narrow(0, first, B), batch.targets.narrow(0, first, B)});
+  }
+  return micro;
+}
+
+// An observer that keeps a float32 copy of every gradient in `into`.
+TrainStep::GradientObserver capture(std::map<std::string, at::Tensor>& into) {
+  return [&into](const NamedTensors& g) {
+    for (const auto& [name, t] : g) into[name] = t.to(at::kFloat).clone();
+  };
+}
+
 // kSteps steps of `config` over `mesh`, whose dp rank r runs micro-batches [(m D + r) B, ...) for
 // m < M; or, without a mesh, one process running all D M of those micro-batches (`split`: D M).
 Trace train(const Config& config, comm::Mesh* mesh, int64_t split) {
   TrainStep step(config, mesh);
   const int64_t D = mesh ? mesh->dims().dp() : 1, r = mesh ? mesh->coord().dp : 0;
-  const int64_t M = mesh ? config.train.grad_accum : split, B = kRows / (D * M);
+  const int64_t M = mesh ? config.train.grad_accum : split;
   Trace run;
   for (int64_t s = 0; s < kSteps; ++s) {
-    const Batch batch = global_batch(s);
-    std::vector<Batch> micro;
-    for (int64_t m = 0; m < M; ++m) {
-      const int64_t first = (m * D + r) * B;
-      micro.push_back({batch.inputs.narrow(0, first, B), batch.targets.narrow(0, first, B)});
-    }
     std::map<std::string, at::Tensor> grads;
-    run.steps.push_back(step.run(micro, config.optim.lr, [&](const NamedTensors& g) {
-      for (const auto& [name, t] : g) grads[name] = t.to(at::kFloat).clone();
-    }));
+    run.steps.push_back(step.run(rank_micro_batches(s, M, D, r), config.optim.lr, capture(grads)));
     run.gradients.push_back(std::move(grads));
   }
   for (const auto& [name, t] : step.model_state()) run.parameters[name] = t.to(at::kFloat);
@@ -762,16 +774,8 @@ Trace train_peers(const Config& row, comm::Mesh& mesh) {
   swarm->attach(step, 0, nullptr, {});
   Trace run;
   for (int64_t s = 0; s < kSteps; ++s) {
-    const Batch batch = global_batch(s);
-    std::vector<Batch> micro;
-    for (int64_t m = 0; m < M; ++m) {
-      const int64_t first = (m * D + r) * B;
-      micro.push_back({batch.inputs.narrow(0, first, B), batch.targets.narrow(0, first, B)});
-    }
     std::map<std::string, at::Tensor> grads;
-    StepResult result = step.run(micro, config.optim.lr, [&](const NamedTensors& g) {
-      for (const auto& [name, t] : g) grads[name] = t.to(at::kFloat).clone();
-    });
+    StepResult result = step.run(rank_micro_batches(s, M, D, r), config.optim.lr, capture(grads));
     for (const std::string& line : swarm->take_messages()) std::printf("rank %lld %s\n", static_cast<long long>(r), line.c_str());
     EXPECT_TRUE(result.applied) << "peer " << r << ": local step " << s << " ended without a round";
     at::Tensor losses = at::tensor({result.ce_loss, result.aux_loss}, at::kDouble);
