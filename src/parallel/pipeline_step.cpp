@@ -26,6 +26,21 @@ PipelineStep::Roots PipelineStep::Stash::roots() const {
   return r;
 }
 
+void PipelineStep::Stash::drop_graph() {
+  input.reset();
+  embedded.reset();
+  output.reset();
+  aux.reset();
+  grad_out.reset();
+}
+
+std::vector<at::Tensor> PipelineStep::trained_parameters() const {
+  std::vector<at::Tensor> params;
+  for (const auto& p : model_->parameters())
+    if (p.requires_grad()) params.push_back(p);
+  return params;
+}
+
 PipelineStep::PipelineStep(TransformerLM model, ResidentOwner& owner, comm::Mesh& mesh, const Config& config,
                            const Layout& layout, c10::Device device, std::optional<at::ScalarType> autocast)
     : model_(std::move(model)),
@@ -51,6 +66,7 @@ at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const
       at::Tensor x;
       if (first) {
         x = model_->embed(batch.inputs.to(device_));
+        s.embedded = x;
       } else {
         s.input = input.to(device_).detach().requires_grad_(true);
         x = s.input;
@@ -82,26 +98,23 @@ at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const
     case Op::I: {
       Stash& s = stash_.at(key);
       if (!last) s.grad_out = input.to(device_, s.output.scalar_type());
-      if (first) return {};  // no input to differentiate: W runs the whole backward
       // A fully checkpointed block recomputes inside this backward and accumulates its parameters'
       // gradients here (reentrant checkpointing), so the owner sees this backward too; W then
-      // finds those parameters out of its graph's reach and computes the rest.
+      // computes the rest (the ends).
       if (config_.memory.activation_checkpointing == "full") owner_.before_stage_backward(false, stage_of(a.stage));
       const Roots roots = s.roots();
-      const auto grads = torch::autograd::grad(roots.tensors, {s.input}, roots.grads, /*retain_graph=*/true);
-      return grads[0].to(at::kFloat);
+      // Stage 0 stops at its embedding's output, so that W holds only the weight products there too.
+      s.split.emplace(roots.tensors, roots.grads, first ? s.embedded : s.input, trained_parameters());
+      const at::Tensor grad = s.split->input_gradient();
+      s.drop_graph();  // what W needs is the split's
+      return first ? at::Tensor() : grad.to(at::kFloat);
     }
     case Op::W: {
       Stash s = std::move(stash_.at(key));
       stash_.erase(key);
+      require(s.split.has_value(), "internal: the pipeline schedule ran ", a.str(), " before its I");
       owner_.before_stage_backward(--backwards_left_ == 0, stage_of(a.stage));
-      // The parameters this stage's graph reaches (under V placement or interleaving the rank's
-      // other stages' parameters are not in it).
-      std::vector<at::Tensor> params;
-      for (const auto& p : model_->parameters())
-        if (p.requires_grad()) params.push_back(p);
-      const Roots roots = s.roots();
-      torch::autograd::backward(roots.tensors, roots.grads, /*retain_graph=*/false, /*create_graph=*/false, params);
+      s.split->weight_gradients();
       return {};
     }
     default:

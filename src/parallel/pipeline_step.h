@@ -15,12 +15,14 @@
 //         rank's columns already).
 //   B(j)  backward of the stage's output (the last stage: of its loss) with the received gradient;
 //         returns the input's gradient for the previous stage.
-//   I(j)  the input's gradient alone (autograd::grad, graph kept); stage 0 has no input to
-//         differentiate and leaves its whole backward to W. Under full activation checkpointing
-//         a block's recomputation accumulates its parameters' gradients during I (reentrant
+//   I(j)  the input's gradient alone, keeping each parameterised op's output gradient for W
+//         (pipeline/split_backward.h); stage 0 differentiates its embedding's output. The graph
+//         is dropped but for what W needs. Under full activation checkpointing a block's
+//         recomputation accumulates its parameters' gradients during I (reentrant
 //         checkpointing), so the owner is told of the I as of a backward
 //         (before_stage_backward(false, s)) and W computes what remains (the ends).
-//   W(j)  the parameters' gradients (autograd::backward restricted to them), graph freed.
+//   W(j)  the parameters' gradients: only the weight products (x^T dy of each linear, a layer
+//         norm's), from what I kept; the graph freed.
 //   GATHER(s) / RELEASE(s)  the owner's fetch_stage / release_stage of stage s (ZeRO-3 over the
 //         stage's dp replicas: the table has them when the owner shards_parameters(), once per
 //         step or, with parallel.zero3_reshard_per_microbatch, for each compute action, issued
@@ -60,6 +62,7 @@
 #include "parallel/optimizer_owner.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/simulate.h"
+#include "parallel/pipeline/split_backward.h"
 #include "parallel/step_runner.h"
 #include "plan/layout.h"
 #include "core/config.h"
@@ -81,6 +84,8 @@ class PipelineStep final : public StepRunner {
   const pipeline::Schedule& schedule_for(int64_t micro_batches);
   // The blocks (and ends) of pipeline stage `stage`.
   ModelStage stage_of(int64_t stage) const;
+  // The parameters of this rank's stages that are trained (W's targets).
+  std::vector<at::Tensor> trained_parameters() const;
   // A float32 buffer for the activation between two stages of `batch`'s rows.
   at::Tensor activation_buffer(const Batch& batch) const;
 
@@ -104,9 +109,13 @@ class PipelineStep final : public StepRunner {
     at::Tensor input;     // the received activation (a leaf), undefined on stage 0
     at::Tensor output;    // the stage's output (the loss on the last stage), with its graph
     at::Tensor aux;       // before the last stage: its MoE blocks' auxiliary loss / micro-batches
-    at::Tensor grad_out;  // the gradient of the output received (kept from I for W)
+    at::Tensor grad_out;  // the gradient of the output received
+    at::Tensor embedded;  // stage 0: its embedding's output, where its I stops
+    std::optional<pipeline::SplitBackward> split;  // from I to W
     // The output with grad_out (the last stage's loss: ones), and the auxiliary loss with ones.
     Roots roots() const;
+    // After I: the tensors above released, so the graph holds only what the split keeps.
+    void drop_graph();
   };
   std::map<std::pair<int64_t, int64_t>, Stash> stash_;  // by (stage, micro-batch)
   size_t backwards_left_ = 0;  // this run's B and W actions not yet run on this rank
