@@ -11,7 +11,13 @@
 // with tensor parallelism the tp group's (tp_bytes_per_step), with expert parallelism the ep
 // group's (ep_bytes_per_step; bench/expert_parallel.py), with pipeline parallelism every
 // pipeline rank's host memory (pp_peak_bytes, pp_model_state_bytes: the two figures below, per
-// pipeline rank in order; bench/pipeline_memory.py).
+// pipeline rank in order; bench/pipeline_memory.py), and the last step's mean F, B, I, W per action
+// and its measured and simulated bubble (pp_action_ms, pp_bubble; bench/pipeline_split.py).
+//
+// MFU is the model FLOPs of the whole step (every data-parallel replica's tokens) over the median
+// step time and the peak of every process that ran it: a pipeline, tensor- or sequence-parallel
+// replica spans several processes, and its tokens are counted once. Where the processes' threads
+// outnumber the machine's cores the basis says they share them.
 //
 // Host memory (rank 0; memory/host_memory_stats.h, installed as the CPU allocator at start):
 //   model_state_bytes  CPU tensor bytes live after the last step (its update and zero_grad done,
@@ -25,6 +31,7 @@
 #include <chrono>
 #include <filesystem>
 #include <iostream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -164,8 +171,14 @@ Command add_bench_command(CLI::App& app) {
     std::sort(sorted.begin(), sorted.end());
     const double median = sorted[sorted.size() / 2];
     const double tokens = static_cast<double>(config.train.batch_size * config.train.seq_len * config.train.grad_accum);
-    const DevicePeak peak = device_peak(device, step.compute_dtype(), config.train.peak_tflops);
-    const double mfu = flops_per_token(config.model, config.train.seq_len) * tokens / median / peak.flops;
+    DevicePeak peak = device_peak(device, step.compute_dtype(), config.train.peak_tflops);
+    const int64_t processes = mesh ? mesh->world_size() : 1, replicas = mesh ? mesh->dims().dp() : 1;
+    const int64_t cores = static_cast<int64_t>(std::thread::hardware_concurrency());
+    if (!device.is_cuda() && cores > 0 && processes * at::get_num_threads() > cores)
+      peak.basis += "; " + std::to_string(processes) + " processes of " + std::to_string(at::get_num_threads()) +
+                    " thread(s) share " + std::to_string(cores) + " cores";
+    const double mfu = flops_per_token(config.model, config.train.seq_len) * tokens * static_cast<double>(replicas) /
+                       median / (peak.flops * static_cast<double>(processes));
     nlohmann::json out = {{"peer", "tessera"},
                           {"parameters", parameter_count(config.model)},
                           {"tokens_per_step", tokens},
@@ -220,7 +233,8 @@ Command add_bench_command(CLI::App& app) {
     std::printf("%12s %10s %14s %12s %8s\n", "params", "tokens/step", "median step s", "tokens/s", "MFU");
     std::printf("%11.2fM %10.0f %14.4f %12.0f %7.2f%%\n", parameter_count(config.model) / 1e6, tokens, median,
                 tokens / median, 100 * mfu);
-    std::printf("(MFU against %.3g TFLOP/s: %s)\n", peak.flops / 1e12, peak.basis.c_str());
+    std::printf("(MFU against %lld x %.3g TFLOP/s: %s)\n", static_cast<long long>(processes), peak.flops / 1e12,
+                peak.basis.c_str());
     std::printf("host memory, rank 0: model state %.1f MiB (%.2f bytes/parameter), peak %.1f MiB\n",
                 model_state_bytes / 1048576.0,
                 static_cast<double>(model_state_bytes) / static_cast<double>(parameter_count(config.model)),

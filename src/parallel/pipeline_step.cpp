@@ -177,50 +177,79 @@ StepLosses PipelineStep::run(const std::vector<Batch>& batches, double lr, const
   return losses;
 }
 
-std::optional<std::string> PipelineStep::write_timeline(const std::string& dir, int64_t step) {
-  const std::string name = "pipeline_step" + std::to_string(step);
-  const auto timelines = pipeline::gather_timelines(pipe_, timeline_);
-  pipeline::Simulation measured;
-  measured.timeline = timelines;
-  std::map<Op, std::pair<double, int64_t>> durations;  // op -> (total seconds, count)
-  for (const auto& rank : timelines) {
+PipelineStep::Measured PipelineStep::measure_last_run() {
+  Measured m;
+  m.run.timeline = pipeline::gather_timelines(pipe_, timeline_);
+  // (op, stage) -> (total seconds, count); stage -1 over every stage.
+  std::map<std::pair<Op, int64_t>, std::pair<double, int64_t>> durations;
+  for (const auto& rank : m.run.timeline) {
     double busy = 0;
     for (const pipeline::TimedAction& t : rank) {
-      measured.step_time = std::max(measured.step_time, t.end);
+      m.run.step_time = std::max(m.run.step_time, t.end);
       if (t.action.is_transfer()) continue;
-      if (t.action.is_compute()) busy += t.end - t.start;
-      durations[t.action.op].first += t.end - t.start;
-      durations[t.action.op].second += 1;
+      const double d = t.end - t.start;
+      if (t.action.is_compute()) {
+        busy += d;
+        auto& [total, count] = durations[{t.action.op, t.action.stage}];
+        total += d;
+        count += 1;
+      }
+      if (t.action.op == Op::Optim) m.costs.rank_optim.push_back(d);
+      auto& [total, count] = durations[{t.action.op, -1}];
+      total += d;
+      count += 1;
     }
-    measured.busy.push_back(busy);
+    m.run.busy.push_back(busy);
   }
-  char note[200];
-  std::snprintf(note, sizeof note, "pipeline timeline of step %lld (bubble %.1f%%): %s.svg, %s.planned.svg, %s.trace.json",
-                static_cast<long long>(step), 100 * measured.bubble(), name.c_str(), name.c_str(), name.c_str());
-  if (pipe_.rank() != 0) return std::string(note);
-  pipeline::ActionCosts costs;
-  auto mean = [&](Op op, double fallback) {
-    const auto it = durations.find(op);
+  auto mean = [&](Op op, int64_t stage, double fallback) {
+    const auto it = durations.find({op, stage});
     return it == durations.end() ? fallback : it->second.first / static_cast<double>(it->second.second);
   };
-  costs.f = mean(Op::F, 0);
-  costs.i = mean(Op::I, 0);
-  costs.w = mean(Op::W, 0);
-  costs.b = mean(Op::B, costs.i + costs.w);
-  costs.gather = mean(Op::Gather, 0);  // the exposed waits: a lower bound on a fetch
-  costs.optim = mean(Op::Optim, 0);
-  const pipeline::Simulation planned = pipeline::simulate_schedule(*schedule_, costs);
-  char title[200];
+  m.costs.f = mean(Op::F, -1, 0);
+  m.costs.i = mean(Op::I, -1, 0);
+  m.costs.w = mean(Op::W, -1, 0);
+  m.costs.b = mean(Op::B, -1, m.costs.i + m.costs.w);
+  m.costs.gather = mean(Op::Gather, -1, 0);  // the exposed waits: a lower bound on a fetch
+  m.costs.optim = mean(Op::Optim, -1, 0);
+  for (int64_t s = 0; s < cut_.stages(); ++s) {
+    const double i = mean(Op::I, s, m.costs.i), w = mean(Op::W, s, m.costs.w);
+    m.costs.stages.push_back({mean(Op::F, s, m.costs.f), mean(Op::B, s, i + w), i, w});
+  }
+  if (static_cast<int64_t>(m.costs.rank_optim.size()) != pipe_.size()) m.costs.rank_optim.clear();
+  for (Op op : {Op::F, Op::B, Op::I, Op::W})
+    if (durations.count({op, -1})) m.ran.push_back(op);
+  return m;
+}
+
+std::optional<std::string> PipelineStep::write_timeline(const std::string& dir, int64_t step) {
+  const std::string name = "pipeline_step" + std::to_string(step);
+  const Measured m = measure_last_run();
+  char note[200];
+  std::snprintf(note, sizeof note, "pipeline timeline of step %lld (bubble %.1f%%): %s.svg, %s.planned.svg, %s.trace.json",
+                static_cast<long long>(step), 100 * m.run.bubble(), name.c_str(), name.c_str(), name.c_str());
+  if (pipe_.rank() != 0) return std::string(note);
+  const pipeline::Simulation planned = pipeline::simulate_schedule(*schedule_, m.costs);
+  char title[240];
   std::snprintf(title, sizeof title, "%s, pp %lld, %lld micro-batches, measured: step %.1f ms, bubble %.1f%%",
                 schedule_->name.c_str(), static_cast<long long>(schedule_->pp),
-                static_cast<long long>(schedule_->micro_batches), 1000 * measured.step_time, 100 * measured.bubble());
-  write_file_durable(dir + "/" + name + ".svg", pipeline::timeline_svg(*schedule_, measured, title));
-  std::snprintf(title, sizeof title, "%s, planned with the measured mean F %.2f ms, B %.2f ms, I %.2f ms, W %.2f ms: "
-                "step %.1f ms, bubble %.1f%%", schedule_->name.c_str(), 1000 * costs.f, 1000 * costs.b, 1000 * costs.i,
-                1000 * costs.w, 1000 * planned.step_time, 100 * planned.bubble());
+                static_cast<long long>(schedule_->micro_batches), 1000 * m.run.step_time, 100 * m.run.bubble());
+  write_file_durable(dir + "/" + name + ".svg", pipeline::timeline_svg(*schedule_, m.run, title));
+  std::snprintf(title, sizeof title, "%s, planned with each stage's measured mean times (over all F %.2f ms, B %.2f "
+                "ms, I %.2f ms, W %.2f ms): step %.1f ms, bubble %.1f%%", schedule_->name.c_str(), 1000 * m.costs.f, 1000 * m.costs.b,
+                1000 * m.costs.i, 1000 * m.costs.w, 1000 * planned.step_time, 100 * planned.bubble());
   write_file_durable(dir + "/" + name + ".planned.svg", pipeline::timeline_svg(*schedule_, planned, title));
-  write_file_durable(dir + "/" + name + ".trace.json", pipeline::timeline_chrome_trace(timelines, 1.0));
+  write_file_durable(dir + "/" + name + ".trace.json", pipeline::timeline_chrome_trace(m.run.timeline, 1.0));
   return std::string(note);
+}
+
+void PipelineStep::add_bench_fields(nlohmann::json& out) {
+  const Measured m = measure_last_run();
+  const pipeline::Simulation planned = pipeline::simulate_schedule(*schedule_, m.costs);
+  nlohmann::json ms = nlohmann::json::object();
+  for (Op op : m.ran) ms[pipeline::op_name(op)] = 1000 * m.costs.of(op);
+  out["pp_action_ms"] = ms;  // the last timed step's mean compute action, over every rank
+  out["pp_bubble"] = {{"measured", m.run.bubble()}, {"simulated", planned.bubble()},
+                      {"measured_step_s", m.run.step_time}, {"simulated_step_s", planned.step_time}};
 }
 
 double PipelineStep::evaluate(const std::vector<Batch>& batches) {

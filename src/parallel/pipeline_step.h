@@ -77,6 +77,9 @@ class PipelineStep final : public StepRunner {
   StepLosses run(const std::vector<Batch>& micro_batches, double lr, const GradientsReady& gradients_ready) override;
   double evaluate(const std::vector<Batch>& batches) override;
   std::optional<std::string> write_timeline(const std::string& dir, int64_t step) override;
+  // pp_action_ms (the last step's mean F, B, I, W over every rank) and pp_bubble (measured, and
+  // simulated from those means). A collective of the pp group.
+  void add_bench_fields(nlohmann::json& out) override;
 
  private:
   at::Tensor compute(const pipeline::Action& action, const at::Tensor& input, const std::vector<Batch>& batches);
@@ -88,6 +91,15 @@ class PipelineStep final : public StepRunner {
   std::vector<at::Tensor> trained_parameters() const;
   // A float32 buffer for the activation between two stages of `batch`'s rows.
   at::Tensor activation_buffer(const Batch& batch) const;
+
+  // The last run()'s timelines of every rank (a collective of pp), its busy time per rank and step
+  // time, and each compute op's mean duration over them.
+  struct Measured {
+    pipeline::Simulation run;
+    pipeline::ActionCosts costs;
+    std::vector<pipeline::Op> ran;  // the compute ops the schedule has
+  };
+  Measured measure_last_run();
 
   // After the owner's finish_gradients: the tied embedding's gradient summed over its two copies.
   void tie_embedding();

@@ -23,12 +23,6 @@ constexpr OpName kOpNames[] = {{Op::Release, "RELEASE"}, {Op::Gather, "GATHER"},
                                {Op::F, "F"},             {Op::B, "B"},            {Op::I, "I"},
                                {Op::W, "W"},             {Op::Optim, "OPTIM"}};
 
-const char* op_name(Op op) {
-  for (const auto& n : kOpNames)
-    if (n.op == op) return n.name;
-  return "?";
-}
-
 std::string trimmed(const std::string& s) {
   const auto begin = s.find_first_not_of(" \t\r\n");
   if (begin == std::string::npos) return "";
@@ -36,6 +30,12 @@ std::string trimmed(const std::string& s) {
 }
 
 }  // namespace
+
+const char* op_name(Op op) {
+  for (const auto& n : kOpNames)
+    if (n.op == op) return n.name;
+  return "?";
+}
 
 std::string Action::str() const {
   if (op == Op::Optim) return op_name(op);

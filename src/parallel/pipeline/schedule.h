@@ -43,6 +43,8 @@
 namespace tessera::pipeline {
 
 enum class Op : uint8_t { F, B, I, W, SendF, RecvF, SendB, RecvB, Gather, Release, Optim };
+// "F", "SEND_B", "GATHER", "OPTIM" (as in the text form).
+const char* op_name(Op op);
 
 struct Action {
   Op op = Op::F;

@@ -25,6 +25,18 @@ double ActionCosts::of(Op op) const {
   }
 }
 
+double ActionCosts::of(const Action& a, int64_t rank) const {
+  if (a.op == Op::Optim && rank < static_cast<int64_t>(rank_optim.size())) return rank_optim[rank];
+  if (!a.is_compute() || a.stage >= static_cast<int64_t>(stages.size())) return of(a.op);
+  const Compute& c = stages[a.stage];
+  switch (a.op) {
+    case Op::F: return c.f;
+    case Op::B: return c.b;
+    case Op::I: return c.i;
+    default: return c.w;
+  }
+}
+
 double Simulation::bubble() const {
   if (step_time <= 0 || busy.empty()) return 0;
   double total = 0;
@@ -120,9 +132,10 @@ Simulation simulate_schedule(const Schedule& s, const ActionCosts& costs) {
             start = until;
             awaited[r][a.stage] = 1;
           }
-          const double end = start + costs.of(a.op);
+          const double cost = costs.of(a, r);
+          const double end = start + cost;
           clock[r] = end;
-          if (a.is_compute()) sim.busy[r] += costs.of(a.op);
+          if (a.is_compute()) sim.busy[r] += cost;
           sim.timeline[r].push_back({a, start, end});
           if (a.is_compute()) {
             const Op key = a.op == Op::B ? Op::I : a.op;

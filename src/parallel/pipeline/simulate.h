@@ -33,7 +33,17 @@ struct ActionCosts {
   double f = 1, b = 2, i = 1, w = 1;  // compute, per action (one stage, one micro-batch)
   double transfer = 0;                // from a send being posted to the data's arrival
   double gather = 0, optim = 0;       // a GATHER's fetch, an OPTIM
+  // A measured run's stages and ranks differ (the embedding, the head and the loss; the optimizer
+  // step of each rank's parameters): when given, per stage in place of f, b, i, w, and per rank in
+  // place of optim.
+  struct Compute {
+    double f = 0, b = 0, i = 0, w = 0;
+  };
+  std::vector<Compute> stages;
+  std::vector<double> rank_optim;
   double of(Op op) const;
+  // The cost of `a` on rank `rank`: its stage's or rank's where given, else of(a.op).
+  double of(const Action& a, int64_t rank) const;
 };
 
 struct TimedAction {

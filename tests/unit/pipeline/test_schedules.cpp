@@ -91,6 +91,21 @@ TEST(PipelineSchedules, ZeroBubbleBeatsOneFOneB) {
   }
 }
 
+TEST(PipelineSchedules, MeasuredStagesAndRanksCostWhatTheyMeasured) {
+  // 1F1B, pp 2, one micro-batch: F0, F1, B1, B0 in a chain, then each rank's optimizer step.
+  Schedule s = build_schedule("1f1b", 2, 1, 1);
+  add_parameter_actions(s, Gathers::none);
+  ActionCosts costs;
+  costs.stages = {{1, 2, 0, 0}, {3, 4, 0, 0}};
+  costs.rank_optim = {0.5, 0.25};
+  const Simulation sim = simulate_schedule(s, costs);
+  EXPECT_NEAR(sim.step_time, 1 + 3 + 4 + 2 + 0.5, 1e-12);  // rank 0's B0 ends last, then its step
+  EXPECT_NEAR(sim.busy[0], 1 + 2, 1e-12);
+  EXPECT_NEAR(sim.busy[1], 3 + 4, 1e-12);
+  // Without them, every stage costs f and b.
+  EXPECT_NEAR(simulate_schedule(s).step_time, 1 + 1 + 2 + 2, 1e-12);
+}
+
 TEST(PipelineSchedules, BrokenTablesAreRefusedNamingRankAndAction) {
   const Schedule good = build_schedule("1f1b", 2, 4, 1);
   {  // A missing forward.
