@@ -12,7 +12,8 @@
 // group's (ep_bytes_per_step; bench/expert_parallel.py), with pipeline parallelism every
 // pipeline rank's host memory (pp_peak_bytes, pp_model_state_bytes: the two figures below, per
 // pipeline rank in order; bench/pipeline_memory.py), and the last step's mean F, B, I, W per action
-// and its measured and simulated bubble (pp_action_ms, pp_bubble; bench/pipeline_split.py).
+// and its measured and simulated bubble (pp_action_ms, pp_bubble; bench/pipeline_split.py), and the pp
+// group's bytes this rank sent per step (pp_bytes_per_step).
 //
 // MFU is the model FLOPs of the whole step (every data-parallel replica's tokens) over the median
 // step time and the peak of every process that ran it: a pipeline, tensor- or sequence-parallel
@@ -111,6 +112,7 @@ Command add_bench_command(CLI::App& app) {
     comm::Group* sp = mesh && mesh->dims().sp() > 1 ? &mesh->group("sp") : nullptr;
     comm::Group* tp = mesh && mesh->dims().tp() > 1 ? &mesh->group("tp") : nullptr;
     comm::Group* ep = mesh && mesh->dims().ep() > 1 ? &mesh->group("ep") : nullptr;
+    comm::Group* pp = mesh && mesh->dims().pp() > 1 ? &mesh->group("pp") : nullptr;
     const c10::Device device = step.device();
     std::vector<double> seconds;
     for (int64_t i = 0; i < args->warmup + args->steps; ++i) {
@@ -119,6 +121,7 @@ Command add_bench_command(CLI::App& app) {
         if (sp) sp->reset_traffic();
         if (tp) tp->reset_traffic();
         if (ep) ep->reset_traffic();
+        if (pp) pp->reset_traffic();
         host_memory::reset_peak();
       }
       auto start = std::chrono::steady_clock::now();
@@ -209,6 +212,7 @@ Command add_bench_command(CLI::App& app) {
       out["megatron_sp"] = config.parallel.megatron_sp;
     }
     if (ep) out["ep_bytes_per_step"] = bytes_by_op(*ep);
+    if (pp) out["pp_bytes_per_step"] = bytes_by_op(*pp);  // this rank's: its activations' and gradients' sends
     if (!pp_peak.empty()) {
       out["pp_peak_bytes"] = pp_peak;
       out["pp_model_state_bytes"] = pp_state;

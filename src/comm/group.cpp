@@ -445,6 +445,19 @@ void Group::send(at::Tensor tensor, int64_t to, int64_t tag) { impl_->point_to_p
 
 void Group::recv(at::Tensor tensor, int64_t from, int64_t tag) { impl_->point_to_point({}, -1, tensor, from, tag); }
 
+namespace {
+
+// Whether a posted backend Work finished, holding it weakly: wait_backend waits until the Work is
+// referenced by its waiter alone (the backend let go of the tensor).
+std::function<bool()> finished_probe(const c10::intrusive_ptr<c10d::Work>& work) {
+  return [weak = c10::weak_intrusive_ptr<c10d::Work>(work)] {
+    const c10::intrusive_ptr<c10d::Work> w = weak.lock();
+    return !w || w->isCompleted();
+  };
+}
+
+}  // namespace
+
 Work Group::send_async(at::Tensor tensor, int64_t to, int64_t tag) {
   Impl& g = *impl_;
   require(tag >= 0 && tag < kRingTagBit, "internal: send tag ", tag, " outside [0, 2^30)");
@@ -460,7 +473,29 @@ Work Group::send_async(at::Tensor tensor, int64_t to, int64_t tag) {
   std::shared_ptr<Impl> impl = impl_;  // the Work may outlive this call, not the group's state
   return Work(std::async(std::launch::deferred, [impl, sent, tensor, op]() {
                 impl->guarded(op, [&] { impl->wait_backend(sent); });
-              }).share());
+              }).share(),
+              finished_probe(sent));
+}
+
+Work Group::recv_async(at::Tensor tensor, int64_t from, int64_t tag) {
+  Impl& g = *impl_;
+  std::shared_ptr<Impl> impl = impl_;
+  if (g.on_cuda())
+    return Work(std::async(std::launch::deferred, [impl, tensor, from, tag]() {
+                  impl->point_to_point({}, -1, tensor, from, tag);
+                }).share());
+  require(tag >= 0 && tag < kRingTagBit, "internal: recv tag ", tag, " outside [0, 2^30)");
+  require(g.size() > 1, "group '", g.name, "' has one member: there is no peer to receive from");
+  const std::string op = "recv of " + shape_text(tensor) + " from rank " + std::to_string(from);
+  c10::intrusive_ptr<c10d::Work> received;
+  g.guarded(op, [&] {
+    std::vector<at::Tensor> in{tensor};
+    received = g.backend->recv(in, static_cast<int>(from), static_cast<int>(tag));
+  });
+  return Work(std::async(std::launch::deferred, [impl, received, tensor, op]() {
+                impl->guarded(op, [&] { impl->wait_backend(received); });
+              }).share(),
+              finished_probe(received));
 }
 
 Work Group::run_async(const std::string& op, std::function<void()> body) {

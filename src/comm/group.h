@@ -63,17 +63,24 @@ enum class ReduceOp { sum, avg, max };
 class Work {
  public:
   Work() = default;
-  explicit Work(std::shared_future<void> done) : done_(std::move(done)) {}
+  // `finished`: for a Work whose `done` is deferred (waited on the caller's thread: a Gloo send or
+  // receive posted to the backend), whether the backend finished it.
+  explicit Work(std::shared_future<void> done, std::function<bool()> finished = nullptr)
+      : done_(std::move(done)), finished_(std::move(finished)) {}
   // Blocks until the operation finished; rethrows its tessera::Error. A default Work is done.
   void wait();
   bool pending() const { return done_.valid(); }
-  // Whether it finished (a default Work has), without waiting.
+  // Whether it finished (a default Work has), without waiting; wait() then returns at once (and
+  // rethrows a failure).
   bool ready() const {
-    return !done_.valid() || done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+    if (!done_.valid()) return true;
+    if (finished_) return finished_();
+    return done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
   }
 
  private:
   std::shared_future<void> done_;
+  std::function<bool()> finished_;
 };
 
 class Group {
@@ -131,6 +138,11 @@ class Group {
   // Gloo: posted on the caller's thread, waited by Work::wait; NCCL: on the communication thread.
   Work send_async(at::Tensor tensor, int64_t to, int64_t tag = 0);
   void recv(at::Tensor tensor, int64_t from, int64_t tag = 0);
+  // A receive posted now, so the data lands while the caller computes; read `tensor` after wait().
+  // Gloo: posted to the backend at once (matched by tag). NCCL matches by issue order on the one
+  // communication thread, where a receive posted ahead would hold up the sends queued behind it:
+  // there it is issued when waited, as recv() would be.
+  Work recv_async(at::Tensor tensor, int64_t from, int64_t tag = 0);
   void barrier();
   // A composite operation named `op` (see the invariants above). `body` may issue this group's
   // collectives (they run inline and their Work is already done when returned) and compute; the

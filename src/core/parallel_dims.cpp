@@ -20,6 +20,8 @@ void ParallelOptions::check(const std::string& source) const {
           source, ": parallel.pp_schedule must be gpipe, 1f1b, interleaved, zbh1, zbv, dualpipev or file:PATH (got \"",
           pp_schedule,
           "\")");
+  require(pp_transfer_dtype == "compute" || pp_transfer_dtype == "float32", source,
+          ": parallel.pp_transfer_dtype must be compute or float32 (got \"", pp_transfer_dtype, "\")");
   require(pp_cut == "layers" || pp_cut == "params" || pp_cut == "profile", source,
           ": parallel.pp_cut must be layers, params or profile (got \"", pp_cut, "\")");
   require(!zero3_reshard_per_microbatch || (zero_stage == 3 && pp > 1), source,

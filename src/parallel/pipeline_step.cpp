@@ -50,7 +50,8 @@ PipelineStep::PipelineStep(TransformerLM model, ResidentOwner& owner, comm::Mesh
       config_(config),
       device_(device),
       autocast_(autocast),
-      cut_(layout.cut()) {
+      cut_(layout.cut()),
+      transfer_dtype_(config.parallel.pp_transfer_dtype == "compute" && autocast ? *autocast : at::kFloat) {
   if (!owner_.shards_parameters()) schedule_ = layout.schedule();  // no gathers to add
   schedule_for(config.train.accumulation(mesh.dims().dp()));
 }
@@ -68,7 +69,7 @@ at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const
         x = model_->embed(batch.inputs.to(device_));
         s.embedded = x;
       } else {
-        s.input = input.to(device_).detach().requires_grad_(true);
+        s.input = input.to(device_, at::kFloat).detach().requires_grad_(true);
         x = s.input;
       }
       const BlockOutput blocks = model_->run_blocks(x, cut_.boundaries[a.stage], cut_.boundaries[a.stage + 1]);
@@ -78,7 +79,7 @@ at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const
           s.aux = blocks.aux_loss / static_cast<double>(micro_batches_);
           aux_sum_ += blocks.aux_loss.detach().to(at::kCPU, at::kDouble);
         }
-        return blocks.x.detach().to(at::kFloat);
+        return blocks.x.detach().to(transfer_dtype_);
       }
       const ModelOutput out = model_->head(blocks.x, batch.targets.to(device_), blocks.aux_loss);
       s.output = out.loss.to(at::kFloat) / static_cast<double>(micro_batches_);
@@ -93,7 +94,7 @@ at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const
       if (!last) s.grad_out = input.to(device_, s.output.scalar_type());
       const Roots roots = s.roots();
       torch::autograd::backward(roots.tensors, roots.grads);
-      return first ? at::Tensor() : s.input.grad().to(at::kFloat);
+      return first ? at::Tensor() : s.input.grad().to(transfer_dtype_);
     }
     case Op::I: {
       Stash& s = stash_.at(key);
@@ -107,7 +108,7 @@ at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const
       s.split.emplace(roots.tensors, roots.grads, first ? s.embedded : s.input, trained_parameters());
       const at::Tensor grad = s.split->input_gradient();
       s.drop_graph();  // what W needs is the split's
-      return first ? at::Tensor() : grad.to(at::kFloat);
+      return first ? at::Tensor() : grad.to(transfer_dtype_);
     }
     case Op::W: {
       Stash s = std::move(stash_.at(key));
@@ -130,7 +131,7 @@ at::Tensor PipelineStep::activation_buffer(const Batch& batch) const {
   // Under Megatron sequence parallelism a block's activation is this tp rank's sequence chunk.
   const int64_t tokens = batch.inputs.size(1) / (config_.parallel.megatron_sp ? config_.parallel.tp : 1);
   return at::empty({batch.inputs.size(0), tokens, config_.model.n_embd},
-                   at::TensorOptions().dtype(at::kFloat).device(device_));
+                   at::TensorOptions().dtype(transfer_dtype_).device(device_));
 }
 
 void PipelineStep::tie_embedding() {
@@ -269,13 +270,14 @@ double PipelineStep::evaluate(const std::vector<Batch>& batches) {
       } else if (rank_of(s - 1) != me) {
         x = activation_buffer(batch);
         pipe_.recv(x, rank_of(s - 1));
+        x = x.to(at::kFloat);
       }
       const BlockOutput blocks = model_->run_blocks(x, cut_.boundaries[s], cut_.boundaries[s + 1]);
       x = blocks.x;
       if (s + 1 == stages)
         total += model_->head(x, batch.targets.to(device_), blocks.aux_loss).ce_loss.detach().to(at::kCPU, at::kDouble);
       else if (rank_of(s + 1) != me)
-        pipe_.send(x.to(at::kFloat).contiguous(), rank_of(s + 1));
+        pipe_.send(x.to(transfer_dtype_).contiguous(), rank_of(s + 1));
     }
   }
   pipe_.all_reduce(total);

@@ -8,8 +8,10 @@
 //   F(j)  stage 0 embeds micro-batch j's tokens, the others take the incoming activation as a
 //         leaf requiring grad; the stage's blocks run; the last stage adds the head and the loss
 //         (ce + aux) / micro-batches; an earlier stage with mixture-of-experts blocks keeps their
-//         auxiliary loss / micro-batches as a second root of its backward. Activations travel
-//         in float32 whatever the compute dtype; under tensor and sequence parallelism each
+//         auxiliary loss / micro-batches as a second root of its backward. Activations and
+//         their gradients travel in parallel.pp_transfer_dtype: the compute dtype (bf16 or fp16
+//         under autocast: half the bytes) or float32; either way a stage takes its input as a
+//         float32 leaf, as the residual stream is in one process. Under tensor and sequence parallelism each
 //         rank sends to its own tp and sp rank of the next stage (the pp group), with
 //         Megatron-SP or sp > 1 only its sequence chunk (the batches given to run() are this
 //         rank's columns already).
@@ -89,7 +91,7 @@ class PipelineStep final : public StepRunner {
   ModelStage stage_of(int64_t stage) const;
   // The parameters of this rank's stages that are trained (W's targets).
   std::vector<at::Tensor> trained_parameters() const;
-  // A float32 buffer for the activation between two stages of `batch`'s rows.
+  // A buffer (transfer_dtype_) for the activation between two stages of `batch`'s rows.
   at::Tensor activation_buffer(const Batch& batch) const;
 
   // The last run()'s timelines of every rank (a collective of pp), its busy time per rank and step
@@ -112,6 +114,7 @@ class PipelineStep final : public StepRunner {
   c10::Device device_;
   std::optional<at::ScalarType> autocast_;
   StageCut cut_;  // pp x v stages
+  at::ScalarType transfer_dtype_;  // of activations and their gradients between ranks
 
   // What a backward starts from, with the gradient of each.
   struct Roots {

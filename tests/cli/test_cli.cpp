@@ -288,5 +288,29 @@ TEST(Bench, ReportsTheStepItTimed) {
   EXPECT_GT(j["model_state_bytes"].get<int64_t>(), 0);
 }
 
+// A pipeline's step spans both processes: MFU counts its tokens once against both processes' peak,
+// and under bf16 the activations cross the boundary in bf16 (rank 0, stage 0, sends one per
+// micro-batch). The last step's action times and bubbles are reported.
+TEST(Bench, APipelineCountsEveryProcessAndSendsItsActivationsInTheComputeDtype) {
+  const int64_t m = 4, batch = 2, seq = 64;
+  auto r = run_tessera("bench --config tiny_gpt --json --steps 2 --warmup 1 --nproc 2 --out " + fresh_dir("bench_pp") +
+                       " --set parallel.pp=2 --set parallel.pp_schedule=zbh1 --set precision.dtype=bf16 --set "
+                       "train.grad_accum=" + std::to_string(m) + " --set train.batch_size=" + std::to_string(batch) +
+                       " --set train.seq_len=" + std::to_string(seq) + " --set train.threads=1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const size_t line = r.output.rfind("\n{");
+  ASSERT_NE(line, std::string::npos) << r.output;
+  const auto j = nlohmann::json::parse(r.output.substr(line + 1));
+  const ModelOptions model = ModelOptions::from_preset("tiny_gpt");
+  const double tokens = static_cast<double>(m * batch * seq);
+  EXPECT_EQ(j["tokens_per_step"].get<double>(), tokens);
+  EXPECT_NEAR(j["mfu"].get<double>() * j["peak_flops"].get<double>() * 2 * j["median_step_s"].get<double>(),
+              flops_per_token(model, seq) * tokens, 1e-6 * flops_per_token(model, seq) * tokens);
+  EXPECT_EQ(j["pp_bytes_per_step"]["send"].get<double>(), static_cast<double>(m * batch * seq * model.n_embd * 2));
+  for (const char* op : {"F", "I", "W"}) EXPECT_GT(j["pp_action_ms"][op].get<double>(), 0) << op;
+  EXPECT_GE(j["pp_bubble"]["measured"].get<double>(), 0);
+  EXPECT_GT(j["pp_bubble"]["simulated"].get<double>(), 0);
+}
+
 }  // namespace
 }  // namespace tessera::test

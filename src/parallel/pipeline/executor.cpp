@@ -46,6 +46,32 @@ std::vector<TimedAction> run_schedule(const Schedule& s, comm::Group& pipe, cons
 
   std::map<Key, at::Tensor> ready;  // inputs waiting for their consumer, received or handed over
   std::vector<std::pair<comm::Work, at::Tensor>> sends;
+  const std::vector<Action>& row = s.ranks[me];
+  // The receive posted ahead: its index in the row (row.size(): none), Work and buffer.
+  size_t posted_at = row.size();
+  comm::Work posted;
+  at::Tensor posted_buffer;
+  auto post_next_receive = [&](size_t from) {
+    for (posted_at = from; posted_at < row.size(); ++posted_at) {
+      const Action& a = row[posted_at];
+      if (a.op != Op::RecvF && a.op != Op::RecvB) continue;
+      const bool forward = a.op == Op::RecvF;
+      posted_buffer = work.receive_buffer(a);
+      posted = pipe.recv_async(posted_buffer, s.rank_of(forward ? a.stage - 1 : a.stage + 1),
+                               transfer_tag(forward ? 0 : 1, a.stage, a.micro));
+      return;
+    }
+  };
+  auto let_go_of_finished_sends = [&]() {
+    for (auto it = sends.begin(); it != sends.end();) {
+      if (!it->first.ready()) {
+        ++it;
+        continue;
+      }
+      it->first.wait();  // at once; rethrows a failure
+      it = sends.erase(it);
+    }
+  };
   std::vector<TimedAction> timeline;
   // Per stage: GATHER holds, and whether the first compute action since the fetch has waited for it.
   std::vector<int64_t> holds(static_cast<size_t>(s.stages()), 0);
@@ -61,7 +87,9 @@ std::vector<TimedAction> run_schedule(const Schedule& s, comm::Group& pipe, cons
     ready.erase(it);
     return t;
   };
-  for (const Action& a : s.ranks[me]) {
+  post_next_receive(0);
+  for (size_t index = 0; index < row.size(); ++index) {
+    const Action& a = row[index];
     double start = now();
     try {
       switch (a.op) {
@@ -96,11 +124,11 @@ std::vector<TimedAction> run_schedule(const Schedule& s, comm::Group& pipe, cons
         }
         case Op::RecvF:
         case Op::RecvB: {
-          const bool forward = a.op == Op::RecvF;
-          at::Tensor buffer = work.receive_buffer(a);
-          pipe.recv(buffer, s.rank_of(forward ? a.stage - 1 : a.stage + 1), transfer_tag(forward ? 0 : 1, a.stage, a.micro));
-          ready[{forward ? 0 : 1, a.stage, a.micro}] = buffer;
+          require(posted_at == index, "internal: pipeline rank ", me, " reached ", a.str(), " without posting it");
+          posted.wait();
+          ready[{a.op == Op::RecvF ? 0 : 1, a.stage, a.micro}] = std::move(posted_buffer);
           timeline.push_back({a, start, now()});
+          post_next_receive(index + 1);
           break;
         }
         case Op::Gather:
@@ -116,6 +144,7 @@ std::vector<TimedAction> run_schedule(const Schedule& s, comm::Group& pipe, cons
           break;
         }
       }
+      let_go_of_finished_sends();
     } catch (const Error& e) {
       if (a.op == Op::RecvF || a.op == Op::RecvB) {
         const int64_t from = a.op == Op::RecvF ? a.stage - 1 : a.stage + 1;

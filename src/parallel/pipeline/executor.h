@@ -12,10 +12,14 @@
 // of the step is waited for. A GATHER that takes a stage's first hold starts its fetch and returns;
 // the next compute action on that stage first calls StageWork::complete, and the time it waited
 // is the timeline's GATHER entry (the exposed part of the gather).
-// Transfers: SEND_* posts an asynchronous send (comm::Group::send_async) and goes on; RECV_*
-// blocks until its tensor arrived (a buffer from StageWork::receive_buffer). A transfer's tag is
-// (direction, consuming stage, micro-batch), so a receive can only match its own send. Every send
-// is waited before run_schedule returns. A peer that dies or stalls surfaces as the group's error
+// Transfers: SEND_* posts an asynchronous send (comm::Group::send_async) and goes on; a send that
+// finished is let go (its tensor freed) after the next action, the rest before OPTIM. Each
+// receive is posted ahead (comm::Group::recv_async, into a buffer from
+// StageWork::receive_buffer): the row's next RECV_* is posted as soon as the one before it was
+// taken (the first at the start), so its data lands while the rank computes, and RECV_* waits
+// only for what has not arrived yet. A transfer's tag is (direction, consuming stage,
+// micro-batch), so a receive can only match its own send. Every send is waited before
+// run_schedule returns. A peer that dies or stalls surfaces as the group's error
 // (naming the rank, within parallel.timeout_s), prefixed with this rank's action.
 //
 // Invariants: the table passed validate_schedule (the executor trusts its order); StageWork is
