@@ -11,9 +11,13 @@ close the simulator fed with the measured action times comes to the measured bub
    twin bench/pytorch_pipeline_twin.py where PyTorch has the schedule); each keeps its best median
    step. Per tessera row: the measured bubble of its last timed step and the bubble the simulator
    gives for that step from each stage's measured mean F, B, I, W and each rank's optimizer step.
-Written to bench/results/pipeline_split_cpu.{md,json}.
+3. Bytes each rank sends to the other per step (pp_bytes_per_step) at float32 and under bf16 with
+   parallel.pp_transfer_dtype = compute, against m x batch x seq x n_embd x the dtype's bytes.
+Written to bench/results/pipeline_split_cpu.{md,json}; --parts runs some parts again, keeping the
+others' results from the JSON.
 
 usage: bench/pipeline_split.py BUILD_DIR [--baseline OLD_BUILD_DIR] [--rounds 3] [--no-pytorch] [--no-gpt2]
+                               [--parts fiw,schedules,bytes]
 """
 import argparse
 import json
@@ -65,6 +69,20 @@ def actions(build, gpt2):
     return rows
 
 
+def wire_bytes(build):
+    rows = []
+    m, batch, seq, width = 8, TINY["train.batch_size"], TINY["train.seq_len"], TINY["model.n_embd"]
+    for dtype, sets in [("float32", {}), ("bf16 (compute)", {"precision.dtype": "bf16"}),
+                        ("bf16, pp_transfer_dtype = float32", {"precision.dtype": "bf16",
+                                                               "parallel.pp_transfer_dtype": "float32"})]:
+        got = tessera(build, "tiny_gpt", dict(TINY, **sets), m, "1f1b", steps=2, warmup=1)
+        size = 2 if dtype.startswith("bf16 (") else 4
+        rows.append({"dtype": dtype, "sent": got["pp_bytes_per_step"]["send"], "formula": m * batch * seq * width * size,
+                     "step_s": got["median_step_s"]})
+        print(rows[-1], flush=True)
+    return rows
+
+
 def schedules(build, baseline, rounds, with_pytorch):
     best = {}  # (peer, schedule, m) -> best run
     for r in range(rounds):
@@ -86,13 +104,16 @@ def schedules(build, baseline, rounds, with_pytorch):
     return best
 
 
-def write(build, args, fiw, best):
+def write(build, args, results):
+    settings = results.get("settings", {})  # the schedules part's run
+    baseline, rounds, no_pytorch = settings.get("baseline"), settings.get("rounds"), not settings.get("pytorch", True)
+    fiw, wire = results.get("fiw", []), results.get("bytes", [])
+    best = {(r["peer"], r["schedule"], r["microbatches"]): r for r in results.get("runs", [])}
     out = Path("bench/results/pipeline_split_cpu.md")
     lines = ["# Pipeline schedules at pp 2: the zero-bubble split, 1F1B, and PyTorch's pipelining (CPU)", "",
-             f"Command: `python3 bench/pipeline_split.py {build}" + (f" --baseline {args.baseline}" if args.baseline
-                                                                    else "") + f" --rounds {args.rounds}`. "
-             "Two processes, one per core, one intra-op thread each (Gloo on loopback). Best median step of "
-             f"{args.rounds} rounds, runs interleaved within a round.", ""]
+             f"Command: `python3 bench/pipeline_split.py {build}" + (f" --baseline {baseline}" if baseline else "")
+             + f" --rounds {rounds}`. Two processes, one per core, one intra-op thread each (Gloo on loopback). "
+             f"Best median step of {rounds} rounds, runs interleaved within a round.", ""]
     if fiw:
         lines += ["## F, I and W per action (mean over both ranks, last timed step)", "",
                   "| model | F ms | I ms | W ms | W / I | B ms (1F1B) | (I + W) / B |", "|---|---|---|---|---|---|---|"]
@@ -100,15 +121,21 @@ def write(build, args, fiw, best):
             lines.append(f"| {r['model']} | {r['F']:.2f} | {r['I']:.2f} | {r['W']:.2f} | {r['W_over_I']:.2f} | "
                          f"{r['B']:.2f} | {r['IW_over_B']:.2f} |")
         lines.append("")
+    if wire:
+        lines += ["## Bytes rank 0 sends per step (1F1B, 8 micro-batches of 4 x 128 x 128)", "",
+                  "| precision, wire | bytes sent | formula m x b x s x h x dtype | step s |", "|---|---|---|---|"]
+        for r in wire:
+            lines.append(f"| {r['dtype']} | {r['sent']:.0f} | {r['formula']:.0f} | {r['step_s']:.3f} |")
+        lines.append("")
     for m in (8, 16):
         base = best.get(("tessera", "1f1b", m), {}).get("median_step_s")
         lines += [f"## {m} micro-batches of 4 x 128 tokens (tiny_gpt widened to 8 blocks of 128)", ""]
         head = "| schedule | tessera step s | vs tessera 1F1B | bubble measured | bubble simulated |"
         sep = "|---|---|---|---|---|"
-        if args.baseline:
+        if baseline:
             head += " baseline step s | this / baseline |"
             sep += "---|---|"
-        if m == 8 and not args.no_pytorch:
+        if m == 8 and not no_pytorch:
             head += " PyTorch schedule | PyTorch step s | PyTorch / tessera |"
             sep += "---|---|---|"
         lines += [head, sep]
@@ -118,11 +145,11 @@ def write(build, args, fiw, best):
                 continue
             row = (f"| {schedule} | {t['median_step_s']:.3f} | {base / t['median_step_s']:.2f}x | "
                    f"{100 * t['pp_bubble']['measured']:.1f}% | {100 * t['pp_bubble']['simulated']:.1f}% |")
-            if args.baseline:
+            if baseline:
                 b = best.get(("baseline", schedule, m), {})
                 bs = b.get("median_step_s")
                 row += f" {bs:.3f} | {t['median_step_s'] / bs:.3f} |" if bs else " - | - |"
-            if m == 8 and not args.no_pytorch:
+            if m == 8 and not no_pytorch:
                 p = best.get(("pytorch", schedule, m))
                 if schedule not in TWIN or not p:
                     row += " - | - | - |"
@@ -134,8 +161,6 @@ def write(build, args, fiw, best):
             lines.append(row)
         lines.append("")
     out.write_text("\n".join(lines) + "\n")
-    dump = {"fiw": fiw, "runs": [{"peer": k[0], "schedule": k[1], "microbatches": k[2], **v} for k, v in best.items()]}
-    Path("bench/results/pipeline_split_cpu.json").write_text(json.dumps(dump, indent=1) + "\n")
     print("wrote", out)
 
 
@@ -146,10 +171,21 @@ def main():
     a.add_argument("--rounds", type=int, default=3)
     a.add_argument("--no-pytorch", action="store_true")
     a.add_argument("--no-gpt2", action="store_true")
+    a.add_argument("--parts", default="fiw,schedules,bytes")
     args = a.parse_args()
-    fiw = actions(args.build, not args.no_gpt2)
-    best = schedules(args.build, args.baseline, args.rounds, not args.no_pytorch)
-    write(args.build, args, fiw, best)
+    store = Path("bench/results/pipeline_split_cpu.json")
+    results = json.loads(store.read_text()) if store.exists() else {}
+    parts = args.parts.split(",")
+    if "fiw" in parts:
+        results["fiw"] = actions(args.build, not args.no_gpt2)
+    if "bytes" in parts:
+        results["bytes"] = wire_bytes(args.build)
+    if "schedules" in parts:
+        best = schedules(args.build, args.baseline, args.rounds, not args.no_pytorch)
+        results["runs"] = [{**v, "peer": k[0], "schedule": k[1], "microbatches": k[2]} for k, v in best.items()]
+        results["settings"] = {"baseline": args.baseline, "rounds": args.rounds, "pytorch": not args.no_pytorch}
+    store.write_text(json.dumps(results, indent=1) + "\n")
+    write(args.build, args, results)
 
 
 if __name__ == "__main__":

@@ -81,9 +81,11 @@ def worker(rank, a, port, out):
     except Exception as e:  # a schedule PyTorch cannot run here: reported, not hidden
         result = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
                   "trace": traceback.format_exc()[-1500:]}
-    if rank == 0:
-        out.put(result)
-    dist.destroy_process_group()
+    out.put((rank, result))
+    try:
+        dist.destroy_process_group()
+    except Exception:  # a peer already gone
+        pass
 
 
 def run(rank, a):
@@ -161,7 +163,12 @@ def main():
     procs = [ctx.Process(target=worker, args=(r, a, a.port, out)) for r in range(a.pp)]
     for p in procs:
         p.start()
-    result = out.get(timeout=600)
+    results = dict(out.get(timeout=600) for _ in procs)
+    errors = {r: results[r]["error"] for r in sorted(results) if "error" in results[r]}
+    # The first rank's own failure, not a peer's report that it went away.
+    result = results[0] if not errors else {
+        "error": next((e for e in errors.values() if "Connection closed by peer" not in e), next(iter(errors.values()))),
+        "errors_by_rank": errors, "schedule": a.schedule, "pytorch_class": SCHEDULES[a.schedule][0]}
     for p in procs:
         p.join(timeout=60)
         if p.is_alive():

@@ -445,19 +445,6 @@ void Group::send(at::Tensor tensor, int64_t to, int64_t tag) { impl_->point_to_p
 
 void Group::recv(at::Tensor tensor, int64_t from, int64_t tag) { impl_->point_to_point({}, -1, tensor, from, tag); }
 
-namespace {
-
-// Whether a posted backend Work finished, holding it weakly: wait_backend waits until the Work is
-// referenced by its waiter alone (the backend let go of the tensor).
-std::function<bool()> finished_probe(const c10::intrusive_ptr<c10d::Work>& work) {
-  return [weak = c10::weak_intrusive_ptr<c10d::Work>(work)] {
-    const c10::intrusive_ptr<c10d::Work> w = weak.lock();
-    return !w || w->isCompleted();
-  };
-}
-
-}  // namespace
-
 Work Group::send_async(at::Tensor tensor, int64_t to, int64_t tag) {
   Impl& g = *impl_;
   require(tag >= 0 && tag < kRingTagBit, "internal: send tag ", tag, " outside [0, 2^30)");
@@ -473,8 +460,7 @@ Work Group::send_async(at::Tensor tensor, int64_t to, int64_t tag) {
   std::shared_ptr<Impl> impl = impl_;  // the Work may outlive this call, not the group's state
   return Work(std::async(std::launch::deferred, [impl, sent, tensor, op]() {
                 impl->guarded(op, [&] { impl->wait_backend(sent); });
-              }).share(),
-              finished_probe(sent));
+              }).share());
 }
 
 Work Group::recv_async(at::Tensor tensor, int64_t from, int64_t tag) {
@@ -494,8 +480,7 @@ Work Group::recv_async(at::Tensor tensor, int64_t from, int64_t tag) {
   });
   return Work(std::async(std::launch::deferred, [impl, received, tensor, op]() {
                 impl->guarded(op, [&] { impl->wait_backend(received); });
-              }).share(),
-              finished_probe(received));
+              }).share());
 }
 
 Work Group::run_async(const std::string& op, std::function<void()> body) {

@@ -63,24 +63,19 @@ enum class ReduceOp { sum, avg, max };
 class Work {
  public:
   Work() = default;
-  // `finished`: for a Work whose `done` is deferred (waited on the caller's thread: a Gloo send or
-  // receive posted to the backend), whether the backend finished it.
-  explicit Work(std::shared_future<void> done, std::function<bool()> finished = nullptr)
-      : done_(std::move(done)), finished_(std::move(finished)) {}
+  explicit Work(std::shared_future<void> done) : done_(std::move(done)) {}
   // Blocks until the operation finished; rethrows its tessera::Error. A default Work is done.
   void wait();
   bool pending() const { return done_.valid(); }
-  // Whether it finished (a default Work has), without waiting; wait() then returns at once (and
-  // rethrows a failure).
+  // Whether it finished (a default Work has), without waiting. A Gloo send or receive posted to the
+  // backend (send_async, recv_async) is finished only by its wait: Gloo's point-to-point work
+  // reports completion from wait() alone.
   bool ready() const {
-    if (!done_.valid()) return true;
-    if (finished_) return finished_();
-    return done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+    return !done_.valid() || done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
   }
 
  private:
   std::shared_future<void> done_;
-  std::function<bool()> finished_;
 };
 
 class Group {

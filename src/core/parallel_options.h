@@ -18,7 +18,7 @@ struct ParallelOptions {
   int64_t pp_virtual = 0;            // stages per pipeline rank; 0 = the schedule's (2 for interleaved, zbv, dualpipev)
   std::string pp_cut = "layers";     // layers | params | profile (plan/stage_cut.h)
   std::vector<int64_t> pp_layers;    // blocks per stage, set by hand (empty: cut by pp_cut)
-  std::string pp_transfer_dtype = "compute";  // compute (bf16/fp16 under autocast) | float32: on the wire
+  std::string pp_transfer_dtype = "compute";  // compute (bf16 under autocast) | float32: on the wire
   int64_t sp = 1;
   int64_t ep = 1;  // expert parallelism, carved out of the data-parallel ranks (divides dp)
   bool megatron_sp = false;  // with tp > 1: LayerNorm/dropout regions split along the sequence
@@ -54,8 +54,8 @@ struct ParallelOptions {
       "the cut by hand: blocks per pipeline stage, in stage order (pp x stages per rank entries summing to "
       "model.n_layer); empty = cut by pp_cut");
     v("pp_transfer_dtype", pp_transfer_dtype,
-      "the dtype activations and their gradients travel in between pipeline stages: compute (precision.dtype's: "
-      "bf16 or fp16 under autocast, half the bytes of float32; the residual stream is rounded once at each stage "
+      "the dtype activations and their gradients travel in between pipeline stages: compute (the autocast dtype "
+      "under precision.dtype = bf16: half the bytes of float32; the residual stream is rounded once at each stage "
       "boundary) or float32 (bit-equal to one process)");
     v("sp", sp, "sequence-parallel degree", between(1, 4096));
     v("ep", ep, "expert-parallel degree (taken from the data-parallel ranks; divides dp)", between(1, 4096));

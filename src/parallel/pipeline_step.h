@@ -9,10 +9,10 @@
 //         leaf requiring grad; the stage's blocks run; the last stage adds the head and the loss
 //         (ce + aux) / micro-batches; an earlier stage with mixture-of-experts blocks keeps their
 //         auxiliary loss / micro-batches as a second root of its backward. Activations and
-//         their gradients travel in parallel.pp_transfer_dtype: the compute dtype (bf16 or fp16
-//         under autocast: half the bytes) or float32; either way a stage takes its input as a
-//         float32 leaf, as the residual stream is in one process. Under tensor and sequence parallelism each
-//         rank sends to its own tp and sp rank of the next stage (the pp group), with
+//         their gradients travel in parallel.pp_transfer_dtype: the compute dtype (bf16 under
+//         autocast: half the bytes) or float32; either way a stage takes its input as a float32
+//         leaf, as the residual stream is in one process. Under tensor and sequence parallelism
+//         each rank sends to its own tp and sp rank of the next stage (the pp group), with
 //         Megatron-SP or sp > 1 only its sequence chunk (the batches given to run() are this
 //         rank's columns already).
 //   B(j)  backward of the stage's output (the last stage: of its loss) with the received gradient;

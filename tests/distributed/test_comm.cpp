@@ -112,6 +112,30 @@ TEST(Comm, SendRecvRing) {
   EXPECT_TRUE(at::equal(incoming, rank_tensor((me + n - 1) % n, 7)));
 }
 
+// Receives posted ahead, before the peer sends and for two tags the peer sends in the other
+// order, each get their own data when waited.
+TEST(Comm, ReceivesPostedAheadGetTheirOwnData) {
+  tessera::test::Ranks ranks(2);
+  if (!ranks.is_worker()) return ranks.expect_success();
+  auto mesh = ranks.connect();
+  auto& world = mesh->world();
+  if (world.rank() == 1) {
+    at::Tensor first = at::empty({5}), second = at::empty({5});
+    tessera::comm::Work a = world.recv_async(first, 0, 1), b = world.recv_async(second, 0, 2);
+    world.barrier();  // rank 0 sends only now
+    b.wait();
+    a.wait();
+    EXPECT_TRUE(at::equal(first, rank_tensor(0, 5)));
+    EXPECT_TRUE(at::equal(second, rank_tensor(1, 5)));
+  } else {
+    world.barrier();
+    const at::Tensor x = rank_tensor(1, 5), y = rank_tensor(0, 5);
+    tessera::comm::Work sent = world.send_async(x, 1, 2);
+    world.send_async(y, 1, 1).wait();
+    sent.wait();
+  }
+}
+
 // A composite operation's inner collectives run inline on the communication thread, in the
 // queue position of run_async: the plain all-reduce issued after it is matched with the other
 // rank's plain all-reduce even though rank 0's composite is slow to start, and run_async returns

@@ -62,16 +62,7 @@ std::vector<TimedAction> run_schedule(const Schedule& s, comm::Group& pipe, cons
       return;
     }
   };
-  auto let_go_of_finished_sends = [&]() {
-    for (auto it = sends.begin(); it != sends.end();) {
-      if (!it->first.ready()) {
-        ++it;
-        continue;
-      }
-      it->first.wait();  // at once; rethrows a failure
-      it = sends.erase(it);
-    }
-  };
+
   std::vector<TimedAction> timeline;
   // Per stage: GATHER holds, and whether the first compute action since the fetch has waited for it.
   std::vector<int64_t> holds(static_cast<size_t>(s.stages()), 0);
@@ -144,7 +135,6 @@ std::vector<TimedAction> run_schedule(const Schedule& s, comm::Group& pipe, cons
           break;
         }
       }
-      let_go_of_finished_sends();
     } catch (const Error& e) {
       if (a.op == Op::RecvF || a.op == Op::RecvB) {
         const int64_t from = a.op == Op::RecvF ? a.stage - 1 : a.stage + 1;

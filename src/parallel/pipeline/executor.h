@@ -12,9 +12,8 @@
 // of the step is waited for. A GATHER that takes a stage's first hold starts its fetch and returns;
 // the next compute action on that stage first calls StageWork::complete, and the time it waited
 // is the timeline's GATHER entry (the exposed part of the gather).
-// Transfers: SEND_* posts an asynchronous send (comm::Group::send_async) and goes on; a send that
-// finished is let go (its tensor freed) after the next action, the rest before OPTIM. Each
-// receive is posted ahead (comm::Group::recv_async, into a buffer from
+// Transfers: SEND_* posts an asynchronous send (comm::Group::send_async) and goes on; the sends
+// are waited before OPTIM (Gloo reports a send finished only from its wait). Each receive is posted ahead (comm::Group::recv_async, into a buffer from
 // StageWork::receive_buffer): the row's next RECV_* is posted as soon as the one before it was
 // taken (the first at the start), so its data lands while the rank computes, and RECV_* waits
 // only for what has not arrived yet. A transfer's tag is (direction, consuming stage,
