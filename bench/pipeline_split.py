@@ -17,7 +17,7 @@ Written to bench/results/pipeline_split_cpu.{md,json}; --parts runs some parts a
 others' results from the JSON.
 
 usage: bench/pipeline_split.py BUILD_DIR [--baseline OLD_BUILD_DIR] [--rounds 3] [--no-pytorch] [--no-gpt2]
-                               [--parts fiw,schedules,bytes]
+                               [--parts fiw,schedules,bytes] [--schedules zbv,1f1b]
 """
 import argparse
 import json
@@ -83,11 +83,11 @@ def wire_bytes(build):
     return rows
 
 
-def schedules(build, baseline, rounds, with_pytorch):
+def schedules(build, baseline, rounds, with_pytorch, names):
     best = {}  # (peer, schedule, m) -> best run
     for r in range(rounds):
         for m in (8, 16):
-            for schedule in SCHEDULES:
+            for schedule in names:
                 runs = [("tessera", lambda: tessera(build, "tiny_gpt", TINY, m, schedule))]
                 if baseline:
                     runs.append(("baseline", lambda: tessera(baseline, "tiny_gpt", TINY, m, schedule)))
@@ -172,6 +172,7 @@ def main():
     a.add_argument("--no-pytorch", action="store_true")
     a.add_argument("--no-gpt2", action="store_true")
     a.add_argument("--parts", default="fiw,schedules,bytes")
+    a.add_argument("--schedules", help="only these (comma-separated), keeping the other rows")
     args = a.parse_args()
     store = Path("bench/results/pipeline_split_cpu.json")
     results = json.loads(store.read_text()) if store.exists() else {}
@@ -181,9 +182,14 @@ def main():
     if "bytes" in parts:
         results["bytes"] = wire_bytes(args.build)
     if "schedules" in parts:
-        best = schedules(args.build, args.baseline, args.rounds, not args.no_pytorch)
-        results["runs"] = [{**v, "peer": k[0], "schedule": k[1], "microbatches": k[2]} for k, v in best.items()]
-        results["settings"] = {"baseline": args.baseline, "rounds": args.rounds, "pytorch": not args.no_pytorch}
+        names = args.schedules.split(",") if args.schedules else SCHEDULES
+        best = schedules(args.build, args.baseline, args.rounds, not args.no_pytorch, names)
+        if args.schedules:  # these schedules' runs again; the others' (and their other peers') kept
+            kept = [r for r in results.get("runs", []) if (r["peer"], r["schedule"], r["microbatches"]) not in best]
+        else:
+            kept = []
+            results["settings"] = {"baseline": args.baseline, "rounds": args.rounds, "pytorch": not args.no_pytorch}
+        results["runs"] = kept + [{**v, "peer": k[0], "schedule": k[1], "microbatches": k[2]} for k, v in best.items()]
     store.write_text(json.dumps(results, indent=1) + "\n")
     write(args.build, args, results)
 

@@ -87,7 +87,7 @@ Command add_pipeline_command(CLI::App& app) {
                   "stages per rank (default: 2 for interleaved, zbv and dualpipev, else 1)");
   cmd->add_flag("--vee", args->vee, "with file:PATH, V placement (rank 0 holds the first and last stage)");
   cmd->add_option("--costs", args->costs,
-                  "action costs, e.g. f=1,b=2,i=1,w=1,transfer=0,gather=0,optim=0 (the defaults)");
+                  "action costs, e.g. f=1,b=2,i=1,w=1,transfer=0,gather=0,optim=0 (the defaults); zbv's table is built for them");
   cmd->add_option("--zero3", args->zero3,
                   "none, or ZeRO-3's GATHER/RELEASE per step or per action (parallel.zero3_reshard_per_microbatch), "
                   "with the optimizer step")
@@ -105,12 +105,12 @@ Command add_pipeline_command(CLI::App& app) {
     ParallelOptions layout;  // its default stages per rank for the schedule
     layout.pp_schedule = args->schedule;
     const int64_t v = args->virtual_stages > 0 ? args->virtual_stages : (args->vee ? 2 : layout.pipeline_virtual());
+    const ActionCosts costs = parse_costs(args->costs);
     Schedule s = from_file ? read_schedule_csv(args->schedule.substr(5), args->pp, v, args->microbatches,
                                                args->vee ? Placement::vee : Placement::loop)
-                           : build_schedule(args->schedule, args->pp, args->microbatches, v);
+                           : build_schedule(args->schedule, args->pp, args->microbatches, v, costs);
     if (args->zero3 != "none") add_parameter_actions(s, args->zero3 == "step" ? Gathers::per_step : Gathers::per_action);
     validate_schedule(s);
-    const ActionCosts costs = parse_costs(args->costs);
     const Simulation sim = simulate_schedule(s, costs);
     const comm::LaunchInfo launch = comm::launch_info_from_environment();
     if (args->measure_ms > 0 && launch.launcher != "tessera") {

@@ -22,6 +22,8 @@ void ParallelOptions::check(const std::string& source) const {
           "\")");
   require(pp_transfer_dtype == "compute" || pp_transfer_dtype == "float32", source,
           ": parallel.pp_transfer_dtype must be compute or float32 (got \"", pp_transfer_dtype, "\")");
+  require(pp_schedule_costs == "measured" || pp_schedule_costs == "unit", source,
+          ": parallel.pp_schedule_costs must be measured or unit (got \"", pp_schedule_costs, "\")");
   require(pp_cut == "layers" || pp_cut == "params" || pp_cut == "profile", source,
           ": parallel.pp_cut must be layers, params or profile (got \"", pp_cut, "\")");
   require(!zero3_reshard_per_microbatch || (zero_stage == 3 && pp > 1), source,

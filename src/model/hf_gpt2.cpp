@@ -22,6 +22,23 @@ int64_t hf_int(const nlohmann::json& config, const char* key, const std::string&
   return it->get<int64_t>();
 }
 
+// `key` as a string, or `fallback` where it is absent or null.
+std::string hf_string(const nlohmann::json& config, const char* key, const std::string& fallback,
+                      const std::string& source) {
+  const auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return fallback;
+  require(it->is_string(), source, ": '", key, "' = ", it->dump(), " is not a string");
+  return it->get<std::string>();
+}
+
+// `key` as a number, or `fallback` where it is absent or null.
+double hf_number(const nlohmann::json& config, const char* key, double fallback, const std::string& source) {
+  const auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return fallback;
+  require(it->is_number(), source, ": '", key, "' = ", it->dump(), " is not a number");
+  return it->get<double>();
+}
+
 // `key`, when present and not null, must be `wanted`; `why` says what tessera computes instead.
 void hf_expect(const nlohmann::json& config, const char* key, const nlohmann::json& wanted, const std::string& source,
                const char* why) {
@@ -36,12 +53,12 @@ void hf_expect(const nlohmann::json& config, const char* key, const nlohmann::js
 ModelOptions model_options_from_hf_config(const nlohmann::json& config, const ModelOptions& base,
                                           const std::string& source) {
   require(config.is_object(), source, ": not a JSON object");
-  const std::string type = config.value("model_type", std::string());
+  const std::string type = hf_string(config, "model_type", "", source);
   require(type == "gpt2", source, ": model_type '", type, "' is not GPT-2; tessera imports GPT-2 models only");
-  const std::string activation = config.value("activation_function", std::string("gelu_new"));
+  const std::string activation = hf_string(config, "activation_function", "gelu_new", source);
   require(activation == "gelu_new" || activation == "gelu_pytorch_tanh", source, ": activation_function '",
           activation, "' cannot be imported: tessera's GPT-2 uses the tanh GELU (gelu_new)");
-  const double eps = config.value("layer_norm_epsilon", kNormEps);
+  const double eps = hf_number(config, "layer_norm_epsilon", kNormEps, source);
   require(std::abs(eps - kNormEps) <= 1e-12, source, ": layer_norm_epsilon = ", eps,
           " cannot be imported: tessera's LayerNorm uses ", kNormEps);
   hf_expect(config, "tie_word_embeddings", true, source, "ties the output head to the token embedding");
@@ -66,8 +83,7 @@ ModelOptions model_options_from_hf_config(const nlohmann::json& config, const Mo
             " (tessera's MLP is mlp_ratio x n_embd wide)");
     o.mlp_ratio = hidden / o.n_embd;
   }
-  const auto pdrop = config.find("resid_pdrop");
-  if (pdrop != config.end() && pdrop->is_number()) o.dropout = pdrop->get<double>();
+  o.dropout = hf_number(config, "resid_pdrop", o.dropout, source);
   o.check(source);
   return o;
 }

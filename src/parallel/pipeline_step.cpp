@@ -173,6 +173,9 @@ StepLosses PipelineStep::run(const std::vector<Batch>& batches, double lr, const
           " micro-batches without their backward");
   at::Tensor sums = at::stack({ce_sum_, aux_sum_});
   pipe_.all_reduce(sums);  // only the last stage's are non-zero
+  if (++runs_ == kMeasuredTableStep && config_.parallel.pp_schedule == "zbv" &&
+      config_.parallel.pp_schedule_costs == "measured")
+    rebuild_for_measured_costs();
   losses.ce_sum = sums[0].item<double>();
   losses.aux_sum = sums[1].item<double>();
   return losses;
@@ -249,6 +252,7 @@ void PipelineStep::add_bench_fields(nlohmann::json& out) {
   nlohmann::json ms = nlohmann::json::object();
   for (Op op : m.ran) ms[pipeline::op_name(op)] = 1000 * m.costs.of(op);
   out["pp_action_ms"] = ms;  // the last timed step's mean compute action, over every rank
+  if (!table_note_.empty()) out["pp_table"] = table_note_;
   out["pp_bubble"] = {{"measured", m.run.bubble()}, {"simulated", planned.bubble()},
                       {"measured_step_s", m.run.step_time}, {"simulated_step_s", planned.step_time}};
 }
@@ -287,13 +291,39 @@ double PipelineStep::evaluate(const std::vector<Batch>& batches) {
 }
 
 const pipeline::Schedule& PipelineStep::schedule_for(int64_t micro_batches) {
-  if (!schedule_ || schedule_->micro_batches != micro_batches) {
-    const pipeline::Gathers gathers = !owner_.shards_parameters()                    ? pipeline::Gathers::none
-                                      : config_.parallel.zero3_reshard_per_microbatch ? pipeline::Gathers::per_action
-                                                                                      : pipeline::Gathers::per_step;
-    schedule_ = pipeline::schedule_for_options(config_.parallel, mesh_.dims().pp(), micro_batches, gathers);
-  }
+  if (!schedule_ || schedule_->micro_batches != micro_batches) schedule_ = build_table(micro_batches, table_costs_);
   return *schedule_;
+}
+
+pipeline::Schedule PipelineStep::build_table(int64_t micro_batches, const pipeline::ActionCosts& costs) const {
+  const pipeline::Gathers gathers = !owner_.shards_parameters()                    ? pipeline::Gathers::none
+                                    : config_.parallel.zero3_reshard_per_microbatch ? pipeline::Gathers::per_action
+                                                                                    : pipeline::Gathers::per_step;
+  return pipeline::schedule_for_options(config_.parallel, mesh_.dims().pp(), micro_batches, gathers, costs);
+}
+
+void PipelineStep::rebuild_for_measured_costs() {
+  const Measured m = measure_last_run();
+  // Every rank of the world must run the same table (the data replicas' collectives follow it):
+  // the stages' mean costs averaged over the world.
+  std::vector<double> flat;
+  for (const pipeline::ActionCosts::Compute& c : m.costs.stages) flat.insert(flat.end(), {c.f, c.b, c.i, c.w});
+  at::Tensor mean = at::tensor(flat, at::kDouble);
+  mesh_.world().all_reduce(mean);
+  mean /= static_cast<double>(mesh_.world_size());
+  const auto v = mean.accessor<double, 1>();
+  pipeline::ActionCosts costs;
+  for (int64_t s = 0; s < cut_.stages(); ++s) costs.stages.push_back({v[4 * s], v[4 * s + 1], v[4 * s + 2], v[4 * s + 3]});
+  pipeline::Schedule measured = build_table(micro_batches_, costs);
+  // Only where the simulator, with those costs, says it is faster (the same answer on every rank).
+  if (pipeline::simulate_schedule(measured, costs).step_time < pipeline::simulate_schedule(*schedule_, costs).step_time) {
+    schedule_ = std::move(measured);
+    table_costs_ = costs;
+    table_note_ = "built for the costs measured at step " + std::to_string(runs_);
+  } else {
+    table_note_ = "the unit-cost table (one built for the costs measured at step " + std::to_string(runs_) +
+                  " was not faster in the simulator)";
+  }
 }
 
 }  // namespace tessera

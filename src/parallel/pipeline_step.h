@@ -41,6 +41,13 @@
 // stage, the last stage's copy of wte counted once). After run() the cross-entropy sum is known on
 // every rank (summed over pp).
 //
+// The table: the layout's, built again with each step's micro-batch count when it changes. ZB-V's
+// table depends on the action costs its list scheduler assumes (unit costs at first); with
+// parallel.pp_schedule_costs = measured (the default) it is built again after step 2 for each
+// stage's mean F, B, I, W measured in that step, averaged over the world so every rank (every data
+// replica too) builds the same table, and taken when the simulator, fed with those costs, finds
+// it faster than the current one.
+//
 // evaluate(): the forward alone, stage after stage in the schedule's placement (blocking sends
 // between ranks), the loss known on every rank; under ZeRO-3 the owner's begin_pass/end_pass
 // around it.
@@ -85,8 +92,15 @@ class PipelineStep final : public StepRunner {
 
  private:
   at::Tensor compute(const pipeline::Action& action, const at::Tensor& input, const std::vector<Batch>& batches);
-  // The schedule for `micro_batches` (built when they change), with this owner's gathers.
+  // The schedule for `micro_batches` (built when they change, for table_costs_), with this owner's
+  // gathers.
   const pipeline::Schedule& schedule_for(int64_t micro_batches);
+  pipeline::Schedule build_table(int64_t micro_batches, const pipeline::ActionCosts& costs) const;
+  // ZB-V's table built again for each stage's F, B, I, W measured in the last run() (averaged over
+  // the world, so every rank builds the same), taken where the simulator finds it faster with
+  // those costs than the current one. A collective of the world.
+  void rebuild_for_measured_costs();
+  static constexpr int64_t kMeasuredTableStep = 2;  // the first step pays for allocation and warm-up
   // The blocks (and ends) of pipeline stage `stage`.
   ModelStage stage_of(int64_t stage) const;
   // The parameters of this rank's stages that are trained (W's targets).
@@ -137,6 +151,9 @@ class PipelineStep final : public StepRunner {
   at::Tensor ce_sum_, aux_sum_;
   int64_t micro_batches_ = 1;
   std::optional<pipeline::Schedule> schedule_;  // for the last run()'s micro-batches (the placement: any)
+  pipeline::ActionCosts table_costs_;           // what schedule_ was built for (unit costs at first)
+  std::string table_note_;                      // how it was built, once measured costs were tried
+  int64_t runs_ = 0;
   std::vector<pipeline::TimedAction> timeline_;  // the last run()'s, this rank's
 };
 

@@ -142,6 +142,12 @@ TEST(Import, FoldersThatCannotBeImportedExactlyAreRefused) {
   };
   with("model_type", "llama");
   import({"config.json: model_type 'llama' is not GPT-2"});
+  // A key of the wrong JSON type is named (fuzz target hf_folder found these ending in
+  // nlohmann::json's type_error).
+  with("model_type", 0);
+  import({"config.json: 'model_type' = 0 is not a string"});
+  with("layer_norm_epsilon", "1e-5");
+  import({"'layer_norm_epsilon' = \"1e-5\" is not a number"});
   with("activation_function", "gelu");
   import({"activation_function 'gelu' cannot be imported", "tanh GELU"});
   with("scale_attn_by_inverse_layer_idx", true);

@@ -30,13 +30,15 @@ case $target in
           flags+=("-DTOML_ASSERT(expr)=static_assert(true)") ;;
   token_files) sources+=(src/data/token_stream.cpp src/data/token_file.cpp src/core/fs.cpp) ;;
   tokenizer) sources+=(src/data/tokenizer.cpp src/data/gpt2_bpe.cpp src/data/byte_tokenizer.cpp src/core/fs.cpp) ;;
+  hf_folder) sources+=(src/model/hf_gpt2.cpp src/model/hf_names.cpp src/model/model_options.cpp src/model/norm.cpp src/checkpoint/region.cpp
+                       src/checkpoint/safetensors.cpp src/core/fs.cpp src/core/options.cpp) ;;
   swarm_messages) sources+=(src/atom/messages.cpp src/atom/peer_record.cpp src/atom/swarm_key.cpp src/core/fs.cpp)
                   libs+=(-lcrypto) ;;
   *) echo "unknown fuzz target '$target' (safetensors, schedule_csv, region, checkpoint_dir, config, tokenizer,
-     token_files, swarm_messages)" >&2
+     token_files, hf_folder, swarm_messages)" >&2
      exit 2 ;;
 esac
-if [ ! -x "$out/fuzz" ] || [ -n "$(find "${sources[@]}" src/checkpoint src/core src/parallel/pipeline src/atom src/data -name '*.h' -newer "$out/fuzz")" ] ||
+if [ ! -x "$out/fuzz" ] || [ -n "$(find "${sources[@]}" src/checkpoint src/core src/parallel/pipeline src/atom src/data src/model -name '*.h' -newer "$out/fuzz")" ] ||
    [ -n "$(find "${sources[@]}" -newer "$out/fuzz")" ]; then
   echo "building $out/fuzz (clang, libFuzzer + ASan + UBSan)"
   clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \

@@ -2,8 +2,10 @@
 #include "parallel/pipeline/schedule_builders.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 
 #include "core/error.h"
 #include "parallel/pipeline/validate.h"
@@ -90,27 +92,40 @@ Schedule zero_bubble_h1(int64_t p, int64_t m) {
   return s;
 }
 
-// ZB-V by list scheduling over unit-time slots (the zero-bubble paper's greedy): at each slot a
-// free rank takes the first available of: an I whose inputs are ready (lowest micro-batch, deeper
-// stage first), an F while it holds fewer than `limit` activations (lowest micro-batch, deeper
-// stage first), its oldest pending W.
-Schedule zero_bubble_v(int64_t p, int64_t m) {
+// ZB-V by list scheduling (the zero-bubble paper's greedy), in time with each action's cost (unit
+// costs: the slots of the paper): whenever a rank is free it takes the first available of: an I
+// whose inputs are ready (lowest micro-batch, deeper stage first), an F while it holds fewer than
+// `limit` activations (lowest micro-batch, deeper stage first), its oldest pending W; with nothing
+// available it waits for the next action to finish anywhere. With `reserve` a rank keeps its last
+// slot for a chunk-1 forward: costs that let a rank's first-chunk forwards run far ahead can fill
+// every rank with activations whose backward waits for a chunk-1 forward no rank has room for;
+// keeping the slot lets the oldest micro-batch always finish. Returns nullopt on such a deadlock.
+std::optional<Schedule> zero_bubble_v_list(int64_t p, int64_t m, const ActionCosts& costs, bool reserve) {
   Schedule s = empty_schedule("zbv", p, m, 2, Placement::vee);
   const int64_t stages = 2 * p, limit = 2 * p;
   constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
-  std::map<std::pair<int64_t, int64_t>, int64_t> f_done, i_done;  // (stage, micro) -> finish slot
-  auto done_by = [&](const auto& done, int64_t stage, int64_t mb, int64_t t) {
+  std::map<std::pair<int64_t, int64_t>, double> f_done, i_done;  // (stage, micro) -> finish time
+  auto done_by = [&](const auto& done, int64_t stage, int64_t mb, double t) {
     const auto it = done.find({stage, mb});
     return it != done.end() && it->second <= t;
   };
   std::vector<std::vector<int64_t>> next_f(p, std::vector<int64_t>(2, 0));
   std::vector<int64_t> held(p, 0);
+  std::vector<double> free_at(p, 0);
+  std::vector<int64_t> remaining(p, 6 * m);  // per rank: F, I and W of its two stages
+  std::vector<double> finishes;  // every scheduled action's finish time
   std::vector<std::vector<std::pair<int64_t, int64_t>>> pending_w(p);
+  int64_t scheduled = 0, rounds = 0;
   const int64_t work = 3 * stages * m;
-  int64_t scheduled = 0;
-  for (int64_t t = 0; scheduled < work; ++t) {
-    require(t < 10 * work + 10 * p, "internal: the ZB-V list scheduler made no progress");
+  while (scheduled < work) {
+    require(++rounds < 100 * work + 100 * p, "internal: the ZB-V list scheduler made no progress");
+    // Every rank free at the earliest time T decides, in rank order, on what finished by T.
+    double t = std::numeric_limits<double>::infinity();
+    for (int64_t r = 0; r < p; ++r)
+      if (remaining[r] > 0) t = std::min(t, free_at[r]);
+    std::vector<int64_t> idle;
     for (int64_t r = 0; r < p; ++r) {
+      if (remaining[r] == 0 || free_at[r] != t) continue;
       const int64_t mine[2] = {r, stages - 1 - r};  // chunk 0 and chunk 1 of rank r
       Action chosen{Op::W, -1, kNever};
       for (int64_t mb = 0; mb < m && chosen.stage < 0; ++mb)
@@ -124,6 +139,7 @@ Schedule zero_bubble_v(int64_t p, int64_t m) {
         for (int64_t c : {1, 0}) {
           const int64_t stage = mine[c], mb = next_f[r][c];
           if (mb >= m || (stage > 0 && !done_by(f_done, stage - 1, mb, t))) continue;
+          if (reserve && c == 0 && held[r] + 1 >= limit) continue;  // the last slot is chunk 1's
           if (chosen.stage < 0 || mb < chosen.micro) chosen = {Op::F, stage, mb};
         }
       }
@@ -131,23 +147,44 @@ Schedule zero_bubble_v(int64_t p, int64_t m) {
         chosen = {Op::W, pending_w[r].front().first, pending_w[r].front().second};
         pending_w[r].erase(pending_w[r].begin());
       }
-      if (chosen.stage < 0) continue;
+      if (chosen.stage < 0) {
+        idle.push_back(r);
+        continue;
+      }
       s.ranks[r].push_back(chosen);
       ++scheduled;
+      --remaining[r];
+      const double end = t + costs.of(chosen, r);
+      free_at[r] = end;
+      finishes.push_back(end);
       if (chosen.op == Op::F) {
-        f_done[{chosen.stage, chosen.micro}] = t + 1;
+        f_done[{chosen.stage, chosen.micro}] = end;
         ++next_f[r][chosen.stage == mine[0] ? 0 : 1];
         ++held[r];
       } else if (chosen.op == Op::I) {
-        i_done[{chosen.stage, chosen.micro}] = t + 1;
+        i_done[{chosen.stage, chosen.micro}] = end;
         pending_w[r].push_back({chosen.stage, chosen.micro});
       } else {
         --held[r];
       }
     }
+    // A rank with nothing available waits for the next action to finish anywhere.
+    double next = std::numeric_limits<double>::infinity();
+    for (double f : finishes)
+      if (f > t) next = std::min(next, f);
+    if (!idle.empty() && !std::isfinite(next)) return std::nullopt;  // every rank waits: deadlock
+    for (int64_t r : idle) free_at[r] = next;
   }
   for (int64_t r = 0; r < p; ++r) s.peak_limit[r] = limit;
   return s;
+}
+
+// The greedy as the paper has it, or, where the costs make it deadlock, with the reserved slot.
+Schedule zero_bubble_v(int64_t p, int64_t m, const ActionCosts& costs) {
+  if (std::optional<Schedule> s = zero_bubble_v_list(p, m, costs, false)) return *s;
+  std::optional<Schedule> s = zero_bubble_v_list(p, m, costs, true);
+  require(s.has_value(), "internal: the ZB-V list scheduler deadlocked with a slot kept for chunk 1");
+  return *s;
 }
 
 // DualPipeV (DeepSeek's DualPipe cut in half, V placement): rank r's chunk 0 is stage r, chunk 1
@@ -204,7 +241,8 @@ const std::vector<std::string>& schedule_names() {
   return names;
 }
 
-Schedule build_schedule(const std::string& name, int64_t pp, int64_t micro_batches, int64_t v) {
+Schedule build_schedule(const std::string& name, int64_t pp, int64_t micro_batches, int64_t v,
+                        const ActionCosts& costs) {
   require(pp >= 1, "parallel.pp must be at least 1 (got ", pp, ")");
   require(micro_batches >= 1, "a pipeline step needs at least one micro-batch (got ", micro_batches, ")");
   const int64_t m = micro_batches;
@@ -224,7 +262,7 @@ Schedule build_schedule(const std::string& name, int64_t pp, int64_t micro_batch
   else if (name == "1f1b") s = one_f_one_b(pp, m);
   else if (name == "interleaved") s = interleaved(pp, m, v);
   else if (name == "zbh1") s = zero_bubble_h1(pp, m);
-  else if (name == "zbv") s = zero_bubble_v(pp, m);
+  else if (name == "zbv") s = zero_bubble_v(pp, m, costs);
   else if (name == "dualpipev") s = dualpipe_v(pp, m);
   else {
     std::string known;
@@ -235,11 +273,12 @@ Schedule build_schedule(const std::string& name, int64_t pp, int64_t micro_batch
   return s;
 }
 
-Schedule schedule_for_options(const ParallelOptions& parallel, int64_t pp, int64_t micro_batches, Gathers gathers) {
+Schedule schedule_for_options(const ParallelOptions& parallel, int64_t pp, int64_t micro_batches, Gathers gathers,
+                              const ActionCosts& costs) {
   const int64_t v = parallel.pipeline_virtual();
   Schedule s = parallel.pp_schedule.rfind("file:", 0) == 0
                    ? read_schedule_csv(parallel.pp_schedule.substr(5), pp, v, micro_batches, Placement::loop)
-                   : build_schedule(parallel.pp_schedule, pp, micro_batches, v);
+                   : build_schedule(parallel.pp_schedule, pp, micro_batches, v, costs);
   add_parameter_actions(s, gathers);
   validate_schedule(s);
   return s;

@@ -15,8 +15,9 @@
 //                                                                        peak p on every rank
 //   zbv          zero bubble V: two chunks per rank in V placement (rank
 //                0 holds the first and the last stage); built by a
-//                list scheduler over unit-time slots: an I whose input
-//                is ready first, then an F while fewer than 2p chunk
+//                list scheduler in time with the given action costs
+//                (unit costs by default): an I whose input is ready
+//                first, then an F while fewer than 2p chunk
 //                activations are held, then a W.                         (p-1)/(6m+p-1), the pipeline
 //                                                                        fill alone, for m >= p; peak 2p
 //   dualpipev    DeepSeek's DualPipeV: V placement, the forward of one chunk
@@ -34,6 +35,7 @@
 
 #include "core/parallel_options.h"
 #include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/simulate.h"
 
 namespace tessera::pipeline {
 
@@ -41,15 +43,18 @@ namespace tessera::pipeline {
 const std::vector<std::string>& schedule_names();
 
 // `name` with `pp` ranks, `micro_batches` micro-batches and `v` stages per rank (interleaved: >= 2;
-// zbv: 2; the others: 1). Throws tessera::Error naming parallel.pp_schedule / parallel.pp_virtual
-// or the micro-batch count when the combination cannot be built.
-Schedule build_schedule(const std::string& name, int64_t pp, int64_t micro_batches, int64_t v);
+// zbv: 2; the others: 1). `costs` (per stage where given) are what zbv's list scheduler places the
+// actions by; the other tables do not depend on them. Throws tessera::Error naming
+// parallel.pp_schedule / parallel.pp_virtual or the micro-batch count when the combination cannot
+// be built.
+Schedule build_schedule(const std::string& name, int64_t pp, int64_t micro_batches, int64_t v,
+                        const ActionCosts& costs = {});
 
 // A layout's schedule table: parallel.pp_schedule (a built-in, or file:PATH read as a CSV table) on
 // `pp` ranks with parallel.pp_virtual stages each and `micro_batches` (the step's accumulation
 // count at its dp), with its parameter actions (`gathers`, and OPTIM), validated. Refusals name the
-// keys or the file.
+// keys or the file. `costs`: as for build_schedule.
 Schedule schedule_for_options(const ParallelOptions& parallel, int64_t pp, int64_t micro_batches,
-                              Gathers gathers = Gathers::none);
+                              Gathers gathers = Gathers::none, const ActionCosts& costs = {});
 
 }  // namespace tessera::pipeline
