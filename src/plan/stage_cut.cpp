@@ -224,7 +224,11 @@ std::string describe_pipeline_layout(const Config& config, const ParallelDims& d
   std::string out = text + describe_stage_cut(cut);
   std::snprintf(text, sizeof text, "  %lld micro-batches per step: simulated bubble %.1f%% (equal F, I, W costs)\n",
                 static_cast<long long>(schedule.micro_batches), 100 * sim.bubble());
-  return out + text;
+  out += text;
+  if (config.parallel.pp_schedule == "zbv" && config.parallel.pp_schedule_costs == "measured")
+    out += "  zbv's table is built again after step 2 for the F, I and W measured then "
+           "(parallel.pp_schedule_costs = measured)\n";
+  return out;
 }
 
 ModelStage rank_stage(const StageCut& cut, const pipeline::Schedule& schedule, int64_t rank) {
