@@ -104,7 +104,7 @@ def schedules(build, baseline, rounds, with_pytorch, names):
     return best
 
 
-def write(build, args, results):
+def write(build, results):
     settings = results.get("settings", {})  # the schedules part's run
     baseline, rounds, no_pytorch = settings.get("baseline"), settings.get("rounds"), not settings.get("pytorch", True)
     fiw, wire = results.get("fiw", []), results.get("bytes", [])
@@ -191,7 +191,7 @@ def main():
             results["settings"] = {"baseline": args.baseline, "rounds": args.rounds, "pytorch": not args.no_pytorch}
         results["runs"] = kept + [{**v, "peer": k[0], "schedule": k[1], "microbatches": k[2]} for k, v in best.items()]
     store.write_text(json.dumps(results, indent=1) + "\n")
-    write(args.build, args, results)
+    write(args.build, results)
 
 
 if __name__ == "__main__":

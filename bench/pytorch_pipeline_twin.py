@@ -102,11 +102,10 @@ def run(rank, a):
     no_decay = [p for p in params if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
-    # The two copies of the tied embedding: rank 0's wte and the last stage's head.
-    copies = [m.wte.weight for m in modules.values() if m.first] + \
-             [m.head for m in modules.values() if m.last and not isinstance(m.head, nn.Embedding)]
-
+    # The two copies of the tied embedding: rank 0's wte and the last stage's head (its own copy
+    # unless the rank holds both ends); the norm counts the head's copy in wte only.
     head_copy = [m.head for m in modules.values() if m.last and not isinstance(m.head, nn.Embedding)]
+    copies = [m.wte.weight for m in modules.values() if m.first] + head_copy
     counted = [p for p in params if not any(p is c for c in head_copy)]
 
     def loss_fn(logits, target):

@@ -34,13 +34,6 @@ void PipelineStep::Stash::drop_graph() {
   grad_out.reset();
 }
 
-std::vector<at::Tensor> PipelineStep::trained_parameters() const {
-  std::vector<at::Tensor> params;
-  for (const auto& p : model_->parameters())
-    if (p.requires_grad()) params.push_back(p);
-  return params;
-}
-
 PipelineStep::PipelineStep(TransformerLM model, ResidentOwner& owner, comm::Mesh& mesh, const Config& config,
                            const Layout& layout, c10::Device device, std::optional<at::ScalarType> autocast)
     : model_(std::move(model)),
@@ -52,6 +45,8 @@ PipelineStep::PipelineStep(TransformerLM model, ResidentOwner& owner, comm::Mesh
       autocast_(autocast),
       cut_(layout.cut()),
       transfer_dtype_(config.parallel.pp_transfer_dtype == "compute" && autocast ? *autocast : at::kFloat) {
+  for (const auto& p : model_->parameters())
+    if (p.requires_grad()) trained_.push_back(p);
   if (!owner_.shards_parameters()) schedule_ = layout.schedule();  // no gathers to add
   schedule_for(config.train.accumulation(mesh.dims().dp()));
 }
@@ -105,7 +100,7 @@ at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const
       if (config_.memory.activation_checkpointing == "full") owner_.before_stage_backward(false, stage_of(a.stage));
       const Roots roots = s.roots();
       // Stage 0 stops at its embedding's output, so that W holds only the weight products there too.
-      s.split.emplace(roots.tensors, roots.grads, first ? s.embedded : s.input, trained_parameters());
+      s.split.emplace(roots.tensors, roots.grads, first ? s.embedded : s.input, trained_);
       const at::Tensor grad = s.split->input_gradient();
       s.drop_graph();  // what W needs is the split's
       return first ? at::Tensor() : grad.to(transfer_dtype_);

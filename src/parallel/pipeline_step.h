@@ -103,8 +103,6 @@ class PipelineStep final : public StepRunner {
   static constexpr int64_t kMeasuredTableStep = 2;  // the first step pays for allocation and warm-up
   // The blocks (and ends) of pipeline stage `stage`.
   ModelStage stage_of(int64_t stage) const;
-  // The parameters of this rank's stages that are trained (W's targets).
-  std::vector<at::Tensor> trained_parameters() const;
   // A buffer (transfer_dtype_) for the activation between two stages of `batch`'s rows.
   at::Tensor activation_buffer(const Batch& batch) const;
 
@@ -129,6 +127,7 @@ class PipelineStep final : public StepRunner {
   std::optional<at::ScalarType> autocast_;
   StageCut cut_;  // pp x v stages
   at::ScalarType transfer_dtype_;  // of activations and their gradients between ranks
+  std::vector<at::Tensor> trained_;  // this rank's parameters that are trained (W's targets)
 
   // What a backward starts from, with the gradient of each.
   struct Roots {

@@ -54,8 +54,6 @@ class SplitBackward {
   // W: accumulates the parameters' gradients into their .grad (through their AccumulateGrad nodes)
   // and frees the graph. Nothing to do where no parameter is reached from an intermediate.
   void weight_gradients();
-  // The intermediates W starts from (for tests and the timeline's notes).
-  size_t intermediates() const { return roots_.size(); }
 
  private:
   at::Tensor input_grad_;
