@@ -99,6 +99,10 @@ TEST(Inspect, PipelineLayoutsShowTheCutScheduleAndLargestRank) {
   EXPECT_NE(profiled.output.find("the workers measure every block at start"), std::string::npos) << profiled.output;
   expect_error("inspect --config gpt2_124m --world 4 --set parallel.pp=4 --set parallel.pp_cut=time",
                {"parallel.pp_cut must be layers, params or profile"});
+  expect_error("inspect --config gpt2_124m --world 4 --set parallel.pp=4 --set parallel.pp_transfer_dtype=fp8",
+               {"parallel.pp_transfer_dtype must be compute or float32 (got \"fp8\")"});
+  expect_error("inspect --config gpt2_124m --world 4 --set parallel.pp=4 --set parallel.pp_schedule_costs=auto",
+               {"parallel.pp_schedule_costs must be measured or unit (got \"auto\")"});
 }
 
 }  // namespace

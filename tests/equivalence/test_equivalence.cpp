@@ -196,6 +196,16 @@ const std::vector<Row>& layouts() {
          c.parallel.pp = 2;
          c.train.grad_accum = 2;
        }},
+      // The split backward (I then W) with SGD, under V placement, ZB-V's table built again for the
+      // costs measured at step 2 (taken where the simulator finds it faster).
+      {"pp2_zbv_sgd_accum4", 2,
+       [](Config& c) {
+         sgd(c);
+         c.model.n_layer = 4;
+         c.parallel.pp = 2;
+         c.parallel.pp_schedule = "zbv";
+         c.train.grad_accum = 4;
+       }},
       {"sp2_lasp_linear_sgd", 2,
        [](Config& c) {
          sgd(c);
