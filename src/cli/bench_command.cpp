@@ -123,6 +123,7 @@ Command add_bench_command(CLI::App& app) {
         if (ep) ep->reset_traffic();
         if (pp) pp->reset_traffic();
         host_memory::reset_peak();
+        step.runner().start_timing();
       }
       auto start = std::chrono::steady_clock::now();
       step.run(batches, config.optim.lr);

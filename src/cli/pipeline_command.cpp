@@ -128,7 +128,7 @@ Command add_pipeline_command(CLI::App& app) {
       options.pp = s.pp;
       const std::unique_ptr<comm::Mesh> mesh =
           comm::Mesh::connect(launch, ParallelDims(options, launch.world_size, "tessera pipeline"), options, c10::Device(c10::kCPU));
-      measured = measure_schedule(s, mesh->group("pp"), costs, args->measure_ms / 1000);
+      measured = measure_schedule(s, mesh->group("pp"), mesh->group("pp_down"), costs, args->measure_ms / 1000);
       if (launch.rank != 0) return 0;
     }
     std::printf("%s: pp %lld, %lld stage(s) per rank, %lld micro-batches (compute and parameter actions; <stage><op><micro-batch>)\n%s",

@@ -110,16 +110,17 @@ std::unique_ptr<Mesh> Mesh::connect(const LaunchInfo& launch, const ParallelDims
   for (int64_t r = 0; r < launch.world_size; ++r) everyone[static_cast<size_t>(r)] = r;
   m.owned_.push_back(m.new_group("world", everyone));
   m.world_ = m.owned_.back().get();
-  Group* dispatch = nullptr;  // "ep"'s own (see mesh.h)
+  std::vector<Group*> own;  // the groups of "ep" and "pp_down", shared with no other dimension (see mesh.h)
   for (const std::string& dim : ParallelDims::group_names()) {
     std::vector<int64_t> ranks = dims.group_of(dim, launch.rank);
+    const bool alone = (dim == "ep" || dim == "pp_down") && ranks.size() > 1;
     Group* same = nullptr;
     for (auto& g : m.owned_)
-      if (g->ranks() == ranks && g.get() != dispatch && (dim != "ep" || ranks.size() == 1)) same = g.get();
+      if (g->ranks() == ranks && std::find(own.begin(), own.end(), g.get()) == own.end() && !alone) same = g.get();
     if (!same) {
       m.owned_.push_back(m.new_group(dim + "/" + member_text(ranks), ranks));
       same = m.owned_.back().get();
-      if (dim == "ep") dispatch = same;
+      if (alone) own.push_back(same);
     }
     m.groups_[dim] = same;
   }

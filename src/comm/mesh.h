@@ -1,10 +1,12 @@
 // comm::Mesh: the connected process mesh. It owns the rendezvous store, the world group and one
 // group per mesh dimension (ParallelDims::group_names(): dp, tp, pp, sp, ep, dp_sp, edp, edp_sp,
-// embedding) holding this rank. Groups with the same members as one already built share it (with
-// only data parallelism, "dp" is "world"; with ep = 1, "edp" is "dp"), so each distinct set of
-// ranks has one backend and one ordered queue. The exception is "ep" (when it has more than one
-// member): expert dispatch gets a group of its own, shared with no other dimension, so its
-// all-to-alls never queue behind gradient buckets on "dp" when ep = dp.
+// embedding, pp_down) holding this rank. Groups with the same members as one already built share
+// it (with only data parallelism, "dp" is "world"; with ep = 1, "edp" is "dp"), so each distinct
+// set of ranks has one backend and one ordered queue. The exceptions (when they have more than one
+// member) get a group of their own, shared with no other dimension: "ep", so expert dispatch's
+// all-to-alls never queue behind gradient buckets on "dp" when ep = dp; "pp_down", so a
+// pipeline's transfers to a lower rank have connections of their own (Gloo stalls a send for
+// milliseconds while the peer sends the other way on the same pair; measured in docs/pipeline.md).
 //
 // Every rank must call Mesh::connect with the same degrees; it returns when all groups of this
 // rank are connected, or throws after parallel.timeout_s naming the rank and the group that did

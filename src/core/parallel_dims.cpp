@@ -70,7 +70,7 @@ MeshCoord ParallelDims::coord(int64_t rank) const {
 int64_t ParallelDims::rank(const MeshCoord& c) const { return ((c.pp * dp_ + c.dp) * sp_ + c.sp) * tp_ + c.tp; }
 
 const std::vector<std::string>& ParallelDims::group_names() {
-  static const std::vector<std::string> names = {"dp", "tp", "pp", "sp", "ep", "dp_sp", "edp", "edp_sp", "embedding"};
+  static const std::vector<std::string> names = {"dp", "tp", "pp", "sp", "ep", "dp_sp", "edp", "edp_sp", "embedding", "pp_down"};
   return names;
 }
 
@@ -87,7 +87,7 @@ std::vector<int64_t> ParallelDims::group_of(const std::string& dim, int64_t rank
       member = same_pp && same_dp && same_tp;
     else if (dim == "dp")
       member = same_pp && same_sp && same_tp;
-    else if (dim == "pp")
+    else if (dim == "pp" || dim == "pp_down")
       member = same_dp && same_sp && same_tp;
     else if (dim == "dp_sp")
       member = same_pp && same_tp;

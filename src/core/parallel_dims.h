@@ -13,9 +13,12 @@
 //         (dp / ep of them): they hold the same experts and average those gradients;
 //   "edp_sp": edp x sp (expert gradient reduction when sp > 1);
 //   "embedding": the first and the last pipeline stage with the same dp, sp, tp (both hold the
-//         tied token embedding); a middle stage's group is itself alone.
+//         tied token embedding); a middle stage's group is itself alone;
+//   "pp_down": the members of "pp" again, for the pipeline's transfers to a lower pipeline rank
+//         (parallel/pipeline/executor.h), so they never share a connection with those going up.
 // With ep = 1 "edp" has the same members as "dp", and with pp <= 2 "embedding" as "pp";
-// comm::Mesh builds one group per distinct set of ranks (and one of its own for "ep", comm/mesh.h).
+// comm::Mesh builds one group per distinct set of ranks (and one of its own for "ep" and for
+// "pp_down", comm/mesh.h).
 #pragma once
 
 #include <cstdint>

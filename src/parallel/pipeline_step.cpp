@@ -40,6 +40,7 @@ PipelineStep::PipelineStep(TransformerLM model, ResidentOwner& owner, comm::Mesh
       owner_(owner),
       mesh_(mesh),
       pipe_(mesh.group("pp")),
+      down_(mesh.group("pp_down")),
       config_(config),
       device_(device),
       autocast_(autocast),
@@ -163,7 +164,8 @@ StepLosses PipelineStep::run(const std::vector<Batch>& batches, double lr, const
       }
     }
   };
-  timeline_ = pipeline::run_schedule(*schedule_, pipe_, work);
+  last_.timeline = pipeline::run_schedule(*schedule_, pipe_, down_, work, &last_.started);
+  if (timing_) timed_.push_back(last_);
   require(stash_.empty() && backwards_left_ == 0, "internal: the pipeline step left ", stash_.size(),
           " micro-batches without their backward");
   at::Tensor sums = at::stack({ce_sum_, aux_sum_});
@@ -176,9 +178,17 @@ StepLosses PipelineStep::run(const std::vector<Batch>& batches, double lr, const
   return losses;
 }
 
-PipelineStep::Measured PipelineStep::measure_last_run() {
+PipelineStep::Measured PipelineStep::measure(const Run& mine) {
   Measured m;
-  m.run.timeline = pipeline::gather_timelines(pipe_, timeline_);
+  m.run.timeline = pipeline::gather_timelines(pipe_, mine.timeline);
+  if (!clock_offset_) clock_offset_ = pipeline::clock_offset(pipe_);
+  at::Tensor started = at::empty({pipe_.size()}, at::kDouble);
+  pipe_.all_gather(started, at::full({1}, mine.started - *clock_offset_, at::kDouble));
+  const pipeline::TransferCosts transfers = pipeline::transfer_costs(
+      m.run.timeline, std::vector<double>(started.data_ptr<double>(), started.data_ptr<double>() + started.numel()));
+  m.costs.transfer = transfers.transfer;
+  m.costs.send = transfers.send;
+  m.costs.post = transfers.post;
   // (op, stage) -> (total seconds, count); stage -1 over every stage.
   std::map<std::pair<Op, int64_t>, std::pair<double, int64_t>> durations;
   for (const auto& rank : m.run.timeline) {
@@ -222,7 +232,7 @@ PipelineStep::Measured PipelineStep::measure_last_run() {
 
 std::optional<std::string> PipelineStep::write_timeline(const std::string& dir, int64_t step) {
   const std::string name = "pipeline_step" + std::to_string(step);
-  const Measured m = measure_last_run();
+  const Measured m = measure(last_);
   char note[200];
   std::snprintf(note, sizeof note, "pipeline timeline of step %lld (bubble %.1f%%): %s.svg, %s.planned.svg, %s.trace.json",
                 static_cast<long long>(step), 100 * m.run.bubble(), name.c_str(), name.c_str(), name.c_str());
@@ -241,15 +251,64 @@ std::optional<std::string> PipelineStep::write_timeline(const std::string& dir, 
   return std::string(note);
 }
 
+void PipelineStep::start_timing() {
+  timing_ = true;
+  timed_.clear();
+}
+
 void PipelineStep::add_bench_fields(nlohmann::json& out) {
-  const Measured m = measure_last_run();
-  const pipeline::Simulation planned = pipeline::simulate_schedule(*schedule_, m.costs);
+  const std::vector<Run> steps = timed_.empty() ? std::vector<Run>{last_} : timed_;
+  // Sums over the steps: measured, replayed and (below) simulated busy time and step time.
+  double busy = 0, step = 0, replay_busy = 0, replay_step = 0;
+  pipeline::ActionCosts mean;  // each cost summed over the steps, then divided
+  std::vector<pipeline::Op> ran;
+  for (const Run& run : steps) {
+    Measured m = measure(run);
+    for (double b : m.run.busy) busy += b;
+    step += m.run.step_time;
+    pipeline::ActionCosts each = m.costs;
+    for (const auto& rank : m.run.timeline)
+      for (const pipeline::TimedAction& t : rank)
+        if (t.action.is_compute()) each.each[{t.action.op, t.action.stage, t.action.micro}] = t.end - t.start;
+    const pipeline::Simulation replay = pipeline::simulate_schedule(*schedule_, each);
+    for (double b : replay.busy) replay_busy += b;
+    replay_step += replay.step_time;
+    if (mean.stages.empty()) {
+      mean = m.costs;
+      ran = m.ran;
+      continue;
+    }
+    for (auto [sum, add] : {std::pair{&mean.f, m.costs.f}, {&mean.b, m.costs.b}, {&mean.i, m.costs.i},
+                            {&mean.w, m.costs.w}, {&mean.optim, m.costs.optim}, {&mean.transfer, m.costs.transfer},
+                            {&mean.send, m.costs.send}, {&mean.post, m.costs.post}})
+      *sum += add;
+    for (size_t s = 0; s < mean.stages.size(); ++s) {
+      mean.stages[s].f += m.costs.stages[s].f;
+      mean.stages[s].b += m.costs.stages[s].b;
+      mean.stages[s].i += m.costs.stages[s].i;
+      mean.stages[s].w += m.costs.stages[s].w;
+    }
+    for (size_t r = 0; r < std::min(mean.rank_optim.size(), m.costs.rank_optim.size()); ++r)
+      mean.rank_optim[r] += m.costs.rank_optim[r];
+  }
+  const double n = static_cast<double>(steps.size()), ranks = static_cast<double>(pipe_.size());
+  for (double* c : {&mean.f, &mean.b, &mean.i, &mean.w, &mean.optim, &mean.transfer, &mean.send, &mean.post}) *c /= n;
+  for (pipeline::ActionCosts::Compute& c : mean.stages)
+    for (double* v : {&c.f, &c.b, &c.i, &c.w}) *v /= n;
+  for (double& o : mean.rank_optim) o /= n;
+  const pipeline::Simulation planned = pipeline::simulate_schedule(*schedule_, mean);
   nlohmann::json ms = nlohmann::json::object();
-  for (Op op : m.ran) ms[pipeline::op_name(op)] = 1000 * m.costs.of(op);
-  out["pp_action_ms"] = ms;  // the last timed step's mean compute action, over every rank
+  for (Op op : ran) ms[pipeline::op_name(op)] = 1000 * mean.of(op);
+  out["pp_action_ms"] = ms;  // the timed steps' mean compute action, over every rank
+  out["pp_transfer_ms"] = {{"transfer", 1000 * mean.transfer}, {"send", 1000 * mean.send}, {"post", 1000 * mean.post}};
   if (!table_note_.empty()) out["pp_table"] = table_note_;
-  out["pp_bubble"] = {{"measured", m.run.bubble()}, {"simulated", planned.bubble()},
-                      {"measured_step_s", m.run.step_time}, {"simulated_step_s", planned.step_time}};
+  out["pp_bubble"] = {{"steps", steps.size()},
+                      {"measured", 1 - busy / (ranks * step)},
+                      {"simulated", planned.bubble()},
+                      {"replayed", 1 - replay_busy / (ranks * replay_step)},
+                      {"measured_step_s", step / n},
+                      {"simulated_step_s", planned.step_time},
+                      {"replayed_step_s", replay_step / n}};
 }
 
 double PipelineStep::evaluate(const std::vector<Batch>& batches) {
@@ -298,7 +357,7 @@ pipeline::Schedule PipelineStep::build_table(int64_t micro_batches, const pipeli
 }
 
 void PipelineStep::rebuild_for_measured_costs() {
-  const Measured m = measure_last_run();
+  const Measured m = measure(last_);
   // Every rank of the world must run the same table (the data replicas' collectives follow it):
   // the stages' mean costs averaged over the world.
   std::vector<double> flat;

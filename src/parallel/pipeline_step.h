@@ -86,8 +86,13 @@ class PipelineStep final : public StepRunner {
   StepLosses run(const std::vector<Batch>& micro_batches, double lr, const GradientsReady& gradients_ready) override;
   double evaluate(const std::vector<Batch>& batches) override;
   std::optional<std::string> write_timeline(const std::string& dir, int64_t step) override;
-  // pp_action_ms (the last step's mean F, B, I, W over every rank) and pp_bubble (measured, and
-  // simulated from those means). A collective of the pp group.
+  void start_timing() override;
+  // Over the timed steps (the last step when none was timed): pp_action_ms (the mean F, B, I, W
+  // over every rank and step) and pp_bubble: measured (idle share of pp x the steps' time),
+  // simulated (the table run with each stage's mean F, B, I, W and each rank's optimizer step, as
+  // a planner predicts) and replayed (each step simulated with its own actions' measured
+  // durations: what the simulator's model of the executor leaves out, such as transfer time).
+  // A collective of the pp group.
   void add_bench_fields(nlohmann::json& out) override;
 
  private:
@@ -106,14 +111,20 @@ class PipelineStep final : public StepRunner {
   // A buffer (transfer_dtype_) for the activation between two stages of `batch`'s rows.
   at::Tensor activation_buffer(const Batch& batch) const;
 
-  // The last run()'s timelines of every rank (a collective of pp), its busy time per rank and step
-  // time, and each compute op's mean duration over them.
+  // The timelines of every rank of one run() given this rank's (a collective of pp), its busy time
+  // per rank and step time, and each compute op's mean duration over them.
+  // costs.transfer: pipeline::transfer_time's (0 when no receive waited).
   struct Measured {
     pipeline::Simulation run;
     pipeline::ActionCosts costs;
     std::vector<pipeline::Op> ran;  // the compute ops the schedule has
   };
-  Measured measure_last_run();
+  // One run() of this rank: its timeline and when it started (run_schedule's `started`).
+  struct Run {
+    std::vector<pipeline::TimedAction> timeline;
+    double started = 0;
+  };
+  Measured measure(const Run& mine);
 
   // After the owner's finish_gradients: the tied embedding's gradient summed over its two copies.
   void tie_embedding();
@@ -122,6 +133,7 @@ class PipelineStep final : public StepRunner {
   ResidentOwner& owner_;
   comm::Mesh& mesh_;
   comm::Group& pipe_;
+  comm::Group& down_;  // "pp_down": transfers to a lower pipeline rank
   Config config_;
   c10::Device device_;
   std::optional<at::ScalarType> autocast_;
@@ -153,7 +165,10 @@ class PipelineStep final : public StepRunner {
   pipeline::ActionCosts table_costs_;           // what schedule_ was built for (unit costs at first)
   std::string table_note_;                      // how it was built, once measured costs were tried
   int64_t runs_ = 0;
-  std::vector<pipeline::TimedAction> timeline_;  // the last run()'s, this rank's
+  Run last_;                  // the last run()'s, this rank's
+  bool timing_ = false;       // since start_timing()
+  std::vector<Run> timed_;    // each timed run()'s
+  std::optional<double> clock_offset_;  // pipeline::clock_offset's, measured once
 };
 
 }  // namespace tessera

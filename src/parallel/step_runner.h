@@ -50,8 +50,11 @@ class StepRunner {
   virtual StepLosses run(const std::vector<Batch>& micro_batches, double lr, const GradientsReady& gradients_ready) = 0;
   virtual double evaluate(const std::vector<Batch>& batches) = 0;
   virtual std::optional<std::string> write_timeline(const std::string& dir, int64_t step) { return std::nullopt; }
-  // What the last step measured beyond its time, for `tessera bench`'s JSON (the swap plan's
-  // predicted and exposed load, ...); nothing by default.
+  // `tessera bench`: the steps run from here on are timed (a runner that measures its steps keeps
+  // what they measured for add_bench_fields).
+  virtual void start_timing() {}
+  // What the timed steps (or the last step) measured beyond their time, for `tessera bench`'s JSON
+  // (the swap plan's predicted and exposed load, the pipeline's bubble, ...); nothing by default.
   virtual void add_bench_fields(nlohmann::json& out) {}
 };
 

@@ -6,6 +6,8 @@
 
 #include <unistd.h>
 
+#include <cmath>
+
 #include "dist_test.h"
 #include "core/error.h"
 #include "parallel/pipeline/executor.h"
@@ -31,7 +33,7 @@ TEST(PipelineExecutor, EverySchedulesMeasuredBubbleIsItsSimulatedOne) {
     ActionCosts costs;
     if (v == 2) costs = {0.5, 1, 0.5, 0.5, 0};  // a chunk is half a stage
     const Simulation planned = simulate_schedule(s, costs);
-    const MeasuredSchedule measured = measure_schedule(s, pipe, costs, unit);
+    const MeasuredSchedule measured = measure_schedule(s, pipe, mesh->group("pp_down"), costs, unit);
     if (ranks.rank() == 0)
       std::printf("%s: measured bubble %.4f, step %.4f s; planned %.4f, %.4f s\n", name.c_str(), measured.bubble,
                   measured.step_time, planned.bubble(), planned.step_time * unit);
@@ -74,12 +76,37 @@ TEST(PipelineExecutor, ADeadStageIsNamedByTheOthers) {
   };
   work.receive_buffer = [](const Action&) { return at::empty({3}, at::kDouble); };
   try {
-    run_schedule(s, mesh->group("pp"), work);
+    run_schedule(s, mesh->group("pp"), mesh->group("pp_down"), work);
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     std::exit(2);
   }
   std::exit(0);
+}
+
+// What a run's transfers cost, from the timelines of two ranks whose clocks started 0.5 s apart:
+// the sends' posting, the gap after each receive (posting the next), and from a send's post to the
+// end of the receive that waited for it; a receive that found its data there is no sample.
+TEST(PipelineExecutor, TransferCostsAreReadFromTheTimelines) {
+  const std::vector<std::vector<TimedAction>> timelines = {
+      {{{Op::F, 0, 0}, 0, 1}, {{Op::SendF, 0, 0}, 1, 1.1}, {{Op::RecvB, 0, 0}, 1.1, 1.1 + 1e-6}, {{Op::B, 0, 0}, 1.4, 3}},
+      {{{Op::RecvF, 1, 0}, 0, 2}, {{Op::F, 1, 0}, 2.25, 3}, {{Op::B, 1, 0}, 3, 4}, {{Op::SendB, 1, 0}, 4, 4.2}}};
+  const TransferCosts costs = transfer_costs(timelines, {10.0, 9.5});
+  EXPECT_NEAR(costs.send, 0.15, 1e-12);
+  EXPECT_NEAR(costs.post, (1.4 - (1.1 + 1e-6) + 0 + 0.25 + 0) / 4, 1e-12);  // after each receive, before each row
+  EXPECT_NEAR(costs.transfer, (9.5 + 2) - (10 + 1.1), 1e-12);   // RECV_F0 waited; RECV_B0 did not
+}
+
+TEST(PipelineExecutor, RanksOnOneHostShareTheClock) {
+  test::Ranks ranks(2);
+  if (!ranks.is_worker()) return ranks.expect_success();
+  ParallelOptions options;
+  options.pp = 2;
+  auto mesh = ranks.connect(options);
+  EXPECT_NE(&mesh->group("pp_down"), &mesh->group("pp"));  // a connection of its own
+  const double offset = clock_offset(mesh->group("pp"));
+  if (ranks.rank() == 0) EXPECT_EQ(offset, 0);
+  EXPECT_LT(std::abs(offset), 0.002);  // steady_clock is the host's monotonic clock
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The pipeline executor (executor.h).
 #include "parallel/pipeline/executor.h"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <tuple>
@@ -37,11 +38,16 @@ at::Tensor timeline_rows(const std::vector<TimedAction>& timeline, int64_t rows)
 
 }  // namespace
 
-std::vector<TimedAction> run_schedule(const Schedule& s, comm::Group& pipe, const StageWork& work) {
+std::vector<TimedAction> run_schedule(const Schedule& s, comm::Group& pipe, comm::Group& down, const StageWork& work,
+                                      double* started) {
+  require(down.ranks() == pipe.ranks(), "internal: the pipeline's two transfer groups have other members");
+  // The group a transfer between this rank and `peer` goes over.
+  auto over = [&](int64_t peer) -> comm::Group& { return peer < pipe.rank() ? down : pipe; };
   const int64_t me = pipe.rank();
   require(pipe.size() == s.pp, "internal: a schedule for ", s.pp, " pipeline ranks run on a group of ", pipe.size());
   using Clock = std::chrono::steady_clock;
   const Clock::time_point begin = Clock::now();
+  if (started) *started = std::chrono::duration<double>(begin.time_since_epoch()).count();
   auto now = [&]() { return std::chrono::duration<double>(Clock::now() - begin).count(); };
 
   std::map<Key, at::Tensor> ready;  // inputs waiting for their consumer, received or handed over
@@ -57,8 +63,10 @@ std::vector<TimedAction> run_schedule(const Schedule& s, comm::Group& pipe, cons
       if (a.op != Op::RecvF && a.op != Op::RecvB) continue;
       const bool forward = a.op == Op::RecvF;
       posted_buffer = work.receive_buffer(a);
-      posted = pipe.recv_async(posted_buffer, s.rank_of(forward ? a.stage - 1 : a.stage + 1),
-                               transfer_tag(forward ? 0 : 1, a.stage, a.micro));
+      const int64_t peer = s.rank_of(forward ? a.stage - 1 : a.stage + 1);
+      // The sender's group: a lower rank's sends come over pipe, a higher rank's over down.
+      posted = (peer > me ? down : pipe)
+                   .recv_async(posted_buffer, peer, transfer_tag(forward ? 0 : 1, a.stage, a.micro));
       return;
     }
   };
@@ -110,7 +118,8 @@ std::vector<TimedAction> run_schedule(const Schedule& s, comm::Group& pipe, cons
           const bool forward = a.op == Op::SendF;
           const int64_t to_stage = forward ? a.stage + 1 : a.stage - 1;
           at::Tensor t = take({forward ? 0 : 1, to_stage, a.micro}, a).contiguous();
-          sends.emplace_back(pipe.send_async(t, s.rank_of(to_stage), transfer_tag(forward ? 0 : 1, to_stage, a.micro)), t);
+          sends.emplace_back(over(s.rank_of(to_stage)).send_async(t, s.rank_of(to_stage), transfer_tag(forward ? 0 : 1, to_stage, a.micro)), t);
+          timeline.push_back({a, start, now()});
           break;
         }
         case Op::RecvF:
@@ -150,6 +159,87 @@ std::vector<TimedAction> run_schedule(const Schedule& s, comm::Group& pipe, cons
     fail("pipeline rank ", me, " (", s.name, "), waiting for its sends at the end of the step: ", e.what());
   }
   return timeline;
+}
+
+double clock_offset(comm::Group& pipe, int rounds) {
+  using Clock = std::chrono::steady_clock;
+  auto now = []() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); };
+  double offset = 0;
+  for (int64_t r = 1; r < pipe.size(); ++r) {
+    if (pipe.rank() != 0 && pipe.rank() != r) continue;
+    // Rank 0 sends its clock t0; rank r answers with its receipt t1 and reply t2; rank 0 receives at
+    // t3. Offset = ((t1 - t0) + (t2 - t3)) / 2, taken from the round with the least t3 - t0 - (t2 - t1).
+    double best_round = 0, best = 0;
+    for (int i = 0; i < rounds; ++i) {
+      at::Tensor stamps = at::zeros({3}, at::kDouble);
+      if (pipe.rank() == 0) {
+        stamps[0] = now();
+        pipe.send(stamps, r, 0);
+        pipe.recv(stamps, r, 0);
+        const double t3 = now();
+        const auto t = stamps.accessor<double, 1>();
+        const double round = (t3 - t[0]) - (t[2] - t[1]), estimate = ((t[1] - t[0]) + (t[2] - t3)) / 2;
+        if (i == 0 || round < best_round) best_round = round, best = estimate;
+      } else {
+        pipe.recv(stamps, 0, 0);
+        stamps[1] = now();
+        stamps[2] = now();
+        pipe.send(stamps, 0, 0);
+      }
+    }
+    at::Tensor estimate = at::full({1}, best, at::kDouble);
+    if (pipe.rank() == 0) {
+      pipe.send(estimate, r, 0);
+    } else {
+      pipe.recv(estimate, 0, 0);
+      offset = estimate.item<double>();
+    }
+  }
+  return offset;
+}
+
+TransferCosts transfer_costs(const std::vector<std::vector<TimedAction>>& timelines, const std::vector<double>& started) {
+  TransferCosts costs;
+  std::map<std::tuple<Op, int64_t, int64_t>, double> posted;  // when each send was posted, common clock
+  double send_sum = 0, post_sum = 0;
+  int64_t sends = 0, posts = 0;
+  for (size_t r = 0; r < timelines.size(); ++r) {
+    const std::vector<TimedAction>& row = timelines[r];
+    bool receives = false;
+    for (size_t i = 0; i < row.size(); ++i) {
+      const Op op = row[i].action.op;
+      if (op == Op::SendF || op == Op::SendB) {
+        posted[{op, row[i].action.stage, row[i].action.micro}] = started[r] + row[i].end;
+        send_sum += row[i].end - row[i].start;
+        sends += 1;
+      }
+      if ((op == Op::RecvF || op == Op::RecvB) && i + 1 < row.size()) {
+        post_sum += row[i + 1].start - row[i].end;
+        posts += 1;
+      }
+      receives = receives || op == Op::RecvF || op == Op::RecvB;
+    }
+    if (receives && !row.empty()) {
+      post_sum += row.front().start;
+      posts += 1;
+    }
+  }
+  if (sends > 0) costs.send = send_sum / static_cast<double>(sends);
+  if (posts > 0) costs.post = std::max(0.0, post_sum / static_cast<double>(posts));
+  std::vector<double> samples;
+  constexpr double kWaited = 50e-6;  // a receive that waited less found its data there
+  for (size_t r = 0; r < timelines.size(); ++r)
+    for (const TimedAction& t : timelines[r]) {
+      if ((t.action.op != Op::RecvF && t.action.op != Op::RecvB) || t.end - t.start < kWaited) continue;
+      const bool forward = t.action.op == Op::RecvF;
+      const auto it = posted.find({forward ? Op::SendF : Op::SendB, t.action.stage + (forward ? -1 : 1), t.action.micro});
+      if (it != posted.end()) samples.push_back(started[r] + t.end - it->second);
+    }
+  if (!samples.empty()) {
+    std::nth_element(samples.begin(), samples.begin() + static_cast<std::ptrdiff_t>(samples.size() / 2), samples.end());
+    costs.transfer = std::max(0.0, samples[samples.size() / 2]);
+  }
+  return costs;
 }
 
 std::vector<std::vector<TimedAction>> gather_timelines(comm::Group& pipe, const std::vector<TimedAction>& mine) {

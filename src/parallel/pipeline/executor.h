@@ -13,12 +13,13 @@
 // the next compute action on that stage first calls StageWork::complete, and the time it waited
 // is the timeline's GATHER entry (the exposed part of the gather).
 // Transfers: SEND_* posts an asynchronous send (comm::Group::send_async) and goes on; the sends
-// are waited before OPTIM (Gloo reports a send finished only from its wait). Each receive is posted ahead (comm::Group::recv_async, into a buffer from
-// StageWork::receive_buffer): the row's next RECV_* is posted as soon as the one before it was
-// taken (the first at the start), so its data lands while the rank computes, and RECV_* waits
-// only for what has not arrived yet. A transfer's tag is (direction, consuming stage,
-// micro-batch), so a receive can only match its own send. Every send is waited before
-// run_schedule returns. A peer that dies or stalls surfaces as the group's error
+// are waited before OPTIM (Gloo reports a send finished only from its wait). Each receive is
+// posted ahead (comm::Group::recv_async, into a buffer from StageWork::receive_buffer): the row's
+// next RECV_* is posted as soon as the one before it was taken (the first at the start), so its
+// data lands while the rank computes, and RECV_* waits only for what has not arrived yet. A
+// transfer's tag is (direction, consuming stage, micro-batch), so a receive can only match its own
+// send; it goes over one of two groups by the direction between the ranks (run_schedule's `down`).
+// Every send is waited before run_schedule returns. A peer that dies or stalls surfaces as the group's error
 // (naming the rank, within parallel.timeout_s), prefixed with this rank's action.
 //
 // Invariants: the table passed validate_schedule (the executor trusts its order); StageWork is
@@ -26,6 +27,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -49,12 +51,38 @@ struct StageWork {
 };
 
 // Runs rank pipe.rank()'s actions of `schedule` (pipe: the pp group, group rank = pipeline rank).
-// Returns the compute actions, receives, GATHER waits and OPTIM with their start and end in
-// seconds since the call.
-std::vector<TimedAction> run_schedule(const Schedule& schedule, comm::Group& pipe, const StageWork& work);
+// Returns the compute actions, sends (the time posting took), receives (the time waited), GATHER
+// waits and OPTIM with their start and end in seconds since the call; `started`, when given, is
+// set to the steady clock's reading (seconds) at that zero.
+// `down` has pipe's members and a connection of its own (the mesh's "pp_down", comm/mesh.h): a
+// transfer to a lower pipeline rank goes over it, one to a higher rank over `pipe`, so the two
+// directions between two ranks never share a connection (on one Gloo pair a send stalls for
+// milliseconds while the peer sends the other way).
+std::vector<TimedAction> run_schedule(const Schedule& schedule, comm::Group& pipe, comm::Group& down,
+                                      const StageWork& work, double* started = nullptr);
 
 // Every rank's timeline (from run_schedule) on every rank, in rank order (a collective of `pipe`);
 // each rank's times are from its own start.
 std::vector<std::vector<TimedAction>> gather_timelines(comm::Group& pipe, const std::vector<TimedAction>& mine);
+
+// This rank's steady clock minus pipeline rank 0's, in seconds (0 on rank 0), from the ping-pong
+// round with the least round trip of `rounds` with rank 0 (blocking point-to-point: a collective
+// of `pipe`). Ranks on one host share the clock (about 0); on several hosts the estimate is good
+// to about half the least round trip.
+double clock_offset(comm::Group& pipe, int rounds = 16);
+
+// What the transfers of a measured run cost, as the simulator's ActionCosts means them
+// (simulate.h), from `timelines` as gather_timelines gives them and `started[r]`, rank r's zero on
+// one common clock (run_schedule's `started` minus clock_offset):
+//   send      the mean time posting a send took;
+//   post      the mean time from a receive's end to the rank's next entry (posting the row's next
+//             receive), and from a row's zero to its first entry when it has receives;
+//   transfer  the median, over the receives that waited for their data, of the time from the send
+//             being posted to the wait ending (0 when no receive waited: no transfer was on the
+//             way of the work).
+struct TransferCosts {
+  double transfer = 0, send = 0, post = 0;
+};
+TransferCosts transfer_costs(const std::vector<std::vector<TimedAction>>& timelines, const std::vector<double>& started);
 
 }  // namespace tessera::pipeline

@@ -28,7 +28,8 @@ void expect_payload(const at::Tensor& got, int64_t stage, int64_t micro, int64_t
 
 }  // namespace
 
-MeasuredSchedule measure_schedule(const Schedule& s, comm::Group& pipe, const ActionCosts& costs, double unit_s) {
+MeasuredSchedule measure_schedule(const Schedule& s, comm::Group& pipe, comm::Group& down, const ActionCosts& costs,
+                                  double unit_s) {
   StageWork work;
   work.compute = [&](const Action& a, const at::Tensor& input) {
     if (a.op == Op::F && a.stage > 0) expect_payload(input, a.stage - 1, a.micro, 0, a);
@@ -53,7 +54,7 @@ MeasuredSchedule measure_schedule(const Schedule& s, comm::Group& pipe, const Ac
   };
   work.complete = [&](const Action& a) { std::this_thread::sleep_until(fetched[a.stage]); };
   pipe.barrier();
-  const std::vector<TimedAction> mine = run_schedule(s, pipe, work);
+  const std::vector<TimedAction> mine = run_schedule(s, pipe, down, work);
   // Busy: the compute actions as they ran (a sleep's overshoot is work, not bubble).
   double busy = 0;
   for (const TimedAction& t : mine)

@@ -19,7 +19,8 @@ struct MeasuredSchedule {
   double bubble = 0;     // 1 - compute time (as it ran) summed over ranks / (pp x step_time)
 };
 
-// Collective over `pipe` (the pp group).
-MeasuredSchedule measure_schedule(const Schedule& schedule, comm::Group& pipe, const ActionCosts& costs, double unit_s);
+// Collective over `pipe` (the pp group) and `down` (its "pp_down", executor.h).
+MeasuredSchedule measure_schedule(const Schedule& schedule, comm::Group& pipe, comm::Group& down, const ActionCosts& costs,
+                                  double unit_s);
 
 }  // namespace tessera::pipeline

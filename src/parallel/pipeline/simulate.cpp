@@ -21,12 +21,18 @@ double ActionCosts::of(Op op) const {
     case Op::I: return i;
     case Op::W: return w;
     case Op::Optim: return optim;
+    case Op::RecvF:
+    case Op::RecvB: return post;
     default: return 0;
   }
 }
 
 double ActionCosts::of(const Action& a, int64_t rank) const {
   if (a.op == Op::Optim && rank < static_cast<int64_t>(rank_optim.size())) return rank_optim[rank];
+  if (a.is_compute()) {
+    const auto it = each.find({a.op, a.stage, a.micro});
+    if (it != each.end()) return it->second;
+  }
   if (!a.is_compute() || a.stage >= static_cast<int64_t>(stages.size())) return of(a.op);
   const Compute& c = stages[a.stage];
   switch (a.op) {
@@ -52,6 +58,12 @@ Simulation simulate_schedule(const Schedule& s, const ActionCosts& costs) {
   sim.peak_held.assign(pp, 0);
   sim.peak_gathered.assign(pp, 0);
   std::vector<double> clock(pp, 0), sent(pp, 0);  // sent: when the rank's last send arrives
+  for (int64_t r = 0; r < pp; ++r)
+    for (const Action& a : s.ranks[r])
+      if (a.op == Op::RecvF || a.op == Op::RecvB) {
+        clock[r] = costs.post;  // the first receive, posted ahead
+        break;
+      }
   std::vector<int64_t> next(pp, 0), held(pp, 0);
   // Per rank: holds per stage, when each stage's fetch completes, whether a compute has waited
   // for it yet, and when the rank's last fetch completes (its fetches run one after another).
@@ -112,7 +124,10 @@ Simulation simulate_schedule(const Schedule& s, const ActionCosts& costs) {
         const double ready = ready_time(r, a, why);
         if (ready < 0) break;
         if (a.op == Op::SendF || a.op == Op::SendB) {
-          done[{a.op, a.stage, a.micro}] = std::max(clock[r], ready) + costs.transfer;
+          const double start = std::max(clock[r], ready);
+          clock[r] = start + costs.send;
+          if (costs.send > 0) sim.timeline[r].push_back({a, start, clock[r]});
+          done[{a.op, a.stage, a.micro}] = clock[r] + costs.transfer;
           sent[r] = std::max(sent[r], done[{a.op, a.stage, a.micro}]);
         } else if (a.op == Op::Gather) {
           if (holds[r][a.stage]++ == 0) {

@@ -6,8 +6,10 @@
 //   F(s, j) needs F(s-1, j): on the same rank its end, across ranks its RECV_F.
 //   B/I(s, j) needs F(s, j) on this rank and B/I(s+1, j): on the same rank its end, across ranks
 //   its RECV_B. W(s, j) needs I(s, j).
-//   SEND_* takes no time on the rank (it is posted and completes in the background); the data
-//   arrives `transfer` after the send was posted. RECV_* waits until its data arrived.
+//   SEND_* takes `send` on the rank (posting it; it completes in the background); the data
+//   arrives `transfer` after the send was posted. RECV_* waits until its data arrived, then takes
+//   `post` (posting the row's next receive, as the executor does; a row with receives takes `post`
+//   once before its first action too).
 //   GATHER takes no time on the rank: the first GATHER holding a stage starts its fetch (a
 //   collective of its data replicas, which run alike), which completes `gather` later, after the
 //   rank's earlier fetches (they queue on one group); the first compute action on the stage after
@@ -22,7 +24,9 @@
 // action before its own input) ends the replay early: `stuck` lists each blocked rank's action.
 #pragma once
 
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "parallel/pipeline/schedule.h"
@@ -32,6 +36,9 @@ namespace tessera::pipeline {
 struct ActionCosts {
   double f = 1, b = 2, i = 1, w = 1;  // compute, per action (one stage, one micro-batch)
   double transfer = 0;                // from a send being posted to the data's arrival
+  // Host time on the rank: posting a send (SEND_*), and posting the row's next receive (after each
+  // RECV_* is taken, and once before the row's first action).
+  double send = 0, post = 0;
   double gather = 0, optim = 0;       // a GATHER's fetch, an OPTIM
   // A measured run's stages and ranks differ (the embedding, the head and the loss; the optimizer
   // step of each rank's parameters): when given, per stage in place of f, b, i, w, and per rank in
@@ -41,6 +48,9 @@ struct ActionCosts {
   };
   std::vector<Compute> stages;
   std::vector<double> rank_optim;
+  // A replay of one measured step: each compute action's own duration, by (op, stage,
+  // micro-batch), in place of its stage's.
+  std::map<std::tuple<Op, int64_t, int64_t>, double> each;
   double of(Op op) const;
   // The cost of `a` on rank `rank`: its stage's or rank's where given, else of(a.op).
   double of(const Action& a, int64_t rank) const;

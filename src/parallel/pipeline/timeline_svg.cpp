@@ -51,7 +51,8 @@ std::string timeline_svg(const Schedule& s, const Simulation& sim, const std::st
       if (t.action.is_transfer()) {
         if (w > 0)
           out << "<rect x=\"" << x << "\" y=\"" << y + kBox * 0.4 << "\" width=\"" << w << "\" height=\"" << kBox * 0.2
-              << "\" fill=\"#bbb\"><title>" << t.action.str() << " (waiting)</title></rect>\n";
+              << "\" fill=\"#bbb\"><title>" << t.action.str()
+              << (t.action.op == Op::SendF || t.action.op == Op::SendB ? " (posting)" : " (waiting)") << "</title></rect>\n";
         continue;
       }
       out << "<rect x=\"" << x << "\" y=\"" << y << "\" width=\"" << w << "\" height=\"" << kBox << "\" fill=\""

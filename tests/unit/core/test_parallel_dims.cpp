@@ -56,6 +56,7 @@ TEST(ParallelDims, ExpertDataAndEmbeddingGroups) {
   EXPECT_EQ(dims.group_of("embedding", 3), (std::vector<int64_t>{3, 19}));
   EXPECT_EQ(dims.group_of("embedding", 19), (std::vector<int64_t>{3, 19}));
   EXPECT_EQ(dims.group_of("embedding", 11), (std::vector<int64_t>{11}));  // a middle stage
+  EXPECT_EQ(dims.groups("pp_down"), dims.groups("pp"));  // the same members; comm::Mesh gives it its own backend
   o.ep = 1;
   tessera::ParallelDims no_experts(o, 24, "t");
   EXPECT_EQ(no_experts.groups("edp"), no_experts.groups("dp"));

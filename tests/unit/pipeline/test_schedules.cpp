@@ -108,6 +108,26 @@ TEST(PipelineSchedules, MeasuredStagesAndRanksCostWhatTheyMeasured) {
   EXPECT_NEAR(simulate_schedule(s).step_time, 1 + 1 + 2 + 2, 1e-12);
 }
 
+// The executor's host costs, as simulate.h states them: posting the first receive before a row's
+// first action and the next one after each receive, posting a send on the sender; the data
+// arrives `transfer` after a send was posted. A replay's per-action costs replace their stage's.
+TEST(PipelineSchedules, PostingAndTransfersCostWhatTheyMeasured) {
+  Schedule s = build_schedule("1f1b", 2, 1, 1);
+  add_parameter_actions(s, Gathers::none);
+  ActionCosts costs;
+  costs.stages = {{1, 2, 0, 0}, {3, 4, 0, 0}};
+  costs.rank_optim = {0.5, 0.25};
+  costs.send = 0.1, costs.post = 0.2, costs.transfer = 0.05;
+  // Rank 0: post 0.2, F0 to 1.2, SEND_F0 to 1.3 (arrives 1.35). Rank 1: RECV_F0 1.35 + post to 1.55,
+  // F1 to 4.55, B1 to 8.55, SEND_B1 to 8.65 (arrives 8.7). Rank 0: RECV_B0 8.7 + post to 8.9, B0 to
+  // 10.9, OPTIM to 11.4.
+  const Simulation sim = simulate_schedule(s, costs);
+  EXPECT_NEAR(sim.step_time, 11.4, 1e-12);
+  EXPECT_NEAR(sim.busy[0], 1 + 2, 1e-12);  // posting and sending are not pipeline work
+  costs.each[{Op::F, 1, 0}] = 10;
+  EXPECT_NEAR(simulate_schedule(s, costs).step_time, 11.4 + 10 - 3, 1e-12);
+}
+
 // ZB-V's list scheduler takes any positive per-stage costs (a measured run's) and gives a table the
 // validator accepts; at the costs of a small GPT's measured stages (I 1.5x W) it idles less than
 // the unit-cost table does at those costs.
