@@ -9,8 +9,10 @@ close the simulator fed with the measured action times comes to the measured bub
 2. Every schedule at pp 2 with 8 and 16 micro-batches of 4 x 128 tokens (tiny_gpt widened), ROUNDS
    rounds, the runs of one round interleaved (this build, the baseline build if given, the PyTorch
    twin bench/pytorch_pipeline_twin.py where PyTorch has the schedule); each keeps its best median
-   step. Per tessera row: the measured bubble of its last timed step and the bubble the simulator
-   gives for that step from each stage's measured mean F, B, I, W and each rank's optimizer step.
+   step. Per tessera row (`tessera bench` pp_bubble and pp_transfer_ms, over its timed steps): the
+   measured bubble, the bubble the simulator gives from each stage's mean F, B, I, W, each rank's
+   optimizer step and the measured host costs of the transfers (posting a send, posting a receive,
+   a transfer's time), and the replay (each step simulated with its own actions' durations).
 3. Bytes each rank sends to the other per step (pp_bytes_per_step) at float32 and under bf16 with
    parallel.pp_transfer_dtype = compute, against m x batch x seq x n_embd x the dtype's bytes.
 Written to bench/results/pipeline_split_cpu.{md,json}; --parts runs some parts again, keeping the
@@ -115,7 +117,7 @@ def write(build, results):
              + f" --rounds {rounds}`. Two processes, one per core, one intra-op thread each (Gloo on loopback). "
              f"Best median step of {rounds} rounds, runs interleaved within a round.", ""]
     if fiw:
-        lines += ["## F, I and W per action (mean over both ranks, last timed step)", "",
+        lines += ["## F, I and W per action (mean over both ranks and the timed steps)", "",
                   "| model | F ms | I ms | W ms | W / I | B ms (1F1B) | (I + W) / B |", "|---|---|---|---|---|---|---|"]
         for r in fiw:
             lines.append(f"| {r['model']} | {r['F']:.2f} | {r['I']:.2f} | {r['W']:.2f} | {r['W_over_I']:.2f} | "
@@ -130,8 +132,9 @@ def write(build, results):
     for m in (8, 16):
         base = best.get(("tessera", "1f1b", m), {}).get("median_step_s")
         lines += [f"## {m} micro-batches of 4 x 128 tokens (tiny_gpt widened to 8 blocks of 128)", ""]
-        head = "| schedule | tessera step s | vs tessera 1F1B | bubble measured | bubble simulated |"
-        sep = "|---|---|---|---|---|"
+        head = ("| schedule | tessera step s | vs tessera 1F1B | bubble measured | bubble simulated | bubble replayed | "
+                "send / post / transfer ms |")
+        sep = "|---|---|---|---|---|---|---|"
         if baseline:
             head += " baseline step s | this / baseline |"
             sep += "---|---|"
@@ -143,8 +146,10 @@ def write(build, results):
             t = best.get(("tessera", schedule, m))
             if not t:
                 continue
+            bubble, host = t["pp_bubble"], t["pp_transfer_ms"]
             row = (f"| {schedule} | {t['median_step_s']:.3f} | {base / t['median_step_s']:.2f}x | "
-                   f"{100 * t['pp_bubble']['measured']:.1f}% | {100 * t['pp_bubble']['simulated']:.1f}% |")
+                   f"{100 * bubble['measured']:.1f}% | {100 * bubble['simulated']:.1f}% | "
+                   f"{100 * bubble['replayed']:.1f}% | {host['send']:.2f} / {host['post']:.2f} / {host['transfer']:.2f} |")
             if baseline:
                 b = best.get(("baseline", schedule, m), {})
                 bs = b.get("median_step_s")

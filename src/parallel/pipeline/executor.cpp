@@ -22,6 +22,52 @@ int64_t transfer_tag(int64_t direction, int64_t stage, int64_t micro) {
 
 using Key = std::tuple<int64_t, int64_t, int64_t>;  // (direction, consuming stage, micro-batch)
 
+// A transfer action's key and the rank at its other end.
+Key transfer_key(const Action& a) {
+  switch (a.op) {
+    case Op::SendF: return {0, a.stage + 1, a.micro};
+    case Op::SendB: return {1, a.stage - 1, a.micro};
+    case Op::RecvF: return {0, a.stage, a.micro};
+    default: return {1, a.stage, a.micro};
+  }
+}
+int64_t peer_of(const Schedule& s, const Action& a) {
+  switch (a.op) {
+    case Op::SendF: return s.rank_of(a.stage + 1);
+    case Op::SendB: return s.rank_of(a.stage - 1);
+    case Op::RecvF: return s.rank_of(a.stage - 1);
+    default: return s.rank_of(a.stage + 1);
+  }
+}
+
+}  // namespace
+
+std::map<size_t, std::vector<std::tuple<int64_t, int64_t, int64_t>>> arrived_sends(const Schedule& s, int64_t me) {
+  std::vector<std::vector<Key>> taken(static_cast<size_t>(s.pp));  // per peer, my sends it takes, in order
+  std::map<Key, size_t> before;  // a send to me -> how many of my sends its sender took before it
+  for (int64_t p = 0; p < s.pp; ++p) {
+    if (p == me) continue;
+    for (const Action& a : s.ranks[p]) {
+      if (!a.is_transfer() || peer_of(s, a) != me) continue;
+      if (a.op == Op::RecvF || a.op == Op::RecvB) taken[p].push_back(transfer_key(a));
+      else before[transfer_key(a)] = taken[p].size();
+    }
+  }
+  std::map<size_t, std::vector<Key>> out;
+  std::vector<size_t> released(static_cast<size_t>(s.pp), 0);
+  const std::vector<Action>& row = s.ranks[me];
+  for (size_t i = 0; i < row.size(); ++i) {
+    if (row[i].op != Op::RecvF && row[i].op != Op::RecvB) continue;
+    const int64_t p = peer_of(s, row[i]);
+    const auto it = before.find(transfer_key(row[i]));
+    if (it == before.end()) continue;
+    for (; released[p] < it->second; ++released[p]) out[i].push_back(taken[p][released[p]]);
+  }
+  return out;
+}
+
+namespace {
+
 // Rows of (op, stage, micro, start, end) for one rank's timeline, padded to `rows`.
 at::Tensor timeline_rows(const std::vector<TimedAction>& timeline, int64_t rows) {
   at::Tensor t = at::full({rows, 5}, -1.0, at::kDouble);
@@ -51,7 +97,8 @@ std::vector<TimedAction> run_schedule(const Schedule& s, comm::Group& pipe, comm
   auto now = [&]() { return std::chrono::duration<double>(Clock::now() - begin).count(); };
 
   std::map<Key, at::Tensor> ready;  // inputs waiting for their consumer, received or handed over
-  std::vector<std::pair<comm::Work, at::Tensor>> sends;
+  std::map<Key, std::pair<comm::Work, at::Tensor>> sends;  // posted, not yet waited
+  const std::map<size_t, std::vector<Key>> arrived = arrived_sends(s, me);
   const std::vector<Action>& row = s.ranks[me];
   // The receive posted ahead: its index in the row (row.size(): none), Work and buffer.
   size_t posted_at = row.size();
@@ -76,7 +123,7 @@ std::vector<TimedAction> run_schedule(const Schedule& s, comm::Group& pipe, comm
   std::vector<int64_t> holds(static_cast<size_t>(s.stages()), 0);
   std::vector<char> awaited(static_cast<size_t>(s.stages()), 1);
   auto wait_sends = [&]() {
-    for (auto& [done, tensor] : sends) done.wait();
+    for (auto& [key, send] : sends) send.first.wait();
     sends.clear();
   };
   auto take = [&](const Key& key, const Action& a) {
@@ -118,7 +165,8 @@ std::vector<TimedAction> run_schedule(const Schedule& s, comm::Group& pipe, comm
           const bool forward = a.op == Op::SendF;
           const int64_t to_stage = forward ? a.stage + 1 : a.stage - 1;
           at::Tensor t = take({forward ? 0 : 1, to_stage, a.micro}, a).contiguous();
-          sends.emplace_back(over(s.rank_of(to_stage)).send_async(t, s.rank_of(to_stage), transfer_tag(forward ? 0 : 1, to_stage, a.micro)), t);
+          const Key key{forward ? 0 : 1, to_stage, a.micro};
+          sends[key] = {over(s.rank_of(to_stage)).send_async(t, s.rank_of(to_stage), transfer_tag(forward ? 0 : 1, to_stage, a.micro)), t};
           timeline.push_back({a, start, now()});
           break;
         }
@@ -129,6 +177,13 @@ std::vector<TimedAction> run_schedule(const Schedule& s, comm::Group& pipe, comm
           ready[{a.op == Op::RecvF ? 0 : 1, a.stage, a.micro}] = std::move(posted_buffer);
           timeline.push_back({a, start, now()});
           post_next_receive(index + 1);
+          // The sends its sender took before sending it have arrived: their buffers go now.
+          if (const auto it = arrived.find(index); it != arrived.end())
+            for (const Key& key : it->second)
+              if (const auto send = sends.find(key); send != sends.end()) {
+                send->second.first.wait();
+                sends.erase(send);
+              }
           break;
         }
         case Op::Gather:

@@ -12,8 +12,10 @@
 // of the step is waited for. A GATHER that takes a stage's first hold starts its fetch and returns;
 // the next compute action on that stage first calls StageWork::complete, and the time it waited
 // is the timeline's GATHER entry (the exposed part of the gather).
-// Transfers: SEND_* posts an asynchronous send (comm::Group::send_async) and goes on; the sends
-// are waited before OPTIM (Gloo reports a send finished only from its wait). Each receive is
+// Transfers: SEND_* posts an asynchronous send (comm::Group::send_async) and goes on. Gloo reports
+// a send finished only from its wait, so a send is waited when the rank knows it arrived: when it
+// takes a receive that the peer sent after taking that send (arrived_sends), which frees its buffer
+// within the step; the others before OPTIM. Each receive is
 // posted ahead (comm::Group::recv_async, into a buffer from StageWork::receive_buffer): the row's
 // next RECV_* is posted as soon as the one before it was taken (the first at the start), so its
 // data lands while the rank computes, and RECV_* waits only for what has not arrived yet. A
@@ -27,7 +29,8 @@
 #pragma once
 
 #include <functional>
-#include <optional>
+#include <map>
+#include <tuple>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -60,6 +63,12 @@ struct StageWork {
 // milliseconds while the peer sends the other way).
 std::vector<TimedAction> run_schedule(const Schedule& schedule, comm::Group& pipe, comm::Group& down,
                                       const StageWork& work, double* started = nullptr);
+
+// For each receive of rank `me`'s row (by its index in the row), the sends of `me` that the sender
+// took (its RECV done) before it posted the send this receive takes, as (direction 0 forward / 1
+// backward, consuming stage, micro-batch): once the receive is done they have arrived, so
+// run_schedule waits for them there (it returns at once) and their buffers go.
+std::map<size_t, std::vector<std::tuple<int64_t, int64_t, int64_t>>> arrived_sends(const Schedule& schedule, int64_t me);
 
 // Every rank's timeline (from run_schedule) on every rank, in rank order (a collective of `pipe`);
 // each rank's times are from its own start.

@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
+#include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/schedule_builders.h"
 #include "parallel/pipeline/simulate.h"
 #include "parallel/pipeline/validate.h"
@@ -126,6 +128,29 @@ TEST(PipelineSchedules, PostingAndTransfersCostWhatTheyMeasured) {
   EXPECT_NEAR(sim.busy[0], 1 + 2, 1e-12);  // posting and sending are not pipeline work
   costs.each[{Op::F, 1, 0}] = 10;
   EXPECT_NEAR(simulate_schedule(s, costs).step_time, 11.4 + 10 - 3, 1e-12);
+}
+
+// A receive proves which of this rank's sends arrived: those its sender took before sending it.
+TEST(PipelineSchedules, AReceiveProvesTheSendsItsSenderTookBeforeIt) {
+  const Schedule s = build_schedule("1f1b", 2, 4, 1);
+  using Key = std::tuple<int64_t, int64_t, int64_t>;
+  auto at_receive = [&](int64_t rank, const Action& recv) {
+    const auto arrived = arrived_sends(s, rank);
+    const auto it = arrived.find(static_cast<size_t>(index_of(s, rank, recv)));
+    return it == arrived.end() ? std::vector<Key>{} : it->second;
+  };
+  // Rank 1 sends B0 after taking F0: rank 0's RECV_B0 proves its SEND_F0 (to stage 1) arrived.
+  EXPECT_EQ(at_receive(0, {Op::RecvB, 0, 0}), (std::vector<Key>{{0, 1, 0}}));
+  EXPECT_EQ(at_receive(0, {Op::RecvB, 0, 1}), (std::vector<Key>{{0, 1, 1}}));
+  // Rank 0 sends F1 before taking anything; it sends F2 after taking B0.
+  EXPECT_TRUE(at_receive(1, {Op::RecvF, 1, 1}).empty());
+  EXPECT_EQ(at_receive(1, {Op::RecvF, 1, 2}), (std::vector<Key>{{1, 0, 0}}));
+  // Over the rows, every send is proved at most once.
+  for (int64_t r = 0; r < 2; ++r) {
+    std::set<Key> seen;
+    for (const auto& [index, keys] : arrived_sends(s, r))
+      for (const Key& k : keys) EXPECT_TRUE(seen.insert(k).second);
+  }
 }
 
 // ZB-V's list scheduler takes any positive per-stage costs (a measured run's) and gives a table the
