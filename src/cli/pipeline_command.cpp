@@ -6,6 +6,10 @@
 // --measure MS runs the table on pp local processes (Gloo) whose compute actions sleep their cost
 // x MS milliseconds (parallel/pipeline/measure.h) and prints the measured bubble beside the
 // simulated one (--svg then also draws the measured timeline, FILE.measured.svg).
+// --model CONFIG [--set k=v ...] prices the table with a model's measured costs instead: it
+// profiles the config's blocks on this process (plan/profile_cut.h: F, I and W of each block and
+// of the ends, on its train.device), cuts the model as a run with that config, --pp, --schedule and
+// --microbatches would, and prints each stage's measured F, I, W and the predicted step (seconds).
 #include <cstdio>
 #include <filesystem>
 #include <unistd.h>
@@ -14,6 +18,7 @@
 
 #include "cli/commands.h"
 #include "cli/launcher.h"
+#include "comm/device.h"
 #include "comm/mesh.h"
 #include "comm/rendezvous.h"
 #include "core/error.h"
@@ -23,6 +28,8 @@
 #include "parallel/pipeline/simulate.h"
 #include "parallel/pipeline/timeline_svg.h"
 #include "parallel/pipeline/validate.h"
+#include "plan/layout.h"
+#include "plan/profile_cut.h"
 
 namespace tessera::cli {
 namespace {
@@ -71,7 +78,8 @@ double formula_bubble(const Schedule& s) {
 
 Command add_pipeline_command(CLI::App& app) {
   struct Args {
-    std::string schedule = "1f1b", costs, svg, csv, zero3 = "none";
+    std::string schedule = "1f1b", costs, svg, csv, zero3 = "none", model;
+    std::vector<std::string> sets;
     int64_t pp = 4, microbatches = 8, virtual_stages = 0;
     double measure_ms = 0;
     bool vee = false;
@@ -97,6 +105,11 @@ Command add_pipeline_command(CLI::App& app) {
   cmd->add_option("--csv", args->csv, "write the table (with its communication) to this CSV file");
   cmd->add_option("--measure", args->measure_ms,
                   "also run the table on pp local processes whose actions sleep cost x this many milliseconds");
+  cmd->add_option("--model", args->model,
+                  "a config file or preset: profile its blocks here and price each stage with its measured F, I, W "
+                  "(seconds)");
+  cmd->add_option("--set", args->sets, "with --model, override a config key: section.key=value (repeatable)")
+      ->take_all();
   return [args]() {
     require(args->pp >= 1 && args->pp <= 4096, "--pp must be in [1, 4096] (got ", args->pp, ")");
     require(args->microbatches >= 1 && args->microbatches <= 65536, "--microbatches must be in [1, 65536] (got ",
@@ -105,14 +118,31 @@ Command add_pipeline_command(CLI::App& app) {
     ParallelOptions layout;  // its default stages per rank for the schedule
     layout.pp_schedule = args->schedule;
     const int64_t v = args->virtual_stages > 0 ? args->virtual_stages : (args->vee ? 2 : layout.pipeline_virtual());
-    const ActionCosts costs = parse_costs(args->costs);
+    ActionCosts costs = parse_costs(args->costs);
+    const comm::LaunchInfo launch = comm::launch_info_from_environment();
+    if (!args->model.empty()) {
+      require(!from_file && args->measure_ms == 0 && args->zero3 == "none",
+              "--model prices a built-in --schedule with measured seconds: not with file:, --measure or --zero3");
+      std::vector<std::string> sets = args->sets;
+      for (const std::string& set : {"parallel.pp=" + std::to_string(args->pp), "parallel.pp_schedule=" + args->schedule,
+                                     "train.grad_accum=" + std::to_string(args->microbatches), std::string("train.global_batch_size=0")})
+        sets.push_back(set);
+      if (args->virtual_stages > 0) sets.push_back("parallel.pp_virtual=" + std::to_string(args->virtual_stages));
+      const Config config = Config::load(args->model, sets);
+      const ParallelOptions& p = config.parallel;
+      const ParallelDims dims(p, p.pp * p.tp * p.sp, resolve_config_path(args->model));
+      LayoutMeasurements measured;
+      measured.blocks = profile_blocks(config, comm::select_device(config.train.device, launch));
+      const Layout layout = make_layout(config, dims, measured);
+      std::printf("%s\n", describe_layout(config, layout).c_str());
+      costs.stages = layout.cut().compute;
+    }
     Schedule s = from_file ? read_schedule_csv(args->schedule.substr(5), args->pp, v, args->microbatches,
                                                args->vee ? Placement::vee : Placement::loop)
                            : build_schedule(args->schedule, args->pp, args->microbatches, v, costs);
     if (args->zero3 != "none") add_parameter_actions(s, args->zero3 == "step" ? Gathers::per_step : Gathers::per_action);
     validate_schedule(s);
     const Simulation sim = simulate_schedule(s, costs);
-    const comm::LaunchInfo launch = comm::launch_info_from_environment();
     if (args->measure_ms > 0 && launch.launcher != "tessera") {
       require(args->measure_ms <= 10000, "--measure must be at most 10000 ms per unit of cost (got ", args->measure_ms, ")");
       LaunchOptions workers;
@@ -134,12 +164,16 @@ Command add_pipeline_command(CLI::App& app) {
     std::printf("%s: pp %lld, %lld stage(s) per rank, %lld micro-batches (compute and parameter actions; <stage><op><micro-batch>)\n%s",
                 s.name.c_str(), static_cast<long long>(s.pp), static_cast<long long>(s.v),
                 static_cast<long long>(s.micro_batches), format_grid(s).c_str());
-    std::printf("costs: F %g, B %g, I %g, W %g, transfer %g, gather %g, optim %g\n", costs.f, costs.b, costs.i, costs.w,
-                costs.transfer, costs.gather, costs.optim);
+    if (costs.stages.empty())
+      std::printf("costs: F %g, B %g, I %g, W %g, transfer %g, gather %g, optim %g\n", costs.f, costs.b, costs.i,
+                  costs.w, costs.transfer, costs.gather, costs.optim);
+    else
+      std::printf("costs: each stage's measured F, B, I, W (seconds, above), transfer %g, gather %g, optim %g\n",
+                  costs.transfer, costs.gather, costs.optim);
     std::printf("step time %g; bubble %.2f%% of %lld ranks x step time", sim.step_time, 100 * sim.bubble(),
                 static_cast<long long>(s.pp));
     const double formula = formula_bubble(s);
-    const bool unit = costs.f == 1 && costs.i == 1 && costs.w == 1 && costs.b == 2 && costs.transfer == 0 &&
+    const bool unit = costs.stages.empty() && costs.f == 1 && costs.i == 1 && costs.w == 1 && costs.b == 2 && costs.transfer == 0 &&
                       (args->zero3 == "none" || costs.gather == 0);
     if (formula >= 0 && unit) std::printf(" (formula %.2f%%)", 100 * formula);
     if (args->measure_ms > 0)

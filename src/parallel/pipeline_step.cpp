@@ -50,6 +50,10 @@ PipelineStep::PipelineStep(TransformerLM model, ResidentOwner& owner, comm::Mesh
     if (p.requires_grad()) trained_.push_back(p);
   if (!owner_.shards_parameters()) schedule_ = layout.schedule();  // no gathers to add
   schedule_for(config.train.accumulation(mesh.dims().dp()));
+  if (predicted_step(layout.dims(), layout.cut(), layout.schedule())) {
+    predicted_costs_.emplace();
+    predicted_costs_->stages = layout.cut().compute;
+  }
 }
 
 at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const std::vector<Batch>& batches) {
@@ -173,6 +177,7 @@ StepLosses PipelineStep::run(const std::vector<Batch>& batches, double lr, const
   if (++runs_ == kMeasuredTableStep && config_.parallel.pp_schedule == "zbv" &&
       config_.parallel.pp_schedule_costs == "measured")
     rebuild_for_measured_costs();
+  if (runs_ == kPredictionCheckedAtStep && predicted_costs_) check_prediction();
   losses.ce_sum = sums[0].item<double>();
   losses.aux_sum = sums[1].item<double>();
   return losses;
@@ -251,6 +256,36 @@ std::optional<std::string> PipelineStep::write_timeline(const std::string& dir, 
   return std::string(note);
 }
 
+void PipelineStep::check_prediction() {
+  const Measured m = measure(last_);
+  // The pipeline part of the step: to the last rank's optimizer step (the prediction has none).
+  double span = 0, busy = 0;
+  for (const auto& rank : m.run.timeline)
+    for (const pipeline::TimedAction& t : rank)
+      if (t.action.op != Op::Optim) span = std::max(span, t.end);
+  for (double b : m.run.busy) busy += b;
+  const double measured_bubble = 1 - busy / (static_cast<double>(pipe_.size()) * span);
+  const pipeline::Simulation predicted = pipeline::simulate_schedule(*schedule_, *predicted_costs_);
+  prediction_check_ = {{"step", runs_},
+                       {"predicted_s", predicted.step_time},
+                       {"measured_s", span},
+                       {"predicted_bubble", predicted.bubble()},
+                       {"measured_bubble", measured_bubble}};
+  char line[300];
+  std::snprintf(line, sizeof line,
+                "pipeline: step %lld ran its schedule in %.1f ms against %.1f ms predicted from the start-up profile "
+                "(x%.2f); bubble %.1f%% against %.1f%% (the prediction counts no transfer)",
+                static_cast<long long>(runs_), 1000 * span, 1000 * predicted.step_time, span / predicted.step_time,
+                100 * measured_bubble, 100 * predicted.bubble());
+  prediction_note_ = line;
+}
+
+std::optional<std::string> PipelineStep::take_note() {
+  std::optional<std::string> note;
+  note.swap(prediction_note_);
+  return note;
+}
+
 void PipelineStep::start_timing() {
   timing_ = true;
   timed_.clear();
@@ -302,6 +337,7 @@ void PipelineStep::add_bench_fields(nlohmann::json& out) {
   out["pp_action_ms"] = ms;  // the timed steps' mean compute action, over every rank
   out["pp_transfer_ms"] = {{"transfer", 1000 * mean.transfer}, {"send", 1000 * mean.send}, {"post", 1000 * mean.post}};
   if (!table_note_.empty()) out["pp_table"] = table_note_;
+  if (!prediction_check_.is_null()) out["pp_prediction"] = prediction_check_;
   out["pp_bubble"] = {{"steps", steps.size()},
                       {"measured", 1 - busy / (ranks * step)},
                       {"simulated", planned.bubble()},

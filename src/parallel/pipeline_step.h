@@ -86,6 +86,10 @@ class PipelineStep final : public StepRunner {
   StepLosses run(const std::vector<Batch>& micro_batches, double lr, const GradientsReady& gradients_ready) override;
   double evaluate(const std::vector<Batch>& batches) override;
   std::optional<std::string> write_timeline(const std::string& dir, int64_t step) override;
+  // After step kPredictionCheckedAtStep (plan/stage_cut.h) of a layout with a predicted step: the
+  // measured pipeline part of that step (to its optimizer step) and bubble against the prediction
+  // (the start-up costs simulated on this step's table), once.
+  std::optional<std::string> take_note() override;
   void start_timing() override;
   // Over the timed steps (the last step when none was timed): pp_action_ms (the mean F, B, I, W
   // over every rank and step) and pp_bubble: measured (idle share of pp x the steps' time),
@@ -105,6 +109,8 @@ class PipelineStep final : public StepRunner {
   // the world, so every rank builds the same), taken where the simulator finds it faster with
   // those costs than the current one. A collective of the world.
   void rebuild_for_measured_costs();
+  // The check of predicted_costs_ against the last run (a collective of pp).
+  void check_prediction();
   static constexpr int64_t kMeasuredTableStep = 2;  // the first step pays for allocation and warm-up
   // The blocks (and ends) of pipeline stage `stage`.
   ModelStage stage_of(int64_t stage) const;
@@ -164,6 +170,11 @@ class PipelineStep final : public StepRunner {
   std::optional<pipeline::Schedule> schedule_;  // for the last run()'s micro-batches (the placement: any)
   pipeline::ActionCosts table_costs_;           // what schedule_ was built for (unit costs at first)
   std::string table_note_;                      // how it was built, once measured costs were tried
+  // The layout's stages' F, B, I, W from the start-up profile (predicted_step), and the check of
+  // the prediction after step kPredictionCheckedAtStep: its line for take_note and its figures.
+  std::optional<pipeline::ActionCosts> predicted_costs_;
+  std::optional<std::string> prediction_note_;
+  nlohmann::json prediction_check_;
   int64_t runs_ = 0;
   Run last_;                  // the last run()'s, this rank's
   bool timing_ = false;       // since start_timing()

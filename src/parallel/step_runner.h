@@ -50,6 +50,9 @@ class StepRunner {
   virtual StepLosses run(const std::vector<Batch>& micro_batches, double lr, const GradientsReady& gradients_ready) = 0;
   virtual double evaluate(const std::vector<Batch>& batches) = 0;
   virtual std::optional<std::string> write_timeline(const std::string& dir, int64_t step) { return std::nullopt; }
+  // A line for the user about the step just run, once (the pipeline's check of the step its
+  // start-up profile predicted); nothing by default.
+  virtual std::optional<std::string> take_note() { return std::nullopt; }
   // `tessera bench`: the steps run from here on are timed (a runner that measures its steps keeps
   // what they measured for add_bench_fields).
   virtual void start_timing() {}

@@ -50,6 +50,7 @@ Layout make_layout(const Config& config, const ParallelDims& dims, const LayoutM
     cut = p.pp_layers.empty() && p.pp_cut == "profile" && measured.blocks
               ? cut_by_time(config.model, dims.pp() * p.pipeline_virtual(), *measured.blocks)
               : pipeline_cut(config, dims);
+    if (measured.blocks) add_measured_costs(*cut, *measured.blocks);
     schedule = pipeline::schedule_for_options(p, dims.pp(), config.train.accumulation(dims.dp()));
     require(cut->stages() == schedule->stages(), "internal: a cut of ", cut->stages(), " stages for a schedule of ",
             schedule->stages());
@@ -69,8 +70,7 @@ std::string describe_layout(const Config& config, const Layout& layout) {
 
 LayoutMeasurements measure_layout(const Config& config, comm::Mesh* mesh, c10::Device device) {
   LayoutMeasurements m;
-  if (mesh && mesh->dims().pp() > 1 && config.parallel.pp_cut == "profile" && config.parallel.pp_layers.empty())
-    m.blocks = profile_world_blocks(config, *mesh);
+  if (mesh && mesh->dims().pp() > 1) m.blocks = profile_world_blocks(config, *mesh);
   if (config.memory.swap) m.swap = measure_swap_costs(config, device);
   return m;
 }

@@ -8,7 +8,8 @@
 //   cut         parallel.pp > 1: the pipeline cut (plan/stage_cut.h), by hand, by layers, by
 //               parameters, or by measured time when the workers profiled the blocks
 //               (parallel.pp_cut = profile with LayoutMeasurements::blocks; without them, as in a
-//               dry run, the parameter cut, method "params until profiled")
+//               dry run, the parameter cut, method "params until profiled"); with the blocks
+//               profiled, whatever the cut, its stages' measured F, B, I, W (the prediction)
 //   schedule    parallel.pp > 1: the schedule table for the step's micro-batches (its placement
 //               decides which pipeline rank holds each stage); no parameter gathers (the pipeline
 //               step adds those its optimizer owner needs)
@@ -38,7 +39,7 @@ namespace tessera {
 
 // What a layout needs measured on the device before it can be made (measure_layout).
 struct LayoutMeasurements {
-  std::optional<BlockCosts> blocks;  // parallel.pp_cut = profile: the world's mean block costs
+  std::optional<BlockCosts> blocks;  // parallel.pp > 1: the world's mean block costs (plan/profile_cut.h)
   std::optional<SwapCosts> swap;     // memory.swap: the blocks' swap costs on this rank's device
 };
 

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "memory/host_memory_stats.h"
+#include "parallel/pipeline/split_backward.h"
 #include "precision/autocast.h"
 #include "precision/precision_options.h"
 
@@ -31,19 +32,52 @@ double allocated_on(const c10::Device& device) {
   return static_cast<double>(host_memory::current());
 }
 
-// The median of three timed runs of `pass`, after one warm-up.
-double median_seconds(const c10::Device& device, const std::function<void()>& pass) {
-  pass();
-  std::vector<double> times;
-  for (int i = 0; i < 3; ++i) {
+// What one micro-batch's pass through a part of the model gives the split backward: the root to
+// differentiate and the input I stops at.
+struct Pass {
+  at::Tensor root, input;
+};
+
+// Forward, input gradient and weight gradients of one micro-batch as the pipeline splits them
+// (parallel/pipeline/split_backward.h), each the median of three timed runs after a warm-up; B is
+// I + W.
+pipeline::ActionCosts::Compute split_seconds(const c10::Device& device, const std::function<Pass()>& forward,
+                                             const std::vector<at::Tensor>& params) {
+  using Clock = std::chrono::steady_clock;
+  auto seconds = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+  std::vector<double> f, i, w;
+  for (int run = 0; run < 4; ++run) {
     sync_device(device);
-    const auto start = std::chrono::steady_clock::now();
-    pass();
+    const auto t0 = Clock::now();
+    const Pass pass = forward();
     sync_device(device);
-    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    const auto t1 = Clock::now();
+    pipeline::SplitBackward split({pass.root}, {at::ones_like(pass.root)}, pass.input, params);
+    sync_device(device);
+    const auto t2 = Clock::now();
+    split.weight_gradients();
+    sync_device(device);
+    const auto t3 = Clock::now();
+    if (run == 0) continue;  // the warm-up
+    f.push_back(seconds(t0, t1));
+    i.push_back(seconds(t1, t2));
+    w.push_back(seconds(t2, t3));
   }
-  std::sort(times.begin(), times.end());
-  return times[1];
+  auto median = [](std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  pipeline::ActionCosts::Compute c;
+  c.f = median(f), c.i = median(i), c.w = median(w);
+  c.b = c.i + c.w;
+  return c;
+}
+
+std::vector<at::Tensor> trained(const TransformerLM& part) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& p : part->parameters())
+    if (p.requires_grad()) out.push_back(p);
+  return out;
 }
 
 // Block `layer`'s parameters as "name shape; ..." without the block's index: equal for blocks
@@ -81,7 +115,8 @@ BlockCosts profile_blocks(const Config& config, c10::Device device) {
   const at::TensorOptions on_device = at::TensorOptions().device(device);
   const at::Tensor tokens = at::randint(m.vocab_size, {B, T}, on_device.dtype(at::kLong));
   BlockCosts costs;
-  std::map<std::string, std::pair<double, double>> by_kind;  // kind -> (seconds, activation bytes)
+  // kind -> (F, B, I, W; activation bytes)
+  std::map<std::string, std::pair<pipeline::ActionCosts::Compute, double>> by_kind;
   for (int64_t l = 0; l < m.n_layer; ++l) {
     TransformerLM part = build(l, l + 1);
     const std::string kind = block_kind(part, l);
@@ -90,39 +125,42 @@ BlockCosts profile_blocks(const Config& config, c10::Device device) {
       const at::Tensor x = at::randn({B, T, m.n_embd}, on_device.dtype(at::kFloat)).requires_grad_(true);
       BlockOutput out;
       auto forward = [&]() { under_autocast([&] { out = part->run_blocks(x, l, l + 1); }); };
-      auto root = [&]() { return out.x.to(at::kFloat).sum() + out.aux_loss; };
-      const double seconds = median_seconds(device, [&] {
+      const pipeline::ActionCosts::Compute split = split_seconds(device, [&] {
         forward();
-        root().backward();
-      });
+        return Pass{out.x.to(at::kFloat).sum() + out.aux_loss, x};
+      }, trained(part));
       sync_device(device);
       const double before = allocated_on(device);
       forward();
       sync_device(device);
       const double bytes = std::max(0.0, allocated_on(device) - before);
       out = BlockOutput();
-      known = by_kind.emplace(kind, std::make_pair(seconds, bytes)).first;
+      known = by_kind.emplace(kind, std::make_pair(split, bytes)).first;
     }
-    costs.block_seconds.push_back(known->second.first);
-    costs.block_activation_bytes.push_back(known->second.second);
+    const auto& [split, bytes] = known->second;
+    costs.block_split.push_back(split);
+    costs.block_seconds.push_back(split.f + split.b);
+    costs.block_activation_bytes.push_back(bytes);
   }
   {
     TransformerLM first = build(0, 1);
-    costs.embedding_seconds = median_seconds(device, [&] {
+    costs.embedding_split = split_seconds(device, [&] {
       at::Tensor x;
       under_autocast([&] { x = first->embed(tokens); });
-      x.to(at::kFloat).sum().backward();
-    });
+      return Pass{x.to(at::kFloat).sum(), x};  // stage 0's I stops at the embedding's output
+    }, trained(first));
+    costs.embedding_seconds = costs.embedding_split.f + costs.embedding_split.b;
   }
   {
     TransformerLM last = build(m.n_layer - 1, m.n_layer);
     const at::Tensor x = at::randn({B, T, m.n_embd}, on_device.dtype(at::kFloat)).requires_grad_(true);
     const at::Tensor aux = at::zeros({}, on_device.dtype(at::kFloat));
-    costs.head_seconds = median_seconds(device, [&] {
+    costs.head_split = split_seconds(device, [&] {
       ModelOutput out;
       under_autocast([&] { out = last->head(x, tokens, aux); });
-      out.loss.to(at::kFloat).backward();
-    });
+      return Pass{out.loss.to(at::kFloat), x};
+    }, trained(last));
+    costs.head_seconds = costs.head_split.f + costs.head_split.b;
   }
   return costs;
 }
@@ -130,24 +168,32 @@ BlockCosts profile_blocks(const Config& config, c10::Device device) {
 BlockCosts profile_world_blocks(const Config& config, comm::Mesh& mesh) {
   const BlockCosts mine = profile_blocks(config, mesh.device());
   const int64_t L = config.model.n_layer;
-  // [block seconds (L), block activation bytes (L), embedding, head], averaged over the world.
-  at::Tensor packed = at::empty({2 * L + 2}, at::kDouble);
+  // Per block and then the embedding and the head: F, I, W; then the blocks' activation bytes;
+  // averaged over the world.
+  std::vector<pipeline::ActionCosts::Compute> parts = mine.block_split;
+  parts.push_back(mine.embedding_split);
+  parts.push_back(mine.head_split);
+  at::Tensor packed = at::empty({3 * (L + 2) + L}, at::kDouble);
   auto a = packed.accessor<double, 1>();
-  for (int64_t l = 0; l < L; ++l) {
-    a[l] = mine.block_seconds[l];
-    a[L + l] = mine.block_activation_bytes[l];
+  for (int64_t k = 0; k < L + 2; ++k) {
+    a[3 * k] = parts[k].f;
+    a[3 * k + 1] = parts[k].i;
+    a[3 * k + 2] = parts[k].w;
   }
-  a[2 * L] = mine.embedding_seconds;
-  a[2 * L + 1] = mine.head_seconds;
+  for (int64_t l = 0; l < L; ++l) a[3 * (L + 2) + l] = mine.block_activation_bytes[l];
   mesh.world().all_reduce(packed);
   packed.div_(static_cast<double>(mesh.world_size()));
+  for (int64_t k = 0; k < L + 2; ++k) parts[k] = {a[3 * k], a[3 * k + 1] + a[3 * k + 2], a[3 * k + 1], a[3 * k + 2]};
   BlockCosts mean;
   for (int64_t l = 0; l < L; ++l) {
-    mean.block_seconds.push_back(a[l]);
-    mean.block_activation_bytes.push_back(a[L + l]);
+    mean.block_split.push_back(parts[l]);
+    mean.block_seconds.push_back(parts[l].f + parts[l].b);
+    mean.block_activation_bytes.push_back(a[3 * (L + 2) + l]);
   }
-  mean.embedding_seconds = a[2 * L];
-  mean.head_seconds = a[2 * L + 1];
+  mean.embedding_split = parts[L];
+  mean.head_split = parts[L + 1];
+  mean.embedding_seconds = mean.embedding_split.f + mean.embedding_split.b;
+  mean.head_seconds = mean.head_split.f + mean.head_split.b;
   return mean;
 }
 

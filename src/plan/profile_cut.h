@@ -6,15 +6,19 @@
 // activation checkpointing, one micro-batch of train.batch_size x train.seq_len tokens, the whole
 // block (tensor and sequence parallelism divide every block alike, so the balance holds). Each
 // distinct block (by its parameters' names and shapes: dense, mixture-of-experts) is timed once
-// and its result used for every block like it: one warm-up, then the median of three forward +
-// backward passes. The embedding alone, and ln_f with the tied head and the loss, are timed the
-// same way. Activation bytes: what the device's allocator holds after a block's forward beyond
+// and its result used for every block like it: one warm-up, then the median of three passes, each
+// timed in the pipeline's three parts: the forward F, the input gradient I and the weight
+// gradients W of the split backward (parallel/pipeline/split_backward.h). The embedding alone
+// (its I stops at its output, as stage 0's does), and ln_f with the tied head and the loss, are
+// timed the same way. Activation bytes: what the device's allocator holds after a block's forward beyond
 // before it (the CPU counting allocator, memory/host_memory_stats.h, which the pass installs; the
 // CUDA caching allocator's statistics).
 //
-// profile_world_blocks runs in every worker at start, before the model is built (a collective of
-// the world): each rank profiles on its own device and the costs are averaged over the world, so
-// every rank computes the same cut from the same numbers (plan/layout.h's make_layout cuts by them).
+// profile_world_blocks runs in every worker at start when parallel.pp > 1, before the model is
+// built (a collective of the world): each rank profiles on its own device and the costs are
+// averaged over the world, so every rank computes the same cut and prediction from the same
+// numbers (plan/layout.h's make_layout cuts by them under pp_cut = profile, and gives any cut
+// its stages' measured costs).
 #pragma once
 
 #include <c10/core/Device.h>

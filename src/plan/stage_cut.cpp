@@ -128,14 +128,36 @@ StageCut cut_by_time(const ModelOptions& m, int64_t stages, const BlockCosts& co
     return layers;
   }());
   cut.method = "profile";
+  add_measured_costs(cut, costs);
+  return cut;
+}
+
+void add_measured_costs(StageCut& cut, const BlockCosts& costs) {
+  const int64_t stages = cut.stages();
+  require(static_cast<int64_t>(costs.block_seconds.size()) == cut.boundaries.back(), "internal: ",
+          costs.block_seconds.size(), " block times for ", cut.boundaries.back(), " blocks");
+  const bool split = !costs.block_split.empty();
+  cut.seconds.clear();
+  cut.activation_bytes.clear();
+  cut.compute.clear();
   for (int64_t s = 0; s < stages; ++s) {
     const int64_t first = cut.boundaries[s], end = cut.boundaries[s + 1];
-    cut.seconds.push_back(stage_seconds(s, first, end));
-    double bytes = 0;
-    for (int64_t i = first; i < end; ++i) bytes += costs.block_activation_bytes[i];
+    double seconds = (s == 0 ? costs.embedding_seconds : 0) + (s == stages - 1 ? costs.head_seconds : 0), bytes = 0;
+    pipeline::ActionCosts::Compute c;
+    auto add = [&](const pipeline::ActionCosts::Compute& x) {
+      c.f += x.f, c.b += x.b, c.i += x.i, c.w += x.w;
+    };
+    if (split && s == 0) add(costs.embedding_split);
+    if (split && s == stages - 1) add(costs.head_split);
+    for (int64_t i = first; i < end; ++i) {
+      seconds += costs.block_seconds[i];
+      bytes += costs.block_activation_bytes[i];
+      if (split) add(costs.block_split[i]);
+    }
+    cut.seconds.push_back(seconds);
     cut.activation_bytes.push_back(bytes);
+    if (split) cut.compute.push_back(c);
   }
-  return cut;
 }
 
 StageCut cut_stages(const ModelOptions& m, const std::vector<int64_t>& layers) {
@@ -186,7 +208,12 @@ std::string describe_stage_cut(const StageCut& cut) {
                   blocks.c_str(), s == 0 ? " + embedding" : "", s == cut.stages() - 1 ? " + head" : "",
                   format_count(cut.parameters[s]).c_str());
     out += text;
-    if (!cut.seconds.empty()) {
+    if (!cut.compute.empty()) {
+      const pipeline::ActionCosts::Compute& c = cut.compute[s];
+      std::snprintf(text, sizeof text, "; measured F %.2f ms, I %.2f ms, W %.2f ms, activations %s per micro-batch",
+                    1000 * c.f, 1000 * c.i, 1000 * c.w, format_bytes(cut.activation_bytes[s]).c_str());
+      out += text;
+    } else if (!cut.seconds.empty()) {
       std::snprintf(text, sizeof text, "; measured forward + backward %.2f ms, activations %s per micro-batch",
                     1000 * cut.seconds[s], format_bytes(cut.activation_bytes[s]).c_str());
       out += text;
@@ -225,10 +252,27 @@ std::string describe_pipeline_layout(const Config& config, const ParallelDims& d
   std::snprintf(text, sizeof text, "  %lld micro-batches per step: simulated bubble %.1f%% (equal F, I, W costs)\n",
                 static_cast<long long>(schedule.micro_batches), 100 * sim.bubble());
   out += text;
+  if (const std::optional<pipeline::Simulation> predicted = predicted_step(dims, cut, schedule)) {
+    std::snprintf(text, sizeof text,
+                  "  with each stage's measured F, I, W: predicted step %.1f ms, bubble %.1f%% (transfers not "
+                  "counted; a run checks it after step %lld)\n",
+                  1000 * predicted->step_time, 100 * predicted->bubble(), static_cast<long long>(kPredictionCheckedAtStep));
+    out += text;
+  } else if (!cut.compute.empty()) {
+    out += "  (the profile times whole blocks: no step is predicted under tensor or sequence parallelism)\n";
+  }
   if (config.parallel.pp_schedule == "zbv" && config.parallel.pp_schedule_costs == "measured")
     out += "  zbv's table is built again after step 2 for the F, I and W measured then "
            "(parallel.pp_schedule_costs = measured)\n";
   return out;
+}
+
+std::optional<pipeline::Simulation> predicted_step(const ParallelDims& dims, const StageCut& cut,
+                                                   const pipeline::Schedule& schedule) {
+  if (cut.compute.empty() || dims.tp() > 1 || dims.sp() > 1) return std::nullopt;
+  pipeline::ActionCosts costs;
+  costs.stages = cut.compute;
+  return pipeline::simulate_schedule(schedule, costs);
 }
 
 ModelStage rank_stage(const StageCut& cut, const pipeline::Schedule& schedule, int64_t rank) {

@@ -15,6 +15,8 @@
 //                              first stage and the head and loss with the last
 //                              (plan/profile_cut.h measures them in the workers at start; until
 //                              then, e.g. in a dry run, the cut is the parameter cut and says so);
+//                              the workers profile the blocks under every cut, which then shows
+//                              each stage's measured F, I, W and the step they predict;
 //   parallel.pp_layers = [..]  by hand: the block count of each stage in stage order (method
 //                              "hand"; pp_cut is then not used).
 //
@@ -25,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +35,7 @@
 #include "model/model_options.h"
 #include "model/transformer.h"
 #include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/simulate.h"
 #include "core/config.h"
 
 namespace tessera {
@@ -42,14 +46,22 @@ struct BlockCosts {
   std::vector<double> block_activation_bytes;  // per block: held from its forward to its backward
   double embedding_seconds = 0;                // token and position embedding, forward + backward
   double head_seconds = 0;                     // ln_f, the tied head and the loss, forward + backward
+  // The same, split as the pipeline runs them (parallel/pipeline/split_backward.h): forward F,
+  // input gradient I, weight gradients W, and B = I + W; the seconds above are F + B. Empty where
+  // only the totals were given.
+  std::vector<pipeline::ActionCosts::Compute> block_split;
+  pipeline::ActionCosts::Compute embedding_split, head_split;
 };
 
 struct StageCut {
   std::string method;                   // layers | params | profile | hand (| "params until profiled")
   std::vector<int64_t> boundaries;      // S + 1 entries: stage s holds blocks [boundaries[s], boundaries[s+1])
   std::vector<int64_t> parameters;      // per stage, with the embedding (first) and the head (last)
-  std::vector<double> seconds;          // profile: per stage, measured forward + backward (else empty)
-  std::vector<double> activation_bytes; // profile: per stage, per micro-batch (else empty)
+  // Measured (the profile cut, and any cut of a run whose workers profiled the blocks; else empty),
+  // per stage and micro-batch: forward + backward, activation bytes, and F, B, I, W.
+  std::vector<double> seconds;
+  std::vector<double> activation_bytes;
+  std::vector<pipeline::ActionCosts::Compute> compute;
   int64_t stages() const { return static_cast<int64_t>(boundaries.size()) - 1; }
   bool even() const;                    // every stage has the same number of blocks
 };
@@ -60,6 +72,9 @@ StageCut cut_stages(const ModelOptions& model, int64_t stages, const std::string
 StageCut cut_by_time(const ModelOptions& model, int64_t stages, const BlockCosts& costs);
 // The cut by hand: stage s holds layers[s] blocks.
 StageCut cut_stages(const ModelOptions& model, const std::vector<int64_t>& layers);
+// Fills `cut`'s measured seconds, activation bytes and (where `costs` has the split) F, B, I, W
+// per stage from the blocks' and the ends' costs.
+void add_measured_costs(StageCut& cut, const BlockCosts& costs);
 // The cut of pp x stages-per-rank stages by parallel.pp_layers or parallel.pp_cut, without
 // measurements (profile: the parameter cut, method "params until profiled"; plan/layout.h's
 // make_layout cuts by the workers' measured time instead).
@@ -69,9 +84,17 @@ StageCut pipeline_cut(const Config& config, const ParallelDims& dims);
 std::string describe_stage_cut(const StageCut& cut);
 
 // "pipeline: 1f1b, 4 ranks x 1 stage(s), cut by layers:", the stages (describe_stage_cut) and the
-// schedule's simulated bubble, for a layout's cut and schedule (plan/layout.h).
+// schedule's simulated bubble at equal costs, for a layout's cut and schedule (plan/layout.h);
+// with the stages' measured F, I, W also the predicted step (predicted_step) and its bubble.
 std::string describe_pipeline_layout(const Config& config, const ParallelDims& dims, const StageCut& cut,
                                      const pipeline::Schedule& schedule);
+// The schedule simulated with the cut's measured F, B, I, W per stage (nullopt without them, or
+// under tensor or sequence parallelism, which the whole-block profile does not divide): the step
+// that the start-up print predicts and the pipeline step checks (parallel/pipeline_step.h).
+std::optional<pipeline::Simulation> predicted_step(const ParallelDims& dims, const StageCut& cut,
+                                                   const pipeline::Schedule& schedule);
+// The run's step after which the pipeline step compares its measured step with predicted_step.
+inline constexpr int64_t kPredictionCheckedAtStep = 3;
 
 // The part of the model pipeline rank `rank` holds: the blocks of its stages under `schedule`'s
 // placement (several ranges with virtual stages), with the embedding if it holds stage 0 and the

@@ -346,6 +346,7 @@ TrainSummary Trainer::run() {
     const std::vector<Batch> micro_batches = s.sampler->next();
     const auto local_start = Clock::now();
     const StepResult result = s.trainer->run(micro_batches, lr);
+    if (const auto note = s.trainer->runner().take_note()) progress.message(*note);
     if (c.train.trace_step == s.step + 1) {
       // This step's timeline where the runner records one (pipeline, swap): a collective.
       if (const auto note = s.trainer->runner().write_timeline(s.run_dir, s.step + 1)) progress.message(*note);

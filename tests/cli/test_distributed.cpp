@@ -793,6 +793,9 @@ TEST(DistributedTrain, PipelineSchedulesMatchOneProcessAndCheckpointsLoadAtAnyPp
                          std::to_string(pp) + " --set parallel.pp_schedule=" + schedule + settings(2, 6) + pipeline +
                          " --set checkpoint.every=3 --set checkpoint.keep=0 --out " + out);
     ASSERT_EQ(r.exit_code, 0) << what << "\n" << r.output;
+    // The start-up profile's prediction, and its check after step 3.
+    EXPECT_NE(r.output.find("with each stage's measured F, I, W: predicted step"), std::string::npos) << what << r.output;
+    EXPECT_NE(r.output.find("pipeline: step 3 ran its schedule in"), std::string::npos) << what << r.output;
     expect_same_losses(losses(out), expected, 1e-5, what);
     expect_same_losses(grad_norms(out), expected_norms, 1e-5, what + ": gradient norm");
     expect_same_losses(logged(out, "val_loss"), expected_val, 1e-5, what + ": validation loss");

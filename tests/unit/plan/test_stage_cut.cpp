@@ -2,6 +2,7 @@
 // balancing the embedding and the tied head against blocks, and more stages than blocks refused.
 #include <gtest/gtest.h>
 
+#include "parallel/pipeline/schedule_builders.h"
 #include "plan/stage_cut.h"
 #include "test_util.h"
 #include "core/config.h"
@@ -49,6 +50,48 @@ TEST(StageCut, ProfileCutBalancesMeasuredTime) {
   EXPECT_NE(text.find("measured forward + backward 50.00 ms, activations 1.00 MiB"), std::string::npos) << text;
   EXPECT_NE(text.find("balanced by measured time"), std::string::npos) << text;
   EXPECT_NE(text.find("slowest stage 50.00 ms"), std::string::npos) << text;
+}
+
+// Any cut takes the profile's split costs: each stage's F, I, W are its blocks' and ends' sums, the
+// start-up print shows them and the step they predict (nothing predicted under tp, whose stages
+// split the whole blocks the profile timed).
+TEST(StageCut, AnyCutPredictsItsStepFromTheMeasuredSplit) {
+  ModelOptions m = gpt2();
+  BlockCosts costs;
+  costs.block_seconds.assign(12, 0.006);
+  costs.block_activation_bytes.assign(12, 1 << 20);
+  costs.block_split.assign(12, {0.002, 0.004, 0.0025, 0.0015});
+  costs.embedding_split = {0.001, 0.001, 0, 0.001};
+  costs.head_split = {0.004, 0.008, 0.004, 0.004};
+  costs.embedding_seconds = 0.002, costs.head_seconds = 0.012;
+  StageCut cut = cut_stages(m, 2, "layers");
+  add_measured_costs(cut, costs);
+  ASSERT_EQ(cut.compute.size(), 2u);
+  EXPECT_NEAR(cut.compute[0].f, 6 * 0.002 + 0.001, 1e-12);
+  EXPECT_NEAR(cut.compute[1].i, 6 * 0.0025 + 0.004, 1e-12);
+  EXPECT_NEAR(cut.seconds[1], 6 * 0.006 + 0.012, 1e-12);
+  const std::string stages = describe_stage_cut(cut);
+  EXPECT_NE(stages.find("parameters; measured F 16.00 ms, I 19.00 ms, W 13.00 ms"), std::string::npos) << stages;
+  Config config = Config::load(test::source_path("configs/gpt2_124m.toml"), {});
+  config.parallel.pp = 2;
+  config.train.grad_accum = 4;
+  const ParallelDims dims(config.parallel, 2, "t");
+  const pipeline::Schedule schedule = pipeline::schedule_for_options(config.parallel, 2, 4);
+  const std::optional<pipeline::Simulation> predicted = predicted_step(dims, cut, schedule);
+  ASSERT_TRUE(predicted.has_value());
+  pipeline::ActionCosts by_stage;
+  by_stage.stages = cut.compute;
+  EXPECT_DOUBLE_EQ(predicted->step_time, pipeline::simulate_schedule(schedule, by_stage).step_time);
+  char line[120];
+  std::snprintf(line, sizeof line, "predicted step %.1f ms, bubble %.1f%%", 1000 * predicted->step_time,
+                100 * predicted->bubble());
+  const std::string text = describe_pipeline_layout(config, dims, cut, schedule);
+  EXPECT_NE(text.find(line), std::string::npos) << text;
+  config.parallel.tp = 2;
+  const ParallelDims with_tp(config.parallel, 4, "t");
+  EXPECT_FALSE(predicted_step(with_tp, cut, schedule).has_value());
+  EXPECT_NE(describe_pipeline_layout(config, with_tp, cut, schedule).find("no step is predicted under tensor"),
+            std::string::npos);
 }
 
 TEST(StageCut, ParamsCutBalancesTheEmbeddingAndHeadAgainstBlocks) {
