@@ -12,8 +12,8 @@
 // group's (ep_bytes_per_step; bench/expert_parallel.py), with pipeline parallelism every
 // pipeline rank's host memory (pp_peak_bytes, pp_model_state_bytes: the two figures below, per
 // pipeline rank in order; bench/pipeline_memory.py), and the last step's mean F, B, I, W per action
-// and its measured and simulated bubble (pp_action_ms, pp_bubble; bench/pipeline_split.py), and the pp
-// group's bytes this rank sent per step (pp_bytes_per_step).
+// and its measured and simulated bubble (pp_action_ms, pp_bubble; bench/pipeline_split.py), and the
+// bytes this rank sent per step over the pp and pp_down groups (pp_bytes_per_step).
 //
 // MFU is the model FLOPs of the whole step (every data-parallel replica's tokens) over the median
 // step time and the peak of every process that ran it: a pipeline, tensor- or sequence-parallel
@@ -113,6 +113,7 @@ Command add_bench_command(CLI::App& app) {
     comm::Group* tp = mesh && mesh->dims().tp() > 1 ? &mesh->group("tp") : nullptr;
     comm::Group* ep = mesh && mesh->dims().ep() > 1 ? &mesh->group("ep") : nullptr;
     comm::Group* pp = mesh && mesh->dims().pp() > 1 ? &mesh->group("pp") : nullptr;
+    comm::Group* pp_down = mesh && mesh->dims().pp() > 1 ? &mesh->group("pp_down") : nullptr;
     const c10::Device device = step.device();
     std::vector<double> seconds;
     for (int64_t i = 0; i < args->warmup + args->steps; ++i) {
@@ -122,6 +123,7 @@ Command add_bench_command(CLI::App& app) {
         if (tp) tp->reset_traffic();
         if (ep) ep->reset_traffic();
         if (pp) pp->reset_traffic();
+        if (pp_down) pp_down->reset_traffic();
         host_memory::reset_peak();
         step.runner().start_timing();
       }
@@ -213,7 +215,12 @@ Command add_bench_command(CLI::App& app) {
       out["megatron_sp"] = config.parallel.megatron_sp;
     }
     if (ep) out["ep_bytes_per_step"] = bytes_by_op(*ep);
-    if (pp) out["pp_bytes_per_step"] = bytes_by_op(*pp);  // this rank's: its activations' and gradients' sends
+    if (pp) {  // this rank's: its activations' and gradients' sends, up (pp) and down (pp_down)
+      nlohmann::json both = bytes_by_op(*pp);
+      for (const auto& [op, bytes] : pp_down->traffic())
+        both[op] = both.value(op, 0.0) + static_cast<double>(bytes) / steps;
+      out["pp_bytes_per_step"] = both;
+    }
     if (!pp_peak.empty()) {
       out["pp_peak_bytes"] = pp_peak;
       out["pp_model_state_bytes"] = pp_state;

@@ -183,17 +183,19 @@ StepLosses PipelineStep::run(const std::vector<Batch>& batches, double lr, const
   return losses;
 }
 
-PipelineStep::Measured PipelineStep::measure(const Run& mine) {
+PipelineStep::Measured PipelineStep::measure(const Run& mine, bool transfers) {
   Measured m;
   m.run.timeline = pipeline::gather_timelines(pipe_, mine.timeline);
-  if (!clock_offset_) clock_offset_ = pipeline::clock_offset(pipe_);
-  at::Tensor started = at::empty({pipe_.size()}, at::kDouble);
-  pipe_.all_gather(started, at::full({1}, mine.started - *clock_offset_, at::kDouble));
-  const pipeline::TransferCosts transfers = pipeline::transfer_costs(
-      m.run.timeline, std::vector<double>(started.data_ptr<double>(), started.data_ptr<double>() + started.numel()));
-  m.costs.transfer = transfers.transfer;
-  m.costs.send = transfers.send;
-  m.costs.post = transfers.post;
+  if (transfers) {
+    if (!clock_offset_) clock_offset_ = pipeline::clock_offset(pipe_);
+    at::Tensor started = at::empty({pipe_.size()}, at::kDouble);
+    pipe_.all_gather(started, at::full({1}, mine.started - *clock_offset_, at::kDouble));
+    const pipeline::TransferCosts costs = pipeline::transfer_costs(
+        m.run.timeline, std::vector<double>(started.data_ptr<double>(), started.data_ptr<double>() + started.numel()));
+    m.costs.transfer = costs.transfer;
+    m.costs.send = costs.send;
+    m.costs.post = costs.post;
+  }
   // (op, stage) -> (total seconds, count); stage -1 over every stage.
   std::map<std::pair<Op, int64_t>, std::pair<double, int64_t>> durations;
   for (const auto& rank : m.run.timeline) {
@@ -257,7 +259,7 @@ std::optional<std::string> PipelineStep::write_timeline(const std::string& dir, 
 }
 
 void PipelineStep::check_prediction() {
-  const Measured m = measure(last_);
+  const Measured m = measure(last_, false);  // no ping-pong inside a (possibly timed) step
   // The pipeline part of the step: to the last rank's optimizer step (the prediction has none).
   double span = 0, busy = 0;
   for (const auto& rank : m.run.timeline)
@@ -393,7 +395,7 @@ pipeline::Schedule PipelineStep::build_table(int64_t micro_batches, const pipeli
 }
 
 void PipelineStep::rebuild_for_measured_costs() {
-  const Measured m = measure(last_);
+  const Measured m = measure(last_, false);
   // Every rank of the world must run the same table (the data replicas' collectives follow it):
   // the stages' mean costs averaged over the world.
   std::vector<double> flat;

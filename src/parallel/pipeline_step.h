@@ -119,7 +119,7 @@ class PipelineStep final : public StepRunner {
 
   // The timelines of every rank of one run() given this rank's (a collective of pp), its busy time
   // per rank and step time, and each compute op's mean duration over them.
-  // costs.transfer: pipeline::transfer_time's (0 when no receive waited).
+  // costs.transfer, send, post: pipeline::transfer_costs'.
   struct Measured {
     pipeline::Simulation run;
     pipeline::ActionCosts costs;
@@ -130,7 +130,9 @@ class PipelineStep final : public StepRunner {
     std::vector<pipeline::TimedAction> timeline;
     double started = 0;
   };
-  Measured measure(const Run& mine);
+  // `transfers`: also the transfers' costs (their clocks compared by ping-pong over pp, once);
+  // without, costs.transfer, send and post stay 0.
+  Measured measure(const Run& mine, bool transfers = true);
 
   // After the owner's finish_gradients: the tied embedding's gradient summed over its two copies.
   void tie_embedding();

@@ -259,7 +259,7 @@ std::string describe_pipeline_layout(const Config& config, const ParallelDims& d
                   1000 * predicted->step_time, 100 * predicted->bubble(), static_cast<long long>(kPredictionCheckedAtStep));
     out += text;
   } else if (!cut.compute.empty()) {
-    out += "  (the profile times whole blocks: no step is predicted under tensor or sequence parallelism)\n";
+    out += "  (the profile times whole blocks: no step is predicted under tensor, sequence or expert parallelism)\n";
   }
   if (config.parallel.pp_schedule == "zbv" && config.parallel.pp_schedule_costs == "measured")
     out += "  zbv's table is built again after step 2 for the F, I and W measured then "
@@ -269,7 +269,7 @@ std::string describe_pipeline_layout(const Config& config, const ParallelDims& d
 
 std::optional<pipeline::Simulation> predicted_step(const ParallelDims& dims, const StageCut& cut,
                                                    const pipeline::Schedule& schedule) {
-  if (cut.compute.empty() || dims.tp() > 1 || dims.sp() > 1) return std::nullopt;
+  if (cut.compute.empty() || dims.tp() > 1 || dims.sp() > 1 || dims.ep() > 1) return std::nullopt;
   pipeline::ActionCosts costs;
   costs.stages = cut.compute;
   return pipeline::simulate_schedule(schedule, costs);

@@ -89,7 +89,8 @@ std::string describe_stage_cut(const StageCut& cut);
 std::string describe_pipeline_layout(const Config& config, const ParallelDims& dims, const StageCut& cut,
                                      const pipeline::Schedule& schedule);
 // The schedule simulated with the cut's measured F, B, I, W per stage (nullopt without them, or
-// under tensor or sequence parallelism, which the whole-block profile does not divide): the step
+// under tensor, sequence or expert parallelism, which split the blocks the profile timed whole):
+// the step
 // that the start-up print predicts and the pipeline step checks (parallel/pipeline_step.h).
 std::optional<pipeline::Simulation> predicted_step(const ParallelDims& dims, const StageCut& cut,
                                                    const pipeline::Schedule& schedule);
