@@ -34,8 +34,10 @@ case $target in
                        src/checkpoint/safetensors.cpp src/core/fs.cpp src/core/options.cpp) ;;
   swarm_messages) sources+=(src/atom/messages.cpp src/atom/peer_record.cpp src/atom/swarm_key.cpp src/core/fs.cpp)
                   libs+=(-lcrypto) ;;
+  swarm_wire) sources+=(src/atom/wire.cpp src/atom/swarm_key.cpp src/core/fs.cpp)
+              libs+=(-lcrypto) ;;
   *) echo "unknown fuzz target '$target' (safetensors, schedule_csv, region, checkpoint_dir, config, tokenizer,
-     token_files, hf_folder, swarm_messages)" >&2
+     token_files, hf_folder, swarm_messages, swarm_wire)" >&2
      exit 2 ;;
 esac
 if [ ! -x "$out/fuzz" ] || [ -n "$(find "${sources[@]}" src/checkpoint src/core src/parallel/pipeline src/atom src/data src/model -name '*.h' -newer "$out/fuzz")" ] ||
