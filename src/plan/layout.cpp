@@ -70,7 +70,12 @@ std::string describe_layout(const Config& config, const Layout& layout) {
 
 LayoutMeasurements measure_layout(const Config& config, comm::Mesh* mesh, c10::Device device) {
   LayoutMeasurements m;
-  if (mesh && mesh->dims().pp() > 1) m.blocks = profile_world_blocks(config, *mesh);
+  // Under tp, sp or ep the profile's whole block may not fit where the run's split ones do, and no
+  // step is predicted there (stage_cut.h): only the profile cut, which needs the balance, has it.
+  const ParallelDims* dims = mesh ? &mesh->dims() : nullptr;
+  const bool profile_cut = config.parallel.pp_cut == "profile" && config.parallel.pp_layers.empty();
+  if (dims && dims->pp() > 1 && (profile_cut || (dims->tp() == 1 && dims->sp() == 1 && dims->ep() == 1)))
+    m.blocks = profile_world_blocks(config, *mesh);
   if (config.memory.swap) m.swap = measure_swap_costs(config, device);
   return m;
 }

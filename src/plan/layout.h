@@ -39,7 +39,7 @@ namespace tessera {
 
 // What a layout needs measured on the device before it can be made (measure_layout).
 struct LayoutMeasurements {
-  std::optional<BlockCosts> blocks;  // parallel.pp > 1: the world's mean block costs (plan/profile_cut.h)
+  std::optional<BlockCosts> blocks;  // parallel.pp > 1: the world's mean block costs (plan/profile_cut.h says when)
   std::optional<SwapCosts> swap;     // memory.swap: the blocks' swap costs on this rank's device
 };
 

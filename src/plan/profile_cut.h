@@ -14,8 +14,9 @@
 // before it (the CPU counting allocator, memory/host_memory_stats.h, which the pass installs; the
 // CUDA caching allocator's statistics).
 //
-// profile_world_blocks runs in every worker at start when parallel.pp > 1, before the model is
-// built (a collective of the world): each rank profiles on its own device and the costs are
+// profile_world_blocks runs in every worker at start when parallel.pp > 1 (under tensor, sequence
+// or expert parallelism only for the profile cut: the whole block it builds may not fit where the
+// run's split ones do), before the model is built (a collective of the world): each rank profiles on its own device and the costs are
 // averaged over the world, so every rank computes the same cut and prediction from the same
 // numbers (plan/layout.h's make_layout cuts by them under pp_cut = profile, and gives any cut
 // its stages' measured costs).
