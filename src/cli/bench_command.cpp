@@ -11,9 +11,11 @@
 // with tensor parallelism the tp group's (tp_bytes_per_step), with expert parallelism the ep
 // group's (ep_bytes_per_step; bench/expert_parallel.py), with pipeline parallelism every
 // pipeline rank's host memory (pp_peak_bytes, pp_model_state_bytes: the two figures below, per
-// pipeline rank in order; bench/pipeline_memory.py), and the last step's mean F, B, I, W per action
-// and its measured and simulated bubble (pp_action_ms, pp_bubble; bench/pipeline_split.py), and the
-// bytes this rank sent per step over the pp and pp_down groups (pp_bytes_per_step).
+// pipeline rank in order; bench/pipeline_memory.py), the timed steps' mean F, B, I, W per action,
+// the transfers' host costs and the measured, simulated and replayed bubble (pp_action_ms,
+// pp_transfer_ms, pp_bubble; bench/pipeline_split.py), the check of the start-up prediction
+// (pp_prediction), and the bytes this rank sent per step over the pp and pp_down groups
+// (pp_bytes_per_step).
 //
 // MFU is the model FLOPs of the whole step (every data-parallel replica's tokens) over the median
 // step time and the peak of every process that ran it: a pipeline, tensor- or sequence-parallel

@@ -34,6 +34,25 @@ void PipelineStep::Stash::drop_graph() {
   grad_out.reset();
 }
 
+namespace {
+
+// `into` += k x `c`, cost by cost (the per-stage and per-rank ones as far as both have them).
+void add_scaled(pipeline::ActionCosts& into, const pipeline::ActionCosts& c, double k) {
+  for (auto [sum, add] : {std::pair{&into.f, c.f}, {&into.b, c.b}, {&into.i, c.i}, {&into.w, c.w},
+                          {&into.optim, c.optim}, {&into.transfer, c.transfer}, {&into.send, c.send},
+                          {&into.post, c.post}})
+    *sum += k * add;
+  for (size_t s = 0; s < std::min(into.stages.size(), c.stages.size()); ++s) {
+    into.stages[s].f += k * c.stages[s].f;
+    into.stages[s].b += k * c.stages[s].b;
+    into.stages[s].i += k * c.stages[s].i;
+    into.stages[s].w += k * c.stages[s].w;
+  }
+  for (size_t r = 0; r < std::min(into.rank_optim.size(), c.rank_optim.size()); ++r) into.rank_optim[r] += k * c.rank_optim[r];
+}
+
+}  // namespace
+
 PipelineStep::PipelineStep(TransformerLM model, ResidentOwner& owner, comm::Mesh& mesh, const Config& config,
                            const Layout& layout, c10::Device device, std::optional<at::ScalarType> autocast)
     : model_(std::move(model)),
@@ -50,10 +69,7 @@ PipelineStep::PipelineStep(TransformerLM model, ResidentOwner& owner, comm::Mesh
     if (p.requires_grad()) trained_.push_back(p);
   if (!owner_.shards_parameters()) schedule_ = layout.schedule();  // no gathers to add
   schedule_for(config.train.accumulation(mesh.dims().dp()));
-  if (predicted_step(layout.dims(), layout.cut(), layout.schedule())) {
-    predicted_costs_.emplace();
-    predicted_costs_->stages = layout.cut().compute;
-  }
+  predicted_costs_ = predicted_costs(layout.dims(), layout.cut());
 }
 
 at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const std::vector<Batch>& batches) {
@@ -295,9 +311,10 @@ void PipelineStep::start_timing() {
 
 void PipelineStep::add_bench_fields(nlohmann::json& out) {
   const std::vector<Run> steps = timed_.empty() ? std::vector<Run>{last_} : timed_;
-  // Sums over the steps: measured, replayed and (below) simulated busy time and step time.
+  const double n = static_cast<double>(steps.size()), ranks = static_cast<double>(pipe_.size());
+  // Sums over the steps: measured and replayed busy time and step time; each cost's mean.
   double busy = 0, step = 0, replay_busy = 0, replay_step = 0;
-  pipeline::ActionCosts mean;  // each cost summed over the steps, then divided
+  pipeline::ActionCosts mean;
   std::vector<pipeline::Op> ran;
   for (const Run& run : steps) {
     Measured m = measure(run);
@@ -310,29 +327,14 @@ void PipelineStep::add_bench_fields(nlohmann::json& out) {
     const pipeline::Simulation replay = pipeline::simulate_schedule(*schedule_, each);
     for (double b : replay.busy) replay_busy += b;
     replay_step += replay.step_time;
-    if (mean.stages.empty()) {
-      mean = m.costs;
+    if (&run == &steps.front()) {  // the first step sizes the per-stage and per-rank costs
       ran = m.ran;
-      continue;
+      mean.f = mean.b = mean.i = mean.w = 0;
+      mean.stages.resize(m.costs.stages.size());
+      mean.rank_optim.resize(m.costs.rank_optim.size());
     }
-    for (auto [sum, add] : {std::pair{&mean.f, m.costs.f}, {&mean.b, m.costs.b}, {&mean.i, m.costs.i},
-                            {&mean.w, m.costs.w}, {&mean.optim, m.costs.optim}, {&mean.transfer, m.costs.transfer},
-                            {&mean.send, m.costs.send}, {&mean.post, m.costs.post}})
-      *sum += add;
-    for (size_t s = 0; s < mean.stages.size(); ++s) {
-      mean.stages[s].f += m.costs.stages[s].f;
-      mean.stages[s].b += m.costs.stages[s].b;
-      mean.stages[s].i += m.costs.stages[s].i;
-      mean.stages[s].w += m.costs.stages[s].w;
-    }
-    for (size_t r = 0; r < std::min(mean.rank_optim.size(), m.costs.rank_optim.size()); ++r)
-      mean.rank_optim[r] += m.costs.rank_optim[r];
+    add_scaled(mean, m.costs, 1 / n);
   }
-  const double n = static_cast<double>(steps.size()), ranks = static_cast<double>(pipe_.size());
-  for (double* c : {&mean.f, &mean.b, &mean.i, &mean.w, &mean.optim, &mean.transfer, &mean.send, &mean.post}) *c /= n;
-  for (pipeline::ActionCosts::Compute& c : mean.stages)
-    for (double* v : {&c.f, &c.b, &c.i, &c.w}) *v /= n;
-  for (double& o : mean.rank_optim) o /= n;
   const pipeline::Simulation planned = pipeline::simulate_schedule(*schedule_, mean);
   nlohmann::json ms = nlohmann::json::object();
   for (Op op : ran) ms[pipeline::op_name(op)] = 1000 * mean.of(op);

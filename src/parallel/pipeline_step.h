@@ -172,7 +172,7 @@ class PipelineStep final : public StepRunner {
   std::optional<pipeline::Schedule> schedule_;  // for the last run()'s micro-batches (the placement: any)
   pipeline::ActionCosts table_costs_;           // what schedule_ was built for (unit costs at first)
   std::string table_note_;                      // how it was built, once measured costs were tried
-  // The layout's stages' F, B, I, W from the start-up profile (predicted_step), and the check of
+  // The layout's stages' F, B, I, W from the start-up profile (predicted_costs), and the check of
   // the prediction after step kPredictionCheckedAtStep: its line for take_note and its figures.
   std::optional<pipeline::ActionCosts> predicted_costs_;
   std::optional<std::string> prediction_note_;

@@ -267,12 +267,18 @@ std::string describe_pipeline_layout(const Config& config, const ParallelDims& d
   return out;
 }
 
-std::optional<pipeline::Simulation> predicted_step(const ParallelDims& dims, const StageCut& cut,
-                                                   const pipeline::Schedule& schedule) {
+std::optional<pipeline::ActionCosts> predicted_costs(const ParallelDims& dims, const StageCut& cut) {
   if (cut.compute.empty() || dims.tp() > 1 || dims.sp() > 1 || dims.ep() > 1) return std::nullopt;
   pipeline::ActionCosts costs;
   costs.stages = cut.compute;
-  return pipeline::simulate_schedule(schedule, costs);
+  return costs;
+}
+
+std::optional<pipeline::Simulation> predicted_step(const ParallelDims& dims, const StageCut& cut,
+                                                   const pipeline::Schedule& schedule) {
+  const std::optional<pipeline::ActionCosts> costs = predicted_costs(dims, cut);
+  if (!costs) return std::nullopt;
+  return pipeline::simulate_schedule(schedule, *costs);
 }
 
 ModelStage rank_stage(const StageCut& cut, const pipeline::Schedule& schedule, int64_t rank) {

@@ -88,10 +88,11 @@ std::string describe_stage_cut(const StageCut& cut);
 // with the stages' measured F, I, W also the predicted step (predicted_step) and its bubble.
 std::string describe_pipeline_layout(const Config& config, const ParallelDims& dims, const StageCut& cut,
                                      const pipeline::Schedule& schedule);
-// The schedule simulated with the cut's measured F, B, I, W per stage (nullopt without them, or
-// under tensor, sequence or expert parallelism, which split the blocks the profile timed whole):
-// the step
-// that the start-up print predicts and the pipeline step checks (parallel/pipeline_step.h).
+// The costs a step is predicted from: the cut's measured F, B, I, W per stage (nullopt without
+// them, or under tensor, sequence or expert parallelism, which split the blocks the profile timed
+// whole). predicted_step: the schedule simulated with them, the step that the start-up print
+// predicts and the pipeline step checks (parallel/pipeline_step.h).
+std::optional<pipeline::ActionCosts> predicted_costs(const ParallelDims& dims, const StageCut& cut);
 std::optional<pipeline::Simulation> predicted_step(const ParallelDims& dims, const StageCut& cut,
                                                    const pipeline::Schedule& schedule);
 // The run's step after which the pipeline step compares its measured step with predicted_step.

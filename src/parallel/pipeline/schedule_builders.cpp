@@ -6,6 +6,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "core/error.h"
 #include "parallel/pipeline/validate.h"
@@ -113,7 +114,7 @@ std::optional<Schedule> zero_bubble_v_list(int64_t p, int64_t m, const ActionCos
   std::vector<int64_t> held(p, 0);
   std::vector<double> free_at(p, 0);
   std::vector<int64_t> remaining(p, 6 * m);  // per rank: F, I and W of its two stages
-  std::vector<double> finishes;  // every scheduled action's finish time
+  std::set<double> finishes;  // every scheduled action's finish time
   std::vector<std::vector<std::pair<int64_t, int64_t>>> pending_w(p);
   int64_t scheduled = 0, rounds = 0;
   const int64_t work = 3 * stages * m;
@@ -156,7 +157,7 @@ std::optional<Schedule> zero_bubble_v_list(int64_t p, int64_t m, const ActionCos
       --remaining[r];
       const double end = t + costs.of(chosen, r);
       free_at[r] = end;
-      finishes.push_back(end);
+      finishes.insert(end);
       if (chosen.op == Op::F) {
         f_done[{chosen.stage, chosen.micro}] = end;
         ++next_f[r][chosen.stage == mine[0] ? 0 : 1];
@@ -169,9 +170,8 @@ std::optional<Schedule> zero_bubble_v_list(int64_t p, int64_t m, const ActionCos
       }
     }
     // A rank with nothing available waits for the next action to finish anywhere.
-    double next = std::numeric_limits<double>::infinity();
-    for (double f : finishes)
-      if (f > t) next = std::min(next, f);
+    const auto later = finishes.upper_bound(t);
+    const double next = later == finishes.end() ? std::numeric_limits<double>::infinity() : *later;
     if (!idle.empty() && !std::isfinite(next)) return std::nullopt;  // every rank waits: deadlock
     for (int64_t r : idle) free_at[r] = next;
   }
