@@ -6,7 +6,10 @@
 //             printed sorted by self time, or with --json as {name: {calls, self_us, total_us}};
 //   --timing  records nothing and prints one JSON object: the calling thread's CPU seconds per step
 //             (min, median; with train.threads=1 this is the step's work, insensitive to other
-//             processes on a shared machine), wall seconds per step, and minor page faults per step.
+//             processes on a shared machine), wall seconds per step, and minor page faults per step;
+//   --trace F records the timed steps with the Kineto profiler (host ops and, on CUDA, every kernel
+//             and copy on the device) and writes them as a Chrome trace to F, which
+//             bench/trace_summary.py sums into device time per kernel and the device's idle time.
 // Both modes report the process's minor page faults per step (getrusage), the number that exposed
 // glibc returning the heap to the kernel between steps (docs/benchmarks.md).
 //
@@ -20,10 +23,13 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <ATen/record_function.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
+#include <torch/cuda.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -92,12 +98,14 @@ int main(int argc, char** argv) {
   std::vector<std::string> sets;
   int64_t steps = 10, warmup = 3;
   bool json = false, timing = false;
+  std::string trace;
   app.add_option("--config", config_name, "config file or preset name")->required();
   app.add_option("--set", sets, "override a config key: section.key=value (repeatable)")->take_all();
   app.add_option("--steps", steps, "observed steps")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "unobserved steps first")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_flag("--json", json, "print {op: {calls, self_us, total_us}} per step as one JSON object");
   app.add_flag("--timing", timing, "record no ops; print CPU and wall seconds and page faults per step");
+  app.add_option("--trace", trace, "write the timed steps' Kineto trace (host and device) to this JSON file");
   CLI11_PARSE(app, argc, argv);
 
   const tessera::Config config = tessera::Config::load(config_name, sets);
@@ -110,7 +118,26 @@ int main(int argc, char** argv) {
     batches.push_back({tokens.narrow(1, 0, config.train.seq_len), tokens.narrow(1, 1, config.train.seq_len)});
   }
   for (int64_t i = 0; i < warmup; ++i) step.run(batches, config.optim.lr);
+  if (step.device().is_cuda()) torch::cuda::synchronize();
   const double n = static_cast<double>(steps);
+
+  if (!trace.empty()) {
+    namespace prof = torch::profiler::impl;
+    const prof::ProfilerConfig kineto(prof::ProfilerState::KINETO);
+    std::set<prof::ActivityType> activities = {prof::ActivityType::CPU};
+    if (step.device().is_cuda()) activities.insert(prof::ActivityType::CUDA);
+    torch::autograd::profiler::prepareProfiler(kineto, activities);
+    torch::autograd::profiler::enableProfiler(kineto, activities);
+    const auto start = Clock::now();
+    for (int64_t i = 0; i < steps; ++i) step.run(batches, config.optim.lr);
+    if (step.device().is_cuda()) torch::cuda::synchronize();
+    const double wall_s = std::chrono::duration<double>(Clock::now() - start).count();
+    torch::autograd::profiler::disableProfiler()->save(trace);
+    std::cout << nlohmann::json{{"peer", "tessera"}, {"trace", trace}, {"steps", steps}, {"wall_s_per_step", wall_s / n}}
+                     .dump()
+              << "\n";
+    return 0;
+  }
 
   if (timing) {
     std::vector<double> cpu, wall;

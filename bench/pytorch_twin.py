@@ -6,6 +6,8 @@ clipping and synthetic batch, in eager mode or under torch.compile. Prints one J
 --device cuda times each step between two torch.cuda.synchronize() calls (the step's kernels are
 asynchronous); --dtype bf16 runs the forward and loss under bf16 autocast with float32 parameters,
 gradients and optimizer state, as tessera's precision.dtype = bf16 does.
+--trace FILE records --steps more steps with torch.profiler (host ops and device kernels) into a
+Chrome trace, as `tessera_profile_step --trace` does for tessera (bench/trace_summary.py sums both).
 """
 import argparse
 import contextlib
@@ -62,6 +64,7 @@ def main():
     a.add_argument("--mode", choices=["eager", "compile"], default="eager")
     a.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     a.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    a.add_argument("--trace", help="record --steps more steps into this Chrome trace")
     args = a.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -82,23 +85,34 @@ def main():
     tokens = torch.randint(args.vocab, (args.batch, args.seq + 1), generator=g)
     x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
 
-    seconds = []
-    compile_s = 0.0
-    for i in range(args.warmup + args.steps):
-        sync()
-        start = time.perf_counter()
+    def step():
         with autocast():
             loss = forward(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        return loss
+
+    seconds = []
+    compile_s = 0.0
+    for i in range(args.warmup + args.steps):
+        sync()
+        start = time.perf_counter()
+        loss = step()
         sync()
         s = time.perf_counter() - start
         if i == 0:
             compile_s = s
         if i >= args.warmup:
             seconds.append(s)
+    if args.trace:
+        activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+        with torch.profiler.profile(activities=activities) as prof:
+            for _ in range(args.steps):
+                step()
+            sync()
+        prof.export_chrome_trace(args.trace)
     median = sorted(seconds)[len(seconds) // 2]
     tokens_per_step = args.batch * args.seq
     print(json.dumps({"peer": f"pytorch-{args.mode}", "parameters": params, "tokens_per_step": tokens_per_step,

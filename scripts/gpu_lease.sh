@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# Issue 30's measurements in one call on the lent GPU machine (docs/gpu.md), with what
+# scripts/gpu_prebuilt.sh packed here (carry .gpu_prebuilt). Run in the repository root there:
+#
+#   bash scripts/gpu_lease.sh $OUT [PARTS]      PARTS: comma-separated, default all, in this order:
+#     correct   the gpu-labelled tests; `make train`'s run on CUDA against the CPU reference run
+#               (final validation loss within 2%), resumed on CUDA from its step-300 checkpoint
+#     speed     GPT-2 124M, bf16, sequence 1024: tessera bench against PyTorch eager and
+#               torch.compile (bench/compare_pytorch.py), and tessera alone at larger batches
+#     trace     one traced step of each of tessera and the eager twin, summed per kernel class
+#     swap      GPT-2 124M resident, swapped under a device budget, and under ZeRO-3 with offload
+#     pipeline  `tessera pipeline --model` on the device: per-stage F, I, W and a predicted pp 4 step
+#     lasp      the linear-attention model against softmax attention (SDPA) at sequence 8K and 32K
+#
+# Every step runs under a limit that the call's budget (LEASE_BUDGET seconds, default 520) caps;
+# a step that no longer fits is skipped and says so. OUT receives SUMMARY.md, logs.tgz (every log
+# and JSON, re-packed after each part, so a call stopped at its limit still returns them) and
+# cuda_run.tgz (the CUDA run with its step-300 checkpoint, resumed on the CPU back home).
+set -uo pipefail
+
+OUT="${1:?usage: scripts/gpu_lease.sh OUT [PARTS]}"
+PARTS=",${2:-correct,speed,trace,swap,pipeline,lasp},"
+ROOT="$(pwd)"
+DEADLINE=$((SECONDS + ${LEASE_BUDGET:-520}))
+WORK=/tmp/lease
+LOGS="$WORK/logs"
+mkdir -p "$OUT" "$LOGS"
+SUMMARY="$OUT/SUMMARY.md"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+pack() { tar czf "$OUT/logs.tgz" -C "$WORK" logs 2>/dev/null; }
+# step NAME LIMIT LOG COMMAND...: runs COMMAND into LOG under min(LIMIT, the time left)
+step() {
+  local name="$1" limit="$2" log="$LOGS/$3" start=$SECONDS left=$((DEADLINE - SECONDS))
+  shift 3
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -lt 15 ]; then note "- $name: SKIPPED (${left} s of the budget left)"; return 99; fi
+  timeout -k 5 "$limit" "$@" >"$log" 2>&1
+  local rc=$?
+  note "- $name: $([ $rc = 0 ] && echo ok || echo "FAILED rc $rc")$([ $rc = 124 ] && echo " (limit $limit s)") in $((SECONDS - start)) s ($(basename "$log"))"
+  return $rc
+}
+want() { [[ "$PARTS" == *",$1,"* ]]; }
+
+# The prebuilt binaries at the path compiled into the test programs (/work/main/build-gpu-check).
+[ -e /work/main ] || { mkdir -p /work && ln -s "$ROOT" /work/main; }
+BUILD=/work/main/build-gpu-check
+mkdir -p "$BUILD" && tar xzf "$ROOT/.gpu_prebuilt/prebuilt.tgz" -C "$BUILD"
+TORCH_DIR="$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')"
+NVIDIA_LIBS="$(find "$(dirname "$TORCH_DIR")/nvidia" -name 'lib*.so*' -printf '%h\n' 2>/dev/null | sort -u | paste -sd:)"
+export LD_LIBRARY_PATH="$TORCH_DIR/lib:$NVIDIA_LIBS"
+BIN="$BUILD/tessera"
+
+echo "# GPU lease: $(date -u +%FT%TZ), commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null), parts ${PARTS//,/ }" >"$SUMMARY"
+note "- device: $(nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1)"
+note "- torch: $(python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())' 2>&1)"
+if ! "$BIN" --help >"$LOGS/version.log" 2>&1; then
+  note "- the prebuilt tessera does not start here:"; head -5 "$LOGS/version.log" | tee -a "$SUMMARY"; pack; exit 1
+fi
+note "- tessera starts: $(head -1 "$LOGS/version.log")"
+DATA="$WORK/kjv"
+"$BIN" prepare --input "$ROOT/data/kjv/genesis_to_ruth.txt" --out "$DATA" --tokenizer byte >"$LOGS/prepare.log" 2>&1
+
+# GPT-2 124M as compare_pytorch.py's gpt2_124m_1024 case sets it, for tessera bench
+gpt2() {
+  echo --config tiny_gpt --set model.preset=gpt2_124m --set train.seq_len=1024 --set train.device=cuda \
+       --set precision.dtype=bf16 --set optim.name=adamw --set optim.fused=true --set optim.grad_clip=1.0 \
+       --set data.path=unused --set train.threads=16
+}
+
+if want correct; then
+  note "## correct"
+  tiny=(--config "$ROOT/configs/tiny_gpt.toml" --set data.path="$DATA" --set checkpoint.every=300 --set checkpoint.keep=4 --overwrite)
+  ( step "train tiny_gpt on cuda" 150 train_cuda.log "$BIN" train "${tiny[@]}" --set train.device=cuda --out "$WORK/runs/cuda" &&
+    step "resume it on cuda at 300" 100 train_cuda_resumed.log "$BIN" train "${tiny[@]}" --set train.device=cuda \
+         --out "$WORK/runs/cuda_resumed" --resume "$WORK/runs/cuda/checkpoints/step_300" ) &
+  step "test_gpu" 150 test_gpu.log "$BUILD/test_gpu" &
+  step "DataParallelCuda" 120 test_dp_cuda.log "$BUILD/test_data_parallel" --gtest_filter='DataParallelCuda.*' &
+  step "CompressionCuda" 120 test_compression_cuda.log "$BUILD/test_compression" --gtest_filter='CompressionCuda.*' &
+  step "test_gpu_nccl (two GPUs; skips on one)" 60 test_gpu_nccl.log "$BUILD/test_gpu_nccl" &
+  wait
+  for log in test_gpu test_dp_cuda test_compression_cuda test_gpu_nccl; do
+    note "  $log: $(grep -E '^\[ +(PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?' "$LOGS/$log.log" | tr '\n' ' ')$(grep -E '^\[ +FAILED +\] [A-Z]' "$LOGS/$log.log" | tr '\n' ' ')"
+  done
+  if [ -f "$WORK/runs/cuda/metrics.jsonl" ]; then
+    python3 - "$ROOT/.gpu_prebuilt/reference_cpu" "$WORK/runs/cuda" "$WORK/runs/cuda_resumed" <<'EOF' | tee -a "$SUMMARY"
+import json, os, sys
+def lines(run):
+    path = run + "/metrics.jsonl"
+    return [json.loads(l) for l in open(path)] if os.path.exists(path) else []
+cpu, cuda, resumed = (lines(r) for r in sys.argv[1:])
+val = lambda ls: [l["val_loss"] for l in ls if "val_loss" in l][-1]
+gap = abs(val(cuda) - val(cpu)) / val(cpu)
+print(f"  final val_loss: cpu {val(cpu):.4f}, cuda {val(cuda):.4f}, relative gap {gap:.4f} (floor 0.02: {'ok' if gap <= 0.02 else 'FAILED'})")
+a = {l["step"]: l["loss"] for l in cuda if "loss" in l and l["step"] > 300}
+b = {l["step"]: l["loss"] for l in resumed if "loss" in l and l["step"] > 300}
+common = sorted(set(a) & set(b))
+if common:
+    worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in common)
+    equal = sum(a[s] == b[s] for s in common)
+    print(f"  cuda resumed at 300 vs uninterrupted: largest relative loss difference {worst:.3g}, {equal} of {len(common)} logged steps equal")
+EOF
+    tar czf "$OUT/cuda_run.tgz" -C "$WORK/runs" --exclude='step_600' --exclude='step_900' cuda 2>/dev/null
+  fi
+  pack
+fi
+
+if want speed; then
+  note "## speed"
+  step "compare_pytorch gpt2_124m_1024 bf16 batch 16" 240 compare.log \
+       python3 "$ROOT/bench/compare_pytorch.py" "$BUILD" --cases gpt2_124m_1024 --device cuda --dtype bf16 \
+       --batch 16 --rounds 1 --out "$LOGS"
+  tail -8 "$LOGS/compare.log" | tee -a "$SUMMARY"
+  for b in 32 64; do
+    step "tessera bench batch $b" 60 bench_b$b.log "$BIN" bench $(gpt2) --set train.batch_size=$b --steps 10 --warmup 3
+    tail -3 "$LOGS/bench_b$b.log" | tee -a "$SUMMARY"
+  done
+  pack
+fi
+
+if want trace; then
+  note "## trace (batch 16)"
+  step "tessera_profile_step --trace" 60 trace_tessera.log "$BUILD/tessera_profile_step" $(gpt2) --set train.batch_size=16 \
+       --steps 3 --warmup 3 --trace "$LOGS/trace_tessera.json" &&
+    python3 "$ROOT/bench/trace_summary.py" "$LOGS/trace_tessera.json" --steps 3 | tee -a "$SUMMARY"
+  step "pytorch_twin eager --trace" 60 trace_eager.log python3 "$ROOT/bench/pytorch_twin.py" --mode eager --device cuda \
+       --dtype bf16 --vocab 50257 --block 1024 --layers 12 --heads 12 --embd 768 --batch 16 --seq 1024 --steps 3 --warmup 3 \
+       --trace "$LOGS/trace_eager.json" &&
+    python3 "$ROOT/bench/trace_summary.py" "$LOGS/trace_eager.json" --steps 3 | tee -a "$SUMMARY"
+  gzip -f "$LOGS"/trace_*.json 2>/dev/null
+  pack
+fi
+
+if want swap; then
+  note "## swap and offload (GPT-2 124M, batch 8)"
+  for run in "resident|" "swap|--set memory.swap=true --set memory.device_budget_gb=${SWAP_BUDGET_GB:-3.5}" \
+             "zero3_offload|--nproc 1 --set parallel.zero_stage=3 --set parallel.offload=true" \
+             "zero2_offload|--nproc 1 --set parallel.zero_stage=2 --set parallel.offload=true"; do
+    name="${run%%|*}"
+    step "bench $name" 75 "swap_$name.log" "$BIN" bench $(gpt2) --set train.batch_size=8 ${run#*|} --steps 5 --warmup 2 --json
+    tail -1 "$LOGS/swap_$name.log" | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print("  ", {k: d[k] for k in d if k not in ("step_s", "setup_by_rank")})' 2>/dev/null | tee -a "$SUMMARY"
+  done
+  pack
+fi
+
+if want pipeline; then
+  note "## pipeline stage times (GPT-2 124M, micro-batch 8 x 1024)"
+  for s in 1f1b zbh1; do
+    step "pipeline --model $s pp 4" 60 "pipeline_$s.log" "$BIN" pipeline --model gpt2_124m --set train.device=cuda \
+         --set precision.dtype=bf16 --set train.batch_size=8 --set train.seq_len=1024 --set data.path=unused \
+         --schedule $s --pp 4 --microbatches 8
+    grep -iE "stage|predicted|bubble" "$LOGS/pipeline_$s.log" | head -12 | tee -a "$SUMMARY"
+  done
+  pack
+fi
+
+if want lasp; then
+  note "## lasp (one process, batch 1, GPT-2 124M shape)"
+  for t in 8192 32768; do
+    for arch in linear gpt; do
+      step "bench $arch seq $t" 60 "lasp_${arch}_$t.log" "$BIN" bench $(gpt2) --set model.arch=$arch --set model.block_size=$t \
+           --set train.seq_len=$t --set train.batch_size=1 --steps 4 --warmup 2
+      tail -3 "$LOGS/lasp_${arch}_$t.log" | head -2 | tee -a "$SUMMARY"
+    done
+  done
+  pack
+fi
+
+note "- done at $(date -u +%T), $SECONDS s"
+pack
