@@ -23,13 +23,17 @@ namespace {
 // (checkpoint.h): a wrong dtype, a NaN or a negative second moment would resume into NaN.
 void check_state_tensor(const std::string& file, const std::string& name, const at::Tensor& t) {
   if (name.rfind("rng.", 0) == 0) return;  // random stream states: bytes
-  const bool counter = name.size() > 5 && name.compare(name.size() - 5, 5, ".step") == 0;
+  // Counters: an optimizer's steps, and the fp16 loss scaler's good steps since its last change.
+  auto ends_with = [&](const std::string& tail) {
+    return name.size() > tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  const bool counter = ends_with(".step") || ends_with("loss_scaler.growth_tracker");
   if (counter && at::isIntegralType(t.scalar_type(), /*includeBool=*/false)) {
-    require(t.numel() == 0 || t.min().item<int64_t>() >= 0, file, ": step counter '", name, "' is negative");
+    require(t.numel() == 0 || t.min().item<int64_t>() >= 0, file, ": counter '", name, "' is negative");
     return;
   }
   require(at::isFloatingType(t.scalar_type()), file, ": tensor '", name, "' has dtype ", t.scalar_type(),
-          "; a checkpoint's model and optimizer tensors are floating point (step counters may be integers)");
+          "; a checkpoint's model and optimizer tensors are floating point (counters may be integers)");
   require(t.numel() == 0 || at::isfinite(t).all().item<bool>(), file, ": tensor '", name,
           "' holds NaN or infinite values; a run resumed from it would train on garbage");
   if (name.find("exp_avg_sq") != std::string::npos)

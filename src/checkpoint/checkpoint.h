@@ -46,7 +46,7 @@
 //   its other fields) and every file's size and checksum before any tensor is used, and names the
 //   file that fails. It validates every field it reads: types, a step >= 0 that agrees with a
 //   step_<N> directory name, file entries. Tensors it reads must be floating point (the random
-//   stream states "rng.*" excepted, and "*.step" counters may be non-negative integers) and finite, and second moments (*exp_avg_sq*) non-negative:
+//   stream states "rng.*" excepted, and "*.step" and "*loss_scaler.growth_tracker" counters may be non-negative integers) and finite, and second moments (*exp_avg_sq*) non-negative:
 //   a checkpoint that would resume into NaN is refused naming the file and tensor.
 #pragma once
 
