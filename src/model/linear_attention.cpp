@@ -2,6 +2,7 @@
 // (linear_attention.h).
 #include "model/linear_attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -42,6 +43,33 @@ std::vector<double> power_of_two_slopes(int64_t n) {
   return s;
 }
 
+// n chunks of c tokens at once (q, k, v: [B, H, n * c, d] float32), entered with state [B, H, d_k, d_v]:
+// the output [B, H, n * c, d_v] and the state after the last chunk. Every chunk's own terms are
+// batched products over [B, H, n]; the state entering chunk m is a product with a decay matrix,
+//   S_m = λ^{c m} S_in + Σ_{m' < m} λ^{c (m - 1 - m')} KV_{m'},   KV_m = Σ_j λ^{c - j} k_j^T v_j,
+// for m = 0..n (S_n leaves), so no step depends on the one before it.
+std::pair<at::Tensor, at::Tensor> chunks_at_once(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                 const at::Tensor& log_decay, int64_t c, int64_t n,
+                                                 const at::Tensor& state) {
+  const int64_t B = q.size(0), H = q.size(1), dk = q.size(3), dv = v.size(3);
+  auto qc = q.reshape({B, H, n, c, dk}), kc = k.reshape({B, H, n, c, dk}), vc = v.reshape({B, H, n, c, dv});
+  auto pos = torch::arange(c, q.options());                                        // i = 0..c-1
+  auto dist = pos.unsqueeze(1) - pos.unsqueeze(0);                                 // [c, c] i - j
+  auto D = decay_power(log_decay, dist.clamp_min(0)) * (dist >= 0).to(at::kFloat);  // [H, c, c]
+  auto intra = at::matmul(at::matmul(qc, kc.transpose(-1, -2)) * D.unsqueeze(1), vc);  // [B, H, n, c, d_v]
+  auto k_decay = decay_power(log_decay, c - pos).view({H, 1, c, 1});               // λ^{c-j}
+  auto kv = at::matmul((kc * k_decay).transpose(-1, -2), vc);                      // [B, H, n, d_k, d_v]
+  auto m = torch::arange(n + 1, q.options());
+  auto gap = m.unsqueeze(1) - 1 - torch::arange(n, q.options()).unsqueeze(0);     // [n + 1, n] m - 1 - m'
+  auto G = decay_power(log_decay, gap.clamp_min(0) * static_cast<double>(c)) * (gap >= 0).to(at::kFloat);
+  auto entering = decay_power(log_decay, m * static_cast<double>(c)).view({1, H, n + 1, 1}) *
+                      state.reshape({B, H, 1, dk * dv}) +
+                  at::matmul(G.unsqueeze(0), kv.reshape({B, H, n, dk * dv}));       // [B, H, n + 1, d_k d_v]
+  auto S = entering.narrow(2, 0, n).view({B, H, n, dk, dv});
+  auto inter = at::matmul(qc * decay_power(log_decay, pos).view({H, 1, c, 1}), S);
+  return {(intra + inter).reshape({B, H, n * c, dv}), entering.select(2, n).view({B, H, dk, dv})};
+}
+
 }  // namespace
 
 at::Tensor lightning_attention_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -49,24 +77,23 @@ at::Tensor lightning_attention_chunked(const at::Tensor& q, const at::Tensor& k,
                                        at::Tensor* final_state) {
   check_inputs(q, k, v, decay);
   require(chunk > 0, "linear attention: chunk must be positive (got ", chunk, ")");
-  const int64_t T = q.size(2);
+  const int64_t T = q.size(2), whole = T / chunk * chunk;
   auto qf = q.to(at::kFloat), kf = k.to(at::kFloat), vf = v.to(at::kFloat);
   auto log_decay = at::log(decay.to(q.device(), at::kFloat));  // [H], < 0
   auto state = start_state(initial_state, q, v);                // [B, H, d_k, d_v]
   std::vector<at::Tensor> outputs;
-  for (int64_t start = 0; start < T; start += chunk) {
-    const int64_t c = std::min(chunk, T - start);
-    auto qc = qf.narrow(2, start, c), kc = kf.narrow(2, start, c), vc = vf.narrow(2, start, c);
-    auto pos = torch::arange(c, qf.options());                                 // i = 0..c-1
-    auto dist = pos.unsqueeze(1) - pos.unsqueeze(0);                           // [c, c] i - j
-    auto D = decay_power(log_decay, dist.clamp_min(0)) * (dist >= 0).to(at::kFloat);  // [H, c, c]
-    auto intra = at::matmul(at::matmul(qc, kc.transpose(-1, -2)) * D, vc);     // [B, H, c, d_v]
-    auto inter = at::matmul(qc * decay_power(log_decay, pos).unsqueeze(-1), state);
-    outputs.push_back(intra + inter);
-    auto k_decay = decay_power(log_decay, c - pos).unsqueeze(-1);              // [H, c, 1] λ^{c-j}
-    auto chunk_decay = at::exp(log_decay * static_cast<double>(c)).view({-1, 1, 1});
-    state = chunk_decay * state + at::matmul((kc * k_decay).transpose(-1, -2), vc);
-  }
+  auto run = [&](int64_t start, int64_t c, int64_t n) {  // n chunks of c tokens from start
+    auto [out, next] = chunks_at_once(qf.narrow(2, start, n * c), kf.narrow(2, start, n * c),
+                                      vf.narrow(2, start, n * c), log_decay, c, n, state);
+    outputs.push_back(out);
+    state = next;
+  };
+  // The whole chunks, kChunksAtOnce at a time (the decay matrix and the per-chunk states grow with
+  // the square and the count of the chunks in one call), then the shorter last one.
+  constexpr int64_t kChunksAtOnce = 256;
+  for (int64_t start = 0; start < whole; start += kChunksAtOnce * chunk)
+    run(start, chunk, std::min(kChunksAtOnce, (whole - start) / chunk));
+  if (T > whole) run(whole, T - whole, 1);
   if (final_state) *final_state = state;
   return at::cat(outputs, 2).to(q.scalar_type());
 }

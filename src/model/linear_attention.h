@@ -38,6 +38,11 @@ namespace tessera {
 //   intra: O = ((Q K^T) ⊙ D) V,  D_ij = λ^{i-j} for i >= j, else 0   (left product, masked)
 //   inter: O += (λ^i q_i) S                                         (right product with the state)
 //   state: S <- λ^c S + Σ_j λ^{c-j} k_j^T v_j
+// No step waits for the one before it: every chunk's intra term and k^T v sum is one batched
+// product, and the state entering each chunk is one product with the matrix of decays between
+// chunks (up to 256 chunks per product, the state carried between such groups), so the work is a
+// few dozen kernels whatever T is (a loop over chunks ran ~15 small kernels per chunk: 56x slower
+// than softmax attention on an H100 at 8K tokens, docs/gpu.md).
 // q, k: [B, H, T, d_k]; v: [B, H, T, d_v]; decay: [H] (λ); returns [B, H, T, d_v].
 at::Tensor lightning_attention_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                        const at::Tensor& decay, int64_t chunk,

@@ -48,6 +48,21 @@ TEST_P(ChunkSizes, ChunkedEqualsRecurrentOutputStateAndGradients) {
 
 INSTANTIATE_TEST_SUITE_P(LinearAttention, ChunkSizes, ::testing::Values(1, 3, 7, 8, 24, 40));
 
+// More chunks than one product takes (256): the state is carried from one group of chunks to the
+// next, and into the shorter last chunk.
+TEST(LinearAttention, ChunksBeyondOneGroupCarryTheirState) {
+  auto in = random_qkv(1, 2, 521, 4, 3);
+  auto q1 = in.q.clone().requires_grad_(), q2 = in.q.clone().requires_grad_();
+  at::Tensor state_chunked, state_recurrent;
+  auto o1 = lightning_attention_chunked(q1, in.k, in.v, in.decay, 2, {}, &state_chunked);  // 260 chunks + 1 token
+  auto o2 = linear_attention_recurrent(q2, in.k, in.v, in.decay, {}, &state_recurrent);
+  EXPECT_TRUE(test::all_close(o1, o2, 1e-5, 1e-5));
+  EXPECT_TRUE(test::all_close(state_chunked, state_recurrent, 1e-5, 1e-5));
+  o1.sum().backward();
+  o2.sum().backward();
+  EXPECT_TRUE(test::all_close(q1.grad(), q2.grad(), 1e-5, 1e-5));
+}
+
 TEST(LinearAttention, RecurrentMatchesDefinitionAtOnePosition) {
   auto in = random_qkv(1, 2, 6, 3, 4);
   auto o = linear_attention_recurrent(in.q, in.k, in.v, in.decay);
