@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
+#include "model/cross_entropy.h"
 #include "model/dropout.h"
 #include "model/hook_slot.h"
 #include "model/init.h"
@@ -206,8 +207,7 @@ ModelOutput TransformerLMImpl::head(const at::Tensor& x, const at::Tensor& targe
     if (targets.defined()) {
       out.ce_loss = hooks.cross_entropy
                         ? hooks.cross_entropy(out.logits, targets)
-                        : at::cross_entropy_loss(out.logits.reshape({-1, out.logits.size(-1)}).to(at::kFloat),
-                                                 targets.reshape(-1), {}, at::Reduction::Mean, /*ignore_index=*/-1);
+                        : cross_entropy_mean(out.logits.reshape({-1, out.logits.size(-1)}), targets.reshape(-1));
       out.loss = out.ce_loss + out.aux_loss;
     }
   });

@@ -4,7 +4,7 @@
 //   x = dropout(wte(idx) [+ wpe(o..o+T-1)])        [B, T, C], o = position offset (0 by default)
 //   x = h[l](x) for l = 0..n_layer-1              (block.h)
 //   logits = ln_f(x) wte^T                         [B, T, V]
-//   ce_loss = cross_entropy(logits, targets)       mean over positions whose target is not -1
+//   ce_loss = cross_entropy_mean(logits, targets)  mean over positions whose target is not -1 (model/cross_entropy.h)
 //   loss = ce_loss + aux_loss                      aux_loss = Σ over MoE blocks (zero when dense)
 //
 // Parameter names (named_parameters()): wte.weight, wpe.weight (gpt), h.{i}.ln_1.*, h.{i}.attn.*,
