@@ -8,9 +8,11 @@
 #     speed     GPT-2 124M, bf16, sequence 1024: tessera bench against PyTorch eager and
 #               torch.compile (bench/compare_pytorch.py), and tessera alone at larger batches
 #     trace     one traced step of each of tessera and the eager twin, summed per kernel class
-#     swap      GPT-2 124M resident, swapped under a device budget, and under ZeRO-3 with offload
-#     pipeline  `tessera pipeline --model` on the device: per-stage F, I, W and a predicted pp 4 step
-#     lasp      the linear-attention model against softmax attention (SDPA) at sequence 8K and 32K
+#     swap      GPT-2 124M resident, swapped under a device budget, and under ZeRO-3 and ZeRO-2 with
+#               offload, with and without clipping
+#     pipeline  `tessera pipeline --model` on the device: per-stage F, I, W and a predicted pp 4 step,
+#               cut by layers and by the profile
+#     lasp      the linear-attention model against softmax attention (SDPA) at sequence 4K to 32K
 #
 # Every step runs under a limit that the call's budget (LEASE_BUDGET seconds, default 520) caps;
 # a step that no longer fits is skipped and says so. OUT receives SUMMARY.md, logs.tgz (every log
@@ -132,8 +134,12 @@ fi
 
 if want swap; then
   note "## swap and offload (GPT-2 124M, batch 8)"
-  for run in "resident|" "swap|--set memory.swap=true --set memory.device_budget_gb=${SWAP_BUDGET_GB:-3.5}" \
+  # With clipping, a swapped run updates after the whole backward (the norm needs every gradient);
+  # without, each sub-model's update overlaps the backward of the ones before it.
+  swap="--set memory.swap=true --set memory.device_budget_gb=${SWAP_BUDGET_GB:-3.5}"
+  for run in "resident|" "swap|$swap" "swap_noclip|$swap --set optim.grad_clip=0" \
              "zero3_offload|--nproc 1 --set parallel.zero_stage=3 --set parallel.offload=true" \
+             "zero3_offload_noclip|--nproc 1 --set parallel.zero_stage=3 --set parallel.offload=true --set optim.grad_clip=0" \
              "zero2_offload|--nproc 1 --set parallel.zero_stage=2 --set parallel.offload=true"; do
     name="${run%%|*}"
     step "bench $name" 75 "swap_$name.log" "$BIN" bench $(gpt2) --set train.batch_size=8 ${run#*|} --steps 5 --warmup 2 --json
@@ -144,18 +150,20 @@ fi
 
 if want pipeline; then
   note "## pipeline stage times (GPT-2 124M, micro-batch 8 x 1024)"
-  for s in 1f1b zbh1; do
-    step "pipeline --model $s pp 4" 60 "pipeline_$s.log" "$BIN" pipeline --model gpt2_124m --set train.device=cuda \
-         --set precision.dtype=bf16 --set train.batch_size=8 --set train.seq_len=1024 --set data.path=unused \
-         --schedule $s --pp 4 --microbatches 8
-    grep -iE "stage|predicted|bubble" "$LOGS/pipeline_$s.log" | head -12 | tee -a "$SUMMARY"
+  for cut in layers profile; do
+    for s in 1f1b zbh1; do
+      step "pipeline --model $s pp 4, pp_cut $cut" 60 "pipeline_${s}_$cut.log" "$BIN" pipeline --model gpt2_124m \
+           --set train.device=cuda --set precision.dtype=bf16 --set train.batch_size=8 --set train.seq_len=1024 \
+           --set data.path=unused --set parallel.pp_cut=$cut --schedule $s --pp 4 --microbatches 8
+      grep -iE "stage|predicted|bubble" "$LOGS/pipeline_${s}_$cut.log" | head -12 | tee -a "$SUMMARY"
+    done
   done
   pack
 fi
 
 if want lasp; then
   note "## lasp (one process, batch 1, GPT-2 124M shape)"
-  for t in 8192 32768; do
+  for t in ${LASP_SEQS:-4096 8192 16384 32768}; do
     for arch in linear gpt; do
       step "bench $arch seq $t" 60 "lasp_${arch}_$t.log" "$BIN" bench $(gpt2) --set model.arch=$arch --set model.block_size=$t \
            --set train.seq_len=$t --set train.batch_size=1 --steps 4 --warmup 2

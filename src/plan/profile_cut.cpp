@@ -40,13 +40,16 @@ struct Pass {
 
 // Forward, input gradient and weight gradients of one micro-batch as the pipeline splits them
 // (parallel/pipeline/split_backward.h), each the median of three timed runs after a warm-up; B is
-// I + W.
+// I + W. On CUDA, where a run takes milliseconds and the first ones after start-up run while the
+// clocks ramp (F of one stage measured 2.90 and 1.97 ms in two processes on an H100), the median
+// of seven after three warm-ups.
 pipeline::ActionCosts::Compute split_seconds(const c10::Device& device, const std::function<Pass()>& forward,
                                              const std::vector<at::Tensor>& params) {
   using Clock = std::chrono::steady_clock;
   auto seconds = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
   std::vector<double> f, i, w;
-  for (int run = 0; run < 4; ++run) {
+  const int warmups = device.is_cuda() ? 3 : 1, runs = warmups + (device.is_cuda() ? 7 : 3);
+  for (int run = 0; run < runs; ++run) {
     sync_device(device);
     const auto t0 = Clock::now();
     const Pass pass = forward();
@@ -58,7 +61,7 @@ pipeline::ActionCosts::Compute split_seconds(const c10::Device& device, const st
     split.weight_gradients();
     sync_device(device);
     const auto t3 = Clock::now();
-    if (run == 0) continue;  // the warm-up
+    if (run < warmups) continue;
     f.push_back(seconds(t0, t1));
     i.push_back(seconds(t1, t2));
     w.push_back(seconds(t2, t3));
