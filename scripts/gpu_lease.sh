@@ -6,7 +6,8 @@
 #     correct   the gpu-labelled tests; `make train`'s run on CUDA against the CPU reference run
 #               (final validation loss within 2%), resumed on CUDA from its step-300 checkpoint
 #     speed     GPT-2 124M, bf16, sequence 1024: tessera bench against PyTorch eager and
-#               torch.compile (bench/compare_pytorch.py), and tessera alone at larger batches
+#               torch.compile (bench/compare_pytorch.py) at each of COMPARE_BATCHES (default 16) over
+#               COMPARE_ROUNDS rounds (default 1), and tessera alone at larger batches
 #     trace     one traced step of each of tessera and the eager twin, summed per kernel class
 #     swap      GPT-2 124M resident, swapped under a device budget, and under ZeRO-3 and ZeRO-2 with
 #               offload, with and without clipping
@@ -108,10 +109,13 @@ fi
 
 if want speed; then
   note "## speed"
-  step "compare_pytorch gpt2_124m_1024 bf16 batch 16" 240 compare.log \
-       python3 "$ROOT/bench/compare_pytorch.py" "$BUILD" --cases gpt2_124m_1024 --device cuda --dtype bf16 \
-       --batch 16 --rounds 1 --out "$LOGS"
-  tail -8 "$LOGS/compare.log" | tee -a "$SUMMARY"
+  for b in ${COMPARE_BATCHES:-16}; do
+    mkdir -p "$LOGS/b$b"
+    step "compare_pytorch gpt2_124m_1024 bf16 batch $b" 240 "compare_b$b.log" \
+         python3 "$ROOT/bench/compare_pytorch.py" "$BUILD" --cases gpt2_124m_1024 --device cuda --dtype bf16 \
+         --batch "$b" --rounds "${COMPARE_ROUNDS:-1}" --out "$LOGS/b$b"
+    tail -8 "$LOGS/compare_b$b.log" | tee -a "$SUMMARY"
+  done
   for b in 32 64; do
     step "tessera bench batch $b" 60 bench_b$b.log "$BIN" bench $(gpt2) --set train.batch_size=$b --steps 10 --warmup 3
     tail -3 "$LOGS/bench_b$b.log" | tee -a "$SUMMARY"
