@@ -32,10 +32,7 @@ target_include_directories(tessera_torch SYSTEM INTERFACE
   ${TORCH_ROOT}/include ${TORCH_ROOT}/include/torch/csrc/api/include)
 target_compile_definitions(tessera_torch INTERFACE _GLIBCXX_USE_CXX11_ABI=${TORCH_CXX11_ABI})
 # c10d's ProcessGroupGloo.hpp includes Gloo's headers, which the wheel lacks: Debian's libgloo-dev
-# puts them in /usr/include, a bundle (TESSERA_BUNDLE) in its include/.
-if(TESSERA_BUNDLE)
-  target_include_directories(tessera_torch SYSTEM INTERFACE ${TESSERA_BUNDLE}/include)
-endif()
+# puts them in /usr/include.
 # libstdc++ first: the wheel's libtorch exports its own (older GCC) copies of std::filesystem
 # functions, and whichever library the loader searches first wins. With libtorch first, our
 # std::filesystem::remove_all ran libtorch's copy against this compiler's inline code and crashed.

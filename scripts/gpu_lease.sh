@@ -44,9 +44,11 @@ step() {
 }
 want() { [[ "$PARTS" == *",$1,"* ]]; }
 
-# The prebuilt binaries at the path compiled into the test programs (/work/main/build-gpu-check).
-[ -e /work/main ] || { mkdir -p /work && ln -s "$ROOT" /work/main; }
-BUILD=/work/main/build-gpu-check
+# The prebuilt binaries at the path compiled into the test programs (the build folder of the
+# checkout they were built in: that checkout's path leads to this repository).
+BUILD="$(cat "$ROOT/.gpu_prebuilt/BUILD_PATH")"
+SOURCE="$(dirname "$BUILD")"
+[ -e "$SOURCE" ] || { mkdir -p "$(dirname "$SOURCE")" && ln -s "$ROOT" "$SOURCE"; }
 mkdir -p "$BUILD" && tar xzf "$ROOT/.gpu_prebuilt/prebuilt.tgz" -C "$BUILD"
 TORCH_DIR="$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')"
 NVIDIA_LIBS="$(find "$(dirname "$TORCH_DIR")/nvidia" -name 'lib*.so*' -printf '%h\n' 2>/dev/null | sort -u | paste -sd:)"

@@ -1,28 +1,33 @@
 #!/usr/bin/env bash
 # Builds, on this machine, what a lent GPU machine runs (docs/gpu.md), and packs it into one archive
-# that a device call carries: a build there would cost minutes of a 15-minute lease.
+# that a device call carries: the machine has no Debian packages, and a build there would cost
+# minutes of a 15-minute lease.
 #
-#   scripts/gpu_prebuilt.sh [BUILD] [DIR]     (defaults: build-gpu-check, .gpu_prebuilt; both ignored)
+#   scripts/gpu_prebuilt.sh [BUILD] [DIR]     (defaults: build-gpu, .gpu_prebuilt; both ignored)
 #
-# BUILD is a TESSERA_CUDA=ON build (scripts/gpu_bundle.sh --check configures one). The archive
-# DIR/prebuilt.tgz holds, flat, the `tessera` binary, the gpu-labelled test programs and
-# tessera_profile_step, stripped, and in lib/ every shared library they load that the GPU machine's
-# image does not provide (OpenDHT and its dependencies, toml++): not glibc, libstdc++ or libgcc_s,
-# and not torch's or NVIDIA's libraries, which scripts/gpu_lease.sh finds in the machine's own torch.
-# The binaries and the copied libraries look in $ORIGIN/lib and $ORIGIN (patchelf).
-#
-# Unpacked as BUILD's path on the GPU machine (gpu_lease.sh links /work/main to the repository there),
-# the test programs find `tessera` and the sources at the paths compiled into them.
+# BUILD is configured with TESSERA_CUDA=ON (and the venv scripts/install.sh makes) unless it
+# already is. The archive DIR/prebuilt.tgz holds, flat, the `tessera` binary, the gpu-labelled test
+# programs and tessera_profile_step, stripped, and in lib/ every shared library they load that the
+# GPU machine's image does not provide (OpenDHT and its dependencies, toml++): not glibc, libstdc++
+# or libgcc_s, and not torch's or NVIDIA's libraries, which scripts/gpu_lease.sh finds in the
+# machine's own torch. The binaries and the copied libraries look in $ORIGIN/lib and $ORIGIN
+# (patchelf). DIR/BUILD_PATH names BUILD: the test programs find `tessera` and the sources at the
+# paths compiled into them, so gpu_lease.sh unpacks the archive there (linking this checkout's path
+# to the repository on the GPU machine).
 #
 # Also trains `make train`'s run on this machine's CPU (configs/tiny_gpt.toml, 600 steps, with the
 # CPU build in build/) into DIR/reference_cpu, the run a CUDA run's validation loss is held to.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-BUILD="$(realpath -m "${1:-$ROOT/build-gpu-check}")"
+BUILD="$(realpath -m "${1:-$ROOT/build-gpu}")"
 DIR="$(realpath -m "${2:-$ROOT/.gpu_prebuilt}")"
 TARGETS=(tessera test_gpu test_gpu_nccl test_data_parallel test_compression tessera_profile_step)
 
+if [ ! -f "$BUILD/CMakeCache.txt" ]; then
+  VENV="$(bash "$ROOT/scripts/install.sh" | sed -n 's/^TESSERA_VENV=//p')"
+  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DTESSERA_PYTHON="$VENV/bin/python" -DTESSERA_CUDA=ON
+fi
 cmake --build "$BUILD" --target "${TARGETS[@]}"
 STAGE="$(mktemp -d)"
 mkdir -p "$STAGE/lib"
@@ -47,6 +52,7 @@ for t in "${TARGETS[@]}"; do ldd "$STAGE/$t"; done | awk '$2 == "=>" && $3 ~ /^\
 rm -rf "$DIR"
 mkdir -p "$DIR"
 tar czf "$DIR/prebuilt.tgz" -C "$STAGE" .
+echo "$BUILD" >"$DIR/BUILD_PATH"
 rm -rf "$STAGE"
 echo "gpu_prebuilt: $(tar tzf "$DIR/prebuilt.tgz" | grep -c '^\./lib/.') libraries, $(du -h "$DIR/prebuilt.tgz" | cut -f1) in $DIR/prebuilt.tgz"
 
