@@ -190,7 +190,14 @@ void SwapStep::add_bench_fields(nlohmann::json& out) {
                  {"predicted_exposed_load_s", predicted.exposed_load},
                  {"load_s", predicted.load_time},
                  {"measured_exposed_load_s", swap::exposed_load(timeline())}};
-  // The last timed step's timeline: compute busy time, and what ran after the last compute.
+  // The last timed step's timeline: compute busy time, the host's updates, and what ran after the
+  // last compute; the updates as the plan prices them beside it.
+  auto update_time = [](const std::vector<swap::TimedAction>& actions) {
+    double s = 0;
+    for (const swap::TimedAction& t : actions)
+      if (t.action.op == swap::Op::Optim) s += t.end - t.start;
+    return s;
+  };
   double compute = 0, last_compute = 0, end = 0;
   for (const swap::TimedAction& t : timeline()) {
     end = std::max(end, t.end);
@@ -201,7 +208,9 @@ void SwapStep::add_bench_fields(nlohmann::json& out) {
   out["swap"]["measured_compute_s"] = compute;
   out["swap"]["measured_plan_s"] = end;
   out["swap"]["measured_tail_s"] = end - last_compute;
+  out["swap"]["measured_update_s"] = update_time(timeline());
   out["swap"]["predicted_compute_s"] = predicted.compute_time;
+  out["swap"]["predicted_update_s"] = update_time(predicted.actions);
 }
 
 }  // namespace tessera

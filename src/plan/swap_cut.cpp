@@ -12,6 +12,7 @@
 #include "memory/swap/swap_partition.h"
 #include "memory/swap/swap_simulate.h"
 #include "model/transformer.h"
+#include "optim/clipping.h"
 #include "optim/optimizer.h"
 #include "plan/memory_estimate.h"
 #include "plan/profile_cut.h"
@@ -19,19 +20,41 @@
 namespace tessera {
 namespace {
 
-// Host seconds per parameter of one optimizer step (the median of three after a warm-up).
-double optimizer_seconds_per_parameter(const OptimOptions& options, int64_t numel) {
-  at::Tensor p = at::randn({numel}, at::kFloat);
-  p.mutable_grad() = at::randn({numel}, at::kFloat);
-  auto optimizer = make_optimizer(options, {{"p", p}});
-  std::vector<double> times;
+// Host seconds per parameter of what the swap engine's host does with each parameter in a step,
+// the median of three after a warm-up, timed on a tensor of `numel` with fresh gradients each time:
+// `update`, SwapOwner::update (the optimizer's step, and the refresh of the bf16 copy when the link
+// carries copies); `gradients`, SwapOwner::gradients_stored (the norm over the host gradients and,
+// under clipping, their scaling). Timing the optimizer's step alone priced a GPT-2 124M swap's
+// host work at half what it took on an H100's host (docs/gpu.md).
+struct HostSeconds {
+  double update = 0, gradients = 0;
+};
+
+HostSeconds host_seconds_per_parameter(const Config& config, int64_t numel) {
+  at::Tensor p = at::randn({numel}, at::kFloat), g = at::empty({numel}, at::kFloat);
+  const bool copies = config.memory.swap_bf16_copies(config.precision.dtype);
+  at::Tensor copy = copies ? at::empty({numel}, at::kBFloat16) : at::Tensor();
+  auto optimizer = make_optimizer(config.optim, {{"p", p}});
+  using Clock = std::chrono::steady_clock;
+  auto seconds = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+  std::vector<double> update, gradients;
   for (int i = 0; i < 4; ++i) {
-    const auto start = std::chrono::steady_clock::now();
+    g.normal_();  // above any clipping norm, so the scaling runs as it would
+    const auto t0 = Clock::now();
+    clip_gradients({g}, config.optim.grad_clip);
+    const auto t1 = Clock::now();
+    p.mutable_grad() = g;
     optimizer->step(1e-4);
-    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    optimizer->zero_grad();
+    if (copies) copy.copy_(p);
+    const auto t2 = Clock::now();
+    if (i == 0) continue;
+    gradients.push_back(seconds(t0, t1));
+    update.push_back(seconds(t1, t2));
   }
-  std::sort(times.begin() + 1, times.end());
-  return times[2] / static_cast<double>(numel);
+  std::sort(update.begin(), update.end());
+  std::sort(gradients.begin(), gradients.end());
+  return {update[1] / static_cast<double>(numel), gradients[1] / static_cast<double>(numel)};
 }
 
 // Bytes per second of a 64 MiB copy into freshly allocated memory on the CPU: the fastest a CPU
@@ -80,7 +103,7 @@ SwapCosts measure_swap_costs(const Config& config, c10::Device device) {
     else ends += item.value().numel();
   }
   for (int64_t n : numel) largest = std::max(largest, n);
-  const double optim_per_param = optimizer_seconds_per_parameter(config.optim, std::max(largest, ends));
+  const HostSeconds host = host_seconds_per_parameter(config, std::max(largest, ends));
   const BlockCosts profile = profile_blocks(config, device);
   for (int64_t l = 0; l < m.n_layer; ++l) {
     swap::SubModel& b = c.blocks[static_cast<size_t>(l)];
@@ -96,10 +119,13 @@ SwapCosts measure_swap_costs(const Config& config, c10::Device device) {
     if (l + 1 == m.n_layer) seconds += profile.head_seconds;
     b.forward_s = seconds / 3;
     b.backward_s = 2 * seconds / 3;
-    b.optim_s = optim_per_param * static_cast<double>(numel[static_cast<size_t>(l)]);
+    b.optim_s = host.update * static_cast<double>(numel[static_cast<size_t>(l)]);
   }
   c.ends.parameter_bytes = c.ends.gradient_bytes = 4.0 * static_cast<double>(ends);
-  c.ends.optim_s = optim_per_param * static_cast<double>(ends);
+  c.ends.optim_s = host.update * static_cast<double>(ends);
+  int64_t total = ends;
+  for (int64_t n : numel) total += n;
+  c.gradients_stored_s = host.gradients * static_cast<double>(total);
   c.bandwidth = device.is_cuda() ? measured_bandwidth(device)
                                  : std::min(config.memory.modelled_bandwidth_gbps * 1e9, measured_memcpy_bandwidth());
   require(device.is_cuda() || config.memory.modelled_bandwidth_gbps > 0, "memory.modelled_bandwidth_gbps = 0 (unthrottled) leaves the swap planner no link to "
@@ -115,6 +141,7 @@ swap::SwapPlan plan_swap(const Config& config, const SwapCosts& costs, int64_t d
   shape.micro_batches = config.train.accumulation(dp);
   shape.defer_optim = config.optim.grad_clip > 0 || dp > 1;
   shape.load_fraction = config.memory.swap_bf16_copies(config.precision.dtype) ? 0.5 : 1.0;
+  shape.gradients_stored_s = costs.gradients_stored_s;
   const std::vector<int64_t>& hand = config.memory.swap_blocks;
   if (hand.empty()) return swap::partition_swap_plan(costs.blocks, shape);
   std::vector<int64_t> boundaries{0};

@@ -5,8 +5,9 @@
 // declarations on the meta device: nothing is allocated), its forward and backward time and its
 // activation bytes per micro-batch (plan/profile_cut.h's profile_blocks: forward + backward split
 // 1 : 2; activations at least the block's float32 output, which the next block keeps), the embedding's and the head's time folded into the first and last block; the ends'
-// bytes (wte, wpe, ln_f); the host optimizer's time per parameter, measured by stepping
-// optim.name over a tensor the size of the largest block; the link's bandwidth: on CUDA measured
+// bytes (wte, wpe, ln_f); the host's time per parameter for an update (optim.name's step and the
+// bf16 copy's refresh) and for the pass over the gradients (norm, clipping), measured on a tensor
+// the size of the largest block or the ends; the link's bandwidth: on CUDA measured
 // (a 64 MiB pinned host-to-device copy), on a CPU device memory.modelled_bandwidth_gbps or, where
 // lower, the measured speed of a 64 MiB copy into fresh memory (the CPU link's copies are real
 // memcpy, which no modelled bandwidth can beat).
@@ -28,7 +29,8 @@ namespace tessera {
 struct SwapCosts {
   std::vector<swap::SubModel> blocks;  // one per block
   swap::SubModel ends;
-  double bandwidth = 0;  // bytes per second
+  double bandwidth = 0;           // bytes per second
+  double gradients_stored_s = 0;  // the host's pass over every gradient (swap::SwapPlan's)
 };
 
 SwapCosts measure_swap_costs(const Config& config, c10::Device device);

@@ -81,6 +81,9 @@ struct SwapPlan {
   double load_fraction = 1;        // link bytes of a LOAD per device parameter byte (0.5: bf16 copies)
   int64_t micro_batches = 1;
   bool defer_optim = false;        // every OPTIM after the last STORE_GRAD (clipping)
+  // Host seconds of the step's pass over every host gradient (the norm, and under clipping their
+  // scaling): on the host stream before the first OPTIM when deferred, else after the step.
+  double gradients_stored_s = 0;
   std::vector<Action> actions;     // in issue order
 
   int64_t size() const { return static_cast<int64_t>(subs.size()); }

@@ -17,6 +17,7 @@ SwapTimeline simulate_swap_plan(const SwapPlan& plan) {
   std::vector<double> loaded(n + 1, 0), computed(n + 1, 0), stored(n + 1, 0);
   double evicted = 0;       // the latest EVICT issued so far
   double all_stored = 0;    // the latest STORE_GRAD so far (deferred updates wait for it)
+  bool gradients_passed = false;  // deferred: the pass over the gradients is on the host stream
   for (const Action& a : plan.actions) {
     const SubModel& s = plan.sub(a.sub);
     const size_t k = slot(a.sub);
@@ -39,6 +40,11 @@ SwapTimeline simulate_swap_plan(const SwapPlan& plan) {
       case Op::Optim:
         ready = plan.defer_optim ? all_stored : stored[k];
         cost = s.optim_s;
+        if (plan.defer_optim && !gradients_passed) {  // the norm (and scaling) runs first
+          double& host = free_at[Stream::host];
+          host = std::max(host, all_stored) + plan.gradients_stored_s;
+          gradients_passed = true;
+        }
         break;
       case Op::Evict:
         ready = std::max(computed[k], stored[k]);
@@ -73,6 +79,7 @@ SwapTimeline simulate_swap_plan(const SwapPlan& plan) {
     t.actions.push_back({a, start, end});
     t.step_time = std::max(t.step_time, end);
   }
+  if (!plan.defer_optim) t.step_time += plan.gradients_stored_s;  // the norm, once everything ended
   return t;
 }
 

@@ -13,7 +13,8 @@
 //   gradients it makes must not meet the stored ones)
 // LOAD takes parameter_bytes x load_fraction / bandwidth, STORE_GRAD gradient_bytes / bandwidth, COMPUTE and OPTIM
 // their sub-model's times; EVICT takes no time and holds no stream (it happens when both are
-// true).
+// true). The pass over the host gradients (plan.gradients_stored_s) holds the host stream before
+// the first deferred OPTIM, or, with no OPTIM deferred, ends the step.
 #pragma once
 
 #include <vector>

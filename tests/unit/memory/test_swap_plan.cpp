@@ -138,5 +138,29 @@ TEST(SwapPlan, MicroBatchesKeepSubModelZeroAcrossTheBottomTurnAndClippingDefersT
   EXPECT_GE(first_optim, last_store);
 }
 
+// The host's pass over every gradient (norm, clipping's scaling) holds the host stream: deferred
+// updates start that long after the last store, and without deferral it ends the step.
+TEST(SwapPlan, ThePassOverTheGradientsIsPriced) {
+  auto first_optim_and_step = [](SwapPlan plan) {
+    const SwapTimeline t = simulate_swap_plan(plan);
+    double last_store = 0, first_optim = 1e30;
+    for (const TimedAction& a : t.actions) {
+      if (a.action.op == Op::StoreGrad) last_store = std::max(last_store, a.end);
+      if (a.action.op == Op::Optim) first_optim = std::min(first_optim, a.start);
+    }
+    return std::vector<double>{last_store, first_optim, t.step_time};
+  };
+  SwapPlan deferred = plan_of(equal_subs(3, 10, 1, 1), 1e9, 1, 1, /*defer_optim=*/true);
+  const std::vector<double> before = first_optim_and_step(deferred);
+  deferred.gradients_stored_s = 5;
+  const std::vector<double> after = first_optim_and_step(deferred);
+  EXPECT_DOUBLE_EQ(after[1], std::max(before[1], before[0] + 5));
+  EXPECT_DOUBLE_EQ(after[2], before[2] + (after[1] - before[1]));
+  SwapPlan overlapped = plan_of(equal_subs(3, 10, 1, 1), 1e9, 1);
+  const double step = simulate_swap_plan(overlapped).step_time;
+  overlapped.gradients_stored_s = 5;
+  EXPECT_DOUBLE_EQ(simulate_swap_plan(overlapped).step_time, step + 5);
+}
+
 }  // namespace
 }  // namespace tessera::swap
