@@ -21,5 +21,6 @@ Command add_pipeline_command(CLI::App& app);
 Command add_swap_plan_command(CLI::App& app);
 Command add_peer_command(CLI::App& app);
 Command add_swarm_command(CLI::App& app);
+Command add_doctor_command(CLI::App& app);
 
 }  // namespace tessera::cli

@@ -18,7 +18,7 @@ int main(int argc, char** argv) {
                    tessera::cli::add_export_command, tessera::cli::add_inspect_command,
                    tessera::cli::add_import_command, tessera::cli::add_pipeline_command,
                    tessera::cli::add_swap_plan_command, tessera::cli::add_peer_command,
-                   tessera::cli::add_swarm_command}) {
+                   tessera::cli::add_swarm_command, tessera::cli::add_doctor_command}) {
     size_t before = app.get_subcommands({}).size();
     auto run = add(app);
     commands.emplace_back(app.get_subcommands({})[before], run);

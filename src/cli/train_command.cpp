@@ -15,6 +15,7 @@
 #include "cli/commands.h"
 #include "cli/launcher.h"
 #include "comm/device.h"
+#include "comm/flight_recorder.h"
 #include "comm/mesh.h"
 #include "core/error.h"
 #include "core/fs.h"
@@ -170,8 +171,14 @@ Command add_train_command(CLI::App& app) {
     check_same_config(config, mesh->world());
     check_shared_run_dir(out, mesh->world(), config.checkpoint.gather);
     stop_request::install();
-    Trainer trainer(config, out, TrainStart{args->resume, init_from}, mesh.get());
-    TrainSummary summary = trainer.run();
+    TrainSummary summary;
+    try {
+      Trainer trainer(config, out, TrainStart{args->resume, init_from}, mesh.get());
+      summary = trainer.run();
+    } catch (const std::exception& e) {  // what every group was doing, for `tessera doctor`
+      if (mesh->world_size() > 1) comm::write_flight_record(out, launch.rank, e.what());
+      throw;
+    }
     if (!summary.stopped.empty()) {
       if (launch.rank == 0)
         std::printf("stopped: %lld of %lld steps (%s), checkpoint %s\n", static_cast<long long>(summary.steps),

@@ -19,6 +19,7 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include "comm/flight_recorder.h"
 #include "core/error.h"
 
 namespace tessera::comm {
@@ -93,9 +94,12 @@ struct Group::Impl {
   }
 
   // Runs `body` (which may throw c10::Error/std::exception from the backend), naming the op on failure.
+  // A failed operation stays open in the flight record: it is what this rank was in.
   void guarded(const std::string& op, const std::function<void()>& body) {
+    const int64_t flight = flight_started(name, op);
     try {
       body();
+      flight_ended(name, flight);
     } catch (const Error&) {
       failed = true;
       throw;
@@ -262,6 +266,7 @@ Group::Group(std::string name, std::vector<int64_t> ranks, int64_t rank, c10::in
   impl_->backend = std::move(backend);
   impl_->timeout = timeout;
   impl_->device = device;
+  flight_group(impl_->name, impl_->ranks);
   impl_->thread = std::thread([impl = impl_] { impl->run_queue(); });
 }
 

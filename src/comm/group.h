@@ -10,6 +10,8 @@
 // - A failure (a dead peer, a timeout after parallel.timeout_s) surfaces from Work::wait as a
 //   tessera::Error naming the global rank, the group and the operation. After a failure the group
 //   is unusable; the caller is expected to end the process.
+// - Every operation is recorded in the flight recorder (comm/flight_recorder.h) when it starts and
+//   when it ends; a failed one stays open there, as what this rank was in.
 // - A group of size 1 has no backend: every collective is the identity (or a copy).
 // - Gloo has no real reduce-scatter (c10d emulates it with a full all-reduce); reduce_scatter
 //   on a Gloo group is a ring over send/recv that sends (N-1)/N of the input per rank. Gloo

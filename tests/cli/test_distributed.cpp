@@ -504,6 +504,16 @@ TEST(DistributedTrain, AStalledPipelineStageIsNamedByTheOthers) {
   EXPECT_NE(said.find("rank 1 sent no heartbeat"), std::string::npos) << said;
   EXPECT_LT(seconds, 90) << result.output;
   for (int r = 0; r < 3; ++r) EXPECT_EQ(find_worker(out, r), -1) << "rank " << r << " still running";
+  // The ranks that timed out wrote their flight records; the stalled one could not, and the doctor
+  // names it as the rank the others waited for.
+  EXPECT_TRUE(exists(out + "/flight/rank_0.json"));
+  EXPECT_TRUE(exists(out + "/flight/rank_2.json"));
+  EXPECT_FALSE(exists(out + "/flight/rank_1.json"));
+  const CommandResult doctor = run_tessera("doctor " + out);
+  EXPECT_EQ(doctor.exit_code, 0) << doctor.output;
+  for (const char* needle : {"flight records of 2 of 3 ranks; rank 1 wrote none", "running for",
+                             "where the run stopped: rank 1 (no record); ranks 0, 2 waited for it"})
+    EXPECT_NE(doctor.output.find(needle), std::string::npos) << "missing '" << needle << "' in:\n" << doctor.output;
 }
 
 // The launcher killed outright (SIGKILL: no chance to stop its workers) takes its workers with it
