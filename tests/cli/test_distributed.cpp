@@ -476,6 +476,11 @@ TEST(DistributedTrain, KilledRankStopsEveryWorkerAndNamesIt) {
   EXPECT_LT(seconds, 90) << result.output;
   EXPECT_EQ(find_worker(out, 0), -1) << "rank 0 still running";
   EXPECT_EQ(find_worker(out, 2), -1) << "rank 2 still running";
+  // The survivors' collectives failed on the closed connection before the launcher's grace ran
+  // out: they wrote flight records, and the doctor names the killed rank.
+  const CommandResult doctor = run_tessera("doctor " + out);
+  EXPECT_NE(doctor.output.find("where the run stopped: rank 1 (no record); ranks 0, 2 waited for it"), std::string::npos)
+      << doctor.output;
 }
 
 // A pipeline stage that stalls mid-schedule (SIGSTOP: alive, silent): the stages waiting on it end
