@@ -9,6 +9,8 @@
 #include <iostream>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "comm/rendezvous.h"
 #include "core/error.h"
 #include "train/stop_request.h"
@@ -57,12 +59,97 @@ std::string tail_of(const std::string& path, size_t max_lines) {
 
 }  // namespace
 
-int launch_workers(const LaunchOptions& o, const std::string& run_dir, double stop_grace_s) {
+namespace {
+
+// One round of workers: spawned, supervised to their end, and the launcher's exit code.
+struct Round {
+  int code = 0;
+  bool failed = false;  // a worker failed (not a stop, not an interrupt): a restart may follow
+  std::string failure;  // "rank 1 (pid ...) killed by signal 9 (SIGKILL)"
+};
+
+Round run_workers(const LaunchOptions& o, int nproc, const std::string& host, int port, comm::ListenSocket store,
+                  const std::vector<std::string>& argv, const std::string& run_dir, double stop_grace_s) {
+  const int world = nproc * o.nnodes;
+  const std::string log_dir = run_dir + "/logs";
+  std::vector<pid_t> pids;
+  std::vector<std::string> outputs;
+  for (int local = 0; local < nproc; ++local) {
+    const int rank = o.node_rank * nproc + local;
+    comm::LaunchInfo worker;
+    worker.rank = rank;
+    worker.world_size = world;
+    worker.local_rank = local;
+    worker.local_world_size = nproc;
+    worker.master_addr = host;
+    worker.master_port = port;
+    ChildSpec spec;
+    spec.argv = argv;
+    spec.own_process_group = true;
+    spec.env = comm::worker_environment(worker, store.fd);
+    if (rank == 0) spec.inherit_fd = store.fd;
+    if (local != 0) spec.output_file = log_dir + "/rank_" + std::to_string(rank) + ".out";
+    outputs.push_back(spec.output_file);
+    pids.push_back(spawn(spec));
+  }
+  if (store.fd >= 0) ::close(store.fd);
+  std::cerr << "tessera: started ranks " << o.node_rank * nproc << ".." << o.node_rank * nproc + nproc - 1 << " of "
+            << world << " (store " << host << ":" << port << "); other ranks' output in " << log_dir << "/\n";
+
+  SuperviseOptions options;
+  options.interrupted = &g_interrupted;
+  options.interrupt_grace_s = stop_grace_s;
+  options.ok_codes = {0, kStoppedExitCode};
+  const SuperviseResult result = supervise(pids, options);
+  bool all_stopped = true;
+  for (const ChildExit& exit : result.exits) all_stopped = all_stopped && exit.code == kStoppedExitCode;
+  if (all_stopped) {
+    std::cerr << "tessera: the workers stopped early with a checkpoint; continue with `tessera train --resume " << run_dir
+              << "`\n";
+    return {kStoppedExitCode};
+  }
+  if (result.interrupted && result.first_failure < 0) {
+    std::cerr << "tessera: interrupted; the workers did not all stop with a checkpoint within " << stop_grace_s
+              << " s (parallel.timeout_s) and were stopped\n";
+    return {130};
+  }
+  if (result.first_failure >= 0) {
+    const int i = result.first_failure;
+    const ChildExit& exit = result.exits[static_cast<size_t>(i)];
+    Round round{exit.code > 0 ? exit.code : 1, !result.interrupted};
+    round.failure = "rank " + std::to_string(o.node_rank * nproc + i) + " (pid " +
+                    std::to_string(pids[static_cast<size_t>(i)]) + ") " + exit.describe();
+    std::cerr << "error: " << round.failure << "; stopped the other workers\n";
+    if (!outputs[static_cast<size_t>(i)].empty())
+      std::cerr << "last lines of " << outputs[static_cast<size_t>(i)] << ":\n"
+                << tail_of(outputs[static_cast<size_t>(i)], 12);
+    return round;
+  }
+  return {0};
+}
+
+// The step of the run's latest checkpoint (RUN_DIR/checkpoints/latest names step_N), or -1.
+int64_t latest_checkpoint_step(const std::string& run_dir) {
+  std::ifstream in(run_dir + "/checkpoints/latest");
+  std::string name;
+  if (!(in >> name) || name.rfind("step_", 0) != 0 || !fs::is_directory(run_dir + "/checkpoints/" + name)) return -1;
+  try {
+    return std::stoll(name.substr(5));
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+}  // namespace
+
+int launch_workers(const LaunchOptions& o, const std::string& run_dir, double stop_grace_s, const Restarts& restarts) {
   require(o.nproc >= 1, "--nproc must be at least 1 (got ", o.nproc, ")");
   require(o.nnodes >= 1, "--nnodes must be at least 1 (got ", o.nnodes, ")");
   require(o.node_rank >= 0 && o.node_rank < o.nnodes, "--node-rank ", o.node_rank, " is outside 0..", o.nnodes - 1);
   require(o.nnodes == 1 || !o.master.empty(), "--nnodes ", o.nnodes,
           " needs --master HOST:PORT (the address of node 0, where rank 0 serves the rendezvous store)");
+  require(restarts.max == 0 || o.nnodes == 1, "parallel.max_restarts = ", restarts.max, " restarts the workers of one "
+          "node; with --nnodes ", o.nnodes, " the nodes' launchers cannot agree on the survivors yet: set it to 0");
   std::string host = "127.0.0.1";
   int port = 0;
   if (!o.master.empty()) {
@@ -77,14 +164,7 @@ int launch_workers(const LaunchOptions& o, const std::string& run_dir, double st
     require(port > 0 && port < 65536 && (o.nnodes == 1 || port != 0), "--master \"", o.master,
             "\": the port must be in 1..65535");
   }
-  const int world = o.nproc * o.nnodes;
-  comm::ListenSocket store;
-  if (o.node_rank == 0) {
-    store = comm::listen_on(host, port);
-    port = store.port;
-  }
-  const std::string log_dir = run_dir + "/logs";
-  fs::create_directories(log_dir);
+  fs::create_directories(run_dir + "/logs");
 
   struct sigaction action {};
   action.sa_handler = on_signal;
@@ -92,60 +172,36 @@ int launch_workers(const LaunchOptions& o, const std::string& run_dir, double st
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
 
-  const std::vector<std::string> argv = worker_command_line();
-  std::vector<pid_t> pids;
-  std::vector<std::string> outputs;
-  for (int local = 0; local < o.nproc; ++local) {
-    const int rank = o.node_rank * o.nproc + local;
-    comm::LaunchInfo worker;
-    worker.rank = rank;
-    worker.world_size = world;
-    worker.local_rank = local;
-    worker.local_world_size = o.nproc;
-    worker.master_addr = host;
-    worker.master_port = port;
-    ChildSpec spec;
-    spec.argv = argv;
-    spec.own_process_group = true;
-    spec.env = comm::worker_environment(worker, store.fd);
-    if (rank == 0) spec.inherit_fd = store.fd;
-    if (local != 0) spec.output_file = log_dir + "/rank_" + std::to_string(rank) + ".out";
-    outputs.push_back(spec.output_file);
-    pids.push_back(spawn(spec));
+  std::vector<std::string> argv = worker_command_line();
+  int nproc = o.nproc;
+  for (int64_t restart = 1;; ++restart) {
+    comm::ListenSocket store;
+    int round_port = port;
+    if (o.node_rank == 0) {
+      store = comm::listen_on(host, restart == 1 ? port : 0);  // a restart takes a fresh port
+      round_port = store.port;
+    }
+    const Round round = run_workers(o, nproc, host, round_port, store, argv, run_dir, stop_grace_s);
+    if (!round.failed || restart > restarts.max) return round.code;
+    // Restart: the workers that are left, in whole data-parallel replicas, from the last checkpoint.
+    const int64_t step = latest_checkpoint_step(run_dir);
+    const int next = static_cast<int>((nproc - 1) / restarts.model_parallel * restarts.model_parallel);
+    if (step < 0 || next < 1) {
+      std::cerr << "tessera: not restarting (parallel.max_restarts): "
+                << (step < 0 ? "the run has no checkpoint in " + run_dir + "/checkpoints to continue from"
+                             : "no whole replica of " + std::to_string(restarts.model_parallel) + " ranks is left")
+                << "\n";
+      return round.code;
+    }
+    std::cerr << "tessera: restart " << restart << " of " << restarts.max << ": " << round.failure
+              << "; continuing from checkpoint step " << step << " on " << next << " workers (parallel.dp "
+              << next / restarts.model_parallel << ")\n";
+    std::ofstream(run_dir + "/metrics.jsonl", std::ios::app)
+        << nlohmann::json{{"step", step}, {"restart", restart}, {"world", next}, {"failure", round.failure}}.dump()
+        << "\n";
+    argv = {argv.front(), "train", "--resume", run_dir, "--set", "parallel.dp=0"};
+    nproc = next;
   }
-  if (store.fd >= 0) ::close(store.fd);
-  std::cerr << "tessera: started ranks " << o.node_rank * o.nproc << ".." << o.node_rank * o.nproc + o.nproc - 1
-            << " of " << world << " (store " << host << ":" << port << "); other ranks' output in " << log_dir
-            << "/\n";
-
-  SuperviseOptions options;
-  options.interrupted = &g_interrupted;
-  options.interrupt_grace_s = stop_grace_s;
-  options.ok_codes = {0, kStoppedExitCode};
-  const SuperviseResult result = supervise(pids, options);
-  bool all_stopped = true;
-  for (const ChildExit& exit : result.exits) all_stopped = all_stopped && exit.code == kStoppedExitCode;
-  if (all_stopped) {
-    std::cerr << "tessera: the workers stopped early with a checkpoint; continue with `tessera train --resume " << run_dir
-              << "`\n";
-    return kStoppedExitCode;
-  }
-  if (result.interrupted && result.first_failure < 0) {
-    std::cerr << "tessera: interrupted; the workers did not all stop with a checkpoint within " << stop_grace_s
-              << " s (parallel.timeout_s) and were stopped\n";
-    return 130;
-  }
-  if (result.first_failure >= 0) {
-    const int i = result.first_failure;
-    const ChildExit& exit = result.exits[static_cast<size_t>(i)];
-    std::cerr << "error: rank " << o.node_rank * o.nproc + i << " (pid " << pids[static_cast<size_t>(i)] << ") "
-              << exit.describe() << "; stopped the other workers\n";
-    if (!outputs[static_cast<size_t>(i)].empty())
-      std::cerr << "last lines of " << outputs[static_cast<size_t>(i)] << ":\n"
-                << tail_of(outputs[static_cast<size_t>(i)], 12);
-    return exit.code > 0 ? exit.code : 1;
-  }
-  return 0;
 }
 
 }  // namespace tessera::cli

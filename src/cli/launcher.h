@@ -24,7 +24,19 @@ struct LaunchOptions {
   std::string master;  // host:port of the store; default 127.0.0.1 with a free port (one node only)
 };
 
+// Elastic restart (parallel.max_restarts, one node only): when a worker fails (not a stop or an
+// interrupt), the launcher starts the run again as `train --resume RUN_DIR --set parallel.dp=0` on
+// the workers that are left, in whole data-parallel replicas of `model_parallel` ranks (world / dp),
+// from the run's latest checkpoint, at most `max` times; each restart appends
+// {"step", "restart", "world", "failure"} to metrics.jsonl. The global batch stays the same when
+// train.global_batch_size is set (the micro-batches per step grow), else it shrinks with dp.
+struct Restarts {
+  int64_t max = 0;
+  int64_t model_parallel = 1;
+};
+
 // Runs the workers to completion; returns the launcher's exit code.
-int launch_workers(const LaunchOptions& options, const std::string& run_dir, double stop_grace_s);
+int launch_workers(const LaunchOptions& options, const std::string& run_dir, double stop_grace_s,
+                   const Restarts& restarts = {});
 
 }  // namespace tessera::cli

@@ -156,7 +156,9 @@ Command add_train_command(CLI::App& app) {
     require(!lead || !resume_elsewhere, "train --resume ", args->resume,
             ": does not exist here, on the node of rank 0, which holds the run's checkpoints");
     const std::unique_ptr<RunLock> lock = lead ? claim_run_dir(out, claim) : nullptr;
-    if (launching) return launch_workers(args->launch, out, config.parallel.timeout_s);
+    if (launching)
+      return launch_workers(args->launch, out, config.parallel.timeout_s,
+                            Restarts{config.parallel.max_restarts, dims.world_size() / dims.dp()});
 
     const c10::Device device = comm::select_device(config.train.device, launch);  // one GPU per local rank
     if (device.is_cuda() && !config.memory.swap)

@@ -28,6 +28,7 @@ struct ParallelOptions {
   bool zero3_reshard_per_microbatch = false;  // pp > 1, ZeRO-3: gather a stage around each action
   double bucket_mb = 4;        // gradient bucket size for overlapped reduction
   double timeout_s = 120;      // a collective or rendezvous that takes longer fails, naming the rank
+  int64_t max_restarts = 0;    // launcher: restarts on the surviving workers from the last checkpoint
   std::string backend = "auto";  // auto (gloo on CPU, nccl on CUDA), gloo, nccl
   bool offload = false;          // optimizer state and step on the CPU (ZeRO-Offload)
   std::string grad_compression = "none";  // none, bf16, fp16, powersgd, topk
@@ -75,6 +76,10 @@ struct ParallelOptions {
       "them again after (less memory, one all-gather per action) instead of once per step");
     v("bucket_mb", bucket_mb, "gradient bucket size in MB for reduction overlapped with backward", above(0, 65536));
     v("timeout_s", timeout_s, "seconds before a stuck rendezvous or collective fails every rank", above(0, 1e6));
+    v("max_restarts", max_restarts,
+      "times the launcher (--nproc, one node) restarts a failed run on its surviving workers from the last "
+      "checkpoint, data parallelism shrunk to fit",
+      between(0, 1000));
     v("backend", backend, "auto (gloo on CPU, nccl on CUDA), gloo or nccl");
     v("offload", offload,
       "keep optimizer state and run the optimizer step on the CPU (ZeRO-Offload; needs zero_stage 1-3 and AdamW)");

@@ -483,6 +483,43 @@ TEST(DistributedTrain, KilledRankStopsEveryWorkerAndNamesIt) {
       << doctor.output;
 }
 
+// parallel.max_restarts: the run of a killed worker continues on the two that are left, from the
+// last checkpoint, with the same global batch (two micro-batches per step become three), and the
+// restart is in metrics.jsonl.
+TEST(DistributedTrain, AKilledWorkersRunRestartsOnTheSurvivors) {
+  const std::string out = fresh_dir("restart");
+  const SignalledRun run = run_and_signal("train --config tiny_gpt --nproc 3" + settings(2, 40) +
+                                              " --set train.global_batch_size=12 --set checkpoint.every=2"
+                                              " --set parallel.max_restarts=1 --set parallel.timeout_s=20",
+                                          out, 1, SIGKILL);
+  const CommandResult& result = run.result;
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("tessera: restart 1 of 1: rank 1 (pid " + std::to_string(run.victim) +
+                               ") killed by signal 9 (SIGKILL); continuing from checkpoint step "),
+            std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("on 2 workers (parallel.dp 2)"), std::string::npos) << result.output;
+  int restarts = 0;
+  int64_t restarted_at = -1, last = 0;
+  std::map<int64_t, int> logged;  // step -> loss lines
+  for (const auto& line : metrics_lines(out)) {
+    if (line.contains("restart")) {
+      ++restarts;
+      restarted_at = line["step"];
+      EXPECT_EQ(line["world"], 2);
+    } else if (line.contains("loss")) {
+      ++logged[line["step"].get<int64_t>()];
+      last = std::max<int64_t>(last, line["step"]);
+      EXPECT_TRUE(std::isfinite(line["loss"].get<double>()));
+    }
+  }
+  EXPECT_EQ(restarts, 1);
+  EXPECT_GE(restarted_at, 2);
+  EXPECT_EQ(last, 40);
+  for (const auto& [step, count] : logged) EXPECT_EQ(count, 1) << "step " << step << " logged " << count << " times";
+  EXPECT_EQ(slurp(out + "/checkpoints/latest").substr(0, 7), "step_40");
+}
+
 // A pipeline stage that stalls mid-schedule (SIGSTOP: alive, silent): the stages waiting on it end
 // within parallel.timeout_s with an error naming the stalled rank and the action they waited on,
 // and the launcher stops every worker.
