@@ -8,7 +8,8 @@
 #     speed     GPT-2 124M, bf16, sequence 1024: tessera bench against PyTorch eager and
 #               torch.compile (bench/compare_pytorch.py) at each of COMPARE_BATCHES (default 16) over
 #               COMPARE_ROUNDS rounds (default 1), and tessera alone at larger batches
-#     trace     one traced step of each of tessera and the eager twin, summed per kernel class
+#     trace     three traced steps of each of tessera and the eager twin (batch 16), summed per
+#               kernel class (bench/trace_summary.py)
 #     swap      GPT-2 124M resident, swapped under a device budget, and under ZeRO-3 and ZeRO-2 with
 #               offload, with and without clipping
 #     pipeline  `tessera pipeline --model` on the device: per-stage F, I, W and a predicted pp 4 step,
