@@ -147,7 +147,7 @@ std::string diagnose_flight_records(const std::vector<nlohmann::json>& records, 
   // Per rank: what it was in when it wrote, and its last finished operation; the time of its last
   // activity (a finished operation's end, a running one's start).
   std::map<int64_t, double> last_activity;
-  std::map<int64_t, std::set<int64_t>> waited_on;  // rank -> the silent ranks of groups it was waiting in
+  std::vector<int64_t> waiting;  // ranks that were in an operation of a group with a silent rank
   for (const auto& r : records) {
     const int64_t rank = r["rank"];
     const double written = r["written"];
@@ -169,8 +169,10 @@ std::string diagnose_flight_records(const std::vector<nlohmann::json>& records, 
           running = true;
           out << "  in " << group << " (ranks " << rank_list(members) << "): " << o.value("op", "?") << " (#"
               << o.value("seq", -1) << "), running for " << seconds_text(written - start) << "\n";
-          for (int64_t s : silent)
-            if (std::find(members.begin(), members.end(), s) != members.end()) waited_on[rank].insert(s);
+          const bool with_silent = std::any_of(silent.begin(), silent.end(), [&](int64_t s) {
+            return std::find(members.begin(), members.end(), s) != members.end();
+          });
+          if (with_silent && (waiting.empty() || waiting.back() != rank)) waiting.push_back(rank);
         } else if (o["end"].get<double>() > last_end) {
           last_end = o["end"].get<double>();
           last_op = group + ": " + o.value("op", "?") + " (#" + std::to_string(o.value("seq", -1)) + ")";
@@ -186,8 +188,6 @@ std::string diagnose_flight_records(const std::vector<nlohmann::json>& records, 
   out << "where the run stopped: ";
   if (!silent.empty()) {
     out << "rank" << (silent.size() > 1 ? "s " : " ") << rank_list(silent) << " (no record)";
-    std::vector<int64_t> waiting;
-    for (const auto& [rank, on] : waited_on) waiting.push_back(rank);
     if (!waiting.empty())
       out << "; rank" << (waiting.size() > 1 ? "s " : " ") << rank_list(waiting) << " waited for "
           << (silent.size() > 1 ? "them" : "it") << " in the operations above";
