@@ -11,6 +11,7 @@
 #include <c10/util/accumulate.h>
 
 #include "core/error.h"
+#include "core/fault_injection.h"
 #include "core/json_file.h"
 #include "core/fs.h"
 
@@ -299,6 +300,7 @@ std::string commit_checkpoint(const std::string& checkpoints_dir, int64_t step, 
   } else {
     write_safetensors((partial / kModelFile).string(), contents.model, {{"format", "pt"}});
   }
+  fault::point("checkpoint.write");
   if (shards == 0) write_safetensors((partial / kOptimizerFile).string(), contents.optimizer);
   for (const auto& file : contents.extra_files) {
     fs::path target = partial / fs::path(file).filename();
@@ -480,6 +482,25 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer, c
     for (const auto& [name, t] : out.compression.back()) check_state_tensor(file, name, t);
   }
   return out;
+}
+
+std::vector<std::string> remove_interrupted_saves(const std::string& checkpoints_dir) {
+  std::vector<std::string> removed;
+  if (!fs::is_directory(checkpoints_dir)) return removed;
+  for (const auto& entry : fs::directory_iterator(checkpoints_dir)) {
+    const std::string name = entry.path().filename().string();
+    const auto ends_with = [&](const std::string& suffix) {
+      return name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    if (!entry.is_directory() || name.rfind("step_", 0) != 0) continue;
+    const bool partial = ends_with(".partial");
+    const bool replaced = ends_with(".replaced") &&
+                          fs::exists(entry.path().parent_path() / (name.substr(0, name.size() - 9) + "/" + kMetaFile));
+    if (partial || replaced) removed.push_back(name);
+  }
+  std::sort(removed.begin(), removed.end());
+  for (const std::string& name : removed) fs::remove_all(fs::path(checkpoints_dir) / name);
+  return removed;
 }
 
 void prune_checkpoints(const std::string& checkpoints_dir, int64_t keep) {

@@ -192,4 +192,11 @@ std::string resolve_checkpoint_dir(const std::string& path);
 // Deletes the oldest complete step directories so that at most `keep` remain (keep <= 0: all).
 void prune_checkpoints(const std::string& checkpoints_dir, int64_t keep);
 
+// What a save that did not finish left behind: every step_<N>.partial/ (a process killed while
+// writing, a disk that filled up) and every step_<N>.replaced/ whose step_<N>/ is complete (a
+// commit killed after the new directory went into place). Removes them and returns their names,
+// for the run to say what it cleaned up; complete checkpoints are never touched. A missing
+// `checkpoints_dir` has nothing to remove.
+std::vector<std::string> remove_interrupted_saves(const std::string& checkpoints_dir);
+
 }  // namespace tessera

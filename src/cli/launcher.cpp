@@ -106,17 +106,17 @@ Round run_workers(const LaunchOptions& o, int nproc, const std::string& host, in
   if (all_stopped) {
     std::cerr << "tessera: the workers stopped early with a checkpoint; continue with `tessera train --resume " << run_dir
               << "`\n";
-    return {kStoppedExitCode};
+    return Round{kStoppedExitCode, false, ""};
   }
   if (result.interrupted && result.first_failure < 0) {
     std::cerr << "tessera: interrupted; the workers did not all stop with a checkpoint within " << stop_grace_s
               << " s (parallel.timeout_s) and were stopped\n";
-    return {130};
+    return Round{130, false, ""};
   }
   if (result.first_failure >= 0) {
     const int i = result.first_failure;
     const ChildExit& exit = result.exits[static_cast<size_t>(i)];
-    Round round{exit.code > 0 ? exit.code : 1, !result.interrupted};
+    Round round{exit.code > 0 ? exit.code : 1, !result.interrupted, ""};
     round.failure = "rank " + std::to_string(o.node_rank * nproc + i) + " (pid " +
                     std::to_string(pids[static_cast<size_t>(i)]) + ") " + exit.describe();
     std::cerr << "error: " << round.failure << "; stopped the other workers\n";
@@ -125,7 +125,7 @@ Round run_workers(const LaunchOptions& o, int nproc, const std::string& host, in
                 << tail_of(outputs[static_cast<size_t>(i)], 12);
     return round;
   }
-  return {0};
+  return Round{0, false, ""};
 }
 
 // The step of the run's latest checkpoint (RUN_DIR/checkpoints/latest names step_N), or -1.

@@ -14,6 +14,7 @@
 #include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
 #include "cli/launcher.h"
+#include "core/fault_injection.h"
 #include "comm/device.h"
 #include "comm/flight_recorder.h"
 #include "comm/mesh.h"
@@ -156,6 +157,9 @@ Command add_train_command(CLI::App& app) {
     require(!lead || !resume_elsewhere, "train --resume ", args->resume,
             ": does not exist here, on the node of rank 0, which holds the run's checkpoints");
     const std::unique_ptr<RunLock> lock = lead ? claim_run_dir(out, claim) : nullptr;
+    if (lead)
+      for (const std::string& name : remove_interrupted_saves(out + "/checkpoints"))
+        std::printf("removed %s/checkpoints/%s: a checkpoint save that did not finish\n", out.c_str(), name.c_str());
     if (launching)
       return launch_workers(args->launch, out, config.parallel.timeout_s,
                             Restarts{config.parallel.max_restarts, dims.world_size() / dims.dp()});
@@ -169,6 +173,7 @@ Command add_train_command(CLI::App& app) {
               "memory.device_budget_gb = ", config.memory.device_budget_gb, " exceeds ", device.str(), "'s ",
               capacity / (1024.0 * 1024 * 1024), " GiB");
     }
+    fault::arm(launch.rank);
     std::unique_ptr<comm::Mesh> mesh = comm::Mesh::connect(launch, dims, config.parallel, device);
     check_same_config(config, mesh->world());
     check_shared_run_dir(out, mesh->world(), config.checkpoint.gather);

@@ -21,6 +21,7 @@
 
 #include "comm/flight_recorder.h"
 #include "core/error.h"
+#include "core/fault_injection.h"
 
 namespace tessera::comm {
 
@@ -96,6 +97,7 @@ struct Group::Impl {
   // Runs `body` (which may throw c10::Error/std::exception from the backend), naming the op on failure.
   // A failed operation stays open in the flight record: it is what this rank was in.
   void guarded(const std::string& op, const std::function<void()>& body) {
+    fault::comm_point(name, op);
     const int64_t flight = flight_started(name, op);
     try {
       body();

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
+#include "core/fault_injection.h"
 #include "core/fs.h"
 #include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/schedule_builders.h"
@@ -76,6 +77,7 @@ at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const
   const Batch& batch = batches[a.micro];
   const bool first = a.stage == 0, last = a.stage + 1 == cut_.stages();
   const std::pair<int64_t, int64_t> key{a.stage, a.micro};
+  fault::point(a.op == Op::F ? "forward" : "backward");
   switch (a.op) {
     case Op::F: {
       Stash& s = stash_[key];
@@ -177,6 +179,7 @@ StepLosses PipelineStep::run(const std::vector<Batch>& batches, double lr, const
       owner_.finish_gradients();
       tie_embedding();
       if (!gradients_ready || gradients_ready()) {
+        fault::point("optimizer");
         losses.update = owner_.apply(lr, config_.optim.grad_clip);
       } else {
         owner_.drop_gradients();

@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include "core/fault_injection.h"
 #include "precision/autocast.h"
 
 namespace tessera {
@@ -21,17 +22,20 @@ StepLosses PlainStep::run(const std::vector<Batch>& micro_batches, double lr, co
   const double n = static_cast<double>(micro_batches.size());
   at::Tensor sums = at::zeros({2}, at::kDouble);  // cross-entropy, auxiliary
   for (size_t m = 0; m < micro_batches.size(); ++m) {
+    fault::point("forward");
     const ModelOutput out = forward(micro_batches[m]);
     at::Tensor loss = out.loss.to(at::kFloat) / n;
     const double scale = owner_.loss_scale();
     if (scale != 1.0) loss = loss * scale;
     owner_.before_backward(m + 1 == micro_batches.size());
+    fault::point("backward");
     loss.backward();
     sums += at::stack({out.ce_loss.detach(), out.aux_loss.detach()}).to(at::kCPU, at::kDouble);
   }
   owner_.finish_gradients();
   StepLosses losses;
   if (!gradients_ready || gradients_ready()) {
+    fault::point("optimizer");
     losses.update = owner_.apply(lr, grad_clip_);
   } else {
     owner_.drop_gradients();

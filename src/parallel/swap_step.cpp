@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
+#include "core/fault_injection.h"
 #include "core/fs.h"
 #include "memory/swap/swap_simulate.h"
 #include "memory/swap/swap_timeline.h"
@@ -37,6 +38,7 @@ const std::vector<swap::TimedAction>& SwapStep::timeline() {
 void SwapStep::compute(const swap::Action& a, const std::vector<Batch>& batches) {
   const Batch& batch = batches[static_cast<size_t>(a.micro)];
   const swap::SubModel& sub = plan_.sub(a.sub);
+  fault::point(a.op == swap::Op::ComputeF ? "forward" : "backward");
   const bool first = a.sub == 0, last = a.sub + 1 == plan_.size();
   const double micro_batches = static_cast<double>(plan_.micro_batches);
   Stash& s = stash_[a.sub];
@@ -95,7 +97,10 @@ StepLosses SwapStep::run(const std::vector<Batch>& batches, double lr, const Gra
   bool apply = true;  // known before any update runs (the plan defers them when gradients_ready is given)
   work.update = [&](const swap::Action& a) -> std::function<void()> {
     if (!apply) return [] {};
-    return [this, sub = a.sub, lr] { owner_.update(sub, lr); };
+    return [this, sub = a.sub, lr] {
+      fault::point("optimizer");
+      owner_.update(sub, lr);
+    };
   };
   work.gradients_stored = [&] {
     owner_.reduce_gradients();

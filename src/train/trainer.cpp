@@ -13,6 +13,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
+#include "core/fault_injection.h"
 #include "core/fs.h"
 #include "data/prepare.h"
 #include "data/sampler.h"
@@ -268,7 +269,7 @@ TrainSummary Trainer::run() {
   // a barrier (checkpoint/checkpoint.h).
   const std::string checkpoints_dir = s.run_dir + "/checkpoints";
   const bool compressing = distributed && c.parallel.grad_compression != "none";
-  auto save = [&]() {
+  auto write_checkpoint = [&]() {
     CheckpointContents contents;
     const NamedTensors rng = random_stream_states(s.rank, s.device);
     if (distributed) {
@@ -285,6 +286,7 @@ TrainSummary Trainer::run() {
         fs::create_directories(mine);
       }
       write_model_shard(mine, s.rank, world, s.trainer->model_state_shard());
+      fault::point("checkpoint.write");
       std::vector<TensorSlice> slices = s.trainer->training_state_slices();
       for (const auto& [name, state] : rng) slices.push_back({name, state, Region::whole(state.sizes().vec())});
       write_optimizer_shard(mine, s.rank, world, slices);
@@ -322,6 +324,27 @@ TrainSummary Trainer::run() {
     prune_checkpoints(checkpoints_dir, c.checkpoint.keep);
     progress.message("checkpoint: " + last_checkpoint);
   };
+  // A save that fails (a full disk, a rank lost while saving) leaves no partial directory behind
+  // and says which checkpoint the run can still resume from. The lead removes the directory (the
+  // others' writes into it then fail on their own, not before the lead's, so the first error the
+  // launcher reports is the real one); a lead killed outright leaves it to the next start
+  // (remove_interrupted_saves).
+  auto save = [&]() {
+    try {
+      write_checkpoint();
+    } catch (const std::exception& e) {
+      const std::string partial = partial_checkpoint_dir(checkpoints_dir, s.step);
+      std::error_code ignored;
+      if (lead) fs::remove_all(partial, ignored);
+      std::string resumable = "no complete checkpoint exists yet";
+      try {
+        resumable = "the last complete checkpoint is " + resolve_checkpoint_dir(checkpoints_dir);
+      } catch (const std::exception&) {  // `latest` names nothing complete: the default stands
+      }
+      fail("checkpoint of step ", s.step, " not saved: ", e.what(), lead ? "; removed its partial directory " : "; ",
+           lead ? partial + "; " : "", resumable);
+    }
+  };
 
   // Every rank stops at the same step when any rank has a reason (stop_request.h): it saves (unless
   // this step was just saved), says how to continue and returns true.
@@ -342,6 +365,7 @@ TrainSummary Trainer::run() {
     return true;
   };
   while (s.step < c.train.steps) {
+    fault::at_step(s.step + 1);
     const double lr = learning_rate(c.optim, s.step, c.train.steps);
     const std::vector<Batch> micro_batches = s.sampler->next();
     const auto local_start = Clock::now();

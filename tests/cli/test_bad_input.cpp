@@ -371,9 +371,11 @@ TEST_F(BadCheckpoint, CrashDuringASaveResumesFromTheLastCommittedStep) {
     if (line.contains("loss")) steps.push_back(line["step"]);
   EXPECT_EQ(steps, (std::vector<int64_t>{3, 4})) << r.output;
   EXPECT_EQ(load_checkpoint(run_dir_ + "_r").step, 4);
-  // Resumed into the same directory, the stale partial is replaced by a committed step_4.
+  // Resumed into the same directory, the stale partial is removed (and said so) and step_4 committed.
   auto same = run_tessera("train --resume " + run_dir_ + " --set train.steps=4 --out " + run_dir_);
   ASSERT_EQ(same.exit_code, 0) << same.output;
+  EXPECT_NE(same.output.find("removed " + partial + ": a checkpoint save that did not finish"), std::string::npos)
+      << same.output;
   EXPECT_FALSE(fs::exists(partial));
   EXPECT_EQ(load_checkpoint(run_dir_).step, 4);
 }
@@ -398,6 +400,71 @@ TEST(CheckpointWrite, ReplacingAStepKeepsACompleteCheckpointAndLatestPointsToIt)
   prune_checkpoints(dir, 2);
   EXPECT_FALSE(fs::exists(dir + "/step_5"));
   EXPECT_TRUE(fs::exists(dir + "/step_6") && fs::exists(dir + "/step_7"));
+}
+
+// What a save killed part-way leaves: a partial directory, and a moved-aside step whose
+// replacement is complete, are removed; a moved-aside step with no replacement is the only copy
+// of that step and stays.
+TEST(CheckpointWrite, InterruptedSavesAreRemovedAndCompleteCheckpointsKept) {
+  const std::string dir = fresh_dir("ckpt_interrupted");
+  CheckpointContents contents;
+  contents.model = {{"w", torch::ones({2, 2})}};
+  save_checkpoint(dir, 5, contents);
+  fs::create_directories(dir + "/step_6.partial");
+  write_file_durable(dir + "/step_6.partial/model.safetensors", "half");
+  fs::create_directories(dir + "/step_5.replaced");
+  fs::create_directories(dir + "/step_7.replaced");
+  EXPECT_EQ(remove_interrupted_saves(dir), (std::vector<std::string>{"step_5.replaced", "step_6.partial"}));
+  EXPECT_FALSE(fs::exists(dir + "/step_6.partial"));
+  EXPECT_TRUE(fs::exists(dir + "/step_7.replaced"));
+  EXPECT_EQ(load_checkpoint(dir).step, 5);
+  EXPECT_TRUE(remove_interrupted_saves(dir + "/none").empty());
+}
+
+// The disk fills up during a checkpoint save (the run directory on a small tmpfs): the run stops
+// with exit 2 naming the file and "No space left on device", removes the partial checkpoint and
+// names the last complete one, which loads and resumes. One process and two (where the ranks'
+// writes race: the first error reported must be the real one, not a rank's write into the removed
+// directory).
+TEST(CheckpointWrite, AFullDiskKeepsThePreviousCheckpointAndSaysWhy) {
+  const std::string probe = fresh_dir("disk_full_probe");
+  const std::string run = "train --config tiny_gpt" + tiny_settings(prepared_corpus()) +
+                          " --set eval.every=0 --set checkpoint.every=1 --set checkpoint.keep=2";
+  ASSERT_EQ(run_tessera(run + " --set train.steps=1 --out " + probe).exit_code, 0);
+  uintmax_t one_checkpoint = 0;
+  for (const auto& entry : fs::recursive_directory_iterator(probe + "/checkpoints/step_1"))
+    if (entry.is_regular_file()) one_checkpoint += entry.file_size();
+  for (const std::string nproc : {"", " --nproc 2"}) {
+    const std::string mount = fresh_dir("disk_full" + std::to_string(nproc.size()));
+    // Room for the run's logs and one checkpoint and a half: the second save fills the disk.
+    const uintmax_t bytes = one_checkpoint * 3 / 2 + 64 * 1024;
+    const CommandResult mounted = run_command("mount -t tmpfs -o size=" + std::to_string(bytes) + " tmpfs " + mount);
+    if (mounted.exit_code != 0) GTEST_SKIP() << "cannot mount a tmpfs here (needs root): " << mounted.output;
+    const std::string out = mount + "/run";
+    const CommandResult r = run_tessera(run + nproc + " --set train.steps=20 --out " + out);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    std::smatch m;
+    const std::regex says("checkpoint of step ([0-9]+) not saved: " + out +
+                          "/checkpoints/step_[0-9]+\\.partial/[^;]*\\(No space left on device\\); "
+                          "removed its partial directory [^;]+; the last complete checkpoint is " + out +
+                          "/checkpoints/step_([0-9]+)");
+    ASSERT_TRUE(std::regex_search(r.output, m, says)) << r.output;
+    const int64_t failed = std::stoll(m[1]), complete = std::stoll(m[2]);
+    EXPECT_EQ(complete + 1, failed) << r.output;
+    for (const auto& entry : fs::directory_iterator(out + "/checkpoints"))
+      EXPECT_EQ(entry.path().filename().string().find(".partial"), std::string::npos) << entry.path();
+    EXPECT_EQ(load_checkpoint(out).step, complete);
+    // Moved to a disk with room, the run resumes from that checkpoint.
+    const std::string moved = fresh_dir("disk_full_moved" + std::to_string(nproc.size()));
+    fs::remove_all(moved);
+    fs::copy(out, moved, fs::copy_options::recursive);
+    EXPECT_EQ(run_command("umount " + mount).exit_code, 0);
+    fs::remove(moved + "/run.lock");
+    const CommandResult resumed = run_tessera("train --resume " + moved + nproc + " --set train.steps=" +
+                                              std::to_string(complete + 2) + " --out " + moved);
+    EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_EQ(load_checkpoint(moved).step, complete + 2);
+  }
 }
 
 }  // namespace

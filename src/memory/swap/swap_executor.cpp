@@ -5,6 +5,7 @@
 #include <exception>
 
 #include "core/error.h"
+#include "core/fault_injection.h"
 
 namespace tessera::swap {
 namespace {
@@ -62,6 +63,7 @@ Timeline SwapExecutor::run(const SwapPlan& plan, const SwapWork& work) {
   bool barrier_issued = false;
   std::vector<bool> issued(plan.actions.size(), false);
   auto issue_load = [&](size_t k) {
+    fault::point("swap.load");
     trace(k);
     residency_.fetch(unit(plan.actions[k].sub));
     home_.trace_next(nullptr);  // a unit already resident moved nothing
@@ -101,6 +103,7 @@ Timeline SwapExecutor::run(const SwapPlan& plan, const SwapWork& work) {
           issue_load(k);
           break;
         case Op::StoreGrad:
+          fault::point("swap.store");
           trace(k);
           stored[a.sub] = home_.store(unit(a.sub));
           residency_.reads(unit(a.sub), stored[a.sub]);
