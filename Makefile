@@ -7,7 +7,7 @@ CONFIG ?= configs/tiny_gpt.toml
 DATA ?= $(BUILD)/data/kjv
 JOBS ?= $(shell nproc)
 
-.PHONY: deps build train test bench clean
+.PHONY: deps build train test bench fault-matrix clean
 
 deps:
 	@bash scripts/install.sh
@@ -33,6 +33,15 @@ test: build
 
 bench: build
 	@bash bench/run_all.sh $(BUILD)
+
+# Every cell of the fault matrix (tests/cli/test_fault_matrix.cpp; make test runs four), about
+# 20 minutes on 2 cores, then its table (docs/reliability.md).
+FAULT_RESULTS ?= $(BUILD)/fault_matrix.jsonl
+fault-matrix: build
+	@rm -f $(FAULT_RESULTS)
+	@TESSERA_FAULT_MATRIX_RESULTS=$(abspath $(FAULT_RESULTS)) $(BUILD)/tests/cli/test_fault_matrix \
+	  --gtest_brief=1 > $(BUILD)/fault_matrix.log 2>&1; status=$$?; \
+	  python3 bench/fault_matrix_table.py $(FAULT_RESULTS); echo "log: $(BUILD)/fault_matrix.log"; exit $$status
 
 clean:
 	rm -rf $(BUILD)

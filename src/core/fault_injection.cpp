@@ -48,7 +48,8 @@ bool known_point(const std::string& point) {
   if (dot == std::string::npos) return false;
   const std::string group = point.substr(0, dot), op = point.substr(dot + 1);
   const auto& dims = ParallelDims::group_names();
-  const bool group_known = group == "world" || std::find(dims.begin(), dims.end(), group) != dims.end();
+  const bool group_known =
+      group == "*" || group == "world" || std::find(dims.begin(), dims.end(), group) != dims.end();
   return group_known && std::find(comm_ops().begin(), comm_ops().end(), op) != comm_ops().end();
 }
 
@@ -107,8 +108,8 @@ void point(const char* point) {
 
 void comm_point(const std::string& group, const std::string& op) {
   if (!armed.load(std::memory_order_relaxed) || current_step < target.step) return;
-  const std::string name = group.substr(0, group.find('/')) + "." + op.substr(0, op.find(' '));
-  if (name == target.point) fire(name);
+  const std::string kind = op.substr(0, op.find(' ')), name = group.substr(0, group.find('/')) + "." + kind;
+  if (name == target.point || target.point == "*." + kind) fire(name);
 }
 
 }  // namespace tessera::fault

@@ -15,7 +15,8 @@
 //                                  embedding, pp_down whose ranks it is (so under dp alone the
 //                                  gradients reduce on "world", and under tp2 x dp2 on "dp");
 //                                  <op> one of all_reduce, broadcast, all_gather, reduce_scatter,
-//                                  all_to_all, send, recv, barrier.
+//                                  all_to_all, send, recv, barrier. <group> * is any group (a
+//                                  pipeline rank sends down on "pp" and up on "pp_down").
 // Before the signal it writes one line to standard error, with the wall-clock time, so the
 // matrix measures how long the survivors take to notice:
 //   tessera: TESSERA_FAULT: rank 1 sends itself SIGSTOP at pp.send in step 3 (at 1764191234.512)

@@ -26,6 +26,7 @@
 #include "checkpoint/safetensors.h"
 #include "core/fs.h"
 #include "cli_util.h"
+#include "fault_util.h"
 #include "comm/rendezvous.h"
 #include "core/subprocess.h"
 #include "train/stop_request.h"
@@ -48,15 +49,6 @@ std::string node_launch(int node, int port) {
          " --master 127.0.0.1:" + std::to_string(port);
 }
 
-std::map<int64_t, double> logged(const std::string& run_dir, const char* key) {
-  std::map<int64_t, double> out;
-  for (const auto& line : metrics_lines(run_dir))
-    if (line.contains(key)) out[line["step"]] = line[key];
-  return out;
-}
-std::map<int64_t, double> losses(const std::string& run_dir) { return logged(run_dir, "loss"); }
-// The gradient norm before clipping: a factor-N error in a reduction shows here, not in AdamW's losses.
-std::map<int64_t, double> grad_norms(const std::string& run_dir) { return logged(run_dir, "grad_norm"); }
 
 // Same steps, each loss within `rtol` relative (the reduction order of the gradients differs).
 void expect_same_losses(const std::map<int64_t, double>& actual, const std::map<int64_t, double>& expected,
@@ -419,36 +411,6 @@ TEST(DistributedTrain, TorchrunMpirunAndSrunEnvironmentsFormOneWorld) {
     expect_same_losses(losses(out), losses(one), 1e-4, launcher);
     expect_same_losses(grad_norms(out), grad_norms(one), 1e-4, launcher + ": gradient norm");
   }
-}
-
-// The pid of the worker of `run_dir` with RANK=rank, or -1.
-pid_t find_worker(const std::string& run_dir, int rank) {
-  for (const auto& entry : fs::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const std::string cmdline = slurp(entry.path().string() + "/cmdline");
-    const std::string environ = slurp(entry.path().string() + "/environ");
-    if (cmdline.find(run_dir) == std::string::npos) continue;
-    if (environ.find(std::string("\0RANK=", 6) + std::to_string(rank) + '\0') != std::string::npos &&
-        environ.find("TESSERA_LAUNCHER=1") != std::string::npos)
-      return static_cast<pid_t>(std::stol(name));
-  }
-  return -1;
-}
-
-// After a run whose rank `silent` was killed or stopped: it wrote no flight record, at least one
-// other rank did (its collective failed), and `tessera doctor` names it where the run stopped,
-// with a survivor waiting in an operation.
-void expect_doctor_names_silent_rank(const std::string& out, int silent) {
-  EXPECT_FALSE(exists(out + "/flight/rank_" + std::to_string(silent) + ".json"));
-  const CommandResult doctor = run_tessera("doctor " + out);
-  ASSERT_EQ(doctor.exit_code, 0) << doctor.output;
-  EXPECT_NE(doctor.output.find("running for"), std::string::npos) << doctor.output;
-  const std::regex verdict("where the run stopped: ranks? ([0-9, ]+) \\(no record\\); ranks? [0-9, ]+ waited for");
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(doctor.output, m, verdict)) << doctor.output;
-  const std::string listed = ", " + m[1].str() + ",";
-  EXPECT_NE(listed.find(", " + std::to_string(silent) + ","), std::string::npos) << doctor.output;
 }
 
 // `tessera <command> --out out` run to its end, with `signal` sent to rank `rank`'s worker once

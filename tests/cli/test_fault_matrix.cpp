@@ -1,0 +1,192 @@
+// The fault matrix: a two-process run of each layout in which one rank sends itself SIGKILL or
+// SIGSTOP at one phase of step 3 (TESSERA_FAULT, core/fault_injection.h), table-driven like the
+// equivalence harness. Every cell checks what tessera promises when a rank fails mid-step
+// (docs/reliability.md):
+//   - the run ends with a non-zero exit, every worker gone, within parallel.timeout_s plus the
+//     launcher's 5 s stop grace (and a margin for start-up on a loaded machine);
+//   - the failure is named: a killed rank by the launcher ("rank 1 (pid N) killed by signal 9"), a
+//     stopped one by the survivor ("rank 1 sent no heartbeat", and the operation it waited in);
+//   - `tessera doctor` names the silent rank wherever a survivor left a flight record (always for a
+//     stopped rank; a killed rank's survivor may be stopped by the launcher first);
+//   - checkpoints/latest is step 2's, complete, and no partial checkpoint outlives the resume;
+//   - `train --resume` continues it: steps 3 and 4 log the same loss and gradient norm, bitwise,
+//     as the run that never failed.
+// `make test` runs four of the cells (the filter in tests/cli/CMakeLists.txt); `make fault-matrix`
+// runs them all and prints the table of docs/reliability.md (bench/fault_matrix_table.py) from each
+// cell's result, a JSON line appended to $TESSERA_FAULT_MATRIX_RESULTS when that is set.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "cli_util.h"
+#include "fault_util.h"
+
+namespace tessera::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kTimeoutS = 8;      // parallel.timeout_s of every cell
+constexpr int kFaultStep = 3;     // the step the fault comes in; checkpoints every step, 4 steps
+constexpr double kStopGraceS = 5;  // the launcher's SIGTERM-to-SIGKILL grace (core/subprocess.h)
+
+struct Layout {
+  std::string name;
+  std::string settings;             // after "train", before the common settings
+  std::vector<std::string> points;  // beyond forward, backward, optimizer, checkpoint.write
+};
+
+const std::vector<Layout>& layouts() {
+  static const std::vector<Layout> table = {
+      {"dp2_zero3", "--config tiny_gpt --set parallel.zero_stage=3", {"world.reduce_scatter", "world.all_gather"}},
+      {"tp2", "--config tiny_gpt --set parallel.tp=2", {"world.all_reduce"}},
+      {"sp2_ulysses", "--config tiny_gpt --set parallel.sp=2 --set parallel.sp_method=ulysses", {"world.all_to_all"}},
+      {"pp2_1f1b", "--config tiny_gpt --set parallel.pp=2 --set train.grad_accum=2", {"*.send", "*.recv"}},
+      {"ep2_moe", "--config tiny_moe --set parallel.ep=2", {"ep.all_to_all", "world.all_reduce"}},
+      {"dp2_swap",
+       "--config tiny_gpt --set memory.swap=true --set memory.device_budget_gb=1 --set memory.swap_blocks=[1,1]",
+       {"swap.load", "swap.store"}},
+  };
+  return table;
+}
+
+struct Cell {
+  const Layout* layout;
+  std::string point;
+  std::string signal;  // KILL or STOP
+  int victim;
+  std::string name() const {
+    std::string p = point;
+    for (char& c : p)
+      if (c == '.') c = '_';
+      else if (c == '*') c = 'x';
+    return layout->name + "__" + p + "__" + signal + "_rank" + std::to_string(victim);
+  }
+};
+
+void PrintTo(const Cell& cell, std::ostream* os) { *os << cell.name(); }
+
+// Every layout x point, SIGKILL of either rank and SIGSTOP of rank 1.
+std::vector<Cell> cells() {
+  std::vector<Cell> out;
+  for (const Layout& layout : layouts()) {
+    std::vector<std::string> points = {"forward", "backward", "optimizer", "checkpoint.write"};
+    points.insert(points.end(), layout.points.begin(), layout.points.end());
+    for (const std::string& point : points) {
+      out.push_back({&layout, point, "KILL", 0});
+      out.push_back({&layout, point, "KILL", 1});
+      out.push_back({&layout, point, "STOP", 1});
+    }
+  }
+  return out;
+}
+
+std::string common_settings() {
+  return tiny_settings(prepared_corpus()) + " --set model.dropout=0 --set eval.every=0 --set train.steps=4" +
+         " --set checkpoint.every=1 --set checkpoint.keep=0 --set parallel.timeout_s=" + std::to_string(kTimeoutS) +
+         " --nproc 2";
+}
+
+// The layout's run that never failed (once per test process).
+const std::string& reference(const Layout& layout) {
+  static std::map<std::string, std::string> runs;
+  auto it = runs.find(layout.name);
+  if (it != runs.end()) return it->second;
+  const std::string out = fresh_dir("fault_reference_" + layout.name);
+  const CommandResult r = run_tessera("train " + layout.settings + common_settings() + " --out " + out);
+  if (r.exit_code != 0) throw std::runtime_error("the reference run of " + layout.name + " failed:\n" + r.output);
+  return runs.emplace(layout.name, out).first->second;
+}
+
+double wall_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+class FaultMatrix : public ::testing::TestWithParam<Cell> {};
+
+TEST_P(FaultMatrix, Cell) {
+  const Cell& cell = GetParam();
+  const Layout& layout = *cell.layout;
+  const std::string& ref = reference(layout);
+  const std::string out = fresh_dir("fault_" + cell.name());
+  const std::string run = "train " + layout.settings + common_settings() + " --out " + out;
+  const std::string fault = std::to_string(cell.victim) + ":" + cell.point + ":" + std::to_string(kFaultStep) + ":" +
+                            cell.signal;
+  const CommandResult r = run_tessera_env("TESSERA_FAULT=" + fault, run);
+  const double ended = wall_now();
+  // This cell's line of the table, written however the cell ends.
+  struct Report {
+    nlohmann::json line;
+    ~Report() {
+      line["passed"] = !::testing::Test::HasFailure();
+      if (const char* file = std::getenv("TESSERA_FAULT_MATRIX_RESULTS"))
+        std::ofstream(file, std::ios::app) << line.dump() << "\n";
+    }
+  } report{{{"layout", layout.name}, {"point", cell.point}, {"signal", cell.signal}, {"victim", cell.victim}}};
+  nlohmann::json& result = report.line;
+
+  // The fault came (rank 0 writes to the launcher's output, the others to logs/rank_N.out).
+  const std::string victim_said = cell.victim == 0 ? r.output : slurp(out + "/logs/rank_" + std::to_string(cell.victim) + ".out");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(victim_said, m, std::regex("TESSERA_FAULT: rank [0-9]+ sends itself SIG" + cell.signal +
+                                                           " at [a-z_.]+ in step 3 \\(at ([0-9.]+)\\)")))
+      << "the fault never came\n" << r.output;
+  const double fault_at = std::stod(m[1]);
+  result["end_s"] = ended - fault_at;
+
+  // The run ends, in time, naming the failed rank.
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_LT(ended - fault_at, kTimeoutS + kStopGraceS + 10) << r.output;
+  for (int rank = 0; rank < 2; ++rank) EXPECT_EQ(find_worker(out, rank), -1) << "rank " << rank << " still running";
+  const std::string victim = "rank " + std::to_string(cell.victim);
+  if (cell.signal == "KILL") {
+    EXPECT_NE(r.output.find("error: " + victim + " (pid "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(") killed by signal 9"), std::string::npos) << r.output;
+  } else {
+    const std::string said = r.output + slurp(out + "/logs/rank_0.log");
+    EXPECT_NE(said.find(victim + " sent no heartbeat"), std::string::npos) << said;
+    // The operation the survivor waited in: a collective or point-to-point operation, or a
+    // pipeline action, by name.
+    EXPECT_TRUE(std::regex_search(said, std::regex("(all_reduce|reduce_scatter|all_gather|all_to_all|broadcast|barrier|"
+                                                   "send|recv)[^\n]* (failed|timed out)|action [A-Z]")))
+        << said;
+  }
+  // The doctor, from the survivor's flight record.
+  const std::string survivor_record = out + "/flight/rank_" + std::to_string(1 - cell.victim) + ".json";
+  result["survivor_record"] = exists(survivor_record);
+  if (exists(survivor_record)) {
+    const nlohmann::json record = nlohmann::json::parse(slurp(survivor_record));
+    result["noticed_s"] = record["written"].get<double>() - fault_at;
+    expect_doctor_names_silent_rank(out, cell.victim);
+  } else {
+    EXPECT_EQ(cell.signal, "KILL") << "a stopped rank's survivor wrote no flight record";
+  }
+
+  // The last complete checkpoint is step 2's and resumes to the run that never failed.
+  EXPECT_EQ(load_checkpoint(out).step, kFaultStep - 1);
+  const CommandResult resumed = run_tessera("train --resume " + out + " --nproc 2");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const auto want_loss = losses(ref), want_norm = grad_norms(ref), loss = losses(out), norm = grad_norms(out);
+  for (int64_t step = kFaultStep; step <= 4; ++step) {
+    EXPECT_EQ(loss.at(step), want_loss.at(step)) << "step " << step;
+    EXPECT_EQ(norm.at(step), want_norm.at(step)) << "step " << step;
+  }
+  for (const auto& entry : fs::directory_iterator(out + "/checkpoints"))
+    EXPECT_EQ(entry.path().filename().string().find(".partial"), std::string::npos) << entry.path();
+  EXPECT_EQ(load_checkpoint(out).step, 4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, FaultMatrix, ::testing::ValuesIn(cells()),
+                         [](const ::testing::TestParamInfo<Cell>& info) { return info.param.name(); });
+
+}  // namespace
+}  // namespace tessera::test
