@@ -7,7 +7,7 @@ CONFIG ?= configs/tiny_gpt.toml
 DATA ?= $(BUILD)/data/kjv
 JOBS ?= $(shell nproc)
 
-.PHONY: deps build train test bench fault-matrix clean
+.PHONY: deps build train test test-sanitize bench fault-matrix clean
 
 deps:
 	@bash scripts/install.sh
@@ -30,6 +30,19 @@ train: build $(DATA)/train.bin
 
 test: build
 	@cd $(BUILD) && ctest -j $(JOBS) --output-on-failure
+
+# The in-process unit and distributed tests built with AddressSanitizer and UndefinedBehaviorSanitizer
+# (CMakeLists.txt, TESSERA_SANITIZE) in their own build folder; any finding fails its test.
+SANITIZE_BUILD ?= build-sanitize
+SANITIZE_OPTIONS ?= ASAN_OPTIONS=detect_leaks=0:strict_init_order=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+$(SANITIZE_BUILD)/build.ninja:
+	@venv="$$(bash scripts/install.sh | sed -n 's/^TESSERA_VENV=//p')" && \
+	cmake -S . -B $(SANITIZE_BUILD) -G Ninja -DTESSERA_PYTHON=$$venv/bin/python -DTESSERA_SANITIZE=ON
+
+test-sanitize: $(SANITIZE_BUILD)/build.ninja
+	@bash scripts/install.sh >/dev/null
+	@cmake --build $(SANITIZE_BUILD) -j $(JOBS)
+	@cd $(SANITIZE_BUILD) && env $(SANITIZE_OPTIONS) ctest -j $(JOBS) --output-on-failure
 
 bench: build
 	@bash bench/run_all.sh $(BUILD)

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -16,6 +17,23 @@
 extern char** environ;
 
 namespace tessera {
+
+namespace {
+
+// Whether process `pid` is stopped (SIGSTOP, SIGTSTP, a debugger): state T or t in /proc/PID/stat.
+bool stopped_by_signal(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  FILE* file = std::fopen(path, "r");
+  if (!file) return false;
+  char line[512] = {};
+  const size_t n = std::fread(line, 1, sizeof(line) - 1, file);
+  std::fclose(file);
+  const char* close = std::strrchr(line, ')');  // the command name may hold spaces and parentheses
+  return n > 0 && close && close[1] == ' ' && (close[2] == 'T' || close[2] == 't');
+}
+
+}  // namespace
 
 pid_t spawn(const ChildSpec& spec) {
   require(!spec.argv.empty(), "internal: spawn without a program");
@@ -125,6 +143,9 @@ SuperviseResult supervise(const std::vector<pid_t>& pids, const SuperviseOptions
     }
     if (stopping && std::chrono::duration<double>(Clock::now() - stop_started).count() > grace_s)
       stop_all(SIGKILL);
+    if (stopping)  // a stopped child cannot act on its SIGTERM: the grace would only be waited out
+      for (size_t i = 0; i < pids.size(); ++i)
+        if (!done[i] && stopped_by_signal(pids[i])) ::kill(pids[i], SIGKILL);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return result;

@@ -7,7 +7,8 @@
 // have exited, when `deadline_s` passes (the rest are killed), or when *interrupted becomes true
 // (Ctrl-C on the launcher: SIGTERM to every child, SIGKILL after `interrupt_grace_s`, time for them
 // to checkpoint). With stop_on_failure, the first child to fail (an exit code not in `ok_codes`,
-// or a signal) makes it stop the others: SIGTERM, then SIGKILL after `grace_s`.
+// or a signal) makes it stop the others: SIGTERM, then SIGKILL after `grace_s`; a child stopped by a
+// signal (SIGSTOP: it cannot act on SIGTERM) is killed at once.
 #pragma once
 
 #include <atomic>
