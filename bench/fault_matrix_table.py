@@ -4,7 +4,8 @@ tests/cli/test_fault_matrix.cpp appends to $TESSERA_FAULT_MATRIX_RESULTS (`make 
 
 Per cell: passed or FAILED, and the seconds from the fault to the run's end (every process gone).
 Per layout: how long the survivor took to notice (its flight record written, after the fault) and
-the run to end, median and max over the layout's cells.
+the run to end, median and max over the layout's cells. The swarm's cells (layout "swarm3"): passed
+or FAILED, and the seconds from the fault to the other peers' next completed round.
 """
 import json
 import statistics
@@ -17,11 +18,35 @@ def seconds(values):
     return f"{statistics.median(values):.1f} / {max(values):.1f}"
 
 
+def swarm_table(cells):
+    """The swarm's cells: a peer of three killed or stopped; the others carry on."""
+    print("| swarm of 3 peers: point | SIGKILL of a peer | SIGSTOP of a peer |")
+    print("|---|---|---|")
+    for point in dict.fromkeys(c["point"] for c in cells):
+        row = []
+        for signal in ("KILL", "STOP"):
+            found = [c for c in cells if c["point"] == point and c["signal"] == signal]
+            if not found:
+                row.append("not run")
+                continue
+            c = found[-1]
+            verdict = "ok" if c.get("passed") else "FAILED"
+            if "recovered_s" in c:
+                verdict += f", the others' next round {c['recovered_s']:.1f} s after"
+            row.append(verdict)
+        print(f"| {point} | " + " | ".join(row) + " |")
+    print()
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit("usage: fault_matrix_table.py RESULTS.jsonl")
     with open(sys.argv[1]) as f:
-        cells = [json.loads(line) for line in f if line.strip()]
+        every = [json.loads(line) for line in f if line.strip()]
+    swarm = [c for c in every if c["layout"] == "swarm3"]
+    cells = [c for c in every if c["layout"] != "swarm3"]
+    if swarm:
+        swarm_table(swarm)
     columns = [("KILL", 0), ("KILL", 1), ("STOP", 1)]
     layouts = list(dict.fromkeys(c["layout"] for c in cells))
     print("| layout | point | " + " | ".join(f"SIG{s} rank {v}" for s, v in columns) + " |")
@@ -49,8 +74,8 @@ def main():
         killed = [c["end_s"] for c in mine if c["signal"] == "KILL" and "end_s" in c]
         stopped = [c["end_s"] for c in mine if c["signal"] == "STOP" and "end_s" in c]
         print(f"| {layout} | {passed} of {len(mine)} | {seconds(noticed)} | {seconds(killed)} | {seconds(stopped)} |")
-    total = sum(1 for c in cells if c.get("passed"))
-    print(f"\n{total} of {len(cells)} cells passed.")
+    total = sum(1 for c in every if c.get("passed"))
+    print(f"\n{total} of {len(every)} cells passed.")
 
 
 if __name__ == "__main__":

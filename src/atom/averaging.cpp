@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "core/fault_injection.h"
+
 namespace tessera::atom {
 namespace {
 
@@ -178,6 +180,7 @@ void Averager::serve_part(Channel& channel, const Message& first) {
 RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidates, const at::Tensor& vector,
                                 double weight, Codec codec, RoundClock& clock) {
   const auto start = std::chrono::steady_clock::now();
+  fault::point("swarm.group");
   sort_by_id(candidates);
   require(holds(candidates, my_id_), "internal: a round's candidates include this peer");
   const double budget = clock.deadline_s();
@@ -198,6 +201,7 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
   require(me < n, "internal: this peer is not in its round's group");
   const at::Tensor flat = vector.contiguous().to(at::kFloat).view({-1});
   const Deadline reduce = Deadline::in(budget);
+  fault::point("swarm.reduce");
   // This member's slot: its own part first.
   std::shared_ptr<Slot> slot;
   {
@@ -245,6 +249,7 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
     changed_.wait_until(lock, reduce.at, [&] { return slot->received == slot->expected || slot->failed; });
     const auto [b, e] = part_bounds(numel, n, me);
     if (slot->received == slot->expected && !slot->failed) {
+      fault::point("swarm.sum");
       // The members receive the sum as encoded, and so does this one: every member ends equal.
       slot->reply = pack({{"weight", slot->weight}}, encode_part(slot->sum, codec));
       changed_.notify_all();

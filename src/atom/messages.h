@@ -71,6 +71,10 @@ JoinRequest parse_join(const std::string& body, const std::string& from);
 GroupReply parse_group(const std::string& body, const std::string& from);
 PartMessage parse_part(const std::string& body, const std::string& from);
 SumReply parse_sum(const std::string& body, const std::string& from);
+// Their payloads view `body`: a temporary body would leave them dangling (the sanitizer build
+// caught a test doing so), so one does not compile.
+PartMessage parse_part(std::string&& body, const std::string& from) = delete;
+SumReply parse_sum(std::string&& body, const std::string& from) = delete;
 
 struct StateOffer {
   bool ready = false;

@@ -17,6 +17,7 @@
 #include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/fault_injection.h"
 #include "core/json_file.h"
 #include "core/config.h"
 #include "train/run_dir.h"
@@ -76,6 +77,7 @@ Command add_peer_command(CLI::App& app) {
     std::printf("peer %s of swarm '%s' listening on %s%s\n", identity.id.c_str(), identity.swarm.c_str(),
                 swarm.address().c_str(), restart ? (", restarting from " + claim.resume_from).c_str() : "");
     std::fflush(stdout);
+    fault::arm(0);  // a peer is the rank 0 of its own process
     Trainer trainer(config, args->out, TrainStart{claim.resume_from, ""}, nullptr, &swarm);
     TrainSummary summary = trainer.run();
     if (!summary.stopped.empty()) {

@@ -30,8 +30,9 @@ std::atomic<int64_t> current_step{0};
 Target target;  // written once by arm(), before `armed`
 
 const std::vector<std::string>& phase_points() {
-  static const std::vector<std::string> points = {"forward", "backward", "optimizer", "checkpoint.write",
-                                                  "swap.load", "swap.store"};
+  static const std::vector<std::string> points = {"forward",   "backward",   "optimizer",   "checkpoint.write",
+                                                  "swap.load", "swap.store", "swarm.group", "swarm.reduce",
+                                                  "swarm.sum"};
   return points;
 }
 
@@ -86,7 +87,8 @@ void arm(int64_t rank) {
   require(parts.size() == 4, "TESSERA_FAULT=", value, ": expected RANK:POINT:STEP:SIGNAL (e.g. 1:pp.send:3:STOP)");
   const int64_t victim = whole_number(parts[0], value, "RANK");
   require(known_point(parts[1]), "TESSERA_FAULT=", value, ": unknown point '", parts[1],
-          "' (forward, backward, optimizer, checkpoint.write, swap.load, swap.store, or <group>.<op> of a mesh "
+          "' (forward, backward, optimizer, checkpoint.write, swap.load, swap.store, swarm.group, swarm.reduce, "
+          "swarm.sum, or <group>.<op> of a mesh "
           "group: core/fault_injection.h)");
   target.point = parts[1];
   target.step = whole_number(parts[2], value, "STEP");

@@ -9,6 +9,10 @@
 //                                  backward (B, I or W under a pipeline), before the update
 //   checkpoint.write               a checkpoint save, with this rank's files partly written
 //   swap.load, swap.store          the swap engine, issuing a sub-model's load or gradient store
+//   swarm.group, swarm.reduce,     an ATOM peer's averaging round (atom/averaging.h): its start,
+//   swarm.sum                      before the group forms; the group formed, before the parts are
+//                                  sent; every contribution to this peer's part in, before the sum
+//                                  goes back. `tessera peer` is rank 0 of its own process.
 //   <group>.<op>                   a communication operation of a mesh group, named as the flight
 //                                  recorder and `tessera doctor` name it (comm/mesh.cpp): world,
 //                                  or the first of dp, tp, pp, sp, ep, dp_sp, edp, edp_sp,

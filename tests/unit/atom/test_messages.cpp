@@ -17,9 +17,9 @@ namespace tessera::atom {
 namespace {
 
 TEST(Messages, RoundMessagesRoundTrip) {
-  const PartMessage p = parse_part(pack({{"token", "t"}, {"numel", 2}, {"weight", 16.0}, {"wait_s", 3.0}},
-                                        encode_part(at::tensor({1.5f, -2.0f}), Codec::fp32)),
-                                   "peer");
+  const std::string body = pack({{"token", "t"}, {"numel", 2}, {"weight", 16.0}, {"wait_s", 3.0}},
+                                 encode_part(at::tensor({1.5f, -2.0f}), Codec::fp32));
+  const PartMessage p = parse_part(body, "peer");
   EXPECT_EQ(p.token, "t");
   EXPECT_EQ(p.numel, 2);
   EXPECT_TRUE(at::equal(decode_part(p.payload, p.numel, Codec::fp32, "peer"), at::tensor({1.5f, -2.0f})));
@@ -34,9 +34,8 @@ TEST(Messages, RoundMessagesRoundTrip) {
 TEST(Messages, HostileFieldsAreRefusedByName) {
   // 2^62 + 1 float32 elements: 4 bytes once the byte count wraps at 2^64.
   const int64_t wraps = (int64_t{1} << 62) + 1;
-  EXPECT_TRUE(test::throws_naming(
-      [&] { parse_part(pack({{"token", "t"}, {"numel", wraps}, {"weight", 1.0}, {"wait_s", 1.0}}, "abcd"), "10.0.0.9:7000"); },
-      {"10.0.0.9:7000 sent 'numel'"}));
+  const std::string wrapping = pack({{"token", "t"}, {"numel", wraps}, {"weight", 1.0}, {"wait_s", 1.0}}, "abcd");
+  EXPECT_TRUE(test::throws_naming([&] { parse_part(wrapping, "10.0.0.9:7000"); }, {"10.0.0.9:7000 sent 'numel'"}));
   EXPECT_TRUE(test::throws_naming([&] { decode_part("abcd", wraps, Codec::fp32, "p"); }, {"elements"}));
   // A negative weight; NaN and 1e400 are not JSON numbers and never parse.
   for (const char* bad : {"-1", "NaN", "1e400"}) {
@@ -44,7 +43,8 @@ TEST(Messages, HostileFieldsAreRefusedByName) {
     std::string body(4, '\0');
     const uint32_t n = static_cast<uint32_t>(header.size());
     std::memcpy(body.data(), &n, 4);
-    EXPECT_TRUE(test::throws_naming([&] { parse_part(body + header + "abcd", "p"); },
+    const std::string message = body + header + "abcd";
+    EXPECT_TRUE(test::throws_naming([&] { parse_part(message, "p"); },
                                     {bad == std::string("-1") ? "'weight'" : "malformed"}))
         << bad;
   }
