@@ -47,8 +47,8 @@ test-sanitize: $(SANITIZE_BUILD)/build.ninja
 bench: build
 	@bash bench/run_all.sh $(BUILD)
 
-# Every cell of the fault matrix (tests/cli/test_fault_matrix.cpp; make test runs four), about
-# 20 minutes on 2 cores, then its table (docs/reliability.md).
+# Every cell of the fault matrix (tests/cli/test_fault_matrix.cpp; make test runs five), about
+# 15 minutes on 2 cores, then its tables (docs/reliability.md).
 FAULT_RESULTS ?= $(BUILD)/fault_matrix.jsonl
 fault-matrix: build
 	@rm -f $(FAULT_RESULTS)

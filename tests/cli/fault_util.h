@@ -4,8 +4,11 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <string>
@@ -55,6 +58,22 @@ inline void expect_doctor_names_silent_rank(const std::string& out, int silent) 
   ASSERT_TRUE(std::regex_search(doctor.output, m, verdict)) << doctor.output;
   const std::string listed = ", " + m[1].str() + ",";
   EXPECT_NE(listed.find(", " + std::to_string(silent) + ","), std::string::npos) << doctor.output;
+}
+
+// A fault-matrix cell's line of the table (bench/fault_matrix_table.py), appended to
+// $TESSERA_FAULT_MATRIX_RESULTS when that is set, with "passed", however the cell ends.
+struct MatrixReport {
+  nlohmann::json line;
+  ~MatrixReport() {
+    line["passed"] = !::testing::Test::HasFailure();
+    if (const char* file = std::getenv("TESSERA_FAULT_MATRIX_RESULTS"))
+      std::ofstream(file, std::ios::app) << line.dump() << "\n";
+  }
+};
+
+// Seconds since the epoch, as TESSERA_FAULT's line gives the fault's time.
+inline double wall_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace tessera::test

@@ -11,7 +11,7 @@
 //   - checkpoints/latest is step 2's, complete, and no partial checkpoint outlives the resume;
 //   - `train --resume` continues it: steps 3 and 4 log the same loss and gradient norm, bitwise,
 //     as the run that never failed.
-// `make test` runs four of the cells (the filter in tests/cli/CMakeLists.txt); `make fault-matrix`
+// `make test` runs five of the cells (the filter in tests/cli/CMakeLists.txt); `make fault-matrix`
 // runs them all and prints the table of docs/reliability.md (bench/fault_matrix_table.py) from each
 // cell's result, a JSON line appended to $TESSERA_FAULT_MATRIX_RESULTS when that is set.
 #include <gtest/gtest.h>
@@ -107,10 +107,6 @@ const std::string& reference(const Layout& layout) {
   return runs.emplace(layout.name, out).first->second;
 }
 
-double wall_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 class FaultMatrix : public ::testing::TestWithParam<Cell> {};
 
 TEST_P(FaultMatrix, Cell) {
@@ -123,15 +119,7 @@ TEST_P(FaultMatrix, Cell) {
                             cell.signal;
   const CommandResult r = run_tessera_env("TESSERA_FAULT=" + fault, run);
   const double ended = wall_now();
-  // This cell's line of the table, written however the cell ends.
-  struct Report {
-    nlohmann::json line;
-    ~Report() {
-      line["passed"] = !::testing::Test::HasFailure();
-      if (const char* file = std::getenv("TESSERA_FAULT_MATRIX_RESULTS"))
-        std::ofstream(file, std::ios::app) << line.dump() << "\n";
-    }
-  } report{{{"layout", layout.name}, {"point", cell.point}, {"signal", cell.signal}, {"victim", cell.victim}}};
+  MatrixReport report{{{"layout", layout.name}, {"point", cell.point}, {"signal", cell.signal}, {"victim", cell.victim}}};
   nlohmann::json& result = report.line;
 
   // The fault came (rank 0 writes to the launcher's output, the others to logs/rank_N.out).

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fault_util.h"
 #include "swarm_util.h"
 
 namespace tessera::test {
@@ -46,10 +47,6 @@ std::vector<SwarmCell> swarm_cells() {
   return out;
 }
 
-double wall_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 // Waits up to `seconds` for `p` to exit; its exit code (-signal when killed), or nullopt.
 std::optional<int> exit_within(const Peer& p, double seconds) {
   for (int i = 0; i < static_cast<int>(seconds * 20); ++i) {
@@ -64,15 +61,11 @@ class SwarmFaults : public SwarmFixture, public ::testing::WithParamInterface<Sw
 
 TEST_P(SwarmFaults, Cell) {
   const SwarmCell& cell = GetParam();
-  struct Report {
-    nlohmann::json line;
-    ~Report() {
-      line["passed"] = !::testing::Test::HasFailure();
-      if (const char* file = std::getenv("TESSERA_FAULT_MATRIX_RESULTS"))
-        std::ofstream(file, std::ios::app) << line.dump() << "\n";
-    }
-  } report{{{"layout", "swarm3"}, {"point", cell.point}, {"signal", cell.signal}, {"victim", 2}}};
-  const std::string args = settings(kSteps, key_);
+  MatrixReport report{{{"layout", "swarm3"}, {"point", cell.point}, {"signal", cell.signal}, {"victim", 2}}};
+  // Every peer waits for the other two before its first step (swarm.min_peers), so the three train
+  // together from the start: with min_peers 1 the first started raced alone through the 12 tiny
+  // steps before the others joined, and the cell tested nothing.
+  const std::string args = settings(kSteps, key_) + " --set swarm.min_peers=3";
   Peer& first = start("first", args);
   Peer& second = start("second", args, first.address());
   const std::string fault = "0:" + cell.point + ":" + std::to_string(kFaultStep) + ":" + cell.signal;
@@ -85,6 +78,8 @@ TEST_P(SwarmFaults, Cell) {
   const std::string said = victim.log();
   ASSERT_TRUE(std::regex_search(said, m, fired));
   const double fault_at = std::stod(m[1]);
+  // It averaged with both others before the fault.
+  EXPECT_NE(said.substr(0, static_cast<size_t>(m.position(0))).find(": 3 peers, "), std::string::npos) << said;
   // The survivors' next completed round after the fault.
   const int64_t at = std::max(first.swarm_step(), second.swarm_step());
   if (wait_until([&] { return first.swarm_step() > at && second.swarm_step() > at; }, 60))
