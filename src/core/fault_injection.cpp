@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/parallel_dims.h"
 
 namespace tessera::fault {
 namespace {
@@ -47,11 +46,12 @@ bool known_point(const std::string& point) {
   if (std::find(phases.begin(), phases.end(), point) != phases.end()) return true;
   const size_t dot = point.find('.');
   if (dot == std::string::npos) return false;
+  // A group's name (a mesh dimension, "world") is lower case with underscores; "*" is any group.
   const std::string group = point.substr(0, dot), op = point.substr(dot + 1);
-  const auto& dims = ParallelDims::group_names();
-  const bool group_known =
-      group == "*" || group == "world" || std::find(dims.begin(), dims.end(), group) != dims.end();
-  return group_known && std::find(comm_ops().begin(), comm_ops().end(), op) != comm_ops().end();
+  const bool group_name = group == "*" || (!group.empty() && std::all_of(group.begin(), group.end(), [](char c) {
+                                             return (c >= 'a' && c <= 'z') || c == '_';
+                                           }));
+  return group_name && std::find(comm_ops().begin(), comm_ops().end(), op) != comm_ops().end();
 }
 
 std::vector<std::string> split(const std::string& text, char by) {
@@ -72,7 +72,8 @@ void fire(const std::string& point) {
   if (fired.exchange(true)) return;
   const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   std::fprintf(stderr, "tessera: TESSERA_FAULT: rank %lld sends itself SIG%s at %s in step %lld (at %.3f)\n",
-               static_cast<long long>(target.rank), target.signal_name.c_str(), point.c_str(), static_cast<long long>(current_step.load()), now);
+               static_cast<long long>(target.rank), target.signal_name.c_str(), point.c_str(),
+               static_cast<long long>(current_step.load()), now);
   std::fflush(stderr);
   std::raise(target.signal);
 }

@@ -22,7 +22,7 @@ case $target in
                           src/parallel/pipeline/simulate.cpp src/core/fs.cpp) ;;
   region) sources+=(src/checkpoint/region.cpp) ;;
   checkpoint_dir) sources+=(src/checkpoint/checkpoint.cpp src/checkpoint/safetensors.cpp src/checkpoint/region.cpp
-                            src/core/fs.cpp) ;;
+                            src/core/fs.cpp src/core/fault_injection.cpp) ;;
   # toml++'s internal assertions are compiled out as in tessera's release build (GCC, NDEBUG: there
   # they check nothing and assume nothing); its unreachable points stay, and UBSan reports them.
   config) sources+=(src/train/config.cpp src/core/options.cpp src/core/parallel_dims.cpp src/data/data_options.cpp

@@ -22,7 +22,7 @@ TEST(FaultInjection, MalformedValuesAreRefusedByName) {
   EXPECT_TRUE(test::throws_naming([] { arm_with("1:forward:3"); }, {"TESSERA_FAULT=1:forward:3", "RANK:POINT:STEP:SIGNAL"}));
   EXPECT_TRUE(test::throws_naming([] { arm_with("x:forward:3:KILL"); }, {"RANK 'x' is not a whole number"}));
   EXPECT_TRUE(test::throws_naming([] { arm_with("1:fwd:3:KILL"); }, {"unknown point 'fwd'"}));
-  EXPECT_TRUE(test::throws_naming([] { arm_with("1:qq.send:3:KILL"); }, {"unknown point 'qq.send'"}));
+  EXPECT_TRUE(test::throws_naming([] { arm_with("1:Pp.send:3:KILL"); }, {"unknown point 'Pp.send'"}));
   EXPECT_TRUE(test::throws_naming([] { arm_with("1:pp.sned:3:KILL"); }, {"unknown point 'pp.sned'"}));
   EXPECT_TRUE(test::throws_naming([] { arm_with("1:forward:0:KILL"); }, {"STEP counts from 1"}));
   EXPECT_TRUE(test::throws_naming([] { arm_with("1:forward:3:TERM"); }, {"SIGNAL 'TERM' is neither KILL nor STOP"}));
