@@ -1,4 +1,5 @@
-// Fault injection: how the fault matrix (tests/fault/) stops one rank at one phase of training.
+// Fault injection: how the fault matrix (tests/cli/test_fault_matrix.cpp, test_swarm_faults.cpp)
+// stops one rank at one phase of training.
 // A process started with
 //
 //   TESSERA_FAULT=RANK:POINT:STEP:SIGNAL      e.g. TESSERA_FAULT=1:pp.send:3:STOP

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <regex>
 #include <string>
 
@@ -70,6 +71,29 @@ struct MatrixReport {
       std::ofstream(file, std::ios::app) << line.dump() << "\n";
   }
 };
+
+// The victim's own line (core/fault_injection.h) in `text`, for SIG`signal` in step `step` (any
+// step when negative): where the line starts and the wall time the fault came at; nullopt when the
+// fault never came.
+struct FaultLine {
+  size_t position;
+  double at;
+};
+inline std::optional<FaultLine> fault_line(const std::string& text, const std::string& signal, int64_t step) {
+  const std::regex line("TESSERA_FAULT: rank [0-9]+ sends itself SIG" + signal + " at [a-z_.]+ in step " +
+                        (step < 0 ? std::string("[0-9]+") : std::to_string(step)) + " \\(at ([0-9.]+)\\)");
+  std::smatch m;
+  if (!std::regex_search(text, m, line)) return std::nullopt;
+  return FaultLine{static_cast<size_t>(m.position(0)), std::stod(m[1])};
+}
+
+// A fault point as part of a test's name: "swarm.sum" -> "swarm_sum", "*.send" -> "x_send".
+inline std::string point_in_test_name(std::string point) {
+  for (char& c : point)
+    if (c == '.') c = '_';
+    else if (c == '*') c = 'x';
+  return point;
+}
 
 // Seconds since the epoch, as TESSERA_FAULT's line gives the fault's time.
 inline double wall_now() {

@@ -3,7 +3,7 @@
 // equivalence harness. Every cell checks what tessera promises when a rank fails mid-step
 // (docs/reliability.md):
 //   - the run ends with a non-zero exit, every worker gone, within parallel.timeout_s plus the
-//     launcher's 5 s stop grace (and a margin for start-up on a loaded machine);
+//     launcher's 5 s stop grace and a margin (the survivor's 3 s heartbeat probe, a loaded machine);
 //   - the failure is named: a killed rank by the launcher ("rank 1 (pid N) killed by signal 9"), a
 //     stopped one by the survivor ("rank 1 sent no heartbeat", and the operation it waited in);
 //   - `tessera doctor` names the silent rank wherever a survivor left a flight record (always for a
@@ -65,11 +65,7 @@ struct Cell {
   std::string signal;  // KILL or STOP
   int victim;
   std::string name() const {
-    std::string p = point;
-    for (char& c : p)
-      if (c == '.') c = '_';
-      else if (c == '*') c = 'x';
-    return layout->name + "__" + p + "__" + signal + "_rank" + std::to_string(victim);
+    return layout->name + "__" + point_in_test_name(point) + "__" + signal + "_rank" + std::to_string(victim);
   }
 };
 
@@ -124,11 +120,9 @@ TEST_P(FaultMatrix, Cell) {
 
   // The fault came (rank 0 writes to the launcher's output, the others to logs/rank_N.out).
   const std::string victim_said = cell.victim == 0 ? r.output : slurp(out + "/logs/rank_" + std::to_string(cell.victim) + ".out");
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(victim_said, m, std::regex("TESSERA_FAULT: rank [0-9]+ sends itself SIG" + cell.signal +
-                                                           " at [a-z_.]+ in step 3 \\(at ([0-9.]+)\\)")))
-      << "the fault never came\n" << r.output;
-  const double fault_at = std::stod(m[1]);
+  const std::optional<FaultLine> fault_came = fault_line(victim_said, cell.signal, kFaultStep);
+  ASSERT_TRUE(fault_came.has_value()) << "the fault never came\n" << r.output;
+  const double fault_at = fault_came->at;
   result["end_s"] = ended - fault_at;
 
   // The run ends, in time, naming the failed rank.

@@ -30,12 +30,7 @@ constexpr int kFaultStep = 3;
 struct SwarmCell {
   std::string point;
   std::string signal;
-  std::string name() const {
-    std::string p = point;
-    for (char& c : p)
-      if (c == '.') c = '_';
-    return p + "__" + signal;
-  }
+  std::string name() const { return point_in_test_name(point) + "__" + signal; }
 };
 
 void PrintTo(const SwarmCell& cell, std::ostream* os) { *os << cell.name(); }
@@ -71,15 +66,13 @@ TEST_P(SwarmFaults, Cell) {
   const std::string fault = "0:" + cell.point + ":" + std::to_string(kFaultStep) + ":" + cell.signal;
   Peer& victim = start("victim", args, first.address(), {{"TESSERA_FAULT", fault}});
 
-  std::smatch m;
-  const std::regex fired("TESSERA_FAULT: rank 0 sends itself SIG" + cell.signal + " at [a-z_.]+ in step [0-9]+ \\(at ([0-9.]+)\\)");
-  ASSERT_TRUE(wait_until([&] { const std::string log = victim.log(); return std::regex_search(log, m, fired); }, 90))
+  ASSERT_TRUE(wait_until([&] { return fault_line(victim.log(), cell.signal, -1).has_value(); }, 90))
       << "the fault never came\n" << victim.log();
   const std::string said = victim.log();
-  ASSERT_TRUE(std::regex_search(said, m, fired));
-  const double fault_at = std::stod(m[1]);
+  const FaultLine came = *fault_line(said, cell.signal, -1);
+  const double fault_at = came.at;
   // It averaged with both others before the fault.
-  EXPECT_NE(said.substr(0, static_cast<size_t>(m.position(0))).find(": 3 peers, "), std::string::npos) << said;
+  EXPECT_NE(said.substr(0, came.position).find(": 3 peers, "), std::string::npos) << said;
   // The survivors' next completed round after the fault.
   const int64_t at = std::max(first.swarm_step(), second.swarm_step());
   if (wait_until([&] { return first.swarm_step() > at && second.swarm_step() > at; }, 60))
