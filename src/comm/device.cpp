@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include <ATen/ATen.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/cuda.h>
 #ifdef TESSERA_WITH_CUDA
@@ -69,6 +70,11 @@ c10::Device select_device(const std::string& train_device, const LaunchInfo& lau
       resolve_device(train_device, launch, wants_cuda ? static_cast<int64_t>(torch::cuda::device_count()) : 0);
   if (device.is_cuda()) c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->setDevice(device);
   return device;
+}
+
+at::Tensor to_device_queued(const at::Tensor& t, const c10::Device& device) {
+  if (!device.is_cuda() || !t.is_cpu()) return t.to(device);
+  return t.contiguous().pin_memory().to(device, /*non_blocking=*/true);
 }
 
 double device_memory_bytes(const c10::Device& device) {

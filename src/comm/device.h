@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <string>
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 #include "comm/rendezvous.h"
@@ -26,6 +27,10 @@ c10::Device resolve_device(const std::string& train_device, const LaunchInfo& la
 // resolve_device with the CUDA devices this process sees (none in a build with TESSERA_CUDA=OFF);
 // a CUDA result becomes the calling thread's current device.
 c10::Device select_device(const std::string& train_device, const LaunchInfo& launch);
+
+// `t` on `device`. A host tensor bound for a GPU goes through pinned memory and is copied without
+// waiting, so the copy queues behind the device's work instead of holding the host until it drains.
+at::Tensor to_device_queued(const at::Tensor& t, const c10::Device& device);
 
 // The total memory of a CUDA device in bytes; 0 for the CPU (or a build without CUDA).
 double device_memory_bytes(const c10::Device& device);

@@ -6,6 +6,15 @@
 // contiguous [B, T, in] input into one addmm with the bias inside the GEMM (the C++ frontend's
 // Linear adds the bias in a separate pass; docs/benchmarks.md). Every Linear of the model files is
 // applied through linear(), so the op list of a step matches the PyTorch peer's.
+//
+// One exception, on a GPU under bf16 autocast with float32 weights that need gradients: there
+// linear() is one autograd function (linear.cpp) whose forward is at::linear's in bf16 and whose
+// weight and bias gradients leave their GEMM and reduction in float32 (cuBLAS's float32 output of
+// bf16 inputs, the bias sum accumulated into float32), as Megatron's gradient-accumulation fusion
+// does. Under at::linear they are rounded to bf16 and then cast to float32 by one kernel per
+// parameter (122 per GPT-2 124M step, 1.5 ms of 41.7 on an H200: bench/results/gpu_first_runs.md).
+// The input gradient is bf16 either way. The gradients differ from at::linear's by that one bf16
+// rounding, which they no longer have.
 #pragma once
 
 #include <cstdint>
@@ -30,8 +39,9 @@ class LinearImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Linear);
 
-// x: [..., in] -> [..., out]
-inline at::Tensor linear(const Linear& layer, const at::Tensor& x) { return at::linear(x, layer->weight, layer->bias); }
+// x: [..., in] -> [..., out]; weight [out, in], bias [out] or undefined
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+inline at::Tensor linear(const Linear& layer, const at::Tensor& x) { return linear(x, layer->weight, layer->bias); }
 
 class EmbeddingImpl : public torch::nn::Module {
  public:

@@ -18,7 +18,6 @@
 #include <functional>
 
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/linear.h>
 
 #include "model/linear.h"
 
@@ -38,7 +37,7 @@ struct ShardedRegion {
   // The row-parallel output projection of y [B, T, in]: [B, T', out].
   at::Tensor output(const Linear& proj, const at::Tensor& y) const {
     if (!active()) return linear(proj, y);
-    at::Tensor out = exit(at::linear(y, proj->weight));
+    at::Tensor out = exit(linear(y, proj->weight, at::Tensor()));
     return proj->bias.defined() ? out + proj->bias.to(out.scalar_type()) : out;
   }
 };

@@ -11,6 +11,7 @@
 #include "model/dropout.h"
 #include "model/hook_slot.h"
 #include "model/init.h"
+#include "model/linear.h"
 #include "model/norm.h"
 
 namespace tessera {
@@ -203,7 +204,7 @@ ModelOutput TransformerLMImpl::head(const at::Tensor& x, const at::Tensor& targe
   ModelOutput out;
   out.aux_loss = aux_loss;
   through_end_wrappers(ModelPart::head(), [&] {
-    out.logits = hooks.logits ? hooks.logits(ln_f(x)) : at::linear(ln_f(x), wte->weight);
+    out.logits = hooks.logits ? hooks.logits(ln_f(x)) : linear(ln_f(x), wte->weight, at::Tensor());
     if (targets.defined()) {
       out.ce_loss = hooks.cross_entropy
                         ? hooks.cross_entropy(out.logits, targets)

@@ -5,6 +5,12 @@
 //
 // The norm returned is the one before clipping. A nonfinite norm (inf/nan in some grad) is
 // returned as is and the grads are left untouched, so the caller can see it and skip the step.
+//
+// clip_gradients_queued does the same without reading anything back to the host, for a step that
+// must not wait on its device: the norm stays a float64 0-dim tensor on the gradients' device, and
+// on a GPU the scaling multiplies by a coefficient the device computes (max_norm / (norm + 1e-6)
+// where that rule clips, else exactly 1), as clip_grad_norm_ does. On the CPU, where nothing is
+// queued, it scales as clip_gradients does, with no pass over unclipped gradients.
 #pragma once
 
 #include <vector>
@@ -16,6 +22,8 @@ namespace tessera {
 double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
 // The same over the gradients themselves (defined tensors, in the order the parameters would give).
 double clip_gradients(const std::vector<at::Tensor>& grads, double max_norm);
+// The same, the norm left on the device (an undefined tensor reads as 0: no gradients).
+at::Tensor clip_gradients_queued(const std::vector<at::Tensor>& grads, double max_norm);
 
 // The scaling step alone, for callers that computed the global norm themselves (over shards, or
 // summed over ranks): grads *= max_norm / (norm + 1e-6) when max_norm > 0 and a finite norm

@@ -19,19 +19,20 @@ LocalOptimizer::LocalOptimizer(const NamedParams& params, const OptimOptions& op
 
 double LocalOptimizer::loss_scale() const { return scaler_ ? scaler_->value() : 1.0; }
 
-// The norm of the gradients the optimizer reads (the masters' under fp16), clipped in place.
-double LocalOptimizer::clip(double max_norm) {
+// The norm of the gradients the optimizer reads (the masters' under fp16), clipped in place; on one
+// process it stays on the device, unread.
+at::Tensor LocalOptimizer::clip(double max_norm) {
   const NamedParams& optimized = master_ ? master_->master() : params_;
+  std::vector<at::Tensor> grads;
   if (!norm_.split()) {
-    std::vector<at::Tensor> tensors;
-    for (const auto& [name, p] : optimized) tensors.push_back(p);
-    return clip_grad_norm(tensors, max_norm);
+    for (const auto& [name, p] : optimized)
+      if (p.grad().defined()) grads.push_back(p.grad());
+    return clip_gradients_queued(grads, max_norm);
   }
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> grads;
   const double norm = norm_.grad_norm(optimized, grads);
   scale_to_max_norm(grads, norm, max_norm);
-  return norm;
+  return at::scalar_tensor(norm, at::kDouble);
 }
 
 void LocalOptimizer::finish_gradients() {

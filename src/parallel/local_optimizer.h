@@ -46,7 +46,7 @@ class LocalOptimizer : public ResidentOwner, public GradientHolder {
   void load_parameter(const std::string& name, const at::Tensor& value) override;
 
  private:
-  double clip(double max_norm);
+  at::Tensor clip(double max_norm);
 
   NamedParams params_;
   std::unique_ptr<MasterWeights> master_;      // fp16 only

@@ -95,7 +95,10 @@ inline std::map<std::string, at::Tensor> with_prefix(const std::map<std::string,
 }
 
 struct UpdateResult {
-  double grad_norm = 0;  // the global norm before clipping
+  // The global norm before clipping: a float64 0-dim tensor on the host, or on the device where the
+  // step queued it there unread (the training step reads it with the losses, once); undefined
+  // where no update measured one (read as 0).
+  at::Tensor grad_norm;
   bool skipped = false;  // fp16 overflow: no update was made
   bool applied = true;   // false: the step's gradients were held out of an update (step_runner.h)
 };

@@ -197,8 +197,8 @@ StepLosses PipelineStep::run(const std::vector<Batch>& batches, double lr, const
       config_.parallel.pp_schedule_costs == "measured")
     rebuild_for_measured_costs();
   if (runs_ == kPredictionCheckedAtStep && predicted_costs_) check_prediction();
-  losses.ce_sum = sums[0].item<double>();
-  losses.aux_sum = sums[1].item<double>();
+  losses.ce_sum = sums[0];
+  losses.aux_sum = sums[1];
   return losses;
 }
 

@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include "comm/device.h"
 #include "core/fault_injection.h"
 #include "precision/autocast.h"
 
@@ -14,13 +15,14 @@ PlainStep::PlainStep(TransformerLM model, ResidentOwner& owner, c10::Device devi
 
 ModelOutput PlainStep::forward(const Batch& batch) {
   AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
-  return model_->forward(batch.inputs.to(device_), batch.targets.to(device_));
+  return model_->forward(comm::to_device_queued(batch.inputs, device_), comm::to_device_queued(batch.targets, device_));
 }
 
 StepLosses PlainStep::run(const std::vector<Batch>& micro_batches, double lr, const GradientsReady& gradients_ready) {
   model_->train();
   const double n = static_cast<double>(micro_batches.size());
-  at::Tensor sums = at::zeros({2}, at::kDouble);  // cross-entropy, auxiliary
+  // cross-entropy, auxiliary: summed where they are computed, read by the caller once
+  at::Tensor sums = at::zeros({2}, at::TensorOptions().dtype(at::kDouble).device(device_));
   for (size_t m = 0; m < micro_batches.size(); ++m) {
     fault::point("forward");
     const ModelOutput out = forward(micro_batches[m]);
@@ -30,7 +32,7 @@ StepLosses PlainStep::run(const std::vector<Batch>& micro_batches, double lr, co
     owner_.before_backward(m + 1 == micro_batches.size());
     fault::point("backward");
     loss.backward();
-    sums += at::stack({out.ce_loss.detach(), out.aux_loss.detach()}).to(at::kCPU, at::kDouble);
+    sums += at::stack({out.ce_loss.detach(), out.aux_loss.detach()}).to(at::kDouble);
   }
   owner_.finish_gradients();
   StepLosses losses;
@@ -41,16 +43,16 @@ StepLosses PlainStep::run(const std::vector<Batch>& micro_batches, double lr, co
     owner_.drop_gradients();
     losses.update.applied = false;
   }
-  losses.ce_sum = sums[0].item<double>();
-  losses.aux_sum = sums[1].item<double>();
+  losses.ce_sum = sums[0];
+  losses.aux_sum = sums[1];
   return losses;
 }
 
 double PlainStep::evaluate(const std::vector<Batch>& batches) {
   torch::NoGradGuard no_grad;
   model_->eval();
-  at::Tensor total = at::zeros({}, at::kDouble);
-  for (const Batch& batch : batches) total += forward(batch).ce_loss.detach().to(at::kCPU, at::kDouble);
+  at::Tensor total = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device_));
+  for (const Batch& batch : batches) total += forward(batch).ce_loss.detach().to(at::kDouble);
   model_->train();
   return total.item<double>() / static_cast<double>(batches.size());
 }

@@ -37,8 +37,10 @@
 namespace tessera {
 
 struct StepLosses {
-  double ce_sum = 0;   // summed over this rank's micro-batches
-  double aux_sum = 0;  // MoE auxiliary terms, likewise
+  // float64 0-dim tensors, on the host or on the device (unread there: the training step reads them
+  // and the norm in one copy at the step's end, so that a GPU step never waits on its device)
+  at::Tensor ce_sum;   // summed over this rank's micro-batches
+  at::Tensor aux_sum;  // MoE auxiliary terms, likewise
   UpdateResult update;
 };
 

@@ -105,7 +105,7 @@ StepLosses SwapStep::run(const std::vector<Batch>& batches, double lr, const Gra
   work.gradients_stored = [&] {
     owner_.reduce_gradients();
     if (gradients_ready) apply = gradients_ready();
-    if (apply) result.update.grad_norm = owner_.gradients_stored(config_.optim.grad_clip);
+    if (apply) result.update.grad_norm = at::scalar_tensor(owner_.gradients_stored(config_.optim.grad_clip), at::kDouble);
   };
   try {
     timeline_ = executor_.run(plan_, work);
@@ -119,8 +119,8 @@ StepLosses SwapStep::run(const std::vector<Batch>& batches, double lr, const Gra
     owner_.end_step();  // the held gradients dropped; the next step's stores start afresh
     result.update.applied = false;
   }
-  result.ce_sum = ce_sum_.item<double>();
-  result.aux_sum = aux_sum_.item<double>();
+  result.ce_sum = ce_sum_;
+  result.aux_sum = aux_sum_;
   return result;
 }
 

@@ -85,13 +85,18 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, double lr, co
       return true;
     };
   const StepLosses step = parallel_->runner().run(local_batches(micro_batches), lr, ready);
-  at::Tensor losses = at::tensor({step.ce_sum, step.aux_sum}, at::kDouble);
+  // The step's one read from its device: the losses and the gradient norm in one copy, at its end.
+  const at::Device where = step.ce_sum.device();
+  const at::Tensor norm = step.update.grad_norm.defined() ? step.update.grad_norm : at::zeros({}, at::kDouble);
+  const at::Tensor read = at::stack({step.ce_sum.to(where, at::kDouble), step.aux_sum.to(where, at::kDouble),
+                                     norm.to(where, at::kDouble)}).to(at::kCPU);
+  at::Tensor losses = read.narrow(0, 0, 2).clone();
   parallel_->average_over_replicas(losses);
   const double n = static_cast<double>(micro_batches.size());
   StepResult result;
   result.ce_loss = losses[0].item<double>() / n;
   result.aux_loss = losses[1].item<double>() / n;
-  result.grad_norm = step.update.grad_norm;
+  result.grad_norm = read[2].item<double>();
   result.skipped = step.update.skipped;
   result.applied = step.update.applied;
   result.moe = parallel_->moe_statistics();

@@ -521,7 +521,7 @@ void DataParallel::sum_gradient_over(const std::string& name, comm::Group& copie
 
 UpdateResult DataParallel::apply(double lr, double max_norm) {
   UpdateResult result;
-  result.grad_norm = clip_grad_norm(max_norm);
+  result.grad_norm = at::scalar_tensor(clip_grad_norm(max_norm), at::kDouble);
   step(lr);
   zero_grad();
   return result;

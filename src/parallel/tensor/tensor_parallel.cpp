@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
+#include "model/linear.h"
 #include "parallel/tensor/tp_comm.h"
 #include "parallel/tensor/vocab_parallel.h"
 
@@ -36,7 +37,7 @@ TransformerLMImpl::ShardHooks shard_hooks(TransformerLM& model, comm::Group& tp,
       return scatter_to_sequence(x, tp);
     };
   hooks.logits = [wte, &tp, megatron_sp](const at::Tensor& h) {
-    return at::linear(megatron_sp ? gather_from_sequence(h, tp) : copy_to_tp(h, tp), wte->weight);
+    return linear(megatron_sp ? gather_from_sequence(h, tp) : copy_to_tp(h, tp), wte->weight, at::Tensor());
   };
   hooks.cross_entropy = [&tp](const at::Tensor& logits, const at::Tensor& targets) {
     return vocab_parallel_cross_entropy(logits, targets, tp);

@@ -64,6 +64,22 @@ TEST(ClipGradNorm, NonfiniteNormIsReturnedAndGradsKept) {
   EXPECT_TRUE(at::equal(params[0].grad(), before));
 }
 
+TEST(ClipGradNorm, QueuedKeepsTheNormATensorAndClipsAlike) {
+  for (const double fraction : {0.0, 2.0, 0.25}) {
+    auto params = params_with_grads(), twins = params_with_grads();
+    for (size_t i = 0; i < 3; ++i) twins[i].mutable_grad() = params[i].grad().clone();
+    std::vector<at::Tensor> grads;
+    for (size_t i = 0; i < 3; ++i) grads.push_back(twins[i].grad());
+    const double max_norm = fraction * manual_norm(params);
+    const double expected = clip_grad_norm(params, max_norm);
+    const at::Tensor queued = clip_gradients_queued(grads, max_norm);
+    ASSERT_EQ(queued.dim(), 0);
+    EXPECT_EQ(queued.item<double>(), expected);
+    for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(at::equal(twins[i].grad(), params[i].grad())) << "max_norm " << max_norm;
+  }
+  EXPECT_FALSE(clip_gradients_queued({}, 1.0).defined());
+}
+
 TEST(ClipGradNorm, NoGradsIsZero) {
   std::vector<at::Tensor> params{torch::randn({3}).requires_grad_(true)};
   EXPECT_EQ(clip_grad_norm(params, 1.0), 0.0);

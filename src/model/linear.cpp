@@ -1,0 +1,55 @@
+// linear() (linear.h): at::linear, or on a GPU under bf16 autocast the float32-weight-gradient
+// function.
+#include "model/linear.h"
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <torch/autograd.h>
+
+namespace tessera {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Forward in bf16 (x, weight and bias cast as autocast would); backward: the input gradient in
+// bf16, the weight gradient as a float32 GEMM output, the bias gradient summed into float32.
+class LinearFp32WeightGrads : public torch::autograd::Function<LinearFp32WeightGrads> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias) {
+    const at::Tensor x16 = x.to(at::kBFloat16), w16 = weight.to(at::kBFloat16);
+    ctx->save_for_backward({x16, w16});
+    ctx->saved_data["bias"] = bias.defined();
+    return at::linear(x16, w16, bias.defined() ? bias.to(at::kBFloat16) : at::Tensor());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x16 = saved[0];
+    const at::Tensor& w16 = saved[1];
+    const at::Tensor grad = grads[0].to(at::kBFloat16);
+    const int64_t out = w16.size(0), in = w16.size(1);
+    const at::Tensor grad2 = grad.reshape({-1, out});
+    at::Tensor grad_x, grad_w, grad_b;
+    if (ctx->needs_input_grad(0)) grad_x = at::matmul(grad, w16);
+    if (ctx->needs_input_grad(1)) grad_w = at::mm(grad2.t(), x16.reshape({-1, in}), at::kFloat);
+    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) grad_b = grad2.sum(0, false, at::kFloat);
+    return {grad_x, grad_w, grad_b};
+  }
+};
+
+bool fp32_weight_grads(const at::Tensor& x, const at::Tensor& weight) {
+  return x.is_cuda() && at::autocast::is_autocast_enabled(at::kCUDA) &&
+         at::autocast::get_autocast_dtype(at::kCUDA) == at::kBFloat16 && weight.scalar_type() == at::kFloat &&
+         weight.requires_grad() && at::GradMode::is_enabled();
+}
+
+}  // namespace
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  if (!fp32_weight_grads(x, weight)) return at::linear(x, weight, bias);
+  return LinearFp32WeightGrads::apply(x, weight, bias);
+}
+
+}  // namespace tessera
