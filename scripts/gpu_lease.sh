@@ -15,6 +15,9 @@
 #     pipeline  `tessera pipeline --model` on the device: per-stage F, I, W and a predicted pp 4 step,
 #               cut by layers and by the profile
 #     lasp      the linear-attention model against softmax attention (SDPA) at sequence 4K to 32K
+#     ab        this build against an earlier one (every .gpu_baseline/prebuilt_<commit>.tgz carried,
+#               as gpu_prebuilt.sh packed it): tessera bench of GPT-2 124M at batches 16 and 64,
+#               the two binaries alternating over AB_ROUNDS rounds (default 3)
 #
 # Every step runs under a limit that the call's budget (LEASE_BUDGET seconds, default 520) caps;
 # a step that no longer fits is skipped and says so. OUT receives SUMMARY.md, logs.tgz (every log
@@ -23,7 +26,7 @@
 set -uo pipefail
 
 OUT="${1:?usage: scripts/gpu_lease.sh OUT [PARTS]}"
-PARTS=",${2:-correct,speed,trace,swap,pipeline,lasp},"
+PARTS=",${2:-correct,speed,trace,swap,pipeline,lasp,ab},"
 ROOT="$(pwd)"
 DEADLINE=$((SECONDS + ${LEASE_BUDGET:-520}))
 WORK=/tmp/lease
@@ -175,6 +178,25 @@ if want lasp; then
       step "bench $arch seq $t" 60 "lasp_${arch}_$t.log" "$BIN" bench $(gpt2) --set model.arch=$arch --set model.block_size=$t \
            --set train.seq_len=$t --set train.batch_size=1 --steps 4 --warmup 2
       tail -3 "$LOGS/lasp_${arch}_$t.log" | head -2 | tee -a "$SUMMARY"
+    done
+  done
+  pack
+fi
+
+if want ab; then
+  note "## ab (GPT-2 124M, bf16, sequence 1024; tessera bench --steps 10 --warmup 3, alternating)"
+  for archive in "$ROOT"/.gpu_baseline/prebuilt_*.tgz; do
+    [ -f "$archive" ] || { note "- no .gpu_baseline/prebuilt_<commit>.tgz carried"; break; }
+    base="${archive##*/prebuilt_}"; base="${base%.tgz}"
+    mkdir -p "$WORK/base_$base" && tar xzf "$archive" -C "$WORK/base_$base"
+    for r in $(seq "${AB_ROUNDS:-3}"); do
+      for b in 16 64; do
+        for who in "$base|$WORK/base_$base/tessera" "head|$BIN"; do
+          step "ab ${who%%|*} batch $b round $r" 40 "ab_${who%%|*}_b${b}_r$r.log" "${who#*|}" bench $(gpt2) \
+               --set train.batch_size=$b --steps 10 --warmup 3
+          tail -3 "$LOGS/ab_${who%%|*}_b${b}_r$r.log" | head -1 | tee -a "$SUMMARY"
+        done
+      done
     done
   done
   pack
