@@ -192,7 +192,7 @@ if want ab; then
     for r in $(seq "${AB_ROUNDS:-3}"); do
       for b in 16 64; do
         for who in "$base|$WORK/base_$base/tessera" "head|$BIN"; do
-          step "ab ${who%%|*} batch $b round $r" 40 "ab_${who%%|*}_b${b}_r$r.log" "${who#*|}" bench $(gpt2) \
+          TESSERA_CONFIG_DIR="$ROOT/configs" step "ab ${who%%|*} batch $b round $r" 40 "ab_${who%%|*}_b${b}_r$r.log" "${who#*|}" bench $(gpt2) \
                --set train.batch_size=$b --steps 10 --warmup 3
           tail -3 "$LOGS/ab_${who%%|*}_b${b}_r$r.log" | head -1 | tee -a "$SUMMARY"
         done

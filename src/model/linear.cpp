@@ -13,15 +13,16 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // Forward in bf16 (x, weight and bias cast as autocast would); backward: the input gradient in
-// bf16, the weight gradient as a float32 GEMM output, the bias gradient summed into float32.
+// bf16, the weight gradient as a float32 GEMM output, the bias gradient summed into float32. A
+// custom function takes no undefined input, so a layer without a bias calls the two-input forward.
 class LinearFp32WeightGrads : public torch::autograd::Function<LinearFp32WeightGrads> {
  public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight) {
+    return run(ctx, x, weight, at::Tensor());
+  }
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias) {
-    const at::Tensor x16 = x.to(at::kBFloat16), w16 = weight.to(at::kBFloat16);
-    ctx->save_for_backward({x16, w16});
-    ctx->saved_data["bias"] = bias.defined();
-    return at::linear(x16, w16, bias.defined() ? bias.to(at::kBFloat16) : at::Tensor());
+    return run(ctx, x, weight, bias);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -31,11 +32,24 @@ class LinearFp32WeightGrads : public torch::autograd::Function<LinearFp32WeightG
     const at::Tensor grad = grads[0].to(at::kBFloat16);
     const int64_t out = w16.size(0), in = w16.size(1);
     const at::Tensor grad2 = grad.reshape({-1, out});
-    at::Tensor grad_x, grad_w, grad_b;
-    if (ctx->needs_input_grad(0)) grad_x = at::matmul(grad, w16);
-    if (ctx->needs_input_grad(1)) grad_w = at::mm(grad2.t(), x16.reshape({-1, in}), at::kFloat);
-    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) grad_b = grad2.sum(0, false, at::kFloat);
-    return {grad_x, grad_w, grad_b};
+    variable_list result(ctx->saved_data["bias"].toBool() ? 3 : 2);
+    if (ctx->needs_input_grad(0)) result[0] = at::matmul(grad, w16);
+    if (ctx->needs_input_grad(1)) result[1] = float_mm(grad2.t(), x16.reshape({-1, in}));
+    if (result.size() == 3 && ctx->needs_input_grad(2)) result[2] = grad2.sum(0, false, at::kFloat);
+    return result;
+  }
+
+ private:
+  static at::Tensor run(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+    const at::Tensor x16 = x.to(at::kBFloat16), w16 = weight.to(at::kBFloat16);
+    ctx->save_for_backward({x16, w16});
+    ctx->saved_data["bias"] = bias.defined();
+    return at::linear(x16, w16, bias.defined() ? bias.to(at::kBFloat16) : at::Tensor());
+  }
+  // a @ b of bf16 matrices, accumulated and returned in float32 (the CPU has no such GEMM: there
+  // the bf16 product is widened, for the tests of the function's autograd)
+  static at::Tensor float_mm(const at::Tensor& a, const at::Tensor& b) {
+    return a.is_cuda() ? at::mm(a, b, at::kFloat) : at::mm(a, b).to(at::kFloat);
   }
 };
 
@@ -49,7 +63,11 @@ bool fp32_weight_grads(const at::Tensor& x, const at::Tensor& weight) {
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   if (!fp32_weight_grads(x, weight)) return at::linear(x, weight, bias);
-  return LinearFp32WeightGrads::apply(x, weight, bias);
+  return linear_fp32_weight_grads(x, weight, bias);
+}
+
+at::Tensor linear_fp32_weight_grads(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  return bias.defined() ? LinearFp32WeightGrads::apply(x, weight, bias) : LinearFp32WeightGrads::apply(x, weight);
 }
 
 }  // namespace tessera

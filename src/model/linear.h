@@ -41,6 +41,9 @@ TORCH_MODULE(Linear);
 
 // x: [..., in] -> [..., out]; weight [out, in], bias [out] or undefined
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+// The float32-weight-gradient function itself, on any device (tests run it on the CPU, where its
+// weight gradient is the bf16 GEMM's, widened).
+at::Tensor linear_fp32_weight_grads(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 inline at::Tensor linear(const Linear& layer, const at::Tensor& x) { return linear(x, layer->weight, layer->bias); }
 
 class EmbeddingImpl : public torch::nn::Module {
