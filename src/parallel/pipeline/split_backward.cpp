@@ -121,7 +121,11 @@ SplitBackward::SplitBackward(const std::vector<at::Tensor>& roots, const std::ve
     input_grad_ = got[0];
   }
 
-  // W's roots: each intermediate's kept gradients.
+  // W's roots: each intermediate's kept gradients. Cutting one intermediate's edges can drop the
+  // last reference to another (a custom function that saved its input without its graph, such as
+  // model/linear.cpp's, holds the input's node by that edge alone): all are held until the end.
+  std::vector<std::shared_ptr<Node>> held;
+  for (Node* n : intermediates) held.push_back(n->shared_from_this());
   for (Node* n : intermediates) {
     variable_list g;
     if (n == in) {

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "model/linear.h"
 #include "model/transformer.h"
 #include "parallel/pipeline/split_backward.h"
 #include "tiny_config.h"
@@ -121,6 +122,38 @@ TEST(SplitBackward, WRunsOnlyTheWeightProducts) {
   EXPECT_EQ(split.mm_in_i, linears) << "I computes one input product per linear layer";
   EXPECT_EQ(split.forward_ops_in_w, 0) << "W re-ran a forward op";
   EXPECT_EQ(split.attention_in_w, 0) << "W re-ran the attention's backward (an input-path op)";
+}
+
+// A custom function that saves its input without the input's graph (model/linear.cpp's, whose
+// weight gradient leaves the GEMM in float32) holds the node that made its input by its edge alone:
+// cutting that edge while W's roots are gathered must not free a node still to be visited.
+TEST(SplitBackward, ACustomFunctionHoldingItsInputsNodeByItsEdgeAloneSplitsExactly) {
+  std::map<std::string, at::Tensor> grads[2];
+  for (int split = 0; split < 2; ++split) {
+    torch::manual_seed(1);
+    const at::Tensor x = torch::randn({4, 8}).requires_grad_(true);
+    const at::Tensor w = (torch::randn({6, 8}) * 0.3).requires_grad_(true), bias = torch::randn({6}).requires_grad_(true);
+    const at::Tensor gamma = torch::randn({8}).requires_grad_(true), beta = torch::randn({8}).requires_grad_(true);
+    // The layer norm's output is dropped here, as a model's forward drops it: the function's edge
+    // is what keeps its node. The linear's parameters come first, so W's roots visit its node first.
+    const at::Tensor loss = linear_fp32_weight_grads(at::layer_norm(x, {8}, gamma, beta), w, bias)
+                                .to(at::kFloat).pow(2).sum();
+    at::Tensor input_grad;
+    if (split) {
+      pipeline::SplitBackward sb({loss}, {at::ones_like(loss)}, x, {w, bias, gamma, beta});
+      input_grad = sb.input_gradient();
+      sb.weight_gradients();
+    } else {
+      loss.backward();
+      input_grad = x.grad();
+    }
+    grads[split] = {{"x", input_grad}, {"w", w.grad()}, {"bias", bias.grad()}, {"gamma", gamma.grad()},
+                    {"beta", beta.grad()}};
+  }
+  for (const auto& [name, g] : grads[0]) {
+    ASSERT_TRUE(grads[1][name].defined()) << name;
+    EXPECT_TRUE(torch::equal(g, grads[1][name])) << name;
+  }
 }
 
 }  // namespace
