@@ -157,9 +157,6 @@ Command add_train_command(CLI::App& app) {
     require(!lead || !resume_elsewhere, "train --resume ", args->resume,
             ": does not exist here, on the node of rank 0, which holds the run's checkpoints");
     const std::unique_ptr<RunLock> lock = lead ? claim_run_dir(out, claim) : nullptr;
-    if (lead)
-      for (const std::string& name : remove_interrupted_saves(out + "/checkpoints"))
-        std::printf("removed %s/checkpoints/%s: a checkpoint save that did not finish\n", out.c_str(), name.c_str());
     if (launching)
       return launch_workers(args->launch, out, config.parallel.timeout_s,
                             Restarts{config.parallel.max_restarts, dims.world_size() / dims.dp()});

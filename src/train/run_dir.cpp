@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -13,6 +14,7 @@
 
 #include <ATen/ATen.h>
 
+#include "checkpoint/checkpoint.h"
 #include "comm/group.h"
 #include "core/error.h"
 #include "core/fs.h"
@@ -132,6 +134,8 @@ std::unique_ptr<RunLock> claim_run_dir(const std::string& dir, const RunClaim& c
   const ClaimDecision d = decide_claim(dir, claim);
   if (!d.continues)
     for (const std::string& name : d.held) fs::remove_all(fs::path(dir) / name);
+  for (const std::string& name : remove_interrupted_saves(dir + "/checkpoints"))
+    std::printf("removed %s/checkpoints/%s: a checkpoint save that did not finish\n", dir.c_str(), name.c_str());
   return lock;
 }
 

@@ -67,7 +67,8 @@ std::string describe_claim(const std::string& dir, const RunClaim& claim);
 void check_shared_run_dir(const std::string& dir, comm::Group& world, bool gather);
 
 // Locks `dir`, then applies the claim rules (describe_claim) and, with --overwrite, deletes the old
-// run's files.
+// run's files; then removes the checkpoint saves a killed run left unfinished (checkpoint.h's
+// remove_interrupted_saves), saying so. `tessera train` (its lead process) and `tessera peer` call it.
 std::unique_ptr<RunLock> claim_run_dir(const std::string& dir, const RunClaim& claim);
 
 }  // namespace tessera

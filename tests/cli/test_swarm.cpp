@@ -1,13 +1,15 @@
 // `tessera peer` end to end on loopback: peers train together, survive each other's death (the
 // first started included), a late joiner takes the state from several donors, a restarted peer
-// rejoins from its run directory, a stranger with another key gets nothing; every sample a peer
-// processed is accounted for (averaged, dropped for newer state, or still accumulated).
+// rejoins from its run directory (removing a save its stop interrupted), a stranger with another
+// key gets nothing; every sample a peer processed is accounted for (averaged, dropped for newer
+// state, or still accumulated).
 #include <gtest/gtest.h>
 
 #include <signal.h>
 #include <sys/wait.h>
 
 #include <deque>
+#include <filesystem>
 #include <map>
 #include <regex>
 
@@ -65,12 +67,17 @@ TEST_F(Swarm, ARestartedPeerRejoinsFromItsRunDirectory) {
                                   "/meta.json"))["collaboration"]["local_step"]
           .get<int64_t>();  // the peer's local steps when it stopped
   EXPECT_GT(before, 0);
+  // A save the stop interrupted (as a kill mid-write leaves it) is removed when the peer restarts.
+  std::filesystem::create_directories(second.dir + "/checkpoints/step_999999.partial");
   // Restarted with nothing but its run directory (config, identity and swarm state from there).
   Peer& again = start("second", "", first.address());
   EXPECT_NE(again.log().find("peer " + id), std::string::npos) << again.log();
   EXPECT_NE(again.log().find("restarting from"), std::string::npos) << again.log();
   // Its record counts on from its local steps (swarm status shows them), not from 0.
   ASSERT_TRUE(wait_until([&] { return again.log().find("round") != std::string::npos; }, 60)) << again.log();
+  EXPECT_NE(again.log().find("checkpoints/step_999999.partial: a checkpoint save that did not finish"), std::string::npos)
+      << again.log();
+  EXPECT_FALSE(std::filesystem::exists(second.dir + "/checkpoints/step_999999.partial"));
   const CommandResult status = run_tessera("swarm status --swarm demo --key-file " + key_ + " --initial-peer " +
                                            first.address());
   std::smatch row;
