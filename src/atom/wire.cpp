@@ -148,7 +148,8 @@ Message Channel::receive(Deadline deadline, uint8_t expect) {
   const uint64_t sequence = get_u64(header + 1), length = get_u64(header + 9);
   if (length > max_bytes_)
     throw WireError("peer " + address_ + " sent a message of " + std::to_string(length) + " bytes, above the limit of " +
-                    std::to_string(max_bytes_) + " (swarm.max_message_mb): refused");
+                    std::to_string(max_bytes_) + (session_ ? " (swarm.max_message_mb)" : " (a handshake message)") +
+                    ": refused");
   if (sequence != receive_sequence_) throw WireError("peer " + address_ + " sent a message out of sequence");
   m.body.resize(length);
   read_all(m.body.data(), length, deadline, "a message body");
@@ -178,7 +179,7 @@ std::unique_ptr<Channel> Channel::connect(const std::string& host, int port, con
     ::freeaddrinfo(found);
     throw WireError("cannot open a socket to " + address);
   }
-  std::unique_ptr<Channel> c(new Channel(fd, address, max_bytes));
+  std::unique_ptr<Channel> c(new Channel(fd, address, std::min<size_t>(max_bytes, 4096)));  // handshake: small
   set_nonblocking(fd);
   const int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -190,7 +191,19 @@ std::unique_ptr<Channel> Channel::connect(const std::string& host, int port, con
   socklen_t len = sizeof(error);
   ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len);
   if (error != 0) throw WireError("cannot connect to peer " + address + ": " + std::strerror(error));
+  return client_handshake(std::move(c), key, my_id, deadline, max_bytes);
+}
 
+std::unique_ptr<Channel> Channel::open_as_client(int fd, const std::string& address, const SwarmKey& key,
+                                                 const std::string& my_id, Deadline deadline, size_t max_bytes) {
+  std::unique_ptr<Channel> c(new Channel(fd, address, std::min<size_t>(max_bytes, 4096)));  // handshake: small
+  set_nonblocking(fd);
+  return client_handshake(std::move(c), key, my_id, deadline, max_bytes);
+}
+
+std::unique_ptr<Channel> Channel::client_handshake(std::unique_ptr<Channel> c, const SwarmKey& key,
+                                                   const std::string& my_id, Deadline deadline, size_t max_bytes) {
+  const std::string& address = c->address_;
   const std::string nonce_c = random_bytes(kNonce);
   c->send(kHello, std::string(kMagic) + pack_id(my_id) + nonce_c, deadline);
   const Message challenge = c->receive(deadline, kChallenge);
@@ -206,6 +219,7 @@ std::unique_ptr<Channel> Channel::connect(const std::string& host, int port, con
   c->session_ = std::make_unique<SwarmKey>(key.derive("session" + nonce_c + nonce_s));
   c->send_direction_ = 'c';
   c->receive_direction_ = 's';
+  c->max_bytes_ = max_bytes;
   return c;
 }
 

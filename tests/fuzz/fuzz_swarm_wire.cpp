@@ -1,10 +1,15 @@
-// libFuzzer target: the swarm's handshake and message framing (atom/wire.h) as a server sees them
-// from a peer that connects, over a socket pair. The first byte picks what the input is:
-//   0  the peer's whole byte stream, raw;
+// libFuzzer target: the swarm's handshake and message framing (atom/wire.h) as either side sees
+// them from the other, over a socket pair. The first byte (mod 6) picks the side and the input:
+// as the server (Channel::accept), what a connecting peer sends:
+//   0  its whole byte stream, raw;
 //   1  the bodies of a HELLO and a PROOF (split where the second byte says), framed correctly, so
 //      the input reaches the HELLO's fields (magic, id, nonce) and the PROOF's checks;
-//   2  what follows a well-formed HELLO, raw (the frames after it: headers, lengths, the PROOF).
-// The stream is written and the pair's write side shut before Channel::accept reads it, so every
+//   2  what follows a well-formed HELLO, raw (the frames after it: headers, lengths, the PROOF);
+// as the client (Channel::open_as_client, connect()'s handshake), what the peer it dialled sends:
+//   3  its whole byte stream, raw;
+//   4  the body of a CHALLENGE, framed correctly (the server id, nonce and proof checks);
+//   5  what follows a CHALLENGE's well-formed id and nonce: the proof and the bytes after it, raw.
+// The stream is written and the pair's write side shut before the handshake reads it, so every
 // read ends at the stream's end (never at the deadline). Nothing here holds the swarm's key, so
 // every input must end in WireError: a handshake that completes would be a forged proof.
 #include <sys/socket.h>
@@ -33,7 +38,7 @@ std::string frame(uint8_t type, uint64_t sequence, const std::string& body) {
   return out + body;
 }
 
-constexpr uint8_t kHello = 240, kProof = 242;
+constexpr uint8_t kHello = 240, kChallenge = 241, kProof = 242;
 
 }  // namespace
 
@@ -41,17 +46,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
   const std::string rest(reinterpret_cast<const char*>(data) + 2, size - 2);
   std::string stream;
+  const bool client = data[0] % 6 >= 3;
   switch (data[0] % 3) {
     case 0:
       stream = std::string(reinterpret_cast<const char*>(data) + 1, size - 1);
       break;
     case 1: {
       const size_t split = rest.size() * data[1] / 255;
-      stream = frame(kHello, 0, rest.substr(0, split)) + frame(kProof, 1, rest.substr(split));
+      stream = client ? frame(kChallenge, 0, rest)
+                      : frame(kHello, 0, rest.substr(0, split)) + frame(kProof, 1, rest.substr(split));
       break;
     }
     default:
-      stream = frame(kHello, 0, "TSWM1" + std::string(1, '\x06') + "client" + std::string(32, 'n')) + rest;
+      stream = client ? frame(kChallenge, 0, std::string(1, '\x06') + "server" + std::string(32, 's') + rest)
+                      : frame(kHello, 0, "TSWM1" + std::string(1, '\x06') + "client" + std::string(32, 'n')) + rest;
   }
   int pair[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM, 0, pair) != 0) __builtin_trap();
@@ -60,7 +68,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ::shutdown(pair[0], SHUT_WR);
   bool completed = false;
   try {
-    tessera::atom::Channel::accept(pair[1], "fuzz", key(), "server", tessera::atom::Deadline::in(5), 1 << 20);
+    if (client)
+      tessera::atom::Channel::open_as_client(pair[1], "fuzz", key(), "client", tessera::atom::Deadline::in(5), 1 << 20);
+    else
+      tessera::atom::Channel::accept(pair[1], "fuzz", key(), "server", tessera::atom::Deadline::in(5), 1 << 20);
     completed = true;
   } catch (const tessera::atom::WireError&) {
   }

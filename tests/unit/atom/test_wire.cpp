@@ -107,6 +107,24 @@ TEST(Wire, GarbageAndOversizedMessagesAreRefusedWithoutHarm) {
   c->send(9, "", Deadline::in(5));
 }
 
+// The peer a client dials answers with a CHALLENGE header claiming 1 MiB: the client refuses it at
+// the handshake's 4096-byte limit without waiting for (or allocating) the body, whatever its own
+// limit for messages after the handshake.
+TEST(Wire, AClientRefusesAnOversizedHandshakeFrameAtOnce) {
+  int pair[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, pair), 0);
+  std::string header(1, static_cast<char>(241));  // CHALLENGE, sequence 0, length 2^20
+  for (const uint64_t v : {uint64_t{0}, uint64_t{1} << 20})
+    for (int i = 0; i < 8; ++i) header.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  ASSERT_EQ(::write(pair[0], header.data(), header.size()), static_cast<ssize_t>(header.size()));
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(test::throws_naming(
+      [&] { Channel::open_as_client(pair[1], "dialled", kKey, "client", Deadline::in(5), 1 << 30); },
+      {"peer dialled", "1048576 bytes, above the limit of 4096 (a handshake message)"}));
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1.0);
+  ::close(pair[0]);
+}
+
 TEST(Wire, ASilentPeerEndsTheCallAtItsDeadline) {
   // A socket that accepts and never answers: the handshake's deadline ends connect().
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
