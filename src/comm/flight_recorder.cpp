@@ -76,6 +76,15 @@ void flight_ended(const std::string& name, int64_t handle) {
     }
 }
 
+double oldest_running_flight_start() {
+  std::lock_guard<std::mutex> lock(flight_mutex);
+  double oldest = 0;
+  for (const auto& [name, g] : flight_groups())
+    for (const FlightOperation& o : g.operations)
+      if (o.end < 0 && (oldest == 0 || o.start < oldest)) oldest = o.start;
+  return oldest;
+}
+
 nlohmann::json flight_snapshot() {
   std::lock_guard<std::mutex> lock(flight_mutex);
   nlohmann::json groups = nlohmann::json::array();

@@ -36,6 +36,9 @@ void flight_group(const std::string& name, const std::vector<int64_t>& ranks);
 // An operation of group `name` started; returns its handle for flight_ended.
 int64_t flight_started(const std::string& name, const std::string& op);
 void flight_ended(const std::string& name, int64_t handle);
+// The wall time (seconds since the epoch) at which the longest-running operation of any group that
+// is still running started; 0 when none runs.
+double oldest_running_flight_start();
 
 // Every group's record, as written (without "rank", "written" and "reason").
 nlohmann::json flight_snapshot();

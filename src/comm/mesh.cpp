@@ -105,6 +105,7 @@ std::unique_ptr<Mesh> Mesh::connect(const LaunchInfo& launch, const ParallelDims
         launch.master_addr, port, launch.rank, launch.world_size,
         (launch.agent_store ? "torchrun's agent at " : "rank 0's process at ") + launch.master_addr + ":" +
             std::to_string(port));
+    m.heartbeat_->watch(m.timeout_);
   }
   std::vector<int64_t> everyone(static_cast<size_t>(launch.world_size));
   for (int64_t r = 0; r < launch.world_size; ++r) everyone[static_cast<size_t>(r)] = r;
