@@ -78,7 +78,8 @@ void Heartbeat::read_ahead_of_timeout() {
   }
   const double oldest = oldest_running_flight_start();
   if (watch.count() <= 0 || oldest <= 0 || oldest == watched) return;
-  const double ran = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() - oldest;
+  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const double ran = now - oldest;
   if (ran < std::chrono::duration<double>(watch - kSilenceWindow).count()) return;
   std::vector<int64_t> counts;
   try {

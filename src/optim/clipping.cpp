@@ -46,7 +46,8 @@ at::Tensor clip_gradients_queued(const std::vector<at::Tensor>& grads_in_order, 
   }
   const at::Tensor clips = at::isfinite(norm).logical_and_(norm > max_norm);
   const at::Tensor coefficient = at::where(clips, max_norm / (norm + 1e-6), at::ones_like(norm));
-  for (auto& [key, grads] : groups) at::_foreach_mul_(grads, coefficient.to(grads.front().device(), grads.front().scalar_type()));
+  for (auto& [key, grads] : groups)
+    at::_foreach_mul_(grads, coefficient.to(grads.front().device(), grads.front().scalar_type()));
   return norm;
 }
 

@@ -5,8 +5,9 @@
 // run(): for micro-batch m of M, forward under autocast (bf16), backward of loss / M times the
 // owner's loss scale (fp16), the owner told before each backward (before_backward(m == M - 1): a
 // DataParallel owner reduces the last one's gradients as they arrive); then the owner's
-// finish_gradients, `gradients_ready`, and apply(lr, optim.grad_clip). Nothing in it waits on a GPU:
-// the batches go through pinned memory, the losses are summed on the device and returned unread.
+// finish_gradients, `gradients_ready`, and apply(lr, optim.grad_clip). The runner itself never waits
+// on a GPU: the batches go through pinned memory, the losses are summed on the device and returned
+// unread. Its owner may (LocalOptimizer keeps its norm on the device; DataParallel reads its own).
 #pragma once
 
 #include <optional>

@@ -105,7 +105,8 @@ StepLosses SwapStep::run(const std::vector<Batch>& batches, double lr, const Gra
   work.gradients_stored = [&] {
     owner_.reduce_gradients();
     if (gradients_ready) apply = gradients_ready();
-    if (apply) result.update.grad_norm = at::scalar_tensor(owner_.gradients_stored(config_.optim.grad_clip), at::kDouble);
+    if (apply)
+      result.update.grad_norm = at::scalar_tensor(owner_.gradients_stored(config_.optim.grad_clip), at::kDouble);
   };
   try {
     timeline_ = executor_.run(plan_, work);

@@ -75,7 +75,8 @@ TEST_F(Swarm, ARestartedPeerRejoinsFromItsRunDirectory) {
   EXPECT_NE(again.log().find("restarting from"), std::string::npos) << again.log();
   // Its record counts on from its local steps (swarm status shows them), not from 0.
   ASSERT_TRUE(wait_until([&] { return again.log().find("round") != std::string::npos; }, 60)) << again.log();
-  EXPECT_NE(again.log().find("checkpoints/step_999999.partial: a checkpoint save that did not finish"), std::string::npos)
+  EXPECT_NE(again.log().find("checkpoints/step_999999.partial: a checkpoint save that did not finish"),
+            std::string::npos)
       << again.log();
   EXPECT_FALSE(std::filesystem::exists(second.dir + "/checkpoints/step_999999.partial"));
   const CommandResult status = run_tessera("swarm status --swarm demo --key-file " + key_ + " --initial-peer " +

@@ -132,8 +132,8 @@ TEST(CommFailures, StoppedRankIsNamedByTheOthers) {
   for (int r = 0; r < 2; ++r) {
     const auto& result = ranks.results()[r];
     EXPECT_EQ(result.exit.code, 3) << "rank " << r << " " << result.exit.describe() << "\n" << result.output;
-    EXPECT_TRUE(std::regex_search(result.output, std::regex("rank 2 sent no heartbeat for [2-9][.][0-9] s: it is stopped, "
-                                                            "hung, dead or cut off")))
+    EXPECT_TRUE(std::regex_search(
+        result.output, std::regex("rank 2 sent no heartbeat for [2-9][.][0-9] s: it is stopped, hung, dead or cut off")))
         << result.output;
     std::smatch m;
     ASSERT_TRUE(std::regex_search(result.output, m, std::regex("failed after ([0-9.]+) s"))) << result.output;

@@ -132,7 +132,8 @@ TEST(SplitBackward, ACustomFunctionHoldingItsInputsNodeByItsEdgeAloneSplitsExact
   for (int split = 0; split < 2; ++split) {
     torch::manual_seed(1);
     const at::Tensor x = torch::randn({4, 8}).requires_grad_(true);
-    const at::Tensor w = (torch::randn({6, 8}) * 0.3).requires_grad_(true), bias = torch::randn({6}).requires_grad_(true);
+    const at::Tensor w = (torch::randn({6, 8}) * 0.3).requires_grad_(true);
+    const at::Tensor bias = torch::randn({6}).requires_grad_(true);
     const at::Tensor gamma = torch::randn({8}).requires_grad_(true), beta = torch::randn({8}).requires_grad_(true);
     // The layer norm's output is dropped here, as a model's forward drops it: the function's edge
     // is what keeps its node. The linear's parameters come first, so W's roots visit its node first.
