@@ -20,6 +20,7 @@ constexpr std::string_view kMagic = "TSWM1";
 constexpr size_t kNonce = 32;
 constexpr size_t kMaxId = 64;
 constexpr size_t kHeader = 1 + 8 + 8;  // type, sequence, length
+constexpr size_t kHandshakeBytes = 4096;  // the largest frame either side reads before the session
 
 void put_u64(std::string& out, uint64_t v) {
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -146,9 +147,10 @@ Message Channel::receive(Deadline deadline, uint8_t expect) {
   Message m;
   m.type = static_cast<uint8_t>(header[0]);
   const uint64_t sequence = get_u64(header + 1), length = get_u64(header + 9);
-  if (length > max_bytes_)
+  const size_t limit = session_ ? max_bytes_ : std::min(max_bytes_, kHandshakeBytes);
+  if (length > limit)
     throw WireError("peer " + address_ + " sent a message of " + std::to_string(length) + " bytes, above the limit of " +
-                    std::to_string(max_bytes_) + (session_ ? " (swarm.max_message_mb)" : " (a handshake message)") +
+                    std::to_string(limit) + (session_ ? " (swarm.max_message_mb)" : " (a handshake message)") +
                     ": refused");
   if (sequence != receive_sequence_) throw WireError("peer " + address_ + " sent a message out of sequence");
   m.body.resize(length);
@@ -179,7 +181,7 @@ std::unique_ptr<Channel> Channel::connect(const std::string& host, int port, con
     ::freeaddrinfo(found);
     throw WireError("cannot open a socket to " + address);
   }
-  std::unique_ptr<Channel> c(new Channel(fd, address, std::min<size_t>(max_bytes, 4096)));  // handshake: small
+  std::unique_ptr<Channel> c(new Channel(fd, address, max_bytes));
   set_nonblocking(fd);
   const int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -191,18 +193,18 @@ std::unique_ptr<Channel> Channel::connect(const std::string& host, int port, con
   socklen_t len = sizeof(error);
   ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len);
   if (error != 0) throw WireError("cannot connect to peer " + address + ": " + std::strerror(error));
-  return client_handshake(std::move(c), key, my_id, deadline, max_bytes);
+  return client_handshake(std::move(c), key, my_id, deadline);
 }
 
 std::unique_ptr<Channel> Channel::open_as_client(int fd, const std::string& address, const SwarmKey& key,
                                                  const std::string& my_id, Deadline deadline, size_t max_bytes) {
-  std::unique_ptr<Channel> c(new Channel(fd, address, std::min<size_t>(max_bytes, 4096)));  // handshake: small
+  std::unique_ptr<Channel> c(new Channel(fd, address, max_bytes));
   set_nonblocking(fd);
-  return client_handshake(std::move(c), key, my_id, deadline, max_bytes);
+  return client_handshake(std::move(c), key, my_id, deadline);
 }
 
 std::unique_ptr<Channel> Channel::client_handshake(std::unique_ptr<Channel> c, const SwarmKey& key,
-                                                   const std::string& my_id, Deadline deadline, size_t max_bytes) {
+                                                   const std::string& my_id, Deadline deadline) {
   const std::string& address = c->address_;
   const std::string nonce_c = random_bytes(kNonce);
   c->send(kHello, std::string(kMagic) + pack_id(my_id) + nonce_c, deadline);
@@ -219,13 +221,12 @@ std::unique_ptr<Channel> Channel::client_handshake(std::unique_ptr<Channel> c, c
   c->session_ = std::make_unique<SwarmKey>(key.derive("session" + nonce_c + nonce_s));
   c->send_direction_ = 'c';
   c->receive_direction_ = 's';
-  c->max_bytes_ = max_bytes;
   return c;
 }
 
 std::unique_ptr<Channel> Channel::accept(int fd, const std::string& address, const SwarmKey& key,
                                          const std::string& my_id, Deadline deadline, size_t max_bytes) {
-  std::unique_ptr<Channel> c(new Channel(fd, address, std::min<size_t>(max_bytes, 4096)));  // handshake: small
+  std::unique_ptr<Channel> c(new Channel(fd, address, max_bytes));
   set_nonblocking(fd);
   const int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -245,7 +246,6 @@ std::unique_ptr<Channel> Channel::accept(int fd, const std::string& address, con
   c->session_ = std::make_unique<SwarmKey>(key.derive("session" + nonce_c + nonce_s));
   c->send_direction_ = 's';
   c->receive_direction_ = 'c';
-  c->max_bytes_ = max_bytes;
   return c;
 }
 

@@ -63,8 +63,8 @@ class Channel {
   static std::unique_ptr<Channel> accept(int fd, const std::string& address, const SwarmKey& key,
                                          const std::string& my_id, Deadline deadline, size_t max_bytes);
   // Runs the handshake as the client on a connected socket (owned from here on): connect() once
-  // connected (the fuzz target drives it over a socket pair). Either side reads the handshake's
-  // frames with a limit of 4096 bytes and `max_bytes` only once it is done.
+  // connected (the fuzz target drives it over a socket pair). Until the session begins, receive()
+  // reads frames of at most 4096 bytes on either side; `max_bytes` holds after it.
   static std::unique_ptr<Channel> open_as_client(int fd, const std::string& address, const SwarmKey& key,
                                                  const std::string& my_id, Deadline deadline, size_t max_bytes);
   ~Channel();
@@ -82,7 +82,7 @@ class Channel {
  private:
   Channel(int fd, std::string address, size_t max_bytes);
   static std::unique_ptr<Channel> client_handshake(std::unique_ptr<Channel> c, const SwarmKey& key,
-                                                   const std::string& my_id, Deadline deadline, size_t max_bytes);
+                                                   const std::string& my_id, Deadline deadline);
   void write_all(std::string_view bytes, Deadline deadline, const char* what);
   void read_all(char* out, size_t n, Deadline deadline, const char* what);
   Tag message_tag(char direction, uint64_t sequence, std::string_view header, std::string_view body) const;

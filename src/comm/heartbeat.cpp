@@ -76,8 +76,9 @@ void Heartbeat::read_ahead_of_timeout() {
     watch = watch_;
     watched = watched_start_;
   }
+  if (watch.count() <= 0) return;
   const double oldest = oldest_running_flight_start();
-  if (watch.count() <= 0 || oldest <= 0 || oldest == watched) return;
+  if (oldest <= 0 || oldest == watched) return;
   const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   const double ran = now - oldest;
   if (ran < std::chrono::duration<double>(watch - kSilenceWindow).count()) return;
