@@ -2,15 +2,16 @@
 """ATOM swarm: batch mode against DiLoCo at equal samples processed, and the bytes each sends.
 
     python3 bench/atom_swarm.py BUILD_DIR [--peers 3] [--steps 150] [--inner 10] [--dtypes fp32,bf16,int8]
-        [--outer LR:MOMENTUM,...]
+        [--outer LR:MOMENTUM,...] [--topk 1,0.02,...] [--decay 1,0.95,...]
 
 Runs a swarm of `--peers` peers of tiny_gpt on loopback (one machine, so the peers share its
 cores: the time is not the point, the loss and the traffic are) for each mode:
   batch         swarm.sync = batch, target batch = peers x train.batch_size: one synchronous step
                 per local step of every peer (data parallelism's computation), train.steps swarm steps;
-  diloco fp32 / bf16 / int8
+  diloco fp32 / bf16 / int8 [top R%]
                 swarm.sync = diloco, swarm.inner_steps local steps between averages, train.steps
-                local steps per peer,
+                local steps per peer; with --topk below 1 only that fraction of each chunk's
+                entries travels (swarm.topk_ratio, with error feedback),
 so every mode processes peers x steps x batch_size samples. Prints each mode's final validation
 loss (mean over the peers; they hold the same parameters after an average, and each evaluates the
 same batches), its ratio to batch mode's, the bytes each peer sent per sample it processed (from
@@ -66,6 +67,8 @@ def main():
     ap.add_argument("--dtypes", default="fp32,bf16,int8", help="DiLoCo's pseudo-gradient dtypes to run")
     ap.add_argument("--outer", default="0.7:0.9",
                     help="DiLoCo's outer steps to run, LR:MOMENTUM each (swarm.outer_lr, swarm.outer_momentum)")
+    ap.add_argument("--topk", default="1", help="DiLoCo's swarm.topk_ratio values to run (1: dense)")
+    ap.add_argument("--decay", default="1", help="swarm.error_feedback_decay values to run with top-k")
     a = ap.parse_args()
     data = prepared_corpus(a.build)
     batch = 16
@@ -75,11 +78,16 @@ def main():
     modes = [("batch", ["--set", "swarm.sync=batch", "--set", "swarm.target_batch_size=%d" % (a.peers * batch)])]
     for dtype in a.dtypes.split(","):
         for outer in a.outer.split(","):
-            lr, momentum = outer.split(":")
-            name = "diloco " + dtype + ("" if outer == "0.7:0.9" else " outer " + outer)
-            modes.append((name, ["--set", "swarm.sync=diloco", "--set", "swarm.inner_steps=%d" % a.inner,
-                                 "--set", "swarm.pseudo_gradient_dtype=" + dtype, "--set", "swarm.outer_lr=" + lr,
-                                 "--set", "swarm.outer_momentum=" + momentum]))
+            for topk in a.topk.split(","):
+                for decay in (a.decay.split(",") if float(topk) < 1 else ["1"]):
+                    lr, momentum = outer.split(":")
+                    name = ("diloco " + dtype + ("" if float(topk) == 1 else " top %g%%" % (100 * float(topk))) +
+                            ("" if float(decay) == 1 else " decay " + decay) +
+                            ("" if outer == "0.7:0.9" else " outer " + outer))
+                    modes.append((name, ["--set", "swarm.sync=diloco", "--set", "swarm.inner_steps=%d" % a.inner,
+                                         "--set", "swarm.pseudo_gradient_dtype=" + dtype, "--set", "swarm.outer_lr=" + lr,
+                                         "--set", "swarm.outer_momentum=" + momentum, "--set", "swarm.topk_ratio=" + topk,
+                                         "--set", "swarm.error_feedback_decay=" + decay]))
     params = None  # "parameters: N (...)" in `tessera inspect`
     out = subprocess.run([os.path.join(a.build, "tessera"), "inspect", "--config", "tiny_gpt"], capture_output=True,
                          text=True, check=True).stdout
@@ -91,7 +99,8 @@ def main():
     work = tempfile.mkdtemp(prefix="atom_swarm_")
     rows = []
     for name, settings in modes:
-        loss, per_sample, seconds = run_swarm(a.build, work, name.replace(" ", "_").replace(":", "_"), a.peers, common + settings)
+        tag = name.replace(" ", "_").replace(":", "_").replace("%", "pct")
+        loss, per_sample, seconds = run_swarm(a.build, work, tag, a.peers, common + settings)
         rows.append((name, loss, per_sample, seconds))
         print("%-12s val loss %.4f, %.0f bytes sent per sample, %.0f s" % (name, loss, per_sample, seconds),
               flush=True)

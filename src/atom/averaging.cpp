@@ -54,7 +54,7 @@ struct Averager::Slot {
   int64_t expected = 0, received = 0;  // contributions, this member's own included
   at::Tensor sum;
   double weight = 0;
-  Codec codec = Codec::fp32;
+  PartEncoding encoding;
   bool failed = false;
   std::string reply;  // the sum as sent back, encoded once when the slot completes
   uint64_t bytes_received = 0;
@@ -156,11 +156,14 @@ void Averager::serve_part(Channel& channel, const Message& first) {
   // The part may come before this member learned its group: wait for the slot.
   changed_.wait_until(lock, deadline.at, [&] { return (slot = slot_for(token, false)) != nullptr; });
   if (!slot || slot->failed) return;
+  // A part of another size is refused before it is decoded (a sparse one names its size apart
+  // from its bytes).
+  const bool fits = slot->sum.defined() && part.numel == slot->sum.numel();
+  const PartEncoding encoding = slot->encoding;
   lock.unlock();
-  const at::Tensor values = decode_part(part.payload, part.numel, slot->codec, channel.address());
+  const at::Tensor values = fits ? decode_part(part.payload, part.numel, encoding, channel.address()) : at::Tensor();
   lock.lock();
-  if (slot->failed || !slot->sum.defined() || values.numel() != slot->sum.numel() ||
-      std::find(slot->from.begin(), slot->from.end(), channel.peer_id()) != slot->from.end()) {
+  if (!fits || slot->failed || std::find(slot->from.begin(), slot->from.end(), channel.peer_id()) != slot->from.end()) {
     slot->failed = true;
     changed_.notify_all();
     throw WireError("peer " + channel.address() + " sent a part that does not fit this round");
@@ -178,7 +181,7 @@ void Averager::serve_part(Channel& channel, const Message& first) {
 }
 
 RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidates, const at::Tensor& vector,
-                                double weight, Codec codec, RoundClock& clock) {
+                                double weight, const PartEncoding& encoding, RoundClock& clock) {
   const auto start = std::chrono::steady_clock::now();
   fault::point("swarm.group");
   sort_by_id(candidates);
@@ -208,9 +211,9 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
     std::lock_guard<std::mutex> lock(mutex_);
     slot = slot_for(token, true);
     const auto [b, e] = part_bounds(numel, n, me);
-    slot->codec = codec;
+    slot->encoding = encoding;
     slot->expected = n;
-    slot->sum = decode_part(encode_part(flat.slice(0, b, e), codec), e - b, codec, "this peer");
+    slot->sum = decode_part(encode_part(flat.slice(0, b, e), encoding), e - b, encoding, "this peer");
     slot->weight = weight;
     slot->received = 1;
     changed_.notify_all();
@@ -218,6 +221,12 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
   RoundResult result;
   result.members = members;
   result.sum = at::empty({numel}, at::kFloat);
+  result.delivered = at::empty({numel}, at::kFloat);
+  {
+    const auto [b, e] = part_bounds(numel, n, me);
+    result.delivered.slice(0, b, e).copy_(slot->sum);
+  }
+  const PartEncoding sums = sum_encoding(encoding);
   std::vector<std::string> errors(static_cast<size_t>(n));
   std::vector<double> weights(static_cast<size_t>(n), 0.0);
   std::atomic<uint64_t> sent{0}, received{0};
@@ -228,14 +237,16 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
       const RoundMember& m = members[static_cast<size_t>(j)];
       const auto [b, e] = part_bounds(numel, n, j);
       try {
+        const std::string mine = encode_part(flat.slice(0, b, e), encoding);
+        result.delivered.slice(0, b, e).copy_(decode_part(mine, e - b, encoding, "this peer"));
         const auto [h, p] = split_address(m.address, "a round member");
         auto c = Channel::connect(h, p, key_, my_id_, reduce, max_bytes_);
         c->send(kPart, pack({{"token", token}, {"numel", e - b}, {"weight", weight}, {"wait_s", reduce.seconds_left()}},
-                            encode_part(flat.slice(0, b, e), codec)),
+                            mine),
                 reduce);
         const Message reply = c->receive(reduce, kSum);
         const SumReply sum = parse_sum(reply.body, c->address());
-        result.sum.slice(0, b, e).copy_(decode_part(sum.payload, e - b, codec, c->address()));
+        result.sum.slice(0, b, e).copy_(decode_part(sum.payload, e - b, sums, c->address()));
         weights[static_cast<size_t>(j)] = sum.weight;
         sent += c->bytes_sent();
         received += c->bytes_received();
@@ -251,9 +262,9 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
     if (slot->received == slot->expected && !slot->failed) {
       fault::point("swarm.sum");
       // The members receive the sum as encoded, and so does this one: every member ends equal.
-      slot->reply = pack({{"weight", slot->weight}}, encode_part(slot->sum, codec));
+      slot->reply = pack({{"weight", slot->weight}}, encode_part(slot->sum, sums));
       changed_.notify_all();
-      result.sum.slice(0, b, e).copy_(decode_part(parse_sum(slot->reply, "this peer").payload, e - b, codec, "this peer"));
+      result.sum.slice(0, b, e).copy_(decode_part(parse_sum(slot->reply, "this peer").payload, e - b, sums, "this peer"));
       weights[static_cast<size_t>(me)] = slot->weight;
     } else {
       errors[static_cast<size_t>(me)] = "this peer's part received " + std::to_string(slot->received) + " of " +

@@ -18,7 +18,10 @@
 //            of the sums. Each member sends and receives (n-1)/n of the vector twice, the volume of
 //            a ring all-reduce, in two steps instead of 2(n-1).
 // Parts travel as fp32, bf16 or int8 (per part, symmetric with a float scale: the DiLoCo
-// pseudo-gradients, swarm.pseudo_gradient_dtype); sums are taken in fp32. The messages and their
+// pseudo-gradients, swarm.pseudo_gradient_dtype), dense or sparse (each chunk's largest entries:
+// swarm.topk_ratio; the sums then carry the union of the members' entries); sums are taken in
+// fp32. A member learns what the round counted of its own contribution (RoundResult::delivered),
+// so the caller can keep the rest for later rounds (error feedback). The messages and their
 // checked parsing are atom/messages.h's.
 //
 // Failure. Every wait has a deadline (RoundClock: a multiple of the recent rounds' measured
@@ -56,8 +59,9 @@ class RoundError : public Error {
 
 
 struct RoundResult {
-  at::Tensor sum;      // [N] float32: the members' contributions summed
-  double weight = 0;   // their weights summed
+  at::Tensor sum;        // [N] float32: the members' contributions summed
+  at::Tensor delivered;  // [N] float32: this member's contribution as the sum counted it (decoded)
+  double weight = 0;     // their weights summed
   std::vector<RoundMember> members;
   uint64_t bytes_sent = 0, bytes_received = 0;  // this member's, payload and framing
   double seconds = 0;
@@ -88,7 +92,7 @@ class Averager {
   // members of different steps never mix. Throws RoundError (the round failed here; nothing was
   // taken from the contribution) or returns the sum.
   RoundResult run_round(int64_t round, std::vector<RoundMember> candidates, const at::Tensor& vector, double weight,
-                        Codec codec, RoundClock& clock);
+                        const PartEncoding& encoding, RoundClock& clock);
 
  private:
   struct Gather;  // the host's JOINs of one round

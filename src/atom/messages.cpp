@@ -1,8 +1,10 @@
 // The swarm's messages: encoding and checked parsing (messages.h).
 #include "atom/messages.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -108,6 +110,88 @@ at::Tensor decode_part(std::string_view bytes, int64_t n, Codec codec, const std
   }
   if (!out.isfinite().all().item<bool>()) throw WireError("peer " + from + " sent non-finite values");
   return out;
+}
+
+namespace {
+
+// Entries of chunk `c` of a part of `n`.
+int64_t chunk_length(int64_t n, int64_t c) { return std::min(kSparseChunk, n - c * kSparseChunk); }
+
+std::string sparse_encode(const at::Tensor& values, Codec dtype, double keep) {
+  const at::Tensor v = values.to(at::kCPU, at::kFloat).contiguous().view({-1});
+  const int64_t n = v.numel(), chunks = (n + kSparseChunk - 1) / kSparseChunk;
+  // Every chunk padded to kSparseChunk with zeros (never kept): [chunks, kSparseChunk].
+  const at::Tensor rows = at::constant_pad_nd(v, {0, chunks * kSparseChunk - n}).view({chunks, kSparseChunk});
+  const int64_t k = std::min<int64_t>(kSparseChunk, static_cast<int64_t>(std::ceil(keep * kSparseChunk)));
+  at::Tensor index;
+  if (k == kSparseChunk) {
+    index = at::arange(kSparseChunk, at::kLong).expand({chunks, kSparseChunk});
+  } else {
+    index = std::get<1>(rows.abs().topk(k, 1));
+    index = std::get<0>(index.sort(1));
+  }
+  const at::Tensor kept = rows.gather(1, index);
+  const at::Tensor nonzero = kept.ne(0);
+  const at::Tensor counts = nonzero.sum(1).to(at::kShort).contiguous();
+  const at::Tensor indices = index.masked_select(nonzero).to(at::kShort).contiguous();
+  const std::string kept_values = encode_part(kept.masked_select(nonzero), dtype);
+  std::string out(static_cast<size_t>(2 * (chunks + indices.numel())), '\0');
+  if (chunks > 0) std::memcpy(out.data(), counts.data_ptr(), static_cast<size_t>(2 * chunks));
+  if (indices.numel() > 0)
+    std::memcpy(out.data() + 2 * chunks, indices.data_ptr(), static_cast<size_t>(2 * indices.numel()));
+  return out + kept_values;
+}
+
+at::Tensor sparse_decode(std::string_view bytes, int64_t n, Codec dtype, const std::string& from) {
+  if (n < 0 || n > kMaxPartElements)
+    throw WireError("peer " + from + " sent a part of " + std::to_string(n) + " elements");
+  const int64_t chunks = (n + kSparseChunk - 1) / kSparseChunk;
+  if (bytes.size() < static_cast<size_t>(2 * chunks))
+    throw WireError("peer " + from + " sent a sparse part of " + std::to_string(bytes.size()) + " bytes, too few for the " +
+                    std::to_string(chunks) + " chunk counts of " + std::to_string(n) + " elements");
+  std::vector<uint16_t> counts(static_cast<size_t>(chunks));
+  if (chunks > 0) std::memcpy(counts.data(), bytes.data(), static_cast<size_t>(2 * chunks));
+  int64_t total = 0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    if (counts[static_cast<size_t>(c)] > chunk_length(n, c))
+      throw WireError("peer " + from + " sent a sparse part whose chunk " + std::to_string(c) + " keeps " +
+                      std::to_string(counts[static_cast<size_t>(c)]) + " of its " + std::to_string(chunk_length(n, c)) +
+                      " entries");
+    total += counts[static_cast<size_t>(c)];
+  }
+  const size_t values_at = static_cast<size_t>(2 * (chunks + total));
+  if (bytes.size() < values_at)
+    throw WireError("peer " + from + " sent a sparse part of " + std::to_string(bytes.size()) +
+                    " bytes, too few for its " + std::to_string(total) + " indices");
+  std::vector<uint16_t> local(static_cast<size_t>(total));
+  if (total > 0) std::memcpy(local.data(), bytes.data() + 2 * chunks, static_cast<size_t>(2 * total));
+  std::vector<int64_t> position(static_cast<size_t>(total));
+  for (int64_t c = 0, i = 0; c < chunks; ++c)
+    for (int64_t j = 0; j < counts[static_cast<size_t>(c)]; ++j, ++i) {
+      const int64_t at = local[static_cast<size_t>(i)];
+      if (at >= chunk_length(n, c) || (j > 0 && at <= local[static_cast<size_t>(i - 1)]))
+        throw WireError("peer " + from + " sent a sparse part whose chunk " + std::to_string(c) + " has index " +
+                        std::to_string(at) + " out of place");
+      position[static_cast<size_t>(i)] = c * kSparseChunk + at;
+    }
+  const at::Tensor values = decode_part(bytes.substr(values_at), total, dtype, from);
+  at::Tensor out = at::zeros({n}, at::kFloat);
+  if (total > 0) out.index_put_({at::tensor(position, at::kLong)}, values);
+  return out;
+}
+
+}  // namespace
+
+std::string encode_part(const at::Tensor& values, const PartEncoding& encoding) {
+  return encoding.sparse ? sparse_encode(values, encoding.dtype, encoding.keep) : encode_part(values, encoding.dtype);
+}
+
+at::Tensor decode_part(std::string_view bytes, int64_t n, const PartEncoding& encoding, const std::string& from) {
+  return encoding.sparse ? sparse_decode(bytes, n, encoding.dtype, from) : decode_part(bytes, n, encoding.dtype, from);
+}
+
+PartEncoding sum_encoding(const PartEncoding& contributions) {
+  return {contributions.dtype, contributions.sparse, 1.0};
 }
 
 std::string pack(const nlohmann::json& header, std::string_view payload) {

@@ -42,6 +42,28 @@ constexpr int64_t kMaxPartElements = int64_t{1} << 40;
 std::string encode_part(const at::Tensor& values, Codec codec);
 at::Tensor decode_part(std::string_view bytes, int64_t n, Codec codec, const std::string& from);
 
+// How a round's parts travel (swarm.pseudo_gradient_dtype, swarm.topk_ratio):
+//   dense   every entry, encoded as `dtype` (above);
+//   sparse  the part is cut into chunks of kSparseChunk entries (the last may be shorter), and
+//           each chunk keeps at most ceil(keep x kSparseChunk) of its nonzero entries, those of
+//           largest magnitude (keep 1: every nonzero entry, as a round's sums travel). Layout:
+//           [u16 count per chunk][u16 index within its chunk per entry kept, ascending within each
+//           chunk][the kept values, chunk by chunk, dense as `dtype`]: 2 bytes of index and 1 (int8)
+//           to 4 (fp32) of value per entry kept.
+// decode_part refuses a count past its chunk, an index out of its chunk or not ascending, and any
+// byte count the counts do not imply; entries not sent decode as 0.
+constexpr int64_t kSparseChunk = 4096;
+struct PartEncoding {
+  Codec dtype = Codec::fp32;
+  bool sparse = false;
+  double keep = 1;  // sparse: the fraction of each chunk's entries kept, in (0, 1]
+};
+std::string encode_part(const at::Tensor& values, const PartEncoding& encoding);
+at::Tensor decode_part(std::string_view bytes, int64_t n, const PartEncoding& encoding, const std::string& from);
+// How the sum of parts sent as `contributions` travels back: as dense, or sparse keeping every
+// nonzero entry (the union of the members' entries).
+PartEncoding sum_encoding(const PartEncoding& contributions);
+
 // [u32 header length][header][payload].
 std::string pack(const nlohmann::json& header, std::string_view payload = {});
 

@@ -85,7 +85,10 @@ Swarm::Swarm(PeerIdentity identity, const Config& config)
       config_(config),
       key_(SwarmKey::load(config.swarm.key_file)),
       clock_(config.swarm.round_timeout_min_s, config.swarm.round_timeout_max_s),
-      codec_(config.swarm.sync == "batch" ? Codec::fp32 : codec_from_name(config.swarm.pseudo_gradient_dtype)) {
+      encoding_(config.swarm.sync == "batch"
+                    ? PartEncoding{}
+                    : PartEncoding{codec_from_name(config.swarm.pseudo_gradient_dtype), config.swarm.topk_ratio < 1,
+                                   config.swarm.topk_ratio}) {
   const auto [host, port] = split_address(identity_.listen, "--listen");
   const auto max_bytes = static_cast<size_t>(config.swarm.max_message_mb * 1e6);
   listener_ = std::make_unique<Listener>(
@@ -170,6 +173,7 @@ int64_t Swarm::attach(TrainStep& step, int64_t step_number, const nlohmann::json
     accumulation_ = float_copy(tensors, "swarm.accumulation");
     outer_start_ = float_copy(tensors, "swarm.outer_start");
     outer_momentum_ = float_copy(tensors, "swarm.outer_momentum");
+    residual_ = float_copy(tensors, "swarm.residual");
   }
   if (config_.swarm.sync == "batch") {
     step.set_outer_reduction(
@@ -178,6 +182,10 @@ int64_t Swarm::attach(TrainStep& step, int64_t step_number, const nlohmann::json
     outer_start_ = flatten(holder_->master_parameters()).clone();
     outer_momentum_ = at::zeros_like(outer_start_);
   }
+  if (encoding_.sparse && !residual_.defined()) residual_ = at::zeros_like(outer_start_);
+  require(!residual_.defined() || residual_.numel() == outer_start_.numel(),
+          "the checkpoint's swarm.residual holds ", residual_.numel(), " entries where the model has ",
+          outer_start_.numel());
   publish();
   // Wait to see swarm.min_peers live peers (this one included) before the first step.
   for (int64_t seen = 0;;) {
@@ -279,6 +287,7 @@ std::optional<int64_t> Swarm::load_state(TrainStep& step, const std::vector<Peer
   }
   const int64_t dropped = accumulated_;
   if (accumulation_.defined()) accumulation_.zero_();
+  if (residual_.defined()) residual_.zero_();  // what was left unsent was progress on the old parameters
   {
     std::lock_guard<std::mutex> lock(mutex_);
     samples_dropped_ += accumulated_;
@@ -338,7 +347,7 @@ bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t samples) {
   RoundResult result;
   try {
     result = averager_->run_round(swarm_step_, candidates(live), accumulation_,
-                                  static_cast<double>(accumulated_), codec_, clock_);
+                                  static_cast<double>(accumulated_), encoding_, clock_);
   } catch (const RoundError& e) {
     ++failed_rounds_;
     say(std::string(e.what()) + " (the accumulated gradients are kept; retried after the next local step)");
@@ -387,16 +396,20 @@ void Swarm::after_update(TrainStep& step, int64_t step_number) {
 
 void Swarm::outer_step(TrainStep& step) {
   const std::vector<at::Tensor> masters = holder_->master_parameters();
-  const at::Tensor pseudo_gradient = outer_start_ - flatten(masters);
+  // With top-k, what earlier rounds left unsent joins this pseudo-gradient (error feedback),
+  // decayed by swarm.error_feedback_decay.
+  at::Tensor pseudo_gradient = outer_start_ - flatten(masters);
+  if (residual_.defined()) pseudo_gradient.add_(residual_, config_.swarm.error_feedback_decay);
   const std::vector<PeerRecord> live = membership_->live_peers(0.5);
   RoundResult result;
   try {
-    result = averager_->run_round(swarm_step_, candidates(live), pseudo_gradient, 1.0, codec_, clock_);
+    result = averager_->run_round(swarm_step_, candidates(live), pseudo_gradient, 1.0, encoding_, clock_);
   } catch (const RoundError& e) {
     ++failed_rounds_;
     say(std::string(e.what()) + " (the local steps go on; the outer step is retried after the next one)");
     return;
   }
+  if (residual_.defined()) residual_ = pseudo_gradient - result.delivered;
   // Outer Nesterov SGD from the last outer parameters (DiLoCo): v = mu v + g; p = p0 - lr (g + mu v).
   const at::Tensor g = result.sum / result.weight;
   const double mu = config_.swarm.outer_momentum;
@@ -440,6 +453,7 @@ NamedTensors Swarm::checkpoint_tensors() const {
   if (accumulation_.defined()) out.emplace_back("swarm.accumulation", accumulation_.clone());
   if (outer_start_.defined()) out.emplace_back("swarm.outer_start", outer_start_.clone());
   if (outer_momentum_.defined()) out.emplace_back("swarm.outer_momentum", outer_momentum_.clone());
+  if (residual_.defined()) out.emplace_back("swarm.residual", residual_.clone());
   return out;
 }
 

@@ -19,7 +19,10 @@
 //               keeps the accumulation (nothing lost) and is retried after the next local step.
 //       diloco  (swarm.sync = diloco) every swarm.inner_steps local steps: the pseudo-gradient
 //               (the parameters at the last outer step minus the current ones) averaged over the
-//               live peers at this swarm step, sent as swarm.pseudo_gradient_dtype, then an outer
+//               live peers at this swarm step, sent as swarm.pseudo_gradient_dtype (with
+//               swarm.topk_ratio < 1 only each chunk's largest entries: what a round leaves unsent
+//               stays in the peer's residual and joins its next pseudo-gradient, times
+//               swarm.error_feedback_decay), then an outer
 //               Nesterov SGD step (swarm.outer_lr, swarm.outer_momentum) from the last outer
 //               parameters, written into the masters (GradientHolder::master_parameters).
 // Joining: a peer whose swarm step is below a live peer's (a late joiner, a restarted peer that
@@ -108,7 +111,7 @@ class Swarm final : public Collaboration {
   std::unique_ptr<Listener> listener_;
   std::unique_ptr<Membership> membership_;
   RoundClock clock_;
-  Codec codec_;
+  PartEncoding encoding_;  // how this peer's contributions travel
   GradientHolder* holder_ = nullptr;
   std::unique_ptr<StateSnapshots> snapshots_;
   bool behind_ = false;  // batch: live peers are ahead; the next local step's end downloads their state
@@ -121,6 +124,7 @@ class Swarm final : public Collaboration {
                               // record_.claimed: the samples of one local step, claimed for the running one
   at::Tensor accumulation_;   // batch: [N] float32, sum of each local step's gradient x its samples
   at::Tensor outer_start_, outer_momentum_;  // diloco: parameters at the last outer step, momentum
+  at::Tensor residual_;  // diloco with top-k: what the rounds left unsent of this peer's pseudo-gradients
   int64_t inner_ = 0;                        // diloco: local steps since the last outer step
   int64_t rounds_ = 0, failed_rounds_ = 0;
   double step_started_ = 0;  // Unix seconds when the local step now running began

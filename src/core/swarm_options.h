@@ -8,7 +8,10 @@
 //   sync = "diloco"  each peer takes inner_steps local steps, then the group averages the
 //                    pseudo-gradients (start parameters minus local parameters, sent as
 //                    pseudo_gradient_dtype) and applies an outer Nesterov SGD step (outer_lr,
-//                    outer_momentum; DiLoCo's defaults 0.7 and 0.9).
+//                    outer_momentum; DiLoCo's defaults 0.7 and 0.9). With topk_ratio < 1 a peer
+//                    sends only the largest entries of each chunk of its pseudo-gradient (plus
+//                    what earlier rounds left unsent, times error_feedback_decay: error feedback,
+//                    as SparseLoCo).
 // A swarm is closed: key_file holds the shared secret every connection and DHT record proves
 // knowledge of (atom/swarm_key.h); a peer without one is refused before it starts.
 #pragma once
@@ -27,6 +30,8 @@ struct SwarmOptions {
   double outer_lr = 0.7;                // diloco: outer SGD learning rate
   double outer_momentum = 0.9;          // diloco: outer Nesterov momentum
   std::string pseudo_gradient_dtype = "bf16";  // diloco: fp32 | bf16 | int8 on the wire
+  double topk_ratio = 1;                // diloco: fraction of each chunk's entries sent (1: all)
+  double error_feedback_decay = 1;      // diloco with top-k: the residual's factor before each round
   std::string key_file;                 // the swarm's shared key (tessera swarm keygen)
   int64_t min_peers = 1;                // peers seen before the first local step
   double record_ttl_s = 10;             // a peer whose record is older is gone
@@ -45,6 +50,11 @@ struct SwarmOptions {
     v("outer_lr", outer_lr, "diloco: learning rate of the outer Nesterov SGD step", between(0, 100));
     v("outer_momentum", outer_momentum, "diloco: momentum of the outer Nesterov SGD step", fraction_below_one());
     v("pseudo_gradient_dtype", pseudo_gradient_dtype, "diloco: what pseudo-gradients travel as: fp32, bf16 or int8");
+    v("topk_ratio", topk_ratio, "diloco: fraction of each 4096-entry chunk of the pseudo-gradient a peer sends, "
+      "the largest in magnitude, keeping the rest for later rounds (error feedback); 1 sends every entry",
+      above(0, 1));
+    v("error_feedback_decay", error_feedback_decay, "diloco with topk_ratio < 1: the residual is multiplied by this "
+      "before it joins the next pseudo-gradient (1 keeps all of it; SparseLoCo's beta)", between(0, 1));
     v("key_file", key_file, "file holding the swarm's shared key (tessera swarm keygen --out FILE); required");
     v("min_peers", min_peers, "live peers (this one included) a peer waits to see before its first step",
       between(1, 1 << 20));

@@ -268,6 +268,10 @@ void SwarmOptions::check(const std::string& source) const {
   require(sync == "batch" || sync == "diloco", source, ": swarm.sync must be batch or diloco (got '", sync, "')");
   require(pseudo_gradient_dtype == "fp32" || pseudo_gradient_dtype == "bf16" || pseudo_gradient_dtype == "int8", source,
           ": swarm.pseudo_gradient_dtype must be fp32, bf16 or int8 (got '", pseudo_gradient_dtype, "')");
+  require(sync == "diloco" || topk_ratio == 1, source, ": swarm.topk_ratio = ", topk_ratio,
+          " applies to swarm.sync = diloco only (batch mode averages exact gradients)");
+  require(topk_ratio < 1 || error_feedback_decay == 1, source, ": swarm.error_feedback_decay = ", error_feedback_decay,
+          " applies with swarm.topk_ratio < 1 only (dense rounds keep no residual)");
   require(round_timeout_min_s <= round_timeout_max_s, source, ": swarm.round_timeout_min_s = ", round_timeout_min_s,
           " exceeds swarm.round_timeout_max_s = ", round_timeout_max_s);
   require(publish_interval_s < record_ttl_s, source, ": swarm.publish_interval_s = ", publish_interval_s,

@@ -76,6 +76,10 @@ TEST(BadConfig, SwarmKeysAreRefusedByName) {
                {"swarm.pseudo_gradient_dtype must be fp32, bf16 or int8"});
   expect_error("train --config tiny_gpt --set swarm.target_batch_size=0", {"swarm.target_batch_size", "outside its range"});
   expect_error("train --config tiny_gpt --set swarm.outer_momentum=1", {"swarm.outer_momentum", "outside its range"});
+  expect_error("train --config tiny_gpt --set swarm.topk_ratio=0", {"swarm.topk_ratio", "outside its range"});
+  expect_error("train --config tiny_gpt --set swarm.topk_ratio=0.01", {"swarm.topk_ratio = 0.01", "diloco only"});
+  expect_error("train --config tiny_gpt --set swarm.sync=diloco --set swarm.error_feedback_decay=0.9",
+               {"swarm.error_feedback_decay", "topk_ratio < 1 only"});
   expect_error("train --config tiny_gpt --set swarm.round_timeout_min_s=10 --set swarm.round_timeout_max_s=5",
                {"swarm.round_timeout_min_s = 10", "swarm.round_timeout_max_s = 5"});
   expect_error("train --config tiny_gpt --set swarm.publish_interval_s=20",

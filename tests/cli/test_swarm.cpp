@@ -1,8 +1,9 @@
 // `tessera peer` end to end on loopback: peers train together, survive each other's death (the
 // first started included), a late joiner takes the state from several donors, a restarted peer
 // rejoins from its run directory (removing a save its stop interrupted), a stranger with another
-// key gets nothing; every sample a peer processed is accounted for (averaged, dropped for newer
-// state, or still accumulated).
+// key gets nothing, DiLoCo peers sending top-k pseudo-gradients take the same outer steps; every
+// sample a peer processed is accounted for (averaged, dropped for newer state, or still
+// accumulated).
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -51,6 +52,34 @@ TEST_F(Swarm, PeersSurviveEachOthersDeathAndAJoinerTakesTheStateFromSeveralDonor
   EXPECT_FALSE(a.empty());
   EXPECT_TRUE(a == slurp(fourth.dir + "/checkpoints/step_40/model.safetensors"));
   for (const Peer* p : {&third, &fourth}) expect_accounted(*p);
+}
+
+TEST_F(Swarm, DiLoCoPeersWithTopKPseudoGradientsTakeTheSameOuterSteps) {
+  // Two outer steps of 3 local steps each, int8 values of 2% of each chunk's entries.
+  const std::string args = settings(6, key_) +
+                           " --set swarm.sync=diloco --set swarm.inner_steps=3 --set swarm.pseudo_gradient_dtype=int8"
+                           " --set swarm.topk_ratio=0.02 --set swarm.min_peers=2";
+  Peer& a = start("a", args);
+  Peer& b = start("b", args, a.address());
+  ASSERT_EQ(a.wait(), 0) << a.log();
+  ASSERT_EQ(b.wait(), 0) << b.log();
+  for (const Peer* p : {&a, &b}) {
+    EXPECT_EQ(p->swarm_step(), 2) << p->log();
+    EXPECT_EQ(p->swarm()["rounds"].get<int64_t>(), 2) << p->log();
+  }
+  // After the last outer step both hold the same parameters, bit for bit.
+  const std::string model = slurp(a.dir + "/checkpoints/step_6/model.safetensors");
+  ASSERT_FALSE(model.empty());
+  EXPECT_TRUE(model == slurp(b.dir + "/checkpoints/step_6/model.safetensors"));
+  // Each keeps what its rounds left unsent (its own: the peers' data differ).
+  const std::string state_a = slurp(a.dir + "/checkpoints/step_6/optimizer.safetensors");
+  EXPECT_NE(state_a.find("swarm.residual"), std::string::npos);
+  // A round of 2 peers sends half the vector each way: dense int8 would be N bytes per round
+  // (N parameters, about model.safetensors' size / 4); 2% of entries at 3 bytes each, with the
+  // sum's union at most twice that, stays under 0.2 N.
+  const double n = static_cast<double>(model.size()) / 4;
+  for (const Peer* p : {&a, &b})
+    EXPECT_LT(p->swarm()["bytes_sent"].get<double>() / 2, 0.2 * n) << p->swarm().dump();
 }
 
 TEST_F(Swarm, ARestartedPeerRejoinsFromItsRunDirectory) {

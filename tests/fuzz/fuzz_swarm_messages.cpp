@@ -1,6 +1,6 @@
 // libFuzzer target: every message a swarm peer parses from another peer once a channel is open
 // (atom/messages.h: JOIN, GROUP, PART, SUM, the state offer and the chunk request), a part's
-// payload decoded in each codec, and a DHT peer record (atom/peer_record.h) signed with the
+// payload decoded in each codec, dense and sparse, and a DHT peer record (atom/peer_record.h) signed with the
 // swarm's key so the input reaches the checks behind the tag. The first byte picks the parser;
 // each input must parse or end in tessera::Error (WireError), and what parses must hold the
 // ranges messages.h promises.
@@ -33,6 +33,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace tessera::atom;
   const std::string body(reinterpret_cast<const char*>(data) + 2, size - 2);
   const Codec codec = static_cast<Codec>(data[1] % 3);
+  const PartEncoding encoding{codec, (data[1] / 3) % 2 == 1, 1.0};
   try {
     switch (data[0] % 8) {
       case 0: {
@@ -46,7 +47,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 2: {
         const PartMessage p = parse_part(body, "fuzz");
         check(p.numel >= 0 && p.numel <= kMaxPartElements && std::isfinite(p.weight) && p.weight >= 0);
-        const at::Tensor values = decode_part(p.payload, p.numel, codec, "fuzz");
+        // A sparse part's size is not bounded by its bytes: the owner compares it with its slot
+        // before decoding (averaging.cpp); here it is bounded as a part of this message could be.
+        if (encoding.sparse && p.numel > static_cast<int64_t>(body.size()) * kSparseChunk) break;
+        const at::Tensor values = decode_part(p.payload, p.numel, encoding, "fuzz");
         check(values.numel() == p.numel && values.isfinite().all().item<bool>());
         break;
       }
@@ -72,10 +76,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
       default: {
-        // A raw payload decoded as a part of the length it implies.
+        // A raw payload decoded as a dense part of the length it implies, or as a sparse part of
+        // up to 3 chunks (the second byte's high bits give its length).
         const size_t element = codec == Codec::fp32 ? 4 : codec == Codec::bf16 ? 2 : 1;
-        const int64_t n = static_cast<int64_t>((body.size() - (codec == Codec::int8 ? std::min<size_t>(4, body.size()) : 0)) / element);
-        decode_part(body, n, codec, "fuzz");
+        const int64_t n = encoding.sparse ? (data[1] / 6) * 3 * kSparseChunk / 42 + 1
+                                          : static_cast<int64_t>((body.size() - (codec == Codec::int8 ? std::min<size_t>(4, body.size()) : 0)) / element);
+        const at::Tensor values = decode_part(body, n, encoding, "fuzz");
+        check(values.numel() == n && values.isfinite().all().item<bool>());
         break;
       }
     }

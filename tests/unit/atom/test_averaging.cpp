@@ -39,7 +39,7 @@ struct TestPeer {
 
 // Runs round `round` on each of `peers` at once; a peer's result, or its error in `errors`.
 std::vector<RoundResult> run_all(std::vector<TestPeer*> peers, const std::vector<RoundMember>& candidates,
-                                 const std::vector<at::Tensor>& vectors, Codec codec, std::vector<std::string>& errors,
+                                 const std::vector<at::Tensor>& vectors, const PartEncoding& encoding, std::vector<std::string>& errors,
                                  int64_t round = 7) {
   std::vector<RoundResult> results(peers.size());
   errors.assign(peers.size(), "");
@@ -47,7 +47,7 @@ std::vector<RoundResult> run_all(std::vector<TestPeer*> peers, const std::vector
   for (size_t i = 0; i < peers.size(); ++i)
     threads.emplace_back([&, i] {
       try {
-        results[i] = peers[i]->averager->run_round(round, candidates, vectors[i], static_cast<double>(i + 1), codec,
+        results[i] = peers[i]->averager->run_round(round, candidates, vectors[i], static_cast<double>(i + 1), encoding,
                                                    peers[i]->clock);
       } catch (const std::exception& e) {
         errors[i] = e.what();
@@ -75,7 +75,7 @@ TEST(Averaging, FourPeersSumTheirVectorsAndAgree) {
   int64_t round = 7;
   for (Codec codec : {Codec::fp32, Codec::bf16, Codec::int8}) {
     std::vector<std::string> errors;
-    const std::vector<RoundResult> results = run_all(peers, candidates, vectors, codec, errors, round++);
+    const std::vector<RoundResult> results = run_all(peers, candidates, vectors, PartEncoding{codec}, errors, round++);
     for (size_t i = 0; i < peers.size(); ++i) {
       ASSERT_EQ(errors[i], "") << peers[i]->id;
       EXPECT_EQ(results[i].members.size(), 4u);
@@ -88,20 +88,59 @@ TEST(Averaging, FourPeersSumTheirVectorsAndAgree) {
   }
 }
 
+TEST(Averaging, SparsePartsDeliverEachChunksLargestEntriesAndTheMembersAgree) {
+  TestPeer a("a"), b("b"), c("c");
+  const std::vector<RoundMember> candidates = {a.member(), b.member(), c.member()};
+  // Three parts of 2 chunks and a short one each; 1% of a chunk is 41 entries.
+  const int64_t numel = 3 * (2 * kSparseChunk + 100);
+  std::vector<at::Tensor> vectors;
+  for (int i = 0; i < 3; ++i) vectors.push_back(at::randn({numel}));
+  int64_t round = 20;
+  for (Codec codec : {Codec::fp32, Codec::int8}) {
+    const PartEncoding sparse{codec, true, 0.01};
+    std::vector<std::string> errors;
+    const std::vector<RoundResult> results = run_all({&a, &b, &c}, candidates, vectors, sparse, errors, round++);
+    at::Tensor want = at::zeros({numel});
+    for (size_t i = 0; i < 3; ++i) {
+      ASSERT_EQ(errors[i], "");
+      EXPECT_TRUE(at::equal(results[i].sum, results[0].sum)) << "every member ends with the same sum";
+      want += results[i].delivered;
+      // Per chunk of each part: 41 entries kept, each at least as large as any left out, and (fp32)
+      // exactly the member's values.
+      for (int64_t part = 0; part < 3; ++part)
+        for (int64_t chunk = 0; chunk < 3; ++chunk) {
+          const int64_t begin = part * numel / 3 + chunk * kSparseChunk;
+          const int64_t end = std::min(begin + kSparseChunk, (part + 1) * numel / 3);
+          const at::Tensor sent = results[i].delivered.slice(0, begin, end), mine = vectors[i].slice(0, begin, end);
+          const at::Tensor kept = sent.ne(0);
+          ASSERT_EQ(kept.sum().item<int64_t>(), 41) << "member " << i << " part " << part << " chunk " << chunk;
+          EXPECT_GE(mine.abs().masked_select(kept).min().item<float>(),
+                    mine.abs().masked_select(kept.logical_not()).max().item<float>());
+          if (codec == Codec::fp32) EXPECT_TRUE(at::equal(sent.masked_select(kept), mine.masked_select(kept)));
+          else EXPECT_TRUE(test::all_close(sent.masked_select(kept), mine.masked_select(kept), 0, 0.05));
+        }
+    }
+    // The sum is the members' delivered entries summed (the union of their entries), as sent.
+    EXPECT_TRUE(test::all_close(results[0].sum, want, 0, codec == Codec::fp32 ? 1e-5 : 0.05));
+    // 41 of 4096 entries at 2 bytes of index and 4 (fp32) or 1 (int8) of value, against 4 dense.
+    EXPECT_LT(results[0].bytes_sent, static_cast<uint64_t>(numel * 4 * 2 / 3 / 10));
+  }
+}
+
 TEST(Averaging, AJoinerAfterItsRoundCompletedHearsSoAtOnce) {
   TestPeer a("a"), b("b"), late("c");
   std::vector<std::string> errors;
-  run_all({&a, &b}, {a.member(), b.member()}, {at::ones({8}), at::ones({8})}, Codec::fp32, errors);
+  run_all({&a, &b}, {a.member(), b.member()}, {at::ones({8}), at::ones({8})}, PartEncoding{}, errors);
   for (const std::string& e : errors) ASSERT_EQ(e, "");
   // c saw a stale view: it takes a (the smallest id) for round 7's host, after round 7 completed.
   late.clock = RoundClock(30, 30);
   const auto start = std::chrono::steady_clock::now();
-  run_all({&late}, {a.member(), late.member()}, {at::ones({8})}, Codec::fp32, errors);
+  run_all({&late}, {a.member(), late.member()}, {at::ones({8})}, PartEncoding{}, errors);
   EXPECT_NE(errors[0].find("joined after the group was closed"), std::string::npos) << errors[0];
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0)
       << "without the answer it waits out its 30 s deadline";
   // The next round number gathers anew.
-  run_all({&a, &late}, {a.member(), late.member()}, {at::ones({8}), at::ones({8})}, Codec::fp32, errors, 8);
+  run_all({&a, &late}, {a.member(), late.member()}, {at::ones({8}), at::ones({8})}, PartEncoding{}, errors, 8);
   for (const std::string& e : errors) EXPECT_EQ(e, "");
 }
 
@@ -110,7 +149,7 @@ TEST(Averaging, ACandidateThatNeverComesIsLeftOut) {
   std::vector<RoundMember> candidates = {a.member(), b.member(), c.member(), {"zz", "127.0.0.1:1"}};
   std::vector<std::string> errors;
   std::vector<at::Tensor> vectors = {at::ones({10}), at::ones({10}), at::ones({10})};
-  const auto results = run_all({&a, &b, &c}, candidates, vectors, Codec::fp32, errors);
+  const auto results = run_all({&a, &b, &c}, candidates, vectors, PartEncoding{}, errors);
   for (size_t i = 0; i < 3; ++i) {
     ASSERT_EQ(errors[i], "");
     EXPECT_EQ(results[i].members.size(), 3u);
@@ -119,7 +158,7 @@ TEST(Averaging, ACandidateThatNeverComesIsLeftOut) {
   // A dead host: every joiner fails within the deadline, naming it, and keeps its contribution.
   candidates.push_back({"0dead", "127.0.0.1:1"});
   const auto start = std::chrono::steady_clock::now();
-  run_all({&a, &b, &c}, candidates, vectors, Codec::fp32, errors);
+  run_all({&a, &b, &c}, candidates, vectors, PartEncoding{}, errors);
   for (const std::string& e : errors) EXPECT_NE(e.find("0dead"), std::string::npos) << e;
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10.0);
 }
@@ -137,12 +176,12 @@ TEST(Averaging, AMemberDyingAfterItJoinedFailsTheRoundAndTheRetrySucceeds) {
   });
   std::vector<std::string> errors;
   std::vector<at::Tensor> vectors = {at::ones({10}), at::ones({10}), at::ones({10})};
-  run_all({&a, &b, &c}, candidates, vectors, Codec::fp32, errors);
+  run_all({&a, &b, &c}, candidates, vectors, PartEncoding{}, errors);
   ghost.join();
   for (const std::string& e : errors) EXPECT_NE(e, "");
   // The retry, with the candidates still alive.
   candidates.pop_back();
-  const auto results = run_all({&a, &b, &c}, candidates, vectors, Codec::fp32, errors);
+  const auto results = run_all({&a, &b, &c}, candidates, vectors, PartEncoding{}, errors);
   for (size_t i = 0; i < 3; ++i) {
     ASSERT_EQ(errors[i], "");
     EXPECT_TRUE(at::equal(results[i].sum, at::full({10}, 3.0f)));
@@ -156,9 +195,9 @@ TEST(Averaging, ASplitViewNeverAveragesTwice) {
   const std::vector<RoundMember> all = {a.member(), b.member(), c.member(), d.member()};
   std::vector<std::string> errors_ad, errors_bc;
   std::vector<at::Tensor> vectors = {at::ones({4}), at::ones({4})};
-  std::thread t1([&] { run_all({&a, &d}, all, vectors, Codec::fp32, errors_ad); });
+  std::thread t1([&] { run_all({&a, &d}, all, vectors, PartEncoding{}, errors_ad); });
   std::thread t2([&] { run_all({&b, &c}, {b.member(), c.member(), {"x1", "127.0.0.1:1"}, {"x2", "127.0.0.1:1"}},
-                               vectors, Codec::fp32, errors_bc); });
+                               vectors, PartEncoding{}, errors_bc); });
   t1.join();
   t2.join();
   for (const std::string& e : errors_ad) EXPECT_NE(e, "");

@@ -31,6 +31,46 @@ TEST(Messages, RoundMessagesRoundTrip) {
   EXPECT_EQ(parse_join(pack({{"round", 4}, {"address", "h:1"}, {"wait_s", 2.5}}), "x").round, 4);
 }
 
+TEST(Messages, SparsePartsKeepEachChunksLargestEntries) {
+  // Two chunks and a short third: a spike per chunk, the rest small; keeping 1 entry per chunk
+  // (keep 1/4096) sends the spikes alone, at their places.
+  const int64_t n = 2 * kSparseChunk + 7;
+  at::Tensor v = at::rand({n}) * 0.1;
+  v[5] = 3.0f;
+  v[kSparseChunk + 4095] = -4.0f;
+  v[2 * kSparseChunk + 6] = 2.0f;
+  const PartEncoding one{Codec::fp32, true, 1.0 / kSparseChunk};
+  const std::string bytes = encode_part(v, one);
+  EXPECT_EQ(bytes.size(), 3u * (2 + 2 + 4)) << "per chunk: a count, an index and a float32 value";
+  at::Tensor want = at::zeros({n});
+  for (int64_t i : {int64_t{5}, kSparseChunk + 4095, 2 * kSparseChunk + 6}) want[i] = v[i];
+  EXPECT_TRUE(at::equal(decode_part(bytes, n, one, "p"), want));
+  // keep 1 (a round's sums): every nonzero entry, zeros left out; int8 values within their scale.
+  const PartEncoding all{Codec::int8, true, 1.0};
+  const at::Tensor back = decode_part(encode_part(want, all), n, all, "p");
+  EXPECT_TRUE(test::all_close(back, want, 0, 4.0 / 127));
+  EXPECT_EQ(back.ne(0).sum().item<int64_t>(), 3);
+  EXPECT_EQ(encode_part(want, all).size(), 4u + 3 * 2 + 3 * 2 + 3) << "scale, counts, indices, int8 values";
+}
+
+TEST(Messages, HostileSparsePartsAreRefused) {
+  const PartEncoding sparse{Codec::fp32, true, 0.5};
+  auto part = [](std::vector<uint16_t> counts_then_indices, std::vector<float> values) {
+    std::string out(reinterpret_cast<const char*>(counts_then_indices.data()), 2 * counts_then_indices.size());
+    return out + std::string(reinterpret_cast<const char*>(values.data()), 4 * values.size());
+  };
+  EXPECT_NO_THROW(decode_part(part({2, 1, 3}, {1, 2}), 4, sparse, "p"));
+  EXPECT_TRUE(test::throws_naming([&] { decode_part(part({5, 0, 1, 2, 3, 4}, {1, 2, 3, 4, 5}), 4, sparse, "p"); },
+                                  {"keeps 5 of its 4 entries"}));
+  EXPECT_TRUE(test::throws_naming([&] { decode_part(part({2, 3, 1}, {1, 2}), 4, sparse, "p"); }, {"out of place"}));
+  EXPECT_TRUE(test::throws_naming([&] { decode_part(part({2, 1, 1}, {1, 2}), 4, sparse, "p"); }, {"out of place"}));
+  EXPECT_TRUE(test::throws_naming([&] { decode_part(part({1, 4}, {1}), 4, sparse, "p"); }, {"out of place"}));
+  EXPECT_TRUE(test::throws_naming([&] { decode_part(part({2, 1, 3}, {1}), 4, sparse, "p"); }, {"bytes"}));
+  EXPECT_TRUE(test::throws_naming([&] { decode_part(part({2, 1}, {}), 4, sparse, "p"); }, {"indices"}));
+  EXPECT_TRUE(test::throws_naming([&] { decode_part("", 4, sparse, "p"); }, {"chunk counts"}));
+  EXPECT_TRUE(test::throws_naming([&] { decode_part(part({1, 0}, {NAN}), 4, sparse, "p"); }, {"non-finite"}));
+}
+
 TEST(Messages, HostileFieldsAreRefusedByName) {
   // 2^62 + 1 float32 elements: 4 bytes once the byte count wraps at 2^64.
   const int64_t wraps = (int64_t{1} << 62) + 1;
