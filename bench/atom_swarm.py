@@ -69,13 +69,16 @@ def main():
                     help="DiLoCo's outer steps to run, LR:MOMENTUM each (swarm.outer_lr, swarm.outer_momentum)")
     ap.add_argument("--topk", default="1", help="DiLoCo's swarm.topk_ratio values to run (1: dense)")
     ap.add_argument("--decay", default="1", help="swarm.error_feedback_decay values to run with top-k")
+    ap.add_argument("--batch-loss", type=float,
+                    help="batch mode's validation loss from an earlier run of the same --steps (batch mode is not run)")
     a = ap.parse_args()
     data = prepared_corpus(a.build)
     batch = 16
     common = ["--set", "data.path=" + data, "--set", "train.steps=%d" % a.steps, "--set", "train.batch_size=%d" % batch,
               "--set", "eval.every=1000000", "--set", "checkpoint.every=1000000", "--set", "train.threads=1",
               "--set", "optim.warmup_steps=10"]
-    modes = [("batch", ["--set", "swarm.sync=batch", "--set", "swarm.target_batch_size=%d" % (a.peers * batch)])]
+    modes = [] if a.batch_loss else [("batch", ["--set", "swarm.sync=batch",
+                                                "--set", "swarm.target_batch_size=%d" % (a.peers * batch)])]
     for dtype in a.dtypes.split(","):
         for outer in a.outer.split(","):
             for topk in a.topk.split(","):
@@ -97,7 +100,7 @@ def main():
     if params is None:
         sys.exit("tessera inspect printed no parameter count")
     work = tempfile.mkdtemp(prefix="atom_swarm_")
-    rows = []
+    rows = [("batch (an earlier run's loss)", a.batch_loss, None, 0)] if a.batch_loss else []
     for name, settings in modes:
         tag = name.replace(" ", "_").replace(":", "_").replace("%", "pct")
         loss, per_sample, seconds = run_swarm(a.build, work, tag, a.peers, common + settings)
@@ -115,7 +118,11 @@ def main():
     print("|---|---|---|---|---|")
     print("| data parallelism (formula) | - | - | %.0f | 1.0 |" % dp)
     for name, loss, per_sample, _ in rows:
-        print("| %s | %.4f | %+.2f%% | %.0f | %.1f |" % (name, loss, 100 * (loss / base - 1), per_sample, dp / per_sample))
+        if per_sample is None:
+            print("| %s | %.4f | +0.00%% | - | - |" % (name, loss))
+        else:
+            print("| %s | %.4f | %+.2f%% | %.0f | %.1f |" % (name, loss, 100 * (loss / base - 1), per_sample,
+                                                          dp / per_sample))
     shutil.rmtree(work)
 
 
