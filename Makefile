@@ -7,7 +7,7 @@ CONFIG ?= configs/tiny_gpt.toml
 DATA ?= $(BUILD)/data/kjv
 JOBS ?= $(shell nproc)
 
-.PHONY: deps build train test test-sanitize bench fault-matrix clean
+.PHONY: deps build train test test-sanitize test-tsan bench fault-matrix clean
 
 deps:
 	@bash scripts/install.sh
@@ -43,6 +43,19 @@ test-sanitize: $(SANITIZE_BUILD)/build.ninja
 	@bash scripts/install.sh >/dev/null
 	@cmake --build $(SANITIZE_BUILD) -j $(JOBS)
 	@cd $(SANITIZE_BUILD) && env $(SANITIZE_OPTIONS) ctest -j $(JOBS) --output-on-failure
+
+# ThreadSanitizer over the tests of tessera's own threads (CMakeLists.txt, tests/CMakeLists.txt:
+# THREADS); every report fatal. Not part of make test (its build is a third one of the sources).
+TSAN_BUILD ?= build-tsan
+TSAN_RUN_OPTIONS ?= TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/tsan.supp
+$(TSAN_BUILD)/build.ninja:
+	@venv="$$(bash scripts/install.sh | sed -n 's/^TESSERA_VENV=//p')" && \
+	cmake -S . -B $(TSAN_BUILD) -G Ninja -DTESSERA_PYTHON=$$venv/bin/python -DTESSERA_TSAN=ON
+
+test-tsan: $(TSAN_BUILD)/build.ninja
+	@bash scripts/install.sh >/dev/null
+	@cmake --build $(TSAN_BUILD) -j $(JOBS)
+	@cd $(TSAN_BUILD) && env $(TSAN_RUN_OPTIONS) ctest -j $(JOBS) --output-on-failure
 
 bench: build
 	@bash bench/run_all.sh $(BUILD)
