@@ -1,6 +1,6 @@
-// The fault matrix: a two-process run of each layout in which one rank sends itself SIGKILL or
-// SIGSTOP at one phase of step 3 (TESSERA_FAULT, core/fault_injection.h), table-driven like the
-// equivalence harness. Every cell checks what tessera promises when a rank fails mid-step
+// The fault matrix: a run of each layout (two processes, or four where the failing rank's groups
+// are not the whole world) in which one rank sends itself SIGKILL or SIGSTOP at one phase of step 3
+// (TESSERA_FAULT, core/fault_injection.h), table-driven like the equivalence harness. Every cell checks what tessera promises when a rank fails mid-step
 // (docs/reliability.md):
 //   - the run ends with a non-zero exit, every worker gone, within parallel.timeout_s plus the
 //     launcher's 5 s stop grace and a margin (the survivor's 3 s heartbeat probe, a loaded machine);
@@ -11,7 +11,7 @@
 //   - checkpoints/latest is step 2's, complete, and no partial checkpoint outlives the resume;
 //   - `train --resume` continues it: steps 3 and 4 log the same loss and gradient norm, bitwise,
 //     as the run that never failed.
-// `make test` runs five of the cells (the filter in tests/cli/CMakeLists.txt); `make fault-matrix`
+// `make test` runs six of the cells (the filter in tests/cli/CMakeLists.txt); `make fault-matrix`
 // runs them all and prints the table of docs/reliability.md (bench/fault_matrix_table.py) from each
 // cell's result, a JSON line appended to $TESSERA_FAULT_MATRIX_RESULTS when that is set.
 #include <gtest/gtest.h>
@@ -43,6 +43,7 @@ struct Layout {
   std::string name;
   std::string settings;             // after "train", before the common settings
   std::vector<std::string> points;  // beyond forward, backward, optimizer, checkpoint.write
+  int nproc = 2;
 };
 
 const std::vector<Layout>& layouts() {
@@ -55,6 +56,9 @@ const std::vector<Layout>& layouts() {
       {"dp2_swap",
        "--config tiny_gpt --set memory.swap=true --set memory.device_budget_gb=1 --set memory.swap_blocks=[1,1]",
        {"swap.load", "swap.store"}},
+      // Four processes, tp 2 x dp 2: the last rank's tensor-parallel partner waits for it in a group
+      // of two, rank 0 (which never shares a group but the world's with it) in its own.
+      {"tp2_dp2_zero1", "--config tiny_gpt --set parallel.tp=2 --set parallel.zero_stage=1", {"*.all_reduce"}, 4},
   };
   return table;
 }
@@ -71,7 +75,7 @@ struct Cell {
 
 void PrintTo(const Cell& cell, std::ostream* os) { *os << cell.name(); }
 
-// Every layout x point, SIGKILL of either rank and SIGSTOP of rank 1.
+// Every layout x point, SIGKILL of the first or the last rank and SIGSTOP of the last.
 std::vector<Cell> cells() {
   std::vector<Cell> out;
   for (const Layout& layout : layouts()) {
@@ -79,17 +83,17 @@ std::vector<Cell> cells() {
     points.insert(points.end(), layout.points.begin(), layout.points.end());
     for (const std::string& point : points) {
       out.push_back({&layout, point, "KILL", 0});
-      out.push_back({&layout, point, "KILL", 1});
-      out.push_back({&layout, point, "STOP", 1});
+      out.push_back({&layout, point, "KILL", layout.nproc - 1});
+      out.push_back({&layout, point, "STOP", layout.nproc - 1});
     }
   }
   return out;
 }
 
-std::string common_settings() {
+std::string common_settings(const Layout& layout) {
   return tiny_settings(prepared_corpus()) + " --set model.dropout=0 --set eval.every=0 --set train.steps=4" +
          " --set checkpoint.every=1 --set checkpoint.keep=0 --set parallel.timeout_s=" + std::to_string(kTimeoutS) +
-         " --nproc 2";
+         " --nproc " + std::to_string(layout.nproc);
 }
 
 // The layout's run that never failed (once per test process).
@@ -98,7 +102,7 @@ const std::string& reference(const Layout& layout) {
   auto it = runs.find(layout.name);
   if (it != runs.end()) return it->second;
   const std::string out = fresh_dir("fault_reference_" + layout.name);
-  const CommandResult r = run_tessera("train " + layout.settings + common_settings() + " --out " + out);
+  const CommandResult r = run_tessera("train " + layout.settings + common_settings(layout) + " --out " + out);
   if (r.exit_code != 0) throw std::runtime_error("the reference run of " + layout.name + " failed:\n" + r.output);
   return runs.emplace(layout.name, out).first->second;
 }
@@ -110,7 +114,7 @@ TEST_P(FaultMatrix, Cell) {
   const Layout& layout = *cell.layout;
   const std::string& ref = reference(layout);
   const std::string out = fresh_dir("fault_" + cell.name());
-  const std::string run = "train " + layout.settings + common_settings() + " --out " + out;
+  const std::string run = "train " + layout.settings + common_settings(layout) + " --out " + out;
   const std::string fault = std::to_string(cell.victim) + ":" + cell.point + ":" + std::to_string(kFaultStep) + ":" +
                             cell.signal;
   const CommandResult r = run_tessera_env("TESSERA_FAULT=" + fault, run);
@@ -128,7 +132,8 @@ TEST_P(FaultMatrix, Cell) {
   // The run ends, in time, naming the failed rank.
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_LT(ended - fault_at, kTimeoutS + kStopGraceS + 10) << r.output;
-  for (int rank = 0; rank < 2; ++rank) EXPECT_EQ(find_worker(out, rank), -1) << "rank " << rank << " still running";
+  for (int rank = 0; rank < layout.nproc; ++rank)
+    EXPECT_EQ(find_worker(out, rank), -1) << "rank " << rank << " still running";
   const std::string victim = "rank " + std::to_string(cell.victim);
   if (cell.signal == "KILL") {
     EXPECT_NE(r.output.find("error: " + victim + " (pid "), std::string::npos) << r.output;
@@ -142,8 +147,8 @@ TEST_P(FaultMatrix, Cell) {
                                                    "send|recv)[^\n]* (failed|timed out)|action [A-Z]")))
         << said;
   }
-  // The doctor, from the survivor's flight record.
-  const std::string survivor_record = out + "/flight/rank_" + std::to_string(1 - cell.victim) + ".json";
+  // The doctor, from a survivor's flight record (rank 0's, or rank 1's where rank 0 failed).
+  const std::string survivor_record = out + "/flight/rank_" + std::to_string(cell.victim == 0 ? 1 : 0) + ".json";
   result["survivor_record"] = exists(survivor_record);
   if (exists(survivor_record)) {
     const nlohmann::json record = nlohmann::json::parse(slurp(survivor_record));
@@ -155,7 +160,7 @@ TEST_P(FaultMatrix, Cell) {
 
   // The last complete checkpoint is step 2's and resumes to the run that never failed.
   EXPECT_EQ(load_checkpoint(out).step, kFaultStep - 1);
-  const CommandResult resumed = run_tessera("train --resume " + out + " --nproc 2");
+  const CommandResult resumed = run_tessera("train --resume " + out + " --nproc " + std::to_string(layout.nproc));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   const auto want_loss = losses(ref), want_norm = grad_norms(ref), loss = losses(out), norm = grad_norms(out);
   for (int64_t step = kFaultStep; step <= 4; ++step) {
