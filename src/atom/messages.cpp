@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include <torch/torch.h>
@@ -33,6 +34,11 @@ nlohmann::json parse_json(const std::string& body, const std::string& from) {
 template <class T>
 T field(const nlohmann::json& j, const char* key, const std::string& from) {
   try {
+    // An integer from a float (out of range: undefined behaviour) or past int64_t is refused.
+    if constexpr (std::is_integral_v<T>)
+      if (!j.at(key).is_number_integer() ||
+          (j.at(key).is_number_unsigned() && j.at(key).get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)))
+        throw WireError("peer " + from + " sent a message without a valid '" + key + "'");
     return j.at(key).get<T>();
   } catch (const nlohmann::json::exception&) {
     throw WireError("peer " + from + " sent a message without a valid '" + key + "'");

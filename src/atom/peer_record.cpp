@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 
 #include <nlohmann/json.hpp>
 
@@ -12,6 +13,15 @@ namespace {
 std::string record_tag(const std::string& swarm, const std::string& json, const SwarmKey& key) {
   const Tag t = key.tag({"tessera peer record", swarm, "\n", json});
   return to_hex(std::string_view(reinterpret_cast<const char*>(t.data()), t.size()));
+}
+
+// An integer field; nullopt for a float (converting one out of range is undefined behaviour), an
+// unsigned past int64_t, another type or no such key.
+std::optional<int64_t> integer(const nlohmann::json& j, const char* key) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_number_integer()) return std::nullopt;
+  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) return std::nullopt;
+  return it->get<int64_t>();
 }
 
 }  // namespace
@@ -44,10 +54,6 @@ std::optional<PeerRecord> PeerRecord::parse(const std::string& bytes, const std:
   try {
     r.id = j.at("id").get<std::string>();
     r.address = j.at("address").get<std::string>();
-    r.swarm_step = j.at("swarm_step").get<int64_t>();
-    r.local_step = j.at("local_step").get<int64_t>();
-    r.samples = j.at("samples").get<int64_t>();
-    r.claimed = j.at("claimed").get<int64_t>();
     r.loss = j.at("loss").get<double>();
     r.samples_per_s = j.at("samples_per_s").get<double>();
     r.time = j.at("time").get<double>();
@@ -55,6 +61,13 @@ std::optional<PeerRecord> PeerRecord::parse(const std::string& bytes, const std:
   } catch (const nlohmann::json::exception&) {
     return std::nullopt;
   }
+  const std::optional<int64_t> swarm_step = integer(j, "swarm_step"), local_step = integer(j, "local_step"),
+                               samples = integer(j, "samples"), claimed = integer(j, "claimed");
+  if (!swarm_step || !local_step || !samples || !claimed) return std::nullopt;
+  r.swarm_step = *swarm_step;
+  r.local_step = *local_step;
+  r.samples = *samples;
+  r.claimed = *claimed;
   if (r.id.empty() || r.id.size() > 64 || r.address.empty() || r.address.size() > 256 || r.swarm_step < 0 ||
       r.local_step < 0 || r.samples < 0 || r.claimed < 0 || !std::isfinite(r.time) || !std::isfinite(r.samples_per_s))
     return std::nullopt;

@@ -90,6 +90,9 @@ TEST(Messages, HostileFieldsAreRefusedByName) {
   }
   EXPECT_TRUE(test::throws_naming([&] { parse_join(pack({{"round", 1}, {"address", "h:1"}, {"wait_s", 1e9}}), "p"); },
                                   {"'wait_s'"}));
+  // An integer field given as a float (converting 1e117 to int64_t is undefined behaviour).
+  EXPECT_TRUE(test::throws_naming([&] { parse_join(pack({{"round", 1e117}, {"address", "h:1"}, {"wait_s", 1}}), "p"); },
+                                  {"'round'"}));
   const nlohmann::json lone = nlohmann::json::array({nlohmann::json::array({"a"})});
   EXPECT_TRUE(test::throws_naming([&] { parse_group(pack({{"token", "t"}, {"members", lone}, {"reason", ""}}), "p"); },
                                   {"[id, address]"}));

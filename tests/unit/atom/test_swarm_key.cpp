@@ -57,6 +57,14 @@ TEST(PeerRecord, VerifiesUnderItsKeyAndSwarmOnly) {
   PeerRecord bad = r;
   bad.samples = -1;
   EXPECT_FALSE(PeerRecord::parse(bad.encode("demo", key), "demo", key));
+  // An integer written as a float past int64_t (found by fuzz_swarm_messages: converting it was
+  // undefined behaviour), or as an unsigned past int64_t, is refused.
+  const std::string fields = R"({"id":"00ff","address":"h:1","local_step":1,"claimed":0,"loss":1.0,)"
+                             R"("samples_per_s":1.0,"time":1.0,"serving_state":false,"swarm_step":3,"samples":)";
+  EXPECT_TRUE(PeerRecord::parse(PeerRecord::signed_text(fields + "12}", "demo", key), "demo", key));
+  for (const char* samples : {"1.1e117", "12.0", "18446744073709551615"})
+    EXPECT_FALSE(PeerRecord::parse(PeerRecord::signed_text(fields + samples + "}", "demo", key), "demo", key))
+        << samples;
 }
 
 }  // namespace
