@@ -1,6 +1,8 @@
 // Heartbeats through the rendezvous store (heartbeat.h).
 #include "comm/heartbeat.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <vector>
 
@@ -13,6 +15,8 @@ namespace tessera::comm {
 namespace {
 
 std::string key(int64_t rank) { return "tessera/heartbeat/" + std::to_string(rank); }
+
+std::atomic<bool> g_interrupted{false};  // interrupt_diagnoses()
 
 }  // namespace
 
@@ -94,8 +98,21 @@ void Heartbeat::read_ahead_of_timeout() {
   watched_start_ = oldest;
 }
 
+void interrupt_diagnoses() { g_interrupted.store(true); }
+
 std::string Heartbeat::diagnose() {
   using Clock = std::chrono::steady_clock;
+  // Sleeps until `until` or a stop request; false when stopped.
+  auto wait_until = [](Clock::time_point until) {
+    while (Clock::now() < until) {
+      if (g_interrupted.load()) return false;
+      std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::milliseconds(50), until - Clock::now()));
+    }
+    return !g_interrupted.load();
+  };
+  const std::string stopped =
+      "this rank was stopped (a stop signal: the launcher stops every rank once one failed) before the heartbeats "
+      "could name a silent rank";
   std::vector<int64_t> early;
   Clock::time_point early_at;
   {
@@ -123,14 +140,14 @@ std::string Heartbeat::diagnose() {
   Verdict v;
   try {
     if (!early.empty() && Clock::now() - early_at <= kStaleReading) {
-      if (Clock::now() - early_at < kMinSilence) std::this_thread::sleep_for(kMinSilence - (Clock::now() - early_at));
+      if (!wait_until(early_at + kMinSilence)) return stopped;
       v = silent_since(early, early_at);
     }
     // No reading ahead, or every rank beat since it (one may have stopped after it): a window now.
     if (v.count == 0) {
       const std::vector<int64_t> before = read_all();
       const Clock::time_point at = Clock::now();
-      std::this_thread::sleep_for(kSilenceWindow);
+      if (!wait_until(at + kSilenceWindow)) return stopped;
       v = silent_since(before, at);
     }
   } catch (const std::exception&) {

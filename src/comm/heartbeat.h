@@ -17,6 +17,10 @@
 // operation near its timeout, or one older than kStaleReading), or where every rank beat since it
 // (one may have stopped after it), it reads twice, kSilenceWindow apart.
 // One reading per stuck operation: the counters are read only when an operation is near its end.
+// A stop request (interrupt_diagnoses(): the worker's SIGTERM or SIGINT handler, as the launcher
+// sends SIGTERM to every rank once one failed) ends a window being waited: diagnose() then says it
+// was stopped, naming no rank from a window too short to judge, so the failure and its flight
+// record are written at once instead of after the launcher's grace.
 #pragma once
 
 #include <chrono>
@@ -40,6 +44,9 @@ constexpr std::chrono::milliseconds kHeartbeatStoreTimeout{3000};
 constexpr std::chrono::milliseconds kSilenceWindow{3000};
 constexpr std::chrono::milliseconds kMinSilence{2000};    // two beats: a live rank moved in it
 constexpr std::chrono::milliseconds kStaleReading{6000};  // older: a rank may have died since
+
+// Async-signal-safe (one atomic store): every diagnose() of this process stops waiting.
+void interrupt_diagnoses();
 
 class Heartbeat {
  public:

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "comm/heartbeat.h"
+
 namespace tessera::stop_request {
 namespace {
 
@@ -22,6 +24,7 @@ int64_t monotonic_ns() {  // clock_gettime is async-signal-safe
 }
 
 void on_stop_signal(int sig) {
+  comm::interrupt_diagnoses();  // a failed operation's diagnosis must not outwait the launcher's grace
   int expected = 0;
   if (g_signal.compare_exchange_strong(expected, sig)) {
     g_first_ns = monotonic_ns();

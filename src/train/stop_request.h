@@ -11,7 +11,10 @@
 // kStoppedExitCode after saving.
 //
 // The tessera launcher forwards SIGTERM/SIGINT to its workers and waits for them (cli/launcher.h);
-// torchrun and Slurm deliver SIGTERM to every worker themselves.
+// torchrun and Slurm deliver SIGTERM to every worker themselves. The launcher also sends SIGTERM to
+// every rank once one failed: the signal cuts short a failed operation's heartbeat diagnosis
+// (comm::interrupt_diagnoses, comm/heartbeat.h), so a survivor fails and writes its flight record
+// at once instead of being killed at the end of the launcher's grace.
 #pragma once
 
 #include <cstdint>
