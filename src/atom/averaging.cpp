@@ -221,8 +221,11 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
   RoundResult result;
   result.members = members;
   result.sum = at::empty({numel}, at::kFloat);
-  result.delivered = at::empty({numel}, at::kFloat);
-  {
+  // What the round counts of this member's contribution: the contribution itself where the
+  // encoding is exact, else each part decoded from what was sent.
+  const bool exact = encoding.exact();
+  result.delivered = exact ? flat : at::empty({numel}, at::kFloat);
+  if (!exact) {
     const auto [b, e] = part_bounds(numel, n, me);
     result.delivered.slice(0, b, e).copy_(slot->sum);
   }
@@ -238,7 +241,7 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
       const auto [b, e] = part_bounds(numel, n, j);
       try {
         const std::string mine = encode_part(flat.slice(0, b, e), encoding);
-        result.delivered.slice(0, b, e).copy_(decode_part(mine, e - b, encoding, "this peer"));
+        if (!exact) result.delivered.slice(0, b, e).copy_(decode_part(mine, e - b, encoding, "this peer"));
         const auto [h, p] = split_address(m.address, "a round member");
         auto c = Channel::connect(h, p, key_, my_id_, reduce, max_bytes_);
         c->send(kPart, pack({{"token", token}, {"numel", e - b}, {"weight", weight}, {"wait_s", reduce.seconds_left()}},

@@ -34,12 +34,13 @@ nlohmann::json parse_json(const std::string& body, const std::string& from) {
 template <class T>
 T field(const nlohmann::json& j, const char* key, const std::string& from) {
   try {
-    // An integer from a float (out of range: undefined behaviour) or past int64_t is refused.
-    if constexpr (std::is_integral_v<T>)
-      if (!j.at(key).is_number_integer() ||
-          (j.at(key).is_number_unsigned() && j.at(key).get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)))
-        throw WireError("peer " + from + " sent a message without a valid '" + key + "'");
-    return j.at(key).get<T>();
+    if constexpr (std::is_same_v<T, int64_t>) {
+      const std::optional<int64_t> v = json_int64(j.at(key));
+      if (!v) throw WireError("peer " + from + " sent a message without a valid '" + key + "'");
+      return static_cast<T>(*v);
+    } else {
+      return j.at(key).get<T>();
+    }
   } catch (const nlohmann::json::exception&) {
     throw WireError("peer " + from + " sent a message without a valid '" + key + "'");
   }
@@ -47,15 +48,12 @@ T field(const nlohmann::json& j, const char* key, const std::string& from) {
 
 // An integer field within [lo, hi] (lo >= 0).
 int64_t bounded(const nlohmann::json& j, const char* key, int64_t lo, int64_t hi, const std::string& from) {
-  const nlohmann::json* v = j.contains(key) ? &j.at(key) : nullptr;
-  if (!v || !v->is_number_integer()) throw WireError("peer " + from + " sent a message without a valid '" + key + "'");
-  const bool inside = v->is_number_unsigned()
-                          ? v->get<uint64_t>() >= static_cast<uint64_t>(lo) && v->get<uint64_t>() <= static_cast<uint64_t>(hi)
-                          : v->get<int64_t>() >= lo && v->get<int64_t>() <= hi;
-  if (!inside)
-    throw WireError("peer " + from + " sent '" + key + "' = " + v->dump() + ", outside [" + std::to_string(lo) + ", " +
-                    std::to_string(hi) + "]");
-  return v->get<int64_t>();
+  const std::optional<int64_t> v = j.contains(key) ? json_int64(j.at(key)) : std::nullopt;
+  if (!v) throw WireError("peer " + from + " sent a message without a valid '" + key + "'");
+  if (*v < lo || *v > hi)
+    throw WireError("peer " + from + " sent '" + key + "' = " + std::to_string(*v) + ", outside [" +
+                    std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return *v;
 }
 
 // A finite number field within [lo, hi].
@@ -70,6 +68,12 @@ double finite(const nlohmann::json& j, const char* key, double lo, double hi, co
 constexpr double kMaxWaitS = 86400;
 
 }  // namespace
+
+std::optional<int64_t> json_int64(const nlohmann::json& v) {
+  if (!v.is_number_integer()) return std::nullopt;
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) return std::nullopt;
+  return v.get<int64_t>();
+}
 
 Codec codec_from_name(const std::string& name) {
   if (name == "fp32") return Codec::fp32;

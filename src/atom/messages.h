@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -57,12 +58,17 @@ struct PartEncoding {
   Codec dtype = Codec::fp32;
   bool sparse = false;
   double keep = 1;  // sparse: the fraction of each chunk's entries kept, in (0, 1]
+  bool exact() const { return !sparse && dtype == Codec::fp32; }  // decoding gives back what was encoded
 };
 std::string encode_part(const at::Tensor& values, const PartEncoding& encoding);
 at::Tensor decode_part(std::string_view bytes, int64_t n, const PartEncoding& encoding, const std::string& from);
 // How the sum of parts sent as `contributions` travels back: as dense, or sparse keeping every
 // nonzero entry (the union of the members' entries).
 PartEncoding sum_encoding(const PartEncoding& contributions);
+
+// A JSON integer as int64_t; nullopt for a float (converting one out of range is undefined
+// behaviour), an unsigned past int64_t, or another type. Every integer a peer sends is read by it.
+std::optional<int64_t> json_int64(const nlohmann::json& v);
 
 // [u32 header length][header][payload].
 std::string pack(const nlohmann::json& header, std::string_view payload = {});

@@ -3,9 +3,10 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstdint>
 
 #include <nlohmann/json.hpp>
+
+#include "atom/messages.h"
 
 namespace tessera::atom {
 namespace {
@@ -13,15 +14,6 @@ namespace {
 std::string record_tag(const std::string& swarm, const std::string& json, const SwarmKey& key) {
   const Tag t = key.tag({"tessera peer record", swarm, "\n", json});
   return to_hex(std::string_view(reinterpret_cast<const char*>(t.data()), t.size()));
-}
-
-// An integer field; nullopt for a float (converting one out of range is undefined behaviour), an
-// unsigned past int64_t, another type or no such key.
-std::optional<int64_t> integer(const nlohmann::json& j, const char* key) {
-  const auto it = j.find(key);
-  if (it == j.end() || !it->is_number_integer()) return std::nullopt;
-  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) return std::nullopt;
-  return it->get<int64_t>();
 }
 
 }  // namespace
@@ -61,8 +53,9 @@ std::optional<PeerRecord> PeerRecord::parse(const std::string& bytes, const std:
   } catch (const nlohmann::json::exception&) {
     return std::nullopt;
   }
-  const std::optional<int64_t> swarm_step = integer(j, "swarm_step"), local_step = integer(j, "local_step"),
-                               samples = integer(j, "samples"), claimed = integer(j, "claimed");
+  auto integer = [&](const char* key) { return j.contains(key) ? json_int64(j.at(key)) : std::nullopt; };
+  const std::optional<int64_t> swarm_step = integer("swarm_step"), local_step = integer("local_step"),
+                               samples = integer("samples"), claimed = integer("claimed");
   if (!swarm_step || !local_step || !samples || !claimed) return std::nullopt;
   r.swarm_step = *swarm_step;
   r.local_step = *local_step;
