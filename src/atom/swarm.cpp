@@ -187,7 +187,13 @@ int64_t Swarm::attach(TrainStep& step, int64_t step_number, const nlohmann::json
           "the checkpoint's swarm.residual holds ", residual_.numel(), " entries where the model has ",
           outer_start_.numel());
   publish();
-  // Wait to see swarm.min_peers live peers (this one included) before the first step.
+  // Wait to see swarm.min_peers live peers (this one included) before the first step. A peer
+  // pointed at a swarm (--initial-peer) waits to see at least one other: taking its first look
+  // before its DHT node had the swarm's records, it would train alone, split off (hivemind #624),
+  // as would a peer with another key, which sees none. Not within swarm.join_timeout_s: it fails.
+  const bool joining = !identity_.initial_peers.empty();
+  const int64_t need = joining ? std::max<int64_t>(config_.swarm.min_peers, 2) : config_.swarm.min_peers;
+  const Deadline join = Deadline::in(config_.swarm.join_timeout_s);
   for (int64_t seen = 0;;) {
     const std::vector<PeerRecord> live = membership_->live_peers(1.0);
     if (static_cast<int64_t>(live.size()) != seen) {
@@ -195,7 +201,14 @@ int64_t Swarm::attach(TrainStep& step, int64_t step_number, const nlohmann::json
       say(std::to_string(seen) + " live peer(s) in swarm '" + identity_.swarm + "' (this one is " + identity_.id +
           " at " + identity_.listen + ")");
     }
-    if (seen >= config_.swarm.min_peers) break;
+    if (seen >= need) break;
+    if (joining && seen < 2 && join.seconds_left() <= 0) {
+      std::string from;
+      for (const std::string& a : identity_.initial_peers) from += (from.empty() ? "" : ", ") + a;
+      fail("peer ", identity_.id, ": no other live peer of swarm '", identity_.swarm, "' seen through --initial-peer ",
+           from, " within swarm.join_timeout_s = ", config_.swarm.join_timeout_s, " s (is a peer live there, in swarm '",
+           identity_.swarm, "', with the same swarm.key_file? A peer with another key sees none)");
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   // A late joiner, or a restart that missed rounds, takes the state of the peers ahead; a failed
