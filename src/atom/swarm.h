@@ -25,11 +25,13 @@
 //               swarm.error_feedback_decay), then an outer
 //               Nesterov SGD step (swarm.outer_lr, swarm.outer_momentum) from the last outer
 //               parameters, written into the masters (GradientHolder::master_parameters).
-// Joining: a peer whose swarm step is below a live peer's (a late joiner, a restarted peer that
-// missed rounds, a member that lost a round's result) never trains on its own state: it downloads
-// the newest state from every live peer ahead of it (atom/state_transfer.h) and drops what it had
-// accumulated on the old parameters (counted in its log); peers serve their snapshot between two
-// steps when asked.
+// Joining: a peer started from --initial-peer sees at least one other live peer before its first
+// step (else, within swarm.join_timeout_s, it fails naming the addresses: it never trains alone
+// split off from the swarm it was pointed at). A peer whose swarm step is below a live peer's (a
+// late joiner, a restarted peer that missed rounds, a member that lost a round's result) never
+// trains on its own state: it downloads the newest state from every live peer ahead of it
+// (atom/state_transfer.h) and drops what it had accumulated on the old parameters (counted in its
+// log); peers serve their snapshot between two steps when asked.
 // Identity: a peer's id (32 random hex digits, kept in its run directory's peer.json, so a restart
 // is the same peer) orders the candidates of a round and seeds its data stream.
 //
