@@ -205,15 +205,18 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
   const at::Tensor flat = vector.contiguous().to(at::kFloat).view({-1});
   const Deadline reduce = Deadline::in(budget);
   fault::point("swarm.reduce");
-  // This member's slot: its own part first.
+  // This member's slot: its own part first, as the others' parts count (encoded and decoded). The
+  // slot's sum gathers the others' from the moment it is published, so `own` stays apart.
+  const auto [own_begin, own_end] = part_bounds(numel, n, me);
+  const at::Tensor own =
+      decode_part(encode_part(flat.slice(0, own_begin, own_end), encoding), own_end - own_begin, encoding, "this peer");
   std::shared_ptr<Slot> slot;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     slot = slot_for(token, true);
-    const auto [b, e] = part_bounds(numel, n, me);
     slot->encoding = encoding;
     slot->expected = n;
-    slot->sum = decode_part(encode_part(flat.slice(0, b, e), encoding), e - b, encoding, "this peer");
+    slot->sum = own.clone();
     slot->weight = weight;
     slot->received = 1;
     changed_.notify_all();
@@ -225,10 +228,7 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
   // encoding is exact, else each part decoded from what was sent.
   const bool exact = encoding.exact();
   result.delivered = exact ? flat : at::empty({numel}, at::kFloat);
-  if (!exact) {
-    const auto [b, e] = part_bounds(numel, n, me);
-    result.delivered.slice(0, b, e).copy_(slot->sum);
-  }
+  if (!exact) result.delivered.slice(0, own_begin, own_end).copy_(own);
   const PartEncoding sums = sum_encoding(encoding);
   std::vector<std::string> errors(static_cast<size_t>(n));
   std::vector<double> weights(static_cast<size_t>(n), 0.0);
