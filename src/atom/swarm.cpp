@@ -212,17 +212,19 @@ int64_t Swarm::attach(TrainStep& step, int64_t step_number, const nlohmann::json
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   // A late joiner, or a restart that missed rounds, takes the state of the peers ahead; a failed
-  // download (a donor gone meanwhile) is retried with the peers then ahead, within the longest
-  // round deadline.
-  for (const Deadline give_up = Deadline::in(config_.swarm.round_timeout_max_s);;) {
+  // download (a donor gone meanwhile) is retried with the peers then ahead, within
+  // swarm.join_timeout_s. The messages of this phase reach the log only once training starts, so
+  // the failure carries the last reason itself.
+  for (const Deadline give_up = Deadline::in(config_.swarm.join_timeout_s);;) {
     const std::vector<PeerRecord> ahead = peers_ahead();
     if (ahead.empty()) break;
-    if (const std::optional<int64_t> loaded = load_state(step, ahead)) {
+    if (const std::optional<int64_t> loaded = load_state(step, ahead, give_up)) {
       step_number = *loaded;
       break;
     }
-    require(give_up.seconds_left() > 0, "peer ", identity_.id, ": could not take the swarm's state from the peers ahead "
-            "within swarm.round_timeout_max_s = ", config_.swarm.round_timeout_max_s, " s (the log says why)");
+    require(give_up.seconds_left() > 0, "peer ", identity_.id, ": could not take the swarm's state from the ",
+            ahead.size(), " peer(s) ahead within swarm.join_timeout_s = ", config_.swarm.join_timeout_s,
+            " s; the last try: ", transfer_error_);
     std::this_thread::sleep_for(std::chrono::seconds(1));
   }
   step_started_ = unix_now();
@@ -248,7 +250,7 @@ std::optional<int64_t> Swarm::after_local_step(TrainStep& step, int64_t samples,
   behind_ = false;
   const std::vector<PeerRecord> ahead = peers_ahead();
   if (ahead.empty()) return std::nullopt;
-  const std::optional<int64_t> loaded = load_state(step, ahead);
+  const std::optional<int64_t> loaded = load_state(step, ahead, Deadline::in(config_.swarm.round_timeout_max_s));
   behind_ = !loaded;  // a failed download is retried after the next local step
   return loaded;
 }
@@ -271,7 +273,7 @@ NamedTensors Swarm::snapshot_tensors(TrainStep& step) {
   return out;
 }
 
-std::optional<int64_t> Swarm::load_state(TrainStep& step, const std::vector<PeerRecord>& ahead) {
+std::optional<int64_t> Swarm::load_state(TrainStep& step, const std::vector<PeerRecord>& ahead, Deadline deadline) {
   // A snapshot holds the state this peer holds (same model and optimizer): twice its tensors' bytes
   // and a megabyte of header bound what a donor may offer.
   int64_t own_bytes = 1 << 20;
@@ -279,9 +281,9 @@ std::optional<int64_t> Swarm::load_state(TrainStep& step, const std::vector<Peer
   Download d;
   try {
     d = download_state(ahead, key_, identity_.id, identity_.run_dir + "/swarm_state",
-                       static_cast<size_t>(config_.swarm.max_message_mb * 1e6), 2 * own_bytes,
-                       Deadline::in(config_.swarm.round_timeout_max_s));
+                       static_cast<size_t>(config_.swarm.max_message_mb * 1e6), 2 * own_bytes, deadline);
   } catch (const std::exception& e) {
+    transfer_error_ = e.what();
     say(std::string("taking the swarm's state failed: ") + e.what() + " (retried)");
     return std::nullopt;
   }

@@ -100,9 +100,10 @@ class Swarm final : public Collaboration {
   // the traffic counted, a line for the log, the record republished.
   void finish_round(const RoundResult& result, const std::string& what, const std::string& detail);
   // The state a joiner downloads (state_transfer.h); loading one, returning the step to go on from
-  // (nullopt, with a line in the log, when the download failed: nothing was loaded).
+  // (nullopt, with a line in the log and the reason in transfer_error_, when the download failed
+  // within `deadline`: nothing was loaded).
   NamedTensors snapshot_tensors(TrainStep& step);
-  std::optional<int64_t> load_state(TrainStep& step, const std::vector<PeerRecord>& ahead);
+  std::optional<int64_t> load_state(TrainStep& step, const std::vector<PeerRecord>& ahead, Deadline deadline);
   void say(const std::string& line);
   void serve(std::unique_ptr<Channel> channel);
 
@@ -117,6 +118,7 @@ class Swarm final : public Collaboration {
   GradientHolder* holder_ = nullptr;
   std::unique_ptr<StateSnapshots> snapshots_;
   bool behind_ = false;  // batch: live peers are ahead; the next local step's end downloads their state
+  std::string transfer_error_;  // why the last download of the swarm's state failed
 
   mutable std::mutex mutex_;  // guards the record's fields and messages_
   PeerRecord record_;

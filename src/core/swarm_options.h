@@ -34,7 +34,7 @@ struct SwarmOptions {
   double error_feedback_decay = 1;      // diloco with top-k: the residual's factor before each round
   std::string key_file;                 // the swarm's shared key (tessera swarm keygen)
   int64_t min_peers = 1;                // peers seen before the first local step
-  double join_timeout_s = 60;           // with --initial-peer: the wait to see another live peer
+  double join_timeout_s = 60;           // with --initial-peer: the wait to see another live peer, and to take the state
   double record_ttl_s = 10;             // a peer whose record is older is gone
   double publish_interval_s = 1;        // how often a peer republishes its record
   double round_timeout_min_s = 5;       // the adaptive round deadline's bounds
@@ -60,7 +60,8 @@ struct SwarmOptions {
     v("min_peers", min_peers, "live peers (this one included) a peer waits to see before its first step",
       between(1, 1 << 20));
     v("join_timeout_s", join_timeout_s, "a peer started with --initial-peer that sees no other live peer of its "
-      "swarm within this many seconds fails instead of training alone", between(0.1, 86400));
+      "swarm within this many seconds fails instead of training alone; also the limit on taking the state of the "
+      "peers ahead at start", between(0.1, 86400));
     v("record_ttl_s", record_ttl_s, "a peer whose last DHT record is older than this is taken as gone",
       between(0.5, 86400));
     v("publish_interval_s", publish_interval_s, "seconds between a peer's DHT records", between(0.05, 3600));

@@ -23,7 +23,11 @@ namespace {
 using Swarm = SwarmFixture;
 
 TEST_F(Swarm, PeersSurviveEachOthersDeathAndAJoinerTakesTheStateFromSeveralDonors) {
-  const std::string args = settings(40, key_);
+  // Long enough that the donors still train when the joiner, slow to start under a sanitizer and
+  // two cores shared with other tests, is ready (at 40 steps they had finished 2 s after it printed
+  // its address: a swarm of two 10 ms steps is gone before a joiner's first look).
+  constexpr int64_t kSteps = 160;
+  const std::string args = settings(kSteps, key_);
   Peer& first = start("first", args);
   Peer& second = start("second", args, first.address());
   Peer& third = start("third", args, first.address());
@@ -42,15 +46,16 @@ TEST_F(Swarm, PeersSurviveEachOthersDeathAndAJoinerTakesTheStateFromSeveralDonor
   ASSERT_TRUE(advances(fourth, 0, third.swarm_step() + 2)) << fourth.log();
   second.kill(SIGKILL);
   second.wait();
-  // The two left train to the end (swarm step 40), in step with each other: the joiner's final
-  // parameters are the third's, bit for bit.
+  // The two left train to the end, in step with each other: the joiner's final parameters are the
+  // third's, bit for bit.
   EXPECT_EQ(third.wait(), 0) << third.log();
   EXPECT_EQ(fourth.wait(), 0) << fourth.log();
-  EXPECT_EQ(third.swarm_step(), 40);
-  EXPECT_EQ(fourth.swarm_step(), 40);
-  const std::string a = slurp(third.dir + "/checkpoints/step_40/model.safetensors");
+  EXPECT_EQ(third.swarm_step(), kSteps);
+  EXPECT_EQ(fourth.swarm_step(), kSteps);
+  const std::string last = "/checkpoints/step_" + std::to_string(kSteps) + "/model.safetensors";
+  const std::string a = slurp(third.dir + last);
   EXPECT_FALSE(a.empty());
-  EXPECT_TRUE(a == slurp(fourth.dir + "/checkpoints/step_40/model.safetensors"));
+  EXPECT_TRUE(a == slurp(fourth.dir + last));
   for (const Peer* p : {&third, &fourth}) expect_accounted(*p);
 }
 
