@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Builds a libFuzzer target of tests/fuzz/ with clang (-fsanitize=fuzzer,address,undefined) against
-# the torch of tessera's venv and runs it from its seed corpus for RUNS executions (default 10^6).
+# the torch of tessera's venv and runs it from its seed corpus for RUNS executions (default 10^6),
+# or for at most SECONDS when given (whichever comes first; `make test` gives 10).
 # Findings (crashing inputs) land in $TESSERA_FUZZ_DIR/<target>/findings (default build/fuzz); the
 # corpus it grows there is not kept. Exits 77 (CTest's skip) without clang++.
-#   usage: tests/fuzz/run.sh TARGET [RUNS]      e.g. tests/fuzz/run.sh safetensors 1000000
+#   usage: tests/fuzz/run.sh TARGET [RUNS [SECONDS]]      e.g. tests/fuzz/run.sh safetensors 1000000
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-target=${1:?usage: tests/fuzz/run.sh TARGET [RUNS]}
+target=${1:?usage: tests/fuzz/run.sh TARGET [RUNS [SECONDS]]}
 runs=${2:-1000000}
+seconds=${3:-0}
 command -v clang++ >/dev/null || { echo "no clang++: fuzz target $target not built" >&2; exit 77; }
 python=${TESSERA_PYTHON:-$(ls -d "$HOME"/.cache/tessera/venv-torch-* | tail -1)/bin/python}
 torch=$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
@@ -49,5 +51,5 @@ if [ ! -x "$out/fuzz" ] || [ -n "$(find "${sources[@]}" src/checkpoint src/core 
 fi
 cp -n tests/fuzz/corpus/$target/* "$out/corpus/" 2>/dev/null || true
 ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 \
-  "$out/fuzz" -runs="$runs" -max_len=4096 -rss_limit_mb=4096 -artifact_prefix="$out/findings/" \
+  "$out/fuzz" -runs="$runs" -max_total_time="$seconds" -max_len=4096 -rss_limit_mb=4096 -artifact_prefix="$out/findings/" \
   -print_final_stats=1 "$out/corpus"
