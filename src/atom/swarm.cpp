@@ -163,6 +163,8 @@ int64_t Swarm::attach(TrainStep& step, int64_t step_number, const nlohmann::json
   require(holder_, "tessera peer trains one whole replica per process: this layout shards it over ranks");
   if (!meta.is_null()) {
     const std::string source = "the checkpoint's meta.json 'collaboration'";
+    // The publisher thread reads these (publish()): under the lock, as everywhere else.
+    std::lock_guard<std::mutex> lock(mutex_);
     swarm_step_ = meta_field<int64_t>(meta, "swarm_step", source);
     accumulated_ = meta_field<int64_t>(meta, "accumulated_samples", source);
     inner_ = meta_field<int64_t>(meta, "inner_steps_done", source);

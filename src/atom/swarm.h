@@ -120,7 +120,10 @@ class Swarm final : public Collaboration {
   bool behind_ = false;  // batch: live peers are ahead; the next local step's end downloads their state
   std::string transfer_error_;  // why the last download of the swarm's state failed
 
-  mutable std::mutex mutex_;  // guards the record's fields and messages_
+  // Guards what the publisher thread reads (publish(): the record, swarm_step_, accumulated_) and
+  // messages_: the training thread writes them under it (it alone writes them, so its own reads
+  // need no lock). Found by ThreadSanitizer: a restarted peer's attach wrote them unlocked.
+  mutable std::mutex mutex_;
   PeerRecord record_;
   std::vector<std::string> messages_;
   int64_t swarm_step_ = 0;
