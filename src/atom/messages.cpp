@@ -262,4 +262,9 @@ ChunkRequest parse_chunk_request(const std::string& body, const std::string& fro
           bounded(j, "length", 0, most, from)};
 }
 
+RoundRequest parse_round_request(const std::string& body, const std::string& from) {
+  const nlohmann::json j = parse_json(body, from);
+  return {bounded(j, "swarm_step", 0, std::numeric_limits<int64_t>::max(), from)};
+}
+
 }  // namespace tessera::atom

@@ -14,6 +14,8 @@
 // State messages (atom/state_transfer.h) are JSON:
 //   MANIFEST {}  ->  MANIFEST_REPLY {ready, swarm_step, bytes, checksum}
 //   CHUNK {swarm_step, offset, length}  ->  the chunk's bytes
+// The replay message (atom/round_log.h):
+//   ROUND {swarm_step}  ->  the round's averaged gradient as float32 bytes, or nothing
 #pragma once
 
 #include <cstdint>
@@ -115,5 +117,10 @@ struct ChunkRequest {
 
 StateOffer parse_offer(const std::string& body, const std::string& from);
 ChunkRequest parse_chunk_request(const std::string& body, const std::string& from);
+
+struct RoundRequest {
+  int64_t swarm_step = 0;  // >= 0
+};
+RoundRequest parse_round_request(const std::string& body, const std::string& from);
 
 }  // namespace tessera::atom

@@ -15,6 +15,7 @@
 #include "checkpoint/checkpoint.h"
 #include "core/splitmix.h"
 #include "checkpoint/safetensors.h"
+#include "optim/optim_options.h"
 
 namespace tessera::atom {
 namespace {
@@ -99,6 +100,7 @@ Swarm::Swarm(PeerIdentity identity, const Config& config)
   identity_.listen = host + ":" + std::to_string(listener_->port());
   averager_ = std::make_unique<Averager>(key_, identity_.id, identity_.listen, max_bytes);
   snapshots_ = std::make_unique<StateSnapshots>(identity_.run_dir + "/swarm_state");
+  round_log_ = std::make_unique<RoundLog>(static_cast<int64_t>(config.swarm.replay_mb * 1e6));
   membership_ = std::make_unique<Membership>(identity_.swarm, key_, host, listener_->port(), identity_.initial_peers,
                                              config.swarm.record_ttl_s);
   record_.id = identity_.id;
@@ -153,7 +155,8 @@ void Swarm::publish() {
 
 void Swarm::serve(std::unique_ptr<Channel> channel) {
   const Message first = channel->receive(Deadline::in(30));
-  if (averager_->serve(*channel, first) || snapshots_->serve(*channel, first)) return;
+  if (averager_->serve(*channel, first) || snapshots_->serve(*channel, first) || round_log_->serve(*channel, first))
+    return;
   throw WireError("peer " + channel->address() + " sent an unknown request (type " + std::to_string(first.type) + ")");
 }
 
@@ -165,6 +168,7 @@ int64_t Swarm::attach(TrainStep& step, int64_t step_number, const nlohmann::json
     const std::string source = "the checkpoint's meta.json 'collaboration'";
     // The publisher thread reads these (publish()): under the lock, as everywhere else.
     std::lock_guard<std::mutex> lock(mutex_);
+    holds_swarm_state_ = true;
     swarm_step_ = meta_field<int64_t>(meta, "swarm_step", source);
     accumulated_ = meta_field<int64_t>(meta, "accumulated_samples", source);
     inner_ = meta_field<int64_t>(meta, "inner_steps_done", source);
@@ -213,14 +217,14 @@ int64_t Swarm::attach(TrainStep& step, int64_t step_number, const nlohmann::json
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
-  // A late joiner, or a restart that missed rounds, takes the state of the peers ahead; a failed
-  // download (a donor gone meanwhile) is retried with the peers then ahead, within
+  // A late joiner, or a restart that missed rounds, catches up with the peers ahead (catch_up); a
+  // failed try (a donor gone meanwhile) is retried with the peers then ahead, within
   // swarm.join_timeout_s. The messages of this phase reach the log only once training starts, so
   // the failure carries the last reason itself.
   for (const Deadline give_up = Deadline::in(config_.swarm.join_timeout_s);;) {
     const std::vector<PeerRecord> ahead = peers_ahead();
     if (ahead.empty()) break;
-    if (const std::optional<int64_t> loaded = load_state(step, ahead, give_up)) {
+    if (const std::optional<int64_t> loaded = catch_up(step, ahead, give_up)) {
       step_number = *loaded;
       break;
     }
@@ -252,9 +256,62 @@ std::optional<int64_t> Swarm::after_local_step(TrainStep& step, int64_t samples,
   behind_ = false;
   const std::vector<PeerRecord> ahead = peers_ahead();
   if (ahead.empty()) return std::nullopt;
-  const std::optional<int64_t> loaded = load_state(step, ahead, Deadline::in(config_.swarm.round_timeout_max_s));
-  behind_ = !loaded;  // a failed download is retried after the next local step
+  const std::optional<int64_t> loaded = catch_up(step, ahead, Deadline::in(config_.swarm.round_timeout_max_s));
+  behind_ = !loaded;  // a failed try is retried after the next local step
   return loaded;
+}
+
+std::optional<int64_t> Swarm::catch_up(TrainStep& step, const std::vector<PeerRecord>& ahead, Deadline deadline) {
+  if (config_.swarm.sync == "batch" && holds_swarm_state_ && replay(ahead, deadline)) return swarm_step_;
+  return load_state(step, ahead, deadline);
+}
+
+bool Swarm::replay(const std::vector<PeerRecord>& ahead, Deadline deadline) {
+  int64_t target = swarm_step_, numel = 0;
+  for (const PeerRecord& r : ahead) target = std::max(target, r.swarm_step);
+  for (const at::Tensor& p : holder_->master_parameters()) numel += p.numel();
+  const int64_t from = swarm_step_;
+  std::string missing;
+  while (swarm_step_ < target) {
+    at::Tensor mean;
+    for (const PeerRecord& donor : ahead) {
+      if (donor.swarm_step <= swarm_step_) continue;
+      try {
+        mean = fetch_round(donor.address, key_, identity_.id, swarm_step_, numel,
+                           static_cast<size_t>(config_.swarm.max_message_mb * 1e6), deadline);
+      } catch (const std::exception& e) {
+        missing += std::string(missing.empty() ? "" : "; ") + e.what();
+        continue;
+      }
+      if (mean.defined()) break;
+    }
+    if (!mean.defined()) break;
+    if (swarm_step_ == from) drop_accumulated();  // gathered on parameters the first replayed round replaces
+    scatter(mean, holder_->final_gradients());
+    holder_->apply_written_gradients(learning_rate(config_.optim, swarm_step_, config_.train.steps),
+                                     config_.optim.grad_clip);
+    round_log_->add(swarm_step_, mean);  // so that this peer serves it in turn
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++swarm_step_;
+  }
+  if (swarm_step_ > from) {
+    say("replayed rounds " + std::to_string(from) + " to " + std::to_string(swarm_step_ - 1) +
+        " from the peers' logs (" + std::to_string(swarm_step_ - from) + " round(s))");
+    publish();
+  }
+  if (swarm_step_ < target)
+    say("no peer ahead holds round " + std::to_string(swarm_step_) + " in its log (swarm.replay_mb)" +
+        (missing.empty() ? std::string() : ": " + missing) + "; taking the swarm's state instead");
+  return swarm_step_ >= target;
+}
+
+void Swarm::drop_accumulated() {
+  if (accumulation_.defined()) accumulation_.zero_();
+  if (residual_.defined()) residual_.zero_();  // what was left unsent was progress on the old parameters
+  std::lock_guard<std::mutex> lock(mutex_);
+  samples_dropped_ += accumulated_;
+  accumulated_ = 0;
+  inner_ = 0;
 }
 
 std::vector<PeerRecord> Swarm::peers_ahead() {
@@ -303,14 +360,11 @@ std::optional<int64_t> Swarm::load_state(TrainStep& step, const std::vector<Peer
     require(outer_start_.defined() && outer_momentum_.defined(), d.path, ": a DiLoCo state without its outer tensors");
   }
   const int64_t dropped = accumulated_;
-  if (accumulation_.defined()) accumulation_.zero_();
-  if (residual_.defined()) residual_.zero_();  // what was left unsent was progress on the old parameters
+  drop_accumulated();
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    samples_dropped_ += accumulated_;
-    accumulated_ = 0;
-    inner_ = 0;
     swarm_step_ = d.swarm_step;
+    holds_swarm_state_ = true;
   }
   std::filesystem::remove(d.path);
   std::ostringstream line;
@@ -370,7 +424,9 @@ bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t samples) {
     say(std::string(e.what()) + " (the accumulated gradients are kept; retried after the next local step)");
     return false;
   }
-  scatter(result.sum / result.weight, gradients);
+  const at::Tensor mean = result.sum / result.weight;
+  round_log_->add(swarm_step_, mean);
+  scatter(mean, gradients);
   accumulation_.zero_();
   step_started_ = unix_now();
   finish_round(result, "round", std::to_string(static_cast<int64_t>(result.weight)) + " samples, ");
@@ -385,6 +441,7 @@ void Swarm::finish_round(const RoundResult& result, const std::string& what, con
     inner_ = 0;
     ++swarm_step_;
     ++rounds_;
+    holds_swarm_state_ = true;
     bytes_sent_ += result.bytes_sent;
     bytes_received_ += result.bytes_received;
   }

@@ -29,9 +29,13 @@
 // step (else, within swarm.join_timeout_s, it fails naming the addresses: it never trains alone
 // split off from the swarm it was pointed at). A peer whose swarm step is below a live peer's (a
 // late joiner, a restarted peer that missed rounds, a member that lost a round's result) never
-// trains on its own state: it downloads the newest state from every live peer ahead of it
-// (atom/state_transfer.h) and drops what it had accumulated on the old parameters (counted in its
-// log); peers serve their snapshot between two steps when asked.
+// trains on its own state. In batch mode, holding a state of the swarm (it took part in a round,
+// downloaded a state or restarted from its checkpoint), it replays the rounds it missed from the
+// logs of the peers ahead (atom/round_log.h: every peer keeps its last rounds' means within
+// swarm.replay_mb), as updates alone; otherwise, or where no log reaches back, it downloads the
+// newest state from every live peer ahead of it (atom/state_transfer.h). Either way it drops what
+// it had accumulated on the old parameters (counted in its log); peers serve their snapshot
+// between two steps when asked.
 // Identity: a peer's id (32 random hex digits, kept in its run directory's peer.json, so a restart
 // is the same peer) orders the candidates of a round and seeds its data stream.
 //
@@ -50,6 +54,7 @@
 
 #include "atom/averaging.h"
 #include "atom/membership.h"
+#include "atom/round_log.h"
 #include "atom/state_transfer.h"
 #include "core/config.h"
 #include "train/collaboration.h"
@@ -104,6 +109,17 @@ class Swarm final : public Collaboration {
   // within `deadline`: nothing was loaded).
   NamedTensors snapshot_tensors(TrainStep& step);
   std::optional<int64_t> load_state(TrainStep& step, const std::vector<PeerRecord>& ahead, Deadline deadline);
+  // A peer behind `ahead` catches up: in batch mode, when it holds a state of the swarm, by
+  // replaying the rounds it missed from the peers' logs (atom/round_log.h); else, or where no log
+  // reaches back, by taking the state (load_state). The step to go on from, or nullopt.
+  std::optional<int64_t> catch_up(TrainStep& step, const std::vector<PeerRecord>& ahead, Deadline deadline);
+  // Applies the rounds from this peer's swarm step to the newest of `ahead`, each fetched from a
+  // peer ahead of it, as updates alone (GradientHolder::apply_written_gradients at the round's
+  // learning rate); true when it got there. Rounds replayed before a missing one are kept (each
+  // leaves a state of the swarm).
+  bool replay(const std::vector<PeerRecord>& ahead, Deadline deadline);
+  // The samples accumulated on parameters that were just replaced: counted as dropped.
+  void drop_accumulated();
   void say(const std::string& line);
   void serve(std::unique_ptr<Channel> channel);
 
@@ -117,6 +133,7 @@ class Swarm final : public Collaboration {
   PartEncoding encoding_;  // how this peer's contributions travel
   GradientHolder* holder_ = nullptr;
   std::unique_ptr<StateSnapshots> snapshots_;
+  std::unique_ptr<RoundLog> round_log_;  // batch: the last rounds' means, for peers that replay them
   bool behind_ = false;  // batch: live peers are ahead; the next local step's end downloads their state
   std::string transfer_error_;  // why the last download of the swarm's state failed
 
@@ -133,6 +150,7 @@ class Swarm final : public Collaboration {
   at::Tensor outer_start_, outer_momentum_;  // diloco: parameters at the last outer step, momentum
   at::Tensor residual_;  // diloco with top-k: what the rounds left unsent of this peer's pseudo-gradients
   int64_t inner_ = 0;                        // diloco: local steps since the last outer step
+  bool holds_swarm_state_ = false;  // after a round, a download or a restart (a fresh peer holds its own init)
   int64_t rounds_ = 0, failed_rounds_ = 0;
   double step_started_ = 0;  // Unix seconds when the local step now running began
   uint64_t bytes_sent_ = 0, bytes_received_ = 0;

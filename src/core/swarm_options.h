@@ -40,6 +40,7 @@ struct SwarmOptions {
   double round_timeout_min_s = 5;       // the adaptive round deadline's bounds
   double round_timeout_max_s = 300;
   double max_message_mb = 4096;         // a larger message from a peer is refused
+  double replay_mb = 256;               // batch: the last rounds' means kept for peers to replay
 
   template <class V>
   void visit(V& v) {
@@ -70,6 +71,9 @@ struct SwarmOptions {
     v("round_timeout_max_s", round_timeout_max_s, "upper bound of an averaging round's adaptive deadline",
       between(0.1, 86400));
     v("max_message_mb", max_message_mb, "messages from a peer larger than this are refused", between(0.001, 1 << 20));
+    v("replay_mb", replay_mb, "batch: megabytes of the newest rounds' averaged gradients a peer keeps, which a peer "
+      "that fell behind replays instead of downloading the whole state (one round is 4 bytes per parameter; 0 keeps "
+      "none)", between(0, 1 << 20));
   }
 
   void check(const std::string& source) const;

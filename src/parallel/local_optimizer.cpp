@@ -92,6 +92,15 @@ std::vector<at::Tensor> LocalOptimizer::final_gradients() {
   return out;
 }
 
+UpdateResult LocalOptimizer::apply_written_gradients(double lr, double max_norm) {
+  if (master_) {
+    overflow_ = false;
+    for (const auto& [name, p] : master_->master())
+      if (p.grad().defined() && !at::isfinite(p.grad()).all().item<bool>()) overflow_ = true;
+  }
+  return apply(lr, max_norm);
+}
+
 std::vector<at::Tensor> LocalOptimizer::master_parameters() {
   std::vector<at::Tensor> out;
   for (const auto& [name, p] : master_ ? master_->master() : params_) out.push_back(p);

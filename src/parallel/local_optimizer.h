@@ -9,7 +9,8 @@
 //            norm = the global gradient norm (ModelParallelNorm: under tp each rank's squares by
 //            weight, summed over tp), clipped to max_norm; optimizer step at lr; fp16: masters
 //            copied into the model and the scale updated; gradients dropped;
-//   drop_gradients: the gradients dropped, no update (fp16: the scale unchanged).
+//   drop_gradients: the gradients dropped, no update (fp16: the scale unchanged);
+//   apply_written_gradients: apply, with fp16's overflow read from the written master gradients.
 #pragma once
 
 #include <memory>
@@ -35,6 +36,7 @@ class LocalOptimizer : public ResidentOwner, public GradientHolder {
   UpdateResult apply(double lr, double max_norm) override;
   void drop_gradients() override;
   std::vector<at::Tensor> final_gradients() override;
+  UpdateResult apply_written_gradients(double lr, double max_norm) override;
   std::vector<at::Tensor> master_parameters() override;
   void parameters_written() override;
   const DynamicLossScaler* loss_scaler() const override { return scaler_.get(); }

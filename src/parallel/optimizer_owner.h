@@ -206,6 +206,11 @@ class GradientHolder {
   // every process of one), as the update reads them (unscaled; live tensors: writing them changes
   // the update); a parameter that got no gradient gets zeros here, and is then updated with them.
   virtual std::vector<at::Tensor> final_gradients() = 0;
+  // The update alone, between two steps, from gradients the caller wrote into final_gradients():
+  // clipped to `max_norm` (0: not clipped) and applied at `lr`, as a step's update with these
+  // gradients would be (fp16: skipped, lowering the loss scale, when one is not finite), then let
+  // go. The swarm replays the rounds it missed through it (atom/round_log.h).
+  virtual UpdateResult apply_written_gradients(double lr, double max_norm) = 0;
 };
 
 }  // namespace tessera

@@ -1,6 +1,7 @@
 // `tessera peer` end to end on loopback: peers train together, survive each other's death (the
 // first started included), a late joiner takes the state from several donors, a restarted peer
-// rejoins from its run directory (removing a save its stop interrupted), a stranger with another
+// rejoins from its run directory (removing a save its stop interrupted) and replays the rounds it
+// missed from the others' logs, a stranger with another
 // key gets nothing, DiLoCo peers sending top-k pseudo-gradients take the same outer steps; every
 // sample a peer processed is accounted for (averaged, dropped for newer state, or still
 // accumulated).
@@ -113,6 +114,9 @@ TEST_F(Swarm, ARestartedPeerRejoinsFromItsRunDirectory) {
             std::string::npos)
       << again.log();
   EXPECT_FALSE(std::filesystem::exists(second.dir + "/checkpoints/step_999999.partial"));
+  // The rounds the first took meanwhile are replayed from its log, not downloaded as a whole state.
+  EXPECT_NE(again.log().find("replayed rounds"), std::string::npos) << again.log();
+  EXPECT_EQ(again.log().find("took the swarm's state"), std::string::npos) << again.log();
   const CommandResult status = run_tessera("swarm status --swarm demo --key-file " + key_ + " --initial-peer " +
                                            first.address());
   std::smatch row;

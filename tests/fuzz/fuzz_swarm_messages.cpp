@@ -1,5 +1,5 @@
 // libFuzzer target: every message a swarm peer parses from another peer once a channel is open
-// (atom/messages.h: JOIN, GROUP, PART, SUM, the state offer and the chunk request), a part's
+// (atom/messages.h: JOIN, GROUP, PART, SUM, the state offer, the chunk and round requests), a part's
 // payload decoded in each codec, dense and sparse, and a DHT peer record (atom/peer_record.h) signed with the
 // swarm's key so the input reaches the checks behind the tag. The first byte picks the parser;
 // each input must parse or end in tessera::Error (WireError), and what parses must hold the
@@ -65,6 +65,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
       case 5: {
+        try {
+          check(parse_round_request(body, "fuzz").swarm_step >= 0);
+        } catch (const tessera::Error&) {
+        }
         const ChunkRequest c = parse_chunk_request(body, "fuzz");
         check(c.swarm_step >= 0 && c.offset >= 0 && c.length >= 0);
         break;

@@ -195,6 +195,15 @@ std::vector<at::Tensor> SwapOwner::final_gradients() {
   return out;
 }
 
+UpdateResult SwapOwner::apply_written_gradients(double lr, double max_norm) {
+  settle();
+  UpdateResult result;
+  result.grad_norm = at::scalar_tensor(gradients_stored(max_norm), at::kDouble);
+  for (int64_t sub = 0; sub < sub_models(); ++sub) update(sub, lr);
+  update(swap::kEnds, lr);
+  return result;
+}
+
 std::vector<at::Tensor> SwapOwner::master_parameters() {
   settle();
   std::vector<at::Tensor> out;

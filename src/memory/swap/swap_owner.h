@@ -86,6 +86,8 @@ class SwapOwner : public OptimizerOwner, public GradientHolder, public swap::Hos
   void end_step();
   // The host gradients of this step (after gradients_stored's reduction), unit by unit.
   std::vector<at::Tensor> final_gradients() override;
+  // Between steps: gradients_stored(max_norm), then every unit's update (GradientHolder's).
+  UpdateResult apply_written_gradients(double lr, double max_norm) override;
   // The host masters (settled first: no update in flight); parameters_written refreshes the bf16
   // copies the loads carry.
   std::vector<at::Tensor> master_parameters() override;

@@ -102,6 +102,11 @@ TEST(Messages, HostileFieldsAreRefusedByName) {
     EXPECT_TRUE(test::throws_naming(
         [&] { parse_chunk_request(std::string(R"({"swarm_step":3,"length":5,"offset":)") + offset + "}", "p"); },
         {"'offset'"}));
+  EXPECT_EQ(parse_round_request(R"({"swarm_step":7})", "p").swarm_step, 7);
+  for (const char* step : {"-1", "1e30", "\"7\"", "18446744073709551615"})
+    EXPECT_TRUE(test::throws_naming(
+        [&] { parse_round_request(std::string(R"({"swarm_step":)") + step + "}", "p"); }, {"'swarm_step'"}))
+        << step;
 }
 
 }  // namespace

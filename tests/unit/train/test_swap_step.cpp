@@ -1,8 +1,9 @@
 // A swapped run's state is the resident run's: a swapped run's model and optimizer state, loaded
 // into a resident run, continue bit-identically to the swapped run continuing, and the reverse
 // (the same tensors a checkpoint holds: model_state() and training_state()). Evaluation of a
-// swapped model equals the resident one's. The host memory a swapped run needs is predicted and a
-// host too small for it is refused naming memory.swap.
+// swapped model equals the resident one's. Gradients written and applied alone (the swarm's replay)
+// update as a step does. The host memory a swapped run needs is predicted and a host too small for
+// it is refused naming memory.swap.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -74,6 +75,45 @@ TEST(SwapStep, StateResumesAcrossSwappedAndResidentBitIdentically) {
     EXPECT_EQ(x.grad_norm, y.grad_norm);
     EXPECT_EQ(max_difference(original, resumed), 0.0) << (from_swapped ? "swapped -> resident" : "resident -> swapped");
     EXPECT_EQ(original.evaluate(micro_batches(3, a)), resumed.evaluate(micro_batches(3, b)));
+  }
+}
+
+// The ATOM swarm's replay (atom/round_log.h): gradients written into a step's holder and applied
+// alone update the model and its optimizer state exactly as a step does whose outer reduction
+// writes the same gradients (a round's mean) before its update, resident and swapped, over two
+// rounds (AdamW's step count and moments carry into the second).
+TEST(SwapStep, AnUpdateFromWrittenGradientsIsTheStepsOwn) {
+  for (const bool swapped : {false, true}) {
+    const Config c = tiny(swapped);
+    TrainStep stepped(c), replayed(c);
+    std::vector<at::Tensor> means;
+    auto write = [](const at::Tensor& mean, const std::vector<at::Tensor>& gradients) {
+      int64_t at = 0;
+      for (const at::Tensor& g : gradients) {
+        g.copy_(mean.narrow(0, at, g.numel()).view(g.sizes()));
+        at += g.numel();
+      }
+    };
+    stepped.set_outer_reduction([&](const std::vector<at::Tensor>& gradients, int64_t) {
+      std::vector<at::Tensor> flat;
+      for (const at::Tensor& g : gradients) flat.push_back(g.reshape(-1));
+      means.push_back(at::cat(flat) * 0.5 + 0.001);  // not the step's own: a round's mean
+      write(means.back(), gradients);
+      return true;
+    });
+    for (int64_t s = 0; s < 2; ++s) {
+      const double lr = 1e-3 * static_cast<double>(s + 1);
+      const StepResult r = stepped.run(micro_batches(s, c), lr);
+      GradientHolder* holder = replayed.gradient_holder();
+      ASSERT_NE(holder, nullptr);
+      write(means.back(), holder->final_gradients());
+      const UpdateResult u = holder->apply_written_gradients(lr, c.optim.grad_clip);
+      EXPECT_EQ(u.grad_norm.item<double>(), r.grad_norm) << (swapped ? "swapped" : "resident") << " round " << s;
+      EXPECT_EQ(max_difference(stepped, replayed), 0.0) << (swapped ? "swapped" : "resident") << " round " << s;
+      const auto a = as_map(stepped.training_state()), b = as_map(replayed.training_state());
+      ASSERT_EQ(a.size(), b.size());
+      for (const auto& [name, t] : a) EXPECT_TRUE(at::equal(t, b.at(name))) << name << " round " << s;
+    }
   }
 }
 
