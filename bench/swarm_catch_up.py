@@ -36,12 +36,13 @@ def one(build, work, replay_mb, limit):
     key = keygen(build, os.path.join(work, "swarm.key"))
     data = prepared_corpus(build)
     base = [os.path.join(build, "tessera"), "peer", "--swarm", "demo", "--listen", "127.0.0.1:0"]
-    a, address = start_peer(base + ["--out", os.path.join(work, "a")] + settings(build, key, data))
+    a_dir = os.path.join(work, "a")
+    replay = ["--set", "swarm.replay_mb=%g" % replay_mb]  # the donor's log is the one B reads
+    a, address = start_peer(base + ["--out", a_dir] + settings(build, key, data) + replay, a_dir)
     time.sleep(3)  # A runs ahead alone
     b_dir = os.path.join(work, "b")
     t0 = time.time()
-    b, _ = start_peer(base + ["--out", b_dir, "--initial-peer", address] + settings(build, key, data) +
-                      ["--set", "swarm.replay_mb=%g" % replay_mb])
+    b, _ = start_peer(base + ["--out", b_dir, "--initial-peer", address] + settings(build, key, data) + replay, b_dir)
     seconds = None
     while time.time() - t0 < limit:
         with open(b_dir + ".log") as f:
