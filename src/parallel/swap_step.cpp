@@ -1,6 +1,9 @@
 // A training step of a swapped model (swap_step.h).
 #include "parallel/swap_step.h"
 
+#include <atomic>
+#include <memory>
+
 #include <cstdio>
 
 #include <torch/torch.h>
@@ -94,18 +97,22 @@ StepLosses SwapStep::run(const std::vector<Batch>& batches, double lr, const Gra
   StepLosses result;
   swap::SwapWork work;
   work.compute = [&](const swap::Action& a) { compute(a, batches); };
-  bool apply = true;  // known before any update runs (the plan defers them when gradients_ready is given)
+  // Set by gradients_stored on the host stream, before any update (the plan defers them when
+  // gradients_ready is given); read by the update jobs on that same stream, not where they are
+  // issued (ThreadSanitizer: an update issued before gradients_stored ran read it unset), and they
+  // may run after this call returns (they overlap the next step's forward): shared, not on the stack.
+  const auto apply = std::make_shared<std::atomic<bool>>(true);
   work.update = [&](const swap::Action& a) -> std::function<void()> {
-    if (!apply) return [] {};
-    return [this, sub = a.sub, lr] {
+    return [this, sub = a.sub, lr, apply] {
+      if (!*apply) return;
       fault::point("optimizer");
       owner_.update(sub, lr);
     };
   };
   work.gradients_stored = [&] {
     owner_.reduce_gradients();
-    if (gradients_ready) apply = gradients_ready();
-    if (apply)
+    if (gradients_ready) *apply = gradients_ready();
+    if (*apply)
       result.update.grad_norm = at::scalar_tensor(owner_.gradients_stored(config_.optim.grad_clip), at::kDouble);
   };
   try {
@@ -116,7 +123,7 @@ StepLosses SwapStep::run(const std::vector<Batch>& batches, double lr, const Gra
     throw;
   }
   require(stash_.empty(), "internal: the swap step left ", stash_.size(), " sub-models without their backward");
-  if (!apply) {
+  if (!*apply) {
     owner_.end_step();  // the held gradients dropped; the next step's stores start afresh
     result.update.applied = false;
   }
