@@ -18,7 +18,7 @@ void RoundLog::add(int64_t swarm_step, const at::Tensor& mean) {
     bytes_ = 0;
   }
   if (bytes > max_bytes_) return;
-  rounds_.emplace_back(swarm_step, mean.to(at::kFloat).contiguous().clone());
+  rounds_.emplace_back(swarm_step, mean.to(at::kFloat).contiguous());  // kept as given: never written again
   bytes_ += bytes;
   while (bytes_ > max_bytes_) {
     bytes_ -= rounds_.front().second.numel() * static_cast<int64_t>(sizeof(float));

@@ -38,8 +38,9 @@ enum ReplayMessage : uint8_t { kRound = 24, kRoundReply = 25 };
 class RoundLog {
  public:
   explicit RoundLog(int64_t max_bytes) : max_bytes_(max_bytes) {}
-  // Keeps `mean` ([N] float32, copied) as the update of the round at `swarm_step` (the one that took
-  // the swarm from swarm_step to swarm_step + 1).
+  // Keeps `mean` ([N] float32; the caller writes it no more: it is held, not copied, so a round
+  // costs no copy of the model's size) as the update of the round at `swarm_step` (the one that
+  // took the swarm from swarm_step to swarm_step + 1).
   void add(int64_t swarm_step, const at::Tensor& mean);
   // Answers a ROUND request; false for other messages.
   bool serve(Channel& channel, const Message& first);
