@@ -8,8 +8,9 @@
 #     speed     GPT-2 124M, bf16, sequence 1024: tessera bench against PyTorch eager and
 #               torch.compile (bench/compare_pytorch.py) at each of COMPARE_BATCHES (default 16) over
 #               COMPARE_ROUNDS rounds (default 1), and tessera alone at larger batches
-#     trace     three traced steps of each of tessera and the eager twin (batch 16), summed per
-#               kernel class (bench/trace_summary.py)
+#     trace     three traced steps of each of tessera and the PyTorch twin in each of TRACE_TWINS
+#               (default eager; compile too) at TRACE_BATCH (default 16), summed per kernel class
+#               and per kernel (the TRACE_TOP longest, default 15; bench/trace_summary.py)
 #     swap      GPT-2 124M resident, swapped under a device budget, and under ZeRO-3 and ZeRO-2 with
 #               offload, with and without clipping
 #     pipeline  `tessera pipeline --model` on the device: per-stage F, I, W and a predicted pp 4 step,
@@ -130,14 +131,17 @@ if want speed; then
 fi
 
 if want trace; then
-  note "## trace (batch 16)"
-  step "tessera_profile_step --trace" 60 trace_tessera.log "$BUILD/tessera_profile_step" $(gpt2) --set train.batch_size=16 \
+  tb=${TRACE_BATCH:-16}
+  note "## trace (batch $tb)"
+  step "tessera_profile_step --trace" 60 trace_tessera.log "$BUILD/tessera_profile_step" $(gpt2) --set train.batch_size=$tb \
        --steps 3 --warmup 3 --trace "$LOGS/trace_tessera.json" &&
-    python3 "$ROOT/bench/trace_summary.py" "$LOGS/trace_tessera.json" --steps 3 | tee -a "$SUMMARY"
-  step "pytorch_twin eager --trace" 60 trace_eager.log python3 "$ROOT/bench/pytorch_twin.py" --mode eager --device cuda \
-       --dtype bf16 --vocab 50257 --block 1024 --layers 12 --heads 12 --embd 768 --batch 16 --seq 1024 --steps 3 --warmup 3 \
-       --trace "$LOGS/trace_eager.json" &&
-    python3 "$ROOT/bench/trace_summary.py" "$LOGS/trace_eager.json" --steps 3 | tee -a "$SUMMARY"
+    python3 "$ROOT/bench/trace_summary.py" "$LOGS/trace_tessera.json" --steps 3 --top "${TRACE_TOP:-15}" | tee -a "$SUMMARY"
+  for mode in ${TRACE_TWINS:-eager}; do
+    step "pytorch_twin $mode --trace" 120 "trace_$mode.log" python3 "$ROOT/bench/pytorch_twin.py" --mode "$mode" --device cuda \
+         --dtype bf16 --vocab 50257 --block 1024 --layers 12 --heads 12 --embd 768 --batch "$tb" --seq 1024 --steps 3 --warmup 3 \
+         --trace "$LOGS/trace_$mode.json" &&
+      python3 "$ROOT/bench/trace_summary.py" "$LOGS/trace_$mode.json" --steps 3 --top "${TRACE_TOP:-15}" | tee -a "$SUMMARY"
+  done
   gzip -f "$LOGS"/trace_*.json 2>/dev/null
   pack
 fi

@@ -20,6 +20,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+command -v patchelf >/dev/null || { echo "gpu_prebuilt: needs patchelf (apt-get install patchelf)" >&2; exit 1; }
 BUILD="$(realpath -m "${1:-$ROOT/build-gpu}")"
 DIR="$(realpath -m "${2:-$ROOT/.gpu_prebuilt}")"
 TARGETS=(tessera test_gpu test_gpu_nccl test_data_parallel test_compression tessera_profile_step)
@@ -39,8 +40,9 @@ for t in "${TARGETS[@]}"; do
   patchelf --set-rpath '$ORIGIN/lib' "$STAGE/$t"
 done
 
-# Libraries to copy: resolved here, and neither the C/C++ runtime nor torch's or NVIDIA's own.
-SKIP='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libstdc\+\+|libgcc_s)'
+# Libraries to copy: resolved here, and neither the C/C++ runtime nor torch's or NVIDIA's own (tessera's
+# kernels link the toolkit's libcudart here; there they load the one torch's nvidia-cuda-runtime carries).
+SKIP='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libstdc\+\+|libgcc_s|libcudart)'
 for t in "${TARGETS[@]}"; do ldd "$STAGE/$t"; done | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |
   while read -r name path; do
     [[ "$name" =~ $SKIP ]] && continue

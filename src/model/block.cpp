@@ -41,15 +41,15 @@ void BlockImpl::set_dropout_streams(const DropoutStreams& streams) {
 }
 
 BlockOutput BlockImpl::run(const at::Tensor& x) {
-  auto h = ln_1(x);
-  auto a = softmax_attn ? softmax_attn(h) : linear_attn(h);
-  auto y = x + dropout_if_active(a, dropout_, is_training(), streams_.residual);
-  h = ln_2(y);
-  if (moe) {
-    auto out = moe(h);
+  auto h = ln_1->for_matmul(x);
+  auto a = dropout_if_active(softmax_attn ? softmax_attn(h) : linear_attn(h), dropout_, is_training(), streams_.residual);
+  if (moe) {  // the router reads ln_2's output in float32
+    auto y = x + a;
+    auto out = moe(ln_2(y));
     return {y + dropout_if_active(out.y, dropout_, is_training(), streams_.residual), out.aux_loss};
   }
-  return {y + dropout_if_active(mlp(h), dropout_, is_training(), streams_.residual), torch::zeros({}, x.options().dtype(at::kFloat))};
+  auto [y, h2] = ln_2->add_for_matmul(x, a);
+  return {y + dropout_if_active(mlp(h2), dropout_, is_training(), streams_.residual), torch::zeros({}, x.options().dtype(at::kFloat))};
 }
 
 BlockOutput BlockImpl::forward(const at::Tensor& x) {

@@ -21,6 +21,20 @@ at::Tensor NormImpl::forward(const at::Tensor& x) {
   return (rms_normalize(x) * weight_).to(x.scalar_type());
 }
 
+at::Tensor NormImpl::for_matmul(const at::Tensor& x) {
+  if (kind_ != NormKind::layer || !fused_layer_norm_applies(x, weight_)) return forward(x);
+  return layer_norm_bf16(x, weight_, bias_, kNormEps);
+}
+
+NormedSum NormImpl::add_for_matmul(const at::Tensor& x, const at::Tensor& branch) {
+  if (kind_ != NormKind::layer || !fused_layer_norm_applies(x, weight_) || branch.scalar_type() != at::kBFloat16 ||
+      branch.sizes() != x.sizes()) {
+    at::Tensor sum = x + branch;
+    return {sum, forward(sum)};
+  }
+  return add_layer_norm_bf16(x, branch, weight_, bias_, kNormEps);
+}
+
 at::Tensor rms_normalize(const at::Tensor& x, double eps) {
   auto xf = x.to(at::kFloat);
   return (xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps)).to(x.scalar_type());

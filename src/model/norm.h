@@ -4,6 +4,11 @@
 // (arch linear: weight only; y = x / sqrt(mean(x^2) + eps) * weight, eps 1e-5), so that both
 // architectures keep the module names ln_1, ln_2, ln_f and their parameters "weight" / "bias".
 // Normalisation statistics are computed in float32 and the result is cast back to x's dtype.
+//
+// for_matmul and add_for_matmul are for a norm whose output only feeds a matrix product: where
+// fused_layer_norm_applies (a LayerNorm on a GPU under bf16 autocast) they run the fused kernels
+// of fused_layer_norm.h and return the bf16 the product would have cast the output to; elsewhere
+// they are forward(x) and {x + branch, forward(x + branch)}.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +17,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include "model/fused_layer_norm.h"
 #include "model/parameter_spec.h"
 
 namespace tessera {
@@ -24,6 +30,8 @@ class NormImpl : public torch::nn::Module {
  public:
   NormImpl(NormKind kind, int64_t dim, bool bias, const at::TensorOptions& where);
   at::Tensor forward(const at::Tensor& x);  // [..., C] -> [..., C]
+  at::Tensor for_matmul(const at::Tensor& x);
+  NormedSum add_for_matmul(const at::Tensor& x, const at::Tensor& branch);  // {x + branch, its norm}
   ParameterSpecs parameter_specs() const {  // replicated; unit weight, zero bias
     return {{"weight", {Split::replicated, 1, ones_init()}}, {"bias", {}}};
   }

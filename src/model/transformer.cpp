@@ -204,7 +204,7 @@ ModelOutput TransformerLMImpl::head(const at::Tensor& x, const at::Tensor& targe
   ModelOutput out;
   out.aux_loss = aux_loss;
   through_end_wrappers(ModelPart::head(), [&] {
-    out.logits = hooks.logits ? hooks.logits(ln_f(x)) : linear(ln_f(x), wte->weight, at::Tensor());
+    out.logits = hooks.logits ? hooks.logits(ln_f(x)) : linear(ln_f->for_matmul(x), wte->weight, at::Tensor());
     if (targets.defined()) {
       out.ce_loss = hooks.cross_entropy
                         ? hooks.cross_entropy(out.logits, targets)
