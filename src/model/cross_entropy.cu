@@ -39,7 +39,7 @@ __device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
 }
 
 template <typename T, bool kVec>
-__global__ void __launch_bounds__(kThreads) forward_kernel(const T* __restrict__ logits,
+__global__ void __launch_bounds__(kThreads) cross_entropy_forward_kernel(const T* __restrict__ logits,
                                                            const int64_t* __restrict__ targets,
                                                            float* __restrict__ loss, float* __restrict__ lse,
                                                            int64_t V) {
@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const T* __restrict__
 }
 
 template <typename T, bool kVec>
-__global__ void __launch_bounds__(kThreads) backward_kernel(const T* __restrict__ logits,
+__global__ void __launch_bounds__(kThreads) cross_entropy_backward_kernel(const T* __restrict__ logits,
                                                             const int64_t* __restrict__ targets,
                                                             const float* __restrict__ lse,
                                                             const float* __restrict__ dloss, T* __restrict__ dlogits,
@@ -128,8 +128,8 @@ template <typename T>
 void forward(const void* logits, const int64_t* targets, float* loss, float* lse, int64_t rows, int64_t V,
              cudaStream_t s) {
   const T* l = static_cast<const T*>(logits);
-  if (aligned(logits, V)) forward_kernel<T, true><<<rows, kThreads, 0, s>>>(l, targets, loss, lse, V);
-  else forward_kernel<T, false><<<rows, kThreads, 0, s>>>(l, targets, loss, lse, V);
+  if (aligned(logits, V)) cross_entropy_forward_kernel<T, true><<<rows, kThreads, 0, s>>>(l, targets, loss, lse, V);
+  else cross_entropy_forward_kernel<T, false><<<rows, kThreads, 0, s>>>(l, targets, loss, lse, V);
 }
 
 template <typename T>
@@ -138,8 +138,8 @@ void backward(const void* logits, const int64_t* targets, const float* lse, cons
   const T* l = static_cast<const T*>(logits);
   T* d = static_cast<T*>(dlogits);
   if (aligned(logits, V) && aligned(dlogits, V))
-    backward_kernel<T, true><<<rows, kThreads, 0, s>>>(l, targets, lse, dloss, d, V);
-  else backward_kernel<T, false><<<rows, kThreads, 0, s>>>(l, targets, lse, dloss, d, V);
+    cross_entropy_backward_kernel<T, true><<<rows, kThreads, 0, s>>>(l, targets, lse, dloss, d, V);
+  else cross_entropy_backward_kernel<T, false><<<rows, kThreads, 0, s>>>(l, targets, lse, dloss, d, V);
 }
 
 }  // namespace

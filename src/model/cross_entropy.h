@@ -10,8 +10,9 @@
 //   their gradient, softmax minus one-hot, scaled by the row's loss gradient. The math is float32
 //   from the 16-bit logits, as PyTorch's autocast computes the loss on its float32 copy of them.
 //   Composed from ATen ops the same loss writes the [N, V] log-probabilities, fills a [N, V] zero
-//   gradient to scatter the targets' into, and reads both back in the softmax backward: 16.7 of a
-//   145 ms GPT-2 124M step at batch 64 on an H100 (bench/results/gpu_fused_kernels_h100.md).
+//   gradient to scatter the targets' into, and reads both back in the softmax backward: 16.6 ms of
+//   the 138.5 ms of device time of a GPT-2 124M step at batch 64 on an H100, against 6.7 ms fused
+//   (bench/results/gpu_fused_kernels_h100.md).
 // - elsewhere: the log-softmax in the logits' dtype (its kernels accumulate in float32), and only
 //   the N log-probabilities of the targets cast to float32 for the mean; not a float32 copy of the
 //   whole log-probability tensor and its gradient, two more passes over the largest tensor of the

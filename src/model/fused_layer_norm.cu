@@ -47,7 +47,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 template <int VPL>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) forward_kernel(const ForwardArgs a) {
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) layer_norm_forward_kernel(const ForwardArgs a) {
   const float* __restrict__ x = a.x;
   const __nv_bfloat16* __restrict__ branch = a.branch;
   const float* __restrict__ w = a.w;
@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) forward_kernel(const Forw
 }
 
 template <int VPL>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) backward_kernel(const BackwardArgs a) {
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) layer_norm_backward_kernel(const BackwardArgs a) {
   const __nv_bfloat16* __restrict__ dout = a.dout;
   const float* __restrict__ x = a.x;
   const float* __restrict__ mean = a.mean;
@@ -163,14 +163,14 @@ void check(const char* kernel, int C) {
 template <int VPL>
 struct Forward {
   static void launch(const ForwardArgs& a, unsigned blocks, cudaStream_t stream) {
-    forward_kernel<VPL><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(a);
+    layer_norm_forward_kernel<VPL><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(a);
   }
 };
 
 template <int VPL>
 struct Backward {
   static void launch(const BackwardArgs& a, unsigned blocks, cudaStream_t stream) {
-    backward_kernel<VPL><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(a);
+    layer_norm_backward_kernel<VPL><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(a);
   }
 };
 

@@ -10,7 +10,8 @@
 // read each input once and write each output once: forward x (float32) and a (bf16) in, y
 // (float32) and h (bf16) out; backward h's and y's gradients and y in, x's gradient (float32) and
 // a's (bf16) out, with dw and db summed from per-warp partials (no atomics: the same result every
-// run).
+// run). Measured: a GPT-2 124M step at batch 64 on an H100 1.10x faster
+// (bench/results/gpu_fused_kernels_h100.md).
 //
 // Numerics: the add, the statistics and the affine map are float32 as in at::layer_norm (two-pass
 // mean and variance instead of Welford: the outputs agree to float32 rounding, then are rounded to
