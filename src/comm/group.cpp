@@ -303,6 +303,37 @@ c10d::ReduceOp backend_op(ReduceOp op) {
   return op == ReduceOp::max ? c10d::ReduceOp(c10d::ReduceOp::MAX) : c10d::ReduceOp(c10d::ReduceOp::SUM);
 }
 
+// A Gloo send or receive posted to the backend, with the tensor it reads or writes. Gloo's
+// transport thread completes the operation into its Work's buffer and the tensor, so neither may
+// be freed before a wait saw it finish. A step that fails (a peer died, a timeout) unwinds with
+// operations posted and not waited; the last owner of such an operation hands it to a list kept
+// for the rest of the process, which is about to report the failure. Waited operations are freed
+// as usual: the list holds the abandoned ones only. (TSan found the transport thread signalling
+// an abandoned send's buffer as the unwinding main thread destroyed it.)
+class PostedOp {
+ public:
+  PostedOp(c10::intrusive_ptr<c10d::Work> work, at::Tensor tensor) : work_(std::move(work)), tensor_(std::move(tensor)) {}
+  PostedOp(PostedOp&&) = default;
+  PostedOp& operator=(PostedOp&&) = delete;
+  PostedOp(const PostedOp&) = delete;
+  ~PostedOp() {
+    if (!work_) return;
+    static std::mutex mutex;
+    static auto* abandoned = new std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, at::Tensor>>();
+    std::lock_guard<std::mutex> lock(mutex);
+    abandoned->emplace_back(std::move(work_), std::move(tensor_));
+  }
+  const c10::intrusive_ptr<c10d::Work>& work() const { return work_; }
+  void finished() {  // a wait saw it finish: freed with this owner
+    work_.reset();
+    tensor_.reset();
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  at::Tensor tensor_;
+};
+
 }  // namespace
 
 Work Group::all_reduce_async(at::Tensor tensor, ReduceOp op) {
@@ -465,8 +496,9 @@ Work Group::send_async(at::Tensor tensor, int64_t to, int64_t tag) {
   });
   g.count("send", static_cast<double>(tensor.numel() * tensor.element_size()));
   std::shared_ptr<Impl> impl = impl_;  // the Work may outlive this call, not the group's state
-  return Work(std::async(std::launch::deferred, [impl, sent, tensor, op]() {
-                impl->guarded(op, [&] { impl->wait_backend(sent); });
+  return Work(std::async(std::launch::deferred, [impl, posted = PostedOp(sent, tensor), op]() mutable {
+                impl->guarded(op, [&] { impl->wait_backend(posted.work()); });
+                posted.finished();
               }).share());
 }
 
@@ -485,8 +517,9 @@ Work Group::recv_async(at::Tensor tensor, int64_t from, int64_t tag) {
     std::vector<at::Tensor> in{tensor};
     received = g.backend->recv(in, static_cast<int>(from), static_cast<int>(tag));
   });
-  return Work(std::async(std::launch::deferred, [impl, received, tensor, op]() {
-                impl->guarded(op, [&] { impl->wait_backend(received); });
+  return Work(std::async(std::launch::deferred, [impl, posted = PostedOp(received, tensor), op]() mutable {
+                impl->guarded(op, [&] { impl->wait_backend(posted.work()); });
+                posted.finished();
               }).share());
 }
 
