@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <sstream>
+#include <utility>
 
 #include <torch/torch.h>
 
@@ -383,9 +384,20 @@ bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t samples) {
     for (const at::Tensor& g : gradients) numel += g.numel();
     accumulation_ = at::zeros({numel}, gradients.front().options().dtype(at::kFloat));
   }
-  add_flat(accumulation_, gradients, static_cast<double>(samples));
+  // A step whose gradients are not finite (an fp16 overflow; its owner lowers the loss scale) is
+  // not contributed: one peer's inf would be every peer's round mean.
+  std::vector<at::Tensor> finite;
+  for (const at::Tensor& g : gradients) finite.push_back(at::isfinite(g).all());
+  const bool contributed = at::stack(finite).all().item<bool>();
+  if (contributed) {
+    add_flat(accumulation_, gradients, static_cast<double>(samples));
+  } else {
+    say("local step " + std::to_string(record_.local_step) + ": its gradients are not finite, so its " +
+        std::to_string(samples) + " samples are not contributed");
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (!contributed) samples_dropped_ += std::exchange(samples, 0);
     accumulated_ += samples;
     record_.claimed = samples;
   }
@@ -427,6 +439,7 @@ bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t samples) {
   const at::Tensor mean = result.sum / result.weight;
   round_log_->add(swarm_step_, mean);
   scatter(mean, gradients);
+  holder_->gradients_written();
   accumulation_.zero_();
   step_started_ = unix_now();
   finish_round(result, "round", std::to_string(static_cast<int64_t>(result.weight)) + " samples, ");

@@ -36,7 +36,7 @@ at::Tensor LocalOptimizer::clip(double max_norm) {
 }
 
 void LocalOptimizer::finish_gradients() {
-  overflow_ = master_ && master_->copy_grads_to_master(1.0 / scaler_->value());
+  overflow_ = backward_overflow_ = master_ && master_->copy_grads_to_master(1.0 / scaler_->value());
 }
 
 NamedTensors LocalOptimizer::gradients() {
@@ -67,7 +67,7 @@ UpdateResult LocalOptimizer::apply(double lr, double max_norm) {
       optimizer_->step(lr);
       master_->copy_master_to_model();
     }
-    scaler_->update(result.skipped);
+    scaler_->update(backward_overflow_);
   } else {
     result.grad_norm = clip(max_norm);
     optimizer_->step(lr);
@@ -78,6 +78,7 @@ UpdateResult LocalOptimizer::apply(double lr, double max_norm) {
 }
 
 void LocalOptimizer::drop_gradients() {
+  if (scaler_) scaler_->update(backward_overflow_);
   optimizer_->zero_grad();
   for (auto& [name, p] : params_) p.mutable_grad().reset();
 }
@@ -92,12 +93,16 @@ std::vector<at::Tensor> LocalOptimizer::final_gradients() {
   return out;
 }
 
+void LocalOptimizer::gradients_written() {
+  if (!master_) return;
+  overflow_ = false;
+  for (const auto& [name, p] : master_->master())
+    if (p.grad().defined() && !at::isfinite(p.grad()).all().item<bool>()) overflow_ = true;
+}
+
 UpdateResult LocalOptimizer::apply_written_gradients(double lr, double max_norm) {
-  if (master_) {
-    overflow_ = false;
-    for (const auto& [name, p] : master_->master())
-      if (p.grad().defined() && !at::isfinite(p.grad()).all().item<bool>()) overflow_ = true;
-  }
+  gradients_written();
+  backward_overflow_ = overflow_;  // no backward of its own: the scale follows the written gradients
   return apply(lr, max_norm);
 }
 

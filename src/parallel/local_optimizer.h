@@ -5,11 +5,14 @@
 // scaler (precision/fp16.h):
 //
 //   finish_gradients:  fp16: unscale the model's fp16 gradients into the masters (overflow noted);
-//   apply:   fp16 overflow: skip the update and lower the scale; otherwise
+//   apply:   fp16 overflow: skip the update; otherwise
 //            norm = the global gradient norm (ModelParallelNorm: under tp each rank's squares by
 //            weight, summed over tp), clipped to max_norm; optimizer step at lr; fp16: masters
-//            copied into the model and the scale updated; gradients dropped;
-//   drop_gradients: the gradients dropped, no update (fp16: the scale unchanged);
+//            copied into the model; fp16: the scale updated (lowered after an overflow of this
+//            step's backward); gradients dropped;
+//   drop_gradients: the gradients dropped, no update (fp16: the scale updated as by apply);
+//   gradients_written: fp16: whether to skip is read from the written master gradients (the
+//            swarm's round mean), the scale still follows this step's backward;
 //   apply_written_gradients: apply, with fp16's overflow read from the written master gradients.
 #pragma once
 
@@ -36,6 +39,7 @@ class LocalOptimizer : public ResidentOwner, public GradientHolder {
   UpdateResult apply(double lr, double max_norm) override;
   void drop_gradients() override;
   std::vector<at::Tensor> final_gradients() override;
+  void gradients_written() override;
   UpdateResult apply_written_gradients(double lr, double max_norm) override;
   std::vector<at::Tensor> master_parameters() override;
   void parameters_written() override;
@@ -55,7 +59,8 @@ class LocalOptimizer : public ResidentOwner, public GradientHolder {
   std::unique_ptr<DynamicLossScaler> scaler_;  // fp16 only
   std::unique_ptr<Optimizer> optimizer_;
   ModelParallelNorm norm_;
-  bool overflow_ = false;  // fp16: this step's gradients were not finite
+  bool overflow_ = false;           // fp16: the gradients to apply are not finite (skip the update)
+  bool backward_overflow_ = false;  // fp16: this step's own backward overflowed (lower the scale)
 };
 
 }  // namespace tessera

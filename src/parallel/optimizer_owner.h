@@ -206,6 +206,10 @@ class GradientHolder {
   // every process of one), as the update reads them (unscaled; live tensors: writing them changes
   // the update); a parameter that got no gradient gets zeros here, and is then updated with them.
   virtual std::vector<at::Tensor> final_gradients() = 0;
+  // After the caller wrote final_gradients() in place of the step's own (the swarm's round mean),
+  // before the step's update: the update is decided on the written gradients (fp16: skipped when
+  // one is not finite), while the loss scale still follows this process's own backward.
+  virtual void gradients_written() {}
   // The update alone, between two steps, from gradients the caller wrote into final_gradients():
   // clipped to `max_norm` (0: not clipped) and applied at `lr`, as a step's update with these
   // gradients would be (fp16: skipped, lowering the loss scale, when one is not finite), then let

@@ -73,6 +73,9 @@ const Tolerance kBf16Sharded{2e-2, 5e-2, 5e-2, 1e-1, 5e-2, 8e-3, 5e-2};
 // to float16 (relative 2^-11) before the mean, so gradients agree to that rounding at the first
 // step and Adam turns a changed sign near zero into a step of up to 2 lr, as under bf16.
 const Tolerance kFp16Compressed{1e-4, 1e-3, 1e-3, 5e-2, 2e-3, 8e-3, 1e-3};
+// fp16 compute (precision.dtype = fp16, masters in float32): activations and gradients rounded to
+// float16 (relative 2^-11) in a different grouping of the batch than the reference's.
+const Tolerance kFp16{1e-4, 2e-4, 5e-3, 1.5e-2, 1e-2, 6e-4, 1e-2};
 // Swapping (memory.swap) computes the same operations in the same order as a resident run, only
 // on copies of the parameters that travel between host and device: it is held to equality.
 const Tolerance kExact{0, 0, 0, 0, 0, 0, 0};
@@ -308,6 +311,15 @@ const std::vector<Row>& layouts() {
          c.train.grad_accum = 2;
        },
        &kFp32, false, true},
+      // fp16 peers (each its own masters and loss scale; the scale low enough that no step overflows
+      // in either run, so both take every step) against fp16 on one process
+      {"peers2_batch_fp16_sgd", 2,
+       [](Config& c) {
+         sgd(c);
+         c.precision.dtype = "fp16";
+         c.precision.loss_scale_init = 256;
+       },
+       &kFp16, false, true},
       {"peers2_batch_swapped_accum2", 2,
        [](Config& c) {
          c.model.n_layer = 4;
