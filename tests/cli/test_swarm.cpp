@@ -2,7 +2,8 @@
 // first started included), a late joiner takes the state from several donors, a restarted peer
 // rejoins from its run directory (removing a save its stop interrupted) and replays the rounds it
 // missed from the others' logs, a stranger with another
-// key gets nothing, DiLoCo peers sending top-k pseudo-gradients take the same outer steps; every
+// key gets nothing, DiLoCo peers sending top-k pseudo-gradients take the same outer steps, fp16
+// peers keep a step whose gradients overflowed out of the rounds; every
 // sample a peer processed is accounted for (averaged, dropped for newer state, or still
 // accumulated).
 #include <gtest/gtest.h>
@@ -86,6 +87,27 @@ TEST_F(Swarm, DiLoCoPeersWithTopKPseudoGradientsTakeTheSameOuterSteps) {
   const double n = static_cast<double>(model.size()) / 4;
   for (const Peer* p : {&a, &b})
     EXPECT_LT(p->swarm()["bytes_sent"].get<double>() / 2, 0.2 * n) << p->swarm().dump();
+}
+
+TEST_F(Swarm, Fp16PeersKeepTheirOverflowsOutOfTheRounds) {
+  // A loss scale of 2^24 overflows fp16's gradients at first: a peer contributes nothing from such
+  // a step (and lowers its own scale) until its gradients are finite; the rounds' means stay
+  // finite and both members apply each one alike.
+  constexpr int64_t kSteps = 10;
+  const std::string args = settings(kSteps, key_) + " --set precision.dtype=fp16 --set precision.loss_scale_init=16777216";
+  Peer& a = start("a", args);
+  Peer& b = start("b", args, a.address());
+  ASSERT_EQ(a.wait(), 0) << a.log();
+  ASSERT_EQ(b.wait(), 0) << b.log();
+  EXPECT_NE(a.log().find("are not contributed"), std::string::npos) << a.log();
+  for (const Peer* p : {&a, &b}) {
+    EXPECT_EQ(p->swarm_step(), kSteps) << p->log();
+    expect_accounted(*p);
+  }
+  const std::string last = "/checkpoints/step_" + std::to_string(kSteps) + "/model.safetensors";
+  const std::string model = slurp(a.dir + last);
+  ASSERT_FALSE(model.empty());
+  EXPECT_TRUE(model == slurp(b.dir + last));
 }
 
 TEST_F(Swarm, ARestartedPeerRejoinsFromItsRunDirectory) {
