@@ -3,11 +3,11 @@
 #include "model/fused_layer_norm.h"
 
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 #include <torch/autograd.h>
 
 #include "core/error.h"
 #include "model/fused_layer_norm_kernels.h"
+#include "model/linear.h"
 
 #if TESSERA_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -154,9 +154,8 @@ NormedSum add_layer_norm_bf16(const at::Tensor& x, const at::Tensor& branch, con
 }
 
 bool fused_layer_norm_applies(const at::Tensor& x, const at::Tensor& weight) {
-  return on_kernels(x) && at::autocast::is_autocast_enabled(at::kCUDA) &&
-         at::autocast::get_autocast_dtype(at::kCUDA) == at::kBFloat16 && x.scalar_type() == at::kFloat &&
-         weight.scalar_type() == at::kFloat && x.dim() > 0 && x.size(-1) <= kernels::kFusedLayerNormMaxWidth;
+  return on_kernels(x) && bf16_autocast_on_gpu(x, weight) && x.scalar_type() == at::kFloat && x.dim() > 0 &&
+         x.size(-1) <= kernels::kFusedLayerNormMaxWidth;
 }
 
 }  // namespace tessera

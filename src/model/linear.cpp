@@ -53,16 +53,16 @@ class LinearFp32WeightGrads : public torch::autograd::Function<LinearFp32WeightG
   }
 };
 
-bool fp32_weight_grads(const at::Tensor& x, const at::Tensor& weight) {
-  return x.is_cuda() && at::autocast::is_autocast_enabled(at::kCUDA) &&
-         at::autocast::get_autocast_dtype(at::kCUDA) == at::kBFloat16 && weight.scalar_type() == at::kFloat &&
-         weight.requires_grad() && at::GradMode::is_enabled();
-}
-
 }  // namespace
 
+bool bf16_autocast_on_gpu(const at::Tensor& x, const at::Tensor& weight) {
+  return x.is_cuda() && at::autocast::is_autocast_enabled(at::kCUDA) &&
+         at::autocast::get_autocast_dtype(at::kCUDA) == at::kBFloat16 && weight.scalar_type() == at::kFloat;
+}
+
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  if (!fp32_weight_grads(x, weight)) return at::linear(x, weight, bias);
+  if (!bf16_autocast_on_gpu(x, weight) || !weight.requires_grad() || !at::GradMode::is_enabled())
+    return at::linear(x, weight, bias);
   return linear_fp32_weight_grads(x, weight, bias);
 }
 

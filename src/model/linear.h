@@ -45,6 +45,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
 // weight gradient is the bf16 GEMM's, widened).
 at::Tensor linear_fp32_weight_grads(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 inline at::Tensor linear(const Linear& layer, const at::Tensor& x) { return linear(x, layer->weight, layer->bias); }
+// Whether x is on a GPU under bf16 autocast with float32 `weight`: where linear() runs the
+// float32-weight-gradient function and Norm the fused layer norm (model/fused_layer_norm.h).
+bool bf16_autocast_on_gpu(const at::Tensor& x, const at::Tensor& weight);
 
 class EmbeddingImpl : public torch::nn::Module {
  public:
