@@ -7,10 +7,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "comm/node_rendezvous.h"
 #include "comm/rendezvous.h"
 #include "core/error.h"
 #include "train/stop_request.h"
@@ -61,28 +64,31 @@ std::string tail_of(const std::string& path, size_t max_lines) {
 
 namespace {
 
-// One round of workers: spawned, supervised to their end, and the launcher's exit code.
+// One generation's workers on this node: spawned, supervised to their end, and how it ended.
 struct Round {
   int code = 0;
-  bool failed = false;  // a worker failed (not a stop, not an interrupt): a restart may follow
-  std::string failure;  // "rank 1 (pid ...) killed by signal 9 (SIGKILL)"
+  bool failed = false;         // a worker here failed (not a stop, not an interrupt): a restart may follow
+  bool interrupted = false;    // Ctrl-C or SIGTERM on this launcher
+  bool others_failed = false;  // stopped because the run failed on another node
+  std::string failure;         // "rank 1 (pid ...) killed by signal 9 (SIGKILL)"
 };
 
-Round run_workers(const LaunchOptions& o, int nproc, const std::string& host, int port, comm::ListenSocket store,
-                  const std::vector<std::string>& argv, const std::string& run_dir, double stop_grace_s) {
-  const int world = nproc * o.nnodes;
+Round run_workers(const LaunchOptions& o, const comm::Generation& generation, const std::string& host,
+                  comm::ListenSocket store, const std::vector<std::string>& argv, const std::string& run_dir,
+                  double stop_grace_s, comm::NodeRendezvous* nodes) {
+  const comm::NodeSlot slot = generation.nodes.at(o.node_rank);
   const std::string log_dir = run_dir + "/logs";
   std::vector<pid_t> pids;
   std::vector<std::string> outputs;
-  for (int local = 0; local < nproc; ++local) {
-    const int rank = o.node_rank * nproc + local;
+  for (int64_t local = 0; local < slot.nproc; ++local) {
+    const int64_t rank = slot.first_rank + local;
     comm::LaunchInfo worker;
     worker.rank = rank;
-    worker.world_size = world;
+    worker.world_size = generation.world;
     worker.local_rank = local;
-    worker.local_world_size = nproc;
+    worker.local_world_size = slot.nproc;
     worker.master_addr = host;
-    worker.master_port = port;
+    worker.master_port = generation.store_port;
     ChildSpec spec;
     spec.argv = argv;
     spec.own_process_group = true;
@@ -93,39 +99,41 @@ Round run_workers(const LaunchOptions& o, int nproc, const std::string& host, in
     pids.push_back(spawn(spec));
   }
   if (store.fd >= 0) ::close(store.fd);
-  std::cerr << "tessera: started ranks " << o.node_rank * nproc << ".." << o.node_rank * nproc + nproc - 1 << " of "
-            << world << " (store " << host << ":" << port << "); other ranks' output in " << log_dir << "/\n";
+  std::cerr << "tessera: started ranks " << slot.first_rank << ".." << slot.first_rank + slot.nproc - 1 << " of "
+            << generation.world << " (store " << host << ":" << generation.store_port << "); other ranks' output in "
+            << log_dir << "/\n";
 
   SuperviseOptions options;
   options.interrupted = &g_interrupted;
   options.interrupt_grace_s = stop_grace_s;
   options.ok_codes = {0, kStoppedExitCode};
+  if (nodes) options.others_failed = [nodes, &generation] { return nodes->ended(generation.number); };
   const SuperviseResult result = supervise(pids, options);
   bool all_stopped = true;
   for (const ChildExit& exit : result.exits) all_stopped = all_stopped && exit.code == kStoppedExitCode;
   if (all_stopped) {
     std::cerr << "tessera: the workers stopped early with a checkpoint; continue with `tessera train --resume " << run_dir
               << "`\n";
-    return Round{kStoppedExitCode, false, ""};
+    return Round{kStoppedExitCode, false, false, false, ""};
   }
   if (result.interrupted && result.first_failure < 0) {
     std::cerr << "tessera: interrupted; the workers did not all stop with a checkpoint within " << stop_grace_s
               << " s (parallel.timeout_s) and were stopped\n";
-    return Round{130, false, ""};
+    return Round{130, false, true, false, "the launcher of node " + std::to_string(o.node_rank) + " was interrupted"};
   }
   if (result.first_failure >= 0) {
-    const int i = result.first_failure;
-    const ChildExit& exit = result.exits[static_cast<size_t>(i)];
-    Round round{exit.code > 0 ? exit.code : 1, !result.interrupted, ""};
-    round.failure = "rank " + std::to_string(o.node_rank * nproc + i) + " (pid " +
-                    std::to_string(pids[static_cast<size_t>(i)]) + ") " + exit.describe();
+    const size_t i = static_cast<size_t>(result.first_failure);
+    const ChildExit& exit = result.exits[i];
+    Round round{exit.code > 0 ? exit.code : 1, !result.interrupted, result.interrupted, result.others_failed, ""};
+    round.failure = "rank " + std::to_string(slot.first_rank + static_cast<int64_t>(i)) + " (pid " +
+                    std::to_string(pids[i]) + ")" + (nodes ? " on node " + std::to_string(o.node_rank) : "") + " " +
+                    exit.describe();
     std::cerr << "error: " << round.failure << "; stopped the other workers\n";
-    if (!outputs[static_cast<size_t>(i)].empty())
-      std::cerr << "last lines of " << outputs[static_cast<size_t>(i)] << ":\n"
-                << tail_of(outputs[static_cast<size_t>(i)], 12);
+    if (!outputs[i].empty()) std::cerr << "last lines of " << outputs[i] << ":\n" << tail_of(outputs[i], 12);
     return round;
   }
-  return Round{0, false, ""};
+  if (result.others_failed) return Round{1, false, false, true, "stopped: the run failed on another node"};
+  return Round{0, false, false, false, ""};
 }
 
 // The step of the run's latest checkpoint (RUN_DIR/checkpoints/latest names step_N), or -1.
@@ -147,9 +155,7 @@ int launch_workers(const LaunchOptions& o, const std::string& run_dir, double st
   require(o.nnodes >= 1, "--nnodes must be at least 1 (got ", o.nnodes, ")");
   require(o.node_rank >= 0 && o.node_rank < o.nnodes, "--node-rank ", o.node_rank, " is outside 0..", o.nnodes - 1);
   require(o.nnodes == 1 || !o.master.empty(), "--nnodes ", o.nnodes,
-          " needs --master HOST:PORT (the address of node 0, where rank 0 serves the rendezvous store)");
-  require(restarts.max == 0 || o.nnodes == 1, "parallel.max_restarts = ", restarts.max, " restarts the workers of one "
-          "node; with --nnodes ", o.nnodes, " the nodes' launchers cannot agree on the survivors yet: set it to 0");
+          " needs --master HOST:PORT (the address of node 0, whose launcher serves the launchers' store)");
   std::string host = "127.0.0.1";
   int port = 0;
   if (!o.master.empty()) {
@@ -172,35 +178,80 @@ int launch_workers(const LaunchOptions& o, const std::string& run_dir, double st
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
 
+  // One node: this launcher decides alone. Several: node 0's launcher serves the launchers' store on
+  // --master and each generation's workers' store on a fresh port.
+  const bool lead = o.node_rank == 0;
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(stop_grace_s * 1000));
+  std::unique_ptr<comm::NodeRendezvous> nodes;
+  if (o.nnodes > 1) nodes = std::make_unique<comm::NodeRendezvous>(host, port, o.node_rank, timeout);
+  comm::ListenSocket store;
+  if (lead) store = comm::listen_on(host, nodes ? 0 : port);
+  comm::Generation generation;
+  if (!nodes) {
+    generation = comm::first_generation({{0, o.nproc}}, 1, store.port);
+  } else {
+    nodes->join(0, o.nproc);
+    std::set<int> all;
+    for (int node = 0; node < o.nnodes; ++node) all.insert(node);
+    if (lead) {
+      generation = comm::first_generation(nodes->collect(0, all), o.nnodes, store.port);
+      nodes->publish(generation);
+    } else {
+      generation = nodes->await(0);
+    }
+  }
+  require(generation.refusal.empty(), generation.refusal);
+
   std::vector<std::string> argv = worker_command_line();
-  int nproc = o.nproc;
-  for (int64_t restart = 1;; ++restart) {
-    comm::ListenSocket store;
-    int round_port = port;
-    if (o.node_rank == 0) {
-      store = comm::listen_on(host, restart == 1 ? port : 0);  // a restart takes a fresh port
-      round_port = store.port;
+  for (;;) {
+    const Round round = run_workers(o, generation, host, store, argv, run_dir, stop_grace_s, nodes.get());
+    if (!round.failed && !round.interrupted && !round.others_failed) return round.code;
+    comm::GenerationEnd end{o.node_rank, round.failed, round.failure};
+    if (nodes) {
+      end = nodes->end(generation.number, end);
+      if (end.node != o.node_rank) std::cerr << "error: the run failed on node " << end.node << ": " << end.failure << "\n";
     }
-    const Round round = run_workers(o, nproc, host, round_port, store, argv, run_dir, stop_grace_s);
-    if (!round.failed || restart > restarts.max) return round.code;
+    const int code = round.code != 0 ? round.code : 1;
+    if (!end.restartable || generation.number >= restarts.max) return code;
     // Restart: the workers that are left, in whole data-parallel replicas, from the last checkpoint.
-    const int64_t step = latest_checkpoint_step(run_dir);
-    const int next = static_cast<int>((nproc - 1) / restarts.model_parallel * restarts.model_parallel);
-    if (step < 0 || next < 1) {
-      std::cerr << "tessera: not restarting (parallel.max_restarts): "
-                << (step < 0 ? "the run has no checkpoint in " + run_dir + "/checkpoints to continue from"
-                             : "no whole replica of " + std::to_string(restarts.model_parallel) + " ranks is left")
-                << "\n";
-      return round.code;
+    const int64_t next = generation.number + 1;
+    if (lead) store = comm::listen_on(host, 0);  // a restart takes a fresh port
+    if (!nodes) {
+      generation = comm::next_generation(generation, end, {0}, restarts.model_parallel, latest_checkpoint_step(run_dir),
+                                         restarts.max, run_dir);
+      generation.store_port = store.port;
+    } else {
+      nodes->join(next, 0);
+      if (lead) {
+        std::set<int> previous;
+        for (const auto& [node, slot] : generation.nodes) previous.insert(node);
+        std::set<int> joined;
+        for (const auto& [node, nproc] : nodes->collect(next, previous)) joined.insert(node);
+        generation = comm::next_generation(generation, end, joined, restarts.model_parallel,
+                                           latest_checkpoint_step(run_dir), restarts.max, run_dir);
+        generation.store_port = store.port;
+        nodes->publish(generation);
+      } else {
+        generation = nodes->await(next);
+      }
     }
-    std::cerr << "tessera: restart " << restart << " of " << restarts.max << ": " << round.failure
-              << "; continuing from checkpoint step " << step << " on " << next << " workers (parallel.dp "
-              << next / restarts.model_parallel << ")\n";
-    std::ofstream(run_dir + "/metrics.jsonl", std::ios::app)
-        << nlohmann::json{{"step", step}, {"restart", restart}, {"world", next}, {"failure", round.failure}}.dump()
-        << "\n";
+    if (!generation.refusal.empty()) {
+      std::cerr << "tessera: not restarting (parallel.max_restarts): " << generation.refusal << "\n";
+      return code;
+    }
+    std::cerr << "tessera: " << generation.announcement << "\n";
+    if (lead)
+      std::ofstream(run_dir + "/metrics.jsonl", std::ios::app)
+          << nlohmann::json{{"step", generation.step}, {"restart", generation.number}, {"world", generation.world},
+                            {"failure", end.failure}}
+                 .dump()
+          << "\n";
+    if (!generation.nodes.count(o.node_rank)) {
+      std::cerr << "tessera: node " << o.node_rank << " has no workers in restart " << generation.number
+                << " (whole replicas only); the run goes on without it\n";
+      return 0;
+    }
     argv = {argv.front(), "train", "--resume", run_dir, "--set", "parallel.dp=0"};
-    nproc = next;
   }
 }
 

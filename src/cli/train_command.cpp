@@ -81,8 +81,8 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--nnodes", args->launch.nnodes, "number of nodes (hosts), each running its own `--nproc` launcher");
   cmd->add_option("--node-rank", args->launch.node_rank, "this node's index, 0 .. nnodes-1");
   cmd->add_option("--master", args->launch.master,
-                  "HOST:PORT where rank 0 serves the rendezvous store (required with --nnodes > 1; "
-                  "default 127.0.0.1 and a free port)");
+                  "HOST:PORT of the rendezvous store: one node's, served by rank 0 (default 127.0.0.1 and a free "
+                  "port), or with --nnodes > 1 (required) the launchers' store, served by node 0's launcher");
   cmd->footer("Config keys (section.key, default, meaning):\n" + config_reference());
   return [args]() {
     require(args->init_from.empty() || !args->config.empty(),
@@ -157,6 +157,10 @@ Command add_train_command(CLI::App& app) {
     require(!lead || !resume_elsewhere, "train --resume ", args->resume,
             ": does not exist here, on the node of rank 0, which holds the run's checkpoints");
     const std::unique_ptr<RunLock> lock = lead ? claim_run_dir(out, claim) : nullptr;
+    require(config.parallel.max_restarts == 0 || args->launch.nnodes == 1 || !config.checkpoint.gather,
+            "parallel.max_restarts = ", config.parallel.max_restarts, " with --nnodes ", args->launch.nnodes,
+            " restarts every node's workers from the run directory's latest checkpoint, so every node must see it: "
+            "checkpoint.gather = true (nodes without a shared run directory) cannot restart; set one of them to 0/false");
     if (launching)
       return launch_workers(args->launch, out, config.parallel.timeout_s,
                             Restarts{config.parallel.max_restarts, dims.world_size() / dims.dp()});

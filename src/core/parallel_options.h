@@ -77,8 +77,8 @@ struct ParallelOptions {
     v("bucket_mb", bucket_mb, "gradient bucket size in MB for reduction overlapped with backward", above(0, 65536));
     v("timeout_s", timeout_s, "seconds before a stuck rendezvous or collective fails every rank", above(0, 1e6));
     v("max_restarts", max_restarts,
-      "times the launcher (--nproc, one node) restarts a failed run on its surviving workers from the last "
-      "checkpoint, data parallelism shrunk to fit",
+      "times the launchers (--nproc, on one node or --nnodes) restart a failed run on the surviving workers "
+      "from the last checkpoint, data parallelism shrunk to fit",
       between(0, 1000));
     v("backend", backend, "auto (gloo on CPU, nccl on CUDA), gloo or nccl");
     v("offload", offload,

@@ -8,10 +8,13 @@
 // (Ctrl-C on the launcher: SIGTERM to every child, SIGKILL after `interrupt_grace_s`, time for them
 // to checkpoint). With stop_on_failure, the first child to fail (an exit code not in `ok_codes`,
 // or a signal) makes it stop the others: SIGTERM, then SIGKILL after `grace_s`; a child stopped by a
-// signal (SIGSTOP: it cannot act on SIGTERM) is killed at once.
+// signal (SIGSTOP: it cannot act on SIGTERM) is killed at once. `others_failed`, when given, is
+// polled on every pass (about every 20 ms): true stops the children as a failure of one of them
+// would (the launcher of a node whose run failed on another node).
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <string>
 #include <sys/types.h>
@@ -44,6 +47,7 @@ struct SuperviseOptions {
   double interrupt_grace_s = 5;
   std::vector<int> ok_codes = {0};
   const std::atomic<bool>* interrupted = nullptr;
+  std::function<bool()> others_failed;
 };
 
 struct SuperviseResult {
@@ -51,6 +55,7 @@ struct SuperviseResult {
   int first_failure = -1;        // index of the first child that failed on its own
   bool timed_out = false;
   bool interrupted = false;
+  bool others_failed = false;    // stopped because options.others_failed() said so
 };
 
 SuperviseResult supervise(const std::vector<pid_t>& pids, const SuperviseOptions& options);

@@ -1,0 +1,39 @@
+// supervise() (core/subprocess.h) stopped from outside: a launcher whose run failed on another
+// node stops its own children at once, and says why.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <chrono>
+
+#include "core/subprocess.h"
+
+namespace tessera {
+namespace {
+
+TEST(Supervise, OthersFailingStopsEveryChildAsAFailureWould) {
+  std::vector<pid_t> children;
+  ChildSpec sleeper;
+  sleeper.argv = {"/bin/sleep", "30"};
+  for (int i = 0; i < 2; ++i) children.push_back(spawn(sleeper));
+  const auto start = std::chrono::steady_clock::now();
+  int polls = 0;
+  SuperviseOptions options;
+  options.deadline_s = 20;
+  options.grace_s = 1;
+  options.others_failed = [&] { return ++polls > 5; };
+  const SuperviseResult result = supervise(children, options);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_TRUE(result.others_failed);
+  EXPECT_FALSE(result.timed_out);
+  EXPECT_EQ(result.first_failure, -1);  // nobody here failed on its own
+  for (const ChildExit& exit : result.exits) {
+    EXPECT_TRUE(exit.stopped_by_supervisor);
+    EXPECT_EQ(exit.signal, SIGTERM) << exit.describe();
+  }
+  EXPECT_LT(seconds, 5);
+  EXPECT_EQ(polls, 6);  // not polled again once stopping
+}
+
+}  // namespace
+}  // namespace tessera
