@@ -65,13 +65,14 @@ def host_ip(i):
 
 
 class Hosts:
-    """The four namespaces and their links; set_rate() changes every link's limit."""
+    """`count` namespaces (tsr0.., host_ip(i)) on one bridge; set_rate() changes every link's limit."""
 
-    def __init__(self):
+    def __init__(self, count=HOSTS):
+        self.count = count
         self.close()  # a previous run that was killed may have left them
         sh("ip", "link", "add", BRIDGE, "type", "bridge")
         sh("ip", "link", "set", BRIDGE, "up")
-        for i in range(HOSTS):
+        for i in range(count):
             ns = "tsr%d" % i
             sh("ip", "netns", "add", ns)
             sh("ip", "link", "add", "tsrv%d" % i, "type", "veth", "peer", "name", "eth0", "netns", ns)
@@ -81,15 +82,14 @@ class Hosts:
             sh("ip", "-n", ns, "link", "set", "lo", "up")
         atexit.register(self.close)
 
-    @staticmethod
-    def close():
-        for i in range(HOSTS):
+    def close(self):
+        for i in range(max(self.count, HOSTS)):  # also what a run with more hosts left
             sh("ip", "netns", "del", "tsr%d" % i, check=False)
+            sh("ip", "link", "del", "tsrv%d" % i, check=False)
         sh("ip", "link", "del", BRIDGE, check=False)
 
-    @staticmethod
-    def set_rate(rate):
-        for i in range(HOSTS):
+    def set_rate(self, rate):
+        for i in range(self.count):
             for where in (["ip", "netns", "exec", "tsr%d" % i, "tc"], ["tc"]):
                 dev = "eth0" if len(where) > 1 else "tsrv%d" % i
                 subprocess.run(where + ["qdisc", "del", "dev", dev, "root"], capture_output=True)
@@ -99,10 +99,9 @@ class Hosts:
                     subprocess.run(where + ["qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst",
                                             str(burst), "latency", "200ms"], check=True)
 
-    @staticmethod
-    def tx_bytes():
+    def tx_bytes(self):
         return [int(sh("ip", "netns", "exec", "tsr%d" % i, "cat", "/sys/class/net/eth0/statistics/tx_bytes").stdout)
-                for i in range(HOSTS)]
+                for i in range(self.count)]
 
 
 def rate_bytes(rate):
@@ -205,11 +204,11 @@ def steps_for(mode, rate):
     return 8 if slow else 20
 
 
-def run(build, work, mode, rate, data, key):
+def run(build, work, hosts, mode, rate, data, key):
     run_dir = os.path.join(work, "%s_%s" % (mode, rate))
     os.makedirs(run_dir)
     steps = steps_for(mode, rate)
-    before = Hosts.tx_bytes()
+    before = hosts.tx_bytes()
     procs = []
     for i, (host_dir, cmd) in enumerate(commands(build, mode, run_dir, data, key, steps)):
         if mode in ("batch", "diloco"):  # the first peer listens before the others start from it
@@ -228,7 +227,7 @@ def run(build, work, mode, rate, data, key):
             for q in procs:
                 q.kill()
             sys.exit("%s at %s: a host exited with %d; logs in %s" % (mode, rate, code, run_dir))
-    sent = sum(a - b for a, b in zip(Hosts.tx_bytes(), before))
+    sent = sum(a - b for a, b in zip(hosts.tx_bytes(), before))
     host_dirs = [os.path.join(run_dir, "host%d" % i) for i in range(HOSTS)]
     warm = 10 if mode == "diloco" else 2
     return {"mode": mode, "rate": rate, "steps": steps, "samples_per_s": throughput(mode, host_dirs, warm),
@@ -343,7 +342,7 @@ def main():
         links[rate] = measure_link(work)
         print("link %s: one host sends %.2f MB/s to another" % (rate, links[rate]), flush=True)
         for mode in modes:
-            r = run(build, work, mode, rate, data, key)
+            r = run(build, work, hosts, mode, rate, data, key)
             results.append(r)
             print("  %-7s %8.1f samples/s  %9.0f wire bytes/sample  (%d steps)"
                   % (mode, r["samples_per_s"], r["wire_bytes_per_sample"], r["steps"]), flush=True)
