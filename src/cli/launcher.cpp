@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -67,15 +68,29 @@ namespace {
 // One generation's workers on this node: spawned, supervised to their end, and how it ended.
 struct Round {
   int code = 0;
-  bool failed = false;         // a worker here failed (not a stop, not an interrupt): a restart may follow
-  bool interrupted = false;    // Ctrl-C or SIGTERM on this launcher
-  bool others_failed = false;  // stopped because the run failed on another node
-  std::string failure;         // "rank 1 (pid ...) killed by signal 9 (SIGKILL)"
+  bool failed = false;       // a worker here failed (not a stop, not an interrupt): a restart may follow
+  bool interrupted = false;  // Ctrl-C or SIGTERM on this launcher
+  std::string failure;       // "rank 1 (pid ...) killed by signal 9 (SIGKILL)"
 };
+
+// During a generation across nodes: whether another launcher ended it (a failure: stop the workers;
+// a node rejoining: stop them with a checkpoint), and on node 0, with restarts, whether a late
+// launcher asked to rejoin (then node 0 ends it so).
+SuperviseOptions::Outside watch(comm::NodeRendezvous& nodes, int64_t generation, bool take_growth) {
+  using Outside = SuperviseOptions::Outside;
+  std::optional<comm::GenerationEnd> end = nodes.ended(generation);
+  if (!end && take_growth) {
+    const int node = nodes.growth_requested(generation);
+    if (node >= 0)
+      end = nodes.end(generation, {node, true, true, "node " + std::to_string(node) + "'s launcher rejoined", 0});
+  }
+  if (!end) return Outside::none;
+  return end->growth ? Outside::checkpoint : Outside::failed;
+}
 
 Round run_workers(const LaunchOptions& o, const comm::Generation& generation, const std::string& host,
                   comm::ListenSocket store, const std::vector<std::string>& argv, const std::string& run_dir,
-                  double stop_grace_s, comm::NodeRendezvous* nodes) {
+                  double stop_grace_s, comm::NodeRendezvous* nodes, bool take_growth) {
   const comm::NodeSlot slot = generation.nodes.at(o.node_rank);
   const std::string log_dir = run_dir + "/logs";
   std::vector<pid_t> pids;
@@ -107,24 +122,21 @@ Round run_workers(const LaunchOptions& o, const comm::Generation& generation, co
   options.interrupted = &g_interrupted;
   options.interrupt_grace_s = stop_grace_s;
   options.ok_codes = {0, kStoppedExitCode};
-  if (nodes) options.others_failed = [nodes, &generation] { return nodes->ended(generation.number); };
+  if (nodes)
+    options.outside = [nodes, &generation, take_growth] { return watch(*nodes, generation.number, take_growth); };
   const SuperviseResult result = supervise(pids, options);
   bool all_stopped = true;
   for (const ChildExit& exit : result.exits) all_stopped = all_stopped && exit.code == kStoppedExitCode;
-  if (all_stopped) {
-    std::cerr << "tessera: the workers stopped early with a checkpoint; continue with `tessera train --resume " << run_dir
-              << "`\n";
-    return Round{kStoppedExitCode, false, false, false, ""};
-  }
+  if (all_stopped) return Round{kStoppedExitCode, false, false, ""};
   if (result.interrupted && result.first_failure < 0) {
     std::cerr << "tessera: interrupted; the workers did not all stop with a checkpoint within " << stop_grace_s
               << " s (parallel.timeout_s) and were stopped\n";
-    return Round{130, false, true, false, "the launcher of node " + std::to_string(o.node_rank) + " was interrupted"};
+    return Round{130, false, true, "the launcher of node " + std::to_string(o.node_rank) + " was interrupted"};
   }
   if (result.first_failure >= 0) {
     const size_t i = static_cast<size_t>(result.first_failure);
     const ChildExit& exit = result.exits[i];
-    Round round{exit.code > 0 ? exit.code : 1, !result.interrupted, result.interrupted, result.others_failed, ""};
+    Round round{exit.code > 0 ? exit.code : 1, !result.interrupted, result.interrupted, ""};
     round.failure = "rank " + std::to_string(slot.first_rank + static_cast<int64_t>(i)) + " (pid " +
                     std::to_string(pids[i]) + ")" + (nodes ? " on node " + std::to_string(o.node_rank) : "") + " " +
                     exit.describe();
@@ -132,8 +144,8 @@ Round run_workers(const LaunchOptions& o, const comm::Generation& generation, co
     if (!outputs[i].empty()) std::cerr << "last lines of " << outputs[i] << ":\n" << tail_of(outputs[i], 12);
     return round;
   }
-  if (result.others_failed) return Round{1, false, false, true, "stopped: the run failed on another node"};
-  return Round{0, false, false, false, ""};
+  if (result.outside != SuperviseOptions::Outside::none) return Round{1, false, false, "stopped from another node"};
+  return Round{0, false, false, ""};
 }
 
 // The step of the run's latest checkpoint (RUN_DIR/checkpoints/latest names step_N), or -1.
@@ -186,15 +198,33 @@ int launch_workers(const LaunchOptions& o, const std::string& run_dir, double st
   if (o.nnodes > 1) nodes = std::make_unique<comm::NodeRendezvous>(host, port, o.node_rank, timeout);
   comm::ListenSocket store;
   if (lead) store = comm::listen_on(host, nodes ? 0 : port);
+  std::vector<std::string> argv = worker_command_line();
+  const std::vector<std::string> resume = {argv.front(), "train", "--resume", run_dir, "--set", "parallel.dp=0"};
   comm::Generation generation;
+  std::set<int> all;
+  for (int node = 0; node < o.nnodes; ++node) all.insert(node);
   if (!nodes) {
     generation = comm::first_generation({{0, o.nproc}}, 1, store.port);
+  } else if (const std::optional<int64_t> current = lead ? std::nullopt : nodes->current()) {
+    // The run is going without this node (its host was lost): rejoin it at node 0's next checkpoint.
+    require(restarts.max > 0, "node ", o.node_rank, ": the run is already going (generation ", *current,
+            ") and parallel.max_restarts = 0: a launcher can rejoin a run only where it restarts");
+    require(!nodes->await(*current).nodes.count(o.node_rank), "node ", o.node_rank, " is already running in generation ",
+            *current, " of this run: is another launcher running with --node-rank ", o.node_rank, "?");
+    nodes->join(*current + 1, o.nproc);
+    nodes->request_growth(*current);
+    std::cerr << "tessera: node " << o.node_rank << " rejoins the run (generation " << *current
+              << "); node 0's launcher stops it at a checkpoint\n";
+    generation = nodes->await(*current + 1);
+    require(generation.refusal.empty() || generation.nodes.count(o.node_rank), generation.refusal);
+    require(generation.nodes.count(o.node_rank), "node ", o.node_rank, " was not taken into generation ",
+            generation.number, " (", generation.announcement, ")");
+    std::cerr << "tessera: " << generation.announcement << "\n";
+    argv = resume;
   } else {
     nodes->join(0, o.nproc);
-    std::set<int> all;
-    for (int node = 0; node < o.nnodes; ++node) all.insert(node);
     if (lead) {
-      generation = comm::first_generation(nodes->collect(0, all), o.nnodes, store.port);
+      generation = comm::first_generation(nodes->collect(0, all, o.nnodes), o.nnodes, store.port);
       nodes->publish(generation);
     } else {
       generation = nodes->await(0);
@@ -202,33 +232,43 @@ int launch_workers(const LaunchOptions& o, const std::string& run_dir, double st
   }
   require(generation.refusal.empty(), generation.refusal);
 
-  std::vector<std::string> argv = worker_command_line();
+  int64_t restarts_done = 0;
   for (;;) {
-    const Round round = run_workers(o, generation, host, store, argv, run_dir, stop_grace_s, nodes.get());
-    if (!round.failed && !round.interrupted && !round.others_failed) return round.code;
-    comm::GenerationEnd end{o.node_rank, round.failed, round.failure};
-    if (nodes) {
-      end = nodes->end(generation.number, end);
-      if (end.node != o.node_rank) std::cerr << "error: the run failed on node " << end.node << ": " << end.failure << "\n";
+    const Round round = run_workers(o, generation, host, store, argv, run_dir, stop_grace_s, nodes.get(),
+                                    lead && restarts.max > 0);
+    // How the generation ended: recorded by the first launcher that saw it end (several nodes).
+    std::optional<comm::GenerationEnd> end;
+    if (nodes && round.code != 0)
+      end = round.failed || round.interrupted
+                ? nodes->end(generation.number, {o.node_rank, round.failed, false, round.failure, round.code})
+                : nodes->ended(generation.number);
+    else if (!nodes && round.failed)
+      end = comm::GenerationEnd{0, true, false, round.failure, round.code};
+    if (!end) {
+      if (round.code == kStoppedExitCode)
+        std::cerr << "tessera: the workers stopped early with a checkpoint; continue with `tessera train --resume "
+                  << run_dir << "`\n";
+      return round.code;
     }
-    const int code = round.code != 0 ? round.code : 1;
-    if (!end.restartable || generation.number >= restarts.max) return code;
-    // Restart: the workers that are left, in whole data-parallel replicas, from the last checkpoint.
+    if (end->node != o.node_rank && !end->growth)
+      std::cerr << "error: the run failed on node " << end->node << ": " << end->failure << "\n";
+    const int code = end->code != 0 ? end->code : 1;  // the failure that ended the run, on every node
+    if (!end->restartable || (!end->growth && restarts_done >= restarts.max)) return code;
+    // Restart: the workers that are left (and a node that rejoined), in whole data-parallel
+    // replicas, from the last checkpoint.
+    const comm::RestartPolicy policy{restarts.model_parallel, restarts_done, restarts.max, run_dir};
     const int64_t next = generation.number + 1;
     if (lead) store = comm::listen_on(host, 0);  // a restart takes a fresh port
     if (!nodes) {
-      generation = comm::next_generation(generation, end, {0}, restarts.model_parallel, latest_checkpoint_step(run_dir),
-                                         restarts.max, run_dir);
+      generation = comm::next_generation(generation, *end, {{0, 0}}, policy, latest_checkpoint_step(run_dir));
       generation.store_port = store.port;
     } else {
       nodes->join(next, 0);
       if (lead) {
         std::set<int> previous;
         for (const auto& [node, slot] : generation.nodes) previous.insert(node);
-        std::set<int> joined;
-        for (const auto& [node, nproc] : nodes->collect(next, previous)) joined.insert(node);
-        generation = comm::next_generation(generation, end, joined, restarts.model_parallel,
-                                           latest_checkpoint_step(run_dir), restarts.max, run_dir);
+        generation = comm::next_generation(generation, *end, nodes->collect(next, previous, o.nnodes), policy,
+                                           latest_checkpoint_step(run_dir));
         generation.store_port = store.port;
         nodes->publish(generation);
       } else {
@@ -239,19 +279,23 @@ int launch_workers(const LaunchOptions& o, const std::string& run_dir, double st
       std::cerr << "tessera: not restarting (parallel.max_restarts): " << generation.refusal << "\n";
       return code;
     }
+    if (!end->growth) ++restarts_done;
     std::cerr << "tessera: " << generation.announcement << "\n";
     if (lead)
       std::ofstream(run_dir + "/metrics.jsonl", std::ios::app)
-          << nlohmann::json{{"step", generation.step}, {"restart", generation.number}, {"world", generation.world},
-                            {"failure", end.failure}}
+          << nlohmann::json{{"step", generation.step},
+                            {"restart", generation.number},
+                            {"world", generation.world},
+                            {end->growth ? "rejoined" : "failure", end->growth ? nlohmann::json(end->node)
+                                                                               : nlohmann::json(end->failure)}}
                  .dump()
           << "\n";
     if (!generation.nodes.count(o.node_rank)) {
-      std::cerr << "tessera: node " << o.node_rank << " has no workers in restart " << generation.number
+      std::cerr << "tessera: node " << o.node_rank << " has no workers in generation " << generation.number
                 << " (whole replicas only); the run goes on without it\n";
       return 0;
     }
-    argv = {argv.front(), "train", "--resume", run_dir, "--set", "parallel.dp=0"};
+    argv = resume;
   }
 }
 

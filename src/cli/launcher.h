@@ -37,7 +37,10 @@ struct LaunchOptions {
 // appends {"step", "restart", "world", "failure"} to metrics.jsonl (node 0's launcher). The global
 // batch stays the same when train.global_batch_size is set (the micro-batches per step grow), else it
 // shrinks with dp. Across nodes the run directory must be shared (checkpoint.gather = false), and
-// the run cannot outlive node 0's launcher.
+// the run cannot outlive node 0's launcher; a launcher started for a node the run goes on without
+// (its host came back) rejoins it: node 0's launcher stops the workers with a checkpoint and the
+// next generation has that node's workers too (not counted as a restart; "rejoined" in
+// metrics.jsonl).
 struct Restarts {
   int64_t max = 0;
   int64_t model_parallel = 1;

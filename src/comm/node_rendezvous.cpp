@@ -82,8 +82,8 @@ Generation first_generation(const std::map<int, int64_t>& joined, int nnodes, in
   return g;
 }
 
-Generation next_generation(const Generation& previous, const GenerationEnd& end, const std::set<int>& joined,
-                           int64_t model_parallel, int64_t step, int64_t max_restarts, const std::string& run_dir) {
+Generation next_generation(const Generation& previous, const GenerationEnd& end, const std::map<int, int64_t>& joined,
+                           const RestartPolicy& policy, int64_t step) {
   Generation g;
   g.number = previous.number + 1;
   g.store_port = previous.store_port;
@@ -92,15 +92,15 @@ Generation next_generation(const Generation& previous, const GenerationEnd& end,
   for (const auto& [node, slot] : previous.nodes)
     if (!joined.count(node)) lost.push_back(node);
   // A lost node explains the failure: the worker that failed first elsewhere failed on its loss.
-  const int failed_node = end.restartable && lost.empty() ? end.node : -1;
+  const int failed_node = end.restartable && !end.growth && lost.empty() ? end.node : -1;
   std::map<int, int64_t> counts;
   int64_t total = 0;
-  for (const auto& [node, slot] : previous.nodes) {
-    if (!joined.count(node)) continue;
-    counts[node] = slot.nproc - (node == failed_node ? 1 : 0);
+  for (const auto& [node, nproc] : joined) {
+    const auto was = previous.nodes.find(node);
+    counts[node] = was == previous.nodes.end() ? nproc : was->second.nproc - (node == failed_node ? 1 : 0);
     total += counts[node];
   }
-  int64_t cut = total - total / model_parallel * model_parallel;  // whole replicas only
+  int64_t cut = total % policy.model_parallel;  // whole replicas only
   for (auto it = counts.rbegin(); it != counts.rend() && cut > 0; ++it) {
     const int64_t take = std::min(it->second, cut);
     it->second -= take;
@@ -108,17 +108,18 @@ Generation next_generation(const Generation& previous, const GenerationEnd& end,
   }
   assign_ranks(g, counts);
   if (step < 0) {
-    g.refusal = "the run has no checkpoint in " + run_dir + "/checkpoints to continue from";
+    g.refusal = "the run has no checkpoint in " + policy.run_dir + "/checkpoints to continue from";
     return g;
   }
   if (g.world < 1) {
-    g.refusal = "no whole replica of " + std::to_string(model_parallel) + (model_parallel == 1 ? " rank" : " ranks") +
-                " is left";
+    g.refusal = "no whole replica of " + std::to_string(policy.model_parallel) +
+                (policy.model_parallel == 1 ? " rank" : " ranks") + " is left";
     return g;
   }
   std::ostringstream out;
-  out << "restart " << g.number << " of " << max_restarts << ": " << end.failure << "; continuing from checkpoint step "
-      << step << " on " << workers_text(g.world) << " (parallel.dp " << g.world / model_parallel << ")";
+  if (!end.growth) out << "restart " << policy.restarts_done + 1 << " of " << policy.max_restarts << ": ";
+  out << end.failure << "; continuing from checkpoint step " << step << " on " << workers_text(g.world)
+      << " (parallel.dp " << g.world / policy.model_parallel << ")";
   if (previous.nodes.size() > 1 || g.nodes.size() > 1) {
     out << ": ";
     for (auto it = g.nodes.begin(); it != g.nodes.end(); ++it)
@@ -155,21 +156,42 @@ void NodeRendezvous::join(int64_t generation, int64_t nproc) {
   store_->tcp->set(key(generation, "join/" + std::to_string(node_rank_)), bytes(std::to_string(nproc)));
 }
 
-std::map<int, int64_t> NodeRendezvous::collect(int64_t generation, const std::set<int>& expected) {
+std::map<int, int64_t> NodeRendezvous::collect(int64_t generation, const std::set<int>& wait_for, int nnodes) {
   std::map<int, int64_t> joined;
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   for (;;) {
-    for (int node : expected) {
+    for (int node = 0; node < nnodes; ++node) {
       const std::string k = key(generation, "join/" + std::to_string(node));
       if (!joined.count(node) && store_->tcp->check({k})) joined[node] = std::stoll(text(store_->tcp->get(k)));
     }
-    if (joined.size() == expected.size() || std::chrono::steady_clock::now() > deadline) return joined;
+    bool all = true;
+    for (int node : wait_for) all = all && joined.count(node);
+    if (all || std::chrono::steady_clock::now() > deadline) return joined;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 }
 
 void NodeRendezvous::publish(const Generation& generation) {
   store_->tcp->set(key(generation.number, "plan"), bytes(to_json(generation).dump()));
+  store_->tcp->set("tessera/nodes/current", bytes(std::to_string(generation.number)));
+}
+
+std::optional<int64_t> NodeRendezvous::current() {
+  if (!store_->tcp->check({"tessera/nodes/current"})) return std::nullopt;
+  return std::stoll(text(store_->tcp->get("tessera/nodes/current")));
+}
+
+void NodeRendezvous::request_growth(int64_t generation) {
+  store_->tcp->set(key(generation, "growth"), bytes(std::to_string(node_rank_)));
+}
+
+int NodeRendezvous::growth_requested(int64_t generation) {
+  try {
+    const std::string k = key(generation, "growth");
+    return store_->tcp->check({k}) ? std::stoi(text(store_->tcp->get(k))) : -1;
+  } catch (const std::exception&) {
+    return -1;
+  }
 }
 
 Generation NodeRendezvous::await(int64_t generation) {
@@ -191,23 +213,36 @@ Generation NodeRendezvous::await(int64_t generation) {
   }
 }
 
+namespace {
+
+nlohmann::json end_json(const GenerationEnd& e) {
+  return {{"node", e.node},       {"restartable", e.restartable}, {"growth", e.growth},
+          {"failure", e.failure}, {"code", e.code}};
+}
+
+GenerationEnd end_from_json(const nlohmann::json& j) {
+  return GenerationEnd{j.at("node"), j.at("restartable"), j.at("growth"), j.at("failure"), j.at("code")};
+}
+
+}  // namespace
+
 GenerationEnd NodeRendezvous::end(int64_t generation, const GenerationEnd& mine) {
-  const nlohmann::json record = {{"node", mine.node}, {"restartable", mine.restartable}, {"failure", mine.failure}};
   try {
-    const nlohmann::json first = nlohmann::json::parse(
-        text(store_->tcp->compareSet(key(generation, "end"), {}, bytes(record.dump()))));
-    return GenerationEnd{first.at("node"), first.at("restartable"), first.at("failure")};
+    return end_from_json(nlohmann::json::parse(
+        text(store_->tcp->compareSet(key(generation, "end"), {}, bytes(end_json(mine).dump())))));
   } catch (const std::exception& e) {
     fail("node ", node_rank_, ": lost node 0's launcher (the launchers' store at ", address_,
          ") at the end of generation ", generation, " (", mine.failure, "): ", e.what());
   }
 }
 
-bool NodeRendezvous::ended(int64_t generation) {
+std::optional<GenerationEnd> NodeRendezvous::ended(int64_t generation) {
   try {
-    return store_->tcp->check({key(generation, "end")});
+    const std::string k = key(generation, "end");
+    if (!store_->tcp->check({k})) return std::nullopt;
+    return end_from_json(nlohmann::json::parse(text(store_->tcp->get(k))));
   } catch (const std::exception&) {
-    return false;
+    return std::nullopt;
   }
 }
 

@@ -137,9 +137,10 @@ SuperviseResult supervise(const std::vector<pid_t>& pids, const SuperviseOptions
       if (!stopping) grace_s = options.interrupt_grace_s;
       begin_stop();
     }
-    if (options.others_failed && !stopping && options.others_failed()) {
-      result.others_failed = true;
-      begin_stop();
+    if (options.outside && !stopping && result.outside == SuperviseOptions::Outside::none) {
+      result.outside = options.outside();
+      if (result.outside == SuperviseOptions::Outside::checkpoint) grace_s = options.interrupt_grace_s;
+      if (result.outside != SuperviseOptions::Outside::none) begin_stop();
     }
     if (options.deadline_s > 0 && elapsed > options.deadline_s && !result.timed_out) {
       result.timed_out = true;

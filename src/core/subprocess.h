@@ -8,9 +8,11 @@
 // (Ctrl-C on the launcher: SIGTERM to every child, SIGKILL after `interrupt_grace_s`, time for them
 // to checkpoint). With stop_on_failure, the first child to fail (an exit code not in `ok_codes`,
 // or a signal) makes it stop the others: SIGTERM, then SIGKILL after `grace_s`; a child stopped by a
-// signal (SIGSTOP: it cannot act on SIGTERM) is killed at once. `others_failed`, when given, is
-// polled on every pass (about every 20 ms): true stops the children as a failure of one of them
-// would (the launcher of a node whose run failed on another node).
+// signal (SIGSTOP: it cannot act on SIGTERM) is killed at once. `outside`, when given, is polled
+// on every pass (about every 20 ms) until it asks for a stop: `failed` stops the children as a
+// failure of one of them would, `checkpoint` as an interrupt would (SIGTERM, SIGKILL after
+// interrupt_grace_s: time to save a checkpoint); the launcher of a node whose run failed, or is
+// being resized, on another node.
 #pragma once
 
 #include <atomic>
@@ -47,7 +49,8 @@ struct SuperviseOptions {
   double interrupt_grace_s = 5;
   std::vector<int> ok_codes = {0};
   const std::atomic<bool>* interrupted = nullptr;
-  std::function<bool()> others_failed;
+  enum class Outside { none, failed, checkpoint };
+  std::function<Outside()> outside;
 };
 
 struct SuperviseResult {
@@ -55,7 +58,7 @@ struct SuperviseResult {
   int first_failure = -1;        // index of the first child that failed on its own
   bool timed_out = false;
   bool interrupted = false;
-  bool others_failed = false;    // stopped because options.others_failed() said so
+  SuperviseOptions::Outside outside = SuperviseOptions::Outside::none;  // what options.outside() asked
 };
 
 SuperviseResult supervise(const std::vector<pid_t>& pids, const SuperviseOptions& options);

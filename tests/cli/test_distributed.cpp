@@ -499,65 +499,83 @@ TEST(DistributedTrain, AKilledWorkersRunRestartsOnTheSurvivors) {
 // parallel.max_restarts across nodes: two launchers of two workers each on this machine. A killed
 // worker of node 1 (rank 3) stops both nodes' workers, and the run continues on 3 (node 1 runs one
 // fewer); then node 1's launcher is killed with its worker (a lost host), and node 0's launcher,
-// after waiting parallel.timeout_s for it, continues on its own 2 workers. The global batch stays
-// the same (12 sequences), every step is logged once, both restarts are in metrics.jsonl.
-TEST(DistributedTrain, ARunAcrossNodesRestartsWithoutAKilledWorkerAndThenWithoutALostNode) {
+// after waiting parallel.timeout_s for it, continues on its own 2 workers; then node 1's launcher is
+// started again (the host is back): node 0 stops its workers with a checkpoint and the run goes on
+// with both nodes' 4 workers. The global batch stays the same (12 sequences), every step is logged
+// once, the three restarts are in metrics.jsonl.
+TEST(DistributedTrain, ARunAcrossNodesRestartsOnWhatIsLeftAndGrowsWhenANodeComesBack) {
   const std::string out = fresh_dir("restart_nodes");
   const comm::ListenSocket probe = comm::listen_on("127.0.0.1", 0);
   const int port = probe.port;
   ::close(probe.fd);
-  std::vector<pid_t> launchers;
-  for (int node = 0; node < 2; ++node)
-    launchers.push_back(spawn_tessera("train --config tiny_gpt --nproc 2 --nnodes 2 --node-rank " + std::to_string(node) +
-                                          " --master 127.0.0.1:" + std::to_string(port) + settings(1, 30) +
-                                          " --set train.global_batch_size=12 --set checkpoint.every=1"
-                                          " --set parallel.max_restarts=2 --set parallel.timeout_s=10 --out " + out,
-                                      out + "_node" + std::to_string(node) + ".out"));
-  const auto node_output = [&](int node) { return slurp(out + "_node" + std::to_string(node) + ".out"); };
+  const auto launch = [&](int node, const std::string& log) {
+    return spawn_tessera("train --config tiny_gpt --nproc 2 --nnodes 2 --node-rank " + std::to_string(node) +
+                             " --master 127.0.0.1:" + std::to_string(port) + settings(1, 60) +
+                             " --set train.global_batch_size=12 --set checkpoint.every=1"
+                             " --set parallel.max_restarts=2 --set parallel.timeout_s=10 --out " + out,
+                         out + "_" + log + ".out");
+  };
+  const auto output = [&](const std::string& log) { return slurp(out + "_" + log + ".out"); };
   const auto last_logged = [&] {
     int64_t last = 0;
     for (const auto& line : metrics_lines(out))
       if (line.contains("loss")) last = std::max<int64_t>(last, line["step"]);
     return last;
   };
+  const auto trains_on = [&](int64_t steps) {  // waits until the run logged `steps` more steps
+    const int64_t from = last_logged();
+    return wait_until([&] { return last_logged() >= from + steps; }, 120);
+  };
+  std::vector<pid_t> launchers = {launch(0, "node0"), launch(1, "node1")};
   pid_t victim = -1;
   ASSERT_TRUE(wait_until([&] { return last_logged() >= 2 && (victim = find_worker(out, 3)) > 0; }, 120))
-      << node_output(0) << node_output(1);
+      << output("node0") << output("node1");
   ::kill(victim, SIGKILL);
-  ASSERT_TRUE(wait_until([&] { return node_output(1).find("restart 1 of 2") != std::string::npos; }, 60))
-      << node_output(0) << node_output(1);
-  const int64_t first_restart_logged = last_logged();
-  ASSERT_TRUE(wait_until([&] { return last_logged() >= first_restart_logged + 2; }, 120)) << node_output(0);
+  ASSERT_TRUE(wait_until([&] { return output("node1").find("restart 1 of 2") != std::string::npos; }, 60))
+      << output("node0") << output("node1");
+  ASSERT_TRUE(trains_on(2)) << output("node0");
   ::kill(launchers[1], SIGKILL);  // node 1's host is gone: its worker dies with its launcher
+  ASSERT_TRUE(wait_until([&] { return output("node0").find("restart 2 of 2") != std::string::npos; }, 60))
+      << output("node0");
+  ASSERT_TRUE(trains_on(2)) << output("node0");
+  launchers[1] = launch(1, "node1_back");  // the host is back
 
   SuperviseOptions options;
   options.deadline_s = 180;
-  options.stop_on_failure = false;  // node 1's launcher was killed; node 0's goes on
+  options.stop_on_failure = false;  // the first node 1 launcher was killed; the others go on
   const SuperviseResult result = supervise(launchers, options);
   EXPECT_FALSE(result.timed_out);
-  const std::string zero = node_output(0);
+  const std::string zero = output("node0"), back = output("node1_back");
   EXPECT_EQ(result.exits[0].code, 0) << zero;
+  EXPECT_EQ(result.exits[1].code, 0) << back;
   EXPECT_NE(zero.find("tessera: restart 1 of 2: rank 3 (pid " + std::to_string(victim) +
                       ") on node 1 killed by signal 9 (SIGKILL); continuing from checkpoint step "),
             std::string::npos)
       << zero;
   EXPECT_NE(zero.find("on 3 workers (parallel.dp 3): node 0 2 workers, node 1 1 worker"), std::string::npos) << zero;
-  EXPECT_NE(node_output(1).find("on 3 workers (parallel.dp 3): node 0 2 workers, node 1 1 worker"), std::string::npos)
-      << node_output(1);
+  EXPECT_NE(output("node1").find("on 3 workers (parallel.dp 3): node 0 2 workers, node 1 1 worker"), std::string::npos)
+      << output("node1");
   EXPECT_NE(zero.find("on 2 workers (parallel.dp 2): node 0 2 workers; node 1's launcher did not rejoin within "
                       "parallel.timeout_s"),
             std::string::npos)
       << zero;
+  EXPECT_NE(back.find("tessera: node 1 rejoins the run (generation 2)"), std::string::npos) << back;
+  for (const std::string& text : {zero, back})
+    EXPECT_NE(text.find("node 1's launcher rejoined; continuing from checkpoint step "), std::string::npos) << text;
+  EXPECT_NE(zero.find("on 4 workers (parallel.dp 4): node 0 2 workers, node 1 2 workers"), std::string::npos) << zero;
   std::vector<int64_t> worlds;
   std::map<int64_t, int> logged;  // step -> loss lines
   for (const auto& line : metrics_lines(out)) {
     if (line.contains("restart")) worlds.push_back(line["world"]);
+    if (line.contains("rejoined")) {
+      EXPECT_EQ(line["rejoined"], 1);
+    }
     if (line.contains("loss")) ++logged[line["step"].get<int64_t>()];
   }
-  EXPECT_EQ(worlds, (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(worlds, (std::vector<int64_t>{3, 2, 4}));
   ASSERT_FALSE(logged.empty());
-  EXPECT_EQ(logged.rbegin()->first, 30);
-  EXPECT_EQ(logged.size(), 30u);
+  EXPECT_EQ(logged.rbegin()->first, 60);
+  EXPECT_EQ(logged.size(), 60u);
   for (const auto& [step, count] : logged) EXPECT_EQ(count, 1) << "step " << step << " logged " << count << " times";
 }
 

@@ -31,7 +31,10 @@ TEST(PipelineExecutor, EverySchedulesMeasuredBubbleIsItsSimulatedOne) {
     const Schedule s = build_schedule(name, 4, 8, v);
     validate_schedule(s);
     ActionCosts costs;
-    if (v == 2) costs = {0.5, 1, 0.5, 0.5, 0};  // a chunk is half a stage
+    if (v == 2) {  // a chunk is half a stage
+      costs.f = costs.i = costs.w = 0.5;
+      costs.b = 1;
+    }
     const Simulation planned = simulate_schedule(s, costs);
     const MeasuredSchedule measured = measure_schedule(s, pipe, mesh->group("pp_down"), costs, unit);
     if (ranks.rank() == 0)
@@ -105,7 +108,9 @@ TEST(PipelineExecutor, RanksOnOneHostShareTheClock) {
   auto mesh = ranks.connect(options);
   EXPECT_NE(&mesh->group("pp_down"), &mesh->group("pp"));  // a connection of its own
   const double offset = clock_offset(mesh->group("pp"));
-  if (ranks.rank() == 0) EXPECT_EQ(offset, 0);
+  if (ranks.rank() == 0) {
+    EXPECT_EQ(offset, 0);
+  }
   EXPECT_LT(std::abs(offset), 0.002);  // steady_clock is the host's monotonic clock
 }
 

@@ -11,8 +11,13 @@ target=${1:?usage: tests/fuzz/run.sh TARGET [RUNS [SECONDS]]}
 runs=${2:-1000000}
 seconds=${3:-0}
 command -v clang++ >/dev/null || { echo "no clang++: fuzz target $target not built" >&2; exit 77; }
-python=${TESSERA_PYTHON:-$(ls -d "$HOME"/.cache/tessera/venv-torch-* | tail -1)/bin/python}
-torch=$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
+# The torch package directory: TESSERA_TORCH_ROOT (CTest passes the build's), or asked of the venv's
+# python (about 2 s: importing torch).
+torch=${TESSERA_TORCH_ROOT:-}
+if [ -z "$torch" ]; then
+  python=${TESSERA_PYTHON:-$(ls -d "$HOME"/.cache/tessera/venv-torch-* | tail -1)/bin/python}
+  torch=$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
+fi
 out=${TESSERA_FUZZ_DIR:-build/fuzz}/$target
 mkdir -p "$out/findings" "$out/corpus"
 sources=(tests/fuzz/fuzz_$target.cpp)

@@ -11,7 +11,7 @@
 namespace tessera {
 namespace {
 
-TEST(Supervise, OthersFailingStopsEveryChildAsAFailureWould) {
+TEST(Supervise, AFailureElsewhereStopsEveryChildAsAFailureWould) {
   std::vector<pid_t> children;
   ChildSpec sleeper;
   sleeper.argv = {"/bin/sleep", "30"};
@@ -21,10 +21,10 @@ TEST(Supervise, OthersFailingStopsEveryChildAsAFailureWould) {
   SuperviseOptions options;
   options.deadline_s = 20;
   options.grace_s = 1;
-  options.others_failed = [&] { return ++polls > 5; };
+  options.outside = [&] { return ++polls > 5 ? SuperviseOptions::Outside::failed : SuperviseOptions::Outside::none; };
   const SuperviseResult result = supervise(children, options);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  EXPECT_TRUE(result.others_failed);
+  EXPECT_EQ(result.outside, SuperviseOptions::Outside::failed);
   EXPECT_FALSE(result.timed_out);
   EXPECT_EQ(result.first_failure, -1);  // nobody here failed on its own
   for (const ChildExit& exit : result.exits) {

@@ -31,8 +31,12 @@ TEST(ParameterPlacement, HoldersWritesAndStateOfATwoStagePipeline) {
   for (const auto& item : whole->named_parameters()) {
     const std::string& name = item.key();
     const int64_t holder = placement.holder(name);
-    if (name.rfind("h.0.", 0) == 0 || name == "wte.weight" || name == "wpe.weight") EXPECT_EQ(holder, 0) << name;
-    if (name.rfind("h.1.", 0) == 0 || name.rfind("ln_f.", 0) == 0) EXPECT_EQ(holder, 1) << name;
+    if (name.rfind("h.0.", 0) == 0 || name == "wte.weight" || name == "wpe.weight") {
+      EXPECT_EQ(holder, 0) << name;
+    }
+    if (name.rfind("h.1.", 0) == 0 || name.rfind("ln_f.", 0) == 0) {
+      EXPECT_EQ(holder, 1) << name;
+    }
     (holder == 0 ? on_first : on_last) += 1;
   }
   EXPECT_GT(on_first, 0);

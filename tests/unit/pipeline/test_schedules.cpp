@@ -84,10 +84,13 @@ TEST(PipelineSchedules, PeakActivationsAreTheSchedulesCounts) {
 }
 
 TEST(PipelineSchedules, ZeroBubbleBeatsOneFOneB) {
+  ActionCosts half_stage;  // a V chunk is half a stage
+  half_stage.f = half_stage.i = half_stage.w = 0.5;
+  half_stage.b = 1;
   for (int64_t p : {4, 8}) {
-    const double ofob = simulate_schedule(build_schedule("1f1b", p, 2 * p, 1), {1, 2, 1, 1, 0}).step_time;
+    const double ofob = simulate_schedule(build_schedule("1f1b", p, 2 * p, 1), ActionCosts{}).step_time;
     const double zbh1 = simulate_schedule(build_schedule("zbh1", p, 2 * p, 1)).step_time;
-    const double zbv = simulate_schedule(build_schedule("zbv", p, 2 * p, 2), {0.5, 1, 0.5, 0.5, 0}).step_time;
+    const double zbv = simulate_schedule(build_schedule("zbv", p, 2 * p, 2), half_stage).step_time;
     // Per micro-batch work 3 (F + I + W = F + B); 1F1B idles (p-1)*3, ZB-H1 (p-1)*1, ZB-V (p-1)*0.5.
     EXPECT_DOUBLE_EQ(ofob, 3 * 2 * p + 3 * (p - 1));
     EXPECT_DOUBLE_EQ(zbh1, 3 * 2 * p + (p - 1));
