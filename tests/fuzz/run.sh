@@ -23,6 +23,8 @@ mkdir -p "$out/findings" "$out/corpus"
 sources=(tests/fuzz/fuzz_$target.cpp)
 flags=()
 libs=()
+# Header folders whose changes rebuild the target.
+watched=(src/checkpoint src/core src/parallel/pipeline src/atom src/data src/model)
 case $target in
   safetensors) sources+=(src/checkpoint/safetensors.cpp src/core/fs.cpp) ;;
   schedule_csv) sources+=(src/parallel/pipeline/schedule.cpp src/parallel/pipeline/validate.cpp
@@ -44,12 +46,13 @@ case $target in
                   libs+=(-lcrypto) ;;
   swarm_wire) sources+=(src/atom/wire.cpp src/atom/swarm_key.cpp src/core/fs.cpp)
               libs+=(-lcrypto) ;;
-  file_transfer) sources+=(src/comm/file_receiver.cpp) ;;
+  file_transfer) sources+=(src/comm/file_receiver.cpp)
+                 watched+=(src/comm) ;;
   *) echo "unknown fuzz target '$target' (safetensors, schedule_csv, region, checkpoint_dir, config, tokenizer,
      token_files, hf_folder, swarm_messages, swarm_wire, file_transfer)" >&2
      exit 2 ;;
 esac
-if [ ! -x "$out/fuzz" ] || [ -n "$(find "${sources[@]}" src/checkpoint src/core src/comm src/parallel/pipeline src/atom src/data src/model -name '*.h' -newer "$out/fuzz")" ] ||
+if [ ! -x "$out/fuzz" ] || [ -n "$(find "${sources[@]}" "${watched[@]}" -name '*.h' -newer "$out/fuzz")" ] ||
    [ -n "$(find "${sources[@]}" -newer "$out/fuzz")" ]; then
   echo "building $out/fuzz (clang, libFuzzer + ASan + UBSan)"
   clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
