@@ -232,7 +232,6 @@ int launch_workers(const LaunchOptions& o, const std::string& run_dir, double st
   }
   require(generation.refusal.empty(), generation.refusal);
 
-  int64_t restarts_done = 0;
   for (;;) {
     const Round round = run_workers(o, generation, host, store, argv, run_dir, stop_grace_s, nodes.get(),
                                     lead && restarts.max > 0);
@@ -253,10 +252,10 @@ int launch_workers(const LaunchOptions& o, const std::string& run_dir, double st
     if (end->node != o.node_rank && !end->growth)
       std::cerr << "error: the run failed on node " << end->node << ": " << end->failure << "\n";
     const int code = end->code != 0 ? end->code : 1;  // the failure that ended the run, on every node
-    if (!end->restartable || (!end->growth && restarts_done >= restarts.max)) return code;
+    if (!end->restartable || (!end->growth && generation.restarts >= restarts.max)) return code;
     // Restart: the workers that are left (and a node that rejoined), in whole data-parallel
     // replicas, from the last checkpoint.
-    const comm::RestartPolicy policy{restarts.model_parallel, restarts_done, restarts.max, run_dir};
+    const comm::RestartPolicy policy{restarts.model_parallel, restarts.max, run_dir};
     const int64_t next = generation.number + 1;
     if (lead) store = comm::listen_on(host, 0);  // a restart takes a fresh port
     if (!nodes) {
@@ -279,7 +278,6 @@ int launch_workers(const LaunchOptions& o, const std::string& run_dir, double st
       std::cerr << "tessera: not restarting (parallel.max_restarts): " << generation.refusal << "\n";
       return code;
     }
-    if (!end->growth) ++restarts_done;
     std::cerr << "tessera: " << generation.announcement << "\n";
     if (lead)
       std::ofstream(run_dir + "/metrics.jsonl", std::ios::app)

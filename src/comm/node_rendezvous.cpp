@@ -23,8 +23,9 @@ std::string workers_text(int64_t n) { return std::to_string(n) + (n == 1 ? " wor
 nlohmann::json to_json(const Generation& g) {
   nlohmann::json nodes = nlohmann::json::object();
   for (const auto& [node, slot] : g.nodes) nodes[std::to_string(node)] = {slot.first_rank, slot.nproc};
-  return {{"number", g.number},       {"nodes", nodes}, {"world", g.world},          {"store_port", g.store_port},
-          {"step", g.step},           {"announcement", g.announcement}, {"refusal", g.refusal}};
+  return {{"number", g.number},   {"nodes", nodes},         {"world", g.world},
+          {"store_port", g.store_port}, {"step", g.step}, {"restarts", g.restarts},
+          {"announcement", g.announcement}, {"refusal", g.refusal}};
 }
 
 Generation generation_from_json(const nlohmann::json& j) {
@@ -35,6 +36,7 @@ Generation generation_from_json(const nlohmann::json& j) {
   g.world = j.at("world");
   g.store_port = j.at("store_port");
   g.step = j.at("step");
+  g.restarts = j.at("restarts");
   g.announcement = j.at("announcement");
   g.refusal = j.at("refusal");
   return g;
@@ -88,6 +90,7 @@ Generation next_generation(const Generation& previous, const GenerationEnd& end,
   g.number = previous.number + 1;
   g.store_port = previous.store_port;
   g.step = step;
+  g.restarts = previous.restarts + (end.growth ? 0 : 1);
   std::vector<int> lost;
   for (const auto& [node, slot] : previous.nodes)
     if (!joined.count(node)) lost.push_back(node);
@@ -117,7 +120,7 @@ Generation next_generation(const Generation& previous, const GenerationEnd& end,
     return g;
   }
   std::ostringstream out;
-  if (!end.growth) out << "restart " << policy.restarts_done + 1 << " of " << policy.max_restarts << ": ";
+  if (!end.growth) out << "restart " << g.restarts << " of " << policy.max_restarts << ": ";
   out << end.failure << "; continuing from checkpoint step " << step << " on " << workers_text(g.world)
       << " (parallel.dp " << g.world / policy.model_parallel << ")";
   if (previous.nodes.size() > 1 || g.nodes.size() > 1) {

@@ -48,6 +48,7 @@ struct Generation {
   int64_t world = 0;
   int store_port = 0;             // this generation's workers' store, on node 0's --master host
   int64_t step = -1;              // restart: the checkpoint it continues from
+  int64_t restarts = 0;           // failures restarted up to this generation (a rejoined node's are not)
   std::string announcement;       // restart: what every launcher prints ("restart 1 of 2: ...")
   std::string refusal;            // not empty: there is no such generation, and why
 };
@@ -61,11 +62,10 @@ struct GenerationEnd {
   int code = 1;              // the exit code every launcher gives when the run ends there
 };
 
-// What next_generation() needs of the run: replicas of `model_parallel` ranks (world / dp), the
-// failures restarted before this one, parallel.max_restarts, and the run directory (for messages).
+// What next_generation() needs of the run: replicas of `model_parallel` ranks (world / dp),
+// parallel.max_restarts, and the run directory (for messages).
 struct RestartPolicy {
   int64_t model_parallel = 1;
-  int64_t restarts_done = 0;
   int64_t max_restarts = 0;
   std::string run_dir;
 };

@@ -28,7 +28,7 @@ std::map<int, int64_t> joined(const std::set<int>& nodes) {
 }
 
 RestartPolicy policy(int64_t model_parallel, int64_t max_restarts) {
-  return RestartPolicy{model_parallel, 0, max_restarts, "RUN"};
+  return RestartPolicy{model_parallel, max_restarts, "RUN"};
 }
 
 TEST(NodeGenerations, TheFirstNeedsEveryNodeWithTheSameWorkerCount) {
@@ -73,6 +73,7 @@ TEST(NodeGenerations, ARestartDropsTheFailedWorkerAndLostNodesAndKeepsWholeRepli
   EXPECT_EQ(ranks_of(one_each), (std::map<int, std::pair<int64_t, int64_t>>{{0, {0, 1}}}));
   const Generation second = next_generation(one_each, GenerationEnd{0, true, false, "rank 0 failed"}, joined({0}), policy(1, 2), 20);
   EXPECT_EQ(second.number, 2);
+  EXPECT_EQ(second.restarts, 2);
   EXPECT_EQ(second.refusal, "no whole replica of 1 rank is left");
 
   // No checkpoint, no replica, or an interrupt (not restartable: nobody loses a worker).
@@ -96,10 +97,10 @@ TEST(NodeGenerations, ARejoiningNodeBringsItsWorkers) {
                                            policy(1, 2), 10);
   ASSERT_EQ(ranks_of(alone), (std::map<int, std::pair<int64_t, int64_t>>{{0, {0, 2}}}));
   const GenerationEnd back{1, true, true, "node 1's launcher rejoined"};
-  RestartPolicy after_one = policy(1, 2);
-  after_one.restarts_done = 1;
-  const Generation g = next_generation(alone, back, {{0, 0}, {1, 2}}, after_one, 14);
+  const Generation g = next_generation(alone, back, {{0, 0}, {1, 2}}, policy(1, 2), 14);
   EXPECT_EQ(g.number, 2);
+  EXPECT_EQ(alone.restarts, 1);
+  EXPECT_EQ(g.restarts, 1);  // a return is not a restart: every launcher reads the count here
   EXPECT_EQ(ranks_of(g), (std::map<int, std::pair<int64_t, int64_t>>{{0, {0, 2}}, {1, {2, 2}}}));
   EXPECT_EQ(g.announcement, "node 1's launcher rejoined; continuing from checkpoint step 14 on 4 workers (parallel.dp 4): "
                             "node 0 2 workers, node 1 2 workers");
