@@ -20,9 +20,10 @@ std::vector<std::string> receive_files_from(const MessageSource& recv, const std
   fs::create_directories(dir);
   at::Tensor count = at::empty({1}, at::kLong);
   recv(count, kFileCountTag);
-  require(count.item<int64_t>() >= 0, sender, " announced ", count.item<int64_t>(), " files");
+  const int64_t files = count.item<int64_t>();
+  require(files >= 0, sender, " announced ", files, " files");
   std::vector<std::string> names;
-  for (int64_t i = 0; i < count.item<int64_t>(); ++i) {
+  for (int64_t i = 0; i < files; ++i) {
     at::Tensor header = at::empty({2}, at::kLong);
     recv(header, kFileHeaderTag);
     const int64_t name_size = header[0].item<int64_t>(), size = header[1].item<int64_t>();

@@ -56,6 +56,16 @@ void assign_ranks(Generation& g, const std::map<int, int64_t>& counts) {
   }
 }
 
+nlohmann::json end_json(const GenerationEnd& e) {
+  return {{"node", e.node},       {"restartable", e.restartable}, {"growth", e.growth},
+          {"failure", e.failure}, {"code", e.code}};
+}
+
+GenerationEnd end_from_json(const nlohmann::json& j) {
+  return GenerationEnd{j.at("node"), j.at("restartable"), j.at("growth"), j.at("failure"), j.at("code")};
+}
+
+
 }  // namespace
 
 Generation first_generation(const std::map<int, int64_t>& joined, int nnodes, int store_port) {
@@ -215,19 +225,6 @@ Generation NodeRendezvous::await(int64_t generation) {
          ") while waiting for generation ", generation, ": ", e.what());
   }
 }
-
-namespace {
-
-nlohmann::json end_json(const GenerationEnd& e) {
-  return {{"node", e.node},       {"restartable", e.restartable}, {"growth", e.growth},
-          {"failure", e.failure}, {"code", e.code}};
-}
-
-GenerationEnd end_from_json(const nlohmann::json& j) {
-  return GenerationEnd{j.at("node"), j.at("restartable"), j.at("growth"), j.at("failure"), j.at("code")};
-}
-
-}  // namespace
 
 GenerationEnd NodeRendezvous::end(int64_t generation, const GenerationEnd& mine) {
   try {
