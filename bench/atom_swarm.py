@@ -2,16 +2,18 @@
 """ATOM swarm: batch mode against DiLoCo at equal samples processed, and the bytes each sends.
 
     python3 bench/atom_swarm.py BUILD_DIR [--peers 3] [--steps 150] [--inner 10] [--dtypes fp32,bf16,int8]
-        [--outer LR:MOMENTUM,...] [--topk 1,0.02,...] [--decay 1,0.95,...]
+        [--outer LR:MOMENTUM,...] [--topk 1,0.02,...] [--decay 1,0.95,...] [--ranks 0,4,...]
 
 Runs a swarm of `--peers` peers of tiny_gpt on loopback (one machine, so the peers share its
 cores: the time is not the point, the loss and the traffic are) for each mode:
   batch         swarm.sync = batch, target batch = peers x train.batch_size: one synchronous step
                 per local step of every peer (data parallelism's computation), train.steps swarm steps;
-  diloco fp32 / bf16 / int8 [top R%]
+  diloco fp32 / bf16 / int8 [top R%] [rank R]
                 swarm.sync = diloco, swarm.inner_steps local steps between averages, train.steps
                 local steps per peer; with --topk below 1 only that fraction of each chunk's
-                entries travels (swarm.topk_ratio, with error feedback),
+                entries travels (swarm.topk_ratio, with error feedback); with --ranks above 0
+                (run besides the --topk values) each matrix travels as a rank-R product
+                (swarm.pseudo_gradient_rank: PowerSGD, one side per round, with error feedback),
 so every mode processes peers x steps x batch_size samples. Prints each mode's final validation
 loss (mean over the peers; they hold the same parameters after an average, and each evaluates the
 same batches), its ratio to batch mode's, the bytes each peer sent per sample it processed (from
@@ -68,7 +70,8 @@ def main():
     ap.add_argument("--outer", default="0.7:0.9",
                     help="DiLoCo's outer steps to run, LR:MOMENTUM each (swarm.outer_lr, swarm.outer_momentum)")
     ap.add_argument("--topk", default="1", help="DiLoCo's swarm.topk_ratio values to run (1: dense)")
-    ap.add_argument("--decay", default="1", help="swarm.error_feedback_decay values to run with top-k")
+    ap.add_argument("--decay", default="1", help="swarm.error_feedback_decay values to run with top-k or a rank")
+    ap.add_argument("--ranks", default="0", help="DiLoCo's swarm.pseudo_gradient_rank values to run (0: whole)")
     ap.add_argument("--batch-loss", type=float,
                     help="batch mode's validation loss from an earlier run of the same --steps (batch mode is not run)")
     a = ap.parse_args()
@@ -81,15 +84,18 @@ def main():
                                                 "--set", "swarm.target_batch_size=%d" % (a.peers * batch)])]
     for dtype in a.dtypes.split(","):
         for outer in a.outer.split(","):
-            for topk in a.topk.split(","):
-                for decay in (a.decay.split(",") if float(topk) < 1 else ["1"]):
+            variants = [(t, "0") for t in a.topk.split(",")] + [("1", r) for r in a.ranks.split(",") if r != "0"]
+            for topk, rank in variants:
+                for decay in (a.decay.split(",") if float(topk) < 1 or rank != "0" else ["1"]):
                     lr, momentum = outer.split(":")
                     name = ("diloco " + dtype + ("" if float(topk) == 1 else " top %g%%" % (100 * float(topk))) +
+                            ("" if rank == "0" else " rank " + rank) +
                             ("" if float(decay) == 1 else " decay " + decay) +
                             ("" if outer == "0.7:0.9" else " outer " + outer))
                     modes.append((name, ["--set", "swarm.sync=diloco", "--set", "swarm.inner_steps=%d" % a.inner,
                                          "--set", "swarm.pseudo_gradient_dtype=" + dtype, "--set", "swarm.outer_lr=" + lr,
                                          "--set", "swarm.outer_momentum=" + momentum, "--set", "swarm.topk_ratio=" + topk,
+                                         "--set", "swarm.pseudo_gradient_rank=" + rank,
                                          "--set", "swarm.error_feedback_decay=" + decay]))
     params = None  # "parameters: N (...)" in `tessera inspect`
     out = subprocess.run([os.path.join(a.build, "tessera"), "inspect", "--config", "tiny_gpt"], capture_output=True,

@@ -5,7 +5,9 @@
 // A donor's state is a snapshot file (safetensors: the model under its Hugging Face names as
 // "model.<name>", the optimizer's training state, the swarm's own tensors, and its swarm step in
 // the metadata), written between two of its steps when someone asked for it, so it is never torn
-// by a running update. Under batch mode every peer at one swarm step holds the same state, so
+// by a running update. Under batch mode every peer at one swarm step holds the same state; under
+// DiLoCo the snapshot is written just after an outer step and holds what the peers share (the
+// parameters, the outer tensors: no inner optimizer state, which is each peer's own). Either way
 // their snapshots are the same bytes (the writer's order is fixed): a joiner asks every live peer
 // ahead of it for its manifest (swarm step, size, checksum) until all offer the same state (at
 // most 5 s: asked donors write a snapshot at their next step, so their offers converge), else takes

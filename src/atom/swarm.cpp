@@ -181,6 +181,7 @@ int64_t Swarm::attach(TrainStep& step, int64_t step_number, const nlohmann::json
     outer_start_ = float_copy(tensors, "swarm.outer_start");
     outer_momentum_ = float_copy(tensors, "swarm.outer_momentum");
     residual_ = float_copy(tensors, "swarm.residual");
+    factors_ = float_copy(tensors, "swarm.factors");
   }
   if (config_.swarm.sync == "batch") {
     step.set_outer_reduction(
@@ -189,7 +190,16 @@ int64_t Swarm::attach(TrainStep& step, int64_t step_number, const nlohmann::json
     outer_start_ = flatten(holder_->master_parameters()).clone();
     outer_momentum_ = at::zeros_like(outer_start_);
   }
-  if (encoding_.sparse && !residual_.defined()) residual_ = at::zeros_like(outer_start_);
+  if (config_.swarm.pseudo_gradient_rank > 0) {
+    std::vector<std::vector<int64_t>> shapes;
+    for (const at::Tensor& p : holder_->master_parameters()) shapes.push_back(p.sizes().vec());
+    low_rank_ = std::make_unique<LowRankPseudoGradients>(shapes, config_.swarm.pseudo_gradient_rank);
+    if (!factors_.defined()) factors_ = low_rank_->initial_factors();
+    require(factors_.numel() == low_rank_->factors_numel(), "the checkpoint's swarm.factors holds ", factors_.numel(),
+            " entries where swarm.pseudo_gradient_rank = ", config_.swarm.pseudo_gradient_rank, " needs ",
+            low_rank_->factors_numel());
+  }
+  if ((encoding_.sparse || low_rank_) && !residual_.defined()) residual_ = at::zeros_like(outer_start_);
   require(!residual_.defined() || residual_.numel() == outer_start_.numel(),
           "the checkpoint's swarm.residual holds ", residual_.numel(), " entries where the model has ",
           outer_start_.numel());
@@ -325,11 +335,15 @@ std::vector<PeerRecord> Swarm::peers_ahead() {
 NamedTensors Swarm::snapshot_tensors(TrainStep& step) {
   NamedTensors out;
   for (auto& [name, t] : step.model_state()) out.emplace_back("model." + name, t);
-  for (auto& entry : step.training_state()) out.push_back(std::move(entry));
+  // Under DiLoCo each peer's inner optimizer state is its own (its data differ): the snapshot
+  // holds what the peers share, so theirs are the same bytes and a joiner takes it from all.
+  if (config_.swarm.sync == "batch")
+    for (auto& entry : step.training_state()) out.push_back(std::move(entry));
   if (outer_start_.defined()) {
     out.emplace_back("swarm.outer_start", outer_start_);
     out.emplace_back("swarm.outer_momentum", outer_momentum_);
   }
+  if (factors_.defined()) out.emplace_back("swarm.factors", factors_);
   return out;
 }
 
@@ -354,11 +368,17 @@ std::optional<int64_t> Swarm::load_state(TrainStep& step, const std::vector<Peer
     else if (name.rfind("swarm.", 0) != 0) training.emplace(name, t);
   }
   step.load_model_state(model_reader(model, d.path));
-  step.load_training_state(training, d.path);
+  if (config_.swarm.sync == "batch") step.load_training_state(training, d.path);
   if (config_.swarm.sync == "diloco") {
     outer_start_ = float_copy(contents.tensors, "swarm.outer_start");
     outer_momentum_ = float_copy(contents.tensors, "swarm.outer_momentum");
     require(outer_start_.defined() && outer_momentum_.defined(), d.path, ": a DiLoCo state without its outer tensors");
+  }
+  if (low_rank_) {
+    factors_ = float_copy(contents.tensors, "swarm.factors");
+    require(factors_.defined() && factors_.numel() == low_rank_->factors_numel(), d.path,
+            ": a state without the low-rank factors swarm.pseudo_gradient_rank = ", config_.swarm.pseudo_gradient_rank,
+            " needs (does the swarm run another rank?)");
   }
   const int64_t dropped = accumulated_;
   drop_accumulated();
@@ -482,23 +502,41 @@ void Swarm::after_update(TrainStep& step, int64_t step_number) {
 }
 
 void Swarm::outer_step(TrainStep& step) {
+  // A peer behind the swarm (its download was overtaken, it missed a round) takes no outer step
+  // on its own, which would give it another state under the swarm's step numbers: it takes the
+  // swarm's state after its next local step (after_local_step), as in batch mode.
+  const std::vector<PeerRecord> live = membership_->live_peers(0.5);
+  if (std::any_of(live.begin(), live.end(),
+                  [&](const PeerRecord& r) { return r.id != identity_.id && r.swarm_step > swarm_step_; })) {
+    behind_ = true;
+    return;
+  }
   const std::vector<at::Tensor> masters = holder_->master_parameters();
-  // With top-k, what earlier rounds left unsent joins this pseudo-gradient (error feedback),
-  // decayed by swarm.error_feedback_decay.
+  // With top-k or a rank, what earlier rounds left unsent joins this pseudo-gradient (error
+  // feedback), decayed by swarm.error_feedback_decay.
   at::Tensor pseudo_gradient = outer_start_ - flatten(masters);
   if (residual_.defined()) pseudo_gradient.add_(residual_, config_.swarm.error_feedback_decay);
-  const std::vector<PeerRecord> live = membership_->live_peers(0.5);
+  // With a rank, the round carries this swarm step's side of each matrix's factor product.
+  const at::Tensor contribution =
+      low_rank_ ? low_rank_->encode(pseudo_gradient, factors_, swarm_step_) : pseudo_gradient;
   RoundResult result;
   try {
-    result = averager_->run_round(swarm_step_, candidates(live), pseudo_gradient, 1.0, encoding_, clock_);
+    result = averager_->run_round(swarm_step_, candidates(live), contribution, 1.0, encoding_, clock_);
   } catch (const RoundError& e) {
     ++failed_rounds_;
     say(std::string(e.what()) + " (the local steps go on; the outer step is retried after the next one)");
     return;
   }
-  if (residual_.defined()) residual_ = pseudo_gradient - result.delivered;
+  at::Tensor g = result.sum / result.weight;
+  if (low_rank_) {
+    residual_ = pseudo_gradient - low_rank_->decode(result.delivered, factors_, swarm_step_);
+    const at::Tensor mean = g;
+    g = low_rank_->decode(mean, factors_, swarm_step_);
+    low_rank_->advance(factors_, mean, swarm_step_);
+  } else if (residual_.defined()) {
+    residual_ = pseudo_gradient - result.delivered;
+  }
   // Outer Nesterov SGD from the last outer parameters (DiLoCo): v = mu v + g; p = p0 - lr (g + mu v).
-  const at::Tensor g = result.sum / result.weight;
   const double mu = config_.swarm.outer_momentum;
   outer_momentum_.mul_(mu).add_(g);
   outer_start_.sub_(g + mu * outer_momentum_, config_.swarm.outer_lr);
@@ -541,6 +579,7 @@ NamedTensors Swarm::checkpoint_tensors() const {
   if (outer_start_.defined()) out.emplace_back("swarm.outer_start", outer_start_.clone());
   if (outer_momentum_.defined()) out.emplace_back("swarm.outer_momentum", outer_momentum_.clone());
   if (residual_.defined()) out.emplace_back("swarm.residual", residual_.clone());
+  if (factors_.defined()) out.emplace_back("swarm.factors", factors_.clone());
   return out;
 }
 

@@ -22,7 +22,8 @@
 //               live peers at this swarm step, sent as swarm.pseudo_gradient_dtype (with
 //               swarm.topk_ratio < 1 only each chunk's largest entries: what a round leaves unsent
 //               stays in the peer's residual and joins its next pseudo-gradient, times
-//               swarm.error_feedback_decay), then an outer
+//               swarm.error_feedback_decay; with swarm.pseudo_gradient_rank > 0 each matrix as a
+//               low-rank product instead, atom/low_rank.h, with the same residual), then an outer
 //               Nesterov SGD step (swarm.outer_lr, swarm.outer_momentum) from the last outer
 //               parameters, written into the masters (GradientHolder::master_parameters).
 // Joining: a peer started from --initial-peer sees at least one other live peer before its first
@@ -33,7 +34,9 @@
 // downloaded a state or restarted from its checkpoint), it replays the rounds it missed from the
 // logs of the peers ahead (atom/round_log.h: every peer keeps its last rounds' means within
 // swarm.replay_mb), as updates alone; otherwise, or where no log reaches back, it downloads the
-// newest state from every live peer ahead of it (atom/state_transfer.h). Either way it drops what
+// newest state from every live peer ahead of it (atom/state_transfer.h; under DiLoCo the state the
+// peers share, its inner optimizer state staying its own, and a DiLoCo peer that finds peers ahead
+// at its outer step takes their state instead of a round alone). Either way it drops what
 // it had accumulated on the old parameters (counted in its log); peers serve their snapshot
 // between two steps when asked.
 // Identity: a peer's id (32 random hex digits, kept in its run directory's peer.json, so a restart
@@ -53,6 +56,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "atom/averaging.h"
+#include "atom/low_rank.h"
 #include "atom/membership.h"
 #include "atom/round_log.h"
 #include "atom/state_transfer.h"
@@ -148,7 +152,9 @@ class Swarm final : public Collaboration {
                               // record_.claimed: the samples of one local step, claimed for the running one
   at::Tensor accumulation_;   // batch: [N] float32, sum of each local step's gradient x its samples
   at::Tensor outer_start_, outer_momentum_;  // diloco: parameters at the last outer step, momentum
-  at::Tensor residual_;  // diloco with top-k: what the rounds left unsent of this peer's pseudo-gradients
+  at::Tensor residual_;  // diloco with top-k or a rank: what the rounds left unsent of this peer's pseudo-gradients
+  std::unique_ptr<LowRankPseudoGradients> low_rank_;  // diloco with swarm.pseudo_gradient_rank > 0
+  at::Tensor factors_;   // its factors, equal on every peer at the same swarm step
   int64_t inner_ = 0;                        // diloco: local steps since the last outer step
   bool holds_swarm_state_ = false;  // after a round, a download or a restart (a fresh peer holds its own init)
   int64_t rounds_ = 0, failed_rounds_ = 0;

@@ -11,7 +11,9 @@
 //                    outer_momentum; DiLoCo's defaults 0.7 and 0.9). With topk_ratio < 1 a peer
 //                    sends only the largest entries of each chunk of its pseudo-gradient (plus
 //                    what earlier rounds left unsent, times error_feedback_decay: error feedback,
-//                    as SparseLoCo).
+//                    as SparseLoCo). With pseudo_gradient_rank = r > 0 each matrix travels as a
+//                    rank-r product instead (PowerSGD's power iteration, one side per round,
+//                    atom/low_rank.h), with the same error feedback.
 // A swarm is closed: key_file holds the shared secret every connection and DHT record proves
 // knowledge of (atom/swarm_key.h); a peer without one is refused before it starts.
 #pragma once
@@ -31,7 +33,8 @@ struct SwarmOptions {
   double outer_momentum = 0.9;          // diloco: outer Nesterov momentum
   std::string pseudo_gradient_dtype = "bf16";  // diloco: fp32 | bf16 | int8 on the wire
   double topk_ratio = 1;                // diloco: fraction of each chunk's entries sent (1: all)
-  double error_feedback_decay = 1;      // diloco with top-k: the residual's factor before each round
+  int64_t pseudo_gradient_rank = 0;     // diloco: matrices as rank-r products (PowerSGD; 0: whole)
+  double error_feedback_decay = 1;      // diloco with top-k or a rank: the residual's factor before each round
   std::string key_file;                 // the swarm's shared key (tessera swarm keygen)
   int64_t min_peers = 1;                // peers seen before the first local step
   double join_timeout_s = 60;           // with --initial-peer: the wait to see another live peer, and to take the state
@@ -55,7 +58,11 @@ struct SwarmOptions {
     v("topk_ratio", topk_ratio, "diloco: fraction of each 4096-entry chunk of the pseudo-gradient a peer sends, "
       "the largest in magnitude, keeping the rest for later rounds (error feedback); 1 sends every entry",
       above(0, 1));
-    v("error_feedback_decay", error_feedback_decay, "diloco with topk_ratio < 1: the residual is multiplied by this "
+    v("pseudo_gradient_rank", pseudo_gradient_rank, "diloco: with r > 0 each matrix of the pseudo-gradient travels as "
+      "its product with a rank-r factor every peer holds (PowerSGD's power iteration, one side per round), keeping "
+      "the rest for later rounds (error feedback); 0 sends every entry", between(0, 1 << 20));
+    v("error_feedback_decay", error_feedback_decay, "diloco with topk_ratio < 1 or pseudo_gradient_rank > 0: the "
+      "residual is multiplied by this "
       "before it joins the next pseudo-gradient (1 keeps all of it; SparseLoCo's beta)", between(0, 1));
     v("key_file", key_file, "file holding the swarm's shared key (tessera swarm keygen --out FILE); required");
     v("min_peers", min_peers, "live peers (this one included) a peer waits to see before its first step",

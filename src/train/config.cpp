@@ -270,8 +270,13 @@ void SwarmOptions::check(const std::string& source) const {
           ": swarm.pseudo_gradient_dtype must be fp32, bf16 or int8 (got '", pseudo_gradient_dtype, "')");
   require(sync == "diloco" || topk_ratio == 1, source, ": swarm.topk_ratio = ", topk_ratio,
           " applies to swarm.sync = diloco only (batch mode averages exact gradients)");
-  require(topk_ratio < 1 || error_feedback_decay == 1, source, ": swarm.error_feedback_decay = ", error_feedback_decay,
-          " applies with swarm.topk_ratio < 1 only (dense rounds keep no residual)");
+  require(sync == "diloco" || pseudo_gradient_rank == 0, source, ": swarm.pseudo_gradient_rank = ",
+          pseudo_gradient_rank, " applies to swarm.sync = diloco only (batch mode averages exact gradients)");
+  require(topk_ratio == 1 || pseudo_gradient_rank == 0, source, ": swarm.topk_ratio = ", topk_ratio,
+          " and swarm.pseudo_gradient_rank = ", pseudo_gradient_rank, " are two ways to compress the rounds; pick one");
+  require(topk_ratio < 1 || pseudo_gradient_rank > 0 || error_feedback_decay == 1, source,
+          ": swarm.error_feedback_decay = ", error_feedback_decay,
+          " applies with swarm.topk_ratio < 1 or swarm.pseudo_gradient_rank > 0 only (dense rounds keep no residual)");
   require(round_timeout_min_s <= round_timeout_max_s, source, ": swarm.round_timeout_min_s = ", round_timeout_min_s,
           " exceeds swarm.round_timeout_max_s = ", round_timeout_max_s);
   require(publish_interval_s < record_ttl_s, source, ": swarm.publish_interval_s = ", publish_interval_s,

@@ -79,7 +79,10 @@ TEST(BadConfig, SwarmKeysAreRefusedByName) {
   expect_error("train --config tiny_gpt --set swarm.topk_ratio=0", {"swarm.topk_ratio", "outside its range"});
   expect_error("train --config tiny_gpt --set swarm.topk_ratio=0.01", {"swarm.topk_ratio = 0.01", "diloco only"});
   expect_error("train --config tiny_gpt --set swarm.sync=diloco --set swarm.error_feedback_decay=0.9",
-               {"swarm.error_feedback_decay", "topk_ratio < 1 only"});
+               {"swarm.error_feedback_decay", "pseudo_gradient_rank > 0 only"});
+  expect_error("train --config tiny_gpt --set swarm.pseudo_gradient_rank=4", {"swarm.pseudo_gradient_rank = 4", "diloco only"});
+  expect_error("train --config tiny_gpt --set swarm.sync=diloco --set swarm.pseudo_gradient_rank=4 --set swarm.topk_ratio=0.1",
+               {"swarm.topk_ratio = 0.1", "swarm.pseudo_gradient_rank = 4", "pick one"});
   expect_error("train --config tiny_gpt --set swarm.round_timeout_min_s=10 --set swarm.round_timeout_max_s=5",
                {"swarm.round_timeout_min_s = 10", "swarm.round_timeout_max_s = 5"});
   expect_error("train --config tiny_gpt --set swarm.publish_interval_s=20",

@@ -89,6 +89,56 @@ TEST_F(Swarm, DiLoCoPeersWithTopKPseudoGradientsTakeTheSameOuterSteps) {
     EXPECT_LT(p->swarm()["bytes_sent"].get<double>() / 2, 0.2 * n) << p->swarm().dump();
 }
 
+TEST_F(Swarm, DiLoCoPeersWithLowRankPseudoGradientsStayEqualAndAJoinerTakesTheirFactors) {
+  // Outer steps every 64 local steps, each matrix as a rank-2 product in int8 (PowerSGD, one side
+  // per round); a third peer joins after two rounds and takes the state with the factors. A
+  // checkpoint every 64 local steps holds the parameters just after an outer step. Rounds must be
+  // slower than a joiner's download and its record's way through the DHT, as DiLoCo's are (at 8
+  // local steps of 4 rows, 25 ms apart, the joiner's state was always overtaken); a round's host
+  // waits up to 3 s for a member still in its local steps.
+  constexpr int64_t kInner = 64;
+  const std::string args = settings(100000, key_) + " --set train.batch_size=32 --set swarm.round_timeout_min_s=3" +
+                           " --set swarm.sync=diloco --set swarm.inner_steps=" + std::to_string(kInner) +
+                           " --set swarm.pseudo_gradient_dtype=int8 --set swarm.pseudo_gradient_rank=2"
+                           " --set swarm.min_peers=2 --set checkpoint.every=" + std::to_string(kInner) +
+                           " --set checkpoint.keep=0";
+  Peer& a = start("a", args);
+  Peer& b = start("b", args, a.address());
+  ASSERT_TRUE(advances(a, 0, 2)) << a.log();
+  Peer& c = start("c", args, a.address());
+  ASSERT_TRUE(wait_until([&] { return c.log().find("took the swarm's state") != std::string::npos; }, 60)) << c.log();
+  const int64_t joined = c.swarm_step();
+  ASSERT_TRUE(advances(c, joined, 3)) << c.log();
+  for (Peer* p : {&a, &b, &c}) {
+    p->kill(SIGKILL);
+    p->wait();
+  }
+  // The newest checkpoint the three saved after the same outer step: the same outer steps from
+  // the same factors give equal parameters, bit for bit.
+  auto swarm_step_at = [](const Peer& p, int64_t step) -> int64_t {
+    const std::string meta = slurp(p.dir + "/checkpoints/step_" + std::to_string(step) + "/meta.json");
+    return meta.empty() ? -1 : nlohmann::json::parse(meta)["collaboration"]["swarm_step"].get<int64_t>();
+  };
+  int64_t compared = -1;
+  for (int64_t step = kInner * c.swarm_step(); step > kInner * joined && compared < 0; step -= kInner) {
+    const int64_t outer = step / kInner;
+    if (swarm_step_at(a, step) != outer || swarm_step_at(b, step) != outer || swarm_step_at(c, step) != outer)
+      continue;
+    const std::string at = "/checkpoints/step_" + std::to_string(step);
+    const std::string model = slurp(a.dir + at + "/model.safetensors");
+    ASSERT_FALSE(model.empty());
+    for (const Peer* p : {&b, &c}) EXPECT_TRUE(model == slurp(p->dir + at + "/model.safetensors")) << p->dir << at;
+    EXPECT_NE(slurp(c.dir + at + "/optimizer.safetensors").find("swarm.factors"), std::string::npos);
+    // Dense int8 sends about (n-1)/n x 2 bytes per parameter per round; rank 2 a small part of
+    // that (the vectors still travel whole).
+    const double n = static_cast<double>(model.size()) / 4;
+    const nlohmann::json s = a.swarm();
+    EXPECT_LT(s["bytes_sent"].get<double>() / s["rounds"].get<double>(), 0.1 * n) << s.dump();
+    compared = step;
+  }
+  EXPECT_GT(compared, 0) << "no checkpoint after the join that all three saved at the same outer step\n" << c.log();
+}
+
 TEST_F(Swarm, Fp16PeersKeepTheirOverflowsOutOfTheRounds) {
   // A loss scale of 2^24 overflows fp16's gradients at first: a peer contributes nothing from such
   // a step (and lowers its own scale) until its gradients are finite; the rounds' means stay
