@@ -878,21 +878,20 @@ TEST(DistributedTrain, InitFromStartsEveryLayoutFromTheSameWeights) {
   EXPECT_LT(losses(one).at(1), 0.9 * losses(base).at(1));
 }
 
-// Pipeline parallelism trains the model of one process: 4 blocks cut into 2 or 4 stages, each
-// built on its rank, the step's 4 micro-batches run by GPipe, 1F1B or ZB-H1 (the backward split
-// into input and weight gradients), the tied embedding's gradient summed between the first and
-// last stage and the clipping norm taken over every stage: the same losses, gradient norms and
-// validation loss. A pp = 4 checkpoint (each rank writing its stage) resumes at pp = 2 and on one
-// process and continues the same run.
+// Pipeline parallelism through `tessera train` trains the model of one process: 4 blocks cut into
+// 2 or 4 stages, each built on its rank, the step's 4 micro-batches run by ZB-V, 1F1B or ZB-H1,
+// the same losses, gradient norms and validation loss. A pp = 4 checkpoint (each rank writing its
+// stage) resumes at pp = 2 and on one process and continues the same run.
 TEST(DistributedTrain, PipelineSchedulesMatchOneProcessAndCheckpointsLoadAtAnyPp) {
   const std::string pipeline = " --set model.n_layer=4 --set train.grad_accum=4";
   const std::string one = fresh_dir("pp_one");
   auto r1 = run_tessera("train --config tiny_gpt" + settings(2, 6) + pipeline + " --out " + one);
   ASSERT_EQ(r1.exit_code, 0) << r1.output;
   const auto expected = losses(one), expected_norms = grad_norms(one), expected_val = logged(one, "val_loss");
-  for (const auto& [pp, schedule] : std::vector<std::pair<int, std::string>>{
-           {2, "gpipe"}, {2, "1f1b"}, {2, "zbh1"}, {2, "interleaved"}, {2, "zbv"}, {2, "dualpipev"}, {4, "1f1b"},
-           {4, "zbh1"}}) {
+  // Every schedule's gradients are the harness's (tests/equivalence: each at pp 2, most at pp 4);
+  // here the command line's path: a V schedule's checkpoint, a pp 4 one resumed at pp 2 and on one
+  // process, a traced step.
+  for (const auto& [pp, schedule] : std::vector<std::pair<int, std::string>>{{2, "zbv"}, {4, "1f1b"}, {4, "zbh1"}}) {
     const std::string what = "pp=" + std::to_string(pp) + " " + schedule;
     const std::string out = fresh_dir("pp_" + std::to_string(pp) + "_" + schedule);
     auto r = run_tessera("train --config tiny_gpt --nproc " + std::to_string(pp) + " --set parallel.pp=" +

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds a libFuzzer target of tests/fuzz/ with clang (-fsanitize=fuzzer,address,undefined) against
 # the torch of tessera's venv and runs it from its seed corpus for RUNS executions (default 10^6),
-# or for at most SECONDS when given (whichever comes first; `make test` gives 10).
+# or for at most SECONDS when given (whichever comes first; `make test` gives 5).
 # Findings (crashing inputs) land in $TESSERA_FUZZ_DIR/<target>/findings (default build/fuzz); the
 # corpus it grows there is not kept. Exits 77 (CTest's skip) without clang++.
 #   usage: tests/fuzz/run.sh TARGET [RUNS [SECONDS]]      e.g. tests/fuzz/run.sh safetensors 1000000
