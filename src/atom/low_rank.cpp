@@ -144,16 +144,24 @@ at::Tensor LowRankPseudoGradients::decode(const at::Tensor& contribution, const 
       pos += e.numel;
       continue;
     }
-    // even: out = P R^T with P [n, r] the contribution; odd: out = L Q^T with Q [m, r] it.
+    // even: out = P R^T with P [n, r] the contribution; odd: out = L Q^T with Q [m, r] it. Each
+    // entry sums its r products in k order from 0; the loop runs over a row at a time (b
+    // transposed) so that the entries of a row, independent of each other, can share vector lanes.
     const bool even = round % 2 == 0;
-    const float* a = even ? in + pos : f + e.factors;                           // [n, r]
-    const float* b = even ? f + e.factors + e.n * e.rank : in + pos;            // [m, r]
-    for (int64_t i = 0; i < e.n; ++i)
-      for (int64_t j = 0; j < e.m; ++j) {
-        double s = 0;
-        for (int64_t k = 0; k < e.rank; ++k) s += static_cast<double>(a[i * e.rank + k]) * b[j * e.rank + k];
-        dst[i * e.m + j] = static_cast<float>(s);
+    const float* a = even ? in + pos : f + e.factors;                 // [n, r]
+    const float* b = even ? f + e.factors + e.n * e.rank : in + pos;  // [m, r]
+    std::vector<double> bt(static_cast<size_t>(e.rank * e.m)), row(static_cast<size_t>(e.m));
+    for (int64_t j = 0; j < e.m; ++j)
+      for (int64_t k = 0; k < e.rank; ++k) bt[static_cast<size_t>(k * e.m + j)] = b[j * e.rank + k];
+    for (int64_t i = 0; i < e.n; ++i) {
+      std::fill(row.begin(), row.end(), 0.0);
+      for (int64_t k = 0; k < e.rank; ++k) {
+        const double aik = a[i * e.rank + k];
+        const double* bk = bt.data() + k * e.m;
+        for (int64_t j = 0; j < e.m; ++j) row[static_cast<size_t>(j)] += aik * bk[j];
       }
+      for (int64_t j = 0; j < e.m; ++j) dst[i * e.m + j] = static_cast<float>(row[static_cast<size_t>(j)]);
+    }
     pos += (even ? e.n : e.m) * e.rank;
   }
   return out;

@@ -24,7 +24,9 @@
 //
 // Determinism: what every member computes from the round's mean (decode, advance) runs as plain
 // loops in double precision in a fixed order, not through a BLAS whose kernels differ between
-// machines, so peers on different hosts keep equal factors and apply equal outer steps.
+// machines, so peers on different hosts (one build, one architecture: the x86-64 baseline has no
+// fused multiply-add for the compiler to contract into) keep equal factors and apply equal outer
+// steps.
 #pragma once
 
 #include <cstdint>
