@@ -52,8 +52,6 @@ void orthonormalise(std::vector<double>& x, int64_t rows, int64_t cols) {
   }
 }
 
-std::vector<double> doubles(const float* p, int64_t n) { return std::vector<double>(p, p + n); }
-
 }  // namespace
 
 LowRankPseudoGradients::LowRankPseudoGradients(const std::vector<std::vector<int64_t>>& shapes, int64_t rank) {
@@ -182,7 +180,7 @@ void LowRankPseudoGradients::advance(at::Tensor& factors, const at::Tensor& mean
     // even: the mean of M R [n, r] becomes L; odd: the mean of M^T L [m, r] becomes R.
     const bool even = round % 2 == 0;
     const int64_t rows = even ? e.n : e.m;
-    std::vector<double> x = doubles(in + pos, rows * e.rank);
+    std::vector<double> x(in + pos, in + pos + rows * e.rank);
     orthonormalise(x, rows, e.rank);
     std::copy(x.begin(), x.end(), f + (even ? e.factors : e.factors + e.n * e.rank));
     pos += rows * e.rank;

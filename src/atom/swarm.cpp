@@ -325,12 +325,14 @@ void Swarm::drop_accumulated() {
   inner_ = 0;
 }
 
-std::vector<PeerRecord> Swarm::peers_ahead() {
+std::vector<PeerRecord> Swarm::ahead_of(const std::vector<PeerRecord>& live) const {
   std::vector<PeerRecord> ahead;
-  for (const PeerRecord& r : membership_->live_peers(1.0))
+  for (const PeerRecord& r : live)
     if (r.id != identity_.id && r.swarm_step > swarm_step_) ahead.push_back(r);
   return ahead;
 }
+
+std::vector<PeerRecord> Swarm::peers_ahead() { return ahead_of(membership_->live_peers(1.0)); }
 
 NamedTensors Swarm::snapshot_tensors(TrainStep& step) {
   NamedTensors out;
@@ -435,14 +437,11 @@ bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t samples) {
     if (!stale || fresh.seconds_left() <= 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  int64_t total = accumulated_, ahead = -1;
-  for (const PeerRecord& r : live) {
-    if (r.id == identity_.id) continue;
-    if (r.swarm_step == swarm_step_) total += r.samples + r.claimed;
-    if (r.swarm_step > swarm_step_) ahead = std::max(ahead, r.swarm_step);
-  }
+  int64_t total = accumulated_;
+  for (const PeerRecord& r : live)
+    if (r.id != identity_.id && r.swarm_step == swarm_step_) total += r.samples + r.claimed;
   step_started_ = unix_now();  // the next local step begins when this returns
-  if (ahead >= 0) {
+  if (!ahead_of(live).empty()) {
     behind_ = true;  // after_local_step downloads their state
     return false;
   }
@@ -506,8 +505,7 @@ void Swarm::outer_step(TrainStep& step) {
   // on its own, which would give it another state under the swarm's step numbers: it takes the
   // swarm's state after its next local step (after_local_step), as in batch mode.
   const std::vector<PeerRecord> live = membership_->live_peers(0.5);
-  if (std::any_of(live.begin(), live.end(),
-                  [&](const PeerRecord& r) { return r.id != identity_.id && r.swarm_step > swarm_step_; })) {
+  if (!ahead_of(live).empty()) {
     behind_ = true;
     return;
   }

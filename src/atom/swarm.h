@@ -100,7 +100,9 @@ class Swarm final : public Collaboration {
  private:
   bool reduce(const std::vector<at::Tensor>& gradients, int64_t samples);  // batch mode
   void outer_step(TrainStep& step);                                            // diloco
-  // The live peers at a higher swarm step than this one's.
+  // The peers of `live` at a higher swarm step than this one's; peers_ahead(): of the live peers
+  // the DHT shows now.
+  std::vector<PeerRecord> ahead_of(const std::vector<PeerRecord>& live) const;
   std::vector<PeerRecord> peers_ahead();
   // The candidates of this swarm step's round (live peers at it, this one included).
   std::vector<RoundMember> candidates(const std::vector<PeerRecord>& live) const;

@@ -65,7 +65,6 @@ GenerationEnd end_from_json(const nlohmann::json& j) {
   return GenerationEnd{j.at("node"), j.at("restartable"), j.at("growth"), j.at("failure"), j.at("code")};
 }
 
-
 }  // namespace
 
 Generation first_generation(const std::map<int, int64_t>& joined, int nnodes, int store_port) {
