@@ -55,9 +55,21 @@ esac
 if [ ! -x "$out/fuzz" ] || [ -n "$(find "${sources[@]}" "${watched[@]}" -name '*.h' -newer "$out/fuzz")" ] ||
    [ -n "$(find "${sources[@]}" -newer "$out/fuzz")" ]; then
   echo "building $out/fuzz (clang, libFuzzer + ASan + UBSan)"
-  clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    -D_GLIBCXX_USE_CXX11_ABI=1 "${flags[@]}" -Isrc -isystem "$torch/include" -isystem "$torch/include/torch/csrc/api/include" \
-    "${sources[@]}" -L"$torch/lib" -Wl,-rpath,"$torch/lib" -ltorch_cpu -lc10 "${libs[@]}" -o "$out/fuzz"
+  # One object per source, through ccache where there is one (with the build's settings, so that a
+  # fresh clone hits this machine's entries and targets sharing a source compile it once).
+  cc=(clang++)
+  command -v ccache >/dev/null && cc=(env CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1 ccache clang++)
+  objects=()
+  for source in "${sources[@]}"; do
+    object=$out/obj/${source//\//_}.o
+    mkdir -p "$out/obj"
+    "${cc[@]}" -std=c++17 -O1 -g -fdebug-prefix-map="$PWD"=. -fsanitize=fuzzer-no-link,address,undefined \
+      -fno-sanitize-recover=undefined -D_GLIBCXX_USE_CXX11_ABI=1 "${flags[@]}" -Isrc -isystem "$torch/include" \
+      -isystem "$torch/include/torch/csrc/api/include" -c "$source" -o "$object"
+    objects+=("$object")
+  done
+  clang++ -fsanitize=fuzzer,address,undefined "${objects[@]}" -L"$torch/lib" -Wl,-rpath,"$torch/lib" \
+    -ltorch_cpu -lc10 "${libs[@]}" -o "$out/fuzz"
 fi
 cp -n tests/fuzz/corpus/$target/* "$out/corpus/" 2>/dev/null || true
 ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 \
