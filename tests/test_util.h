@@ -18,9 +18,14 @@
 
 namespace tessera::test {
 
-inline std::string golden_path(const std::string& name) { return std::string(TESSERA_GOLDEN_DIR) + "/" + name; }
+// This build's golden files (build/golden), source tree and tessera binary (test_main.cpp).
+extern const char* const kGoldenDir;
+extern const char* const kSourceDir;
+extern const char* const kTesseraBinary;
+
+inline std::string golden_path(const std::string& name) { return std::string(kGoldenDir) + "/" + name; }
 inline SafetensorsContents golden(const std::string& name) { return read_safetensors(golden_path(name)); }
-inline std::string source_path(const std::string& rel) { return std::string(TESSERA_SOURCE_DIR) + "/" + rel; }
+inline std::string source_path(const std::string& rel) { return std::string(kSourceDir) + "/" + rel; }
 
 // Passes when |actual - expected| <= atol + rtol * |expected| elementwise.
 inline ::testing::AssertionResult all_close(const at::Tensor& actual, const at::Tensor& expected,

@@ -39,7 +39,7 @@ inline CommandResult run_command(const std::string& command_line) {
 
 // `env` is prepended to the command line (e.g. "RANK=1 WORLD_SIZE=2").
 inline CommandResult run_tessera_env(const std::string& env, const std::string& args) {
-  return run_command(env + " " + std::string(TESSERA_BINARY) + " " + args);
+  return run_command(env + " " + std::string(kTesseraBinary) + " " + args);
 }
 
 inline CommandResult run_tessera(const std::string& args) { return run_tessera_env("", args); }
@@ -48,7 +48,7 @@ inline CommandResult run_tessera(const std::string& args) { return run_tessera_e
 // its output in `output_file`.
 inline pid_t spawn_tessera(const std::string& args, const std::string& output_file) {
   ChildSpec spec;
-  spec.argv = {"/bin/sh", "-c", "exec " + std::string(TESSERA_BINARY) + " " + args};
+  spec.argv = {"/bin/sh", "-c", "exec " + std::string(kTesseraBinary) + " " + args};
   spec.output_file = output_file;
   return spawn(spec);
 }

@@ -80,7 +80,7 @@ class SwarmFixture : public ::testing::Test {
     Peer p;
     p.dir = root_ + "/" + name;
     ChildSpec spec;
-    spec.argv = {TESSERA_BINARY, "peer", "--swarm", "demo", "--listen", "127.0.0.1:0", "--out", p.dir};
+    spec.argv = {kTesseraBinary, "peer", "--swarm", "demo", "--listen", "127.0.0.1:0", "--out", p.dir};
     std::istringstream words(args + (initial.empty() ? "" : " --initial-peer " + initial));
     for (std::string word; words >> word;) spec.argv.push_back(word);
     spec.env = env;

@@ -181,7 +181,7 @@ TEST(Presets, AreFoundRelativeToTheBinaryOrThroughTesseraConfigDir) {
   namespace fs = std::filesystem;
   const std::string prefix = fresh_dir("install_prefix");
   fs::create_directories(prefix + "/bin");
-  fs::copy_file(TESSERA_BINARY, prefix + "/bin/tessera");
+  fs::copy_file(kTesseraBinary, prefix + "/bin/tessera");
   const std::string binary = prefix + "/bin/tessera";
   auto bare = run_command(binary + " inspect --config tiny_gpt");
   EXPECT_EQ(bare.exit_code, 2) << bare.output;

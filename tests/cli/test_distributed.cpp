@@ -119,7 +119,7 @@ std::vector<int> run_two_nodes(const std::string cwds[2], const std::string& arg
   for (int node = 0; node < 2; ++node) {
     ChildSpec spec;
     spec.argv = {"/bin/sh", "-c",
-                 "cd " + cwds[node] + " && exec " + TESSERA_BINARY + " " + node_launch(node, port) + " " + args};
+                 "cd " + cwds[node] + " && exec " + kTesseraBinary + " " + node_launch(node, port) + " " + args};
     spec.output_file = cwds[node] + "/launcher.out";
     nodes.push_back(spawn(spec));
   }
