@@ -6,9 +6,9 @@
 #include <torch/torch.h>
 
 namespace tessera::test {
-const char* const kGoldenDir = TESSERA_GOLDEN_DIR;
-const char* const kSourceDir = TESSERA_SOURCE_DIR;
-const char* const kTesseraBinary = TESSERA_BINARY;
+extern const char* const kGoldenDir = TESSERA_GOLDEN_DIR;
+extern const char* const kSourceDir = TESSERA_SOURCE_DIR;
+extern const char* const kTesseraBinary = TESSERA_BINARY;
 }  // namespace tessera::test
 
 int main(int argc, char** argv) {

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Where ZB-V's time goes at pp 2 with 16 micro-batches, against 1F1B (issue 26), one process per core.
+
+The zero-bubble schedules buy a smaller bubble with a split backward (I, then W later). At 16
+micro-batches 1F1B's bubble is already small (about 7.5%), so what the split costs decides whether
+ZB-V wins. This runs, ROUNDS rounds with the runs of a round interleaved, each keeping its best
+median step:
+  1f1b, zbh1, zbv            as `tessera bench` runs them;
+  interleaved                the same 2-block chunks as ZB-V, with a fused backward B;
+  interleaved, split         interleaved's own table with every B(s, j) replaced by I(s, j), its
+                             send, then W(s, j) at once (parallel.pp_schedule = file:): the split's
+                             cost with nothing deferred, so I + W against B is the split's own cost and
+                             ZB-V's I + W against it is what deferring W (cold operands) adds.
+Per row: the median step, tokens/s against 1F1B, the measured bubble and the mean F, B, I, W (ms),
+and the compute per chunk and micro-batch (F + B, or F + I + W). Written to
+bench/results/pipeline_zb_m16_cpu.md.
+
+usage: bench/pipeline_zb_m16.py BUILD_DIR [--rounds 5]
+"""
+import argparse
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pipeline_split import TINY  # noqa: E402
+from tessera_bench import tessera_bench  # noqa: E402
+
+M = 16
+
+
+def split_table(build, path):
+    """Interleaved's table at pp 2 with each B turned into I, its SEND_B, then W."""
+    csv = Path(path).with_suffix(".interleaved.csv")
+    subprocess.run([str(Path(build) / "tessera"), "pipeline", "--schedule", "interleaved", "--pp", "2",
+                    "--microbatches", str(M), "--csv", str(csv)], check=True, capture_output=True)
+    rows = []
+    for row in csv.read_text().split():
+        out, pending = [], None
+        for a in row.split(","):
+            if pending and a != pending[1]:
+                out.append(pending[0])
+                pending = None
+            b = re.fullmatch(r"(\d+)B(\d+)", a)
+            if b:
+                out.append(f"{b[1]}I{b[2]}")
+                pending = (f"{b[1]}W{b[2]}", f"{b[1]}SEND_B{b[2]}")
+                continue
+            out.append(a)
+            if pending and a == pending[1]:
+                out.append(pending[0])
+                pending = None
+        if pending:
+            out.append(pending[0])
+        rows.append(",".join(out))
+    Path(path).write_text("\n".join(rows) + "\n")
+    return path
+
+
+def main():
+    a = argparse.ArgumentParser()
+    a.add_argument("build")
+    a.add_argument("--rounds", type=int, default=5)
+    args = a.parse_args()
+    table = split_table(args.build, "/tmp/tessera_interleaved_split.csv")
+    cases = {"1f1b": {"parallel.pp_schedule": "1f1b"},
+             "zbh1": {"parallel.pp_schedule": "zbh1"},
+             "zbv": {"parallel.pp_schedule": "zbv"},
+             "interleaved": {"parallel.pp_schedule": "interleaved"},
+             "interleaved, split": {"parallel.pp_schedule": f"file:{table}", "parallel.pp_virtual": 2}}
+    best, steps = {}, {name: [] for name in cases}
+    for r in range(args.rounds):
+        for name, extra in cases.items():
+            sets = dict(TINY, **{"parallel.pp": 2, "train.grad_accum": M}, **extra)
+            got = tessera_bench(args.build, "tiny_gpt", sets, ranks=2, steps=5, warmup=2,
+                                flags=("--out", "/tmp/tessera-pipeline-zb"))
+            steps[name].append(got["median_step_s"])
+            if name not in best or got["median_step_s"] < best[name]["median_step_s"]:
+                best[name] = got
+            print(r, name, got["median_step_s"], {k: round(v, 2) for k, v in got["pp_action_ms"].items()}, flush=True)
+    base = best["1f1b"]["median_step_s"]
+    lines = ["# ZB-V at pp 2, 16 micro-batches: the bubble it saves against what its split costs (CPU)", "",
+             f"Command: `python3 bench/pipeline_zb_m16.py build --rounds {args.rounds}`. tiny_gpt widened to 8 blocks "
+             "of 128, 16 micro-batches of 4 x 128 tokens, two processes, one per core, one intra-op thread each. "
+             f"Best median step of {args.rounds} rounds (runs interleaved within a round); every round's median in "
+             "the last column. Per-chunk compute: the mean compute action's F + B (or F + I + W), per stage and "
+             "micro-batch, times the stages per rank (2 for interleaved and ZB-V).", "",
+             "| schedule | step s | vs 1F1B | bubble | F ms | B ms | I ms | W ms | compute per rank and micro-batch ms | rounds' steps s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, got in best.items():
+        ms = got["pp_action_ms"]
+        per_stage = ms.get("F", 0) + ms.get("B", 0) + ms.get("I", 0) + ms.get("W", 0)
+        v = 2 if name in ("zbv", "interleaved", "interleaved, split") else 1
+        cell = lambda k: f"{ms[k]:.2f}" if k in ms else "-"  # noqa: E731
+        lines.append(f"| {name} | {got['median_step_s']:.3f} | {base / got['median_step_s']:.2f}x | "
+                     f"{100 * got['pp_bubble']['measured']:.1f}% | {cell('F')} | {cell('B')} | {cell('I')} | {cell('W')} | "
+                     f"{v * per_stage:.2f} | {', '.join(f'{s:.3f}' for s in steps[name])} |")
+    out = Path(__file__).resolve().parent / "results" / "pipeline_zb_m16_cpu.md"
+    out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
