@@ -60,9 +60,9 @@ if [ ! -x "$out/fuzz" ] || [ -n "$(find "${sources[@]}" "${watched[@]}" -name '*
   cc=(clang++)
   command -v ccache >/dev/null && cc=(env CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1 ccache clang++)
   objects=()
+  mkdir -p "$out/obj"
   for source in "${sources[@]}"; do
     object=$out/obj/${source//\//_}.o
-    mkdir -p "$out/obj"
     "${cc[@]}" -std=c++17 -O1 -g -fdebug-prefix-map="$PWD"=. -fsanitize=fuzzer-no-link,address,undefined \
       -fno-sanitize-recover=undefined -D_GLIBCXX_USE_CXX11_ABI=1 "${flags[@]}" -Isrc -isystem "$torch/include" \
       -isystem "$torch/include/torch/csrc/api/include" -c "$source" -o "$object"
