@@ -22,56 +22,22 @@
 #include <ctime>
 #include <iostream>
 #include <map>
-#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
 
-#include <ATen/record_function.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/cuda.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "core/config.h"
+#include "op_recorder.h"
 #include "train/train_step.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-struct Stat {
-  int64_t calls = 0;
-  double self_us = 0, total_us = 0;
-};
-
-struct Frame {
-  std::string name;
-  Clock::time_point start;
-  double child_us = 0;
-};
-
-std::mutex stats_mutex;
-std::map<std::string, Stat> stats;
-thread_local std::vector<Frame> frames;
-
-std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
-  frames.push_back({fn.name(), Clock::now(), 0.0});
-  return nullptr;
-}
-
-void on_exit(const at::RecordFunction&, at::ObserverContext*) {
-  if (frames.empty()) return;  // entered before the callback was added
-  Frame f = std::move(frames.back());
-  frames.pop_back();
-  const double total = std::chrono::duration<double, std::micro>(Clock::now() - f.start).count();
-  if (!frames.empty()) frames.back().child_us += total;
-  std::lock_guard<std::mutex> lock(stats_mutex);
-  Stat& s = stats[f.name];
-  s.calls += 1;
-  s.self_us += total - f.child_us;
-  s.total_us += total;
-}
 
 double thread_cpu_s() {
   timespec ts{};
@@ -162,17 +128,18 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  at::CallbackHandle handle = at::addGlobalCallback(
-      at::RecordFunctionCallback(on_enter, on_exit)
-          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION, at::RecordScope::USER_SCOPE}));
+  std::map<std::string, tessera::bench::OpStat> stats;
   const int64_t faults0 = minor_faults();
   const auto start = Clock::now();
-  for (int64_t i = 0; i < steps; ++i) step.run(batches, config.optim.lr);
+  {
+    tessera::bench::OpRecorder recorder;
+    for (int64_t i = 0; i < steps; ++i) step.run(batches, config.optim.lr);
+    stats = recorder.take();
+  }
   const double wall_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
   const double faults = static_cast<double>(minor_faults() - faults0) / n;
-  at::removeCallback(handle);
 
-  std::vector<std::pair<std::string, Stat>> rows(stats.begin(), stats.end());
+  std::vector<std::pair<std::string, tessera::bench::OpStat>> rows(stats.begin(), stats.end());
   std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.self_us > b.second.self_us; });
   if (json) {
     nlohmann::json ops = nlohmann::json::object();

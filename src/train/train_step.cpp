@@ -2,32 +2,18 @@
 
 #include <thread>
 
-#include <malloc.h>
-
 #include <ATen/ATen.h>
 #include <torch/torch.h>
 
 #include "comm/device.h"
 #include "core/error.h"
+#include "core/host_heap.h"
 #include "model/init.h"
 #include "plan/memory_estimate.h"
 #include "plan/swap_cut.h"
 #include "precision/autocast.h"
 
 namespace tessera {
-namespace {
-
-// glibc hands the heap top back to the kernel whenever a step's activations are freed and faults
-// it back in on the next step (15-25k page faults per tiny_gpt step; docs/benchmarks.md). Blocks
-// up to 32 MiB come from a heap that is never trimmed: peak RSS is the step's peak anyway.
-void keep_host_heap() {
-#ifdef __GLIBC__
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, -1);
-#endif
-}
-
-}  // namespace
 
 TrainStep::TrainStep(const Config& config, comm::Mesh* mesh)
     : config_(config),
