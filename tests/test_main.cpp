@@ -1,4 +1,5 @@
-// Shared main for tessera's gtest binaries: one intra-op thread (ctest runs two binaries at a
+// Shared main for tessera's gtest binaries: the rank zygote where the binary has one (rank_zygote.h),
+// one intra-op thread (ctest runs two binaries at a
 // time on a 2-core machine), deterministic seeds; and the build's paths (test_util.h), the only
 // object compiled with them, so that no other test object names the checkout's folder and a fresh
 // clone's test objects hit ccache (docs/build.md).
@@ -9,9 +10,13 @@ namespace tessera::test {
 extern const char* const kGoldenDir = TESSERA_GOLDEN_DIR;
 extern const char* const kSourceDir = TESSERA_SOURCE_DIR;
 extern const char* const kTesseraBinary = TESSERA_BINARY;
+// Defined in the binaries with multi-process tests (distributed/rank_zygote.h), which fork their
+// rank zygote here, before anything else runs; a rank it starts returns from it with its own argv.
+void start_rank_zygote(int& argc, char**& argv) __attribute__((weak));
 }  // namespace tessera::test
 
 int main(int argc, char** argv) {
+  if (tessera::test::start_rank_zygote) tessera::test::start_rank_zygote(argc, argv);
   at::set_num_threads(1);
   torch::manual_seed(0);
   ::testing::InitGoogleTest(&argc, argv);

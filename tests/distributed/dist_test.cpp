@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "rank_zygote.h"
 #include "test_util.h"
 
 namespace tessera::test {
@@ -37,7 +38,7 @@ Ranks::Ranks(int world_size, double deadline_s) {
     spec.env["TESSERA_TEST_RANK"] = std::to_string(r);
     if (r == 0) spec.inherit_fd = store.fd;
     spec.output_file = dir + "/rank_" + std::to_string(r) + ".log";
-    pids.push_back(spawn(spec));
+    pids.push_back(spawn_rank(spec));
   }
   ::close(store.fd);
   SuperviseOptions options;

@@ -8,8 +8,9 @@
 //   }
 //
 // In the gtest process, Ranks(N) starts N copies of the test binary filtered to the current
-// test (the store's listening socket is bound by the parent and inherited by rank 0, so there is
-// no port race), waits for them with a deadline (a hung rank is killed, never waited on forever),
+// test, forked from the binary's rank zygote (rank_zygote.h: a copy that has loaded libtorch
+// already); the store's listening socket is bound by the parent and inherited by rank 0, so there
+// is no port race. It waits for them with a deadline (a hung rank is killed, never waited on forever),
 // and keeps each rank's exit and output. In a copy, Ranks(N) only reads which rank it is.
 #pragma once
 
