@@ -19,7 +19,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <ctime>
 #include <iostream>
 #include <map>
 #include <set>
@@ -33,27 +32,19 @@
 
 #include "core/config.h"
 #include "op_recorder.h"
+#include "thread_timing.h"
 #include "train/train_step.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double thread_cpu_s() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
+using tessera::bench::median;
+using tessera::bench::thread_cpu_s;
 
 int64_t minor_faults() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return usage.ru_minflt;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 }  // namespace

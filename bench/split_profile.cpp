@@ -16,7 +16,6 @@
 // do over a pipeline step's micro-batches.
 #include <algorithm>
 #include <cstdio>
-#include <ctime>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -34,23 +33,15 @@
 #include "core/host_heap.h"
 #include "model/transformer.h"
 #include "op_recorder.h"
+#include "thread_timing.h"
 #include "parallel/pipeline/split_backward.h"
 
 namespace {
 
+using tessera::bench::median;
 using tessera::bench::OpStat;
+using tessera::bench::thread_cpu_s;
 using Ops = std::map<std::string, OpStat>;
-
-double thread_cpu_ms() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return 1e3 * static_cast<double>(ts.tv_sec) + 1e-6 * static_cast<double>(ts.tv_nsec);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 void add(Ops& into, const Ops& from) {
   for (const auto& [name, s] : from) {
@@ -111,9 +102,9 @@ int main(int argc, char** argv) {
   std::unique_ptr<tessera::bench::OpRecorder> recorder;
   auto timed = [&](const std::string& part, bool observe, double per, const auto& fn) {
     if (observe && ops) recorder->take();
-    const double c0 = thread_cpu_ms();
+    const double c0 = 1e3 * thread_cpu_s();
     fn();
-    const double spent = thread_cpu_ms() - c0;
+    const double spent = 1e3 * thread_cpu_s() - c0;
     if (!observe) return;
     if (ops) add(recorded[part], recorder->take());
     else ms[part].push_back(spent / per);
