@@ -18,8 +18,9 @@
 // Differences from an exec'd rank: the libraries' static initialisers ran once, in the test
 // process, with its environment (the variables spawn_rank sets, RANK, MASTER_PORT,
 // TESSERA_TEST_RANK..., are all read later); the address-space layout is the test process's.
-// Without a zygote (under AddressSanitizer or ThreadSanitizer, whose runtimes keep threads of their
-// own, or with TESSERA_TEST_EXEC_RANKS=1 in the environment) spawn_rank() is spawn().
+// Without a zygote spawn_rank() is spawn(): with TESSERA_TEST_EXEC_RANKS=1 in the environment, and
+// in the sanitizer builds (ThreadSanitizer's runtime keeps a thread of its own, which makes a fork
+// without exec unsafe; the AddressSanitizer build keeps the exec path its runs were checked on).
 //
 // Invariants: the zygote is forked before anything else in main(); it never runs test code; a rank
 // is returned to spawn_rank's caller only once it is the test process's child.
