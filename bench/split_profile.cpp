@@ -160,13 +160,13 @@ int main(int argc, char** argv) {
   std::set<std::string> names;
   for (const auto& [part, r] : recorded)
     for (const auto& [name, s] : r) names.insert(name);
-  auto self = [&](const std::string& part, const std::string& name) {
+  auto stat = [&](const std::string& part, const std::string& name) {
     const auto it = recorded[part].find(name);
-    return it == recorded[part].end() ? 0.0 : it->second.self_us / n;
+    return it == recorded[part].end() ? OpStat{} : it->second;
   };
+  auto self = [&](const std::string& part, const std::string& name) { return stat(part, name).self_us / n; };
   auto calls = [&](const std::string& part, const std::string& name) {
-    const auto it = recorded[part].find(name);
-    return it == recorded[part].end() ? 0.0 : static_cast<double>(it->second.calls) / n;
+    return static_cast<double>(stat(part, name).calls) / n;
   };
   std::vector<std::string> rows(names.begin(), names.end());
   auto extra = [&](const std::string& name) { return self("I", name) + self("W", name) - self("B", name); };

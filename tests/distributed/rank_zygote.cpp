@@ -105,10 +105,10 @@ bool send_message(int sock, const void* data, size_t size, int fd) {
   return n == static_cast<ssize_t>(size);
 }
 
-// Receives one message into `data` and the descriptor sent with it (-1 when none). Returns its
-// size, 0 at the end of the stream, -1 on an error.
-ssize_t receive_message(int sock, std::string& data, int& fd) {
-  data.resize(kMaxRequest);
+// Receives one message of at most `max` bytes into `data` and the descriptor sent with it (-1 when
+// none). Returns its size, 0 at the end of the stream, -1 on an error.
+ssize_t receive_message(int sock, size_t max, std::string& data, int& fd) {
+  data.resize(max);
   iovec iov{data.data(), data.size()};
   msghdr msg{};
   msg.msg_iov = &iov;
@@ -161,7 +161,7 @@ std::vector<std::string> serve(int sock) {
   for (;;) {
     std::string request;
     int passed_fd = -1;
-    if (receive_message(sock, request, passed_fd) <= 0) ::_exit(0);  // the test process is gone
+    if (receive_message(sock, kMaxRequest, request, passed_fd) <= 0) ::_exit(0);  // the test process is gone
     int32_t reply = 0;
     int pid_pipe[2];
     if (::pipe2(pid_pipe, O_CLOEXEC) != 0) {
@@ -238,7 +238,7 @@ pid_t spawn_rank(const ChildSpec& spec) {
           "cannot reach the rank zygote: ", std::strerror(errno));
   std::string reply;
   int none = -1;
-  const ssize_t n = receive_message(zygote_socket, reply, none);
+  const ssize_t n = receive_message(zygote_socket, sizeof(int32_t), reply, none);
   require(n == sizeof(int32_t), "the rank zygote did not answer (", n < 0 ? std::strerror(errno) : "it exited", ")");
   int32_t pid = 0;
   std::memcpy(&pid, reply.data(), sizeof(pid));
