@@ -18,6 +18,14 @@
 namespace tessera::pipeline {
 namespace {
 
+// ThreadSanitizer instruments every transfer and action of 4 ranks sharing 2 cores: its build checks
+// races here, and the timing only coarsely (its CI run once measured gpipe 6.6 points over).
+#if defined(__SANITIZE_THREAD__)
+constexpr double kBubbleSlack = 0.1, kStepSlack = 0.2;
+#else
+constexpr double kBubbleSlack = 0.03, kStepSlack = 0.1;
+#endif
+
 TEST(PipelineExecutor, EverySchedulesMeasuredBubbleIsItsSimulatedOne) {
   test::Ranks ranks(4);
   if (!ranks.is_worker()) return ranks.expect_success();
@@ -26,6 +34,9 @@ TEST(PipelineExecutor, EverySchedulesMeasuredBubbleIsItsSimulatedOne) {
   auto mesh = ranks.connect(options);
   comm::Group& pipe = mesh->group("pp");
   const double unit = 0.05;  // seconds per unit of cost: F = I = W = 1, B = 2
+  // An untimed run first: the first transfers over each pair, in either group, pay one-off costs (under
+  // ThreadSanitizer, gpipe, measured first, once ran 0.17 s over its 1.65 s with every later schedule in bounds).
+  measure_schedule(build_schedule("1f1b", 4, 4, 1), pipe, mesh->group("pp_down"), ActionCosts{}, 0.001);
   for (const auto& [name, v] : std::vector<std::pair<std::string, int64_t>>{
            {"gpipe", 1}, {"1f1b", 1}, {"interleaved", 2}, {"zbh1", 1}, {"zbv", 2}}) {
     const Schedule s = build_schedule(name, 4, 8, v);
@@ -42,8 +53,8 @@ TEST(PipelineExecutor, EverySchedulesMeasuredBubbleIsItsSimulatedOne) {
                   measured.step_time, planned.bubble(), planned.step_time * unit);
     // Each action and transfer adds ~0.1-0.3 ms (bench/results/pipeline_bubble_cpu.md: at most +1.4 points over
     // 44 runs); 3 points leave room for a machine loaded by other tests.
-    EXPECT_NEAR(measured.bubble, planned.bubble(), 0.03) << name;
-    EXPECT_NEAR(measured.step_time, planned.step_time * unit, 0.1 * planned.step_time * unit) << name;
+    EXPECT_NEAR(measured.bubble, planned.bubble(), kBubbleSlack) << name;
+    EXPECT_NEAR(measured.step_time, planned.step_time * unit, kStepSlack * planned.step_time * unit) << name;
     ASSERT_EQ(measured.timeline.size(), 4u);
     // The measured order of compute actions on every rank is the table's.
     for (int64_t r = 0; r < 4; ++r) {
