@@ -457,9 +457,8 @@ OptimizerRanges ParallelModel::training_state_ranges() const {
     for (const auto& [name, t] : owner_->training_state()) own[name] = Region::whole(t.sizes().vec());
   OptimizerRanges out;
   for (const auto& [name, range] : own) {
-    const Region region = placement_->state_region(name, range.shape);
-    if (region.is_split()) out[name] = region.sub(range.begin, range.end);
-    else if (!range.is_whole()) out[name] = range;
+    const Region region = placement_->state_region(name, range);
+    if (!region.is_whole()) out[name] = region;
   }
   return out;
 }
@@ -489,8 +488,7 @@ std::vector<TensorSlice> ParallelModel::state_slices() {
       const std::string param = placement_->parameter_of(slice.name);
       if (cut != tp_ && tp_rank_ != 0) continue;
       if (ep_ && cut != ep_ && !param.empty() && placement_->split_group(param) == ep_ && ep_->rank() != 0) continue;
-      const Region region = placement_->state_region(slice.name, slice.region.shape);
-      if (region.is_split()) slice.region = region.sub(slice.region.begin, slice.region.end);
+      slice.region = placement_->state_region(slice.name, slice.region);
       out.push_back(std::move(slice));
     }
     return out;

@@ -67,6 +67,11 @@ Region ParameterPlacement::state_region(const std::string& state, const std::vec
   return Region::split(shape, c.layout.dim, c.layout.parts, c.group->rank(), c.group->size());
 }
 
+Region ParameterPlacement::state_region(const std::string& state, const Region& slice) const {
+  const Region part = state_region(state, slice.shape);
+  return part.is_split() ? part.sub(slice.begin, slice.end) : slice;
+}
+
 bool ParameterPlacement::writes(const std::string& param) const {
   return !(pp_ && model_->parameter_specs().at(param).tied && model_->has_head() && !model_->has_embedding());
 }

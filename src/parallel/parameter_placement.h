@@ -18,8 +18,11 @@
 //        embedding: the first stage's), writes(name) whether this rank writes it (not the last
 //        stage's copy of the tied embedding), over_stages() assembles the whole model's tensors
 //        from the stages (a collective of pp);
-//   ZeRO is the owner's (parallel/optimizer_owner.h): whole over the data replicas by
-//        visit_full_parameters, gradients() and training_state(), parts by the owner's ranges.
+//   ZeRO the owner keeps (parallel/optimizer_owner.h): its flat shards span parameters, so it
+//        makes them whole over the data replicas itself, a unit per collective
+//        (visit_full_parameters, gradients(), training_state()), and names its parts as ranges of
+//        its local tensors; state_region(state, slice) places such a range in the whole tensor,
+//        through the tp or ep part, for checkpoints.
 // State tensors are named by their owner: "optim.<param>.<slot>" and "master.<param>" belong to
 // <param> (parameter_of(), the only place that reads those names); others (the loss scaler's
 // "scaler.*", a step counter kept as a scalar) belong to no parameter and are replicated.
@@ -74,6 +77,9 @@ class ParameterPlacement {
   // The region of the whole state tensor that this rank's `state`, of shape `local`, is (its
   // parameter's part when split).
   Region state_region(const std::string& state, const std::vector<int64_t>& local) const;
+  // The region of the whole state tensor that `slice` is, a region of this rank's `state` tensor
+  // (all of it, or a ZeRO owner's range of it): the same range of the rank's part when split.
+  Region state_region(const std::string& state, const Region& slice) const;
   // Whether this rank keeps (and writes) state tensor `state`: under pp its stage's and those of
   // no parameter; writes_state as writes() for its parameter.
   bool keeps_state(const std::string& state) const;
