@@ -1,8 +1,8 @@
-// Shared main for tessera's gtest binaries: the rank zygote where the binary has one (rank_zygote.h),
-// one intra-op thread (ctest runs two binaries at a
-// time on a 2-core machine), deterministic seeds; and the build's paths (test_util.h), the only
-// object compiled with them, so that no other test object names the checkout's folder and a fresh
-// clone's test objects hit ccache (docs/build.md).
+// Shared main for tessera's gtest binaries: the rank zygote where the binary has one
+// (rank_zygote.h), one intra-op thread (ctest runs two binaries at a time on a 2-core machine),
+// deterministic seeds; and the build's paths (test_util.h), the only object compiled with them,
+// so that no other test object names the checkout's folder and a fresh clone's test objects hit
+// ccache (docs/build.md).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

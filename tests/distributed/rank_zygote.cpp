@@ -27,14 +27,6 @@ bool forked = false;     // in a rank the zygote started
 std::mutex request_mutex;
 constexpr size_t kMaxRequest = 1 << 20;
 
-bool sanitized() {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  return true;
-#else
-  return false;
-#endif
-}
-
 // A request: spec's fields as length-prefixed strings (argv, then env as key and value, then the
 // output file), then the inherit_fd number and the process-group flag.
 void put(std::string& out, const std::string& s) {
@@ -197,9 +189,17 @@ std::vector<std::string> serve(int sock) {
 
 }  // namespace
 
-void start_rank_zygote(int& argc, char**& argv) {
+bool rank_zygote_wanted() {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  return false;
+#else
   const char* exec_ranks = std::getenv("TESSERA_TEST_EXEC_RANKS");
-  if (sanitized() || std::getenv("TESSERA_TEST_RANK") || (exec_ranks && std::string(exec_ranks) == "1")) return;
+  return !(exec_ranks && std::string(exec_ranks) == "1");
+#endif
+}
+
+void start_rank_zygote(int& argc, char**& argv) {
+  if (!rank_zygote_wanted() || std::getenv("TESSERA_TEST_RANK")) return;
   int pair[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0 || ::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
     std::fprintf(stderr, "rank zygote not started (%s): ranks are exec'd\n", std::strerror(errno));

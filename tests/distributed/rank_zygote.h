@@ -39,6 +39,9 @@ void start_rank_zygote(int& argc, char**& argv);
 // Starts spec (spec.argv[0] must be this binary) as a child of this process, as spawn() does.
 pid_t spawn_rank(const ChildSpec& spec);
 
+// Whether this build and environment start ranks from a zygote (not a sanitizer build, not
+// TESSERA_TEST_EXEC_RANKS=1); where they do, the zygote failing to start is reported on stderr.
+bool rank_zygote_wanted();
 // In the test process: whether its zygote runs. In a rank: whether the zygote started it.
 bool rank_zygote_running();
 bool forked_rank();

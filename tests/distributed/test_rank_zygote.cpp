@@ -16,27 +16,18 @@
 
 namespace {
 
-bool zygote_expected() {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  return false;
-#else
-  const char* exec_ranks = std::getenv("TESSERA_TEST_EXEC_RANKS");
-  return !(exec_ranks && std::string(exec_ranks) == "1");
-#endif
-}
-
 TEST(RankZygote, RanksAreForkedChildrenOfTheTestProcessWithTheirOwnEnvironment) {
   tessera::test::Ranks ranks(3);
   if (!ranks.is_worker()) {
     ranks.expect_success();
-    EXPECT_EQ(tessera::test::rank_zygote_running(), zygote_expected());
+    EXPECT_EQ(tessera::test::rank_zygote_running(), tessera::test::rank_zygote_wanted());
     for (size_t r = 0; r < ranks.results().size(); ++r) {
       std::smatch m;
       const std::string& out = ranks.results()[r].output;
       ASSERT_TRUE(std::regex_search(out, m, std::regex("zygote rank (\\d+) parent (\\d+) forked (\\d)"))) << out;
       EXPECT_EQ(std::stoul(m[1]), r);
       EXPECT_EQ(std::stol(m[2]), static_cast<long>(::getpid())) << "rank " << r << " is not the test process's child";
-      EXPECT_EQ(m[3] == "1", zygote_expected()) << "rank " << r;
+      EXPECT_EQ(m[3] == "1", tessera::test::rank_zygote_wanted()) << "rank " << r;
     }
     return;
   }
