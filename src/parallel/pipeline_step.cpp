@@ -410,7 +410,16 @@ void PipelineStep::rebuild_for_measured_costs() {
   mean /= static_cast<double>(mesh_.world_size());
   const auto v = mean.accessor<double, 1>();
   pipeline::ActionCosts costs;
-  for (int64_t s = 0; s < cut_.stages(); ++s) costs.stages.push_back({v[4 * s], v[4 * s + 1], v[4 * s + 2], v[4 * s + 3]});
+  for (int64_t s = 0; s < cut_.stages(); ++s) {
+    pipeline::ActionCosts::Compute c{v[4 * s], v[4 * s + 1], v[4 * s + 2], v[4 * s + 3]};
+    // The unit-cost table splits every backward, so B was not measured: the halves' sum, scaled by
+    // what the start-up profile found a whole backward costs against them (same profile on every rank).
+    if (predicted_costs_ && s < static_cast<int64_t>(predicted_costs_->stages.size())) {
+      const pipeline::ActionCosts::Compute& p = predicted_costs_->stages[s];
+      if (p.i + p.w > 0) c.b = (c.i + c.w) * p.b / (p.i + p.w);
+    }
+    costs.stages.push_back(c);
+  }
   pipeline::Schedule measured = build_table(micro_batches_, costs);
   // Only where the simulator, with those costs, says it is faster (the same answer on every rank).
   if (pipeline::simulate_schedule(measured, costs).step_time < pipeline::simulate_schedule(*schedule_, costs).step_time) {

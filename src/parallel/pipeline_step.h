@@ -44,9 +44,12 @@
 // The table: the layout's, built again with each step's micro-batch count when it changes. ZB-V's
 // table depends on the action costs its list scheduler assumes (unit costs at first); with
 // parallel.pp_schedule_costs = measured (the default) it is built again after step 2 for each
-// stage's mean F, B, I, W measured in that step, averaged over the world so every rank (every data
+// stage's mean F, I, W measured in that step, averaged over the world so every rank (every data
 // replica too) builds the same table, and taken when the simulator, fed with those costs, finds
-// it faster than the current one.
+// it faster than the current one. The unit-cost table splits every backward, so a whole one's B
+// is the measured I + W scaled by the start-up profile's B / (I + W) for the stage (without a
+// profile, under tp, sp or ep, B = I + W): where B is cheaper, the table runs some backwards whole
+// (schedule_builders.h).
 //
 // evaluate(): the forward alone, stage after stage in the schedule's placement (blocking sends
 // between ranks), the loss known on every rank; under ZeRO-3 the owner's begin_pass/end_pass

@@ -39,15 +39,16 @@ struct Pass {
 };
 
 // Forward, input gradient and weight gradients of one micro-batch as the pipeline splits them
-// (parallel/pipeline/split_backward.h), each the median of three timed runs after a warm-up; B is
-// I + W. On CUDA, where a run takes milliseconds and the first ones after start-up run while the
+// (parallel/pipeline/split_backward.h), and the whole backward B of a second forward (which the
+// split's two halves exceed by what computing them apart costs: ZB-V's table weighs it), each the
+// median of three timed runs after a warm-up. On CUDA, where a run takes milliseconds and the first ones after start-up run while the
 // clocks ramp (F of one stage measured 2.90 and 1.97 ms in two processes on an H100), the median
 // of seven after three warm-ups.
 pipeline::ActionCosts::Compute split_seconds(const c10::Device& device, const std::function<Pass()>& forward,
                                              const std::vector<at::Tensor>& params) {
   using Clock = std::chrono::steady_clock;
   auto seconds = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
-  std::vector<double> f, i, w;
+  std::vector<double> f, i, w, b;
   const int warmups = device.is_cuda() ? 3 : 1, runs = warmups + (device.is_cuda() ? 7 : 3);
   for (int run = 0; run < runs; ++run) {
     sync_device(device);
@@ -61,18 +62,24 @@ pipeline::ActionCosts::Compute split_seconds(const c10::Device& device, const st
     split.weight_gradients();
     sync_device(device);
     const auto t3 = Clock::now();
+    const Pass whole = forward();
+    sync_device(device);
+    const auto t4 = Clock::now();
+    torch::autograd::backward({whole.root}, {at::ones_like(whole.root)});
+    sync_device(device);
+    const auto t5 = Clock::now();
     if (run < warmups) continue;
     f.push_back(seconds(t0, t1));
     i.push_back(seconds(t1, t2));
     w.push_back(seconds(t2, t3));
+    b.push_back(seconds(t4, t5));
   }
   auto median = [](std::vector<double>& v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
   pipeline::ActionCosts::Compute c;
-  c.f = median(f), c.i = median(i), c.w = median(w);
-  c.b = c.i + c.w;
+  c.f = median(f), c.i = median(i), c.w = median(w), c.b = median(b);
   return c;
 }
 
@@ -171,27 +178,28 @@ BlockCosts profile_blocks(const Config& config, c10::Device device) {
 BlockCosts profile_world_blocks(const Config& config, comm::Mesh& mesh) {
   const BlockCosts mine = profile_blocks(config, mesh.device());
   const int64_t L = config.model.n_layer;
-  // Per block and then the embedding and the head: F, I, W; then the blocks' activation bytes;
+  // Per block and then the embedding and the head: F, B, I, W; then the blocks' activation bytes;
   // averaged over the world.
   std::vector<pipeline::ActionCosts::Compute> parts = mine.block_split;
   parts.push_back(mine.embedding_split);
   parts.push_back(mine.head_split);
-  at::Tensor packed = at::empty({3 * (L + 2) + L}, at::kDouble);
+  at::Tensor packed = at::empty({4 * (L + 2) + L}, at::kDouble);
   auto a = packed.accessor<double, 1>();
   for (int64_t k = 0; k < L + 2; ++k) {
-    a[3 * k] = parts[k].f;
-    a[3 * k + 1] = parts[k].i;
-    a[3 * k + 2] = parts[k].w;
+    a[4 * k] = parts[k].f;
+    a[4 * k + 1] = parts[k].b;
+    a[4 * k + 2] = parts[k].i;
+    a[4 * k + 3] = parts[k].w;
   }
-  for (int64_t l = 0; l < L; ++l) a[3 * (L + 2) + l] = mine.block_activation_bytes[l];
+  for (int64_t l = 0; l < L; ++l) a[4 * (L + 2) + l] = mine.block_activation_bytes[l];
   mesh.world().all_reduce(packed);
   packed.div_(static_cast<double>(mesh.world_size()));
-  for (int64_t k = 0; k < L + 2; ++k) parts[k] = {a[3 * k], a[3 * k + 1] + a[3 * k + 2], a[3 * k + 1], a[3 * k + 2]};
+  for (int64_t k = 0; k < L + 2; ++k) parts[k] = {a[4 * k], a[4 * k + 1], a[4 * k + 2], a[4 * k + 3]};
   BlockCosts mean;
   for (int64_t l = 0; l < L; ++l) {
     mean.block_split.push_back(parts[l]);
     mean.block_seconds.push_back(parts[l].f + parts[l].b);
-    mean.block_activation_bytes.push_back(a[3 * (L + 2) + l]);
+    mean.block_activation_bytes.push_back(a[4 * (L + 2) + l]);
   }
   mean.embedding_split = parts[L];
   mean.head_split = parts[L + 1];

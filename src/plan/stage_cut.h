@@ -47,8 +47,9 @@ struct BlockCosts {
   double embedding_seconds = 0;                // token and position embedding, forward + backward
   double head_seconds = 0;                     // ln_f, the tied head and the loss, forward + backward
   // The same, split as the pipeline runs them (parallel/pipeline/split_backward.h): forward F,
-  // input gradient I, weight gradients W, and B = I + W; the seconds above are F + B. Empty where
-  // only the totals were given.
+  // input gradient I, weight gradients W, and the whole backward B (timed apart: less than I + W by
+  // what computing the halves apart costs); the seconds above are F + B. Empty where only the
+  // totals were given.
   std::vector<pipeline::ActionCosts::Compute> block_split;
   pipeline::ActionCosts::Compute embedding_split, head_split;
 };

@@ -100,8 +100,12 @@ Schedule zero_bubble_h1(int64_t p, int64_t m) {
 // available it waits for the next action to finish anywhere. With `reserve` a rank keeps its last
 // slot for a chunk-1 forward: costs that let a rank's first-chunk forwards run far ahead can fill
 // every rank with activations whose backward waits for a chunk-1 forward no rank has room for;
-// keeping the slot lets the oldest micro-batch always finish. Returns nullopt on such a deadlock.
-std::optional<Schedule> zero_bubble_v_list(int64_t p, int64_t m, const ActionCosts& costs, bool reserve) {
+// keeping the slot lets the oldest micro-batch always finish. A rank that already defers `kept`
+// W's runs its next backward whole (B, which frees its activation at once) instead of as an I: the
+// W's are there to fill the rank's idle time, and where a whole backward costs less than its two
+// halves, deferring more of them only adds the split's cost. Returns nullopt on a deadlock.
+std::optional<Schedule> zero_bubble_v_list(int64_t p, int64_t m, const ActionCosts& costs, bool reserve,
+                                           size_t kept) {
   Schedule s = empty_schedule("zbv", p, m, 2, Placement::vee);
   const int64_t stages = 2 * p, limit = 2 * p;
   constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
@@ -133,7 +137,7 @@ std::optional<Schedule> zero_bubble_v_list(int64_t p, int64_t m, const ActionCos
         for (int64_t stage : {mine[1], mine[0]}) {
           if (!done_by(f_done, stage, mb, t) || i_done.count({stage, mb})) continue;
           if (stage + 1 < stages && !done_by(i_done, stage + 1, mb, t)) continue;
-          chosen = {Op::I, stage, mb};
+          chosen = {pending_w[r].size() < kept ? Op::I : Op::B, stage, mb};
           break;
         }
       if (chosen.stage < 0 && held[r] < limit) {
@@ -153,8 +157,9 @@ std::optional<Schedule> zero_bubble_v_list(int64_t p, int64_t m, const ActionCos
         continue;
       }
       s.ranks[r].push_back(chosen);
-      ++scheduled;
-      --remaining[r];
+      const int64_t parts = chosen.op == Op::B ? 2 : 1;  // a whole backward is an I and its W
+      scheduled += parts;
+      remaining[r] -= parts;
       const double end = t + costs.of(chosen, r);
       free_at[r] = end;
       finishes.insert(end);
@@ -165,6 +170,9 @@ std::optional<Schedule> zero_bubble_v_list(int64_t p, int64_t m, const ActionCos
       } else if (chosen.op == Op::I) {
         i_done[{chosen.stage, chosen.micro}] = end;
         pending_w[r].push_back({chosen.stage, chosen.micro});
+      } else if (chosen.op == Op::B) {
+        i_done[{chosen.stage, chosen.micro}] = end;
+        --held[r];
       } else {
         --held[r];
       }
@@ -179,12 +187,52 @@ std::optional<Schedule> zero_bubble_v_list(int64_t p, int64_t m, const ActionCos
   return s;
 }
 
-// The greedy as the paper has it, or, where the costs make it deadlock, with the reserved slot.
+// The greedy as the paper has it (every backward split, every W deferred), or, where the costs
+// make it deadlock, with the reserved slot; then, where a whole backward costs less than its I and
+// W, the same greedy keeping at most `kept` W's per rank for kept = 0 .. 2p, and the table the
+// simulator with `costs` gives the shortest step (the paper's on a tie, so unit costs keep it).
 Schedule zero_bubble_v(int64_t p, int64_t m, const ActionCosts& costs) {
-  if (std::optional<Schedule> s = zero_bubble_v_list(p, m, costs, false)) return *s;
-  std::optional<Schedule> s = zero_bubble_v_list(p, m, costs, true);
-  require(s.has_value(), "internal: the ZB-V list scheduler deadlocked with a slot kept for chunk 1");
-  return *s;
+  constexpr size_t kEvery = std::numeric_limits<size_t>::max();
+  auto build = [&](size_t kept) {
+    std::optional<Schedule> s = zero_bubble_v_list(p, m, costs, false, kept);
+    return s ? s : zero_bubble_v_list(p, m, costs, true, kept);
+  };
+  std::optional<Schedule> best = build(kEvery);
+  require(best.has_value(), "internal: the ZB-V list scheduler deadlocked with a slot kept for chunk 1");
+  bool whole_cheaper = costs.b < costs.i + costs.w;
+  for (int64_t s = 0; s < 2 * p; ++s)
+    whole_cheaper = whole_cheaper || costs.of(Action{Op::B, s, 0}, 0) < costs.of(Action{Op::I, s, 0}, 0) +
+                                                                         costs.of(Action{Op::W, s, 0}, 0);
+  if (!whole_cheaper) return *best;
+  auto step_of = [&](Schedule s) {
+    add_communication(s);
+    return simulate_schedule(s, costs).step_time;
+  };
+  double best_step = step_of(*best);
+  for (size_t kept = 0; kept <= static_cast<size_t>(2 * p); ++kept) {
+    std::optional<Schedule> s = build(kept);
+    if (!s) continue;
+    const double step = step_of(*s);
+    if (step < best_step) best = std::move(s), best_step = step;
+  }
+  // Then each remaining I, in turn, whole with its W where that does not lengthen the step: one
+  // pass, each rank's first kTries / p I's (a simulation each, which grows with p x m).
+  constexpr int64_t kTries = 2048;
+  for (int64_t r = 0; r < p; ++r) {
+    int64_t tries = 0;
+    for (size_t k = 0; k < best->ranks[r].size() && tries < kTries / p; ++k) {
+      const Action a = best->ranks[r][k];
+      if (a.op != Op::I) continue;
+      ++tries;
+      Schedule s = *best;
+      auto& row = s.ranks[r];
+      row[k].op = Op::B;
+      row.erase(std::find(row.begin() + k, row.end(), Action{Op::W, a.stage, a.micro}));
+      const double step = step_of(s);
+      if (step <= best_step) best = std::move(s), best_step = step;
+    }
+  }
+  return *best;
 }
 
 // DualPipeV (DeepSeek's DualPipe cut in half, V placement): rank r's chunk 0 is stage r, chunk 1

@@ -18,7 +18,12 @@
 //                list scheduler in time with the given action costs
 //                (unit costs by default): an I whose input is ready
 //                first, then an F while fewer than 2p chunk
-//                activations are held, then a W.                         (p-1)/(6m+p-1), the pipeline
+//                activations are held, then a W. Where the costs make
+//                a whole backward B cheaper than its I + W, also with
+//                at most k W's deferred per rank (k = 0..2p, a B in
+//                place of an I beyond), then each I made whole in turn
+//                where the step is no longer: the table the simulator
+//                with the costs finds shortest.                          (p-1)/(6m+p-1), the pipeline
 //                                                                        fill alone, for m >= p; peak 2p
 //   dualpipev    DeepSeek's DualPipeV: V placement, the forward of one chunk
 //                paired with the backward of the other in the steady state,

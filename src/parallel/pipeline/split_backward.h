@@ -1,8 +1,9 @@
 // SplitBackward: a pipeline stage's backward cut into the zero-bubble schedules' two halves (Qi et
 // al., "Zero Bubble Pipeline Parallelism"): I, the gradient of the stage's input, which the
 // previous stage waits for, and W, the parameters' gradients, which nothing waits for and which
-// the schedule places in a bubble. Each half runs only its own products, so I + W costs what one
-// whole backward does.
+// the schedule places in a bubble. Each half runs only its own products, so I + W does the work of
+// one whole backward (its time a few percent more on a CPU: docs/pipeline.md, "the split's own
+// cost").
 //
 // How. A parameterised op joins the graph at a node that also lies on the path from the roots to
 // the input: a linear layer's AddmmBackward (its input x and its weight), a layer norm's, the
