@@ -210,8 +210,9 @@ std::string describe_stage_cut(const StageCut& cut) {
     out += text;
     if (!cut.compute.empty()) {
       const pipeline::ActionCosts::Compute& c = cut.compute[s];
-      std::snprintf(text, sizeof text, "; measured F %.2f ms, I %.2f ms, W %.2f ms, activations %s per micro-batch",
-                    1000 * c.f, 1000 * c.i, 1000 * c.w, format_bytes(cut.activation_bytes[s]).c_str());
+      std::snprintf(text, sizeof text,
+                    "; measured F %.2f ms, B %.2f ms, I %.2f ms, W %.2f ms, activations %s per micro-batch",
+                    1000 * c.f, 1000 * c.b, 1000 * c.i, 1000 * c.w, format_bytes(cut.activation_bytes[s]).c_str());
       out += text;
     } else if (!cut.seconds.empty()) {
       std::snprintf(text, sizeof text, "; measured forward + backward %.2f ms, activations %s per micro-batch",
@@ -262,8 +263,8 @@ std::string describe_pipeline_layout(const Config& config, const ParallelDims& d
     out += "  (the profile times whole blocks: no step is predicted under tensor, sequence or expert parallelism)\n";
   }
   if (config.parallel.pp_schedule == "zbv" && config.parallel.pp_schedule_costs == "measured")
-    out += "  zbv's table is built again after step 2 for the F, I and W measured then "
-           "(parallel.pp_schedule_costs = measured)\n";
+    out += "  zbv's table is built again after step 2 for the F, I and W measured then, with backwards run whole "
+           "where the profile's B is cheaper than I + W (parallel.pp_schedule_costs = measured)\n";
   return out;
 }
 

@@ -22,8 +22,9 @@
 //                a whole backward B cheaper than its I + W, also with
 //                at most k W's deferred per rank (k = 0..2p, a B in
 //                place of an I beyond), then each I made whole in turn
-//                where the step is no longer: the table the simulator
-//                with the costs finds shortest.                          (p-1)/(6m+p-1), the pipeline
+//                where the step is no longer (one pass, 2048 tries at
+//                most): the table the simulator with the costs finds
+//                shortest.                                                (p-1)/(6m+p-1), the pipeline
 //                                                                        fill alone, for m >= p; peak 2p
 //   dualpipev    DeepSeek's DualPipeV: V placement, the forward of one chunk
 //                paired with the backward of the other in the steady state,

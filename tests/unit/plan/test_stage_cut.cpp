@@ -52,7 +52,7 @@ TEST(StageCut, ProfileCutBalancesMeasuredTime) {
   EXPECT_NE(text.find("slowest stage 50.00 ms"), std::string::npos) << text;
 }
 
-// Any cut takes the profile's split costs: each stage's F, I, W are its blocks' and ends' sums, the
+// Any cut takes the profile's split costs: each stage's F, B, I, W are its blocks' and ends' sums, the
 // start-up print shows them and the step they predict (nothing predicted under tp, whose stages
 // split the whole blocks the profile timed).
 TEST(StageCut, AnyCutPredictsItsStepFromTheMeasuredSplit) {
@@ -60,7 +60,7 @@ TEST(StageCut, AnyCutPredictsItsStepFromTheMeasuredSplit) {
   BlockCosts costs;
   costs.block_seconds.assign(12, 0.006);
   costs.block_activation_bytes.assign(12, 1 << 20);
-  costs.block_split.assign(12, {0.002, 0.004, 0.0025, 0.0015});
+  costs.block_split.assign(12, {0.002, 0.0038, 0.0025, 0.0015});  // B timed apart, less than I + W
   costs.embedding_split = {0.001, 0.001, 0, 0.001};
   costs.head_split = {0.004, 0.008, 0.004, 0.004};
   costs.embedding_seconds = 0.002, costs.head_seconds = 0.012;
@@ -69,9 +69,10 @@ TEST(StageCut, AnyCutPredictsItsStepFromTheMeasuredSplit) {
   ASSERT_EQ(cut.compute.size(), 2u);
   EXPECT_NEAR(cut.compute[0].f, 6 * 0.002 + 0.001, 1e-12);
   EXPECT_NEAR(cut.compute[1].i, 6 * 0.0025 + 0.004, 1e-12);
+  EXPECT_NEAR(cut.compute[1].b, 6 * 0.0038 + 0.008, 1e-12);
   EXPECT_NEAR(cut.seconds[1], 6 * 0.006 + 0.012, 1e-12);
   const std::string stages = describe_stage_cut(cut);
-  EXPECT_NE(stages.find("parameters; measured F 16.00 ms, I 19.00 ms, W 13.00 ms"), std::string::npos) << stages;
+  EXPECT_NE(stages.find("parameters; measured F 16.00 ms, B 30.80 ms, I 19.00 ms, W 13.00 ms"), std::string::npos) << stages;
   Config config = Config::load(test::source_path("configs/gpt2_124m.toml"), {});
   config.parallel.pp = 2;
   config.train.grad_accum = 4;
