@@ -112,8 +112,8 @@ def main():
                      f"{1000 * compute:.2f} | {', '.join(f'{s:.3f}' for s in steps[name])} |")
     out = Path(__file__).resolve().parent / "results" / f"pipeline_zb_m{M}_cpu.md"
     earlier = out.read_text() if out.exists() else ""
-    history = earlier[earlier.index("\n## "):] if "\n## " in earlier else ""
-    out.write_text("\n".join(lines) + "\n" + history)
+    sections = re.search(r"^## ", earlier, re.M)  # what earlier sessions added, kept below the new table
+    out.write_text("\n".join(lines) + "\n" + ("\n" + earlier[sections.start():] if sections else ""))
     print("\n".join(lines))
 
 if __name__ == "__main__":
