@@ -41,6 +41,10 @@ int64_t ParallelOptions::pipeline_virtual() const {
   return pp_schedule == "interleaved" || pp_schedule == "zbv" || pp_schedule == "dualpipev" ? 2 : 1;
 }
 
+bool ParallelOptions::table_for_measured_costs() const {
+  return (pp_schedule == "zbv" || pp_schedule == "zbh1") && pp_schedule_costs == "measured";
+}
+
 ParallelDims::ParallelDims(const ParallelOptions& o, int64_t world_size, const std::string& source)
     : world_(world_size), dp_(o.dp), tp_(o.tp), pp_(o.pp), sp_(o.sp), ep_(o.ep) {
   o.check(source);

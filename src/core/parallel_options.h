@@ -19,7 +19,7 @@ struct ParallelOptions {
   std::string pp_cut = "layers";     // layers | params | profile (plan/stage_cut.h)
   std::vector<int64_t> pp_layers;    // blocks per stage, set by hand (empty: cut by pp_cut)
   std::string pp_transfer_dtype = "compute";  // compute (bf16 under autocast) | float32: on the wire
-  std::string pp_schedule_costs = "measured";  // zbv's table: measured (rebuilt after step 2) | unit
+  std::string pp_schedule_costs = "measured";  // zbv's and zbh1's tables: measured (rebuilt after step 2) | unit
   int64_t sp = 1;
   int64_t ep = 1;  // expert parallelism, carved out of the data-parallel ranks (divides dp)
   bool megatron_sp = false;  // with tp > 1: LayerNorm/dropout regions split along the sequence
@@ -60,8 +60,9 @@ struct ParallelOptions {
       "under precision.dtype = bf16: half the bytes of float32; the residual stream is rounded once at each stage "
       "boundary) or float32 (bit-equal to one process)");
     v("pp_schedule_costs", pp_schedule_costs,
-      "what zbv's table is built for: measured (after step 2, each stage's measured F, B, I and W, averaged over "
-      "the world; kept where the simulator finds it faster than the unit-cost table) or unit (F = I = W)");
+      "what zbv's and zbh1's tables are built for: measured (after step 2, each stage's measured F, I and W, and "
+      "B from the start-up profile, averaged over the world; kept where the simulator finds it faster than the "
+      "unit-cost table) or unit (F = I = W)");
     v("sp", sp, "sequence-parallel degree", between(1, 4096));
     v("ep", ep, "expert-parallel degree (taken from the data-parallel ranks; divides dp)", between(1, 4096));
     v("megatron_sp", megatron_sp,
@@ -94,6 +95,9 @@ struct ParallelOptions {
   void check(const std::string& source) const;
   // pp_virtual with 0 resolved: 2 for interleaved, zbv and dualpipev, 1 otherwise.
   int64_t pipeline_virtual() const;
+  // Whether the table is built again after step 2 for the measured costs: zbv and zbh1 (which run
+  // backwards whole where that costs less) under pp_schedule_costs = measured.
+  bool table_for_measured_costs() const;
 };
 
 }  // namespace tessera

@@ -193,9 +193,7 @@ StepLosses PipelineStep::run(const std::vector<Batch>& batches, double lr, const
           " micro-batches without their backward");
   at::Tensor sums = at::stack({ce_sum_, aux_sum_});
   pipe_.all_reduce(sums);  // only the last stage's are non-zero
-  if (++runs_ == kMeasuredTableStep && config_.parallel.pp_schedule == "zbv" &&
-      config_.parallel.pp_schedule_costs == "measured")
-    rebuild_for_measured_costs();
+  if (++runs_ == kMeasuredTableStep && config_.parallel.table_for_measured_costs()) rebuild_for_measured_costs();
   if (runs_ == kPredictionCheckedAtStep && predicted_costs_) check_prediction();
   losses.ce_sum = sums[0];
   losses.aux_sum = sums[1];

@@ -42,8 +42,9 @@
 // every rank (summed over pp).
 //
 // The table: the layout's, built again with each step's micro-batch count when it changes. ZB-V's
-// table depends on the action costs its list scheduler assumes (unit costs at first); with
-// parallel.pp_schedule_costs = measured (the default) it is built again after step 2 for each
+// and ZB-H1's tables depend on the action costs (ZB-V's list scheduler places its actions by them,
+// and both run backwards whole where that costs less; unit costs at first); with
+// parallel.pp_schedule_costs = measured (the default) each is built again after step 2 for each
 // stage's mean F, I, W measured in that step, averaged over the world so every rank (every data
 // replica too) builds the same table, and taken when the simulator, fed with those costs, finds
 // it faster than the current one. The unit-cost table splits every backward, so a whole one's B
@@ -108,7 +109,7 @@ class PipelineStep final : public StepRunner {
   // gathers.
   const pipeline::Schedule& schedule_for(int64_t micro_batches);
   pipeline::Schedule build_table(int64_t micro_batches, const pipeline::ActionCosts& costs) const;
-  // ZB-V's table built again for each stage's F, B, I, W measured in the last run() (averaged over
+  // ZB-V's or ZB-H1's table built again for each stage's F, B, I, W measured in the last run() (averaged over
   // the world, so every rank builds the same), taken where the simulator finds it faster with
   // those costs than the current one. A collective of the world.
   void rebuild_for_measured_costs();

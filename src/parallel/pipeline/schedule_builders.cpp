@@ -93,6 +93,43 @@ Schedule zero_bubble_h1(int64_t p, int64_t m) {
   return s;
 }
 
+// Whether some stage's whole backward B costs less than its I + W under `costs` (`stages` stages).
+bool whole_backward_cheaper(const ActionCosts& costs, int64_t stages) {
+  bool cheaper = costs.b < costs.i + costs.w;
+  for (int64_t s = 0; s < stages; ++s)
+    cheaper = cheaper || costs.of(Action{Op::B, s, 0}, 0) < costs.of(Action{Op::I, s, 0}, 0) +
+                                                           costs.of(Action{Op::W, s, 0}, 0);
+  return cheaper;
+}
+
+// A table's step under `costs`, with its communication added.
+double simulated_step(Schedule s, const ActionCosts& costs) {
+  add_communication(s);
+  return simulate_schedule(s, costs).step_time;
+}
+
+// Each I of `s` in turn made whole (B at its place, its W dropped) where the simulated step is no
+// longer: one pass, each rank's first kTries / p I's (a simulation each, which grows with p x m).
+Schedule whole_where_no_longer(Schedule best, const ActionCosts& costs) {
+  constexpr int64_t kTries = 2048;
+  double best_step = simulated_step(best, costs);
+  for (int64_t r = 0; r < best.pp; ++r) {
+    int64_t tries = 0;
+    for (size_t k = 0; k < best.ranks[r].size() && tries < kTries / best.pp; ++k) {
+      const Action a = best.ranks[r][k];
+      if (a.op != Op::I) continue;
+      ++tries;
+      Schedule s = best;
+      auto& row = s.ranks[r];
+      row[k].op = Op::B;
+      row.erase(std::find(row.begin() + k, row.end(), Action{Op::W, a.stage, a.micro}));
+      const double step = simulated_step(s, costs);
+      if (step <= best_step) best = std::move(s), best_step = step;
+    }
+  }
+  return best;
+}
+
 // ZB-V by list scheduling (the zero-bubble paper's greedy), in time with each action's cost (unit
 // costs: the slots of the paper): whenever a rank is free it takes the first available of: an I
 // whose inputs are ready (lowest micro-batch, deeper stage first), an F while it holds fewer than
@@ -199,39 +236,15 @@ Schedule zero_bubble_v(int64_t p, int64_t m, const ActionCosts& costs) {
   };
   std::optional<Schedule> best = build(kEvery);
   require(best.has_value(), "internal: the ZB-V list scheduler deadlocked with a slot kept for chunk 1");
-  bool whole_cheaper = costs.b < costs.i + costs.w;
-  for (int64_t s = 0; s < 2 * p; ++s)
-    whole_cheaper = whole_cheaper || costs.of(Action{Op::B, s, 0}, 0) < costs.of(Action{Op::I, s, 0}, 0) +
-                                                                         costs.of(Action{Op::W, s, 0}, 0);
-  if (!whole_cheaper) return *best;
-  auto step_of = [&](Schedule s) {
-    add_communication(s);
-    return simulate_schedule(s, costs).step_time;
-  };
-  double best_step = step_of(*best);
+  if (!whole_backward_cheaper(costs, 2 * p)) return *best;
+  double best_step = simulated_step(*best, costs);
   for (size_t kept = 0; kept <= static_cast<size_t>(2 * p); ++kept) {
     std::optional<Schedule> s = build(kept);
     if (!s) continue;
-    const double step = step_of(*s);
+    const double step = simulated_step(*s, costs);
     if (step < best_step) best = std::move(s), best_step = step;
   }
-  // Then each remaining I, in turn, whole with its W where that does not lengthen the step: one
-  // pass, each rank's first kTries / p I's (a simulation each, which grows with p x m).
-  constexpr int64_t kTries = 2048;
-  for (int64_t r = 0; r < p; ++r) {
-    int64_t tries = 0;
-    for (size_t k = 0; k < best->ranks[r].size() && tries < kTries / p; ++k) {
-      const Action a = best->ranks[r][k];
-      if (a.op != Op::I) continue;
-      ++tries;
-      Schedule s = *best;
-      auto& row = s.ranks[r];
-      row[k].op = Op::B;
-      row.erase(std::find(row.begin() + k, row.end(), Action{Op::W, a.stage, a.micro}));
-      const double step = step_of(s);
-      if (step <= best_step) best = std::move(s), best_step = step;
-    }
-  }
+  best = whole_where_no_longer(std::move(*best), costs);
   return *best;
 }
 
@@ -309,7 +322,10 @@ Schedule build_schedule(const std::string& name, int64_t pp, int64_t micro_batch
   if (name == "gpipe") s = gpipe(pp, m);
   else if (name == "1f1b") s = one_f_one_b(pp, m);
   else if (name == "interleaved") s = interleaved(pp, m, v);
-  else if (name == "zbh1") s = zero_bubble_h1(pp, m);
+  else if (name == "zbh1") {
+    s = zero_bubble_h1(pp, m);
+    if (whole_backward_cheaper(costs, pp)) s = whole_where_no_longer(std::move(s), costs);
+  }
   else if (name == "zbv") s = zero_bubble_v(pp, m, costs);
   else if (name == "dualpipev") s = dualpipe_v(pp, m);
   else {

@@ -11,7 +11,10 @@
 //                (stage c*p + r on rank r); m must be a multiple of p.   (p-1)/(v*m+p-1)
 //   zbh1         zero bubble H1: B split into I and W; rank r runs p-r
 //                forwards, then per micro-batch j: I_j, W_(j-r), the
-//                next F; then its remaining W.                            (p-1)/(3m+p-1) for m >= p;
+//                next F; then its remaining W. Where the costs make a
+//                whole backward B cheaper than its I + W, each I
+//                made whole in turn where the step is no longer (one
+//                pass, 2048 tries at most).                               (p-1)/(3m+p-1) for m >= p;
 //                                                                        peak p on every rank
 //   zbv          zero bubble V: two chunks per rank in V placement (rank
 //                0 holds the first and the last stage); built by a
@@ -50,7 +53,7 @@ const std::vector<std::string>& schedule_names();
 
 // `name` with `pp` ranks, `micro_batches` micro-batches and `v` stages per rank (interleaved: >= 2;
 // zbv: 2; the others: 1). `costs` (per stage where given) are what zbv's list scheduler places the
-// actions by; the other tables do not depend on them. Throws tessera::Error naming
+// actions by, and where zbv and zbh1 run backwards whole; the other tables do not depend on them. Throws tessera::Error naming
 // parallel.pp_schedule / parallel.pp_virtual or the micro-batch count when the combination cannot
 // be built.
 Schedule build_schedule(const std::string& name, int64_t pp, int64_t micro_batches, int64_t v,

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <tuple>
 
 #include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/schedule_builders.h"
@@ -175,28 +176,35 @@ TEST(PipelineSchedules, ZeroBubbleVIsBuiltForMeasuredCosts) {
   EXPECT_LT(simulate_schedule(fitted, measured).bubble(), simulate_schedule(unit, measured).bubble() / 2);
 }
 
-// Where a whole backward costs less than its two halves (a two-block chunk of tiny GPT on this CPU:
-// B 14.78 ms against I + W 15.88), ZB-V's table runs some backwards whole: a shorter step than the
-// table that splits every one, at the same costs. Where B = I + W (unit costs) it splits them all.
-TEST(PipelineSchedules, ZeroBubbleVRunsBackwardsWholeWhereTheyCostLess) {
+// Where a whole backward costs less than its two halves (tiny GPT on this CPU: a two-block chunk's
+// B 14.78 ms against I + W 15.88, a four-block stage's 29.21 against 31.03), ZB-V's and ZB-H1's
+// tables run some backwards whole: a shorter step than the tables that split every one, at the
+// same costs. Where B = I + W (unit costs) they split them all.
+TEST(PipelineSchedules, ZeroBubbleTablesRunBackwardsWholeWhereTheyCostLess) {
   auto whole = [](const Schedule& s) {
     int64_t n = 0;
     for (const auto& row : s.ranks) n += std::count_if(row.begin(), row.end(), [](const Action& a) { return a.op == Op::B; });
     return n;
   };
-  ActionCosts cheaper, halves;
-  cheaper.f = halves.f = 6.5, cheaper.i = halves.i = 9.71, cheaper.w = halves.w = 6.17;
-  cheaper.b = 14.78, halves.b = 15.88;
-  cheaper.transfer = halves.transfer = 0.2;
-  for (const int64_t p : {2, 4}) {
-    const Schedule split = build_schedule("zbv", p, 16, 2, halves), fused = build_schedule("zbv", p, 16, 2, cheaper);
-    EXPECT_EQ(whole(split), 0) << p;
-    EXPECT_GT(whole(fused), 0) << p;
-    EXPECT_NO_THROW(validate_schedule(fused)) << p;
-    EXPECT_LT(simulate_schedule(fused, cheaper).step_time, simulate_schedule(split, cheaper).step_time) << p;
-    EXPECT_LE(simulate_schedule(fused, cheaper).peak_held[0], 2 * p) << p;
-  }
-  EXPECT_EQ(whole(build_schedule("zbv", 2, 16, 2)), 0);
+  auto costs = [](double f, double b, double i, double w) {
+    ActionCosts c;
+    c.f = f, c.b = b, c.i = i, c.w = w, c.transfer = 0.2;
+    return c;
+  };
+  for (const auto& [name, v, cheaper, halves] :
+       {std::make_tuple("zbv", 2, costs(6.5, 14.78, 9.71, 6.17), costs(6.5, 15.88, 9.71, 6.17)),
+        std::make_tuple("zbh1", 1, costs(13, 29.21, 19.03, 12), costs(13, 31.03, 19.03, 12))})
+    for (const int64_t p : {2, 4}) {
+      const std::string what = std::string(name) + " pp " + std::to_string(p);
+      const Schedule split = build_schedule(name, p, 16, v, halves), fused = build_schedule(name, p, 16, v, cheaper);
+      EXPECT_EQ(whole(split), 0) << what;
+      EXPECT_GT(whole(fused), 0) << what;
+      EXPECT_NO_THROW(validate_schedule(fused)) << what;
+      EXPECT_LT(simulate_schedule(fused, cheaper).step_time, simulate_schedule(split, cheaper).step_time) << what;
+      const Simulation sim = simulate_schedule(fused, cheaper);
+      for (int64_t r = 0; r < p; ++r) EXPECT_LE(sim.peak_held[r], fused.peak_limit[r]) << what << " rank " << r;
+      EXPECT_EQ(whole(build_schedule(name, p, 16, v)), 0) << what;
+    }
 }
 
 TEST(PipelineSchedules, BrokenTablesAreRefusedNamingRankAndAction) {
