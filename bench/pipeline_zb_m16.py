@@ -12,7 +12,7 @@ median step:
                              send, then W(s, j) at once (parallel.pp_schedule = file:): the split's
                              cost with nothing deferred, so I + W against B is the split's own cost and
                              ZB-V's I + W against it is what deferring W (cold operands) adds.
-  zbv, baseline               ZB-V as BASELINE_BUILD runs it (--baseline), to measure a change.
+  zbh1, zbv, baseline         ZB-H1 and ZB-V as BASELINE_BUILD runs them (--baseline), to measure a change.
 Per row: the best median step, tokens/s against 1F1B, 1F1B's step over the row's in each round (the
 mean and spread: this shared machine's speed drifts between rounds more than between the runs of
 one), the measured bubble, the mean F, B, I, W (ms) and the compute per rank and micro-batch (the
@@ -65,7 +65,7 @@ def main():
     a = argparse.ArgumentParser()
     a.add_argument("build")
     a.add_argument("--rounds", type=int, default=5)
-    a.add_argument("--baseline", help="another build's directory: its ZB-V as one more row")
+    a.add_argument("--baseline", help="another build's directory: its ZB-H1 and ZB-V as two more rows")
     a.add_argument("--micro-batches", type=int, default=16)
     args = a.parse_args()
     M = args.micro_batches
@@ -76,12 +76,13 @@ def main():
              "interleaved": {"parallel.pp_schedule": "interleaved"},
              "interleaved, split": {"parallel.pp_schedule": f"file:{table}", "parallel.pp_virtual": 2}}
     if args.baseline:
+        cases["zbh1, baseline"] = {"parallel.pp_schedule": "zbh1"}
         cases["zbv, baseline"] = {"parallel.pp_schedule": "zbv"}
     best, steps = {}, {name: [] for name in cases}
     for r in range(args.rounds):
         for name, extra in cases.items():
             sets = dict(TINY, **{"parallel.pp": 2, "train.grad_accum": M}, **extra)
-            build = args.baseline if name == "zbv, baseline" else args.build
+            build = args.baseline if name.endswith(", baseline") else args.build
             got = tessera_bench(build, "tiny_gpt", sets, ranks=2, steps=5, warmup=2,
                                 flags=("--out", "/tmp/tessera-pipeline-zb"))
             steps[name].append(got["median_step_s"])
