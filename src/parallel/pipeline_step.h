@@ -109,9 +109,9 @@ class PipelineStep final : public StepRunner {
   // gathers.
   const pipeline::Schedule& schedule_for(int64_t micro_batches);
   pipeline::Schedule build_table(int64_t micro_batches, const pipeline::ActionCosts& costs) const;
-  // ZB-V's or ZB-H1's table built again for each stage's F, B, I, W measured in the last run() (averaged over
-  // the world, so every rank builds the same), taken where the simulator finds it faster with
-  // those costs than the current one. A collective of the world.
+  // ZB-V's or ZB-H1's table built again for each stage's F, B, I, W measured in the last run()
+  // (averaged over the world, so every rank builds the same), taken where the simulator finds it
+  // faster with those costs than the current one. A collective of the world.
   void rebuild_for_measured_costs();
   // The check of predicted_costs_ against the last run (a collective of pp).
   void check_prediction();

@@ -40,10 +40,10 @@ struct Pass {
 
 // Forward, input gradient and weight gradients of one micro-batch as the pipeline splits them
 // (parallel/pipeline/split_backward.h), and the whole backward B of a second forward (which the
-// split's two halves exceed by what computing them apart costs: ZB-V's table weighs it), each the
-// median of three timed runs after a warm-up. On CUDA, where a run takes milliseconds and the first ones after start-up run while the
-// clocks ramp (F of one stage measured 2.90 and 1.97 ms in two processes on an H100), the median
-// of seven after three warm-ups.
+// split's two halves exceed by what computing them apart costs: the zero-bubble tables weigh it),
+// each the median of three timed runs after a warm-up. On CUDA, where a run takes milliseconds
+// and the first ones after start-up run while the clocks ramp (F of one stage measured 2.90 and
+// 1.97 ms in two processes on an H100), the median of seven after three warm-ups.
 pipeline::ActionCosts::Compute split_seconds(const c10::Device& device, const std::function<Pass()>& forward,
                                              const std::vector<at::Tensor>& params) {
   using Clock = std::chrono::steady_clock;

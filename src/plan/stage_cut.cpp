@@ -263,7 +263,8 @@ std::string describe_pipeline_layout(const Config& config, const ParallelDims& d
     out += "  (the profile times whole blocks: no step is predicted under tensor, sequence or expert parallelism)\n";
   }
   if (config.parallel.table_for_measured_costs())
-    out += "  " + config.parallel.pp_schedule + "'s table is built again after step 2 for the F, I and W measured then, with backwards run whole "
+    out += "  " + config.parallel.pp_schedule +
+           "'s table is built again after step 2 for the F, I and W measured then, with backwards run whole "
            "where the profile's B is cheaper than I + W (parallel.pp_schedule_costs = measured)\n";
   return out;
 }

@@ -53,9 +53,9 @@ const std::vector<std::string>& schedule_names();
 
 // `name` with `pp` ranks, `micro_batches` micro-batches and `v` stages per rank (interleaved: >= 2;
 // zbv: 2; the others: 1). `costs` (per stage where given) are what zbv's list scheduler places the
-// actions by, and where zbv and zbh1 run backwards whole; the other tables do not depend on them. Throws tessera::Error naming
-// parallel.pp_schedule / parallel.pp_virtual or the micro-batch count when the combination cannot
-// be built.
+// actions by, and where zbv and zbh1 run backwards whole; the other tables do not depend on them.
+// Throws tessera::Error naming parallel.pp_schedule / parallel.pp_virtual or the micro-batch count
+// when the combination cannot be built.
 Schedule build_schedule(const std::string& name, int64_t pp, int64_t micro_batches, int64_t v,
                         const ActionCosts& costs = {});
 

@@ -183,7 +183,8 @@ TEST(PipelineSchedules, ZeroBubbleVIsBuiltForMeasuredCosts) {
 TEST(PipelineSchedules, ZeroBubbleTablesRunBackwardsWholeWhereTheyCostLess) {
   auto whole = [](const Schedule& s) {
     int64_t n = 0;
-    for (const auto& row : s.ranks) n += std::count_if(row.begin(), row.end(), [](const Action& a) { return a.op == Op::B; });
+    for (const auto& row : s.ranks)
+      n += std::count_if(row.begin(), row.end(), [](const Action& a) { return a.op == Op::B; });
     return n;
   };
   auto costs = [](double f, double b, double i, double w) {
