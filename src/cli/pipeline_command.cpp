@@ -7,9 +7,10 @@
 // x MS milliseconds (parallel/pipeline/measure.h) and prints the measured bubble beside the
 // simulated one (--svg then also draws the measured timeline, FILE.measured.svg).
 // --model CONFIG [--set k=v ...] prices the table with a model's measured costs instead: it
-// profiles the config's blocks on this process (plan/profile_cut.h: F, I and W of each block and
+// profiles the config's blocks on this process (plan/profile_cut.h: F, B, I and W of each block and
 // of the ends, on its train.device), cuts the model as a run with that config, --pp, --schedule and
-// --microbatches would, and prints each stage's measured F, I, W and the predicted step (seconds).
+// --microbatches would, and prints each stage's measured F, B, I, W and the predicted step
+// (seconds); zbv's and zbh1's tables are built for those costs (schedule_builders.h).
 #include <cstdio>
 #include <filesystem>
 #include <unistd.h>
@@ -95,7 +96,7 @@ Command add_pipeline_command(CLI::App& app) {
                   "stages per rank (default: 2 for interleaved, zbv and dualpipev, else 1)");
   cmd->add_flag("--vee", args->vee, "with file:PATH, V placement (rank 0 holds the first and last stage)");
   cmd->add_option("--costs", args->costs,
-                  "action costs, e.g. f=1,b=2,i=1,w=1,transfer=0,gather=0,optim=0 (the defaults); zbv's table is built for them");
+                  "action costs, e.g. f=1,b=2,i=1,w=1,transfer=0,gather=0,optim=0 (the defaults); zbv's and zbh1's tables are built for them");
   cmd->add_option("--zero3", args->zero3,
                   "none, or ZeRO-3's GATHER/RELEASE per step or per action (parallel.zero3_reshard_per_microbatch), "
                   "with the optimizer step")

@@ -50,8 +50,10 @@ TEST(PipelineCommand, PrintsTheTableBubbleAndPeakAndDrawsTheTimeline) {
   EXPECT_NE(slurp(dir + "/m.measured.svg").find("measured (sleeps of 5 ms per unit)"), std::string::npos);
 }
 
-// --model prices the table with a model's profiled blocks: each stage's measured F, I, W and the
-// step they predict, with the model's cut; not with a file: table.
+// --model prices the table with a model's profiled blocks: each stage's measured F, B, I, W and the
+// step they predict, with the model's cut; not with a file: table. ZB-H1's table is built for those
+// costs: where this machine's B is cheaper than I + W some backwards are whole, so rank 1's first
+// backward is 1I0 or 1B0.
 TEST(PipelineCommand, ModelProfilesItsBlocksAndPredictsTheStep) {
   auto r = run_tessera("pipeline --model tiny_gpt --pp 2 --schedule zbh1 --microbatches 4 --set train.batch_size=2");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -60,7 +62,9 @@ TEST(PipelineCommand, ModelProfilesItsBlocksAndPredictsTheStep) {
   EXPECT_NE(r.output.find("measured F "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("with each stage's measured F, I, W: predicted step"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("costs: each stage's measured F, B, I, W (seconds, above)"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("rank 1  | 1F0 1I0 1F1"), std::string::npos) << r.output;
+  EXPECT_TRUE(r.output.find("rank 1  | 1F0 1I0 1F1") != std::string::npos ||
+              r.output.find("rank 1  | 1F0 1B0 1F1") != std::string::npos)
+      << r.output;
   expect_error("pipeline --model tiny_gpt --pp 2 --schedule zbh1 --zero3 step", {"--model prices a built-in"});
 }
 
