@@ -37,6 +37,7 @@
 
 #include "comm/mesh.h"
 #include "distributed/dist_test.h"
+#include "parallel/pipeline/schedule_builders.h"
 #include "test_util.h"
 #include "tiny_config.h"
 #if TESSERA_ATOM
@@ -208,6 +209,21 @@ const std::vector<Row>& layouts() {
          c.parallel.pp = 2;
          c.parallel.pp_schedule = "zbv";
          c.train.grad_accum = 4;
+       }},
+      // Whole backwards beside split ones (what ZB-H1's table built for costs with B cheaper than
+      // I + W runs, schedule_builders.h; here B 1.8 against I + W 2): rank 0 runs every backward
+      // whole, rank 1 1I0 1F1 1B1 1W0 ... As a file: table, so the row does not depend on this
+      // machine's timings.
+      {"pp2_zbh1_whole_backwards_sgd_accum4", 2,
+       [](Config& c) {
+         sgd(c);
+         c.parallel.pp = 2;
+         c.train.grad_accum = 4;
+         pipeline::ActionCosts costs;
+         costs.f = 1, costs.b = 1.8, costs.i = 1.2, costs.w = 0.8;
+         const std::string path = test::fresh_dir("zbh1_whole_backwards") + "/table.csv";
+         std::ofstream(path) << pipeline::to_csv(pipeline::build_schedule("zbh1", 2, 4, 1, costs));
+         c.parallel.pp_schedule = "file:" + path;
        }},
       {"sp2_lasp_linear_sgd", 2,
        [](Config& c) {
