@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pipeline_split import TINY  # noqa: E402
 from tessera_bench import tessera_bench  # noqa: E402
 
+
 def split_table(build, path, M):
     """Interleaved's table at pp 2 with each B turned into I, its SEND_B, then W."""
     csv = Path(path).with_suffix(".interleaved.csv")
@@ -116,6 +117,7 @@ def main():
     sections = re.search(r"^## ", earlier, re.M)  # what earlier sessions added, kept below the new table
     out.write_text("\n".join(lines) + "\n" + ("\n" + earlier[sections.start():] if sections else ""))
     print("\n".join(lines))
+
 
 if __name__ == "__main__":
     main()

@@ -93,13 +93,13 @@ Schedule zero_bubble_h1(int64_t p, int64_t m) {
   return s;
 }
 
-// Whether some stage's whole backward B costs less than its I + W under `costs` (`stages` stages).
+// Whether some stage's whole backward B costs less than its I + W under `costs` (`stages` stages;
+// a stage without costs of its own has the defaults, ActionCosts::of).
 bool whole_backward_cheaper(const ActionCosts& costs, int64_t stages) {
-  bool cheaper = costs.b < costs.i + costs.w;
   for (int64_t s = 0; s < stages; ++s)
-    cheaper = cheaper || costs.of(Action{Op::B, s, 0}, 0) < costs.of(Action{Op::I, s, 0}, 0) +
-                                                           costs.of(Action{Op::W, s, 0}, 0);
-  return cheaper;
+    if (costs.of(Action{Op::B, s, 0}, 0) < costs.of(Action{Op::I, s, 0}, 0) + costs.of(Action{Op::W, s, 0}, 0))
+      return true;
+  return false;
 }
 
 // A table's step under `costs`, with its communication added.
@@ -204,14 +204,10 @@ std::optional<Schedule> zero_bubble_v_list(int64_t p, int64_t m, const ActionCos
         f_done[{chosen.stage, chosen.micro}] = end;
         ++next_f[r][chosen.stage == mine[0] ? 0 : 1];
         ++held[r];
-      } else if (chosen.op == Op::I) {
-        i_done[{chosen.stage, chosen.micro}] = end;
-        pending_w[r].push_back({chosen.stage, chosen.micro});
-      } else if (chosen.op == Op::B) {
-        i_done[{chosen.stage, chosen.micro}] = end;
-        --held[r];
       } else {
-        --held[r];
+        if (chosen.op != Op::W) i_done[{chosen.stage, chosen.micro}] = end;  // I or B: the input gradient
+        if (chosen.op == Op::I) pending_w[r].push_back({chosen.stage, chosen.micro});
+        else --held[r];  // B or W frees the activation
       }
     }
     // A rank with nothing available waits for the next action to finish anywhere.
