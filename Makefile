@@ -7,7 +7,7 @@ CONFIG ?= configs/tiny_gpt.toml
 DATA ?= $(BUILD)/data/kjv
 JOBS ?= $(shell nproc)
 
-.PHONY: deps build train test test-sanitize test-tsan bench fault-matrix clean
+.PHONY: deps build build-tessera train test test-sanitize test-tsan bench fault-matrix clean
 
 deps:
 	@bash scripts/install.sh
@@ -20,10 +20,16 @@ build: $(BUILD)/build.ninja
 	@bash scripts/install.sh >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
-$(DATA)/train.bin: | build
+# Only the `tessera` binary and the libraries it links: what `make train` needs (the tests, the
+# fuzz targets and the benchmarks are built by `make test` / `make build`).
+build-tessera: $(BUILD)/build.ninja
+	@bash scripts/install.sh >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS) --target tessera
+
+$(DATA)/train.bin: | build-tessera
 	@$(BUILD)/tessera prepare --input data/kjv/genesis_to_ruth.txt --out $(DATA) --tokenizer byte
 
-train: build $(DATA)/train.bin
+train: build-tessera $(DATA)/train.bin
 	@$(BUILD)/tessera train --config $(CONFIG) --set data.path=$(DATA) --out $(RUN) --overwrite
 	@$(BUILD)/tessera generate --checkpoint $(RUN) --prompt "And God said" --max-tokens 300 --seed 1
 	@echo "loss curves: $$(python3 scripts/plot_losses.py $(RUN) --out $(RUN)/loss.svg --title '$(RUN)')"
