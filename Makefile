@@ -34,8 +34,10 @@ train: build-tessera $(DATA)/train.bin
 	@$(BUILD)/tessera generate --checkpoint $(RUN) --prompt "And God said" --max-tokens 300 --seed 1
 	@echo "loss curves: $$(python3 scripts/plot_losses.py $(RUN) --out $(RUN)/loss.svg --title '$(RUN)')"
 
+# CTest's output is kept in $(BUILD)/ctest.log; its ten slowest tests are printed at the end.
 test: build
-	@cd $(BUILD) && ctest -j $(JOBS) --output-on-failure
+	@cd $(BUILD) && set -o pipefail && ctest -j $(JOBS) --output-on-failure 2>&1 | tee ctest.log; status=$$?; \
+	  python3 $(CURDIR)/scripts/slowest_tests.py ctest.log; exit $$status
 
 # The in-process unit and distributed tests built with AddressSanitizer and UndefinedBehaviorSanitizer
 # (CMakeLists.txt, TESSERA_SANITIZE) in their own build folder; any finding fails its test.

@@ -117,6 +117,9 @@ Command add_bench_command(CLI::App& app) {
     comm::Group* pp = mesh && mesh->dims().pp() > 1 ? &mesh->group("pp") : nullptr;
     comm::Group* pp_down = mesh && mesh->dims().pp() > 1 ? &mesh->group("pp_down") : nullptr;
     const c10::Device device = step.device();
+    // Contiguous and pinned, as training's prefetcher hands a step its batches (data/batch_prefetcher.h).
+    if (device.is_cuda())
+      for (Batch& b : batches) b = {b.inputs.contiguous().pin_memory(), b.targets.contiguous().pin_memory()};
     std::vector<double> seconds;
     for (int64_t i = 0; i < args->warmup + args->steps; ++i) {
       if (i == args->warmup) {

@@ -23,6 +23,7 @@ struct TrainOptions {
   double peak_tflops = 0;    // for MFU; 0 = the device's known peak, or on CPU a measured matmul rate
   double time_limit = 0;     // wall seconds before the run checkpoints and stops (0 = none)
   int64_t trace_step = 0;    // pp > 1 or swap: the step whose timeline is written (0 = none)
+  bool tensorboard = true;   // RUN_DIR/events.out.tfevents.tessera beside metrics.jsonl
 
   template <class V>
   void visit(V& v) {
@@ -46,6 +47,9 @@ struct TrainOptions {
       "with parallel.pp > 1 or memory.swap, write this step's pipeline or swap timeline into the run directory: "
       "measured and planned SVG pictures (and for a pipeline a Chrome trace) (0 = none)",
       between(0, 1e12));
+    v("tensorboard", tensorboard,
+      "write the scalars of metrics.jsonl into the run directory as TensorBoard's event file, "
+      "events.out.tfevents.tessera (tensorboard --logdir runs/; docs/training.md)");
   }
   void check(const std::string& source) const;
   // Micro-batches per step on each of `dp` data-parallel ranks: grad_accum, or with

@@ -18,6 +18,7 @@
 #include "comm/group.h"
 #include "core/error.h"
 #include "core/fs.h"
+#include "tensorboard/event_file.h"
 
 namespace tessera {
 namespace fs = std::filesystem;
@@ -27,7 +28,7 @@ namespace {
 // run.lock, which marks a directory that was used, not a run; and logs/, which the launchers of
 // every node create before they start their workers (a node other than 0 may do so before node 0
 // has claimed the directory), and whose per-rank files a new run truncates.
-const char* const kRunFiles[] = {"config.toml", "metrics.jsonl", "train.log", "checkpoints"};
+const char* const kRunFiles[] = {"config.toml", "metrics.jsonl", EventFileWriter::kFileName, "train.log", "checkpoints"};
 
 std::string joined(const std::vector<std::string>& names) {
   std::string out;

@@ -1,6 +1,6 @@
 // Who may write a run directory (`tessera train --out DIR`). A run directory holds one run: its
-// config.toml, metrics.jsonl, train.log and checkpoints/ (and logs/, which does not mark a run:
-// run_dir.cpp). Two rules keep a run from being lost or mixed with another:
+// config.toml, metrics.jsonl, events.out.tfevents.tessera (TensorBoard's), train.log and
+// checkpoints/ (and logs/, which does not mark a run: run_dir.cpp). Two rules keep a run from being lost or mixed with another:
 //
 // - Claim. Training into a directory that already holds a run is refused unless the run continues
 //   it (`--resume` of one of its own checkpoints: the run resumes in place) or `--overwrite` is

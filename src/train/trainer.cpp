@@ -16,6 +16,7 @@
 #include "core/fault_injection.h"
 #include "core/fs.h"
 #include "data/prepare.h"
+#include "data/batch_prefetcher.h"
 #include "data/sampler.h"
 #include "plan/swap_cut.h"
 #include "data/training_data.h"
@@ -25,6 +26,7 @@
 #include "train/checkpoint_transfer.h"
 #include "train/device_peak.h"
 #include "train/metrics.h"
+#include "train/peak_memory.h"
 #include "train/progress.h"
 #include "train/stop_request.h"
 #include "train/train_step.h"
@@ -233,7 +235,7 @@ TrainSummary Trainer::run() {
   std::optional<MetricsLog> metrics;
   if (lead) {
     write_file_atomic(s.run_dir + "/config.toml", c.to_annotated_toml());
-    metrics.emplace(s.run_dir + "/metrics.jsonl", resumed ? s.step : -1);
+    metrics.emplace(s.run_dir + "/metrics.jsonl", resumed ? s.step : -1, c.train.tensorboard);
   }
   Progress progress(c.train.steps,
                     distributed ? s.run_dir + "/logs/rank_" + std::to_string(s.rank) + ".log" : s.run_dir + "/train.log",
@@ -364,10 +366,12 @@ TrainSummary Trainer::run() {
                      summary.stopped + "): checkpoint " + last_checkpoint + "; continue with `" + again);
     return true;
   };
+  // Each step's batches are drawn (and on CUDA pinned) while the step before it runs.
+  BatchPrefetcher prefetcher(*s.sampler, s.device.is_cuda());
   while (s.step < c.train.steps) {
     fault::at_step(s.step + 1);
     const double lr = learning_rate(c.optim, s.step, c.train.steps);
-    const std::vector<Batch> micro_batches = s.sampler->next();
+    const std::vector<Batch> micro_batches = prefetcher.next();
     const auto local_start = Clock::now();
     const StepResult result = s.trainer->run(micro_batches, lr);
     if (const auto note = s.trainer->runner().take_note()) progress.message(*note);
@@ -436,6 +440,7 @@ TrainSummary Trainer::run() {
                              {"mfu", flops_per_tok * tokens_per_s / (peak.flops * static_cast<double>(devices))},
                              {"grad_norm", result.grad_norm},
                              {"tokens", s.tokens_seen},
+                             {"peak_memory_gib", take_peak_memory_gib(s.device)},
                              {"elapsed_s", s.elapsed_before + seconds_since(run_start)}};
       if (c.model.ffn == "moe") line["aux_loss"] = interval_aux / static_cast<double>(interval_local);
       if (s.collaboration) line["swarm"] = s.collaboration->metrics();
