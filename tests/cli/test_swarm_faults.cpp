@@ -25,7 +25,7 @@ namespace tessera::test {
 namespace {
 
 constexpr int64_t kSteps = 12;
-constexpr int kFaultStep = 3;
+constexpr int kSwarmFaultStep = 3;
 
 struct SwarmCell {
   std::string point;
@@ -63,7 +63,7 @@ TEST_P(SwarmFaults, Cell) {
   const std::string args = settings(kSteps, key_) + " --set swarm.min_peers=3";
   Peer& first = start("first", args);
   Peer& second = start("second", args, first.address());
-  const std::string fault = "0:" + cell.point + ":" + std::to_string(kFaultStep) + ":" + cell.signal;
+  const std::string fault = "0:" + cell.point + ":" + std::to_string(kSwarmFaultStep) + ":" + cell.signal;
   Peer& victim = start("victim", args, first.address(), {{"TESSERA_FAULT", fault}});
 
   ASSERT_TRUE(wait_until([&] { return fault_line(victim.log(), cell.signal, -1).has_value(); }, 90))

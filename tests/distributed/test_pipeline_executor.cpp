@@ -74,7 +74,11 @@ TEST(PipelineExecutor, ADeadStageIsNamedByTheOthers) {
     ASSERT_FALSE(ranks.timed_out());
     const std::string survivor = ranks.results()[0].output;
     EXPECT_NE(ranks.results()[0].exit.code, 0) << survivor;
-    EXPECT_NE(survivor.find("pipeline rank 0 (1f1b), action 0RECV_B"), std::string::npos) << survivor;
+    // Rank 0 meets the death at its next transfer with rank 1: the receive of B1, or, when rank 1's
+    // connection is already closed, the send of F2 before it (seen once under a loaded machine).
+    EXPECT_TRUE(survivor.find("pipeline rank 0 (1f1b), action 0RECV_B") != std::string::npos ||
+                survivor.find("pipeline rank 0 (1f1b), action 0SEND_F") != std::string::npos)
+        << survivor;
     EXPECT_NE(survivor.find("rank 1"), std::string::npos) << survivor;
     return;
   }

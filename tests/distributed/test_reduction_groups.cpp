@@ -34,7 +34,7 @@ ModelOptions tiny_moe() {
   return o;
 }
 
-TransformerLM fresh_model() {
+TransformerLM fresh_moe_model() {
   torch::manual_seed(1234);
   return TransformerLM(tiny_moe());
 }
@@ -72,7 +72,7 @@ TEST(ReductionGroups, ExpertGradientsSummedOverTheirGroupAtEveryStage) {
   // Every rank's local gradients, shared: local[name][r].
   std::map<std::string, std::vector<at::Tensor>> local;
   {
-    TransformerLM model = fresh_model();
+    TransformerLM model = fresh_moe_model();
     loss_of(model, batch).backward();
     for (const auto& item : model->named_parameters()) {
       at::Tensor all = at::empty({4 * item.value().numel()});
@@ -81,7 +81,7 @@ TEST(ReductionGroups, ExpertGradientsSummedOverTheirGroupAtEveryStage) {
       for (int64_t r = 0; r < 4; ++r) local[item.key()].push_back(all[r].view(item.value().sizes()));
     }
   }
-  const TransformerLM names = fresh_model();
+  const TransformerLM names = fresh_moe_model();
   // Summed over `over`, divided by the 4 data replicas (with expert parallelism an expert's
   // gradient would carry its ep group's tokens already).
   auto mean_over = [&](const std::string& name, const std::vector<int64_t>& over) {
@@ -102,7 +102,7 @@ TEST(ReductionGroups, ExpertGradientsSummedOverTheirGroupAtEveryStage) {
 
   for (int64_t stage = 0; stage <= 3; ++stage) {
     SCOPED_TRACE("zero_stage " + std::to_string(stage));
-    TransformerLM model = fresh_model();
+    TransformerLM model = fresh_moe_model();
     ParallelOptions parallel = layout;
     parallel.zero_stage = stage;
     OptimOptions optim;

@@ -56,14 +56,15 @@ if [ ! -x "$out/fuzz" ] || [ -n "$(find "${sources[@]}" "${watched[@]}" -name '*
    [ -n "$(find "${sources[@]}" -newer "$out/fuzz")" ]; then
   echo "building $out/fuzz (clang, libFuzzer + ASan + UBSan)"
   # One object per source, through ccache where there is one (with the build's settings, so that a
-  # fresh clone hits this machine's entries and targets sharing a source compile it once).
+  # fresh clone hits this machine's entries and targets sharing a source compile it once). -g1:
+  # line tables are all a finding's stack trace needs, and they compile about 20% faster than -g.
   cc=(clang++)
   command -v ccache >/dev/null && cc=(env CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1 ccache clang++)
   objects=()
   mkdir -p "$out/obj"
   for source in "${sources[@]}"; do
     object=$out/obj/${source//\//_}.o
-    "${cc[@]}" -std=c++17 -O1 -g -fdebug-prefix-map="$PWD"=. -fsanitize=fuzzer-no-link,address,undefined \
+    "${cc[@]}" -std=c++17 -O1 -g1 -fdebug-prefix-map="$PWD"=. -fsanitize=fuzzer-no-link,address,undefined \
       -fno-sanitize-recover=undefined -D_GLIBCXX_USE_CXX11_ABI=1 "${flags[@]}" -Isrc -isystem "$torch/include" \
       -isystem "$torch/include/torch/csrc/api/include" -c "$source" -o "$object"
     objects+=("$object")

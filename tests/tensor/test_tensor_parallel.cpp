@@ -16,7 +16,7 @@
 #include "parallel/tensor/tensor_parallel.h"
 #include "test_util.h"
 
-namespace {
+namespace tensor_parallel_model_test {  // named: the unity batch holds test_tp_comm.cpp and test_vocab_parallel.cpp too
 
 using tessera::comm::Group;
 using tessera::test::all_close;
@@ -171,4 +171,4 @@ TEST(TensorParallelModel, RefusesWhatItCannotSplitAtRunTime) {
   EXPECT_TRUE(throws_naming([&] { tessera::parallelize_tensor(model, tp, true); }, {"already tensor-parallel"}));
 }
 
-}  // namespace
+}  // namespace tensor_parallel_model_test

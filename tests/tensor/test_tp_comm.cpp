@@ -21,7 +21,7 @@
 #include "parallel/tensor/tp_comm.h"
 #include "test_util.h"
 
-namespace {
+namespace tp_comm_test {  // named: the unity batch holds test_vocab_parallel.cpp and test_tensor_parallel.cpp too
 
 using tessera::comm::Group;
 
@@ -134,4 +134,4 @@ TEST(TensorParallelComm, OneRankIsTheIdentity) {
   }
 }
 
-}  // namespace
+}  // namespace tp_comm_test

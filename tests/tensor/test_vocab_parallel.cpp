@@ -16,7 +16,7 @@
 #include "parallel/tensor/vocab_parallel.h"
 #include "test_util.h"
 
-namespace {
+namespace vocab_parallel_test {  // named: the unity batch holds test_tp_comm.cpp and test_tensor_parallel.cpp too
 
 using tessera::comm::Group;
 using tessera::test::all_close;
@@ -110,4 +110,4 @@ void run_case(int world) {
 TEST(VocabParallel, TwoRanksMatchOneDevice) { run_case(2); }
 TEST(VocabParallel, FourRanksMatchOneDevice) { run_case(4); }
 
-}  // namespace
+}  // namespace vocab_parallel_test

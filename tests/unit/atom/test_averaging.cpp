@@ -10,13 +10,13 @@
 
 #include <torch/torch.h>
 
+#include "unit/atom/test_key.h"
 #include "atom/averaging.h"
 #include "test_util.h"
 
 namespace tessera::atom {
 namespace {
 
-const SwarmKey kKey = SwarmKey::from_bytes(std::string(32, 'k'));
 
 struct TestPeer {
   std::string id;
@@ -25,13 +25,13 @@ struct TestPeer {
   RoundClock clock{0.5, 5};
   explicit TestPeer(std::string name) : id(std::move(name)) {
     listener = std::make_unique<Listener>(
-        "127.0.0.1", 0, kKey, id, 1 << 26,
+        "127.0.0.1", 0, kTestKey, id, 1 << 26,
         [this](std::unique_ptr<Channel> c) {
           const Message first = c->receive(Deadline::in(5));
           averager->serve(*c, first);
         },
         nullptr);
-    averager = std::make_unique<Averager>(kKey, id, address(), 1 << 26);
+    averager = std::make_unique<Averager>(kTestKey, id, address(), 1 << 26);
   }
   std::string address() const { return "127.0.0.1:" + std::to_string(listener->port()); }
   RoundMember member() const { return {id, address()}; }
@@ -171,7 +171,7 @@ TEST(Averaging, AMemberDyingAfterItJoinedFailsTheRoundAndTheRetrySucceeds) {
   std::thread ghost([&] {
     const std::string join = R"({"round":7,"address":"127.0.0.1:9","wait_s":5.0})";
     const uint32_t n = static_cast<uint32_t>(join.size());
-    auto ch = Channel::connect("127.0.0.1", a.listener->port(), kKey, "d", Deadline::in(5), 1 << 20);
+    auto ch = Channel::connect("127.0.0.1", a.listener->port(), kTestKey, "d", Deadline::in(5), 1 << 20);
     ch->send(10, std::string(reinterpret_cast<const char*>(&n), 4) + join, Deadline::in(5));
     ch->receive(Deadline::in(5), 11);  // the group, with d in it; then d is gone
   });

@@ -9,12 +9,12 @@
 #include <thread>
 #include <vector>
 
+#include "unit/atom/test_key.h"
 #include "atom/membership.h"
 
 namespace tessera::atom {
 namespace {
 
-const SwarmKey kKey = SwarmKey::from_bytes(std::string(32, 'k'));
 
 PeerRecord record_of(const std::string& id, int port) {
   PeerRecord r;
@@ -36,13 +36,13 @@ std::vector<PeerRecord> wait_for_peers(Membership& m, size_t n) {
 }
 
 TEST(Membership, FourPeersStartedAtOnceFromOneInitialPeerFormOneSwarm) {
-  Membership first("demo", kKey, "127.0.0.1", 0, {}, 30);
+  Membership first("demo", kTestKey, "127.0.0.1", 0, {}, 30);
   const std::string initial = "127.0.0.1:" + std::to_string(first.port());
   first.publish(record_of("first", first.port()));
   std::vector<std::unique_ptr<Membership>> peers(4);
   std::vector<std::thread> starts;
   for (size_t i = 0; i < peers.size(); ++i)
-    starts.emplace_back([&, i] { peers[i] = std::make_unique<Membership>("demo", kKey, "127.0.0.1", 0,
+    starts.emplace_back([&, i] { peers[i] = std::make_unique<Membership>("demo", kTestKey, "127.0.0.1", 0,
                                                                         std::vector<std::string>{initial}, 30); });
   for (auto& t : starts) t.join();
   for (size_t i = 0; i < peers.size(); ++i) peers[i]->publish(record_of("peer" + std::to_string(i), peers[i]->port()));
@@ -55,13 +55,13 @@ TEST(Membership, FourPeersStartedAtOnceFromOneInitialPeerFormOneSwarm) {
 }
 
 TEST(Membership, ForgedRecordsAreNeverSeenAndDeadPeersVanish) {
-  Membership a("demo", kKey, "127.0.0.1", 0, {}, 3);
-  Membership b("demo", kKey, "127.0.0.1", 0, {"127.0.0.1:" + std::to_string(a.port())}, 3);
+  Membership a("demo", kTestKey, "127.0.0.1", 0, {}, 3);
+  Membership b("demo", kTestKey, "127.0.0.1", 0, {"127.0.0.1:" + std::to_string(a.port())}, 3);
   a.publish(record_of("honest", a.port()));
   // A node that knows the swarm's name but not its key, and one replaying an altered record.
   const SwarmKey wrong = SwarmKey::from_bytes(std::string(32, 'w'));
   b.publish_raw(record_of("forged", b.port()).encode("demo", wrong), 77);
-  std::string altered = record_of("honest", a.port()).encode("demo", kKey);
+  std::string altered = record_of("honest", a.port()).encode("demo", kTestKey);
   altered.replace(altered.find("honest"), 6, "hacked");
   b.publish_raw(altered, 78);
   std::vector<PeerRecord> seen = wait_for_peers(b, 1);
@@ -76,8 +76,8 @@ TEST(Membership, ForgedRecordsAreNeverSeenAndDeadPeersVanish) {
 }
 
 TEST(Membership, ARoundsMembersAreSeenAtTheirNewStepUntilTheirOwnRecordsCome) {
-  Membership a("demo", kKey, "127.0.0.1", 0, {}, 30);
-  Membership b("demo", kKey, "127.0.0.1", 0, {"127.0.0.1:" + std::to_string(a.port())}, 30);
+  Membership a("demo", kTestKey, "127.0.0.1", 0, {}, 30);
+  Membership b("demo", kTestKey, "127.0.0.1", 0, {"127.0.0.1:" + std::to_string(a.port())}, 30);
   PeerRecord mine = record_of("b", b.port());
   mine.samples = 16;
   b.publish(mine);

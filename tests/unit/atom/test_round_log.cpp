@@ -9,13 +9,13 @@
 
 #include <torch/torch.h>
 
+#include "unit/atom/test_key.h"
 #include "atom/round_log.h"
 #include "atom/wire.h"
 
 namespace tessera::atom {
 namespace {
 
-const SwarmKey kKey = SwarmKey::from_bytes(std::string(32, 'k'));
 
 // A log served on its own listener, as a peer serves it; `reply`, when set, answers instead.
 struct ServedLog {
@@ -24,7 +24,7 @@ struct ServedLog {
   std::unique_ptr<Listener> listener;
   explicit ServedLog(int64_t max_bytes) : log(max_bytes) {
     listener = std::make_unique<Listener>(
-        "127.0.0.1", 0, kKey, "donor", 1 << 26,
+        "127.0.0.1", 0, kTestKey, "donor", 1 << 26,
         [this](std::unique_ptr<Channel> c) {
           const Message first = c->receive(Deadline::in(5));
           if (reply) return reply(*c);
@@ -34,7 +34,7 @@ struct ServedLog {
   }
   std::string address() const { return "127.0.0.1:" + std::to_string(listener->port()); }
   at::Tensor fetch(int64_t step, int64_t numel) {
-    return fetch_round(address(), kKey, "asker", step, numel, 1 << 26, Deadline::in(10));
+    return fetch_round(address(), kTestKey, "asker", step, numel, 1 << 26, Deadline::in(10));
   }
 };
 

@@ -12,19 +12,19 @@
 #include <mutex>
 #include <vector>
 
+#include "unit/atom/test_key.h"
 #include "atom/wire.h"
 #include "test_util.h"
 
 namespace tessera::atom {
 namespace {
 
-const SwarmKey kKey = SwarmKey::from_bytes(std::string(32, 'k'));
 
 // A listener that echoes each message back with its type plus one, and records refusals.
 struct EchoServer {
   std::mutex mutex;
   std::vector<std::string> refusals;
-  Listener listener{"127.0.0.1", 0, kKey, "server", 1000,
+  Listener listener{"127.0.0.1", 0, kTestKey, "server", 1000,
                     [](std::unique_ptr<Channel> c) {
                       for (;;) {
                         Message m = c->receive(Deadline::in(5));
@@ -59,7 +59,7 @@ int raw_connect(int port) {
 
 TEST(Wire, MessagesPassBetweenHoldersOfTheKey) {
   EchoServer server;
-  auto c = Channel::connect("127.0.0.1", server.listener.port(), kKey, "client", Deadline::in(5), 1 << 20);
+  auto c = Channel::connect("127.0.0.1", server.listener.port(), kTestKey, "client", Deadline::in(5), 1 << 20);
   EXPECT_EQ(c->peer_id(), "server");
   for (const std::string& body : {std::string("hello"), std::string(), std::string(900, 'x')}) {
     c->send(4, body, Deadline::in(5));
@@ -79,7 +79,7 @@ TEST(Wire, AWrongKeyIsRefusedOnBothSides) {
   ASSERT_TRUE(server.wait_refusals(1));
   EXPECT_NE(server.refused()[0].find("127.0.0.1:"), std::string::npos) << server.refused()[0];
   // The server still serves a holder of the key.
-  auto c = Channel::connect("127.0.0.1", server.listener.port(), kKey, "client", Deadline::in(5), 1 << 20);
+  auto c = Channel::connect("127.0.0.1", server.listener.port(), kTestKey, "client", Deadline::in(5), 1 << 20);
   c->send(1, "ok", Deadline::in(5));
   EXPECT_EQ(c->receive(Deadline::in(5), 2).body, "ok");
   c->send(9, "", Deadline::in(5));
@@ -93,7 +93,7 @@ TEST(Wire, GarbageAndOversizedMessagesAreRefusedWithoutHarm) {
   ASSERT_TRUE(server.wait_refusals(1));
   ::close(fd);
   // A holder of the key sending more than the server's limit (1000 bytes) is refused too.
-  auto big = Channel::connect("127.0.0.1", server.listener.port(), kKey, "client", Deadline::in(5), 1 << 20);
+  auto big = Channel::connect("127.0.0.1", server.listener.port(), kTestKey, "client", Deadline::in(5), 1 << 20);
   try {
     big->send(1, std::string(5000, 'x'), Deadline::in(5));
   } catch (const WireError&) {
@@ -101,7 +101,7 @@ TEST(Wire, GarbageAndOversizedMessagesAreRefusedWithoutHarm) {
   }
   ASSERT_TRUE(server.wait_refusals(2));
   EXPECT_NE(server.refused()[1].find("above the limit"), std::string::npos) << server.refused()[1];
-  auto c = Channel::connect("127.0.0.1", server.listener.port(), kKey, "client", Deadline::in(5), 1 << 20);
+  auto c = Channel::connect("127.0.0.1", server.listener.port(), kTestKey, "client", Deadline::in(5), 1 << 20);
   c->send(1, "still here", Deadline::in(5));
   EXPECT_EQ(c->receive(Deadline::in(5), 2).body, "still here");
   c->send(9, "", Deadline::in(5));
@@ -119,7 +119,7 @@ TEST(Wire, AClientRefusesAnOversizedHandshakeFrameAtOnce) {
   ASSERT_EQ(::write(pair[0], header.data(), header.size()), static_cast<ssize_t>(header.size()));
   const auto start = std::chrono::steady_clock::now();
   EXPECT_TRUE(test::throws_naming(
-      [&] { Channel::open_as_client(pair[1], "dialled", kKey, "client", Deadline::in(5), 1 << 30); },
+      [&] { Channel::open_as_client(pair[1], "dialled", kTestKey, "client", Deadline::in(5), 1 << 30); },
       {"peer dialled", "1048576 bytes, above the limit of 4096 (a handshake message)"}));
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1.0);
   ::close(pair[0]);
@@ -137,7 +137,7 @@ TEST(Wire, ASilentPeerEndsTheCallAtItsDeadline) {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   const auto start = std::chrono::steady_clock::now();
   EXPECT_TRUE(test::throws_naming(
-      [&] { Channel::connect("127.0.0.1", ntohs(addr.sin_port), kKey, "client", Deadline::in(0.5), 1 << 20); },
+      [&] { Channel::connect("127.0.0.1", ntohs(addr.sin_port), kTestKey, "client", Deadline::in(0.5), 1 << 20); },
       {"before the deadline"}));
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(took, 3.0);

@@ -11,7 +11,7 @@
 namespace tessera {
 namespace {
 
-ModelOptions tiny(const std::string& arch, const std::string& ffn) {
+ModelOptions hf_tiny(const std::string& arch, const std::string& ffn) {
   ModelOptions o;
   o.arch = arch;
   o.ffn = ffn;
@@ -29,7 +29,7 @@ std::map<std::string, at::Tensor> as_map(const NamedTensors& named) {
 }
 
 TEST(HfNames, Gpt2NamesAndShapes) {
-  TransformerLM model(tiny("gpt", "dense"));
+  TransformerLM model(hf_tiny("gpt", "dense"));
   auto state = as_map(export_state(*model));
   std::vector<std::pair<std::string, std::vector<int64_t>>> expected = {
       {"transformer.wte.weight", {40, 8}},          {"transformer.wpe.weight", {16, 8}},
@@ -53,9 +53,9 @@ TEST(HfNames, RoundTripThroughSafetensors) {
   for (const auto& [arch, ffn] : std::vector<std::pair<std::string, std::string>>{
            {"gpt", "dense"}, {"linear", "dense"}, {"gpt", "moe"}}) {
     torch::manual_seed(1);
-    TransformerLM a(tiny(arch, ffn));
+    TransformerLM a(hf_tiny(arch, ffn));
     torch::manual_seed(2);
-    TransformerLM b(tiny(arch, ffn));
+    TransformerLM b(hf_tiny(arch, ffn));
     auto path = test::golden_path("hf_names_roundtrip_" + arch + "_" + ffn + ".safetensors");
     write_safetensors(path, export_state(*a));
     import_state(*b, read_safetensors(path).tensors, path);
@@ -77,7 +77,7 @@ std::string import_error(TransformerLMImpl& model, const std::map<std::string, a
 }
 
 TEST(HfNames, ImportRefusesBadTensorsByName) {
-  TransformerLM model(tiny("gpt", "dense"));
+  TransformerLM model(hf_tiny("gpt", "dense"));
   auto state = as_map(export_state(*model));
 
   auto missing = state;
