@@ -8,13 +8,15 @@
 // position, optimizer state, loss scale and RNG state; bit-identical losses in fp32 on CPU).
 //
 // The run directory receives config.toml (the resolved config), metrics.jsonl (one JSON object per
-// logged step with step, loss, lr, tokens_per_s, mfu, grad_norm, elapsed_s; evaluation lines carry
-// val_loss), train.log, and checkpoints/.
+// logged step with step, loss, lr, tokens_per_s, mfu, grad_norm, peak_memory_gib, elapsed_s;
+// evaluation lines carry val_loss), the same scalars as TensorBoard's events.out.tfevents.tessera
+// (unless train.tensorboard = false), train.log, and checkpoints/. Each step's batches are drawn
+// while the step before it runs (data/batch_prefetcher.h).
 //
 // On several ranks (a mesh; any layout parallelize() accepts): one optimizer step reads train.batch_size sequences per
 // micro-batch on each data-parallel rank, rank r taking rows [r * B, (r + 1) * B) of the global
 // micro-batch the sampler draws, so N ranks read exactly what one process with N * B would.
-// Rank 0 prints progress and writes config.toml, metrics.jsonl and train.log; checkpoints hold the
+// Rank 0 prints progress and writes config.toml, metrics.jsonl, the event file and train.log; checkpoints hold the
 // model and optimizer state under the model's own names, whole or as each rank's slices
 // (optimizer-*-of-N), so a checkpoint resumes at any dp size and ZeRO stage; every rank writes
 // logs/rank_<r>.log.
