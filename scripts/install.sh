@@ -11,7 +11,7 @@
 #   transformers:    pinned, in the same environment: the reference the Hugging Face import and
 #                    export tests compare with (tests/hf/).
 #   tensorboard:     pinned, in the same environment: its reader is the reference the event-file
-#                    test reads tessera's files back with (tests/cli/test_tensorboard.cpp).
+#                    test reads tessera's files back with (tests/tensorboard/test_tensorboard.py).
 #
 # On a bare machine the Debian packages and the venv are installed at the same time (one waits on
 # dpkg, the other on the torch wheel's download and unpacking): that overlap is most of what
@@ -66,6 +66,7 @@ fi
 if [ ! -f "$TRANSFORMERS_STAMP" ]; then
   echo "[install] transformers==$TRANSFORMERS_VERSION into $VENV (first time only)"
   pip_install "transformers==$TRANSFORMERS_VERSION"
+  "$VENV/bin/python" -c "import transformers; assert transformers.__version__ == '$TRANSFORMERS_VERSION'"
   touch "$TRANSFORMERS_STAMP"
 fi
 if [ ! -f "$TENSORBOARD_STAMP" ]; then

@@ -6,7 +6,7 @@ usage: slowest_tests.py CTEST_LOG [COUNT]
 import re
 import sys
 
-RESULT = re.compile(r"Test\s+#\d+: (\S+) \.*\s*(?:\*+)?(\w+)?.*?([\d.]+) sec")
+RESULT = re.compile(r"Test\s+#\d+: (\S+) .*?([\d.]+) sec$")
 
 log, count = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 10
 times, summary = [], []
@@ -14,7 +14,7 @@ with open(log, errors="replace") as f:
     for line in f:
         match = RESULT.search(line)
         if match:
-            times.append((float(match.group(3)), match.group(1)))
+            times.append((float(match.group(2)), match.group(1)))
         elif "tests passed" in line or line.startswith("Total Test time"):
             summary.append(line.rstrip())
 if times:

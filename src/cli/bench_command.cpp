@@ -42,6 +42,7 @@
 #include "cli/commands.h"
 #include "cli/launcher.h"
 #include "comm/device.h"
+#include "data/batch_prefetcher.h"
 #include "comm/mesh.h"
 #include "core/error.h"
 #include "memory/host_memory_stats.h"
@@ -117,9 +118,9 @@ Command add_bench_command(CLI::App& app) {
     comm::Group* pp = mesh && mesh->dims().pp() > 1 ? &mesh->group("pp") : nullptr;
     comm::Group* pp_down = mesh && mesh->dims().pp() > 1 ? &mesh->group("pp_down") : nullptr;
     const c10::Device device = step.device();
-    // Contiguous and pinned, as training's prefetcher hands a step its batches (data/batch_prefetcher.h).
+    // Contiguous and pinned, as training's prefetcher hands a step its batches.
     if (device.is_cuda())
-      for (Batch& b : batches) b = {b.inputs.contiguous().pin_memory(), b.targets.contiguous().pin_memory()};
+      for (Batch& b : batches) b = prepared_for_copy(b, /*pin=*/true);
     std::vector<double> seconds;
     for (int64_t i = 0; i < args->warmup + args->steps; ++i) {
       if (i == args->warmup) {

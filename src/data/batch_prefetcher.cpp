@@ -9,14 +9,16 @@ namespace {
 std::vector<Batch> draw(BatchSampler& sampler, int64_t position, bool pin) {
   sampler.seek(position);
   std::vector<Batch> batches = sampler.next();
-  for (Batch& b : batches) {
-    b.inputs = pin ? b.inputs.contiguous().pin_memory() : b.inputs.contiguous();
-    b.targets = pin ? b.targets.contiguous().pin_memory() : b.targets.contiguous();
-  }
+  for (Batch& b : batches) b = prepared_for_copy(b, pin);
   return batches;
 }
 
 }  // namespace
+
+Batch prepared_for_copy(const Batch& batch, bool pin) {
+  auto prepared = [pin](const at::Tensor& t) { return pin ? t.contiguous().pin_memory() : t.contiguous(); };
+  return {prepared(batch.inputs), prepared(batch.targets)};
+}
 
 BatchPrefetcher::BatchPrefetcher(BatchSampler& sampler, bool pin)
     : sampler_(sampler), ahead_sampler_(sampler), pin_(pin) {}

@@ -21,6 +21,10 @@
 
 namespace tessera {
 
+// `batch` contiguous, and with `pin` in page-locked host memory: what a step is handed, by the
+// prefetcher in training and by `tessera bench`.
+Batch prepared_for_copy(const Batch& batch, bool pin);
+
 class BatchPrefetcher {
  public:
   BatchPrefetcher(BatchSampler& sampler, bool pin);

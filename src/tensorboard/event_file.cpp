@@ -29,14 +29,13 @@ void add_scalars(const std::string& tag, const nlohmann::json& value, std::vecto
   } else if (value.is_array()) {
     for (size_t i = 0; i < value.size(); ++i) {
       const nlohmann::json& inner = value[i];
-      const bool layered = inner.is_object() && inner.contains("layer") && inner["layer"].is_number_integer();
-      const std::string name = layered ? "layer" + std::to_string(inner["layer"].get<int64_t>()) : std::to_string(i);
-      if (!layered) {
-        add_scalars(tag + "/" + name, inner, out);
+      if (!inner.is_object() || !inner.contains("layer") || !inner["layer"].is_number_integer()) {
+        add_scalars(tag + "/" + std::to_string(i), inner, out);
         continue;
       }
+      const std::string layer = tag + "/layer" + std::to_string(inner["layer"].get<int64_t>());
       for (const auto& [key, field] : inner.items())
-        if (key != "layer") add_scalars(tag + "/" + name + "/" + key, field, out);
+        if (key != "layer") add_scalars(layer + "/" + key, field, out);
     }
   }
 }
@@ -86,7 +85,7 @@ void EventFileWriter::write(const nlohmann::json& line, double wall_time) {
   if (scalars.empty()) return;
   tensorboard::Event event;
   event.set_wall_time(wall_time);
-  event.set_step(line.is_object() && line.contains("step") && line["step"].is_number() ? line["step"].get<int64_t>() : 0);
+  event.set_step(line.contains("step") && line["step"].is_number() ? line["step"].get<int64_t>() : 0);  // an object: it has scalars
   for (const auto& [tag, value] : scalars) {
     tensorboard::SummaryValue* v = event.mutable_summary()->add_value();
     v->set_tag(tag);

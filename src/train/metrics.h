@@ -1,6 +1,7 @@
 // metrics.jsonl: one JSON object per line, flushed as written so a crashed run keeps every line
 // it logged. Training lines: step, loss, lr, tokens_per_s, mfu, grad_norm, tokens, peak_memory_gib,
-// elapsed_s (+ aux_loss for MoE, loss_scale for fp16, moe per layer, swarm for a peer). Evaluation lines: step, val_loss, elapsed_s.
+// elapsed_s (+ aux_loss and moe per layer for MoE, loss_scale for fp16, swarm for a peer).
+// Evaluation lines: step, val_loss, eval_s, elapsed_s.
 // With `tensorboard`, every line's scalars also go to the run's TensorBoard event file
 // (tensorboard/event_file.h), which always holds exactly the lines metrics.jsonl holds.
 #pragma once
