@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -11,6 +12,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -71,7 +73,26 @@ struct Round {
   bool failed = false;       // a worker here failed (not a stop, not an interrupt): a restart may follow
   bool interrupted = false;  // Ctrl-C or SIGTERM on this launcher
   std::string failure;       // "rank 1 (pid ...) killed by signal 9 (SIGKILL)"
+  bool signalled = false;    // the failed worker was killed by a signal (not an exit with an error)
 };
+
+// A worker that exits with an error may have failed on another node's loss: a worker killed there
+// closes its connections, and its peers' collectives fail moments later, at times before that
+// node's launcher has recorded the death. Before recording such a failure as the generation's end,
+// its launcher waits up to kPeerFailureGrace for another launcher's record, which names the cause
+// (and so the node that runs one worker fewer after a restart); a death by a signal is recorded at once.
+constexpr auto kPeerFailureGrace = std::chrono::seconds(2);
+
+comm::GenerationEnd record_end(comm::NodeRendezvous& nodes, int64_t generation, const Round& round, int node) {
+  if (round.failed && !round.signalled) {
+    const auto deadline = std::chrono::steady_clock::now() + kPeerFailureGrace;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (std::optional<comm::GenerationEnd> end = nodes.ended(generation)) return *end;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  return nodes.end(generation, {node, round.failed, false, round.failure, round.code});
+}
 
 // During a generation across nodes: whether another launcher ended it (a failure: stop the workers;
 // a node rejoining: stop them with a checkpoint), and on node 0, with restarts, whether a late
@@ -137,6 +158,7 @@ Round run_workers(const LaunchOptions& o, const comm::Generation& generation, co
     const size_t i = static_cast<size_t>(result.first_failure);
     const ChildExit& exit = result.exits[i];
     Round round{exit.code > 0 ? exit.code : 1, !result.interrupted, result.interrupted, ""};
+    round.signalled = exit.signal != 0;
     round.failure = "rank " + std::to_string(slot.first_rank + static_cast<int64_t>(i)) + " (pid " +
                     std::to_string(pids[i]) + ")" + (nodes ? " on node " + std::to_string(o.node_rank) : "") + " " +
                     exit.describe();
@@ -238,9 +260,8 @@ int launch_workers(const LaunchOptions& o, const std::string& run_dir, double st
     // How the generation ended: recorded by the first launcher that saw it end (several nodes).
     std::optional<comm::GenerationEnd> end;
     if (nodes && round.code != 0)
-      end = round.failed || round.interrupted
-                ? nodes->end(generation.number, {o.node_rank, round.failed, false, round.failure, round.code})
-                : nodes->ended(generation.number);
+      end = round.failed || round.interrupted ? record_end(*nodes, generation.number, round, o.node_rank)
+                                              : nodes->ended(generation.number);
     else if (!nodes && round.failed)
       end = comm::GenerationEnd{0, true, false, round.failure, round.code};
     if (!end) {

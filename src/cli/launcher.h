@@ -6,7 +6,9 @@
 // - several nodes (--nnodes M --node-rank K --master HOST:PORT): the launchers agree through node 0's
 //   launcher (comm/node_rendezvous.h) on each generation: every node's ranks (contiguous, in node
 //   order), and the workers' store, which node 0's launcher binds on a fresh port of the --master
-//   host and hands to rank 0; a failure on any node stops every node's workers;
+//   host and hands to rank 0; a failure on any node stops every node's workers, and the launchers
+//   agree on its cause (a worker killed by a signal is preferred to one that exited with an error,
+//   which may have failed on losing that one);
 // - rank 0 of this node keeps the terminal; the others write to RUN_DIR/logs/rank_<r>.out;
 // - when a worker fails, the others are stopped (SIGTERM, then SIGKILL) and the launcher exits
 //   with the worker's code after printing which rank failed and the end of its output;

@@ -110,6 +110,9 @@ SuperviseResult supervise(const std::vector<pid_t>& pids, const SuperviseOptions
   };
 
   while (remaining > 0) {
+    // Of the children found failed in one sweep, one killed by a signal is the likelier cause:
+    // a worker that lost a peer exits with an error of its own moments after the peer's death.
+    int sweep_failure = -1;
     for (size_t i = 0; i < pids.size(); ++i) {
       if (done[i]) continue;
       int status = 0;
@@ -125,10 +128,13 @@ SuperviseResult supervise(const std::vector<pid_t>& pids, const SuperviseOptions
         exit.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
       }
       const bool ok = std::find(options.ok_codes.begin(), options.ok_codes.end(), exit.code) != options.ok_codes.end();
-      if (!ok && !exit.stopped_by_supervisor && result.first_failure < 0) {
-        result.first_failure = static_cast<int>(i);
-        if (options.stop_on_failure) begin_stop();
-      }
+      if (!ok && !exit.stopped_by_supervisor && result.first_failure < 0 &&
+          (sweep_failure < 0 || (exit.signal != 0 && result.exits[static_cast<size_t>(sweep_failure)].signal == 0)))
+        sweep_failure = static_cast<int>(i);
+    }
+    if (sweep_failure >= 0) {
+      result.first_failure = sweep_failure;
+      if (options.stop_on_failure) begin_stop();
     }
     if (remaining == 0) break;
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();

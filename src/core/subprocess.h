@@ -55,7 +55,8 @@ struct SuperviseOptions {
 
 struct SuperviseResult {
   std::vector<ChildExit> exits;  // in the order of `pids`
-  int first_failure = -1;        // index of the first child that failed on its own
+  int first_failure = -1;        // index of the first child that failed on its own (of several found
+                                 // failed at once, one killed by a signal before one that exited)
   bool timed_out = false;
   bool interrupted = false;
   SuperviseOptions::Outside outside = SuperviseOptions::Outside::none;  // what options.outside() asked

@@ -1,10 +1,12 @@
 // supervise() (core/subprocess.h) stopped from outside: a launcher whose run failed on another
-// node stops its own children at once, and says why.
+// node stops its own children at once, and says why; of children found failed together, the one
+// killed by a signal is named.
 #include <gtest/gtest.h>
 
 #include <signal.h>
 
 #include <chrono>
+#include <thread>
 
 #include "core/subprocess.h"
 
@@ -33,6 +35,23 @@ TEST(Supervise, AFailureElsewhereStopsEveryChildAsAFailureWould) {
   }
   EXPECT_LT(seconds, 5);
   EXPECT_EQ(polls, 6);  // not polled again once stopping
+}
+
+// A worker killed by a signal and a peer that exited with an error on losing it, both gone before
+// the launcher looks: the killed one is the failure, although the other comes first in the list.
+TEST(Supervise, OfChildrenFoundFailedTogetherTheOneKilledByASignalIsNamed) {
+  ChildSpec erred, killed;
+  erred.argv = {"/bin/sh", "-c", "exit 1"};
+  killed.argv = {"/bin/sh", "-c", "kill -9 $$"};
+  const std::vector<pid_t> children = {spawn(erred), spawn(killed)};
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // both have ended before the first sweep
+  SuperviseOptions options;
+  options.deadline_s = 20;
+  const SuperviseResult result = supervise(children, options);
+  ASSERT_EQ(result.first_failure, 1);
+  EXPECT_EQ(result.exits[1].signal, SIGKILL) << result.exits[1].describe();
+  EXPECT_EQ(result.exits[0].code, 1) << result.exits[0].describe();
+  EXPECT_FALSE(result.exits[0].stopped_by_supervisor);
 }
 
 }  // namespace
