@@ -68,8 +68,9 @@ test-tsan: $(TSAN_BUILD)/build.ninja
 bench: build
 	@bash bench/run_all.sh $(BUILD)
 
-# Every cell of the fault matrix (tests/cli/test_fault_matrix.cpp; make test runs five), about
-# 15 minutes on 2 cores, then its tables (docs/reliability.md).
+# Every cell of the fault matrix (tests/cli/test_fault_matrix.cpp; make test runs one cell per kind
+# of failure, tests/cli/CMakeLists.txt), about 15 minutes on 2 cores, then its tables
+# (docs/reliability.md).
 FAULT_RESULTS ?= $(BUILD)/fault_matrix.jsonl
 fault-matrix: build
 	@rm -f $(FAULT_RESULTS)

@@ -3,7 +3,7 @@
 //
 // A round (run_round) has two phases, over authenticated channels (atom/wire.h):
 //   group    the round's host is the candidate with the smallest id (deterministic from the
-//            candidates: the live peers at the same swarm step, atom/peer.h); each other member
+//            candidates: the live peers at the same swarm step, atom/swarm.h); each other member
 //            connects to it and sends JOIN; the host waits until every candidate joined or the
 //            gather deadline passed, then answers each JOIN with GROUP: the members (id and
 //            address, sorted by id) and a fresh attempt token. A candidate that did not join in
@@ -30,8 +30,8 @@
 // naming it); the caller keeps its contribution and retries with the candidates still alive, so a
 // failed round loses nothing. The result is all-or-nothing except in one case: a member that
 // loses its link to one owner after that owner summed may fail while the others succeed; its
-// contribution was counted, and it finds itself one swarm step behind (atom/peer.h downloads the
-// state then).
+// contribution was counted, and it finds itself one swarm step behind (Swarm::catch_up in
+// atom/swarm.h brings it level then).
 #pragma once
 
 #include <condition_variable>

@@ -18,7 +18,7 @@ namespace tessera::atom {
 constexpr size_t kMaxRecordBytes = 4096;
 
 struct PeerRecord {
-  std::string id;       // the peer's identity (atom/peer.h): 32 hex digits
+  std::string id;       // the peer's identity (atom/swarm.h): 32 hex digits
   std::string address;  // HOST:PORT its channels (TCP) and DHT node (UDP) listen on
   int64_t swarm_step = 0;   // averaging rounds this peer's parameters have taken
   int64_t local_step = 0;   // local steps it has run since it started training

@@ -1,4 +1,4 @@
-// The [swarm] section: how an ATOM peer (`tessera peer`, atom/peer.h) trains with the others of
+// The [swarm] section: how an ATOM peer (`tessera peer`, atom/swarm.h) trains with the others of
 // its swarm. Who the peer is (its swarm's name, its address, the peers it starts from) is given on
 // the command line, not here: a config is shared by every peer of a swarm.
 //

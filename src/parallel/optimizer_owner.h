@@ -185,7 +185,7 @@ class ResidentOwner : public OptimizerOwner {
   virtual void sum_gradient_over(const std::string& name, comm::Group& copies) = 0;
   virtual UpdateResult apply(double lr, double max_norm) = 0;
   // Instead of apply(): the step's final gradients are discarded and no update is made (the caller
-  // took them elsewhere: the ATOM swarm's accumulation, atom/peer.h).
+  // took them elsewhere: the ATOM swarm's accumulation, atom/swarm.h).
   virtual void drop_gradients() = 0;
 };
 

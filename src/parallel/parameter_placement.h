@@ -24,8 +24,9 @@
 //        its local tensors; state_region(state, slice) places such a range in the whole tensor,
 //        through the tp or ep part, for checkpoints.
 // State tensors are named by their owner: "optim.<param>.<slot>" and "master.<param>" belong to
-// <param> (parameter_of(), the only place that reads those names); others (the loss scaler's
-// "scaler.*", a step counter kept as a scalar) belong to no parameter and are replicated.
+// <param> (parameter_of() reads that from the name for the placement; DataParallel's stage-0
+// optimizer_state_slices() also takes "<param>" from "<param>.<slot>" itself); others (the loss
+// scaler's "scaler.*", a step counter kept as a scalar) belong to no parameter and are replicated.
 //
 // Invariants: a ParameterPlacement is made once per ParallelModel from the rank's model (built for
 // its stages) and the layout, and never changes; every rank of a tp or ep group holds the same

@@ -1,9 +1,9 @@
-"""Golden parameter trajectories for tessera's optimizers (tests/unit/optim/test_optim.cpp).
+"""Golden parameter trajectories for tessera's optimizers (tests/unit/optim/test_optimizers.cpp).
 
 Three parameters (a [4, 6] matrix, a [2, 3, 5] tensor, a [6] vector) take 3 steps with seeded
 gradients. AdamW is torch.optim.AdamW (foreach=False) with weight decay on the 2+-dim parameters
-only. Adafactor is written here from the paper and HF transformers' formulas (transformers is not
-installed), in two configurations: the defaults (relative step, parameter scaling, no first
+only. Adafactor is written here from the paper and HF transformers' formulas (not imported from
+transformers), in two configurations: the defaults (relative step, parameter scaling, no first
 moment) and explicit lr with a first moment and no parameter scaling. SGD is torch.optim.SGD with
 momentum 0.9, plain and Nesterov, weight decay (L2) on the 2+-dim parameters only.
 

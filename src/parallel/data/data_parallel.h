@@ -3,7 +3,8 @@
 // the OptimizerOwner (parallel/optimizer_owner.h) parallelize() gives the training step whenever
 // gradients are reduced over several replicas (or offloaded).
 //
-// One training step, as TrainStep drives it:
+// One training step, as a step runner drives it (PlainStep, parallel/plain_step.h; PipelineStep
+// calls before_stage_backward per stage instead):
 //   for each micro-batch m of M:  dp.before_backward(m == M - 1);  loss.backward();
 //   dp.finish_gradients();             // every reduction done; gradients are the dp mean
 //                                      // (needs before_backward(true) for the last micro-batch)
@@ -29,9 +30,10 @@
 //      gathered again for its backward, and so are the ends'; (4 + 4 + 8)/N plus the units in
 //      flight.
 //   parallel.offload = true with stages 1-3 (ZeRO-Offload, Ren et al.): the optimizer state, a
-//      float32 master copy of the shard and the shard's gradient move to the host (offload.h),
-//      and the optimizer step runs there. Device bytes: stage 1 4 + 4, stage 2 4 + 4/N, stage 3
-//      (4 + 4)/N plus the units in flight; host bytes: (4 + 4 + 8)/N.
+//      float32 master copy of the shard and the shard's gradient move to the host
+//      (memory/offload/offload.h), and the optimizer step runs there. Device bytes: stage 1
+//      4 + 4, stage 2 4 + 4/N, stage 3 (4 + 4)/N plus the units in flight; host bytes:
+//      (4 + 4 + 8)/N.
 // A pipeline stage's model (TransformerLMImpl::stage) has the units of its own blocks and ends,
 // and its tied embedding (wte on the first or the last stage) is a unit of its own, so both stages
 // shard it alike and sum_gradient_over can add their gradient shards. At stage 3 a pipeline
@@ -88,12 +90,13 @@
 //   is collected (during backward; with N > 1 the host collects a finished reduce-scatter when a
 //   later unit launches its own or in finish_gradients). clip_grad_norm takes the same global norm
 //   (stage 1 over the device gradients, stages 2-3 over the host shards) and scales the host
-//   gradients; step() updates the host masters with AdamW, copies them into the device shards and
-//   then all-gathers as without offload. On CUDA the host buffers are pinned and both directions
-//   run non_blocking on a copy stream of their own: the device-to-host copies overlap the rest of
-//   backward (stages 2-3) and the host waits for them before clipping and the step; the compute
-//   stream waits for the host-to-device copies before the all-gather. On a CPU device the same
-//   path runs with synchronous copies. Optimizer AdamW only (refused for stage 0 and Adafactor).
+//   gradients; step() updates the host masters with the optimizer, copies them into the device
+//   shards and then all-gathers as without offload. On CUDA the host buffers are pinned and both
+//   directions run non_blocking on a copy stream of their own: the device-to-host copies overlap
+//   the rest of backward (stages 2-3) and the host waits for them before clipping and the step;
+//   the compute stream waits for the host-to-device copies before the all-gather. On a CPU device
+//   the same path runs with synchronous copies. Optimizers with elementwise state only, AdamW or
+//   SGD (refused for stage 0 and for Adafactor: check_data_parallel).
 // - A backward needs before_backward() first (a gradient arriving otherwise throws).
 //
 // Equivalence: with the same global batch (N ranks x batch_size each against one process with
@@ -163,11 +166,11 @@ class DataParallel : public ResidentOwner {
   // stages 1-3 fresh ones.
   NamedParams full_optimizer_state();
   // This rank's part of full_optimizer_state() as slices of its whole tensors, without any
-  // communication or copy of the whole state (for a sharded checkpoint): stage 0 the even slices
-  // (every rank holds everything), stages 1-3 the range of each "<param>.<slot>" this rank owns
-  // and each "<param>.step" from the rank owning the parameter's first element. Over the dp
-  // ranks every element is in exactly one slice. Refused with an expert-data group (expert
-  // parallelism's state is named per expert shard, which that issue adds).
+  // communication or copy of the whole state (for a sharded checkpoint): stage 0 even slices over
+  // each parameter's reduction group (every rank of it holds everything), stages 1-3 the range of
+  // each "<param>.<slot>" this rank owns and each "<param>.step" from the rank owning the
+  // parameter's first element. Over the ranks of a parameter's reduction group every element of
+  // its state is in exactly one slice (under expert parallelism, of this rank's experts' state).
   std::vector<TensorSlice> optimizer_state_slices() const;
   // Each rank takes its shard of whole-tensor state (as full_optimizer_state() returns).
   void load_full_optimizer_state(const std::map<std::string, at::Tensor>& state, const std::string& source);
