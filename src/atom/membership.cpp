@@ -164,9 +164,4 @@ int Membership::port() const { return impl_->node.getBoundPort(AF_INET); }
 
 int64_t Membership::refused_records() const { return impl_->refused; }
 
-int64_t Membership::known_nodes() const {
-  const dht::NodeStats s = impl_->node.getNodesStats(AF_INET);
-  return static_cast<int64_t>(s.good_nodes + s.dubious_nodes);
-}
-
 }  // namespace tessera::atom

@@ -49,8 +49,6 @@ class Membership {
   int port() const;
   // Records seen that failed verification (forged, altered, another key).
   int64_t refused_records() const;
-  // DHT nodes this node knows of (0 until it has joined the network).
-  int64_t known_nodes() const;
 
  private:
   struct Impl;

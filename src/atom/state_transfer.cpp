@@ -36,8 +36,11 @@ bool StateSnapshots::wanted(int64_t swarm_step) const {
 void StateSnapshots::write(int64_t swarm_step, const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
   std::filesystem::create_directories(dir_);
   const std::string path = dir_ + "/state_" + std::to_string(swarm_step) + ".safetensors";
+  // The atomic commit of core/fs.h (write_file_atomic) for a file written in pieces: the temporary
+  // file fsync'ed by write_safetensors, renamed over the name, the directory fsync'ed.
   write_safetensors(path + ".tmp", tensors, {{"swarm_step", std::to_string(swarm_step)}});
   std::filesystem::rename(path + ".tmp", path);
+  fsync_directory(dir_);
   Snapshot s{swarm_step, path, file_checksum(path), static_cast<int64_t>(std::filesystem::file_size(path))};
   std::lock_guard<std::mutex> lock(mutex_);
   held_.push_back(s);

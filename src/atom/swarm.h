@@ -128,6 +128,8 @@ class Swarm final : public Collaboration {
   void drop_accumulated();
   void say(const std::string& line);
   void serve(std::unique_ptr<Channel> channel);
+  // A checkpoint's or snapshot's tensor `name` as float32, or undefined when absent.
+  static at::Tensor swarm_tensor(const std::map<std::string, at::Tensor>& tensors, const std::string& name);
 
   PeerIdentity identity_;
   Config config_;

@@ -1,211 +1,25 @@
+// Writing checkpoints (checkpoint.h): the step's partial directory, each rank's shards, the
+// atomic commit, and the clean-up of interrupted saves and old steps. Reading is in
+// checkpoint_read.cpp, the files' names in checkpoint_files.h.
 #include "checkpoint/checkpoint.h"
-
-#include <cstdio>
-#include <set>
 
 #include <algorithm>
 #include <filesystem>
-#include <sstream>
+#include <set>
 
 #include <ATen/ATen.h>
-#include <c10/util/accumulate.h>
 
+#include "checkpoint/checkpoint_files.h"
 #include "core/error.h"
 #include "core/fault_injection.h"
-#include "core/json_file.h"
 #include "core/fs.h"
+#include "core/json_file.h"
 
 namespace tessera {
 namespace fs = std::filesystem;
 
-namespace {
-
-// The rules every model, optimizer and compression tensor read from a checkpoint obeys
-// (checkpoint.h): a wrong dtype, a NaN or a negative second moment would resume into NaN.
-void check_state_tensor(const std::string& file, const std::string& name, const at::Tensor& t) {
-  if (name.rfind("rng.", 0) == 0) return;  // random stream states: bytes
-  // Counters: an optimizer's steps, and the fp16 loss scaler's good steps since its last change.
-  auto ends_with = [&](const std::string& tail) {
-    return name.size() > tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
-  };
-  const bool counter = ends_with(".step") || ends_with("loss_scaler.growth_tracker");
-  if (counter && at::isIntegralType(t.scalar_type(), /*includeBool=*/false)) {
-    require(t.numel() == 0 || t.min().item<int64_t>() >= 0, file, ": counter '", name, "' is negative");
-    return;
-  }
-  require(at::isFloatingType(t.scalar_type()), file, ": tensor '", name, "' has dtype ", t.scalar_type(),
-          "; a checkpoint's model and optimizer tensors are floating point (counters may be integers)");
-  require(t.numel() == 0 || at::isfinite(t).all().item<bool>(), file, ": tensor '", name,
-          "' holds NaN or infinite values; a run resumed from it would train on garbage");
-  if (name.find("exp_avg_sq") != std::string::npos)
-    require(t.numel() == 0 || t.min().item<double>() >= 0, file, ": tensor '", name,
-            "' is a second moment with negative entries (", t.min().item<double>(), ")");
-}
-
-std::string meta_checksum(nlohmann::json meta) {
-  meta.erase("meta_checksum");
-  return checksum(meta.dump());
-}
-
-const char* kModelFile = "model.safetensors";
-const char* kOptimizerFile = "optimizer.safetensors";
-const char* kMetaFile = "meta.json";
-
-std::string step_name(int64_t step) { return "step_" + std::to_string(step); }
-
-std::string shard_name(int64_t rank, int64_t shards) {
-  return "optimizer-" + std::to_string(rank) + "-of-" + std::to_string(shards) + ".safetensors";
-}
-
-const char* kModelIndex = "model.safetensors.index.json";
-
-// Hugging Face's sharded-model convention: model-00001-of-00004.safetensors (1-based).
-std::string model_shard_name(int64_t rank, int64_t shards) {
-  char name[64];
-  std::snprintf(name, sizeof name, "model-%05lld-of-%05lld.safetensors", static_cast<long long>(rank + 1),
-                static_cast<long long>(shards));
-  return name;
-}
-
-// The pieces of each model tensor of a checkpoint: the one file, or for `shards` files the files
-// the index names, checked against the shards' headers (every tensor in exactly the files named,
-// its parts tiling it).
-std::map<std::string, std::vector<StoredPiece>> model_file_map(const fs::path& dir, int64_t shards) {
-  std::map<std::string, std::vector<StoredPiece>> pieces;
-  if (shards == 0) {
-    const std::string file = (dir / kModelFile).string();
-    for (const auto& [name, e] : read_safetensors_header(file).tensors) pieces[name] = {{file, Region::whole(e.shape)}};
-    return pieces;
-  }
-  const std::string index_path = (dir / kModelIndex).string();
-  const nlohmann::json index = read_json_file(index_path);
-  if (!index.contains("weight_map") || !index["weight_map"].is_object()) fail(index_path, ": no weight_map");
-  const nlohmann::json parts = index.value("part_map", nlohmann::json::object());
-  if (!parts.is_object()) fail(index_path, ": part_map is not an object");
-  auto listed = [&](const std::string& name, const std::string& file) {
-    if (!parts.contains(name)) return index["weight_map"].value(name, std::string()) == file;
-    const nlohmann::json& files = parts[name];
-    return files.is_array() && std::find(files.begin(), files.end(), file) != files.end();
-  };
-  for (int64_t r = 0; r < shards; ++r) {
-    const std::string file = model_shard_name(r, shards), path = (dir / file).string();
-    const SafetensorsHeader header = read_safetensors_header(path);
-    for (const auto& [name, e] : header.tensors) {
-      if (!listed(name, file)) fail(path, ": holds '", name, "', which ", index_path, " does not place in this file");
-      const auto record = header.metadata.find(name);
-      const int64_t numel = Region::whole(e.shape).whole_numel();
-      pieces[name].push_back({path, record == header.metadata.end()
-                                        ? Region::whole(e.shape)
-                                        : Region::parse(record->second, numel, path + ": '" + name + "'")});
-    }
-  }
-  for (const auto& [name, file] : index["weight_map"].items())
-    if (!pieces.count(name) || pieces[name].size() != 1 ||
-        !pieces[name][0].region.is_whole())
-      fail(index_path, ": names '", name, "' in ", file.dump(), ", which lacks it or holds a part of it");
-  for (const auto& [name, files] : parts.items()) {
-    if (!pieces.count(name) || !files.is_array() || pieces[name].size() != files.size())
-      fail(index_path, ": places the parts of '", name, "' in ", files.dump(), ", the shards hold ",
-           pieces.count(name) ? pieces[name].size() : 0);
-    std::vector<Region> regions;
-    for (const StoredPiece& p : pieces[name]) regions.push_back(p.region);
-    if (!tiles(regions)) fail(index_path, ": the parts of '", name, "' overlap or leave a gap");
-  }
-  return pieces;
-}
-
-std::string compression_name(int64_t rank, int64_t ranks) {
-  return "compression-" + std::to_string(rank) + "-of-" + std::to_string(ranks) + ".safetensors";
-}
-
-// Collects the optimizer tensors of a checkpoint from their pieces (a shard's regions, or the whole
-// tensors of a single-file checkpoint): whole tensors, or for names in `ranges` that region's
-// values, 1-D.
-class OptimizerAssembly {
- public:
-  explicit OptimizerAssembly(const OptimizerRanges& ranges) : ranges_(ranges) {}
-
-  // `values` hold `stored` of the tensor `name`.
-  void add(const std::string& file, const std::string& name, const at::Tensor& values, const Region& stored) {
-    check_state_tensor(file, name, values);
-    auto it = parts_.find(name);
-    if (it == parts_.end()) {
-      auto range = ranges_.find(name);
-      Part part{range != ranges_.end() ? range->second : Region::whole(stored.shape), {}, 0};
-      require(part.want.shape == stored.shape, file, ": optimizer tensor '", name, "' has shape ",
-              at::IntArrayRef(stored.shape), ", this run expects ", at::IntArrayRef(part.want.shape));
-      part.values = range != ranges_.end() ? at::empty({part.want.numel()}, values.options())
-                                           : at::empty(stored.shape, values.options());
-      it = parts_.emplace(name, std::move(part)).first;
-    }
-    Part& part = it->second;
-    require(part.want.shape == stored.shape, file, ": slice of '", name, "' records shape ",
-            at::IntArrayRef(stored.shape), ", another shard ", at::IntArrayRef(part.want.shape));
-    part.covered += copy_overlap(stored, values, part.want, part.values);
-  }
-
-  std::map<std::string, at::Tensor> finish(const std::string& where) {
-    std::map<std::string, at::Tensor> out;
-    for (auto& [name, part] : parts_) {
-      require(part.covered == part.want.numel(), where, ": the shards cover ", part.covered, " of the ",
-              part.want.numel(), " elements of '", name, "'", ranges_.count(name) ? " this rank reads" : "");
-      out.emplace(name, std::move(part.values));
-    }
-    return out;
-  }
-
- private:
-  struct Part {
-    Region want;
-    at::Tensor values;
-    int64_t covered;
-  };
-  const OptimizerRanges& ranges_;
-  std::map<std::string, Part> parts_;
-};
-
-// The shards of a multi-rank checkpoint, read one file at a time. Each shard tensor is 1-D; the
-// file's metadata holds its region's record (region.h).
-std::map<std::string, at::Tensor> assemble_shards(const fs::path& dir, int64_t shards, const OptimizerRanges& ranges) {
-  OptimizerAssembly assembly(ranges);
-  for (int64_t r = 0; r < shards; ++r) {
-    const std::string path = (dir / shard_name(r, shards)).string();
-    SafetensorsContents shard = read_safetensors(path);
-    for (const auto& [name, slice] : shard.tensors) {
-      auto meta = shard.metadata.find(name);
-      require(meta != shard.metadata.end(), path, ": tensor '", name, "' has no slice record in the metadata");
-      assembly.add(path, name, slice, Region::parse(meta->second, slice.numel(), path + ": '" + name + "'"));
-    }
-  }
-  return assembly.finish(dir.string());
-}
-
-std::map<std::string, at::Tensor> read_optimizer_file(const fs::path& file, const OptimizerRanges& ranges) {
-  OptimizerAssembly assembly(ranges);
-  for (const auto& [name, t] : read_safetensors(file.string()).tensors)
-    assembly.add(file.string(), name, t, Region::whole(t.sizes().vec()));
-  return assembly.finish(file.string());
-}
-
-// Step directories under `checkpoints_dir`, oldest first.
-std::vector<std::pair<int64_t, fs::path>> step_dirs(const fs::path& checkpoints_dir) {
-  std::vector<std::pair<int64_t, fs::path>> out;
-  if (!fs::is_directory(checkpoints_dir)) return out;
-  for (const auto& entry : fs::directory_iterator(checkpoints_dir)) {
-    std::string name = entry.path().filename().string();
-    if (!entry.is_directory() || name.rfind("step_", 0) != 0) continue;
-    std::string digits = name.substr(5);
-    if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) continue;
-    out.emplace_back(std::stoll(digits), entry.path());
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-}  // namespace
-
 std::string partial_checkpoint_dir(const std::string& checkpoints_dir, int64_t step) {
-  return (fs::path(checkpoints_dir) / (step_name(step) + ".partial")).string();
+  return (fs::path(checkpoints_dir) / (checkpoint_files::step_name(step) + ".partial")).string();
 }
 
 std::string prepare_checkpoint_dir(const std::string& checkpoints_dir, int64_t step) {
@@ -238,7 +52,7 @@ void write_optimizer_shard(const std::string& partial_dir, int64_t rank, int64_t
     tensors.emplace_back(slice.name, slice.values.reshape({-1}).contiguous());
     records[slice.name] = slice.region.record();
   }
-  write_safetensors((fs::path(partial_dir) / shard_name(rank, shards)).string(), tensors, records);
+  write_safetensors((fs::path(partial_dir) / checkpoint_files::shard_name(rank, shards)).string(), tensors, records);
 }
 
 void write_model_shard(const std::string& partial_dir, int64_t rank, int64_t shards,
@@ -251,11 +65,11 @@ void write_model_shard(const std::string& partial_dir, int64_t rank, int64_t sha
     values.emplace_back(t.name, t.values);
     if (!t.region.is_whole()) metadata[t.name] = t.region.record();
   }
-  write_safetensors((fs::path(partial_dir) / model_shard_name(rank, shards)).string(), values, metadata);
+  write_safetensors((fs::path(partial_dir) / checkpoint_files::model_shard_name(rank, shards)).string(), values, metadata);
 }
 
 void write_compression_state(const std::string& partial_dir, int64_t rank, int64_t ranks, const NamedTensors& state) {
-  write_safetensors((fs::path(partial_dir) / compression_name(rank, ranks)).string(), state);
+  write_safetensors((fs::path(partial_dir) / checkpoint_files::compression_name(rank, ranks)).string(), state);
 }
 
 std::string save_checkpoint(const std::string& checkpoints_dir, int64_t step, const CheckpointContents& contents) {
@@ -264,15 +78,15 @@ std::string save_checkpoint(const std::string& checkpoints_dir, int64_t step, co
 
 std::string commit_checkpoint(const std::string& checkpoints_dir, int64_t step, const CheckpointContents& contents,
                               int64_t shards) {
-  const fs::path final_dir = fs::path(checkpoints_dir) / step_name(step);
+  const fs::path final_dir = fs::path(checkpoints_dir) / checkpoint_files::step_name(step);
   const fs::path partial = shards > 0 ? fs::path(partial_checkpoint_dir(checkpoints_dir, step))
                                       : fs::path(prepare_checkpoint_dir(checkpoints_dir, step));
   for (int64_t r = 0; r < shards; ++r)
-    require(fs::exists(partial / shard_name(r, shards)), (partial / shard_name(r, shards)).string(),
+    require(fs::exists(partial / checkpoint_files::shard_name(r, shards)), (partial / checkpoint_files::shard_name(r, shards)).string(),
             ": missing when committing the checkpoint (did rank ", r, " fail?)");
   for (int64_t r = 0; r < contents.compression_ranks; ++r)
-    require(fs::exists(partial / compression_name(r, contents.compression_ranks)),
-            (partial / compression_name(r, contents.compression_ranks)).string(),
+    require(fs::exists(partial / checkpoint_files::compression_name(r, contents.compression_ranks)),
+            (partial / checkpoint_files::compression_name(r, contents.compression_ranks)).string(),
             ": missing when committing the checkpoint (did rank ", r, " fail?)");
 
   if (contents.model_shards > 0) {
@@ -280,7 +94,7 @@ std::string commit_checkpoint(const std::string& checkpoints_dir, int64_t step, 
     nlohmann::json weight_map = nlohmann::json::object(), part_map = nlohmann::json::object();
     int64_t total = 0;
     for (int64_t r = 0; r < contents.model_shards; ++r) {
-      const fs::path file = partial / model_shard_name(r, contents.model_shards);
+      const fs::path file = partial / checkpoint_files::model_shard_name(r, contents.model_shards);
       require(fs::exists(file), file.string(), ": missing when committing the checkpoint (did rank ", r, " fail?)");
       const SafetensorsHeader header = read_safetensors_header(file.string());
       for (const auto& [name, e] : header.tensors) {
@@ -296,12 +110,12 @@ std::string commit_checkpoint(const std::string& checkpoints_dir, int64_t step, 
     }
     nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
     if (!part_map.empty()) index["part_map"] = part_map;
-    write_file_durable((partial / kModelIndex).string(), index.dump(2) + "\n");
+    write_file_durable((partial / checkpoint_files::kModelIndex).string(), index.dump(2) + "\n");
   } else {
-    write_safetensors((partial / kModelFile).string(), contents.model, {{"format", "pt"}});
+    write_safetensors((partial / checkpoint_files::kModelFile).string(), contents.model, {{"format", "pt"}});
   }
   fault::point("checkpoint.write");
-  if (shards == 0) write_safetensors((partial / kOptimizerFile).string(), contents.optimizer);
+  if (shards == 0) write_safetensors((partial / checkpoint_files::kOptimizerFile).string(), contents.optimizer);
   for (const auto& file : contents.extra_files) {
     fs::path target = partial / fs::path(file).filename();
     write_file_durable(target.string(), read_file(file));
@@ -319,12 +133,12 @@ std::string commit_checkpoint(const std::string& checkpoints_dir, int64_t step, 
     files[name] = {{"bytes", fs::file_size(entry.path())}, {"checksum", file_checksum(entry.path().string())}};
   }
   meta["files"] = files;
-  meta["meta_checksum"] = meta_checksum(meta);
-  write_file_durable((partial / kMetaFile).string(), meta.dump(2) + "\n");
+  meta["checkpoint_files::meta_checksum"] = checkpoint_files::meta_checksum(meta);
+  write_file_durable((partial / checkpoint_files::kMetaFile).string(), meta.dump(2) + "\n");
   fsync_directory(partial.string());
 
   // Never a moment without a complete checkpoint for this step: the old one moves aside first.
-  const fs::path replaced = fs::path(checkpoints_dir) / (step_name(step) + ".replaced");
+  const fs::path replaced = fs::path(checkpoints_dir) / (checkpoint_files::step_name(step) + ".replaced");
   bool had_old = fs::exists(final_dir);
   if (had_old) {
     fs::remove_all(replaced);
@@ -332,156 +146,9 @@ std::string commit_checkpoint(const std::string& checkpoints_dir, int64_t step, 
   }
   fs::rename(partial, final_dir);
   fsync_directory(checkpoints_dir);
-  write_file_atomic((fs::path(checkpoints_dir) / "latest").string(), step_name(step) + "\n");
+  write_file_atomic((fs::path(checkpoints_dir) / "latest").string(), checkpoint_files::step_name(step) + "\n");
   if (had_old) fs::remove_all(replaced);
   return final_dir.string();
-}
-
-std::string model_source(const LoadedCheckpoint& ckpt) {
-  return ckpt.dir + (ckpt.meta.contains("model_shards") ? "/model-*.safetensors" : "/" + std::string(kModelFile));
-}
-
-std::string resolve_checkpoint_dir(const std::string& path) {
-  fs::path p(path);
-  if (!fs::exists(p)) fail(path, ": checkpoint path does not exist");
-  if (fs::exists(p / kMetaFile)) return p.string();
-  for (const fs::path& dir : {p, p / "checkpoints"}) {
-    fs::path latest = dir / "latest";
-    if (fs::exists(latest)) {
-      std::string name = read_file(latest.string());
-      name.erase(name.find_last_not_of(" \n\r\t") + 1);
-      fs::path target = dir / name;
-      if (!fs::exists(target / kMetaFile)) fail(latest.string(), ": names '", name, "', which is not a complete checkpoint");
-      return target.string();
-    }
-  }
-  fail(path, ": not a checkpoint (no meta.json) and no checkpoints/latest beneath it");
-}
-
-namespace {
-
-const std::vector<StoredPiece>& pieces_of(const LoadedCheckpoint& ckpt, const std::string& name) {
-  const auto it = ckpt.model_files.find(name);
-  if (it == ckpt.model_files.end()) fail(ckpt.dir, ": the checkpoint's model has no tensor '", name, "'");
-  return it->second;
-}
-
-}  // namespace
-
-std::vector<int64_t> model_tensor_shape(const LoadedCheckpoint& ckpt, const std::string& name) {
-  return pieces_of(ckpt, name).front().region.shape;
-}
-
-at::Tensor read_model_region(const LoadedCheckpoint& ckpt, const std::string& name, const Region& region) {
-  const std::vector<StoredPiece>& pieces = pieces_of(ckpt, name);
-  require(region.shape == pieces.front().region.shape, model_source(ckpt), ": tensor '", name, "' has shape ",
-          at::IntArrayRef(pieces.front().region.shape), ", read as ", at::IntArrayRef(region.shape));
-  at::Tensor values;
-  int64_t covered = 0;
-  for (const StoredPiece& piece : pieces) {
-    if (pieces.size() > 1 && !overlaps(piece.region, region)) continue;
-    const at::Tensor t = read_safetensors_tensor(piece.file, name);
-    check_state_tensor(piece.file, name, t);
-    if (!values.defined()) values = at::empty({region.numel()}, t.options());
-    require(t.scalar_type() == values.scalar_type(), piece.file, ": part of '", name, "' has dtype ",
-            t.scalar_type(), ", another part ", values.scalar_type());
-    covered += copy_overlap(piece.region, t, region, values);
-  }
-  require(covered == region.numel(), model_source(ckpt), ": the parts of '", name, "' cover ", covered, " of the ",
-          region.numel(), " elements read");
-  return values.defined() ? values : at::empty({0});
-}
-
-ModelReader model_reader(const LoadedCheckpoint& ckpt) {
-  ModelReader reader;
-  for (const auto& [name, pieces] : ckpt.model_files) reader.names.insert(name);
-  reader.shape = [&ckpt](const std::string& name) { return model_tensor_shape(ckpt, name); };
-  reader.read = [&ckpt](const std::string& name, const Region& region) { return read_model_region(ckpt, name, region); };
-  reader.source = model_source(ckpt);
-  return reader;
-}
-
-ModelReader model_reader(const std::map<std::string, at::Tensor>& tensors, std::string source) {
-  ModelReader reader;
-  for (const auto& [name, t] : tensors) reader.names.insert(name);
-  reader.shape = [&tensors](const std::string& name) { return tensors.at(name).sizes().vec(); };
-  reader.read = [&tensors](const std::string& name, const Region& region) {
-    const at::Tensor& t = tensors.at(name);
-    at::Tensor values = at::empty({region.numel()}, t.options());
-    copy_overlap(Region::whole(t.sizes().vec()), t, region, values);
-    return values;
-  };
-  reader.source = std::move(source);
-  return reader;
-}
-
-at::Tensor read_model_tensor(const LoadedCheckpoint& ckpt, const std::string& name) {
-  const std::vector<int64_t> shape = model_tensor_shape(ckpt, name);
-  return read_model_region(ckpt, name, Region::whole(shape)).view(shape);
-}
-
-LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer, const OptimizerRanges& ranges,
-                                 bool with_model) {
-  LoadedCheckpoint out;
-  out.dir = resolve_checkpoint_dir(path);
-  const fs::path dir(out.dir);
-  const std::string meta_path = (dir / kMetaFile).string();
-  out.meta = read_json_file(meta_path);
-  require(out.meta.is_object(), meta_path, ": not a JSON object");
-  const int64_t version = meta_field<int64_t>(out.meta, "format_version", meta_path);
-  if (version != kCheckpointFormatVersion)
-    fail(meta_path, ": checkpoint format version ", version, ", this tessera reads version ", kCheckpointFormatVersion);
-  if (meta_field<std::string>(out.meta, "meta_checksum", meta_path) != meta_checksum(out.meta))
-    fail(meta_path, ": checksum mismatch (the file was modified or corrupted)");
-  out.step = meta_field<int64_t>(out.meta, "step", meta_path);
-  require(out.step >= 0, meta_path, ": step ", out.step, " is negative");
-  const std::string dir_name = dir.filename().string();
-  if (dir_name.rfind("step_", 0) == 0 && dir_name.size() > 5 &&
-      std::all_of(dir_name.begin() + 5, dir_name.end(), ::isdigit))
-    require(dir_name == step_name(out.step), meta_path, ": step ", out.step, " disagrees with the directory name ",
-            dir_name);
-  const nlohmann::json files = meta_field<nlohmann::json>(out.meta, "files", meta_path);
-  auto count = [&](const char* key) {
-    const int64_t n = out.meta.contains(key) ? meta_field<int64_t>(out.meta, key, meta_path) : 0;
-    require(n >= 0 && n <= (1 << 20), meta_path, ": '", key, "' = ", n, " is out of range");
-    return n;
-  };
-  const int64_t shards = count("optimizer_shards");
-  const int64_t model_shards = count("model_shards");
-  std::vector<std::string> required;
-  if (model_shards == 0) required.push_back(kModelFile);
-  else required.push_back(kModelIndex);
-  for (int64_t r = 0; r < model_shards; ++r) required.push_back(model_shard_name(r, model_shards));
-  for (int64_t r = 0; r < shards; ++r) required.push_back(shard_name(r, shards));
-  if (shards == 0) required.push_back(kOptimizerFile);
-  const int64_t compression_ranks = count("compression_ranks");
-  for (int64_t r = 0; r < compression_ranks; ++r) required.push_back(compression_name(r, compression_ranks));
-  for (const auto& name : required)
-    if (!files.contains(name)) fail(meta_path, ": does not list ", name);
-  for (const auto& [name, info] : files.items()) {
-    require(name.find('/') == std::string::npos && name != ".." && info.is_object() && info.contains("bytes") &&
-                info["bytes"].is_number_unsigned() && info.contains("checksum") && info["checksum"].is_string(),
-            meta_path, ": the entry of '", name, "' in 'files' is malformed");
-    const fs::path file = dir / name;
-    require_regular_file(file.string());  // not a directory, a device, a symlink loop
-    if (!fs::exists(file)) fail(file.string(), ": missing from the checkpoint");
-    uintmax_t bytes = fs::file_size(file);
-    if (bytes != info["bytes"].get<uintmax_t>())
-      fail(file.string(), ": ", bytes, " bytes, meta.json records ", info["bytes"].get<uintmax_t>(), " (truncated?)");
-    if (file_checksum(file.string()) != info["checksum"].get<std::string>())
-      fail(file.string(), ": checksum mismatch (the file was modified or corrupted)");
-  }
-  out.model_files = model_file_map(dir, model_shards);
-  if (with_model)
-    for (const auto& [name, pieces] : out.model_files) out.model.emplace(name, read_model_tensor(out, name));
-  if (!with_optimizer) return out;
-  out.optimizer = shards > 0 ? assemble_shards(dir, shards, ranges) : read_optimizer_file(dir / kOptimizerFile, ranges);
-  for (int64_t r = 0; r < compression_ranks; ++r) {
-    const std::string file = (dir / compression_name(r, compression_ranks)).string();
-    out.compression.push_back(read_safetensors(file).tensors);
-    for (const auto& [name, t] : out.compression.back()) check_state_tensor(file, name, t);
-  }
-  return out;
 }
 
 std::vector<std::string> remove_interrupted_saves(const std::string& checkpoints_dir) {
@@ -495,7 +162,7 @@ std::vector<std::string> remove_interrupted_saves(const std::string& checkpoints
     if (!entry.is_directory() || name.rfind("step_", 0) != 0) continue;
     const bool partial = ends_with(".partial");
     const bool replaced = ends_with(".replaced") &&
-                          fs::exists(entry.path().parent_path() / (name.substr(0, name.size() - 9) + "/" + kMetaFile));
+                          fs::exists(entry.path().parent_path() / (name.substr(0, name.size() - 9) + "/" + checkpoint_files::kMetaFile));
     if (partial || replaced) removed.push_back(name);
   }
   std::sort(removed.begin(), removed.end());
@@ -505,7 +172,7 @@ std::vector<std::string> remove_interrupted_saves(const std::string& checkpoints
 
 void prune_checkpoints(const std::string& checkpoints_dir, int64_t keep) {
   if (keep <= 0) return;
-  auto dirs = step_dirs(checkpoints_dir);
+  auto dirs = checkpoint_files::step_dirs(checkpoints_dir);
   const fs::path latest = resolve_checkpoint_dir(checkpoints_dir);
   for (size_t i = 0; i + static_cast<size_t>(keep) < dirs.size(); ++i)
     if (!fs::equivalent(dirs[i].second, latest)) fs::remove_all(dirs[i].second);

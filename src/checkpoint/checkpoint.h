@@ -189,6 +189,10 @@ std::string model_source(const LoadedCheckpoint& ckpt);
 // Resolves `path` as load_checkpoint does, without reading tensors.
 std::string resolve_checkpoint_dir(const std::string& path);
 
+// The step of the latest complete checkpoint under `checkpoints_dir` (its `latest` names
+// step_<N>, whose meta.json exists), or -1 when there is none.
+int64_t latest_checkpoint_step(const std::string& checkpoints_dir);
+
 // Deletes the oldest complete step directories so that at most `keep` remain (keep <= 0: all).
 void prune_checkpoints(const std::string& checkpoints_dir, int64_t keep);
 

@@ -46,6 +46,7 @@
 #include "comm/mesh.h"
 #include "core/error.h"
 #include "memory/host_memory_stats.h"
+#include "parallel/layout_check.h"
 #include "plan/stage_cut.h"
 #include "core/config.h"
 #include "train/device_peak.h"

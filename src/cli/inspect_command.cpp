@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/parallel_dims.h"
+#include "parallel/layout_check.h"
 #include "parallel/parallelize.h"
 #include "plan/memory_estimate.h"
 #include "core/config.h"

@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint.h"
 #include "comm/node_rendezvous.h"
 #include "comm/rendezvous.h"
 #include "core/error.h"
@@ -170,18 +171,6 @@ Round run_workers(const LaunchOptions& o, const comm::Generation& generation, co
   return Round{0, false, false, ""};
 }
 
-// The step of the run's latest checkpoint (RUN_DIR/checkpoints/latest names step_N), or -1.
-int64_t latest_checkpoint_step(const std::string& run_dir) {
-  std::ifstream in(run_dir + "/checkpoints/latest");
-  std::string name;
-  if (!(in >> name) || name.rfind("step_", 0) != 0 || !fs::is_directory(run_dir + "/checkpoints/" + name)) return -1;
-  try {
-    return std::stoll(name.substr(5));
-  } catch (const std::exception&) {
-    return -1;
-  }
-}
-
 }  // namespace
 
 int launch_workers(const LaunchOptions& o, const std::string& run_dir, double stop_grace_s, const Restarts& restarts) {
@@ -280,7 +269,8 @@ int launch_workers(const LaunchOptions& o, const std::string& run_dir, double st
     const int64_t next = generation.number + 1;
     if (lead) store = comm::listen_on(host, 0);  // a restart takes a fresh port
     if (!nodes) {
-      generation = comm::next_generation(generation, *end, {{0, 0}}, policy, latest_checkpoint_step(run_dir));
+      generation =
+          comm::next_generation(generation, *end, {{0, 0}}, policy, latest_checkpoint_step(run_dir + "/checkpoints"));
       generation.store_port = store.port;
     } else {
       nodes->join(next, 0);
@@ -288,7 +278,7 @@ int launch_workers(const LaunchOptions& o, const std::string& run_dir, double st
         std::set<int> previous;
         for (const auto& [node, slot] : generation.nodes) previous.insert(node);
         generation = comm::next_generation(generation, *end, nodes->collect(next, previous, o.nnodes), policy,
-                                           latest_checkpoint_step(run_dir));
+                                           latest_checkpoint_step(run_dir + "/checkpoints"));
         generation.store_port = store.port;
         nodes->publish(generation);
       } else {

@@ -9,11 +9,13 @@
 
 #include "cli/commands.h"
 #include "comm/device.h"
+#include "core/byte_size.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/parallel_dims.h"
 #include "memory/swap/swap_simulate.h"
 #include "memory/swap/swap_timeline.h"
+#include "parallel/layout_check.h"
 #include "parallel/parallelize.h"
 #include "plan/memory_estimate.h"
 #include "plan/layout.h"

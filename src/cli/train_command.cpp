@@ -22,6 +22,7 @@
 #include "core/fs.h"
 #include "core/json_file.h"
 #include "data/training_data.h"
+#include "parallel/layout_check.h"
 #include "plan/memory_estimate.h"
 #include "core/config.h"
 #include "train/run_dir.h"

@@ -95,7 +95,6 @@ class Group {
   const std::string& name() const;
   int64_t rank() const;
   int64_t size() const;
-  int64_t global_rank() const;                // this process
   int64_t global_rank_of(int64_t rank) const;  // a member
   const std::vector<int64_t>& ranks() const;
   c10::Device device() const;

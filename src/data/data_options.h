@@ -22,9 +22,6 @@ struct DataOptions {
     v("seed", seed, "seed of the training batch order (independent of train.seed)", between(0, 9.2e18));
   }
   void check(const std::string& source) const;
-
-  std::string train_path() const { return path + "/" + train_file; }
-  std::string val_path() const { return path + "/" + val_file; }
 };
 
 }  // namespace tessera

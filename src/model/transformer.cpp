@@ -129,6 +129,23 @@ void TransformerLMImpl::set_activation_checkpointing(const std::string& mode) {
   for (auto& [l, b] : blocks_) b->set_checkpoint_mode(parsed);
 }
 
+std::vector<std::pair<std::string, at::Tensor>> TransformerLMImpl::routing_state() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (int64_t layer : layers())
+    if (MoE moe = block(layer)->moe)
+      if (moe->selection_bias().defined())
+        out.emplace_back("moe.h." + std::to_string(layer) + ".selection_bias", moe->selection_bias().clone());
+  return out;
+}
+
+void TransformerLMImpl::load_routing_state(const std::map<std::string, at::Tensor>& tensors) {
+  for (int64_t layer : layers())
+    if (MoE moe = block(layer)->moe) {
+      const auto it = tensors.find("moe.h." + std::to_string(layer) + ".selection_bias");
+      if (it != tensors.end()) moe->set_selection_bias(it->second);
+    }
+}
+
 void TransformerLMImpl::set_position_offset(int64_t offset) {
   require(offset >= 0, "internal: position offset ", offset, " is negative");
   position_offset_ = offset;

@@ -107,7 +107,12 @@ class TransformerLMImpl : public torch::nn::Module {
 
   // The position of idx[:, 0] in its sequence (>= 0): forward embeds positions offset .. offset+T-1.
   void set_position_offset(int64_t offset);
-  int64_t position_offset() const { return position_offset_; }
+
+  // The routing state of the held MoE layers, which is not a parameter but is checkpointed: each
+  // selection bias (model/moe.h) as "moe.h.<layer>.selection_bias", none while undefined.
+  std::vector<std::pair<std::string, at::Tensor>> routing_state() const;
+  // Takes the held layers' biases from `tensors` (entries for other layers are another stage's).
+  void load_routing_state(const std::map<std::string, at::Tensor>& tensors);
 
   // Where every block's dropout masks come from (model/dropout.h).
   void set_dropout_streams(const DropoutStreams& streams);

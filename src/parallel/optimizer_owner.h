@@ -153,7 +153,9 @@ class OptimizerOwner {
 
 class ResidentOwner : public OptimizerOwner {
  public:
-  // ZeRO-3 over a pipeline stage (an owner whose shards_parameters()): fetch_stage(stage) starts
+  // ZeRO-3 over a pipeline stage: an owner whose gathers_by_schedule() shards the stage's
+  // parameters and leaves their gathers to the pipeline schedule (ordinary ZeRO-3 of a whole model
+  // gathers each block itself and answers false). fetch_stage(stage) starts
   // bringing the parameters of `stage` (its blocks, and the ends when it holds the embedding or
   // the head) in and returns with the gathers in flight; from complete_stage(stage) to
   // release_stage(stage) they are whole, sharded again after. Fetches are held and counted: a part
@@ -162,7 +164,7 @@ class ResidentOwner : public OptimizerOwner {
   // GATHER and RELEASE actions call fetch and release, each compute action complete;
   // begin_pass/end_pass fetch and complete, and release, every stage of the rank around an
   // evaluation. Collectives of the data replicas; nothing for the other owners.
-  virtual bool shards_parameters() const { return false; }
+  virtual bool gathers_by_schedule() const { return false; }
   virtual void fetch_stage(const ModelStage& stage) {}
   virtual void complete_stage(const ModelStage& stage) {}
   virtual void release_stage(const ModelStage& stage) {}

@@ -36,10 +36,7 @@
 //      checkpointing), else LocalOptimizer (one process or tp alone; fp16 master weights and loss
 //      scaling). Under tp either one counts the clipping norm by the parameters' declared splits.
 //
-// check_parallel_layout calls each component's own check (check_tensor_parallel,
-// check_sequence_parallel, check_data_parallel) and the refusals that belong to no component
-// (unbuilt degrees, fp16 with parallelism or offload, the backend). The launcher calls it before
-// any worker starts; parallelize() again in every worker.
+// The layout is checked before (parallel/layout_check.h).
 //
 // The result, ParallelModel, is what the training step drives: the model, its step runner and
 // owner, this rank's share of the data (sequence chunk, data-parallel rows), and the model and
@@ -72,11 +69,6 @@
 
 namespace tessera {
 
-// Refuses, naming the keys and the reason, a layout this build cannot train (see above).
-void check_parallel_layout(const Config& config, const ParallelDims& dims);
-// The same without the checks that depend on this machine's build (the backend for the device):
-// what a layout is, wherever it runs (`tessera inspect` plans for machines it is not on).
-void check_layout_options(const Config& config, const ParallelDims& dims);
 
 class ParallelModel {
  public:
@@ -180,8 +172,8 @@ class ParallelModel {
     comm::Group* over;
     int64_t index;
   };
-  // The held MoE layers' selection biases, "moe.h.<layer>.selection_bias" (none while undefined):
-  // state of the routing, kept whole, written by the replica at dp = sp = tp = 0 of each stage.
+  // The model's routing state (TransformerLMImpl::routing_state: the held MoE layers' selection
+  // biases), kept whole, written by the replica at dp = sp = tp = 0 of each stage.
   NamedTensors routing_state() const;
   // Takes the held layers' biases from `tensors` (entries for other layers are another stage's).
   void load_routing_state(const std::map<std::string, at::Tensor>& tensors);

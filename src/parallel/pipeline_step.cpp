@@ -68,7 +68,7 @@ PipelineStep::PipelineStep(TransformerLM model, ResidentOwner& owner, comm::Mesh
       transfer_dtype_(config.parallel.pp_transfer_dtype == "compute" && autocast ? *autocast : at::kFloat) {
   for (const auto& p : model_->parameters())
     if (p.requires_grad()) trained_.push_back(p);
-  if (!owner_.shards_parameters()) schedule_ = layout.schedule();  // no gathers to add
+  if (!owner_.gathers_by_schedule()) schedule_ = layout.schedule();  // no gathers to add
   schedule_for(config.train.accumulation(mesh.dims().dp()));
   predicted_costs_ = predicted_costs(layout.dims(), layout.cut());
 }
@@ -391,7 +391,7 @@ const pipeline::Schedule& PipelineStep::schedule_for(int64_t micro_batches) {
 }
 
 pipeline::Schedule PipelineStep::build_table(int64_t micro_batches, const pipeline::ActionCosts& costs) const {
-  const pipeline::Gathers gathers = !owner_.shards_parameters()                    ? pipeline::Gathers::none
+  const pipeline::Gathers gathers = !owner_.gathers_by_schedule()                   ? pipeline::Gathers::none
                                     : config_.parallel.zero3_reshard_per_microbatch ? pipeline::Gathers::per_action
                                                                                     : pipeline::Gathers::per_step;
   return pipeline::schedule_for_options(config_.parallel, mesh_.dims().pp(), micro_batches, gathers, costs);

@@ -26,7 +26,7 @@
 //   W(j)  the parameters' gradients: only the weight products (x^T dy of each linear, a layer
 //         norm's), from what I kept; the graph freed.
 //   GATHER(s) / RELEASE(s)  the owner's fetch_stage / release_stage of stage s (ZeRO-3 over the
-//         stage's dp replicas: the table has them when the owner shards_parameters(), once per
+//         stage's dp replicas: the table has them when the owner gathers_by_schedule(), once per
 //         step or, with parallel.zero3_reshard_per_microbatch, for each compute action, issued
 //         one compute action ahead); the first compute action on s after a fetch calls the
 //         owner's complete_stage first.

@@ -6,7 +6,9 @@
 #include <cstdio>
 #include <fstream>
 
+#include "core/byte_size.h"
 #include "core/error.h"
+#include "optim/state_size.h"
 #include "model/transformer.h"
 #include "parallel/pipeline/schedule_builders.h"
 #include "parallel/pipeline/simulate.h"
@@ -39,18 +41,6 @@ std::string format_count(int64_t n) {
   return out;
 }
 
-std::string format_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) {
-    b /= 1024;
-    ++u;
-  }
-  char out[32];
-  std::snprintf(out, sizeof(out), "%.2f %s", b, units[u]);
-  return out;
-}
-
 double MemoryEstimate::device_bytes() const {
   return parameter_bytes + gradient_bytes + (optimizer_on_host ? 0 : optimizer_bytes) + activation_bytes_per_micro_batch;
 }
@@ -77,14 +67,7 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
                                                       : 1.0 / static_cast<double>(dims.tp());
       const double local = static_cast<double>(t.numel()) * share;
       e.parameters_rank += static_cast<int64_t>(local);
-      double state = 8 * local;  // AdamW: exp_avg, exp_avg_sq
-      if (config.optim.name == "sgd") state = config.optim.momentum > 0 ? 4 * local : 0;  // momentum_buffer
-      if (config.optim.name == "adafactor") {
-        const bool factored = t.dim() >= 2;
-        const double rows = factored ? static_cast<double>(t.numel() / t.size(-1)) : 0;
-        const double cols = factored ? static_cast<double>(t.numel() / t.size(-2)) : 0;
-        state = (factored ? 4 * (rows + cols) * share : 4 * local) + (config.optim.adafactor_beta1 > 0 ? 4 * local : 0);
-      }
+      double state = optimizer_state_bytes(config.optim, t, share);
       if (fp16) state += 4 * local;  // fp32 master
       optimizer_elements_bytes += state;
     }

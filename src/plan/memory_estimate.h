@@ -59,8 +59,6 @@ MemoryEstimate estimate_memory(const Config& config, const Layout& layout);
 // text (`tessera inspect`, `tessera train --dry-run`).
 std::string describe_memory_estimate(const Config& config, const ParallelDims& dims, const MemoryEstimate& e);
 
-// "1.50 GiB".
-std::string format_bytes(double bytes);
 // "124.48M", "174.60B", "812".
 std::string format_count(int64_t n);
 

@@ -7,6 +7,7 @@
 #include <limits>
 #include <utility>
 
+#include "core/byte_size.h"
 #include "core/error.h"
 #include "model/transformer.h"
 #include "plan/memory_estimate.h"

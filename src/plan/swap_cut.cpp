@@ -8,11 +8,13 @@
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
 
+#include "core/byte_size.h"
 #include "core/error.h"
 #include "memory/swap/swap_partition.h"
 #include "memory/swap/swap_simulate.h"
 #include "model/transformer.h"
 #include "optim/clipping.h"
+#include "optim/state_size.h"
 #include "optim/optimizer.h"
 #include "plan/memory_estimate.h"
 #include "plan/profile_cut.h"
@@ -160,21 +162,7 @@ SwapHostMemory swap_host_memory(const Config& config, const swap::SwapPlan& plan
   h.gradients = h.masters;
   h.staging = largest;
   const TransformerLM meta(config.model, ModelStage{}, at::TensorOptions().device(at::kMeta));
-  const bool adafactor = config.optim.name == "adafactor";
-  for (const auto& item : meta->named_parameters()) {
-    const at::Tensor& p = item.value();
-    if (config.optim.name == "sgd") {  // momentum_buffer and step
-      h.optimizer += config.optim.momentum > 0 ? 4.0 * static_cast<double>(p.numel()) + 4 : 0;
-      continue;
-    }
-    if (!adafactor) {
-      h.optimizer += 8.0 * static_cast<double>(p.numel()) + 4;
-      continue;
-    }
-    h.optimizer += p.dim() >= 2 ? 4.0 * static_cast<double>(p.numel() / p.size(-1) + p.numel() / p.size(-2))
-                                : 4.0 * static_cast<double>(p.numel());
-    if (config.optim.adafactor_beta1 > 0) h.optimizer += 4.0 * static_cast<double>(p.numel());
-  }
+  for (const auto& item : meta->named_parameters()) h.optimizer += optimizer_state_bytes(config.optim, item.value());
   if (config.train.device == "cpu") h.device = plan.device_budget_bytes;
   if (plan.load_fraction < 1) h.copies = h.masters * plan.load_fraction;  // the bf16 mirror
   return h;

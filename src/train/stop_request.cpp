@@ -44,8 +44,6 @@ void install() {
   sigaction(SIGINT, &action, nullptr);
 }
 
-int signal_received() { return g_signal.load(); }
-
 Reason local_reason(double elapsed_s, double time_limit_s) {
   if (g_signal.load() != 0) return kSignal;
   if (time_limit_s > 0 && elapsed_s >= time_limit_s) return kTimeLimit;

@@ -30,8 +30,6 @@ namespace stop_request {
 enum Reason : int64_t { kNone = 0, kTimeLimit = 1, kSignal = 2 };
 
 void install();
-// SIGTERM or SIGINT since install(): the signal number, or 0.
-int signal_received();
 // Why this process wants to stop now: a signal, or `elapsed_s` past `time_limit_s` (0 = none).
 Reason local_reason(double elapsed_s, double time_limit_s);
 std::string describe(Reason reason, double time_limit_s);  // "SIGTERM received", "train.time_limit = 60 s reached"

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/host_heap.h"
 #include "model/init.h"
+#include "parallel/layout_check.h"
 #include "plan/memory_estimate.h"
 #include "plan/swap_cut.h"
 #include "precision/autocast.h"

@@ -872,8 +872,13 @@ TEST_P(Equivalence, MatchesOneProcess) {
       train(single, nullptr, layout.merged_reference ? config.train.grad_accum : dims.dp() * config.train.grad_accum);
   const Tolerance& tol = *layout.tolerance;
   double loss = 0, norm = 0, first = 0, grad = 0, param = 0;  // worst errors, measured as compared
+  ASSERT_EQ(parallel.steps.size(), static_cast<size_t>(kSteps)) << layout.name << ": steps run";
+  ASSERT_EQ(reference.steps.size(), static_cast<size_t>(kSteps)) << layout.name << ": reference steps run";
+  ASSERT_EQ(parallel.gradients.size(), reference.gradients.size()) << layout.name << ": steps with gradients";
   for (int64_t s = 0; s < kSteps; ++s) {
     const StepResult &got = parallel.steps[s], &want = reference.steps[s];
+    EXPECT_EQ(got.skipped, want.skipped) << layout.name << " step " << s << ": update skipped";
+    EXPECT_EQ(got.applied, want.applied) << layout.name << " step " << s << ": update applied";
     loss = std::max(loss, std::abs(got.ce_loss - want.ce_loss) / std::abs(want.ce_loss));
     norm = std::max(norm, std::abs(got.grad_norm - want.grad_norm) / std::abs(want.grad_norm));
     EXPECT_NEAR(got.ce_loss, want.ce_loss, tol.loss_rtol * std::abs(want.ce_loss)) << layout.name << " step " << s;

@@ -58,7 +58,6 @@ at::Tensor FlatUnit::owned_part(const Entry& e, const at::Tensor& of) const {
 
 bool FlatUnit::materialized() const { return storage_materialized(flat_); }
 
-int64_t FlatUnit::flat_bytes() const { return static_cast<int64_t>(flat_.storage().nbytes()); }
 
 void FlatUnit::release() { release_storage(flat_); }
 

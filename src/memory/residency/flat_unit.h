@@ -66,9 +66,8 @@ class FlatUnit {
   // The owned part of entry e, as a 1-D view of `of` ([S], laid out as the shard).
   at::Tensor owned_part(const Entry& e, const at::Tensor& of) const;
 
-  // Stage 3 storage of `flat`: bytes now held (0 when released).
+  // Stage 3 storage of `flat`: whether it is held (false when released).
   bool materialized() const;
-  int64_t flat_bytes() const;
   void release();
   void materialize();
 

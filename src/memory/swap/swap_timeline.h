@@ -1,6 +1,6 @@
 // A swap step's timeline as a picture: one row per stream (compute, load, store, host), one box
 // per action from its start to its end (measured by the executor, or replayed by
-// simulate_swap_plan), coloured by operation and labelled with its sub-model. SVG, self-contained.
+// simulate_swap_plan), coloured by operation and labelled with its sub-model (core/gantt_svg.h).
 #pragma once
 
 #include <string>

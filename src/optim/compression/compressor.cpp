@@ -72,25 +72,17 @@ std::unique_ptr<GradientCompressor> make_compressor(const ParallelOptions& optio
   if (name == "fp16") return std::make_unique<CastCompressor>(at::kHalf, true);
   if (name == "powersgd") return std::make_unique<PowerSGD>(options.powersgd_rank, options.powersgd_start_step);
   if (name == "topk") return std::make_unique<TopK>(options.topk_ratio, options.topk_start_step, options.topk_warmup_steps);
-  fail("parallel.grad_compression must be none, bf16, fp16, powersgd or topk (got \"", name, "\")");
+  std::string known;
+  for (const std::string& n : compressor_names()) known += (known.empty() ? "" : ", ") + n;
+  fail("parallel.grad_compression must be one of ", known, " (got \"", name, "\")");
+}
+
+const std::vector<std::string>& compressor_names() {
+  static const std::vector<std::string> names = {"none", "bf16", "fp16", "powersgd", "topk"};
+  return names;
 }
 
 namespace compression {
-
-at::Tensor flatten_float(const std::vector<at::Tensor>& grads) {
-  std::vector<at::Tensor> parts;
-  parts.reserve(grads.size());
-  for (const at::Tensor& g : grads) parts.push_back(g.reshape({-1}).to(at::kFloat));
-  return at::cat(parts);
-}
-
-void unflatten_into(const at::Tensor& flat, std::vector<at::Tensor>& grads) {
-  int64_t offset = 0;
-  for (at::Tensor& g : grads) {
-    g.copy_(flat.narrow(0, offset, g.numel()).view(g.sizes()));
-    offset += g.numel();
-  }
-}
 
 std::string state_name(const std::string& prefix, int64_t bucket, const std::string& slot) {
   return prefix + ".bucket" + std::to_string(bucket) + "." + slot;

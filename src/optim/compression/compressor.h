@@ -70,14 +70,10 @@ class GradientCompressor {
 // parallel.topk_start_step and parallel.topk_warmup_steps. Throws
 // tessera::Error naming parallel.grad_compression for an unknown name.
 std::unique_ptr<GradientCompressor> make_compressor(const ParallelOptions& options);
+// The values parallel.grad_compression takes: "none" and every compressor's name.
+const std::vector<std::string>& compressor_names();
 
 namespace compression {
-
-// The bucket's gradients flattened in order into one contiguous float32 tensor on their device:
-// [sum of numel].
-at::Tensor flatten_float(const std::vector<at::Tensor>& grads);
-// Copies consecutive slices of `flat` back into `grads`, each converted to the gradient's dtype.
-void unflatten_into(const at::Tensor& flat, std::vector<at::Tensor>& grads);
 
 // Splits "<prefix>.bucket<b>.<slot>" into (b, slot); throws naming `source` and `name` when the
 // name does not have that form or the slot is not one of `slots`.

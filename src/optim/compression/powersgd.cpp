@@ -15,6 +15,7 @@
 #include <c10/core/GradMode.h>
 
 #include "core/error.h"
+#include "core/flat_tensors.h"
 
 namespace tessera {
 
@@ -105,7 +106,7 @@ void PowerSGD::compress(std::vector<at::Tensor>& grads, int64_t index, Bucket& s
                                          compression::state_name(kPowerSgdPrefix, index, "q"), state.loaded_from, device);
     state.loaded_from.clear();
   }
-  at::Tensor acc = compression::flatten_float(grads);
+  at::Tensor acc = flatten_float(grads);
   if (state.residual.defined()) acc.add_(state.residual);
   if (!state.q.defined()) state.q = initial_q(layout.q_numel, index, device);
 

@@ -15,6 +15,7 @@
 #include <c10/core/GradMode.h>
 
 #include "core/error.h"
+#include "core/flat_tensors.h"
 
 namespace tessera {
 
@@ -50,7 +51,7 @@ void TopK::all_reduce_mean(std::vector<at::Tensor>& grads, int64_t bucket, comm:
     group.all_reduce(grads, comm::ReduceOp::avg);
     return;
   }
-  at::Tensor acc = compression::flatten_float(grads);
+  at::Tensor acc = flatten_float(grads);
   const int64_t numel = acc.numel();
   if (numel == 0) return;
   require(numel <= std::numeric_limits<int32_t>::max(), "parallel.grad_compression = topk: bucket ", bucket, " has ",
@@ -67,7 +68,7 @@ void TopK::all_reduce_mean(std::vector<at::Tensor>& grads, int64_t bucket, comm:
   const int64_t k = count(numel, step);
   if (group.size() * k >= numel) {
     group.all_reduce(acc, comm::ReduceOp::avg);
-    compression::unflatten_into(acc, grads);
+    unflatten_into(acc, grads);
     state.residual = at::zeros_like(acc);
     return;
   }
@@ -82,7 +83,7 @@ void TopK::all_reduce_mean(std::vector<at::Tensor>& grads, int64_t bucket, comm:
     mean.index_add_(0, from.narrow(0, 0, k).view(at::kInt), from.narrow(0, k, k));
   }
   mean.div_(static_cast<double>(group.size()));
-  compression::unflatten_into(mean, grads);
+  unflatten_into(mean, grads);
 
   acc.index_fill_(0, indices, 0.0);
   state.residual = acc;

@@ -150,7 +150,7 @@ class DataParallel : public ResidentOwner {
   void before_backward(bool last_micro_batch) override;
   void before_stage_backward(bool last_micro_batch, const ModelStage& stage) override;
   void finish_gradients() override;
-  bool shards_parameters() const override;
+  bool gathers_by_schedule() const override;
   void fetch_stage(const ModelStage& stage) override;
   void complete_stage(const ModelStage& stage) override;
   void release_stage(const ModelStage& stage) override;

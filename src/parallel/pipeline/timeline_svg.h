@@ -1,8 +1,8 @@
-// Pipeline timelines for people. timeline_svg: an SVG picture, one row per rank, one box per compute action placed at
-// its start and end, coloured by micro-batch (hue) with F bright, B/I dark and W pale, ZeRO-3
-// GATHERs grey and the optimizer step dark grey, receives drawn as thin grey waits, idle time
-// left white. Used for the simulated schedule (`tessera
-// pipeline --svg`) and, next to it, the executor's measured timeline.
+// Pipeline timelines for people. timeline_svg: an SVG picture (core/gantt_svg.h), one row per
+// rank, one box per compute action placed at its start and end, coloured by micro-batch (hue)
+// with F bright, B/I dark and W pale, ZeRO-3 GATHERs grey and the optimizer step dark grey,
+// receives drawn as thin grey waits, idle time left white. Used for the simulated schedule
+// (`tessera pipeline --svg`) and, next to it, the executor's measured timeline.
 #pragma once
 
 #include <string>

@@ -55,7 +55,6 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "checkpoint/safetensors.h"
 #include "comm/group.h"
 #include "core/parallel_dims.h"
 #include "core/parallel_options.h"

@@ -177,6 +177,22 @@ TEST(ShardedCheckpoint, RangesReadOnlyWhatARankOwns) {
                             {"optimizer-0-of-3.safetensors", "'optim.w.exp_avg' has shape [5, 7]", "expects [7, 5]"}));
 }
 
+// What the elastic launcher restarts from: the step `latest` names, once committed; nothing before
+// the first commit or when `latest` names a step directory that is not there.
+TEST(ShardedCheckpoint, LatestStepIsTheCommittedOneLatestNames) {
+  const std::string dir = fresh_dir("latest_step") + "/checkpoints";
+  EXPECT_EQ(latest_checkpoint_step(dir), -1);
+  CheckpointContents single = contents();
+  single.optimizer = optimizer_state();
+  save_checkpoint(dir, 7, single);
+  prepare_checkpoint_dir(dir, 9);  // a save under way is not a checkpoint yet
+  EXPECT_EQ(latest_checkpoint_step(dir), 7);
+  save_checkpoint(dir, 12, single);
+  EXPECT_EQ(latest_checkpoint_step(dir), 12);
+  std::ofstream(dir + "/latest") << "step_40\n";
+  EXPECT_EQ(latest_checkpoint_step(dir), -1);
+}
+
 TEST(ShardedCheckpoint, MissingShardBlocksTheCommitAndTamperingIsNamed) {
   const std::string dir = fresh_dir("sharded_bad") + "/checkpoints";
   std::string partial = prepare_checkpoint_dir(dir, 2);

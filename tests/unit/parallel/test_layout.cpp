@@ -1,10 +1,10 @@
-// The one layout validator (parallel/parallelize.h): every refusal names its keys, each
+// The one layout validator (parallel/layout_check.h): every refusal names its keys, each
 // component's check is reached through it, and layouts that compose are accepted. No processes:
 // ParallelDims is arithmetic.
 #include <gtest/gtest.h>
 
 #include "core/parallel_dims.h"
-#include "parallel/parallelize.h"
+#include "parallel/layout_check.h"
 #include "test_util.h"
 #include "tiny_config.h"
 
@@ -53,6 +53,17 @@ TEST(LayoutCheck, AcceptsLayoutsThatCompose) {
   }
   lasp.model.dropout = 0.1;
   EXPECT_NO_THROW(check_parallel_layout(lasp, dims(lasp, 4)));
+}
+
+// Names only their components know are checked against the components' own lists, with or without
+// a pipeline or a data-parallel group to use them.
+TEST(LayoutCheck, UnknownScheduleAndCompressorNamesAreRefusedWithTheKnownOnes) {
+  Config c = tiny();
+  c.parallel.pp_schedule = "zbh2";
+  EXPECT_TRUE(refused(c, 1, {"parallel.pp_schedule", "\"zbh2\"", "1f1b", "dualpipev", "file:PATH"}));
+  c = tiny();
+  c.parallel.grad_compression = "gzip";
+  EXPECT_TRUE(refused(c, 1, {"parallel.grad_compression", "\"gzip\"", "powersgd", "topk"}));
 }
 
 TEST(LayoutCheck, TensorParallelRefusalsNameTheirKeys) {
