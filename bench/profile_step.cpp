@@ -30,7 +30,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "core/config.h"
+#include "config/config.h"
 #include "op_recorder.h"
 #include "thread_timing.h"
 #include "train/train_step.h"

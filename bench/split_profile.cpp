@@ -29,7 +29,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "core/config.h"
+#include "config/config.h"
 #include "core/host_heap.h"
 #include "model/transformer.h"
 #include "op_recorder.h"

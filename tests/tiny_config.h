@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "core/config.h"
+#include "config/config.h"
 
 namespace tessera::test {
 

@@ -60,7 +60,7 @@
 #include "atom/membership.h"
 #include "atom/round_log.h"
 #include "atom/state_transfer.h"
-#include "core/config.h"
+#include "config/config.h"
 #include "train/collaboration.h"
 
 namespace tessera::atom {

@@ -133,7 +133,7 @@ std::string commit_checkpoint(const std::string& checkpoints_dir, int64_t step, 
     files[name] = {{"bytes", fs::file_size(entry.path())}, {"checksum", file_checksum(entry.path().string())}};
   }
   meta["files"] = files;
-  meta["checkpoint_files::meta_checksum"] = checkpoint_files::meta_checksum(meta);
+  meta["meta_checksum"] = checkpoint_files::meta_checksum(meta);
   write_file_durable((partial / checkpoint_files::kMetaFile).string(), meta.dump(2) + "\n");
   fsync_directory(partial.string());
 

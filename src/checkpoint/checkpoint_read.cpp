@@ -265,7 +265,7 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer, c
   const int64_t version = meta_field<int64_t>(out.meta, "format_version", meta_path);
   if (version != kCheckpointFormatVersion)
     fail(meta_path, ": checkpoint format version ", version, ", this tessera reads version ", kCheckpointFormatVersion);
-  if (meta_field<std::string>(out.meta, "checkpoint_files::meta_checksum", meta_path) != checkpoint_files::meta_checksum(out.meta))
+  if (meta_field<std::string>(out.meta, "meta_checksum", meta_path) != checkpoint_files::meta_checksum(out.meta))
     fail(meta_path, ": checksum mismatch (the file was modified or corrupted)");
   out.step = meta_field<int64_t>(out.meta, "step", meta_path);
   require(out.step >= 0, meta_path, ": step ", out.step, " is negative");

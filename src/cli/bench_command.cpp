@@ -48,7 +48,7 @@
 #include "memory/host_memory_stats.h"
 #include "parallel/layout_check.h"
 #include "plan/stage_cut.h"
-#include "core/config.h"
+#include "config/config.h"
 #include "train/device_peak.h"
 #include "train/train_step.h"
 #include "model/model_size.h"

@@ -15,7 +15,7 @@
 #include "core/json_file.h"
 #include "model/hf_gpt2.h"
 #include "model/hf_names.h"
-#include "core/config.h"
+#include "config/config.h"
 
 namespace tessera::cli {
 namespace {

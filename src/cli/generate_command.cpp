@@ -10,7 +10,7 @@
 #include "data/tokenizer.h"
 #include "model/hf_names.h"
 #include "model/transformer.h"
-#include "core/config.h"
+#include "config/config.h"
 #include "train/generate.h"
 
 namespace tessera::cli {

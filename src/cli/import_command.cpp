@@ -21,7 +21,7 @@
 #include "model/hf_gpt2.h"
 #include "model/hf_names.h"
 #include "model/transformer.h"
-#include "core/config.h"
+#include "config/config.h"
 #include "model/model_size.h"
 
 namespace tessera::cli {

@@ -12,7 +12,7 @@
 #include "parallel/layout_check.h"
 #include "parallel/parallelize.h"
 #include "plan/memory_estimate.h"
-#include "core/config.h"
+#include "config/config.h"
 
 namespace tessera::cli {
 

@@ -19,7 +19,7 @@
 #include "core/error.h"
 #include "core/fault_injection.h"
 #include "core/json_file.h"
-#include "core/config.h"
+#include "config/config.h"
 #include "train/run_dir.h"
 #include "train/stop_request.h"
 #include "train/trainer.h"

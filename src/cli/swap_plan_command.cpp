@@ -20,7 +20,7 @@
 #include "plan/memory_estimate.h"
 #include "plan/layout.h"
 #include "plan/swap_cut.h"
-#include "core/config.h"
+#include "config/config.h"
 
 namespace tessera::cli {
 

@@ -24,7 +24,7 @@
 #include "data/training_data.h"
 #include "parallel/layout_check.h"
 #include "plan/memory_estimate.h"
-#include "core/config.h"
+#include "config/config.h"
 #include "train/run_dir.h"
 #include "train/stop_request.h"
 #include "train/train_step.h"

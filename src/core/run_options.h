@@ -1,5 +1,5 @@
 // Options of the run itself: the [train], [eval], [checkpoint] and [memory] sections (their checks:
-// train/config.cpp, with the rest of the config's loading).
+// config/config.cpp, with the rest of the config's loading).
 #pragma once
 
 #include <cstdint>

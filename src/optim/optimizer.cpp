@@ -13,6 +13,11 @@
 
 namespace tessera {
 
+std::string parameter_of_state(const std::string& state_name) {
+  const size_t dot = state_name.rfind('.');
+  return dot == std::string::npos ? "" : state_name.substr(0, dot);
+}
+
 Optimizer::~Optimizer() = default;
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimOptions& options, NamedParams named_params,

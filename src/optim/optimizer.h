@@ -31,6 +31,10 @@ namespace tessera {
 // declared here because the optim library does not link the checkpoint library.
 using NamedParams = std::vector<std::pair<std::string, at::Tensor>>;
 
+// The parameter a state entry "<param name>.<slot>" of state() belongs to ("<param name>"): the one
+// place that reads the naming above; "" for a name without a slot.
+std::string parameter_of_state(const std::string& state_name);
+
 class Optimizer {
  public:
   virtual ~Optimizer();

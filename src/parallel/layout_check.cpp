@@ -60,7 +60,7 @@ void check_parallel_layout(const Config& config, const ParallelDims& d) {
 
 void check_layout_options(const Config& config, const ParallelDims& d) {
   check_component_names(config.parallel);
-  check_expert_parallel(config, d);
+  check_expert_parallel(config.model, config.parallel, config.memory, d);
   make_layout(config, d);  // the cut (no stage without a block) and the schedule for the step's micro-batches
   if (config.precision.dtype == "fp16") {
     require(d.dp() * d.sp() * d.tp() == 1, "precision.dtype = \"fp16\" with ", d.describe(),

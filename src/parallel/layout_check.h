@@ -8,7 +8,7 @@
 // swapping and pipelines do not combine with, the backend for the device).
 #pragma once
 
-#include "core/config.h"
+#include "config/config.h"
 #include "core/parallel_dims.h"
 
 namespace tessera {

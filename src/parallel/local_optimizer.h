@@ -19,7 +19,7 @@
 #include <memory>
 
 #include "optim/optimizer.h"
-#include "parallel/optimizer_owner.h"
+#include "protocols/optimizer_owner.h"
 #include "precision/fp16.h"
 #include "precision/precision_options.h"
 

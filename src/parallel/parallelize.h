@@ -27,8 +27,8 @@
 //   then the parameters materialised: this rank's parts only (materialize() below), or under
 //   ZeRO-3 by DataParallel one unit at a time, sharded as it goes;
 //   4. activation checkpointing (memory.activation_checkpointing), inside every block;
-//   5. the optimizer owner (parallel/optimizer_owner.h) and the step runner that drives it
-//      (parallel/step_runner.h): SwapOwner and SwapStep under memory.swap (the model's state in
+//   5. the optimizer owner (protocols/optimizer_owner.h) and the step runner that drives it
+//      (protocols/step_runner.h): SwapOwner and SwapStep under memory.swap (the model's state in
 //      host memory, the step run by the layout's swap plan; its dp replicas reduce in host
 //      memory), else a ResidentOwner driven by PipelineStep under pp or PlainStep: DataParallel
 //      when gradients are reduced over several replicas (dp x sp > 1) or offloaded (ZeRO 0-3,
@@ -60,12 +60,12 @@
 #include "comm/mesh.h"
 #include "model/transformer.h"
 #include "memory/residency/flat_unit.h"
-#include "parallel/optimizer_owner.h"
+#include "protocols/optimizer_owner.h"
 #include "parallel/parameter_placement.h"
-#include "parallel/step_runner.h"
+#include "protocols/step_runner.h"
 #include "parallel/tensor/tensor_parallel.h"
 #include "plan/layout.h"
-#include "core/config.h"
+#include "config/config.h"
 
 namespace tessera {
 

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include "core/error.h"
+#include "optim/optimizer.h"
 
 namespace tessera {
 
@@ -77,13 +78,11 @@ bool ParameterPlacement::writes(const std::string& param) const {
 }
 
 std::string ParameterPlacement::parameter_of(const std::string& state) const {
-  for (const char* prefix : {"optim.", "master."})
-    if (state.rfind(prefix, 0) == 0) {
-      const std::string rest = state.substr(std::string(prefix).size());
-      const size_t dot = rest.rfind('.');
-      return prefix == std::string("master.") || dot == std::string::npos ? rest : rest.substr(0, dot);
-    }
-  return "";
+  if (state.rfind("master.", 0) == 0) return state.substr(7);
+  if (state.rfind("optim.", 0) != 0) return "";
+  const std::string rest = state.substr(6);
+  const std::string param = parameter_of_state(rest);
+  return param.empty() ? rest : param;
 }
 
 at::Tensor ParameterPlacement::state_part(const std::string& state, const at::Tensor& whole) const {

@@ -18,14 +18,14 @@
 //        embedding: the first stage's), writes(name) whether this rank writes it (not the last
 //        stage's copy of the tied embedding), over_stages() assembles the whole model's tensors
 //        from the stages (a collective of pp);
-//   ZeRO the owner keeps (parallel/optimizer_owner.h): its flat shards span parameters, so it
+//   ZeRO the owner keeps (protocols/optimizer_owner.h): its flat shards span parameters, so it
 //        makes them whole over the data replicas itself, a unit per collective
 //        (visit_full_parameters, gradients(), training_state()), and names its parts as ranges of
 //        its local tensors; state_region(state, slice) places such a range in the whole tensor,
 //        through the tp or ep part, for checkpoints.
 // State tensors are named by their owner: "optim.<param>.<slot>" and "master.<param>" belong to
-// <param> (parameter_of() reads that from the name for the placement; DataParallel's stage-0
-// optimizer_state_slices() also takes "<param>" from "<param>.<slot>" itself); others (the loss
+// <param> (parameter_of() reads that from the name for the placement, through the optimizer's own
+// parameter_of_state(), which DataParallel's stage-0 optimizer_state_slices() also uses); others (the loss
 // scaler's "scaler.*", a step counter kept as a scalar) belong to no parameter and are replicated.
 //
 // Invariants: a ParameterPlacement is made once per ParallelModel from the rank's model (built for

@@ -1,4 +1,4 @@
-// The step runner (parallel/step_runner.h) of a pipeline of model stages: this rank's part of the
+// The step runner (protocols/step_runner.h) of a pipeline of model stages: this rank's part of the
 // model (a TransformerLM built for the layout's stage_of(rank), plan/layout.h: one stage, or
 // several with virtual stages) runs the compute actions of the layout's schedule
 // (parallel/pipeline/) through the one executor, which moves activations and their gradients
@@ -32,7 +32,7 @@
 //         owner's complete_stage first.
 //   OPTIM the optimizer step, after the rank's sends: the owner's finish_gradients, the tied
 //         embedding's copies summed, run()'s `gradients_ready`, apply(lr, optim.grad_clip).
-// The optimizer owner (parallel/optimizer_owner.h) sees each backward: before_stage_backward(last,
+// The optimizer owner (protocols/optimizer_owner.h) sees each backward: before_stage_backward(last,
 // s) ahead of every B and W of stage s (an I touches no parameter's gradient but for the case above), `last` on this
 // rank's final one, so a
 // DataParallel owner reduces over the stage's dp replicas exactly as after gradient accumulation.
@@ -72,13 +72,13 @@
 #include "comm/mesh.h"
 #include "data/sampler.h"
 #include "model/transformer.h"
-#include "parallel/optimizer_owner.h"
+#include "protocols/optimizer_owner.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/simulate.h"
 #include "parallel/pipeline/split_backward.h"
-#include "parallel/step_runner.h"
+#include "protocols/step_runner.h"
 #include "plan/layout.h"
-#include "core/config.h"
+#include "config/config.h"
 
 namespace tessera {
 

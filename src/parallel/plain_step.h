@@ -1,4 +1,4 @@
-// PlainStep: the step runner (parallel/step_runner.h) of a model resident on this rank's device
+// PlainStep: the step runner (protocols/step_runner.h) of a model resident on this rank's device
 // whose micro-batches run one after the other: one process, and data, tensor and sequence
 // parallelism in any combination (their communication is inside the model and its owner).
 //
@@ -16,8 +16,8 @@
 #include <c10/core/Device.h>
 
 #include "model/transformer.h"
-#include "parallel/optimizer_owner.h"
-#include "parallel/step_runner.h"
+#include "protocols/optimizer_owner.h"
+#include "protocols/step_runner.h"
 
 namespace tessera {
 

@@ -1,4 +1,4 @@
-// The step runner (parallel/step_runner.h) of a swapped model (memory.swap; ATOM, issue 14): the
+// The step runner (protocols/step_runner.h) of a swapped model (memory.swap; ATOM, issue 14): the
 // model's state lives in host memory (memory/swap/swap_owner.h) and the step's swap plan (memory/swap/swap_plan.h) runs
 // through the one executor (memory/swap/swap_executor.h), whose compute actions run here:
 //
@@ -46,8 +46,8 @@
 #include "memory/swap/swap_owner.h"
 #include "memory/swap/swap_plan.h"
 #include "model/transformer.h"
-#include "parallel/step_runner.h"
-#include "core/config.h"
+#include "protocols/step_runner.h"
+#include "config/config.h"
 
 namespace tessera {
 

@@ -33,7 +33,7 @@
 #include "parallel/pipeline/schedule.h"
 #include "plan/stage_cut.h"
 #include "plan/swap_cut.h"
-#include "core/config.h"
+#include "config/config.h"
 
 namespace tessera {
 

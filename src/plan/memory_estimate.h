@@ -27,7 +27,7 @@
 
 #include "core/parallel_dims.h"
 #include "plan/layout.h"
-#include "core/config.h"
+#include "config/config.h"
 
 namespace tessera {
 

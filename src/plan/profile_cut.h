@@ -26,7 +26,7 @@
 
 #include "comm/mesh.h"
 #include "plan/stage_cut.h"
-#include "core/config.h"
+#include "config/config.h"
 
 namespace tessera {
 

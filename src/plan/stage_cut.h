@@ -36,7 +36,7 @@
 #include "model/transformer.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/simulate.h"
-#include "core/config.h"
+#include "config/config.h"
 
 namespace tessera {
 

@@ -22,7 +22,7 @@
 #include <c10/core/Device.h>
 
 #include "memory/swap/swap_plan.h"
-#include "core/config.h"
+#include "config/config.h"
 
 namespace tessera {
 

@@ -5,7 +5,7 @@
 // bench` both drive this class, so the benchmark times exactly what training runs.
 //
 // A step: this rank's part of each micro-batch (its sequence chunk) through the step runner
-// (parallel/step_runner.h: plain, pipeline or swapped; the step does not know which), which runs
+// (protocols/step_runner.h: plain, pipeline or swapped; the step does not know which), which runs
 // forward, backward and the owner's update (gradients reduced over the replicas, unscaled,
 // clipped to the global norm, applied at `lr`, zeroed). Losses reported are means over the
 // replicas that ran different data; training_state() and evaluate() are collectives (every rank
@@ -29,7 +29,7 @@
 #include "parallel/parallelize.h"
 #include "precision/fp16.h"
 #include "plan/layout.h"
-#include "core/config.h"
+#include "config/config.h"
 
 namespace tessera {
 
@@ -64,7 +64,7 @@ class TrainStep {
   using GradientObserver = std::function<void(const NamedTensors& gradients)>;
   StepResult run(const std::vector<Batch>& micro_batches, double lr, const GradientObserver& observe = {});
   // An outer reduction of each step's final gradients beyond the mesh (the ATOM swarm's batch
-  // mode, atom/swarm.h): given them (live: GradientHolder::final_gradients, parallel/optimizer_owner.h)
+  // mode, atom/swarm.h): given them (live: GradientHolder::final_gradients, protocols/optimizer_owner.h)
   // and the step's samples (the sequences of its micro-batches), it returns whether to update now,
   // with the gradients it left in them; false holds the step's gradients out (no update). It runs before the observer, which
   // sees what is applied. Refused, naming why, unless this process's owner holds its gradients

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <filesystem>
 #include <optional>
-#include <set>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -27,6 +26,7 @@
 #include "train/progress.h"
 #include "train/stop_request.h"
 #include "train/train_step.h"
+#include "train/trainer_state.h"
 #include "model/model_size.h"
 
 namespace tessera {
@@ -36,15 +36,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-// This rank's random stream states (core/random_streams.h) as checkpoint entries
-// "rng.rank<r>.<stream>.<device type>": each rank writes its own, whole.
-NamedTensors random_stream_states(int64_t rank, const at::Device& device) {
-  NamedTensors out;
-  for (auto& [name, state] : random::states(device.is_cuda() ? std::optional<at::Device>(device) : std::nullopt))
-    out.emplace_back("rng.rank" + std::to_string(rank) + "." + name, std::move(state));
-  return out;
-}
 
 // Restores this rank's random streams from a checkpoint's entries. A checkpoint written by fewer
 // ranks (or before streams were saved per rank) has none for this rank: the streams are then
@@ -123,30 +114,31 @@ std::string check_resumed_data(const LoadedCheckpoint& ckpt, const TokenStream& 
 // tensors it keeps, one at a time.
 void load_model_weights(TrainStep& trainer, const LoadedCheckpoint& ckpt) { trainer.load_model_state(model_reader(ckpt)); }
 
+// A non-finite loss, or a non-finite gradient norm that no loss scaler handled, ends the run at
+// `step`, before anything is saved: every rank sees the same values (averaged over the replicas, a
+// global norm), so every rank stops at the same step. So do too many fp16 overflows in a row
+// (`consecutive_skips` of precision.max_skipped_steps).
+void check_step_result(const StepResult& result, int64_t step, int64_t consecutive_skips, int64_t max_skipped,
+                       const std::string& last_checkpoint) {
+  const auto stop = [&](const std::string& why, const char* causes) {
+    fail("step ", step, ": ", why, "; the run stops without saving this step (",
+         last_checkpoint.empty() ? std::string("no checkpoint written by this run") : "last checkpoint " + last_checkpoint,
+         "). Common causes: ", causes);
+  };
+  const bool finite_loss = std::isfinite(result.ce_loss) && std::isfinite(result.aux_loss);
+  if (!finite_loss || (!result.skipped && !std::isfinite(result.grad_norm))) {
+    std::ostringstream why;
+    why << (finite_loss ? "the gradient norm" : "the training loss") << " is "
+        << (finite_loss ? result.grad_norm : result.ce_loss + result.aux_loss) << " (not finite)";
+    stop(why.str(), "optim.lr too high, precision.dtype = fp16 without enough range, bad data");
+  }
+  if (consecutive_skips >= max_skipped)
+    stop(std::to_string(consecutive_skips) + " consecutive fp16 steps overflowed and were skipped " +
+             "(precision.max_skipped_steps = " + std::to_string(max_skipped) + ")",
+         "optim.lr too high, bad data; precision.dtype = bf16 has fp32's range");
+}
+
 }  // namespace
-
-struct Trainer::State {
-  Config config;
-  std::string run_dir;
-  std::string resume;
-  c10::Device device{at::kCPU};
-
-  std::optional<TrainingData> data;
-  int64_t accumulation = 1;  // micro-batches per step on this rank
-  std::unique_ptr<BatchSampler> sampler;
-  std::vector<Batch> eval_batches;
-  double unigram = 0;
-
-  std::unique_ptr<TrainStep> trainer;
-  comm::Mesh* mesh = nullptr;
-  Collaboration* collaboration = nullptr;
-  int64_t rank = 0, dp = 1, dp_rank = 0;
-
-  int64_t step = 0;
-  int64_t tokens_seen = 0;
-  double elapsed_before = 0;  // seconds trained before this process (resume)
-  std::vector<std::string> start_notes;  // printed once the progress line exists
-};
 
 Trainer::Trainer(Config config, std::string run_dir, TrainStart start, comm::Mesh* mesh, Collaboration* collaboration)
     : state_(std::make_unique<State>()) {
@@ -223,10 +215,33 @@ Trainer::Trainer(Config config, std::string run_dir, TrainStart start, comm::Mes
 
 Trainer::~Trainer() = default;
 
+double Trainer::State::elapsed_s() const {
+  return elapsed_before + seconds_since(run_start);
+}
+
+bool Trainer::State::stop_requested(bool saved, Progress& progress, TrainSummary& summary) {
+  int64_t reason = stop_request::local_reason(seconds_since(run_start), config.train.time_limit);
+  if (distributed) {
+    at::Tensor flag = at::full({1}, reason, at::TensorOptions().dtype(at::kLong).device(mesh->world().device()));
+    mesh->world().all_reduce(flag, comm::ReduceOp::max);
+    reason = flag.item<int64_t>();
+  }
+  if (reason == stop_request::kNone) return false;
+  if (!saved) save(progress);
+  summary.stopped = stop_request::describe(static_cast<stop_request::Reason>(reason), config.train.time_limit);
+  const std::string again = collaboration ? "tessera peer --out " + run_dir + "` (with its --swarm and --listen)"
+                                          : "tessera train --resume " + run_dir + "`";
+  progress.message("stopped at step " + std::to_string(step) + " of " + std::to_string(config.train.steps) + " (" +
+                   summary.stopped + "): checkpoint " + last_checkpoint + "; continue with `" + again);
+  return true;
+}
+
 TrainSummary Trainer::run() {
   State& s = *state_;
   const Config& c = s.config;
-  const bool lead = s.rank == 0, distributed = s.mesh && s.mesh->world_size() > 1;
+  s.lead = s.rank == 0;
+  s.distributed = s.mesh && s.mesh->world_size() > 1;
+  const bool lead = s.lead, distributed = s.distributed;
   fs::create_directories(s.run_dir + (distributed ? "/logs" : ""));
   const bool resumed = !s.resume.empty();
   std::optional<MetricsLog> metrics;
@@ -256,113 +271,12 @@ TrainSummary Trainer::run() {
 
   TrainSummary summary;
   summary.unigram_baseline = s.unigram;
-  const auto run_start = Clock::now();
+  s.run_start = Clock::now();
   auto interval_start = Clock::now();
   int64_t interval_steps = 0, interval_local = 0, interval_tokens = 0;  // local: steps run, applied or held
   double interval_loss = 0, interval_aux = 0;
-  std::string last_checkpoint;
   int64_t consecutive_skips = 0;  // fp16 steps skipped for overflow, in a row
 
-  // Every rank takes part in gathering the state. One process writes a plain checkpoint; several
-  // write one optimizer shard each into the same partial directory, and rank 0 commits it after
-  // a barrier (checkpoint/checkpoint.h).
-  const std::string checkpoints_dir = s.run_dir + "/checkpoints";
-  const bool compressing = distributed && c.parallel.grad_compression != "none";
-  auto write_checkpoint = [&]() {
-    CheckpointContents contents;
-    const NamedTensors rng = random_stream_states(s.rank, s.device);
-    if (distributed) {
-      // Every rank writes its share of the model and its slices of the optimizer state.
-      const int64_t world = s.mesh->world_size();
-      contents.model_shards = world;
-      if (lead) prepare_checkpoint_dir(checkpoints_dir, s.step);
-      s.mesh->world().barrier();
-      // checkpoint.gather: ranks > 0 write on their own disk and send the files to rank 0.
-      const std::string partial = partial_checkpoint_dir(checkpoints_dir, s.step);
-      const std::string mine = c.checkpoint.gather && !lead ? gather_staging_dir(s.run_dir, s.rank) : partial;
-      if (mine != partial) {
-        fs::remove_all(mine);
-        fs::create_directories(mine);
-      }
-      write_model_shard(mine, s.rank, world, s.trainer->model_state_shard());
-      fault::point("checkpoint.write");
-      std::vector<TensorSlice> slices = s.trainer->training_state_slices();
-      for (const auto& [name, state] : rng) slices.push_back({name, state, Region::whole(state.sizes().vec())});
-      write_optimizer_shard(mine, s.rank, world, slices);
-      if (compressing) write_compression_state(mine, s.rank, world, s.trainer->compression_state());
-      if (c.checkpoint.gather) gather_checkpoint_files(s.mesh->world(), mine, partial);
-      s.mesh->world().barrier();
-      if (!lead) return;
-    }
-    contents.meta = {{"config", c.to_toml_string()},
-                     {"data",
-                      {{"path", c.data.path},
-                       {"seed", c.data.seed},
-                       {"position", s.sampler->position()},
-                       {"global_batch", s.sampler->global_batch()},
-                       {"train", s.data->train.manifest()}}},
-                     {"tokens_seen", s.tokens_seen},
-                     {"elapsed_s", s.elapsed_before + seconds_since(run_start)},
-                     {"torch_version", TORCH_VERSION},
-                     {"grad_compression", compressing ? c.parallel.grad_compression : "none"}};
-    if (s.collaboration) contents.meta["collaboration"] = s.collaboration->checkpoint_state();
-    if (compressing) contents.compression_ranks = s.mesh->world_size();
-    for (const char* name : {"tokenizer.json", "encoder.json", "vocab.bpe"}) {
-      fs::path file = fs::path(c.data.path) / name;
-      if (fs::exists(file)) contents.extra_files.push_back(file.string());
-    }
-    if (!distributed) {
-      contents.model = s.trainer->model_state();
-      contents.optimizer = s.trainer->training_state();
-      contents.optimizer.insert(contents.optimizer.end(), rng.begin(), rng.end());
-      if (s.collaboration)
-        for (auto& entry : s.collaboration->checkpoint_tensors()) contents.optimizer.push_back(std::move(entry));
-    }
-    last_checkpoint = distributed ? commit_checkpoint(checkpoints_dir, s.step, contents, s.mesh->world_size())
-                                  : save_checkpoint(checkpoints_dir, s.step, contents);
-    prune_checkpoints(checkpoints_dir, c.checkpoint.keep);
-    progress.message("checkpoint: " + last_checkpoint);
-  };
-  // A save that fails (a full disk, a rank lost while saving) leaves no partial directory behind
-  // and says which checkpoint the run can still resume from. The lead removes the directory (the
-  // others' writes into it then fail on their own, not before the lead's, so the first error the
-  // launcher reports is the real one); a lead killed outright leaves it to the next start
-  // (remove_interrupted_saves).
-  auto save = [&]() {
-    try {
-      write_checkpoint();
-    } catch (const std::exception& e) {
-      const std::string partial = partial_checkpoint_dir(checkpoints_dir, s.step);
-      std::error_code ignored;
-      if (lead) fs::remove_all(partial, ignored);
-      std::string resumable = "no complete checkpoint exists yet";
-      try {
-        resumable = "the last complete checkpoint is " + resolve_checkpoint_dir(checkpoints_dir);
-      } catch (const std::exception&) {  // `latest` names nothing complete: the default stands
-      }
-      fail("checkpoint of step ", s.step, " not saved: ", e.what(), lead ? "; removed its partial directory " : "; ",
-           lead ? partial + "; " : "", resumable);
-    }
-  };
-
-  // Every rank stops at the same step when any rank has a reason (stop_request.h): it saves (unless
-  // this step was just saved), says how to continue and returns true.
-  auto stop_requested = [&](bool saved) {
-    int64_t reason = stop_request::local_reason(seconds_since(run_start), c.train.time_limit);
-    if (distributed) {
-      at::Tensor flag = at::full({1}, reason, at::TensorOptions().dtype(at::kLong).device(s.mesh->world().device()));
-      s.mesh->world().all_reduce(flag, comm::ReduceOp::max);
-      reason = flag.item<int64_t>();
-    }
-    if (reason == stop_request::kNone) return false;
-    if (!saved) save();
-    summary.stopped = stop_request::describe(static_cast<stop_request::Reason>(reason), c.train.time_limit);
-    const std::string again = s.collaboration ? "tessera peer --out " + s.run_dir + "` (with its --swarm and --listen)"
-                                              : "tessera train --resume " + s.run_dir + "`";
-    progress.message("stopped at step " + std::to_string(s.step) + " of " + std::to_string(c.train.steps) + " (" +
-                     summary.stopped + "): checkpoint " + last_checkpoint + "; continue with `" + again);
-    return true;
-  };
   // Each step's batches are drawn (and on CUDA pinned) while the step before it runs.
   BatchPrefetcher prefetcher(*s.sampler, s.device.is_cuda());
   while (s.step < c.train.steps) {
@@ -376,26 +290,8 @@ TrainSummary Trainer::run() {
       // This step's timeline where the runner records one (pipeline, swap): a collective.
       if (const auto note = s.trainer->runner().write_timeline(s.run_dir, s.step + 1)) progress.message(*note);
     }
-    // A non-finite loss, or a non-finite gradient norm that no loss scaler handled, ends the run
-    // here, before anything is saved: every rank sees the same values (averaged over the replicas,
-    // a global norm), so every rank stops at the same step. So do too many fp16 overflows in a row.
-    auto stop = [&](const std::string& why, const char* causes) {
-      fail("step ", s.step + 1, ": ", why, "; the run stops without saving this step (",
-           last_checkpoint.empty() ? std::string("no checkpoint written by this run") : "last checkpoint " + last_checkpoint,
-           "). Common causes: ", causes);
-    };
-    const bool finite_loss = std::isfinite(result.ce_loss) && std::isfinite(result.aux_loss);
-    if (!finite_loss || (!result.skipped && !std::isfinite(result.grad_norm))) {
-      std::ostringstream why;
-      why << (finite_loss ? "the gradient norm" : "the training loss") << " is "
-          << (finite_loss ? result.grad_norm : result.ce_loss + result.aux_loss) << " (not finite)";
-      stop(why.str(), "optim.lr too high, precision.dtype = fp16 without enough range, bad data");
-    }
     consecutive_skips = result.skipped ? consecutive_skips + 1 : 0;
-    if (consecutive_skips >= c.precision.max_skipped_steps)
-      stop(std::to_string(consecutive_skips) + " consecutive fp16 steps overflowed and were skipped " +
-               "(precision.max_skipped_steps = " + std::to_string(c.precision.max_skipped_steps) + ")",
-           "optim.lr too high, bad data; precision.dtype = bf16 has fp32's range");
+    check_step_result(result, s.step + 1, consecutive_skips, c.precision.max_skipped_steps, s.last_checkpoint);
     if (result.skipped)
       progress.message("step " + std::to_string(s.step + 1) + ": fp16 overflow, update skipped, loss scale now " +
                        std::to_string(s.trainer->loss_scaler()->value()));
@@ -415,7 +311,7 @@ TrainSummary Trainer::run() {
     }
     if (!result.applied) {
       // The swarm holds this local step's gradients for a later round: no step was taken.
-      if (stop_requested(false)) break;
+      if (s.stop_requested(false, progress, summary)) break;
       continue;
     }
     ++s.step;
@@ -438,7 +334,7 @@ TrainSummary Trainer::run() {
                              {"grad_norm", result.grad_norm},
                              {"tokens", s.tokens_seen},
                              {"peak_memory_gib", take_peak_memory_gib(s.device)},
-                             {"elapsed_s", s.elapsed_before + seconds_since(run_start)}};
+                             {"elapsed_s", s.elapsed_s()}};
       if (c.model.ffn == "moe") line["aux_loss"] = interval_aux / static_cast<double>(interval_local);
       if (s.collaboration) line["swarm"] = s.collaboration->metrics();
       // Per MoE layer, this step's routing over every rank (docs/moe.md; scripts/plot_expert_load.py).
@@ -463,7 +359,7 @@ TrainSummary Trainer::run() {
       const double eval_s = seconds_since(eval_start);
       if (metrics)
         metrics->write({{"step", s.step}, {"val_loss", val_loss}, {"eval_s", eval_s},
-                        {"elapsed_s", s.elapsed_before + seconds_since(run_start)}});
+                        {"elapsed_s", s.elapsed_s()}});
       char text[96];
       std::snprintf(text, sizeof(text), "eval: step %lld val_loss %.4f (%.2f s)", static_cast<long long>(s.step), val_loss,
                     eval_s);
@@ -473,14 +369,14 @@ TrainSummary Trainer::run() {
     }
     const bool saved = (c.checkpoint.every > 0 && s.step % c.checkpoint.every == 0) || last;
     if (saved) {
-      save();
+      s.save(progress);
       interval_start = Clock::now();
     }
-    if (!last && stop_requested(saved)) break;
+    if (!last && s.stop_requested(saved, progress, summary)) break;
   }
   if (s.collaboration) s.collaboration->leave();
   summary.steps = s.step;
-  summary.checkpoint = last_checkpoint;
+  summary.checkpoint = s.last_checkpoint;
   return summary;
 }
 

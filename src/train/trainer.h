@@ -31,7 +31,7 @@
 #include <string>
 
 #include "comm/mesh.h"
-#include "core/config.h"
+#include "config/config.h"
 #include "train/collaboration.h"
 
 namespace tessera {

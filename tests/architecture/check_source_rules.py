@@ -20,10 +20,11 @@ LAYERS = [
     ["core"],
     ["tensorboard", "checkpoint", "comm", "data", "precision", "memory"],
     ["optim", "model", "parallel/pipeline"],
-    ["optim/compression", "memory/residency", "parallel/tensor", "parallel/sequence", "parallel/expert"],
+    ["optim/compression", "memory/residency", "parallel/tensor", "parallel/sequence", "parallel/expert",
+     "protocols", "config"],
     ["memory/offload", "memory/swap"],
-    ["plan"],
-    ["parallel", "parallel/data"],
+    ["plan", "parallel/data"],
+    ["parallel"],
     ["train"],
     ["atom"],
     ["cli"],
@@ -31,14 +32,6 @@ LAYERS = [
 
 # (including folder, included folder): why it is still there. Issue 51 asks for each to go.
 KNOWN = {
-    ("core", "data"): "core/config.h declares the Config aggregate of every component's options",
-    ("core", "model"): "core/config.h declares the Config aggregate of every component's options",
-    ("core", "optim"): "core/config.h declares the Config aggregate of every component's options",
-    ("core", "precision"): "core/config.h declares the Config aggregate of every component's options",
-    ("memory/swap", "parallel"): "swap_owner.h implements OptimizerOwner, declared in parallel/optimizer_owner.h",
-    ("parallel/data", "parallel"): "DataParallel implements OptimizerOwner, declared in parallel/optimizer_owner.h",
-    ("parallel", "parallel/data"): "parallelize() builds DataParallel (one layer holds both while the contracts "
-                                   "live in parallel/)",
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_0-9/]+)/[A-Za-z_0-9.]+"', re.M)

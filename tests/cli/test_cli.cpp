@@ -14,7 +14,7 @@
 #include "data/token_stream.h"
 #include "model/hf_names.h"
 #include "model/transformer.h"
-#include "core/config.h"
+#include "config/config.h"
 #include "model/model_size.h"
 
 namespace tessera::test {

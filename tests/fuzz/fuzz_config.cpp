@@ -1,5 +1,5 @@
 // libFuzzer target: a run's configuration as a user gives it, a TOML file and `--set key=value`
-// overrides (core/config.h, Config::load), or as a checkpoint records it (a meta.json whose
+// overrides (config/config.h, Config::load), or as a checkpoint records it (a meta.json whose
 // "config" is the TOML text, Config::from_checkpoint_meta). The input is the TOML text, then, after
 // a line "%%", one override per line; its first byte chooses the file or the meta.json path. A
 // config that loads is written back as annotated TOML and must load again. Every input must load
@@ -15,7 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/config.h"
+#include "config/config.h"
 #include "core/error.h"
 
 namespace {

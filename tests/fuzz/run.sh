@@ -24,17 +24,18 @@ sources=(tests/fuzz/fuzz_$target.cpp)
 flags=()
 libs=()
 # Header folders whose changes rebuild the target.
-watched=(src/checkpoint src/core src/parallel/pipeline src/atom src/data src/model)
+watched=(src/checkpoint src/config src/core src/parallel/pipeline src/atom src/data src/model)
 case $target in
   safetensors) sources+=(src/checkpoint/safetensors.cpp src/core/fs.cpp) ;;
   schedule_csv) sources+=(src/parallel/pipeline/schedule.cpp src/parallel/pipeline/validate.cpp
                           src/parallel/pipeline/simulate.cpp src/core/fs.cpp) ;;
   region) sources+=(src/checkpoint/region.cpp) ;;
-  checkpoint_dir) sources+=(src/checkpoint/checkpoint.cpp src/checkpoint/safetensors.cpp src/checkpoint/region.cpp
+  checkpoint_dir) sources+=(src/checkpoint/checkpoint.cpp src/checkpoint/checkpoint_read.cpp
+                            src/checkpoint/checkpoint_files.cpp src/checkpoint/safetensors.cpp src/checkpoint/region.cpp
                             src/core/fs.cpp src/core/fault_injection.cpp) ;;
   # toml++'s internal assertions are compiled out as in tessera's release build (GCC, NDEBUG: there
   # they check nothing and assume nothing); its unreachable points stay, and UBSan reports them.
-  config) sources+=(src/train/config.cpp src/core/options.cpp src/core/parallel_dims.cpp src/data/data_options.cpp
+  config) sources+=(src/config/config.cpp src/core/options.cpp src/core/parallel_dims.cpp src/data/data_options.cpp
                     src/optim/optim_options.cpp src/precision/precision_options.cpp src/core/fs.cpp src/model/model_options.cpp)
           flags+=("-DTOML_ASSERT(expr)=static_assert(true)") ;;
   token_files) sources+=(src/data/token_stream.cpp src/data/token_file.cpp src/core/fs.cpp) ;;

@@ -51,7 +51,7 @@
 #include "memory/swap/swap_streams.h"
 #include "optim/optim_options.h"
 #include "optim/optimizer.h"
-#include "parallel/optimizer_owner.h"
+#include "protocols/optimizer_owner.h"
 
 namespace tessera {
 

@@ -1,6 +1,6 @@
 // DataParallel: data parallelism over the mesh's "dp" group, with ZeRO stages 0-3, applied to a
 // single-device model from outside. It owns the optimizer (of the shard this rank updates) and is
-// the OptimizerOwner (parallel/optimizer_owner.h) parallelize() gives the training step whenever
+// the OptimizerOwner (protocols/optimizer_owner.h) parallelize() gives the training step whenever
 // gradients are reduced over several replicas (or offloaded).
 //
 // One training step, as a step runner drives it (PlainStep, parallel/plain_step.h; PipelineStep
@@ -117,7 +117,7 @@
 #include "memory/residency/flat_unit.h"
 #include "model/transformer.h"
 #include "optim/optimizer.h"
-#include "parallel/optimizer_owner.h"
+#include "protocols/optimizer_owner.h"
 
 namespace tessera {
 

@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 
 #include "core/error.h"
+#include "optim/optimizer.h"
 #include "parallel/data/data_parallel_impl.h"
 
 namespace tessera {
@@ -92,7 +93,7 @@ std::vector<TensorSlice> DataParallel::optimizer_state_slices() const {
     for (size_t i = 0; i < s.params.size(); ++i) group_of[s.params[i].first] = s.group_of[i];
     std::vector<TensorSlice> out;
     for (auto& [name, t] : s.optimizer->state()) {
-      const auto param = group_of.find(name.substr(0, name.rfind('.')));
+      const auto param = group_of.find(parameter_of_state(name));
       const comm::Group& g = s.group(param == group_of.end() ? 0 : param->second);
       for (TensorSlice& slice : even_slices({{name, t}}, g.rank(), g.size())) out.push_back(std::move(slice));
     }

@@ -85,18 +85,18 @@ at::Tensor dispatch_and_combine(const at::Tensor& buffer, const std::vector<int6
 
 }  // namespace
 
-void check_expert_parallel(const Config& config, const ParallelDims& dims) {
+void check_expert_parallel(const ModelOptions& m, const ParallelOptions& parallel, const MemoryOptions& memory,
+                           const ParallelDims& dims) {
   const int64_t ep = dims.ep();
   if (ep == 1) return;
-  const ModelOptions& m = config.model;
   require(m.ffn == "moe", "parallel.ep = ", ep, " with model.ffn = ", m.ffn,
           ": expert parallelism splits the experts of MoE layers; set model.ffn = moe or parallel.ep = 1");
   require(m.moe_experts % ep == 0, "parallel.ep = ", ep, " does not divide model.moe_experts = ", m.moe_experts,
           " (each expert-parallel rank holds moe_experts / ep whole experts)");
-  require(!config.memory.swap, "memory.swap = true with parallel.ep = ", ep,
+  require(!memory.swap, "memory.swap = true with parallel.ep = ", ep,
           ": the swap engine trains whole replicas of the model; swapping experts split over ranks is not "
           "implemented; set parallel.ep = 1");
-  require(config.parallel.grad_compression == "none", "parallel.grad_compression = ", config.parallel.grad_compression,
+  require(parallel.grad_compression == "none", "parallel.grad_compression = ", parallel.grad_compression,
           " with parallel.ep = ", ep, ": the compressors keep their state over one reduction group, and experts "
           "reduce over another; use none");
 }

@@ -30,15 +30,17 @@
 #pragma once
 
 #include "comm/group.h"
-#include "core/config.h"
 #include "core/parallel_dims.h"
+#include "core/parallel_options.h"
+#include "core/run_options.h"
 #include "model/transformer.h"
 
 namespace tessera {
 
 // Refuses, naming the keys, what expert parallelism cannot run: ep > 1 without MoE layers, ep not
 // dividing model.moe_experts, and the combinations not built.
-void check_expert_parallel(const Config& config, const ParallelDims& dims);
+void check_expert_parallel(const ModelOptions& model, const ParallelOptions& parallel, const MemoryOptions& memory,
+                           const ParallelDims& dims);
 
 // Keeps this rank's experts of every MoE layer of `model` (on the meta device: the parameters are
 // materialised later, by their placement) and installs the dispatching expert step over `ep`.

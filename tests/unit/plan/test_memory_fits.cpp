@@ -5,7 +5,7 @@
 
 #include "plan/memory_estimate.h"
 #include "test_util.h"
-#include "core/config.h"
+#include "config/config.h"
 
 namespace tessera {
 namespace {

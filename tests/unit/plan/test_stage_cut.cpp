@@ -5,7 +5,7 @@
 #include "parallel/pipeline/schedule_builders.h"
 #include "plan/stage_cut.h"
 #include "test_util.h"
-#include "core/config.h"
+#include "config/config.h"
 
 namespace tessera {
 namespace {

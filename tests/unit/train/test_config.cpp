@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "model/model_options.h"
 #include "test_util.h"
-#include "core/config.h"
+#include "config/config.h"
 
 namespace tessera {
 namespace {

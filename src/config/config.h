@@ -1,8 +1,11 @@
-// The whole configuration of a run: one options struct per TOML section. The aggregate lives in
-// core/ so that every layer reads the resolved config (parallelize(), the planner, the step
-// runners) without depending on the training loop; its loading, checking and writing (the member
-// functions below, config_reference, resolve_config_path) are defined in train/config.cpp, the one
-// place that knows every section's checks, and only the front door (cli/, train/) calls them.
+// The whole configuration of a run: one options struct per TOML section. The aggregate has a
+// folder of its own, above the components whose options it holds (data/, model/, optim/,
+// precision/; core/ holds the others) and below the layers that read the resolved config
+// (parallelize(), the planner, the step runners, the training loop), so that none of them
+// depends on the training loop and no component below it sees the aggregate. Its loading,
+// checking and writing (the member functions below, config_reference, resolve_config_path) are in
+// config/config.cpp, the one place that knows every section's checks; only the front door (cli/,
+// train/) calls them.
 //
 // Loading order: the preset file (configs/<name>.toml, or any path), then `--set section.key=value`
 // overrides, then checks. [model] applies model.preset first, so explicit keys refine a preset.

@@ -32,7 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/sampler.h"
-#include "parallel/optimizer_owner.h"
+#include "protocols/optimizer_owner.h"
 
 namespace tessera {
 
