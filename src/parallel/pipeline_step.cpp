@@ -353,32 +353,25 @@ void PipelineStep::add_bench_fields(nlohmann::json& out) {
 }
 
 double PipelineStep::evaluate(const std::vector<Batch>& batches) {
+  // The forward passes alone, as a table run by the executor on the training table's placement.
+  const pipeline::Schedule table = pipeline::forward_only_schedule(*schedule_, static_cast<int64_t>(batches.size()));
   owner_.begin_pass();
   torch::NoGradGuard no_grad;
   model_->eval();
   at::Tensor total = at::zeros({}, at::kDouble);
-  const int64_t me = pipe_.rank(), stages = cut_.stages();
-  auto rank_of = [&](int64_t stage) { return schedule_->rank_of(stage); };  // the placement
-  for (const Batch& batch : batches) {
+  const int64_t stages = cut_.stages();
+  pipeline::StageWork work;
+  work.compute = [&](const Action& a, const at::Tensor& input) {
+    const Batch& batch = batches[a.micro];
     AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
-    at::Tensor x;  // the activation between this rank's consecutive stages
-    for (int64_t s = 0; s < stages; ++s) {
-      if (rank_of(s) != me) continue;
-      if (s == 0) {
-        x = model_->embed(batch.inputs.to(device_));
-      } else if (rank_of(s - 1) != me) {
-        x = activation_buffer(batch);
-        pipe_.recv(x, rank_of(s - 1));
-        x = x.to(at::kFloat);
-      }
-      const BlockOutput blocks = model_->run_blocks(x, cut_.boundaries[s], cut_.boundaries[s + 1]);
-      x = blocks.x;
-      if (s + 1 == stages)
-        total += model_->head(x, batch.targets.to(device_), blocks.aux_loss).ce_loss.detach().to(at::kCPU, at::kDouble);
-      else if (rank_of(s + 1) != me)
-        pipe_.send(x.to(transfer_dtype_).contiguous(), rank_of(s + 1));
-    }
-  }
+    const at::Tensor x = a.stage == 0 ? model_->embed(batch.inputs.to(device_)) : input.to(device_, at::kFloat);
+    const BlockOutput blocks = model_->run_blocks(x, cut_.boundaries[a.stage], cut_.boundaries[a.stage + 1]);
+    if (a.stage + 1 < stages) return blocks.x.to(transfer_dtype_);
+    total += model_->head(blocks.x, batch.targets.to(device_), blocks.aux_loss).ce_loss.to(at::kCPU, at::kDouble);
+    return at::Tensor();
+  };
+  work.receive_buffer = [&](const Action& recv) { return activation_buffer(batches[recv.micro]); };
+  pipeline::run_schedule(table, pipe_, down_, work);
   pipe_.all_reduce(total);
   model_->train();
   owner_.end_pass();

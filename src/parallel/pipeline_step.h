@@ -52,9 +52,9 @@
 // profile, under tp, sp or ep, B = I + W): where B is cheaper, the table runs some backwards whole
 // (schedule_builders.h).
 //
-// evaluate(): the forward alone, stage after stage in the schedule's placement (blocking sends
-// between ranks), the loss known on every rank; under ZeRO-3 the owner's begin_pass/end_pass
-// around it.
+// evaluate(): the forward alone, as a table run by the same executor (forward_only_schedule,
+// schedule_builders.h: each micro-batch's stages in order on the training table's placement), the
+// loss known on every rank; under ZeRO-3 the owner's begin_pass/end_pass around it.
 //
 // write_timeline(): the last run()'s timeline of every rank, written by pipeline rank 0 into `dir`
 // as pipeline_step<N>.svg (measured), .planned.svg (the schedule simulated with the mean measured

@@ -138,33 +138,28 @@ double SwapStep::evaluate(const std::vector<Batch>& batches) {
   model_->eval();
   AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
   const int64_t subs = plan_.size();
-  auto unit = [subs](int64_t sub) { return swap::unit_of(sub, subs); };
-  Residency& residency = executor_.residency();
+  std::vector<BlockOutput> states(batches.size());  // each batch's hidden state (and last aux loss)
+  at::Tensor total = at::zeros({}, at::kDouble);
+  swap::SwapWork work;
+  work.compute = [&](const swap::Action& a) {  // every batch through sub-model a.sub
+    if (a.sub == 0)
+      for (size_t b = 0; b < batches.size(); ++b) states[b].x = model_->embed(batches[b].inputs.to(device_));
+    const swap::SubModel& sub = plan_.sub(a.sub);
+    for (BlockOutput& state : states) state = model_->run_blocks(state.x, sub.first, sub.end);
+    if (a.sub + 1 == subs)
+      for (size_t b = 0; b < batches.size(); ++b)
+        total += model_->head(states[b].x, batches[b].targets.to(device_), states[b].aux_loss).ce_loss.to(at::kCPU, at::kDouble);
+  };
+  work.gradients_stored = [] {};  // a forward makes no gradients
   try {
-    residency.complete(unit(swap::kEnds));
-    std::vector<BlockOutput> states(batches.size());  // each batch's hidden state (and last aux loss)
-    for (size_t b = 0; b < batches.size(); ++b) states[b].x = model_->embed(batches[b].inputs.to(device_));
-    residency.fetch(unit(0));
-    for (int64_t i = 0; i < subs; ++i) {
-      residency.complete(unit(i));
-      // Sub-model i+1 loads while i computes, as in the training forward (two resident at most).
-      if (i + 1 < subs) residency.fetch(unit(i + 1));
-      const swap::SubModel& sub = plan_.sub(i);
-      for (BlockOutput& state : states) state = model_->run_blocks(state.x, sub.first, sub.end);
-      residency.release(unit(i));
-    }
-    at::Tensor total = at::zeros({}, at::kDouble);
-    for (size_t b = 0; b < batches.size(); ++b)
-      total += model_->head(states[b].x, batches[b].targets.to(device_), states[b].aux_loss).ce_loss.to(at::kCPU, at::kDouble);
-    residency.release(unit(swap::kEnds));
-    model_->train();
-    return total.item<double>() / static_cast<double>(batches.size());
+    executor_.run(swap::forward_only_swap_plan(plan_), work);
   } catch (...) {
     owner_.drain();
-    residency.reset();
     model_->train();
     throw;
   }
+  model_->train();
+  return total.item<double>() / static_cast<double>(batches.size());
 }
 
 std::optional<std::string> SwapStep::write_timeline(const std::string& dir, int64_t step) {

@@ -27,8 +27,8 @@
 //
 // evaluate(): the forward alone, sub-model by sub-model over all the batches at once, so each
 // sub-model is loaded once per evaluation (not once per batch), the next one's fetch running while
-// the current one computes (two resident at most, as in the training forward), through the same
-// residency layer as the step. Every batch's
+// the current one computes (two resident at most, as in the training forward): a plan
+// (swap::forward_only_swap_plan) run by the same executor as the step. Every batch's
 // hidden state stays on the device between sub-models: eval.batches x batch x seq x n_embd
 // values, beside the plan's budget (which holds the training step's activations).
 #pragma once

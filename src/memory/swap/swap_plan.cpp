@@ -91,6 +91,24 @@ SwapPlan build_swap_plan(SwapPlan plan) {
   return plan;
 }
 
+SwapPlan forward_only_swap_plan(SwapPlan plan) {
+  require(!plan.subs.empty(), "internal: a swap plan of no sub-models");
+  const int64_t n = plan.size();
+  plan.micro_batches = 1;
+  plan.defer_optim = false;
+  std::vector<Action>& a = plan.actions;
+  a.clear();
+  a.push_back({Op::Load, kEnds});
+  a.push_back({Op::Load, 0});
+  for (int64_t i = 0; i < n; ++i) {
+    a.push_back({Op::ComputeF, i});
+    if (i + 1 < n) a.push_back({Op::Load, i + 1});
+    a.push_back({Op::Evict, i});
+  }
+  a.push_back({Op::Evict, kEnds});
+  return plan;
+}
+
 Occupancy occupancy(const SwapPlan& plan) {
   Occupancy o;
   double used = 0;

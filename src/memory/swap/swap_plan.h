@@ -99,6 +99,13 @@ struct SwapPlan {
 // `plan` with its actions in ATOM's order (any actions given are replaced).
 SwapPlan build_swap_plan(SwapPlan plan);
 
+// Evaluation's plan, run by the same executor: the forward alone of all the batches at once
+// (micro 0), sub-model after sub-model with ATOM's prefetch (sub-model i+1 loads while i computes,
+// i is evicted after it), then the ends evicted: the ends and at most two sub-models resident. No
+// backward, store or update (validate_swap_plan, which holds training plans to their order,
+// would refuse it).
+SwapPlan forward_only_swap_plan(SwapPlan plan);
+
 // Device bytes in use after each action of plan.actions, and the most.
 struct Occupancy {
   std::vector<double> after;

@@ -298,6 +298,20 @@ const std::vector<std::string>& schedule_names() {
   return names;
 }
 
+Schedule forward_only_schedule(const Schedule& like, int64_t micro_batches) {
+  Schedule s;
+  s.name = like.name + " (forward only)";
+  s.pp = like.pp;
+  s.v = like.v;
+  s.micro_batches = micro_batches;
+  s.placement = like.placement;
+  s.ranks.assign(static_cast<size_t>(s.pp), {});
+  for (int64_t m = 0; m < micro_batches; ++m)
+    for (int64_t stage = 0; stage < s.stages(); ++stage) s.ranks[static_cast<size_t>(s.rank_of(stage))].push_back({Op::F, stage, m});
+  add_communication(s);
+  return s;
+}
+
 Schedule build_schedule(const std::string& name, int64_t pp, int64_t micro_batches, int64_t v,
                         const ActionCosts& costs) {
   require(pp >= 1, "parallel.pp must be at least 1 (got ", pp, ")");

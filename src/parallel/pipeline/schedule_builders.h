@@ -59,6 +59,13 @@ const std::vector<std::string>& schedule_names();
 Schedule build_schedule(const std::string& name, int64_t pp, int64_t micro_batches, int64_t v,
                         const ActionCosts& costs = {});
 
+// The forward passes alone of `micro_batches` micro-batches on `like`'s ranks and placement, the
+// communication added: the table evaluation runs through the executor. Each rank runs its stages
+// of micro-batch 0 in stage order, then micro-batch 1's, and so on, so every receive's send comes
+// earlier in its sender's row than anything that waits on the receiver (no cycle). Not a training
+// table (no backward, no OPTIM; validate_schedule would refuse it).
+Schedule forward_only_schedule(const Schedule& like, int64_t micro_batches);
+
 // A layout's schedule table: parallel.pp_schedule (a built-in, or file:PATH read as a CSV table) on
 // `pp` ranks with parallel.pp_virtual stages each and `micro_batches` (the step's accumulation
 // count at its dp), with its parameter actions (`gathers`, and OPTIM), validated. Refusals name the

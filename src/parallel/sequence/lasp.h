@@ -26,7 +26,7 @@
 // Invariants: every rank of `sp` calls lasp_attention for the same layers in the same order with
 // equal chunk lengths (it is a collective); rank t of `sp` holds tokens [t T_c, (t+1) T_c) of each
 // sequence. Outputs and gradients equal lightning_attention_chunked on the whole sequence to
-// float32 rounding (tests/sequence/test_lasp.cpp). λ gets no gradient (it is fixed by the slopes).
+// float32 rounding (tests/distributed/sequence/test_lasp.cpp). λ gets no gradient (it is fixed by the slopes).
 #pragma once
 
 #include <cstdint>

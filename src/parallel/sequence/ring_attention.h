@@ -32,7 +32,7 @@
 //
 // Invariants: every rank of `sp` calls ring_attention for the same layers in the same order with
 // equal C (it is a collective); no dropout. Outputs and gradients equal causal SDPA on the whole
-// sequence to float32 rounding (tests/sequence/test_softmax_sp.cpp). Compute is unbalanced by
+// sequence to float32 rounding (tests/distributed/sequence/test_softmax_sp.cpp). Compute is unbalanced by
 // construction (rank t computes t+1 blocks), the price of contiguous chunks.
 #pragma once
 

@@ -25,7 +25,7 @@
 // Invariants: every rank of `sp` calls ulysses_attention for the same layers in the same order with
 // equal C (it is a collective); H is a multiple of W; no dropout on the attention probabilities.
 // Outputs and gradients equal causal SDPA on the whole sequence to float32 rounding
-// (tests/sequence/test_softmax_sp.cpp).
+// (tests/distributed/sequence/test_softmax_sp.cpp).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -67,6 +67,31 @@ TEST(SwapPlan, AtomOrderPrefetchesAndKeepsTheLastSubModelAcrossTheTurn) {
                                   {"action LOAD 1", "above its budget", "memory.device_budget_gb", ">>"}));
 }
 
+// Evaluation's plan: each sub-model loaded once, in forward order, the next one's load issued right
+// after the current compute, each evicted after its forward; the ends loaded first and evicted
+// last; nothing backward, stored or updated; at most the ends and two sub-models' parameters.
+TEST(SwapPlan, ForwardOnlyPlanLoadsEachSubModelOnceAndKeepsTwoResident) {
+  const SwapPlan plan = forward_only_swap_plan(plan_of(equal_subs(4, 10, 1, 1), 64, 1, 2, true));
+  for (int64_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(count(plan, Op::Load, i), 1) << i;
+    EXPECT_EQ(count(plan, Op::ComputeF, i), 1) << i;
+    EXPECT_EQ(count(plan, Op::Evict, i), 1) << i;
+    EXPECT_GT(position(plan, {Op::Evict, i}), position(plan, {Op::ComputeF, i})) << i;
+    if (i + 1 < 4) EXPECT_EQ(position(plan, {Op::Load, i + 1}), position(plan, {Op::ComputeF, i}) + 1) << i;
+  }
+  EXPECT_EQ(plan.actions.front(), (Action{Op::Load, kEnds}));
+  EXPECT_EQ(plan.actions.back(), (Action{Op::Evict, kEnds}));
+  for (const Action& a : plan.actions)
+    EXPECT_TRUE(a.op == Op::Load || a.op == Op::ComputeF || a.op == Op::Evict) << a.str();
+  double resident = 0, most = 0;
+  for (const Action& a : plan.actions) {
+    if (a.op == Op::Load) resident += plan.sub(a.sub).parameter_bytes;
+    if (a.op == Op::Evict) resident -= plan.sub(a.sub).parameter_bytes;
+    most = std::max(most, resident);
+  }
+  EXPECT_DOUBLE_EQ(most, plan.ends.parameter_bytes + 20);
+}
+
 TEST(SwapPlan, BrokenPlansAreRefusedNamingTheAction) {
   const SwapPlan good = plan_of(equal_subs(3, 10, 1, 1), 100, 1);
   auto without = [&](Action a) {

@@ -64,6 +64,32 @@ TEST(PipelineSchedules, BuiltInTablesValidateAndGiveTheirBubbleFormula) {
   }
 }
 
+// Evaluation's table: every stage's forward of every micro-batch once, on the rank that holds the
+// stage in the training table, nothing else computed; it runs to its end in the replay, and with
+// one stage per rank it takes the pipeline's fill and drain, m + p - 1 forwards.
+TEST(PipelineSchedules, ForwardOnlyTablesRunEveryForwardOnItsRankWithoutACycle) {
+  for (const Case& c : kCases)
+    for (int64_t p : {int64_t{2}, int64_t{4}}) {
+      const int64_t m = 2 * p;
+      const Schedule train = build_schedule(c.name, p, m, c.v);
+      const Schedule eval = forward_only_schedule(train, 3);
+      SCOPED_TRACE(c.name + " pp " + std::to_string(p));
+      int64_t forwards = 0;
+      for (int64_t r = 0; r < p; ++r)
+        for (const Action& a : eval.ranks[static_cast<size_t>(r)]) {
+          EXPECT_FALSE(a.is_parameter() || a.op == Op::B || a.op == Op::I || a.op == Op::W) << a.str();
+          if (a.op != Op::F) continue;
+          ++forwards;
+          EXPECT_EQ(train.rank_of(a.stage), r) << a.str();
+          EXPECT_GE(index_of(train, r, Action{Op::F, a.stage, 0}), 0) << a.str();
+        }
+      EXPECT_EQ(forwards, train.stages() * 3);
+      const Simulation sim = simulate_schedule(eval);
+      ASSERT_TRUE(sim.stuck.empty()) << format_grid(eval);
+      if (c.v == 1) EXPECT_DOUBLE_EQ(sim.step_time, 3 + p - 1) << format_grid(eval);
+    }
+}
+
 TEST(PipelineSchedules, PeakActivationsAreTheSchedulesCounts) {
   const int64_t p = 4, m = 8;
   const Simulation gpipe = simulate_schedule(build_schedule("gpipe", p, m, 1));
