@@ -142,14 +142,18 @@ TEST_F(Swarm, DiLoCoPeersWithLowRankPseudoGradientsStayEqualAndAJoinerTakesTheir
 TEST_F(Swarm, Fp16PeersKeepTheirOverflowsOutOfTheRounds) {
   // A loss scale of 2^24 overflows fp16's gradients at first: a peer contributes nothing from such
   // a step (and lowers its own scale) until its gradients are finite; the rounds' means stay
-  // finite and both members apply each one alike.
+  // finite and both members apply each one alike. Both wait for the other before their first step
+  // (swarm.min_peers = 2): alone, the first could finish its ten steps before the second joined,
+  // which then waited for a swarm that had gone (CI under load, 2026-11-28).
   constexpr int64_t kSteps = 10;
-  const std::string args = settings(kSteps, key_) + " --set precision.dtype=fp16 --set precision.loss_scale_init=16777216";
+  const std::string args = settings(kSteps, key_) +
+                           " --set precision.dtype=fp16 --set precision.loss_scale_init=16777216 --set swarm.min_peers=2";
   Peer& a = start("a", args);
   Peer& b = start("b", args, a.address());
   ASSERT_EQ(a.wait(), 0) << a.log();
   ASSERT_EQ(b.wait(), 0) << b.log();
   EXPECT_NE(a.log().find("are not contributed"), std::string::npos) << a.log();
+  EXPECT_NE(a.log().find(": 2 peers, "), std::string::npos) << a.log();  // rounds of both members
   for (const Peer* p : {&a, &b}) {
     EXPECT_EQ(p->swarm_step(), kSteps) << p->log();
     expect_accounted(*p);
