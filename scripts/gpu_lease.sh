@@ -60,7 +60,7 @@ NVIDIA_LIBS="$(find "$(dirname "$TORCH_DIR")/nvidia" -name 'lib*.so*' -printf '%
 export LD_LIBRARY_PATH="$TORCH_DIR/lib:$NVIDIA_LIBS"
 BIN="$BUILD/tessera"
 
-echo "# GPU lease: $(date -u +%FT%TZ), commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null), parts ${PARTS//,/ }" >"$SUMMARY"
+echo "# GPU lease: $(date -u +%FT%TZ), build of commit $(cat "$ROOT/.gpu_prebuilt/COMMIT" 2>/dev/null || echo unknown), parts ${PARTS//,/ }" >"$SUMMARY"
 note "- device: $(nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1)"
 note "- torch: $(python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())' 2>&1)"
 if ! "$BIN" --help >"$LOGS/version.log" 2>&1; then

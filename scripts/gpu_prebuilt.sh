@@ -11,7 +11,7 @@
 # GPU machine's image does not provide (OpenDHT and its dependencies, toml++): not glibc, libstdc++
 # or libgcc_s, and not torch's or NVIDIA's libraries, which scripts/gpu_lease.sh finds in the
 # machine's own torch. The binaries and the copied libraries look in $ORIGIN/lib and $ORIGIN
-# (patchelf). DIR/BUILD_PATH names BUILD: the test programs find `tessera` and the sources at the
+# (patchelf). DIR/COMMIT names the commit built. DIR/BUILD_PATH names BUILD: the test programs find `tessera` and the sources at the
 # paths compiled into them, so gpu_lease.sh unpacks the archive there (linking this checkout's path
 # to the repository on the GPU machine).
 #
@@ -55,6 +55,10 @@ rm -rf "$DIR"
 mkdir -p "$DIR"
 tar czf "$DIR/prebuilt.tgz" -C "$STAGE" .
 echo "$BUILD" >"$DIR/BUILD_PATH"
+# The commit built ("-dirty" with uncommitted changes): the GPU machine's copy of the repository
+# may carry another HEAD, so gpu_lease.sh names this one in its summary.
+{ git -C "$ROOT" rev-parse --short HEAD; git -C "$ROOT" diff --quiet HEAD -- src tests || echo dirty; } |
+  paste -sd- >"$DIR/COMMIT"
 rm -rf "$STAGE"
 echo "gpu_prebuilt: $(tar tzf "$DIR/prebuilt.tgz" | grep -c '^\./lib/.') libraries, $(du -h "$DIR/prebuilt.tgz" | cut -f1) in $DIR/prebuilt.tgz"
 

@@ -37,8 +37,14 @@ std::string swap_timeline_svg(const std::vector<TimedAction>& timeline, const st
     const size_t r = static_cast<size_t>(std::find(std::begin(rows), std::end(rows), stream_of(t.action.op)) - rows);
     char tooltip[64];
     std::snprintf(tooltip, sizeof tooltip, ": %.2f-%.2f ms", 1000 * t.start, 1000 * t.end);
-    chart.boxes.push_back({r, t.start, t.end, colour(t.action.op), t.action.str() + tooltip,
-                           t.action.sub == kEnds ? "e" : std::to_string(t.action.sub)});
+    GanttBox box;
+    box.row = r;
+    box.start = t.start;
+    box.end = t.end;
+    box.fill = colour(t.action.op);
+    box.tooltip = t.action.str() + tooltip;
+    box.label = t.action.sub == kEnds ? "e" : std::to_string(t.action.sub);
+    chart.boxes.push_back(std::move(box));
   }
   for (Op op : {Op::Load, Op::ComputeF, Op::ComputeB, Op::StoreGrad, Op::Optim})
     chart.legend.push_back({colour(op), op_name(op)});

@@ -35,7 +35,10 @@ std::string timeline_svg(const Schedule& s, const Simulation& sim, const std::st
   for (size_t r = 0; r < sim.timeline.size(); ++r) {
     chart.rows.push_back("rank " + std::to_string(r));
     for (const TimedAction& t : sim.timeline[r]) {
-      GanttBox box{r, t.start, t.end};
+      GanttBox box;
+      box.row = r;
+      box.start = t.start;
+      box.end = t.end;
       if (t.action.is_transfer()) {
         if (t.end <= t.start) continue;
         box.fill = "#bbb";
