@@ -65,10 +65,14 @@ PipelineStep::PipelineStep(TransformerLM model, ResidentOwner& owner, comm::Mesh
       device_(device),
       autocast_(autocast),
       cut_(layout.cut()),
+      gathers_(layout_gathers(config.parallel, mesh.dims())),
       transfer_dtype_(config.parallel.pp_transfer_dtype == "compute" && autocast ? *autocast : at::kFloat) {
   for (const auto& p : model_->parameters())
     if (p.requires_grad()) trained_.push_back(p);
-  if (!owner_.gathers_by_schedule()) schedule_ = layout.schedule();  // no gathers to add
+  require(owner_.gathers_by_schedule() == (gathers_ != pipeline::Gathers::none), "internal: the layout's table ",
+          gathers_ == pipeline::Gathers::none ? "has no" : "has", " parameter gathers, but the optimizer owner ",
+          owner_.gathers_by_schedule() ? "shards" : "does not shard", " the stages' parameters");
+  schedule_ = layout.schedule();
   schedule_for(config.train.accumulation(mesh.dims().dp()));
   predicted_costs_ = predicted_costs(layout.dims(), layout.cut());
 }
@@ -384,10 +388,7 @@ const pipeline::Schedule& PipelineStep::schedule_for(int64_t micro_batches) {
 }
 
 pipeline::Schedule PipelineStep::build_table(int64_t micro_batches, const pipeline::ActionCosts& costs) const {
-  const pipeline::Gathers gathers = !owner_.gathers_by_schedule()                   ? pipeline::Gathers::none
-                                    : config_.parallel.zero3_reshard_per_microbatch ? pipeline::Gathers::per_action
-                                                                                    : pipeline::Gathers::per_step;
-  return pipeline::schedule_for_options(config_.parallel, mesh_.dims().pp(), micro_batches, gathers, costs);
+  return pipeline::schedule_for_options(config_.parallel, mesh_.dims().pp(), micro_batches, gathers_, costs);
 }
 
 void PipelineStep::rebuild_for_measured_costs() {

@@ -26,7 +26,8 @@
 //   W(j)  the parameters' gradients: only the weight products (x^T dy of each linear, a layer
 //         norm's), from what I kept; the graph freed.
 //   GATHER(s) / RELEASE(s)  the owner's fetch_stage / release_stage of stage s (ZeRO-3 over the
-//         stage's dp replicas: the table has them when the owner gathers_by_schedule(), once per
+//         stage's dp replicas: the layout's table has them (plan/layout.h, layout_gathers) exactly
+//         when the owner gathers_by_schedule(), checked at construction; once per
 //         step or, with parallel.zero3_reshard_per_microbatch, for each compute action, issued
 //         one compute action ahead); the first compute action on s after a fetch calls the
 //         owner's complete_stage first.
@@ -150,6 +151,7 @@ class PipelineStep final : public StepRunner {
   c10::Device device_;
   std::optional<at::ScalarType> autocast_;
   StageCut cut_;  // pp x v stages
+  pipeline::Gathers gathers_;  // the layout's (layout_gathers): what every table of this step holds
   at::ScalarType transfer_dtype_;  // of activations and their gradients between ranks
   std::vector<at::Tensor> trained_;  // this rank's parameters that are trained (W's targets)
 

@@ -42,6 +42,12 @@ const swap::SwapPlan& Layout::swap_plan() const {
   return *swap_;
 }
 
+pipeline::Gathers layout_gathers(const ParallelOptions& parallel, const ParallelDims& dims) {
+  if (dims.pp() == 1 || parallel.zero_stage != 3 || (dims.dp() * dims.sp() == 1 && !parallel.offload))
+    return pipeline::Gathers::none;
+  return parallel.zero3_reshard_per_microbatch ? pipeline::Gathers::per_action : pipeline::Gathers::per_step;
+}
+
 Layout make_layout(const Config& config, const ParallelDims& dims, const LayoutMeasurements& measured) {
   std::optional<StageCut> cut;
   std::optional<pipeline::Schedule> schedule;
@@ -51,7 +57,8 @@ Layout make_layout(const Config& config, const ParallelDims& dims, const LayoutM
               ? cut_by_time(config.model, dims.pp() * p.pipeline_virtual(), *measured.blocks)
               : pipeline_cut(config, dims);
     if (measured.blocks) add_measured_costs(*cut, *measured.blocks);
-    schedule = pipeline::schedule_for_options(p, dims.pp(), config.train.accumulation(dims.dp()));
+    schedule = pipeline::schedule_for_options(p, dims.pp(), config.train.accumulation(dims.dp()),
+                                              layout_gathers(p, dims));
     require(cut->stages() == schedule->stages(), "internal: a cut of ", cut->stages(), " stages for a schedule of ",
             schedule->stages());
   }

@@ -11,8 +11,10 @@
 //               dry run, the parameter cut, method "params until profiled"); with the blocks
 //               profiled, whatever the cut, its stages' measured F, B, I, W (the prediction)
 //   schedule    parallel.pp > 1: the schedule table for the step's micro-batches (its placement
-//               decides which pipeline rank holds each stage); no parameter gathers (the pipeline
-//               step adds those its optimizer owner needs)
+//               decides which pipeline rank holds each stage), with the parameter gathers of
+//               ZeRO-3 over the stages' data replicas (layout_gathers) and OPTIM: the table the
+//               pipeline step runs until it rebuilds it for measured costs after step 2
+//               (parallel/pipeline_step.h), which it says in the run's log
 //   swap        memory.swap with LayoutMeasurements::swap: the swap plan (plan/swap_cut.h), whose
 //               sub-models are the units the swap engine moves; absent without measurements
 //   replicas    the names of the groups gradients are averaged over: dense parameters over "dp"
@@ -75,6 +77,14 @@ class Layout {
   std::optional<pipeline::Schedule> schedule_;
   std::optional<swap::SwapPlan> swap_;
 };
+
+// The parameter actions a layout's pipeline table holds: ZeRO-3 (parallel.zero_stage = 3) over a
+// pipeline whose stages have data replicas to shard over (dp x sp > 1) or offload gathers each
+// stage's parameters by the table, once per step or, with
+// parallel.zero3_reshard_per_microbatch, around every compute action; otherwise none. The one
+// place that decides it: DataParallel is the owner exactly then (parallel/parallelize.h), and the
+// pipeline step checks that its owner agrees.
+pipeline::Gathers layout_gathers(const ParallelOptions& parallel, const ParallelDims& dims);
 
 Layout make_layout(const Config& config, const ParallelDims& dims, const LayoutMeasurements& measured = {});
 
