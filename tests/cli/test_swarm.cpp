@@ -107,6 +107,9 @@ TEST_F(Swarm, DiLoCoPeersWithLowRankPseudoGradientsStayEqualAndAJoinerTakesTheir
   ASSERT_TRUE(advances(a, 0, 2)) << a.log();
   Peer& c = start("c", args, a.address());
   ASSERT_TRUE(wait_until([&] { return c.log().find("took the swarm's state") != std::string::npos; }, 60)) << c.log();
+  // Its log says so before its metrics do: wait for a swarm step there (read too early, it was -1
+  // and the comparison below looked only where c had saved nothing; ASan run, 2026-11-28).
+  ASSERT_TRUE(wait_until([&] { return c.swarm_step() >= 0; }, 60)) << c.log();
   const int64_t joined = c.swarm_step();
   ASSERT_TRUE(advances(c, joined, 3)) << c.log();
   for (Peer* p : {&a, &b, &c}) {
