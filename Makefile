@@ -42,7 +42,12 @@ test: build
 # The in-process unit and distributed tests built with AddressSanitizer and UndefinedBehaviorSanitizer
 # (CMakeLists.txt, TESSERA_SANITIZE) in their own build folder; any finding fails its test.
 SANITIZE_BUILD ?= build-sanitize
-SANITIZE_OPTIONS ?= ASAN_OPTIONS=detect_leaks=0:strict_init_order=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+# Reports go to files (log_path), printed after CTest's summary when a test failed
+# (scripts/sanitizer_reports.sh): a report inside a worker's log of a multi-process test would be
+# cut from the output CI keeps.
+SANITIZE_REPORTS = $(CURDIR)/$(SANITIZE_BUILD)/sanitizer-reports
+SANITIZE_OPTIONS ?= ASAN_OPTIONS=detect_leaks=0:strict_init_order=1:log_path=$(SANITIZE_REPORTS)/asan \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path=$(SANITIZE_REPORTS)/ubsan
 $(SANITIZE_BUILD)/build.ninja:
 	@venv="$$(bash scripts/install.sh | sed -n 's/^TESSERA_VENV=//p')" && \
 	cmake -S . -B $(SANITIZE_BUILD) -G Ninja -DTESSERA_PYTHON=$$venv/bin/python -DTESSERA_SANITIZE=ON
@@ -50,12 +55,15 @@ $(SANITIZE_BUILD)/build.ninja:
 test-sanitize: $(SANITIZE_BUILD)/build.ninja
 	@bash scripts/install.sh >/dev/null
 	@cmake --build $(SANITIZE_BUILD) -j $(JOBS)
-	@cd $(SANITIZE_BUILD) && env $(SANITIZE_OPTIONS) ctest -j $(JOBS) --output-on-failure
+	@rm -rf $(SANITIZE_REPORTS) && mkdir -p $(SANITIZE_REPORTS)
+	@cd $(SANITIZE_BUILD) && env $(SANITIZE_OPTIONS) ctest -j $(JOBS) --output-on-failure || \
+	  { bash $(CURDIR)/scripts/sanitizer_reports.sh $(SANITIZE_REPORTS); exit 1; }
 
 # ThreadSanitizer over the tests of tessera's own threads (CMakeLists.txt, tests/CMakeLists.txt:
 # THREADS); every report fatal. Not part of make test (its build is a third one of the sources).
 TSAN_BUILD ?= build-tsan
-TSAN_RUN_OPTIONS ?= TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/tsan.supp
+TSAN_REPORTS = $(CURDIR)/$(TSAN_BUILD)/sanitizer-reports
+TSAN_RUN_OPTIONS ?= TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/tsan.supp:log_path=$(TSAN_REPORTS)/tsan
 $(TSAN_BUILD)/build.ninja:
 	@venv="$$(bash scripts/install.sh | sed -n 's/^TESSERA_VENV=//p')" && \
 	cmake -S . -B $(TSAN_BUILD) -G Ninja -DTESSERA_PYTHON=$$venv/bin/python -DTESSERA_TSAN=ON
@@ -63,7 +71,9 @@ $(TSAN_BUILD)/build.ninja:
 test-tsan: $(TSAN_BUILD)/build.ninja
 	@bash scripts/install.sh >/dev/null
 	@cmake --build $(TSAN_BUILD) -j $(JOBS)
-	@cd $(TSAN_BUILD) && env $(TSAN_RUN_OPTIONS) ctest -j $(JOBS) --output-on-failure
+	@rm -rf $(TSAN_REPORTS) && mkdir -p $(TSAN_REPORTS)
+	@cd $(TSAN_BUILD) && env $(TSAN_RUN_OPTIONS) ctest -j $(JOBS) --output-on-failure || \
+	  { bash $(CURDIR)/scripts/sanitizer_reports.sh $(TSAN_REPORTS); exit 1; }
 
 bench: build
 	@bash bench/run_all.sh $(BUILD)

@@ -1,0 +1,17 @@
+#!/bin/bash
+# Prints the sanitizer reports written under DIR (the log_path of `make test-sanitize` and
+# `make test-tsan`, Makefile) after a failed run, so that they stand at the end of the output
+# where CI keeps it: a report printed by a worker of a multi-process test lands in that worker's
+# log, which the test's own output shows only in part. Each report's first 120 lines.
+dir="$1"
+shopt -s nullglob
+reports=("$dir"/*)
+if [ ${#reports[@]} -eq 0 ]; then
+  echo "sanitizer reports: none under $dir (the failure was not a sanitizer's)"
+  exit 0
+fi
+echo "sanitizer reports (${#reports[@]}) under $dir:"
+for report in "${reports[@]}"; do
+  echo "==== $report"
+  head -n 120 "$report"
+done
