@@ -45,9 +45,11 @@
 // - load_checkpoint() verifies the format version, meta.json's own checksum ("meta_checksum", over
 //   its other fields) and every file's size and checksum before any tensor is used, and names the
 //   file that fails. It validates every field it reads: types, a step >= 0 that agrees with a
-//   step_<N> directory name, file entries. Tensors it reads must be floating point (the random
-//   stream states "rng.*" excepted, and "*.step" and "*loss_scaler.growth_tracker" counters may be non-negative integers) and finite, and second moments (*exp_avg_sq*) non-negative:
-//   a checkpoint that would resume into NaN is refused naming the file and tensor.
+//   step_<N> directory name, file entries. Each tensor it reads is checked by its kind
+//   (core/state_kind.h), which the reader's components declare (StateKinds; this layer knows no
+//   component's names): model tensors and real state floating point and finite, second moments
+//   also non-negative, counters non-negative integers (or finite floats), random-generator bytes
+//   unchecked. A checkpoint that would resume into NaN is refused naming the file and tensor.
 #pragma once
 
 #include <cmath>
@@ -62,6 +64,7 @@
 #include "checkpoint/region.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "core/state_kind.h"
 
 namespace tessera {
 
@@ -149,15 +152,26 @@ std::string commit_checkpoint(const std::string& checkpoints_dir, int64_t step, 
 using OptimizerRange = Region;
 using OptimizerRanges = std::map<std::string, Region>;
 
+// What the state tensors of a checkpoint hold, declared by the components of the reading run:
+// `training` for the optimizer files' tensors (optimizer slots, loss scaler, random streams,
+// routing state), `compression` for the compression files'. Unset: StateKind::unknown (a reader
+// that runs none of them, as `tessera export`).
+struct StateKinds {
+  StateKindOf training;
+  StateKindOf compression;
+};
+
 // `path` may be a step directory, a checkpoints directory or a run directory (the latter two
 // resolve through `latest`). Throws tessera::Error naming the file on any inconsistency. Every
 // file is verified; the optimizer tensors are read only when `with_optimizer` (generation needs
 // the model alone), the model's only when `with_model` (a resuming rank reads the tensors it
 // keeps one at a time with read_model_tensor). A tensor named in `ranges` comes back as the 1-D tensor of its range (read
 // shard by shard, so the whole tensor is never held); the others whole. The shards must cover
-// each whole tensor, and each range, exactly once.
+// each whole tensor, and each range, exactly once. Each state tensor is checked by its kind in
+// `kinds`.
 LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer = true,
-                                 const OptimizerRanges& ranges = {}, bool with_model = true);
+                                 const OptimizerRanges& ranges = {}, bool with_model = true,
+                                 const StateKinds& kinds = {});
 
 // One model tensor of a checkpoint loaded without its model, read from its file alone (the files
 // were verified by load_checkpoint).

@@ -21,26 +21,27 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The rules every model, optimizer and compression tensor read from a checkpoint obeys
-// (checkpoint.h): a wrong dtype, a NaN or a negative second moment would resume into NaN.
-void check_state_tensor(const std::string& file, const std::string& name, const at::Tensor& t) {
-  if (name.rfind("rng.", 0) == 0) return;  // random stream states: bytes
-  // Counters: an optimizer's steps, and the fp16 loss scaler's good steps since its last change.
-  auto ends_with = [&](const std::string& tail) {
-    return name.size() > tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
-  };
-  const bool counter = ends_with(".step") || ends_with("loss_scaler.growth_tracker");
-  if (counter && at::isIntegralType(t.scalar_type(), /*includeBool=*/false)) {
+// The checks of a tensor of kind `kind` (core/state_kind.h) read from a checkpoint: a wrong dtype,
+// a NaN or a negative second moment would resume into NaN.
+void check_state_tensor(const std::string& file, const std::string& name, const at::Tensor& t, StateKind kind) {
+  if (kind == StateKind::bytes) return;
+  const bool integral = at::isIntegralType(t.scalar_type(), /*includeBool=*/false);
+  if (integral && kind == StateKind::counter) {
     require(t.numel() == 0 || t.min().item<int64_t>() >= 0, file, ": counter '", name, "' is negative");
     return;
   }
+  if (integral && kind == StateKind::unknown) return;
   require(at::isFloatingType(t.scalar_type()), file, ": tensor '", name, "' has dtype ", t.scalar_type(),
           "; a checkpoint's model and optimizer tensors are floating point (counters may be integers)");
   require(t.numel() == 0 || at::isfinite(t).all().item<bool>(), file, ": tensor '", name,
           "' holds NaN or infinite values; a run resumed from it would train on garbage");
-  if (name.find("exp_avg_sq") != std::string::npos)
+  if (kind == StateKind::non_negative)
     require(t.numel() == 0 || t.min().item<double>() >= 0, file, ": tensor '", name,
             "' is a second moment with negative entries (", t.min().item<double>(), ")");
+}
+
+StateKind kind_by(const StateKindOf& kind_of, const std::string& name) {
+  return kind_of ? kind_of(name) : StateKind::unknown;
 }
 
 // The pieces of each model tensor of a checkpoint: the one file, or for `shards` files the files
@@ -95,11 +96,11 @@ std::map<std::string, std::vector<StoredPiece>> model_file_map(const fs::path& d
 // values, 1-D.
 class OptimizerAssembly {
  public:
-  explicit OptimizerAssembly(const OptimizerRanges& ranges) : ranges_(ranges) {}
+  OptimizerAssembly(const OptimizerRanges& ranges, const StateKindOf& kind_of) : ranges_(ranges), kind_of_(kind_of) {}
 
   // `values` hold `stored` of the tensor `name`.
   void add(const std::string& file, const std::string& name, const at::Tensor& values, const Region& stored) {
-    check_state_tensor(file, name, values);
+    check_state_tensor(file, name, values, kind_by(kind_of_, name));
     auto it = parts_.find(name);
     if (it == parts_.end()) {
       auto range = ranges_.find(name);
@@ -133,13 +134,15 @@ class OptimizerAssembly {
     int64_t covered;
   };
   const OptimizerRanges& ranges_;
+  const StateKindOf& kind_of_;
   std::map<std::string, Part> parts_;
 };
 
 // The shards of a multi-rank checkpoint, read one file at a time. Each shard tensor is 1-D; the
 // file's metadata holds its region's record (region.h).
-std::map<std::string, at::Tensor> assemble_shards(const fs::path& dir, int64_t shards, const OptimizerRanges& ranges) {
-  OptimizerAssembly assembly(ranges);
+std::map<std::string, at::Tensor> assemble_shards(const fs::path& dir, int64_t shards, const OptimizerRanges& ranges,
+                                                  const StateKindOf& kind_of) {
+  OptimizerAssembly assembly(ranges, kind_of);
   for (int64_t r = 0; r < shards; ++r) {
     const std::string path = (dir / checkpoint_files::shard_name(r, shards)).string();
     SafetensorsContents shard = read_safetensors(path);
@@ -152,8 +155,9 @@ std::map<std::string, at::Tensor> assemble_shards(const fs::path& dir, int64_t s
   return assembly.finish(dir.string());
 }
 
-std::map<std::string, at::Tensor> read_optimizer_file(const fs::path& file, const OptimizerRanges& ranges) {
-  OptimizerAssembly assembly(ranges);
+std::map<std::string, at::Tensor> read_optimizer_file(const fs::path& file, const OptimizerRanges& ranges,
+                                                      const StateKindOf& kind_of) {
+  OptimizerAssembly assembly(ranges, kind_of);
   for (const auto& [name, t] : read_safetensors(file.string()).tensors)
     assembly.add(file.string(), name, t, Region::whole(t.sizes().vec()));
   return assembly.finish(file.string());
@@ -215,7 +219,7 @@ at::Tensor read_model_region(const LoadedCheckpoint& ckpt, const std::string& na
   for (const StoredPiece& piece : pieces) {
     if (pieces.size() > 1 && !overlaps(piece.region, region)) continue;
     const at::Tensor t = read_safetensors_tensor(piece.file, name);
-    check_state_tensor(piece.file, name, t);
+    check_state_tensor(piece.file, name, t, StateKind::real);
     if (!values.defined()) values = at::empty({region.numel()}, t.options());
     require(t.scalar_type() == values.scalar_type(), piece.file, ": part of '", name, "' has dtype ",
             t.scalar_type(), ", another part ", values.scalar_type());
@@ -255,7 +259,7 @@ at::Tensor read_model_tensor(const LoadedCheckpoint& ckpt, const std::string& na
 }
 
 LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer, const OptimizerRanges& ranges,
-                                 bool with_model) {
+                                 bool with_model, const StateKinds& kinds) {
   LoadedCheckpoint out;
   out.dir = resolve_checkpoint_dir(path);
   const fs::path dir(out.dir);
@@ -309,11 +313,13 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer, c
   if (with_model)
     for (const auto& [name, pieces] : out.model_files) out.model.emplace(name, read_model_tensor(out, name));
   if (!with_optimizer) return out;
-  out.optimizer = shards > 0 ? assemble_shards(dir, shards, ranges) : read_optimizer_file(dir / checkpoint_files::kOptimizerFile, ranges);
+  out.optimizer = shards > 0 ? assemble_shards(dir, shards, ranges, kinds.training)
+                             : read_optimizer_file(dir / checkpoint_files::kOptimizerFile, ranges, kinds.training);
   for (int64_t r = 0; r < compression_ranks; ++r) {
     const std::string file = (dir / checkpoint_files::compression_name(r, compression_ranks)).string();
     out.compression.push_back(read_safetensors(file).tensors);
-    for (const auto& [name, t] : out.compression.back()) check_state_tensor(file, name, t);
+    for (const auto& [name, t] : out.compression.back())
+      check_state_tensor(file, name, t, kind_by(kinds.compression, name));
   }
   return out;
 }

@@ -98,6 +98,10 @@ void Adafactor::load_state(const std::map<std::string, at::Tensor>& state, const
   load_named_state(this->state(), state, source);
 }
 
+StateKind Adafactor::slot_kind(const std::string& slot) const {
+  return slot.rfind("exp_avg_sq", 0) == 0 ? StateKind::non_negative : StateKind::real;
+}
+
 void Adafactor::zero_grad() {
   for (auto& s : slots_) s.param.mutable_grad().reset();
 }

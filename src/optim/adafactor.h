@@ -41,6 +41,8 @@ class Adafactor final : public Optimizer {
   void zero_grad() override;
 
  private:
+  // Second moments (exp_avg_sq, its row and column factors): non-negative.
+  StateKind slot_kind(const std::string& slot) const override;
   struct Slot {
     std::string name;
     at::Tensor param;

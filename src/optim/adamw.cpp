@@ -89,6 +89,10 @@ void AdamW::load_state(const std::map<std::string, at::Tensor>& state, const std
   load_named_state(this->state(), state, source);
 }
 
+StateKind AdamW::slot_kind(const std::string& slot) const {
+  return slot == "exp_avg_sq" ? StateKind::non_negative : StateKind::real;
+}
+
 void AdamW::zero_grad() {
   for (auto& s : slots_) s.param.mutable_grad().reset();
 }

@@ -35,6 +35,8 @@ class AdamW final : public Optimizer {
   void zero_grad() override;
 
  private:
+  // Second moments (exp_avg_sq): non-negative.
+  StateKind slot_kind(const std::string& slot) const override;
   struct Slot {
     std::string name;
     at::Tensor param, exp_avg, exp_avg_sq, step;

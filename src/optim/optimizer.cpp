@@ -20,6 +20,14 @@ std::string parameter_of_state(const std::string& state_name) {
 
 Optimizer::~Optimizer() = default;
 
+StateKind Optimizer::state_kind(const std::string& state_name) const {
+  const std::string param = parameter_of_state(state_name);
+  const std::string slot = param.empty() ? state_name : state_name.substr(param.size() + 1);
+  return slot == "step" ? StateKind::counter : slot_kind(slot);
+}
+
+StateKind Optimizer::slot_kind(const std::string&) const { return StateKind::real; }
+
 std::unique_ptr<Optimizer> make_optimizer(const OptimOptions& options, NamedParams named_params,
                                           std::vector<bool> decay) {
   if (options.name == "adamw") return std::make_unique<AdamW>(options, std::move(named_params), std::move(decay));

@@ -23,6 +23,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "core/state_kind.h"
 #include "optim/optim_options.h"
 
 namespace tessera {
@@ -42,8 +43,15 @@ class Optimizer {
   virtual void step(double lr) = 0;
   virtual NamedParams state() const = 0;
   virtual void load_state(const std::map<std::string, at::Tensor>& state, const std::string& source) = 0;
+  // What the state entry `state_name` ("<param name>.<slot>") holds (core/state_kind.h): every
+  // optimizer's "step" is a counter; the others' kinds are the optimizer's own (slot_kind).
+  StateKind state_kind(const std::string& state_name) const;
   // Drops every parameter's grad (set to undefined, as torch's zero_grad(set_to_none=True)).
   virtual void zero_grad() = 0;
+
+ protected:
+  // The kind of a slot other than "step"; the default: real.
+  virtual StateKind slot_kind(const std::string& slot) const;
 };
 
 // AdamW, Adafactor or SGD per options.name. Weight decay applies to parameters with dim() >= 2,

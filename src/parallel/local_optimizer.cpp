@@ -133,6 +133,8 @@ void LocalOptimizer::load_training_state(const std::map<std::string, at::Tensor>
   if (scaler_) scaler_->load_state(with_prefix(tensors, "scaler."), source);
 }
 
+StateKind LocalOptimizer::state_kind(const std::string& name) const { return owned_state_kind(*optimizer_, name); }
+
 void LocalOptimizer::load_parameter(const std::string& name, const at::Tensor& value) {
   at::NoGradGuard no_grad;
   for (auto& [n, p] : params_)

@@ -47,6 +47,7 @@ class LocalOptimizer : public ResidentOwner, public GradientHolder {
 
   NamedTensors training_state() override;
   void load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) override;
+  StateKind state_kind(const std::string& name) const override;
 
   void visit_full_parameters(const std::function<void(const std::vector<std::string>& names)>& fn) override;
   void load_parameter(const std::string& name, const at::Tensor& value) override;

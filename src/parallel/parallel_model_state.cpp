@@ -157,6 +157,8 @@ void ParallelModel::load_training_state(const std::map<std::string, at::Tensor>&
   owner_->load_training_state(local, source);
 }
 
+StateKind ParallelModel::state_kind(const std::string& name) const { return owner_->state_kind(name); }
+
 OptimizerRanges ParallelModel::training_state_ranges() const {
   OptimizerRanges own = owner_->training_state_ranges();
   if (!tp_ && !ep_) return own;

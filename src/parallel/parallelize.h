@@ -138,6 +138,9 @@ class ParallelModel {
   // What this rank reads on resume: its own ZeRO 1-3 slices, under tp as regions of the whole
   // tensors (its part, or its ZeRO range of its part); empty (whole) without either.
   OptimizerRanges training_state_ranges() const;
+  // What an entry of training_state() holds (core/state_kind.h): the owner's declaration (the routing
+  // state is real).
+  StateKind state_kind(const std::string& name) const;
   // This rank's slices of the training state for a checkpoint of one file per rank
   // (checkpoint/checkpoint.h; under pp its own stage's state, the tied embedding's by the first
   // stage): the owner's own slices when it has them (no communication; under tp or ep regions of

@@ -65,15 +65,15 @@ PipelineStep::PipelineStep(TransformerLM model, ResidentOwner& owner, comm::Mesh
       device_(device),
       autocast_(autocast),
       cut_(layout.cut()),
-      gathers_(layout_gathers(config.parallel, mesh.dims())),
-      transfer_dtype_(config.parallel.pp_transfer_dtype == "compute" && autocast ? *autocast : at::kFloat) {
+      transfer_dtype_(config.parallel.pp_transfer_dtype == "compute" && autocast ? *autocast : at::kFloat),
+      table_(config.parallel, layout) {
   for (const auto& p : model_->parameters())
     if (p.requires_grad()) trained_.push_back(p);
-  require(owner_.gathers_by_schedule() == (gathers_ != pipeline::Gathers::none), "internal: the layout's table ",
-          gathers_ == pipeline::Gathers::none ? "has no" : "has", " parameter gathers, but the optimizer owner ",
-          owner_.gathers_by_schedule() ? "shards" : "does not shard", " the stages' parameters");
-  schedule_ = layout.schedule();
-  schedule_for(config.train.accumulation(mesh.dims().dp()));
+  const bool gathers = table_.gathers() != pipeline::Gathers::none;
+  require(owner_.gathers_by_schedule() == gathers, "internal: the layout's table ", gathers ? "has" : "has no",
+          " parameter gathers, but the optimizer owner ", owner_.gathers_by_schedule() ? "shards" : "does not shard",
+          " the stages' parameters");
+  table_.for_micro_batches(config.train.accumulation(mesh.dims().dp()));
   predicted_costs_ = predicted_costs(layout.dims(), layout.cut());
 }
 
@@ -166,9 +166,9 @@ void PipelineStep::tie_embedding() {
 StepLosses PipelineStep::run(const std::vector<Batch>& batches, double lr, const GradientsReady& gradients_ready) {
   StepLosses losses;
   micro_batches_ = static_cast<int64_t>(batches.size());
-  schedule_for(micro_batches_);
+  const pipeline::Schedule& schedule = table_.for_micro_batches(micro_batches_);
   backwards_left_ = 0;
-  for (const Action& a : schedule_->ranks[static_cast<size_t>(pipe_.rank())])
+  for (const Action& a : schedule.ranks[static_cast<size_t>(pipe_.rank())])
     backwards_left_ += a.op == Op::B || a.op == Op::W ? 1 : 0;
   ce_sum_ = at::zeros({}, at::kDouble);
   aux_sum_ = at::zeros({}, at::kDouble);
@@ -191,13 +191,13 @@ StepLosses PipelineStep::run(const std::vector<Batch>& batches, double lr, const
       }
     }
   };
-  last_.timeline = pipeline::run_schedule(*schedule_, pipe_, down_, work, &last_.started);
+  last_.timeline = pipeline::run_schedule(schedule, pipe_, down_, work, &last_.started);
   if (timing_) timed_.push_back(last_);
   require(stash_.empty() && backwards_left_ == 0, "internal: the pipeline step left ", stash_.size(),
           " micro-batches without their backward");
   at::Tensor sums = at::stack({ce_sum_, aux_sum_});
   pipe_.all_reduce(sums);  // only the last stage's are non-zero
-  if (++runs_ == kMeasuredTableStep && config_.parallel.table_for_measured_costs()) rebuild_for_measured_costs();
+  if (table_.wants_measured_costs(++runs_)) offer_measured_costs();
   if (runs_ == kPredictionCheckedAtStep && predicted_costs_) check_prediction();
   losses.ce_sum = sums[0];
   losses.aux_sum = sums[1];
@@ -265,16 +265,16 @@ std::optional<std::string> PipelineStep::write_timeline(const std::string& dir, 
   std::snprintf(note, sizeof note, "pipeline timeline of step %lld (bubble %.1f%%): %s.svg, %s.planned.svg, %s.trace.json",
                 static_cast<long long>(step), 100 * m.run.bubble(), name.c_str(), name.c_str(), name.c_str());
   if (pipe_.rank() != 0) return std::string(note);
-  const pipeline::Simulation planned = pipeline::simulate_schedule(*schedule_, m.costs);
+  const pipeline::Simulation planned = pipeline::simulate_schedule(table_.current(), m.costs);
   char title[240];
   std::snprintf(title, sizeof title, "%s, pp %lld, %lld micro-batches, measured: step %.1f ms, bubble %.1f%%",
-                schedule_->name.c_str(), static_cast<long long>(schedule_->pp),
-                static_cast<long long>(schedule_->micro_batches), 1000 * m.run.step_time, 100 * m.run.bubble());
-  write_file_durable(dir + "/" + name + ".svg", pipeline::timeline_svg(*schedule_, m.run, title));
+                table_.current().name.c_str(), static_cast<long long>(table_.current().pp),
+                static_cast<long long>(table_.current().micro_batches), 1000 * m.run.step_time, 100 * m.run.bubble());
+  write_file_durable(dir + "/" + name + ".svg", pipeline::timeline_svg(table_.current(), m.run, title));
   std::snprintf(title, sizeof title, "%s, planned with each stage's measured mean times (over all F %.2f ms, B %.2f "
-                "ms, I %.2f ms, W %.2f ms): step %.1f ms, bubble %.1f%%", schedule_->name.c_str(), 1000 * m.costs.f, 1000 * m.costs.b,
+                "ms, I %.2f ms, W %.2f ms): step %.1f ms, bubble %.1f%%", table_.current().name.c_str(), 1000 * m.costs.f, 1000 * m.costs.b,
                 1000 * m.costs.i, 1000 * m.costs.w, 1000 * planned.step_time, 100 * planned.bubble());
-  write_file_durable(dir + "/" + name + ".planned.svg", pipeline::timeline_svg(*schedule_, planned, title));
+  write_file_durable(dir + "/" + name + ".planned.svg", pipeline::timeline_svg(table_.current(), planned, title));
   write_file_durable(dir + "/" + name + ".trace.json", pipeline::timeline_chrome_trace(m.run.timeline, 1.0));
   return std::string(note);
 }
@@ -288,7 +288,7 @@ void PipelineStep::check_prediction() {
       if (t.action.op != Op::Optim) span = std::max(span, t.end);
   for (double b : m.run.busy) busy += b;
   const double measured_bubble = 1 - busy / (static_cast<double>(pipe_.size()) * span);
-  const pipeline::Simulation predicted = pipeline::simulate_schedule(*schedule_, *predicted_costs_);
+  const pipeline::Simulation predicted = pipeline::simulate_schedule(table_.current(), *predicted_costs_);
   prediction_check_ = {{"step", runs_},
                        {"predicted_s", predicted.step_time},
                        {"measured_s", span},
@@ -329,7 +329,7 @@ void PipelineStep::add_bench_fields(nlohmann::json& out) {
     for (const auto& rank : m.run.timeline)
       for (const pipeline::TimedAction& t : rank)
         if (t.action.is_compute()) each.each[{t.action.op, t.action.stage, t.action.micro}] = t.end - t.start;
-    const pipeline::Simulation replay = pipeline::simulate_schedule(*schedule_, each);
+    const pipeline::Simulation replay = pipeline::simulate_schedule(table_.current(), each);
     for (double b : replay.busy) replay_busy += b;
     replay_step += replay.step_time;
     if (&run == &steps.front()) {  // the first step sizes the per-stage and per-rank costs
@@ -340,12 +340,12 @@ void PipelineStep::add_bench_fields(nlohmann::json& out) {
     }
     add_scaled(mean, m.costs, 1 / n);
   }
-  const pipeline::Simulation planned = pipeline::simulate_schedule(*schedule_, mean);
+  const pipeline::Simulation planned = pipeline::simulate_schedule(table_.current(), mean);
   nlohmann::json ms = nlohmann::json::object();
   for (Op op : ran) ms[pipeline::op_name(op)] = 1000 * mean.of(op);
   out["pp_action_ms"] = ms;  // the timed steps' mean compute action, over every rank
   out["pp_transfer_ms"] = {{"transfer", 1000 * mean.transfer}, {"send", 1000 * mean.send}, {"post", 1000 * mean.post}};
-  if (!table_note_.empty()) out["pp_table"] = table_note_;
+  if (!table_.note().empty()) out["pp_table"] = table_.note();
   if (!prediction_check_.is_null()) out["pp_prediction"] = prediction_check_;
   out["pp_bubble"] = {{"steps", steps.size()},
                       {"measured", 1 - busy / (ranks * step)},
@@ -358,7 +358,7 @@ void PipelineStep::add_bench_fields(nlohmann::json& out) {
 
 double PipelineStep::evaluate(const std::vector<Batch>& batches) {
   // The forward passes alone, as a table run by the executor on the training table's placement.
-  const pipeline::Schedule table = pipeline::forward_only_schedule(*schedule_, static_cast<int64_t>(batches.size()));
+  const pipeline::Schedule table = pipeline::forward_only_schedule(table_.current(), static_cast<int64_t>(batches.size()));
   owner_.begin_pass();
   torch::NoGradGuard no_grad;
   model_->eval();
@@ -382,16 +382,7 @@ double PipelineStep::evaluate(const std::vector<Batch>& batches) {
   return total.item<double>() / static_cast<double>(batches.size());
 }
 
-const pipeline::Schedule& PipelineStep::schedule_for(int64_t micro_batches) {
-  if (!schedule_ || schedule_->micro_batches != micro_batches) schedule_ = build_table(micro_batches, table_costs_);
-  return *schedule_;
-}
-
-pipeline::Schedule PipelineStep::build_table(int64_t micro_batches, const pipeline::ActionCosts& costs) const {
-  return pipeline::schedule_for_options(config_.parallel, mesh_.dims().pp(), micro_batches, gathers_, costs);
-}
-
-void PipelineStep::rebuild_for_measured_costs() {
+void PipelineStep::offer_measured_costs() {
   const Measured m = measure(last_, false);
   // Every rank of the world must run the same table (the data replicas' collectives follow it):
   // the stages' mean costs averaged over the world.
@@ -412,16 +403,7 @@ void PipelineStep::rebuild_for_measured_costs() {
     }
     costs.stages.push_back(c);
   }
-  pipeline::Schedule measured = build_table(micro_batches_, costs);
-  // Only where the simulator, with those costs, says it is faster (the same answer on every rank).
-  if (pipeline::simulate_schedule(measured, costs).step_time < pipeline::simulate_schedule(*schedule_, costs).step_time) {
-    schedule_ = std::move(measured);
-    table_costs_ = costs;
-    table_note_ = "built for the costs measured at step " + std::to_string(runs_);
-  } else {
-    table_note_ = "the unit-cost table (one built for the costs measured at step " + std::to_string(runs_) +
-                  " was not faster in the simulator)";
-  }
+  table_.offer_measured(costs, runs_);
 }
 
 }  // namespace tessera

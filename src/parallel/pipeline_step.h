@@ -42,16 +42,15 @@
 // stage, the last stage's copy of wte counted once). After run() the cross-entropy sum is known on
 // every rank (summed over pp).
 //
-// The table: the layout's, built again with each step's micro-batch count when it changes. ZB-V's
-// and ZB-H1's tables depend on the action costs (ZB-V's list scheduler places its actions by them,
-// and both run backwards whole where that costs less; unit costs at first); with
-// parallel.pp_schedule_costs = measured (the default) each is built again after step 2 for each
-// stage's mean F, I, W measured in that step, averaged over the world so every rank (every data
-// replica too) builds the same table, and taken when the simulator, fed with those costs, finds
-// it faster than the current one. The unit-cost table splits every backward, so a whole one's B
-// is the measured I + W scaled by the start-up profile's B / (I + W) for the stage (without a
-// profile, under tp, sp or ep, B = I + W): where B is cheaper, the table runs some backwards whole
-// (schedule_builders.h).
+// The table: the one its PipelineTable (plan/pipeline_table.h) decides, the layout's at first,
+// built again with each step's micro-batch count when it changes. With
+// parallel.pp_schedule_costs = measured (the default) this step measures each stage's mean F, I, W
+// in step PipelineTable::kMeasuredStep, averages them over the world so every rank (every data
+// replica too) offers the same costs, and offers them to the PipelineTable, which takes a table
+// built for them where the simulator finds it faster. The unit-cost table splits every backward,
+// so a whole one's B is the measured I + W scaled by the start-up profile's B / (I + W) for the
+// stage (without a profile, under tp, sp or ep, B = I + W): where B is cheaper, the table runs
+// some backwards whole (schedule_builders.h).
 //
 // evaluate(): the forward alone, as a table run by the same executor (forward_only_schedule,
 // schedule_builders.h: each micro-batch's stages in order on the training table's placement), the
@@ -79,6 +78,7 @@
 #include "parallel/pipeline/split_backward.h"
 #include "protocols/step_runner.h"
 #include "plan/layout.h"
+#include "plan/pipeline_table.h"
 #include "config/config.h"
 
 namespace tessera {
@@ -106,17 +106,11 @@ class PipelineStep final : public StepRunner {
 
  private:
   at::Tensor compute(const pipeline::Action& action, const at::Tensor& input, const std::vector<Batch>& batches);
-  // The schedule for `micro_batches` (built when they change, for table_costs_), with this owner's
-  // gathers.
-  const pipeline::Schedule& schedule_for(int64_t micro_batches);
-  pipeline::Schedule build_table(int64_t micro_batches, const pipeline::ActionCosts& costs) const;
-  // ZB-V's or ZB-H1's table built again for each stage's F, B, I, W measured in the last run()
-  // (averaged over the world, so every rank builds the same), taken where the simulator finds it
-  // faster with those costs than the current one. A collective of the world.
-  void rebuild_for_measured_costs();
+  // Each stage's F, B, I, W measured in the last run(), averaged over the world (so every rank
+  // offers the same), offered to table_. A collective of the world.
+  void offer_measured_costs();
   // The check of predicted_costs_ against the last run (a collective of pp).
   void check_prediction();
-  static constexpr int64_t kMeasuredTableStep = 2;  // the first step pays for allocation and warm-up
   // The blocks (and ends) of pipeline stage `stage`.
   ModelStage stage_of(int64_t stage) const;
   // A buffer (transfer_dtype_) for the activation between two stages of `batch`'s rows.
@@ -151,7 +145,6 @@ class PipelineStep final : public StepRunner {
   c10::Device device_;
   std::optional<at::ScalarType> autocast_;
   StageCut cut_;  // pp x v stages
-  pipeline::Gathers gathers_;  // the layout's (layout_gathers): what every table of this step holds
   at::ScalarType transfer_dtype_;  // of activations and their gradients between ranks
   std::vector<at::Tensor> trained_;  // this rank's parameters that are trained (W's targets)
 
@@ -175,9 +168,7 @@ class PipelineStep final : public StepRunner {
   size_t backwards_left_ = 0;  // this run's B and W actions not yet run on this rank
   at::Tensor ce_sum_, aux_sum_;
   int64_t micro_batches_ = 1;
-  std::optional<pipeline::Schedule> schedule_;  // for the last run()'s micro-batches (the placement: any)
-  pipeline::ActionCosts table_costs_;           // what schedule_ was built for (unit costs at first)
-  std::string table_note_;                      // how it was built, once measured costs were tried
+  PipelineTable table_;  // the table the last run() ran (the placement: any)
   // The layout's stages' F, B, I, W from the start-up profile (predicted_costs), and the check of
   // the prediction after step kPredictionCheckedAtStep: its line for take_note and its figures.
   std::optional<pipeline::ActionCosts> predicted_costs_;

@@ -12,9 +12,9 @@
 //               profiled, whatever the cut, its stages' measured F, B, I, W (the prediction)
 //   schedule    parallel.pp > 1: the schedule table for the step's micro-batches (its placement
 //               decides which pipeline rank holds each stage), with the parameter gathers of
-//               ZeRO-3 over the stages' data replicas (layout_gathers) and OPTIM: the table the
-//               pipeline step runs until it rebuilds it for measured costs after step 2
-//               (parallel/pipeline_step.h), which it says in the run's log
+//               ZeRO-3 over the stages' data replicas (layout_gathers) and OPTIM: the table a
+//               run starts with; PipelineTable (plan/pipeline_table.h) decides from it what each
+//               step runs (another micro-batch count, the table for measured costs after step 2)
 //   swap        memory.swap with LayoutMeasurements::swap: the swap plan (plan/swap_cut.h), whose
 //               sub-models are the units the swap engine moves; absent without measurements
 //   replicas    the names of the groups gradients are averaged over: dense parameters over "dp"

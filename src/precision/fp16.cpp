@@ -65,6 +65,10 @@ void DynamicLossScaler::update(bool found_inf) {
   at::_amp_update_scale_(scale_, growth_tracker_, found_inf_, growth_, backoff_, growth_interval_);
 }
 
+StateKind DynamicLossScaler::state_kind(const std::string& name) {
+  return name == "loss_scaler.growth_tracker" ? StateKind::counter : StateKind::real;
+}
+
 std::vector<std::pair<std::string, at::Tensor>> DynamicLossScaler::state() const {
   return {{"loss_scaler.scale", scale_}, {"loss_scaler.growth_tracker", growth_tracker_}};
 }

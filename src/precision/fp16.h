@@ -24,6 +24,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include "core/state_kind.h"
 #include "precision/precision_options.h"
 
 namespace tessera {
@@ -63,6 +64,8 @@ class DynamicLossScaler {
 
   // "loss_scaler.scale" (float32 [1]) and "loss_scaler.growth_tracker" (int32 [1]).
   std::vector<std::pair<std::string, at::Tensor>> state() const;
+  // What each entry of state() holds (core/state_kind.h): the growth tracker is a counter.
+  static StateKind state_kind(const std::string& name);
   // Refuses missing or extra entries, naming `source` and the tensor.
   void load_state(const std::map<std::string, at::Tensor>& state, const std::string& source);
 

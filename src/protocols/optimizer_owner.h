@@ -42,10 +42,9 @@
 #include "optim/clipping.h"
 #include "model/transformer.h"
 #include "optim/optimizer.h"
+#include "precision/fp16.h"
 
 namespace tessera {
-
-class DynamicLossScaler;
 
 // How the global gradient norm counts a model split over model-parallel ranks (tensor and
 // pipeline parallelism): norm^2 = sum over the ranks of `groups` of sum_i weight_i ||g_i||^2,
@@ -94,6 +93,15 @@ inline std::map<std::string, at::Tensor> with_prefix(const std::map<std::string,
   return out;
 }
 
+// What an owner's training-state entry holds: "optim.<state>" as `optimizer` declares it,
+// "scaler.<state>" as the loss scaler does, the rest (master weights) real.
+inline StateKind owned_state_kind(const Optimizer& optimizer, const std::string& name) {
+  const std::string optim = "optim.", scaler = "scaler.";
+  if (name.rfind(optim, 0) == 0) return optimizer.state_kind(name.substr(optim.size()));
+  if (name.rfind(scaler, 0) == 0) return DynamicLossScaler::state_kind(name.substr(scaler.size()));
+  return StateKind::real;
+}
+
 struct UpdateResult {
   // The global norm before clipping: a float64 0-dim tensor on the host, or on the device where the
   // step queued it there unread (the training step reads it with the losses, once); undefined
@@ -117,6 +125,9 @@ class OptimizerOwner {
   virtual NamedTensors training_state() = 0;
   // Takes whole tensors, as training_state() gave them.
   virtual void load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) = 0;
+  // What the entry `name` of training_state() holds (core/state_kind.h), as its optimizer (and
+  // loss scaler) declare it: a checkpoint reader checks each tensor by it.
+  virtual StateKind state_kind(const std::string& name) const = 0;
   // The ranges of "optim.*" this rank reads on resume (its own ZeRO 1-3 slices); empty: whole.
   virtual OptimizerRanges training_state_ranges() const { return {}; }
   // Takes the tensors load_checkpoint(..., training_state_ranges()) returns (ranges not empty).

@@ -97,6 +97,7 @@ class TrainStep {
     parallel_->load_training_state(tensors, source);
   }
   OptimizerRanges training_state_ranges() const { return parallel_->training_state_ranges(); }
+  StateKind state_kind(const std::string& name) const { return parallel_->state_kind(name); }
   std::vector<TensorSlice> training_state_slices() { return parallel_->training_state_slices(); }
   // The gradient compressor's state of this rank (parallel/data/data_parallel.h); empty without
   // data parallelism or compression. Loading refuses a non-empty state where there is none.

@@ -44,7 +44,7 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 std::string restore_random_streams(const std::map<std::string, at::Tensor>& tensors, int64_t rank,
                                    const at::Device& device, int64_t step, TrainStep& trainer,
                                    const std::string& source) {
-  const std::string prefix = "rng.rank" + std::to_string(rank) + ".";
+  const std::string prefix = random_state_prefix(rank);
   std::vector<std::pair<std::string, at::Tensor>> mine;
   for (const auto& [name, t] : tensors)
     if (name.rfind(prefix, 0) == 0) mine.emplace_back(name.substr(prefix.size()), t);
@@ -182,7 +182,14 @@ Trainer::Trainer(Config config, std::string run_dir, TrainStart start, comm::Mes
     // the checkpoint is on rank 0's disk: the ranks without it receive a copy first.
     const bool fetch = c.checkpoint.gather && mesh && mesh->world_size() > 1;
     const FetchedCheckpoint source = fetch ? fetch_checkpoint(mesh->world(), s.resume, s.run_dir) : FetchedCheckpoint{s.resume, ""};
-    LoadedCheckpoint ckpt = load_checkpoint(source.dir, true, s.trainer->training_state_ranges(), /*with_model=*/false);
+    // Each tensor checked by what its owner declares it holds (core/state_kind.h).
+    const TrainStep& step = *s.trainer;
+    const StateKinds kinds{[&step](const std::string& name) {
+                             return is_random_state(name) ? StateKind::bytes : step.state_kind(name);
+                           },
+                           compression::state_kind};
+    LoadedCheckpoint ckpt =
+        load_checkpoint(source.dir, true, s.trainer->training_state_ranges(), /*with_model=*/false, kinds);
     const int64_t shards = ckpt.meta.value("optimizer_shards", int64_t{0});
     const std::string optim_file =
         ckpt.dir + (shards > 0 ? "/optimizer-*-of-" + std::to_string(shards) + ".safetensors" : "/optimizer.safetensors");

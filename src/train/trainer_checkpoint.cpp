@@ -16,16 +16,19 @@ namespace tessera {
 namespace fs = std::filesystem;
 namespace {
 
-// This rank's random stream states (core/random_streams.h) as checkpoint entries
-// "rng.rank<r>.<stream>.<device type>": each rank writes its own, whole.
+// This rank's random stream states as checkpoint entries (trainer_state.h).
 NamedTensors random_stream_states(int64_t rank, const at::Device& device) {
   NamedTensors out;
   for (auto& [name, state] : random::states(device.is_cuda() ? std::optional<at::Device>(device) : std::nullopt))
-    out.emplace_back("rng.rank" + std::to_string(rank) + "." + name, std::move(state));
+    out.emplace_back(random_state_prefix(rank) + name, std::move(state));
   return out;
 }
 
 }  // namespace
+
+std::string random_state_prefix(int64_t rank) { return "rng.rank" + std::to_string(rank) + "."; }
+
+bool is_random_state(const std::string& name) { return name.rfind("rng.rank", 0) == 0; }
 
 void Trainer::State::write_checkpoint(Progress& progress) {
   const Config& c = config;

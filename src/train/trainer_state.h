@@ -63,4 +63,10 @@ struct Trainer::State {
   void write_checkpoint(Progress& progress);
 };
 
+// Each rank's random stream states (core/random_streams.h) are saved among the training state as
+// "rng.rank<r>.<stream>.<device type>", whole (trainer_checkpoint.cpp); random_state_prefix(r) is
+// "rng.rank<r>.". They are the trainer's own: bytes to the checkpoint's checks (core/state_kind.h).
+std::string random_state_prefix(int64_t rank);
+bool is_random_state(const std::string& name);
+
 }  // namespace tessera

@@ -254,6 +254,11 @@ void SwapOwner::load_training_state(const std::map<std::string, at::Tensor>& ten
   require(known == state.size(), source, ": ", state.size() - known, " optimizer state tensors name no parameter of this model");
 }
 
+// Every unit's optimizer is of the same kind (one per unit, same options).
+StateKind SwapOwner::state_kind(const std::string& name) const {
+  return units_.empty() ? StateKind::real : owned_state_kind(*units_.front().optimizer, name);
+}
+
 void SwapOwner::load_parameter(const std::string& name, const at::Tensor& value) {
   settle();
   at::NoGradGuard no_grad;

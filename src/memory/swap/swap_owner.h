@@ -102,6 +102,7 @@ class SwapOwner : public OptimizerOwner, public GradientHolder, public swap::Hos
   NamedTensors gradients() override;
   NamedTensors training_state() override;
   void load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) override;
+  StateKind state_kind(const std::string& name) const override;
   void load_parameter(const std::string& name, const at::Tensor& value) override;
   // One unit at a time: loaded, named, evicted. (The state accessors settle the updates first;
   // gradients() does not: it runs on the host stream itself, before the updates.)

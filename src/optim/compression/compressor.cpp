@@ -88,6 +88,12 @@ std::string state_name(const std::string& prefix, int64_t bucket, const std::str
   return prefix + ".bucket" + std::to_string(bucket) + "." + slot;
 }
 
+StateKind state_kind(const std::string& name) {
+  const std::string tail = ".step";
+  const bool step = name.size() > tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  return step ? StateKind::counter : StateKind::real;
+}
+
 std::pair<int64_t, std::string> parse_state_name(const std::string& name, const std::string& prefix,
                                                  const std::vector<std::string>& slots, const std::string& source) {
   const std::string head = prefix + ".bucket";

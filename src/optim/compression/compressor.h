@@ -80,6 +80,9 @@ namespace compression {
 std::pair<int64_t, std::string> parse_state_name(const std::string& name, const std::string& prefix,
                                                  const std::vector<std::string>& slots, const std::string& source);
 std::string state_name(const std::string& prefix, int64_t bucket, const std::string& slot);
+// What a compressor's state entry holds (core/state_kind.h), for any compressor's names: a bucket's
+// "step" is a counter, its other slots (residuals, PowerSGD's q) real.
+StateKind state_kind(const std::string& name);
 
 // The state for any number of ranks from `states`, one per saving rank (see the header comment).
 // Throws naming `source` when the ranks' names or shapes differ, or when a non-floating tensor

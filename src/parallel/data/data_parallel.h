@@ -205,6 +205,7 @@ class DataParallel : public ResidentOwner {
   void drop_gradients() override { zero_grad(); }
   NamedTensors training_state() override;
   void load_training_state(const std::map<std::string, at::Tensor>& tensors, const std::string& source) override;
+  StateKind state_kind(const std::string& name) const override;
   OptimizerRanges training_state_ranges() const override;
   void load_training_state_ranges(const std::map<std::string, at::Tensor>& tensors, const std::string& source) override;
   std::optional<std::vector<TensorSlice>> own_training_state_slices() const override;

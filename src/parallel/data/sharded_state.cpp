@@ -206,6 +206,10 @@ void DataParallel::load_training_state(const std::map<std::string, at::Tensor>& 
   load_full_optimizer_state(with_prefix(tensors, "optim."), source);
 }
 
+StateKind DataParallel::state_kind(const std::string& name) const {
+  return owned_state_kind(*impl_->optimizer, name);
+}
+
 OptimizerRanges DataParallel::training_state_ranges() const {
   OptimizerRanges out;
   for (const auto& [name, range] : optimizer_state_ranges()) out.emplace("optim." + name, range);

@@ -210,5 +210,34 @@ TEST(ShardedCheckpoint, MissingShardBlocksTheCommitAndTamperingIsNamed) {
   EXPECT_TRUE(throws_naming([&] { load_checkpoint(committed); }, {"optimizer-1-of-2.safetensors: checksum mismatch"}));
 }
 
+// The reader checks each state tensor by the kind its owner declares (StateKinds), not by its
+// name: a second moment only where declared one, a counter only where declared one, bytes never;
+// without declarations (tessera export) finite values and any integers pass.
+TEST(ShardedCheckpoint, StateIsCheckedByTheKindItsOwnerDeclares) {
+  const std::string dir = fresh_dir("state_kinds") + "/checkpoints";
+  auto save = [&](int64_t step, NamedTensors state) {
+    CheckpointContents c = contents();
+    c.optimizer = std::move(state);
+    return save_checkpoint(dir, step, c);
+  };
+  const std::string negative = save(1, {{"opt.v", at::full({3}, -1.0)}, {"opt.n", at::full({}, 2, at::kLong)}});
+  auto kinds_of = [](StateKind v, StateKind n) {
+    return StateKinds{[v, n](const std::string& name) { return name == "opt.v" ? v : n; }, {}};
+  };
+  EXPECT_TRUE(throws_naming([&] { load_checkpoint(negative, true, {}, true, kinds_of(StateKind::non_negative, StateKind::counter)); },
+                            {"optimizer.safetensors", "'opt.v'", "negative entries"}));
+  EXPECT_NO_THROW(load_checkpoint(negative, true, {}, true, kinds_of(StateKind::real, StateKind::counter)));
+  EXPECT_NO_THROW(load_checkpoint(negative));  // undeclared: finite, any integer
+  EXPECT_TRUE(throws_naming([&] { load_checkpoint(negative, true, {}, true, kinds_of(StateKind::real, StateKind::real)); },
+                            {"'opt.n'", "dtype Long"}));
+  const std::string below = save(2, {{"opt.v", at::zeros({3})}, {"opt.n", at::full({}, -4, at::kLong)}});
+  EXPECT_TRUE(throws_naming([&] { load_checkpoint(below, true, {}, true, kinds_of(StateKind::real, StateKind::counter)); },
+                            {"counter 'opt.n' is negative"}));
+  EXPECT_NO_THROW(load_checkpoint(below, true, {}, true, kinds_of(StateKind::real, StateKind::bytes)));
+  const std::string nan = save(3, {{"opt.v", at::full({3}, NAN)}, {"opt.n", at::zeros({1}, at::kByte)}});
+  EXPECT_TRUE(throws_naming([&] { load_checkpoint(nan); }, {"'opt.v'", "NaN"}));
+  EXPECT_NO_THROW(load_checkpoint(nan, true, {}, true, kinds_of(StateKind::bytes, StateKind::bytes)));
+}
+
 }  // namespace
 }  // namespace tessera::test

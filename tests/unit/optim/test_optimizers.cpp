@@ -197,6 +197,31 @@ TEST(OptimizerState, NamesSlotsPerParameter) {
   EXPECT_EQ(state[4].second.sizes(), (at::IntArrayRef{2, 5}));
 }
 
+// Each optimizer declares what its state holds (core/state_kind.h), so that a checkpoint reader
+// checks second moments for sign and steps as counters without knowing the slot names.
+TEST(OptimizerState, DeclaresWhatEachSlotHolds) {
+  Golden g;
+  auto kinds = [&](const OptimOptions& options) {
+    auto opt = make_optimizer(options, initial_params(g));
+    std::map<std::string, StateKind> out;
+    for (const auto& e : opt->state()) out[e.first] = opt->state_kind(e.first);
+    return out;
+  };
+  const auto adamw = kinds(adamw_options(true));
+  EXPECT_EQ(adamw.at("w.exp_avg"), StateKind::real);
+  EXPECT_EQ(adamw.at("w.exp_avg_sq"), StateKind::non_negative);
+  EXPECT_EQ(adamw.at("b.step"), StateKind::counter);
+  const auto adafactor = kinds(adafactor_options(false));
+  EXPECT_EQ(adafactor.at("w.exp_avg_sq_row"), StateKind::non_negative);
+  EXPECT_EQ(adafactor.at("w.exp_avg_sq_col"), StateKind::non_negative);
+  EXPECT_EQ(adafactor.at("b.exp_avg_sq"), StateKind::non_negative);
+  EXPECT_EQ(adafactor.at("w.exp_avg"), StateKind::real);
+  EXPECT_EQ(adafactor.at("t.step"), StateKind::counter);
+  const auto sgd = kinds(sgd_options(false));
+  EXPECT_EQ(sgd.at("w.momentum_buffer"), StateKind::real);
+  EXPECT_EQ(sgd.at("w.step"), StateKind::counter);
+}
+
 void expect_load_error(std::map<std::string, at::Tensor> state, const std::string& needle) {
   Golden g;
   auto opt = make_optimizer(adamw_options(true), initial_params(g));
