@@ -1,5 +1,5 @@
 // `tessera import --hf DIR --out CHECKPOINTS_DIR`: a local Hugging Face GPT-2 folder
-// (model/hf_gpt2.h) becomes a tessera checkpoint, CHECKPOINTS_DIR/step_0 with `latest` naming it,
+// (model/hf_gpt2.h) or Llama-family folder (model/hf_llama.h) becomes a tessera checkpoint, CHECKPOINTS_DIR/step_0 with `latest` naming it,
 // that `tessera generate --checkpoint` reads and `tessera train --init-from` starts from. The model
 // is built from config.json, the weights go through import_state (every tensor checked by name and
 // shape; the embedding gains model.vocab_multiple's zero rows) and are written by the checkpoint
@@ -19,6 +19,7 @@
 #include "core/json_file.h"
 #include "data/tokenizer.h"
 #include "model/hf_gpt2.h"
+#include "model/hf_llama.h"
 #include "model/hf_names.h"
 #include "model/transformer.h"
 #include "config/config.h"
@@ -52,7 +53,8 @@ Command add_import_command(CLI::App& app) {
     std::string hf, out;
   };
   auto args = std::make_shared<Args>();
-  CLI::App* cmd = app.add_subcommand("import", "make a tessera checkpoint from a Hugging Face GPT-2 folder");
+  CLI::App* cmd = app.add_subcommand(
+      "import", "make a tessera checkpoint from a Hugging Face folder (GPT-2, Llama, Mistral, Qwen 2, Qwen 3)");
   cmd->add_option("--hf", args->hf, "folder with config.json and model.safetensors (transformers' save_pretrained)")
       ->required();
   cmd->add_option("--out", args->out, "checkpoints directory to create (step_0 and latest are written in it)")
@@ -63,12 +65,16 @@ Command add_import_command(CLI::App& app) {
     require(!fs::exists(out) || (fs::is_directory(out) && fs::is_empty(out)), args->out,
             ": exists and is not an empty directory; import into a new one");
     Config config;
-    config.model = model_options_from_hf_config(read_json_file((dir / "config.json").string()), config.model,
-                                                 (dir / "config.json").string());
+    const std::string config_path = (dir / "config.json").string();
+    const nlohmann::json hf_config = read_json_file(config_path);
+    const bool llama_family = is_hf_llama_family(hf_config);
+    config.model = llama_family ? llama_family_options_from_hf_config(hf_config, config.model, config_path)
+                                : model_options_from_hf_config(hf_config, config.model, config_path);
     config.train.seq_len = std::min(config.train.seq_len, config.model.block_size);
-    config.check((dir / "config.json").string());
+    config.check(config_path);
     TransformerLM model(config.model);
-    import_state(*model, read_hf_gpt2_weights(dir.string()), args->hf);
+    import_state(*model, llama_family ? read_hf_llama_weights(dir.string(), config.model) : read_hf_gpt2_weights(dir.string()),
+                 args->hf);
 
     const fs::path staging = fs::temp_directory_path() / ("tessera-import-" + std::to_string(::getpid()));
     fs::remove_all(staging);
@@ -82,7 +88,7 @@ Command add_import_command(CLI::App& app) {
     const std::string written = save_checkpoint(out.string(), 0, contents);
     fs::remove_all(staging);
     const ModelOptions& m = config.model;
-    std::cout << "imported " << args->hf << " (GPT-2: n_layer " << m.n_layer << ", n_head " << m.n_head << ", n_embd "
+    std::cout << "imported " << args->hf << " (" << hf_config.value("model_type", "gpt2") << ": n_layer " << m.n_layer << ", n_head " << m.n_head << ", n_embd "
               << m.n_embd << ", vocab_size " << m.vocab_size << ", block_size " << m.block_size << ", "
               << parameter_count(m) << " parameters) into " << written << "\n"
               << (contents.extra_files.empty()

@@ -6,37 +6,79 @@
 #include "memory/activation_checkpointing.h"
 #include "model/linear.h"
 #include "model/norm.h"
+#include "model/rotary.h"
 
 namespace tessera {
 
 ParameterSpecs CausalSelfAttentionImpl::parameter_specs() const {
-  ParameterSpecs specs = column_linear("c_attn", 0.02, 3);
+  ParameterSpecs specs;
+  if (c_attn) {
+    specs = column_linear("c_attn", 0.02, 3);
+  } else {
+    specs = column_linear("q_proj", 0.02, 1);
+    add_specs(specs, column_linear("kv_proj", 0.02, 2));
+  }
+  if (q_norm) {
+    add_specs(specs, "q_norm", q_norm->parameter_specs());
+    add_specs(specs, "k_norm", k_norm->parameter_specs());
+  }
   add_specs(specs, row_linear("c_proj", residual_std_));
   return specs;
 }
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelOptions& opts, const at::TensorOptions& where)
-    : head_dim_(opts.head_dim()), residual_std_(residual_std(opts.n_layer)), dropout_(opts.dropout) {
-  const int64_t C = opts.n_embd;
-  c_attn = register_module("c_attn", Linear(C, 3 * C, opts.bias, where));
-  c_proj = register_module("c_proj", Linear(C, C, opts.bias, where));
+    : head_dim_(opts.head_width()),
+      group_(opts.n_head / opts.kv_heads()),
+      residual_std_(residual_std(opts.n_layer)),
+      dropout_(opts.dropout) {
+  const int64_t C = opts.n_embd, q_width = opts.n_head * head_dim_, kv_width = opts.kv_heads() * head_dim_;
+  const bool qkv_bias = opts.bias || opts.qkv_bias;
+  if (opts.fused_qkv()) {
+    c_attn = register_module("c_attn", Linear(C, 3 * C, qkv_bias, where));
+  } else {
+    q_proj = register_module("q_proj", Linear(C, q_width, qkv_bias, where));
+    kv_proj = register_module("kv_proj", Linear(C, 2 * kv_width, qkv_bias, where));
+  }
+  if (opts.qk_norm) {
+    q_norm = register_module("q_norm", Norm(NormKind::rms, head_dim_, false, where, opts.norm_eps));
+    k_norm = register_module("k_norm", Norm(NormKind::rms, head_dim_, false, where, opts.norm_eps));
+  }
+  c_proj = register_module("c_proj", Linear(q_width, C, opts.bias, where));
+  if (opts.rotary()) inv_freq_ = rotary_inverse_frequencies(opts);
 }
 
 at::Tensor CausalSelfAttentionImpl::core(const at::Tensor& qkv) {
-  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
-  auto heads = [&](const at::Tensor& t) { return t.view({B, T, C / head_dim_, head_dim_}).transpose(1, 2); };
-  auto parts = qkv.split(C, -1);
+  const int64_t B = qkv.size(0), T = qkv.size(1), d = head_dim_;
+  const int64_t kv = qkv.size(2) / (d * (group_ + 2)), h = kv * group_;
+  // [B, T, n d] -> [B, T, n, d]
+  auto heads = [&](int64_t first, int64_t n) { return qkv.narrow(-1, first * d, n * d).view({B, T, n, d}); };
+  at::Tensor q = heads(0, h), k = heads(h, kv), v = heads(h + kv, kv);
+  if (q_norm) {
+    q = q_norm(q);
+    k = k_norm(k);
+  }
+  q = q.transpose(1, 2);
+  k = k.transpose(1, 2);
+  v = v.transpose(1, 2);
+  if (inv_freq_.defined()) {
+    q = apply_rotary(q, inv_freq_, position_offset_);
+    k = apply_rotary(k, inv_freq_, position_offset_);
+  }
+  if (group_ > 1) {
+    k = k.repeat_interleave(group_, 1);
+    v = v.repeat_interleave(group_, 1);
+  }
   const double p = is_training() ? dropout_ : 0.0;
-  auto y = kernel_ ? kernel_(heads(parts[0]), heads(parts[1]), heads(parts[2]))
+  auto y = kernel_ ? kernel_(q, k, v)
                    : random::fork(p > 0 ? dropout_stream_ : random::Stream::shared, qkv.device(), [&] {
-                       return at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
-                                                               {}, p, /*is_causal=*/true);
+                       return at::scaled_dot_product_attention(q, k, v, {}, p, /*is_causal=*/true);
                      });
-  return y.transpose(1, 2).contiguous().view({B, T, C});
+  return y.transpose(1, 2).contiguous().view({B, T, h * d});
 }
 
 at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
-  auto qkv = linear(c_attn, region_.input(x));
+  const at::Tensor in = region_.input(x);
+  auto qkv = c_attn ? linear(c_attn, in) : at::cat({linear(q_proj, in), linear(kv_proj, in)}, -1);
   auto y = checkpoint_core_ && checkpoint_applies(qkv) ? checkpoint([this](const at::Tensor& t) { return core(t); }, qkv)
                                                     : core(qkv);
   return region_.output(c_proj, y);

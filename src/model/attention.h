@@ -1,22 +1,32 @@
-// Causal multi-head softmax self-attention of GPT-2 (arch gpt).
+// Causal multi-head softmax self-attention (arch gpt), GPT-2's or, through model options,
+// Llama's, Qwen's and Mistral's (model_options.h):
 //
-//   qkv = c_attn(x)                       [B, T, 3C], in q, k, v order along the last dim
-//   q, k, v -> [B, H, T, d]               d = C / H
-//   y = SDPA(q, k, v, causal)             softmax(q k^T / sqrt(d)) v, dropout on the probabilities
-//   out = c_proj(y)                       [B, T, C]
+//   q, k, v = projections of x                q [B, T, H d], k and v [B, T, K d]; K = n_kv_head
+//   q, k -> RMSNorm over each head            qk_norm only (Qwen 3)
+//   q, k -> rotated by their positions        position = rope only (rotary.h)
+//   y = SDPA(q, k, v, causal)                 softmax(q k^T / sqrt(d)) v, each k and v head shared
+//                                             by H / K query heads; dropout on the probabilities
+//   out = c_proj(y)                           [B, T, C]
 //
-// The attention core (split, SDPA, merge: qkv -> y) is what selective activation checkpointing
-// recomputes in backward; set_checkpoint_core(true) turns that on.
+// The projections: c_attn [3C, C] (q, k, v blocks) where they are equal (fused_qkv(): GPT-2's
+// layout and names), else q_proj [H d, C] and kv_proj [2 K d, C] (k, v blocks). Biases where
+// model.bias or model.qkv_bias (on q, k, v only).
 //
-// The kernel (q, k, v [B, H, T, d] -> y [B, H, T, d], causal, scale 1/sqrt(d)) is replaceable from
-// outside: softmax sequence parallelism (parallel/sequence/softmax_attention_sp.h) installs one
-// that communicates across the ranks holding the other chunks of the sequence. A kernel applies
-// no dropout; it runs inside the core, so selective checkpointing recomputes it (and repeats its
-// communication) in backward. An empty kernel restores SDPA.
+// The attention core (split, norms, rotation, SDPA, merge: qkv -> y) is what selective activation
+// checkpointing recomputes in backward; set_checkpoint_core(true) turns that on.
+//
+// The kernel (q, k, v [B, h, T, d] -> y [B, h, T, d], causal, scale 1/sqrt(d), as many k and v heads
+// as q heads: shared heads are repeated for it) is replaceable from outside: softmax sequence
+// parallelism (parallel/sequence/softmax_attention_sp.h) installs one that communicates across
+// the ranks holding the other chunks of the sequence, and sets each rank's position offset (the
+// position of its first token) for the rotation. A kernel applies no dropout; it runs inside the
+// core, so selective checkpointing recomputes it (and repeats its communication) in backward. An
+// empty kernel restores SDPA.
 //
 // Tensor parallelism shards the layer from outside (set_region, model/sharded_region.h): c_attn
-// then holds the q, k and v rows of this rank's heads (in that order) and c_proj the matching input
-// columns; the core works on however many heads of d = n_embd / n_head the projection gives it.
+// (or q_proj and kv_proj) then holds this rank's heads' rows, block by block, and c_proj the
+// matching input columns; the core works on however many heads the projections give it (q heads
+// H / K times the k and v heads, on every rank).
 #pragma once
 
 #include <functional>
@@ -29,6 +39,7 @@
 #include "model/hook_slot.h"
 #include "model/linear.h"
 #include "model/model_options.h"
+#include "model/norm.h"
 #include "model/parameter_spec.h"
 #include "model/sharded_region.h"
 
@@ -41,7 +52,10 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   void set_checkpoint_core(bool on) { checkpoint_core_ = on; }
   // The random stream of the attention-probability dropout (core/random_streams.h).
   void set_dropout_stream(random::Stream stream) { dropout_stream_ = stream; }
-  // c_attn column-parallel in three blocks (q, k, v), c_proj row-parallel.
+  // The position of the input's first token in its sequence (rotary positions; >= 0).
+  void set_position_offset(int64_t offset) { position_offset_ = offset; }
+  // c_attn column-parallel in three blocks (q, k, v), or q_proj in one and kv_proj in two (k, v);
+  // c_proj row-parallel; the q and k norms replicated.
   ParameterSpecs parameter_specs() const;
 
   using Kernel = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
@@ -49,12 +63,17 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   void set_kernel(Kernel kernel) { install_once(kernel_, std::move(kernel), "the attention kernel"); }
   void set_region(ShardedRegion region) { install_once(region_, std::move(region), "the layer's region"); }
 
-  Linear c_attn{nullptr}, c_proj{nullptr};
+  Linear c_attn{nullptr}, q_proj{nullptr}, kv_proj{nullptr}, c_proj{nullptr};
+  Norm q_norm{nullptr}, k_norm{nullptr};  // qk_norm only
 
  private:
-  at::Tensor core(const at::Tensor& qkv);  // [B, T, 3 h d] -> [B, T, h d], h heads (n_head unsharded)
+  // [B, T, (h + 2 k) d] (q, k, v) -> [B, T, h d]: h query heads (n_head unsharded), h / group_ kv heads.
+  at::Tensor core(const at::Tensor& qkv);
 
   int64_t head_dim_;
+  int64_t group_;  // query heads per k and v head
+  at::Tensor inv_freq_;  // rotary only (rotary.h), float32 on the CPU
+  int64_t position_offset_ = 0;
   double residual_std_;
   double dropout_;
   random::Stream dropout_stream_ = random::Stream::shared;

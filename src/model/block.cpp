@@ -10,11 +10,11 @@ namespace tessera {
 BlockImpl::BlockImpl(const ModelOptions& opts, int64_t layer, const at::TensorOptions& where)
     : dropout_(opts.dropout) {
   const bool linear = opts.arch == "linear";
-  const NormKind norm = linear ? NormKind::rms : NormKind::layer;
-  ln_1 = register_module("ln_1", Norm(norm, opts.n_embd, opts.bias, where));
+  const NormKind norm = opts.rms_norm() ? NormKind::rms : NormKind::layer;
+  ln_1 = register_module("ln_1", Norm(norm, opts.n_embd, opts.bias, where, opts.norm_eps));
   if (linear) linear_attn = register_module("attn", LinearAttention(opts, where));
   else softmax_attn = register_module("attn", CausalSelfAttention(opts, where));
-  ln_2 = register_module("ln_2", Norm(norm, opts.n_embd, opts.bias, where));
+  ln_2 = register_module("ln_2", Norm(norm, opts.n_embd, opts.bias, where, opts.norm_eps));
   if (opts.is_moe_block(layer)) moe = register_module("moe", MoE(opts, where));
   else mlp = register_module("mlp", MLP(opts, where));
 }

@@ -8,36 +8,13 @@
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "core/json_file.h"
+#include "model/hf_config.h"
 #include "model/norm.h"
 
 namespace tessera {
 namespace {
 
 namespace fs = std::filesystem;
-
-int64_t hf_int(const nlohmann::json& config, const char* key, const std::string& source) {
-  const auto it = config.find(key);
-  require(it != config.end() && it->is_number_integer() && it->get<int64_t>() > 0, source, ": '", key,
-          "' is missing or not a positive integer");
-  return it->get<int64_t>();
-}
-
-// `key` as a string, or `fallback` where it is absent or null.
-std::string hf_string(const nlohmann::json& config, const char* key, const std::string& fallback,
-                      const std::string& source) {
-  const auto it = config.find(key);
-  if (it == config.end() || it->is_null()) return fallback;
-  require(it->is_string(), source, ": '", key, "' = ", it->dump(), " is not a string");
-  return it->get<std::string>();
-}
-
-// `key` as a number, or `fallback` where it is absent or null.
-double hf_number(const nlohmann::json& config, const char* key, double fallback, const std::string& source) {
-  const auto it = config.find(key);
-  if (it == config.end() || it->is_null()) return fallback;
-  require(it->is_number(), source, ": '", key, "' = ", it->dump(), " is not a number");
-  return it->get<double>();
-}
 
 // `key`, when present and not null, must be `wanted`; `why` says what tessera computes instead.
 void hf_expect(const nlohmann::json& config, const char* key, const nlohmann::json& wanted, const std::string& source,
@@ -54,7 +31,8 @@ ModelOptions model_options_from_hf_config(const nlohmann::json& config, const Mo
                                           const std::string& source) {
   require(config.is_object(), source, ": not a JSON object");
   const std::string type = hf_string(config, "model_type", "", source);
-  require(type == "gpt2", source, ": model_type '", type, "' is not GPT-2; tessera imports GPT-2 models only");
+  require(type == "gpt2", source, ": model_type '", type,
+          "' cannot be imported; tessera imports gpt2, llama, mistral, qwen2 and qwen3");
   const std::string activation = hf_string(config, "activation_function", "gelu_new", source);
   require(activation == "gelu_new" || activation == "gelu_pytorch_tanh", source, ": activation_function '",
           activation, "' cannot be imported: tessera's GPT-2 uses the tanh GELU (gelu_new)");
@@ -116,7 +94,7 @@ nlohmann::json hf_config_from_model_options(const ModelOptions& o) {
           {"torch_dtype", "float32"}};
 }
 
-std::map<std::string, at::Tensor> read_hf_gpt2_weights(const std::string& dir) {
+std::set<std::string> hf_weight_files(const std::string& dir) {
   const fs::path root(dir);
   std::set<std::string> files;
   if (fs::exists(root / "model.safetensors")) {
@@ -137,7 +115,11 @@ std::map<std::string, at::Tensor> read_hf_gpt2_weights(const std::string& dir) {
                "save_pretrained(DIR, safe_serialization=True)"
              : "");
   }
+  return files;
+}
 
+std::map<std::string, at::Tensor> read_hf_gpt2_weights(const std::string& dir) {
+  const std::set<std::string> files = hf_weight_files(dir);
   std::map<std::string, at::Tensor> weights;
   at::Tensor head;
   for (const std::string& file : files) {

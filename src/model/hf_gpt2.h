@@ -19,6 +19,7 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <string>
 
 #include <ATen/core/Tensor.h>
@@ -35,6 +36,10 @@ ModelOptions model_options_from_hf_config(const nlohmann::json& config, const Mo
 
 // The GPT2Config of `opts`, which must use the Hugging Face GPT-2 names (uses_hf_gpt2_names).
 nlohmann::json hf_config_from_model_options(const ModelOptions& opts);
+
+// The safetensors files of a Hugging Face folder: model.safetensors, or the files its
+// model.safetensors.index.json names; refuses a folder with neither, naming it.
+std::set<std::string> hf_weight_files(const std::string& dir);
 
 // The weights of the folder `dir`, under tessera's export names, as stored (dtype kept).
 std::map<std::string, at::Tensor> read_hf_gpt2_weights(const std::string& dir);

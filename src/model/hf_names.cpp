@@ -30,7 +30,8 @@ std::string export_name(bool hf, const std::string& param) { return (hf ? "trans
 }  // namespace
 
 bool uses_hf_gpt2_names(const ModelOptions& opts) {
-  return opts.arch == "gpt" && opts.ffn == "dense" && opts.bias;
+  return opts.arch == "gpt" && opts.ffn == "dense" && opts.bias && opts.learned_positions() && !opts.rms_norm() &&
+         !opts.swiglu() && opts.tie_embeddings && opts.fused_qkv();
 }
 
 NamedTensors export_state(TransformerLMImpl& model) {

@@ -134,7 +134,7 @@ ParameterSpecs LinearAttentionImpl::parameter_specs() const {
 }
 
 LinearAttentionImpl::LinearAttentionImpl(const ModelOptions& opts, const at::TensorOptions& where)
-    : head_dim_(opts.head_dim()),
+    : head_dim_(opts.head_width()),
       chunk_(opts.linear_chunk),
       residual_std_(residual_std(opts.n_layer)),
       decay_(at::exp(-alibi_slopes(opts.n_head))) {

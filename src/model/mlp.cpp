@@ -15,7 +15,7 @@ ParameterSpecs MLPImpl::parameter_specs() const {
 }
 
 MLPImpl::MLPImpl(const ModelOptions& opts, const at::TensorOptions& where)
-    : glu_(opts.arch == "linear"), residual_std_(residual_std(opts.n_layer)) {
+    : glu_(opts.swiglu()), residual_std_(residual_std(opts.n_layer)) {
   const int64_t C = opts.n_embd, H = opts.hidden();
   c_fc = register_module("c_fc", Linear(C, glu_ ? 2 * H : H, opts.bias, where));
   c_proj = register_module("c_proj", Linear(H, C, opts.bias, where));

@@ -1,6 +1,7 @@
 // ModelOptions: checks, presets, and the parameter and FLOP counts (model_options.h).
 //
-// Preset shapes: GPT-2 from the released checkpoints; GPT-3 from Brown et al. 2020 Table 2.1, with
+// Preset shapes: GPT-2 from the released checkpoints; Llama 3.1 and Qwen 3 from their config.json
+// files (parameter counts checked against transformers' models of those configs: tests/hf/); GPT-3 from Brown et al. 2020 Table 2.1, with
 // two typos of that table fixed so that n_embd = n_head * d_head: GPT-3 XL (1.3B) uses 16 heads of
 // 128 (the table lists 24 heads of 128 at d_model 2048) and GPT-3 13B uses d_model 5120 = 40 * 128
 // (the table lists 5140).
@@ -28,6 +29,37 @@ ModelOptions shape(const std::string& name, int64_t vocab, int64_t block, int64_
   return o;
 }
 
+// The Llama family's block kinds (Llama 3.1: RMSNorm eps 1e-5, rotary with theta 500000 and the
+// llama3 long-context scaling, SwiGLU, grouped-query attention, no biases, untied head).
+ModelOptions llama(const std::string& name, int64_t vocab, int64_t block, int64_t layers, int64_t embd, int64_t heads,
+                   int64_t kv_heads, int64_t hidden) {
+  ModelOptions o = shape(name, vocab, block, layers, embd, heads);
+  o.norm = "rmsnorm";
+  o.position = "rope";
+  o.rope_theta = 500000;
+  o.rope_scaling = "llama3";
+  o.mlp = "swiglu";
+  o.ffn_hidden = hidden;
+  o.n_kv_head = kv_heads;
+  o.bias = false;
+  o.tie_embeddings = false;
+  return o;
+}
+
+// Qwen 3's: Llama's blocks with RMSNorm over each head of q and k, eps 1e-6, theta 1e6, no scaling,
+// a head width of its own, and (the small ones) a tied head.
+ModelOptions qwen3(const std::string& name, int64_t vocab, int64_t block, int64_t layers, int64_t embd, int64_t heads,
+                   int64_t kv_heads, int64_t head_dim, int64_t hidden) {
+  ModelOptions o = llama(name, vocab, block, layers, embd, heads, kv_heads, hidden);
+  o.rope_theta = 1000000;
+  o.rope_scaling = "none";
+  o.norm_eps = 1e-6;
+  o.head_dim = head_dim;
+  o.qk_norm = true;
+  o.tie_embeddings = true;
+  return o;
+}
+
 const std::map<std::string, std::function<ModelOptions()>>& presets() {
   static const std::map<std::string, std::function<ModelOptions()>> table = {
       {"tiny_gpt", [] { return shape("tiny_gpt", 256, 128, 4, 128, 4); }},
@@ -45,6 +77,20 @@ const std::map<std::string, std::function<ModelOptions()>>& presets() {
          o.moe_top_k = 2;
          return o;
        }},
+      {"tiny_llama",
+       [] {
+         auto o = llama("tiny_llama", 256, 128, 4, 128, 4, 2, 352);
+         o.rope_theta = 10000;
+         o.rope_scaling = "none";
+         return o;
+       }},
+      {"tiny_qwen3", [] { return qwen3("tiny_qwen3", 256, 128, 4, 128, 4, 2, 48, 352); }},
+      // Llama 3.1 (Meta's config.json of each size).
+      {"llama3_8b", [] { return llama("llama3_8b", 128256, 131072, 32, 4096, 32, 8, 14336); }},
+      {"llama3_70b", [] { return llama("llama3_70b", 128256, 131072, 80, 8192, 64, 8, 28672); }},
+      {"llama3_405b", [] { return llama("llama3_405b", 128256, 131072, 126, 16384, 128, 8, 53248); }},
+      // Qwen3-0.6B (its config.json).
+      {"qwen3_0.6b", [] { return qwen3("qwen3_0.6b", 151936, 40960, 28, 1024, 16, 8, 128, 3072); }},
       {"gpt2_124m", [] { return shape("gpt2_124m", 50257, 1024, 12, 768, 12); }},
       {"gpt2_350m", [] { return shape("gpt2_350m", 50257, 1024, 24, 1024, 16); }},
       {"gpt2_774m", [] { return shape("gpt2_774m", 50257, 1024, 36, 1280, 20); }},
@@ -83,8 +129,34 @@ void ModelOptions::check(const std::string& source) const {
           ": model.moe_score must be softmax or sigmoid (got '", moe_score, "')");
   require(moe_aux_scope == "micro_batch" || moe_aux_scope == "global", source,
           ": model.moe_aux_scope must be micro_batch or global (got '", moe_aux_scope, "')");
-  require(n_embd % n_head == 0, source, ": model.n_embd must be a multiple of model.n_head (got n_embd ", n_embd,
-          ", n_head ", n_head, ")");
+  require(head_dim > 0 || n_embd % n_head == 0, source,
+          ": model.n_embd must be a multiple of model.n_head, or model.head_dim set (got n_embd ", n_embd, ", n_head ",
+          n_head, ")");
+  auto one_of = [&](const std::string& key, const std::string& value, std::initializer_list<const char*> allowed) {
+    std::string list;
+    for (const char* a : allowed) {
+      if (value == a) return;
+      list += (list.empty() ? "" : ", ") + std::string(a);
+    }
+    fail(source, ": model.", key, " must be one of ", list, " (got '", value, "')");
+  };
+  one_of("norm", norm, {"auto", "layernorm", "rmsnorm"});
+  one_of("position", position, {"auto", "learned", "rope", "none"});
+  one_of("rope_scaling", rope_scaling, {"none", "llama3"});
+  one_of("mlp", mlp, {"auto", "gelu", "swiglu"});
+  require(n_head % kv_heads() == 0, source, ": model.n_kv_head = ", kv_heads(),
+          " must divide model.n_head = ", n_head, " (each key/value head serves n_head / n_kv_head query heads)");
+  require(!rotary() || head_width() % 2 == 0, source, ": model.position = rope needs an even head width (got ",
+          head_width(), ")");
+  require(rope_scaling == "none" || rotary(), source, ": model.rope_scaling = ", rope_scaling,
+          " needs model.position = rope");
+  require(rope_scaling == "none" || rope_high_freq_factor > rope_low_freq_factor, source,
+          ": model.rope_high_freq_factor (", rope_high_freq_factor, ") must exceed model.rope_low_freq_factor (",
+          rope_low_freq_factor, ")");
+  if (arch == "linear")
+    require((position == "auto" || position == "none") && n_kv_head == 0 && head_dim == 0 && !qk_norm && !qkv_bias,
+            source, ": model.arch = linear (lightning attention) takes none of model.position, n_kv_head, head_dim, "
+            "qk_norm and qkv_bias: they shape softmax attention");
   require(moe_top_k <= moe_experts, source, ": model.moe_top_k must be at most model.moe_experts (got top_k ",
           moe_top_k, ", experts ", moe_experts, ")");
   require(ffn != "moe" || moe_every <= n_layer, source, ": model.moe_every must be at most model.n_layer (got ",

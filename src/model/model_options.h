@@ -1,13 +1,28 @@
 // [model] options: the shape of the network, named presets, and its size and cost.
 //
-// Two architectures share one block layout (pre-norm residual blocks, tied output head):
-//   arch = "gpt"    GPT-2: learned positions, LayerNorm, causal softmax attention, GELU MLP;
+// Two architectures share one block layout (pre-norm residual blocks):
+//   arch = "gpt"    softmax attention: GPT-2 by default (learned positions, LayerNorm, GELU MLP,
+//                   tied head); the block kinds below build the Llama, Qwen and Mistral families
+//                   from the same code (docs/models.md);
 //   arch = "linear" TransNormerLLM / lightning attention: no positions, RMSNorm, causal linear
 //                   attention with per-head decay, GLU MLP.
 // ffn = "moe" replaces the MLP of every moe_every-th block (blocks moe_every-1, 2*moe_every-1, ...)
 // with a mixture of experts: top-k of moe_experts (Switch top-1, GShard top-2, any k), softmax or
 // sigmoid scores, capacity or dropless routing (model/moe.h).
 //
+// Block kinds, each its own key ("auto": what arch implies):
+//   norm        layernorm (arch gpt) | rmsnorm (arch linear), with norm_eps
+//   position    learned (gpt) | rope (rotary, rope_theta; rope_scaling = llama3 with its factors)
+//               | none (linear)
+//   mlp         gelu (gpt) | swiglu (linear): down(up(x) * silu(gate(x))), ffn_hidden wide
+//               (0: mlp_ratio * n_embd)
+//   n_kv_head   grouped-query attention: key/value heads, each shared by n_head / n_kv_head query
+//               heads (0: n_head; 1: multi-query); head_dim (0: n_embd / n_head) may differ from
+//               n_embd / n_head (Qwen 3)
+//   qkv_bias    biases on the q, k, v projections alone (Qwen 2) when bias is false
+//   qk_norm     RMSNorm over each head of q and k before the rotation (Qwen 3)
+//   tie_embeddings  the head computes logits with the token embedding (GPT-2, small Qwen) or
+//               with an lm_head of its own (Llama)
 // Presets set shapes only; the loader applies model.preset first and explicit keys refine it.
 //
 // Vocabulary padding: the token embedding (and the tied head) has padded_vocab() rows, vocab_size
@@ -48,6 +63,22 @@ struct ModelOptions {
   int64_t moe_every = 1;
   int64_t linear_chunk = 64;
   int64_t mlp_ratio = 4;
+  std::string norm = "auto";      // auto | layernorm | rmsnorm
+  double norm_eps = 1e-5;
+  std::string position = "auto";  // auto | learned | rope | none
+  double rope_theta = 10000;
+  std::string rope_scaling = "none";  // none | llama3
+  double rope_factor = 8;
+  double rope_low_freq_factor = 1;
+  double rope_high_freq_factor = 4;
+  int64_t rope_original_context = 8192;
+  std::string mlp = "auto";       // auto | gelu | swiglu
+  int64_t ffn_hidden = 0;         // 0: mlp_ratio * n_embd
+  int64_t n_kv_head = 0;          // 0: n_head
+  int64_t head_dim = 0;           // 0: n_embd / n_head
+  bool qkv_bias = false;
+  bool qk_norm = false;
+  bool tie_embeddings = true;
 
   template <class V>
   void visit(V& v) {
@@ -80,15 +111,46 @@ struct ModelOptions {
       "(DeepSeek-V3 uses 0.001; 0 = off)", between(0, 1));
     v("moe_every", moe_every, "every k-th block is MoE (blocks k-1, 2k-1, ...)", between(1, 1024));
     v("linear_chunk", linear_chunk, "chunk length of lightning attention (arch linear)", between(1, 1 << 16));
-    v("mlp_ratio", mlp_ratio, "MLP hidden width = mlp_ratio * n_embd", between(1, 64));
+    v("mlp_ratio", mlp_ratio, "MLP hidden width = mlp_ratio * n_embd (unless ffn_hidden is set)", between(1, 64));
+    v("norm", norm, "auto (arch gpt: layernorm, linear: rmsnorm), layernorm or rmsnorm");
+    v("norm_eps", norm_eps, "epsilon of every norm", between(1e-12, 1e-1));
+    v("position", position, "auto (arch gpt: learned, linear: none), learned, rope (rotary) or none");
+    v("rope_theta", rope_theta, "rotary base (Llama 3: 500000)", between(1, 1e12));
+    v("rope_scaling", rope_scaling, "none, or llama3 (Llama 3.1's long-context frequency scaling)");
+    v("rope_factor", rope_factor, "llama3 scaling: how much longer the context is than rope_original_context",
+      between(1, 1024));
+    v("rope_low_freq_factor", rope_low_freq_factor, "llama3 scaling: wavelengths above "
+      "rope_original_context / this are divided by rope_factor", between(0.001, 1024));
+    v("rope_high_freq_factor", rope_high_freq_factor, "llama3 scaling: wavelengths below "
+      "rope_original_context / this are kept", between(0.001, 1024));
+    v("rope_original_context", rope_original_context, "llama3 scaling: the context the model was trained at",
+      between(1, 1 << 24));
+    v("mlp", mlp, "auto (arch gpt: gelu, linear: swiglu), gelu or swiglu");
+    v("ffn_hidden", ffn_hidden, "MLP (and expert) hidden width; 0: mlp_ratio * n_embd", between(0, 1 << 20));
+    v("n_kv_head", n_kv_head, "key/value heads (grouped-query attention; 1: multi-query); 0: n_head",
+      between(0, 1024));
+    v("head_dim", head_dim, "width of each attention head; 0: n_embd / n_head", between(0, 4096));
+    v("qkv_bias", qkv_bias, "biases on the q, k and v projections (Qwen 2) even where bias is false");
+    v("qk_norm", qk_norm, "RMSNorm over each head of q and k (Qwen 3)");
+    v("tie_embeddings", tie_embeddings, "the output head is the token embedding (false: an lm_head of its own)");
   }
 
   // Throws tessera::Error("<source>: model.<key> must be ... (got X)").
   void check(const std::string& source) const;
 
-  int64_t head_dim() const { return n_embd / n_head; }
+  int64_t head_width() const { return head_dim > 0 ? head_dim : n_embd / n_head; }
+  int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t padded_vocab() const { return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
-  int64_t hidden() const { return mlp_ratio * n_embd; }
+  int64_t hidden() const { return ffn_hidden > 0 ? ffn_hidden : mlp_ratio * n_embd; }
+  // The block kinds with "auto" resolved by arch.
+  bool rms_norm() const { return norm == "auto" ? arch == "linear" : norm == "rmsnorm"; }
+  bool swiglu() const { return mlp == "auto" ? arch == "linear" : mlp == "swiglu"; }
+  bool learned_positions() const { return position == "auto" ? arch == "gpt" : position == "learned"; }
+  bool rotary() const { return position == "rope"; }
+  // The attention's q, k, v as one projection c_attn in three equal blocks (GPT-2's layout), or,
+  // where they differ in width (grouped-query attention, a head width of its own) or q and k are
+  // normed, q_proj beside kv_proj (k and v in two equal blocks).
+  bool fused_qkv() const { return kv_heads() == n_head && head_width() * n_head == n_embd && !qk_norm; }
   // Whether block `layer` (0-based) uses the MoE feed-forward.
   bool is_moe_block(int64_t layer) const { return ffn == "moe" && (layer + 1) % moe_every == 0; }
 

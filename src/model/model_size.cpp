@@ -21,7 +21,8 @@ Counts count(const ModelOptions& o) {
   for (const auto& item : meta->named_parameters()) {
     const int64_t numel = item.value().numel();
     n.stored += numel;
-    if (item.key() == "wpe.weight") continue;
+    // Lookups, not matmuls: positions, and the token embedding where the head has its own matrix.
+    if (item.key() == "wpe.weight" || (item.key() == "wte.weight" && !o.tie_embeddings)) continue;
     const bool expert = meta->parameter_specs().at(item.key()).split == Split::expert;
     n.active += expert ? numel / o.moe_experts * o.moe_top_k : numel;
   }
@@ -37,9 +38,12 @@ double flops_per_token(const ModelOptions& opts, int64_t seq_len) {
   const double L = static_cast<double>(opts.n_layer), C = static_cast<double>(opts.n_embd);
   if (opts.arch == "linear") {
     const double c = static_cast<double>(std::min(seq_len, opts.linear_chunk));
-    return 6 * n_active + 6 * L * C * c + 12 * L * C * static_cast<double>(opts.head_dim());
+    return 6 * n_active + 6 * L * C * c + 12 * L * C * static_cast<double>(opts.head_width());
   }
-  return 6 * n_active + 6 * L * C * static_cast<double>(seq_len);
+  // Attention scores and their product with v: 2 T (q k and p v) x 2 (multiply-add) x 3 (forward,
+  // backward) per head width, over every query head's width H d (C for GPT-2).
+  const double width = static_cast<double>(opts.n_head * opts.head_width());
+  return 6 * n_active + 6 * L * width * static_cast<double>(seq_len);
 }
 
 }  // namespace tessera

@@ -7,7 +7,8 @@
 
 namespace tessera {
 
-NormImpl::NormImpl(NormKind kind, int64_t dim, bool bias, const at::TensorOptions& where) : kind_(kind) {
+NormImpl::NormImpl(NormKind kind, int64_t dim, bool bias, const at::TensorOptions& where, double eps)
+    : kind_(kind), eps_(eps) {
   weight_ = register_parameter("weight", at::empty({dim}, where));
   if (kind == NormKind::layer && bias) bias_ = register_parameter("bias", at::empty({dim}, where));
 }
@@ -15,15 +16,15 @@ NormImpl::NormImpl(NormKind kind, int64_t dim, bool bias, const at::TensorOption
 at::Tensor NormImpl::forward(const at::Tensor& x) {
   if (kind_ == NormKind::layer) {
     auto y = at::layer_norm(x.to(at::kFloat), {x.size(-1)}, weight_.to(at::kFloat),
-                            bias_.defined() ? bias_.to(at::kFloat) : at::Tensor(), kNormEps);
+                            bias_.defined() ? bias_.to(at::kFloat) : at::Tensor(), eps_);
     return y.to(x.scalar_type());
   }
-  return (rms_normalize(x) * weight_).to(x.scalar_type());
+  return (rms_normalize(x, eps_) * weight_).to(x.scalar_type());
 }
 
 at::Tensor NormImpl::for_matmul(const at::Tensor& x) {
   if (kind_ != NormKind::layer || !fused_layer_norm_applies(x, weight_)) return forward(x);
-  return layer_norm_bf16(x, weight_, bias_, kNormEps);
+  return layer_norm_bf16(x, weight_, bias_, eps_);
 }
 
 NormedSum NormImpl::add_for_matmul(const at::Tensor& x, const at::Tensor& branch) {
@@ -32,7 +33,7 @@ NormedSum NormImpl::add_for_matmul(const at::Tensor& x, const at::Tensor& branch
     at::Tensor sum = x + branch;
     return {sum, forward(sum)};
   }
-  return add_layer_norm_bf16(x, branch, weight_, bias_, kNormEps);
+  return add_layer_norm_bf16(x, branch, weight_, bias_, eps_);
 }
 
 at::Tensor rms_normalize(const at::Tensor& x, double eps) {

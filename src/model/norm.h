@@ -1,8 +1,8 @@
 // Normalisation layers, and the GPT-2 residual initialisation scale shared by the model files.
 //
-// Norm is LayerNorm (arch gpt: weight, and bias when model.bias; eps 1e-5) or RMSNorm
-// (arch linear: weight only; y = x / sqrt(mean(x^2) + eps) * weight, eps 1e-5), so that both
-// architectures keep the module names ln_1, ln_2, ln_f and their parameters "weight" / "bias".
+// Norm is LayerNorm (model.norm layernorm: weight, and bias when model.bias) or RMSNorm
+// (rmsnorm: weight only; y = x / sqrt(mean(x^2) + eps) * weight), eps model.norm_eps, so that every
+// architecture keeps the module names ln_1, ln_2, ln_f and their parameters "weight" / "bias".
 // Normalisation statistics are computed in float32 and the result is cast back to x's dtype.
 //
 // for_matmul and add_for_matmul are for a norm whose output only feeds a matrix product: where
@@ -28,7 +28,7 @@ enum class NormKind { layer, rms };
 
 class NormImpl : public torch::nn::Module {
  public:
-  NormImpl(NormKind kind, int64_t dim, bool bias, const at::TensorOptions& where);
+  NormImpl(NormKind kind, int64_t dim, bool bias, const at::TensorOptions& where, double eps = kNormEps);
   at::Tensor forward(const at::Tensor& x);  // [..., C] -> [..., C]
   at::Tensor for_matmul(const at::Tensor& x);
   NormedSum add_for_matmul(const at::Tensor& x, const at::Tensor& branch);  // {x + branch, its norm}
@@ -38,6 +38,7 @@ class NormImpl : public torch::nn::Module {
 
  private:
   NormKind kind_;
+  double eps_;
   at::Tensor weight_, bias_;  // [C]; bias_ undefined for RMSNorm or model.bias = false
 };
 TORCH_MODULE(Norm);

@@ -68,14 +68,20 @@ TransformerLMImpl::TransformerLMImpl(const ModelOptions& opts, const ModelStage&
   }
   layers_ = stage.layers(opts);
   const at::TensorOptions options = where.dtype(at::kFloat);
-  if (has_embedding() || has_head()) {
+  if (has_embedding() || (has_head() && opts.tie_embeddings)) {
     wte = register_module("wte", Embedding(opts.padded_vocab(), C, options));
     ParameterSpec spec{Split::vocab, 1, normal_init(0.02)};
     spec.end = ModelEnd::embedding;
-    spec.tied = true;
+    spec.tied = opts.tie_embeddings;
     specs_.emplace("wte.weight", spec);
   }
-  if (has_embedding() && opts.arch == "gpt") {
+  if (has_head() && !opts.tie_embeddings) {
+    lm_head = register_module("lm_head", Embedding(opts.padded_vocab(), C, options));
+    ParameterSpec spec{Split::vocab, 1, normal_init(0.02)};
+    spec.end = ModelEnd::head;
+    specs_.emplace("lm_head.weight", spec);
+  }
+  if (has_embedding() && opts.learned_positions()) {
     wpe = register_module("wpe", Embedding(opts.block_size, C, options));
     ParameterSpec spec{Split::replicated, 1, normal_init(0.02)};
     spec.end = ModelEnd::embedding;
@@ -91,7 +97,8 @@ TransformerLMImpl::TransformerLMImpl(const ModelOptions& opts, const ModelStage&
     add_specs(specs_, "h." + name, inner);
   }
   if (has_head()) {
-    ln_f = register_module("ln_f", Norm(opts.arch == "linear" ? NormKind::rms : NormKind::layer, C, opts.bias, options));
+    ln_f = register_module("ln_f", Norm(opts.rms_norm() ? NormKind::rms : NormKind::layer, C, opts.bias, options,
+                                        opts.norm_eps));
     ParameterSpecs inner = ln_f->parameter_specs();
     for (auto& [n, spec] : inner) spec.end = ModelEnd::head;
     add_specs(specs_, "ln_f", inner);
@@ -115,6 +122,11 @@ Block TransformerLMImpl::block(int64_t layer) const {
   const auto it = blocks_.find(layer);
   require(it != blocks_.end(), "internal: block ", layer, " is not in this model stage (", stage_.describe(opts_), ")");
   return it->second;
+}
+
+const at::Tensor& TransformerLMImpl::head_weight() const {
+  require(has_head(), "internal: head_weight() on a model stage without the head (", stage_.describe(opts_), ")");
+  return opts_.tie_embeddings ? wte->weight : lm_head->weight;
 }
 
 bool TransformerLMImpl::is_meta() const { return parameters().front().is_meta(); }
@@ -149,6 +161,8 @@ void TransformerLMImpl::load_routing_state(const std::map<std::string, at::Tenso
 void TransformerLMImpl::set_position_offset(int64_t offset) {
   require(offset >= 0, "internal: position offset ", offset, " is negative");
   position_offset_ = offset;
+  for (auto& [l, block] : blocks_)
+    if (block->softmax_attn) block->softmax_attn->set_position_offset(offset);
 }
 
 int64_t TransformerLMImpl::add_block_wrapper(BlockWrapper wrapper) {
@@ -221,7 +235,7 @@ ModelOutput TransformerLMImpl::head(const at::Tensor& x, const at::Tensor& targe
   ModelOutput out;
   out.aux_loss = aux_loss;
   through_end_wrappers(ModelPart::head(), [&] {
-    out.logits = hooks.logits ? hooks.logits(ln_f(x)) : linear(ln_f->for_matmul(x), wte->weight, at::Tensor());
+    out.logits = hooks.logits ? hooks.logits(ln_f(x)) : linear(ln_f->for_matmul(x), head_weight(), at::Tensor());
     if (targets.defined()) {
       out.ce_loss = hooks.cross_entropy
                         ? hooks.cross_entropy(out.logits, targets)

@@ -1,14 +1,15 @@
-// The language model: token embedding (+ learned positions for arch gpt), n_layer blocks, a final
-// norm and an output head tied to the token embedding.
+// The language model: token embedding (+ learned positions where model.position is learned), n_layer
+// blocks, a final norm and an output head, tied to the token embedding or (model.tie_embeddings =
+// false) a matrix of its own, lm_head.
 //
 //   x = dropout(wte(idx) [+ wpe(o..o+T-1)])        [B, T, C], o = position offset (0 by default)
-//   x = h[l](x) for l = 0..n_layer-1              (block.h)
-//   logits = ln_f(x) wte^T                         [B, T, V]
+//   x = h[l](x) for l = 0..n_layer-1              (block.h; rotary positions inside attention)
+//   logits = ln_f(x) W^T                           [B, T, V], W = wte, or lm_head untied
 //   ce_loss = cross_entropy_mean(logits, targets)  mean over positions whose target is not -1 (model/cross_entropy.h)
 //   loss = ce_loss + aux_loss                      aux_loss = Σ over MoE blocks (zero when dense)
 //
-// Parameter names (named_parameters()): wte.weight, wpe.weight (gpt), h.{i}.ln_1.*, h.{i}.attn.*,
-// h.{i}.ln_2.*, h.{i}.mlp.* or h.{i}.moe.*, ln_f.*. There is no lm_head parameter. Every parameter
+// Parameter names (named_parameters()): wte.weight, wpe.weight (learned positions), h.{i}.ln_1.*,
+// h.{i}.attn.*, h.{i}.ln_2.*, h.{i}.mlp.* or h.{i}.moe.*, ln_f.*, lm_head.weight (untied only). Every parameter
 // is declared with its split and initialisation (parameter_specs(), model/parameter_spec.h); a
 // parameter's initial value depends only on the model's seed and its name (model/init.h).
 //
@@ -16,7 +17,8 @@
 // (a pipeline rank's stages, several with virtual stages) under their global names h.{i}; the part
 // holding block 0 also holds the embeddings, the one holding the last block ln_f, the head and the
 // loss (with its own copy of wte when it does not hold the embedding: the tie is then kept by
-// summing the two copies' gradients, which is the pipeline's job). The pieces of forward run
+// summing the two copies' gradients, which is the pipeline's job; an untied model's last stage holds
+// lm_head and no wte). The pieces of forward run
 // separately:
 //   embed(idx) -> x;  run_blocks(x[, first, end]) -> x, aux;  head(x, targets) -> logits, losses
 // and forward() is the three in a row (the whole model only).
@@ -38,7 +40,7 @@
 // - the layers' regions and kernels (model/sharded_region.h, attention.h, linear_attention.h,
 //   moe.h), one owner each: a second installation is refused, never silently replaced.
 // Under sequence parallelism a rank's input is one contiguous chunk of each sequence, starting at
-// token o of it: set_position_offset(o) gives that chunk its positions (arch gpt).
+// token o of it: set_position_offset(o) gives that chunk its positions (learned or rotary).
 #pragma once
 
 #include <cstdint>
@@ -159,7 +161,11 @@ class TransformerLMImpl : public torch::nn::Module {
   };
   void set_shard_hooks(ShardHooks hooks);
 
-  Embedding wte{nullptr}, wpe{nullptr};  // wte: first and last stage; wpe: first stage, arch gpt
+  // The matrix the head's logits use: wte, or lm_head where untied (the last stage only).
+  const at::Tensor& head_weight() const;
+
+  Embedding wte{nullptr}, wpe{nullptr};  // wte: first stage, and last where tied; wpe: first stage, learned positions
+  Embedding lm_head{nullptr};            // last stage, untied only ([V, C]; the head's, not a lookup)
   Norm ln_f{nullptr};                    // last stage
 
  private:

@@ -131,7 +131,7 @@ MemoryEstimate estimate_memory(const Config& config, const Layout& layout) {
     const std::string& name = item.key();
     e.parameters_total += item.value().numel();
     const ParameterSpec& spec = meta->parameter_specs().at(name);
-    e.parameters_by_component[spec.block >= 0 ? "blocks" : spec.end == ModelEnd::head ? "final norm" : "embedding"] +=
+    e.parameters_by_component[spec.block >= 0 ? "blocks" : spec.end == ModelEnd::head ? "head" : "embedding"] +=
         item.value().numel();
   }
   return e;
@@ -141,14 +141,19 @@ std::string describe_memory_estimate(const Config& config, const ParallelDims& d
   const ModelOptions& m = config.model;
   const ParallelOptions& p = config.parallel;
   std::string out;
-  out += line("model: arch %s, ffn %s, %lld blocks, n_embd %lld, %lld heads, vocab %lld, block_size %lld\n",
+  out += line("model: arch %s, ffn %s, %lld blocks, n_embd %lld, %lld heads (%lld key/value), head width %lld, "
+              "vocab %lld, block_size %lld; %s, %s positions, %s MLP %lld wide\n",
               m.arch.c_str(), m.ffn.c_str(), static_cast<long long>(m.n_layer), static_cast<long long>(m.n_embd),
-              static_cast<long long>(m.n_head), static_cast<long long>(m.vocab_size),
-              static_cast<long long>(m.block_size));
+              static_cast<long long>(m.n_head), static_cast<long long>(m.kv_heads()),
+              static_cast<long long>(m.head_width()), static_cast<long long>(m.vocab_size),
+              static_cast<long long>(m.block_size), m.rms_norm() ? "RMSNorm" : "LayerNorm",
+              m.rotary() ? "rotary" : m.learned_positions() ? "learned" : "no", m.swiglu() ? "SwiGLU" : "GELU",
+              static_cast<long long>(m.hidden()));
   out += line("parameters: %s (%lld)", format_count(e.parameters_total).c_str(), static_cast<long long>(e.parameters_total));
   for (const auto& [component, n] : e.parameters_by_component)
     out += line(", %s %s", component.c_str(), format_count(n).c_str());
-  out += "; the head is tied to the token embedding\n";
+  out += m.tie_embeddings ? "; the head (ln_f) computes logits with the token embedding\n"
+                          : "; the head (ln_f, lm_head) has its own output matrix\n";
   out += line("layout: %s, zero_stage %lld%s, precision %s, optimizer %s, activation checkpointing %s\n",
               dims.describe().c_str(), static_cast<long long>(p.zero_stage), p.offload ? " with offload" : "",
               config.precision.dtype.c_str(), config.optim.name.c_str(), config.memory.activation_checkpointing.c_str());

@@ -140,8 +140,10 @@ TEST(Import, FoldersThatCannotBeImportedExactlyAreRefused) {
     fs::remove_all(out);
     expect_error("import --hf " + folder + " --out " + out, needles);
   };
-  with("model_type", "llama");
-  import({"config.json: model_type 'llama' is not GPT-2"});
+  with("model_type", "bert");
+  import({"config.json: model_type 'bert' cannot be imported", "gpt2, llama, mistral, qwen2 and qwen3"});
+  with("model_type", "llama");  // a GPT-2 config read as Llama's: its keys are not there
+  import({"config.json: 'hidden_size' is missing or not a positive integer"});
   // A key of the wrong JSON type is named (fuzz target hf_folder found these ending in
   // nlohmann::json's type_error).
   with("model_type", 0);

@@ -28,7 +28,7 @@ ShardedRegion region(comm::Group& tp, bool megatron_sp) {
 TransformerLMImpl::ShardHooks shard_hooks(TransformerLM& model, comm::Group& tp, bool megatron_sp) {
   Embedding wte = model->wte;
   TransformerLMImpl::ShardHooks hooks;
-  hooks.embed = [wte, &tp](const at::Tensor& idx) { return vocab_parallel_embedding(idx, wte->weight, tp); };
+  if (wte) hooks.embed = [wte, &tp](const at::Tensor& idx) { return vocab_parallel_embedding(idx, wte->weight, tp); };
   if (megatron_sp)
     hooks.enter_blocks = [&tp](const at::Tensor& x) {
       require(x.size(1) % tp.size() == 0, "sequence length ", x.size(1), " (train.seq_len) is not a multiple of ",
@@ -36,8 +36,9 @@ TransformerLMImpl::ShardHooks shard_hooks(TransformerLM& model, comm::Group& tp,
               "seq_len / tp tokens of every sequence");
       return scatter_to_sequence(x, tp);
     };
-  hooks.logits = [wte, &tp, megatron_sp](const at::Tensor& h) {
-    return linear(megatron_sp ? gather_from_sequence(h, tp) : copy_to_tp(h, tp), wte->weight, at::Tensor());
+  TransformerLMImpl* const lm = model.get();
+  hooks.logits = [lm, &tp, megatron_sp](const at::Tensor& h) {
+    return linear(megatron_sp ? gather_from_sequence(h, tp) : copy_to_tp(h, tp), lm->head_weight(), at::Tensor());
   };
   hooks.cross_entropy = [&tp](const at::Tensor& logits, const at::Tensor& targets) {
     return vocab_parallel_cross_entropy(logits, targets, tp);

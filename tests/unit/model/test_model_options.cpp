@@ -71,7 +71,41 @@ TEST(ModelOptions, PresetShapes) {
     EXPECT_EQ(o.preset, name);
     EXPECT_NO_THROW(o.check("test")) << name;
   }
-  EXPECT_EQ(ModelOptions::preset_names().size(), 15u);
+  EXPECT_EQ(ModelOptions::preset_names().size(), 21u);
+}
+
+// The Llama 3.1 and Qwen 3 presets hold their published parameter counts exactly (Meta's model
+// cards round them: 8.03B, 70.6B, 405B; transformers' models of the same config.json, counted on
+// the meta device, give these numbers), and their block kinds.
+TEST(ModelOptions, LlamaAndQwenPresetsHaveTheirPublishedParameterCounts) {
+  EXPECT_EQ(parameter_count(ModelOptions::from_preset("llama3_8b")), 8030261248);
+  EXPECT_EQ(parameter_count(ModelOptions::from_preset("llama3_70b")), 70553706496);
+  EXPECT_EQ(parameter_count(ModelOptions::from_preset("llama3_405b")), 405853388800);
+  EXPECT_EQ(parameter_count(ModelOptions::from_preset("qwen3_0.6b")), 596049920);
+  const ModelOptions llama = ModelOptions::from_preset("llama3_8b");
+  EXPECT_TRUE(llama.rms_norm() && llama.rotary() && llama.swiglu() && !llama.tie_embeddings && !llama.fused_qkv());
+  EXPECT_EQ(llama.kv_heads(), 8);
+  EXPECT_EQ(llama.head_width(), 128);
+  const ModelOptions qwen = ModelOptions::from_preset("qwen3_0.6b");
+  EXPECT_TRUE(qwen.qk_norm && qwen.tie_embeddings);
+  EXPECT_EQ(qwen.head_width() * qwen.n_head, 2048);  // wider than n_embd = 1024
+  // GPT-2 keeps its layout under "auto".
+  const ModelOptions gpt = ModelOptions::from_preset("gpt2_124m");
+  EXPECT_TRUE(!gpt.rms_norm() && gpt.learned_positions() && !gpt.swiglu() && gpt.fused_qkv());
+}
+
+TEST(ModelOptions, BlockKindsThatCannotBuildAreRefusedNamingTheKeys) {
+  auto refused = [](const std::function<void(ModelOptions&)>& change, const std::string& needle) {
+    ModelOptions o = ModelOptions::from_preset("tiny_llama");
+    change(o);
+    const std::string msg = error_of([&] { o.check("cfg"); });
+    EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+  };
+  refused([](ModelOptions& o) { o.n_kv_head = 3; }, "model.n_kv_head = 3 must divide model.n_head = 4");
+  refused([](ModelOptions& o) { o.position = "alibi"; }, "model.position must be one of");
+  refused([](ModelOptions& o) { o.head_dim = 33; }, "needs an even head width (got 33)");
+  refused([](ModelOptions& o) { o.position = "learned"; o.rope_scaling = "llama3"; }, "needs model.position = rope");
+  refused([](ModelOptions& o) { o.arch = "linear"; }, "model.arch = linear (lightning attention) takes none of");
 }
 
 TEST(ModelOptions, UnknownPresetListsKnownOnes) {

@@ -1,0 +1,48 @@
+// Reading a Hugging Face config.json's fields, each checked for its type, with errors naming the
+// file (`source`) and the key: shared by the GPT-2 and the Llama-family imports (hf_gpt2.h,
+// hf_llama.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace tessera {
+
+// `key` as a positive integer (required).
+inline int64_t hf_int(const nlohmann::json& config, const char* key, const std::string& source) {
+  const auto it = config.find(key);
+  require(it != config.end() && it->is_number_integer() && it->get<int64_t>() > 0, source, ": '", key,
+          "' is missing or not a positive integer");
+  return it->get<int64_t>();
+}
+
+// `key` as a string, or `fallback` where it is absent or null.
+inline std::string hf_string(const nlohmann::json& config, const char* key, const std::string& fallback,
+                      const std::string& source) {
+  const auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return fallback;
+  require(it->is_string(), source, ": '", key, "' = ", it->dump(), " is not a string");
+  return it->get<std::string>();
+}
+
+// `key` as a number, or `fallback` where it is absent or null.
+inline double hf_number(const nlohmann::json& config, const char* key, double fallback, const std::string& source) {
+  const auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return fallback;
+  require(it->is_number(), source, ": '", key, "' = ", it->dump(), " is not a number");
+  return it->get<double>();
+}
+
+// `key` as a boolean, or `fallback` where it is absent or null.
+inline bool hf_bool(const nlohmann::json& config, const char* key, bool fallback, const std::string& source) {
+  const auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return fallback;
+  require(it->is_boolean(), source, ": '", key, "' = ", it->dump(), " is not true or false");
+  return it->get<bool>();
+}
+
+}  // namespace tessera

@@ -1,0 +1,156 @@
+// Hugging Face folders of the Llama family (hf_llama.h).
+#include "model/hf_llama.h"
+
+#include <algorithm>
+#include <cmath>
+#include <regex>
+#include <set>
+
+#include <ATen/ATen.h>
+
+#include "checkpoint/safetensors.h"
+#include "core/error.h"
+#include "model/hf_config.h"
+#include "model/hf_gpt2.h"
+
+namespace tessera {
+namespace {
+
+const std::set<std::string> kTypes = {"llama", "mistral", "qwen2", "qwen3"};
+
+// `key`, when present and not null, must be `wanted`; `why` says what tessera computes instead.
+void expect_value(const nlohmann::json& config, const char* key, const nlohmann::json& wanted,
+                  const std::string& source, const char* why) {
+  const auto it = config.find(key);
+  if (it == config.end() || it->is_null() || *it == wanted) return;
+  fail(source, ": '", key, "' = ", it->dump(), " cannot be imported: ", why, " (", key, " = ", wanted.dump(), ")");
+}
+
+}  // namespace
+
+bool is_hf_llama_family(const nlohmann::json& config) {
+  return config.is_object() && config.contains("model_type") && config["model_type"].is_string() &&
+         kTypes.count(config["model_type"].get<std::string>());
+}
+
+ModelOptions llama_family_options_from_hf_config(const nlohmann::json& config, const ModelOptions& base,
+                                                 const std::string& source) {
+  require(is_hf_llama_family(config), source, ": not a Llama-family config (model_type llama, mistral, qwen2 or qwen3)");
+  const std::string type = config["model_type"].get<std::string>();
+  expect_value(config, "hidden_act", "silu", source, "tessera's SwiGLU gates with silu");
+  expect_value(config, "mlp_bias", false, source, "tessera's SwiGLU has no biases");
+  if (type == "llama" || type == "mistral")
+    expect_value(config, "attention_bias", false, source,
+                 "tessera gives q, k and v biases (model.qkv_bias) but none to the output projection");
+
+  ModelOptions o = base;
+  o.preset = "";
+  o.arch = "gpt";
+  o.ffn = "dense";
+  o.bias = false;
+  o.norm = "rmsnorm";
+  o.position = "rope";
+  o.mlp = "swiglu";
+  o.vocab_size = hf_int(config, "vocab_size", source);
+  o.n_embd = hf_int(config, "hidden_size", source);
+  o.ffn_hidden = hf_int(config, "intermediate_size", source);
+  o.n_layer = hf_int(config, "num_hidden_layers", source);
+  o.n_head = hf_int(config, "num_attention_heads", source);
+  o.n_kv_head = config.contains("num_key_value_heads") && !config["num_key_value_heads"].is_null()
+                    ? hf_int(config, "num_key_value_heads", source)
+                    : o.n_head;
+  const int64_t head_dim = config.contains("head_dim") && !config["head_dim"].is_null()
+                               ? hf_int(config, "head_dim", source)
+                               : o.n_embd / o.n_head;
+  o.head_dim = head_dim * o.n_head == o.n_embd ? 0 : head_dim;
+  o.block_size = hf_int(config, "max_position_embeddings", source);
+  if (type == "mistral" && config.contains("sliding_window") && !config["sliding_window"].is_null())
+    o.block_size = std::min(o.block_size, hf_int(config, "sliding_window", source));
+  o.norm_eps = hf_number(config, "rms_norm_eps", 1e-6, source);
+  // Rotary parameters: transformers 5 writes them in "rope_parameters" (rope_theta, rope_type and
+  // the scaling's factors); earlier versions (most Hub files) in "rope_theta" and "rope_scaling".
+  const auto parameters = config.find("rope_parameters");
+  const bool v5 = parameters != config.end() && !parameters->is_null();
+  require(!v5 || parameters->is_object(), source, ": 'rope_parameters' is not an object");
+  o.rope_theta = hf_number(v5 ? *parameters : config, "rope_theta", 10000, source);
+  o.rope_scaling = "none";
+  const auto scaling = v5 ? parameters : config.find("rope_scaling");
+  if (scaling != config.end() && !scaling->is_null()) {
+    require(scaling->is_object(), source, ": 'rope_scaling' is not an object");
+    const std::string kind = hf_string(*scaling, "rope_type", hf_string(*scaling, "type", "default", source), source);
+    require(kind == "llama3" || kind == "default", source, ": rope scaling of type '", kind,
+            "' cannot be imported: tessera scales rotary frequencies as Llama 3.1 does (rope_type llama3) or not at all");
+    if (kind == "llama3") {
+      o.rope_scaling = "llama3";
+      o.rope_factor = hf_number(*scaling, "factor", o.rope_factor, source);
+      o.rope_low_freq_factor = hf_number(*scaling, "low_freq_factor", o.rope_low_freq_factor, source);
+      o.rope_high_freq_factor = hf_number(*scaling, "high_freq_factor", o.rope_high_freq_factor, source);
+      o.rope_original_context = hf_int(*scaling, "original_max_position_embeddings", source);
+    }
+  }
+  if (type == "qwen2" || type == "qwen3")
+    expect_value(config, "use_sliding_window", false, source, "tessera's attention is full causal attention");
+  o.qkv_bias = type == "qwen2" || (type == "qwen3" && hf_bool(config, "attention_bias", false, source));
+  o.qk_norm = type == "qwen3";
+  o.tie_embeddings = hf_bool(config, "tie_word_embeddings", false, source);
+  o.check(source);
+  return o;
+}
+
+std::map<std::string, at::Tensor> read_hf_llama_weights(const std::string& dir, const ModelOptions& o) {
+  std::map<std::string, at::Tensor> stored;
+  for (const std::string& file : hf_weight_files(dir))
+    for (auto& [name, tensor] : read_safetensors(file).tensors)
+      require(stored.emplace(name, tensor).second, file, ": tensor '", name, "' appears twice in ", dir);
+  std::set<std::string> used;
+  auto take = [&](const std::string& name) {
+    const auto it = stored.find(name);
+    require(it != stored.end(), dir, ": missing tensor '", name, "'");
+    used.insert(name);
+    return it->second;
+  };
+  auto has = [&](const std::string& name) { return stored.count(name) > 0; };
+  std::map<std::string, at::Tensor> out;
+  auto put = [&](const std::string& param, const at::Tensor& t) { out.emplace("model." + param, t); };
+  put("wte.weight", take("model.embed_tokens.weight"));
+  const bool qkv_bias = o.bias || o.qkv_bias;
+  for (int64_t l = 0; l < o.n_layer; ++l) {
+    const std::string hf = "model.layers." + std::to_string(l) + ".", ours = "h." + std::to_string(l) + ".";
+    put(ours + "ln_1.weight", take(hf + "input_layernorm.weight"));
+    put(ours + "ln_2.weight", take(hf + "post_attention_layernorm.weight"));
+    std::vector<std::string> kinds = {"weight"};
+    if (qkv_bias) kinds.push_back("bias");
+    for (const std::string& kind : kinds) {
+      const at::Tensor q = take(hf + "self_attn.q_proj." + kind), k = take(hf + "self_attn.k_proj." + kind),
+                       v = take(hf + "self_attn.v_proj." + kind);
+      if (o.fused_qkv()) {
+        put(ours + "attn.c_attn." + kind, at::cat({q, k, v}));
+      } else {
+        put(ours + "attn.q_proj." + kind, q);
+        put(ours + "attn.kv_proj." + kind, at::cat({k, v}));
+      }
+    }
+    if (o.qk_norm) {
+      put(ours + "attn.q_norm.weight", take(hf + "self_attn.q_norm.weight"));
+      put(ours + "attn.k_norm.weight", take(hf + "self_attn.k_norm.weight"));
+    }
+    put(ours + "attn.c_proj.weight", take(hf + "self_attn.o_proj.weight"));
+    put(ours + "mlp.c_fc.weight", at::cat({take(hf + "mlp.up_proj.weight"), take(hf + "mlp.gate_proj.weight")}));
+    put(ours + "mlp.c_proj.weight", take(hf + "mlp.down_proj.weight"));
+  }
+  put("ln_f.weight", take("model.norm.weight"));
+  if (!o.tie_embeddings) {
+    put("lm_head.weight", take("lm_head.weight"));
+  } else if (has("lm_head.weight")) {
+    const at::Tensor head = take("lm_head.weight"), embedding = out.at("model.wte.weight");
+    require(head.sizes() == embedding.sizes() && at::equal(head.to(at::kFloat), embedding.to(at::kFloat)), dir,
+            ": lm_head.weight differs from model.embed_tokens.weight, but config.json ties them (tie_word_embeddings)");
+  }
+  for (const auto& [name, t] : stored)
+    require(used.count(name) || name.find("rotary_emb.inv_freq") != std::string::npos, dir, ": unexpected tensor '",
+            name, "' (the config describes ", o.n_layer, " layers", o.qk_norm ? " with q and k norms" : "",
+            qkv_bias ? " with q, k, v biases" : "", ")");
+  return out;
+}
+
+}  // namespace tessera

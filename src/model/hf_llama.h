@@ -1,0 +1,52 @@
+// Hugging Face folders of the Llama family: LlamaForCausalLM (Llama 2 and 3), MistralForCausalLM,
+// Qwen2ForCausalLM and Qwen3ForCausalLM, as transformers' save_pretrained writes them (config.json,
+// model.safetensors or its sharded index).
+//
+// The config maps to the block kinds of model_options.h: RMSNorm (rms_norm_eps), rotary positions
+// (rope_theta, and rope_scaling of type llama3), SwiGLU (intermediate_size), grouped-query
+// attention (num_key_value_heads, head_dim), Qwen 2's q, k, v biases, Qwen 3's q and k norms,
+// tie_word_embeddings. Mistral's sliding window is exact within its width: block_size is the
+// smaller of max_position_embeddings and sliding_window. What tessera would compute otherwise is
+// refused naming the key: another activation than silu, MLP or output-projection biases
+// (attention_bias on Llama and Mistral, mlp_bias), another rope_scaling type.
+//
+// Tensor names (HF -> tessera's export names, "model." + the parameter):
+//   model.embed_tokens.weight                        model.wte.weight
+//   model.layers.{i}.input_layernorm.weight          model.h.{i}.ln_1.weight
+//   model.layers.{i}.self_attn.{q,k,v}_proj.*        model.h.{i}.attn.c_attn.* (q, k, v rows) where
+//                                                    fused_qkv(), else attn.q_proj.* and
+//                                                    attn.kv_proj.* (k, v rows)
+//   model.layers.{i}.self_attn.{q,k}_norm.weight     model.h.{i}.attn.{q,k}_norm.weight
+//   model.layers.{i}.self_attn.o_proj.weight         model.h.{i}.attn.c_proj.weight
+//   model.layers.{i}.post_attention_layernorm.weight model.h.{i}.ln_2.weight
+//   model.layers.{i}.mlp.{up,gate}_proj.weight       model.h.{i}.mlp.c_fc.weight (up rows, then gate)
+//   model.layers.{i}.mlp.down_proj.weight            model.h.{i}.mlp.c_proj.weight
+//   model.norm.weight                                model.ln_f.weight
+//   lm_head.weight                                   model.lm_head.weight (untied; tied: must equal
+//                                                    the embedding, or be absent)
+// Rotary weights need no permutation: tessera rotates in the same "rotate half" layout (rotary.h).
+#pragma once
+
+#include <map>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
+
+#include "model/model_options.h"
+
+namespace tessera {
+
+// Whether config.json's model_type is one this file imports (llama, mistral, qwen2, qwen3).
+bool is_hf_llama_family(const nlohmann::json& config);
+
+// The model the config describes (vocab_multiple and dropout from `base`). Throws naming `source`
+// and the key it cannot import.
+ModelOptions llama_family_options_from_hf_config(const nlohmann::json& config, const ModelOptions& base,
+                                                 const std::string& source);
+
+// The folder's weights under tessera's export names for `opts` (its options from the config), as
+// stored (dtype kept); refuses a missing or unexpected tensor naming it.
+std::map<std::string, at::Tensor> read_hf_llama_weights(const std::string& dir, const ModelOptions& opts);
+
+}  // namespace tessera

@@ -1,0 +1,34 @@
+// Rotary position embedding (RoPE, Su et al. 2021), as Llama, Qwen and Mistral apply it: each
+// head's vector is rotated by an angle proportional to its position, pairing dimension i with
+// i + d/2 (the "rotate half" layout of Hugging Face's checkpoints, so imported q and k weights
+// need no permutation):
+//
+//   inv_freq[j] = theta^(-2j / d)                      j = 0 .. d/2 - 1 (float32, as transformers)
+//   angle[t, j] = position(t) * inv_freq[j];  cos, sin of cat(angle, angle)  [T, d]
+//   rope(x) = x * cos + rotate_half(x) * sin          rotate_half(x) = cat(-x[d/2:], x[:d/2])
+//
+// Llama 3.1's long-context scaling (rope_scaling = llama3) divides the low frequencies (wavelength
+// above rope_original_context / rope_low_freq_factor) by rope_factor, keeps the high ones
+// (wavelength below rope_original_context / rope_high_freq_factor) and blends in between.
+//
+// Positions are absolute: a sequence-parallel rank holding tokens o .. o+T-1 of each sequence
+// rotates them by those positions (attention.h, set_position_offset), so the sequence's ranks
+// agree with one process.
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+
+#include "model/model_options.h"
+
+namespace tessera {
+
+// The inverse frequencies [d/2] (float32) of model options `o` with head width `o.head_width()`.
+at::Tensor rotary_inverse_frequencies(const ModelOptions& o);
+
+// x [B, h, T, d] rotated for positions offset .. offset+T-1 (cos and sin in float32, applied in
+// x's dtype). `inv_freq` from rotary_inverse_frequencies, on any device.
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& inv_freq, int64_t offset);
+
+}  // namespace tessera
