@@ -19,8 +19,10 @@ ParameterSpecs CausalSelfAttentionImpl::parameter_specs() const {
     add_specs(specs, column_linear("kv_proj", 0.02, 2));
   }
   if (q_norm) {
-    add_specs(specs, "q_norm", q_norm->parameter_specs());
-    add_specs(specs, "k_norm", k_norm->parameter_specs());
+    ParameterSpecs norms = q_norm->parameter_specs();
+    for (auto& [name, spec] : norms) spec.per_head = true;
+    add_specs(specs, "q_norm", norms);
+    add_specs(specs, "k_norm", norms);
   }
   add_specs(specs, row_linear("c_proj", residual_std_));
   return specs;

@@ -64,6 +64,9 @@ struct ParameterSpec {
   int64_t block = -1;             // the global block index; -1: one of the ends
   ModelEnd end = ModelEnd::none;  // which end, for block -1
   bool tied = false;              // the token embedding, which the head uses too
+  // Replicated under tensor parallelism, but each rank applies it to its own heads only (Qwen 3's
+  // q and k norms): a rank's gradient is its heads' part, summed over tp to the whole.
+  bool per_head = false;
 };
 
 // Parameter name (as in named_parameters(), relative to the declaring module) -> its spec.

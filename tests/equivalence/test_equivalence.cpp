@@ -122,6 +122,24 @@ void sgd(Config& c) {
   c.optim.nesterov = true;
 }
 
+// The Llama family's block kinds on the tiny model: RMSNorm, rotary positions (Llama 3.1's scaling
+// over an original context shorter than the test's, so that it changes frequencies), SwiGLU of its
+// own width, two query heads per key/value head, an untied head, no biases. `qwen3` adds Qwen 3's:
+// q/k norms, a head width of its own, a tied head.
+void llama(Config& c, bool qwen3 = false) {
+  c.model.norm = "rmsnorm";
+  c.model.position = "rope";
+  c.model.rope_theta = 500000;
+  c.model.rope_scaling = "llama3";
+  c.model.rope_original_context = 4;
+  c.model.mlp = "swiglu";
+  c.model.ffn_hidden = 48;
+  c.model.n_kv_head = 2;
+  c.model.tie_embeddings = qwen3;
+  c.model.qk_norm = qwen3;
+  if (qwen3) c.model.head_dim = 12;
+}
+
 // A swapped run (memory.swap) on one process: the model in host memory, cut into sub-models.
 void swapped(Config& c, std::vector<int64_t> blocks) {
   c.memory.swap = true;
@@ -192,6 +210,18 @@ const std::vector<Row>& layouts() {
        },
        &kExact},
       {"dp2", 2, [](Config& c) {}},
+      {"llama_dp2_zero3_sgd", 2, [](Config& c) { llama(c); sgd(c); c.parallel.zero_stage = 3; }},
+      {"llama_tp2_sgd", 2, [](Config& c) { llama(c); sgd(c); c.parallel.tp = 2; }},
+      {"qwen3_dp2_tp2_zero1", 4, [](Config& c) { llama(c, true); c.parallel.tp = 2; c.parallel.zero_stage = 1; }},
+      {"llama_pp2_1f1b_sgd_accum2", 2,
+       [](Config& c) {
+         llama(c);
+         sgd(c);
+         c.parallel.pp = 2;
+         c.train.grad_accum = 2;
+       }},
+      {"llama_sp2_ring_sgd", 2, [](Config& c) { llama(c); sgd(c); c.parallel.sp = 2; c.parallel.sp_method = "ring"; }},
+      {"qwen3_sp2_ulysses", 2, [](Config& c) { llama(c, true); c.parallel.sp = 2; c.parallel.sp_method = "ulysses"; }},
       {"dp2_zero3_sgd", 2, [](Config& c) { sgd(c); c.parallel.zero_stage = 3; }},
       {"dp2_tp2_sgd", 4, [](Config& c) { sgd(c); c.parallel.tp = 2; }},
       {"pp2_1f1b_sgd_accum2", 2,

@@ -62,6 +62,10 @@ void check_tensor_parallel(const ModelOptions& m, const ParallelOptions& p, cons
           "tp rank, their experts split by parallel.ep)");
   require(m.n_head % N == 0, "model.n_head = ", m.n_head, " is not a multiple of parallel.tp = ", N,
           " (each tensor-parallel rank computes n_head / tp whole heads)");
+  require(m.kv_heads() % N == 0, "model.n_kv_head = ", m.kv_heads(), " is not a multiple of parallel.tp = ", N,
+          " (each tensor-parallel rank computes n_kv_head / tp whole key/value heads; replicating them is not built)");
+  require(m.hidden() % N == 0, "the MLP's hidden width ", m.hidden(), " (model.ffn_hidden, or mlp_ratio x n_embd) is ",
+          "not a multiple of parallel.tp = ", N);
   require(m.padded_vocab() % N == 0, "model.vocab_size = ", m.vocab_size, " padded to a multiple of model.vocab_multiple = ",
           m.vocab_multiple, " is ", m.padded_vocab(), ", not a multiple of parallel.tp = ", N,
           " (each tensor-parallel rank holds 1/tp of the embedding's rows; raise model.vocab_multiple)");
@@ -126,9 +130,10 @@ void parallelize_tensor(TransformerLM& model, comm::Group& tp, bool megatron_sp)
       if (layout.dim >= 0) param.set_data(shard_tensor(param.detach(), layout, r, N).clone());
       param.mutable_grad() = at::Tensor();
       // Under megatron_sp a replicated parameter used after the sequence split (any but the
-      // embedding's: wpe is added to the whole sequence before it) sees this rank's tokens only:
-      // its gradient is summed over tp before it is accumulated.
-      if (megatron_sp && layout.dim < 0 && spec.end != ModelEnd::embedding)
+      // embedding's: wpe is added to the whole sequence before it) sees this rank's tokens only,
+      // and a per-head one (parameter_spec.h) only this rank's heads: its gradient is summed over
+      // tp before it is accumulated.
+      if ((megatron_sp && layout.dim < 0 && spec.end != ModelEnd::embedding) || spec.per_head)
         param.register_hook([&tp](const at::Tensor& grad) {
           at::Tensor sum = grad.clone(at::MemoryFormat::Contiguous);
           tp.all_reduce(sum);
