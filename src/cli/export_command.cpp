@@ -3,8 +3,9 @@
 // GPT-2 names (loadable by `transformers`) and the embedding loses its padded rows (model.vocab_size
 // rows, not model.vocab_multiple's padding); --optimizer writes the whole optimizer state as
 // trained (padded). --hf DIR writes a folder that transformers' from_pretrained loads (and
-// `tessera import --hf` reads back): model.safetensors, config.json (model/hf_gpt2.h) and, for a
-// checkpoint with GPT-2's BPE, vocab.json and merges.txt.
+// `tessera import --hf` reads back): model.safetensors, config.json (model/hf_gpt2.h for GPT-2,
+// model/hf_llama.h for the Llama family, with transformers' names) and, for a checkpoint with
+// GPT-2's BPE, vocab.json and merges.txt.
 #include <filesystem>
 #include <iostream>
 
@@ -14,6 +15,7 @@
 #include "core/fs.h"
 #include "core/json_file.h"
 #include "model/hf_gpt2.h"
+#include "model/hf_llama.h"
 #include "model/hf_names.h"
 #include "config/config.h"
 
@@ -25,7 +27,9 @@ namespace fs = std::filesystem;
 // config.json and, when the checkpoint's tokenizer is GPT-2's BPE, vocab.json and merges.txt.
 void write_hf_folder(const std::string& dir, const ModelOptions& model, const std::string& checkpoint_dir) {
   fs::create_directories(dir);
-  write_file_durable(dir + "/config.json", hf_config_from_model_options(model).dump(2) + "\n");
+  const nlohmann::json config =
+      uses_hf_gpt2_names(model) ? hf_config_from_model_options(model) : hf_llama_family_config(model);
+  write_file_durable(dir + "/config.json", config.dump(2) + "\n");
   const std::string tokenizer = checkpoint_dir + "/tokenizer.json";
   if (!fs::exists(tokenizer)) return;
   const nlohmann::json description = read_json_file(tokenizer);
@@ -54,17 +58,18 @@ Command add_export_command(CLI::App& app) {
     require(!args->out.empty() || !args->hf.empty(), "export: give --out FILE or --hf DIR");
     LoadedCheckpoint ckpt = load_checkpoint(args->checkpoint, !args->optimizer_out.empty());
     const ModelOptions model = Config::from_checkpoint_meta(ckpt.dir + "/meta.json", {}).model;
-    const std::string embedding = export_name(model, "wte.weight");
-    if (auto it = ckpt.model.find(embedding); it != ckpt.model.end() && it->second.size(0) > model.vocab_size)
-      it->second = it->second.narrow(0, 0, model.vocab_size).contiguous();
+    for (const char* param : {"wte.weight", "lm_head.weight"})  // the padded rows stay in tessera's checkpoints
+      if (auto it = ckpt.model.find(export_name(model, param)); it != ckpt.model.end() && it->second.size(0) > model.vocab_size)
+        it->second = it->second.narrow(0, 0, model.vocab_size).contiguous();
     auto sorted = [](const std::map<std::string, at::Tensor>& tensors) {
       return NamedTensors(tensors.begin(), tensors.end());
     };
     if (!args->hf.empty()) {
-      require(uses_hf_gpt2_names(model), "export --hf: ", ckpt.dir, " holds a model that is not GPT-2 (arch ",
-              model.arch, ", ffn ", model.ffn, ", bias ", model.bias ? "true" : "false",
-              "); use --out for a safetensors file of its own names");
+      const std::string refusal = uses_hf_gpt2_names(model) ? "" : hf_llama_family_refusal(model);
+      require(refusal.empty(), "export --hf: ", ckpt.dir, " holds a model that is neither GPT-2 nor of the Llama "
+              "family (", refusal, "); use --out for a safetensors file of its own names");
       write_hf_folder(args->hf, model, ckpt.dir);
+      if (!uses_hf_gpt2_names(model)) ckpt.model = hf_llama_family_weights(model, ckpt.model);
       args->out = args->hf + "/model.safetensors";
     }
     write_safetensors(args->out, sorted(ckpt.model), {{"format", "pt"}});

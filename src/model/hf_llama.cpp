@@ -90,7 +90,10 @@ ModelOptions llama_family_options_from_hf_config(const nlohmann::json& config, c
   }
   if (type == "qwen2" || type == "qwen3")
     expect_value(config, "use_sliding_window", false, source, "tessera's attention is full causal attention");
-  o.qkv_bias = type == "qwen2" || (type == "qwen3" && hf_bool(config, "attention_bias", false, source));
+  if (type == "qwen3")
+    expect_value(config, "attention_bias", false, source,
+                 "Qwen 3's attention_bias also puts a bias on the output projection, which tessera does not");
+  o.qkv_bias = type == "qwen2";
   o.qk_norm = type == "qwen3";
   o.tie_embeddings = hf_bool(config, "tie_word_embeddings", false, source);
   o.check(source);
@@ -150,6 +153,97 @@ std::map<std::string, at::Tensor> read_hf_llama_weights(const std::string& dir, 
     require(used.count(name) || name.find("rotary_emb.inv_freq") != std::string::npos, dir, ": unexpected tensor '",
             name, "' (the config describes ", o.n_layer, " layers", o.qk_norm ? " with q and k norms" : "",
             qkv_bias ? " with q, k, v biases" : "", ")");
+  return out;
+}
+
+std::string hf_llama_family_refusal(const ModelOptions& o) {
+  if (o.arch != "gpt") return "arch " + o.arch;
+  if (o.ffn != "dense") return "ffn " + o.ffn + " (Mixtral's experts are not built yet)";
+  if (o.bias) return "bias = true (the family's linears have none but q, k, v: model.qkv_bias)";
+  if (!o.rms_norm()) return "LayerNorm (the family's norms are RMSNorm)";
+  if (!o.rotary()) return "position " + o.position + " (the family's positions are rotary)";
+  if (!o.swiglu()) return "a GELU MLP (the family's is SwiGLU)";
+  if (o.qk_norm && o.qkv_bias) return "both qk_norm and qkv_bias";
+  return "";
+}
+
+nlohmann::json hf_llama_family_config(const ModelOptions& o) {
+  const std::string refusal = hf_llama_family_refusal(o);
+  require(refusal.empty(), "internal: a Llama-family config for a model with ", refusal);
+  const std::string type = o.qk_norm ? "qwen3" : o.qkv_bias ? "qwen2" : "llama";
+  nlohmann::json rope = {{"rope_type", o.rope_scaling == "llama3" ? "llama3" : "default"}, {"rope_theta", o.rope_theta}};
+  if (o.rope_scaling == "llama3")
+    rope.update({{"factor", o.rope_factor},
+                 {"low_freq_factor", o.rope_low_freq_factor},
+                 {"high_freq_factor", o.rope_high_freq_factor},
+                 {"original_max_position_embeddings", o.rope_original_context}});
+  const std::string architecture = type == "qwen3" ? "Qwen3ForCausalLM" : type == "qwen2" ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
+  nlohmann::json config = {{"architectures", {architecture}},
+                           {"model_type", type},
+                           {"vocab_size", o.vocab_size},
+                           {"hidden_size", o.n_embd},
+                           {"intermediate_size", o.hidden()},
+                           {"num_hidden_layers", o.n_layer},
+                           {"num_attention_heads", o.n_head},
+                           {"num_key_value_heads", o.kv_heads()},
+                           {"head_dim", o.head_width()},
+                           {"max_position_embeddings", o.block_size},
+                           {"rms_norm_eps", o.norm_eps},
+                           {"hidden_act", "silu"},
+                           {"tie_word_embeddings", o.tie_embeddings},
+                           {"attention_dropout", 0.0},
+                           {"mlp_bias", false},
+                           // transformers 5 reads rope_parameters, earlier versions these two
+                           {"rope_parameters", rope},
+                           {"rope_theta", o.rope_theta},
+                           {"rope_scaling", o.rope_scaling == "llama3" ? rope : nlohmann::json(nullptr)},
+                           {"bos_token_id", nullptr},
+                           {"eos_token_id", nullptr},
+                           {"torch_dtype", "float32"}};
+  if (type == "llama") config["attention_bias"] = false;
+  if (type == "qwen3") config["attention_bias"] = false;
+  if (type != "llama") config["use_sliding_window"] = false;
+  return config;
+}
+
+std::map<std::string, at::Tensor> hf_llama_family_weights(const ModelOptions& o,
+                                                          const std::map<std::string, at::Tensor>& ours) {
+  auto get = [&](const std::string& param) {
+    const auto it = ours.find("model." + param);
+    require(it != ours.end(), "export: the checkpoint has no tensor 'model.", param, "'");
+    return it->second;
+  };
+  std::map<std::string, at::Tensor> out;
+  auto put = [&](const std::string& name, const at::Tensor& t) { out.emplace(name, t.contiguous()); };
+  put("model.embed_tokens.weight", get("wte.weight"));
+  const int64_t q_rows = o.n_head * o.head_width(), kv_rows = o.kv_heads() * o.head_width();
+  std::vector<std::string> kinds = {"weight"};
+  if (o.qkv_bias) kinds.push_back("bias");
+  for (int64_t l = 0; l < o.n_layer; ++l) {
+    const std::string hf = "model.layers." + std::to_string(l) + ".", h = "h." + std::to_string(l) + ".";
+    put(hf + "input_layernorm.weight", get(h + "ln_1.weight"));
+    put(hf + "post_attention_layernorm.weight", get(h + "ln_2.weight"));
+    for (const std::string& kind : kinds) {
+      const at::Tensor q = o.fused_qkv() ? get(h + "attn.c_attn." + kind).narrow(0, 0, q_rows)
+                                         : get(h + "attn.q_proj." + kind);
+      const at::Tensor kv = o.fused_qkv() ? get(h + "attn.c_attn." + kind).narrow(0, q_rows, 2 * kv_rows)
+                                          : get(h + "attn.kv_proj." + kind);
+      put(hf + "self_attn.q_proj." + kind, q);
+      put(hf + "self_attn.k_proj." + kind, kv.narrow(0, 0, kv_rows));
+      put(hf + "self_attn.v_proj." + kind, kv.narrow(0, kv_rows, kv_rows));
+    }
+    if (o.qk_norm) {
+      put(hf + "self_attn.q_norm.weight", get(h + "attn.q_norm.weight"));
+      put(hf + "self_attn.k_norm.weight", get(h + "attn.k_norm.weight"));
+    }
+    put(hf + "self_attn.o_proj.weight", get(h + "attn.c_proj.weight"));
+    const at::Tensor up_gate = get(h + "mlp.c_fc.weight");
+    put(hf + "mlp.up_proj.weight", up_gate.narrow(0, 0, o.hidden()));
+    put(hf + "mlp.gate_proj.weight", up_gate.narrow(0, o.hidden(), o.hidden()));
+    put(hf + "mlp.down_proj.weight", get(h + "mlp.c_proj.weight"));
+  }
+  put("model.norm.weight", get("ln_f.weight"));
+  if (!o.tie_embeddings) put("lm_head.weight", get("lm_head.weight"));
   return out;
 }
 

@@ -49,4 +49,18 @@ ModelOptions llama_family_options_from_hf_config(const nlohmann::json& config, c
 // stored (dtype kept); refuses a missing or unexpected tensor naming it.
 std::map<std::string, at::Tensor> read_hf_llama_weights(const std::string& dir, const ModelOptions& opts);
 
+// Whether `opts` is a model of the family that a Llama-family config describes exactly (what
+// export writes): softmax attention with RMSNorm, rotary positions, SwiGLU, no biases but q, k, v
+// ones, a dense feed-forward. The reason it is not, or "".
+std::string hf_llama_family_refusal(const ModelOptions& opts);
+
+// The config.json of `opts` (hf_llama_family_refusal empty): model_type qwen3 with q/k norms,
+// qwen2 with q, k, v biases, llama otherwise.
+nlohmann::json hf_llama_family_config(const ModelOptions& opts);
+
+// The inverse of read_hf_llama_weights: tensors under tessera's export names (the embedding and
+// an untied head cut to vocab_size rows) -> transformers' names.
+std::map<std::string, at::Tensor> hf_llama_family_weights(const ModelOptions& opts,
+                                                          const std::map<std::string, at::Tensor>& ours);
+
 }  // namespace tessera

@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include <torch/torch.h>
 
@@ -27,6 +28,23 @@ namespace fs = std::filesystem;
 double relative_error(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>() /
          std::max(b.to(at::kDouble).abs().max().item<double>(), 1e-30);
+}
+
+// Every [model] key's value, as text.
+struct FieldText {
+  std::map<std::string, std::string> out;
+  template <class T, class... Rest>
+  void operator()(const char* key, T& value, const char*, Rest&&...) {
+    std::ostringstream text;
+    text << value;
+    out[key] = text.str();
+  }
+};
+
+std::map<std::string, std::string> fields(ModelOptions o) {
+  FieldText collect;
+  o.visit(collect);
+  return collect.out;
 }
 
 class HfFamily : public ::testing::TestWithParam<std::string> {};
@@ -59,6 +77,30 @@ TEST_P(HfFamily, LogitsLossAndEveryGradientEqualTransformers) {
     ++compared;
   }
   EXPECT_EQ(compared, static_cast<int64_t>(grads.size()));
+}
+
+// Export is the inverse of import: the imported model's tensors written under transformers' names
+// (hf_llama_family_weights) are the folder's, bit for bit, and its config (hf_llama_family_config)
+// reads back as the same model.
+TEST_P(HfFamily, ExportWritesBackTheFolderItImported) {
+  const fs::path dir = fs::path(TESSERA_HF_FAMILIES) / GetParam();
+  if (!fs::exists(dir / "model.safetensors"))
+    GTEST_SKIP() << dir << " has no model: tests/hf/make_family_references.py did not run (transformers missing?)";
+  const ModelOptions o = llama_family_options_from_hf_config(read_json_file((dir / "config.json").string()),
+                                                             ModelOptions{}, (dir / "config.json").string());
+  TransformerLM model(o);
+  import_state(*model, read_hf_llama_weights(dir.string(), o), dir.string());
+  std::map<std::string, at::Tensor> ours;
+  for (auto& [name, t] : export_state(*model)) ours.emplace(name, t);
+  const auto exported = hf_llama_family_weights(o, ours);
+  const auto stored = read_safetensors((dir / "model.safetensors").string()).tensors;
+  ASSERT_EQ(exported.size(), stored.size()) << GetParam();
+  for (const auto& [name, t] : stored) {
+    ASSERT_TRUE(exported.count(name)) << GetParam() << ": " << name;
+    EXPECT_TRUE(at::equal(exported.at(name), t)) << GetParam() << ": " << name;
+  }
+  const ModelOptions back = llama_family_options_from_hf_config(hf_llama_family_config(o), ModelOptions{}, "exported");
+  EXPECT_EQ(fields(back), fields(o)) << GetParam();
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HfFamily, ::testing::Values("llama", "qwen3", "qwen2", "mistral"),
