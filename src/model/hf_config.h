@@ -45,4 +45,12 @@ inline bool hf_bool(const nlohmann::json& config, const char* key, bool fallback
   return it->get<bool>();
 }
 
+// `key`, when present and not null, must be `wanted`; `why` says what tessera computes instead.
+inline void hf_expect(const nlohmann::json& config, const char* key, const nlohmann::json& wanted,
+                      const std::string& source, const char* why) {
+  const auto it = config.find(key);
+  if (it == config.end() || it->is_null() || *it == wanted) return;
+  fail(source, ": '", key, "' = ", it->dump(), " cannot be imported: ", why, " (", key, " = ", wanted.dump(), ")");
+}
+
 }  // namespace tessera

@@ -16,15 +16,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// `key`, when present and not null, must be `wanted`; `why` says what tessera computes instead.
-void hf_expect(const nlohmann::json& config, const char* key, const nlohmann::json& wanted, const std::string& source,
-               const char* why) {
-  const auto it = config.find(key);
-  if (it == config.end() || it->is_null() || *it == wanted) return;
-  fail(source, ": '", key, "' = ", it->dump(), " cannot be imported: tessera's GPT-2 ", why, " (", key, " = ",
-       wanted.dump(), ")");
-}
-
 }  // namespace
 
 ModelOptions model_options_from_hf_config(const nlohmann::json& config, const ModelOptions& base,
@@ -39,10 +30,10 @@ ModelOptions model_options_from_hf_config(const nlohmann::json& config, const Mo
   const double eps = hf_number(config, "layer_norm_epsilon", kNormEps, source);
   require(std::abs(eps - kNormEps) <= 1e-12, source, ": layer_norm_epsilon = ", eps,
           " cannot be imported: tessera's LayerNorm uses ", kNormEps);
-  hf_expect(config, "tie_word_embeddings", true, source, "ties the output head to the token embedding");
-  hf_expect(config, "scale_attn_weights", true, source, "scales attention scores by 1/sqrt(head_dim)");
-  hf_expect(config, "scale_attn_by_inverse_layer_idx", false, source, "scales attention scores by 1/sqrt(head_dim) only");
-  hf_expect(config, "add_cross_attention", false, source, "is a decoder without cross attention");
+  hf_expect(config, "tie_word_embeddings", true, source, "tessera's GPT-2 ties the output head to the token embedding");
+  hf_expect(config, "scale_attn_weights", true, source, "tessera's GPT-2 scales attention scores by 1/sqrt(head_dim)");
+  hf_expect(config, "scale_attn_by_inverse_layer_idx", false, source, "tessera's GPT-2 scales attention scores by 1/sqrt(head_dim) only");
+  hf_expect(config, "add_cross_attention", false, source, "tessera's GPT-2 is a decoder without cross attention");
 
   ModelOptions o = base;
   o.preset = "";

@@ -18,14 +18,6 @@ namespace {
 
 const std::set<std::string> kTypes = {"llama", "mistral", "qwen2", "qwen3"};
 
-// `key`, when present and not null, must be `wanted`; `why` says what tessera computes instead.
-void expect_value(const nlohmann::json& config, const char* key, const nlohmann::json& wanted,
-                  const std::string& source, const char* why) {
-  const auto it = config.find(key);
-  if (it == config.end() || it->is_null() || *it == wanted) return;
-  fail(source, ": '", key, "' = ", it->dump(), " cannot be imported: ", why, " (", key, " = ", wanted.dump(), ")");
-}
-
 }  // namespace
 
 bool is_hf_llama_family(const nlohmann::json& config) {
@@ -37,10 +29,10 @@ ModelOptions llama_family_options_from_hf_config(const nlohmann::json& config, c
                                                  const std::string& source) {
   require(is_hf_llama_family(config), source, ": not a Llama-family config (model_type llama, mistral, qwen2 or qwen3)");
   const std::string type = config["model_type"].get<std::string>();
-  expect_value(config, "hidden_act", "silu", source, "tessera's SwiGLU gates with silu");
-  expect_value(config, "mlp_bias", false, source, "tessera's SwiGLU has no biases");
+  hf_expect(config, "hidden_act", "silu", source, "tessera's SwiGLU gates with silu");
+  hf_expect(config, "mlp_bias", false, source, "tessera's SwiGLU has no biases");
   if (type == "llama" || type == "mistral")
-    expect_value(config, "attention_bias", false, source,
+    hf_expect(config, "attention_bias", false, source,
                  "tessera gives q, k and v biases (model.qkv_bias) but none to the output projection");
 
   ModelOptions o = base;
@@ -89,9 +81,9 @@ ModelOptions llama_family_options_from_hf_config(const nlohmann::json& config, c
     }
   }
   if (type == "qwen2" || type == "qwen3")
-    expect_value(config, "use_sliding_window", false, source, "tessera's attention is full causal attention");
+    hf_expect(config, "use_sliding_window", false, source, "tessera's attention is full causal attention");
   if (type == "qwen3")
-    expect_value(config, "attention_bias", false, source,
+    hf_expect(config, "attention_bias", false, source,
                  "Qwen 3's attention_bias also puts a bias on the output projection, which tessera does not");
   o.qkv_bias = type == "qwen2";
   o.qk_norm = type == "qwen3";

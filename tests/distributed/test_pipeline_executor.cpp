@@ -20,8 +20,13 @@ namespace {
 
 // ThreadSanitizer instruments every transfer and action of 4 ranks sharing 2 cores: its build checks
 // races here, and the timing only coarsely (its CI run once measured gpipe 6.6 points over).
+// AddressSanitizer slows them less, but enough beside other sanitized tests: a full
+// `make test-sanitize` (2026-11-29) measured zbv's bubble 3.2 points over its plan (0.0906 against
+// 0.0588), while the test alone passed twice.
 #if defined(__SANITIZE_THREAD__)
 constexpr double kBubbleSlack = 0.1, kStepSlack = 0.2;
+#elif defined(__SANITIZE_ADDRESS__)
+constexpr double kBubbleSlack = 0.06, kStepSlack = 0.1;
 #else
 constexpr double kBubbleSlack = 0.03, kStepSlack = 0.1;
 #endif
