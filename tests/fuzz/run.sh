@@ -40,7 +40,7 @@ case $target in
           flags+=("-DTOML_ASSERT(expr)=static_assert(true)") ;;
   token_files) sources+=(src/data/token_stream.cpp src/data/token_file.cpp src/core/fs.cpp) ;;
   tokenizer) sources+=(src/data/tokenizer.cpp src/data/gpt2_bpe.cpp src/data/byte_tokenizer.cpp src/core/fs.cpp) ;;
-  hf_folder) sources+=(src/model/hf_gpt2.cpp src/model/hf_names.cpp src/model/model_options.cpp src/model/norm.cpp
+  hf_folder) sources+=(src/model/hf_gpt2.cpp src/model/hf_llama.cpp src/model/hf_names.cpp src/model/model_options.cpp src/model/norm.cpp
                        src/model/fused_layer_norm.cpp src/model/linear.cpp src/checkpoint/region.cpp
                        src/checkpoint/safetensors.cpp src/core/fs.cpp src/core/options.cpp) ;;
   swarm_messages) sources+=(src/atom/messages.cpp src/atom/peer_record.cpp src/atom/swarm_key.cpp src/core/fs.cpp)
