@@ -63,8 +63,9 @@ at::Tensor CausalSelfAttentionImpl::core(const at::Tensor& qkv) {
   k = k.transpose(1, 2);
   v = v.transpose(1, 2);
   if (inv_freq_.defined()) {
-    q = apply_rotary(q, inv_freq_, position_offset_);
-    k = apply_rotary(k, inv_freq_, position_offset_);
+    const RotaryTables& tables = rotary_for(q);
+    q = apply_rotary(q, tables);
+    k = apply_rotary(k, tables);
   }
   if (group_ > 1) {
     k = k.repeat_interleave(group_, 1);
@@ -76,6 +77,17 @@ at::Tensor CausalSelfAttentionImpl::core(const at::Tensor& qkv) {
                        return at::scaled_dot_product_attention(q, k, v, {}, p, /*is_causal=*/true);
                      });
   return y.transpose(1, 2).contiguous().view({B, T, h * d});
+}
+
+const RotaryTables& CausalSelfAttentionImpl::rotary_for(const at::Tensor& x) {
+  const int64_t T = x.size(2);
+  const bool same = rotary_.cos.defined() && rotary_offset_ == position_offset_ && rotary_.cos.size(0) == T &&
+                    rotary_.cos.device() == x.device() && rotary_.cos.scalar_type() == x.scalar_type();
+  if (!same) {
+    rotary_ = rotary_tables(inv_freq_, position_offset_, T, x.options());
+    rotary_offset_ = position_offset_;
+  }
+  return rotary_;
 }
 
 at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {

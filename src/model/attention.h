@@ -40,6 +40,7 @@
 #include "model/linear.h"
 #include "model/model_options.h"
 #include "model/norm.h"
+#include "model/rotary.h"
 #include "model/parameter_spec.h"
 #include "model/sharded_region.h"
 
@@ -74,6 +75,12 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   int64_t group_;  // query heads per k and v head
   at::Tensor inv_freq_;  // rotary only (rotary.h), float32 on the CPU
   int64_t position_offset_ = 0;
+  // The last tables, reused while the positions, device and dtype stay (every step's forward, and
+  // its recomputation under checkpointing, asks for the same).
+  RotaryTables rotary_;
+  int64_t rotary_offset_ = -1;
+  // The tables for `x` [B, h, T, d] at position_offset_.
+  const RotaryTables& rotary_for(const at::Tensor& x);
   double residual_std_;
   double dropout_;
   random::Stream dropout_stream_ = random::Stream::shared;

@@ -22,14 +22,17 @@ at::Tensor rotary_inverse_frequencies(const ModelOptions& o) {
   return at::where(medium, blended, scaled);
 }
 
-at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& inv_freq, int64_t offset) {
-  const int64_t T = x.size(2), half = x.size(3) / 2;
-  const at::Tensor positions = at::arange(offset, offset + T, x.options().dtype(at::kFloat));
-  const at::Tensor angle = at::outer(positions, inv_freq.to(x.device(), at::kFloat));
+RotaryTables rotary_tables(const at::Tensor& inv_freq, int64_t offset, int64_t T, const at::TensorOptions& options) {
+  const at::Tensor positions = at::arange(offset, offset + T, options.dtype(at::kFloat));
+  const at::Tensor angle = at::outer(positions, inv_freq.to(options.device(), at::kFloat));
   const at::Tensor both = at::cat({angle, angle}, -1);
-  const at::Tensor cos = both.cos().to(x.scalar_type()), sin = both.sin().to(x.scalar_type());
+  return {both.cos().to(options.dtype()), both.sin().to(options.dtype())};
+}
+
+at::Tensor apply_rotary(const at::Tensor& x, const RotaryTables& tables) {
+  const int64_t half = x.size(3) / 2;
   const at::Tensor rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-  return x * cos + rotated * sin;
+  return x * tables.cos + rotated * tables.sin;
 }
 
 }  // namespace tessera

@@ -27,8 +27,14 @@ namespace tessera {
 // The inverse frequencies [d/2] (float32) of model options `o` with head width `o.head_width()`.
 at::Tensor rotary_inverse_frequencies(const ModelOptions& o);
 
-// x [B, h, T, d] rotated for positions offset .. offset+T-1 (cos and sin in float32, applied in
-// x's dtype). `inv_freq` from rotary_inverse_frequencies, on any device.
-at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& inv_freq, int64_t offset);
+// cos and sin [T, d] of positions offset .. offset+T-1 (computed in float32, returned in `dtype` on
+// `device`). `inv_freq` from rotary_inverse_frequencies, on any device.
+struct RotaryTables {
+  at::Tensor cos, sin;
+};
+RotaryTables rotary_tables(const at::Tensor& inv_freq, int64_t offset, int64_t T, const at::TensorOptions& options);
+
+// x [B, h, T, d] rotated by `tables` (T rows).
+at::Tensor apply_rotary(const at::Tensor& x, const RotaryTables& tables);
 
 }  // namespace tessera
