@@ -83,7 +83,7 @@ Command add_bench_command(CLI::App& app) {
     Config config = Config::load(args->config, args->sets);
     require(args->steps > 0 && args->warmup >= 0, "bench: --steps must be > 0 and --warmup >= 0");
     if (args->launch.nproc > 0) {
-      check_parallel_layout(config, ParallelDims(config.parallel, args->launch.nproc, resolve_config_path(args->config)));
+      check_parallel_layout(config, ParallelDims(config.parallel, args->launch.nproc, config_source(args->config)));
       return launch_workers(args->launch, args->out, config.parallel.timeout_s);
     }
     const comm::LaunchInfo launch = comm::launch_info_from_environment();

@@ -32,7 +32,7 @@ Command add_inspect_command(CLI::App& app) {
     const Config config = Config::load(args->config, args->sets);
     const ParallelOptions& p = config.parallel;
     const int64_t world = args->world > 0 ? args->world : std::max<int64_t>(p.dp, 1) * p.tp * p.pp * p.sp;
-    const ParallelDims dims(p, world, resolve_config_path(args->config));
+    const ParallelDims dims(p, world, config_source(args->config));
     check_layout_options(config, dims);
     std::fputs(describe_memory_estimate(config, dims, estimate_memory(config, make_layout(config, dims))).c_str(), stdout);
     return 0;

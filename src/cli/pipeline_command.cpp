@@ -131,7 +131,7 @@ Command add_pipeline_command(CLI::App& app) {
       if (args->virtual_stages > 0) sets.push_back("parallel.pp_virtual=" + std::to_string(args->virtual_stages));
       const Config config = Config::load(args->model, sets);
       const ParallelOptions& p = config.parallel;
-      const ParallelDims dims(p, p.pp * p.tp * p.sp, resolve_config_path(args->model));
+      const ParallelDims dims(p, p.pp * p.tp * p.sp, config_source(args->model));
       LayoutMeasurements measured;
       measured.blocks = profile_blocks(config, comm::select_device(config.train.device, launch));
       const Layout layout = make_layout(config, dims, measured);

@@ -40,10 +40,10 @@ Command add_swap_plan_command(CLI::App& app) {
   cmd->add_option("--svg", args->svg, "write the replayed timeline (one row per stream) to this SVG file");
   return [args]() {
     Config config = Config::load(args->config, args->sets);
-    require(config.memory.swap, resolve_config_path(args->config),
+    require(config.memory.swap, config_source(args->config),
             ": memory.swap is false; swap-plan plans a swapped run (add --set memory.swap=true "
             "--set memory.device_budget_gb=...)");
-    const ParallelDims dims(config.parallel, 1, resolve_config_path(args->config));
+    const ParallelDims dims(config.parallel, 1, config_source(args->config));
     check_layout_options(config, dims);
     const c10::Device device = comm::select_device(config.train.device, comm::LaunchInfo());
     std::printf("measuring %lld blocks on %s ...\n", static_cast<long long>(config.model.n_layer), device.str().c_str());

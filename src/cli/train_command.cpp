@@ -122,7 +122,7 @@ Command add_train_command(CLI::App& app) {
               "give --out");
     }
     if (out.empty()) out = "runs/" + std::filesystem::path(args->config).stem().string();
-    const std::string source = args->config.empty() ? args->resume : resolve_config_path(args->config);
+    const std::string source = args->config.empty() ? args->resume : config_source(args->config);
 
     // Everything that can be refused is refused here, before any worker starts or the run
     // directory is touched: the layout, and memory the host cannot hold.

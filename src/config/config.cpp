@@ -1,5 +1,6 @@
 #include "config/config.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <filesystem>
@@ -49,6 +50,18 @@ std::vector<std::string> known_presets() {
   return names;
 }
 
+// A bare name of a model preset (model/model_options.h) that is neither a file nor a config
+// preset: the config is every default with that model. Only where the preset directory was found:
+// without it, a name such as tiny_gpt that is both would silently lose its config preset's keys.
+bool names_model_preset_only(const std::string& config) {
+  if (fs::exists(config) || config.find('/') != std::string::npos || config.find(".toml") != std::string::npos)
+    return false;
+  const fs::path dir = preset_dir();
+  if (dir.empty() || fs::is_regular_file(dir / (config + ".toml"))) return false;
+  const auto names = ModelOptions::preset_names();
+  return std::find(names.begin(), names.end(), config) != names.end();
+}
+
 // Overrides were checked by apply_override: each is "section.key=value".
 void mark_overrides(Config& config, const std::vector<std::string>& overrides) {
   for (const std::string& assignment : overrides) config.sources[assignment.substr(0, assignment.find('='))] = "--set";
@@ -74,7 +87,14 @@ std::string resolve_config_path(const std::string& config) {
   }
   std::string list;
   for (const auto& name : known_presets()) list += (list.empty() ? "" : ", ") + name;
-  fail(config, ": no such config file or preset in ", dir.string(), " (presets: ", list, ")");
+  std::string models;
+  for (const auto& name : ModelOptions::preset_names()) models += (models.empty() ? "" : ", ") + name;
+  fail(config, ": no such config file or preset in ", dir.string(), " (presets: ", list, "; or a model preset: ",
+       models, ")");
+}
+
+std::string config_source(const std::string& config) {
+  return names_model_preset_only(config) ? "model preset " + config : resolve_config_path(config);
 }
 
 Config Config::from_toml(const toml::table& root, const std::string& source, const std::string& origin) {
@@ -111,8 +131,9 @@ Config Config::from_toml(const toml::table& root, const std::string& source, con
 }
 
 Config Config::load(const std::string& config, const std::vector<std::string>& overrides) {
-  std::string path = resolve_config_path(config);
-  toml::table root = parse_toml(read_file(path), path);
+  const std::string path = config_source(config);
+  toml::table root = names_model_preset_only(config) ? toml::table{{"model", toml::table{{"preset", config}}}}
+                                                     : parse_toml(read_file(path), path);
   for (const auto& assignment : overrides) apply_override(root, assignment);
   Config loaded = from_toml(root, overrides.empty() ? path : path + " with --set overrides", path);
   mark_overrides(loaded, overrides);

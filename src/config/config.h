@@ -99,4 +99,9 @@ std::string config_reference();
 // exists (relative to the running binary, never a compile-time path).
 std::string resolve_config_path(const std::string& config);
 
+// What a --config argument names, for messages: its resolved path, or "model preset <name>" when it
+// is a model preset's name (model/model_options.h) that names no file or config preset of the preset
+// directory found; Config::load then reads every default with model.preset = <name>.
+std::string config_source(const std::string& config);
+
 }  // namespace tessera

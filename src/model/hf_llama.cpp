@@ -16,7 +16,18 @@
 namespace tessera {
 namespace {
 
-const std::set<std::string> kTypes = {"llama", "mistral", "qwen2", "qwen3"};
+const std::set<std::string> kTypes = {"llama", "mistral", "mixtral", "qwen2", "qwen3"};
+
+// Whether `o` is a mixture of experts that Mixtral's config describes exactly.
+std::string mixtral_refusal(const ModelOptions& o) {
+  if (o.moe_every != 1 || o.moe_dense_layers != 0) return "dense blocks among the MoE ones (Mixtral's are all MoE)";
+  if (o.moe_shared_experts != 0) return "shared experts (Mixtral has none)";
+  if (o.moe_score != "softmax" || !o.renormalized_gates() || o.moe_routed_scale != 1)
+    return "gates other than softmax scores renormalized over the chosen experts (Mixtral's)";
+  if (o.moe_bias_update_rate != 0) return "an aux-loss-free selection bias (Mixtral routes by the scores alone)";
+  if (o.moe_ffn_hidden != 0 && o.moe_ffn_hidden != o.hidden()) return "experts of another width than ffn_hidden";
+  return "";
+}
 
 }  // namespace
 
@@ -27,7 +38,8 @@ bool is_hf_llama_family(const nlohmann::json& config) {
 
 ModelOptions llama_family_options_from_hf_config(const nlohmann::json& config, const ModelOptions& base,
                                                  const std::string& source) {
-  require(is_hf_llama_family(config), source, ": not a Llama-family config (model_type llama, mistral, qwen2 or qwen3)");
+  require(is_hf_llama_family(config), source,
+          ": not a Llama-family config (model_type llama, mistral, mixtral, qwen2 or qwen3)");
   const std::string type = config["model_type"].get<std::string>();
   hf_expect(config, "hidden_act", "silu", source, "tessera's SwiGLU gates with silu");
   hf_expect(config, "mlp_bias", false, source, "tessera's SwiGLU has no biases");
@@ -56,7 +68,18 @@ ModelOptions llama_family_options_from_hf_config(const nlohmann::json& config, c
                                : o.n_embd / o.n_head;
   o.head_dim = head_dim * o.n_head == o.n_embd ? 0 : head_dim;
   o.block_size = hf_int(config, "max_position_embeddings", source);
-  if (type == "mistral" && config.contains("sliding_window") && !config["sliding_window"].is_null())
+  if (type == "mixtral") {
+    hf_expect(config, "router_jitter_noise", 0.0, source, "tessera's router reads the tokens as they are");
+    o.ffn = "moe";
+    o.moe_every = 1;
+    o.moe_experts = hf_int(config, "num_local_experts", source);
+    o.moe_top_k = hf_int(config, "num_experts_per_tok", source);
+    o.moe_gates = "renormalized";
+    o.moe_capacity_factor = 0;
+    o.moe_aux_loss_coef = hf_number(config, "router_aux_loss_coef", 0.001, source);
+    o.moe_z_loss_coef = 0;
+  }
+  if ((type == "mistral" || type == "mixtral") && config.contains("sliding_window") && !config["sliding_window"].is_null())
     o.block_size = std::min(o.block_size, hf_int(config, "sliding_window", source));
   o.norm_eps = hf_number(config, "rms_norm_eps", 1e-6, source);
   // Rotary parameters: transformers 5 writes them in "rope_parameters" (rope_theta, rope_type and
@@ -130,8 +153,31 @@ std::map<std::string, at::Tensor> read_hf_llama_weights(const std::string& dir, 
       put(ours + "attn.k_norm.weight", take(hf + "self_attn.k_norm.weight"));
     }
     put(ours + "attn.c_proj.weight", take(hf + "self_attn.o_proj.weight"));
-    put(ours + "mlp.c_fc.weight", at::cat({take(hf + "mlp.up_proj.weight"), take(hf + "mlp.gate_proj.weight")}));
-    put(ours + "mlp.c_proj.weight", take(hf + "mlp.down_proj.weight"));
+    if (!o.is_moe_block(l)) {
+      put(ours + "mlp.c_fc.weight", at::cat({take(hf + "mlp.up_proj.weight"), take(hf + "mlp.gate_proj.weight")}));
+      put(ours + "mlp.c_proj.weight", take(hf + "mlp.down_proj.weight"));
+      continue;
+    }
+    // Mixtral's experts: one tensor per expert (w1 gate, w3 up, w2 down; the Hub's files and
+    // save_pretrained's), or stacked as transformers 5 holds them (gate_up_proj: gate rows, then up).
+    const std::string moe = hf + "block_sparse_moe.", stacked = hf + "mlp.experts.";
+    if (has(stacked + "gate_up_proj")) {
+      put(ours + "moe.router.weight", take(hf + "mlp.gate.weight"));
+      const at::Tensor gate_up = take(stacked + "gate_up_proj");  // [E, 2H, C]
+      const int64_t H = gate_up.size(1) / 2;
+      put(ours + "moe.w_fc", at::cat({gate_up.narrow(1, H, H), gate_up.narrow(1, 0, H)}, 1).transpose(1, 2));
+      put(ours + "moe.w_proj", take(stacked + "down_proj").transpose(1, 2));
+      continue;
+    }
+    put(ours + "moe.router.weight", take(moe + "gate.weight"));
+    std::vector<at::Tensor> fc, proj;
+    for (int64_t e = 0; e < o.moe_experts; ++e) {
+      const std::string expert = moe + "experts." + std::to_string(e) + ".";
+      fc.push_back(at::cat({take(expert + "w3.weight"), take(expert + "w1.weight")}).t());
+      proj.push_back(take(expert + "w2.weight").t());
+    }
+    put(ours + "moe.w_fc", at::stack(fc));
+    put(ours + "moe.w_proj", at::stack(proj));
   }
   put("ln_f.weight", take("model.norm.weight"));
   if (!o.tie_embeddings) {
@@ -150,7 +196,11 @@ std::map<std::string, at::Tensor> read_hf_llama_weights(const std::string& dir, 
 
 std::string hf_llama_family_refusal(const ModelOptions& o) {
   if (o.arch != "gpt") return "arch " + o.arch;
-  if (o.ffn != "dense") return "ffn " + o.ffn + " (Mixtral's experts are not built yet)";
+  if (o.ffn == "moe") {
+    const std::string moe = mixtral_refusal(o);
+    if (!moe.empty()) return moe;
+    if (o.qk_norm || o.qkv_bias) return "MoE blocks with Qwen's q/k norms or q, k, v biases (Qwen's MoE is not exported)";
+  }
   if (o.bias) return "bias = true (the family's linears have none but q, k, v: model.qkv_bias)";
   if (!o.rms_norm()) return "LayerNorm (the family's norms are RMSNorm)";
   if (!o.rotary()) return "position " + o.position + " (the family's positions are rotary)";
@@ -162,14 +212,17 @@ std::string hf_llama_family_refusal(const ModelOptions& o) {
 nlohmann::json hf_llama_family_config(const ModelOptions& o) {
   const std::string refusal = hf_llama_family_refusal(o);
   require(refusal.empty(), "internal: a Llama-family config for a model with ", refusal);
-  const std::string type = o.qk_norm ? "qwen3" : o.qkv_bias ? "qwen2" : "llama";
+  const std::string type = o.ffn == "moe" ? "mixtral" : o.qk_norm ? "qwen3" : o.qkv_bias ? "qwen2" : "llama";
   nlohmann::json rope = {{"rope_type", o.rope_scaling == "llama3" ? "llama3" : "default"}, {"rope_theta", o.rope_theta}};
   if (o.rope_scaling == "llama3")
     rope.update({{"factor", o.rope_factor},
                  {"low_freq_factor", o.rope_low_freq_factor},
                  {"high_freq_factor", o.rope_high_freq_factor},
                  {"original_max_position_embeddings", o.rope_original_context}});
-  const std::string architecture = type == "qwen3" ? "Qwen3ForCausalLM" : type == "qwen2" ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
+  const std::string architecture = type == "mixtral" ? "MixtralForCausalLM"
+                                   : type == "qwen3" ? "Qwen3ForCausalLM"
+                                   : type == "qwen2" ? "Qwen2ForCausalLM"
+                                                     : "LlamaForCausalLM";
   nlohmann::json config = {{"architectures", {architecture}},
                            {"model_type", type},
                            {"vocab_size", o.vocab_size},
@@ -192,9 +245,15 @@ nlohmann::json hf_llama_family_config(const ModelOptions& o) {
                            {"bos_token_id", nullptr},
                            {"eos_token_id", nullptr},
                            {"torch_dtype", "float32"}};
-  if (type == "llama") config["attention_bias"] = false;
-  if (type == "qwen3") config["attention_bias"] = false;
-  if (type != "llama") config["use_sliding_window"] = false;
+  if (type == "llama" || type == "qwen3") config["attention_bias"] = false;
+  if (type == "qwen2" || type == "qwen3") config["use_sliding_window"] = false;
+  if (type == "mixtral")
+    config.update({{"num_local_experts", o.moe_experts},
+                   {"num_experts_per_tok", o.moe_top_k},
+                   {"router_aux_loss_coef", o.moe_aux_loss_coef},
+                   {"output_router_logits", false},
+                   {"router_jitter_noise", 0.0},
+                   {"sliding_window", nullptr}});
   return config;
 }
 
@@ -229,6 +288,19 @@ std::map<std::string, at::Tensor> hf_llama_family_weights(const ModelOptions& o,
       put(hf + "self_attn.k_norm.weight", get(h + "attn.k_norm.weight"));
     }
     put(hf + "self_attn.o_proj.weight", get(h + "attn.c_proj.weight"));
+    if (o.is_moe_block(l)) {
+      const std::string moe = hf + "block_sparse_moe.";
+      put(moe + "gate.weight", get(h + "moe.router.weight"));
+      const at::Tensor fc = get(h + "moe.w_fc"), proj = get(h + "moe.w_proj");  // [E, C, 2H], [E, H, C]
+      const int64_t H = proj.size(1);
+      for (int64_t e = 0; e < o.moe_experts; ++e) {
+        const std::string expert = moe + "experts." + std::to_string(e) + ".";
+        put(expert + "w3.weight", fc[e].narrow(1, 0, H).t());
+        put(expert + "w1.weight", fc[e].narrow(1, H, H).t());
+        put(expert + "w2.weight", proj[e].t());
+      }
+      continue;
+    }
     const at::Tensor up_gate = get(h + "mlp.c_fc.weight");
     put(hf + "mlp.up_proj.weight", up_gate.narrow(0, 0, o.hidden()));
     put(hf + "mlp.gate_proj.weight", up_gate.narrow(0, o.hidden(), o.hidden()));

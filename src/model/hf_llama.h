@@ -1,11 +1,14 @@
 // Hugging Face folders of the Llama family: LlamaForCausalLM (Llama 2 and 3), MistralForCausalLM,
-// Qwen2ForCausalLM and Qwen3ForCausalLM, as transformers' save_pretrained writes them (config.json,
+// MixtralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM, as transformers' save_pretrained writes them (config.json,
 // model.safetensors or its sharded index).
 //
 // The config maps to the block kinds of model_options.h: RMSNorm (rms_norm_eps), rotary positions
 // (rope_theta, and rope_scaling of type llama3), SwiGLU (intermediate_size), grouped-query
 // attention (num_key_value_heads, head_dim), Qwen 2's q, k, v biases, Qwen 3's q and k norms,
-// tie_word_embeddings. Mistral's sliding window is exact within its width: block_size is the
+// tie_word_embeddings; Mixtral's experts (num_local_experts, num_experts_per_tok: a dropless MoE
+// in every block with renormalized softmax gates and SwiGLU experts; router_aux_loss_coef is the
+// weight of tessera's balance loss, which counts top-1 choices where Mixtral's counts all k;
+// router_jitter_noise must be 0). Mistral's and Mixtral's sliding window is exact within its width: block_size is the
 // smaller of max_position_embeddings and sliding_window. What tessera would compute otherwise is
 // refused naming the key: another activation than silu, MLP or output-projection biases
 // (attention_bias on Llama and Mistral, mlp_bias), another rope_scaling type.
@@ -21,6 +24,12 @@
 //   model.layers.{i}.post_attention_layernorm.weight model.h.{i}.ln_2.weight
 //   model.layers.{i}.mlp.{up,gate}_proj.weight       model.h.{i}.mlp.c_fc.weight (up rows, then gate)
 //   model.layers.{i}.mlp.down_proj.weight            model.h.{i}.mlp.c_proj.weight
+//   model.layers.{i}.block_sparse_moe.gate.weight    model.h.{i}.moe.router.weight
+//   ...block_sparse_moe.experts.{e}.{w3,w1}.weight   model.h.{i}.moe.w_fc[e] ([C, 2H]: up (w3)
+//                                                    columns, then gate (w1); transposed)
+//   ...block_sparse_moe.experts.{e}.w2.weight        model.h.{i}.moe.w_proj[e] (transposed)
+//   (transformers 5's stacked mlp.gate.weight, mlp.experts.gate_up_proj [E, 2H, C] (gate rows,
+//   then up) and mlp.experts.down_proj [E, C, H] are read too; export writes the per-expert names)
 //   model.norm.weight                                model.ln_f.weight
 //   lm_head.weight                                   model.lm_head.weight (untied; tied: must equal
 //                                                    the embedding, or be absent)
@@ -37,7 +46,7 @@
 
 namespace tessera {
 
-// Whether config.json's model_type is one this file imports (llama, mistral, qwen2, qwen3).
+// Whether config.json's model_type is one this file imports (llama, mistral, mixtral, qwen2, qwen3).
 bool is_hf_llama_family(const nlohmann::json& config);
 
 // The model the config describes (vocab_multiple and dropout from `base`). Throws naming `source`
@@ -51,11 +60,11 @@ std::map<std::string, at::Tensor> read_hf_llama_weights(const std::string& dir, 
 
 // Whether `opts` is a model of the family that a Llama-family config describes exactly (what
 // export writes): softmax attention with RMSNorm, rotary positions, SwiGLU, no biases but q, k, v
-// ones, a dense feed-forward. The reason it is not, or "".
+// ones, a dense feed-forward or Mixtral's experts in every block. The reason it is not, or "".
 std::string hf_llama_family_refusal(const ModelOptions& opts);
 
-// The config.json of `opts` (hf_llama_family_refusal empty): model_type qwen3 with q/k norms,
-// qwen2 with q, k, v biases, llama otherwise.
+// The config.json of `opts` (hf_llama_family_refusal empty): model_type mixtral with experts,
+// qwen3 with q/k norms, qwen2 with q, k, v biases, llama otherwise.
 nlohmann::json hf_llama_family_config(const ModelOptions& opts);
 
 // The inverse of read_hf_llama_weights: tensors under tessera's export names (the embedding and

@@ -1,7 +1,7 @@
 // ModelOptions: checks, presets, and the parameter and FLOP counts (model_options.h).
 //
-// Preset shapes: GPT-2 from the released checkpoints; Llama 3.1 and Qwen 3 from their config.json
-// files (parameter counts checked against transformers' models of those configs: tests/hf/); GPT-3 from Brown et al. 2020 Table 2.1, with
+// Preset shapes: GPT-2 from the released checkpoints; Llama 3.1, Qwen 3, Mixtral and DeepSeekMoE
+// from their config.json files (parameter counts checked against transformers' models of those configs: tests/hf/); GPT-3 from Brown et al. 2020 Table 2.1, with
 // two typos of that table fixed so that n_embd = n_head * d_head: GPT-3 XL (1.3B) uses 16 heads of
 // 128 (the table lists 24 heads of 128 at d_model 2048) and GPT-3 13B uses d_model 5120 = 40 * 128
 // (the table lists 5140).
@@ -60,6 +60,23 @@ ModelOptions qwen3(const std::string& name, int64_t vocab, int64_t block, int64_
   return o;
 }
 
+// Mixtral's: Llama's blocks whose MLP is a mixture of SwiGLU experts, top-k of them per token with
+// the softmax scores of the chosen ones renormalized, nothing dropped, theta 1e6, no scaling.
+ModelOptions mixtral(const std::string& name, int64_t vocab, int64_t block, int64_t layers, int64_t embd, int64_t heads,
+                     int64_t kv_heads, int64_t hidden, int64_t experts, int64_t top_k) {
+  ModelOptions o = llama(name, vocab, block, layers, embd, heads, kv_heads, hidden);
+  o.rope_theta = 1000000;
+  o.rope_scaling = "none";
+  o.ffn = "moe";
+  o.moe_experts = experts;
+  o.moe_top_k = top_k;
+  o.moe_gates = "renormalized";
+  o.moe_capacity_factor = 0;
+  o.moe_aux_loss_coef = 0.02;  // Mixtral's router_aux_loss_coef
+  o.moe_z_loss_coef = 0;
+  return o;
+}
+
 const std::map<std::string, std::function<ModelOptions()>>& presets() {
   static const std::map<std::string, std::function<ModelOptions()>> table = {
       {"tiny_gpt", [] { return shape("tiny_gpt", 256, 128, 4, 128, 4); }},
@@ -85,6 +102,58 @@ const std::map<std::string, std::function<ModelOptions()>>& presets() {
          return o;
        }},
       {"tiny_qwen3", [] { return qwen3("tiny_qwen3", 256, 128, 4, 128, 4, 2, 48, 352); }},
+      {"tiny_mixtral",
+       [] {
+         auto o = mixtral("tiny_mixtral", 256, 128, 4, 128, 4, 2, 224, 8, 2);
+         o.rope_theta = 10000;
+         return o;
+       }},
+      // DeepSeek-V3's MoE at a tiny size (its attention, multi-head latent, is not built: GQA here):
+      // fine-grained experts beside a shared one, sigmoid scores renormalized over the chosen and
+      // scaled, aux-loss-free balancing with a small balance loss, the first block dense.
+      {"tiny_deepseek",
+       [] {
+         auto o = llama("tiny_deepseek", 256, 128, 4, 128, 4, 2, 352);
+         o.rope_theta = 10000;
+         o.rope_scaling = "none";
+         o.ffn = "moe";
+         o.moe_dense_layers = 1;
+         o.moe_experts = 16;
+         o.moe_top_k = 4;
+         o.moe_ffn_hidden = 64;
+         o.moe_shared_experts = 1;
+         o.moe_score = "sigmoid";
+         o.moe_gates = "renormalized";
+         o.moe_routed_scale = 2.5;
+         o.moe_capacity_factor = 0;
+         o.moe_bias_update_rate = 0.001;
+         o.moe_aux_loss_coef = 0.0001;
+         o.moe_z_loss_coef = 0;
+         return o;
+       }},
+      // Mixtral 8x7B (its config.json).
+      {"mixtral_8x7b", [] { return mixtral("mixtral_8x7b", 32000, 32768, 32, 4096, 32, 8, 14336, 8, 2); }},
+      // DeepSeekMoE 16B (deepseek-moe-16b-base's config.json): 2 shared and 64 routed experts of
+      // width 1408, top 6 of softmax scores not renormalized, the first block dense, full
+      // multi-head attention.
+      {"deepseek_moe_16b",
+       [] {
+         auto o = llama("deepseek_moe_16b", 102400, 4096, 28, 2048, 16, 16, 10944);
+         o.rope_theta = 10000;
+         o.rope_scaling = "none";
+         o.norm_eps = 1e-6;
+         o.ffn = "moe";
+         o.moe_dense_layers = 1;
+         o.moe_experts = 64;
+         o.moe_top_k = 6;
+         o.moe_ffn_hidden = 1408;
+         o.moe_shared_experts = 2;
+         o.moe_gates = "scores";
+         o.moe_capacity_factor = 0;
+         o.moe_aux_loss_coef = 0.001;
+         o.moe_z_loss_coef = 0;
+         return o;
+       }},
       // Llama 3.1 (Meta's config.json of each size).
       {"llama3_8b", [] { return llama("llama3_8b", 128256, 131072, 32, 4096, 32, 8, 14336); }},
       {"llama3_70b", [] { return llama("llama3_70b", 128256, 131072, 80, 8192, 64, 8, 28672); }},
@@ -144,6 +213,7 @@ void ModelOptions::check(const std::string& source) const {
   one_of("position", position, {"auto", "learned", "rope", "none"});
   one_of("rope_scaling", rope_scaling, {"none", "llama3"});
   one_of("mlp", mlp, {"auto", "gelu", "swiglu"});
+  one_of("moe_gates", moe_gates, {"auto", "renormalized", "scores"});
   require(n_head % kv_heads() == 0, source, ": model.n_kv_head = ", kv_heads(),
           " must divide model.n_head = ", n_head, " (each key/value head serves n_head / n_kv_head query heads)");
   require(!rotary() || head_width() % 2 == 0, source, ": model.position = rope needs an even head width (got ",
@@ -161,6 +231,9 @@ void ModelOptions::check(const std::string& source) const {
           moe_top_k, ", experts ", moe_experts, ")");
   require(ffn != "moe" || moe_every <= n_layer, source, ": model.moe_every must be at most model.n_layer (got ",
           moe_every, ", n_layer ", n_layer, ")");
+  const int64_t first_moe = (moe_dense_layers + moe_every) / moe_every * moe_every - 1;
+  require(ffn != "moe" || first_moe < n_layer, source, ": model.moe_dense_layers = ",
+          moe_dense_layers, " with model.moe_every = ", moe_every, " leaves no MoE block among model.n_layer = ", n_layer);
 }
 
 ModelOptions ModelOptions::from_preset(const std::string& name) {

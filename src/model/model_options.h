@@ -6,9 +6,11 @@
 //                   from the same code (docs/models.md);
 //   arch = "linear" TransNormerLLM / lightning attention: no positions, RMSNorm, causal linear
 //                   attention with per-head decay, GLU MLP.
-// ffn = "moe" replaces the MLP of every moe_every-th block (blocks moe_every-1, 2*moe_every-1, ...)
-// with a mixture of experts: top-k of moe_experts (Switch top-1, GShard top-2, any k), softmax or
-// sigmoid scores, capacity or dropless routing (model/moe.h).
+// ffn = "moe" replaces the MLP of every moe_every-th block (blocks moe_every-1, 2*moe_every-1, ...,
+// after the first moe_dense_layers) with a mixture of experts: top-k of moe_experts (Switch top-1,
+// GShard top-2, Mixtral, any k), softmax or sigmoid scores, gates renormalized or not, capacity or
+// dropless routing, experts of their own width (fine-grained), shared experts beside them
+// (DeepSeek); the experts' activation is the MLP's (GELU, or SwiGLU: Mixtral, DeepSeek) (model/moe.h).
 //
 // Block kinds, each its own key ("auto": what arch implies):
 //   norm        layernorm (arch gpt) | rmsnorm (arch linear), with norm_eps
@@ -61,6 +63,11 @@ struct ModelOptions {
   double moe_z_loss_coef = 0.001;
   double moe_bias_update_rate = 0;  // aux-loss-free balancing (DeepSeek-V3); 0 = off
   int64_t moe_every = 1;
+  int64_t moe_dense_layers = 0;     // the first blocks stay dense (DeepSeek's first_k_dense_replace)
+  int64_t moe_ffn_hidden = 0;       // each expert's hidden width; 0: hidden() (fine-grained: smaller)
+  int64_t moe_shared_experts = 0;   // experts every token runs, beside the routed ones (DeepSeek)
+  std::string moe_gates = "auto";   // auto | renormalized | scores
+  double moe_routed_scale = 1;      // the routed experts' output scaled (DeepSeek-V3: 2.5)
   int64_t linear_chunk = 64;
   int64_t mlp_ratio = 4;
   std::string norm = "auto";      // auto | layernorm | rmsnorm
@@ -110,6 +117,17 @@ struct ModelOptions {
       "aux-loss-free balancing: a per-expert selection bias moved by this much each step toward the mean load "
       "(DeepSeek-V3 uses 0.001; 0 = off)", between(0, 1));
     v("moe_every", moe_every, "every k-th block is MoE (blocks k-1, 2k-1, ...)", between(1, 1024));
+    v("moe_dense_layers", moe_dense_layers, "the first this many blocks keep a dense MLP (DeepSeek: 1 or 3)",
+      between(0, 1024));
+    v("moe_ffn_hidden", moe_ffn_hidden, "hidden width of each expert (fine-grained experts: smaller than the "
+      "MLP's); 0: the MLP's width", between(0, 1 << 20));
+    v("moe_shared_experts", moe_shared_experts, "experts every token runs beside the routed ones (DeepSeek): one "
+      "MLP moe_shared_experts * moe_ffn_hidden wide", between(0, 64));
+    v("moe_gates", moe_gates, "the routed experts' weights: renormalized (the chosen scores divided by their sum: "
+      "Mixtral, DeepSeek-V3), scores (the chosen scores as they are: Switch, DeepSeekMoE), or auto (renormalized "
+      "when top_k > 1)");
+    v("moe_routed_scale", moe_routed_scale, "factor on the routed experts' output (DeepSeek-V3's "
+      "routed_scaling_factor 2.5)", between(0.001, 1000));
     v("linear_chunk", linear_chunk, "chunk length of lightning attention (arch linear)", between(1, 1 << 16));
     v("mlp_ratio", mlp_ratio, "MLP hidden width = mlp_ratio * n_embd (unless ffn_hidden is set)", between(1, 64));
     v("norm", norm, "auto (arch gpt: layernorm, linear: rmsnorm), layernorm or rmsnorm");
@@ -152,7 +170,12 @@ struct ModelOptions {
   // normed, q_proj beside kv_proj (k and v in two equal blocks).
   bool fused_qkv() const { return kv_heads() == n_head && head_width() * n_head == n_embd && !qk_norm; }
   // Whether block `layer` (0-based) uses the MoE feed-forward.
-  bool is_moe_block(int64_t layer) const { return ffn == "moe" && (layer + 1) % moe_every == 0; }
+  bool is_moe_block(int64_t layer) const {
+    return ffn == "moe" && layer >= moe_dense_layers && (layer + 1) % moe_every == 0;
+  }
+  int64_t expert_hidden() const { return moe_ffn_hidden > 0 ? moe_ffn_hidden : hidden(); }
+  // Whether the routed gates are the chosen scores divided by their sum.
+  bool renormalized_gates() const { return moe_gates == "auto" ? moe_top_k > 1 : moe_gates == "renormalized"; }
 
   // Throws tessera::Error("unknown model preset 'x' (model.preset); known: ...").
   static ModelOptions from_preset(const std::string& name);

@@ -59,29 +59,60 @@ double MoELayerStatistics::dropped_fraction() const {
 }
 
 ParameterSpecs MoEImpl::parameter_specs() const {
-  return {{"router.weight", {Split::replicated, 1, normal_init(0.02)}},
-          {"w_fc", {Split::expert, 1, normal_init(0.02), ReductionGroup::expert_data}},
-          {"w_proj", {Split::expert, 1, normal_init(residual_std_), ReductionGroup::expert_data}},
-          {"b_fc", {Split::expert, 1, {}, ReductionGroup::expert_data}},
-          {"b_proj", {Split::expert, 1, {}, ReductionGroup::expert_data}}};
+  ParameterSpecs specs = {{"router.weight", {Split::replicated, 1, normal_init(0.02)}},
+                          {"w_fc", {Split::expert, 1, normal_init(0.02), ReductionGroup::expert_data}},
+                          {"w_proj", {Split::expert, 1, normal_init(residual_std_), ReductionGroup::expert_data}},
+                          {"b_fc", {Split::expert, 1, {}, ReductionGroup::expert_data}},
+                          {"b_proj", {Split::expert, 1, {}, ReductionGroup::expert_data}}};
+  if (shared) {  // the MLP's initialisation, but whole on every rank (the MoE layer is not tensor-parallel)
+    ParameterSpecs mlp = shared->parameter_specs();
+    for (auto& [name, spec] : mlp) {
+      spec.split = Split::replicated;
+      spec.parts = 1;
+    }
+    add_specs(specs, "shared", mlp);
+  }
+  return specs;
 }
+
+namespace {
+
+// The options of the shared experts' MLP: S experts of the routed ones' width side by side.
+ModelOptions shared_mlp_options(const ModelOptions& opts) {
+  ModelOptions o = opts;
+  o.ffn = "dense";
+  o.ffn_hidden = opts.moe_shared_experts * opts.expert_hidden();
+  return o;
+}
+
+}  // namespace
 
 MoEImpl::MoEImpl(const ModelOptions& opts, const at::TensorOptions& where)
     : n_experts_(opts.moe_experts),
       top_k_(opts.moe_top_k),
       sigmoid_(opts.moe_score == "sigmoid"),
+      glu_(opts.swiglu()),
+      renormalize_(opts.renormalized_gates()),
       capacity_factor_(opts.moe_capacity_factor),
       aux_coef_(opts.moe_aux_loss_coef),
       z_coef_(opts.moe_z_loss_coef),
+      routed_scale_(opts.moe_routed_scale),
       residual_std_(residual_std(opts.n_layer)) {
-  const int64_t E = opts.moe_experts, C = opts.n_embd, H = opts.hidden();
+  const int64_t E = opts.moe_experts, C = opts.n_embd, H = opts.expert_hidden(), H_in = glu_ ? 2 * H : H;
   router = register_module("router", Linear(C, E, false, where));
-  w_fc = register_parameter("w_fc", at::empty({E, C, H}, where));
+  w_fc = register_parameter("w_fc", at::empty({E, C, H_in}, where));
   w_proj = register_parameter("w_proj", at::empty({E, H, C}, where));
   if (opts.bias) {
-    b_fc = register_parameter("b_fc", at::empty({E, H}, where));
+    b_fc = register_parameter("b_fc", at::empty({E, H_in}, where));
     b_proj = register_parameter("b_proj", at::empty({E, C}, where));
   }
+  if (opts.moe_shared_experts > 0) shared = register_module("shared", MLP(shared_mlp_options(opts), where));
+}
+
+at::Tensor MoEImpl::activation(const at::Tensor& h) const {
+  if (!glu_) return at::gelu(h, "tanh");
+  const auto parts = h.chunk(2, -1);
+  return parts[0] * at::silu(parts[1]);
 }
 
 void MoEImpl::set_selection_bias(at::Tensor bias) {
@@ -121,7 +152,8 @@ MoERouting MoEImpl::route(const at::Tensor& x) {
   } else {
     std::tie(top_p, top_e) = scores.topk(k, -1);
   }
-  auto gate = k == 1 ? top_p : top_p / top_p.sum(-1, /*keepdim=*/true);
+  auto gate = renormalize_ ? top_p / top_p.sum(-1, /*keepdim=*/true) : top_p;
+  if (routed_scale_ != 1) gate = gate * routed_scale_;
 
   MoERouting r;
   auto counts = torch::zeros({E}, top_e.options());
@@ -196,7 +228,7 @@ at::Tensor MoEImpl::experts(const at::Tensor& rows, const std::vector<int64_t>& 
     // Equal sizes (capacity routing): one batched matmul pair over [E, cap, C].
     const at::Tensor buffer = rows.reshape({E, sizes.front(), C});
     auto h = b_fc.defined() ? at::baddbmm(b_fc.unsqueeze(1), buffer, w_fc) : at::bmm(buffer, w_fc);
-    h = at::gelu(h, "tanh");
+    h = activation(h);
     auto out = b_proj.defined() ? at::baddbmm(b_proj.unsqueeze(1), h, w_proj) : at::bmm(h, w_proj);
     return out.reshape({-1, C});
   }
@@ -204,7 +236,7 @@ at::Tensor MoEImpl::experts(const at::Tensor& rows, const std::vector<int64_t>& 
   // expert_compute_cpu.md: 1.2-2.6x faster than a matmul pair per expert, which remains for rows
   // whose strides are not 16-byte multiples, as _grouped_mm requires). An expert with no rows still
   // takes part: its gradient is zero.
-  const int64_t H = w_fc.size(2);
+  const int64_t H = w_proj.size(1);
   if ((C * rows.element_size()) % 16 == 0 && (H * rows.element_size()) % 16 == 0) {
     std::vector<int64_t> ends(sizes.size());
     std::partial_sum(sizes.begin(), sizes.end(), ends.begin());
@@ -218,7 +250,8 @@ at::Tensor MoEImpl::experts(const at::Tensor& rows, const std::vector<int64_t>& 
                                                                            : rows.scalar_type();
     auto h = at::_grouped_mm(rows.to(dtype), w_fc.to(dtype), offs);
     if (b_fc.defined()) h = h + b_fc.to(dtype).index_select(0, expert_of_row);
-    auto out = DenseGradient::apply(at::_grouped_mm(at::gelu(h, "tanh"), w_proj.to(dtype), offs));
+    // SwiGLU's a * silu(g) are strided views of h: _grouped_mm needs its operand contiguous.
+    auto out = DenseGradient::apply(at::_grouped_mm(activation(h).contiguous(), w_proj.to(dtype), offs));
     return b_proj.defined() ? out + b_proj.to(dtype).index_select(0, expert_of_row) : out;
   }
   std::vector<at::Tensor> out;
@@ -227,7 +260,7 @@ at::Tensor MoEImpl::experts(const at::Tensor& rows, const std::vector<int64_t>& 
     const at::Tensor mine = rows.narrow(0, first, sizes[static_cast<size_t>(e)]);
     auto h = at::matmul(mine, w_fc[e]);  // autocast's dtype, as the other paths: the biases follow it
     if (b_fc.defined()) h = h + b_fc[e].to(h.scalar_type());
-    h = at::matmul(at::gelu(h, "tanh"), w_proj[e]);
+    h = at::matmul(activation(h), w_proj[e]);
     out.push_back(b_proj.defined() ? h + b_proj[e].to(h.scalar_type()) : h);
     first += sizes[static_cast<size_t>(e)];
   }
@@ -248,6 +281,7 @@ MoEOutput MoEImpl::forward(const at::Tensor& x) {
   const at::Tensor buffer = dispatch(flat, r);
   const ExpertFn run = [this](const at::Tensor& rows, const std::vector<int64_t>& sizes) { return experts(rows, sizes); };
   auto y = combine(expert_step_ ? expert_step_(buffer, r.sizes, run) : run(buffer, r.sizes), r);
+  if (shared) y = y + shared(flat);
   return {y.view(shape), r.aux_loss};
 }
 

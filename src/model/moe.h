@@ -1,11 +1,12 @@
 // Mixture-of-experts feed-forward (model.ffn = moe; papers.md §5): top-k of E experts (Switch
-// top-1, GShard top-2, any k <= E), capacity or dropless routing.
+// top-1, GShard top-2, Mixtral, DeepSeek, any k <= E), capacity or dropless routing, shared experts.
 //
-// For N = B*T tokens x [N, C] and E experts:
+// For N = B*T tokens x [N, C] and E experts of hidden width H (model.expert_hidden()):
 //   logits = x W_r^T in float32 (router Linear "router", no bias, autocast off)     [N, E]
 //   scores s = softmax(logits) (model.moe_score = softmax) or sigmoid(logits) (DeepSeek-V3)
 //   (g, e) = top-k(s)                                                                [N, k]
-//   gates: k = 1: g1; k > 1: g_i / Σ_j g_j
+//   gates: renormalized (model.renormalized_gates(): Mixtral, DeepSeek-V3, GShard) g_i / Σ_j g_j,
+//          else g_i (Switch, DeepSeekMoE); times model.moe_routed_scale (DeepSeek-V3's 2.5)
 //   slots by priority: every token's first choice, in token order, then every second choice, ...
 //   capacity routing: each expert has cap = ceil(k * N / E * capacity_factor) rows; a choice whose
 //     slot is >= cap is dropped (gate 0; the block's residual carries the token);
@@ -13,10 +14,14 @@
 //     the host: the one sync of a dropless layer), nothing dropped, nothing padded;
 //   the buffer: the experts' rows one after the other, sizes[e] rows for expert e      [R, C]
 //   dispatch: buffer[offset_e + slot] = x[token]
-//   experts:  rows of e -> gelu_tanh(rows @ w_fc[e] + b_fc[e]) @ w_proj[e] + b_proj[e] [R, C]
+//   experts:  rows of e -> act(rows @ w_fc[e] + b_fc[e]) @ w_proj[e] + b_proj[e]       [R, C]
+//             act: gelu_tanh (model.mlp gelu; w_fc [E, C, H]) or SwiGLU (model.mlp swiglu;
+//             w_fc [E, C, 2H], its columns a then g, as the MLP's rows: act = a * silu(g))
 //             (equal sizes: one batched matmul over [E, cap, C]; else at::_grouped_mm; every path
 //             returns autocast's dtype, so ep ranks whose experts took different paths agree)
 //   combine:  y[token] += gate * out[offset_e + slot]                                 [N, C]
+//   shared experts (model.moe_shared_experts = S > 0; DeepSeek): y += shared(x), one MLP of
+//             width S * H that every token runs (module "shared"; replicated under tp and ep).
 // Expert weights are stacked ([E, ...]) so that expert parallelism can shard them along E and put
 // an all-to-all between dispatch/experts/combine, which are separate steps for that reason. The
 // step between them is replaceable from outside (set_expert_step): expert parallelism
@@ -52,6 +57,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "model/linear.h"
+#include "model/mlp.h"
 #include "model/model_options.h"
 #include "model/parameter_spec.h"
 
@@ -138,12 +144,16 @@ class MoEImpl : public torch::nn::Module {
   ParameterSpecs parameter_specs() const;
 
   Linear router{nullptr};
-  at::Tensor w_fc, b_fc, w_proj, b_proj;  // [E, C, H], [E, H], [E, H, C], [E, C]; biases with model.bias
+  // [E, C, H'], [E, H'], [E, H, C], [E, C] (H' = 2H for SwiGLU experts); biases with model.bias
+  at::Tensor w_fc, b_fc, w_proj, b_proj;
+  MLP shared{nullptr};  // the shared experts (model.moe_shared_experts > 0)
 
  private:
+  at::Tensor activation(const at::Tensor& h) const;  // gelu_tanh, or a * silu(g)
+
   int64_t n_experts_, top_k_;
-  bool sigmoid_;
-  double capacity_factor_, aux_coef_, z_coef_, residual_std_;
+  bool sigmoid_, glu_, renormalize_;
+  double capacity_factor_, aux_coef_, z_coef_, routed_scale_, residual_std_;
   ExpertStep expert_step_;
   CountSum balance_count_sum_;
   MoEStatistics stats_;

@@ -149,6 +149,16 @@ std::string describe_memory_estimate(const Config& config, const ParallelDims& d
               static_cast<long long>(m.block_size), m.rms_norm() ? "RMSNorm" : "LayerNorm",
               m.rotary() ? "rotary" : m.learned_positions() ? "learned" : "no", m.swiglu() ? "SwiGLU" : "GELU",
               static_cast<long long>(m.hidden()));
+  if (m.ffn == "moe") {
+    int64_t moe_blocks = 0;
+    for (int64_t l = 0; l < m.n_layer; ++l) moe_blocks += m.is_moe_block(l) ? 1 : 0;
+    out += line("experts: %lld MoE blocks of %lld experts %lld wide, top %lld by %s scores (%s)%s, %s\n",
+                static_cast<long long>(moe_blocks), static_cast<long long>(m.moe_experts),
+                static_cast<long long>(m.expert_hidden()), static_cast<long long>(m.moe_top_k), m.moe_score.c_str(),
+                m.renormalized_gates() ? "renormalized" : "as they are",
+                m.moe_shared_experts > 0 ? line(", %lld shared", static_cast<long long>(m.moe_shared_experts)).c_str() : "",
+                m.moe_capacity_factor > 0 ? line("capacity factor %g", m.moe_capacity_factor).c_str() : "dropless");
+  }
   out += line("parameters: %s (%lld)", format_count(e.parameters_total).c_str(), static_cast<long long>(e.parameters_total));
   for (const auto& [component, n] : e.parameters_by_component)
     out += line(", %s %s", component.c_str(), format_count(n).c_str());

@@ -197,6 +197,21 @@ TEST(Presets, AreFoundRelativeToTheBinaryOrThroughTesseraConfigDir) {
   EXPECT_NE(installed.output.find("parameters: "), std::string::npos) << installed.output;
 }
 
+// A model preset's name is a whole config (every default, that model): `inspect --config
+// mixtral_8x7b` prints its published size and its experts; a name that is neither lists both kinds.
+TEST(Presets, AModelPresetNameIsAConfigOfItsOwn) {
+  auto mixtral = run_command(kTesseraBinary + std::string(" inspect --config mixtral_8x7b"));
+  EXPECT_EQ(mixtral.exit_code, 0) << mixtral.output;
+  EXPECT_NE(mixtral.output.find("parameters: 46.70B (46702792704)"), std::string::npos) << mixtral.output;
+  EXPECT_NE(mixtral.output.find("experts: 32 MoE blocks of 8 experts 14336 wide, top 2 by softmax scores "
+                                "(renormalized), dropless"),
+            std::string::npos)
+      << mixtral.output;
+  auto unknown = run_command(kTesseraBinary + std::string(" inspect --config mixtral_9x7b"));
+  EXPECT_EQ(unknown.exit_code, 2) << unknown.output;
+  EXPECT_NE(unknown.output.find("or a model preset: deepseek_moe_16b"), std::string::npos) << unknown.output;
+}
+
 // model.vocab_multiple pads the embedding (here 256 byte tokens to 384 rows, which also split over
 // tp = 3 where 256 would not); the padded rows are trained and kept in tessera's checkpoints, but
 // `export` cuts them off and `generate` never samples them (at temperature 5 a third of the draws

@@ -140,6 +140,28 @@ void llama(Config& c, bool qwen3 = false) {
   if (qwen3) c.model.head_dim = 12;
 }
 
+// Mixtral's MoE on the Llama blocks: every block a dropless top-2 of 4 SwiGLU experts, the chosen
+// softmax scores renormalized. `deepseek` makes it DeepSeek-V3's: the first block dense, 8
+// fine-grained experts of width 16 beside a shared one, top 3 of sigmoid scores renormalized and
+// scaled by 2.5, the aux-loss-free selection bias moving the routing of later steps.
+void mixtral(Config& c, bool deepseek = false) {
+  llama(c);
+  c.model.ffn = "moe";
+  c.model.moe_every = 1;
+  c.model.moe_top_k = 2;
+  c.model.moe_gates = "renormalized";
+  c.model.moe_capacity_factor = 0;
+  if (!deepseek) return;
+  c.model.moe_dense_layers = 1;
+  c.model.moe_experts = 8;
+  c.model.moe_top_k = 3;
+  c.model.moe_ffn_hidden = 16;
+  c.model.moe_shared_experts = 1;
+  c.model.moe_score = "sigmoid";
+  c.model.moe_routed_scale = 2.5;
+  c.model.moe_bias_update_rate = 0.05;
+}
+
 // A swapped run (memory.swap) on one process: the model in host memory, cut into sub-models.
 void swapped(Config& c, std::vector<int64_t> blocks) {
   c.memory.swap = true;
@@ -222,6 +244,21 @@ const std::vector<Row>& layouts() {
        }},
       {"llama_sp2_ring_sgd", 2, [](Config& c) { llama(c); sgd(c); c.parallel.sp = 2; c.parallel.sp_method = "ring"; }},
       {"qwen3_sp2_ulysses", 2, [](Config& c) { llama(c, true); c.parallel.sp = 2; c.parallel.sp_method = "ulysses"; }},
+      {"mixtral_dp2_ep2_sgd", 2, [](Config& c) { mixtral(c); sgd(c); c.parallel.ep = 2; }},
+      {"deepseek_dp2_tp2_ep2_zero1", 4,
+       [](Config& c) {
+         mixtral(c, true);
+         c.parallel.tp = 2;
+         c.parallel.ep = 2;
+         c.parallel.zero_stage = 1;
+       }},
+      {"deepseek_pp2_1f1b_sgd_accum2", 2,
+       [](Config& c) {
+         mixtral(c, true);
+         sgd(c);
+         c.parallel.pp = 2;
+         c.train.grad_accum = 2;
+       }},
       {"dp2_zero3_sgd", 2, [](Config& c) { sgd(c); c.parallel.zero_stage = 3; }},
       {"dp2_tp2_sgd", 4, [](Config& c) { sgd(c); c.parallel.tp = 2; }},
       {"pp2_1f1b_sgd_accum2", 2,

@@ -3,12 +3,15 @@
 For each family, a small model with random weights (every block kind of the family switched on:
 grouped-query attention, Llama 3.1's rope scaling, an untied head; Qwen 3's q/k norms, a head width
 of its own and a tied head; Qwen 2's q, k, v biases; Mistral's sliding window wider than the test's
-tokens) is saved by save_pretrained into WORK/<family>/, and on fixed tokens transformers' float32
+tokens; Mixtral's top-2 of 4 SwiGLU experts, its balance loss left out as transformers leaves it out
+without output_router_logits) is saved by save_pretrained into WORK/<family>/, and on fixed tokens transformers' float32
 logits, loss and every parameter's gradient are written:
   WORK/<family>/reference.safetensors   tokens, targets [B, T] int64, logits [B, T, V], loss []
   WORK/<family>/grads/                  config.json and model.safetensors holding each parameter's
                                         gradient under its transformers name (read by tessera's
                                         own importer, so the names map as the weights do)
+  WORK/mixtral/stacked/                 the same weights under transformers 5's in-memory names
+                                        (experts stacked: mlp.experts.gate_up_proj, down_proj)
 Exits 77 (CTest's skip) with a message when transformers cannot be imported.
 
 usage: make_family_references.py WORK_DIR
@@ -40,6 +43,9 @@ FAMILIES = {
               dict(num_key_value_heads=1, rms_norm_eps=1e-6, tie_word_embeddings=False)),
     "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM,
                 dict(num_key_value_heads=4, sliding_window=128, tie_word_embeddings=False)),
+    "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM,
+                dict(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False,
+                     output_router_logits=False)),
 }
 
 shutil.rmtree(WORK, ignore_errors=True)
@@ -67,4 +73,10 @@ for family, (config_class, model_class, extra) in FAMILIES.items():
     shutil.copy(os.path.join(folder, "config.json"), grads)
     save_file({name: p.grad.contiguous() for name, p in model.named_parameters()},
               os.path.join(grads, "model.safetensors"))
+    if family == "mixtral":  # the experts stacked, as transformers 5 holds them in memory
+        stacked = os.path.join(folder, "stacked")
+        os.makedirs(stacked)
+        shutil.copy(os.path.join(folder, "config.json"), stacked)
+        save_file({name: t.contiguous() for name, t in model.state_dict().items()},
+                  os.path.join(stacked, "model.safetensors"))
     print(f"{family}: {sum(p.numel() for p in model.parameters())} parameters, loss {loss.item():.6f}")

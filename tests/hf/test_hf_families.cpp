@@ -1,7 +1,8 @@
 // The Llama family against transformers, the implementation no one here wrote: each family's small
 // random model (tests/hf/make_family_references.py: Llama with grouped-query attention, Llama 3.1's
 // rope scaling and an untied head; Qwen 3 with q/k norms, a head width of its own and a tied head;
-// Qwen 2 with q, k, v biases and multi-query attention; Mistral) is read by tessera's importer
+// Qwen 2 with q, k, v biases and multi-query attention; Mistral; Mixtral's top-2 of 4 SwiGLU
+// experts, dropless with renormalized gates) is read by tessera's importer
 // (model/hf_llama.h), and tessera's float32 logits, loss and every parameter's gradient on the same
 // tokens equal transformers'. A wrong rotation, norm, head grouping or weight mapping moves the
 // logits far beyond the tolerance.
@@ -53,8 +54,9 @@ TEST_P(HfFamily, LogitsLossAndEveryGradientEqualTransformers) {
   const fs::path dir = fs::path(TESSERA_HF_FAMILIES) / GetParam();
   if (!fs::exists(dir / "reference.safetensors"))
     GTEST_SKIP() << dir << " has no reference: tests/hf/make_family_references.py did not run (transformers missing?)";
-  const ModelOptions o = llama_family_options_from_hf_config(read_json_file((dir / "config.json").string()),
-                                                             ModelOptions{}, (dir / "config.json").string());
+  ModelOptions o = llama_family_options_from_hf_config(read_json_file((dir / "config.json").string()),
+                                                       ModelOptions{}, (dir / "config.json").string());
+  o.moe_aux_loss_coef = 0;  // transformers leaves Mixtral's balance loss out without output_router_logits
   TransformerLM model(o);
   import_state(*model, read_hf_llama_weights(dir.string(), o), dir.string());
   const auto reference = read_safetensors((dir / "reference.safetensors").string()).tensors;
@@ -103,8 +105,26 @@ TEST_P(HfFamily, ExportWritesBackTheFolderItImported) {
   EXPECT_EQ(fields(back), fields(o)) << GetParam();
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, HfFamily, ::testing::Values("llama", "qwen3", "qwen2", "mistral"),
+INSTANTIATE_TEST_SUITE_P(Families, HfFamily, ::testing::Values("llama", "qwen3", "qwen2", "mistral", "mixtral"),
                          [](const auto& info) { return info.param; });
+
+// Mixtral's experts as transformers 5 holds them (stacked: gate_up_proj, down_proj, the router as
+// mlp.gate) read as the same tensors as the per-expert files save_pretrained writes.
+TEST(HfMixtral, StackedExpertsReadAsThePerExpertFiles) {
+  const fs::path dir = fs::path(TESSERA_HF_FAMILIES) / "mixtral";
+  if (!fs::exists(dir / "stacked" / "model.safetensors"))
+    GTEST_SKIP() << dir << " has no stacked weights: tests/hf/make_family_references.py did not run";
+  const ModelOptions o = llama_family_options_from_hf_config(read_json_file((dir / "config.json").string()),
+                                                             ModelOptions{}, (dir / "config.json").string());
+  const auto per_expert = read_hf_llama_weights(dir.string(), o);
+  const auto stacked = read_hf_llama_weights((dir / "stacked").string(), o);
+  ASSERT_EQ(per_expert.size(), stacked.size());
+  for (const auto& [name, t] : per_expert) {
+    ASSERT_TRUE(stacked.count(name)) << name;
+    EXPECT_TRUE(at::equal(stacked.at(name), t)) << name;
+  }
+  EXPECT_EQ(per_expert.at("model.h.0.moe.w_fc").sizes(), (std::vector<int64_t>{4, 64, 192}));
+}
 
 }  // namespace
 }  // namespace tessera::test

@@ -10,6 +10,9 @@
   Export.TesseraLlamaLoadsInTransformersWithTheSameGreedyText
       The same for tiny_llama (RMSNorm, rotary positions, SwiGLU, grouped-query attention, an
       untied head): `tessera export --hf` writes a LlamaForCausalLM folder.
+  Export.TesseraMixtralLoadsInTransformersWithTheSameGreedyText
+      The same for tiny_mixtral (top-2 of 8 SwiGLU experts in every block): a MixtralForCausalLM
+      folder.
 
 The vocabulary is bytes (256 tokens, tessera's byte tokenizer), so token ids are the text's
 bytes and the comparison needs no tokenizer in transformers. Exits 77 (CTest's skip) with a
@@ -109,4 +112,5 @@ shutil.rmtree(WORK, ignore_errors=True)
 os.makedirs(WORK)
 {"import": import_case, "export": export_case,
  # 200 steps: at 60 tiny_llama's greedy text is " the the the ...", too few distinct bytes to tell much
- "export_llama": lambda: export_case("tiny_llama", "export (tiny_llama)", 200)}[CASE]()
+ "export_llama": lambda: export_case("tiny_llama", "export (tiny_llama)", 200),
+ "export_mixtral": lambda: export_case("tiny_mixtral", "export (tiny_mixtral)", 200)}[CASE]()

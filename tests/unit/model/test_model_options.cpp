@@ -71,7 +71,7 @@ TEST(ModelOptions, PresetShapes) {
     EXPECT_EQ(o.preset, name);
     EXPECT_NO_THROW(o.check("test")) << name;
   }
-  EXPECT_EQ(ModelOptions::preset_names().size(), 21u);
+  EXPECT_EQ(ModelOptions::preset_names().size(), 25u);
 }
 
 // The Llama 3.1 and Qwen 3 presets hold their published parameter counts exactly (Meta's model
@@ -94,6 +94,25 @@ TEST(ModelOptions, LlamaAndQwenPresetsHaveTheirPublishedParameterCounts) {
   EXPECT_TRUE(!gpt.rms_norm() && gpt.learned_positions() && !gpt.swiglu() && gpt.fused_qkv());
 }
 
+// Mixtral 8x7B's count is transformers' MixtralForCausalLM of its config.json on the meta device
+// (Mistral's card: 46.7B); DeepSeekMoE 16B's is its config.json counted by hand (its card: 16.4B;
+// transformers has no model of it): embeddings 2 x 102400 x 2048, 28 attention blocks of 4 x 2048^2,
+// a dense first MLP of 3 x 2048 x 10944, and 27 MoE blocks of 64 routed and 2 shared experts of
+// 3 x 2048 x 1408 with a 64 x 2048 router, norms 57 x 2048.
+TEST(ModelOptions, MoEPresetsHaveTheirPublishedParameterCounts) {
+  EXPECT_EQ(parameter_count(ModelOptions::from_preset("mixtral_8x7b")), 46702792704);
+  EXPECT_EQ(parameter_count(ModelOptions::from_preset("deepseek_moe_16b")), 16375728128);
+  const ModelOptions mixtral = ModelOptions::from_preset("mixtral_8x7b");
+  EXPECT_TRUE(mixtral.swiglu() && mixtral.renormalized_gates() && mixtral.is_moe_block(0));
+  EXPECT_EQ(mixtral.expert_hidden(), 14336);
+  const ModelOptions deepseek = ModelOptions::from_preset("deepseek_moe_16b");
+  EXPECT_FALSE(deepseek.is_moe_block(0));
+  EXPECT_TRUE(deepseek.is_moe_block(1) && deepseek.is_moe_block(27));
+  EXPECT_FALSE(deepseek.renormalized_gates());
+  EXPECT_EQ(deepseek.expert_hidden(), 1408);
+  EXPECT_EQ(deepseek.hidden(), 10944);
+}
+
 TEST(ModelOptions, BlockKindsThatCannotBuildAreRefusedNamingTheKeys) {
   auto refused = [](const std::function<void(ModelOptions&)>& change, const std::string& needle) {
     ModelOptions o = ModelOptions::from_preset("tiny_llama");
@@ -106,6 +125,9 @@ TEST(ModelOptions, BlockKindsThatCannotBuildAreRefusedNamingTheKeys) {
   refused([](ModelOptions& o) { o.head_dim = 33; }, "needs an even head width (got 33)");
   refused([](ModelOptions& o) { o.position = "learned"; o.rope_scaling = "llama3"; }, "needs model.position = rope");
   refused([](ModelOptions& o) { o.arch = "linear"; }, "model.arch = linear (lightning attention) takes none of");
+  refused([](ModelOptions& o) { o.moe_gates = "softmax"; }, "model.moe_gates must be one of auto, renormalized, scores");
+  refused([](ModelOptions& o) { o.ffn = "moe"; o.moe_dense_layers = 3; o.moe_every = 3; },
+          "model.moe_dense_layers = 3 with model.moe_every = 3 leaves no MoE block among model.n_layer = 4");
 }
 
 TEST(ModelOptions, UnknownPresetListsKnownOnes) {

@@ -265,3 +265,56 @@ TEST(MoE, SelectionBiasSteersTheChoiceButNotTheGate) {
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// SwiGLU experts of their own width, gates that are the chosen scores scaled (DeepSeekMoE's, with
+// V3's routed scale) and a shared expert, against the formula of moe.h written out token by token;
+// the three expert paths (grouped GEMM over dropless runs, the padded batched matmul, one matmul
+// pair per expert where strides do not allow the grouped GEMM) agree on the GLU too.
+TEST(MoE, SwiGLUExpertsScaledGatesAndASharedExpertFollowTheirFormula) {
+  torch::manual_seed(5);
+  ModelOptions o = moe_options(2, 0.0);
+  o.mlp = "swiglu";
+  o.bias = false;
+  o.moe_ffn_hidden = 8;
+  o.moe_shared_experts = 1;
+  o.moe_gates = "scores";
+  o.moe_routed_scale = 2.5;
+  MoE moe = make_moe(o);
+  ASSERT_EQ(moe->w_fc.sizes(), (std::vector<int64_t>{4, 16, 16}));
+  ASSERT_EQ(moe->shared->c_fc->weight.sizes(), (std::vector<int64_t>{16, 16}));
+  const at::Tensor x = torch::randn({10, 16});
+  const at::Tensor y = moe(x.unsqueeze(0)).y.squeeze(0);
+
+  auto glu = [](const at::Tensor& h) { return h.narrow(-1, 0, 8) * at::silu(h.narrow(-1, 8, 8)); };
+  const auto [top_p, top_e] = at::softmax(at::matmul(x, moe->router->weight.t()), -1).topk(2, -1);
+  at::Tensor expected = at::matmul(glu(at::matmul(x, moe->shared->c_fc->weight.t())), moe->shared->c_proj->weight.t());
+  for (int64_t n = 0; n < 10; ++n)
+    for (int64_t j = 0; j < 2; ++j) {
+      const int64_t e = top_e[n][j].item<int64_t>();
+      expected[n] += 2.5 * top_p[n][j] * at::matmul(glu(at::matmul(x[n], moe->w_fc[e])), moe->w_proj[e]);
+    }
+  EXPECT_TRUE(torch::allclose(y, expected, 1e-5, 1e-6)) << (y - expected).abs().max();
+
+  for (int64_t width : {16, 6}) {
+    SCOPED_TRACE("n_embd " + std::to_string(width));
+    ModelOptions wide = o;
+    wide.n_embd = width;
+    wide.moe_ffn_hidden = width == 16 ? 8 : 6;
+    MoE dropless = make_moe(wide);
+    wide.moe_capacity_factor = 4.0;  // capacity 2 * 40 / 4 * 4 = 80 >= any count
+    MoE padded = make_moe(wide);
+    const at::Tensor tokens = torch::randn({1, 40, width});
+    const at::Tensor a = dropless->forward(tokens).y, b = padded->forward(tokens).y;
+    EXPECT_TRUE(torch::allclose(a, b, 1e-5, 1e-6));
+    a.sum().backward();
+    b.sum().backward();
+    EXPECT_TRUE(torch::allclose(dropless->w_fc.grad(), padded->w_fc.grad(), 1e-5, 1e-6));
+    EXPECT_TRUE(torch::allclose(dropless->shared->c_fc->weight.grad(), padded->shared->c_fc->weight.grad(), 1e-5, 1e-6));
+  }
+}
+
+}  // namespace
+}  // namespace tessera
