@@ -11,8 +11,13 @@ Command add_prepare_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("prepare", "tokenize text files into train/validation token files");
   cmd->add_option("--input", options->inputs, "text files to read (concatenated in order)")->required()->take_all();
   cmd->add_option("--out", options->out_dir, "data directory to write (train.bin, val.bin, tokenizer.json)")->required();
-  cmd->add_option("--tokenizer", options->tokenizer, "byte or gpt2")
-      ->check(CLI::IsMember({"byte", "gpt2"}))
+  cmd->add_option("--tokenizer", options->tokenizer,
+                  "byte, gpt2, or hf:DIR (a Hugging Face folder's byte-level BPE tokenizer.json: Llama 3, Qwen, GPT-2)")
+      ->check([](const std::string& value) {
+        return value == "byte" || value == "gpt2" || (value.rfind("hf:", 0) == 0 && value.size() > 3)
+                   ? std::string()
+                   : "must be byte, gpt2 or hf:DIR (got '" + value + "')";
+      })
       ->capture_default_str();
   cmd->add_option("--encoder", options->encoder_json, "GPT-2 encoder.json (with --tokenizer gpt2)");
   cmd->add_option("--merges", options->vocab_bpe, "GPT-2 vocab.bpe merges file (with --tokenizer gpt2)");

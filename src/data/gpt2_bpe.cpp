@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "data/utf8.h"
 
 namespace tessera {
 namespace {
@@ -24,63 +25,6 @@ constexpr Gpt2CharClass N = Gpt2CharClass::Number, S = Gpt2CharClass::Space, O =
 constexpr ClassRange kNonLetterRanges[] = {
 #include "data/gpt2_unicode_table.inc"
 };
-
-// encoder.py's bytes_to_unicode: byte -> code point of a printable stand-in character.
-std::array<uint32_t, 256> byte_to_code_point() {
-  std::array<uint32_t, 256> map{};
-  uint32_t next = 256;
-  for (uint32_t b = 0; b < 256; ++b) {
-    bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-    map[b] = printable ? b : next++;
-  }
-  return map;
-}
-
-// One decoded UTF-8 code point at text[pos]; an invalid byte decodes alone as `valid = false`.
-struct CodePoint {
-  uint32_t value;
-  size_t length;
-  bool valid;
-};
-
-CodePoint decode_utf8(const std::string& text, size_t pos) {
-  auto byte = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
-  unsigned char b0 = byte(pos);
-  if (b0 < 0x80) return {b0, 1, true};
-  size_t length = b0 >= 0xF0 && b0 <= 0xF4 ? 4 : b0 >= 0xE0 && b0 <= 0xEF ? 3 : b0 >= 0xC2 && b0 <= 0xDF ? 2 : 0;
-  if (length == 0 || pos + length > text.size()) return {b0, 1, false};
-  uint32_t value = b0 & (0x7F >> length);
-  for (size_t i = 1; i < length; ++i) {
-    if ((byte(pos + i) & 0xC0) != 0x80) return {b0, 1, false};
-    value = (value << 6) | (byte(pos + i) & 0x3F);
-  }
-  static constexpr uint32_t kMinimum[] = {0, 0, 0x80, 0x800, 0x10000};
-  if (value < kMinimum[length] || value > 0x10FFFF || (value >= 0xD800 && value <= 0xDFFF)) return {b0, 1, false};
-  return {value, length, true};
-}
-
-// A symbol of encoder.json / vocab.bpe (stand-in characters) back to raw bytes; throws naming `where`.
-std::string symbol_to_bytes(const std::string& symbol, const std::string& where) {
-  static const std::array<int, 512> to_byte = [] {
-    std::array<int, 512> inverse;
-    inverse.fill(-1);
-    auto map = byte_to_code_point();
-    for (int b = 0; b < 256; ++b) inverse[map[b]] = b;
-    return inverse;
-  }();
-  std::string out;
-  for (size_t pos = 0; pos < symbol.size();) {
-    CodePoint cp = decode_utf8(symbol, pos);
-    require(cp.valid && cp.value < 512 && to_byte[cp.value] >= 0, where, ": '", symbol,
-            "' is not in GPT-2's byte-to-unicode alphabet");
-    out += static_cast<char>(to_byte[cp.value]);
-    pos += cp.length;
-  }
-  return out;
-}
-
-// Key of the merge pair (a, b): the length of a makes the split unambiguous for any bytes.
-std::string pair_key(const std::string& a, const std::string& b) { return std::to_string(a.size()) + ":" + a + b; }
 
 }  // namespace
 
@@ -141,8 +85,9 @@ std::vector<std::string> gpt2_pretokenize(const std::string& text) {
   return pieces;
 }
 
-Gpt2Bpe::Gpt2Bpe(const std::string& encoder_json, const std::string& vocab_bpe, int64_t vocab_size)
-    : encoder_path_(encoder_json) {
+namespace {
+
+ByteLevelBpe::Spec read_gpt2_files(const std::string& encoder_json, const std::string& vocab_bpe, int64_t vocab_size) {
   nlohmann::json json;
   try {
     json = nlohmann::json::parse(read_file(encoder_json));
@@ -150,120 +95,40 @@ Gpt2Bpe::Gpt2Bpe(const std::string& encoder_json, const std::string& vocab_bpe, 
     fail(encoder_json, ": not valid JSON (", e.what(), ")");
   }
   require(json.is_object() && !json.empty(), encoder_json, ": must be a non-empty object of token -> id");
-  int64_t largest = -1;
-  std::map<int64_t, std::string> owner;  // id -> the symbol that holds it
+  ByteLevelBpe::Spec spec;
+  spec.source = encoder_json;
+  spec.type = "gpt2";
+  spec.vocab_size = vocab_size;
+  spec.dense_ids = true;
+  spec.pretokenize = gpt2_pretokenize;
   for (const auto& [symbol, id] : json.items()) {
     require(id.is_number_integer() && id.get<int64_t>() >= 0, encoder_json, ": id of '", symbol,
             "' must be a non-negative integer");
-    const int64_t value = id.get<int64_t>();
-    const auto [held, fresh] = owner.emplace(value, symbol);
-    require(fresh, encoder_json, ": tokens '", held->second, "' and '", symbol, "' share id ", value,
-            " (a token id must decode to one text)");
-    largest = std::max(largest, value);
-    require(encoder_.emplace(symbol_to_bytes(symbol, encoder_json), value).second, encoder_json, ": token '", symbol,
-            "' (id ", value, ") stands for the same bytes as another token");
+    spec.vocabulary.emplace_back(byte_level_bytes(symbol, encoder_json), id.get<int64_t>());
   }
-  // Without a vocabulary size the ids are GPT-2's dense 0 .. tokens - 1: a larger id is refused
-  // here, before a decoder table of its size is allocated.
-  const auto tokens = static_cast<int64_t>(json.size());
-  require(vocab_size > 0 || largest < tokens, encoder_json, ": id ", largest, " is not below the number of tokens ",
-          tokens, " (a GPT-2 encoder numbers its tokens 0 .. ", tokens - 1, ")");
-  vocab_size_ = vocab_size > 0 ? vocab_size : largest + 1;
-  require(largest < vocab_size_, encoder_json, ": id ", largest, " is not below vocab_size ", vocab_size_);
-  // Ids past the encoder's are padding (a vocabulary rounded up for the model's matrices); a
-  // vocab_size far past them is a wrong file, refused before a decoder table of its size exists.
-  require(vocab_size_ - tokens <= kMaxVocabPadding, encoder_json, ": vocab_size ", vocab_size_,
-          " (tokenizer.json) exceeds its ", tokens, " tokens by more than ", kMaxVocabPadding,
-          " (ids without a token)");
-  decoder_.resize(static_cast<size_t>(vocab_size_));
-  known_.assign(static_cast<size_t>(vocab_size_), false);
-  for (const auto& [bytes, id] : encoder_) {
-    decoder_[static_cast<size_t>(id)] = bytes;
-    known_[static_cast<size_t>(id)] = true;
-  }
-  for (int b = 0; b < 256; ++b)
-    require(encoder_.count(std::string(1, static_cast<char>(b))), encoder_json, ": no token for byte ", b,
-            " (a byte-level vocabulary must cover all 256 bytes)");
-
-  std::string merges = read_file(vocab_bpe);
+  const std::string merges = read_file(vocab_bpe);
   size_t line_no = 0;
   for (size_t pos = 0; pos < merges.size();) {
-    size_t eol = std::min(merges.find('\n', pos), merges.size());
+    const size_t eol = std::min(merges.find('\n', pos), merges.size());
     std::string line = merges.substr(pos, eol - pos);
     pos = eol + 1;
     ++line_no;
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty() || (line_no == 1 && line.rfind("#version", 0) == 0)) continue;
-    size_t space = line.find(' ');
+    const size_t space = line.find(' ');
     require(space != std::string::npos && space > 0 && space + 1 < line.size() &&
                 line.find(' ', space + 1) == std::string::npos,
             vocab_bpe, ":", line_no, ": a merge must be two symbols separated by one space (got '", line, "')");
-    std::string where = vocab_bpe + ":" + std::to_string(line_no);
-    ranks_.emplace(pair_key(symbol_to_bytes(line.substr(0, space), where),
-                            symbol_to_bytes(line.substr(space + 1), where)),
-                   static_cast<int64_t>(ranks_.size()));
+    const std::string where = vocab_bpe + ":" + std::to_string(line_no);
+    spec.merges.emplace_back(byte_level_bytes(line.substr(0, space), where),
+                             byte_level_bytes(line.substr(space + 1), where));
   }
+  return spec;
 }
 
-const std::vector<int64_t>& Gpt2Bpe::encode_piece(const std::string& piece) const {
-  {
-    std::lock_guard<std::mutex> lock(cache_mutex_);
-    auto hit = cache_.find(piece);
-    if (hit != cache_.end()) return hit->second;
-  }
-  std::vector<std::string> word;
-  for (char c : piece) word.emplace_back(1, c);
-  while (word.size() > 1) {
-    int64_t best_rank = std::numeric_limits<int64_t>::max();
-    size_t best = 0;
-    for (size_t i = 0; i + 1 < word.size(); ++i) {
-      auto rank = ranks_.find(pair_key(word[i], word[i + 1]));
-      if (rank != ranks_.end() && rank->second < best_rank) {
-        best_rank = rank->second;
-        best = i;
-      }
-    }
-    if (best_rank == std::numeric_limits<int64_t>::max()) break;
-    const std::string first = word[best], second = word[best + 1];
-    std::vector<std::string> merged;
-    for (size_t i = 0; i < word.size();) {
-      if (i + 1 < word.size() && word[i] == first && word[i + 1] == second) {
-        merged.push_back(first + second);
-        i += 2;
-      } else {
-        merged.push_back(word[i++]);
-      }
-    }
-    word = std::move(merged);
-  }
-  std::vector<int64_t> ids;
-  for (const std::string& symbol : word) {
-    auto id = encoder_.find(symbol);
-    require(id != encoder_.end(), encoder_path_, ": no token for the merged symbol of ", symbol.size(), " bytes '",
-            symbol, "'");
-    ids.push_back(id->second);
-  }
-  std::lock_guard<std::mutex> lock(cache_mutex_);
-  return cache_.emplace(piece, std::move(ids)).first->second;
-}
+}  // namespace
 
-std::vector<int64_t> Gpt2Bpe::encode(const std::string& text) const {
-  std::vector<int64_t> ids;
-  for (const std::string& piece : gpt2_pretokenize(text)) {
-    const std::vector<int64_t>& piece_ids = encode_piece(piece);
-    ids.insert(ids.end(), piece_ids.begin(), piece_ids.end());
-  }
-  return ids;
-}
-
-std::string Gpt2Bpe::decode(const std::vector<int64_t>& tokens) const {
-  std::string text;
-  for (int64_t id : tokens) {
-    require(id >= 0 && id < vocab_size_ && known_[static_cast<size_t>(id)], encoder_path_, ": token id ", id,
-            " is not in the vocabulary");
-    text += decoder_[static_cast<size_t>(id)];
-  }
-  return text;
-}
+Gpt2Bpe::Gpt2Bpe(const std::string& encoder_json, const std::string& vocab_bpe, int64_t vocab_size)
+    : ByteLevelBpe(read_gpt2_files(encoder_json, vocab_bpe, vocab_size)) {}
 
 }  // namespace tessera

@@ -16,10 +16,6 @@
 #include "data/tokenizer.h"
 
 namespace tessera {
-namespace {
-
-
-}  // namespace
 
 PrepareReport prepare_data(const PrepareOptions& options, std::ostream& log) {
   require(!options.inputs.empty(), "prepare: no input files given");
@@ -34,23 +30,28 @@ PrepareReport prepare_data(const PrepareOptions& options, std::ostream& log) {
   }
 
   std::unique_ptr<Tokenizer> tokenizer;
-  nlohmann::json description;
+  std::string description;                      // tokenizer.json, written last
+  std::vector<std::pair<std::string, std::string>> files;  // copied beside it: source, name
   if (options.tokenizer == "byte") {
     tokenizer = make_byte_tokenizer();
-    description = {{"type", "byte"}};
+    description = nlohmann::json{{"type", "byte"}}.dump(2) + "\n";
   } else if (options.tokenizer == "gpt2") {
     require(!options.encoder_json.empty() && !options.vocab_bpe.empty(),
             "prepare: the gpt2 tokenizer needs encoder.json and vocab.bpe paths");
     tokenizer = std::make_unique<Gpt2Bpe>(options.encoder_json, options.vocab_bpe);
-    description = {{"type", "gpt2"},
-                   {"vocab_size", tokenizer->vocab_size()},
-                   {"encoder", "encoder.json"},
-                   {"merges", "vocab.bpe"}};
+    description = nlohmann::json{{"type", "gpt2"},
+                                 {"vocab_size", tokenizer->vocab_size()},
+                                 {"encoder", "encoder.json"},
+                                 {"merges", "vocab.bpe"}}
+                      .dump(2) + "\n";
+    files = {{options.encoder_json, "encoder.json"}, {options.vocab_bpe, "vocab.bpe"}};
+  } else if (options.tokenizer.rfind("hf:", 0) == 0) {
+    const std::string dir = options.tokenizer.substr(3);
+    tokenizer = load_tokenizer(dir);
+    description = read_file(dir + "/tokenizer.json");
   } else {
-    fail("prepare: tokenizer must be byte or gpt2 (got '", options.tokenizer, "')");
+    fail("prepare: tokenizer must be byte, gpt2 or hf:DIR (got '", options.tokenizer, "')");
   }
-  require(tokenizer->vocab_size() <= 65536, "prepare: vocab size ", tokenizer->vocab_size(),
-          " does not fit the uint16 tokens of llm.c files");
 
   std::vector<int64_t> tokens = tokenizer->encode(text);
   const int64_t total = static_cast<int64_t>(tokens.size());
@@ -64,11 +65,8 @@ PrepareReport prepare_data(const PrepareOptions& options, std::ostream& log) {
   const std::string train_path = options.out_dir + "/train.bin";
   write_token_file(train_path, std::vector<int64_t>(tokens.begin(), tokens.end() - val));
   write_token_file(options.out_dir + "/val.bin", std::vector<int64_t>(tokens.end() - val, tokens.end()));
-  if (options.tokenizer == "gpt2") {
-    write_file_atomic(options.out_dir + "/encoder.json", read_file(options.encoder_json));
-    write_file_atomic(options.out_dir + "/vocab.bpe", read_file(options.vocab_bpe));
-  }
-  write_file_atomic(options.out_dir + "/tokenizer.json", description.dump(2) + "\n");
+  for (const auto& [source, name] : files) write_file_atomic(options.out_dir + "/" + name, read_file(source));
+  write_file_atomic(options.out_dir + "/tokenizer.json", description);
 
   PrepareReport report;
   report.train_tokens = total - val;

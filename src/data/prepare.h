@@ -2,7 +2,7 @@
 //
 //   out_dir/train.bin   the first (1 - val_fraction) of the tokens, llm.c format
 //   out_dir/val.bin     the last val_fraction of the tokens (the tail of the concatenated text)
-//   out_dir/tokenizer.json (+ encoder.json, vocab.bpe for gpt2)
+//   out_dir/tokenizer.json (+ encoder.json, vocab.bpe for gpt2; for hf:DIR a copy of DIR's)
 //
 // Every file goes through a temporary name and rename(2), and tokenizer.json is written last, so an
 // interrupted prepare leaves no half file and no directory that looks complete but is not.
@@ -20,7 +20,7 @@ namespace tessera {
 struct PrepareOptions {
   std::vector<std::string> inputs;  // text files, concatenated in this order
   std::string out_dir;
-  std::string tokenizer = "byte";   // "byte" or "gpt2"
+  std::string tokenizer = "byte";   // "byte", "gpt2" or "hf:DIR" (data/hf_tokenizer.h)
   std::string encoder_json, vocab_bpe;  // gpt2 only
   double val_fraction = 0.05;       // in (0, 1); both splits must get at least one token
 };

@@ -1,4 +1,4 @@
-// TokenFile: mmap'ed llm.c / raw uint16 token files, and the llm.c writer used by `tessera prepare`.
+// TokenFile: mmap'ed llm.c (uint16 or uint32) / raw uint16 token files, and the llm.c writer used by `tessera prepare`.
 // The host is assumed little-endian (x86-64, AArch64), as llm.c and nanoGPT assume.
 #include "data/token_file.h"
 
@@ -130,22 +130,25 @@ TokenFile TokenFile::open(const std::string& path) {
 
   const auto* header = static_cast<const int32_t*>(map->base);
   const size_t header_bytes = kLlmcHeaderInts * sizeof(int32_t);
-  if (map->bytes >= sizeof(int32_t) && header[0] == kLlmcMagic) {
+  if (map->bytes >= sizeof(int32_t) && (header[0] == kLlmcMagic || header[0] == kLlmcMagicUint32)) {
     require(map->bytes >= header_bytes, path, ": llm.c header truncated (file is ", map->bytes, " bytes, header needs ",
             header_bytes, ")");
-    require(header[1] == kLlmcVersionUint16, path, ": unsupported llm.c token file version ", header[1],
-            " (only version 1, uint16 tokens, is read)");
-    int64_t declared = header[2];
-    int64_t held = static_cast<int64_t>(map->bytes - header_bytes);
-    require(held == 2 * declared, path, ": header says ", declared, " tokens but the file holds ", held,
-            " bytes of tokens (", held / 2, " tokens); truncated or not an llm.c file");
+    const bool wide = header[0] == kLlmcMagicUint32;
+    require(header[1] == (wide ? kLlmcVersionUint32 : kLlmcVersionUint16), path, ": unsupported llm.c token file version ",
+            header[1], " for magic ", header[0], " (read: ", kLlmcMagic, " version ", kLlmcVersionUint16, ", uint16 tokens; ",
+            kLlmcMagicUint32, " version ", kLlmcVersionUint32, ", uint32 tokens)");
+    map->width = wide ? 4 : 2;
+    const int64_t declared = header[2];
+    const int64_t held = static_cast<int64_t>(map->bytes - header_bytes);
+    require(held == map->width * declared, path, ": header says ", declared, " tokens but the file holds ", held,
+            " bytes of tokens (", held / map->width, " tokens); truncated or not an llm.c file");
     require(declared > 0, path, ": token file holds no tokens");
-    map->tokens = reinterpret_cast<const uint16_t*>(static_cast<const char*>(map->base) + header_bytes);
+    map->tokens = static_cast<const char*>(map->base) + header_bytes;
     map->count = declared;
   } else {
     require(map->bytes % 2 == 0, path, ": size ", map->bytes,
             " bytes is not a multiple of 2 (raw uint16 token file without llm.c header)");
-    map->tokens = static_cast<const uint16_t*>(map->base);
+    map->tokens = map->base;
     map->count = static_cast<int64_t>(map->bytes / 2);
   }
   return TokenFile(std::move(map));
@@ -154,8 +157,8 @@ TokenFile TokenFile::open(const std::string& path) {
 int64_t TokenFile::vocab_bound() const {
   int64_t bound = map_->vocab_bound.load(std::memory_order_relaxed);
   if (bound >= 0) return bound;
-  uint16_t largest = 0;
-  for (int64_t i = 0; i < map_->count; ++i) largest = std::max(largest, map_->tokens[i]);
+  uint32_t largest = 0;
+  for (int64_t i = 0; i < map_->count; ++i) largest = std::max(largest, (*this)[i]);
   bound = int64_t(largest) + 1;
   map_->vocab_bound.store(bound, std::memory_order_relaxed);
   return bound;
@@ -166,20 +169,34 @@ at::Tensor TokenFile::window(int64_t begin, int64_t length) const {
           begin + length, ") outside the file's ", map_->count, " tokens");
   at::Tensor out = at::empty({length}, at::kLong);
   int64_t* dst = out.data_ptr<int64_t>();
-  for (int64_t i = 0; i < length; ++i) dst[i] = map_->tokens[begin + i];
+  for (int64_t i = 0; i < length; ++i) dst[i] = (*this)[begin + i];
   return out;
 }
 
 void write_token_file(const std::string& path, const std::vector<int64_t>& tokens) {
   require(tokens.size() < (size_t(1) << 31), path, ": ", tokens.size(), " tokens exceed the llm.c int32 count");
-  std::string bytes(kLlmcHeaderInts * sizeof(int32_t) + tokens.size() * sizeof(uint16_t), '\0');
-  int32_t header[kLlmcHeaderInts] = {kLlmcMagic, kLlmcVersionUint16, static_cast<int32_t>(tokens.size())};
-  std::memcpy(bytes.data(), header, sizeof(header));
-  auto* out = reinterpret_cast<uint16_t*>(bytes.data() + sizeof(header));
+  int64_t largest = 0;
   for (size_t i = 0; i < tokens.size(); ++i) {
-    require(tokens[i] >= 0 && tokens[i] < 65536, path, ": token ", tokens[i], " at index ", i,
-            " does not fit uint16");
-    out[i] = static_cast<uint16_t>(tokens[i]);
+    require(tokens[i] >= 0 && tokens[i] <= UINT32_MAX, path, ": token ", tokens[i], " at index ", i,
+            " does not fit uint32");
+    largest = std::max(largest, tokens[i]);
+  }
+  const bool wide = largest >= 65536;
+  const size_t width = wide ? sizeof(uint32_t) : sizeof(uint16_t);
+  std::string bytes(kLlmcHeaderInts * sizeof(int32_t) + tokens.size() * width, '\0');
+  const int32_t header[kLlmcHeaderInts] = {wide ? kLlmcMagicUint32 : kLlmcMagic,
+                                           wide ? kLlmcVersionUint32 : kLlmcVersionUint16,
+                                           static_cast<int32_t>(tokens.size())};
+  std::memcpy(bytes.data(), header, sizeof(header));
+  char* out = bytes.data() + sizeof(header);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (wide) {
+      const auto token = static_cast<uint32_t>(tokens[i]);
+      std::memcpy(out + i * width, &token, width);
+    } else {
+      const auto token = static_cast<uint16_t>(tokens[i]);
+      std::memcpy(out + i * width, &token, width);
+    }
   }
   write_file_atomic(path, bytes);
 }

@@ -1,7 +1,8 @@
 // Read-only, memory-mapped token files. Two formats are read directly:
 //
 //   llm.c:   256 x int32 header (header[0] = 20240520 magic, header[1] = 1 version = uint16 tokens,
-//            header[2] = token count), then header[2] little-endian uint16 tokens;
+//            header[2] = token count), then header[2] little-endian uint16 tokens; or llm.c's
+//            Llama 3 files, magic 20240801 version 7, uint32 tokens (vocabularies past 65536);
 //   nanoGPT: raw little-endian uint16 tokens, no header (recognised by the absence of the magic).
 //
 // Invariants: an open TokenFile holds at least one token and its size agrees with its header; every
@@ -13,7 +14,8 @@
 // live mappings, read lock-free in the handler), writes "error: PATH: the memory-mapped token file
 // shrank ..." to stderr and exits with code 2, like any other data error; a SIGBUS elsewhere keeps
 // its default action.
-// `tessera prepare` writes the llm.c format (write_token_file).
+// `tessera prepare` writes the llm.c format (write_token_file): uint16 tokens, or uint32 where a
+// token does not fit 16 bits.
 #pragma once
 
 #include <atomic>
@@ -28,6 +30,8 @@ namespace tessera {
 
 constexpr int32_t kLlmcMagic = 20240520;
 constexpr int32_t kLlmcVersionUint16 = 1;
+constexpr int32_t kLlmcMagicUint32 = 20240801;  // llm.c's Llama 3 files
+constexpr int32_t kLlmcVersionUint32 = 7;
 constexpr int64_t kLlmcHeaderInts = 256;
 
 class TokenFile {
@@ -40,7 +44,9 @@ class TokenFile {
   // Tokens [begin, begin + length) as an int64 tensor [length] (a copy; bounds-checked).
   at::Tensor window(int64_t begin, int64_t length) const;
   // Token i, unchecked; i < size().
-  uint16_t operator[](int64_t i) const { return map_->tokens[i]; }
+  uint32_t operator[](int64_t i) const {
+    return map_->width == 2 ? static_cast<const uint16_t*>(map_->tokens)[i] : static_cast<const uint32_t*>(map_->tokens)[i];
+  }
   const std::string& path() const { return map_->path; }
 
  private:
@@ -48,7 +54,8 @@ class TokenFile {
     std::string path;
     void* base = nullptr;  // mmap'ed bytes of the whole file
     size_t bytes = 0;
-    const uint16_t* tokens = nullptr;
+    const void* tokens = nullptr;  // uint16 or uint32 (width bytes each)
+    int64_t width = 2;
     int64_t count = 0;
     mutable std::atomic<int64_t> vocab_bound{-1};
     int slot = -1;  // in the SIGBUS handler's registry (token_file.cpp)

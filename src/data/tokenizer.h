@@ -1,13 +1,15 @@
-// Tokenizers: text <-> token ids. A data directory's tokenizer.json says which one made its
-// token files:
+// Tokenizers: text <-> token ids. A data directory's (or a Hugging Face model folder's)
+// tokenizer.json says which one made its token files:
 //
 //   {"type": "byte"}                                     every byte is a token, vocab 256
 //   {"type": "gpt2", "vocab_size": 50257, "encoder": "encoder.json", "merges": "vocab.bpe"}
 //                                                        GPT-2 byte-level BPE (gpt2_bpe.h); the two
 //                                                        files lie beside tokenizer.json
+//   Hugging Face's own tokenizer.json (it has a "model" object): its byte-level BPE (hf_tokenizer.h)
 //
-// Invariant: decode(encode(s)) == s for every byte string s (invalid UTF-8 included); decode
-// passes bytes through and never validates UTF-8.
+// Invariant: for byte, gpt2 and a byte-level BPE without a normalizer, decode(encode(s)) == s for
+// every byte string s (invalid UTF-8 included); decode passes bytes through and never validates
+// UTF-8. A normalizing tokenizer (NFC) round-trips the text it leaves unchanged.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +25,7 @@ class Tokenizer {
   virtual std::vector<int64_t> encode(const std::string& text) const = 0;
   virtual std::string decode(const std::vector<int64_t>& tokens) const = 0;  // throws on ids >= vocab_size
   virtual int64_t vocab_size() const = 0;
-  virtual std::string type() const = 0;  // "byte" or "gpt2", as in tokenizer.json
+  virtual std::string type() const = 0;  // "byte", "gpt2" or "hf_bpe"
 };
 
 std::unique_ptr<Tokenizer> make_byte_tokenizer();

@@ -1,6 +1,7 @@
 // libFuzzer target: a data directory's tokenizer as `prepare`, training and `generate` load it
-// (data/tokenizer.h, load_tokenizer): tokenizer.json and, for GPT-2 byte-level BPE, the
-// encoder.json and vocab.bpe it names (data/gpt2_bpe.h). The input is the three files' texts
+// (data/tokenizer.h, load_tokenizer): tokenizer.json (tessera's, or Hugging Face's byte-level BPE
+// with its regexes, normalizer and added tokens: data/hf_tokenizer.h) and, for GPT-2 byte-level
+// BPE, the encoder.json and vocab.bpe it names (data/gpt2_bpe.h). The input is the three files' texts
 // separated by lines "%%" (missing ones stay absent). Every input must load or end in
 // tessera::Error; a tokenizer that loads must encode a fixed text (every byte value, UTF-8 and
 // GPT-2's pre-tokeniser's cases) to ids below its vocabulary and decode them back to that text.

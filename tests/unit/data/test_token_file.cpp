@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <cstring>
+#include <filesystem>
 
 #include "data/data_options.h"
 #include "data/token_file.h"
@@ -105,9 +106,22 @@ TEST(TokenFile, TruncatedLlmcFileIsNamed) {
   EXPECT_TRUE(test::throws_naming([&] { TokenFile::open(path); }, {path, "version 2"}));
 }
 
-TEST(TokenFile, WriterRefusesTokensBeyondUint16) {
-  std::string path = test::fresh_dir("wide") + "/t.bin";
-  EXPECT_TRUE(test::throws_naming([&] { write_token_file(path, {1, 70000}); }, {path, "70000", "uint16"}));
+// Tokens past 16 bits (Llama 3's 128256, Qwen's 151936 vocabularies) are written as llm.c's
+// Llama 3 files (magic 20240801, version 7, uint32) and read back; a file of small tokens stays
+// uint16; what fits neither is refused.
+TEST(TokenFile, WideTokensAreWrittenAsUint32AndReadBack) {
+  const std::string dir = test::fresh_dir("wide");
+  write_token_file(dir + "/wide.bin", {1, 70000, 151935});
+  const TokenFile wide = TokenFile::open(dir + "/wide.bin");
+  EXPECT_EQ(wide.size(), 3);
+  EXPECT_EQ(wide[1], 70000u);
+  EXPECT_EQ(wide.vocab_bound(), 151936);
+  EXPECT_TRUE(torch::equal(wide.window(0, 3), torch::tensor({1, 70000, 151935}, torch::kLong)));
+  EXPECT_EQ(std::filesystem::file_size(dir + "/wide.bin"), 256 * 4 + 3 * 4u);
+  write_token_file(dir + "/narrow.bin", {1, 65535});
+  EXPECT_EQ(std::filesystem::file_size(dir + "/narrow.bin"), 256 * 4 + 2 * 2u);
+  EXPECT_EQ(TokenFile::open(dir + "/narrow.bin")[1], 65535u);
+  EXPECT_TRUE(test::throws_naming([&] { write_token_file(dir + "/bad.bin", {1, -3}); }, {"bad.bin", "-3", "uint32"}));
 }
 
 TEST(DataOptions, CheckNamesTheKey) {
