@@ -10,7 +10,7 @@
 // after the first moe_dense_layers) with a mixture of experts: top-k of moe_experts (Switch top-1,
 // GShard top-2, Mixtral, any k), softmax or sigmoid scores, gates renormalized or not, capacity or
 // dropless routing, experts of their own width (fine-grained), shared experts beside them
-// (DeepSeek); the experts' activation is the MLP's (GELU, or SwiGLU: Mixtral, DeepSeek) (model/moe.h).
+// (DeepSeek); the experts are SwiGLU where mlp = swiglu (Mixtral, DeepSeek), else GELU (model/moe.h).
 //
 // Block kinds, each its own key ("auto": what arch implies):
 //   norm        layernorm (arch gpt) | rmsnorm (arch linear), with norm_eps
@@ -174,6 +174,9 @@ struct ModelOptions {
     return ffn == "moe" && layer >= moe_dense_layers && (layer + 1) % moe_every == 0;
   }
   int64_t expert_hidden() const { return moe_ffn_hidden > 0 ? moe_ffn_hidden : hidden(); }
+  // SwiGLU experts only where mlp = swiglu is set (Mixtral, DeepSeek); "auto" keeps GELU experts for
+  // both arches, as before SwiGLU experts existed, so arch linear's MoE models keep their shapes.
+  bool swiglu_experts() const { return mlp == "swiglu"; }
   // Whether the routed gates are the chosen scores divided by their sum.
   bool renormalized_gates() const { return moe_gates == "auto" ? moe_top_k > 1 : moe_gates == "renormalized"; }
 

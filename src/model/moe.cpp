@@ -81,6 +81,7 @@ namespace {
 ModelOptions shared_mlp_options(const ModelOptions& opts) {
   ModelOptions o = opts;
   o.ffn = "dense";
+  o.mlp = opts.swiglu_experts() ? "swiglu" : "gelu";  // the routed experts' activation
   o.ffn_hidden = opts.moe_shared_experts * opts.expert_hidden();
   return o;
 }
@@ -91,7 +92,7 @@ MoEImpl::MoEImpl(const ModelOptions& opts, const at::TensorOptions& where)
     : n_experts_(opts.moe_experts),
       top_k_(opts.moe_top_k),
       sigmoid_(opts.moe_score == "sigmoid"),
-      glu_(opts.swiglu()),
+      glu_(opts.swiglu_experts()),
       renormalize_(opts.renormalized_gates()),
       capacity_factor_(opts.moe_capacity_factor),
       aux_coef_(opts.moe_aux_loss_coef),

@@ -15,7 +15,7 @@
 //   the buffer: the experts' rows one after the other, sizes[e] rows for expert e      [R, C]
 //   dispatch: buffer[offset_e + slot] = x[token]
 //   experts:  rows of e -> act(rows @ w_fc[e] + b_fc[e]) @ w_proj[e] + b_proj[e]       [R, C]
-//             act: gelu_tanh (model.mlp gelu; w_fc [E, C, H]) or SwiGLU (model.mlp swiglu;
+//             act: gelu_tanh (w_fc [E, C, H]) or SwiGLU (model.swiglu_experts(): mlp = swiglu set;
 //             w_fc [E, C, 2H], its columns a then g, as the MLP's rows: act = a * silu(g))
 //             (equal sizes: one batched matmul over [E, cap, C]; else at::_grouped_mm; every path
 //             returns autocast's dtype, so ep ranks whose experts took different paths agree)
