@@ -13,6 +13,8 @@
 #                    export tests compare with (tests/hf/).
 #   tensorboard:     pinned, in the same environment: its reader is the reference the event-file
 #                    test reads tessera's files back with (tests/tensorboard/test_tensorboard.py).
+#   sentencepiece:   pinned, in the same environment: the reference tessera's SentencePiece reader
+#                    is compared with (tests/hf/make_tokenizer_references.py).
 #
 # On a bare machine the Debian packages and the venv are installed at the same time (one waits on
 # dpkg, the other on the torch wheel's download and unpacking): that overlap is most of what
@@ -29,6 +31,8 @@ VENV="$DEPS/venv-torch-$TORCH_VERSION"
 STAMP="$VENV/.tessera-installed"
 TRANSFORMERS_STAMP="$VENV/.tessera-transformers-$TRANSFORMERS_VERSION"
 TENSORBOARD_STAMP="$VENV/.tessera-tensorboard-$TENSORBOARD_VERSION"
+SENTENCEPIECE_VERSION="0.2.3"
+SENTENCEPIECE_STAMP="$VENV/.tessera-sentencepiece-$SENTENCEPIECE_VERSION"
 
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
@@ -60,9 +64,10 @@ if [ ! -f "$STAMP" ]; then
   rm -rf "$VENV"
   # Debian's python3 is the reference interpreter; any python3 >= 3.10 with venv works.
   python3 -m venv "$VENV"
-  pip_install "torch==$TORCH_VERSION" numpy "transformers==$TRANSFORMERS_VERSION" "tensorboard==$TENSORBOARD_VERSION"
+  pip_install "torch==$TORCH_VERSION" numpy "transformers==$TRANSFORMERS_VERSION" "tensorboard==$TENSORBOARD_VERSION" \
+              "sentencepiece==$SENTENCEPIECE_VERSION"
   "$VENV/bin/python" -c "import torch; assert torch.__version__.startswith('$TORCH_VERSION'), torch.__version__"
-  touch "$STAMP" "$TRANSFORMERS_STAMP" "$TENSORBOARD_STAMP"
+  touch "$STAMP" "$TRANSFORMERS_STAMP" "$TENSORBOARD_STAMP" "$SENTENCEPIECE_STAMP"
 fi
 # Added after the environment first existed: each checked on its own so that an old venv gains it.
 if [ ! -f "$TRANSFORMERS_STAMP" ]; then
@@ -75,6 +80,11 @@ if [ ! -f "$TENSORBOARD_STAMP" ]; then
   echo "[install] tensorboard==$TENSORBOARD_VERSION into $VENV (first time only)"
   pip_install "tensorboard==$TENSORBOARD_VERSION"
   touch "$TENSORBOARD_STAMP"
+fi
+if [ ! -f "$SENTENCEPIECE_STAMP" ]; then
+  echo "[install] sentencepiece==$SENTENCEPIECE_VERSION into $VENV (first time only)"
+  pip_install "sentencepiece==$SENTENCEPIECE_VERSION"
+  touch "$SENTENCEPIECE_STAMP"
 fi
 if [ -n "$apt_pid" ]; then
   wait "$apt_pid" || { echo "[install] the Debian packages failed to install: $build_pkgs" >&2; exit 1; }

@@ -12,7 +12,7 @@ Command add_prepare_command(CLI::App& app) {
   cmd->add_option("--input", options->inputs, "text files to read (concatenated in order)")->required()->take_all();
   cmd->add_option("--out", options->out_dir, "data directory to write (train.bin, val.bin, tokenizer.json)")->required();
   cmd->add_option("--tokenizer", options->tokenizer,
-                  "byte, gpt2, or hf:DIR (a Hugging Face folder's byte-level BPE tokenizer.json: Llama 3, Qwen, GPT-2)")
+                  "byte, gpt2, or hf:DIR (a Hugging Face folder's tokenizer.json or SentencePiece tokenizer.model)")
       ->check([](const std::string& value) {
         return value == "byte" || value == "gpt2" || (value.rfind("hf:", 0) == 0 && value.size() > 3)
                    ? std::string()

@@ -54,14 +54,16 @@ Step pre_tokenizer_step(const json& node, const std::string& where) {
 
 bool is_hf_tokenizer_json(const json& json) { return json.is_object() && json.contains("model") && json["model"].is_object(); }
 
+bool is_sentencepiece_conversion(const json& root) {
+  const json& model = root["model"];
+  return flag(model, "byte_fallback") || type_of(model) == "Unigram" ||
+         type_of(root.value("pre_tokenizer", json())) == "Metaspace";
+}
+
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path, const json& root) {
   const json& model = root["model"];
   const std::string model_type = type_of(model);
-  const bool sentencepiece_style =
-      flag(model, "byte_fallback") || type_of(root.value("pre_tokenizer", json())) == "Metaspace";
-  require(!sentencepiece_style && model_type != "Unigram", path, ": a SentencePiece tokenizer (", model_type,
-          sentencepiece_style ? " with byte_fallback or Metaspace" : "",
-          ": Llama 2, Mistral) is not read yet; tessera reads byte-level BPE (Llama 3, Qwen, GPT-2)");
+  require(!is_sentencepiece_conversion(root), path, ": internal: a SentencePiece conversion is read from its model");
   require(model_type == "BPE", path, ": model.type '", model_type, "' is not read (tessera reads byte-level BPE)");
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix", "dropout"})
     require(!model.contains(key) || model[key].is_null() || (model[key].is_string() && model[key].get<std::string>().empty()),

@@ -5,8 +5,9 @@
 //     pre_tokenizer Split (a regex, behavior Isolated: regex_split.h) and ByteLevel (use_regex:
 //     GPT-2's pattern) alone or in a Sequence. It becomes the one byte-level BPE of
 //     byte_level_bpe.h (type "hf_bpe").
-// SentencePiece tokenizers (Llama 2, Mistral: tokenizer.model, or a tokenizer.json converted from
-// one, a BPE with byte_fallback or a Metaspace pre-tokenizer) are refused as not read yet.
+// A tokenizer.json converted from SentencePiece (Llama 2, Mistral: a BPE with byte_fallback, a
+// Unigram, or a Metaspace pre-tokenizer) is read through the tokenizer.model beside it
+// (data/sentencepiece.h; load_tokenizer decides).
 //
 // Encoding is plain: no BOS/EOS or chat template is added (transformers' add_special_tokens=False);
 // special tokens written in the text are their ids. Decoding writes every token's text, special
@@ -30,6 +31,9 @@ namespace tessera {
 // Whether a parsed tokenizer.json is Hugging Face's (it has a "model" object) rather than
 // tessera's own ({"type": ...}).
 bool is_hf_tokenizer_json(const nlohmann::json& json);
+
+// Whether Hugging Face's tokenizer.json was converted from a SentencePiece model.
+bool is_sentencepiece_conversion(const nlohmann::json& json);
 
 // The tokenizer whose tokenizer.json (`json`, read from `path`) is Hugging Face's.
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path, const nlohmann::json& json);

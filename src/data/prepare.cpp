@@ -48,7 +48,12 @@ PrepareReport prepare_data(const PrepareOptions& options, std::ostream& log) {
   } else if (options.tokenizer.rfind("hf:", 0) == 0) {
     const std::string dir = options.tokenizer.substr(3);
     tokenizer = load_tokenizer(dir);
-    description = read_file(dir + "/tokenizer.json");
+    if (tokenizer->type() == "sentencepiece") {
+      description = nlohmann::json{{"type", "sentencepiece"}, {"model", "tokenizer.model"}}.dump(2) + "\n";
+      files = {{dir + "/tokenizer.model", "tokenizer.model"}};
+    } else {
+      description = read_file(dir + "/tokenizer.json");
+    }
   } else {
     fail("prepare: tokenizer must be byte, gpt2 or hf:DIR (got '", options.tokenizer, "')");
   }

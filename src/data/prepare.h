@@ -2,7 +2,8 @@
 //
 //   out_dir/train.bin   the first (1 - val_fraction) of the tokens, llm.c format
 //   out_dir/val.bin     the last val_fraction of the tokens (the tail of the concatenated text)
-//   out_dir/tokenizer.json (+ encoder.json, vocab.bpe for gpt2; for hf:DIR a copy of DIR's)
+//   out_dir/tokenizer.json (+ encoder.json, vocab.bpe for gpt2; for hf:DIR a copy of DIR's, or, for
+//                       SentencePiece, tessera's naming the tokenizer.model copied beside it)
 //
 // Every file goes through a temporary name and rename(2), and tokenizer.json is written last, so an
 // interrupted prepare leaves no half file and no directory that looks complete but is not.

@@ -1,5 +1,5 @@
-// load_tokenizer: reads a directory's tokenizer.json (tessera's or Hugging Face's) and builds the
-// tokenizer it describes.
+// load_tokenizer: reads a directory's tokenizer.json (tessera's or Hugging Face's) or
+// tokenizer.model and builds the tokenizer it describes.
 #include "data/tokenizer.h"
 
 #include <filesystem>
@@ -10,6 +10,7 @@
 #include "core/fs.h"
 #include "data/gpt2_bpe.h"
 #include "data/hf_tokenizer.h"
+#include "data/sentencepiece.h"
 
 namespace tessera {
 
@@ -17,16 +18,24 @@ Tokenizer::~Tokenizer() = default;
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
   const std::string path = dir + "/tokenizer.json";
-  require(std::filesystem::exists(path) || !std::filesystem::is_regular_file(dir + "/tokenizer.model"), dir,
-          ": holds a SentencePiece tokenizer.model and no tokenizer.json; SentencePiece tokenizers (Llama 2, "
-          "Mistral) are not read yet");
+  if (!std::filesystem::exists(path) && std::filesystem::is_regular_file(dir + "/tokenizer.model"))
+    return load_sentencepiece(dir + "/tokenizer.model");
   nlohmann::json json;
   try {
     json = nlohmann::json::parse(read_file(path));
   } catch (const nlohmann::json::exception& e) {
     fail(path, ": not valid JSON (", e.what(), ")");
   }
-  if (is_hf_tokenizer_json(json)) return load_hf_tokenizer(path, json);
+  if (is_hf_tokenizer_json(json)) {
+    // A tokenizer.json converted from SentencePiece (Llama 2, Mistral) is read through its model.
+    if (is_sentencepiece_conversion(json)) {
+      require(std::filesystem::is_regular_file(dir + "/tokenizer.model"), path,
+              ": a tokenizer converted from SentencePiece (byte_fallback or Metaspace); tessera reads it from the "
+              "tokenizer.model beside it, and ", dir, "/tokenizer.model is missing");
+      return load_sentencepiece(dir + "/tokenizer.model");
+    }
+    return load_hf_tokenizer(path, json);
+  }
   auto string_key = [&](const char* key) {
     require(json.is_object() && json.contains(key) && json[key].is_string(), path, ": missing string key '", key,
             "'");
@@ -40,7 +49,8 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
     return std::make_unique<Gpt2Bpe>(dir + "/" + string_key("encoder"), dir + "/" + string_key("merges"),
                                      json["vocab_size"].get<int64_t>());
   }
-  fail(path, ": key 'type' must be \"byte\" or \"gpt2\" (got \"", type,
+  if (type == "sentencepiece") return load_sentencepiece(dir + "/" + string_key("model"));
+  fail(path, ": key 'type' must be \"byte\", \"gpt2\" or \"sentencepiece\" (got \"", type,
        "\"), or the file Hugging Face's tokenizer.json (with a \"model\" object)");
 }
 

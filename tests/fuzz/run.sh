@@ -40,7 +40,7 @@ case $target in
           flags+=("-DTOML_ASSERT(expr)=static_assert(true)") ;;
   token_files) sources+=(src/data/token_stream.cpp src/data/token_file.cpp src/core/fs.cpp) ;;
   tokenizer) sources+=(src/data/tokenizer.cpp src/data/byte_level_bpe.cpp src/data/gpt2_bpe.cpp src/data/hf_tokenizer.cpp
-                       src/data/regex_split.cpp src/data/byte_tokenizer.cpp src/core/fs.cpp)
+                       src/data/regex_split.cpp src/data/sentencepiece.cpp src/data/byte_tokenizer.cpp src/core/fs.cpp)
              flags+=(-DTESSERA_TOKENIZERS=1)
              libs+=(-lpcre2-8 -lutf8proc) ;;
   hf_folder) sources+=(src/model/hf_gpt2.cpp src/model/hf_llama.cpp src/model/hf_names.cpp src/model/model_options.cpp src/model/norm.cpp

@@ -6,8 +6,11 @@ on the bundled corpus and a multilingual text, each with the pre-tokenization of
   qwen2   Qwen 2's regex (single digits), the NFC normalizer, special tokens
   gpt2    ByteLevel with GPT-2's own regex
 Each is saved as WORK/<name>/tokenizer.json, and transformers' PreTrainedTokenizerFast over that
-file writes the references (plain encode, add_special_tokens=False; decode keeping special tokens):
-  WORK/<name>/reference.json   {"texts": [...], "ids": [[...]], "decoded": [...]}
+file writes the references (plain encode, add_special_tokens=False; decode keeping special tokens).
+A fourth, WORK/sentencepiece/tokenizer.model, is a SentencePiece BPE model trained as Llama 2's was
+(byte fallback, identity normalization, a dummy prefix, digits split), with the sentencepiece
+library's ids and decoded texts as references (skipped when that library is missing):
+  WORK/<name>/reference.json   {"type": ..., "texts": [...], "ids": [[...]], "decoded": [...]}
   WORK/<name>/corpus.ids       the bundled corpus's ids, little-endian int32
 Exits 77 (CTest's skip) with a message when transformers cannot be imported.
 
@@ -66,7 +69,33 @@ for name in ("llama3", "qwen2", "gpt2"):
     ids = [fast.encode(text, add_special_tokens=False) for text in MULTILINGUAL]
     decoded = [fast.decode(i, skip_special_tokens=False, clean_up_tokenization_spaces=False) for i in ids]
     with open(os.path.join(folder, "reference.json"), "w") as f:
-        json.dump({"texts": MULTILINGUAL, "ids": ids, "decoded": decoded}, f, ensure_ascii=False)
+        json.dump({"type": "hf_bpe", "texts": MULTILINGUAL, "ids": ids, "decoded": decoded}, f, ensure_ascii=False)
     corpus_ids = fast.encode(corpus, add_special_tokens=False)
     numpy.asarray(corpus_ids, dtype="<i4").tofile(os.path.join(folder, "corpus.ids"))
     print(f"{name}: vocab {tokenizer.get_vocab_size()}, corpus {len(corpus_ids)} tokens")
+
+try:
+    import sentencepiece
+except ImportError as e:
+    print(f"sentencepiece: skipped ({e}); scripts/install.sh installs it")
+    sys.exit(0)
+folder = os.path.join(WORK, "sentencepiece")
+os.makedirs(folder)
+training = os.path.join(folder, "training.txt")
+with open(training, "w", encoding="utf-8") as f:
+    f.write(corpus + "\n".join(MULTILINGUAL * 20))
+sentencepiece.SentencePieceTrainer.train(
+    input=training, model_prefix=os.path.join(folder, "tokenizer"), vocab_size=1200, model_type="bpe",
+    byte_fallback=True, normalization_rule_name="identity", add_dummy_prefix=True, remove_extra_whitespaces=False,
+    split_digits=True, allow_whitespace_only_pieces=True, user_defined_symbols=["<|tool|>"], minloglevel=2)
+os.remove(training)
+os.remove(os.path.join(folder, "tokenizer.vocab"))
+processor = sentencepiece.SentencePieceProcessor(model_file=os.path.join(folder, "tokenizer.model"))
+texts = MULTILINGUAL + [" leading space", "user <|tool|> symbol", ""]
+ids = [processor.encode(text) for text in texts]
+with open(os.path.join(folder, "reference.json"), "w") as f:
+    json.dump({"type": "sentencepiece", "texts": texts, "ids": ids, "decoded": [processor.decode(i) for i in ids]}, f,
+              ensure_ascii=False)
+corpus_ids = processor.encode(corpus)
+numpy.asarray(corpus_ids, dtype="<i4").tofile(os.path.join(folder, "corpus.ids"))
+print(f"sentencepiece: vocab {processor.get_piece_size()}, corpus {len(corpus_ids)} tokens")

@@ -42,7 +42,9 @@ TEST(LoadTokenizer, ReadsTokenizerJsonAndNamesBadKeys) {
   write_file_durable(dir + "/tokenizer.json", R"({"kind": "byte"})");
   EXPECT_TRUE(test::throws_naming([&] { load_tokenizer(dir); }, {dir + "/tokenizer.json", "'type'"}));
   write_file_durable(dir + "/tokenizer.json", R"({"type": "sentencepiece"})");
-  EXPECT_TRUE(test::throws_naming([&] { load_tokenizer(dir); }, {dir + "/tokenizer.json", "\"sentencepiece\"", "\"model\" object"}));
+  EXPECT_TRUE(test::throws_naming([&] { load_tokenizer(dir); }, {dir + "/tokenizer.json", "'model'"}));
+  write_file_durable(dir + "/tokenizer.json", R"({"type": "wordpiece"})");
+  EXPECT_TRUE(test::throws_naming([&] { load_tokenizer(dir); }, {dir + "/tokenizer.json", "\"wordpiece\"", "sentencepiece"}));
   write_file_durable(dir + "/tokenizer.json", R"({"type": "gpt2", "encoder": "encoder.json", "merges": "vocab.bpe"})");
   EXPECT_TRUE(test::throws_naming([&] { load_tokenizer(dir); }, {dir + "/tokenizer.json", "'vocab_size'"}));
   write_file_durable(dir + "/tokenizer.json", "{not json");
