@@ -30,6 +30,9 @@ HERE = pathlib.Path(__file__).resolve().parent
 CASES = {
     "tiny_gpt": dict(vocab=256, block=128, layers=4, heads=4, embd=128, batch=16, seq=128, steps=30, warmup=5),
     "gpt2_124m": dict(vocab=50257, block=1024, layers=12, heads=12, embd=768, batch=1, seq=512, steps=4, warmup=1),
+    # The Llama blocks (tiny_llama: RMSNorm, rotary, grouped-query attention, SwiGLU, untied head).
+    "tiny_llama": dict(family="llama", vocab=256, block=128, layers=4, heads=4, kv_heads=2, ffn=352, embd=128, batch=16,
+                       seq=128, steps=30, warmup=5),
     # The GPU measurement of docs/gpu.md: sequence 1024, the batch from --batch.
     "gpt2_124m_1024": dict(vocab=50257, block=1024, layers=12, heads=12, embd=768, batch=8, seq=1024, steps=20, warmup=5),
 }
@@ -41,11 +44,15 @@ def run_json(cmd):
 
 
 def tessera_cmd(build, c, threads, device, dtype):
-    sets = {"model.preset": "tiny_gpt", "model.vocab_size": c["vocab"], "model.block_size": c["block"],
+    llama = c.get("family") == "llama"
+    sets = {"model.preset": "tiny_llama" if llama else "tiny_gpt", "model.vocab_size": c["vocab"],
+            "model.block_size": c["block"],
             "model.n_layer": c["layers"], "model.n_head": c["heads"], "model.n_embd": c["embd"],
             "train.batch_size": c["batch"], "train.seq_len": c["seq"], "train.threads": threads,
             "optim.name": "adamw", "optim.fused": "true", "optim.grad_clip": 1.0, "data.path": "unused",
             "train.device": device, "precision.dtype": dtype}
+    if llama:
+        sets.update({"model.n_kv_head": c["kv_heads"], "model.ffn_hidden": c["ffn"]})
     cmd = [str(pathlib.Path(build) / "tessera"), "bench", "--config", "tiny_gpt", "--json",
            "--steps", str(c["steps"]), "--warmup", str(c["warmup"])]
     for k, v in sets.items():
@@ -58,6 +65,8 @@ def peer_cmd(c, mode, threads, device, dtype):
            "--device", device, "--dtype", dtype]
     for k in ("vocab", "block", "layers", "heads", "embd", "batch", "seq", "steps", "warmup"):
         cmd += [f"--{k}", str(c[k])]
+    if c.get("family") == "llama":
+        cmd += ["--family", "llama", "--kv_heads", str(c["kv_heads"]), "--ffn", str(c["ffn"])]
     return cmd
 
 

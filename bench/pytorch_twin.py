@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The PyTorch twin of `tessera bench`: the same GPT (pre-LayerNorm, learned positions, SDPA causal
-attention, GELU-tanh MLP, tied head), the same AdamW (fused, decay on matrices only), gradient
+attention, GELU-tanh MLP, tied head), or with --family llama the same Llama (RMSNorm, rotary
+positions, grouped-query SDPA attention, SwiGLU MLP, untied head, no biases), the same AdamW (fused, decay on matrices only), gradient
 clipping and synthetic batch, in eager mode or under torch.compile. Prints one JSON object.
 
 --device cuda times each step between two torch.cuda.synchronize() calls (the step's kernels are
@@ -37,6 +38,59 @@ class Block(nn.Module):
         return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
 
 
+def rotate(x, cos, sin):
+    """Rotary positions in the "rotate half" layout (tessera's model/rotary.h, Hugging Face's)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, d, heads, kv_heads, hidden):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, d // heads
+        self.ln_1, self.ln_2 = nn.RMSNorm(d, eps=1e-5), nn.RMSNorm(d, eps=1e-5)
+        self.q_proj = nn.Linear(d, d, bias=False)
+        self.kv_proj = nn.Linear(d, 2 * kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(d, d, bias=False)
+        self.up_gate = nn.Linear(d, 2 * hidden, bias=False)
+        self.down = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, t, c = x.shape
+        h = self.ln_1(x)
+        q = self.q_proj(h).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv_proj(h).view(b, t, 2, self.kv_heads, self.head_dim).unbind(2)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        y = F.scaled_dot_product_attention(rotate(q, cos, sin), rotate(k, cos, sin), v, is_causal=True,
+                                           enable_gqa=True)
+        x = x + self.o_proj(y.transpose(1, 2).reshape(b, t, c))
+        a, g = self.up_gate(self.ln_2(x)).chunk(2, dim=-1)
+        return x + self.down(a * F.silu(g))
+
+
+class Llama(nn.Module):
+    def __init__(self, vocab, layers, heads, kv_heads, d, hidden, theta):
+        super().__init__()
+        self.wte, self.lm_head = nn.Embedding(vocab, d), nn.Linear(d, vocab, bias=False)
+        self.h = nn.ModuleList(LlamaBlock(d, heads, kv_heads, hidden) for _ in range(layers))
+        self.ln_f = nn.RMSNorm(d, eps=1e-5)
+        half = d // heads // 2
+        self.register_buffer("inv_freq", 1.0 / theta ** (torch.arange(half, dtype=torch.float32) / half),
+                             persistent=False)
+        for p in self.parameters():
+            if p.dim() >= 2:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, idx, targets):
+        angles = torch.outer(torch.arange(idx.shape[1], device=idx.device, dtype=torch.float32), self.inv_freq)
+        cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+        x = self.wte(idx)
+        for block in self.h:
+            x = block(x, cos, sin)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+
+
 class GPT(nn.Module):
     def __init__(self, vocab, block, layers, heads, d):
         super().__init__()
@@ -58,10 +112,13 @@ class GPT(nn.Module):
 def main():
     a = argparse.ArgumentParser()
     for name, default in [("vocab", 256), ("block", 128), ("layers", 4), ("heads", 4), ("embd", 128),
-                          ("batch", 16), ("seq", 128), ("steps", 5), ("warmup", 2), ("threads", 0)]:
+                          ("batch", 16), ("seq", 128), ("steps", 5), ("warmup", 2), ("threads", 0),
+                          ("kv_heads", 0), ("ffn", 0)]:
         a.add_argument(f"--{name}", type=int, default=default)
     a.add_argument("--lr", type=float, default=1e-3)
     a.add_argument("--mode", choices=["eager", "compile"], default="eager")
+    a.add_argument("--family", choices=["gpt", "llama"], default="gpt")
+    a.add_argument("--rope_theta", type=float, default=10000.0)
     a.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     a.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     a.add_argument("--trace", help="record --steps more steps into this Chrome trace")
@@ -74,7 +131,11 @@ def main():
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if args.dtype == "bf16" \
         else contextlib.nullcontext
     torch.manual_seed(1337)
-    model = GPT(args.vocab, args.block, args.layers, args.heads, args.embd).to(device)
+    if args.family == "llama":
+        model = Llama(args.vocab, args.layers, args.heads, args.kv_heads or args.heads, args.embd,
+                      args.ffn or 4 * args.embd, args.rope_theta).to(device)
+    else:
+        model = GPT(args.vocab, args.block, args.layers, args.heads, args.embd).to(device)
     params = sum(p.numel() for p in model.parameters())
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]

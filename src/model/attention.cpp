@@ -67,14 +67,15 @@ at::Tensor CausalSelfAttentionImpl::core(const at::Tensor& qkv) {
     q = apply_rotary(q, tables);
     k = apply_rotary(k, tables);
   }
-  if (group_ > 1) {
+  if (group_ > 1 && kernel_) {  // the sequence-parallel kernels take as many key/value heads as query heads
     k = k.repeat_interleave(group_, 1);
     v = v.repeat_interleave(group_, 1);
   }
   const double p = is_training() ? dropout_ : 0.0;
   auto y = kernel_ ? kernel_(q, k, v)
                    : random::fork(p > 0 ? dropout_stream_ : random::Stream::shared, qkv.device(), [&] {
-                       return at::scaled_dot_product_attention(q, k, v, {}, p, /*is_causal=*/true);
+                       return at::scaled_dot_product_attention(q, k, v, {}, p, /*is_causal=*/true, std::nullopt,
+                                                               /*enable_gqa=*/group_ > 1);
                      });
   return y.transpose(1, 2).contiguous().view({B, T, h * d});
 }
@@ -92,7 +93,11 @@ const RotaryTables& CausalSelfAttentionImpl::rotary_for(const at::Tensor& x) {
 
 at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   const at::Tensor in = region_.input(x);
-  auto qkv = c_attn ? linear(c_attn, in) : at::cat({linear(q_proj, in), linear(kv_proj, in)}, -1);
+  // q_proj and kv_proj as one GEMM: their weights (and biases) joined, a copy of C x (H + 2K) d
+  // numbers instead of one of the B T (H + 2K) d outputs.
+  auto qkv = c_attn ? linear(c_attn, in)
+                    : linear(in, at::cat({q_proj->weight, kv_proj->weight}),
+                             q_proj->bias.defined() ? at::cat({q_proj->bias, kv_proj->bias}) : at::Tensor());
   auto y = checkpoint_core_ && checkpoint_applies(qkv) ? checkpoint([this](const at::Tensor& t) { return core(t); }, qkv)
                                                     : core(qkv);
   return region_.output(c_proj, y);

@@ -5,7 +5,8 @@
 //   q, k -> RMSNorm over each head            qk_norm only (Qwen 3)
 //   q, k -> rotated by their positions        position = rope only (rotary.h)
 //   y = SDPA(q, k, v, causal)                 softmax(q k^T / sqrt(d)) v, each k and v head shared
-//                                             by H / K query heads; dropout on the probabilities
+//                                             by H / K query heads (SDPA's enable_gqa: nothing is
+//                                             copied); dropout on the probabilities
 //   out = c_proj(y)                           [B, T, C]
 //
 // The projections: c_attn [3C, C] (q, k, v blocks) where they are equal (fused_qkv(): GPT-2's
