@@ -77,6 +77,21 @@ ModelOptions mixtral(const std::string& name, int64_t vocab, int64_t block, int6
   return o;
 }
 
+// DeepSeek's MoE on Llama blocks: the first block dense, fine-grained experts of their own width
+// beside shared ones, dropless, no z-loss, rotary without scaling.
+ModelOptions deepseek_moe(ModelOptions o, int64_t experts, int64_t top_k, int64_t expert_width, int64_t shared) {
+  o.rope_scaling = "none";
+  o.ffn = "moe";
+  o.moe_dense_layers = 1;
+  o.moe_experts = experts;
+  o.moe_top_k = top_k;
+  o.moe_ffn_hidden = expert_width;
+  o.moe_shared_experts = shared;
+  o.moe_capacity_factor = 0;
+  o.moe_z_loss_coef = 0;
+  return o;
+}
+
 const std::map<std::string, std::function<ModelOptions()>>& presets() {
   static const std::map<std::string, std::function<ModelOptions()>> table = {
       {"tiny_gpt", [] { return shape("tiny_gpt", 256, 128, 4, 128, 4); }},
@@ -113,22 +128,13 @@ const std::map<std::string, std::function<ModelOptions()>>& presets() {
       // scaled, aux-loss-free balancing with a small balance loss, the first block dense.
       {"tiny_deepseek",
        [] {
-         auto o = llama("tiny_deepseek", 256, 128, 4, 128, 4, 2, 352);
+         auto o = deepseek_moe(llama("tiny_deepseek", 256, 128, 4, 128, 4, 2, 352), 16, 4, 64, 1);
          o.rope_theta = 10000;
-         o.rope_scaling = "none";
-         o.ffn = "moe";
-         o.moe_dense_layers = 1;
-         o.moe_experts = 16;
-         o.moe_top_k = 4;
-         o.moe_ffn_hidden = 64;
-         o.moe_shared_experts = 1;
          o.moe_score = "sigmoid";
          o.moe_gates = "renormalized";
          o.moe_routed_scale = 2.5;
-         o.moe_capacity_factor = 0;
          o.moe_bias_update_rate = 0.001;
          o.moe_aux_loss_coef = 0.0001;
-         o.moe_z_loss_coef = 0;
          return o;
        }},
       // Mixtral 8x7B (its config.json).
@@ -138,20 +144,11 @@ const std::map<std::string, std::function<ModelOptions()>>& presets() {
       // multi-head attention.
       {"deepseek_moe_16b",
        [] {
-         auto o = llama("deepseek_moe_16b", 102400, 4096, 28, 2048, 16, 16, 10944);
+         auto o = deepseek_moe(llama("deepseek_moe_16b", 102400, 4096, 28, 2048, 16, 16, 10944), 64, 6, 1408, 2);
          o.rope_theta = 10000;
-         o.rope_scaling = "none";
          o.norm_eps = 1e-6;
-         o.ffn = "moe";
-         o.moe_dense_layers = 1;
-         o.moe_experts = 64;
-         o.moe_top_k = 6;
-         o.moe_ffn_hidden = 1408;
-         o.moe_shared_experts = 2;
          o.moe_gates = "scores";
-         o.moe_capacity_factor = 0;
          o.moe_aux_loss_coef = 0.001;
-         o.moe_z_loss_coef = 0;
          return o;
        }},
       // Llama 3.1 (Meta's config.json of each size).

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <functional>
 
 #include "model/init.h"
 #include "model/moe.h"
@@ -30,6 +31,23 @@ MoE make_moe(const ModelOptions& o) {
   MoE moe(o, at::TensorOptions());
   initialize_parameters(*moe, moe->parameter_specs(), 7);
   return moe;
+}
+
+// Dropless experts (at::_grouped_mm over variable runs, or one matmul pair per expert where strides
+// do not allow it; the output summed directly, whose gradient has zero strides) equal the padded
+// batched matmul of a capacity that drops nothing (2 * 40 / 4 * 4 = 80 rows >= any count): outputs,
+// w_fc's gradient and that of one more parameter.
+void expect_expert_paths_agree(ModelOptions o, const std::function<at::Tensor(MoEImpl&)>& other) {
+  MoE dropless = make_moe(o);
+  o.moe_capacity_factor = 4.0;
+  MoE padded = make_moe(o);
+  const at::Tensor tokens = torch::randn({1, 40, o.n_embd});
+  const at::Tensor y = dropless->forward(tokens).y, y_padded = padded->forward(tokens).y;
+  EXPECT_TRUE(torch::allclose(y, y_padded, 1e-5, 1e-6));
+  y.sum().backward();
+  y_padded.sum().backward();
+  EXPECT_TRUE(torch::allclose(dropless->w_fc.grad(), padded->w_fc.grad(), 1e-5, 1e-6));
+  EXPECT_TRUE(torch::allclose(other(*dropless).grad(), other(*padded).grad(), 1e-5, 1e-6));
 }
 
 TEST(MoE, CapacityFormula) {
@@ -210,23 +228,12 @@ TEST(MoE, DroplessKeepsEveryChoiceAndRecomputationIsNotCountedTwice) {
   EXPECT_TRUE((r.slot < r.capacity).all().item<bool>());
   EXPECT_TRUE(torch::allclose(r.gate.sum(1), torch::ones({40})));  // k > 1: normalised
   EXPECT_EQ(moe->statistics().dropped_fraction(), 0.0);
-  // Dropless experts (at::_grouped_mm over variable runs; the output summed directly, whose
-  // gradient has zero strides) equal the padded batched matmul of a capacity that drops nothing.
   for (int64_t width : {16, 6}) {  // 6 x 4 bytes: not a 16-byte stride, one matmul pair per expert
     SCOPED_TRACE("n_embd " + std::to_string(width));
     ModelOptions wide = moe_options(2, 0.0);
     wide.n_embd = width;
     wide.mlp_ratio = 2;
-    MoE dropless = make_moe(wide);
-    wide.moe_capacity_factor = 4.0;  // capacity 2 * 40 / 4 * 4 = 80 >= any count
-    MoE padded = make_moe(wide);
-    const at::Tensor tokens = torch::randn({1, 40, width});
-    const at::Tensor y = dropless->forward(tokens).y, y_padded = padded->forward(tokens).y;
-    EXPECT_TRUE(torch::allclose(y, y_padded, 1e-5, 1e-6));
-    y.sum().backward();
-    y_padded.sum().backward();
-    EXPECT_TRUE(torch::allclose(dropless->w_fc.grad(), padded->w_fc.grad(), 1e-5, 1e-6));
-    EXPECT_TRUE(torch::allclose(dropless->b_proj.grad(), padded->b_proj.grad(), 1e-5, 1e-6));
+    expect_expert_paths_agree(wide, [](MoEImpl& moe) { return moe.b_proj; });
   }
 
   ModelOptions m = moe_options(2, 1.0);
@@ -303,16 +310,7 @@ TEST(MoE, SwiGLUExpertsScaledGatesAndASharedExpertFollowTheirFormula) {
     ModelOptions wide = o;
     wide.n_embd = width;
     wide.moe_ffn_hidden = width == 16 ? 8 : 6;
-    MoE dropless = make_moe(wide);
-    wide.moe_capacity_factor = 4.0;  // capacity 2 * 40 / 4 * 4 = 80 >= any count
-    MoE padded = make_moe(wide);
-    const at::Tensor tokens = torch::randn({1, 40, width});
-    const at::Tensor a = dropless->forward(tokens).y, b = padded->forward(tokens).y;
-    EXPECT_TRUE(torch::allclose(a, b, 1e-5, 1e-6));
-    a.sum().backward();
-    b.sum().backward();
-    EXPECT_TRUE(torch::allclose(dropless->w_fc.grad(), padded->w_fc.grad(), 1e-5, 1e-6));
-    EXPECT_TRUE(torch::allclose(dropless->shared->c_fc->weight.grad(), padded->shared->c_fc->weight.grad(), 1e-5, 1e-6));
+    expect_expert_paths_agree(wide, [](MoEImpl& moe) { return moe.shared->c_fc->weight; });
   }
 }
 
