@@ -252,6 +252,17 @@ const std::vector<Row>& layouts() {
          c.parallel.ep = 2;
          c.parallel.zero_stage = 1;
        }},
+      // ZB-V's split backward (I then W) and V placement (the untied head on rank 0) over Mixtral's
+      // blocks: rotary GQA attention and SwiGLU experts in every block.
+      {"mixtral_pp2_zbv_sgd_accum4", 2,
+       [](Config& c) {
+         mixtral(c);
+         sgd(c);
+         c.model.n_layer = 4;
+         c.parallel.pp = 2;
+         c.parallel.pp_schedule = "zbv";
+         c.train.grad_accum = 4;
+       }},
       {"deepseek_pp2_1f1b_sgd_accum2", 2,
        [](Config& c) {
          mixtral(c, true);
