@@ -131,9 +131,9 @@ Config Config::from_toml(const toml::table& root, const std::string& source, con
 }
 
 Config Config::load(const std::string& config, const std::vector<std::string>& overrides) {
-  const std::string path = config_source(config);
-  toml::table root = names_model_preset_only(config) ? toml::table{{"model", toml::table{{"preset", config}}}}
-                                                     : parse_toml(read_file(path), path);
+  const bool model_preset = names_model_preset_only(config);
+  const std::string path = model_preset ? "model preset " + config : resolve_config_path(config);
+  toml::table root = model_preset ? toml::table{{"model", toml::table{{"preset", config}}}} : parse_toml(read_file(path), path);
   for (const auto& assignment : overrides) apply_override(root, assignment);
   Config loaded = from_toml(root, overrides.empty() ? path : path + " with --set overrides", path);
   mark_overrides(loaded, overrides);

@@ -1,12 +1,9 @@
-// GPT-2 byte-level BPE (see gpt2_bpe.h): the file loaders, the hand-written pre-tokeniser and the
-// rank-ordered merge loop of encoder.py's Encoder.bpe.
+// GPT-2 byte-level BPE (see gpt2_bpe.h): the hand-written pre-tokeniser and the reader of
+// encoder.json and vocab.bpe (the merge loop is byte_level_bpe.cpp's).
 #include "data/gpt2_bpe.h"
 
 #include <algorithm>
-#include <array>
 #include <iterator>
-#include <limits>
-#include <map>
 
 #include <nlohmann/json.hpp>
 

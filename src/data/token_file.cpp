@@ -169,7 +169,14 @@ at::Tensor TokenFile::window(int64_t begin, int64_t length) const {
           begin + length, ") outside the file's ", map_->count, " tokens");
   at::Tensor out = at::empty({length}, at::kLong);
   int64_t* dst = out.data_ptr<int64_t>();
-  for (int64_t i = 0; i < length; ++i) dst[i] = (*this)[begin + i];
+  // One branch on the width per window, not per token (the data loader's copy).
+  if (map_->width == 2) {
+    const auto* src = static_cast<const uint16_t*>(map_->tokens) + begin;
+    for (int64_t i = 0; i < length; ++i) dst[i] = src[i];
+  } else {
+    const auto* src = static_cast<const uint32_t*>(map_->tokens) + begin;
+    for (int64_t i = 0; i < length; ++i) dst[i] = src[i];
+  }
   return out;
 }
 
