@@ -18,6 +18,7 @@ Command add_export_command(CLI::App& app);
 Command add_inspect_command(CLI::App& app);
 Command add_import_command(CLI::App& app);
 Command add_pipeline_command(CLI::App& app);
+Command add_plan_command(CLI::App& app);
 Command add_swap_plan_command(CLI::App& app);
 Command add_peer_command(CLI::App& app);
 Command add_swarm_command(CLI::App& app);

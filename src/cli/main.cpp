@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
   for (auto add : {tessera::cli::add_train_command, tessera::cli::add_generate_command,
                    tessera::cli::add_prepare_command, tessera::cli::add_bench_command,
                    tessera::cli::add_export_command, tessera::cli::add_inspect_command,
-                   tessera::cli::add_import_command, tessera::cli::add_pipeline_command,
+                   tessera::cli::add_import_command, tessera::cli::add_pipeline_command, tessera::cli::add_plan_command,
                    tessera::cli::add_swap_plan_command, tessera::cli::add_peer_command,
                    tessera::cli::add_swarm_command, tessera::cli::add_doctor_command}) {
     size_t before = app.get_subcommands({}).size();

@@ -12,33 +12,16 @@
 #include "core/json_file.h"
 #include "core/fs.h"
 #include "core/options.h"
+#include "core/resource_dir.h"
 
 namespace tessera {
 namespace fs = std::filesystem;
 
 namespace {
 
-// Where presets may live, in the order searched: $TESSERA_CONFIG_DIR, then relative to this
-// binary: <bin>/configs, <bin>/../configs (a build directory inside the source tree) and
-// <bin>/../share/tessera/configs (an install prefix). No compile-time path: a binary moved or
-// installed elsewhere finds the presets that travel with it.
-std::vector<fs::path> preset_search_path() {
-  std::vector<fs::path> dirs;
-  if (const char* env = std::getenv("TESSERA_CONFIG_DIR"); env && *env) dirs.emplace_back(env);
-  std::error_code error;
-  const fs::path bin = fs::read_symlink("/proc/self/exe", error).parent_path();
-  if (!error)
-    for (const fs::path& dir : {bin / "configs", bin.parent_path() / "configs", bin.parent_path() / "share/tessera/configs"})
-      dirs.push_back(dir);
-  return dirs;
-}
-
-// The first directory of the search path that exists (empty when none does).
-fs::path preset_dir() {
-  for (const fs::path& dir : preset_search_path())
-    if (fs::is_directory(dir)) return dir;
-  return {};
-}
+// Where presets may live (core/fs.h's resource_search_path): $TESSERA_CONFIG_DIR, then beside
+// the binary.
+fs::path preset_dir() { return resource_dir("TESSERA_CONFIG_DIR", "configs"); }
 
 std::vector<std::string> known_presets() {
   std::vector<std::string> names;
@@ -81,7 +64,8 @@ std::string resolve_config_path(const std::string& config) {
     return preset.string();
   if (dir.empty()) {
     std::string searched;
-    for (const fs::path& d : preset_search_path()) searched += (searched.empty() ? "" : ", ") + d.string();
+    for (const std::string& d : resource_search_path("TESSERA_CONFIG_DIR", "configs"))
+      searched += (searched.empty() ? "" : ", ") + d;
     fail(config, ": no such config file, and no preset directory was found (searched ", searched,
          "; set TESSERA_CONFIG_DIR to the configs/ directory)");
   }

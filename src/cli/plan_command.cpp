@@ -1,0 +1,138 @@
+// `tessera plan --config C --cluster F [--world N] [--set k=v ...] [--top K] [--json]`: the layouts
+// of a config on a cluster, predicted without running (plan/search.h, plan/cost_model.h;
+// docs/plan.md). Keys given with --set are held, the other layout keys searched; with all of them
+// held it predicts the one layout. Prints the best K as a table (or one JSON object) and the best
+// layout's breakdown with a ready --set line.
+#include <cstdio>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "parallel/layout_check.h"
+#include "plan/cluster.h"
+#include "plan/cost_model.h"
+#include "plan/search.h"
+#include "config/config.h"
+
+namespace tessera::cli {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string set_line(const plan::Candidate& c) {
+  std::string out;
+  for (const auto& [key, value] : c.set) out += " --set " + key + "=" + value;
+  return out;
+}
+
+nlohmann::json to_json(const plan::Candidate& c) {
+  nlohmann::json set = nlohmann::json::object(), breakdown = nlohmann::json::object();
+  for (const auto& [key, value] : c.set) set[key] = value;
+  for (const auto& [name, seconds] : c.prediction.breakdown) breakdown[name] = seconds;
+  return {{"set", set},
+          {"dp", c.dims.dp()},
+          {"micro_batches", c.prediction.micro_batches},
+          {"step_s", c.prediction.step_s},
+          {"tokens_per_s", c.prediction.tokens_per_s},
+          {"model_flops_per_step", c.prediction.model_flops_per_step},
+          {"mfu", c.prediction.mfu},
+          {"peak_memory_gib", c.prediction.peak_memory_bytes / kGiB},
+          {"fits", c.prediction.fits},
+          {"breakdown", breakdown}};
+}
+
+// The largest term of the step after compute: what binds the layout (or the memory it lacks).
+std::string binding(const plan::Candidate& c, double device_gib) {
+  if (!c.prediction.fits) {
+    char text[96];
+    std::snprintf(text, sizeof text, "memory %.0f > %.0f GiB", c.prediction.peak_memory_bytes / kGiB, device_gib);
+    return text;
+  }
+  std::string name;
+  double largest = 0;
+  for (const auto& [term, seconds] : c.prediction.breakdown)
+    if (term != "compute" && seconds > largest) largest = seconds, name = term;
+  if (name.empty()) return "compute";
+  char text[96];
+  std::snprintf(text, sizeof text, "%s %.0f%%", name.c_str(), 100 * largest / c.prediction.step_s);
+  return text;
+}
+
+}  // namespace
+
+Command add_plan_command(CLI::App& app) {
+  struct Args {
+    std::string config, cluster, attention = "flash";
+    std::vector<std::string> sets;
+    int64_t world = 0, top = 5;
+    bool json = false;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand("plan", "predict (and search) the parallel layout of a config on a cluster");
+  cmd->add_option("--config", args->config, "config file, or a preset name from configs/ (e.g. gpt3_175b)")->required();
+  cmd->add_option("--cluster", args->cluster, "cluster file, or a preset name from clusters/ (e.g. dgx_a100_80g)")
+      ->required();
+  cmd->add_option("--set", args->sets, "hold a key: section.key=value (repeatable); layout keys not held are searched")
+      ->take_all();
+  cmd->add_option("--world", args->world, "ranks (default: the product of the config's parallel degrees)");
+  cmd->add_option("--top", args->top, "layouts to print (default 5)");
+  cmd->add_option("--attention", args->attention,
+                  "how softmax attention runs: flash (tessera's) or unfused (scores materialized, as Megatron-LM "
+                  "in 2021)")
+      ->check(CLI::IsMember({"flash", "unfused"}));
+  cmd->add_flag("--json", args->json, "print {\"layouts\": [...]} best first");
+  return [args]() {
+    const Config config = Config::load(args->config, args->sets);
+    const plan::Cluster cluster = plan::load_cluster(args->cluster);
+    const ParallelOptions& p = config.parallel;
+    const int64_t world = args->world > 0 ? args->world : std::max<int64_t>(p.dp, 1) * p.tp * p.pp * p.sp;
+    std::set<std::string> held;
+    for (const std::string& assignment : args->sets) held.insert(assignment.substr(0, assignment.find('=')));
+    plan::CostOptions options;
+    options.attention = args->attention;
+    plan::check_modelled(config);
+    const plan::SearchResult result = plan::search_layouts(config, world, held, cluster, check_layout_options, options);
+    require(!result.layouts.empty(), "tessera plan: none of the ", result.considered, " layouts could be built",
+            result.first_refusal.empty() ? std::string() : "; the first refusal: " + result.first_refusal);
+    const size_t shown = std::min<size_t>(result.layouts.size(), static_cast<size_t>(std::max<int64_t>(args->top, 1)));
+    if (args->json) {
+      nlohmann::json layouts = nlohmann::json::array();
+      for (size_t i = 0; i < shown; ++i) layouts.push_back(to_json(result.layouts[i]));
+      std::printf("%s\n", nlohmann::json{{"layouts", layouts}, {"considered", result.considered},
+                                         {"refused", result.refused}}.dump(1).c_str());
+      return 0;
+    }
+    std::printf("%s on %s (%s), %lld ranks: %lld layouts considered, %lld refused by the layout checks\n",
+                args->config.c_str(), cluster.source.c_str(), cluster.device.name.c_str(),
+                static_cast<long long>(world), static_cast<long long>(result.considered),
+                static_cast<long long>(result.refused));
+    std::printf("%4s %4s %4s %5s %-13s %4s %3s %-9s %4s %6s %10s %12s %6s %8s  %s\n", "#", "tp", "pp", "dp",
+                "schedule", "zero", "msp", "ckpt", "mb", "m", "step s", "tokens/s", "MFU", "mem GiB", "binds");
+    for (size_t i = 0; i < shown; ++i) {
+      const plan::Candidate& c = result.layouts[i];
+      std::string schedule = c.dims.pp() > 1 ? c.config.parallel.pp_schedule : "-";
+      if (c.dims.pp() > 1 && c.config.parallel.pp_virtual > 0)
+        schedule += " v" + std::to_string(c.config.parallel.pp_virtual);
+      std::printf("%4zu %4lld %4lld %5lld %-13s %4lld %3s %-9s %4lld %6lld %10.3f %12.0f %5.1f%% %8.1f  %s\n", i + 1,
+                  static_cast<long long>(c.dims.tp()), static_cast<long long>(c.dims.pp()),
+                  static_cast<long long>(c.dims.dp()), schedule.c_str(),
+                  static_cast<long long>(c.config.parallel.zero_stage), c.config.parallel.megatron_sp ? "yes" : "no",
+                  c.config.memory.activation_checkpointing.c_str(), static_cast<long long>(c.config.train.batch_size),
+                  static_cast<long long>(c.prediction.micro_batches), c.prediction.step_s, c.prediction.tokens_per_s,
+                  100 * c.prediction.mfu, c.prediction.peak_memory_bytes / kGiB,
+                  binding(c, cluster.device.memory_gib).c_str());
+    }
+    const plan::Candidate& best = result.layouts.front();
+    std::printf("\nbest layout's step (%.3f s), by part:\n", best.prediction.step_s);
+    for (const auto& [name, seconds] : best.prediction.breakdown)
+      if (seconds > 0)
+        std::printf("  %-32s %10.4f s  %5.1f%%\n", name.c_str(), seconds, 100 * seconds / best.prediction.step_s);
+    std::printf("run it with:%s\n", set_line(best).c_str());
+    if (!best.prediction.fits) std::printf("no layout fits the device's %.0f GiB\n", cluster.device.memory_gib);
+    return 0;
+  };
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,65 @@
+// What each block kind runs, as data for the planner (plan/cost_model.h): one rank's operations for
+// one micro-batch, each with its forward FLOPs and bytes moved, and the communication the layout
+// makes the block do. A new block kind declares its operations here, beside the others, so the
+// planner prices it without knowing it.
+//
+// Conventions, per rank (tensor-parallel shares taken: heads and FFN widths / tp; tokens / sp):
+//   matmul    2 x m x n x k FLOPs; bytes: both operands and the output at `element_bytes`. With a
+//             weight (`weight`), its backward is an input-gradient and a weight-gradient product of
+//             the same FLOPs each; the attention's products with themselves (scores, p x v) have no
+//             weight and a backward of `backward_factor` x the forward (2 as counted: dQ, dK, dV;
+//             2.5 for flash attention, whose backward recomputes the scores).
+//   memory    an elementwise or reduction kernel bound by bandwidth: norms, activations, residual
+//             adds, dropout, rotary, the unfused softmax; backward `backward_factor` x its bytes.
+//   tp_all_reduce, ep_all_to_all, sp_all_to_all  `elements` per forward over the named group; the
+//             backward moves as many (Megatron's f / g pairs, the experts' dispatch and combine).
+//   sp_ring   `elements` sent to the next rank at each of sp - 1 steps (ring attention's keys and
+//             values, LASP's state), forward and again backward.
+// The softmax attention core counts the causal half (PaLM's convention, as flops_per_token does)
+// with attention = flash; with attention = unfused (the scores materialized, as Megatron-LM ran
+// before fused attention kernels) it computes and moves the whole square.
+//
+// Checked: the matmul FLOPs x 3 of a model's blocks, embedding and head equal flops_per_token
+// (model/model_size.h) x tokens at tp = sp = 1 (tests/unit/test_plan.cpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/model_options.h"
+
+namespace tessera {
+
+struct OperationShape {
+  int64_t batch = 1;             // sequences per micro-batch
+  int64_t seq_len = 1;           // tokens per sequence (the attention span)
+  int64_t tp = 1, sp = 1, ep = 1;
+  bool megatron_sp = false;      // norms and residuals split over tp along the sequence
+  std::string sp_method = "ulysses";  // with sp > 1: ulysses, ring, lasp, lasp2
+  int64_t element_bytes = 2;     // activations and the weights a product reads (2 under bf16/fp16)
+  std::string attention = "flash";  // flash | unfused
+  double dropout = 0;
+  // Tokens this rank holds of the micro-batch.
+  double tokens() const { return static_cast<double>(batch * seq_len) / static_cast<double>(sp); }
+};
+
+struct Operation {
+  enum class Kind { matmul, memory, tp_all_reduce, ep_all_to_all, sp_all_to_all, sp_ring };
+  std::string name;          // "attention.qkv", "mlp.fc", ...
+  Kind kind = Kind::memory;
+  double flops = 0;          // forward
+  double bytes = 0;          // forward, moved through device memory
+  double elements = 0;       // communication: elements moved (at element_bytes each)
+  bool weight = false;       // a product with a weight (backward: input and weight gradients)
+  double backward_factor = 2;
+  // Part of the attention core (what selective checkpointing recomputes).
+  bool attention_core = false;
+};
+
+std::vector<Operation> block_operations(const ModelOptions& model, int64_t layer, const OperationShape& shape);
+// The token (and position) embedding's lookup, and the final norm, head and loss.
+std::vector<Operation> embedding_operations(const ModelOptions& model, const OperationShape& shape);
+std::vector<Operation> head_operations(const ModelOptions& model, const OperationShape& shape);
+
+}  // namespace tessera

@@ -1,0 +1,127 @@
+// A cluster the planner predicts for (`tessera plan --cluster NAME|PATH`, docs/plan.md): a TOML
+// file under clusters/ (found as configs/ are: $TESSERA_CLUSTER_DIR, then beside the binary) or a
+// path. Every number in a preset names its source in a comment beside it.
+//
+//   [cluster]     what it is; devices per node
+//   [device]      one accelerator: peak and achievable matrix-product rates by dtype (the
+//                 achievable one is a measured large-GEMM rate, e.g. the maximum achievable matmul
+//                 FLOPS of a public benchmark: the planner never assumes the peak), memory size,
+//                 memory bandwidth as achieved by streaming kernels, and the fixed cost of one kernel
+//   [intra_node]  the link between devices of one node, as a collective sees it: all-reduce bus
+//                 bandwidth (nccl-tests' busbw: bytes x 2(n-1)/n over time) and per-step latency
+//   [inter_node]  the same per device across nodes (its share of the node's adapters)
+//   [host]        host memory per node and the host <-> device copy bandwidth (offload, swap)
+//
+// A collective of a group is priced on the slowest tier it crosses: within one node, the intra-node
+// bandwidth; across nodes, the inter-node bandwidth of one device times the group's members on one
+// node (NCCL's rings use that many adapters at once), at most the intra-node bandwidth.
+//
+// Refusals name the file and the key: unknown sections and keys (with the closest known key),
+// values outside their ranges, a missing file (with the presets found).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/options.h"
+
+namespace tessera::plan {
+
+struct ClusterInfo {
+  std::string description;
+  int64_t devices_per_node = 8;
+  int64_t nodes = 0;  // 0: as many as the world needs
+
+  template <class V>
+  void visit(V& v) {
+    v("description", description, "what the cluster is, in words");
+    v("devices_per_node", devices_per_node, "accelerators per node", between(1, 1024));
+    v("nodes", nodes, "nodes in the cluster (0 = as many as a world needs)", between(0, 1 << 20));
+  }
+};
+
+struct DeviceSpec {
+  std::string name;
+  std::string kind = "cuda";           // cuda | cpu
+  double peak_tflops_bf16 = 0;         // dense, no sparsity (also fp16)
+  double peak_tflops_fp32 = 0;
+  double matmul_tflops_bf16 = 0;       // achievable by large matrix products (measured)
+  double matmul_tflops_fp32 = 0;
+  double memory_gib = 0;
+  double memory_gbs = 0;               // achieved by streaming (elementwise) kernels
+  double kernel_overhead_us = 0;       // fixed cost of one kernel (launch and tail)
+
+  template <class V>
+  void visit(V& v) {
+    v("name", name, "the device's name");
+    v("kind", kind, "cuda or cpu");
+    v("peak_tflops_bf16", peak_tflops_bf16, "dense bf16/fp16 peak (TFLOP/s; the MFU denominator)", above(0, 1e6));
+    v("peak_tflops_fp32", peak_tflops_fp32, "dense fp32 peak (TFLOP/s)", above(0, 1e6));
+    v("matmul_tflops_bf16", matmul_tflops_bf16, "achievable bf16 matrix-product rate, measured (TFLOP/s)",
+      above(0, 1e6));
+    v("matmul_tflops_fp32", matmul_tflops_fp32, "achievable fp32 matrix-product rate, measured (TFLOP/s)",
+      above(0, 1e6));
+    v("memory_gib", memory_gib, "device memory (GiB)", above(0, 1e6));
+    v("memory_gbs", memory_gbs, "memory bandwidth streaming kernels achieve (GB/s)", above(0, 1e7));
+    v("kernel_overhead_us", kernel_overhead_us, "fixed cost of one kernel (microseconds)", between(0, 1e6));
+  }
+};
+
+struct LinkSpec {
+  double bandwidth_gbs = 0;  // all-reduce bus bandwidth (GB/s)
+  double latency_us = 0;     // per ring step
+
+  template <class V>
+  void visit(V& v) {
+    v("bandwidth_gbs", bandwidth_gbs, "all-reduce bus bandwidth a collective achieves (GB/s, per device)",
+      above(0, 1e6));
+    v("latency_us", latency_us, "latency of one step of a ring (microseconds)", between(0, 1e9));
+  }
+};
+
+struct HostSpec {
+  double memory_gib = 0;       // per node
+  double device_link_gbs = 0;  // host <-> device copies, per device
+
+  template <class V>
+  void visit(V& v) {
+    v("memory_gib", memory_gib, "host memory per node (GiB)", between(0, 1e7));
+    v("device_link_gbs", device_link_gbs, "host <-> device copy bandwidth per device (GB/s)", between(0, 1e6));
+  }
+};
+
+struct Cluster {
+  std::string source;  // the file it was read from
+  ClusterInfo cluster;
+  DeviceSpec device;
+  LinkSpec intra_node;
+  LinkSpec inter_node;
+  HostSpec host;
+
+  template <class F>
+  void for_each_section(F&& f) {
+    f("cluster", cluster);
+    f("device", device);
+    f("intra_node", intra_node);
+    f("inter_node", inter_node);
+    f("host", host);
+  }
+  // The bandwidth (GB/s) and latency (s) a collective of `members` (global ranks) runs at: the
+  // slowest tier it crosses (this header's first paragraph).
+  struct Tier {
+    double bandwidth_bytes_per_s = 0;
+    double latency_s = 0;
+    bool crosses_nodes = false;
+  };
+  Tier tier(const std::vector<int64_t>& members) const;
+};
+
+// The cluster named `name` (a file under clusters/) or at path `name`.
+Cluster load_cluster(const std::string& name);
+// The same from TOML text (tests; the fuzz target).
+Cluster parse_cluster(const std::string& text, const std::string& source);
+// The presets found (names without .toml).
+std::vector<std::string> cluster_presets();
+
+}  // namespace tessera::plan

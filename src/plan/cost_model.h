@@ -1,0 +1,77 @@
+// The planner's cost model (`tessera plan`, docs/plan.md): one layout of one config on one cluster
+// (plan/cluster.h), priced action by action, without running anything.
+//
+// Compute. Each block's operations (model/operations.h: what its kind declares, per rank, per
+// micro-batch) are priced on the device by a roofline: a product takes max(FLOPs / the device's
+// achievable matrix rate, bytes / its streaming bandwidth), a memory-bound kernel its bytes /
+// bandwidth, each plus the fixed kernel cost. A block's forward F is its operations' forward plus
+// its collectives (tp all-reduces, Ulysses' all-to-alls, ring steps, the experts' exchange, each
+// priced on the tier its group crosses); its input-gradient backward I is the products' input
+// gradients, the others' backward and the collectives again, plus recomputation (full: the
+// block's forward; selective: the attention core's); W is the weight gradients. The embedding
+// and the head with the loss are priced the same way.
+//
+// Step. Without a pipeline: micro-batches x (F + I + W) of every block and the ends, then the
+// gradient reduction over the data replicas (all-reduce; ZeRO-2/3 reduce-scatter, ZeRO-1/2 the
+// parameters' all-gather after the step), overlapped with the last micro-batch's backward as the
+// bucketed reduction runs, and the optimizer step (bytes moved per element of this rank's shard).
+// ZeRO-3 gathers each block's parameters in the forward and again in the backward, prefetched one
+// block ahead: exposed only where a gather takes longer than the block it runs beside.
+// With a pipeline: the blocks' predicted F, I, W are cut into stages as a run cuts them
+// (plan/stage_cut.h) and the layout's schedule table (built for these costs, as a run rebuilds
+// zbv's and zbh1's for its measured ones) is replayed by the one simulator
+// (parallel/pipeline/simulate.h) with the transfers between stages priced on their link, the
+// ZeRO-3 gathers as its GATHER actions, and the gradient reduction's exposed part and the
+// optimizer step as OPTIM.
+//
+// Memory: the per-rank estimate of plan/memory_estimate.h (the largest rank), against the
+// device's memory.
+//
+// Not modelled (refused by key, so no prediction silently leaves them out): parallel.offload,
+// memory.swap, powersgd and top-k compression, the swarm.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "config/config.h"
+#include "core/parallel_dims.h"
+#include "plan/cluster.h"
+
+namespace tessera::plan {
+
+struct CostOptions {
+  // How softmax attention's core runs: flash (tessera on CUDA: SDPA's fused kernel) or unfused (the
+  // scores materialized: Megatron-LM in 2021, for its published runs).
+  std::string attention = "flash";
+};
+
+struct Prediction {
+  double step_s = 0;
+  double tokens_per_s = 0;
+  double model_flops_per_step = 0;   // flops_per_token x tokens (recomputation not counted)
+  double mfu = 0;                    // model FLOPs / (step x world x the device's peak)
+  double peak_memory_bytes = 0;      // the largest rank's estimate (plan/memory_estimate.h)
+  bool fits = false;                 // peak_memory_bytes <= the device's memory
+  int64_t micro_batches = 0;         // per step on each data-parallel rank
+  // Seconds of the step on the critical rank: compute, recompute, tp, sp and ep communication
+  // (per micro-batch x micro-batches), pipeline transfer and bubble, the data-parallel reduction's
+  // exposed part, ZeRO-3's exposed gathers and the optimizer step; they add up to step_s.
+  std::vector<std::pair<std::string, double>> breakdown;
+};
+
+// Refuses (tessera::Error naming the key) what the cost model does not model.
+void check_modelled(const Config& config);
+
+Prediction predict(const Config& config, const ParallelDims& dims, const Cluster& cluster, const CostOptions& options = {});
+
+// Collective times on `tier` for a group of `n` ranks (ring algorithms; bytes of the whole buffer):
+// all-reduce 2 (n-1)/n bytes / bandwidth + 2 (n-1) latency; all-gather, reduce-scatter and
+// all-to-all (n-1)/n bytes / bandwidth + (n-1) latency; one send bytes / bandwidth + latency.
+double all_reduce_seconds(double bytes, int64_t n, const Cluster::Tier& tier);
+double all_gather_seconds(double bytes, int64_t n, const Cluster::Tier& tier);
+double send_seconds(double bytes, const Cluster::Tier& tier);
+
+}  // namespace tessera::plan

@@ -1,0 +1,145 @@
+// The planner's search (search.h).
+#include "plan/search.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "core/error.h"
+
+namespace tessera::plan {
+namespace {
+
+template <class T>
+std::vector<T> held_or(const std::set<std::string>& held, const std::string& key, const T& value, std::vector<T> all) {
+  if (held.count(key)) return {value};
+  return all;
+}
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t d = 1; d <= n; ++d)
+    if (n % d == 0) out.push_back(d);
+  return out;
+}
+
+std::vector<int64_t> powers_of_two_dividing(int64_t n, int64_t at_most) {
+  std::vector<int64_t> out;
+  for (int64_t d = 1; d <= std::min(n, at_most); d *= 2)
+    if (n % d == 0) out.push_back(d);
+  return out;
+}
+
+struct Schedule {
+  std::string name;
+  int64_t virtual_stages;
+};
+
+// The schedules of a pipeline of `pp` ranks over `layers` blocks: each built-in, interleaved with
+// every stages-per-rank count from 2 that the blocks allow.
+std::vector<Schedule> schedules(int64_t pp, int64_t layers) {
+  if (pp == 1) return {{"1f1b", 0}};
+  std::vector<Schedule> out = {{"1f1b", 0}, {"gpipe", 0}, {"zbh1", 0}};
+  if (layers >= 2 * pp) out.push_back({"zbv", 0});
+  for (int64_t v = 2; v * pp <= layers; ++v)
+    if (layers % (v * pp) == 0) out.push_back({"interleaved", v});
+  return out;
+}
+
+std::string text(int64_t v) { return std::to_string(v); }
+std::string text(bool v) { return v ? "true" : "false"; }
+
+}  // namespace
+
+const std::vector<std::string>& searched_keys() {
+  static const std::vector<std::string> keys = {"parallel.tp",         "parallel.pp",
+                                                "parallel.pp_schedule", "parallel.pp_virtual",
+                                                "parallel.zero_stage", "parallel.megatron_sp",
+                                                "memory.activation_checkpointing", "train.batch_size"};
+  return keys;
+}
+
+SearchResult search_layouts(const Config& base, int64_t world, const std::set<std::string>& held,
+                            const Cluster& cluster, const LayoutCheck& check, const CostOptions& options) {
+  const ParallelOptions& p = base.parallel;
+  const ModelOptions& model = base.model;
+  int64_t global = base.train.global_batch_size;
+  if (global == 0) {
+    const ParallelDims dims(p, world, "the config");
+    global = base.train.batch_size * base.train.grad_accum * dims.dp();
+  }
+  const bool moe = model.ffn == "moe";
+
+  SearchResult result;
+  auto consider = [&](Config c, std::vector<std::pair<std::string, std::string>> set) {
+    ++result.considered;
+    try {
+      c.parallel.dp = 0;
+      const ParallelDims dims(c.parallel, world, "tessera plan");
+      if (global % (c.train.batch_size * dims.dp()) != 0) fail("the global batch does not divide");
+      c.train.global_batch_size = global;
+      c.train.grad_accum = 1;
+      c.check("tessera plan");
+      check(c, dims);
+      Prediction prediction = predict(c, dims, cluster, options);
+      result.layouts.push_back({std::move(c), dims, std::move(prediction), std::move(set)});
+    } catch (const std::exception& e) {
+      if (result.refused++ == 0) result.first_refusal = e.what();
+    }
+  };
+
+  const int64_t fixed = p.sp;  // not searched: kept at the config's degree
+  for (int64_t tp : held_or<int64_t>(held, "parallel.tp", p.tp,
+                                     powers_of_two_dividing(model.n_head, cluster.cluster.devices_per_node))) {
+    for (int64_t pp : held_or<int64_t>(held, "parallel.pp", p.pp, divisors(model.n_layer))) {
+      if (world % (tp * pp * fixed) != 0) continue;
+      const int64_t dp = world / (tp * pp * fixed);
+      std::vector<Schedule> scheds = held.count("parallel.pp_schedule")
+                                         ? std::vector<Schedule>{{p.pp_schedule, p.pp_virtual}}
+                                         : schedules(pp, model.n_layer);
+      if (global % dp != 0) continue;
+      std::vector<int64_t> micro;
+      for (int64_t b = 1; b <= global / dp; b *= 2)
+        if ((global / dp) % b == 0) micro.push_back(b);
+      for (const Schedule& schedule : scheds) {
+        for (int64_t zero : held_or<int64_t>(held, "parallel.zero_stage", p.zero_stage,
+                                             dp > 1 ? std::vector<int64_t>{0, 1, 2, 3} : std::vector<int64_t>{0})) {
+          for (bool msp : held_or<bool>(held, "parallel.megatron_sp", p.megatron_sp,
+                                        tp > 1 && !moe ? std::vector<bool>{false, true} : std::vector<bool>{false})) {
+            for (const std::string& ckpt :
+                 held_or<std::string>(held, "memory.activation_checkpointing", base.memory.activation_checkpointing,
+                                      {"none", "selective", "full"})) {
+              for (int64_t b : held_or<int64_t>(held, "train.batch_size", base.train.batch_size, micro)) {
+                Config c = base;
+                c.parallel.tp = tp, c.parallel.pp = pp, c.parallel.zero_stage = zero, c.parallel.megatron_sp = msp;
+                c.parallel.pp_schedule = schedule.name;
+                c.parallel.pp_virtual = held.count("parallel.pp_virtual") ? p.pp_virtual : schedule.virtual_stages;
+                c.memory.activation_checkpointing = ckpt;
+                c.train.batch_size = b;
+                std::vector<std::pair<std::string, std::string>> set = {
+                    {"parallel.tp", text(tp)},
+                    {"parallel.pp", text(pp)},
+                    {"parallel.zero_stage", text(zero)},
+                    {"parallel.megatron_sp", text(msp)},
+                    {"memory.activation_checkpointing", ckpt},
+                    {"train.batch_size", text(b)},
+                    {"train.global_batch_size", text(global)}};
+                if (pp > 1) {
+                  set.push_back({"parallel.pp_schedule", schedule.name});
+                  if (c.parallel.pp_virtual > 0) set.push_back({"parallel.pp_virtual", text(c.parallel.pp_virtual)});
+                }
+                consider(std::move(c), std::move(set));
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  std::stable_sort(result.layouts.begin(), result.layouts.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.prediction.fits != b.prediction.fits) return a.prediction.fits;
+    return a.prediction.step_s < b.prediction.step_s;
+  });
+  return result;
+}
+
+}  // namespace tessera::plan

@@ -1,0 +1,58 @@
+// The planner's search (`tessera plan`, docs/plan.md): every layout of a config on a world of
+// ranks over the keys the user did not hold, each predicted by the cost model (plan/cost_model.h),
+// ranked by predicted step time, what fits first.
+//
+// Searched keys (each held at the config's value when the user gave it with --set):
+//   parallel.tp                  powers of two dividing the heads, at most a node's devices
+//   parallel.pp                  divisors of model.n_layer (dp = world / (tp x pp))
+//   parallel.pp_schedule         1f1b, interleaved (2 stages per rank, and more where the blocks
+//                                allow), zbh1, zbv, gpipe; with parallel.pp_virtual
+//   parallel.zero_stage          0-3 (with data replicas)
+//   parallel.megatron_sp         with tp > 1 and a dense feed-forward
+//   memory.activation_checkpointing  none, selective, full
+//   train.batch_size             the micro-batch: powers of two dividing the global batch / dp
+// The global batch (train.global_batch_size, else batch_size x grad_accum x the config's dp) is
+// held: every layout trains the same sequences per step. Not searched yet: sp, ep, offload, swap,
+// the swarm (the config's values are kept; the cost model refuses what it does not model).
+//
+// A candidate the layout checks refuse (the `check` given: parallel/layout_check.h's, which sits
+// above this layer) or the cost model cannot build is skipped and counted.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "plan/cluster.h"
+#include "plan/cost_model.h"
+
+namespace tessera::plan {
+
+struct Candidate {
+  Config config;
+  ParallelDims dims;
+  Prediction prediction;
+  // The searched keys as "section.key" -> value text, for the ready --set line.
+  std::vector<std::pair<std::string, std::string>> set;
+};
+
+struct SearchResult {
+  std::vector<Candidate> layouts;  // best first: those that fit by step time, then the rest
+  int64_t considered = 0;
+  int64_t refused = 0;             // by the layout checks or the cost model
+  std::string first_refusal;       // one example, for a search that found nothing
+};
+
+using LayoutCheck = std::function<void(const Config&, const ParallelDims&)>;
+
+// `held`: the "section.key" names given with --set (plan/search.h's list above).
+SearchResult search_layouts(const Config& config, int64_t world, const std::set<std::string>& held,
+                            const Cluster& cluster, const LayoutCheck& check, const CostOptions& options = {});
+
+// The keys search_layouts searches.
+const std::vector<std::string>& searched_keys();
+
+}  // namespace tessera::plan

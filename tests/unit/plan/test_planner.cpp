@@ -1,0 +1,243 @@
+// The planner (`tessera plan`): cluster files and their refusals, the link tier a group crosses,
+// the collective formulas, the operations each block kind declares against the model's own FLOP
+// count, the cost model's step against its parts, and the search against brute force.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "model/model_size.h"
+#include "model/operations.h"
+#include "parallel/layout_check.h"
+#include "plan/cluster.h"
+#include "plan/cost_model.h"
+#include "plan/search.h"
+#include "test_util.h"
+#include "tiny_config.h"
+#include "config/config.h"
+
+namespace tessera {
+namespace {
+
+using plan::Cluster;
+
+const char* kCluster = R"(
+[cluster]
+devices_per_node = 4
+[device]
+name = "test device"
+peak_tflops_bf16 = 100
+peak_tflops_fp32 = 20
+matmul_tflops_bf16 = 80
+matmul_tflops_fp32 = 16
+memory_gib = 16
+memory_gbs = 1000
+[intra_node]
+bandwidth_gbs = 100
+latency_us = 5
+[inter_node]
+bandwidth_gbs = 10
+latency_us = 20
+)";
+
+Cluster test_cluster() { return plan::parse_cluster(kCluster, "test.toml"); }
+
+std::string replaced(std::string text, const std::string& from, const std::string& to) {
+  const size_t at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  return text.replace(at, from.size(), to);
+}
+
+TEST(ClusterFile, EveryPresetLoadsWithAchievableRatesBelowItsPeaks) {
+  int presets = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(test::source_path("clusters"))) {
+    const Cluster c = plan::load_cluster(entry.path().string());
+    EXPECT_FALSE(c.device.name.empty()) << entry.path();
+    EXPECT_LE(c.device.matmul_tflops_bf16, c.device.peak_tflops_bf16) << entry.path();
+    ++presets;
+  }
+  EXPECT_GE(presets, 4);
+}
+
+TEST(ClusterFile, BadFilesAreRefusedNamingTheFileAndTheKey) {
+  EXPECT_TRUE(test::throws_naming(
+      [] { plan::parse_cluster(replaced(kCluster, "peak_tflops_bf16", "peek_tflops_bf16"), "bad.toml"); },
+      {"bad.toml", "unknown key 'device.peek_tflops_bf16'", "did you mean 'device.peak_tflops_bf16'"}));
+  EXPECT_TRUE(test::throws_naming([] { plan::parse_cluster(replaced(kCluster, "memory_gbs = 1000", ""), "bad.toml"); },
+                                  {"bad.toml", "device.memory_gbs is missing"}));
+  EXPECT_TRUE(test::throws_naming(
+      [] { plan::parse_cluster(replaced(kCluster, "bandwidth_gbs = 100", "bandwidth_gbs = -3"), "bad.toml"); },
+      {"bad.toml", "intra_node.bandwidth_gbs", "outside its range"}));
+  EXPECT_TRUE(test::throws_naming(
+      [] { plan::parse_cluster(replaced(kCluster, "matmul_tflops_bf16 = 80", "matmul_tflops_bf16 = 120"), "bad.toml"); },
+      {"bad.toml", "must not exceed"}));
+  EXPECT_TRUE(test::throws_naming([] { plan::parse_cluster(std::string(kCluster) + "\n[devise]\n", "bad.toml"); },
+                                  {"bad.toml", "unknown section '[devise]'", "did you mean '[device]'"}));
+  EXPECT_TRUE(test::throws_naming([] { plan::load_cluster("no_such_cluster"); }, {"no_such_cluster", "no such cluster"}));
+}
+
+TEST(ClusterFile, AGroupIsPricedOnTheSlowestTierItCrosses) {
+  const Cluster c = test_cluster();  // 4 devices per node
+  const Cluster::Tier node = c.tier({0, 1, 2, 3});
+  EXPECT_FALSE(node.crosses_nodes);
+  EXPECT_DOUBLE_EQ(node.bandwidth_bytes_per_s, 100e9);
+  const Cluster::Tier one_per_node = c.tier({0, 4, 8});
+  EXPECT_TRUE(one_per_node.crosses_nodes);
+  EXPECT_DOUBLE_EQ(one_per_node.bandwidth_bytes_per_s, 10e9);
+  EXPECT_DOUBLE_EQ(one_per_node.latency_s, 20e-6);
+  EXPECT_DOUBLE_EQ(c.tier({0, 1, 4, 5}).bandwidth_bytes_per_s, 20e9);     // two adapters per node at once
+  EXPECT_DOUBLE_EQ(c.tier({0, 1, 2, 3, 4, 5, 6, 7}).bandwidth_bytes_per_s, 40e9);
+}
+
+TEST(CostModel, CollectivesTakeTheRingAlgorithmsTime) {
+  const Cluster::Tier t{10e9, 1e-5, true};
+  EXPECT_DOUBLE_EQ(plan::all_reduce_seconds(1e9, 4, t), 2 * 3.0 / 4 * 0.1 + 6 * 1e-5);
+  EXPECT_DOUBLE_EQ(plan::all_gather_seconds(1e9, 4, t), 3.0 / 4 * 0.1 + 3 * 1e-5);
+  EXPECT_DOUBLE_EQ(plan::send_seconds(1e9, t), 0.1 + 1e-5);
+  EXPECT_EQ(plan::all_reduce_seconds(1e9, 1, t), 0);
+}
+
+// The products each block kind declares, forward + input and weight gradients (3x), over the
+// blocks, the embedding and the head: the model's own FLOPs per token x tokens. Norm weights and
+// biases are in flops_per_token's 6 N but are no products: a few parts in 10^4.
+void expect_operations_count_the_models_flops(ModelOptions m, int64_t seq_len) {
+  OperationShape shape;
+  shape.batch = 2;
+  shape.seq_len = seq_len;
+  double flops = 0;
+  auto add = [&](const std::vector<Operation>& ops) {
+    for (const Operation& op : ops)
+      if (op.kind == Operation::Kind::matmul) flops += 3 * op.flops;
+  };
+  for (int64_t layer = 0; layer < m.n_layer; ++layer) add(block_operations(m, layer, shape));
+  add(embedding_operations(m, shape));
+  add(head_operations(m, shape));
+  const double expected = flops_per_token(m, seq_len) * static_cast<double>(2 * seq_len);
+  EXPECT_NEAR(flops / expected, 1.0, 3e-3) << m.preset << " " << m.arch;
+}
+
+TEST(Operations, TheProductsOfEveryBlockKindAreTheModelsFlops) {
+  for (const char* preset : {"gpt2_124m", "tiny_llama", "tiny_qwen3", "tiny_mixtral", "tiny_deepseek", "llama3_8b"}) {
+    ModelOptions m = ModelOptions::from_preset(preset);
+    m.moe_capacity_factor = 0;  // dropless: each token's top_k experts exactly
+    expect_operations_count_the_models_flops(m, 128);
+  }
+  ModelOptions linear = ModelOptions::from_preset("tiny_gpt");
+  linear.arch = "linear";
+  linear.bias = false;  // at width 128 its biases are 0.7% of the parameters, and no products
+  expect_operations_count_the_models_flops(linear, 256);
+}
+
+TEST(Operations, TensorParallelismSplitsTheProductsAndAddsTwoAllReducesPerBlock) {
+  const ModelOptions m = ModelOptions::from_preset("gpt2_124m");
+  OperationShape one, two;
+  one.seq_len = two.seq_len = 256;
+  two.tp = 2;
+  double f1 = 0, f2 = 0;
+  int reduces = 0;
+  for (const Operation& op : block_operations(m, 0, one)) f1 += op.flops;
+  for (const Operation& op : block_operations(m, 0, two)) {
+    f2 += op.flops;
+    reduces += op.kind == Operation::Kind::tp_all_reduce;
+  }
+  EXPECT_NEAR(f2 / f1, 0.5, 1e-12);
+  EXPECT_EQ(reduces, 2);
+}
+
+Config planner_config() {
+  Config c = test::tiny_config(64);
+  c.model.n_layer = 4;
+  c.train.batch_size = 2;
+  c.train.grad_accum = 4;
+  return c;
+}
+
+double sum(const plan::Prediction& p) {
+  double total = 0;
+  for (const auto& [name, seconds] : p.breakdown) total += seconds;
+  return total;
+}
+
+TEST(CostModel, TheStepIsItsPartsAndGrowsByOneMicroBatchesWork) {
+  const Cluster cluster = test_cluster();
+  Config c = planner_config();
+  const ParallelDims one(c.parallel, 1, "test");
+  const plan::Prediction four = plan::predict(c, one, cluster);
+  EXPECT_NEAR(sum(four), four.step_s, 1e-12);
+  c.train.grad_accum = 8;
+  const plan::Prediction eight = plan::predict(c, one, cluster);
+  // One process: the step is m x (F + I + W) and the optimizer step.
+  const double optimizer = four.breakdown.back().second;
+  EXPECT_NEAR((eight.step_s - optimizer) / (four.step_s - optimizer), 2.0, 1e-9);
+  EXPECT_NEAR(eight.tokens_per_s / four.tokens_per_s, (8 / eight.step_s) / (4 / four.step_s), 1e-9);
+
+  // A pipeline: the simulator's step, with a bubble, still its parts.
+  c.parallel.pp = 2;
+  const ParallelDims pipe(c.parallel, 2, "test");
+  const plan::Prediction piped = plan::predict(c, pipe, cluster);
+  EXPECT_NEAR(sum(piped), piped.step_s, 1e-9 * piped.step_s);
+  double bubble = 0;
+  for (const auto& [name, seconds] : piped.breakdown)
+    if (name == "pipeline_bubble_and_transfers") bubble = seconds;
+  EXPECT_GT(bubble, 0);
+}
+
+TEST(CostModel, WhatItDoesNotModelIsRefusedByKey) {
+  Config c = planner_config();
+  c.parallel.offload = true;
+  EXPECT_TRUE(test::throws_naming([&] { plan::check_modelled(c); }, {"parallel.offload", "not modelled"}));
+  c = planner_config();
+  c.parallel.grad_compression = "powersgd";
+  EXPECT_TRUE(test::throws_naming([&] { plan::check_modelled(c); }, {"parallel.grad_compression", "powersgd"}));
+}
+
+// The search against brute force on a small case: every layout of 4 ranks predicted one by one,
+// the best kept; the search's best is the same step, and held keys are held.
+TEST(Search, ItsBestIsTheBruteForceBestAndHeldKeysAreHeld) {
+  const Cluster cluster = test_cluster();
+  Config base = planner_config();
+  base.model.n_layer = 2;
+  base.train.global_batch_size = 8;
+  base.train.grad_accum = 1;
+  const plan::SearchResult result = plan::search_layouts(base, 4, {}, cluster, check_layout_options);
+  ASSERT_FALSE(result.layouts.empty());
+  EXPECT_EQ(result.considered, result.refused + static_cast<int64_t>(result.layouts.size()));
+  for (size_t i = 1; i < result.layouts.size(); ++i)
+    if (result.layouts[i].prediction.fits == result.layouts[i - 1].prediction.fits)
+      EXPECT_LE(result.layouts[i - 1].prediction.step_s, result.layouts[i].prediction.step_s);
+
+  double best = 1e30;
+  int64_t built = 0;
+  for (int64_t tp : {1, 2, 4})
+    for (int64_t pp : {1, 2, 4})
+      for (const char* schedule : {"1f1b", "gpipe", "zbh1", "zbv", "interleaved"})
+        for (int64_t zero : {0, 1, 2, 3})
+          for (bool msp : {false, true})
+            for (const char* ckpt : {"none", "selective", "full"})
+              for (int64_t b : {1, 2, 4, 8}) {
+                Config c = base;
+                c.parallel.tp = tp, c.parallel.pp = pp, c.parallel.pp_schedule = schedule, c.parallel.zero_stage = zero;
+                c.parallel.megatron_sp = msp, c.memory.activation_checkpointing = ckpt, c.train.batch_size = b;
+                try {
+                  c.check("test");
+                  const ParallelDims dims(c.parallel, 4, "test");
+                  check_layout_options(c, dims);
+                  best = std::min(best, plan::predict(c, dims, cluster).step_s);
+                  ++built;
+                } catch (const std::exception&) {
+                }
+              }
+  ASSERT_GT(built, 0);
+  EXPECT_NEAR(result.layouts.front().prediction.step_s, best, 1e-12);
+
+  const plan::SearchResult held =
+      plan::search_layouts(base, 4, {"parallel.tp", "train.batch_size"}, cluster, check_layout_options);
+  ASSERT_FALSE(held.layouts.empty());
+  for (const plan::Candidate& c : held.layouts) {
+    EXPECT_EQ(c.dims.tp(), base.parallel.tp);
+    EXPECT_EQ(c.config.train.batch_size, base.train.batch_size);
+  }
+}
+
+}  // namespace
+}  // namespace tessera
