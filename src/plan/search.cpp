@@ -93,9 +93,21 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
     for (int64_t pp : held_or<int64_t>(held, "parallel.pp", p.pp, divisors(model.n_layer))) {
       if (world % (tp * pp * fixed) != 0) continue;
       const int64_t dp = world / (tp * pp * fixed);
-      std::vector<Schedule> scheds = held.count("parallel.pp_schedule")
-                                         ? std::vector<Schedule>{{p.pp_schedule, p.pp_virtual}}
-                                         : schedules(pp, model.n_layer);
+      std::vector<Schedule> scheds = schedules(pp, model.n_layer);
+      if (held.count("parallel.pp_schedule")) {
+        // The held schedule, with each stages-per-rank count the search would try for it.
+        scheds.erase(std::remove_if(scheds.begin(), scheds.end(),
+                                    [&](const Schedule& s) { return s.name != p.pp_schedule; }),
+                     scheds.end());
+        if (scheds.empty() || held.count("parallel.pp_virtual")) scheds = {{p.pp_schedule, p.pp_virtual}};
+      } else if (held.count("parallel.pp_virtual")) {
+        scheds.erase(std::remove_if(scheds.begin(), scheds.end(),
+                                    [&](const Schedule& s) {
+                                      return s.name == "interleaved" && s.virtual_stages != p.pp_virtual;
+                                    }),
+                     scheds.end());
+        for (Schedule& s : scheds) s.virtual_stages = p.pp_virtual;
+      }
       if (global % dp != 0) continue;
       std::vector<int64_t> micro;
       for (int64_t b = 1; b <= global / dp; b *= 2)
@@ -112,7 +124,7 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
                 Config c = base;
                 c.parallel.tp = tp, c.parallel.pp = pp, c.parallel.zero_stage = zero, c.parallel.megatron_sp = msp;
                 c.parallel.pp_schedule = schedule.name;
-                c.parallel.pp_virtual = held.count("parallel.pp_virtual") ? p.pp_virtual : schedule.virtual_stages;
+                c.parallel.pp_virtual = schedule.virtual_stages;
                 c.memory.activation_checkpointing = ckpt;
                 c.train.batch_size = b;
                 std::vector<std::pair<std::string, std::string>> set = {

@@ -1,0 +1,53 @@
+// `tessera plan`: the JSON contract (best first, each layout's set keys, step, tokens/s, MFU,
+// memory, fits and breakdown), held keys held, and a bad cluster file refused by file and key.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_util.h"
+
+namespace tessera::test {
+namespace {
+
+TEST(PlanCommand, PrintsTheLayoutsBestFirstAsJsonWithHeldKeysHeld) {
+  auto r = run_tessera("plan --config tiny_gpt --cluster dgx_a100_80g --world 4 --set parallel.tp=2 --top 4 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json out = nlohmann::json::parse(r.output);
+  const auto& layouts = out.at("layouts");
+  ASSERT_EQ(layouts.size(), 4u) << r.output;
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    const auto& l = layouts[i];
+    for (const char* key : {"set", "step_s", "tokens_per_s", "mfu", "peak_memory_gib", "fits", "breakdown"})
+      EXPECT_TRUE(l.contains(key)) << key;
+    EXPECT_EQ(l["set"]["parallel.tp"], "2");
+    EXPECT_GT(l["mfu"].get<double>(), 0);
+    EXPECT_LT(l["mfu"].get<double>(), 1);
+    double parts = 0;
+    for (const auto& [name, seconds] : l["breakdown"].items()) parts += seconds.get<double>();
+    EXPECT_NEAR(parts, l["step_s"].get<double>(), 1e-9 * l["step_s"].get<double>());
+    if (i > 0 && l["fits"] == layouts[i - 1]["fits"])
+      EXPECT_LE(layouts[i - 1]["step_s"].get<double>(), l["step_s"].get<double>());
+  }
+
+  // The table: a ready --set line for the best layout.
+  auto text = run_tessera("plan --config tiny_gpt --cluster dgx_a100_80g --world 4 --set parallel.tp=2");
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_NE(text.output.find("run it with: --set parallel.tp=2"), std::string::npos) << text.output;
+}
+
+TEST(PlanCommand, ABadClusterFileIsRefusedNamingFileAndKey) {
+  const std::string dir = fresh_dir("plan_bad_cluster");
+  std::string cluster = slurp(source_path("clusters/dgx_a100_80g.toml"));
+  cluster.replace(cluster.find("memory_gbs"), 10, "memory_gps");
+  std::ofstream(dir + "/bad.toml") << cluster;
+  expect_error("plan --config gpt2_124m --cluster " + dir + "/bad.toml --world 8",
+               {dir + "/bad.toml", "unknown key 'device.memory_gps'", "did you mean 'device.memory_gbs'"});
+  expect_error("plan --config gpt2_124m --cluster no_such_cluster", {"no_such_cluster", "presets: ", "dgx_a100_80g"});
+  expect_error("plan --config gpt2_124m --cluster dgx_a100_80g --set parallel.offload=true --set parallel.zero_stage=1",
+               {"parallel.offload is not modelled"});
+}
+
+}  // namespace
+}  // namespace tessera::test
