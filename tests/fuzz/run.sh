@@ -36,7 +36,8 @@ case $target in
   # toml++'s internal assertions are compiled out as in tessera's release build (GCC, NDEBUG: there
   # they check nothing and assume nothing); its unreachable points stay, and UBSan reports them.
   config) sources+=(src/config/config.cpp src/core/options.cpp src/core/parallel_dims.cpp src/data/data_options.cpp
-                    src/optim/optim_options.cpp src/precision/precision_options.cpp src/core/fs.cpp src/model/model_options.cpp)
+                    src/optim/optim_options.cpp src/precision/precision_options.cpp src/core/fs.cpp src/model/model_options.cpp
+                    src/core/resource_dir.cpp)
           flags+=("-DTOML_ASSERT(expr)=static_assert(true)") ;;
   token_files) sources+=(src/data/token_stream.cpp src/data/token_file.cpp src/core/fs.cpp) ;;
   tokenizer) sources+=(src/data/tokenizer.cpp src/data/byte_level_bpe.cpp src/data/gpt2_bpe.cpp src/data/hf_tokenizer.cpp
