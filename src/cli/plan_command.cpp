@@ -1,3 +1,4 @@
+// `tessera plan calibrate --out F.toml` measures this machine as a cluster file (plan/calibrate.h).
 // `tessera plan --config C --cluster F [--world N] [--set k=v ...] [--top K] [--json]`: the layouts
 // of a config on a cluster, predicted without running (plan/search.h, plan/cost_model.h;
 // docs/plan.md). Keys given with --set are held, the other layout keys searched; with all of them
@@ -11,6 +12,8 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "parallel/layout_check.h"
+#include "core/fs.h"
+#include "plan/calibrate.h"
 #include "plan/cluster.h"
 #include "plan/cost_model.h"
 #include "plan/search.h"
@@ -64,16 +67,16 @@ std::string binding(const plan::Candidate& c, double device_gib) {
 
 Command add_plan_command(CLI::App& app) {
   struct Args {
-    std::string config, cluster, attention = "flash";
+    std::string config, cluster, attention = "flash", calibrate_out;
     std::vector<std::string> sets;
-    int64_t world = 0, top = 5;
+    int64_t world = 0, top = 5, calibrate_ranks = 0;
+    double calibrate_seconds = 0.2;
     bool json = false;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("plan", "predict (and search) the parallel layout of a config on a cluster");
-  cmd->add_option("--config", args->config, "config file, or a preset name from configs/ (e.g. gpt3_175b)")->required();
-  cmd->add_option("--cluster", args->cluster, "cluster file, or a preset name from clusters/ (e.g. dgx_a100_80g)")
-      ->required();
+  cmd->add_option("--config", args->config, "config file, or a preset name from configs/ (e.g. gpt3_175b)");
+  cmd->add_option("--cluster", args->cluster, "cluster file, or a preset name from clusters/ (e.g. dgx_a100_80g)");
   cmd->add_option("--set", args->sets, "hold a key: section.key=value (repeatable); layout keys not held are searched")
       ->take_all();
   cmd->add_option("--world", args->world, "ranks (default: the product of the config's parallel degrees)");
@@ -83,7 +86,24 @@ Command add_plan_command(CLI::App& app) {
                   "in 2021)")
       ->check(CLI::IsMember({"flash", "unfused"}));
   cmd->add_flag("--json", args->json, "print {\"layouts\": [...]} best first");
-  return [args]() {
+  CLI::App* calibrate = cmd->add_subcommand("calibrate", "measure this machine and write it as a cluster file");
+  calibrate->add_option("--out", args->calibrate_out, "the cluster file to write")->required();
+  calibrate->add_option("--ranks", args->calibrate_ranks, "ranks a node runs at once (default: the cores)");
+  calibrate->add_option("--seconds", args->calibrate_seconds, "seconds per measured point (default 0.2)");
+  return [args, calibrate]() {
+    if (calibrate->parsed()) {
+      plan::CalibrateOptions options;
+      options.ranks = args->calibrate_ranks;
+      options.seconds_per_point = args->calibrate_seconds;
+      const std::string text = plan::calibrate_this_machine(
+          options, [](const std::string& what) { std::fprintf(stderr, "calibrate: %s\n", what.c_str()); });
+      write_file_atomic(args->calibrate_out, text);
+      plan::load_cluster(args->calibrate_out);  // what was written reads back as a cluster file
+      std::printf("%s\nwritten to %s\n", text.c_str(), args->calibrate_out.c_str());
+      return 0;
+    }
+    require(!args->config.empty() && !args->cluster.empty(), "tessera plan: --config and --cluster are required "
+            "(or `tessera plan calibrate --out F.toml`)");
     const Config config = Config::load(args->config, args->sets);
     const plan::Cluster cluster = plan::load_cluster(args->cluster);
     const ParallelOptions& p = config.parallel;
@@ -93,21 +113,24 @@ Command add_plan_command(CLI::App& app) {
     plan::CostOptions options;
     options.attention = args->attention;
     plan::check_modelled(config);
-    const plan::SearchResult result = plan::search_layouts(config, world, held, cluster, check_layout_options, options);
+    const int64_t top = std::max<int64_t>(args->top, 1);
+    const plan::SearchResult result =
+        plan::search_layouts(config, world, held, cluster, check_layout_options, top, options);
     require(!result.layouts.empty(), "tessera plan: none of the ", result.considered, " layouts could be built",
             result.first_refusal.empty() ? std::string() : "; the first refusal: " + result.first_refusal);
-    const size_t shown = std::min<size_t>(result.layouts.size(), static_cast<size_t>(std::max<int64_t>(args->top, 1)));
+    const size_t shown = std::min<size_t>(result.layouts.size(), static_cast<size_t>(top));
     if (args->json) {
       nlohmann::json layouts = nlohmann::json::array();
       for (size_t i = 0; i < shown; ++i) layouts.push_back(to_json(result.layouts[i]));
       std::printf("%s\n", nlohmann::json{{"layouts", layouts}, {"considered", result.considered},
-                                         {"refused", result.refused}}.dump(1).c_str());
+                                         {"refused", result.refused}, {"predicted", result.predicted}}.dump(1).c_str());
       return 0;
     }
-    std::printf("%s on %s (%s), %lld ranks: %lld layouts considered, %lld refused by the layout checks\n",
+    std::printf("%s on %s (%s), %lld ranks: %lld layouts considered, %lld refused by the layout checks, %lld "
+                "predicted whole (the others bounded out)\n",
                 args->config.c_str(), cluster.source.c_str(), cluster.device.name.c_str(),
                 static_cast<long long>(world), static_cast<long long>(result.considered),
-                static_cast<long long>(result.refused));
+                static_cast<long long>(result.refused), static_cast<long long>(result.predicted));
     std::printf("%4s %4s %4s %5s %-13s %4s %3s %-9s %4s %6s %10s %12s %6s %8s  %s\n", "#", "tp", "pp", "dp",
                 "schedule", "zero", "msp", "ckpt", "mb", "m", "step s", "tokens/s", "MFU", "mem GiB", "binds");
     for (size_t i = 0; i < shown; ++i) {

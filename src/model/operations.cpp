@@ -17,15 +17,15 @@ struct Builder {
   void matmul(std::string name, double m, double k, double n, bool weight, double backward_factor = 2,
               bool core = false) {
     Operation op{std::move(name), Kind::matmul, 2 * m * n * k, (m * k + k * n + m * n) * e(), 0, weight,
-                 backward_factor, core};
+                 weight ? k * n : 0, backward_factor, core};
     ops.push_back(std::move(op));
   }
   // `elements` read and written `passes` times in all (a read and a write: 2).
   void memory(std::string name, double elements, double passes, bool core = false) {
-    ops.push_back({std::move(name), Kind::memory, 0, elements * passes * e(), 0, false, 2, core});
+    ops.push_back({std::move(name), Kind::memory, 0, elements * passes * e(), 0, false, 0, 2, core});
   }
   void comm(std::string name, Kind kind, double elements) {
-    ops.push_back({std::move(name), kind, 0, 0, elements, false, 1, false});
+    ops.push_back({std::move(name), kind, 0, 0, elements, false, 0, 1, false});
   }
 };
 
@@ -87,7 +87,7 @@ void add_attention(Builder& b, const ModelOptions& m) {
     const double span = static_cast<double>(s.seq_len);
     const bool flash = s.attention == "flash";
     const double square = flash ? 0.5 : 1.0;
-    Operation core{"attention.core", Kind::matmul, 4 * T * span * d * q_heads * square, 0, 0, false,
+    Operation core{"attention.core", Kind::matmul, 4 * T * span * d * q_heads * square, 0, 0, false, 0,
                    flash ? 2.5 : 2, true};
     // q, k, v read and the output written; unfused, also the scores written and the probabilities read.
     core.bytes = (T * (2 * q_heads + 2 * kv_heads) * d + (flash ? 0 : 2 * T * span * q_heads)) * b.e();
@@ -130,6 +130,10 @@ void add_feed_forward(Builder& b, const ModelOptions& m, int64_t layer) {
     b.memory("moe.route", T * E, 4);
     if (s.ep > 1) b.comm("moe.dispatch", Kind::ep_all_to_all, slots * h);
     add_mlp(b, "moe.experts", m, slots, static_cast<double>(m.expert_hidden()), m.swiglu_experts(), 1);
+    // The products above run one expert's weights per slot; the rank holds experts / ep of them.
+    const double held = E / static_cast<double>(s.ep);
+    b.ops[b.ops.size() - 3].parameters *= held;
+    b.ops[b.ops.size() - 1].parameters *= held;
     if (s.ep > 1) b.comm("moe.combine", Kind::ep_all_to_all, slots * h);
     b.memory("moe.combine_weights", slots * h, 2);
     if (m.moe_shared_experts > 0)
@@ -151,6 +155,9 @@ std::vector<Operation> embedding_operations(const ModelOptions& model, const Ope
   Builder b{shape, {}};
   const double n = shape.tokens() * static_cast<double>(model.n_embd);
   b.memory("embedding.lookup", n, model.learned_positions() ? 4 : 2);
+  b.ops.back().parameters = static_cast<double>(model.n_embd) *
+                            (static_cast<double>(model.padded_vocab()) / static_cast<double>(shape.tp) +
+                             (model.learned_positions() ? static_cast<double>(model.block_size) : 0));
   return std::move(b.ops);
 }
 
@@ -159,6 +166,7 @@ std::vector<Operation> head_operations(const ModelOptions& model, const Operatio
   const double T = shape.tokens(), V = static_cast<double>(model.padded_vocab()) / static_cast<double>(shape.tp);
   add_norm(b, "head.norm", model);
   b.matmul("head.logits", T, static_cast<double>(model.n_embd), V, true);
+  if (model.tie_embeddings) b.ops.back().parameters = 0;  // the embedding's (a pipeline's last stage holds a copy)
   // The loss reads the logits for the maximum, the sum and the target, and writes their gradient.
   b.memory("head.cross_entropy", T * V, 3);
   return std::move(b.ops);

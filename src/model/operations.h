@@ -19,6 +19,9 @@
 // with attention = flash; with attention = unfused (the scores materialized, as Megatron-LM ran
 // before fused attention kernels) it computes and moves the whole square.
 //
+// The weights' elements per rank are declared with their products (the data-parallel reduction's
+// size); norm weights and biases are left out (parts in 10^4 of a block).
+//
 // Checked: the matmul FLOPs x 3 of a model's blocks, embedding and head equal flops_per_token
 // (model/model_size.h) x tokens at tp = sp = 1 (tests/unit/test_plan.cpp).
 #pragma once
@@ -52,6 +55,7 @@ struct Operation {
   double bytes = 0;          // forward, moved through device memory
   double elements = 0;       // communication: elements moved (at element_bytes each)
   bool weight = false;       // a product with a weight (backward: input and weight gradients)
+  double parameters = 0;     // elements of the weight this rank holds (the experts': all of its own)
   double backward_factor = 2;
   // Part of the attention core (what selective checkpointing recomputes).
   bool attention_core = false;

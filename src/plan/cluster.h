@@ -2,7 +2,8 @@
 // file under clusters/ (found as configs/ are: $TESSERA_CLUSTER_DIR, then beside the binary) or a
 // path. Every number in a preset names its source in a comment beside it.
 //
-//   [cluster]     what it is; devices per node
+//   [cluster]     what it is; devices per node; how much compute slows when a node's devices all
+//                 compute at once (CPU cores sharing memory; 1 for GPUs)
 //   [device]      one accelerator: peak and achievable matrix-product rates by dtype (the
 //                 achievable one is a measured large-GEMM rate, e.g. the maximum achievable matmul
 //                 FLOPS of a public benchmark: the planner never assumes the peak), memory size,
@@ -20,6 +21,7 @@
 // values outside their ranges, a missing file (with the presets found).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -32,12 +34,23 @@ struct ClusterInfo {
   std::string description;
   int64_t devices_per_node = 8;
   int64_t nodes = 0;  // 0: as many as the world needs
+  double shared_slowdown = 1;  // compute time with every device of a node busy over one alone (CPU cores)
 
   template <class V>
   void visit(V& v) {
     v("description", description, "what the cluster is, in words");
     v("devices_per_node", devices_per_node, "accelerators per node", between(1, 1024));
     v("nodes", nodes, "nodes in the cluster (0 = as many as a world needs)", between(0, 1 << 20));
+    v("shared_slowdown", shared_slowdown,
+      "compute time with all devices_per_node ranks of a node computing at once over one rank alone (CPU cores "
+      "share memory bandwidth and caches; 1 for GPUs)", between(1, 100));
+  }
+  // The factor on a rank's compute when `ranks` ranks of the world share a node: 1 alone,
+  // shared_slowdown with the node full, linear between.
+  double slowdown(int64_t world) const {
+    const int64_t on_node = std::min(world, devices_per_node);
+    if (devices_per_node <= 1 || on_node <= 1) return 1;
+    return 1 + (shared_slowdown - 1) * static_cast<double>(on_node - 1) / static_cast<double>(devices_per_node - 1);
   }
 };
 
@@ -51,6 +64,7 @@ struct DeviceSpec {
   double memory_gib = 0;
   double memory_gbs = 0;               // achieved by streaming (elementwise) kernels
   double kernel_overhead_us = 0;       // fixed cost of one kernel (launch and tail)
+  double matmul_overhead_us = 0;       // a product's fixed cost beyond it (a fitted curve's intercept)
 
   template <class V>
   void visit(V& v) {
@@ -65,6 +79,9 @@ struct DeviceSpec {
     v("memory_gib", memory_gib, "device memory (GiB)", above(0, 1e6));
     v("memory_gbs", memory_gbs, "memory bandwidth streaming kernels achieve (GB/s)", above(0, 1e7));
     v("kernel_overhead_us", kernel_overhead_us, "fixed cost of one kernel (microseconds)", between(0, 1e6));
+    v("matmul_overhead_us", matmul_overhead_us,
+      "a product's fixed cost beyond kernel_overhead_us: time = overhead + FLOPs / matmul rate, fitted by `tessera "
+      "plan calibrate` (microseconds)", between(0, 1e6));
   }
 };
 
@@ -119,7 +136,7 @@ struct Cluster {
 
 // The cluster named `name` (a file under clusters/) or at path `name`.
 Cluster load_cluster(const std::string& name);
-// The same from TOML text (tests; the fuzz target).
+// The same from TOML text (`source` names it in refusals).
 Cluster parse_cluster(const std::string& text, const std::string& source);
 // The presets found (names without .toml).
 std::vector<std::string> cluster_presets();

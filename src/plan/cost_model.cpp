@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "core/error.h"
 #include "model/model_size.h"
@@ -24,8 +25,10 @@ struct PartCost {
   double compute = 0;                  // forward + backward compute, no collectives, no recomputation
   double recompute = 0;
   double tp = 0, sp = 0, ep = 0;       // collectives, forward + backward
+  double parameters = 0;               // weight elements held (operations.h)
   void operator+=(const PartCost& o) {
     f += o.f, i += o.i, w += o.w, compute += o.compute, recompute += o.recompute, tp += o.tp, sp += o.sp, ep += o.ep;
+    parameters += o.parameters;
   }
 };
 
@@ -34,9 +37,11 @@ class Pricer {
   Pricer(const Config& config, const ParallelDims& dims, const Cluster& cluster)
       : cluster_(cluster),
         half_(config.precision.dtype != "fp32"),
-        rate_(1e12 * (half_ ? cluster.device.matmul_tflops_bf16 : cluster.device.matmul_tflops_fp32)),
-        bandwidth_(1e9 * cluster.device.memory_gbs),
+        slowdown_(cluster.cluster.slowdown(dims.world_size())),
+        rate_(1e12 * (half_ ? cluster.device.matmul_tflops_bf16 : cluster.device.matmul_tflops_fp32) / slowdown_),
+        bandwidth_(1e9 * cluster.device.memory_gbs / slowdown_),
         overhead_(1e-6 * cluster.device.kernel_overhead_us),
+        matmul_overhead_(1e-6 * cluster.device.matmul_overhead_us),
         element_bytes_(half_ ? 2 : 4) {
     tp_ = group(dims, "tp");
     sp_ = group(dims, "sp");
@@ -54,7 +59,7 @@ class Pricer {
     Times t;
     switch (op.kind) {
       case Kind::matmul: {
-        const double one = std::max(op.flops / rate_, op.bytes / bandwidth_) + overhead_;
+        const double one = std::max(op.flops / rate_, op.bytes / bandwidth_) + overhead_ + matmul_overhead_;
         t.f = one;
         if (op.weight) t.i = one, t.w = one;
         else t.i = op.backward_factor * one;
@@ -86,6 +91,7 @@ class Pricer {
     double forward = 0, core_forward = 0;
     for (const Operation& op : ops) {
       const Times t = time(op);
+      c.parameters += op.parameters;
       forward += t.f;
       if (op.attention_core) core_forward += t.f;
       c.f += t.f, c.i += t.i, c.w += t.w;
@@ -112,7 +118,7 @@ class Pricer {
 
   const Cluster& cluster_;
   bool half_;
-  double rate_, bandwidth_, overhead_, element_bytes_;
+  double slowdown_, rate_, bandwidth_, overhead_, matmul_overhead_, element_bytes_;
   Group tp_, sp_, ep_;
 };
 
@@ -149,14 +155,21 @@ void check_modelled(const Config& config) {
   require(p.pp_schedule.rfind("file:", 0) != 0, "tessera plan: parallel.pp_schedule = file:... is not modelled (the built-in schedules are)");
 }
 
-Prediction predict(const Config& config, const ParallelDims& dims, const Cluster& cluster, const CostOptions& options) {
-  check_modelled(config);
+namespace {
+
+// Every block's and end's operations priced for one micro-batch on one rank.
+struct PricedModel {
+  OperationShape shape;
+  std::vector<PartCost> blocks;
+  PartCost embedding, head;
+};
+
+PricedModel price_model(const Config& config, const ParallelDims& dims, const Pricer& pricer,
+                        const CostOptions& options) {
   const ModelOptions& model = config.model;
   const ParallelOptions& p = config.parallel;
-  const Pricer pricer(config, dims, cluster);
-  const std::string& checkpointing = config.memory.activation_checkpointing;
-
-  OperationShape shape;
+  PricedModel out;
+  OperationShape& shape = out.shape;
   shape.batch = config.train.batch_size;
   shape.seq_len = config.train.seq_len;
   shape.tp = dims.tp(), shape.sp = dims.sp(), shape.ep = dims.ep();
@@ -165,32 +178,88 @@ Prediction predict(const Config& config, const ParallelDims& dims, const Cluster
   shape.element_bytes = static_cast<int64_t>(pricer.element_bytes());
   shape.attention = options.attention;
   shape.dropout = model.dropout;
+  for (int64_t layer = 0; layer < model.n_layer; ++layer)
+    out.blocks.push_back(pricer.part(block_operations(model, layer, shape), config.memory.activation_checkpointing));
+  out.embedding = pricer.part(embedding_operations(model, shape), "none");
+  out.head = pricer.part(head_operations(model, shape), "none");
+  return out;
+}
 
+}  // namespace
+
+double step_lower_bound(const Config& config, const ParallelDims& dims, const Cluster& cluster,
+                        const CostOptions& options) {
+  check_modelled(config);
+  const PricedModel priced = price_model(config, dims, Pricer(config, dims, cluster), options);
+  PartCost all = priced.embedding;
+  all += priced.head;
+  for (const PartCost& c : priced.blocks) all += c;
+  return static_cast<double>(config.train.accumulation(dims.dp())) * (all.f + all.i + all.w) /
+         static_cast<double>(dims.pp());
+}
+
+Prediction predict_time(const Config& config, const ParallelDims& dims, const Cluster& cluster,
+                        const CostOptions& options) {
+  check_modelled(config);
+  const ModelOptions& model = config.model;
+  const ParallelOptions& p = config.parallel;
+  const Pricer pricer(config, dims, cluster);
+  const PricedModel priced = price_model(config, dims, pricer, options);
+  const OperationShape& shape = priced.shape;
+  const std::vector<PartCost>& block_parts = priced.blocks;
+  const PartCost& embedding = priced.embedding;
+  const PartCost& head = priced.head;
   BlockCosts blocks;
-  std::vector<PartCost> block_parts;
-  for (int64_t layer = 0; layer < model.n_layer; ++layer) {
-    const PartCost c = pricer.part(block_operations(model, layer, shape), checkpointing);
-    block_parts.push_back(c);
+  for (const PartCost& c : block_parts) {
     blocks.block_seconds.push_back(c.f + c.i + c.w);
     blocks.block_activation_bytes.push_back(0);
     blocks.block_split.push_back({c.f, c.i + c.w, c.i, c.w});
   }
-  const PartCost embedding = pricer.part(embedding_operations(model, shape), "none");
-  const PartCost head = pricer.part(head_operations(model, shape), "none");
   blocks.embedding_seconds = embedding.f + embedding.i + embedding.w;
   blocks.head_seconds = head.f + head.i + head.w;
   blocks.embedding_split = {embedding.f, embedding.i + embedding.w, embedding.i, embedding.w};
   blocks.head_split = {head.f, head.i + head.w, head.i, head.w};
 
-  const Layout layout = make_layout(config, dims);
-  const MemoryEstimate memory = estimate_memory(config, layout);
   const int64_t m = config.train.accumulation(dims.dp());
+  // Without a pipeline every rank holds every block; with one, the stages of each pipeline rank
+  // (the cut and table below), the largest rank's weights.
+  const double tied_copy = model.tie_embeddings ? static_cast<double>(model.n_embd) *
+                                                      static_cast<double>(model.padded_vocab()) /
+                                                      static_cast<double>(dims.tp())
+                                                : 0;
+  double params = embedding.parameters + head.parameters;
+  for (const PartCost& c : block_parts) params += c.parameters;
+  std::optional<StageCut> cut;
+  std::optional<pipeline::Schedule> schedule;
+  pipeline::ActionCosts costs;
+  if (dims.pp() > 1) {
+    cut = pipeline_cut(config, dims);
+    add_measured_costs(*cut, blocks);
+    costs.stages = cut->compute;
+    const std::vector<int64_t> pp_group = dims.group_of("pp", 0);
+    const double transfer_tokens = shape.tokens() / (p.megatron_sp ? static_cast<double>(dims.tp()) : 1.0);
+    const double transfer_bytes = transfer_tokens * static_cast<double>(model.n_embd) *
+                                  (p.pp_transfer_dtype == "float32" ? 4 : pricer.element_bytes());
+    costs.transfer = send_seconds(transfer_bytes, cluster.tier({pp_group[0], pp_group[1]}));
+    // The table for these costs (as a run rebuilds zbv's and zbh1's for its measured ones).
+    schedule = pipeline::schedule_for_options(p, dims.pp(), m, layout_gathers(p, dims), costs);
+    params = 0;
+    for (int64_t rank = 0; rank < dims.pp(); ++rank) {
+      double held = 0;
+      for (int64_t s = 0; s < cut->stages(); ++s) {
+        if (schedule->rank_of(s) != rank) continue;
+        for (int64_t b = cut->boundaries[s]; b < cut->boundaries[s + 1]; ++b) held += block_parts[b].parameters;
+        if (s == 0) held += embedding.parameters;
+        if (s == cut->stages() - 1) held += head.parameters + tied_copy;
+      }
+      params = std::max(params, held);
+    }
+  }
 
   // The gradient reduction over the data replicas, and ZeRO's parameter gathers.
-  const std::vector<int64_t> replicas = dims.group_of(layout.replica_group(), 0);
+  const std::vector<int64_t> replicas = dims.group_of(replica_group_name(dims), 0);
   const int64_t n_replicas = static_cast<int64_t>(replicas.size());
   const Cluster::Tier replica_tier = cluster.tier(replicas);
-  const double params = static_cast<double>(memory.parameters_rank);
   const double grad_bytes = (p.grad_compression != "none" || config.precision.dtype == "fp16") ? 2 : 4;
   const double param_bytes = config.precision.dtype == "fp16" ? 2 : 4;
   double reduce_per_step = 0, reduce_per_micro_batch = 0, gather_per_pass = 0;
@@ -203,8 +272,9 @@ Prediction predict(const Config& config, const ParallelDims& dims, const Cluster
                                        : 0;
   if (p.zero_stage == 3) gather_per_pass = all_gather_seconds(params * param_bytes, n_replicas, replica_tier);
   const double shard = p.zero_stage >= 1 ? static_cast<double>(n_replicas) : 1.0;
-  const double optimizer = params / shard * optimizer_bytes_per_element(config) / (1e9 * cluster.device.memory_gbs) +
-                           params * grad_bytes / (1e9 * cluster.device.memory_gbs);  // + the clipping norm
+  const double bandwidth = 1e9 * cluster.device.memory_gbs / cluster.cluster.slowdown(dims.world_size());
+  const double optimizer = params / shard * optimizer_bytes_per_element(config) / bandwidth +
+                           params * grad_bytes / bandwidth;  // + the clipping norm
   const double bucket = std::min(p.bucket_mb * 1e6, params * grad_bytes) / replica_tier.bandwidth_bytes_per_s;
 
   Prediction out;
@@ -228,36 +298,25 @@ Prediction predict(const Config& config, const ParallelDims& dims, const Cluster
     }
     out.step_s = static_cast<double>(m) * (forward + backward) + reduce_exposed + gather_exposed + optimizer;
   } else {
-    StageCut cut = pipeline_cut(config, dims);
-    add_measured_costs(cut, blocks);
-    pipeline::ActionCosts costs;
-    costs.stages = cut.compute;
-    const std::vector<int64_t> pp_group = dims.group_of("pp", 0);
-    const double transfer_tokens = shape.tokens() / (p.megatron_sp ? static_cast<double>(dims.tp()) : 1.0);
-    const double transfer_bytes = transfer_tokens * static_cast<double>(model.n_embd) *
-                                  (p.pp_transfer_dtype == "float32" ? 4 : pricer.element_bytes());
-    costs.transfer = send_seconds(transfer_bytes, cluster.tier({pp_group[0], pp_group[1]}));
     const int64_t v = p.pipeline_virtual();
     costs.gather = gather_per_pass / static_cast<double>(v);
     // The reduction overlaps the rank's last backward of each stage; what is left, and the
     // optimizer step, is the OPTIM action.
     double last_backward = 0;
-    for (const auto& stage : cut.compute) last_backward = std::max(last_backward, stage.i + stage.w);
+    for (const auto& stage : cut->compute) last_backward = std::max(last_backward, stage.i + stage.w);
     reduce_exposed = std::max(0.0, reduce_per_step - last_backward) +
                      static_cast<double>(m) * std::max(0.0, reduce_per_micro_batch - last_backward) + bucket +
                      gather_after_step;
     costs.optim = reduce_exposed + optimizer;
-    const pipeline::Schedule schedule =
-        pipeline::schedule_for_options(p, dims.pp(), m, layout_gathers(p, dims), costs);
-    const pipeline::Simulation sim = pipeline::simulate_schedule(schedule, costs);
+    const pipeline::Simulation sim = pipeline::simulate_schedule(*schedule, costs);
     require(sim.stuck.empty(), "internal: the planner's pipeline table did not run to its end");
     out.step_s = sim.step_time;
     const int64_t critical = std::max_element(sim.busy.begin(), sim.busy.end()) - sim.busy.begin();
-    for (int64_t s = 0; s < cut.stages(); ++s) {
-      if (schedule.rank_of(s) != critical) continue;
-      for (int64_t b = cut.boundaries[s]; b < cut.boundaries[s + 1]; ++b) rank_total += block_parts[b];
+    for (int64_t s = 0; s < cut->stages(); ++s) {
+      if (schedule->rank_of(s) != critical) continue;
+      for (int64_t b = cut->boundaries[s]; b < cut->boundaries[s + 1]; ++b) rank_total += block_parts[b];
       if (s == 0) rank_total += embedding;
-      if (s == cut.stages() - 1) rank_total += head;
+      if (s == cut->stages() - 1) rank_total += head;
     }
     bubble = sim.step_time - sim.busy[critical] - costs.optim;
   }
@@ -277,9 +336,19 @@ Prediction predict(const Config& config, const ParallelDims& dims, const Cluster
   out.model_flops_per_step = flops_per_token(model, config.train.seq_len) * tokens;
   const double peak = 1e12 * (config.precision.dtype == "fp32" ? cluster.device.peak_tflops_fp32 : cluster.device.peak_tflops_bf16);
   out.mfu = out.model_flops_per_step / (out.step_s * static_cast<double>(dims.world_size()) * peak);
-  out.peak_memory_bytes = memory.device_bytes();
-  out.fits = out.peak_memory_bytes <= cluster.device.memory_gib * 1024.0 * 1024.0 * 1024.0;
   return out;
+}
+
+void add_memory(Prediction& prediction, const Config& config, const ParallelDims& dims, const Cluster& cluster) {
+  prediction.peak_memory_bytes = estimate_memory(config, make_layout(config, dims)).device_bytes();
+  prediction.fits = prediction.peak_memory_bytes <= cluster.device.memory_gib * 1024.0 * 1024.0 * 1024.0;
+  prediction.memory_estimated = true;
+}
+
+Prediction predict(const Config& config, const ParallelDims& dims, const Cluster& cluster, const CostOptions& options) {
+  Prediction prediction = predict_time(config, dims, cluster, options);
+  add_memory(prediction, config, dims, cluster);
+  return prediction;
 }
 
 }  // namespace tessera::plan

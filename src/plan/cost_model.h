@@ -25,7 +25,8 @@
 // optimizer step as OPTIM.
 //
 // Memory: the per-rank estimate of plan/memory_estimate.h (the largest rank), against the
-// device's memory.
+// device's memory. The data-parallel reduction's size is the weights the operations declare
+// (model/operations.h) on the rank that holds the most.
 //
 // Not modelled (refused by key, so no prediction silently leaves them out): parallel.offload,
 // memory.swap, powersgd and top-k compression, the swarm.
@@ -55,6 +56,7 @@ struct Prediction {
   double mfu = 0;                    // model FLOPs / (step x world x the device's peak)
   double peak_memory_bytes = 0;      // the largest rank's estimate (plan/memory_estimate.h)
   bool fits = false;                 // peak_memory_bytes <= the device's memory
+  bool memory_estimated = false;     // add_memory ran (peak_memory_bytes and fits are known)
   int64_t micro_batches = 0;         // per step on each data-parallel rank
   // Seconds of the step on the critical rank: compute, recompute, tp, sp and ep communication
   // (per micro-batch x micro-batches), pipeline transfer and bubble, the data-parallel reduction's
@@ -66,6 +68,17 @@ struct Prediction {
 void check_modelled(const Config& config);
 
 Prediction predict(const Config& config, const ParallelDims& dims, const Cluster& cluster, const CostOptions& options = {});
+// The two halves of predict: the step (from the operations alone: no model is built) and the
+// memory (the estimate builds the model on the meta device and the layout's table: slower), so a
+// search estimates memory only for the layouts it may show.
+Prediction predict_time(const Config& config, const ParallelDims& dims, const Cluster& cluster,
+                        const CostOptions& options = {});
+void add_memory(Prediction& prediction, const Config& config, const ParallelDims& dims, const Cluster& cluster);
+// A bound no layout's predicted step falls below, from its operations alone (no table built): the
+// micro-batches' F + I + W of the whole model shared evenly over the pipeline ranks. The search
+// predicts layouts in the order of this bound and stops where it passes the best it must show.
+double step_lower_bound(const Config& config, const ParallelDims& dims, const Cluster& cluster,
+                        const CostOptions& options = {});
 
 // Collective times on `tier` for a group of `n` ranks (ring algorithms; bytes of the whole buffer):
 // all-reduce 2 (n-1)/n bytes / bandwidth + 2 (n-1) latency; all-gather, reduce-scatter and

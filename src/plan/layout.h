@@ -45,6 +45,9 @@ struct LayoutMeasurements {
   std::optional<SwapCosts> swap;     // memory.swap: the blocks' swap costs on this rank's device
 };
 
+// The group dense gradients are averaged over: "dp", or "dp_sp" with sequence parallelism.
+inline std::string replica_group_name(const ParallelDims& dims) { return dims.sp() > 1 ? "dp_sp" : "dp"; }
+
 class Layout {
  public:
   Layout(ParallelDims dims, std::optional<StageCut> cut, std::optional<pipeline::Schedule> schedule,
@@ -68,7 +71,7 @@ class Layout {
   const swap::SwapPlan& swap_plan() const;
 
   // The groups the data replicas average over: dense and expert parameters (comm/mesh.h's names).
-  std::string replica_group() const { return dims_.sp() > 1 ? "dp_sp" : "dp"; }
+  std::string replica_group() const { return replica_group_name(dims_); }
   std::string expert_replica_group() const { return dims_.sp() > 1 ? "edp_sp" : "edp"; }
 
  private:

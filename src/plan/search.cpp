@@ -59,7 +59,7 @@ const std::vector<std::string>& searched_keys() {
 }
 
 SearchResult search_layouts(const Config& base, int64_t world, const std::set<std::string>& held,
-                            const Cluster& cluster, const LayoutCheck& check, const CostOptions& options) {
+                            const Cluster& cluster, const LayoutCheck& check, int64_t top, const CostOptions& options) {
   const ParallelOptions& p = base.parallel;
   const ModelOptions& model = base.model;
   int64_t global = base.train.global_batch_size;
@@ -80,8 +80,9 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
       c.train.grad_accum = 1;
       c.check("tessera plan");
       check(c, dims);
-      Prediction prediction = predict(c, dims, cluster, options);
-      result.layouts.push_back({std::move(c), dims, std::move(prediction), std::move(set)});
+      Prediction bound;
+      bound.step_s = step_lower_bound(c, dims, cluster, options);
+      result.layouts.push_back({std::move(c), dims, std::move(bound), std::move(set)});
     } catch (const std::exception& e) {
       if (result.refused++ == 0) result.first_refusal = e.what();
     }
@@ -147,10 +148,37 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
       }
     }
   }
+  // Branch and bound: in the order of their lower bounds (each candidate's prediction holds its
+  // bound so far), predict each layout's step and memory, keep the `top` fastest that fit, and
+  // stop where the next bound is no faster than the last of them.
   std::stable_sort(result.layouts.begin(), result.layouts.end(), [](const Candidate& a, const Candidate& b) {
-    if (a.prediction.fits != b.prediction.fits) return a.prediction.fits;
     return a.prediction.step_s < b.prediction.step_s;
   });
+  std::vector<Candidate> fitting, too_large;
+  for (Candidate& c : result.layouts) {
+    if (static_cast<int64_t>(fitting.size()) >= top && c.prediction.step_s >= fitting.back().prediction.step_s) break;
+    try {
+      c.prediction = predict_time(c.config, c.dims, cluster, options);
+      add_memory(c.prediction, c.config, c.dims, cluster);
+    } catch (const std::exception& e) {
+      if (result.refused++ == 0) result.first_refusal = e.what();
+      continue;
+    }
+    ++result.predicted;
+    std::vector<Candidate>& into = c.prediction.fits ? fitting : too_large;
+    const auto at = std::upper_bound(into.begin(), into.end(), c, [](const Candidate& a, const Candidate& b) {
+      return a.prediction.step_s < b.prediction.step_s;
+    });
+    into.insert(at, std::move(c));
+    if (static_cast<int64_t>(fitting.size()) > top) fitting.pop_back();
+  }
+  // Then those faster than the slowest shown that do not fit (all of them, up to `top`, when
+  // nothing fits): what memory costs.
+  const double shown = fitting.empty() ? 1e300 : fitting.back().prediction.step_s;
+  result.layouts = std::move(fitting);
+  int64_t added = 0;
+  for (Candidate& c : too_large)
+    if (c.prediction.step_s < shown && added++ < top) result.layouts.push_back(std::move(c));
   return result;
 }
 

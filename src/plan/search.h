@@ -40,17 +40,23 @@ struct Candidate {
 };
 
 struct SearchResult {
-  std::vector<Candidate> layouts;  // best first: those that fit by step time, then the rest
+  // Best first: the fastest layouts that fit (at most `top`), then those faster than the last of
+  // them that do not fit; each with its memory estimated.
+  std::vector<Candidate> layouts;
   int64_t considered = 0;
   int64_t refused = 0;             // by the layout checks or the cost model
+  int64_t predicted = 0;           // predicted whole; the others' lower bounds showed they could not be shown
   std::string first_refusal;       // one example, for a search that found nothing
 };
 
 using LayoutCheck = std::function<void(const Config&, const ParallelDims&)>;
 
-// `held`: the "section.key" names given with --set (plan/search.h's list above).
+// `held`: the "section.key" names given with --set (plan/search.h's list above). Layouts are
+// predicted in the order of step_lower_bound until no remaining one can be among the `top`
+// fastest that fit (cost_model.h).
 SearchResult search_layouts(const Config& config, int64_t world, const std::set<std::string>& held,
-                            const Cluster& cluster, const LayoutCheck& check, const CostOptions& options = {});
+                            const Cluster& cluster, const LayoutCheck& check, int64_t top,
+                            const CostOptions& options = {});
 
 // The keys search_layouts searches.
 const std::vector<std::string>& searched_keys();

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""tessera plan against runs on this machine: each layout predicted from this machine's calibrated
+cluster file (`tessera plan calibrate`), then trained, its median step time measured.
+
+The calibration is the only input the predictions take from this machine (matmul, memory and
+kernel rates, core sharing, Gloo's loopback link); no step time of the runs below went into it.
+Every layout trains the same model and global batch with train.threads = 1 per rank, 12 steps; the
+median step of steps 4-12 is compared (the first steps warm up, and a pipeline rebuilds its table
+for measured costs after step 2).
+
+usage: bench/plan_runs_here.py [--tessera build/tessera] [--cluster F.toml (calibrates when absent)]
+                               [--out bench/results/plan_runs_here_cpu.md]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+MODEL = ["model.n_layer=4", "model.n_embd=256", "model.n_head=8", "model.vocab_size=256",
+         "model.block_size=128", "train.seq_len=128", "train.global_batch_size=16", "train.threads=1",
+         "train.steps=12", "train.log_every=1", "eval.every=0", "checkpoint.every=0", "optim.name=adamw",
+         "train.tensorboard=false"]
+
+# (name, world, layout keys)
+LAYOUTS = [
+    ("one process", 1, ["parallel.tp=1", "parallel.pp=1", "parallel.zero_stage=0", "train.batch_size=8"]),
+    ("one process, full checkpointing", 1, ["parallel.tp=1", "parallel.pp=1", "parallel.zero_stage=0",
+                                             "train.batch_size=8", "memory.activation_checkpointing=full"]),
+    ("one process, selective checkpointing", 1, ["parallel.tp=1", "parallel.pp=1", "parallel.zero_stage=0",
+                                                  "train.batch_size=8", "memory.activation_checkpointing=selective"]),
+    ("dp2 DDP", 2, ["parallel.tp=1", "parallel.pp=1", "parallel.zero_stage=0", "train.batch_size=8"]),
+    ("dp2 ZeRO-1", 2, ["parallel.tp=1", "parallel.pp=1", "parallel.zero_stage=1", "train.batch_size=8"]),
+    ("dp2 ZeRO-2", 2, ["parallel.tp=1", "parallel.pp=1", "parallel.zero_stage=2", "train.batch_size=8"]),
+    ("dp2 ZeRO-3", 2, ["parallel.tp=1", "parallel.pp=1", "parallel.zero_stage=3", "train.batch_size=8"]),
+    ("dp2 micro-batch 2", 2, ["parallel.tp=1", "parallel.pp=1", "parallel.zero_stage=0", "train.batch_size=2"]),
+    ("tp2", 2, ["parallel.tp=2", "parallel.pp=1", "parallel.zero_stage=0", "train.batch_size=8"]),
+    ("tp2 Megatron-SP", 2, ["parallel.tp=2", "parallel.pp=1", "parallel.zero_stage=0", "train.batch_size=8",
+                            "parallel.megatron_sp=true"]),
+    ("pp2 1f1b", 2, ["parallel.tp=1", "parallel.pp=2", "parallel.zero_stage=0", "train.batch_size=2",
+                     "parallel.pp_schedule=1f1b"]),
+    ("pp2 gpipe", 2, ["parallel.tp=1", "parallel.pp=2", "parallel.zero_stage=0", "train.batch_size=2",
+                      "parallel.pp_schedule=gpipe"]),
+    ("pp2 zbh1", 2, ["parallel.tp=1", "parallel.pp=2", "parallel.zero_stage=0", "train.batch_size=2",
+                     "parallel.pp_schedule=zbh1"]),
+    ("pp2 zbv", 2, ["parallel.tp=1", "parallel.pp=2", "parallel.zero_stage=0", "train.batch_size=2",
+                    "parallel.pp_schedule=zbv"]),
+    ("pp2 interleaved", 2, ["parallel.tp=1", "parallel.pp=2", "parallel.zero_stage=0", "train.batch_size=2",
+                            "parallel.pp_schedule=interleaved", "parallel.pp_virtual=2"]),
+    ("sp2 Ulysses", 2, ["parallel.tp=1", "parallel.pp=1", "parallel.zero_stage=0", "train.batch_size=8",
+                        "parallel.sp=2", "parallel.sp_method=ulysses"]),
+    ("sp2 ring", 2, ["parallel.tp=1", "parallel.pp=1", "parallel.zero_stage=0", "train.batch_size=8",
+                     "parallel.sp=2", "parallel.sp_method=ring"]),
+]
+HELD = ["parallel.tp", "parallel.pp", "parallel.zero_stage", "parallel.megatron_sp", "parallel.pp_schedule",
+        "parallel.pp_virtual", "memory.activation_checkpointing", "train.batch_size"]
+
+
+def run(args, check=True):
+    out = subprocess.run(args, capture_output=True, text=True)
+    if check and out.returncode != 0:
+        sys.exit(f"{' '.join(args)} failed:\n{out.stdout}{out.stderr}")
+    return out.stdout
+
+
+def sets(keys):
+    out = []
+    for k in keys:
+        out += ["--set", k]
+    return out
+
+
+def full_layout(keys):
+    given = {k.split("=")[0] for k in keys}
+    defaults = {"parallel.megatron_sp": "false", "parallel.pp_schedule": "1f1b", "parallel.pp_virtual": "0",
+                "memory.activation_checkpointing": "none"}
+    return keys + [f"{k}={v}" for k, v in defaults.items() if k not in given]
+
+
+def spearman(a, b):
+    def ranks(x):
+        order = sorted(range(len(x)), key=lambda i: x[i])
+        r = [0] * len(x)
+        for pos, i in enumerate(order):
+            r[i] = pos
+        return r
+    ra, rb = ranks(a), ranks(b)
+    n = len(a)
+    return 1 - 6 * sum((x - y) ** 2 for x, y in zip(ra, rb)) / (n * (n * n - 1))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tessera", default="build/tessera")
+    parser.add_argument("--cluster", default="")
+    parser.add_argument("--out", default="bench/results/plan_runs_here_cpu.md")
+    a = parser.parse_args()
+    work = tempfile.mkdtemp(prefix="plan_runs_here_")
+    data = os.path.join(work, "data")
+    run([a.tessera, "prepare", "--input", "data/kjv/genesis_to_ruth.txt", "--out", data])
+    cluster = a.cluster or os.path.join(work, "this_machine.toml")
+    if not a.cluster:
+        run([a.tessera, "plan", "calibrate", "--out", cluster])
+    rows, predicted, measured = [], [], []
+    for name, world, keys in LAYOUTS:
+        keys = full_layout(keys)
+        common = sets(MODEL + [f"data.path={data}"] + keys)
+        plan = json.loads(run([a.tessera, "plan", "--config", "tiny_gpt", "--cluster", cluster, "--world", str(world),
+                               "--json", "--top", "1"] + common))
+        p = plan["layouts"][0]["step_s"]
+        out = os.path.join(work, name.replace(" ", "_").replace(",", ""))
+        launch = [a.tessera, "train", "--config", "tiny_gpt", "--out", out, "--overwrite"] + common
+        if world > 1:
+            launch += ["--nproc", str(world)]
+        run(launch)
+        steps = []
+        tokens_per_step = 16 * 128
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            for line in f:
+                m = json.loads(line)
+                if "tokens_per_s" in m and m["step"] >= 4:
+                    steps.append(tokens_per_step / m["tokens_per_s"])
+        t = statistics.median(steps)
+        predicted.append(p)
+        measured.append(t)
+        rows.append(f"| {name} | {world} | {1000 * p:.1f} | {1000 * t:.1f} | {100 * (p / t - 1):+.1f}% |")
+        print(rows[-1], flush=True)
+    errors = [abs(p / t - 1) for p, t in zip(predicted, measured)]
+    summary = (f"mean absolute error {100 * statistics.mean(errors):.1f}%, worst {100 * max(errors):.1f}%, "
+               f"within 10%: {sum(e <= 0.10 for e in errors)} of {len(errors)}; Spearman rank correlation "
+               f"{spearman(predicted, measured):.2f}")
+    print(summary)
+    with open(a.out, "w") as f:
+        f.write("# tessera plan against runs on this machine (2 cores, CPU, Gloo)\n\n"
+                "`python3 bench/plan_runs_here.py` (its docstring says what is held and measured). Model: 4 blocks of "
+                "width 256, 8 heads, sequences of 128, global batch 16, AdamW, fp32.\n\n"
+                "Cluster file:\n\n```\n" + open(cluster).read() + "```\n\n"
+                "| layout | ranks | predicted step ms | measured median ms | error |\n|---|---|---|---|---|\n")
+        f.write("\n".join(rows) + "\n\n" + summary + "\n")
+
+
+if __name__ == "__main__":
+    main()

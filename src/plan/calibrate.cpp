@@ -1,0 +1,220 @@
+// This machine measured as a cluster file (calibrate.h).
+#include "plan/calibrate.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include "core/error.h"
+
+namespace tessera::plan {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+// The median time of `op` run repeatedly for about `budget` seconds (after one warm-up run).
+template <class Op>
+double median_seconds(Op&& op, double budget) {
+  op();
+  std::vector<double> times;
+  const Clock::time_point start = Clock::now();
+  while (times.size() < 3 || (seconds_since(start) < budget && times.size() < 10000)) {
+    const Clock::time_point t = Clock::now();
+    op();
+    times.push_back(seconds_since(t));
+  }
+  std::nth_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(times.size() / 2), times.end());
+  return times[times.size() / 2];
+}
+
+// Least squares y = a + b x.
+std::pair<double, double> fit_line(const std::vector<double>& x, const std::vector<double>& y) {
+  const double n = static_cast<double>(x.size());
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (size_t i = 0; i < x.size(); ++i) sx += x[i], sy += y[i], sxx += x[i] * x[i], sxy += x[i] * y[i];
+  const double b = (n * sxy - sx * sy) / (n * sxx - sx * sx);
+  return {(sy - b * sx) / n, b};
+}
+
+struct MatmulFit {
+  double tflops = 0, overhead_us = 0;
+};
+
+struct Shape {
+  int64_t m, k, n;
+};
+const std::vector<Shape> kShapes = {{128, 128, 128},  {256, 256, 256},  {512, 512, 512},  {1024, 1024, 1024},
+                                    {2048, 128, 512}, {4096, 512, 128}, {512, 2048, 512}, {2048, 256, 1024}};
+
+MatmulFit fit_matmul(c10::ScalarType dtype, double budget) {
+  std::vector<double> flops, seconds;
+  for (const Shape& s : kShapes) {
+    const at::Tensor a = at::randn({s.m, s.k}).to(dtype), b = at::randn({s.k, s.n}).to(dtype);
+    at::Tensor c = at::empty({s.m, s.n}, a.options());
+    seconds.push_back(median_seconds([&] { at::mm_out(c, a, b); }, budget));
+    flops.push_back(2.0 * static_cast<double>(s.m * s.k * s.n));
+  }
+  const auto [intercept, per_flop] = fit_line(flops, seconds);
+  require(per_flop > 0, "tessera plan calibrate: the products' times did not grow with their size");
+  return {1e-12 / per_flop, std::max(0.0, intercept) * 1e6};
+}
+
+// The 1024^3 product's time with `ranks` threads computing at once over one alone.
+double shared_slowdown(int64_t ranks, double budget) {
+  const at::Tensor a = at::randn({1024, 1024}), b = at::randn({1024, 1024});
+  auto one = [&] {
+    at::Tensor c = at::empty({1024, 1024});
+    return median_seconds([&] { at::mm_out(c, a, b); }, budget);
+  };
+  const double alone = one();
+  if (ranks <= 1) return 1;
+  std::vector<double> together(static_cast<size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int64_t r = 0; r < ranks; ++r) threads.emplace_back([&, r] { together[static_cast<size_t>(r)] = one(); });
+  for (std::thread& t : threads) t.join();
+  double mean = 0;
+  for (double t : together) mean += t / static_cast<double>(ranks);
+  return std::max(1.0, mean / alone);
+}
+
+struct LinkFit {
+  double gbs = 0, latency_us = 0;
+};
+
+// Gloo all-reduce of two ranks in this process (a thread each, one store), 1 KiB to 16 MiB of
+// float32: time = 2 latency + bytes / bandwidth (n = 2: 2 (n-1)/n = 1).
+LinkFit fit_gloo(double budget) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<double> bytes, seconds;
+  for (int64_t kib = 1; kib <= 16384; kib *= 4) bytes.push_back(static_cast<double>(kib * 1024));
+  std::vector<std::vector<double>> times(2);
+  auto rank_main = [&](int rank) {
+    auto options = c10d::ProcessGroupGloo::Options::create();
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, 2, options);
+    for (double b : bytes) {
+      std::vector<at::Tensor> tensors = {at::ones({static_cast<int64_t>(b) / 4})};
+      // Both ranks run the same number of all-reduces: a fixed count from the size.
+      const int reps = std::max(5, static_cast<int>(budget * 2e8 / std::max(b, 1e5)));
+      group->allreduce(tensors)->wait();
+      std::vector<double> each;
+      for (int i = 0; i < reps; ++i) {
+        const Clock::time_point t = Clock::now();
+        group->allreduce(tensors)->wait();
+        each.push_back(seconds_since(t));
+      }
+      std::nth_element(each.begin(), each.begin() + static_cast<std::ptrdiff_t>(each.size() / 2), each.end());
+      times[static_cast<size_t>(rank)].push_back(each[each.size() / 2]);
+    }
+  };
+  std::thread other(rank_main, 1);
+  rank_main(0);
+  other.join();
+  for (size_t i = 0; i < bytes.size(); ++i) seconds.push_back(std::max(times[0][i], times[1][i]));
+  const auto [intercept, per_byte] = fit_line(bytes, seconds);
+  require(per_byte > 0, "tessera plan calibrate: the all-reduce times did not grow with their size");
+  return {1e-9 / per_byte, std::max(0.0, intercept) / 2 * 1e6};
+}
+
+std::string cpu_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "CPU";
+}
+
+double memory_gib() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  while (in >> key >> kib) {
+    if (key == "MemTotal:") return kib / (1024.0 * 1024.0);
+    in.ignore(256, '\n');
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::string calibrate_this_machine(const CalibrateOptions& options,
+                                   const std::function<void(const std::string&)>& progress) {
+  const int64_t cores = static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
+  const int64_t ranks = options.ranks > 0 ? options.ranks : cores;
+  const double budget = options.seconds_per_point;
+  at::set_num_threads(1);  // one rank: one process with one intra-op thread
+
+  progress("fp32 products at " + std::to_string(kShapes.size()) + " shapes");
+  const MatmulFit fp32 = fit_matmul(at::kFloat, budget);
+  progress("bf16 products");
+  const MatmulFit bf16 = fit_matmul(at::kBFloat16, budget);
+  progress("memory bandwidth and kernel overhead");
+  const at::Tensor x = at::randn({16 << 20}), y = at::randn({16 << 20});
+  at::Tensor z = at::empty_like(x);
+  const double add_big = median_seconds([&] { at::add_out(z, x, y); }, budget);
+  const double memory_gbs = 3.0 * static_cast<double>(x.numel()) * 4 / add_big / 1e9;
+  const at::Tensor xs = at::randn({8}), ys = at::randn({8});
+  at::Tensor zs = at::empty_like(xs);
+  const double overhead_us = median_seconds([&] { at::add_out(zs, xs, ys); }, budget) * 1e6;
+  progress(std::to_string(ranks) + " ranks computing at once");
+  const double slowdown = shared_slowdown(ranks, budget * 5);
+  progress("Gloo all-reduce between two ranks over loopback, 1 KiB to 16 MiB");
+  const LinkFit link = fit_gloo(budget);
+
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  char host[256] = "this machine";
+  gethostname(host, sizeof host - 1);
+  const std::string by = std::string("# measured by `tessera plan calibrate` on ") + host + ", " + date;
+  char text[4096];
+  std::snprintf(
+      text, sizeof text,
+      "%s\n"
+      "# One rank is one process with one intra-op thread; the device is one core's share.\n"
+      "[cluster]\n"
+      "description = \"%s: %lld ranks of one thread each (calibrated)\"\n"
+      "devices_per_node = %lld\n"
+      "nodes = 1\n"
+      "shared_slowdown = %.3f       # a 1024^3 product's median time with %lld ranks computing at once over one alone\n\n"
+      "[device]\n"
+      "name = \"%s (one thread)\"\n"
+      "kind = \"cpu\"\n"
+      "peak_tflops_bf16 = %.5f     # no published CPU peak: the measured rate below (MFU = fraction of it)\n"
+      "peak_tflops_fp32 = %.5f\n"
+      "matmul_tflops_bf16 = %.5f   # bf16 products at %zu shapes, fitted: time = overhead + FLOPs / rate\n"
+      "matmul_tflops_fp32 = %.5f   # fp32, the same fit\n"
+      "matmul_overhead_us = %.2f    # the fp32 fit's intercept less kernel_overhead_us\n"
+      "memory_gib = %.1f            # MemTotal\n"
+      "memory_gbs = %.2f            # an add of two 64 MiB float32 tensors into a third: 3 x 64 MiB / median time\n"
+      "kernel_overhead_us = %.2f     # the same add on 8 elements: median time\n\n"
+      "[intra_node]\n"
+      "bandwidth_gbs = %.4f        # Gloo all-reduce of 2 ranks over loopback, 1 KiB to 16 MiB, fitted: time = 2 latency + bytes / bandwidth\n"
+      "latency_us = %.1f\n\n"
+      "[inter_node]\n"
+      "bandwidth_gbs = %.4f        # not measured (one node): the loopback link again\n"
+      "latency_us = %.1f\n\n"
+      "[host]\n"
+      "memory_gib = %.1f            # MemTotal\n"
+      "device_link_gbs = %.2f       # the host is the device: its memory bandwidth\n",
+      by.c_str(), cpu_name().c_str(), static_cast<long long>(ranks), static_cast<long long>(ranks), slowdown,
+      static_cast<long long>(ranks), cpu_name().c_str(), bf16.tflops, fp32.tflops, bf16.tflops, kShapes.size(),
+      fp32.tflops, std::max(0.0, fp32.overhead_us - overhead_us), memory_gib(), memory_gbs, overhead_us, link.gbs, link.latency_us, link.gbs,
+      link.latency_us, memory_gib(), memory_gbs);
+  return text;
+}
+
+}  // namespace tessera::plan

@@ -1,0 +1,33 @@
+// `tessera plan calibrate --out F.toml`: this machine measured as a cluster file (plan/cluster.h)
+// for the planner. One rank is one process with one intra-op thread (how tests, CI and the
+// benchmarks here run several ranks on the cores), so the device is one core's share:
+//
+//   device.matmul_tflops_*, device.matmul_overhead_us  fp32 and bf16 products at several shapes,
+//                        fitted as time = overhead + FLOPs / rate (least squares); the peak is the
+//                        same measured rate (a CPU publishes no usable one: MFU on CPU reads
+//                        "fraction of the achievable matmul rate", as train/device_peak.h)
+//   device.memory_gbs    an add of two 64 MiB tensors into a third (bytes read and written / time)
+//   device.kernel_overhead_us  the same add on 8 elements
+//   cluster.shared_slowdown    the products' time with every core computing at once over one
+//                        alone (each rank's thread beside the others: memory and caches shared)
+//   intra_node.*         Gloo all-reduce between two ranks of this process over loopback TCP,
+//                        1 KiB to 16 MiB, fitted as time = 2 latency + bytes x 2(n-1)/n / bandwidth
+//   host.*               MemTotal; copies to "device" memory are the memory bandwidth
+// Each number is written with a comment saying what measured it and when. `progress` is told of
+// each measurement as it starts.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace tessera::plan {
+
+struct CalibrateOptions {
+  int64_t ranks = 0;              // ranks a node runs at once (0: the cores)
+  double seconds_per_point = 0.2; // time spent on each measured point (more: steadier)
+};
+
+std::string calibrate_this_machine(const CalibrateOptions& options, const std::function<void(const std::string&)>& progress);
+
+}  // namespace tessera::plan
