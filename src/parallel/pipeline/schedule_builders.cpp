@@ -146,10 +146,12 @@ std::optional<Schedule> zero_bubble_v_list(int64_t p, int64_t m, const ActionCos
   Schedule s = empty_schedule("zbv", p, m, 2, Placement::vee);
   const int64_t stages = 2 * p, limit = 2 * p;
   constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
-  std::map<std::pair<int64_t, int64_t>, double> f_done, i_done;  // (stage, micro) -> finish time
-  auto done_by = [&](const auto& done, int64_t stage, int64_t mb, double t) {
-    const auto it = done.find({stage, mb});
-    return it != done.end() && it->second <= t;
+  // (stage, micro) -> finish time, flat; infinity until scheduled.
+  constexpr double kUnscheduled = std::numeric_limits<double>::infinity();
+  std::vector<double> f_done(static_cast<size_t>(stages * m), kUnscheduled), i_done(f_done);
+  auto at = [&](int64_t stage, int64_t mb) { return static_cast<size_t>(stage * m + mb); };
+  auto done_by = [&](const std::vector<double>& done, int64_t stage, int64_t mb, double t) {
+    return done[at(stage, mb)] <= t;
   };
   std::vector<std::vector<int64_t>> next_f(p, std::vector<int64_t>(2, 0));
   std::vector<int64_t> held(p, 0);
@@ -172,7 +174,7 @@ std::optional<Schedule> zero_bubble_v_list(int64_t p, int64_t m, const ActionCos
       Action chosen{Op::W, -1, kNever};
       for (int64_t mb = 0; mb < m && chosen.stage < 0; ++mb)
         for (int64_t stage : {mine[1], mine[0]}) {
-          if (!done_by(f_done, stage, mb, t) || i_done.count({stage, mb})) continue;
+          if (!done_by(f_done, stage, mb, t) || i_done[at(stage, mb)] != kUnscheduled) continue;
           if (stage + 1 < stages && !done_by(i_done, stage + 1, mb, t)) continue;
           chosen = {pending_w[r].size() < kept ? Op::I : Op::B, stage, mb};
           break;
@@ -201,11 +203,11 @@ std::optional<Schedule> zero_bubble_v_list(int64_t p, int64_t m, const ActionCos
       free_at[r] = end;
       finishes.insert(end);
       if (chosen.op == Op::F) {
-        f_done[{chosen.stage, chosen.micro}] = end;
+        f_done[at(chosen.stage, chosen.micro)] = end;
         ++next_f[r][chosen.stage == mine[0] ? 0 : 1];
         ++held[r];
       } else {
-        if (chosen.op != Op::W) i_done[{chosen.stage, chosen.micro}] = end;  // I or B: the input gradient
+        if (chosen.op != Op::W) i_done[at(chosen.stage, chosen.micro)] = end;  // I or B: the input gradient
         if (chosen.op == Op::I) pending_w[r].push_back({chosen.stage, chosen.micro});
         else --held[r];  // B or W frees the activation
       }

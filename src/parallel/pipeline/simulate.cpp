@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <map>
 #include <tuple>
+#include <vector>
 
 namespace tessera::pipeline {
 namespace {
@@ -11,6 +12,45 @@ namespace {
 // (op, stage, micro) of an event another action waits for; B and I both count as "input
 // gradient done", kept under Op::I.
 using EventKey = std::tuple<Op, int64_t, int64_t>;
+
+// When each event happened, in a flat table over (event kind, stage, micro-batch): a replay looks
+// every action's inputs up, so a table of ranks x thousands of micro-batches stays fast.
+class EventTimes {
+ public:
+  EventTimes(int64_t stages, int64_t micro_batches)
+      : stages_(stages), micro_(micro_batches),
+        at_(static_cast<size_t>(kKinds * stages * micro_batches), kNotYet) {}
+  // -1 when it has not happened (or is outside the table).
+  double find(const EventKey& key) const {
+    const int64_t i = index(key);
+    return i < 0 ? kNotYet : at_[static_cast<size_t>(i)];
+  }
+  void set(const EventKey& key, double time) {
+    const int64_t i = index(key);
+    if (i >= 0) at_[static_cast<size_t>(i)] = time;
+  }
+
+ private:
+  static constexpr int64_t kKinds = 6;
+  static constexpr double kNotYet = -1;
+  int64_t index(const EventKey& key) const {
+    const auto& [op, stage, micro] = key;
+    int64_t kind = -1;
+    switch (op) {
+      case Op::F: kind = 0; break;
+      case Op::I: kind = 1; break;
+      case Op::SendF: kind = 2; break;
+      case Op::SendB: kind = 3; break;
+      case Op::RecvF: kind = 4; break;
+      case Op::RecvB: kind = 5; break;
+      default: return -1;
+    }
+    if (stage < 0 || stage >= stages_ || micro < 0 || micro >= micro_) return -1;
+    return (kind * stages_ + stage) * micro_ + micro;
+  }
+  int64_t stages_, micro_;
+  std::vector<double> at_;
+};
 
 }  // namespace
 
@@ -29,7 +69,7 @@ double ActionCosts::of(Op op) const {
 
 double ActionCosts::of(const Action& a, int64_t rank) const {
   if (a.op == Op::Optim && rank < static_cast<int64_t>(rank_optim.size())) return rank_optim[rank];
-  if (a.is_compute()) {
+  if (a.is_compute() && !each.empty()) {
     const auto it = each.find({a.op, a.stage, a.micro});
     if (it != each.end()) return it->second;
   }
@@ -71,12 +111,23 @@ Simulation simulate_schedule(const Schedule& s, const ActionCosts& costs) {
   std::vector<std::vector<double>> fetched(pp, std::vector<double>(static_cast<size_t>(s.stages()), 0));
   std::vector<std::vector<char>> awaited(pp, std::vector<char>(static_cast<size_t>(s.stages()), 1));
   std::vector<double> fetching(pp, 0);
-  std::map<EventKey, double> done;     // compute ends, and arrivals (keyed by the send)
+  // Compute ends, and arrivals (keyed by the send). Every action's micro-batch is below the
+  // table's count (the validator's check; a table that breaks it reads as never done).
+  int64_t micro_batches = s.micro_batches;
+  for (const auto& row : s.ranks)
+    for (const Action& a : row) micro_batches = std::max(micro_batches, a.micro + 1);
+  EventTimes done(s.stages(), micro_batches);
 
   // The time the inputs of `a` on rank r are ready, or -1 when one has not happened yet; `why`
   // names the missing one.
   auto ready_time = [&](int64_t r, const Action& a, std::string& why) -> double {
-    std::vector<EventKey> needs;
+    EventKey needs_buffer[2];
+    int n_needs = 0;
+    struct Needs {
+      EventKey* keys;
+      int& n;
+      void emplace_back(Op op, int64_t stage, int64_t micro) { keys[n++] = EventKey{op, stage, micro}; }
+    } needs{needs_buffer, n_needs};
     switch (a.op) {
       case Op::F:
         if (a.stage > 0 && s.rank_of(a.stage - 1) == r) needs.emplace_back(Op::F, a.stage - 1, a.micro);
@@ -98,9 +149,10 @@ Simulation simulate_schedule(const Schedule& s, const ActionCosts& costs) {
       case Op::Optim: return sent[r];
     }
     double ready = 0;
-    for (const EventKey& key : needs) {
-      const auto it = done.find(key);
-      if (it == done.end()) {
+    for (int k = 0; k < n_needs; ++k) {
+      const EventKey& key = needs_buffer[k];
+      const double at = done.find(key);
+      if (at < 0) {
         const auto& [op, stage, micro] = key;
         const std::string shown =
             Action{op == Op::I && !s.split_backward(stage, micro) ? Op::B : op, stage, micro}.str();
@@ -110,7 +162,7 @@ Simulation simulate_schedule(const Schedule& s, const ActionCosts& costs) {
         else why = shown + " on rank " + std::to_string(s.rank_of(stage));
         return -1;
       }
-      ready = std::max(ready, it->second);
+      ready = std::max(ready, at);
     }
     return ready;
   };
@@ -127,8 +179,8 @@ Simulation simulate_schedule(const Schedule& s, const ActionCosts& costs) {
           const double start = std::max(clock[r], ready);
           clock[r] = start + costs.send;
           if (costs.send > 0) sim.timeline[r].push_back({a, start, clock[r]});
-          done[{a.op, a.stage, a.micro}] = clock[r] + costs.transfer;
-          sent[r] = std::max(sent[r], done[{a.op, a.stage, a.micro}]);
+          done.set({a.op, a.stage, a.micro}, clock[r] + costs.transfer);
+          sent[r] = std::max(sent[r], clock[r] + costs.transfer);
         } else if (a.op == Op::Gather) {
           if (holds[r][a.stage]++ == 0) {
             fetching[r] = fetched[r][a.stage] = std::max(clock[r], fetching[r]) + costs.gather;
@@ -154,9 +206,9 @@ Simulation simulate_schedule(const Schedule& s, const ActionCosts& costs) {
           sim.timeline[r].push_back({a, start, end});
           if (a.is_compute()) {
             const Op key = a.op == Op::B ? Op::I : a.op;
-            done[{key, a.stage, a.micro}] = end;
+            done.set({key, a.stage, a.micro}, end);
           } else if (a.is_transfer()) {
-            done[{a.op, a.stage, a.micro}] = end;
+            done.set({a.op, a.stage, a.micro}, end);
           }
           if (a.op == Op::F) held[r] += 1;
           if (a.op == Op::B || a.op == Op::W) held[r] -= 1;
