@@ -166,9 +166,17 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
   at::Tensor z = at::empty_like(x);
   const double add_big = median_seconds([&] { at::add_out(z, x, y); }, budget);
   const double memory_gbs = 3.0 * static_cast<double>(x.numel()) * 4 / add_big / 1e9;
-  const at::Tensor xs = at::randn({8}), ys = at::randn({8});
-  at::Tensor zs = at::empty_like(xs);
-  const double overhead_us = median_seconds([&] { at::add_out(zs, xs, ys); }, budget) * 1e6;
+  // A training step's kernels run through autograd: a chain of 32 adds on 8 elements, forward and
+  // backward, per kernel (the forward's 32 and the backward's 32).
+  const at::Tensor xs = at::randn({8}).set_requires_grad(true);
+  const double overhead_us = median_seconds(
+                                 [&] {
+                                   at::Tensor z = xs;
+                                   for (int i = 0; i < 32; ++i) z = z + 1.0;
+                                   z.sum().backward();
+                                 },
+                                 budget) /
+                             64 * 1e6;
   progress(std::to_string(ranks) + " ranks computing at once");
   const double slowdown = shared_slowdown(ranks, budget * 5);
   progress("Gloo all-reduce between two ranks over loopback, 1 KiB to 16 MiB");
@@ -200,7 +208,7 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
       "matmul_overhead_us = %.2f    # the fp32 fit's intercept less kernel_overhead_us\n"
       "memory_gib = %.1f            # MemTotal\n"
       "memory_gbs = %.2f            # an add of two 64 MiB float32 tensors into a third: 3 x 64 MiB / median time\n"
-      "kernel_overhead_us = %.2f     # the same add on 8 elements: median time\n\n"
+      "kernel_overhead_us = %.2f     # 32 chained adds on 8 elements, forward and backward through autograd: median time / 64\n\n"
       "[intra_node]\n"
       "bandwidth_gbs = %.4f        # Gloo all-reduce of 2 ranks over loopback, 1 KiB to 16 MiB, fitted: time = 2 latency + bytes / bandwidth\n"
       "latency_us = %.1f\n\n"
