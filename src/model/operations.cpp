@@ -89,6 +89,7 @@ void add_attention(Builder& b, const ModelOptions& m) {
     const double square = flash ? 0.5 : 1.0;
     Operation core{"attention.core", Kind::matmul, 4 * T * span * d * q_heads * square, 0, 0, false, 0,
                    flash ? 2.5 : 2, true};
+    core.fused_attention = flash;
     // q, k, v read and the output written; unfused, also the scores written and the probabilities read.
     core.bytes = (T * (2 * q_heads + 2 * kv_heads) * d + (flash ? 0 : 2 * T * span * q_heads)) * b.e();
     b.ops.push_back(core);

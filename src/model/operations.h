@@ -59,6 +59,8 @@ struct Operation {
   double backward_factor = 2;
   // Part of the attention core (what selective checkpointing recomputes).
   bool attention_core = false;
+  // The fused (flash) attention kernel: priced at the device's attention rate, not its GEMM rate.
+  bool fused_attention = false;
 };
 
 std::vector<Operation> block_operations(const ModelOptions& model, int64_t layer, const OperationShape& shape);

@@ -1,6 +1,7 @@
 // This machine measured as a cluster file (calibrate.h).
 #include "plan/calibrate.h"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -72,22 +73,99 @@ MatmulFit fit_matmul(c10::ScalarType dtype, double budget) {
   return {1e-12 / per_flop, std::max(0.0, intercept) * 1e6};
 }
 
-// The 1024^3 product's time with `ranks` threads computing at once over one alone.
-double shared_slowdown(int64_t ranks, double budget) {
-  const at::Tensor a = at::randn({1024, 1024}), b = at::randn({1024, 1024});
-  auto one = [&] {
-    at::Tensor c = at::empty({1024, 1024});
-    return median_seconds([&] { at::mm_out(c, a, b); }, budget);
+// Causal softmax attention (the fused kernel), forward and backward, at four shapes, counted as the
+// planner counts it (model/operations.h: 2 b h s^2 d forward, the backward 2.5x): the fitted rate.
+double fit_attention(c10::ScalarType dtype, double budget) {
+  struct Shape {
+    int64_t b, h, s, d;
   };
-  const double alone = one();
-  if (ranks <= 1) return 1;
-  std::vector<double> together(static_cast<size_t>(ranks));
-  std::vector<std::thread> threads;
-  for (int64_t r = 0; r < ranks; ++r) threads.emplace_back([&, r] { together[static_cast<size_t>(r)] = one(); });
-  for (std::thread& t : threads) t.join();
+  std::vector<double> flops, seconds;
+  for (const Shape& x : {Shape{4, 8, 128, 32}, Shape{2, 8, 256, 64}, Shape{1, 8, 512, 64}, Shape{1, 4, 1024, 64}}) {
+    const at::Tensor q = at::randn({x.b, x.h, x.s, x.d}).to(dtype).set_requires_grad(true);
+    seconds.push_back(median_seconds(
+        [&] {
+          at::Tensor o = at::scaled_dot_product_attention(q, q, q, {}, 0.0, /*is_causal=*/true);
+          o.sum().backward();
+        },
+        budget));
+    flops.push_back(3.5 * 2.0 * static_cast<double>(x.b * x.h * x.s * x.s * x.d));
+  }
+  const auto [intercept, per_flop] = fit_line(flops, seconds);
+  require(per_flop > 0, "tessera plan calibrate: the attention times did not grow with their size");
+  return 1e-12 / per_flop;
+}
+
+// Memory-bound kernels as a step runs them: LayerNorm then GELU, forward and backward through
+// autograd, at four sizes; the bytes counted as the planner counts them (model/operations.h: each
+// reads and writes its tensor, the backward twice that: 24 bytes per float32 element each), fitted
+// as time = a + bytes / bandwidth.
+double fit_memory_kernels(double budget) {
+  std::vector<double> bytes, seconds;
+  for (int64_t rows : {256, 1024, 4096, 16384}) {
+    const int64_t width = 256;
+    const at::Tensor x = at::randn({rows, width}).set_requires_grad(true);
+    const at::Tensor weight = at::ones({width}).set_requires_grad(true), bias = at::zeros({width}).set_requires_grad(true);
+    seconds.push_back(median_seconds(
+        [&] { at::gelu(at::layer_norm(x, {width}, weight, bias)).sum().backward(); }, budget));
+    bytes.push_back(48.0 * static_cast<double>(rows * width));
+  }
+  const auto [intercept, per_byte] = fit_line(bytes, seconds);
+  require(per_byte > 0, "tessera plan calibrate: the memory-bound kernels' times did not grow with their size");
+  return 1e-9 / per_byte;
+}
+
+// The median time of a block's mix of work (a 1024^3 product, LayerNorm and GELU forward and
+// backward) in `ranks` processes computing at once (forked children, each with one thread,
+// reporting through a pipe): their mean.
+double concurrent_product_seconds(int64_t ranks, double budget) {
+  std::vector<int> readers;
+  std::vector<pid_t> children;
+  for (int64_t r = 0; r < ranks; ++r) {
+    int fds[2];
+    require(pipe(fds) == 0, "tessera plan calibrate: pipe() failed");
+    const pid_t pid = fork();
+    require(pid >= 0, "tessera plan calibrate: fork() failed");
+    if (pid == 0) {
+      close(fds[0]);
+      at::set_num_threads(1);
+      // A block's mix: a product and memory-bound kernels through autograd (LayerNorm, GELU).
+      const at::Tensor a = at::randn({1024, 1024}), b = at::randn({1024, 1024});
+      at::Tensor c = at::empty({1024, 1024});
+      const at::Tensor x = at::randn({4096, 256}).set_requires_grad(true);
+      const at::Tensor w = at::ones({256}), bias = at::zeros({256});
+      const double t = median_seconds(
+          [&] {
+            at::mm_out(c, a, b);
+            at::gelu(at::layer_norm(x, {256}, w, bias)).sum().backward();
+          },
+          budget);
+      const ssize_t written = write(fds[1], &t, sizeof t);
+      _exit(written == static_cast<ssize_t>(sizeof t) ? 0 : 1);
+    }
+    close(fds[1]);
+    readers.push_back(fds[0]);
+    children.push_back(pid);
+  }
   double mean = 0;
-  for (double t : together) mean += t / static_cast<double>(ranks);
-  return std::max(1.0, mean / alone);
+  for (size_t i = 0; i < readers.size(); ++i) {
+    double t = 0;
+    const ssize_t got = read(readers[i], &t, sizeof t);
+    close(readers[i]);
+    int status = 0;
+    waitpid(children[i], &status, 0);
+    require(got == static_cast<ssize_t>(sizeof t) && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+            "tessera plan calibrate: a measuring process failed");
+    mean += t / static_cast<double>(ranks);
+  }
+  return mean;
+}
+
+// That time with `ranks` processes computing at once over one alone (processes, as ranks
+// run: threads of one process share less than processes do).
+double shared_slowdown(int64_t ranks, double budget) {
+  if (ranks <= 1) return 1;
+  const double alone = concurrent_product_seconds(1, budget);
+  return std::max(1.0, concurrent_product_seconds(ranks, budget) / alone);
 }
 
 struct LinkFit {
@@ -161,11 +239,11 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
   const MatmulFit fp32 = fit_matmul(at::kFloat, budget);
   progress("bf16 products");
   const MatmulFit bf16 = fit_matmul(at::kBFloat16, budget);
-  progress("memory bandwidth and kernel overhead");
-  const at::Tensor x = at::randn({16 << 20}), y = at::randn({16 << 20});
-  at::Tensor z = at::empty_like(x);
-  const double add_big = median_seconds([&] { at::add_out(z, x, y); }, budget);
-  const double memory_gbs = 3.0 * static_cast<double>(x.numel()) * 4 / add_big / 1e9;
+  progress("causal attention, forward and backward, at 4 shapes");
+  const double attention_fp32 = fit_attention(at::kFloat, budget);
+  const double attention_bf16 = fit_attention(at::kBFloat16, budget);
+  progress("memory-bound kernels (LayerNorm, GELU) and kernel overhead");
+  const double memory_gbs = fit_memory_kernels(budget);
   // A training step's kernels run through autograd: a chain of 32 adds on 8 elements, forward and
   // backward, per kernel (the forward's 32 and the backward's 32).
   const at::Tensor xs = at::randn({8}).set_requires_grad(true);
@@ -177,7 +255,7 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
                                  },
                                  budget) /
                              64 * 1e6;
-  progress(std::to_string(ranks) + " ranks computing at once");
+  progress(std::to_string(ranks) + " processes computing at once");
   const double slowdown = shared_slowdown(ranks, budget * 5);
   progress("Gloo all-reduce between two ranks over loopback, 1 KiB to 16 MiB");
   const LinkFit link = fit_gloo(budget);
@@ -197,7 +275,7 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
       "description = \"%s: %lld ranks of one thread each (calibrated)\"\n"
       "devices_per_node = %lld\n"
       "nodes = 1\n"
-      "shared_slowdown = %.3f       # a 1024^3 product's median time with %lld ranks computing at once over one alone\n\n"
+      "shared_slowdown = %.3f       # a 1024^3 product + LayerNorm/GELU forward and backward: median time in %lld processes at once over one alone\n\n"
       "[device]\n"
       "name = \"%s (one thread)\"\n"
       "kind = \"cpu\"\n"
@@ -206,8 +284,10 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
       "matmul_tflops_bf16 = %.5f   # bf16 products at %zu shapes, fitted: time = overhead + FLOPs / rate\n"
       "matmul_tflops_fp32 = %.5f   # fp32, the same fit\n"
       "matmul_overhead_us = %.2f    # the fp32 fit's intercept less kernel_overhead_us\n"
+      "attention_tflops_bf16 = %.5f  # causal SDPA forward + backward at 4 shapes, counted as the planner counts it, fitted\n"
+      "attention_tflops_fp32 = %.5f\n"
       "memory_gib = %.1f            # MemTotal\n"
-      "memory_gbs = %.2f            # an add of two 64 MiB float32 tensors into a third: 3 x 64 MiB / median time\n"
+      "memory_gbs = %.2f            # LayerNorm + GELU forward and backward through autograd at 4 sizes, bytes counted as the planner counts them, fitted\n"
       "kernel_overhead_us = %.2f     # 32 chained adds on 8 elements, forward and backward through autograd: median time / 64\n\n"
       "[intra_node]\n"
       "bandwidth_gbs = %.4f        # Gloo all-reduce of 2 ranks over loopback, 1 KiB to 16 MiB, fitted: time = 2 latency + bytes / bandwidth\n"
@@ -220,7 +300,7 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
       "device_link_gbs = %.2f       # the host is the device: its memory bandwidth\n",
       by.c_str(), cpu_name().c_str(), static_cast<long long>(ranks), static_cast<long long>(ranks), slowdown,
       static_cast<long long>(ranks), cpu_name().c_str(), bf16.tflops, fp32.tflops, bf16.tflops, kShapes.size(),
-      fp32.tflops, std::max(0.0, fp32.overhead_us - overhead_us), memory_gib(), memory_gbs, overhead_us, link.gbs, link.latency_us, link.gbs,
+      fp32.tflops, std::max(0.0, fp32.overhead_us - overhead_us), attention_bf16, attention_fp32, memory_gib(), memory_gbs, overhead_us, link.gbs, link.latency_us, link.gbs,
       link.latency_us, memory_gib(), memory_gbs);
   return text;
 }

@@ -6,10 +6,14 @@
 //                        fitted as time = overhead + FLOPs / rate (least squares); the peak is the
 //                        same measured rate (a CPU publishes no usable one: MFU on CPU reads
 //                        "fraction of the achievable matmul rate", as train/device_peak.h)
-//   device.memory_gbs    an add of two 64 MiB tensors into a third (bytes read and written / time)
-//   device.kernel_overhead_us  the same add on 8 elements
-//   cluster.shared_slowdown    the products' time with every core computing at once over one
-//                        alone (each rank's thread beside the others: memory and caches shared)
+//   device.attention_tflops_*  causal SDPA forward and backward at four shapes, fitted
+//   device.memory_gbs    LayerNorm then GELU, forward and backward through autograd, at four sizes,
+//                        with the bytes counted as model/operations.h counts them, fitted
+//   device.kernel_overhead_us  a chain of adds on 8 elements, forward and backward through
+//                        autograd, per kernel (a step's kernels run through autograd)
+//   cluster.shared_slowdown    a block's mix of work (a product, LayerNorm and GELU forward and
+//                        backward) in `ranks` processes at once (forked, one thread each: memory
+//                        and caches shared) over one alone
 //   intra_node.*         Gloo all-reduce between two ranks of this process over loopback TCP,
 //                        1 KiB to 16 MiB, fitted as time = 2 latency + bytes x 2(n-1)/n / bandwidth
 //   host.*               MemTotal; copies to "device" memory are the memory bandwidth

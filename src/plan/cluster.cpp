@@ -18,7 +18,8 @@ constexpr const char* kClusterDirEnv = "TESSERA_CLUSTER_DIR";
 
 // Keys a file may leave out (their defaults mean "none" or "unknown"); every other key is required.
 const std::set<std::string> kOptional = {"cluster.description", "cluster.nodes", "cluster.shared_slowdown",
-                                         "device.kind", "device.kernel_overhead_us", "device.matmul_overhead_us", "intra_node.latency_us",
+                                         "device.kind", "device.kernel_overhead_us", "device.matmul_overhead_us",
+                                         "device.attention_tflops_bf16", "device.attention_tflops_fp32", "intra_node.latency_us",
                                          "inter_node.latency_us", "host.memory_gib", "host.device_link_gbs"};
 
 }  // namespace

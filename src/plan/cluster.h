@@ -65,6 +65,8 @@ struct DeviceSpec {
   double memory_gbs = 0;               // achieved by streaming (elementwise) kernels
   double kernel_overhead_us = 0;       // fixed cost of one kernel (launch and tail)
   double matmul_overhead_us = 0;       // a product's fixed cost beyond it (a fitted curve's intercept)
+  double attention_tflops_bf16 = 0;    // softmax attention's fused kernel (0: the matmul rate)
+  double attention_tflops_fp32 = 0;
 
   template <class V>
   void visit(V& v) {
@@ -82,6 +84,10 @@ struct DeviceSpec {
     v("matmul_overhead_us", matmul_overhead_us,
       "a product's fixed cost beyond kernel_overhead_us: time = overhead + FLOPs / matmul rate, fitted by `tessera "
       "plan calibrate` (microseconds)", between(0, 1e6));
+    v("attention_tflops_bf16", attention_tflops_bf16,
+      "softmax attention's fused kernel, forward and backward, counted as the planner counts it (the causal half; "
+      "backward 2.5x the forward), measured (TFLOP/s; 0 = the matmul rate)", between(0, 1e6));
+    v("attention_tflops_fp32", attention_tflops_fp32, "the same in fp32 (0 = the matmul rate)", between(0, 1e6));
   }
 };
 

@@ -39,6 +39,11 @@ class Pricer {
         half_(config.precision.dtype != "fp32"),
         slowdown_(cluster.cluster.slowdown(dims.world_size())),
         rate_(1e12 * (half_ ? cluster.device.matmul_tflops_bf16 : cluster.device.matmul_tflops_fp32) / slowdown_),
+        attention_rate_(1e12 *
+                        ((half_ ? cluster.device.attention_tflops_bf16 : cluster.device.attention_tflops_fp32) > 0
+                             ? (half_ ? cluster.device.attention_tflops_bf16 : cluster.device.attention_tflops_fp32)
+                             : (half_ ? cluster.device.matmul_tflops_bf16 : cluster.device.matmul_tflops_fp32)) /
+                        slowdown_),
         bandwidth_(1e9 * cluster.device.memory_gbs / slowdown_),
         overhead_(1e-6 * cluster.device.kernel_overhead_us),
         matmul_overhead_(1e-6 * cluster.device.matmul_overhead_us),
@@ -59,7 +64,8 @@ class Pricer {
     Times t;
     switch (op.kind) {
       case Kind::matmul: {
-        const double one = std::max(op.flops / rate_, op.bytes / bandwidth_) + overhead_ + matmul_overhead_;
+        const double one = std::max(op.flops / (op.fused_attention ? attention_rate_ : rate_), op.bytes / bandwidth_) +
+                           overhead_ + matmul_overhead_;
         t.f = one;
         if (op.weight) t.i = one, t.w = one;
         else t.i = op.backward_factor * one;
@@ -118,7 +124,7 @@ class Pricer {
 
   const Cluster& cluster_;
   bool half_;
-  double slowdown_, rate_, bandwidth_, overhead_, matmul_overhead_, element_bytes_;
+  double slowdown_, rate_, attention_rate_, bandwidth_, overhead_, matmul_overhead_, element_bytes_;
   Group tp_, sp_, ep_;
 };
 

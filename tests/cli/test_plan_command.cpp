@@ -49,5 +49,20 @@ TEST(PlanCommand, ABadClusterFileIsRefusedNamingFileAndKey) {
                {"parallel.offload is not modelled"});
 }
 
+// `tessera plan calibrate` writes this machine as a cluster file that loads and plans (short
+// measurements: the numbers' accuracy is bench/plan_runs_here.py's, not a timed test's).
+TEST(PlanCommand, CalibratesThisMachineIntoAClusterFileItPlansWith) {
+  const std::string dir = fresh_dir("plan_calibrate");
+  auto r = run_tessera("plan calibrate --out " + dir + "/here.toml --seconds 0.02");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string file = slurp(dir + "/here.toml");
+  for (const char* key : {"matmul_tflops_fp32 = ", "attention_tflops_fp32 = ", "memory_gbs = ", "shared_slowdown = ",
+                          "[intra_node]", "measured by `tessera plan calibrate`"})
+    EXPECT_NE(file.find(key), std::string::npos) << key << "\n" << file;
+  auto plan = run_tessera("plan --config tiny_gpt --cluster " + dir + "/here.toml --world 2 --top 1 --json");
+  ASSERT_EQ(plan.exit_code, 0) << plan.output;
+  EXPECT_GT(nlohmann::json::parse(plan.output)["layouts"][0]["step_s"].get<double>(), 0);
+}
+
 }  // namespace
 }  // namespace tessera::test
