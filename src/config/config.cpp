@@ -23,15 +23,7 @@ namespace {
 // the binary.
 fs::path preset_dir() { return resource_dir("TESSERA_CONFIG_DIR", "configs"); }
 
-std::vector<std::string> known_presets() {
-  std::vector<std::string> names;
-  const fs::path dir = preset_dir();
-  if (!dir.empty())
-    for (const auto& entry : fs::directory_iterator(dir))
-      if (entry.path().extension() == ".toml") names.push_back(entry.path().stem().string());
-  std::sort(names.begin(), names.end());
-  return names;
-}
+std::vector<std::string> known_presets() { return resource_toml_names("TESSERA_CONFIG_DIR", "configs"); }
 
 // A bare name of a model preset (model/model_options.h) that is neither a file nor a config
 // preset: the config is every default with that model. Only where the preset directory was found:

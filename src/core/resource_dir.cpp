@@ -1,5 +1,6 @@
 #include "core/resource_dir.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 
@@ -21,6 +22,16 @@ std::string resource_dir(const char* env, const std::string& folder) {
   for (const std::string& dir : resource_search_path(env, folder))
     if (std::filesystem::is_directory(dir)) return dir;
   return {};
+}
+
+std::vector<std::string> resource_toml_names(const char* env, const std::string& folder) {
+  std::vector<std::string> names;
+  const std::string dir = resource_dir(env, folder);
+  if (!dir.empty())
+    for (const auto& entry : std::filesystem::directory_iterator(dir))
+      if (entry.path().extension() == ".toml") names.push_back(entry.path().stem().string());
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 }  // namespace tessera

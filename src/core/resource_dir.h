@@ -13,5 +13,7 @@ namespace tessera {
 std::vector<std::string> resource_search_path(const char* env, const std::string& folder);
 // The first directory of resource_search_path that exists ("" when none does).
 std::string resource_dir(const char* env, const std::string& folder);
+// The names (without ".toml") of the TOML files in that directory, sorted; empty without one.
+std::vector<std::string> resource_toml_names(const char* env, const std::string& folder);
 
 }  // namespace tessera

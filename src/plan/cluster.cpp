@@ -85,15 +85,7 @@ Cluster parse_cluster(const std::string& text, const std::string& source) {
   return c;
 }
 
-std::vector<std::string> cluster_presets() {
-  std::vector<std::string> names;
-  const std::string dir = resource_dir(kClusterDirEnv, "clusters");
-  if (!dir.empty())
-    for (const auto& entry : fs::directory_iterator(dir))
-      if (entry.path().extension() == ".toml") names.push_back(entry.path().stem().string());
-  std::sort(names.begin(), names.end());
-  return names;
-}
+std::vector<std::string> cluster_presets() { return resource_toml_names(kClusterDirEnv, "clusters"); }
 
 Cluster load_cluster(const std::string& name) {
   std::string path = name;
