@@ -24,6 +24,7 @@ struct TrainOptions {
   double time_limit = 0;     // wall seconds before the run checkpoints and stops (0 = none)
   int64_t trace_step = 0;    // pp > 1 or swap: the step whose timeline is written (0 = none)
   bool tensorboard = true;   // RUN_DIR/events.out.tfevents.tessera beside metrics.jsonl
+  std::string plan_cluster;  // a cluster file or preset: the planner's prediction checked against the run ("" = none)
 
   template <class V>
   void visit(V& v) {
@@ -50,6 +51,10 @@ struct TrainOptions {
     v("tensorboard", tensorboard,
       "write the scalars of metrics.jsonl into the run directory as TensorBoard's event file, "
       "events.out.tfevents.tessera (tensorboard --logdir runs/; docs/training.md)");
+    v("plan_cluster", plan_cluster,
+      "a cluster file or preset (clusters/; `tessera plan calibrate` writes this machine's): the planner predicts this "
+      "run's step at start and the run prints its measured step beside it after step 5, in metrics.jsonl too "
+      "(docs/plan.md; \"\" = none)");
   }
   void check(const std::string& source) const;
   // Micro-batches per step on each of `dp` data-parallel ranks: grad_accum, or with

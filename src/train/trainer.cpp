@@ -23,6 +23,7 @@
 #include "train/device_peak.h"
 #include "train/metrics.h"
 #include "train/peak_memory.h"
+#include "train/plan_check.h"
 #include "train/progress.h"
 #include "train/stop_request.h"
 #include "train/train_step.h"
@@ -275,6 +276,9 @@ TrainSummary Trainer::run() {
     progress.message(head.str());
     for (const std::string& note : s.start_notes) progress.message(note);
   }
+  // train.plan_cluster: the planner's prediction for this layout, checked after a few steps.
+  PlanCheck plan_check(c, s.mesh ? s.mesh->dims() : ParallelDims(c.parallel, 1, "the config"));
+  if (!plan_check.start_note().empty()) progress.message(plan_check.start_note());
 
   TrainSummary summary;
   summary.unigram_baseline = s.unigram;
@@ -323,6 +327,7 @@ TrainSummary Trainer::run() {
     }
     ++s.step;
     ++interval_steps;
+    if (const auto note = plan_check.after_step(s.step, seconds_since(local_start))) progress.message(*note);
     if (s.collaboration) {
       s.collaboration->after_update(*s.trainer, s.step);
       for (const std::string& line : s.collaboration->take_messages()) progress.message(line);
@@ -353,6 +358,7 @@ TrainSummary Trainer::run() {
                                {"max_violation", m.max_violation()},
                                {"load", m.load}});
       if (const auto* scaler = s.trainer->loss_scaler()) line["loss_scale"] = scaler->value();
+      if (auto planned = plan_check.take_metrics()) line["plan"] = *planned;
       if (metrics) metrics->write(line);
       progress.update(s.step, loss, tokens_per_s, interval_s / interval_steps);
       summary.last_loss = loss;

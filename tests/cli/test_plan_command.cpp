@@ -64,5 +64,27 @@ TEST(PlanCommand, CalibratesThisMachineIntoAClusterFileItPlansWith) {
   EXPECT_GT(nlohmann::json::parse(plan.output)["layouts"][0]["step_s"].get<double>(), 0);
 }
 
+// train.plan_cluster: a run prints the planner's prediction for its layout at start and its measured
+// step beside it after step 5, and records both; a cluster that cannot be read is refused by key.
+TEST(PlanCommand, ATrainingRunChecksThePlannersPredictionForItsLayout) {
+  const std::string out = fresh_dir("plan_checked_run");
+  auto r = run_tessera("train --config tiny_gpt" + tiny_settings(prepared_corpus()) +
+                       " --set train.steps=6 --set eval.every=0 --set train.plan_cluster=this_machine_2core --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("plan: on "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("plan: step 5 measured "), std::string::npos) << r.output;
+  int recorded = 0;
+  for (const auto& line : metrics_lines(out))
+    if (line.contains("plan")) {
+      EXPECT_GT(line["plan"]["predicted_step_s"].get<double>(), 0);
+      EXPECT_GT(line["plan"]["measured_step_s"].get<double>(), 0);
+      ++recorded;
+    }
+  EXPECT_EQ(recorded, 1);
+  expect_error("train --config tiny_gpt" + tiny_settings(prepared_corpus()) +
+                   " --set train.steps=2 --set train.plan_cluster=no_such_cluster --out " + fresh_dir("plan_bad"),
+               {"train.plan_cluster", "no_such_cluster"});
+}
+
 }  // namespace
 }  // namespace tessera::test
