@@ -266,6 +266,8 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
   char host[256] = "this machine";
   gethostname(host, sizeof host - 1);
   const std::string by = std::string("# measured by `tessera plan calibrate` on ") + host + ", " + date;
+  const std::string cpu = cpu_name();
+  const double host_gib = memory_gib();
   char text[4096];
   std::snprintf(
       text, sizeof text,
@@ -298,10 +300,10 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
       "[host]\n"
       "memory_gib = %.1f            # MemTotal\n"
       "device_link_gbs = %.2f       # the host is the device: its memory bandwidth\n",
-      by.c_str(), cpu_name().c_str(), static_cast<long long>(ranks), static_cast<long long>(ranks), slowdown,
-      static_cast<long long>(ranks), cpu_name().c_str(), bf16.tflops, fp32.tflops, bf16.tflops, kShapes.size(),
-      fp32.tflops, std::max(0.0, fp32.overhead_us - overhead_us), attention_bf16, attention_fp32, memory_gib(), memory_gbs, overhead_us, link.gbs, link.latency_us, link.gbs,
-      link.latency_us, memory_gib(), memory_gbs);
+      by.c_str(), cpu.c_str(), static_cast<long long>(ranks), static_cast<long long>(ranks), slowdown,
+      static_cast<long long>(ranks), cpu.c_str(), bf16.tflops, fp32.tflops, bf16.tflops, kShapes.size(),
+      fp32.tflops, std::max(0.0, fp32.overhead_us - overhead_us), attention_bf16, attention_fp32, host_gib, memory_gbs, overhead_us, link.gbs, link.latency_us, link.gbs,
+      link.latency_us, host_gib, memory_gbs);
   return text;
 }
 

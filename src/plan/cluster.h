@@ -89,6 +89,14 @@ struct DeviceSpec {
       "backward 2.5x the forward), measured (TFLOP/s; 0 = the matmul rate)", between(0, 1e6));
     v("attention_tflops_fp32", attention_tflops_fp32, "the same in fp32 (0 = the matmul rate)", between(0, 1e6));
   }
+  // The rates for a run in 16-bit (`half`: bf16/fp16 autocast) or in fp32, TFLOP/s; the attention
+  // kernel's falls back to the matmul rate where the file gives none.
+  double peak_tflops(bool half) const { return half ? peak_tflops_bf16 : peak_tflops_fp32; }
+  double matmul_tflops(bool half) const { return half ? matmul_tflops_bf16 : matmul_tflops_fp32; }
+  double attention_tflops(bool half) const {
+    const double fused = half ? attention_tflops_bf16 : attention_tflops_fp32;
+    return fused > 0 ? fused : matmul_tflops(half);
+  }
 };
 
 struct LinkSpec {

@@ -38,12 +38,8 @@ class Pricer {
       : cluster_(cluster),
         half_(config.precision.dtype != "fp32"),
         slowdown_(cluster.cluster.slowdown(dims.world_size())),
-        rate_(1e12 * (half_ ? cluster.device.matmul_tflops_bf16 : cluster.device.matmul_tflops_fp32) / slowdown_),
-        attention_rate_(1e12 *
-                        ((half_ ? cluster.device.attention_tflops_bf16 : cluster.device.attention_tflops_fp32) > 0
-                             ? (half_ ? cluster.device.attention_tflops_bf16 : cluster.device.attention_tflops_fp32)
-                             : (half_ ? cluster.device.matmul_tflops_bf16 : cluster.device.matmul_tflops_fp32)) /
-                        slowdown_),
+        rate_(1e12 * cluster.device.matmul_tflops(half_) / slowdown_),
+        attention_rate_(1e12 * cluster.device.attention_tflops(half_) / slowdown_),
         bandwidth_(1e9 * cluster.device.memory_gbs / slowdown_),
         overhead_(1e-6 * cluster.device.kernel_overhead_us),
         matmul_overhead_(1e-6 * cluster.device.matmul_overhead_us),
@@ -340,7 +336,7 @@ Prediction predict_time(const Config& config, const ParallelDims& dims, const Cl
                         static_cast<double>(dims.dp());
   out.tokens_per_s = tokens / out.step_s;
   out.model_flops_per_step = flops_per_token(model, config.train.seq_len) * tokens;
-  const double peak = 1e12 * (config.precision.dtype == "fp32" ? cluster.device.peak_tflops_fp32 : cluster.device.peak_tflops_bf16);
+  const double peak = 1e12 * cluster.device.peak_tflops(config.precision.dtype != "fp32");
   out.mfu = out.model_flops_per_step / (out.step_s * static_cast<double>(dims.world_size()) * peak);
   return out;
 }
