@@ -39,6 +39,9 @@ case $target in
                     src/optim/optim_options.cpp src/precision/precision_options.cpp src/core/fs.cpp src/model/model_options.cpp
                     src/core/resource_dir.cpp)
           flags+=("-DTOML_ASSERT(expr)=static_assert(true)") ;;
+  cluster) sources+=(src/plan/cluster.cpp src/core/options.cpp src/core/fs.cpp src/core/resource_dir.cpp)
+           flags+=("-DTOML_ASSERT(expr)=static_assert(true)")
+           watched+=(src/plan) ;;
   token_files) sources+=(src/data/token_stream.cpp src/data/token_file.cpp src/core/fs.cpp) ;;
   tokenizer) sources+=(src/data/tokenizer.cpp src/data/byte_level_bpe.cpp src/data/gpt2_bpe.cpp src/data/hf_tokenizer.cpp
                        src/data/regex_split.cpp src/data/sentencepiece.cpp src/data/byte_tokenizer.cpp src/core/fs.cpp)
@@ -53,7 +56,7 @@ case $target in
               libs+=(-lcrypto) ;;
   file_transfer) sources+=(src/comm/file_receiver.cpp)
                  watched+=(src/comm) ;;
-  *) echo "unknown fuzz target '$target' (safetensors, schedule_csv, region, checkpoint_dir, config, tokenizer,
+  *) echo "unknown fuzz target '$target' (safetensors, schedule_csv, region, checkpoint_dir, config, cluster, tokenizer,
      token_files, hf_folder, swarm_messages, swarm_wire, file_transfer)" >&2
      exit 2 ;;
 esac
