@@ -30,6 +30,10 @@
 //   peak_bytes         the most CPU tensor bytes live at once during the timed steps, minus the
 //                      same baseline: model state plus activations, gradients in flight, buffers.
 // On CUDA both count host tensors only (the batches are made before the baseline).
+//   saved_activation_bytes  the most bytes autograd held at once for the blocks' backward during
+//                      the timed steps (memory/saved_activations.h: encoded size where
+//                      memory.activation_compression encodes, each storage once where kept; the
+//                      embedding's and the head's saved tensors not included), on any device.
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -46,6 +50,7 @@
 #include "comm/mesh.h"
 #include "core/error.h"
 #include "memory/host_memory_stats.h"
+#include "memory/saved_activations.h"
 #include "parallel/layout_check.h"
 #include "plan/stage_cut.h"
 #include "config/config.h"
@@ -100,6 +105,7 @@ Command add_bench_command(CLI::App& app) {
     }
     host_memory::reset_peak();
     const int64_t bytes_before_model = host_memory::current();
+    count_saved_activations(true);
     TrainStep step(config, mesh.get());
     // Set-up, per rank: host memory held at its end and at its peak (the layout's measurements,
     // the model's parts, the optimizer state), and the parameters the rank holds.
@@ -132,6 +138,7 @@ Command add_bench_command(CLI::App& app) {
         if (pp) pp->reset_traffic();
         if (pp_down) pp_down->reset_traffic();
         host_memory::reset_peak();
+        reset_saved_activation_peak();
         step.runner().start_timing();
       }
       auto start = std::chrono::steady_clock::now();
@@ -144,6 +151,7 @@ Command add_bench_command(CLI::App& app) {
     const double comm_bytes_per_step = dp ? static_cast<double>(dp->bytes_sent()) / steps : 0.0;
     const double comm_busy_s_per_step = dp ? dp->busy_seconds() / steps : 0.0;
     const int64_t peak_bytes = host_memory::peak() - bytes_before_model;
+    const int64_t saved_bytes = saved_activation_bytes().peak;
     // The communication thread drops a finished operation (and the tensors it holds, such as the
     // step's all-gather inputs) just after waking its waiter; a barrier queues behind it.
     if (dp) dp->barrier();
@@ -206,7 +214,9 @@ Command add_bench_command(CLI::App& app) {
                           {"data_parallel", dp != nullptr},
                           {"model_state_bytes", model_state_bytes},
                           {"setup_by_rank", setup},  // per rank: peak bytes, bytes held, parameters
-                          {"peak_bytes", peak_bytes}};
+                          {"peak_bytes", peak_bytes},
+                          {"saved_activation_bytes", saved_bytes},
+                          {"activation_compression", config.memory.activation_compression}};
     // By operation; with dp = 1 the sp (or tp) group is also the gradients' group (all_reduce).
     auto bytes_by_op = [&](const comm::Group& group) {
       nlohmann::json by_op = nlohmann::json::object();
@@ -258,6 +268,8 @@ Command add_bench_command(CLI::App& app) {
                 model_state_bytes / 1048576.0,
                 static_cast<double>(model_state_bytes) / static_cast<double>(parameter_count(config.model)),
                 peak_bytes / 1048576.0);
+    std::printf("saved activations, rank 0: peak %.2f MiB (memory.activation_compression = %s)\n",
+                static_cast<double>(saved_bytes) / 1048576.0, config.memory.activation_compression.c_str());
     return 0;
   };
 }

@@ -250,6 +250,10 @@ void MemoryOptions::check(const std::string& source) const {
               activation_checkpointing == "selective",
           source, ": memory.activation_checkpointing must be none, full or selective (got '", activation_checkpointing,
           "')");
+  require(activation_compression == "none" || activation_compression == "lossless" ||
+              activation_compression == "bf16" || activation_compression == "fp8" || activation_compression == "int8",
+          source, ": memory.activation_compression must be none, lossless, bf16, fp8 or int8 (got '",
+          activation_compression, "')");
   require(!swap || device_budget_gb > 0, source, ": memory.swap = true needs memory.device_budget_gb, the device "
           "memory the swap plan may use (GiB)");
   require(swap || (device_budget_gb == 0 && swap_blocks.empty()), source,

@@ -108,6 +108,7 @@ struct CheckpointOptions {
 
 struct MemoryOptions {
   std::string activation_checkpointing = "none";
+  std::string activation_compression = "none";  // memory/activation_codec.h
   bool swap = false;                    // ATOM: the model in host memory, swapped through the device
   double device_budget_gb = 0;          // swap: device memory the plan may use
   double modelled_bandwidth_gbps = 16;  // swap on a CPU "device": the modelled host <-> device link
@@ -118,6 +119,10 @@ struct MemoryOptions {
   void visit(V& v) {
     v("activation_checkpointing", activation_checkpointing,
       "none, full (recompute each block) or selective (recompute attention only)");
+    v("activation_compression", activation_compression,
+      "how the tensors each block saves for its backward are kept: none, lossless (bool masks as bits), bf16 "
+      "(float32 ones rounded), fp8 or int8 (per 32 elements of the last dimension, with a float32 scale; "
+      "docs/memory.md)");
     v("swap", swap,
       "keep the model's weights, gradients and optimizer state in host memory and stream it through the device "
       "sub-model by sub-model with prefetch (ATOM; docs/swap.md)");

@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include "memory/saved_activations.h"
 #include "model/dropout.h"
 
 namespace tessera {
@@ -53,6 +54,7 @@ BlockOutput BlockImpl::run(const at::Tensor& x) {
 }
 
 BlockOutput BlockImpl::forward(const at::Tensor& x) {
+  SavedActivationScope saving(codec_, *this);
   if (mode_ != CheckpointMode::full || !checkpoint_applies(x)) return run(x);
   auto out = checkpoint(
       [this](const TensorList& in) {

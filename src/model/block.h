@@ -5,7 +5,9 @@
 // arch linear uses RMSNorm and lightning attention (norm.h, attention.h, linear_attention.h).
 //
 // Activation checkpointing is applied from outside through set_checkpoint_mode: full recomputes
-// the whole block in backward, selective only the attention core.
+// the whole block in backward, selective only the attention core. Compression of what autograd
+// saves (set_activation_codec) covers the whole forward, a fully checkpointed block's saved input
+// included (memory/saved_activations.h).
 #pragma once
 
 #include <cstdint>
@@ -15,6 +17,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "memory/activation_checkpointing.h"
+#include "memory/activation_codec.h"
 #include "model/attention.h"
 #include "model/dropout.h"
 #include "model/linear_attention.h"
@@ -35,6 +38,7 @@ class BlockImpl : public torch::nn::Module {
   BlockImpl(const ModelOptions& opts, int64_t layer, const at::TensorOptions& where);
   BlockOutput forward(const at::Tensor& x);
   void set_checkpoint_mode(CheckpointMode mode);
+  void set_activation_codec(ActivationCodec codec) { codec_ = codec; }
   // Where the block's dropout masks come from (model/dropout.h; default: the shared stream).
   void set_dropout_streams(const DropoutStreams& streams);
   ParameterSpecs parameter_specs() const;  // its submodules', under their names
@@ -51,6 +55,7 @@ class BlockImpl : public torch::nn::Module {
   double dropout_;
   DropoutStreams streams_;
   CheckpointMode mode_ = CheckpointMode::none;
+  ActivationCodec codec_ = ActivationCodec::none;
 };
 TORCH_MODULE(Block);
 

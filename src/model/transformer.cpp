@@ -141,6 +141,11 @@ void TransformerLMImpl::set_activation_checkpointing(const std::string& mode) {
   for (auto& [l, b] : blocks_) b->set_checkpoint_mode(parsed);
 }
 
+void TransformerLMImpl::set_activation_compression(const std::string& codec) {
+  const ActivationCodec parsed = parse_activation_codec(codec);
+  for (auto& [l, b] : blocks_) b->set_activation_codec(parsed);
+}
+
 std::vector<std::pair<std::string, at::Tensor>> TransformerLMImpl::routing_state() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (int64_t layer : layers())

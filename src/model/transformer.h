@@ -121,6 +121,9 @@ class TransformerLMImpl : public torch::nn::Module {
 
   // "none" | "full" | "selective" (memory.activation_checkpointing); throws tessera::Error otherwise.
   void set_activation_checkpointing(const std::string& mode);
+  // "none" | "lossless" | "bf16" | "fp8" | "int8" (memory.activation_compression): how each block
+  // keeps what autograd saves for its backward (memory/activation_codec.h).
+  void set_activation_compression(const std::string& codec);
 
   const ModelOptions& options() const { return opts_; }
   const ModelStage& stage() const { return stage_; }

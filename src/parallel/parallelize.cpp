@@ -89,8 +89,9 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
   const bool data_parallel = !layout_.swapped() && dims && (dims->dp() * sp_ > 1 || config.parallel.offload);
   const bool zero3_from_meta = data_parallel && config.parallel.zero_stage == 3;
   if (!zero3_from_meta) materialize(initial);
-  // 4. Activation checkpointing inside every block.
+  // 4. Activation checkpointing and compression inside every block.
   model_->set_activation_checkpointing(config.memory.activation_checkpointing);
+  model_->set_activation_compression(config.memory.activation_compression);
   // 5. The optimizer owner. Gradients are averaged over every rank holding a replica of the
   // parameters: the dp ranks, and with sequence parallelism also the sp ranks (each saw a
   // different chunk of the same sequences). ZeRO-Offload is DataParallel's, so it runs through it

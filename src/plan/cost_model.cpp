@@ -152,6 +152,8 @@ void check_modelled(const Config& config) {
   const ParallelOptions& p = config.parallel;
   require(!p.offload, "tessera plan: parallel.offload is not modelled yet (docs/plan.md)");
   require(!config.memory.swap, "tessera plan: memory.swap is not modelled yet (docs/plan.md)");
+  require(config.memory.activation_compression == "none",
+          "tessera plan: memory.activation_compression is not modelled yet (docs/plan.md)");
   require(p.grad_compression == "none" || p.grad_compression == "bf16" || p.grad_compression == "fp16",
           "tessera plan: parallel.grad_compression = ", p.grad_compression, " is not modelled yet (none, bf16 and fp16 are)");
   require(p.pp_schedule.rfind("file:", 0) != 0, "tessera plan: parallel.pp_schedule = file:... is not modelled (the built-in schedules are)");

@@ -115,6 +115,7 @@ BlockCosts profile_blocks(const Config& config, c10::Device device) {
     TransformerLM part(m, ModelStage(first, end));
     part->to(device, parameter_dtype(config.precision));
     part->set_activation_checkpointing(config.memory.activation_checkpointing);
+    part->set_activation_compression(config.memory.activation_compression);
     part->train();
     return part;
   };

@@ -1,0 +1,64 @@
+// What autograd keeps for a block's backward, encoded while it waits (Gist; docs/memory.md).
+//
+// While a SavedActivationScope lives on a thread, every tensor autograd saves on that thread (in
+// any operation's backward node, custom functions included) goes through a pack hook: libtorch's
+// saved-tensor hooks (torch/csrc/autograd/saved_variable_hooks.h), which the C++ engine asks for
+// through Engine::get_default_saved_variable_hooks. The first scope installs an engine that
+// answers it (set_default_engine_stub, as torch's Python engine does); outside a scope it answers
+// none, so saving is what it was.
+//
+// The pack hook sorts what is saved:
+// - a weight: a parameter of the scope's module, a view of one (the storage is a parameter's), or
+//   a cast or view of one (its autograd history reaches the parameter's accumulator through
+//   single-input nodes). Kept as it is: it is not an activation, and a copy would outlive the
+//   residency layer's release of the parameter.
+// - anything else is an activation. One on the gradient's path (requires_grad) or a bool mask is
+//   encoded by the scope's codec (activation_codec.h); others (a rotary table, a float dropout
+//   mask) are kept whole. A tensor saved by several nodes (the same TensorImpl at the same
+//   version) is encoded once and shared.
+// The unpack hook decodes it when the backward node runs (each time: the split backward of the
+// zero-bubble schedules unpacks a W's inputs after its I did).
+//
+// Counting: with counting on (bench), every scope also counts the bytes its activations hold
+// (encoded size where encoded, each storage once when kept) from pack to the release of the last
+// node holding them; saved_activation_bytes() reads the live total and its peak.
+//
+// Invariants: scopes nest per thread (the innermost governs); a scope never packs while this
+// thread recomputes a checkpointed segment (memory/activation_checkpointing.h): those tensors are
+// used at once. Encoding runs under no-grad on the saved tensor's device.
+#pragma once
+
+#include <cstdint>
+#include <unordered_set>
+
+#include <torch/nn/module.h>
+
+#include "memory/activation_codec.h"
+
+namespace tessera {
+
+class SavedActivationScope {
+ public:
+  // Does nothing when codec is none and counting is off, or grad mode is off.
+  SavedActivationScope(ActivationCodec codec, const torch::nn::Module& module);
+  ~SavedActivationScope();
+  SavedActivationScope(const SavedActivationScope&) = delete;
+  SavedActivationScope& operator=(const SavedActivationScope&) = delete;
+
+  struct State;
+
+ private:
+  State* state_ = nullptr;
+};
+
+// Whether scopes count the bytes they save (off by default; the bench turns it on).
+void count_saved_activations(bool on);
+
+struct SavedActivationBytes {
+  int64_t live = 0;  // held now by backward nodes not yet run or freed
+  int64_t peak = 0;  // the most held at once since the last reset
+};
+SavedActivationBytes saved_activation_bytes();
+void reset_saved_activation_peak();
+
+}  // namespace tessera
