@@ -17,6 +17,16 @@
 namespace tessera {
 namespace {
 
+// What memory.activation_compression keeps of a saved activation's bytes (memory/activation_codec.h):
+// bf16 halves float32 ones; int8 and fp8 keep 1 byte and a float32 scale per 32 elements; none and
+// lossless keep them (lossless packs only bool masks, which the formula counts at most as bytes).
+double compressed_fraction(const std::string& codec, bool half) {
+  if (codec == "bf16") return half ? 1.0 : 0.5;
+  if (codec == "int8" || codec == "fp8") return (1.0 + 4.0 / 32) / (half ? 2.0 : 4.0);
+  return 1.0;
+}
+
+
 
 std::string line(const char* format, ...) __attribute__((format(printf, 1, 2)));
 std::string line(const char* format, ...) {
@@ -97,7 +107,8 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   // schedule holds at once (in units of one stage's; 1 without a pipeline).
   const double chunks = stage.whole() ? 1.0 : static_cast<double>(stage.chunks.size());
   const double per_stage_blocks = static_cast<double>(blocks) / chunks;
-  e.activation_bytes_per_token = per_layer * (half ? 1 : 2) * per_stage_blocks * held;
+  e.activation_bytes_per_token =
+      per_layer * (half ? 1 : 2) * compressed_fraction(config.memory.activation_compression, half) * per_stage_blocks * held;
   e.activation_bytes_per_micro_batch =
       e.activation_bytes_per_token * static_cast<double>(config.train.batch_size * tokens);
   return e;
@@ -164,9 +175,12 @@ std::string describe_memory_estimate(const Config& config, const ParallelDims& d
     out += line(", %s %s", component.c_str(), format_count(n).c_str());
   out += m.tie_embeddings ? "; the head (ln_f) computes logits with the token embedding\n"
                           : "; the head (ln_f, lm_head) has its own output matrix\n";
-  out += line("layout: %s, zero_stage %lld%s, precision %s, optimizer %s, activation checkpointing %s\n",
+  out += line("layout: %s, zero_stage %lld%s, precision %s, optimizer %s, activation checkpointing %s%s\n",
               dims.describe().c_str(), static_cast<long long>(p.zero_stage), p.offload ? " with offload" : "",
-              config.precision.dtype.c_str(), config.optim.name.c_str(), config.memory.activation_checkpointing.c_str());
+              config.precision.dtype.c_str(), config.optim.name.c_str(), config.memory.activation_checkpointing.c_str(),
+              config.memory.activation_compression == "none"
+                  ? ""
+                  : (", activation compression " + config.memory.activation_compression).c_str());
   out += e.pipeline;
   if (e.pipeline_rank >= 0)
     out += line("per rank (the largest: pipeline rank %lld, %s parameters after tensor/expert parallelism, activations of "

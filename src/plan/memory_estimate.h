@@ -19,6 +19,8 @@
 //                (min(s, linear_chunk)). h = n_embd, a = n_head, s = train.seq_len, t = tp, and
 //                s / sp tokens per rank under sequence parallelism. The formula assumes a 4h MLP
 //                and a dense feed-forward (MoE layers' expert buffers are not counted).
+//                memory.activation_compression scales the whole term by what its encoding keeps
+//                of each element (bf16: 1/2 of float32; int8, fp8: 1.125 bytes of 4 or 2).
 #pragma once
 
 #include <cstdint>

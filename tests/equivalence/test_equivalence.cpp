@@ -377,6 +377,20 @@ const std::vector<Row>& layouts() {
          c.memory.activation_compression = "int8";
        },
        &kExact},
+      {"dp2_bf16_int8_activations", 2,
+       [](Config& c) {
+         c.precision.dtype = "bf16";
+         c.memory.activation_compression = "int8";
+       },
+       &kBf16},
+      {"peers2_batch_fp16_int8_activations_sgd", 2,  // fp16 runs on one process per replica: swarm peers
+       [](Config& c) {
+         sgd(c);
+         c.precision.dtype = "fp16";
+         c.precision.loss_scale_init = 256;
+         c.memory.activation_compression = "int8";
+       },
+       &kFp16, false, true},
       {"dp2_fp8_activations_selective_checkpointing", 2,
        [](Config& c) {
          c.memory.activation_checkpointing = "selective";

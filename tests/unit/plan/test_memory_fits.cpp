@@ -38,5 +38,25 @@ TEST(MemoryFits, GpuRunsAreCheckedAgainstTheDeviceMemoryPerRank) {
   EXPECT_NO_THROW(check_memory_fits(config, e, 1, 1e15, 0));
 }
 
+// memory.activation_compression scales the activations by what its encoding keeps per element:
+// float32 -> bf16 halves, int8/fp8 keep 1 byte and a 4-byte scale per 32 of 4 (or 2 under bf16).
+TEST(MemoryFits, CompressedActivationsShrinkTheEstimateByTheirEncoding) {
+  for (const std::string dtype : {"fp32", "bf16"}) {
+    const Config plain = Config::load(test::source_path("configs/gpt2_124m.toml"), {"precision.dtype=" + dtype});
+    const ParallelDims dims(plain.parallel, 1, "test");
+    const double none = estimate_memory(plain, make_layout(plain, dims)).activation_bytes_per_token;
+    auto with = [&](const std::string& codec) {
+      Config c = plain;
+      c.memory.activation_compression = codec;
+      return estimate_memory(c, make_layout(c, dims)).activation_bytes_per_token;
+    };
+    const bool half = dtype == "bf16";
+    EXPECT_DOUBLE_EQ(with("lossless"), none);
+    EXPECT_DOUBLE_EQ(with("bf16"), half ? none : none / 2);
+    EXPECT_DOUBLE_EQ(with("int8"), none * 1.125 / (half ? 2 : 4));
+    EXPECT_DOUBLE_EQ(with("fp8"), with("int8"));
+  }
+}
+
 }  // namespace
 }  // namespace tessera
