@@ -41,16 +41,37 @@ struct PackedActivation {
 };
 using Packed = PackedActivation;
 
+// What one saved tensor's hook holds: the packed data and, where the data is its storage's
+// region, the tensor's geometry in it.
+struct SavedActivation {
+  std::shared_ptr<Packed> packed;
+  bool region = false;
+  std::vector<int64_t> sizes, strides;
+
+  at::Tensor unpack() const {
+    at::Tensor data = decode_activation(packed->encoded);
+    return region ? data.as_strided(sizes, strides, data.storage_offset()) : data;
+  }
+};
+
 struct SavedActivationScope::State {
   ActivationCodec codec = ActivationCodec::none;
   bool count = false;
   std::unordered_set<const c10::StorageImpl*> weights;  // the module's parameters' storages
-  // Tensors packed in this scope (to share one encoding), and the storages kept whole ones count.
+  // Regions of storage encoded in this scope, so that two views of the same elements (an
+  // attention's output and the projection's input reshaped from it) share one encoding; tensors
+  // encoded whole (not dense), shared by identity; and the storages kept tensors count.
+  struct Region {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+    int64_t offset, numel, inner, version;
+    std::weak_ptr<Packed> packed;
+  };
   struct Seen {
     c10::weak_intrusive_ptr<c10::TensorImpl> impl;
     int64_t version;
     std::weak_ptr<Packed> packed;
   };
+  std::vector<Region> regions;
   std::vector<Seen> seen;
   std::vector<std::pair<const c10::StorageImpl*, std::weak_ptr<Packed>>> counted_storages;
 
@@ -75,27 +96,71 @@ struct SavedActivationScope::State {
     return false;
   }
 
-  std::shared_ptr<Packed> pack(const at::Tensor& t) {
-    for (const Seen& s : seen)
-      if (s.version == t._version())
-        if (auto impl = s.impl.lock(); impl.get() == t.unsafeGetTensorImpl())
-          if (auto shared = s.packed.lock()) return shared;
-    auto packed = std::make_shared<Packed>();
+  // The row a dense tensor's region is encoded by: the encoding's group (activation_codec.h) of
+  // the dimension it keeps adjacent in memory (its stride-1 one). Views of the same elements whose
+  // stride-1 dimensions differ but are both multiples of the group share the encoding.
+  static int64_t row_size(const at::Tensor& t) {
+    for (int64_t d = t.dim() - 1; d >= 0; --d)
+      if (t.stride(d) == 1 && t.size(d) > 1) return t.size(d) % kActivationGroup == 0 ? kActivationGroup : t.size(d);
+    return 1;
+  }
+
+  SavedActivation pack(const at::Tensor& t) {
     const bool weight = is_weight(t);
     // A tensor outside the gradient's path (a rotary table, a float dropout mask) is kept whole:
     // it may be a constant many nodes share. Bool masks are packed as bits by every codec.
-    const bool encodable = !weight && (t.requires_grad() || t.scalar_type() == at::kBool);
-    packed->encoded = encode_activation(t.detach(), encodable ? codec : ActivationCodec::none);
+    const bool encodable = codec != ActivationCodec::none && !weight && t.has_storage() &&
+                           (t.requires_grad() || t.scalar_type() == at::kBool);
+    if (encodable && t.dim() >= 1 && t.is_non_overlapping_and_dense()) return pack_region(t);
+    SavedActivation saved;
+    for (const Seen& s : seen)
+      if (s.version == t._version())
+        if (auto impl = s.impl.lock(); impl.get() == t.unsafeGetTensorImpl())
+          if (auto shared = s.packed.lock()) {
+            saved.packed = shared;
+            return saved;
+          }
+    saved.packed = std::make_shared<Packed>();
+    saved.packed->encoded = encode_activation(t.detach(), encodable ? codec : ActivationCodec::none);
     if (count && !weight) {
-      if (packed->encoded.form != EncodedTensor::Form::kept) packed->counted = packed->encoded.bytes();
+      if (saved.packed->encoded.form != EncodedTensor::Form::kept) counted(*saved.packed);
       else if (t.has_storage() && !counted_before(t.storage().unsafeGetStorageImpl())) {
-        packed->counted = static_cast<int64_t>(t.storage().nbytes());
-        counted_storages.emplace_back(t.storage().unsafeGetStorageImpl(), packed);
+        saved.packed->counted = static_cast<int64_t>(t.storage().nbytes());
+        add_live(saved.packed->counted);
+        counted_storages.emplace_back(t.storage().unsafeGetStorageImpl(), saved.packed);
       }
-      add_live(packed->counted);
     }
-    seen.push_back({c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), t._version(), packed});
-    return packed;
+    seen.push_back({c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), t._version(), saved.packed});
+    return saved;
+  }
+
+  // A dense tensor: the elements of its storage it covers, in memory order as rows (row_size),
+  // encoded once however many views of them are saved.
+  SavedActivation pack_region(const at::Tensor& t) {
+    SavedActivation saved;
+    saved.region = true;
+    saved.sizes = t.sizes().vec();
+    saved.strides = t.strides().vec();
+    const int64_t offset = t.storage_offset(), numel = t.numel(), inner = row_size(t);
+    const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+    for (const Region& r : regions)
+      if (r.offset == offset && r.numel == numel && r.inner == inner && r.version == t._version())
+        if (auto s = r.storage.lock(); s.get() == storage)
+          if (auto shared = r.packed.lock()) {
+            saved.packed = shared;
+            return saved;
+          }
+    saved.packed = std::make_shared<Packed>();
+    const at::Tensor rows = t.detach().as_strided({numel / inner, inner}, {inner, 1}, offset);
+    saved.packed->encoded = encode_activation(rows, codec);
+    if (count) counted(*saved.packed);
+    regions.push_back({t.storage().getWeakStorageImpl(), offset, numel, inner, t._version(), saved.packed});
+    return saved;
+  }
+
+  void counted(Packed& packed) {
+    packed.counted = packed.encoded.bytes();
+    add_live(packed.counted);
   }
 
   bool counted_before(const c10::StorageImpl* storage) const {
@@ -113,14 +178,14 @@ class PackHooks : public torch::autograd::SavedVariableHooks {
  public:
   explicit PackHooks(SavedActivationScope::State* scope) : scope_(scope) {}
   void call_pack_hook(const at::Tensor& tensor) override {
-    packed_ = scope_->pack(tensor);
+    saved_ = scope_->pack(tensor);
     scope_ = nullptr;  // the scope ends before the backward: only the packed tensor is kept
   }
-  at::Tensor call_unpack_hook() override { return decode_activation(packed_->encoded); }
+  at::Tensor call_unpack_hook() override { return saved_.unpack(); }
 
  private:
   SavedActivationScope::State* scope_;
-  std::shared_ptr<Packed> packed_;
+  SavedActivation saved_;
 };
 
 // The engine every backward runs on once a scope was made: libtorch's, answering the default
