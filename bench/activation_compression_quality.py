@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Does training with compressed saved activations still learn? Validation loss of each
+memory.activation_compression against none on the bundled corpus, same model, data and steps.
+
+Usage: activation_compression_quality.py BUILD_DIR [--steps 2000] [--margin 0.01]
+                                         [--codecs none,bf16,fp8,int8] [--out bench/results]
+
+Every codec runs `tessera train --config tiny_gpt` on one process (the `make train` model and
+schedule, with train.steps = STEPS) with only memory.activation_compression changed. The forward
+is the same in every run; what the codec changes is the gradient (each block's backward reads the
+decoded activations). Reported per codec: the final validation loss and its excess over none,
+whether it is within --margin (relative), and the wall time. The loss curves go into one picture.
+Results: OUT/activation_compression_quality_cpu.{md,json,svg}; runs in runs/activation_compression/.
+"""
+import argparse
+import json
+import pathlib
+import platform
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "scripts"))
+import plot_losses  # noqa: E402
+
+
+def train(build, data, steps, codec, out_dir):
+    sets = {"data.path": data, "train.steps": steps, "checkpoint.every": 0, "memory.activation_compression": codec}
+    cmd = [str(pathlib.Path(build) / "tessera"), "train", "--config", "tiny_gpt", "--out", str(out_dir), "--overwrite"]
+    for k, v in sets.items():
+        cmd += ["--set", f"{k}={v}"]
+    start = time.time()
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"{codec}: tessera train failed ({result.returncode}):\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
+    train_losses, val = plot_losses.read_metrics(out_dir / "metrics.jsonl")
+    baseline = next((float(w.rstrip(";")) for line in result.stdout.splitlines() if "unigram baseline" in line
+                     for prev, w in zip(line.split(), line.split()[1:]) if prev == "baseline"), None)
+    return {"codec": codec, "val_loss": val[-1][1], "final_train_loss": train_losses[-1][1],
+            "wall_s": round(time.time() - start, 1), "unigram": baseline, "command": " ".join(cmd)}
+
+
+def main():
+    a = argparse.ArgumentParser()
+    a.add_argument("build")
+    a.add_argument("--data", default=None, help="prepared corpus (default BUILD/data/kjv, as `make train` makes it)")
+    a.add_argument("--steps", type=int, default=2000)
+    a.add_argument("--margin", type=float, default=0.01)
+    a.add_argument("--codecs", default="none,bf16,fp8,int8")
+    a.add_argument("--out", default="bench/results")
+    args = a.parse_args()
+    data = args.data or str(pathlib.Path(args.build) / "data" / "kjv")
+    if not (pathlib.Path(data) / "train.bin").exists():
+        raise SystemExit(f"{data}/train.bin: missing; prepare it with `make train` or "
+                         f"`{args.build}/tessera prepare --input data/kjv/genesis_to_ruth.txt --out {data}`")
+    codecs = args.codecs.split(",")
+    if codecs[0] != "none":
+        raise SystemExit("--codecs must start with none (the reference)")
+    runs_root = pathlib.Path("runs/activation_compression")
+    results = []
+    for codec in codecs:
+        r = train(args.build, data, args.steps, codec, runs_root / codec)
+        results.append(r)
+        print(f"[{codec}] val loss {r['val_loss']:.4f} (train {r['final_train_loss']:.4f}), {r['wall_s']} s", flush=True)
+    reference = results[0]["val_loss"]
+    for r in results:
+        r["excess"] = r["val_loss"] / reference - 1
+        r["within_margin"] = abs(r["excess"]) <= args.margin
+
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / "activation_compression_quality_cpu"
+    command = (f"python3 bench/activation_compression_quality.py {args.build}"
+               f"{f' --data {args.data}' if args.data else ''} --steps {args.steps} --codecs {args.codecs}")
+    unigram = results[0]["unigram"]
+    plot_losses.plot([(r["codec"], runs_root / r["codec"] / "metrics.jsonl") for r in results], f"{stem}.svg",
+                     "tiny_gpt: saved activations compressed against none", unigram)
+    meta = {"command": command, "machine": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M"),
+            "steps": args.steps, "margin": args.margin, "unigram": unigram}
+    pathlib.Path(f"{stem}.json").write_text(json.dumps({**meta, "results": results}, indent=2) + "\n")
+    lines = ["# Compressed saved activations: training quality on the bundled corpus (CPU, one process)", "",
+             f"tiny_gpt (`make train`'s model and schedule), {args.steps} steps, batch 16 x 128 tokens; unigram "
+             f"baseline {unigram} nats. Margin: final validation loss within {args.margin:.0%} of none.", "",
+             "| memory.activation_compression | final val loss | vs none | within margin | final train loss | wall s |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        lines.append(f"| {r['codec']} | {r['val_loss']:.4f} | {r['excess']:+.2%} | "
+                     f"{'yes' if r['within_margin'] else 'NO'} | {r['final_train_loss']:.4f} | {r['wall_s']} |")
+    lines += ["", f"![loss curves]({stem.name}.svg)", "", f"Command: `{command}`",
+              f"Machine: {meta['machine']}, {meta['date']}"]
+    pathlib.Path(f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
