@@ -126,8 +126,8 @@ Command add_plan_command(CLI::App& app) {
                                          {"refused", result.refused}, {"predicted", result.predicted}}.dump(1).c_str());
       return 0;
     }
-    std::printf("%s on %s (%s), %lld ranks: %lld layouts considered, %lld refused by the layout checks, %lld "
-                "predicted whole (the others bounded out)\n",
+    std::printf("%s on %s (%s), %lld ranks: %lld layouts considered, %lld of those examined refused by the layout checks, "
+                "%lld predicted whole (the others bounded out)\n",
                 args->config.c_str(), cluster.source.c_str(), cluster.device.name.c_str(),
                 static_cast<long long>(world), static_cast<long long>(result.considered),
                 static_cast<long long>(result.refused), static_cast<long long>(result.predicted));

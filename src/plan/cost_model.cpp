@@ -191,15 +191,23 @@ PricedModel price_model(const Config& config, const ParallelDims& dims, const Pr
 
 }  // namespace
 
-double step_lower_bound(const Config& config, const ParallelDims& dims, const Cluster& cluster,
-                        const CostOptions& options) {
+MicroBatchWork micro_batch_work(const Config& config, const ParallelDims& dims, const Cluster& cluster,
+                                const CostOptions& options) {
   check_modelled(config);
   const PricedModel priced = price_model(config, dims, Pricer(config, dims, cluster), options);
   PartCost all = priced.embedding;
   all += priced.head;
   for (const PartCost& c : priced.blocks) all += c;
-  return static_cast<double>(config.train.accumulation(dims.dp())) * (all.f + all.i + all.w) /
-         static_cast<double>(dims.pp());
+  return {all.f, all.i, all.w};
+}
+
+double step_lower_bound(const Config& config, const ParallelDims& dims, const MicroBatchWork& work) {
+  const double m = static_cast<double>(config.train.accumulation(dims.dp()));
+  const double p = static_cast<double>(dims.pp());
+  const std::string& schedule = config.parallel.pp_schedule;
+  const double fill = p > 1 && (schedule == "1f1b" || schedule == "gpipe") ? (m + p - 1) / m : 1.0;
+  const double shared = m * work.total() / p * fill;
+  return p > 1 ? std::max(shared, work.forward + work.input_backward) : shared;
 }
 
 Prediction predict_time(const Config& config, const ParallelDims& dims, const Cluster& cluster,

@@ -75,11 +75,24 @@ Prediction predict(const Config& config, const ParallelDims& dims, const Cluster
 Prediction predict_time(const Config& config, const ParallelDims& dims, const Cluster& cluster,
                         const CostOptions& options = {});
 void add_memory(Prediction& prediction, const Config& config, const ParallelDims& dims, const Cluster& cluster);
-// A bound no layout's predicted step falls below, from its operations alone (no table built): the
-// micro-batches' F + I + W of the whole model shared evenly over the pipeline ranks. The search
-// predicts layouts in the order of this bound and stops where it passes the best it must show.
-double step_lower_bound(const Config& config, const ParallelDims& dims, const Cluster& cluster,
-                        const CostOptions& options = {});
+// One micro-batch's F, I and W of the whole model on one rank (every block and both ends, before
+// a pipeline divides them), from its operations alone: no model or table is built.
+struct MicroBatchWork {
+  double forward = 0, input_backward = 0, weight_backward = 0;
+  double total() const { return forward + input_backward + weight_backward; }
+};
+MicroBatchWork micro_batch_work(const Config& config, const ParallelDims& dims, const Cluster& cluster,
+                                const CostOptions& options = {});
+// A bound no layout's predicted step falls below, given its micro_batch_work: the larger of
+//   the micro-batches' work shared evenly over the pipeline ranks, under 1F1B and GPipe with the
+//   fill and drain every rank waits through ((m + p - 1) / m: the first micro-batch's forward
+//   crosses every stage and the last one's backward too, so the step is at least (m - 1) times the
+//   largest stage plus every stage once, and the largest is at least the mean);
+//   with a pipeline, one micro-batch's forward and input-gradient backward through every stage in
+//   turn, which no schedule overlaps with itself.
+// The search predicts layouts in the order of this bound and stops where it passes the best it
+// must show.
+double step_lower_bound(const Config& config, const ParallelDims& dims, const MicroBatchWork& work);
 
 // Collective times on `tier` for a group of `n` ranks (ring algorithms; bytes of the whole buffer):
 // all-reduce 2 (n-1)/n bytes / bandwidth + 2 (n-1) latency; all-gather, reduce-scatter and

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "optim/state_size.h"
 #include "model/transformer.h"
+#include "model/parameter_census.h"
 #include "parallel/pipeline/schedule_builders.h"
 #include "parallel/pipeline/simulate.h"
 #include "plan/stage_cut.h"
@@ -68,10 +69,9 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   double optimizer_elements_bytes = 0;
   const int64_t blocks = static_cast<int64_t>(stage.layers(m).size());
   {
-    const TransformerLM meta(m, stage, at::TensorOptions().device(at::kMeta));
-    for (const auto& item : meta->named_parameters()) {
-      const at::Tensor& t = item.value();
-      const Split split = meta->parameter_specs().at(item.key()).split;
+    for (const CensusEntry& item : *parameter_census(m, stage)) {
+      const at::Tensor& t = item.meta;
+      const Split split = item.spec.split;
       const double share = split == Split::replicated ? 1.0
                            : split == Split::expert   ? 1.0 / static_cast<double>(dims.ep())
                                                       : 1.0 / static_cast<double>(dims.tp());
@@ -116,6 +116,12 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
 
 }  // namespace
 
+double model_state_lower_bound(const Config& config, const ParallelDims& dims) {
+  const MemoryEstimate whole = estimate_rank(config, dims, ModelStage{}, 0);
+  return (whole.parameter_bytes + whole.gradient_bytes + (whole.optimizer_on_host ? 0 : whole.optimizer_bytes)) /
+         static_cast<double>(dims.pp());
+}
+
 MemoryEstimate estimate_memory(const Config& config, const Layout& layout) {
   const ModelOptions& m = config.model;
   const ParallelDims& dims = layout.dims();
@@ -137,13 +143,11 @@ MemoryEstimate estimate_memory(const Config& config, const Layout& layout) {
     }
     e.pipeline = describe_pipeline_layout(config, dims, layout.cut(), layout.schedule());
   }
-  const TransformerLM meta(m, ModelStage{}, at::TensorOptions().device(at::kMeta));
-  for (const auto& item : meta->named_parameters()) {
-    const std::string& name = item.key();
-    e.parameters_total += item.value().numel();
-    const ParameterSpec& spec = meta->parameter_specs().at(name);
+  for (const CensusEntry& item : *parameter_census(m)) {
+    e.parameters_total += item.meta.numel();
+    const ParameterSpec& spec = item.spec;
     e.parameters_by_component[spec.block >= 0 ? "blocks" : spec.end == ModelEnd::head ? "head" : "embedding"] +=
-        item.value().numel();
+        item.meta.numel();
   }
   return e;
 }

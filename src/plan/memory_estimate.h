@@ -1,5 +1,6 @@
 // What a configured run holds per rank, computed from the model's own modules built on the meta
-// device (nothing is allocated) and the layout (ParallelDims, ZeRO stage, offload, precision).
+// device (nothing is allocated; model/parameter_census.h builds each stage once per process) and
+// the layout (ParallelDims, ZeRO stage, offload, precision).
 //
 // Per parameter, from its declaration (model/parameter_spec.h): a split one (column, row, vocab)
 // holds 1/tp of its elements on each tensor-parallel rank, an expert one 1/ep; replicated ones
@@ -56,6 +57,12 @@ struct MemoryEstimate {
 // parallel.pp > 1 each pipeline rank holds the stages the layout gives it and the activations its
 // schedule holds at its peak (parallel/pipeline/simulate.h), and the estimate is the largest rank's.
 MemoryEstimate estimate_memory(const Config& config, const Layout& layout);
+
+// Bytes no rank of the layout holds fewer of (no table is built): the whole model's state on one
+// tensor- and expert-parallel rank (parameters, gradients and the device's optimizer state, as
+// ZeRO divides them over dp) shared evenly over the pipeline ranks; the largest rank holds at
+// least the mean, and activations on top.
+double model_state_lower_bound(const Config& config, const ParallelDims& dims);
 
 // The model, the parameter count by component, the layout and the per-rank table, as lines of
 // text (`tessera inspect`, `tessera train --dry-run`).

@@ -2,9 +2,12 @@
 #include "plan/search.h"
 
 #include <algorithm>
+#include <map>
 #include <optional>
+#include <tuple>
 
 #include "core/error.h"
+#include "plan/memory_estimate.h"
 
 namespace tessera::plan {
 namespace {
@@ -70,6 +73,9 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
   const bool moe = model.ffn == "moe";
 
   SearchResult result;
+  // One micro-batch's work depends on the degrees and keys that change the operations, not on the
+  // schedule or the ZeRO stage: priced once per combination.
+  std::map<std::tuple<int64_t, int64_t, bool, std::string, int64_t>, MicroBatchWork> work;
   auto consider = [&](Config c, std::vector<std::pair<std::string, std::string>> set) {
     ++result.considered;
     try {
@@ -78,10 +84,12 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
       if (global % (c.train.batch_size * dims.dp()) != 0) fail("the global batch does not divide");
       c.train.global_batch_size = global;
       c.train.grad_accum = 1;
-      c.check("tessera plan");
-      check(c, dims);
+      const auto key = std::make_tuple(dims.tp(), dims.pp(), c.parallel.megatron_sp, c.memory.activation_checkpointing,
+                                       c.train.batch_size);
+      auto it = work.find(key);
+      if (it == work.end()) it = work.emplace(key, micro_batch_work(c, dims, cluster, options)).first;
       Prediction bound;
-      bound.step_s = step_lower_bound(c, dims, cluster, options);
+      bound.step_s = step_lower_bound(c, dims, it->second);
       result.layouts.push_back({std::move(c), dims, std::move(bound), std::move(set)});
     } catch (const std::exception& e) {
       if (result.refused++ == 0) result.first_refusal = e.what();
@@ -149,28 +157,41 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
     }
   }
   // Branch and bound: in the order of their lower bounds (each candidate's prediction holds its
-  // bound so far), predict each layout's step and memory, keep the `top` fastest that fit, and
-  // stop where the next bound is no faster than the last of them.
-  std::stable_sort(result.layouts.begin(), result.layouts.end(), [](const Candidate& a, const Candidate& b) {
-    return a.prediction.step_s < b.prediction.step_s;
-  });
+  // bound so far), check each layout and estimate its memory, then predict its step where it can
+  // still be shown: keep the `top` fastest that fit and the `top` fastest that do not, and stop
+  // where the next bound is no faster than the last that fits. The layout checks and the memory
+  // estimate run only for the layouts reached.
+  auto faster = [](const Candidate& a, const Candidate& b) { return a.prediction.step_s < b.prediction.step_s; };
+  std::stable_sort(result.layouts.begin(), result.layouts.end(), faster);
   std::vector<Candidate> fitting, too_large;
+  const double capacity = cluster.device.memory_gib * 1024.0 * 1024.0 * 1024.0;
+  auto full = [&](const std::vector<Candidate>& list) { return static_cast<int64_t>(list.size()) >= top; };
   for (Candidate& c : result.layouts) {
-    if (static_cast<int64_t>(fitting.size()) >= top && c.prediction.step_s >= fitting.back().prediction.step_s) break;
+    const double bound = c.prediction.step_s;
+    if (full(fitting) && bound >= fitting.back().prediction.step_s) break;
+    Prediction memory;
     try {
+      c.config.check("tessera plan");
+      check(c.config, c.dims);
+      // What cannot fit and cannot be among the non-fitting layouts shown is left there, before
+      // its table is built.
+      if (full(too_large) && bound >= too_large.back().prediction.step_s &&
+          model_state_lower_bound(c.config, c.dims) > capacity)
+        continue;
+      add_memory(memory, c.config, c.dims, cluster);
+      if (!memory.fits && full(too_large) && bound >= too_large.back().prediction.step_s) continue;
       c.prediction = predict_time(c.config, c.dims, cluster, options);
-      add_memory(c.prediction, c.config, c.dims, cluster);
     } catch (const std::exception& e) {
       if (result.refused++ == 0) result.first_refusal = e.what();
       continue;
     }
+    c.prediction.peak_memory_bytes = memory.peak_memory_bytes;
+    c.prediction.fits = memory.fits;
+    c.prediction.memory_estimated = true;
     ++result.predicted;
     std::vector<Candidate>& into = c.prediction.fits ? fitting : too_large;
-    const auto at = std::upper_bound(into.begin(), into.end(), c, [](const Candidate& a, const Candidate& b) {
-      return a.prediction.step_s < b.prediction.step_s;
-    });
-    into.insert(at, std::move(c));
-    if (static_cast<int64_t>(fitting.size()) > top) fitting.pop_back();
+    into.insert(std::upper_bound(into.begin(), into.end(), c, faster), std::move(c));
+    if (static_cast<int64_t>(into.size()) > top) into.pop_back();
   }
   // Then those faster than the slowest shown that do not fit (all of them, up to `top`, when
   // nothing fits): what memory costs.

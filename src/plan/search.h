@@ -16,7 +16,9 @@
 // the swarm (the config's values are kept; the cost model refuses what it does not model).
 //
 // A candidate the layout checks refuse (the `check` given: parallel/layout_check.h's, which sits
-// above this layer) or the cost model cannot build is skipped and counted.
+// above this layer) or the cost model cannot build is skipped and counted. The checks and the
+// memory estimate run only for the layouts the branch and bound reaches (in the order of their
+// lower bounds), so those counts are of the layouts examined.
 #pragma once
 
 #include <cstdint>
@@ -44,7 +46,7 @@ struct SearchResult {
   // them that do not fit; each with its memory estimated.
   std::vector<Candidate> layouts;
   int64_t considered = 0;
-  int64_t refused = 0;             // by the layout checks or the cost model
+  int64_t refused = 0;             // by the layout checks or the cost model, among those examined
   int64_t predicted = 0;           // predicted whole; the others' lower bounds showed they could not be shown
   std::string first_refusal;       // one example, for a search that found nothing
 };

@@ -10,6 +10,7 @@
 #include "core/byte_size.h"
 #include "core/error.h"
 #include "model/transformer.h"
+#include "model/parameter_census.h"
 #include "plan/memory_estimate.h"
 #include "parallel/pipeline/schedule_builders.h"
 #include "parallel/pipeline/simulate.h"
@@ -35,12 +36,11 @@ int64_t stage_weight(const BlockWeights& w, int64_t s, int64_t stages, int64_t f
 }
 
 BlockWeights block_weights(const ModelOptions& m) {
-  const TransformerLM meta(m, ModelStage{}, at::TensorOptions().device(at::kMeta));
   BlockWeights w;
   w.block.assign(m.n_layer, 0);
-  for (const auto& item : meta->named_parameters()) {
-    const ParameterSpec& spec = meta->parameter_specs().at(item.key());
-    const int64_t n = item.value().numel();
+  for (const CensusEntry& item : *parameter_census(m)) {
+    const ParameterSpec& spec = item.spec;
+    const int64_t n = item.meta.numel();
     if (spec.block >= 0) w.block[spec.block] += n;
     else if (spec.end == ModelEnd::head) w.final_norm += n;
     else w.embedding += n;
