@@ -3,14 +3,19 @@
 memory.activation_compression against none on the bundled corpus, same model, data and steps.
 
 Usage: activation_compression_quality.py BUILD_DIR [--steps 2000] [--margin 0.01]
-                                         [--codecs none,bf16,fp8,int8] [--out bench/results]
+                                         [--codecs none,none@2,bf16,fp8,int8] [--out bench/results] [--reuse]
 
 Every codec runs `tessera train --config tiny_gpt` on one process (the `make train` model and
-schedule, with train.steps = STEPS) with only memory.activation_compression changed. The forward
+schedule, with train.steps = STEPS) with only memory.activation_compression changed. A codec
+written CODEC@SEED runs with train.seed = SEED instead: `none@2` is how far two uncompressed runs
+that differ only in their initialisation and data order end apart, the scale against which the
+codecs' differences are read. The forward
 is the same in every run; what the codec changes is the gradient (each block's backward reads the
 decoded activations). Reported per codec: the final validation loss and its excess over none,
 whether it is within --margin (relative), and the wall time. The loss curves go into one picture.
-Results: OUT/activation_compression_quality_cpu.{md,json,svg}; runs in runs/activation_compression/.
+Results: OUT/activation_compression_quality_cpu.{md,json,svg}; runs in runs/activation_compression/
+(--reuse reads a run that already finished there, its last validation at STEPS, instead of training
+again; its wall time is then not known).
 """
 import argparse
 import json
@@ -24,20 +29,34 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "scripts
 import plot_losses  # noqa: E402
 
 
-def train(build, data, steps, codec, out_dir):
+def train_command(build, data, steps, run, out_dir):
+    codec, _, seed = run.partition("@")
     sets = {"data.path": data, "train.steps": steps, "checkpoint.every": 0, "memory.activation_compression": codec}
+    if seed:
+        sets["train.seed"] = int(seed)
     cmd = [str(pathlib.Path(build) / "tessera"), "train", "--config", "tiny_gpt", "--out", str(out_dir), "--overwrite"]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
+    return cmd
+
+
+def read_run(out_dir, run, cmd, wall_s):
+    """A finished run's final losses, from its metrics.jsonl and the unigram baseline its log printed."""
+    train_losses, val = plot_losses.read_metrics(out_dir / "metrics.jsonl")
+    log = (out_dir / "train.log").read_text().splitlines()
+    baseline = next((float(w.rstrip(";")) for line in log if "unigram baseline" in line
+                     for prev, w in zip(line.split(), line.split()[1:]) if prev == "baseline"), None)
+    return {"codec": run, "val_loss": val[-1][1], "final_train_loss": train_losses[-1][1], "wall_s": wall_s,
+            "unigram": baseline, "command": " ".join(cmd)}
+
+
+def train(build, data, steps, run, out_dir):
+    cmd = train_command(build, data, steps, run, out_dir)
     start = time.time()
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
-        raise SystemExit(f"{codec}: tessera train failed ({result.returncode}):\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
-    train_losses, val = plot_losses.read_metrics(out_dir / "metrics.jsonl")
-    baseline = next((float(w.rstrip(";")) for line in result.stdout.splitlines() if "unigram baseline" in line
-                     for prev, w in zip(line.split(), line.split()[1:]) if prev == "baseline"), None)
-    return {"codec": codec, "val_loss": val[-1][1], "final_train_loss": train_losses[-1][1],
-            "wall_s": round(time.time() - start, 1), "unigram": baseline, "command": " ".join(cmd)}
+        raise SystemExit(f"{run}: tessera train failed ({result.returncode}):\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
+    return read_run(out_dir, run, cmd, round(time.time() - start, 1))
 
 
 def main():
@@ -46,7 +65,8 @@ def main():
     a.add_argument("--data", default=None, help="prepared corpus (default BUILD/data/kjv, as `make train` makes it)")
     a.add_argument("--steps", type=int, default=2000)
     a.add_argument("--margin", type=float, default=0.01)
-    a.add_argument("--codecs", default="none,bf16,fp8,int8")
+    a.add_argument("--codecs", default="none,none@2,bf16,fp8,int8")
+    a.add_argument("--reuse", action="store_true", help="read runs that finished before instead of training again")
     a.add_argument("--out", default="bench/results")
     args = a.parse_args()
     data = args.data or str(pathlib.Path(args.build) / "data" / "kjv")
@@ -59,7 +79,11 @@ def main():
     runs_root = pathlib.Path("runs/activation_compression")
     results = []
     for codec in codecs:
-        r = train(args.build, data, args.steps, codec, runs_root / codec)
+        out_dir = runs_root / codec
+        finished = args.reuse and (out_dir / "metrics.jsonl").exists() and \
+            plot_losses.read_metrics(out_dir / "metrics.jsonl")[1][-1][0] == args.steps
+        r = (read_run(out_dir, codec, train_command(args.build, data, args.steps, codec, out_dir), None) if finished
+             else train(args.build, data, args.steps, codec, out_dir))
         results.append(r)
         print(f"[{codec}] val loss {r['val_loss']:.4f} (train {r['final_train_loss']:.4f}), {r['wall_s']} s", flush=True)
     reference = results[0]["val_loss"]
@@ -85,7 +109,7 @@ def main():
              "| --- | --- | --- | --- | --- | --- |"]
     for r in results:
         lines.append(f"| {r['codec']} | {r['val_loss']:.4f} | {r['excess']:+.2%} | "
-                     f"{'yes' if r['within_margin'] else 'NO'} | {r['final_train_loss']:.4f} | {r['wall_s']} |")
+                     f"{'yes' if r['within_margin'] else 'NO'} | {r['final_train_loss']:.4f} | {r['wall_s'] or '-'} |")
     lines += ["", f"![loss curves]({stem.name}.svg)", "", f"Command: `{command}`",
               f"Machine: {meta['machine']}, {meta['date']}"]
     pathlib.Path(f"{stem}.md").write_text("\n".join(lines) + "\n")

@@ -45,7 +45,9 @@ at::Tensor grouped(const at::Tensor& t) {
 // The int8 kernels on the CPU: plain loops GCC vectorises at -O3, built for AVX2 and for the
 // baseline and picked at load time by the CPU (target_clones). 4 MB of float32 on this machine's
 // cores: encoding 1.0 ms and decoding 0.3 ms on one thread (ATen's composite expression: 5.1 ms).
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+// (Not under the sanitizers, whose runtimes the load-time choice of a clone would run before.)
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && \
+    !defined(__SANITIZE_THREAD__)
 #define TESSERA_VECTOR_KERNEL __attribute__((target_clones("avx2", "default"), optimize("O3")))
 #else
 #define TESSERA_VECTOR_KERNEL

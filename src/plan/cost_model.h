@@ -29,7 +29,7 @@
 // (model/operations.h) on the rank that holds the most.
 //
 // Not modelled (refused by key, so no prediction silently leaves them out): parallel.offload,
-// memory.swap, powersgd and top-k compression, file: schedules. The swarm (`tessera peer`) is not
+// memory.swap, memory.activation_compression, powersgd and top-k compression, file: schedules. The swarm (`tessera peer`) is not
 // planned at all.
 #pragma once
 

@@ -312,6 +312,14 @@ TEST(Bench, ReportsTheStepItTimed) {
   EXPECT_NEAR(j["tokens_per_s"].get<double>(), 128 / median, 1e-6 * 128 / median);
   EXPECT_GT(j["mfu"].get<double>(), 0);
   EXPECT_GT(j["model_state_bytes"].get<int64_t>(), 0);
+  // What the blocks saved for backward, against the block's operations (docs/memory.md): per token
+  // and block 64 h + 16 + 4 a bytes uncompressed, 18 h + 16 + 4 a with int8 (h 128, a 4, 4 blocks).
+  EXPECT_EQ(j["saved_activation_bytes"].get<int64_t>(), 128 * 4 * (64 * 128 + 16 + 4 * 4));
+  auto int8 = run_tessera("bench --config tiny_gpt --json --steps 1 --warmup 1 --set train.batch_size=2 "
+                          "--set train.seq_len=64 --set train.threads=1 --set memory.activation_compression=int8");
+  ASSERT_EQ(int8.exit_code, 0) << int8.output;
+  EXPECT_EQ(nlohmann::json::parse(int8.output.substr(int8.output.rfind('{')))["saved_activation_bytes"].get<int64_t>(),
+            128 * 4 * (18 * 128 + 16 + 4 * 4));
 }
 
 // A pipeline's step spans both processes: MFU counts its tokens once against both processes' peak,
