@@ -26,7 +26,9 @@ import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "scripts"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import plot_losses  # noqa: E402
+from tessera_bench import bundled_corpus, unigram_baseline  # noqa: E402
 
 
 def train_command(build, data, steps, run, out_dir):
@@ -43,9 +45,7 @@ def train_command(build, data, steps, run, out_dir):
 def read_run(out_dir, run, cmd, wall_s):
     """A finished run's final losses, from its metrics.jsonl and the unigram baseline its log printed."""
     train_losses, val = plot_losses.read_metrics(out_dir / "metrics.jsonl")
-    log = (out_dir / "train.log").read_text().splitlines()
-    baseline = next((float(w.rstrip(";")) for line in log if "unigram baseline" in line
-                     for prev, w in zip(line.split(), line.split()[1:]) if prev == "baseline"), None)
+    baseline = unigram_baseline((out_dir / "train.log").read_text().splitlines())
     return {"codec": run, "val_loss": val[-1][1], "final_train_loss": train_losses[-1][1], "wall_s": wall_s,
             "unigram": baseline, "command": " ".join(cmd)}
 
@@ -69,10 +69,7 @@ def main():
     a.add_argument("--reuse", action="store_true", help="read runs that finished before instead of training again")
     a.add_argument("--out", default="bench/results")
     args = a.parse_args()
-    data = args.data or str(pathlib.Path(args.build) / "data" / "kjv")
-    if not (pathlib.Path(data) / "train.bin").exists():
-        raise SystemExit(f"{data}/train.bin: missing; prepare it with `make train` or "
-                         f"`{args.build}/tessera prepare --input data/kjv/genesis_to_ruth.txt --out {data}`")
+    data = bundled_corpus(args.build, args.data)
     codecs = args.codecs.split(",")
     if codecs[0] != "none":
         raise SystemExit("--codecs must start with none (the reference)")

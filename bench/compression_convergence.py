@@ -26,7 +26,9 @@ import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "scripts"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import plot_losses  # noqa: E402
+from tessera_bench import bundled_corpus, unigram_baseline  # noqa: E402
 
 def settings(mode):
     if mode == "none":
@@ -60,8 +62,7 @@ def train(build, data, ranks, steps, mode, out_dir):
     if result.returncode != 0:
         raise SystemExit(f"{mode}: tessera train failed ({result.returncode}):\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
     train_losses, val = plot_losses.read_metrics(out_dir / "metrics.jsonl")
-    baseline = next((float(w.rstrip(";")) for line in result.stdout.splitlines() if "unigram baseline" in line
-                     for prev, w in zip(line.split(), line.split()[1:]) if prev == "baseline"), None)
+    baseline = unigram_baseline(result.stdout.splitlines())
     return {"mode": mode, "settings": settings(mode), "val_loss": val[-1][1], "val_curve": val,
             "final_train_loss": train_losses[-1][1], "wall_s": round(time.time() - start, 1),
             "unigram": baseline, "command": " ".join(cmd)}
@@ -93,10 +94,7 @@ def main():
     a.add_argument("--modes", default="none,bf16,fp16,powersgd-r4,powersgd-r16,topk-0.01,topk-0.1")
     a.add_argument("--out", default="bench/results")
     args = a.parse_args()
-    data = args.data or str(pathlib.Path(args.build) / "data" / "kjv")
-    if not (pathlib.Path(data) / "train.bin").exists():
-        raise SystemExit(f"{data}/train.bin: missing; prepare it with `make train` or "
-                         f"`{args.build}/tessera prepare --input data/kjv/genesis_to_ruth.txt --out {data}`")
+    data = bundled_corpus(args.build, args.data)
     modes = args.modes.split(",")
     if modes[0] != "none":
         raise SystemExit("--modes must start with none (the reference)")

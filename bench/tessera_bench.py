@@ -1,4 +1,5 @@
-"""One `tessera bench --json` run, shared by the benchmark scripts in bench/."""
+"""What the benchmark scripts in bench/ share: one `tessera bench --json` run, the bundled corpus
+as `make train` prepares it, and the unigram baseline a training run prints."""
 import json
 import pathlib
 import subprocess
@@ -17,3 +18,18 @@ def tessera_bench(build, config, sets, ranks=1, steps=1, warmup=1, flags=()):
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def bundled_corpus(build, data=None):
+    """DATA, or BUILD/data/kjv (the corpus `make train` prepares); exits naming how to prepare it."""
+    data = data or str(pathlib.Path(build) / "data" / "kjv")
+    if not (pathlib.Path(data) / "train.bin").exists():
+        raise SystemExit(f"{data}/train.bin: missing; prepare it with `make train` or "
+                         f"`{build}/tessera prepare --input data/kjv/genesis_to_ruth.txt --out {data}`")
+    return data
+
+
+def unigram_baseline(lines):
+    """The unigram baseline (nats) from the lines a `tessera train` run printed, or None."""
+    return next((float(w.rstrip(";")) for line in lines if "unigram baseline" in line
+                 for prev, w in zip(line.split(), line.split()[1:]) if prev == "baseline"), None)

@@ -96,13 +96,15 @@ struct SavedActivationScope::State {
     return false;
   }
 
-  // The row a dense tensor's region is encoded by: the encoding's group (activation_codec.h) of
-  // the dimension it keeps adjacent in memory (its stride-1 one). Views of the same elements whose
-  // stride-1 dimensions differ but are both multiples of the group share the encoding.
+  // Whether `t` is encoded as its storage's region: dense, its last dimension the one adjacent in
+  // memory. Its rows are then the encoding's groups of that last dimension (activation_codec.h),
+  // in memory order, so every element is encoded exactly as a contiguous copy would be; views of
+  // the same elements whose last dimensions are both multiples of the group share the encoding.
+  static bool region_applies(const at::Tensor& t) {
+    return t.dim() >= 1 && t.size(-1) > 1 && t.stride(-1) == 1 && t.is_non_overlapping_and_dense();
+  }
   static int64_t row_size(const at::Tensor& t) {
-    for (int64_t d = t.dim() - 1; d >= 0; --d)
-      if (t.stride(d) == 1 && t.size(d) > 1) return t.size(d) % kActivationGroup == 0 ? kActivationGroup : t.size(d);
-    return 1;
+    return t.size(-1) % kActivationGroup == 0 ? kActivationGroup : t.size(-1);
   }
 
   SavedActivation pack(const at::Tensor& t) {
@@ -111,7 +113,7 @@ struct SavedActivationScope::State {
     // it may be a constant many nodes share. Bool masks are packed as bits by every codec.
     const bool encodable = codec != ActivationCodec::none && !weight && t.has_storage() &&
                            (t.requires_grad() || t.scalar_type() == at::kBool);
-    if (encodable && t.dim() >= 1 && t.is_non_overlapping_and_dense()) return pack_region(t);
+    if (encodable && region_applies(t)) return pack_region(t);
     SavedActivation saved;
     for (const Seen& s : seen)
       if (s.version == t._version())
@@ -134,8 +136,8 @@ struct SavedActivationScope::State {
     return saved;
   }
 
-  // A dense tensor: the elements of its storage it covers, in memory order as rows (row_size),
-  // encoded once however many views of them are saved.
+  // A dense tensor with its last dimension adjacent in memory: the elements of its storage it
+  // covers, in memory order as rows (row_size), encoded once however many views of them are saved.
   SavedActivation pack_region(const at::Tensor& t) {
     SavedActivation saved;
     saved.region = true;

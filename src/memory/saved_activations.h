@@ -15,12 +15,14 @@
 // - anything else is an activation. One on the gradient's path (requires_grad) or a bool mask is
 //   encoded by the scope's codec (activation_codec.h); others (a rotary table, a float dropout
 //   mask) are kept whole.
-// A dense tensor (its elements fill a region of its storage, in any order of dimensions) is
-// encoded as that region, in memory order, as rows of its stride-1 dimension, and decoded back
-// into its own sizes and strides: two views of the same elements (the CPU attention's output
-// [B, H, T, d] and the projection's input [B T, C] reshaped from it) share one encoding, as they
-// shared one storage. Any other tensor is encoded as a contiguous copy, shared by the nodes that
-// save the same TensorImpl at the same version.
+// A dense tensor whose last dimension is adjacent in memory (its elements fill a region of its
+// storage, the outer dimensions in any order) is encoded as that region, in memory order, in the
+// groups of its last dimension, and decoded back into its own sizes and strides: two views of the
+// same elements (the CPU attention's output [B, H, T, d] and the projection's input [B T, C]
+// reshaped from it) share one encoding, as they shared one storage. Any other tensor is encoded as
+// a contiguous copy, shared by the nodes that save the same TensorImpl at the same version. Either
+// way each element is encoded in the group of its last dimension it would have in a contiguous
+// copy, so the encoding of a value does not depend on how the tensor holding it was laid out.
 // The unpack hook decodes it when the backward node runs (each time: the split backward of the
 // zero-bubble schedules unpacks a W's inputs after its I did).
 //

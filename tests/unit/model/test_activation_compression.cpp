@@ -7,23 +7,13 @@
 
 #include "memory/saved_activations.h"
 #include "model/transformer.h"
+#include "unit/model/small_model.h"
 
 namespace tessera {
 namespace {
 
 ModelOptions model(const std::string& arch, const std::string& ffn, double dropout) {
-  ModelOptions o;
-  o.arch = arch;
-  o.ffn = ffn;
-  o.vocab_size = 50;
-  o.n_layer = 2;
-  o.n_head = 2;
-  o.n_embd = 64;
-  o.block_size = 32;
-  o.linear_chunk = 8;
-  o.dropout = dropout;
-  o.moe_top_k = 2;
-  return o;
+  return test::small_model(arch, ffn, 64, dropout);
 }
 
 struct Step {

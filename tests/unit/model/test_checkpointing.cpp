@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "memory/activation_checkpointing.h"
 #include "model/transformer.h"
+#include "unit/model/small_model.h"
 #include "test_util.h"
 
 namespace tessera {
@@ -37,20 +38,7 @@ Run train_step(const ModelOptions& opts, const std::string& mode) {
   return r;
 }
 
-ModelOptions small(const std::string& arch, const std::string& ffn) {
-  ModelOptions o;
-  o.arch = arch;
-  o.ffn = ffn;
-  o.vocab_size = 50;
-  o.n_layer = 2;
-  o.n_head = 2;
-  o.n_embd = 16;
-  o.block_size = 32;
-  o.linear_chunk = 8;
-  o.dropout = 0.2;
-  o.moe_top_k = 2;
-  return o;
-}
+ModelOptions small(const std::string& arch, const std::string& ffn) { return test::small_model(arch, ffn, 16, 0.2); }
 
 class CheckpointModes : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
