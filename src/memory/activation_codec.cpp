@@ -100,7 +100,7 @@ EncodedTensor quantize(const at::Tensor& t, EncodedTensor::Form form) {
   e.form = form;
   e.sizes = t.sizes().vec();
   e.dtype = t.scalar_type();
-  const at::Tensor x = grouped(t).to(at::kFloat).contiguous();
+  const at::Tensor x = grouped(t).to(at::kFloat);
   if (x.is_cpu() && !fp8) {
     const int64_t groups = x.size(0), group = x.size(1);
     e.data = at::empty(x.sizes(), x.options().dtype(at::kChar));
@@ -154,6 +154,15 @@ const char* activation_codec_name(ActivationCodec codec) {
     case ActivationCodec::int8: return "int8";
   }
   return "?";
+}
+
+double activation_codec_bytes_per_element(ActivationCodec codec, int64_t element_bytes) {
+  switch (codec) {
+    case ActivationCodec::bf16: return element_bytes == 4 ? 2.0 : static_cast<double>(element_bytes);
+    case ActivationCodec::fp8:
+    case ActivationCodec::int8: return 1.0 + 4.0 / static_cast<double>(kActivationGroup);
+    default: return static_cast<double>(element_bytes);
+  }
 }
 
 int64_t EncodedTensor::bytes() const {

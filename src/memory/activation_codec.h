@@ -37,6 +37,11 @@ const char* activation_codec_name(ActivationCodec codec);
 
 constexpr int64_t kActivationGroup = 32;
 
+// Bytes an encoded element of an activation of `element_bytes` bytes holds (bool masks and the
+// tensors a codec keeps aside): none and lossless keep it, bf16 halves float32, fp8 and int8 hold
+// a byte and a float32 scale per group.
+double activation_codec_bytes_per_element(ActivationCodec codec, int64_t element_bytes);
+
 // A tensor as saved: either the tensor itself (`kept`) or its encoding.
 struct EncodedTensor {
   enum class Form { kept, bits, bf16, fp8, int8 };

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -39,12 +40,11 @@ struct PackedActivation {
     if (counted) live_bytes.fetch_sub(counted);
   }
 };
-using Packed = PackedActivation;
 
 // What one saved tensor's hook holds: the packed data and, where the data is its storage's
 // region, the tensor's geometry in it.
 struct SavedActivation {
-  std::shared_ptr<Packed> packed;
+  std::shared_ptr<PackedActivation> packed;
   bool region = false;
   std::vector<int64_t> sizes, strides;
 
@@ -58,22 +58,18 @@ struct SavedActivationScope::State {
   ActivationCodec codec = ActivationCodec::none;
   bool count = false;
   std::unordered_set<const c10::StorageImpl*> weights;  // the module's parameters' storages
-  // Regions of storage encoded in this scope, so that two views of the same elements (an
-  // attention's output and the projection's input reshaped from it) share one encoding; tensors
-  // encoded whole (not dense), shared by identity; and the storages kept tensors count.
-  struct Region {
+  // The encodings made in this scope, by the place in its storage of the tensor encoded (a dense
+  // tensor's rows or the tensor itself) and its version: two views of the same elements (an
+  // attention's output and the projection's input reshaped from it), or one tensor saved by
+  // several nodes, share one. And the storages kept tensors count.
+  struct Encoded {
     c10::weak_intrusive_ptr<c10::StorageImpl> storage;
-    int64_t offset, numel, inner, version;
-    std::weak_ptr<Packed> packed;
+    int64_t offset, version;
+    std::vector<int64_t> sizes, strides;
+    std::weak_ptr<PackedActivation> packed;
   };
-  struct Seen {
-    c10::weak_intrusive_ptr<c10::TensorImpl> impl;
-    int64_t version;
-    std::weak_ptr<Packed> packed;
-  };
-  std::vector<Region> regions;
-  std::vector<Seen> seen;
-  std::vector<std::pair<const c10::StorageImpl*, std::weak_ptr<Packed>>> counted_storages;
+  std::vector<Encoded> encoded;
+  std::vector<std::pair<const c10::StorageImpl*, std::weak_ptr<PackedActivation>>> counted_storages;
 
   bool is_weight_storage(const at::Tensor& t) const {
     return t.has_storage() && weights.count(t.storage().unsafeGetStorageImpl()) > 0;
@@ -113,54 +109,45 @@ struct SavedActivationScope::State {
     // it may be a constant many nodes share. Bool masks are packed as bits by every codec.
     const bool encodable = codec != ActivationCodec::none && !weight && t.has_storage() &&
                            (t.requires_grad() || t.scalar_type() == at::kBool);
-    if (encodable && region_applies(t)) return pack_region(t);
     SavedActivation saved;
-    for (const Seen& s : seen)
-      if (s.version == t._version())
-        if (auto impl = s.impl.lock(); impl.get() == t.unsafeGetTensorImpl())
-          if (auto shared = s.packed.lock()) {
-            saved.packed = shared;
-            return saved;
-          }
-    saved.packed = std::make_shared<Packed>();
-    saved.packed->encoded = encode_activation(t.detach(), encodable ? codec : ActivationCodec::none);
-    if (count && !weight) {
-      if (saved.packed->encoded.form != EncodedTensor::Form::kept) counted(*saved.packed);
-      else if (t.has_storage() && !counted_before(t.storage().unsafeGetStorageImpl())) {
+    if (!encodable) {
+      saved.packed = std::make_shared<PackedActivation>();
+      saved.packed->encoded = encode_activation(t.detach(), ActivationCodec::none);
+      if (count && !weight && t.has_storage() && !counted_before(t.storage().unsafeGetStorageImpl())) {
         saved.packed->counted = static_cast<int64_t>(t.storage().nbytes());
         add_live(saved.packed->counted);
         counted_storages.emplace_back(t.storage().unsafeGetStorageImpl(), saved.packed);
       }
+      return saved;
     }
-    seen.push_back({c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), t._version(), saved.packed});
-    return saved;
-  }
-
-  // A dense tensor with its last dimension adjacent in memory: the elements of its storage it
-  // covers, in memory order as rows (row_size), encoded once however many views of them are saved.
-  SavedActivation pack_region(const at::Tensor& t) {
-    SavedActivation saved;
-    saved.region = true;
-    saved.sizes = t.sizes().vec();
-    saved.strides = t.strides().vec();
-    const int64_t offset = t.storage_offset(), numel = t.numel(), inner = row_size(t);
+    // A dense tensor with its last dimension adjacent in memory is encoded as the elements of its
+    // storage it covers, in memory order as rows (row_size); any other as itself.
+    at::Tensor source = t.detach();
+    if (region_applies(t)) {
+      saved.region = true;
+      saved.sizes = t.sizes().vec();
+      saved.strides = t.strides().vec();
+      const int64_t row = row_size(t);
+      source = source.as_strided({t.numel() / row, row}, {row, 1}, t.storage_offset());
+    }
     const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
-    for (const Region& r : regions)
-      if (r.offset == offset && r.numel == numel && r.inner == inner && r.version == t._version())
-        if (auto s = r.storage.lock(); s.get() == storage)
-          if (auto shared = r.packed.lock()) {
+    for (const Encoded& e : encoded)
+      if (e.offset == source.storage_offset() && e.version == t._version() && e.sizes == source.sizes() &&
+          e.strides == source.strides())
+        if (auto s = e.storage.lock(); s.get() == storage)
+          if (auto shared = e.packed.lock()) {
             saved.packed = shared;
             return saved;
           }
-    saved.packed = std::make_shared<Packed>();
-    const at::Tensor rows = t.detach().as_strided({numel / inner, inner}, {inner, 1}, offset);
-    saved.packed->encoded = encode_activation(rows, codec);
+    saved.packed = std::make_shared<PackedActivation>();
+    saved.packed->encoded = encode_activation(source, codec);
     if (count) counted(*saved.packed);
-    regions.push_back({t.storage().getWeakStorageImpl(), offset, numel, inner, t._version(), saved.packed});
+    encoded.push_back({t.storage().getWeakStorageImpl(), source.storage_offset(), t._version(), source.sizes().vec(),
+                       source.strides().vec(), saved.packed});
     return saved;
   }
 
-  void counted(Packed& packed) {
+  void counted(PackedActivation& packed) {
     packed.counted = packed.encoded.bytes();
     add_live(packed.counted);
   }
@@ -193,7 +180,6 @@ class PackHooks : public torch::autograd::SavedVariableHooks {
 // The engine every backward runs on once a scope was made: libtorch's, answering the default
 // saved-tensor hooks from this thread's innermost scope.
 struct HookingEngine : torch::autograd::Engine {
-  ~HookingEngine() override { stop(); }
   std::unique_ptr<torch::autograd::SavedVariableHooks> get_default_saved_variable_hooks() override {
     if (scopes.empty() || recomputing()) return nullptr;
     return std::make_unique<PackHooks>(scopes.back());
@@ -201,10 +187,14 @@ struct HookingEngine : torch::autograd::Engine {
 };
 
 torch::autograd::Engine& hooking_engine() {
-  static auto* engine = new HookingEngine();  // never destroyed: backward may run during static destruction
+  // Never destroyed (so no stop() before the base destructor): a backward may run during static
+  // destruction.
+  static auto* engine = new HookingEngine();
   return *engine;
 }
 
+// libtorch's C++ default engine is whatever its engine stub returns (torch's Python engine
+// installs itself the same way); from here on, this one.
 void install_hooking_engine() {
   static std::once_flag once;
   std::call_once(once, [] { torch::autograd::set_default_engine_stub(&hooking_engine); });

@@ -3,9 +3,11 @@
 // While a SavedActivationScope lives on a thread, every tensor autograd saves on that thread (in
 // any operation's backward node, custom functions included) goes through a pack hook: libtorch's
 // saved-tensor hooks (torch/csrc/autograd/saved_variable_hooks.h), which the C++ engine asks for
-// through Engine::get_default_saved_variable_hooks. The first scope installs an engine that
-// answers it (set_default_engine_stub, as torch's Python engine does); outside a scope it answers
-// none, so saving is what it was.
+// through Engine::get_default_saved_variable_hooks. The first scope makes libtorch's default
+// engine one that answers it (through torch::autograd::set_default_engine_stub, the way torch's
+// Python engine replaces the C++ one); outside a scope that engine answers none, so saving is
+// what it was. Backwards run before the first scope ran on libtorch's own engine, which stays
+// idle after.
 //
 // The pack hook sorts what is saved:
 // - a weight: a parameter of the scope's module, a view of one (the storage is a parameter's), or
@@ -20,7 +22,7 @@
 // groups of its last dimension, and decoded back into its own sizes and strides: two views of the
 // same elements (the CPU attention's output [B, H, T, d] and the projection's input [B T, C]
 // reshaped from it) share one encoding, as they shared one storage. Any other tensor is encoded as
-// a contiguous copy, shared by the nodes that save the same TensorImpl at the same version. Either
+// a contiguous copy, shared by the nodes that save the same view at the same version. Either
 // way each element is encoded in the group of its last dimension it would have in a contiguous
 // copy, so the encoding of a value does not depend on how the tensor holding it was laid out.
 // The unpack hook decodes it when the backward node runs (each time: the split backward of the
@@ -36,7 +38,6 @@
 #pragma once
 
 #include <cstdint>
-#include <unordered_set>
 
 #include <torch/nn/module.h>
 

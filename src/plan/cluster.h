@@ -92,6 +92,7 @@ struct DeviceSpec {
   // The rates for a run in 16-bit (`half`: bf16/fp16 autocast) or in fp32, TFLOP/s; the attention
   // kernel's falls back to the matmul rate where the file gives none.
   double peak_tflops(bool half) const { return half ? peak_tflops_bf16 : peak_tflops_fp32; }
+  double memory_bytes() const { return memory_gib * 1024.0 * 1024.0 * 1024.0; }
   double matmul_tflops(bool half) const { return half ? matmul_tflops_bf16 : matmul_tflops_fp32; }
   double attention_tflops(bool half) const {
     const double fused = half ? attention_tflops_bf16 : attention_tflops_fp32;

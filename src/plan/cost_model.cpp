@@ -353,7 +353,7 @@ Prediction predict_time(const Config& config, const ParallelDims& dims, const Cl
 
 void add_memory(Prediction& prediction, const Config& config, const ParallelDims& dims, const Cluster& cluster) {
   prediction.peak_memory_bytes = estimate_memory(config, make_layout(config, dims)).device_bytes();
-  prediction.fits = prediction.peak_memory_bytes <= cluster.device.memory_gib * 1024.0 * 1024.0 * 1024.0;
+  prediction.fits = prediction.peak_memory_bytes <= cluster.device.memory_bytes();
   prediction.memory_estimated = true;
 }
 

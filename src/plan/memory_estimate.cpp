@@ -8,6 +8,7 @@
 
 #include "core/byte_size.h"
 #include "core/error.h"
+#include "memory/activation_codec.h"
 #include "optim/state_size.h"
 #include "model/transformer.h"
 #include "model/parameter_census.h"
@@ -17,17 +18,6 @@
 
 namespace tessera {
 namespace {
-
-// What memory.activation_compression keeps of a saved activation's bytes (memory/activation_codec.h):
-// bf16 halves float32 ones; int8 and fp8 keep 1 byte and a float32 scale per 32 elements; none and
-// lossless keep them (lossless packs only bool masks, which the formula counts at most as bytes).
-double compressed_fraction(const std::string& codec, bool half) {
-  if (codec == "bf16") return half ? 1.0 : 0.5;
-  if (codec == "int8" || codec == "fp8") return (1.0 + 4.0 / 32) / (half ? 2.0 : 4.0);
-  return 1.0;
-}
-
-
 
 std::string line(const char* format, ...) __attribute__((format(printf, 1, 2)));
 std::string line(const char* format, ...) {
@@ -108,7 +98,8 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   const double chunks = stage.whole() ? 1.0 : static_cast<double>(stage.chunks.size());
   const double per_stage_blocks = static_cast<double>(blocks) / chunks;
   e.activation_bytes_per_token =
-      per_layer * (half ? 1 : 2) * compressed_fraction(config.memory.activation_compression, half) * per_stage_blocks * held;
+      per_layer * activation_codec_bytes_per_element(parse_activation_codec(config.memory.activation_compression),
+                                                     half ? 2 : 4) / 2 * per_stage_blocks * held;
   e.activation_bytes_per_micro_batch =
       e.activation_bytes_per_token * static_cast<double>(config.train.batch_size * tokens);
   return e;

@@ -164,7 +164,6 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
   auto faster = [](const Candidate& a, const Candidate& b) { return a.prediction.step_s < b.prediction.step_s; };
   std::stable_sort(result.layouts.begin(), result.layouts.end(), faster);
   std::vector<Candidate> fitting, too_large;
-  const double capacity = cluster.device.memory_gib * 1024.0 * 1024.0 * 1024.0;
   auto full = [&](const std::vector<Candidate>& list) { return static_cast<int64_t>(list.size()) >= top; };
   for (Candidate& c : result.layouts) {
     const double bound = c.prediction.step_s;
@@ -176,7 +175,7 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
       // What cannot fit and cannot be among the non-fitting layouts shown is left there, before
       // its table is built.
       if (full(too_large) && bound >= too_large.back().prediction.step_s &&
-          model_state_lower_bound(c.config, c.dims) > capacity)
+          model_state_lower_bound(c.config, c.dims) > cluster.device.memory_bytes())
         continue;
       add_memory(memory, c.config, c.dims, cluster);
       if (!memory.fits && full(too_large) && bound >= too_large.back().prediction.step_s) continue;
