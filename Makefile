@@ -20,8 +20,8 @@ build: $(BUILD)/build.ninja
 	@bash scripts/install.sh >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
-# Only the `tessera` binary and the libraries it links: what `make train` needs (the tests, the
-# fuzz targets and the benchmarks are built by `make test` / `make build`).
+# Only the `tessera` binary and the libraries it links: what `make train` needs (the tests are built
+# by `make test` / `make build`, the fuzz targets by their tests, the benchmark programs by `make bench`).
 build-tessera: $(BUILD)/build.ninja
 	@bash scripts/install.sh >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS) --target tessera
@@ -76,6 +76,7 @@ test-tsan: $(TSAN_BUILD)/build.ninja
 	  { bash $(CURDIR)/scripts/sanitizer_reports.sh $(TSAN_REPORTS); exit 1; }
 
 bench: build
+	@cmake --build $(BUILD) -j $(JOBS) --target bench-tools
 	@bash bench/run_all.sh $(BUILD)
 
 # Every cell of the fault matrix (tests/cli/test_fault_matrix.cpp; make test runs one cell per kind

@@ -89,9 +89,9 @@ void SwarmKey::generate(const std::string& path) {
   require(written, "cannot write the key file ", path);
 }
 
-SwarmKey SwarmKey::from_bytes(std::string bytes) {
+SwarmKey SwarmKey::from_bytes(std::string_view bytes) {
   require(bytes.size() >= 16, "internal: a swarm key of ", bytes.size(), " bytes");
-  return SwarmKey(std::move(bytes));
+  return SwarmKey(bytes);
 }
 
 Tag SwarmKey::tag(std::string_view message) const { return tag({message}); }
@@ -120,7 +120,7 @@ Tag SwarmKey::tag(std::initializer_list<std::string_view> parts) const {
 
 SwarmKey SwarmKey::derive(std::string_view label) const {
   const Tag t = tag(label);
-  return SwarmKey(std::string(reinterpret_cast<const char*>(t.data()), t.size()));
+  return SwarmKey(std::string_view(reinterpret_cast<const char*>(t.data()), t.size()));
 }
 
 std::string SwarmKey::fingerprint() const {

@@ -24,7 +24,7 @@ class SwarmKey {
   // Writes a new key of 32 random bytes to `path` (mode 0600); refuses an existing file.
   static void generate(const std::string& path);
   // A key from raw bytes (tests, derived session keys); at least 16 bytes.
-  static SwarmKey from_bytes(std::string bytes);
+  static SwarmKey from_bytes(std::string_view bytes);
 
   Tag tag(std::string_view message) const;
   // The tag of the parts' concatenation, without joining them (a large message's header and body).
@@ -36,7 +36,7 @@ class SwarmKey {
   std::string fingerprint() const;
 
  private:
-  explicit SwarmKey(std::string bytes) : bytes_(std::move(bytes)) {}
+  explicit SwarmKey(std::string_view bytes) : bytes_(bytes) {}
   std::string bytes_;
 };
 

@@ -27,8 +27,9 @@ TEST(PlanCommand, PrintsTheLayoutsBestFirstAsJsonWithHeldKeysHeld) {
     double parts = 0;
     for (const auto& [name, seconds] : l["breakdown"].items()) parts += seconds.get<double>();
     EXPECT_NEAR(parts, l["step_s"].get<double>(), 1e-9 * l["step_s"].get<double>());
-    if (i > 0 && l["fits"] == layouts[i - 1]["fits"])
+    if (i > 0 && l["fits"] == layouts[i - 1]["fits"]) {
       EXPECT_LE(layouts[i - 1]["step_s"].get<double>(), l["step_s"].get<double>());
+    }
   }
 
   // The table: a ready --set line for the best layout.

@@ -77,7 +77,9 @@ TEST(SwapPlan, ForwardOnlyPlanLoadsEachSubModelOnceAndKeepsTwoResident) {
     EXPECT_EQ(count(plan, Op::ComputeF, i), 1) << i;
     EXPECT_EQ(count(plan, Op::Evict, i), 1) << i;
     EXPECT_GT(position(plan, {Op::Evict, i}), position(plan, {Op::ComputeF, i})) << i;
-    if (i + 1 < 4) EXPECT_EQ(position(plan, {Op::Load, i + 1}), position(plan, {Op::ComputeF, i}) + 1) << i;
+    if (i + 1 < 4) {
+      EXPECT_EQ(position(plan, {Op::Load, i + 1}), position(plan, {Op::ComputeF, i}) + 1) << i;
+    }
   }
   EXPECT_EQ(plan.actions.front(), (Action{Op::Load, kEnds}));
   EXPECT_EQ(plan.actions.back(), (Action{Op::Evict, kEnds}));

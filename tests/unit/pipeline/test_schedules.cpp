@@ -86,7 +86,9 @@ TEST(PipelineSchedules, ForwardOnlyTablesRunEveryForwardOnItsRankWithoutACycle) 
       EXPECT_EQ(forwards, train.stages() * 3);
       const Simulation sim = simulate_schedule(eval);
       ASSERT_TRUE(sim.stuck.empty()) << format_grid(eval);
-      if (c.v == 1) EXPECT_DOUBLE_EQ(sim.step_time, 3 + p - 1) << format_grid(eval);
+      if (c.v == 1) {
+        EXPECT_DOUBLE_EQ(sim.step_time, 3 + p - 1) << format_grid(eval);
+      }
     }
 }
 

@@ -209,8 +209,9 @@ TEST(Search, ItsBestIsTheBruteForceBestAndHeldKeysAreHeld) {
   EXPECT_LE(result.refused + result.predicted, result.considered);
   EXPECT_EQ(result.layouts.size(), 3u);  // everything fits this small model
   for (size_t i = 1; i < result.layouts.size(); ++i)
-    if (result.layouts[i].prediction.fits == result.layouts[i - 1].prediction.fits)
+    if (result.layouts[i].prediction.fits == result.layouts[i - 1].prediction.fits) {
       EXPECT_LE(result.layouts[i - 1].prediction.step_s, result.layouts[i].prediction.step_s);
+    }
 
   double best = 1e30;
   int64_t built = 0;
