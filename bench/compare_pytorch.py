@@ -12,6 +12,10 @@ OUT/train_step_<device>_<cases>.json and .md. A peer's MFU is tessera's scaled b
 the same model and sequence, so the same FLOPs per token, over the peak tessera names (on a GPU the
 card's published dense peak for the dtype, src/train/device_peak.h).
 
+--activation-compression bf16|int8 runs both sides with their saved activations encoded
+(tessera's memory.activation_compression; the twin's saved_tensors_hooks, eager only) and adds the
+bytes each held for the backward at the step's peak.
+
 GPU (docs/gpu.md): `--device cuda --dtype bf16 --cases gpt2_124m_1024 --batch B` trains both sides
 on the device with bf16 autocast; `--batch` and `--steps` override the case's.
 """
@@ -43,14 +47,14 @@ def run_json(cmd):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def tessera_cmd(build, c, threads, device, dtype):
+def tessera_cmd(build, c, threads, device, dtype, compression):
     llama = c.get("family") == "llama"
     sets = {"model.preset": "tiny_llama" if llama else "tiny_gpt", "model.vocab_size": c["vocab"],
             "model.block_size": c["block"],
             "model.n_layer": c["layers"], "model.n_head": c["heads"], "model.n_embd": c["embd"],
             "train.batch_size": c["batch"], "train.seq_len": c["seq"], "train.threads": threads,
             "optim.name": "adamw", "optim.fused": "true", "optim.grad_clip": 1.0, "data.path": "unused",
-            "train.device": device, "precision.dtype": dtype}
+            "train.device": device, "precision.dtype": dtype, "memory.activation_compression": compression}
     if llama:
         sets.update({"model.n_kv_head": c["kv_heads"], "model.ffn_hidden": c["ffn"]})
     cmd = [str(pathlib.Path(build) / "tessera"), "bench", "--config", "tiny_gpt", "--json",
@@ -60,9 +64,9 @@ def tessera_cmd(build, c, threads, device, dtype):
     return cmd
 
 
-def peer_cmd(c, mode, threads, device, dtype):
+def peer_cmd(c, mode, threads, device, dtype, compression):
     cmd = [sys.executable, str(HERE / "pytorch_twin.py"), "--mode", mode, "--threads", str(threads),
-           "--device", device, "--dtype", dtype]
+           "--device", device, "--dtype", dtype, "--activation-compression", compression]
     for k in ("vocab", "block", "layers", "heads", "embd", "batch", "seq", "steps", "warmup"):
         cmd += [f"--{k}", str(c[k])]
     if c.get("family") == "llama":
@@ -82,7 +86,11 @@ def main():
     a.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     a.add_argument("--batch", type=int, default=0, help="overrides the case's batch")
     a.add_argument("--steps", type=int, default=0, help="overrides the case's timed steps")
+    a.add_argument("--activation-compression", choices=["none", "bf16", "int8"], default="none")
     args = a.parse_args()
+    compression = args.activation_compression
+    if compression != "none" and "compile" in args.peers.split(","):
+        a.error("--activation-compression runs the eager twin only: pass --peers eager")
 
     results = []
     for case in args.cases.split(","):
@@ -90,8 +98,8 @@ def main():
         c.update({k: v for k, v in (("batch", args.batch), ("steps", args.steps)) if v})
         best = {}
         for r in range(args.rounds):
-            runs = [("tessera", tessera_cmd(args.build, c, args.threads, args.device, args.dtype))]
-            runs += [(f"pytorch-{m}", peer_cmd(c, m, args.threads, args.device, args.dtype))
+            runs = [("tessera", tessera_cmd(args.build, c, args.threads, args.device, args.dtype, compression))]
+            runs += [(f"pytorch-{m}", peer_cmd(c, m, args.threads, args.device, args.dtype, compression))
                      for m in args.peers.split(",")]
             for name, cmd in runs:
                 t0 = time.time()
@@ -121,21 +129,28 @@ def main():
     flags += f" --dtype {args.dtype}" if args.dtype != "fp32" else ""
     flags += f" --batch {args.batch}" if args.batch else ""
     flags += f" --steps {args.steps}" if args.steps else ""
-    lines = [f"# Training-step throughput: tessera vs PyTorch ({device}, {args.dtype})", "",
+    flags += f" --peers {args.peers}" if args.peers != "eager,compile" else ""
+    flags += f" --activation-compression {compression}" if compression != "none" else ""
+    saved = compression != "none"
+    lines = [f"# Training-step throughput: tessera vs PyTorch ({device}, {args.dtype}"
+             + (f", {compression} saved activations)" if saved else ")"), "",
              f"Machine: {named}, {os.cpu_count()} cores, {args.threads} threads{peak}; "
              f"`python3 bench/compare_pytorch.py build --cases {args.cases} --rounds {args.rounds}{flags}`; "
              f"best median over {args.rounds} alternating rounds.", "",
-             "| case | peer | params | tokens/step | median step (s) | tokens/s | MFU | tessera ratio |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| case | peer | params | tokens/step | median step (s) | tokens/s | MFU | tessera ratio |"
+             + (" saved MiB |" if saved else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|" if saved else "")]
     for r in results:
         mfu = f"{100 * r['mfu']:.1f}%" if "mfu" in r else "-"
+        held = f" {r['saved_activation_bytes'] / 2**20:.2f} |" if saved else ""
         lines.append(f"| {r['case']} | {r['peer']} | {r['parameters'] / 1e6:.2f}M | {r['tokens_per_step']:.0f} | "
-                     f"{r['median_step_s']:.4f} | {r['tokens_per_s']:.0f} | {mfu} | {r['tessera_ratio']:.2f} |")
+                     f"{r['median_step_s']:.4f} | {r['tokens_per_s']:.0f} | {mfu} | {r['tessera_ratio']:.2f} |" + held)
     text = "\n".join(lines) + "\n"
     print(text)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"train_step_{device}_" + "_".join(args.cases.split(",")) + ("" if args.dtype == "fp32" else "_bf16")
+    stem += f"_{compression}_activations" if saved else ""
     (out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
     (out / f"{stem}.md").write_text(text)
 

@@ -9,6 +9,13 @@ asynchronous); --dtype bf16 runs the forward and loss under bf16 autocast with f
 gradients and optimizer state, as tessera's precision.dtype = bf16 does.
 --trace FILE records --steps more steps with torch.profiler (host ops and device kernels) into a
 Chrome trace, as `tessera_profile_step --trace` does for tessera (bench/trace_summary.py sums both).
+--activation-compression bf16|int8 encodes what autograd saves inside each block with
+torch.autograd.graph.saved_tensors_hooks, as tessera's memory.activation_compression does
+(memory/saved_activations.h): parameters (and views of them), tensors off the gradient's path and
+tensors whose last dimension is not adjacent in memory are kept; the others are rounded to bfloat16,
+or to int8 with one float32 scale per 32 elements of the last dimension. Unlike tessera it encodes a
+tensor saved twice twice. The bytes it holds at the step's peak (encodings, and kept tensors other
+than parameters, each counted whole) are printed as saved_activation_bytes.
 """
 import argparse
 import contextlib
@@ -109,6 +116,66 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
 
+class SavedActivationCodec:
+    """Pack and unpack hooks for the blocks' saved tensors, and the bytes a step's forward packs
+    (all of them are held at the forward's end, the peak; `held` is reset before each step)."""
+
+    GROUP = 32
+
+    def __init__(self, model, codec):
+        self.codec = codec
+        self.weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self.held = self.peak = 0
+
+    def keeps(self, t):
+        return (not t.is_floating_point() or not t.requires_grad or t.dim() == 0 or t.stride(-1) != 1
+                or t.untyped_storage().data_ptr() in self.weights)
+
+    def count(self, nbytes):
+        self.held += nbytes
+        self.peak = max(self.peak, self.held)
+
+    def pack(self, t):
+        if self.keeps(t):
+            weight = t.untyped_storage().data_ptr() in self.weights
+            nbytes = 0 if weight else t.numel() * t.element_size()
+            self.count(nbytes)
+            return ("kept", t, nbytes)
+        x = t.detach()
+        if self.codec == "bf16":
+            packed = ("bf16", x.to(torch.bfloat16), t.dtype)
+            nbytes = packed[1].numel() * 2
+        else:
+            last = x.shape[-1]
+            rows = x.reshape(-1, last).float()
+            pad = (-last) % self.GROUP
+            groups = F.pad(rows, (0, pad)).view(-1, self.GROUP)
+            amax = groups.abs().amax(dim=1, keepdim=True)
+            scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))  # as tessera's codec
+            q = torch.round(groups / scale).clamp_(-127, 127).to(torch.int8)
+            packed = ("int8", q, scale, x.shape, t.dtype, pad)
+            nbytes = q.numel() + scale.numel() * 4
+        self.count(nbytes)
+        return packed + (nbytes,)
+
+    def unpack(self, packed):
+        if packed[0] == "kept":
+            return packed[1]
+        if packed[0] == "bf16":
+            return packed[1].to(packed[2])
+        _, q, scale, shape, dtype, pad, _ = packed
+        rows = (q.float() * scale).view(-1, shape[-1] + pad)
+        return rows[:, :shape[-1]].reshape(shape).to(dtype)
+
+    def wrap(self, block):
+        forward = block.forward
+
+        def hooked(*args, **kwargs):
+            with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack):
+                return forward(*args, **kwargs)
+        block.forward = hooked
+
+
 def main():
     a = argparse.ArgumentParser()
     for name, default in [("vocab", 256), ("block", 128), ("layers", 4), ("heads", 4), ("embd", 128),
@@ -122,6 +189,7 @@ def main():
     a.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     a.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     a.add_argument("--trace", help="record --steps more steps into this Chrome trace")
+    a.add_argument("--activation-compression", choices=["none", "bf16", "int8"], default="none")
     args = a.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -137,6 +205,11 @@ def main():
     else:
         model = GPT(args.vocab, args.block, args.layers, args.heads, args.embd).to(device)
     params = sum(p.numel() for p in model.parameters())
+    codec = None
+    if args.activation_compression != "none":
+        codec = SavedActivationCodec(model, args.activation_compression)
+        for block in model.h:
+            codec.wrap(block)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
@@ -147,6 +220,8 @@ def main():
     x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
 
     def step():
+        if codec:
+            codec.held = 0
         with autocast():
             loss = forward(x, y)
         loss.backward()
@@ -181,7 +256,8 @@ def main():
                       "first_step_s": compile_s, "threads": torch.get_num_threads(),
                       "torch": torch.__version__, "loss": float(loss.detach()), "device": str(device),
                       "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
-                      "dtype": args.dtype, "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if cuda else None}))
+                      "dtype": args.dtype, "activation_compression": args.activation_compression,
+                      "saved_activation_bytes": codec.peak if codec else None, "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if cuda else None}))
 
 
 if __name__ == "__main__":

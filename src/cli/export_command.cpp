@@ -4,8 +4,10 @@
 // rows, not model.vocab_multiple's padding); --optimizer writes the whole optimizer state as
 // trained (padded). --hf DIR writes a folder that transformers' from_pretrained loads (and
 // `tessera import --hf` reads back): model.safetensors, config.json (model/hf_gpt2.h for GPT-2,
-// model/hf_llama.h for the Llama family, with transformers' names) and, for a checkpoint with
-// GPT-2's BPE, vocab.json and merges.txt.
+// model/hf_llama.h for the Llama family, with transformers' names), the tokenizer (GPT-2's BPE as
+// vocab.json and merges.txt; Hugging Face's tokenizer.json and SentencePiece's tokenizer.model as
+// the checkpoint holds them) and the files an import carried (generation_config.json,
+// tokenizer_config.json, special_tokens_map.json: model/hf_config.h).
 #include <filesystem>
 #include <iostream>
 
@@ -14,6 +16,8 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/json_file.h"
+#include "data/hf_tokenizer.h"
+#include "model/hf_config.h"
 #include "model/hf_gpt2.h"
 #include "model/hf_llama.h"
 #include "model/hf_names.h"
@@ -24,20 +28,29 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// config.json and, when the checkpoint's tokenizer is GPT-2's BPE, vocab.json and merges.txt.
+void copy_into(const std::string& from, const std::string& to) {
+  write_file_durable(to, read_file(from));
+}
+
+// config.json, the tokenizer in the files transformers reads, and the carried files.
 void write_hf_folder(const std::string& dir, const ModelOptions& model, const std::string& checkpoint_dir) {
   fs::create_directories(dir);
   const nlohmann::json config =
       uses_hf_gpt2_names(model) ? hf_config_from_model_options(model) : hf_llama_family_config(model);
   write_file_durable(dir + "/config.json", config.dump(2) + "\n");
+  for (const char* name : kHfCarriedFiles)
+    if (fs::is_regular_file(checkpoint_dir + "/" + name)) copy_into(checkpoint_dir + "/" + name, dir + "/" + name);
+  if (fs::is_regular_file(checkpoint_dir + "/tokenizer.model"))
+    copy_into(checkpoint_dir + "/tokenizer.model", dir + "/tokenizer.model");
   const std::string tokenizer = checkpoint_dir + "/tokenizer.json";
   if (!fs::exists(tokenizer)) return;
   const nlohmann::json description = read_json_file(tokenizer);
-  if (description.value("type", std::string()) != "gpt2") return;
-  fs::copy_file(checkpoint_dir + "/" + description.value("encoder", std::string()), dir + "/vocab.json",
-                fs::copy_options::overwrite_existing);
-  fs::copy_file(checkpoint_dir + "/" + description.value("merges", std::string()), dir + "/merges.txt",
-                fs::copy_options::overwrite_existing);
+  if (is_hf_tokenizer_json(description)) {
+    copy_into(tokenizer, dir + "/tokenizer.json");
+  } else if (description.value("type", std::string()) == "gpt2") {
+    copy_into(checkpoint_dir + "/" + description.value("encoder", std::string()), dir + "/vocab.json");
+    copy_into(checkpoint_dir + "/" + description.value("merges", std::string()), dir + "/merges.txt");
+  }
 }
 
 }  // namespace
@@ -50,7 +63,7 @@ Command add_export_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("export", "write a checkpoint as one consolidated safetensors file");
   cmd->add_option("--checkpoint", args->checkpoint, "a step_N, checkpoints or run directory")->required();
   CLI::Option* out = cmd->add_option("--out", args->out, "the model file to write (e.g. model.safetensors)");
-  cmd->add_option("--hf", args->hf, "write a Hugging Face GPT-2 folder (model, config.json, tokenizer) to this directory")
+  cmd->add_option("--hf", args->hf, "write a Hugging Face folder (model, config.json, tokenizer) to this directory")
       ->excludes(out);
   cmd->add_option("--optimizer", args->optimizer_out,
                   "also write the whole optimizer state (reassembled from the shards) to this file");

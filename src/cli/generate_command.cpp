@@ -1,5 +1,6 @@
 // `tessera generate`: samples text from a checkpoint, streaming tokens as they are drawn. The
-// tokenizer is the checkpoint's own (copied from the data directory at save), or --tokenizer DIR
+// tokenizer is the checkpoint's own (copied from the data directory at save, or from the Hugging
+// Face folder by `tessera import`), or --tokenizer DIR
 // for a checkpoint trained on data without one (llm.c shards).
 #include <filesystem>
 #include <iostream>
@@ -36,9 +37,12 @@ Command add_generate_command(CLI::App& app) {
     TransformerLM model(config.model);
     import_state(*model, ckpt.model, model_source(ckpt));
     const bool own = args->tokenizer.empty();
-    require(!own || std::filesystem::exists(ckpt.dir + "/tokenizer.json"), ckpt.dir,
-            " holds no tokenizer.json (its run trained on data without one): give --tokenizer DIR, a directory with "
-            "the tokenizer.json that made the data (`tessera prepare --tokenizer gpt2` writes one for GPT-2's BPE)");
+    require(!own || std::filesystem::exists(ckpt.dir + "/tokenizer.json") ||
+                std::filesystem::exists(ckpt.dir + "/tokenizer.model"),
+            ckpt.dir,
+            " holds no tokenizer.json or tokenizer.model (its run trained on data without one): give --tokenizer DIR, "
+            "a directory with the tokenizer.json that made the data (`tessera prepare --tokenizer gpt2` writes one for "
+            "GPT-2's BPE)");
     auto tokenizer = load_tokenizer(own ? ckpt.dir : args->tokenizer);
     require(tokenizer->vocab_size() <= config.model.vocab_size, own ? ckpt.dir : args->tokenizer,
             "/tokenizer.json: vocabulary of ", tokenizer->vocab_size(), " tokens does not fit the model's ",

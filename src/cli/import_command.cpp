@@ -3,10 +3,13 @@
 // that `tessera generate --checkpoint` reads and `tessera train --init-from` starts from. The model
 // is built from config.json, the weights go through import_state (every tensor checked by name and
 // shape; the embedding gains model.vocab_multiple's zero rows) and are written by the checkpoint
-// writer, so the result passes load_checkpoint's integrity checks like any checkpoint. A folder
-// with vocab.json and merges.txt keeps its tokenizer (GPT-2's BPE). The checkpoint holds no
-// optimizer state or data position: meta.json's "imported_from" marks it, and `train --resume`
-// refuses it in favour of --init-from.
+// writer, so the result passes load_checkpoint's integrity checks like any checkpoint. The folder's
+// tokenizer comes along: GPT-2's BPE from vocab.json and merges.txt, or else Hugging Face's
+// tokenizer.json and SentencePiece's tokenizer.model as they are (data/tokenizer.h reads both),
+// loaded once to check them; so do generation_config.json, tokenizer_config.json and
+// special_tokens_map.json (model/hf_config.h), which `tessera export --hf` writes back. The
+// checkpoint holds no optimizer state or data position: meta.json's "imported_from" marks it, and
+// `train --resume` refuses it in favour of --init-from.
 #include <unistd.h>
 
 #include <filesystem>
@@ -18,6 +21,7 @@
 #include "core/fs.h"
 #include "core/json_file.h"
 #include "data/tokenizer.h"
+#include "model/hf_config.h"
 #include "model/hf_gpt2.h"
 #include "model/hf_llama.h"
 #include "model/hf_names.h"
@@ -30,20 +34,53 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// tokenizer.json for the folder's GPT-2 BPE files, written into `staging` (a scratch directory)
-// and checked by loading it; the files the checkpoint must copy, or none when `dir` has no BPE.
-std::vector<std::string> stage_tokenizer(const fs::path& dir, const fs::path& staging, int64_t model_vocab) {
-  if (!fs::exists(dir / "vocab.json") || !fs::exists(dir / "merges.txt")) return {};
-  const int64_t vocab = static_cast<int64_t>(read_json_file((dir / "vocab.json").string()).size());
-  fs::create_directories(staging);
-  for (const char* name : {"vocab.json", "merges.txt"}) fs::copy_file(dir / name, staging / name);
-  const nlohmann::json description = {
-      {"type", "gpt2"}, {"vocab_size", vocab}, {"encoder", "vocab.json"}, {"merges", "merges.txt"}};
-  write_file_durable((staging / "tokenizer.json").string(), description.dump(2) + "\n");
-  const int64_t loaded = load_tokenizer(staging.string())->vocab_size();
-  require(loaded <= model_vocab, (dir / "vocab.json").string(), ": ", loaded,
+// The folder's tokenizer as the checkpoint must copy it, and what it is, or no files when the
+// folder has none. GPT-2's BPE files get a tokenizer.json of tessera's, written into `staging` (a
+// scratch directory); Hugging Face's tokenizer.json and tokenizer.model are copied as they are.
+// Either is checked by loading it, and its ids must fit the model's vocabulary.
+struct StagedTokenizer {
+  std::vector<std::string> files;
+  std::string what;
+};
+
+StagedTokenizer stage_tokenizer(const fs::path& dir, const fs::path& staging, int64_t model_vocab) {
+  StagedTokenizer staged;
+  fs::path loaded_from = dir;
+  if (fs::exists(dir / "vocab.json") && fs::exists(dir / "merges.txt")) {
+    const int64_t vocab = static_cast<int64_t>(read_json_file((dir / "vocab.json").string()).size());
+    fs::create_directories(staging);
+    for (const char* name : {"vocab.json", "merges.txt"}) fs::copy_file(dir / name, staging / name);
+    const nlohmann::json description = {
+        {"type", "gpt2"}, {"vocab_size", vocab}, {"encoder", "vocab.json"}, {"merges", "merges.txt"}};
+    write_file_durable((staging / "tokenizer.json").string(), description.dump(2) + "\n");
+    staged = {{(staging / "tokenizer.json").string(), (staging / "vocab.json").string(),
+               (staging / "merges.txt").string()},
+              "GPT-2 BPE from vocab.json and merges.txt"};
+    loaded_from = staging;
+  } else {
+    for (const char* name : {"tokenizer.json", "tokenizer.model"})
+      if (fs::is_regular_file(dir / name)) staged.files.push_back((dir / name).string());
+    if (staged.files.empty()) return staged;
+  }
+  const auto tokenizer = load_tokenizer(loaded_from.string());
+  if (staged.what.empty())
+    staged.what = tokenizer->type() == "sentencepiece" ? "SentencePiece BPE from tokenizer.model"
+                                                       : "Hugging Face's byte-level BPE from tokenizer.json";
+  require(tokenizer->vocab_size() <= model_vocab, dir.string(), ": the tokenizer's ", tokenizer->vocab_size(),
           " tokens do not fit the model's vocab_size ", model_vocab);
-  return {(staging / "tokenizer.json").string(), (staging / "vocab.json").string(), (staging / "merges.txt").string()};
+  return staged;
+}
+
+// The folder's files that travel with the model unchanged (model/hf_config.h), each checked to
+// be JSON.
+std::vector<std::string> carried_files(const fs::path& dir) {
+  std::vector<std::string> files;
+  for (const char* name : kHfCarriedFiles)
+    if (fs::is_regular_file(dir / name)) {
+      read_json_file((dir / name).string());
+      files.push_back((dir / name).string());
+    }
+  return files;
 }
 
 }  // namespace
@@ -80,7 +117,9 @@ Command add_import_command(CLI::App& app) {
     fs::remove_all(staging);
     CheckpointContents contents;
     contents.model = export_state(*model);
-    contents.extra_files = stage_tokenizer(dir, staging, config.model.vocab_size);
+    const StagedTokenizer tokenizer = stage_tokenizer(dir, staging, config.model.vocab_size);
+    contents.extra_files = tokenizer.files;
+    for (std::string& file : carried_files(dir)) contents.extra_files.push_back(std::move(file));
     contents.meta = {{"config", config.to_toml_string()},
                      {"imported_from", fs::absolute(dir).lexically_normal().string()},
                      {"torch_version", TORCH_VERSION}};
@@ -91,9 +130,10 @@ Command add_import_command(CLI::App& app) {
     std::cout << "imported " << args->hf << " (" << hf_config.value("model_type", "gpt2") << ": n_layer " << m.n_layer << ", n_head " << m.n_head << ", n_embd "
               << m.n_embd << ", vocab_size " << m.vocab_size << ", block_size " << m.block_size << ", "
               << parameter_count(m) << " parameters) into " << written << "\n"
-              << (contents.extra_files.empty()
-                      ? "no vocab.json and merges.txt in the folder: give `tessera generate` a --tokenizer DIR\n"
-                      : "tokenizer: GPT-2 BPE from vocab.json and merges.txt\n")
+              << (tokenizer.files.empty()
+                      ? "no tokenizer in the folder (tokenizer.json, tokenizer.model, or vocab.json and merges.txt): "
+                        "give `tessera generate` a --tokenizer DIR\n"
+                      : "tokenizer: " + tokenizer.what + "\n")
               << "use it with: tessera generate --checkpoint " << args->out << "   or   tessera train --init-from "
               << args->out << " ...\n";
     return 0;

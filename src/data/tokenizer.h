@@ -17,6 +17,7 @@
 // text it leaves unchanged.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -34,6 +35,11 @@ class Tokenizer {
 };
 
 std::unique_ptr<Tokenizer> make_byte_tokenizer();
+
+// The files a directory's tokenizer consists of (those present): what a checkpoint copies from its
+// data directory, so that `tessera generate` loads the tokenizer that made the data.
+inline constexpr std::array<const char*, 4> kTokenizerFiles = {"tokenizer.json", "encoder.json", "vocab.bpe",
+                                                               "tokenizer.model"};
 
 // Reads dir/tokenizer.json (or dir/tokenizer.model); errors name the file and the key.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir);

@@ -3,6 +3,7 @@
 // hf_llama.h).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -11,6 +12,11 @@
 #include "core/error.h"
 
 namespace tessera {
+
+// The JSON files of a Hugging Face folder that travel with its model unchanged: `tessera import
+// --hf` copies those present into the checkpoint and `tessera export --hf` writes them back.
+inline constexpr std::array<const char*, 3> kHfCarriedFiles = {"generation_config.json", "tokenizer_config.json",
+                                                               "special_tokens_map.json"};
 
 // `key` as a positive integer (required).
 inline int64_t hf_int(const nlohmann::json& config, const char* key, const std::string& source) {

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/fault_injection.h"
 #include "core/random_streams.h"
+#include "data/tokenizer.h"
 #include "train/checkpoint_transfer.h"
 #include "train/trainer_state.h"
 
@@ -71,7 +72,7 @@ void Trainer::State::write_checkpoint(Progress& progress) {
                    {"grad_compression", compressing() ? c.parallel.grad_compression : "none"}};
   if (collaboration) contents.meta["collaboration"] = collaboration->checkpoint_state();
   if (compressing()) contents.compression_ranks = mesh->world_size();
-  for (const char* name : {"tokenizer.json", "encoder.json", "vocab.bpe"}) {
+  for (const char* name : kTokenizerFiles) {
     fs::path file = fs::path(c.data.path) / name;
     if (fs::exists(file)) contents.extra_files.push_back(file.string());
   }

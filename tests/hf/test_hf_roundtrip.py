@@ -4,6 +4,12 @@
       A GPT2LMHeadModel with random weights and a shape no preset has, saved by save_pretrained,
       goes through `tessera import --hf`; `tessera generate --temperature 0` writes the bytes that
       transformers' greedy generate() gives.
+  Import.LlamaFolderKeepsItsTokenizerAndGenerationConfigBothWays
+      A LlamaForCausalLM folder with a byte-level BPE tokenizer trained by `tokenizers`
+      (tokenizer.json, tokenizer_config.json, special_tokens_map.json) and a generation_config.json
+      goes through `tessera import --hf`: `tessera generate` with the checkpoint's own tokenizer
+      writes the text transformers' greedy generate() decodes, and `tessera export --hf` writes the
+      four files back byte for byte, so AutoTokenizer and GenerationConfig read them as before.
   Export.TesseraCheckpointLoadsInTransformersWithTheSameGreedyText
       A model tessera trained, written by `tessera export --hf`, loads with from_pretrained and
       greedy-decodes what `tessera generate` writes from the checkpoint.
@@ -14,8 +20,8 @@
       The same for tiny_mixtral (top-2 of 8 SwiGLU experts in every block): a MixtralForCausalLM
       folder.
 
-The vocabulary is bytes (256 tokens, tessera's byte tokenizer), so token ids are the text's
-bytes and the comparison needs no tokenizer in transformers. Exits 77 (CTest's skip) with a
+Except in the Llama import, the vocabulary is bytes (256 tokens, tessera's byte tokenizer), so
+token ids are the text's bytes and the comparison needs no tokenizer in transformers. Exits 77 (CTest's skip) with a
 message only when transformers cannot be imported.
 
 usage: test_hf_roundtrip.py TESSERA_BINARY WORK_DIR CASE SOURCE_DIR
@@ -97,6 +103,67 @@ def import_case():
     expect_same(tessera_greedy(out), transformers_greedy(folder), "import")
 
 
+def llama_import_case():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    with open(os.path.join(SOURCE, "data/kjv/genesis_to_ruth.txt"), encoding="utf-8") as f:
+        text = f.read()[:300000]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator([text], trainers.BpeTrainer(vocab_size=400, special_tokens=["<s>", "</s>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>")
+    torch.manual_seed(5)
+    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=160,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=128, initializer_range=0.2, tie_word_embeddings=False,
+                                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.generation_config.max_new_tokens = 17  # a field of its own, to see it come back
+    folder = os.path.join(WORK, "hf_llama")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    special = os.path.join(folder, "special_tokens_map.json")
+    if not os.path.exists(special):  # transformers 4 wrote it; 5 keeps it inside tokenizer_config.json
+        with open(special, "w") as f:
+            json.dump({"bos_token": "<s>", "eos_token": "</s>"}, f, indent=2)
+    carried = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"]
+    missing = [name for name in carried if not os.path.exists(os.path.join(folder, name))]
+    if missing:
+        sys.exit(f"transformers did not write {missing} into {folder}: the test's fixture is wrong")
+
+    out = os.path.join(WORK, "imported")
+    said = tessera("import", "--hf", folder, "--out", out).decode()
+    print(said)
+    if "tokenizer: Hugging Face's byte-level BPE from tokenizer.json" not in said:
+        sys.exit(f"import did not report the folder's tokenizer:\n{said}")
+    prompt = PROMPT.decode()
+    generated = tessera("generate", "--checkpoint", out, "--prompt", prompt, "--max-tokens", "20",
+                        "--temperature", "0")
+    assert generated.startswith(PROMPT) and generated.endswith(b"\n"), generated
+    ids = torch.tensor([tokenizer(prompt, add_special_tokens=False).input_ids])
+    with torch.no_grad():
+        new = model.generate(ids, max_new_tokens=20, do_sample=False, num_beams=1, eos_token_id=None,
+                             attention_mask=torch.ones_like(ids), pad_token_id=0)[0, ids.shape[1]:]
+    # transformers' decode turns bytes that are not UTF-8 into U+FFFD; tessera writes the bytes.
+    ours = generated[len(PROMPT):-1].decode("utf-8", errors="replace").encode()
+    expect_same(ours, tokenizer.decode(new.tolist()).encode(), "import (llama, BPE)")
+
+    exported = os.path.join(WORK, "exported")
+    print(tessera("export", "--checkpoint", out, "--hf", exported).decode())
+    for name in carried:
+        with open(os.path.join(folder, name), "rb") as a, open(os.path.join(exported, name), "rb") as b:
+            if a.read() != b.read():
+                sys.exit(f"export --hf: {name} differs from the imported folder's")
+    back = transformers.AutoTokenizer.from_pretrained(exported)
+    sample = text[1000:3000]
+    if back(sample).input_ids != tokenizer(sample).input_ids:
+        sys.exit("export --hf: the exported tokenizer encodes differently")
+    if transformers.GenerationConfig.from_pretrained(exported).to_dict() != model.generation_config.to_dict():
+        sys.exit("export --hf: the exported generation_config.json reads differently")
+    print(f"export (llama): {', '.join(carried)} written back byte for byte")
+
+
 def export_case(config="tiny_gpt", what="export", steps=60, seq_len=128):
     data, run = os.path.join(WORK, "data"), os.path.join(WORK, "run")
     tessera("prepare", "--input", os.path.join(SOURCE, "data/kjv/genesis_to_ruth.txt"), "--out", data,
@@ -110,7 +177,7 @@ def export_case(config="tiny_gpt", what="export", steps=60, seq_len=128):
 
 shutil.rmtree(WORK, ignore_errors=True)
 os.makedirs(WORK)
-{"import": import_case, "export": export_case,
+{"import": import_case, "import_llama": llama_import_case, "export": export_case,
  # 200 steps: at 60 (or 100, or 120 at twice the learning rate) tiny_llama's and tiny_mixtral's
  # greedy text is " the the the ...", too few distinct bytes to tell much; windows of 64 tokens
  # (the prompt and the 40 new ones fit) halve the training time.
