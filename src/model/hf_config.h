@@ -1,6 +1,6 @@
 // Reading a Hugging Face config.json's fields, each checked for its type, with errors naming the
 // file (`source`) and the key: shared by the GPT-2 and the Llama-family imports (hf_gpt2.h,
-// hf_llama.h).
+// hf_llama.h); and the folder's other files that import and export carry unchanged.
 #pragma once
 
 #include <array>
