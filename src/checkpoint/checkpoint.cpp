@@ -120,6 +120,7 @@ std::string commit_checkpoint(const std::string& checkpoints_dir, int64_t step, 
     fs::path target = partial / fs::path(file).filename();
     write_file_durable(target.string(), read_file(file));
   }
+  for (const auto& [name, bytes] : contents.extra_texts) write_file_durable((partial / name).string(), bytes);
 
   nlohmann::json meta = contents.meta;
   meta["format_version"] = kCheckpointFormatVersion;

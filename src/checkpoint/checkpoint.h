@@ -90,6 +90,7 @@ struct CheckpointContents {
   NamedTensors optimizer;
   nlohmann::json meta;                  // caller's fields; save adds format_version, step, files
   std::vector<std::string> extra_files;  // copied in by name (e.g. tokenizer.json)
+  std::vector<std::pair<std::string, std::string>> extra_texts;  // name, bytes: written in as files
   int64_t compression_ranks = 0;         // > 0: compression-<r>-of-<N> files every rank wrote
   int64_t model_shards = 0;              // > 0: model-<r+1>-of-<N> files every rank wrote; `model` unused
 };

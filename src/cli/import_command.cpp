@@ -71,18 +71,6 @@ StagedTokenizer stage_tokenizer(const fs::path& dir, const fs::path& staging, in
   return staged;
 }
 
-// The folder's files that travel with the model unchanged (model/hf_config.h), each checked to
-// be JSON.
-std::vector<std::string> carried_files(const fs::path& dir) {
-  std::vector<std::string> files;
-  for (const char* name : kHfCarriedFiles)
-    if (fs::is_regular_file(dir / name)) {
-      read_json_file((dir / name).string());
-      files.push_back((dir / name).string());
-    }
-  return files;
-}
-
 }  // namespace
 
 Command add_import_command(CLI::App& app) {
@@ -119,7 +107,7 @@ Command add_import_command(CLI::App& app) {
     contents.model = export_state(*model);
     const StagedTokenizer tokenizer = stage_tokenizer(dir, staging, config.model.vocab_size);
     contents.extra_files = tokenizer.files;
-    for (std::string& file : carried_files(dir)) contents.extra_files.push_back(std::move(file));
+    for (std::string& file : hf_carried_files(dir.string())) contents.extra_files.push_back(std::move(file));
     contents.meta = {{"config", config.to_toml_string()},
                      {"imported_from", fs::absolute(dir).lexically_normal().string()},
                      {"torch_version", TORCH_VERSION}};

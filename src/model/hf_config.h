@@ -5,11 +5,14 @@
 
 #include <array>
 #include <cstdint>
+#include <filesystem>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_file.h"
 
 namespace tessera {
 
@@ -17,6 +20,19 @@ namespace tessera {
 // --hf` copies those present into the checkpoint and `tessera export --hf` writes them back.
 inline constexpr std::array<const char*, 3> kHfCarriedFiles = {"generation_config.json", "tokenizer_config.json",
                                                                "special_tokens_map.json"};
+
+// The paths of those of them in directory `dir` (a folder or a checkpoint), each read once to check
+// that it is JSON (the error names the file).
+inline std::vector<std::string> hf_carried_files(const std::string& dir) {
+  std::vector<std::string> files;
+  for (const char* name : kHfCarriedFiles) {
+    const std::string path = dir + "/" + name;
+    if (!std::filesystem::is_regular_file(path)) continue;
+    read_json_file(path);
+    files.push_back(path);
+  }
+  return files;
+}
 
 // `key` as a positive integer (required).
 inline int64_t hf_int(const nlohmann::json& config, const char* key, const std::string& source) {

@@ -76,6 +76,7 @@ void Trainer::State::write_checkpoint(Progress& progress) {
     fs::path file = fs::path(c.data.path) / name;
     if (fs::exists(file)) contents.extra_files.push_back(file.string());
   }
+  contents.extra_texts = carried_files;
   if (!distributed) {
     contents.model = trainer->model_state();
     contents.optimizer = trainer->training_state();

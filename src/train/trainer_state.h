@@ -38,6 +38,11 @@ struct Trainer::State {
   int64_t tokens_seen = 0;
   double elapsed_before = 0;  // seconds trained before this process (resume)
   std::vector<std::string> start_notes;  // printed once the progress line exists
+  // An imported model's Hugging Face files (model/hf_config.h: generation_config.json, ...) as the
+  // checkpoint this run started from (init_from or resume) held them, read at the start (that
+  // checkpoint may be pruned later): every checkpoint of the run writes them, so `tessera export
+  // --hf` gives them back after fine-tuning.
+  std::vector<std::pair<std::string, std::string>> carried_files;
 
   // Set by run().
   bool lead = true;          // rank 0: writes the run's files and commits checkpoints

@@ -9,7 +9,9 @@
       (tokenizer.json, tokenizer_config.json, special_tokens_map.json) and a generation_config.json
       goes through `tessera import --hf`: `tessera generate` with the checkpoint's own tokenizer
       writes the text transformers' greedy generate() decodes, and `tessera export --hf` writes the
-      four files back byte for byte, so AutoTokenizer and GenerationConfig read them as before.
+      four files back byte for byte, so AutoTokenizer and GenerationConfig read them as before;
+      so does the export of a run fine-tuned from the import (`train --init-from`) on data prepared
+      with the folder's tokenizer.
   Export.TesseraCheckpointLoadsInTransformersWithTheSameGreedyText
       A model tessera trained, written by `tessera export --hf`, loads with from_pretrained and
       greedy-decodes what `tessera generate` writes from the checkpoint.
@@ -162,6 +164,22 @@ def llama_import_case():
     if transformers.GenerationConfig.from_pretrained(exported).to_dict() != model.generation_config.to_dict():
         sys.exit("export --hf: the exported generation_config.json reads differently")
     print(f"export (llama): {', '.join(carried)} written back byte for byte")
+
+    # Fine-tuned on data prepared with the folder's tokenizer, the model exports with the same files.
+    data, run, tuned = (os.path.join(WORK, name) for name in ("data", "run", "tuned"))
+    tessera("prepare", "--input", os.path.join(SOURCE, "data/kjv/genesis_to_ruth.txt"), "--out", data,
+            "--tokenizer", f"hf:{folder}")
+    settings = os.path.join(WORK, "fine_tune.toml")  # no [model]: the import's holds
+    with open(settings, "w") as f:
+        f.write(f'[data]\npath = "{data}"\n\n[train]\nsteps = 2\nseq_len = 64\nbatch_size = 2\n\n'
+                '[eval]\nevery = 0\n')
+    tessera("train", "--config", settings, "--init-from", out, "--out", run)
+    print(tessera("export", "--checkpoint", run, "--hf", tuned).decode())
+    for name in carried:
+        with open(os.path.join(folder, name), "rb") as a, open(os.path.join(tuned, name), "rb") as b:
+            if a.read() != b.read():
+                sys.exit(f"export --hf after fine-tuning: {name} differs from the imported folder's")
+    print(f"export after fine-tuning (llama): {', '.join(carried)} written back byte for byte")
 
 
 def export_case(config="tiny_gpt", what="export", steps=60, seq_len=128):
