@@ -107,7 +107,7 @@ Command add_import_command(CLI::App& app) {
     contents.model = export_state(*model);
     const StagedTokenizer tokenizer = stage_tokenizer(dir, staging, config.model.vocab_size);
     contents.extra_files = tokenizer.files;
-    for (std::string& file : hf_carried_files(dir.string())) contents.extra_files.push_back(std::move(file));
+    contents.extra_texts = hf_carried_files(dir.string());
     contents.meta = {{"config", config.to_toml_string()},
                      {"imported_from", fs::absolute(dir).lexically_normal().string()},
                      {"torch_version", TORCH_VERSION}};

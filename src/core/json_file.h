@@ -1,4 +1,4 @@
-// Reading a JSON file with an error that names it.
+// Reading JSON (a file, or text read from one) with an error that names its source.
 #pragma once
 
 #include <string>
@@ -10,14 +10,17 @@
 
 namespace tessera {
 
-// The parsed contents of `path`; throws tessera::Error "<path>: malformed JSON (...)" or the
-// read error naming the path.
-inline nlohmann::json read_json_file(const std::string& path) {
+// `text` parsed; throws tessera::Error "<source>: malformed JSON (...)".
+inline nlohmann::json parse_json(const std::string& text, const std::string& source) {
   try {
-    return nlohmann::json::parse(read_file(path));
+    return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    fail(path, ": malformed JSON (", e.what(), ")");
+    fail(source, ": malformed JSON (", e.what(), ")");
   }
 }
+
+// The parsed contents of `path`; throws tessera::Error "<path>: malformed JSON (...)" or the
+// read error naming the path.
+inline nlohmann::json read_json_file(const std::string& path) { return parse_json(read_file(path), path); }
 
 }  // namespace tessera

@@ -193,8 +193,8 @@ torch::autograd::Engine& hooking_engine() {
   return *engine;
 }
 
-// libtorch's C++ default engine is whatever its engine stub returns (torch's Python engine
-// installs itself the same way); from here on, this one.
+// Makes the hooking engine libtorch's default: Engine::get_default_engine() returns what the
+// engine stub returns, and torch's Python engine installs itself the same way.
 void install_hooking_engine() {
   static std::once_flag once;
   std::call_once(once, [] { torch::autograd::set_default_engine_stub(&hooking_engine); });

@@ -3,11 +3,11 @@
 // While a SavedActivationScope lives on a thread, every tensor autograd saves on that thread (in
 // any operation's backward node, custom functions included) goes through a pack hook: libtorch's
 // saved-tensor hooks (torch/csrc/autograd/saved_variable_hooks.h), which the C++ engine asks for
-// through Engine::get_default_saved_variable_hooks. The first scope makes libtorch's default
-// engine one that answers it (through torch::autograd::set_default_engine_stub, the way torch's
-// Python engine replaces the C++ one); outside a scope that engine answers none, so saving is
-// what it was. Backwards run before the first scope ran on libtorch's own engine, which stays
-// idle after.
+// through Engine::get_default_saved_variable_hooks. The first scope replaces libtorch's default
+// engine with one that answers it, through torch::autograd::set_default_engine_stub (as torch's
+// Python engine replaces the C++ one). Outside a scope the new engine answers no hooks, so saving
+// is what it was. A backward that ran before the first scope used libtorch's own engine, whose
+// threads then stay idle.
 //
 // The pack hook sorts what is saved:
 // - a weight: a parameter of the scope's module, a view of one (the storage is a parameter's), or

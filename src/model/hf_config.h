@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -21,15 +22,16 @@ namespace tessera {
 inline constexpr std::array<const char*, 3> kHfCarriedFiles = {"generation_config.json", "tokenizer_config.json",
                                                                "special_tokens_map.json"};
 
-// The paths of those of them in directory `dir` (a folder or a checkpoint), each read once to check
-// that it is JSON (the error names the file).
-inline std::vector<std::string> hf_carried_files(const std::string& dir) {
-  std::vector<std::string> files;
+// Those of them in directory `dir` (a folder or a checkpoint) as name and bytes (what
+// CheckpointContents::extra_texts writes), each checked to be JSON (the error names the file).
+inline std::vector<std::pair<std::string, std::string>> hf_carried_files(const std::string& dir) {
+  std::vector<std::pair<std::string, std::string>> files;
   for (const char* name : kHfCarriedFiles) {
     const std::string path = dir + "/" + name;
     if (!std::filesystem::is_regular_file(path)) continue;
-    read_json_file(path);
-    files.push_back(path);
+    std::string bytes = read_file(path);
+    parse_json(bytes, path);
+    files.emplace_back(name, std::move(bytes));
   }
   return files;
 }

@@ -65,8 +65,9 @@ at::Tensor import_tensor(const ModelOptions& o, const std::string& param, const 
   at::Tensor value = transposed && stored.dim() == 2 ? stored.t() : stored;
   // An embedding or an untied head without the padded rows (an exported or Hugging Face file):
   // zeros fill them (the model never reads them: model.vocab_multiple).
-  if ((param == "wte.weight" || param == "lm_head.weight") && value.dim() == 2 && expected.size() == 2 && value.size(0) == o.vocab_size &&
-      expected[0] == o.padded_vocab() && value.size(1) == expected[1] && o.padded_vocab() > o.vocab_size)
+  if ((param == "wte.weight" || param == "lm_head.weight") && value.dim() == 2 && expected.size() == 2 &&
+      value.size(0) == o.vocab_size && expected[0] == o.padded_vocab() && value.size(1) == expected[1] &&
+      o.padded_vocab() > o.vocab_size)
     value = at::cat({value, at::zeros({o.padded_vocab() - o.vocab_size, value.size(1)}, value.options())});
   if (value.sizes() != expected) {
     const std::vector<int64_t> stored_shape =

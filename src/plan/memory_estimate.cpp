@@ -97,9 +97,10 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   // schedule holds at once (in units of one stage's; 1 without a pipeline).
   const double chunks = stage.whole() ? 1.0 : static_cast<double>(stage.chunks.size());
   const double per_stage_blocks = static_cast<double>(blocks) / chunks;
-  e.activation_bytes_per_token =
-      per_layer * activation_codec_bytes_per_element(parse_activation_codec(config.memory.activation_compression),
-                                                     half ? 2 : 4) / 2 * per_stage_blocks * held;
+  // per_layer counts 2-byte elements; the codec says what each element of this precision takes.
+  const double element_bytes =
+      activation_codec_bytes_per_element(parse_activation_codec(config.memory.activation_compression), half ? 2 : 4);
+  e.activation_bytes_per_token = per_layer / 2 * element_bytes * per_stage_blocks * held;
   e.activation_bytes_per_micro_batch =
       e.activation_bytes_per_token * static_cast<double>(config.train.batch_size * tokens);
   return e;

@@ -140,14 +140,6 @@ void check_step_result(const StepResult& result, int64_t step, int64_t consecuti
          "optim.lr too high, bad data; precision.dtype = bf16 has fp32's range");
 }
 
-// The Hugging Face files an import carried (model/hf_config.h) in checkpoint `dir`: name, bytes.
-std::vector<std::pair<std::string, std::string>> read_carried_files(const std::string& dir) {
-  std::vector<std::pair<std::string, std::string>> files;
-  for (const std::string& path : hf_carried_files(dir))
-    files.emplace_back(fs::path(path).filename().string(), read_file(path));
-  return files;
-}
-
 }  // namespace
 
 Trainer::Trainer(Config config, std::string run_dir, TrainStart start, comm::Mesh* mesh, Collaboration* collaboration)
@@ -183,7 +175,7 @@ Trainer::Trainer(Config config, std::string run_dir, TrainStart start, comm::Mes
     // The weights alone; every rank reads the tensors it keeps.
     const LoadedCheckpoint ckpt = load_checkpoint(start.init_from, false, {}, /*with_model=*/false);
     load_model_weights(*s.trainer, ckpt);
-    s.carried_files = read_carried_files(ckpt.dir);
+    s.carried_files = hf_carried_files(ckpt.dir);
     s.start_notes.push_back("initialized from the model of " + ckpt.dir + " (step 0, a fresh optimizer)");
   }
   nlohmann::json collaboration_meta;  // a resumed peer's swarm state
@@ -205,7 +197,7 @@ Trainer::Trainer(Config config, std::string run_dir, TrainStart start, comm::Mes
     const std::string optim_file =
         ckpt.dir + (shards > 0 ? "/optimizer-*-of-" + std::to_string(shards) + ".safetensors" : "/optimizer.safetensors");
     load_model_weights(*s.trainer, ckpt);
-    s.carried_files = read_carried_files(ckpt.dir);
+    s.carried_files = hf_carried_files(ckpt.dir);
     s.trainer->load_training_state(ckpt.optimizer, optim_file);
     const std::string note =
         restore_compression(c.parallel, s.mesh ? s.mesh->world_size() : 1, s.rank, *s.trainer, ckpt);
