@@ -19,19 +19,6 @@ namespace {
 
 using Kind = Operation::Kind;
 
-// One block's (or end's) predicted costs for one micro-batch on one rank.
-struct PartCost {
-  double f = 0, i = 0, w = 0;          // the pipeline's F, I, W (recomputation inside I)
-  double compute = 0;                  // forward + backward compute, no collectives, no recomputation
-  double recompute = 0;
-  double tp = 0, sp = 0, ep = 0;       // collectives, forward + backward
-  double parameters = 0;               // weight elements held (operations.h)
-  void operator+=(const PartCost& o) {
-    f += o.f, i += o.i, w += o.w, compute += o.compute, recompute += o.recompute, tp += o.tp, sp += o.sp, ep += o.ep;
-    parameters += o.parameters;
-  }
-};
-
 class Pricer {
  public:
   Pricer(const Config& config, const ParallelDims& dims, const Cluster& cluster)
@@ -159,20 +146,13 @@ void check_modelled(const Config& config) {
   require(p.pp_schedule.rfind("file:", 0) != 0, "tessera plan: parallel.pp_schedule = file:... is not modelled (the built-in schedules are)");
 }
 
-namespace {
-
-// Every block's and end's operations priced for one micro-batch on one rank.
-struct PricedModel {
-  OperationShape shape;
-  std::vector<PartCost> blocks;
-  PartCost embedding, head;
-};
-
-PricedModel price_model(const Config& config, const ParallelDims& dims, const Pricer& pricer,
-                        const CostOptions& options) {
+PricedOperations price_operations(const Config& config, const ParallelDims& dims, const Cluster& cluster,
+                                  const CostOptions& options) {
+  check_modelled(config);
   const ModelOptions& model = config.model;
   const ParallelOptions& p = config.parallel;
-  PricedModel out;
+  const Pricer pricer(config, dims, cluster);
+  PricedOperations out;
   OperationShape& shape = out.shape;
   shape.batch = config.train.batch_size;
   shape.seq_len = config.train.seq_len;
@@ -189,84 +169,85 @@ PricedModel price_model(const Config& config, const ParallelDims& dims, const Pr
   return out;
 }
 
-}  // namespace
+namespace {
 
-MicroBatchWork micro_batch_work(const Config& config, const ParallelDims& dims, const Cluster& cluster,
-                                const CostOptions& options) {
-  check_modelled(config);
-  const PricedModel priced = price_model(config, dims, Pricer(config, dims, cluster), options);
-  PartCost all = priced.embedding;
-  all += priced.head;
-  for (const PartCost& c : priced.blocks) all += c;
-  return {all.f, all.i, all.w};
-}
+// A layout priced up to its step, before any table is built: what the prediction and the lower
+// bound share.
+struct PricedLayout {
+  int64_t m = 1;                    // micro-batches per step
+  PartCost all;                     // one micro-batch of every block and both ends
+  // With a pipeline: the cut, which rank holds each stage (a table's shape, no actions), and the
+  // table's costs: per stage F, B = I + W, I, W, the transfer, one GATHER's fetch and OPTIM (the
+  // reduction's exposed part and the optimizer step).
+  std::optional<StageCut> cut;
+  pipeline::Schedule placement;
+  pipeline::ActionCosts costs;
+  bool gathers = false;             // the table has ZeRO-3's GATHER actions
+  double params = 0;                // weight elements of the rank that holds the most
+  double reduce_exposed = 0, gather_exposed = 0, optimizer = 0;
+  double step_without_pipeline = 0;  // pp = 1: the whole step
+};
 
-double step_lower_bound(const Config& config, const ParallelDims& dims, const MicroBatchWork& work) {
-  const double m = static_cast<double>(config.train.accumulation(dims.dp()));
-  const double p = static_cast<double>(dims.pp());
-  const std::string& schedule = config.parallel.pp_schedule;
-  const double fill = p > 1 && (schedule == "1f1b" || schedule == "gpipe") ? (m + p - 1) / m : 1.0;
-  const double shared = m * work.total() / p * fill;
-  return p > 1 ? std::max(shared, work.forward + work.input_backward) : shared;
-}
-
-Prediction predict_time(const Config& config, const ParallelDims& dims, const Cluster& cluster,
-                        const CostOptions& options) {
-  check_modelled(config);
+PricedLayout price_layout(const Config& config, const ParallelDims& dims, const Cluster& cluster,
+                          const PricedOperations& priced) {
   const ModelOptions& model = config.model;
   const ParallelOptions& p = config.parallel;
-  const Pricer pricer(config, dims, cluster);
-  const PricedModel priced = price_model(config, dims, pricer, options);
   const OperationShape& shape = priced.shape;
-  const std::vector<PartCost>& block_parts = priced.blocks;
-  const PartCost& embedding = priced.embedding;
-  const PartCost& head = priced.head;
-  BlockCosts blocks;
-  for (const PartCost& c : block_parts) {
-    blocks.block_seconds.push_back(c.f + c.i + c.w);
-    blocks.block_activation_bytes.push_back(0);
-    blocks.block_split.push_back({c.f, c.i + c.w, c.i, c.w});
-  }
-  blocks.embedding_seconds = embedding.f + embedding.i + embedding.w;
-  blocks.head_seconds = head.f + head.i + head.w;
-  blocks.embedding_split = {embedding.f, embedding.i + embedding.w, embedding.i, embedding.w};
-  blocks.head_split = {head.f, head.i + head.w, head.i, head.w};
+  PricedLayout out;
+  out.m = config.train.accumulation(dims.dp());
+  out.all = priced.embedding;
+  out.all += priced.head;
+  for (const PartCost& c : priced.blocks) out.all += c;
+  const int64_t m = out.m;
 
-  const int64_t m = config.train.accumulation(dims.dp());
   // Without a pipeline every rank holds every block; with one, the stages of each pipeline rank
-  // (the cut and table below), the largest rank's weights.
+  // (the cut and the placement below), the largest rank's weights.
   const double tied_copy = model.tie_embeddings ? static_cast<double>(model.n_embd) *
                                                       static_cast<double>(model.padded_vocab()) /
                                                       static_cast<double>(dims.tp())
                                                 : 0;
-  double params = embedding.parameters + head.parameters;
-  for (const PartCost& c : block_parts) params += c.parameters;
-  std::optional<StageCut> cut;
-  std::optional<pipeline::Schedule> schedule;
-  pipeline::ActionCosts costs;
+  out.params = out.all.parameters;
   if (dims.pp() > 1) {
-    cut = pipeline_cut(config, dims);
-    add_measured_costs(*cut, blocks);
-    costs.stages = cut->compute;
+    BlockCosts blocks;
+    for (const PartCost& c : priced.blocks) {
+      blocks.block_seconds.push_back(c.f + c.i + c.w);
+      blocks.block_activation_bytes.push_back(0);
+      blocks.block_split.push_back({c.f, c.i + c.w, c.i, c.w});
+    }
+    const PartCost& embedding = priced.embedding;
+    const PartCost& head = priced.head;
+    blocks.embedding_seconds = embedding.f + embedding.i + embedding.w;
+    blocks.head_seconds = head.f + head.i + head.w;
+    blocks.embedding_split = {embedding.f, embedding.i + embedding.w, embedding.i, embedding.w};
+    blocks.head_split = {head.f, head.i + head.w, head.i, head.w};
+    out.cut = pipeline_cut(config, dims);
+    add_measured_costs(*out.cut, blocks);
+    out.costs.stages = out.cut->compute;
+    // The model prices a whole backward as exactly its two halves; summed per stage in another
+    // order they could differ in the last bit, and a B "cheaper" by rounding would make the
+    // builders try whole backwards (schedule_builders.h) for nothing.
+    for (pipeline::ActionCosts::Compute& stage : out.costs.stages) stage.b = stage.i + stage.w;
     const std::vector<int64_t> pp_group = dims.group_of("pp", 0);
     const double transfer_tokens = shape.tokens() / (p.megatron_sp ? static_cast<double>(dims.tp()) : 1.0);
     const double transfer_bytes = transfer_tokens * static_cast<double>(model.n_embd) *
-                                  (p.pp_transfer_dtype == "float32" ? 4 : pricer.element_bytes());
-    costs.transfer = send_seconds(transfer_bytes, cluster.tier({pp_group[0], pp_group[1]}));
-    // The table for these costs (as a run rebuilds zbv's and zbh1's for its measured ones).
-    schedule = pipeline::schedule_for_options(p, dims.pp(), m, layout_gathers(p, dims), costs);
-    params = 0;
+                                  (p.pp_transfer_dtype == "float32" ? 4 : static_cast<double>(shape.element_bytes));
+    out.costs.transfer = send_seconds(transfer_bytes, cluster.tier({pp_group[0], pp_group[1]}));
+    out.placement.pp = dims.pp();
+    out.placement.v = p.pipeline_virtual();
+    out.placement.placement = pipeline::placement_of(p.pp_schedule);
+    out.params = 0;
     for (int64_t rank = 0; rank < dims.pp(); ++rank) {
       double held = 0;
-      for (int64_t s = 0; s < cut->stages(); ++s) {
-        if (schedule->rank_of(s) != rank) continue;
-        for (int64_t b = cut->boundaries[s]; b < cut->boundaries[s + 1]; ++b) held += block_parts[b].parameters;
+      for (int64_t s = 0; s < out.cut->stages(); ++s) {
+        if (out.placement.rank_of(s) != rank) continue;
+        for (int64_t b = out.cut->boundaries[s]; b < out.cut->boundaries[s + 1]; ++b) held += priced.blocks[b].parameters;
         if (s == 0) held += embedding.parameters;
-        if (s == cut->stages() - 1) held += head.parameters + tied_copy;
+        if (s == out.cut->stages() - 1) held += head.parameters + tied_copy;
       }
-      params = std::max(params, held);
+      out.params = std::max(out.params, held);
     }
   }
+  const double params = out.params;
 
   // The gradient reduction over the data replicas, and ZeRO's parameter gathers.
   const std::vector<int64_t> replicas = dims.group_of(replica_group_name(dims), 0);
@@ -285,52 +266,110 @@ Prediction predict_time(const Config& config, const ParallelDims& dims, const Cl
   if (p.zero_stage == 3) gather_per_pass = all_gather_seconds(params * param_bytes, n_replicas, replica_tier);
   const double shard = p.zero_stage >= 1 ? static_cast<double>(n_replicas) : 1.0;
   const double bandwidth = 1e9 * cluster.device.memory_gbs / cluster.cluster.slowdown(dims.world_size());
-  const double optimizer = params / shard * optimizer_bytes_per_element(config) / bandwidth +
-                           params * grad_bytes / bandwidth;  // + the clipping norm
+  out.optimizer = params / shard * optimizer_bytes_per_element(config) / bandwidth +
+                  params * grad_bytes / bandwidth;  // + the clipping norm
   const double bucket = std::min(p.bucket_mb * 1e6, params * grad_bytes) / replica_tier.bandwidth_bytes_per_s;
+
+  if (dims.pp() == 1) {
+    const double forward = out.all.f, backward = out.all.i + out.all.w;
+    // The bucketed reduction runs beside the last micro-batch's backward (every micro-batch's
+    // under ZeRO-2/3); its last bucket only after it.
+    if (reduce_per_micro_batch > 0)
+      out.reduce_exposed = static_cast<double>(m) * (std::max(0.0, reduce_per_micro_batch - backward) + bucket);
+    out.reduce_exposed +=
+        (reduce_per_step > 0 ? std::max(0.0, reduce_per_step - backward) + bucket : 0) + gather_after_step;
+    if (gather_per_pass > 0) {
+      const double one_block = gather_per_pass / static_cast<double>(model.n_layer);
+      out.gather_exposed = static_cast<double>(m) * (std::max(0.0, gather_per_pass - forward) +
+                                                     std::max(0.0, gather_per_pass - backward) + 2 * one_block);
+    }
+    out.step_without_pipeline = static_cast<double>(m) * (forward + backward) + out.reduce_exposed +
+                                out.gather_exposed + out.optimizer;
+  } else {
+    out.gathers = layout_gathers(p, dims) != pipeline::Gathers::none;
+    out.costs.gather = gather_per_pass / static_cast<double>(out.placement.v);
+    // The reduction overlaps the rank's last backward of each stage; what is left, and the
+    // optimizer step, is the OPTIM action.
+    double last_backward = 0;
+    for (const auto& stage : out.cut->compute) last_backward = std::max(last_backward, stage.i + stage.w);
+    out.reduce_exposed = std::max(0.0, reduce_per_step - last_backward) +
+                         static_cast<double>(m) * std::max(0.0, reduce_per_micro_batch - last_backward) + bucket +
+                         gather_after_step;
+    out.costs.optim = out.reduce_exposed + out.optimizer;
+  }
+  return out;
+}
+
+// step_lower_bound's with a pipeline (cost_model.h lists its terms).
+double pipeline_lower_bound(const Config& config, const PricedLayout& layout) {
+  const std::string& name = config.parallel.pp_schedule;
+  const std::vector<pipeline::ActionCosts::Compute>& stage = layout.costs.stages;
+  const int64_t stages = static_cast<int64_t>(stage.size());
+  const pipeline::Schedule& at = layout.placement;
+  const double m = static_cast<double>(layout.m), p = static_cast<double>(at.pp);
+  const bool split = name == "zbh1" || name == "zbv" || name == "dualpipev";
+  const double start = layout.gathers ? layout.costs.gather : 0;
+  std::vector<double> head(static_cast<size_t>(at.pp), 1e300), work(static_cast<size_t>(at.pp), 0);
+  double forward_chain = start, backward_chain = 0, largest_f = 0, largest_back = 0, total = 0;
+  for (int64_t s = 0; s < stages; ++s) {
+    const double cross = s + 1 < stages && at.rank_of(s) != at.rank_of(s + 1) ? layout.costs.transfer : 0;
+    const double back = split ? stage[s].i : stage[s].b;
+    const int64_t r = at.rank_of(s);
+    head[r] = std::min(head[r], forward_chain);
+    work[r] += m * (stage[s].f + stage[s].b);
+    forward_chain += stage[s].f + cross;
+    backward_chain += back + cross;
+    largest_f = std::max(largest_f, stage[s].f);
+    largest_back = std::max(largest_back, back);
+    total += stage[s].f + stage[s].b;
+  }
+  double bound = forward_chain + backward_chain + (split ? stage[0].w : 0) + (m - 1) * std::max(largest_f, largest_back);
+  for (int64_t r = 0; r < at.pp; ++r) bound = std::max(bound, head[r] + work[r]);
+  if (name == "1f1b" || name == "gpipe") bound = std::max(bound, total * (m + p - 1) / p);
+  return bound + layout.costs.optim;
+}
+
+}  // namespace
+
+double step_lower_bound(const Config& config, const ParallelDims& dims, const Cluster& cluster,
+                        const PricedOperations& priced) {
+  const PricedLayout layout = price_layout(config, dims, cluster, priced);
+  return dims.pp() == 1 ? layout.step_without_pipeline : pipeline_lower_bound(config, layout);
+}
+
+Prediction predict_time(const Config& config, const ParallelDims& dims, const Cluster& cluster,
+                        const CostOptions& options, const PricedOperations* shared) {
+  check_modelled(config);
+  const ModelOptions& model = config.model;
+  const ParallelOptions& p = config.parallel;
+  const PricedOperations own = shared ? PricedOperations{} : price_operations(config, dims, cluster, options);
+  const PricedOperations& priced = shared ? *shared : own;
+  const PricedLayout layout = price_layout(config, dims, cluster, priced);
+  const int64_t m = layout.m;
 
   Prediction out;
   out.micro_batches = m;
   PartCost rank_total;  // one micro-batch of the critical rank's parts
-  double reduce_exposed = 0, gather_exposed = 0, bubble = 0;
+  double bubble = 0;
   if (dims.pp() == 1) {
-    for (const PartCost& c : block_parts) rank_total += c;
-    rank_total += embedding;
-    rank_total += head;
-    const double forward = rank_total.f, backward = rank_total.i + rank_total.w;
-    // The bucketed reduction runs beside the last micro-batch's backward (every micro-batch's
-    // under ZeRO-2/3); its last bucket only after it.
-    if (reduce_per_micro_batch > 0)
-      reduce_exposed = static_cast<double>(m) * (std::max(0.0, reduce_per_micro_batch - backward) + bucket);
-    reduce_exposed += (reduce_per_step > 0 ? std::max(0.0, reduce_per_step - backward) + bucket : 0) + gather_after_step;
-    if (gather_per_pass > 0) {
-      const double one_block = gather_per_pass / static_cast<double>(model.n_layer);
-      gather_exposed = static_cast<double>(m) * (std::max(0.0, gather_per_pass - forward) +
-                                                 std::max(0.0, gather_per_pass - backward) + 2 * one_block);
-    }
-    out.step_s = static_cast<double>(m) * (forward + backward) + reduce_exposed + gather_exposed + optimizer;
+    rank_total = layout.all;
+    out.step_s = layout.step_without_pipeline;
   } else {
-    const int64_t v = p.pipeline_virtual();
-    costs.gather = gather_per_pass / static_cast<double>(v);
-    // The reduction overlaps the rank's last backward of each stage; what is left, and the
-    // optimizer step, is the OPTIM action.
-    double last_backward = 0;
-    for (const auto& stage : cut->compute) last_backward = std::max(last_backward, stage.i + stage.w);
-    reduce_exposed = std::max(0.0, reduce_per_step - last_backward) +
-                     static_cast<double>(m) * std::max(0.0, reduce_per_micro_batch - last_backward) + bucket +
-                     gather_after_step;
-    costs.optim = reduce_exposed + optimizer;
-    const pipeline::Simulation sim = pipeline::simulate_schedule(*schedule, costs);
+    // The table for these costs (as a run rebuilds zbv's and zbh1's for its measured ones).
+    const pipeline::Schedule schedule =
+        pipeline::schedule_for_options(p, dims.pp(), m, layout_gathers(p, dims), layout.costs);
+    const pipeline::Simulation sim = pipeline::simulate_schedule(schedule, layout.costs);
     require(sim.stuck.empty(), "internal: the planner's pipeline table did not run to its end");
     out.step_s = sim.step_time;
     const int64_t critical = std::max_element(sim.busy.begin(), sim.busy.end()) - sim.busy.begin();
-    for (int64_t s = 0; s < cut->stages(); ++s) {
-      if (schedule->rank_of(s) != critical) continue;
-      for (int64_t b = cut->boundaries[s]; b < cut->boundaries[s + 1]; ++b) rank_total += block_parts[b];
-      if (s == 0) rank_total += embedding;
-      if (s == cut->stages() - 1) rank_total += head;
+    const StageCut& cut = *layout.cut;
+    for (int64_t s = 0; s < cut.stages(); ++s) {
+      if (schedule.rank_of(s) != critical) continue;
+      for (int64_t b = cut.boundaries[s]; b < cut.boundaries[s + 1]; ++b) rank_total += priced.blocks[b];
+      if (s == 0) rank_total += priced.embedding;
+      if (s == cut.stages() - 1) rank_total += priced.head;
     }
-    bubble = sim.step_time - sim.busy[critical] - costs.optim;
+    bubble = sim.step_time - sim.busy[critical] - layout.costs.optim;
   }
   const double mb = static_cast<double>(m);
   out.breakdown = {{"compute", mb * rank_total.compute},
@@ -339,9 +378,9 @@ Prediction predict_time(const Config& config, const ParallelDims& dims, const Cl
                    {"sp_communication", mb * rank_total.sp},
                    {"ep_communication", mb * rank_total.ep},
                    {"pipeline_bubble_and_transfers", bubble},
-                   {"zero3_gathers_exposed", gather_exposed},
-                   {"dp_reduction_exposed", reduce_exposed},
-                   {"optimizer", optimizer}};
+                   {"zero3_gathers_exposed", layout.gather_exposed},
+                   {"dp_reduction_exposed", layout.reduce_exposed},
+                   {"optimizer", layout.optimizer}};
   const double tokens = static_cast<double>(config.train.batch_size * config.train.seq_len) * mb *
                         static_cast<double>(dims.dp());
   out.tokens_per_s = tokens / out.step_s;

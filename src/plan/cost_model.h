@@ -40,6 +40,7 @@
 
 #include "config/config.h"
 #include "core/parallel_dims.h"
+#include "model/operations.h"
 #include "plan/cluster.h"
 
 namespace tessera::plan {
@@ -68,31 +69,52 @@ struct Prediction {
 // Refuses (tessera::Error naming the key) what the cost model does not model.
 void check_modelled(const Config& config);
 
-Prediction predict(const Config& config, const ParallelDims& dims, const Cluster& cluster, const CostOptions& options = {});
-// The two halves of predict: the step (from the operations alone: no model is built) and the
-// memory (the estimate builds the model on the meta device and the layout's table: slower), so a
-// search estimates memory only for the layouts it may show.
-Prediction predict_time(const Config& config, const ParallelDims& dims, const Cluster& cluster,
-                        const CostOptions& options = {});
-void add_memory(Prediction& prediction, const Config& config, const ParallelDims& dims, const Cluster& cluster);
-// One micro-batch's F, I and W of the whole model on one rank (every block and both ends, before
-// a pipeline divides them), from its operations alone: no model or table is built.
-struct MicroBatchWork {
-  double forward = 0, input_backward = 0, weight_backward = 0;
-  double total() const { return forward + input_backward + weight_backward; }
+// One block's (or end's) predicted costs for one micro-batch on one rank.
+struct PartCost {
+  double f = 0, i = 0, w = 0;          // the pipeline's F, I, W (recomputation inside I)
+  double compute = 0;                  // forward + backward compute, no collectives, no recomputation
+  double recompute = 0;
+  double tp = 0, sp = 0, ep = 0;       // collectives, forward + backward
+  double parameters = 0;               // weight elements held (operations.h)
+  void operator+=(const PartCost& o) {
+    f += o.f, i += o.i, w += o.w, compute += o.compute, recompute += o.recompute, tp += o.tp, sp += o.sp, ep += o.ep;
+    parameters += o.parameters;
+  }
 };
-MicroBatchWork micro_batch_work(const Config& config, const ParallelDims& dims, const Cluster& cluster,
-                                const CostOptions& options = {});
-// A bound no layout's predicted step falls below, given its micro_batch_work: the larger of
-//   the micro-batches' work shared evenly over the pipeline ranks, under 1F1B and GPipe with the
-//   fill and drain every rank waits through ((m + p - 1) / m: the first micro-batch's forward
-//   crosses every stage and the last one's backward too, so the step is at least (m - 1) times the
-//   largest stage plus every stage once, and the largest is at least the mean);
-//   with a pipeline, one micro-batch's forward and input-gradient backward through every stage in
-//   turn, which no schedule overlaps with itself.
+
+// Every block's and end's operations (model/operations.h) priced for one micro-batch on one rank:
+// the same for layouts that differ only in their schedule and ZeRO stage, so a search prices them
+// once for each tp, pp, Megatron-SP, checkpointing and micro-batch.
+struct PricedOperations {
+  OperationShape shape;
+  std::vector<PartCost> blocks;
+  PartCost embedding, head;
+};
+PricedOperations price_operations(const Config& config, const ParallelDims& dims, const Cluster& cluster,
+                                  const CostOptions& options = {});
+
+Prediction predict(const Config& config, const ParallelDims& dims, const Cluster& cluster, const CostOptions& options = {});
+// The two halves of predict: the step (from the operations alone: no model is built; `priced`:
+// the layout's price_operations where the caller has it) and the memory (the estimate builds the
+// model on the meta device and the layout's table: slower), so a search estimates memory only for
+// the layouts it may show.
+Prediction predict_time(const Config& config, const ParallelDims& dims, const Cluster& cluster,
+                        const CostOptions& options = {}, const PricedOperations* priced = nullptr);
+void add_memory(Prediction& prediction, const Config& config, const ParallelDims& dims, const Cluster& cluster);
+// A bound no layout's predicted step falls below, from the same prices without building its table:
+// without a pipeline the step itself; with one, the OPTIM action (the reduction's exposed part and
+// the optimizer step, which every rank runs last) after the largest of
+//   a rank's work (m micro-batches of each of its stages) after the first forward reaches its
+//   earliest stage;
+//   the forward through every stage then the input gradients back (the transfers between ranks
+//   included), with m - 1 more of the largest stage's forward or input gradient (the micro-batch
+//   that leaves that stage last waits behind the others there) and stage 0's last W;
+//   under 1F1B and GPipe, the fill and drain every rank waits through ((m - 1) times the largest
+//   stage plus every stage once, the largest at least the mean).
 // The search predicts layouts in the order of this bound and stops where it passes the best it
 // must show.
-double step_lower_bound(const Config& config, const ParallelDims& dims, const MicroBatchWork& work);
+double step_lower_bound(const Config& config, const ParallelDims& dims, const Cluster& cluster,
+                        const PricedOperations& priced);
 
 // Collective times on `tier` for a group of `n` ranks (ring algorithms; bytes of the whole buffer):
 // all-reduce 2 (n-1)/n bytes / bandwidth + 2 (n-1) latency; all-gather, reduce-scatter and

@@ -73,9 +73,16 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
   const bool moe = model.ffn == "moe";
 
   SearchResult result;
-  // One micro-batch's work depends on the degrees and keys that change the operations, not on the
+  // One micro-batch's operations depend on the degrees and keys that change them, not on the
   // schedule or the ZeRO stage: priced once per combination.
-  std::map<std::tuple<int64_t, int64_t, bool, std::string, int64_t>, MicroBatchWork> work;
+  std::map<std::tuple<int64_t, int64_t, bool, std::string, int64_t>, PricedOperations> operations;
+  auto priced_for = [&](const Config& c, const ParallelDims& dims) -> const PricedOperations& {
+    const auto key = std::make_tuple(dims.tp(), dims.pp(), c.parallel.megatron_sp, c.memory.activation_checkpointing,
+                                     c.train.batch_size);
+    auto it = operations.find(key);
+    if (it == operations.end()) it = operations.emplace(key, price_operations(c, dims, cluster, options)).first;
+    return it->second;
+  };
   auto consider = [&](Config c, std::vector<std::pair<std::string, std::string>> set) {
     ++result.considered;
     try {
@@ -84,12 +91,8 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
       if (global % (c.train.batch_size * dims.dp()) != 0) fail("the global batch does not divide");
       c.train.global_batch_size = global;
       c.train.grad_accum = 1;
-      const auto key = std::make_tuple(dims.tp(), dims.pp(), c.parallel.megatron_sp, c.memory.activation_checkpointing,
-                                       c.train.batch_size);
-      auto it = work.find(key);
-      if (it == work.end()) it = work.emplace(key, micro_batch_work(c, dims, cluster, options)).first;
       Prediction bound;
-      bound.step_s = step_lower_bound(c, dims, it->second);
+      bound.step_s = step_lower_bound(c, dims, cluster, priced_for(c, dims));
       result.layouts.push_back({std::move(c), dims, std::move(bound), std::move(set)});
     } catch (const std::exception& e) {
       if (result.refused++ == 0) result.first_refusal = e.what();
@@ -179,7 +182,7 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
         continue;
       add_memory(memory, c.config, c.dims, cluster);
       if (!memory.fits && full(too_large) && bound >= too_large.back().prediction.step_s) continue;
-      c.prediction = predict_time(c.config, c.dims, cluster, options);
+      c.prediction = predict_time(c.config, c.dims, cluster, options, &priced_for(c.config, c.dims));
     } catch (const std::exception& e) {
       if (result.refused++ == 0) result.first_refusal = e.what();
       continue;

@@ -300,6 +300,10 @@ const std::vector<std::string>& schedule_names() {
   return names;
 }
 
+Placement placement_of(const std::string& name) {
+  return name == "zbv" || name == "dualpipev" ? Placement::vee : Placement::loop;
+}
+
 Schedule forward_only_schedule(const Schedule& like, int64_t micro_batches) {
   Schedule s;
   s.name = like.name + " (forward only)";

@@ -50,6 +50,8 @@ namespace tessera::pipeline {
 
 // The names build_schedule knows.
 const std::vector<std::string>& schedule_names();
+// Where the built-in `name` puts its stages: vee for zbv and dualpipev, loop for the others.
+Placement placement_of(const std::string& name);
 
 // `name` with `pp` ranks, `micro_batches` micro-batches and `v` stages per rank (interleaved: >= 2;
 // zbv: 2; the others: 1). `costs` (per stage where given) are what zbv's list scheduler places the

@@ -118,53 +118,51 @@ Simulation simulate_schedule(const Schedule& s, const ActionCosts& costs) {
     for (const Action& a : row) micro_batches = std::max(micro_batches, a.micro + 1);
   EventTimes done(s.stages(), micro_batches);
 
-  // The time the inputs of `a` on rank r are ready, or -1 when one has not happened yet; `why`
-  // names the missing one.
-  auto ready_time = [&](int64_t r, const Action& a, std::string& why) -> double {
-    EventKey needs_buffer[2];
+  // The time the inputs of `a` on rank r are ready, or -1 when one has not happened yet, with
+  // `missing` set to it (the hot path: no text is built here).
+  auto ready_time = [&](int64_t r, const Action& a, EventKey& missing) -> double {
+    EventKey needs[2];
     int n_needs = 0;
-    struct Needs {
-      EventKey* keys;
-      int& n;
-      void emplace_back(Op op, int64_t stage, int64_t micro) { keys[n++] = EventKey{op, stage, micro}; }
-    } needs{needs_buffer, n_needs};
+    auto need = [&](Op op, int64_t stage, int64_t micro) { needs[n_needs++] = EventKey{op, stage, micro}; };
     switch (a.op) {
       case Op::F:
-        if (a.stage > 0 && s.rank_of(a.stage - 1) == r) needs.emplace_back(Op::F, a.stage - 1, a.micro);
-        if (a.stage > 0 && s.rank_of(a.stage - 1) != r) needs.emplace_back(Op::RecvF, a.stage, a.micro);
+        if (a.stage > 0 && s.rank_of(a.stage - 1) == r) need(Op::F, a.stage - 1, a.micro);
+        if (a.stage > 0 && s.rank_of(a.stage - 1) != r) need(Op::RecvF, a.stage, a.micro);
         break;
       case Op::B:
       case Op::I:
-        needs.emplace_back(Op::F, a.stage, a.micro);
-        if (a.stage + 1 < s.stages() && s.rank_of(a.stage + 1) == r) needs.emplace_back(Op::I, a.stage + 1, a.micro);
-        if (a.stage + 1 < s.stages() && s.rank_of(a.stage + 1) != r) needs.emplace_back(Op::RecvB, a.stage, a.micro);
+        need(Op::F, a.stage, a.micro);
+        if (a.stage + 1 < s.stages() && s.rank_of(a.stage + 1) == r) need(Op::I, a.stage + 1, a.micro);
+        if (a.stage + 1 < s.stages() && s.rank_of(a.stage + 1) != r) need(Op::RecvB, a.stage, a.micro);
         break;
-      case Op::W: needs.emplace_back(Op::I, a.stage, a.micro); break;
-      case Op::SendF: needs.emplace_back(Op::F, a.stage, a.micro); break;
-      case Op::SendB: needs.emplace_back(Op::I, a.stage, a.micro); break;
-      case Op::RecvF: needs.emplace_back(Op::SendF, a.stage - 1, a.micro); break;
-      case Op::RecvB: needs.emplace_back(Op::SendB, a.stage + 1, a.micro); break;
+      case Op::W: need(Op::I, a.stage, a.micro); break;
+      case Op::SendF: need(Op::F, a.stage, a.micro); break;
+      case Op::SendB: need(Op::I, a.stage, a.micro); break;
+      case Op::RecvF: need(Op::SendF, a.stage - 1, a.micro); break;
+      case Op::RecvB: need(Op::SendB, a.stage + 1, a.micro); break;
       case Op::Gather:
       case Op::Release: break;
       case Op::Optim: return sent[r];
     }
     double ready = 0;
     for (int k = 0; k < n_needs; ++k) {
-      const EventKey& key = needs_buffer[k];
-      const double at = done.find(key);
+      const double at = done.find(needs[k]);
       if (at < 0) {
-        const auto& [op, stage, micro] = key;
-        const std::string shown =
-            Action{op == Op::I && !s.split_backward(stage, micro) ? Op::B : op, stage, micro}.str();
-        if (op == Op::RecvF || op == Op::RecvB) why = "its receive " + shown;
-        else if (op == Op::SendF || op == Op::SendB) why = "the send " + shown + " on rank " + std::to_string(s.rank_of(stage));
-        else if (s.rank_of(stage) == r) why = shown + ", which does not come before it on this rank";
-        else why = shown + " on rank " + std::to_string(s.rank_of(stage));
+        missing = needs[k];
         return -1;
       }
       ready = std::max(ready, at);
     }
     return ready;
+  };
+  // What a blocked rank r waits for, in words (for the stuck list only).
+  auto waits_for = [&](int64_t r, const EventKey& key) {
+    const auto& [op, stage, micro] = key;
+    const std::string shown = Action{op == Op::I && !s.split_backward(stage, micro) ? Op::B : op, stage, micro}.str();
+    if (op == Op::RecvF || op == Op::RecvB) return "its receive " + shown;
+    if (op == Op::SendF || op == Op::SendB) return "the send " + shown + " on rank " + std::to_string(s.rank_of(stage));
+    if (s.rank_of(stage) == r) return shown + ", which does not come before it on this rank";
+    return shown + " on rank " + std::to_string(s.rank_of(stage));
   };
 
   for (bool progress = true; progress;) {
@@ -172,8 +170,8 @@ Simulation simulate_schedule(const Schedule& s, const ActionCosts& costs) {
     for (int64_t r = 0; r < pp; ++r) {
       while (next[r] < static_cast<int64_t>(s.ranks[r].size())) {
         const Action& a = s.ranks[r][next[r]];
-        std::string why;
-        const double ready = ready_time(r, a, why);
+        EventKey missing;
+        const double ready = ready_time(r, a, missing);
         if (ready < 0) break;
         if (a.op == Op::SendF || a.op == Op::SendB) {
           const double start = std::max(clock[r], ready);
@@ -222,9 +220,9 @@ Simulation simulate_schedule(const Schedule& s, const ActionCosts& costs) {
   for (int64_t r = 0; r < pp; ++r) {
     sim.step_time = std::max(sim.step_time, clock[r]);
     if (next[r] < static_cast<int64_t>(s.ranks[r].size())) {
-      std::string why;
-      ready_time(r, s.ranks[r][next[r]], why);
-      sim.stuck.push_back({r, next[r], why});
+      EventKey missing;
+      ready_time(r, s.ranks[r][next[r]], missing);
+      sim.stuck.push_back({r, next[r], waits_for(r, missing)});
     }
   }
   return sim;

@@ -1,7 +1,6 @@
 // Schedule validation (validate.h).
 #include "parallel/pipeline/validate.h"
 
-#include <map>
 #include <sstream>
 #include <tuple>
 
@@ -24,8 +23,34 @@ std::string schedule_title(const Schedule& s) {
        " (position ", index, "): ", what, "\n", format_grid(s, !comm, rank, index));
 }
 
-// Where each action of a kind stands: (op, stage, micro) -> (rank, index), refusing duplicates.
-using Where = std::map<std::tuple<Op, int64_t, int64_t>, std::pair<int64_t, int64_t>>;
+// Where each compute and transfer action stands, (op, stage, micro) -> (rank, index), in a flat
+// table (a search validates thousands of tables): the first eight ops of Op, every stage and
+// micro-batch.
+class Where {
+ public:
+  static constexpr int64_t kKinds = 8;  // F, B, I, W, SendF, RecvF, SendB, RecvB
+  static_assert(static_cast<int64_t>(Op::RecvB) == kKinds - 1, "the transfers end Op's compute and transfer kinds");
+  Where(int64_t stages, int64_t micro_batches)
+      : stages_(stages), micro_(micro_batches), at_(static_cast<size_t>(kKinds * stages * micro_batches), {-1, -1}) {}
+  // False when the action already has a place.
+  bool emplace(const Action& a, int64_t rank, int64_t index) {
+    auto& slot = at_[slot_of(a.op, a.stage, a.micro)];
+    if (slot.first >= 0) return false;
+    slot = {rank, index};
+    return true;
+  }
+  std::pair<int64_t, int64_t> find(Op op, int64_t stage, int64_t micro) const {
+    if (stage < 0 || stage >= stages_ || micro < 0 || micro >= micro_) return {-1, -1};
+    return at_[slot_of(op, stage, micro)];
+  }
+
+ private:
+  size_t slot_of(Op op, int64_t stage, int64_t micro) const {
+    return static_cast<size_t>((static_cast<int64_t>(op) * stages_ + stage) * micro_ + micro);
+  }
+  int64_t stages_, micro_;
+  std::vector<std::pair<int64_t, int64_t>> at_;
+};
 
 // GATHER/RELEASE bracket every compute action of a table that has them (holds counted per
 // stage); OPTIM once per rank, last.
@@ -39,11 +64,11 @@ void check_parameter_actions(const Schedule& s) {
     int64_t optim = -1;
     for (int64_t i = 0; i < static_cast<int64_t>(s.ranks[r].size()); ++i) {
       const Action& a = s.ranks[r][i];
-      const std::string stage = "stage " + std::to_string(a.stage);
+      auto stage = [&] { return "stage " + std::to_string(a.stage); };
       if (a.op == Op::Gather) {
         holds[a.stage] += 1;
       } else if (a.op == Op::Release) {
-        if (holds[a.stage] == 0) refuse(s, r, i, "releases " + stage + ", which is not gathered");
+        if (holds[a.stage] == 0) refuse(s, r, i, "releases " + stage() + ", which is not gathered");
         holds[a.stage] -= 1;
       } else if (a.op == Op::Optim) {
         if (optim >= 0) refuse(s, r, i, "a second optimizer step on this rank");
@@ -51,7 +76,7 @@ void check_parameter_actions(const Schedule& s) {
       } else if (a.is_compute()) {
         if (optim >= 0) refuse(s, r, i, "comes after the optimizer step (OPTIM at position " + std::to_string(optim) + ")");
         if (gated && holds[a.stage] == 0)
-          refuse(s, r, i, "computes while the parameters of " + stage + " are sharded (no GATHER since its last RELEASE)");
+          refuse(s, r, i, "computes while the parameters of " + stage() + " are sharded (no GATHER since its last RELEASE)");
       }
     }
     for (int64_t st = 0; st < s.stages(); ++st)
@@ -69,7 +94,7 @@ void validate_schedule(const Schedule& s) {
   require(static_cast<int64_t>(s.ranks.size()) == s.pp, schedule_title(s), ": ", s.ranks.size(),
           " rows of actions, one per pipeline rank expected (", s.pp, ")");
   require(s.placement == Placement::loop || s.v == 2, schedule_title(s), ": V placement needs 2 stages per rank");
-  Where where;
+  Where where(s.stages(), s.micro_batches);
   for (int64_t r = 0; r < s.pp; ++r)
     for (int64_t i = 0; i < static_cast<int64_t>(s.ranks[r].size()); ++i) {
       const Action& a = s.ranks[r][i];
@@ -82,13 +107,9 @@ void validate_schedule(const Schedule& s) {
       if (s.rank_of(a.stage) != r)
         refuse(s, r, i, "stage " + std::to_string(a.stage) + " is held by rank " + std::to_string(s.rank_of(a.stage)));
       if (a.is_parameter()) continue;  // checked below
-      if (!where.emplace(std::make_tuple(a.op, a.stage, a.micro), std::make_pair(r, i)).second)
-        refuse(s, r, i, "appears twice");
+      if (!where.emplace(a, r, i)) refuse(s, r, i, "appears twice");
     }
-  auto find = [&](Op op, int64_t stage, int64_t micro) {
-    const auto it = where.find({op, stage, micro});
-    return it == where.end() ? std::make_pair(int64_t{-1}, int64_t{-1}) : it->second;
-  };
+  auto find = [&](Op op, int64_t stage, int64_t micro) { return where.find(op, stage, micro); };
   // Every (stage, micro-batch): its compute, in order on its rank.
   for (int64_t stage = 0; stage < s.stages(); ++stage)
     for (int64_t j = 0; j < s.micro_batches; ++j) {
@@ -134,13 +155,14 @@ void validate_schedule(const Schedule& s) {
           refuse(s, peer, recv.second, "receives after the action that needs it");
       }
     }
-  for (const auto& [key, pos] : where) {
-    const auto& [op, stage, micro] = key;
-    if (op == Op::RecvF && (stage == 0 || s.rank_of(stage - 1) == pos.first))
-      refuse(s, pos.first, pos.second, "receives where no transfer is");
-    if (op == Op::RecvB && (stage + 1 >= s.stages() || s.rank_of(stage + 1) == pos.first))
-      refuse(s, pos.first, pos.second, "receives where no transfer is");
-  }
+  for (int64_t stage = 0; stage < s.stages(); ++stage)
+    for (int64_t j = 0; j < s.micro_batches; ++j) {
+      const auto recv_f = find(Op::RecvF, stage, j), recv_b = find(Op::RecvB, stage, j);
+      if (recv_f.first >= 0 && (stage == 0 || s.rank_of(stage - 1) == recv_f.first))
+        refuse(s, recv_f.first, recv_f.second, "receives where no transfer is");
+      if (recv_b.first >= 0 && (stage + 1 >= s.stages() || s.rank_of(stage + 1) == recv_b.first))
+        refuse(s, recv_b.first, recv_b.second, "receives where no transfer is");
+    }
   check_parameter_actions(s);
   const Simulation sim = simulate_schedule(s);
   if (!sim.stuck.empty()) {
