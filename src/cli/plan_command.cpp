@@ -55,8 +55,10 @@ std::string binding(const plan::Candidate& c, double device_gib) {
   }
   std::string name;
   double largest = 0;
-  for (const auto& [term, seconds] : c.prediction.breakdown)
-    if (term != "compute" && seconds > largest) largest = seconds, name = term;
+  for (const auto& [term, seconds] : c.prediction.breakdown) {
+    const bool compute = term == "products" || term == "attention" || term == "memory_bound";
+    if (!compute && seconds > largest) largest = seconds, name = term;
+  }
   if (name.empty()) return "compute";
   char text[96];
   std::snprintf(text, sizeof text, "%s %.0f%%", name.c_str(), 100 * largest / c.prediction.step_s);

@@ -18,6 +18,7 @@ struct Builder {
               bool core = false) {
     Operation op{std::move(name), Kind::matmul, 2 * m * n * k, (m * k + k * n + m * n) * e(), 0, weight,
                  weight ? k * n : 0, backward_factor, core};
+    op.rows = m, op.cols = n, op.depth = k;
     ops.push_back(std::move(op));
   }
   // `elements` read and written `passes` times in all (a read and a write: 2).

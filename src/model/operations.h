@@ -61,6 +61,9 @@ struct Operation {
   bool attention_core = false;
   // The fused (flash) attention kernel: priced at the device's attention rate, not its GEMM rate.
   bool fused_attention = false;
+  // One product's shape, [rows, depth] x [depth, cols], for a device that prices products by shape
+  // (plan/matmul_table.h); 0 where the operation is no single product (the attention core).
+  double rows = 0, cols = 0, depth = 0;
 };
 
 std::vector<Operation> block_operations(const ModelOptions& model, int64_t layer, const OperationShape& shape);

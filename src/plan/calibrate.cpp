@@ -26,13 +26,14 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
-// The median time of `op` run repeatedly for about `budget` seconds (after one warm-up run).
+// The median time of `op` run repeatedly for about `budget` seconds, at least 5 times (after one
+// warm-up run): a point measured while another process holds the core is one of several.
 template <class Op>
 double median_seconds(Op&& op, double budget) {
   op();
   std::vector<double> times;
   const Clock::time_point start = Clock::now();
-  while (times.size() < 3 || (seconds_since(start) < budget && times.size() < 10000)) {
+  while (times.size() < 5 || (seconds_since(start) < budget && times.size() < 10000)) {
     const Clock::time_point t = Clock::now();
     op();
     times.push_back(seconds_since(t));

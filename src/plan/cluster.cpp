@@ -19,7 +19,8 @@ constexpr const char* kClusterDirEnv = "TESSERA_CLUSTER_DIR";
 // Keys a file may leave out (their defaults mean "none" or "unknown"); every other key is required.
 const std::set<std::string> kOptional = {"cluster.description", "cluster.nodes", "cluster.shared_slowdown",
                                          "device.kind", "device.kernel_overhead_us", "device.matmul_overhead_us",
-                                         "device.attention_tflops_bf16", "device.attention_tflops_fp32", "intra_node.latency_us",
+                                         "device.attention_tflops_bf16", "device.attention_tflops_fp32", "device.matmul_table",
+                                         "intra_node.latency_us",
                                          "inter_node.latency_us", "host.memory_gib", "host.device_link_gbs"};
 
 }  // namespace
@@ -82,6 +83,12 @@ Cluster parse_cluster(const std::string& text, const std::string& source) {
           c.device.kind, "')");
   require(c.device.matmul_tflops_bf16 <= c.device.peak_tflops_bf16 && c.device.matmul_tflops_fp32 <= c.device.peak_tflops_fp32,
           source, ": device.matmul_tflops_* (achievable) must not exceed device.peak_tflops_* (peak)");
+  if (!c.device.matmul_table.empty()) {
+    const fs::path table = fs::path(source).parent_path() / c.device.matmul_table;
+    require(fs::is_regular_file(table), source, ": device.matmul_table = '", c.device.matmul_table, "': no such file (",
+            table.string(), ")");
+    c.device.matmul_rates = MatmulTable::parse(read_file(table.string()), table.string());
+  }
   return c;
 }
 

@@ -7,7 +7,8 @@
 //   [device]      one accelerator: peak and achievable matrix-product rates by dtype (the
 //                 achievable one is a measured large-GEMM rate, e.g. the maximum achievable matmul
 //                 FLOPS of a public benchmark: the planner never assumes the peak), memory size,
-//                 memory bandwidth as achieved by streaming kernels, and the fixed cost of one kernel
+//                 memory bandwidth as achieved by streaming kernels, and the fixed cost of one kernel;
+//                 optionally a table of measured product rates by shape (matmul_table.h)
 //   [intra_node]  the link between devices of one node, as a collective sees it: all-reduce bus
 //                 bandwidth (nccl-tests' busbw: bytes x 2(n-1)/n over time) and per-step latency
 //   [inter_node]  the same per device across nodes (its share of the node's adapters)
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "core/options.h"
+#include "plan/matmul_table.h"
 
 namespace tessera::plan {
 
@@ -67,6 +69,10 @@ struct DeviceSpec {
   double matmul_overhead_us = 0;       // a product's fixed cost beyond it (a fitted curve's intercept)
   double attention_tflops_bf16 = 0;    // softmax attention's fused kernel (0: the matmul rate)
   double attention_tflops_fp32 = 0;
+  // A CSV of measured bf16 product rates by shape (plan/matmul_table.h), relative to the cluster
+  // file; empty: every bf16 product at matmul_tflops_bf16. Read into `matmul_rates`.
+  std::string matmul_table;
+  MatmulTable matmul_rates;
 
   template <class V>
   void visit(V& v) {
@@ -88,12 +94,20 @@ struct DeviceSpec {
       "softmax attention's fused kernel, forward and backward, counted as the planner counts it (the causal half; "
       "backward 2.5x the forward), measured (TFLOP/s; 0 = the matmul rate)", between(0, 1e6));
     v("attention_tflops_fp32", attention_tflops_fp32, "the same in fp32 (0 = the matmul rate)", between(0, 1e6));
+    v("matmul_table", matmul_table,
+      "a CSV of measured bf16 product rates by shape (rows,cols,depth,tflops_bf16), relative to this file: bf16 "
+      "products are priced from it in place of matmul_tflops_bf16");
   }
   // The rates for a run in 16-bit (`half`: bf16/fp16 autocast) or in fp32, TFLOP/s; the attention
   // kernel's falls back to the matmul rate where the file gives none.
   double peak_tflops(bool half) const { return half ? peak_tflops_bf16 : peak_tflops_fp32; }
   double memory_bytes() const { return memory_gib * 1024.0 * 1024.0 * 1024.0; }
   double matmul_tflops(bool half) const { return half ? matmul_tflops_bf16 : matmul_tflops_fp32; }
+  // One [rows, depth] x [depth, cols] product's rate: the table's in 16-bit where the file has one,
+  // else matmul_tflops.
+  double product_tflops(bool half, double rows, double cols, double depth) const {
+    return half && !matmul_rates.empty() ? matmul_rates.tflops(rows, cols, depth) : matmul_tflops(half);
+  }
   double attention_tflops(bool half) const {
     const double fused = half ? attention_tflops_bf16 : attention_tflops_fp32;
     return fused > 0 ? fused : matmul_tflops(half);

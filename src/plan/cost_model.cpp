@@ -23,6 +23,7 @@ class Pricer {
  public:
   Pricer(const Config& config, const ParallelDims& dims, const Cluster& cluster)
       : cluster_(cluster),
+        device_(cluster.device),
         half_(config.precision.dtype != "fp32"),
         slowdown_(cluster.cluster.slowdown(dims.world_size())),
         rate_(1e12 * cluster.device.matmul_tflops(half_) / slowdown_),
@@ -47,11 +48,17 @@ class Pricer {
     Times t;
     switch (op.kind) {
       case Kind::matmul: {
-        const double one = std::max(op.flops / (op.fused_attention ? attention_rate_ : rate_), op.bytes / bandwidth_) +
-                           overhead_ + matmul_overhead_;
-        t.f = one;
-        if (op.weight) t.i = one, t.w = one;
-        else t.i = op.backward_factor * one;
+        // A product [m, k] x [k, n]: forward at the rate of its shape; with a weight, its input
+        // gradient [m, n] x [n, k] and weight gradient [k, m] x [m, n] at theirs.
+        auto seconds = [&](double rows, double cols, double depth) {
+          const double rate = op.fused_attention ? attention_rate_
+                              : op.rows > 0 ? 1e12 * device_.product_tflops(half_, rows, cols, depth) / slowdown_
+                                            : rate_;
+          return std::max(op.flops / rate, op.bytes / bandwidth_) + overhead_ + matmul_overhead_;
+        };
+        t.f = seconds(op.rows, op.cols, op.depth);
+        if (op.weight) t.i = seconds(op.rows, op.depth, op.cols), t.w = seconds(op.depth, op.cols, op.rows);
+        else t.i = op.backward_factor * t.f;
         return t;
       }
       case Kind::memory:
@@ -85,7 +92,9 @@ class Pricer {
       if (op.attention_core) core_forward += t.f;
       c.f += t.f, c.i += t.i, c.w += t.w;
       const double both = t.f + t.i + t.w;
-      if (!t.collective) c.compute += both;
+      if (op.attention_core) c.attention += both;
+      else if (op.kind == Kind::matmul) c.products += both;
+      else if (!t.collective) c.memory_bound += both;
       else if (op.kind == Kind::tp_all_reduce) c.tp += both;
       else if (op.kind == Kind::ep_all_to_all) c.ep += both;
       else c.sp += both;
@@ -106,6 +115,7 @@ class Pricer {
   }
 
   const Cluster& cluster_;
+  const DeviceSpec& device_;
   bool half_;
   double slowdown_, rate_, attention_rate_, bandwidth_, overhead_, matmul_overhead_, element_bytes_;
   Group tp_, sp_, ep_;
@@ -372,7 +382,9 @@ Prediction predict_time(const Config& config, const ParallelDims& dims, const Cl
     bubble = sim.step_time - sim.busy[critical] - layout.costs.optim;
   }
   const double mb = static_cast<double>(m);
-  out.breakdown = {{"compute", mb * rank_total.compute},
+  out.breakdown = {{"products", mb * rank_total.products},
+                   {"attention", mb * rank_total.attention},
+                   {"memory_bound", mb * rank_total.memory_bound},
                    {"recompute", mb * rank_total.recompute},
                    {"tp_communication", mb * rank_total.tp},
                    {"sp_communication", mb * rank_total.sp},

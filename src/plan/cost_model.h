@@ -4,7 +4,9 @@
 // Compute. Each block's operations (model/operations.h: what its kind declares, per rank, per
 // micro-batch) are priced on the device by a roofline: a product takes max(FLOPs / the device's
 // achievable matrix rate, bytes / its streaming bandwidth), a memory-bound kernel its bytes /
-// bandwidth, each plus the fixed kernel cost. A block's forward F is its operations' forward plus
+// bandwidth, each plus the fixed kernel cost. Where the cluster file has a table of product rates
+// by shape (plan/matmul_table.h), a bf16 product's forward, input gradient and weight gradient
+// each take the rate of their own shape. A block's forward F is its operations' forward plus
 // its collectives (tp all-reduces, Ulysses' all-to-alls, ring steps, the experts' exchange, each
 // priced on the tier its group crosses); its input-gradient backward I is the products' input
 // gradients, the others' backward and the collectives again, plus recomputation (full: the
@@ -60,7 +62,8 @@ struct Prediction {
   bool fits = false;                 // peak_memory_bytes <= the device's memory
   bool memory_estimated = false;     // add_memory ran (peak_memory_bytes and fits are known)
   int64_t micro_batches = 0;         // per step on each data-parallel rank
-  // Seconds of the step on the critical rank: compute, recompute, tp, sp and ep communication
+  // Seconds of the step on the critical rank: compute (products, attention, memory-bound kernels),
+  // recompute, tp, sp and ep communication
   // (per micro-batch x micro-batches), pipeline transfer and bubble, the data-parallel reduction's
   // exposed part, ZeRO-3's exposed gathers and the optimizer step; they add up to step_s.
   std::vector<std::pair<std::string, double>> breakdown;
@@ -72,12 +75,16 @@ void check_modelled(const Config& config);
 // One block's (or end's) predicted costs for one micro-batch on one rank.
 struct PartCost {
   double f = 0, i = 0, w = 0;          // the pipeline's F, I, W (recomputation inside I)
-  double compute = 0;                  // forward + backward compute, no collectives, no recomputation
+  // Forward + backward compute by kind, no collectives, no recomputation: products (with a weight,
+  // or two activations outside attention), the attention core (its products and, unfused, its
+  // softmax), and the memory-bound kernels (norms, activations, residuals, the loss).
+  double products = 0, attention = 0, memory_bound = 0;
   double recompute = 0;
   double tp = 0, sp = 0, ep = 0;       // collectives, forward + backward
   double parameters = 0;               // weight elements held (operations.h)
   void operator+=(const PartCost& o) {
-    f += o.f, i += o.i, w += o.w, compute += o.compute, recompute += o.recompute, tp += o.tp, sp += o.sp, ep += o.ep;
+    f += o.f, i += o.i, w += o.w, products += o.products, attention += o.attention, memory_bound += o.memory_bound;
+    recompute += o.recompute, tp += o.tp, sp += o.sp, ep += o.ep;
     parameters += o.parameters;
   }
 };

@@ -5,12 +5,14 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 
 #include "model/model_size.h"
 #include "model/operations.h"
 #include "parallel/layout_check.h"
 #include "plan/cluster.h"
 #include "plan/cost_model.h"
+#include "plan/matmul_table.h"
 #include "plan/search.h"
 #include "test_util.h"
 #include "tiny_config.h"
@@ -51,6 +53,7 @@ std::string replaced(std::string text, const std::string& from, const std::strin
 TEST(ClusterFile, EveryPresetLoadsWithAchievableRatesBelowItsPeaks) {
   int presets = 0;
   for (const auto& entry : std::filesystem::directory_iterator(test::source_path("clusters"))) {
+    if (entry.path().extension() != ".toml") continue;  // clusters/tables/ holds the files they name
     const Cluster c = plan::load_cluster(entry.path().string());
     EXPECT_FALSE(c.device.name.empty()) << entry.path();
     EXPECT_LE(c.device.matmul_tflops_bf16, c.device.peak_tflops_bf16) << entry.path();
@@ -87,6 +90,74 @@ TEST(ClusterFile, AGroupIsPricedOnTheSlowestTierItCrosses) {
   EXPECT_DOUBLE_EQ(one_per_node.latency_s, 20e-6);
   EXPECT_DOUBLE_EQ(c.tier({0, 1, 4, 5}).bandwidth_bytes_per_s, 20e9);     // two adapters per node at once
   EXPECT_DOUBLE_EQ(c.tier({0, 1, 2, 3, 4, 5, 6, 7}).bandwidth_bytes_per_s, 40e9);
+}
+
+// device.matmul_table: a grid of measured rates, exact at its points, interpolated in log2 between
+// them, its edge's rate beyond; a bf16 product priced at its shape's rate (a table at the flat
+// rate changes nothing, one at half of it doubles the products' time); refusals name the file.
+TEST(ClusterFile, AMatmulTablePricesEachProductAtItsShape) {
+  const std::string dir = test::fresh_dir("matmul_table");
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name) << text;
+    return dir + "/" + name;
+  };
+  std::string grid = "# a test grid\nrows,cols,depth,tflops_bf16\n";
+  for (int r : {256, 1024})
+    for (int c : {256, 1024})
+      for (int d : {256, 1024}) grid += std::to_string(r) + "," + std::to_string(c) + "," + std::to_string(d) + "," +
+                                        std::to_string(r == 1024 ? 40 : 20) + "\n";
+  const plan::MatmulTable table = plan::MatmulTable::parse(grid, "grid.csv");
+  EXPECT_DOUBLE_EQ(table.tflops(256, 256, 256), 20);
+  EXPECT_DOUBLE_EQ(table.tflops(1024, 256, 1024), 40);
+  EXPECT_DOUBLE_EQ(table.tflops(512, 300, 700), 30);     // rows halfway in log2
+  EXPECT_DOUBLE_EQ(table.tflops(1 << 20, 1, 1 << 20), 40);  // beyond the grid: its edge
+  EXPECT_TRUE(test::throws_naming([&] { plan::MatmulTable::parse(grid.substr(0, grid.rfind("1024,1024,1024")), "cut.csv"); },
+                                  {"cut.csv", "no point 1024 x 1024 x 1024"}));
+  EXPECT_TRUE(test::throws_naming([] { plan::MatmulTable::parse("rows,cols,depth,tflops_bf16\n1,2,x,4\n", "bad.csv"); },
+                                  {"bad.csv:2", "'x' is not a number"}));
+  EXPECT_TRUE(test::throws_naming([] { plan::MatmulTable::parse("m,n,k,rate\n", "head.csv"); },
+                                  {"head.csv:1", "rows,cols,depth,tflops_bf16"}));
+  EXPECT_TRUE(test::throws_naming(
+      [&] { plan::load_cluster(write("missing.toml", replaced(kCluster, "memory_gbs = 1000", "memory_gbs = 1000\nmatmul_table = \"none.csv\""))); },
+      {"missing.toml", "device.matmul_table", "none.csv", "no such file"}));
+
+  // Pricing: a flat table at matmul_tflops_bf16 changes nothing; at half of it, the products take
+  // twice as long (no kernel overheads in this cluster).
+  auto flat = [&](double tflops) {
+    std::string text = "rows,cols,depth,tflops_bf16\n";
+    for (int r : {256, 4096})
+      for (int c : {256, 4096})
+        for (int d : {256, 4096})
+          text += std::to_string(r) + "," + std::to_string(c) + "," + std::to_string(d) + "," + std::to_string(tflops) + "\n";
+    return text;
+  };
+  write("flat.csv", flat(80));
+  write("half.csv", flat(40));
+  const std::string with = "memory_gbs = 1000\nmatmul_table = \"";
+  const Cluster none = test_cluster();
+  const Cluster same = plan::load_cluster(write("same.toml", replaced(kCluster, "memory_gbs = 1000", with + "flat.csv\"")));
+  const Cluster half = plan::load_cluster(write("half.toml", replaced(kCluster, "memory_gbs = 1000", with + "half.csv\"")));
+  Config c = test::tiny_config(64);
+  c.model = ModelOptions::from_preset("gpt2_124m");  // products deep enough to be compute-bound
+  c.train.seq_len = 1024;
+  c.train.batch_size = 8;
+  c.precision.dtype = "bf16";
+  const ParallelDims one(c.parallel, 1, "test");
+  auto products = [&](const Cluster& cluster) {
+    for (const auto& [name, seconds] : plan::predict_time(c, one, cluster).breakdown)
+      if (name == "products") return seconds;
+    return -1.0;
+  };
+  EXPECT_NEAR(products(same), products(none), 1e-12 * products(none));
+  EXPECT_NEAR(products(half) / products(none), 2.0, 0.05);  // compute-bound products at half the rate
+
+  // The table shipped beside the presets reads as a full grid.
+  const Cluster h100 = plan::parse_cluster(
+      replaced(kCluster, "memory_gbs = 1000", with + "tables/h100_matmul_bf16_openxla.csv\""),
+      test::source_path("clusters/any.toml"));
+  EXPECT_GT(h100.device.product_tflops(true, 16384, 4096, 4096), 700);
+  EXPECT_LT(h100.device.product_tflops(true, 256, 256, 256), 10);
+  EXPECT_EQ(h100.device.product_tflops(false, 16384, 4096, 4096), 16);  // fp32: the flat rate
 }
 
 TEST(CostModel, CollectivesTakeTheRingAlgorithmsTime) {

@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""tessera plan against this project's own GPU runs: GPT-2 124M, bf16, sequence 1024, one card
+(bench/results/train_step_{h100,h200}_gpt2_124m_1024_bf16_b{B}_{build}.json, `tessera bench` steps
+measured by bench/compare_pytorch.py on lent H100 and H200 machines).
+
+Each run is predicted from its card's preset (clusters/dgx_h100.toml for the H100, clusters/h200.toml)
+for the layout it ran: one process, no checkpointing, its batch as one micro-batch. What calibrated
+the presets: only their attention_tflops_bf16, from the batch-16 traces of bench/results/
+gpu_first_runs.md (the attention kernels' 3.7 / 3.6 ms); the product rate is a public measurement
+(stas00/ml-engineering's MAMF table) and the rest datasheets and assumptions, each named in the file.
+No step time below went into them.
+
+Runs of builds before cefc18b (session 28's fused layer norm and cross-entropy) ran kernels the
+current code no longer runs; they are listed, marked, and left out of the error summary.
+
+usage: bench/plan_gpu_runs.py [--tessera build/tessera] [--out bench/results/plan_gpu_runs.md]
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import subprocess
+
+CURRENT = {"cefc18b"}  # the builds whose kernels the current code runs (session 28 on)
+PRESET = {"h100": "dgx_h100", "h200": "h200"}
+
+
+def predict(binary, card, batch):
+    out = subprocess.run(
+        [binary, "plan", "--config", "gpt2_124m", "--cluster", PRESET[card], "--world", "1",
+         "--set", f"train.batch_size={batch}", "--set", "train.seq_len=1024", "--set", "train.grad_accum=1",
+         "--set", "parallel.zero_stage=0", "--set", "memory.activation_checkpointing=none",
+         "--set", "precision.dtype=bf16", "--top", "1", "--json"],
+        check=True, capture_output=True, text=True).stdout
+    return json.loads(out)["layouts"][0]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tessera", default="build/tessera")
+    ap.add_argument("--out", default="bench/results/plan_gpu_runs.md")
+    args = ap.parse_args()
+    rows = []
+    for path in sorted(glob.glob("bench/results/train_step_h*_gpt2_124m_1024_bf16_b*.json")):
+        m = re.search(r"train_step_(h100|h200)_gpt2_124m_1024_bf16_b(\d+)_([0-9a-f]+)(_first)?\.json", path)
+        if not m or m.group(4):
+            continue
+        card, batch, build = m.group(1), int(m.group(2)), m.group(3)
+        measured = next(r for r in json.load(open(path)) if r.get("peer") == "tessera")["median_step_s"]
+        p = predict(args.tessera, card, batch)
+        rows.append((card, build, batch, measured, p))
+    lines = ["# tessera plan against this project's GPU runs (GPT-2 124M, bf16, sequence 1024, one card)", "",
+             f"`python3 bench/plan_gpu_runs.py` ({__doc__.splitlines()[0]}). Predicted from the card's preset;",
+             "the presets' only number taken from this project's runs is attention_tflops_bf16 (the batch-16",
+             "traces); no step time below calibrated anything.", "",
+             "| card | build | batch | measured step ms | predicted ms | error | products | attention | memory-bound | optimizer |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    errors = []
+    for card, build, batch, measured, p in sorted(rows, key=lambda r: (r[0], r[1] not in CURRENT, r[1], r[2])):
+        error = p["step_s"] / measured - 1
+        current = build in CURRENT
+        if current:
+            errors.append(error)
+        b = p["breakdown"]
+        lines.append(f"| {card.upper()} | {build}{'' if current else ' (older kernels)'} | {batch} | {measured * 1e3:.1f} | "
+                     f"{p['step_s'] * 1e3:.1f} | {error * 100:+.1f}% | {b['products'] * 1e3:.1f} | {b['attention'] * 1e3:.1f} | "
+                     f"{b['memory_bound'] * 1e3:.1f} | {b['optimizer'] * 1e3:.1f} |")
+    lines += ["", f"Runs of the current kernels: mean absolute error {sum(abs(e) for e in errors) / len(errors) * 100:.1f}%, "
+              f"worst {max(errors, key=abs) * 100:+.1f}% ({len(errors)} runs)."]
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
