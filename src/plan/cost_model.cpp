@@ -194,6 +194,7 @@ struct PricedLayout {
   pipeline::ActionCosts costs;
   bool gathers = false;             // the table has ZeRO-3's GATHER actions
   double params = 0;                // weight elements of the rank that holds the most
+  int64_t blocks = 0;               // the blocks it holds
   double reduce_exposed = 0, gather_exposed = 0, optimizer = 0;
   double step_without_pipeline = 0;  // pp = 1: the whole step
 };
@@ -217,6 +218,7 @@ PricedLayout price_layout(const Config& config, const ParallelDims& dims, const 
                                                       static_cast<double>(dims.tp())
                                                 : 0;
   out.params = out.all.parameters;
+  out.blocks = model.n_layer;
   if (dims.pp() > 1) {
     BlockCosts blocks;
     for (const PartCost& c : priced.blocks) {
@@ -248,13 +250,15 @@ PricedLayout price_layout(const Config& config, const ParallelDims& dims, const 
     out.params = 0;
     for (int64_t rank = 0; rank < dims.pp(); ++rank) {
       double held = 0;
+      int64_t blocks = 0;
       for (int64_t s = 0; s < out.cut->stages(); ++s) {
         if (out.placement.rank_of(s) != rank) continue;
         for (int64_t b = out.cut->boundaries[s]; b < out.cut->boundaries[s + 1]; ++b) held += priced.blocks[b].parameters;
+        blocks += out.cut->boundaries[s + 1] - out.cut->boundaries[s];
         if (s == 0) held += embedding.parameters;
         if (s == out.cut->stages() - 1) held += head.parameters + tied_copy;
       }
-      out.params = std::max(out.params, held);
+      if (held > out.params) out.params = held, out.blocks = blocks;
     }
   }
   const double params = out.params;
@@ -265,15 +269,25 @@ PricedLayout price_layout(const Config& config, const ParallelDims& dims, const 
   const Cluster::Tier replica_tier = cluster.tier(replicas);
   const double grad_bytes = (p.grad_compression != "none" || config.precision.dtype == "fp16") ? 2 : 4;
   const double param_bytes = config.precision.dtype == "fp16" ? 2 : 4;
+  // The reduction runs one collective per bucket of parallel.bucket_mb, ZeRO-3's gathers one per
+  // block (and one for the ends): each collective beyond the first pays its ring's latency steps
+  // again ((n - 1) per all-gather or reduce-scatter, twice that per all-reduce), which at
+  // hundreds of replicas is most of its time.
+  const double ring_steps = static_cast<double>(n_replicas - 1) * replica_tier.latency_s;
+  const double more_buckets = std::max(0.0, std::ceil(params * grad_bytes / (p.bucket_mb * 1e6)) - 1);
   double reduce_per_step = 0, reduce_per_micro_batch = 0, gather_per_pass = 0;
-  if (p.zero_stage <= 1) reduce_per_step = all_reduce_seconds(params * grad_bytes, n_replicas, replica_tier);
-  else reduce_per_micro_batch = all_gather_seconds(params * grad_bytes, n_replicas, replica_tier);
+  if (p.zero_stage <= 1)
+    reduce_per_step = all_reduce_seconds(params * grad_bytes, n_replicas, replica_tier) + more_buckets * 2 * ring_steps;
+  else
+    reduce_per_micro_batch = all_gather_seconds(params * grad_bytes, n_replicas, replica_tier) + more_buckets * ring_steps;
   // ZeRO-1 and 2: each replica updates its shard, then the parameters are gathered: after the
   // step, overlapping nothing.
   const double gather_after_step = (p.zero_stage == 1 || p.zero_stage == 2)
                                        ? all_gather_seconds(params * param_bytes, n_replicas, replica_tier)
                                        : 0;
-  if (p.zero_stage == 3) gather_per_pass = all_gather_seconds(params * param_bytes, n_replicas, replica_tier);
+  if (p.zero_stage == 3)
+    gather_per_pass = all_gather_seconds(params * param_bytes, n_replicas, replica_tier) +
+                      static_cast<double>(out.blocks) * ring_steps;
   const double shard = p.zero_stage >= 1 ? static_cast<double>(n_replicas) : 1.0;
   const double bandwidth = 1e9 * cluster.device.memory_gbs / cluster.cluster.slowdown(dims.world_size());
   out.optimizer = params / shard * optimizer_bytes_per_element(config) / bandwidth +
@@ -289,7 +303,7 @@ PricedLayout price_layout(const Config& config, const ParallelDims& dims, const 
     out.reduce_exposed +=
         (reduce_per_step > 0 ? std::max(0.0, reduce_per_step - backward) + bucket : 0) + gather_after_step;
     if (gather_per_pass > 0) {
-      const double one_block = gather_per_pass / static_cast<double>(model.n_layer);
+      const double one_block = gather_per_pass / static_cast<double>(out.blocks + 1);
       out.gather_exposed = static_cast<double>(m) * (std::max(0.0, gather_per_pass - forward) +
                                                      std::max(0.0, gather_per_pass - backward) + 2 * one_block);
     }

@@ -18,7 +18,9 @@
 // parameters' all-gather after the step), overlapped with the last micro-batch's backward as the
 // bucketed reduction runs, and the optimizer step (bytes moved per element of this rank's shard).
 // ZeRO-3 gathers each block's parameters in the forward and again in the backward, prefetched one
-// block ahead: exposed only where a gather takes longer than the block it runs beside.
+// block ahead: exposed only where a gather takes longer than the block it runs beside. The
+// reduction runs one collective per bucket (parallel.bucket_mb) and ZeRO-3 one gather per block,
+// each paying its ring's latency steps.
 // With a pipeline: the blocks' predicted F, I, W are cut into stages as a run cuts them
 // (plan/stage_cut.h) and the layout's schedule table (built for these costs, as a run rebuilds
 // zbv's and zbh1's for its measured ones) is replayed by the one simulator
