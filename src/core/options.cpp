@@ -36,8 +36,8 @@ const toml::node* TomlSectionReader::find(const char* key) {
 
 void require_in_range(const std::string& source, const std::string& section, const char* key, double value,
                       const Range& range) {
-  require(range.contains(value), source, ": ", section, ".", key, " = ", value, " is outside its range ",
-          range.describe());
+  if (!range.contains(value))  // the range's text built only for the message
+    fail(source, ": ", section, ".", key, " = ", value, " is outside its range ", range.describe());
 }
 
 void TomlSectionReader::wrong_type(const char* key, const char* expected) const {

@@ -70,34 +70,40 @@ const std::vector<std::string>& ParallelDims::group_names() {
 
 std::vector<int64_t> ParallelDims::group_of(const std::string& dim, int64_t rank) const {
   const MeshCoord me = coord(rank);
-  std::vector<int64_t> out;
-  for (int64_t r = 0; r < world_; ++r) {
-    const MeshCoord c = coord(r);
-    bool same_pp = c.pp == me.pp, same_dp = c.dp == me.dp, same_sp = c.sp == me.sp, same_tp = c.tp == me.tp;
-    bool member;
-    if (dim == "tp")
-      member = same_pp && same_dp && same_sp;
-    else if (dim == "sp")
-      member = same_pp && same_dp && same_tp;
-    else if (dim == "dp")
-      member = same_pp && same_sp && same_tp;
-    else if (dim == "pp" || dim == "pp_down")
-      member = same_dp && same_sp && same_tp;
-    else if (dim == "dp_sp")
-      member = same_pp && same_tp;
-    else if (dim == "ep")
-      member = same_pp && same_sp && same_tp && c.dp / ep_ == me.dp / ep_;
-    else if (dim == "edp")
-      member = same_pp && same_sp && same_tp && c.dp % ep_ == me.dp % ep_;
-    else if (dim == "edp_sp")
-      member = same_pp && same_tp && c.dp % ep_ == me.dp % ep_;
-    else if (dim == "embedding")
-      member = same_dp && same_sp && same_tp &&
-               (c.pp == me.pp || ((c.pp == 0 || c.pp == pp_ - 1) && (me.pp == 0 || me.pp == pp_ - 1)));
-    else
-      fail("internal: unknown mesh dimension \"", dim, "\"");
-    if (member) out.push_back(r);
+  // The coordinates each dimension lets vary (the others stay at `me`'s); walked in the mesh's
+  // order (pp, dp, sp, tp), so the ranks come out ascending.
+  auto only = [](int64_t v) { return std::vector<int64_t>{v}; };
+  auto all = [](int64_t n) {
+    std::vector<int64_t> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = i;
+    return v;
+  };
+  auto dp_where = [&](auto keep) {
+    std::vector<int64_t> v;
+    for (int64_t i = 0; i < dp_; ++i)
+      if (keep(i)) v.push_back(i);
+    return v;
+  };
+  std::vector<int64_t> pps = only(me.pp), dps = only(me.dp), sps = only(me.sp), tps = only(me.tp);
+  if (dim == "tp") tps = all(tp_);
+  else if (dim == "sp") sps = all(sp_);
+  else if (dim == "dp") dps = all(dp_);
+  else if (dim == "pp" || dim == "pp_down") pps = all(pp_);
+  else if (dim == "dp_sp") dps = all(dp_), sps = all(sp_);
+  else if (dim == "ep") dps = dp_where([&](int64_t i) { return i / ep_ == me.dp / ep_; });
+  else if (dim == "edp") dps = dp_where([&](int64_t i) { return i % ep_ == me.dp % ep_; });
+  else if (dim == "edp_sp") dps = dp_where([&](int64_t i) { return i % ep_ == me.dp % ep_; }), sps = all(sp_);
+  else if (dim == "embedding") {
+    const bool end = me.pp == 0 || me.pp == pp_ - 1;
+    if (end && pp_ > 1) pps = {0, pp_ - 1};
+  } else {
+    fail("internal: unknown mesh dimension \"", dim, "\"");
   }
+  std::vector<int64_t> out;
+  for (const int64_t p : pps)
+    for (const int64_t d : dps)
+      for (const int64_t s : sps)
+        for (const int64_t t : tps) out.push_back(this->rank({p, d, s, t}));
   return out;
 }
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <tuple>
 
@@ -55,9 +56,11 @@ std::string text(bool v) { return v ? "true" : "false"; }
 
 const std::vector<std::string>& searched_keys() {
   static const std::vector<std::string> keys = {"parallel.tp",         "parallel.pp",
-                                                "parallel.pp_schedule", "parallel.pp_virtual",
-                                                "parallel.zero_stage", "parallel.megatron_sp",
-                                                "memory.activation_checkpointing", "train.batch_size"};
+                                                "parallel.sp",         "parallel.sp_method",
+                                                "parallel.ep",         "parallel.pp_schedule",
+                                                "parallel.pp_virtual", "parallel.zero_stage",
+                                                "parallel.megatron_sp", "memory.activation_checkpointing",
+                                                "train.batch_size"};
   return keys;
 }
 
@@ -75,10 +78,11 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
   SearchResult result;
   // One micro-batch's operations depend on the degrees and keys that change them, not on the
   // schedule or the ZeRO stage: priced once per combination.
-  std::map<std::tuple<int64_t, int64_t, bool, std::string, int64_t>, PricedOperations> operations;
+  using OperationsKey = std::tuple<int64_t, int64_t, int64_t, std::string, int64_t, bool, std::string, int64_t>;
+  std::map<OperationsKey, PricedOperations> operations;
   auto priced_for = [&](const Config& c, const ParallelDims& dims) -> const PricedOperations& {
-    const auto key = std::make_tuple(dims.tp(), dims.pp(), c.parallel.megatron_sp, c.memory.activation_checkpointing,
-                                     c.train.batch_size);
+    const OperationsKey key{dims.tp(),       dims.pp(), dims.sp(), c.parallel.sp_method, dims.ep(), c.parallel.megatron_sp,
+                            c.memory.activation_checkpointing, c.train.batch_size};
     auto it = operations.find(key);
     if (it == operations.end()) it = operations.emplace(key, price_operations(c, dims, cluster, options)).first;
     return it->second;
@@ -99,63 +103,76 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
     }
   };
 
-  const int64_t fixed = p.sp;  // not searched: kept at the config's degree
-  for (int64_t tp : held_or<int64_t>(held, "parallel.tp", p.tp,
-                                     powers_of_two_dividing(model.n_head, cluster.cluster.devices_per_node))) {
-    for (int64_t pp : held_or<int64_t>(held, "parallel.pp", p.pp, divisors(model.n_layer))) {
-      if (world % (tp * pp * fixed) != 0) continue;
-      const int64_t dp = world / (tp * pp * fixed);
-      std::vector<Schedule> scheds = schedules(pp, model.n_layer);
-      if (held.count("parallel.pp_schedule")) {
-        // The held schedule, with each stages-per-rank count the search would try for it.
-        scheds.erase(std::remove_if(scheds.begin(), scheds.end(),
-                                    [&](const Schedule& s) { return s.name != p.pp_schedule; }),
-                     scheds.end());
-        if (scheds.empty() || held.count("parallel.pp_virtual")) scheds = {{p.pp_schedule, p.pp_virtual}};
-      } else if (held.count("parallel.pp_virtual")) {
-        scheds.erase(std::remove_if(scheds.begin(), scheds.end(),
-                                    [&](const Schedule& s) {
-                                      return s.name == "interleaved" && s.virtual_stages != p.pp_virtual;
-                                    }),
-                     scheds.end());
-        for (Schedule& s : scheds) s.virtual_stages = p.pp_virtual;
-      }
-      if (global % dp != 0) continue;
-      std::vector<int64_t> micro;
-      for (int64_t b = 1; b <= global / dp; b *= 2)
-        if ((global / dp) % b == 0) micro.push_back(b);
-      for (const Schedule& schedule : scheds) {
-        for (int64_t zero : held_or<int64_t>(held, "parallel.zero_stage", p.zero_stage,
-                                             dp > 1 ? std::vector<int64_t>{0, 1, 2, 3} : std::vector<int64_t>{0})) {
-          for (bool msp : held_or<bool>(held, "parallel.megatron_sp", p.megatron_sp,
-                                        tp > 1 && !moe ? std::vector<bool>{false, true} : std::vector<bool>{false})) {
-            for (const std::string& ckpt :
-                 held_or<std::string>(held, "memory.activation_checkpointing", base.memory.activation_checkpointing,
-                                      {"none", "selective", "full"})) {
-              for (int64_t b : held_or<int64_t>(held, "train.batch_size", base.train.batch_size, micro)) {
-                Config c = base;
-                c.parallel.tp = tp, c.parallel.pp = pp, c.parallel.zero_stage = zero, c.parallel.megatron_sp = msp;
-                c.parallel.pp_schedule = schedule.name;
-                c.parallel.pp_virtual = schedule.virtual_stages;
-                c.memory.activation_checkpointing = ckpt;
-                c.train.batch_size = b;
-                std::vector<std::pair<std::string, std::string>> set = {
-                    {"parallel.tp", text(tp)},
-                    {"parallel.pp", text(pp)},
-                    {"parallel.zero_stage", text(zero)},
-                    {"parallel.megatron_sp", text(msp)},
-                    {"memory.activation_checkpointing", ckpt},
-                    {"train.batch_size", text(b)},
-                    {"train.global_batch_size", text(global)}};
-                if (pp > 1) {
-                  set.push_back({"parallel.pp_schedule", schedule.name});
-                  if (c.parallel.pp_virtual > 0) set.push_back({"parallel.pp_virtual", text(c.parallel.pp_virtual)});
-                }
-                consider(std::move(c), std::move(set));
-              }
-            }
-          }
+  // Sequence parallelism within a node beside tp (sp x tp at most a node's devices) unless held;
+  // its methods by the attention (ulysses and ring for softmax, lasp and lasp2 for linear).
+  const bool linear = model.arch == "linear";
+  const int64_t node = cluster.cluster.devices_per_node;
+  for (int64_t tp : held_or<int64_t>(held, "parallel.tp", p.tp, powers_of_two_dividing(model.n_head, node))) {
+    for (int64_t sp : held_or<int64_t>(held, "parallel.sp", p.sp, powers_of_two_dividing(base.train.seq_len, node / tp))) {
+      const std::vector<std::string> methods =
+          held.count("parallel.sp_method") || sp == 1 ? std::vector<std::string>{p.sp_method}
+          : linear                                    ? std::vector<std::string>{"lasp", "lasp2"}
+                                                      : std::vector<std::string>{"ulysses", "ring"};
+      for (int64_t pp : held_or<int64_t>(held, "parallel.pp", p.pp, divisors(model.n_layer))) {
+        if (world % (tp * pp * sp) != 0) continue;
+        const int64_t dp = world / (tp * pp * sp);
+        if (global % dp != 0) continue;
+        // Experts split over ep data-parallel ranks: powers of two dividing the experts and dp.
+        const std::vector<int64_t> eps = held_or<int64_t>(
+            held, "parallel.ep", p.ep, moe ? powers_of_two_dividing(std::gcd(model.moe_experts, dp), dp) : std::vector<int64_t>{1});
+        std::vector<Schedule> scheds = schedules(pp, model.n_layer);
+        if (held.count("parallel.pp_schedule")) {
+          // The held schedule, with each stages-per-rank count the search would try for it.
+          scheds.erase(std::remove_if(scheds.begin(), scheds.end(),
+                                      [&](const Schedule& s) { return s.name != p.pp_schedule; }),
+                       scheds.end());
+          if (scheds.empty() || held.count("parallel.pp_virtual")) scheds = {{p.pp_schedule, p.pp_virtual}};
+        } else if (held.count("parallel.pp_virtual")) {
+          scheds.erase(std::remove_if(scheds.begin(), scheds.end(),
+                                      [&](const Schedule& s) {
+                                        return s.name == "interleaved" && s.virtual_stages != p.pp_virtual;
+                                      }),
+                       scheds.end());
+          for (Schedule& s : scheds) s.virtual_stages = p.pp_virtual;
         }
+        std::vector<int64_t> micro;
+        for (int64_t b = 1; b <= global / dp; b *= 2)
+          if ((global / dp) % b == 0) micro.push_back(b);
+        for (const std::string& method : methods)
+          for (int64_t ep : eps)
+            for (const Schedule& schedule : scheds)
+              for (int64_t zero : held_or<int64_t>(held, "parallel.zero_stage", p.zero_stage,
+                                                   dp > 1 ? std::vector<int64_t>{0, 1, 2, 3} : std::vector<int64_t>{0}))
+                for (bool msp : held_or<bool>(held, "parallel.megatron_sp", p.megatron_sp,
+                                              tp > 1 && !moe ? std::vector<bool>{false, true} : std::vector<bool>{false}))
+                  for (const std::string& ckpt :
+                       held_or<std::string>(held, "memory.activation_checkpointing", base.memory.activation_checkpointing,
+                                            {"none", "selective", "full"}))
+                    for (int64_t b : held_or<int64_t>(held, "train.batch_size", base.train.batch_size, micro)) {
+                      Config c = base;
+                      c.parallel.tp = tp, c.parallel.pp = pp, c.parallel.sp = sp, c.parallel.sp_method = method;
+                      c.parallel.ep = ep, c.parallel.zero_stage = zero, c.parallel.megatron_sp = msp;
+                      c.parallel.pp_schedule = schedule.name;
+                      c.parallel.pp_virtual = schedule.virtual_stages;
+                      c.memory.activation_checkpointing = ckpt;
+                      c.train.batch_size = b;
+                      std::vector<std::pair<std::string, std::string>> set = {
+                          {"parallel.tp", text(tp)},
+                          {"parallel.pp", text(pp)},
+                          {"parallel.sp", text(sp)},
+                          {"parallel.zero_stage", text(zero)},
+                          {"parallel.megatron_sp", text(msp)},
+                          {"memory.activation_checkpointing", ckpt},
+                          {"train.batch_size", text(b)},
+                          {"train.global_batch_size", text(global)}};
+                      if (sp > 1) set.push_back({"parallel.sp_method", method});
+                      if (moe) set.push_back({"parallel.ep", text(ep)});
+                      if (pp > 1) {
+                        set.push_back({"parallel.pp_schedule", schedule.name});
+                        if (c.parallel.pp_virtual > 0) set.push_back({"parallel.pp_virtual", text(c.parallel.pp_virtual)});
+                      }
+                      consider(std::move(c), std::move(set));
+                    }
       }
     }
   }
@@ -165,10 +182,13 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
   // where the next bound is no faster than the last that fits. The layout checks and the memory
   // estimate run only for the layouts reached.
   auto faster = [](const Candidate& a, const Candidate& b) { return a.prediction.step_s < b.prediction.step_s; };
-  std::stable_sort(result.layouts.begin(), result.layouts.end(), faster);
+  std::vector<size_t> order(result.layouts.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return faster(result.layouts[a], result.layouts[b]); });
   std::vector<Candidate> fitting, too_large;
   auto full = [&](const std::vector<Candidate>& list) { return static_cast<int64_t>(list.size()) >= top; };
-  for (Candidate& c : result.layouts) {
+  for (const size_t index : order) {
+    Candidate& c = result.layouts[index];
     const double bound = c.prediction.step_s;
     if (full(fitting) && bound >= fitting.back().prediction.step_s) break;
     Prediction memory;

@@ -154,6 +154,7 @@ std::optional<Schedule> zero_bubble_v_list(int64_t p, int64_t m, const ActionCos
     return done[at(stage, mb)] <= t;
   };
   std::vector<std::vector<int64_t>> next_f(p, std::vector<int64_t>(2, 0));
+  std::vector<int64_t> open_i(static_cast<size_t>(stages), 0);  // per stage: the lowest micro-batch without its I
   std::vector<int64_t> held(p, 0);
   std::vector<double> free_at(p, 0);
   std::vector<int64_t> remaining(p, 6 * m);  // per rank: F, I and W of its two stages
@@ -172,7 +173,11 @@ std::optional<Schedule> zero_bubble_v_list(int64_t p, int64_t m, const ActionCos
       if (remaining[r] == 0 || free_at[r] != t) continue;
       const int64_t mine[2] = {r, stages - 1 - r};  // chunk 0 and chunk 1 of rank r
       Action chosen{Op::W, -1, kNever};
-      for (int64_t mb = 0; mb < m && chosen.stage < 0; ++mb)
+      // Only micro-batches between the lowest whose I is open and the last forward issued can
+      // have an I ready: the same first choice as scanning them all.
+      const int64_t lowest = std::min(open_i[mine[0]], open_i[mine[1]]);
+      const int64_t issued = std::max(next_f[r][0], next_f[r][1]);
+      for (int64_t mb = lowest; mb < issued && chosen.stage < 0; ++mb)
         for (int64_t stage : {mine[1], mine[0]}) {
           if (!done_by(f_done, stage, mb, t) || i_done[at(stage, mb)] != kUnscheduled) continue;
           if (stage + 1 < stages && !done_by(i_done, stage + 1, mb, t)) continue;
@@ -207,7 +212,11 @@ std::optional<Schedule> zero_bubble_v_list(int64_t p, int64_t m, const ActionCos
         ++next_f[r][chosen.stage == mine[0] ? 0 : 1];
         ++held[r];
       } else {
-        if (chosen.op != Op::W) i_done[at(chosen.stage, chosen.micro)] = end;  // I or B: the input gradient
+        if (chosen.op != Op::W) {  // I or B: the input gradient
+          i_done[at(chosen.stage, chosen.micro)] = end;
+          int64_t& open = open_i[chosen.stage];
+          while (open < m && i_done[at(chosen.stage, open)] != kUnscheduled) ++open;
+        }
         if (chosen.op == Op::I) pending_w[r].push_back({chosen.stage, chosen.micro});
         else --held[r];  // B or W frees the activation
       }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "model/model_size.h"
 #include "model/operations.h"
@@ -320,24 +321,27 @@ TEST(Search, ItsBestIsTheBruteForceBestAndHeldKeysAreHeld) {
   double best = 1e30;
   int64_t built = 0;
   for (int64_t tp : {1, 2, 4})
-    for (int64_t pp : {1, 2, 4})
-      for (const char* schedule : {"1f1b", "gpipe", "zbh1", "zbv", "interleaved"})
-        for (int64_t zero : {0, 1, 2, 3})
-          for (bool msp : {false, true})
-            for (const char* ckpt : {"none", "selective", "full"})
-              for (int64_t b : {1, 2, 4, 8}) {
-                Config c = base;
-                c.parallel.tp = tp, c.parallel.pp = pp, c.parallel.pp_schedule = schedule, c.parallel.zero_stage = zero;
-                c.parallel.megatron_sp = msp, c.memory.activation_checkpointing = ckpt, c.train.batch_size = b;
-                try {
-                  c.check("test");
-                  const ParallelDims dims(c.parallel, 4, "test");
-                  check_layout_options(c, dims);
-                  best = std::min(best, plan::predict(c, dims, cluster).step_s);
-                  ++built;
-                } catch (const std::exception&) {
-                }
-              }
+    for (int64_t sp : {1, 2, 4})
+      for (const char* method : {"ulysses", "ring"})
+        for (int64_t pp : {1, 2, 4})
+          for (const char* schedule : {"1f1b", "gpipe", "zbh1", "zbv", "interleaved"})
+            for (int64_t zero : {0, 1, 2, 3})
+              for (bool msp : {false, true})
+                for (const char* ckpt : {"none", "selective", "full"})
+                  for (int64_t b : {1, 2, 4, 8}) {
+                    Config c = base;
+                    c.parallel.tp = tp, c.parallel.sp = sp, c.parallel.sp_method = method, c.parallel.pp = pp;
+                    c.parallel.pp_schedule = schedule, c.parallel.zero_stage = zero;
+                    c.parallel.megatron_sp = msp, c.memory.activation_checkpointing = ckpt, c.train.batch_size = b;
+                    try {
+                      c.check("test");
+                      const ParallelDims dims(c.parallel, 4, "test");
+                      check_layout_options(c, dims);
+                      best = std::min(best, plan::predict(c, dims, cluster).step_s);
+                      ++built;
+                    } catch (const std::exception&) {
+                    }
+                  }
   ASSERT_GT(built, 0);
   EXPECT_NEAR(result.layouts.front().prediction.step_s, best, 1e-12);
 
@@ -348,6 +352,35 @@ TEST(Search, ItsBestIsTheBruteForceBestAndHeldKeysAreHeld) {
     EXPECT_EQ(c.dims.tp(), base.parallel.tp);
     EXPECT_EQ(c.config.train.batch_size, base.train.batch_size);
   }
+}
+
+// sp with its methods by attention kind (lasp and lasp2 for linear attention, never Ulysses), and
+// ep over the experts, are searched; every layout shown carries its keys in the --set line.
+TEST(Search, SequenceAndExpertParallelismAreSearched) {
+  const Cluster cluster = test_cluster();
+  Config linear = planner_config();
+  linear.model.arch = "linear";
+  linear.train.global_batch_size = 8;
+  std::set<std::string> methods;
+  for (const plan::Candidate& c : plan::search_layouts(linear, 4, {"parallel.tp", "parallel.pp"}, cluster,
+                                                       check_layout_options, 1000).layouts) {
+    if (c.dims.sp() == 1) continue;
+    methods.insert(c.config.parallel.sp_method);
+    bool named = false;
+    for (const auto& [key, value] : c.set) named = named || (key == "parallel.sp_method" && value == c.config.parallel.sp_method);
+    EXPECT_TRUE(named);
+  }
+  EXPECT_EQ(methods, (std::set<std::string>{"lasp", "lasp2"}));
+
+  Config moe = test::tiny_config(64);
+  moe.model = ModelOptions::from_preset("tiny_mixtral");
+  moe.train.seq_len = 64;
+  moe.train.global_batch_size = 8;
+  std::set<int64_t> eps;
+  for (const plan::Candidate& c : plan::search_layouts(moe, 4, {"parallel.tp", "parallel.pp", "parallel.sp"}, cluster,
+                                                       check_layout_options, 1000).layouts)
+    eps.insert(c.dims.ep());
+  EXPECT_GT(eps.size(), 1u);  // more than the config's ep = 1
 }
 
 }  // namespace
