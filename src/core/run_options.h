@@ -30,7 +30,7 @@ struct TrainOptions {
   void visit(V& v) {
     v("steps", steps, "optimizer steps to train for", between(1, 1e12));
     v("batch_size", batch_size, "sequences per micro-batch", between(1, 1 << 20));
-    v("seq_len", seq_len, "tokens per sequence (at most model.block_size)", between(1, 1 << 22));
+    v("seq_len", seq_len, "tokens per sequence (at most model.block_size)", between(1, 1 << 25));
     v("grad_accum", grad_accum, "micro-batches accumulated per optimizer step", between(1, 1 << 20));
     v("global_batch_size", global_batch_size,
       "sequences per optimizer step over all ranks; when set, grad_accum is derived as global / (batch_size x dp) "

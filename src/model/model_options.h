@@ -98,7 +98,7 @@ struct ModelOptions {
     v("n_layer", n_layer, "transformer blocks", between(1, 1024));
     v("n_head", n_head, "attention heads per block", between(1, 1024));
     v("n_embd", n_embd, "model width (a multiple of n_head)", between(1, 1 << 17));
-    v("block_size", block_size, "maximum sequence length", between(1, 1 << 22));
+    v("block_size", block_size, "maximum sequence length", between(1, 1 << 25));
     v("dropout", dropout, "dropout on embeddings, attention probabilities and residual branches", fraction_below_one());
     v("bias", bias, "biases in linear layers and LayerNorms");
     v("ffn", ffn, "dense (MLP) or moe (mixture of experts)");

@@ -134,7 +134,9 @@ double optimizer_bytes_per_element(const Config& config) {
 double all_reduce_seconds(double bytes, int64_t n, const Cluster::Tier& tier) {
   if (n <= 1) return 0;
   const double steps = static_cast<double>(n - 1);
-  return 2 * steps / static_cast<double>(n) * bytes / tier.bandwidth_bytes_per_s + 2 * steps * tier.latency_s;
+  const double tree_depth = std::ceil(std::log2(static_cast<double>(n)));
+  return 2 * steps / static_cast<double>(n) * bytes / tier.bandwidth_bytes_per_s +
+         2 * std::min(steps, tree_depth) * tier.latency_s;
 }
 
 double all_gather_seconds(double bytes, int64_t n, const Cluster::Tier& tier) {
@@ -270,14 +272,15 @@ PricedLayout price_layout(const Config& config, const ParallelDims& dims, const 
   const double grad_bytes = (p.grad_compression != "none" || config.precision.dtype == "fp16") ? 2 : 4;
   const double param_bytes = config.precision.dtype == "fp16" ? 2 : 4;
   // The reduction runs one collective per bucket of parallel.bucket_mb, ZeRO-3's gathers one per
-  // block (and one for the ends): each collective beyond the first pays its ring's latency steps
-  // again ((n - 1) per all-gather or reduce-scatter, twice that per all-reduce), which at
-  // hundreds of replicas is most of its time.
+  // block (and one for the ends): each collective beyond the first pays its latency steps again
+  // ((n - 1) per all-gather or reduce-scatter; an all-reduce its tree's), which at hundreds of
+  // replicas is most of its time.
   const double ring_steps = static_cast<double>(n_replicas - 1) * replica_tier.latency_s;
   const double more_buckets = std::max(0.0, std::ceil(params * grad_bytes / (p.bucket_mb * 1e6)) - 1);
   double reduce_per_step = 0, reduce_per_micro_batch = 0, gather_per_pass = 0;
   if (p.zero_stage <= 1)
-    reduce_per_step = all_reduce_seconds(params * grad_bytes, n_replicas, replica_tier) + more_buckets * 2 * ring_steps;
+    reduce_per_step = all_reduce_seconds(params * grad_bytes, n_replicas, replica_tier) +
+                      more_buckets * all_reduce_seconds(0, n_replicas, replica_tier);
   else
     reduce_per_micro_batch = all_gather_seconds(params * grad_bytes, n_replicas, replica_tier) + more_buckets * ring_steps;
   // ZeRO-1 and 2: each replica updates its shard, then the parameters are gathered: after the

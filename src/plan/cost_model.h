@@ -125,9 +125,10 @@ void add_memory(Prediction& prediction, const Config& config, const ParallelDims
 double step_lower_bound(const Config& config, const ParallelDims& dims, const Cluster& cluster,
                         const PricedOperations& priced);
 
-// Collective times on `tier` for a group of `n` ranks (ring algorithms; bytes of the whole buffer):
-// all-reduce 2 (n-1)/n bytes / bandwidth + 2 (n-1) latency; all-gather, reduce-scatter and
-// all-to-all (n-1)/n bytes / bandwidth + (n-1) latency; one send bytes / bandwidth + latency.
+// Collective times on `tier` for a group of `n` ranks (bytes of the whole buffer): all-reduce
+// 2 (n-1)/n bytes / bandwidth (a ring's) + 2 min(n-1, ceil(log2 n)) latency (NCCL's tree where it
+// has fewer steps than the ring); all-gather, reduce-scatter and all-to-all (n-1)/n bytes /
+// bandwidth + (n-1) latency (rings); one send bytes / bandwidth + latency.
 double all_reduce_seconds(double bytes, int64_t n, const Cluster::Tier& tier);
 double all_gather_seconds(double bytes, int64_t n, const Cluster::Tier& tier);
 double send_seconds(double bytes, const Cluster::Tier& tier);

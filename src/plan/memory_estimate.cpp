@@ -89,7 +89,12 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   if (mode == "full") {
     per_layer = 2 * h;
   } else {
-    const double scores = mode == "selective" ? 0 : 5 * a * s / t;
+    // The attention scores and probabilities Korthikanti et al. count (5 a s per token): kept by
+    // an attention that materializes them (softmax on the CPU, Megatron's unfused kernels), not
+    // by SDPA's fused kernels on CUDA (flash, memory-efficient, cuDNN), which keep one log-sum-exp
+    // per row and head; nor by lightning attention's chunks beyond one chunk's square.
+    const bool fused = config.train.device == "cuda" && m.arch != "linear";
+    const double scores = mode == "selective" || fused ? 0 : 5 * a * s / t;
     per_layer = (p.megatron_sp ? 34 * h / t : h * (10 + 24 / t)) + scores;
   }
   const bool half = fp16 || config.precision.dtype == "bf16";

@@ -15,7 +15,9 @@
 //   activations  per token per block, Korthikanti et al. (arXiv 2205.05198) eq. 1-4 at 2-byte
 //                activations, scaled to the compute dtype: 34 h + 5 a s without tensor parallelism,
 //                h (10 + 24/t) + 5 a s / t with it, (34 h + 5 a s) / t with Megatron-SP; selective
-//                checkpointing drops the 5 a s attention-score term, full checkpointing keeps only
+//                checkpointing drops the 5 a s attention-score term, and so does softmax attention
+//                on CUDA (train.device = cuda: SDPA's fused kernels keep one log-sum-exp per row
+//                and head, not the scores); full checkpointing keeps only
 //                the block input (2 h); for linear attention s is the lightning chunk
 //                (min(s, linear_chunk)). h = n_embd, a = n_head, s = train.seq_len, t = tp, and
 //                s / sp tokens per rank under sequence parallelism. The formula assumes a 4h MLP

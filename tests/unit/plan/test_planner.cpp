@@ -161,9 +161,11 @@ TEST(ClusterFile, AMatmulTablePricesEachProductAtItsShape) {
   EXPECT_EQ(h100.device.product_tflops(false, 16384, 4096, 4096), 16);  // fp32: the flat rate
 }
 
-TEST(CostModel, CollectivesTakeTheRingAlgorithmsTime) {
+TEST(CostModel, CollectivesTakeTheirAlgorithmsTime) {
   const Cluster::Tier t{10e9, 1e-5, true};
-  EXPECT_DOUBLE_EQ(plan::all_reduce_seconds(1e9, 4, t), 2 * 3.0 / 4 * 0.1 + 6 * 1e-5);
+  EXPECT_DOUBLE_EQ(plan::all_reduce_seconds(1e9, 4, t), 2 * 3.0 / 4 * 0.1 + 4 * 1e-5);  // a tree of depth 2
+  EXPECT_DOUBLE_EQ(plan::all_reduce_seconds(1e9, 3, t), 2 * 2.0 / 3 * 0.1 + 4 * 1e-5);  // the ring's 2 steps
+  EXPECT_DOUBLE_EQ(plan::all_reduce_seconds(0, 1024, t), 2 * 10 * 1e-5);
   EXPECT_DOUBLE_EQ(plan::all_gather_seconds(1e9, 4, t), 3.0 / 4 * 0.1 + 3 * 1e-5);
   EXPECT_DOUBLE_EQ(plan::send_seconds(1e9, t), 0.1 + 1e-5);
   EXPECT_EQ(plan::all_reduce_seconds(1e9, 1, t), 0);
