@@ -10,6 +10,7 @@
 #include "model/operations.h"
 #include "parallel/pipeline/schedule_builders.h"
 #include "parallel/pipeline/simulate.h"
+#include "parallel/pipeline/validate.h"
 #include "plan/layout.h"
 #include "plan/memory_estimate.h"
 #include "plan/stage_cut.h"
@@ -202,7 +203,7 @@ struct PricedLayout {
 };
 
 PricedLayout price_layout(const Config& config, const ParallelDims& dims, const Cluster& cluster,
-                          const PricedOperations& priced) {
+                          const PricedOperations& priced, PlanCache* cache) {
   const ModelOptions& model = config.model;
   const ParallelOptions& p = config.parallel;
   const OperationShape& shape = priced.shape;
@@ -234,7 +235,7 @@ PricedLayout price_layout(const Config& config, const ParallelDims& dims, const 
     blocks.head_seconds = head.f + head.i + head.w;
     blocks.embedding_split = {embedding.f, embedding.i + embedding.w, embedding.i, embedding.w};
     blocks.head_split = {head.f, head.i + head.w, head.i, head.w};
-    out.cut = pipeline_cut(config, dims);
+    out.cut = cache ? cache->cut(config, dims) : pipeline_cut(config, dims);
     add_measured_costs(*out.cut, blocks);
     out.costs.stages = out.cut->compute;
     // The model prices a whole backward as exactly its two halves; summed per stage in another
@@ -359,19 +360,38 @@ double pipeline_lower_bound(const Config& config, const PricedLayout& layout) {
 }  // namespace
 
 double step_lower_bound(const Config& config, const ParallelDims& dims, const Cluster& cluster,
-                        const PricedOperations& priced) {
-  const PricedLayout layout = price_layout(config, dims, cluster, priced);
+                        const PricedOperations& priced, PlanCache* cache) {
+  const PricedLayout layout = price_layout(config, dims, cluster, priced, cache);
   return dims.pp() == 1 ? layout.step_without_pipeline : pipeline_lower_bound(config, layout);
 }
 
+const StageCut& PlanCache::cut(const Config& config, const ParallelDims& dims) {
+  const std::pair<int64_t, int64_t> key{dims.pp(), config.parallel.pipeline_virtual()};
+  auto it = cuts_.find(key);
+  if (it == cuts_.end()) it = cuts_.emplace(key, pipeline_cut(config, dims)).first;
+  return it->second;
+}
+
+const pipeline::Schedule& PlanCache::table(const ParallelOptions& parallel, int64_t pp, int64_t micro_batches,
+                                            const pipeline::ActionCosts& costs) {
+  std::vector<double> built_from = {costs.transfer};
+  for (const pipeline::ActionCosts::Compute& c : costs.stages) built_from.insert(built_from.end(), {c.f, c.b, c.i, c.w});
+  auto key = std::make_tuple(parallel.pp_schedule, pp, parallel.pipeline_virtual(), micro_batches, std::move(built_from));
+  auto it = tables_.find(key);
+  if (it == tables_.end())
+    it = tables_.emplace(std::move(key), pipeline::build_schedule(parallel.pp_schedule, pp, micro_batches,
+                                                                  parallel.pipeline_virtual(), costs)).first;
+  return it->second;
+}
+
 Prediction predict_time(const Config& config, const ParallelDims& dims, const Cluster& cluster,
-                        const CostOptions& options, const PricedOperations* shared) {
+                        const CostOptions& options, const PricedOperations* shared, PlanCache* cache) {
   check_modelled(config);
   const ModelOptions& model = config.model;
   const ParallelOptions& p = config.parallel;
   const PricedOperations own = shared ? PricedOperations{} : price_operations(config, dims, cluster, options);
   const PricedOperations& priced = shared ? *shared : own;
-  const PricedLayout layout = price_layout(config, dims, cluster, priced);
+  const PricedLayout layout = price_layout(config, dims, cluster, priced, cache);
   const int64_t m = layout.m;
 
   Prediction out;
@@ -382,10 +402,15 @@ Prediction predict_time(const Config& config, const ParallelDims& dims, const Cl
     rank_total = layout.all;
     out.step_s = layout.step_without_pipeline;
   } else {
-    // The table for these costs (as a run rebuilds zbv's and zbh1's for its measured ones).
-    const pipeline::Schedule schedule =
-        pipeline::schedule_for_options(p, dims.pp(), m, layout_gathers(p, dims), layout.costs);
-    const pipeline::Simulation sim = pipeline::simulate_schedule(schedule, layout.costs);
+    // The table for these costs (as a run rebuilds zbv's and zbh1's for its measured ones), with
+    // this layout's parameter actions (the table as schedule_for_options makes it; the planner
+    // refuses file: schedules).
+    pipeline::Schedule schedule = cache ? cache->table(p, dims.pp(), m, layout.costs)
+                                         : pipeline::build_schedule(p.pp_schedule, dims.pp(), m,
+                                                                    p.pipeline_virtual(), layout.costs);
+    pipeline::add_parameter_actions(schedule, layout_gathers(p, dims));
+    pipeline::validate_schedule(schedule);
+    const pipeline::Simulation sim = pipeline::simulate_schedule(schedule, layout.costs, pipeline::Timeline::skip);
     require(sim.stuck.empty(), "internal: the planner's pipeline table did not run to its end");
     out.step_s = sim.step_time;
     const int64_t critical = std::max_element(sim.busy.begin(), sim.busy.end()) - sim.busy.begin();
@@ -420,7 +445,11 @@ Prediction predict_time(const Config& config, const ParallelDims& dims, const Cl
 }
 
 void add_memory(Prediction& prediction, const Config& config, const ParallelDims& dims, const Cluster& cluster) {
-  prediction.peak_memory_bytes = estimate_memory(config, make_layout(config, dims)).device_bytes();
+  add_memory(prediction, config, make_layout(config, dims), cluster);
+}
+
+void add_memory(Prediction& prediction, const Config& config, const Layout& layout, const Cluster& cluster) {
+  prediction.peak_memory_bytes = estimate_memory(config, layout).device_bytes();
   prediction.fits = prediction.peak_memory_bytes <= cluster.device.memory_bytes();
   prediction.memory_estimated = true;
 }

@@ -38,6 +38,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <tuple>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,7 +47,11 @@
 #include "config/config.h"
 #include "core/parallel_dims.h"
 #include "model/operations.h"
+#include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/simulate.h"
 #include "plan/cluster.h"
+#include "plan/layout.h"
+#include "plan/stage_cut.h"
 
 namespace tessera::plan {
 
@@ -102,14 +108,34 @@ struct PricedOperations {
 PricedOperations price_operations(const Config& config, const ParallelDims& dims, const Cluster& cluster,
                                   const CostOptions& options = {});
 
+// What a search shares between the layouts it prices: the pipeline cuts by shape (stages and
+// stages per rank; the model is the search's) and the tables by what builds them (the schedule, its
+// ranks, stages per rank and micro-batches, each stage's F, B, I, W and the transfer), so layouts
+// that differ only in what the table's GATHER and OPTIM actions cost (the ZeRO stage) share one.
+// Tables without their parameter actions (parallel/pipeline/schedule.h).
+class PlanCache {
+ public:
+  const StageCut& cut(const Config& config, const ParallelDims& dims);
+  const pipeline::Schedule& table(const ParallelOptions& parallel, int64_t pp, int64_t micro_batches,
+                                  const pipeline::ActionCosts& costs);
+
+ private:
+  std::map<std::pair<int64_t, int64_t>, StageCut> cuts_;
+  std::map<std::tuple<std::string, int64_t, int64_t, int64_t, std::vector<double>>, pipeline::Schedule> tables_;
+};
+
 Prediction predict(const Config& config, const ParallelDims& dims, const Cluster& cluster, const CostOptions& options = {});
 // The two halves of predict: the step (from the operations alone: no model is built; `priced`:
-// the layout's price_operations where the caller has it) and the memory (the estimate builds the
+// the layout's price_operations where the caller has it; `cache`: a search's) and the memory (the estimate builds the
 // model on the meta device and the layout's table: slower), so a search estimates memory only for
 // the layouts it may show.
 Prediction predict_time(const Config& config, const ParallelDims& dims, const Cluster& cluster,
-                        const CostOptions& options = {}, const PricedOperations* priced = nullptr);
+                        const CostOptions& options = {}, const PricedOperations* priced = nullptr,
+                        PlanCache* cache = nullptr);
 void add_memory(Prediction& prediction, const Config& config, const ParallelDims& dims, const Cluster& cluster);
+// The same for a layout already made (a search shares one cut and table between layouts of the
+// same pipeline shape).
+void add_memory(Prediction& prediction, const Config& config, const Layout& layout, const Cluster& cluster);
 // A bound no layout's predicted step falls below, from the same prices without building its table:
 // without a pipeline the step itself; with one, the OPTIM action (the reduction's exposed part and
 // the optimizer step, which every rank runs last) after the largest of
@@ -123,7 +149,7 @@ void add_memory(Prediction& prediction, const Config& config, const ParallelDims
 // The search predicts layouts in the order of this bound and stops where it passes the best it
 // must show.
 double step_lower_bound(const Config& config, const ParallelDims& dims, const Cluster& cluster,
-                        const PricedOperations& priced);
+                        const PricedOperations& priced, PlanCache* cache = nullptr);
 
 // Collective times on `tier` for a group of `n` ranks (bytes of the whole buffer): all-reduce
 // 2 (n-1)/n bytes / bandwidth (a ring's) + 2 min(n-1, ceil(log2 n)) latency (NCCL's tree where it

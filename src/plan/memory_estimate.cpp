@@ -130,7 +130,7 @@ MemoryEstimate estimate_memory(const Config& config, const Layout& layout) {
     // rank that needs the most.
     const ParallelOptions& p = config.parallel;
     const int64_t v = p.pipeline_virtual();
-    const pipeline::Simulation sim = pipeline::simulate_schedule(layout.schedule());
+    const pipeline::Simulation sim = pipeline::simulate_schedule(layout.schedule(), {}, pipeline::Timeline::skip);
     for (int64_t r = 0; r < dims.pp(); ++r) {
       MemoryEstimate rank = estimate_rank(config, dims, layout.stage_of(r),
                                           static_cast<double>(sim.peak_held[r]) / static_cast<double>(v));

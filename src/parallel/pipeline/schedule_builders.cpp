@@ -105,7 +105,7 @@ bool whole_backward_cheaper(const ActionCosts& costs, int64_t stages) {
 // A table's step under `costs`, with its communication added.
 double simulated_step(Schedule s, const ActionCosts& costs) {
   add_communication(s);
-  return simulate_schedule(s, costs).step_time;
+  return simulate_schedule(s, costs, Timeline::skip).step_time;
 }
 
 // Each I of `s` in turn made whole (B at its place, its W dropped) where the simulated step is no

@@ -90,10 +90,11 @@ double Simulation::bubble() const {
   return 1 - total / (static_cast<double>(busy.size()) * step_time);
 }
 
-Simulation simulate_schedule(const Schedule& s, const ActionCosts& costs) {
+Simulation simulate_schedule(const Schedule& s, const ActionCosts& costs, Timeline timeline) {
   const int64_t pp = static_cast<int64_t>(s.ranks.size());
   Simulation sim;
-  sim.timeline.resize(pp);
+  const bool record = timeline == Timeline::record;
+  sim.timeline.resize(record ? pp : 0);
   sim.busy.assign(pp, 0);
   sim.peak_held.assign(pp, 0);
   sim.peak_gathered.assign(pp, 0);
@@ -176,7 +177,7 @@ Simulation simulate_schedule(const Schedule& s, const ActionCosts& costs) {
         if (a.op == Op::SendF || a.op == Op::SendB) {
           const double start = std::max(clock[r], ready);
           clock[r] = start + costs.send;
-          if (costs.send > 0) sim.timeline[r].push_back({a, start, clock[r]});
+          if (record && costs.send > 0) sim.timeline[r].push_back({a, start, clock[r]});
           done.set({a.op, a.stage, a.micro}, clock[r] + costs.transfer);
           sent[r] = std::max(sent[r], clock[r] + costs.transfer);
         } else if (a.op == Op::Gather) {
@@ -193,7 +194,7 @@ Simulation simulate_schedule(const Schedule& s, const ActionCosts& costs) {
           double start = std::max(clock[r], ready);
           if (a.is_compute() && !awaited[r][a.stage]) {  // the exposed part of its stage's fetch
             const double until = std::max(start, fetched[r][a.stage]);
-            sim.timeline[r].push_back({Action{Op::Gather, a.stage, a.micro}, start, until});
+            if (record) sim.timeline[r].push_back({Action{Op::Gather, a.stage, a.micro}, start, until});
             start = until;
             awaited[r][a.stage] = 1;
           }
@@ -201,7 +202,7 @@ Simulation simulate_schedule(const Schedule& s, const ActionCosts& costs) {
           const double end = start + cost;
           clock[r] = end;
           if (a.is_compute()) sim.busy[r] += cost;
-          sim.timeline[r].push_back({a, start, end});
+          if (record) sim.timeline[r].push_back({a, start, end});
           if (a.is_compute()) {
             const Op key = a.op == Op::B ? Op::I : a.op;
             done.set({key, a.stage, a.micro}, end);

@@ -68,7 +68,7 @@ struct BlockedRank {
 };
 
 struct Simulation {
-  std::vector<std::vector<TimedAction>> timeline;  // per rank, in order (compute and receives)
+  std::vector<std::vector<TimedAction>> timeline;  // per rank, in order (compute and receives); empty when skipped
   double step_time = 0;                            // the last action's end
   std::vector<double> busy;                        // compute time per rank
   std::vector<int64_t> peak_held;                  // most activations held at once, per rank
@@ -79,6 +79,11 @@ struct Simulation {
   double bubble() const;
 };
 
-Simulation simulate_schedule(const Schedule& schedule, const ActionCosts& costs = {});
+// `timeline`: record each action's start and end (what the pictures draw); replays that need only
+// the step, the busy time, the peaks and the blocked ranks (the validator, the builders' and the
+// planner's) leave it empty.
+enum class Timeline : uint8_t { record, skip };
+Simulation simulate_schedule(const Schedule& schedule, const ActionCosts& costs = {},
+                             Timeline timeline = Timeline::record);
 
 }  // namespace tessera::pipeline

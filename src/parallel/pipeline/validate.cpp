@@ -164,7 +164,7 @@ void validate_schedule(const Schedule& s) {
         refuse(s, recv_b.first, recv_b.second, "receives where no transfer is");
     }
   check_parameter_actions(s);
-  const Simulation sim = simulate_schedule(s);
+  const Simulation sim = simulate_schedule(s, {}, Timeline::skip);
   if (!sim.stuck.empty()) {
     std::string blocked;
     for (const BlockedRank& b : sim.stuck)
