@@ -4,7 +4,7 @@
 3072, and Table 2, ZeRO-3 without model parallelism against PTD-P at 175B and 530B.
 
 Each row is predicted for the layout as the paper ran it: its tensor- and pipeline-parallel
-degrees, world, global batch, sequence 2048, vocabulary 51200, full recomputation, the interleaved
+degrees (no sequence parallelism), world, global batch, sequence 2048, vocabulary 51200, full recomputation, the interleaved
 schedule where there is a pipeline, no Megatron-SP (it came later), attention as Megatron ran it
 then (--attention unfused), the gradients all-reduced in one bucket after the backward
 (parallel.bucket_mb = 65536: Megatron-LM's contiguous buffer of 2021); bf16 stands for the paper's fp16 (same tensor-core rate on the A100;
@@ -83,7 +83,7 @@ dtype = "bf16"
 tp = {tp}
 pp = {pp}
 """)
-    sets = [f"parallel.tp={tp}", f"parallel.pp={pp}", "memory.activation_checkpointing=full",
+    sets = [f"parallel.tp={tp}", f"parallel.pp={pp}", "parallel.sp=1", "memory.activation_checkpointing=full",
             "parallel.megatron_sp=false"]
     if zero is None:
         # Megatron-LM of 2021 all-reduced its contiguous gradient buffer in one call after the

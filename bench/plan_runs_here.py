@@ -54,9 +54,6 @@ LAYOUTS = [
     ("sp2 ring", 2, ["parallel.tp=1", "parallel.pp=1", "parallel.zero_stage=0", "train.batch_size=8",
                      "parallel.sp=2", "parallel.sp_method=ring"]),
 ]
-HELD = ["parallel.tp", "parallel.pp", "parallel.zero_stage", "parallel.megatron_sp", "parallel.pp_schedule",
-        "parallel.pp_virtual", "memory.activation_checkpointing", "train.batch_size"]
-
 
 def run(args, check=True):
     out = subprocess.run(args, capture_output=True, text=True)
@@ -75,7 +72,7 @@ def sets(keys):
 def full_layout(keys):
     given = {k.split("=")[0] for k in keys}
     defaults = {"parallel.megatron_sp": "false", "parallel.pp_schedule": "1f1b", "parallel.pp_virtual": "0",
-                "memory.activation_checkpointing": "none"}
+                "memory.activation_checkpointing": "none", "parallel.sp": "1", "parallel.ep": "1"}
     return keys + [f"{k}={v}" for k, v in defaults.items() if k not in given]
 
 

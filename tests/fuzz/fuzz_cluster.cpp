@@ -1,7 +1,10 @@
 // libFuzzer target: a cluster file as a user gives `tessera plan --cluster` or
-// `train.plan_cluster` (plan/cluster.h, parse_cluster). Every input must load or end in
+// `train.plan_cluster` (plan/cluster.h, parse_cluster), and the same bytes as the product-rate
+// table such a file may name (plan/matmul_table.h). Every input must load or end in
 // tessera::Error; a file that loads has achievable rates no higher than its peaks, and every
-// group of the first nodes is priced on a tier with a positive bandwidth.
+// group of the first nodes is priced on a tier with a positive bandwidth; a table that loads
+// prices every shape at a positive, finite rate.
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -9,9 +12,18 @@
 
 #include "core/error.h"
 #include "plan/cluster.h"
+#include "plan/matmul_table.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
+  try {
+    const tessera::plan::MatmulTable table = tessera::plan::MatmulTable::parse(text, "fuzz.csv");
+    for (const double d : {1.0, 300.0, 1e9}) {
+      const double rate = table.tflops(d, 2 * d, d / 2);
+      if (!(rate > 0) || !std::isfinite(rate)) __builtin_trap();
+    }
+  } catch (const tessera::Error&) {
+  }
   tessera::plan::Cluster c;
   try {
     c = tessera::plan::parse_cluster(text, "fuzz.toml");

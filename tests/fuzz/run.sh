@@ -46,7 +46,7 @@ case $target in
                     src/optim/optim_options.cpp src/precision/precision_options.cpp src/core/fs.cpp src/model/model_options.cpp
                     src/core/resource_dir.cpp)
           flags+=("-DTOML_ASSERT(expr)=static_assert(true)") ;;
-  cluster) sources+=(src/plan/cluster.cpp src/core/options.cpp src/core/fs.cpp src/core/resource_dir.cpp)
+  cluster) sources+=(src/plan/cluster.cpp src/plan/matmul_table.cpp src/core/options.cpp src/core/fs.cpp src/core/resource_dir.cpp)
            flags+=("-DTOML_ASSERT(expr)=static_assert(true)")
            watched+=(src/plan) ;;
   token_files) sources+=(src/data/token_stream.cpp src/data/token_file.cpp src/core/fs.cpp) ;;
