@@ -10,7 +10,6 @@
 #include <ctime>
 #include <fstream>
 #include <functional>
-#include <limits>
 #include <thread>
 #include <vector>
 
@@ -51,28 +50,41 @@ double median_seconds(Op&& op, double budget) {
   return times[times.size() / 2];
 }
 
-// The fastest time of each of `ops`, a compute-bound kernel's own time for the fits across sizes,
-// timed in turn over three rounds (the budget shared between them): a while when another process
-// holds the core falls on one round of each op rather than on every run of one, which would bend
-// the line (the core-sharing factor is measured apart, shared_slowdown).
-std::vector<double> fastest_in_rounds(const std::vector<std::function<void()>>& ops, double budget) {
+// The median time of each of `ops` (what a step's kernels take as they run), the ops timed in
+// turn over three rounds (the budget shared between them) and each one's runs of every round
+// pooled: a while when another process holds the core falls on one round of each op rather than
+// on every run of one, which would bend the fit across sizes.
+std::vector<double> medians_in_rounds(const std::vector<std::function<void()>>& ops, double budget) {
   constexpr int kRounds = 3;
-  std::vector<double> fastest(ops.size(), std::numeric_limits<double>::infinity());
+  std::vector<std::vector<double>> runs(ops.size());
   for (int round = 0; round < kRounds; ++round)
     for (size_t i = 0; i < ops.size(); ++i) {
       const std::vector<double> times = timed_runs(ops[i], budget / kRounds);
-      fastest[i] = std::min(fastest[i], *std::min_element(times.begin(), times.end()));
+      runs[i].insert(runs[i].end(), times.begin(), times.end());
     }
-  return fastest;
+  std::vector<double> medians;
+  for (std::vector<double>& times : runs) {
+    std::nth_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(times.size() / 2), times.end());
+    medians.push_back(times[times.size() / 2]);
+  }
+  return medians;
 }
 
-// Least squares y = a + b x.
+// y = a + b x by Theil and Sen: b the median of the slopes between every two points, a the median
+// of y - b x. One point measured while another process held the core moves it little, where it
+// can turn a least-squares slope negative.
 std::pair<double, double> fit_line(const std::vector<double>& x, const std::vector<double>& y) {
-  const double n = static_cast<double>(x.size());
-  double sx = 0, sy = 0, sxx = 0, sxy = 0;
-  for (size_t i = 0; i < x.size(); ++i) sx += x[i], sy += y[i], sxx += x[i] * x[i], sxy += x[i] * y[i];
-  const double b = (n * sxy - sx * sy) / (n * sxx - sx * sx);
-  return {(sy - b * sx) / n, b};
+  auto median = [](std::vector<double> v) {
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  std::vector<double> slopes, intercepts;
+  for (size_t i = 0; i < x.size(); ++i)
+    for (size_t j = i + 1; j < x.size(); ++j)
+      if (x[j] != x[i]) slopes.push_back((y[j] - y[i]) / (x[j] - x[i]));
+  const double b = median(slopes);
+  for (size_t i = 0; i < x.size(); ++i) intercepts.push_back(y[i] - b * x[i]);
+  return {median(intercepts), b};
 }
 
 struct MatmulFit {
@@ -94,7 +106,7 @@ MatmulFit fit_matmul(c10::ScalarType dtype, double budget) {
     ops.push_back([a, b, c]() mutable { at::mm_out(c, a, b); });
     flops.push_back(2.0 * static_cast<double>(s.m * s.k * s.n));
   }
-  const std::vector<double> seconds = fastest_in_rounds(ops, budget);
+  const std::vector<double> seconds = medians_in_rounds(ops, budget);
   const auto [intercept, per_flop] = fit_line(flops, seconds);
   require(per_flop > 0, "tessera plan calibrate: the products' times did not grow with their size");
   return {1e-12 / per_flop, std::max(0.0, intercept) * 1e6};
@@ -116,7 +128,7 @@ double fit_attention(c10::ScalarType dtype, double budget) {
     });
     flops.push_back(3.5 * 2.0 * static_cast<double>(x.b * x.h * x.s * x.s * x.d));
   }
-  const std::vector<double> seconds = fastest_in_rounds(ops, budget);
+  const std::vector<double> seconds = medians_in_rounds(ops, budget);
   const auto [intercept, per_flop] = fit_line(flops, seconds);
   require(per_flop > 0, "tessera plan calibrate: the attention times did not grow with their size");
   return 1e-12 / per_flop;
