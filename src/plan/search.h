@@ -4,7 +4,12 @@
 //
 // Searched keys (each held at the config's value when the user gave it with --set):
 //   parallel.tp                  powers of two dividing the heads, at most a node's devices
-//   parallel.pp                  divisors of model.n_layer (dp = world / (tp x pp))
+//   parallel.sp                  powers of two dividing the sequence, sp x tp at most a node's
+//                                devices (hold a larger sp with --set)
+//   parallel.sp_method           with sp > 1: ulysses and ring (softmax attention), lasp and lasp2
+//                                (linear attention)
+//   parallel.ep                  with experts: powers of two dividing the experts and dp
+//   parallel.pp                  divisors of model.n_layer (dp = world / (tp x pp x sp))
 //   parallel.pp_schedule         1f1b, interleaved (2 stages per rank, and more where the blocks
 //                                allow), zbh1, zbv, gpipe; with parallel.pp_virtual
 //   parallel.zero_stage          0-3 (with data replicas)
@@ -12,13 +17,16 @@
 //   memory.activation_checkpointing  none, selective, full
 //   train.batch_size             the micro-batch: powers of two dividing the global batch / dp
 // The global batch (train.global_batch_size, else batch_size x grad_accum x the config's dp) is
-// held: every layout trains the same sequences per step. Not searched yet: sp, ep, offload, swap,
-// the swarm (the config's values are kept; the cost model refuses what it does not model).
+// held: every layout trains the same sequences per step. Not searched yet: offload, swap, the
+// swarm (the config's values are kept; the cost model refuses what it does not model).
 //
 // A candidate the layout checks refuse (the `check` given: parallel/layout_check.h's, which sits
-// above this layer) or the cost model cannot build is skipped and counted. The checks and the
-// memory estimate run only for the layouts the branch and bound reaches (in the order of their
-// lower bounds), so those counts are of the layouts examined.
+// above this layer) or the cost model cannot build is skipped and counted. Every candidate is
+// bounded below from its prices (cost_model.h's step_lower_bound); the checks, the memory
+// estimate and the table run only for the layouts the branch and bound reaches (in the order of
+// their bounds), so those counts are of the layouts examined. What layouts share is priced once:
+// the operations per (tp, pp, sp, method, ep, Megatron-SP, checkpointing, micro-batch), the cuts
+// and tables through a PlanCache, the memory estimate's cut and table per pipeline shape.
 #pragma once
 
 #include <cstdint>
