@@ -3,10 +3,13 @@
 // benchmarks here run several ranks on the cores), so the device is one core's share:
 //
 //   device.matmul_tflops_*, device.matmul_overhead_us  fp32 and bf16 products at several shapes,
-//                        fitted as time = overhead + FLOPs / rate (least squares); the peak is the
+//                        each its median over three rounds that time the shapes in turn, fitted as
+//                        time = overhead + FLOPs / rate (every fit here by Theil and Sen: the
+//                        median of the slopes between two points, robust to one disturbed point); the peak is the
 //                        same measured rate (a CPU publishes no usable one: MFU on CPU reads
 //                        "fraction of the achievable matmul rate", as train/device_peak.h)
-//   device.attention_tflops_*  causal SDPA forward and backward at four shapes, fitted
+//   device.attention_tflops_*  causal SDPA forward and backward at four shapes, timed and fitted as
+//                        the products
 //   device.memory_gbs    LayerNorm then GELU, forward and backward through autograd, at four sizes,
 //                        with the bytes counted as model/operations.h counts them, fitted
 //   device.kernel_overhead_us  a chain of adds on 8 elements, forward and backward through
