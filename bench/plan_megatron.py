@@ -26,21 +26,21 @@ import subprocess
 import tempfile
 import time
 
-# params (B), heads, hidden, layers, tp, pp, GPUs, batch, published TFLOP/s per GPU
-ROWS = [
-    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137),
-    (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
-    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142),
-    (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
-    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138),
-    (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
-    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148),
-    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
-    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163),
-    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
-]
-# Table 2: params (B), heads, hidden, layers, tp, pp, ZeRO stage held (None: searched), GPUs, batch,
+# params (B), heads, hidden, layers, tp, pp, ZeRO stage held (None: searched), GPUs, batch,
 # published TFLOP/s per GPU
+ROWS = [
+    (1.7, 24, 2304, 24, 1, 1, None, 32, 512, 137),
+    (3.6, 32, 3072, 30, 2, 1, None, 64, 512, 138),
+    (7.5, 32, 4096, 36, 4, 1, None, 128, 512, 142),
+    (18.4, 48, 6144, 40, 8, 1, None, 256, 1024, 135),
+    (39.1, 64, 8192, 48, 8, 2, None, 512, 1536, 138),
+    (76.1, 80, 10240, 60, 8, 4, None, 1024, 1792, 140),
+    (145.6, 96, 12288, 80, 8, 8, None, 1536, 2304, 148),
+    (310.1, 128, 16384, 96, 8, 16, None, 1920, 2160, 155),
+    (529.6, 128, 20480, 105, 8, 35, None, 2520, 2520, 163),
+    (1008.0, 160, 25600, 128, 8, 64, None, 3072, 3072, 163),
+]
+# Table 2, the same columns
 ROWS2 = [
     (174.6, 96, 12288, 96, 1, 1, 3, 384, 1536, 144),
     (174.6, 96, 12288, 96, 1, 1, 3, 768, 1536, 88),
@@ -104,17 +104,29 @@ pp = {pp}
     seconds = time.time() - start
     if out.returncode != 0:
         raise SystemExit(f"{' '.join(args)} failed:\n{out.stdout}{out.stderr}")
-    best = json.loads(out.stdout)["layouts"][0]
-    return best, seconds, " ".join(f"--set {s}" for s in sets)
+    return json.loads(out.stdout)["layouts"][0], seconds
 
 
-def row_line(params, tp, pp, gpus, batch, best, seconds, tflops, published, extra=""):
-    s = best["set"]
-    chosen = f"{s['train.batch_size']}, {s.get('parallel.pp_virtual', '-')}, {s['parallel.zero_stage']}"
-    error = tflops / published - 1
-    return error, (f"| {params} |{extra} {tp} | {pp} | {gpus} | {batch} | {chosen} | {best['step_s']:.2f} | {tflops:.0f} | "
-                   f"{published} | {100 * error:+.1f}% | {'yes' if best['fits'] else 'no'} "
-                   f"({best['peak_memory_gib']:.0f}) | {seconds:.1f} |")
+def table(binary, rows, work, layout_column):
+    """The rows predicted: the markdown lines (a layout column naming ZeRO-3 or PTD-P where asked)
+    and each row's relative error."""
+    header = ("| params (B) |{} t | p | GPUs | batch | chosen (mb, v, ZeRO) | predicted step s | predicted TFLOP/s/GPU | "
+              "published | error | fits (GiB) | search s |").format(" layout |" if layout_column else "")
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    errors = []
+    for params, heads, hidden, layers, tp, pp, zero, gpus, batch, published in rows:
+        best, seconds = predict(binary, params, heads, hidden, layers, tp, pp, gpus, batch, work, zero)
+        tflops = paper_flops(batch, layers, hidden) / (best["step_s"] * gpus) / 1e12
+        error = tflops / published - 1
+        errors.append(error)
+        s = best["set"]
+        chosen = f"{s['train.batch_size']}, {s.get('parallel.pp_virtual', '-')}, {s['parallel.zero_stage']}"
+        layout = (" ZeRO-3 |" if zero == 3 else " PTD-P |") if layout_column else ""
+        lines.append(f"| {params} |{layout} {tp} | {pp} | {gpus} | {batch} | {chosen} | {best['step_s']:.2f} | "
+                     f"{tflops:.0f} | {published} | {100 * error:+.1f}% | {'yes' if best['fits'] else 'no'} "
+                     f"({best['peak_memory_gib']:.0f}) | {seconds:.1f} |")
+        print(lines[-1], flush=True)
+    return lines, errors
 
 
 def summary(errors):
@@ -128,27 +140,9 @@ def main():
     parser.add_argument("--tessera", default="build/tessera")
     parser.add_argument("--out", default="bench/results/plan_megatron.md")
     a = parser.parse_args()
-    header = ("| params (B) |{} t | p | GPUs | batch | chosen (mb, v, ZeRO) | predicted step s | predicted TFLOP/s/GPU | "
-              "published | error | fits (GiB) | search s |")
-    one = [header.format(""), "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    two = [header.format(" layout |"), "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    errors1, errors2 = [], []
     with tempfile.TemporaryDirectory() as work:
-        for params, heads, hidden, layers, tp, pp, gpus, batch, published in ROWS:
-            best, seconds, _ = predict(a.tessera, params, heads, hidden, layers, tp, pp, gpus, batch, work)
-            tflops = paper_flops(batch, layers, hidden) / (best["step_s"] * gpus) / 1e12
-            error, line = row_line(params, tp, pp, gpus, batch, best, seconds, tflops, published)
-            errors1.append(error)
-            one.append(line)
-            print(line, flush=True)
-        for params, heads, hidden, layers, tp, pp, zero, gpus, batch, published in ROWS2:
-            best, seconds, _ = predict(a.tessera, params, heads, hidden, layers, tp, pp, gpus, batch, work, zero)
-            tflops = paper_flops(batch, layers, hidden) / (best["step_s"] * gpus) / 1e12
-            layout = " ZeRO-3 |" if zero == 3 else " PTD-P |"
-            error, line = row_line(params, tp, pp, gpus, batch, best, seconds, tflops, published, layout)
-            errors2.append(error)
-            two.append(line)
-            print(line, flush=True)
+        one, errors1 = table(a.tessera, ROWS, work, layout_column=False)
+        two, errors2 = table(a.tessera, ROWS2, work, layout_column=True)
     with open(a.out, "w") as f:
         f.write("# tessera plan against Narayanan et al. (SC'21), Tables 1 and 2\n\n"
                 "`bench/plan_megatron.py` (clusters/dgx_a100_80g.toml; the script's docstring says how each "

@@ -194,7 +194,8 @@ torch::autograd::Engine& hooking_engine() {
 }
 
 // Makes the hooking engine libtorch's default: Engine::get_default_engine() returns what the
-// engine stub returns, and torch's Python engine installs itself the same way.
+// function given to torch::autograd::set_default_engine_stub returns (torch's Python engine
+// installs itself the same way).
 void install_hooking_engine() {
   static std::once_flag once;
   std::call_once(once, [] { torch::autograd::set_default_engine_stub(&hooking_engine); });

@@ -42,18 +42,21 @@ std::vector<double> timed_runs(Op&& op, double budget) {
   return times;
 }
 
-// Their median: what a step's kernels take as they run, interference included.
-template <class Op>
-double median_seconds(Op&& op, double budget) {
-  std::vector<double> times = timed_runs(op, budget);
-  std::nth_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(times.size() / 2), times.end());
-  return times[times.size() / 2];
+double median(std::vector<double> values) {
+  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2), values.end());
+  return values[values.size() / 2];
 }
 
-// The median time of each of `ops` (what a step's kernels take as they run), the ops timed in
-// turn over three rounds (the budget shared between them) and each one's runs of every round
-// pooled: a while when another process holds the core falls on one round of each op rather than
-// on every run of one, which would bend the fit across sizes.
+// The median time of `op`: what a step's kernels take as they run, interference included.
+template <class Op>
+double median_seconds(Op&& op, double budget) {
+  return median(timed_runs(op, budget));
+}
+
+// The median time of each of `ops`, the ops timed in turn over three rounds (the budget shared
+// between them) and each one's runs of every round pooled: a while when another process holds the
+// core falls on one round of each op rather than on every run of one, which would bend the fit
+// across sizes.
 std::vector<double> medians_in_rounds(const std::vector<std::function<void()>>& ops, double budget) {
   constexpr int kRounds = 3;
   std::vector<std::vector<double>> runs(ops.size());
@@ -63,10 +66,7 @@ std::vector<double> medians_in_rounds(const std::vector<std::function<void()>>& 
       runs[i].insert(runs[i].end(), times.begin(), times.end());
     }
   std::vector<double> medians;
-  for (std::vector<double>& times : runs) {
-    std::nth_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(times.size() / 2), times.end());
-    medians.push_back(times[times.size() / 2]);
-  }
+  for (std::vector<double>& times : runs) medians.push_back(median(std::move(times)));
   return medians;
 }
 
@@ -74,17 +74,13 @@ std::vector<double> medians_in_rounds(const std::vector<std::function<void()>>& 
 // of y - b x. One point measured while another process held the core moves it little, where it
 // can turn a least-squares slope negative.
 std::pair<double, double> fit_line(const std::vector<double>& x, const std::vector<double>& y) {
-  auto median = [](std::vector<double> v) {
-    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-    return v[v.size() / 2];
-  };
   std::vector<double> slopes, intercepts;
   for (size_t i = 0; i < x.size(); ++i)
     for (size_t j = i + 1; j < x.size(); ++j)
       if (x[j] != x[i]) slopes.push_back((y[j] - y[i]) / (x[j] - x[i]));
-  const double b = median(slopes);
+  const double b = median(std::move(slopes));
   for (size_t i = 0; i < x.size(); ++i) intercepts.push_back(y[i] - b * x[i]);
-  return {median(intercepts), b};
+  return {median(std::move(intercepts)), b};
 }
 
 struct MatmulFit {
@@ -233,8 +229,7 @@ LinkFit fit_gloo(double budget) {
         group->allreduce(tensors)->wait();
         each.push_back(seconds_since(t));
       }
-      std::nth_element(each.begin(), each.begin() + static_cast<std::ptrdiff_t>(each.size() / 2), each.end());
-      times[static_cast<size_t>(rank)].push_back(each[each.size() / 2]);
+      times[static_cast<size_t>(rank)].push_back(median(std::move(each)));
     }
   };
   std::thread other(rank_main, 1);

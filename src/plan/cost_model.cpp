@@ -24,7 +24,6 @@ class Pricer {
  public:
   Pricer(const Config& config, const ParallelDims& dims, const Cluster& cluster)
       : cluster_(cluster),
-        device_(cluster.device),
         half_(config.precision.dtype != "fp32"),
         slowdown_(cluster.cluster.slowdown(dims.world_size())),
         rate_(1e12 * cluster.device.matmul_tflops(half_) / slowdown_),
@@ -53,7 +52,7 @@ class Pricer {
         // gradient [m, n] x [n, k] and weight gradient [k, m] x [m, n] at theirs.
         auto seconds = [&](double rows, double cols, double depth) {
           const double rate = op.fused_attention ? attention_rate_
-                              : op.rows > 0 ? 1e12 * device_.product_tflops(half_, rows, cols, depth) / slowdown_
+                              : op.rows > 0 ? 1e12 * cluster_.device.product_tflops(half_, rows, cols, depth) / slowdown_
                                             : rate_;
           return std::max(op.flops / rate, op.bytes / bandwidth_) + overhead_ + matmul_overhead_;
         };
@@ -116,7 +115,6 @@ class Pricer {
   }
 
   const Cluster& cluster_;
-  const DeviceSpec& device_;
   bool half_;
   double slowdown_, rate_, attention_rate_, bandwidth_, overhead_, matmul_overhead_, element_bytes_;
   Group tp_, sp_, ep_;
@@ -276,14 +274,14 @@ PricedLayout price_layout(const Config& config, const ParallelDims& dims, const 
   // block (and one for the ends): each collective beyond the first pays its latency steps again
   // ((n - 1) per all-gather or reduce-scatter; an all-reduce its tree's), which at hundreds of
   // replicas is most of its time.
-  const double ring_steps = static_cast<double>(n_replicas - 1) * replica_tier.latency_s;
+  const double gather_latency = all_gather_seconds(0, n_replicas, replica_tier);  // a collective's latency alone
   const double more_buckets = std::max(0.0, std::ceil(params * grad_bytes / (p.bucket_mb * 1e6)) - 1);
   double reduce_per_step = 0, reduce_per_micro_batch = 0, gather_per_pass = 0;
   if (p.zero_stage <= 1)
     reduce_per_step = all_reduce_seconds(params * grad_bytes, n_replicas, replica_tier) +
                       more_buckets * all_reduce_seconds(0, n_replicas, replica_tier);
   else
-    reduce_per_micro_batch = all_gather_seconds(params * grad_bytes, n_replicas, replica_tier) + more_buckets * ring_steps;
+    reduce_per_micro_batch = all_gather_seconds(params * grad_bytes, n_replicas, replica_tier) + more_buckets * gather_latency;
   // ZeRO-1 and 2: each replica updates its shard, then the parameters are gathered: after the
   // step, overlapping nothing.
   const double gather_after_step = (p.zero_stage == 1 || p.zero_stage == 2)
@@ -291,7 +289,7 @@ PricedLayout price_layout(const Config& config, const ParallelDims& dims, const 
                                        : 0;
   if (p.zero_stage == 3)
     gather_per_pass = all_gather_seconds(params * param_bytes, n_replicas, replica_tier) +
-                      static_cast<double>(out.blocks) * ring_steps;
+                      static_cast<double>(out.blocks) * gather_latency;
   const double shard = p.zero_stage >= 1 ? static_cast<double>(n_replicas) : 1.0;
   const double bandwidth = 1e9 * cluster.device.memory_gbs / cluster.cluster.slowdown(dims.world_size());
   out.optimizer = params / shard * optimizer_bytes_per_element(config) / bandwidth +
@@ -370,6 +368,16 @@ const StageCut& PlanCache::cut(const Config& config, const ParallelDims& dims) {
   auto it = cuts_.find(key);
   if (it == cuts_.end()) it = cuts_.emplace(key, pipeline_cut(config, dims)).first;
   return it->second;
+}
+
+Layout PlanCache::layout(const Config& config, const ParallelDims& dims) {
+  if (dims.pp() == 1) return make_layout(config, dims);
+  const ParallelOptions& p = config.parallel;
+  const ShapeKey key{dims.pp(), p.pipeline_virtual(), p.pp_schedule, config.train.accumulation(dims.dp()),
+                     layout_gathers(p, dims)};
+  auto it = layouts_.find(key);
+  if (it == layouts_.end()) it = layouts_.emplace(key, make_layout(config, dims)).first;
+  return Layout(dims, it->second.cut(), it->second.schedule(), std::nullopt);
 }
 
 const pipeline::Schedule& PlanCache::table(const ParallelOptions& parallel, int64_t pp, int64_t micro_batches,

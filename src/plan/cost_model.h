@@ -108,20 +108,27 @@ struct PricedOperations {
 PricedOperations price_operations(const Config& config, const ParallelDims& dims, const Cluster& cluster,
                                   const CostOptions& options = {});
 
-// What a search shares between the layouts it prices: the pipeline cuts by shape (stages and
-// stages per rank; the model is the search's) and the tables by what builds them (the schedule, its
-// ranks, stages per rank and micro-batches, each stage's F, B, I, W and the transfer), so layouts
-// that differ only in what the table's GATHER and OPTIM actions cost (the ZeRO stage) share one.
-// Tables without their parameter actions (parallel/pipeline/schedule.h).
+// What a search shares between the layouts it prices:
+//   cut     the pipeline's cut by shape (stages, stages per rank; the model is the search's);
+//   table   the table by what builds it (the schedule, its ranks, stages per rank and
+//           micro-batches, each stage's F, B, I, W and the transfer), so layouts that differ only
+//           in what its GATHER and OPTIM actions cost (the ZeRO stage) share one; without its
+//           parameter actions (parallel/pipeline/schedule.h);
+//   layout  make_layout's cut and unit-cost table, which the memory estimate reads, by pipeline
+//           shape (ranks, stages per rank, schedule, micro-batches, gathers), around the layout's
+//           own degrees.
 class PlanCache {
  public:
   const StageCut& cut(const Config& config, const ParallelDims& dims);
   const pipeline::Schedule& table(const ParallelOptions& parallel, int64_t pp, int64_t micro_batches,
                                   const pipeline::ActionCosts& costs);
+  Layout layout(const Config& config, const ParallelDims& dims);
 
  private:
+  using ShapeKey = std::tuple<int64_t, int64_t, std::string, int64_t, pipeline::Gathers>;
   std::map<std::pair<int64_t, int64_t>, StageCut> cuts_;
   std::map<std::tuple<std::string, int64_t, int64_t, int64_t, std::vector<double>>, pipeline::Schedule> tables_;
+  std::map<ShapeKey, Layout> layouts_;
 };
 
 Prediction predict(const Config& config, const ParallelDims& dims, const Cluster& cluster, const CostOptions& options = {});

@@ -8,7 +8,6 @@
 #include <tuple>
 
 #include "core/error.h"
-#include "plan/layout.h"
 #include "plan/memory_estimate.h"
 
 namespace tessera::plan {
@@ -184,18 +183,6 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
   // where the next bound is no faster than the last that fits. The layout checks and the memory
   // estimate run only for the layouts reached.
   auto faster = [](const Candidate& a, const Candidate& b) { return a.prediction.step_s < b.prediction.step_s; };
-  // The cut and the unit-cost table the memory estimate reads (make_layout's) depend on the
-  // pipeline's shape alone: made once per shape, the layout's own degrees put around them.
-  using ShapeKey = std::tuple<int64_t, int64_t, std::string, int64_t, pipeline::Gathers>;
-  std::map<ShapeKey, Layout> shapes;
-  auto layout_for = [&](const Config& c, const ParallelDims& dims) {
-    if (dims.pp() == 1) return make_layout(c, dims);
-    const ShapeKey key{dims.pp(), c.parallel.pipeline_virtual(), c.parallel.pp_schedule,
-                       c.train.accumulation(dims.dp()), layout_gathers(c.parallel, dims)};
-    auto it = shapes.find(key);
-    if (it == shapes.end()) it = shapes.emplace(key, make_layout(c, dims)).first;
-    return Layout(dims, it->second.cut(), it->second.schedule(), std::nullopt);
-  };
   std::vector<size_t> order(result.layouts.size());
   std::iota(order.begin(), order.end(), size_t{0});
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return faster(result.layouts[a], result.layouts[b]); });
@@ -214,7 +201,7 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
       if (full(too_large) && bound >= too_large.back().prediction.step_s &&
           model_state_lower_bound(c.config, c.dims) > cluster.device.memory_bytes())
         continue;
-      add_memory(memory, c.config, layout_for(c.config, c.dims), cluster);
+      add_memory(memory, c.config, cache.layout(c.config, c.dims), cluster);
       if (!memory.fits && full(too_large) && bound >= too_large.back().prediction.step_s) continue;
       c.prediction = predict_time(c.config, c.dims, cluster, options, &priced_for(c.config, c.dims), &cache);
     } catch (const std::exception& e) {

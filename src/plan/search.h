@@ -25,8 +25,8 @@
 // bounded below from its prices (cost_model.h's step_lower_bound); the checks, the memory
 // estimate and the table run only for the layouts the branch and bound reaches (in the order of
 // their bounds), so those counts are of the layouts examined. What layouts share is priced once:
-// the operations per (tp, pp, sp, method, ep, Megatron-SP, checkpointing, micro-batch), the cuts
-// and tables through a PlanCache, the memory estimate's cut and table per pipeline shape.
+// the operations per (tp, pp, sp, method, ep, Megatron-SP, checkpointing, micro-batch); the cuts,
+// the tables and the memory estimate's layouts through a PlanCache (cost_model.h).
 #pragma once
 
 #include <cstdint>
