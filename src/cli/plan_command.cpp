@@ -35,6 +35,8 @@ nlohmann::json to_json(const plan::Candidate& c) {
   for (const auto& [key, value] : c.set) set[key] = value;
   for (const auto& [name, seconds] : c.prediction.breakdown) breakdown[name] = seconds;
   return {{"set", set},
+          {"runner", c.peers > 0 ? "tessera peer" : "tessera train"},
+          {"peers", c.peers},
           {"dp", c.dims.dp()},
           {"micro_batches", c.prediction.micro_batches},
           {"step_s", c.prediction.step_s},
@@ -133,17 +135,18 @@ Command add_plan_command(CLI::App& app) {
                 args->config.c_str(), cluster.source.c_str(), cluster.device.name.c_str(),
                 static_cast<long long>(world), static_cast<long long>(result.considered),
                 static_cast<long long>(result.refused), static_cast<long long>(result.predicted));
-    std::printf("%4s %4s %4s %5s %-13s %4s %3s %-9s %4s %6s %10s %12s %6s %8s  %s\n", "#", "tp", "pp", "dp",
-                "schedule", "zero", "msp", "ckpt", "mb", "m", "step s", "tokens/s", "MFU", "mem GiB", "binds");
+    std::printf("%4s %4s %4s %5s %-13s %4s %-7s %3s %-9s %4s %6s %10s %12s %6s %8s  %s\n", "#", "tp", "pp", "dp",
+                "schedule", "zero", "host", "msp", "ckpt", "mb", "m", "step s", "tokens/s", "MFU", "mem GiB", "binds");
     for (size_t i = 0; i < shown; ++i) {
       const plan::Candidate& c = result.layouts[i];
-      std::string schedule = c.dims.pp() > 1 ? c.config.parallel.pp_schedule : "-";
+      std::string schedule = c.peers > 0 ? "peers " + c.config.swarm.sync : c.dims.pp() > 1 ? c.config.parallel.pp_schedule : "-";
       if (c.dims.pp() > 1 && c.config.parallel.pp_virtual > 0)
         schedule += " v" + std::to_string(c.config.parallel.pp_virtual);
-      std::printf("%4zu %4lld %4lld %5lld %-13s %4lld %3s %-9s %4lld %6lld %10.3f %12.0f %5.1f%% %8.1f  %s\n", i + 1,
+      const char* host = c.config.memory.swap ? "swap" : c.config.parallel.offload ? "offload" : "-";
+      std::printf("%4zu %4lld %4lld %5lld %-13s %4lld %-7s %3s %-9s %4lld %6lld %10.3f %12.0f %5.1f%% %8.1f  %s\n", i + 1,
                   static_cast<long long>(c.dims.tp()), static_cast<long long>(c.dims.pp()),
                   static_cast<long long>(c.dims.dp()), schedule.c_str(),
-                  static_cast<long long>(c.config.parallel.zero_stage), c.config.parallel.megatron_sp ? "yes" : "no",
+                  static_cast<long long>(c.config.parallel.zero_stage), host, c.config.parallel.megatron_sp ? "yes" : "no",
                   c.config.memory.activation_checkpointing.c_str(), static_cast<long long>(c.config.train.batch_size),
                   static_cast<long long>(c.prediction.micro_batches), c.prediction.step_s, c.prediction.tokens_per_s,
                   100 * c.prediction.mfu, c.prediction.peak_memory_bytes / kGiB,
@@ -154,7 +157,11 @@ Command add_plan_command(CLI::App& app) {
     for (const auto& [name, seconds] : best.prediction.breakdown)
       if (seconds > 0)
         std::printf("  %-32s %10.4f s  %5.1f%%\n", name.c_str(), seconds, 100 * seconds / best.prediction.step_s);
-    std::printf("run it with:%s\n", set_line(best).c_str());
+    if (best.peers > 0)
+      std::printf("run each of the %lld peers with: tessera peer --config %s%s\n", static_cast<long long>(best.peers),
+                  args->config.c_str(), set_line(best).c_str());
+    else
+      std::printf("run it with:%s\n", set_line(best).c_str());
     if (!best.prediction.fits) std::printf("no layout fits the device's %.0f GiB\n", cluster.device.memory_gib);
     return 0;
   };

@@ -19,6 +19,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "core/error.h"
+#include "optim/optimizer.h"
 
 namespace tessera::plan {
 namespace {
@@ -147,6 +148,20 @@ double fit_memory_kernels(double budget) {
   const auto [intercept, per_byte] = fit_line(bytes, seconds);
   require(per_byte > 0, "tessera plan calibrate: the memory-bound kernels' times did not grow with their size");
   return 1e-9 / per_byte;
+}
+
+// The optimizer step on the host (offload, swap): tessera's AdamW over 4M float32 elements with a
+// fresh gradient, its median time, as bytes per second counted as the planner counts them (28 per
+// element: plan/cost_model.h's optimizer_bytes_per_element).
+double optimizer_gbs(double budget) {
+  const int64_t n = 4 << 20;
+  at::Tensor p = at::randn({n}), g = at::randn({n});
+  OptimOptions adamw;
+  adamw.name = "adamw";
+  auto optimizer = make_optimizer(adamw, {{"p", p}});
+  p.mutable_grad() = g;
+  const double seconds = median_seconds([&] { optimizer->step(1e-4); }, budget);
+  return 28.0 * static_cast<double>(n) / seconds / 1e9;
 }
 
 // The median time of a block's mix of work (a 1024^3 product, LayerNorm and GELU forward and
@@ -289,6 +304,8 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
                                  },
                                  budget) /
                              64 * 1e6;
+  progress("the optimizer step (AdamW) on the host");
+  const double host_optimizer_gbs = optimizer_gbs(budget);
   progress(std::to_string(ranks) + " processes computing at once");
   const double slowdown = shared_slowdown(ranks, budget * 5);
   progress("Gloo all-reduce between two ranks over loopback, 1 KiB to 16 MiB");
@@ -333,11 +350,16 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
       "latency_us = %.1f\n\n"
       "[host]\n"
       "memory_gib = %.1f            # MemTotal\n"
-      "device_link_gbs = %.2f       # the host is the device: its memory bandwidth\n",
+      "device_link_gbs = %.2f       # the host is the device: its memory bandwidth\n"
+      "optimizer_gbs = %.2f         # AdamW's step over 4M float32 elements, 28 bytes per element, over the slowdown above\n\n"
+      "[peers]\n"
+      "bandwidth_gbs = %.4f        # peers on this machine talk over loopback TCP: the Gloo fit's bandwidth\n"
+      "latency_us = %.1f\n"
+      "round_overhead_ms = 0       # not measured\n",
       by.c_str(), cpu.c_str(), static_cast<long long>(ranks), static_cast<long long>(ranks), slowdown,
       static_cast<long long>(ranks), cpu.c_str(), bf16.tflops, fp32.tflops, bf16.tflops, kShapes.size(),
       fp32.tflops, std::max(0.0, fp32.overhead_us - overhead_us), attention_bf16, attention_fp32, host_gib, memory_gbs, overhead_us, link.gbs, link.latency_us, link.gbs,
-      link.latency_us, host_gib, memory_gbs);
+      link.latency_us, host_gib, memory_gbs, host_optimizer_gbs / slowdown, link.gbs, link.latency_us);
   return text;
 }
 

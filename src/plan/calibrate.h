@@ -19,7 +19,11 @@
 //                        and caches shared) over one alone
 //   intra_node.*         Gloo all-reduce between two ranks of this process over loopback TCP,
 //                        1 KiB to 16 MiB, fitted as time = 2 latency + bytes x 2(n-1)/n / bandwidth
-//   host.*               MemTotal; copies to "device" memory are the memory bandwidth
+//   host.*               MemTotal; copies to "device" memory are the memory bandwidth; the host's
+//                        optimizer step: tessera's AdamW over 4M elements, as bytes per second
+//                        counted as the planner counts them, over cluster.shared_slowdown
+//   peers.*              the loopback link of the Gloo fit (peers on one machine); the round's
+//                        fixed cost is not measured (0)
 // Each number is written with a comment saying what measured it and when. `progress` is told of
 // each measurement as it starts.
 #pragma once

@@ -12,7 +12,11 @@
 //   [intra_node]  the link between devices of one node, as a collective sees it: all-reduce bus
 //                 bandwidth (nccl-tests' busbw: bytes x 2(n-1)/n over time) and per-step latency
 //   [inter_node]  the same per device across nodes (its share of the node's adapters)
-//   [host]        host memory per node and the host <-> device copy bandwidth (offload, swap)
+//   [host]        host memory per node, the host <-> device copy bandwidth and the rate of the
+//                 host's optimizer step (offload, swap)
+//   [peers]       optional: the link between the peers of an ATOM swarm (`tessera peer`: one
+//                 device each), each direction, and the fixed cost of one averaging round (its
+//                 matchmaking); absent, the planner plans no swarm
 //
 // A collective of a group is priced on the slowest tier it crosses: within one node, the intra-node
 // bandwidth; across nodes, the inter-node bandwidth of one device times the group's members on one
@@ -129,11 +133,33 @@ struct LinkSpec {
 struct HostSpec {
   double memory_gib = 0;       // per node
   double device_link_gbs = 0;  // host <-> device copies, per device
+  double optimizer_gbs = 0;    // the host's optimizer step per rank, bytes as the planner counts them
 
   template <class V>
   void visit(V& v) {
     v("memory_gib", memory_gib, "host memory per node (GiB)", between(0, 1e7));
     v("device_link_gbs", device_link_gbs, "host <-> device copy bandwidth per device (GB/s)", between(0, 1e6));
+    v("optimizer_gbs", optimizer_gbs,
+      "the optimizer step on the host (offload, swap), per rank with the node's ranks all stepping: bytes per second "
+      "as the planner counts them (AdamW 28 per element, SGD 20; 0 = unknown: offload and swap are not planned)",
+      between(0, 1e6));
+  }
+};
+
+// The peers of an ATOM swarm: each one device on a host of its own, averaging over this link with
+// a butterfly all-reduce (atom/averaging.h: 2 (n-1)/n of the vector each way, two latencies).
+struct PeersSpec {
+  double bandwidth_gbs = 0;     // each direction, per peer (0: no swarm is planned)
+  double latency_us = 0;
+  double round_overhead_ms = 0; // one averaging round's fixed cost beyond its transfer (matchmaking, the DHT)
+
+  template <class V>
+  void visit(V& v) {
+    v("bandwidth_gbs", bandwidth_gbs, "a peer's link, each direction (GB/s; 0 = no swarm is planned)", between(0, 1e6));
+    v("latency_us", latency_us, "one message's latency between peers (microseconds)", between(0, 1e9));
+    v("round_overhead_ms", round_overhead_ms,
+      "an averaging round's fixed cost beyond its transfer: choosing the group, the records it waits for "
+      "(milliseconds)", between(0, 1e9));
   }
 };
 
@@ -144,6 +170,7 @@ struct Cluster {
   LinkSpec intra_node;
   LinkSpec inter_node;
   HostSpec host;
+  PeersSpec peers;
 
   template <class F>
   void for_each_section(F&& f) {
@@ -152,6 +179,7 @@ struct Cluster {
     f("intra_node", intra_node);
     f("inter_node", inter_node);
     f("host", host);
+    f("peers", peers);
   }
   // The bandwidth (GB/s) and latency (s) a collective of `members` (global ranks) runs at: the
   // slowest tier it crosses (this header's first paragraph).
@@ -161,6 +189,8 @@ struct Cluster {
     bool crosses_nodes = false;
   };
   Tier tier(const std::vector<int64_t>& members) const;
+  // The peers' link as a tier (a swarm's round).
+  Tier peer_tier() const { return {peers.bandwidth_gbs * 1e9, peers.latency_us * 1e-6, true}; }
 };
 
 // The cluster named `name` (a file under clusters/) or at path `name`.

@@ -14,9 +14,12 @@
 #include "plan/layout.h"
 #include "plan/memory_estimate.h"
 #include "plan/stage_cut.h"
+#include "plan/swap_cost.h"
 
 namespace tessera::plan {
 namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 using Kind = Operation::Kind;
 
@@ -120,15 +123,12 @@ class Pricer {
   Group tp_, sp_, ep_;
 };
 
-// Bytes the optimizer step moves per element of this rank's shard: AdamW reads the parameter, its
-// gradient and both moments and writes the parameter and the moments; SGD with momentum the
-// parameter, gradient and buffer (and writes two); Adafactor about SGD's.
+}  // namespace
+
 double optimizer_bytes_per_element(const Config& config) {
   if (config.optim.name == "adamw") return 28;
   return 20;
 }
-
-}  // namespace
 
 double all_reduce_seconds(double bytes, int64_t n, const Cluster::Tier& tier) {
   if (n <= 1) return 0;
@@ -148,8 +148,6 @@ double send_seconds(double bytes, const Cluster::Tier& tier) { return bytes / ti
 
 void check_modelled(const Config& config) {
   const ParallelOptions& p = config.parallel;
-  require(!p.offload, "tessera plan: parallel.offload is not modelled yet (docs/plan.md)");
-  require(!config.memory.swap, "tessera plan: memory.swap is not modelled yet (docs/plan.md)");
   require(config.memory.activation_compression == "none",
           "tessera plan: memory.activation_compression is not modelled yet (docs/plan.md)");
   require(p.grad_compression == "none" || p.grad_compression == "bf16" || p.grad_compression == "fp16",
@@ -196,12 +194,15 @@ struct PricedLayout {
   bool gathers = false;             // the table has ZeRO-3's GATHER actions
   double params = 0;                // weight elements of the rank that holds the most
   int64_t blocks = 0;               // the blocks it holds
-  double reduce_exposed = 0, gather_exposed = 0, optimizer = 0;
+  double reduce_exposed = 0, gather_exposed = 0, offload = 0, optimizer = 0;
   double step_without_pipeline = 0;  // pp = 1: the whole step
 };
 
-PricedLayout price_layout(const Config& config, const ParallelDims& dims, const Cluster& cluster,
-                          const PricedOperations& priced, PlanCache* cache) {
+// What a layout's prices are before its ZeRO stage, offload and swap: one micro-batch of every
+// part, and with a pipeline the cut, the placement, the stages' costs and the transfer; the weights
+// of the rank that holds the most.
+PricedLayout price_compute(const Config& config, const ParallelDims& dims, const Cluster& cluster,
+                           const PricedOperations& priced, PlanCache* cache) {
   const ModelOptions& model = config.model;
   const ParallelOptions& p = config.parallel;
   const OperationShape& shape = priced.shape;
@@ -210,7 +211,6 @@ PricedLayout price_layout(const Config& config, const ParallelDims& dims, const 
   out.all = priced.embedding;
   out.all += priced.head;
   for (const PartCost& c : priced.blocks) out.all += c;
-  const int64_t m = out.m;
 
   // Without a pipeline every rank holds every block; with one, the stages of each pipeline rank
   // (the cut and the placement below), the largest rank's weights.
@@ -262,6 +262,14 @@ PricedLayout price_layout(const Config& config, const ParallelDims& dims, const 
       if (held > out.params) out.params = held, out.blocks = blocks;
     }
   }
+  return out;
+}
+
+// `out` (price_compute's) completed by the data-parallel side of `config`'s layout: the gradient
+// reduction, ZeRO's gathers, offload and the optimizer step, and the step without a pipeline.
+PricedLayout with_data_parallel(PricedLayout out, const Config& config, const ParallelDims& dims, const Cluster& cluster) {
+  const ParallelOptions& p = config.parallel;
+  const int64_t m = out.m;
   const double params = out.params;
 
   // The gradient reduction over the data replicas, and ZeRO's parameter gathers.
@@ -294,7 +302,28 @@ PricedLayout price_layout(const Config& config, const ParallelDims& dims, const 
   const double bandwidth = 1e9 * cluster.device.memory_gbs / cluster.cluster.slowdown(dims.world_size());
   out.optimizer = params / shard * optimizer_bytes_per_element(config) / bandwidth +
                   params * grad_bytes / bandwidth;  // + the clipping norm
+  // ZeRO-Offload (memory/offload/offload.h): the shard's float32 gradient goes to the host (stage
+  // 1 after the reduction; stages 2-3 block by block during the last backward), the host steps
+  // (and takes the clipping norm over its shard), the masters come back before the gather.
+  double offload_to_host = 0, offload_to_device = 0;
+  if (p.offload) {
+    require(cluster.host.optimizer_gbs > 0 && cluster.host.device_link_gbs > 0, cluster.source,
+            ": parallel.offload needs host.optimizer_gbs and host.device_link_gbs, which this cluster file leaves at 0");
+    const double host_rate = 1e9 * cluster.host.optimizer_gbs, link = 1e9 * cluster.host.device_link_gbs;
+    out.optimizer = params / shard * (optimizer_bytes_per_element(config) + 4) / host_rate;
+    offload_to_host = params / shard * 4 / link;
+    offload_to_device = params / shard * param_bytes / link;
+  }
   const double bucket = std::min(p.bucket_mb * 1e6, params * grad_bytes) / replica_tier.bandwidth_bytes_per_s;
+  // The host copy's exposed part: all of it at stage 1; at stages 2-3 what the backward beside it
+  // does not hide, and the last block's.
+  auto offload_exposed = [&](double backward) {
+    if (!p.offload) return 0.0;
+    const double to_host = p.zero_stage >= 2 ? std::max(0.0, offload_to_host - backward) +
+                                                   offload_to_host / static_cast<double>(out.blocks + 1)
+                                             : offload_to_host;
+    return to_host + offload_to_device;
+  };
 
   if (dims.pp() == 1) {
     const double forward = out.all.f, backward = out.all.i + out.all.w;
@@ -309,8 +338,9 @@ PricedLayout price_layout(const Config& config, const ParallelDims& dims, const 
       out.gather_exposed = static_cast<double>(m) * (std::max(0.0, gather_per_pass - forward) +
                                                      std::max(0.0, gather_per_pass - backward) + 2 * one_block);
     }
+    out.offload = offload_exposed(backward);
     out.step_without_pipeline = static_cast<double>(m) * (forward + backward) + out.reduce_exposed +
-                                out.gather_exposed + out.optimizer;
+                                out.gather_exposed + out.offload + out.optimizer;
   } else {
     out.gathers = layout_gathers(p, dims) != pipeline::Gathers::none;
     out.costs.gather = gather_per_pass / static_cast<double>(out.placement.v);
@@ -321,7 +351,8 @@ PricedLayout price_layout(const Config& config, const ParallelDims& dims, const 
     out.reduce_exposed = std::max(0.0, reduce_per_step - last_backward) +
                          static_cast<double>(m) * std::max(0.0, reduce_per_micro_batch - last_backward) + bucket +
                          gather_after_step;
-    out.costs.optim = out.reduce_exposed + out.optimizer;
+    out.offload = offload_exposed(last_backward);
+    out.costs.optim = out.reduce_exposed + out.offload + out.optimizer;
   }
   return out;
 }
@@ -355,12 +386,31 @@ double pipeline_lower_bound(const Config& config, const PricedLayout& layout) {
   return bound + layout.costs.optim;
 }
 
+PricedLayout price_layout(const Config& config, const ParallelDims& dims, const Cluster& cluster,
+                          const PricedOperations& priced, PlanCache* cache) {
+  return with_data_parallel(price_compute(config, dims, cluster, priced, cache), config, dims, cluster);
+}
+
+double bound_of(const Config& config, const ParallelDims& dims, const PricedLayout& layout) {
+  // A swapped step's compute stream runs every forward and backward; the host's work may hide.
+  if (config.memory.swap) return static_cast<double>(layout.m) * (layout.all.f + layout.all.i + layout.all.w);
+  return dims.pp() == 1 ? layout.step_without_pipeline : pipeline_lower_bound(config, layout);
+}
+
 }  // namespace
 
 double step_lower_bound(const Config& config, const ParallelDims& dims, const Cluster& cluster,
                         const PricedOperations& priced, PlanCache* cache) {
-  const PricedLayout layout = price_layout(config, dims, cluster, priced, cache);
-  return dims.pp() == 1 ? layout.step_without_pipeline : pipeline_lower_bound(config, layout);
+  return bound_of(config, dims, price_layout(config, dims, cluster, priced, cache));
+}
+
+std::vector<double> step_lower_bounds(const std::vector<Config>& variants, const ParallelDims& dims,
+                                      const Cluster& cluster, const PricedOperations& priced, PlanCache* cache) {
+  std::vector<double> out;
+  if (variants.empty()) return out;
+  const PricedLayout compute = price_compute(variants.front(), dims, cluster, priced, cache);
+  for (const Config& v : variants) out.push_back(bound_of(v, dims, with_data_parallel(compute, v, dims, cluster)));
+  return out;
 }
 
 const StageCut& PlanCache::cut(const Config& config, const ParallelDims& dims) {
@@ -405,8 +455,18 @@ Prediction predict_time(const Config& config, const ParallelDims& dims, const Cl
   Prediction out;
   out.micro_batches = m;
   PartCost rank_total;  // one micro-batch of the critical rank's parts
-  double bubble = 0;
-  if (dims.pp() == 1) {
+  double bubble = 0, swapping = 0;
+  double reduce = layout.reduce_exposed, gathers = layout.gather_exposed, offload = layout.offload,
+         optimizer = layout.optimizer;
+  if (config.memory.swap) {
+    // The swap engine's replay: its loads, stores and host updates beyond the compute stream's
+    // work are the swap term (the host's updates among them).
+    const SwapStep swapped = predict_swap_step(config, dims, cluster, priced);
+    rank_total = layout.all;
+    out.step_s = swapped.step_s;
+    reduce = swapped.reduce_s, gathers = 0, offload = 0, optimizer = 0;
+    swapping = swapped.step_s - swapped.reduce_s - static_cast<double>(m) * (layout.all.f + layout.all.i + layout.all.w);
+  } else if (dims.pp() == 1) {
     rank_total = layout.all;
     out.step_s = layout.step_without_pipeline;
   } else {
@@ -440,9 +500,11 @@ Prediction predict_time(const Config& config, const ParallelDims& dims, const Cl
                    {"sp_communication", mb * rank_total.sp},
                    {"ep_communication", mb * rank_total.ep},
                    {"pipeline_bubble_and_transfers", bubble},
-                   {"zero3_gathers_exposed", layout.gather_exposed},
-                   {"dp_reduction_exposed", layout.reduce_exposed},
-                   {"optimizer", layout.optimizer}};
+                   {"zero3_gathers_exposed", gathers},
+                   {"dp_reduction_exposed", reduce},
+                   {"offload_copies", offload},
+                   {"swap_link_and_host", swapping},
+                   {"optimizer", optimizer}};
   const double tokens = static_cast<double>(config.train.batch_size * config.train.seq_len) * mb *
                         static_cast<double>(dims.dp());
   out.tokens_per_s = tokens / out.step_s;
@@ -457,8 +519,22 @@ void add_memory(Prediction& prediction, const Config& config, const ParallelDims
 }
 
 void add_memory(Prediction& prediction, const Config& config, const Layout& layout, const Cluster& cluster) {
-  prediction.peak_memory_bytes = estimate_memory(config, layout).device_bytes();
-  prediction.fits = prediction.peak_memory_bytes <= cluster.device.memory_bytes();
+  // What each rank keeps in host memory (offloaded optimizer state; a swapped model's whole
+  // training state) x the node's ranks must fit the host too, where the file gives its memory.
+  const double ranks_on_host = static_cast<double>(std::min(layout.dims().world_size(), cluster.cluster.devices_per_node));
+  double host_bytes = 0;
+  if (config.memory.swap) {
+    const SwapStep swapped = predict_swap_step(config, layout.dims(), cluster,
+                                               price_operations(config, layout.dims(), cluster));
+    prediction.peak_memory_bytes = swapped.peak_device_bytes;
+    host_bytes = swapped.host_bytes;
+  } else {
+    const MemoryEstimate estimate = estimate_memory(config, layout);
+    prediction.peak_memory_bytes = estimate.device_bytes();
+    if (estimate.optimizer_on_host) host_bytes = estimate.optimizer_bytes;
+  }
+  prediction.fits = prediction.peak_memory_bytes <= cluster.device.memory_bytes() &&
+                    (cluster.host.memory_gib <= 0 || host_bytes * ranks_on_host <= cluster.host.memory_gib * kGiB);
   prediction.memory_estimated = true;
 }
 

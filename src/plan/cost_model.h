@@ -157,6 +157,17 @@ void add_memory(Prediction& prediction, const Config& config, const Layout& layo
 // must show.
 double step_lower_bound(const Config& config, const ParallelDims& dims, const Cluster& cluster,
                         const PricedOperations& priced, PlanCache* cache = nullptr);
+// The same for layouts that differ only in their data-parallel side (parallel.zero_stage,
+// parallel.offload, memory.swap, the reduction's keys): the compute, the cut and the stages'
+// costs priced once.
+std::vector<double> step_lower_bounds(const std::vector<Config>& variants, const ParallelDims& dims,
+                                      const Cluster& cluster, const PricedOperations& priced, PlanCache* cache = nullptr);
+
+// Bytes an optimizer step moves per element of the shard it updates, on the device or the host
+// (offload, swap): AdamW reads the parameter, its gradient and both moments and writes the
+// parameter and the moments (28); SGD with momentum the parameter, gradient and buffer and writes
+// two (20); Adafactor about SGD's.
+double optimizer_bytes_per_element(const Config& config);
 
 // Collective times on `tier` for a group of `n` ranks (bytes of the whole buffer): all-reduce
 // 2 (n-1)/n bytes / bandwidth (a ring's) + 2 min(n-1, ceil(log2 n)) latency (NCCL's tree where it

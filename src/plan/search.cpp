@@ -2,6 +2,8 @@
 #include "plan/search.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <map>
 #include <numeric>
 #include <optional>
@@ -9,6 +11,7 @@
 
 #include "core/error.h"
 #include "plan/memory_estimate.h"
+#include "plan/swarm_cost.h"
 
 namespace tessera::plan {
 namespace {
@@ -59,7 +62,8 @@ const std::vector<std::string>& searched_keys() {
                                                 "parallel.sp",         "parallel.sp_method",
                                                 "parallel.ep",         "parallel.pp_schedule",
                                                 "parallel.pp_virtual", "parallel.zero_stage",
-                                                "parallel.megatron_sp", "memory.activation_checkpointing",
+                                                "parallel.megatron_sp", "parallel.offload",
+                                                "memory.activation_checkpointing", "memory.swap",
                                                 "train.batch_size"};
   return keys;
 }
@@ -88,19 +92,46 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
     if (it == operations.end()) it = operations.emplace(key, price_operations(c, dims, cluster, options)).first;
     return it->second;
   };
-  auto consider = [&](Config c, std::vector<std::pair<std::string, std::string>> set) {
+  auto consider_swarm = [&](Config c, std::vector<std::pair<std::string, std::string>> set) {
     ++result.considered;
     try {
-      c.parallel.dp = 0;
+      Prediction bound = predict_swarm(c, world, cluster, options, /*with_memory=*/false);
+      // Shown as what each peer runs (one device), its peers counted as data-parallel ranks.
+      const int64_t target = c.swarm.target_batch_size, global_batch = c.train.global_batch_size;
+      c = peer_config(c, world);
+      c.swarm.target_batch_size = target, c.train.global_batch_size = global_batch;
+      c.parallel.dp = world;
       const ParallelDims dims(c.parallel, world, "tessera plan");
-      if (global % (c.train.batch_size * dims.dp()) != 0) fail("the global batch does not divide");
-      c.train.global_batch_size = global;
-      c.train.grad_accum = 1;
-      Prediction bound;
-      bound.step_s = step_lower_bound(c, dims, cluster, priced_for(c, dims), &cache);
-      result.layouts.push_back({std::move(c), dims, std::move(bound), std::move(set)});
+      result.layouts.push_back({std::move(c), dims, std::move(bound), std::move(set), world});
     } catch (const std::exception& e) {
       if (result.refused++ == 0) result.first_refusal = e.what();
+    }
+  };
+  // Layouts that differ only in their data-parallel side (ZeRO stage, offload, swap): bounded
+  // together, their compute priced once.
+  using Variant = std::pair<Config, std::vector<std::pair<std::string, std::string>>>;
+  auto consider = [&](std::vector<Variant> variants) {
+    result.considered += static_cast<int64_t>(variants.size());
+    try {
+      std::vector<Config> configs;
+      for (Variant& v : variants) {
+        v.first.parallel.dp = 0;
+        v.first.train.global_batch_size = global;
+        v.first.train.grad_accum = 1;
+        configs.push_back(v.first);
+      }
+      const ParallelDims dims(configs.front().parallel, world, "tessera plan");
+      if (global % (configs.front().train.batch_size * dims.dp()) != 0) fail("the global batch does not divide");
+      const std::vector<double> bounds =
+          step_lower_bounds(configs, dims, cluster, priced_for(configs.front(), dims), &cache);
+      for (size_t i = 0; i < variants.size(); ++i) {
+        Prediction bound;
+        bound.step_s = bounds[i];
+        result.layouts.push_back({std::move(variants[i].first), dims, std::move(bound), std::move(variants[i].second)});
+      }
+    } catch (const std::exception& e) {
+      if (result.refused == 0) result.first_refusal = e.what();
+      result.refused += static_cast<int64_t>(variants.size());
     }
   };
 
@@ -108,7 +139,23 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
   // its methods by the attention (ulysses and ring for softmax, lasp and lasp2 for linear).
   const bool linear = model.arch == "linear";
   const int64_t node = cluster.cluster.devices_per_node;
+  // The host's work (offload, swap) is planned where the cluster file prices it; a swap's device
+  // budget, unless held, leaves a tenth of the device to the framework and the allocator.
+  const bool host_priced = cluster.host.optimizer_gbs > 0 && cluster.host.device_link_gbs > 0;
+  auto with_swap = [&](Config& c, std::vector<std::pair<std::string, std::string>>& set, bool swap) {
+    c.memory.swap = swap;
+    if (!swap) return;
+    char budget[32];
+    std::snprintf(budget, sizeof budget, "%g",
+                  held.count("memory.device_budget_gb") ? c.memory.device_budget_gb : std::floor(9 * cluster.device.memory_gib) / 10);
+    c.memory.device_budget_gb = std::stod(budget);
+    set.push_back({"memory.swap", "true"});
+    set.push_back({"memory.device_budget_gb", budget});
+  };
+  // Holding swarm.sync plans swarms only.
+  const bool swarms_only = held.count("swarm.sync") > 0;
   for (int64_t tp : held_or<int64_t>(held, "parallel.tp", p.tp, powers_of_two_dividing(model.n_head, node))) {
+    if (swarms_only) break;
     for (int64_t sp : held_or<int64_t>(held, "parallel.sp", p.sp, powers_of_two_dividing(base.train.seq_len, node / tp))) {
       const std::vector<std::string> methods =
           held.count("parallel.sp_method") || sp == 1 ? std::vector<std::string>{p.sp_method}
@@ -142,40 +189,98 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
         for (const std::string& method : methods)
           for (int64_t ep : eps)
             for (const Schedule& schedule : scheds)
-              for (int64_t zero : held_or<int64_t>(held, "parallel.zero_stage", p.zero_stage,
-                                                   dp > 1 ? std::vector<int64_t>{0, 1, 2, 3} : std::vector<int64_t>{0}))
-                for (bool msp : held_or<bool>(held, "parallel.megatron_sp", p.megatron_sp,
-                                              tp > 1 && !moe ? std::vector<bool>{false, true} : std::vector<bool>{false}))
-                  for (const std::string& ckpt :
-                       held_or<std::string>(held, "memory.activation_checkpointing", base.memory.activation_checkpointing,
-                                            {"none", "selective", "full"}))
-                    for (int64_t b : held_or<int64_t>(held, "train.batch_size", base.train.batch_size, micro)) {
-                      Config c = base;
-                      c.parallel.tp = tp, c.parallel.pp = pp, c.parallel.sp = sp, c.parallel.sp_method = method;
-                      c.parallel.ep = ep, c.parallel.zero_stage = zero, c.parallel.megatron_sp = msp;
-                      c.parallel.pp_schedule = schedule.name;
-                      c.parallel.pp_virtual = schedule.virtual_stages;
-                      c.memory.activation_checkpointing = ckpt;
-                      c.train.batch_size = b;
-                      std::vector<std::pair<std::string, std::string>> set = {
-                          {"parallel.tp", text(tp)},
-                          {"parallel.pp", text(pp)},
-                          {"parallel.sp", text(sp)},
-                          {"parallel.zero_stage", text(zero)},
-                          {"parallel.megatron_sp", text(msp)},
-                          {"memory.activation_checkpointing", ckpt},
-                          {"train.batch_size", text(b)},
-                          {"train.global_batch_size", text(global)}};
-                      if (sp > 1) set.push_back({"parallel.sp_method", method});
-                      if (moe) set.push_back({"parallel.ep", text(ep)});
-                      if (pp > 1) {
-                        set.push_back({"parallel.pp_schedule", schedule.name});
-                        if (c.parallel.pp_virtual > 0) set.push_back({"parallel.pp_virtual", text(c.parallel.pp_virtual)});
-                      }
-                      consider(std::move(c), std::move(set));
-                    }
+              for (bool msp : held_or<bool>(held, "parallel.megatron_sp", p.megatron_sp,
+                                            tp > 1 && !moe ? std::vector<bool>{false, true} : std::vector<bool>{false}))
+                for (const std::string& ckpt :
+                     held_or<std::string>(held, "memory.activation_checkpointing", base.memory.activation_checkpointing,
+                                          {"none", "selective", "full"}))
+                  for (int64_t b : held_or<int64_t>(held, "train.batch_size", base.train.batch_size, micro)) {
+                    std::vector<Variant> variants;
+                    for (int64_t zero : held_or<int64_t>(held, "parallel.zero_stage", p.zero_stage,
+                                                         dp > 1 ? std::vector<int64_t>{0, 1, 2, 3} : std::vector<int64_t>{0}))
+                      for (bool offload : held_or<bool>(held, "parallel.offload", p.offload,
+                                                        zero >= 1 && host_priced ? std::vector<bool>{false, true}
+                                                                                 : std::vector<bool>{false}))
+                        for (bool swap : held_or<bool>(held, "memory.swap", base.memory.swap,
+                                                       tp * pp * sp * ep == 1 && zero == 0 && !offload && host_priced &&
+                                                               (dp == 1 || cluster.device.kind == "cpu")
+                                                           ? std::vector<bool>{false, true}
+                                                           : std::vector<bool>{false})) {
+                          Config c = base;
+                          c.parallel.tp = tp, c.parallel.pp = pp, c.parallel.sp = sp, c.parallel.sp_method = method;
+                          c.parallel.ep = ep, c.parallel.zero_stage = zero, c.parallel.megatron_sp = msp;
+                          c.parallel.offload = offload;
+                          c.parallel.pp_schedule = schedule.name;
+                          c.parallel.pp_virtual = schedule.virtual_stages;
+                          c.memory.activation_checkpointing = ckpt;
+                          c.train.batch_size = b;
+                          std::vector<std::pair<std::string, std::string>> set = {
+                              {"parallel.tp", text(tp)},
+                              {"parallel.pp", text(pp)},
+                              {"parallel.sp", text(sp)},
+                              {"parallel.zero_stage", text(zero)},
+                              {"parallel.megatron_sp", text(msp)},
+                              {"memory.activation_checkpointing", ckpt},
+                              {"train.batch_size", text(b)},
+                              {"train.global_batch_size", text(global)}};
+                          if (offload) set.push_back({"parallel.offload", "true"});
+                          with_swap(c, set, swap);
+                          if (sp > 1) set.push_back({"parallel.sp_method", method});
+                          if (moe) set.push_back({"parallel.ep", text(ep)});
+                          if (pp > 1) {
+                            set.push_back({"parallel.pp_schedule", schedule.name});
+                            if (c.parallel.pp_virtual > 0)
+                              set.push_back({"parallel.pp_virtual", text(c.parallel.pp_virtual)});
+                          }
+                          variants.emplace_back(std::move(c), std::move(set));
+                        }
+                    consider(std::move(variants));
+                  }
       }
     }
+  }
+  // ATOM swarms (`tessera peer`): every rank a peer of one device, resident or swapped, where the
+  // cluster file gives the peers' link and no held key asks for more than one device per run.
+  // Batch mode is data parallelism's arithmetic; DiLoCo trains differently, so it is planned only
+  // when held (swarm.sync = diloco), its local step the peer's share of the global batch.
+  const bool one_device = (!held.count("parallel.tp") || p.tp == 1) && (!held.count("parallel.pp") || p.pp == 1) &&
+                          (!held.count("parallel.sp") || p.sp == 1) && (!held.count("parallel.ep") || p.ep == 1) &&
+                          (!held.count("parallel.zero_stage") || p.zero_stage == 0) &&
+                          (!held.count("parallel.offload") || !p.offload);
+  if (cluster.peers.bandwidth_gbs > 0 && world > 1 && one_device && global % world == 0) {
+    std::vector<int64_t> micro;
+    for (int64_t b = 1; b <= global / world; b *= 2)
+      if ((global / world) % b == 0) micro.push_back(b);
+    const std::string sync = swarms_only ? base.swarm.sync : "batch";
+    for (bool swap : held_or<bool>(held, "memory.swap", base.memory.swap,
+                                   host_priced ? std::vector<bool>{false, true} : std::vector<bool>{false}))
+      for (const std::string& ckpt : held_or<std::string>(held, "memory.activation_checkpointing",
+                                                          base.memory.activation_checkpointing, {"none", "selective", "full"}))
+        for (int64_t b : held_or<int64_t>(held, "train.batch_size", base.train.batch_size, micro)) {
+          Config c = base;
+          c.swarm.sync = sync;
+          c.memory.activation_checkpointing = ckpt;
+          c.train.batch_size = b;
+          std::vector<std::pair<std::string, std::string>> set = {{"swarm.sync", sync}};
+          if (sync == "batch") {
+            c.swarm.target_batch_size = global;
+            c.train.global_batch_size = 0;
+            c.train.grad_accum = global / (world * b);
+            set.push_back({"swarm.target_batch_size", text(global)});
+            set.push_back({"train.global_batch_size", "0"});
+          } else {
+            c.train.global_batch_size = global / world;
+            c.train.grad_accum = 1;
+            set.push_back({"swarm.inner_steps", text(c.swarm.inner_steps)});
+            set.push_back({"swarm.pseudo_gradient_dtype", c.swarm.pseudo_gradient_dtype});
+            set.push_back({"train.global_batch_size", text(c.train.global_batch_size)});
+          }
+          with_swap(c, set, swap);
+          set.push_back({"memory.activation_checkpointing", ckpt});
+          set.push_back({"train.batch_size", text(b)});
+          set.push_back({"train.grad_accum", text(c.train.accumulation(1))});
+          consider_swarm(std::move(c), std::move(set));
+        }
   }
   // Branch and bound: in the order of their lower bounds (each candidate's prediction holds its
   // bound so far), check each layout and estimate its memory, then predict its step where it can
@@ -195,15 +300,19 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
     Prediction memory;
     try {
       c.config.check("tessera plan");
-      check(c.config, c.dims);
-      // What cannot fit and cannot be among the non-fitting layouts shown is left there, before
-      // its table is built.
-      if (full(too_large) && bound >= too_large.back().prediction.step_s &&
-          model_state_lower_bound(c.config, c.dims) > cluster.device.memory_bytes())
-        continue;
-      add_memory(memory, c.config, cache.layout(c.config, c.dims), cluster);
-      if (!memory.fits && full(too_large) && bound >= too_large.back().prediction.step_s) continue;
-      c.prediction = predict_time(c.config, c.dims, cluster, options, &priced_for(c.config, c.dims), &cache);
+      if (c.peers > 0) {
+        c.prediction = memory = predict_swarm(c.config, c.peers, cluster, options);
+      } else {
+        check(c.config, c.dims);
+        // What cannot fit and cannot be among the non-fitting layouts shown is left there, before
+        // its table is built.
+        if (full(too_large) && bound >= too_large.back().prediction.step_s && !c.config.memory.swap &&
+            model_state_lower_bound(c.config, c.dims) > cluster.device.memory_bytes())
+          continue;
+        add_memory(memory, c.config, cache.layout(c.config, c.dims), cluster);
+        if (!memory.fits && full(too_large) && bound >= too_large.back().prediction.step_s) continue;
+        c.prediction = predict_time(c.config, c.dims, cluster, options, &priced_for(c.config, c.dims), &cache);
+      }
     } catch (const std::exception& e) {
       if (result.refused++ == 0) result.first_refusal = e.what();
       continue;

@@ -47,6 +47,9 @@ struct Candidate {
   Prediction prediction;
   // The searched keys as "section.key" -> value text, for the ready --set line.
   std::vector<std::pair<std::string, std::string>> set;
+  // > 0: an ATOM swarm of this many peers (`tessera peer`, one device each; plan/swarm_cost.h);
+  // `dims` then counts the peers as data-parallel ranks.
+  int64_t peers = 0;
 };
 
 struct SearchResult {

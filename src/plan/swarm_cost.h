@@ -1,0 +1,40 @@
+// An ATOM swarm's step (`tessera peer`, atom/swarm.h; docs/atom.md) predicted without running:
+// `peers` peers, each training a whole replica on one device of its own (resident, or swapped
+// with memory.swap: plan/swap_cost.h), averaging over the cluster's [peers] link.
+//
+//   batch   one swarm step: each peer's share of swarm.target_batch_size (target / peers samples,
+//           train.batch_size per micro-batch; its local step with its optimizer step, as one
+//           device runs it), then one round of the float32 gradients, which the update waits for
+//   diloco  one local step of every peer (train.batch_size x train.grad_accum samples and the local
+//           optimizer step) plus 1 / swarm.inner_steps of a round of the pseudo-gradient
+//           (pseudo_gradient_dtype: 4, 2 or 1 bytes per element; with topk_ratio < 1 the sent
+//           entries only, each with a 2-byte index) and of the outer Nesterov step on the host (24
+//           bytes per element at host.optimizer_gbs, or the device's bandwidth without one)
+// A round is the butterfly all-reduce (atom/averaging.h): each member sends and receives
+// (n - 1) / n of the vector twice, 2 (n - 1) / n bytes / bandwidth, in two steps (2 latencies),
+// plus peers.round_overhead_ms. Low-rank pseudo-gradients (swarm.pseudo_gradient_rank) are not
+// priced (refused by key).
+//
+// The prediction's step_s is the swarm step (batch) or the local step (diloco); tokens_per_s counts
+// every peer's tokens; the memory is one peer's device.
+#pragma once
+
+#include <cstdint>
+
+#include "config/config.h"
+#include "plan/cluster.h"
+#include "plan/cost_model.h"
+
+namespace tessera::plan {
+
+// The one-device config each peer runs: the config with every parallel degree 1, and the samples
+// of its local step (batch: the peer's share of the target; diloco: the config's local step).
+Config peer_config(const Config& config, int64_t peers);
+
+Prediction predict_swarm(const Config& config, int64_t peers, const Cluster& cluster, const CostOptions& options = {},
+                         bool with_memory = true);
+
+// Seconds of one butterfly round of `bytes` over the peers' link (above).
+double swarm_round_seconds(double bytes, int64_t peers, const Cluster& cluster);
+
+}  // namespace tessera::plan
