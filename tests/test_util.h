@@ -61,6 +61,13 @@ inline std::vector<std::string> list_dir(const std::string& dir) {
   return names;
 }
 
+// `text` with its first `from` replaced by `to` (a failure is recorded when `from` is absent).
+inline std::string replaced_text(std::string text, const std::string& from, const std::string& to) {
+  const size_t at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  return at == std::string::npos ? text : text.replace(at, from.size(), to);
+}
+
 // Passes when f throws tessera::Error whose message contains every one of `parts`.
 inline ::testing::AssertionResult throws_naming(const std::function<void()>& f,
                                                 std::initializer_list<std::string> parts) {

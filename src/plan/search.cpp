@@ -2,7 +2,6 @@
 #include "plan/search.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <map>
 #include <numeric>
@@ -146,8 +145,8 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
     c.memory.swap = swap;
     if (!swap) return;
     char budget[32];
-    std::snprintf(budget, sizeof budget, "%g",
-                  held.count("memory.device_budget_gb") ? c.memory.device_budget_gb : std::floor(9 * cluster.device.memory_gib) / 10);
+    if (held.count("memory.device_budget_gb")) std::snprintf(budget, sizeof budget, "%g", c.memory.device_budget_gb);
+    else std::snprintf(budget, sizeof budget, "%.3g", 0.9 * cluster.device.memory_gib);
     c.memory.device_budget_gb = std::stod(budget);
     set.push_back({"memory.swap", "true"});
     set.push_back({"memory.device_budget_gb", budget});

@@ -15,6 +15,7 @@
 #include "plan/cost_model.h"
 #include "plan/matmul_table.h"
 #include "plan/search.h"
+#include "plan_test_util.h"
 #include "test_util.h"
 #include "tiny_config.h"
 #include "config/config.h"
@@ -45,12 +46,6 @@ latency_us = 20
 
 Cluster test_cluster() { return plan::parse_cluster(kCluster, "test.toml"); }
 
-std::string replaced(std::string text, const std::string& from, const std::string& to) {
-  const size_t at = text.find(from);
-  EXPECT_NE(at, std::string::npos) << from;
-  return text.replace(at, from.size(), to);
-}
-
 TEST(ClusterFile, EveryPresetLoadsWithAchievableRatesBelowItsPeaks) {
   int presets = 0;
   for (const auto& entry : std::filesystem::directory_iterator(test::source_path("clusters"))) {
@@ -65,15 +60,15 @@ TEST(ClusterFile, EveryPresetLoadsWithAchievableRatesBelowItsPeaks) {
 
 TEST(ClusterFile, BadFilesAreRefusedNamingTheFileAndTheKey) {
   EXPECT_TRUE(test::throws_naming(
-      [] { plan::parse_cluster(replaced(kCluster, "peak_tflops_bf16", "peek_tflops_bf16"), "bad.toml"); },
+      [] { plan::parse_cluster(test::replaced_text(kCluster, "peak_tflops_bf16", "peek_tflops_bf16"), "bad.toml"); },
       {"bad.toml", "unknown key 'device.peek_tflops_bf16'", "did you mean 'device.peak_tflops_bf16'"}));
-  EXPECT_TRUE(test::throws_naming([] { plan::parse_cluster(replaced(kCluster, "memory_gbs = 1000", ""), "bad.toml"); },
+  EXPECT_TRUE(test::throws_naming([] { plan::parse_cluster(test::replaced_text(kCluster, "memory_gbs = 1000", ""), "bad.toml"); },
                                   {"bad.toml", "device.memory_gbs is missing"}));
   EXPECT_TRUE(test::throws_naming(
-      [] { plan::parse_cluster(replaced(kCluster, "bandwidth_gbs = 100", "bandwidth_gbs = -3"), "bad.toml"); },
+      [] { plan::parse_cluster(test::replaced_text(kCluster, "bandwidth_gbs = 100", "bandwidth_gbs = -3"), "bad.toml"); },
       {"bad.toml", "intra_node.bandwidth_gbs", "outside its range"}));
   EXPECT_TRUE(test::throws_naming(
-      [] { plan::parse_cluster(replaced(kCluster, "matmul_tflops_bf16 = 80", "matmul_tflops_bf16 = 120"), "bad.toml"); },
+      [] { plan::parse_cluster(test::replaced_text(kCluster, "matmul_tflops_bf16 = 80", "matmul_tflops_bf16 = 120"), "bad.toml"); },
       {"bad.toml", "must not exceed"}));
   EXPECT_TRUE(test::throws_naming([] { plan::parse_cluster(std::string(kCluster) + "\n[devise]\n", "bad.toml"); },
                                   {"bad.toml", "unknown section '[devise]'", "did you mean '[device]'"}));
@@ -119,7 +114,7 @@ TEST(ClusterFile, AMatmulTablePricesEachProductAtItsShape) {
   EXPECT_TRUE(test::throws_naming([] { plan::MatmulTable::parse("m,n,k,rate\n", "head.csv"); },
                                   {"head.csv:1", "rows,cols,depth,tflops_bf16"}));
   EXPECT_TRUE(test::throws_naming(
-      [&] { plan::load_cluster(write("missing.toml", replaced(kCluster, "memory_gbs = 1000", "memory_gbs = 1000\nmatmul_table = \"none.csv\""))); },
+      [&] { plan::load_cluster(write("missing.toml", test::replaced_text(kCluster, "memory_gbs = 1000", "memory_gbs = 1000\nmatmul_table = \"none.csv\""))); },
       {"missing.toml", "device.matmul_table", "none.csv", "no such file"}));
 
   // Pricing: a flat table at matmul_tflops_bf16 changes nothing; at half of it, the products take
@@ -136,8 +131,8 @@ TEST(ClusterFile, AMatmulTablePricesEachProductAtItsShape) {
   write("half.csv", flat(40));
   const std::string with = "memory_gbs = 1000\nmatmul_table = \"";
   const Cluster none = test_cluster();
-  const Cluster same = plan::load_cluster(write("same.toml", replaced(kCluster, "memory_gbs = 1000", with + "flat.csv\"")));
-  const Cluster half = plan::load_cluster(write("half.toml", replaced(kCluster, "memory_gbs = 1000", with + "half.csv\"")));
+  const Cluster same = plan::load_cluster(write("same.toml", test::replaced_text(kCluster, "memory_gbs = 1000", with + "flat.csv\"")));
+  const Cluster half = plan::load_cluster(write("half.toml", test::replaced_text(kCluster, "memory_gbs = 1000", with + "half.csv\"")));
   Config c = test::tiny_config(64);
   c.model = ModelOptions::from_preset("gpt2_124m");  // products deep enough to be compute-bound
   c.train.seq_len = 1024;
@@ -154,7 +149,7 @@ TEST(ClusterFile, AMatmulTablePricesEachProductAtItsShape) {
 
   // The table shipped beside the presets reads as a full grid.
   const Cluster h100 = plan::parse_cluster(
-      replaced(kCluster, "memory_gbs = 1000", with + "tables/h100_matmul_bf16_openxla.csv\""),
+      test::replaced_text(kCluster, "memory_gbs = 1000", with + "tables/h100_matmul_bf16_openxla.csv\""),
       test::source_path("clusters/any.toml"));
   EXPECT_GT(h100.device.product_tflops(true, 16384, 4096, 4096), 700);
   EXPECT_LT(h100.device.product_tflops(true, 256, 256, 256), 10);
@@ -223,26 +218,12 @@ TEST(Operations, TensorParallelismSplitsTheProductsAndAddsTwoAllReducesPerBlock)
   EXPECT_EQ(reduces, 2);
 }
 
-Config planner_config() {
-  Config c = test::tiny_config(64);
-  c.model.n_layer = 4;
-  c.train.batch_size = 2;
-  c.train.grad_accum = 4;
-  return c;
-}
-
-double sum(const plan::Prediction& p) {
-  double total = 0;
-  for (const auto& [name, seconds] : p.breakdown) total += seconds;
-  return total;
-}
-
 TEST(CostModel, TheStepIsItsPartsAndGrowsByOneMicroBatchesWork) {
   const Cluster cluster = test_cluster();
-  Config c = planner_config();
+  Config c = test::planner_config();
   const ParallelDims one(c.parallel, 1, "test");
   const plan::Prediction four = plan::predict(c, one, cluster);
-  EXPECT_NEAR(sum(four), four.step_s, 1e-12);
+  EXPECT_NEAR(test::breakdown_sum(four), four.step_s, 1e-12);
   c.train.grad_accum = 8;
   const plan::Prediction eight = plan::predict(c, one, cluster);
   // One process: the step is m x (F + I + W) and the optimizer step.
@@ -254,7 +235,7 @@ TEST(CostModel, TheStepIsItsPartsAndGrowsByOneMicroBatchesWork) {
   c.parallel.pp = 2;
   const ParallelDims pipe(c.parallel, 2, "test");
   const plan::Prediction piped = plan::predict(c, pipe, cluster);
-  EXPECT_NEAR(sum(piped), piped.step_s, 1e-9 * piped.step_s);
+  EXPECT_NEAR(test::breakdown_sum(piped), piped.step_s, 1e-9 * piped.step_s);
   double bubble = 0;
   for (const auto& [name, seconds] : piped.breakdown)
     if (name == "pipeline_bubble_and_transfers") bubble = seconds;
@@ -262,10 +243,10 @@ TEST(CostModel, TheStepIsItsPartsAndGrowsByOneMicroBatchesWork) {
 }
 
 TEST(CostModel, WhatItDoesNotModelIsRefusedByKey) {
-  Config c = planner_config();
-  c.parallel.offload = true;
-  EXPECT_TRUE(test::throws_naming([&] { plan::check_modelled(c); }, {"parallel.offload", "not modelled"}));
-  c = planner_config();
+  Config c = test::planner_config();
+  c.memory.activation_compression = "int8";
+  EXPECT_TRUE(test::throws_naming([&] { plan::check_modelled(c); }, {"memory.activation_compression", "not modelled"}));
+  c = test::planner_config();
   c.parallel.grad_compression = "powersgd";
   EXPECT_TRUE(test::throws_naming([&] { plan::check_modelled(c); }, {"parallel.grad_compression", "powersgd"}));
 }
@@ -277,7 +258,7 @@ TEST(CostModel, WhatItDoesNotModelIsRefusedByKey) {
 // with its transfers and the OPTIM that ends it.
 TEST(CostModel, TheLowerBoundHoldsForEverySchedule) {
   const Cluster cluster = test_cluster();  // 4 devices per node
-  Config c = planner_config();
+  Config c = test::planner_config();
   c.model.n_layer = 8;
   int64_t checked = 0;
   for (const int64_t pp : {1, 4})
@@ -295,8 +276,12 @@ TEST(CostModel, TheLowerBoundHoldsForEverySchedule) {
             const double step = plan::predict_time(c, dims, cluster).step_s;
             ++checked;
             EXPECT_LE(bound, step * (1 + 1e-12)) << schedule << " pp " << pp << " zero " << zero << " m " << m;
-            if (pp == 1) EXPECT_NEAR(bound, step, 1e-12 * step);
-            if (m == 1 && pp > 1) EXPECT_GT(bound, 0.95 * step) << schedule << " zero " << zero;
+            if (pp == 1) {
+              EXPECT_NEAR(bound, step, 1e-12 * step);
+            }
+            if (m == 1 && pp > 1) {
+              EXPECT_GT(bound, 0.95 * step) << schedule << " zero " << zero;
+            }
           } catch (const Error&) {  // a schedule that needs more micro-batches (interleaved: m % pp)
           }
         }
@@ -307,7 +292,7 @@ TEST(CostModel, TheLowerBoundHoldsForEverySchedule) {
 // the best kept; the search's best is the same step, and held keys are held.
 TEST(Search, ItsBestIsTheBruteForceBestAndHeldKeysAreHeld) {
   const Cluster cluster = test_cluster();
-  Config base = planner_config();
+  Config base = test::planner_config();
   base.model.n_layer = 2;
   base.train.global_batch_size = 8;
   base.train.grad_accum = 1;
@@ -360,7 +345,7 @@ TEST(Search, ItsBestIsTheBruteForceBestAndHeldKeysAreHeld) {
 // ep over the experts, are searched; every layout shown carries its keys in the --set line.
 TEST(Search, SequenceAndExpertParallelismAreSearched) {
   const Cluster cluster = test_cluster();
-  Config linear = planner_config();
+  Config linear = test::planner_config();
   linear.model.arch = "linear";
   linear.train.global_batch_size = 8;
   std::set<std::string> methods;

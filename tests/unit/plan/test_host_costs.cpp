@@ -1,0 +1,231 @@
+// The planner's prices of work beside the device: ZeRO-Offload's copies and host step, a swapped
+// layout's step as the swap engine's own replay of the predicted blocks, an ATOM swarm's rounds
+// (batch and DiLoCo), and the search planning each only where the cluster file prices it.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "memory/swap/swap_simulate.h"
+#include "parallel/layout_check.h"
+#include "plan/cluster.h"
+#include "plan/cost_model.h"
+#include "plan/search.h"
+#include "plan/swap_cost.h"
+#include "plan/swarm_cost.h"
+#include "plan_test_util.h"
+#include "test_util.h"
+
+namespace tessera {
+namespace {
+
+using plan::Cluster;
+
+// The device of test_planner.cpp's cluster, with a host and the peers' link.
+std::string cluster_text(double memory_gib = 16, double device_link_gbs = 20, bool peers = true) {
+  char text[1024];
+  std::snprintf(text, sizeof text, R"(
+[cluster]
+devices_per_node = 4
+[device]
+name = "test device"
+peak_tflops_bf16 = 100
+peak_tflops_fp32 = 20
+matmul_tflops_bf16 = 80
+matmul_tflops_fp32 = 16
+memory_gib = %.9g
+memory_gbs = 1000
+[intra_node]
+bandwidth_gbs = 100
+latency_us = 5
+[inter_node]
+bandwidth_gbs = 10
+latency_us = 20
+[host]
+memory_gib = 512
+device_link_gbs = %g
+optimizer_gbs = 30
+%s)",
+                memory_gib, device_link_gbs,
+                peers ? "[peers]\nbandwidth_gbs = 0.1\nlatency_us = 300\nround_overhead_ms = 40\n" : "");
+  return text;
+}
+
+Cluster host_cluster(double memory_gib = 16, double device_link_gbs = 20, bool peers = true) {
+  return plan::parse_cluster(cluster_text(memory_gib, device_link_gbs, peers), "host.toml");
+}
+
+// Wider blocks over fewer tokens, so weights, not activations, fill a small device budget.
+Config swap_config() {
+  Config c = test::planner_config();
+  c.model.n_embd = 256;
+  c.model.block_size = c.train.seq_len = 16;
+  c.train.batch_size = 1;
+  c.memory.swap = true;
+  c.memory.device_budget_gb = 0.012;
+  return c;
+}
+
+// Weight elements of the whole model, as the operations declare them.
+double elements(const Config& c, const ParallelDims& dims, const Cluster& cluster) {
+  const plan::PricedOperations priced = plan::price_operations(c, dims, cluster);
+  double total = priced.embedding.parameters + priced.head.parameters;
+  for (const plan::PartCost& b : priced.blocks) total += b.parameters;
+  return total;
+}
+
+// ZeRO-1 over 2 replicas with offload: the host steps the shard (AdamW's 28 bytes per element and
+// the clipping norm's 4 at host.optimizer_gbs) and the shard's gradients go down and its masters
+// come back over the host link, in full at stage 1; at stage 2 the gradients' copy hides behind the
+// backward. The compute is unchanged.
+TEST(HostCosts, OffloadMovesTheOptimizerStepToTheHostWithItsCopies) {
+  const Cluster cluster = host_cluster();
+  Config c = test::planner_config();
+  c.parallel.zero_stage = 1;
+  const ParallelDims dims(c.parallel, 2, "test");
+  const plan::Prediction resident = plan::predict_time(c, dims, cluster);
+  c.parallel.offload = true;
+  const plan::Prediction offloaded = plan::predict_time(c, dims, cluster);
+  const double shard = elements(c, dims, cluster) / 2;
+  EXPECT_NEAR(test::breakdown_term(offloaded, "optimizer"), shard * 32 / 30e9, 1e-15);
+  EXPECT_NEAR(test::breakdown_term(offloaded, "offload_copies"), 2 * shard * 4 / 20e9, 1e-15);
+  EXPECT_NEAR(test::breakdown_sum(offloaded), offloaded.step_s, 1e-12);
+  EXPECT_NEAR(test::breakdown_term(offloaded, "products"), test::breakdown_term(resident, "products"), 1e-15);
+  EXPECT_EQ(test::breakdown_term(resident, "offload_copies"), 0);
+
+  c.parallel.zero_stage = 2;
+  const plan::Prediction stage2 = plan::predict_time(c, dims, cluster);
+  EXPECT_LT(test::breakdown_term(stage2, "offload_copies"), test::breakdown_term(offloaded, "offload_copies"));
+  EXPECT_GE(test::breakdown_term(stage2, "offload_copies"), shard * 4 / 20e9);  // the masters' copy back is never hidden
+
+  const Cluster no_host = plan::parse_cluster(test::replaced_text(cluster_text(), "optimizer_gbs = 30", ""), "nohost.toml");
+  EXPECT_TRUE(test::throws_naming([&] { plan::predict_time(c, dims, no_host); }, {"nohost.toml", "host.optimizer_gbs"}));
+}
+
+// A swapped layout: the swap plan the run would make from the predicted blocks (their forward and
+// backward summing to the resident micro-batch's, their updates at the host's rate), and the step
+// the swap engine's simulator replays for it; a slower link costs more.
+TEST(HostCosts, ASwappedStepIsTheSwapEnginesReplayOfThePredictedBlocks) {
+  const Cluster cluster = host_cluster(16, 0.05);
+  Config c = swap_config();
+  c.check("test");
+  const ParallelDims one(c.parallel, 1, "test");
+  const plan::PricedOperations priced = plan::price_operations(c, one, cluster);
+  const plan::SwapStep swapped = plan::predict_swap_step(c, one, cluster, priced);
+  ASSERT_GT(swapped.plan.size(), 1);  // the budget cuts the model
+  double forward = 0, backward = 0, optim = swapped.plan.ends.optim_s;
+  for (const swap::SubModel& s : swapped.plan.subs) forward += s.forward_s, backward += s.backward_s, optim += s.optim_s;
+  plan::PartCost all = priced.embedding;
+  all += priced.head;
+  for (const plan::PartCost& b : priced.blocks) all += b;
+  EXPECT_NEAR(forward, all.f, 1e-12 * all.f);
+  EXPECT_NEAR(backward, all.i + all.w, 1e-12 * backward);
+  EXPECT_NEAR(optim, elements(c, one, cluster) * 28 / 30e9, 1e-15);  // fp32: no bf16 copies to refresh
+  EXPECT_EQ(swapped.plan.micro_batches, 4);
+  EXPECT_DOUBLE_EQ(swapped.step_s, swap::simulate_swap_plan(swapped.plan).step_time);
+
+  const plan::Prediction p = plan::predict(c, one, cluster);
+  EXPECT_DOUBLE_EQ(p.step_s, swapped.step_s);
+  EXPECT_NEAR(test::breakdown_sum(p), p.step_s, 1e-12);
+  EXPECT_GT(test::breakdown_term(p, "swap_link_and_host"), 0);
+  EXPECT_DOUBLE_EQ(p.peak_memory_bytes, swapped.peak_device_bytes);
+  EXPECT_LE(plan::step_lower_bound(c, one, cluster, priced), p.step_s);
+  const Cluster slower = host_cluster(16, 0.005);
+  EXPECT_GT(plan::predict_time(c, one, slower).step_s, p.step_s);
+}
+
+// Batch mode: each of 4 peers computes its share of the target (16 = 4 peers x 2 micro-batches of
+// 2), then one butterfly round of the float32 gradients (2 (n-1)/n x bytes / bandwidth, two
+// latencies and the round's fixed cost). DiLoCo: a local step and a tenth of a round of int8
+// pseudo-gradients (top-k: a quarter of the entries, each with its 2-byte index) and of the outer
+// step (24 bytes per element on the host).
+TEST(SwarmCosts, ABatchRoundIsTheButterflyAndDiLoCoAmortisesItsRound) {
+  const Cluster cluster = host_cluster();
+  Config c = test::planner_config();
+  c.swarm.sync = "batch";
+  c.swarm.target_batch_size = 16;
+  const ParallelDims one(plan::peer_config(c, 4).parallel, 1, "test");
+  const double P = elements(c, one, cluster);
+  auto round = [&](double bytes) { return 2 * 0.75 * bytes / 0.1e9 + 2 * 300e-6 + 40e-3; };
+
+  const plan::Prediction batch = plan::predict_swarm(c, 4, cluster);
+  const plan::Prediction local = plan::predict_time(plan::peer_config(c, 4), one, cluster);
+  EXPECT_EQ(local.micro_batches, 2);
+  EXPECT_NEAR(batch.step_s - local.step_s, round(4 * P), 1e-12);
+  EXPECT_NEAR(test::breakdown_term(batch, "swarm_round"), round(4 * P), 1e-12);
+  EXPECT_NEAR(batch.tokens_per_s, 16 * 64 / batch.step_s, 1e-6);
+  EXPECT_NEAR(test::breakdown_sum(batch), batch.step_s, 1e-12);
+
+  c.swarm.sync = "diloco";
+  c.swarm.inner_steps = 10;
+  c.swarm.pseudo_gradient_dtype = "int8";
+  c.train.grad_accum = 2;
+  const plan::Prediction diloco = plan::predict_swarm(c, 4, cluster);
+  const plan::Prediction inner = plan::predict_time(plan::peer_config(c, 4), one, cluster);
+  EXPECT_NEAR(diloco.step_s - inner.step_s, round(P) / 10 + 24 * P / 30e9 / 10, 1e-12);
+  EXPECT_NEAR(diloco.tokens_per_s, 4 * 2 * 2 * 64 / diloco.step_s, 1e-6);
+  c.swarm.topk_ratio = 0.25;
+  const plan::Prediction sparse = plan::predict_swarm(c, 4, cluster);
+  EXPECT_NEAR(test::breakdown_term(sparse, "swarm_round"), round(0.25 * 3 * P) / 10, 1e-12);
+
+  c.swarm.pseudo_gradient_rank = 4;
+  c.swarm.topk_ratio = 1;
+  EXPECT_TRUE(test::throws_naming([&] { plan::predict_swarm(c, 4, cluster); }, {"swarm.pseudo_gradient_rank"}));
+  c.swarm.pseudo_gradient_rank = 0;
+  EXPECT_TRUE(test::throws_naming([&] { plan::predict_swarm(c, 4, host_cluster(16, 20, false)); },
+                                  {"host.toml", "peers.bandwidth_gbs"}));
+}
+
+// Swarms are searched where the file gives the peers' link (holding swarm.sync plans swarms only),
+// a swap where the model does not fit the device otherwise, offload beside the ZeRO stages.
+TEST(Search, SwarmsSwapAndOffloadAreSearchedWhereTheClusterPricesThem) {
+  Config c = test::planner_config();
+  c.train.global_batch_size = 16;
+  c.train.grad_accum = 1;
+  c.swarm.sync = "diloco";
+  const plan::SearchResult swarms =
+      plan::search_layouts(c, 4, {"swarm.sync"}, host_cluster(), check_layout_options, 100);
+  ASSERT_FALSE(swarms.layouts.empty());
+  for (const plan::Candidate& candidate : swarms.layouts) {
+    EXPECT_EQ(candidate.peers, 4);
+    EXPECT_EQ(candidate.set.front(), (std::pair<std::string, std::string>{"swarm.sync", "diloco"}));
+  }
+  EXPECT_TRUE(plan::search_layouts(c, 4, {"swarm.sync"}, host_cluster(16, 20, false), check_layout_options, 100)
+                  .layouts.empty());
+
+  // A device between the swapped peak and the resident estimate: only swapped layouts fit.
+  Config swapped = swap_config();
+  swapped.train.global_batch_size = 4;
+  swapped.train.grad_accum = 1;
+  Config one_device = swapped;
+  one_device.memory.swap = false;
+  one_device.memory.device_budget_gb = 0;
+  const ParallelDims one(one_device.parallel, 1, "test");
+  const double resident = plan::predict(one_device, one, host_cluster()).peak_memory_bytes;
+  const double peak = plan::predict(swapped, one, host_cluster()).peak_memory_bytes;
+  ASSERT_LT(peak, resident);
+  const Cluster small = host_cluster((peak + resident) / 2 / (1024.0 * 1024.0 * 1024.0));
+  const plan::SearchResult searched =
+      plan::search_layouts(one_device, 1, {"train.batch_size"}, small, check_layout_options, 3);
+  ASSERT_FALSE(searched.layouts.empty());
+  EXPECT_TRUE(searched.layouts.front().prediction.fits);
+  EXPECT_TRUE(searched.layouts.front().config.memory.swap);
+
+  Config zero = test::planner_config();
+  zero.train.global_batch_size = 16;
+  zero.parallel.zero_stage = 2;
+  bool offloaded = false;
+  for (const plan::Candidate& candidate :
+       plan::search_layouts(zero, 2, {"parallel.zero_stage"}, host_cluster(), check_layout_options, 1000).layouts)
+    if (candidate.config.parallel.offload) {
+      offloaded = true;
+      EXPECT_NE(std::find(candidate.set.begin(), candidate.set.end(),
+                          std::pair<std::string, std::string>{"parallel.offload", "true"}),
+                candidate.set.end());
+    }
+  EXPECT_TRUE(offloaded);
+}
+
+}  // namespace
+}  // namespace tessera
