@@ -21,165 +21,6 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-using Kind = Operation::Kind;
-
-class Pricer {
- public:
-  Pricer(const Config& config, const ParallelDims& dims, const Cluster& cluster)
-      : cluster_(cluster),
-        half_(config.precision.dtype != "fp32"),
-        slowdown_(cluster.cluster.slowdown(dims.world_size())),
-        rate_(1e12 * cluster.device.matmul_tflops(half_) / slowdown_),
-        attention_rate_(1e12 * cluster.device.attention_tflops(half_) / slowdown_),
-        bandwidth_(1e9 * cluster.device.memory_gbs / slowdown_),
-        overhead_(1e-6 * cluster.device.kernel_overhead_us),
-        matmul_overhead_(1e-6 * cluster.device.matmul_overhead_us),
-        element_bytes_(half_ ? 2 : 4) {
-    tp_ = group(dims, "tp");
-    sp_ = group(dims, "sp");
-    ep_ = group(dims, "ep");
-  }
-
-  double element_bytes() const { return element_bytes_; }
-
-  // Forward, and backward input-gradient (I) and weight-gradient (W) seconds of one operation.
-  struct Times {
-    double f = 0, i = 0, w = 0;
-    bool collective = false;
-  };
-  Times time(const Operation& op) const {
-    Times t;
-    switch (op.kind) {
-      case Kind::matmul: {
-        // A product [m, k] x [k, n]: forward at the rate of its shape; with a weight, its input
-        // gradient [m, n] x [n, k] and weight gradient [k, m] x [m, n] at theirs.
-        auto seconds = [&](double rows, double cols, double depth) {
-          const double rate = op.fused_attention ? attention_rate_
-                              : op.rows > 0 ? 1e12 * cluster_.device.product_tflops(half_, rows, cols, depth) / slowdown_
-                                            : rate_;
-          return std::max(op.flops / rate, op.bytes / bandwidth_) + overhead_ + matmul_overhead_;
-        };
-        t.f = seconds(op.rows, op.cols, op.depth);
-        if (op.weight) t.i = seconds(op.rows, op.depth, op.cols), t.w = seconds(op.depth, op.cols, op.rows);
-        else t.i = op.backward_factor * t.f;
-        return t;
-      }
-      case Kind::memory:
-        t.f = op.bytes / bandwidth_ + overhead_;
-        t.i = op.backward_factor * t.f;
-        return t;
-      case Kind::tp_all_reduce:
-        t.f = t.i = all_reduce_seconds(op.elements * element_bytes_, tp_.n, tp_.tier);
-        break;
-      case Kind::sp_all_to_all:
-        t.f = t.i = all_gather_seconds(op.elements * element_bytes_, sp_.n, sp_.tier);
-        break;
-      case Kind::sp_ring:
-        t.f = t.i = static_cast<double>(sp_.n - 1) * send_seconds(op.elements * element_bytes_, sp_.tier);
-        break;
-      case Kind::ep_all_to_all:
-        t.f = t.i = all_gather_seconds(op.elements * element_bytes_, ep_.n, ep_.tier);
-        break;
-    }
-    t.collective = true;
-    return t;
-  }
-
-  PartCost part(const std::vector<Operation>& ops, const std::string& checkpointing) const {
-    PartCost c;
-    double forward = 0, core_forward = 0;
-    for (const Operation& op : ops) {
-      const Times t = time(op);
-      c.parameters += op.parameters;
-      forward += t.f;
-      if (op.attention_core) core_forward += t.f;
-      c.f += t.f, c.i += t.i, c.w += t.w;
-      const double both = t.f + t.i + t.w;
-      if (op.attention_core) c.attention += both;
-      else if (op.kind == Kind::matmul) c.products += both;
-      else if (!t.collective) c.memory_bound += both;
-      else if (op.kind == Kind::tp_all_reduce) c.tp += both;
-      else if (op.kind == Kind::ep_all_to_all) c.ep += both;
-      else c.sp += both;
-    }
-    c.recompute = checkpointing == "full" ? forward : checkpointing == "selective" ? core_forward : 0;
-    c.i += c.recompute;
-    return c;
-  }
-
- private:
-  struct Group {
-    int64_t n = 1;
-    Cluster::Tier tier;
-  };
-  Group group(const ParallelDims& dims, const std::string& name) const {
-    const std::vector<int64_t> members = dims.group_of(name, 0);
-    return {static_cast<int64_t>(members.size()), cluster_.tier(members)};
-  }
-
-  const Cluster& cluster_;
-  bool half_;
-  double slowdown_, rate_, attention_rate_, bandwidth_, overhead_, matmul_overhead_, element_bytes_;
-  Group tp_, sp_, ep_;
-};
-
-}  // namespace
-
-double optimizer_bytes_per_element(const Config& config) {
-  if (config.optim.name == "adamw") return 28;
-  return 20;
-}
-
-double all_reduce_seconds(double bytes, int64_t n, const Cluster::Tier& tier) {
-  if (n <= 1) return 0;
-  const double steps = static_cast<double>(n - 1);
-  const double tree_depth = std::ceil(std::log2(static_cast<double>(n)));
-  return 2 * steps / static_cast<double>(n) * bytes / tier.bandwidth_bytes_per_s +
-         2 * std::min(steps, tree_depth) * tier.latency_s;
-}
-
-double all_gather_seconds(double bytes, int64_t n, const Cluster::Tier& tier) {
-  if (n <= 1) return 0;
-  const double steps = static_cast<double>(n - 1);
-  return steps / static_cast<double>(n) * bytes / tier.bandwidth_bytes_per_s + steps * tier.latency_s;
-}
-
-double send_seconds(double bytes, const Cluster::Tier& tier) { return bytes / tier.bandwidth_bytes_per_s + tier.latency_s; }
-
-void check_modelled(const Config& config) {
-  const ParallelOptions& p = config.parallel;
-  require(config.memory.activation_compression == "none",
-          "tessera plan: memory.activation_compression is not modelled yet (docs/plan.md)");
-  require(p.grad_compression == "none" || p.grad_compression == "bf16" || p.grad_compression == "fp16",
-          "tessera plan: parallel.grad_compression = ", p.grad_compression, " is not modelled yet (none, bf16 and fp16 are)");
-  require(p.pp_schedule.rfind("file:", 0) != 0, "tessera plan: parallel.pp_schedule = file:... is not modelled (the built-in schedules are)");
-}
-
-PricedOperations price_operations(const Config& config, const ParallelDims& dims, const Cluster& cluster,
-                                  const CostOptions& options) {
-  check_modelled(config);
-  const ModelOptions& model = config.model;
-  const ParallelOptions& p = config.parallel;
-  const Pricer pricer(config, dims, cluster);
-  PricedOperations out;
-  OperationShape& shape = out.shape;
-  shape.batch = config.train.batch_size;
-  shape.seq_len = config.train.seq_len;
-  shape.tp = dims.tp(), shape.sp = dims.sp(), shape.ep = dims.ep();
-  shape.megatron_sp = p.megatron_sp;
-  shape.sp_method = p.sp_method == "auto" ? (model.arch == "linear" ? "lasp" : "ulysses") : p.sp_method;
-  shape.element_bytes = static_cast<int64_t>(pricer.element_bytes());
-  shape.attention = options.attention;
-  shape.dropout = model.dropout;
-  for (int64_t layer = 0; layer < model.n_layer; ++layer)
-    out.blocks.push_back(pricer.part(block_operations(model, layer, shape), config.memory.activation_checkpointing));
-  out.embedding = pricer.part(embedding_operations(model, shape), "none");
-  out.head = pricer.part(head_operations(model, shape), "none");
-  return out;
-}
-
-namespace {
-
 // A layout priced up to its step, before any table is built: what the prediction and the lower
 // bound share.
 struct PricedLayout {
@@ -194,6 +35,8 @@ struct PricedLayout {
   bool gathers = false;             // the table has ZeRO-3's GATHER actions
   double params = 0;                // weight elements of the rank that holds the most
   int64_t blocks = 0;               // the blocks it holds
+  double slowdown = 1;              // the compute slowdown of the prices (PricedOperations')
+  int64_t link_crossings = 0;       // stage boundaries between the busiest pair of adjacent ranks
   double reduce_exposed = 0, gather_exposed = 0, offload = 0, optimizer = 0;
   double step_without_pipeline = 0;  // pp = 1: the whole step
 };
@@ -208,6 +51,7 @@ PricedLayout price_compute(const Config& config, const ParallelDims& dims, const
   const OperationShape& shape = priced.shape;
   PricedLayout out;
   out.m = config.train.accumulation(dims.dp());
+  out.slowdown = priced.slowdown;
   out.all = priced.embedding;
   out.all += priced.head;
   for (const PartCost& c : priced.blocks) out.all += c;
@@ -248,6 +92,15 @@ PricedLayout price_compute(const Config& config, const ParallelDims& dims, const
     out.placement.pp = dims.pp();
     out.placement.v = p.pipeline_virtual();
     out.placement.placement = pipeline::placement_of(p.pp_schedule);
+    // Boundaries per link: every built-in placement steps to a neighbouring rank, the next one
+    // (slot 2r) or, on the way back of a V, the one before (slot 2r + 1).
+    std::vector<int64_t> crossings(static_cast<size_t>(2 * dims.pp()), 0);
+    for (int64_t st = 0; st + 1 < out.cut->stages(); ++st) {
+      const int64_t a = out.placement.rank_of(st), b = out.placement.rank_of(st + 1);
+      if (a == b) continue;
+      int64_t& n = crossings[static_cast<size_t>(2 * a + (b == (a + 1) % dims.pp() ? 0 : 1))];
+      out.link_crossings = std::max(out.link_crossings, ++n);
+    }
     out.params = 0;
     for (int64_t rank = 0; rank < dims.pp(); ++rank) {
       double held = 0;
@@ -299,7 +152,7 @@ PricedLayout with_data_parallel(PricedLayout out, const Config& config, const Pa
     gather_per_pass = all_gather_seconds(params * param_bytes, n_replicas, replica_tier) +
                       static_cast<double>(out.blocks) * gather_latency;
   const double shard = p.zero_stage >= 1 ? static_cast<double>(n_replicas) : 1.0;
-  const double bandwidth = 1e9 * cluster.device.memory_gbs / cluster.cluster.slowdown(dims.world_size());
+  const double bandwidth = 1e9 * cluster.device.memory_gbs / out.slowdown;
   out.optimizer = params / shard * optimizer_bytes_per_element(config) / bandwidth +
                   params * grad_bytes / bandwidth;  // + the clipping norm
   // ZeRO-Offload (memory/offload/offload.h): the shard's float32 gradient goes to the host (stage
@@ -314,7 +167,9 @@ PricedLayout with_data_parallel(PricedLayout out, const Config& config, const Pa
     offload_to_host = params / shard * 4 / link;
     offload_to_device = params / shard * param_bytes / link;
   }
-  const double bucket = std::min(p.bucket_mb * 1e6, params * grad_bytes) / replica_tier.bandwidth_bytes_per_s;
+  // The reduction's last bucket, which no backward hides (none without data replicas).
+  const double bucket =
+      n_replicas > 1 ? std::min(p.bucket_mb * 1e6, params * grad_bytes) / replica_tier.bandwidth_bytes_per_s : 0;
   // The host copy's exposed part: all of it at stage 1; at stages 2-3 what the backward beside it
   // does not hide, and the last block's.
   auto offload_exposed = [&](double backward) {
@@ -357,6 +212,12 @@ PricedLayout with_data_parallel(PricedLayout out, const Config& config, const Pa
   return out;
 }
 
+// The busiest pipeline link's sends in one step: each micro-batch crosses it once each way for
+// every stage boundary between its two ranks (the activations one way, their gradients back).
+double link_seconds(const PricedLayout& layout) {
+  return static_cast<double>(layout.link_crossings * layout.m) * layout.costs.transfer;
+}
+
 // step_lower_bound's with a pipeline (cost_model.h lists its terms).
 double pipeline_lower_bound(const Config& config, const PricedLayout& layout) {
   const std::string& name = config.parallel.pp_schedule;
@@ -383,7 +244,7 @@ double pipeline_lower_bound(const Config& config, const PricedLayout& layout) {
   double bound = forward_chain + backward_chain + (split ? stage[0].w : 0) + (m - 1) * std::max(largest_f, largest_back);
   for (int64_t r = 0; r < at.pp; ++r) bound = std::max(bound, head[r] + work[r]);
   if (name == "1f1b" || name == "gpipe") bound = std::max(bound, total * (m + p - 1) / p);
-  return bound + layout.costs.optim;
+  return std::max(bound, link_seconds(layout)) + layout.costs.optim;
 }
 
 PricedLayout price_layout(const Config& config, const ParallelDims& dims, const Cluster& cluster,
@@ -480,7 +341,9 @@ Prediction predict_time(const Config& config, const ParallelDims& dims, const Cl
     pipeline::validate_schedule(schedule);
     const pipeline::Simulation sim = pipeline::simulate_schedule(schedule, layout.costs, pipeline::Timeline::skip);
     require(sim.stuck.empty(), "internal: the planner's pipeline table did not run to its end");
-    out.step_s = sim.step_time;
+    // The simulator takes a transfer as a delay; the link between two ranks carries its sends one
+    // after another, which the step cannot beat on a slow link.
+    out.step_s = std::max(sim.step_time, link_seconds(layout) + layout.costs.optim);
     const int64_t critical = std::max_element(sim.busy.begin(), sim.busy.end()) - sim.busy.begin();
     const StageCut& cut = *layout.cut;
     for (int64_t s = 0; s < cut.stages(); ++s) {
@@ -489,7 +352,7 @@ Prediction predict_time(const Config& config, const ParallelDims& dims, const Cl
       if (s == 0) rank_total += priced.embedding;
       if (s == cut.stages() - 1) rank_total += priced.head;
     }
-    bubble = sim.step_time - sim.busy[critical] - layout.costs.optim;
+    bubble = out.step_s - sim.busy[critical] - layout.costs.optim;
   }
   const double mb = static_cast<double>(m);
   out.breakdown = {{"products", mb * rank_total.products},

@@ -26,7 +26,9 @@
 // zbv's and zbh1's for its measured ones) is replayed by the one simulator
 // (parallel/pipeline/simulate.h) with the transfers between stages priced on their link, the
 // ZeRO-3 gathers as its GATHER actions, and the gradient reduction's exposed part and the
-// optimizer step as OPTIM.
+// optimizer step as OPTIM. The simulator takes a transfer as a delay, so the step is at least the
+// busiest link's sends one after another (m per stage boundary between its two ranks, each way)
+// and OPTIM: what binds a pipeline on a slow link.
 //
 // Memory: the per-rank estimate of plan/memory_estimate.h (the largest rank), against the
 // device's memory. The data-parallel reduction's size is the weights the operations declare
@@ -59,6 +61,10 @@ struct CostOptions {
   // How softmax attention's core runs: flash (tessera on CUDA: SDPA's fused kernel) or unfused (the
   // scores materialized: Megatron-LM in 2021, for its published runs).
   std::string attention = "flash";
+  // Ranks computing at once over the cluster's nodes, which slow each other's compute by the
+  // node's sharing factor (ClusterInfo::slowdown); 0: the layout's own world. A swarm's peers
+  // placed on shared nodes set it (plan/swarm_cost.h).
+  int64_t busy_ranks = 0;
 };
 
 struct Prediction {
@@ -102,6 +108,7 @@ struct PartCost {
 // once for each tp, pp, Megatron-SP, checkpointing and micro-batch.
 struct PricedOperations {
   OperationShape shape;
+  double slowdown = 1;  // the compute slowdown the prices include (ClusterInfo::slowdown)
   std::vector<PartCost> blocks;
   PartCost embedding, head;
 };
@@ -154,7 +161,7 @@ void add_memory(Prediction& prediction, const Config& config, const Layout& layo
 //   under 1F1B and GPipe, the fill and drain every rank waits through ((m - 1) times the largest
 //   stage plus every stage once, the largest at least the mean).
 // The search predicts layouts in the order of this bound and stops where it passes the best it
-// must show.
+// must show. With a pipeline, the bound is also at least the busiest link's sends and OPTIM.
 double step_lower_bound(const Config& config, const ParallelDims& dims, const Cluster& cluster,
                         const PricedOperations& priced, PlanCache* cache = nullptr);
 // The same for layouts that differ only in their data-parallel side (parallel.zero_stage,

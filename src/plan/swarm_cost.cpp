@@ -39,9 +39,11 @@ Prediction predict_swarm(const Config& config, int64_t peers, const Cluster& clu
           "modelled yet (dense and top-k pseudo-gradients are)");
   const Config local = peer_config(config, peers);
   const ParallelDims one(local.parallel, 1, "tessera plan");
-  Prediction out = predict_time(local, one, cluster, options);
+  CostOptions sharing = options;
+  sharing.busy_ranks = peers;  // peers placed as ranks are: a node's devices_per_node share it
+  const PricedOperations priced = price_operations(local, one, cluster, sharing);
+  Prediction out = predict_time(local, one, cluster, sharing, &priced);
   if (with_memory) add_memory(out, local, one, cluster);
-  const PricedOperations priced = price_operations(local, one, cluster, options);
   double elements = priced.embedding.parameters + priced.head.parameters;
   for (const PartCost& c : priced.blocks) elements += c.parameters;
 

@@ -1,6 +1,8 @@
 // An ATOM swarm's step (`tessera peer`, atom/swarm.h; docs/atom.md) predicted without running:
-// `peers` peers, each training a whole replica on one device of its own (resident, or swapped
-// with memory.swap: plan/swap_cost.h), averaging over the cluster's [peers] link.
+// `peers` peers, each training a whole replica on one device (resident, or swapped with
+// memory.swap: plan/swap_cost.h), averaging over the cluster's [peers] link. Peers are placed on
+// the cluster's nodes as ranks are: where a node holds several (CPU cores), their compute slows
+// by its sharing factor.
 //
 //   batch   one swarm step: each peer's share of swarm.target_batch_size (target / peers samples,
 //           train.batch_size per micro-batch; its local step with its optimizer step, as one

@@ -46,8 +46,14 @@ TEST(PlanCommand, ABadClusterFileIsRefusedNamingFileAndKey) {
   expect_error("plan --config gpt2_124m --cluster " + dir + "/bad.toml --world 8",
                {dir + "/bad.toml", "unknown key 'device.memory_gps'", "did you mean 'device.memory_gbs'"});
   expect_error("plan --config gpt2_124m --cluster no_such_cluster", {"no_such_cluster", "presets: ", "dgx_a100_80g"});
-  expect_error("plan --config gpt2_124m --cluster dgx_a100_80g --set parallel.offload=true --set parallel.zero_stage=1",
-               {"parallel.offload is not modelled"});
+  expect_error("plan --config gpt2_124m --cluster dgx_a100_80g --set memory.activation_compression=int8",
+               {"memory.activation_compression is not modelled"});
+  std::string no_host = slurp(source_path("clusters/dgx_a100_80g.toml"));
+  no_host.erase(no_host.find("optimizer_gbs"));
+  std::ofstream(dir + "/no_host.toml") << no_host;
+  expect_error("plan --config gpt2_124m --cluster " + dir + "/no_host.toml --world 8 --set parallel.offload=true "
+               "--set parallel.zero_stage=1",
+               {dir + "/no_host.toml", "host.optimizer_gbs"});
 }
 
 // `tessera plan calibrate` writes this machine as a cluster file that loads and plans (short
@@ -58,7 +64,7 @@ TEST(PlanCommand, CalibratesThisMachineIntoAClusterFileItPlansWith) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string file = slurp(dir + "/here.toml");
   for (const char* key : {"matmul_tflops_fp32 = ", "attention_tflops_fp32 = ", "memory_gbs = ", "shared_slowdown = ",
-                          "[intra_node]", "measured by `tessera plan calibrate`"})
+                          "[intra_node]", "optimizer_gbs = ", "[peers]", "measured by `tessera plan calibrate`"})
     EXPECT_NE(file.find(key), std::string::npos) << key << "\n" << file;
   auto plan = run_tessera("plan --config tiny_gpt --cluster " + dir + "/here.toml --world 2 --top 1 --json");
   ASSERT_EQ(plan.exit_code, 0) << plan.output;

@@ -288,6 +288,22 @@ TEST(CostModel, TheLowerBoundHoldsForEverySchedule) {
   EXPECT_GE(checked, 60);
 }
 
+// On a slow link a pipeline's step is its sends one after another: GPipe's forwards leave stage 0
+// back to back, and the link carries each micro-batch's activations (and their gradients back) in
+// turn, m x (bytes / bandwidth + latency), however the simulator overlaps them.
+TEST(CostModel, ASlowPipelineLinkCarriesItsSendsOneAfterAnother) {
+  const Cluster slow = plan::parse_cluster(test::replaced_text(kCluster, "bandwidth_gbs = 100", "bandwidth_gbs = 0.0001"),
+                                           "slow.toml");
+  Config c = test::planner_config();
+  c.parallel.pp = 2, c.parallel.pp_schedule = "gpipe";
+  const ParallelDims dims(c.parallel, 2, "test");
+  const plan::Prediction p = plan::predict_time(c, dims, slow);
+  const double send = 2.0 * 64 * 32 * 4 / 0.0001e9 + 5e-6;  // a micro-batch's float32 activations
+  EXPECT_NEAR(p.step_s, 4 * send + test::breakdown_term(p, "optimizer"), 1e-9);
+  EXPECT_NEAR(test::breakdown_sum(p), p.step_s, 1e-9);
+  EXPECT_LE(plan::step_lower_bound(c, dims, slow, plan::price_operations(c, dims, slow)), p.step_s * (1 + 1e-12));
+}
+
 // The search against brute force on a small case: every layout of 4 ranks predicted one by one,
 // the best kept; the search's best is the same step, and held keys are held.
 TEST(Search, ItsBestIsTheBruteForceBestAndHeldKeysAreHeld) {

@@ -1,0 +1,174 @@
+// The planner's prices of one micro-batch's operations on one rank (cost_model.h's
+// price_operations, the Pricer), the collective formulas and what the cost model refuses.
+#include "plan/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "model/operations.h"
+
+namespace tessera::plan {
+namespace {
+
+using Kind = Operation::Kind;
+
+class Pricer {
+ public:
+  Pricer(const Config& config, const ParallelDims& dims, const Cluster& cluster, const CostOptions& options)
+      : cluster_(cluster),
+        half_(config.precision.dtype != "fp32"),
+        slowdown_(cluster.cluster.slowdown(options.busy_ranks > 0 ? options.busy_ranks : dims.world_size())),
+        rate_(1e12 * cluster.device.matmul_tflops(half_) / slowdown_),
+        attention_rate_(1e12 * cluster.device.attention_tflops(half_) / slowdown_),
+        bandwidth_(1e9 * cluster.device.memory_gbs / slowdown_),
+        overhead_(1e-6 * cluster.device.kernel_overhead_us),
+        matmul_overhead_(1e-6 * cluster.device.matmul_overhead_us),
+        element_bytes_(half_ ? 2 : 4) {
+    tp_ = group(dims, "tp");
+    sp_ = group(dims, "sp");
+    ep_ = group(dims, "ep");
+  }
+
+  double element_bytes() const { return element_bytes_; }
+  double slowdown() const { return slowdown_; }
+
+  // Forward, and backward input-gradient (I) and weight-gradient (W) seconds of one operation.
+  struct Times {
+    double f = 0, i = 0, w = 0;
+    bool collective = false;
+  };
+  Times time(const Operation& op) const {
+    Times t;
+    switch (op.kind) {
+      case Kind::matmul: {
+        // A product [m, k] x [k, n]: forward at the rate of its shape; with a weight, its input
+        // gradient [m, n] x [n, k] and weight gradient [k, m] x [m, n] at theirs.
+        auto seconds = [&](double rows, double cols, double depth) {
+          const double rate = op.fused_attention ? attention_rate_
+                              : op.rows > 0 ? 1e12 * cluster_.device.product_tflops(half_, rows, cols, depth) / slowdown_
+                                            : rate_;
+          return std::max(op.flops / rate, op.bytes / bandwidth_) + overhead_ + matmul_overhead_;
+        };
+        t.f = seconds(op.rows, op.cols, op.depth);
+        if (op.weight) t.i = seconds(op.rows, op.depth, op.cols), t.w = seconds(op.depth, op.cols, op.rows);
+        else t.i = op.backward_factor * t.f;
+        return t;
+      }
+      case Kind::memory:
+        t.f = op.bytes / bandwidth_ + overhead_;
+        t.i = op.backward_factor * t.f;
+        return t;
+      case Kind::tp_all_reduce:
+        t.f = t.i = all_reduce_seconds(op.elements * element_bytes_, tp_.n, tp_.tier);
+        break;
+      case Kind::sp_all_to_all:
+        t.f = t.i = all_gather_seconds(op.elements * element_bytes_, sp_.n, sp_.tier);
+        break;
+      case Kind::sp_ring:
+        t.f = t.i = static_cast<double>(sp_.n - 1) * send_seconds(op.elements * element_bytes_, sp_.tier);
+        break;
+      case Kind::ep_all_to_all:
+        t.f = t.i = all_gather_seconds(op.elements * element_bytes_, ep_.n, ep_.tier);
+        break;
+    }
+    t.collective = true;
+    return t;
+  }
+
+  PartCost part(const std::vector<Operation>& ops, const std::string& checkpointing) const {
+    PartCost c;
+    double forward = 0, core_forward = 0;
+    for (const Operation& op : ops) {
+      const Times t = time(op);
+      c.parameters += op.parameters;
+      forward += t.f;
+      if (op.attention_core) core_forward += t.f;
+      c.f += t.f, c.i += t.i, c.w += t.w;
+      const double both = t.f + t.i + t.w;
+      if (op.attention_core) c.attention += both;
+      else if (op.kind == Kind::matmul) c.products += both;
+      else if (!t.collective) c.memory_bound += both;
+      else if (op.kind == Kind::tp_all_reduce) c.tp += both;
+      else if (op.kind == Kind::ep_all_to_all) c.ep += both;
+      else c.sp += both;
+    }
+    c.recompute = checkpointing == "full" ? forward : checkpointing == "selective" ? core_forward : 0;
+    c.i += c.recompute;
+    return c;
+  }
+
+ private:
+  struct Group {
+    int64_t n = 1;
+    Cluster::Tier tier;
+  };
+  Group group(const ParallelDims& dims, const std::string& name) const {
+    const std::vector<int64_t> members = dims.group_of(name, 0);
+    return {static_cast<int64_t>(members.size()), cluster_.tier(members)};
+  }
+
+  const Cluster& cluster_;
+  bool half_;
+  double slowdown_, rate_, attention_rate_, bandwidth_, overhead_, matmul_overhead_, element_bytes_;
+  Group tp_, sp_, ep_;
+};
+
+}  // namespace
+
+double optimizer_bytes_per_element(const Config& config) {
+  if (config.optim.name == "adamw") return 28;
+  return 20;
+}
+
+double all_reduce_seconds(double bytes, int64_t n, const Cluster::Tier& tier) {
+  if (n <= 1) return 0;
+  const double steps = static_cast<double>(n - 1);
+  const double tree_depth = std::ceil(std::log2(static_cast<double>(n)));
+  return 2 * steps / static_cast<double>(n) * bytes / tier.bandwidth_bytes_per_s +
+         2 * std::min(steps, tree_depth) * tier.latency_s;
+}
+
+double all_gather_seconds(double bytes, int64_t n, const Cluster::Tier& tier) {
+  if (n <= 1) return 0;
+  const double steps = static_cast<double>(n - 1);
+  return steps / static_cast<double>(n) * bytes / tier.bandwidth_bytes_per_s + steps * tier.latency_s;
+}
+
+double send_seconds(double bytes, const Cluster::Tier& tier) { return bytes / tier.bandwidth_bytes_per_s + tier.latency_s; }
+
+void check_modelled(const Config& config) {
+  const ParallelOptions& p = config.parallel;
+  require(config.memory.activation_compression == "none",
+          "tessera plan: memory.activation_compression is not modelled yet (docs/plan.md)");
+  require(p.grad_compression == "none" || p.grad_compression == "bf16" || p.grad_compression == "fp16",
+          "tessera plan: parallel.grad_compression = ", p.grad_compression, " is not modelled yet (none, bf16 and fp16 are)");
+  require(p.pp_schedule.rfind("file:", 0) != 0, "tessera plan: parallel.pp_schedule = file:... is not modelled (the built-in schedules are)");
+}
+
+PricedOperations price_operations(const Config& config, const ParallelDims& dims, const Cluster& cluster,
+                                  const CostOptions& options) {
+  check_modelled(config);
+  const ModelOptions& model = config.model;
+  const ParallelOptions& p = config.parallel;
+  const Pricer pricer(config, dims, cluster, options);
+  PricedOperations out;
+  out.slowdown = pricer.slowdown();
+  OperationShape& shape = out.shape;
+  shape.batch = config.train.batch_size;
+  shape.seq_len = config.train.seq_len;
+  shape.tp = dims.tp(), shape.sp = dims.sp(), shape.ep = dims.ep();
+  shape.megatron_sp = p.megatron_sp;
+  shape.sp_method = p.sp_method == "auto" ? (model.arch == "linear" ? "lasp" : "ulysses") : p.sp_method;
+  shape.element_bytes = static_cast<int64_t>(pricer.element_bytes());
+  shape.attention = options.attention;
+  shape.dropout = model.dropout;
+  for (int64_t layer = 0; layer < model.n_layer; ++layer)
+    out.blocks.push_back(pricer.part(block_operations(model, layer, shape), config.memory.activation_checkpointing));
+  out.embedding = pricer.part(embedding_operations(model, shape), "none");
+  out.head = pricer.part(head_operations(model, shape), "none");
+  return out;
+}
+
+
+}  // namespace tessera::plan
