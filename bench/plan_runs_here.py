@@ -53,6 +53,19 @@ LAYOUTS = [
                         "parallel.sp=2", "parallel.sp_method=ulysses"]),
     ("sp2 ring", 2, ["parallel.tp=1", "parallel.pp=1", "parallel.zero_stage=0", "train.batch_size=8",
                      "parallel.sp=2", "parallel.sp_method=ring"]),
+    ("sp2 LASP (linear attention)", 2, ["parallel.tp=1", "parallel.pp=1", "parallel.zero_stage=0", "train.batch_size=8",
+                                        "parallel.sp=2", "parallel.sp_method=lasp", "model.arch=linear"]),
+    ("dp2 ZeRO-2 offload", 2, ["parallel.tp=1", "parallel.pp=1", "parallel.zero_stage=2", "train.batch_size=8",
+                               "parallel.offload=true"]),
+    ("one process, swap (8 micro-batches)", 1, ["parallel.tp=1", "parallel.pp=1", "parallel.zero_stage=0",
+                                                 "train.batch_size=2", "memory.swap=true", "memory.device_budget_gb=0.04",
+                                                 "memory.modelled_bandwidth_gbps=1"]),
+    ("ep2 MoE, capacity 1.25", 2, ["parallel.tp=1", "parallel.pp=1", "parallel.zero_stage=0", "train.batch_size=8",
+                                   "model.ffn=moe", "model.moe_experts=4", "model.moe_top_k=2", "parallel.ep=2",
+                                   "model.moe_capacity_factor=1.25"]),
+    ("ep2 MoE, dropless", 2, ["parallel.tp=1", "parallel.pp=1", "parallel.zero_stage=0", "train.batch_size=8",
+                              "model.ffn=moe", "model.moe_experts=4", "model.moe_top_k=2", "parallel.ep=2",
+                              "model.moe_capacity_factor=0"]),
 ]
 
 def run(args, check=True):
@@ -72,7 +85,8 @@ def sets(keys):
 def full_layout(keys):
     given = {k.split("=")[0] for k in keys}
     defaults = {"parallel.megatron_sp": "false", "parallel.pp_schedule": "1f1b", "parallel.pp_virtual": "0",
-                "memory.activation_checkpointing": "none", "parallel.sp": "1", "parallel.ep": "1"}
+                "memory.activation_checkpointing": "none", "parallel.sp": "1", "parallel.ep": "1",
+                "parallel.offload": "false", "memory.swap": "false"}
     return keys + [f"{k}={v}" for k, v in defaults.items() if k not in given]
 
 

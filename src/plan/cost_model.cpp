@@ -36,7 +36,7 @@ struct PricedLayout {
   double params = 0;                // weight elements of the rank that holds the most
   int64_t blocks = 0;               // the blocks it holds
   double slowdown = 1;              // the compute slowdown of the prices (PricedOperations')
-  int64_t link_crossings = 0;       // stage boundaries between the busiest pair of adjacent ranks
+  int64_t link_crossings = 0;       // stage boundaries the busiest rank sits on
   double reduce_exposed = 0, gather_exposed = 0, offload = 0, optimizer = 0;
   double step_without_pipeline = 0;  // pp = 1: the whole step
 };
@@ -92,16 +92,14 @@ PricedLayout price_compute(const Config& config, const ParallelDims& dims, const
     out.placement.pp = dims.pp();
     out.placement.v = p.pipeline_virtual();
     out.placement.placement = pipeline::placement_of(p.pp_schedule);
-    // Boundaries per link: every built-in placement steps to a neighbouring rank, the next one
-    // (slot 2r) or, on the way back of a V, the one before (slot 2r + 1).
-    std::vector<int64_t> crossings(static_cast<size_t>(2 * dims.pp()), 0);
+    // Each stage boundary between two ranks is one send out of each of them per micro-batch (the
+    // activations one way, their gradients back), through each rank's own link.
+    std::vector<int64_t> crossings(static_cast<size_t>(dims.pp()), 0);
     for (int64_t st = 0; st + 1 < out.cut->stages(); ++st) {
       const int64_t a = out.placement.rank_of(st), b = out.placement.rank_of(st + 1);
       if (a == b) continue;
-      int64_t& n = crossings[static_cast<size_t>(2 * a + (b == (a + 1) % dims.pp() ? 0 : 1))];
-      out.link_crossings = std::max(out.link_crossings, ++n);
-    }
-    out.params = 0;
+      out.link_crossings = std::max({out.link_crossings, ++crossings[static_cast<size_t>(a)], ++crossings[static_cast<size_t>(b)]});
+    }    out.params = 0;
     for (int64_t rank = 0; rank < dims.pp(); ++rank) {
       double held = 0;
       int64_t blocks = 0;
@@ -212,8 +210,9 @@ PricedLayout with_data_parallel(PricedLayout out, const Config& config, const Pa
   return out;
 }
 
-// The busiest pipeline link's sends in one step: each micro-batch crosses it once each way for
-// every stage boundary between its two ranks (the activations one way, their gradients back).
+// The busiest rank link's sends in one step: per micro-batch one each way for every stage boundary
+// the rank sits on (a middle rank of a pipeline sends activations on and gradients back, and
+// receives both, through its one link).
 double link_seconds(const PricedLayout& layout) {
   return static_cast<double>(layout.link_crossings * layout.m) * layout.costs.transfer;
 }

@@ -27,8 +27,9 @@
 // (parallel/pipeline/simulate.h) with the transfers between stages priced on their link, the
 // ZeRO-3 gathers as its GATHER actions, and the gradient reduction's exposed part and the
 // optimizer step as OPTIM. The simulator takes a transfer as a delay, so the step is at least the
-// busiest link's sends one after another (m per stage boundary between its two ranks, each way)
-// and OPTIM: what binds a pipeline on a slow link.
+// busiest rank link's sends one after another (each way, m per stage boundary the rank sits on: a
+// middle rank's link carries activations on and gradients back) and OPTIM: what binds a pipeline
+// on a slow link.
 //
 // Memory: the per-rank estimate of plan/memory_estimate.h (the largest rank), against the
 // device's memory. The data-parallel reduction's size is the weights the operations declare
@@ -161,7 +162,7 @@ void add_memory(Prediction& prediction, const Config& config, const Layout& layo
 //   under 1F1B and GPipe, the fill and drain every rank waits through ((m - 1) times the largest
 //   stage plus every stage once, the largest at least the mean).
 // The search predicts layouts in the order of this bound and stops where it passes the best it
-// must show. With a pipeline, the bound is also at least the busiest link's sends and OPTIM.
+// must show. With a pipeline, the bound is also at least the busiest rank link's sends and OPTIM.
 double step_lower_bound(const Config& config, const ParallelDims& dims, const Cluster& cluster,
                         const PricedOperations& priced, PlanCache* cache = nullptr);
 // The same for layouts that differ only in their data-parallel side (parallel.zero_stage,

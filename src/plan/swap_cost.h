@@ -12,7 +12,8 @@
 //   the host    each update at host.optimizer_gbs (optim.name's bytes per element as the device's
 //               step counts them, plus 6 for the bf16 copy's refresh when LOADs move copies) and the
 //               pass over the gradients (the norm and the clipping scale: 12 bytes per element)
-//   the link    host.device_link_gbs each way
+//   the link    host.device_link_gbs each way (on a CPU device at most
+//               memory.modelled_bandwidth_gbps, the run's throttle)
 //   the budget  memory.device_budget_gb
 // Data-parallel replicas of a swapped model (CPU devices only: layout_check.h) average their
 // gradients after the last store and before the deferred updates: one all-reduce of the float32
