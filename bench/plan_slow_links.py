@@ -75,7 +75,8 @@ def main():
         rate0, _ = predict(args.tessera, cluster("none", 0), "batch")
         overhead_ms = max(0.0, (GLOBAL_BATCH / rows[("batch", "none")] - GLOBAL_BATCH / rate0) * 1e3)
         lines = ["# tessera plan against the slow-link table (bench/results/atom_slow_links_cpu.md)", "",
-                 f"`python3 bench/plan_slow_links.py`: {__doc__.splitlines()[0][len('tessera plan against '):]}",
+                 "`python3 bench/plan_slow_links.py` (its docstring says what is held and fitted): tiny_gpt on four",
+                 "hosts (network namespaces sharing this machine's two cores), each host's link limited by tbf.",
                  "", f"Calibration: {args.calibration} (`tessera plan calibrate --ranks {HOSTS}`); "
                  f"[peers].round_overhead_ms fitted on the unlimited batch row: {overhead_ms:.1f} ms. "
                  f"The table's runs: {measured['date']} at {measured['commit']}.", "",

@@ -35,6 +35,7 @@ struct PricedLayout {
   bool gathers = false;             // the table has ZeRO-3's GATHER actions
   double params = 0;                // weight elements of the rank that holds the most
   int64_t blocks = 0;               // the blocks it holds
+  PartCost held;                    // its parts' weights and gradient compression (those fields only)
   double slowdown = 1;              // the compute slowdown of the prices (PricedOperations')
   int64_t link_crossings = 0;       // stage boundaries the busiest rank sits on
   double reduce_exposed = 0, gather_exposed = 0, offload = 0, optimizer = 0;
@@ -63,6 +64,7 @@ PricedLayout price_compute(const Config& config, const ParallelDims& dims, const
                                                       static_cast<double>(dims.tp())
                                                 : 0;
   out.params = out.all.parameters;
+  out.held = out.all;
   out.blocks = model.n_layer;
   if (dims.pp() > 1) {
     BlockCosts blocks;
@@ -99,18 +101,25 @@ PricedLayout price_compute(const Config& config, const ParallelDims& dims, const
       const int64_t a = out.placement.rank_of(st), b = out.placement.rank_of(st + 1);
       if (a == b) continue;
       out.link_crossings = std::max({out.link_crossings, ++crossings[static_cast<size_t>(a)], ++crossings[static_cast<size_t>(b)]});
-    }    out.params = 0;
+    }
+    out.params = 0;
     for (int64_t rank = 0; rank < dims.pp(); ++rank) {
-      double held = 0;
+      PartCost held;
       int64_t blocks = 0;
       for (int64_t s = 0; s < out.cut->stages(); ++s) {
         if (out.placement.rank_of(s) != rank) continue;
-        for (int64_t b = out.cut->boundaries[s]; b < out.cut->boundaries[s + 1]; ++b) held += priced.blocks[b].parameters;
+        for (int64_t b = out.cut->boundaries[s]; b < out.cut->boundaries[s + 1]; ++b) {
+          const PartCost& block = priced.blocks[b];
+          held.parameters += block.parameters, held.lowrank += block.lowrank, held.compress += block.compress;
+        }
         blocks += out.cut->boundaries[s + 1] - out.cut->boundaries[s];
-        if (s == 0) held += embedding.parameters;
-        if (s == out.cut->stages() - 1) held += head.parameters + tied_copy;
+        if (s == 0) held += embedding;
+        if (s == out.cut->stages() - 1) {
+          held += head;
+          held.parameters += tied_copy, held.lowrank += tied_copy;  // the tied head's copy travels whole
+        }
       }
-      if (held > out.params) out.params = held, out.blocks = blocks;
+      if (held.parameters > out.params) out.params = held.parameters, out.blocks = blocks, out.held = held;
     }
   }
   return out;
@@ -127,7 +136,8 @@ PricedLayout with_data_parallel(PricedLayout out, const Config& config, const Pa
   const std::vector<int64_t> replicas = dims.group_of(replica_group_name(dims), 0);
   const int64_t n_replicas = static_cast<int64_t>(replicas.size());
   const Cluster::Tier replica_tier = cluster.tier(replicas);
-  const double grad_bytes = (p.grad_compression != "none" || config.precision.dtype == "fp16") ? 2 : 4;
+  const double grad_bytes =
+      (p.grad_compression == "bf16" || p.grad_compression == "fp16" || config.precision.dtype == "fp16") ? 2 : 4;
   const double param_bytes = config.precision.dtype == "fp16" ? 2 : 4;
   // The reduction runs one collective per bucket of parallel.bucket_mb, ZeRO-3's gathers one per
   // block (and one for the ends): each collective beyond the first pays its latency steps again
@@ -136,11 +146,28 @@ PricedLayout with_data_parallel(PricedLayout out, const Config& config, const Pa
   const double gather_latency = all_gather_seconds(0, n_replicas, replica_tier);  // a collective's latency alone
   const double more_buckets = std::max(0.0, std::ceil(params * grad_bytes / (p.bucket_mb * 1e6)) - 1);
   double reduce_per_step = 0, reduce_per_micro_batch = 0, gather_per_pass = 0;
-  if (p.zero_stage <= 1)
+  // Stages 0-1 all-reduce per step, or reduce through a compressor (optim/compression/, priced in
+  // its steady state after its start steps): PowerSGD's two all-reduces of the float32 factors (and
+  // the tensors sent whole), top-k's all-gather of (index, value) pairs while the replicas' pairs
+  // are fewer than the entries (else the all-reduce), each with its compressor's own work
+  // (PartCost::compress); overlapped with the backward as the plain reduction is. Stages 2-3
+  // reduce-scatter every micro-batch.
+  if (p.zero_stage >= 2) {
+    reduce_per_micro_batch = all_gather_seconds(params * grad_bytes, n_replicas, replica_tier) + more_buckets * gather_latency;
+  } else if (n_replicas > 1 && p.grad_compression == "powersgd") {
+    reduce_per_step = all_reduce_seconds(4 * out.held.lowrank, n_replicas, replica_tier) +
+                      (2 * more_buckets + 1) * all_reduce_seconds(0, n_replicas, replica_tier) + out.held.compress;
+  } else if (n_replicas > 1 && p.grad_compression == "topk") {
+    const double k = std::ceil(p.topk_ratio * params);
+    reduce_per_step = (static_cast<double>(n_replicas) * k < params
+                           ? all_gather_seconds(static_cast<double>(n_replicas) * 8 * k, n_replicas, replica_tier) +
+                                 more_buckets * gather_latency
+                           : all_reduce_seconds(4 * params, n_replicas, replica_tier)) +
+                      out.held.compress;
+  } else {
     reduce_per_step = all_reduce_seconds(params * grad_bytes, n_replicas, replica_tier) +
                       more_buckets * all_reduce_seconds(0, n_replicas, replica_tier);
-  else
-    reduce_per_micro_batch = all_gather_seconds(params * grad_bytes, n_replicas, replica_tier) + more_buckets * gather_latency;
+  }
   // ZeRO-1 and 2: each replica updates its shard, then the parameters are gathered: after the
   // step, overlapping nothing.
   const double gather_after_step = (p.zero_stage == 1 || p.zero_stage == 2)
@@ -151,8 +178,10 @@ PricedLayout with_data_parallel(PricedLayout out, const Config& config, const Pa
                       static_cast<double>(out.blocks) * gather_latency;
   const double shard = p.zero_stage >= 1 ? static_cast<double>(n_replicas) : 1.0;
   const double bandwidth = 1e9 * cluster.device.memory_gbs / out.slowdown;
-  out.optimizer = params / shard * optimizer_bytes_per_element(config) / bandwidth +
-                  params * grad_bytes / bandwidth;  // + the clipping norm
+  // The step over this rank's shard, and the clipping norm over the gradients it holds (all of
+  // them at stages 0-1, its shard at 2-3).
+  const double grads_held = p.zero_stage >= 2 ? params / static_cast<double>(n_replicas) : params;
+  out.optimizer = params / shard * optimizer_bytes_per_element(config) / bandwidth + grads_held * grad_bytes / bandwidth;
   // ZeRO-Offload (memory/offload/offload.h): the shard's float32 gradient goes to the host (stage
   // 1 after the reduction; stages 2-3 block by block during the last backward), the host steps
   // (and takes the clipping norm over its shard), the masters come back before the gather.

@@ -35,9 +35,14 @@
 // device's memory. The data-parallel reduction's size is the weights the operations declare
 // (model/operations.h) on the rank that holds the most.
 //
-// Not modelled (refused by key, so no prediction silently leaves them out): parallel.offload,
-// memory.swap, memory.activation_compression, powersgd and top-k compression, file: schedules. The swarm (`tessera peer`) is not
-// planned at all.
+// Beside the device: parallel.offload's copies and host step (the shard's gradient down, the
+// masters back, the step at host.optimizer_gbs); memory.swap's step from the swap engine's own
+// replay (plan/swap_cost.h); an ATOM swarm's rounds (plan/swarm_cost.h); PowerSGD's and top-k's
+// compressed reductions (PartCost::lowrank, ::compress), in their steady state after their start
+// steps.
+//
+// Not modelled (refused by key, so no prediction silently leaves them out):
+// memory.activation_compression, file: schedules, low-rank pseudo-gradients.
 #pragma once
 
 #include <cstdint>
@@ -97,10 +102,16 @@ struct PartCost {
   double recompute = 0;
   double tp = 0, sp = 0, ep = 0;       // collectives, forward + backward
   double parameters = 0;               // weight elements held (operations.h)
+  // With parallel.grad_compression = powersgd: the elements its weights' gradients travel as
+  // (r'(n + m) per compressed [n, m] matrix, r' = min(n, m, powersgd_rank), the others whole); and
+  // the compressor's own seconds per step (PowerSGD: its three products per matrix at the float32
+  // rate and 32 bytes per element of residual and write-back passes; top-k: 24 bytes per element
+  // of selection and residual passes).
+  double lowrank = 0, compress = 0;
   void operator+=(const PartCost& o) {
     f += o.f, i += o.i, w += o.w, products += o.products, attention += o.attention, memory_bound += o.memory_bound;
     recompute += o.recompute, tp += o.tp, sp += o.sp, ep += o.ep;
-    parameters += o.parameters;
+    parameters += o.parameters, lowrank += o.lowrank, compress += o.compress;
   }
 };
 

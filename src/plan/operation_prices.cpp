@@ -24,7 +24,10 @@ class Pricer {
         bandwidth_(1e9 * cluster.device.memory_gbs / slowdown_),
         overhead_(1e-6 * cluster.device.kernel_overhead_us),
         matmul_overhead_(1e-6 * cluster.device.matmul_overhead_us),
-        element_bytes_(half_ ? 2 : 4) {
+        element_bytes_(half_ ? 2 : 4),
+        compression_(config.parallel.grad_compression),
+        powersgd_rank_(static_cast<double>(config.parallel.powersgd_rank)),
+        fp32_rate_(1e12 * cluster.device.matmul_tflops(false) / slowdown_) {
     tp_ = group(dims, "tp");
     sp_ = group(dims, "sp");
     ep_ = group(dims, "ep");
@@ -93,12 +96,29 @@ class Pricer {
       else if (op.kind == Kind::ep_all_to_all) c.ep += both;
       else c.sp += both;
     }
+    for (const Operation& op : ops) add_compression(op, c);
     c.recompute = checkpointing == "full" ? forward : checkpointing == "selective" ? core_forward : 0;
     c.i += c.recompute;
     return c;
   }
 
  private:
+  // PartCost::lowrank and ::compress of one operation's weights: a product's [cols, depth] weight
+  // matrices (the experts' several) compressed where r'(n + m) < n m, anything else (biases, norms,
+  // the embedding, whose shape the operations do not declare as a product) whole.
+  void add_compression(const Operation& op, PartCost& c) const {
+    if (op.parameters <= 0) return;
+    const double matrix = op.kind == Kind::matmul && op.weight ? op.depth * op.cols : 0;
+    const double count = matrix > 0 ? std::floor(op.parameters / matrix) : 0;
+    const double r = std::min({op.depth, op.cols, powersgd_rank_});
+    const bool compressed = count > 0 && r * (op.depth + op.cols) < matrix;
+    c.lowrank += op.parameters - (compressed ? count * (matrix - r * (op.depth + op.cols)) : 0);
+    if (compression_ == "powersgd")
+      c.compress += (compressed ? count * 6 * matrix * r / fp32_rate_ : 0) + 32 * op.parameters / bandwidth_;
+    else if (compression_ == "topk")
+      c.compress += 24 * op.parameters / bandwidth_;
+  }
+
   struct Group {
     int64_t n = 1;
     Cluster::Tier tier;
@@ -111,6 +131,8 @@ class Pricer {
   const Cluster& cluster_;
   bool half_;
   double slowdown_, rate_, attention_rate_, bandwidth_, overhead_, matmul_overhead_, element_bytes_;
+  std::string compression_;
+  double powersgd_rank_, fp32_rate_;
   Group tp_, sp_, ep_;
 };
 
@@ -141,8 +163,6 @@ void check_modelled(const Config& config) {
   const ParallelOptions& p = config.parallel;
   require(config.memory.activation_compression == "none",
           "tessera plan: memory.activation_compression is not modelled yet (docs/plan.md)");
-  require(p.grad_compression == "none" || p.grad_compression == "bf16" || p.grad_compression == "fp16",
-          "tessera plan: parallel.grad_compression = ", p.grad_compression, " is not modelled yet (none, bf16 and fp16 are)");
   require(p.pp_schedule.rfind("file:", 0) != 0, "tessera plan: parallel.pp_schedule = file:... is not modelled (the built-in schedules are)");
 }
 

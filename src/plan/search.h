@@ -13,12 +13,20 @@
 //   parallel.pp_schedule         1f1b, interleaved (2 stages per rank, and more where the blocks
 //                                allow), zbh1, zbv, gpipe; with parallel.pp_virtual
 //   parallel.zero_stage          0-3 (with data replicas)
+//   parallel.offload             with ZeRO 1-3, where the cluster file prices the host
+//   memory.swap                  one device per replica (on CUDA: one replica), where the cluster
+//                                file prices the host; memory.device_budget_gb 90% of the device
+//                                unless held
 //   parallel.megatron_sp         with tp > 1 and a dense feed-forward
 //   memory.activation_checkpointing  none, selective, full
 //   train.batch_size             the micro-batch: powers of two dividing the global batch / dp
 // The global batch (train.global_batch_size, else batch_size x grad_accum x the config's dp) is
-// held: every layout trains the same sequences per step. Not searched yet: offload, swap, the
-// swarm (the config's values are kept; the cost model refuses what it does not model).
+// held: every layout trains the same sequences per step.
+//
+// ATOM swarms (Candidate::peers): where the cluster file has a [peers] link and no held key asks
+// for more than one device per run, every rank as a `tessera peer` in batch mode (data
+// parallelism's arithmetic), resident or swapped; holding swarm.sync plans swarms only (DiLoCo,
+// which trains differently, only so).
 //
 // A candidate the layout checks refuse (the `check` given: parallel/layout_check.h's, which sits
 // above this layer) or the cost model cannot build is skipped and counted. Every candidate is

@@ -10,6 +10,7 @@
 
 #include "model/model_size.h"
 #include "model/operations.h"
+#include "model/transformer.h"
 #include "parallel/layout_check.h"
 #include "plan/cluster.h"
 #include "plan/cost_model.h"
@@ -247,8 +248,8 @@ TEST(CostModel, WhatItDoesNotModelIsRefusedByKey) {
   c.memory.activation_compression = "int8";
   EXPECT_TRUE(test::throws_naming([&] { plan::check_modelled(c); }, {"memory.activation_compression", "not modelled"}));
   c = test::planner_config();
-  c.parallel.grad_compression = "powersgd";
-  EXPECT_TRUE(test::throws_naming([&] { plan::check_modelled(c); }, {"parallel.grad_compression", "powersgd"}));
+  c.parallel.pp_schedule = "file:my_table.csv";
+  EXPECT_TRUE(test::throws_naming([&] { plan::check_modelled(c); }, {"parallel.pp_schedule", "not modelled"}));
 }
 
 // The search's bound (step_lower_bound) is never above the step the table gives, for every
@@ -286,6 +287,48 @@ TEST(CostModel, TheLowerBoundHoldsForEverySchedule) {
           }
         }
   EXPECT_GE(checked, 60);
+}
+
+// PowerSGD's bytes: each block's gradients travel as r'(n + m) elements per weight matrix viewed as
+// [size(0), rest] where that is fewer than n m, the rest whole: the compressor's own rule applied to
+// the model's own matrices (built on the meta device; the operations declare no biases or norm
+// weights, a fraction of a percent of a model), against what the operations declare. On a
+// link slow enough that the reduction is the step, PowerSGD's and top-k's reductions cost their
+// bytes.
+TEST(CostModel, CompressedReductionsAreTheirCompressorsBytes) {
+  const Cluster cluster = test_cluster();
+  Config c = test::planner_config();
+  c.parallel.grad_compression = "powersgd";
+  c.parallel.powersgd_rank = 4;
+  const ParallelDims one(c.parallel, 1, "test");
+  const TransformerLM meta(c.model, ModelStage{}, at::TensorOptions().device(at::kMeta));
+  double expected = 0;
+  for (const auto& item : meta->named_parameters()) {
+    if (meta->parameter_specs().at(item.key()).block != 0) continue;
+    const at::Tensor& t = item.value();
+    const double n = static_cast<double>(t.size(0)), m = static_cast<double>(t.numel()) / n;
+    const double r = std::min({n, m, 4.0});
+    if (t.dim() >= 2) expected += r * (n + m) < n * m ? r * (n + m) : n * m;  // the operations declare no vectors
+  }
+  EXPECT_DOUBLE_EQ(plan::price_operations(c, one, cluster).blocks[0].lowrank, expected);
+
+  const Cluster slow = plan::parse_cluster(test::replaced_text(kCluster, "bandwidth_gbs = 100", "bandwidth_gbs = 0.0001"),
+                                           "slow.toml");
+  const ParallelDims two(c.parallel, 2, "test");
+  const plan::PricedOperations priced = plan::price_operations(c, two, slow);
+  double lowrank = priced.embedding.lowrank + priced.head.lowrank, params = priced.embedding.parameters + priced.head.parameters;
+  for (const plan::PartCost& b : priced.blocks) lowrank += b.lowrank, params += b.parameters;
+  ASSERT_LT(lowrank, params / 2);
+  const double compressed = test::breakdown_term(plan::predict_time(c, two, slow), "dp_reduction_exposed");
+  c.parallel.grad_compression = "none";
+  const double plain = test::breakdown_term(plan::predict_time(c, two, slow), "dp_reduction_exposed");
+  // Both: the reduction's bytes over the link less the backward beside it, plus the last bucket.
+  EXPECT_NEAR((compressed - plain) / (4 * (lowrank - params) / 0.0001e9), 1.0, 0.05);
+  c.parallel.grad_compression = "topk";
+  c.parallel.topk_ratio = 0.01;
+  const double topk = test::breakdown_term(plan::predict_time(c, two, slow), "dp_reduction_exposed");
+  // Two replicas: an all-gather moves the other's 8-byte pairs, a ring all-reduce 4 bytes per entry.
+  EXPECT_NEAR((topk - plain) / ((8 * std::ceil(0.01 * params) - 4 * params) / 0.0001e9), 1.0, 0.05);
 }
 
 // On a slow link a pipeline's step is its sends one after another: GPipe's forwards leave stage 0
