@@ -24,6 +24,8 @@ import re
 import subprocess
 import tempfile
 
+from results_file import write_results
+
 MODELS = {  # GPT-3's table 2.1 shapes (heads so that the head width is 128)
     "GPT-3 XL 1.3B": (24, 2048, 16),
     "GPT-3 2.7B": (32, 2560, 20),
@@ -111,10 +113,7 @@ def main():
                 ratio = f"{rates['ATOM batch'] / max(rivals):.2f}x" if rivals and "ATOM batch" in rates else "-"
                 lines.append(f"| {link} | " + " | ".join(cells) + f" | {ratio} |")
             lines.append("")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args.out, lines)
 
 
 if __name__ == "__main__":

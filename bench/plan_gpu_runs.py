@@ -23,9 +23,10 @@ usage: bench/plan_gpu_runs.py [--tessera build/tessera] [--out bench/results/pla
 import argparse
 import glob
 import json
-import os
 import re
 import subprocess
+
+from results_file import write_results
 
 CURRENT = {"cefc18b"}  # the builds whose kernels the current code runs (session 28 on)
 PRESET = {"h100": "dgx_h100", "h200": "h200"}
@@ -117,10 +118,7 @@ def main():
     lines += ["", f"Runs of the current kernels: mean absolute error {sum(abs(e) for e in errors) / len(errors) * 100:.1f}%, "
               f"worst {max(errors, key=abs) * 100:+.1f}% ({len(errors)} runs)."]
     lines += host_table(args.tessera)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args.out, lines)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ import re
 import subprocess
 import tempfile
 
+from results_file import write_results
+
 MEASURED = "bench/results/atom_slow_links_cpu.json"
 HOSTS, GLOBAL_BATCH, SEQ = 4, 64, 128
 MODES = {
@@ -100,10 +102,7 @@ def main():
         within = sum(1 for e in errors if abs(e) <= 0.15)
         lines += ["", f"Mean absolute error {sum(abs(e) for e in errors) / len(errors) * 100:.1f}%, worst "
                   f"{max(errors, key=abs) * 100:+.0f}%, {within} of {len(errors)} within 15% (the fitted row left out)."]
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args.out, lines)
 
 
 if __name__ == "__main__":

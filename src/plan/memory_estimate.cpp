@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "memory/activation_codec.h"
 #include "optim/state_size.h"
+#include "plan/activation_estimate.h"
 #include "model/transformer.h"
 #include "model/parameter_census.h"
 #include "parallel/pipeline/schedule_builders.h"
@@ -57,7 +58,6 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   const bool fp16 = config.precision.dtype == "fp16";
   const double param_bytes = fp16 ? 2 : 4;
   double optimizer_elements_bytes = 0;
-  const int64_t blocks = static_cast<int64_t>(stage.layers(m).size());
   {
     for (const CensusEntry& item : *parameter_census(m, stage)) {
       const at::Tensor& t = item.meta;
@@ -79,33 +79,22 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   e.optimizer_bytes = optimizer_elements_bytes / (p.zero_stage >= 1 ? N : 1);
   e.optimizer_on_host = p.offload;
 
-  const double h = static_cast<double>(m.n_embd), a = static_cast<double>(m.n_head);
-  const double t = static_cast<double>(dims.tp());
   const int64_t tokens = config.train.seq_len / dims.sp();
-  const double s = static_cast<double>(m.arch == "linear" ? std::min(config.train.seq_len, m.linear_chunk)
-                                                          : config.train.seq_len);
-  const std::string& mode = config.memory.activation_checkpointing;
-  double per_layer;  // bytes per token at 2-byte activations
-  if (mode == "full") {
-    per_layer = 2 * h;
-  } else {
-    // The attention scores and probabilities Korthikanti et al. count (5 a s per token): kept by
-    // an attention that materializes them (softmax on the CPU, Megatron's unfused kernels), not
-    // by SDPA's fused kernels on CUDA (flash, memory-efficient, cuDNN), which keep one log-sum-exp
-    // per row and head; nor by lightning attention's chunks beyond one chunk's square.
-    const bool fused = config.train.device == "cuda" && m.arch != "linear";
-    const double scores = mode == "selective" || fused ? 0 : 5 * a * s / t;
-    per_layer = (p.megatron_sp ? 34 * h / t : h * (10 + 24 / t)) + scores;
-  }
   const bool half = fp16 || config.precision.dtype == "bf16";
-  // Activations of one micro-batch through this rank's blocks, times the micro-batches a pipeline
-  // schedule holds at once (in units of one stage's; 1 without a pipeline).
-  const double chunks = stage.whole() ? 1.0 : static_cast<double>(stage.chunks.size());
-  const double per_stage_blocks = static_cast<double>(blocks) / chunks;
-  // per_layer counts 2-byte elements; the codec says what each element of this precision takes.
+  // What one activation element takes under this precision and codec.
   const double element_bytes =
       activation_codec_bytes_per_element(parse_activation_codec(config.memory.activation_compression), half ? 2 : 4);
-  e.activation_bytes_per_token = per_layer / 2 * element_bytes * per_stage_blocks * held;
+  // This rank's blocks' activations for one micro-batch (plan/activation_estimate.h), times the
+  // micro-batches a pipeline schedule holds at once (in units of one stage's; 1 without one).
+  // A block's count depends on its layer only through whether it is an MoE block: one of each.
+  double per_token = 0, dense = -1, moe = -1;
+  for (const int64_t layer : stage.layers(m)) {
+    double& kind = m.is_moe_block(layer) ? moe : dense;
+    if (kind < 0) kind = block_activation_bytes_per_token(config, dims, layer, element_bytes);
+    per_token += kind;
+  }
+  const double chunks = stage.whole() ? 1.0 : static_cast<double>(stage.chunks.size());
+  e.activation_bytes_per_token = per_token / chunks * held;
   e.activation_bytes_per_micro_batch =
       e.activation_bytes_per_token * static_cast<double>(config.train.batch_size * tokens);
   return e;

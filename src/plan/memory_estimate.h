@@ -12,18 +12,13 @@
 //                4 x numel with beta1 > 0;
 //                fp16 adds 4 bytes of fp32 master per element; /dp at ZeRO 1-3; on the host with
 //                parallel.offload (with a device copy of the gradient shard)
-//   activations  per token per block, Korthikanti et al. (arXiv 2205.05198) eq. 1-4 at 2-byte
-//                activations, scaled to the compute dtype: 34 h + 5 a s without tensor parallelism,
-//                h (10 + 24/t) + 5 a s / t with it, (34 h + 5 a s) / t with Megatron-SP; selective
-//                checkpointing drops the 5 a s attention-score term, and so does softmax attention
-//                on CUDA (train.device = cuda: SDPA's fused kernels keep one log-sum-exp per row
-//                and head, not the scores); full checkpointing keeps only
-//                the block input (2 h); for linear attention s is the lightning chunk
-//                (min(s, linear_chunk)). h = n_embd, a = n_head, s = train.seq_len, t = tp, and
-//                s / sp tokens per rank under sequence parallelism. The formula assumes a 4h MLP
-//                and a dense feed-forward (MoE layers' expert buffers are not counted).
-//                memory.activation_compression scales the whole term by what its encoding keeps
-//                of each element (bf16: 1/2 of float32; int8, fp8: 1.125 bytes of 4 or 2).
+//   activations  per token per block, what tessera's block of that kind saves for its backward
+//                (plan/activation_estimate.h: the norms, the attention's q, k, v and output and
+//                the fused kernel's log-sum-exp, the MLP's or the experts' intermediates, the
+//                dropout masks), split by tp (and Megatron-SP), over s / sp tokens per rank under
+//                sequence parallelism; selective checkpointing drops the attention core's part,
+//                full keeps the block input; memory.activation_compression takes each element at
+//                its encoding's bytes (bf16: 2 of float32's 4; int8, fp8: 1.125).
 #pragma once
 
 #include <cstdint>

@@ -11,6 +11,26 @@
 
 namespace tessera::test {
 
+// A cluster of 4-device nodes whose numbers are round (a test computes its prices by hand).
+inline const char* const kPlannerCluster = R"(
+[cluster]
+devices_per_node = 4
+[device]
+name = "test device"
+peak_tflops_bf16 = 100
+peak_tflops_fp32 = 20
+matmul_tflops_bf16 = 80
+matmul_tflops_fp32 = 16
+memory_gib = 16
+memory_gbs = 1000
+[intra_node]
+bandwidth_gbs = 100
+latency_us = 5
+[inter_node]
+bandwidth_gbs = 10
+latency_us = 20
+)";
+
 // 4 blocks of width 32, micro-batches of 2 x 64 tokens, 4 per step.
 inline Config planner_config() {
   Config c = tiny_config(64);

@@ -22,34 +22,13 @@ namespace {
 
 using plan::Cluster;
 
-// The device of test_planner.cpp's cluster, with a host and the peers' link.
+// The planner tests' cluster (plan_test_util.h) with a host and the peers' link.
 std::string cluster_text(double memory_gib = 16, double device_link_gbs = 20, bool peers = true) {
-  char text[1024];
-  std::snprintf(text, sizeof text, R"(
-[cluster]
-devices_per_node = 4
-[device]
-name = "test device"
-peak_tflops_bf16 = 100
-peak_tflops_fp32 = 20
-matmul_tflops_bf16 = 80
-matmul_tflops_fp32 = 16
-memory_gib = %.9g
-memory_gbs = 1000
-[intra_node]
-bandwidth_gbs = 100
-latency_us = 5
-[inter_node]
-bandwidth_gbs = 10
-latency_us = 20
-[host]
-memory_gib = 512
-device_link_gbs = %g
-optimizer_gbs = 30
-%s)",
-                memory_gib, device_link_gbs,
-                peers ? "[peers]\nbandwidth_gbs = 0.1\nlatency_us = 300\nround_overhead_ms = 40\n" : "");
-  return text;
+  char memory[64], host[256];
+  std::snprintf(memory, sizeof memory, "memory_gib = %.9g", memory_gib);
+  std::snprintf(host, sizeof host, "[host]\nmemory_gib = 512\ndevice_link_gbs = %g\noptimizer_gbs = 30\n", device_link_gbs);
+  return test::replaced_text(test::kPlannerCluster, "memory_gib = 16", memory) + host +
+         (peers ? "[peers]\nbandwidth_gbs = 0.1\nlatency_us = 300\nround_overhead_ms = 40\n" : "");
 }
 
 Cluster host_cluster(double memory_gib = 16, double device_link_gbs = 20, bool peers = true) {

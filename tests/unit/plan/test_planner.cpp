@@ -26,24 +26,7 @@ namespace {
 
 using plan::Cluster;
 
-const char* kCluster = R"(
-[cluster]
-devices_per_node = 4
-[device]
-name = "test device"
-peak_tflops_bf16 = 100
-peak_tflops_fp32 = 20
-matmul_tflops_bf16 = 80
-matmul_tflops_fp32 = 16
-memory_gib = 16
-memory_gbs = 1000
-[intra_node]
-bandwidth_gbs = 100
-latency_us = 5
-[inter_node]
-bandwidth_gbs = 10
-latency_us = 20
-)";
+const char* const kCluster = test::kPlannerCluster;
 
 Cluster test_cluster() { return plan::parse_cluster(kCluster, "test.toml"); }
 

@@ -1,0 +1,51 @@
+// What one block saves for its backward (activation_estimate.h).
+#include "plan/activation_estimate.h"
+
+#include <algorithm>
+
+namespace tessera {
+
+double block_activation_bytes_per_token(const Config& config, const ParallelDims& dims, int64_t layer,
+                                        double element_bytes) {
+  const ModelOptions& m = config.model;
+  const ParallelOptions& p = config.parallel;
+  const std::string& checkpointing = config.memory.activation_checkpointing;
+  const double h = static_cast<double>(m.n_embd), t = static_cast<double>(dims.tp());
+  if (checkpointing == "full") return h * element_bytes;
+
+  const double heads = static_cast<double>(m.n_head);
+  const double hq = heads * static_cast<double>(m.head_width());
+  const double kv = static_cast<double>(m.kv_heads() * m.head_width());
+  const double norm_stats = 2 * (m.rms_norm() ? 1 : 2);  // float32 per token, both norms
+  // Split over tp: the attention's and the feed-forward's; replicated: the norms' (split too under
+  // Megatron-SP).
+  double split = 0, replicated = 4 * h, floats = 4 * norm_stats;  // floats: float32 bytes, not encoded
+  if (m.arch == "linear") {
+    // Lightning attention (model/linear_attention.cpp): the SiLU inputs of q and k (2h), q, k and v
+    // (3h), each chunk's scores before and after the decay (2 a c), the decayed q and k (2h), the
+    // chunks' key-value products and running states (2 a d^2 / c), the output, its sigmoid gate
+    // and their product (3h).
+    const double c = static_cast<double>(std::min(config.train.seq_len, m.linear_chunk));
+    const double d = static_cast<double>(m.head_width());
+    split += 10 * h + 2 * heads * c + 2 * heads * d * d / c;
+  } else {
+    split += hq + 2 * kv + hq;                 // q, k, v and the output
+    if (m.rotary()) split += hq + kv;          // the rotated q and k
+    if (m.kv_heads() < m.n_head) split += 2 * hq;  // k and v expanded to every head
+    if (checkpointing != "selective") floats += 4 * heads / t;  // the log-sum-exp
+  }
+  auto mlp = [](double width, bool gated) { return (gated ? 4 : 2) * width; };
+  if (m.is_moe_block(layer)) {
+    const double f = static_cast<double>(m.expert_hidden());
+    const double slots = static_cast<double>(m.moe_top_k) * (m.moe_capacity_factor > 0 ? m.moe_capacity_factor : 1.0);
+    split += slots * (2 * h + mlp(f, m.swiglu_experts())) + 2 * static_cast<double>(m.moe_experts) +
+             static_cast<double>(m.moe_shared_experts) * (2 * h + mlp(f, m.swiglu_experts()));
+  } else {
+    split += mlp(static_cast<double>(m.hidden()), m.swiglu());
+  }
+  const double masks = m.dropout > 0 ? 2 * h : 0;  // bytes, replicated
+  const double rest = p.megatron_sp ? (replicated + split) / t : replicated + split / t;
+  return rest * element_bytes + (p.megatron_sp ? masks / t : masks) + floats;
+}
+
+}  // namespace tessera

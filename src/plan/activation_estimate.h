@@ -1,0 +1,40 @@
+// What one block saves for its backward, per token of this rank's sequence chunk: the activation
+// term of the memory estimate (plan/memory_estimate.h), counted as tessera's blocks save it. The
+// measurement it follows is autograd's saved tensors (memory/saved_activations.h, `tessera bench
+// --json`'s saved_activation_bytes; docs/memory.md). In elements of the compute dtype (at the
+// activation codec's bytes per element) unless said:
+//
+//   norms      both norms' inputs (the residual stream) and outputs: 4h; their statistics
+//              (LayerNorm's mean and rstd, RMSNorm's rstd) in float32, never encoded
+//   attention  softmax: q, k and v (h_q + 2 kv, kv = kv_heads x head_width); with rotary positions
+//              the rotated q and k again (h_q + kv); with fewer key/value heads than query heads k
+//              and v expanded to every head (2 h_q); the output (h_q); the fused kernel's
+//              log-sum-exp, one float32 per head (SDPA keeps no scores, on CUDA or the CPU)
+//              linear (lightning, model/linear_attention.cpp): the SiLU inputs of q and k, q, k,
+//              v, each chunk's scores before and after the decay (2 a c, c the chunk), the decayed
+//              q and k, the chunks' key-value products and states (2 a d^2 / c), the output, its
+//              gate and their product: 10 h + 2 a c + 2 a d^2 / c
+//   MLP        GELU: its input and output (2f); SwiGLU: gate, up, their activation and their
+//              product (4f)
+//   MoE        per token top_k x capacity_factor slots (top_k dropless) of an expert's input (h),
+//              MLP (above, at the expert's width) and output (h); the router's logits and
+//              probabilities (2 E); each shared expert's input, MLP and output
+//   dropout    with model.dropout > 0, the residual branches' two masks (a byte per element)
+// Tensor parallelism splits everything but the norms' 4h (Megatron-SP those too) and the norms'
+// statistics; sequence parallelism is in "per token of this rank's chunk". Selective
+// checkpointing drops the log-sum-exp (the attention core's); full keeps the block's input (h).
+#pragma once
+
+#include <cstdint>
+
+#include "config/config.h"
+#include "core/parallel_dims.h"
+
+namespace tessera {
+
+// Bytes per token block `layer` saves; `element_bytes`: what one activation element takes (the
+// dtype's, or the activation codec's encoding of it).
+double block_activation_bytes_per_token(const Config& config, const ParallelDims& dims, int64_t layer,
+                                        double element_bytes);
+
+}  // namespace tessera
