@@ -8,6 +8,11 @@ Every layout trains the same model and global batch with train.threads = 1 per r
 median step of steps 4-12 is compared (the first steps warm up, and a pipeline rebuilds its table
 for measured costs after step 2).
 
+Peak memory: each run's metrics.jsonl peak_memory_gib (rank 0's peak resident set on the CPU)
+against the plan's peak_memory_gib (the memory estimate of the largest rank) plus a fixed overhead
+measured first: the peak of a run of a model too small to hold anything (1 block of width 8) less
+its own estimate, what the process holds whatever it trains (libtorch, the data, the threads).
+
 usage: bench/plan_runs_here.py [--tessera build/tessera] [--cluster F.toml (calibrates when absent)]
                                [--out bench/results/plan_runs_here_cpu.md]
 """
@@ -114,41 +119,59 @@ def main():
     cluster = a.cluster or os.path.join(work, "this_machine.toml")
     if not a.cluster:
         run([a.tessera, "plan", "calibrate", "--out", cluster])
-    rows, predicted, measured = [], [], []
-    for name, world, keys in LAYOUTS:
-        keys = full_layout(keys)
-        common = sets(MODEL + [f"data.path={data}"] + keys)
-        plan = json.loads(run([a.tessera, "plan", "--config", "tiny_gpt", "--cluster", cluster, "--world", str(world),
-                               "--json", "--top", "1"] + common))
-        p = plan["layouts"][0]["step_s"]
-        out = os.path.join(work, name.replace(" ", "_").replace(",", ""))
+    def train(name, world, common):
+        out = os.path.join(work, name.replace(" ", "_").replace(",", "").replace("(", "").replace(")", ""))
         launch = [a.tessera, "train", "--config", "tiny_gpt", "--out", out, "--overwrite"] + common
         if world > 1:
             launch += ["--nproc", str(world)]
         run(launch)
-        steps = []
-        tokens_per_step = 16 * 128
         with open(os.path.join(out, "metrics.jsonl")) as f:
-            for line in f:
-                m = json.loads(line)
-                if "tokens_per_s" in m and m["step"] >= 4:
-                    steps.append(tokens_per_step / m["tokens_per_s"])
+            return [json.loads(line) for line in f]
+
+    def plan(world, common):
+        return json.loads(run([a.tessera, "plan", "--config", "tiny_gpt", "--cluster", cluster, "--world", str(world),
+                               "--json", "--top", "1"] + common))["layouts"][0]
+
+    # The fixed overhead: a run of a model too small to hold anything, less its estimate.
+    tiny = sets(MODEL + [f"data.path={data}", "model.n_layer=1", "model.n_embd=8", "model.n_head=1"] +
+                full_layout(["parallel.tp=1", "parallel.pp=1", "parallel.zero_stage=0", "train.batch_size=8"]))
+    overhead = (max(m.get("peak_memory_gib", 0) for m in train("overhead", 1, tiny)) -
+                plan(1, tiny)["peak_memory_gib"])
+    print(f"fixed overhead: {overhead * 1024:.1f} MiB", flush=True)
+    rows, predicted, measured, memory_errors = [], [], [], []
+    for name, world, keys in LAYOUTS:
+        keys = full_layout(keys)
+        common = sets(MODEL + [f"data.path={data}"] + keys)
+        layout = plan(world, common)
+        p = layout["step_s"]
+        metrics = train(name, world, common)
+        tokens_per_step = 16 * 128
+        steps = [tokens_per_step / m["tokens_per_s"] for m in metrics if "tokens_per_s" in m and m["step"] >= 4]
         t = statistics.median(steps)
+        memory = max(m.get("peak_memory_gib", 0) for m in metrics)
+        memory_error = (layout["peak_memory_gib"] + overhead) / memory - 1
         predicted.append(p)
         measured.append(t)
-        rows.append(f"| {name} | {world} | {1000 * p:.1f} | {1000 * t:.1f} | {100 * (p / t - 1):+.1f}% |")
+        memory_errors.append(abs(memory_error))
+        rows.append(f"| {name} | {world} | {1000 * p:.1f} | {1000 * t:.1f} | {100 * (p / t - 1):+.1f}% | "
+                    f"{layout['peak_memory_gib'] * 1024:.1f} + {overhead * 1024:.0f} | {memory * 1024:.1f} | "
+                    f"{100 * memory_error:+.1f}% |")
         print(rows[-1], flush=True)
     errors = [abs(p / t - 1) for p, t in zip(predicted, measured)]
     summary = (f"mean absolute error {100 * statistics.mean(errors):.1f}%, worst {100 * max(errors):.1f}%, "
                f"within 10%: {sum(e <= 0.10 for e in errors)} of {len(errors)}; Spearman rank correlation "
-               f"{spearman(predicted, measured):.2f}")
+               f"{spearman(predicted, measured):.2f}; peak memory (estimate + the fixed overhead): mean absolute error "
+               f"{100 * statistics.mean(memory_errors):.1f}%, within 5%: {sum(e <= 0.05 for e in memory_errors)} of "
+               f"{len(memory_errors)}")
     print(summary)
     with open(a.out, "w") as f:
         f.write("# tessera plan against runs on this machine (2 cores, CPU, Gloo)\n\n"
                 "`python3 bench/plan_runs_here.py` (its docstring says what is held and measured). Model: 4 blocks of "
                 "width 256, 8 heads, sequences of 128, global batch 16, AdamW, fp32.\n\n"
                 "Cluster file:\n\n```\n" + open(cluster).read() + "```\n\n"
-                "| layout | ranks | predicted step ms | measured median ms | error |\n|---|---|---|---|---|\n")
+                f"Fixed overhead (a 1-block, width-8 run's peak less its estimate): {overhead * 1024:.1f} MiB.\n\n"
+                "| layout | ranks | predicted step ms | measured median ms | error | predicted peak MiB (estimate + "
+                "overhead) | measured peak MiB | error |\n|---|---|---|---|---|---|---|---|\n")
         f.write("\n".join(rows) + "\n\n" + summary + "\n")
 
 

@@ -31,8 +31,10 @@
 // middle rank's link carries activations on and gradients back) and OPTIM: what binds a pipeline
 // on a slow link.
 //
-// Memory: the per-rank estimate of plan/memory_estimate.h (the largest rank), against the
-// device's memory. The data-parallel reduction's size is the weights the operations declare
+// Memory: the per-rank estimate of plan/memory_estimate.h (the largest rank; a swapped layout's
+// plan's peak occupancy), against the device's memory, and what it keeps on the host (offloaded
+// optimizer state, a swapped model's state) x the node's ranks against the host's; on a CPU
+// device, whose memory is the host's, the peak counts both. The data-parallel reduction's size is the weights the operations declare
 // (model/operations.h) on the rank that holds the most.
 //
 // Beside the device: parallel.offload's copies and host step (the shard's gradient down, the
