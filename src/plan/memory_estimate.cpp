@@ -95,8 +95,17 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   }
   const double chunks = stage.whole() ? 1.0 : static_cast<double>(stage.chunks.size());
   e.activation_bytes_per_token = per_token / chunks * held;
+  // Under full checkpointing the backward recomputes one block at a time: its whole activations
+  // (the largest block's) are held beside the stored inputs while it runs.
+  double recomputed = 0;
+  if (config.memory.activation_checkpointing == "full") {
+    Config whole = config;
+    whole.memory.activation_checkpointing = "none";
+    for (const int64_t layer : stage.layers(m))
+      recomputed = std::max(recomputed, block_activation_bytes_per_token(whole, dims, layer, element_bytes));
+  }
   e.activation_bytes_per_micro_batch =
-      e.activation_bytes_per_token * static_cast<double>(config.train.batch_size * tokens);
+      (e.activation_bytes_per_token + recomputed) * static_cast<double>(config.train.batch_size * tokens);
   return e;
 }
 

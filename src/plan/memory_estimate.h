@@ -17,7 +17,9 @@
 //                the fused kernel's log-sum-exp, the MLP's or the experts' intermediates, the
 //                dropout masks), split by tp (and Megatron-SP), over s / sp tokens per rank under
 //                sequence parallelism; selective checkpointing drops the attention core's part,
-//                full keeps the block input; memory.activation_compression takes each element at
+//                full keeps the block input, and its backward holds one block's whole activations
+//                beside them while it recomputes it (per micro-batch, not per token);
+//                memory.activation_compression takes each element at
 //                its encoding's bytes (bf16: 2 of float32's 4; int8, fp8: 1.125).
 #pragma once
 

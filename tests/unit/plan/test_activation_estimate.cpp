@@ -28,9 +28,12 @@ double measured(const Config& config) {
   return bytes;
 }
 
+// What the estimate says the blocks store from the forward (per token, times the micro-batch's
+// tokens; under full checkpointing the backward's recomputed block comes on top of it).
 double estimated(const Config& config) {
   const ParallelDims one(config.parallel, 1, "test");
-  return estimate_memory(config, make_layout(config, one)).activation_bytes_per_micro_batch;
+  return estimate_memory(config, make_layout(config, one)).activation_bytes_per_token *
+         static_cast<double>(config.train.batch_size * config.train.seq_len);
 }
 
 Config preset(const std::string& name, const std::string& checkpointing = "none") {
