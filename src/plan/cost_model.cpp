@@ -33,9 +33,8 @@ struct PricedLayout {
   pipeline::Schedule placement;
   pipeline::ActionCosts costs;
   bool gathers = false;             // the table has ZeRO-3's GATHER actions
-  double params = 0;                // weight elements of the rank that holds the most
-  int64_t blocks = 0;               // the blocks it holds
-  PartCost held;                    // its parts' weights and gradient compression (those fields only)
+  int64_t blocks = 0;               // the blocks of the rank that holds the most weights
+  PartCost held;                    // that rank's weights and gradient compression (those fields only)
   double slowdown = 1;              // the compute slowdown of the prices (PricedOperations')
   int64_t link_crossings = 0;       // stage boundaries the busiest rank sits on
   double reduce_exposed = 0, gather_exposed = 0, offload = 0, optimizer = 0;
@@ -53,9 +52,7 @@ PricedLayout price_compute(const Config& config, const ParallelDims& dims, const
   PricedLayout out;
   out.m = config.train.accumulation(dims.dp());
   out.slowdown = priced.slowdown;
-  out.all = priced.embedding;
-  out.all += priced.head;
-  for (const PartCost& c : priced.blocks) out.all += c;
+  out.all = priced.total();
 
   // Without a pipeline every rank holds every block; with one, the stages of each pipeline rank
   // (the cut and the placement below), the largest rank's weights.
@@ -63,7 +60,6 @@ PricedLayout price_compute(const Config& config, const ParallelDims& dims, const
                                                       static_cast<double>(model.padded_vocab()) /
                                                       static_cast<double>(dims.tp())
                                                 : 0;
-  out.params = out.all.parameters;
   out.held = out.all;
   out.blocks = model.n_layer;
   if (dims.pp() > 1) {
@@ -102,7 +98,7 @@ PricedLayout price_compute(const Config& config, const ParallelDims& dims, const
       if (a == b) continue;
       out.link_crossings = std::max({out.link_crossings, ++crossings[static_cast<size_t>(a)], ++crossings[static_cast<size_t>(b)]});
     }
-    out.params = 0;
+    out.held = PartCost{};
     for (int64_t rank = 0; rank < dims.pp(); ++rank) {
       PartCost held;
       int64_t blocks = 0;
@@ -119,7 +115,7 @@ PricedLayout price_compute(const Config& config, const ParallelDims& dims, const
           held.parameters += tied_copy, held.lowrank += tied_copy;  // the tied head's copy travels whole
         }
       }
-      if (held.parameters > out.params) out.params = held.parameters, out.blocks = blocks, out.held = held;
+      if (held.parameters > out.held.parameters) out.blocks = blocks, out.held = held;
     }
   }
   return out;
@@ -130,7 +126,7 @@ PricedLayout price_compute(const Config& config, const ParallelDims& dims, const
 PricedLayout with_data_parallel(PricedLayout out, const Config& config, const ParallelDims& dims, const Cluster& cluster) {
   const ParallelOptions& p = config.parallel;
   const int64_t m = out.m;
-  const double params = out.params;
+  const double params = out.held.parameters;
 
   // The gradient reduction over the data replicas, and ZeRO's parameter gathers.
   const std::vector<int64_t> replicas = dims.group_of(replica_group_name(dims), 0);

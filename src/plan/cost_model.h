@@ -125,6 +125,13 @@ struct PricedOperations {
   double slowdown = 1;  // the compute slowdown the prices include (ClusterInfo::slowdown)
   std::vector<PartCost> blocks;
   PartCost embedding, head;
+  // One micro-batch of every part: the whole model on one rank (its weights: total().parameters).
+  PartCost total() const {
+    PartCost all = embedding;
+    all += head;
+    for (const PartCost& c : blocks) all += c;
+    return all;
+  }
 };
 PricedOperations price_operations(const Config& config, const ParallelDims& dims, const Cluster& cluster,
                                   const CostOptions& options = {});

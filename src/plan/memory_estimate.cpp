@@ -86,24 +86,25 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
       activation_codec_bytes_per_element(parse_activation_codec(config.memory.activation_compression), half ? 2 : 4);
   // This rank's blocks' activations for one micro-batch (plan/activation_estimate.h), times the
   // micro-batches a pipeline schedule holds at once (in units of one stage's; 1 without one).
-  // A block's count depends on its layer only through whether it is an MoE block: one of each.
-  double per_token = 0, dense = -1, moe = -1;
+  // A block's count depends on its layer only through whether it is an MoE block: each kind once.
+  // Under full checkpointing the backward recomputes one block at a time: its whole activations
+  // (the largest block's, as without checkpointing) are held beside the stored inputs.
+  Config whole = config;
+  whole.memory.activation_checkpointing = "none";
+  const bool full = config.memory.activation_checkpointing == "full";
+  double per_token = 0, recomputed = 0;
+  std::map<bool, double> stored;  // by whether the block is an MoE block
   for (const int64_t layer : stage.layers(m)) {
-    double& kind = m.is_moe_block(layer) ? moe : dense;
-    if (kind < 0) kind = block_activation_bytes_per_token(config, dims, layer, element_bytes);
-    per_token += kind;
+    const bool moe = m.is_moe_block(layer);
+    auto it = stored.find(moe);
+    if (it == stored.end()) {
+      it = stored.emplace(moe, block_activation_bytes_per_token(config, dims, layer, element_bytes)).first;
+      if (full) recomputed = std::max(recomputed, block_activation_bytes_per_token(whole, dims, layer, element_bytes));
+    }
+    per_token += it->second;
   }
   const double chunks = stage.whole() ? 1.0 : static_cast<double>(stage.chunks.size());
   e.activation_bytes_per_token = per_token / chunks * held;
-  // Under full checkpointing the backward recomputes one block at a time: its whole activations
-  // (the largest block's) are held beside the stored inputs while it runs.
-  double recomputed = 0;
-  if (config.memory.activation_checkpointing == "full") {
-    Config whole = config;
-    whole.memory.activation_checkpointing = "none";
-    for (const int64_t layer : stage.layers(m))
-      recomputed = std::max(recomputed, block_activation_bytes_per_token(whole, dims, layer, element_bytes));
-  }
   e.activation_bytes_per_micro_batch =
       (e.activation_bytes_per_token + recomputed) * static_cast<double>(config.train.batch_size * tokens);
   return e;

@@ -182,9 +182,7 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
                        scheds.end());
           for (Schedule& s : scheds) s.virtual_stages = p.pp_virtual;
         }
-        std::vector<int64_t> micro;
-        for (int64_t b = 1; b <= global / dp; b *= 2)
-          if ((global / dp) % b == 0) micro.push_back(b);
+        const std::vector<int64_t> micro = powers_of_two_dividing(global / dp, global / dp);
         for (const std::string& method : methods)
           for (int64_t ep : eps)
             for (const Schedule& schedule : scheds)
@@ -247,9 +245,7 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
                           (!held.count("parallel.zero_stage") || p.zero_stage == 0) &&
                           (!held.count("parallel.offload") || !p.offload);
   if (cluster.peers.bandwidth_gbs > 0 && world > 1 && one_device && global % world == 0) {
-    std::vector<int64_t> micro;
-    for (int64_t b = 1; b <= global / world; b *= 2)
-      if ((global / world) % b == 0) micro.push_back(b);
+    const std::vector<int64_t> micro = powers_of_two_dividing(global / world, global / world);
     const std::string sync = swarms_only ? base.swarm.sync : "batch";
     for (bool swap : held_or<bool>(held, "memory.swap", base.memory.swap,
                                    host_priced ? std::vector<bool>{false, true} : std::vector<bool>{false}))

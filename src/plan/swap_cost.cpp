@@ -24,7 +24,7 @@ SwapStep predict_swap_step(const Config& config, const ParallelDims& dims, const
   const double activations = estimate_memory(config, make_layout(config, dims)).activation_bytes_per_micro_batch /
                              static_cast<double>(model.n_layer);
   SwapCosts costs;
-  double elements = priced.embedding.parameters + priced.head.parameters;
+  const double elements = priced.total().parameters;
   for (int64_t l = 0; l < model.n_layer; ++l) {
     const PartCost& c = priced.blocks[static_cast<size_t>(l)];
     swap::SubModel b;
@@ -35,7 +35,6 @@ SwapStep predict_swap_step(const Config& config, const ParallelDims& dims, const
     if (l == 0) b.forward_s += priced.embedding.f, b.backward_s += priced.embedding.i + priced.embedding.w;
     if (l + 1 == model.n_layer) b.forward_s += priced.head.f, b.backward_s += priced.head.i + priced.head.w;
     b.optim_s = update_per_element * c.parameters;
-    elements += c.parameters;
     costs.blocks.push_back(b);
   }
   costs.ends.parameter_bytes = costs.ends.gradient_bytes = 4 * (priced.embedding.parameters + priced.head.parameters);

@@ -44,8 +44,7 @@ Prediction predict_swarm(const Config& config, int64_t peers, const Cluster& clu
   const PricedOperations priced = price_operations(local, one, cluster, sharing);
   Prediction out = predict_time(local, one, cluster, sharing, &priced);
   if (with_memory) add_memory(out, local, one, cluster);
-  double elements = priced.embedding.parameters + priced.head.parameters;
-  for (const PartCost& c : priced.blocks) elements += c.parameters;
+  const double elements = priced.total().parameters;
 
   double round = 0, outer = 0;
   if (swarm.sync == "batch") {

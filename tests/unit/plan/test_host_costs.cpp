@@ -48,10 +48,7 @@ Config swap_config() {
 
 // Weight elements of the whole model, as the operations declare them.
 double elements(const Config& c, const ParallelDims& dims, const Cluster& cluster) {
-  const plan::PricedOperations priced = plan::price_operations(c, dims, cluster);
-  double total = priced.embedding.parameters + priced.head.parameters;
-  for (const plan::PartCost& b : priced.blocks) total += b.parameters;
-  return total;
+  return plan::price_operations(c, dims, cluster).total().parameters;
 }
 
 // ZeRO-1 over 2 replicas with offload: the host steps the shard (AdamW's 28 bytes per element and
@@ -95,9 +92,7 @@ TEST(HostCosts, ASwappedStepIsTheSwapEnginesReplayOfThePredictedBlocks) {
   ASSERT_GT(swapped.plan.size(), 1);  // the budget cuts the model
   double forward = 0, backward = 0, optim = swapped.plan.ends.optim_s;
   for (const swap::SubModel& s : swapped.plan.subs) forward += s.forward_s, backward += s.backward_s, optim += s.optim_s;
-  plan::PartCost all = priced.embedding;
-  all += priced.head;
-  for (const plan::PartCost& b : priced.blocks) all += b;
+  const plan::PartCost all = priced.total();
   EXPECT_NEAR(forward, all.f, 1e-12 * all.f);
   EXPECT_NEAR(backward, all.i + all.w, 1e-12 * backward);
   EXPECT_NEAR(optim, elements(c, one, cluster) * 28 / 30e9, 1e-15);  // fp32: no bf16 copies to refresh

@@ -298,9 +298,8 @@ TEST(CostModel, CompressedReductionsAreTheirCompressorsBytes) {
   const Cluster slow = plan::parse_cluster(test::replaced_text(kCluster, "bandwidth_gbs = 100", "bandwidth_gbs = 0.0001"),
                                            "slow.toml");
   const ParallelDims two(c.parallel, 2, "test");
-  const plan::PricedOperations priced = plan::price_operations(c, two, slow);
-  double lowrank = priced.embedding.lowrank + priced.head.lowrank, params = priced.embedding.parameters + priced.head.parameters;
-  for (const plan::PartCost& b : priced.blocks) lowrank += b.lowrank, params += b.parameters;
+  const plan::PartCost all = plan::price_operations(c, two, slow).total();
+  const double lowrank = all.lowrank, params = all.parameters;
   ASSERT_LT(lowrank, params / 2);
   const double compressed = test::breakdown_term(plan::predict_time(c, two, slow), "dp_reduction_exposed");
   c.parallel.grad_compression = "none";
