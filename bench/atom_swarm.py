@@ -27,32 +27,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
-from swarm_peers import keygen, last, prepared_corpus, start_peer
+from swarm_peers import last, prepared_corpus, run_swarm
 
 
-def run_swarm(build, work, name, peers, settings):
-    d = os.path.join(work, name)
-    os.makedirs(d)
-    key = keygen(build, os.path.join(d, "swarm.key"))
-    procs, first = [], None
-    start = time.time()
-    for i in range(peers):
-        out = os.path.join(d, "peer%d" % i)
-        args = [os.path.join(build, "tessera"), "peer", "--config", "tiny_gpt", "--swarm", name,
-                "--listen", "127.0.0.1:0", "--out", out, "--set", "swarm.key_file=" + key,
-                "--set", "swarm.min_peers=%d" % peers] + settings + (["--initial-peer", first] if first else [])
-        proc, address = start_peer(args, out, wait=first is None)
-        procs.append(proc)
-        first = first or address
-    for p in procs:
-        if p.wait() != 0:
-            sys.exit("%s: a peer failed; see %s" % (name, d))
-    seconds = time.time() - start
+def run_modes_swarm(build, work, name, peers, settings):
+    dirs, seconds = run_swarm(build, work, name, peers, settings)
     losses, sent, samples = [], 0, 0
-    for i in range(peers):
-        out = os.path.join(d, "peer%d" % i)
+    for out in dirs:
         losses.append(last(out, "val_loss"))
         swarm = last(out, "swarm")
         sent += swarm["bytes_sent"]
@@ -109,7 +91,7 @@ def main():
     rows = [("batch (an earlier run's loss)", a.batch_loss, None, 0)] if a.batch_loss else []
     for name, settings in modes:
         tag = name.replace(" ", "_").replace(":", "_").replace("%", "pct")
-        loss, per_sample, seconds = run_swarm(a.build, work, tag, a.peers, common + settings)
+        loss, per_sample, seconds = run_modes_swarm(a.build, work, tag, a.peers, common + settings)
         rows.append((name, loss, per_sample, seconds))
         print("%-12s val loss %.4f, %.0f bytes sent per sample, %.0f s" % (name, loss, per_sample, seconds),
               flush=True)

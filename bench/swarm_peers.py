@@ -1,5 +1,5 @@
 """Starting `tessera peer` processes and reading their metrics, for the ATOM benchmarks
-(atom_swarm.py, atom_slow_links.py, atom_churn.py)."""
+(atom_swarm.py, atom_slow_links.py, atom_churn.py, swarm_poison.py)."""
 import json
 import os
 import re
@@ -26,13 +26,14 @@ def keygen(build, path):
     return path
 
 
-def start_peer(command, out_dir, wait=True):
-    """Starts one peer (`command`: its whole command line) writing to OUT_DIR.log (appended: a
-    restarted peer keeps its earlier output); with `wait`, returns once it listens. Returns
-    (process, its HOST:PORT or None)."""
+def start_peer(command, out_dir, wait=True, env=None):
+    """Starts one peer (`command`: its whole command line; `env`: added to its environment)
+    writing to OUT_DIR.log (appended: a restarted peer keeps its earlier output); with `wait`,
+    returns once it listens. Returns (process, its HOST:PORT or None)."""
     log_path = out_dir + ".log"
     start = os.path.getsize(log_path) if os.path.exists(log_path) else 0
-    proc = subprocess.Popen(command, stdout=open(log_path, "a"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(command, stdout=open(log_path, "a"), stderr=subprocess.STDOUT,
+                            env=dict(os.environ, **(env or {})))
     if not wait:
         return proc, None
     for _ in range(1200):
@@ -63,3 +64,27 @@ def last(run_dir, key):
         if key in row:
             value = row[key]
     return value
+
+
+def run_swarm(build, work, name, peers, settings, envs=None):
+    """Runs `peers` peers of tiny_gpt with `settings` (--set arguments) on loopback until they
+    finish, peer i with envs[i] added to its environment. Exits naming the folder if one fails.
+    Returns (their run directories, the wall seconds)."""
+    d = os.path.join(work, name)
+    os.makedirs(d)
+    key = keygen(build, os.path.join(d, "swarm.key"))
+    procs, dirs, first = [], [], None
+    start = time.time()
+    for i in range(peers):
+        out = os.path.join(d, "peer%d" % i)
+        args = [os.path.join(build, "tessera"), "peer", "--config", "tiny_gpt", "--swarm", name,
+                "--listen", "127.0.0.1:0", "--out", out, "--set", "swarm.key_file=" + key,
+                "--set", "swarm.min_peers=%d" % peers] + settings + (["--initial-peer", first] if first else [])
+        proc, address = start_peer(args, out, wait=first is None, env=(envs or {}).get(i))
+        procs.append(proc)
+        dirs.append(out)
+        first = first or address
+    for p in procs:
+        if p.wait() != 0:
+            sys.exit("%s: a peer failed; see %s" % (name, d))
+    return dirs, time.time() - start

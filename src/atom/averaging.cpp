@@ -29,6 +29,26 @@ std::pair<int64_t, int64_t> part_bounds(int64_t numel, int64_t n, int64_t j) {
   return {numel * j / n, numel * (j + 1) / n};
 }
 
+// Each member's screening over the parts: its kept share averaged over the parts that screened
+// it, an outlier where more than half of the parts found it one. Empty under mean.
+std::vector<Screening> combine_screenings(const std::vector<RoundMember>& members,
+                                          const std::vector<std::vector<Screening>>& by_part) {
+  std::vector<Screening> combined;
+  for (const RoundMember& m : members) {
+    double kept = 0;
+    int64_t parts = 0, outliers = 0;
+    for (const std::vector<Screening>& part : by_part)
+      for (const Screening& s : part)
+        if (s.member == m.id) {
+          kept += s.kept;
+          ++parts;
+          outliers += s.outlier ? 1 : 0;
+        }
+    if (parts > 0) combined.push_back({m.id, kept / static_cast<double>(parts), 2 * outliers > parts});
+  }
+  return combined;
+}
+
 }  // namespace
 
 double RoundClock::deadline_s() const {
@@ -52,17 +72,23 @@ struct Averager::Gather {
 // This member's owned part of one attempt: the contributions summed as they arrive.
 struct Averager::Slot {
   int64_t expected = 0, received = 0;  // contributions, this member's own included
-  at::Tensor sum;
-  double weight = 0;
+  int64_t numel = 0;
+  std::unique_ptr<PartAggregator> aggregator;
   PartEncoding encoding;
   bool failed = false;
+  std::string failure;  // why a member's part was refused
   std::string reply;  // the sum as sent back, encoded once when the slot completes
   uint64_t bytes_received = 0;
   std::vector<std::string> from;
 };
 
-Averager::Averager(const SwarmKey& key, std::string my_id, std::string my_address, size_t max_message_bytes)
-    : key_(key), my_id_(std::move(my_id)), my_address_(std::move(my_address)), max_bytes_(max_message_bytes) {}
+Averager::Averager(const SwarmKey& key, std::string my_id, std::string my_address, size_t max_message_bytes,
+                   AggregationRule rule)
+    : key_(key),
+      my_id_(std::move(my_id)),
+      my_address_(std::move(my_address)),
+      max_bytes_(max_message_bytes),
+      rule_(rule) {}
 
 bool Averager::serve(Channel& channel, const Message& first) {
   if (first.type == kJoin) serve_join(channel, first);
@@ -157,22 +183,29 @@ void Averager::serve_part(Channel& channel, const Message& first) {
   changed_.wait_until(lock, deadline.at, [&] { return (slot = slot_for(token, false)) != nullptr; });
   if (!slot || slot->failed) return;
   // A part of another size is refused before it is decoded (a sparse one names its size apart
-  // from its bytes).
-  const bool fits = slot->sum.defined() && part.numel == slot->sum.numel();
+  // from its bytes), and so is one summed by another rule.
+  const bool fits = slot->aggregator && part.numel == slot->numel;
+  const bool same_rule = part.rule == rule_.kind;
   const PartEncoding encoding = slot->encoding;
   lock.unlock();
-  const at::Tensor values = fits ? decode_part(part.payload, part.numel, encoding, channel.address()) : at::Tensor();
+  const at::Tensor values =
+      fits && same_rule ? decode_part(part.payload, part.numel, encoding, channel.address()) : at::Tensor();
   lock.lock();
-  if (!fits || slot->failed || std::find(slot->from.begin(), slot->from.end(), channel.peer_id()) != slot->from.end()) {
+  if (!same_rule) {
+    slot->failure = "member " + channel.peer_id() + " (" + channel.address() + ") aggregates by " +
+                    aggregation_name(part.rule) + " and this peer by " + aggregation_name(rule_.kind) +
+                    "; swarm.aggregation must be the same on every peer";
+  }
+  if (!fits || !same_rule || slot->failed ||
+      std::find(slot->from.begin(), slot->from.end(), channel.peer_id()) != slot->from.end()) {
     slot->failed = true;
     changed_.notify_all();
     throw WireError("peer " + channel.address() + " sent a part that does not fit this round");
   }
-  slot->sum.add_(values);
-  slot->weight += part.weight;
+  slot->aggregator->add(channel.peer_id(), values, part.weight);
   slot->from.push_back(channel.peer_id());
   ++slot->received;
-  slot->bytes_received += first.body.size();
+  slot->bytes_received += wire_bytes(first.body.size());
   changed_.notify_all();
   const bool complete = changed_.wait_until(lock, deadline.at, [&] { return !slot->reply.empty() || slot->failed; });
   if (!complete || slot->failed) return;
@@ -216,8 +249,9 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
     slot = slot_for(token, true);
     slot->encoding = encoding;
     slot->expected = n;
-    slot->sum = own.clone();
-    slot->weight = weight;
+    slot->numel = own_end - own_begin;
+    slot->aggregator = std::make_unique<PartAggregator>(rule_, slot->numel);
+    slot->aggregator->add(my_id_, own, weight);
     slot->received = 1;
     changed_.notify_all();
   }
@@ -232,6 +266,7 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
   const PartEncoding sums = sum_encoding(encoding);
   std::vector<std::string> errors(static_cast<size_t>(n));
   std::vector<double> weights(static_cast<size_t>(n), 0.0);
+  std::vector<std::vector<Screening>> screened(static_cast<size_t>(n));  // by each part's owner
   std::atomic<uint64_t> sent{0}, received{0};
   std::vector<std::thread> exchanges;
   for (int64_t j = 0; j < n; ++j) {
@@ -244,13 +279,19 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
         if (!exact) result.delivered.slice(0, b, e).copy_(decode_part(mine, e - b, encoding, "this peer"));
         const auto [h, p] = split_address(m.address, "a round member");
         auto c = Channel::connect(h, p, key_, my_id_, reduce, max_bytes_);
-        c->send(kPart, pack({{"token", token}, {"numel", e - b}, {"weight", weight}, {"wait_s", reduce.seconds_left()}},
-                            mine),
+        c->send(kPart,
+                pack({{"token", token},
+                      {"numel", e - b},
+                      {"weight", weight},
+                      {"wait_s", reduce.seconds_left()},
+                      {"rule", aggregation_name(rule_.kind)}},
+                     mine),
                 reduce);
         const Message reply = c->receive(reduce, kSum);
         const SumReply sum = parse_sum(reply.body, c->address());
         result.sum.slice(0, b, e).copy_(decode_part(sum.payload, e - b, sums, c->address()));
         weights[static_cast<size_t>(j)] = sum.weight;
+        screened[static_cast<size_t>(j)] = sum.screened;
         sent += c->bytes_sent();
         received += c->bytes_received();
       } catch (const std::exception& ex) {
@@ -265,13 +306,22 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
     if (slot->received == slot->expected && !slot->failed) {
       fault::point("swarm.sum");
       // The members receive the sum as encoded, and so does this one: every member ends equal.
-      slot->reply = pack({{"weight", slot->weight}}, encode_part(slot->sum, sums));
+      std::vector<Screening>& mine = screened[static_cast<size_t>(me)];
+      const at::Tensor sum = slot->aggregator->finish(mine);
+      nlohmann::json header = {{"weight", slot->aggregator->weight()}};
+      if (rule_.kind != Aggregation::mean) {
+        header["screened"] = nlohmann::json::array();
+        for (const Screening& s : mine) header["screened"].push_back({s.member, s.kept, s.outlier});
+      }
+      slot->reply = pack(header, encode_part(sum, sums));
       changed_.notify_all();
       result.sum.slice(0, b, e).copy_(decode_part(parse_sum(slot->reply, "this peer").payload, e - b, sums, "this peer"));
-      weights[static_cast<size_t>(me)] = slot->weight;
+      weights[static_cast<size_t>(me)] = slot->aggregator->weight();
     } else {
-      errors[static_cast<size_t>(me)] = "this peer's part received " + std::to_string(slot->received) + " of " +
-                                        std::to_string(slot->expected) + " contributions";
+      errors[static_cast<size_t>(me)] = !slot->failure.empty()
+                                            ? slot->failure
+                                            : "this peer's part received " + std::to_string(slot->received) + " of " +
+                                                  std::to_string(slot->expected) + " contributions";
     }
   }
   for (std::thread& t : exchanges) t.join();
@@ -280,9 +330,9 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
     std::unique_lock<std::mutex> lock(mutex_);
     if (!errors[static_cast<size_t>(me)].empty()) slot->failed = true;
     changed_.notify_all();
-    constexpr uint64_t kFraming = 17 + 32;  // a message's header and tag (wire.h)
-    result.bytes_sent = sent + (slot->reply.size() + kFraming) * static_cast<uint64_t>(n - 1);
-    result.bytes_received = received + slot->bytes_received + kFraming * static_cast<uint64_t>(n - 1);
+    // The parts and sums this member's listener received and sent, as the wire carried them.
+    result.bytes_sent = sent + wire_bytes(slot->reply.size()) * static_cast<uint64_t>(n - 1);
+    result.bytes_received = received + slot->bytes_received;
     slots_.erase(token);
   }
   std::string failure;
@@ -293,6 +343,7 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
   for (double w : weights)
     if (std::abs(w - result.weight) > 1e-6 * std::max(1.0, std::abs(w)))
       throw RoundError("round " + std::to_string(round) + " failed: the members' weights disagree");
+  result.screened = combine_screenings(members, screened);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   clock.record(result.seconds);
   if (hosted) {

@@ -16,7 +16,9 @@
 //            to member j and receives from each member its part i; owner i sums the parts (and the
 //            weights) and sends the sum back on the same channel; the result is the concatenation
 //            of the sums. Each member sends and receives (n-1)/n of the vector twice, the volume of
-//            a ring all-reduce, in two steps instead of 2(n-1).
+//            a ring all-reduce, in two steps instead of 2(n-1). Owner i combines the parts by
+//            swarm.aggregation (atom/robust_aggregation.h): the sum, or a robust estimate times
+//            the weights summed, with how each member's part fared.
 // Parts travel as fp32, bf16 or int8 (per part, symmetric with a float scale: the DiLoCo
 // pseudo-gradients, swarm.pseudo_gradient_dtype), dense or sparse (each chunk's largest entries:
 // swarm.topk_ratio; the sums then carry the union of the members' entries); sums are taken in
@@ -63,6 +65,9 @@ struct RoundResult {
   at::Tensor delivered;  // [N] float32: this member's contribution as the sum counted it (decoded)
   double weight = 0;     // their weights summed
   std::vector<RoundMember> members;
+  // Under a robust rule (robust_aggregation.h): each member's share kept, averaged over the parts,
+  // and whether it was an outlier of most parts; empty under mean.
+  std::vector<Screening> screened;
   uint64_t bytes_sent = 0, bytes_received = 0;  // this member's, payload and framing
   double seconds = 0;
 };
@@ -81,7 +86,10 @@ class RoundClock {
 
 class Averager {
  public:
-  Averager(const SwarmKey& key, std::string my_id, std::string my_address, size_t max_message_bytes);
+  // `rule`: how this peer combines the contributions to the part it owns (every member must hold
+  // the same: a part under another rule fails the round, naming the member).
+  Averager(const SwarmKey& key, std::string my_id, std::string my_address, size_t max_message_bytes,
+           AggregationRule rule = {});
 
   // The Listener's handler for channels that open with a round message (returns false for any
   // other first message, which the caller handles).
@@ -107,6 +115,7 @@ class Averager {
   SwarmKey key_;
   std::string my_id_, my_address_;
   size_t max_bytes_;
+  AggregationRule rule_;
   std::mutex mutex_;
   std::condition_variable changed_;
   std::map<int64_t, std::shared_ptr<Gather>> gathers_;

@@ -235,13 +235,35 @@ GroupReply parse_group(const std::string& body, const std::string& from) {
 
 PartMessage parse_part(const std::string& body, const std::string& from) {
   const auto [header, payload] = unpack(body, from);
-  return {field<std::string>(header, "token", from), bounded(header, "numel", 0, kMaxPartElements, from),
-          finite(header, "weight", 0, 1e300, from), finite(header, "wait_s", 0, kMaxWaitS, from), payload};
+  PartMessage part{field<std::string>(header, "token", from), bounded(header, "numel", 0, kMaxPartElements, from),
+                   finite(header, "weight", 0, 1e300, from), finite(header, "wait_s", 0, kMaxWaitS, from),
+                   Aggregation::mean, payload};
+  try {
+    part.rule = aggregation_from_name(field<std::string>(header, "rule", from));
+  } catch (const WireError&) {
+    throw;
+  } catch (const Error&) {
+    throw WireError("peer " + from + " sent a part under an unknown aggregation rule");
+  }
+  return part;
 }
 
 SumReply parse_sum(const std::string& body, const std::string& from) {
   const auto [header, payload] = unpack(body, from);
-  return {finite(header, "weight", 0, 1e300, from), payload};
+  SumReply reply{finite(header, "weight", 0, 1e300, from), {}, payload};
+  if (!header.contains("screened")) return reply;
+  const nlohmann::json& screened = header.at("screened");
+  if (!screened.is_array()) throw WireError("peer " + from + " sent a sum whose screening is not a list");
+  for (const nlohmann::json& s : screened) {
+    if (!s.is_array() || s.size() != 3 || !s[0].is_string() || s[0].get<std::string>().size() > 64 ||
+        !s[1].is_number() || !s[2].is_boolean())
+      throw WireError("peer " + from + " sent a screening that is not [member, kept, outlier]");
+    const double kept = s[1].get<double>();
+    if (!std::isfinite(kept) || kept < 0 || kept > 1)
+      throw WireError("peer " + from + " sent a screening whose kept share is outside [0, 1]");
+    reply.screened.push_back({s[0].get<std::string>(), kept, s[2].get<bool>()});
+  }
+  return reply;
 }
 
 StateOffer parse_offer(const std::string& body, const std::string& from) {

@@ -9,8 +9,10 @@
 // Round messages (atom/averaging.h) are [u32 header length][JSON header][binary payload]:
 //   JOIN   {round, address, wait_s}                        member -> host
 //   GROUP  {token, members: [[id, address], ...], reason}  host -> member
-//   PART   {token, numel, weight, wait_s} + encoded part   member -> owner
-//   SUM    {weight} + encoded sum                          owner -> member
+//   PART   {token, numel, weight, wait_s, rule} + encoded part        member -> owner
+//   SUM    {weight, screened: [[id, kept, outlier], ...]} + encoded sum   owner -> member
+// (rule: the sender's swarm.aggregation, which the owner's must equal; screened: how each
+// member's contribution fared under a robust rule, absent under mean: atom/robust_aggregation.h)
 // State messages (atom/state_transfer.h) are JSON:
 //   MANIFEST {}  ->  MANIFEST_REPLY {ready, swarm_step, bytes, checksum}
 //   CHUNK {swarm_step, offset, length}  ->  the chunk's bytes
@@ -26,6 +28,8 @@
 
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
+
+#include "atom/robust_aggregation.h"
 
 namespace tessera::atom {
 
@@ -90,10 +94,12 @@ struct PartMessage {
   int64_t numel = 0;  // within [0, kMaxPartElements]
   double weight = 0;  // finite, >= 0
   double wait_s = 0;
+  Aggregation rule = Aggregation::mean;
   std::string_view payload;  // a view into the message body
 };
 struct SumReply {
   double weight = 0;
+  std::vector<Screening> screened;  // ids of at most 64 characters, kept within [0, 1]
   std::string_view payload;
 };
 

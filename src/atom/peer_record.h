@@ -10,12 +10,14 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "atom/swarm_key.h"
 
 namespace tessera::atom {
 
 constexpr size_t kMaxRecordBytes = 4096;
+constexpr size_t kMaxSuspects = 8;
 
 struct PeerRecord {
   std::string id;       // the peer's identity (atom/swarm.h): 32 hex digits
@@ -28,6 +30,9 @@ struct PeerRecord {
   double samples_per_s = 0;
   double time = 0;          // Unix seconds when published
   bool serving_state = false;  // holds a complete state that joiners may download
+  // Members that were outliers of most of this peer's recent rounds under a robust
+  // swarm.aggregation (atom/swarm.h): at most kMaxSuspects ids of at most 64 characters.
+  std::vector<std::string> suspects;
 
   // JSON and tag as published.
   std::string encode(const std::string& swarm, const SwarmKey& key) const;

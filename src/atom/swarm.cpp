@@ -57,7 +57,14 @@ Swarm::Swarm(PeerIdentity identity, const Config& config)
         say("a connection from " + address + " ended: " + reason);
       });
   identity_.listen = host + ":" + std::to_string(listener_->port());
-  averager_ = std::make_unique<Averager>(key_, identity_.id, identity_.listen, max_bytes);
+  averager_ = std::make_unique<Averager>(
+      key_, identity_.id, identity_.listen, max_bytes,
+      AggregationRule{aggregation_from_name(config.swarm.aggregation), config.swarm.clip_radius,
+                      config.swarm.trim_fraction});
+  poison_ = Poison::from_environment();
+  if (poison_)
+    say("TESSERA_SWARM_POISON=" + poison_->mode() + ": this peer sends poisoned contributions (a test of the "
+        "swarm's aggregation)");
   snapshots_ = std::make_unique<StateSnapshots>(identity_.run_dir + "/swarm_state");
   round_log_ = std::make_unique<RoundLog>(static_cast<int64_t>(config.swarm.replay_mb * 1e6));
   membership_ = std::make_unique<Membership>(identity_.swarm, key_, host, listener_->port(), identity_.initial_peers,
@@ -229,7 +236,9 @@ nlohmann::json Swarm::metrics() const {
           {"samples_processed", samples_processed_},
           {"samples_contributed", samples_contributed_},
           {"samples_dropped", samples_dropped_},
-          {"samples_accumulated", accumulated_}};
+          {"samples_accumulated", accumulated_},
+          {"outliers", outliers_},
+          {"suspects", record_.suspects}};
 }
 
 nlohmann::json Swarm::checkpoint_state() const {

@@ -39,6 +39,10 @@
 // at its outer step takes their state instead of a round alone). Either way it drops what
 // it had accumulated on the old parameters (counted in its log); peers serve their snapshot
 // between two steps when asked.
+// Aggregation: each part of a round is combined by swarm.aggregation at its owner
+// (atom/robust_aggregation.h); under a robust rule every member logs the round's outliers and
+// publishes, as its record's suspects, the members that were outliers in most of their recent
+// rounds (`tessera swarm status` shows them).
 // Identity: a peer's id (32 random hex digits, kept in its run directory's peer.json, so a restart
 // is the same peer) orders the candidates of a round and seeds its data stream.
 //
@@ -47,6 +51,8 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -58,6 +64,7 @@
 #include "atom/averaging.h"
 #include "atom/low_rank.h"
 #include "atom/membership.h"
+#include "atom/poison.h"
 #include "atom/round_log.h"
 #include "atom/state_transfer.h"
 #include "config/config.h"
@@ -110,6 +117,11 @@ class Swarm final : public Collaboration {
   // After a round this peer took: its accumulation counted as contributed, the step advanced,
   // the traffic counted, a line for the log, the record republished.
   void finish_round(const RoundResult& result, const std::string& what, const std::string& detail);
+  // Under a robust rule: the round's outliers logged, and the members that were outliers in most
+  // of their last kScreenedRounds rounds (at least 3) published as suspects.
+  void screen(const RoundResult& result);
+  // What this peer sends in a round: `contribution`, or its poison (TESSERA_SWARM_POISON, poison.h).
+  at::Tensor sent(const at::Tensor& contribution);
   // The state a joiner downloads (state_transfer.h); loading one, returning the step to go on from
   // (nullopt, with a line in the log and the reason in transfer_error_, when the download failed
   // within `deadline`: nothing was loaded).
@@ -167,6 +179,11 @@ class Swarm final : public Collaboration {
   // Every local step's samples end in exactly one of: averaged in a round (contributed), dropped
   // for the others' state (dropped), or still accumulated: processed = contributed + dropped + accumulated.
   int64_t samples_processed_ = 0, samples_contributed_ = 0, samples_dropped_ = 0;
+
+  std::unique_ptr<Poison> poison_;
+  static constexpr size_t kScreenedRounds = 20;
+  std::map<std::string, std::deque<bool>> outlier_history_;  // by member: its last rounds, outlier or not
+  int64_t outliers_ = 0;  // in the last round
 
   std::atomic<bool> leaving_{false};
   std::thread publisher_;

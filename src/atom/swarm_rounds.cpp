@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iomanip>
 #include <sstream>
 
 #include <torch/torch.h>
@@ -23,6 +24,12 @@ void add_flat(at::Tensor& flat, const std::vector<at::Tensor>& tensors, double a
     flat.narrow(0, offset, t.numel()).add_(t.detach().reshape(-1), alpha);
     offset += t.numel();
   }
+}
+
+std::string format_percent(double fraction) {
+  std::ostringstream out;
+  out << std::setprecision(3) << 100 * fraction << "%";
+  return out.str();
 }
 
 }  // namespace
@@ -92,7 +99,7 @@ bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t samples) {
   if (total < config_.swarm.target_batch_size) return false;
   RoundResult result;
   try {
-    result = averager_->run_round(swarm_step_, candidates(live), accumulation_,
+    result = averager_->run_round(swarm_step_, candidates(live), sent(accumulation_),
                                   static_cast<double>(accumulated_), encoding_, clock_);
   } catch (const RoundError& e) {
     ++failed_rounds_;
@@ -109,7 +116,44 @@ bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t samples) {
   return true;
 }
 
+at::Tensor Swarm::sent(const at::Tensor& contribution) {
+  return poison_ ? poison_->apply(contribution) : contribution;
+}
+
+void Swarm::screen(const RoundResult& result) {
+  if (result.screened.empty()) return;
+  int64_t outliers = 0;
+  std::ostringstream line;
+  for (const Screening& s : result.screened) {
+    std::deque<bool>& history = outlier_history_[s.member];
+    history.push_back(s.outlier);
+    if (history.size() > kScreenedRounds) history.pop_front();
+    if (!s.outlier) continue;
+    ++outliers;
+    const auto m = std::find_if(result.members.begin(), result.members.end(),
+                                [&](const RoundMember& r) { return r.id == s.member; });
+    line << (outliers > 1 ? "; " : "") << "member " << s.member << " ("
+         << (m != result.members.end() ? m->address : "?") << ") "
+         << (config_.swarm.aggregation == "centered_clip" ? "clipped to " : "kept in ")
+         << format_percent(s.kept)
+         << (config_.swarm.aggregation == "centered_clip" ? " of its distance" : " of its entries");
+  }
+  if (outliers > 0)
+    say("round " + std::to_string(swarm_step_ + 1) + " under " + config_.swarm.aggregation + ": " +
+        std::to_string(outliers) + " outlier(s): " + line.str());
+  std::vector<std::string> suspects;
+  for (const auto& [member, history] : outlier_history_) {
+    const auto count = std::count(history.begin(), history.end(), true);
+    if (history.size() >= 3 && 2 * static_cast<size_t>(count) > history.size() && suspects.size() < kMaxSuspects)
+      suspects.push_back(member);
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  outliers_ = outliers;
+  record_.suspects = suspects;
+}
+
 void Swarm::finish_round(const RoundResult& result, const std::string& what, const std::string& detail) {
+  screen(result);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     samples_contributed_ += accumulated_;
@@ -163,7 +207,7 @@ void Swarm::outer_step(TrainStep& step) {
       low_rank_ ? low_rank_->encode(pseudo_gradient, factors_, swarm_step_) : pseudo_gradient;
   RoundResult result;
   try {
-    result = averager_->run_round(swarm_step_, candidates(live), contribution, 1.0, encoding_, clock_);
+    result = averager_->run_round(swarm_step_, candidates(live), sent(contribution), 1.0, encoding_, clock_);
   } catch (const RoundError& e) {
     ++failed_rounds_;
     say(std::string(e.what()) + " (the local steps go on; the outer step is retried after the next one)");

@@ -1,4 +1,4 @@
-// Authenticated channels and the listener (wire.h).
+// TLS 1.3 channels and the listener (wire.h).
 #include "atom/wire.h"
 
 #include <arpa/inet.h>
@@ -10,17 +10,24 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/ssl.h>
+
 #include <cerrno>
 #include <cstring>
 
 namespace tessera::atom {
 namespace {
 
-constexpr std::string_view kMagic = "TSWM1";
-constexpr size_t kNonce = 32;
 constexpr size_t kMaxId = 64;
-constexpr size_t kHeader = 1 + 8 + 8;  // type, sequence, length
-constexpr size_t kHandshakeBytes = 4096;  // the largest frame either side reads before the session
+constexpr size_t kHeader = 1 + 8;  // type, length
+constexpr size_t kHandshakeBytes = 4096;  // the largest message either side reads before the ids
+constexpr size_t kRecord = 16384, kRecordOverhead = 5 + 1 + 16;
+constexpr size_t kWriteChunk = size_t{1} << 20;  // bytes handed to one SSL_write
+constexpr uint8_t kHello = 240;  // the ids, first message each way
+constexpr std::string_view kIdentity = "tessera swarm";
+constexpr unsigned char kSuite[2] = {0x13, 0x01};  // TLS_AES_128_GCM_SHA256
 
 void put_u64(std::string& out, uint64_t v) {
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -31,8 +38,6 @@ uint64_t get_u64(const char* p) {
   for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
   return v;
 }
-
-std::string_view view(const Tag& t) { return {reinterpret_cast<const char*>(t.data()), t.size()}; }
 
 void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL, 0) | O_NONBLOCK); }
 
@@ -48,28 +53,91 @@ bool wait_for(int fd, short events, Deadline deadline) {
   }
 }
 
-// The handshake's bodies: id (length-prefixed), then fixed-size fields.
-std::string pack_id(const std::string& id) { return std::string(1, static_cast<char>(id.size())) + id; }
-
-std::string unpack_id(std::string_view& in, const std::string& address) {
-  if (in.empty() || static_cast<unsigned char>(in[0]) > kMaxId || in.size() < 1 + static_cast<size_t>(in[0]))
-    throw WireError("peer " + address + " sent a malformed handshake");
-  const size_t n = static_cast<unsigned char>(in[0]);
-  std::string id(in.substr(1, n));
-  in.remove_prefix(1 + n);
-  return id;
-}
-
-std::string take(std::string_view& in, size_t n, const std::string& address) {
-  if (in.size() < n) throw WireError("peer " + address + " sent a malformed handshake");
-  std::string out(in.substr(0, n));
-  in.remove_prefix(n);
+// OpenSSL's queued reasons, oldest first, and the queue cleared.
+std::string openssl_reason() {
+  std::string out;
+  char line[256];
+  for (unsigned long e = ERR_get_error(); e != 0; e = ERR_get_error()) {
+    ERR_error_string_n(e, line, sizeof(line));
+    out += (out.empty() ? "" : "; ") + std::string(line);
+  }
   return out;
 }
 
-enum Step : uint8_t { kHello = 240, kChallenge = 241, kProof = 242 };
+// A TLS 1.3 session holding the PSK, for the handshake's callbacks (nullptr on failure).
+SSL_SESSION* psk_session(SSL* ssl) {
+  const auto* psk = static_cast<const std::string*>(SSL_get_app_data(ssl));
+  const SSL_CIPHER* cipher = SSL_CIPHER_find(ssl, kSuite);
+  SSL_SESSION* session = psk && cipher ? SSL_SESSION_new() : nullptr;
+  if (!session) return nullptr;
+  if (!SSL_SESSION_set1_master_key(session, reinterpret_cast<const unsigned char*>(psk->data()), psk->size()) ||
+      !SSL_SESSION_set_cipher(session, cipher) || !SSL_SESSION_set_protocol_version(session, TLS1_3_VERSION)) {
+    SSL_SESSION_free(session);
+    return nullptr;
+  }
+  return session;
+}
+
+// The client offers the PSK (a second call, after a HelloRetryRequest, names the hash the server
+// chose: the PSK goes only with SHA-256, its suite's).
+int use_psk(SSL* ssl, const EVP_MD* md, const unsigned char** id, size_t* id_length, SSL_SESSION** session) {
+  const SSL_CIPHER* cipher = SSL_CIPHER_find(ssl, kSuite);
+  if (md && (!cipher || EVP_MD_get_type(md) != EVP_MD_get_type(SSL_CIPHER_get_handshake_digest(cipher)))) {
+    *session = nullptr;
+    return 1;
+  }
+  *session = psk_session(ssl);
+  if (!*session) return 0;
+  *id = reinterpret_cast<const unsigned char*>(kIdentity.data());
+  *id_length = kIdentity.size();
+  return 1;  // the session is OpenSSL's from here
+}
+
+// The server takes the PSK for its identity only; its binder (checked by OpenSSL) proves the
+// client holds the key.
+int find_psk(SSL* ssl, const unsigned char* id, size_t id_length, SSL_SESSION** session) {
+  if (id_length != kIdentity.size() || std::memcmp(id, kIdentity.data(), id_length) != 0) {
+    *session = nullptr;
+    return 1;
+  }
+  *session = psk_session(ssl);
+  return *session ? 1 : 0;
+}
+
+SSL_CTX* make_context(bool server) {
+  SSL_CTX* ctx = SSL_CTX_new(server ? TLS_server_method() : TLS_client_method());
+  require(ctx != nullptr, "cannot make a TLS context: ", openssl_reason());
+  const bool ok = SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION) &&
+                  SSL_CTX_set_max_proto_version(ctx, TLS1_3_VERSION) &&
+                  SSL_CTX_set_ciphersuites(ctx, "TLS_AES_128_GCM_SHA256") &&
+                  SSL_CTX_set_num_tickets(ctx, 0) && SSL_CTX_set_max_early_data(ctx, 0);
+  require(ok, "cannot configure TLS 1.3: ", openssl_reason());
+  SSL_CTX_set_options(ctx, SSL_OP_NO_TICKET | SSL_OP_NO_RENEGOTIATION);
+  SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
+  SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+  if (server) SSL_CTX_set_psk_find_session_callback(ctx, find_psk);
+  else SSL_CTX_set_psk_use_session_callback(ctx, use_psk);
+  return ctx;
+}
+
+// One context per side for the process (OpenSSL's contexts are safe to share once configured).
+SSL_CTX* context(bool server) {
+  static SSL_CTX* const client_context = make_context(false);
+  static SSL_CTX* const server_context = make_context(true);
+  return server ? server_context : client_context;
+}
+
+std::string check_id(const std::string& id, const std::string& address) {
+  if (id.empty() || id.size() > kMaxId) throw WireError("peer " + address + " sent a malformed id");
+  return id;
+}
 
 }  // namespace
+
+uint64_t wire_bytes(uint64_t body) {
+  const uint64_t plain = kHeader + body;
+  return plain + kRecordOverhead * ((plain + kRecord - 1) / kRecord);
+}
 
 Deadline Deadline::in(double seconds) {
   return {std::chrono::steady_clock::now() +
@@ -94,51 +162,69 @@ Channel::Channel(int fd, std::string address, size_t max_bytes)
     : fd_(fd), address_(std::move(address)), max_bytes_(max_bytes) {}
 
 Channel::~Channel() {
+  if (ssl_) {
+    SSL_shutdown(ssl_);  // one try at close_notify: the socket is non-blocking, nothing waits
+    SSL_free(ssl_);
+    ERR_clear_error();
+  }
   if (fd_ >= 0) ::close(fd_);
+}
+
+uint64_t Channel::bytes_sent() const { return ssl_ ? BIO_number_written(SSL_get_wbio(ssl_)) : 0; }
+
+uint64_t Channel::bytes_received() const { return ssl_ ? BIO_number_read(SSL_get_rbio(ssl_)) : 0; }
+
+template <class Op>
+void Channel::drive(Op op, Deadline deadline, const std::string& what) {
+  for (;;) {
+    ERR_clear_error();
+    errno = 0;
+    const int r = op();
+    if (r > 0) return;
+    const int e = SSL_get_error(ssl_, r);
+    if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
+      if (!wait_for(fd_, e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline))
+        throw WireError("peer " + address_ + ": " + what + " did not complete before the deadline");
+      continue;
+    }
+    const std::string reason = openssl_reason();
+    if (e == SSL_ERROR_ZERO_RETURN || (e == SSL_ERROR_SYSCALL && reason.empty()))
+      throw WireError("peer " + address_ + " closed the connection during " + what +
+                      (errno != 0 ? std::string(" (") + std::strerror(errno) + ")" : ""));
+    throw WireError("peer " + address_ + ": " + what + " failed: " + (reason.empty() ? "TLS error" : reason));
+  }
 }
 
 void Channel::write_all(std::string_view bytes, Deadline deadline, const char* what) {
   size_t done = 0;
   while (done < bytes.size()) {
-    if (!wait_for(fd_, POLLOUT, deadline))
-      throw WireError("peer " + address_ + " did not take " + what + " before the deadline");
-    const ssize_t n = ::send(fd_, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-    if (n <= 0) throw WireError("sending " + std::string(what) + " to peer " + address_ + " failed: " + std::strerror(errno));
-    done += static_cast<size_t>(n);
+    size_t written = 0;
+    const size_t n = std::min(bytes.size() - done, kWriteChunk);
+    drive([&] { return SSL_write_ex(ssl_, bytes.data() + done, n, &written); }, deadline,
+          std::string("sending ") + what);
+    done += written;
   }
-  bytes_sent_ += bytes.size();
 }
 
 void Channel::read_all(char* out, size_t n, Deadline deadline, const char* what) {
   size_t done = 0;
   while (done < n) {
-    if (!wait_for(fd_, POLLIN, deadline))
-      throw WireError("peer " + address_ + " sent no " + what + " before the deadline");
-    const ssize_t got = ::recv(fd_, out + done, n - done, 0);
-    if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-    if (got == 0) throw WireError("peer " + address_ + " closed the connection while " + what + " was awaited");
-    if (got < 0) throw WireError("receiving " + std::string(what) + " from peer " + address_ + " failed: " + std::strerror(errno));
-    done += static_cast<size_t>(got);
+    size_t got = 0;
+    drive([&] { return SSL_read_ex(ssl_, out + done, n - done, &got); }, deadline, std::string("receiving ") + what);
+    done += got;
   }
-  bytes_received_ += n;
-}
-
-Tag Channel::message_tag(char direction, uint64_t sequence, std::string_view header, std::string_view body) const {
-  std::string prefix(1, direction);
-  put_u64(prefix, sequence);
-  return session_->tag({prefix, header, body});
 }
 
 void Channel::send(uint8_t type, std::string_view body, Deadline deadline) {
   std::string header(1, static_cast<char>(type));
-  put_u64(header, send_sequence_);
   put_u64(header, body.size());
-  const Tag tag = session_ ? message_tag(send_direction_, send_sequence_, header, body) : Tag{};
-  ++send_sequence_;
+  // A small message travels in one record with its header.
+  if (body.size() <= kRecord) {
+    write_all(header + std::string(body), deadline, "a message");
+    return;
+  }
   write_all(header, deadline, "a message header");
   write_all(body, deadline, "a message");
-  if (session_) write_all(view(tag), deadline, "a message tag");
 }
 
 Message Channel::receive(Deadline deadline, uint8_t expect) {
@@ -146,22 +232,14 @@ Message Channel::receive(Deadline deadline, uint8_t expect) {
   read_all(header, kHeader, deadline, "a message header");
   Message m;
   m.type = static_cast<uint8_t>(header[0]);
-  const uint64_t sequence = get_u64(header + 1), length = get_u64(header + 9);
-  const size_t limit = session_ ? max_bytes_ : std::min(max_bytes_, kHandshakeBytes);
+  const uint64_t length = get_u64(header + 1);
+  const size_t limit = open_ ? max_bytes_ : std::min(max_bytes_, kHandshakeBytes);
   if (length > limit)
     throw WireError("peer " + address_ + " sent a message of " + std::to_string(length) + " bytes, above the limit of " +
-                    std::to_string(limit) + (session_ ? " (swarm.max_message_mb)" : " (a handshake message)") +
+                    std::to_string(limit) + (open_ ? " (swarm.max_message_mb)" : " (a message before the ids)") +
                     ": refused");
-  if (sequence != receive_sequence_) throw WireError("peer " + address_ + " sent a message out of sequence");
   m.body.resize(length);
   read_all(m.body.data(), length, deadline, "a message body");
-  if (session_) {
-    Tag got{};
-    read_all(reinterpret_cast<char*>(got.data()), got.size(), deadline, "a message tag");
-    if (!same_tag(got, message_tag(receive_direction_, sequence, std::string_view(header, kHeader), m.body)))
-      throw WireError("peer " + address_ + " sent a message whose tag does not match the swarm key: refused");
-  }
-  ++receive_sequence_;
   if (expect && m.type != expect)
     throw WireError("peer " + address_ + " sent message type " + std::to_string(m.type) + " where " +
                     std::to_string(expect) + " was expected");
@@ -193,35 +271,14 @@ std::unique_ptr<Channel> Channel::connect(const std::string& host, int port, con
   socklen_t len = sizeof(error);
   ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len);
   if (error != 0) throw WireError("cannot connect to peer " + address + ": " + std::strerror(error));
-  return client_handshake(std::move(c), key, my_id, deadline);
+  return handshake(std::move(c), false, key, my_id, deadline);
 }
 
 std::unique_ptr<Channel> Channel::open_as_client(int fd, const std::string& address, const SwarmKey& key,
                                                  const std::string& my_id, Deadline deadline, size_t max_bytes) {
   std::unique_ptr<Channel> c(new Channel(fd, address, max_bytes));
   set_nonblocking(fd);
-  return client_handshake(std::move(c), key, my_id, deadline);
-}
-
-std::unique_ptr<Channel> Channel::client_handshake(std::unique_ptr<Channel> c, const SwarmKey& key,
-                                                   const std::string& my_id, Deadline deadline) {
-  const std::string& address = c->address_;
-  const std::string nonce_c = random_bytes(kNonce);
-  c->send(kHello, std::string(kMagic) + pack_id(my_id) + nonce_c, deadline);
-  const Message challenge = c->receive(deadline, kChallenge);
-  std::string_view in = challenge.body;
-  c->peer_id_ = unpack_id(in, address);
-  const std::string nonce_s = take(in, kNonce, address), proof_s = take(in, 32, address);
-  const std::string ids = pack_id(my_id) + pack_id(c->peer_id_);
-  Tag want = key.tag({"server", nonce_c, nonce_s, ids});
-  Tag got{};
-  std::memcpy(got.data(), proof_s.data(), got.size());
-  if (!same_tag(got, want)) throw WireError("peer " + address + " does not hold this swarm's key (wrong swarm key)");
-  c->send(kProof, view(key.tag({"client", nonce_s, nonce_c, ids})), deadline);
-  c->session_ = std::make_unique<SwarmKey>(key.derive("session" + nonce_c + nonce_s));
-  c->send_direction_ = 'c';
-  c->receive_direction_ = 's';
-  return c;
+  return handshake(std::move(c), false, key, my_id, deadline);
 }
 
 std::unique_ptr<Channel> Channel::accept(int fd, const std::string& address, const SwarmKey& key,
@@ -230,22 +287,33 @@ std::unique_ptr<Channel> Channel::accept(int fd, const std::string& address, con
   set_nonblocking(fd);
   const int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  const Message hello = c->receive(deadline, kHello);
-  std::string_view in = hello.body;
-  if (take(in, kMagic.size(), address) != kMagic) throw WireError("peer " + address + " does not speak tessera's swarm protocol");
-  c->peer_id_ = unpack_id(in, address);
-  const std::string nonce_c = take(in, kNonce, address), nonce_s = random_bytes(kNonce);
-  const std::string ids = pack_id(c->peer_id_) + pack_id(my_id);
-  c->send(kChallenge, pack_id(my_id) + nonce_s + std::string(view(key.tag({"server", nonce_c, nonce_s, ids}))), deadline);
-  const Message proof = c->receive(deadline, kProof);
-  Tag got{};
-  if (proof.body.size() != got.size()) throw WireError("peer " + address + " sent a malformed handshake");
-  std::memcpy(got.data(), proof.body.data(), got.size());
-  if (!same_tag(got, key.tag({"client", nonce_s, nonce_c, ids})))
-    throw WireError("peer " + address + " does not hold this swarm's key (wrong swarm key)");
-  c->session_ = std::make_unique<SwarmKey>(key.derive("session" + nonce_c + nonce_s));
-  c->send_direction_ = 's';
-  c->receive_direction_ = 'c';
+  return handshake(std::move(c), true, key, my_id, deadline);
+}
+
+std::unique_ptr<Channel> Channel::handshake(std::unique_ptr<Channel> c, bool server, const SwarmKey& key,
+                                            const std::string& my_id, Deadline deadline) {
+  const Tag psk = key.tag("tessera swarm tls 1.3 psk");
+  c->psk_.assign(reinterpret_cast<const char*>(psk.data()), psk.size());
+  c->ssl_ = SSL_new(context(server));
+  if (!c->ssl_ || !SSL_set_fd(c->ssl_, c->fd_)) throw WireError("cannot start TLS: " + openssl_reason());
+  SSL_set_app_data(c->ssl_, &c->psk_);
+  try {
+    c->drive([&] { return server ? SSL_accept(c->ssl_) : SSL_connect(c->ssl_); }, deadline,
+             "the TLS 1.3 handshake");
+  } catch (const WireError& e) {
+    throw WireError(std::string(e.what()) +
+                    " (a peer without this swarm's key (wrong swarm key), or one that does not speak TLS 1.3)");
+  }
+  if (!SSL_session_reused(c->ssl_))
+    throw WireError("peer " + c->address_ + " completed a handshake without the swarm's key: refused");
+  if (server) {
+    c->peer_id_ = check_id(c->receive(deadline, kHello).body, c->address_);
+    c->send(kHello, my_id, deadline);
+  } else {
+    c->send(kHello, my_id, deadline);
+    c->peer_id_ = check_id(c->receive(deadline, kHello).body, c->address_);
+  }
+  c->open_ = true;
   return c;
 }
 

@@ -1,17 +1,26 @@
-// Wire: authenticated TCP connections between the peers of one swarm (atom/).
+// Wire: TLS 1.3 connections between the peers of one swarm (atom/).
 //
-// A Channel is one TCP connection that passed the handshake; nothing of a peer's state crosses
-// before it. The handshake is mutual and the key never travels (K: the swarm key, swarm_key.h):
-//   client -> server  HELLO      "TSWM1", client id, nonce_c (32 random bytes)
-//   server -> client  CHALLENGE  server id, nonce_s, HMAC(K, "server" | nonce_c | nonce_s | ids)
-//   client -> server  PROOF      HMAC(K, "client" | nonce_s | nonce_c | ids)
-// A side whose check fails closes the connection: the client's connect() throws ("wrong swarm
-// key"), the server refuses it with the client's address (Listener's refusal callback). Every later
-// message is
-//   [type u8][sequence u64][length u64][body][HMAC(K_s, direction | sequence | type | length | body)]
-// with K_s = HMAC(K, "session" | nonce_c | nonce_s), a sequence per direction (a replayed,
-// reordered or altered message fails its tag) and `length` at most the channel's limit (a larger
-// one is refused before anything is allocated).
+// A Channel is one TCP connection that completed a TLS 1.3 handshake authenticated by the swarm
+// key (K, swarm_key.h); nothing of a peer's state crosses before it. The handshake (OpenSSL) uses
+// an external pre-shared key (RFC 8446, 2.2): PSK = HMAC(K, "tessera swarm tls 1.3 psk"), identity
+// "tessera swarm", cipher suite TLS_AES_128_GCM_SHA256, with an ephemeral (EC)DHE exchange
+// (psk_dhe_ke), so:
+//   - both sides prove they hold K (the PSK binder and the Finished messages), and K never travels;
+//   - every byte after the handshake is encrypted and authenticated (AES-GCM): a reader on the
+//     path learns nothing of the gradients, parameters or states, and an altered, reordered or
+//     replayed record fails its tag;
+//   - the traffic keys are fresh per connection (the DHE shares), so a key stolen later does not
+//     decrypt recorded traffic, and a recorded handshake replayed opens nothing (the server's
+//     share and random differ, so the replayed Finished fails).
+// TLS 1.3 only (a TLS 1.2 or older ClientHello is refused: no downgrade), no session tickets and no
+// resumption (a session is never reused), no early data (no 0-RTT replay); TLS 1.3 has no
+// renegotiation. A side whose handshake fails closes the connection: the client's connect() throws
+// (naming the address and OpenSSL's reason), the server refuses it with the client's address
+// (Listener's refusal callback). After the handshake each side sends its peer id (at most 64
+// bytes) as the first message. Every message is then
+//   [type u8][length u64][body]
+// inside the TLS records, `length` at most the channel's limit (a larger one is refused before
+// anything is allocated; before the ids are exchanged the limit is 4096 bytes).
 //
 // Every read and write has a deadline: a silent, stalled or dead peer ends the call with a
 // WireError naming its address and what was awaited, never a hang. A WireError is the peer's or
@@ -32,6 +41,8 @@
 
 #include "atom/swarm_key.h"
 #include "core/error.h"
+
+struct ssl_st;  // OpenSSL's SSL (openssl/ssl.h), kept out of this header
 
 namespace tessera::atom {
 
@@ -54,6 +65,11 @@ struct Message {
   std::string body;
 };
 
+// The bytes a message with a body of `body` bytes takes on the wire: its frame header and the TLS
+// records that carry them (5 bytes of header, 1 of content type and 16 of tag per record of at
+// most 16 KiB).
+uint64_t wire_bytes(uint64_t body);
+
 class Channel {
  public:
   // Connects to host:port and runs the handshake as the client.
@@ -63,8 +79,7 @@ class Channel {
   static std::unique_ptr<Channel> accept(int fd, const std::string& address, const SwarmKey& key,
                                          const std::string& my_id, Deadline deadline, size_t max_bytes);
   // Runs the handshake as the client on a connected socket (owned from here on): connect() once
-  // connected (the fuzz target drives it over a socket pair). Until the session begins, receive()
-  // reads frames of at most 4096 bytes on either side; `max_bytes` holds after it.
+  // connected (the fuzz target drives it over a socket pair).
   static std::unique_ptr<Channel> open_as_client(int fd, const std::string& address, const SwarmKey& key,
                                                  const std::string& my_id, Deadline deadline, size_t max_bytes);
   ~Channel();
@@ -76,24 +91,28 @@ class Channel {
   Message receive(Deadline deadline, uint8_t expect = 0);
   const std::string& peer_id() const { return peer_id_; }
   const std::string& address() const { return address_; }
-  uint64_t bytes_sent() const { return bytes_sent_; }
-  uint64_t bytes_received() const { return bytes_received_; }
+  // The bytes this channel's socket carried so far, TLS's handshake and records included.
+  uint64_t bytes_sent() const;
+  uint64_t bytes_received() const;
 
  private:
   Channel(int fd, std::string address, size_t max_bytes);
-  static std::unique_ptr<Channel> client_handshake(std::unique_ptr<Channel> c, const SwarmKey& key,
-                                                   const std::string& my_id, Deadline deadline);
+  // The TLS handshake on this side, then the ids.
+  static std::unique_ptr<Channel> handshake(std::unique_ptr<Channel> c, bool server, const SwarmKey& key,
+                                            const std::string& my_id, Deadline deadline);
+  // Runs `op` (an OpenSSL call on ssl_, > 0 on success) until it succeeds, waiting for the socket
+  // as OpenSSL asks until the deadline; throws WireError naming `what` otherwise.
+  template <class Op>
+  void drive(Op op, Deadline deadline, const std::string& what);
   void write_all(std::string_view bytes, Deadline deadline, const char* what);
   void read_all(char* out, size_t n, Deadline deadline, const char* what);
-  Tag message_tag(char direction, uint64_t sequence, std::string_view header, std::string_view body) const;
 
   int fd_;
   std::string address_, peer_id_;
   size_t max_bytes_;
-  std::unique_ptr<SwarmKey> session_;
-  char send_direction_ = 'c', receive_direction_ = 's';
-  uint64_t send_sequence_ = 0, receive_sequence_ = 0;
-  uint64_t bytes_sent_ = 0, bytes_received_ = 0;
+  bool open_ = false;  // the ids are exchanged: `max_bytes_` holds
+  std::string psk_;    // read by the handshake's callbacks (SSL_get_app_data)
+  ::ssl_st* ssl_ = nullptr;  // OpenSSL's SSL
 };
 
 // Accepts connections on host:port (port 0: any free one) on its own thread and hands each

@@ -8,6 +8,7 @@
 // named by --initial-peer (none for the first peer of a swarm).
 #include <filesystem>
 #include <iostream>
+#include <map>
 
 #if TESSERA_ATOM
 #include "atom/membership.h"
@@ -133,6 +134,13 @@ Command add_swarm_command(CLI::App& app) {
                   static_cast<long long>(r.samples + r.claimed), r.loss, r.samples_per_s, atom::unix_now() - r.time);
     }
     if (!peers.empty()) std::printf("swarm step %lld\n", static_cast<long long>(top));
+    // Members the robust aggregation found an outlier in most of a peer's recent rounds.
+    std::map<std::string, int> named;
+    for (const atom::PeerRecord& r : peers)
+      for (const std::string& s : r.suspects) ++named[s];
+    for (const auto& [suspect, by] : named)
+      std::printf("suspect %s: an outlier in most recent rounds, as %d of %zu live peer(s) report\n", suspect.c_str(),
+                  by, peers.size());
 #endif
     return 0;
   };

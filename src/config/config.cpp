@@ -267,6 +267,13 @@ void MemoryOptions::check(const std::string& source) const {
 void SwarmOptions::check(const std::string& source) const {
   check_ranges(*this, "swarm", source);
   require(sync == "batch" || sync == "diloco", source, ": swarm.sync must be batch or diloco (got '", sync, "')");
+  require(aggregation == "mean" || aggregation == "centered_clip" || aggregation == "trimmed_mean" ||
+              aggregation == "median",
+          source, ": swarm.aggregation must be mean, centered_clip, trimmed_mean or median (got '", aggregation, "')");
+  require(aggregation == "centered_clip" || clip_radius == 2, source, ": swarm.clip_radius = ", clip_radius,
+          " applies with swarm.aggregation = centered_clip only");
+  require(aggregation == "trimmed_mean" || trim_fraction == 0.25, source, ": swarm.trim_fraction = ", trim_fraction,
+          " applies with swarm.aggregation = trimmed_mean only");
   require(pseudo_gradient_dtype == "fp32" || pseudo_gradient_dtype == "bf16" || pseudo_gradient_dtype == "int8", source,
           ": swarm.pseudo_gradient_dtype must be fp32, bf16 or int8 (got '", pseudo_gradient_dtype, "')");
   require(sync == "diloco" || topk_ratio == 1, source, ": swarm.topk_ratio = ", topk_ratio,

@@ -35,6 +35,9 @@ struct SwarmOptions {
   double topk_ratio = 1;                // diloco: fraction of each chunk's entries sent (1: all)
   int64_t pseudo_gradient_rank = 0;     // diloco: matrices as rank-r products (PowerSGD; 0: whole)
   double error_feedback_decay = 1;      // diloco with top-k or a rank: the residual's factor before each round
+  std::string aggregation = "mean";     // mean | centered_clip | trimmed_mean | median (atom/robust_aggregation.h)
+  double clip_radius = 2;               // centered_clip: the clipping radius over the members' median distance
+  double trim_fraction = 0.25;          // trimmed_mean: the share of members dropped at each end of every entry
   std::string key_file;                 // the swarm's shared key (tessera swarm keygen)
   int64_t min_peers = 1;                // peers seen before the first local step
   double join_timeout_s = 60;           // with --initial-peer: the wait to see another live peer, and to take the state
@@ -64,6 +67,13 @@ struct SwarmOptions {
     v("error_feedback_decay", error_feedback_decay, "diloco with topk_ratio < 1 or pseudo_gradient_rank > 0: the "
       "residual is multiplied by this "
       "before it joins the next pseudo-gradient (1 keeps all of it; SparseLoCo's beta)", between(0, 1));
+    v("aggregation", aggregation, "how the owner of each part of a round combines the members' contributions: "
+      "mean, or centered_clip, trimmed_mean or median, which a member sending poisoned contributions cannot move "
+      "far (every peer of the swarm must use the same)");
+    v("clip_radius", clip_radius, "centered_clip: contributions farther from the estimate than this many times the "
+      "members' median distance are clipped to it", between(0.1, 1000));
+    v("trim_fraction", trim_fraction, "trimmed_mean: the share of the members whose values are dropped at each end "
+      "of every entry (at least one member of three or more, at most (n - 1) / 2)", between(0, 0.5));
     v("key_file", key_file, "file holding the swarm's shared key (tessera swarm keygen --out FILE); required");
     v("min_peers", min_peers, "live peers (this one included) a peer waits to see before its first step",
       between(1, 1 << 20));

@@ -5,7 +5,7 @@
 // key gets nothing, DiLoCo peers sending top-k pseudo-gradients take the same outer steps, fp16
 // peers keep a step whose gradients overflowed out of the rounds; every
 // sample a peer processed is accounted for (averaged, dropped for newer state, or still
-// accumulated).
+// accumulated); under centered_clip a peer sending poison is clipped, logged and named a suspect.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -219,6 +219,41 @@ TEST_F(Swarm, ARestartedPeerRejoinsFromItsRunDirectory) {
     ++compared;
   }
   EXPECT_GT(compared, 0);
+}
+
+TEST_F(Swarm, APoisonedPeerIsClippedAndNamedAsASuspect) {
+  // Four peers under centered_clip, the fourth sending its gradients x 1000 (atom/poison.h).
+  const std::string args = settings(100000, key_) + " --set swarm.aggregation=centered_clip"
+                                                    " --set swarm.target_batch_size=16 --set swarm.min_peers=4";
+  Peer& first = start("first", args);
+  Peer& second = start("second", args, first.address());
+  Peer& third = start("third", args, first.address());
+  Peer& poisoned = start("poisoned", args, first.address(), {{"TESSERA_SWARM_POISON", "scale"}});
+  const std::string bad = nlohmann::json::parse(slurp(poisoned.dir + "/peer.json"))["id"];
+  // Every round names it, and after three rounds the honest peers publish it as a suspect.
+  ASSERT_TRUE(wait_until([&] { return third.swarm()["suspects"] == nlohmann::json::array({bad}); }, 90))
+      << third.log();
+  const std::regex outlier("round [0-9]+ under centered_clip: 1 outlier\\(s\\): member " + bad +
+                           " \\(127\\.0\\.0\\.1:[0-9]+\\) clipped to [0-9.e-]+% of its distance");
+  for (const Peer* p : {&first, &second, &third}) {
+    EXPECT_TRUE(std::regex_search(p->log(), outlier)) << p->log();
+    EXPECT_EQ(p->log().find("2 outlier(s)"), std::string::npos) << "only the poisoned peer is clipped\n" << p->log();
+  }
+  EXPECT_NE(poisoned.log().find("TESSERA_SWARM_POISON=scale: this peer sends poisoned contributions"),
+            std::string::npos);
+  const CommandResult status = run_tessera("swarm status --swarm demo --key-file " + key_ + " --initial-peer " +
+                                           first.address());
+  EXPECT_TRUE(std::regex_search(status.output, std::regex("suspect " + bad + ": an outlier in most recent rounds, as "
+                                                          "[34] of 4 live peer\\(s\\) report")))
+      << status.output;
+  // The loss still falls: the swarm trains on.
+  const int64_t at = first.swarm_step();
+  ASSERT_TRUE(advances(first, at, 20)) << first.log();
+  const std::vector<nlohmann::json> rows = metrics_lines(first.dir);
+  double early = 0, late = 0;
+  for (const nlohmann::json& r : rows)
+    if (r.contains("loss")) (early == 0 ? early : late) = r["loss"].get<double>();
+  EXPECT_LT(late, early) << first.log();
 }
 
 TEST_F(Swarm, APeerWithoutAKeyOrWithABadAddressIsRefusedByName) {

@@ -57,6 +57,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 3: {
         const SumReply s = parse_sum(body, "fuzz");
         check(std::isfinite(s.weight));
+        for (const Screening& m : s.screened) check(m.kept >= 0 && m.kept <= 1 && m.member.size() <= 64);
         break;
       }
       case 4: {

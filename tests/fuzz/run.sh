@@ -57,10 +57,10 @@ case $target in
   hf_folder) sources+=(src/model/hf_gpt2.cpp src/model/hf_llama.cpp src/model/hf_names.cpp src/model/model_options.cpp src/model/norm.cpp
                        src/model/fused_layer_norm.cpp src/model/linear.cpp src/checkpoint/region.cpp
                        src/checkpoint/safetensors.cpp src/core/fs.cpp src/core/options.cpp) ;;
-  swarm_messages) sources+=(src/atom/messages.cpp src/atom/peer_record.cpp src/atom/swarm_key.cpp src/core/fs.cpp)
+  swarm_messages) sources+=(src/atom/messages.cpp src/atom/robust_aggregation.cpp src/atom/peer_record.cpp src/atom/swarm_key.cpp src/core/fs.cpp)
                   libs+=(-lcrypto) ;;
   swarm_wire) sources+=(src/atom/wire.cpp src/atom/swarm_key.cpp src/core/fs.cpp)
-              libs+=(-lcrypto) ;;
+              libs+=(-lssl -lcrypto) ;;
   file_transfer) sources+=(src/comm/file_receiver.cpp)
                  watched+=(src/comm) ;;
   *) echo "unknown fuzz target '$target' (safetensors, schedule_csv, region, checkpoint_dir, config, cluster, tokenizer,

@@ -1,7 +1,9 @@
 // Averaging rounds in one process: peers with their own listeners sum their vectors exactly; a
 // candidate that never comes is left out; one that dies after joining fails the round on the
 // others, who keep their contributions and succeed when they retry without it; one that comes
-// after its round completed hears so at once.
+// after its round completed hears so at once; under a robust rule a poisoned member moves the
+// sum little and every member learns it was the outlier, and a member under another rule fails
+// the round by name.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -23,7 +25,7 @@ struct TestPeer {
   std::unique_ptr<Averager> averager;
   std::unique_ptr<Listener> listener;
   RoundClock clock{0.5, 5};
-  explicit TestPeer(std::string name) : id(std::move(name)) {
+  explicit TestPeer(std::string name, AggregationRule rule = {}) : id(std::move(name)) {
     listener = std::make_unique<Listener>(
         "127.0.0.1", 0, kTestKey, id, 1 << 26,
         [this](std::unique_ptr<Channel> c) {
@@ -31,7 +33,7 @@ struct TestPeer {
           averager->serve(*c, first);
         },
         nullptr);
-    averager = std::make_unique<Averager>(kTestKey, id, address(), 1 << 26);
+    averager = std::make_unique<Averager>(kTestKey, id, address(), 1 << 26, rule);
   }
   std::string address() const { return "127.0.0.1:" + std::to_string(listener->port()); }
   RoundMember member() const { return {id, address()}; }
@@ -203,6 +205,50 @@ TEST(Averaging, ASplitViewNeverAveragesTwice) {
   t2.join();
   for (const std::string& e : errors_ad) EXPECT_NE(e, "");
   for (const std::string& e : errors_bc) EXPECT_NE(e.find("majority"), std::string::npos) << e;
+}
+
+TEST(Averaging, UnderCenteredClipAPoisonedMemberIsNamedAndMovesTheSumLittle) {
+  const AggregationRule rule{Aggregation::centered_clip};
+  TestPeer a("a", rule), b("b", rule), c("c", rule), d("d", rule);
+  std::vector<TestPeer*> peers = {&a, &b, &c, &d};
+  std::vector<RoundMember> candidates;
+  for (TestPeer* p : peers) candidates.push_back(p->member());
+  torch::manual_seed(5);
+  const at::Tensor truth = at::randn({3000});
+  // run_all gives member i the weight i + 1; each sends its weighted sum (weight x its mean).
+  std::vector<at::Tensor> vectors;
+  at::Tensor honest = at::zeros({3000});
+  for (size_t i = 0; i < 3; ++i) {
+    const at::Tensor x = truth + 0.1 * at::randn({3000});
+    honest += static_cast<double>(i + 1) * x;
+    vectors.push_back(static_cast<double>(i + 1) * x);
+  }
+  honest /= 6.0;
+  vectors.push_back(4.0 * -1000 * truth);  // d: its gradients x 1000 with the sign flipped
+  std::vector<std::string> errors;
+  const std::vector<RoundResult> results = run_all(peers, candidates, vectors, PartEncoding{}, errors);
+  for (size_t i = 0; i < peers.size(); ++i) {
+    ASSERT_EQ(errors[i], "") << peers[i]->id;
+    EXPECT_TRUE(at::equal(results[i].sum, results[0].sum)) << "every member ends with the same sum";
+    ASSERT_EQ(results[i].screened.size(), 4u);
+    for (const Screening& s : results[i].screened) EXPECT_EQ(s.outlier, s.member == "d") << s.member << " " << s.kept;
+  }
+  const at::Tensor mean = results[0].sum / results[0].weight;
+  // The clipped poison pulls with its weight times the radius tau, and the honest members' weight
+  // pulls back: the estimate moves at most 4/6 x tau, tau = 2 x the honest members' distance
+  // (about 0.1 x sqrt(3000) = 5.5), so under 8 in norm; the plain mean moves over 1,000.
+  EXPECT_LT((mean - honest).norm().item<double>(), 8.0);
+  EXPECT_GT(((vectors[0] + vectors[1] + vectors[2] + vectors[3]) / 10.0 - honest).norm().item<double>(), 1000);
+}
+
+TEST(Averaging, AMemberUnderAnotherRuleFailsTheRoundByName) {
+  TestPeer a("a", AggregationRule{Aggregation::trimmed_mean}), b("b"), c("c", AggregationRule{Aggregation::trimmed_mean});
+  std::vector<std::string> errors;
+  run_all({&a, &b, &c}, {a.member(), b.member(), c.member()}, {at::ones({30}), at::ones({30}), at::ones({30})},
+          PartEncoding{}, errors);
+  EXPECT_NE(errors[0].find("member b (127.0.0.1:"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("aggregates by mean and this peer by trimmed_mean"), std::string::npos) << errors[0];
+  for (const std::string& e : errors) EXPECT_NE(e, "");
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// Authenticated channels: messages pass between holders of the key; a wrong key, garbage, an
+// TLS 1.3 channels: messages pass between holders of the key, encrypted on the wire; a wrong key,
+// a plaintext client, a TLS 1.2 client (a downgrade), a recorded handshake replayed, garbage, an
 // oversized message and a silent peer each end in a named refusal within the deadline, and the
 // listener goes on serving the others.
 #include <gtest/gtest.h>
@@ -8,9 +9,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <poll.h>
+
 #include <chrono>
 #include <mutex>
+#include <thread>
 #include <vector>
+
+#include <openssl/ssl.h>
 
 #include "unit/atom/test_key.h"
 #include "atom/wire.h"
@@ -107,10 +113,9 @@ TEST(Wire, GarbageAndOversizedMessagesAreRefusedWithoutHarm) {
   c->send(9, "", Deadline::in(5));
 }
 
-// The peer a client dials answers with a CHALLENGE header claiming 1 MiB: the client refuses it at
-// the handshake's 4096-byte limit without waiting for (or allocating) the body, whatever its own
-// limit for messages after the handshake.
-TEST(Wire, AClientRefusesAnOversizedHandshakeFrameAtOnce) {
+// The peer a client dials answers in tessera's old plaintext protocol (a CHALLENGE header claiming
+// 1 MiB): the client refuses it at once, naming TLS, without waiting for (or allocating) the body.
+TEST(Wire, AClientRefusesAPeerThatDoesNotSpeakTls) {
   int pair[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, pair), 0);
   std::string header(1, static_cast<char>(241));  // CHALLENGE, sequence 0, length 2^20
@@ -120,9 +125,101 @@ TEST(Wire, AClientRefusesAnOversizedHandshakeFrameAtOnce) {
   const auto start = std::chrono::steady_clock::now();
   EXPECT_TRUE(test::throws_naming(
       [&] { Channel::open_as_client(pair[1], "dialled", kTestKey, "client", Deadline::in(5), 1 << 30); },
-      {"peer dialled", "1048576 bytes, above the limit of 4096 (a handshake message)"}));
+      {"peer dialled", "the TLS 1.3 handshake failed"}));
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1.0);
   ::close(pair[0]);
+}
+
+// A client that speaks plaintext (tessera's old HELLO), one that offers TLS 1.2 at most (a
+// downgrade), and one that replays the bytes a holder of the key sent in an earlier connection
+// (its handshake and a message) are each refused, with their address, and get nothing.
+TEST(Wire, PlaintextDowngradeAndReplayedHandshakesAreRefusedByAddress) {
+  EchoServer server;
+  const int port = server.listener.port();
+  size_t refusals = 0;
+  // Plaintext.
+  {
+    const int fd = raw_connect(port);
+    std::string hello(1, static_cast<char>(240));
+    for (const uint64_t v : {uint64_t{0}, uint64_t{5 + 1 + 6 + 32}})
+      for (int i = 0; i < 8; ++i) hello.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+    hello += "TSWM1" + std::string(1, '\x06') + "client" + std::string(32, 'n');
+    ASSERT_EQ(::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL), static_cast<ssize_t>(hello.size()));
+    ASSERT_TRUE(server.wait_refusals(++refusals));
+    EXPECT_NE(server.refused().back().find("the TLS 1.3 handshake failed"), std::string::npos) << server.refused().back();
+    char byte;
+    EXPECT_LE(::recv(fd, &byte, 1, 0), 1) << "the server closes: no echo comes";
+    ::close(fd);
+  }
+  // TLS 1.2 at most.
+  {
+    SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+    SSL_CTX_set_max_proto_version(ctx, TLS1_2_VERSION);
+    SSL* ssl = SSL_new(ctx);
+    const int fd = raw_connect(port);
+    SSL_set_fd(ssl, fd);
+    EXPECT_LE(SSL_connect(ssl), 0) << "a TLS 1.2 handshake completed";
+    ASSERT_TRUE(server.wait_refusals(++refusals));
+    EXPECT_NE(server.refused().back().find("unsupported protocol"), std::string::npos) << server.refused().back();
+    SSL_free(ssl);
+    SSL_CTX_free(ctx);
+    ::close(fd);
+  }
+  // A recorded connection replayed: a proxy records what a holder of the key sends through it.
+  std::string recorded;
+  {
+    const int front = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+    ASSERT_EQ(::bind(front, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    ASSERT_EQ(::listen(front, 1), 0);
+    socklen_t len = sizeof(addr);
+    ::getsockname(front, reinterpret_cast<sockaddr*>(&addr), &len);
+    std::thread proxy([&] {
+      const int in = ::accept(front, nullptr, nullptr), out = raw_connect(port);
+      char buffer[65536];
+      for (bool open = true; open;) {
+        pollfd fds[2] = {{in, POLLIN, 0}, {out, POLLIN, 0}};
+        if (::poll(fds, 2, 5000) <= 0) break;
+        for (int k = 0; k < 2 && open; ++k) {
+          if (!(fds[k].revents & (POLLIN | POLLHUP))) continue;
+          const ssize_t n = ::recv(fds[k].fd, buffer, sizeof(buffer), 0);
+          if (n <= 0) {
+            open = false;
+            break;
+          }
+          if (k == 0) recorded.append(buffer, static_cast<size_t>(n));
+          ::send(k == 0 ? out : in, buffer, static_cast<size_t>(n), MSG_NOSIGNAL);
+        }
+      }
+      ::close(in);
+      ::close(out);
+    });
+    {
+      auto c = Channel::connect("127.0.0.1", ntohs(addr.sin_port), kTestKey, "client", Deadline::in(5), 1 << 20);
+      c->send(4, "the secret gradients", Deadline::in(5));
+      EXPECT_EQ(c->receive(Deadline::in(5), 5).body, "the secret gradients");
+      c->send(9, "", Deadline::in(5));
+    }
+    proxy.join();
+    ::close(front);
+  }
+  EXPECT_EQ(recorded.find("the secret gradients"), std::string::npos) << "the message crossed in the clear";
+  EXPECT_EQ(recorded.find("client"), std::string::npos) << "the id crossed in the clear";
+  ASSERT_FALSE(recorded.empty());
+  const int fd = raw_connect(port);
+  ASSERT_EQ(::send(fd, recorded.data(), recorded.size(), MSG_NOSIGNAL), static_cast<ssize_t>(recorded.size()));
+  ASSERT_TRUE(server.wait_refusals(++refusals));
+  EXPECT_NE(server.refused().back().find("127.0.0.1:"), std::string::npos) << server.refused().back();
+  EXPECT_NE(server.refused().back().find("the TLS 1.3 handshake failed"), std::string::npos) << server.refused().back();
+  ::close(fd);
+  // Through all of it the server serves a holder of the key.
+  auto c = Channel::connect("127.0.0.1", port, kTestKey, "client", Deadline::in(5), 1 << 20);
+  c->send(1, "ok", Deadline::in(5));
+  EXPECT_EQ(c->receive(Deadline::in(5), 2).body, "ok");
+  c->send(9, "", Deadline::in(5));
+  EXPECT_EQ(server.refused().size(), refusals);
 }
 
 TEST(Wire, ASilentPeerEndsTheCallAtItsDeadline) {
