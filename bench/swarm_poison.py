@@ -38,7 +38,7 @@ def svg(results, rules, poisons, honest, path):
     width, height, left, top, bottom = 760, 330, 60, 30, 60
     losses = [r["val_loss"] for r in results.values()] + [honest]
     finite = [x for x in losses if x == x and x < 1e9]
-    hi = max(finite) * 1.02
+    hi = min(max(finite), 1.4 * honest) * 1.02  # a diverged case is cut off at the top, its value written
     lo = min(finite) * 0.97  # the differences are a few percent: the axis starts near them
     plot_w, plot_h = width - left - 20, height - top - bottom
     group = plot_w / len(poisons)
@@ -68,7 +68,7 @@ def svg(results, rules, poisons, honest, path):
             out.append('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"><title>%s, %s: %.4f</title></rect>'
                        % (x0 + j * bar, y(v), bar * 0.95, h, colors[j % len(colors)], poison, rule, v))
             if v != v or v >= hi:
-                out.append('<text x="%.1f" y="%.1f" font-size="10">%s</text>' % (x0 + j * bar, top - 2,
+                out.append('<text x="%.1f" y="%.1f" font-size="10">%s</text>' % (x0 + j * bar, top + 12,
                                                                                   "nan" if v != v else "%.1f" % v))
     out.append('<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="black" stroke-dasharray="6,4"/>'
                % (left, width - 20, y(honest), y(honest)))

@@ -1,7 +1,7 @@
 // Averaging rounds: a group of peers sums one flat vector each (weighted contributions) and every
 // member gets the sum, with no fixed world and no coordinator beyond the round.
 //
-// A round (run_round) has two phases, over authenticated channels (atom/wire.h):
+// A round (run_round) has two phases, over TLS 1.3 channels (atom/wire.h):
 //   group    the round's host is the candidate with the smallest id (deterministic from the
 //            candidates: the live peers at the same swarm step, atom/swarm.h); each other member
 //            connects to it and sends JOIN; the host waits until every candidate joined or the

@@ -15,7 +15,7 @@
 // the checked safetensors reader: a donor sending garbage fails the download (named), it never
 // corrupts the joiner.
 //
-// Messages (over authenticated channels, atom/wire.h; their layout and checked parsing are
+// Messages (over TLS 1.3 channels, atom/wire.h; their layout and checked parsing are
 // atom/messages.h's): MANIFEST -> an offer, CHUNK -> the bytes.
 #pragma once
 

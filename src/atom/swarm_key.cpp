@@ -49,8 +49,6 @@ std::string random_bytes(size_t n) {
   return out;
 }
 
-bool same_tag(const Tag& a, const Tag& b) { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
-
 bool same_bytes(std::string_view a, std::string_view b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
@@ -116,11 +114,6 @@ Tag SwarmKey::tag(std::initializer_list<std::string_view> parts) const {
   ok = ok && EVP_MAC_final(m.ctx, out.data(), &size, out.size());
   require(ok && size == out.size(), "internal: HMAC-SHA256 failed (OpenSSL)");
   return out;
-}
-
-SwarmKey SwarmKey::derive(std::string_view label) const {
-  const Tag t = tag(label);
-  return SwarmKey(std::string_view(reinterpret_cast<const char*>(t.data()), t.size()));
 }
 
 std::string SwarmKey::fingerprint() const {

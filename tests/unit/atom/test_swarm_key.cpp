@@ -19,9 +19,9 @@ TEST(SwarmKey, GeneratedKeysLoadAndBadFilesAreNamed) {
   EXPECT_EQ(std::filesystem::status(path).permissions() & std::filesystem::perms::others_read,
             std::filesystem::perms::none);
   const SwarmKey a = SwarmKey::load(path), b = SwarmKey::load(path);
-  EXPECT_TRUE(same_tag(a.tag("m"), b.tag("m")));
-  EXPECT_FALSE(same_tag(a.tag("m"), a.tag("n")));
-  EXPECT_TRUE(same_tag(a.tag({"ab", "c"}), a.tag("abc")));
+  EXPECT_EQ(a.tag("m"), b.tag("m"));
+  EXPECT_NE(a.tag("m"), a.tag("n"));
+  EXPECT_EQ(a.tag({"ab", "c"}), a.tag("abc"));
   EXPECT_TRUE(test::throws_naming([&] { SwarmKey::generate(path); }, {path, "never overwritten"}));
   EXPECT_TRUE(test::throws_naming([&] { SwarmKey::load(""); }, {"swarm.key_file is not set", "keygen"}));
   EXPECT_TRUE(test::throws_naming([&] { SwarmKey::load(dir + "/none"); }, {dir + "/none", "does not exist"}));
