@@ -28,6 +28,13 @@ from results_file import write_results
 from swarm_peers import last, prepared_corpus, run_swarm
 
 
+def round_seconds(run_dir):
+    """The median of the rounds' durations in RUN_DIR.log ("round N: ... in S s"), or None."""
+    with open(run_dir + ".log") as f:
+        times = sorted(float(t) for t in re.findall(r"swarm: round \d+: .* in ([0-9.e-]+) s", f.read()))
+    return times[len(times) // 2] if times else None
+
+
 def outlier_rounds(run_dir):
     """The rounds whose log line names at least one outlier, in RUN_DIR.log."""
     with open(run_dir + ".log") as f:
@@ -89,16 +96,18 @@ def render(measured, out):
              "Four batch-mode peers of tiny_gpt, %d swarm steps of 16 x 4 samples, %s; peer 3 poisoned. "
              "Honest: peers 0-2 alone (target 48), the same honest samples: validation loss %.4f."
              % (measured["steps"], measured["optim"], honest), "",
-             "| poison | rule | val loss | vs honest | rounds with an outlier (of %d) |" % measured["steps"],
-             "|---|---|---|---|---|"]
+             "| poison | rule | val loss | vs honest | rounds with an outlier (of %d) | median round (s, peer 0) |"
+             % measured["steps"],
+             "|---|---|---|---|---|---|"]
     for poison in poisons:
         for rule in rules:
             r = results.get("%s/%s" % (poison, rule))
             if r is None:
                 continue
             v = r["val_loss"]
-            lines.append("| %s | %s | %.4f | %+.1f%% | %d |" % (poison, rule, v, 100 * (v / honest - 1),
-                                                               r["outlier_rounds"]))
+            round_s = "-" if r.get("round_s") is None else "%.3f" % r["round_s"]
+            lines.append("| %s | %s | %.4f | %+.1f%% | %d | %s |" % (poison, rule, v, 100 * (v / honest - 1),
+                                                                    r["outlier_rounds"], round_s))
     lines += ["", "![validation loss by poison and rule](%s.svg)" % os.path.basename(out)]
     write_results(out + ".md", lines)
 
@@ -151,7 +160,7 @@ def main():
                                                 "--set", "swarm.aggregation=" + rule], envs)
             loss = last(dirs[0], "val_loss")
             r = {"val_loss": float("nan") if loss is None else loss, "outlier_rounds": outlier_rounds(dirs[0]),
-                 "seconds": seconds}
+                 "seconds": seconds, "round_s": round_seconds(dirs[0])}
             measured["results"]["%s/%s" % (poison, rule)] = r
             print("%-6s %-14s val loss %.4f, %d rounds with an outlier (%.0f s)"
                   % (poison, rule, r["val_loss"], r["outlier_rounds"], seconds), flush=True)

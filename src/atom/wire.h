@@ -22,7 +22,8 @@
 // inside the TLS records, `length` at most the channel's limit (a larger one is refused before
 // anything is allocated; before the ids are exchanged the limit is 4096 bytes).
 //
-// Every read and write has a deadline: a silent, stalled or dead peer ends the call with a
+// The process ignores SIGPIPE once a channel exists (OpenSSL's writes would raise it on a dead
+// peer's socket). Every read and write has a deadline: a silent, stalled or dead peer ends the call with a
 // WireError naming its address and what was awaited, never a hang. A WireError is the peer's or
 // the network's failure, for the caller to survive (drop the peer, retry the round); a malformed
 // message is one too.
