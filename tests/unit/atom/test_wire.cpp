@@ -63,6 +63,20 @@ int raw_connect(int port) {
   return fd;
 }
 
+// A socket listening on 127.0.0.1 at a free port, that port in `port`.
+int raw_listen(int& port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  EXPECT_EQ(::listen(fd, 4), 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  port = ntohs(addr.sin_port);
+  return fd;
+}
+
 TEST(Wire, MessagesPassBetweenHoldersOfTheKey) {
   EchoServer server;
   auto c = Channel::connect("127.0.0.1", server.listener.port(), kTestKey, "client", Deadline::in(5), 1 << 20);
@@ -168,14 +182,8 @@ TEST(Wire, PlaintextDowngradeAndReplayedHandshakesAreRefusedByAddress) {
   // A recorded connection replayed: a proxy records what a holder of the key sends through it.
   std::string recorded;
   {
-    const int front = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-    ASSERT_EQ(::bind(front, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-    ASSERT_EQ(::listen(front, 1), 0);
-    socklen_t len = sizeof(addr);
-    ::getsockname(front, reinterpret_cast<sockaddr*>(&addr), &len);
+    int front_port = 0;
+    const int front = raw_listen(front_port);
     std::thread proxy([&] {
       const int in = ::accept(front, nullptr, nullptr), out = raw_connect(port);
       char buffer[65536];
@@ -197,7 +205,7 @@ TEST(Wire, PlaintextDowngradeAndReplayedHandshakesAreRefusedByAddress) {
       ::close(out);
     });
     {
-      auto c = Channel::connect("127.0.0.1", ntohs(addr.sin_port), kTestKey, "client", Deadline::in(5), 1 << 20);
+      auto c = Channel::connect("127.0.0.1", front_port, kTestKey, "client", Deadline::in(5), 1 << 20);
       c->send(4, "the secret gradients", Deadline::in(5));
       EXPECT_EQ(c->receive(Deadline::in(5), 5).body, "the secret gradients");
       c->send(9, "", Deadline::in(5));
@@ -224,17 +232,11 @@ TEST(Wire, PlaintextDowngradeAndReplayedHandshakesAreRefusedByAddress) {
 
 TEST(Wire, ASilentPeerEndsTheCallAtItsDeadline) {
   // A socket that accepts and never answers: the handshake's deadline ends connect().
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(::listen(fd, 4), 0);
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  int port = 0;
+  const int fd = raw_listen(port);
   const auto start = std::chrono::steady_clock::now();
   EXPECT_TRUE(test::throws_naming(
-      [&] { Channel::connect("127.0.0.1", ntohs(addr.sin_port), kTestKey, "client", Deadline::in(0.5), 1 << 20); },
+      [&] { Channel::connect("127.0.0.1", port, kTestKey, "client", Deadline::in(0.5), 1 << 20); },
       {"before the deadline"}));
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(took, 3.0);
