@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "atom/peer_record.h"
 #include "core/fault_injection.h"
 
 namespace tessera::atom {
@@ -216,6 +217,7 @@ void Averager::serve_part(Channel& channel, const Message& first) {
 RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidates, const at::Tensor& vector,
                                 double weight, const PartEncoding& encoding, RoundClock& clock) {
   const auto start = std::chrono::steady_clock::now();
+  const double started = unix_now();
   fault::point("swarm.group");
   sort_by_id(candidates);
   require(holds(candidates, my_id_), "internal: a round's candidates include this peer");
@@ -226,6 +228,7 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
   const std::vector<RoundMember> members = candidates.front().id == my_id_
                                                ? host(round, candidates, token, gather, hosted)
                                                : join(round, candidates.front(), token, deadline);
+  const double grouped = unix_now();
   const int64_t n = static_cast<int64_t>(members.size()), numel = vector.numel();
   // A group holding half of this peer's candidates or fewer may be one side of a split view (two
   // hosts, each seen by some): it does not average, so no two groups of one round both do.
@@ -256,6 +259,8 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
     changed_.notify_all();
   }
   RoundResult result;
+  result.started = started;
+  result.grouped = grouped;
   result.members = members;
   result.sum = at::empty({numel}, at::kFloat);
   // What the round counts of this member's contribution: the contribution itself where the
@@ -304,6 +309,7 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
     changed_.wait_until(lock, reduce.at, [&] { return slot->received == slot->expected || slot->failed; });
     const auto [b, e] = part_bounds(numel, n, me);
     if (slot->received == slot->expected && !slot->failed) {
+      result.part_summed = unix_now();
       fault::point("swarm.sum");
       // The members receive the sum as encoded, and so does this one: every member ends equal.
       std::vector<Screening>& mine = screened[static_cast<size_t>(me)];
@@ -345,6 +351,7 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
       throw RoundError("round " + std::to_string(round) + " failed: the members' weights disagree");
   result.screened = combine_screenings(members, screened);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.finished = unix_now();
   clock.record(result.seconds);
   if (hosted) {
     // The round completed here: later JOINs of it are told they came late (a round that failed is

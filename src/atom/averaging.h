@@ -70,6 +70,10 @@ struct RoundResult {
   std::vector<Screening> screened;
   uint64_t bytes_sent = 0, bytes_received = 0;  // this member's, payload and framing
   double seconds = 0;
+  // When each phase of the round ended here, in Unix seconds (the peers' per-round timeline,
+  // bench/swarm_round_timeline.py): the round started; its group formed (the host's gather closed,
+  // or a member's GROUP came); every contribution to this member's part was in; every sum came back.
+  double started = 0, grouped = 0, part_summed = 0, finished = 0;
 };
 
 // Deadlines from measured round durations.

@@ -238,7 +238,8 @@ nlohmann::json Swarm::metrics() const {
           {"samples_dropped", samples_dropped_},
           {"samples_accumulated", accumulated_},
           {"outliers", outliers_},
-          {"suspects", record_.suspects}};
+          {"suspects", record_.suspects},
+          {"round_times", round_times_}};
 }
 
 nlohmann::json Swarm::checkpoint_state() const {

@@ -120,6 +120,10 @@ class Swarm final : public Collaboration {
   // Under a robust rule: the round's outliers logged, and the members that were outliers in most
   // of their last kScreenedRounds rounds (at least 3) published as suspects.
   void screen(const RoundResult& result);
+  // The last round's timeline (metrics' swarm.round_times): when this peer's reduction began
+  // (its local step's backward done), when it had the others' fresh claims (batch), and the
+  // round's phases (RoundResult), all Unix seconds.
+  void note_round_times(const RoundResult& result, double entered, double claims_seen);
   // What this peer sends in a round: `contribution`, or its poison (TESSERA_SWARM_POISON, poison.h).
   at::Tensor sent(const at::Tensor& contribution);
   // The state a joiner downloads (state_transfer.h); loading one, returning the step to go on from
@@ -184,6 +188,7 @@ class Swarm final : public Collaboration {
   static constexpr size_t kScreenedRounds = 20;
   std::map<std::string, std::deque<bool>> outlier_history_;  // by member: its last rounds, outlier or not
   int64_t outliers_ = 0;  // in the last round
+  nlohmann::json round_times_;  // note_round_times
 
   std::atomic<bool> leaving_{false};
   std::thread publisher_;

@@ -52,6 +52,7 @@ std::optional<int64_t> Swarm::after_local_step(TrainStep& step, int64_t samples,
 }
 
 bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t samples) {
+  const double entered = unix_now();
   if (!accumulation_.defined()) {
     int64_t numel = 0;
     for (const at::Tensor& g : gradients) numel += g.numel();
@@ -88,6 +89,7 @@ bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t samples) {
     if (!stale || fresh.seconds_left() <= 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  const double claims_seen = unix_now();
   int64_t total = accumulated_;
   for (const PeerRecord& r : live)
     if (r.id != identity_.id && r.swarm_step == swarm_step_) total += r.samples + r.claimed;
@@ -106,6 +108,7 @@ bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t samples) {
     say(std::string(e.what()) + " (the accumulated gradients are kept; retried after the next local step)");
     return false;
   }
+  note_round_times(result, entered, claims_seen);
   const at::Tensor mean = result.sum / result.weight;
   round_log_->add(swarm_step_, mean);
   unflatten_into(mean, gradients);
@@ -114,6 +117,13 @@ bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t samples) {
   step_started_ = unix_now();
   finish_round(result, "round", std::to_string(static_cast<int64_t>(result.weight)) + " samples, ");
   return true;
+}
+
+void Swarm::note_round_times(const RoundResult& result, double entered, double claims_seen) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  round_times_ = {{"swarm_step", swarm_step_ + 1}, {"entered", entered},         {"claims_seen", claims_seen},
+                  {"started", result.started},     {"grouped", result.grouped}, {"part_summed", result.part_summed},
+                  {"finished", result.finished}};
 }
 
 at::Tensor Swarm::sent(const at::Tensor& contribution) {
@@ -192,6 +202,7 @@ void Swarm::outer_step(TrainStep& step) {
   // A peer behind the swarm (its download was overtaken, it missed a round) takes no outer step
   // on its own, which would give it another state under the swarm's step numbers: it takes the
   // swarm's state after its next local step (after_local_step), as in batch mode.
+  const double entered = unix_now();
   const std::vector<PeerRecord> live = membership_->live_peers(0.5);
   if (!ahead_of(live).empty()) {
     behind_ = true;
@@ -213,6 +224,7 @@ void Swarm::outer_step(TrainStep& step) {
     say(std::string(e.what()) + " (the local steps go on; the outer step is retried after the next one)");
     return;
   }
+  note_round_times(result, entered, entered);
   at::Tensor g = result.sum / result.weight;
   if (low_rank_) {
     residual_ = pseudo_gradient - low_rank_->decode(result.delivered, factors_, swarm_step_);

@@ -254,6 +254,15 @@ TEST_F(Swarm, APoisonedPeerIsClippedAndNamedAsASuspect) {
   for (const nlohmann::json& r : rows)
     if (r.contains("loss")) (early == 0 ? early : late) = r["loss"].get<double>();
   EXPECT_LT(late, early) << first.log();
+  // Every peer's metrics carry its last round's timeline (bench/swarm_round_timeline.py), in order.
+  const nlohmann::json times = first.swarm()["round_times"];
+  ASSERT_TRUE(times.is_object()) << first.swarm().dump();
+  EXPECT_LE(times["swarm_step"].get<int64_t>(), first.swarm_step());
+  double previous = 0;
+  for (const char* phase : {"entered", "claims_seen", "started", "grouped", "part_summed", "finished"}) {
+    EXPECT_GE(times[phase].get<double>(), previous) << phase << " " << times.dump();
+    previous = times[phase].get<double>();
+  }
 }
 
 TEST_F(Swarm, APeerWithoutAKeyOrWithABadAddressIsRefusedByName) {
