@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""ATOM swarm under poison: four batch-mode peers, one of them sending poisoned contributions, under
-each aggregation rule, against the three honest peers alone.
+"""ATOM swarm under poison: four peers (batch mode, or DiLoCo with --sync diloco), one of them
+sending poisoned contributions, under each aggregation rule, against the three honest peers alone.
 
     python3 bench/swarm_poison.py BUILD_DIR [--steps 150] [--rules mean,centered_clip,trimmed_mean]
-        [--poisons none,scale,flip,noise,stale] [--optim adamw] [--out bench/results/swarm_poison_cpu]
+        [--poisons none,scale,flip,noise,stale,ascent] [--optim adamw] [--sync batch|diloco]
+        [--out bench/results/swarm_poison_cpu]
     python3 bench/swarm_poison.py BUILD_DIR --render --out ...   (OUT.md and OUT.svg from OUT.json)
     python3 bench/swarm_poison.py BUILD_DIR --add --poisons ascent ...   (runs these, keeps OUT.json's others)
 
-Each case runs `--steps` swarm steps of tiny_gpt on loopback, every peer train.batch_size 16 and
+With --sync diloco every peer runs `--steps` local steps, averaging int8 pseudo-gradients every 10
+(swarm.inner_steps), and the honest run is peers 0-2 alone the same way. In batch mode (below)
+each case runs `--steps` swarm steps of tiny_gpt on loopback, every peer train.batch_size 16 and
 the target batch 16 x peers (one synchronous step per local step of every peer: data parallelism's
 computation). Peer 3 runs with TESSERA_SWARM_POISON (atom/poison.h): scale (x 1000), flip (the
 sign), noise (Gaussian of its contribution's norm), stale (its first round's contribution, every
@@ -15,7 +18,8 @@ round), ascent (-1000 x: gradient ascent outweighing the others). The honest run
 which is what a rule that removed the poison entirely would train on. Reports each case's final
 validation loss (peer 0's: the members hold the same parameters) and its distance from the honest
 run's, and the rounds in which the poisoned peer was an outlier (peer 0's log). Writes OUT.json,
-OUT.md and OUT.svg (each case's loss against the honest run's).
+OUT.md and OUT.svg (each case's loss against the honest run's). A run under the mean may diverge
+and stop on a non-finite gradient: its loss is written as nan.
 """
 import argparse
 import json
@@ -93,11 +97,14 @@ def render(measured, out):
     svg(results, rules, poisons, honest, out + ".svg")
     lines = ["# ATOM swarm under poison (CPU, loopback)", "",
              "`%s`" % measured["command"], "",
-             "Four batch-mode peers of tiny_gpt, %d swarm steps of 16 x 4 samples, %s; peer 3 poisoned. "
-             "Honest: peers 0-2 alone (target 48), the same honest samples: validation loss %.4f."
+             ("Four batch-mode peers of tiny_gpt, %d swarm steps of 16 x 4 samples, %s; peer 3 poisoned. "
+              "Honest: peers 0-2 alone (target 48), the same honest samples: validation loss %.4f."
+              if measured.get("sync", "batch") == "batch" else
+              "Four DiLoCo peers of tiny_gpt (int8 pseudo-gradients every 10 local steps), %d local steps of 16 "
+              "samples each, %s; peer 3 poisoned. Honest: peers 0-2 alone: validation loss %.4f.")
              % (measured["steps"], measured["optim"], honest), "",
              "| poison | rule | val loss | vs honest | rounds with an outlier (of %d) | median round (s, peer 0) |"
-             % measured["steps"],
+             % (measured["steps"] // (10 if measured.get("sync") == "diloco" else 1)),
              "|---|---|---|---|---|---|"]
     for poison in poisons:
         for rule in rules:
@@ -106,8 +113,9 @@ def render(measured, out):
                 continue
             v = r["val_loss"]
             round_s = "-" if r.get("round_s") is None else "%.3f" % r["round_s"]
-            lines.append("| %s | %s | %.4f | %+.1f%% | %d | %s |" % (poison, rule, v, 100 * (v / honest - 1),
-                                                                    r["outlier_rounds"], round_s))
+            loss = ("%.4f | %+.1f%%" % (v, 100 * (v / honest - 1)) if v == v
+                    else "diverged | the run stopped on a non-finite gradient")
+            lines.append("| %s | %s | %s | %d | %s |" % (poison, rule, loss, r["outlier_rounds"], round_s))
     lines += ["", "![validation loss by poison and rule](%s.svg)" % os.path.basename(out)]
     write_results(out + ".md", lines)
 
@@ -119,6 +127,8 @@ def main():
     ap.add_argument("--rules", default="mean,centered_clip,trimmed_mean")
     ap.add_argument("--poisons", default="none,scale,flip,noise,stale")
     ap.add_argument("--optim", default="adamw", help="optim.name of every peer")
+    ap.add_argument("--sync", default="batch",
+                    help="batch, or diloco (int8 pseudo-gradients every 10 local steps; --steps local steps)")
     ap.add_argument("--out", default="bench/results/swarm_poison_cpu")
     ap.add_argument("--render", action="store_true", help="only rewrite OUT.md and OUT.svg from OUT.json")
     ap.add_argument("--add", action="store_true",
@@ -132,11 +142,13 @@ def main():
     batch = 16
     common = ["--set", "data.path=" + data, "--set", "train.steps=%d" % a.steps, "--set", "train.batch_size=%d" % batch,
               "--set", "eval.every=1000000", "--set", "checkpoint.every=1000000", "--set", "train.threads=1",
-              "--set", "optim.warmup_steps=10", "--set", "optim.name=" + a.optim, "--set", "swarm.sync=batch"]
+              "--set", "optim.warmup_steps=10", "--set", "optim.name=" + a.optim, "--set", "swarm.sync=" + a.sync]
+    if a.sync == "diloco":
+        common += ["--set", "swarm.inner_steps=10", "--set", "swarm.pseudo_gradient_dtype=int8"]
     work = tempfile.mkdtemp(prefix="swarm_poison_")
     rules, poisons = a.rules.split(","), a.poisons.split(",")
-    command = "python3 bench/swarm_poison.py BUILD --steps %d --rules %s --poisons %s --optim %s" % (
-        a.steps, a.rules, a.poisons, a.optim)
+    command = "python3 bench/swarm_poison.py BUILD --steps %d --rules %s --poisons %s --optim %s --sync %s" % (
+        a.steps, a.rules, a.poisons, a.optim, a.sync)
     if a.add:
         with open(a.out + ".json") as f:
             measured = json.load(f)
@@ -146,8 +158,8 @@ def main():
         measured["poisons"] += [p for p in poisons if p not in measured["poisons"]]
         measured["rules"] += [r for r in rules if r not in measured["rules"]]
     else:
-        measured = {"command": command, "steps": a.steps, "optim": a.optim, "rules": rules, "poisons": poisons,
-                    "results": {}}
+        measured = {"command": command, "steps": a.steps, "optim": a.optim, "sync": a.sync, "rules": rules,
+                    "poisons": poisons, "results": {}}
         dirs, seconds = run_swarm(a.build, work, "honest", 3,
                                   common + ["--set", "swarm.target_batch_size=%d" % (3 * batch)])
         measured["honest"] = {"val_loss": last(dirs[0], "val_loss"), "seconds": seconds}
@@ -157,8 +169,8 @@ def main():
             envs = {} if poison == "none" else {3: {"TESSERA_SWARM_POISON": poison}}
             dirs, seconds = run_swarm(a.build, work, "%s_%s" % (poison, rule), 4,
                                       common + ["--set", "swarm.target_batch_size=%d" % (4 * batch),
-                                                "--set", "swarm.aggregation=" + rule], envs)
-            loss = last(dirs[0], "val_loss")
+                                                "--set", "swarm.aggregation=" + rule], envs, may_fail=rule == "mean")
+            loss = last(dirs[0], "val_loss")  # None where the run stopped on a non-finite gradient
             r = {"val_loss": float("nan") if loss is None else loss, "outlier_rounds": outlier_rounds(dirs[0]),
                  "seconds": seconds, "round_s": round_seconds(dirs[0])}
             measured["results"]["%s/%s" % (poison, rule)] = r
