@@ -32,17 +32,14 @@ from results_file import write_results
 from swarm_peers import last, prepared_corpus, run_swarm
 
 
-def round_seconds(run_dir):
-    """The median of the rounds' durations in RUN_DIR.log ("round N: ... in S s"), or None."""
+def log_figures(run_dir):
+    """From RUN_DIR.log: the rounds whose line names at least one outlier, and the median of the
+    rounds' durations ("round N: ... in S s"; None under DiLoCo, whose lines say "outer step")."""
     with open(run_dir + ".log") as f:
-        times = sorted(float(t) for t in re.findall(r"swarm: round \d+: .* in ([0-9.e-]+) s", f.read()))
-    return times[len(times) // 2] if times else None
-
-
-def outlier_rounds(run_dir):
-    """The rounds whose log line names at least one outlier, in RUN_DIR.log."""
-    with open(run_dir + ".log") as f:
-        return len(re.findall(r"swarm: round \d+ under \S+: \d+ outlier", f.read()))
+        text = f.read()
+    outliers = len(re.findall(r"swarm: round \d+ under \S+: \d+ outlier", text))
+    times = sorted(float(t) for t in re.findall(r"swarm: round \d+: .* in ([0-9.e-]+) s", text))
+    return outliers, (times[len(times) // 2] if times else None)
 
 
 def svg(results, rules, poisons, honest, path):
@@ -171,8 +168,9 @@ def main():
                                       common + ["--set", "swarm.target_batch_size=%d" % (4 * batch),
                                                 "--set", "swarm.aggregation=" + rule], envs, may_fail=rule == "mean")
             loss = last(dirs[0], "val_loss")  # None where the run stopped on a non-finite gradient
-            r = {"val_loss": float("nan") if loss is None else loss, "outlier_rounds": outlier_rounds(dirs[0]),
-                 "seconds": seconds, "round_s": round_seconds(dirs[0])}
+            outliers, round_s = log_figures(dirs[0])
+            r = {"val_loss": float("nan") if loss is None else loss, "outlier_rounds": outliers,
+                 "seconds": seconds, "round_s": round_s}
             measured["results"]["%s/%s" % (poison, rule)] = r
             print("%-6s %-14s val loss %.4f, %d rounds with an outlier (%.0f s)"
                   % (poison, rule, r["val_loss"], r["outlier_rounds"], seconds), flush=True)

@@ -73,7 +73,6 @@ struct Averager::Gather {
 // This member's owned part of one attempt: the contributions summed as they arrive.
 struct Averager::Slot {
   int64_t expected = 0, received = 0;  // contributions, this member's own included
-  int64_t numel = 0;
   std::unique_ptr<PartAggregator> aggregator;
   PartEncoding encoding;
   bool failed = false;
@@ -185,7 +184,7 @@ void Averager::serve_part(Channel& channel, const Message& first) {
   if (!slot || slot->failed) return;
   // A part of another size is refused before it is decoded (a sparse one names its size apart
   // from its bytes), and so is one summed by another rule.
-  const bool fits = slot->aggregator && part.numel == slot->numel;
+  const bool fits = slot->aggregator && part.numel == slot->aggregator->numel();
   const bool same_rule = part.rule == rule_.kind;
   const PartEncoding encoding = slot->encoding;
   lock.unlock();
@@ -252,8 +251,7 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
     slot = slot_for(token, true);
     slot->encoding = encoding;
     slot->expected = n;
-    slot->numel = own_end - own_begin;
-    slot->aggregator = std::make_unique<PartAggregator>(rule_, slot->numel);
+    slot->aggregator = std::make_unique<PartAggregator>(rule_, own_end - own_begin);
     slot->aggregator->add(my_id_, own, weight);
     slot->received = 1;
     changed_.notify_all();

@@ -238,10 +238,9 @@ PartMessage parse_part(const std::string& body, const std::string& from) {
   PartMessage part{field<std::string>(header, "token", from), bounded(header, "numel", 0, kMaxPartElements, from),
                    finite(header, "weight", 0, 1e300, from), finite(header, "wait_s", 0, kMaxWaitS, from),
                    Aggregation::mean, payload};
+  const std::string rule = field<std::string>(header, "rule", from);
   try {
-    part.rule = aggregation_from_name(field<std::string>(header, "rule", from));
-  } catch (const WireError&) {
-    throw;
+    part.rule = aggregation_from_name(rule);
   } catch (const Error&) {
     throw WireError("peer " + from + " sent a part under an unknown aggregation rule");
   }

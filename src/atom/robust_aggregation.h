@@ -70,6 +70,7 @@ class PartAggregator {
   // `values`: v_i = w_i x_i, float32 [numel].
   void add(const std::string& member, const at::Tensor& values, double weight);
   const AggregationRule& rule() const { return rule_; }
+  int64_t numel() const { return numel_; }
   double weight() const { return weight_; }
   // The rule's sum (W r) and, for every rule but mean, each member's screening in the order added.
   // Called once, after the last add().

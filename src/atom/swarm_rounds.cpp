@@ -132,6 +132,7 @@ at::Tensor Swarm::sent(const at::Tensor& contribution) {
 
 void Swarm::screen(const RoundResult& result) {
   if (result.screened.empty()) return;
+  const bool clipped = config_.swarm.aggregation == "centered_clip";
   int64_t outliers = 0;
   std::ostringstream line;
   for (const Screening& s : result.screened) {
@@ -144,9 +145,8 @@ void Swarm::screen(const RoundResult& result) {
                                 [&](const RoundMember& r) { return r.id == s.member; });
     line << (outliers > 1 ? "; " : "") << "member " << s.member << " ("
          << (m != result.members.end() ? m->address : "?") << ") "
-         << (config_.swarm.aggregation == "centered_clip" ? "clipped to " : "kept in ")
-         << format_percent(s.kept)
-         << (config_.swarm.aggregation == "centered_clip" ? " of its distance" : " of its entries");
+         << (clipped ? "clipped to " : "kept in ") << format_percent(s.kept)
+         << (clipped ? " of its distance" : " of its entries");
   }
   if (outliers > 0)
     say("round " + std::to_string(swarm_step_ + 1) + " under " + config_.swarm.aggregation + ": " +

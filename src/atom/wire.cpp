@@ -106,6 +106,12 @@ int find_psk(SSL* ssl, const unsigned char* id, size_t id_length, SSL_SESSION** 
 }
 
 SSL_CTX* make_context(bool server) {
+  // OpenSSL writes to the socket with write(), not send(..., MSG_NOSIGNAL): a write to a peer that
+  // died would raise SIGPIPE and end the process silently (a swarm test caught a peer dying so when
+  // the peer it sent to was killed), so, as comm/mesh.h does for a world of several ranks, the
+  // process ignores SIGPIPE from its first channel on and the write fails with EPIPE, a WireError
+  // naming the peer.
+  std::signal(SIGPIPE, SIG_IGN);
   SSL_CTX* ctx = SSL_CTX_new(server ? TLS_server_method() : TLS_client_method());
   require(ctx != nullptr, "cannot make a TLS context: ", openssl_reason());
   const bool ok = SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION) &&
@@ -122,13 +128,7 @@ SSL_CTX* make_context(bool server) {
 }
 
 // One context per side for the process (OpenSSL's contexts are safe to share once configured).
-// OpenSSL writes to the socket with write(), not send(..., MSG_NOSIGNAL): a write to a peer that
-// died would raise SIGPIPE and end the process silently (a swarm test caught a peer dying so when
-// the peer it sent to was killed), so the process ignores SIGPIPE from the first channel on and the
-// write fails with EPIPE, a WireError naming the peer.
 SSL_CTX* context(bool server) {
-  static const bool sigpipe_ignored = [] { return std::signal(SIGPIPE, SIG_IGN) != SIG_ERR; }();
-  require(sigpipe_ignored, "cannot ignore SIGPIPE for the swarm's channels");
   static SSL_CTX* const client_context = make_context(false);
   static SSL_CTX* const server_context = make_context(true);
   return server ? server_context : client_context;
