@@ -483,6 +483,15 @@ const std::vector<Row>& layouts() {
          c.train.grad_accum = 2;
        },
        &kFp32, false, true},
+      // The robust rules with two honest peers: CenteredClip clips neither (their distances to the
+      // median are equal) and a trimmed mean of two trims nothing, so both are the mean.
+      {"peers2_batch_centered_clip_sgd", 2,
+       [](Config& c) {
+         sgd(c);
+         c.swarm.aggregation = "centered_clip";
+       },
+       &kFp32, false, true},
+      {"peers2_batch_trimmed_mean", 2, [](Config& c) { c.swarm.aggregation = "trimmed_mean"; }, &kFp32, false, true},
       // fp16 peers (each its own masters and loss scale; the scale low enough that no step overflows
       // in either run, so both take every step) against fp16 on one process
       {"peers2_batch_fp16_sgd", 2,
