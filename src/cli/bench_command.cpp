@@ -33,7 +33,10 @@
 //   saved_activation_bytes  the most bytes autograd held at once for the blocks' backward during
 //                      the timed steps (memory/saved_activations.h: encoded size where
 //                      memory.activation_compression encodes, each storage once where kept; the
-//                      embedding's and the head's saved tensors not included), on any device.
+//                      embedding's and the head's saved tensors not included), on any device;
+//                      with memory.activation_offload, what was on the device (its copies on the
+//                      host in saved_activation_host_bytes, and the copies' timing in
+//                      activation_offload: memory/activation_offload.h).
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -50,6 +53,7 @@
 #include "comm/mesh.h"
 #include "core/error.h"
 #include "memory/host_memory_stats.h"
+#include "memory/activation_offload.h"
 #include "memory/saved_activations.h"
 #include "parallel/layout_check.h"
 #include "plan/stage_cut.h"
@@ -139,6 +143,7 @@ Command add_bench_command(CLI::App& app) {
         if (pp_down) pp_down->reset_traffic();
         host_memory::reset_peak();
         reset_saved_activation_peak();
+        reset_activation_offload_stats();
         step.runner().start_timing();
       }
       auto start = std::chrono::steady_clock::now();
@@ -152,6 +157,8 @@ Command add_bench_command(CLI::App& app) {
     const double comm_busy_s_per_step = dp ? dp->busy_seconds() / steps : 0.0;
     const int64_t peak_bytes = host_memory::peak() - bytes_before_model;
     const int64_t saved_bytes = saved_activation_bytes().peak;
+    const int64_t saved_host_bytes = saved_activation_bytes().host_peak;
+    const ActivationOffloadStats offloaded = activation_offload_stats();
     // The communication thread drops a finished operation (and the tensors it holds, such as the
     // step's all-gather inputs) just after waking its waiter; a barrier queues behind it.
     if (dp) dp->barrier();
@@ -217,6 +224,16 @@ Command add_bench_command(CLI::App& app) {
                           {"peak_bytes", peak_bytes},
                           {"saved_activation_bytes", saved_bytes},
                           {"activation_compression", config.memory.activation_compression}};
+    if (config.memory.activation_offload > 0) {
+      out["saved_activation_host_bytes"] = saved_host_bytes;
+      out["activation_offload"] = {{"blocks", config.memory.activation_offload},
+                                   {"stored_bytes_per_step", static_cast<double>(offloaded.stored_bytes) / steps},
+                                   {"store_s_per_step", offloaded.store_s / steps},
+                                   {"fetch_s_per_step", offloaded.fetch_s / steps},
+                                   {"fetch_wait_s_per_step", offloaded.fetch_wait_s / steps},
+                                   {"exposed_fetches_per_step", static_cast<double>(offloaded.exposed_fetches) / steps},
+                                   {"store_wait_s_per_step", offloaded.store_wait_s / steps}};
+    }
     // By operation; with dp = 1 the sp (or tp) group is also the gradients' group (all_reduce).
     auto bytes_by_op = [&](const comm::Group& group) {
       nlohmann::json by_op = nlohmann::json::object();
@@ -270,6 +287,12 @@ Command add_bench_command(CLI::App& app) {
                 peak_bytes / 1048576.0);
     std::printf("saved activations, rank 0: peak %.2f MiB (memory.activation_compression = %s)\n",
                 static_cast<double>(saved_bytes) / 1048576.0, config.memory.activation_compression.c_str());
+    if (config.memory.activation_offload > 0)
+      std::printf("offloaded activations, rank 0: host peak %.2f MiB; per step %.1f MiB stored, fetches %.1f ms of "
+                  "which %.1f ms waited for\n",
+                  static_cast<double>(saved_host_bytes) / 1048576.0,
+                  static_cast<double>(offloaded.stored_bytes) / steps / 1048576.0, 1e3 * offloaded.fetch_s / steps,
+                  1e3 * offloaded.fetch_wait_s / steps);
     return 0;
   };
 }

@@ -109,6 +109,7 @@ struct CheckpointOptions {
 struct MemoryOptions {
   std::string activation_checkpointing = "none";
   std::string activation_compression = "none";  // memory/activation_codec.h
+  int64_t activation_offload = 0;                // blocks whose saved activations wait on the host
   bool swap = false;                    // ATOM: the model in host memory, swapped through the device
   double device_budget_gb = 0;          // swap: device memory the plan may use
   double modelled_bandwidth_gbps = 16;  // swap on a CPU "device": the modelled host <-> device link
@@ -123,14 +124,18 @@ struct MemoryOptions {
       "how the tensors each block saves for its backward are kept: none, lossless (bool masks as bits), bf16 "
       "(float32 ones rounded), fp8 or int8 (per 32 elements of the last dimension, with a float32 scale; "
       "docs/memory.md)");
+    v("activation_offload", activation_offload,
+      "the first N blocks keep what they save for the backward in host memory between their forward and backward, "
+      "fetched back ahead of it on a copy stream (0 = none; model.n_layer = all; docs/memory.md)",
+      between(0, 1e6));
     v("swap", swap,
       "keep the model's weights, gradients and optimizer state in host memory and stream it through the device "
       "sub-model by sub-model with prefetch (ATOM; docs/swap.md)");
     v("device_budget_gb", device_budget_gb,
       "with swap: the device memory (GiB) the swap plan may use for sub-models and activations", between(0, 1e6));
     v("modelled_bandwidth_gbps", modelled_bandwidth_gbps,
-      "with swap on a CPU device: the host <-> device bandwidth (GB/s) the copies are throttled to (0 = unthrottled); "
-      "on CUDA the link is real", between(0, 1e6));
+      "with swap or activation_offload on a CPU device: the host <-> device bandwidth (GB/s) each way the copies are "
+      "throttled to (0 = unthrottled); on CUDA the link is real", between(0, 1e6));
     v("swap_blocks", swap_blocks,
       "with swap: blocks per sub-model, summing to model.n_layer (empty: the partitioner picks them)");
     v("swap_copies", swap_copies,

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -20,25 +21,38 @@ namespace tessera {
 namespace {
 
 std::atomic<bool> counting{false};
-std::atomic<int64_t> live_bytes{0}, peak_bytes{0};
+std::atomic<int64_t> live_bytes{0}, peak_bytes{0}, host_bytes{0}, host_peak_bytes{0};
 
-void add_live(int64_t bytes) {
-  const int64_t now = live_bytes.fetch_add(bytes) + bytes;
-  int64_t peak = peak_bytes.load();
-  while (now > peak && !peak_bytes.compare_exchange_weak(peak, now)) {
+void add_to(std::atomic<int64_t>& live, std::atomic<int64_t>& peak_of, int64_t bytes) {
+  const int64_t now = live.fetch_add(bytes) + bytes;
+  int64_t peak = peak_of.load();
+  while (now > peak && !peak_of.compare_exchange_weak(peak, now)) {
   }
 }
 
+void add_live(int64_t bytes) { add_to(live_bytes, peak_bytes, bytes); }
+
 }  // namespace
 
-// One saved tensor as held between forward and backward; the bytes it counted leave the live
-// total when the last node holding it is freed.
+void count_saved_bytes(int64_t device, int64_t host) {
+  if (device) add_to(live_bytes, peak_bytes, device);
+  if (host) add_to(host_bytes, host_peak_bytes, host);
+}
+
+bool counting_saved_activations() { return counting.load(); }
+
+// One saved tensor as held between forward and backward: its encoding, or its place in the
+// block's offload group. The bytes it counted leave the live total when the last node holding it
+// is freed (an offloaded one's are its group's to count).
 struct PackedActivation {
   EncodedTensor encoded;
+  std::shared_ptr<OffloadGroup> group;
+  size_t index = 0;
   int64_t counted = 0;
   ~PackedActivation() {
     if (counted) live_bytes.fetch_sub(counted);
   }
+  EncodedTensor held() const { return group ? group->get(index) : encoded; }
 };
 
 // What one saved tensor's hook holds: the packed data and, where the data is its storage's
@@ -49,7 +63,7 @@ struct SavedActivation {
   std::vector<int64_t> sizes, strides;
 
   at::Tensor unpack() const {
-    at::Tensor data = decode_activation(packed->encoded);
+    at::Tensor data = decode_activation(packed->held());
     return region ? data.as_strided(sizes, strides, data.storage_offset()) : data;
   }
 };
@@ -57,6 +71,7 @@ struct SavedActivation {
 struct SavedActivationScope::State {
   ActivationCodec codec = ActivationCodec::none;
   bool count = false;
+  std::shared_ptr<OffloadGroup> group;  // null: nothing offloaded
   std::unordered_set<const c10::StorageImpl*> weights;  // the module's parameters' storages
   // The encodings made in this scope, by the place in its storage of the tensor encoded (a dense
   // tensor's rows or the tensor itself) and its version: two views of the same elements (an
@@ -107,7 +122,8 @@ struct SavedActivationScope::State {
     const bool weight = is_weight(t);
     // A tensor outside the gradient's path (a rotary table, a float dropout mask) is kept whole:
     // it may be a constant many nodes share. Bool masks are packed as bits by every codec.
-    const bool encodable = codec != ActivationCodec::none && !weight && t.has_storage() &&
+    // Offload moves the same tensors (codec none keeps each as it is, a view of its region).
+    const bool encodable = (codec != ActivationCodec::none || group) && !weight && t.has_storage() &&
                            (t.requires_grad() || t.scalar_type() == at::kBool);
     SavedActivation saved;
     if (!encodable) {
@@ -141,7 +157,15 @@ struct SavedActivationScope::State {
           }
     saved.packed = std::make_shared<PackedActivation>();
     saved.packed->encoded = encode_activation(source, codec);
-    if (count) counted(*saved.packed);
+    if (group) {
+      const int64_t bytes = count ? saved.packed->encoded.bytes() : 0;
+      if (bytes) add_live(bytes);
+      saved.packed->index = group->add(std::move(saved.packed->encoded), bytes);
+      saved.packed->encoded = {};
+      saved.packed->group = group;
+    } else if (count) {
+      counted(*saved.packed);
+    }
     encoded.push_back({t.storage().getWeakStorageImpl(), source.storage_offset(), t._version(), source.sizes().vec(),
                        source.strides().vec(), saved.packed});
     return saved;
@@ -203,13 +227,36 @@ void install_hooking_engine() {
 
 }  // namespace
 
-SavedActivationScope::SavedActivationScope(ActivationCodec codec, const torch::nn::Module& module) {
+namespace {
+
+// The last block output this thread's scopes ended with, and that block's offload group: the next
+// block's scope finds the group when its input is that tensor (saved_activations.h).
+using WeakTensorImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+struct LastOutput {
+  std::optional<WeakTensorImpl> output;
+  std::weak_ptr<OffloadGroup> group;
+};
+thread_local LastOutput last_output;
+
+std::shared_ptr<OffloadGroup> group_that_made(const at::Tensor& input) {
+  if (!input.defined() || !last_output.output) return nullptr;
+  const auto made = last_output.output->lock();
+  return made.get() == input.unsafeGetTensorImpl() ? last_output.group.lock() : nullptr;
+}
+
+}  // namespace
+
+SavedActivationScope::SavedActivationScope(ActivationCodec codec, const torch::nn::Module& module,
+                                           std::shared_ptr<ActivationOffload> offload, const at::Tensor& input) {
+  if (!at::GradMode::is_enabled()) return;
+  previous_ = group_that_made(input);
   const bool count = counting.load();
-  if ((codec == ActivationCodec::none && !count) || !at::GradMode::is_enabled()) return;
+  if (codec == ActivationCodec::none && !count && !offload) return;
   install_hooking_engine();
   state_ = new State();
   state_->codec = codec;
   state_->count = count;
+  if (offload) state_->group = std::make_shared<OffloadGroup>(std::move(offload));
   for (const auto& p : module.parameters())
     if (p.has_storage()) state_->weights.insert(p.storage().unsafeGetStorageImpl());
   scopes.push_back(state_);
@@ -221,10 +268,33 @@ SavedActivationScope::~SavedActivationScope() {
   delete state_;
 }
 
+void SavedActivationScope::ended(const at::Tensor& output) {
+  if (!at::GradMode::is_enabled()) return;
+  std::shared_ptr<OffloadGroup> own = state_ != nullptr ? state_->group : nullptr;
+  if (own && own->empty()) own = nullptr;
+  if (own) own->store();
+  // Weak: autograd keeps a graph's nodes, and so their hooks, until the whole backward ends; the
+  // groups go with their last saved tensor.
+  if ((own || previous_) && output.requires_grad())
+    output.register_hook([own = std::weak_ptr<OffloadGroup>(own), previous = std::weak_ptr<OffloadGroup>(previous_)](
+                             const at::Tensor&) {
+      if (auto group = own.lock()) group->fetch();
+      if (auto group = previous.lock()) group->fetch();
+    });
+  last_output.group = own;
+  last_output.output.reset();
+  if (own) last_output.output.emplace(output.getIntrusivePtr());
+}
+
 void count_saved_activations(bool on) { counting.store(on); }
 
-SavedActivationBytes saved_activation_bytes() { return {live_bytes.load(), peak_bytes.load()}; }
+SavedActivationBytes saved_activation_bytes() {
+  return {live_bytes.load(), peak_bytes.load(), host_bytes.load(), host_peak_bytes.load()};
+}
 
-void reset_saved_activation_peak() { peak_bytes.store(live_bytes.load()); }
+void reset_saved_activation_peak() {
+  peak_bytes.store(live_bytes.load());
+  host_peak_bytes.store(host_bytes.load());
+}
 
 }  // namespace tessera

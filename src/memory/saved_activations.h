@@ -28,9 +28,18 @@
 // The unpack hook decodes it when the backward node runs (each time: the split backward of the
 // zero-bubble schedules unpacks a W's inputs after its I did).
 //
+// Offload (memory.activation_offload): a scope given an ActivationOffload puts every activation
+// it keeps (encoded, or as it is under codec none, but never a weight or a tensor off the
+// gradient's path) into one OffloadGroup (activation_offload.h), stored to the host by ended()
+// and fetched back by a hook on the block's output. A scope also remembers the group of the block
+// that made its input (the last block output this thread ended with, when the input is that
+// tensor): ended() hooks the output to fetch that group too, whether or not this block offloads,
+// so a block's copies come back during the backward of the block after it.
+//
 // Counting: with counting on (bench), every scope also counts the bytes its activations hold
 // (encoded size where encoded, each storage once when kept) from pack to the release of the last
-// node holding them; saved_activation_bytes() reads the live total and its peak.
+// node holding them; saved_activation_bytes() reads the live total and its peak, on the device
+// and, for offloaded groups, on the host.
 //
 // Invariants: scopes nest per thread (the innermost governs); a scope never packs while this
 // thread recomputes a checkpointed segment (memory/activation_checkpointing.h): those tensors are
@@ -38,18 +47,25 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include <torch/nn/module.h>
 
 #include "memory/activation_codec.h"
+#include "memory/activation_offload.h"
 
 namespace tessera {
 
 class SavedActivationScope {
  public:
-  // Does nothing when codec is none and counting is off, or grad mode is off.
-  SavedActivationScope(ActivationCodec codec, const torch::nn::Module& module);
+  // Saves nothing differently when codec is none, offload is null and counting is off, or grad
+  // mode is off. `input`: the block's input (to find the group of the block that made it).
+  SavedActivationScope(ActivationCodec codec, const torch::nn::Module& module,
+                       std::shared_ptr<ActivationOffload> offload = nullptr, const at::Tensor& input = {});
   ~SavedActivationScope();
+  // The block's forward ended with `output`: its offloaded activations leave for the host, and
+  // the gradient reaching `output` fetches them and the previous block's.
+  void ended(const at::Tensor& output);
   SavedActivationScope(const SavedActivationScope&) = delete;
   SavedActivationScope& operator=(const SavedActivationScope&) = delete;
 
@@ -57,16 +73,22 @@ class SavedActivationScope {
 
  private:
   State* state_ = nullptr;
+  std::shared_ptr<OffloadGroup> previous_;  // the group of the block that made the input
 };
 
 // Whether scopes count the bytes they save (off by default; the bench turns it on).
 void count_saved_activations(bool on);
 
 struct SavedActivationBytes {
-  int64_t live = 0;  // held now by backward nodes not yet run or freed
-  int64_t peak = 0;  // the most held at once since the last reset
+  int64_t live = 0;  // held now on the device by backward nodes not yet run or freed
+  int64_t peak = 0;  // the most held at once on the device since the last reset
+  int64_t host = 0;       // offloaded, held now in host memory
+  int64_t host_peak = 0;  // the most held at once in host memory since the last reset
 };
 SavedActivationBytes saved_activation_bytes();
 void reset_saved_activation_peak();
+// Moves the counts by these bytes (the scopes and activation_offload.h; only while counting).
+void count_saved_bytes(int64_t device, int64_t host);
+bool counting_saved_activations();
 
 }  // namespace tessera

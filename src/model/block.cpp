@@ -54,15 +54,21 @@ BlockOutput BlockImpl::run(const at::Tensor& x) {
 }
 
 BlockOutput BlockImpl::forward(const at::Tensor& x) {
-  SavedActivationScope saving(codec_, *this);
-  if (mode_ != CheckpointMode::full || !checkpoint_applies(x)) return run(x);
-  auto out = checkpoint(
-      [this](const TensorList& in) {
-        auto o = run(in[0]);
-        return TensorList{o.x, o.aux_loss};
-      },
-      TensorList{x});
-  return {out[0], out[1]};
+  SavedActivationScope saving(codec_, *this, offload_, x);
+  BlockOutput out;
+  if (mode_ != CheckpointMode::full || !checkpoint_applies(x)) {
+    out = run(x);
+  } else {
+    auto o = checkpoint(
+        [this](const TensorList& in) {
+          auto r = run(in[0]);
+          return TensorList{r.x, r.aux_loss};
+        },
+        TensorList{x});
+    out = {o[0], o[1]};
+  }
+  saving.ended(out.x);
+  return out;
 }
 
 }  // namespace tessera

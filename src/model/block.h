@@ -7,10 +7,13 @@
 // Activation checkpointing is applied from outside through set_checkpoint_mode: full recomputes
 // the whole block in backward, selective only the attention core. Compression of what autograd
 // saves (set_activation_codec) covers the whole forward, a fully checkpointed block's saved input
-// included (memory/saved_activations.h).
+// included, and so does its offload to host memory (set_activation_offload; memory/
+// saved_activations.h, memory/activation_offload.h).
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <utility>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
@@ -18,6 +21,7 @@
 
 #include "memory/activation_checkpointing.h"
 #include "memory/activation_codec.h"
+#include "memory/activation_offload.h"
 #include "model/attention.h"
 #include "model/dropout.h"
 #include "model/linear_attention.h"
@@ -39,6 +43,8 @@ class BlockImpl : public torch::nn::Module {
   BlockOutput forward(const at::Tensor& x);
   void set_checkpoint_mode(CheckpointMode mode);
   void set_activation_codec(ActivationCodec codec) { codec_ = codec; }
+  // Where the block's saved activations wait for its backward (null: on the device).
+  void set_activation_offload(std::shared_ptr<ActivationOffload> offload) { offload_ = std::move(offload); }
   // Where the block's dropout masks come from (model/dropout.h; default: the shared stream).
   void set_dropout_streams(const DropoutStreams& streams);
   ParameterSpecs parameter_specs() const;  // its submodules', under their names
@@ -56,6 +62,7 @@ class BlockImpl : public torch::nn::Module {
   DropoutStreams streams_;
   CheckpointMode mode_ = CheckpointMode::none;
   ActivationCodec codec_ = ActivationCodec::none;
+  std::shared_ptr<ActivationOffload> offload_;
 };
 TORCH_MODULE(Block);
 

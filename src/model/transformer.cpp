@@ -146,6 +146,10 @@ void TransformerLMImpl::set_activation_compression(const std::string& codec) {
   for (auto& [l, b] : blocks_) b->set_activation_codec(parsed);
 }
 
+void TransformerLMImpl::set_activation_offload(int64_t blocks, std::shared_ptr<ActivationOffload> offload) {
+  for (auto& [l, b] : blocks_) b->set_activation_offload(l < blocks ? offload : nullptr);
+}
+
 std::vector<std::pair<std::string, at::Tensor>> TransformerLMImpl::routing_state() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (int64_t layer : layers())

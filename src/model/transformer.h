@@ -124,6 +124,9 @@ class TransformerLMImpl : public torch::nn::Module {
   // "none" | "lossless" | "bf16" | "fp8" | "int8" (memory.activation_compression): how each block
   // keeps what autograd saves for its backward (memory/activation_codec.h).
   void set_activation_compression(const std::string& codec);
+  // The held blocks with a global index below `blocks` keep their saved activations in host memory
+  // between forward and backward, through `offload` (memory.activation_offload; null or 0: none).
+  void set_activation_offload(int64_t blocks, std::shared_ptr<ActivationOffload> offload);
 
   const ModelOptions& options() const { return opts_; }
   const ModelStage& stage() const { return stage_; }

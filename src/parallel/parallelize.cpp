@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/random_streams.h"
 #include "core/splitmix.h"
+#include "memory/activation_offload.h"
 #include "memory/storage.h"
 #include "memory/swap/swap_owner.h"
 #include "model/init.h"
@@ -89,9 +90,12 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
   const bool data_parallel = !layout_.swapped() && dims && (dims->dp() * sp_ > 1 || config.parallel.offload);
   const bool zero3_from_meta = data_parallel && config.parallel.zero_stage == 3;
   if (!zero3_from_meta) materialize(initial);
-  // 4. Activation checkpointing and compression inside every block.
+  // 4. Activation checkpointing, compression and offload inside every block.
   model_->set_activation_checkpointing(config.memory.activation_checkpointing);
   model_->set_activation_compression(config.memory.activation_compression);
+  if (config.memory.activation_offload > 0)
+    model_->set_activation_offload(config.memory.activation_offload,
+                                   std::make_shared<ActivationOffload>(device, config.memory.modelled_bandwidth_gbps * 1e9));
   // 5. The optimizer owner. Gradients are averaged over every rank holding a replica of the
   // parameters: the dp ranks, and with sequence parallelism also the sp ranks (each saw a
   // different chunk of the same sequences). ZeRO-Offload is DataParallel's, so it runs through it

@@ -35,6 +35,7 @@
 #include <sstream>
 #include <string>
 
+#include "memory/activation_offload.h"
 #include "comm/mesh.h"
 #include "distributed/dist_test.h"
 #include "parallel/pipeline/schedule_builders.h"
@@ -395,6 +396,68 @@ const std::vector<Row>& layouts() {
        [](Config& c) {
          c.memory.activation_checkpointing = "selective";
          c.memory.activation_compression = "fp8";
+       }},
+      // Saved activations in host memory between forward and backward (memory.activation_offload):
+      // lossless, so each layout matches one process that keeps them on the device, as it does
+      // without offload.
+      {"dp2_zero3_activation_offload_sgd", 2,
+       [](Config& c) {
+         sgd(c);
+         c.parallel.zero_stage = 3;
+         c.memory.activation_offload = 2;
+       }},
+      {"tp2_megatron_sp_activation_offload_sgd", 2,
+       [](Config& c) {
+         sgd(c);
+         c.parallel.tp = 2;
+         c.parallel.megatron_sp = true;
+         c.memory.activation_offload = 1;
+       }},
+      {"pp2_zbv_activation_offload_sgd_accum4", 2,
+       [](Config& c) {
+         sgd(c);
+         c.model.n_layer = 4;
+         c.parallel.pp = 2;
+         c.parallel.pp_schedule = "zbv";
+         c.train.grad_accum = 4;
+         c.memory.activation_offload = 4;
+       }},
+      {"pp2_1f1b_int8_activation_offload_accum4", 2,
+       [](Config& c) {
+         c.model.n_layer = 4;
+         c.parallel.pp = 2;
+         c.train.grad_accum = 4;
+         c.memory.activation_compression = "int8";
+         c.memory.activation_offload = 3;
+       }},
+      {"sp2_lasp_linear_activation_offload_sgd", 2,
+       [](Config& c) {
+         sgd(c);
+         c.model.arch = "linear";
+         c.parallel.sp = 2;
+         c.parallel.sp_method = "lasp";
+         c.memory.activation_offload = 2;
+       }},
+      {"mixtral_dp2_ep2_activation_offload_sgd", 2,
+       [](Config& c) {
+         mixtral(c);
+         sgd(c);
+         c.parallel.ep = 2;
+         c.memory.activation_offload = 1;
+       }},
+      {"swap_activation_offload_sgd_2_submodels_accum2", 1,
+       [](Config& c) {
+         sgd(c);
+         c.model.n_layer = 4;
+         swapped(c, {2, 2});
+         c.train.grad_accum = 2;
+         c.memory.activation_offload = 4;
+       },
+       &kExact},
+      {"dp2_activation_offload_full_checkpointing", 2,
+       [](Config& c) {
+         c.memory.activation_checkpointing = "full";
+         c.memory.activation_offload = 2;
        }},
       {"dp2_zero1_offload_sgd", 2,
        [](Config& c) {
@@ -1025,14 +1088,18 @@ TEST_P(Equivalence, MatchesOneProcess) {
   const ParallelDims dims(config.parallel, layout.ranks, layout.name);
   ASSERT_EQ(kRows % (dims.dp() * config.train.grad_accum), 0) << layout.name;
   auto mesh = comm::Mesh::connect(ranks.launch(), dims, config.parallel, c10::Device(at::kCPU));
+  reset_activation_offload_stats();
   const Trace parallel = layout.peers ? train_peers(config, *mesh) : train(config, mesh.get(), 0);
   if (ranks.rank() != 0) return;
+  if (config.memory.activation_offload > 0)
+    EXPECT_GT(activation_offload_stats().groups, 0) << layout.name << ": no block's activations went to the host";
 
   Config single = config;
   single.parallel = ParallelOptions();
   single.memory.swap = false;  // swapping is a layout too: the reference trains resident
   single.memory.device_budget_gb = 0;
   single.memory.swap_blocks.clear();
+  single.memory.activation_offload = 0;  // lossless: the reference keeps its activations on the device
   const Trace reference =
       train(single, nullptr, layout.merged_reference ? config.train.grad_accum : dims.dp() * config.train.grad_accum);
   const Tolerance& tol = *layout.tolerance;

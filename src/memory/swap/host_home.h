@@ -1,7 +1,7 @@
 // HostHome: the swap engine's home (memory/residency/home.h): every unit's values live in host
 // memory, and the device holds a unit between a fetch (its LOAD) and a release (its EVICT). The
 // residency layer (memory/residency/residency.h) drives it like ZeRO-3's sharded home; the swap
-// executor (swap_executor.h) is its driver. Its two copy streams are Workers (swap_streams.h):
+// executor (swap_executor.h) is its driver. Its two copy streams are Workers (memory/copy_streams.h):
 //
 //   load    fetch: the unit's load job (host -> device), after the Works it is given (the unit's
 //           release still in flight, its update still running on the host)
@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "memory/residency/home.h"
-#include "memory/swap/swap_streams.h"
+#include "memory/copy_streams.h"
 
 namespace tessera::swap {
 

@@ -34,7 +34,7 @@
 #include "memory/swap/host_home.h"
 #include "memory/swap/swap_plan.h"
 #include "memory/swap/swap_simulate.h"
-#include "memory/swap/swap_streams.h"
+#include "memory/copy_streams.h"
 
 namespace tessera::swap {
 

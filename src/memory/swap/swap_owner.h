@@ -48,7 +48,7 @@
 
 #include "memory/swap/host_home.h"
 #include "memory/swap/swap_plan.h"
-#include "memory/swap/swap_streams.h"
+#include "memory/copy_streams.h"
 #include "optim/optim_options.h"
 #include "optim/optimizer.h"
 #include "protocols/optimizer_owner.h"
@@ -60,7 +60,7 @@ class SwapOwner : public OptimizerOwner, public GradientHolder, public swap::Hos
   // `params`: the model's named parameters, float32 on the host (the model was built there);
   // `blocks`: each parameter's block (its declaration's, model/parameter_spec.h), -1 for the ends;
   // `boundaries`: K + 1 block indices, sub-model i holds blocks [boundaries[i], boundaries[i+1]).
-  // `modelled_bandwidth`: bytes per second of the CPU "device"'s link (swap_streams.h).
+  // `modelled_bandwidth`: bytes per second of the CPU "device"'s link (memory/copy_streams.h).
   // `replicas`: the data-parallel group of swapped replicas (outlives this), or null.
   // `bf16_copies`: LOADs move bf16 copies of the masters (memory.swap_copies), kept beside them.
   SwapOwner(const NamedParams& params, const std::vector<int64_t>& blocks, std::vector<int64_t> boundaries, const OptimOptions& optim, c10::Device device,
@@ -140,7 +140,7 @@ class SwapOwner : public OptimizerOwner, public GradientHolder, public swap::Hos
   c10::Device device_;
   comm::Group* replicas_;
   at::Tensor master_buffer_, grad_buffer_, staging_, copies_;
-  swap::CopyLink load_link_, store_link_;
+  CopyLink load_link_, store_link_;
   std::function<void()> settle_;
 };
 

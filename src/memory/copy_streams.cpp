@@ -1,5 +1,5 @@
-// Workers and copy links of the swap engine (swap_streams.h).
-#include "memory/swap/swap_streams.h"
+// Workers and copy links of the swap engine (memory/copy_streams.h).
+#include "memory/copy_streams.h"
 
 #include <chrono>
 
@@ -9,7 +9,7 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
-namespace tessera::swap {
+namespace tessera {
 
 Worker::Worker(std::string name) : name_(std::move(name)), thread_([this] { loop(); }) {}
 
@@ -97,4 +97,4 @@ std::function<void()> CopyLink::job(std::function<void(bool non_blocking)> copie
   };
 }
 
-}  // namespace tessera::swap
+}  // namespace tessera

@@ -1,6 +1,7 @@
-// The streams of the swap engine (issue 14): the compute stream is the calling thread (and, on
-// CUDA, its current stream); the load, store and host streams are Workers, each a thread running
-// its jobs one at a time in submission order, so a stream's actions keep the plan's issue order.
+// Copy streams between the host and the device, shared by the swap engine (memory/swap/) and
+// activation offload (activation_offload.h). The compute stream is the calling thread (and, on
+// CUDA, its current stream); every other stream is a Worker, a thread running its jobs one at a
+// time in submission order, so a stream's actions keep their issue order.
 // A job's future (Ticket) is ready when the job's effect is complete: a copy's data is at its
 // destination (CUDA: the copy's event was synchronized before the job returns), an update is
 // applied. Waiting on a Ticket rethrows the job's exception.
@@ -13,7 +14,7 @@
 //   CPU "device"   the same copies as plain memory copies; with a modelled bandwidth (bytes per
 //                  second) a batch of `bytes` lasts at least bytes / bandwidth (the copy, then a
 //                  sleep for the rest), so overlap and exposure behave as over a real link.
-// One code path drives both: the executor submits the same jobs, only the link differs.
+// One code path drives both: the callers submit the same jobs, only the link differs.
 #pragma once
 
 #include <condition_variable>
@@ -27,7 +28,7 @@
 
 #include <c10/core/Device.h>
 
-namespace tessera::swap {
+namespace tessera {
 
 using Ticket = std::shared_future<void>;
 
@@ -74,4 +75,4 @@ class CopyLink {
   std::unique_ptr<Cuda> cuda_;
 };
 
-}  // namespace tessera::swap
+}  // namespace tessera

@@ -1,0 +1,171 @@
+// Saved activations in host memory between a block's forward and backward (activation_offload.h).
+#include "memory/activation_offload.h"
+
+#include <chrono>
+#include <utility>
+
+#include <ATen/ATen.h>
+
+#include "memory/saved_activations.h"
+
+namespace tessera {
+namespace {
+
+// An empty tensor like `t` at `where` (pinned when it is the host of a CUDA device).
+at::Tensor empty_like_at(const at::Tensor& t, c10::Device where, bool pinned) {
+  if (!t.defined()) return t;
+  return at::empty(t.sizes(), t.options().device(where).pinned_memory(pinned));
+}
+
+EncodedTensor empty_encoding_at(const EncodedTensor& e, c10::Device where, bool pinned) {
+  EncodedTensor out = e;
+  out.data = empty_like_at(e.data, where, pinned);
+  out.scales = empty_like_at(e.scales, where, pinned);
+  return out;
+}
+
+// Copies every defined tensor of `from` into the matching one of `to`.
+void copy_encodings(std::vector<EncodedTensor>& to, const std::vector<EncodedTensor>& from, bool non_blocking) {
+  for (size_t i = 0; i < to.size(); ++i) {
+    if (to[i].data.defined()) to[i].data.copy_(from[i].data, non_blocking);
+    if (to[i].scales.defined()) to[i].scales.copy_(from[i].scales, non_blocking);
+  }
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::mutex stats_mutex;
+ActivationOffloadStats stats;
+
+template <class F>
+void update_stats(F&& change) {
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  change(stats);
+}
+
+}  // namespace
+
+ActivationOffloadStats activation_offload_stats() {
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  return stats;
+}
+
+void reset_activation_offload_stats() {
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  stats = {};
+}
+
+ActivationOffload::ActivationOffload(c10::Device device, double modelled_bandwidth)
+    : device_(device), store_link_(device, modelled_bandwidth), load_link_(device, modelled_bandwidth) {}
+
+ActivationOffload::~ActivationOffload() {
+  store_.drain();
+  load_.drain();
+}
+
+OffloadGroup::OffloadGroup(std::shared_ptr<ActivationOffload> offload) : offload_(std::move(offload)) {}
+
+OffloadGroup::~OffloadGroup() {
+  // The jobs hold what they copy; waiting keeps the counts exact (a group is freed before its
+  // store ended only when a graph is dropped without its backward).
+  const auto start = std::chrono::steady_clock::now();
+  bool waited = false;
+  if (store_ticket_.valid()) {
+    waited = store_ticket_.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
+    store_ticket_.wait();
+  }
+  if (fetch_ticket_.valid()) fetch_ticket_.wait();
+  if (waited) update_stats([&](ActivationOffloadStats& s) { s.store_wait_s += seconds_since(start); });
+  if (!counted_) return;
+  if (!stored_) count_saved_bytes(-counted_, 0);
+  else if (fetched_issued_) count_saved_bytes(-counted_, host_freed_ ? 0 : -counted_);
+  else count_saved_bytes(0, -counted_);
+}
+
+size_t OffloadGroup::add(EncodedTensor encoded, int64_t counted) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  counted_ += counted;
+  entries_.push_back(std::move(encoded));
+  return entries_.size() - 1;
+}
+
+void OffloadGroup::store() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stored_ || entries_.empty()) return;
+  stored_ = true;
+  const bool pinned = offload_->device_.is_cuda();
+  auto device = std::make_shared<std::vector<EncodedTensor>>(std::move(entries_));
+  entries_.clear();
+  int64_t bytes = 0;
+  for (const EncodedTensor& e : *device) {
+    entries_.push_back(empty_encoding_at(e, c10::Device(at::kCPU), pinned));
+    bytes += e.bytes();
+  }
+  update_stats([&](ActivationOffloadStats& s) {
+    s.groups += 1;
+    s.stored_bytes += bytes;
+  });
+  auto copy = offload_->store_link_.job(
+      [device, host = entries_](bool non_blocking) mutable { copy_encodings(host, *device, non_blocking); },
+      static_cast<double>(bytes));
+  store_ticket_ = offload_->store_.submit([copy = std::move(copy), device, counted = counted_] {
+    const auto start = std::chrono::steady_clock::now();
+    copy();  // complete when it returns (CUDA: its event synchronized)
+    update_stats([&](ActivationOffloadStats& s) { s.store_s += seconds_since(start); });
+    device->clear();  // the device copies go
+    count_saved_bytes(-counted, counted);
+  });
+}
+
+void OffloadGroup::fetch() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  fetch_locked(lock);
+}
+
+void OffloadGroup::fetch_locked(std::unique_lock<std::mutex>&) {
+  if (fetched_issued_ || !stored_) return;
+  fetched_issued_ = true;
+  int64_t bytes = 0;
+  for (const EncodedTensor& e : entries_) {
+    fetched_.push_back(empty_encoding_at(e, offload_->device_, false));
+    bytes += e.bytes();
+  }
+  count_saved_bytes(counted_, 0);
+  Ticket stored = store_ticket_;
+  store_ticket_ = {};  // the fetch job waits for it; ~OffloadGroup waits for the fetch
+  auto copy = offload_->load_link_.job([host = entries_, device = fetched_](bool non_blocking) mutable {
+    copy_encodings(device, host, non_blocking);
+  }, static_cast<double>(bytes));
+  fetch_ticket_ = offload_->load_.submit([stored, copy = std::move(copy)] {
+    stored.get();  // rethrows the store's failure
+    const auto start = std::chrono::steady_clock::now();
+    copy();
+    update_stats([&](ActivationOffloadStats& s) { s.fetch_s += seconds_since(start); });
+  });
+}
+
+EncodedTensor OffloadGroup::get(size_t index) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!stored_) return entries_.at(index);  // the block's forward has not ended (a recomputation)
+  if (!fetched_issued_) {
+    fetch_locked(lock);
+    update_stats([](ActivationOffloadStats& s) { s.exposed_fetches += 1; });
+  }
+  Ticket ticket = fetch_ticket_;
+  lock.unlock();
+  const auto start = std::chrono::steady_clock::now();
+  ticket.get();
+  const double waited = seconds_since(start);
+  lock.lock();
+  update_stats([&](ActivationOffloadStats& s) { s.fetch_wait_s += waited; });
+  if (!host_freed_) {
+    host_freed_ = true;
+    for (EncodedTensor& e : entries_) e.data = e.scales = at::Tensor();
+    if (counted_) count_saved_bytes(0, -counted_);
+  }
+  return fetched_.at(index);
+}
+
+}  // namespace tessera
