@@ -422,8 +422,9 @@ const std::vector<Row>& layouts() {
          c.train.grad_accum = 4;
          c.memory.activation_offload = 4;
        }},
-      {"pp2_1f1b_int8_activation_offload_accum4", 2,
+      {"pp2_1f1b_int8_activation_offload_sgd_accum4", 2,
        [](Config& c) {
+         sgd(c);
          c.model.n_layer = 4;
          c.parallel.pp = 2;
          c.train.grad_accum = 4;
