@@ -44,7 +44,7 @@
 // steps.
 //
 // Not modelled (refused by key, so no prediction silently leaves them out):
-// memory.activation_compression, file: schedules, low-rank pseudo-gradients.
+// memory.activation_compression, memory.activation_offload, file: schedules, low-rank pseudo-gradients.
 #pragma once
 
 #include <cstdint>

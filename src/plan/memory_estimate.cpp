@@ -92,7 +92,10 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   Config whole = config;
   whole.memory.activation_checkpointing = "none";
   const bool full = config.memory.activation_checkpointing == "full";
-  double per_token = 0, recomputed = 0;
+  // Blocks below memory.activation_offload keep theirs in host memory; the device holds at most two
+  // of their groups at once (one stored or used, the next fetched ahead), of one micro-batch.
+  double per_token = 0, recomputed = 0, offloaded = 0, offloaded_largest = 0;
+  int64_t offloaded_blocks = 0;
   std::map<bool, double> stored;  // by whether the block is an MoE block
   for (const int64_t layer : stage.layers(m)) {
     const bool moe = m.is_moe_block(layer);
@@ -101,12 +104,20 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
       it = stored.emplace(moe, block_activation_bytes_per_token(config, dims, layer, element_bytes)).first;
       if (full) recomputed = std::max(recomputed, block_activation_bytes_per_token(whole, dims, layer, element_bytes));
     }
-    per_token += it->second;
+    if (layer < config.memory.activation_offload) {
+      offloaded += it->second;
+      offloaded_largest = std::max(offloaded_largest, it->second);
+      ++offloaded_blocks;
+    } else {
+      per_token += it->second;
+    }
   }
   const double chunks = stage.whole() ? 1.0 : static_cast<double>(stage.chunks.size());
-  e.activation_bytes_per_token = per_token / chunks * held;
-  e.activation_bytes_per_micro_batch =
-      (e.activation_bytes_per_token + recomputed) * static_cast<double>(config.train.batch_size * tokens);
+  const double in_flight = static_cast<double>(std::min<int64_t>(offloaded_blocks, 2)) * offloaded_largest;
+  e.activation_bytes_per_token = per_token / chunks * held + in_flight;
+  const double micro_batch_tokens = static_cast<double>(config.train.batch_size * tokens);
+  e.activation_bytes_per_micro_batch = (e.activation_bytes_per_token + recomputed) * micro_batch_tokens;
+  e.activation_host_bytes = offloaded / chunks * held * micro_batch_tokens;
   return e;
 }
 
@@ -196,6 +207,10 @@ std::string describe_memory_estimate(const Config& config, const ParallelDims& d
                                    : "  activations      %12s per micro-batch of %lld x %lld tokens (%s per token)\n",
               format_bytes(e.activation_bytes_per_micro_batch).c_str(), static_cast<long long>(config.train.batch_size),
               static_cast<long long>(config.train.seq_len / dims.sp()), format_bytes(e.activation_bytes_per_token).c_str());
+  if (config.memory.activation_offload > 0)
+    out += line("  offloaded        %12s of activations in host memory (memory.activation_offload = %lld blocks; the "
+                "device term holds two of them in flight)\n",
+                format_bytes(e.activation_host_bytes).c_str(), static_cast<long long>(config.memory.activation_offload));
   out += line("  device total     %12s\n", format_bytes(e.device_bytes()).c_str());
   if (config.memory.swap)
     out += line("memory.swap = true: the figures above are what the model would hold resident; swapped, the device "

@@ -20,7 +20,9 @@
 //                full keeps the block input, and its backward holds one block's whole activations
 //                beside them while it recomputes it (per micro-batch, not per token);
 //                memory.activation_compression takes each element at
-//                its encoding's bytes (bf16: 2 of float32's 4; int8, fp8: 1.125).
+//                its encoding's bytes (bf16: 2 of float32's 4; int8, fp8: 1.125);
+//                memory.activation_offload moves the first blocks' to the host, leaving two of
+//                them (of one micro-batch) in flight on the device.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +45,7 @@ struct MemoryEstimate {
   bool optimizer_on_host = false;
   double activation_bytes_per_token = 0;  // all of this rank's blocks, per token of its sequence chunk
   double activation_bytes_per_micro_batch = 0;  // x train.batch_size x (seq_len / sp)
+  double activation_host_bytes = 0;  // memory.activation_offload: what waits in host memory at the peak
   // With parallel.pp > 1: the pipeline rank these numbers are for (the one that needs the most),
   // the micro-batches' activations (x one stage) its schedule holds at its peak, which the
   // activation terms include, and the cut and schedule as text. pipeline_rank -1: no pipeline.

@@ -31,6 +31,10 @@ struct SwapCosts {
   swap::SubModel ends;
   double bandwidth = 0;           // bytes per second
   double gradients_stored_s = 0;  // the host's pass over every gradient (swap::SwapPlan's)
+  // memory.activation_offload: the offloaded blocks hold no activations from forward to backward
+  // (their SubModel's activation_bytes are 0); two of them are in flight on the device at a time
+  // (memory/activation_offload.h), which plan_swap keeps out of the budget.
+  double offload_in_flight_bytes = 0;
 };
 
 SwapCosts measure_swap_costs(const Config& config, c10::Device device);

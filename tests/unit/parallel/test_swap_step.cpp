@@ -134,6 +134,24 @@ TEST(SwapStep, HostMemoryIsPredictedAndAHostTooSmallIsRefused) {
                                   {"memory.swap", "host memory", "optimizer state (adamw)"}));
 }
 
+// memory.activation_offload under swap: the offloaded blocks hold no activations from forward to
+// backward in the plan, and two of them in flight come out of the budget.
+TEST(SwapStep, ThePlanCountsOffloadedActivationsOffTheDevice) {
+  Config c = tiny(true);
+  c.memory.swap_blocks.clear();
+  const SwapCosts resident = measure_swap_costs(c, c10::Device(at::kCPU));
+  c.memory.activation_offload = 2;
+  const SwapCosts offloaded = measure_swap_costs(c, c10::Device(at::kCPU));
+  ASSERT_EQ(offloaded.blocks.size(), 3u);
+  EXPECT_EQ(offloaded.blocks[0].activation_bytes, 0);
+  EXPECT_EQ(offloaded.blocks[1].activation_bytes, 0);
+  EXPECT_GT(offloaded.blocks[2].activation_bytes, 0);
+  EXPECT_EQ(offloaded.offload_in_flight_bytes,
+            2 * std::max(resident.blocks[0].activation_bytes, resident.blocks[1].activation_bytes));
+  EXPECT_EQ(plan_swap(c, offloaded).device_budget_bytes,
+            plan_swap(c, resident).device_budget_bytes - offloaded.offload_in_flight_bytes);
+}
+
 TEST(SwapStep, LayoutsItCannotTrainAreRefusedByKey) {
   Config c = tiny(true);
   c.parallel.tp = 2;

@@ -62,5 +62,25 @@ TEST(MemoryFits, CompressedActivationsShrinkTheEstimateByTheirEncoding) {
   }
 }
 
+// memory.activation_offload: the offloaded blocks' activations move to the host, two of them in
+// flight stay on the device.
+TEST(MemoryFits, OffloadedActivationsLeaveTwoBlocksInFlightOnTheDevice) {
+  const Config plain = Config::load(test::source_path("configs/gpt2_124m.toml"), {});
+  const ParallelDims dims(plain.parallel, 1, "test");
+  const MemoryEstimate none = estimate_memory(plain, make_layout(plain, dims));
+  const double block = none.activation_bytes_per_micro_batch / static_cast<double>(plain.model.n_layer);
+  for (const int64_t offload : {1, 6, 12}) {
+    Config c = plain;
+    c.memory.activation_offload = offload;
+    const MemoryEstimate e = estimate_memory(c, make_layout(c, dims));
+    const double in_flight = static_cast<double>(std::min<int64_t>(offload, 2));
+    EXPECT_NEAR(e.activation_bytes_per_micro_batch, block * (static_cast<double>(plain.model.n_layer - offload) + in_flight),
+                1e-6 * block) << offload;
+    EXPECT_NEAR(e.activation_host_bytes, block * static_cast<double>(offload), 1e-6 * block) << offload;
+    EXPECT_NE(describe_memory_estimate(c, dims, e).find("memory.activation_offload = " + std::to_string(offload)),
+              std::string::npos);
+  }
+}
+
 }  // namespace
 }  // namespace tessera
