@@ -36,7 +36,8 @@
 //                      embedding's and the head's saved tensors not included), on any device;
 //                      with memory.activation_offload, what was on the device (its copies on the
 //                      host in saved_activation_host_bytes, and the copies' timing in
-//                      activation_offload: memory/activation_offload.h).
+//                      activation_offload: memory/activation_offload.h, with the last step's
+//                      trace as [what, group, start, end] in seconds from its start).
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -133,6 +134,7 @@ Command add_bench_command(CLI::App& app) {
     if (device.is_cuda())
       for (Batch& b : batches) b = prepared_for_copy(b, /*pin=*/true);
     std::vector<double> seconds;
+    double offload_trace_start = 0;  // the last step's start, on the offload trace's clock
     for (int64_t i = 0; i < args->warmup + args->steps; ++i) {
       if (i == args->warmup) {
         if (dp) dp->reset_traffic();
@@ -146,11 +148,17 @@ Command add_bench_command(CLI::App& app) {
         reset_activation_offload_stats();
         step.runner().start_timing();
       }
+      const bool traced_step = config.memory.activation_offload > 0 && i + 1 == args->warmup + args->steps;
+      if (traced_step) {
+        trace_activation_offload(true);
+        offload_trace_start = steady_seconds();
+      }
       auto start = std::chrono::steady_clock::now();
       step.run(batches, config.optim.lr);
       if (device.is_cuda()) torch::cuda::synchronize();
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (i >= args->warmup) seconds.push_back(s);
+      if (traced_step) trace_activation_offload(false);
     }
     const double steps = static_cast<double>(args->steps);
     const double comm_bytes_per_step = dp ? static_cast<double>(dp->bytes_sent()) / steps : 0.0;
@@ -233,6 +241,10 @@ Command add_bench_command(CLI::App& app) {
                                    {"fetch_wait_s_per_step", offloaded.fetch_wait_s / steps},
                                    {"exposed_fetches_per_step", static_cast<double>(offloaded.exposed_fetches) / steps},
                                    {"store_wait_s_per_step", offloaded.store_wait_s / steps}};
+      nlohmann::json trace = nlohmann::json::array();  // the last step's, in seconds from its start
+      for (const OffloadEvent& e : activation_offload_trace())
+        trace.push_back({e.what, e.group, e.start - offload_trace_start, e.end - offload_trace_start});
+      out["activation_offload"]["trace"] = trace;
     }
     // By operation; with dp = 1 the sp (or tp) group is also the gradients' group (all_reduce).
     auto bytes_by_op = [&](const comm::Group& group) {

@@ -1,6 +1,7 @@
 // Saved activations in host memory between a block's forward and backward (activation_offload.h).
 #include "memory/activation_offload.h"
 
+#include <atomic>
 #include <chrono>
 #include <utility>
 
@@ -38,6 +39,14 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 std::mutex stats_mutex;
 ActivationOffloadStats stats;
+bool tracing = false;
+std::vector<OffloadEvent> trace;
+std::atomic<int64_t> next_group{0};
+
+void traced(const char* what, int64_t group, double start, double end) {
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  if (tracing) trace.push_back({what, group, start, end});
+}
 
 template <class F>
 void update_stats(F&& change) {
@@ -57,6 +66,21 @@ void reset_activation_offload_stats() {
   stats = {};
 }
 
+void trace_activation_offload(bool on) {
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  tracing = on;
+  if (on) trace.clear();
+}
+
+std::vector<OffloadEvent> activation_offload_trace() {
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  return trace;
+}
+
+double steady_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 ActivationOffload::ActivationOffload(c10::Device device, double modelled_bandwidth)
     : device_(device), store_link_(device, modelled_bandwidth), load_link_(device, modelled_bandwidth) {}
 
@@ -65,7 +89,13 @@ ActivationOffload::~ActivationOffload() {
   load_.drain();
 }
 
-OffloadGroup::OffloadGroup(std::shared_ptr<ActivationOffload> offload) : offload_(std::move(offload)) {}
+OffloadGroup::OffloadGroup(std::shared_ptr<ActivationOffload> offload)
+    : offload_(std::move(offload)), id_(next_group.fetch_add(1)), made_(steady_seconds()) {}
+
+void OffloadGroup::backward_starts() {
+  const double now = steady_seconds();
+  traced("backward", id_, now, now);
+}
 
 OffloadGroup::~OffloadGroup() {
   // The jobs hold what they copy; waiting keeps the counts exact (a group is freed before its
@@ -95,6 +125,7 @@ void OffloadGroup::store() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (stored_ || entries_.empty()) return;
   stored_ = true;
+  traced("forward", id_, made_, steady_seconds());
   const bool pinned = offload_->device_.is_cuda();
   auto device = std::make_shared<std::vector<EncodedTensor>>(std::move(entries_));
   entries_.clear();
@@ -110,10 +141,12 @@ void OffloadGroup::store() {
   auto copy = offload_->store_link_.job(
       [device, host = entries_](bool non_blocking) mutable { copy_encodings(host, *device, non_blocking); },
       static_cast<double>(bytes));
-  store_ticket_ = offload_->store_.submit([copy = std::move(copy), device, counted = counted_] {
-    const auto start = std::chrono::steady_clock::now();
+  store_ticket_ = offload_->store_.submit([copy = std::move(copy), device, counted = counted_, id = id_] {
+    const double start = steady_seconds();
     copy();  // complete when it returns (CUDA: its event synchronized)
-    update_stats([&](ActivationOffloadStats& s) { s.store_s += seconds_since(start); });
+    const double end = steady_seconds();
+    update_stats([&](ActivationOffloadStats& s) { s.store_s += end - start; });
+    traced("store", id, start, end);
     device->clear();  // the device copies go
     count_saved_bytes(-counted, counted);
   });
@@ -138,11 +171,13 @@ void OffloadGroup::fetch_locked(std::unique_lock<std::mutex>&) {
   auto copy = offload_->load_link_.job([host = entries_, device = fetched_](bool non_blocking) mutable {
     copy_encodings(device, host, non_blocking);
   }, static_cast<double>(bytes));
-  fetch_ticket_ = offload_->load_.submit([stored, copy = std::move(copy)] {
+  fetch_ticket_ = offload_->load_.submit([stored, copy = std::move(copy), id = id_] {
     stored.get();  // rethrows the store's failure
-    const auto start = std::chrono::steady_clock::now();
+    const double start = steady_seconds();
     copy();
-    update_stats([&](ActivationOffloadStats& s) { s.fetch_s += seconds_since(start); });
+    const double end = steady_seconds();
+    update_stats([&](ActivationOffloadStats& s) { s.fetch_s += end - start; });
+    traced("fetch", id, start, end);
   });
 }
 
@@ -155,9 +190,10 @@ EncodedTensor OffloadGroup::get(size_t index) {
   }
   Ticket ticket = fetch_ticket_;
   lock.unlock();
-  const auto start = std::chrono::steady_clock::now();
+  const double start = steady_seconds();
   ticket.get();
-  const double waited = seconds_since(start);
+  const double end = steady_seconds(), waited = end - start;
+  if (waited > 1e-5) traced("wait", id_, start, end);
   lock.lock();
   update_stats([&](ActivationOffloadStats& s) { s.fetch_wait_s += waited; });
   if (!host_freed_) {

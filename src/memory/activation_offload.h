@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include <c10/core/Device.h>
@@ -57,6 +58,19 @@ struct ActivationOffloadStats {
 // Every ActivationOffload of the process, since the last reset.
 ActivationOffloadStats activation_offload_stats();
 void reset_activation_offload_stats();
+
+// A timeline of the offload (bench): while tracing, every group records its block's forward (from
+// the scope's start to its store), its store and fetch copies, the start of its backward (the hook
+// on its output) and every wait of an unpack, on the steady clock, in seconds since its epoch.
+struct OffloadEvent {
+  std::string what;  // "forward", "store", "fetch", "backward", "wait"
+  int64_t group = 0;  // groups numbered as made
+  double start = 0, end = 0;
+};
+// Starts a new trace (clearing the last) or stops tracing.
+void trace_activation_offload(bool on);
+std::vector<OffloadEvent> activation_offload_trace();
+double steady_seconds();
 
 class ActivationOffload {
  public:
@@ -89,10 +103,14 @@ class OffloadGroup {
   void fetch();
   // Encoding `index` on the device.
   EncodedTensor get(size_t index);
+  // The gradient reached the block's output (traced as the start of its backward).
+  void backward_starts();
 
  private:
   void fetch_locked(std::unique_lock<std::mutex>& lock);
   std::shared_ptr<ActivationOffload> offload_;
+  int64_t id_ = 0;
+  double made_ = 0;  // when the block's forward began (steady_seconds)
   std::mutex mutex_;
   std::vector<EncodedTensor> entries_;  // until store(): on the device; after: the host copies
   std::vector<EncodedTensor> fetched_;  // after fetch(): the device copies being filled

@@ -278,12 +278,24 @@ void SavedActivationScope::ended(const at::Tensor& output) {
   if ((own || previous_) && output.requires_grad())
     output.register_hook([own = std::weak_ptr<OffloadGroup>(own), previous = std::weak_ptr<OffloadGroup>(previous_)](
                              const at::Tensor&) {
-      if (auto group = own.lock()) group->fetch();
+      if (auto group = own.lock()) {
+        group->backward_starts();
+        group->fetch();
+      }
       if (auto group = previous.lock()) group->fetch();
     });
   last_output.group = own;
   last_output.output.reset();
   if (own) last_output.output.emplace(output.getIntrusivePtr());
+}
+
+void fetch_when_gradient_reaches(const at::Tensor& input, const at::Tensor& output) {
+  if (!at::GradMode::is_enabled() || !output.requires_grad()) return;
+  const std::weak_ptr<OffloadGroup> group = group_that_made(input);
+  if (group.expired()) return;
+  output.register_hook([group](const at::Tensor&) {
+    if (auto g = group.lock()) g->fetch();
+  });
 }
 
 void count_saved_activations(bool on) { counting.store(on); }

@@ -34,7 +34,8 @@
 // and fetched back by a hook on the block's output. A scope also remembers the group of the block
 // that made its input (the last block output this thread ended with, when the input is that
 // tensor): ended() hooks the output to fetch that group too, whether or not this block offloads,
-// so a block's copies come back during the backward of the block after it.
+// so a block's copies come back during the backward of the block after it (the last block's
+// during the head's: fetch_when_gradient_reaches).
 //
 // Counting: with counting on (bench), every scope also counts the bytes its activations hold
 // (encoded size where encoded, each storage once when kept) from pack to the release of the last
@@ -75,6 +76,10 @@ class SavedActivationScope {
   State* state_ = nullptr;
   std::shared_ptr<OffloadGroup> previous_;  // the group of the block that made the input
 };
+
+// The group of the block that made `input` (when it offloads) is fetched when the gradient reaches
+// `output`: the model's head gives the last block's fetch the head's backward as lead.
+void fetch_when_gradient_reaches(const at::Tensor& input, const at::Tensor& output);
 
 // Whether scopes count the bytes they save (off by default; the bench turns it on).
 void count_saved_activations(bool on);

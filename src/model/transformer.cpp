@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
+#include "memory/saved_activations.h"
 #include "model/cross_entropy.h"
 #include "model/dropout.h"
 #include "model/hook_slot.h"
@@ -245,6 +246,7 @@ ModelOutput TransformerLMImpl::head(const at::Tensor& x, const at::Tensor& targe
   out.aux_loss = aux_loss;
   through_end_wrappers(ModelPart::head(), [&] {
     out.logits = hooks.logits ? hooks.logits(ln_f(x)) : linear(ln_f->for_matmul(x), head_weight(), at::Tensor());
+    fetch_when_gradient_reaches(x, out.logits);  // an offloaded last block comes back during the head's backward
     if (targets.defined()) {
       out.ce_loss = hooks.cross_entropy
                         ? hooks.cross_entropy(out.logits, targets)
