@@ -1,11 +1,14 @@
 // The blocks' saved activations in host memory between forward and backward
 // (memory.activation_offload; memory/activation_offload.h): every gradient is bit-identical to the
 // resident run, with and without compression and checkpointing, for GPT, linear-attention and MoE
-// blocks with dropout; the device holds fewer saved bytes at the step's peak; every fetch but the
-// last offloaded block's is issued ahead of its backward; micro-batches whose forwards interleave
-// (a pipeline's) fetch their own copies.
+// blocks with dropout; the device holds two blocks' saved bytes over the backward; every fetch is
+// issued ahead of its backward; micro-batches whose forwards interleave (a pipeline's) fetch their
+// own copies.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <chrono>
+#include <thread>
 
 #include "memory/activation_offload.h"
 #include "memory/saved_activations.h"
@@ -32,7 +35,8 @@ struct Setting {
 struct Step {
   std::vector<at::Tensor> losses;
   std::map<std::string, at::Tensor> grads;
-  SavedActivationBytes bytes;  // over the whole step
+  SavedActivationBytes bytes;  // over the backward (the host peak: over the whole step)
+  int64_t forward_peak = 0;    // on the device, during the forward
   ActivationOffloadStats offload;
 };
 
@@ -54,6 +58,13 @@ Step step(const ModelOptions& opts, const Setting& s) {
     outs.push_back(m->forward(idx, targets));
   }
   Step result;
+  // The device's peak is compared over the backward, once every store has ended: how fast the
+  // store stream keeps up with the forward depends on the machine's load, the backward's fetches
+  // and releases do not.
+  for (int i = 0; i < 10000 && saved_activation_bytes().host < activation_offload_stats().stored_bytes; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  result.forward_peak = saved_activation_bytes().peak;
+  reset_saved_activation_peak();
   for (auto& out : outs) {  // first in, first out: as 1F1B runs its micro-batches
     result.losses.push_back(out.loss.detach());
     out.loss.backward();
@@ -88,12 +99,18 @@ TEST_P(Offload, GradientsAreBitIdenticalAndTheDeviceHoldsLess) {
       EXPECT_GT(offloaded.bytes.host_peak, 0) << what;
       EXPECT_EQ(offloaded.bytes.host, 0) << what << ": host copies left after the backward";
       EXPECT_EQ(offloaded.bytes.live, 0) << what << ": device copies left after the backward";
-      // The device held at most about two blocks' groups at once (the one being stored or used,
-      // the one being fetched) where the resident run held all four.
-      EXPECT_LT(offloaded.bytes.peak, resident.bytes.peak * 0.9) << what;
-      std::printf("measured: %s/%s %s: device peak %lld of %lld bytes resident, host peak %lld\n", arch.c_str(),
-                  ffn.c_str(), what.c_str(), static_cast<long long>(offloaded.bytes.peak),
-                  static_cast<long long>(resident.bytes.peak), static_cast<long long>(offloaded.bytes.host_peak));
+      EXPECT_EQ(offloaded.bytes.host_peak, offloaded.offload.stored_bytes) << what << ": every store ended";
+      // Over the backward the device held two of the four blocks' groups at once (the one used,
+      // the one fetched ahead) beside what is not offloaded (the CPU's float dropout masks, off the
+      // gradient's path): the resident peak less half the offloaded bytes (MoE blocks' groups differ
+      // a little in size, hence the 1%).
+      EXPECT_LE(offloaded.bytes.peak, resident.bytes.peak - offloaded.bytes.host_peak / 2 + resident.bytes.peak / 100)
+          << what;
+      std::printf("measured: %s/%s %s: device peak %lld of %lld bytes resident over the backward (%lld over the "
+                  "forward), host peak %lld\n",
+                  arch.c_str(), ffn.c_str(), what.c_str(), static_cast<long long>(offloaded.bytes.peak),
+                  static_cast<long long>(resident.bytes.peak), static_cast<long long>(offloaded.forward_peak),
+                  static_cast<long long>(offloaded.bytes.host_peak));
     }
 }
 

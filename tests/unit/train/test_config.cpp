@@ -73,5 +73,16 @@ TEST(ConfigRanges, OptionsBuiltInCodeAreHeldToTheSameRanges) {
   EXPECT_TRUE(test::throws_naming([&] { config.check("code"); }, {"optim.lr", "(0, 10]"}));
 }
 
+// memory.activation_offload counts blocks: more than the model has is refused by key.
+TEST(ConfigRanges, ActivationOffloadBeyondTheModelsBlocksIsRefused) {
+  Config config;
+  config.memory.activation_offload = config.model.n_layer;
+  EXPECT_NO_THROW(config.check("code"));
+  config.memory.activation_offload = config.model.n_layer + 1;
+  EXPECT_TRUE(test::throws_naming([&] { config.check("code"); },
+                                  {"code: memory.activation_offload = " + std::to_string(config.model.n_layer + 1),
+                                   "exceeds model.n_layer"}));
+}
+
 }  // namespace
 }  // namespace tessera
