@@ -272,6 +272,9 @@ void SavedActivationScope::ended(const at::Tensor& output) {
   if (!at::GradMode::is_enabled()) return;
   std::shared_ptr<OffloadGroup> own = state_ != nullptr ? state_->group : nullptr;
   if (own && own->empty()) own = nullptr;
+  // The scope's weak references to the storages it encoded go before the store is issued: the
+  // store stream may drop a storage's last reference, which must follow them.
+  if (state_ != nullptr) state_->encoded.clear();
   if (own) own->store();
   // Weak: autograd keeps a graph's nodes, and so their hooks, until the whole backward ends; the
   // groups go with their last saved tensor.
