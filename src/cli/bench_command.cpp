@@ -240,6 +240,7 @@ Command add_bench_command(CLI::App& app) {
                                    {"fetch_s_per_step", offloaded.fetch_s / steps},
                                    {"fetch_wait_s_per_step", offloaded.fetch_wait_s / steps},
                                    {"exposed_fetches_per_step", static_cast<double>(offloaded.exposed_fetches) / steps},
+                                   {"kept_groups_per_step", static_cast<double>(offloaded.kept_groups) / steps},
                                    {"store_wait_s_per_step", offloaded.store_wait_s / steps}};
       nlohmann::json trace = nlohmann::json::array();  // the last step's, in seconds from its start
       for (const OffloadEvent& e : activation_offload_trace())

@@ -97,9 +97,19 @@ void OffloadGroup::backward_starts() {
   traced("backward", id_, now, now);
 }
 
+// What the store job and its group share: the device copies until the store ends, or for good
+// when a fetch came first (the backward reached the block before its store ended: the group then
+// uses them as they are and moves nothing back).
+struct OffloadGroup::Transfer {
+  std::mutex mutex;
+  std::vector<EncodedTensor> device;
+  bool ended = false;  // the copy to the host ended
+  bool keep = false;   // a fetch came before it ended
+};
+
 OffloadGroup::~OffloadGroup() {
   // The jobs hold what they copy; waiting keeps the counts exact (a group is freed before its
-  // store ended only when a graph is dropped without its backward).
+  // store ended only when a graph is dropped without its backward, or when it was kept).
   const auto start = std::chrono::steady_clock::now();
   bool waited = false;
   if (store_ticket_.valid()) {
@@ -109,7 +119,7 @@ OffloadGroup::~OffloadGroup() {
   if (fetch_ticket_.valid()) fetch_ticket_.wait();
   if (waited) update_stats([&](ActivationOffloadStats& s) { s.store_wait_s += seconds_since(start); });
   if (!counted_) return;
-  if (!stored_) count_saved_bytes(-counted_, 0);
+  if (!stored_ || kept_) count_saved_bytes(-counted_, 0);
   else if (fetched_issued_) count_saved_bytes(-counted_, host_freed_ ? 0 : -counted_);
   else count_saved_bytes(0, -counted_);
 }
@@ -127,10 +137,11 @@ void OffloadGroup::store() {
   stored_ = true;
   traced("forward", id_, made_, steady_seconds());
   const bool pinned = offload_->device_.is_cuda();
-  auto device = std::make_shared<std::vector<EncodedTensor>>(std::move(entries_));
+  transfer_ = std::make_shared<Transfer>();
+  transfer_->device = std::move(entries_);
   entries_.clear();
   int64_t bytes = 0;
-  for (const EncodedTensor& e : *device) {
+  for (const EncodedTensor& e : transfer_->device) {
     entries_.push_back(empty_encoding_at(e, c10::Device(at::kCPU), pinned));
     bytes += e.bytes();
   }
@@ -138,16 +149,22 @@ void OffloadGroup::store() {
     s.groups += 1;
     s.stored_bytes += bytes;
   });
+  // The copy reads transfer->device, which nothing changes until the job below ends it.
   auto copy = offload_->store_link_.job(
-      [device, host = entries_](bool non_blocking) mutable { copy_encodings(host, *device, non_blocking); },
+      [transfer = transfer_, host = entries_](bool non_blocking) mutable {
+        copy_encodings(host, transfer->device, non_blocking);
+      },
       static_cast<double>(bytes));
-  store_ticket_ = offload_->store_.submit([copy = std::move(copy), device, counted = counted_, id = id_] {
+  store_ticket_ = offload_->store_.submit([copy = std::move(copy), transfer = transfer_, counted = counted_, id = id_] {
     const double start = steady_seconds();
     copy();  // complete when it returns (CUDA: its event synchronized)
     const double end = steady_seconds();
     update_stats([&](ActivationOffloadStats& s) { s.store_s += end - start; });
     traced("store", id, start, end);
-    device->clear();  // the device copies go
+    std::lock_guard<std::mutex> lock(transfer->mutex);
+    transfer->ended = true;
+    if (transfer->keep) return;
+    transfer->device.clear();  // the device copies go
     count_saved_bytes(-counted, counted);
   });
 }
@@ -160,6 +177,14 @@ void OffloadGroup::fetch() {
 void OffloadGroup::fetch_locked(std::unique_lock<std::mutex>&) {
   if (fetched_issued_ || !stored_) return;
   fetched_issued_ = true;
+  {
+    std::lock_guard<std::mutex> lock(transfer_->mutex);
+    if (!transfer_->ended) {  // still on the device: keep it there
+      transfer_->keep = kept_ = true;
+      update_stats([](ActivationOffloadStats& s) { s.kept_groups += 1; });
+      return;
+    }
+  }
   int64_t bytes = 0;
   for (const EncodedTensor& e : entries_) {
     fetched_.push_back(empty_encoding_at(e, offload_->device_, false));
@@ -186,7 +211,15 @@ EncodedTensor OffloadGroup::get(size_t index) {
   if (!stored_) return entries_.at(index);  // the block's forward has not ended (a recomputation)
   if (!fetched_issued_) {
     fetch_locked(lock);
-    update_stats([](ActivationOffloadStats& s) { s.exposed_fetches += 1; });
+    if (!kept_) update_stats([](ActivationOffloadStats& s) { s.exposed_fetches += 1; });
+  }
+  if (kept_) {
+    // The store job only reads the kept copies, and never changes them once told to keep them.
+    if (!host_freed_) {
+      host_freed_ = true;
+      for (EncodedTensor& e : entries_) e.data = e.scales = at::Tensor();
+    }
+    return transfer_->device.at(index);
   }
   Ticket ticket = fetch_ticket_;
   lock.unlock();

@@ -10,7 +10,10 @@
 //           the device copies.
 //   fetch   ahead of the block's backward: one job on the load stream, after the store, copies
 //           them back into device memory allocated when the fetch is issued (so on CUDA the
-//           memory belongs to the compute stream). Issued once; later calls do nothing.
+//           memory belongs to the compute stream). Issued once; later calls do nothing. When the
+//           store has not ended yet (the last block, whose backward follows the head's at once),
+//           the group is kept: the store job leaves the device copies where they are and the
+//           group uses them, so the device never holds a block twice.
 //   get     a saved tensor's unpack: waits for the fetch, issuing it first when nobody did (an
 //           exposed fetch, counted). The host copy is freed at the first get after the fetch.
 //
@@ -27,7 +30,8 @@
 //
 // Counting (with count_saved_activations on): a group's bytes count as held on the device from
 // pack until its store ends, as held on the host from then until the fetch ends, and on the
-// device again from the fetch's issue until the group is freed.
+// device again from the fetch's issue until the group is freed (a kept group: on the device
+// throughout).
 //
 // Invariants: add() only before store(); store() once, on the thread that ran the forward; a
 // group outlives its jobs' use of it (each job holds what it copies); ~OffloadGroup waits for its
@@ -54,6 +58,7 @@ struct ActivationOffloadStats {
   double fetch_wait_s = 0;      // time unpacks waited for fetches (issued ahead or not)
   double store_wait_s = 0;      // time groups waited, when freed, for a store still running
   double store_s = 0, fetch_s = 0;  // time the store and load streams spent on copies
+  int64_t kept_groups = 0;      // groups whose backward came before their store ended: kept
 };
 // Every ActivationOffload of the process, since the last reset.
 ActivationOffloadStats activation_offload_stats();
@@ -108,6 +113,7 @@ class OffloadGroup {
 
  private:
   void fetch_locked(std::unique_lock<std::mutex>& lock);
+  struct Transfer;
   std::shared_ptr<ActivationOffload> offload_;
   int64_t id_ = 0;
   double made_ = 0;  // when the block's forward began (steady_seconds)
@@ -115,7 +121,8 @@ class OffloadGroup {
   std::vector<EncodedTensor> entries_;  // until store(): on the device; after: the host copies
   std::vector<EncodedTensor> fetched_;  // after fetch(): the device copies being filled
   int64_t counted_ = 0;
-  bool stored_ = false, fetched_issued_ = false, host_freed_ = false;
+  std::shared_ptr<Transfer> transfer_;  // shared with the store job
+  bool stored_ = false, fetched_issued_ = false, host_freed_ = false, kept_ = false;
   Ticket store_ticket_, fetch_ticket_;
 };
 
