@@ -23,6 +23,7 @@
 #include "core/json_file.h"
 #include "data/training_data.h"
 #include "parallel/layout_check.h"
+#include "plan/activation_policy.h"
 #include "plan/memory_estimate.h"
 #include "config/config.h"
 #include "train/run_dir.h"
@@ -136,7 +137,9 @@ Command add_train_command(CLI::App& app) {
     const int64_t accumulation = config.train.accumulation(dims.dp());
     const MemoryEstimate memory = estimate_memory(config, make_layout(config, dims));
     // A swapped run is held to its own prediction (plan/swap_cut.h) once its blocks are measured.
-    if (!config.memory.swap)
+    const bool auto_activations = config.memory.activation_policy == "auto";
+    if (auto_activations) check_activation_budget(config, dims);
+    if (!config.memory.swap && !auto_activations)
       check_memory_fits(config, memory, launching ? args->launch.nproc : launch.local_world_size, host_memory_available());
     // The process that speaks for the run: the launcher of node 0, or global rank 0 when no
     // tessera launcher started this process (one process, torchrun, mpirun, srun).
@@ -167,7 +170,9 @@ Command add_train_command(CLI::App& app) {
                             Restarts{config.parallel.max_restarts, dims.world_size() / dims.dp()});
 
     const c10::Device device = comm::select_device(config.train.device, launch);  // one GPU per local rank
-    if (device.is_cuda() && !config.memory.swap)
+    if (device.is_cuda() && auto_activations)
+      check_activation_budget(config, dims, static_cast<double>(comm::device_memory_bytes(device)));
+    if (device.is_cuda() && !config.memory.swap && !auto_activations)
       check_memory_fits(config, memory, launch.local_world_size, host_memory_available(), comm::device_memory_bytes(device));
     if (device.is_cuda() && config.memory.swap) {
       const double capacity = static_cast<double>(comm::device_memory_bytes(device));

@@ -165,6 +165,10 @@ void Config::check(const std::string& source) const {
   swarm.check(source);
   if (train.seq_len > model.block_size)
     fail(source, ": train.seq_len = ", train.seq_len, " exceeds model.block_size = ", model.block_size);
+  if (memory.activation_policy == "auto" && parallel.pp > 1)
+    fail(source, ": memory.activation_policy = auto with parallel.pp = ", parallel.pp, " is not built yet (a "
+         "pipeline rank holds several micro-batches); choose memory.activation_checkpointing and "
+         "memory.activation_offload by hand");
   if (memory.activation_offload > model.n_layer)
     fail(source, ": memory.activation_offload = ", memory.activation_offload, " exceeds model.n_layer = ",
          model.n_layer, " (the blocks whose activations wait in host memory)");
@@ -259,8 +263,21 @@ void MemoryOptions::check(const std::string& source) const {
           activation_compression, "')");
   require(!swap || device_budget_gb > 0, source, ": memory.swap = true needs memory.device_budget_gb, the device "
           "memory the swap plan may use (GiB)");
-  require(swap || (device_budget_gb == 0 && swap_blocks.empty()), source,
-          ": memory.device_budget_gb and memory.swap_blocks apply with memory.swap = true only");
+  require(activation_policy == "manual" || activation_policy == "auto", source,
+          ": memory.activation_policy must be manual or auto (got '", activation_policy, "')");
+  require(swap || swap_blocks.empty(), source, ": memory.swap_blocks applies with memory.swap = true only");
+  require(swap || activation_policy == "auto" || device_budget_gb == 0, source,
+          ": memory.device_budget_gb applies with memory.swap = true or memory.activation_policy = auto only");
+  if (activation_policy == "auto") {
+    require(device_budget_gb > 0, source, ": memory.activation_policy = auto needs memory.device_budget_gb, the "
+            "device memory (GiB) the model's state and the blocks' activations may use");
+    require(activation_checkpointing == "none" && activation_offload == 0, source,
+            ": memory.activation_policy = auto chooses each block's checkpointing and offload; leave "
+            "memory.activation_checkpointing (", activation_checkpointing, ") and memory.activation_offload (",
+            activation_offload, ") at none and 0");
+    require(!swap, source, ": memory.activation_policy = auto with memory.swap = true is not built yet (the swap "
+            "plan has its own budget); choose memory.activation_checkpointing and memory.activation_offload by hand");
+  }
   require(swap_copies == "auto" || swap_copies == "fp32" || swap_copies == "bf16", source,
           ": memory.swap_copies must be auto, fp32 or bf16 (got '", swap_copies, "')");
   for (int64_t b : swap_blocks)

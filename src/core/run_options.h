@@ -110,6 +110,7 @@ struct MemoryOptions {
   std::string activation_checkpointing = "none";
   std::string activation_compression = "none";  // memory/activation_codec.h
   int64_t activation_offload = 0;                // blocks whose saved activations wait on the host
+  std::string activation_policy = "manual";      // manual | auto (plan/activation_policy.h)
   bool swap = false;                    // ATOM: the model in host memory, swapped through the device
   double device_budget_gb = 0;          // swap: device memory the plan may use
   double modelled_bandwidth_gbps = 16;  // swap on a CPU "device": the modelled host <-> device link
@@ -128,11 +129,17 @@ struct MemoryOptions {
       "the first N blocks keep what they save for the backward in host memory between their forward and backward, "
       "fetched back ahead of it on a copy stream (0 = none; model.n_layer = all; docs/memory.md)",
       between(0, 1e6));
+    v("activation_policy", activation_policy,
+      "manual (the keys above, for every block) or auto: each block keeps, offloads or recomputes its activations, "
+      "chosen at start-up from the measured blocks to fit memory.device_budget_gb at the least predicted step time "
+      "(docs/memory.md)");
     v("swap", swap,
       "keep the model's weights, gradients and optimizer state in host memory and stream it through the device "
       "sub-model by sub-model with prefetch (ATOM; docs/swap.md)");
     v("device_budget_gb", device_budget_gb,
-      "with swap: the device memory (GiB) the swap plan may use for sub-models and activations", between(0, 1e6));
+      "with swap: the device memory (GiB) the swap plan may use for sub-models and activations; with "
+      "activation_policy = auto: the device memory (GiB) the model's state and the blocks' activations may use",
+      between(0, 1e6));
     v("modelled_bandwidth_gbps", modelled_bandwidth_gbps,
       "with swap or activation_offload on a CPU device: the host <-> device bandwidth (GB/s) each way the copies are "
       "throttled to (0 = unthrottled); on CUDA the link is real", between(0, 1e6));

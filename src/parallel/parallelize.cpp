@@ -96,6 +96,16 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
   if (config.memory.activation_offload > 0)
     model_->set_activation_offload(config.memory.activation_offload,
                                    std::make_shared<ActivationOffload>(device, config.memory.modelled_bandwidth_gbps * 1e9));
+  if (const ActivationPolicy* policy = layout_.activation_policy()) {  // memory.activation_policy = auto
+    const auto offload = policy->offloaded() > 0
+                             ? std::make_shared<ActivationOffload>(device, config.memory.modelled_bandwidth_gbps * 1e9)
+                             : nullptr;
+    for (int64_t layer : model_->layers()) {
+      const ActivationOption& chosen = policy->blocks[static_cast<size_t>(layer)];
+      model_->block(layer)->set_checkpoint_mode(parse_checkpoint_mode(chosen.checkpointing));
+      model_->block(layer)->set_activation_offload(chosen.offload ? offload : nullptr);
+    }
+  }
   // 5. The optimizer owner. Gradients are averaged over every rank holding a replica of the
   // parameters: the dp ranks, and with sequence parallelism also the sp ranks (each saw a
   // different chunk of the same sequences). ZeRO-Offload is DataParallel's, so it runs through it

@@ -9,8 +9,12 @@
 namespace tessera {
 
 Layout::Layout(ParallelDims dims, std::optional<StageCut> cut, std::optional<pipeline::Schedule> schedule,
-               std::optional<swap::SwapPlan> swap)
-    : dims_(std::move(dims)), cut_(std::move(cut)), schedule_(std::move(schedule)), swap_(std::move(swap)) {}
+               std::optional<swap::SwapPlan> swap, std::optional<ActivationPolicy> activations)
+    : dims_(std::move(dims)),
+      cut_(std::move(cut)),
+      schedule_(std::move(schedule)),
+      swap_(std::move(swap)),
+      activations_(std::move(activations)) {}
 
 const StageCut& Layout::cut() const {
   require(cut_.has_value(), "internal: the pipeline cut of a layout without pipeline parallelism");
@@ -64,13 +68,18 @@ Layout make_layout(const Config& config, const ParallelDims& dims, const LayoutM
   }
   std::optional<swap::SwapPlan> swap;
   if (config.memory.swap && measured.swap) swap = plan_swap(config, *measured.swap, dims.dp());
-  return Layout(dims, std::move(cut), std::move(schedule), std::move(swap));
+  std::optional<ActivationPolicy> activations;
+  if (config.memory.activation_policy == "auto" && measured.blocks)
+    activations = choose_activation_policy(activation_options(config, dims, *measured.blocks, measured.cpu_device),
+                                           activation_budget_bytes(config, dims));
+  return Layout(dims, std::move(cut), std::move(schedule), std::move(swap), std::move(activations));
 }
 
 std::string describe_layout(const Config& config, const Layout& layout) {
   std::string out;
   if (layout.pipelined()) out += describe_pipeline_layout(config, layout.dims(), layout.cut(), layout.schedule());
   if (layout.swapped()) out += describe_swap_plan(layout.swap_plan());
+  if (layout.activation_policy()) out += describe_activation_policy(*layout.activation_policy());
   if (!out.empty() && out.back() == '\n') out.pop_back();
   return out;
 }
@@ -81,8 +90,13 @@ LayoutMeasurements measure_layout(const Config& config, comm::Mesh* mesh, c10::D
   // step is predicted there (stage_cut.h): only the profile cut, which needs the balance, has it.
   const ParallelDims* dims = mesh ? &mesh->dims() : nullptr;
   const bool profile_cut = config.parallel.pp_cut == "profile" && config.parallel.pp_layers.empty();
-  if (dims && dims->pp() > 1 && (profile_cut || (dims->tp() == 1 && dims->sp() == 1 && dims->ep() == 1)))
+  const bool auto_policy = config.memory.activation_policy == "auto";
+  if (dims && ((dims->pp() > 1 && (profile_cut || (dims->tp() == 1 && dims->sp() == 1 && dims->ep() == 1))) ||
+               auto_policy))
     m.blocks = profile_world_blocks(config, *mesh);
+  else if (auto_policy)
+    m.blocks = profile_blocks(config, device);
+  m.cpu_device = device.is_cpu();
   if (config.memory.swap) m.swap = measure_swap_costs(config, device);
   return m;
 }

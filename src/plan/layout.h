@@ -17,6 +17,9 @@
 //               step runs (another micro-batch count, the table for measured costs after step 2)
 //   swap        memory.swap with LayoutMeasurements::swap: the swap plan (plan/swap_cut.h), whose
 //               sub-models are the units the swap engine moves; absent without measurements
+//   activations memory.activation_policy = auto with LayoutMeasurements::blocks: each block's
+//               checkpointing and offload (plan/activation_policy.h); absent otherwise (the keys
+//               apply to every block as given)
 //   replicas    the names of the groups gradients are averaged over: dense parameters over "dp"
 //               (or "dp_sp" with sequence parallelism), expert parameters over "edp" ("edp_sp")
 //
@@ -33,6 +36,7 @@
 #include "memory/swap/swap_plan.h"
 #include "model/transformer.h"
 #include "parallel/pipeline/schedule.h"
+#include "plan/activation_policy.h"
 #include "plan/stage_cut.h"
 #include "plan/swap_cut.h"
 #include "config/config.h"
@@ -41,8 +45,11 @@ namespace tessera {
 
 // What a layout needs measured on the device before it can be made (measure_layout).
 struct LayoutMeasurements {
-  std::optional<BlockCosts> blocks;  // parallel.pp > 1: the world's mean block costs (plan/profile_cut.h says when)
+  // The world's mean block costs: parallel.pp > 1 (plan/profile_cut.h says when), and
+  // memory.activation_policy = auto.
+  std::optional<BlockCosts> blocks;
   std::optional<SwapCosts> swap;     // memory.swap: the blocks' swap costs on this rank's device
+  bool cpu_device = true;            // where they were measured
 };
 
 // The group dense gradients are averaged over: "dp", or "dp_sp" with sequence parallelism.
@@ -51,7 +58,7 @@ inline std::string replica_group_name(const ParallelDims& dims) { return dims.sp
 class Layout {
  public:
   Layout(ParallelDims dims, std::optional<StageCut> cut, std::optional<pipeline::Schedule> schedule,
-         std::optional<swap::SwapPlan> swap);
+         std::optional<swap::SwapPlan> swap, std::optional<ActivationPolicy> activations = std::nullopt);
 
   const ParallelDims& dims() const { return dims_; }
   bool pipelined() const { return cut_.has_value(); }
@@ -70,6 +77,9 @@ class Layout {
   bool swapped() const { return swap_.has_value(); }
   const swap::SwapPlan& swap_plan() const;
 
+  // memory.activation_policy = auto, measured: each block's choice; null otherwise.
+  const ActivationPolicy* activation_policy() const { return activations_ ? &*activations_ : nullptr; }
+
   // The groups the data replicas average over: dense and expert parameters (comm/mesh.h's names).
   std::string replica_group() const { return replica_group_name(dims_); }
   std::string expert_replica_group() const { return dims_.sp() > 1 ? "edp_sp" : "edp"; }
@@ -79,6 +89,7 @@ class Layout {
   std::optional<StageCut> cut_;
   std::optional<pipeline::Schedule> schedule_;
   std::optional<swap::SwapPlan> swap_;
+  std::optional<ActivationPolicy> activations_;
 };
 
 // The parameter actions a layout's pipeline table holds: ZeRO-3 (parallel.zero_stage = 3) over a
@@ -92,13 +103,14 @@ pipeline::Gathers layout_gathers(const ParallelOptions& parallel, const Parallel
 Layout make_layout(const Config& config, const ParallelDims& dims, const LayoutMeasurements& measured = {});
 
 // What the run's start prints of its layout: the pipeline's cut, schedule and bubble
-// (describe_pipeline_layout) and the swap plan (describe_swap_plan), without a final newline;
-// empty for a layout with neither.
+// (describe_pipeline_layout), the swap plan (describe_swap_plan) and the activation policy
+// (describe_activation_policy), without a final newline; empty for a layout with none.
 std::string describe_layout(const Config& config, const Layout& layout);
 
-// Takes what make_layout needs measured on `device`: under parallel.pp_cut = profile the block
-// costs, averaged over the world (a collective of `mesh`'s world; plan/profile_cut.h); under
-// memory.swap the swap costs of this rank's device (plan/swap_cut.h). Nothing otherwise.
+// Takes what make_layout needs measured on `device`: under parallel.pp_cut = profile or
+// memory.activation_policy = auto the block costs, averaged over the world (a collective of
+// `mesh`'s world; plan/profile_cut.h); under memory.swap the swap costs of this rank's device
+// (plan/swap_cut.h). Nothing otherwise.
 LayoutMeasurements measure_layout(const Config& config, comm::Mesh* mesh, c10::Device device);
 
 }  // namespace tessera

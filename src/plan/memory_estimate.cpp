@@ -11,6 +11,7 @@
 #include "memory/activation_codec.h"
 #include "optim/state_size.h"
 #include "plan/activation_estimate.h"
+#include "plan/activation_policy.h"
 #include "model/transformer.h"
 #include "model/parameter_census.h"
 #include "parallel/pipeline/schedule_builders.h"
@@ -212,6 +213,12 @@ std::string describe_memory_estimate(const Config& config, const ParallelDims& d
                 "device term holds two of them in flight)\n",
                 format_bytes(e.activation_host_bytes).c_str(), static_cast<long long>(config.memory.activation_offload));
   out += line("  device total     %12s\n", format_bytes(e.device_bytes()).c_str());
+  if (config.memory.activation_policy == "auto")
+    out += line("memory.activation_policy = auto: memory.device_budget_gb = %g leaves %s for the blocks' activations "
+                "(the activations above keep every block's); the smallest policy needs %s; the run measures its "
+                "blocks at start-up and prints each block's choice\n",
+                config.memory.device_budget_gb, format_bytes(activation_budget_bytes(config, dims)).c_str(),
+                format_bytes(smallest_activation_bytes(config, dims)).c_str());
   if (config.memory.swap)
     out += line("memory.swap = true: the figures above are what the model would hold resident; swapped, the device "
                 "holds at most memory.device_budget_gb = %g GiB and the state lives in host memory (`tessera "

@@ -1,0 +1,270 @@
+// The activation policy for a device budget (activation_policy.h).
+#include "plan/activation_policy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "core/error.h"
+#include "core/byte_size.h"
+#include "memory/activation_codec.h"
+#include "model/operations.h"
+#include "plan/activation_estimate.h"
+#include "plan/layout.h"
+#include "plan/memory_estimate.h"
+
+namespace tessera {
+namespace {
+
+double block_bytes(const Config& config, const ParallelDims& dims, int64_t layer, const std::string& checkpointing) {
+  Config c = config;
+  c.memory.activation_checkpointing = checkpointing;
+  const bool half = config.precision.dtype == "bf16" || config.precision.dtype == "fp16";
+  const double element =
+      activation_codec_bytes_per_element(parse_activation_codec(config.memory.activation_compression), half ? 2 : 4);
+  const double tokens = static_cast<double>(config.train.batch_size * (config.train.seq_len / dims.sp()));
+  return block_activation_bytes_per_token(c, dims, layer, element) * tokens;
+}
+
+// The attention core's share of the block's forward FLOPs (what selective checkpointing redoes).
+double core_share(const Config& config, const ParallelDims& dims, int64_t layer) {
+  OperationShape shape;
+  shape.batch = config.train.batch_size;
+  shape.seq_len = config.train.seq_len;
+  shape.tp = dims.tp();
+  shape.sp = dims.sp();
+  shape.ep = dims.ep();
+  shape.megatron_sp = config.parallel.megatron_sp;
+  shape.sp_method = config.parallel.sp_method;
+  double core = 0, all = 0;
+  for (const Operation& op : block_operations(config.model, layer, shape)) {
+    all += op.flops;
+    if (op.attention_core) core += op.flops;
+  }
+  return all > 0 ? core / all : 0;
+}
+
+// Preference among one kind's blocks: offload to the earliest, keeping to the latest.
+int order(const ActivationOption& o) {
+  if (o.offload) return o.checkpointing == "full" ? 0 : 1;
+  return o.checkpointing == "full" ? 2 : o.checkpointing == "selective" ? 3 : 4;
+}
+
+bool same_options(const std::vector<ActivationOption>& a, const std::vector<ActivationOption>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].name() != b[i].name() || a[i].bytes != b[i].bytes || a[i].group != b[i].group ||
+        a[i].seconds != b[i].seconds)
+      return false;
+  return true;
+}
+
+// The reserve an option needs beside the blocks' held bytes: the largest offloaded group twice
+// (in flight), the largest fully recomputed block once (its backward holds it whole).
+struct Caps {
+  double group = 0, whole = 0;
+  double reserve() const { return 2 * group + whole; }
+  bool allow(const ActivationOption& o, double whole_of_block) const {
+    return (!o.offload || o.group <= group) && (o.checkpointing != "full" || whole_of_block <= whole);
+  }
+};
+
+}  // namespace
+
+std::string ActivationOption::name() const {
+  if (offload) return checkpointing == "full" ? "full + offload" : "offload";
+  return checkpointing == "none" ? "keep" : checkpointing;
+}
+
+int64_t ActivationPolicy::offloaded() const {
+  int64_t n = 0;
+  for (const ActivationOption& o : blocks) n += o.offload ? 1 : 0;
+  return n;
+}
+
+std::vector<std::vector<ActivationOption>> activation_options(const Config& config, const ParallelDims& dims,
+                                                              const BlockCosts& measured, bool cpu_device) {
+  const double link = config.memory.modelled_bandwidth_gbps * 1e9;
+  auto copy_seconds = [&](double bytes, double f, double b) {
+    if (link <= 0) return 0.0;
+    const double one_way = bytes / link;
+    return cpu_device ? 2 * one_way : std::max(0.0, one_way - b) + std::max(0.0, one_way - f);
+  };
+  std::vector<std::vector<ActivationOption>> out;
+  for (int64_t l = 0; l < config.model.n_layer; ++l) {
+    const size_t i = static_cast<size_t>(l);
+    const double f = i < measured.block_split.size() ? measured.block_split[i].f : 0;
+    const double b = i < measured.block_split.size() ? measured.block_split[i].b : 0;
+    const double keep = block_bytes(config, dims, l, "none");
+    const double selective = block_bytes(config, dims, l, "selective");
+    const double input = block_bytes(config, dims, l, "full");
+    std::vector<ActivationOption> options;
+    options.push_back({"none", false, keep, 0, 0});
+    options.push_back({"selective", false, selective, 0, f * core_share(config, dims, l)});
+    options.push_back({"full", false, input, 0, f});
+    options.push_back({"none", true, 0, keep, copy_seconds(keep, f, b)});
+    options.push_back({"full", true, 0, input, f + copy_seconds(input, f, b)});
+    out.push_back(std::move(options));
+  }
+  return out;
+}
+
+ActivationPolicy choose_activation_policy(const std::vector<std::vector<ActivationOption>>& options,
+                                          double budget_bytes) {
+  const size_t L = options.size();
+  // Each block's whole activations (what its full recomputation holds in the backward).
+  std::vector<double> whole(L);
+  std::set<double> groups{0}, wholes{0};
+  for (size_t l = 0; l < L; ++l) {
+    whole[l] = options[l].front().bytes;
+    wholes.insert(whole[l]);
+    for (const ActivationOption& o : options[l])
+      if (o.offload) groups.insert(o.group);
+  }
+  constexpr int64_t kUnits = 4096;
+  constexpr double kNever = std::numeric_limits<double>::infinity();
+  ActivationPolicy best;
+  best.seconds = kNever;
+  double smallest = kNever;
+  for (double g : groups)
+    for (double w : wholes) {
+      const Caps caps{g, w};
+      const double room = budget_bytes - caps.reserve();
+      // The least bytes this cap allows, for the refusal's figure.
+      double least = caps.reserve();
+      bool possible = true;
+      for (size_t l = 0; l < L; ++l) {
+        double m = kNever;
+        for (const ActivationOption& o : options[l])
+          if (caps.allow(o, whole[l])) m = std::min(m, o.bytes);
+        possible = possible && m < kNever;
+        least += m;
+      }
+      if (possible) smallest = std::min(smallest, least);
+      if (!possible || room < 0) continue;
+      const double unit = room / static_cast<double>(kUnits);
+      auto units = [&](double bytes) {
+        return unit > 0 ? static_cast<int64_t>(std::ceil(bytes / unit - 1e-9)) : (bytes > 0 ? kUnits + 1 : 0);
+      };
+      // seconds[u]: the least added seconds of the blocks so far within u units; choice per block.
+      std::vector<double> seconds(kUnits + 1, 0.0);
+      std::vector<std::vector<int8_t>> choice(L, std::vector<int8_t>(kUnits + 1, -1));
+      for (size_t l = 0; l < L; ++l) {
+        std::vector<double> next(kUnits + 1, kNever);
+        for (int64_t u = 0; u <= kUnits; ++u)
+          for (size_t j = 0; j < options[l].size(); ++j) {
+            const ActivationOption& o = options[l][j];
+            if (!caps.allow(o, whole[l])) continue;
+            const int64_t need = units(o.bytes);
+            if (need > u || seconds[static_cast<size_t>(u - need)] == kNever) continue;
+            const double t = seconds[static_cast<size_t>(u - need)] + o.seconds;
+            if (t < next[static_cast<size_t>(u)]) {
+              next[static_cast<size_t>(u)] = t;
+              choice[l][static_cast<size_t>(u)] = static_cast<int8_t>(j);
+            }
+          }
+        seconds = std::move(next);
+      }
+      if (seconds[kUnits] >= best.seconds) continue;
+      ActivationPolicy p;
+      p.budget_bytes = budget_bytes;
+      p.seconds = seconds[kUnits];
+      p.blocks.resize(L);
+      int64_t u = kUnits;
+      for (size_t l = L; l-- > 0;) {
+        const ActivationOption& o = options[l][static_cast<size_t>(choice[l][static_cast<size_t>(u)])];
+        p.blocks[l] = o;
+        u -= units(o.bytes);
+      }
+      best = p;
+    }
+  require(best.seconds < kNever, "memory.device_budget_gb leaves ", format_bytes(budget_bytes),
+          " for the blocks' activations, but the smallest activation policy (full recomputation with every block's "
+          "input offloaded) needs ", format_bytes(smallest),
+          " per micro-batch: raise memory.device_budget_gb, or lower train.batch_size or train.seq_len");
+  // Among blocks with the same options, offload goes to the earliest and keeping to the latest.
+  std::vector<bool> done(L, false);
+  for (size_t l = 0; l < L; ++l) {
+    if (done[l]) continue;
+    std::vector<size_t> kind;
+    for (size_t k = l; k < L; ++k)
+      if (!done[k] && same_options(options[k], options[l])) kind.push_back(k);
+    std::vector<ActivationOption> chosen;
+    for (size_t k : kind) chosen.push_back(best.blocks[k]);
+    std::stable_sort(chosen.begin(), chosen.end(),
+                     [](const ActivationOption& a, const ActivationOption& b) { return order(a) < order(b); });
+    for (size_t n = 0; n < kind.size(); ++n) {
+      best.blocks[kind[n]] = chosen[n];
+      done[kind[n]] = true;
+    }
+  }
+  double group = 0, recompute = 0;
+  best.bytes = 0;
+  for (size_t l = 0; l < L; ++l) {
+    const ActivationOption& o = best.blocks[l];
+    best.bytes += o.bytes;
+    if (o.offload) group = std::max(group, o.group);
+    if (o.checkpointing == "full") recompute = std::max(recompute, whole[l]);
+  }
+  best.bytes += 2 * group + recompute;
+  return best;
+}
+
+double activation_budget_bytes(const Config& config, const ParallelDims& dims) {
+  const MemoryEstimate e = estimate_memory(config, make_layout(config, dims));
+  const double state = e.parameter_bytes + e.gradient_bytes + (e.optimizer_on_host ? 0 : e.optimizer_bytes);
+  const double budget = config.memory.device_budget_gb * 1024.0 * 1024.0 * 1024.0;
+  require(budget > state, "memory.device_budget_gb = ", config.memory.device_budget_gb, " (",
+          format_bytes(budget), ") does not hold the model's state on the device, ", format_bytes(state),
+          " (parameters, gradients and optimizer state; `tessera inspect` shows them)");
+  return budget - state;
+}
+
+double smallest_activation_bytes(const Config& config, const ParallelDims& dims) {
+  double input = 0, whole = 0;
+  for (int64_t l = 0; l < config.model.n_layer; ++l) {
+    input = std::max(input, block_bytes(config, dims, l, "full"));
+    whole = std::max(whole, block_bytes(config, dims, l, "none"));
+  }
+  return 2 * input + whole;
+}
+
+void check_activation_budget(const Config& config, const ParallelDims& dims, double device_capacity_bytes) {
+  const double budget = config.memory.device_budget_gb * 1024.0 * 1024.0 * 1024.0;
+  require(device_capacity_bytes <= 0 || budget <= device_capacity_bytes, "memory.device_budget_gb = ",
+          config.memory.device_budget_gb, " exceeds the device's ", format_bytes(device_capacity_bytes));
+  const double room = activation_budget_bytes(config, dims), smallest = smallest_activation_bytes(config, dims);
+  require(room >= smallest, "memory.device_budget_gb = ", config.memory.device_budget_gb, " leaves ",
+          format_bytes(room), " for the blocks' activations after the model's state, but the smallest activation policy "
+          "(full recomputation with every block's input offloaded) needs ", format_bytes(smallest),
+          " per micro-batch: raise memory.device_budget_gb, or lower train.batch_size or train.seq_len");
+}
+
+std::string describe_activation_policy(const ActivationPolicy& p) {
+  std::string out = "activation policy (memory.activation_policy = auto), per micro-batch:\n";
+  char line[256];
+  for (size_t l = 0; l < p.blocks.size();) {
+    size_t end = l + 1;
+    while (end < p.blocks.size() && p.blocks[end].name() == p.blocks[l].name() &&
+           p.blocks[end].bytes == p.blocks[l].bytes && p.blocks[end].seconds == p.blocks[l].seconds)
+      ++end;
+    const ActivationOption& o = p.blocks[l];
+    const std::string blocks = end - l == 1 ? "block " + std::to_string(l)
+                                            : "blocks " + std::to_string(l) + "-" + std::to_string(end - 1);
+    std::snprintf(line, sizeof line, "  %-14s %-15s %12s on the device each, +%.2f ms each\n", blocks.c_str(),
+                  o.name().c_str(), format_bytes(o.bytes).c_str(), 1e3 * o.seconds);
+    out += line;
+    l = end;
+  }
+  std::snprintf(line, sizeof line,
+                "  total %s of the %s the budget leaves for activations (two offloaded groups in flight and one "
+                "recomputed block included); +%.2f ms per micro-batch predicted\n",
+                format_bytes(p.bytes).c_str(), format_bytes(p.budget_bytes).c_str(), 1e3 * p.seconds);
+  out += line;
+  return out;
+}
+
+}  // namespace tessera

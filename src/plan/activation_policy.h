@@ -1,0 +1,79 @@
+// The activation policy for a device budget (memory.activation_policy = auto; docs/memory.md):
+// each block keeps its activations, offloads them, or recomputes them (selectively or whole,
+// offloading the kept input too), chosen to fit the budget at the least predicted step time.
+//
+// Per block and option, per micro-batch on this rank:
+//   bytes    what the option leaves on the device from the block's forward to its backward: the
+//            memory estimate's count for the option's checkpointing mode (plan/activation_estimate.h);
+//            0 for an offloaded block, whose group (that count) is in flight instead: the device
+//            holds two groups at once (memory/activation_offload.h), a reserve of twice the
+//            largest offloaded group, kept out of the budget;
+//   seconds  what the option adds to the step, from the block's measured forward F and backward
+//            B (the start-up profile, plan/profile_cut.h, the world's mean so that every rank
+//            chooses alike): full recomputation F; selective the attention core's share of F
+//            (by FLOPs, model/operations.h); offload the copies' time beyond what the block's
+//            neighbours hide, max(0, g / link - B) + max(0, g / link - F) for a group of g bytes
+//            over the link (memory.modelled_bandwidth_gbps); on a CPU "device" the copies take
+//            cycles from the computing cores instead, 2 g / link.
+// The choice: the least total seconds whose bytes fit (a knapsack over the blocks, bytes rounded up
+// to 1/4096 of the budget, for each reserve an offloaded group size can need). Among blocks of one
+// kind the cheaper options go to the latest blocks (the last block's activations are used first)
+// and offload to the earliest (whose wait is longest).
+//
+// The activations' budget: memory.device_budget_gb less the model's state on the device
+// (parameters, gradients, optimizer state unless offloaded: plan/memory_estimate.h); the head's
+// and embedding's activations are not counted.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "core/parallel_dims.h"
+#include "plan/stage_cut.h"
+
+namespace tessera {
+
+struct ActivationOption {
+  std::string checkpointing = "none";  // none | selective | full
+  bool offload = false;
+  double bytes = 0;     // on the device, per micro-batch (0 when offloaded)
+  double group = 0;     // offloaded: the group's bytes (what it would keep resident)
+  double seconds = 0;   // added to the step, per micro-batch
+  std::string name() const;  // "keep", "offload", "selective", "full", "full + offload"
+};
+
+struct ActivationPolicy {
+  std::vector<ActivationOption> blocks;  // by global block index
+  double budget_bytes = 0;               // for the blocks' activations
+  double bytes = 0;                      // chosen: per micro-batch, with the offload reserve
+  double seconds = 0;                    // added to the step, per micro-batch
+  int64_t offloaded() const;
+};
+
+// Every option of every block, priced as above. `measured`: the blocks' F and B (block_split).
+std::vector<std::vector<ActivationOption>> activation_options(const Config& config, const ParallelDims& dims,
+                                                              const BlockCosts& measured, bool cpu_device);
+
+// The cheapest choice that fits `budget_bytes`; refuses, naming memory.device_budget_gb and what
+// the smallest choice needs, when none does.
+ActivationPolicy choose_activation_policy(const std::vector<std::vector<ActivationOption>>& options,
+                                          double budget_bytes);
+
+// memory.device_budget_gb less the model's state on the device (refused when nothing is left).
+double activation_budget_bytes(const Config& config, const ParallelDims& dims);
+
+// The smallest the blocks' activations can be made (full recomputation with offload everywhere,
+// and its reserve), from the estimate alone: what `tessera inspect` and `--dry-run` check the
+// budget against before anything is measured.
+double smallest_activation_bytes(const Config& config, const ParallelDims& dims);
+
+// Refuses, before anything is measured or started, a budget whose share for activations is smaller
+// than the smallest policy needs, or (`device_capacity_bytes` > 0) larger than the device.
+void check_activation_budget(const Config& config, const ParallelDims& dims, double device_capacity_bytes = 0);
+
+// A table: each block's option, its bytes and seconds, and the totals against the budget.
+std::string describe_activation_policy(const ActivationPolicy& policy);
+
+}  // namespace tessera

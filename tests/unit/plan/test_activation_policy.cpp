@@ -1,0 +1,156 @@
+// The activation policy for a device budget (plan/activation_policy.h): the choice is the cheapest
+// that fits, offload goes to the earliest blocks and keeping to the latest, a budget too small is
+// refused naming the key and what the smallest policy needs; a run under it trains bit-identically
+// to the resident run (every option is exact) and holds what the policy predicts.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <optional>
+
+#include "memory/saved_activations.h"
+#include "plan/activation_policy.h"
+#include "test_util.h"
+#include "tiny_config.h"
+#include "train/train_step.h"
+
+namespace tessera {
+namespace activation_policy_test {
+namespace {
+
+// Four blocks of one kind: keeping holds 100 bytes, selective 90, full 10 (the input); F = 1 s.
+// Offload costs `offload_s` (its copies beyond what the neighbours hide).
+std::vector<std::vector<ActivationOption>> options(double offload_s, size_t blocks = 4) {
+  std::vector<ActivationOption> one = {{"none", false, 100, 0, 0},
+                                       {"selective", false, 90, 0, 0.3},
+                                       {"full", false, 10, 0, 1},
+                                       {"none", true, 0, 100, offload_s},
+                                       {"full", true, 0, 10, 1 + offload_s}};
+  return std::vector<std::vector<ActivationOption>>(blocks, one);
+}
+
+std::vector<std::string> names(const ActivationPolicy& p) {
+  std::vector<std::string> out;
+  for (const ActivationOption& o : p.blocks) out.push_back(o.name());
+  return out;
+}
+
+TEST(ActivationPolicy, AnAmpleBudgetKeepsEverything) {
+  const ActivationPolicy p = choose_activation_policy(options(0), 400);
+  EXPECT_EQ(names(p), (std::vector<std::string>{"keep", "keep", "keep", "keep"}));
+  EXPECT_EQ(p.seconds, 0);
+  EXPECT_EQ(p.bytes, 400);
+}
+
+TEST(ActivationPolicy, HiddenCopiesAreOffloadedFromTheFirstBlocks) {
+  // 300 bytes: keeping all four needs 400. Offloading two (200 in flight) and keeping two (200)
+  // does not fit; offloading one leaves 300 + 200 of reserve. With free copies the cheapest fit
+  // offloads three blocks (reserve 200, one kept 100) at no cost.
+  const ActivationPolicy p = choose_activation_policy(options(0), 300);
+  EXPECT_EQ(names(p), (std::vector<std::string>{"offload", "offload", "offload", "keep"}));
+  EXPECT_EQ(p.seconds, 0);
+  EXPECT_LE(p.bytes, 300);
+}
+
+TEST(ActivationPolicy, ExpensiveCopiesRecomputeInstead) {
+  // Offloading costs 5 s a block, recomputing 1 s: two blocks recomputed (10 + 10 + 100 + 100 and
+  // one recomputed block's 100 held in its backward = 320) do not fit 300; three do (230).
+  const ActivationPolicy p = choose_activation_policy(options(5), 300);
+  EXPECT_EQ(names(p), (std::vector<std::string>{"full", "full", "full", "keep"}));
+  EXPECT_DOUBLE_EQ(p.seconds, 3);
+  EXPECT_DOUBLE_EQ(p.bytes, 230);
+}
+
+TEST(ActivationPolicy, ABudgetTooSmallForAnyPolicyIsRefused) {
+  // The smallest: every input offloaded (20 in flight) and one block recomputed (100).
+  EXPECT_NO_THROW(choose_activation_policy(options(5), 120));
+  EXPECT_TRUE(test::throws_naming([&] { choose_activation_policy(options(5), 119); },
+                                  {"memory.device_budget_gb", "smallest activation policy", "needs 120.00 B"}));
+}
+
+Config tiny_auto(double budget_gb, double link_gbps) {
+  Config c = test::tiny_config(32);
+  c.model.n_layer = 4;
+  c.train.batch_size = 8;
+  c.optim.name = "sgd";
+  c.memory.activation_policy = "auto";
+  c.memory.device_budget_gb = budget_gb;
+  c.memory.modelled_bandwidth_gbps = link_gbps;
+  return c;
+}
+
+std::vector<Batch> batches(const Config& c) {
+  at::Generator g = at::make_generator<at::CPUGeneratorImpl>(7);
+  const at::Tensor tokens = at::randint(c.model.vocab_size, {c.train.batch_size, c.train.seq_len + 1}, g, at::kLong);
+  return {{tokens.narrow(1, 0, c.train.seq_len).contiguous(), tokens.narrow(1, 1, c.train.seq_len).contiguous()}};
+}
+
+struct PolicyRun {
+  std::map<std::string, at::Tensor> grads;
+  int64_t peak = 0;
+  std::optional<ActivationPolicy> policy;  // the layout's, copied (the step goes)
+};
+
+PolicyRun run(const Config& c) {
+  TrainStep step(c, nullptr);
+  PolicyRun r;
+  if (const ActivationPolicy* p = step.layout().activation_policy()) r.policy = *p;
+  count_saved_activations(true);
+  reset_saved_activation_peak();
+  step.run(batches(c), c.optim.lr, [&](const NamedTensors& g) {
+    for (const auto& [name, t] : g) r.grads[name] = t.clone();
+  });
+  r.peak = saved_activation_bytes().peak;
+  count_saved_activations(false);
+  return r;
+}
+
+// Over a slow link (offload costs more than recomputing) the policy recomputes, deterministically:
+// the run holds no more than the policy's bytes, and every gradient equals the resident run's.
+TEST(ActivationPolicy, ARunUnderTheBudgetHoldsWhatThePolicySaysAndTrainsExactly) {
+  Config resident = tiny_auto(0, 16);
+  resident.memory.activation_policy = "manual";
+  resident.memory.device_budget_gb = 0;
+  const PolicyRun keep = run(resident);
+  // A budget leaving about 60% of what keeping every block needs, beside the model's state.
+  Config slow = tiny_auto(1, 0.001);
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  const double state = gib - activation_budget_bytes(slow, ParallelDims(slow.parallel, 1, "test"));
+  slow.memory.device_budget_gb = (state + static_cast<double>(keep.peak) * 0.6) / gib;
+  const PolicyRun chosen = run(slow);
+  ASSERT_TRUE(chosen.policy.has_value());
+  EXPECT_EQ(chosen.policy->offloaded(), 0) << describe_activation_policy(*chosen.policy);
+  EXPECT_LE(chosen.policy->bytes, chosen.policy->budget_bytes);
+  // What autograd held for the blocks (the recomputed block's activations, which the policy's total
+  // also reserves, are made during the backward outside any scope's count).
+  EXPECT_LE(static_cast<double>(chosen.peak), chosen.policy->budget_bytes) << describe_activation_policy(*chosen.policy);
+  EXPECT_LT(chosen.peak, keep.peak);
+  for (const auto& [name, g] : keep.grads) EXPECT_TRUE(chosen.grads.at(name).equal(g)) << name;
+  std::printf("measured: resident %lld bytes; under a %.0f-byte share the policy holds %lld\n%s",
+              static_cast<long long>(keep.peak), chosen.policy->budget_bytes, static_cast<long long>(chosen.peak),
+              describe_activation_policy(*chosen.policy).c_str());
+  // With a fast link the same budget offloads, and trains exactly too.
+  Config fast = slow;
+  fast.memory.modelled_bandwidth_gbps = 1000;
+  const PolicyRun offloaded = run(fast);
+  ASSERT_TRUE(offloaded.policy.has_value());
+  EXPECT_GT(offloaded.policy->offloaded(), 0) << describe_activation_policy(*offloaded.policy);
+  for (const auto& [name, g] : keep.grads) EXPECT_TRUE(offloaded.grads.at(name).equal(g)) << name;
+}
+
+TEST(ActivationPolicy, KeysAreCheckedByName) {
+  Config c = tiny_auto(0, 16);
+  EXPECT_TRUE(test::throws_naming([&] { c.check("code"); }, {"memory.activation_policy = auto needs memory.device_budget_gb"}));
+  c = tiny_auto(1, 16);
+  c.memory.activation_checkpointing = "full";
+  EXPECT_TRUE(test::throws_naming([&] { c.check("code"); }, {"chooses each block's checkpointing"}));
+  c = tiny_auto(1, 16);
+  c.parallel.pp = 2;
+  EXPECT_TRUE(test::throws_naming([&] { c.check("code"); }, {"parallel.pp = 2 is not built yet"}));
+  c = tiny_auto(1, 16);
+  c.memory.activation_policy = "fast";
+  EXPECT_TRUE(test::throws_naming([&] { c.check("code"); }, {"memory.activation_policy must be manual or auto"}));
+}
+
+}  // namespace
+}  // namespace activation_policy_test
+}  // namespace tessera
