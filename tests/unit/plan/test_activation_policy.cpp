@@ -137,6 +137,22 @@ TEST(ActivationPolicy, ARunUnderTheBudgetHoldsWhatThePolicySaysAndTrainsExactly)
   for (const auto& [name, g] : keep.grads) EXPECT_TRUE(offloaded.grads.at(name).equal(g)) << name;
 }
 
+// Before anything is measured (inspect, --dry-run, the launcher): a budget whose share for
+// activations is below the smallest policy's need is refused with both figures.
+TEST(ActivationPolicy, ABudgetTooSmallIsRefusedBeforeTheRun) {
+  Config c = tiny_auto(1, 16);
+  const ParallelDims dims(c.parallel, 1, "test");
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  const double state = gib - activation_budget_bytes(c, dims), smallest = smallest_activation_bytes(c, dims);
+  c.memory.device_budget_gb = (state + smallest) / gib;
+  EXPECT_NO_THROW(check_activation_budget(c, dims));
+  c.memory.device_budget_gb = (state + smallest * 0.9) / gib;
+  EXPECT_TRUE(test::throws_naming([&] { check_activation_budget(c, dims); },
+                                  {"memory.device_budget_gb", "smallest activation policy", "needs"}));
+  c.memory.device_budget_gb = state * 0.5 / gib;
+  EXPECT_TRUE(test::throws_naming([&] { check_activation_budget(c, dims); }, {"does not hold the model's state"}));
+}
+
 TEST(ActivationPolicy, KeysAreCheckedByName) {
   Config c = tiny_auto(0, 16);
   EXPECT_TRUE(test::throws_naming([&] { c.check("code"); }, {"memory.activation_policy = auto needs memory.device_budget_gb"}));
