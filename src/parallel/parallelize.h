@@ -27,7 +27,8 @@
 //   then the parameters materialised: this rank's parts only (materialize() below), or under
 //   ZeRO-3 by DataParallel one unit at a time, sharded as it goes;
 //   4. activation checkpointing, compression and offload (memory.activation_checkpointing,
-//      memory.activation_compression, memory.activation_offload), inside every block;
+//      memory.activation_compression, memory.activation_offload, or under
+//      memory.activation_policy = auto the layout's choice per block), inside every block;
 //   5. the optimizer owner (protocols/optimizer_owner.h) and the step runner that drives it
 //      (protocols/step_runner.h): SwapOwner and SwapStep under memory.swap (the model's state in
 //      host memory, the step run by the layout's swap plan; its dp replicas reduce in host
