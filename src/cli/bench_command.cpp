@@ -37,7 +37,9 @@
 //                      with memory.activation_offload, what was on the device (its copies on the
 //                      host in saved_activation_host_bytes, and the copies' timing in
 //                      activation_offload: memory/activation_offload.h, with the last step's
-//                      trace as [what, group, start, end] in seconds from its start).
+//                      trace as [what, group, start, end] in seconds from its start); with
+//                      memory.activation_policy = auto, activation_policy: each block's choice,
+//                      the bytes and budget, and the added seconds per step it predicts.
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -148,7 +150,8 @@ Command add_bench_command(CLI::App& app) {
         reset_activation_offload_stats();
         step.runner().start_timing();
       }
-      const bool traced_step = config.memory.activation_offload > 0 && i + 1 == args->warmup + args->steps;
+      const bool traced_step = i + 1 == args->warmup + args->steps &&
+                               (config.memory.activation_offload > 0 || config.memory.activation_policy == "auto");
       if (traced_step) {
         trace_activation_offload(true);
         offload_trace_start = steady_seconds();
@@ -232,9 +235,19 @@ Command add_bench_command(CLI::App& app) {
                           {"peak_bytes", peak_bytes},
                           {"saved_activation_bytes", saved_bytes},
                           {"activation_compression", config.memory.activation_compression}};
-    if (config.memory.activation_offload > 0) {
+    if (const ActivationPolicy* policy = step.layout().activation_policy()) {
+      nlohmann::json choices = nlohmann::json::array();
+      for (const ActivationOption& o : policy->blocks) choices.push_back(o.name());
+      out["activation_policy"] = {{"blocks", choices},
+                                  {"bytes", policy->bytes},
+                                  {"budget_bytes", policy->budget_bytes},
+                                  {"predicted_added_s_per_step",
+                                   policy->seconds * static_cast<double>(config.train.grad_accum)}};
+    }
+    if (config.memory.activation_offload > 0 || (step.layout().activation_policy() &&
+                                                 step.layout().activation_policy()->offloaded() > 0)) {
       out["saved_activation_host_bytes"] = saved_host_bytes;
-      out["activation_offload"] = {{"blocks", config.memory.activation_offload},
+      out["activation_offload"] = {{"blocks", config.memory.activation_offload},  // 0 under the policy
                                    {"stored_bytes_per_step", static_cast<double>(offloaded.stored_bytes) / steps},
                                    {"store_s_per_step", offloaded.store_s / steps},
                                    {"fetch_s_per_step", offloaded.fetch_s / steps},
