@@ -88,10 +88,11 @@ int64_t ActivationPolicy::offloaded() const {
 std::vector<std::vector<ActivationOption>> activation_options(const Config& config, const ParallelDims& dims,
                                                               const BlockCosts& measured, bool cpu_device) {
   const double link = config.memory.modelled_bandwidth_gbps * 1e9;
+  // On a CPU "device" each way's memcpy also takes the computing cores' time.
+  const double cores = cpu_device && measured.copy_bytes_per_s > 0 ? 2 / measured.copy_bytes_per_s : 0;
   auto copy_seconds = [&](double bytes, double f, double b) {
-    if (link <= 0) return 0.0;
-    const double one_way = bytes / link;
-    return cpu_device ? 2 * one_way : std::max(0.0, one_way - b) + std::max(0.0, one_way - f);
+    const double one_way = link > 0 ? bytes / link : 0;
+    return bytes * cores + std::max(0.0, one_way - b) + std::max(0.0, one_way - f);
   };
   std::vector<std::vector<ActivationOption>> out;
   for (int64_t l = 0; l < config.model.n_layer; ++l) {

@@ -13,8 +13,8 @@
 //            chooses alike): full recomputation F; selective the attention core's share of F
 //            (by FLOPs, model/operations.h); offload the copies' time beyond what the block's
 //            neighbours hide, max(0, g / link - B) + max(0, g / link - F) for a group of g bytes
-//            over the link (memory.modelled_bandwidth_gbps); on a CPU "device" the copies take
-//            cycles from the computing cores instead, 2 g / link.
+//            over the link (memory.modelled_bandwidth_gbps); on a CPU "device" the two memcpys
+//            also take the computing cores' time, 2 g / the profile's measured copy rate.
 // The choice: the least total seconds whose bytes fit (a knapsack over the blocks, bytes rounded up
 // to 1/4096 of the budget, for each reserve an offloaded group size can need). Among blocks of one
 // kind the cheaper options go to the latest blocks (the last block's activations are used first)

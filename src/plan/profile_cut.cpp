@@ -173,18 +173,34 @@ BlockCosts profile_blocks(const Config& config, c10::Device device) {
     }, trained(last));
     costs.head_seconds = costs.head_split.f + costs.head_split.b;
   }
+  if (device.is_cpu()) {
+    // About a block's activations (16 floats per token and width, at most 64 MiB) copied onto
+    // fresh pages, as offload's copies are: each copy kept until all are timed, the median of five.
+    const int64_t elements = std::min<int64_t>(B * T * m.n_embd * 16, int64_t{16} << 20);
+    const at::Tensor from = at::randn({elements}, on_device.dtype(at::kFloat));
+    std::vector<at::Tensor> copies;
+    std::vector<double> seconds;
+    for (int rep = 0; rep < 5; ++rep) {
+      const auto start = std::chrono::steady_clock::now();
+      copies.push_back(at::empty_like(from).copy_(from));
+      seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    std::nth_element(seconds.begin(), seconds.begin() + 2, seconds.end());
+    costs.copy_bytes_per_s = static_cast<double>(from.nbytes()) / std::max(seconds[2], 1e-9);
+  }
   return costs;
 }
 
 BlockCosts profile_world_blocks(const Config& config, comm::Mesh& mesh) {
   const BlockCosts mine = profile_blocks(config, mesh.device());
   const int64_t L = config.model.n_layer;
-  // Per block and then the embedding and the head: F, B, I, W; then the blocks' activation bytes;
-  // averaged over the world.
+  // Per block and then the embedding and the head: F, B, I, W; then the blocks' activation bytes
+  // and the copy rate; averaged over the world.
   std::vector<pipeline::ActionCosts::Compute> parts = mine.block_split;
   parts.push_back(mine.embedding_split);
   parts.push_back(mine.head_split);
-  at::Tensor packed = at::empty({4 * (L + 2) + L}, at::kDouble);
+  const int64_t copy_rate_at = 4 * (L + 2) + L;  // after them, the CPU's copy rate
+  at::Tensor packed = at::empty({copy_rate_at + 1}, at::kDouble);
   auto a = packed.accessor<double, 1>();
   for (int64_t k = 0; k < L + 2; ++k) {
     a[4 * k] = parts[k].f;
@@ -193,6 +209,7 @@ BlockCosts profile_world_blocks(const Config& config, comm::Mesh& mesh) {
     a[4 * k + 3] = parts[k].w;
   }
   for (int64_t l = 0; l < L; ++l) a[4 * (L + 2) + l] = mine.block_activation_bytes[l];
+  a[copy_rate_at] = mine.copy_bytes_per_s;
   mesh.world().all_reduce(packed);
   packed.div_(static_cast<double>(mesh.world_size()));
   for (int64_t k = 0; k < L + 2; ++k) parts[k] = {a[4 * k], a[4 * k + 1], a[4 * k + 2], a[4 * k + 3]};
@@ -206,6 +223,7 @@ BlockCosts profile_world_blocks(const Config& config, comm::Mesh& mesh) {
   mean.head_split = parts[L + 1];
   mean.embedding_seconds = mean.embedding_split.f + mean.embedding_split.b;
   mean.head_seconds = mean.head_split.f + mean.head_split.b;
+  mean.copy_bytes_per_s = a[copy_rate_at];
   return mean;
 }
 

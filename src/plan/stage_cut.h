@@ -52,6 +52,9 @@ struct BlockCosts {
   // totals were given.
   std::vector<pipeline::ActionCosts::Compute> block_split;
   pipeline::ActionCosts::Compute embedding_split, head_split;
+  // On a CPU "device": bytes per second of a copy into fresh memory, what activation offload's
+  // copies cost the computing cores (plan/activation_policy.h); 0 on CUDA (copy engines).
+  double copy_bytes_per_s = 0;
 };
 
 struct StageCut {

@@ -105,7 +105,8 @@ PolicyRun run(const Config& c) {
 }
 
 // Over a slow link (offload costs more than recomputing) the policy recomputes, deterministically:
-// the run holds no more than the policy's bytes, and every gradient equals the resident run's.
+// the run holds no more than the policy's bytes, and every gradient equals the resident run's; just
+// above the smallest need it must offload, and trains exactly as well.
 TEST(ActivationPolicy, ARunUnderTheBudgetHoldsWhatThePolicySaysAndTrainsExactly) {
   Config resident = tiny_auto(0, 16);
   resident.memory.activation_policy = "manual";
@@ -128,12 +129,15 @@ TEST(ActivationPolicy, ARunUnderTheBudgetHoldsWhatThePolicySaysAndTrainsExactly)
   std::printf("measured: resident %lld bytes; under a %.0f-byte share the policy holds %lld\n%s",
               static_cast<long long>(keep.peak), chosen.policy->budget_bytes, static_cast<long long>(chosen.peak),
               describe_activation_policy(*chosen.policy).c_str());
-  // With a fast link the same budget offloads, and trains exactly too.
-  Config fast = slow;
-  fast.memory.modelled_bandwidth_gbps = 1000;
-  const PolicyRun offloaded = run(fast);
+  // A share just above the smallest policy's need leaves no choice but recomputing every block with
+  // its input offloaded (keeping one more input would not fit): the offloading run trains exactly too.
+  Config tight = tiny_auto(1, 16);
+  const double input = 4.0 * static_cast<double>(tight.train.batch_size * tight.train.seq_len * tight.model.n_embd);
+  tight.memory.device_budget_gb =
+      (state + smallest_activation_bytes(tight, ParallelDims(tight.parallel, 1, "test")) + input / 2) / gib;
+  const PolicyRun offloaded = run(tight);
   ASSERT_TRUE(offloaded.policy.has_value());
-  EXPECT_GT(offloaded.policy->offloaded(), 0) << describe_activation_policy(*offloaded.policy);
+  EXPECT_EQ(offloaded.policy->offloaded(), tight.model.n_layer) << describe_activation_policy(*offloaded.policy);
   for (const auto& [name, g] : keep.grads) EXPECT_TRUE(offloaded.grads.at(name).equal(g)) << name;
 }
 
