@@ -156,6 +156,13 @@ void OffloadGroup::store() {
       },
       static_cast<double>(bytes));
   store_ticket_ = offload_->store_.submit([copy = std::move(copy), transfer = transfer_, counted = counted_, id = id_] {
+    {
+      std::lock_guard<std::mutex> lock(transfer->mutex);
+      if (transfer->keep) {  // the backward came while this job waited its turn: nothing to move
+        transfer->ended = true;
+        return;
+      }
+    }
     const double start = steady_seconds();
     copy();  // complete when it returns (CUDA: its event synchronized)
     const double end = steady_seconds();

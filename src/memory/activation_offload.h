@@ -85,8 +85,6 @@ class ActivationOffload {
   ActivationOffload(const ActivationOffload&) = delete;
   ActivationOffload& operator=(const ActivationOffload&) = delete;
 
-  c10::Device device() const { return device_; }
-
  private:
   friend class OffloadGroup;
   c10::Device device_;

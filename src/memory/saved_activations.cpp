@@ -39,8 +39,6 @@ void count_saved_bytes(int64_t device, int64_t host) {
   if (host) add_to(host_bytes, host_peak_bytes, host);
 }
 
-bool counting_saved_activations() { return counting.load(); }
-
 // One saved tensor as held between forward and backward: its encoding, or its place in the
 // block's offload group. The bytes it counted leave the live total when the last node holding it
 // is freed (an offloaded one's are its group's to count).

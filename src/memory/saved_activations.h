@@ -94,6 +94,5 @@ SavedActivationBytes saved_activation_bytes();
 void reset_saved_activation_peak();
 // Moves the counts by these bytes (the scopes and activation_offload.h; only while counting).
 void count_saved_bytes(int64_t device, int64_t host);
-bool counting_saved_activations();
 
 }  // namespace tessera
