@@ -15,6 +15,8 @@ card's published dense peak for the dtype, src/train/device_peak.h).
 --activation-compression bf16|int8 runs both sides with their saved activations encoded
 (tessera's memory.activation_compression; the twin's saved_tensors_hooks, eager only) and adds the
 bytes each held for the backward at the step's peak.
+--activation-offload N offloads the first N blocks' saved activations on both sides (tessera's
+memory.activation_offload; the twin's torch.autograd.graph.save_on_cpu, eager only).
 
 GPU (docs/gpu.md): `--device cuda --dtype bf16 --cases gpt2_124m_1024 --batch B` trains both sides
 on the device with bf16 autocast; `--batch` and `--steps` override the case's.
@@ -47,14 +49,15 @@ def run_json(cmd):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def tessera_cmd(build, c, threads, device, dtype, compression):
+def tessera_cmd(build, c, threads, device, dtype, compression, offload=0):
     llama = c.get("family") == "llama"
     sets = {"model.preset": "tiny_llama" if llama else "tiny_gpt", "model.vocab_size": c["vocab"],
             "model.block_size": c["block"],
             "model.n_layer": c["layers"], "model.n_head": c["heads"], "model.n_embd": c["embd"],
             "train.batch_size": c["batch"], "train.seq_len": c["seq"], "train.threads": threads,
             "optim.name": "adamw", "optim.fused": "true", "optim.grad_clip": 1.0, "data.path": "unused",
-            "train.device": device, "precision.dtype": dtype, "memory.activation_compression": compression}
+            "train.device": device, "precision.dtype": dtype, "memory.activation_compression": compression,
+            "memory.activation_offload": offload}
     if llama:
         sets.update({"model.n_kv_head": c["kv_heads"], "model.ffn_hidden": c["ffn"]})
     cmd = [str(pathlib.Path(build) / "tessera"), "bench", "--config", "tiny_gpt", "--json",
@@ -64,9 +67,10 @@ def tessera_cmd(build, c, threads, device, dtype, compression):
     return cmd
 
 
-def peer_cmd(c, mode, threads, device, dtype, compression):
+def peer_cmd(c, mode, threads, device, dtype, compression, offload=0):
     cmd = [sys.executable, str(HERE / "pytorch_twin.py"), "--mode", mode, "--threads", str(threads),
-           "--device", device, "--dtype", dtype, "--activation-compression", compression]
+           "--device", device, "--dtype", dtype, "--activation-compression", compression,
+           "--activation-offload", str(offload)]
     for k in ("vocab", "block", "layers", "heads", "embd", "batch", "seq", "steps", "warmup"):
         cmd += [f"--{k}", str(c[k])]
     if c.get("family") == "llama":
@@ -87,8 +91,12 @@ def main():
     a.add_argument("--batch", type=int, default=0, help="overrides the case's batch")
     a.add_argument("--steps", type=int, default=0, help="overrides the case's timed steps")
     a.add_argument("--activation-compression", choices=["none", "bf16", "int8"], default="none")
+    a.add_argument("--activation-offload", type=int, default=0)
     args = a.parse_args()
     compression = args.activation_compression
+    offload = args.activation_offload
+    if offload and "compile" in args.peers.split(","):
+        a.error("--activation-offload runs the eager twin only: pass --peers eager")
     if compression != "none" and "compile" in args.peers.split(","):
         a.error("--activation-compression runs the eager twin only: pass --peers eager")
 
@@ -98,8 +106,8 @@ def main():
         c.update({k: v for k, v in (("batch", args.batch), ("steps", args.steps)) if v})
         best = {}
         for r in range(args.rounds):
-            runs = [("tessera", tessera_cmd(args.build, c, args.threads, args.device, args.dtype, compression))]
-            runs += [(f"pytorch-{m}", peer_cmd(c, m, args.threads, args.device, args.dtype, compression))
+            runs = [("tessera", tessera_cmd(args.build, c, args.threads, args.device, args.dtype, compression, offload))]
+            runs += [(f"pytorch-{m}", peer_cmd(c, m, args.threads, args.device, args.dtype, compression, offload))
                      for m in args.peers.split(",")]
             for name, cmd in runs:
                 t0 = time.time()
@@ -131,9 +139,11 @@ def main():
     flags += f" --steps {args.steps}" if args.steps else ""
     flags += f" --peers {args.peers}" if args.peers != "eager,compile" else ""
     flags += f" --activation-compression {compression}" if compression != "none" else ""
+    flags += f" --activation-offload {offload}" if offload else ""
     saved = compression != "none"
     lines = [f"# Training-step throughput: tessera vs PyTorch ({device}, {args.dtype}"
-             + (f", {compression} saved activations)" if saved else ")"), "",
+             + (f", {compression} saved activations" if saved else "")
+             + (f", {offload} blocks' activations offloaded" if offload else "") + ")", "",
              f"Machine: {named}, {os.cpu_count()} cores, {args.threads} threads{peak}; "
              f"`python3 bench/compare_pytorch.py build --cases {args.cases} --rounds {args.rounds}{flags}`; "
              f"best median over {args.rounds} alternating rounds.", "",
@@ -151,6 +161,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     stem = f"train_step_{device}_" + "_".join(args.cases.split(",")) + ("" if args.dtype == "fp32" else "_bf16")
     stem += f"_{compression}_activations" if saved else ""
+    stem += f"_offload{offload}" if offload else ""
     (out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
     (out / f"{stem}.md").write_text(text)
 

@@ -16,6 +16,10 @@ tensors whose last dimension is not adjacent in memory are kept; the others are 
 or to int8 with one float32 scale per 32 elements of the last dimension. Unlike tessera it encodes a
 tensor saved twice twice. The bytes it holds at the step's peak (encodings, and kept tensors other
 than parameters, each counted whole) are printed as saved_activation_bytes.
+--activation-offload N runs the first N blocks under torch.autograd.graph.save_on_cpu(pin_memory=True),
+PyTorch's own activation offload, beside tessera's memory.activation_offload: every tensor a block
+saves (its parameters too) is copied to host memory when saved (pinned where CUDA is) and back when
+used, on the compute stream, without prefetch.
 """
 import argparse
 import contextlib
@@ -190,7 +194,10 @@ def main():
     a.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     a.add_argument("--trace", help="record --steps more steps into this Chrome trace")
     a.add_argument("--activation-compression", choices=["none", "bf16", "int8"], default="none")
+    a.add_argument("--activation-offload", type=int, default=0)
     args = a.parse_args()
+    if args.activation_offload and args.activation_compression != "none":
+        a.error("--activation-offload and --activation-compression: one at a time")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -210,6 +217,11 @@ def main():
         codec = SavedActivationCodec(model, args.activation_compression)
         for block in model.h:
             codec.wrap(block)
+    for block in list(model.h)[:args.activation_offload]:
+        def offloaded(*a, forward=block.forward, **k):
+            with torch.autograd.graph.save_on_cpu(pin_memory=True):
+                return forward(*a, **k)
+        block.forward = offloaded
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
@@ -257,6 +269,7 @@ def main():
                       "torch": torch.__version__, "loss": float(loss.detach()), "device": str(device),
                       "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
                       "dtype": args.dtype, "activation_compression": args.activation_compression,
+                      "activation_offload": args.activation_offload,
                       "saved_activation_bytes": codec.peak if codec else None, "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if cuda else None}))
 
 
