@@ -109,10 +109,11 @@ struct OffloadGroup::Transfer {
 
 OffloadGroup::~OffloadGroup() {
   // The jobs hold what they copy; waiting keeps the counts exact (a group is freed before its
-  // store ended only when a graph is dropped without its backward, or when it was kept).
+  // store ended only when a graph is dropped without its backward). A kept group's store job
+  // counts nothing, so the backward does not wait for it to come up in the queue.
   const auto start = std::chrono::steady_clock::now();
   bool waited = false;
-  if (store_ticket_.valid()) {
+  if (store_ticket_.valid() && !kept_) {
     waited = store_ticket_.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
     store_ticket_.wait();
   }
@@ -155,7 +156,8 @@ void OffloadGroup::store() {
         copy_encodings(host, transfer->device, non_blocking);
       },
       static_cast<double>(bytes));
-  store_ticket_ = offload_->store_.submit([copy = std::move(copy), transfer = transfer_, counted = counted_, id = id_] {
+  store_ticket_ = offload_->store_.submit([copy = std::move(copy), transfer = transfer_, counted = counted_, id = id_,
+                                           bytes] {
     {
       std::lock_guard<std::mutex> lock(transfer->mutex);
       if (transfer->keep) {  // the backward came while this job waited its turn: nothing to move
@@ -166,7 +168,10 @@ void OffloadGroup::store() {
     const double start = steady_seconds();
     copy();  // complete when it returns (CUDA: its event synchronized)
     const double end = steady_seconds();
-    update_stats([&](ActivationOffloadStats& s) { s.store_s += end - start; });
+    update_stats([&](ActivationOffloadStats& s) {
+      s.store_s += end - start;
+      s.copied_to_host += bytes;
+    });
     traced("store", id, start, end);
     std::lock_guard<std::mutex> lock(transfer->mutex);
     transfer->ended = true;
@@ -203,12 +208,15 @@ void OffloadGroup::fetch_locked(std::unique_lock<std::mutex>&) {
   auto copy = offload_->load_link_.job([host = entries_, device = fetched_](bool non_blocking) mutable {
     copy_encodings(device, host, non_blocking);
   }, static_cast<double>(bytes));
-  fetch_ticket_ = offload_->load_.submit([stored, copy = std::move(copy), id = id_] {
+  fetch_ticket_ = offload_->load_.submit([stored, copy = std::move(copy), id = id_, bytes] {
     stored.get();  // rethrows the store's failure
     const double start = steady_seconds();
     copy();
     const double end = steady_seconds();
-    update_stats([&](ActivationOffloadStats& s) { s.fetch_s += end - start; });
+    update_stats([&](ActivationOffloadStats& s) {
+      s.fetch_s += end - start;
+      s.copied_to_device += bytes;
+    });
     traced("fetch", id, start, end);
   });
 }

@@ -58,6 +58,7 @@ struct ActivationOffloadStats {
   double fetch_wait_s = 0;      // time unpacks waited for fetches (issued ahead or not)
   double store_wait_s = 0;      // time groups waited, when freed, for a store still running
   double store_s = 0, fetch_s = 0;  // time the store and load streams spent on copies
+  int64_t copied_to_host = 0, copied_to_device = 0;  // bytes those copies moved
   int64_t kept_groups = 0;      // groups whose backward came before their store ended: kept
 };
 // Every ActivationOffload of the process, since the last reset.
