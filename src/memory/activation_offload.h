@@ -33,9 +33,10 @@
 // device again from the fetch's issue until the group is freed (a kept group: on the device
 // throughout).
 //
-// Invariants: add() only before store(); store() once, on the thread that ran the forward; a
-// group outlives its jobs' use of it (each job holds what it copies); ~OffloadGroup waits for its
-// jobs in flight; the ActivationOffload outlives its groups (each group holds it).
+// Invariants: add() only before store(); store() once, on the thread that ran the forward; no job
+// uses its group (each holds what it copies); ~OffloadGroup waits for its jobs in flight, except a
+// kept group's store, which moves and counts nothing once told to keep; the ActivationOffload
+// outlives its groups (each group holds it) and drains its streams when it goes.
 #pragma once
 
 #include <cstdint>
