@@ -25,21 +25,15 @@ usage: bench/activation_offload.py BUILD_DIR [--rounds 3] [--steps 5] [--config 
 """
 import argparse
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from activation_memory import model_shape  # noqa: E402
 from results_file import write_results  # noqa: E402
 from tessera_bench import tessera_bench  # noqa: E402
 
 MIB = 1024 * 1024
-
-
-def n_layer(build, config):
-    out = subprocess.run([str(Path(build) / "tessera"), "inspect", "--config", config], capture_output=True, text=True,
-                         check=True).stdout.splitlines()[0]
-    return int(out.split(" blocks")[0].split()[-1])
 
 
 def policies(layers, rates):
@@ -103,7 +97,7 @@ def main():
     ap.add_argument("--out", default="bench/results/activation_offload_cpu.md")
     args = ap.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
-    layers = n_layer(args.build, args.config)
+    layers = model_shape(args.build, args.config)[0]
     todo = policies(layers, rates)
     runs = {name: [] for name, _ in todo}
     for r in range(args.rounds):

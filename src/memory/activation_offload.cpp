@@ -221,6 +221,13 @@ void OffloadGroup::fetch_locked(std::unique_lock<std::mutex>&) {
   });
 }
 
+bool OffloadGroup::free_host_copies() {
+  if (host_freed_) return false;
+  host_freed_ = true;
+  for (EncodedTensor& e : entries_) e.data = e.scales = at::Tensor();
+  return true;
+}
+
 EncodedTensor OffloadGroup::get(size_t index) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!stored_) return entries_.at(index);  // the block's forward has not ended (a recomputation)
@@ -230,10 +237,7 @@ EncodedTensor OffloadGroup::get(size_t index) {
   }
   if (kept_) {
     // The store job only reads the kept copies, and never changes them once told to keep them.
-    if (!host_freed_) {
-      host_freed_ = true;
-      for (EncodedTensor& e : entries_) e.data = e.scales = at::Tensor();
-    }
+    free_host_copies();  // never counted: a kept group's bytes stay on the device
     return transfer_->device.at(index);
   }
   Ticket ticket = fetch_ticket_;
@@ -244,11 +248,7 @@ EncodedTensor OffloadGroup::get(size_t index) {
   if (waited > 1e-5) traced("wait", id_, start, end);
   lock.lock();
   update_stats([&](ActivationOffloadStats& s) { s.fetch_wait_s += waited; });
-  if (!host_freed_) {
-    host_freed_ = true;
-    for (EncodedTensor& e : entries_) e.data = e.scales = at::Tensor();
-    if (counted_) count_saved_bytes(0, -counted_);
-  }
+  if (free_host_copies() && counted_) count_saved_bytes(0, -counted_);
   return fetched_.at(index);
 }
 

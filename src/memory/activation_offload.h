@@ -113,6 +113,8 @@ class OffloadGroup {
 
  private:
   void fetch_locked(std::unique_lock<std::mutex>& lock);
+  // Drops the host copies once (whether this call did).
+  bool free_host_copies();
   struct Transfer;
   std::shared_ptr<ActivationOffload> offload_;
   int64_t id_ = 0;

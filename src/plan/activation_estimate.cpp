@@ -1,9 +1,16 @@
 // What one block saves for its backward (activation_estimate.h).
 #include "plan/activation_estimate.h"
 
+#include "memory/activation_codec.h"
+
 #include <algorithm>
 
 namespace tessera {
+
+double activation_element_bytes(const Config& config) {
+  const bool half = config.precision.dtype == "bf16" || config.precision.dtype == "fp16";
+  return activation_codec_bytes_per_element(parse_activation_codec(config.memory.activation_compression), half ? 2 : 4);
+}
 
 double block_activation_bytes_per_token(const Config& config, const ParallelDims& dims, int64_t layer,
                                         double element_bytes) {

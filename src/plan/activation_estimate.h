@@ -32,6 +32,10 @@
 
 namespace tessera {
 
+// What one activation element takes under the run's precision (16-bit under bf16 and fp16) and
+// memory.activation_compression.
+double activation_element_bytes(const Config& config);
+
 // Bytes per token block `layer` saves; `element_bytes`: what one activation element takes (the
 // dtype's, or the activation codec's encoding of it).
 double block_activation_bytes_per_token(const Config& config, const ParallelDims& dims, int64_t layer,

@@ -10,7 +10,6 @@
 
 #include "core/error.h"
 #include "core/byte_size.h"
-#include "memory/activation_codec.h"
 #include "model/operations.h"
 #include "plan/activation_estimate.h"
 #include "plan/layout.h"
@@ -22,9 +21,7 @@ namespace {
 double block_bytes(const Config& config, const ParallelDims& dims, int64_t layer, const std::string& checkpointing) {
   Config c = config;
   c.memory.activation_checkpointing = checkpointing;
-  const bool half = config.precision.dtype == "bf16" || config.precision.dtype == "fp16";
-  const double element =
-      activation_codec_bytes_per_element(parse_activation_codec(config.memory.activation_compression), half ? 2 : 4);
+  const double element = activation_element_bytes(config);
   const double tokens = static_cast<double>(config.train.batch_size * (config.train.seq_len / dims.sp()));
   return block_activation_bytes_per_token(c, dims, layer, element) * tokens;
 }

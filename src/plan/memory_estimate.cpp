@@ -81,10 +81,7 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   e.optimizer_on_host = p.offload;
 
   const int64_t tokens = config.train.seq_len / dims.sp();
-  const bool half = fp16 || config.precision.dtype == "bf16";
-  // What one activation element takes under this precision and codec.
-  const double element_bytes =
-      activation_codec_bytes_per_element(parse_activation_codec(config.memory.activation_compression), half ? 2 : 4);
+  const double element_bytes = activation_element_bytes(config);
   // This rank's blocks' activations for one micro-batch (plan/activation_estimate.h), times the
   // micro-batches a pipeline schedule holds at once (in units of one stage's; 1 without one).
   // A block's count depends on its layer only through whether it is an MoE block: each kind once.
