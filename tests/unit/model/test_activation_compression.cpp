@@ -49,9 +49,9 @@ double worst_gradient_error(const Step& got, const Step& want) {
   return worst;
 }
 
-class Compression : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+class ActivationCompression : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
-TEST_P(Compression, LosslessIsExactAndLossyCodecsStayNearAndSave) {
+TEST_P(ActivationCompression, LosslessIsExactAndLossyCodecsStayNearAndSave) {
   const auto [arch, ffn] = GetParam();
   const ModelOptions dropping = model(arch, ffn, 0.2);
   const Step none = step(dropping, "none");
@@ -80,7 +80,7 @@ TEST_P(Compression, LosslessIsExactAndLossyCodecsStayNearAndSave) {
               ffn.c_str(), static_cast<long long>(f32.saved_bytes), bf16_ratio, int8_ratio);
 }
 
-INSTANTIATE_TEST_SUITE_P(Blocks, Compression,
+INSTANTIATE_TEST_SUITE_P(Blocks, ActivationCompression,
                          ::testing::Values(std::make_tuple("gpt", "dense"), std::make_tuple("linear", "dense"),
                                            std::make_tuple("gpt", "moe")),
                          [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
@@ -88,7 +88,7 @@ INSTANTIATE_TEST_SUITE_P(Blocks, Compression,
 // Under full checkpointing a block saves only its input, which the codec encodes; the
 // recomputation then starts from the decoded input. Selective checkpointing encodes the
 // checkpointed attention core's inputs the same way.
-TEST(Compression, CheckpointedBlocksEncodeWhatTheyKeep) {
+TEST(ActivationCompression, CheckpointedBlocksEncodeWhatTheyKeep) {
   const ModelOptions opts = model("gpt", "dense", 0);
   for (const std::string mode : {"full", "selective"}) {
     const Step none = step(opts, "none", mode), int8 = step(opts, "int8", mode);
