@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs what tessera needs to build and test, once; a second run only checks and returns.
 #
-#   Debian packages: compiler, CMake, ninja, ccache, toml++, CLI11, nlohmann-json, GoogleTest,
+#   Debian packages: compiler and LLVM's linker, CMake, ninja, ccache, toml++, CLI11, nlohmann-json, GoogleTest,
 #   Gloo headers (c10d's Gloo backend is compiled into libtorch; its header needs them), OpenDHT
 #   and OpenSSL (the ATOM swarm's DHT and its key's HMAC), protobuf (TensorBoard's event files).
-#   PCRE2 and utf8proc (Hugging Face tokenizers: pre-tokenizer patterns, NFC).
+#   PCRE2 and utf8proc (Hugging Face tokenizers: pre-tokenizer patterns, NFC). clang: `make test`
+#   builds the fuzz targets with it (libFuzzer; tests/fuzz/run.sh), which skip without it.
 #   libtorch:        the pinned `torch` wheel from PyPI, in a virtual environment outside the
 #                    clone ($TESSERA_DEPS, default ~/.cache/tessera) so that every clone and
 #                    every CI run on this machine reuses it. The same environment gives the
@@ -48,7 +49,7 @@ apt_install() {
 
 # The venv needs Python first; the build's packages can come while the wheel downloads.
 apt_install $(missing python3 python3-venv python3-pip)
-build_pkgs=$(missing g++ cmake ninja-build ccache make libtomlplusplus-dev libcli11-dev nlohmann-json3-dev \
+build_pkgs=$(missing g++ lld clang cmake ninja-build ccache make libtomlplusplus-dev libcli11-dev nlohmann-json3-dev \
                      libgtest-dev libgmock-dev libgloo-dev libopendht-dev libssl-dev libprotobuf-dev protobuf-compiler \
                      libpcre2-dev libutf8proc-dev)
 apt_pid=""

@@ -104,7 +104,9 @@ if [ ! -x "$out/fuzz" ] || [ -n "$(find "${sources[@]}" "${watched[@]}" -name '*
     "${cc[@]}" "${compile[@]}" -include-pch "$pch/torch.h.pch" "${flags[@]}" -c "$source" -o "$object"
     objects+=("$object")
   done
-  clang++ -fsanitize=fuzzer,address,undefined "${objects[@]}" -L"$torch/lib" -Wl,-rpath,"$torch/lib" \
+  linker=()
+  command -v ld.lld >/dev/null && linker=(-fuse-ld=lld)  # 0.4 s a link against GNU ld's 1.9
+  clang++ "${linker[@]}" -fsanitize=fuzzer,address,undefined "${objects[@]}" -L"$torch/lib" -Wl,-rpath,"$torch/lib" \
     -ltorch_cpu -lc10 "${libs[@]}" -o "$out/fuzz"
 fi
 cp -n tests/fuzz/corpus/$target/* "$out/corpus/" 2>/dev/null || true
