@@ -15,13 +15,6 @@ target=${1:?usage: tests/fuzz/run.sh TARGET [RUNS [SECONDS]]}
 runs=${2:-1000000}
 seconds=${3:-0}
 command -v clang++ >/dev/null || { echo "no clang++: fuzz target $target not built" >&2; exit 77; }
-# The torch package directory: TESSERA_TORCH_ROOT (CTest passes the build's), or asked of the venv's
-# python (about 2 s: importing torch).
-torch=${TESSERA_TORCH_ROOT:-}
-if [ -z "$torch" ]; then
-  python=${TESSERA_PYTHON:-$(ls -d "$HOME"/.cache/tessera/venv-torch-* | tail -1)/bin/python}
-  torch=$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
-fi
 opt=${TESSERA_FUZZ_OPT:--O1}
 case $opt in -O0|-O1|-O2) ;; *) echo "TESSERA_FUZZ_OPT is -O0, -O1 or -O2, not '$opt'" >&2; exit 2 ;; esac
 builds=${TESSERA_FUZZ_DIR:-build/fuzz}/${opt#-}
@@ -30,12 +23,16 @@ mkdir -p "$out/findings" "$out/corpus"
 sources=(tests/fuzz/fuzz_$target.cpp)
 flags=()
 libs=()
-# Header folders whose changes rebuild the target.
+# Targets whose sources do not include torch (uses_torch=0) compile without torch's headers and
+# link without libtorch: a source then compiles in 1-2 s less, and a run skips libtorch's start.
+uses_torch=1
+# Header folders whose changes rebuild the target (as do its sources and this script).
 watched=(src/checkpoint src/config src/core src/parallel/pipeline src/atom src/data src/model)
 case $target in
   safetensors) sources+=(src/checkpoint/safetensors.cpp src/core/fs.cpp) ;;
   schedule_csv) sources+=(src/parallel/pipeline/schedule.cpp src/parallel/pipeline/validate.cpp
-                          src/parallel/pipeline/simulate.cpp src/core/fs.cpp) ;;
+                          src/parallel/pipeline/simulate.cpp src/core/fs.cpp)
+                uses_torch=0 ;;
   region) sources+=(src/checkpoint/region.cpp) ;;
   checkpoint_dir) sources+=(src/checkpoint/checkpoint.cpp src/checkpoint/checkpoint_read.cpp
                             src/checkpoint/checkpoint_files.cpp src/checkpoint/safetensors.cpp src/checkpoint/region.cpp
@@ -48,27 +45,37 @@ case $target in
           flags+=("-DTOML_ASSERT(expr)=static_assert(true)") ;;
   cluster) sources+=(src/plan/cluster.cpp src/plan/matmul_table.cpp src/core/options.cpp src/core/fs.cpp src/core/resource_dir.cpp)
            flags+=("-DTOML_ASSERT(expr)=static_assert(true)")
-           watched+=(src/plan) ;;
+           watched+=(src/plan)
+           uses_torch=0 ;;
   token_files) sources+=(src/data/token_stream.cpp src/data/token_file.cpp src/core/fs.cpp) ;;
   tokenizer) sources+=(src/data/tokenizer.cpp src/data/byte_level_bpe.cpp src/data/gpt2_bpe.cpp src/data/hf_tokenizer.cpp
                        src/data/regex_split.cpp src/data/sentencepiece.cpp src/data/byte_tokenizer.cpp src/core/fs.cpp)
              flags+=(-DTESSERA_TOKENIZERS=1)
-             libs+=(-lpcre2-8 -lutf8proc) ;;
+             libs+=(-lpcre2-8 -lutf8proc)
+             uses_torch=0 ;;
   hf_folder) sources+=(src/model/hf_gpt2.cpp src/model/hf_llama.cpp src/model/hf_names.cpp src/model/model_options.cpp src/model/norm.cpp
                        src/model/fused_layer_norm.cpp src/model/linear.cpp src/checkpoint/region.cpp
                        src/checkpoint/safetensors.cpp src/core/fs.cpp src/core/options.cpp) ;;
   swarm_messages) sources+=(src/atom/messages.cpp src/atom/robust_aggregation.cpp src/atom/peer_record.cpp src/atom/swarm_key.cpp src/core/fs.cpp)
                   libs+=(-lcrypto) ;;
   swarm_wire) sources+=(src/atom/wire.cpp src/atom/swarm_key.cpp src/core/fs.cpp)
-              libs+=(-lssl -lcrypto) ;;
+              libs+=(-lssl -lcrypto)
+              uses_torch=0 ;;
   file_transfer) sources+=(src/comm/file_receiver.cpp)
                  watched+=(src/comm) ;;
   *) echo "unknown fuzz target '$target' (safetensors, schedule_csv, region, checkpoint_dir, config, cluster, tokenizer,
      token_files, hf_folder, swarm_messages, swarm_wire, file_transfer)" >&2
      exit 2 ;;
 esac
+# The torch package directory: TESSERA_TORCH_ROOT (CTest passes the build's), or asked of the venv's
+# python (about 2 s: importing torch).
+torch=${TESSERA_TORCH_ROOT:-}
+if [ "$uses_torch" = 1 ] && [ -z "$torch" ]; then
+  python=${TESSERA_PYTHON:-$(ls -d "$HOME"/.cache/tessera/venv-torch-* | tail -1)/bin/python}
+  torch=$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
+fi
 if [ ! -x "$out/fuzz" ] || [ -n "$(find "${sources[@]}" "${watched[@]}" -name '*.h' -newer "$out/fuzz")" ] ||
-   [ -n "$(find "${sources[@]}" -newer "$out/fuzz")" ]; then
+   [ -n "$(find "${sources[@]}" tests/fuzz/run.sh -newer "$out/fuzz")" ]; then
   echo "building $out/fuzz (clang, libFuzzer + ASan + UBSan)"
   # One object per source, through ccache where there is one (with the build's settings, so that a
   # fresh clone hits this machine's entries and targets sharing a source compile it once). -g1:
@@ -79,21 +86,25 @@ if [ ! -x "$out/fuzz" ] || [ -n "$(find "${sources[@]}" "${watched[@]}" -name '*
   # loses a second). The header is rebuilt only for another torch, and has no timestamp, so that
   # ccache can hash it.
   compile=(-std=c++17 "$opt" -g1 -fdebug-prefix-map="$PWD"=. -fsanitize=fuzzer-no-link,address,undefined
-           -fno-sanitize-recover=undefined -D_GLIBCXX_USE_CXX11_ABI=1 -Isrc -isystem "$torch/include"
-           -isystem "$torch/include/torch/csrc/api/include")
+           -fno-sanitize-recover=undefined -D_GLIBCXX_USE_CXX11_ABI=1 -Isrc)
+  torch_compile=(-isystem "$torch/include" -isystem "$torch/include/torch/csrc/api/include")
+  torch_link=(-L"$torch/lib" -Wl,-rpath,"$torch/lib" -ltorch_cpu -lc10)
   pch=$builds/pch
-  mkdir -p "$pch"
-  (
-    flock 9
-    if [ ! -f "$pch/torch.h.pch" ] || [ "$(cat "$pch/torch_root" 2>/dev/null)" != "$torch" ]; then
-      echo "building $pch/torch.h.pch (torch's headers for every fuzz target)"
-      printf '#include <torch/torch.h>\n' >"$pch/torch.h"
-      clang++ "${compile[@]}" -fpch-instantiate-templates -Xclang -fno-pch-timestamp -x c++-header \
-        "$pch/torch.h" -o "$pch/torch.h.pch.tmp"
-      mv "$pch/torch.h.pch.tmp" "$pch/torch.h.pch"
-      echo "$torch" >"$pch/torch_root"
-    fi
-  ) 9>"$pch/lock"
+  [ "$uses_torch" = 1 ] || { torch_compile=(); torch_link=(); }
+  if [ "$uses_torch" = 1 ]; then
+    mkdir -p "$pch"
+    (
+      flock 9
+      if [ ! -f "$pch/torch.h.pch" ] || [ "$(cat "$pch/torch_root" 2>/dev/null)" != "$torch" ]; then
+        echo "building $pch/torch.h.pch (torch's headers for every fuzz target)"
+        printf '#include <torch/torch.h>\n' >"$pch/torch.h"
+        clang++ "${compile[@]}" "${torch_compile[@]}" -fpch-instantiate-templates -Xclang -fno-pch-timestamp -x c++-header \
+          "$pch/torch.h" -o "$pch/torch.h.pch.tmp"
+        mv "$pch/torch.h.pch.tmp" "$pch/torch.h.pch"
+        echo "$torch" >"$pch/torch_root"
+      fi
+    ) 9>"$pch/lock"
+  fi
   cc=(clang++)
   command -v ccache >/dev/null &&
     cc=(env CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1 CCACHE_SLOPPINESS=pch_defines,time_macros ccache clang++)
@@ -101,13 +112,16 @@ if [ ! -x "$out/fuzz" ] || [ -n "$(find "${sources[@]}" "${watched[@]}" -name '*
   mkdir -p "$out/obj"
   for source in "${sources[@]}"; do
     object=$out/obj/${source//\//_}.o
-    "${cc[@]}" "${compile[@]}" -include-pch "$pch/torch.h.pch" "${flags[@]}" -c "$source" -o "$object"
+    if [ "$uses_torch" = 1 ]; then
+      "${cc[@]}" "${compile[@]}" "${torch_compile[@]}" -include-pch "$pch/torch.h.pch" "${flags[@]}" -c "$source" -o "$object"
+    else
+      "${cc[@]}" "${compile[@]}" "${flags[@]}" -c "$source" -o "$object"
+    fi
     objects+=("$object")
   done
   linker=()
   command -v ld.lld >/dev/null && linker=(-fuse-ld=lld)  # 0.4 s a link against GNU ld's 1.9
-  clang++ "${linker[@]}" -fsanitize=fuzzer,address,undefined "${objects[@]}" -L"$torch/lib" -Wl,-rpath,"$torch/lib" \
-    -ltorch_cpu -lc10 "${libs[@]}" -o "$out/fuzz"
+  clang++ "${linker[@]}" -fsanitize=fuzzer,address,undefined "${objects[@]}" "${torch_link[@]}" "${libs[@]}" -o "$out/fuzz"
 fi
 cp -n tests/fuzz/corpus/$target/* "$out/corpus/" 2>/dev/null || true
 ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 \
