@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds a libFuzzer target of tests/fuzz/ with clang (-fsanitize=fuzzer,address,undefined) against
 # the torch of tessera's venv and runs it from its seed corpus for RUNS executions (default 10^6),
-# or for at most SECONDS when given (whichever comes first; `make test` gives 5).
-# TESSERA_FUZZ_OPT is the optimisation level (default -O1). `make test` builds with -O0: its 5-second
+# or for at most SECONDS when given (whichever comes first; `make test` gives 3).
+# TESSERA_FUZZ_OPT is the optimisation level (default -O1). `make test` builds with -O0: its 3-second
 # runs replay the seed corpus and explore briefly, and the 12 targets build in 70% of the -O1 time
 # (a torch-heavy source in 40%), but run a fifth as many inputs a second (safetensors 16,037 inputs
 # in 5 s against 88,501); the long runs of docs/reliability.md use -O1.
