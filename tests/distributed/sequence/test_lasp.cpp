@@ -9,7 +9,7 @@
 #include "parallel/sequence/lasp.h"
 #include "test_util.h"
 
-namespace {
+namespace lasp_test {
 
 using tessera::LaspVariant;
 
@@ -85,4 +85,4 @@ TEST(Lasp, VariantNamesAndArchitectureAreChecked) {
   EXPECT_TRUE(tessera::test::throws_naming([] { tessera::lasp_variant("ulysses"); }, {"parallel.sp_method", "ulysses"}));
 }
 
-}  // namespace
+}  // namespace lasp_test

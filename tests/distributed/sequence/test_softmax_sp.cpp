@@ -17,7 +17,7 @@
 #include "parallel/sequence/ulysses.h"
 #include "test_util.h"
 
-namespace {
+namespace softmax_sp_test {
 
 using tessera::comm::Group;
 
@@ -155,4 +155,4 @@ TEST(SoftmaxSequenceParallel, MethodAndPositionsAreChecked) {
   EXPECT_TRUE(tessera::test::all_close(model->forward(idx).logits, shifted, 0, 0));
 }
 
-}  // namespace
+}  // namespace softmax_sp_test
