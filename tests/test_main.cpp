@@ -1,10 +1,14 @@
 // Shared main for tessera's gtest binaries: the rank zygote where the binary has one
 // (rank_zygote.h), one intra-op thread (ctest runs two binaries at a time on a 2-core machine),
-// deterministic seeds, exit 77 when every case skipped; and the build's paths (test_util.h), the only object compiled with them,
+// deterministic seeds, exit 77 when every case skipped, _exit after the last case; and the build's paths (test_util.h), the only object compiled with them,
 // so that no other test object names the checkout's folder and a fresh clone's test objects hit
 // ccache (docs/build.md).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
 
 namespace tessera::test {
 extern const char* const kGoldenDir = TESSERA_GOLDEN_DIR;
@@ -24,6 +28,16 @@ int main(int argc, char** argv) {
   // 77, CTest's SKIP_RETURN_CODE (tests/CMakeLists.txt), when every case that ran skipped: an
   // entry with one passing case beside a skipped one passes, and prints the skipped case.
   const auto& unit = *::testing::UnitTest::GetInstance();
-  if (failed == 0 && unit.successful_test_count() == 0 && unit.skipped_test_count() > 0) return 77;
-  return failed;
+  const int code = failed == 0 && unit.successful_test_count() == 0 && unit.skipped_test_count() > 0 ? 77 : failed;
+  // Static destructors (libtorch's operator registry) cost about 85 ms a process, and the test
+  // processes and their forked ranks number over a thousand under `make test`: _exit once the output
+  // is flushed, except under a sanitizer, whose checks at exit then run.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  return code;
+#else
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  ::_exit(code);
+#endif
 }
