@@ -5,10 +5,8 @@
 // ccache (docs/build.md).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
-#include <cstdio>
-#include <iostream>
+#include "core/process_end.h"
 
 namespace tessera::test {
 extern const char* const kGoldenDir = TESSERA_GOLDEN_DIR;
@@ -29,15 +27,5 @@ int main(int argc, char** argv) {
   // entry with one passing case beside a skipped one passes, and prints the skipped case.
   const auto& unit = *::testing::UnitTest::GetInstance();
   const int code = failed == 0 && unit.successful_test_count() == 0 && unit.skipped_test_count() > 0 ? 77 : failed;
-  // Static destructors (libtorch's operator registry) cost about 85 ms a process, and the test
-  // processes and their forked ranks number over a thousand under `make test`: _exit once the output
-  // is flushed, except under a sanitizer, whose checks at exit then run.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  return code;
-#else
-  std::cout.flush();
-  std::cerr.flush();
-  std::fflush(nullptr);
-  ::_exit(code);
-#endif
+  return tessera::end_process(code);  // no static destructors (core/process_end.h)
 }

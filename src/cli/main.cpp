@@ -1,15 +1,13 @@
 // tessera: train, sample from and prepare data for transformer language models.
 // Exit codes: 0 success, 2 a user error (the message names the file, key or rank), 1 an
 // unexpected failure.
-#include <unistd.h>
-
-#include <cstdio>
 #include <iostream>
 
 #include <c10/util/Exception.h>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/process_end.h"
 
 namespace {
 
@@ -51,19 +49,5 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-// The command's own objects are gone when run() returns (run directories unlocked, files closed);
-// what is left are static objects, libtorch's operator registry above all, whose destructors cost
-// about 85 ms of CPU a process (a third of its start; `make test` starts tessera some 700 times).
-// So the process ends with _exit once its output is flushed, except under a sanitizer, whose
-// checks at exit then run as usual.
-int main(int argc, char** argv) {
-  const int code = run(argc, argv);
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  return code;
-#else
-  std::cout.flush();
-  std::cerr.flush();
-  std::fflush(nullptr);
-  ::_exit(code);
-#endif
-}
+// Ends by tessera::end_process (core/process_end.h): static destructors cost a third of a start.
+int main(int argc, char** argv) { return tessera::end_process(run(argc, argv)); }
