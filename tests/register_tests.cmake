@@ -1,17 +1,14 @@
 # Registers a gtest binary's cases with CTest (run after the binary is linked; tests/CMakeLists.txt,
-# tessera_test): one CTest entry per gtest suite, which runs that suite's cases in one process, and
-# one entry per case for the suites named in CASES (or every suite, CASES "*"). Starting a test
-# process costs about 0.3 s of CPU here (libtorch's static initialisation), more than most unit
-# cases take, so an entry per case spent a fifth of `make test` starting processes; the suites
-# whose cases run for seconds (multi-process runs, timeouts) keep an entry per case so that CTest
-# spreads them over the cores.
+# tessera_test): one CTest entry per gtest suite, which runs that suite's cases in one process, or
+# one entry per case with EACH_CASE (the GPU suites, each case reported skipped on its own).
+# Starting a test process costs about 0.3 s of CPU here (libtorch's static initialisation), more
+# than most unit cases take, so an entry per case spent a fifth of `make test` starting processes.
 #
 # Reads CONFIG, a file written at configure time that sets: EXE (the binary), FILTER (a gtest
-# filter: only matching cases are registered), CASES, PROPERTIES (CTest properties of every entry),
+# filter: only matching cases are registered), EACH_CASE, PROPERTIES (CTest properties of every entry),
 # WORKING_DIRECTORY and OUT, the file this writes; CTest includes OUT (TEST_INCLUDE_FILES).
 # An entry's filter lists its cases by name, so it runs exactly what was registered. A binary that
 # cannot list its cases fails its build, naming the binary and what it printed.
-cmake_policy(SET CMP0057 NEW)  # IN_LIST
 include(${CONFIG})
 execute_process(COMMAND ${EXE} --gtest_list_tests "--gtest_filter=${FILTER}"
   WORKING_DIRECTORY ${WORKING_DIRECTORY} OUTPUT_VARIABLE listing ERROR_VARIABLE listing_err
@@ -48,7 +45,7 @@ foreach(suite IN LISTS suites)
   if(NOT cases)
     continue()
   endif()
-  if(CASES STREQUAL "*" OR suite IN_LIST CASES)
+  if(EACH_CASE)
     foreach(case IN LISTS cases)
       add_entry("${case}" "${case}" 1)
     endforeach()

@@ -41,7 +41,8 @@ std::string default_run_of_make_train() {
   toml::table made_toml = made.to_toml();
   const std::string data_path = made_toml["data"]["path"].value_or(std::string());
   const int64_t threads = made_toml["train"]["threads"].value_or(int64_t{0});
-  Config expected = Config::load(std::string(kSourceDir) + "/configs/tiny_gpt.toml", {"data.path=" + data_path, "train.threads=" + std::to_string(threads)});
+  Config expected = Config::load(source_path("configs/tiny_gpt.toml"),
+                                 {"data.path=" + data_path, "train.threads=" + std::to_string(threads)});
   if (expected.to_toml_string() != made.to_toml_string()) return refuse("not the default config");
   const int64_t steps = made_toml["train"]["steps"].value_or(int64_t{0});
   if (!fs::exists(run + "/checkpoints/step_" + std::to_string(steps) + "/model.safetensors"))
@@ -57,8 +58,8 @@ TEST(DefaultRun, ValidationLossFallsFarBelowUnigramBaseline) {
     log = slurp(out + "/train.log");
   } else {
     out = fresh_dir("default_run");
-    // One thread: ctest runs two tests at once on two cores, and OpenMP teams that oversubscribe the
-    // cores spin against each other.
+    // One thread: ctest runs several tests at once on two cores, and OpenMP teams that oversubscribe
+    // the cores spin against each other.
     auto r = run_tessera("train --config tiny_gpt --set train.threads=1 --set data.path=" + prepared_corpus() +
                          " --out " + out);
     ASSERT_EQ(r.exit_code, 0) << r.output;
