@@ -29,10 +29,13 @@ struct FlightGroup {
   std::deque<FlightOperation> operations;
 };
 
+// Never destroyed: a communication thread left detached after a failure (group.cpp) and the
+// heartbeat's thread may still read or write the recorder while the process's static objects are
+// being destroyed at exit (std::mutex's destructor is trivial).
 std::mutex flight_mutex;
 std::map<std::string, FlightGroup>& flight_groups() {
-  static std::map<std::string, FlightGroup> groups;
-  return groups;
+  static auto* groups = new std::map<std::string, FlightGroup>;
+  return *groups;
 }
 
 double wall_seconds() {
