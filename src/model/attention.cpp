@@ -16,7 +16,7 @@ ParameterSpecs CausalSelfAttentionImpl::parameter_specs() const {
     specs = column_linear("c_attn", 0.02, 3);
   } else {
     specs = column_linear("q_proj", 0.02, 1);
-    add_specs(specs, column_linear("kv_proj", 0.02, 2));
+    add_specs(specs, column_linear("kv_proj", 0.02, 2, kv_heads_));
   }
   if (q_norm) {
     ParameterSpecs norms = q_norm->parameter_specs();
@@ -30,7 +30,7 @@ ParameterSpecs CausalSelfAttentionImpl::parameter_specs() const {
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelOptions& opts, const at::TensorOptions& where)
     : head_dim_(opts.head_width()),
-      group_(opts.n_head / opts.kv_heads()),
+      kv_heads_(opts.kv_heads()),
       residual_std_(residual_std(opts.n_layer)),
       dropout_(opts.dropout) {
   const int64_t C = opts.n_embd, q_width = opts.n_head * head_dim_, kv_width = opts.kv_heads() * head_dim_;
@@ -50,8 +50,7 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelOptions& opts, const
 }
 
 at::Tensor CausalSelfAttentionImpl::core(const at::Tensor& qkv) {
-  const int64_t B = qkv.size(0), T = qkv.size(1), d = head_dim_;
-  const int64_t kv = qkv.size(2) / (d * (group_ + 2)), h = kv * group_;
+  const int64_t B = qkv.size(0), T = qkv.size(1), d = head_dim_, h = q_local_, kv = kv_local_, group = h / kv;
   // [B, T, n d] -> [B, T, n, d]
   auto heads = [&](int64_t first, int64_t n) { return qkv.narrow(-1, first * d, n * d).view({B, T, n, d}); };
   at::Tensor q = heads(0, h), k = heads(h, kv), v = heads(h + kv, kv);
@@ -67,15 +66,15 @@ at::Tensor CausalSelfAttentionImpl::core(const at::Tensor& qkv) {
     q = apply_rotary(q, tables);
     k = apply_rotary(k, tables);
   }
-  if (group_ > 1 && kernel_) {  // the sequence-parallel kernels take as many key/value heads as query heads
-    k = k.repeat_interleave(group_, 1);
-    v = v.repeat_interleave(group_, 1);
+  if (group > 1 && kernel_) {  // the sequence-parallel kernels take as many key/value heads as query heads
+    k = k.repeat_interleave(group, 1);
+    v = v.repeat_interleave(group, 1);
   }
   const double p = is_training() ? dropout_ : 0.0;
   auto y = kernel_ ? kernel_(q, k, v)
                    : random::fork(p > 0 ? dropout_stream_ : random::Stream::shared, qkv.device(), [&] {
                        return at::scaled_dot_product_attention(q, k, v, {}, p, /*is_causal=*/true, std::nullopt,
-                                                               /*enable_gqa=*/group_ > 1);
+                                                               /*enable_gqa=*/group > 1);
                      });
   return y.transpose(1, 2).contiguous().view({B, T, h * d});
 }
@@ -93,6 +92,8 @@ const RotaryTables& CausalSelfAttentionImpl::rotary_for(const at::Tensor& x) {
 
 at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   const at::Tensor in = region_.input(x);
+  q_local_ = (c_attn ? c_attn->weight.size(0) / 3 : q_proj->weight.size(0)) / head_dim_;
+  kv_local_ = c_attn ? q_local_ : kv_proj->weight.size(0) / (2 * head_dim_);
   // q_proj and kv_proj as one GEMM: their weights (and biases) joined, a copy of C x (H + 2K) d
   // numbers instead of one of the B T (H + 2K) d outputs.
   auto qkv = c_attn ? linear(c_attn, in)

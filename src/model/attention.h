@@ -26,8 +26,9 @@
 //
 // Tensor parallelism shards the layer from outside (set_region, model/sharded_region.h): c_attn
 // (or q_proj and kv_proj) then holds this rank's heads' rows, block by block, and c_proj the
-// matching input columns; the core works on however many heads the projections give it (q heads
-// H / K times the k and v heads, on every rank).
+// matching input columns; the core works on however many heads the projections give it: H / N
+// query heads, and K / N key/value heads, or, with fewer key/value heads than ranks, the one that
+// those query heads share (kv_proj replicated over N / K ranks, model/parameter_spec.h).
 #pragma once
 
 #include <functional>
@@ -69,11 +70,13 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   Norm q_norm{nullptr}, k_norm{nullptr};  // qk_norm only
 
  private:
-  // [B, T, (h + 2 k) d] (q, k, v) -> [B, T, h d]: h query heads (n_head unsharded), h / group_ kv heads.
+  // [B, T, (h + 2 k) d] (q, k, v) -> [B, T, h d]: the h query heads and k key/value heads this
+  // rank computes (forward() reads them from the projections' shapes).
   at::Tensor core(const at::Tensor& qkv);
 
   int64_t head_dim_;
-  int64_t group_;  // query heads per k and v head
+  int64_t kv_heads_;  // the model's (n_kv_head)
+  int64_t q_local_ = 0, kv_local_ = 0;  // the heads of the last forward's projections
   at::Tensor inv_freq_;  // rotary only (rotary.h), float32 on the CPU
   int64_t position_offset_ = 0;
   // The last tables, reused while the positions, device and dtype stay (every step's forward, and

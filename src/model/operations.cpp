@@ -56,7 +56,9 @@ void add_attention(Builder& b, const ModelOptions& m) {
   const OperationShape& s = b.shape;
   const double T = s.tokens(), h = static_cast<double>(m.n_embd), d = static_cast<double>(m.head_width());
   const double tp = static_cast<double>(s.tp);
-  const double q_heads = static_cast<double>(m.n_head) / tp, kv_heads = static_cast<double>(m.kv_heads()) / tp;
+  // Key/value heads per rank: K / tp, or one where fewer than tp are replicated (tensor_parallel.h).
+  const double q_heads = static_cast<double>(m.n_head) / tp,
+               kv_heads = static_cast<double>(std::max(m.kv_heads(), s.tp)) / tp;
   add_norm(b, "attention.norm", m);
   b.matmul("attention.qkv", T, h, (q_heads + 2 * kv_heads) * d, true);
   if (m.qk_norm) b.memory("attention.qk_norm", T * (q_heads + kv_heads) * d, 2);

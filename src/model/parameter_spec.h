@@ -6,7 +6,13 @@
 //   replicated   every rank holds the whole tensor                 whole
 //   column       dim 0 in `parts` equal blocks, each cut in N;     whole
 //                rank r holds chunk r of every block, in order
-//                (c_attn: q, k, v; the GLU's c_fc: a, g)
+//                (c_attn: q, k, v; the GLU's c_fc: a, g). With
+//                `heads` (whole attention heads a block holds)
+//                fewer than N, dividing it: each block is cut in
+//                `heads` chunks, each held by N / heads consecutive
+//                ranks (grouped-query attention's key/value heads
+//                replicated under tp); their gradients are summed
+//                over the ranks holding the same chunk
 //   row          dim 1 cut in N, rank r holds chunk r              whole
 //   vocab        dim 0 (the vocabulary) cut in N                   whole
 //   expert       whole (the MoE layer is not tensor-parallel)      dim 0 (experts) cut in ep
@@ -67,6 +73,7 @@ struct ParameterSpec {
   // Replicated under tensor parallelism, but each rank applies it to its own heads only (Qwen 3's
   // q and k norms): a rank's gradient is its heads' part, summed over tp to the whole.
   bool per_head = false;
+  int64_t heads = 0;  // column only: whole heads per block, replicated when fewer than tp (0: not heads)
 };
 
 // Parameter name (as in named_parameters(), relative to the declaring module) -> its spec.
@@ -84,8 +91,11 @@ inline void add_specs(ParameterSpecs& out, const std::string& prefix, const Para
 // A Linear's weight (normal, `std`) and bias (zeros): a column-parallel layer splits both along
 // its outputs; a row-parallel layer splits the weight's inputs and keeps its bias whole (it is
 // added once, after the ranks' partial products are summed).
-inline ParameterSpecs column_linear(const std::string& name, double std, int64_t parts = 1) {
-  return {{name + ".weight", {Split::column, parts, normal_init(std)}}, {name + ".bias", {Split::column, parts, {}}}};
+inline ParameterSpecs column_linear(const std::string& name, double std, int64_t parts = 1, int64_t heads = 0) {
+  ParameterSpecs specs = {{name + ".weight", {Split::column, parts, normal_init(std)}},
+                          {name + ".bias", {Split::column, parts, {}}}};
+  for (auto& [key, spec] : specs) spec.heads = heads;
+  return specs;
 }
 inline ParameterSpecs row_linear(const std::string& name, double std) {
   return {{name + ".weight", {Split::row, 1, normal_init(std)}}, {name + ".bias", {Split::replicated, 1, {}}}};

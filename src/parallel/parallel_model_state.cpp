@@ -37,11 +37,16 @@ NamedTensors ParallelModel::model_state() {
 }
 
 void ParallelModel::add_pieces(std::vector<Piece>& pieces, const Region& region, comm::Group* over) {
-  for (int64_t r = 0; r < (over ? over->size() : 1); ++r) pieces.push_back({region.part_numel(), over, over ? r : -1});
+  if (!over) {
+    pieces.push_back({region.part_numel(), nullptr, -1, 1});
+    return;
+  }
+  const int64_t count = region.is_split() ? region.count : 1;  // 1: every rank of `over` holds it whole
+  for (int64_t i = 0; i < count; ++i) pieces.push_back({region.part_numel(), over, i, over->size() / count});
 }
 
 bool ParallelModel::holds(const Piece& piece) const {
-  return !piece.over || piece.over->rank() == piece.index;
+  return !piece.over || piece.over->rank() / piece.replicas == piece.index;
 }
 
 std::vector<int64_t> ParallelModel::writers(const std::vector<Piece>& pieces) const {
@@ -60,7 +65,7 @@ std::vector<int64_t> ParallelModel::writers(const std::vector<Piece>& pieces) co
   for (const Piece& piece : pieces) {
     size_t least = ranks.size();
     for (size_t i = 0; i < ranks.size(); ++i) {
-      const int64_t coordinate = piece.over == tp_ ? ranks[i].tp : ranks[i].ep;
+      const int64_t coordinate = (piece.over == tp_ ? ranks[i].tp : ranks[i].ep) / piece.replicas;
       if ((!piece.over || coordinate == piece.index) && (least == ranks.size() || load[i] < load[least])) least = i;
     }
     load[least] += piece.numel;
@@ -198,6 +203,7 @@ std::vector<TensorSlice> ParallelModel::state_slices() {
       comm::Group* const cut = placement_->state_split_group(slice.name, slice.region.shape);
       const std::string param = placement_->parameter_of(slice.name);
       if (cut != tp_ && tp_rank_ != 0) continue;
+      if (cut == tp_ && tp_rank_ % placement_->replicas(param) != 0) continue;  // a replicated chunk: its first rank
       if (ep_ && cut != ep_ && !param.empty() && placement_->split_group(param) == ep_ && ep_->rank() != 0) continue;
       slice.region = placement_->state_region(slice.name, slice.region);
       out.push_back(std::move(slice));

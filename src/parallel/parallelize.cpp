@@ -48,8 +48,13 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
     tp_ = &mesh_->group("tp");
     parallelize_tensor(model_, *tp_, config.parallel.megatron_sp);
     norm.groups.push_back(tp_);
-    for (const auto& [name, spec] : model_->parameter_specs())
-      if (tensor_parallel_layout(spec).dim < 0) norm.weight[name] = 1.0 / static_cast<double>(tp_->size());
+    // The clipping norm sums the squares over tp: a tensor every rank holds counts 1/tp per rank,
+    // a chunk held by several (replicated key/value heads) 1/replicas.
+    for (const auto& [name, spec] : model_->parameter_specs()) {
+      const TensorParallelLayout layout = tensor_parallel_layout(spec, tp_->size());
+      if (layout.dim < 0) norm.weight[name] = 1.0 / static_cast<double>(tp_->size());
+      else if (layout.replicas > 1) norm.weight[name] = 1.0 / static_cast<double>(layout.replicas);
+    }
   }
   // 2. Sequence parallelism on each rank's (tensor-parallel) heads.
   if (dims && dims->sp() > 1) {

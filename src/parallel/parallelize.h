@@ -170,12 +170,14 @@ class ParallelModel {
   TransformerLM model_;
   comm::Mesh* mesh_;
   c10::Device device_;
-  // A piece of a checkpoint: `numel` elements of the part at coordinate `index` of split group
-  // `over` (tp or ep), or of a tensor every rank of the stage holds (`over` null).
+  // A piece of a checkpoint: `numel` elements of chunk `index` of a tensor split over group `over`
+  // (tp or ep), held by the ranks whose coordinate there divided by `replicas` is `index`, or of
+  // a tensor every rank of the stage holds (`over` null).
   struct Piece {
     int64_t numel;
     comm::Group* over;
     int64_t index;
+    int64_t replicas;  // ranks of `over` holding the chunk (replicated key/value heads: N / K)
   };
   // The model's routing state (TransformerLMImpl::routing_state: the held MoE layers' selection
   // biases), kept whole, written by the replica at dp = sp = tp = 0 of each stage.

@@ -23,8 +23,9 @@ ParameterPlacement::ParameterPlacement(const TransformerLM& model, const Layout&
 ParameterPlacement::Cut ParameterPlacement::cut(const std::string& param) const {
   const ParameterSpec& spec = model_->parameter_specs().at(param);
   if (spec.split == Split::expert) return ep_ ? Cut{{0, 1}, ep_} : Cut{};
-  const TensorParallelLayout layout = tensor_parallel_layout(spec);
-  return tp_ && layout.dim >= 0 ? Cut{layout, tp_} : Cut{};
+  if (!tp_) return {};
+  const TensorParallelLayout layout = tensor_parallel_layout(spec, tp_->size());
+  return layout.dim >= 0 ? Cut{layout, tp_} : Cut{};
 }
 
 comm::Group* ParameterPlacement::split_group(const std::string& param) const { return cut(param).group; }
@@ -43,7 +44,12 @@ Region ParameterPlacement::part_region(const std::string& param) const {
   const std::vector<int64_t>& shape = whole_shape(param);
   const Cut c = cut(param);
   if (!c.group) return Region::whole(shape);
-  return Region::split(shape, c.layout.dim, c.layout.parts, c.group->rank(), c.group->size());
+  return Region::split(shape, c.layout.dim, c.layout.parts, c.index(), c.count());
+}
+
+int64_t ParameterPlacement::replicas(const std::string& param) const {
+  const Cut c = cut(param);
+  return c.group ? c.layout.replicas : 1;
 }
 
 ParameterPlacement::Cut ParameterPlacement::state_cut(const std::string& state, const std::vector<int64_t>& shape) const {
@@ -64,8 +70,8 @@ Region ParameterPlacement::state_region(const std::string& state, const std::vec
   const Cut c = state_cut(state, local);
   if (!c.group) return Region::whole(local);
   std::vector<int64_t> shape = local;
-  shape[static_cast<size_t>(c.layout.dim)] *= c.group->size();
-  return Region::split(shape, c.layout.dim, c.layout.parts, c.group->rank(), c.group->size());
+  shape[static_cast<size_t>(c.layout.dim)] *= c.count();
+  return Region::split(shape, c.layout.dim, c.layout.parts, c.index(), c.count());
 }
 
 Region ParameterPlacement::state_region(const std::string& state, const Region& slice) const {

@@ -8,7 +8,8 @@
 // ParameterSpec (model/parameter_spec.h) gives its split, its block (hence its pipeline stage, by
 // the layout's cut) and whether it is the tied embedding. The layers:
 //   tp   part(name, whole) cuts the rank's shard by the declared split; whole(name, part)
-//        all-gathers it back (a collective of tp when split, the tensor itself otherwise);
+//        all-gathers it back (a collective of tp when split, the tensor itself otherwise); a
+//        chunk held by several tp ranks (replicated key/value heads: replicas()) is one part;
 //        part_region(name) describes the part as a region of the whole tensor, so a checkpoint
 //        holds and reads parts without gathering them;
 //   ep   the same for the stacked expert weights (Split::expert): dim 0 cut over the ep group
@@ -67,6 +68,10 @@ class ParameterPlacement {
   // expert-parallel chunk when split, the whole tensor otherwise. A checkpoint writes and reads
   // parts by it.
   Region part_region(const std::string& param) const;
+  // How many ranks of its split group hold the same part as this rank: 1, or N / K for the
+  // key/value projection of K heads replicated over tp = N (tensor_parallel.h). Of those, the
+  // first writes it to checkpoints.
+  int64_t replicas(const std::string& param) const;
 
   // State tensors ("optim.<param>.<slot>", "master.<param>", or none).
   std::string parameter_of(const std::string& state) const;
@@ -100,6 +105,8 @@ class ParameterPlacement {
   struct Cut {
     TensorParallelLayout layout;
     comm::Group* group = nullptr;
+    int64_t index() const { return layout.chunk(group->rank()); }  // this rank's chunk
+    int64_t count() const { return layout.chunks(group->size()); }
   };
   Cut cut(const std::string& param) const;
   // The cut of state tensor `state` of `shape`: its parameter's, or none.

@@ -22,7 +22,8 @@ double block_activation_bytes_per_token(const Config& config, const ParallelDims
 
   const double heads = static_cast<double>(m.n_head);
   const double hq = heads * static_cast<double>(m.head_width());
-  const double kv = static_cast<double>(m.kv_heads() * m.head_width());
+  // Key/value heads as if split over tp: with fewer of them than tp ranks each rank holds one.
+  const double kv = static_cast<double>(std::max(m.kv_heads(), dims.tp()) * m.head_width());
   const double norm_stats = 2 * (m.rms_norm() ? 1 : 2);  // float32 per token, both norms
   // Split over tp: the attention's and the feed-forward's; replicated: the norms' (split too under
   // Megatron-SP).

@@ -63,8 +63,11 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
     for (const CensusEntry& item : *parameter_census(m, stage)) {
       const at::Tensor& t = item.meta;
       const Split split = item.spec.split;
+      // A split tensor's share of tp; heads fewer than tp (replicated key/value heads): one of them.
+      const bool few_heads = item.spec.heads > 0 && item.spec.heads < dims.tp();
       const double share = split == Split::replicated ? 1.0
                            : split == Split::expert   ? 1.0 / static_cast<double>(dims.ep())
+                           : few_heads                ? 1.0 / static_cast<double>(item.spec.heads)
                                                       : 1.0 / static_cast<double>(dims.tp());
       const double local = static_cast<double>(t.numel()) * share;
       e.parameters_rank += static_cast<int64_t>(local);

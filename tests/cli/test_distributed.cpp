@@ -797,6 +797,48 @@ TEST(DistributedTrain, TensorParallelMatchesOneProcessAndResumesAtAnyTp) {
   expect_same_losses(losses(lin_tp), losses(lin_one), 1e-4, "linear attention tp=2, Megatron SP");
 }
 
+// One key/value head for four query heads at tp = 2: each rank holds the whole kv_proj (replicated,
+// its gradient summed over the two ranks) and its two query heads. The run gives one process's
+// losses and gradient norms; its checkpoint holds kv_proj once, whole, beside q_proj's two parts,
+// and resumes on one process, as one process's checkpoint resumes at tp = 2; so does a dp 2 x tp 2
+// run at ZeRO-1, whose optimizer state of kv_proj the first tp rank of each replica writes.
+TEST(DistributedTrain, KeyValueHeadsReplicatedOverTpMatchOneProcessAndResumeAtAnyTp) {
+  const std::string one = fresh_dir("kv_one"), tp2 = fresh_dir("kv_tp2"), resumed = fresh_dir("kv_resumed"),
+                    one_at_tp2 = fresh_dir("kv_one_at_tp2"), zero1 = fresh_dir("kv_zero1"),
+                    zero1_resumed = fresh_dir("kv_zero1_resumed");
+  const std::string llama = "train --config tiny_llama --set model.n_kv_head=1 --set checkpoint.every=3"
+                            " --set checkpoint.keep=0";
+  auto r1 = run_tessera(llama + settings(8, 6, 4) + " --out " + one);
+  ASSERT_EQ(r1.exit_code, 0) << r1.output;
+  auto r2 = run_tessera(llama + settings(8, 6, 4) + " --nproc 2 --set parallel.tp=2 --out " + tp2);
+  ASSERT_EQ(r2.exit_code, 0) << r2.output;
+  auto r5 = run_tessera(llama + settings(4, 6, 4) + " --nproc 4 --set parallel.tp=2 --set parallel.zero_stage=1 --out " +
+                        zero1);
+  ASSERT_EQ(r5.exit_code, 0) << r5.output;
+  auto r6 = run_tessera("train --resume " + zero1 + "/checkpoints/step_3 --set parallel.tp=1 --set parallel.zero_stage=0"
+                        " --set train.batch_size=8 --out " + zero1_resumed);
+  ASSERT_EQ(r6.exit_code, 0) << r6.output;
+  const auto index = nlohmann::json::parse(read_file(tp2 + "/checkpoints/step_3/model.safetensors.index.json"));
+  EXPECT_TRUE(index["weight_map"].contains("model.h.0.attn.kv_proj.weight")) << index.dump();
+  EXPECT_EQ(index["part_map"]["model.h.0.attn.q_proj.weight"].size(), 2u) << index.dump();
+  auto r3 = run_tessera("train --resume " + tp2 + "/checkpoints/step_3 --set parallel.tp=1 --out " + resumed);
+  ASSERT_EQ(r3.exit_code, 0) << r3.output;
+  auto r4 = run_tessera("train --resume " + one + "/checkpoints/step_3 --nproc 2 --set parallel.tp=2 --out " +
+                        one_at_tp2);
+  ASSERT_EQ(r4.exit_code, 0) << r4.output;
+  const auto expected = losses(one), expected_norms = grad_norms(one);
+  expect_same_losses(losses(tp2), expected, 1e-4, "kv heads replicated at tp=2");
+  expect_same_losses(grad_norms(tp2), expected_norms, 1e-4, "kv heads replicated at tp=2: gradient norm");
+  expect_same_losses(losses(zero1), expected, 1e-4, "kv heads replicated at dp=2 x tp=2, ZeRO-1");
+  for (const auto& [run, what] : {std::pair{resumed, "tp=2 checkpoint resumed on one process"},
+                                  {one_at_tp2, "one process's checkpoint resumed at tp=2"},
+                                  {zero1_resumed, "dp=2 x tp=2 ZeRO-1 checkpoint resumed on one process"}}) {
+    EXPECT_EQ(losses(run).begin()->first, 4) << what;
+    expect_same_losses(losses(run), expected, 1e-4, what);
+    expect_same_losses(grad_norms(run), expected_norms, 1e-4, std::string(what) + ": gradient norm");
+  }
+}
+
 // Expert parallelism inside training, and its checkpoints at any ep: four experts, top-2, with
 // aux-loss-free balancing, trained at ep = 4 (dp 4, ZeRO-1) give one process's losses, gradient
 // norms and expert loads over the same micro-batches (batch 2, four per step); the ep = 4

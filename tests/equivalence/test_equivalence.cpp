@@ -242,6 +242,15 @@ const std::vector<Row>& layouts() {
       {"llama_dp2_zero3_sgd", 2, [](Config& c) { llama(c); sgd(c); c.parallel.zero_stage = 3; }},
       {"llama_tp2_sgd", 2, [](Config& c) { llama(c); sgd(c); c.parallel.tp = 2; }},
       {"qwen3_dp2_tp2_zero1", 4, [](Config& c) { llama(c, true); c.parallel.tp = 2; c.parallel.zero_stage = 1; }},
+      // Fewer key/value heads than tp ranks: each kv head replicated over tp / n_kv_head ranks.
+      {"llama_tp4_kv2_sgd", 4, [](Config& c) { llama(c); sgd(c); c.parallel.tp = 4; }},
+      {"llama_dp2_tp2_kv1_zero3", 4,
+       [](Config& c) {
+         llama(c);
+         c.model.n_kv_head = 1;
+         c.parallel.tp = 2;
+         c.parallel.zero_stage = 3;
+       }},
       {"llama_pp2_1f1b_sgd_accum2", 2,
        [](Config& c) {
          llama(c);

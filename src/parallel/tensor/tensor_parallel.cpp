@@ -62,8 +62,9 @@ void check_tensor_parallel(const ModelOptions& m, const ParallelOptions& p, cons
           "tp rank, their experts split by parallel.ep)");
   require(m.n_head % N == 0, "model.n_head = ", m.n_head, " is not a multiple of parallel.tp = ", N,
           " (each tensor-parallel rank computes n_head / tp whole heads)");
-  require(m.kv_heads() % N == 0, "model.n_kv_head = ", m.kv_heads(), " is not a multiple of parallel.tp = ", N,
-          " (each tensor-parallel rank computes n_kv_head / tp whole key/value heads; replicating them is not built)");
+  require(m.kv_heads() % N == 0 || N % m.kv_heads() == 0, "model.n_kv_head = ", m.kv_heads(),
+          " is neither a multiple nor a divisor of parallel.tp = ", N, " (each tensor-parallel rank computes ",
+          "n_kv_head / tp whole key/value heads, or, with fewer of them than ranks, the one its query heads share)");
   require(m.hidden() % N == 0, "the MLP's hidden width ", m.hidden(), " (model.ffn_hidden, or mlp_ratio x n_embd) is ",
           "not a multiple of parallel.tp = ", N);
   require(m.padded_vocab() % N == 0, "model.vocab_size = ", m.vocab_size, " padded to a multiple of model.vocab_multiple = ",
@@ -75,9 +76,13 @@ void check_tensor_parallel(const ModelOptions& m, const ParallelOptions& p, cons
           "its second moment over whole rows and columns, which tensor parallelism splits; use optim.name = adamw");
 }
 
-TensorParallelLayout tensor_parallel_layout(const ParameterSpec& spec) {
+TensorParallelLayout tensor_parallel_layout(const ParameterSpec& spec, int64_t ranks) {
   switch (spec.split) {
-    case Split::column: return {0, spec.parts};
+    case Split::column: {
+      if (spec.heads == 0 || spec.heads >= ranks) return {0, spec.parts};
+      require(ranks % spec.heads == 0, "internal: ", spec.heads, " heads over parallel.tp = ", ranks);
+      return {0, spec.parts, ranks / spec.heads};
+    }
     case Split::vocab: return {0, 1};
     case Split::row: return {1, 1};
     case Split::replicated:
@@ -87,32 +92,63 @@ TensorParallelLayout tensor_parallel_layout(const ParameterSpec& spec) {
 }
 
 at::Tensor shard_tensor(const at::Tensor& full, const TensorParallelLayout& layout, int64_t rank, int64_t ranks) {
-  if (layout.dim < 0 || ranks == 1) return full;
+  const int64_t count = layout.chunks(ranks);
+  if (layout.dim < 0 || count == 1) return full;
   std::vector<at::Tensor> pieces;
   for (const at::Tensor& block : full.chunk(layout.parts, layout.dim)) {
-    require(block.size(layout.dim) % ranks == 0, "tensor parallelism: a ", full.sizes(),
-            " tensor cannot be split over parallel.tp = ", ranks, " along dimension ", layout.dim);
-    pieces.push_back(block.chunk(ranks, layout.dim)[rank]);
+    require(block.size(layout.dim) % count == 0, "tensor parallelism: a ", full.sizes(),
+            " tensor cannot be split in ", count, " chunks (parallel.tp = ", ranks, ") along dimension ", layout.dim);
+    pieces.push_back(block.chunk(count, layout.dim)[layout.chunk(rank)]);
   }
   return at::cat(pieces, layout.dim).contiguous();
 }
 
-at::Tensor gather_tensor(const at::Tensor& part, const TensorParallelLayout& layout, comm::Group& tp) {
-  const int64_t N = tp.size();
-  if (layout.dim < 0 || N == 1) return part.detach().contiguous();
-  // [parts * n, rest...] along dim -> [parts, n, rest...]; gathered [N, parts, n, rest...].
+namespace {
+
+// A part [parts * n, rest...] along dim as [parts, n, rest...] (dim moved first), and back.
+at::Tensor blocks_of(const at::Tensor& part, const TensorParallelLayout& layout) {
   at::Tensor moved = part.detach().movedim(layout.dim, 0);
   std::vector<int64_t> shape = moved.sizes().vec();
   shape[0] /= layout.parts;
   shape.insert(shape.begin(), layout.parts);
-  at::Tensor input = moved.reshape(shape).contiguous();
+  return moved.reshape(shape).contiguous();
+}
+
+// [chunks, parts, n, rest...] -> [parts, chunks, n, rest...] -> [parts chunks n, rest...], the
+// dimension back in place.
+at::Tensor whole_from_chunks(const at::Tensor& chunks, const at::Tensor& part, const TensorParallelLayout& layout) {
+  std::vector<int64_t> full = part.movedim(layout.dim, 0).sizes().vec();
+  full[0] *= chunks.size(0);
+  return chunks.transpose(0, 1).reshape(full).movedim(0, layout.dim).contiguous();
+}
+
+}  // namespace
+
+at::Tensor gather_tensor(const at::Tensor& part, const TensorParallelLayout& layout, comm::Group& tp) {
+  const int64_t N = tp.size();
+  if (layout.dim < 0 || N == 1) return part.detach().contiguous();
+  const at::Tensor input = blocks_of(part, layout);
+  std::vector<int64_t> shape = input.sizes().vec();
   shape.insert(shape.begin(), N);
   at::Tensor output = at::empty(shape, input.options());
   tp.all_gather(output.view(-1), input.view(-1));
-  // -> [parts, N, n, rest...] -> [parts N n, rest...], the dimension back in place.
-  std::vector<int64_t> full = moved.sizes().vec();
-  full[0] *= N;
-  return output.transpose(0, 1).reshape(full).movedim(0, layout.dim).contiguous();
+  // Gathered [N, parts, n, rest...]; with replicas, the first rank of each chunk's.
+  if (layout.replicas > 1) output = output.slice(0, 0, N, layout.replicas);
+  return whole_from_chunks(output, part, layout);
+}
+
+at::Tensor sum_over_replicas(const at::Tensor& part, const TensorParallelLayout& layout, comm::Group& tp) {
+  const int64_t count = layout.chunks(tp.size());
+  const at::Tensor input = blocks_of(part, layout);
+  std::vector<int64_t> shape = input.sizes().vec();
+  shape.insert(shape.begin(), count);
+  at::Tensor chunks = at::zeros(shape, input.options());
+  chunks[layout.chunk(tp.rank())].copy_(input);
+  tp.all_reduce(chunks);
+  // This rank's chunk, [parts, n, rest...], back to the part's shape.
+  const at::Tensor mine = chunks[layout.chunk(tp.rank())];
+  std::vector<int64_t> moved = part.movedim(layout.dim, 0).sizes().vec();
+  return mine.reshape(moved).movedim(0, layout.dim).contiguous();
 }
 
 void parallelize_tensor(TransformerLM& model, comm::Group& tp, bool megatron_sp) {
@@ -126,9 +162,13 @@ void parallelize_tensor(TransformerLM& model, comm::Group& tp, bool megatron_sp)
     for (auto& item : model->named_parameters()) {
       at::Tensor& param = item.value();
       const ParameterSpec& spec = model->parameter_specs().at(item.key());
-      const TensorParallelLayout layout = tensor_parallel_layout(spec);
+      const TensorParallelLayout layout = tensor_parallel_layout(spec, N);
       if (layout.dim >= 0) param.set_data(shard_tensor(param.detach(), layout, r, N).clone());
       param.mutable_grad() = at::Tensor();
+      // A chunk held by several ranks (replicated key/value heads) gets from each only the part of
+      // its gradient that flowed from that rank's query heads: summed over them.
+      if (layout.replicas > 1)
+        param.register_hook([&tp, layout](const at::Tensor& grad) { return sum_over_replicas(grad, layout, tp); });
       // Under megatron_sp a replicated parameter used after the sequence split (any but the
       // embedding's: wpe is added to the whole sequence before it) sees this rank's tokens only,
       // and a per-head one (parameter_spec.h) only this rank's heads: its gradient is summed over

@@ -13,6 +13,12 @@
 //                                        heads [r H/N, (r+1) H/N)              (identity / all-reduce)
 //                    c_proj [C, C]       columns of those heads; bias   exit: reduce_from_tp
 //                                        replicated, added after exit          (all-reduce / identity)
+//   attention        q_proj [H d, C]     rows of this rank's heads      as gpt
+//   (llama, qwen)    kv_proj [2 K d, C]  the k, v rows of its K / N
+//                                        heads; with K < N, of head
+//                                        r / (N / K), held by N / K
+//                                        ranks and its gradient summed
+//                                        over them (sum_over_replicas)
 //   attention        q, k, v, u_proj     rows of this rank's heads;     as gpt; the decays λ_h of
 //   (linear)         o_proj              columns; bias replicated       the rank's heads are kept
 //   MLP              c_fc [F or 2F, C]   rows (GLU: a rows, g rows)     enter / exit as attention
@@ -46,7 +52,8 @@
 // An MoE layer is not split: it runs whole on every tp rank, on the replicated input (its experts
 // split by expert parallelism, parallel/expert/expert_parallel.h, if at all).
 // check_tensor_parallel refuses, naming the keys: model.ffn = moe with parallel.megatron_sp (a rank
-// would route its sequence chunk alone), model.n_head or model.vocab_size not a multiple of parallel.tp, parallel.megatron_sp with tp = 1 or with parallel.sp > 1, a sequence
+// would route its sequence chunk alone), model.n_head or model.vocab_size not a multiple of parallel.tp,
+// model.n_kv_head neither a multiple nor a divisor of it, parallel.megatron_sp with tp = 1 or with parallel.sp > 1, a sequence
 // length Megatron-SP cannot split, optim.name = adafactor (it factors whole rows and columns).
 #pragma once
 
@@ -74,16 +81,25 @@ void parallelize_tensor(TransformerLM& model, comm::Group& tp, bool megatron_sp)
 struct TensorParallelLayout {
   int64_t dim = -1;   // -1: replicated; otherwise split along this dimension
   int64_t parts = 1;  // the dimension is `parts` equal blocks (c_attn: q, k, v; GLU c_fc: a, g),
-                      // each split into N chunks; rank r holds chunk r of every block, in order
+                      // each split into N / replicas chunks; rank r holds chunk r / replicas of
+                      // every block, in order
+  int64_t replicas = 1;  // consecutive ranks holding the same chunk (kv heads fewer than N: N / K)
+  int64_t chunk(int64_t rank) const { return rank / replicas; }
+  int64_t chunks(int64_t ranks) const { return ranks / replicas; }
 };
 
-// The layout of a parameter under tensor parallelism, from its declaration.
-TensorParallelLayout tensor_parallel_layout(const ParameterSpec& spec);
+// The layout of a parameter under tensor parallelism over `ranks` ranks, from its declaration.
+TensorParallelLayout tensor_parallel_layout(const ParameterSpec& spec, int64_t ranks);
 
 // Rank `rank` of `ranks`'s part of a full tensor.
 at::Tensor shard_tensor(const at::Tensor& full, const TensorParallelLayout& layout, int64_t rank, int64_t ranks);
 
 // The full tensor from every rank's part (a collective of tp; the inverse of shard_tensor).
 at::Tensor gather_tensor(const at::Tensor& part, const TensorParallelLayout& layout, comm::Group& tp);
+
+// Each rank's part summed over the ranks holding the same chunk (replicas > 1; a collective of
+// tp, of a tensor of the whole's size): a replicated key/value head's gradient from the query heads
+// of every rank sharing it.
+at::Tensor sum_over_replicas(const at::Tensor& part, const TensorParallelLayout& layout, comm::Group& tp);
 
 }  // namespace tessera

@@ -4,7 +4,8 @@
 // - replicated parameters' gradients are bitwise equal on all tp ranks;
 // - the bytes each rank sends per step equal the formulas of parallelize.h;
 // - gather_tensor, parameter by parameter, reproduces the unsharded parameters exactly, also after a step
-//   of SGD on both models (within 1e-6);
+//   of SGD on both models (within 1e-6); so also with Llama's blocks and fewer key/value heads than
+//   ranks (kv_proj replicated, its gradient summed over the ranks sharing a head);
 // - refusals that only show at run time.
 // That the sharded model trains as one process does (loss, gradient norm, every gradient and the
 // parameters, also with checkpointing and bf16) is the equivalence harness's, rows tp*.
@@ -39,6 +40,18 @@ tessera::ModelOptions tiny_linear() {
   tessera::ModelOptions o = tiny_gpt();
   o.arch = "linear";
   o.linear_chunk = 8;
+  return o;
+}
+
+// Llama's blocks (RMSNorm, rotary positions, SwiGLU, untied head) with `kv_heads` key/value heads.
+tessera::ModelOptions tiny_llama(int64_t kv_heads) {
+  tessera::ModelOptions o = tiny_gpt();
+  o.norm = "rmsnorm";
+  o.position = "rope";
+  o.mlp = "swiglu";
+  o.ffn_hidden = 48;
+  o.tie_embeddings = false;
+  o.n_kv_head = kv_heads;
   return o;
 }
 
@@ -78,7 +91,7 @@ void expect_traffic_and_replicated_grads(Group& tp, const tessera::ModelOptions&
   const std::string what = opts.arch + " tp=" + std::to_string(N) + " megatron_sp=" + (megatron_sp ? "on" : "off") +
                            " rank " + std::to_string(r);
   for (const auto& item : model->named_parameters()) {
-    const auto layout = tessera::tensor_parallel_layout(model->parameter_specs().at(item.key()));
+    const auto layout = tessera::tensor_parallel_layout(model->parameter_specs().at(item.key()), N);
     ASSERT_TRUE(item.value().grad().defined()) << what << ": " << item.key();
     if (layout.dim < 0) {
       EXPECT_TRUE(same_on_all_ranks(item.value().grad(), tp)) << what << ": grad of " << item.key() << " differs";
@@ -106,12 +119,11 @@ std::vector<std::pair<std::string, at::Tensor>> gathered_state(tessera::Transfor
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& item : model.named_parameters())
     out.emplace_back(item.key(), tessera::gather_tensor(item.value().contiguous(),
-                                                        tessera::tensor_parallel_layout(model.parameter_specs().at(item.key())), tp));
+                                                        tessera::tensor_parallel_layout(model.parameter_specs().at(item.key()), tp.size()), tp));
   return out;
 }
 
-void expect_gathered_state(Group& tp) {
-  const tessera::ModelOptions opts = tiny_gpt();
+void expect_gathered_state(Group& tp, const tessera::ModelOptions& opts) {
   torch::manual_seed(7);
   tessera::TransformerLM single(opts);
   torch::manual_seed(7);
@@ -134,7 +146,8 @@ void expect_gathered_state(Group& tp) {
   }
   gathered = gathered_state(*model, tp);
   for (size_t i = 0; i < named.size(); ++i)
-    EXPECT_TRUE(all_close(gathered[i].second, named[i].value(), 1e-6, 1e-6)) << "after a step: " << gathered[i].first;
+    EXPECT_TRUE(all_close(gathered[i].second, named[i].value(), 1e-6, 1e-6))
+        << "after a step, n_kv_head " << opts.kv_heads() << ": " << gathered[i].first;
 }
 
 void run_case(int world) {
@@ -148,7 +161,8 @@ void run_case(int world) {
     expect_traffic_and_replicated_grads(tp, tiny_gpt(), megatron_sp);
     expect_traffic_and_replicated_grads(tp, tiny_linear(), megatron_sp);
   }
-  expect_gathered_state(tp);
+  expect_gathered_state(tp, tiny_gpt());
+  for (int64_t kv_heads : {1, 2}) expect_gathered_state(tp, tiny_llama(kv_heads));
 }
 
 TEST(TensorParallelModel, TwoRanksSendTheFormulasBytesAndGatherWhole) { run_case(2); }

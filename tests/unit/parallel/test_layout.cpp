@@ -72,6 +72,15 @@ TEST(LayoutCheck, TensorParallelRefusalsNameTheirKeys) {
   c.model.n_head = 2;
   c.model.n_embd = 16;
   EXPECT_TRUE(refused(c, 4, {"model.n_head = 2", "parallel.tp = 4"}));
+  // Key/value heads: a multiple of tp (split) or a divisor (replicated), nothing else.
+  c = tiny();
+  c.parallel.tp = 2;
+  c.model.n_head = 6;
+  c.model.n_embd = 48;
+  c.model.n_kv_head = 3;
+  EXPECT_TRUE(refused(c, 2, {"model.n_kv_head = 3", "neither a multiple nor a divisor", "parallel.tp = 2"}));
+  c.model.n_kv_head = 1;
+  EXPECT_NO_THROW(check_parallel_layout(c, dims(c, 2)));
   c = tiny();
   c.parallel.tp = 4;
   c.model.vocab_size = 66;

@@ -3,6 +3,8 @@
 // on a GPU against the device's memory (per rank), naming the largest term and its keys.
 #include <gtest/gtest.h>
 
+#include "model/transformer.h"
+#include "parallel/tensor/tensor_parallel.h"
 #include "plan/memory_estimate.h"
 #include "test_util.h"
 #include "config/config.h"
@@ -79,6 +81,25 @@ TEST(MemoryFits, OffloadedActivationsLeaveTwoBlocksInFlightOnTheDevice) {
     EXPECT_NEAR(e.activation_host_bytes, block * static_cast<double>(offload), 1e-6 * block) << offload;
     EXPECT_NE(describe_memory_estimate(c, dims, e).find("memory.activation_offload = " + std::to_string(offload)),
               std::string::npos);
+  }
+}
+
+// A rank's parameters under tp are its shards' sizes as tensor parallelism cuts them, also where
+// key/value heads are fewer than the ranks (Llama 3 8B's 8 at tp 16: each rank holds one whole).
+TEST(MemoryFits, ATpRanksParametersAreItsShardsWithReplicatedKeyValueHeads) {
+  Config c = Config::load(test::source_path("configs/gpt2_124m.toml"), {});
+  c.model = ModelOptions::from_preset("llama3_8b");
+  for (const int64_t tp : {4, 16}) {
+    c.parallel.tp = tp;
+    const ParallelDims dims(c.parallel, tp, "test");
+    const MemoryEstimate e = estimate_memory(c, make_layout(c, dims));
+    const TransformerLM whole(c.model, ModelStage{}, at::TensorOptions().device(at::kMeta));
+    int64_t shards = 0;
+    for (const auto& item : whole->named_parameters()) {
+      const TensorParallelLayout layout = tensor_parallel_layout(whole->parameter_specs().at(item.key()), tp);
+      shards += shard_tensor(item.value(), layout, 0, tp).numel();
+    }
+    EXPECT_EQ(e.parameters_rank, shards) << "tp " << tp;
   }
 }
 
