@@ -49,8 +49,8 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelOptions& opts, const
   if (opts.rotary()) inv_freq_ = rotary_inverse_frequencies(opts);
 }
 
-at::Tensor CausalSelfAttentionImpl::core(const at::Tensor& qkv) {
-  const int64_t B = qkv.size(0), T = qkv.size(1), d = head_dim_, h = q_local_, kv = kv_local_, group = h / kv;
+at::Tensor CausalSelfAttentionImpl::core(const at::Tensor& qkv, int64_t h, int64_t kv) {
+  const int64_t B = qkv.size(0), T = qkv.size(1), d = head_dim_, group = h / kv;
   // [B, T, n d] -> [B, T, n, d]
   auto heads = [&](int64_t first, int64_t n) { return qkv.narrow(-1, first * d, n * d).view({B, T, n, d}); };
   at::Tensor q = heads(0, h), k = heads(h, kv), v = heads(h + kv, kv);
@@ -92,15 +92,16 @@ const RotaryTables& CausalSelfAttentionImpl::rotary_for(const at::Tensor& x) {
 
 at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   const at::Tensor in = region_.input(x);
-  q_local_ = (c_attn ? c_attn->weight.size(0) / 3 : q_proj->weight.size(0)) / head_dim_;
-  kv_local_ = c_attn ? q_local_ : kv_proj->weight.size(0) / (2 * head_dim_);
+  const int64_t h = (c_attn ? c_attn->weight.size(0) / 3 : q_proj->weight.size(0)) / head_dim_;
+  const int64_t kv = c_attn ? h : kv_proj->weight.size(0) / (2 * head_dim_);
   // q_proj and kv_proj as one GEMM: their weights (and biases) joined, a copy of C x (H + 2K) d
   // numbers instead of one of the B T (H + 2K) d outputs.
   auto qkv = c_attn ? linear(c_attn, in)
                     : linear(in, at::cat({q_proj->weight, kv_proj->weight}),
                              q_proj->bias.defined() ? at::cat({q_proj->bias, kv_proj->bias}) : at::Tensor());
-  auto y = checkpoint_core_ && checkpoint_applies(qkv) ? checkpoint([this](const at::Tensor& t) { return core(t); }, qkv)
-                                                    : core(qkv);
+  auto y = checkpoint_core_ && checkpoint_applies(qkv)
+               ? checkpoint([this, h, kv](const at::Tensor& t) { return core(t, h, kv); }, qkv)
+               : core(qkv, h, kv);
   return region_.output(c_proj, y);
 }
 

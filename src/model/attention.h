@@ -72,11 +72,10 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
  private:
   // [B, T, (h + 2 k) d] (q, k, v) -> [B, T, h d]: the h query heads and k key/value heads this
   // rank computes (forward() reads them from the projections' shapes).
-  at::Tensor core(const at::Tensor& qkv);
+  at::Tensor core(const at::Tensor& qkv, int64_t h, int64_t kv);
 
   int64_t head_dim_;
   int64_t kv_heads_;  // the model's (n_kv_head)
-  int64_t q_local_ = 0, kv_local_ = 0;  // the heads of the last forward's projections
   at::Tensor inv_freq_;  // rotary only (rotary.h), float32 on the CPU
   int64_t position_offset_ = 0;
   // The last tables, reused while the positions, device and dtype stay (every step's forward, and

@@ -76,6 +76,12 @@ struct ParameterSpec {
   int64_t heads = 0;  // column only: whole heads per block, replicated when fewer than tp (0: not heads)
 };
 
+// The distinct chunks `ranks` tensor-parallel ranks hold of a column-split tensor: one each, or,
+// where its whole heads are fewer, one a head (each held by ranks / heads of them).
+inline int64_t tensor_parallel_chunks(const ParameterSpec& spec, int64_t ranks) {
+  return spec.heads > 0 && spec.heads < ranks ? spec.heads : ranks;
+}
+
 // Parameter name (as in named_parameters(), relative to the declaring module) -> its spec.
 using ParameterSpecs = std::map<std::string, ParameterSpec>;
 

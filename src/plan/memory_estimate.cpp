@@ -63,12 +63,10 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
     for (const CensusEntry& item : *parameter_census(m, stage)) {
       const at::Tensor& t = item.meta;
       const Split split = item.spec.split;
-      // A split tensor's share of tp; heads fewer than tp (replicated key/value heads): one of them.
-      const bool few_heads = item.spec.heads > 0 && item.spec.heads < dims.tp();
+      // A split tensor's share: one of its tp chunks (a replicated key/value head where heads are fewer).
       const double share = split == Split::replicated ? 1.0
                            : split == Split::expert   ? 1.0 / static_cast<double>(dims.ep())
-                           : few_heads                ? 1.0 / static_cast<double>(item.spec.heads)
-                                                      : 1.0 / static_cast<double>(dims.tp());
+                                                      : 1.0 / static_cast<double>(tensor_parallel_chunks(item.spec, dims.tp()));
       const double local = static_cast<double>(t.numel()) * share;
       e.parameters_rank += static_cast<int64_t>(local);
       double state = optimizer_state_bytes(config.optim, t, share);

@@ -79,9 +79,9 @@ void check_tensor_parallel(const ModelOptions& m, const ParallelOptions& p, cons
 TensorParallelLayout tensor_parallel_layout(const ParameterSpec& spec, int64_t ranks) {
   switch (spec.split) {
     case Split::column: {
-      if (spec.heads == 0 || spec.heads >= ranks) return {0, spec.parts};
-      require(ranks % spec.heads == 0, "internal: ", spec.heads, " heads over parallel.tp = ", ranks);
-      return {0, spec.parts, ranks / spec.heads};
+      const int64_t chunks = tensor_parallel_chunks(spec, ranks);
+      require(ranks % chunks == 0, "internal: ", spec.heads, " heads over parallel.tp = ", ranks);
+      return {0, spec.parts, ranks / chunks};
     }
     case Split::vocab: return {0, 1};
     case Split::row: return {1, 1};
