@@ -13,12 +13,20 @@
 //            host is chosen again from that round's candidates.
 //   reduce   a butterfly all-reduce (as in Hivemind): the vector [N] is cut into one contiguous
 //            part per member; member i owns part i. Each member sends part j of its contribution
-//            to member j and receives from each member its part i; owner i sums the parts (and the
-//            weights) and sends the sum back on the same channel; the result is the concatenation
-//            of the sums. Each member sends and receives (n-1)/n of the vector twice, the volume of
-//            a ring all-reduce, in two steps instead of 2(n-1). Owner i combines the parts by
-//            swarm.aggregation (atom/robust_aggregation.h): the sum, or a robust estimate times
-//            the weights summed, with how each member's part fared.
+//            to member j; owner i sums the parts (and the weights) and sends the sum back to every
+//            member; the result is the concatenation of the sums. Each member sends and receives
+//            (n-1)/n of the vector twice, the volume of a ring all-reduce, in two steps instead of
+//            2(n-1). Owner i combines the parts by swarm.aggregation (atom/robust_aggregation.h):
+//            the sum, or a robust estimate times the weights summed, with how each member's part
+//            fared.
+//            Pipelined: under mean a part travels in pieces (part_pieces), and owner i sends piece
+//            k of its sum as soon as every member's piece k is in, so the first pieces' sums travel
+//            while the last pieces' contributions still arrive and no link idles while its owner
+//            waits for the slowest contributor (a robust rule needs the whole part: one piece).
+//            Each channel carries one direction: member m's channel to member j carries m's pieces
+//            of part j, then (interleaved as they are ready, sums first) the pieces of m's own
+//            part's sum, all written by m and read by j's listener; a TLS channel is never written
+//            and read by two threads at once, and no reader waits on a writer.
 // Parts travel as fp32, bf16 or int8 (per part, symmetric with a float scale: the DiLoCo
 // pseudo-gradients, swarm.pseudo_gradient_dtype), dense or sparse (each chunk's largest entries:
 // swarm.topk_ratio; the sums then carry the union of the members' entries); sums are taken in
@@ -53,12 +61,21 @@
 
 namespace tessera::atom {
 
+// The round messages' types on a channel (their layout: messages.h).
+enum RoundMessage : uint8_t { kJoin = 10, kGroup = 11, kPart = 12, kSum = 13 };
+
 class RoundError : public Error {
  public:
   using Error::Error;
 };
 
 
+
+// The pieces [begin, end) of a part of `part_numel` entries, relative to the part: one piece
+// under a robust rule (`whole`), else about kPiecesPerPart pieces, each a whole number of
+// kSparseChunk entries (so a sparse part keeps the same entries in pieces as whole); at least one.
+constexpr int64_t kPiecesPerPart = 16;
+std::vector<std::pair<int64_t, int64_t>> part_pieces(int64_t part_numel, bool whole);
 
 struct RoundResult {
   at::Tensor sum;        // [N] float32: the members' contributions summed
@@ -72,7 +89,8 @@ struct RoundResult {
   double seconds = 0;
   // When each phase of the round ended here, in Unix seconds (the peers' per-round timeline,
   // bench/swarm_round_timeline.py): the round started; its group formed (the host's gather closed,
-  // or a member's GROUP came); every contribution to this member's part was in; every sum came back.
+  // or a member's GROUP came); every contribution to this member's part was in (its last piece
+  // summed); every sum came back.
   double started = 0, grouped = 0, part_summed = 0, finished = 0;
 };
 
@@ -108,13 +126,21 @@ class Averager {
 
  private:
   struct Gather;  // the host's JOINs of one round
-  struct Slot;    // this member's part of one attempt
+  struct Slot;    // one attempt's reduction on this member (averaging_reduce.cpp)
   std::vector<RoundMember> host(int64_t round, const std::vector<RoundMember>& candidates, std::string& token,
                                 Deadline gather, std::shared_ptr<Gather>& decided);
   std::vector<RoundMember> join(int64_t round, const RoundMember& host, std::string& token, Deadline deadline);
   void serve_join(Channel& channel, const Message& first);
+  // A member's channel of one attempt: its pieces of this member's part and its own part's sums.
   void serve_part(Channel& channel, const Message& first);
+  // The reduce phase (averaging_reduce.cpp): fills `result` (sum, delivered, weight, screening,
+  // bytes, part_summed) or throws RoundError.
+  void reduce(int64_t round, const std::string& token, const std::vector<RoundMember>& members, int64_t me,
+              const at::Tensor& flat, double weight, const PartEncoding& encoding, Deadline deadline,
+              RoundResult& result);
   std::shared_ptr<Slot> slot_for(const std::string& token, bool create);
+  // Piece k of this member's part has every contribution: its sum, encoded once for the writers.
+  void sum_piece(const std::shared_ptr<Slot>& slot, size_t k);
 
   SwarmKey key_;
   std::string my_id_, my_address_;

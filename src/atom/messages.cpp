@@ -235,8 +235,8 @@ GroupReply parse_group(const std::string& body, const std::string& from) {
 
 PartMessage parse_part(const std::string& body, const std::string& from) {
   const auto [header, payload] = unpack(body, from);
-  PartMessage part{field<std::string>(header, "token", from), bounded(header, "numel", 0, kMaxPartElements, from),
-                   finite(header, "weight", 0, 1e300, from), finite(header, "wait_s", 0, kMaxWaitS, from),
+  PartMessage part{field<std::string>(header, "token", from), bounded(header, "piece", 0, kMaxPieces - 1, from),
+                   bounded(header, "numel", 0, kMaxPartElements, from), finite(header, "weight", 0, 1e300, from), finite(header, "wait_s", 0, kMaxWaitS, from),
                    Aggregation::mean, payload};
   const std::string rule = field<std::string>(header, "rule", from);
   try {
@@ -249,7 +249,8 @@ PartMessage parse_part(const std::string& body, const std::string& from) {
 
 SumReply parse_sum(const std::string& body, const std::string& from) {
   const auto [header, payload] = unpack(body, from);
-  SumReply reply{finite(header, "weight", 0, 1e300, from), {}, payload};
+  SumReply reply{bounded(header, "piece", 0, kMaxPieces - 1, from), finite(header, "weight", 0, 1e300, from), {},
+                 payload};
   if (!header.contains("screened")) return reply;
   const nlohmann::json& screened = header.at("screened");
   if (!screened.is_array()) throw WireError("peer " + from + " sent a sum whose screening is not a list");

@@ -9,10 +9,13 @@
 // Round messages (atom/averaging.h) are [u32 header length][JSON header][binary payload]:
 //   JOIN   {round, address, wait_s}                        member -> host
 //   GROUP  {token, members: [[id, address], ...], reason}  host -> member
-//   PART   {token, numel, weight, wait_s, rule} + encoded part        member -> owner
-//   SUM    {weight, screened: [[id, kept, outlier], ...]} + encoded sum   owner -> member
-// (rule: the sender's swarm.aggregation, which the owner's must equal; screened: how each
-// member's contribution fared under a robust rule, absent under mean: atom/robust_aggregation.h)
+//   PART   {token, piece, numel, weight, wait_s, rule} + encoded piece      member -> owner
+//   SUM    {piece, weight, screened: [[id, kept, outlier], ...]} + encoded piece of the sum
+//                                                                          owner -> member
+// (piece: the index of the piece of the part, and numel its entries: a part travels in pieces,
+// atom/averaging.h; rule: the sender's swarm.aggregation, which the owner's must equal; screened:
+// how each member's contribution fared under a robust rule, absent under mean:
+// atom/robust_aggregation.h)
 // State messages (atom/state_transfer.h) are JSON:
 //   MANIFEST {}  ->  MANIFEST_REPLY {ready, swarm_step, bytes, checksum}
 //   CHUNK {swarm_step, offset, length}  ->  the chunk's bytes
@@ -40,9 +43,10 @@ struct RoundMember {
 enum class Codec : uint8_t { fp32 = 0, bf16 = 1, int8 = 2 };
 Codec codec_from_name(const std::string& name);  // "fp32", "bf16", "int8"
 
-// The largest part a round carries (elements); a claim past it is refused before any size is
-// computed from it.
+// The largest part a round carries (elements), and the most pieces it travels in; a claim past
+// either is refused before any size is computed from it.
 constexpr int64_t kMaxPartElements = int64_t{1} << 40;
+constexpr int64_t kMaxPieces = 1 << 16;
 
 // A part of a vector as it travels: fp32, bf16, or int8 with a float32 scale in front (symmetric,
 // per part). decode_part checks the byte count against `n` and refuses non-finite values.
@@ -91,13 +95,15 @@ struct GroupReply {
 };
 struct PartMessage {
   std::string token;
-  int64_t numel = 0;  // within [0, kMaxPartElements]
+  int64_t piece = 0;  // within [0, kMaxPieces)
+  int64_t numel = 0;  // the piece's entries, within [0, kMaxPartElements]
   double weight = 0;  // finite, >= 0
   double wait_s = 0;
   Aggregation rule = Aggregation::mean;
   std::string_view payload;  // a view into the message body
 };
 struct SumReply {
+  int64_t piece = 0;  // within [0, kMaxPieces)
   double weight = 0;
   std::vector<Screening> screened;  // ids of at most 64 characters, kept within [0, 1]
   std::string_view payload;

@@ -17,15 +17,17 @@ namespace tessera::atom {
 namespace {
 
 TEST(Messages, RoundMessagesRoundTrip) {
-  const std::string body = pack({{"token", "t"}, {"numel", 2}, {"weight", 16.0}, {"wait_s", 3.0}, {"rule", "median"}},
+  const std::string body = pack({{"token", "t"}, {"piece", 3}, {"numel", 2}, {"weight", 16.0}, {"wait_s", 3.0}, {"rule", "median"}},
                                  encode_part(at::tensor({1.5f, -2.0f}), Codec::fp32));
   const PartMessage p = parse_part(body, "peer");
   EXPECT_EQ(p.token, "t");
+  EXPECT_EQ(p.piece, 3);
   EXPECT_EQ(p.numel, 2);
   EXPECT_EQ(p.rule, Aggregation::median);
   const nlohmann::json screened = nlohmann::json::array({nlohmann::json::array({"a", 0.25, true})});
-  const std::string sum = pack({{"weight", 2.0}, {"screened", screened}}, "abcd");
+  const std::string sum = pack({{"piece", 1}, {"weight", 2.0}, {"screened", screened}}, "abcd");
   const SumReply reply = parse_sum(sum, "peer");
+  EXPECT_EQ(reply.piece, 1);
   ASSERT_EQ(reply.screened.size(), 1u);
   EXPECT_EQ(reply.screened[0].member, "a");
   EXPECT_EQ(reply.screened[0].kept, 0.25);
@@ -83,12 +85,12 @@ TEST(Messages, HostileFieldsAreRefusedByName) {
   // 2^62 + 1 float32 elements: 4 bytes once the byte count wraps at 2^64.
   const int64_t wraps = (int64_t{1} << 62) + 1;
   const std::string wrapping =
-      pack({{"token", "t"}, {"numel", wraps}, {"weight", 1.0}, {"wait_s", 1.0}, {"rule", "mean"}}, "abcd");
+      pack({{"token", "t"}, {"piece", 0}, {"numel", wraps}, {"weight", 1.0}, {"wait_s", 1.0}, {"rule", "mean"}}, "abcd");
   EXPECT_TRUE(test::throws_naming([&] { parse_part(wrapping, "10.0.0.9:7000"); }, {"10.0.0.9:7000 sent 'numel'"}));
   EXPECT_TRUE(test::throws_naming([&] { decode_part("abcd", wraps, Codec::fp32, "p"); }, {"elements"}));
   // A negative weight; NaN and 1e400 are not JSON numbers and never parse.
   for (const char* bad : {"-1", "NaN", "1e400"}) {
-    const std::string header = std::string(R"({"token":"t","numel":1,"wait_s":1,"rule":"mean","weight":)") + bad + "}";
+    const std::string header = std::string(R"({"token":"t","piece":0,"numel":1,"wait_s":1,"rule":"mean","weight":)") + bad + "}";
     std::string body(4, '\0');
     const uint32_t n = static_cast<uint32_t>(header.size());
     std::memcpy(body.data(), &n, 4);
@@ -103,13 +105,19 @@ TEST(Messages, HostileFieldsAreRefusedByName) {
   EXPECT_TRUE(test::throws_naming([&] { parse_join(pack({{"round", 1e117}, {"address", "h:1"}, {"wait_s", 1}}), "p"); },
                                   {"'round'"}));
   // An unknown rule; a screening that is not [member, kept in [0, 1], outlier].
-  const std::string krum = pack({{"token", "t"}, {"numel", 1}, {"weight", 1.0}, {"wait_s", 1.0}, {"rule", "krum"}});
+  const std::string krum = pack({{"token", "t"}, {"piece", 0}, {"numel", 1}, {"weight", 1.0}, {"wait_s", 1.0}, {"rule", "krum"}});
   EXPECT_TRUE(test::throws_naming([&] { parse_part(krum, "p"); }, {"unknown aggregation rule"}));
+  // A piece index past the most a part travels in, or missing.
+  const std::string far = pack({{"token", "t"}, {"piece", kMaxPieces}, {"numel", 1}, {"weight", 1.0}, {"wait_s", 1.0},
+                                {"rule", "mean"}});
+  EXPECT_TRUE(test::throws_naming([&] { parse_part(far, "p"); }, {"p sent 'piece'"}));
+  const std::string unnumbered = pack({{"weight", 1.0}});
+  EXPECT_TRUE(test::throws_naming([&] { parse_sum(unnumbered, "p"); }, {"p sent", "piece"}));
   for (const nlohmann::json& bad : {nlohmann::json::array({nlohmann::json::array({"a", 1.5, false})}),
                                     nlohmann::json::array({nlohmann::json::array({"a", 0.5})}),
                                     nlohmann::json::array({nlohmann::json::array({std::string(65, 'a'), 0.5, true})}),
                                     nlohmann::json(3)}) {
-    const std::string reply = pack({{"weight", 1.0}, {"screened", bad}});
+    const std::string reply = pack({{"piece", 0}, {"weight", 1.0}, {"screened", bad}});
     EXPECT_TRUE(test::throws_naming([&] { parse_sum(reply, "p"); }, {"peer p sent a s"})) << bad.dump();
   }
   const nlohmann::json lone = nlohmann::json::array({nlohmann::json::array({"a"})});

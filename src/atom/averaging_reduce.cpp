@@ -1,0 +1,350 @@
+// The reduce phase of an averaging round: the pipelined butterfly all-reduce (averaging.h).
+//
+// One attempt's state on this member is its Slot, shared by three kinds of thread:
+//   - run_round's thread (reduce()): adds this member's own pieces, waits for the end, assembles
+//     the result;
+//   - one writer per other member j (its channel to j): this member's pieces of part j, then the
+//     pieces of its own part's sum as they are ready (a ready sum piece goes before the next part
+//     piece, but never before the first, which opens the channel as a PART);
+//   - one listener thread per other member j (serve_part, j's channel here): j's pieces of this
+//     member's part, added as they come, and the pieces of j's part's sum.
+// The thread whose piece completes a piece of this member's part (every member's contribution to
+// it in) combines it, encodes its sum once, and publishes it for the writers. Pieces come in order
+// on each channel, so piece k completes no later than piece k + 1 is in from everyone; writers send
+// the sum pieces in order.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "atom/averaging.h"
+#include "atom/peer_record.h"
+#include "core/fault_injection.h"
+
+namespace tessera::atom {
+namespace {
+
+using Range = std::pair<int64_t, int64_t>;
+
+// [begin, end) of part `j` of `n` over `numel` elements.
+Range part_bounds(int64_t numel, int64_t n, int64_t j) { return {numel * j / n, numel * (j + 1) / n}; }
+
+// Each member's screening over the parts: its kept share averaged over the parts that screened
+// it, an outlier where more than half of the parts found it one. Empty under mean.
+std::vector<Screening> combine_screenings(const std::vector<RoundMember>& members,
+                                          const std::vector<std::vector<Screening>>& by_part) {
+  std::vector<Screening> combined;
+  for (const RoundMember& m : members) {
+    double kept = 0;
+    int64_t parts = 0, outliers = 0;
+    for (const std::vector<Screening>& part : by_part)
+      for (const Screening& s : part)
+        if (s.member == m.id) {
+          kept += s.kept;
+          ++parts;
+          outliers += s.outlier ? 1 : 0;
+        }
+    if (parts > 0) combined.push_back({m.id, kept / static_cast<double>(parts), 2 * outliers > parts});
+  }
+  return combined;
+}
+
+}  // namespace
+
+std::vector<std::pair<int64_t, int64_t>> part_pieces(int64_t part_numel, bool whole) {
+  if (whole || part_numel <= kSparseChunk) return {{0, part_numel}};
+  const int64_t chunks = (part_numel + kSparseChunk - 1) / kSparseChunk;
+  const int64_t length = (chunks + kPiecesPerPart - 1) / kPiecesPerPart * kSparseChunk;
+  std::vector<Range> pieces;
+  for (int64_t b = 0; b < part_numel; b += length) pieces.emplace_back(b, std::min(b + length, part_numel));
+  return pieces;
+}
+
+// One attempt's reduction on this member (see the top of this file).
+struct Averager::Slot {
+  std::vector<RoundMember> members;
+  int64_t me = 0, numel = 0;  // this member's index; the whole vector's entries
+  PartEncoding encoding, sums;  // how the contributions and the sums travel
+  bool whole = false;           // a robust rule: every part is one piece
+  at::Tensor sum;               // [numel]: each part's sum as its owner sent it
+
+  // This member's part: its pieces' aggregators, contributions in, and encoded sums (SUM bodies).
+  std::vector<std::unique_ptr<PartAggregator>> aggregators;
+  std::vector<int64_t> received;
+  std::vector<std::string> replies;  // empty until the piece is summed
+  int64_t replies_ready = 0;
+  std::map<std::string, int64_t> next_piece;  // by member: the piece it sends next
+  std::map<std::string, double> member_weight;  // by member: the weight its first piece carried
+
+  // Each owner's sum: its pieces in, its weight and its screening of the members.
+  std::vector<int64_t> sums_in;
+  std::vector<double> weights;
+  std::vector<std::vector<Screening>> screened;
+
+  std::vector<std::string> errors;  // by member
+  bool failed = false;
+  uint64_t bytes_received = 0;  // the channels this member's listener read
+  double part_summed = 0;
+
+  // Part j's pieces, as [begin, end) of the whole vector.
+  std::vector<Range> pieces_of(int64_t j) const {
+    const auto [b, e] = part_bounds(numel, static_cast<int64_t>(members.size()), j);
+    std::vector<Range> out = part_pieces(e - b, whole);
+    for (Range& r : out) r = {r.first + b, r.second + b};
+    return out;
+  }
+  int64_t sums_missing() const {
+    int64_t missing = 0;
+    for (size_t j = 0; j < members.size(); ++j)
+      if (static_cast<int64_t>(j) != me)
+        missing += static_cast<int64_t>(pieces_of(static_cast<int64_t>(j)).size()) - sums_in[j];
+    return missing;
+  }
+  void fail(size_t j, const std::string& why) {
+    if (errors[j].empty()) errors[j] = why;
+    failed = true;
+  }
+};
+
+std::shared_ptr<Averager::Slot> Averager::slot_for(const std::string& token, bool create) {
+  auto it = slots_.find(token);
+  if (it != slots_.end()) return it->second;
+  if (!create) return nullptr;
+  return slots_[token] = std::make_shared<Slot>();
+}
+
+// Piece k of this member's part has every contribution: its sum, encoded once, goes to the
+// writers; this member takes it as the others will decode it, so every member ends equal. Called
+// without the lock by the one thread whose contribution completed the piece.
+void Averager::sum_piece(const std::shared_ptr<Slot>& slot, size_t k) {
+  std::vector<Screening> screened;
+  PartAggregator& aggregator = *slot->aggregators[k];
+  const at::Tensor sum = aggregator.finish(screened);
+  nlohmann::json header = {{"piece", k}, {"weight", aggregator.weight()}};
+  if (rule_.kind != Aggregation::mean) {
+    header["screened"] = nlohmann::json::array();
+    for (const Screening& s : screened) header["screened"].push_back({s.member, s.kept, s.outlier});
+  }
+  std::string reply = pack(header, encode_part(sum, slot->sums));
+  if (k == 0) fault::point("swarm.sum");
+  const auto [b, e] = slot->pieces_of(slot->me)[k];
+  slot->sum.slice(0, b, e).copy_(decode_part(parse_sum(reply, "this peer").payload, e - b, slot->sums, "this peer"));
+  std::lock_guard<std::mutex> lock(mutex_);
+  slot->replies[k] = std::move(reply);
+  slot->weights[static_cast<size_t>(slot->me)] = aggregator.weight();
+  if (!screened.empty()) slot->screened[static_cast<size_t>(slot->me)] = std::move(screened);
+  if (++slot->replies_ready == static_cast<int64_t>(slot->replies.size())) slot->part_summed = unix_now();
+  changed_.notify_all();
+}
+
+void Averager::serve_part(Channel& channel, const Message& first) {
+  const std::string& from = channel.address();
+  const PartMessage opening = parse_part(first.body, from);
+  const std::string token = opening.token;
+  const Deadline deadline = Deadline::in(opening.wait_s);
+  std::shared_ptr<Slot> slot;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    // The channel may open before this member learned its group: wait for the slot.
+    changed_.wait_until(lock, deadline.at, [&] { return (slot = slot_for(token, false)) != nullptr; });
+    if (!slot || slot->failed) return;
+  }
+  const auto m = std::find_if(slot->members.begin(), slot->members.end(),
+                              [&](const RoundMember& r) { return r.id == channel.peer_id(); });
+  const size_t j = static_cast<size_t>(m - slot->members.begin());
+  if (m == slot->members.end() || static_cast<int64_t>(j) == slot->me) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    slot->fail(static_cast<size_t>(slot->me), "peer " + from + " is not a member of this round");
+    changed_.notify_all();
+    throw WireError("peer " + from + " sent a part to a round it is not a member of");
+  }
+  const std::vector<Range> mine = slot->pieces_of(slot->me), theirs = slot->pieces_of(static_cast<int64_t>(j));
+  size_t parts = 0, sums = 0;
+  try {
+    Message message = first;
+    for (;;) {
+      if (message.type == kPart) {
+        const PartMessage part = parse_part(message.body, from);
+        const size_t k = static_cast<size_t>(part.piece);
+        const bool fits = part.token == token && k == parts && k < mine.size() &&
+                          part.numel == mine[k].second - mine[k].first;
+        if (part.rule != rule_.kind)
+          throw WireError("member " + channel.peer_id() + " (" + from + ") aggregates by " +
+                          aggregation_name(part.rule) + " and this peer by " + aggregation_name(rule_.kind) +
+                          "; swarm.aggregation must be the same on every peer");
+        if (!fits) throw WireError("peer " + from + " sent a part that does not fit this round");
+        const at::Tensor values = decode_part(part.payload, part.numel, slot->encoding, from);
+        bool complete = false;
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          if (slot->failed) return;
+          const auto [weight, fresh] = slot->member_weight.emplace(channel.peer_id(), part.weight);
+          if (!fresh && weight->second != part.weight)
+            throw WireError("peer " + from + " sent pieces of one part with different weights");
+          slot->aggregators[k]->add(channel.peer_id(), values, part.weight);
+          complete = ++slot->received[k] == static_cast<int64_t>(slot->members.size());
+        }
+        if (complete) sum_piece(slot, k);
+        ++parts;
+      } else if (message.type == kSum) {
+        const SumReply sum = parse_sum(message.body, from);
+        const size_t k = static_cast<size_t>(sum.piece);
+        if (k != sums || k >= theirs.size()) throw WireError("peer " + from + " sent a sum that does not fit this round");
+        const auto [b, e] = theirs[k];
+        slot->sum.slice(0, b, e).copy_(decode_part(sum.payload, e - b, slot->sums, from));
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (k > 0 && slot->weights[j] != sum.weight)
+          throw WireError("peer " + from + " sent pieces of one sum with different weights");
+        slot->weights[j] = sum.weight;
+        if (k == 0) slot->screened[j] = sum.screened;
+        ++slot->sums_in[j];
+        changed_.notify_all();
+        ++sums;
+      } else {
+        throw WireError("peer " + from + " sent a message of type " + std::to_string(message.type) + " in a round");
+      }
+      if (parts == mine.size() && sums == theirs.size()) break;
+      message = channel.receive(deadline);
+    }
+  } catch (const std::exception& e) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    slot->fail(j, "member " + channel.peer_id() + " (" + from + "): " + e.what());
+    changed_.notify_all();
+    throw;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  slot->bytes_received += channel.bytes_received();
+}
+
+void Averager::reduce(int64_t round, const std::string& token, const std::vector<RoundMember>& members, int64_t me,
+                      const at::Tensor& flat, double weight, const PartEncoding& encoding, Deadline deadline,
+                      RoundResult& result) {
+  const int64_t n = static_cast<int64_t>(members.size()), numel = flat.numel();
+  const bool exact = encoding.exact();
+  result.sum = at::empty({numel}, at::kFloat);
+  // What the round counts of this member's contribution: the contribution itself where the
+  // encoding is exact, else each piece decoded from what was sent.
+  result.delivered = exact ? flat : at::empty({numel}, at::kFloat);
+  std::shared_ptr<Slot> slot;
+  std::vector<size_t> complete;  // own pieces this member's contribution completes (n = 1)
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    slot = slot_for(token, true);
+    slot->members = members;
+    slot->me = me;
+    slot->numel = numel;
+    slot->encoding = encoding;
+    slot->sums = sum_encoding(encoding);
+    slot->whole = rule_.kind != Aggregation::mean;
+    slot->sum = result.sum;
+    slot->sums_in.assign(static_cast<size_t>(n), 0);
+    slot->weights.assign(static_cast<size_t>(n), 0.0);
+    slot->screened.assign(static_cast<size_t>(n), {});
+    slot->errors.assign(static_cast<size_t>(n), "");
+    // This member's own pieces first, as the others' count (encoded and decoded).
+    const std::vector<Range> own = slot->pieces_of(me);
+    slot->replies.assign(own.size(), "");
+    slot->received.assign(own.size(), 1);
+    for (size_t k = 0; k < own.size(); ++k) {
+      const auto [b, e] = own[k];
+      const at::Tensor values = decode_part(encode_part(flat.slice(0, b, e), encoding), e - b, encoding, "this peer");
+      if (!exact) result.delivered.slice(0, b, e).copy_(values);
+      slot->aggregators.push_back(std::make_unique<PartAggregator>(rule_, e - b));
+      slot->aggregators.back()->add(my_id_, values, weight);
+      if (n == 1) complete.push_back(k);
+    }
+    changed_.notify_all();
+  }
+  for (size_t k : complete) sum_piece(slot, k);
+  const size_t own_pieces = slot->replies.size();
+  std::atomic<uint64_t> sent{0};
+  std::vector<std::thread> writers;
+  for (int64_t j = 0; j < n; ++j) {
+    if (j == me) continue;
+    writers.emplace_back([&, j] {
+      const RoundMember& m = members[static_cast<size_t>(j)];
+      const std::vector<Range> pieces = slot->pieces_of(j);
+      try {
+        const auto [h, p] = split_address(m.address, "a round member");
+        auto c = Channel::connect(h, p, key_, my_id_, deadline, max_bytes_);
+        size_t part = 0, sum = 0;
+        while (part < pieces.size() || sum < own_pieces) {
+          std::string body;
+          uint8_t type = kPart;
+          {
+            std::unique_lock<std::mutex> lock(mutex_);
+            // The first message is a part (it opens the channel); then a ready sum goes first.
+            const auto sum_ready = [&] { return part > 0 && sum < own_pieces && !slot->replies[sum].empty(); };
+            if (part == pieces.size()) changed_.wait_until(lock, deadline.at, [&] { return sum_ready() || slot->failed; });
+            if (slot->failed) return;
+            if (sum_ready()) {
+              type = kSum;
+              body = slot->replies[sum++];
+            } else if (part == pieces.size()) {
+              throw WireError("this peer's part was not summed before the round's deadline");
+            }
+          }
+          if (type == kPart) {
+            const auto [b, e] = pieces[part];
+            const std::string values = encode_part(flat.slice(0, b, e), encoding);
+            if (!exact) result.delivered.slice(0, b, e).copy_(decode_part(values, e - b, encoding, "this peer"));
+            body = pack({{"token", token},
+                         {"piece", part},
+                         {"numel", e - b},
+                         {"weight", weight},
+                         {"wait_s", deadline.seconds_left()},
+                         {"rule", aggregation_name(rule_.kind)}},
+                        values);
+            ++part;
+          }
+          c->send(type, body, deadline);
+        }
+        sent += c->bytes_sent();
+      } catch (const std::exception& ex) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        slot->fail(static_cast<size_t>(j), "member " + m.id + " (" + m.address + "): " + ex.what());
+        changed_.notify_all();
+      }
+    });
+  }
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const bool done = changed_.wait_until(lock, deadline.at, [&] {
+      return (slot->replies_ready == static_cast<int64_t>(own_pieces) && slot->sums_missing() == 0) || slot->failed;
+    });
+    if (slot->replies_ready < static_cast<int64_t>(own_pieces)) {
+      int64_t in = 0;
+      for (int64_t r : slot->received) in += r;
+      slot->fail(static_cast<size_t>(me), "this peer's part received " + std::to_string(in) + " of " +
+                                              std::to_string(n * static_cast<int64_t>(own_pieces)) +
+                                              " contributions (pieces x members)");
+    } else if (!done) {
+      slot->fail(static_cast<size_t>(me), "this peer received " + std::to_string(slot->sums_missing()) +
+                                              " piece(s) of the others' sums too few before the deadline");
+    }
+    changed_.notify_all();
+  }
+  for (std::thread& t : writers) t.join();
+  std::string failure;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    // Each channel as the wire carried it, TLS included: the writers' and the listener's.
+    result.bytes_sent = sent;
+    result.bytes_received = slot->bytes_received;
+    result.part_summed = slot->part_summed;
+    for (const std::string& e : slot->errors)
+      if (!e.empty()) failure += (failure.empty() ? "" : "; ") + e;
+    slots_.erase(token);
+  }
+  if (!failure.empty()) throw RoundError("round " + std::to_string(round) + " failed: " + failure);
+  result.weight = slot->weights[0];
+  for (double w : slot->weights)
+    if (std::abs(w - result.weight) > 1e-6 * std::max(1.0, std::abs(w)))
+      throw RoundError("round " + std::to_string(round) + " failed: the members' weights disagree");
+  result.screened = combine_screenings(members, slot->screened);
+}
+
+}  // namespace tessera::atom
