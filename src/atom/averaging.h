@@ -20,13 +20,14 @@
 //            the sum, or a robust estimate times the weights summed, with how each member's part
 //            fared.
 //            Pipelined: under mean a part travels in pieces (part_pieces), and owner i sends piece
-//            k of its sum as soon as every member's piece k is in, so the first pieces' sums travel
-//            while the last pieces' contributions still arrive and no link idles while its owner
-//            waits for the slowest contributor (a robust rule needs the whole part: one piece).
-//            Each channel carries one direction: member m's channel to member j carries m's pieces
-//            of part j, then (interleaved as they are ready, sums first) the pieces of m's own
-//            part's sum, all written by m and read by j's listener; a TLS channel is never written
-//            and read by two threads at once, and no reader waits on a writer.
+//            k of its sum as soon as every member's piece k is in (a robust rule needs the whole
+//            part: one piece). Each member sends one message at a time in shift order: its pieces
+//            of part me+1, me+2, ... (mod n), then its sum to member me+1, me+2, ...; in step, every
+//            link carries one flow each way at a time, as a ring's does. Each channel carries one
+//            direction: member m's channel to member j carries m's pieces of part j and then the
+//            pieces of m's own sum, written by m and read by j's listener, so no reader waits on a
+//            writer. The channels are opened together before the first piece, while the links are
+//            idle.
 // Parts travel as fp32, bf16 or int8 (per part, symmetric with a float scale: the DiLoCo
 // pseudo-gradients, swarm.pseudo_gradient_dtype), dense or sparse (each chunk's largest entries:
 // swarm.topk_ratio; the sums then carry the union of the members' entries); sums are taken in

@@ -3,18 +3,17 @@
 // One attempt's state on this member is its Slot, shared by three kinds of thread:
 //   - run_round's thread (reduce()): adds this member's own pieces, waits for the end, assembles
 //     the result;
-//   - one writer per other member j (its channel to j): this member's pieces of part j, then the
-//     pieces of its own part's sum as they are ready (a ready sum piece goes before the next part
-//     piece, but never before the first, which opens the channel as a PART);
+//   - run_round's thread also sends, one message at a time over its channels to the others: its
+//     pieces of each part in shift order (part me + 1 first), then its own part's sum to each
+//     member in the same order, each piece once it is summed;
 //   - one listener thread per other member j (serve_part, j's channel here): j's pieces of this
 //     member's part, added as they come, and the pieces of j's part's sum.
 // The thread whose piece completes a piece of this member's part (every member's contribution to
-// it in) combines it, encodes its sum once, and publishes it for the writers. Pieces come in order
-// on each channel, so piece k completes no later than piece k + 1 is in from everyone; writers send
-// the sum pieces in order.
+// it in) combines it, encodes its sum once, and publishes it for the sender. Pieces come in order
+// on each channel, so piece k completes no later than piece k + 1 is in from everyone.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
+#include <functional>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -117,7 +116,7 @@ std::shared_ptr<Averager::Slot> Averager::slot_for(const std::string& token, boo
 }
 
 // Piece k of this member's part has every contribution: its sum, encoded once, goes to the
-// writers; this member takes it as the others will decode it, so every member ends equal. Called
+// sender; this member takes it as the others will decode it, so every member ends equal. Called
 // without the lock by the one thread whose contribution completed the piece.
 void Averager::sum_piece(const std::shared_ptr<Slot>& slot, size_t k) {
   std::vector<Screening> screened;
@@ -260,56 +259,80 @@ void Averager::reduce(int64_t round, const std::string& token, const std::vector
   }
   for (size_t k : complete) sum_piece(slot, k);
   const size_t own_pieces = slot->replies.size();
-  std::atomic<uint64_t> sent{0};
-  std::vector<std::thread> writers;
-  for (int64_t j = 0; j < n; ++j) {
-    if (j == me) continue;
-    writers.emplace_back([&, j] {
-      const RoundMember& m = members[static_cast<size_t>(j)];
+  // A channel to every other member, opened at once while the links are idle (one opened later
+  // would queue its handshake behind this member's own data).
+  std::vector<std::unique_ptr<Channel>> channels(static_cast<size_t>(n));
+  const auto fail = [&](int64_t j, const std::string& why) {
+    const RoundMember& m = members[static_cast<size_t>(j)];
+    std::lock_guard<std::mutex> lock(mutex_);
+    slot->fail(static_cast<size_t>(j), "member " + m.id + " (" + m.address + "): " + why);
+    changed_.notify_all();
+  };
+  {
+    std::vector<std::thread> connects;
+    for (int64_t j = 0; j < n; ++j)
+      if (j != me)
+        connects.emplace_back([&, j] {
+          try {
+            const auto [h, p] = split_address(members[static_cast<size_t>(j)].address, "a round member");
+            channels[static_cast<size_t>(j)] = Channel::connect(h, p, key_, my_id_, deadline, max_bytes_);
+          } catch (const std::exception& e) {
+            fail(j, e.what());
+          }
+        });
+    for (std::thread& t : connects) t.join();
+  }
+  // One message at a time, in shift order: member me + s at stage s, first the parts, then this
+  // member's sum, piece by piece as it is summed. In step, every member's link carries one flow
+  // each way at a time, as a ring's does; several flows at once through a rate-limited link lose
+  // about a third of it to TCP's losses (bench/results/swarm_pipelined_rounds_cpu.md).
+  // A send that fails ends that member's channel and fails the round, naming it; the others'
+  // parts still go out, so each owner learns why from its own members (a rule that differs is
+  // named by the owner that sees it).
+  uint64_t sent = 0;  // by channels ended early
+  const auto to = [&](int64_t s, const std::function<void(Channel&, int64_t)>& send) {
+    const int64_t j = (me + s) % n;
+    std::unique_ptr<Channel>& c = channels[static_cast<size_t>(j)];
+    if (!c) return;
+    try {
+      send(*c, j);
+    } catch (const std::exception& e) {
+      fail(j, e.what());
+      sent += c->bytes_sent();
+      c.reset();
+    }
+  };
+  for (int64_t s = 1; s < n; ++s)
+    to(s, [&](Channel& c, int64_t j) {
       const std::vector<Range> pieces = slot->pieces_of(j);
-      try {
-        const auto [h, p] = split_address(m.address, "a round member");
-        auto c = Channel::connect(h, p, key_, my_id_, deadline, max_bytes_);
-        size_t part = 0, sum = 0;
-        while (part < pieces.size() || sum < own_pieces) {
-          std::string body;
-          uint8_t type = kPart;
-          {
-            std::unique_lock<std::mutex> lock(mutex_);
-            // The first message is a part (it opens the channel); then a ready sum goes first.
-            const auto sum_ready = [&] { return part > 0 && sum < own_pieces && !slot->replies[sum].empty(); };
-            if (part == pieces.size()) changed_.wait_until(lock, deadline.at, [&] { return sum_ready() || slot->failed; });
-            if (slot->failed) return;
-            if (sum_ready()) {
-              type = kSum;
-              body = slot->replies[sum++];
-            } else if (part == pieces.size()) {
-              throw WireError("this peer's part was not summed before the round's deadline");
-            }
-          }
-          if (type == kPart) {
-            const auto [b, e] = pieces[part];
-            const std::string values = encode_part(flat.slice(0, b, e), encoding);
-            if (!exact) result.delivered.slice(0, b, e).copy_(decode_part(values, e - b, encoding, "this peer"));
-            body = pack({{"token", token},
-                         {"piece", part},
-                         {"numel", e - b},
-                         {"weight", weight},
-                         {"wait_s", deadline.seconds_left()},
-                         {"rule", aggregation_name(rule_.kind)}},
-                        values);
-            ++part;
-          }
-          c->send(type, body, deadline);
-        }
-        sent += c->bytes_sent();
-      } catch (const std::exception& ex) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        slot->fail(static_cast<size_t>(j), "member " + m.id + " (" + m.address + "): " + ex.what());
-        changed_.notify_all();
+      for (size_t k = 0; k < pieces.size(); ++k) {
+        const auto [b, e] = pieces[k];
+        const std::string values = encode_part(flat.slice(0, b, e), encoding);
+        if (!exact) result.delivered.slice(0, b, e).copy_(decode_part(values, e - b, encoding, "this peer"));
+        c.send(kPart,
+               pack({{"token", token},
+                     {"piece", k},
+                     {"numel", e - b},
+                     {"weight", weight},
+                     {"wait_s", deadline.seconds_left()},
+                     {"rule", aggregation_name(rule_.kind)}},
+                    values),
+               deadline);
       }
     });
-  }
+  for (int64_t s = 1; s < n; ++s)
+    to(s, [&](Channel& c, int64_t) {
+      for (size_t k = 0; k < own_pieces; ++k) {
+        std::string body;
+        {
+          std::unique_lock<std::mutex> lock(mutex_);
+          changed_.wait_until(lock, deadline.at, [&] { return !slot->replies[k].empty() || slot->failed; });
+          if (slot->failed || slot->replies[k].empty()) return;
+          body = slot->replies[k];
+        }
+        c.send(kSum, body, deadline);
+      }
+    });
   {
     std::unique_lock<std::mutex> lock(mutex_);
     const bool done = changed_.wait_until(lock, deadline.at, [&] {
@@ -327,12 +350,13 @@ void Averager::reduce(int64_t round, const std::string& token, const std::vector
     }
     changed_.notify_all();
   }
-  for (std::thread& t : writers) t.join();
   std::string failure;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    // Each channel as the wire carried it, TLS included: the writers' and the listener's.
+    // Each channel as the wire carried it, TLS included: this member's and its listener's.
     result.bytes_sent = sent;
+    for (const std::unique_ptr<Channel>& c : channels)
+      if (c) result.bytes_sent += c->bytes_sent();
     result.bytes_received = slot->bytes_received;
     result.part_summed = slot->part_summed;
     for (const std::string& e : slot->errors)

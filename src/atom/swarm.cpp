@@ -120,7 +120,9 @@ void Swarm::publish() {
 }
 
 void Swarm::serve(std::unique_ptr<Channel> channel) {
-  const Message first = channel->receive(Deadline::in(30));
+  // A round member opens its channel to every other member at once and sends to each in turn, so
+  // a channel may wait out the stages before its own (averaging.h): the longest round may pass.
+  const Message first = channel->receive(Deadline::in(std::max(30.0, config_.swarm.round_timeout_max_s)));
   if (averager_->serve(*channel, first) || snapshots_->serve(*channel, first) || round_log_->serve(*channel, first))
     return;
   throw WireError("peer " + channel->address() + " sent an unknown request (type " + std::to_string(first.type) + ")");
