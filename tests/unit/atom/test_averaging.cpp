@@ -3,10 +3,13 @@
 // others, who keep their contributions and succeed when they retry without it; one that comes
 // after its round completed hears so at once; under a robust rule a poisoned member moves the
 // sum little and every member learns it was the outlier, and a member under another rule fails
-// the round by name.
+// the round by name; an owner sends each piece of its sum back as soon as every member's piece of
+// it is in, before the later pieces came (the pipelined butterfly).
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -145,6 +148,104 @@ TEST(Averaging, AJoinerAfterItsRoundCompletedHearsSoAtOnce) {
   // The next round number gathers anew.
   run_all({&a, &late}, {a.member(), late.member()}, {at::ones({8}), at::ones({8})}, PartEncoding{}, errors, 8);
   for (const std::string& e : errors) EXPECT_EQ(e, "");
+}
+
+TEST(Averaging, AnOwnerSendsEachPieceOfItsSumOnceEveryMembersPieceOfItIsIn) {
+  // The real member "b" and a member "a" played by this test over raw channels: a is the round's
+  // host (the smaller id), so it hears b's JOIN, and then b's channel with b's pieces of part 0
+  // (a's) and the pieces of b's sum.
+  TestPeer real("b");
+  const std::string token = "t0ken";
+  std::mutex mutex;
+  std::condition_variable arrived;
+  std::vector<Message> from_real;  // on b's channel to a
+  std::unique_ptr<Listener> fake;
+  const auto fake_address = [&] { return "127.0.0.1:" + std::to_string(fake->port()); };
+  fake = std::make_unique<Listener>(
+      "127.0.0.1", 0, kTestKey, "a", 1 << 26,
+      [&](std::unique_ptr<Channel> c) {
+        Message m = c->receive(Deadline::in(5));
+        if (m.type == kJoin) {
+          const nlohmann::json members =
+              nlohmann::json::array({nlohmann::json::array({"a", fake_address()}), nlohmann::json::array({"b", real.address()})});
+          c->send(kGroup, pack({{"token", token}, {"members", members}, {"reason", ""}}), Deadline::in(5));
+          return;
+        }
+        for (;;) {
+          {
+            std::lock_guard<std::mutex> lock(mutex);
+            from_real.push_back(std::move(m));
+            arrived.notify_all();
+          }
+          m = c->receive(Deadline::in(5));
+        }
+      },
+      nullptr);
+  const int64_t part = 3 * kSparseChunk, numel = 2 * part;  // three pieces per part
+  const auto pieces = part_pieces(part, false);
+  ASSERT_EQ(pieces.size(), 3u);
+  const at::Tensor mine = at::arange(numel, at::kFloat);
+  RoundResult result;
+  std::string error;
+  std::thread round([&] {
+    try {
+      result = real.averager->run_round(7, {{"a", fake_address()}, real.member()}, mine, 2.0, PartEncoding{}, real.clock);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  struct Joined {
+    std::thread& t;
+    ~Joined() { t.join(); }  // an assertion's early return waits out the round's deadline
+  } joined{round};
+  // a's pieces of b's part (part 1), ones of weight 1; the last one held back.
+  const auto c = Channel::connect("127.0.0.1", real.listener->port(), kTestKey, "a", Deadline::in(5), 1 << 26);
+  const auto send_piece = [&](size_t k) {
+    const int64_t length = pieces[k].second - pieces[k].first;
+    c->send(kPart,
+            pack({{"token", token}, {"piece", k}, {"numel", length}, {"weight", 1.0}, {"wait_s", 5.0}, {"rule", "mean"}},
+                 encode_part(at::ones({length}), Codec::fp32)),
+            Deadline::in(5));
+  };
+  send_piece(0);
+  send_piece(1);
+  const auto count = [&](uint8_t type) {
+    return std::count_if(from_real.begin(), from_real.end(), [&](const Message& m) { return m.type == type; });
+  };
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    ASSERT_TRUE(arrived.wait_for(lock, std::chrono::seconds(5), [&] { return count(kSum) == 2; }))
+        << "the pieces complete so far came back: " << count(kSum);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_EQ(count(kSum), 2) << "the last piece of the sum waits for a's last piece";
+    EXPECT_EQ(count(kPart), 3) << "b's pieces of a's part came first";
+    for (const Message& m : from_real)
+      if (m.type == kSum) {
+        const SumReply sum = parse_sum(m.body, "b");
+        EXPECT_EQ(sum.weight, 3.0);
+        const auto [b, e] = pieces[static_cast<size_t>(sum.piece)];
+        EXPECT_TRUE(at::equal(decode_part(sum.payload, e - b, Codec::fp32, "b"), mine.slice(0, part + b, part + e) + 1));
+      }
+  }
+  send_piece(2);
+  // a's own part: b's pieces of it plus a's ones, back as the sum's pieces.
+  std::vector<Message> parts;
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    ASSERT_TRUE(arrived.wait_for(lock, std::chrono::seconds(5), [&] { return count(kSum) == 3; }));
+    for (const Message& m : from_real)
+      if (m.type == kPart) parts.push_back(m);
+  }
+  for (const Message& m : parts) {
+    const PartMessage p = parse_part(m.body, "b");
+    const at::Tensor sum = decode_part(p.payload, p.numel, Codec::fp32, "b") + 1;
+    c->send(kSum, pack({{"piece", p.piece}, {"weight", 3.0}}, encode_part(sum, Codec::fp32)), Deadline::in(5));
+  }
+  round.join();
+  round = std::thread([] {});
+  ASSERT_EQ(error, "");
+  EXPECT_EQ(result.weight, 3.0);
+  EXPECT_TRUE(at::equal(result.sum, mine + 1));
 }
 
 TEST(Averaging, ACandidateThatNeverComesIsLeftOut) {
