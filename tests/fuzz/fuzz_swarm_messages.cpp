@@ -46,7 +46,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       case 2: {
         const PartMessage p = parse_part(body, "fuzz");
-        check(p.numel >= 0 && p.numel <= kMaxPartElements && std::isfinite(p.weight) && p.weight >= 0);
+        check(p.numel >= 0 && p.numel <= kMaxPartElements && std::isfinite(p.weight) && p.weight >= 0 &&
+              p.piece >= 0 && p.piece < kMaxPieces);
         // A sparse part's size is not bounded by its bytes: the owner compares it with its slot
         // before decoding (averaging.cpp); here it is bounded as a part of this message could be.
         if (encoding.sparse && p.numel > static_cast<int64_t>(body.size()) * kSparseChunk) break;
@@ -56,7 +57,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       case 3: {
         const SumReply s = parse_sum(body, "fuzz");
-        check(std::isfinite(s.weight));
+        check(std::isfinite(s.weight) && s.piece >= 0 && s.piece < kMaxPieces);
         for (const Screening& m : s.screened) check(m.kept >= 0 && m.kept <= 1 && m.member.size() <= 64);
         break;
       }
