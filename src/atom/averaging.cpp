@@ -166,6 +166,14 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
     std::lock_guard<std::mutex> lock(mutex_);
     closed_.emplace_back(round, hosted);
     if (closed_.size() > 8) closed_.pop_front();
+    // JOINs that came while this attempt ran wait in a gather for its retry: there is none, so
+    // they hear at once that they came late, rather than at their deadline.
+    const auto pending = gathers_.find(round);
+    if (pending != gathers_.end()) {
+      pending->second->decided = true;
+      gathers_.erase(pending);
+      changed_.notify_all();
+    }
   }
   return result;
 }

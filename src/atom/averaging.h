@@ -8,8 +8,9 @@
 //            gather deadline passed, then answers each JOIN with GROUP: the members (id and
 //            address, sorted by id) and a fresh attempt token. A candidate that did not join in
 //            time is left out of this attempt; one whose JOIN reaches a host after a round of that
-//            number completed there hears at once that it came late (it is then behind the
-//            others and takes their state). The host hosts this attempt only: the next round's
+//            number completed there hears at once that it came late, and one whose JOIN came
+//            while the attempt ran hears so when it completes (it is then behind the others and
+//            takes their state; a failed attempt's retry gathers those JOINs instead). The host hosts this attempt only: the next round's
 //            host is chosen again from that round's candidates.
 //   reduce   a butterfly all-reduce (as in Hivemind): the vector [N] is cut into one contiguous
 //            part per member; member i owns part i. Each member sends part j of its contribution

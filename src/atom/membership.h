@@ -41,7 +41,9 @@ class Membership {
   // First-hand news from a round this peer took part in: the peers `ids` completed it and are now
   // at `swarm_step` with nothing accumulated. Their cached records say so at once (the records
   // they publish next can reach this node seconds late when bulk traffic fills the link, and a
-  // stale view splits the next round's candidates); a newer record from the DHT replaces it.
+  // stale view splits the next round's candidates); a newer record from the DHT replaces it, unless
+  // it tells of an earlier step within a record lifetime (the member republished before its own
+  // round ended).
   void saw_round(const std::vector<std::string>& ids, int64_t swarm_step);
   // Publishes raw bytes under the swarm's key, as a stranger's node would (tests of forged records).
   void publish_raw(const std::string& bytes, uint64_t value_id);

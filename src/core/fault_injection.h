@@ -12,8 +12,9 @@
 //   swap.load, swap.store          the swap engine, issuing a sub-model's load or gradient store
 //   swarm.group, swarm.reduce,     an ATOM peer's averaging round (atom/averaging.h): its start,
 //   swarm.sum                      before the group forms; the group formed, before the parts are
-//                                  sent; every contribution to this peer's part in, before the sum
-//                                  goes back. `tessera peer` is rank 0 of its own process.
+//                                  sent; the first piece of this peer's part summed (every
+//                                  member's piece of it in), before any of its sum goes back.
+//                                  `tessera peer` is rank 0 of its own process.
 //   <group>.<op>                   a communication operation of a mesh group, named as the flight
 //                                  recorder and `tessera doctor` name it (comm/mesh.cpp): world,
 //                                  or the first of dp, tp, pp, sp, ep, dp_sp, edp, edp_sp,

@@ -1,10 +1,11 @@
 // Averaging rounds in one process: peers with their own listeners sum their vectors exactly; a
 // candidate that never comes is left out; one that dies after joining fails the round on the
 // others, who keep their contributions and succeed when they retry without it; one that comes
-// after its round completed hears so at once; under a robust rule a poisoned member moves the
-// sum little and every member learns it was the outlier, and a member under another rule fails
-// the round by name; an owner sends each piece of its sum back as soon as every member's piece of
-// it is in, before the later pieces came (the pipelined butterfly).
+// after its round completed hears so at once, and one that comes while it runs when it ends;
+// under a robust rule a poisoned member moves the sum little and every member learns it was the
+// outlier, and a member under another rule fails the round by name; an owner sends each piece of
+// its sum back as soon as every member's piece of it is in, before the later pieces came (the
+// pipelined butterfly).
 #include <gtest/gtest.h>
 
 #include <condition_variable>
@@ -148,6 +149,29 @@ TEST(Averaging, AJoinerAfterItsRoundCompletedHearsSoAtOnce) {
   // The next round number gathers anew.
   run_all({&a, &late}, {a.member(), late.member()}, {at::ones({8}), at::ones({8})}, PartEncoding{}, errors, 8);
   for (const std::string& e : errors) EXPECT_EQ(e, "");
+}
+
+TEST(Averaging, AJoinerWhileItsRoundRunsHearsSoWhenItCompletes) {
+  TestPeer a("a"), b("b"), late("c");
+  late.clock = RoundClock(30, 30);
+  // A round long enough to join during: 32M entries from each member.
+  const at::Tensor big = at::ones({int64_t{1} << 25});
+  std::vector<std::string> errors, late_errors;
+  double late_s = 0;
+  std::thread joiner([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const auto start = std::chrono::steady_clock::now();
+    run_all({&late}, {a.member(), late.member()}, {at::ones({8})}, PartEncoding{}, late_errors);
+    late_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  run_all({&a, &b}, {a.member(), b.member()}, {big, big}, PartEncoding{}, errors);
+  const double round_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  joiner.join();
+  for (const std::string& e : errors) ASSERT_EQ(e, "");
+  ASSERT_GT(round_s, 0.5) << "the round ended before c joined: nothing was tested";
+  EXPECT_NE(late_errors[0].find("joined after the group was closed"), std::string::npos) << late_errors[0];
+  EXPECT_LT(late_s, round_s + 2.0) << "c waited out its 30 s deadline instead of hearing at the round's end";
 }
 
 TEST(Averaging, AnOwnerSendsEachPieceOfItsSumOnceEveryMembersPieceOfItIsIn) {

@@ -1,6 +1,7 @@
 // The swarm's DHT on loopback: peers find each other from one initial peer, forged records are
 // never seen, dead peers vanish after the record's lifetime, a round's members are seen at their
-// new step before their records come.
+// new step before their records come, and a record of their old step published meanwhile does not
+// take them back.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -89,6 +90,13 @@ TEST(Membership, ARoundsMembersAreSeenAtTheirNewStepUntilTheirOwnRecordsCome) {
   ASSERT_EQ(seen.size(), 1u);
   EXPECT_EQ(seen[0].swarm_step, 1);
   EXPECT_EQ(seen[0].samples, 0);
+  // b republishes its old step (its last sums came later than a's): newer by its time, older news.
+  mine.time = unix_now();
+  b.publish(mine);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  seen = a.live_peers(0.5);
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].swarm_step, 1) << "a record of an earlier step took the member back";
   // b's own newer record replaces the news.
   mine.swarm_step = 2;
   mine.time = unix_now() + 0.01;
