@@ -31,12 +31,13 @@ import socket, sys, threading, time
 me, n, size, pattern, start, ips = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], float(sys.argv[5]), sys.argv[6].split(",")
 srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); srv.bind((ips[me], 5100)); srv.listen(8)
 senders = 1 if pattern == "ring" else n - 1
-def receive():
-    conns = [srv.accept()[0] for _ in range(senders)]
+def receive():  # each connection drained from its accept on (a sender waits for its receiver)
     def drain(c):
         while c.recv(1 << 20): pass
-    ts = [threading.Thread(target=drain, args=(c,)) for c in conns]
-    [t.start() for t in ts]; [t.join() for t in ts]
+    ts = []
+    for _ in range(senders):
+        ts.append(threading.Thread(target=drain, args=(srv.accept()[0],))); ts[-1].start()
+    [t.join() for t in ts]
 while time.time() < start: time.sleep(0.001)
 r = threading.Thread(target=receive); r.start()
 t0 = time.time()

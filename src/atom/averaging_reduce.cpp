@@ -1,11 +1,10 @@
 // The reduce phase of an averaging round: the pipelined butterfly all-reduce (averaging.h).
 //
-// One attempt's state on this member is its Slot, shared by three kinds of thread:
-//   - run_round's thread (reduce()): adds this member's own pieces, waits for the end, assembles
-//     the result;
-//   - run_round's thread also sends, one message at a time over its channels to the others: its
-//     pieces of each part in shift order (part me + 1 first), then its own part's sum to each
-//     member in the same order, each piece once it is summed;
+// One attempt's state on this member is its Slot, shared by two kinds of thread:
+//   - run_round's thread (reduce()): adds this member's own pieces; sends, one message at a time
+//     over its channels to the others, its pieces of each part in shift order (part me + 1 first),
+//     then its own part's sum to each member in the same order, each piece once it is summed;
+//     waits for the others' sums and assembles the result;
 //   - one listener thread per other member j (serve_part, j's channel here): j's pieces of this
 //     member's part, added as they come, and the pieces of j's part's sum.
 // The thread whose piece completes a piece of this member's part (every member's contribution to
@@ -285,7 +284,7 @@ void Averager::reduce(int64_t round, const std::string& token, const std::vector
   // One message at a time, in shift order: member me + s at stage s, first the parts, then this
   // member's sum, piece by piece as it is summed. In step, every member's link carries one flow
   // each way at a time, as a ring's does; several flows at once through a rate-limited link lose
-  // about a third of it to TCP's losses (bench/results/swarm_pipelined_rounds_cpu.md).
+  // about a third of it to TCP's losses (bench/results/link_flows_cpu.md).
   // A send that fails ends that member's channel and fails the round, naming it; the others'
   // parts still go out, so each owner learns why from its own members (a rule that differs is
   // named by the owner that sees it).
