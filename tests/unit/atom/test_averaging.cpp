@@ -8,6 +8,7 @@
 // pipelined butterfly).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -151,122 +152,158 @@ TEST(Averaging, AJoinerAfterItsRoundCompletedHearsSoAtOnce) {
   for (const std::string& e : errors) EXPECT_EQ(e, "");
 }
 
+// A round member played by a test over raw channels: it answers a JOIN with `group` (as the
+// round's host) and keeps every message that comes on the other channels to it.
+struct FakeMember {
+  std::string id, token = "t0ken";
+  nlohmann::json group = nlohmann::json::array();  // [[id, address], ...]
+  std::mutex mutex;
+  std::condition_variable arrived;
+  std::vector<Message> received;
+  std::unique_ptr<Listener> listener;
+  explicit FakeMember(std::string name) : id(std::move(name)) {
+    listener = std::make_unique<Listener>(
+        "127.0.0.1", 0, kTestKey, id, 1 << 26,
+        [this](std::unique_ptr<Channel> c) {
+          Message m = c->receive(Deadline::in(5));
+          if (m.type == kJoin) {
+            c->send(kGroup, pack({{"token", token}, {"members", group}, {"reason", ""}}), Deadline::in(5));
+            return;
+          }
+          for (;;) {
+            {
+              std::lock_guard<std::mutex> lock(mutex);
+              received.push_back(std::move(m));
+              arrived.notify_all();
+            }
+            m = c->receive(Deadline::in(5));
+          }
+        },
+        nullptr);
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(listener->port()); }
+  RoundMember member() const { return {id, address()}; }
+  int64_t count(uint8_t type) const {  // under `mutex`
+    return std::count_if(received.begin(), received.end(), [&](const Message& m) { return m.type == type; });
+  }
+  // Waits (5 s at most) until at least `parts` parts and `sums` sums came.
+  bool wait_for(int64_t parts, int64_t sums) {
+    std::unique_lock<std::mutex> lock(mutex);
+    return arrived.wait_for(lock, std::chrono::seconds(5),
+                            [&] { return count(kPart) >= parts && count(kSum) >= sums; });
+  }
+  std::unique_ptr<Channel> connect(const TestPeer& to) const {
+    return Channel::connect("127.0.0.1", to.listener->port(), kTestKey, id, Deadline::in(5), 1 << 26);
+  }
+  static std::string part(const std::string& token, int64_t piece, const at::Tensor& values) {
+    return pack({{"token", token}, {"piece", piece}, {"numel", values.numel()}, {"weight", 1.0}, {"wait_s", 5.0},
+                 {"rule", "mean"}},
+                encode_part(values, Codec::fp32));
+  }
+};
+
+// Joins a thread on every way out of a test (an assertion's early return waits out its round).
+struct Joined {
+  std::thread& t;
+  ~Joined() {
+    if (t.joinable()) t.join();
+  }
+};
+
+// `peer` runs round 7 over `candidates` with `vector` (weight 2) on a thread of its own.
+std::thread round_of(TestPeer& peer, const std::vector<RoundMember>& candidates, const at::Tensor& vector,
+                     RoundResult& result, std::string& error) {
+  return std::thread([&peer, candidates, vector, &result, &error] {
+    try {
+      result = peer.averager->run_round(7, candidates, vector, 2.0, PartEncoding{}, peer.clock);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+}
+
 TEST(Averaging, AJoinerWhileItsRoundRunsHearsSoWhenItCompletes) {
-  TestPeer a("a"), b("b"), late("c");
+  // a hosts round 7 with b, which holds its part back until c has joined a for the same round.
+  TestPeer a("a"), late("c");
   late.clock = RoundClock(30, 30);
-  // A round long enough to join during: 32M entries from each member.
-  const at::Tensor big = at::ones({int64_t{1} << 25});
-  std::vector<std::string> errors, late_errors;
+  FakeMember b("b");
+  RoundResult result;
+  std::string error;
+  std::thread round = round_of(a, {a.member(), b.member()}, at::ones({8}), result, error);
+  Joined joined{round};
+  const auto host = b.connect(a);
+  host->send(kJoin, pack({{"round", 7}, {"address", b.address()}, {"wait_s", 5.0}}), Deadline::in(5));
+  const Message group = host->receive(Deadline::in(5), kGroup);
+  const std::string token = parse_group(group.body, "a").token;
+  ASSERT_FALSE(token.empty());
+  std::vector<std::string> late_errors;
   double late_s = 0;
   std::thread joiner([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
     const auto start = std::chrono::steady_clock::now();
     run_all({&late}, {a.member(), late.member()}, {at::ones({8})}, PartEncoding{}, late_errors);
     late_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   });
-  const auto start = std::chrono::steady_clock::now();
-  run_all({&a, &b}, {a.member(), b.member()}, {big, big}, PartEncoding{}, errors);
-  const double round_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  Joined joined_late{joiner};
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // c's JOIN waits at a meanwhile
+  // b's piece of a's part (entries 0-3), then b's own part's sum once a's piece of it came.
+  const auto c = b.connect(a);
+  c->send(kPart, FakeMember::part(token, 0, at::ones({4})), Deadline::in(5));
+  ASSERT_TRUE(b.wait_for(1, 0));
+  c->send(kSum, pack({{"piece", 0}, {"weight", 3.0}}, encode_part(at::full({4}, 2.0f), Codec::fp32)), Deadline::in(5));
+  round.join();
   joiner.join();
-  for (const std::string& e : errors) ASSERT_EQ(e, "");
-  ASSERT_GT(round_s, 0.5) << "the round ended before c joined: nothing was tested";
+  ASSERT_EQ(error, "");
+  EXPECT_TRUE(at::equal(result.sum, at::full({8}, 2.0f)));
   EXPECT_NE(late_errors[0].find("joined after the group was closed"), std::string::npos) << late_errors[0];
-  EXPECT_LT(late_s, round_s + 2.0) << "c waited out its 30 s deadline instead of hearing at the round's end";
+  EXPECT_LT(late_s, 5.0) << "c waited out its 30 s deadline instead of hearing at the round's end";
 }
 
 TEST(Averaging, AnOwnerSendsEachPieceOfItsSumOnceEveryMembersPieceOfItIsIn) {
-  // The real member "b" and a member "a" played by this test over raw channels: a is the round's
-  // host (the smaller id), so it hears b's JOIN, and then b's channel with b's pieces of part 0
-  // (a's) and the pieces of b's sum.
+  // The real member "b" and "a", played by the test: a is the round's host (the smaller id), so
+  // it hears b's JOIN, and then b's channel with b's pieces of part 0 (a's) and of b's sum.
   TestPeer real("b");
-  const std::string token = "t0ken";
-  std::mutex mutex;
-  std::condition_variable arrived;
-  std::vector<Message> from_real;  // on b's channel to a
-  std::unique_ptr<Listener> fake;
-  const auto fake_address = [&] { return "127.0.0.1:" + std::to_string(fake->port()); };
-  fake = std::make_unique<Listener>(
-      "127.0.0.1", 0, kTestKey, "a", 1 << 26,
-      [&](std::unique_ptr<Channel> c) {
-        Message m = c->receive(Deadline::in(5));
-        if (m.type == kJoin) {
-          const nlohmann::json members =
-              nlohmann::json::array({nlohmann::json::array({"a", fake_address()}), nlohmann::json::array({"b", real.address()})});
-          c->send(kGroup, pack({{"token", token}, {"members", members}, {"reason", ""}}), Deadline::in(5));
-          return;
-        }
-        for (;;) {
-          {
-            std::lock_guard<std::mutex> lock(mutex);
-            from_real.push_back(std::move(m));
-            arrived.notify_all();
-          }
-          m = c->receive(Deadline::in(5));
-        }
-      },
-      nullptr);
+  FakeMember a("a");
+  a.group = nlohmann::json::array({nlohmann::json::array({"a", a.address()}), nlohmann::json::array({"b", real.address()})});
   const int64_t part = 3 * kSparseChunk, numel = 2 * part;  // three pieces per part
   const auto pieces = part_pieces(part, false);
   ASSERT_EQ(pieces.size(), 3u);
   const at::Tensor mine = at::arange(numel, at::kFloat);
   RoundResult result;
   std::string error;
-  std::thread round([&] {
-    try {
-      result = real.averager->run_round(7, {{"a", fake_address()}, real.member()}, mine, 2.0, PartEncoding{}, real.clock);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  });
-  struct Joined {
-    std::thread& t;
-    ~Joined() { t.join(); }  // an assertion's early return waits out the round's deadline
-  } joined{round};
+  std::thread round = round_of(real, {a.member(), real.member()}, mine, result, error);
+  Joined joined{round};
   // a's pieces of b's part (part 1), ones of weight 1; the last one held back.
-  const auto c = Channel::connect("127.0.0.1", real.listener->port(), kTestKey, "a", Deadline::in(5), 1 << 26);
+  const auto c = a.connect(real);
   const auto send_piece = [&](size_t k) {
-    const int64_t length = pieces[k].second - pieces[k].first;
-    c->send(kPart,
-            pack({{"token", token}, {"piece", k}, {"numel", length}, {"weight", 1.0}, {"wait_s", 5.0}, {"rule", "mean"}},
-                 encode_part(at::ones({length}), Codec::fp32)),
+    c->send(kPart, FakeMember::part(a.token, static_cast<int64_t>(k), at::ones({pieces[k].second - pieces[k].first})),
             Deadline::in(5));
   };
   send_piece(0);
   send_piece(1);
-  const auto count = [&](uint8_t type) {
-    return std::count_if(from_real.begin(), from_real.end(), [&](const Message& m) { return m.type == type; });
-  };
-  {
-    std::unique_lock<std::mutex> lock(mutex);
-    ASSERT_TRUE(arrived.wait_for(lock, std::chrono::seconds(5), [&] { return count(kSum) == 2; }))
-        << "the pieces complete so far came back: " << count(kSum);
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    EXPECT_EQ(count(kSum), 2) << "the last piece of the sum waits for a's last piece";
-    EXPECT_EQ(count(kPart), 3) << "b's pieces of a's part came first";
-    for (const Message& m : from_real)
-      if (m.type == kSum) {
-        const SumReply sum = parse_sum(m.body, "b");
-        EXPECT_EQ(sum.weight, 3.0);
-        const auto [b, e] = pieces[static_cast<size_t>(sum.piece)];
-        EXPECT_TRUE(at::equal(decode_part(sum.payload, e - b, Codec::fp32, "b"), mine.slice(0, part + b, part + e) + 1));
-      }
-  }
-  send_piece(2);
-  // a's own part: b's pieces of it plus a's ones, back as the sum's pieces.
+  ASSERT_TRUE(a.wait_for(3, 2)) << "b's pieces of a's part, then the pieces of b's sum complete so far";
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
   std::vector<Message> parts;
   {
-    std::unique_lock<std::mutex> lock(mutex);
-    ASSERT_TRUE(arrived.wait_for(lock, std::chrono::seconds(5), [&] { return count(kSum) == 3; }));
-    for (const Message& m : from_real)
+    std::lock_guard<std::mutex> lock(a.mutex);
+    EXPECT_EQ(a.count(kSum), 2) << "the last piece of the sum waits for a's last piece";
+    for (const Message& m : a.received) {
       if (m.type == kPart) parts.push_back(m);
+      if (m.type != kSum) continue;
+      const SumReply sum = parse_sum(m.body, "b");
+      EXPECT_EQ(sum.weight, 3.0);
+      const auto [b, e] = pieces[static_cast<size_t>(sum.piece)];
+      EXPECT_TRUE(at::equal(decode_part(sum.payload, e - b, Codec::fp32, "b"), mine.slice(0, part + b, part + e) + 1));
+    }
   }
+  send_piece(2);
+  ASSERT_TRUE(a.wait_for(3, 3));
+  // a's own part: b's pieces of it plus a's ones, back as the sum's pieces.
   for (const Message& m : parts) {
     const PartMessage p = parse_part(m.body, "b");
     const at::Tensor sum = decode_part(p.payload, p.numel, Codec::fp32, "b") + 1;
     c->send(kSum, pack({{"piece", p.piece}, {"weight", 3.0}}, encode_part(sum, Codec::fp32)), Deadline::in(5));
   }
   round.join();
-  round = std::thread([] {});
   ASSERT_EQ(error, "");
   EXPECT_EQ(result.weight, 3.0);
   EXPECT_TRUE(at::equal(result.sum, mine + 1));
