@@ -29,7 +29,7 @@
 //            pieces of m's own sum, written by m and read by j's listener, so no reader waits on a
 //            writer. The channels are opened together before the first piece, while the links are
 //            idle.
-// Parts travel as fp32, bf16 or int8 (per part, symmetric with a float scale: the DiLoCo
+// Parts travel as fp32, bf16 or int8 (per piece, symmetric with a float scale: the DiLoCo
 // pseudo-gradients, swarm.pseudo_gradient_dtype), dense or sparse (each chunk's largest entries:
 // swarm.topk_ratio; the sums then carry the union of the members' entries); sums are taken in
 // fp32. A member learns what the round counted of its own contribution (RoundResult::delivered),
