@@ -74,11 +74,10 @@ struct Averager::Slot {
   std::vector<int64_t> received;
   std::vector<std::string> replies;  // empty until the piece is summed
   int64_t replies_ready = 0;
-  std::map<std::string, int64_t> next_piece;  // by member: the piece it sends next
   std::map<std::string, double> member_weight;  // by member: the weight its first piece carried
 
-  // Each owner's sum: its pieces in, its weight and its screening of the members.
-  std::vector<int64_t> sums_in;
+  // The others' sums: the pieces still to come, and each owner's weight and screening.
+  int64_t sums_missing = 0;
   std::vector<double> weights;
   std::vector<std::vector<Screening>> screened;
 
@@ -93,13 +92,6 @@ struct Averager::Slot {
     std::vector<Range> out = part_pieces(e - b, whole);
     for (Range& r : out) r = {r.first + b, r.second + b};
     return out;
-  }
-  int64_t sums_missing() const {
-    int64_t missing = 0;
-    for (size_t j = 0; j < members.size(); ++j)
-      if (static_cast<int64_t>(j) != me)
-        missing += static_cast<int64_t>(pieces_of(static_cast<int64_t>(j)).size()) - sums_in[j];
-    return missing;
   }
   void fail(size_t j, const std::string& why) {
     if (errors[j].empty()) errors[j] = why;
@@ -198,7 +190,7 @@ void Averager::serve_part(Channel& channel, const Message& first) {
           throw WireError("peer " + from + " sent pieces of one sum with different weights");
         slot->weights[j] = sum.weight;
         if (k == 0) slot->screened[j] = sum.screened;
-        ++slot->sums_in[j];
+        --slot->sums_missing;
         changed_.notify_all();
         ++sums;
       } else {
@@ -238,7 +230,8 @@ void Averager::reduce(int64_t round, const std::string& token, const std::vector
     slot->sums = sum_encoding(encoding);
     slot->whole = rule_.kind != Aggregation::mean;
     slot->sum = result.sum;
-    slot->sums_in.assign(static_cast<size_t>(n), 0);
+    for (int64_t j = 0; j < n; ++j)
+      if (j != me) slot->sums_missing += static_cast<int64_t>(slot->pieces_of(j).size());
     slot->weights.assign(static_cast<size_t>(n), 0.0);
     slot->screened.assign(static_cast<size_t>(n), {});
     slot->errors.assign(static_cast<size_t>(n), "");
@@ -335,7 +328,7 @@ void Averager::reduce(int64_t round, const std::string& token, const std::vector
   {
     std::unique_lock<std::mutex> lock(mutex_);
     const bool done = changed_.wait_until(lock, deadline.at, [&] {
-      return (slot->replies_ready == static_cast<int64_t>(own_pieces) && slot->sums_missing() == 0) || slot->failed;
+      return (slot->replies_ready == static_cast<int64_t>(own_pieces) && slot->sums_missing == 0) || slot->failed;
     });
     if (slot->replies_ready < static_cast<int64_t>(own_pieces)) {
       int64_t in = 0;
@@ -344,7 +337,7 @@ void Averager::reduce(int64_t round, const std::string& token, const std::vector
                                               std::to_string(n * static_cast<int64_t>(own_pieces)) +
                                               " contributions (pieces x members)");
     } else if (!done) {
-      slot->fail(static_cast<size_t>(me), "this peer received " + std::to_string(slot->sums_missing()) +
+      slot->fail(static_cast<size_t>(me), "this peer received " + std::to_string(slot->sums_missing) +
                                               " piece(s) of the others' sums too few before the deadline");
     }
     changed_.notify_all();
