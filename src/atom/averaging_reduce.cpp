@@ -84,6 +84,7 @@ struct Averager::Slot {
   std::vector<std::string> errors;  // by member
   bool failed = false;
   uint64_t bytes_received = 0;  // the channels this member's listener read
+  int64_t readers = 0;          // serve_part threads reading a channel of this attempt
   double part_summed = 0;
 
   // Part j's pieces, as [begin, end) of the whole vector.
@@ -139,9 +140,23 @@ void Averager::serve_part(Channel& channel, const Message& first) {
   {
     std::unique_lock<std::mutex> lock(mutex_);
     // The channel may open before this member learned its group: wait for the slot.
+    // A slot that failed already still checks the first part's rule below, so that each owner
+    // names a member under another rule even when another failure came first.
     changed_.wait_until(lock, deadline.at, [&] { return (slot = slot_for(token, false)) != nullptr; });
-    if (!slot || slot->failed) return;
+    if (!slot) return;
+    ++slot->readers;
   }
+  struct Reading {  // on every way out: the channel's bytes counted, and reduce() told it ended
+    Averager& averager;
+    Slot& slot;
+    Channel& channel;
+    ~Reading() {
+      std::lock_guard<std::mutex> lock(averager.mutex_);
+      slot.bytes_received += channel.bytes_received();
+      --slot.readers;
+      averager.changed_.notify_all();
+    }
+  } reading{*this, *slot, channel};
   const auto m = std::find_if(slot->members.begin(), slot->members.end(),
                               [&](const RoundMember& r) { return r.id == channel.peer_id(); });
   const size_t j = static_cast<size_t>(m - slot->members.begin());
@@ -205,8 +220,6 @@ void Averager::serve_part(Channel& channel, const Message& first) {
     changed_.notify_all();
     throw;
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  slot->bytes_received += channel.bytes_received();
 }
 
 void Averager::reduce(int64_t round, const std::string& token, const std::vector<RoundMember>& members, int64_t me,
@@ -281,7 +294,7 @@ void Averager::reduce(int64_t round, const std::string& token, const std::vector
   // A send that fails ends that member's channel and fails the round, naming it; the others'
   // parts still go out, so each owner learns why from its own members (a rule that differs is
   // named by the owner that sees it).
-  uint64_t sent = 0;  // by channels ended early
+  uint64_t sent = 0;  // by the channels ended
   const auto to = [&](int64_t s, const std::function<void(Channel&, int64_t)>& send) {
     const int64_t j = (me + s) % n;
     std::unique_ptr<Channel>& c = channels[static_cast<size_t>(j)];
@@ -342,13 +355,20 @@ void Averager::reduce(int64_t round, const std::string& token, const std::vector
     }
     changed_.notify_all();
   }
+  // This member's channels end here, so a member still reading one ends too; then every channel
+  // read here ends (its member sent everything, closed it or failed), so that what each reached
+  // here (a member under another rule, say) is in the failure even after another failure came.
+  for (std::unique_ptr<Channel>& c : channels)
+    if (c) {
+      sent += c->bytes_sent();
+      c.reset();
+    }
   std::string failure;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait_until(lock, deadline.at, [&] { return slot->readers == 0; });
     // Each channel as the wire carried it, TLS included: this member's and its listener's.
     result.bytes_sent = sent;
-    for (const std::unique_ptr<Channel>& c : channels)
-      if (c) result.bytes_sent += c->bytes_sent();
     result.bytes_received = slot->bytes_received;
     result.part_summed = slot->part_summed;
     for (const std::string& e : slot->errors)
