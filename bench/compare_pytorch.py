@@ -41,6 +41,10 @@ CASES = {
                        seq=128, steps=30, warmup=5),
     # The GPU measurement of docs/gpu.md: sequence 1024, the batch from --batch.
     "gpt2_124m_1024": dict(vocab=50257, block=1024, layers=12, heads=12, embd=768, batch=8, seq=1024, steps=20, warmup=5),
+    # About 1B parameters of Llama blocks at sequence 2048 (TinyLlama-1.1B's shapes: 22 blocks, width
+    # 2048, 32 query and 4 kv heads, SwiGLU 5632, a 32000-token vocabulary): the GPU goal of docs/gpu.md.
+    "llama_1b_2048": dict(family="llama", vocab=32000, block=2048, layers=22, heads=32, kv_heads=4, ffn=5632, embd=2048,
+                          batch=4, seq=2048, steps=10, warmup=3),
 }
 
 

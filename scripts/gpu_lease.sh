@@ -5,6 +5,7 @@
 #   bash scripts/gpu_lease.sh $OUT [PARTS]      PARTS: comma-separated, default all, in this order:
 #     correct   the gpu-labelled tests; `make train`'s run on CUDA against the CPU reference run
 #               (final validation loss within 2%), resumed on CUDA from its step-300 checkpoint
+#     calibrate `tessera plan calibrate --device cuda`: the card's cluster file and product grid (in logs.tgz)
 #     speed     GPT-2 124M, bf16, sequence 1024: tessera bench against PyTorch eager and
 #               torch.compile (bench/compare_pytorch.py) at each of COMPARE_BATCHES (default 16) over
 #               COMPARE_ROUNDS rounds (default 1), and tessera alone at larger batches
@@ -16,6 +17,11 @@
 #     pipeline  `tessera pipeline --model` on the device: per-stage F, I, W and a predicted pp 4 step,
 #               cut by layers and by the profile
 #     lasp      the linear-attention model against softmax attention (SDPA) at sequence 4K to 32K
+#     llama     a Llama-family model of about 1B parameters (bench/compare_pytorch.py's llama_1b_2048, bf16,
+#               sequence 2048) against PyTorch eager and torch.compile at each of LLAMA_BATCHES (default 4)
+#     activations GPT-2 124M at ACTIVATION_BATCH (default 16): tessera bench resident, fully recomputed,
+#               int8 and fp8 compressed, offloaded (12 and 6 blocks, and 12 with int8), then tessera
+#               against the eager twin offloading by save_on_cpu and compressing int8 by saved-tensor hooks
 #     ab        this build against an earlier one (every .gpu_baseline/prebuilt_<commit>.tgz carried,
 #               as gpu_prebuilt.sh packed it): tessera bench of GPT-2 124M at batches 16 and 64,
 #               the two binaries alternating over AB_ROUNDS rounds (default 3)
@@ -27,7 +33,7 @@
 set -uo pipefail
 
 OUT="${1:?usage: scripts/gpu_lease.sh OUT [PARTS]}"
-PARTS=",${2:-correct,speed,trace,swap,pipeline,lasp,ab},"
+PARTS=",${2:-correct,calibrate,speed,llama,activations,trace,swap,pipeline,lasp,ab},"
 ROOT="$(pwd)"
 DEADLINE=$((SECONDS + ${LEASE_BUDGET:-520}))
 WORK=/tmp/lease
@@ -127,6 +133,46 @@ if want speed; then
     step "tessera bench batch $b" 60 bench_b$b.log "$BIN" bench $(gpt2) --set train.batch_size=$b --steps 10 --warmup 3
     tail -3 "$LOGS/bench_b$b.log" | tee -a "$SUMMARY"
   done
+  pack
+fi
+
+if want llama; then
+  note "## llama (about 1B parameters of Llama blocks, bf16, sequence 2048; bench/compare_pytorch.py llama_1b_2048)"
+  for b in ${LLAMA_BATCHES:-4}; do
+    mkdir -p "$LOGS/llama_b$b"
+    step "compare_pytorch llama_1b_2048 bf16 batch $b" 300 "llama_b$b.log" \
+         python3 "$ROOT/bench/compare_pytorch.py" "$BUILD" --cases llama_1b_2048 --device cuda --dtype bf16 \
+         --batch "$b" --rounds 1 --out "$LOGS/llama_b$b"
+    tail -8 "$LOGS/llama_b$b.log" | tee -a "$SUMMARY"
+  done
+  pack
+fi
+
+if want activations; then
+  ab=${ACTIVATION_BATCH:-16}
+  note "## activations (GPT-2 124M, bf16, batch $ab x 1024: saved activations kept, recomputed, compressed, offloaded)"
+  for run in "resident|" "full_recompute|--set memory.activation_checkpointing=full" \
+             "int8|--set memory.activation_compression=int8" "fp8|--set memory.activation_compression=fp8" \
+             "offload_12|--set memory.activation_offload=12" "offload_6|--set memory.activation_offload=6" \
+             "offload_12_int8|--set memory.activation_offload=12 --set memory.activation_compression=int8"; do
+    name="${run%%|*}"
+    step "bench $name" 60 "act_$name.log" "$BIN" bench $(gpt2) --set train.batch_size=$ab ${run#*|} --steps 10 --warmup 3 --json
+    tail -1 "$LOGS/act_$name.log" | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print("  ", {k: d[k] for k in ("median_step_s", "mfu", "peak_bytes", "saved_activation_bytes", "activation_offload") if k in d})' 2>/dev/null | tee -a "$SUMMARY"
+  done
+  for peer in "offload|--activation-offload 12" "int8|--activation-compression int8"; do
+    mkdir -p "$LOGS/act_twin_${peer%%|*}"
+    step "compare_pytorch ${peer%%|*} (eager twin)" 120 "act_twin_${peer%%|*}.log" python3 "$ROOT/bench/compare_pytorch.py" "$BUILD" \
+         --cases gpt2_124m_1024 --device cuda --dtype bf16 --batch "$ab" --rounds 1 --peers eager ${peer#*|} \
+         --out "$LOGS/act_twin_${peer%%|*}"
+    tail -6 "$LOGS/act_twin_${peer%%|*}.log" | tee -a "$SUMMARY"
+  done
+  pack
+fi
+
+if want calibrate; then
+  note "## calibrate (tessera plan calibrate --device cuda: the card's cluster file, brought back in logs.tgz)"
+  step "plan calibrate --device cuda" 120 calibrate.log "$BIN" plan calibrate --device cuda --out "$LOGS/card_calibrated.toml"
+  grep -E "^[a-z_]+ = " "$LOGS/card_calibrated.toml" | head -30 | sed 's/^/  /' | tee -a "$SUMMARY"
   pack
 fi
 

@@ -16,7 +16,7 @@
 # to the repository on the GPU machine).
 #
 # Also trains `make train`'s run on this machine's CPU (configs/tiny_gpt.toml, 600 steps, with the
-# CPU build in build/) into DIR/reference_cpu, the run a CUDA run's validation loss is held to.
+# CPU build in build/, or BUILD's tessera where build/ has none) into DIR/reference_cpu, the run a CUDA run's validation loss is held to.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -62,9 +62,12 @@ echo "$BUILD" >"$DIR/BUILD_PATH"
 rm -rf "$STAGE"
 echo "gpu_prebuilt: $(tar tzf "$DIR/prebuilt.tgz" | grep -c '^\./lib/.') libraries, $(du -h "$DIR/prebuilt.tgz" | cut -f1) in $DIR/prebuilt.tgz"
 
-# The CPU reference run, with the CPU build `make` keeps in build/.
-"$ROOT/build/tessera" prepare --input "$ROOT/data/kjv/genesis_to_ruth.txt" --out "$DIR/kjv" --tokenizer byte >/dev/null
-"$ROOT/build/tessera" train --config "$ROOT/configs/tiny_gpt.toml" --set data.path="$DIR/kjv" --set train.device=cpu \
+# The CPU reference run, with the CPU build `make` keeps in build/ (or, where there is none yet, this
+# build's tessera on the CPU: the same code).
+CPU_TESSERA="$ROOT/build/tessera"
+[ -x "$CPU_TESSERA" ] || CPU_TESSERA="$BUILD/tessera"
+"$CPU_TESSERA" prepare --input "$ROOT/data/kjv/genesis_to_ruth.txt" --out "$DIR/kjv" --tokenizer byte >/dev/null
+"$CPU_TESSERA" train --config "$ROOT/configs/tiny_gpt.toml" --set data.path="$DIR/kjv" --set train.device=cpu \
   --set checkpoint.every=300 --set checkpoint.keep=4 --out "$DIR/reference_cpu" --overwrite >"$DIR/reference_cpu.log" 2>&1
 rm -rf "$DIR/kjv" "$DIR/reference_cpu/checkpoints"
 echo "gpu_prebuilt: CPU reference run in $DIR/reference_cpu ($(tail -1 "$DIR/reference_cpu.log"))"

@@ -1,13 +1,16 @@
-// `tessera plan calibrate --out F.toml` measures this machine as a cluster file (plan/calibrate.h).
+// `tessera plan calibrate --out F.toml [--device cuda]` measures this machine (or its first GPU) as a
+// cluster file (plan/calibrate.h).
 // `tessera plan --config C --cluster F [--world N] [--set k=v ...] [--top K] [--json]`: the layouts
 // of a config on a cluster, predicted without running (plan/search.h, plan/cost_model.h;
 // docs/plan.md). Keys given with --set are held, the other layout keys searched; with all of them
 // held it predicts the one layout. Prints the best K as a table (or one JSON object) and the best
 // layout's breakdown with a ready --set line.
 #include <cstdio>
+#include <filesystem>
 #include <set>
 
 #include <nlohmann/json.hpp>
+#include <torch/cuda.h>
 
 #include "cli/commands.h"
 #include "core/error.h"
@@ -17,6 +20,7 @@
 #include "plan/cluster.h"
 #include "plan/cost_model.h"
 #include "plan/search.h"
+#include "train/device_peak.h"
 #include "config/config.h"
 
 namespace tessera::cli {
@@ -71,7 +75,7 @@ std::string binding(const plan::Candidate& c, double device_gib) {
 
 Command add_plan_command(CLI::App& app) {
   struct Args {
-    std::string config, cluster, attention = "flash", calibrate_out;
+    std::string config, cluster, attention = "flash", calibrate_out, calibrate_device = "cpu";
     std::vector<std::string> sets;
     int64_t world = 0, top = 5, calibrate_ranks = 0;
     double calibrate_seconds = 0.2;
@@ -94,13 +98,27 @@ Command add_plan_command(CLI::App& app) {
   calibrate->add_option("--out", args->calibrate_out, "the cluster file to write")->required();
   calibrate->add_option("--ranks", args->calibrate_ranks, "ranks a node runs at once (default: the cores)");
   calibrate->add_option("--seconds", args->calibrate_seconds, "seconds per measured point (default 0.2)");
+  calibrate->add_option("--device", args->calibrate_device,
+                        "cpu (this machine's cores as ranks) or cuda (the first GPU as a one-device node)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   return [args, calibrate]() {
     if (calibrate->parsed()) {
       plan::CalibrateOptions options;
       options.ranks = args->calibrate_ranks;
       options.seconds_per_point = args->calibrate_seconds;
-      const std::string text = plan::calibrate_this_machine(
-          options, [](const std::string& what) { std::fprintf(stderr, "calibrate: %s\n", what.c_str()); });
+      const auto progress = [](const std::string& what) { std::fprintf(stderr, "calibrate: %s\n", what.c_str()); };
+      std::string text;
+      if (args->calibrate_device == "cuda") {
+        require(torch::cuda::is_available(), "tessera plan calibrate --device cuda: no CUDA device is usable here");
+        const c10::Device card(c10::DeviceType::CUDA, 0);
+        const DevicePeak bf16 = device_peak(card, at::kBFloat16, 0), fp32 = device_peak(card, at::kFloat, 0);
+        const std::filesystem::path out(args->calibrate_out);
+        const std::string table = out.stem().string() + ".matmul_bf16.csv";
+        text = plan::calibrate_this_card(options, {bf16.flops / 1e12, fp32.flops / 1e12, bf16.basis, fp32.basis},
+                                         (out.parent_path() / table).string(), table, progress);
+      } else {
+        text = plan::calibrate_this_machine(options, progress);
+      }
       write_file_atomic(args->calibrate_out, text);
       plan::load_cluster(args->calibrate_out);  // what was written reads back as a cluster file
       std::printf("%s\nwritten to %s\n", text.c_str(), args->calibrate_out.c_str());

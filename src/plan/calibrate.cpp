@@ -20,69 +20,10 @@
 
 #include "core/error.h"
 #include "optim/optimizer.h"
+#include "plan/calibrate_timing.h"
 
 namespace tessera::plan {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-// The times of `op` run repeatedly for about `budget` seconds, at least 5 times (after one warm-up
-// run).
-template <class Op>
-std::vector<double> timed_runs(Op&& op, double budget) {
-  op();
-  std::vector<double> times;
-  const Clock::time_point start = Clock::now();
-  while (times.size() < 5 || (seconds_since(start) < budget && times.size() < 10000)) {
-    const Clock::time_point t = Clock::now();
-    op();
-    times.push_back(seconds_since(t));
-  }
-  return times;
-}
-
-double median(std::vector<double> values) {
-  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2), values.end());
-  return values[values.size() / 2];
-}
-
-// The median time of `op`: what a step's kernels take as they run, interference included.
-template <class Op>
-double median_seconds(Op&& op, double budget) {
-  return median(timed_runs(op, budget));
-}
-
-// The median time of each of `ops`, the ops timed in turn over three rounds (the budget shared
-// between them) and each one's runs of every round pooled: a while when another process holds the
-// core falls on one round of each op rather than on every run of one, which would bend the fit
-// across sizes.
-std::vector<double> medians_in_rounds(const std::vector<std::function<void()>>& ops, double budget) {
-  constexpr int kRounds = 3;
-  std::vector<std::vector<double>> runs(ops.size());
-  for (int round = 0; round < kRounds; ++round)
-    for (size_t i = 0; i < ops.size(); ++i) {
-      const std::vector<double> times = timed_runs(ops[i], budget / kRounds);
-      runs[i].insert(runs[i].end(), times.begin(), times.end());
-    }
-  std::vector<double> medians;
-  for (std::vector<double>& times : runs) medians.push_back(median(std::move(times)));
-  return medians;
-}
-
-// y = a + b x by Theil and Sen: b the median of the slopes between every two points, a the median
-// of y - b x. One point measured while another process held the core moves it little, where it
-// can turn a least-squares slope negative.
-std::pair<double, double> fit_line(const std::vector<double>& x, const std::vector<double>& y) {
-  std::vector<double> slopes, intercepts;
-  for (size_t i = 0; i < x.size(); ++i)
-    for (size_t j = i + 1; j < x.size(); ++j)
-      if (x[j] != x[i]) slopes.push_back((y[j] - y[i]) / (x[j] - x[i]));
-  const double b = median(std::move(slopes));
-  for (size_t i = 0; i < x.size(); ++i) intercepts.push_back(y[i] - b * x[i]);
-  return {median(std::move(intercepts)), b};
-}
 
 struct MatmulFit {
   double tflops = 0, overhead_us = 0;
@@ -103,8 +44,8 @@ MatmulFit fit_matmul(c10::ScalarType dtype, double budget) {
     ops.push_back([a, b, c]() mutable { at::mm_out(c, a, b); });
     flops.push_back(2.0 * static_cast<double>(s.m * s.k * s.n));
   }
-  const std::vector<double> seconds = medians_in_rounds(ops, budget);
-  const auto [intercept, per_flop] = fit_line(flops, seconds);
+  const std::vector<double> seconds = calibration::medians_in_rounds(ops, budget);
+  const auto [intercept, per_flop] = calibration::fit_line(flops, seconds);
   require(per_flop > 0, "tessera plan calibrate: the products' times did not grow with their size");
   return {1e-12 / per_flop, std::max(0.0, intercept) * 1e6};
 }
@@ -125,8 +66,8 @@ double fit_attention(c10::ScalarType dtype, double budget) {
     });
     flops.push_back(3.5 * 2.0 * static_cast<double>(x.b * x.h * x.s * x.s * x.d));
   }
-  const std::vector<double> seconds = medians_in_rounds(ops, budget);
-  const auto [intercept, per_flop] = fit_line(flops, seconds);
+  const std::vector<double> seconds = calibration::medians_in_rounds(ops, budget);
+  const auto [intercept, per_flop] = calibration::fit_line(flops, seconds);
   require(per_flop > 0, "tessera plan calibrate: the attention times did not grow with their size");
   return 1e-12 / per_flop;
 }
@@ -141,11 +82,11 @@ double fit_memory_kernels(double budget) {
     const int64_t width = 256;
     const at::Tensor x = at::randn({rows, width}).set_requires_grad(true);
     const at::Tensor weight = at::ones({width}).set_requires_grad(true), bias = at::zeros({width}).set_requires_grad(true);
-    seconds.push_back(median_seconds(
+    seconds.push_back(calibration::median_seconds(
         [&] { at::gelu(at::layer_norm(x, {width}, weight, bias)).sum().backward(); }, budget));
     bytes.push_back(48.0 * static_cast<double>(rows * width));
   }
-  const auto [intercept, per_byte] = fit_line(bytes, seconds);
+  const auto [intercept, per_byte] = calibration::fit_line(bytes, seconds);
   require(per_byte > 0, "tessera plan calibrate: the memory-bound kernels' times did not grow with their size");
   return 1e-9 / per_byte;
 }
@@ -160,7 +101,7 @@ double optimizer_gbs(double budget) {
   adamw.name = "adamw";
   auto optimizer = make_optimizer(adamw, {{"p", p}});
   p.mutable_grad() = g;
-  const double seconds = median_seconds([&] { optimizer->step(1e-4); }, budget);
+  const double seconds = calibration::median_seconds([&] { optimizer->step(1e-4); }, budget);
   return 28.0 * static_cast<double>(n) / seconds / 1e9;
 }
 
@@ -183,7 +124,7 @@ double concurrent_product_seconds(int64_t ranks, double budget) {
       at::Tensor c = at::empty({1024, 1024});
       const at::Tensor x = at::randn({4096, 256}).set_requires_grad(true);
       const at::Tensor w = at::ones({256}), bias = at::zeros({256});
-      const double t = median_seconds(
+      const double t = calibration::median_seconds(
           [&] {
             at::mm_out(c, a, b);
             at::gelu(at::layer_norm(x, {256}, w, bias)).sum().backward();
@@ -240,18 +181,18 @@ LinkFit fit_gloo(double budget) {
       group->allreduce(tensors)->wait();
       std::vector<double> each;
       for (int i = 0; i < reps; ++i) {
-        const Clock::time_point t = Clock::now();
+        const calibration::Clock::time_point t = calibration::Clock::now();
         group->allreduce(tensors)->wait();
-        each.push_back(seconds_since(t));
+        each.push_back(calibration::seconds_since(t));
       }
-      times[static_cast<size_t>(rank)].push_back(median(std::move(each)));
+      times[static_cast<size_t>(rank)].push_back(calibration::median(std::move(each)));
     }
   };
   std::thread other(rank_main, 1);
   rank_main(0);
   other.join();
   for (size_t i = 0; i < bytes.size(); ++i) seconds.push_back(std::max(times[0][i], times[1][i]));
-  const auto [intercept, per_byte] = fit_line(bytes, seconds);
+  const auto [intercept, per_byte] = calibration::fit_line(bytes, seconds);
   require(per_byte > 0, "tessera plan calibrate: the all-reduce times did not grow with their size");
   return {1e-9 / per_byte, std::max(0.0, intercept) / 2 * 1e6};
 }
@@ -296,7 +237,7 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
   // A training step's kernels run through autograd: a chain of 32 adds on 8 elements, forward and
   // backward, per kernel (the forward's 32 and the backward's 32).
   const at::Tensor xs = at::randn({8}).set_requires_grad(true);
-  const double overhead_us = median_seconds(
+  const double overhead_us = calibration::median_seconds(
                                  [&] {
                                    at::Tensor z = xs;
                                    for (int i = 0; i < 32; ++i) z = z + 1.0;

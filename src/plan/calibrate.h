@@ -26,6 +26,20 @@
 //                        fixed cost is not measured (0)
 // Each number is written with a comment saying what measured it and when. `progress` is told of
 // each measurement as it starts.
+//
+// `tessera plan calibrate --device cuda` measures the first CUDA device instead (calibrate_card.cpp),
+// as a one-node, one-device file, every point timed to the device's completion:
+//
+//   device.matmul_table  bf16 products over a full grid of rows, cols and depth (768 to 32768), a
+//                        CSV beside the file (plan/matmul_table.h); matmul_tflops_bf16 and
+//                        matmul_overhead_us its fit; matmul_tflops_fp32 six float32 shapes, fitted
+//   device.peak_tflops_* the card's published dense peak (train/device_peak.h), passed in
+//   device.attention_tflops_bf16  causal SDPA forward and backward at five GPT-2 and Llama shapes
+//   device.memory_gbs    LayerNorm then GELU on bf16, forward and backward, at four sizes, fitted
+//   device.kernel_overhead_us  the chain of adds above, on the card
+//   host.device_link_gbs pinned copies each way, 16 to 512 MiB, fitted: the slower way
+//   host.optimizer_gbs   tessera's AdamW over 64M elements on every core's thread
+//   intra_node, inter_node  not measured with one device: the host link, so stated in the file
 #pragma once
 
 #include <cstdint>
@@ -40,5 +54,16 @@ struct CalibrateOptions {
 };
 
 std::string calibrate_this_machine(const CalibrateOptions& options, const std::function<void(const std::string&)>& progress);
+
+struct CardPeaks {
+  double bf16_tflops = 0, fp32_tflops = 0;
+  std::string bf16_basis, fp32_basis;  // where each comes from
+};
+
+// The card's file text; writes its product grid to `table_path`, which the text names as
+// `table_name` (a path relative to the file's folder). Refused in a build without CUDA and where
+// no CUDA device is usable.
+std::string calibrate_this_card(const CalibrateOptions& options, const CardPeaks& peaks, const std::string& table_path,
+                                const std::string& table_name, const std::function<void(const std::string&)>& progress);
 
 }  // namespace tessera::plan

@@ -1,0 +1,277 @@
+// The first CUDA device measured as a one-node cluster file (calibrate.h, calibrate_this_card).
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/cuda.h>
+#ifdef TESSERA_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+#include "core/error.h"
+#include "optim/optimizer.h"
+#include "plan/calibrate.h"
+#include "plan/calibrate_timing.h"
+
+namespace tessera::plan {
+namespace {
+
+const c10::Device kCard(c10::DeviceType::CUDA, 0);
+
+// Runs `op` and waits for the device: a point's time is the device's.
+std::function<void()> synced(std::function<void()> op) {
+  return [op = std::move(op)] {
+    op();
+    torch::cuda::synchronize();
+  };
+}
+
+struct Fit {
+  double rate = 0;          // per second (FLOP/s or bytes/s)
+  double intercept_s = 0;   // the fit's fixed time per call
+};
+
+Fit fit(const std::vector<double>& work, const std::vector<double>& seconds, const char* what) {
+  const auto [intercept, per_unit] = calibration::fit_line(work, seconds);
+  require(per_unit > 0, "tessera plan calibrate: the ", what, " times did not grow with their size");
+  return {1 / per_unit, std::max(0.0, intercept)};
+}
+
+// Each axis of the bf16 product grid: the widths of GPT-2 and Llama-family blocks (768 to 8192)
+// and the rows of their micro-batches (up to 32768 tokens); a product outside it is priced at the
+// nearest edge (plan/matmul_table.h).
+const std::vector<int64_t> kAxis = {768, 2048, 3072, 8192, 16384, 32768};
+
+// bf16 products [rows, depth] x [depth, cols] over the full grid, each point's median over three
+// rounds; the operands are views of three buffers sized for the largest. Returns the CSV text and
+// the fit of every point (time = overhead + FLOPs / rate).
+std::pair<std::string, Fit> matmul_table(double budget) {
+  const int64_t largest = kAxis.back() * kAxis.back();
+  const auto options = at::TensorOptions().device(kCard).dtype(at::kBFloat16);
+  const at::Tensor a = at::randn({largest}, options), b = at::randn({largest}, options);
+  at::Tensor c = at::empty({largest}, options);
+  struct Point {
+    int64_t rows, cols, depth;
+  };
+  std::vector<Point> points;
+  std::vector<std::function<void()>> ops;
+  std::vector<double> flops;
+  for (int64_t rows : kAxis)
+    for (int64_t cols : kAxis)
+      for (int64_t depth : kAxis) {
+        points.push_back({rows, cols, depth});
+        const at::Tensor x = a.narrow(0, 0, rows * depth).view({rows, depth});
+        const at::Tensor w = b.narrow(0, 0, depth * cols).view({depth, cols});
+        at::Tensor out = c.narrow(0, 0, rows * cols).view({rows, cols});
+        ops.push_back(synced([x, w, out]() mutable { at::mm_out(out, x, w); }));
+        flops.push_back(2.0 * static_cast<double>(rows) * static_cast<double>(cols) * static_cast<double>(depth));
+      }
+  const std::vector<double> seconds = calibration::medians_in_rounds(ops, budget);
+  std::string csv = "rows,cols,depth,tflops_bf16\n";
+  for (size_t i = 0; i < points.size(); ++i) {
+    char line[96];
+    std::snprintf(line, sizeof line, "%lld,%lld,%lld,%.1f\n", static_cast<long long>(points[i].rows),
+                  static_cast<long long>(points[i].cols), static_cast<long long>(points[i].depth),
+                  flops[i] / seconds[i] / 1e12);
+    csv += line;
+  }
+  return {csv, fit(flops, seconds, "bf16 products'")};
+}
+
+// float32 products (TF32 as the run configures it) at four square and two flat shapes, fitted.
+Fit fp32_products(double budget) {
+  std::vector<std::function<void()>> ops;
+  std::vector<double> flops;
+  const int64_t shapes[][3] = {{2048, 2048, 2048}, {4096, 4096, 4096}, {8192, 8192, 8192},
+                               {8192, 3072, 768},  {16384, 768, 3072}, {6144, 6144, 6144}};
+  for (const auto& s : shapes) {
+    const auto options = at::TensorOptions().device(kCard).dtype(at::kFloat);
+    const at::Tensor x = at::randn({s[0], s[2]}, options), w = at::randn({s[2], s[1]}, options);
+    at::Tensor out = at::empty({s[0], s[1]}, options);
+    ops.push_back(synced([x, w, out]() mutable { at::mm_out(out, x, w); }));
+    flops.push_back(2.0 * static_cast<double>(s[0] * s[1] * s[2]));
+  }
+  return fit(flops, calibration::medians_in_rounds(ops, budget), "float32 products'");
+}
+
+// Causal attention through SDPA (cuDNN's or flash kernels), bf16, forward and backward, at five
+// shapes of GPT-2 and Llama-family blocks; FLOPs counted as the planner counts them
+// (model/operations.h: 2 b h s^2 d forward, the backward 2.5x).
+Fit attention(double budget) {
+  struct Shape {
+    int64_t b, h, s, d;
+  };
+  std::vector<std::function<void()>> ops;
+  std::vector<double> flops;
+  for (const Shape& x : {Shape{8, 12, 1024, 64}, Shape{16, 12, 1024, 64}, Shape{4, 32, 2048, 64},
+                         Shape{2, 32, 4096, 64}, Shape{4, 16, 2048, 128}}) {
+    const auto options = at::TensorOptions().device(kCard).dtype(at::kBFloat16);
+    const at::Tensor q = at::randn({x.b, x.h, x.s, x.d}, options).set_requires_grad(true);
+    const at::Tensor k = at::randn({x.b, x.h, x.s, x.d}, options).set_requires_grad(true);
+    const at::Tensor v = at::randn({x.b, x.h, x.s, x.d}, options).set_requires_grad(true);
+    const at::Tensor grad = at::ones({x.b, x.h, x.s, x.d}, options);
+    ops.push_back(synced([q, k, v, grad] {
+      at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true).backward(grad);
+    }));
+    flops.push_back(3.5 * 2.0 * static_cast<double>(x.b * x.h * x.s * x.s * x.d));
+  }
+  return fit(flops, calibration::medians_in_rounds(ops, budget), "attention");
+}
+
+// LayerNorm then GELU on bf16 tensors of width 768, forward and backward through autograd, at four
+// sizes; bytes counted as the planner counts them (each reads and writes its tensor, the backward
+// twice that: 12 bytes per bf16 element each), fitted.
+Fit memory_kernels(double budget) {
+  std::vector<std::function<void()>> ops;
+  std::vector<double> bytes;
+  const int64_t width = 768;
+  for (int64_t rows : {16384, 32768, 65536, 131072}) {
+    const auto options = at::TensorOptions().device(kCard).dtype(at::kBFloat16);
+    const at::Tensor x = at::randn({rows, width}, options).set_requires_grad(true);
+    const at::Tensor weight = at::ones({width}, options).set_requires_grad(true);
+    const at::Tensor bias = at::zeros({width}, options).set_requires_grad(true);
+    ops.push_back(synced([x, weight, bias] { at::gelu(at::layer_norm(x, {width}, weight, bias)).sum().backward(); }));
+    bytes.push_back(24.0 * static_cast<double>(rows * width));
+  }
+  return fit(bytes, calibration::medians_in_rounds(ops, budget), "memory-bound kernels'");
+}
+
+// Copies between pinned host memory and the card, 16 to 512 MiB each way, fitted; the slower way.
+double host_link_gbs(double budget) {
+  double slowest = 0;
+  for (const bool to_device : {true, false}) {
+    std::vector<std::function<void()>> ops;
+    std::vector<double> bytes;
+    for (int64_t mib : {16, 64, 256, 512}) {
+      const int64_t n = mib << 20;
+      const at::Tensor host = at::empty({n}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+      const at::Tensor device = at::empty({n}, at::TensorOptions().dtype(at::kByte).device(kCard));
+      ops.push_back(synced([host, device, to_device] {
+        if (to_device) device.copy_(host, /*non_blocking=*/true);
+        else host.copy_(device, /*non_blocking=*/true);
+      }));
+      bytes.push_back(static_cast<double>(n));
+    }
+    const double gbs = fit(bytes, calibration::medians_in_rounds(ops, budget), "host copies'").rate / 1e9;
+    slowest = slowest == 0 ? gbs : std::min(slowest, gbs);
+  }
+  return slowest;
+}
+
+// tessera's AdamW on the host over 64M float32 elements with every core's thread (offload's and
+// swap's host update), as bytes per second counted as the planner counts them (28 per element).
+double host_optimizer_gbs(double budget) {
+  const int64_t n = 64 << 20;
+  at::Tensor p = at::randn({n}), g = at::randn({n});
+  OptimOptions adamw;
+  adamw.name = "adamw";
+  auto optimizer = make_optimizer(adamw, {{"p", p}});
+  p.mutable_grad() = g;
+  const double seconds = calibration::median_seconds([&] { optimizer->step(1e-4); }, budget);
+  return 28.0 * static_cast<double>(n) / seconds / 1e9;
+}
+
+double host_memory_gib() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  while (in >> key >> kib) {
+    if (key == "MemTotal:") return kib / (1024.0 * 1024.0);
+    in.ignore(256, '\n');
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::string calibrate_this_card(const CalibrateOptions& options, const CardPeaks& peaks, const std::string& table_path,
+                                const std::string& table_name, const std::function<void(const std::string&)>& progress) {
+#ifndef TESSERA_WITH_CUDA
+  (void)options, (void)peaks, (void)table_path, (void)table_name, (void)progress;
+  fail("tessera plan calibrate --device cuda: this build has no CUDA (configure with -DTESSERA_CUDA=ON)");
+#else
+  require(torch::cuda::is_available(), "tessera plan calibrate --device cuda: no CUDA device is usable here");
+  const double budget = options.seconds_per_point;
+  const cudaDeviceProp* card = at::cuda::getDeviceProperties(0);
+  const std::string name = card->name;
+  const double card_gib = static_cast<double>(card->totalGlobalMem) / (1024.0 * 1024.0 * 1024.0);
+
+  progress("bf16 products over a grid of " + std::to_string(kAxis.size() * kAxis.size() * kAxis.size()) + " shapes");
+  const auto [table, bf16] = matmul_table(budget / 4);
+  {
+    std::ofstream out(table_path);
+    require(static_cast<bool>(out), "tessera plan calibrate: cannot write ", table_path);
+    out << "# bf16 products [rows, depth] x [depth, cols] on " << name << ", measured by `tessera plan calibrate --device "
+        << "cuda`: each point the median of its runs over three rounds (cuBLAS through at::mm).\n"
+        << table;
+  }
+  progress("float32 products at 6 shapes");
+  const Fit fp32 = fp32_products(budget);
+  progress("causal attention (SDPA), bf16, forward and backward, at 5 shapes");
+  const Fit sdpa = attention(budget);
+  progress("memory-bound kernels (LayerNorm, GELU), bf16, at 4 sizes, and kernel overhead");
+  const Fit memory = memory_kernels(budget);
+  // A step's small kernels run through autograd: 32 chained adds on 8 elements, forward and
+  // backward, one synchronization, per kernel.
+  const at::Tensor xs = at::randn({8}, at::TensorOptions().device(kCard)).set_requires_grad(true);
+  const double overhead_us = calibration::median_seconds(synced([xs] {
+                                                           at::Tensor z = xs;
+                                                           for (int i = 0; i < 32; ++i) z = z + 1.0;
+                                                           z.sum().backward();
+                                                         }),
+                                                         budget) /
+                             64 * 1e6;
+  progress("pinned host copies each way, 16 to 512 MiB");
+  const double link_gbs = host_link_gbs(budget);
+  progress("the optimizer step (AdamW) on the host, " + std::to_string(at::get_num_threads()) + " threads");
+  const double optimizer_gbs = host_optimizer_gbs(budget);
+
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  char text[4096];
+  std::snprintf(
+      text, sizeof text,
+      "# measured by `tessera plan calibrate --device cuda` on one %s, %s\n"
+      "[cluster]\n"
+      "description = \"one %s (calibrated)\"\n"
+      "devices_per_node = 1\n"
+      "nodes = 1\n\n"
+      "[device]\n"
+      "name = \"%s\"\n"
+      "kind = \"cuda\"\n"
+      "peak_tflops_bf16 = %.1f     # %s\n"
+      "peak_tflops_fp32 = %.1f     # %s\n"
+      "matmul_tflops_bf16 = %.1f   # the product grid in %s (%zu points), fitted: time = overhead + FLOPs / rate\n"
+      "matmul_table = \"%s\"\n"
+      "matmul_tflops_fp32 = %.1f   # float32 products at 6 shapes, fitted\n"
+      "matmul_overhead_us = %.2f    # the bf16 fit's intercept less kernel_overhead_us\n"
+      "attention_tflops_bf16 = %.1f  # causal SDPA forward + backward at 5 shapes (head width 64 and 128), counted as the planner counts it, fitted\n"
+      "memory_gib = %.1f           # the card's total memory\n"
+      "memory_gbs = %.0f           # LayerNorm + GELU on bf16, forward and backward through autograd, at 4 sizes, bytes counted as the planner counts them, fitted\n"
+      "kernel_overhead_us = %.2f     # 32 chained adds on 8 elements, forward and backward through autograd: median time / 64\n\n"
+      "[intra_node]\n"
+      "bandwidth_gbs = %.1f        # not measured (one device): the pinned host link below, the path between two cards without peer access\n"
+      "latency_us = 10\n\n"
+      "[inter_node]\n"
+      "bandwidth_gbs = %.1f        # not measured (one node): as intra_node\n"
+      "latency_us = 10\n\n"
+      "[host]\n"
+      "memory_gib = %.1f            # MemTotal\n"
+      "device_link_gbs = %.1f       # pinned copies 16 to 512 MiB each way, fitted: the slower way\n"
+      "optimizer_gbs = %.1f         # AdamW's step over 64M float32 elements on %d threads, 28 bytes per element\n",
+      name.c_str(), date, name.c_str(), name.c_str(), peaks.bf16_tflops, peaks.bf16_basis.c_str(), peaks.fp32_tflops,
+      peaks.fp32_basis.c_str(), std::min(bf16.rate / 1e12, peaks.bf16_tflops), table_name.c_str(),
+      kAxis.size() * kAxis.size() * kAxis.size(), table_name.c_str(), std::min(fp32.rate / 1e12, peaks.fp32_tflops),
+      std::max(0.0, bf16.intercept_s * 1e6 - overhead_us), sdpa.rate / 1e12, card_gib, memory.rate / 1e9, overhead_us,
+      link_gbs, link_gbs, host_memory_gib(), link_gbs, optimizer_gbs, at::get_num_threads());
+  return text;
+#endif
+}
+
+}  // namespace tessera::plan

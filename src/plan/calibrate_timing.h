@@ -1,0 +1,77 @@
+// Timing and fitting for `tessera plan calibrate` (calibrate.h): each measured point is the median
+// of repeated runs, points timed in turn over rounds, and lines fitted by Theil and Sen. An op that
+// runs on a GPU synchronizes inside itself, so its time is the device's (plus one synchronization,
+// which a fit's intercept takes up).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <utility>
+#include <vector>
+
+namespace tessera::plan::calibration {
+
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The times of `op` run repeatedly for about `budget` seconds, at least 5 times (after one warm-up
+// run).
+template <class Op>
+std::vector<double> timed_runs(Op&& op, double budget) {
+  op();
+  std::vector<double> times;
+  const Clock::time_point start = Clock::now();
+  while (times.size() < 5 || (seconds_since(start) < budget && times.size() < 10000)) {
+    const Clock::time_point t = Clock::now();
+    op();
+    times.push_back(seconds_since(t));
+  }
+  return times;
+}
+
+inline double median(std::vector<double> values) {
+  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2), values.end());
+  return values[values.size() / 2];
+}
+
+// The median time of `op`: what a step's kernels take as they run, interference included.
+template <class Op>
+double median_seconds(Op&& op, double budget) {
+  return median(timed_runs(op, budget));
+}
+
+// The median time of each of `ops`, the ops timed in turn over three rounds (the budget shared
+// between them) and each one's runs of every round pooled: a while when another process holds the
+// core falls on one round of each op rather than on every run of one, which would bend the fit
+// across sizes.
+inline std::vector<double> medians_in_rounds(const std::vector<std::function<void()>>& ops, double budget) {
+  constexpr int kRounds = 3;
+  std::vector<std::vector<double>> runs(ops.size());
+  for (int round = 0; round < kRounds; ++round)
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const std::vector<double> times = timed_runs(ops[i], budget / kRounds);
+      runs[i].insert(runs[i].end(), times.begin(), times.end());
+    }
+  std::vector<double> medians;
+  for (std::vector<double>& times : runs) medians.push_back(median(std::move(times)));
+  return medians;
+}
+
+// y = a + b x by Theil and Sen: b the median of the slopes between every two points, a the median
+// of y - b x. One point measured while another process held the core moves it little, where it
+// can turn a least-squares slope negative.
+inline std::pair<double, double> fit_line(const std::vector<double>& x, const std::vector<double>& y) {
+  std::vector<double> slopes, intercepts;
+  for (size_t i = 0; i < x.size(); ++i)
+    for (size_t j = i + 1; j < x.size(); ++j)
+      if (x[j] != x[i]) slopes.push_back((y[j] - y[i]) / (x[j] - x[i]));
+  const double b = median(std::move(slopes));
+  for (size_t i = 0; i < x.size(); ++i) intercepts.push_back(y[i] - b * x[i]);
+  return {median(std::move(intercepts)), b};
+}
+
+}  // namespace tessera::plan::calibration
