@@ -22,6 +22,7 @@
 #     activations GPT-2 124M at ACTIVATION_BATCH (default 16): tessera bench resident, fully recomputed,
 #               int8 and fp8 compressed, offloaded (12 and 6 blocks, and 12 with int8), then tessera
 #               against the eager twin offloading by save_on_cpu and compressing int8 by saved-tensor hooks
+#               (ACTIVATION_TWINS, default "offload int8"; empty for none)
 #     ab        this build against an earlier one (every .gpu_baseline/prebuilt_<commit>.tgz carried,
 #               as gpu_prebuilt.sh packed it): tessera bench of GPT-2 124M at batches 16 and 64,
 #               the two binaries alternating over AB_ROUNDS rounds (default 3)
@@ -160,6 +161,7 @@ if want activations; then
     tail -1 "$LOGS/act_$name.log" | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print("  ", {k: d[k] for k in ("median_step_s", "mfu", "peak_bytes", "saved_activation_bytes", "activation_offload") if k in d})' 2>/dev/null | tee -a "$SUMMARY"
   done
   for peer in "offload|--activation-offload 12" "int8|--activation-compression int8"; do
+    [[ " ${ACTIVATION_TWINS-offload int8} " == *" ${peer%%|*} "* ]] || continue
     mkdir -p "$LOGS/act_twin_${peer%%|*}"
     step "compare_pytorch ${peer%%|*} (eager twin)" 120 "act_twin_${peer%%|*}.log" python3 "$ROOT/bench/compare_pytorch.py" "$BUILD" \
          --cases gpt2_124m_1024 --device cuda --dtype bf16 --batch "$ab" --rounds 1 --peers eager ${peer#*|} \

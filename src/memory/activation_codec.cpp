@@ -3,11 +3,18 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include "core/error.h"
+#ifdef TESSERA_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "memory/activation_codec_kernels.h"
+#endif
 
 namespace tessera {
 namespace {
@@ -94,12 +101,35 @@ void dequantize_int8_cpu(const int8_t* q, const float* scales, int64_t groups, i
 // Groups per task of at::parallel_for: about 64 KB of float32.
 int64_t grain(int64_t group) { return std::max<int64_t>(1, 16384 / group); }
 
+#ifdef TESSERA_WITH_CUDA
+// The CUDA kernels' name for a dtype they take (activation_codec_kernels.h); none for another.
+std::optional<kernels::CodecDtype> codec_dtype(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return kernels::CodecDtype::float32;
+    case at::kBFloat16: return kernels::CodecDtype::bfloat16;
+    case at::kHalf: return kernels::CodecDtype::float16;
+    default: return std::nullopt;
+  }
+}
+#endif
+
 EncodedTensor quantize(const at::Tensor& t, EncodedTensor::Form form) {
   const bool fp8 = form == EncodedTensor::Form::fp8;
   EncodedTensor e;
   e.form = form;
   e.sizes = t.sizes().vec();
   e.dtype = t.scalar_type();
+#ifdef TESSERA_WITH_CUDA
+  if (const auto dtype = codec_dtype(t.scalar_type()); t.is_cuda() && dtype) {
+    const c10::cuda::CUDAGuard guard(t.device());
+    const at::Tensor x = grouped(t);
+    e.data = at::empty(x.sizes(), x.options().dtype(fp8 ? at::kFloat8_e4m3fn : at::kChar));
+    e.scales = at::empty({x.size(0), 1}, x.options().dtype(at::kFloat));
+    kernels::quantize_groups(x.data_ptr(), *dtype, fp8, x.size(0), x.size(1), e.data.data_ptr(),
+                             e.scales.data_ptr<float>(), at::cuda::getCurrentCUDAStream().stream());
+    return e;
+  }
+#endif
   const at::Tensor x = grouped(t).to(at::kFloat);
   if (x.is_cpu() && !fp8) {
     const int64_t groups = x.size(0), group = x.size(1);
@@ -121,6 +151,17 @@ EncodedTensor quantize(const at::Tensor& t, EncodedTensor::Form form) {
 }
 
 at::Tensor dequantize(const EncodedTensor& e) {
+#ifdef TESSERA_WITH_CUDA
+  if (const auto dtype = codec_dtype(e.dtype);
+      e.data.is_cuda() && dtype && e.data.is_contiguous() && e.scales.is_contiguous()) {
+    const c10::cuda::CUDAGuard guard(e.data.device());
+    at::Tensor out = at::empty(e.sizes, e.data.options().dtype(e.dtype));
+    kernels::dequantize_groups(e.data.data_ptr(), e.scales.data_ptr<float>(), e.form == EncodedTensor::Form::fp8,
+                               e.data.size(0), e.data.size(1), out.data_ptr(), *dtype,
+                               at::cuda::getCurrentCUDAStream().stream());
+    return out;
+  }
+#endif
   if (!e.data.is_cpu() || e.form == EncodedTensor::Form::fp8)
     return (e.data.to(at::kFloat) * e.scales).to(e.dtype).view(e.sizes);
   const int64_t groups = e.data.size(0), group = e.data.size(1);
