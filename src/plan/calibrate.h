@@ -28,14 +28,16 @@
 // each measurement as it starts.
 //
 // `tessera plan calibrate --device cuda` measures the first CUDA device instead (calibrate_card.cpp),
-// as a one-node, one-device file, every point timed to the device's completion:
+// as a one-node, one-device file, each point's kernels queued back to back for about 2 ms and
+// timed to the device's completion (one synchronization per launch would add its latency to each):
 //
 //   device.matmul_table  bf16 products over a full grid of rows, cols and depth (768 to 32768), a
 //                        CSV beside the file (plan/matmul_table.h); matmul_tflops_bf16 and
 //                        matmul_overhead_us its fit; matmul_tflops_fp32 six float32 shapes, fitted
 //   device.peak_tflops_* the card's published dense peak (train/device_peak.h), passed in
 //   device.attention_tflops_bf16  causal SDPA forward and backward at five GPT-2 and Llama shapes
-//   device.memory_gbs    LayerNorm then GELU on bf16, forward and backward, at four sizes, fitted
+//   device.memory_gbs    LayerNorm then GELU on bf16, forward and backward, at four sizes (50M to
+//                        400M elements), fitted
 //   device.kernel_overhead_us  the chain of adds above, on the card
 //   host.device_link_gbs pinned copies each way, 16 to 512 MiB, fitted: the slower way
 //   host.optimizer_gbs   tessera's AdamW over 64M elements on every core's thread

@@ -1,4 +1,6 @@
 // The first CUDA device measured as a one-node cluster file (calibrate.h, calibrate_this_card).
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -23,12 +25,35 @@ namespace {
 
 const c10::Device kCard(c10::DeviceType::CUDA, 0);
 
-// Runs `op` and waits for the device: a point's time is the device's.
+// Runs `op` and waits for the device.
 std::function<void()> synced(std::function<void()> op) {
   return [op = std::move(op)] {
     op();
     torch::cuda::synchronize();
   };
+}
+
+// The device's median time of each of `ops`: each op queued back to back enough times to fill
+// about 2 ms, then one synchronization, so that a point's time is the kernels' as a step queues
+// them (one synchronization per launch would add its latency, tens of microseconds, to products
+// that take a hundred), divided by the repetitions.
+std::vector<double> device_medians(const std::vector<std::function<void()>>& ops, double budget) {
+  std::vector<std::function<void()>> batches;
+  std::vector<int> reps;
+  for (const std::function<void()>& op : ops) {
+    synced(op)();
+    const calibration::Clock::time_point start = calibration::Clock::now();
+    synced(op)();
+    const double once = calibration::seconds_since(start);
+    const int n = static_cast<int>(std::clamp(std::ceil(2e-3 / std::max(once, 1e-7)), 1.0, 200.0));
+    reps.push_back(n);
+    batches.push_back(synced([op, n] {
+      for (int i = 0; i < n; ++i) op();
+    }));
+  }
+  std::vector<double> seconds = calibration::medians_in_rounds(batches, budget);
+  for (size_t i = 0; i < seconds.size(); ++i) seconds[i] /= reps[i];
+  return seconds;
 }
 
 struct Fit {
@@ -68,10 +93,10 @@ std::pair<std::string, Fit> matmul_table(double budget) {
         const at::Tensor x = a.narrow(0, 0, rows * depth).view({rows, depth});
         const at::Tensor w = b.narrow(0, 0, depth * cols).view({depth, cols});
         at::Tensor out = c.narrow(0, 0, rows * cols).view({rows, cols});
-        ops.push_back(synced([x, w, out]() mutable { at::mm_out(out, x, w); }));
+        ops.push_back([x, w, out]() mutable { at::mm_out(out, x, w); });
         flops.push_back(2.0 * static_cast<double>(rows) * static_cast<double>(cols) * static_cast<double>(depth));
       }
-  const std::vector<double> seconds = calibration::medians_in_rounds(ops, budget);
+  const std::vector<double> seconds = device_medians(ops, budget);
   std::string csv = "rows,cols,depth,tflops_bf16\n";
   for (size_t i = 0; i < points.size(); ++i) {
     char line[96];
@@ -93,10 +118,10 @@ Fit fp32_products(double budget) {
     const auto options = at::TensorOptions().device(kCard).dtype(at::kFloat);
     const at::Tensor x = at::randn({s[0], s[2]}, options), w = at::randn({s[2], s[1]}, options);
     at::Tensor out = at::empty({s[0], s[1]}, options);
-    ops.push_back(synced([x, w, out]() mutable { at::mm_out(out, x, w); }));
+    ops.push_back([x, w, out]() mutable { at::mm_out(out, x, w); });
     flops.push_back(2.0 * static_cast<double>(s[0] * s[1] * s[2]));
   }
-  return fit(flops, calibration::medians_in_rounds(ops, budget), "float32 products'");
+  return fit(flops, device_medians(ops, budget), "float32 products'");
 }
 
 // Causal attention through SDPA (cuDNN's or flash kernels), bf16, forward and backward, at five
@@ -115,30 +140,30 @@ Fit attention(double budget) {
     const at::Tensor k = at::randn({x.b, x.h, x.s, x.d}, options).set_requires_grad(true);
     const at::Tensor v = at::randn({x.b, x.h, x.s, x.d}, options).set_requires_grad(true);
     const at::Tensor grad = at::ones({x.b, x.h, x.s, x.d}, options);
-    ops.push_back(synced([q, k, v, grad] {
+    ops.push_back([q, k, v, grad] {
       at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true).backward(grad);
-    }));
+    });
     flops.push_back(3.5 * 2.0 * static_cast<double>(x.b * x.h * x.s * x.s * x.d));
   }
-  return fit(flops, calibration::medians_in_rounds(ops, budget), "attention");
+  return fit(flops, device_medians(ops, budget), "attention");
 }
 
 // LayerNorm then GELU on bf16 tensors of width 768, forward and backward through autograd, at four
-// sizes; bytes counted as the planner counts them (each reads and writes its tensor, the backward
+// sizes large enough (50M to 400M elements) that the kernels, not their launches, set the time; bytes counted as the planner counts them (each reads and writes its tensor, the backward
 // twice that: 12 bytes per bf16 element each), fitted.
 Fit memory_kernels(double budget) {
   std::vector<std::function<void()>> ops;
   std::vector<double> bytes;
   const int64_t width = 768;
-  for (int64_t rows : {16384, 32768, 65536, 131072}) {
+  for (int64_t rows : {65536, 131072, 262144, 524288}) {
     const auto options = at::TensorOptions().device(kCard).dtype(at::kBFloat16);
     const at::Tensor x = at::randn({rows, width}, options).set_requires_grad(true);
     const at::Tensor weight = at::ones({width}, options).set_requires_grad(true);
     const at::Tensor bias = at::zeros({width}, options).set_requires_grad(true);
-    ops.push_back(synced([x, weight, bias] { at::gelu(at::layer_norm(x, {width}, weight, bias)).sum().backward(); }));
+    ops.push_back([x, weight, bias] { at::gelu(at::layer_norm(x, {width}, weight, bias)).sum().backward(); });
     bytes.push_back(24.0 * static_cast<double>(rows * width));
   }
-  return fit(bytes, calibration::medians_in_rounds(ops, budget), "memory-bound kernels'");
+  return fit(bytes, device_medians(ops, budget), "memory-bound kernels'");
 }
 
 // Copies between pinned host memory and the card, 16 to 512 MiB each way, fitted; the slower way.
@@ -151,13 +176,13 @@ double host_link_gbs(double budget) {
       const int64_t n = mib << 20;
       const at::Tensor host = at::empty({n}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
       const at::Tensor device = at::empty({n}, at::TensorOptions().dtype(at::kByte).device(kCard));
-      ops.push_back(synced([host, device, to_device] {
+      ops.push_back([host, device, to_device] {
         if (to_device) device.copy_(host, /*non_blocking=*/true);
         else host.copy_(device, /*non_blocking=*/true);
-      }));
+      });
       bytes.push_back(static_cast<double>(n));
     }
-    const double gbs = fit(bytes, calibration::medians_in_rounds(ops, budget), "host copies'").rate / 1e9;
+    const double gbs = fit(bytes, device_medians(ops, budget), "host copies'").rate / 1e9;
     slowest = slowest == 0 ? gbs : std::min(slowest, gbs);
   }
   return slowest;
