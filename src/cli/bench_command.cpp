@@ -29,7 +29,8 @@
 //                      barrier, once the communication thread has dropped its last operation).
 //   peak_bytes         the most CPU tensor bytes live at once during the timed steps, minus the
 //                      same baseline: model state plus activations, gradients in flight, buffers.
-// On CUDA both count host tensors only (the batches are made before the baseline).
+// On CUDA both count host tensors only (the batches are made before the baseline), and are not
+// printed: device_peak_gib is the caching allocator's peak over the timed steps instead (0 on CPU).
 //   saved_activation_bytes  the most bytes autograd held at once for the blocks' backward during
 //                      the timed steps (memory/saved_activations.h: encoded size where
 //                      memory.activation_compression encodes, each storage once where kept; the
@@ -62,6 +63,7 @@
 #include "plan/stage_cut.h"
 #include "config/config.h"
 #include "train/device_peak.h"
+#include "train/peak_memory.h"
 #include "train/train_step.h"
 #include "model/model_size.h"
 
@@ -146,6 +148,7 @@ Command add_bench_command(CLI::App& app) {
         if (pp) pp->reset_traffic();
         if (pp_down) pp_down->reset_traffic();
         host_memory::reset_peak();
+        if (device.is_cuda()) take_peak_memory_gib(device);  // resets the device's peak
         reset_saved_activation_peak();
         reset_activation_offload_stats();
         step.runner().start_timing();
@@ -167,6 +170,7 @@ Command add_bench_command(CLI::App& app) {
     const double comm_bytes_per_step = dp ? static_cast<double>(dp->bytes_sent()) / steps : 0.0;
     const double comm_busy_s_per_step = dp ? dp->busy_seconds() / steps : 0.0;
     const int64_t peak_bytes = host_memory::peak() - bytes_before_model;
+    const double device_peak_gib = device.is_cuda() ? take_peak_memory_gib(device) : 0.0;
     const int64_t saved_bytes = saved_activation_bytes().peak;
     const int64_t saved_host_bytes = saved_activation_bytes().host_peak;
     const ActivationOffloadStats offloaded = activation_offload_stats();
@@ -233,6 +237,7 @@ Command add_bench_command(CLI::App& app) {
                           {"model_state_bytes", model_state_bytes},
                           {"setup_by_rank", setup},  // per rank: peak bytes, bytes held, parameters
                           {"peak_bytes", peak_bytes},
+                          {"device_peak_gib", device_peak_gib},
                           {"saved_activation_bytes", saved_bytes},
                           {"activation_compression", config.memory.activation_compression}};
     if (const ActivationPolicy* policy = step.layout().activation_policy()) {
@@ -307,10 +312,14 @@ Command add_bench_command(CLI::App& app) {
                 tokens / median, 100 * mfu);
     std::printf("(MFU against %lld x %.3g TFLOP/s: %s)\n", static_cast<long long>(processes), peak.flops / 1e12,
                 peak.basis.c_str());
-    std::printf("host memory, rank 0: model state %.1f MiB (%.2f bytes/parameter), peak %.1f MiB\n",
-                model_state_bytes / 1048576.0,
-                static_cast<double>(model_state_bytes) / static_cast<double>(parameter_count(config.model)),
-                peak_bytes / 1048576.0);
+    if (device.is_cuda())
+      std::printf("device memory, rank 0: peak %.2f GiB over the timed steps (the caching allocator's)\n",
+                  device_peak_gib);
+    else
+      std::printf("host memory, rank 0: model state %.1f MiB (%.2f bytes/parameter), peak %.1f MiB\n",
+                  model_state_bytes / 1048576.0,
+                  static_cast<double>(model_state_bytes) / static_cast<double>(parameter_count(config.model)),
+                  peak_bytes / 1048576.0);
     std::printf("saved activations, rank 0: peak %.2f MiB (memory.activation_compression = %s)\n",
                 static_cast<double>(saved_bytes) / 1048576.0, config.memory.activation_compression.c_str());
     if (config.memory.activation_offload > 0)

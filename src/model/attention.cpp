@@ -51,9 +51,12 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelOptions& opts, const
 
 at::Tensor CausalSelfAttentionImpl::core(const at::Tensor& qkv, int64_t h, int64_t kv) {
   const int64_t B = qkv.size(0), T = qkv.size(1), d = head_dim_, group = h / kv;
-  // [B, T, n d] -> [B, T, n, d]
-  auto heads = [&](int64_t first, int64_t n) { return qkv.narrow(-1, first * d, n * d).view({B, T, n, d}); };
-  at::Tensor q = heads(0, h), k = heads(h, kv), v = heads(h + kv, kv);
+  // [B, T, (h + 2 kv) d] -> q [B, T, h, d], k and v [B, T, kv, d]: one split, whose backward writes
+  // the three gradients into one tensor. Three narrows would each zero-fill a whole qkv gradient and
+  // copy into it: 36 fills and 36 strided copies, 2.0 ms of a GPT-2 124M batch-16 step on an H200
+  // (bench/results/gpu_session49_h200.md).
+  const std::vector<at::Tensor> parts = qkv.split_with_sizes({h * d, kv * d, kv * d}, -1);
+  at::Tensor q = parts[0].view({B, T, h, d}), k = parts[1].view({B, T, kv, d}), v = parts[2].view({B, T, kv, d});
   if (q_norm) {
     q = q_norm(q);
     k = k_norm(k);
