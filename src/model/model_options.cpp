@@ -125,7 +125,8 @@ const std::map<std::string, std::function<ModelOptions()>>& presets() {
        }},
       // DeepSeek-V3's MoE at a tiny size (its attention, multi-head latent, is not built: GQA here):
       // fine-grained experts beside a shared one, sigmoid scores renormalized over the chosen and
-      // scaled, aux-loss-free balancing with a small balance loss, the first block dense.
+      // scaled, chosen from the best 2 of 4 expert groups (V3: 4 of 8), aux-loss-free balancing with
+      // a small balance loss, the first block dense.
       {"tiny_deepseek",
        [] {
          auto o = deepseek_moe(llama("tiny_deepseek", 256, 128, 4, 128, 4, 2, 352), 16, 4, 64, 1);
@@ -135,6 +136,8 @@ const std::map<std::string, std::function<ModelOptions()>>& presets() {
          o.moe_routed_scale = 2.5;
          o.moe_bias_update_rate = 0.001;
          o.moe_aux_loss_coef = 0.0001;
+         o.moe_groups = 4;
+         o.moe_topk_groups = 2;
          return o;
        }},
       // Mixtral 8x7B (its config.json).
@@ -226,6 +229,14 @@ void ModelOptions::check(const std::string& source) const {
             "qk_norm and qkv_bias: they shape softmax attention");
   require(moe_top_k <= moe_experts, source, ": model.moe_top_k must be at most model.moe_experts (got top_k ",
           moe_top_k, ", experts ", moe_experts, ")");
+  require(moe_experts % moe_groups == 0 && (moe_groups == 1 || moe_experts / moe_groups >= 2), source,
+          ": model.moe_groups = ", moe_groups, " must divide model.moe_experts = ", moe_experts,
+          " into groups of at least 2 experts (a group is scored by its two best)");
+  require(moe_topk_groups <= moe_groups, source, ": model.moe_topk_groups = ", moe_topk_groups,
+          " must be at most model.moe_groups = ", moe_groups);
+  require(moe_top_k <= routable_experts(), source, ": model.moe_top_k = ", moe_top_k, " exceeds the ",
+          routable_experts(), " experts of model.moe_topk_groups = ", moe_topk_groups, " groups of ",
+          moe_experts / moe_groups);
   require(ffn != "moe" || moe_every <= n_layer, source, ": model.moe_every must be at most model.n_layer (got ",
           moe_every, ", n_layer ", n_layer, ")");
   const int64_t first_moe = (moe_dense_layers + moe_every) / moe_every * moe_every - 1;

@@ -68,6 +68,8 @@ struct ModelOptions {
   int64_t moe_shared_experts = 0;   // experts every token runs, beside the routed ones (DeepSeek)
   std::string moe_gates = "auto";   // auto | renormalized | scores
   double moe_routed_scale = 1;      // the routed experts' output scaled (DeepSeek-V3: 2.5)
+  int64_t moe_groups = 1;           // group-limited routing (DeepSeek-V3's n_group); 1 = off
+  int64_t moe_topk_groups = 0;      // groups a token may route to (topk_group); 0 = all
   int64_t linear_chunk = 64;
   int64_t mlp_ratio = 4;
   std::string norm = "auto";      // auto | layernorm | rmsnorm
@@ -128,6 +130,11 @@ struct ModelOptions {
       "when top_k > 1)");
     v("moe_routed_scale", moe_routed_scale, "factor on the routed experts' output (DeepSeek-V3's "
       "routed_scaling_factor 2.5)", between(0.001, 1000));
+    v("moe_groups", moe_groups, "expert groups for group-limited routing (DeepSeek-V3's n_group): a token's "
+      "experts come from its moe_topk_groups best groups, each scored by the sum of its two best experts' "
+      "selection scores; 1: off", between(1, 1024));
+    v("moe_topk_groups", moe_topk_groups, "groups a token may route to (DeepSeek-V3's topk_group); 0: all of "
+      "moe_groups", between(0, 1024));
     v("linear_chunk", linear_chunk, "chunk length of lightning attention (arch linear)", between(1, 1 << 16));
     v("mlp_ratio", mlp_ratio, "MLP hidden width = mlp_ratio * n_embd (unless ffn_hidden is set)", between(1, 64));
     v("norm", norm, "auto (arch gpt: layernorm, linear: rmsnorm), layernorm or rmsnorm");
@@ -178,6 +185,10 @@ struct ModelOptions {
   // both arches, as before SwiGLU experts existed, so arch linear's MoE models keep their shapes.
   bool swiglu_experts() const { return mlp == "swiglu"; }
   // Whether the routed gates are the chosen scores divided by their sum.
+  // Experts a token may be routed to: those of its moe_topk_groups groups (all without groups).
+  int64_t routable_experts() const {
+    return moe_topk_groups == 0 ? moe_experts : moe_topk_groups * (moe_experts / moe_groups);
+  }
   bool renormalized_gates() const { return moe_gates == "auto" ? moe_top_k > 1 : moe_gates == "renormalized"; }
 
   // Throws tessera::Error("unknown model preset 'x' (model.preset); known: ...").

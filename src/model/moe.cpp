@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include <ATen/autocast_mode.h>
@@ -91,6 +92,8 @@ ModelOptions shared_mlp_options(const ModelOptions& opts) {
 MoEImpl::MoEImpl(const ModelOptions& opts, const at::TensorOptions& where)
     : n_experts_(opts.moe_experts),
       top_k_(opts.moe_top_k),
+      groups_(opts.moe_groups),
+      topk_groups_(opts.moe_topk_groups == 0 ? opts.moe_groups : opts.moe_topk_groups),
       sigmoid_(opts.moe_score == "sigmoid"),
       glu_(opts.swiglu_experts()),
       renormalize_(opts.renormalized_gates()),
@@ -138,6 +141,16 @@ void MoEImpl::set_balance_count_sum(CountSum sum) {
   install_once(balance_count_sum_, std::move(sum), "the MoE balance count sum");
 }
 
+at::Tensor MoEImpl::within_best_groups(const at::Tensor& choice) const {
+  const int64_t N = choice.size(0), G = groups_;
+  const at::Tensor grouped = choice.view({N, G, n_experts_ / G});
+  const at::Tensor group_score = std::get<0>(grouped.topk(2, -1)).sum(-1);  // [N, G]
+  const at::Tensor best = std::get<1>(group_score.topk(topk_groups_, -1));  // [N, topk_groups]
+  const at::Tensor reach = at::zeros({N, G}, choice.options().dtype(at::kBool)).scatter_(1, best, true);
+  return grouped.masked_fill(reach.logical_not().unsqueeze(-1), -std::numeric_limits<float>::infinity())
+      .view({N, n_experts_});
+}
+
 MoERouting MoEImpl::route(const at::Tensor& x) {
   const int64_t N = x.size(0), E = n_experts_, k = top_k_;
   at::Tensor logits;
@@ -147,8 +160,11 @@ MoERouting MoEImpl::route(const at::Tensor& x) {
   }
   const at::Tensor scores = sigmoid_ ? at::sigmoid(logits) : at::softmax(logits, -1);
   at::Tensor top_p, top_e;  // [N, k]
-  if (selection_bias_.defined()) {
-    top_e = std::get<1>((scores.detach() + selection_bias_.to(scores.device())).topk(k, -1));
+  if (selection_bias_.defined() || groups_ > 1) {
+    at::Tensor choice = scores.detach();
+    if (selection_bias_.defined()) choice = choice + selection_bias_.to(scores.device());
+    if (groups_ > 1) choice = within_best_groups(choice);
+    top_e = std::get<1>(choice.topk(k, -1));
     top_p = scores.gather(1, top_e);
   } else {
     std::tie(top_p, top_e) = scores.topk(k, -1);

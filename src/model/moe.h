@@ -46,6 +46,12 @@
 // chosen experts; after each step b_e += rate * sign(mean load - load_e), the loads counted over
 // every rank that routes (parallel/parallelize.h), so b is the same everywhere. b is state: a
 // checkpoint keeps it ("moe.h.<layer>.selection_bias").
+// Group-limited routing (model.moe_groups > 1; DeepSeek-V3's n_group and topk_group): the experts
+// form moe_groups equal groups, each scored per token by the sum of its two best selection scores
+// (s + b); the experts outside the token's moe_topk_groups best groups are out of its reach, and
+// its top k are chosen among the rest, as transformers' DeepseekV3TopkRouter does
+// (HfDeepseekV3.GroupLimitedRoutingChoosesAsTransformers). Only the choice changes: expert
+// parallelism still sends each row to its expert's rank, whichever node the group is on.
 #pragma once
 
 #include <cstdint>
@@ -151,7 +157,10 @@ class MoEImpl : public torch::nn::Module {
  private:
   at::Tensor activation(const at::Tensor& h) const;  // gelu_tanh, or a * silu(g)
 
-  int64_t n_experts_, top_k_;
+  // The selection scores [N, E] with the experts outside each token's best groups at -inf.
+  at::Tensor within_best_groups(const at::Tensor& choice) const;
+
+  int64_t n_experts_, top_k_, groups_, topk_groups_;
   bool sigmoid_, glu_, renormalize_;
   double capacity_factor_, aux_coef_, z_coef_, routed_scale_, residual_std_;
   ExpertStep expert_step_;

@@ -21,6 +21,7 @@
 #include "plan/calibrate_timing.h"
 
 namespace tessera::plan {
+#ifdef TESSERA_WITH_CUDA
 namespace {
 
 const c10::Device kCard(c10::DeviceType::CUDA, 0);
@@ -213,6 +214,7 @@ double host_memory_gib() {
 }
 
 }  // namespace
+#endif
 
 std::string calibrate_this_card(const CalibrateOptions& options, const CardPeaks& peaks, const std::string& table_path,
                                 const std::string& table_name, const std::function<void(const std::string&)>& progress) {

@@ -82,8 +82,16 @@ const Tolerance kFp16{1e-4, 2e-4, 5e-3, 1.5e-2, 1e-2, 6e-4, 1e-2};
 // differently from one process (tp's partial sums, sp's chunks): the encoding of each element is
 // the same function of its value on both sides, but a value within a rounding of a quantization
 // boundary lands on either side, and that element moves by one step (1/127 of its group's largest
-// magnitude). Measured: gradients 7.1e-4 of max |g| at the first step, 1.2e-3 later.
-const Tolerance kInt8Sharded{1e-5, 1e-5, 2e-3, 5e-3, 1e-3, 1e-4, 1e-4};
+// magnitude). Measured: gradients 7.1e-4 of max |g| at the first step, 1.2e-3 later; the gradient
+// norm 1.0e-5 apart (sp2 LASP with ATen's baseline kernels, session 49), hence 1e-4.
+const Tolerance kInt8Sharded{1e-5, 1e-4, 2e-3, 5e-3, 1e-3, 1e-4, 1e-4};
+// Activations saved as int8 under a pipeline: the first step's forward is one process's bit for bit,
+// so its gradients hold to fp32's bounds; the parameters then differ by the rounding of the weight
+// gradients' accumulation (the micro-batches' sum, the split backward's W), and at later steps a
+// saved value within that rounding of a quantization boundary may land on the other side, as under
+// tp. Measured (session 49, an AVX-512 machine): 8.4e-8 of max |g| at the first step, 6.4e-4
+// later; with ATen's baseline kernels (ATEN_CPU_CAPABILITY=default) no boundary was crossed.
+const Tolerance kInt8Pipelined{1e-5, 1e-4, 1e-5, 5e-3, 1e-3, 1e-4, 1e-4};
 // Swapping (memory.swap) computes the same operations in the same order as a resident run, only
 // on copies of the parameters that travel between host and device: it is held to equality.
 const Tolerance kExact{0, 0, 0, 0, 0, 0, 0};
@@ -150,7 +158,8 @@ void llama(Config& c, bool qwen3 = false) {
 // Mixtral's MoE on the Llama blocks: every block a dropless top-2 of 4 SwiGLU experts, the chosen
 // softmax scores renormalized. `deepseek` makes it DeepSeek-V3's: the first block dense, 8
 // fine-grained experts of width 16 beside a shared one, top 3 of sigmoid scores renormalized and
-// scaled by 2.5, the aux-loss-free selection bias moving the routing of later steps.
+// scaled by 2.5 from the best 2 of 4 expert groups, the aux-loss-free selection bias moving the
+// routing of later steps.
 void mixtral(Config& c, bool deepseek = false) {
   llama(c);
   c.model.ffn = "moe";
@@ -167,6 +176,8 @@ void mixtral(Config& c, bool deepseek = false) {
   c.model.moe_score = "sigmoid";
   c.model.moe_routed_scale = 2.5;
   c.model.moe_bias_update_rate = 0.05;
+  c.model.moe_groups = 4;
+  c.model.moe_topk_groups = 2;
 }
 
 // A swapped run (memory.swap) on one process: the model in host memory, cut into sub-models.
@@ -361,7 +372,8 @@ const std::vector<Row>& layouts() {
          c.parallel.pp_schedule = "zbv";
          c.train.grad_accum = 4;
          c.memory.activation_compression = "int8";
-       }},
+       },
+       &kInt8Pipelined},
       {"sp2_lasp_linear_int8_activations_sgd", 2,
        [](Config& c) {
          sgd(c);
@@ -439,7 +451,8 @@ const std::vector<Row>& layouts() {
          c.train.grad_accum = 4;
          c.memory.activation_compression = "int8";
          c.memory.activation_offload = 3;
-       }},
+       },
+       &kInt8Pipelined},
       {"sp2_lasp_linear_activation_offload_sgd", 2,
        [](Config& c) {
          sgd(c);
@@ -1101,8 +1114,9 @@ TEST_P(Equivalence, MatchesOneProcess) {
   reset_activation_offload_stats();
   const Trace parallel = layout.peers ? train_peers(config, *mesh) : train(config, mesh.get(), 0);
   if (ranks.rank() != 0) return;
-  if (config.memory.activation_offload > 0)
+  if (config.memory.activation_offload > 0) {
     EXPECT_GT(activation_offload_stats().groups, 0) << layout.name << ": no block's activations went to the host";
+  }
 
   Config single = config;
   single.parallel = ParallelOptions();

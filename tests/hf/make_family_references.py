@@ -12,6 +12,12 @@ logits, loss and every parameter's gradient are written:
                                         own importer, so the names map as the weights do)
   WORK/mixtral/stacked/                 the same weights under transformers 5's in-memory names
                                         (experts stacked: mlp.experts.gate_up_proj, down_proj)
+  WORK/deepseek_v3_router/reference.safetensors
+                                        DeepSeek-V3's router alone (its attention, multi-head latent,
+                                        is not built in tessera): 16 experts in 4 groups, top 4 from
+                                        the best 2 groups, sigmoid scores plus the correction bias,
+                                        renormalized and scaled by 2.5; its weight, bias, 64 hidden
+                                        states and the experts and weights it chose
 Exits 77 (CTest's skip) with a message when transformers cannot be imported.
 
 usage: make_family_references.py WORK_DIR
@@ -80,3 +86,22 @@ for family, (config_class, model_class, extra) in FAMILIES.items():
         save_file({name: t.contiguous() for name, t in model.state_dict().items()},
                   os.path.join(stacked, "model.safetensors"))
     print(f"{family}: {sum(p.numel() for p in model.parameters())} parameters, loss {loss.item():.6f}")
+
+# DeepSeek-V3's group-limited router, by transformers' own module.
+from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter  # noqa: E402
+
+router_config = transformers.DeepseekV3Config(hidden_size=64, n_routed_experts=16, num_experts_per_tok=4, n_group=4,
+                                              topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5)
+router = DeepseekV3TopkRouter(router_config)
+torch.manual_seed(3)
+with torch.no_grad():
+    router.weight.normal_(0, 0.5)
+    router.e_score_correction_bias.normal_(0, 0.2)
+hidden = torch.randn(64, 64)
+_, weights, experts = router(hidden)
+folder = os.path.join(WORK, "deepseek_v3_router")
+os.makedirs(folder)
+save_file({"weight": router.weight.detach().contiguous(), "bias": router.e_score_correction_bias.contiguous(),
+           "hidden": hidden, "experts": experts.contiguous(), "weights": weights.detach().contiguous()},
+          os.path.join(folder, "reference.safetensors"))
+print("deepseek_v3_router: 64 tokens, top 4 of 16 experts in the best 2 of 4 groups")

@@ -18,6 +18,7 @@
 #include "core/json_file.h"
 #include "model/hf_llama.h"
 #include "model/hf_names.h"
+#include "model/moe.h"
 #include "model/transformer.h"
 
 namespace tessera::test {
@@ -124,6 +125,48 @@ TEST(HfMixtral, StackedExpertsReadAsThePerExpertFiles) {
     EXPECT_TRUE(at::equal(stacked.at(name), t)) << name;
   }
   EXPECT_EQ(per_expert.at("model.h.0.moe.w_fc").sizes(), (std::vector<int64_t>{4, 64, 192}));
+}
+
+// DeepSeek-V3's group-limited routing (model.moe_groups, moe_topk_groups) chooses, for every token,
+// the experts transformers' DeepseekV3TopkRouter chose, with the same weights: 16 experts in 4
+// groups, the top 4 from the best 2 groups of sigmoid scores plus the correction bias, renormalized
+// and scaled by 2.5. The reference must exercise the groups: on some tokens the plain top 4 reaches
+// outside them.
+TEST(HfDeepseekV3, GroupLimitedRoutingChoosesAsTransformers) {
+  const fs::path file = fs::path(TESSERA_HF_FAMILIES) / "deepseek_v3_router" / "reference.safetensors";
+  if (!fs::exists(file)) GTEST_SKIP() << file << " is missing: tests/hf/make_family_references.py did not run";
+  const auto ref = read_safetensors(file.string()).tensors;
+  ModelOptions o;
+  o.n_embd = 64;
+  o.ffn = "moe";
+  o.moe_experts = 16;
+  o.moe_top_k = 4;
+  o.moe_ffn_hidden = 32;
+  o.moe_score = "sigmoid";
+  o.moe_gates = "renormalized";
+  o.moe_routed_scale = 2.5;
+  o.moe_capacity_factor = 0;
+  o.moe_groups = 4;
+  o.moe_topk_groups = 2;
+  MoE moe(o, at::TensorOptions());
+  {
+    torch::NoGradGuard no_grad;
+    moe->router->weight.copy_(ref.at("weight"));
+  }
+  moe->set_selection_bias(ref.at("bias"));
+  const MoERouting r = moe->route(ref.at("hidden"));
+  // Each token's experts in ascending order, their gates alongside (transformers' are unsorted).
+  const auto ascending = [](const at::Tensor& experts, const at::Tensor& gates) {
+    const auto [sorted, order] = experts.sort(-1);
+    return std::make_pair(sorted, gates.gather(1, order));
+  };
+  const auto [ours, our_gates] = ascending(r.expert, r.gate);
+  const auto [theirs, their_gates] = ascending(ref.at("experts"), ref.at("weights"));
+  EXPECT_TRUE(ours.equal(theirs));
+  EXPECT_LT(relative_error(our_gates, their_gates), 1e-6);
+  const at::Tensor selection = at::sigmoid(at::matmul(ref.at("hidden"), ref.at("weight").t())) + ref.at("bias");
+  const at::Tensor plain = std::get<0>(std::get<1>(selection.topk(4, -1)).sort(-1));
+  EXPECT_GT(plain.ne(theirs).any(-1).sum().item<int64_t>(), 0) << "the reference never needed the groups";
 }
 
 }  // namespace

@@ -128,6 +128,14 @@ TEST(ModelOptions, BlockKindsThatCannotBuildAreRefusedNamingTheKeys) {
   refused([](ModelOptions& o) { o.moe_gates = "softmax"; }, "model.moe_gates must be one of auto, renormalized, scores");
   refused([](ModelOptions& o) { o.ffn = "moe"; o.moe_dense_layers = 3; o.moe_every = 3; },
           "model.moe_dense_layers = 3 with model.moe_every = 3 leaves no MoE block among model.n_layer = 4");
+  refused([](ModelOptions& o) { o.moe_experts = 8; o.moe_groups = 3; },
+          "model.moe_groups = 3 must divide model.moe_experts = 8 into groups of at least 2 experts");
+  refused([](ModelOptions& o) { o.moe_experts = 8; o.moe_groups = 8; },
+          "model.moe_groups = 8 must divide model.moe_experts = 8 into groups of at least 2 experts");
+  refused([](ModelOptions& o) { o.moe_experts = 8; o.moe_groups = 4; o.moe_topk_groups = 5; },
+          "model.moe_topk_groups = 5 must be at most model.moe_groups = 4");
+  refused([](ModelOptions& o) { o.moe_experts = 8; o.moe_top_k = 3; o.moe_groups = 4; o.moe_topk_groups = 1; },
+          "model.moe_top_k = 3 exceeds the 2 experts of model.moe_topk_groups = 1 groups of 2");
 }
 
 TEST(ModelOptions, UnknownPresetListsKnownOnes) {
