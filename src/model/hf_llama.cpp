@@ -16,7 +16,18 @@
 namespace tessera {
 namespace {
 
-const std::set<std::string> kTypes = {"llama", "mistral", "mixtral", "qwen2", "qwen3"};
+const std::set<std::string> kTypes = {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe"};
+
+// What in `o`'s experts Qwen 3 MoE's config cannot say (empty: nothing): softmax scores, chosen
+// as they are or renormalized (norm_topk_prob), every decoder_sparse_step-th block after the first
+// moe_dense_layers (mlp_only_layers), no shared experts, no selection bias, no groups.
+std::string qwen3_moe_refusal(const ModelOptions& o) {
+  if (o.moe_shared_experts != 0) return "shared experts (Qwen 3 MoE has none)";
+  if (o.moe_score != "softmax" || o.moe_routed_scale != 1) return "gates other than softmax scores (Qwen 3 MoE's)";
+  if (o.moe_bias_update_rate != 0 || o.moe_groups != 1) return "an aux-loss-free selection bias or expert groups";
+  if (o.qkv_bias) return "q, k, v biases (Qwen 3's attention has none)";
+  return "";
+}
 
 // Whether `o` is a mixture of experts that Mixtral's config describes exactly.
 std::string mixtral_refusal(const ModelOptions& o) {
@@ -24,7 +35,8 @@ std::string mixtral_refusal(const ModelOptions& o) {
   if (o.moe_shared_experts != 0) return "shared experts (Mixtral has none)";
   if (o.moe_score != "softmax" || !o.renormalized_gates() || o.moe_routed_scale != 1)
     return "gates other than softmax scores renormalized over the chosen experts (Mixtral's)";
-  if (o.moe_bias_update_rate != 0) return "an aux-loss-free selection bias (Mixtral routes by the scores alone)";
+  if (o.moe_bias_update_rate != 0 || o.moe_groups != 1)
+    return "an aux-loss-free selection bias or expert groups (Mixtral routes by the scores alone)";
   if (o.moe_ffn_hidden != 0 && o.moe_ffn_hidden != o.hidden()) return "experts of another width than ffn_hidden";
   return "";
 }
@@ -39,7 +51,7 @@ bool is_hf_llama_family(const nlohmann::json& config) {
 ModelOptions llama_family_options_from_hf_config(const nlohmann::json& config, const ModelOptions& base,
                                                  const std::string& source) {
   require(is_hf_llama_family(config), source,
-          ": not a Llama-family config (model_type llama, mistral, mixtral, qwen2 or qwen3)");
+          ": not a Llama-family config (model_type llama, mistral, mixtral, qwen2, qwen3 or qwen3_moe)");
   const std::string type = config["model_type"].get<std::string>();
   hf_expect(config, "hidden_act", "silu", source, "tessera's SwiGLU gates with silu");
   hf_expect(config, "mlp_bias", false, source, "tessera's SwiGLU has no biases");
@@ -79,6 +91,29 @@ ModelOptions llama_family_options_from_hf_config(const nlohmann::json& config, c
     o.moe_aux_loss_coef = hf_number(config, "router_aux_loss_coef", 0.001, source);
     o.moe_z_loss_coef = 0;
   }
+  if (type == "qwen3_moe") {
+    o.ffn = "moe";
+    // The Hub's files say num_experts; transformers 5 writes num_local_experts.
+    o.moe_experts = hf_int(config, config.contains("num_experts") ? "num_experts" : "num_local_experts", source);
+    o.moe_top_k = hf_int(config, "num_experts_per_tok", source);
+    o.moe_ffn_hidden = hf_int(config, "moe_intermediate_size", source);
+    o.moe_every = config.contains("decoder_sparse_step") ? hf_int(config, "decoder_sparse_step", source) : 1;
+    // mlp_only_layers: dense blocks, which tessera places only as the first ones (moe_dense_layers).
+    o.moe_dense_layers = 0;
+    if (config.contains("mlp_only_layers") && !config["mlp_only_layers"].is_null()) {
+      const nlohmann::json& dense = config["mlp_only_layers"];
+      require(dense.is_array(), source, ": 'mlp_only_layers' is not a list");
+      for (size_t i = 0; i < dense.size(); ++i)
+        require(dense[i].is_number_integer() && dense[i].get<int64_t>() == static_cast<int64_t>(i), source,
+                ": mlp_only_layers = ", dense.dump(), " cannot be imported: tessera's dense blocks are the first ",
+                "ones (model.moe_dense_layers), so the list must be 0, 1, ..., n - 1");
+      o.moe_dense_layers = static_cast<int64_t>(dense.size());
+    }
+    o.moe_gates = hf_bool(config, "norm_topk_prob", false, source) ? "renormalized" : "scores";
+    o.moe_capacity_factor = 0;
+    o.moe_aux_loss_coef = hf_number(config, "router_aux_loss_coef", 0.001, source);
+    o.moe_z_loss_coef = 0;
+  }
   if ((type == "mistral" || type == "mixtral") && config.contains("sliding_window") && !config["sliding_window"].is_null())
     o.block_size = std::min(o.block_size, hf_int(config, "sliding_window", source));
   o.norm_eps = hf_number(config, "rms_norm_eps", 1e-6, source);
@@ -103,13 +138,14 @@ ModelOptions llama_family_options_from_hf_config(const nlohmann::json& config, c
       o.rope_original_context = hf_int(*scaling, "original_max_position_embeddings", source);
     }
   }
-  if (type == "qwen2" || type == "qwen3")
+  const bool qwen3 = type == "qwen3" || type == "qwen3_moe";
+  if (type == "qwen2" || qwen3)
     hf_expect(config, "use_sliding_window", false, source, "tessera's attention is full causal attention");
-  if (type == "qwen3")
+  if (qwen3)
     hf_expect(config, "attention_bias", false, source,
                  "Qwen 3's attention_bias also puts a bias on the output projection, which tessera does not");
   o.qkv_bias = type == "qwen2";
-  o.qk_norm = type == "qwen3";
+  o.qk_norm = qwen3;
   o.tie_embeddings = hf_bool(config, "tie_word_embeddings", false, source);
   o.check(source);
   return o;
@@ -158,8 +194,9 @@ std::map<std::string, at::Tensor> read_hf_llama_weights(const std::string& dir, 
       put(ours + "mlp.c_proj.weight", take(hf + "mlp.down_proj.weight"));
       continue;
     }
-    // Mixtral's experts: one tensor per expert (w1 gate, w3 up, w2 down; the Hub's files and
-    // save_pretrained's), or stacked as transformers 5 holds them (gate_up_proj: gate rows, then up).
+    // The experts: Mixtral's files (w1 gate, w3 up, w2 down per expert; the Hub's and
+    // save_pretrained's), Qwen 3 MoE's (gate_proj, up_proj, down_proj per expert), or stacked as
+    // transformers 5 holds either in memory (gate_up_proj: gate rows, then up).
     const std::string moe = hf + "block_sparse_moe.", stacked = hf + "mlp.experts.";
     if (has(stacked + "gate_up_proj")) {
       put(ours + "moe.router.weight", take(hf + "mlp.gate.weight"));
@@ -167,6 +204,18 @@ std::map<std::string, at::Tensor> read_hf_llama_weights(const std::string& dir, 
       const int64_t H = gate_up.size(1) / 2;
       put(ours + "moe.w_fc", at::cat({gate_up.narrow(1, H, H), gate_up.narrow(1, 0, H)}, 1).transpose(1, 2));
       put(ours + "moe.w_proj", take(stacked + "down_proj").transpose(1, 2));
+      continue;
+    }
+    if (has(stacked + "0.gate_proj.weight")) {  // Qwen 3 MoE's files: gate_proj, up_proj, down_proj per expert
+      put(ours + "moe.router.weight", take(hf + "mlp.gate.weight"));
+      std::vector<at::Tensor> fc, proj;
+      for (int64_t e = 0; e < o.moe_experts; ++e) {
+        const std::string expert = stacked + std::to_string(e) + ".";
+        fc.push_back(at::cat({take(expert + "up_proj.weight"), take(expert + "gate_proj.weight")}).t());
+        proj.push_back(take(expert + "down_proj.weight").t());
+      }
+      put(ours + "moe.w_fc", at::stack(fc));
+      put(ours + "moe.w_proj", at::stack(proj));
       continue;
     }
     put(ours + "moe.router.weight", take(moe + "gate.weight"));
@@ -196,10 +245,10 @@ std::map<std::string, at::Tensor> read_hf_llama_weights(const std::string& dir, 
 
 std::string hf_llama_family_refusal(const ModelOptions& o) {
   if (o.arch != "gpt") return "arch " + o.arch;
-  if (o.ffn == "moe") {
-    const std::string moe = mixtral_refusal(o);
+  if (o.ffn == "moe") {  // with q/k norms Qwen 3 MoE, else Mixtral
+    const std::string moe = o.qk_norm ? qwen3_moe_refusal(o) : mixtral_refusal(o);
     if (!moe.empty()) return moe;
-    if (o.qk_norm || o.qkv_bias) return "MoE blocks with Qwen's q/k norms or q, k, v biases (Qwen's MoE is not exported)";
+    if (!o.qk_norm && o.qkv_bias) return "MoE blocks with q, k, v biases (Qwen 2 MoE is not exported)";
   }
   if (o.bias) return "bias = true (the family's linears have none but q, k, v: model.qkv_bias)";
   if (!o.rms_norm()) return "LayerNorm (the family's norms are RMSNorm)";
@@ -212,15 +261,19 @@ std::string hf_llama_family_refusal(const ModelOptions& o) {
 nlohmann::json hf_llama_family_config(const ModelOptions& o) {
   const std::string refusal = hf_llama_family_refusal(o);
   require(refusal.empty(), "internal: a Llama-family config for a model with ", refusal);
-  const std::string type = o.ffn == "moe" ? "mixtral" : o.qk_norm ? "qwen3" : o.qkv_bias ? "qwen2" : "llama";
+  const std::string type = o.ffn == "moe" ? (o.qk_norm ? "qwen3_moe" : "mixtral")
+                           : o.qk_norm    ? "qwen3"
+                           : o.qkv_bias   ? "qwen2"
+                                          : "llama";
   nlohmann::json rope = {{"rope_type", o.rope_scaling == "llama3" ? "llama3" : "default"}, {"rope_theta", o.rope_theta}};
   if (o.rope_scaling == "llama3")
     rope.update({{"factor", o.rope_factor},
                  {"low_freq_factor", o.rope_low_freq_factor},
                  {"high_freq_factor", o.rope_high_freq_factor},
                  {"original_max_position_embeddings", o.rope_original_context}});
-  const std::string architecture = type == "mixtral" ? "MixtralForCausalLM"
-                                   : type == "qwen3" ? "Qwen3ForCausalLM"
+  const std::string architecture = type == "mixtral"     ? "MixtralForCausalLM"
+                                   : type == "qwen3_moe" ? "Qwen3MoeForCausalLM"
+                                   : type == "qwen3"     ? "Qwen3ForCausalLM"
                                    : type == "qwen2" ? "Qwen2ForCausalLM"
                                                      : "LlamaForCausalLM";
   nlohmann::json config = {{"architectures", {architecture}},
@@ -245,8 +298,20 @@ nlohmann::json hf_llama_family_config(const ModelOptions& o) {
                            {"bos_token_id", nullptr},
                            {"eos_token_id", nullptr},
                            {"torch_dtype", "float32"}};
-  if (type == "llama" || type == "qwen3") config["attention_bias"] = false;
-  if (type == "qwen2" || type == "qwen3") config["use_sliding_window"] = false;
+  if (type == "llama" || type == "qwen3" || type == "qwen3_moe") config["attention_bias"] = false;
+  if (type == "qwen2" || type == "qwen3" || type == "qwen3_moe") config["use_sliding_window"] = false;
+  if (type == "qwen3_moe") {
+    std::vector<int64_t> dense(static_cast<size_t>(o.moe_dense_layers));
+    for (size_t i = 0; i < dense.size(); ++i) dense[i] = static_cast<int64_t>(i);
+    config.update({{"num_experts", o.moe_experts},
+                   {"num_experts_per_tok", o.moe_top_k},
+                   {"moe_intermediate_size", o.expert_hidden()},
+                   {"norm_topk_prob", o.renormalized_gates()},
+                   {"decoder_sparse_step", o.moe_every},
+                   {"mlp_only_layers", dense},
+                   {"router_aux_loss_coef", o.moe_aux_loss_coef},
+                   {"output_router_logits", false}});
+  }
   if (type == "mixtral")
     config.update({{"num_local_experts", o.moe_experts},
                    {"num_experts_per_tok", o.moe_top_k},
@@ -288,6 +353,18 @@ std::map<std::string, at::Tensor> hf_llama_family_weights(const ModelOptions& o,
       put(hf + "self_attn.k_norm.weight", get(h + "attn.k_norm.weight"));
     }
     put(hf + "self_attn.o_proj.weight", get(h + "attn.c_proj.weight"));
+    if (o.is_moe_block(l) && o.qk_norm) {  // Qwen 3 MoE's names
+      put(hf + "mlp.gate.weight", get(h + "moe.router.weight"));
+      const at::Tensor fc = get(h + "moe.w_fc"), proj = get(h + "moe.w_proj");  // [E, C, 2H], [E, H, C]
+      const int64_t H = proj.size(1);
+      for (int64_t e = 0; e < o.moe_experts; ++e) {
+        const std::string expert = hf + "mlp.experts." + std::to_string(e) + ".";
+        put(expert + "up_proj.weight", fc[e].narrow(1, 0, H).t());
+        put(expert + "gate_proj.weight", fc[e].narrow(1, H, H).t());
+        put(expert + "down_proj.weight", proj[e].t());
+      }
+      continue;
+    }
     if (o.is_moe_block(l)) {
       const std::string moe = hf + "block_sparse_moe.";
       put(moe + "gate.weight", get(h + "moe.router.weight"));

@@ -1,5 +1,5 @@
 // Hugging Face folders of the Llama family: LlamaForCausalLM (Llama 2 and 3), MistralForCausalLM,
-// MixtralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM, as transformers' save_pretrained writes them (config.json,
+// MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and Qwen3MoeForCausalLM, as transformers' save_pretrained writes them (config.json,
 // model.safetensors or its sharded index).
 //
 // The config maps to the block kinds of model_options.h: RMSNorm (rms_norm_eps), rotary positions
@@ -8,7 +8,10 @@
 // tie_word_embeddings; Mixtral's experts (num_local_experts, num_experts_per_tok: a dropless MoE
 // in every block with renormalized softmax gates and SwiGLU experts; router_aux_loss_coef is the
 // weight of tessera's balance loss, which counts top-1 choices where Mixtral's counts all k;
-// router_jitter_noise must be 0). Mistral's and Mixtral's sliding window is exact within its width: block_size is the
+// router_jitter_noise must be 0); Qwen 3 MoE's (num_experts, num_experts_per_tok,
+// moe_intermediate_size, norm_topk_prob: renormalized or raw softmax gates, decoder_sparse_step as
+// model.moe_every, mlp_only_layers as model.moe_dense_layers when it lists the first blocks, and
+// is refused otherwise). Mistral's and Mixtral's sliding window is exact within its width: block_size is the
 // smaller of max_position_embeddings and sliding_window. What tessera would compute otherwise is
 // refused naming the key: another activation than silu, MLP or output-projection biases
 // (attention_bias on Llama and Mistral, mlp_bias), another rope_scaling type.
@@ -28,6 +31,11 @@
 //   ...block_sparse_moe.experts.{e}.{w3,w1}.weight   model.h.{i}.moe.w_fc[e] ([C, 2H]: up (w3)
 //                                                    columns, then gate (w1); transposed)
 //   ...block_sparse_moe.experts.{e}.w2.weight        model.h.{i}.moe.w_proj[e] (transposed)
+//   model.layers.{i}.mlp.gate.weight (Qwen 3 MoE)    model.h.{i}.moe.router.weight
+//   ...mlp.experts.{e}.{up,gate}_proj.weight         model.h.{i}.moe.w_fc[e] (up columns, then gate)
+//   ...mlp.experts.{e}.down_proj.weight              model.h.{i}.moe.w_proj[e] (transposed)
+//   ...mlp.experts.{gate_up_proj,down_proj}          the same, stacked as transformers 5 holds
+//                                                    either family's experts in memory
 //   (transformers 5's stacked mlp.gate.weight, mlp.experts.gate_up_proj [E, 2H, C] (gate rows,
 //   then up) and mlp.experts.down_proj [E, C, H] are read too; export writes the per-expert names)
 //   model.norm.weight                                model.ln_f.weight
@@ -60,11 +68,12 @@ std::map<std::string, at::Tensor> read_hf_llama_weights(const std::string& dir, 
 
 // Whether `opts` is a model of the family that a Llama-family config describes exactly (what
 // export writes): softmax attention with RMSNorm, rotary positions, SwiGLU, no biases but q, k, v
-// ones, a dense feed-forward or Mixtral's experts in every block. The reason it is not, or "".
+// ones, a dense feed-forward, Mixtral's experts in every block, or Qwen 3 MoE's experts (with q/k
+// norms). The reason it is not, or "".
 std::string hf_llama_family_refusal(const ModelOptions& opts);
 
-// The config.json of `opts` (hf_llama_family_refusal empty): model_type mixtral with experts,
-// qwen3 with q/k norms, qwen2 with q, k, v biases, llama otherwise.
+// The config.json of `opts` (hf_llama_family_refusal empty): model_type qwen3_moe with experts and
+// q/k norms, mixtral with experts, qwen3 with q/k norms, qwen2 with q, k, v biases, llama otherwise.
 nlohmann::json hf_llama_family_config(const ModelOptions& opts);
 
 // The inverse of read_hf_llama_weights: tensors under tessera's export names (the embedding and
