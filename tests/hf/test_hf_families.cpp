@@ -127,6 +127,33 @@ TEST(HfMixtral, StackedExpertsReadAsThePerExpertFiles) {
   EXPECT_EQ(per_expert.at("model.h.0.moe.w_fc").sizes(), (std::vector<int64_t>{4, 64, 192}));
 }
 
+// A Qwen 3 MoE config whose dense blocks are not the first ones is refused by key, and one that is
+// reads as tessera's options (transformers 5's num_local_experts and the Hub's num_experts alike).
+TEST(HfQwen3Moe, DenseBlocksOnlyFirstAndBothExpertKeys) {
+  nlohmann::json config = {{"model_type", "qwen3_moe"}, {"vocab_size", 256}, {"hidden_size", 64},
+                           {"intermediate_size", 96}, {"num_hidden_layers", 4}, {"num_attention_heads", 4},
+                           {"num_key_value_heads", 2}, {"head_dim", 16}, {"max_position_embeddings", 128},
+                           {"hidden_act", "silu"}, {"num_experts", 8}, {"num_experts_per_tok", 2},
+                           {"moe_intermediate_size", 32}, {"norm_topk_prob", false}, {"decoder_sparse_step", 1},
+                           {"mlp_only_layers", {0, 1}}};
+  ModelOptions o = llama_family_options_from_hf_config(config, ModelOptions{}, "c.json");
+  EXPECT_EQ(o.moe_experts, 8);
+  EXPECT_EQ(o.moe_dense_layers, 2);
+  EXPECT_FALSE(o.renormalized_gates());
+  EXPECT_TRUE(o.qk_norm && !o.is_moe_block(1) && o.is_moe_block(2));
+  config.erase("num_experts");
+  config["num_local_experts"] = 4;
+  EXPECT_EQ(llama_family_options_from_hf_config(config, ModelOptions{}, "c.json").moe_experts, 4);
+  config["mlp_only_layers"] = {1};
+  try {
+    llama_family_options_from_hf_config(config, ModelOptions{}, "c.json");
+    ADD_FAILURE() << "mlp_only_layers = [1] was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("c.json: mlp_only_layers = [1] cannot be imported"), std::string::npos)
+        << e.what();
+  }
+}
+
 // DeepSeek-V3's group-limited routing (model.moe_groups, moe_topk_groups) chooses, for every token,
 // the experts transformers' DeepseekV3TopkRouter chose, with the same weights: 16 experts in 4
 // groups, the top 4 from the best 2 groups of sigmoid scores plus the correction bias, renormalized
