@@ -16,16 +16,19 @@
 namespace tessera {
 namespace {
 
-const std::set<std::string> kTypes = {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe"};
+const std::set<std::string> kTypes = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"};
 
-// What in `o`'s experts Qwen 3 MoE's config cannot say (empty: nothing): softmax scores, chosen
-// as they are or renormalized (norm_topk_prob), every decoder_sparse_step-th block after the first
-// moe_dense_layers (mlp_only_layers), no shared experts, no selection bias, no groups.
-std::string qwen3_moe_refusal(const ModelOptions& o) {
-  if (o.moe_shared_experts != 0) return "shared experts (Qwen 3 MoE has none)";
+// What in `o`'s experts Qwen's MoE configs cannot say (empty: nothing): softmax scores, chosen as
+// they are or renormalized (norm_topk_prob), every decoder_sparse_step-th block after the first
+// moe_dense_layers (mlp_only_layers), no selection bias, no groups; Qwen 3 MoE (q/k norms) has no
+// shared experts, Qwen2-MoE (q, k, v biases) gated ones (shared_expert_gate).
+std::string qwen_moe_refusal(const ModelOptions& o) {
+  if (o.qk_norm && o.moe_shared_experts != 0) return "shared experts (Qwen 3 MoE has none)";
+  if (o.qkv_bias && (o.moe_shared_experts == 0 || !o.moe_shared_gate))
+    return "experts without a gated shared one (Qwen2-MoE's has shared_expert_gate)";
   if (o.moe_score != "softmax" || o.moe_routed_scale != 1) return "gates other than softmax scores (Qwen 3 MoE's)";
   if (o.moe_bias_update_rate != 0 || o.moe_groups != 1) return "an aux-loss-free selection bias or expert groups";
-  if (o.qkv_bias) return "q, k, v biases (Qwen 3's attention has none)";
+  if (o.qk_norm == o.qkv_bias) return "MoE blocks need exactly one of q/k norms (Qwen 3 MoE) and q, k, v biases (Qwen2-MoE)";
   return "";
 }
 
@@ -37,6 +40,7 @@ std::string mixtral_refusal(const ModelOptions& o) {
     return "gates other than softmax scores renormalized over the chosen experts (Mixtral's)";
   if (o.moe_bias_update_rate != 0 || o.moe_groups != 1)
     return "an aux-loss-free selection bias or expert groups (Mixtral routes by the scores alone)";
+  if (o.moe_shared_gate) return "a gated shared expert (Mixtral has none)";
   if (o.moe_ffn_hidden != 0 && o.moe_ffn_hidden != o.hidden()) return "experts of another width than ffn_hidden";
   return "";
 }
@@ -51,7 +55,7 @@ bool is_hf_llama_family(const nlohmann::json& config) {
 ModelOptions llama_family_options_from_hf_config(const nlohmann::json& config, const ModelOptions& base,
                                                  const std::string& source) {
   require(is_hf_llama_family(config), source,
-          ": not a Llama-family config (model_type llama, mistral, mixtral, qwen2, qwen3 or qwen3_moe)");
+          ": not a Llama-family config (model_type llama, mistral, mixtral, qwen2, qwen2_moe, qwen3 or qwen3_moe)");
   const std::string type = config["model_type"].get<std::string>();
   hf_expect(config, "hidden_act", "silu", source, "tessera's SwiGLU gates with silu");
   hf_expect(config, "mlp_bias", false, source, "tessera's SwiGLU has no biases");
@@ -91,7 +95,7 @@ ModelOptions llama_family_options_from_hf_config(const nlohmann::json& config, c
     o.moe_aux_loss_coef = hf_number(config, "router_aux_loss_coef", 0.001, source);
     o.moe_z_loss_coef = 0;
   }
-  if (type == "qwen3_moe") {
+  if (type == "qwen3_moe" || type == "qwen2_moe") {
     o.ffn = "moe";
     // The Hub's files say num_experts; transformers 5 writes num_local_experts.
     o.moe_experts = hf_int(config, config.contains("num_experts") ? "num_experts" : "num_local_experts", source);
@@ -113,6 +117,14 @@ ModelOptions llama_family_options_from_hf_config(const nlohmann::json& config, c
     o.moe_capacity_factor = 0;
     o.moe_aux_loss_coef = hf_number(config, "router_aux_loss_coef", 0.001, source);
     o.moe_z_loss_coef = 0;
+    if (type == "qwen2_moe") {  // one shared expert of its own width, behind a sigmoid gate
+      const int64_t shared = hf_int(config, "shared_expert_intermediate_size", source);
+      require(shared % o.moe_ffn_hidden == 0, source, ": shared_expert_intermediate_size = ", shared,
+              " cannot be imported: tessera's shared experts are model.moe_shared_experts of moe_intermediate_size = ",
+              o.moe_ffn_hidden, " each, so it must be a multiple of it");
+      o.moe_shared_experts = shared / o.moe_ffn_hidden;
+      o.moe_shared_gate = true;
+    }
   }
   if ((type == "mistral" || type == "mixtral") && config.contains("sliding_window") && !config["sliding_window"].is_null())
     o.block_size = std::min(o.block_size, hf_int(config, "sliding_window", source));
@@ -138,13 +150,13 @@ ModelOptions llama_family_options_from_hf_config(const nlohmann::json& config, c
       o.rope_original_context = hf_int(*scaling, "original_max_position_embeddings", source);
     }
   }
-  const bool qwen3 = type == "qwen3" || type == "qwen3_moe";
-  if (type == "qwen2" || qwen3)
+  const bool qwen3 = type == "qwen3" || type == "qwen3_moe", qwen2 = type == "qwen2" || type == "qwen2_moe";
+  if (qwen2 || qwen3)
     hf_expect(config, "use_sliding_window", false, source, "tessera's attention is full causal attention");
   if (qwen3)
     hf_expect(config, "attention_bias", false, source,
                  "Qwen 3's attention_bias also puts a bias on the output projection, which tessera does not");
-  o.qkv_bias = type == "qwen2";
+  o.qkv_bias = qwen2;
   o.qk_norm = qwen3;
   o.tie_embeddings = hf_bool(config, "tie_word_embeddings", false, source);
   o.check(source);
@@ -198,6 +210,12 @@ std::map<std::string, at::Tensor> read_hf_llama_weights(const std::string& dir, 
     // save_pretrained's), Qwen 3 MoE's (gate_proj, up_proj, down_proj per expert), or stacked as
     // transformers 5 holds either in memory (gate_up_proj: gate rows, then up).
     const std::string moe = hf + "block_sparse_moe.", stacked = hf + "mlp.experts.";
+    if (o.moe_shared_gate) {  // Qwen2-MoE's gated shared expert, beside either form of the experts
+      const std::string shared = hf + "mlp.shared_expert.";
+      put(ours + "moe.shared.c_fc.weight", at::cat({take(shared + "up_proj.weight"), take(shared + "gate_proj.weight")}));
+      put(ours + "moe.shared.c_proj.weight", take(shared + "down_proj.weight"));
+      put(ours + "moe.shared_gate.weight", take(hf + "mlp.shared_expert_gate.weight"));
+    }
     if (has(stacked + "gate_up_proj")) {
       put(ours + "moe.router.weight", take(hf + "mlp.gate.weight"));
       const at::Tensor gate_up = take(stacked + "gate_up_proj");  // [E, 2H, C]
@@ -206,7 +224,7 @@ std::map<std::string, at::Tensor> read_hf_llama_weights(const std::string& dir, 
       put(ours + "moe.w_proj", take(stacked + "down_proj").transpose(1, 2));
       continue;
     }
-    if (has(stacked + "0.gate_proj.weight")) {  // Qwen 3 MoE's files: gate_proj, up_proj, down_proj per expert
+    if (has(stacked + "0.gate_proj.weight")) {  // Qwen's MoE files: gate_proj, up_proj, down_proj per expert
       put(ours + "moe.router.weight", take(hf + "mlp.gate.weight"));
       std::vector<at::Tensor> fc, proj;
       for (int64_t e = 0; e < o.moe_experts; ++e) {
@@ -245,10 +263,9 @@ std::map<std::string, at::Tensor> read_hf_llama_weights(const std::string& dir, 
 
 std::string hf_llama_family_refusal(const ModelOptions& o) {
   if (o.arch != "gpt") return "arch " + o.arch;
-  if (o.ffn == "moe") {  // with q/k norms Qwen 3 MoE, else Mixtral
-    const std::string moe = o.qk_norm ? qwen3_moe_refusal(o) : mixtral_refusal(o);
+  if (o.ffn == "moe") {  // with q/k norms Qwen 3 MoE, with q, k, v biases Qwen2-MoE, else Mixtral
+    const std::string moe = o.qk_norm || o.qkv_bias ? qwen_moe_refusal(o) : mixtral_refusal(o);
     if (!moe.empty()) return moe;
-    if (!o.qk_norm && o.qkv_bias) return "MoE blocks with q, k, v biases (Qwen 2 MoE is not exported)";
   }
   if (o.bias) return "bias = true (the family's linears have none but q, k, v: model.qkv_bias)";
   if (!o.rms_norm()) return "LayerNorm (the family's norms are RMSNorm)";
@@ -261,7 +278,7 @@ std::string hf_llama_family_refusal(const ModelOptions& o) {
 nlohmann::json hf_llama_family_config(const ModelOptions& o) {
   const std::string refusal = hf_llama_family_refusal(o);
   require(refusal.empty(), "internal: a Llama-family config for a model with ", refusal);
-  const std::string type = o.ffn == "moe" ? (o.qk_norm ? "qwen3_moe" : "mixtral")
+  const std::string type = o.ffn == "moe" ? (o.qk_norm ? "qwen3_moe" : o.qkv_bias ? "qwen2_moe" : "mixtral")
                            : o.qk_norm    ? "qwen3"
                            : o.qkv_bias   ? "qwen2"
                                           : "llama";
@@ -273,6 +290,7 @@ nlohmann::json hf_llama_family_config(const ModelOptions& o) {
                  {"original_max_position_embeddings", o.rope_original_context}});
   const std::string architecture = type == "mixtral"     ? "MixtralForCausalLM"
                                    : type == "qwen3_moe" ? "Qwen3MoeForCausalLM"
+                                   : type == "qwen2_moe" ? "Qwen2MoeForCausalLM"
                                    : type == "qwen3"     ? "Qwen3ForCausalLM"
                                    : type == "qwen2" ? "Qwen2ForCausalLM"
                                                      : "LlamaForCausalLM";
@@ -299,8 +317,8 @@ nlohmann::json hf_llama_family_config(const ModelOptions& o) {
                            {"eos_token_id", nullptr},
                            {"torch_dtype", "float32"}};
   if (type == "llama" || type == "qwen3" || type == "qwen3_moe") config["attention_bias"] = false;
-  if (type == "qwen2" || type == "qwen3" || type == "qwen3_moe") config["use_sliding_window"] = false;
-  if (type == "qwen3_moe") {
+  if (type == "qwen2" || type == "qwen2_moe" || type == "qwen3" || type == "qwen3_moe") config["use_sliding_window"] = false;
+  if (type == "qwen3_moe" || type == "qwen2_moe") {
     std::vector<int64_t> dense(static_cast<size_t>(o.moe_dense_layers));
     for (size_t i = 0; i < dense.size(); ++i) dense[i] = static_cast<int64_t>(i);
     config.update({{"num_experts", o.moe_experts},
@@ -311,6 +329,7 @@ nlohmann::json hf_llama_family_config(const ModelOptions& o) {
                    {"mlp_only_layers", dense},
                    {"router_aux_loss_coef", o.moe_aux_loss_coef},
                    {"output_router_logits", false}});
+    if (type == "qwen2_moe") config["shared_expert_intermediate_size"] = o.moe_shared_experts * o.expert_hidden();
   }
   if (type == "mixtral")
     config.update({{"num_local_experts", o.moe_experts},
@@ -353,7 +372,7 @@ std::map<std::string, at::Tensor> hf_llama_family_weights(const ModelOptions& o,
       put(hf + "self_attn.k_norm.weight", get(h + "attn.k_norm.weight"));
     }
     put(hf + "self_attn.o_proj.weight", get(h + "attn.c_proj.weight"));
-    if (o.is_moe_block(l) && o.qk_norm) {  // Qwen 3 MoE's names
+    if (o.is_moe_block(l) && (o.qk_norm || o.qkv_bias)) {  // Qwen's MoE names
       put(hf + "mlp.gate.weight", get(h + "moe.router.weight"));
       const at::Tensor fc = get(h + "moe.w_fc"), proj = get(h + "moe.w_proj");  // [E, C, 2H], [E, H, C]
       const int64_t H = proj.size(1);
@@ -362,6 +381,15 @@ std::map<std::string, at::Tensor> hf_llama_family_weights(const ModelOptions& o,
         put(expert + "up_proj.weight", fc[e].narrow(1, 0, H).t());
         put(expert + "gate_proj.weight", fc[e].narrow(1, H, H).t());
         put(expert + "down_proj.weight", proj[e].t());
+      }
+      if (o.moe_shared_gate) {
+        const std::string shared = hf + "mlp.shared_expert.";
+        const at::Tensor up_gate = get(h + "moe.shared.c_fc.weight");
+        const int64_t S = up_gate.size(0) / 2;
+        put(shared + "up_proj.weight", up_gate.narrow(0, 0, S));
+        put(shared + "gate_proj.weight", up_gate.narrow(0, S, S));
+        put(shared + "down_proj.weight", get(h + "moe.shared.c_proj.weight"));
+        put(hf + "mlp.shared_expert_gate.weight", get(h + "moe.shared_gate.weight"));
       }
       continue;
     }

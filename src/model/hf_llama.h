@@ -1,5 +1,6 @@
 // Hugging Face folders of the Llama family: LlamaForCausalLM (Llama 2 and 3), MistralForCausalLM,
-// MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and Qwen3MoeForCausalLM, as transformers' save_pretrained writes them (config.json,
+// MixtralForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM and
+// Qwen3MoeForCausalLM, as transformers' save_pretrained writes them (config.json,
 // model.safetensors or its sharded index).
 //
 // The config maps to the block kinds of model_options.h: RMSNorm (rms_norm_eps), rotary positions
@@ -11,7 +12,9 @@
 // router_jitter_noise must be 0); Qwen 3 MoE's (num_experts, num_experts_per_tok,
 // moe_intermediate_size, norm_topk_prob: renormalized or raw softmax gates, decoder_sparse_step as
 // model.moe_every, mlp_only_layers as model.moe_dense_layers when it lists the first blocks, and
-// is refused otherwise). Mistral's and Mixtral's sliding window is exact within its width: block_size is the
+// is refused otherwise); Qwen2-MoE's the same with shared_expert_intermediate_size as
+// model.moe_shared_experts experts of moe_intermediate_size (a multiple, else refused) behind
+// shared_expert_gate (model.moe_shared_gate). Mistral's and Mixtral's sliding window is exact within its width: block_size is the
 // smaller of max_position_embeddings and sliding_window. What tessera would compute otherwise is
 // refused naming the key: another activation than silu, MLP or output-projection biases
 // (attention_bias on Llama and Mistral, mlp_bias), another rope_scaling type.
@@ -34,6 +37,9 @@
 //   model.layers.{i}.mlp.gate.weight (Qwen 3 MoE)    model.h.{i}.moe.router.weight
 //   ...mlp.experts.{e}.{up,gate}_proj.weight         model.h.{i}.moe.w_fc[e] (up columns, then gate)
 //   ...mlp.experts.{e}.down_proj.weight              model.h.{i}.moe.w_proj[e] (transposed)
+//   ...mlp.shared_expert.{up,gate}_proj.weight       model.h.{i}.moe.shared.c_fc.weight (up rows, then gate)
+//   ...mlp.shared_expert.down_proj.weight            model.h.{i}.moe.shared.c_proj.weight
+//   ...mlp.shared_expert_gate.weight                 model.h.{i}.moe.shared_gate.weight
 //   ...mlp.experts.{gate_up_proj,down_proj}          the same, stacked as transformers 5 holds
 //                                                    either family's experts in memory
 //   (transformers 5's stacked mlp.gate.weight, mlp.experts.gate_up_proj [E, 2H, C] (gate rows,
@@ -68,12 +74,12 @@ std::map<std::string, at::Tensor> read_hf_llama_weights(const std::string& dir, 
 
 // Whether `opts` is a model of the family that a Llama-family config describes exactly (what
 // export writes): softmax attention with RMSNorm, rotary positions, SwiGLU, no biases but q, k, v
-// ones, a dense feed-forward, Mixtral's experts in every block, or Qwen 3 MoE's experts (with q/k
-// norms). The reason it is not, or "".
+// ones, a dense feed-forward, Mixtral's experts in every block, Qwen 3 MoE's experts (with q/k
+// norms) or Qwen2-MoE's (with q, k, v biases and a gated shared expert). The reason it is not, or "".
 std::string hf_llama_family_refusal(const ModelOptions& opts);
 
 // The config.json of `opts` (hf_llama_family_refusal empty): model_type qwen3_moe with experts and
-// q/k norms, mixtral with experts, qwen3 with q/k norms, qwen2 with q, k, v biases, llama otherwise.
+// q/k norms, qwen2_moe with experts and q, k, v biases, mixtral with experts, qwen3 with q/k norms, qwen2 with q, k, v biases, llama otherwise.
 nlohmann::json hf_llama_family_config(const ModelOptions& opts);
 
 // The inverse of read_hf_llama_weights: tensors under tessera's export names (the embedding and

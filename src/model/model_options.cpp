@@ -232,6 +232,8 @@ void ModelOptions::check(const std::string& source) const {
   require(moe_experts % moe_groups == 0 && (moe_groups == 1 || moe_experts / moe_groups >= 2), source,
           ": model.moe_groups = ", moe_groups, " must divide model.moe_experts = ", moe_experts,
           " into groups of at least 2 experts (a group is scored by its two best)");
+  require(!moe_shared_gate || moe_shared_experts > 0, source,
+          ": model.moe_shared_gate = true needs shared experts (model.moe_shared_experts > 0)");
   require(moe_topk_groups <= moe_groups, source, ": model.moe_topk_groups = ", moe_topk_groups,
           " must be at most model.moe_groups = ", moe_groups);
   require(moe_top_k <= routable_experts(), source, ": model.moe_top_k = ", moe_top_k, " exceeds the ",

@@ -66,6 +66,7 @@ struct ModelOptions {
   int64_t moe_dense_layers = 0;     // the first blocks stay dense (DeepSeek's first_k_dense_replace)
   int64_t moe_ffn_hidden = 0;       // each expert's hidden width; 0: hidden() (fine-grained: smaller)
   int64_t moe_shared_experts = 0;   // experts every token runs, beside the routed ones (DeepSeek)
+  bool moe_shared_gate = false;     // the shared experts' output times sigmoid(x . g) (Qwen2-MoE)
   std::string moe_gates = "auto";   // auto | renormalized | scores
   double moe_routed_scale = 1;      // the routed experts' output scaled (DeepSeek-V3: 2.5)
   int64_t moe_groups = 1;           // group-limited routing (DeepSeek-V3's n_group); 1 = off
@@ -125,6 +126,8 @@ struct ModelOptions {
       "MLP's); 0: the MLP's width", between(0, 1 << 20));
     v("moe_shared_experts", moe_shared_experts, "experts every token runs beside the routed ones (DeepSeek): one "
       "MLP moe_shared_experts * moe_ffn_hidden wide", between(0, 64));
+    v("moe_shared_gate", moe_shared_gate, "scale the shared experts' output per token by sigmoid(x . g), g a "
+      "learned vector (Qwen2-MoE's shared_expert_gate)");
     v("moe_gates", moe_gates, "the routed experts' weights: renormalized (the chosen scores divided by their sum: "
       "Mixtral, DeepSeek-V3), scores (the chosen scores as they are: Switch, DeepSeekMoE), or auto (renormalized "
       "when top_k > 1)");

@@ -73,6 +73,7 @@ ParameterSpecs MoEImpl::parameter_specs() const {
     }
     add_specs(specs, "shared", mlp);
   }
+  if (shared_gate) specs.emplace("shared_gate.weight", ParameterSpec{Split::replicated, 1, normal_init(0.02)});
   return specs;
 }
 
@@ -111,6 +112,7 @@ MoEImpl::MoEImpl(const ModelOptions& opts, const at::TensorOptions& where)
     b_proj = register_parameter("b_proj", at::empty({E, C}, where));
   }
   if (opts.moe_shared_experts > 0) shared = register_module("shared", MLP(shared_mlp_options(opts), where));
+  if (opts.moe_shared_gate) shared_gate = register_module("shared_gate", Linear(C, 1, false, where));
 }
 
 at::Tensor MoEImpl::activation(const at::Tensor& h) const {
@@ -298,7 +300,7 @@ MoEOutput MoEImpl::forward(const at::Tensor& x) {
   const at::Tensor buffer = dispatch(flat, r);
   const ExpertFn run = [this](const at::Tensor& rows, const std::vector<int64_t>& sizes) { return experts(rows, sizes); };
   auto y = combine(expert_step_ ? expert_step_(buffer, r.sizes, run) : run(buffer, r.sizes), r);
-  if (shared) y = y + shared(flat);
+  if (shared) y = y + (shared_gate ? at::sigmoid(linear(shared_gate, flat)) * shared(flat) : shared(flat));
   return {y.view(shape), r.aux_loss};
 }
 

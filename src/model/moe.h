@@ -21,7 +21,9 @@
 //             returns autocast's dtype, so ep ranks whose experts took different paths agree)
 //   combine:  y[token] += gate * out[offset_e + slot]                                 [N, C]
 //   shared experts (model.moe_shared_experts = S > 0; DeepSeek): y += shared(x), one MLP of
-//             width S * H that every token runs (module "shared"; replicated under tp and ep).
+//             width S * H that every token runs (module "shared"; replicated under tp and ep);
+//             with model.moe_shared_gate (Qwen2-MoE) y += sigmoid(x . g) shared(x), g the
+//             replicated [1, C] weight of module "shared_gate".
 // Expert weights are stacked ([E, ...]) so that expert parallelism can shard them along E and put
 // an all-to-all between dispatch/experts/combine, which are separate steps for that reason. The
 // step between them is replaceable from outside (set_expert_step): expert parallelism
@@ -153,6 +155,7 @@ class MoEImpl : public torch::nn::Module {
   // [E, C, H'], [E, H'], [E, H, C], [E, C] (H' = 2H for SwiGLU experts); biases with model.bias
   at::Tensor w_fc, b_fc, w_proj, b_proj;
   MLP shared{nullptr};  // the shared experts (model.moe_shared_experts > 0)
+  Linear shared_gate{nullptr};  // [1, C] (model.moe_shared_gate)
 
  private:
   at::Tensor activation(const at::Tensor& h) const;  // gelu_tanh, or a * silu(g)

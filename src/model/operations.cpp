@@ -142,6 +142,10 @@ void add_feed_forward(Builder& b, const ModelOptions& m, int64_t layer) {
     b.memory("moe.combine_weights", slots * h, 2);
     if (m.moe_shared_experts > 0)
       add_mlp(b, "moe.shared", m, T, static_cast<double>(m.moe_shared_experts * m.expert_hidden()), m.swiglu_experts(), 1);
+    if (m.moe_shared_gate) {
+      b.matmul("moe.shared_gate", T, h, 1, true);
+      b.memory("moe.shared_gate.scale", T * h, 3);
+    }
   }
   add_residual(b, "mlp.residual", m, s.dropout);
 }

@@ -47,7 +47,8 @@ double block_activation_bytes_per_token(const Config& config, const ParallelDims
     const double f = static_cast<double>(m.expert_hidden());
     const double slots = static_cast<double>(m.moe_top_k) * (m.moe_capacity_factor > 0 ? m.moe_capacity_factor : 1.0);
     split += slots * (2 * h + mlp(f, m.swiglu_experts())) + 2 * static_cast<double>(m.moe_experts) +
-             static_cast<double>(m.moe_shared_experts) * (2 * h + mlp(f, m.swiglu_experts()));
+             static_cast<double>(m.moe_shared_experts) * (2 * h + mlp(f, m.swiglu_experts())) +
+             (m.moe_shared_gate ? h + 1 : 0);  // the gate's scale and the shared output it scales
   } else {
     split += mlp(static_cast<double>(m.hidden()), m.swiglu());
   }

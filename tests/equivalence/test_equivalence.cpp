@@ -279,6 +279,21 @@ const std::vector<Row>& layouts() {
          c.parallel.ep = 2;
          c.parallel.zero_stage = 1;
        }},
+      // Qwen2-MoE's experts: q, k, v biases, raw top-2 softmax gates and a shared expert behind its
+      // sigmoid gate, replicated over tp and ep like the shared MLP.
+      {"qwen2moe_dp2_tp2_ep2_zero2_sgd", 4,
+       [](Config& c) {
+         mixtral(c);
+         sgd(c);
+         c.model.qkv_bias = true;
+         c.model.moe_gates = "scores";
+         c.model.moe_ffn_hidden = 24;
+         c.model.moe_shared_experts = 2;
+         c.model.moe_shared_gate = true;
+         c.parallel.tp = 2;
+         c.parallel.ep = 2;
+         c.parallel.zero_stage = 2;
+       }},
       // ZB-V's split backward (I then W) and V placement (the untied head on rank 0) over Mixtral's
       // blocks: rotary GQA attention and SwiGLU experts in every block.
       {"mixtral_pp2_zbv_sgd_accum4", 2,

@@ -3,7 +3,8 @@
 For each family, a small model with random weights (every block kind of the family switched on:
 grouped-query attention, Llama 3.1's rope scaling, an untied head; Qwen 3's q/k norms, a head width
 of its own and a tied head; Qwen 2's q, k, v biases; Mistral's sliding window wider than the test's
-tokens; Qwen 3 MoE's dense first block and top-2 of 4 experts with renormalized gates; Mixtral's top-2 of 4 SwiGLU experts, its balance loss left out as transformers leaves it out
+tokens; Qwen 3 MoE's dense first block and top-2 of 4 experts with renormalized gates; Qwen2-MoE's
+q, k, v biases, raw top-2 gates and a shared expert twice an expert's width behind its sigmoid gate; Mixtral's top-2 of 4 SwiGLU experts, its balance loss left out as transformers leaves it out
 without output_router_logits) is saved by save_pretrained into WORK/<family>/, and on fixed tokens transformers' float32
 logits, loss and every parameter's gradient are written:
   WORK/<family>/reference.safetensors   tokens, targets [B, T] int64, logits [B, T, V], loss []
@@ -53,6 +54,10 @@ FAMILIES = {
                   dict(num_key_value_heads=2, head_dim=24, rms_norm_eps=1e-6, num_experts=4, num_experts_per_tok=2,
                        moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[0], tie_word_embeddings=False,
                        output_router_logits=False)),
+    "qwen2_moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM,
+                  dict(num_key_value_heads=2, rms_norm_eps=1e-6, num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=32, shared_expert_intermediate_size=64, norm_topk_prob=False,
+                       mlp_only_layers=[0], tie_word_embeddings=False, output_router_logits=False)),
     "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM,
                 dict(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False,
                      output_router_logits=False)),

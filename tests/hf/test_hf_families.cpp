@@ -2,7 +2,7 @@
 // random model (tests/hf/make_family_references.py: Llama with grouped-query attention, Llama 3.1's
 // rope scaling and an untied head; Qwen 3 with q/k norms, a head width of its own and a tied head;
 // Qwen 2 with q, k, v biases and multi-query attention; Mistral; Qwen 3 MoE's dense first block
-// and top-2 of 4 experts; Mixtral's top-2 of 4 SwiGLU experts, dropless with renormalized gates) is read by tessera's importer
+// and top-2 of 4 experts; Qwen2-MoE's gated shared expert; Mixtral's top-2 of 4 SwiGLU experts, dropless with renormalized gates) is read by tessera's importer
 // (model/hf_llama.h), and tessera's float32 logits, loss and every parameter's gradient on the same
 // tokens equal transformers'. A wrong rotation, norm, head grouping or weight mapping moves the
 // logits far beyond the tolerance.
@@ -106,7 +106,7 @@ TEST_P(HfFamily, ExportWritesBackTheFolderItImported) {
   EXPECT_EQ(fields(back), fields(o)) << GetParam();
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, HfFamily, ::testing::Values("llama", "qwen3", "qwen2", "mistral", "qwen3_moe", "mixtral"),
+INSTANTIATE_TEST_SUITE_P(Families, HfFamily, ::testing::Values("llama", "qwen3", "qwen2", "mistral", "qwen3_moe", "qwen2_moe", "mixtral"),
                          [](const auto& info) { return info.param; });
 
 // Mixtral's experts as transformers 5 holds them (stacked: gate_up_proj, down_proj, the router as
