@@ -46,7 +46,15 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
   ModelParallelNorm norm;
   if (dims && dims->tp() > 1) {
     tp_ = &mesh_->group("tp");
-    parallelize_tensor(model_, *tp_, config.parallel.megatron_sp);
+    // Key/value heads fewer than tp ranks: each held by a few consecutive ones, whose gradients
+    // are summed among only them.
+    const std::vector<int64_t> kv_ranks = kv_replica_ranks(model_, *tp_);
+    if (!kv_ranks.empty()) {
+      std::string name = "tp_kv";
+      for (int64_t r : kv_ranks) name += "/" + std::to_string(r);
+      kv_replicas_ = mesh_->new_group(name, kv_ranks);
+    }
+    parallelize_tensor(model_, *tp_, config.parallel.megatron_sp, kv_replicas_.get());
     norm.groups.push_back(tp_);
     // The clipping norm sums the squares over tp: a tensor every rank holds counts 1/tp per rank,
     // a chunk held by several (replicated key/value heads) 1/replicas.

@@ -194,6 +194,7 @@ class ParallelModel {
   // Whether this rank holds the part of `piece`.
   bool holds(const Piece& piece) const;
   comm::Group* tp_ = nullptr;        // tp > 1
+  std::unique_ptr<comm::Group> kv_replicas_;  // the tp ranks sharing this rank's key/value heads
   comm::Group* ep_ = nullptr;        // ep > 1: the experts' group
   comm::Group* pp_ = nullptr;        // pp > 1: this rank holds its stages of the cut
   comm::Group* replicas_ = nullptr;  // dp x sp > 1 (or offload): the owner reduces over it

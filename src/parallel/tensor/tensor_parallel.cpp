@@ -137,21 +137,22 @@ at::Tensor gather_tensor(const at::Tensor& part, const TensorParallelLayout& lay
   return whole_from_chunks(output, part, layout);
 }
 
-at::Tensor sum_over_replicas(const at::Tensor& part, const TensorParallelLayout& layout, comm::Group& tp) {
-  const int64_t count = layout.chunks(tp.size());
-  const at::Tensor input = blocks_of(part, layout);
-  std::vector<int64_t> shape = input.sizes().vec();
-  shape.insert(shape.begin(), count);
-  at::Tensor chunks = at::zeros(shape, input.options());
-  chunks[layout.chunk(tp.rank())].copy_(input);
-  tp.all_reduce(chunks);
-  // This rank's chunk, [parts, n, rest...], back to the part's shape.
-  const at::Tensor mine = chunks[layout.chunk(tp.rank())];
-  std::vector<int64_t> moved = part.movedim(layout.dim, 0).sizes().vec();
-  return mine.reshape(moved).movedim(0, layout.dim).contiguous();
+at::Tensor sum_over_replicas(const at::Tensor& part, comm::Group& replicas) {
+  at::Tensor sum = part.clone(at::MemoryFormat::Contiguous);
+  replicas.all_reduce(sum);
+  return sum;
 }
 
-void parallelize_tensor(TransformerLM& model, comm::Group& tp, bool megatron_sp) {
+std::vector<int64_t> kv_replica_ranks(const TransformerLM& model, const comm::Group& tp) {
+  int64_t replicas = 1;
+  for (const auto& [name, spec] : model->parameter_specs())
+    replicas = std::max(replicas, tensor_parallel_layout(spec, tp.size()).replicas);
+  if (replicas == 1) return {};
+  const int64_t first = tp.rank() / replicas * replicas;
+  return {tp.ranks().begin() + first, tp.ranks().begin() + first + replicas};
+}
+
+void parallelize_tensor(TransformerLM& model, comm::Group& tp, bool megatron_sp, comm::Group* kv_replicas) {
   const int64_t N = tp.size(), r = tp.rank();
   if (N == 1) return;
   const ModelOptions& o = model->options();
@@ -167,8 +168,11 @@ void parallelize_tensor(TransformerLM& model, comm::Group& tp, bool megatron_sp)
       param.mutable_grad() = at::Tensor();
       // A chunk held by several ranks (replicated key/value heads) gets from each only the part of
       // its gradient that flowed from that rank's query heads: summed over them.
-      if (layout.replicas > 1)
-        param.register_hook([&tp, layout](const at::Tensor& grad) { return sum_over_replicas(grad, layout, tp); });
+      if (layout.replicas > 1) {
+        require(kv_replicas && kv_replicas->size() == layout.replicas, "internal: parallelize_tensor needs the group of the ",
+                layout.replicas, " tp ranks sharing ", item.key(), " (kv_replica_ranks)");
+        param.register_hook([kv_replicas](const at::Tensor& grad) { return sum_over_replicas(grad, *kv_replicas); });
+      }
       // Under megatron_sp a replicated parameter used after the sequence split (any but the
       // embedding's: wpe is added to the whole sequence before it) sees this rank's tokens only,
       // and a per-head one (parameter_spec.h) only this rank's heads: its gradient is summed over

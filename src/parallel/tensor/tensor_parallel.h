@@ -18,7 +18,9 @@
 //                                        heads; with K < N, of head
 //                                        r / (N / K), held by N / K
 //                                        ranks and its gradient summed
-//                                        over them (sum_over_replicas)
+//                                        over only them (the group of
+//                                        kv_replica_ranks, all-reduce of
+//                                        the chunk)
 //   attention        q, k, v, u_proj     rows of this rank's heads;     as gpt; the decays λ_h of
 //   (linear)         o_proj              columns; bias replicated       the rank's heads are kept
 //   MLP              c_fc [F or 2F, C]   rows (GLU: a rows, g rows)     enter / exit as attention
@@ -59,6 +61,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -75,7 +78,13 @@ void check_tensor_parallel(const ModelOptions& model, const ParallelOptions& par
                            int64_t seq_len, const std::string& optimizer);
 
 // Shards `model` in place for the ranks of `tp` (see above). With tp.size() == 1 it does nothing.
-void parallelize_tensor(TransformerLM& model, comm::Group& tp, bool megatron_sp);
+// `kv_replicas`: the group of kv_replica_ranks(model, tp), needed where key/value heads are fewer
+// than tp ranks (refused naming it when missing then).
+void parallelize_tensor(TransformerLM& model, comm::Group& tp, bool megatron_sp, comm::Group* kv_replicas = nullptr);
+
+// The global ranks of tp that hold the same key/value heads as this rank (consecutive tp ranks,
+// N / K of them where K < N key/value heads), or empty where every rank holds its own.
+std::vector<int64_t> kv_replica_ranks(const TransformerLM& model, const comm::Group& tp);
 
 // How a parameter (or a tensor of its shape, such as an optimizer moment) is split.
 struct TensorParallelLayout {
@@ -98,8 +107,8 @@ at::Tensor shard_tensor(const at::Tensor& full, const TensorParallelLayout& layo
 at::Tensor gather_tensor(const at::Tensor& part, const TensorParallelLayout& layout, comm::Group& tp);
 
 // Each rank's part summed over the ranks holding the same chunk (replicas > 1; a collective of
-// tp, of a tensor of the whole's size): a replicated key/value head's gradient from the query heads
-// of every rank sharing it.
-at::Tensor sum_over_replicas(const at::Tensor& part, const TensorParallelLayout& layout, comm::Group& tp);
+// `replicas`, the group of those ranks, of a tensor of the chunk's size): a replicated key/value
+// head's gradient from the query heads of every rank sharing it.
+at::Tensor sum_over_replicas(const at::Tensor& part, comm::Group& replicas);
 
 }  // namespace tessera

@@ -5,7 +5,8 @@
 // - the bytes each rank sends per step equal the formulas of parallelize.h;
 // - gather_tensor, parameter by parameter, reproduces the unsharded parameters exactly, also after a step
 //   of SGD on both models (within 1e-6); so also with Llama's blocks and fewer key/value heads than
-//   ranks (kv_proj replicated, its gradient summed over the ranks sharing a head);
+//   ranks (kv_proj replicated, its gradient summed among only the ranks sharing a head, whose
+//   all-reduce sends 2 (R - 1) / R of the rank's kv_proj bytes);
 // - refusals that only show at run time.
 // That the sharded model trains as one process does (loss, gradient norm, every gradient and the
 // parameters, also with checkpointing and bf16) is the equivalence harness's, rows tp*.
@@ -123,12 +124,21 @@ std::vector<std::pair<std::string, at::Tensor>> gathered_state(tessera::Transfor
   return out;
 }
 
-void expect_gathered_state(Group& tp, const tessera::ModelOptions& opts) {
+void expect_gathered_state(tessera::comm::Mesh& mesh, Group& tp, const tessera::ModelOptions& opts) {
   torch::manual_seed(7);
   tessera::TransformerLM single(opts);
   torch::manual_seed(7);
   tessera::TransformerLM model(opts);
-  tessera::parallelize_tensor(model, tp, /*megatron_sp=*/true);
+  // Fewer key/value heads than ranks: the ranks sharing this rank's head, a group of their own.
+  const std::vector<int64_t> kv_ranks = tessera::kv_replica_ranks(model, tp);
+  std::unique_ptr<Group> kv_group;
+  if (!kv_ranks.empty()) {
+    std::string name = "kv";
+    for (int64_t r : kv_ranks) name += "/" + std::to_string(r);
+    kv_group = mesh.new_group(name, kv_ranks);
+  }
+  EXPECT_EQ(static_cast<int64_t>(kv_ranks.size()), opts.kv_heads() < tp.size() ? tp.size() / opts.kv_heads() : 0);
+  tessera::parallelize_tensor(model, tp, /*megatron_sp=*/true, kv_group.get());
   const auto named = single->named_parameters();
   auto gathered = gathered_state(*model, tp);
   ASSERT_EQ(gathered.size(), named.size());
@@ -139,10 +149,20 @@ void expect_gathered_state(Group& tp, const tessera::ModelOptions& opts) {
 
   // One SGD step on both: the gathered parameters follow the single-process update.
   const Batch batch = make_batch();
+  if (kv_group) kv_group->reset_traffic();
   for (tessera::TransformerLM* m : {&single, &model}) {
     (*m)->forward(batch.idx, batch.targets).loss.backward();
     torch::NoGradGuard no_grad;
     for (auto& p : (*m)->parameters()) p.sub_(0.1 * p.grad());
+  }
+  // The shared heads' gradients go among their R ranks only: a ring all-reduce of each layer's
+  // kv_proj part, 2 (R - 1) / R of its bytes.
+  if (kv_group) {
+    const int64_t R = kv_group->size();
+    int64_t kv_bytes = 0;
+    for (const auto& item : model->named_parameters())
+      if (item.key().find("attn.kv_proj") != std::string::npos) kv_bytes += item.value().numel() * 4;
+    EXPECT_EQ(kv_group->traffic()["all_reduce"], 2 * (R - 1) * kv_bytes / R) << "n_kv_head " << opts.kv_heads();
   }
   gathered = gathered_state(*model, tp);
   for (size_t i = 0; i < named.size(); ++i)
@@ -161,8 +181,8 @@ void run_case(int world) {
     expect_traffic_and_replicated_grads(tp, tiny_gpt(), megatron_sp);
     expect_traffic_and_replicated_grads(tp, tiny_linear(), megatron_sp);
   }
-  expect_gathered_state(tp, tiny_gpt());
-  for (int64_t kv_heads : {1, 2}) expect_gathered_state(tp, tiny_llama(kv_heads));
+  expect_gathered_state(*mesh, tp, tiny_gpt());
+  for (int64_t kv_heads : {1, 2}) expect_gathered_state(*mesh, tp, tiny_llama(kv_heads));
 }
 
 TEST(TensorParallelModel, TwoRanksSendTheFormulasBytesAndGatherWhole) { run_case(2); }
