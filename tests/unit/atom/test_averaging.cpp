@@ -408,11 +408,17 @@ TEST(Averaging, AMemberUnderAnotherRuleFailsTheRoundByName) {
   std::vector<std::string> errors;
   run_all({&a, &b, &c}, {a.member(), b.member(), c.member()}, {at::ones({30}), at::ones({30}), at::ones({30})},
           PartEncoding{}, errors);
-  // b sends its parts in shift order, c's first: c always meets b's rule and names it. Whether a
-  // does depends on whether b's part for a left before b's own round failed (under load it may
-  // not, and a then names the member whose channel closed first).
-  EXPECT_NE(errors[2].find("member b (127.0.0.1:"), std::string::npos) << errors[2];
-  EXPECT_NE(errors[2].find("aggregates by mean and this peer by trimmed_mean"), std::string::npos) << errors[2];
+  // Nothing else can fail here, so the first failure is a part met under another rule, and its
+  // receiver names the sender and both rules: b's part at a or c, or theirs at b. Which one comes
+  // first is timing (a member stops sending once its round failed, so a may never see b's part);
+  // every member's round fails.
+  const auto names_the_rules = [](const std::string& e) {
+    return (e.find("member b (127.0.0.1:") != std::string::npos &&
+            e.find("aggregates by mean and this peer by trimmed_mean") != std::string::npos) ||
+           e.find("aggregates by trimmed_mean and this peer by mean") != std::string::npos;
+  };
+  EXPECT_TRUE(std::any_of(errors.begin(), errors.end(), names_the_rules))
+      << errors[0] << "\n" << errors[1] << "\n" << errors[2];
   for (const std::string& e : errors) EXPECT_NE(e, "");
 }
 
