@@ -160,6 +160,23 @@ const std::map<std::string, std::function<ModelOptions()>>& presets() {
       {"llama3_405b", [] { return llama("llama3_405b", 128256, 131072, 126, 16384, 128, 8, 53248); }},
       // Qwen3-0.6B (its config.json).
       {"qwen3_0.6b", [] { return qwen3("qwen3_0.6b", 151936, 40960, 28, 1024, 16, 8, 128, 3072); }},
+      // Qwen3-30B-A3B (its config.json): 128 experts of width 768 in every block, top 8 with the
+      // chosen softmax scores renormalized (norm_topk_prob), an untied head.
+      {"qwen3_30b_a3b",
+       [] {
+         auto o = qwen3("qwen3_30b_a3b", 151936, 40960, 48, 2048, 32, 4, 128, 6144);
+         o.tie_embeddings = false;
+         o.ffn = "moe";
+         o.moe_every = 1;
+         o.moe_experts = 128;
+         o.moe_top_k = 8;
+         o.moe_ffn_hidden = 768;
+         o.moe_gates = "renormalized";
+         o.moe_capacity_factor = 0;
+         o.moe_aux_loss_coef = 0.001;
+         o.moe_z_loss_coef = 0;
+         return o;
+       }},
       {"gpt2_124m", [] { return shape("gpt2_124m", 50257, 1024, 12, 768, 12); }},
       {"gpt2_350m", [] { return shape("gpt2_350m", 50257, 1024, 24, 1024, 16); }},
       {"gpt2_774m", [] { return shape("gpt2_774m", 50257, 1024, 36, 1280, 20); }},

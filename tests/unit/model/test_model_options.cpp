@@ -71,7 +71,7 @@ TEST(ModelOptions, PresetShapes) {
     EXPECT_EQ(o.preset, name);
     EXPECT_NO_THROW(o.check("test")) << name;
   }
-  EXPECT_EQ(ModelOptions::preset_names().size(), 25u);
+  EXPECT_EQ(ModelOptions::preset_names().size(), 26u);
 }
 
 // The Llama 3.1 and Qwen 3 presets hold their published parameter counts exactly (Meta's model
@@ -102,6 +102,8 @@ TEST(ModelOptions, LlamaAndQwenPresetsHaveTheirPublishedParameterCounts) {
 TEST(ModelOptions, MoEPresetsHaveTheirPublishedParameterCounts) {
   EXPECT_EQ(parameter_count(ModelOptions::from_preset("mixtral_8x7b")), 46702792704);
   EXPECT_EQ(parameter_count(ModelOptions::from_preset("deepseek_moe_16b")), 16375728128);
+  // transformers' Qwen3MoeForCausalLM of Qwen3-30B-A3B's config.json on the meta device.
+  EXPECT_EQ(parameter_count(ModelOptions::from_preset("qwen3_30b_a3b")), 30532122624);
   const ModelOptions mixtral = ModelOptions::from_preset("mixtral_8x7b");
   EXPECT_TRUE(mixtral.swiglu() && mixtral.renormalized_gates() && mixtral.is_moe_block(0));
   EXPECT_EQ(mixtral.expert_hidden(), 14336);
