@@ -32,6 +32,16 @@ std::string qwen_moe_refusal(const ModelOptions& o) {
   return "";
 }
 
+// The names of one MoE block's tensors under model.layers.{i}. in the files: the router's, the
+// prefix of expert e's (then "{e}."), and its up, gate and down projections.
+struct ExpertNames {
+  const char *router, *experts, *up, *gate, *down;
+};
+ExpertNames expert_names(bool qwen) {
+  if (qwen) return {"mlp.gate.weight", "mlp.experts.", "up_proj", "gate_proj", "down_proj"};
+  return {"block_sparse_moe.gate.weight", "block_sparse_moe.experts.", "w3", "w1", "w2"};  // Mixtral's
+}
+
 // Whether `o` is a mixture of experts that Mixtral's config describes exactly.
 std::string mixtral_refusal(const ModelOptions& o) {
   if (o.moe_every != 1 || o.moe_dense_layers != 0) return "dense blocks among the MoE ones (Mixtral's are all MoE)";
@@ -209,7 +219,7 @@ std::map<std::string, at::Tensor> read_hf_llama_weights(const std::string& dir, 
     // The experts: Mixtral's files (w1 gate, w3 up, w2 down per expert; the Hub's and
     // save_pretrained's), Qwen 3 MoE's (gate_proj, up_proj, down_proj per expert), or stacked as
     // transformers 5 holds either in memory (gate_up_proj: gate rows, then up).
-    const std::string moe = hf + "block_sparse_moe.", stacked = hf + "mlp.experts.";
+    const std::string stacked = hf + "mlp.experts.";
     if (o.moe_shared_gate) {  // Qwen2-MoE's gated shared expert, beside either form of the experts
       const std::string shared = hf + "mlp.shared_expert.";
       put(ours + "moe.shared.c_fc.weight", at::cat({take(shared + "up_proj.weight"), take(shared + "gate_proj.weight")}));
@@ -224,24 +234,13 @@ std::map<std::string, at::Tensor> read_hf_llama_weights(const std::string& dir, 
       put(ours + "moe.w_proj", take(stacked + "down_proj").transpose(1, 2));
       continue;
     }
-    if (has(stacked + "0.gate_proj.weight")) {  // Qwen's MoE files: gate_proj, up_proj, down_proj per expert
-      put(ours + "moe.router.weight", take(hf + "mlp.gate.weight"));
-      std::vector<at::Tensor> fc, proj;
-      for (int64_t e = 0; e < o.moe_experts; ++e) {
-        const std::string expert = stacked + std::to_string(e) + ".";
-        fc.push_back(at::cat({take(expert + "up_proj.weight"), take(expert + "gate_proj.weight")}).t());
-        proj.push_back(take(expert + "down_proj.weight").t());
-      }
-      put(ours + "moe.w_fc", at::stack(fc));
-      put(ours + "moe.w_proj", at::stack(proj));
-      continue;
-    }
-    put(ours + "moe.router.weight", take(moe + "gate.weight"));
+    const ExpertNames names = expert_names(has(stacked + "0.gate_proj.weight"));
+    put(ours + "moe.router.weight", take(hf + names.router));
     std::vector<at::Tensor> fc, proj;
     for (int64_t e = 0; e < o.moe_experts; ++e) {
-      const std::string expert = moe + "experts." + std::to_string(e) + ".";
-      fc.push_back(at::cat({take(expert + "w3.weight"), take(expert + "w1.weight")}).t());
-      proj.push_back(take(expert + "w2.weight").t());
+      const std::string expert = hf + names.experts + std::to_string(e) + ".";
+      fc.push_back(at::cat({take(expert + names.up + ".weight"), take(expert + names.gate + ".weight")}).t());
+      proj.push_back(take(expert + names.down + ".weight").t());
     }
     put(ours + "moe.w_fc", at::stack(fc));
     put(ours + "moe.w_proj", at::stack(proj));
@@ -372,15 +371,16 @@ std::map<std::string, at::Tensor> hf_llama_family_weights(const ModelOptions& o,
       put(hf + "self_attn.k_norm.weight", get(h + "attn.k_norm.weight"));
     }
     put(hf + "self_attn.o_proj.weight", get(h + "attn.c_proj.weight"));
-    if (o.is_moe_block(l) && (o.qk_norm || o.qkv_bias)) {  // Qwen's MoE names
-      put(hf + "mlp.gate.weight", get(h + "moe.router.weight"));
+    if (o.is_moe_block(l)) {
+      const ExpertNames names = expert_names(o.qk_norm || o.qkv_bias);
+      put(hf + names.router, get(h + "moe.router.weight"));
       const at::Tensor fc = get(h + "moe.w_fc"), proj = get(h + "moe.w_proj");  // [E, C, 2H], [E, H, C]
       const int64_t H = proj.size(1);
       for (int64_t e = 0; e < o.moe_experts; ++e) {
-        const std::string expert = hf + "mlp.experts." + std::to_string(e) + ".";
-        put(expert + "up_proj.weight", fc[e].narrow(1, 0, H).t());
-        put(expert + "gate_proj.weight", fc[e].narrow(1, H, H).t());
-        put(expert + "down_proj.weight", proj[e].t());
+        const std::string expert = hf + names.experts + std::to_string(e) + ".";
+        put(expert + names.up + ".weight", fc[e].narrow(1, 0, H).t());
+        put(expert + names.gate + ".weight", fc[e].narrow(1, H, H).t());
+        put(expert + names.down + ".weight", proj[e].t());
       }
       if (o.moe_shared_gate) {
         const std::string shared = hf + "mlp.shared_expert.";
@@ -390,19 +390,6 @@ std::map<std::string, at::Tensor> hf_llama_family_weights(const ModelOptions& o,
         put(shared + "gate_proj.weight", up_gate.narrow(0, S, S));
         put(shared + "down_proj.weight", get(h + "moe.shared.c_proj.weight"));
         put(hf + "mlp.shared_expert_gate.weight", get(h + "moe.shared_gate.weight"));
-      }
-      continue;
-    }
-    if (o.is_moe_block(l)) {
-      const std::string moe = hf + "block_sparse_moe.";
-      put(moe + "gate.weight", get(h + "moe.router.weight"));
-      const at::Tensor fc = get(h + "moe.w_fc"), proj = get(h + "moe.w_proj");  // [E, C, 2H], [E, H, C]
-      const int64_t H = proj.size(1);
-      for (int64_t e = 0; e < o.moe_experts; ++e) {
-        const std::string expert = moe + "experts." + std::to_string(e) + ".";
-        put(expert + "w3.weight", fc[e].narrow(1, 0, H).t());
-        put(expert + "w1.weight", fc[e].narrow(1, H, H).t());
-        put(expert + "w2.weight", proj[e].t());
       }
       continue;
     }

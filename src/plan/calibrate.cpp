@@ -90,21 +90,6 @@ double fit_memory_kernels(double budget) {
   require(per_byte > 0, "tessera plan calibrate: the memory-bound kernels' times did not grow with their size");
   return 1e-9 / per_byte;
 }
-
-// The optimizer step on the host (offload, swap): tessera's AdamW over 4M float32 elements with a
-// fresh gradient, its median time, as bytes per second counted as the planner counts them (28 per
-// element: plan/cost_model.h's optimizer_bytes_per_element).
-double optimizer_gbs(double budget) {
-  const int64_t n = 4 << 20;
-  at::Tensor p = at::randn({n}), g = at::randn({n});
-  OptimOptions adamw;
-  adamw.name = "adamw";
-  auto optimizer = make_optimizer(adamw, {{"p", p}});
-  p.mutable_grad() = g;
-  const double seconds = calibration::median_seconds([&] { optimizer->step(1e-4); }, budget);
-  return 28.0 * static_cast<double>(n) / seconds / 1e9;
-}
-
 // The median time of a block's mix of work (a 1024^3 product, LayerNorm and GELU forward and
 // backward) in `ranks` processes computing at once (forked children, each with one thread,
 // reporting through a pipe): their mean.
@@ -205,16 +190,6 @@ std::string cpu_name() {
   return "CPU";
 }
 
-double memory_gib() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  double kib = 0;
-  while (in >> key >> kib) {
-    if (key == "MemTotal:") return kib / (1024.0 * 1024.0);
-    in.ignore(256, '\n');
-  }
-  return 0;
-}
 
 }  // namespace
 
@@ -246,7 +221,7 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
                                  budget) /
                              64 * 1e6;
   progress("the optimizer step (AdamW) on the host");
-  const double host_optimizer_gbs = optimizer_gbs(budget);
+  const double host_optimizer_gbs = calibration::adamw_host_gbs(4 << 20, budget);
   progress(std::to_string(ranks) + " processes computing at once");
   const double slowdown = shared_slowdown(ranks, budget * 5);
   progress("Gloo all-reduce between two ranks over loopback, 1 KiB to 16 MiB");
@@ -259,7 +234,7 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
   gethostname(host, sizeof host - 1);
   const std::string by = std::string("# measured by `tessera plan calibrate` on ") + host + ", " + date;
   const std::string cpu = cpu_name();
-  const double host_gib = memory_gib();
+  const double host_gib = calibration::host_memory_gib();
   char text[4096];
   std::snprintf(
       text, sizeof text,
@@ -303,5 +278,30 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
       link.latency_us, host_gib, memory_gbs, host_optimizer_gbs / slowdown, link.gbs, link.latency_us);
   return text;
 }
+
+namespace calibration {
+
+double adamw_host_gbs(int64_t elements, double budget) {
+  at::Tensor p = at::randn({elements}), g = at::randn({elements});
+  OptimOptions adamw;
+  adamw.name = "adamw";
+  auto optimizer = make_optimizer(adamw, {{"p", p}});
+  p.mutable_grad() = g;
+  const double seconds = median_seconds([&] { optimizer->step(1e-4); }, budget);
+  return 28.0 * static_cast<double>(elements) / seconds / 1e9;
+}
+
+double host_memory_gib() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  while (in >> key >> kib) {
+    if (key == "MemTotal:") return kib / (1024.0 * 1024.0);
+    in.ignore(256, '\n');
+  }
+  return 0;
+}
+
+}  // namespace calibration
 
 }  // namespace tessera::plan

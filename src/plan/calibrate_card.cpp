@@ -16,7 +16,6 @@
 #endif
 
 #include "core/error.h"
-#include "optim/optimizer.h"
 #include "plan/calibrate.h"
 #include "plan/calibrate_timing.h"
 
@@ -189,30 +188,6 @@ double host_link_gbs(double budget) {
   return slowest;
 }
 
-// tessera's AdamW on the host over 64M float32 elements with every core's thread (offload's and
-// swap's host update), as bytes per second counted as the planner counts them (28 per element).
-double host_optimizer_gbs(double budget) {
-  const int64_t n = 64 << 20;
-  at::Tensor p = at::randn({n}), g = at::randn({n});
-  OptimOptions adamw;
-  adamw.name = "adamw";
-  auto optimizer = make_optimizer(adamw, {{"p", p}});
-  p.mutable_grad() = g;
-  const double seconds = calibration::median_seconds([&] { optimizer->step(1e-4); }, budget);
-  return 28.0 * static_cast<double>(n) / seconds / 1e9;
-}
-
-double host_memory_gib() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  double kib = 0;
-  while (in >> key >> kib) {
-    if (key == "MemTotal:") return kib / (1024.0 * 1024.0);
-    in.ignore(256, '\n');
-  }
-  return 0;
-}
-
 }  // namespace
 #endif
 
@@ -256,7 +231,7 @@ std::string calibrate_this_card(const CalibrateOptions& options, const CardPeaks
   progress("pinned host copies each way, 16 to 512 MiB");
   const double link_gbs = host_link_gbs(budget);
   progress("the optimizer step (AdamW) on the host, " + std::to_string(at::get_num_threads()) + " threads");
-  const double optimizer_gbs = host_optimizer_gbs(budget);
+  const double optimizer_gbs = calibration::adamw_host_gbs(64 << 20, budget);
 
   char date[32];
   const std::time_t now = std::time(nullptr);
@@ -296,7 +271,7 @@ std::string calibrate_this_card(const CalibrateOptions& options, const CardPeaks
       peaks.fp32_basis.c_str(), std::min(bf16.rate / 1e12, peaks.bf16_tflops), table_name.c_str(),
       kAxis.size() * kAxis.size() * kAxis.size(), table_name.c_str(), std::min(fp32.rate / 1e12, peaks.fp32_tflops),
       std::max(0.0, bf16.intercept_s * 1e6 - overhead_us), sdpa.rate / 1e12, card_gib, memory.rate / 1e9, overhead_us,
-      link_gbs, link_gbs, host_memory_gib(), link_gbs, optimizer_gbs, at::get_num_threads());
+      link_gbs, link_gbs, calibration::host_memory_gib(), link_gbs, optimizer_gbs, at::get_num_threads());
   return text;
 #endif
 }

@@ -1,4 +1,5 @@
-// Timing and fitting for `tessera plan calibrate` (calibrate.h): each measured point is the median
+// Timing, fitting and the host's own measurements for `tessera plan calibrate` (calibrate.h, the
+// machine's and the card's files alike): each measured point is the median
 // of repeated runs, points timed in turn over rounds, and lines fitted by Theil and Sen. An op that
 // runs on a GPU synchronizes inside itself, so its time is the device's (plus one synchronization,
 // which a fit's intercept takes up).
@@ -6,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <utility>
 #include <vector>
@@ -73,5 +75,13 @@ inline std::pair<double, double> fit_line(const std::vector<double>& x, const st
   for (size_t i = 0; i < x.size(); ++i) intercepts.push_back(y[i] - b * x[i]);
   return {median(std::move(intercepts)), b};
 }
+
+// tessera's AdamW on the host over `elements` float32 elements with a fresh gradient, on the
+// threads this process runs, its median time as bytes per second counted as the planner counts
+// them (28 per element: plan/cost_model.h's optimizer_bytes_per_element). calibrate.cpp.
+double adamw_host_gbs(int64_t elements, double budget);
+
+// The host's MemTotal in GiB (0 where /proc/meminfo has none). calibrate.cpp.
+double host_memory_gib();
 
 }  // namespace tessera::plan::calibration
