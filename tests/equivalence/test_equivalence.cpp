@@ -294,6 +294,19 @@ const std::vector<Row>& layouts() {
          c.parallel.ep = 2;
          c.parallel.zero_stage = 2;
        }},
+      // The same experts with AdamW, the dense first block and the gated shared expert on stage 0.
+      {"qwen2moe_pp2_1f1b_accum2", 2,
+       [](Config& c) {
+         mixtral(c);
+         c.model.qkv_bias = true;
+         c.model.moe_gates = "scores";
+         c.model.moe_ffn_hidden = 24;
+         c.model.moe_shared_experts = 2;
+         c.model.moe_shared_gate = true;
+         c.model.moe_dense_layers = 1;
+         c.parallel.pp = 2;
+         c.train.grad_accum = 2;
+       }},
       // ZB-V's split backward (I then W) and V placement (the untied head on rank 0) over Mixtral's
       // blocks: rotary GQA attention and SwiGLU experts in every block.
       {"mixtral_pp2_zbv_sgd_accum4", 2,

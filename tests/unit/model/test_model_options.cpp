@@ -138,6 +138,8 @@ TEST(ModelOptions, BlockKindsThatCannotBuildAreRefusedNamingTheKeys) {
           "model.moe_topk_groups = 5 must be at most model.moe_groups = 4");
   refused([](ModelOptions& o) { o.moe_experts = 8; o.moe_top_k = 3; o.moe_groups = 4; o.moe_topk_groups = 1; },
           "model.moe_top_k = 3 exceeds the 2 experts of model.moe_topk_groups = 1 groups of 2");
+  refused([](ModelOptions& o) { o.moe_shared_gate = true; },
+          "model.moe_shared_gate = true needs shared experts (model.moe_shared_experts > 0)");
 }
 
 TEST(ModelOptions, UnknownPresetListsKnownOnes) {
