@@ -4,8 +4,11 @@
 #   Debian packages: compiler and LLVM's linker, CMake, ninja, ccache, toml++, CLI11, nlohmann-json, GoogleTest,
 #   Gloo headers (c10d's Gloo backend is compiled into libtorch; its header needs them), OpenDHT
 #   and OpenSSL (the ATOM swarm's DHT and its key's HMAC), protobuf (TensorBoard's event files).
-#   PCRE2 and utf8proc (Hugging Face tokenizers: pre-tokenizer patterns, NFC). clang: `make test`
-#   builds the fuzz targets with it (libFuzzer; tests/fuzz/run.sh), which skip without it.
+#   PCRE2 and utf8proc (Hugging Face tokenizers: pre-tokenizer patterns, NFC), pkgconf (CMake finds
+#   OpenDHT, PCRE2 and utf8proc through pkg-config). clang and its runtime libraries
+#   (libclang-rt-dev, only a Recommends of clang, which --no-install-recommends leaves out):
+#   `make test` builds the fuzz targets with libFuzzer and the sanitizers (tests/fuzz/run.sh).
+#   A truly bare Debian 12 (debootstrap's minbase) lacks pkgconf and the runtime: docs/build.md.
 #   libtorch:        the pinned `torch` wheel from PyPI, in a virtual environment outside the
 #                    clone ($TESSERA_DEPS, default ~/.cache/tessera) so that every clone and
 #                    every CI run on this machine reuses it. The same environment gives the
@@ -49,7 +52,8 @@ apt_install() {
 
 # The venv needs Python first; the build's packages can come while the wheel downloads.
 apt_install $(missing python3 python3-venv python3-pip)
-build_pkgs=$(missing g++ lld clang cmake ninja-build ccache make libtomlplusplus-dev libcli11-dev nlohmann-json3-dev \
+build_pkgs=$(missing g++ lld clang libclang-rt-dev cmake ninja-build ccache make pkgconf libtomlplusplus-dev libcli11-dev \
+                     nlohmann-json3-dev \
                      libgtest-dev libgmock-dev libgloo-dev libopendht-dev libssl-dev libprotobuf-dev protobuf-compiler \
                      libpcre2-dev libutf8proc-dev)
 apt_pid=""
