@@ -21,6 +21,7 @@
 #include "parallel/plain_step.h"
 #include "parallel/sequence/sequence_parallel.h"
 #include "parallel/swap_step.h"
+#include "plan/swap_cut.h"
 #include "precision/autocast.h"
 
 namespace tessera {
@@ -138,7 +139,8 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
     auto owner = std::make_unique<SwapOwner>(named, blocks, layout_.swap_plan().boundaries(), config.optim, device,
                                              config.memory.modelled_bandwidth_gbps * 1e9, replicas_,
                                              config.memory.swap_bf16_copies(config.precision.dtype));
-    runner_ = std::make_unique<SwapStep>(model_, *owner, config, device, autocast, layout_.swap_plan());
+    const SwapStepOptions step{config.optim.grad_clip, swap_host_memory(config, layout_.swap_plan()).total()};
+    runner_ = std::make_unique<SwapStep>(model_, *owner, step, device, autocast, layout_.swap_plan());
     holder_ = owner.get();
     owner_ = std::move(owner);
     return;
@@ -158,7 +160,11 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
     owner = std::move(local);
   }
   if (layout_.pipelined())
-    runner_ = std::make_unique<PipelineStep>(model_, *owner, *mesh_, config, layout_, device, autocast);
+    runner_ = std::make_unique<PipelineStep>(
+        model_, *owner, *mesh_, config.parallel, layout_,
+        PipelineStepOptions{config.train.accumulation(dims->dp()), config.optim.grad_clip,
+                            config.memory.activation_checkpointing == "full"},
+        device, autocast);
   else
     runner_ = std::make_unique<PlainStep>(model_, *owner, device, autocast, config.optim.grad_clip);
   owner_ = std::move(owner);

@@ -54,26 +54,28 @@ void add_scaled(pipeline::ActionCosts& into, const pipeline::ActionCosts& c, dou
 
 }  // namespace
 
-PipelineStep::PipelineStep(TransformerLM model, ResidentOwner& owner, comm::Mesh& mesh, const Config& config,
-                           const Layout& layout, c10::Device device, std::optional<at::ScalarType> autocast)
+PipelineStep::PipelineStep(TransformerLM model, ResidentOwner& owner, comm::Mesh& mesh, const ParallelOptions& parallel,
+                           const Layout& layout, const PipelineStepOptions& options, c10::Device device,
+                           std::optional<at::ScalarType> autocast)
     : model_(std::move(model)),
       owner_(owner),
       mesh_(mesh),
       pipe_(mesh.group("pp")),
       down_(mesh.group("pp_down")),
-      config_(config),
+      options_(options),
+      sequence_shards_(parallel.megatron_sp ? parallel.tp : 1),
       device_(device),
       autocast_(autocast),
       cut_(layout.cut()),
-      transfer_dtype_(config.parallel.pp_transfer_dtype == "compute" && autocast ? *autocast : at::kFloat),
-      table_(config.parallel, layout) {
+      transfer_dtype_(parallel.pp_transfer_dtype == "compute" && autocast ? *autocast : at::kFloat),
+      table_(parallel, layout) {
   for (const auto& p : model_->parameters())
     if (p.requires_grad()) trained_.push_back(p);
   const bool gathers = table_.gathers() != pipeline::Gathers::none;
   require(owner_.gathers_by_schedule() == gathers, "internal: the layout's table ", gathers ? "has" : "has no",
           " parameter gathers, but the optimizer owner ", owner_.gathers_by_schedule() ? "shards" : "does not shard",
           " the stages' parameters");
-  table_.for_micro_batches(config.train.accumulation(mesh.dims().dp()));
+  table_.for_micro_batches(options.micro_batches);
   predicted_costs_ = predicted_costs(layout.dims(), layout.cut());
 }
 
@@ -124,7 +126,7 @@ at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const
       // A fully checkpointed block recomputes inside this backward and accumulates its parameters'
       // gradients here (reentrant checkpointing), so the owner sees this backward too; W then
       // computes the rest (the ends).
-      if (config_.memory.activation_checkpointing == "full") owner_.before_stage_backward(false, stage_of(a.stage));
+      if (options_.full_checkpointing) owner_.before_stage_backward(false, stage_of(a.stage));
       const Roots roots = s.roots();
       // Stage 0 stops at its embedding's output, so that W holds only the weight products there too.
       s.split.emplace(roots.tensors, roots.grads, first ? s.embedded : s.input, trained_);
@@ -151,8 +153,8 @@ ModelStage PipelineStep::stage_of(int64_t stage) const {
 
 at::Tensor PipelineStep::activation_buffer(const Batch& batch) const {
   // Under Megatron sequence parallelism a block's activation is this tp rank's sequence chunk.
-  const int64_t tokens = batch.inputs.size(1) / (config_.parallel.megatron_sp ? config_.parallel.tp : 1);
-  return at::empty({batch.inputs.size(0), tokens, config_.model.n_embd},
+  const int64_t tokens = batch.inputs.size(1) / sequence_shards_;
+  return at::empty({batch.inputs.size(0), tokens, model_->options().n_embd},
                    at::TensorOptions().dtype(transfer_dtype_).device(device_));
 }
 
@@ -184,7 +186,7 @@ StepLosses PipelineStep::run(const std::vector<Batch>& batches, double lr, const
       tie_embedding();
       if (!gradients_ready || gradients_ready()) {
         fault::point("optimizer");
-        losses.update = owner_.apply(lr, config_.optim.grad_clip);
+        losses.update = owner_.apply(lr, options_.grad_clip);
       } else {
         owner_.drop_gradients();
         losses.update.applied = false;

@@ -79,14 +79,23 @@
 #include "protocols/step_runner.h"
 #include "plan/layout.h"
 #include "plan/pipeline_table.h"
-#include "config/config.h"
+#include "core/parallel_options.h"
 
 namespace tessera {
 
+// What a pipeline step takes beyond the layout and its parallel options (parallelize() fills it
+// from the run's sections).
+struct PipelineStepOptions {
+  int64_t micro_batches = 1;        // per step on this rank (train.grad_accum at this dp)
+  double grad_clip = 0;             // optim.grad_clip
+  bool full_checkpointing = false;  // memory.activation_checkpointing = full
+};
+
 class PipelineStep final : public StepRunner {
  public:
-  PipelineStep(TransformerLM model, ResidentOwner& owner, comm::Mesh& mesh, const Config& config, const Layout& layout,
-               c10::Device device, std::optional<at::ScalarType> autocast);
+  PipelineStep(TransformerLM model, ResidentOwner& owner, comm::Mesh& mesh, const ParallelOptions& parallel,
+               const Layout& layout, const PipelineStepOptions& options, c10::Device device,
+               std::optional<at::ScalarType> autocast);
 
   StepLosses run(const std::vector<Batch>& micro_batches, double lr, const GradientsReady& gradients_ready) override;
   double evaluate(const std::vector<Batch>& batches) override;
@@ -141,7 +150,8 @@ class PipelineStep final : public StepRunner {
   comm::Mesh& mesh_;
   comm::Group& pipe_;
   comm::Group& down_;  // "pp_down": transfers to a lower pipeline rank
-  Config config_;
+  PipelineStepOptions options_;
+  int64_t sequence_shards_;  // the activation's sequence is split over tp under Megatron-SP
   c10::Device device_;
   std::optional<at::ScalarType> autocast_;
   StageCut cut_;  // pp x v stages

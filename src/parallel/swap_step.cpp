@@ -18,11 +18,11 @@
 namespace tessera {
 
 
-SwapStep::SwapStep(TransformerLM model, SwapOwner& owner, const Config& config, c10::Device device,
+SwapStep::SwapStep(TransformerLM model, SwapOwner& owner, const SwapStepOptions& options, c10::Device device,
                    std::optional<at::ScalarType> autocast, swap::SwapPlan plan)
     : model_(std::move(model)),
       owner_(owner),
-      config_(config),
+      options_(options),
       device_(device),
       autocast_(autocast),
       plan_(swap::build_swap_plan(std::move(plan))),
@@ -84,7 +84,7 @@ StepLosses SwapStep::run(const std::vector<Batch>& batches, double lr, const Gra
   const auto micro_batches = static_cast<int64_t>(batches.size());
   // Clipping needs the global norm, replicas the averaged gradients and a caller that may hold the
   // gradients out its answer, before any update.
-  const bool defer = config_.optim.grad_clip > 0 || owner_.replicated() || gradients_ready;
+  const bool defer = options_.grad_clip > 0 || owner_.replicated() || gradients_ready;
   if (plan_.micro_batches != micro_batches || plan_.defer_optim != defer) {
     plan_.micro_batches = micro_batches;
     plan_.defer_optim = defer;
@@ -113,7 +113,7 @@ StepLosses SwapStep::run(const std::vector<Batch>& batches, double lr, const Gra
     owner_.reduce_gradients();
     if (gradients_ready) *apply = gradients_ready();
     if (*apply)
-      result.update.grad_norm = at::scalar_tensor(owner_.gradients_stored(config_.optim.grad_clip), at::kDouble);
+      result.update.grad_norm = at::scalar_tensor(owner_.gradients_stored(options_.grad_clip), at::kDouble);
   };
   try {
     timeline_ = executor_.run(plan_, work);
@@ -193,7 +193,7 @@ void SwapStep::add_bench_fields(nlohmann::json& out) {
                  {"bandwidth", plan_.bandwidth},
                  {"device_budget_bytes", plan_.device_budget_bytes},
                  {"planned_device_peak_bytes", swap::occupancy(plan_).peak},
-                 {"host_bytes", swap_host_memory(config_, plan_).total()},
+                 {"host_bytes", options_.host_bytes},
                  {"predicted_step_s", predicted.step_time},
                  {"predicted_exposed_load_s", predicted.exposed_load},
                  {"load_s", predicted.load_time},

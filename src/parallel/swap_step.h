@@ -47,15 +47,20 @@
 #include "memory/swap/swap_plan.h"
 #include "model/transformer.h"
 #include "protocols/step_runner.h"
-#include "config/config.h"
 
 namespace tessera {
+
+// What a swap step takes beyond its plan (parallelize() fills it from the run's sections).
+struct SwapStepOptions {
+  double grad_clip = 0;   // optim.grad_clip
+  double host_bytes = 0;  // the host memory the run's state takes (plan/swap_cut.h), for add_bench_fields
+};
 
 class SwapStep final : public StepRunner {
  public:
   // `plan`: the layout's sub-models and their costs (its actions are rebuilt for each step's
   // micro-batches).
-  SwapStep(TransformerLM model, SwapOwner& owner, const Config& config, c10::Device device,
+  SwapStep(TransformerLM model, SwapOwner& owner, const SwapStepOptions& options, c10::Device device,
            std::optional<at::ScalarType> autocast, swap::SwapPlan plan);
 
   StepLosses run(const std::vector<Batch>& micro_batches, double lr, const GradientsReady& gradients_ready) override;
@@ -76,7 +81,7 @@ class SwapStep final : public StepRunner {
 
   TransformerLM model_;
   SwapOwner& owner_;
-  Config config_;
+  SwapStepOptions options_;
   c10::Device device_;
   std::optional<at::ScalarType> autocast_;
   swap::SwapPlan plan_;

@@ -209,17 +209,8 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
   const double attention_bf16 = fit_attention(at::kBFloat16, budget);
   progress("memory-bound kernels (LayerNorm, GELU) and kernel overhead");
   const double memory_gbs = fit_memory_kernels(budget);
-  // A training step's kernels run through autograd: a chain of 32 adds on 8 elements, forward and
-  // backward, per kernel (the forward's 32 and the backward's 32).
-  const at::Tensor xs = at::randn({8}).set_requires_grad(true);
-  const double overhead_us = calibration::median_seconds(
-                                 [&] {
-                                   at::Tensor z = xs;
-                                   for (int i = 0; i < 32; ++i) z = z + 1.0;
-                                   z.sum().backward();
-                                 },
-                                 budget) /
-                             64 * 1e6;
+  // A training step's kernels run through autograd.
+  const double overhead_us = calibration::autograd_kernel_us(at::kCPU, budget);
   progress("the optimizer step (AdamW) on the host");
   const double host_optimizer_gbs = calibration::adamw_host_gbs(4 << 20, budget);
   progress(std::to_string(ranks) + " processes computing at once");
@@ -289,6 +280,19 @@ double adamw_host_gbs(int64_t elements, double budget) {
   p.mutable_grad() = g;
   const double seconds = median_seconds([&] { optimizer->step(1e-4); }, budget);
   return 28.0 * static_cast<double>(elements) / seconds / 1e9;
+}
+
+double autograd_kernel_us(c10::Device device, double budget, const std::function<void()>& synchronize) {
+  const at::Tensor xs = at::randn({8}, at::TensorOptions().device(device)).set_requires_grad(true);
+  const double seconds = median_seconds(
+      [&] {
+        at::Tensor z = xs;
+        for (int i = 0; i < 32; ++i) z = z + 1.0;
+        z.sum().backward();
+        if (synchronize) synchronize();
+      },
+      budget);
+  return seconds / 64 * 1e6;
 }
 
 double host_memory_gib() {

@@ -218,16 +218,8 @@ std::string calibrate_this_card(const CalibrateOptions& options, const CardPeaks
   const Fit sdpa = attention(budget);
   progress("memory-bound kernels (LayerNorm, GELU), bf16, at 4 sizes, and kernel overhead");
   const Fit memory = memory_kernels(budget);
-  // A step's small kernels run through autograd: 32 chained adds on 8 elements, forward and
-  // backward, one synchronization, per kernel.
-  const at::Tensor xs = at::randn({8}, at::TensorOptions().device(kCard)).set_requires_grad(true);
-  const double overhead_us = calibration::median_seconds(synced([xs] {
-                                                           at::Tensor z = xs;
-                                                           for (int i = 0; i < 32; ++i) z = z + 1.0;
-                                                           z.sum().backward();
-                                                         }),
-                                                         budget) /
-                             64 * 1e6;
+  // A step's small kernels run through autograd, one synchronization a run.
+  const double overhead_us = calibration::autograd_kernel_us(kCard, budget, [] { torch::cuda::synchronize(); });
   progress("pinned host copies each way, 16 to 512 MiB");
   const double link_gbs = host_link_gbs(budget);
   progress("the optimizer step (AdamW) on the host, " + std::to_string(at::get_num_threads()) + " threads");

@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include <c10/core/Device.h>
+
 namespace tessera::plan::calibration {
 
 using Clock = std::chrono::steady_clock;
@@ -80,6 +82,11 @@ inline std::pair<double, double> fit_line(const std::vector<double>& x, const st
 // threads this process runs, its median time as bytes per second counted as the planner counts
 // them (28 per element: plan/cost_model.h's optimizer_bytes_per_element). calibrate.cpp.
 double adamw_host_gbs(int64_t elements, double budget);
+
+// A step's small kernels through autograd: a chain of 32 adds on 8 elements on `device`, forward
+// and backward (64 kernels a run), its median time per kernel in microseconds; `synchronize`
+// (a card's) ends each run. calibrate.cpp.
+double autograd_kernel_us(c10::Device device, double budget, const std::function<void()>& synchronize = {});
 
 // The host's MemTotal in GiB (0 where /proc/meminfo has none). calibrate.cpp.
 double host_memory_gib();

@@ -10,7 +10,6 @@
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "core/fault_injection.h"
 #include "core/fs.h"
@@ -18,8 +17,6 @@
 #include "data/batch_prefetcher.h"
 #include "data/sampler.h"
 #include "data/training_data.h"
-#include "optim/compression/compressor.h"
-#include "train/checkpoint_transfer.h"
 #include "train/device_peak.h"
 #include "train/metrics.h"
 #include "train/peak_memory.h"
@@ -28,7 +25,6 @@
 #include "train/stop_request.h"
 #include "train/train_step.h"
 #include "train/trainer_state.h"
-#include "model/hf_config.h"
 #include "model/model_size.h"
 
 namespace tessera {
@@ -38,83 +34,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-// Restores this rank's random streams from a checkpoint's entries. A checkpoint written by fewer
-// ranks (or before streams were saved per rank) has none for this rank: the streams are then
-// seeded afresh from train.seed and the step, and the returned note says so (the run goes on, but
-// its dropout masks are not those an uninterrupted run would draw).
-std::string restore_random_streams(const std::map<std::string, at::Tensor>& tensors, int64_t rank,
-                                   const at::Device& device, int64_t step, TrainStep& trainer,
-                                   const std::string& source) {
-  const std::string prefix = random_state_prefix(rank);
-  std::vector<std::pair<std::string, at::Tensor>> mine;
-  for (const auto& [name, t] : tensors)
-    if (name.rfind(prefix, 0) == 0) mine.emplace_back(name.substr(prefix.size()), t);
-  const std::optional<at::Device> cuda = device.is_cuda() ? std::optional<at::Device>(device) : std::nullopt;
-  const bool complete = mine.size() == random::states(cuda).size();
-  if (complete) {
-    random::load_states(mine, cuda, source);
-    return "";
-  }
-  trainer.seed_random_streams(step);
-  return "resume: " + source + " holds no random stream states for rank " + std::to_string(rank) +
-         " (written by fewer ranks, or on another device type); dropout streams re-seeded from train.seed and step " +
-         std::to_string(step);
-}
-
-// Restores this rank's gradient-compression state (checkpoint/checkpoint.h keeps one file per
-// saving rank). The same number of ranks and the same compressor continue exactly; another number
-// of ranks loads the merged state (optim/compression/compressor.h). Anything else starts the
-// compressor afresh. Returns a note for the log when the continuation is not exact.
-// `ranks` and `rank`: the ranks that reduce gradients (dp x sp) and this one's place among them.
-std::string restore_compression(const ParallelOptions& parallel, int64_t ranks_now, int64_t rank, TrainStep& trainer,
-                                const LoadedCheckpoint& ckpt) {
-  const std::string configured = parallel.grad_compression;
-  const std::string saved = ckpt.meta.value("grad_compression", std::string("none"));
-  const auto ranks = static_cast<int64_t>(ckpt.compression.size());
-  const std::string files = ckpt.dir + "/compression-*-of-" + std::to_string(ranks) + ".safetensors";
-  if (configured == "none" || ranks_now == 1)
-    return ranks > 0 ? files + ": gradient-compression state not used (this run does not compress)" : "";
-  if (ranks == 0 || saved != configured)
-    return "parallel.grad_compression = " + configured + ": the checkpoint holds no " + configured +
-           " state; the compressor starts afresh (error-feedback residuals zero)";
-  if (ranks == ranks_now) {
-    trainer.load_compression_state(ckpt.compression[static_cast<size_t>(rank)], files);
-    return "";
-  }
-  trainer.load_compression_state(compression::merge_rank_states(ckpt.compression, files), files);
-  return files + ": gradient-compression state of " + std::to_string(ranks) + " ranks merged for " +
-         std::to_string(ranks_now) + " ranks (each takes the mean residual)";
-}
-
-// The data a resumed run continues on must be the data its checkpoint was drawn from (the same
-// shards, in the same order, of the same sizes: the file names, not the directory, so moved data
-// resumes), and the position must be the step's (the sampler draws one global batch per step).
-// A different global batch is allowed, with a note: the windows after the resume then differ
-// from those of an uninterrupted run.
-// A collaborating run draws batches apart from its steps (`position_is_step` false): its position
-// is only checked to be non-negative.
-std::string check_resumed_data(const LoadedCheckpoint& ckpt, const TokenStream& train, int64_t global_batch,
-                               bool position_is_step) {
-  const std::string meta = ckpt.dir + "/meta.json";
-  const nlohmann::json data = meta_field<nlohmann::json>(ckpt.meta, "data", meta);
-  const int64_t position = meta_field<int64_t>(data, "position", meta);
-  require(position == ckpt.step || (!position_is_step && position >= 0), meta, ": data.position = ", position,
-          " disagrees with step ", ckpt.step, " (one global batch is drawn per step); the file is damaged or from an "
-          "older tessera");
-  if (data.contains("train") && data["train"] != train.manifest())
-    fail(meta, ": the checkpoint was trained on the shards ", data["train"].dump(), " but ", train.name(),
-         " now holds ", train.manifest().dump(), "; resume on the same data (data.path, data.train_file)");
-  const int64_t saved_batch = data.value("global_batch", int64_t{0});
-  if (saved_batch != 0 && saved_batch != global_batch)
-    return "the global batch changed from " + std::to_string(saved_batch) + " to " + std::to_string(global_batch) +
-           " sequences: the data from step " + std::to_string(ckpt.step) + " on differs from the uninterrupted run's";
-  return "";
-}
-
-// The checkpoint's model (loaded without its tensors) into the trainer: each rank reads the
-// tensors it keeps, one at a time.
-void load_model_weights(TrainStep& trainer, const LoadedCheckpoint& ckpt) { trainer.load_model_state(model_reader(ckpt)); }
 
 // A non-finite loss, or a non-finite gradient norm that no loss scaler handled, ends the run at
 // `step`, before anything is saved: every rank sees the same values (averaged over the replicas, a
@@ -171,63 +90,28 @@ Trainer::Trainer(Config config, std::string run_dir, TrainStart start, comm::Mes
   if (const std::string text = describe_layout(c, s.trainer->layout()); !text.empty()) s.start_notes.push_back(text);
   s.device = s.trainer->device();
 
-  if (!start.init_from.empty()) {
-    // The weights alone; every rank reads the tensors it keeps.
-    const LoadedCheckpoint ckpt = load_checkpoint(start.init_from, false, {}, /*with_model=*/false);
-    load_model_weights(*s.trainer, ckpt);
-    s.carried_files = hf_carried_files(ckpt.dir);
-    s.start_notes.push_back("initialized from the model of " + ckpt.dir + " (step 0, a fresh optimizer)");
-  }
-  nlohmann::json collaboration_meta;  // a resumed peer's swarm state
-  std::map<std::string, at::Tensor> collaboration_tensors;
+  s.checkpoints.emplace(c, s.run_dir, *s.trainer, mesh, collaboration, *s.data, *s.sampler);
+  if (!start.init_from.empty()) s.start_notes.push_back(s.checkpoints->init_from(start.init_from));
+  Resumed resumed;  // a resumed run's position (and a resumed peer's swarm state)
   if (!s.resume.empty()) {
-    // Under ZeRO 1-3 each rank reads only the optimizer slices it owns. With checkpoint.gather
-    // the checkpoint is on rank 0's disk: the ranks without it receive a copy first.
-    const bool fetch = c.checkpoint.gather && mesh && mesh->world_size() > 1;
-    const FetchedCheckpoint source = fetch ? fetch_checkpoint(mesh->world(), s.resume, s.run_dir) : FetchedCheckpoint{s.resume, ""};
-    // Each tensor checked by what its owner declares it holds (core/state_kind.h).
-    const TrainStep& step = *s.trainer;
-    const StateKinds kinds{[&step](const std::string& name) {
-                             return is_random_state(name) ? StateKind::bytes : step.state_kind(name);
-                           },
-                           compression::state_kind};
-    LoadedCheckpoint ckpt =
-        load_checkpoint(source.dir, true, s.trainer->training_state_ranges(), /*with_model=*/false, kinds);
-    const int64_t shards = ckpt.meta.value("optimizer_shards", int64_t{0});
-    const std::string optim_file =
-        ckpt.dir + (shards > 0 ? "/optimizer-*-of-" + std::to_string(shards) + ".safetensors" : "/optimizer.safetensors");
-    load_model_weights(*s.trainer, ckpt);
-    s.carried_files = hf_carried_files(ckpt.dir);
-    s.trainer->load_training_state(ckpt.optimizer, optim_file);
-    const std::string note =
-        restore_compression(c.parallel, s.mesh ? s.mesh->world_size() : 1, s.rank, *s.trainer, ckpt);
-    if (!note.empty()) s.start_notes.push_back(note);
-    const std::string rng_note = restore_random_streams(ckpt.optimizer, s.rank, s.device, ckpt.step, *s.trainer, optim_file);
-    if (!rng_note.empty()) s.start_notes.push_back(rng_note);
-    s.step = ckpt.step;
-    const std::string note_data = check_resumed_data(ckpt, s.data->train, s.sampler->global_batch(), !collaboration);
-    if (!note_data.empty()) s.start_notes.push_back(note_data);
-    const std::string meta = ckpt.dir + "/meta.json";
-    s.sampler->seek(meta_field<int64_t>(ckpt.meta["data"], "position", meta));
-    if (collaboration) {
-      collaboration_meta = meta_field<nlohmann::json>(ckpt.meta, "collaboration", meta);
-      collaboration_tensors = ckpt.optimizer;
-    }
-    s.tokens_seen = meta_field<int64_t>(ckpt.meta, "tokens_seen", meta);
-    s.elapsed_before = meta_field<double>(ckpt.meta, "elapsed_s", meta);
-    require(s.tokens_seen >= 0 && s.elapsed_before >= 0, meta, ": tokens_seen ", s.tokens_seen, " or elapsed_s ",
-            s.elapsed_before, " is negative");
-    require(s.step <= c.train.steps, ckpt.dir, ": checkpoint is at step ", s.step, ", beyond train.steps = ",
-            c.train.steps);
-    if (!source.received.empty()) fs::remove_all(source.received);
+    resumed = s.checkpoints->resume(s.resume);
+    s.step = resumed.position.step;
+    s.tokens_seen = resumed.position.tokens_seen;
+    s.elapsed_before = resumed.position.elapsed_s;
+    for (std::string& note : resumed.notes) s.start_notes.push_back(std::move(note));
   }
-  if (collaboration) s.step = collaboration->attach(*s.trainer, s.step, collaboration_meta, collaboration_tensors);
+  if (collaboration) s.step = collaboration->attach(*s.trainer, s.step, resumed.collaboration_meta, resumed.collaboration_tensors);
 }
 
 Trainer::~Trainer() = default;
 
 double Trainer::State::elapsed_s() const {
   return elapsed_before + seconds_since(run_start);
+}
+
+void Trainer::State::save(Progress& progress) {
+  const std::string saved = checkpoints->save({step, tokens_seen, elapsed_s()});
+  if (!saved.empty()) progress.message("checkpoint: " + saved);
 }
 
 bool Trainer::State::stop_requested(bool saved, Progress& progress, TrainSummary& summary) {
@@ -243,7 +127,7 @@ bool Trainer::State::stop_requested(bool saved, Progress& progress, TrainSummary
   const std::string again = collaboration ? "tessera peer --out " + run_dir + "` (with its --swarm and --listen)"
                                           : "tessera train --resume " + run_dir + "`";
   progress.message("stopped at step " + std::to_string(step) + " of " + std::to_string(config.train.steps) + " (" +
-                   summary.stopped + "): checkpoint " + last_checkpoint + "; continue with `" + again);
+                   summary.stopped + "): checkpoint " + checkpoints->last() + "; continue with `" + again);
   return true;
 }
 
@@ -305,7 +189,7 @@ TrainSummary Trainer::run() {
       if (const auto note = s.trainer->runner().write_timeline(s.run_dir, s.step + 1)) progress.message(*note);
     }
     consecutive_skips = result.skipped ? consecutive_skips + 1 : 0;
-    check_step_result(result, s.step + 1, consecutive_skips, c.precision.max_skipped_steps, s.last_checkpoint);
+    check_step_result(result, s.step + 1, consecutive_skips, c.precision.max_skipped_steps, s.checkpoints->last());
     if (result.skipped)
       progress.message("step " + std::to_string(s.step + 1) + ": fp16 overflow, update skipped, loss scale now " +
                        std::to_string(s.trainer->loss_scaler()->value()));
@@ -392,7 +276,7 @@ TrainSummary Trainer::run() {
   }
   if (s.collaboration) s.collaboration->leave();
   summary.steps = s.step;
-  summary.checkpoint = s.last_checkpoint;
+  summary.checkpoint = s.checkpoints->last();
   return summary;
 }
 

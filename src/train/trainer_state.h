@@ -1,5 +1,5 @@
-// Trainer::State: what the training loop holds (trainer.h), shared by trainer.cpp (construction,
-// the loop) and trainer_checkpoint.cpp (writing the run's checkpoints). Internal to train/.
+// Trainer::State: what the training loop holds (trainer.h). Internal to trainer.cpp; its
+// checkpoints are one component of their own (train/run_checkpoints.h).
 #pragma once
 
 #include <chrono>
@@ -12,6 +12,7 @@
 #include "data/sampler.h"
 #include "data/training_data.h"
 #include "train/progress.h"
+#include "train/run_checkpoints.h"
 #include "train/train_step.h"
 #include "train/trainer.h"
 
@@ -38,40 +39,20 @@ struct Trainer::State {
   int64_t tokens_seen = 0;
   double elapsed_before = 0;  // seconds trained before this process (resume)
   std::vector<std::string> start_notes;  // printed once the progress line exists
-  // An imported model's Hugging Face files (model/hf_config.h: generation_config.json, ...) as the
-  // checkpoint this run started from (init_from or resume) held them, read at the start (that
-  // checkpoint may be pruned later): every checkpoint of the run writes them, so `tessera export
-  // --hf` gives them back after fine-tuning.
-  std::vector<std::pair<std::string, std::string>> carried_files;
+  std::optional<RunCheckpoints> checkpoints;  // saves, resumes, starts from weights
 
   // Set by run().
   bool lead = true;          // rank 0: writes the run's files and commits checkpoints
   bool distributed = false;  // several ranks
   std::chrono::steady_clock::time_point run_start;
-  std::string last_checkpoint;  // the last checkpoint this run wrote, "" before the first
 
-  std::string checkpoints_dir() const { return run_dir + "/checkpoints"; }
-  bool compressing() const { return distributed && config.parallel.grad_compression != "none"; }
   double elapsed_s() const;  // trained so far, this process and those before it
 
-  // This step's checkpoint (trainer_checkpoint.cpp): every rank takes part; one process writes a
-  // plain checkpoint, several write their shards into one partial directory that rank 0 commits
-  // after a barrier (checkpoint/checkpoint.h); old ones are pruned to checkpoint.keep. save()
-  // writes it, and when that fails removes the partial directory and fails naming the checkpoint
-  // the run can still resume from.
+  // This step's checkpoint (RunCheckpoints::save): every rank takes part; rank 0 says where it went.
   void save(Progress& progress);
   // Every rank stops at the same step when any rank has a reason (stop_request.h): it saves
   // (unless this step was just saved), says how to continue and returns true.
   bool stop_requested(bool saved, Progress& progress, TrainSummary& summary);
-
- private:
-  void write_checkpoint(Progress& progress);
 };
-
-// Each rank's random stream states (core/random_streams.h) are saved among the training state as
-// "rng.rank<r>.<stream>.<device type>", whole (trainer_checkpoint.cpp); random_state_prefix(r) is
-// "rng.rank<r>.". They are the trainer's own: bytes to the checkpoint's checks (core/state_kind.h).
-std::string random_state_prefix(int64_t rank);
-bool is_random_state(const std::string& name);
 
 }  // namespace tessera
