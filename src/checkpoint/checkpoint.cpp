@@ -79,8 +79,9 @@ std::string save_checkpoint(const std::string& checkpoints_dir, int64_t step, co
 std::string commit_checkpoint(const std::string& checkpoints_dir, int64_t step, const CheckpointContents& contents,
                               int64_t shards) {
   const fs::path final_dir = fs::path(checkpoints_dir) / checkpoint_files::step_name(step);
-  const fs::path partial = shards > 0 ? fs::path(partial_checkpoint_dir(checkpoints_dir, step))
-                                      : fs::path(prepare_checkpoint_dir(checkpoints_dir, step));
+  const bool written_in_parts = shards > 0 || contents.model_shards > 0;
+  const fs::path partial = written_in_parts ? fs::path(partial_checkpoint_dir(checkpoints_dir, step))
+                                            : fs::path(prepare_checkpoint_dir(checkpoints_dir, step));
   for (int64_t r = 0; r < shards; ++r)
     require(fs::exists(partial / checkpoint_files::shard_name(r, shards)), (partial / checkpoint_files::shard_name(r, shards)).string(),
             ": missing when committing the checkpoint (did rank ", r, " fail?)");

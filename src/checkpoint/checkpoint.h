@@ -133,7 +133,10 @@ std::vector<TensorSlice> even_slices(const NamedTensors& whole, int64_t rank, in
 // tensor must be written exactly once; load_checkpoint checks the coverage); commit_checkpoint
 // (rank 0) writes the model (or, with contents.model_shards, the index of the shards every rank
 // wrote with write_model_shard), the extra files and meta.json (recording `shards` = N) and
-// renames the directory into place. `contents.optimizer` is ignored by commit_checkpoint.
+// renames the directory into place. `contents.optimizer` is ignored by commit_checkpoint. One
+// process may write the model in shards too (`tessera import`, part by part): prepare_checkpoint_dir,
+// write_model_shard for each, then commit_checkpoint with contents.model_shards and `shards` = 0,
+// which writes contents.optimizer as one optimizer.safetensors.
 std::string partial_checkpoint_dir(const std::string& checkpoints_dir, int64_t step);
 std::string prepare_checkpoint_dir(const std::string& checkpoints_dir, int64_t step);
 void write_optimizer_shard(const std::string& partial_dir, int64_t rank, int64_t shards,

@@ -14,6 +14,8 @@
 
 #include <filesystem>
 #include <iostream>
+#include <map>
+#include <set>
 
 #include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
@@ -71,6 +73,51 @@ StagedTokenizer stage_tokenizer(const fs::path& dir, const fs::path& staging, in
   return staged;
 }
 
+// A Llama-family folder written part by part (model/hf_llama.h's parts: the embedding and head,
+// each block, the final norm), each part one shard of a sharded checkpoint (model-<k>-of-<N>, as a
+// multi-rank run writes them; checkpoint/checkpoint.h), so that the import holds one part and the
+// folder's tensors it is made of, never the whole model: a 70B folder imports on a host that could
+// not hold it. Each tensor is checked against the model's parameter of its name (a meta-device
+// model: no memory) and stored as a run's checkpoint stores it (fp32, the embedding's padded rows);
+// the names over all parts must be the model's. A failure removes the partial directory.
+std::string import_in_parts(const std::string& dir, const ModelOptions& o, const std::string& out,
+                            CheckpointContents& contents) {
+  const TransformerLM meta(o, ModelStage{}, at::TensorOptions().device(at::kMeta));
+  std::map<std::string, std::pair<std::string, std::vector<int64_t>>> parameter_of;  // export name -> name, shape
+  std::vector<std::string> params;
+  for (const auto& item : meta->named_parameters()) {
+    parameter_of[export_name(o, item.key())] = {item.key(), item.value().sizes().vec()};
+    params.push_back(item.key());
+  }
+  const int64_t parts = hf_llama_part_count(o);
+  const std::string partial = prepare_checkpoint_dir(out, 0);
+  try {
+    std::set<std::string> written;
+    int64_t part = 0;
+    read_hf_llama_parts(dir, o, [&](std::map<std::string, at::Tensor> tensors) {
+      std::vector<TensorSlice> slices;
+      for (const auto& [name, stored] : tensors) {
+        const auto it = parameter_of.find(name);
+        require(it != parameter_of.end(), dir, ": the folder gives '", name, "', which the model has no parameter for");
+        const auto& [param, shape] = it->second;
+        auto [stored_name, value] = export_tensor(o, param, import_tensor(o, param, stored, shape, dir).to(at::kFloat));
+        slices.push_back({stored_name, value, Region::whole(value.sizes().vec())});
+        written.insert(stored_name);
+      }
+      require(part < parts, "internal: more parts than hf_llama_part_count");
+      write_model_shard(partial, part++, parts, slices);
+    });
+    require(part == parts, "internal: ", part, " parts of ", parts);
+    check_export_names(o, params, written, dir);
+    contents.model_shards = parts;
+    return commit_checkpoint(out, 0, contents, 0);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(partial, ignored);
+    throw;
+  }
+}
+
 }  // namespace
 
 Command add_import_command(CLI::App& app) {
@@ -97,14 +144,9 @@ Command add_import_command(CLI::App& app) {
                                 : model_options_from_hf_config(hf_config, config.model, config_path);
     config.train.seq_len = std::min(config.train.seq_len, config.model.block_size);
     config.check(config_path);
-    TransformerLM model(config.model);
-    import_state(*model, llama_family ? read_hf_llama_weights(dir.string(), config.model) : read_hf_gpt2_weights(dir.string()),
-                 args->hf);
-
     const fs::path staging = fs::temp_directory_path() / ("tessera-import-" + std::to_string(::getpid()));
     fs::remove_all(staging);
     CheckpointContents contents;
-    contents.model = export_state(*model);
     const StagedTokenizer tokenizer = stage_tokenizer(dir, staging, config.model.vocab_size);
     contents.extra_files = tokenizer.files;
     contents.extra_texts = hf_carried_files(dir.string());
@@ -112,7 +154,15 @@ Command add_import_command(CLI::App& app) {
                      {"imported_from", fs::absolute(dir).lexically_normal().string()},
                      {"torch_version", TORCH_VERSION}};
     fs::create_directories(out);
-    const std::string written = save_checkpoint(out.string(), 0, contents);
+    std::string written;
+    if (llama_family) {
+      written = import_in_parts(dir.string(), config.model, out.string(), contents);
+    } else {
+      TransformerLM model(config.model);
+      import_state(*model, read_hf_gpt2_weights(dir.string()), args->hf);
+      contents.model = export_state(*model);
+      written = save_checkpoint(out.string(), 0, contents);
+    }
     fs::remove_all(staging);
     const ModelOptions& m = config.model;
     std::cout << "imported " << args->hf << " (" << hf_config.value("model_type", "gpt2") << ": n_layer " << m.n_layer << ", n_head " << m.n_head << ", n_embd "

@@ -2,6 +2,7 @@
 #include "model/hf_llama.h"
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <regex>
 #include <set>
@@ -173,90 +174,128 @@ ModelOptions llama_family_options_from_hf_config(const nlohmann::json& config, c
   return o;
 }
 
-std::map<std::string, at::Tensor> read_hf_llama_weights(const std::string& dir, const ModelOptions& o) {
-  std::map<std::string, at::Tensor> stored;
-  for (const std::string& file : hf_weight_files(dir))
-    for (auto& [name, tensor] : read_safetensors(file).tensors)
-      require(stored.emplace(name, tensor).second, file, ": tensor '", name, "' appears twice in ", dir);
-  std::set<std::string> used;
-  auto take = [&](const std::string& name) {
-    const auto it = stored.find(name);
-    require(it != stored.end(), dir, ": missing tensor '", name, "'");
-    used.insert(name);
-    return it->second;
-  };
-  auto has = [&](const std::string& name) { return stored.count(name) > 0; };
+namespace {
+
+// A folder's tensors by name, each read from its file when taken (the files' headers are read
+// once, up front), and which were taken.
+class FolderTensors {
+ public:
+  explicit FolderTensors(const std::string& dir) : dir_(dir) {
+    for (const std::string& file : hf_weight_files(dir))
+      for (const auto& [name, entry] : read_safetensors_header(file).tensors)
+        require(file_of_.emplace(name, file).second, file, ": tensor '", name, "' appears twice in ", dir);
+  }
+  bool has(const std::string& name) const { return file_of_.count(name) > 0; }
+  at::Tensor take(const std::string& name) {
+    const auto it = file_of_.find(name);
+    require(it != file_of_.end(), dir_, ": missing tensor '", name, "'");
+    used_.insert(name);
+    return read_safetensors_tensor(it->second, name);
+  }
+  // Refuses a tensor no part took (the rotary tables some files keep aside).
+  void check_all_taken(const ModelOptions& o, bool qkv_bias) const {
+    for (const auto& [name, file] : file_of_)
+      require(used_.count(name) || name.find("rotary_emb.inv_freq") != std::string::npos, dir_, ": unexpected tensor '",
+              name, "' (the config describes ", o.n_layer, " layers", o.qk_norm ? " with q and k norms" : "",
+              qkv_bias ? " with q, k, v biases" : "", ")");
+  }
+
+ private:
+  std::string dir_;
+  std::map<std::string, std::string> file_of_;
+  std::set<std::string> used_;
+};
+
+// Block `l`'s tensors under tessera's names ("model.h.<l>...."), from the folder's.
+std::map<std::string, at::Tensor> read_block(FolderTensors& in, const ModelOptions& o, int64_t l) {
   std::map<std::string, at::Tensor> out;
+  auto take = [&in](const std::string& name) { return in.take(name); };
+  auto has = [&in](const std::string& name) { return in.has(name); };
   auto put = [&](const std::string& param, const at::Tensor& t) { out.emplace("model." + param, t); };
-  put("wte.weight", take("model.embed_tokens.weight"));
   const bool qkv_bias = o.bias || o.qkv_bias;
-  for (int64_t l = 0; l < o.n_layer; ++l) {
-    const std::string hf = "model.layers." + std::to_string(l) + ".", ours = "h." + std::to_string(l) + ".";
-    put(ours + "ln_1.weight", take(hf + "input_layernorm.weight"));
-    put(ours + "ln_2.weight", take(hf + "post_attention_layernorm.weight"));
-    std::vector<std::string> kinds = {"weight"};
-    if (qkv_bias) kinds.push_back("bias");
-    for (const std::string& kind : kinds) {
-      const at::Tensor q = take(hf + "self_attn.q_proj." + kind), k = take(hf + "self_attn.k_proj." + kind),
-                       v = take(hf + "self_attn.v_proj." + kind);
-      if (o.fused_qkv()) {
-        put(ours + "attn.c_attn." + kind, at::cat({q, k, v}));
-      } else {
-        put(ours + "attn.q_proj." + kind, q);
-        put(ours + "attn.kv_proj." + kind, at::cat({k, v}));
-      }
+  const std::string hf = "model.layers." + std::to_string(l) + ".", ours = "h." + std::to_string(l) + ".";
+  put(ours + "ln_1.weight", take(hf + "input_layernorm.weight"));
+  put(ours + "ln_2.weight", take(hf + "post_attention_layernorm.weight"));
+  std::vector<std::string> kinds = {"weight"};
+  if (qkv_bias) kinds.push_back("bias");
+  for (const std::string& kind : kinds) {
+    const at::Tensor q = take(hf + "self_attn.q_proj." + kind), k = take(hf + "self_attn.k_proj." + kind),
+                     v = take(hf + "self_attn.v_proj." + kind);
+    if (o.fused_qkv()) {
+      put(ours + "attn.c_attn." + kind, at::cat({q, k, v}));
+    } else {
+      put(ours + "attn.q_proj." + kind, q);
+      put(ours + "attn.kv_proj." + kind, at::cat({k, v}));
     }
-    if (o.qk_norm) {
-      put(ours + "attn.q_norm.weight", take(hf + "self_attn.q_norm.weight"));
-      put(ours + "attn.k_norm.weight", take(hf + "self_attn.k_norm.weight"));
-    }
-    put(ours + "attn.c_proj.weight", take(hf + "self_attn.o_proj.weight"));
-    if (!o.is_moe_block(l)) {
-      put(ours + "mlp.c_fc.weight", at::cat({take(hf + "mlp.up_proj.weight"), take(hf + "mlp.gate_proj.weight")}));
-      put(ours + "mlp.c_proj.weight", take(hf + "mlp.down_proj.weight"));
-      continue;
-    }
-    // The experts: Mixtral's files (w1 gate, w3 up, w2 down per expert; the Hub's and
-    // save_pretrained's), Qwen 3 MoE's (gate_proj, up_proj, down_proj per expert), or stacked as
-    // transformers 5 holds either in memory (gate_up_proj: gate rows, then up).
-    const std::string stacked = hf + "mlp.experts.";
-    if (o.moe_shared_gate) {  // Qwen2-MoE's gated shared expert, beside either form of the experts
-      const std::string shared = hf + "mlp.shared_expert.";
-      put(ours + "moe.shared.c_fc.weight", at::cat({take(shared + "up_proj.weight"), take(shared + "gate_proj.weight")}));
-      put(ours + "moe.shared.c_proj.weight", take(shared + "down_proj.weight"));
-      put(ours + "moe.shared_gate.weight", take(hf + "mlp.shared_expert_gate.weight"));
-    }
-    if (has(stacked + "gate_up_proj")) {
-      put(ours + "moe.router.weight", take(hf + "mlp.gate.weight"));
-      const at::Tensor gate_up = take(stacked + "gate_up_proj");  // [E, 2H, C]
-      const int64_t H = gate_up.size(1) / 2;
-      put(ours + "moe.w_fc", at::cat({gate_up.narrow(1, H, H), gate_up.narrow(1, 0, H)}, 1).transpose(1, 2));
-      put(ours + "moe.w_proj", take(stacked + "down_proj").transpose(1, 2));
-      continue;
-    }
-    const ExpertNames names = expert_names(has(stacked + "0.gate_proj.weight"));
-    put(ours + "moe.router.weight", take(hf + names.router));
-    std::vector<at::Tensor> fc, proj;
-    for (int64_t e = 0; e < o.moe_experts; ++e) {
-      const std::string expert = hf + names.experts + std::to_string(e) + ".";
-      fc.push_back(at::cat({take(expert + names.up + ".weight"), take(expert + names.gate + ".weight")}).t());
-      proj.push_back(take(expert + names.down + ".weight").t());
-    }
-    put(ours + "moe.w_fc", at::stack(fc));
-    put(ours + "moe.w_proj", at::stack(proj));
   }
-  put("ln_f.weight", take("model.norm.weight"));
-  if (!o.tie_embeddings) {
-    put("lm_head.weight", take("lm_head.weight"));
-  } else if (has("lm_head.weight")) {
-    const at::Tensor head = take("lm_head.weight"), embedding = out.at("model.wte.weight");
-    require(head.sizes() == embedding.sizes() && at::equal(head.to(at::kFloat), embedding.to(at::kFloat)), dir,
-            ": lm_head.weight differs from model.embed_tokens.weight, but config.json ties them (tie_word_embeddings)");
+  if (o.qk_norm) {
+    put(ours + "attn.q_norm.weight", take(hf + "self_attn.q_norm.weight"));
+    put(ours + "attn.k_norm.weight", take(hf + "self_attn.k_norm.weight"));
   }
-  for (const auto& [name, t] : stored)
-    require(used.count(name) || name.find("rotary_emb.inv_freq") != std::string::npos, dir, ": unexpected tensor '",
-            name, "' (the config describes ", o.n_layer, " layers", o.qk_norm ? " with q and k norms" : "",
-            qkv_bias ? " with q, k, v biases" : "", ")");
+  put(ours + "attn.c_proj.weight", take(hf + "self_attn.o_proj.weight"));
+  if (!o.is_moe_block(l)) {
+    put(ours + "mlp.c_fc.weight", at::cat({take(hf + "mlp.up_proj.weight"), take(hf + "mlp.gate_proj.weight")}));
+    put(ours + "mlp.c_proj.weight", take(hf + "mlp.down_proj.weight"));
+    return out;
+  }
+  // The experts: Mixtral's files (w1 gate, w3 up, w2 down per expert; the Hub's and
+  // save_pretrained's), Qwen 3 MoE's (gate_proj, up_proj, down_proj per expert), or stacked as
+  // transformers 5 holds either in memory (gate_up_proj: gate rows, then up).
+  const std::string stacked = hf + "mlp.experts.";
+  if (o.moe_shared_gate) {  // Qwen2-MoE's gated shared expert, beside either form of the experts
+    const std::string shared = hf + "mlp.shared_expert.";
+    put(ours + "moe.shared.c_fc.weight", at::cat({take(shared + "up_proj.weight"), take(shared + "gate_proj.weight")}));
+    put(ours + "moe.shared.c_proj.weight", take(shared + "down_proj.weight"));
+    put(ours + "moe.shared_gate.weight", take(hf + "mlp.shared_expert_gate.weight"));
+  }
+  if (has(stacked + "gate_up_proj")) {
+    put(ours + "moe.router.weight", take(hf + "mlp.gate.weight"));
+    const at::Tensor gate_up = take(stacked + "gate_up_proj");  // [E, 2H, C]
+    const int64_t H = gate_up.size(1) / 2;
+    put(ours + "moe.w_fc", at::cat({gate_up.narrow(1, H, H), gate_up.narrow(1, 0, H)}, 1).transpose(1, 2));
+    put(ours + "moe.w_proj", take(stacked + "down_proj").transpose(1, 2));
+    return out;
+  }
+  const ExpertNames names = expert_names(has(stacked + "0.gate_proj.weight"));
+  put(ours + "moe.router.weight", take(hf + names.router));
+  std::vector<at::Tensor> fc, proj;
+  for (int64_t e = 0; e < o.moe_experts; ++e) {
+    const std::string expert = hf + names.experts + std::to_string(e) + ".";
+    fc.push_back(at::cat({take(expert + names.up + ".weight"), take(expert + names.gate + ".weight")}).t());
+    proj.push_back(take(expert + names.down + ".weight").t());
+  }
+  put(ours + "moe.w_fc", at::stack(fc));
+  put(ours + "moe.w_proj", at::stack(proj));
+  return out;
+}
+
+}  // namespace
+
+void read_hf_llama_parts(const std::string& dir, const ModelOptions& o,
+                         const std::function<void(std::map<std::string, at::Tensor>)>& consume) {
+  FolderTensors in(dir);
+  {
+    // The embedding, and the untied head or the check that a saved head is the embedding.
+    std::map<std::string, at::Tensor> ends;
+    const at::Tensor embedding = in.take("model.embed_tokens.weight");
+    ends.emplace("model.wte.weight", embedding);
+    if (!o.tie_embeddings) {
+      ends.emplace("model.lm_head.weight", in.take("lm_head.weight"));
+    } else if (in.has("lm_head.weight")) {
+      const at::Tensor head = in.take("lm_head.weight");
+      require(head.sizes() == embedding.sizes() && at::equal(head.to(at::kFloat), embedding.to(at::kFloat)), dir,
+              ": lm_head.weight differs from model.embed_tokens.weight, but config.json ties them (tie_word_embeddings)");
+    }
+    consume(std::move(ends));
+  }
+  for (int64_t l = 0; l < o.n_layer; ++l) consume(read_block(in, o, l));
+  consume({{"model.ln_f.weight", in.take("model.norm.weight")}});
+  in.check_all_taken(o, o.bias || o.qkv_bias);
+}
+
+std::map<std::string, at::Tensor> read_hf_llama_weights(const std::string& dir, const ModelOptions& o) {
+  std::map<std::string, at::Tensor> out;
+  read_hf_llama_parts(dir, o, [&out](std::map<std::string, at::Tensor> part) { out.merge(part); });
   return out;
 }
 

@@ -50,6 +50,7 @@
 // Rotary weights need no permutation: tessera rotates in the same "rotate half" layout (rotary.h).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 
@@ -69,7 +70,16 @@ ModelOptions llama_family_options_from_hf_config(const nlohmann::json& config, c
                                                  const std::string& source);
 
 // The folder's weights under tessera's export names for `opts` (its options from the config), as
-// stored (dtype kept); refuses a missing or unexpected tensor naming it.
+// stored (dtype kept), one part at a time: the embedding (with an untied head; a saved tied head is
+// checked against it), each block, then the final norm. Each tensor is read from its file when its
+// part is made, so at most one part, and the folder's tensors it is made of, are held at once while
+// `consume` may drop each part before the next (tessera import). Refuses a missing tensor naming
+// it, and, after the last part, an unexpected one.
+void read_hf_llama_parts(const std::string& dir, const ModelOptions& opts,
+                         const std::function<void(std::map<std::string, at::Tensor>)>& consume);
+// How many parts read_hf_llama_parts gives for `opts`: the ends, each block, the final norm.
+inline int64_t hf_llama_part_count(const ModelOptions& opts) { return opts.n_layer + 2; }
+// All the parts in one map (tests, and models small enough to hold whole).
 std::map<std::string, at::Tensor> read_hf_llama_weights(const std::string& dir, const ModelOptions& opts);
 
 // Whether `opts` is a model of the family that a Llama-family config describes exactly (what

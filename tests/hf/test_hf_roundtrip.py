@@ -7,7 +7,8 @@
   Import.LlamaFolderKeepsItsTokenizerAndGenerationConfigBothWays
       A LlamaForCausalLM folder with a byte-level BPE tokenizer trained by `tokenizers`
       (tokenizer.json, tokenizer_config.json, special_tokens_map.json) and a generation_config.json
-      goes through `tessera import --hf`: `tessera generate` with the checkpoint's own tokenizer
+      saved in shards of 40 kB goes through `tessera import --hf`, which writes it part by part
+      (one file for the ends, each block and the final norm): `tessera generate` with the checkpoint's own tokenizer
       writes the text transformers' greedy generate() decodes, and `tessera export --hf` writes the
       four files back byte for byte, so AutoTokenizer and GenerationConfig read them as before;
       so does the export of a run fine-tuned from the import (`train --init-from`) on data prepared
@@ -123,7 +124,12 @@ def llama_import_case():
     model = transformers.LlamaForCausalLM(config).eval()
     model.generation_config.max_new_tokens = 17  # a field of its own, to see it come back
     folder = os.path.join(WORK, "hf_llama")
-    model.save_pretrained(folder)
+    # In shards of at most 40 kB, as the Hub's large models come: a block's q, k and v may lie in
+    # different files, and the import reads the folder part by part (model/hf_llama.h).
+    model.save_pretrained(folder, max_shard_size="40KB")
+    shards = [name for name in os.listdir(folder) if name.startswith("model-") and name.endswith(".safetensors")]
+    if len(shards) < 3 or not os.path.exists(os.path.join(folder, "model.safetensors.index.json")):
+        sys.exit(f"save_pretrained(max_shard_size='40KB') wrote {sorted(os.listdir(folder))}: the fixture is not sharded")
     tokenizer.save_pretrained(folder)
     special = os.path.join(folder, "special_tokens_map.json")
     if not os.path.exists(special):  # transformers 4 wrote it; 5 keeps it inside tokenizer_config.json
@@ -139,6 +145,11 @@ def llama_import_case():
     print(said)
     if "tokenizer: Hugging Face's byte-level BPE from tokenizer.json" not in said:
         sys.exit(f"import did not report the folder's tokenizer:\n{said}")
+    # Written part by part: the ends, each of the 2 blocks, the final norm.
+    step = os.path.join(out, "step_0")
+    parts = sorted(name for name in os.listdir(step) if name.startswith("model-"))
+    if parts != [f"model-0000{k}-of-00004.safetensors" for k in range(1, 5)]:
+        sys.exit(f"import of {len(shards)} shards wrote {parts}, not one file per part (the ends, 2 blocks, the norm)")
     prompt = PROMPT.decode()
     generated = tessera("generate", "--checkpoint", out, "--prompt", prompt, "--max-tokens", "20",
                         "--temperature", "0")

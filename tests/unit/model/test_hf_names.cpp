@@ -4,7 +4,13 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <filesystem>
+#include <fstream>
+
+#include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "core/fs.h"
+#include "model/hf_llama.h"
 #include "model/hf_names.h"
 #include "test_util.h"
 
@@ -97,6 +103,58 @@ TEST(HfNames, ImportRefusesBadTensorsByName) {
             std::string::npos)
       << msg;
   EXPECT_NE(msg.find("model.vocab_size = 40"), std::string::npos) << msg;
+}
+
+// `tessera import` reads a Llama-family folder part by part (model/hf_llama.h): the ends, each
+// block, then the final norm, each read from its file when it is made. Here the folder is two
+// files, block 1 and the norm in the second; once the first part is consumed the second file is cut
+// short, so the read fails at block 1, naming that file, after block 0 came whole: nothing of the
+// second file was read before its part.
+TEST(HfLlamaParts, AreReadInOrderEachWhenItIsMade) {
+  ModelOptions o = ModelOptions::from_preset("tiny_llama");
+  o.n_layer = 2;
+  ASSERT_EQ(hf_llama_family_refusal(o), "");
+  TransformerLM model(o);
+  std::map<std::string, at::Tensor> ours;
+  for (auto& [name, t] : export_state(*model)) ours.emplace(name, t);
+  const std::map<std::string, at::Tensor> hf = hf_llama_family_weights(o, ours);
+  const std::string dir = test::fresh_dir("hf_llama_parts");
+  NamedTensors first, second;
+  nlohmann::json weight_map;
+  for (const auto& [name, t] : hf) {
+    const bool late = name.rfind("model.layers.1.", 0) == 0 || name == "model.norm.weight";
+    (late ? second : first).emplace_back(name, t);
+    weight_map[name] = late ? "model-00002-of-00002.safetensors" : "model-00001-of-00002.safetensors";
+  }
+  write_safetensors(dir + "/model-00001-of-00002.safetensors", first);
+  write_safetensors(dir + "/model-00002-of-00002.safetensors", second);
+  write_file_durable(dir + "/model.safetensors.index.json", nlohmann::json{{"weight_map", weight_map}}.dump());
+
+  // Whole, the parts come in order and hold every tensor once.
+  std::vector<std::vector<std::string>> parts;
+  read_hf_llama_parts(dir, o, [&](std::map<std::string, at::Tensor> part) {
+    parts.emplace_back();
+    for (const auto& [name, t] : part) parts.back().push_back(name);
+  });
+  ASSERT_EQ(static_cast<int64_t>(parts.size()), hf_llama_part_count(o));
+  EXPECT_EQ(parts.front(), (std::vector<std::string>{"model.lm_head.weight", "model.wte.weight"}));
+  EXPECT_EQ(parts.back(), (std::vector<std::string>{"model.ln_f.weight"}));
+  for (size_t l = 0; l < 2; ++l)
+    for (const std::string& name : parts[1 + l]) EXPECT_EQ(name.rfind("model.h." + std::to_string(l) + ".", 0), 0u) << name;
+
+  // Cut short after the first part: block 0 still comes, block 1 fails naming the second file.
+  const std::string late = dir + "/model-00002-of-00002.safetensors";
+  const auto size = std::filesystem::file_size(late);
+  int64_t consumed = 0;
+  try {
+    read_hf_llama_parts(dir, o, [&](std::map<std::string, at::Tensor>) {
+      if (consumed++ == 0) std::filesystem::resize_file(late, size / 2);
+    });
+    FAIL() << "a folder cut short was read";
+  } catch (const Error& e) {
+    EXPECT_EQ(consumed, 2) << "the ends and block 0 came before block 1 failed: " << e.what();
+    EXPECT_NE(std::string(e.what()).find("model-00002-of-00002.safetensors"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
