@@ -38,7 +38,7 @@ if [ -f /etc/apt/sources.list.d/debian.sources ]; then
 fi
 if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
   cp /usr/local/share/ca-certificates/*.crt "$ROOT/usr/local/share/ca-certificates/"
-  chroot "$ROOT" update-ca-certificates >/dev/null
+  chroot "$ROOT" update-ca-certificates >/dev/null 2>&1
 fi
 for d in proc sys dev dev/pts; do mount --bind "/$d" "$ROOT/$d"; done
 git clone -q "$REPO" "$ROOT/root/tessera"
