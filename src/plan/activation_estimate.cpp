@@ -57,4 +57,9 @@ double block_activation_bytes_per_token(const Config& config, const ParallelDims
   return rest * element_bytes + (p.megatron_sp ? masks / t : masks) + floats;
 }
 
+double block_activation_bytes(const Config& config, const ParallelDims& dims, int64_t layer) {
+  const double tokens = static_cast<double>(config.train.batch_size * (config.train.seq_len / dims.sp()));
+  return block_activation_bytes_per_token(config, dims, layer, activation_element_bytes(config)) * tokens;
+}
+
 }  // namespace tessera

@@ -40,5 +40,8 @@ double activation_element_bytes(const Config& config);
 // dtype's, or the activation codec's encoding of it).
 double block_activation_bytes_per_token(const Config& config, const ParallelDims& dims, int64_t layer,
                                         double element_bytes);
+// What block `layer` saves per micro-batch on this rank (train.batch_size x its share of the
+// sequence) under the config's checkpointing and compression.
+double block_activation_bytes(const Config& config, const ParallelDims& dims, int64_t layer);
 
 }  // namespace tessera

@@ -21,9 +21,7 @@ namespace {
 double block_bytes(const Config& config, const ParallelDims& dims, int64_t layer, const std::string& checkpointing) {
   Config c = config;
   c.memory.activation_checkpointing = checkpointing;
-  const double element = activation_element_bytes(config);
-  const double tokens = static_cast<double>(config.train.batch_size * (config.train.seq_len / dims.sp()));
-  return block_activation_bytes_per_token(c, dims, layer, element) * tokens;
+  return block_activation_bytes(c, dims, layer);
 }
 
 // The attention core's share of the block's forward FLOPs (what selective checkpointing redoes).
@@ -71,6 +69,12 @@ struct Caps {
 
 }  // namespace
 
+double offload_copy_seconds(double bytes, double forward_s, double backward_s, double link_bytes_per_s,
+                            double core_seconds_per_byte) {
+  const double one_way = link_bytes_per_s > 0 ? bytes / link_bytes_per_s : 0;
+  return 2 * bytes * core_seconds_per_byte + std::max(0.0, one_way - backward_s) + std::max(0.0, one_way - forward_s);
+}
+
 std::string ActivationOption::name() const {
   if (offload) return checkpointing == "full" ? "full + offload" : "offload";
   return checkpointing == "none" ? "keep" : checkpointing;
@@ -86,11 +90,8 @@ std::vector<std::vector<ActivationOption>> activation_options(const Config& conf
                                                               const BlockCosts& measured, bool cpu_device) {
   const double link = config.memory.modelled_bandwidth_gbps * 1e9;
   // On a CPU "device" each way's memcpy also takes the computing cores' time.
-  const double cores = cpu_device && measured.copy_bytes_per_s > 0 ? 2 / measured.copy_bytes_per_s : 0;
-  auto copy_seconds = [&](double bytes, double f, double b) {
-    const double one_way = link > 0 ? bytes / link : 0;
-    return bytes * cores + std::max(0.0, one_way - b) + std::max(0.0, one_way - f);
-  };
+  const double per_byte = cpu_device && measured.copy_bytes_per_s > 0 ? 1 / measured.copy_bytes_per_s : 0;
+  auto copy_seconds = [&](double bytes, double f, double b) { return offload_copy_seconds(bytes, f, b, link, per_byte); };
   std::vector<std::vector<ActivationOption>> out;
   for (int64_t l = 0; l < config.model.n_layer; ++l) {
     const size_t i = static_cast<size_t>(l);

@@ -52,6 +52,14 @@ struct ActivationPolicy {
   int64_t offloaded() const;
 };
 
+// What offloading `bytes` of a block's activations adds to the step, per micro-batch: the copies'
+// time beyond what the block's neighbours hide, max(0, g / link - B) + max(0, g / link - F) for
+// its forward F and backward B seconds over a link of `link_bytes_per_s`, plus, on a CPU "device",
+// the two memcpys on the computing cores (2 g x `core_seconds_per_byte`; 0 on CUDA's copy engines).
+// The policy's price of an offload, and the planner's (plan/cost_model.h).
+double offload_copy_seconds(double bytes, double forward_s, double backward_s, double link_bytes_per_s,
+                            double core_seconds_per_byte);
+
 // Every option of every block, priced as above. `measured`: the blocks' F and B (block_split).
 std::vector<std::vector<ActivationOption>> activation_options(const Config& config, const ParallelDims& dims,
                                                               const BlockCosts& measured, bool cpu_device);

@@ -383,6 +383,7 @@ Prediction predict_time(const Config& config, const ParallelDims& dims, const Cl
                    {"attention", mb * rank_total.attention},
                    {"memory_bound", mb * rank_total.memory_bound},
                    {"recompute", mb * rank_total.recompute},
+                   {"activation_offload_copies", mb * rank_total.offload},
                    {"tp_communication", mb * rank_total.tp},
                    {"sp_communication", mb * rank_total.sp},
                    {"ep_communication", mb * rank_total.ep},

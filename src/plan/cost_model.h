@@ -102,6 +102,10 @@ struct PartCost {
   // softmax), and the memory-bound kernels (norms, activations, residuals, the loss).
   double products = 0, attention = 0, memory_bound = 0;
   double recompute = 0;
+  // memory.activation_offload: the copies of the block's saved activations to the host and back
+  // beyond what its forward and backward hide (plan/activation_policy.h, offload_copy_seconds);
+  // inside I, as the backward waits for them.
+  double offload = 0;
   double tp = 0, sp = 0, ep = 0;       // collectives, forward + backward
   double parameters = 0;               // weight elements held (operations.h)
   // With parallel.grad_compression = powersgd: the elements its weights' gradients travel as
@@ -112,7 +116,7 @@ struct PartCost {
   double lowrank = 0, compress = 0;
   void operator+=(const PartCost& o) {
     f += o.f, i += o.i, w += o.w, products += o.products, attention += o.attention, memory_bound += o.memory_bound;
-    recompute += o.recompute, tp += o.tp, sp += o.sp, ep += o.ep;
+    recompute += o.recompute, offload += o.offload, tp += o.tp, sp += o.sp, ep += o.ep;
     parameters += o.parameters, lowrank += o.lowrank, compress += o.compress;
   }
 };

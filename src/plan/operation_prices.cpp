@@ -7,6 +7,8 @@
 
 #include "core/error.h"
 #include "model/operations.h"
+#include "plan/activation_estimate.h"
+#include "plan/activation_policy.h"
 
 namespace tessera::plan {
 namespace {
@@ -159,12 +161,38 @@ double all_gather_seconds(double bytes, int64_t n, const Cluster::Tier& tier) {
 
 double send_seconds(double bytes, const Cluster::Tier& tier) { return bytes / tier.bandwidth_bytes_per_s + tier.latency_s; }
 
+namespace {
+
+// memory.activation_offload = N: blocks 0 to N-1 send what they save to the host after their
+// forward and fetch it before their backward. The copies run over the host link (a CPU "device":
+// the run's modelled link, memory.modelled_bandwidth_gbps, where it is the slower), beside the
+// block's own compute, and on a CPU "device" the memcpys also take the computing cores, at the
+// streaming rate the file measured (device.memory_gbs; measured against runs in docs/plan.md: it
+// under-prices a CPU's copies about 2x).
+void add_activation_offload(const Config& config, const ParallelDims& dims, const Cluster& cluster, double slowdown,
+                            std::vector<PartCost>& blocks) {
+  const int64_t offloaded = std::min<int64_t>(config.memory.activation_offload, static_cast<int64_t>(blocks.size()));
+  if (offloaded <= 0) return;
+  const bool cpu = cluster.device.kind == "cpu";
+  double link = 1e9 * cluster.host.device_link_gbs;
+  if (cpu) link = link > 0 ? std::min(link, 1e9 * config.memory.modelled_bandwidth_gbps) : 1e9 * config.memory.modelled_bandwidth_gbps;
+  require(link > 0, cluster.source, ": memory.activation_offload needs host.device_link_gbs, which this cluster file leaves at 0");
+  const double per_byte = cpu ? slowdown / (1e9 * cluster.device.memory_gbs) : 0;
+  for (int64_t l = 0; l < offloaded; ++l) {
+    PartCost& c = blocks[static_cast<size_t>(l)];
+    c.offload = offload_copy_seconds(block_activation_bytes(config, dims, l), c.f, c.i + c.w, link, per_byte);
+    c.i += c.offload;
+  }
+}
+
+}  // namespace
+
 void check_modelled(const Config& config) {
   const ParallelOptions& p = config.parallel;
   require(config.memory.activation_compression == "none",
           "tessera plan: memory.activation_compression is not modelled yet (docs/plan.md)");
-  require(config.memory.activation_offload == 0 && config.memory.activation_policy == "manual",
-          "tessera plan: memory.activation_offload and memory.activation_policy = auto are not modelled yet (docs/plan.md)");
+  require(config.memory.activation_policy == "manual",
+          "tessera plan: memory.activation_policy = auto is not modelled yet (docs/plan.md)");
   require(p.pp_schedule.rfind("file:", 0) != 0, "tessera plan: parallel.pp_schedule = file:... is not modelled (the built-in schedules are)");
 }
 
@@ -187,6 +215,7 @@ PricedOperations price_operations(const Config& config, const ParallelDims& dims
   shape.dropout = model.dropout;
   for (int64_t layer = 0; layer < model.n_layer; ++layer)
     out.blocks.push_back(pricer.part(block_operations(model, layer, shape), config.memory.activation_checkpointing));
+  add_activation_offload(config, dims, cluster, pricer.slowdown(), out.blocks);
   out.embedding = pricer.part(embedding_operations(model, shape), "none");
   out.head = pricer.part(head_operations(model, shape), "none");
   return out;

@@ -10,6 +10,7 @@
 #include "memory/swap/swap_simulate.h"
 #include "parallel/layout_check.h"
 #include "plan/cluster.h"
+#include "plan/activation_estimate.h"
 #include "plan/cost_model.h"
 #include "plan/search.h"
 #include "plan/swap_cost.h"
@@ -77,6 +78,45 @@ TEST(HostCosts, OffloadMovesTheOptimizerStepToTheHostWithItsCopies) {
 
   const Cluster no_host = plan::parse_cluster(test::replaced_text(cluster_text(), "optimizer_gbs = 30", ""), "nohost.toml");
   EXPECT_TRUE(test::throws_naming([&] { plan::predict_time(c, dims, no_host); }, {"nohost.toml", "host.optimizer_gbs"}));
+}
+
+// memory.activation_offload = 2 of 4 blocks: each offloaded block's saved activations go to the
+// host and back over host.device_link_gbs beside its compute; what its forward and backward do not
+// hide is added to its input gradient (plan/activation_policy.h, offload_copy_seconds), so a link
+// fast enough costs nothing and a slow one the copies' excess, by hand. The blocks not offloaded, the
+// products and the breakdown's sum are unchanged; the memory estimate holds two groups in flight.
+TEST(HostCosts, ActivationOffloadCostsTheCopiesItsBlocksDoNotHide) {
+  Config c = test::planner_config();
+  const ParallelDims dims(c.parallel, 1, "test");
+  const Cluster fast = host_cluster(16, 1e6);  // 1 PB/s: every copy hidden
+  const plan::Prediction resident = plan::predict_time(c, dims, fast);
+  const plan::PricedOperations priced = plan::price_operations(c, dims, fast);
+  c.memory.activation_offload = 2;
+  EXPECT_NEAR(plan::predict_time(c, dims, fast).step_s, resident.step_s, 1e-15) << "hidden by the fast link";
+
+  const double link_gbs = 1e-3;  // 1 MB/s: every copy exposed
+  const Cluster slow = host_cluster(16, link_gbs);
+  const plan::Prediction slow_resident = plan::predict_time(test::planner_config(), dims, slow);
+  const plan::Prediction offloaded = plan::predict_time(c, dims, slow);
+  const plan::PricedOperations slow_priced = plan::price_operations(c, dims, slow);
+  double expected = 0;
+  for (int64_t l = 0; l < 2; ++l) {
+    const plan::PartCost& before = priced.blocks[static_cast<size_t>(l)];
+    const double one_way = block_activation_bytes(c, dims, l) / (link_gbs * 1e9);
+    const double copies = std::max(0.0, one_way - before.i - before.w) + std::max(0.0, one_way - before.f);
+    EXPECT_NEAR(slow_priced.blocks[static_cast<size_t>(l)].offload, copies, 1e-12) << "block " << l;
+    expected += copies;
+  }
+  EXPECT_GT(expected, 0);
+  EXPECT_EQ(slow_priced.blocks[2].offload, 0);
+  const double m = static_cast<double>(offloaded.micro_batches);
+  EXPECT_NEAR(test::breakdown_term(offloaded, "activation_offload_copies"), m * expected, 1e-9);
+  EXPECT_NEAR(offloaded.step_s - slow_resident.step_s, m * expected, 1e-9);
+  EXPECT_NEAR(test::breakdown_sum(offloaded), offloaded.step_s, 1e-9);
+  EXPECT_NEAR(test::breakdown_term(offloaded, "products"), test::breakdown_term(slow_resident, "products"), 1e-15);
+
+  const Cluster no_link = host_cluster(16, 0);
+  EXPECT_TRUE(test::throws_naming([&] { plan::predict_time(c, dims, no_link); }, {"host.toml", "host.device_link_gbs"}));
 }
 
 // A swapped layout: the swap plan the run would make from the predicted blocks (their forward and

@@ -231,6 +231,9 @@ TEST(CostModel, WhatItDoesNotModelIsRefusedByKey) {
   c.memory.activation_compression = "int8";
   EXPECT_TRUE(test::throws_naming([&] { plan::check_modelled(c); }, {"memory.activation_compression", "not modelled"}));
   c = test::planner_config();
+  c.memory.activation_policy = "auto";
+  EXPECT_TRUE(test::throws_naming([&] { plan::check_modelled(c); }, {"memory.activation_policy", "not modelled"}));
+  c = test::planner_config();
   c.parallel.pp_schedule = "file:my_table.csv";
   EXPECT_TRUE(test::throws_naming([&] { plan::check_modelled(c); }, {"parallel.pp_schedule", "not modelled"}));
 }
