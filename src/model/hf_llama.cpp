@@ -379,6 +379,70 @@ nlohmann::json hf_llama_family_config(const ModelOptions& o) {
   return config;
 }
 
+std::map<std::string, at::Tensor> hf_llama_family_part(const ModelOptions& o, int64_t part,
+                                                       const std::function<at::Tensor(const std::string&)>& get) {
+  std::map<std::string, at::Tensor> out;
+  auto put = [&](const std::string& name, const at::Tensor& t) { out.emplace(name, t.contiguous()); };
+  if (part == 0) {
+    put("model.embed_tokens.weight", get("wte.weight"));
+    if (!o.tie_embeddings) put("lm_head.weight", get("lm_head.weight"));
+    return out;
+  }
+  if (part == o.n_layer + 1) {
+    put("model.norm.weight", get("ln_f.weight"));
+    return out;
+  }
+  require(part > 0 && part <= o.n_layer, "internal: no part ", part, " of a model of ", o.n_layer, " blocks");
+  const int64_t l = part - 1;
+  const int64_t q_rows = o.n_head * o.head_width(), kv_rows = o.kv_heads() * o.head_width();
+  std::vector<std::string> kinds = {"weight"};
+  if (o.qkv_bias) kinds.push_back("bias");
+  const std::string hf = "model.layers." + std::to_string(l) + ".", h = "h." + std::to_string(l) + ".";
+  put(hf + "input_layernorm.weight", get(h + "ln_1.weight"));
+  put(hf + "post_attention_layernorm.weight", get(h + "ln_2.weight"));
+  for (const std::string& kind : kinds) {
+    const at::Tensor q = o.fused_qkv() ? get(h + "attn.c_attn." + kind).narrow(0, 0, q_rows)
+                                       : get(h + "attn.q_proj." + kind);
+    const at::Tensor kv = o.fused_qkv() ? get(h + "attn.c_attn." + kind).narrow(0, q_rows, 2 * kv_rows)
+                                        : get(h + "attn.kv_proj." + kind);
+    put(hf + "self_attn.q_proj." + kind, q);
+    put(hf + "self_attn.k_proj." + kind, kv.narrow(0, 0, kv_rows));
+    put(hf + "self_attn.v_proj." + kind, kv.narrow(0, kv_rows, kv_rows));
+  }
+  if (o.qk_norm) {
+    put(hf + "self_attn.q_norm.weight", get(h + "attn.q_norm.weight"));
+    put(hf + "self_attn.k_norm.weight", get(h + "attn.k_norm.weight"));
+  }
+  put(hf + "self_attn.o_proj.weight", get(h + "attn.c_proj.weight"));
+  if (o.is_moe_block(l)) {
+    const ExpertNames names = expert_names(o.qk_norm || o.qkv_bias);
+    put(hf + names.router, get(h + "moe.router.weight"));
+    const at::Tensor fc = get(h + "moe.w_fc"), proj = get(h + "moe.w_proj");  // [E, C, 2H], [E, H, C]
+    const int64_t H = proj.size(1);
+    for (int64_t e = 0; e < o.moe_experts; ++e) {
+      const std::string expert = hf + names.experts + std::to_string(e) + ".";
+      put(expert + names.up + ".weight", fc[e].narrow(1, 0, H).t());
+      put(expert + names.gate + ".weight", fc[e].narrow(1, H, H).t());
+      put(expert + names.down + ".weight", proj[e].t());
+    }
+    if (o.moe_shared_gate) {
+      const std::string shared = hf + "mlp.shared_expert.";
+      const at::Tensor up_gate = get(h + "moe.shared.c_fc.weight");
+      const int64_t S = up_gate.size(0) / 2;
+      put(shared + "up_proj.weight", up_gate.narrow(0, 0, S));
+      put(shared + "gate_proj.weight", up_gate.narrow(0, S, S));
+      put(shared + "down_proj.weight", get(h + "moe.shared.c_proj.weight"));
+      put(hf + "mlp.shared_expert_gate.weight", get(h + "moe.shared_gate.weight"));
+    }
+    return out;
+  }
+  const at::Tensor up_gate = get(h + "mlp.c_fc.weight");
+  put(hf + "mlp.up_proj.weight", up_gate.narrow(0, 0, o.hidden()));
+  put(hf + "mlp.gate_proj.weight", up_gate.narrow(0, o.hidden(), o.hidden()));
+  put(hf + "mlp.down_proj.weight", get(h + "mlp.c_proj.weight"));
+  return out;
+}
+
 std::map<std::string, at::Tensor> hf_llama_family_weights(const ModelOptions& o,
                                                           const std::map<std::string, at::Tensor>& ours) {
   auto get = [&](const std::string& param) {
@@ -387,58 +451,7 @@ std::map<std::string, at::Tensor> hf_llama_family_weights(const ModelOptions& o,
     return it->second;
   };
   std::map<std::string, at::Tensor> out;
-  auto put = [&](const std::string& name, const at::Tensor& t) { out.emplace(name, t.contiguous()); };
-  put("model.embed_tokens.weight", get("wte.weight"));
-  const int64_t q_rows = o.n_head * o.head_width(), kv_rows = o.kv_heads() * o.head_width();
-  std::vector<std::string> kinds = {"weight"};
-  if (o.qkv_bias) kinds.push_back("bias");
-  for (int64_t l = 0; l < o.n_layer; ++l) {
-    const std::string hf = "model.layers." + std::to_string(l) + ".", h = "h." + std::to_string(l) + ".";
-    put(hf + "input_layernorm.weight", get(h + "ln_1.weight"));
-    put(hf + "post_attention_layernorm.weight", get(h + "ln_2.weight"));
-    for (const std::string& kind : kinds) {
-      const at::Tensor q = o.fused_qkv() ? get(h + "attn.c_attn." + kind).narrow(0, 0, q_rows)
-                                         : get(h + "attn.q_proj." + kind);
-      const at::Tensor kv = o.fused_qkv() ? get(h + "attn.c_attn." + kind).narrow(0, q_rows, 2 * kv_rows)
-                                          : get(h + "attn.kv_proj." + kind);
-      put(hf + "self_attn.q_proj." + kind, q);
-      put(hf + "self_attn.k_proj." + kind, kv.narrow(0, 0, kv_rows));
-      put(hf + "self_attn.v_proj." + kind, kv.narrow(0, kv_rows, kv_rows));
-    }
-    if (o.qk_norm) {
-      put(hf + "self_attn.q_norm.weight", get(h + "attn.q_norm.weight"));
-      put(hf + "self_attn.k_norm.weight", get(h + "attn.k_norm.weight"));
-    }
-    put(hf + "self_attn.o_proj.weight", get(h + "attn.c_proj.weight"));
-    if (o.is_moe_block(l)) {
-      const ExpertNames names = expert_names(o.qk_norm || o.qkv_bias);
-      put(hf + names.router, get(h + "moe.router.weight"));
-      const at::Tensor fc = get(h + "moe.w_fc"), proj = get(h + "moe.w_proj");  // [E, C, 2H], [E, H, C]
-      const int64_t H = proj.size(1);
-      for (int64_t e = 0; e < o.moe_experts; ++e) {
-        const std::string expert = hf + names.experts + std::to_string(e) + ".";
-        put(expert + names.up + ".weight", fc[e].narrow(1, 0, H).t());
-        put(expert + names.gate + ".weight", fc[e].narrow(1, H, H).t());
-        put(expert + names.down + ".weight", proj[e].t());
-      }
-      if (o.moe_shared_gate) {
-        const std::string shared = hf + "mlp.shared_expert.";
-        const at::Tensor up_gate = get(h + "moe.shared.c_fc.weight");
-        const int64_t S = up_gate.size(0) / 2;
-        put(shared + "up_proj.weight", up_gate.narrow(0, 0, S));
-        put(shared + "gate_proj.weight", up_gate.narrow(0, S, S));
-        put(shared + "down_proj.weight", get(h + "moe.shared.c_proj.weight"));
-        put(hf + "mlp.shared_expert_gate.weight", get(h + "moe.shared_gate.weight"));
-      }
-      continue;
-    }
-    const at::Tensor up_gate = get(h + "mlp.c_fc.weight");
-    put(hf + "mlp.up_proj.weight", up_gate.narrow(0, 0, o.hidden()));
-    put(hf + "mlp.gate_proj.weight", up_gate.narrow(0, o.hidden(), o.hidden()));
-    put(hf + "mlp.down_proj.weight", get(h + "mlp.c_proj.weight"));
-  }
-  put("model.norm.weight", get("ln_f.weight"));
-  if (!o.tie_embeddings) put("lm_head.weight", get("lm_head.weight"));
+  for (int64_t part = 0; part < hf_llama_part_count(o); ++part) out.merge(hf_llama_family_part(o, part, get));
   return out;
 }
 

@@ -92,6 +92,12 @@ std::string hf_llama_family_refusal(const ModelOptions& opts);
 // q/k norms, qwen2_moe with experts and q, k, v biases, mixtral with experts, qwen3 with q/k norms, qwen2 with q, k, v biases, llama otherwise.
 nlohmann::json hf_llama_family_config(const ModelOptions& opts);
 
+// Part `part` of the inverse of read_hf_llama_parts, under transformers' names: 0 the embedding
+// (and an untied head), 1 to n_layer each block, n_layer + 1 the final norm; `get` gives a tensor
+// of tessera's by its parameter name ("h.0.attn.c_attn.weight"; the embedding and an untied head
+// cut to vocab_size rows), read as it is asked for (tessera export, part by part).
+std::map<std::string, at::Tensor> hf_llama_family_part(const ModelOptions& opts, int64_t part,
+                                                       const std::function<at::Tensor(const std::string&)>& get);
 // The inverse of read_hf_llama_weights: tensors under tessera's export names (the embedding and
 // an untied head cut to vocab_size rows) -> transformers' names.
 std::map<std::string, at::Tensor> hf_llama_family_weights(const ModelOptions& opts,

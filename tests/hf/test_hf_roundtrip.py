@@ -18,7 +18,8 @@
       greedy-decodes what `tessera generate` writes from the checkpoint.
   Export.TesseraLlamaLoadsInTransformersWithTheSameGreedyText
       The same for tiny_llama (RMSNorm, rotary positions, SwiGLU, grouped-query attention, an
-      untied head): `tessera export --hf` writes a LlamaForCausalLM folder.
+      untied head): `tessera export --hf` writes a LlamaForCausalLM folder, part by part, here in
+      one file per part (--max-shard-mb 0.05) with model.safetensors.index.json.
   Export.TesseraMixtralLoadsInTransformersWithTheSameGreedyText
       The same for tiny_mixtral (top-2 of 8 SwiGLU experts in every block): a MixtralForCausalLM
       folder.
@@ -200,7 +201,17 @@ def export_case(config="tiny_gpt", what="export", steps=60, seq_len=128):
     tessera("train", "--config", config, "--set", f"data.path={data}", "--set", f"train.steps={steps}",
             "--set", f"train.seq_len={seq_len}", "--set", "eval.every=0", "--set", "model.vocab_multiple=64", "--out", run, "--overwrite")
     folder = os.path.join(WORK, "exported")
-    print(tessera("export", "--checkpoint", run, "--hf", folder).decode())
+    if config == "tiny_gpt":
+        print(tessera("export", "--checkpoint", run, "--hf", folder).decode())
+    else:
+        # A Llama-family model is exported part by part: with files of at most 50 kB, one per part
+        # (the embedding and head, each block, the norm) in transformers' sharded layout.
+        print(tessera("export", "--checkpoint", run, "--hf", folder, "--max-shard-mb", "0.05").decode())
+        with open(os.path.join(folder, "model.safetensors.index.json")) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+        layers = json.load(open(os.path.join(folder, "config.json")))["num_hidden_layers"]
+        if len(files) != layers + 2 or os.path.exists(os.path.join(folder, "model.safetensors")):
+            sys.exit(f"export --hf --max-shard-mb 0.05 wrote {files}: not one file per part of {layers} blocks")
     expect_same(tessera_greedy(run), transformers_greedy(folder), what)
 
 
