@@ -3,7 +3,8 @@
 // GPT-2 names (loadable by `transformers`) and the embedding loses its padded rows (model.vocab_size
 // rows, not model.vocab_multiple's padding); --optimizer writes the whole optimizer state as
 // trained (padded). --hf DIR writes a folder that transformers' from_pretrained loads (and
-// `tessera import --hf` reads back): model.safetensors, config.json (model/hf_gpt2.h for GPT-2,
+// `tessera import --hf` reads back): model.safetensors (a Llama-family model written part by part,
+// in transformers' sharded layout when it is larger than --max-shard-mb), config.json (model/hf_gpt2.h for GPT-2,
 // model/hf_llama.h for the Llama family, with transformers' names), the tokenizer (GPT-2's BPE as
 // vocab.json and merges.txt; Hugging Face's tokenizer.json and SentencePiece's tokenizer.model as
 // the checkpoint holds them) and the files an import carried (generation_config.json,
