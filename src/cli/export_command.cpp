@@ -36,6 +36,13 @@ void copy_into(const std::string& from, const std::string& to) {
   write_file_durable(to, read_file(from));
 }
 
+// The embedding or an untied head cut to model.vocab_size rows (the padded rows of
+// model.vocab_multiple stay in tessera's checkpoints); any other tensor as it is.
+at::Tensor without_padded_rows(const ModelOptions& model, const std::string& param, const at::Tensor& t) {
+  const bool vocabulary = param == "wte.weight" || param == "lm_head.weight";
+  return vocabulary && t.size(0) > model.vocab_size ? t.narrow(0, 0, model.vocab_size).contiguous() : t;
+}
+
 // A Llama-family model into `dir` under transformers' names, read from the checkpoint one part at a
 // time (model/hf_llama.h: the embedding and head, each block, the final norm) and written in files
 // of at least `shard_bytes` (the last smaller): one file is model.safetensors, several are
@@ -48,10 +55,7 @@ size_t write_llama_family_model(const LoadedCheckpoint& ckpt, const ModelOptions
     if (name.rfind("model", 0) == 0 && (name.find(".safetensors") != std::string::npos)) fs::remove(entry.path());
   }
   auto get = [&](const std::string& param) {
-    at::Tensor t = read_model_tensor(ckpt, export_name(model, param));
-    if ((param == "wte.weight" || param == "lm_head.weight") && t.size(0) > model.vocab_size)
-      t = t.narrow(0, 0, model.vocab_size).contiguous();  // the padded rows stay in tessera's checkpoints
-    return t;
+    return without_padded_rows(model, param, read_model_tensor(ckpt, export_name(model, param)));
   };
   std::vector<std::vector<std::string>> files;  // the tensors of each file written
   std::map<std::string, at::Tensor> pending;
@@ -73,11 +77,11 @@ size_t write_llama_family_model(const LoadedCheckpoint& ckpt, const ModelOptions
     if (pending_bytes >= shard_bytes) flush();
   }
   if (!pending.empty() || files.empty()) flush();
-  size_t tensors = 0;
   if (files.size() == 1) {
     fs::rename(temporary(0), dir + "/model.safetensors");
     return files.front().size();
   }
+  size_t tensors = 0;
   nlohmann::json weight_map = nlohmann::json::object();
   for (size_t k = 0; k < files.size(); ++k) {
     char name[64];
@@ -139,9 +143,9 @@ Command add_export_command(CLI::App& app) {
     // A Llama-family folder is written part by part, its tensors read as each part asks for them.
     const bool in_parts = !args->hf.empty() && !uses_hf_gpt2_names(model) && hf_llama_family_refusal(model).empty();
     LoadedCheckpoint ckpt = load_checkpoint(args->checkpoint, !args->optimizer_out.empty(), {}, !in_parts);
-    for (const char* param : {"wte.weight", "lm_head.weight"})  // the padded rows stay in tessera's checkpoints
-      if (auto it = ckpt.model.find(export_name(model, param)); it != ckpt.model.end() && it->second.size(0) > model.vocab_size)
-        it->second = it->second.narrow(0, 0, model.vocab_size).contiguous();
+    for (const char* param : {"wte.weight", "lm_head.weight"})
+      if (auto it = ckpt.model.find(export_name(model, param)); it != ckpt.model.end())
+        it->second = without_padded_rows(model, param, it->second);
     auto sorted = [](const std::map<std::string, at::Tensor>& tensors) {
       return NamedTensors(tensors.begin(), tensors.end());
     };
