@@ -106,8 +106,12 @@ Command add_bench_command(CLI::App& app) {
       mesh = comm::Mesh::connect(launch, ParallelDims(config.parallel, launch.world_size, args->config),
                                  config.parallel, comm::select_device(config.train.device, launch));
     at::Generator generator = at::detail::createCPUGenerator(1 + static_cast<uint64_t>(launch.rank));
+    // The micro-batches of a step as training takes them (with train.global_batch_size, over the
+    // layout's dp ranks; --no-comm's lone ranks run the same count as their layout's).
+    const int64_t accumulation =
+        config.train.accumulation(ParallelDims(config.parallel, launch.world_size, args->config).dp());
     std::vector<Batch> batches;
-    for (int64_t i = 0; i < config.train.grad_accum; ++i) {
+    for (int64_t i = 0; i < accumulation; ++i) {
       at::Tensor tokens = at::randint(config.model.vocab_size, {config.train.batch_size, config.train.seq_len + 1},
                                       generator, at::TensorOptions().dtype(at::kLong));
       batches.push_back({tokens.narrow(1, 0, config.train.seq_len), tokens.narrow(1, 1, config.train.seq_len)});
@@ -213,7 +217,7 @@ Command add_bench_command(CLI::App& app) {
     std::vector<double> sorted = seconds;
     std::sort(sorted.begin(), sorted.end());
     const double median = sorted[sorted.size() / 2];
-    const double tokens = static_cast<double>(config.train.batch_size * config.train.seq_len * config.train.grad_accum);
+    const double tokens = static_cast<double>(config.train.batch_size * config.train.seq_len * accumulation);
     DevicePeak peak = device_peak(device, step.compute_dtype(), config.train.peak_tflops);
     const int64_t processes = mesh ? mesh->world_size() : 1, replicas = mesh ? mesh->dims().dp() : 1;
     const int64_t cores = static_cast<int64_t>(std::thread::hardware_concurrency());
@@ -247,7 +251,7 @@ Command add_bench_command(CLI::App& app) {
                                   {"bytes", policy->bytes},
                                   {"budget_bytes", policy->budget_bytes},
                                   {"predicted_added_s_per_step",
-                                   policy->seconds * static_cast<double>(config.train.grad_accum)}};
+                                   policy->seconds * static_cast<double>(accumulation)}};
     }
     if (config.memory.activation_offload > 0 || (step.layout().activation_policy() &&
                                                  step.layout().activation_policy()->offloaded() > 0)) {

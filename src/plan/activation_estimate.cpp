@@ -62,4 +62,39 @@ double block_activation_bytes(const Config& config, const ParallelDims& dims, in
   return block_activation_bytes_per_token(config, dims, layer, activation_element_bytes(config)) * tokens;
 }
 
+double backward_working_bytes(const Config& config, const ParallelDims& dims, bool has_head, bool has_blocks) {
+  const ModelOptions& m = config.model;
+  const ParallelOptions& p = config.parallel;
+  const double tokens = static_cast<double>(config.train.batch_size * (config.train.seq_len / dims.sp()));
+  const double h = static_cast<double>(m.n_embd), t = static_cast<double>(dims.tp());
+  const double v = static_cast<double>(m.padded_vocab()) / t;
+  const bool half = config.precision.dtype == "bf16" || config.precision.dtype == "fp16";
+  const double element = half ? 2 : 4;                                    // the compute dtype's
+  const double parameter = config.precision.dtype == "fp16" ? 2 : 4;      // memory_estimate.cpp's
+  const double head_gradient = v * h * parameter;
+  double head = 0, block = 0;
+  if (has_head) {
+    const double logits = half && config.train.device != "cpu" ? 2 * v * 2 : 4 * v * element;
+    head = tokens * (2 * h * element + logits) + head_gradient;
+  }
+  if (has_blocks) {
+    double hidden = 0, down = 0;  // per token, elements; the down-projection's weight, elements
+    for (int64_t layer = 0; layer < m.n_layer; ++layer) {
+      if (m.is_moe_block(layer)) {
+        const double f = static_cast<double>(m.expert_hidden());
+        const double slots = static_cast<double>(m.moe_top_k) * std::max(1.0, m.moe_capacity_factor);
+        hidden = std::max(hidden, slots * f * (m.swiglu_experts() ? 2 : 1));
+        down = std::max(down, f * h);
+      } else {
+        const double f = static_cast<double>(m.hidden()) / t;
+        hidden = std::max(hidden, f * (m.swiglu() ? 2 : 1));
+        down = std::max(down, f * h);
+      }
+    }
+    const double residual = p.megatron_sp ? 2 * h / t : 2 * h;
+    block = tokens * (residual + hidden) * element + down * parameter + (has_head ? head_gradient : 0);
+  }
+  return std::max(head, block);
+}
+
 }  // namespace tessera

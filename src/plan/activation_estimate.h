@@ -44,4 +44,24 @@ double block_activation_bytes_per_token(const Config& config, const ParallelDims
 // sequence) under the config's checkpointing and compression.
 double block_activation_bytes(const Config& config, const ParallelDims& dims, int64_t layer);
 
+// The backward's working set per micro-batch on a rank holding the head and/or blocks: the
+// tensors that exist beside the saved activations and the optimizer state at the backward's peak,
+// which comes near its start, in the first (the head's) or second (the last block's) of two
+// phases:
+//   head   the final norm's input and output (2h, saved for its backward and the output matmul)
+//          and the logits' tensors: their values, log-probabilities and the gradients of both
+//          (4 V per token; model/cross_entropy.h), or on a GPU in 16-bit precision the fused
+//          loss's logits and gradient (2 V); V split by tp; and the output matrix's gradient
+//          (V x h / tp at the parameters' bytes)
+//   block  the gradient of the residual stream, twice (2h; split by tp under Megatron-SP), and of
+//          the MLP's hidden activation, once (GELU) or twice (SwiGLU's gate and up) per token,
+//          split by tp (MoE: the top-k x capacity slots per token at the expert's width); the
+//          down-projection's weight gradient (f x h / tp) and, on the head's rank, the head's,
+//          made at the start of the backward and not yet reduced
+// The larger of the two (a rank without the head: the block phase only). Measured as `tessera
+// bench`'s peak_bytes less its model state and its blocks' saved activations on five tiny_gpt
+// shapes (h 128-512, V 256-1024, 512 or 1024 tokens, one process, one micro-batch);
+// bench/plan_memory_here.py checks it inside whole runs of 22 layouts (docs/plan.md).
+double backward_working_bytes(const Config& config, const ParallelDims& dims, bool has_head, bool has_blocks);
+
 }  // namespace tessera

@@ -214,11 +214,12 @@ ActivationPolicy choose_activation_policy(const std::vector<std::vector<Activati
 
 double activation_budget_bytes(const Config& config, const ParallelDims& dims) {
   const MemoryEstimate e = estimate_memory(config, make_layout(config, dims));
-  const double state = e.parameter_bytes + e.gradient_bytes + (e.optimizer_on_host ? 0 : e.optimizer_bytes);
+  const double state = e.parameter_bytes + e.gradient_bytes + (e.optimizer_on_host ? 0 : e.optimizer_bytes) +
+                       e.working_bytes + e.in_flight_bytes;
   const double budget = config.memory.device_budget_gb * 1024.0 * 1024.0 * 1024.0;
   require(budget > state, "memory.device_budget_gb = ", config.memory.device_budget_gb, " (",
           format_bytes(budget), ") does not hold the model's state on the device, ", format_bytes(state),
-          " (parameters, gradients and optimizer state; `tessera inspect` shows them)");
+          " (parameters, gradients, optimizer state and the backward's working set; `tessera inspect` shows them)");
   return budget - state;
 }
 

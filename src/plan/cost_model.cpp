@@ -419,7 +419,7 @@ void add_memory(Prediction& prediction, const Config& config, const Layout& layo
   } else {
     const MemoryEstimate estimate = estimate_memory(config, layout);
     prediction.peak_memory_bytes = estimate.device_bytes();
-    if (estimate.optimizer_on_host) host_bytes = estimate.optimizer_bytes;
+    host_bytes = estimate.host_bytes();
   }
   // A CPU "device" is host memory: what the run keeps "on the host" is in the same memory (the
   // swapped state counts its device budget already).

@@ -45,7 +45,14 @@ std::string format_count(int64_t n) {
 }
 
 double MemoryEstimate::device_bytes() const {
-  return parameter_bytes + gradient_bytes + (optimizer_on_host ? 0 : optimizer_bytes) + activation_bytes_per_micro_batch;
+  const double state = parameter_bytes + (optimizer_on_host ? 0 : optimizer_bytes);
+  const double backward = state + (gradients_at_peak ? gradient_bytes : 0) + activation_bytes_per_micro_batch +
+                          working_bytes + in_flight_bytes;
+  return std::max(backward, state + gradient_bytes);
+}
+
+double MemoryEstimate::host_bytes() const {
+  return (optimizer_on_host ? optimizer_bytes : 0) + offload_host_bytes + activation_host_bytes;
 }
 
 namespace {
@@ -59,6 +66,7 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   const bool fp16 = config.precision.dtype == "fp16";
   const double param_bytes = fp16 ? 2 : 4;
   double optimizer_elements_bytes = 0;
+  std::map<int64_t, double> unit_elements;  // this rank's elements by block (-1: the ends)
   {
     for (const CensusEntry& item : *parameter_census(m, stage)) {
       const at::Tensor& t = item.meta;
@@ -69,6 +77,7 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
                                                       : 1.0 / static_cast<double>(tensor_parallel_chunks(item.spec, dims.tp()));
       const double local = static_cast<double>(t.numel()) * share;
       e.parameters_rank += static_cast<int64_t>(local);
+      unit_elements[std::max<int64_t>(item.spec.block, -1)] += local;
       double state = optimizer_state_bytes(config.optim, t, share);
       if (fp16) state += 4 * local;  // fp32 master
       optimizer_elements_bytes += state;
@@ -80,6 +89,18 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   e.gradient_bytes = P * param_bytes / (p.zero_stage >= 2 ? N : 1);
   e.optimizer_bytes = optimizer_elements_bytes / (p.zero_stage >= 1 ? N : 1);
   e.optimizer_on_host = p.offload;
+  if (p.offload) e.offload_host_bytes = P * (4 + 4) / N;
+  // Gradients exist at the backward's peak where data parallelism keeps them between steps (DDP's
+  // buckets, ZeRO's flat buffers and shards) or an earlier micro-batch of the step made them.
+  e.gradients_at_peak = N > 1 || dims.pp() > 1 || config.train.accumulation(dims.dp()) > 1;
+  if (p.zero_stage >= 3 && N > 1) {
+    double largest_block = 0, blocks = 0;
+    for (const auto& [block, n] : unit_elements)
+      if (block >= 0) largest_block = std::max(largest_block, n), blocks += 1;
+    const double ends = unit_elements.count(-1) ? unit_elements.at(-1) : 0;
+    const bool whole_stage = dims.pp() > 1 && !p.zero3_reshard_per_microbatch;
+    e.in_flight_bytes = (whole_stage ? P : ends + std::min(3.0, blocks) * largest_block) * param_bytes;
+  }
 
   const int64_t tokens = config.train.seq_len / dims.sp();
   const double element_bytes = activation_element_bytes(config);
@@ -117,6 +138,7 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   const double micro_batch_tokens = static_cast<double>(config.train.batch_size * tokens);
   e.activation_bytes_per_micro_batch = (e.activation_bytes_per_token + recomputed) * micro_batch_tokens;
   e.activation_host_bytes = offloaded / chunks * held * micro_batch_tokens;
+  e.working_bytes = backward_working_bytes(config, dims, stage.head(m), !stage.layers(m).empty());
   return e;
 }
 
@@ -210,7 +232,17 @@ std::string describe_memory_estimate(const Config& config, const ParallelDims& d
     out += line("  offloaded        %12s of activations in host memory (memory.activation_offload = %lld blocks; the "
                 "device term holds two of them in flight)\n",
                 format_bytes(e.activation_host_bytes).c_str(), static_cast<long long>(config.memory.activation_offload));
-  out += line("  device total     %12s\n", format_bytes(e.device_bytes()).c_str());
+  out += line("  backward working %12s (the head's logits and gradients, or the last block's)\n",
+              format_bytes(e.working_bytes).c_str());
+  if (e.in_flight_bytes > 0)
+    out += line("  gathered (ZeRO-3)%12s whole units at the backward's peak\n", format_bytes(e.in_flight_bytes).c_str());
+  if (e.offload_host_bytes > 0)
+    out += line("  offload copies   %12s (host: the shard's float32 master copy and gradient)\n",
+                format_bytes(e.offload_host_bytes).c_str());
+  out += line(e.gradients_at_peak ? "  device total     %12s at the backward's peak\n"
+                                  : "  device total     %12s at the backward's peak (its gradients not made yet) or the "
+                                    "optimizer step's\n",
+              format_bytes(e.device_bytes()).c_str());
   if (config.memory.activation_policy == "auto")
     out += line("memory.activation_policy = auto: memory.device_budget_gb = %g leaves %s for the blocks' activations "
                 "(the activations above keep every block's); the smallest policy needs %s; the run measures its "

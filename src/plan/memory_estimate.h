@@ -23,6 +23,23 @@
 //                its encoding's bytes (bf16: 2 of float32's 4; int8, fp8: 1.125);
 //                memory.activation_offload moves the first blocks' to the host, leaving two of
 //                them (of one micro-batch) in flight on the device.
+//   working      the backward's own tensors at its peak, beside the saved activations: the head's
+//                logits and their gradients or the last block's MLP gradients, whichever phase
+//                holds more (plan/activation_estimate.h, backward_working_bytes)
+//   in flight    ZeRO-3: the units gathered whole at the backward's peak; without a pipeline the
+//                ends (embeddings, final norm) and three of the largest block (the one running,
+//                the next one prefetched, and the full gradient of the one before, until its
+//                reduce-scatter), with one the rank's whole stages (held for the step; three
+//                blocks with parallel.zero3_reshard_per_microbatch)
+//   host         with parallel.offload, besides the optimizer state, the shard's float32 master
+//                copy and its gradient: (4 + 4) / dp bytes per parameter
+// The peak is the larger of the backward's (parameters, optimizer state, activations, working,
+// in flight, and the gradients where they exist by then: kept across steps by data parallelism's
+// buffers and shards, or made by an earlier micro-batch of the step) and the optimizer step's
+// (parameters, gradients, optimizer state). Not counted: the optimizer's own temporaries, the
+// communication buckets' staging copies, pipeline transfers and the experts' dispatch buffers.
+// Checked against the peak of tensor bytes of runs on this machine: bench/plan_memory_here.py,
+// docs/plan.md.
 #pragma once
 
 #include <cstdint>
@@ -46,13 +63,21 @@ struct MemoryEstimate {
   double activation_bytes_per_token = 0;  // all of this rank's blocks, per token of its sequence chunk
   double activation_bytes_per_micro_batch = 0;  // x train.batch_size x (seq_len / sp)
   double activation_host_bytes = 0;  // memory.activation_offload: what waits in host memory at the peak
+  double working_bytes = 0;          // the backward's working set (above), per rank
+  double in_flight_bytes = 0;        // ZeRO-3's gathered units at the backward's peak
+  double offload_host_bytes = 0;     // parallel.offload: the shard's master copy and gradient on the host
+  bool gradients_at_peak = true;     // whether the gradients exist at the backward's peak (above)
   // With parallel.pp > 1: the pipeline rank these numbers are for (the one that needs the most),
   // the micro-batches' activations (x one stage) its schedule holds at its peak, which the
   // activation terms include, and the cut and schedule as text. pipeline_rank -1: no pipeline.
   int64_t pipeline_rank = -1;
   int64_t pipeline_held = 0;
   std::string pipeline;
-  double device_bytes() const;    // parameters + gradients + optimizer (unless on the host) + activations
+  // The device's peak: the larger of the backward's and the optimizer step's (above).
+  double device_bytes() const;
+  // What the rank keeps in host memory: offloaded optimizer state, master copy and gradient, and
+  // offloaded activations.
+  double host_bytes() const;
 };
 
 // Estimates any layout (plan/layout.h); check_parallel_layout says whether it can run. With

@@ -77,17 +77,29 @@ TEST(Inspect, ZeroStagesDivideWhatTheyShard) {
 
 // A pipeline layout is planned (training it is not built yet): the cut, the schedule's simulated
 // bubble, and the memory of the pipeline rank that needs the most, whose parameters are its
-// stage's: GPT-2 small on 4 stages, rank 0 = the embeddings and blocks 0-2.
+// stage's. GPT-2 small on 4 stages in fp32 at micro-batches of 8 x 1024 tokens: rank 0 holds the
+// embeddings, blocks 0-2 and four micro-batches' activations, rank 3 blocks 9-11, the head and one
+// micro-batch's, but also the head's backward working set (logits of 8192 tokens x 50304 and their
+// gradients, four float32 tensors of 1.54 GiB), which makes it the largest; with a vocabulary of
+// 512 rank 0 is.
 TEST(Inspect, PipelineLayoutsShowTheCutScheduleAndLargestRank) {
   auto r = run_tessera("inspect --config gpt2_124m --world 4 --set parallel.pp=4 --set train.grad_accum=8");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("pipeline: 1f1b, 4 ranks x 1 stage(s), cut by layers"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("stage 3: blocks 9-11 + head"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("8 micro-batches per step: simulated bubble 27.3%"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("the largest: pipeline rank 0"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("up to 4 micro-batches"), std::string::npos) << r.output;
-  const double stage0 = 50304.0 * 768 + 1024 * 768 + 3 * 7087872.0;
-  EXPECT_NEAR(bytes_of(r.output, "parameters"), 4 * stage0, 0.001 * 4 * stage0) << r.output;
+  EXPECT_NE(r.output.find("the largest: pipeline rank 3"), std::string::npos) << r.output;
+  const double stage3 = 50304.0 * 768 + 3 * 7087872.0 + 2 * 768;
+  EXPECT_NEAR(bytes_of(r.output, "parameters"), 4 * stage3, 0.001 * 4 * stage3) << r.output;
+  const double working = 8192.0 * (2 * 768 + 4 * 50304) * 4 + 50304.0 * 768 * 4;
+  EXPECT_NEAR(bytes_of(r.output, "backward working"), working, 0.001 * working) << r.output;
+  auto small = run_tessera("inspect --config gpt2_124m --world 4 --set parallel.pp=4 --set train.grad_accum=8 "
+                           "--set model.vocab_size=512");
+  ASSERT_EQ(small.exit_code, 0) << small.output;
+  EXPECT_NE(small.output.find("the largest: pipeline rank 0"), std::string::npos) << small.output;
+  EXPECT_NE(small.output.find("up to 4 micro-batches"), std::string::npos) << small.output;
+  const double stage0 = 512.0 * 768 + 1024 * 768 + 3 * 7087872.0;
+  EXPECT_NEAR(bytes_of(small.output, "parameters"), 4 * stage0, 0.001 * 4 * stage0) << small.output;
   expect_error("inspect --config gpt2_124m --world 4 --set parallel.pp=4 --set parallel.pp_schedule=interleaved "
                "--set train.grad_accum=6",
                {"multiple of parallel.pp = 4"});
