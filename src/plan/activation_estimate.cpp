@@ -53,13 +53,34 @@ double block_activation_bytes_per_token(const Config& config, const ParallelDims
     split += mlp(static_cast<double>(m.hidden()), m.swiglu());
   }
   const double masks = m.dropout > 0 ? 2 * h : 0;  // bytes, replicated
-  const double rest = p.megatron_sp ? (replicated + split) / t : replicated + split / t;
+  // Megatron-SP splits the norms' inputs over the sequence, but their outputs are kept as the
+  // column-parallel products saved them, all-gathered: 2h whole.
+  const double rest = p.megatron_sp ? (replicated / 2 + split) / t + replicated / 2 : replicated + split / t;
   return rest * element_bytes + (p.megatron_sp ? masks / t : masks) + floats;
 }
 
 double block_activation_bytes(const Config& config, const ParallelDims& dims, int64_t layer) {
   const double tokens = static_cast<double>(config.train.batch_size * (config.train.seq_len / dims.sp()));
   return block_activation_bytes_per_token(config, dims, layer, activation_element_bytes(config)) * tokens;
+}
+
+double split_backward_kept_bytes_per_token(const Config& config, const ParallelDims& dims, int64_t layer) {
+  const ModelOptions& m = config.model;
+  const double h = static_cast<double>(m.n_embd), t = static_cast<double>(dims.tp());
+  const bool half = config.precision.dtype == "bf16" || config.precision.dtype == "fp16";
+  const double hq = static_cast<double>(m.n_head * m.head_width());
+  const double kv = static_cast<double>(std::max(m.kv_heads(), dims.tp()) * m.head_width());
+  double split = m.arch == "linear" ? 4 * h : hq + 2 * kv, whole = h;  // the attention's projections
+  if (m.is_moe_block(layer)) {
+    const double f = static_cast<double>(m.expert_hidden());
+    const double slots = static_cast<double>(m.moe_top_k) * std::max(1.0, m.moe_capacity_factor);
+    split += slots * ((m.swiglu_experts() ? 2 : 1) * f + h);
+  } else {
+    split += (m.swiglu() ? 2 : 1) * static_cast<double>(m.hidden());
+    whole += h;
+  }
+  const double norms = config.parallel.megatron_sp ? 2 * h / t : 2 * h;
+  return (split / t + whole + norms) * (half ? 2 : 4);
 }
 
 double backward_working_bytes(const Config& config, const ParallelDims& dims, bool has_head, bool has_blocks) {

@@ -20,8 +20,10 @@
 //              MLP (above, at the expert's width) and output (h); the router's logits and
 //              probabilities (2 E); each shared expert's input, MLP and output
 //   dropout    with model.dropout > 0, the residual branches' two masks (a byte per element)
-// Tensor parallelism splits everything but the norms' 4h (Megatron-SP those too) and the norms'
-// statistics; sequence parallelism is in "per token of this rank's chunk". Selective
+// Tensor parallelism splits everything but the norms' 4h and statistics; Megatron-SP splits the
+// norms' inputs (2h) too, while their outputs stay whole, all-gathered over the sequence as the
+// column-parallel products that follow save them (measured: tessera bench's
+// saved_activation_bytes, tp2 on tiny_gpt); sequence parallelism is in "per token of this rank's chunk". Selective
 // checkpointing drops the log-sum-exp (the attention core's); full keeps the block's input (h).
 #pragma once
 
@@ -43,6 +45,16 @@ double block_activation_bytes_per_token(const Config& config, const ParallelDims
 // What block `layer` saves per micro-batch on this rank (train.batch_size x its share of the
 // sequence) under the config's checkpointing and compression.
 double block_activation_bytes(const Config& config, const ParallelDims& dims, int64_t layer);
+
+// What a micro-batch of block `layer` holds per token, beyond what its forward saved, while it
+// awaits its W in a zero-bubble schedule: the output gradients its I kept at the parameterised
+// ops (parallel/pipeline/split_backward.h), in the compute dtype: the attention's input and
+// output projections (h_q + 2 kv, h; the linear kind's five projections, 5h), the MLP's (f, or
+// SwiGLU's 2f, and h; MoE: per slot), both norms' (2h). Split by tp as the products are (the
+// norms' under Megatron-SP). Measured (tessera bench, pp2 zbh1 on tiny_gpt shapes): its I adds
+// these to the micro-batch's memory and frees none of what its F saved, so the estimate counts
+// both until its W.
+double split_backward_kept_bytes_per_token(const Config& config, const ParallelDims& dims, int64_t layer);
 
 // The backward's working set per micro-batch on a rank holding the head and/or blocks: the
 // tensors that exist beside the saved activations and the optimizer state at the backward's peak,

@@ -421,10 +421,8 @@ void add_memory(Prediction& prediction, const Config& config, const Layout& layo
     prediction.peak_memory_bytes = estimate.device_bytes();
     host_bytes = estimate.host_bytes();
   }
-  // A CPU "device" is host memory: what the run keeps "on the host" is in the same memory (the
-  // swapped state counts its device budget already).
-  if (cluster.device.kind == "cpu")
-    prediction.peak_memory_bytes = config.memory.swap ? host_bytes : prediction.peak_memory_bytes + host_bytes;
+  // A CPU "device" is host memory: what the run keeps "on the host" is in the same memory.
+  if (cluster.device.kind == "cpu") prediction.peak_memory_bytes += host_bytes;
   prediction.fits = prediction.peak_memory_bytes <= cluster.device.memory_bytes() &&
                     (cluster.host.memory_gib <= 0 || host_bytes * ranks_on_host <= cluster.host.memory_gib * kGiB);
   prediction.memory_estimated = true;

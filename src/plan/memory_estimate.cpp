@@ -58,8 +58,10 @@ double MemoryEstimate::host_bytes() const {
 namespace {
 
 // The estimate for a rank holding `stage` of the model (the whole model: ModelStage{}), whose
-// schedule keeps up to `held` micro-batches' activations of one of its stages at once.
-MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, const ModelStage& stage, double held) {
+// schedule keeps up to held[k] micro-batches' activations of one of its stages at once while k of
+// them await their W (pipeline::Simulation::peak_held_awaiting_w; {1} without a pipeline).
+MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, const ModelStage& stage,
+                             const std::vector<int64_t>& held) {
   const ModelOptions& m = config.model;
   const ParallelOptions& p = config.parallel;
   MemoryEstimate e;
@@ -114,16 +116,18 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   const bool full = config.memory.activation_checkpointing == "full";
   // Blocks below memory.activation_offload keep theirs in host memory; the device holds at most two
   // of their groups at once (one stored or used, the next fetched ahead), of one micro-batch.
-  double per_token = 0, recomputed = 0, offloaded = 0, offloaded_largest = 0;
+  double per_token = 0, recomputed = 0, offloaded = 0, offloaded_largest = 0, kept = 0;
   int64_t offloaded_blocks = 0;
-  std::map<bool, double> stored;  // by whether the block is an MoE block
+  std::map<bool, double> stored, kept_by_kind;  // by whether the block is an MoE block
   for (const int64_t layer : stage.layers(m)) {
     const bool moe = m.is_moe_block(layer);
     auto it = stored.find(moe);
     if (it == stored.end()) {
       it = stored.emplace(moe, block_activation_bytes_per_token(config, dims, layer, element_bytes)).first;
+      kept_by_kind[moe] = split_backward_kept_bytes_per_token(config, dims, layer);
       if (full) recomputed = std::max(recomputed, block_activation_bytes_per_token(whole, dims, layer, element_bytes));
     }
+    kept += kept_by_kind[moe];
     if (layer < config.memory.activation_offload) {
       offloaded += it->second;
       offloaded_largest = std::max(offloaded_largest, it->second);
@@ -134,10 +138,19 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   }
   const double chunks = stage.whole() ? 1.0 : static_cast<double>(stage.chunks.size());
   const double in_flight = static_cast<double>(std::min<int64_t>(offloaded_blocks, 2)) * offloaded_largest;
-  e.activation_bytes_per_token = per_token / chunks * held + in_flight;
+  // The schedule's worst moment: its micro-batches' saved activations, and the kept gradients of
+  // those awaiting their W.
+  double units = 0;
+  int64_t most_held = 0;
+  for (size_t k = 0; k < held.size(); ++k) {
+    if (held[k] < 0) continue;
+    units = std::max(units, per_token / chunks * static_cast<double>(held[k]) + kept / chunks * static_cast<double>(k));
+    most_held = std::max(most_held, held[k]);
+  }
+  e.activation_bytes_per_token = units + in_flight;
   const double micro_batch_tokens = static_cast<double>(config.train.batch_size * tokens);
   e.activation_bytes_per_micro_batch = (e.activation_bytes_per_token + recomputed) * micro_batch_tokens;
-  e.activation_host_bytes = offloaded / chunks * held * micro_batch_tokens;
+  e.activation_host_bytes = offloaded / chunks * static_cast<double>(most_held) * micro_batch_tokens;
   e.working_bytes = backward_working_bytes(config, dims, stage.head(m), !stage.layers(m).empty());
   return e;
 }
@@ -145,7 +158,7 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
 }  // namespace
 
 double model_state_lower_bound(const Config& config, const ParallelDims& dims) {
-  const MemoryEstimate whole = estimate_rank(config, dims, ModelStage{}, 0);
+  const MemoryEstimate whole = estimate_rank(config, dims, ModelStage{}, {0});
   return (whole.parameter_bytes + whole.gradient_bytes + (whole.optimizer_on_host ? 0 : whole.optimizer_bytes)) /
          static_cast<double>(dims.pp());
 }
@@ -155,16 +168,15 @@ MemoryEstimate estimate_memory(const Config& config, const Layout& layout) {
   const ParallelDims& dims = layout.dims();
   MemoryEstimate e;
   if (dims.pp() == 1) {
-    e = estimate_rank(config, dims, ModelStage{}, 1);
+    e = estimate_rank(config, dims, ModelStage{}, {1});
   } else {
     // Every pipeline rank's stages and the activations its schedule holds; the table shows the
     // rank that needs the most.
-    const ParallelOptions& p = config.parallel;
-    const int64_t v = p.pipeline_virtual();
+    // A count of held activations is in units of one stage's (the simulator's), so with several
+    // stages per rank (interleaved, V placement) it takes their mean, not their sum.
     const pipeline::Simulation sim = pipeline::simulate_schedule(layout.schedule(), {}, pipeline::Timeline::skip);
     for (int64_t r = 0; r < dims.pp(); ++r) {
-      MemoryEstimate rank = estimate_rank(config, dims, layout.stage_of(r),
-                                          static_cast<double>(sim.peak_held[r]) / static_cast<double>(v));
+      MemoryEstimate rank = estimate_rank(config, dims, layout.stage_of(r), sim.peak_held_awaiting_w[r]);
       rank.pipeline_rank = r;
       rank.pipeline_held = sim.peak_held[r];
       if (r == 0 || rank.device_bytes() > e.device_bytes()) e = rank;

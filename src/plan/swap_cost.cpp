@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "memory/swap/swap_simulate.h"
+#include "plan/activation_estimate.h"
 #include "plan/layout.h"
 #include "plan/memory_estimate.h"
 #include "plan/swap_cut.h"
@@ -50,8 +51,11 @@ SwapStep predict_swap_step(const Config& config, const ParallelDims& dims, const
   const std::vector<int64_t> replicas = dims.group_of("dp", 0);
   out.reduce_s = all_reduce_seconds(4 * elements, static_cast<int64_t>(replicas.size()), cluster.tier(replicas));
   out.step_s = swap::simulate_swap_plan(out.plan).step_time + out.reduce_s;
-  out.peak_device_bytes = swap::occupancy(out.plan).peak;
-  out.host_bytes = swap_host_memory(config, out.plan).total();
+  // The plan's occupancy counts its sub-models' parameters, gradients and activations; the
+  // backward's own tensors come on top (plan/activation_estimate.h).
+  out.peak_device_bytes = swap::occupancy(out.plan).peak + backward_working_bytes(config, dims, true, true);
+  const SwapHostMemory host = swap_host_memory(config, out.plan);
+  out.host_bytes = host.total() - host.device;
   return out;
 }
 

@@ -32,8 +32,9 @@ struct SwapStep {
   swap::SwapPlan plan;
   double step_s = 0;     // the replay's step plus the replicas' reduction
   double reduce_s = 0;   // the replicas' all-reduce (0 with one replica)
-  double peak_device_bytes = 0;  // the plan's occupancy at its peak
-  double host_bytes = 0;         // the host memory one replica holds (plan/swap_cut.h)
+  double peak_device_bytes = 0;  // the plan's occupancy at its peak and the backward's working set
+  double host_bytes = 0;         // the host memory one replica holds (plan/swap_cut.h), less a CPU
+                                 // "device"'s budget: its peak_device_bytes are host memory too
 };
 
 SwapStep predict_swap_step(const Config& config, const ParallelDims& dims, const Cluster& cluster,
