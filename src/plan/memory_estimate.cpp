@@ -67,42 +67,53 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   MemoryEstimate e;
   const bool fp16 = config.precision.dtype == "fp16";
   const double param_bytes = fp16 ? 2 : 4;
-  double optimizer_elements_bytes = 0;
+  // ZeRO shards a parameter over the ranks holding a replica of it: every data- and
+  // sequence-parallel rank (parallelize.cpp, step 5), or for an expert's the dp x sp / ep of them
+  // holding the same experts (data_parallel.h, reduction groups).
+  const double replicas = static_cast<double>(dims.dp() * dims.sp());
+  double optimizer_elements_bytes = 0, sharded_elements = 0, sharded_optimizer_bytes = 0;
   std::map<int64_t, double> unit_elements;  // this rank's elements by block (-1: the ends)
-  {
-    for (const CensusEntry& item : *parameter_census(m, stage)) {
-      const at::Tensor& t = item.meta;
-      const Split split = item.spec.split;
-      // A split tensor's share: one of its tp chunks (a replicated key/value head where heads are fewer).
-      const double share = split == Split::replicated ? 1.0
-                           : split == Split::expert   ? 1.0 / static_cast<double>(dims.ep())
-                                                      : 1.0 / static_cast<double>(tensor_parallel_chunks(item.spec, dims.tp()));
-      const double local = static_cast<double>(t.numel()) * share;
-      e.parameters_rank += static_cast<int64_t>(local);
-      unit_elements[std::max<int64_t>(item.spec.block, -1)] += local;
-      double state = optimizer_state_bytes(config.optim, t, share);
-      if (fp16) state += 4 * local;  // fp32 master
-      optimizer_elements_bytes += state;
-    }
+  for (const CensusEntry& item : *parameter_census(m, stage)) {
+    const at::Tensor& t = item.meta;
+    const Split split = item.spec.split;
+    // A split tensor's share: one of its tp chunks (a replicated key/value head where heads are fewer).
+    const double share = split == Split::replicated ? 1.0
+                         : split == Split::expert   ? 1.0 / static_cast<double>(dims.ep())
+                                                    : 1.0 / static_cast<double>(tensor_parallel_chunks(item.spec, dims.tp()));
+    const double local = static_cast<double>(t.numel()) * share;
+    const double holders = split == Split::expert ? replicas / static_cast<double>(dims.ep()) : replicas;
+    e.parameters_rank += static_cast<int64_t>(local);
+    unit_elements[std::max<int64_t>(item.spec.block, -1)] += local;
+    double state = optimizer_state_bytes(config.optim, t, share);
+    if (fp16) state += 4 * local;  // fp32 master
+    optimizer_elements_bytes += state;
+    sharded_elements += local / holders;
+    sharded_optimizer_bytes += state / holders;
   }
-  const double N = static_cast<double>(dims.dp());
   const double P = static_cast<double>(e.parameters_rank);
-  e.parameter_bytes = P * param_bytes / (p.zero_stage >= 3 ? N : 1);
-  e.gradient_bytes = P * param_bytes / (p.zero_stage >= 2 ? N : 1);
-  e.optimizer_bytes = optimizer_elements_bytes / (p.zero_stage >= 1 ? N : 1);
+  e.parameter_bytes = (p.zero_stage >= 3 ? sharded_elements : P) * param_bytes;
+  e.gradient_bytes = (p.zero_stage >= 2 ? sharded_elements : P) * param_bytes;
+  e.optimizer_bytes = p.zero_stage >= 1 ? sharded_optimizer_bytes : optimizer_elements_bytes;
   e.optimizer_on_host = p.offload;
-  if (p.offload) e.offload_host_bytes = P * (4 + 4) / N;
+  if (p.offload) e.offload_host_bytes = sharded_elements * (4 + 4);
   // Gradients exist at the backward's peak where data parallelism keeps them between steps (DDP's
   // buckets, ZeRO's flat buffers and shards) or an earlier micro-batch of the step made them.
-  e.gradients_at_peak = N > 1 || dims.pp() > 1 || config.train.accumulation(dims.dp()) > 1;
-  if (p.zero_stage >= 3 && N > 1) {
-    double largest_block = 0, blocks = 0;
-    for (const auto& [block, n] : unit_elements)
-      if (block >= 0) largest_block = std::max(largest_block, n), blocks += 1;
-    const double ends = unit_elements.count(-1) ? unit_elements.at(-1) : 0;
+  const int64_t accumulation = config.train.accumulation(dims.dp());
+  e.gradients_at_peak = replicas > 1 || dims.pp() > 1 || accumulation > 1;
+  double largest_block = 0, blocks = 0;
+  for (const auto& [block, n] : unit_elements)
+    if (block >= 0) largest_block = std::max(largest_block, n), blocks += 1;
+  const double ends = unit_elements.count(-1) ? unit_elements.at(-1) : 0;
+  if (p.zero_stage >= 3 && replicas > 1) {
     const bool whole_stage = dims.pp() > 1 && !p.zero3_reshard_per_microbatch;
     e.in_flight_bytes = (whole_stage ? P : ends + std::min(3.0, blocks) * largest_block) * param_bytes;
   }
+  // ZeRO-2 and 3 reduce-scatter each micro-batch's gradients unit by unit, up to two at once; the
+  // last two of a micro-batch before the last (the ends and block 0, each a full flat gradient and
+  // its shard) are still in flight when the next micro-batch's backward peaks
+  // (data_parallel_reduce.cpp). Measured without a pipeline only.
+  if (p.zero_stage >= 2 && replicas > 1 && accumulation > 1 && dims.pp() == 1)
+    e.in_flight_bytes += (ends + largest_block) * param_bytes * (1 + 1 / replicas);
 
   const int64_t tokens = config.train.seq_len / dims.sp();
   const double element_bytes = activation_element_bytes(config);
