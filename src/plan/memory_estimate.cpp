@@ -51,6 +51,12 @@ double MemoryEstimate::device_bytes() const {
   return std::max(backward, state + gradient_bytes);
 }
 
+double MemoryEstimate::device_lower_bound_bytes() const {
+  const double state = parameter_bytes + (optimizer_on_host ? 0 : optimizer_bytes);
+  return std::max(state + (gradients_at_peak ? gradient_bytes : 0) + activation_bytes_per_micro_batch,
+                  state + gradient_bytes);
+}
+
 double MemoryEstimate::host_bytes() const {
   return (optimizer_on_host ? optimizer_bytes : 0) + offload_host_bytes + activation_host_bytes;
 }
@@ -294,8 +300,8 @@ void check_memory_fits(const Config& config, const MemoryEstimate& e, int64_t ra
   const std::string advice = ", the largest term is " + format_bytes(largest.first) + " of " + largest.second +
                              " (`tessera inspect` shows the estimate)";
   if (device_capacity_bytes > 0) {
-    if (e.device_bytes() > device_capacity_bytes)
-      fail("this run needs at least ", format_bytes(e.device_bytes()), " of GPU memory per rank, but the GPU ("
+    if (e.device_lower_bound_bytes() > device_capacity_bytes)
+      fail("this run needs at least ", format_bytes(e.device_lower_bound_bytes()), " of GPU memory per rank, but the GPU ("
            "train.device = ", config.train.device, ") has ", format_bytes(device_capacity_bytes), advice);
     const double offloaded = e.optimizer_on_host ? e.optimizer_bytes * static_cast<double>(ranks_on_host) : 0;
     if (host_available_bytes > 0 && offloaded > host_available_bytes)
@@ -305,7 +311,7 @@ void check_memory_fits(const Config& config, const MemoryEstimate& e, int64_t ra
     return;
   }
   if (config.train.device != "cpu" || host_available_bytes <= 0) return;
-  const double per_rank = e.device_bytes() + (e.optimizer_on_host ? e.optimizer_bytes : 0);
+  const double per_rank = e.device_lower_bound_bytes() + (e.optimizer_on_host ? e.optimizer_bytes : 0);
   const double total = per_rank * static_cast<double>(ranks_on_host);
   if (total <= host_available_bytes) return;
   fail("this run needs at least ", format_bytes(per_rank), " per rank", ranks_on_host > 1 ? " x " : "",

@@ -4,13 +4,13 @@
 //
 // Per parameter, from its declaration (model/parameter_spec.h): a split one (column, row, vocab)
 // holds 1/tp of its elements on each tensor-parallel rank, an expert one 1/ep; replicated ones
-// are whole. Then, over the dp ranks:
-//   parameters   P x bytes of the parameter dtype (fp32; fp16 with precision.dtype = fp16), /dp at ZeRO-3
-//   gradients    P x the same bytes, /dp at ZeRO-2 and 3
+// are whole. Then, over the R ranks holding a replica of it (R = dp x sp; an expert's dp x sp / ep):
+//   parameters   P x bytes of the parameter dtype (fp32; fp16 with precision.dtype = fp16), /R at ZeRO-3
+//   gradients    P x the same bytes, /R at ZeRO-2 and 3
 //   optimizer    AdamW 8 bytes per element; SGD 4 with momentum, 0 without; Adafactor 4 x (n + m)
 //                per [.., n, m] matrix row and column statistics (4 x numel for vectors) plus
 //                4 x numel with beta1 > 0;
-//                fp16 adds 4 bytes of fp32 master per element; /dp at ZeRO 1-3; on the host with
+//                fp16 adds 4 bytes of fp32 master per element; /R at ZeRO 1-3; on the host with
 //                parallel.offload (with a device copy of the gradient shard)
 //   activations  per token per block, what tessera's block of that kind saves for its backward
 //                (plan/activation_estimate.h: the norms, the attention's q, k, v and output and
@@ -30,9 +30,11 @@
 //                ends (embeddings, final norm) and three of the largest block (the one running,
 //                the next one prefetched, and the full gradient of the one before, until its
 //                reduce-scatter), with one the rank's whole stages (held for the step; three
-//                blocks with parallel.zero3_reshard_per_microbatch)
+//                blocks with parallel.zero3_reshard_per_microbatch); ZeRO-2 and 3 with several
+//                micro-batches and no pipeline: the last two reduce-scatters of the micro-batch
+//                before (the ends' and a block's full flat gradient and shard)
 //   host         with parallel.offload, besides the optimizer state, the shard's float32 master
-//                copy and its gradient: (4 + 4) / dp bytes per parameter
+//                copy and its gradient: (4 + 4) / R bytes per parameter
 // The peak is the larger of the backward's (parameters, optimizer state, activations, working,
 // in flight, and the gradients where they exist by then: kept across steps by data parallelism's
 // buffers and shards, or made by an earlier micro-batch of the step) and the optimizer step's
@@ -75,6 +77,9 @@ struct MemoryEstimate {
   std::string pipeline;
   // The device's peak: the larger of the backward's and the optimizer step's (above).
   double device_bytes() const;
+  // The same without the working set and the units in flight, the terms that are approximate:
+  // tensors that certainly exist at once.
+  double device_lower_bound_bytes() const;
   // What the rank keeps in host memory: offloaded optimizer state, master copy and gradient, and
   // offloaded activations.
   double host_bytes() const;
@@ -103,9 +108,10 @@ std::string format_count(int64_t n);
 // optimizer state) exceed `host_available_bytes`. On a GPU (`device_capacity_bytes` > 0, the
 // device's total memory, checked by each worker once its device is chosen): when one rank's device
 // bytes exceed it, and offloaded optimizer state x `ranks_on_host` exceeds the host's. The message
-// names the largest term and the keys that set it. The estimate is a lower bound (no logits,
-// allocator slack, CUDA context or libtorch's own memory), so what passes may still not fit; what
-// is refused cannot. A capacity <= 0 is unknown: nothing is refused for it.
+// names the largest term and the keys that set it. It refuses by device_lower_bound_bytes (no
+// working set, no units in flight, no allocator slack, CUDA context or libtorch's own memory), so
+// what passes may still not fit; what is refused cannot. A capacity <= 0 is unknown: nothing is
+// refused for it.
 void check_memory_fits(const Config& config, const MemoryEstimate& e, int64_t ranks_on_host,
                        double host_available_bytes, double device_capacity_bytes = 0);
 
