@@ -22,7 +22,7 @@ MLPImpl::MLPImpl(const ModelOptions& opts, const at::TensorOptions& where)
 }
 
 at::Tensor MLPImpl::forward(const at::Tensor& x) {
-  auto h = linear(c_fc, region_.input(x));
+  auto h = region_.project(c_fc, x);
   if (glu_) {
     auto parts = h.chunk(2, -1);
     return region_.output(c_proj, parts[0] * at::silu(parts[1]));

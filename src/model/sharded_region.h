@@ -12,7 +12,11 @@
 // (in the product's dtype, as the GEMM would under autocast).
 //   enter: [B, T', C] -> [B, T, C]    copy_to_tp (T' = T), or gather_from_sequence (T' = T/N)
 //   exit:  [B, T, C] partial -> [B, T', C] reduced   reduce_from_tp, or reduce_scatter_to_sequence
-// Both members are set together.
+// Both members are set together. A layer whose region input feeds one projection applies it with
+// project(), which uses `column` where the region sets it: the input projection entered in one
+// function (under Megatron-SP, sequence_gathered_linear, which keeps this rank's [B, T/N, C] for the
+// backward instead of the gathered [B, T, C]); without it, linear(enter(x)). A layer that feeds the
+// region's input to several projections (lightning attention's four) calls input() once.
 #pragma once
 
 #include <functional>
@@ -25,14 +29,22 @@ namespace tessera {
 
 struct ShardedRegion {
   using Map = std::function<at::Tensor(const at::Tensor&)>;
+  using Column = std::function<at::Tensor(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias)>;
   Map enter;
   Map exit;
+  Column column;  // optional: enter and the projection in one
 
   bool active() const { return static_cast<bool>(enter); }
   explicit operator bool() const { return active(); }
 
   // The input of the region's column-parallel projections.
   at::Tensor input(const at::Tensor& x) const { return active() ? enter(x) : x; }
+
+  // The column-parallel input projection of x [B, T', in]: [B, T, out / N].
+  at::Tensor project(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) const {
+    return column ? column(x, weight, bias) : linear(input(x), weight, bias);
+  }
+  at::Tensor project(const Linear& proj, const at::Tensor& x) const { return project(x, proj->weight, proj->bias); }
 
   // The row-parallel output projection of y [B, T, in]: [B, T', out].
   at::Tensor output(const Linear& proj, const at::Tensor& y) const {

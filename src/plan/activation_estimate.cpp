@@ -53,9 +53,11 @@ double block_activation_bytes_per_token(const Config& config, const ParallelDims
     split += mlp(static_cast<double>(m.hidden()), m.swiglu());
   }
   const double masks = m.dropout > 0 ? 2 * h : 0;  // bytes, replicated
-  // Megatron-SP splits the norms' inputs over the sequence, but their outputs are kept as the
-  // column-parallel products saved them, all-gathered: 2h whole.
-  const double rest = p.megatron_sp ? (replicated / 2 + split) / t + replicated / 2 : replicated + split / t;
+  // Megatron-SP splits the norms' inputs and outputs over the sequence: the column-parallel
+  // products keep their input as it was before the all-gather (sequence_gathered_linear), but for
+  // lightning attention's four projections, which keep the gathered input: h whole.
+  const double gathered = p.megatron_sp && m.arch == "linear" ? h - h / t : 0;
+  const double rest = p.megatron_sp ? (replicated + split) / t + gathered : replicated + split / t;
   return rest * element_bytes + (p.megatron_sp ? masks / t : masks) + floats;
 }
 

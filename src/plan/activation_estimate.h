@@ -20,10 +20,10 @@
 //              MLP (above, at the expert's width) and output (h); the router's logits and
 //              probabilities (2 E); each shared expert's input, MLP and output
 //   dropout    with model.dropout > 0, the residual branches' two masks (a byte per element)
-// Tensor parallelism splits everything but the norms' 4h and statistics; Megatron-SP splits the
-// norms' inputs (2h) too, while their outputs stay whole, all-gathered over the sequence as the
-// column-parallel products that follow save them (measured: tessera bench's
-// saved_activation_bytes, tp2 on tiny_gpt); sequence parallelism is in "per token of this rank's chunk". Selective
+// Tensor parallelism splits everything but the norms' 4h and statistics; Megatron-SP splits those
+// too (the column-parallel products keep their input before its all-gather:
+// parallel/tensor/tp_comm.h, sequence_gathered_linear), but for lightning attention, whose four
+// projections keep the gathered input (h whole); sequence parallelism is in "per token of this rank's chunk". Selective
 // checkpointing drops the log-sum-exp (the attention core's); full keeps the block's input (h).
 #pragma once
 

@@ -29,7 +29,8 @@ class Pricer {
         element_bytes_(half_ ? 2 : 4),
         compression_(config.parallel.grad_compression),
         powersgd_rank_(static_cast<double>(config.parallel.powersgd_rank)),
-        fp32_rate_(1e12 * cluster.device.matmul_tflops(false) / slowdown_) {
+        fp32_rate_(1e12 * cluster.device.matmul_tflops(false) / slowdown_),
+        megatron_sp_(config.parallel.megatron_sp) {
     tp_ = group(dims, "tp");
     sp_ = group(dims, "sp");
     ep_ = group(dims, "ep");
@@ -66,6 +67,9 @@ class Pricer {
         return t;
       case Kind::tp_all_reduce:
         t.f = t.i = all_reduce_seconds(op.elements * element_bytes_, tp_.n, tp_.tier);
+        // Under Megatron-SP the region's column product gathers its kept input again for its
+        // weight gradient (parallel/tensor/tp_comm.h, sequence_gathered_linear).
+        if (megatron_sp_) t.w = all_gather_seconds(op.elements * element_bytes_, tp_.n, tp_.tier);
         break;
       case Kind::sp_all_to_all:
         t.f = t.i = all_gather_seconds(op.elements * element_bytes_, sp_.n, sp_.tier);
@@ -135,6 +139,7 @@ class Pricer {
   double slowdown_, rate_, attention_rate_, bandwidth_, overhead_, matmul_overhead_, element_bytes_;
   std::string compression_;
   double powersgd_rank_, fp32_rate_;
+  bool megatron_sp_;
   Group tp_, sp_, ep_;
 };
 

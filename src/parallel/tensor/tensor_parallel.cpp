@@ -18,6 +18,9 @@ ShardedRegion region(comm::Group& tp, bool megatron_sp) {
   if (megatron_sp) {
     r.enter = [&tp](const at::Tensor& x) { return gather_from_sequence(x, tp); };
     r.exit = [&tp](const at::Tensor& y) { return reduce_scatter_to_sequence(y, tp); };
+    r.column = [&tp](const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+      return sequence_gathered_linear(x, weight, bias, tp);
+    };
   } else {
     r.enter = [&tp](const at::Tensor& x) { return copy_to_tp(x, tp); };
     r.exit = [&tp](const at::Tensor& y) { return reduce_from_tp(y, tp); };
@@ -38,7 +41,8 @@ TransformerLMImpl::ShardHooks shard_hooks(TransformerLM& model, comm::Group& tp,
     };
   TransformerLMImpl* const lm = model.get();
   hooks.logits = [lm, &tp, megatron_sp](const at::Tensor& h) {
-    return linear(megatron_sp ? gather_from_sequence(h, tp) : copy_to_tp(h, tp), lm->head_weight(), at::Tensor());
+    return megatron_sp ? sequence_gathered_linear(h, lm->head_weight(), at::Tensor(), tp)
+                       : linear(copy_to_tp(h, tp), lm->head_weight(), at::Tensor());
   };
   hooks.cross_entropy = [&tp](const at::Tensor& logits, const at::Tensor& targets) {
     return vocab_parallel_cross_entropy(logits, targets, tp);

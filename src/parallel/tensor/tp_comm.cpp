@@ -93,7 +93,60 @@ at::Tensor apply(const at::Tensor& x, comm::Group& tp, Op forward_op, Op backwar
 
 constexpr int64_t kSequenceDim = 1;
 
+// linear(gather(x)) keeping x (sequence_gathered_linear in tp_comm.h). A custom function takes no
+// undefined input, so a layer without a bias calls the two-input forward.
+struct SequenceGatheredLinear : public torch::autograd::Function<SequenceGatheredLinear> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, comm::Group* tp) {
+    return run(ctx, x, weight, at::Tensor(), tp);
+  }
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias, comm::Group* tp) {
+    return run(ctx, x, weight, bias, tp);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto* tp = reinterpret_cast<comm::Group*>(ctx->saved_data["tp"].toInt());
+    const bool has_bias = ctx->saved_data["bias"].toBool();
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &weight = saved[1];
+    const at::Tensor grad = grads[0];
+    const at::ScalarType dtype = grad.scalar_type();  // the forward's product's
+    const int64_t out = weight.size(0), in = weight.size(1);
+    variable_list result(has_bias ? 4 : 3);
+    if (ctx->needs_input_grad(0))
+      result[0] = reduce_scatter_along(at::matmul(grad, weight.to(dtype)), kSequenceDim, *tp).to(x.scalar_type());
+    const at::Tensor grad2 = grad.reshape({-1, out});
+    if (ctx->needs_input_grad(1)) {
+      const at::Tensor gathered = gather_along(x.to(dtype), kSequenceDim, *tp).reshape({-1, in});
+      // float32 accumulation where the GPU has the GEMM for it (model/linear.h), else the product widened
+      result[1] = (grad.is_cuda() && dtype != at::kFloat ? at::mm(grad2.t(), gathered, at::kFloat)
+                                                         : at::mm(grad2.t(), gathered))
+                      .to(weight.scalar_type());
+    }
+    if (has_bias && ctx->needs_input_grad(2)) result[2] = grad2.sum(0, false, at::kFloat).to(ctx->saved_data["bias_dtype"].toScalarType());
+    return result;
+  }
+
+ private:
+  static at::Tensor run(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                        comm::Group* tp) {
+    ctx->saved_data["tp"] = reinterpret_cast<int64_t>(tp);
+    ctx->saved_data["bias"] = bias.defined();
+    if (bias.defined()) ctx->saved_data["bias_dtype"] = bias.scalar_type();
+    ctx->save_for_backward({x, weight});
+    return at::linear(gather_along(x, kSequenceDim, *tp), weight, bias);
+  }
+};
+
 }  // namespace
+
+at::Tensor sequence_gathered_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                    comm::Group& tp) {
+  if (tp.size() == 1) return at::linear(x, weight, bias);
+  require(x.dim() >= 2, "tensor parallelism: a sequence-gathered linear takes [B, T/N, ...], not ", x.sizes());
+  return bias.defined() ? SequenceGatheredLinear::apply(x, weight, bias, &tp)
+                        : SequenceGatheredLinear::apply(x, weight, &tp);
+}
 
 at::Tensor copy_to_tp(const at::Tensor& x, comm::Group& tp) { return apply(x, tp, Op::identity, Op::all_reduce, 0); }
 

@@ -13,6 +13,9 @@
 //                                (no communication)
 //   gather_from_sequence         all-gather along dim 1           reduce-scatter (sum) along dim 1
 //   reduce_scatter_to_sequence   reduce-scatter (sum) along dim 1 all-gather along dim 1
+//   sequence_gathered_linear     all-gather along dim 1, then the  all-gather of its saved input
+//                                linear                           (weight gradient), reduce-
+//                                                                 scatter (input gradient)
 //
 // "Chunk r along dim d" is x.chunk(N, d)[r]: the size along d must be a multiple of N (checked).
 // Sequence functions work on [B, T, ...] activations, T being dim 1; rank r holds tokens
@@ -49,5 +52,16 @@ at::Tensor scatter_to_sequence(const at::Tensor& x, comm::Group& tp);
 at::Tensor gather_from_sequence(const at::Tensor& x, comm::Group& tp);
 // x [B, T, ...] partial sums -> [B, T/N, ...] summed over ranks (output of a row-parallel linear).
 at::Tensor reduce_scatter_to_sequence(const at::Tensor& x, comm::Group& tp);
+
+// A column-parallel linear entered from the sequence-parallel region, as Korthikanti et al. do it:
+// linear(gather_from_sequence(x), weight, bias) for x [B, T/N, in], but keeping this rank's x for
+// the backward rather than the gathered [B, T, in], which the backward gathers again where the
+// weight's gradient needs it (not for the input's gradient alone: a zero-bubble I gathers
+// nothing). Saves (N - 1)/N of the input's activation memory for one more all-gather in the
+// backward. The products run in the dtype the forward's did (autocast's, else the input's); the
+// weight and bias gradients come back in the parameters' dtype (on a GPU under bf16 the weight's
+// GEMM accumulates into float32, as model/linear.h's function does).
+at::Tensor sequence_gathered_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                    comm::Group& tp);
 
 }  // namespace tessera

@@ -102,7 +102,10 @@ void expect_traffic_and_replicated_grads(Group& tp, const tessera::ModelOptions&
     // Bytes per rank and step (parallelize.h), A = one [B, T, C] float32 activation, P = B T positions:
     // all-reduces of A: the embedding's, the head's backward, and without megatron_sp 4 per layer;
     // the loss: 3 P floats; with megatron_sp 4 all-gathers and 4 reduce-scatters of A per layer, one
-    // more of each at the head, an all-gather at the embedding's split, and the all-reduced gradients
+    // more of each at the head, an all-gather at the embedding's split, the inputs the column-parallel
+    // products kept unsplit gathered again for their weight gradients (sequence_gathered_linear: 2 per
+    // layer, 1 for the linear kind, whose attention keeps its gathered input, and the head's), and the
+    // all-reduced gradients
     // of the replicated parameters the sequence-split region uses: per layer ln_1, ln_2 and the two
     // row-parallel biases, then ln_f; gpt: 6 C L + 2 C floats (LayerNorm weight and bias), linear:
     // 4 C L + C (RMSNorm weight only).
@@ -110,7 +113,8 @@ void expect_traffic_and_replicated_grads(Group& tp, const tessera::ModelOptions&
     const int64_t region_params = opts.arch == "gpt" ? 6 * C * L + 2 * C : 4 * C * L + C;
     const int64_t all_reduced = megatron_sp ? A + 3 * P * 4 + region_params * 4 : (2 + 4 * L) * A + 3 * P * 4;
     EXPECT_EQ(traffic["all_reduce"], 2 * (N - 1) * all_reduced / N) << what;
-    EXPECT_EQ(traffic["all_gather"], megatron_sp ? (N - 1) * (4 * L + 2) * A / N : 0) << what;
+    const int64_t regathered = (opts.arch == "gpt" ? 2 : 1) * L + 1;
+    EXPECT_EQ(traffic["all_gather"], megatron_sp ? (N - 1) * (4 * L + 2 + regathered) * A / N : 0) << what;
     EXPECT_EQ(traffic["reduce_scatter"], megatron_sp ? (N - 1) * (4 * L + 1) * A / N : 0) << what;
   }
 }
