@@ -2,6 +2,7 @@
 // it runs forward and the one it runs backward (tp_comm.h).
 #include "parallel/tensor/tp_comm.h"
 
+#include <optional>
 #include <vector>
 
 #include <torch/autograd.h>
@@ -29,14 +30,31 @@ at::Tensor split_along(const at::Tensor& x, int64_t dim, comm::Group& tp) {
   return x.narrow(dim, tp.rank() * n, n).clone(at::MemoryFormat::Contiguous);
 }
 
-// The members' tensors concatenated along dim in rank order.
+// The members' tensors concatenated along dim in rank order: started by start(), returned by
+// finish() once the all-gather is done (the caller may compute meanwhile).
+struct GatherAlong {
+  at::Tensor input, output;
+  int64_t dim = 0;
+  comm::Work work;
+
+  static GatherAlong start(const at::Tensor& x, int64_t dim, comm::Group& tp) {
+    GatherAlong g;
+    g.dim = dim;
+    g.input = x.movedim(dim, 0).contiguous();  // [n, rest...]
+    std::vector<int64_t> shape = g.input.sizes().vec();
+    shape[0] *= tp.size();
+    g.output = at::empty(shape, g.input.options());  // [N n, rest...]: member i at [i n, (i+1) n)
+    g.work = tp.all_gather_async(g.output.view(-1), g.input.view(-1));
+    return g;
+  }
+  at::Tensor finish() {
+    work.wait();
+    return output.movedim(0, dim).contiguous();
+  }
+};
+
 at::Tensor gather_along(const at::Tensor& x, int64_t dim, comm::Group& tp) {
-  at::Tensor input = x.movedim(dim, 0).contiguous();  // [n, rest...]
-  std::vector<int64_t> shape = input.sizes().vec();
-  shape[0] *= tp.size();
-  at::Tensor output = at::empty(shape, input.options());  // [N n, rest...]: member i at [i n, (i+1) n)
-  tp.all_gather(output.view(-1), input.view(-1));
-  return output.movedim(0, dim).contiguous();
+  return GatherAlong::start(x, dim, tp).finish();
 }
 
 // Chunk rank() along dim of the members' sum.
@@ -113,11 +131,14 @@ struct SequenceGatheredLinear : public torch::autograd::Function<SequenceGathere
     const at::ScalarType dtype = grad.scalar_type();  // the forward's product's
     const int64_t out = weight.size(0), in = weight.size(1);
     variable_list result(has_bias ? 4 : 3);
+    // The kept input's all-gather runs while the input gradient's product does (Megatron's overlap).
+    std::optional<GatherAlong> gathering;
+    if (ctx->needs_input_grad(1)) gathering = GatherAlong::start(x.to(dtype), kSequenceDim, *tp);
     if (ctx->needs_input_grad(0))
       result[0] = reduce_scatter_along(at::matmul(grad, weight.to(dtype)), kSequenceDim, *tp).to(x.scalar_type());
     const at::Tensor grad2 = grad.reshape({-1, out});
-    if (ctx->needs_input_grad(1)) {
-      const at::Tensor gathered = gather_along(x.to(dtype), kSequenceDim, *tp).reshape({-1, in});
+    if (gathering) {
+      const at::Tensor gathered = gathering->finish().reshape({-1, in});
       // float32 accumulation where the GPU has the GEMM for it (model/linear.h), else the product widened
       result[1] = (grad.is_cuda() && dtype != at::kFloat ? at::mm(grad2.t(), gathered, at::kFloat)
                                                          : at::mm(grad2.t(), gathered))

@@ -57,8 +57,8 @@ at::Tensor reduce_scatter_to_sequence(const at::Tensor& x, comm::Group& tp);
 // linear(gather_from_sequence(x), weight, bias) for x [B, T/N, in], but keeping this rank's x for
 // the backward rather than the gathered [B, T, in], which the backward gathers again where the
 // weight's gradient needs it (not for the input's gradient alone: a zero-bubble I gathers
-// nothing). Saves (N - 1)/N of the input's activation memory for one more all-gather in the
-// backward. The products run in the dtype the forward's did (autocast's, else the input's); the
+// nothing), started before the input gradient's product and waited for after it. Saves (N - 1)/N
+// of the input's activation memory for one more all-gather in the backward. The products run in the dtype the forward's did (autocast's, else the input's); the
 // weight and bias gradients come back in the parameters' dtype (on a GPU under bf16 the weight's
 // GEMM accumulates into float32, as model/linear.h's function does).
 at::Tensor sequence_gathered_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
