@@ -114,7 +114,9 @@ double backward_working_bytes(const Config& config, const ParallelDims& dims, bo
         down = std::max(down, f * h);
       }
     }
-    const double residual = p.megatron_sp ? 2 * h / t : 2 * h;
+    // Under Megatron-SP the residual stream is split, but the column product's backward holds its
+    // input gathered again and its input gradient before the reduce-scatter, both whole.
+    const double residual = p.megatron_sp ? 2 * h / t + 2 * h : 2 * h;
     block = tokens * (residual + hidden) * element + down * parameter + (has_head ? head_gradient : 0);
   }
   return std::max(head, block);

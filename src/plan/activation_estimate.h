@@ -65,7 +65,8 @@ double split_backward_kept_bytes_per_token(const Config& config, const ParallelD
 //          (4 V per token; model/cross_entropy.h), or on a GPU in 16-bit precision the fused
 //          loss's logits and gradient (2 V); V split by tp; and the output matrix's gradient
 //          (V x h / tp at the parameters' bytes)
-//   block  the gradient of the residual stream, twice (2h; split by tp under Megatron-SP), and of
+//   block  the gradient of the residual stream, twice (2h; split by tp under Megatron-SP, where
+//          the column product's input, gathered again, and its input gradient add 2h whole), and of
 //          the MLP's hidden activation, once (GELU) or twice (SwiGLU's gate and up) per token,
 //          split by tp (MoE: the top-k x capacity slots per token at the expert's width); the
 //          down-projection's weight gradient (f x h / tp) and, on the head's rank, the head's,
