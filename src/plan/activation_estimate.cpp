@@ -66,23 +66,34 @@ double block_activation_bytes(const Config& config, const ParallelDims& dims, in
   return block_activation_bytes_per_token(config, dims, layer, activation_element_bytes(config)) * tokens;
 }
 
-double split_backward_kept_bytes_per_token(const Config& config, const ParallelDims& dims, int64_t layer) {
+double awaiting_w_extra_bytes_per_token(const Config& config, const ParallelDims& dims, int64_t layer) {
   const ModelOptions& m = config.model;
   const double h = static_cast<double>(m.n_embd), t = static_cast<double>(dims.tp());
   const bool half = config.precision.dtype == "bf16" || config.precision.dtype == "fp16";
   const double hq = static_cast<double>(m.n_head * m.head_width());
   const double kv = static_cast<double>(std::max(m.kv_heads(), dims.tp()) * m.head_width());
+  // Kept: the output gradients of the parameterised products and norms.
   double split = m.arch == "linear" ? 4 * h : hq + 2 * kv, whole = h;  // the attention's projections
+  // Released: what the input path's other nodes saved (lightning attention's and the experts' not
+  // counted, an over-estimate there).
+  double released = 0;
+  if (m.arch != "linear") {
+    released += hq + 2 * kv;                           // the attention core's q, k and v
+    if (m.rotary()) released += hq + kv;               // rotary's inputs
+    if (m.kv_heads() < m.n_head) released += 2 * hq;   // k and v expanded to every head
+  }
   if (m.is_moe_block(layer)) {
     const double f = static_cast<double>(m.expert_hidden());
     const double slots = static_cast<double>(m.moe_top_k) * std::max(1.0, m.moe_capacity_factor);
     split += slots * ((m.swiglu_experts() ? 2 : 1) * f + h);
   } else {
-    split += (m.swiglu() ? 2 : 1) * static_cast<double>(m.hidden());
+    const double f = static_cast<double>(m.hidden());
+    split += (m.swiglu() ? 2 : 1) * f;
+    released += (m.swiglu() ? 3 : 1) * f;  // GELU's input; SwiGLU's gate, up and activated gate
     whole += h;
   }
   const double norms = config.parallel.megatron_sp ? 2 * h / t : 2 * h;
-  return (split / t + whole + norms) * (half ? 2 : 4);
+  return ((split - released) / t + whole + norms) * (half ? 2 : 4);
 }
 
 double backward_working_bytes(const Config& config, const ParallelDims& dims, bool has_head, bool has_blocks) {

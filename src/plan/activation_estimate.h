@@ -46,15 +46,17 @@ double block_activation_bytes_per_token(const Config& config, const ParallelDims
 // sequence) under the config's checkpointing and compression.
 double block_activation_bytes(const Config& config, const ParallelDims& dims, int64_t layer);
 
-// What a micro-batch of block `layer` holds per token, beyond what its forward saved, while it
-// awaits its W in a zero-bubble schedule: the output gradients its I kept at the parameterised
-// ops (parallel/pipeline/split_backward.h), in the compute dtype: the attention's input and
-// output projections (h_q + 2 kv, h; the linear kind's five projections, 5h), the MLP's (f, or
-// SwiGLU's 2f, and h; MoE: per slot), both norms' (2h). Split by tp as the products are (the
-// norms' under Megatron-SP). Measured (tessera bench, pp2 zbh1 on tiny_gpt shapes): its I adds
-// these to the micro-batch's memory and frees none of what its F saved, so the estimate counts
-// both until its W.
-double split_backward_kept_bytes_per_token(const Config& config, const ParallelDims& dims, int64_t layer);
+// What a micro-batch of block `layer` holds per token while it awaits its W in a zero-bubble
+// schedule, beyond what its forward saved (may be negative): the output gradients its I kept at
+// the parameterised products and norms (parallel/pipeline/split_backward.h): the attention's input
+// and output projections (h_q + 2 kv, h; the linear kind's five projections, 5h), the MLP's (f, or
+// SwiGLU's 2f, and h; MoE: per slot), both norms' (2h); less what the input path's other nodes
+// saved, which the split releases after I: the attention core's q, k and v (with rotary's inputs and
+// grouped-query expansion), GELU's input (SwiGLU's gate, up and activated gate: 3f). In the compute
+// dtype; split by tp as the products are (the norms' under Megatron-SP). Measured (tessera bench,
+// pp2 zbh1 on tiny_gpt's shapes, a per-action trace of the tensor bytes): F adds 8.5 MiB a
+// micro-batch, its I 2.5 MiB more (6.0 before the release), its W frees both; this says 2.0.
+double awaiting_w_extra_bytes_per_token(const Config& config, const ParallelDims& dims, int64_t layer);
 
 // The backward's working set per micro-batch on a rank holding the head and/or blocks: the
 // tensors that exist beside the saved activations and the optimizer state at the backward's peak,

@@ -133,18 +133,18 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   const bool full = config.memory.activation_checkpointing == "full";
   // Blocks below memory.activation_offload keep theirs in host memory; the device holds at most two
   // of their groups at once (one stored or used, the next fetched ahead), of one micro-batch.
-  double per_token = 0, recomputed = 0, offloaded = 0, offloaded_largest = 0, kept = 0;
+  double per_token = 0, recomputed = 0, offloaded = 0, offloaded_largest = 0, awaiting_extra = 0;
   int64_t offloaded_blocks = 0;
-  std::map<bool, double> stored, kept_by_kind;  // by whether the block is an MoE block
+  std::map<bool, double> stored, awaiting_by_kind;  // by whether the block is an MoE block
   for (const int64_t layer : stage.layers(m)) {
     const bool moe = m.is_moe_block(layer);
     auto it = stored.find(moe);
     if (it == stored.end()) {
       it = stored.emplace(moe, block_activation_bytes_per_token(config, dims, layer, element_bytes)).first;
-      kept_by_kind[moe] = split_backward_kept_bytes_per_token(config, dims, layer);
+      awaiting_by_kind[moe] = awaiting_w_extra_bytes_per_token(config, dims, layer);
       if (full) recomputed = std::max(recomputed, block_activation_bytes_per_token(whole, dims, layer, element_bytes));
     }
-    kept += kept_by_kind[moe];
+    awaiting_extra += awaiting_by_kind[moe];
     if (layer < config.memory.activation_offload) {
       offloaded += it->second;
       offloaded_largest = std::max(offloaded_largest, it->second);
@@ -153,15 +153,19 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
       per_token += it->second;
     }
   }
+  // The head's product keeps the logits' gradient for its W too (V / tp per token).
+  if (stage.head(m))
+    awaiting_extra += static_cast<double>(m.padded_vocab()) / static_cast<double>(dims.tp()) *
+                      (config.precision.dtype == "fp32" ? 4 : 2);
   const double chunks = stage.whole() ? 1.0 : static_cast<double>(stage.chunks.size());
   const double in_flight = static_cast<double>(std::min<int64_t>(offloaded_blocks, 2)) * offloaded_largest;
-  // The schedule's worst moment: its micro-batches' saved activations, and the kept gradients of
-  // those awaiting their W.
+  // The schedule's worst moment: its micro-batches' saved activations, and for those awaiting their
+  // W what their I kept less what it released (awaiting_w_extra_bytes_per_token).
   double units = 0;
   int64_t most_held = 0;
   for (size_t k = 0; k < held.size(); ++k) {
     if (held[k] < 0) continue;
-    units = std::max(units, per_token / chunks * static_cast<double>(held[k]) + kept / chunks * static_cast<double>(k));
+    units = std::max(units, per_token / chunks * static_cast<double>(held[k]) + awaiting_extra / chunks * static_cast<double>(k));
     most_held = std::max(most_held, held[k]);
   }
   e.activation_bytes_per_token = units + in_flight;

@@ -74,7 +74,8 @@ struct Simulation {
   std::vector<int64_t> peak_held;                  // most activations held at once, per rank
   // Per rank, per k: the most activations held at once while k of them have run their I and await
   // their W (-1: never k at once). A micro-batch awaiting W holds its I's kept output gradients
-  // beside what its F saved (split_backward.h), so the memory estimate weighs those k more.
+  // and not what the split released (split_backward.h), so the memory estimate weighs those k
+  // differently.
   std::vector<std::vector<int64_t>> peak_held_awaiting_w;
   std::vector<int64_t> peak_gathered;              // most stages gathered at once, per rank
   std::vector<BlockedRank> stuck;                  // empty when the table ran to its end

@@ -160,6 +160,12 @@ SplitBackward::SplitBackward(const std::vector<at::Tensor>& roots, const std::ve
     n->tensor_pre_hooks().clear();
     n->retains_grad_hooks().clear();
   }
+  // The input path's other nodes never run again (W starts at the intermediates, whose edges into
+  // the path are cut), but a product's saved input keeps its producer, and so the whole path, alive
+  // (a SavedVariable of a non-output holds the tensor with its grad_fn): release what they saved
+  // (the attention core's q, k, v and output, the activations' inputs, ...) now, not at W.
+  for (Node* n : closure)
+    if (!is_intermediate.count(n)) n->release_variables();
   if (!input_grad_.defined()) input_grad_ = at::zeros_like(input);
 }
 

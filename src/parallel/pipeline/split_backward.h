@@ -13,7 +13,9 @@
 // with respect to the input alone (autograd masks every product the input does not need, so a
 // linear computes x's gradient only) and the hooks keep the gradient arriving at each
 // intermediate: its output gradient. After I each intermediate's edges into the closure are cut,
-// so the input path's nodes and what they saved are freed at once, and W runs the engine from the
+// and the input path's other nodes release what they saved (the nodes themselves may stay alive,
+// held through a product's saved input, which keeps its grad_fn; measured, without the release a
+// micro-batch awaiting W held all its forward saved), and W runs the engine from the
 // intermediates with the kept gradients to the parameters only: the same nodes again, now with
 // only their weight products unmasked (x^T dy for a linear), and the parameters' AccumulateGrad
 // nodes, so the hooks registered on them (data parallelism's bucket and reduce-scatter hooks, a
