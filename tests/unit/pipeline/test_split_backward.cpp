@@ -157,5 +157,42 @@ TEST(SplitBackward, ACustomFunctionHoldingItsInputsNodeByItsEdgeAloneSplitsExact
   }
 }
 
+// After I, what the input path's own nodes saved is released at once, not kept until W: here
+// GELU's input, which GELU alone saves, while the second product's saved input (GELU's output)
+// would keep GELU's node, and so its saved tensors, alive through its grad_fn. The gradients stay
+// those of one whole backward.
+TEST(SplitBackward, IReleasesWhatTheInputPathSavedAndWStillGivesTheWholeGradients) {
+  std::map<std::string, at::Tensor> grads[2];
+  for (int split = 0; split < 2; ++split) {
+    torch::manual_seed(2);
+    const at::Tensor x = torch::randn({32, 16}).requires_grad_(true);
+    const at::Tensor w1 = (torch::randn({64, 16}) * 0.3).requires_grad_(true);
+    const at::Tensor w2 = (torch::randn({16, 64}) * 0.3).requires_grad_(true);
+    c10::weak_intrusive_ptr<c10::StorageImpl> gelu_input(c10::intrusive_ptr<c10::StorageImpl>::reclaim(nullptr));
+    at::Tensor loss;
+    {
+      const at::Tensor h = at::linear(x, w1);
+      gelu_input = h.storage().getWeakStorageImpl();
+      loss = at::linear(at::gelu(h), w2).pow(2).sum();
+    }
+    ASSERT_FALSE(gelu_input.expired()) << "GELU saves its input for its backward";
+    at::Tensor input_grad;
+    if (split) {
+      pipeline::SplitBackward sb({loss}, {at::ones_like(loss)}, x, {w1, w2});
+      EXPECT_TRUE(gelu_input.expired()) << "I kept GELU's saved input until W";
+      input_grad = sb.input_gradient();
+      sb.weight_gradients();
+    } else {
+      loss.backward();
+      input_grad = x.grad();
+    }
+    grads[split] = {{"x", input_grad}, {"w1", w1.grad()}, {"w2", w2.grad()}};
+  }
+  for (const auto& [name, g] : grads[0]) {
+    ASSERT_TRUE(grads[1][name].defined()) << name;
+    EXPECT_TRUE(torch::equal(g, grads[1][name])) << name;
+  }
+}
+
 }  // namespace
 }  // namespace tessera
