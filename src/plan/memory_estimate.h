@@ -22,7 +22,10 @@
 //                memory.activation_compression takes each element at
 //                its encoding's bytes (bf16: 2 of float32's 4; int8, fp8: 1.125);
 //                memory.activation_offload moves the first blocks' to the host, leaving two of
-//                them (of one micro-batch) in flight on the device.
+//                them (of one micro-batch) in flight on the device. A pipeline rank holds the
+//                micro-batches its schedule's simulation holds at its worst moment, those
+//                awaiting their W counted with what their I kept less what it released
+//                (awaiting_w_extra_bytes_per_token).
 //   working      the backward's own tensors at its peak, beside the saved activations: the head's
 //                logits and their gradients or the last block's MLP gradients, whichever phase
 //                holds more (plan/activation_estimate.h, backward_working_bytes)
