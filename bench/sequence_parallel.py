@@ -49,8 +49,10 @@ def predicted_bytes(method, length, ranks, rank, layers=4, width=128, heads=4, b
     if method == "ring":  # K, V blocks 0..t go on to t+1 (forward and again in backward), fp32 dK, dV travel W steps
         return layers * (4 * (rank + 1) * block * 4 * (rank + 1 < ranks) + 8 * ranks * block)
     if method == "megatron-sp":  # the blocks' 2 all-gathers + 2 reduce-scatters of B N d forward, as many
-        # backward; measured totals add the embedding, the head's gather and the vocab-parallel loss
-        return layers * 8 * (ranks - 1) * batch * chunk * width * 4
+        # backward, and 2 more all-gathers of the column products' kept inputs for their weight gradients
+        # (tp_comm.h, sequence_gathered_linear); measured totals add the embedding, the head's gathers and
+        # the vocab-parallel loss
+        return layers * 10 * (ranks - 1) * batch * chunk * width * 4
     raise ValueError(method)
 
 
