@@ -9,7 +9,7 @@ Tensor bytes are what the estimate models and what the CUDA caching allocator's 
 the process's resident set adds libtorch, the threads and glibc's heap on top, which
 bench/plan_runs_here.py compares with a fixed overhead.
 
-usage: bench/plan_memory_here.py [--tessera build/tessera] [--held-out 1|2] [--only NAME] [--out F.md]
+usage: bench/plan_memory_here.py [--tessera build/tessera] [--held-out 1|2|3] [--only NAME] [--out F.md]
 """
 import argparse
 import json
@@ -67,7 +67,22 @@ HELD_OUT_2 = [
                                             "parallel.ep=2", "parallel.zero_stage=2", "train.batch_size=8"]),
     ("dp4 ZeRO-3, 2 micro-batches", 4, ["parallel.zero_stage=3", "train.batch_size=4"]),
 ]
-SETS = {"": (MODEL, LAYOUTS), "1": (HELD_OUT_MODEL, HELD_OUT), "2": (HELD_OUT_2_MODEL, HELD_OUT_2)}
+# Held out, set 3: bf16 (autocast on the CPU), whose two terms (the weights' bf16 copies, the float32
+# residual stream) were found on tiny_gpt at 4 x 256, tp 1 and 2; these rows were run after.
+HELD_OUT_3_MODEL = ["model.n_layer=6", "model.n_embd=320", "model.n_head=4", "model.vocab_size=1500",
+                    "model.block_size=96", "train.seq_len=96", "train.global_batch_size=16", "train.threads=1",
+                    "optim.name=adamw", "train.tensorboard=false", "precision.dtype=bf16"]
+HELD_OUT_3 = [
+    ("one process", 1, ["train.batch_size=8"]),
+    ("one process, SwiGLU blocks", 1, ["train.batch_size=8"] + LLAMA_BLOCKS),
+    ("dp2 ZeRO-1", 2, ["parallel.zero_stage=1", "train.batch_size=8"]),
+    ("dp2 ZeRO-3", 2, ["parallel.zero_stage=3", "train.batch_size=8"]),
+    ("tp2 Megatron-SP", 2, ["parallel.tp=2", "parallel.megatron_sp=true", "train.batch_size=8"]),
+    ("pp2 1f1b", 2, ["parallel.pp=2", "train.batch_size=2"]),
+    ("pp2 zbh1", 2, ["parallel.pp=2", "parallel.pp_schedule=zbh1", "train.batch_size=2"]),
+]
+SETS = {"": (MODEL, LAYOUTS), "1": (HELD_OUT_MODEL, HELD_OUT), "2": (HELD_OUT_2_MODEL, HELD_OUT_2),
+        "3": (HELD_OUT_3_MODEL, HELD_OUT_3)}
 
 
 def main():
@@ -76,7 +91,7 @@ def main():
     parser.add_argument("--out", default="", help="default bench/results/plan_memory_here_cpu.md, with --held-out "
                         "bench/results/plan_memory_held_out_cpu.md")
     parser.add_argument("--only", default="", help="run the layouts whose name contains this")
-    parser.add_argument("--held-out", default="", choices=["", "1", "2"], help="a held-out set instead")
+    parser.add_argument("--held-out", default="", choices=["", "1", "2", "3"], help="a held-out set instead")
     a = parser.parse_args()
     rows, errors = [], []
     model, layouts = SETS[a.held_out]

@@ -126,8 +126,12 @@ Command add_plan_command(CLI::App& app) {
     }
     require(!args->config.empty() && !args->cluster.empty(), "tessera plan: --config and --cluster are required "
             "(or `tessera plan calibrate --out F.toml`)");
-    const Config config = Config::load(args->config, args->sets);
     const plan::Cluster cluster = plan::load_cluster(args->cluster);
+    // The layout runs on the cluster's devices, whatever train.device the config names: the memory
+    // estimate's device-dependent terms (the fused loss, the float32 residual on a CPU) follow it.
+    std::vector<std::string> sets = args->sets;
+    sets.push_back(std::string("train.device=") + (cluster.device.kind == "cpu" ? "cpu" : "cuda"));
+    const Config config = Config::load(args->config, sets);
     const ParallelOptions& p = config.parallel;
     const int64_t world = args->world > 0 ? args->world : std::max<int64_t>(p.dp, 1) * p.tp * p.pp * p.sp;
     std::set<std::string> held;

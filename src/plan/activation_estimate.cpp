@@ -28,6 +28,11 @@ double block_activation_bytes_per_token(const Config& config, const ParallelDims
   // Split over tp: the attention's and the feed-forward's; replicated: the norms' (split too under
   // Megatron-SP).
   double split = 0, replicated = 4 * h, floats = 4 * norm_stats;  // floats: float32 bytes, not encoded
+  // Under bf16 autocast on the CPU the residual stream stays float32 (the branches' bf16 outputs add
+  // into it), so the norms' inputs are kept at 4 bytes (measured: tessera bench's
+  // saved_activation_bytes, tiny_gpt at bf16, +4 MiB on 32; the GPU's fused norm not measured).
+  const bool float_residual = config.precision.dtype == "bf16" && config.train.device == "cpu";
+  if (float_residual) replicated -= 2 * h;
   if (m.arch == "linear") {
     // Lightning attention (model/linear_attention.cpp): the SiLU inputs of q and k (2h), q, k and v
     // (3h), each chunk's scores before and after the decay (2 a c), the decayed q and k (2h), the
@@ -58,7 +63,11 @@ double block_activation_bytes_per_token(const Config& config, const ParallelDims
   // lightning attention's four projections, which keep the gathered input: h whole.
   const double gathered = p.megatron_sp && m.arch == "linear" ? h - h / t : 0;
   const double rest = p.megatron_sp ? (replicated + split) / t + gathered : replicated + split / t;
-  return rest * element_bytes + (p.megatron_sp ? masks / t : masks) + floats;
+  // float32 elements as the activation codec keeps them (lossless: 4 bytes; bf16: 2; int8, fp8: 1.125)
+  const double residual_bytes =
+      activation_codec_bytes_per_element(parse_activation_codec(config.memory.activation_compression), 4);
+  const double residual_inputs = float_residual ? 2 * h * residual_bytes / (p.megatron_sp ? t : 1) : 0;
+  return rest * element_bytes + (p.megatron_sp ? masks / t : masks) + floats + residual_inputs;
 }
 
 double block_activation_bytes(const Config& config, const ParallelDims& dims, int64_t layer) {

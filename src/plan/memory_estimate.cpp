@@ -47,7 +47,7 @@ std::string format_count(int64_t n) {
 double MemoryEstimate::device_bytes() const {
   const double state = parameter_bytes + (optimizer_on_host ? 0 : optimizer_bytes);
   const double backward = state + (gradients_at_peak ? gradient_bytes : 0) + activation_bytes_per_micro_batch +
-                          working_bytes + in_flight_bytes;
+                          working_bytes + in_flight_bytes + weight_copy_bytes;
   return std::max(backward, state + gradient_bytes);
 }
 
@@ -102,6 +102,10 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   e.optimizer_bytes = p.zero_stage >= 1 ? sharded_optimizer_bytes : optimizer_elements_bytes;
   e.optimizer_on_host = p.offload;
   if (p.offload) e.offload_host_bytes = sharded_elements * (4 + 4);
+  // Under bf16 autocast the products use bf16 copies of the float32 weights, which their
+  // backward keeps: 2 bytes per parameter of the rank's stage (whole under ZeRO-3) at the
+  // backward's peak.
+  if (config.precision.dtype == "bf16") e.weight_copy_bytes = 2 * P;
   // Gradients exist at the backward's peak where data parallelism keeps them between steps (DDP's
   // buckets, ZeRO's flat buffers and shards) or an earlier micro-batch of the step made them.
   const int64_t accumulation = config.train.accumulation(dims.dp());

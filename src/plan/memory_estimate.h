@@ -36,6 +36,9 @@
 //                blocks with parallel.zero3_reshard_per_microbatch); ZeRO-2 and 3 with several
 //                micro-batches and no pipeline: the last two reduce-scatters of the micro-batch
 //                before (the ends' and a block's full flat gradient and shard)
+//   copies       precision.dtype = bf16: the bf16 copies of the float32 weights that autocast's
+//                products (or model/linear.h's function) keep for their backward: 2 bytes per
+//                parameter of the rank's stage, whole even under ZeRO-3
 //   host         with parallel.offload, besides the optimizer state, the shard's float32 master
 //                copy and its gradient: (4 + 4) / R bytes per parameter
 // The peak is the larger of the backward's (parameters, optimizer state, activations, working,
@@ -71,6 +74,7 @@ struct MemoryEstimate {
   double working_bytes = 0;          // the backward's working set (above), per rank
   double in_flight_bytes = 0;        // ZeRO-3's gathered units at the backward's peak
   double offload_host_bytes = 0;     // parallel.offload: the shard's master copy and gradient on the host
+  double weight_copy_bytes = 0;      // bf16: the products' bf16 copies of the weights, kept for the backward
   bool gradients_at_peak = true;     // whether the gradients exist at the backward's peak (above)
   // With parallel.pp > 1: the pipeline rank these numbers are for (the one that needs the most),
   // the micro-batches' activations (x one stage) its schedule holds at its peak, which the
