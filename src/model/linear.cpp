@@ -34,7 +34,7 @@ class LinearFp32WeightGrads : public torch::autograd::Function<LinearFp32WeightG
     const at::Tensor grad2 = grad.reshape({-1, out});
     variable_list result(ctx->saved_data["bias"].toBool() ? 3 : 2);
     if (ctx->needs_input_grad(0)) result[0] = at::matmul(grad, w16);
-    if (ctx->needs_input_grad(1)) result[1] = float_mm(grad2.t(), x16.reshape({-1, in}));
+    if (ctx->needs_input_grad(1)) result[1] = float_accumulated_mm(grad2.t(), x16.reshape({-1, in}));
     if (result.size() == 3 && ctx->needs_input_grad(2)) result[2] = grad2.sum(0, false, at::kFloat);
     return result;
   }
@@ -46,14 +46,13 @@ class LinearFp32WeightGrads : public torch::autograd::Function<LinearFp32WeightG
     ctx->saved_data["bias"] = bias.defined();
     return at::linear(x16, w16, bias.defined() ? bias.to(at::kBFloat16) : at::Tensor());
   }
-  // a @ b of bf16 matrices, accumulated and returned in float32 (the CPU has no such GEMM: there
-  // the bf16 product is widened, for the tests of the function's autograd)
-  static at::Tensor float_mm(const at::Tensor& a, const at::Tensor& b) {
-    return a.is_cuda() ? at::mm(a, b, at::kFloat) : at::mm(a, b).to(at::kFloat);
-  }
 };
 
 }  // namespace
+
+at::Tensor float_accumulated_mm(const at::Tensor& a, const at::Tensor& b) {
+  return a.is_cuda() ? at::mm(a, b, at::kFloat) : at::mm(a, b).to(at::kFloat);
+}
 
 bool bf16_autocast_on_gpu(const at::Tensor& x, const at::Tensor& weight) {
   return x.is_cuda() && at::autocast::is_autocast_enabled(at::kCUDA) &&

@@ -45,6 +45,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
 // weight gradient is the bf16 GEMM's, widened).
 at::Tensor linear_fp32_weight_grads(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 inline at::Tensor linear(const Linear& layer, const at::Tensor& x) { return linear(x, layer->weight, layer->bias); }
+// a @ b of bf16 (or fp16) matrices accumulated into a float32 result: one GEMM on a GPU, the
+// 16-bit product widened elsewhere (the CPU has no such GEMM). The weight gradient of the
+// float32-weight-gradient function, and of tp_comm.h's sequence_gathered_linear.
+at::Tensor float_accumulated_mm(const at::Tensor& a, const at::Tensor& b);
 // Whether x is on a GPU under bf16 autocast with float32 `weight`: where linear() runs the
 // float32-weight-gradient function and Norm the fused layer norm (model/fused_layer_norm.h).
 bool bf16_autocast_on_gpu(const at::Tensor& x, const at::Tensor& weight);

@@ -184,6 +184,10 @@ struct ModelOptions {
     return ffn == "moe" && layer >= moe_dense_layers && (layer + 1) % moe_every == 0;
   }
   int64_t expert_hidden() const { return moe_ffn_hidden > 0 ? moe_ffn_hidden : hidden(); }
+  // Expert slots per routed token: top_k x the capacity factor (top_k dropless), filled or not.
+  double expert_slots() const {
+    return static_cast<double>(moe_top_k) * (moe_capacity_factor > 0 ? moe_capacity_factor : 1.0);
+  }
   // SwiGLU experts only where mlp = swiglu is set (Mixtral, DeepSeek); "auto" keeps GELU experts for
   // both arches, as before SwiGLU experts existed, so arch linear's MoE models keep their shapes.
   bool swiglu_experts() const { return mlp == "swiglu"; }

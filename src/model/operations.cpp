@@ -128,8 +128,8 @@ void add_feed_forward(Builder& b, const ModelOptions& m, int64_t layer) {
     // Not tensor-parallel (parallel/tensor/tensor_parallel.h): every tp rank runs the layer whole.
     // Balanced routing: each rank's experts process top_k x its tokens' worth (capacity slots with
     // a capacity factor, computed whether filled or not).
-    const double E = static_cast<double>(m.moe_experts), k = static_cast<double>(m.moe_top_k);
-    const double slots = T * k * (m.moe_capacity_factor > 0 ? m.moe_capacity_factor : 1.0);
+    const double E = static_cast<double>(m.moe_experts);
+    const double slots = T * m.expert_slots();
     b.matmul("moe.router", T, h, E, true);
     b.memory("moe.route", T * E, 4);
     if (s.ep > 1) b.comm("moe.dispatch", Kind::ep_all_to_all, slots * h);

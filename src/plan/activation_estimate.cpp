@@ -2,14 +2,24 @@
 #include "plan/activation_estimate.h"
 
 #include "memory/activation_codec.h"
+#include "precision/precision_options.h"
 
 #include <algorithm>
 
 namespace tessera {
 
+double compute_element_bytes(const Config& config) {
+  return static_cast<double>(
+      c10::elementSize(autocast_dtype(config.precision).value_or(parameter_dtype(config.precision))));
+}
+
+double parameter_element_bytes(const Config& config) {
+  return static_cast<double>(c10::elementSize(parameter_dtype(config.precision)));
+}
+
 double activation_element_bytes(const Config& config) {
-  const bool half = config.precision.dtype == "bf16" || config.precision.dtype == "fp16";
-  return activation_codec_bytes_per_element(parse_activation_codec(config.memory.activation_compression), half ? 2 : 4);
+  return activation_codec_bytes_per_element(parse_activation_codec(config.memory.activation_compression),
+                                            compute_element_bytes(config));
 }
 
 double block_activation_bytes_per_token(const Config& config, const ParallelDims& dims, int64_t layer,
@@ -50,7 +60,7 @@ double block_activation_bytes_per_token(const Config& config, const ParallelDims
   auto mlp = [](double width, bool gated) { return (gated ? 4 : 2) * width; };
   if (m.is_moe_block(layer)) {
     const double f = static_cast<double>(m.expert_hidden());
-    const double slots = static_cast<double>(m.moe_top_k) * (m.moe_capacity_factor > 0 ? m.moe_capacity_factor : 1.0);
+    const double slots = m.expert_slots();
     split += slots * (2 * h + mlp(f, m.swiglu_experts())) + 2 * static_cast<double>(m.moe_experts) +
              static_cast<double>(m.moe_shared_experts) * (2 * h + mlp(f, m.swiglu_experts())) +
              (m.moe_shared_gate ? h + 1 : 0);  // the gate's scale and the shared output it scales
@@ -78,7 +88,6 @@ double block_activation_bytes(const Config& config, const ParallelDims& dims, in
 double awaiting_w_extra_bytes_per_token(const Config& config, const ParallelDims& dims, int64_t layer) {
   const ModelOptions& m = config.model;
   const double h = static_cast<double>(m.n_embd), t = static_cast<double>(dims.tp());
-  const bool half = config.precision.dtype == "bf16" || config.precision.dtype == "fp16";
   const double hq = static_cast<double>(m.n_head * m.head_width());
   const double kv = static_cast<double>(std::max(m.kv_heads(), dims.tp()) * m.head_width());
   // Kept: the output gradients of the parameterised products and norms.
@@ -93,7 +102,7 @@ double awaiting_w_extra_bytes_per_token(const Config& config, const ParallelDims
   }
   if (m.is_moe_block(layer)) {
     const double f = static_cast<double>(m.expert_hidden());
-    const double slots = static_cast<double>(m.moe_top_k) * std::max(1.0, m.moe_capacity_factor);
+    const double slots = m.expert_slots();
     split += slots * ((m.swiglu_experts() ? 2 : 1) * f + h);
   } else {
     const double f = static_cast<double>(m.hidden());
@@ -102,7 +111,7 @@ double awaiting_w_extra_bytes_per_token(const Config& config, const ParallelDims
     whole += h;
   }
   const double norms = config.parallel.megatron_sp ? 2 * h / t : 2 * h;
-  return ((split - released) / t + whole + norms) * (half ? 2 : 4);
+  return ((split - released) / t + whole + norms) * compute_element_bytes(config);
 }
 
 double backward_working_bytes(const Config& config, const ParallelDims& dims, bool has_head, bool has_blocks) {
@@ -111,13 +120,11 @@ double backward_working_bytes(const Config& config, const ParallelDims& dims, bo
   const double tokens = static_cast<double>(config.train.batch_size * (config.train.seq_len / dims.sp()));
   const double h = static_cast<double>(m.n_embd), t = static_cast<double>(dims.tp());
   const double v = static_cast<double>(m.padded_vocab()) / t;
-  const bool half = config.precision.dtype == "bf16" || config.precision.dtype == "fp16";
-  const double element = half ? 2 : 4;                                    // the compute dtype's
-  const double parameter = config.precision.dtype == "fp16" ? 2 : 4;      // memory_estimate.cpp's
+  const double element = compute_element_bytes(config), parameter = parameter_element_bytes(config);
   const double head_gradient = v * h * parameter;
   double head = 0, block = 0;
   if (has_head) {
-    const double logits = half && config.train.device != "cpu" ? 2 * v * 2 : 4 * v * element;
+    const double logits = element == 2 && config.train.device != "cpu" ? 2 * v * 2 : 4 * v * element;
     head = tokens * (2 * h * element + logits) + head_gradient;
   }
   if (has_blocks) {
@@ -125,7 +132,7 @@ double backward_working_bytes(const Config& config, const ParallelDims& dims, bo
     for (int64_t layer = 0; layer < m.n_layer; ++layer) {
       if (m.is_moe_block(layer)) {
         const double f = static_cast<double>(m.expert_hidden());
-        const double slots = static_cast<double>(m.moe_top_k) * std::max(1.0, m.moe_capacity_factor);
+        const double slots = m.expert_slots();
         hidden = std::max(hidden, slots * f * (m.swiglu_experts() ? 2 : 1));
         down = std::max(down, f * h);
       } else {

@@ -34,6 +34,11 @@
 
 namespace tessera {
 
+// Bytes of one element of the compute dtype (autocast's under bf16, else the parameters': 2 under
+// bf16 and fp16, 4 under fp32), and of one parameter (precision/precision_options.h).
+double compute_element_bytes(const Config& config);
+double parameter_element_bytes(const Config& config);
+
 // What one activation element takes under the run's precision (16-bit under bf16 and fp16) and
 // memory.activation_compression.
 double activation_element_bytes(const Config& config);

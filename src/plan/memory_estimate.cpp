@@ -72,7 +72,7 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   const ParallelOptions& p = config.parallel;
   MemoryEstimate e;
   const bool fp16 = config.precision.dtype == "fp16";
-  const double param_bytes = fp16 ? 2 : 4;
+  const double param_bytes = parameter_element_bytes(config);
   // ZeRO shards a parameter over the ranks holding a replica of it: every data- and
   // sequence-parallel rank (parallelize.cpp, step 5), or for an expert's the dp x sp / ep of them
   // holding the same experts (data_parallel.h, reduction groups).
@@ -160,7 +160,7 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   // The head's product keeps the logits' gradient for its W too (V / tp per token).
   if (stage.head(m))
     awaiting_extra += static_cast<double>(m.padded_vocab()) / static_cast<double>(dims.tp()) *
-                      (config.precision.dtype == "fp32" ? 4 : 2);
+                      compute_element_bytes(config);
   const double chunks = stage.whole() ? 1.0 : static_cast<double>(stage.chunks.size());
   const double in_flight = static_cast<double>(std::min<int64_t>(offloaded_blocks, 2)) * offloaded_largest;
   // The schedule's worst moment: its micro-batches' saved activations, and for those awaiting their

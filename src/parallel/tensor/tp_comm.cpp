@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
+#include "model/linear.h"
 
 namespace tessera {
 namespace {
@@ -124,7 +125,7 @@ struct SequenceGatheredLinear : public torch::autograd::Function<SequenceGathere
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto* tp = reinterpret_cast<comm::Group*>(ctx->saved_data["tp"].toInt());
-    const bool has_bias = ctx->saved_data["bias"].toBool();
+    const bool has_bias = ctx->saved_data.count("bias_dtype") > 0;
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &weight = saved[1];
     const at::Tensor grad = grads[0];
@@ -139,12 +140,11 @@ struct SequenceGatheredLinear : public torch::autograd::Function<SequenceGathere
     const at::Tensor grad2 = grad.reshape({-1, out});
     if (gathering) {
       const at::Tensor gathered = gathering->finish().reshape({-1, in});
-      // float32 accumulation where the GPU has the GEMM for it (model/linear.h), else the product widened
-      result[1] = (grad.is_cuda() && dtype != at::kFloat ? at::mm(grad2.t(), gathered, at::kFloat)
-                                                         : at::mm(grad2.t(), gathered))
+      result[1] = (dtype == at::kFloat ? at::mm(grad2.t(), gathered) : float_accumulated_mm(grad2.t(), gathered))
                       .to(weight.scalar_type());
     }
-    if (has_bias && ctx->needs_input_grad(2)) result[2] = grad2.sum(0, false, at::kFloat).to(ctx->saved_data["bias_dtype"].toScalarType());
+    if (has_bias && ctx->needs_input_grad(2))
+      result[2] = grad2.sum(0, false, at::kFloat).to(ctx->saved_data["bias_dtype"].toScalarType());
     return result;
   }
 
@@ -152,8 +152,7 @@ struct SequenceGatheredLinear : public torch::autograd::Function<SequenceGathere
   static at::Tensor run(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                         comm::Group* tp) {
     ctx->saved_data["tp"] = reinterpret_cast<int64_t>(tp);
-    ctx->saved_data["bias"] = bias.defined();
-    if (bias.defined()) ctx->saved_data["bias_dtype"] = bias.scalar_type();
+    if (bias.defined()) ctx->saved_data["bias_dtype"] = bias.scalar_type();  // its gradient's dtype
     ctx->save_for_backward({x, weight});
     return at::linear(gather_along(x, kSequenceDim, *tp), weight, bias);
   }

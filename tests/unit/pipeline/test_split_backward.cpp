@@ -1,6 +1,7 @@
 // SplitBackward (parallel/pipeline/split_backward.h): I then W give what one whole backward gives,
 // and each runs only its own products: I the input-gradient matmuls, W the weight-gradient ones,
 // with no forward op and no attention backward in W.
+#include <functional>
 #include <map>
 #include <string>
 
@@ -124,6 +125,30 @@ TEST(SplitBackward, WRunsOnlyTheWeightProducts) {
   EXPECT_EQ(split.attention_in_w, 0) << "W re-ran the attention's backward (an input-path op)";
 }
 
+// The gradient of `input` from `loss`, and the parameters' in their .grad: by one whole backward, or
+// split into I and then W (`after_i` runs between them).
+at::Tensor backward_of(bool split, const at::Tensor& loss, const at::Tensor& input, const std::vector<at::Tensor>& params,
+                       const std::function<void()>& after_i = {}) {
+  if (!split) {
+    loss.backward();
+    return input.grad();
+  }
+  pipeline::SplitBackward sb({loss}, {at::ones_like(loss)}, input, params);
+  if (after_i) after_i();
+  const at::Tensor input_grad = sb.input_gradient();
+  sb.weight_gradients();
+  return input_grad;
+}
+
+// The split run's gradients are bitwise the whole run's.
+void expect_equal_gradients(const std::map<std::string, at::Tensor>& whole,
+                            const std::map<std::string, at::Tensor>& split) {
+  for (const auto& [name, g] : whole) {
+    ASSERT_TRUE(split.at(name).defined()) << name;
+    EXPECT_TRUE(torch::equal(g, split.at(name))) << name;
+  }
+}
+
 // A custom function that saves its input without the input's graph (model/linear.cpp's, whose
 // weight gradient leaves the GEMM in float32) holds the node that made its input by its edge alone:
 // cutting that edge while W's roots are gathered must not free a node still to be visited.
@@ -139,22 +164,11 @@ TEST(SplitBackward, ACustomFunctionHoldingItsInputsNodeByItsEdgeAloneSplitsExact
     // is what keeps its node. The linear's parameters come first, so W's roots visit its node first.
     const at::Tensor loss = linear_fp32_weight_grads(at::layer_norm(x, {8}, gamma, beta), w, bias)
                                 .to(at::kFloat).pow(2).sum();
-    at::Tensor input_grad;
-    if (split) {
-      pipeline::SplitBackward sb({loss}, {at::ones_like(loss)}, x, {w, bias, gamma, beta});
-      input_grad = sb.input_gradient();
-      sb.weight_gradients();
-    } else {
-      loss.backward();
-      input_grad = x.grad();
-    }
+    const at::Tensor input_grad = backward_of(split, loss, x, {w, bias, gamma, beta});
     grads[split] = {{"x", input_grad}, {"w", w.grad()}, {"bias", bias.grad()}, {"gamma", gamma.grad()},
                     {"beta", beta.grad()}};
   }
-  for (const auto& [name, g] : grads[0]) {
-    ASSERT_TRUE(grads[1][name].defined()) << name;
-    EXPECT_TRUE(torch::equal(g, grads[1][name])) << name;
-  }
+  expect_equal_gradients(grads[0], grads[1]);
 }
 
 // After I, what the input path's own nodes saved is released at once, not kept until W: here
@@ -176,22 +190,12 @@ TEST(SplitBackward, IReleasesWhatTheInputPathSavedAndWStillGivesTheWholeGradient
       loss = at::linear(at::gelu(h), w2).pow(2).sum();
     }
     ASSERT_FALSE(gelu_input.expired()) << "GELU saves its input for its backward";
-    at::Tensor input_grad;
-    if (split) {
-      pipeline::SplitBackward sb({loss}, {at::ones_like(loss)}, x, {w1, w2});
+    const at::Tensor input_grad = backward_of(split, loss, x, {w1, w2}, [&] {
       EXPECT_TRUE(gelu_input.expired()) << "I kept GELU's saved input until W";
-      input_grad = sb.input_gradient();
-      sb.weight_gradients();
-    } else {
-      loss.backward();
-      input_grad = x.grad();
-    }
+    });
     grads[split] = {{"x", input_grad}, {"w1", w1.grad()}, {"w2", w2.grad()}};
   }
-  for (const auto& [name, g] : grads[0]) {
-    ASSERT_TRUE(grads[1][name].defined()) << name;
-    EXPECT_TRUE(torch::equal(g, grads[1][name])) << name;
-  }
+  expect_equal_gradients(grads[0], grads[1]);
 }
 
 }  // namespace
