@@ -50,13 +50,62 @@ Averager::Averager(const SwarmKey& key, std::string my_id, std::string my_addres
       rule_(rule) {}
 
 bool Averager::serve(Channel& channel, const Message& first) {
-  if (first.type == kJoin) serve_join(channel, first);
-  else if (first.type == kPart) serve_part(channel, first);
-  else return false;
-  return true;
+  if (first.type != kJoin && first.type != kPart) return false;
+  uint64_t read_before = 0;  // the first request's bytes include the handshake
+  for (Message request = first;;) {
+    const bool clean = request.type == kJoin ? serve_join(channel, request) : serve_part(channel, request, read_before);
+    if (!clean) return true;
+    read_before = channel.bytes_received();
+    // Kept by its member for a later round: its next request, checked for close() every 0.1 s.
+    const Deadline idle = Deadline::in(kKeptIdleS);
+    bool ready = false;
+    while (!closing_ && !(ready = channel.wait_readable(Deadline::in(0.1))) && idle.seconds_left() > 0) {
+    }
+    if (!ready) return true;
+    try {
+      request = channel.receive(Deadline::in(10));
+    } catch (const WireError&) {
+      return true;  // its member let it go between requests
+    }
+    if (request.type != kJoin && request.type != kPart)
+      throw WireError("peer " + channel.address() + " sent a message of type " + std::to_string(request.type) +
+                      " between rounds");
+  }
 }
 
-void Averager::serve_join(Channel& channel, const Message& first) {
+void Averager::close() {
+  closing_ = true;
+  std::lock_guard<std::mutex> lock(kept_mutex_);
+  kept_.clear();
+}
+
+std::unique_ptr<Channel> Averager::channel_to(const RoundMember& member, Deadline deadline, uint64_t& sent_before) {
+  {
+    std::lock_guard<std::mutex> lock(kept_mutex_);
+    const auto it = kept_.find(member.id);
+    if (it != kept_.end()) {
+      std::unique_ptr<Channel> kept = std::move(it->second.second);
+      const bool same = it->second.first == member.address;
+      kept_.erase(it);
+      // Nothing is ever sent to a member on its kept channel between requests: anything readable
+      // there is its peer closing it (it left, restarted, or stayed idle too long).
+      if (same && !kept->wait_readable(Deadline::in(0))) {
+        sent_before = kept->bytes_sent();
+        return kept;
+      }
+    }
+  }
+  const auto [h, p] = split_address(member.address, "a round member");
+  sent_before = 0;
+  return Channel::connect(h, p, key_, my_id_, deadline, max_bytes_);
+}
+
+void Averager::keep(const RoundMember& member, std::unique_ptr<Channel> channel) {
+  std::lock_guard<std::mutex> lock(kept_mutex_);
+  if (!closing_) kept_[member.id] = {member.address, std::move(channel)};
+}
+
+bool Averager::serve_join(Channel& channel, const Message& first) {
   const JoinRequest join = parse_join(first.body, channel.address());
   const int64_t round = join.round;
   const double wait_s = join.wait_s;
@@ -71,7 +120,7 @@ void Averager::serve_join(Channel& channel, const Message& first) {
   changed_.notify_all();
   const bool decided =
       changed_.wait_for(lock, std::chrono::duration<double>(wait_s), [&] { return g->decided; });
-  if (!decided) return;  // the joiner's deadline passes: it retries the round
+  if (!decided) return false;  // the joiner's deadline passes: it retries the round
   const bool in = holds(g->members, member.id);
   nlohmann::json members = nlohmann::json::array();
   for (const RoundMember& m : g->members) members.push_back({m.id, m.address});
@@ -80,6 +129,7 @@ void Averager::serve_join(Channel& channel, const Message& first) {
                              : g->token.empty() ? "the group was not a majority of the host's candidates"
                                                 : "";
   channel.send(kGroup, pack({{"token", in ? g->token : ""}, {"members", members}, {"reason", reason}}), Deadline::in(10));
+  return true;
 }
 
 std::vector<RoundMember> Averager::host(int64_t round, const std::vector<RoundMember>& candidates, std::string& token,
@@ -108,12 +158,12 @@ std::vector<RoundMember> Averager::host(int64_t round, const std::vector<RoundMe
 }
 
 std::vector<RoundMember> Averager::join(int64_t round, const RoundMember& host, std::string& token, Deadline deadline) {
-  const auto [h, p] = split_address(host.address, "the round's host");
-  std::unique_ptr<Channel> c;
   try {
-    c = Channel::connect(h, p, key_, my_id_, deadline, max_bytes_);
+    uint64_t sent_before = 0;
+    std::unique_ptr<Channel> c = channel_to(host, deadline, sent_before);
     c->send(kJoin, pack({{"round", round}, {"address", my_address_}, {"wait_s", deadline.seconds_left()}}), deadline);
     const GroupReply group = parse_group(c->receive(deadline, kGroup).body, c->address());
+    keep(host, std::move(c));  // the host is a member: this round's pieces to it go on this channel
     token = group.token;
     if (token.empty())
       throw RoundError("round " + std::to_string(round) + ": host " + host.id + " (" + host.address +

@@ -27,8 +27,15 @@
 //            link carries one flow each way at a time, as a ring's does. Each channel carries one
 //            direction: member m's channel to member j carries m's pieces of part j and then the
 //            pieces of m's own sum, written by m and read by j's listener, so no reader waits on a
-//            writer. The channels are opened together before the first piece, while the links are
-//            idle.
+//            writer.
+// Channels are kept between rounds: a member keeps its channel to each member of its last round
+// (the JOIN channel to the host, a member too, among them) and opens only those it lacks, together
+// before the first piece, while the links are idle; the listener's side serves request after
+// request on one (a JOIN, an attempt's pieces and sums) until its member lets it go. A kept
+// channel saves each round a TLS handshake per member and starts with TCP's estimate of the link
+// instead of a fresh connection's. A channel is kept only when its last request completed (a
+// failed attempt's are closed, so nothing stale is read as the next round's), and dropped when
+// its peer is not in the next round or closed it.
 // Parts travel as fp32, bf16 or int8 (per piece, symmetric with a float scale: the DiLoCo
 // pseudo-gradients, swarm.pseudo_gradient_dtype), dense or sparse (each chunk's largest entries:
 // swarm.topk_ratio; the sums then carry the union of the members' entries); sums are taken in
@@ -46,6 +53,7 @@
 // atom/swarm.h brings it level then).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -116,8 +124,12 @@ class Averager {
            AggregationRule rule = {});
 
   // The Listener's handler for channels that open with a round message (returns false for any
-  // other first message, which the caller handles).
+  // other first message, which the caller handles). It serves the channel's requests until its
+  // member closes it, a request fails, close() is called, or it stays idle kKeptIdleS.
   bool serve(Channel& channel, const Message& first);
+  // Before the Listener stops: closes the kept channels and ends serve()'s waits between requests.
+  void close();
+  static constexpr double kKeptIdleS = 600;
 
   // One round over `candidates` (the live peers of this round, this one among them) with this
   // member's contribution `vector` [N] float32 and its `weight`; `round` names the swarm step, so
@@ -132,9 +144,15 @@ class Averager {
   std::vector<RoundMember> host(int64_t round, const std::vector<RoundMember>& candidates, std::string& token,
                                 Deadline gather, std::shared_ptr<Gather>& decided);
   std::vector<RoundMember> join(int64_t round, const RoundMember& host, std::string& token, Deadline deadline);
-  void serve_join(Channel& channel, const Message& first);
-  // A member's channel of one attempt: its pieces of this member's part and its own part's sums.
-  void serve_part(Channel& channel, const Message& first);
+  // One request each; true when the channel is clean for its member's next request.
+  bool serve_join(Channel& channel, const Message& first);
+  // A member's channel of one attempt: its pieces of this member's part and its own part's sums
+  // (`read_before`: the channel's bytes read before this attempt's first message).
+  bool serve_part(Channel& channel, const Message& first, uint64_t read_before);
+  // The kept channel to `member`, or a new one when none is kept (or its peer closed the kept one);
+  // `sent_before`: its bytes sent so far (0 for a new one, so that its handshake counts).
+  std::unique_ptr<Channel> channel_to(const RoundMember& member, Deadline deadline, uint64_t& sent_before);
+  void keep(const RoundMember& member, std::unique_ptr<Channel> channel);
   // The reduce phase (averaging_reduce.cpp): fills `result` (sum, delivered, weight, screening,
   // bytes, part_summed) or throws RoundError.
   void reduce(int64_t round, const std::string& token, const std::vector<RoundMember>& members, int64_t me,
@@ -153,6 +171,9 @@ class Averager {
   std::map<int64_t, std::shared_ptr<Gather>> gathers_;
   std::deque<std::pair<int64_t, std::shared_ptr<Gather>>> closed_;  // the last rounds hosted here that completed
   std::map<std::string, std::shared_ptr<Slot>> slots_;
+  std::mutex kept_mutex_;
+  std::map<std::string, std::pair<std::string, std::unique_ptr<Channel>>> kept_;  // by member id: address, channel
+  std::atomic<bool> closing_{false};
 };
 
 }  // namespace tessera::atom

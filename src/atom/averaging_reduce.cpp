@@ -131,7 +131,7 @@ void Averager::sum_piece(const std::shared_ptr<Slot>& slot, size_t k) {
   changed_.notify_all();
 }
 
-void Averager::serve_part(Channel& channel, const Message& first) {
+bool Averager::serve_part(Channel& channel, const Message& first, uint64_t read_before) {
   const std::string& from = channel.address();
   const PartMessage opening = parse_part(first.body, from);
   const std::string token = opening.token;
@@ -143,20 +143,21 @@ void Averager::serve_part(Channel& channel, const Message& first) {
     // A slot that failed already still checks the first part's rule below, so that each owner
     // names a member under another rule even when another failure came first.
     changed_.wait_until(lock, deadline.at, [&] { return (slot = slot_for(token, false)) != nullptr; });
-    if (!slot) return;
+    if (!slot) return false;
     ++slot->readers;
   }
-  struct Reading {  // on every way out: the channel's bytes counted, and reduce() told it ended
+  struct Reading {  // on every way out: the attempt's bytes counted, and reduce() told it ended
     Averager& averager;
     Slot& slot;
     Channel& channel;
+    uint64_t before;
     ~Reading() {
       std::lock_guard<std::mutex> lock(averager.mutex_);
-      slot.bytes_received += channel.bytes_received();
+      slot.bytes_received += channel.bytes_received() - before;
       --slot.readers;
       averager.changed_.notify_all();
     }
-  } reading{*this, *slot, channel};
+  } reading{*this, *slot, channel, read_before};
   const auto m = std::find_if(slot->members.begin(), slot->members.end(),
                               [&](const RoundMember& r) { return r.id == channel.peer_id(); });
   const size_t j = static_cast<size_t>(m - slot->members.begin());
@@ -185,7 +186,7 @@ void Averager::serve_part(Channel& channel, const Message& first) {
         bool complete = false;
         {
           std::lock_guard<std::mutex> lock(mutex_);
-          if (slot->failed) return;
+          if (slot->failed) return false;
           const auto [weight, fresh] = slot->member_weight.emplace(channel.peer_id(), part.weight);
           if (!fresh && weight->second != part.weight)
             throw WireError("peer " + from + " sent pieces of one part with different weights");
@@ -211,7 +212,7 @@ void Averager::serve_part(Channel& channel, const Message& first) {
       } else {
         throw WireError("peer " + from + " sent a message of type " + std::to_string(message.type) + " in a round");
       }
-      if (parts == mine.size() && sums == theirs.size()) break;
+      if (parts == mine.size() && sums == theirs.size()) return true;
       message = channel.receive(deadline);
     }
   } catch (const std::exception& e) {
@@ -264,9 +265,11 @@ void Averager::reduce(int64_t round, const std::string& token, const std::vector
   }
   for (size_t k : complete) sum_piece(slot, k);
   const size_t own_pieces = slot->replies.size();
-  // A channel to every other member, opened at once while the links are idle (one opened later
-  // would queue its handshake behind this member's own data).
+  // A channel to every other member: the one kept from an earlier round, else opened now, all at
+  // once while the links are idle (one opened later would queue its handshake behind this
+  // member's own data).
   std::vector<std::unique_ptr<Channel>> channels(static_cast<size_t>(n));
+  std::vector<uint64_t> sent_before(static_cast<size_t>(n), 0);
   const auto fail = [&](int64_t j, const std::string& why) {
     const RoundMember& m = members[static_cast<size_t>(j)];
     std::lock_guard<std::mutex> lock(mutex_);
@@ -279,8 +282,8 @@ void Averager::reduce(int64_t round, const std::string& token, const std::vector
       if (j != me)
         connects.emplace_back([&, j] {
           try {
-            const auto [h, p] = split_address(members[static_cast<size_t>(j)].address, "a round member");
-            channels[static_cast<size_t>(j)] = Channel::connect(h, p, key_, my_id_, deadline, max_bytes_);
+            channels[static_cast<size_t>(j)] =
+                channel_to(members[static_cast<size_t>(j)], deadline, sent_before[static_cast<size_t>(j)]);
           } catch (const std::exception& e) {
             fail(j, e.what());
           }
@@ -294,7 +297,11 @@ void Averager::reduce(int64_t round, const std::string& token, const std::vector
   // A send that fails ends that member's channel and fails the round, naming it; the others'
   // parts still go out, so each owner learns why from its own members (a rule that differs is
   // named by the owner that sees it).
-  uint64_t sent = 0;  // by the channels ended
+  uint64_t sent = 0;  // by the channels ended or kept
+  const auto let_go = [&](size_t j) {
+    sent += channels[j]->bytes_sent() - sent_before[j];
+    channels[j].reset();
+  };
   const auto to = [&](int64_t s, const std::function<void(Channel&, int64_t)>& send) {
     const int64_t j = (me + s) % n;
     std::unique_ptr<Channel>& c = channels[static_cast<size_t>(j)];
@@ -303,8 +310,7 @@ void Averager::reduce(int64_t round, const std::string& token, const std::vector
       send(*c, j);
     } catch (const std::exception& e) {
       fail(j, e.what());
-      sent += c->bytes_sent();
-      c.reset();
+      let_go(static_cast<size_t>(j));
     }
   };
   for (int64_t s = 1; s < n; ++s)
@@ -338,6 +344,7 @@ void Averager::reduce(int64_t round, const std::string& token, const std::vector
         c.send(kSum, body, deadline);
       }
     });
+  bool failed = false;
   {
     std::unique_lock<std::mutex> lock(mutex_);
     const bool done = changed_.wait_until(lock, deadline.at, [&] {
@@ -353,28 +360,44 @@ void Averager::reduce(int64_t round, const std::string& token, const std::vector
       slot->fail(static_cast<size_t>(me), "this peer received " + std::to_string(slot->sums_missing) +
                                               " piece(s) of the others' sums too few before the deadline");
     }
+    failed = slot->failed;
     changed_.notify_all();
   }
-  // This member's channels end here, so a member still reading one ends too; then every channel
-  // read here ends (its member sent everything, closed it or failed), so that what each reached
-  // here (a member under another rule, say) is in the failure even after another failure came.
-  for (std::unique_ptr<Channel>& c : channels)
-    if (c) {
-      sent += c->bytes_sent();
-      c.reset();
-    }
+  // A failed attempt's channels end here, so a member still reading one ends too (a completed
+  // one's members read all this member sent). Then every channel read here ends (its member sent
+  // everything, closed it or failed), so that what each reached here (a member under another rule,
+  // say) is in the failure even after another failure came.
+  if (failed)
+    for (size_t j = 0; j < channels.size(); ++j)
+      if (channels[j]) let_go(j);
   std::string failure;
   {
     std::unique_lock<std::mutex> lock(mutex_);
     changed_.wait_until(lock, deadline.at, [&] { return slot->readers == 0; });
-    // Each channel as the wire carried it, TLS included: this member's and its listener's.
-    result.bytes_sent = sent;
+    // Each channel as the wire carried it in this attempt, TLS included (a new one's handshake):
+    // this member's (below) and its listener's.
     result.bytes_received = slot->bytes_received;
     result.part_summed = slot->part_summed;
     for (const std::string& e : slot->errors)
       if (!e.empty()) failure += (failure.empty() ? "" : "; ") + e;
     slots_.erase(token);
   }
+  // Kept for the next round when every request on them completed; the channels to members not in
+  // this round are let go.
+  {
+    std::lock_guard<std::mutex> lock(kept_mutex_);
+    for (auto it = kept_.begin(); it != kept_.end();)
+      it = std::any_of(members.begin(), members.end(), [&](const RoundMember& m) { return m.id == it->first; })
+               ? std::next(it)
+               : kept_.erase(it);
+  }
+  for (size_t j = 0; j < channels.size(); ++j) {
+    if (!channels[j]) continue;
+    sent += channels[j]->bytes_sent() - sent_before[j];
+    if (failure.empty()) keep(members[j], std::move(channels[j]));
+    channels[j].reset();
+  }
+  result.bytes_sent = sent;
   if (!failure.empty()) throw RoundError("round " + std::to_string(round) + " failed: " + failure);
   result.weight = slot->weights[0];
   for (double w : slot->weights)

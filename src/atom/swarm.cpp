@@ -88,6 +88,7 @@ Swarm::~Swarm() { leave(); }
 void Swarm::leave() {
   if (leaving_.exchange(true)) return;
   if (publisher_.joinable()) publisher_.join();
+  averager_->close();
   listener_->stop();
 }
 

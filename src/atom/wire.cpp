@@ -234,6 +234,16 @@ void Channel::send(uint8_t type, std::string_view body, Deadline deadline) {
   write_all(body, deadline, "a message");
 }
 
+bool Channel::wait_readable(Deadline until) {
+  if (SSL_pending(ssl_) > 0) return true;
+  for (;;) {  // polls at least once, so a deadline already passed still looks
+    pollfd p{fd_, POLLIN, 0};
+    const int n = ::poll(&p, 1, static_cast<int>(std::min(until.seconds_left() * 1000.0, 1e9)));
+    if (n != 0 && !(n < 0 && errno == EINTR)) return true;  // readable, closed, or an error receive() names
+    if (n == 0 && until.seconds_left() <= 0) return false;
+  }
+}
+
 Message Channel::receive(Deadline deadline, uint8_t expect) {
   char header[kHeader];
   read_all(header, kHeader, deadline, "a message header");

@@ -90,6 +90,11 @@ class Channel {
   void send(uint8_t type, std::string_view body, Deadline deadline);
   // The next message; `expect` (when nonzero) is the only type accepted.
   Message receive(Deadline deadline, uint8_t expect = 0);
+  // Between messages on a kept channel: true once the next message has begun to arrive or the peer
+  // closed the connection (receive() then says which), false when `until` passed first. At once
+  // (Deadline::in(0)) it tells whether an idle channel is still open and clean: a kept channel
+  // whose peer went away reads as true.
+  bool wait_readable(Deadline until);
   const std::string& peer_id() const { return peer_id_; }
   const std::string& address() const { return address_; }
   // The bytes this channel's socket carried so far, TLS's handshake and records included.

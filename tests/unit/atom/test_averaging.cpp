@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -30,16 +32,19 @@ struct TestPeer {
   std::unique_ptr<Averager> averager;
   std::unique_ptr<Listener> listener;
   RoundClock clock{0.5, 5};
+  std::atomic<int> accepted{0};  // channels the listener accepted
   explicit TestPeer(std::string name, AggregationRule rule = {}) : id(std::move(name)) {
     listener = std::make_unique<Listener>(
         "127.0.0.1", 0, kTestKey, id, 1 << 26,
         [this](std::unique_ptr<Channel> c) {
+          ++accepted;
           const Message first = c->receive(Deadline::in(5));
           averager->serve(*c, first);
         },
         nullptr);
     averager = std::make_unique<Averager>(kTestKey, id, address(), 1 << 26, rule);
   }
+  ~TestPeer() { averager->close(); }  // before the listener stops (the channels kept between rounds)
   std::string address() const { return "127.0.0.1:" + std::to_string(listener->port()); }
   RoundMember member() const { return {id, address()}; }
 };
@@ -93,6 +98,46 @@ TEST(Averaging, FourPeersSumTheirVectorsAndAgree) {
     const double tol = codec == Codec::fp32 ? 1e-5 : codec == Codec::bf16 ? 5e-2 : 1e-1;
     EXPECT_TRUE(test::all_close(results[0].sum, want, 0, tol)) << static_cast<int>(codec);
   }
+}
+
+TEST(Averaging, ChannelsAreKeptForTheNextRoundAndOpenedAnewWhenTheirPeerWentAway) {
+  TestPeer a("a"), b("b");
+  auto c = std::make_unique<TestPeer>("c");
+  const std::vector<at::Tensor> vectors = {at::randn({3000}), at::randn({3000}), at::randn({3000})};
+  const at::Tensor want = vectors[0] + vectors[1] + vectors[2];
+  const auto round = [&](int64_t number, const std::vector<int>& accepted_now) {
+    const int before[3] = {a.accepted, b.accepted, c->accepted};
+    std::vector<std::string> errors;
+    const std::vector<RoundResult> results =
+        run_all({&a, &b, c.get()}, {a.member(), b.member(), c->member()}, vectors, PartEncoding{}, errors, number);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(errors[i], "") << "round " << number << ", member " << i;
+      if (errors[i].empty()) {
+        EXPECT_TRUE(test::all_close(results[i].sum, want, 0, 1e-5));
+      }
+    }
+    const int after[3] = {a.accepted, b.accepted, c->accepted};
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_EQ(after[i] - before[i], accepted_now[i]) << "channels member " << i << " accepted in round " << number;
+    return results;
+  };
+  // Each member opens one channel to each other (the JOIN to the host a is its channel to a).
+  const std::vector<RoundResult> first = round(1, {2, 2, 2});
+  // The same group: every channel is kept, no handshake is sent again (a round counts the
+  // handshakes of the channels its reduction opened: all of the host a's, and c's to b).
+  const std::vector<RoundResult> second = round(2, {0, 0, 0});
+  for (size_t i = 0; i < 3; ++i) EXPECT_LT(second[i].bytes_sent + 200, first[i].bytes_sent) << "member " << i;
+  // c lets its channels go and keeps none from now on; its listener ends its side of the others'
+  // kept channels, so a and b see them closed and open new ones. (c's JOIN channel to a is not
+  // kept either: it opens another for its pieces.)
+  c->averager->close();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  round(3, {2, 1, 2});
+  // c restarts elsewhere (a new address under its id): the channels kept to its old address are
+  // not used.
+  c = std::make_unique<TestPeer>("c");
+  round(4, {1, 1, 2});
+  round(5, {0, 0, 0});
 }
 
 TEST(Averaging, SparsePartsDeliverEachChunksLargestEntriesAndTheMembersAgree) {
