@@ -5,6 +5,7 @@
 
 #include "model/linear.h"
 #include "model/norm.h"
+#include "model/swiglu.h"
 
 namespace tessera {
 
@@ -23,10 +24,7 @@ MLPImpl::MLPImpl(const ModelOptions& opts, const at::TensorOptions& where)
 
 at::Tensor MLPImpl::forward(const at::Tensor& x) {
   auto h = region_.project(c_fc, x);
-  if (glu_) {
-    auto parts = h.chunk(2, -1);
-    return region_.output(c_proj, parts[0] * at::silu(parts[1]));
-  }
+  if (glu_) return region_.output(c_proj, swiglu(h));
   return region_.output(c_proj, at::gelu(h, "tanh"));
 }
 

@@ -1,7 +1,8 @@
 // The dense feed-forward of a block (model.ffn = dense), hidden width H (model.hidden()).
 //   mlp gelu:   out = c_proj(gelu_tanh(c_fc x))              c_fc: C -> H
 //   mlp swiglu: a, g = split(c_fc x); out = c_proj(a * silu(g))   c_fc: C -> 2H (GLU; a first: Llama's
-//               up_proj, then its gate_proj)
+//               up_proj, then its gate_proj); the gate is one autograd function
+//               (model/swiglu.h), which keeps only c_fc's output for its backward
 // Tensor parallelism shards it from outside (set_region, model/sharded_region.h): c_fc then holds
 // this rank's hidden units (for the GLU its a rows, then the matching g rows) and c_proj the
 // matching input columns.

@@ -18,6 +18,7 @@
 #include "memory/activation_checkpointing.h"
 #include "model/hook_slot.h"
 #include "model/norm.h"
+#include "model/swiglu.h"
 
 namespace tessera {
 namespace {
@@ -117,8 +118,7 @@ MoEImpl::MoEImpl(const ModelOptions& opts, const at::TensorOptions& where)
 
 at::Tensor MoEImpl::activation(const at::Tensor& h) const {
   if (!glu_) return at::gelu(h, "tanh");
-  const auto parts = h.chunk(2, -1);
-  return parts[0] * at::silu(parts[1]);
+  return swiglu(h);
 }
 
 void MoEImpl::set_selection_bias(at::Tensor bias) {
@@ -269,7 +269,7 @@ at::Tensor MoEImpl::experts(const at::Tensor& rows, const std::vector<int64_t>& 
                                                                            : rows.scalar_type();
     auto h = at::_grouped_mm(rows.to(dtype), w_fc.to(dtype), offs);
     if (b_fc.defined()) h = h + b_fc.to(dtype).index_select(0, expert_of_row);
-    // SwiGLU's a * silu(g) are strided views of h: _grouped_mm needs its operand contiguous.
+    // _grouped_mm needs its operand contiguous (GELU's output and SwiGLU's are).
     auto out = DenseGradient::apply(at::_grouped_mm(activation(h).contiguous(), w_proj.to(dtype), offs));
     return b_proj.defined() ? out + b_proj.to(dtype).index_select(0, expert_of_row) : out;
   }

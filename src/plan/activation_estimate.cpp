@@ -57,7 +57,9 @@ double block_activation_bytes_per_token(const Config& config, const ParallelDims
     if (m.kv_heads() < m.n_head) split += 2 * hq;  // k and v expanded to every head
     if (checkpointing != "selective") floats += 4 * heads / t;  // the log-sum-exp
   }
-  auto mlp = [](double width, bool gated) { return (gated ? 4 : 2) * width; };
+  // GELU: its input and output; SwiGLU (model/swiglu.h): the joined up and gate, and
+  // the product (the down projection's input).
+  auto mlp = [](double width, bool gated) { return (gated ? 3 : 2) * width; };
   if (m.is_moe_block(layer)) {
     const double f = static_cast<double>(m.expert_hidden());
     const double slots = m.expert_slots();
@@ -107,7 +109,7 @@ double awaiting_w_extra_bytes_per_token(const Config& config, const ParallelDims
   } else {
     const double f = static_cast<double>(m.hidden());
     split += (m.swiglu() ? 2 : 1) * f;
-    released += (m.swiglu() ? 3 : 1) * f;  // GELU's input; SwiGLU's gate, up and activated gate
+    released += (m.swiglu() ? 2 : 1) * f;  // GELU's input; SwiGLU's joined up and gate
     whole += h;
   }
   const double norms = config.parallel.megatron_sp ? 2 * h / t : 2 * h;

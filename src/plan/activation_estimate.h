@@ -14,8 +14,8 @@
 //              v, each chunk's scores before and after the decay (2 a c, c the chunk), the decayed
 //              q and k, the chunks' key-value products and states (2 a d^2 / c), the output, its
 //              gate and their product: 10 h + 2 a c + 2 a d^2 / c
-//   MLP        GELU: its input and output (2f); SwiGLU: gate, up, their activation and their
-//              product (4f)
+//   MLP        GELU: its input and output (2f); SwiGLU: the joined up and gate, and their
+//              product (3f: the gate is one function, model/swiglu.h)
 //   MoE        per token top_k x capacity_factor slots (top_k dropless) of an expert's input (h),
 //              MLP (above, at the expert's width) and output (h); the router's logits and
 //              probabilities (2 E); each shared expert's input, MLP and output
@@ -57,7 +57,7 @@ double block_activation_bytes(const Config& config, const ParallelDims& dims, in
 // and output projections (h_q + 2 kv, h; the linear kind's five projections, 5h), the MLP's (f, or
 // SwiGLU's 2f, and h; MoE: per slot), both norms' (2h); less what the input path's other nodes
 // saved, which the split releases after I: the attention core's q, k and v (with rotary's inputs and
-// grouped-query expansion), GELU's input (SwiGLU's gate, up and activated gate: 3f). In the compute
+// grouped-query expansion), GELU's input (SwiGLU's joined up and gate: 2f). In the compute
 // dtype; split by tp as the products are (the norms' under Megatron-SP). Measured (tessera bench,
 // pp2 zbh1 on tiny_gpt's shapes, a per-action trace of the tensor bytes): F adds 8.5 MiB a
 // micro-batch, its I 2.5 MiB more (6.0 before the release), its W frees both; this says 2.0.
