@@ -9,7 +9,11 @@ swarm round's parts and sums for tiny_gpt: 2 x 3/4 x 3.4 MB) and receives as muc
 patterns, all hosts starting together:
   all_at_once  to each of the three others at once, a third each (three TCP flows out and in);
   shift        to host i+1, then i+2, then i+3, a third each, one after another;
-  ring         all of it to host i+1 (one flow out, one in).
+  ring         all of it to host i+1 (one flow out, one in);
+  shift_lowat  shift, with each socket's unsent bytes limited to 128 KiB (TCP_NOTSENT_LOWAT), so
+               a send returns when its bytes are nearly on the wire, not when they are queued in
+               the kernel: one flow at a time in fact, where plain shift queues the next host's
+               bytes while the last are still going out.
 Reports each pattern's seconds (the slowest host) and the share of the link's rate it reached.
 Writes OUT.md and OUT.json. Needs root.
 """
@@ -24,7 +28,7 @@ import time
 from atom_slow_links import ROOT, Hosts, host_ip, rate_bytes
 
 BYTES = 5_100_000
-PATTERNS = ("all_at_once", "shift", "ring")
+PATTERNS = ("all_at_once", "shift", "ring", "shift_lowat")
 
 WORKER = r'''
 import socket, sys, threading, time
@@ -43,7 +47,9 @@ r = threading.Thread(target=receive); r.start()
 t0 = time.time()
 targets = [(me + 1) % n] if pattern == "ring" else [(me + s) % n for s in range(1, n)]
 def send(j):
-    s = socket.create_connection((ips[j], 5100)); s.sendall(b"x" * (size // len(targets))); s.close()
+    s = socket.create_connection((ips[j], 5100))
+    if pattern == "shift_lowat": s.setsockopt(socket.IPPROTO_TCP, 25, 128 << 10)  # TCP_NOTSENT_LOWAT
+    s.sendall(b"x" * (size // len(targets))); s.close()
 if pattern == "all_at_once":
     ts = [threading.Thread(target=send, args=(j,)) for j in targets]
     [t.start() for t in ts]; [t.join() for t in ts]
