@@ -298,8 +298,10 @@ void Averager::reduce(int64_t round, const std::string& token, const std::vector
   // parts still go out, so each owner learns why from its own members (a rule that differs is
   // named by the owner that sees it).
   uint64_t sent = 0;  // by the channels ended or kept
-  const auto let_go = [&](size_t j) {
+  // Counts what channel j carried in this attempt, then closes it or keeps it for the next round.
+  const auto let_go = [&](size_t j, bool kept = false) {
     sent += channels[j]->bytes_sent() - sent_before[j];
+    if (kept) keep(members[j], std::move(channels[j]));
     channels[j].reset();
   };
   const auto to = [&](int64_t s, const std::function<void(Channel&, int64_t)>& send) {
@@ -391,12 +393,8 @@ void Averager::reduce(int64_t round, const std::string& token, const std::vector
                ? std::next(it)
                : kept_.erase(it);
   }
-  for (size_t j = 0; j < channels.size(); ++j) {
-    if (!channels[j]) continue;
-    sent += channels[j]->bytes_sent() - sent_before[j];
-    if (failure.empty()) keep(members[j], std::move(channels[j]));
-    channels[j].reset();
-  }
+  for (size_t j = 0; j < channels.size(); ++j)
+    if (channels[j]) let_go(j, failure.empty());
   result.bytes_sent = sent;
   if (!failure.empty()) throw RoundError("round " + std::to_string(round) + " failed: " + failure);
   result.weight = slot->weights[0];

@@ -42,15 +42,16 @@ uint64_t get_u64(const char* p) {
 
 void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL, 0) | O_NONBLOCK); }
 
-// Waits until fd is ready for `events` or the deadline passes (false).
+// Waits until fd is ready for `events` or the deadline passes (false). Looks at least once, so a
+// deadline already passed (Deadline::in(0)) asks whether fd is ready now.
 bool wait_for(int fd, short events, Deadline deadline) {
   for (;;) {
     const double left = deadline.seconds_left();
-    if (left <= 0) return false;
     pollfd p{fd, events, 0};
-    const int n = ::poll(&p, 1, static_cast<int>(std::min(left * 1000.0 + 1, 1e9)));
+    const int n = ::poll(&p, 1, left > 0 ? static_cast<int>(std::min(left * 1000.0 + 1, 1e9)) : 0);
     if (n > 0) return true;
     if (n < 0 && errno != EINTR) return true;  // the read or write that follows names the error
+    if (left <= 0) return false;
   }
 }
 
@@ -234,15 +235,7 @@ void Channel::send(uint8_t type, std::string_view body, Deadline deadline) {
   write_all(body, deadline, "a message");
 }
 
-bool Channel::wait_readable(Deadline until) {
-  if (SSL_pending(ssl_) > 0) return true;
-  for (;;) {  // polls at least once, so a deadline already passed still looks
-    pollfd p{fd_, POLLIN, 0};
-    const int n = ::poll(&p, 1, static_cast<int>(std::min(until.seconds_left() * 1000.0, 1e9)));
-    if (n != 0 && !(n < 0 && errno == EINTR)) return true;  // readable, closed, or an error receive() names
-    if (n == 0 && until.seconds_left() <= 0) return false;
-  }
-}
+bool Channel::wait_readable(Deadline until) { return SSL_pending(ssl_) > 0 || wait_for(fd_, POLLIN, until); }
 
 Message Channel::receive(Deadline deadline, uint8_t expect) {
   char header[kHeader];
