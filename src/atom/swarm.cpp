@@ -121,7 +121,7 @@ void Swarm::publish() {
 }
 
 void Swarm::serve(std::unique_ptr<Channel> channel) {
-  // A round member opens its channel to every other member at once and sends to each in turn, so
+  // A round member opens the channels it lacks to the others at once and sends to each in turn, so
   // a channel may wait out the stages before its own (averaging.h): the longest round may pass.
   const Message first = channel->receive(Deadline::in(std::max(30.0, config_.swarm.round_timeout_max_s)));
   if (averager_->serve(*channel, first) || snapshots_->serve(*channel, first) || round_log_->serve(*channel, first))
