@@ -263,7 +263,8 @@ Command add_bench_command(CLI::App& app) {
                                    {"fetch_wait_s_per_step", offloaded.fetch_wait_s / steps},
                                    {"exposed_fetches_per_step", static_cast<double>(offloaded.exposed_fetches) / steps},
                                    {"kept_groups_per_step", static_cast<double>(offloaded.kept_groups) / steps},
-                                   {"store_wait_s_per_step", offloaded.store_wait_s / steps}};
+                                   {"store_wait_s_per_step", offloaded.store_wait_s / steps},
+                                   {"store_ahead_wait_s_per_step", offloaded.store_ahead_wait_s / steps}};
       nlohmann::json trace = nlohmann::json::array();  // the last step's, in seconds from its start
       for (const OffloadEvent& e : activation_offload_trace())
         trace.push_back({e.what, e.group, e.start - offload_trace_start, e.end - offload_trace_start});

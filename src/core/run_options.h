@@ -124,15 +124,15 @@ struct MemoryOptions {
     v("activation_compression", activation_compression,
       "how the tensors each block saves for its backward are kept: none, lossless (bool masks as bits), bf16 "
       "(float32 ones rounded), fp8 or int8 (per 32 elements of the last dimension, with a float32 scale; "
-      "docs/memory.md)");
+      "docs/memory.md); with activation_policy = auto: the encoding each block may choose");
     v("activation_offload", activation_offload,
       "the first N blocks keep what they save for the backward in host memory between their forward and backward, "
       "fetched back ahead of it on a copy stream (0 = none; model.n_layer = all; docs/memory.md)",
       between(0, 1e6));
     v("activation_policy", activation_policy,
       "manual (the keys above, for every block) or auto: each block keeps, offloads or recomputes its activations, "
-      "chosen at start-up from the measured blocks to fit memory.device_budget_gb at the least predicted step time "
-      "(docs/memory.md)");
+      "encoded or not by activation_compression's codec, chosen at start-up from the measured blocks to fit "
+      "memory.device_budget_gb at the least predicted step time (docs/memory.md)");
     v("swap", swap,
       "keep the model's weights, gradients and optimizer state in host memory and stream it through the device "
       "sub-model by sub-model with prefetch (ATOM; docs/swap.md)");

@@ -137,6 +137,16 @@ void OffloadGroup::store() {
   if (stored_ || entries_.empty()) return;
   stored_ = true;
   traced("forward", id_, made_, steady_seconds());
+  Ticket before;
+  {
+    std::lock_guard<std::mutex> last(offload_->last_store_mutex_);
+    before = offload_->last_store_;
+  }
+  if (before.valid() && before.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+    const auto start = std::chrono::steady_clock::now();
+    before.wait();
+    update_stats([&](ActivationOffloadStats& s) { s.store_ahead_wait_s += seconds_since(start); });
+  }
   const bool pinned = offload_->device_.is_cuda();
   transfer_ = std::make_shared<Transfer>();
   transfer_->device = std::move(entries_);
@@ -179,6 +189,8 @@ void OffloadGroup::store() {
     transfer->device.clear();  // the device copies go
     count_saved_bytes(-counted, counted);
   });
+  std::lock_guard<std::mutex> last(offload_->last_store_mutex_);
+  offload_->last_store_ = store_ticket_;
 }
 
 void OffloadGroup::fetch() {

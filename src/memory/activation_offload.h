@@ -7,7 +7,9 @@
 //
 //   store   when the block's forward ends: one job on the store stream copies every encoding to
 //           the host (pinned memory on CUDA, allocated when the store is issued) and then drops
-//           the device copies.
+//           the device copies. The store waits first for the one before it to end, so the
+//           device never holds more than two groups of a forward: the one being stored and the
+//           one the next block fills (the activation policy's reserve, plan/activation_policy.h).
 //   fetch   ahead of the block's backward: one job on the load stream, after the store, copies
 //           them back into device memory allocated when the fetch is issued (so on CUDA the
 //           memory belongs to the compute stream). Issued once; later calls do nothing. When the
@@ -58,6 +60,7 @@ struct ActivationOffloadStats {
   int64_t exposed_fetches = 0;  // fetches issued by an unpack, not ahead of it
   double fetch_wait_s = 0;      // time unpacks waited for fetches (issued ahead or not)
   double store_wait_s = 0;      // time groups waited, when freed, for a store still running
+  double store_ahead_wait_s = 0;  // time a store waited for the one before it to end (two groups at most)
   double store_s = 0, fetch_s = 0;  // time the store and load streams spent on copies
   int64_t copied_to_host = 0, copied_to_device = 0;  // bytes those copies moved
   int64_t kept_groups = 0;      // groups whose backward came before their store ended: kept
@@ -90,6 +93,8 @@ class ActivationOffload {
  private:
   friend class OffloadGroup;
   c10::Device device_;
+  std::mutex last_store_mutex_;
+  Ticket last_store_;  // the last group's store job
   CopyLink store_link_, load_link_;
   Worker store_{"activation store"}, load_{"activation load"};
 };

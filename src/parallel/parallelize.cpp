@@ -22,6 +22,7 @@
 #include "parallel/plain_step.h"
 #include "parallel/sequence/sequence_parallel.h"
 #include "parallel/swap_step.h"
+#include "plan/activation_estimate.h"
 #include "plan/swap_cut.h"
 #include "precision/autocast.h"
 
@@ -107,7 +108,7 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
   if (!zero3_from_meta) materialize(initial);
   // 4. Activation checkpointing, compression and offload inside every block.
   model_->set_activation_checkpointing(config.memory.activation_checkpointing);
-  model_->set_activation_compression(config.memory.activation_compression);
+  model_->set_activation_compression(activation_codec_name(applied_activation_codec(config)));
   if (config.memory.activation_offload > 0)
     model_->set_activation_offload(config.memory.activation_offload,
                                    std::make_shared<ActivationOffload>(device, config.memory.modelled_bandwidth_gbps * 1e9));
@@ -119,6 +120,7 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
       const ActivationOption& chosen = policy->blocks[static_cast<size_t>(layer)];
       model_->block(layer)->set_checkpoint_mode(parse_checkpoint_mode(chosen.checkpointing));
       model_->block(layer)->set_activation_offload(chosen.offload ? offload : nullptr);
+      model_->block(layer)->set_activation_codec(parse_activation_codec(chosen.compression));
     }
   }
   // 5. The optimizer owner. Gradients are averaged over every rank holding a replica of the

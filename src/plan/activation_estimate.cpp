@@ -17,9 +17,26 @@ double parameter_element_bytes(const Config& config) {
   return static_cast<double>(c10::elementSize(parameter_dtype(config.precision)));
 }
 
+ActivationCodec applied_activation_codec(const Config& config) {
+  return config.memory.activation_policy == "auto" ? ActivationCodec::none
+                                                    : parse_activation_codec(config.memory.activation_compression);
+}
+
 double activation_element_bytes(const Config& config) {
-  return activation_codec_bytes_per_element(parse_activation_codec(config.memory.activation_compression),
-                                            compute_element_bytes(config));
+  return activation_codec_bytes_per_element(applied_activation_codec(config), compute_element_bytes(config));
+}
+
+double block_statistics_bytes_per_token(const Config& config, const ParallelDims& dims) {
+  const ModelOptions& m = config.model;
+  const double norms = 4 * 2 * (m.rms_norm() ? 1 : 2);  // float32: LayerNorm's mean and rstd, RMSNorm's rstd
+  const bool softmax_core = m.arch != "linear" && config.memory.activation_checkpointing != "selective";
+  return norms + (softmax_core ? 4 * static_cast<double>(m.n_head) / static_cast<double>(dims.tp()) : 0);
+}
+
+double block_statistics_bytes(const Config& config, const ParallelDims& dims) {
+  if (config.memory.activation_checkpointing == "full") return 0;
+  return block_statistics_bytes_per_token(config, dims) *
+         static_cast<double>(config.train.batch_size * (config.train.seq_len / dims.sp()));
 }
 
 double block_activation_bytes_per_token(const Config& config, const ParallelDims& dims, int64_t layer,
@@ -34,10 +51,9 @@ double block_activation_bytes_per_token(const Config& config, const ParallelDims
   const double hq = heads * static_cast<double>(m.head_width());
   // Key/value heads as if split over tp: with fewer of them than tp ranks each rank holds one.
   const double kv = static_cast<double>(std::max(m.kv_heads(), dims.tp()) * m.head_width());
-  const double norm_stats = 2 * (m.rms_norm() ? 1 : 2);  // float32 per token, both norms
   // Split over tp: the attention's and the feed-forward's; replicated: the norms' (split too under
   // Megatron-SP).
-  double split = 0, replicated = 4 * h, floats = 4 * norm_stats;  // floats: float32 bytes, not encoded
+  double split = 0, replicated = 4 * h;
   // Under bf16 autocast on the CPU the residual stream stays float32 (the branches' bf16 outputs add
   // into it), so the norms' inputs are kept at 4 bytes (measured: tessera bench's
   // saved_activation_bytes, tiny_gpt at bf16, +4 MiB on 32; the GPU's fused norm not measured).
@@ -55,7 +71,6 @@ double block_activation_bytes_per_token(const Config& config, const ParallelDims
     split += hq + 2 * kv + hq;                 // q, k, v and the output
     if (m.rotary()) split += hq + kv;          // the rotated q and k
     if (m.kv_heads() < m.n_head) split += 2 * hq;  // k and v expanded to every head
-    if (checkpointing != "selective") floats += 4 * heads / t;  // the log-sum-exp
   }
   // GELU: its input and output; SwiGLU (model/swiglu.h): the joined up and gate, and
   // the product (the down projection's input).
@@ -76,10 +91,10 @@ double block_activation_bytes_per_token(const Config& config, const ParallelDims
   const double gathered = p.megatron_sp && m.arch == "linear" ? h - h / t : 0;
   const double rest = p.megatron_sp ? (replicated + split) / t + gathered : replicated + split / t;
   // float32 elements as the activation codec keeps them (lossless: 4 bytes; bf16: 2; int8, fp8: 1.125)
-  const double residual_bytes =
-      activation_codec_bytes_per_element(parse_activation_codec(config.memory.activation_compression), 4);
+  const double residual_bytes = activation_codec_bytes_per_element(applied_activation_codec(config), 4);
   const double residual_inputs = float_residual ? 2 * h * residual_bytes / (p.megatron_sp ? t : 1) : 0;
-  return rest * element_bytes + (p.megatron_sp ? masks / t : masks) + floats + residual_inputs;
+  return rest * element_bytes + (p.megatron_sp ? masks / t : masks) + block_statistics_bytes_per_token(config, dims) +
+         residual_inputs;
 }
 
 double block_activation_bytes(const Config& config, const ParallelDims& dims, int64_t layer) {

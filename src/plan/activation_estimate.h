@@ -31,6 +31,7 @@
 
 #include "config/config.h"
 #include "core/parallel_dims.h"
+#include "memory/activation_codec.h"
 
 namespace tessera {
 
@@ -39,14 +40,26 @@ namespace tessera {
 double compute_element_bytes(const Config& config);
 double parameter_element_bytes(const Config& config);
 
+// The codec every block applies: memory.activation_compression, except under memory.activation_policy
+// = auto, where it is one of the policy's choices per block (plan/activation_policy.h) and the
+// estimate counts every block uncompressed.
+ActivationCodec applied_activation_codec(const Config& config);
+
 // What one activation element takes under the run's precision (16-bit under bf16 and fp16) and
-// memory.activation_compression.
+// the applied codec.
 double activation_element_bytes(const Config& config);
 
 // Bytes per token block `layer` saves; `element_bytes`: what one activation element takes (the
 // dtype's, or the activation codec's encoding of it).
 double block_activation_bytes_per_token(const Config& config, const ParallelDims& dims, int64_t layer,
                                         double element_bytes);
+// The float32 statistics among them (the norms', the softmax core's log-sum-exp): off the
+// gradient's path, never encoded, and what stays on the device when the block's activations are
+// offloaded (memory/activation_offload.h). Per token, and per micro-batch under the config's
+// checkpointing (none under full).
+double block_statistics_bytes_per_token(const Config& config, const ParallelDims& dims);
+double block_statistics_bytes(const Config& config, const ParallelDims& dims);
+
 // What block `layer` saves per micro-batch on this rank (train.batch_size x its share of the
 // sequence) under the config's checkpointing and compression.
 double block_activation_bytes(const Config& config, const ParallelDims& dims, int64_t layer);

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/byte_size.h"
+#include "memory/activation_codec.h"
 #include "model/operations.h"
 #include "plan/activation_estimate.h"
 #include "plan/layout.h"
@@ -18,10 +19,18 @@
 namespace tessera {
 namespace {
 
-double block_bytes(const Config& config, const ParallelDims& dims, int64_t layer, const std::string& checkpointing) {
+double block_bytes(const Config& config, const ParallelDims& dims, int64_t layer, const std::string& checkpointing,
+                   const std::string& compression) {
   Config c = config;
+  c.memory.activation_policy = "manual";  // the estimate then counts the option's codec
   c.memory.activation_checkpointing = checkpointing;
+  c.memory.activation_compression = compression;
   return block_activation_bytes(c, dims, layer);
+}
+
+// The codec memory.activation_compression allows the policy ("none": no block encodes).
+std::string allowed_codec(const Config& config) {
+  return activation_codec_name(parse_activation_codec(config.memory.activation_compression));
 }
 
 // The attention core's share of the block's forward FLOPs (what selective checkpointing redoes).
@@ -42,10 +51,12 @@ double core_share(const Config& config, const ParallelDims& dims, int64_t layer)
   return all > 0 ? core / all : 0;
 }
 
-// Preference among one kind's blocks: offload to the earliest, keeping to the latest.
+// Preference among one kind's blocks: offload to the earliest, keeping to the latest; an encoded
+// option before the same option unencoded.
 int order(const ActivationOption& o) {
-  if (o.offload) return o.checkpointing == "full" ? 0 : 1;
-  return o.checkpointing == "full" ? 2 : o.checkpointing == "selective" ? 3 : 4;
+  const int kind = o.offload ? (o.checkpointing == "full" ? 0 : 1)
+                             : o.checkpointing == "full" ? 2 : o.checkpointing == "selective" ? 3 : 4;
+  return 2 * kind + (o.compression == "none" ? 1 : 0);
 }
 
 bool same_options(const std::vector<ActivationOption>& a, const std::vector<ActivationOption>& b) {
@@ -67,6 +78,50 @@ struct Caps {
   }
 };
 
+constexpr double kNever = std::numeric_limits<double>::infinity();
+
+// Each block's whole activations (what its full recomputation holds in the backward: its first
+// option's bytes), and the caps worth trying: no offload or each offloaded group's size, and no
+// recomputation or each block's whole.
+struct CapChoices {
+  std::vector<double> whole;
+  std::set<double> groups{0}, wholes{0};
+};
+
+CapChoices cap_choices(const std::vector<std::vector<ActivationOption>>& options) {
+  CapChoices out;
+  for (const auto& block : options) {
+    out.whole.push_back(block.front().bytes);
+    out.wholes.insert(block.front().bytes);
+    for (const ActivationOption& o : block)
+      if (o.offload) out.groups.insert(o.group);
+  }
+  return out;
+}
+
+// The least bytes `caps` allows: its reserve and each block's smallest allowed option (never when a
+// block has none).
+double least_bytes(const std::vector<std::vector<ActivationOption>>& options, const std::vector<double>& whole,
+                   const Caps& caps) {
+  double least = caps.reserve();
+  for (size_t l = 0; l < options.size(); ++l) {
+    double m = kNever;
+    for (const ActivationOption& o : options[l])
+      if (caps.allow(o, whole[l])) m = std::min(m, o.bytes);
+    least += m;
+  }
+  return least;
+}
+
+// The smallest any choice of `options` holds.
+double smallest_bytes(const std::vector<std::vector<ActivationOption>>& options) {
+  const CapChoices choices = cap_choices(options);
+  double smallest = kNever;
+  for (double g : choices.groups)
+    for (double w : choices.wholes) smallest = std::min(smallest, least_bytes(options, choices.whole, Caps{g, w}));
+  return smallest;
+}
+
 }  // namespace
 
 double offload_copy_seconds(double bytes, double forward_s, double backward_s, double link_bytes_per_s,
@@ -76,8 +131,9 @@ double offload_copy_seconds(double bytes, double forward_s, double backward_s, d
 }
 
 std::string ActivationOption::name() const {
-  if (offload) return checkpointing == "full" ? "full + offload" : "offload";
-  return checkpointing == "none" ? "keep" : checkpointing;
+  const std::string kind = offload ? (checkpointing == "full" ? "full + offload" : "offload")
+                                   : checkpointing == "none" ? "keep" : checkpointing;
+  return compression == "none" ? kind : kind + " + " + compression;
 }
 
 int64_t ActivationPolicy::offloaded() const {
@@ -92,20 +148,33 @@ std::vector<std::vector<ActivationOption>> activation_options(const Config& conf
   // On a CPU "device" each way's memcpy also takes the computing cores' time.
   const double per_byte = cpu_device && measured.copy_bytes_per_s > 0 ? 1 / measured.copy_bytes_per_s : 0;
   auto copy_seconds = [&](double bytes, double f, double b) { return offload_copy_seconds(bytes, f, b, link, per_byte); };
+  const std::string allowed = allowed_codec(config);
   std::vector<std::vector<ActivationOption>> out;
   for (int64_t l = 0; l < config.model.n_layer; ++l) {
     const size_t i = static_cast<size_t>(l);
     const double f = i < measured.block_split.size() ? measured.block_split[i].f : 0;
     const double b = i < measured.block_split.size() ? measured.block_split[i].b : 0;
-    const double keep = block_bytes(config, dims, l, "none");
-    const double selective = block_bytes(config, dims, l, "selective");
-    const double input = block_bytes(config, dims, l, "full");
+    const double keep = block_bytes(config, dims, l, "none", "none");
+    const double selective = block_bytes(config, dims, l, "selective", "none");
+    const double input = block_bytes(config, dims, l, "full", "none");
+    const double recompute_core = f * core_share(config, dims, l);
+    const double stays = block_statistics_bytes(config, dims);  // an offloaded block's, on the device
+    std::vector<std::string> codecs{"none"};
+    if (allowed != "none") codecs.push_back(allowed);
     std::vector<ActivationOption> options;
-    options.push_back({"none", false, keep, 0, 0});
-    options.push_back({"selective", false, selective, 0, f * core_share(config, dims, l)});
-    options.push_back({"full", false, input, 0, f});
-    options.push_back({"none", true, 0, keep, copy_seconds(keep, f, b)});
-    options.push_back({"full", true, 0, input, f + copy_seconds(input, f, b)});
+    for (const std::string& codec : codecs) {
+      const bool encoded = codec != "none";
+      // Encoding and decoding what the option would otherwise keep.
+      auto coding = [&](double plain) { return encoded ? plain * measured.codec_seconds_per_byte : 0; };
+      const double keep_c = encoded ? block_bytes(config, dims, l, "none", codec) : keep;
+      const double selective_c = encoded ? block_bytes(config, dims, l, "selective", codec) : selective;
+      const double input_c = encoded ? block_bytes(config, dims, l, "full", codec) : input;
+      options.push_back({"none", false, keep_c, 0, coding(keep), codec});
+      options.push_back({"selective", false, selective_c, 0, recompute_core + coding(selective), codec});
+      options.push_back({"full", false, input_c, 0, f + coding(input), codec});
+      options.push_back({"none", true, stays, keep_c - stays, copy_seconds(keep_c - stays, f, b) + coding(keep), codec});
+      options.push_back({"full", true, 0, input_c, f + copy_seconds(input_c, f, b) + coding(input), codec});
+    }
     out.push_back(std::move(options));
   }
   return out;
@@ -114,35 +183,17 @@ std::vector<std::vector<ActivationOption>> activation_options(const Config& conf
 ActivationPolicy choose_activation_policy(const std::vector<std::vector<ActivationOption>>& options,
                                           double budget_bytes) {
   const size_t L = options.size();
-  // Each block's whole activations (what its full recomputation holds in the backward).
-  std::vector<double> whole(L);
-  std::set<double> groups{0}, wholes{0};
-  for (size_t l = 0; l < L; ++l) {
-    whole[l] = options[l].front().bytes;
-    wholes.insert(whole[l]);
-    for (const ActivationOption& o : options[l])
-      if (o.offload) groups.insert(o.group);
-  }
+  const CapChoices choices = cap_choices(options);
+  const std::vector<double>& whole = choices.whole;
   constexpr int64_t kUnits = 4096;
-  constexpr double kNever = std::numeric_limits<double>::infinity();
   ActivationPolicy best;
   best.seconds = kNever;
-  double smallest = kNever;
-  for (double g : groups)
-    for (double w : wholes) {
+  const double smallest = smallest_bytes(options);
+  for (double g : choices.groups)
+    for (double w : choices.wholes) {
       const Caps caps{g, w};
       const double room = budget_bytes - caps.reserve();
-      // The least bytes this cap allows, for the refusal's figure.
-      double least = caps.reserve();
-      bool possible = true;
-      for (size_t l = 0; l < L; ++l) {
-        double m = kNever;
-        for (const ActivationOption& o : options[l])
-          if (caps.allow(o, whole[l])) m = std::min(m, o.bytes);
-        possible = possible && m < kNever;
-        least += m;
-      }
-      if (possible) smallest = std::min(smallest, least);
+      const bool possible = least_bytes(options, whole, caps) < kNever;
       if (!possible || room < 0) continue;
       const double unit = room / static_cast<double>(kUnits);
       auto units = [&](double bytes) {
@@ -181,8 +232,8 @@ ActivationPolicy choose_activation_policy(const std::vector<std::vector<Activati
       best = p;
     }
   require(best.seconds < kNever, "memory.device_budget_gb leaves ", format_bytes(budget_bytes),
-          " for the blocks' activations, but the smallest activation policy (full recomputation with every block's "
-          "input offloaded) needs ", format_bytes(smallest),
+          " for the blocks' activations, but the smallest activation policy (every block offloaded, whole or as "
+          "the input it recomputes from) needs ", format_bytes(smallest),
           " per micro-batch: raise memory.device_budget_gb, or lower train.batch_size or train.seq_len");
   // Among blocks with the same options, offload goes to the earliest and keeping to the latest.
   std::vector<bool> done(L, false);
@@ -224,12 +275,7 @@ double activation_budget_bytes(const Config& config, const ParallelDims& dims) {
 }
 
 double smallest_activation_bytes(const Config& config, const ParallelDims& dims) {
-  double input = 0, whole = 0;
-  for (int64_t l = 0; l < config.model.n_layer; ++l) {
-    input = std::max(input, block_bytes(config, dims, l, "full"));
-    whole = std::max(whole, block_bytes(config, dims, l, "none"));
-  }
-  return 2 * input + whole;
+  return smallest_bytes(activation_options(config, dims, BlockCosts(), false));
 }
 
 void check_activation_budget(const Config& config, const ParallelDims& dims, double device_capacity_bytes) {
@@ -239,7 +285,8 @@ void check_activation_budget(const Config& config, const ParallelDims& dims, dou
   const double room = activation_budget_bytes(config, dims), smallest = smallest_activation_bytes(config, dims);
   require(room >= smallest, "memory.device_budget_gb = ", config.memory.device_budget_gb, " leaves ",
           format_bytes(room), " for the blocks' activations after the model's state, but the smallest activation policy "
-          "(full recomputation with every block's input offloaded) needs ", format_bytes(smallest),
+          "(every block offloaded, whole or as the input it recomputes from, encoded where "
+          "memory.activation_compression allows) needs ", format_bytes(smallest),
           " per micro-batch: raise memory.device_budget_gb, or lower train.batch_size or train.seq_len");
 }
 
@@ -254,7 +301,7 @@ std::string describe_activation_policy(const ActivationPolicy& p) {
     const ActivationOption& o = p.blocks[l];
     const std::string blocks = end - l == 1 ? "block " + std::to_string(l)
                                             : "blocks " + std::to_string(l) + "-" + std::to_string(end - 1);
-    std::snprintf(line, sizeof line, "  %-14s %-15s %12s on the device each, +%.2f ms each\n", blocks.c_str(),
+    std::snprintf(line, sizeof line, "  %-14s %-22s %12s on the device each, +%.2f ms each\n", blocks.c_str(),
                   o.name().c_str(), format_bytes(o.bytes).c_str(), 1e3 * o.seconds);
     out += line;
     l = end;

@@ -1,24 +1,31 @@
 // The activation policy for a device budget (memory.activation_policy = auto; docs/memory.md):
 // each block keeps its activations, offloads them, or recomputes them (selectively or whole,
-// offloading the kept input too), chosen to fit the budget at the least predicted step time.
+// offloading the kept input too), and with a codec named by memory.activation_compression may
+// encode what it keeps or offloads; chosen to fit the budget at the least predicted step time.
 //
 // Per block and option, per micro-batch on this rank:
 //   bytes    what the option leaves on the device from the block's forward to its backward: the
-//            memory estimate's count for the option's checkpointing mode (plan/activation_estimate.h);
-//            0 for an offloaded block, whose group (that count) is in flight instead: the device
-//            holds two groups at once (memory/activation_offload.h), a reserve of twice the
-//            largest offloaded group, kept out of the budget;
+//            memory estimate's count for the option's checkpointing mode and codec (plan/
+//            activation_estimate.h); for an offloaded block only its float32 statistics (which
+//            stay), its group (the rest) in flight instead: the device holds two groups at once
+//            (memory/activation_offload.h), a reserve of twice the largest offloaded group, kept
+//            out of the budget;
 //   seconds  what the option adds to the step, from the block's measured forward F and backward
 //            B (the start-up profile, plan/profile_cut.h, the world's mean so that every rank
 //            chooses alike): full recomputation F; selective the attention core's share of F
 //            (by FLOPs, model/operations.h); offload the copies' time beyond what the block's
 //            neighbours hide, max(0, g / link - B) + max(0, g / link - F) for a group of g bytes
 //            over the link (memory.modelled_bandwidth_gbps); on a CPU "device" the two memcpys
-//            also take the computing cores' time, 2 g / the profile's measured copy rate.
-// The choice: the least total seconds whose bytes fit (a knapsack over the blocks, bytes rounded up
-// to 1/4096 of the budget, for each reserve an offloaded group size can need). Among blocks of one
-// kind the cheaper options go to the latest blocks (the last block's activations are used first)
-// and offload to the earliest (whose wait is longest).
+//            also take the computing cores' time, 2 g / the profile's measured copy rate; a codec
+//            its encoding and decoding of the bytes the option would keep uncompressed, at the
+//            profile's measured rate on a tensor of the compute dtype (an upper bound where the
+//            codec keeps some tensors as they are: bf16 keeps 16-bit ones).
+// The codec is an allowance: under auto, memory.activation_compression names the one encoding a
+// block may use (none: no block encodes), and a lossy one changes the gradients of the blocks
+// that choose it. The choice: the least total seconds whose bytes fit (a knapsack over the blocks,
+// bytes rounded up to 1/4096 of the budget, for each reserve an offloaded group size can need).
+// Among blocks of one kind the cheaper options go to the latest blocks (the last block's
+// activations are used first) and offload and encoding to the earliest (whose wait is longest).
 //
 // The activations' budget: memory.device_budget_gb less the model's state on the device
 // (parameters, gradients, optimizer state unless offloaded: plan/memory_estimate.h); the head's
@@ -38,10 +45,12 @@ namespace tessera {
 struct ActivationOption {
   std::string checkpointing = "none";  // none | selective | full
   bool offload = false;
-  double bytes = 0;     // on the device, per micro-batch (0 when offloaded)
+  double bytes = 0;     // on the device, per micro-batch (offloaded: what stays)
   double group = 0;     // offloaded: the group's bytes (what it would keep resident)
   double seconds = 0;   // added to the step, per micro-batch
-  std::string name() const;  // "keep", "offload", "selective", "full", "full + offload"
+  std::string compression = "none";  // the codec of what it keeps or offloads (memory/activation_codec.h)
+  // "keep", "offload", "selective", "full", "full + offload", each with " + CODEC" when encoded
+  std::string name() const;
 };
 
 struct ActivationPolicy {
@@ -72,8 +81,9 @@ ActivationPolicy choose_activation_policy(const std::vector<std::vector<Activati
 // memory.device_budget_gb less the model's state on the device (refused when nothing is left).
 double activation_budget_bytes(const Config& config, const ParallelDims& dims);
 
-// The smallest the blocks' activations can be made (full recomputation with offload everywhere,
-// and its reserve), from the estimate alone: what `tessera inspect` and `--dry-run` check the
+// The smallest the blocks' activations can be made (every block offloaded, whole or as the input
+// it recomputes from, encoded where memory.activation_compression allows it, with the reserves),
+// from the estimate alone: what `tessera inspect` and `--dry-run` check the
 // budget against before anything is measured.
 double smallest_activation_bytes(const Config& config, const ParallelDims& dims);
 

@@ -12,8 +12,10 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
+#include "memory/activation_codec.h"
 #include "memory/host_memory_stats.h"
 #include "parallel/pipeline/split_backward.h"
+#include "plan/activation_estimate.h"
 #include "precision/autocast.h"
 #include "precision/precision_options.h"
 
@@ -115,7 +117,7 @@ BlockCosts profile_blocks(const Config& config, c10::Device device) {
     TransformerLM part(m, ModelStage(first, end));
     part->to(device, parameter_dtype(config.precision));
     part->set_activation_checkpointing(config.memory.activation_checkpointing);
-    part->set_activation_compression(config.memory.activation_compression);
+    part->set_activation_compression(activation_codec_name(applied_activation_codec(config)));
     part->train();
     return part;
   };
@@ -188,6 +190,24 @@ BlockCosts profile_blocks(const Config& config, c10::Device device) {
     std::nth_element(seconds.begin(), seconds.begin() + 2, seconds.end());
     costs.copy_bytes_per_s = static_cast<double>(from.nbytes()) / std::max(seconds[2], 1e-9);
   }
+  const ActivationCodec allowed = parse_activation_codec(config.memory.activation_compression);
+  if (config.memory.activation_policy == "auto" && allowed != ActivationCodec::none) {
+    // An MLP's worth of float32 activations ([B T, 4 n_embd], at most 64 MiB) encoded and decoded
+    // as a saved tensor is: the median of five.
+    const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(B * T, (int64_t{4} << 20) / m.n_embd));
+    const at::Tensor a = at::randn({rows, 4 * m.n_embd}, on_device.dtype(at::kFloat));
+    std::vector<double> seconds;
+    at::NoGradGuard no_grad;
+    for (int rep = 0; rep < 5; ++rep) {
+      sync_device(device);
+      const auto start = std::chrono::steady_clock::now();
+      const at::Tensor back = decode_activation(encode_activation(a, allowed));
+      sync_device(device);
+      seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    std::nth_element(seconds.begin(), seconds.begin() + 2, seconds.end());
+    costs.codec_seconds_per_byte = seconds[2] / static_cast<double>(a.nbytes());
+  }
   return costs;
 }
 
@@ -199,8 +219,8 @@ BlockCosts profile_world_blocks(const Config& config, comm::Mesh& mesh) {
   std::vector<pipeline::ActionCosts::Compute> parts = mine.block_split;
   parts.push_back(mine.embedding_split);
   parts.push_back(mine.head_split);
-  const int64_t copy_rate_at = 4 * (L + 2) + L;  // after them, the CPU's copy rate
-  at::Tensor packed = at::empty({copy_rate_at + 1}, at::kDouble);
+  const int64_t copy_rate_at = 4 * (L + 2) + L;  // after them, the CPU's copy rate and the codec's
+  at::Tensor packed = at::empty({copy_rate_at + 2}, at::kDouble);
   auto a = packed.accessor<double, 1>();
   for (int64_t k = 0; k < L + 2; ++k) {
     a[4 * k] = parts[k].f;
@@ -210,6 +230,7 @@ BlockCosts profile_world_blocks(const Config& config, comm::Mesh& mesh) {
   }
   for (int64_t l = 0; l < L; ++l) a[4 * (L + 2) + l] = mine.block_activation_bytes[l];
   a[copy_rate_at] = mine.copy_bytes_per_s;
+  a[copy_rate_at + 1] = mine.codec_seconds_per_byte;
   mesh.world().all_reduce(packed);
   packed.div_(static_cast<double>(mesh.world_size()));
   for (int64_t k = 0; k < L + 2; ++k) parts[k] = {a[4 * k], a[4 * k + 1], a[4 * k + 2], a[4 * k + 3]};
@@ -224,6 +245,7 @@ BlockCosts profile_world_blocks(const Config& config, comm::Mesh& mesh) {
   mean.embedding_seconds = mean.embedding_split.f + mean.embedding_split.b;
   mean.head_seconds = mean.head_split.f + mean.head_split.b;
   mean.copy_bytes_per_s = a[copy_rate_at];
+  mean.codec_seconds_per_byte = a[copy_rate_at + 1];
   return mean;
 }
 

@@ -55,6 +55,10 @@ struct BlockCosts {
   // On a CPU "device": bytes per second of a copy into fresh memory, what activation offload's
   // copies cost the computing cores (plan/activation_policy.h); 0 on CUDA (copy engines).
   double copy_bytes_per_s = 0;
+  // Under memory.activation_policy = auto with a codec named by memory.activation_compression:
+  // seconds to encode and decode one byte of a float32 activation (plan/activation_policy.h); 0
+  // otherwise.
+  double codec_seconds_per_byte = 0;
 };
 
 struct StageCut {

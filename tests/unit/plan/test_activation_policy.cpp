@@ -67,6 +67,25 @@ TEST(ActivationPolicy, ABudgetTooSmallForAnyPolicyIsRefused) {
                                   {"memory.device_budget_gb", "smallest activation policy", "needs 120.00 B"}));
 }
 
+// With int8 allowed: keeping a block encoded holds 30 bytes for 0.2 s of coding. Under 300 bytes,
+// recomputing costs 3 s (above); two blocks kept as they are and two encoded (260) cost 0.4 s, and
+// the encoded ones are the earliest.
+TEST(ActivationPolicy, EncodingIsChosenWhereItIsCheaperThanRecomputing) {
+  std::vector<std::vector<ActivationOption>> with_codec = options(5);
+  for (auto& block : with_codec) {
+    ActivationOption encoded{"none", false, 30, 0, 0.2, "int8"};
+    block.push_back(encoded);
+  }
+  const ActivationPolicy p = choose_activation_policy(with_codec, 300);
+  EXPECT_EQ(names(p), (std::vector<std::string>{"keep + int8", "keep + int8", "keep", "keep"}));
+  EXPECT_DOUBLE_EQ(p.seconds, 0.4);
+  EXPECT_DOUBLE_EQ(p.bytes, 260);
+  // Coding dearer than recomputing: recomputation again.
+  for (auto& block : with_codec) block.back().seconds = 2;
+  EXPECT_EQ(names(choose_activation_policy(with_codec, 300)),
+            (std::vector<std::string>{"full", "full", "full", "keep"}));
+}
+
 Config tiny_auto(double budget_gb, double link_gbps) {
   Config c = test::tiny_config(32);
   c.model.n_layer = 4;
@@ -139,6 +158,52 @@ TEST(ActivationPolicy, ARunUnderTheBudgetHoldsWhatThePolicySaysAndTrainsExactly)
   ASSERT_TRUE(offloaded.policy.has_value());
   EXPECT_EQ(offloaded.policy->offloaded(), tight.model.n_layer) << describe_activation_policy(*offloaded.policy);
   for (const auto& [name, g] : keep.grads) EXPECT_TRUE(offloaded.grads.at(name).equal(g)) << name;
+}
+
+// With int8 allowed and a share just above the smallest policy's need (every block offloaded
+// encoded: two encoded blocks in flight hold less than two plain inputs and a recomputed block),
+// the policy has one choice; the run applies it block by block: its gradients equal those of the
+// same choice made by hand (manual keys), differ from the resident run's (the encoding is lossy),
+// and it holds less than that share.
+TEST(ActivationPolicy, AnEncodedChoiceTrainsAsTheSameChoiceMadeByHand) {
+  Config resident = tiny_auto(0, 16);
+  // One head of 32: a head width of 8 would be encoded in groups of 8, more than the estimate's
+  // groups of 32 (activation_codec.h), and its attention output twice (as [B, H, T, d] and [B T, C]).
+  resident.model.n_head = 1;
+  resident.memory.activation_policy = "manual";
+  resident.memory.device_budget_gb = 0;
+  const PolicyRun keep = run(resident);
+  Config by_hand = resident;
+  by_hand.memory.activation_compression = "int8";
+  by_hand.memory.activation_offload = by_hand.model.n_layer;
+  const PolicyRun manual = run(by_hand);
+  Config tight = tiny_auto(1, 16);
+  tight.model.n_head = 1;
+  tight.memory.activation_compression = "int8";
+  const ParallelDims dims(tight.parallel, 1, "test");
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  const double state = gib - activation_budget_bytes(tight, dims);
+  // An encoded input: a byte and a 32nd of a float32 scale per element.
+  const double input = 1.125 * static_cast<double>(tight.train.batch_size * tight.train.seq_len * tight.model.n_embd);
+  const double smallest = smallest_activation_bytes(tight, dims);
+  Config plain = tight;
+  plain.memory.activation_compression = "none";
+  EXPECT_LT(smallest, smallest_activation_bytes(plain, dims));  // the codec makes the smallest smaller
+  tight.memory.device_budget_gb = (state + smallest + input / 2) / gib;
+  const PolicyRun chosen = run(tight);
+  ASSERT_TRUE(chosen.policy.has_value());
+  for (const ActivationOption& o : chosen.policy->blocks)
+    EXPECT_EQ(o.name(), "offload + int8") << describe_activation_policy(*chosen.policy);
+  // What autograd held: two groups in flight and every block's statistics, as the policy counts.
+  EXPECT_LE(static_cast<double>(chosen.peak), chosen.policy->budget_bytes);
+  EXPECT_NEAR(static_cast<double>(chosen.peak), chosen.policy->bytes, 0.02 * chosen.policy->bytes)
+      << describe_activation_policy(*chosen.policy);
+  bool differs = false;
+  for (const auto& [name, g] : manual.grads) {
+    EXPECT_TRUE(chosen.grads.at(name).equal(g)) << name;
+    differs = differs || !keep.grads.at(name).equal(g);
+  }
+  EXPECT_TRUE(differs);
 }
 
 // Before anything is measured (inspect, --dry-run, the launcher): a budget whose share for
