@@ -3,8 +3,9 @@
 
 One process, float32, CONFIG (default tiny_gpt, batch 16). For each activation share (MiB of the
 budget left after the model's state) and each modelled link (GB/s), `memory.activation_policy =
-auto` chooses each block's option from the start-up profile; the run is timed against the resident
-run of the same round (ROUNDS rounds, each policy after its resident run). Reported:
+auto` chooses each block's option from the start-up profile, with each codec of --compressions
+allowed (memory.activation_compression; none: no block encodes); the run is timed against the
+resident run of the same round (ROUNDS rounds, each policy after its resident run). Reported:
   choices          the blocks' options, in order;
   predicted MiB    the policy's device bytes (with the reserves) against the share;
   measured MiB     saved_activation_bytes: what autograd held for the blocks at the step's peak (a
@@ -15,6 +16,7 @@ The profile sets the prediction's F and B; the timed steps check it.
 Written to bench/results/activation_policy_cpu.md.
 
 usage: bench/activation_policy.py BUILD_DIR [--rounds 3] [--steps 5] [--shares 48,32,20] [--links 16,0.05]
+                                  [--compressions none,int8]
 """
 import argparse
 import statistics
@@ -38,6 +40,7 @@ def main():
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--shares", default="48,32,20")
     ap.add_argument("--links", default="16,0.05")
+    ap.add_argument("--compressions", default="none")
     ap.add_argument("--out", default="bench/results/activation_policy_cpu.md")
     args = ap.parse_args()
     base = {"train.batch_size": args.batch}
@@ -45,36 +48,38 @@ def main():
     probe = tessera_bench(args.build, args.config, {**base, "memory.activation_policy": "auto",
                                                      "memory.device_budget_gb": 1}, steps=1, warmup=0)
     state = GIB - probe["activation_policy"]["budget_bytes"]
-    cases = [(float(share), float(link)) for link in args.links.split(",") for share in args.shares.split(",")]
+    cases = [(float(share), float(link), codec) for link in args.links.split(",") for share in args.shares.split(",")
+             for codec in args.compressions.split(",")]
     resident, runs = [], {case: [] for case in cases}
     for r in range(args.rounds):
         for case in cases:
-            share, link = case
+            share, link, codec = case
             resident.append(tessera_bench(args.build, args.config, {**base, "memory.modelled_bandwidth_gbps": link},
                                           steps=args.steps))
             sets = {**base, "memory.activation_policy": "auto", "memory.device_budget_gb": (state + share * MIB) / GIB,
-                    "memory.modelled_bandwidth_gbps": link}
+                    "memory.modelled_bandwidth_gbps": link, "memory.activation_compression": codec}
             result = tessera_bench(args.build, args.config, sets, steps=args.steps)
             result["resident_step_s"] = resident[-1]["median_step_s"]
             runs[case].append(result)
-            print(f"round {r + 1}: share {share:g} MiB, link {link:g} GB/s: "
+            print(f"round {r + 1}: share {share:g} MiB, link {link:g} GB/s, codec {codec}: "
                   f"{' '.join(result['activation_policy']['blocks'])}", flush=True)
     keep = statistics.median(x["saved_activation_bytes"] for x in resident) / MIB
     lines = [f"# The activation policy for a budget against its runs ({args.config}, CPU)", "",
              f"`python3 bench/activation_policy.py {args.build} --rounds {args.rounds} --steps {args.steps} "
-             f"--shares {args.shares} --links {args.links}`: one process, float32, batch {args.batch}; each policy "
+             f"--shares {args.shares} --links {args.links} --compressions {args.compressions}`: one process, float32, batch {args.batch}; each policy "
              f"run after a resident run in each of {args.rounds} rounds. The resident run held {keep:.1f} MiB for "
              "the blocks. Share: the budget left for activations after the model's state.", "",
-             "| share MiB | link GB/s | choices | predicted MiB | measured MiB | predicted ms | measured ms |",
-             "|---|---|---|---|---|---|---|"]
+             "| share MiB | link GB/s | codec allowed | choices | predicted MiB | measured MiB | predicted ms | "
+             "measured ms |",
+             "|---|---|---|---|---|---|---|---|"]
     for case in cases:
-        share, link = case
+        share, link, codec = case
         results = runs[case]
         policy = results[-1]["activation_policy"]
         measured_ms = 1e3 * statistics.median(x["median_step_s"] - x["resident_step_s"] for x in results)
         peak = statistics.median(x["saved_activation_bytes"] for x in results) / MIB
         predicted_ms = 1e3 * statistics.median(x["activation_policy"]["predicted_added_s_per_step"] for x in results)
-        lines.append(f"| {share:g} | {link:g} | {', '.join(policy['blocks'])} | {policy['bytes'] / MIB:.1f} | "
+        lines.append(f"| {share:g} | {link:g} | {codec} | {', '.join(policy['blocks'])} | {policy['bytes'] / MIB:.1f} | "
                      f"{peak:.1f} | {predicted_ms:.1f} | {measured_ms:.1f} |")
     write_results(args.out, lines)
 
