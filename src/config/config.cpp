@@ -165,10 +165,6 @@ void Config::check(const std::string& source) const {
   swarm.check(source);
   if (train.seq_len > model.block_size)
     fail(source, ": train.seq_len = ", train.seq_len, " exceeds model.block_size = ", model.block_size);
-  if (memory.activation_policy == "auto" && parallel.pp > 1)
-    fail(source, ": memory.activation_policy = auto with parallel.pp = ", parallel.pp, " is not built yet (a "
-         "pipeline rank holds several micro-batches); choose memory.activation_checkpointing and "
-         "memory.activation_offload by hand");
   if (memory.activation_offload > model.n_layer)
     fail(source, ": memory.activation_offload = ", memory.activation_offload, " exceeds model.n_layer = ",
          model.n_layer, " (the blocks whose activations wait in host memory)");

@@ -112,12 +112,13 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
   if (config.memory.activation_offload > 0)
     model_->set_activation_offload(config.memory.activation_offload,
                                    std::make_shared<ActivationOffload>(device, config.memory.modelled_bandwidth_gbps * 1e9));
-  if (const ActivationPolicy* policy = layout_.activation_policy()) {  // memory.activation_policy = auto
+  // memory.activation_policy = auto: this pipeline rank's choice for its blocks.
+  if (const ActivationPolicy* policy = layout_.activation_policy(pp_ ? pp_->rank() : 0)) {
     const auto offload = policy->offloaded() > 0
                              ? std::make_shared<ActivationOffload>(device, config.memory.modelled_bandwidth_gbps * 1e9)
                              : nullptr;
     for (int64_t layer : model_->layers()) {
-      const ActivationOption& chosen = policy->blocks[static_cast<size_t>(layer)];
+      const ActivationOption& chosen = policy->of(layer);
       model_->block(layer)->set_checkpoint_mode(parse_checkpoint_mode(chosen.checkpointing));
       model_->block(layer)->set_activation_offload(chosen.offload ? offload : nullptr);
       model_->block(layer)->set_activation_codec(parse_activation_codec(chosen.compression));

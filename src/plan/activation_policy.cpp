@@ -68,11 +68,13 @@ bool same_options(const std::vector<ActivationOption>& a, const std::vector<Acti
   return true;
 }
 
-// The reserve an option needs beside the blocks' held bytes: the largest offloaded group twice
-// (in flight), the largest fully recomputed block once (its backward holds it whole).
+// The reserve an option needs beside the blocks' held bytes: the largest offloaded group as many
+// times as groups can be in flight, the largest fully recomputed block once (its backward holds it
+// whole).
 struct Caps {
   double group = 0, whole = 0;
-  double reserve() const { return 2 * group + whole; }
+  int64_t groups_in_flight = 2;
+  double reserve() const { return static_cast<double>(groups_in_flight) * group + whole; }
   bool allow(const ActivationOption& o, double whole_of_block) const {
     return (!o.offload || o.group <= group) && (o.checkpointing != "full" || whole_of_block <= whole);
   }
@@ -99,27 +101,41 @@ CapChoices cap_choices(const std::vector<std::vector<ActivationOption>>& options
   return out;
 }
 
-// The least bytes `caps` allows: its reserve and each block's smallest allowed option (never when a
-// block has none).
+// The least bytes `caps` allows: its reserve and each block's smallest allowed option for `held`
+// micro-batches (never when a block has none).
 double least_bytes(const std::vector<std::vector<ActivationOption>>& options, const std::vector<double>& whole,
-                   const Caps& caps) {
+                   const Caps& caps, double held) {
   double least = caps.reserve();
   for (size_t l = 0; l < options.size(); ++l) {
     double m = kNever;
     for (const ActivationOption& o : options[l])
       if (caps.allow(o, whole[l])) m = std::min(m, o.bytes);
-    least += m;
+    least += m * held;
   }
   return least;
 }
 
 // The smallest any choice of `options` holds.
-double smallest_bytes(const std::vector<std::vector<ActivationOption>>& options) {
+double smallest_bytes(const std::vector<std::vector<ActivationOption>>& options, double held,
+                      int64_t groups_in_flight) {
   const CapChoices choices = cap_choices(options);
   double smallest = kNever;
   for (double g : choices.groups)
-    for (double w : choices.wholes) smallest = std::min(smallest, least_bytes(options, choices.whole, Caps{g, w}));
+    for (double w : choices.wholes)
+      smallest = std::min(smallest, least_bytes(options, choices.whole, Caps{g, w, groups_in_flight}, held));
   return smallest;
+}
+
+// The options of `share`'s blocks, in its order.
+std::vector<std::vector<ActivationOption>> share_options(const std::vector<std::vector<ActivationOption>>& all,
+                                                         const ActivationShare& share) {
+  std::vector<std::vector<ActivationOption>> out;
+  for (int64_t layer : share.layers) out.push_back(all.at(static_cast<size_t>(layer)));
+  return out;
+}
+
+std::string rank_name(const ActivationShare& share) {
+  return share.pipeline_rank < 0 ? std::string() : " on pipeline rank " + std::to_string(share.pipeline_rank);
 }
 
 }  // namespace
@@ -134,6 +150,12 @@ std::string ActivationOption::name() const {
   const std::string kind = offload ? (checkpointing == "full" ? "full + offload" : "offload")
                                    : checkpointing == "none" ? "keep" : checkpointing;
   return compression == "none" ? kind : kind + " + " + compression;
+}
+
+const ActivationOption& ActivationPolicy::of(int64_t layer) const {
+  for (size_t i = 0; i < layers.size(); ++i)
+    if (layers[i] == layer) return blocks[i];
+  fail("internal: block ", layer, " is not among the activation policy's blocks");
 }
 
 int64_t ActivationPolicy::offloaded() const {
@@ -181,19 +203,19 @@ std::vector<std::vector<ActivationOption>> activation_options(const Config& conf
 }
 
 ActivationPolicy choose_activation_policy(const std::vector<std::vector<ActivationOption>>& options,
-                                          double budget_bytes) {
+                                          double budget_bytes, double held, int64_t groups_in_flight) {
   const size_t L = options.size();
   const CapChoices choices = cap_choices(options);
   const std::vector<double>& whole = choices.whole;
   constexpr int64_t kUnits = 4096;
   ActivationPolicy best;
   best.seconds = kNever;
-  const double smallest = smallest_bytes(options);
+  const double smallest = smallest_bytes(options, held, groups_in_flight);
   for (double g : choices.groups)
     for (double w : choices.wholes) {
-      const Caps caps{g, w};
+      const Caps caps{g, w, groups_in_flight};
       const double room = budget_bytes - caps.reserve();
-      const bool possible = least_bytes(options, whole, caps) < kNever;
+      const bool possible = least_bytes(options, whole, caps, held) < kNever;
       if (!possible || room < 0) continue;
       const double unit = room / static_cast<double>(kUnits);
       auto units = [&](double bytes) {
@@ -208,7 +230,7 @@ ActivationPolicy choose_activation_policy(const std::vector<std::vector<Activati
           for (size_t j = 0; j < options[l].size(); ++j) {
             const ActivationOption& o = options[l][j];
             if (!caps.allow(o, whole[l])) continue;
-            const int64_t need = units(o.bytes);
+            const int64_t need = units(o.bytes * held);
             if (need > u || seconds[static_cast<size_t>(u - need)] == kNever) continue;
             const double t = seconds[static_cast<size_t>(u - need)] + o.seconds;
             if (t < next[static_cast<size_t>(u)]) {
@@ -227,14 +249,15 @@ ActivationPolicy choose_activation_policy(const std::vector<std::vector<Activati
       for (size_t l = L; l-- > 0;) {
         const ActivationOption& o = options[l][static_cast<size_t>(choice[l][static_cast<size_t>(u)])];
         p.blocks[l] = o;
-        u -= units(o.bytes);
+        u -= units(o.bytes * held);
       }
       best = p;
     }
   require(best.seconds < kNever, "memory.device_budget_gb leaves ", format_bytes(budget_bytes),
           " for the blocks' activations, but the smallest activation policy (every block offloaded, whole or as "
           "the input it recomputes from) needs ", format_bytes(smallest),
-          " per micro-batch: raise memory.device_budget_gb, or lower train.batch_size or train.seq_len");
+          held > 1 ? " for the micro-batches held at once" : " per micro-batch",
+          ": raise memory.device_budget_gb, or lower train.batch_size or train.seq_len");
   // Among blocks with the same options, offload goes to the earliest and keeping to the latest.
   std::vector<bool> done(L, false);
   for (size_t l = 0; l < L; ++l) {
@@ -255,61 +278,121 @@ ActivationPolicy choose_activation_policy(const std::vector<std::vector<Activati
   best.bytes = 0;
   for (size_t l = 0; l < L; ++l) {
     const ActivationOption& o = best.blocks[l];
-    best.bytes += o.bytes;
+    best.bytes += o.bytes * held;
     if (o.offload) group = std::max(group, o.group);
     if (o.checkpointing == "full") recompute = std::max(recompute, whole[l]);
   }
-  best.bytes += 2 * group + recompute;
+  best.bytes += static_cast<double>(groups_in_flight) * group + recompute;
+  best.held = held;
+  best.groups_in_flight = groups_in_flight;
+  for (size_t l = 0; l < L; ++l) best.layers.push_back(static_cast<int64_t>(l));
   return best;
 }
 
-double activation_budget_bytes(const Config& config, const ParallelDims& dims) {
-  const MemoryEstimate e = estimate_memory(config, make_layout(config, dims));
-  const double state = e.parameter_bytes + e.gradient_bytes + (e.optimizer_on_host ? 0 : e.optimizer_bytes) +
-                       e.working_bytes + e.in_flight_bytes;
+std::vector<ActivationShare> activation_shares(const Config& config, const Layout& layout) {
+  const std::vector<MemoryEstimate> ranks = estimate_memory_by_rank(config, layout);
   const double budget = config.memory.device_budget_gb * 1024.0 * 1024.0 * 1024.0;
-  require(budget > state, "memory.device_budget_gb = ", config.memory.device_budget_gb, " (",
-          format_bytes(budget), ") does not hold the model's state on the device, ", format_bytes(state),
-          " (parameters, gradients, optimizer state and the backward's working set; `tessera inspect` shows them)");
-  return budget - state;
+  std::vector<ActivationShare> shares;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const MemoryEstimate& e = ranks[r];
+    ActivationShare share;
+    share.pipeline_rank = e.pipeline_rank;
+    if (layout.pipelined()) {
+      const ModelStage stage = layout.stage_of(static_cast<int64_t>(r));
+      share.layers = stage.layers(config.model);
+      share.held = static_cast<double>(e.pipeline_held) / static_cast<double>(stage.chunks.size());
+      share.groups_in_flight = 3;
+      for (int64_t s = 0; s < layout.schedule().stages(); ++s)
+        for (int64_t mb = 0; mb < layout.schedule().micro_batches; ++mb)
+          require(!layout.schedule().split_backward(s, mb), "memory.activation_policy = auto with parallel.pp_schedule = ",
+                  config.parallel.pp_schedule, " is not built yet (a split backward keeps its W's inputs and output "
+                  "gradients beyond what the policy counts); use gpipe, 1f1b or interleaved, or choose "
+                  "memory.activation_checkpointing and memory.activation_offload by hand");
+    } else {
+      for (int64_t l = 0; l < config.model.n_layer; ++l) share.layers.push_back(l);
+    }
+    const double state = e.parameter_bytes + e.gradient_bytes + (e.optimizer_on_host ? 0 : e.optimizer_bytes) +
+                         e.working_bytes + e.in_flight_bytes;
+    require(budget > state, "memory.device_budget_gb = ", config.memory.device_budget_gb, " (", format_bytes(budget),
+            ") does not hold the model's state on the device", rank_name(share), ", ", format_bytes(state),
+            " (parameters, gradients, optimizer state and the backward's working set; `tessera inspect` shows them)");
+    share.budget_bytes = budget - state;
+    shares.push_back(std::move(share));
+  }
+  return shares;
 }
 
-double smallest_activation_bytes(const Config& config, const ParallelDims& dims) {
-  return smallest_bytes(activation_options(config, dims, BlockCosts(), false));
+std::vector<ActivationPolicy> choose_activation_policies(const Config& config, const Layout& layout,
+                                                         const BlockCosts& measured, bool cpu_device) {
+  const auto options = activation_options(config, layout.dims(), measured, cpu_device);
+  std::vector<ActivationPolicy> policies;
+  for (const ActivationShare& share : activation_shares(config, layout)) {
+    ActivationPolicy p;
+    try {
+      p = choose_activation_policy(share_options(options, share), share.budget_bytes, share.held,
+                                   share.groups_in_flight);
+    } catch (const Error& e) {
+      if (share.pipeline_rank < 0) throw;
+      fail("pipeline rank ", share.pipeline_rank, ": ", e.what());
+    }
+    p.pipeline_rank = share.pipeline_rank;
+    p.layers = share.layers;
+    policies.push_back(std::move(p));
+  }
+  return policies;
+}
+
+double smallest_activation_bytes(const Config& config, const ParallelDims& dims, const ActivationShare& share) {
+  return smallest_bytes(share_options(activation_options(config, dims, BlockCosts(), false), share), share.held,
+                        share.groups_in_flight);
 }
 
 void check_activation_budget(const Config& config, const ParallelDims& dims, double device_capacity_bytes) {
   const double budget = config.memory.device_budget_gb * 1024.0 * 1024.0 * 1024.0;
   require(device_capacity_bytes <= 0 || budget <= device_capacity_bytes, "memory.device_budget_gb = ",
           config.memory.device_budget_gb, " exceeds the device's ", format_bytes(device_capacity_bytes));
-  const double room = activation_budget_bytes(config, dims), smallest = smallest_activation_bytes(config, dims);
-  require(room >= smallest, "memory.device_budget_gb = ", config.memory.device_budget_gb, " leaves ",
-          format_bytes(room), " for the blocks' activations after the model's state, but the smallest activation policy "
-          "(every block offloaded, whole or as the input it recomputes from, encoded where "
-          "memory.activation_compression allows) needs ", format_bytes(smallest),
-          " per micro-batch: raise memory.device_budget_gb, or lower train.batch_size or train.seq_len");
+  for (const ActivationShare& share : activation_shares(config, make_layout(config, dims))) {
+    const double room = share.budget_bytes, smallest = smallest_activation_bytes(config, dims, share);
+    require(room >= smallest, "memory.device_budget_gb = ", config.memory.device_budget_gb, " leaves ",
+            format_bytes(room), " for the blocks' activations after the model's state", rank_name(share),
+            ", but the smallest activation policy (every block offloaded, whole or as the input it recomputes from, "
+            "encoded where memory.activation_compression allows) needs ", format_bytes(smallest),
+            share.held > 1 ? " for the micro-batches the schedule holds" : " per micro-batch",
+            ": raise memory.device_budget_gb, or lower train.batch_size or train.seq_len");
+  }
 }
 
 std::string describe_activation_policy(const ActivationPolicy& p) {
-  std::string out = "activation policy (memory.activation_policy = auto), per micro-batch:\n";
-  char line[256];
+  char line[320];
+  if (p.pipeline_rank < 0) {
+    std::snprintf(line, sizeof line, "activation policy (memory.activation_policy = auto), per micro-batch:\n");
+  } else {
+    std::snprintf(line, sizeof line,
+                  "activation policy (memory.activation_policy = auto), pipeline rank %lld (its schedule holds %.3g "
+                  "micro-batches' activations at once), per micro-batch:\n",
+                  static_cast<long long>(p.pipeline_rank), p.held);
+  }
+  std::string out = line;
   for (size_t l = 0; l < p.blocks.size();) {
     size_t end = l + 1;
-    while (end < p.blocks.size() && p.blocks[end].name() == p.blocks[l].name() &&
+    while (end < p.blocks.size() && p.layers[end] == p.layers[end - 1] + 1 && p.blocks[end].name() == p.blocks[l].name() &&
            p.blocks[end].bytes == p.blocks[l].bytes && p.blocks[end].seconds == p.blocks[l].seconds)
       ++end;
     const ActivationOption& o = p.blocks[l];
-    const std::string blocks = end - l == 1 ? "block " + std::to_string(l)
-                                            : "blocks " + std::to_string(l) + "-" + std::to_string(end - 1);
+    const std::string blocks = end - l == 1 ? "block " + std::to_string(p.layers[l])
+                                            : "blocks " + std::to_string(p.layers[l]) + "-" +
+                                                  std::to_string(p.layers[end - 1]);
     std::snprintf(line, sizeof line, "  %-14s %-22s %12s on the device each, +%.2f ms each\n", blocks.c_str(),
                   o.name().c_str(), format_bytes(o.bytes).c_str(), 1e3 * o.seconds);
     out += line;
     l = end;
   }
   std::snprintf(line, sizeof line,
-                "  total %s of the %s the budget leaves for activations (two offloaded groups in flight and one "
+                "  total %s of the %s the budget leaves for activations (%s; %lld offloaded groups in flight and one "
                 "recomputed block included); +%.2f ms per micro-batch predicted\n",
-                format_bytes(p.bytes).c_str(), format_bytes(p.budget_bytes).c_str(), 1e3 * p.seconds);
+                format_bytes(p.bytes).c_str(), format_bytes(p.budget_bytes).c_str(),
+                p.held == 1 ? "one micro-batch" : "the micro-batches held", static_cast<long long>(p.groups_in_flight),
+                1e3 * p.seconds);
   out += line;
   return out;
 }

@@ -27,9 +27,10 @@
 // Among blocks of one kind the cheaper options go to the latest blocks (the last block's
 // activations are used first) and offload and encoding to the earliest (whose wait is longest).
 //
-// The activations' budget: memory.device_budget_gb less the model's state on the device
-// (parameters, gradients, optimizer state unless offloaded: plan/memory_estimate.h); the head's
-// and embedding's activations are not counted.
+// The activations' budget: memory.device_budget_gb less the rank's model state on the device
+// (activation_shares below); the head's and embedding's activations are not counted. Under a
+// pipeline each rank chooses for its own blocks, their bytes times the micro-batches its schedule
+// holds at once (every micro-batch gets the same choice).
 #pragma once
 
 #include <cstdint>
@@ -42,6 +43,8 @@
 
 namespace tessera {
 
+class Layout;
+
 struct ActivationOption {
   std::string checkpointing = "none";  // none | selective | full
   bool offload = false;
@@ -53,13 +56,37 @@ struct ActivationOption {
   std::string name() const;
 };
 
+// One pipeline rank's choice (the whole model's without a pipeline).
 struct ActivationPolicy {
-  std::vector<ActivationOption> blocks;  // by global block index
+  int64_t pipeline_rank = -1;            // -1: no pipeline
+  std::vector<int64_t> layers;           // the blocks it decides (the rank's), in order
+  std::vector<ActivationOption> blocks;  // their choices, parallel to layers
+  double held = 1;                       // micro-batches whose activations the rank holds at once
+  int64_t groups_in_flight = 2;          // offloaded groups the device may hold at once
   double budget_bytes = 0;               // for the blocks' activations
-  double bytes = 0;                      // chosen: per micro-batch, with the offload reserve
+  double bytes = 0;                      // chosen: for the micro-batches held, with the reserves
   double seconds = 0;                    // added to the step, per micro-batch
   int64_t offloaded() const;
+  const ActivationOption& of(int64_t layer) const;  // block `layer`'s choice (one of layers)
 };
+
+// What the activations of one pipeline rank's blocks may use (the whole model's without a
+// pipeline): memory.device_budget_gb less the rank's model state on the device (parameters,
+// gradients, optimizer state unless offloaded, the backward's working set, ZeRO-3's gathered
+// units: plan/memory_estimate.h), refused naming the rank when nothing is left. Under a pipeline
+// the rank's schedule holds `held` micro-batches' activations at once (the simulation's peak, in
+// units of one of its stages, over its stages), and three offloaded groups can be in flight: a
+// backward's two (its own and the one it prefetches) and the store the forward before it left
+// running. Schedules that split the backward (zbh1, zbv, dualpipev) are refused: what their W
+// keeps is not counted yet.
+struct ActivationShare {
+  int64_t pipeline_rank = -1;
+  std::vector<int64_t> layers;
+  double held = 1;
+  int64_t groups_in_flight = 2;
+  double budget_bytes = 0;
+};
+std::vector<ActivationShare> activation_shares(const Config& config, const Layout& layout);
 
 // What offloading `bytes` of a block's activations adds to the step, per micro-batch: the copies'
 // time beyond what the block's neighbours hide, max(0, g / link - B) + max(0, g / link - F) for
@@ -73,22 +100,27 @@ double offload_copy_seconds(double bytes, double forward_s, double backward_s, d
 std::vector<std::vector<ActivationOption>> activation_options(const Config& config, const ParallelDims& dims,
                                                               const BlockCosts& measured, bool cpu_device);
 
-// The cheapest choice that fits `budget_bytes`; refuses, naming memory.device_budget_gb and what
-// the smallest choice needs, when none does.
+// The cheapest choice for `options` (blocks 0.. in order; the caller names their layers) that
+// fits `budget_bytes` with each block's bytes held `held` times and `groups_in_flight` offloaded
+// groups reserved; refuses, naming memory.device_budget_gb and what the smallest choice needs,
+// when none does.
 ActivationPolicy choose_activation_policy(const std::vector<std::vector<ActivationOption>>& options,
-                                          double budget_bytes);
+                                          double budget_bytes, double held = 1, int64_t groups_in_flight = 2);
 
-// memory.device_budget_gb less the model's state on the device (refused when nothing is left).
-double activation_budget_bytes(const Config& config, const ParallelDims& dims);
+// Each share's choice (activation_shares), by pipeline rank; a refusal names the rank.
+std::vector<ActivationPolicy> choose_activation_policies(const Config& config, const Layout& layout,
+                                                         const BlockCosts& measured, bool cpu_device);
 
-// The smallest the blocks' activations can be made (every block offloaded, whole or as the input
+// The smallest a share's activations can be made (every block offloaded, whole or as the input
 // it recomputes from, encoded where memory.activation_compression allows it, with the reserves),
-// from the estimate alone: what `tessera inspect` and `--dry-run` check the
-// budget against before anything is measured.
-double smallest_activation_bytes(const Config& config, const ParallelDims& dims);
+// from the estimate alone: what `tessera inspect` and `--dry-run` check the budget against
+// before anything is measured.
+double smallest_activation_bytes(const Config& config, const ParallelDims& dims, const ActivationShare& share);
 
-// Refuses, before anything is measured or started, a budget whose share for activations is smaller
-// than the smallest policy needs, or (`device_capacity_bytes` > 0) larger than the device.
+// Refuses, before anything is measured or started, a budget whose share for activations on some
+// rank is smaller than the smallest policy needs, or (`device_capacity_bytes` > 0) larger than
+// the device. Under a pipeline the cut is the one made without measurements (the run's profile
+// cut may differ; its choice refuses by rank).
 void check_activation_budget(const Config& config, const ParallelDims& dims, double device_capacity_bytes = 0);
 
 // A table: each block's option, its bytes and seconds, and the totals against the budget.

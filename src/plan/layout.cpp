@@ -9,7 +9,7 @@
 namespace tessera {
 
 Layout::Layout(ParallelDims dims, std::optional<StageCut> cut, std::optional<pipeline::Schedule> schedule,
-               std::optional<swap::SwapPlan> swap, std::optional<ActivationPolicy> activations)
+               std::optional<swap::SwapPlan> swap, std::vector<ActivationPolicy> activations)
     : dims_(std::move(dims)),
       cut_(std::move(cut)),
       schedule_(std::move(schedule)),
@@ -41,6 +41,13 @@ int64_t Layout::block_holder(int64_t block) const {
 int64_t Layout::embedding_holder() const { return cut_ ? schedule_->rank_of(0) : 0; }
 int64_t Layout::head_holder() const { return cut_ ? schedule_->rank_of(cut_->stages() - 1) : 0; }
 
+const ActivationPolicy* Layout::activation_policy(int64_t pp_rank) const {
+  if (activations_.empty()) return nullptr;
+  require(pp_rank >= 0 && pp_rank < static_cast<int64_t>(activations_.size()), "internal: no activation policy for "
+          "pipeline rank ", pp_rank, " of ", activations_.size());
+  return &activations_[static_cast<size_t>(pp_rank)];
+}
+
 const swap::SwapPlan& Layout::swap_plan() const {
   require(swap_.has_value(), "internal: the swap plan of a layout that does not swap (or was not measured)");
   return *swap_;
@@ -68,10 +75,10 @@ Layout make_layout(const Config& config, const ParallelDims& dims, const LayoutM
   }
   std::optional<swap::SwapPlan> swap;
   if (config.memory.swap && measured.swap) swap = plan_swap(config, *measured.swap, dims.dp());
-  std::optional<ActivationPolicy> activations;
-  if (config.memory.activation_policy == "auto" && measured.blocks)
-    activations = choose_activation_policy(activation_options(config, dims, *measured.blocks, measured.cpu_device),
-                                           activation_budget_bytes(config, dims));
+  if (config.memory.activation_policy != "auto" || !measured.blocks)
+    return Layout(dims, std::move(cut), std::move(schedule), std::move(swap));
+  std::vector<ActivationPolicy> activations =
+      choose_activation_policies(config, Layout(dims, cut, schedule, swap), *measured.blocks, measured.cpu_device);
   return Layout(dims, std::move(cut), std::move(schedule), std::move(swap), std::move(activations));
 }
 
@@ -79,7 +86,7 @@ std::string describe_layout(const Config& config, const Layout& layout) {
   std::string out;
   if (layout.pipelined()) out += describe_pipeline_layout(config, layout.dims(), layout.cut(), layout.schedule());
   if (layout.swapped()) out += describe_swap_plan(layout.swap_plan());
-  if (layout.activation_policy()) out += describe_activation_policy(*layout.activation_policy());
+  for (const ActivationPolicy& policy : layout.activation_policies()) out += describe_activation_policy(policy);
   if (!out.empty() && out.back() == '\n') out.pop_back();
   return out;
 }

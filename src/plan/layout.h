@@ -17,9 +17,10 @@
 //               step runs (another micro-batch count, the table for measured costs after step 2)
 //   swap        memory.swap with LayoutMeasurements::swap: the swap plan (plan/swap_cut.h), whose
 //               sub-models are the units the swap engine moves; absent without measurements
-//   activations memory.activation_policy = auto with LayoutMeasurements::blocks: each block's
-//               checkpointing and offload (plan/activation_policy.h); absent otherwise (the keys
-//               apply to every block as given)
+//   activations memory.activation_policy = auto with LayoutMeasurements::blocks: each pipeline
+//               rank's choice for its blocks (one without a pipeline) of checkpointing, offload and
+//               encoding (plan/activation_policy.h); absent otherwise (the keys apply to every
+//               block as given)
 //   replicas    the names of the groups gradients are averaged over: dense parameters over "dp"
 //               (or "dp_sp" with sequence parallelism), expert parameters over "edp" ("edp_sp")
 //
@@ -58,7 +59,7 @@ inline std::string replica_group_name(const ParallelDims& dims) { return dims.sp
 class Layout {
  public:
   Layout(ParallelDims dims, std::optional<StageCut> cut, std::optional<pipeline::Schedule> schedule,
-         std::optional<swap::SwapPlan> swap, std::optional<ActivationPolicy> activations = std::nullopt);
+         std::optional<swap::SwapPlan> swap, std::vector<ActivationPolicy> activations = {});
 
   const ParallelDims& dims() const { return dims_; }
   bool pipelined() const { return cut_.has_value(); }
@@ -77,8 +78,10 @@ class Layout {
   bool swapped() const { return swap_.has_value(); }
   const swap::SwapPlan& swap_plan() const;
 
-  // memory.activation_policy = auto, measured: each block's choice; null otherwise.
-  const ActivationPolicy* activation_policy() const { return activations_ ? &*activations_ : nullptr; }
+  // memory.activation_policy = auto, measured: pipeline rank `pp_rank`'s choice for its blocks
+  // (0 without a pipeline); null otherwise.
+  const ActivationPolicy* activation_policy(int64_t pp_rank = 0) const;
+  const std::vector<ActivationPolicy>& activation_policies() const { return activations_; }
 
   // The groups the data replicas average over: dense and expert parameters (comm/mesh.h's names).
   std::string replica_group() const { return replica_group_name(dims_); }
@@ -89,7 +92,7 @@ class Layout {
   std::optional<StageCut> cut_;
   std::optional<pipeline::Schedule> schedule_;
   std::optional<swap::SwapPlan> swap_;
-  std::optional<ActivationPolicy> activations_;
+  std::vector<ActivationPolicy> activations_;
 };
 
 // The parameter actions a layout's pipeline table holds: ZeRO-3 (parallel.zero_stage = 3) over a

@@ -188,33 +188,47 @@ double model_state_lower_bound(const Config& config, const ParallelDims& dims) {
          static_cast<double>(dims.pp());
 }
 
-MemoryEstimate estimate_memory(const Config& config, const Layout& layout) {
+std::vector<MemoryEstimate> estimate_memory_by_rank(const Config& config, const Layout& layout) {
   const ModelOptions& m = config.model;
   const ParallelDims& dims = layout.dims();
-  MemoryEstimate e;
+  std::vector<MemoryEstimate> ranks;
   if (dims.pp() == 1) {
-    e = estimate_rank(config, dims, ModelStage{}, {1});
+    ranks.push_back(estimate_rank(config, dims, ModelStage{}, {1}));
   } else {
-    // Every pipeline rank's stages and the activations its schedule holds; the table shows the
-    // rank that needs the most.
     // A count of held activations is in units of one stage's (the simulator's), so with several
     // stages per rank (interleaved, V placement) it takes their mean, not their sum.
     const pipeline::Simulation sim = pipeline::simulate_schedule(layout.schedule(), {}, pipeline::Timeline::skip);
+    const std::string pipeline = describe_pipeline_layout(config, dims, layout.cut(), layout.schedule());
     for (int64_t r = 0; r < dims.pp(); ++r) {
       MemoryEstimate rank = estimate_rank(config, dims, layout.stage_of(r), sim.peak_held_awaiting_w[r]);
       rank.pipeline_rank = r;
       rank.pipeline_held = sim.peak_held[r];
-      if (r == 0 || rank.device_bytes() > e.device_bytes()) e = rank;
+      rank.pipeline = pipeline;
+      ranks.push_back(std::move(rank));
     }
-    e.pipeline = describe_pipeline_layout(config, dims, layout.cut(), layout.schedule());
   }
+  std::map<std::string, int64_t> by_component;
+  int64_t total = 0;
   for (const CensusEntry& item : *parameter_census(m)) {
-    e.parameters_total += item.meta.numel();
+    total += item.meta.numel();
     const ParameterSpec& spec = item.spec;
-    e.parameters_by_component[spec.block >= 0 ? "blocks" : spec.end == ModelEnd::head ? "head" : "embedding"] +=
-        item.meta.numel();
+    by_component[spec.block >= 0 ? "blocks" : spec.end == ModelEnd::head ? "head" : "embedding"] += item.meta.numel();
   }
-  return e;
+  for (MemoryEstimate& rank : ranks) {
+    rank.parameters_total = total;
+    rank.parameters_by_component = by_component;
+  }
+  return ranks;
+}
+
+MemoryEstimate estimate_memory(const Config& config, const Layout& layout) {
+  // Every pipeline rank's stages and the activations its schedule holds; the table shows the rank
+  // that needs the most.
+  std::vector<MemoryEstimate> ranks = estimate_memory_by_rank(config, layout);
+  size_t largest = 0;
+  for (size_t r = 1; r < ranks.size(); ++r)
+    if (ranks[r].device_bytes() > ranks[largest].device_bytes()) largest = r;
+  return std::move(ranks[largest]);
 }
 
 std::string describe_memory_estimate(const Config& config, const ParallelDims& dims, const MemoryEstimate& e) {
@@ -281,11 +295,13 @@ std::string describe_memory_estimate(const Config& config, const ParallelDims& d
                                     "optimizer step's\n",
               format_bytes(e.device_bytes()).c_str());
   if (config.memory.activation_policy == "auto")
-    out += line("memory.activation_policy = auto: memory.device_budget_gb = %g leaves %s for the blocks' activations "
-                "(the activations above keep every block's); the smallest policy needs %s; the run measures its "
-                "blocks at start-up and prints each block's choice\n",
-                config.memory.device_budget_gb, format_bytes(activation_budget_bytes(config, dims)).c_str(),
-                format_bytes(smallest_activation_bytes(config, dims)).c_str());
+    for (const ActivationShare& share : activation_shares(config, make_layout(config, dims)))
+      out += line("memory.activation_policy = auto: memory.device_budget_gb = %g leaves %s for the blocks' activations%s "
+                  "(the activations above keep every block's); the smallest policy needs %s; the run measures its "
+                  "blocks at start-up and prints each block's choice\n",
+                  config.memory.device_budget_gb, format_bytes(share.budget_bytes).c_str(),
+                  share.pipeline_rank < 0 ? "" : line(" on pipeline rank %lld", static_cast<long long>(share.pipeline_rank)).c_str(),
+                  format_bytes(smallest_activation_bytes(config, dims, share)).c_str());
   if (config.memory.swap)
     out += line("memory.swap = true: the figures above are what the model would hold resident; swapped, the device "
                 "holds at most memory.device_budget_gb = %g GiB and the state lives in host memory (`tessera "

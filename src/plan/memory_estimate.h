@@ -53,6 +53,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "core/parallel_dims.h"
 #include "plan/layout.h"
@@ -96,6 +97,8 @@ struct MemoryEstimate {
 // parallel.pp > 1 each pipeline rank holds the stages the layout gives it and the activations its
 // schedule holds at its peak (parallel/pipeline/simulate.h), and the estimate is the largest rank's.
 MemoryEstimate estimate_memory(const Config& config, const Layout& layout);
+// Every pipeline rank's estimate, by pp rank (one without pipeline parallelism).
+std::vector<MemoryEstimate> estimate_memory_by_rank(const Config& config, const Layout& layout);
 
 // Bytes no rank of the layout holds fewer of (no table is built): the whole model's state on one
 // tensor- and expert-parallel rank (parameters, gradients and the device's optimizer state, as

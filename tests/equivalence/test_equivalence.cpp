@@ -39,6 +39,8 @@
 #include "comm/mesh.h"
 #include "distributed/dist_test.h"
 #include "parallel/pipeline/schedule_builders.h"
+#include "plan/activation_policy.h"
+#include "plan/layout.h"
 #include "test_util.h"
 #include "tiny_config.h"
 #if TESSERA_ATOM
@@ -178,6 +180,20 @@ void mixtral(Config& c, bool deepseek = false) {
   c.model.moe_bias_update_rate = 0.05;
   c.model.moe_groups = 4;
   c.model.moe_topk_groups = 2;
+}
+
+// memory.activation_policy = auto on `ranks` ranks with a budget leaving the rank with the most
+// model state `blocks` blocks' worth of one micro-batch's activations (plan/activation_policy.h).
+void activation_policy(Config& c, int64_t ranks, double blocks) {
+  c.memory.activation_policy = "auto";
+  c.memory.device_budget_gb = 1;
+  const ParallelDims dims(c.parallel, ranks, "row");
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  double state = 0;
+  for (const ActivationShare& share : activation_shares(c, make_layout(c, dims)))
+    state = std::max(state, gib - share.budget_bytes);
+  const double keep = activation_options(c, dims, BlockCosts(), false)[0][0].bytes;
+  c.memory.device_budget_gb = (state + blocks * keep) / gib;
 }
 
 // A swapped run (memory.swap) on one process: the model in host memory, cut into sub-models.
@@ -505,6 +521,26 @@ const std::vector<Row>& layouts() {
          c.memory.activation_offload = 4;
        },
        &kExact},
+      // The activation policy for a budget: every unencoded choice is exact, so each layout
+      // matches one process that keeps its activations. Under the pipeline rank 0 holds two
+      // micro-batches of its two blocks in three blocks' worth.
+      {"pp2_1f1b_activation_policy_sgd_accum4", 2,
+       [](Config& c) {
+         sgd(c);
+         c.model.n_layer = 4;
+         c.parallel.pp = 2;
+         c.train.grad_accum = 4;
+         activation_policy(c, 2, 3);
+       }},
+      {"pp2_interleaved_activation_policy_sgd_accum4", 2,
+       [](Config& c) {
+         sgd(c);
+         c.model.n_layer = 4;
+         c.parallel.pp = 2;
+         c.parallel.pp_schedule = "interleaved";
+         c.train.grad_accum = 4;
+         activation_policy(c, 2, 3);
+       }},
       {"dp2_activation_offload_full_checkpointing", 2,
        [](Config& c) {
          c.memory.activation_checkpointing = "full";
@@ -1153,6 +1189,7 @@ TEST_P(Equivalence, MatchesOneProcess) {
   single.memory.device_budget_gb = 0;
   single.memory.swap_blocks.clear();
   single.memory.activation_offload = 0;  // lossless: the reference keeps its activations on the device
+  single.memory.activation_policy = "manual";
   const Trace reference =
       train(single, nullptr, layout.merged_reference ? config.train.grad_accum : dims.dp() * config.train.grad_accum);
   const Tolerance& tol = *layout.tolerance;

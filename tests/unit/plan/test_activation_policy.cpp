@@ -9,6 +9,7 @@
 
 #include "memory/saved_activations.h"
 #include "plan/activation_policy.h"
+#include "plan/layout.h"
 #include "test_util.h"
 #include "tiny_config.h"
 #include "train/train_step.h"
@@ -86,6 +87,15 @@ TEST(ActivationPolicy, EncodingIsChosenWhereItIsCheaperThanRecomputing) {
             (std::vector<std::string>{"full", "full", "full", "keep"}));
 }
 
+// Without a pipeline: the one share, its budget for activations and its smallest need.
+ActivationShare share_of(const Config& c) {
+  return activation_shares(c, make_layout(c, ParallelDims(c.parallel, 1, "test"))).at(0);
+}
+double budget_of(const Config& c) { return share_of(c).budget_bytes; }
+double smallest_of(const Config& c) {
+  return smallest_activation_bytes(c, ParallelDims(c.parallel, 1, "test"), share_of(c));
+}
+
 Config tiny_auto(double budget_gb, double link_gbps) {
   Config c = test::tiny_config(32);
   c.model.n_layer = 4;
@@ -134,7 +144,7 @@ TEST(ActivationPolicy, ARunUnderTheBudgetHoldsWhatThePolicySaysAndTrainsExactly)
   // A budget leaving about 60% of what keeping every block needs, beside the model's state.
   Config slow = tiny_auto(1, 0.001);
   const double gib = 1024.0 * 1024.0 * 1024.0;
-  const double state = gib - activation_budget_bytes(slow, ParallelDims(slow.parallel, 1, "test"));
+  const double state = gib - budget_of(slow);
   slow.memory.device_budget_gb = (state + static_cast<double>(keep.peak) * 0.6) / gib;
   const PolicyRun chosen = run(slow);
   ASSERT_TRUE(chosen.policy.has_value());
@@ -153,7 +163,7 @@ TEST(ActivationPolicy, ARunUnderTheBudgetHoldsWhatThePolicySaysAndTrainsExactly)
   Config tight = tiny_auto(1, 16);
   const double input = 4.0 * static_cast<double>(tight.train.batch_size * tight.train.seq_len * tight.model.n_embd);
   tight.memory.device_budget_gb =
-      (state + smallest_activation_bytes(tight, ParallelDims(tight.parallel, 1, "test")) + input / 2) / gib;
+      (state + smallest_of(tight) + input / 2) / gib;
   const PolicyRun offloaded = run(tight);
   ASSERT_TRUE(offloaded.policy.has_value());
   EXPECT_EQ(offloaded.policy->offloaded(), tight.model.n_layer) << describe_activation_policy(*offloaded.policy);
@@ -180,15 +190,14 @@ TEST(ActivationPolicy, AnEncodedChoiceTrainsAsTheSameChoiceMadeByHand) {
   Config tight = tiny_auto(1, 16);
   tight.model.n_head = 1;
   tight.memory.activation_compression = "int8";
-  const ParallelDims dims(tight.parallel, 1, "test");
   const double gib = 1024.0 * 1024.0 * 1024.0;
-  const double state = gib - activation_budget_bytes(tight, dims);
+  const double state = gib - budget_of(tight);
   // An encoded input: a byte and a 32nd of a float32 scale per element.
   const double input = 1.125 * static_cast<double>(tight.train.batch_size * tight.train.seq_len * tight.model.n_embd);
-  const double smallest = smallest_activation_bytes(tight, dims);
+  const double smallest = smallest_of(tight);
   Config plain = tight;
   plain.memory.activation_compression = "none";
-  EXPECT_LT(smallest, smallest_activation_bytes(plain, dims));  // the codec makes the smallest smaller
+  EXPECT_LT(smallest, smallest_of(plain));  // the codec makes the smallest smaller
   tight.memory.device_budget_gb = (state + smallest + input / 2) / gib;
   const PolicyRun chosen = run(tight);
   ASSERT_TRUE(chosen.policy.has_value());
@@ -206,13 +215,48 @@ TEST(ActivationPolicy, AnEncodedChoiceTrainsAsTheSameChoiceMadeByHand) {
   EXPECT_TRUE(differs);
 }
 
+// Under a pipeline each rank chooses for its own blocks, their bytes times the micro-batches its
+// schedule holds at once: 1F1B over two ranks and four micro-batches holds two on rank 0 and one
+// on rank 1. A budget leaving rank 0 three blocks' worth (its two blocks kept need four) and rank 1
+// at least two: rank 0 must save, rank 1 keeps both.
+TEST(ActivationPolicy, EachPipelineRankChoosesForItsBlocksAndTheMicroBatchesItHolds) {
+  Config c = tiny_auto(1, 16);
+  c.parallel.pp = 2;
+  c.train.grad_accum = 4;
+  const ParallelDims dims(c.parallel, 2, "test");
+  BlockCosts measured;
+  for (int64_t l = 0; l < c.model.n_layer; ++l) measured.block_split.push_back({1e-3, 2e-3, 1e-3, 1e-3});
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  const double keep = activation_options(c, dims, measured, false)[0][0].bytes;
+  const std::vector<ActivationShare> at_1gib = activation_shares(c, make_layout(c, dims));
+  ASSERT_EQ(at_1gib.size(), 2u);
+  const double state0 = gib - at_1gib[0].budget_bytes, state1 = gib - at_1gib[1].budget_bytes;
+  c.memory.device_budget_gb = (state0 + 3 * keep) / gib;
+  ASSERT_GE(c.memory.device_budget_gb * gib - state1, 2 * keep);
+  const Layout layout = make_layout(c, dims);
+  const std::vector<ActivationPolicy> policies = choose_activation_policies(c, layout, measured, false);
+  ASSERT_EQ(policies.size(), 2u);
+  EXPECT_EQ(policies[0].layers, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(policies[1].layers, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(policies[0].held, 2);
+  EXPECT_EQ(policies[1].held, 1);
+  for (const ActivationPolicy& p : policies) {
+    EXPECT_EQ(p.pipeline_rank, &p - policies.data());
+    EXPECT_EQ(p.groups_in_flight, 3);
+    EXPECT_LE(p.bytes, p.budget_bytes) << describe_activation_policy(p);
+  }
+  EXPECT_GT(policies[0].seconds, 0) << describe_activation_policy(policies[0]);
+  EXPECT_EQ(names(policies[1]), (std::vector<std::string>{"keep", "keep"})) << describe_activation_policy(policies[1]);
+  std::printf("%s%s", describe_activation_policy(policies[0]).c_str(), describe_activation_policy(policies[1]).c_str());
+}
+
 // Before anything is measured (inspect, --dry-run, the launcher): a budget whose share for
 // activations is below the smallest policy's need is refused with both figures.
 TEST(ActivationPolicy, ABudgetTooSmallIsRefusedBeforeTheRun) {
   Config c = tiny_auto(1, 16);
   const ParallelDims dims(c.parallel, 1, "test");
   const double gib = 1024.0 * 1024.0 * 1024.0;
-  const double state = gib - activation_budget_bytes(c, dims), smallest = smallest_activation_bytes(c, dims);
+  const double state = gib - budget_of(c), smallest = smallest_of(c);
   c.memory.device_budget_gb = (state + smallest) / gib;
   EXPECT_NO_THROW(check_activation_budget(c, dims));
   c.memory.device_budget_gb = (state + smallest * 0.9) / gib;
@@ -230,7 +274,11 @@ TEST(ActivationPolicy, KeysAreCheckedByName) {
   EXPECT_TRUE(test::throws_naming([&] { c.check("code"); }, {"chooses each block's checkpointing"}));
   c = tiny_auto(1, 16);
   c.parallel.pp = 2;
-  EXPECT_TRUE(test::throws_naming([&] { c.check("code"); }, {"parallel.pp = 2 is not built yet"}));
+  c.parallel.pp_schedule = "zbv";
+  c.train.grad_accum = 4;
+  EXPECT_NO_THROW(c.check("code"));
+  EXPECT_TRUE(test::throws_naming([&] { activation_shares(c, make_layout(c, ParallelDims(c.parallel, 2, "test"))); },
+                                  {"parallel.pp_schedule = zbv is not built yet"}));
   c = tiny_auto(1, 16);
   c.memory.activation_policy = "fast";
   EXPECT_TRUE(test::throws_naming([&] { c.check("code"); }, {"memory.activation_policy must be manual or auto"}));
