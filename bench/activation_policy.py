@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The activation policy for a budget against what its runs measure (issue 53).
 
-One process, float32, CONFIG (default tiny_gpt, batch 16). For each activation share (MiB of the
+One process, float32, CONFIG (default tiny_gpt, batch 16); with --pp P, P pipeline ranks (1F1B,
+2P micro-batches) and rank 0's policy, bytes and step. For each activation share (MiB of the
 budget left after the model's state) and each modelled link (GB/s), `memory.activation_policy =
 auto` chooses each block's option from the start-up profile, with each codec of --compressions
 allowed (memory.activation_compression; none: no block encodes); the run is timed against the
@@ -16,7 +17,7 @@ The profile sets the prediction's F and B; the timed steps check it.
 Written to bench/results/activation_policy_cpu.md.
 
 usage: bench/activation_policy.py BUILD_DIR [--rounds 3] [--steps 5] [--shares 48,32,20] [--links 16,0.05]
-                                  [--compressions none,int8]
+                                  [--compressions none,int8] [--pp 1]
 """
 import argparse
 import statistics
@@ -41,12 +42,22 @@ def main():
     ap.add_argument("--shares", default="48,32,20")
     ap.add_argument("--links", default="16,0.05")
     ap.add_argument("--compressions", default="none")
-    ap.add_argument("--out", default="bench/results/activation_policy_cpu.md")
+    ap.add_argument("--pp", type=int, default=1)
+    ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    out = args.out or ("bench/results/activation_policy_cpu.md" if args.pp == 1
+                       else f"bench/results/activation_policy_pp{args.pp}_cpu.md")
+    setup = ("one process" if args.pp == 1 else
+             f"{args.pp} pipeline ranks of one thread each (1F1B, {2 * args.pp} micro-batches; rank 0's policy, bytes and step; the "
+             "predicted ms are rank 0's added seconds, which the pipeline may hide or pass on)")
     base = {"train.batch_size": args.batch}
+    if args.pp > 1:
+        # One intra-op thread per rank: two ranks of two threads each on two cores stall each other.
+        base.update({"parallel.pp": args.pp, "train.grad_accum": 2 * args.pp, "train.threads": 1})
+    ranks = args.pp
     # The model's state on the device: the budget's part that activations do not get.
     probe = tessera_bench(args.build, args.config, {**base, "memory.activation_policy": "auto",
-                                                     "memory.device_budget_gb": 1}, steps=1, warmup=0)
+                                                     "memory.device_budget_gb": 1}, ranks=ranks, steps=1, warmup=0)
     state = GIB - probe["activation_policy"]["budget_bytes"]
     cases = [(float(share), float(link), codec) for link in args.links.split(",") for share in args.shares.split(",")
              for codec in args.compressions.split(",")]
@@ -55,10 +66,10 @@ def main():
         for case in cases:
             share, link, codec = case
             resident.append(tessera_bench(args.build, args.config, {**base, "memory.modelled_bandwidth_gbps": link},
-                                          steps=args.steps))
+                                          ranks=ranks, steps=args.steps))
             sets = {**base, "memory.activation_policy": "auto", "memory.device_budget_gb": (state + share * MIB) / GIB,
                     "memory.modelled_bandwidth_gbps": link, "memory.activation_compression": codec}
-            result = tessera_bench(args.build, args.config, sets, steps=args.steps)
+            result = tessera_bench(args.build, args.config, sets, ranks=ranks, steps=args.steps)
             result["resident_step_s"] = resident[-1]["median_step_s"]
             runs[case].append(result)
             print(f"round {r + 1}: share {share:g} MiB, link {link:g} GB/s, codec {codec}: "
@@ -66,7 +77,8 @@ def main():
     keep = statistics.median(x["saved_activation_bytes"] for x in resident) / MIB
     lines = [f"# The activation policy for a budget against its runs ({args.config}, CPU)", "",
              f"`python3 bench/activation_policy.py {args.build} --rounds {args.rounds} --steps {args.steps} "
-             f"--shares {args.shares} --links {args.links} --compressions {args.compressions}`: one process, float32, batch {args.batch}; each policy "
+             f"--shares {args.shares} --links {args.links} --compressions {args.compressions} --pp {args.pp}`: {setup}, "
+             f"float32, batch {args.batch}; each policy "
              f"run after a resident run in each of {args.rounds} rounds. The resident run held {keep:.1f} MiB for "
              "the blocks. Share: the budget left for activations after the model's state.", "",
              "| share MiB | link GB/s | codec allowed | choices | predicted MiB | measured MiB | predicted ms | "
@@ -81,7 +93,7 @@ def main():
         predicted_ms = 1e3 * statistics.median(x["activation_policy"]["predicted_added_s_per_step"] for x in results)
         lines.append(f"| {share:g} | {link:g} | {codec} | {', '.join(policy['blocks'])} | {policy['bytes'] / MIB:.1f} | "
                      f"{peak:.1f} | {predicted_ms:.1f} | {measured_ms:.1f} |")
-    write_results(args.out, lines)
+    write_results(out, lines)
 
 
 if __name__ == "__main__":

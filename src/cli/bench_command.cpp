@@ -39,8 +39,10 @@
 //                      host in saved_activation_host_bytes, and the copies' timing in
 //                      activation_offload: memory/activation_offload.h, with the last step's
 //                      trace as [what, group, start, end] in seconds from its start); with
-//                      memory.activation_policy = auto, activation_policy: each block's choice,
-//                      the bytes and budget, and the added seconds per step it predicts.
+//                      memory.activation_policy = auto, activation_policy: the reporting rank's
+//                      choice for its blocks (layers; under a pipeline its pipeline_rank and the
+//                      micro-batches held), the bytes and budget, and the added seconds per step
+//                      it predicts.
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -244,17 +246,21 @@ Command add_bench_command(CLI::App& app) {
                           {"device_peak_gib", device_peak_gib},
                           {"saved_activation_bytes", saved_bytes},
                           {"activation_compression", config.memory.activation_compression}};
-    if (const ActivationPolicy* policy = step.layout().activation_policy()) {
+    const int64_t pp_rank = mesh && mesh->dims().pp() > 1 ? mesh->group("pp").rank() : 0;
+    if (const ActivationPolicy* policy = step.layout().activation_policy(pp_rank)) {
       nlohmann::json choices = nlohmann::json::array();
       for (const ActivationOption& o : policy->blocks) choices.push_back(o.name());
       out["activation_policy"] = {{"blocks", choices},
+                                  {"layers", policy->layers},
+                                  {"pipeline_rank", policy->pipeline_rank},
+                                  {"held", policy->held},
                                   {"bytes", policy->bytes},
                                   {"budget_bytes", policy->budget_bytes},
                                   {"predicted_added_s_per_step",
                                    policy->seconds * static_cast<double>(accumulation)}};
     }
-    if (config.memory.activation_offload > 0 || (step.layout().activation_policy() &&
-                                                 step.layout().activation_policy()->offloaded() > 0)) {
+    if (config.memory.activation_offload > 0 || (step.layout().activation_policy(pp_rank) &&
+                                                 step.layout().activation_policy(pp_rank)->offloaded() > 0)) {
       out["saved_activation_host_bytes"] = saved_host_bytes;
       out["activation_offload"] = {{"blocks", config.memory.activation_offload},  // 0 under the policy
                                    {"stored_bytes_per_step", static_cast<double>(offloaded.stored_bytes) / steps},
