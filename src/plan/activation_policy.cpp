@@ -166,7 +166,9 @@ int64_t ActivationPolicy::offloaded() const {
 
 std::vector<std::vector<ActivationOption>> activation_options(const Config& config, const ParallelDims& dims,
                                                               const BlockCosts& measured, bool cpu_device) {
-  const double link = config.memory.modelled_bandwidth_gbps * 1e9;
+  // The host link: measured on CUDA, modelled on a CPU "device".
+  const double link = measured.link_bytes_per_s > 0 ? measured.link_bytes_per_s
+                                                    : config.memory.modelled_bandwidth_gbps * 1e9;
   // On a CPU "device" each way's memcpy also takes the computing cores' time.
   const double per_byte = cpu_device && measured.copy_bytes_per_s > 0 ? 1 / measured.copy_bytes_per_s : 0;
   auto copy_seconds = [&](double bytes, double f, double b) { return offload_copy_seconds(bytes, f, b, link, per_byte); };

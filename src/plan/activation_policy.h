@@ -15,7 +15,8 @@
 //            chooses alike): full recomputation F; selective the attention core's share of F
 //            (by FLOPs, model/operations.h); offload the copies' time beyond what the block's
 //            neighbours hide, max(0, g / link - B) + max(0, g / link - F) for a group of g bytes
-//            over the link (memory.modelled_bandwidth_gbps); on a CPU "device" the two memcpys
+//            over the link (on CUDA the profile's measured host link, on a CPU "device"
+//            memory.modelled_bandwidth_gbps, its throttle); on a CPU "device" the two memcpys
 //            also take the computing cores' time, 2 g / the profile's measured copy rate; a codec
 //            its encoding and decoding of the bytes the option would keep uncompressed, at the
 //            profile's measured rate on a tensor of the compute dtype (an upper bound where the

@@ -26,6 +26,20 @@ void sync_device(const c10::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize(device.index());
 }
 
+// The median of five timings of `fn`, the device synchronized before and after each.
+double median_seconds(const c10::Device& device, const std::function<void()>& fn) {
+  std::vector<double> seconds;
+  for (int rep = 0; rep < 5; ++rep) {
+    sync_device(device);
+    const auto start = std::chrono::steady_clock::now();
+    fn();
+    sync_device(device);
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::nth_element(seconds.begin(), seconds.begin() + 2, seconds.end());
+  return seconds[2];
+}
+
 // Bytes the device's allocator holds now.
 double allocated_on(const c10::Device& device) {
   if (device.is_cuda())
@@ -177,36 +191,30 @@ BlockCosts profile_blocks(const Config& config, c10::Device device) {
   }
   if (device.is_cpu()) {
     // About a block's activations (16 floats per token and width, at most 64 MiB) copied onto
-    // fresh pages, as offload's copies are: each copy kept until all are timed, the median of five.
+    // fresh pages, as offload's copies are: each copy kept until all are timed.
     const int64_t elements = std::min<int64_t>(B * T * m.n_embd * 16, int64_t{16} << 20);
     const at::Tensor from = at::randn({elements}, on_device.dtype(at::kFloat));
     std::vector<at::Tensor> copies;
-    std::vector<double> seconds;
-    for (int rep = 0; rep < 5; ++rep) {
-      const auto start = std::chrono::steady_clock::now();
-      copies.push_back(at::empty_like(from).copy_(from));
-      seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    }
-    std::nth_element(seconds.begin(), seconds.begin() + 2, seconds.end());
-    costs.copy_bytes_per_s = static_cast<double>(from.nbytes()) / std::max(seconds[2], 1e-9);
+    const double seconds = median_seconds(device, [&] { copies.push_back(at::empty_like(from).copy_(from)); });
+    costs.copy_bytes_per_s = static_cast<double>(from.nbytes()) / std::max(seconds, 1e-9);
+  } else {
+    // The host link offload's copies cross: 64 MiB to pinned host memory and back, the slower way.
+    const at::Tensor on = at::randn({int64_t{16} << 20}, on_device.dtype(at::kFloat));
+    const at::Tensor host = at::empty_like(on, at::TensorOptions().device(at::kCPU).pinned_memory(true));
+    const double down = median_seconds(device, [&] { host.copy_(on, true); });
+    const double up = median_seconds(device, [&] { on.copy_(host, true); });
+    costs.link_bytes_per_s = static_cast<double>(on.nbytes()) / std::max({down, up, 1e-9});
   }
   const ActivationCodec allowed = parse_activation_codec(config.memory.activation_compression);
   if (config.memory.activation_policy == "auto" && allowed != ActivationCodec::none) {
-    // An MLP's worth of float32 activations ([B T, 4 n_embd], at most 64 MiB) encoded and decoded
-    // as a saved tensor is: the median of five.
+    // An MLP's worth of activations ([B T, 4 n_embd] of the compute dtype, at most 16M elements)
+    // encoded and decoded as a saved tensor is.
     const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(B * T, (int64_t{4} << 20) / m.n_embd));
-    const at::Tensor a = at::randn({rows, 4 * m.n_embd}, on_device.dtype(at::kFloat));
-    std::vector<double> seconds;
+    const at::Tensor a = at::randn({rows, 4 * m.n_embd}, on_device.dtype(at::kFloat))
+                             .to(autocast.value_or(parameter_dtype(config.precision)));
     at::NoGradGuard no_grad;
-    for (int rep = 0; rep < 5; ++rep) {
-      sync_device(device);
-      const auto start = std::chrono::steady_clock::now();
-      const at::Tensor back = decode_activation(encode_activation(a, allowed));
-      sync_device(device);
-      seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    }
-    std::nth_element(seconds.begin(), seconds.begin() + 2, seconds.end());
-    costs.codec_seconds_per_byte = seconds[2] / static_cast<double>(a.nbytes());
+    const double seconds = median_seconds(device, [&] { decode_activation(encode_activation(a, allowed)); });
+    costs.codec_seconds_per_byte = seconds / static_cast<double>(a.nbytes());
   }
   return costs;
 }
@@ -219,8 +227,8 @@ BlockCosts profile_world_blocks(const Config& config, comm::Mesh& mesh) {
   std::vector<pipeline::ActionCosts::Compute> parts = mine.block_split;
   parts.push_back(mine.embedding_split);
   parts.push_back(mine.head_split);
-  const int64_t copy_rate_at = 4 * (L + 2) + L;  // after them, the CPU's copy rate and the codec's
-  at::Tensor packed = at::empty({copy_rate_at + 2}, at::kDouble);
+  const int64_t copy_rate_at = 4 * (L + 2) + L;  // after them, the CPU's copy rate, the codec's, the link's
+  at::Tensor packed = at::empty({copy_rate_at + 3}, at::kDouble);
   auto a = packed.accessor<double, 1>();
   for (int64_t k = 0; k < L + 2; ++k) {
     a[4 * k] = parts[k].f;
@@ -231,6 +239,7 @@ BlockCosts profile_world_blocks(const Config& config, comm::Mesh& mesh) {
   for (int64_t l = 0; l < L; ++l) a[4 * (L + 2) + l] = mine.block_activation_bytes[l];
   a[copy_rate_at] = mine.copy_bytes_per_s;
   a[copy_rate_at + 1] = mine.codec_seconds_per_byte;
+  a[copy_rate_at + 2] = mine.link_bytes_per_s;
   mesh.world().all_reduce(packed);
   packed.div_(static_cast<double>(mesh.world_size()));
   for (int64_t k = 0; k < L + 2; ++k) parts[k] = {a[4 * k], a[4 * k + 1], a[4 * k + 2], a[4 * k + 3]};
@@ -246,6 +255,7 @@ BlockCosts profile_world_blocks(const Config& config, comm::Mesh& mesh) {
   mean.head_seconds = mean.head_split.f + mean.head_split.b;
   mean.copy_bytes_per_s = a[copy_rate_at];
   mean.codec_seconds_per_byte = a[copy_rate_at + 1];
+  mean.link_bytes_per_s = a[copy_rate_at + 2];
   return mean;
 }
 

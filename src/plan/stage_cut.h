@@ -56,9 +56,13 @@ struct BlockCosts {
   // copies cost the computing cores (plan/activation_policy.h); 0 on CUDA (copy engines).
   double copy_bytes_per_s = 0;
   // Under memory.activation_policy = auto with a codec named by memory.activation_compression:
-  // seconds to encode and decode one byte of a float32 activation (plan/activation_policy.h); 0
-  // otherwise.
+  // seconds to encode and decode one byte of an activation of the compute dtype (plan/
+  // activation_policy.h); 0 otherwise.
   double codec_seconds_per_byte = 0;
+  // On CUDA: bytes per second of the host link (to pinned host memory and back, the slower way),
+  // what activation offload's copies cross; 0 on a CPU "device", whose link is modelled
+  // (memory.modelled_bandwidth_gbps).
+  double link_bytes_per_s = 0;
 };
 
 struct StageCut {

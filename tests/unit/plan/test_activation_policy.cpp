@@ -215,6 +215,25 @@ TEST(ActivationPolicy, AnEncodedChoiceTrainsAsTheSameChoiceMadeByHand) {
   EXPECT_TRUE(differs);
 }
 
+// On CUDA offload's copies are priced over the host link the profile measured; on a CPU "device"
+// over memory.modelled_bandwidth_gbps. A block with no compute to hide them pays both ways.
+TEST(ActivationPolicy, OffloadIsPricedOverTheMeasuredHostLinkWhereThereIsOne) {
+  const Config c = tiny_auto(1, 16);
+  const ParallelDims dims(c.parallel, 1, "test");
+  BlockCosts measured;
+  measured.block_split.assign(static_cast<size_t>(c.model.n_layer), {0, 0, 0, 0});
+  auto offload_seconds = [&] {
+    const auto options = activation_options(c, dims, measured, false);
+    for (const ActivationOption& o : options[0])
+      if (o.offload && o.checkpointing == "none") return std::make_pair(o.seconds, o.group);
+    return std::make_pair(-1.0, 0.0);
+  };
+  const auto [modelled, group] = offload_seconds();
+  EXPECT_DOUBLE_EQ(modelled, 2 * group / 16e9);
+  measured.link_bytes_per_s = 50e9;
+  EXPECT_DOUBLE_EQ(offload_seconds().first, 2 * group / 50e9);
+}
+
 // Under a pipeline each rank chooses for its own blocks, their bytes times the micro-batches its
 // schedule holds at once: 1F1B over two ranks and four micro-batches holds two on rank 0 and one
 // on rank 1. A budget leaving rank 0 three blocks' worth (its two blocks kept need four) and rank 1
