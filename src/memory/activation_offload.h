@@ -24,7 +24,10 @@
 //
 // Prefetch (saved_activations.h links the groups): a hook on block b's output runs when the
 // gradient reaching block b is ready, that is just before b's backward, and fetches b's group and
-// the group of the block that made b's input; that block's copies then overlap b's backward.
+// the group of the block that made b's input; that block's copies then overlap b's backward. A
+// pipeline stage's last block, whose gradient comes from the next stage, is fetched when the
+// receive of that gradient is posted (parallel/pipeline_step.cpp), overlapping what the rank runs
+// while it waits.
 //
 // Streams: copy_streams.h's Workers and CopyLinks, one each way. On CUDA the copies run on pool
 // streams after an event recorded on the compute stream when issued; on the CPU "device" they are

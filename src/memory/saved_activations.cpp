@@ -1,6 +1,7 @@
 // Saved-tensor hooks for a block's activations (saved_activations.h).
 #include "memory/saved_activations.h"
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -242,6 +243,20 @@ std::shared_ptr<OffloadGroup> group_that_made(const at::Tensor& input) {
   return made.get() == input.unsafeGetTensorImpl() ? last_output.group.lock() : nullptr;
 }
 
+// Every offloading block's output and group while both live, for fetch_activations_that_made
+// (any thread: a pipeline's receives are posted on the thread that ran the forward, but nothing
+// requires it).
+std::mutex outputs_mutex;
+std::vector<std::pair<WeakTensorImpl, std::weak_ptr<OffloadGroup>>> offloaded_outputs;
+
+void remember_output(const at::Tensor& output, const std::shared_ptr<OffloadGroup>& group) {
+  std::lock_guard<std::mutex> lock(outputs_mutex);
+  offloaded_outputs.erase(std::remove_if(offloaded_outputs.begin(), offloaded_outputs.end(),
+                                         [](const auto& entry) { return entry.first.expired() || entry.second.expired(); }),
+                          offloaded_outputs.end());
+  offloaded_outputs.emplace_back(WeakTensorImpl(output.getIntrusivePtr()), group);
+}
+
 }  // namespace
 
 SavedActivationScope::SavedActivationScope(ActivationCodec codec, const torch::nn::Module& module,
@@ -287,7 +302,21 @@ void SavedActivationScope::ended(const at::Tensor& output) {
     });
   last_output.group = own;
   last_output.output.reset();
-  if (own) last_output.output.emplace(output.getIntrusivePtr());
+  if (own) {
+    last_output.output.emplace(output.getIntrusivePtr());
+    remember_output(output, own);
+  }
+}
+
+void fetch_activations_that_made(const at::Tensor& output) {
+  if (!output.defined()) return;
+  std::shared_ptr<OffloadGroup> group;
+  {
+    std::lock_guard<std::mutex> lock(outputs_mutex);
+    for (const auto& [made, g] : offloaded_outputs)
+      if (made.lock().get() == output.unsafeGetTensorImpl()) group = g.lock();
+  }
+  if (group) group->fetch();
 }
 
 void fetch_when_gradient_reaches(const at::Tensor& input, const at::Tensor& output) {

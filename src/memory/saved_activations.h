@@ -35,7 +35,8 @@
 // that made its input (the last block output this thread ended with, when the input is that
 // tensor): ended() hooks the output to fetch that group too, whether or not this block offloads,
 // so a block's copies come back during the backward of the block after it (the last block's
-// during the head's: fetch_when_gradient_reaches).
+// during the head's: fetch_when_gradient_reaches; a pipeline stage's last block's when the
+// receive of its output gradient is posted: fetch_activations_that_made).
 //
 // Counting: with counting on (bench), every scope also counts the bytes its activations hold
 // (encoded size where encoded, each storage once when kept) from pack to the release of the last
@@ -80,6 +81,12 @@ class SavedActivationScope {
 // The group of the block that made `input` (when it offloads) is fetched when the gradient reaches
 // `output`: the model's head gives the last block's fetch the head's backward as lead.
 void fetch_when_gradient_reaches(const at::Tensor& input, const at::Tensor& output);
+
+// The offload group of the block whose forward ended with `output` (when it offloads) is fetched
+// now, ahead of that block's backward: a pipeline stage's last block, whose output gradient comes
+// from the next stage, when its receive is posted (parallel/pipeline_step.h). Nothing when no
+// such group lives.
+void fetch_activations_that_made(const at::Tensor& output);
 
 // Whether scopes count the bytes they save (off by default; the bench turns it on).
 void count_saved_activations(bool on);

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/fault_injection.h"
 #include "core/fs.h"
+#include "memory/saved_activations.h"
 #include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/schedule_builders.h"
 #include "parallel/pipeline/timeline_svg.h"
@@ -177,6 +178,12 @@ StepLosses PipelineStep::run(const std::vector<Batch>& batches, double lr, const
   pipeline::StageWork work;
   work.compute = [&](const Action& a, const at::Tensor& input) { return compute(a, input, batches); };
   work.receive_buffer = [&](const Action&) { return activation_buffer(batches.front()); };
+  // An offloaded last block of a stage comes back while the rank waits for its output gradient.
+  work.receive_posted = [&](const Action& recv) {
+    if (recv.op != Op::RecvB) return;
+    const auto it = stash_.find({recv.stage, recv.micro});
+    if (it != stash_.end()) fetch_activations_that_made(it->second.output);
+  };
   work.complete = [&](const Action& a) { owner_.complete_stage(stage_of(a.stage)); };
   work.parameters = [&](const Action& a) {
     if (a.op == Op::Gather) owner_.fetch_stage(stage_of(a.stage));

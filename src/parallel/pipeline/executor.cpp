@@ -114,6 +114,7 @@ std::vector<TimedAction> run_schedule(const Schedule& s, comm::Group& pipe, comm
       // The sender's group: a lower rank's sends come over pipe, a higher rank's over down.
       posted = (peer > me ? down : pipe)
                    .recv_async(posted_buffer, peer, transfer_tag(forward ? 0 : 1, a.stage, a.micro));
+      if (work.receive_posted) work.receive_posted(a);
       return;
     }
   };

@@ -47,6 +47,8 @@ struct StageWork {
   std::function<at::Tensor(const Action& action, const at::Tensor& input)> compute;
   // An empty tensor of the shape and dtype that RECV action `recv` receives.
   std::function<at::Tensor(const Action& recv)> receive_buffer;
+  // Told when RECV action `recv` is posted, ahead of the action that waits for it (may be unset).
+  std::function<void(const Action& recv)> receive_posted;
   // Runs a GATHER (starts the stage's fetch), RELEASE or OPTIM (unset: the table must have none).
   std::function<void(const Action& action)> parameters;
   // Waits for the fetch of compute action `action`'s stage (set when the table has GATHERs).

@@ -141,6 +141,49 @@ TEST(Offload, FetchesAreIssuedAheadOfTheBackwardThatNeedsThem) {
               1e3 * all.offload.fetch_s);
 }
 
+// A pipeline stage's blocks, whose output gradient comes from the next stage: asked for the group
+// that made the stage's output (as the pipeline does when it posts that gradient's receive), the
+// last block's copies come back before any backward; the backward then waits on no unpack and
+// trains as the resident stage does. An unrelated tensor fetches nothing.
+TEST(Offload, AStagesLastBlockIsFetchedWhenItsOutputIsNamed) {
+  const ModelOptions opts = model("gpt", "dense", 0, 2);
+  auto stage = [&](bool offload, bool name_output) {
+    torch::manual_seed(11);
+    TransformerLM m(opts);
+    if (offload) m->set_activation_offload(opts.n_layer, std::make_shared<ActivationOffload>(at::kCPU, 0));
+    m->train();
+    torch::manual_seed(12);
+    reset_activation_offload_stats();
+    const at::Tensor x = m->embed(torch::randint(0, opts.vocab_size, {4, 32}));
+    const at::Tensor out = m->run_blocks(x, 0, opts.n_layer).x;
+    for (int i = 0; i < 10000 && activation_offload_stats().copied_to_host < activation_offload_stats().stored_bytes; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    fetch_activations_that_made(x);  // not a block's output: nothing
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_EQ(activation_offload_stats().copied_to_device, 0);
+    if (name_output) {
+      fetch_activations_that_made(out);
+      for (int i = 0; i < 10000 && activation_offload_stats().copied_to_device == 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    const ActivationOffloadStats before_backward = activation_offload_stats();
+    out.backward(torch::ones_like(out));
+    std::map<std::string, at::Tensor> grads;
+    for (auto& p : m->named_parameters())
+      if (p.value().grad().defined()) grads[p.key()] = p.value().grad();  // not the final norm's
+    return std::make_tuple(before_backward, activation_offload_stats(), grads);
+  };
+  const auto [before, after, grads] = stage(true, true);
+  EXPECT_EQ(before.groups, opts.n_layer);
+  EXPECT_GT(before.copied_to_device, 0);                                 // the last block's, ahead
+  EXPECT_LT(before.copied_to_device, after.copied_to_device);            // the first block's, in the backward
+  EXPECT_EQ(after.copied_to_device, after.copied_to_host);               // each group once
+  EXPECT_EQ(after.exposed_fetches, 0);
+  const auto resident = std::get<2>(stage(false, false));
+  ASSERT_EQ(grads.size(), resident.size());
+  for (const auto& [name, g] : resident) EXPECT_TRUE(grads.at(name).equal(g)) << name;
+}
+
 // Two micro-batches' forwards before either backward (as a pipeline rank holds them): each block
 // output links to its own micro-batch's groups, and the gradients equal the resident run's.
 TEST(Offload, InterleavedMicroBatchesFetchTheirOwnActivations) {
