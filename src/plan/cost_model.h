@@ -43,8 +43,12 @@
 // compressed reductions (PartCost::lowrank, ::compress), in their steady state after their start
 // steps.
 //
+// Saved activations: memory.activation_offload's copies beyond what the blocks hide
+// (PartCost::offload).
+//
 // Not modelled (refused by key, so no prediction silently leaves them out):
-// memory.activation_compression, memory.activation_offload, file: schedules, low-rank pseudo-gradients.
+// memory.activation_compression, memory.activation_policy = auto, file: schedules, low-rank
+// pseudo-gradients.
 #pragma once
 
 #include <cstdint>
