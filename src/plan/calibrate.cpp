@@ -19,6 +19,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "core/error.h"
+#include "memory/activation_codec.h"
 #include "optim/optimizer.h"
 #include "plan/calibrate_timing.h"
 
@@ -213,6 +214,10 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
   const double overhead_us = calibration::autograd_kernel_us(at::kCPU, budget);
   progress("the optimizer step (AdamW) on the host");
   const double host_optimizer_gbs = calibration::adamw_host_gbs(4 << 20, budget);
+  progress("the activation codecs (int8, fp8, bf16), encoding and decoding 32 MiB");
+  const double codec_int8 = calibration::activation_codec_gbs("int8", at::kCPU, budget);
+  const double codec_fp8 = calibration::activation_codec_gbs("fp8", at::kCPU, budget);
+  const double codec_bf16 = calibration::activation_codec_gbs("bf16", at::kCPU, budget);
   progress(std::to_string(ranks) + " processes computing at once");
   const double slowdown = shared_slowdown(ranks, budget * 5);
   progress("Gloo all-reduce between two ranks over loopback, 1 KiB to 16 MiB");
@@ -226,7 +231,7 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
   const std::string by = std::string("# measured by `tessera plan calibrate` on ") + host + ", " + date;
   const std::string cpu = cpu_name();
   const double host_gib = calibration::host_memory_gib();
-  char text[4096];
+  char text[8192];
   std::snprintf(
       text, sizeof text,
       "%s\n"
@@ -248,7 +253,10 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
       "attention_tflops_fp32 = %.5f\n"
       "memory_gib = %.1f            # MemTotal\n"
       "memory_gbs = %.2f            # LayerNorm + GELU forward and backward through autograd at 4 sizes, bytes counted as the planner counts them, fitted\n"
-      "kernel_overhead_us = %.2f     # 32 chained adds on 8 elements, forward and backward through autograd: median time / 64\n\n"
+      "kernel_overhead_us = %.2f     # 32 chained adds on 8 elements, forward and backward through autograd: median time / 64\n"
+      "activation_codec_int8_gbs = %.2f  # int8 encoding and decoding of a [16384, 512] float32 activation: source bytes / median time\n"
+      "activation_codec_fp8_gbs = %.2f   # the same, fp8\n"
+      "activation_codec_bf16_gbs = %.2f  # the same, bf16\n\n"
       "[intra_node]\n"
       "bandwidth_gbs = %.4f        # Gloo all-reduce of 2 ranks over loopback, 1 KiB to 16 MiB, fitted: time = 2 latency + bytes / bandwidth\n"
       "latency_us = %.1f\n\n"
@@ -265,7 +273,8 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
       "round_overhead_ms = 0       # not measured\n",
       by.c_str(), cpu.c_str(), static_cast<long long>(ranks), static_cast<long long>(ranks), slowdown,
       static_cast<long long>(ranks), cpu.c_str(), bf16.tflops, fp32.tflops, bf16.tflops, kShapes.size(),
-      fp32.tflops, std::max(0.0, fp32.overhead_us - overhead_us), attention_bf16, attention_fp32, host_gib, memory_gbs, overhead_us, link.gbs, link.latency_us, link.gbs,
+      fp32.tflops, std::max(0.0, fp32.overhead_us - overhead_us), attention_bf16, attention_fp32, host_gib, memory_gbs, overhead_us,
+      codec_int8, codec_fp8, codec_bf16, link.gbs, link.latency_us, link.gbs,
       link.latency_us, host_gib, memory_gbs, host_optimizer_gbs / slowdown, link.gbs, link.latency_us);
   return text;
 }
@@ -293,6 +302,20 @@ double autograd_kernel_us(c10::Device device, double budget, const std::function
       },
       budget);
   return seconds / 64 * 1e6;
+}
+
+double activation_codec_gbs(const std::string& codec, c10::Device device, double budget,
+                            const std::function<void()>& synchronize) {
+  const ActivationCodec parsed = parse_activation_codec(codec);
+  const at::Tensor a = at::randn({16384, 512}, at::TensorOptions().device(device));
+  at::NoGradGuard no_grad;
+  const double seconds = median_seconds(
+      [&] {
+        decode_activation(encode_activation(a, parsed));
+        if (synchronize) synchronize();
+      },
+      budget);
+  return static_cast<double>(a.nbytes()) / seconds / 1e9;
 }
 
 double host_memory_gib() {

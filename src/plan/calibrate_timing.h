@@ -88,6 +88,13 @@ double adamw_host_gbs(int64_t elements, double budget);
 // (a card's) ends each run. calibrate.cpp.
 double autograd_kernel_us(c10::Device device, double budget, const std::function<void()>& synchronize = {});
 
+// The activation codec `codec` (int8, fp8, bf16: memory/activation_codec.h) encoding and decoding a
+// saved activation, [16384, 512] float32 on `device` (32 MiB), as the pack and unpack hooks run it:
+// the median time as source bytes per second (GB/s); `synchronize` (a card's) ends each run.
+// calibrate.cpp.
+double activation_codec_gbs(const std::string& codec, c10::Device device, double budget,
+                            const std::function<void()>& synchronize = {});
+
 // The host's MemTotal in GiB (0 where /proc/meminfo has none). calibrate.cpp.
 double host_memory_gib();
 

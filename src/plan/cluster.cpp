@@ -20,7 +20,8 @@ constexpr const char* kClusterDirEnv = "TESSERA_CLUSTER_DIR";
 const std::set<std::string> kOptional = {"cluster.description", "cluster.nodes", "cluster.shared_slowdown",
                                          "device.kind", "device.kernel_overhead_us", "device.matmul_overhead_us",
                                          "device.attention_tflops_bf16", "device.attention_tflops_fp32", "device.matmul_table",
-                                         "intra_node.latency_us",
+                                         "device.activation_codec_int8_gbs", "device.activation_codec_fp8_gbs",
+                                         "device.activation_codec_bf16_gbs", "intra_node.latency_us",
                                          "inter_node.latency_us", "host.memory_gib", "host.device_link_gbs",
                                          "host.optimizer_gbs", "peers.bandwidth_gbs", "peers.latency_us",
                                          "peers.round_overhead_ms"};

@@ -73,6 +73,10 @@ struct DeviceSpec {
   double matmul_overhead_us = 0;       // a product's fixed cost beyond it (a fitted curve's intercept)
   double attention_tflops_bf16 = 0;    // softmax attention's fused kernel (0: the matmul rate)
   double attention_tflops_fp32 = 0;
+  // The activation codecs encoding and decoding a saved activation, float32 source bytes per
+  // second (tessera plan calibrate); 0: not measured, and memory.activation_compression with that
+  // codec is refused on this cluster.
+  double activation_codec_int8_gbs = 0, activation_codec_fp8_gbs = 0, activation_codec_bf16_gbs = 0;
   // A CSV of measured bf16 product rates by shape (plan/matmul_table.h), relative to the cluster
   // file; empty: every bf16 product at matmul_tflops_bf16. Read into `matmul_rates`.
   std::string matmul_table;
@@ -98,6 +102,12 @@ struct DeviceSpec {
       "softmax attention's fused kernel, forward and backward, counted as the planner counts it (the causal half; "
       "backward 2.5x the forward), measured (TFLOP/s; 0 = the matmul rate)", between(0, 1e6));
     v("attention_tflops_fp32", attention_tflops_fp32, "the same in fp32 (0 = the matmul rate)", between(0, 1e6));
+    v("activation_codec_int8_gbs", activation_codec_int8_gbs,
+      "int8 activation encoding and decoding, float32 source bytes per second (GB/s; `tessera plan calibrate`; 0 = "
+      "not measured)", between(0, 1e7));
+    v("activation_codec_fp8_gbs", activation_codec_fp8_gbs, "the same for fp8 (GB/s; 0 = not measured)", between(0, 1e7));
+    v("activation_codec_bf16_gbs", activation_codec_bf16_gbs, "the same for bf16 (GB/s; 0 = not measured)",
+      between(0, 1e7));
     v("matmul_table", matmul_table,
       "a CSV of measured bf16 product rates by shape (rows,cols,depth,tflops_bf16), relative to this file: bf16 "
       "products are priced from it in place of matmul_tflops_bf16");

@@ -43,12 +43,12 @@
 // compressed reductions (PartCost::lowrank, ::compress), in their steady state after their start
 // steps.
 //
-// Saved activations: memory.activation_offload's copies beyond what the blocks hide
-// (PartCost::offload).
+// Saved activations: memory.activation_compression's encoding in each block's forward and decoding
+// in its backward at the codec's calibrated rate (in memory_bound; operation_prices.cpp);
+// memory.activation_offload's copies beyond what the blocks hide (PartCost::offload).
 //
 // Not modelled (refused by key, so no prediction silently leaves them out):
-// memory.activation_compression, memory.activation_policy = auto, file: schedules, low-rank
-// pseudo-gradients.
+// memory.activation_policy = auto, file: schedules, low-rank pseudo-gradients.
 #pragma once
 
 #include <cstdint>
@@ -103,7 +103,8 @@ struct PartCost {
   double f = 0, i = 0, w = 0;          // the pipeline's F, I, W (recomputation inside I)
   // Forward + backward compute by kind, no collectives, no recomputation: products (with a weight,
   // or two activations outside attention), the attention core (its products and, unfused, its
-  // softmax), and the memory-bound kernels (norms, activations, residuals, the loss).
+  // softmax), and the memory-bound kernels (norms, activations, residuals, the loss, and the saved
+  // activations' encoding and decoding under memory.activation_compression).
   double products = 0, attention = 0, memory_bound = 0;
   double recompute = 0;
   // memory.activation_offload: the copies of the block's saved activations to the host and back

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "memory/activation_codec.h"
 #include "model/operations.h"
 #include "plan/activation_estimate.h"
 #include "plan/activation_policy.h"
@@ -190,12 +191,43 @@ void add_activation_offload(const Config& config, const ParallelDims& dims, cons
   }
 }
 
+// memory.activation_compression: each block encodes what it saves at the end of its forward and
+// decodes it in its backward, at the rate the cluster file measured for the codec
+// (device.activation_codec_*_gbs: float32 source bytes per second, encoding and decoding together),
+// slowed as the compute is, per element of what the block saves less its float32 statistics (which
+// no codec encodes); half in the forward, half in the backward. What a codec keeps as it is costs
+// nothing: bf16 under a 16-bit compute dtype, lossless's tensors (its bool masks, a byte per
+// element at most, are not priced).
+void add_activation_compression(const Config& config, const ParallelDims& dims, const Cluster& cluster, double slowdown,
+                                std::vector<PartCost>& blocks) {
+  const ActivationCodec codec = applied_activation_codec(config);
+  const double e = compute_element_bytes(config);
+  if (codec == ActivationCodec::none || codec == ActivationCodec::lossless || (codec == ActivationCodec::bf16 && e < 4))
+    return;
+  const double gbs = codec == ActivationCodec::int8  ? cluster.device.activation_codec_int8_gbs
+                     : codec == ActivationCodec::fp8 ? cluster.device.activation_codec_fp8_gbs
+                                                     : cluster.device.activation_codec_bf16_gbs;
+  require(gbs > 0, cluster.source, ": memory.activation_compression = ", config.memory.activation_compression,
+          " needs device.activation_codec_", config.memory.activation_compression,
+          "_gbs, which this cluster file leaves at 0 (`tessera plan calibrate` measures it)");
+  Config plain = config;
+  plain.memory.activation_compression = "none";
+  const double seconds_per_element = 4 * slowdown / (1e9 * gbs);
+  for (size_t l = 0; l < blocks.size(); ++l) {
+    const double elements =
+        (block_activation_bytes(plain, dims, static_cast<int64_t>(l)) - block_statistics_bytes(plain, dims)) / e;
+    const double coding = elements * seconds_per_element;
+    PartCost& c = blocks[l];
+    c.f += coding / 2;
+    c.i += coding / 2;
+    c.memory_bound += coding;
+  }
+}
+
 }  // namespace
 
 void check_modelled(const Config& config) {
   const ParallelOptions& p = config.parallel;
-  require(config.memory.activation_compression == "none",
-          "tessera plan: memory.activation_compression is not modelled yet (docs/plan.md)");
   require(config.memory.activation_policy == "manual",
           "tessera plan: memory.activation_policy = auto is not modelled yet (docs/plan.md)");
   require(p.pp_schedule.rfind("file:", 0) != 0, "tessera plan: parallel.pp_schedule = file:... is not modelled (the built-in schedules are)");
@@ -220,6 +252,7 @@ PricedOperations price_operations(const Config& config, const ParallelDims& dims
   shape.dropout = model.dropout;
   for (int64_t layer = 0; layer < model.n_layer; ++layer)
     out.blocks.push_back(pricer.part(block_operations(model, layer, shape), config.memory.activation_checkpointing));
+  add_activation_compression(config, dims, cluster, pricer.slowdown(), out.blocks);
   add_activation_offload(config, dims, cluster, pricer.slowdown(), out.blocks);
   out.embedding = pricer.part(embedding_operations(model, shape), "none");
   out.head = pricer.part(head_operations(model, shape), "none");

@@ -119,6 +119,46 @@ TEST(HostCosts, ActivationOffloadCostsTheCopiesItsBlocksDoNotHide) {
   EXPECT_TRUE(test::throws_naming([&] { plan::predict_time(c, dims, no_link); }, {"host.toml", "host.device_link_gbs"}));
 }
 
+// memory.activation_compression: each block's encoding and decoding at the codec's calibrated rate
+// (device.activation_codec_*_gbs, float32 source bytes per second), per element of what the block
+// saves less its float32 statistics, half in the forward and half in the backward, by hand.
+// Everything else is unchanged; the memory estimate holds the encoded bytes; a cluster file
+// without the codec's rate refuses it by key; lossless costs nothing.
+TEST(HostCosts, ActivationCompressionCostsItsCodecsCalibratedRate) {
+  Config c = test::planner_config();
+  const ParallelDims dims(c.parallel, 1, "test");
+  const Cluster cluster = plan::parse_cluster(
+      test::replaced_text(cluster_text(), "memory_gbs = 1000",
+                          "memory_gbs = 1000\nactivation_codec_int8_gbs = 2\nactivation_codec_bf16_gbs = 8"),
+      "codecs.toml");
+  const plan::Prediction plain = plan::predict(c, dims, cluster);
+  const double slowdown = plan::price_operations(c, dims, cluster).slowdown;
+  double source = 0;  // float32 bytes
+  for (int64_t l = 0; l < c.model.n_layer; ++l)
+    source += block_activation_bytes(c, dims, l) - block_statistics_bytes(c, dims);
+  const double m = static_cast<double>(plain.micro_batches);
+  for (const auto& [codec, gbs] : std::vector<std::pair<std::string, double>>{{"int8", 2}, {"bf16", 8}}) {
+    Config coded = c;
+    coded.memory.activation_compression = codec;
+    const plan::Prediction p = plan::predict(coded, dims, cluster);
+    const double expected = m * source * slowdown / (gbs * 1e9);
+    EXPECT_GT(expected, 0);
+    EXPECT_NEAR(p.step_s - plain.step_s, expected, 1e-9 * plain.step_s) << codec;
+    EXPECT_NEAR(test::breakdown_term(p, "memory_bound") - test::breakdown_term(plain, "memory_bound"), expected,
+                1e-9 * plain.step_s) << codec;
+    EXPECT_NEAR(test::breakdown_term(p, "products"), test::breakdown_term(plain, "products"), 1e-15) << codec;
+    EXPECT_NEAR(test::breakdown_sum(p), p.step_s, 1e-9 * p.step_s) << codec;
+    EXPECT_LT(p.peak_memory_bytes, plain.peak_memory_bytes) << codec;
+  }
+  Config fp8 = c;
+  fp8.memory.activation_compression = "fp8";
+  EXPECT_TRUE(test::throws_naming([&] { plan::predict(fp8, dims, cluster); },
+                                  {"codecs.toml", "device.activation_codec_fp8_gbs"}));
+  Config lossless = c;
+  lossless.memory.activation_compression = "lossless";
+  EXPECT_NEAR(plan::predict(lossless, dims, cluster).step_s, plain.step_s, 1e-15);
+}
+
 // A swapped layout: the swap plan the run would make from the predicted blocks (their forward and
 // backward summing to the resident micro-batch's, their updates at the host's rate), and the step
 // the swap engine's simulator replays for it; a slower link costs more.
