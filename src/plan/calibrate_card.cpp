@@ -220,6 +220,11 @@ std::string calibrate_this_card(const CalibrateOptions& options, const CardPeaks
   const Fit memory = memory_kernels(budget);
   // A step's small kernels run through autograd, one synchronization a run.
   const double overhead_us = calibration::autograd_kernel_us(kCard, budget, [] { torch::cuda::synchronize(); });
+  progress("the activation codecs (int8, fp8, bf16), encoding and decoding 32 MiB");
+  const auto card_sync = [] { torch::cuda::synchronize(); };
+  const double codec_int8 = calibration::activation_codec_gbs("int8", kCard, budget, card_sync);
+  const double codec_fp8 = calibration::activation_codec_gbs("fp8", kCard, budget, card_sync);
+  const double codec_bf16 = calibration::activation_codec_gbs("bf16", kCard, budget, card_sync);
   progress("pinned host copies each way, 16 to 512 MiB");
   const double link_gbs = host_link_gbs(budget);
   progress("the optimizer step (AdamW) on the host, " + std::to_string(at::get_num_threads()) + " threads");
@@ -228,7 +233,7 @@ std::string calibrate_this_card(const CalibrateOptions& options, const CardPeaks
   char date[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
-  char text[4096];
+  char text[8192];
   std::snprintf(
       text, sizeof text,
       "# measured by `tessera plan calibrate --device cuda` on one %s, %s\n"
@@ -248,7 +253,10 @@ std::string calibrate_this_card(const CalibrateOptions& options, const CardPeaks
       "attention_tflops_bf16 = %.1f  # causal SDPA forward + backward at 5 shapes (head width 64 and 128), counted as the planner counts it, fitted\n"
       "memory_gib = %.1f           # the card's total memory\n"
       "memory_gbs = %.0f           # LayerNorm + GELU on bf16, forward and backward through autograd, at 4 sizes, bytes counted as the planner counts them, fitted\n"
-      "kernel_overhead_us = %.2f     # 32 chained adds on 8 elements, forward and backward through autograd: median time / 64\n\n"
+      "kernel_overhead_us = %.2f     # 32 chained adds on 8 elements, forward and backward through autograd: median time / 64\n"
+      "activation_codec_int8_gbs = %.1f  # int8 encoding and decoding of a [16384, 512] float32 activation: source bytes / median time\n"
+      "activation_codec_fp8_gbs = %.1f   # the same, fp8\n"
+      "activation_codec_bf16_gbs = %.1f  # the same, bf16\n\n"
       "[intra_node]\n"
       "bandwidth_gbs = %.1f        # not measured (one device): the pinned host link below, the path between two cards without peer access\n"
       "latency_us = 10\n\n"
@@ -263,7 +271,7 @@ std::string calibrate_this_card(const CalibrateOptions& options, const CardPeaks
       peaks.fp32_basis.c_str(), std::min(bf16.rate / 1e12, peaks.bf16_tflops), table_name.c_str(),
       kAxis.size() * kAxis.size() * kAxis.size(), table_name.c_str(), std::min(fp32.rate / 1e12, peaks.fp32_tflops),
       std::max(0.0, bf16.intercept_s * 1e6 - overhead_us), sdpa.rate / 1e12, card_gib, memory.rate / 1e9, overhead_us,
-      link_gbs, link_gbs, calibration::host_memory_gib(), link_gbs, optimizer_gbs, at::get_num_threads());
+      codec_int8, codec_fp8, codec_bf16, link_gbs, link_gbs, calibration::host_memory_gib(), link_gbs, optimizer_gbs, at::get_num_threads());
   return text;
 #endif
 }
