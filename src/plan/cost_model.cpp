@@ -384,6 +384,7 @@ Prediction predict_time(const Config& config, const ParallelDims& dims, const Cl
                    {"memory_bound", mb * rank_total.memory_bound},
                    {"recompute", mb * rank_total.recompute},
                    {"activation_offload_copies", mb * rank_total.offload},
+                   {"activation_policy", mb * rank_total.activation_policy},
                    {"tp_communication", mb * rank_total.tp},
                    {"sp_communication", mb * rank_total.sp},
                    {"ep_communication", mb * rank_total.ep},
@@ -420,6 +421,16 @@ void add_memory(Prediction& prediction, const Config& config, const Layout& layo
     const MemoryEstimate estimate = estimate_memory(config, layout);
     prediction.peak_memory_bytes = estimate.device_bytes();
     host_bytes = estimate.host_bytes();
+    if (config.memory.activation_policy == "auto") {
+      // Each rank's model state and its policy's bytes (which fit its share of the budget).
+      const PricedOperations priced = price_operations(config, layout.dims(), cluster);
+      const std::vector<ActivationShare> shares = activation_shares(config, layout);
+      prediction.peak_memory_bytes = 0;
+      for (size_t r = 0; r < shares.size() && r < priced.activation_policies.size(); ++r)
+        prediction.peak_memory_bytes =
+            std::max(prediction.peak_memory_bytes, config.memory.device_budget_gb * kGiB - shares[r].budget_bytes +
+                                                       priced.activation_policies[r].bytes);
+    }
   }
   // A CPU "device" is host memory: what the run keeps "on the host" is in the same memory.
   if (cluster.device.kind == "cpu") prediction.peak_memory_bytes += host_bytes;

@@ -45,10 +45,16 @@
 //
 // Saved activations: memory.activation_compression's encoding in each block's forward and decoding
 // in its backward at the codec's calibrated rate (in memory_bound; operation_prices.cpp);
-// memory.activation_offload's copies beyond what the blocks hide (PartCost::offload).
+// memory.activation_offload's copies beyond what the blocks hide (PartCost::offload);
+// memory.activation_policy = auto: the run's own policy (plan/activation_policy.h) chooses each
+// block's option from the blocks' predicted F and B, the host link (on a CPU "device" the copy
+// rate device.memory_gbs and the modelled link) and the codec's rate, and each block's choice adds
+// its seconds (PartCost::activation_policy); memory is each rank's model state and its policy's
+// bytes. A search with auto needs every layout key held (the choice depends on the ZeRO stage and
+// the schedule, which the search prices once for many layouts).
 //
 // Not modelled (refused by key, so no prediction silently leaves them out):
-// memory.activation_policy = auto, file: schedules, low-rank pseudo-gradients.
+// file: schedules, low-rank pseudo-gradients.
 #pragma once
 
 #include <cstdint>
@@ -111,6 +117,9 @@ struct PartCost {
   // beyond what its forward and backward hide (plan/activation_policy.h, offload_copy_seconds);
   // inside I, as the backward waits for them.
   double offload = 0;
+  // memory.activation_policy = auto: what the block's chosen option adds (recomputation, copies,
+  // coding: plan/activation_policy.h), priced from the block's predicted F and B; inside I.
+  double activation_policy = 0;
   double tp = 0, sp = 0, ep = 0;       // collectives, forward + backward
   double parameters = 0;               // weight elements held (operations.h)
   // With parallel.grad_compression = powersgd: the elements its weights' gradients travel as
@@ -121,7 +130,8 @@ struct PartCost {
   double lowrank = 0, compress = 0;
   void operator+=(const PartCost& o) {
     f += o.f, i += o.i, w += o.w, products += o.products, attention += o.attention, memory_bound += o.memory_bound;
-    recompute += o.recompute, offload += o.offload, tp += o.tp, sp += o.sp, ep += o.ep;
+    recompute += o.recompute, offload += o.offload, activation_policy += o.activation_policy;
+    tp += o.tp, sp += o.sp, ep += o.ep;
     parameters += o.parameters, lowrank += o.lowrank, compress += o.compress;
   }
 };
@@ -134,6 +144,9 @@ struct PricedOperations {
   double slowdown = 1;  // the compute slowdown the prices include (ClusterInfo::slowdown)
   std::vector<PartCost> blocks;
   PartCost embedding, head;
+  // memory.activation_policy = auto: each pipeline rank's choice (one without a pipeline), made by
+  // the run's own policy from these blocks' predicted costs.
+  std::vector<ActivationPolicy> activation_policies;
   // One micro-batch of every part: the whole model on one rank (its weights: total().parameters).
   PartCost total() const {
     PartCost all = embedding;

@@ -224,12 +224,46 @@ void add_activation_compression(const Config& config, const ParallelDims& dims, 
   }
 }
 
+// memory.activation_policy = auto: the run's policy (plan/activation_policy.h) chooses each
+// block's option from these blocks' predicted F and B (B = I + W), the host link (CUDA) or on a CPU
+// "device" the copy rate at device.memory_gbs and the modelled link, and the allowed codec's rate;
+// each block's chosen seconds go into its I.
+void add_activation_policy(const Config& config, const ParallelDims& dims, const Cluster& cluster, double slowdown,
+                           PricedOperations& out) {
+  if (config.memory.activation_policy != "auto") return;
+  BlockCosts costs;
+  for (const PartCost& c : out.blocks) costs.block_split.push_back({c.f, c.i + c.w, c.i, c.w});
+  const bool cpu = cluster.device.kind == "cpu";
+  if (cpu) costs.copy_bytes_per_s = 1e9 * cluster.device.memory_gbs / slowdown;
+  else costs.link_bytes_per_s = 1e9 * cluster.host.device_link_gbs;
+  require(cpu || costs.link_bytes_per_s > 0, cluster.source,
+          ": memory.activation_policy = auto needs host.device_link_gbs, which this cluster file leaves at 0");
+  const ActivationCodec codec = parse_activation_codec(config.memory.activation_compression);
+  if (codec != ActivationCodec::none && codec != ActivationCodec::lossless) {
+    const double gbs = codec == ActivationCodec::int8  ? cluster.device.activation_codec_int8_gbs
+                       : codec == ActivationCodec::fp8 ? cluster.device.activation_codec_fp8_gbs
+                                                       : cluster.device.activation_codec_bf16_gbs;
+    require(gbs > 0, cluster.source, ": memory.activation_compression = ", config.memory.activation_compression,
+            " needs device.activation_codec_", config.memory.activation_compression,
+            "_gbs, which this cluster file leaves at 0 (`tessera plan calibrate` measures it)");
+    costs.codec_seconds_per_byte = slowdown / (1e9 * gbs);
+  }
+  LayoutMeasurements measured;
+  measured.blocks = costs;
+  measured.cpu_device = cpu;
+  out.activation_policies = make_layout(config, dims, measured).activation_policies();
+  for (const ActivationPolicy& policy : out.activation_policies)
+    for (size_t k = 0; k < policy.layers.size(); ++k) {
+      PartCost& c = out.blocks.at(static_cast<size_t>(policy.layers[k]));
+      c.activation_policy = policy.blocks[k].seconds;
+      c.i += c.activation_policy;
+    }
+}
+
 }  // namespace
 
 void check_modelled(const Config& config) {
   const ParallelOptions& p = config.parallel;
-  require(config.memory.activation_policy == "manual",
-          "tessera plan: memory.activation_policy = auto is not modelled yet (docs/plan.md)");
   require(p.pp_schedule.rfind("file:", 0) != 0, "tessera plan: parallel.pp_schedule = file:... is not modelled (the built-in schedules are)");
 }
 
@@ -254,6 +288,7 @@ PricedOperations price_operations(const Config& config, const ParallelDims& dims
     out.blocks.push_back(pricer.part(block_operations(model, layer, shape), config.memory.activation_checkpointing));
   add_activation_compression(config, dims, cluster, pricer.slowdown(), out.blocks);
   add_activation_offload(config, dims, cluster, pricer.slowdown(), out.blocks);
+  add_activation_policy(config, dims, cluster, pricer.slowdown(), out);
   out.embedding = pricer.part(embedding_operations(model, shape), "none");
   out.head = pricer.part(head_operations(model, shape), "none");
   return out;

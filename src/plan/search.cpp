@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <optional>
@@ -67,8 +68,11 @@ const std::vector<std::string>& searched_keys() {
   return keys;
 }
 
-SearchResult search_layouts(const Config& base, int64_t world, const std::set<std::string>& held,
+SearchResult search_layouts(const Config& base, int64_t world, const std::set<std::string>& held_keys,
                             const Cluster& cluster, const LayoutCheck& check, int64_t top, const CostOptions& options) {
+  // memory.activation_policy = auto chooses each block's checkpointing: not searched.
+  std::set<std::string> held = held_keys;
+  if (base.memory.activation_policy == "auto") held.insert("memory.activation_checkpointing");
   const ParallelOptions& p = base.parallel;
   const ModelOptions& model = base.model;
   int64_t global = base.train.global_batch_size;
@@ -81,12 +85,19 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
   SearchResult result;
   PlanCache cache;
   // One micro-batch's operations depend on the degrees and keys that change them, not on the
-  // schedule or the ZeRO stage: priced once per combination.
-  using OperationsKey = std::tuple<int64_t, int64_t, int64_t, std::string, int64_t, bool, std::string, int64_t>;
+  // schedule or the ZeRO stage: priced once per combination. Under memory.activation_policy = auto
+  // they do (each block's choice follows the rank's share of the budget and the micro-batches its
+  // schedule holds), and each layout is priced on its own.
+  const bool per_layout = base.memory.activation_policy == "auto";
+  using OperationsKey =
+      std::tuple<int64_t, int64_t, int64_t, std::string, int64_t, bool, std::string, int64_t, std::string>;
   std::map<OperationsKey, PricedOperations> operations;
   auto priced_for = [&](const Config& c, const ParallelDims& dims) -> const PricedOperations& {
+    const std::string rest = per_layout ? c.parallel.pp_schedule + "/" + std::to_string(c.parallel.pp_virtual) + "/" +
+                                              std::to_string(c.parallel.zero_stage) + "/" + text(c.parallel.offload)
+                                        : std::string();
     const OperationsKey key{dims.tp(),       dims.pp(), dims.sp(), c.parallel.sp_method, dims.ep(), c.parallel.megatron_sp,
-                            c.memory.activation_checkpointing, c.train.batch_size};
+                            c.memory.activation_checkpointing, c.train.batch_size, rest};
     auto it = operations.find(key);
     if (it == operations.end()) it = operations.emplace(key, price_operations(c, dims, cluster, options)).first;
     return it->second;
@@ -109,7 +120,11 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
   // Layouts that differ only in their data-parallel side (ZeRO stage, offload, swap): bounded
   // together, their compute priced once.
   using Variant = std::pair<Config, std::vector<std::pair<std::string, std::string>>>;
-  auto consider = [&](std::vector<Variant> variants) {
+  std::function<void(std::vector<Variant>)> consider = [&](std::vector<Variant> variants) {
+    if (per_layout && variants.size() > 1) {
+      for (Variant& v : variants) consider({std::move(v)});
+      return;
+    }
     result.considered += static_cast<int64_t>(variants.size());
     try {
       std::vector<Config> configs;

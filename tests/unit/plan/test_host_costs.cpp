@@ -11,6 +11,8 @@
 #include "parallel/layout_check.h"
 #include "plan/cluster.h"
 #include "plan/activation_estimate.h"
+#include "plan/activation_policy.h"
+#include "plan/layout.h"
 #include "plan/cost_model.h"
 #include "plan/search.h"
 #include "plan/swap_cost.h"
@@ -157,6 +159,36 @@ TEST(HostCosts, ActivationCompressionCostsItsCodecsCalibratedRate) {
   Config lossless = c;
   lossless.memory.activation_compression = "lossless";
   EXPECT_NEAR(plan::predict(lossless, dims, cluster).step_s, plain.step_s, 1e-15);
+}
+
+// memory.activation_policy = auto: the run's own policy chooses each block's option from the
+// predicted blocks; the step is the resident one plus each micro-batch's chosen seconds (in I and
+// in the breakdown's activation_policy term), and the peak is the model state plus the policy's
+// bytes, within the budget. A budget leaving half of what keeping every block needs must save.
+TEST(HostCosts, TheActivationPolicyIsTheRunsChoiceOnThePredictedBlocks) {
+  Config c = test::planner_config();
+  const ParallelDims dims(c.parallel, 1, "test");
+  const Cluster cluster = host_cluster();
+  const plan::Prediction resident = plan::predict(c, dims, cluster);
+  c.memory.activation_policy = "auto";
+  c.memory.device_budget_gb = 1;
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  const double state = gib - activation_shares(c, make_layout(c, dims)).at(0).budget_bytes;
+  double keep = 0;
+  for (int64_t l = 0; l < c.model.n_layer; ++l) keep += block_activation_bytes(c, dims, l);
+  c.memory.device_budget_gb = (state + keep / 2) / gib;
+  const plan::PricedOperations priced = plan::price_operations(c, dims, cluster);
+  ASSERT_EQ(priced.activation_policies.size(), 1u);
+  const ActivationPolicy& policy = priced.activation_policies[0];
+  EXPECT_GT(policy.seconds, 0) << describe_activation_policy(policy);
+  const plan::Prediction p = plan::predict(c, dims, cluster);
+  const double m = static_cast<double>(p.micro_batches);
+  EXPECT_NEAR(p.step_s - resident.step_s, m * policy.seconds, 1e-9 * p.step_s);
+  EXPECT_NEAR(test::breakdown_term(p, "activation_policy"), m * policy.seconds, 1e-9 * p.step_s);
+  EXPECT_NEAR(test::breakdown_sum(p), p.step_s, 1e-9 * p.step_s);
+  EXPECT_NEAR(p.peak_memory_bytes, state + policy.bytes, 1e-6 * p.peak_memory_bytes);
+  EXPECT_LE(p.peak_memory_bytes, c.memory.device_budget_gb * gib);
+  EXPECT_LT(p.peak_memory_bytes, resident.peak_memory_bytes);
 }
 
 // A swapped layout: the swap plan the run would make from the predicted blocks (their forward and

@@ -228,9 +228,6 @@ TEST(CostModel, TheStepIsItsPartsAndGrowsByOneMicroBatchesWork) {
 
 TEST(CostModel, WhatItDoesNotModelIsRefusedByKey) {
   Config c = test::planner_config();
-  c.memory.activation_policy = "auto";
-  EXPECT_TRUE(test::throws_naming([&] { plan::check_modelled(c); }, {"memory.activation_policy", "not modelled"}));
-  c = test::planner_config();
   c.parallel.pp_schedule = "file:my_table.csv";
   EXPECT_TRUE(test::throws_naming([&] { plan::check_modelled(c); }, {"parallel.pp_schedule", "not modelled"}));
 }
