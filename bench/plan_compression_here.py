@@ -13,33 +13,13 @@ usage: bench/plan_compression_here.py BUILD_DIR [--rounds 3] [--steps 10] [--con
                                       [--codecs none,bf16,int8,fp8] [--cluster this_machine_2core] [--batch 16]
 """
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_file import write_results  # noqa: E402
-from tessera_bench import tessera_bench  # noqa: E402
-
-HELD = {"parallel.tp": 1, "parallel.pp": 1, "parallel.sp": 1, "parallel.zero_stage": 0,
-        "parallel.megatron_sp": "false", "parallel.offload": "false", "memory.activation_checkpointing": "none",
-        "memory.swap": "false"}
-
-
-def predicted_step(build, config, cluster, codec, batch):
-    cmd = [str(Path(build) / "tessera"), "plan", "--config", config, "--cluster", cluster, "--world", "1", "--json"]
-    for k, v in {**HELD, "memory.activation_compression": codec, "train.batch_size": batch}.items():
-        cmd += ["--set", f"{k}={v}"]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)}\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
-    layouts = json.loads(result.stdout)["layouts"]
-    if len(layouts) != 1:
-        raise RuntimeError(f"{' '.join(cmd)}: {len(layouts)} layouts predicted, one expected")
-    return layouts[0]["step_s"]
-
+from tessera_bench import plan_step, tessera_bench  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser()
@@ -64,7 +44,8 @@ def main():
              "|---|---|---|---|---|"]
     for config in args.configs.split(","):
         batch = args.batch
-        predicted = {c: predicted_step(args.build, config, args.cluster, c, batch) for c in codecs}
+        predicted = {c: plan_step(args.build, config, args.cluster,
+                                  {"memory.activation_compression": c, "train.batch_size": batch}) for c in codecs}
         ratios = {c: [] for c in codecs}
         for r in range(args.rounds):
             steps = {c: tessera_bench(args.build, config, {"memory.activation_compression": c, "train.batch_size": batch},

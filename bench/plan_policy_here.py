@@ -13,33 +13,16 @@ usage: bench/plan_policy_here.py BUILD_DIR [--rounds 2] [--steps 5] [--shares 48
                                  [--compressions none,int8] [--cluster this_machine_2core]
 """
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_file import write_results  # noqa: E402
-from tessera_bench import tessera_bench  # noqa: E402
+from tessera_bench import plan_step, tessera_bench  # noqa: E402
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
-HELD = {"parallel.tp": 1, "parallel.pp": 1, "parallel.sp": 1, "parallel.zero_stage": 0,
-        "parallel.megatron_sp": "false", "parallel.offload": "false", "memory.activation_checkpointing": "none",
-        "memory.swap": "false"}
-
-
-def predicted_step(build, cluster, sets):
-    cmd = [str(Path(build) / "tessera"), "plan", "--config", "tiny_gpt", "--cluster", cluster, "--world", "1", "--json"]
-    for k, v in {**HELD, **sets}.items():
-        cmd += ["--set", f"{k}={v}"]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)}\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
-    return json.loads(result.stdout)["layouts"][0]["step_s"]
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("build")
@@ -55,7 +38,7 @@ def main():
     probe = tessera_bench(args.build, "tiny_gpt", {**base, "memory.activation_policy": "auto",
                                                      "memory.device_budget_gb": 1}, steps=1, warmup=0)
     state = GIB - probe["activation_policy"]["budget_bytes"]
-    resident_predicted = predicted_step(args.build, args.cluster, base)
+    resident_predicted = plan_step(args.build, "tiny_gpt", args.cluster, base)
     lines = ["# The planner's price of the activation policy against runs (tiny_gpt, CPU)", "",
              f"`python3 bench/plan_policy_here.py {args.build} --rounds {args.rounds} --steps {args.steps} --shares "
              f"{args.shares} --links {args.links} --compressions {args.compressions} --cluster {args.cluster}`: one "
@@ -70,7 +53,7 @@ def main():
                 sets = {**base, "memory.activation_policy": "auto",
                         "memory.device_budget_gb": (state + float(share) * MIB) / GIB,
                         "memory.modelled_bandwidth_gbps": link, "memory.activation_compression": codec}
-                predicted = predicted_step(args.build, args.cluster, sets) / resident_predicted
+                predicted = plan_step(args.build, "tiny_gpt", args.cluster, sets) / resident_predicted
                 ratios, chosen = [], []
                 for _ in range(args.rounds):
                     resident = tessera_bench(args.build, "tiny_gpt", {**base, "memory.modelled_bandwidth_gbps": link},

@@ -20,6 +20,29 @@ def tessera_bench(build, config, sets, ranks=1, steps=1, warmup=1, flags=()):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+# The layout keys `tessera plan` searches, held to one process without checkpointing, so that it
+# predicts the one layout a `tessera bench` run of the config runs.
+ONE_PROCESS_LAYOUT = {"parallel.tp": 1, "parallel.pp": 1, "parallel.sp": 1, "parallel.zero_stage": 0,
+                      "parallel.megatron_sp": "false", "parallel.offload": "false",
+                      "memory.activation_checkpointing": "none", "memory.swap": "false"}
+
+
+def plan_step(build, config, cluster, sets):
+    """`BUILD/tessera plan --config CONFIG --cluster CLUSTER --world 1 --json` with ONE_PROCESS_LAYOUT and
+    `sets` held: the one layout's predicted step (s); raises with the output on failure."""
+    cmd = [str(pathlib.Path(build) / "tessera"), "plan", "--config", config, "--cluster", cluster, "--world", "1",
+           "--json"]
+    for k, v in {**ONE_PROCESS_LAYOUT, **sets}.items():
+        cmd += ["--set", f"{k}={v}"]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+    layouts = json.loads(result.stdout)["layouts"]
+    if len(layouts) != 1:
+        raise RuntimeError(f"{' '.join(cmd)}: {len(layouts)} layouts predicted, one expected")
+    return layouts[0]["step_s"]
+
+
 def bundled_corpus(build, data=None):
     """DATA, or BUILD/data/kjv (the corpus `make train` prepares); exits naming how to prepare it."""
     data = data or str(pathlib.Path(build) / "data" / "kjv")

@@ -198,18 +198,26 @@ void add_activation_offload(const Config& config, const ParallelDims& dims, cons
 // no codec encodes); half in the forward, half in the backward. What a codec keeps as it is costs
 // nothing: bf16 under a 16-bit compute dtype, lossless's tensors (its bool masks, a byte per
 // element at most, are not priced).
-void add_activation_compression(const Config& config, const ParallelDims& dims, const Cluster& cluster, double slowdown,
-                                std::vector<PartCost>& blocks) {
-  const ActivationCodec codec = applied_activation_codec(config);
-  const double e = compute_element_bytes(config);
-  if (codec == ActivationCodec::none || codec == ActivationCodec::lossless || (codec == ActivationCodec::bf16 && e < 4))
-    return;
+// The cluster file's rate for memory.activation_compression's codec (int8, fp8 or bf16), refused
+// naming the key where the file leaves it at 0.
+double codec_gbs(const Config& config, const Cluster& cluster) {
+  const ActivationCodec codec = parse_activation_codec(config.memory.activation_compression);
   const double gbs = codec == ActivationCodec::int8  ? cluster.device.activation_codec_int8_gbs
                      : codec == ActivationCodec::fp8 ? cluster.device.activation_codec_fp8_gbs
                                                      : cluster.device.activation_codec_bf16_gbs;
   require(gbs > 0, cluster.source, ": memory.activation_compression = ", config.memory.activation_compression,
           " needs device.activation_codec_", config.memory.activation_compression,
           "_gbs, which this cluster file leaves at 0 (`tessera plan calibrate` measures it)");
+  return gbs;
+}
+
+void add_activation_compression(const Config& config, const ParallelDims& dims, const Cluster& cluster, double slowdown,
+                                std::vector<PartCost>& blocks) {
+  const ActivationCodec codec = applied_activation_codec(config);
+  const double e = compute_element_bytes(config);
+  if (codec == ActivationCodec::none || codec == ActivationCodec::lossless || (codec == ActivationCodec::bf16 && e < 4))
+    return;
+  const double gbs = codec_gbs(config, cluster);
   Config plain = config;
   plain.memory.activation_compression = "none";
   const double seconds_per_element = 4 * slowdown / (1e9 * gbs);
@@ -239,15 +247,8 @@ void add_activation_policy(const Config& config, const ParallelDims& dims, const
   require(cpu || costs.link_bytes_per_s > 0, cluster.source,
           ": memory.activation_policy = auto needs host.device_link_gbs, which this cluster file leaves at 0");
   const ActivationCodec codec = parse_activation_codec(config.memory.activation_compression);
-  if (codec != ActivationCodec::none && codec != ActivationCodec::lossless) {
-    const double gbs = codec == ActivationCodec::int8  ? cluster.device.activation_codec_int8_gbs
-                       : codec == ActivationCodec::fp8 ? cluster.device.activation_codec_fp8_gbs
-                                                       : cluster.device.activation_codec_bf16_gbs;
-    require(gbs > 0, cluster.source, ": memory.activation_compression = ", config.memory.activation_compression,
-            " needs device.activation_codec_", config.memory.activation_compression,
-            "_gbs, which this cluster file leaves at 0 (`tessera plan calibrate` measures it)");
-    costs.codec_seconds_per_byte = slowdown / (1e9 * gbs);
-  }
+  if (codec != ActivationCodec::none && codec != ActivationCodec::lossless)
+    costs.codec_seconds_per_byte = slowdown / (1e9 * codec_gbs(config, cluster));
   LayoutMeasurements measured;
   measured.blocks = costs;
   measured.cpu_device = cpu;
