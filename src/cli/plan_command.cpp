@@ -18,6 +18,7 @@
 #include "core/fs.h"
 #include "plan/calibrate.h"
 #include "plan/cluster.h"
+#include "plan/activation_policy.h"
 #include "plan/cost_model.h"
 #include "plan/search.h"
 #include "train/device_peak.h"
@@ -179,6 +180,11 @@ Command add_plan_command(CLI::App& app) {
     for (const auto& [name, seconds] : best.prediction.breakdown)
       if (seconds > 0)
         std::printf("  %-32s %10.4f s  %5.1f%%\n", name.c_str(), seconds, 100 * seconds / best.prediction.step_s);
+    if (best.peers == 0 && best.config.memory.activation_policy == "auto") {
+      std::printf("the best layout's activation policy, as its run would choose from these predicted costs:\n");
+      for (const ActivationPolicy& policy : plan::price_operations(best.config, best.dims, cluster).activation_policies)
+        std::printf("%s", describe_activation_policy(policy).c_str());
+    }
     if (best.peers > 0)
       std::printf("run each of the %lld peers with: tessera peer --config %s%s\n", static_cast<long long>(best.peers),
                   args->config.c_str(), set_line(best).c_str());

@@ -36,6 +36,15 @@ TEST(PlanCommand, PrintsTheLayoutsBestFirstAsJsonWithHeldKeysHeld) {
   auto text = run_tessera("plan --config tiny_gpt --cluster dgx_a100_80g --world 4 --set parallel.tp=2");
   ASSERT_EQ(text.exit_code, 0) << text.output;
   EXPECT_NE(text.output.find("run it with: --set parallel.tp=2"), std::string::npos) << text.output;
+
+  // Under memory.activation_policy = auto the best layout's policy, each block's choice, follows.
+  auto policy = run_tessera("plan --config tiny_gpt --cluster this_machine_2core --world 1 --set train.batch_size=16 "
+                            "--set memory.activation_policy=auto --set memory.device_budget_gb=0.06 "
+                            "--set memory.activation_compression=int8");
+  ASSERT_EQ(policy.exit_code, 0) << policy.output;
+  EXPECT_NE(policy.output.find("activation policy (memory.activation_policy = auto)"), std::string::npos)
+      << policy.output;
+  EXPECT_NE(policy.output.find("activation_policy"), std::string::npos) << policy.output;
 }
 
 TEST(PlanCommand, ABadClusterFileIsRefusedNamingFileAndKey) {
