@@ -247,7 +247,8 @@ Command add_bench_command(CLI::App& app) {
                           {"saved_activation_bytes", saved_bytes},
                           {"activation_compression", config.memory.activation_compression}};
     const int64_t pp_rank = mesh && mesh->dims().pp() > 1 ? mesh->group("pp").rank() : 0;
-    if (const ActivationPolicy* policy = step.layout().activation_policy(pp_rank)) {
+    const ActivationPolicy* policy = step.layout().activation_policy(pp_rank);
+    if (policy) {
       nlohmann::json choices = nlohmann::json::array();
       for (const ActivationOption& o : policy->blocks) choices.push_back(o.name());
       out["activation_policy"] = {{"blocks", choices},
@@ -259,8 +260,7 @@ Command add_bench_command(CLI::App& app) {
                                   {"predicted_added_s_per_step",
                                    policy->seconds * static_cast<double>(accumulation)}};
     }
-    if (config.memory.activation_offload > 0 || (step.layout().activation_policy(pp_rank) &&
-                                                 step.layout().activation_policy(pp_rank)->offloaded() > 0)) {
+    if (config.memory.activation_offload > 0 || (policy && policy->offloaded() > 0)) {
       out["saved_activation_host_bytes"] = saved_host_bytes;
       out["activation_offload"] = {{"blocks", config.memory.activation_offload},  // 0 under the policy
                                    {"stored_bytes_per_step", static_cast<double>(offloaded.stored_bytes) / steps},

@@ -5,7 +5,6 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -228,26 +227,21 @@ void install_hooking_engine() {
 
 namespace {
 
-// The last block output this thread's scopes ended with, and that block's offload group: the next
-// block's scope finds the group when its input is that tensor (saved_activations.h).
+// Every offloading block's output and group while both live: the next block's scope finds the
+// group when its input is that tensor, and fetch_activations_that_made when it is named
+// (saved_activations.h). Any thread may look.
 using WeakTensorImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
-struct LastOutput {
-  std::optional<WeakTensorImpl> output;
-  std::weak_ptr<OffloadGroup> group;
-};
-thread_local LastOutput last_output;
-
-std::shared_ptr<OffloadGroup> group_that_made(const at::Tensor& input) {
-  if (!input.defined() || !last_output.output) return nullptr;
-  const auto made = last_output.output->lock();
-  return made.get() == input.unsafeGetTensorImpl() ? last_output.group.lock() : nullptr;
-}
-
-// Every offloading block's output and group while both live, for fetch_activations_that_made
-// (any thread: a pipeline's receives are posted on the thread that ran the forward, but nothing
-// requires it).
 std::mutex outputs_mutex;
 std::vector<std::pair<WeakTensorImpl, std::weak_ptr<OffloadGroup>>> offloaded_outputs;
+
+// The group of the offloading block whose forward ended with `output`; null where none lives.
+std::shared_ptr<OffloadGroup> group_that_made(const at::Tensor& output) {
+  if (!output.defined()) return nullptr;
+  std::lock_guard<std::mutex> lock(outputs_mutex);
+  for (const auto& [made, group] : offloaded_outputs)
+    if (made.lock().get() == output.unsafeGetTensorImpl()) return group.lock();
+  return nullptr;
+}
 
 void remember_output(const at::Tensor& output, const std::shared_ptr<OffloadGroup>& group) {
   std::lock_guard<std::mutex> lock(outputs_mutex);
@@ -300,23 +294,11 @@ void SavedActivationScope::ended(const at::Tensor& output) {
       }
       if (auto group = previous.lock()) group->fetch();
     });
-  last_output.group = own;
-  last_output.output.reset();
-  if (own) {
-    last_output.output.emplace(output.getIntrusivePtr());
-    remember_output(output, own);
-  }
+  if (own) remember_output(output, own);
 }
 
 void fetch_activations_that_made(const at::Tensor& output) {
-  if (!output.defined()) return;
-  std::shared_ptr<OffloadGroup> group;
-  {
-    std::lock_guard<std::mutex> lock(outputs_mutex);
-    for (const auto& [made, g] : offloaded_outputs)
-      if (made.lock().get() == output.unsafeGetTensorImpl()) group = g.lock();
-  }
-  if (group) group->fetch();
+  if (auto group = group_that_made(output)) group->fetch();
 }
 
 void fetch_when_gradient_reaches(const at::Tensor& input, const at::Tensor& output) {

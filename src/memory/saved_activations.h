@@ -32,8 +32,8 @@
 // it keeps (encoded, or as it is under codec none, but never a weight or a tensor off the
 // gradient's path) into one OffloadGroup (activation_offload.h), stored to the host by ended()
 // and fetched back by a hook on the block's output. A scope also remembers the group of the block
-// that made its input (the last block output this thread ended with, when the input is that
-// tensor): ended() hooks the output to fetch that group too, whether or not this block offloads,
+// that made its input (found by the tensor: every offloading block's output is remembered while
+// it and its group live): ended() hooks the output to fetch that group too, whether or not this block offloads,
 // so a block's copies come back during the backward of the block after it (the last block's
 // during the head's: fetch_when_gradient_reaches; a pipeline stage's last block's when the
 // receive of its output gradient is posted: fetch_activations_that_made).

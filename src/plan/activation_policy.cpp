@@ -294,6 +294,13 @@ ActivationPolicy choose_activation_policy(const std::vector<std::vector<Activati
 std::vector<ActivationShare> activation_shares(const Config& config, const Layout& layout) {
   const std::vector<MemoryEstimate> ranks = estimate_memory_by_rank(config, layout);
   const double budget = config.memory.device_budget_gb * 1024.0 * 1024.0 * 1024.0;
+  if (layout.pipelined())
+    for (int64_t s = 0; s < layout.schedule().stages(); ++s)
+      for (int64_t mb = 0; mb < layout.schedule().micro_batches; ++mb)
+        require(!layout.schedule().split_backward(s, mb), "memory.activation_policy = auto with parallel.pp_schedule = ",
+                config.parallel.pp_schedule, " is not built yet (a split backward keeps its W's inputs and output "
+                "gradients beyond what the policy counts); use gpipe, 1f1b or interleaved, or choose "
+                "memory.activation_checkpointing and memory.activation_offload by hand");
   std::vector<ActivationShare> shares;
   for (size_t r = 0; r < ranks.size(); ++r) {
     const MemoryEstimate& e = ranks[r];
@@ -304,12 +311,6 @@ std::vector<ActivationShare> activation_shares(const Config& config, const Layou
       share.layers = stage.layers(config.model);
       share.held = static_cast<double>(e.pipeline_held) / static_cast<double>(stage.chunks.size());
       share.groups_in_flight = 3;
-      for (int64_t s = 0; s < layout.schedule().stages(); ++s)
-        for (int64_t mb = 0; mb < layout.schedule().micro_batches; ++mb)
-          require(!layout.schedule().split_backward(s, mb), "memory.activation_policy = auto with parallel.pp_schedule = ",
-                  config.parallel.pp_schedule, " is not built yet (a split backward keeps its W's inputs and output "
-                  "gradients beyond what the policy counts); use gpipe, 1f1b or interleaved, or choose "
-                  "memory.activation_checkpointing and memory.activation_offload by hand");
     } else {
       for (int64_t l = 0; l < config.model.n_layer; ++l) share.layers.push_back(l);
     }

@@ -304,18 +304,22 @@ double autograd_kernel_us(c10::Device device, double budget, const std::function
   return seconds / 64 * 1e6;
 }
 
-double activation_codec_gbs(const std::string& codec, c10::Device device, double budget,
-                            const std::function<void()>& synchronize) {
+double activation_codec_seconds(const at::Tensor& activation, const std::string& codec, double budget,
+                                const std::function<void()>& synchronize) {
   const ActivationCodec parsed = parse_activation_codec(codec);
-  const at::Tensor a = at::randn({16384, 512}, at::TensorOptions().device(device));
   at::NoGradGuard no_grad;
-  const double seconds = median_seconds(
+  return median_seconds(
       [&] {
-        decode_activation(encode_activation(a, parsed));
+        decode_activation(encode_activation(activation, parsed));
         if (synchronize) synchronize();
       },
       budget);
-  return static_cast<double>(a.nbytes()) / seconds / 1e9;
+}
+
+double activation_codec_gbs(const std::string& codec, c10::Device device, double budget,
+                            const std::function<void()>& synchronize) {
+  const at::Tensor a = at::randn({16384, 512}, at::TensorOptions().device(device));
+  return static_cast<double>(a.nbytes()) / activation_codec_seconds(a, codec, budget, synchronize) / 1e9;
 }
 
 double host_memory_gib() {

@@ -88,10 +88,12 @@ double adamw_host_gbs(int64_t elements, double budget);
 // (a card's) ends each run. calibrate.cpp.
 double autograd_kernel_us(c10::Device device, double budget, const std::function<void()>& synchronize = {});
 
-// The activation codec `codec` (int8, fp8, bf16: memory/activation_codec.h) encoding and decoding a
-// saved activation, [16384, 512] float32 on `device` (32 MiB), as the pack and unpack hooks run it:
-// the median time as source bytes per second (GB/s); `synchronize` (a card's) ends each run.
+// The activation codec `codec` (memory/activation_codec.h) encoding and decoding `activation` as the
+// pack and unpack hooks run it: the median seconds; `synchronize` (a card's) ends each run.
 // calibrate.cpp.
+double activation_codec_seconds(const at::Tensor& activation, const std::string& codec, double budget,
+                                const std::function<void()>& synchronize = {});
+// The same on [16384, 512] float32 on `device` (32 MiB), as source bytes per second (GB/s).
 double activation_codec_gbs(const std::string& codec, c10::Device device, double budget,
                             const std::function<void()>& synchronize = {});
 

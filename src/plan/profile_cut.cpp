@@ -16,6 +16,7 @@
 #include "memory/host_memory_stats.h"
 #include "parallel/pipeline/split_backward.h"
 #include "plan/activation_estimate.h"
+#include "plan/calibrate_timing.h"
 #include "precision/autocast.h"
 #include "precision/precision_options.h"
 
@@ -26,18 +27,16 @@ void sync_device(const c10::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize(device.index());
 }
 
-// The median of five timings of `fn`, the device synchronized before and after each.
+// The median of five timings of `fn` (calibration's, plan/calibrate_timing.h), the device
+// synchronized after each.
 double median_seconds(const c10::Device& device, const std::function<void()>& fn) {
-  std::vector<double> seconds;
-  for (int rep = 0; rep < 5; ++rep) {
-    sync_device(device);
-    const auto start = std::chrono::steady_clock::now();
-    fn();
-    sync_device(device);
-    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
-  std::nth_element(seconds.begin(), seconds.begin() + 2, seconds.end());
-  return seconds[2];
+  sync_device(device);
+  return plan::calibration::median_seconds(
+      [&] {
+        fn();
+        sync_device(device);
+      },
+      0);
 }
 
 // Bytes the device's allocator holds now.
@@ -212,8 +211,8 @@ BlockCosts profile_blocks(const Config& config, c10::Device device) {
     const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(B * T, (int64_t{4} << 20) / m.n_embd));
     const at::Tensor a = at::randn({rows, 4 * m.n_embd}, on_device.dtype(at::kFloat))
                              .to(autocast.value_or(parameter_dtype(config.precision)));
-    at::NoGradGuard no_grad;
-    const double seconds = median_seconds(device, [&] { decode_activation(encode_activation(a, allowed)); });
+    const double seconds = plan::calibration::activation_codec_seconds(a, config.memory.activation_compression, 0,
+                                                                 [&] { sync_device(device); });
     costs.codec_seconds_per_byte = seconds / static_cast<double>(a.nbytes());
   }
   return costs;
