@@ -4,8 +4,9 @@
 One process, float32, CONFIG (default tiny_gpt, batch 16); with --pp P, P pipeline ranks (1F1B,
 2P micro-batches) and rank 0's policy, bytes and step. For each activation share (MiB of the
 budget left after the model's state) and each modelled link (GB/s), `memory.activation_policy =
-auto` chooses each block's option from the start-up profile, with each codec of --compressions
-allowed (memory.activation_compression; none: no block encodes); the run is timed against the
+auto` chooses each block's option from the start-up profile, with each allowance of --compressions
+in turn (memory.activation_compression: none, no block encodes; a codec; or a comma-separated list
+of codecs each block chooses from); the run is timed against the
 resident run of the same round (ROUNDS rounds, each policy after its resident run). Reported:
   choices          the blocks' options, in order;
   predicted MiB    the policy's device bytes (with the reserves) against the share;
@@ -17,7 +18,7 @@ The profile sets the prediction's F and B; the timed steps check it.
 Written to bench/results/activation_policy_cpu.md.
 
 usage: bench/activation_policy.py BUILD_DIR [--rounds 3] [--steps 5] [--shares 48,32,20] [--links 16,0.05]
-                                  [--compressions none,int8] [--pp 1]
+                                  [--compressions none int8 bf16,int8] [--pp 1]
 """
 import argparse
 import statistics
@@ -41,7 +42,7 @@ def main():
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--shares", default="48,32,20")
     ap.add_argument("--links", default="16,0.05")
-    ap.add_argument("--compressions", default="none")
+    ap.add_argument("--compressions", nargs="+", default=["none"])
     ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -60,7 +61,7 @@ def main():
                                                      "memory.device_budget_gb": 1}, ranks=ranks, steps=1, warmup=0)
     state = GIB - probe["activation_policy"]["budget_bytes"]
     cases = [(float(share), float(link), codec) for link in args.links.split(",") for share in args.shares.split(",")
-             for codec in args.compressions.split(",")]
+             for codec in args.compressions]
     resident, runs = [], {case: [] for case in cases}
     for r in range(args.rounds):
         for case in cases:
@@ -73,11 +74,11 @@ def main():
             result["resident_step_s"] = resident[-1]["median_step_s"]
             runs[case].append(result)
             print(f"round {r + 1}: share {share:g} MiB, link {link:g} GB/s, codec {codec}: "
-                  f"{' '.join(result['activation_policy']['blocks'])}", flush=True)
+                  f"{' '.join(b['option'] for b in result['activation_policy']['blocks'])}", flush=True)
     keep = statistics.median(x["saved_activation_bytes"] for x in resident) / MIB
     lines = [f"# The activation policy for a budget against its runs ({args.config}, CPU)", "",
              f"`python3 bench/activation_policy.py {args.build} --rounds {args.rounds} --steps {args.steps} "
-             f"--shares {args.shares} --links {args.links} --compressions {args.compressions} --pp {args.pp}`: {setup}, "
+             f"--shares {args.shares} --links {args.links} --compressions {' '.join(args.compressions)} --pp {args.pp}`: {setup}, "
              f"float32, batch {args.batch}; each policy "
              f"run after a resident run in each of {args.rounds} rounds. The resident run held {keep:.1f} MiB for "
              "the blocks. Share: the budget left for activations after the model's state.", "",
@@ -91,7 +92,7 @@ def main():
         measured_ms = 1e3 * statistics.median(x["median_step_s"] - x["resident_step_s"] for x in results)
         peak = statistics.median(x["saved_activation_bytes"] for x in results) / MIB
         predicted_ms = 1e3 * statistics.median(x["activation_policy"]["predicted_added_s_per_step"] for x in results)
-        lines.append(f"| {share:g} | {link:g} | {codec} | {', '.join(policy['blocks'])} | {policy['bytes'] / MIB:.1f} | "
+        lines.append(f"| {share:g} | {link:g} | {codec} | {', '.join(b['option'] for b in policy['blocks'])} | {policy['bytes'] / MIB:.1f} | "
                      f"{peak:.1f} | {predicted_ms:.1f} | {measured_ms:.1f} |")
     write_results(out, lines)
 

@@ -60,7 +60,7 @@ def main():
                                              steps=args.steps)
                     run = tessera_bench(args.build, "tiny_gpt", sets, steps=args.steps)
                     ratios.append(run["median_step_s"] / resident["median_step_s"])
-                    chosen = run["activation_policy"]["blocks"]
+                    chosen = [b["option"] for b in run["activation_policy"]["blocks"]]
                 measured = statistics.median(ratios)
                 lines.append(f"| {share} | {link} | {codec} | {', '.join(chosen)} | "
                              f"{predicted:.3f} | {measured:.3f} | {100 * (predicted / measured - 1):+.1f}% |")

@@ -248,18 +248,7 @@ Command add_bench_command(CLI::App& app) {
                           {"activation_compression", config.memory.activation_compression}};
     const int64_t pp_rank = mesh && mesh->dims().pp() > 1 ? mesh->group("pp").rank() : 0;
     const ActivationPolicy* policy = step.layout().activation_policy(pp_rank);
-    if (policy) {
-      nlohmann::json choices = nlohmann::json::array();
-      for (const ActivationOption& o : policy->blocks) choices.push_back(o.name());
-      out["activation_policy"] = {{"blocks", choices},
-                                  {"layers", policy->layers},
-                                  {"pipeline_rank", policy->pipeline_rank},
-                                  {"held", policy->held},
-                                  {"bytes", policy->bytes},
-                                  {"budget_bytes", policy->budget_bytes},
-                                  {"predicted_added_s_per_step",
-                                   policy->seconds * static_cast<double>(accumulation)}};
-    }
+    if (policy) out["activation_policy"] = activation_policy_json(*policy, accumulation);
     if (config.memory.activation_offload > 0 || (policy && policy->offloaded() > 0)) {
       out["saved_activation_host_bytes"] = saved_host_bytes;
       out["activation_offload"] = {{"blocks", config.memory.activation_offload},  // 0 under the policy

@@ -39,6 +39,10 @@ nlohmann::json to_json(const plan::Candidate& c) {
   nlohmann::json set = nlohmann::json::object(), breakdown = nlohmann::json::object();
   for (const auto& [key, value] : c.set) set[key] = value;
   for (const auto& [name, seconds] : c.prediction.breakdown) breakdown[name] = seconds;
+  // memory.activation_policy = auto: each rank's choice (by pipeline rank); empty otherwise.
+  nlohmann::json policies = nlohmann::json::array();
+  for (const ActivationPolicy& policy : c.prediction.activation_policies)
+    policies.push_back(activation_policy_json(policy, c.prediction.micro_batches));
   return {{"set", set},
           {"runner", c.peers > 0 ? "tessera peer" : "tessera train"},
           {"peers", c.peers},
@@ -50,7 +54,8 @@ nlohmann::json to_json(const plan::Candidate& c) {
           {"mfu", c.prediction.mfu},
           {"peak_memory_gib", c.prediction.peak_memory_bytes / kGiB},
           {"fits", c.prediction.fits},
-          {"breakdown", breakdown}};
+          {"breakdown", breakdown},
+          {"activation_policy", policies}};
 }
 
 // The largest term of the step after compute: what binds the layout (or the memory it lacks).
@@ -180,9 +185,9 @@ Command add_plan_command(CLI::App& app) {
     for (const auto& [name, seconds] : best.prediction.breakdown)
       if (seconds > 0)
         std::printf("  %-32s %10.4f s  %5.1f%%\n", name.c_str(), seconds, 100 * seconds / best.prediction.step_s);
-    if (best.peers == 0 && best.config.memory.activation_policy == "auto") {
+    if (!best.prediction.activation_policies.empty()) {
       std::printf("the best layout's activation policy, as its run would choose from these predicted costs:\n");
-      for (const ActivationPolicy& policy : plan::price_operations(best.config, best.dims, cluster).activation_policies)
+      for (const ActivationPolicy& policy : best.prediction.activation_policies)
         std::printf("%s", describe_activation_policy(policy).c_str());
     }
     if (best.peers > 0)

@@ -253,10 +253,24 @@ void MemoryOptions::check(const std::string& source) const {
               activation_checkpointing == "selective",
           source, ": memory.activation_checkpointing must be none, full or selective (got '", activation_checkpointing,
           "')");
-  require(activation_compression == "none" || activation_compression == "lossless" ||
-              activation_compression == "bf16" || activation_compression == "fp8" || activation_compression == "int8",
-          source, ": memory.activation_compression must be none, lossless, bf16, fp8 or int8 (got '",
-          activation_compression, "')");
+  // One codec, or under activation_policy = auto a comma-separated list the blocks choose from.
+  std::vector<std::string> codecs;
+  for (size_t begin = 0; begin <= activation_compression.size();) {
+    const size_t end = std::min(activation_compression.find(',', begin), activation_compression.size());
+    const std::string codec = activation_compression.substr(begin, end - begin);
+    require(codec == "none" || codec == "lossless" || codec == "bf16" || codec == "fp8" || codec == "int8", source,
+            ": memory.activation_compression must be none, lossless, bf16, fp8 or int8, or under activation_policy "
+            "= auto a comma-separated list of them (got '", activation_compression, "')");
+    require(std::find(codecs.begin(), codecs.end(), codec) == codecs.end() &&
+                (codec != "none" || activation_compression == "none"),
+            source, ": memory.activation_compression = '", activation_compression,
+            "': a list of codecs names each once and not none");
+    codecs.push_back(codec);
+    begin = end + 1;
+  }
+  require(codecs.size() == 1 || activation_policy == "auto", source, ": memory.activation_compression = '",
+          activation_compression, "' lists codecs for memory.activation_policy = auto to choose from per block; with "
+          "activation_policy = manual name one");
   require(!swap || device_budget_gb > 0, source, ": memory.swap = true needs memory.device_budget_gb, the device "
           "memory the swap plan may use (GiB)");
   require(activation_policy == "manual" || activation_policy == "auto", source,

@@ -186,6 +186,20 @@ ActivationCodec parse_activation_codec(const std::string& name) {
   fail("memory.activation_compression must be none, lossless, bf16, fp8 or int8 (got '", name, "')");
 }
 
+std::vector<ActivationCodec> parse_activation_codecs(const std::string& list) {
+  std::vector<ActivationCodec> out;
+  if (list == "none") return out;
+  for (size_t begin = 0; begin <= list.size();) {
+    const size_t end = std::min(list.find(',', begin), list.size());
+    const ActivationCodec codec = parse_activation_codec(list.substr(begin, end - begin));
+    require(codec != ActivationCodec::none && std::find(out.begin(), out.end(), codec) == out.end(),
+            "memory.activation_compression = '", list, "': a list of codecs names each once and not none");
+    out.push_back(codec);
+    begin = end + 1;
+  }
+  return out;
+}
+
 const char* activation_codec_name(ActivationCodec codec) {
   switch (codec) {
     case ActivationCodec::none: return "none";

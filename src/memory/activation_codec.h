@@ -33,6 +33,10 @@ enum class ActivationCodec { none, lossless, bf16, fp8, int8 };
 
 // Parses memory.activation_compression; throws tessera::Error naming the key and the values.
 ActivationCodec parse_activation_codec(const std::string& name);
+// Under memory.activation_policy = auto memory.activation_compression may list several codecs,
+// comma-separated ("bf16,int8"): the encodings a block may choose. The codecs it names, in its
+// order ("none": none); refuses a list naming none or one codec twice, naming the key.
+std::vector<ActivationCodec> parse_activation_codecs(const std::string& list);
 const char* activation_codec_name(ActivationCodec codec);
 
 constexpr int64_t kActivationGroup = 32;

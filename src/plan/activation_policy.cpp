@@ -8,6 +8,8 @@
 #include <map>
 #include <set>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "core/byte_size.h"
 #include "memory/activation_codec.h"
@@ -28,9 +30,12 @@ double block_bytes(const Config& config, const ParallelDims& dims, int64_t layer
   return block_activation_bytes(c, dims, layer);
 }
 
-// The codec memory.activation_compression allows the policy ("none": no block encodes).
-std::string allowed_codec(const Config& config) {
-  return activation_codec_name(parse_activation_codec(config.memory.activation_compression));
+// "none" and the codecs memory.activation_compression allows the policy.
+std::vector<std::string> codec_choices(const Config& config) {
+  std::vector<std::string> out{"none"};
+  for (ActivationCodec codec : parse_activation_codecs(config.memory.activation_compression))
+    out.push_back(activation_codec_name(codec));
+  return out;
 }
 
 // The attention core's share of the block's forward FLOPs (what selective checkpointing redoes).
@@ -52,7 +57,7 @@ double core_share(const Config& config, const ParallelDims& dims, int64_t layer)
 }
 
 // Preference among one kind's blocks: offload to the earliest, keeping to the latest; an encoded
-// option before the same option unencoded.
+// option before the same option unencoded (and, in the sort below, the smaller encoding first).
 int order(const ActivationOption& o) {
   const int kind = o.offload ? (o.checkpointing == "full" ? 0 : 1)
                              : o.checkpointing == "full" ? 2 : o.checkpointing == "selective" ? 3 : 4;
@@ -172,7 +177,7 @@ std::vector<std::vector<ActivationOption>> activation_options(const Config& conf
   // On a CPU "device" each way's memcpy also takes the computing cores' time.
   const double per_byte = cpu_device && measured.copy_bytes_per_s > 0 ? 1 / measured.copy_bytes_per_s : 0;
   auto copy_seconds = [&](double bytes, double f, double b) { return offload_copy_seconds(bytes, f, b, link, per_byte); };
-  const std::string allowed = allowed_codec(config);
+  const std::vector<std::string> codecs = codec_choices(config);
   std::vector<std::vector<ActivationOption>> out;
   for (int64_t l = 0; l < config.model.n_layer; ++l) {
     const size_t i = static_cast<size_t>(l);
@@ -183,13 +188,13 @@ std::vector<std::vector<ActivationOption>> activation_options(const Config& conf
     const double input = block_bytes(config, dims, l, "full", "none");
     const double recompute_core = f * core_share(config, dims, l);
     const double stays = block_statistics_bytes(config, dims);  // an offloaded block's, on the device
-    std::vector<std::string> codecs{"none"};
-    if (allowed != "none") codecs.push_back(allowed);
     std::vector<ActivationOption> options;
     for (const std::string& codec : codecs) {
       const bool encoded = codec != "none";
-      // Encoding and decoding what the option would otherwise keep.
-      auto coding = [&](double plain) { return encoded ? plain * measured.codec_seconds_per_byte : 0; };
+      // Encoding and decoding what the option would otherwise keep (0 where the codec was not timed).
+      const auto rate = measured.codec_seconds_per_byte.find(codec);
+      const double per_byte = rate != measured.codec_seconds_per_byte.end() ? rate->second : 0;
+      auto coding = [&](double plain) { return plain * per_byte; };
       const double keep_c = encoded ? block_bytes(config, dims, l, "none", codec) : keep;
       const double selective_c = encoded ? block_bytes(config, dims, l, "selective", codec) : selective;
       const double input_c = encoded ? block_bytes(config, dims, l, "full", codec) : input;
@@ -269,8 +274,9 @@ ActivationPolicy choose_activation_policy(const std::vector<std::vector<Activati
       if (!done[k] && same_options(options[k], options[l])) kind.push_back(k);
     std::vector<ActivationOption> chosen;
     for (size_t k : kind) chosen.push_back(best.blocks[k]);
-    std::stable_sort(chosen.begin(), chosen.end(),
-                     [](const ActivationOption& a, const ActivationOption& b) { return order(a) < order(b); });
+    std::stable_sort(chosen.begin(), chosen.end(), [](const ActivationOption& a, const ActivationOption& b) {
+      return order(a) < order(b) || (order(a) == order(b) && a.bytes + a.group < b.bytes + b.group);
+    });
     for (size_t n = 0; n < kind.size(); ++n) {
       best.blocks[kind[n]] = chosen[n];
       done[kind[n]] = true;
@@ -398,6 +404,27 @@ std::string describe_activation_policy(const ActivationPolicy& p) {
                 1e3 * p.seconds);
   out += line;
   return out;
+}
+
+nlohmann::json activation_policy_json(const ActivationPolicy& p, int64_t micro_batches) {
+  nlohmann::json blocks = nlohmann::json::array();
+  for (size_t k = 0; k < p.blocks.size(); ++k) {
+    const ActivationOption& o = p.blocks[k];
+    blocks.push_back({{"layer", p.layers.at(k)},
+                      {"option", o.name()},
+                      {"checkpointing", o.checkpointing},
+                      {"offload", o.offload},
+                      {"compression", o.compression},
+                      {"bytes", o.bytes},
+                      {"seconds", o.seconds}});
+  }
+  return {{"pipeline_rank", p.pipeline_rank},
+          {"blocks", blocks},
+          {"held", p.held},
+          {"groups_in_flight", p.groups_in_flight},
+          {"bytes", p.bytes},
+          {"budget_bytes", p.budget_bytes},
+          {"predicted_added_s_per_step", p.seconds * static_cast<double>(micro_batches)}};
 }
 
 }  // namespace tessera

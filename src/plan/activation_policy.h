@@ -1,6 +1,6 @@
 // The activation policy for a device budget (memory.activation_policy = auto; docs/memory.md):
 // each block keeps its activations, offloads them, or recomputes them (selectively or whole,
-// offloading the kept input too), and with a codec named by memory.activation_compression may
+// offloading the kept input too), and with the codecs memory.activation_compression allows may
 // encode what it keeps or offloads; chosen to fit the budget at the least predicted step time.
 //
 // Per block and option, per micro-batch on this rank:
@@ -21,12 +21,15 @@
 //            its encoding and decoding of the bytes the option would keep uncompressed, at the
 //            profile's measured rate on a tensor of the compute dtype (an upper bound where the
 //            codec keeps some tensors as they are: bf16 keeps 16-bit ones).
-// The codec is an allowance: under auto, memory.activation_compression names the one encoding a
-// block may use (none: no block encodes), and a lossy one changes the gradients of the blocks
-// that choose it. The choice: the least total seconds whose bytes fit (a knapsack over the blocks,
+// The codecs are an allowance: under auto, memory.activation_compression names the encodings a
+// block may use, one or a comma-separated list ("bf16,int8"; none: no block encodes), each block
+// choosing its own, and a lossy one changes the gradients of the blocks that choose it. The
+// policy prices time and bytes only: where two codecs both fit, the faster is chosen, not the
+// more exact. The choice: the least total seconds whose bytes fit (a knapsack over the blocks,
 // bytes rounded up to 1/4096 of the budget, for each reserve an offloaded group size can need).
 // Among blocks of one kind the cheaper options go to the latest blocks (the last block's
-// activations are used first) and offload and encoding to the earliest (whose wait is longest).
+// activations are used first) and offload and encoding to the earliest (whose wait is longest),
+// the smaller encoding first.
 //
 // The activations' budget: memory.device_budget_gb less the rank's model state on the device
 // (activation_shares below); the head's and embedding's activations are not counted. Under a
@@ -37,6 +40,8 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "config/config.h"
 #include "core/parallel_dims.h"
@@ -126,5 +131,10 @@ void check_activation_budget(const Config& config, const ParallelDims& dims, dou
 
 // A table: each block's option, its bytes and seconds, and the totals against the budget.
 std::string describe_activation_policy(const ActivationPolicy& policy);
+
+// The same as JSON (`tessera bench --json`, `tessera plan --json`): each block's layer and option
+// (its name, checkpointing, offload, codec, bytes, seconds), the rank, the micro-batches held, the
+// bytes against the budget, and the seconds the policy adds to a step of `micro_batches`.
+nlohmann::json activation_policy_json(const ActivationPolicy& policy, int64_t micro_batches);
 
 }  // namespace tessera

@@ -426,6 +426,7 @@ void add_memory(Prediction& prediction, const Config& config, const Layout& layo
       const PricedOperations priced = price_operations(config, layout.dims(), cluster);
       const std::vector<ActivationShare> shares = activation_shares(config, layout);
       prediction.peak_memory_bytes = 0;
+      prediction.activation_policies = priced.activation_policies;
       for (size_t r = 0; r < shares.size() && r < priced.activation_policies.size(); ++r)
         prediction.peak_memory_bytes =
             std::max(prediction.peak_memory_bytes, config.memory.device_budget_gb * kGiB - shares[r].budget_bytes +

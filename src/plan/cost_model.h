@@ -99,6 +99,9 @@ struct Prediction {
   // (per micro-batch x micro-batches), pipeline transfer and bubble, the data-parallel reduction's
   // exposed part, ZeRO-3's exposed gathers and the optimizer step; they add up to step_s.
   std::vector<std::pair<std::string, double>> breakdown;
+  // memory.activation_policy = auto: each rank's choice as its run would make it from the
+  // predicted costs (by pipeline rank; one without a pipeline), filled with the memory.
+  std::vector<ActivationPolicy> activation_policies;
 };
 
 // Refuses (tessera::Error naming the key) what the cost model does not model.

@@ -198,15 +198,14 @@ void add_activation_offload(const Config& config, const ParallelDims& dims, cons
 // no codec encodes); half in the forward, half in the backward. What a codec keeps as it is costs
 // nothing: bf16 under a 16-bit compute dtype, lossless's tensors (its bool masks, a byte per
 // element at most, are not priced).
-// The cluster file's rate for memory.activation_compression's codec (int8, fp8 or bf16), refused
+// The cluster file's rate for a codec of memory.activation_compression (int8, fp8 or bf16), refused
 // naming the key where the file leaves it at 0.
-double codec_gbs(const Config& config, const Cluster& cluster) {
-  const ActivationCodec codec = parse_activation_codec(config.memory.activation_compression);
+double codec_gbs(ActivationCodec codec, const Cluster& cluster) {
   const double gbs = codec == ActivationCodec::int8  ? cluster.device.activation_codec_int8_gbs
                      : codec == ActivationCodec::fp8 ? cluster.device.activation_codec_fp8_gbs
                                                      : cluster.device.activation_codec_bf16_gbs;
-  require(gbs > 0, cluster.source, ": memory.activation_compression = ", config.memory.activation_compression,
-          " needs device.activation_codec_", config.memory.activation_compression,
+  const char* name = activation_codec_name(codec);
+  require(gbs > 0, cluster.source, ": memory.activation_compression = ", name, " needs device.activation_codec_", name,
           "_gbs, which this cluster file leaves at 0 (`tessera plan calibrate` measures it)");
   return gbs;
 }
@@ -217,7 +216,7 @@ void add_activation_compression(const Config& config, const ParallelDims& dims, 
   const double e = compute_element_bytes(config);
   if (codec == ActivationCodec::none || codec == ActivationCodec::lossless || (codec == ActivationCodec::bf16 && e < 4))
     return;
-  const double gbs = codec_gbs(config, cluster);
+  const double gbs = codec_gbs(codec, cluster);
   Config plain = config;
   plain.memory.activation_compression = "none";
   const double seconds_per_element = 4 * slowdown / (1e9 * gbs);
@@ -234,7 +233,7 @@ void add_activation_compression(const Config& config, const ParallelDims& dims, 
 
 // memory.activation_policy = auto: the run's policy (plan/activation_policy.h) chooses each
 // block's option from these blocks' predicted F and B (B = I + W), the host link (CUDA) or on a CPU
-// "device" the copy rate at device.memory_gbs and the modelled link, and the allowed codec's rate;
+// "device" the copy rate at device.memory_gbs and the modelled link, and each allowed codec's rate;
 // each block's chosen seconds go into its I.
 void add_activation_policy(const Config& config, const ParallelDims& dims, const Cluster& cluster, double slowdown,
                            PricedOperations& out) {
@@ -246,9 +245,9 @@ void add_activation_policy(const Config& config, const ParallelDims& dims, const
   else costs.link_bytes_per_s = 1e9 * cluster.host.device_link_gbs;
   require(cpu || costs.link_bytes_per_s > 0, cluster.source,
           ": memory.activation_policy = auto needs host.device_link_gbs, which this cluster file leaves at 0");
-  const ActivationCodec codec = parse_activation_codec(config.memory.activation_compression);
-  if (codec != ActivationCodec::none && codec != ActivationCodec::lossless)
-    costs.codec_seconds_per_byte = slowdown / (1e9 * codec_gbs(config, cluster));
+  for (ActivationCodec codec : parse_activation_codecs(config.memory.activation_compression))
+    if (codec != ActivationCodec::lossless)
+      costs.codec_seconds_per_byte[activation_codec_name(codec)] = slowdown / (1e9 * codec_gbs(codec, cluster));
   LayoutMeasurements measured;
   measured.blocks = costs;
   measured.cpu_device = cpu;

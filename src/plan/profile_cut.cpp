@@ -204,16 +204,17 @@ BlockCosts profile_blocks(const Config& config, c10::Device device) {
     const double up = median_seconds(device, [&] { on.copy_(host, true); });
     costs.link_bytes_per_s = static_cast<double>(on.nbytes()) / std::max({down, up, 1e-9});
   }
-  const ActivationCodec allowed = parse_activation_codec(config.memory.activation_compression);
-  if (config.memory.activation_policy == "auto" && allowed != ActivationCodec::none) {
-    // An MLP's worth of activations ([B T, 4 n_embd] of the compute dtype, at most 16M elements)
-    // encoded and decoded as a saved tensor is.
+  if (config.memory.activation_policy == "auto") {
+    // Each allowed codec on an MLP's worth of activations ([B T, 4 n_embd] of the compute dtype, at
+    // most 16M elements), encoded and decoded as a saved tensor is.
     const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(B * T, (int64_t{4} << 20) / m.n_embd));
     const at::Tensor a = at::randn({rows, 4 * m.n_embd}, on_device.dtype(at::kFloat))
                              .to(autocast.value_or(parameter_dtype(config.precision)));
-    const double seconds = plan::calibration::activation_codec_seconds(a, config.memory.activation_compression, 0,
-                                                                 [&] { sync_device(device); });
-    costs.codec_seconds_per_byte = seconds / static_cast<double>(a.nbytes());
+    for (ActivationCodec codec : parse_activation_codecs(config.memory.activation_compression)) {
+      const double seconds = plan::calibration::activation_codec_seconds(a, activation_codec_name(codec), 0,
+                                                                         [&] { sync_device(device); });
+      costs.codec_seconds_per_byte[activation_codec_name(codec)] = seconds / static_cast<double>(a.nbytes());
+    }
   }
   return costs;
 }
@@ -226,8 +227,9 @@ BlockCosts profile_world_blocks(const Config& config, comm::Mesh& mesh) {
   std::vector<pipeline::ActionCosts::Compute> parts = mine.block_split;
   parts.push_back(mine.embedding_split);
   parts.push_back(mine.head_split);
-  const int64_t copy_rate_at = 4 * (L + 2) + L;  // after them, the CPU's copy rate, the codec's, the link's
-  at::Tensor packed = at::empty({copy_rate_at + 3}, at::kDouble);
+  const int64_t copy_rate_at = 4 * (L + 2) + L;  // after them, the CPU's copy rate, the link's, each codec's
+  const int64_t codecs = static_cast<int64_t>(mine.codec_seconds_per_byte.size());  // the same on every rank
+  at::Tensor packed = at::empty({copy_rate_at + 2 + codecs}, at::kDouble);
   auto a = packed.accessor<double, 1>();
   for (int64_t k = 0; k < L + 2; ++k) {
     a[4 * k] = parts[k].f;
@@ -237,8 +239,9 @@ BlockCosts profile_world_blocks(const Config& config, comm::Mesh& mesh) {
   }
   for (int64_t l = 0; l < L; ++l) a[4 * (L + 2) + l] = mine.block_activation_bytes[l];
   a[copy_rate_at] = mine.copy_bytes_per_s;
-  a[copy_rate_at + 1] = mine.codec_seconds_per_byte;
-  a[copy_rate_at + 2] = mine.link_bytes_per_s;
+  a[copy_rate_at + 1] = mine.link_bytes_per_s;
+  int64_t at_codec = copy_rate_at + 2;
+  for (const auto& [codec, seconds] : mine.codec_seconds_per_byte) a[at_codec++] = seconds;
   mesh.world().all_reduce(packed);
   packed.div_(static_cast<double>(mesh.world_size()));
   for (int64_t k = 0; k < L + 2; ++k) parts[k] = {a[4 * k], a[4 * k + 1], a[4 * k + 2], a[4 * k + 3]};
@@ -253,8 +256,9 @@ BlockCosts profile_world_blocks(const Config& config, comm::Mesh& mesh) {
   mean.embedding_seconds = mean.embedding_split.f + mean.embedding_split.b;
   mean.head_seconds = mean.head_split.f + mean.head_split.b;
   mean.copy_bytes_per_s = a[copy_rate_at];
-  mean.codec_seconds_per_byte = a[copy_rate_at + 1];
-  mean.link_bytes_per_s = a[copy_rate_at + 2];
+  mean.link_bytes_per_s = a[copy_rate_at + 1];
+  at_codec = copy_rate_at + 2;
+  for (const auto& [codec, seconds] : mine.codec_seconds_per_byte) mean.codec_seconds_per_byte[codec] = a[at_codec++];
   return mean;
 }
 

@@ -329,6 +329,7 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
     }
     c.prediction.peak_memory_bytes = memory.peak_memory_bytes;
     c.prediction.fits = memory.fits;
+    c.prediction.activation_policies = std::move(memory.activation_policies);
     c.prediction.memory_estimated = true;
     ++result.predicted;
     std::vector<Candidate>& into = c.prediction.fits ? fitting : too_large;

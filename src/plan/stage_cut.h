@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -55,10 +56,10 @@ struct BlockCosts {
   // On a CPU "device": bytes per second of a copy into fresh memory, what activation offload's
   // copies cost the computing cores (plan/activation_policy.h); 0 on CUDA (copy engines).
   double copy_bytes_per_s = 0;
-  // Under memory.activation_policy = auto with a codec named by memory.activation_compression:
-  // seconds to encode and decode one byte of an activation of the compute dtype (plan/
-  // activation_policy.h); 0 otherwise.
-  double codec_seconds_per_byte = 0;
+  // Under memory.activation_policy = auto, for each codec memory.activation_compression allows (by
+  // its name): seconds to encode and decode one byte of an activation of the compute dtype (plan/
+  // activation_policy.h); empty otherwise.
+  std::map<std::string, double> codec_seconds_per_byte;
   // On CUDA: bytes per second of the host link (to pinned host memory and back, the slower way),
   // what activation offload's copies cross; 0 on a CPU "device", whose link is modelled
   // (memory.modelled_bandwidth_gbps).

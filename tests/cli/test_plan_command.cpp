@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -37,14 +38,26 @@ TEST(PlanCommand, PrintsTheLayoutsBestFirstAsJsonWithHeldKeysHeld) {
   ASSERT_EQ(text.exit_code, 0) << text.output;
   EXPECT_NE(text.output.find("run it with: --set parallel.tp=2"), std::string::npos) << text.output;
 
-  // Under memory.activation_policy = auto the best layout's policy, each block's choice, follows.
-  auto policy = run_tessera("plan --config tiny_gpt --cluster this_machine_2core --world 1 --set train.batch_size=16 "
-                            "--set memory.activation_policy=auto --set memory.device_budget_gb=0.06 "
-                            "--set memory.activation_compression=int8");
+  // Under memory.activation_policy = auto the best layout's policy, each block's choice, follows;
+  // in JSON each layout carries its ranks' choices, every block's codec one of those allowed.
+  const std::string auto_policy = "plan --config tiny_gpt --cluster this_machine_2core --world 1 --set "
+                                  "train.batch_size=16 --set memory.activation_policy=auto --set "
+                                  "memory.device_budget_gb=0.06 --set memory.activation_compression=bf16,int8";
+  auto policy = run_tessera(auto_policy);
   ASSERT_EQ(policy.exit_code, 0) << policy.output;
   EXPECT_NE(policy.output.find("activation policy (memory.activation_policy = auto)"), std::string::npos)
       << policy.output;
   EXPECT_NE(policy.output.find("activation_policy"), std::string::npos) << policy.output;
+  auto policy_json = run_tessera(auto_policy + " --json");
+  ASSERT_EQ(policy_json.exit_code, 0) << policy_json.output;
+  const nlohmann::json chosen = nlohmann::json::parse(policy_json.output)["layouts"][0]["activation_policy"];
+  ASSERT_EQ(chosen.size(), 1u) << chosen;
+  ASSERT_EQ(chosen[0]["blocks"].size(), 4u) << chosen;
+  EXPECT_LE(chosen[0]["bytes"].get<double>(), chosen[0]["budget_bytes"].get<double>());
+  std::set<std::string> codecs;
+  for (const auto& block : chosen[0]["blocks"]) codecs.insert(block["compression"].get<std::string>());
+  for (const std::string& codec : codecs) EXPECT_TRUE(codec == "none" || codec == "bf16" || codec == "int8") << codec;
+  EXPECT_TRUE(codecs.count("bf16") + codecs.count("int8") > 0) << chosen;  // 0.06 GiB does not keep them all
 }
 
 TEST(PlanCommand, ABadClusterFileIsRefusedNamingFileAndKey) {

@@ -269,6 +269,49 @@ TEST(ActivationPolicy, EachPipelineRankChoosesForItsBlocksAndTheMicroBatchesItHo
   std::printf("%s%s", describe_activation_policy(policies[0]).c_str(), describe_activation_policy(policies[1]).c_str());
 }
 
+// With two codecs allowed ("bf16,int8") each block has every option in each: bf16 halves a float32
+// block's bytes at the lesser coding time, int8 keeps about a quarter at the greater. A budget that
+// does not hold every block in bf16 but holds two in int8 and two in bf16 gets exactly that, int8
+// in the earliest; one that holds them all in bf16 encodes none in int8.
+TEST(ActivationPolicy, EachBlockChoosesAmongTheAllowedCodecs) {
+  Config c = tiny_auto(1, 0.001);  // copies too slow to offload
+  c.model.n_head = 1;  // one encoding of the attention output (AnEncodedChoiceTrainsAsTheSameChoiceMadeByHand)
+  c.memory.activation_compression = "bf16,int8";
+  const ParallelDims dims(c.parallel, 1, "test");
+  BlockCosts measured;
+  measured.block_split.assign(static_cast<size_t>(c.model.n_layer), {1e-3, 2e-3, 1e-3, 1e-3});  // recomputing: 1 ms
+  measured.codec_seconds_per_byte = {{"bf16", 1e-10}, {"int8", 2e-10}};
+  const auto options = activation_options(c, dims, measured, false);
+  auto kept = [&](const std::string& codec) {
+    for (const ActivationOption& o : options[0])
+      if (o.compression == codec && !o.offload && o.checkpointing == "none") return o;
+    ADD_FAILURE() << "no keep + " << codec;
+    return ActivationOption{};
+  };
+  const ActivationOption plain = kept("none"), bf16 = kept("bf16"), int8 = kept("int8");
+  EXPECT_NEAR(bf16.bytes, plain.bytes / 2, 0.02 * plain.bytes);  // the float32 statistics stay
+  EXPECT_LT(int8.bytes, 0.6 * bf16.bytes);
+  EXPECT_DOUBLE_EQ(bf16.seconds, plain.bytes * 1e-10);
+  EXPECT_DOUBLE_EQ(int8.seconds, plain.bytes * 2e-10);
+  // (1% over: the choice rounds each block's bytes up to 1/4096 of the budget)
+  const ActivationPolicy mixed = choose_activation_policy(options, 1.01 * (2 * int8.bytes + 2 * bf16.bytes));
+  EXPECT_EQ(names(mixed), (std::vector<std::string>{"keep + int8", "keep + int8", "keep + bf16", "keep + bf16"}))
+      << describe_activation_policy(mixed);
+  EXPECT_DOUBLE_EQ(mixed.seconds, 2 * int8.seconds + 2 * bf16.seconds);
+  const ActivationPolicy halves = choose_activation_policy(options, 1.01 * 4 * bf16.bytes);
+  EXPECT_EQ(names(halves), (std::vector<std::string>{"keep + bf16", "keep + bf16", "keep + bf16", "keep + bf16"}));
+  // A run at that budget (the profile's own rates decide, so its choice may differ; the copies too
+  // slow to offload): autograd holds what the policy counts, each block in its own codec.
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  c.memory.device_budget_gb = (gib - budget_of(c) + mixed.bytes) / gib;
+  const PolicyRun run_mixed = run(c);
+  ASSERT_TRUE(run_mixed.policy.has_value());
+  EXPECT_EQ(run_mixed.policy->offloaded(), 0) << describe_activation_policy(*run_mixed.policy);
+  EXPECT_LE(static_cast<double>(run_mixed.peak), run_mixed.policy->budget_bytes);
+  EXPECT_NEAR(static_cast<double>(run_mixed.peak), run_mixed.policy->bytes, 0.02 * run_mixed.policy->bytes)
+      << describe_activation_policy(*run_mixed.policy);
+}
+
 // Before anything is measured (inspect, --dry-run, the launcher): a budget whose share for
 // activations is below the smallest policy's need is refused with both figures.
 TEST(ActivationPolicy, ABudgetTooSmallIsRefusedBeforeTheRun) {
@@ -298,6 +341,19 @@ TEST(ActivationPolicy, KeysAreCheckedByName) {
   EXPECT_NO_THROW(c.check("code"));
   EXPECT_TRUE(test::throws_naming([&] { activation_shares(c, make_layout(c, ParallelDims(c.parallel, 2, "test"))); },
                                   {"parallel.pp_schedule = zbv is not built yet"}));
+  // A list of codecs is an allowance for the policy: each named once, not none, not under manual.
+  c = tiny_auto(1, 16);
+  c.memory.activation_compression = "bf16,int8";
+  EXPECT_NO_THROW(c.check("code"));
+  for (const char* bad : {"none,int8", "int8,int8", "int8,int4"}) {
+    c.memory.activation_compression = bad;
+    EXPECT_TRUE(test::throws_naming([&] { c.check("code"); }, {"memory.activation_compression"})) << bad;
+  }
+  c.memory.activation_compression = "bf16,int8";
+  c.memory.activation_policy = "manual";
+  c.memory.device_budget_gb = 0;
+  EXPECT_TRUE(test::throws_naming([&] { c.check("code"); }, {"memory.activation_compression = 'bf16,int8'",
+                                                            "activation_policy = manual name one"}));
   c = tiny_auto(1, 16);
   c.memory.activation_policy = "fast";
   EXPECT_TRUE(test::throws_naming([&] { c.check("code"); }, {"memory.activation_policy must be manual or auto"}));
