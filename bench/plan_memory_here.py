@@ -9,7 +9,7 @@ Tensor bytes are what the estimate models and what the CUDA caching allocator's 
 the process's resident set adds libtorch, the threads and glibc's heap on top, which
 bench/plan_runs_here.py compares with a fixed overhead.
 
-usage: bench/plan_memory_here.py [--tessera build/tessera] [--held-out 1|2|3] [--only NAME] [--out F.md]
+usage: bench/plan_memory_here.py [--tessera build/tessera] [--held-out 1|2|3|4] [--only NAME] [--out F.md]
 """
 import argparse
 import json
@@ -81,8 +81,20 @@ HELD_OUT_3 = [
     ("pp2 1f1b", 2, ["parallel.pp=2", "train.batch_size=2"]),
     ("pp2 zbh1", 2, ["parallel.pp=2", "parallel.pp_schedule=zbh1", "train.batch_size=2"]),
 ]
+# Held out, set 4: ZeRO-3's gathered units counted by the backward's phase (the head's: the ends
+# alone) were found on set 2's dp4 row (2026-12-01); these rows were run after, on another model.
+HELD_OUT_4_MODEL = ["model.n_layer=5", "model.n_embd=256", "model.n_head=4", "model.vocab_size=3000",
+                    "model.block_size=80", "train.seq_len=80", "train.global_batch_size=24", "train.threads=1",
+                    "optim.name=adamw", "train.tensorboard=false"]
+HELD_OUT_4 = [
+    ("dp2 ZeRO-3, 3 micro-batches", 2, ["parallel.zero_stage=3", "train.batch_size=4"]),
+    ("dp2 ZeRO-3, 1 micro-batch", 2, ["parallel.zero_stage=3", "train.batch_size=12"]),
+    ("dp2 ZeRO-3, SwiGLU blocks, 2 micro-batches", 2, ["parallel.zero_stage=3", "train.batch_size=6"] + LLAMA_BLOCKS),
+    ("tp2 x dp2 ZeRO-3, 1 micro-batch", 4, ["parallel.tp=2", "parallel.zero_stage=3", "train.batch_size=12"]),
+    ("dp2 ZeRO-2, 2 micro-batches", 2, ["parallel.zero_stage=2", "train.batch_size=6"]),
+]
 SETS = {"": (MODEL, LAYOUTS), "1": (HELD_OUT_MODEL, HELD_OUT), "2": (HELD_OUT_2_MODEL, HELD_OUT_2),
-        "3": (HELD_OUT_3_MODEL, HELD_OUT_3)}
+        "3": (HELD_OUT_3_MODEL, HELD_OUT_3), "4": (HELD_OUT_4_MODEL, HELD_OUT_4)}
 
 
 def main():
@@ -91,7 +103,7 @@ def main():
     parser.add_argument("--out", default="", help="default bench/results/plan_memory_here_cpu.md, with --held-out "
                         "bench/results/plan_memory_held_out_cpu.md")
     parser.add_argument("--only", default="", help="run the layouts whose name contains this")
-    parser.add_argument("--held-out", default="", choices=["", "1", "2", "3"], help="a held-out set instead")
+    parser.add_argument("--held-out", default="", choices=["", "1", "2", "3", "4"], help="a held-out set instead")
     a = parser.parse_args()
     rows, errors = [], []
     model, layouts = SETS[a.held_out]

@@ -131,7 +131,8 @@ double awaiting_w_extra_bytes_per_token(const Config& config, const ParallelDims
   return ((split - released) / t + whole + norms) * compute_element_bytes(config);
 }
 
-double backward_working_bytes(const Config& config, const ParallelDims& dims, bool has_head, bool has_blocks) {
+BackwardWorkingSet backward_working_bytes(const Config& config, const ParallelDims& dims, bool has_head,
+                                          bool has_blocks) {
   const ModelOptions& m = config.model;
   const ParallelOptions& p = config.parallel;
   const double tokens = static_cast<double>(config.train.batch_size * (config.train.seq_len / dims.sp()));
@@ -163,7 +164,7 @@ double backward_working_bytes(const Config& config, const ParallelDims& dims, bo
     const double residual = p.megatron_sp ? 2 * h / t + 2 * h : 2 * h;
     block = tokens * (residual + hidden) * element + down * parameter + (has_head ? head_gradient : 0);
   }
-  return std::max(head, block);
+  return {head, block};
 }
 
 }  // namespace tessera

@@ -91,10 +91,16 @@ double awaiting_w_extra_bytes_per_token(const Config& config, const ParallelDims
 //          split by tp (MoE: the top-k x capacity slots per token at the expert's width); the
 //          down-projection's weight gradient (f x h / tp) and, on the head's rank, the head's,
 //          made at the start of the backward and not yet reduced
-// The larger of the two (a rank without the head: the block phase only). Measured as `tessera
-// bench`'s peak_bytes less its model state and its blocks' saved activations on five tiny_gpt
-// shapes (h 128-512, V 256-1024, 512 or 1024 tokens, one process, one micro-batch);
-// bench/plan_memory_here.py checks it inside whole runs of 22 layouts (docs/plan.md).
-double backward_working_bytes(const Config& config, const ParallelDims& dims, bool has_head, bool has_blocks);
+// Each phase's (0 where the rank has no head, or no blocks); the larger is the working set beside
+// which nothing else differs by phase (the memory estimate adds ZeRO-3's gathered units, which do).
+// Measured as `tessera bench`'s peak_bytes less its model state and its blocks' saved activations
+// on five tiny_gpt shapes (h 128-512, V 256-1024, 512 or 1024 tokens, one process, one
+// micro-batch); bench/plan_memory_here.py checks it inside whole runs of 22 layouts (docs/plan.md).
+struct BackwardWorkingSet {
+  double head = 0, block = 0;
+  double larger() const { return head > block ? head : block; }
+};
+BackwardWorkingSet backward_working_bytes(const Config& config, const ParallelDims& dims, bool has_head,
+                                          bool has_blocks);
 
 }  // namespace tessera

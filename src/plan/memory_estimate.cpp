@@ -114,9 +114,15 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   for (const auto& [block, n] : unit_elements)
     if (block >= 0) largest_block = std::max(largest_block, n), blocks += 1;
   const double ends = unit_elements.count(-1) ? unit_elements.at(-1) : 0;
+  // ZeRO-3's units gathered whole, by the backward's phase: with a pipeline the rank's whole stages
+  // (held for the step) in both; without one, in the head's phase the ends alone (measured: a dp4
+  // ZeRO-3 run's peak in the head's log-softmax backward was ZeRO-2's less the parameters' unsharded
+  // remainder but the ends, 2026-12-01), in the block phase the ends and three blocks.
+  double gathered_head = 0, gathered_block = 0;
   if (p.zero_stage >= 3 && replicas > 1) {
     const bool whole_stage = dims.pp() > 1 && !p.zero3_reshard_per_microbatch;
-    e.in_flight_bytes = (whole_stage ? P : ends + std::min(3.0, blocks) * largest_block) * param_bytes;
+    gathered_block = (whole_stage ? P : ends + std::min(3.0, blocks) * largest_block) * param_bytes;
+    gathered_head = whole_stage ? gathered_block : ends * param_bytes;
   }
   // ZeRO-2 and 3 reduce-scatter each micro-batch's gradients unit by unit, up to two at once; the
   // last two of a micro-batch before the last (the ends and block 0, each a full flat gradient and
@@ -176,7 +182,11 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   const double micro_batch_tokens = static_cast<double>(config.train.batch_size * tokens);
   e.activation_bytes_per_micro_batch = (e.activation_bytes_per_token + recomputed) * micro_batch_tokens;
   e.activation_host_bytes = offloaded / chunks * static_cast<double>(most_held) * micro_batch_tokens;
-  e.working_bytes = backward_working_bytes(config, dims, stage.head(m), !stage.layers(m).empty());
+  // The phase whose working set and gathered units hold more: its two terms.
+  const BackwardWorkingSet working = backward_working_bytes(config, dims, stage.head(m), !stage.layers(m).empty());
+  const bool head_phase = stage.head(m) && working.head + gathered_head >= working.block + gathered_block;
+  e.working_bytes = head_phase ? working.head : working.block;
+  e.in_flight_bytes += head_phase ? gathered_head : gathered_block;
   return e;
 }
 

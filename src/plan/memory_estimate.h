@@ -30,10 +30,12 @@
 //                logits and their gradients or the last block's MLP gradients, whichever phase
 //                holds more (plan/activation_estimate.h, backward_working_bytes)
 //   in flight    ZeRO-3: the units gathered whole at the backward's peak; without a pipeline the
-//                ends (embeddings, final norm) and three of the largest block (the one running,
-//                the next one prefetched, and the full gradient of the one before, until its
-//                reduce-scatter), with one the rank's whole stages (held for the step; three
-//                blocks with parallel.zero3_reshard_per_microbatch); ZeRO-2 and 3 with several
+//                ends (embeddings, final norm) in the head's phase, and in the block phase the
+//                ends and three of the largest block (the one running, the next one prefetched,
+//                and the full gradient of the one before, until its reduce-scatter): the phase
+//                whose working set and gathered units hold more counts both; with a pipeline the
+//                rank's whole stages (held for the step; three blocks with
+//                parallel.zero3_reshard_per_microbatch); ZeRO-2 and 3 with several
 //                micro-batches and no pipeline: the last two reduce-scatters of the micro-batch
 //                before (the ends' and a block's full flat gradient and shard)
 //   copies       precision.dtype = bf16: the bf16 copies of the float32 weights that autocast's

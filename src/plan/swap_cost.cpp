@@ -53,7 +53,7 @@ SwapStep predict_swap_step(const Config& config, const ParallelDims& dims, const
   out.step_s = swap::simulate_swap_plan(out.plan).step_time + out.reduce_s;
   // The plan's occupancy counts its sub-models' parameters, gradients and activations; the
   // backward's own tensors come on top (plan/activation_estimate.h).
-  out.peak_device_bytes = swap::occupancy(out.plan).peak + backward_working_bytes(config, dims, true, true);
+  out.peak_device_bytes = swap::occupancy(out.plan).peak + backward_working_bytes(config, dims, true, true).larger();
   const SwapHostMemory host = swap_host_memory(config, out.plan);
   out.host_bytes = host.total() - host.device;
   return out;

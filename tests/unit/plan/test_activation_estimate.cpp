@@ -10,6 +10,7 @@
 #include "memory/host_memory_stats.h"
 #include "memory/saved_activations.h"
 #include "model/transformer.h"
+#include "plan/activation_estimate.h"
 #include "plan/layout.h"
 #include "plan/memory_estimate.h"
 #include "tiny_config.h"
@@ -100,6 +101,33 @@ TEST(MemoryEstimate, OneProcessStepsPeakWhereTheEstimateSays) {
       std::printf("%s, %lld micro-batch(es): estimated %.0f measured %.0f bytes (%+.2f%%)\n", name.c_str(),
                   static_cast<long long>(accumulation), estimate, peak, 100 * (estimate / peak - 1));
     }
+}
+
+// ZeRO-3 without a pipeline gathers the ends (the tied embedding and head, the final norm) for the
+// backward's head phase, and the ends with three blocks for its block phase; the estimate counts
+// the phase whose working set and gathered units hold more (a dp4 run's peak, in the head's
+// log-softmax backward, held the ends alone: docs/plan.md). A wide vocabulary peaks in the head's
+// phase, a narrow one in the blocks'.
+TEST(MemoryEstimate, ZeRO3CountsTheUnitsGatheredInThePhaseThatPeaks) {
+  for (const int64_t vocab : {8192, 64}) {
+    Config c = preset("tiny_gpt");
+    c.model.vocab_size = vocab;
+    c.parallel.dp = 2;
+    c.parallel.zero_stage = 3;
+    const ParallelDims dims(c.parallel, 2, "test");
+    const MemoryEstimate e = estimate_memory(c, make_layout(c, dims));
+    double ends = 0, block = 0;
+    TransformerLM model(c.model);
+    for (const auto& p : model->named_parameters()) {
+      if (p.key().rfind("h.0.", 0) == 0) block += static_cast<double>(p.value().numel());
+      if (p.key().rfind("h.", 0) != 0) ends += static_cast<double>(p.value().numel());
+    }
+    const BackwardWorkingSet working = backward_working_bytes(c, dims, true, true);
+    const bool head_phase = vocab == 8192;
+    EXPECT_EQ(head_phase, working.head + 4 * ends >= working.block + 4 * (ends + 3 * block)) << vocab;
+    EXPECT_DOUBLE_EQ(e.in_flight_bytes, 4 * (head_phase ? ends : ends + 3 * block)) << vocab;
+    EXPECT_DOUBLE_EQ(e.working_bytes, head_phase ? working.head : working.block) << vocab;
+  }
 }
 
 }  // namespace
