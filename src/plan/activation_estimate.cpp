@@ -141,7 +141,12 @@ BackwardWorkingSet backward_working_bytes(const Config& config, const ParallelDi
   const double element = compute_element_bytes(config), parameter = parameter_element_bytes(config);
   const double head_gradient = v * h * parameter;
   double head = 0, block = 0;
-  if (has_head) {
+  if (has_head && dims.tp() > 1) {
+    const double cast = element < 4 ? 4 * v : 0;  // the float32 copy of 16-bit logits (or their gradient's cast back)
+    const double forward = tokens * (2 * h * element + v * element + cast + 2 * v * 4);
+    const double backward = tokens * (2 * h * element + 2 * v * 4 + (element < 4 ? v * element : 0)) + head_gradient;
+    head = std::max(forward, backward);
+  } else if (has_head) {
     const double logits = element == 2 && config.train.device != "cpu" ? 2 * v * 2 : 4 * v * element;
     head = tokens * (2 * h * element + logits) + head_gradient;
   }

@@ -83,8 +83,13 @@ double awaiting_w_extra_bytes_per_token(const Config& config, const ParallelDims
 //   head   the final norm's input and output (2h, saved for its backward and the output matmul)
 //          and the logits' tensors: their values, log-probabilities and the gradients of both
 //          (4 V per token; model/cross_entropy.h), or on a GPU in 16-bit precision the fused
-//          loss's logits and gradient (2 V); V split by tp; and the output matrix's gradient
-//          (V x h / tp at the parameters' bytes)
+//          loss's logits and gradient (2 V); and the output matrix's gradient (V x h at the
+//          parameters' bytes). Under tp the vocabulary-parallel loss (parallel/tensor/
+//          vocab_parallel.cpp) on V / tp columns instead, whose peak can be its forward's, the
+//          activations all held there too: the logits, their float32 copy (under a 16-bit dtype),
+//          the shifted logits and their exponentials (float32); or its backward's: the kept
+//          softmax, its gradient and that gradient's cast (16-bit), and the output matrix's
+//          gradient (found on a tp2 row whose peak a backtrace put in that forward, 2026-12-01)
 //   block  the gradient of the residual stream, twice (2h; split by tp under Megatron-SP, where
 //          the column product's input, gathered again, and its input gradient add 2h whole), and of
 //          the MLP's hidden activation, once (GELU) or twice (SwiGLU's gate and up) per token,
