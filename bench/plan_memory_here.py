@@ -9,7 +9,7 @@ Tensor bytes are what the estimate models and what the CUDA caching allocator's 
 the process's resident set adds libtorch, the threads and glibc's heap on top, which
 bench/plan_runs_here.py compares with a fixed overhead.
 
-usage: bench/plan_memory_here.py [--tessera build/tessera] [--held-out 1|2|3|4] [--only NAME] [--out F.md]
+usage: bench/plan_memory_here.py [--tessera build/tessera] [--held-out 1|2|3|4|5] [--only NAME] [--out F.md]
 """
 import argparse
 import json
@@ -93,8 +93,21 @@ HELD_OUT_4 = [
     ("tp2 x dp2 ZeRO-3, 1 micro-batch", 4, ["parallel.tp=2", "parallel.zero_stage=3", "train.batch_size=12"]),
     ("dp2 ZeRO-2, 2 micro-batches", 2, ["parallel.zero_stage=2", "train.batch_size=6"]),
 ]
+# Held out, set 5: the two terms sets 2 and 4 found (ZeRO-3's gathered units by phase; the
+# vocabulary-parallel loss's working set under tp), checked on rows run once, after both.
+HELD_OUT_5_MODEL = ["model.n_layer=6", "model.n_embd=224", "model.n_head=7", "model.vocab_size=2400",
+                    "model.block_size=72", "train.seq_len=72", "train.global_batch_size=24", "train.threads=1",
+                    "optim.name=adamw", "train.tensorboard=false"]
+HELD_OUT_5 = [
+    ("tp2 x dp2 ZeRO-3, 2 micro-batches, SwiGLU", 4, ["parallel.tp=2", "parallel.zero_stage=3", "train.batch_size=6",
+                                                       "model.n_head=8"] + LLAMA_BLOCKS),
+    ("tp2", 2, ["parallel.tp=2", "train.batch_size=12", "model.n_head=8"]),
+    ("tp2 bf16", 2, ["parallel.tp=2", "train.batch_size=12", "model.n_head=8", "precision.dtype=bf16"]),
+    ("dp2 ZeRO-3, 2 micro-batches, bf16", 2, ["parallel.zero_stage=3", "train.batch_size=6", "precision.dtype=bf16"]),
+    ("dp4 ZeRO-3", 4, ["parallel.zero_stage=3", "train.batch_size=6"]),
+]
 SETS = {"": (MODEL, LAYOUTS), "1": (HELD_OUT_MODEL, HELD_OUT), "2": (HELD_OUT_2_MODEL, HELD_OUT_2),
-        "3": (HELD_OUT_3_MODEL, HELD_OUT_3), "4": (HELD_OUT_4_MODEL, HELD_OUT_4)}
+        "3": (HELD_OUT_3_MODEL, HELD_OUT_3), "4": (HELD_OUT_4_MODEL, HELD_OUT_4), "5": (HELD_OUT_5_MODEL, HELD_OUT_5)}
 
 
 def main():
@@ -103,7 +116,7 @@ def main():
     parser.add_argument("--out", default="", help="default bench/results/plan_memory_here_cpu.md, with --held-out "
                         "bench/results/plan_memory_held_out_cpu.md")
     parser.add_argument("--only", default="", help="run the layouts whose name contains this")
-    parser.add_argument("--held-out", default="", choices=["", "1", "2", "3", "4"], help="a held-out set instead")
+    parser.add_argument("--held-out", default="", choices=["", "1", "2", "3", "4", "5"], help="a held-out set instead")
     a = parser.parse_args()
     rows, errors = [], []
     model, layouts = SETS[a.held_out]
