@@ -306,10 +306,18 @@ TEST(ActivationPolicy, EachBlockChoosesAmongTheAllowedCodecs) {
   c.memory.device_budget_gb = (gib - budget_of(c) + mixed.bytes) / gib;
   const PolicyRun run_mixed = run(c);
   ASSERT_TRUE(run_mixed.policy.has_value());
-  EXPECT_EQ(run_mixed.policy->offloaded(), 0) << describe_activation_policy(*run_mixed.policy);
-  EXPECT_LE(static_cast<double>(run_mixed.peak), run_mixed.policy->budget_bytes);
-  EXPECT_NEAR(static_cast<double>(run_mixed.peak), run_mixed.policy->bytes, 0.02 * run_mixed.policy->bytes)
-      << describe_activation_policy(*run_mixed.policy);
+  const ActivationPolicy& chosen = *run_mixed.policy;
+  EXPECT_EQ(chosen.offloaded(), 0) << describe_activation_policy(chosen);
+  EXPECT_LE(static_cast<double>(run_mixed.peak), chosen.budget_bytes);
+  // A fully recomputed block (a loaded machine's profile may choose one) makes its activations
+  // outside the count, which the policy reserves.
+  double counted = chosen.bytes;
+  for (const ActivationOption& o : chosen.blocks)
+    if (o.checkpointing == "full") {
+      counted -= options[0][0].bytes;
+      break;
+    }
+  EXPECT_NEAR(static_cast<double>(run_mixed.peak), counted, 0.02 * counted) << describe_activation_policy(chosen);
 }
 
 // Before anything is measured (inspect, --dry-run, the launcher): a budget whose share for
