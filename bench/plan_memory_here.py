@@ -9,7 +9,7 @@ Tensor bytes are what the estimate models and what the CUDA caching allocator's 
 the process's resident set adds libtorch, the threads and glibc's heap on top, which
 bench/plan_runs_here.py compares with a fixed overhead.
 
-usage: bench/plan_memory_here.py [--tessera build/tessera] [--held-out 1|2|3|4|5] [--only NAME] [--out F.md]
+usage: bench/plan_memory_here.py [--tessera build/tessera] [--held-out 1|2|3|4|5|6|7] [--only NAME] [--out F.md]
 """
 import argparse
 import json
@@ -106,8 +106,37 @@ HELD_OUT_5 = [
     ("dp2 ZeRO-3, 2 micro-batches, bf16", 2, ["parallel.zero_stage=3", "train.batch_size=6", "precision.dtype=bf16"]),
     ("dp4 ZeRO-3", 4, ["parallel.zero_stage=3", "train.batch_size=6"]),
 ]
+# Held out, set 6: bf16's weight copies counted once per micro-batch a pipeline rank holds (found on
+# set 3's pp2 1f1b row, 2026-12-01), checked on pipelines run once, after.
+HELD_OUT_6_MODEL = ["model.n_layer=8", "model.n_embd=256", "model.n_head=4", "model.vocab_size=2200",
+                    "model.block_size=64", "train.seq_len=64", "train.global_batch_size=16", "train.threads=1",
+                    "optim.name=adamw", "train.tensorboard=false", "precision.dtype=bf16"]
+HELD_OUT_6 = [
+    ("pp2 gpipe", 2, ["parallel.pp=2", "parallel.pp_schedule=gpipe", "train.batch_size=4"]),
+    ("pp2 1f1b, SwiGLU blocks", 2, ["parallel.pp=2", "train.batch_size=2"] + LLAMA_BLOCKS),
+    ("pp2 interleaved", 2, ["parallel.pp=2", "parallel.pp_schedule=interleaved", "parallel.pp_virtual=2",
+                            "train.batch_size=2"]),
+    ("pp2 zbv", 2, ["parallel.pp=2", "parallel.pp_schedule=zbv", "train.batch_size=2"]),
+    ("pp4 1f1b", 4, ["parallel.pp=4", "train.batch_size=2"]),
+]
+# Held out, set 7: the pipeline terms found on sets 3 and 6 (bf16 copies per micro-batch held; no
+# gradients before a pipeline rank's first backward), checked on rows run once, after both.
+HELD_OUT_7_MODEL = ["model.n_layer=6", "model.n_embd=288", "model.n_head=6", "model.vocab_size=1800",
+                    "model.block_size=80", "train.seq_len=80", "train.global_batch_size=12", "train.threads=1",
+                    "optim.name=adamw", "train.tensorboard=false"]
+HELD_OUT_7 = [
+    ("pp2 gpipe", 2, ["parallel.pp=2", "parallel.pp_schedule=gpipe", "train.batch_size=3"]),
+    ("pp2 gpipe bf16", 2, ["parallel.pp=2", "parallel.pp_schedule=gpipe", "train.batch_size=3",
+                           "precision.dtype=bf16"]),
+    ("pp3 1f1b bf16", 3, ["parallel.pp=3", "train.batch_size=2", "precision.dtype=bf16"]),
+    ("pp2 zbh1 bf16, SwiGLU blocks", 2, ["parallel.pp=2", "parallel.pp_schedule=zbh1", "train.batch_size=2",
+                                         "precision.dtype=bf16"] + LLAMA_BLOCKS),
+    ("pp2 x dp2 1f1b bf16", 4, ["parallel.pp=2", "train.batch_size=2", "precision.dtype=bf16"]),
+]
 SETS = {"": (MODEL, LAYOUTS), "1": (HELD_OUT_MODEL, HELD_OUT), "2": (HELD_OUT_2_MODEL, HELD_OUT_2),
-        "3": (HELD_OUT_3_MODEL, HELD_OUT_3), "4": (HELD_OUT_4_MODEL, HELD_OUT_4), "5": (HELD_OUT_5_MODEL, HELD_OUT_5)}
+        "3": (HELD_OUT_3_MODEL, HELD_OUT_3), "4": (HELD_OUT_4_MODEL, HELD_OUT_4), "5": (HELD_OUT_5_MODEL, HELD_OUT_5),
+        "6": (HELD_OUT_6_MODEL, HELD_OUT_6),
+        "7": (HELD_OUT_7_MODEL, HELD_OUT_7)}
 
 
 def main():
@@ -116,7 +145,7 @@ def main():
     parser.add_argument("--out", default="", help="default bench/results/plan_memory_here_cpu.md, with --held-out "
                         "bench/results/plan_memory_held_out_cpu.md")
     parser.add_argument("--only", default="", help="run the layouts whose name contains this")
-    parser.add_argument("--held-out", default="", choices=["", "1", "2", "3", "4", "5"], help="a held-out set instead")
+    parser.add_argument("--held-out", default="", choices=["", "1", "2", "3", "4", "5", "6", "7"], help="a held-out set instead")
     a = parser.parse_args()
     rows, errors = [], []
     model, layouts = SETS[a.held_out]

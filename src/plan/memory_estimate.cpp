@@ -65,9 +65,10 @@ namespace {
 
 // The estimate for a rank holding `stage` of the model (the whole model: ModelStage{}), whose
 // schedule keeps up to held[k] micro-batches' activations of one of its stages at once while k of
-// them await their W (pipeline::Simulation::peak_held_awaiting_w; {1} without a pipeline).
+// them await their W, before the step's first gradients on the rank (`held_before`) and from then
+// on (`held_with`) (pipeline::Simulation::peak_held_awaiting_w_*; without a pipeline {} and {1}).
 MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, const ModelStage& stage,
-                             const std::vector<int64_t>& held) {
+                             const std::vector<int64_t>& held_before, const std::vector<int64_t>& held_with) {
   const ModelOptions& m = config.model;
   const ParallelOptions& p = config.parallel;
   MemoryEstimate e;
@@ -102,14 +103,12 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   e.optimizer_bytes = p.zero_stage >= 1 ? sharded_optimizer_bytes : optimizer_elements_bytes;
   e.optimizer_on_host = p.offload;
   if (p.offload) e.offload_host_bytes = sharded_elements * (4 + 4);
-  // Under bf16 autocast the products use bf16 copies of the float32 weights, which their
-  // backward keeps: 2 bytes per parameter of the rank's stage (whole under ZeRO-3) at the
-  // backward's peak.
-  if (config.precision.dtype == "bf16") e.weight_copy_bytes = 2 * P;
   // Gradients exist at the backward's peak where data parallelism keeps them between steps (DDP's
-  // buckets, ZeRO's flat buffers and shards) or an earlier micro-batch of the step made them.
+  // buckets, ZeRO's flat buffers and shards) or an earlier micro-batch of the step made them: under
+  // a pipeline in the moments after the rank's first B or W, without one from the second
+  // micro-batch on.
   const int64_t accumulation = config.train.accumulation(dims.dp());
-  e.gradients_at_peak = replicas > 1 || dims.pp() > 1 || accumulation > 1;
+  const bool kept_between_steps = replicas > 1;
   double largest_block = 0, blocks = 0;
   for (const auto& [block, n] : unit_elements)
     if (block >= 0) largest_block = std::max(largest_block, n), blocks += 1;
@@ -169,19 +168,45 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
                       compute_element_bytes(config);
   const double chunks = stage.whole() ? 1.0 : static_cast<double>(stage.chunks.size());
   const double in_flight = static_cast<double>(std::min<int64_t>(offloaded_blocks, 2)) * offloaded_largest;
-  // The schedule's worst moment: its micro-batches' saved activations, and for those awaiting their
-  // W what their I kept less what it released (awaiting_w_extra_bytes_per_token).
-  double units = 0;
-  int64_t most_held = 0;
-  for (size_t k = 0; k < held.size(); ++k) {
-    if (held[k] < 0) continue;
-    units = std::max(units, per_token / chunks * static_cast<double>(held[k]) + awaiting_extra / chunks * static_cast<double>(k));
-    most_held = std::max(most_held, held[k]);
-  }
-  e.activation_bytes_per_token = units + in_flight;
   const double micro_batch_tokens = static_cast<double>(config.train.batch_size * tokens);
-  e.activation_bytes_per_micro_batch = (e.activation_bytes_per_token + recomputed) * micro_batch_tokens;
-  e.activation_host_bytes = offloaded / chunks * static_cast<double>(most_held) * micro_batch_tokens;
+  // A moment of the schedule: its micro-batches' saved activations, and for those awaiting their W
+  // what their I kept less what it released (awaiting_w_extra_bytes_per_token); under bf16 autocast
+  // the products' bf16 copies of the float32 weights, which their backward keeps: 2 bytes per
+  // parameter of the rank's stage (whole under ZeRO-3), made by each forward (its own autocast
+  // region), so once for every micro-batch held (found from a traced pp2 1f1b bf16 peak,
+  // 2026-12-01); and the gradients where they exist by then.
+  struct Moment {
+    bool exists = false;
+    double activations = 0, copies = 0;
+    int64_t most_held = 0;
+    bool gradients = false;
+    double bytes(double gradient_bytes) const { return activations + copies + (gradients ? gradient_bytes : 0); }
+  };
+  auto moment = [&](const std::vector<int64_t>& held, bool gradients) {
+    Moment out;
+    out.gradients = gradients;
+    double units = 0;
+    for (size_t k = 0; k < held.size(); ++k) {
+      if (held[k] < 0) continue;
+      out.exists = true;
+      units = std::max(units, per_token / chunks * static_cast<double>(held[k]) +
+                                  awaiting_extra / chunks * static_cast<double>(k));
+      out.most_held = std::max(out.most_held, held[k]);
+    }
+    out.activations = (units + in_flight + recomputed) * micro_batch_tokens;
+    if (config.precision.dtype == "bf16") out.copies = 2 * P / chunks * static_cast<double>(out.most_held);
+    return out;
+  };
+  const Moment before = moment(held_before, kept_between_steps);
+  const Moment with = moment(held_with, kept_between_steps || dims.pp() > 1 || accumulation > 1);
+  const Moment& peak =
+      !with.exists || (before.exists && before.bytes(e.gradient_bytes) > with.bytes(e.gradient_bytes)) ? before : with;
+  e.gradients_at_peak = peak.gradients;
+  e.activation_bytes_per_micro_batch = peak.activations;
+  e.activation_bytes_per_token = peak.activations / micro_batch_tokens - recomputed;
+  e.weight_copy_bytes = peak.copies;
+  e.activation_host_bytes =
+      offloaded / chunks * static_cast<double>(std::max(before.most_held, with.most_held)) * micro_batch_tokens;
   // The phase whose working set and gathered units hold more: its two terms.
   const BackwardWorkingSet working = backward_working_bytes(config, dims, stage.head(m), !stage.layers(m).empty());
   const bool head_phase = stage.head(m) && working.head + gathered_head >= working.block + gathered_block;
@@ -193,7 +218,7 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
 }  // namespace
 
 double model_state_lower_bound(const Config& config, const ParallelDims& dims) {
-  const MemoryEstimate whole = estimate_rank(config, dims, ModelStage{}, {0});
+  const MemoryEstimate whole = estimate_rank(config, dims, ModelStage{}, {}, {0});
   return (whole.parameter_bytes + whole.gradient_bytes + (whole.optimizer_on_host ? 0 : whole.optimizer_bytes)) /
          static_cast<double>(dims.pp());
 }
@@ -203,14 +228,15 @@ std::vector<MemoryEstimate> estimate_memory_by_rank(const Config& config, const 
   const ParallelDims& dims = layout.dims();
   std::vector<MemoryEstimate> ranks;
   if (dims.pp() == 1) {
-    ranks.push_back(estimate_rank(config, dims, ModelStage{}, {1}));
+    ranks.push_back(estimate_rank(config, dims, ModelStage{}, {}, {1}));
   } else {
     // A count of held activations is in units of one stage's (the simulator's), so with several
     // stages per rank (interleaved, V placement) it takes their mean, not their sum.
     const pipeline::Simulation sim = pipeline::simulate_schedule(layout.schedule(), {}, pipeline::Timeline::skip);
     const std::string pipeline = describe_pipeline_layout(config, dims, layout.cut(), layout.schedule());
     for (int64_t r = 0; r < dims.pp(); ++r) {
-      MemoryEstimate rank = estimate_rank(config, dims, layout.stage_of(r), sim.peak_held_awaiting_w[r]);
+      MemoryEstimate rank = estimate_rank(config, dims, layout.stage_of(r), sim.peak_held_awaiting_w_before_gradients[r],
+                                          sim.peak_held_awaiting_w_with_gradients[r]);
       rank.pipeline_rank = r;
       rank.pipeline_held = sim.peak_held[r];
       rank.pipeline = pipeline;
@@ -297,6 +323,9 @@ std::string describe_memory_estimate(const Config& config, const ParallelDims& d
               format_bytes(e.working_bytes).c_str());
   if (e.in_flight_bytes > 0)
     out += line("  gathered (ZeRO-3)%12s whole units at the backward's peak\n", format_bytes(e.in_flight_bytes).c_str());
+  if (e.weight_copy_bytes > 0)
+    out += line("  bf16 weight copies %10s kept by the products for their backward, one set per micro-batch held\n",
+                format_bytes(e.weight_copy_bytes).c_str());
   if (e.offload_host_bytes > 0)
     out += line("  offload copies   %12s (host: the shard's float32 master copy and gradient)\n",
                 format_bytes(e.offload_host_bytes).c_str());

@@ -40,12 +40,15 @@
 //                before (the ends' and a block's full flat gradient and shard)
 //   copies       precision.dtype = bf16: the bf16 copies of the float32 weights that autocast's
 //                products (or model/linear.h's function) keep for their backward: 2 bytes per
-//                parameter of the rank's stage, whole even under ZeRO-3
+//                parameter of the rank's stage, whole even under ZeRO-3, made by each forward, so
+//                once per micro-batch the schedule holds
 //   host         with parallel.offload, besides the optimizer state, the shard's float32 master
 //                copy and its gradient: (4 + 4) / R bytes per parameter
 // The peak is the larger of the backward's (parameters, optimizer state, activations, working,
 // in flight, and the gradients where they exist by then: kept across steps by data parallelism's
-// buffers and shards, or made by an earlier micro-batch of the step) and the optimizer step's
+// buffers and shards, or made by an earlier micro-batch of the step; under a pipeline the
+// schedule's moments before the rank's first B or W, without gradients, and after it, with them,
+// each with the micro-batches it holds then) and the optimizer step's
 // (parameters, gradients, optimizer state). Not counted: the optimizer's own temporaries, the
 // communication buckets' staging copies, pipeline transfers and the experts' dispatch buffers.
 // Checked against the peak of tensor bytes of runs on this machine: bench/plan_memory_here.py,

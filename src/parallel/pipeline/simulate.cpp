@@ -105,8 +105,9 @@ Simulation simulate_schedule(const Schedule& s, const ActionCosts& costs, Timeli
         clock[r] = costs.post;  // the first receive, posted ahead
         break;
       }
-  std::vector<int64_t> next(pp, 0), held(pp, 0), awaiting_w(pp, 0);
-  sim.peak_held_awaiting_w.assign(pp, {});
+  std::vector<int64_t> next(pp, 0), held(pp, 0), awaiting_w(pp, 0), made_gradients(pp, 0);
+  sim.peak_held_awaiting_w_before_gradients.assign(pp, {});
+  sim.peak_held_awaiting_w_with_gradients.assign(pp, {});
   // Per rank: holds per stage, when each stage's fetch completes, whether a compute has waited
   // for it yet, and when the rank's last fetch completes (its fetches run one after another).
   std::vector<std::vector<int64_t>> holds(pp, std::vector<int64_t>(static_cast<size_t>(s.stages()), 0));
@@ -211,11 +212,12 @@ Simulation simulate_schedule(const Schedule& s, const ActionCosts& costs, Timeli
             done.set({a.op, a.stage, a.micro}, end);
           }
           if (a.op == Op::F) held[r] += 1;
-          if (a.op == Op::B || a.op == Op::W) held[r] -= 1;
+          if (a.op == Op::B || a.op == Op::W) held[r] -= 1, made_gradients[r] = 1;
           if (a.op == Op::I) awaiting_w[r] += 1;
           if (a.op == Op::W) awaiting_w[r] -= 1;
           sim.peak_held[r] = std::max(sim.peak_held[r], held[r]);
-          std::vector<int64_t>& by_awaiting = sim.peak_held_awaiting_w[r];
+          std::vector<int64_t>& by_awaiting = made_gradients[r] ? sim.peak_held_awaiting_w_with_gradients[r]
+                                                                : sim.peak_held_awaiting_w_before_gradients[r];
           if (static_cast<int64_t>(by_awaiting.size()) <= awaiting_w[r])
             by_awaiting.resize(static_cast<size_t>(awaiting_w[r] + 1), -1);
           by_awaiting[awaiting_w[r]] = std::max(by_awaiting[awaiting_w[r]], held[r]);

@@ -75,8 +75,11 @@ struct Simulation {
   // Per rank, per k: the most activations held at once while k of them have run their I and await
   // their W (-1: never k at once). A micro-batch awaiting W holds its I's kept output gradients
   // and not what the split released (split_backward.h), so the memory estimate weighs those k
-  // differently.
-  std::vector<std::vector<int64_t>> peak_held_awaiting_w;
+  // differently. Split by when: before the rank's first B or W has ended (the step has made no
+  // parameter gradient there yet: a GPipe rank's forwards, a 1F1B warm-up), and from then on; the
+  // memory estimate counts the gradients in the second only.
+  std::vector<std::vector<int64_t>> peak_held_awaiting_w_before_gradients;
+  std::vector<std::vector<int64_t>> peak_held_awaiting_w_with_gradients;
   std::vector<int64_t> peak_gathered;              // most stages gathered at once, per rank
   std::vector<BlockedRank> stuck;                  // empty when the table ran to its end
 

@@ -105,6 +105,16 @@ TEST(PipelineSchedules, PeakActivationsAreTheSchedulesCounts) {
     EXPECT_EQ(ofob.peak_held[r], p - r) << r;
     EXPECT_EQ(zbh1.peak_held[r], p) << r;
     EXPECT_LE(zbv.peak_held[r], 2 * p) << r;  // chunks of half a stage: p whole stages
+    // Before a rank's first B no gradient exists there (the memory estimate counts them after):
+    // GPipe holds all m then, m - 1 at most after; 1F1B's warm-up already holds its p - r, and
+    // its steady state as many again.
+    auto most = [](const std::vector<int64_t>& by_awaiting) {
+      return *std::max_element(by_awaiting.begin(), by_awaiting.end());
+    };
+    EXPECT_EQ(most(gpipe.peak_held_awaiting_w_before_gradients[r]), m) << r;
+    EXPECT_EQ(most(gpipe.peak_held_awaiting_w_with_gradients[r]), m - 1) << r;
+    EXPECT_EQ(most(ofob.peak_held_awaiting_w_before_gradients[r]), p - r) << r;
+    EXPECT_EQ(most(ofob.peak_held_awaiting_w_with_gradients[r]), p - r) << r;
   }
   // 1F1B with fewer micro-batches than stages still runs (no hang), with the longer bubble.
   const Schedule short_run = build_schedule("1f1b", 8, 3, 1);
