@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The activation policy for a budget against what its runs measure (issue 53).
 
-One process, float32, CONFIG (default tiny_gpt, batch 16); with --pp P, P pipeline ranks (1F1B,
+One process, float32, CONFIG (default tiny_gpt, batch 16); with --pp P, P pipeline ranks (--schedule, 1F1B by default,
 2P micro-batches) and rank 0's policy, bytes and step. For each activation share (MiB of the
 budget left after the model's state) and each modelled link (GB/s), `memory.activation_policy =
 auto` chooses each block's option from the start-up profile, with each allowance of --compressions
@@ -18,7 +18,7 @@ The profile sets the prediction's F and B; the timed steps check it.
 Written to bench/results/activation_policy_cpu.md.
 
 usage: bench/activation_policy.py BUILD_DIR [--rounds 3] [--steps 5] [--shares 48,32,20] [--links 16,0.05]
-                                  [--compressions none int8 bf16,int8] [--pp 1]
+                                  [--compressions none int8 bf16,int8] [--pp 1] [--schedule 1f1b]
 """
 import argparse
 import statistics
@@ -44,17 +44,20 @@ def main():
     ap.add_argument("--links", default="16,0.05")
     ap.add_argument("--compressions", nargs="+", default=["none"])
     ap.add_argument("--pp", type=int, default=1)
+    ap.add_argument("--schedule", default="1f1b")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     out = args.out or ("bench/results/activation_policy_cpu.md" if args.pp == 1
-                       else f"bench/results/activation_policy_pp{args.pp}_cpu.md")
+                       else f"bench/results/activation_policy_pp{args.pp}"
+                            f"{'' if args.schedule == '1f1b' else '_' + args.schedule}_cpu.md")
     setup = ("one process" if args.pp == 1 else
-             f"{args.pp} pipeline ranks of one thread each (1F1B, {2 * args.pp} micro-batches; rank 0's policy, bytes and step; the "
+             f"{args.pp} pipeline ranks of one thread each ({args.schedule}, {2 * args.pp} micro-batches; rank 0's policy, bytes and step; the "
              "predicted ms are rank 0's added seconds, which the pipeline may hide or pass on)")
     base = {"train.batch_size": args.batch}
     if args.pp > 1:
         # One intra-op thread per rank: two ranks of two threads each on two cores stall each other.
-        base.update({"parallel.pp": args.pp, "train.grad_accum": 2 * args.pp, "train.threads": 1})
+        base.update({"parallel.pp": args.pp, "parallel.pp_schedule": args.schedule, "train.grad_accum": 2 * args.pp,
+                     "train.threads": 1})
     ranks = args.pp
     # The model's state on the device: the budget's part that activations do not get.
     probe = tessera_bench(args.build, args.config, {**base, "memory.activation_policy": "auto",
@@ -78,7 +81,7 @@ def main():
     keep = statistics.median(x["saved_activation_bytes"] for x in resident) / MIB
     lines = [f"# The activation policy for a budget against its runs ({args.config}, CPU)", "",
              f"`python3 bench/activation_policy.py {args.build} --rounds {args.rounds} --steps {args.steps} "
-             f"--shares {args.shares} --links {args.links} --compressions {' '.join(args.compressions)} --pp {args.pp}`: {setup}, "
+             f"--shares {args.shares} --links {args.links} --compressions {' '.join(args.compressions)} --pp {args.pp} --schedule {args.schedule}`: {setup}, "
              f"float32, batch {args.batch}; each policy "
              f"run after a resident run in each of {args.rounds} rounds. The resident run held {keep:.1f} MiB for "
              "the blocks. Share: the budget left for activations after the model's state.", "",

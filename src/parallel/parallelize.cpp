@@ -163,14 +163,19 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
     holder_ = local.get();
     owner = std::move(local);
   }
-  if (layout_.pipelined())
+  if (layout_.pipelined()) {
+    // A fully recomputed block (by the key, or the policy's choice for one of this rank's blocks)
+    // accumulates its parameters' gradients inside a split backward's I.
+    bool full_recomputation = config.memory.activation_checkpointing == "full";
+    if (const ActivationPolicy* policy = layout_.activation_policy(pp_ ? pp_->rank() : 0))
+      for (const ActivationOption& o : policy->blocks) full_recomputation = full_recomputation || o.checkpointing == "full";
     runner_ = std::make_unique<PipelineStep>(
         model_, *owner, *mesh_, config.parallel, layout_,
-        PipelineStepOptions{config.train.accumulation(dims->dp()), config.optim.grad_clip,
-                            config.memory.activation_checkpointing == "full"},
+        PipelineStepOptions{config.train.accumulation(dims->dp()), config.optim.grad_clip, full_recomputation},
         device, autocast);
-  else
+  } else {
     runner_ = std::make_unique<PlainStep>(model_, *owner, device, autocast, config.optim.grad_clip);
+  }
   owner_ = std::move(owner);
 }
 

@@ -88,7 +88,7 @@ namespace tessera {
 struct PipelineStepOptions {
   int64_t micro_batches = 1;        // per step on this rank (train.grad_accum at this dp)
   double grad_clip = 0;             // optim.grad_clip
-  bool full_checkpointing = false;  // memory.activation_checkpointing = full
+  bool full_checkpointing = false;  // some block of this rank recomputes fully (the key, or the activation policy)
 };
 
 class PipelineStep final : public StepRunner {

@@ -102,7 +102,7 @@ double block_activation_bytes(const Config& config, const ParallelDims& dims, in
   return block_activation_bytes_per_token(config, dims, layer, activation_element_bytes(config)) * tokens;
 }
 
-double awaiting_w_extra_bytes_per_token(const Config& config, const ParallelDims& dims, int64_t layer) {
+AwaitingW awaiting_w_bytes_per_token(const Config& config, const ParallelDims& dims, int64_t layer) {
   const ModelOptions& m = config.model;
   const double h = static_cast<double>(m.n_embd), t = static_cast<double>(dims.tp());
   const double hq = static_cast<double>(m.n_head * m.head_width());
@@ -128,7 +128,8 @@ double awaiting_w_extra_bytes_per_token(const Config& config, const ParallelDims
     whole += h;
   }
   const double norms = config.parallel.megatron_sp ? 2 * h / t : 2 * h;
-  return ((split - released) / t + whole + norms) * compute_element_bytes(config);
+  const double e = compute_element_bytes(config);
+  return {(split / t + whole + norms) * e, released / t * e};
 }
 
 BackwardWorkingSet backward_working_bytes(const Config& config, const ParallelDims& dims, bool has_head,

@@ -65,16 +65,21 @@ double block_statistics_bytes(const Config& config, const ParallelDims& dims);
 double block_activation_bytes(const Config& config, const ParallelDims& dims, int64_t layer);
 
 // What a micro-batch of block `layer` holds per token while it awaits its W in a zero-bubble
-// schedule, beyond what its forward saved (may be negative): the output gradients its I kept at
-// the parameterised products and norms (parallel/pipeline/split_backward.h): the attention's input
+// schedule, beyond what its forward saved: `kept`, the output gradients its I kept at the
+// parameterised products and norms (parallel/pipeline/split_backward.h): the attention's input
 // and output projections (h_q + 2 kv, h; the linear kind's five projections, 5h), the MLP's (f, or
-// SwiGLU's 2f, and h; MoE: per slot), both norms' (2h); less what the input path's other nodes
-// saved, which the split releases after I: the attention core's q, k and v (with rotary's inputs and
-// grouped-query expansion), GELU's input (SwiGLU's joined up and gate: 2f). In the compute
-// dtype; split by tp as the products are (the norms' under Megatron-SP). Measured (tessera bench,
-// pp2 zbh1 on tiny_gpt's shapes, a per-action trace of the tensor bytes): F adds 8.5 MiB a
-// micro-batch, its I 2.5 MiB more (6.0 before the release), its W frees both; this says 2.0.
-double awaiting_w_extra_bytes_per_token(const Config& config, const ParallelDims& dims, int64_t layer);
+// SwiGLU's 2f, and h; MoE: per slot), both norms' (2h); less `released`, what the input path's
+// other nodes saved, which the split releases after I: the attention core's q, k and v (with
+// rotary's inputs and grouped-query expansion), GELU's input (SwiGLU's joined up and gate: 2f),
+// counted uncompressed. In the compute dtype; split by tp as the products are (the norms' under
+// Megatron-SP). Measured (tessera bench, pp2 zbh1 on tiny_gpt's shapes, a per-action trace of the
+// tensor bytes): F adds 8.5 MiB a micro-batch, its I 2.5 MiB more (6.0 before the release), its W
+// frees both; extra() says 2.0.
+struct AwaitingW {
+  double kept = 0, released = 0;
+  double extra() const { return kept - released; }  // may be negative
+};
+AwaitingW awaiting_w_bytes_per_token(const Config& config, const ParallelDims& dims, int64_t layer);
 
 // The backward's working set per micro-batch on a rank holding the head and/or blocks: the
 // tensors that exist beside the saved activations and the optimizer state at the backward's peak,

@@ -16,6 +16,7 @@
 #include "model/operations.h"
 #include "plan/activation_estimate.h"
 #include "plan/layout.h"
+#include "parallel/pipeline/simulate.h"
 #include "plan/memory_estimate.h"
 
 namespace tessera {
@@ -106,28 +107,42 @@ CapChoices cap_choices(const std::vector<std::vector<ActivationOption>>& options
   return out;
 }
 
-// The least bytes `caps` allows: its reserve and each block's smallest allowed option for `held`
-// micro-batches (never when a block has none).
+// What an option holds at the moment that needs the most of it (choose_activation_policy).
+double held_bytes(const ActivationOption& o, const std::vector<HeldMoment>& moments) {
+  double most = 0;
+  for (const HeldMoment& m : moments) most = std::max(most, m.before_i * o.bytes + m.awaiting_w * o.awaiting);
+  return most;
+}
+
+// The most micro-batches of any moment.
+double most_held(const std::vector<HeldMoment>& moments) {
+  double most = 0;
+  for (const HeldMoment& m : moments) most = std::max(most, m.before_i + m.awaiting_w);
+  return most;
+}
+
+// The least bytes `caps` allows: its reserve and each block's smallest allowed option at
+// `moments` (never when a block has none).
 double least_bytes(const std::vector<std::vector<ActivationOption>>& options, const std::vector<double>& whole,
-                   const Caps& caps, double held) {
+                   const Caps& caps, const std::vector<HeldMoment>& moments) {
   double least = caps.reserve();
   for (size_t l = 0; l < options.size(); ++l) {
     double m = kNever;
     for (const ActivationOption& o : options[l])
-      if (caps.allow(o, whole[l])) m = std::min(m, o.bytes);
-    least += m * held;
+      if (caps.allow(o, whole[l])) m = std::min(m, held_bytes(o, moments));
+    least += m;
   }
   return least;
 }
 
 // The smallest any choice of `options` holds.
-double smallest_bytes(const std::vector<std::vector<ActivationOption>>& options, double held,
-                      int64_t groups_in_flight) {
+double smallest_bytes(const std::vector<std::vector<ActivationOption>>& options,
+                      const std::vector<HeldMoment>& moments, int64_t groups_in_flight) {
   const CapChoices choices = cap_choices(options);
   double smallest = kNever;
   for (double g : choices.groups)
     for (double w : choices.wholes)
-      smallest = std::min(smallest, least_bytes(options, choices.whole, Caps{g, w, groups_in_flight}, held));
+      smallest = std::min(smallest, least_bytes(options, choices.whole, Caps{g, w, groups_in_flight}, moments));
   return smallest;
 }
 
@@ -188,21 +203,31 @@ std::vector<std::vector<ActivationOption>> activation_options(const Config& conf
     const double input = block_bytes(config, dims, l, "full", "none");
     const double recompute_core = f * core_share(config, dims, l);
     const double stays = block_statistics_bytes(config, dims);  // an offloaded block's, on the device
+    // After I, until W (a split backward): I's kept output gradients, and what W needs of the
+    // forward's saved tensors less what the split released (counted at the option's encoding); an
+    // offloaded block's fetched group stays whole until its last tensor goes (activation_offload.h);
+    // a fully recomputed block finishes inside I.
+    const double tokens = static_cast<double>(config.train.batch_size * (config.train.seq_len / dims.sp()));
+    const AwaitingW after_i = awaiting_w_bytes_per_token(config, dims, l);
+    const double kept = after_i.kept * tokens, released = after_i.released * tokens;
     std::vector<ActivationOption> options;
     for (const std::string& codec : codecs) {
       const bool encoded = codec != "none";
       // Encoding and decoding what the option would otherwise keep (0 where the codec was not timed).
       const auto rate = measured.codec_seconds_per_byte.find(codec);
-      const double per_byte = rate != measured.codec_seconds_per_byte.end() ? rate->second : 0;
-      auto coding = [&](double plain) { return plain * per_byte; };
+      const double codec_per_byte = rate != measured.codec_seconds_per_byte.end() ? rate->second : 0;
+      auto coding = [&](double plain) { return plain * codec_per_byte; };
       const double keep_c = encoded ? block_bytes(config, dims, l, "none", codec) : keep;
       const double selective_c = encoded ? block_bytes(config, dims, l, "selective", codec) : selective;
       const double input_c = encoded ? block_bytes(config, dims, l, "full", codec) : input;
-      options.push_back({"none", false, keep_c, 0, coding(keep), codec});
-      options.push_back({"selective", false, selective_c, 0, recompute_core + coding(selective), codec});
-      options.push_back({"full", false, input_c, 0, f + coding(input), codec});
-      options.push_back({"none", true, stays, keep_c - stays, copy_seconds(keep_c - stays, f, b) + coding(keep), codec});
-      options.push_back({"full", true, 0, input_c, f + copy_seconds(input_c, f, b) + coding(input), codec});
+      const double kept_after_i = std::max(0.0, keep_c + kept - released * (keep > 0 ? keep_c / keep : 1));
+      options.push_back({"none", false, keep_c, 0, coding(keep), codec, kept_after_i});
+      options.push_back({"selective", false, selective_c, 0, recompute_core + coding(selective), codec,
+                         selective_c + kept});
+      options.push_back({"full", false, input_c, 0, f + coding(input), codec, 0});
+      options.push_back({"none", true, stays, keep_c - stays, copy_seconds(keep_c - stays, f, b) + coding(keep), codec,
+                         keep_c + kept});
+      options.push_back({"full", true, 0, input_c, f + copy_seconds(input_c, f, b) + coding(input), codec, 0});
     }
     out.push_back(std::move(options));
   }
@@ -210,19 +235,21 @@ std::vector<std::vector<ActivationOption>> activation_options(const Config& conf
 }
 
 ActivationPolicy choose_activation_policy(const std::vector<std::vector<ActivationOption>>& options,
-                                          double budget_bytes, double held, int64_t groups_in_flight) {
+                                          double budget_bytes, const std::vector<HeldMoment>& moments,
+                                          int64_t groups_in_flight) {
   const size_t L = options.size();
   const CapChoices choices = cap_choices(options);
   const std::vector<double>& whole = choices.whole;
   constexpr int64_t kUnits = 4096;
   ActivationPolicy best;
   best.seconds = kNever;
-  const double smallest = smallest_bytes(options, held, groups_in_flight);
+  const double smallest = smallest_bytes(options, moments, groups_in_flight);
+  const double held = most_held(moments);
   for (double g : choices.groups)
     for (double w : choices.wholes) {
       const Caps caps{g, w, groups_in_flight};
       const double room = budget_bytes - caps.reserve();
-      const bool possible = least_bytes(options, whole, caps, held) < kNever;
+      const bool possible = least_bytes(options, whole, caps, moments) < kNever;
       if (!possible || room < 0) continue;
       const double unit = room / static_cast<double>(kUnits);
       auto units = [&](double bytes) {
@@ -237,7 +264,7 @@ ActivationPolicy choose_activation_policy(const std::vector<std::vector<Activati
           for (size_t j = 0; j < options[l].size(); ++j) {
             const ActivationOption& o = options[l][j];
             if (!caps.allow(o, whole[l])) continue;
-            const int64_t need = units(o.bytes * held);
+            const int64_t need = units(held_bytes(o, moments));
             if (need > u || seconds[static_cast<size_t>(u - need)] == kNever) continue;
             const double t = seconds[static_cast<size_t>(u - need)] + o.seconds;
             if (t < next[static_cast<size_t>(u)]) {
@@ -256,7 +283,7 @@ ActivationPolicy choose_activation_policy(const std::vector<std::vector<Activati
       for (size_t l = L; l-- > 0;) {
         const ActivationOption& o = options[l][static_cast<size_t>(choice[l][static_cast<size_t>(u)])];
         p.blocks[l] = o;
-        u -= units(o.bytes * held);
+        u -= units(held_bytes(o, moments));
       }
       best = p;
     }
@@ -286,12 +313,13 @@ ActivationPolicy choose_activation_policy(const std::vector<std::vector<Activati
   best.bytes = 0;
   for (size_t l = 0; l < L; ++l) {
     const ActivationOption& o = best.blocks[l];
-    best.bytes += o.bytes * held;
+    best.bytes += held_bytes(o, moments);
     if (o.offload) group = std::max(group, o.group);
     if (o.checkpointing == "full") recompute = std::max(recompute, whole[l]);
   }
   best.bytes += static_cast<double>(groups_in_flight) * group + recompute;
   best.held = held;
+  best.moments = moments;
   best.groups_in_flight = groups_in_flight;
   for (size_t l = 0; l < L; ++l) best.layers.push_back(static_cast<int64_t>(l));
   return best;
@@ -300,13 +328,9 @@ ActivationPolicy choose_activation_policy(const std::vector<std::vector<Activati
 std::vector<ActivationShare> activation_shares(const Config& config, const Layout& layout) {
   const std::vector<MemoryEstimate> ranks = estimate_memory_by_rank(config, layout);
   const double budget = config.memory.device_budget_gb * 1024.0 * 1024.0 * 1024.0;
-  if (layout.pipelined())
-    for (int64_t s = 0; s < layout.schedule().stages(); ++s)
-      for (int64_t mb = 0; mb < layout.schedule().micro_batches; ++mb)
-        require(!layout.schedule().split_backward(s, mb), "memory.activation_policy = auto with parallel.pp_schedule = ",
-                config.parallel.pp_schedule, " is not built yet (a split backward keeps its W's inputs and output "
-                "gradients beyond what the policy counts); use gpipe, 1f1b or interleaved, or choose "
-                "memory.activation_checkpointing and memory.activation_offload by hand");
+  // Under a pipeline, the schedule's moments by how many of the held micro-batches await their W.
+  pipeline::Simulation sim;
+  if (layout.pipelined()) sim = pipeline::simulate_schedule(layout.schedule(), {}, pipeline::Timeline::skip);
   std::vector<ActivationShare> shares;
   for (size_t r = 0; r < ranks.size(); ++r) {
     const MemoryEstimate& e = ranks[r];
@@ -314,8 +338,15 @@ std::vector<ActivationShare> activation_shares(const Config& config, const Layou
     share.pipeline_rank = e.pipeline_rank;
     if (layout.pipelined()) {
       const ModelStage stage = layout.stage_of(static_cast<int64_t>(r));
+      const double chunks = static_cast<double>(stage.chunks.size());
       share.layers = stage.layers(config.model);
-      share.held = static_cast<double>(e.pipeline_held) / static_cast<double>(stage.chunks.size());
+      share.held = static_cast<double>(e.pipeline_held) / chunks;
+      share.moments.clear();
+      for (const auto* by_awaiting : {&sim.peak_held_awaiting_w_before_gradients[r], &sim.peak_held_awaiting_w_with_gradients[r]})
+        for (size_t k = 0; k < by_awaiting->size(); ++k)
+          if ((*by_awaiting)[k] >= 0)
+            share.moments.push_back({static_cast<double>((*by_awaiting)[k] - static_cast<int64_t>(k)) / chunks,
+                                     static_cast<double>(k) / chunks});
       share.groups_in_flight = 3;
     } else {
       for (int64_t l = 0; l < config.model.n_layer; ++l) share.layers.push_back(l);
@@ -338,7 +369,7 @@ std::vector<ActivationPolicy> choose_activation_policies(const Config& config, c
   for (const ActivationShare& share : activation_shares(config, layout)) {
     ActivationPolicy p;
     try {
-      p = choose_activation_policy(share_options(options, share), share.budget_bytes, share.held,
+      p = choose_activation_policy(share_options(options, share), share.budget_bytes, share.moments,
                                    share.groups_in_flight);
     } catch (const Error& e) {
       if (share.pipeline_rank < 0) throw;
@@ -352,7 +383,7 @@ std::vector<ActivationPolicy> choose_activation_policies(const Config& config, c
 }
 
 double smallest_activation_bytes(const Config& config, const ParallelDims& dims, const ActivationShare& share) {
-  return smallest_bytes(share_options(activation_options(config, dims, BlockCosts(), false), share), share.held,
+  return smallest_bytes(share_options(activation_options(config, dims, BlockCosts(), false), share), share.moments,
                         share.groups_in_flight);
 }
 
@@ -416,6 +447,7 @@ nlohmann::json activation_policy_json(const ActivationPolicy& p, int64_t micro_b
                       {"offload", o.offload},
                       {"compression", o.compression},
                       {"bytes", o.bytes},
+                      {"awaiting_w_bytes", o.awaiting},
                       {"seconds", o.seconds}});
   }
   return {{"pipeline_rank", p.pipeline_rank},

@@ -34,7 +34,8 @@
 // The activations' budget: memory.device_budget_gb less the rank's model state on the device
 // (activation_shares below); the head's and embedding's activations are not counted. Under a
 // pipeline each rank chooses for its own blocks, their bytes times the micro-batches its schedule
-// holds at once (every micro-batch gets the same choice).
+// holds at once (every micro-batch gets the same choice); under a split backward (zbh1, zbv,
+// dualpipev) those that ran their I count the option's bytes awaiting their W instead.
 #pragma once
 
 #include <cstdint>
@@ -58,8 +59,18 @@ struct ActivationOption {
   double group = 0;     // offloaded: the group's bytes (what it would keep resident)
   double seconds = 0;   // added to the step, per micro-batch
   std::string compression = "none";  // the codec of what it keeps or offloads (memory/activation_codec.h)
+  // Under a schedule that splits the backward: on the device per micro-batch after its I, until
+  // its W (what W needs and I's kept output gradients; 0 for a full recomputation, whose block
+  // finishes its weight gradients inside I).
+  double awaiting = 0;
   // "keep", "offload", "selective", "full", "full + offload", each with " + CODEC" when encoded
   std::string name() const;
+};
+
+// A moment of a pipeline rank's schedule: the micro-batches whose activations it holds before
+// their I (or B), and those that ran their I and await their W, in units of one of its stages.
+struct HeldMoment {
+  double before_i = 1, awaiting_w = 0;
 };
 
 // One pipeline rank's choice (the whole model's without a pipeline).
@@ -68,6 +79,7 @@ struct ActivationPolicy {
   std::vector<int64_t> layers;           // the blocks it decides (the rank's), in order
   std::vector<ActivationOption> blocks;  // their choices, parallel to layers
   double held = 1;                       // micro-batches whose activations the rank holds at once
+  std::vector<HeldMoment> moments{{}};   // the schedule's moments the choice fits (ActivationShare)
   int64_t groups_in_flight = 2;          // offloaded groups the device may hold at once
   double budget_bytes = 0;               // for the blocks' activations
   double bytes = 0;                      // chosen: for the micro-batches held, with the reserves
@@ -83,12 +95,15 @@ struct ActivationPolicy {
 // the rank's schedule holds `held` micro-batches' activations at once (the simulation's peak, in
 // units of one of its stages, over its stages), and three offloaded groups can be in flight: a
 // backward's two (its own and the one it prefetches) and the store the forward before it left
-// running. Schedules that split the backward (zbh1, zbv, dualpipev) are refused: what their W
-// keeps is not counted yet.
+// running. Under a schedule that splits the backward (zbh1, zbv, dualpipev) a micro-batch that
+// ran its I holds its option's `awaiting` bytes until its W: the share lists the schedule's
+// moments by how many await their W (the simulation's peaks, before and after the rank's first
+// gradients), and a choice fits each of them.
 struct ActivationShare {
   int64_t pipeline_rank = -1;
   std::vector<int64_t> layers;
-  double held = 1;
+  double held = 1;                       // the most micro-batches held at once
+  std::vector<HeldMoment> moments{{}};
   int64_t groups_in_flight = 2;
   double budget_bytes = 0;
 };
@@ -107,11 +122,14 @@ std::vector<std::vector<ActivationOption>> activation_options(const Config& conf
                                                               const BlockCosts& measured, bool cpu_device);
 
 // The cheapest choice for `options` (blocks 0.. in order; the caller names their layers) that
-// fits `budget_bytes` with each block's bytes held `held` times and `groups_in_flight` offloaded
-// groups reserved; refuses, naming memory.device_budget_gb and what the smallest choice needs,
-// when none does.
+// fits `budget_bytes` at every one of `moments` (a block's option weighing, at the moment that
+// needs the most of it, its bytes times the micro-batches before their I and its awaiting bytes
+// times those awaiting their W: a bound on the sum's most over the moments) with
+// `groups_in_flight` offloaded groups reserved; refuses, naming memory.device_budget_gb and what
+// the smallest choice needs, when none does.
 ActivationPolicy choose_activation_policy(const std::vector<std::vector<ActivationOption>>& options,
-                                          double budget_bytes, double held = 1, int64_t groups_in_flight = 2);
+                                          double budget_bytes, const std::vector<HeldMoment>& moments = {{}},
+                                          int64_t groups_in_flight = 2);
 
 // Each share's choice (activation_shares), by pipeline rank; a refusal names the rank.
 std::vector<ActivationPolicy> choose_activation_policies(const Config& config, const Layout& layout,
@@ -133,7 +151,7 @@ void check_activation_budget(const Config& config, const ParallelDims& dims, dou
 std::string describe_activation_policy(const ActivationPolicy& policy);
 
 // The same as JSON (`tessera bench --json`, `tessera plan --json`): each block's layer and option
-// (its name, checkpointing, offload, codec, bytes, seconds), the rank, the micro-batches held, the
+// (its name, checkpointing, offload, codec, bytes, bytes awaiting W, seconds), the rank, the micro-batches held, the
 // bytes against the budget, and the seconds the policy adds to a step of `micro_batches`.
 nlohmann::json activation_policy_json(const ActivationPolicy& policy, int64_t micro_batches);
 

@@ -150,7 +150,7 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
     auto it = stored.find(moe);
     if (it == stored.end()) {
       it = stored.emplace(moe, block_activation_bytes_per_token(config, dims, layer, element_bytes)).first;
-      awaiting_by_kind[moe] = awaiting_w_extra_bytes_per_token(config, dims, layer);
+      awaiting_by_kind[moe] = awaiting_w_bytes_per_token(config, dims, layer).extra();
       if (full) recomputed = std::max(recomputed, block_activation_bytes_per_token(whole, dims, layer, element_bytes));
     }
     awaiting_extra += awaiting_by_kind[moe];
@@ -170,7 +170,7 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   const double in_flight = static_cast<double>(std::min<int64_t>(offloaded_blocks, 2)) * offloaded_largest;
   const double micro_batch_tokens = static_cast<double>(config.train.batch_size * tokens);
   // A moment of the schedule: its micro-batches' saved activations, and for those awaiting their W
-  // what their I kept less what it released (awaiting_w_extra_bytes_per_token); under bf16 autocast
+  // what their I kept less what it released (awaiting_w_bytes_per_token); under bf16 autocast
   // the products' bf16 copies of the float32 weights, which their backward keeps: 2 bytes per
   // parameter of the rank's stage (whole under ZeRO-3), made by each forward (its own autocast
   // region), so once for every micro-batch held (found from a traced pp2 1f1b bf16 peak,

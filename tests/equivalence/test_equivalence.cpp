@@ -541,6 +541,26 @@ const std::vector<Row>& layouts() {
          c.train.grad_accum = 4;
          activation_policy(c, 2, 3);
        }},
+      // Zero-bubble schedules: a micro-batch awaiting its W counts what it keeps; with data
+      // parallelism beside the pipeline, a block the policy recomputes fully reduces its gradients
+      // inside I.
+      {"pp2_zbv_activation_policy_sgd_accum4", 2,
+       [](Config& c) {
+         sgd(c);
+         c.model.n_layer = 4;
+         c.parallel.pp = 2;
+         c.parallel.pp_schedule = "zbv";
+         c.train.grad_accum = 4;
+         activation_policy(c, 2, 3);
+       }},
+      {"dp2_pp2_zbh1_activation_policy_accum2", 4,
+       [](Config& c) {
+         c.model.n_layer = 4;
+         c.parallel.pp = 2;
+         c.parallel.pp_schedule = "zbh1";
+         c.train.grad_accum = 2;
+         activation_policy(c, 4, 3);
+       }},
       {"dp2_activation_offload_full_checkpointing", 2,
        [](Config& c) {
          c.memory.activation_checkpointing = "full";
