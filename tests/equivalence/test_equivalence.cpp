@@ -196,6 +196,18 @@ void activation_policy(Config& c, int64_t ranks, double blocks) {
   c.memory.device_budget_gb = (state + blocks * keep) / gib;
 }
 
+// Four blocks over two pipeline ranks under `schedule`, four micro-batches, SGD, and a budget
+// leaving the rank with the most model state three blocks' worth (its two blocks of two held
+// micro-batches need four).
+void pp2_activation_policy_sgd(Config& c, const std::string& schedule) {
+  sgd(c);
+  c.model.n_layer = 4;
+  c.parallel.pp = 2;
+  c.parallel.pp_schedule = schedule;
+  c.train.grad_accum = 4;
+  activation_policy(c, 2, 3);
+}
+
 // A swapped run (memory.swap) on one process: the model in host memory, cut into sub-models.
 void swapped(Config& c, std::vector<int64_t> blocks) {
   c.memory.swap = true;
@@ -524,35 +536,13 @@ const std::vector<Row>& layouts() {
       // The activation policy for a budget: every unencoded choice is exact, so each layout
       // matches one process that keeps its activations. Under the pipeline rank 0 holds two
       // micro-batches of its two blocks in three blocks' worth.
-      {"pp2_1f1b_activation_policy_sgd_accum4", 2,
-       [](Config& c) {
-         sgd(c);
-         c.model.n_layer = 4;
-         c.parallel.pp = 2;
-         c.train.grad_accum = 4;
-         activation_policy(c, 2, 3);
-       }},
+      {"pp2_1f1b_activation_policy_sgd_accum4", 2, [](Config& c) { pp2_activation_policy_sgd(c, "1f1b"); }},
       {"pp2_interleaved_activation_policy_sgd_accum4", 2,
-       [](Config& c) {
-         sgd(c);
-         c.model.n_layer = 4;
-         c.parallel.pp = 2;
-         c.parallel.pp_schedule = "interleaved";
-         c.train.grad_accum = 4;
-         activation_policy(c, 2, 3);
-       }},
+       [](Config& c) { pp2_activation_policy_sgd(c, "interleaved"); }},
       // Zero-bubble schedules: a micro-batch awaiting its W counts what it keeps; with data
       // parallelism beside the pipeline, a block the policy recomputes fully reduces its gradients
       // inside I.
-      {"pp2_zbv_activation_policy_sgd_accum4", 2,
-       [](Config& c) {
-         sgd(c);
-         c.model.n_layer = 4;
-         c.parallel.pp = 2;
-         c.parallel.pp_schedule = "zbv";
-         c.train.grad_accum = 4;
-         activation_policy(c, 2, 3);
-       }},
+      {"pp2_zbv_activation_policy_sgd_accum4", 2, [](Config& c) { pp2_activation_policy_sgd(c, "zbv"); }},
       {"dp2_pp2_zbh1_activation_policy_accum2", 4,
        [](Config& c) {
          c.model.n_layer = 4;
