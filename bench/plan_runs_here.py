@@ -13,8 +13,11 @@ against the plan's peak_memory_gib (the memory estimate of the largest rank) plu
 measured first: the peak of a run of a model too small to hold anything (1 block of width 8) less
 its own estimate, what the process holds whatever it trains (libtorch, the data, the threads).
 
+With --held-out the same layouts train another model (HELD_OUT_MODEL: 8 blocks of width 192, 6
+heads, a vocabulary of 512, sequences of 96), which no choice of the cost model was made on.
+
 usage: bench/plan_runs_here.py [--tessera build/tessera] [--cluster F.toml (calibrates when absent)]
-                               [--out bench/results/plan_runs_here_cpu.md]
+                               [--held-out] [--out bench/results/plan_runs_here_cpu.md]
 """
 import argparse
 import json
@@ -73,6 +76,12 @@ LAYOUTS = [
                               "model.moe_capacity_factor=0"]),
 ]
 
+HELD_OUT_MODEL = ["model.n_layer=8", "model.n_embd=192", "model.n_head=6", "model.vocab_size=512",
+                  "model.block_size=96", "train.seq_len=96", "train.global_batch_size=16", "train.threads=1",
+                  "train.steps=12", "train.log_every=1", "eval.every=0", "checkpoint.every=0", "optim.name=adamw",
+                  "train.tensorboard=false"]
+
+
 def run(args, check=True):
     out = subprocess.run(args, capture_output=True, text=True)
     if check and out.returncode != 0:
@@ -111,8 +120,12 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--tessera", default="build/tessera")
     parser.add_argument("--cluster", default="")
-    parser.add_argument("--out", default="bench/results/plan_runs_here_cpu.md")
+    parser.add_argument("--out", default="")
+    parser.add_argument("--held-out", action="store_true", help="train HELD_OUT_MODEL instead of MODEL")
     a = parser.parse_args()
+    model = HELD_OUT_MODEL if a.held_out else MODEL
+    out_file = a.out or f"bench/results/plan_runs_{'held_out' if a.held_out else 'here'}_cpu.md"
+    seq_len = int(next(k for k in model if k.startswith("train.seq_len=")).split("=")[1])
     work = tempfile.mkdtemp(prefix="plan_runs_here_")
     data = os.path.join(work, "data")
     run([a.tessera, "prepare", "--input", "data/kjv/genesis_to_ruth.txt", "--out", data])
@@ -133,7 +146,7 @@ def main():
                                "--json", "--top", "1"] + common))["layouts"][0]
 
     # The fixed overhead: a run of a model too small to hold anything, less its estimate.
-    tiny = sets(MODEL + [f"data.path={data}", "model.n_layer=1", "model.n_embd=8", "model.n_head=1"] +
+    tiny = sets(model + [f"data.path={data}", "model.n_layer=1", "model.n_embd=8", "model.n_head=1"] +
                 full_layout(["parallel.tp=1", "parallel.pp=1", "parallel.zero_stage=0", "train.batch_size=8"]))
     overhead = (max(m.get("peak_memory_gib", 0) for m in train("overhead", 1, tiny)) -
                 plan(1, tiny)["peak_memory_gib"])
@@ -141,11 +154,11 @@ def main():
     rows, predicted, measured, memory_errors = [], [], [], []
     for name, world, keys in LAYOUTS:
         keys = full_layout(keys)
-        common = sets(MODEL + [f"data.path={data}"] + keys)
+        common = sets(model + [f"data.path={data}"] + keys)
         layout = plan(world, common)
         p = layout["step_s"]
         metrics = train(name, world, common)
-        tokens_per_step = 16 * 128
+        tokens_per_step = 16 * seq_len
         steps = [tokens_per_step / m["tokens_per_s"] for m in metrics if "tokens_per_s" in m and m["step"] >= 4]
         t = statistics.median(steps)
         memory = max(m.get("peak_memory_gib", 0) for m in metrics)
@@ -164,10 +177,10 @@ def main():
                f"{100 * statistics.mean(memory_errors):.1f}%, within 5%: {sum(e <= 0.05 for e in memory_errors)} of "
                f"{len(memory_errors)}")
     print(summary)
-    with open(a.out, "w") as f:
+    with open(out_file, "w") as f:
         f.write("# tessera plan against runs on this machine (2 cores, CPU, Gloo)\n\n"
-                "`python3 bench/plan_runs_here.py` (its docstring says what is held and measured). Model: 4 blocks of "
-                "width 256, 8 heads, sequences of 128, global batch 16, AdamW, fp32.\n\n"
+                f"`python3 bench/plan_runs_here.py{' --held-out' if a.held_out else ''}` (its docstring says what is "
+                "held and measured). Model keys: " + ", ".join(model) + "; global batch 16, AdamW, fp32.\n\n"
                 "Cluster file:\n\n```\n" + open(cluster).read() + "```\n\n"
                 f"Fixed overhead (a 1-block, width-8 run's peak less its estimate): {overhead * 1024:.1f} MiB.\n\n"
                 "| layout | ranks | predicted step ms | measured median ms | error | predicted peak MiB (estimate + "

@@ -15,9 +15,11 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include "comm/group.h"
 #include "core/error.h"
 #include "memory/activation_codec.h"
 #include "optim/optimizer.h"
@@ -91,10 +93,11 @@ double fit_memory_kernels(double budget) {
   require(per_byte > 0, "tessera plan calibrate: the memory-bound kernels' times did not grow with their size");
   return 1e-9 / per_byte;
 }
-// The median time of a block's mix of work (a 1024^3 product, LayerNorm and GELU forward and
-// backward) in `ranks` processes computing at once (forked children, each with one thread,
-// reporting through a pipe): their mean.
-double concurrent_product_seconds(int64_t ranks, double budget) {
+// The median time of a product (1024^3) or of memory-bound kernels (LayerNorm then GELU forward and
+// backward over [4096, 256]) in `ranks` processes computing at once (forked children, each with one
+// thread, reporting through a pipe): their mean. Products hardly slow down when CPU cores share
+// memory; memory-bound kernels do (about 30% with two processes on this machine).
+double concurrent_seconds(bool products, int64_t ranks, double budget) {
   std::vector<int> readers;
   std::vector<pid_t> children;
   for (int64_t r = 0; r < ranks; ++r) {
@@ -105,15 +108,14 @@ double concurrent_product_seconds(int64_t ranks, double budget) {
     if (pid == 0) {
       close(fds[0]);
       at::set_num_threads(1);
-      // A block's mix: a product and memory-bound kernels through autograd (LayerNorm, GELU).
       const at::Tensor a = at::randn({1024, 1024}), b = at::randn({1024, 1024});
       at::Tensor c = at::empty({1024, 1024});
       const at::Tensor x = at::randn({4096, 256}).set_requires_grad(true);
       const at::Tensor w = at::ones({256}), bias = at::zeros({256});
       const double t = calibration::median_seconds(
           [&] {
-            at::mm_out(c, a, b);
-            at::gelu(at::layer_norm(x, {256}, w, bias)).sum().backward();
+            if (products) at::mm_out(c, a, b);
+            else at::gelu(at::layer_norm(x, {256}, w, bias)).sum().backward();
           },
           budget);
       const ssize_t written = write(fds[1], &t, sizeof t);
@@ -139,19 +141,19 @@ double concurrent_product_seconds(int64_t ranks, double budget) {
 
 // That time with `ranks` processes computing at once over one alone (processes, as ranks
 // run: threads of one process share less than processes do).
-double shared_slowdown(int64_t ranks, double budget) {
+double shared_slowdown(bool products, int64_t ranks, double budget) {
   if (ranks <= 1) return 1;
-  const double alone = concurrent_product_seconds(1, budget);
-  return std::max(1.0, concurrent_product_seconds(ranks, budget) / alone);
+  const double alone = concurrent_seconds(products, 1, budget);
+  return std::max(1.0, concurrent_seconds(products, ranks, budget) / alone);
 }
 
 struct LinkFit {
   double gbs = 0, latency_us = 0;
 };
 
-// Gloo all-reduce of two ranks in this process (a thread each, one store), 1 KiB to 16 MiB of
-// float32: time = 2 latency + bytes / bandwidth (n = 2: 2 (n-1)/n = 1).
-LinkFit fit_gloo(double budget) {
+// Gloo all-reduce of two idle ranks of this process (a thread each, one store), 1 KiB to 16 MiB of
+// float32: time = 2 latency + bytes / bandwidth (n = 2: 2 (n-1)/n = 1). The ring steps' own latency.
+LinkFit fit_gloo_idle(double budget) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<double> bytes, seconds;
   for (int64_t kib = 1; kib <= 16384; kib *= 4) bytes.push_back(static_cast<double>(kib * 1024));
@@ -178,6 +180,82 @@ LinkFit fit_gloo(double budget) {
   rank_main(0);
   other.join();
   for (size_t i = 0; i < bytes.size(); ++i) seconds.push_back(std::max(times[0][i], times[1][i]));
+  const auto [intercept, per_byte] = calibration::fit_line(bytes, seconds);
+  require(per_byte > 0, "tessera plan calibrate: the all-reduce times did not grow with their size");
+  return {1e-9 / per_byte, std::max(0.0, intercept) / 2 * 1e6};
+}
+
+// A collective as training meets it: two ranks (forked processes, one thread each, a file store)
+// that each compute a block's mix of work (a [256, 1024] x [1024, 1024] product, LayerNorm and GELU
+// forward and backward) and then all-reduce, 1 KiB to 16 MiB of float32, through tessera's own
+// comm::Group (its queue thread, Gloo underneath). A rank's call lasts the collective and its wait
+// for the other rank's compute, which on cores the ranks share varies from call to call: the mean
+// call over both ranks is what a step's sync point adds beyond the mean compute. Fitted: time = 2
+// latency + bytes / bandwidth (n = 2: 2 (n-1)/n = 1). Idle, the same all-reduce's fixed cost is a
+// fifth to a tenth of this one's here (0.1-0.3 ms a call against 1-2 ms): the difference is each
+// call's overhead (intra_node.call_overhead_us), which the planner lacked when it under-priced
+// every two-rank layout of bench/plan_runs_here.py (docs/plan.md).
+LinkFit fit_gloo_loaded(double budget) {
+  std::vector<double> bytes;
+  for (int64_t kib = 1; kib <= 16384; kib *= 4) bytes.push_back(static_cast<double>(kib * 1024));
+  const std::string path = "/tmp/tessera_calibrate_store_" + std::to_string(getpid());
+  std::remove(path.c_str());
+  std::vector<int> readers;
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < 2; ++rank) {
+    int fds[2];
+    require(pipe(fds) == 0, "tessera plan calibrate: pipe() failed");
+    const pid_t pid = fork();
+    require(pid >= 0, "tessera plan calibrate: fork() failed");
+    if (pid == 0) {
+      close(fds[0]);
+      at::set_num_threads(1);
+      auto store = c10::make_intrusive<c10d::FileStore>(path, 2);
+      auto options = c10d::ProcessGroupGloo::Options::create();
+      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+      auto backend = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, 2, options);
+      comm::Group group("calibrate", {0, 1}, rank, backend, std::chrono::milliseconds(120000));
+      const at::Tensor a = at::randn({256, 1024}), b = at::randn({1024, 1024});
+      at::Tensor c = at::empty({256, 1024});
+      const at::Tensor x = at::randn({1024, 256}).set_requires_grad(true);
+      const at::Tensor w = at::ones({256}), bias = at::zeros({256});
+      std::vector<double> means;
+      for (double size : bytes) {
+        const at::Tensor t = at::ones({static_cast<int64_t>(size) / 4});
+        // Both ranks run the same number of calls: a fixed count from the size.
+        const int reps = std::max(8, static_cast<int>(budget * 4e8 / std::max(size, 1e5)));
+        group.all_reduce(t);
+        double total = 0;
+        for (int i = 0; i < reps; ++i) {
+          at::mm_out(c, a, b);
+          at::gelu(at::layer_norm(x, {256}, w, bias)).sum().backward();
+          const calibration::Clock::time_point start = calibration::Clock::now();
+          group.all_reduce(t);
+          total += calibration::seconds_since(start);
+        }
+        means.push_back(total / reps);
+      }
+      const ssize_t size = static_cast<ssize_t>(means.size() * sizeof(double));
+      const ssize_t written = write(fds[1], means.data(), static_cast<size_t>(size));
+      _exit(written == size ? 0 : 1);
+    }
+    close(fds[1]);
+    readers.push_back(fds[0]);
+    children.push_back(pid);
+  }
+  std::vector<double> seconds(bytes.size(), 0.0);
+  for (size_t r = 0; r < readers.size(); ++r) {
+    std::vector<double> means(bytes.size());
+    const ssize_t want = static_cast<ssize_t>(means.size() * sizeof(double));
+    const ssize_t got = read(readers[r], means.data(), static_cast<size_t>(want));
+    close(readers[r]);
+    int status = 0;
+    waitpid(children[r], &status, 0);
+    require(got == want && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+            "tessera plan calibrate: a process measuring the all-reduce failed");
+    for (size_t i = 0; i < means.size(); ++i) seconds[i] += means[i] / 2;
+  }
+  std::remove(path.c_str());
   const auto [intercept, per_byte] = calibration::fit_line(bytes, seconds);
   require(per_byte > 0, "tessera plan calibrate: the all-reduce times did not grow with their size");
   return {1e-9 / per_byte, std::max(0.0, intercept) / 2 * 1e6};
@@ -219,9 +297,14 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
   const double codec_fp8 = calibration::activation_codec_gbs("fp8", at::kCPU, budget);
   const double codec_bf16 = calibration::activation_codec_gbs("bf16", at::kCPU, budget);
   progress(std::to_string(ranks) + " processes computing at once");
-  const double slowdown = shared_slowdown(ranks, budget * 5);
-  progress("Gloo all-reduce between two ranks over loopback, 1 KiB to 16 MiB");
-  const LinkFit link = fit_gloo(budget);
+  const double slowdown = shared_slowdown(true, ranks, budget * 5);
+  const double memory_slowdown = shared_slowdown(false, ranks, budget * 5);
+  progress("Gloo all-reduce between two idle ranks over loopback, 1 KiB to 16 MiB");
+  const LinkFit idle = fit_gloo_idle(budget);
+  progress("all-reduce between two computing processes over loopback, 1 KiB to 16 MiB");
+  const LinkFit link = fit_gloo_loaded(budget);
+  // Per call, beyond the idle ring's two steps: what the loaded fit's intercept adds.
+  const double call_overhead_us = std::max(0.0, 2 * (link.latency_us - idle.latency_us));
 
   char date[32];
   const std::time_t now = std::time(nullptr);
@@ -240,7 +323,8 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
       "description = \"%s: %lld ranks of one thread each (calibrated)\"\n"
       "devices_per_node = %lld\n"
       "nodes = 1\n"
-      "shared_slowdown = %.3f       # a 1024^3 product + LayerNorm/GELU forward and backward: median time in %lld processes at once over one alone\n\n"
+      "shared_slowdown = %.3f       # a 1024^3 product: median time in %lld processes at once over one alone\n"
+      "shared_slowdown_memory = %.3f  # LayerNorm then GELU forward and backward over [4096, 256]: the same\n\n"
       "[device]\n"
       "name = \"%s (one thread)\"\n"
       "kind = \"cpu\"\n"
@@ -258,24 +342,26 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
       "activation_codec_fp8_gbs = %.2f   # the same, fp8\n"
       "activation_codec_bf16_gbs = %.2f  # the same, bf16\n\n"
       "[intra_node]\n"
-      "bandwidth_gbs = %.4f        # Gloo all-reduce of 2 ranks over loopback, 1 KiB to 16 MiB, fitted: time = 2 latency + bytes / bandwidth\n"
-      "latency_us = %.1f\n\n"
+      "bandwidth_gbs = %.4f        # all-reduce of 2 processes that compute between calls (comm::Group, Gloo, loopback), 1 KiB to 16 MiB: mean call, fitted: time = 2 latency + bytes / bandwidth\n"
+      "latency_us = %.1f           # the same all-reduce between 2 idle threads, fitted the same way\n"
+      "call_overhead_us = %.1f     # the loaded fit's intercept less the idle one's: each call's wait at its sync point\n\n"
       "[inter_node]\n"
       "bandwidth_gbs = %.4f        # not measured (one node): the loopback link again\n"
-      "latency_us = %.1f\n\n"
+      "latency_us = %.1f\n"
+      "call_overhead_us = %.1f\n\n"
       "[host]\n"
       "memory_gib = %.1f            # MemTotal\n"
       "device_link_gbs = %.2f       # the host is the device: its memory bandwidth\n"
-      "optimizer_gbs = %.2f         # AdamW's step over 4M float32 elements, 28 bytes per element, over the slowdown above\n\n"
+      "optimizer_gbs = %.2f         # AdamW's step over 4M float32 elements, 28 bytes per element, over shared_slowdown_memory\n\n"
       "[peers]\n"
-      "bandwidth_gbs = %.4f        # peers on this machine talk over loopback TCP: the Gloo fit's bandwidth\n"
+      "bandwidth_gbs = %.4f        # peers on this machine talk over loopback TCP: the loaded fit (above)\n"
       "latency_us = %.1f\n"
       "round_overhead_ms = 0       # not measured\n",
       by.c_str(), cpu.c_str(), static_cast<long long>(ranks), static_cast<long long>(ranks), slowdown,
-      static_cast<long long>(ranks), cpu.c_str(), bf16.tflops, fp32.tflops, bf16.tflops, kShapes.size(),
+      static_cast<long long>(ranks), memory_slowdown, cpu.c_str(), bf16.tflops, fp32.tflops, bf16.tflops, kShapes.size(),
       fp32.tflops, std::max(0.0, fp32.overhead_us - overhead_us), attention_bf16, attention_fp32, host_gib, memory_gbs, overhead_us,
-      codec_int8, codec_fp8, codec_bf16, link.gbs, link.latency_us, link.gbs,
-      link.latency_us, host_gib, memory_gbs, host_optimizer_gbs / slowdown, link.gbs, link.latency_us);
+      codec_int8, codec_fp8, codec_bf16, link.gbs, idle.latency_us, call_overhead_us, link.gbs,
+      idle.latency_us, call_overhead_us, host_gib, memory_gbs, host_optimizer_gbs / memory_slowdown, link.gbs, link.latency_us);
   return text;
 }
 

@@ -14,14 +14,16 @@
 //                        with the bytes counted as model/operations.h counts them, fitted
 //   device.kernel_overhead_us  a chain of adds on 8 elements, forward and backward through
 //                        autograd, per kernel (a step's kernels run through autograd)
-//   cluster.shared_slowdown    a block's mix of work (a product, LayerNorm and GELU forward and
-//                        backward) in `ranks` processes at once (forked, one thread each: memory
-//                        and caches shared) over one alone
-//   intra_node.*         Gloo all-reduce between two ranks of this process over loopback TCP,
-//                        1 KiB to 16 MiB, fitted as time = 2 latency + bytes x 2(n-1)/n / bandwidth
+//   cluster.shared_slowdown    a product in `ranks` processes at once (forked, one thread each:
+//                        memory and caches shared) over one alone; shared_slowdown_memory the same
+//                        for LayerNorm and GELU forward and backward (memory-bound kernels slow down
+//                        more)
+//   intra_node.*         all-reduce between two processes that compute between calls (tessera's
+//                        comm::Group, Gloo over loopback TCP), 1 KiB to 16 MiB, the mean call fitted
+//                        as time = 2 latency + bytes x 2(n-1)/n / bandwidth
 //   host.*               MemTotal; copies to "device" memory are the memory bandwidth; the host's
 //                        optimizer step: tessera's AdamW over 4M elements, as bytes per second
-//                        counted as the planner counts them, over cluster.shared_slowdown
+//                        counted as the planner counts them, over cluster.shared_slowdown_memory
 //   peers.*              the loopback link of the Gloo fit (peers on one machine); the round's
 //                        fixed cost is not measured (0)
 // Each number is written with a comment saying what measured it and when. `progress` is told of

@@ -18,10 +18,12 @@ constexpr const char* kClusterDirEnv = "TESSERA_CLUSTER_DIR";
 
 // Keys a file may leave out (their defaults mean "none" or "unknown"); every other key is required.
 const std::set<std::string> kOptional = {"cluster.description", "cluster.nodes", "cluster.shared_slowdown",
+                                         "cluster.shared_slowdown_memory",
                                          "device.kind", "device.kernel_overhead_us", "device.matmul_overhead_us",
                                          "device.attention_tflops_bf16", "device.attention_tflops_fp32", "device.matmul_table",
                                          "device.activation_codec_int8_gbs", "device.activation_codec_fp8_gbs",
                                          "device.activation_codec_bf16_gbs", "intra_node.latency_us",
+                                         "intra_node.call_overhead_us", "inter_node.call_overhead_us",
                                          "inter_node.latency_us", "host.memory_gib", "host.device_link_gbs",
                                          "host.optimizer_gbs", "peers.bandwidth_gbs", "peers.latency_us",
                                          "peers.round_overhead_ms"};
@@ -35,6 +37,7 @@ Cluster::Tier Cluster::tier(const std::vector<int64_t>& members) const {
   if (per_node.size() <= 1) {
     t.bandwidth_bytes_per_s = intra_node.bandwidth_gbs * 1e9;
     t.latency_s = intra_node.latency_us * 1e-6;
+    t.call_overhead_s = intra_node.call_overhead_us * 1e-6;
     return t;
   }
   int64_t local = 0;
@@ -42,6 +45,7 @@ Cluster::Tier Cluster::tier(const std::vector<int64_t>& members) const {
   t.crosses_nodes = true;
   t.bandwidth_bytes_per_s = std::min(intra_node.bandwidth_gbs, inter_node.bandwidth_gbs * static_cast<double>(local)) * 1e9;
   t.latency_s = inter_node.latency_us * 1e-6;
+  t.call_overhead_s = inter_node.call_overhead_us * 1e-6;
   return t;
 }
 

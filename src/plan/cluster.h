@@ -40,7 +40,8 @@ struct ClusterInfo {
   std::string description;
   int64_t devices_per_node = 8;
   int64_t nodes = 0;  // 0: as many as the world needs
-  double shared_slowdown = 1;  // compute time with every device of a node busy over one alone (CPU cores)
+  double shared_slowdown = 1;  // products' time with every device of a node busy over one alone (CPU cores)
+  double shared_slowdown_memory = 0;  // the same for memory-bound kernels (0: shared_slowdown)
 
   template <class V>
   void visit(V& v) {
@@ -49,14 +50,23 @@ struct ClusterInfo {
     v("nodes", nodes, "nodes in the cluster (0 = as many as a world needs)", between(0, 1 << 20));
     v("shared_slowdown", shared_slowdown,
       "compute time with all devices_per_node ranks of a node computing at once over one rank alone (CPU cores "
-      "share memory bandwidth and caches; 1 for GPUs)", between(1, 100));
+      "share memory bandwidth and caches; 1 for GPUs): the matrix products'", between(1, 100));
+    v("shared_slowdown_memory", shared_slowdown_memory,
+      "the same for memory-bound kernels (norms, activations, the optimizer step, copies), which slow down more "
+      "than products when CPU cores share memory bandwidth (0 = shared_slowdown)", between(0, 100));
   }
   // The factor on a rank's compute when `ranks` ranks of the world share a node: 1 alone,
   // shared_slowdown with the node full, linear between.
-  double slowdown(int64_t world) const {
+  double slowdown(int64_t world) const { return sharing(shared_slowdown, world); }
+  double memory_slowdown(int64_t world) const {
+    return sharing(shared_slowdown_memory > 0 ? shared_slowdown_memory : shared_slowdown, world);
+  }
+
+ private:
+  double sharing(double full, int64_t world) const {
     const int64_t on_node = std::min(world, devices_per_node);
     if (devices_per_node <= 1 || on_node <= 1) return 1;
-    return 1 + (shared_slowdown - 1) * static_cast<double>(on_node - 1) / static_cast<double>(devices_per_node - 1);
+    return 1 + (full - 1) * static_cast<double>(on_node - 1) / static_cast<double>(devices_per_node - 1);
   }
 };
 
@@ -129,14 +139,19 @@ struct DeviceSpec {
 };
 
 struct LinkSpec {
-  double bandwidth_gbs = 0;  // all-reduce bus bandwidth (GB/s)
-  double latency_us = 0;     // per ring step
+  double bandwidth_gbs = 0;     // all-reduce bus bandwidth (GB/s)
+  double latency_us = 0;        // per ring step
+  double call_overhead_us = 0;  // per collective call, beyond its steps
 
   template <class V>
   void visit(V& v) {
     v("bandwidth_gbs", bandwidth_gbs, "all-reduce bus bandwidth a collective achieves (GB/s, per device)",
       above(0, 1e6));
     v("latency_us", latency_us, "latency of one step of a ring (microseconds)", between(0, 1e9));
+    v("call_overhead_us", call_overhead_us,
+      "each collective call's fixed cost beyond its ring steps (microseconds): where ranks share CPU cores, the "
+      "wait at the sync point for the other ranks' compute, which varies from call to call (calibrated under "
+      "load; 0 for GPUs)", between(0, 1e9));
   }
 };
 
@@ -197,6 +212,7 @@ struct Cluster {
     double bandwidth_bytes_per_s = 0;
     double latency_s = 0;
     bool crosses_nodes = false;
+    double call_overhead_s = 0;
   };
   Tier tier(const std::vector<int64_t>& members) const;
   // The peers' link as a tier (a swarm's round).

@@ -35,11 +35,18 @@ struct PricedLayout {
   bool gathers = false;             // the table has ZeRO-3's GATHER actions
   int64_t blocks = 0;               // the blocks of the rank that holds the most weights
   PartCost held;                    // that rank's weights and gradient compression (those fields only)
-  double slowdown = 1;              // the compute slowdown of the prices (PricedOperations')
+  double memory_slowdown = 1;       // the memory-bound kernels' slowdown of the prices (PricedOperations')
   int64_t link_crossings = 0;       // stage boundaries the busiest rank sits on
   double reduce_exposed = 0, gather_exposed = 0, offload = 0, optimizer = 0;
   double step_without_pipeline = 0;  // pp = 1: the whole step
 };
+
+// On a CPU "device" whose every core computes (a rank per core), a collective's copying and
+// summing, a pipeline send and a host copy take a core from the compute beside them: no compute
+// hides them (bench/plan_runs_here.py: the two-rank rows were under-predicted, docs/plan.md).
+bool every_core_computes(const Cluster& cluster, const ParallelDims& dims) {
+  return cluster.device.kind == "cpu" && dims.world_size() >= cluster.cluster.devices_per_node;
+}
 
 // What a layout's prices are before its ZeRO stage, offload and swap: one micro-batch of every
 // part, and with a pipeline the cut, the placement, the stages' costs and the transfer; the weights
@@ -51,7 +58,7 @@ PricedLayout price_compute(const Config& config, const ParallelDims& dims, const
   const OperationShape& shape = priced.shape;
   PricedLayout out;
   out.m = config.train.accumulation(dims.dp());
-  out.slowdown = priced.slowdown;
+  out.memory_slowdown = priced.memory_slowdown;
   out.all = priced.total();
 
   // Without a pipeline every rank holds every block; with one, the stages of each pipeline rank
@@ -97,6 +104,14 @@ PricedLayout price_compute(const Config& config, const ParallelDims& dims, const
       const int64_t a = out.placement.rank_of(st), b = out.placement.rank_of(st + 1);
       if (a == b) continue;
       out.link_crossings = std::max({out.link_crossings, ++crossings[static_cast<size_t>(a)], ++crossings[static_cast<size_t>(b)]});
+      // With no core to spare the send takes the sender's core: its F (the activations on), the
+      // next stage's I (their gradients back).
+      if (every_core_computes(cluster, dims)) {
+        out.costs.stages[static_cast<size_t>(st)].f += out.costs.transfer;
+        pipeline::ActionCosts::Compute& next = out.costs.stages[static_cast<size_t>(st + 1)];
+        next.i += out.costs.transfer;
+        next.b = next.i + next.w;
+      }
     }
     out.held = PartCost{};
     for (int64_t rank = 0; rank < dims.pp(); ++rank) {
@@ -173,7 +188,7 @@ PricedLayout with_data_parallel(PricedLayout out, const Config& config, const Pa
     gather_per_pass = all_gather_seconds(params * param_bytes, n_replicas, replica_tier) +
                       static_cast<double>(out.blocks) * gather_latency;
   const double shard = p.zero_stage >= 1 ? static_cast<double>(n_replicas) : 1.0;
-  const double bandwidth = 1e9 * cluster.device.memory_gbs / out.slowdown;
+  const double bandwidth = 1e9 * cluster.device.memory_gbs / out.memory_slowdown;
   // The step over this rank's shard, and the clipping norm over the gradients it holds (all of
   // them at stages 0-1, its shard at 2-3).
   const double grads_held = p.zero_stage >= 2 ? params / static_cast<double>(n_replicas) : params;
@@ -193,9 +208,11 @@ PricedLayout with_data_parallel(PricedLayout out, const Config& config, const Pa
   // The reduction's last bucket, which no backward hides (none without data replicas).
   const double bucket =
       n_replicas > 1 ? std::min(p.bucket_mb * 1e6, params * grad_bytes) / replica_tier.bandwidth_bytes_per_s : 0;
+  const double hides = every_core_computes(cluster, dims) ? 0 : 1;
   // The host copy's exposed part: all of it at stage 1; at stages 2-3 what the backward beside it
   // does not hide, and the last block's.
-  auto offload_exposed = [&](double backward) {
+  auto offload_exposed = [&](double compute) {
+    const double backward = hides * compute;
     if (!p.offload) return 0.0;
     const double to_host = p.zero_stage >= 2 ? std::max(0.0, offload_to_host - backward) +
                                                    offload_to_host / static_cast<double>(out.blocks + 1)
@@ -208,13 +225,14 @@ PricedLayout with_data_parallel(PricedLayout out, const Config& config, const Pa
     // The bucketed reduction runs beside the last micro-batch's backward (every micro-batch's
     // under ZeRO-2/3); its last bucket only after it.
     if (reduce_per_micro_batch > 0)
-      out.reduce_exposed = static_cast<double>(m) * (std::max(0.0, reduce_per_micro_batch - backward) + bucket);
+      out.reduce_exposed =
+          static_cast<double>(m) * (std::max(0.0, reduce_per_micro_batch - hides * backward) + bucket);
     out.reduce_exposed +=
-        (reduce_per_step > 0 ? std::max(0.0, reduce_per_step - backward) + bucket : 0) + gather_after_step;
+        (reduce_per_step > 0 ? std::max(0.0, reduce_per_step - hides * backward) + bucket : 0) + gather_after_step;
     if (gather_per_pass > 0) {
       const double one_block = gather_per_pass / static_cast<double>(out.blocks + 1);
-      out.gather_exposed = static_cast<double>(m) * (std::max(0.0, gather_per_pass - forward) +
-                                                     std::max(0.0, gather_per_pass - backward) + 2 * one_block);
+      out.gather_exposed = static_cast<double>(m) * (std::max(0.0, gather_per_pass - hides * forward) +
+                                                     std::max(0.0, gather_per_pass - hides * backward) + 2 * one_block);
     }
     out.offload = offload_exposed(backward);
     out.step_without_pipeline = static_cast<double>(m) * (forward + backward) + out.reduce_exposed +
@@ -226,9 +244,9 @@ PricedLayout with_data_parallel(PricedLayout out, const Config& config, const Pa
     // optimizer step, is the OPTIM action.
     double last_backward = 0;
     for (const auto& stage : out.cut->compute) last_backward = std::max(last_backward, stage.i + stage.w);
-    out.reduce_exposed = std::max(0.0, reduce_per_step - last_backward) +
-                         static_cast<double>(m) * std::max(0.0, reduce_per_micro_batch - last_backward) + bucket +
-                         gather_after_step;
+    out.reduce_exposed = std::max(0.0, reduce_per_step - hides * last_backward) +
+                         static_cast<double>(m) * std::max(0.0, reduce_per_micro_batch - hides * last_backward) +
+                         bucket + gather_after_step;
     out.offload = offload_exposed(last_backward);
     out.costs.optim = out.reduce_exposed + out.offload + out.optimizer;
   }

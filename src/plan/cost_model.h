@@ -144,7 +144,7 @@ struct PartCost {
 // once for each tp, pp, Megatron-SP, checkpointing and micro-batch.
 struct PricedOperations {
   OperationShape shape;
-  double slowdown = 1;  // the compute slowdown the prices include (ClusterInfo::slowdown)
+  double memory_slowdown = 1;  // the memory-bound kernels' slowdown the prices include (ClusterInfo::memory_slowdown)
   std::vector<PartCost> blocks;
   PartCost embedding, head;
   // memory.activation_policy = auto: each pipeline rank's choice (one without a pipeline), made by

@@ -22,9 +22,10 @@ class Pricer {
       : cluster_(cluster),
         half_(config.precision.dtype != "fp32"),
         slowdown_(cluster.cluster.slowdown(options.busy_ranks > 0 ? options.busy_ranks : dims.world_size())),
+        memory_slowdown_(cluster.cluster.memory_slowdown(options.busy_ranks > 0 ? options.busy_ranks : dims.world_size())),
         rate_(1e12 * cluster.device.matmul_tflops(half_) / slowdown_),
         attention_rate_(1e12 * cluster.device.attention_tflops(half_) / slowdown_),
-        bandwidth_(1e9 * cluster.device.memory_gbs / slowdown_),
+        bandwidth_(1e9 * cluster.device.memory_gbs / memory_slowdown_),
         overhead_(1e-6 * cluster.device.kernel_overhead_us),
         matmul_overhead_(1e-6 * cluster.device.matmul_overhead_us),
         element_bytes_(half_ ? 2 : 4),
@@ -39,6 +40,7 @@ class Pricer {
 
   double element_bytes() const { return element_bytes_; }
   double slowdown() const { return slowdown_; }
+  double memory_slowdown() const { return memory_slowdown_; }
 
   // Forward, and backward input-gradient (I) and weight-gradient (W) seconds of one operation.
   struct Times {
@@ -67,7 +69,9 @@ class Pricer {
         t.i = op.backward_factor * t.f;
         return t;
       case Kind::tp_all_reduce:
-        t.f = t.i = all_reduce_seconds(op.elements * element_bytes_, tp_.n, tp_.tier);
+        // Under Megatron-SP an all-gather and a reduce-scatter of the same bytes: two calls.
+        t.f = t.i = all_reduce_seconds(op.elements * element_bytes_, tp_.n, tp_.tier) +
+                    (megatron_sp_ && tp_.n > 1 ? tp_.tier.call_overhead_s : 0);
         // Under Megatron-SP the region's column product gathers its kept input again for its
         // weight gradient (parallel/tensor/tp_comm.h, sequence_gathered_linear).
         if (megatron_sp_) t.w = all_gather_seconds(op.elements * element_bytes_, tp_.n, tp_.tier);
@@ -137,7 +141,7 @@ class Pricer {
 
   const Cluster& cluster_;
   bool half_;
-  double slowdown_, rate_, attention_rate_, bandwidth_, overhead_, matmul_overhead_, element_bytes_;
+  double slowdown_, memory_slowdown_, rate_, attention_rate_, bandwidth_, overhead_, matmul_overhead_, element_bytes_;
   std::string compression_;
   double powersgd_rank_, fp32_rate_;
   bool megatron_sp_;
@@ -156,16 +160,19 @@ double all_reduce_seconds(double bytes, int64_t n, const Cluster::Tier& tier) {
   const double steps = static_cast<double>(n - 1);
   const double tree_depth = std::ceil(std::log2(static_cast<double>(n)));
   return 2 * steps / static_cast<double>(n) * bytes / tier.bandwidth_bytes_per_s +
-         2 * std::min(steps, tree_depth) * tier.latency_s;
+         2 * std::min(steps, tree_depth) * tier.latency_s + tier.call_overhead_s;
 }
 
 double all_gather_seconds(double bytes, int64_t n, const Cluster::Tier& tier) {
   if (n <= 1) return 0;
   const double steps = static_cast<double>(n - 1);
-  return steps / static_cast<double>(n) * bytes / tier.bandwidth_bytes_per_s + steps * tier.latency_s;
+  return steps / static_cast<double>(n) * bytes / tier.bandwidth_bytes_per_s + steps * tier.latency_s +
+         tier.call_overhead_s;
 }
 
-double send_seconds(double bytes, const Cluster::Tier& tier) { return bytes / tier.bandwidth_bytes_per_s + tier.latency_s; }
+double send_seconds(double bytes, const Cluster::Tier& tier) {
+  return bytes / tier.bandwidth_bytes_per_s + tier.latency_s + tier.call_overhead_s;
+}
 
 namespace {
 
@@ -274,7 +281,7 @@ PricedOperations price_operations(const Config& config, const ParallelDims& dims
   const ParallelOptions& p = config.parallel;
   const Pricer pricer(config, dims, cluster, options);
   PricedOperations out;
-  out.slowdown = pricer.slowdown();
+  out.memory_slowdown = pricer.memory_slowdown();
   OperationShape& shape = out.shape;
   shape.batch = config.train.batch_size;
   shape.seq_len = config.train.seq_len;
@@ -286,9 +293,9 @@ PricedOperations price_operations(const Config& config, const ParallelDims& dims
   shape.dropout = model.dropout;
   for (int64_t layer = 0; layer < model.n_layer; ++layer)
     out.blocks.push_back(pricer.part(block_operations(model, layer, shape), config.memory.activation_checkpointing));
-  add_activation_compression(config, dims, cluster, pricer.slowdown(), out.blocks);
-  add_activation_offload(config, dims, cluster, pricer.slowdown(), out.blocks);
-  add_activation_policy(config, dims, cluster, pricer.slowdown(), out);
+  add_activation_compression(config, dims, cluster, pricer.memory_slowdown(), out.blocks);
+  add_activation_offload(config, dims, cluster, pricer.memory_slowdown(), out.blocks);
+  add_activation_policy(config, dims, cluster, pricer.memory_slowdown(), out);
   out.embedding = pricer.part(embedding_operations(model, shape), "none");
   out.head = pricer.part(head_operations(model, shape), "none");
   return out;

@@ -601,7 +601,9 @@ TEST(DistributedTrain, AStalledPipelineStageIsNamedByTheOthers) {
   // says which rank went silent.
   const bool in_schedule = said.find("pipeline rank 0 (1f1b), action ") != std::string::npos &&
                            said.find("waiting on pipeline rank 1 (stage 1)") != std::string::npos;
-  const std::regex collective_timeout("(all_reduce|all_gather) of [0-9]+ bytes failed: Operation timed out");
+  // (Gloo words a timeout as "Operation timed out" or, waiting on a receive, "Timed out waiting".)
+  const std::regex collective_timeout(
+      "(all_reduce|all_gather) of [0-9]+ bytes failed: (Operation timed out|.*Timed out waiting)");
   const bool in_collective = std::regex_search(said, collective_timeout);
   EXPECT_TRUE(in_schedule || in_collective) << said;
   EXPECT_NE(said.find("rank 1 sent no heartbeat"), std::string::npos) << said;

@@ -134,7 +134,7 @@ TEST(HostCosts, ActivationCompressionCostsItsCodecsCalibratedRate) {
                           "memory_gbs = 1000\nactivation_codec_int8_gbs = 2\nactivation_codec_bf16_gbs = 8"),
       "codecs.toml");
   const plan::Prediction plain = plan::predict(c, dims, cluster);
-  const double slowdown = plan::price_operations(c, dims, cluster).slowdown;
+  const double slowdown = plan::price_operations(c, dims, cluster).memory_slowdown;
   double source = 0;  // float32 bytes
   for (int64_t l = 0; l < c.model.n_layer; ++l)
     source += block_activation_bytes(c, dims, l) - block_statistics_bytes(c, dims);
