@@ -104,12 +104,14 @@ PricedLayout price_compute(const Config& config, const ParallelDims& dims, const
       const int64_t a = out.placement.rank_of(st), b = out.placement.rank_of(st + 1);
       if (a == b) continue;
       out.link_crossings = std::max({out.link_crossings, ++crossings[static_cast<size_t>(a)], ++crossings[static_cast<size_t>(b)]});
-      // With no core to spare the send takes the sender's core: its F (the activations on), the
-      // next stage's I (their gradients back).
+      // With no core to spare the send's copying takes the sender's core (its bytes' time; the
+      // receiver's wait is the transfer's delay): its F (the activations on), the next stage's I
+      // (their gradients back).
       if (every_core_computes(cluster, dims)) {
-        out.costs.stages[static_cast<size_t>(st)].f += out.costs.transfer;
+        const double copying = transfer_bytes / cluster.tier({pp_group[0], pp_group[1]}).bandwidth_bytes_per_s;
+        out.costs.stages[static_cast<size_t>(st)].f += copying;
         pipeline::ActionCosts::Compute& next = out.costs.stages[static_cast<size_t>(st + 1)];
-        next.i += out.costs.transfer;
+        next.i += copying;
         next.b = next.i + next.w;
       }
     }
