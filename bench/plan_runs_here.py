@@ -13,11 +13,13 @@ against the plan's peak_memory_gib (the memory estimate of the largest rank) plu
 measured first: the peak of a run of a model too small to hold anything (1 block of width 8) less
 its own estimate, what the process holds whatever it trains (libtorch, the data, the threads).
 
-With --held-out the same layouts train another model (HELD_OUT_MODEL: 8 blocks of width 192, 6
-heads, a vocabulary of 512, sequences of 96), which no choice of the cost model was made on.
+With --held-out N the same layouts train another model: 1, 8 blocks of width 192, 6 heads, a
+vocabulary of 512, sequences of 96 (it guided this session's changes to the collectives' pricing,
+so it is no longer held out: docs/plan.md); 2, 4 blocks of width 320, 8 heads, a vocabulary of 768,
+sequences of 64, run once after them.
 
 usage: bench/plan_runs_here.py [--tessera build/tessera] [--cluster F.toml (calibrates when absent)]
-                               [--held-out] [--out bench/results/plan_runs_here_cpu.md]
+                               [--held-out 1|2] [--out bench/results/plan_runs_here_cpu.md]
 """
 import argparse
 import json
@@ -76,10 +78,14 @@ LAYOUTS = [
                               "model.moe_capacity_factor=0"]),
 ]
 
-HELD_OUT_MODEL = ["model.n_layer=8", "model.n_embd=192", "model.n_head=6", "model.vocab_size=512",
-                  "model.block_size=96", "train.seq_len=96", "train.global_batch_size=16", "train.threads=1",
-                  "train.steps=12", "train.log_every=1", "eval.every=0", "checkpoint.every=0", "optim.name=adamw",
-                  "train.tensorboard=false"]
+RUN_KEYS = ["train.global_batch_size=16", "train.threads=1", "train.steps=12", "train.log_every=1", "eval.every=0",
+            "checkpoint.every=0", "optim.name=adamw", "train.tensorboard=false"]
+HELD_OUT_MODELS = {
+    "1": ["model.n_layer=8", "model.n_embd=192", "model.n_head=6", "model.vocab_size=512", "model.block_size=96",
+          "train.seq_len=96"] + RUN_KEYS,
+    "2": ["model.n_layer=4", "model.n_embd=320", "model.n_head=8", "model.vocab_size=768", "model.block_size=64",
+          "train.seq_len=64"] + RUN_KEYS,
+}
 
 
 def run(args, check=True):
@@ -121,10 +127,11 @@ def main():
     parser.add_argument("--tessera", default="build/tessera")
     parser.add_argument("--cluster", default="")
     parser.add_argument("--out", default="")
-    parser.add_argument("--held-out", action="store_true", help="train HELD_OUT_MODEL instead of MODEL")
+    parser.add_argument("--held-out", default="", choices=["", "1", "2"], help="train HELD_OUT_MODELS[N] instead of MODEL")
     a = parser.parse_args()
-    model = HELD_OUT_MODEL if a.held_out else MODEL
-    out_file = a.out or f"bench/results/plan_runs_{'held_out' if a.held_out else 'here'}_cpu.md"
+    model = HELD_OUT_MODELS[a.held_out] if a.held_out else MODEL
+    out_file = a.out or ("bench/results/plan_runs_here_cpu.md" if not a.held_out else
+                         f"bench/results/plan_runs_held_out{'' if a.held_out == '1' else '_' + a.held_out}_cpu.md")
     seq_len = int(next(k for k in model if k.startswith("train.seq_len=")).split("=")[1])
     work = tempfile.mkdtemp(prefix="plan_runs_here_")
     data = os.path.join(work, "data")
@@ -179,7 +186,7 @@ def main():
     print(summary)
     with open(out_file, "w") as f:
         f.write("# tessera plan against runs on this machine (2 cores, CPU, Gloo)\n\n"
-                f"`python3 bench/plan_runs_here.py{' --held-out' if a.held_out else ''}` (its docstring says what is "
+                f"`python3 bench/plan_runs_here.py{' --held-out ' + a.held_out if a.held_out else ''}` (its docstring says what is "
                 "held and measured). Model keys: " + ", ".join(model) + "; global batch 16, AdamW, fp32.\n\n"
                 "Cluster file:\n\n```\n" + open(cluster).read() + "```\n\n"
                 f"Fixed overhead (a 1-block, width-8 run's peak less its estimate): {overhead * 1024:.1f} MiB.\n\n"
