@@ -93,14 +93,14 @@ double fit_memory_kernels(double budget) {
   require(per_byte > 0, "tessera plan calibrate: the memory-bound kernels' times did not grow with their size");
   return 1e-9 / per_byte;
 }
-// The median time of a product (1024^3) or of memory-bound kernels (LayerNorm then GELU forward and
-// backward over [4096, 256]) in `ranks` processes computing at once (forked children, each with one
-// thread, reporting through a pipe): their mean. Products hardly slow down when CPU cores share
-// memory; memory-bound kernels do (about 30% with two processes on this machine).
-double concurrent_seconds(bool products, int64_t ranks, double budget) {
+// Runs `work(rank)` in `ranks` forked processes at once (each with one intra-op thread) and returns
+// what each reports through its pipe (`values` doubles), by rank; a process that fails or reports
+// short is refused naming `what`.
+std::vector<std::vector<double>> in_processes(int64_t ranks, size_t values, const std::string& what,
+                                              const std::function<std::vector<double>(int rank)>& work) {
   std::vector<int> readers;
   std::vector<pid_t> children;
-  for (int64_t r = 0; r < ranks; ++r) {
+  for (int rank = 0; rank < ranks; ++rank) {
     int fds[2];
     require(pipe(fds) == 0, "tessera plan calibrate: pipe() failed");
     const pid_t pid = fork();
@@ -108,34 +108,49 @@ double concurrent_seconds(bool products, int64_t ranks, double budget) {
     if (pid == 0) {
       close(fds[0]);
       at::set_num_threads(1);
-      const at::Tensor a = at::randn({1024, 1024}), b = at::randn({1024, 1024});
-      at::Tensor c = at::empty({1024, 1024});
-      const at::Tensor x = at::randn({4096, 256}).set_requires_grad(true);
-      const at::Tensor w = at::ones({256}), bias = at::zeros({256});
-      const double t = calibration::median_seconds(
-          [&] {
-            if (products) at::mm_out(c, a, b);
-            else at::gelu(at::layer_norm(x, {256}, w, bias)).sum().backward();
-          },
-          budget);
-      const ssize_t written = write(fds[1], &t, sizeof t);
-      _exit(written == static_cast<ssize_t>(sizeof t) ? 0 : 1);
+      const std::vector<double> out = work(rank);
+      const ssize_t size = static_cast<ssize_t>(out.size() * sizeof(double));
+      const ssize_t written = write(fds[1], out.data(), static_cast<size_t>(size));
+      _exit(written == size && out.size() == values ? 0 : 1);
     }
     close(fds[1]);
     readers.push_back(fds[0]);
     children.push_back(pid);
   }
-  double mean = 0;
-  for (size_t i = 0; i < readers.size(); ++i) {
-    double t = 0;
-    const ssize_t got = read(readers[i], &t, sizeof t);
-    close(readers[i]);
+  std::vector<std::vector<double>> reported;
+  for (size_t r = 0; r < readers.size(); ++r) {
+    std::vector<double> got(values);
+    const ssize_t want = static_cast<ssize_t>(values * sizeof(double));
+    const ssize_t read_bytes = read(readers[r], got.data(), static_cast<size_t>(want));
+    close(readers[r]);
     int status = 0;
-    waitpid(children[i], &status, 0);
-    require(got == static_cast<ssize_t>(sizeof t) && WIFEXITED(status) && WEXITSTATUS(status) == 0,
-            "tessera plan calibrate: a measuring process failed");
-    mean += t / static_cast<double>(ranks);
+    waitpid(children[r], &status, 0);
+    require(read_bytes == want && WIFEXITED(status) && WEXITSTATUS(status) == 0, "tessera plan calibrate: a process ",
+            what, " failed");
+    reported.push_back(std::move(got));
   }
+  return reported;
+}
+
+// The median time of a product (1024^3) or of memory-bound kernels (LayerNorm then GELU forward and
+// backward over [4096, 256]) in `ranks` processes computing at once: their mean. Products hardly
+// slow down when CPU cores share memory; memory-bound kernels may (2% to 28% with two processes in
+// four calibrations here, docs/plan.md).
+double concurrent_seconds(bool products, int64_t ranks, double budget) {
+  const auto times = in_processes(ranks, 1, "timing the shared cores", [&](int) {
+    const at::Tensor a = at::randn({1024, 1024}), b = at::randn({1024, 1024});
+    at::Tensor c = at::empty({1024, 1024});
+    const at::Tensor x = at::randn({4096, 256}).set_requires_grad(true);
+    const at::Tensor w = at::ones({256}), bias = at::zeros({256});
+    return std::vector<double>{calibration::median_seconds(
+        [&] {
+          if (products) at::mm_out(c, a, b);
+          else at::gelu(at::layer_norm(x, {256}, w, bias)).sum().backward();
+        },
+        budget)};
+  });
+  double mean = 0;
+  for (const std::vector<double>& t : times) mean += t[0] / static_cast<double>(ranks);
   return mean;
 }
 
@@ -200,62 +215,38 @@ LinkFit fit_gloo_loaded(double budget) {
   for (int64_t kib = 1; kib <= 16384; kib *= 4) bytes.push_back(static_cast<double>(kib * 1024));
   const std::string path = "/tmp/tessera_calibrate_store_" + std::to_string(getpid());
   std::remove(path.c_str());
-  std::vector<int> readers;
-  std::vector<pid_t> children;
-  for (int rank = 0; rank < 2; ++rank) {
-    int fds[2];
-    require(pipe(fds) == 0, "tessera plan calibrate: pipe() failed");
-    const pid_t pid = fork();
-    require(pid >= 0, "tessera plan calibrate: fork() failed");
-    if (pid == 0) {
-      close(fds[0]);
-      at::set_num_threads(1);
-      auto store = c10::make_intrusive<c10d::FileStore>(path, 2);
-      auto options = c10d::ProcessGroupGloo::Options::create();
-      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-      auto backend = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, 2, options);
-      comm::Group group("calibrate", {0, 1}, rank, backend, std::chrono::milliseconds(120000));
-      const at::Tensor a = at::randn({256, 1024}), b = at::randn({1024, 1024});
-      at::Tensor c = at::empty({256, 1024});
-      const at::Tensor x = at::randn({1024, 256}).set_requires_grad(true);
-      const at::Tensor w = at::ones({256}), bias = at::zeros({256});
-      std::vector<double> means;
-      for (double size : bytes) {
-        const at::Tensor t = at::ones({static_cast<int64_t>(size) / 4});
-        // Both ranks run the same number of calls: a fixed count from the size.
-        const int reps = std::max(8, static_cast<int>(budget * 4e8 / std::max(size, 1e5)));
+  const auto means = in_processes(2, bytes.size(), "measuring the all-reduce", [&](int rank) {
+    auto store = c10::make_intrusive<c10d::FileStore>(path, 2);
+    auto options = c10d::ProcessGroupGloo::Options::create();
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    auto backend = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, 2, options);
+    comm::Group group("calibrate", {0, 1}, rank, backend, std::chrono::milliseconds(120000));
+    const at::Tensor a = at::randn({256, 1024}), b = at::randn({1024, 1024});
+    at::Tensor c = at::empty({256, 1024});
+    const at::Tensor x = at::randn({1024, 256}).set_requires_grad(true);
+    const at::Tensor w = at::ones({256}), bias = at::zeros({256});
+    std::vector<double> out;
+    for (double size : bytes) {
+      const at::Tensor t = at::ones({static_cast<int64_t>(size) / 4});
+      // Both ranks run the same number of calls: a fixed count from the size.
+      const int reps = std::max(8, static_cast<int>(budget * 4e8 / std::max(size, 1e5)));
+      group.all_reduce(t);
+      double total = 0;
+      for (int i = 0; i < reps; ++i) {
+        at::mm_out(c, a, b);
+        at::gelu(at::layer_norm(x, {256}, w, bias)).sum().backward();
+        const calibration::Clock::time_point start = calibration::Clock::now();
         group.all_reduce(t);
-        double total = 0;
-        for (int i = 0; i < reps; ++i) {
-          at::mm_out(c, a, b);
-          at::gelu(at::layer_norm(x, {256}, w, bias)).sum().backward();
-          const calibration::Clock::time_point start = calibration::Clock::now();
-          group.all_reduce(t);
-          total += calibration::seconds_since(start);
-        }
-        means.push_back(total / reps);
+        total += calibration::seconds_since(start);
       }
-      const ssize_t size = static_cast<ssize_t>(means.size() * sizeof(double));
-      const ssize_t written = write(fds[1], means.data(), static_cast<size_t>(size));
-      _exit(written == size ? 0 : 1);
+      out.push_back(total / reps);
     }
-    close(fds[1]);
-    readers.push_back(fds[0]);
-    children.push_back(pid);
-  }
-  std::vector<double> seconds(bytes.size(), 0.0);
-  for (size_t r = 0; r < readers.size(); ++r) {
-    std::vector<double> means(bytes.size());
-    const ssize_t want = static_cast<ssize_t>(means.size() * sizeof(double));
-    const ssize_t got = read(readers[r], means.data(), static_cast<size_t>(want));
-    close(readers[r]);
-    int status = 0;
-    waitpid(children[r], &status, 0);
-    require(got == want && WIFEXITED(status) && WEXITSTATUS(status) == 0,
-            "tessera plan calibrate: a process measuring the all-reduce failed");
-    for (size_t i = 0; i < means.size(); ++i) seconds[i] += means[i] / 2;
-  }
+    return out;
+  });
   std::remove(path.c_str());
+  std::vector<double> seconds(bytes.size(), 0.0);
+  for (const std::vector<double>& rank : means)
+    for (size_t i = 0; i < bytes.size(); ++i) seconds[i] += rank[i] / 2;
   const auto [intercept, per_byte] = calibration::fit_line(bytes, seconds);
   require(per_byte > 0, "tessera plan calibrate: the all-reduce times did not grow with their size");
   return {1e-9 / per_byte, std::max(0.0, intercept) / 2 * 1e6};
