@@ -3,6 +3,8 @@
 // count, the cost model's step against its parts, and the search against brute force.
 #include <gtest/gtest.h>
 
+#include "model/parameter_census.h"
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -148,6 +150,51 @@ TEST(CostModel, CollectivesTakeTheirAlgorithmsTime) {
   EXPECT_DOUBLE_EQ(plan::all_gather_seconds(1e9, 4, t), 3.0 / 4 * 0.1 + 3 * 1e-5);
   EXPECT_DOUBLE_EQ(plan::send_seconds(1e9, t), 0.1 + 1e-5);
   EXPECT_EQ(plan::all_reduce_seconds(1e9, 1, t), 0);
+  // A call's overhead (intra_node.call_overhead_us) once per call, whatever its steps.
+  Cluster::Tier loaded = t;
+  loaded.call_overhead_s = 2e-3;
+  EXPECT_DOUBLE_EQ(plan::all_reduce_seconds(1e9, 4, loaded), plan::all_reduce_seconds(1e9, 4, t) + 2e-3);
+  EXPECT_DOUBLE_EQ(plan::all_gather_seconds(1e9, 4, loaded), plan::all_gather_seconds(1e9, 4, t) + 2e-3);
+  EXPECT_DOUBLE_EQ(plan::send_seconds(1e9, loaded), plan::send_seconds(1e9, t) + 2e-3);
+  EXPECT_EQ(plan::all_reduce_seconds(1e9, 1, loaded), 0);
+}
+
+// On a CPU "device" whose every core computes (a rank per core), a collective's copying and summing
+// take a core from the backward beside them: the reduction is exposed whole; with a core to spare
+// the backward hides it. Under tp each of its collective calls pays the call overhead once, and
+// Megatron-SP's all-gather and reduce-scatter twice.
+TEST(CostModel, OnACpuWhoseEveryCoreComputesNothingHidesACollective) {
+  Cluster full = plan::load_cluster(test::source_path("clusters/this_machine_2core.toml"));
+  full.intra_node.call_overhead_us = 0;
+  Cluster spare = full;
+  spare.cluster.devices_per_node = 4;
+  Config c = test::planner_config();
+  c.train.device = "cpu";
+  c.parallel.dp = 2;
+  const ParallelDims dims(c.parallel, 2, "test");
+  const double exposed = test::breakdown_term(plan::predict(c, dims, full), "dp_reduction_exposed");
+  const double hidden = test::breakdown_term(plan::predict(c, dims, spare), "dp_reduction_exposed");
+  EXPECT_LT(hidden, exposed);
+  double parameters = 0;
+  for (const auto& item : *parameter_census(c.model)) parameters += static_cast<double>(item.meta.numel());
+  EXPECT_GE(exposed, plan::all_reduce_seconds(4 * parameters, 2, full.tier({0, 1})) * (1 - 1e-9));
+
+  Config tp = test::planner_config();
+  tp.train.device = "cpu";
+  tp.parallel.tp = 2;
+  const ParallelDims tp_dims(tp.parallel, 2, "test");
+  Cluster overhead = full;
+  overhead.intra_node.call_overhead_us = 1000;
+  for (const bool megatron_sp : {false, true}) {
+    tp.parallel.megatron_sp = megatron_sp;
+    const double added = test::breakdown_term(plan::predict(tp, tp_dims, overhead), "tp_communication") -
+                         test::breakdown_term(plan::predict(tp, tp_dims, full), "tp_communication");
+    // Per micro-batch two all-reduces a block each way (Megatron-SP: their all-gather and
+    // reduce-scatter, and the re-gather for each column product's weight gradient).
+    const double m = static_cast<double>(plan::predict(tp, tp_dims, full).micro_batches);
+    const double calls = megatron_sp ? 2 * 2 * 2 + 2 : 2 * 2;
+    EXPECT_NEAR(added, m * static_cast<double>(tp.model.n_layer) * calls * 1e-3, 1e-9) << megatron_sp;
+  }
 }
 
 // The products each block kind declares, forward + input and weight gradients (3x), over the
