@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_file import write_results  # noqa: E402
-from tessera_bench import tessera_bench  # noqa: E402
+from tessera_bench import device_model_state, tessera_bench  # noqa: E402
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -60,9 +60,7 @@ def main():
                      "train.threads": 1})
     ranks = args.pp
     # The model's state on the device: the budget's part that activations do not get.
-    probe = tessera_bench(args.build, args.config, {**base, "memory.activation_policy": "auto",
-                                                     "memory.device_budget_gb": 1}, ranks=ranks, steps=1, warmup=0)
-    state = GIB - probe["activation_policy"]["budget_bytes"]
+    state = device_model_state(args.build, args.config, base, ranks=ranks)
     cases = [(float(share), float(link), codec) for link in args.links.split(",") for share in args.shares.split(",")
              for codec in args.compressions]
     resident, runs = [], {case: [] for case in cases}

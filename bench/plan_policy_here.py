@@ -10,7 +10,7 @@ choices. The runs set nothing in the prediction.
 Written to bench/results/plan_policy_cpu.md.
 
 usage: bench/plan_policy_here.py BUILD_DIR [--rounds 2] [--steps 5] [--shares 48,32,20] [--links 16,0.05]
-                                 [--compressions none,int8] [--cluster this_machine_2core]
+                                 [--compressions none int8 bf16,int8] [--cluster this_machine_2core]
 """
 import argparse
 import statistics
@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_file import write_results  # noqa: E402
-from tessera_bench import plan_step, tessera_bench  # noqa: E402
+from tessera_bench import device_model_state, plan_step, tessera_bench  # noqa: E402
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -30,18 +30,17 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--shares", default="48,32,20")
     ap.add_argument("--links", default="16,0.05")
-    ap.add_argument("--compressions", default="none,int8")
+    ap.add_argument("--compressions", nargs="+", default=["none", "int8"],
+                    help="allowances in turn: none, a codec, or a comma-separated list of codecs")
     ap.add_argument("--cluster", default="this_machine_2core")
     ap.add_argument("--out", default="bench/results/plan_policy_cpu.md")
     args = ap.parse_args()
     base = {"train.batch_size": 16}
-    probe = tessera_bench(args.build, "tiny_gpt", {**base, "memory.activation_policy": "auto",
-                                                     "memory.device_budget_gb": 1}, steps=1, warmup=0)
-    state = GIB - probe["activation_policy"]["budget_bytes"]
+    state = device_model_state(args.build, "tiny_gpt", base)
     resident_predicted = plan_step(args.build, "tiny_gpt", args.cluster, base)
     lines = ["# The planner's price of the activation policy against runs (tiny_gpt, CPU)", "",
              f"`python3 bench/plan_policy_here.py {args.build} --rounds {args.rounds} --steps {args.steps} --shares "
-             f"{args.shares} --links {args.links} --compressions {args.compressions} --cluster {args.cluster}`: one "
+             f"{args.shares} --links {args.links} --compressions {' '.join(args.compressions)} --cluster {args.cluster}`: one "
              "process, float32, batch 16; `tessera plan` with every layout key held against `tessera bench`, each "
              "policy run after a resident run.", "",
              "| share MiB | link GB/s | codec allowed | run's choices | predicted step / resident | measured | "
@@ -49,7 +48,7 @@ def main():
              "|---|---|---|---|---|---|---|"]
     for link in args.links.split(","):
         for share in args.shares.split(","):
-            for codec in args.compressions.split(","):
+            for codec in args.compressions:
                 sets = {**base, "memory.activation_policy": "auto",
                         "memory.device_budget_gb": (state + float(share) * MIB) / GIB,
                         "memory.modelled_bandwidth_gbps": link, "memory.activation_compression": codec}

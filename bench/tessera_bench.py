@@ -27,6 +27,14 @@ ONE_PROCESS_LAYOUT = {"parallel.tp": 1, "parallel.pp": 1, "parallel.sp": 1, "par
                       "memory.activation_checkpointing": "none", "memory.swap": "false"}
 
 
+def device_model_state(build, config, sets, ranks=1):
+    """The model's state on the device under `memory.activation_policy = auto` (bytes): a 1 GiB budget
+    less the share it leaves the activations, from a one-step `tessera bench` of `sets`."""
+    probe = tessera_bench(build, config, {**sets, "memory.activation_policy": "auto", "memory.device_budget_gb": 1},
+                          ranks=ranks, steps=1, warmup=0)
+    return 1024 ** 3 - probe["activation_policy"]["budget_bytes"]
+
+
 def plan_step(build, config, cluster, sets):
     """`BUILD/tessera plan --config CONFIG --cluster CLUSTER --world 1 --json` with ONE_PROCESS_LAYOUT and
     `sets` held: the one layout's predicted step (s); raises with the output on failure."""

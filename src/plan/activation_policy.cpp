@@ -16,7 +16,6 @@
 #include "model/operations.h"
 #include "plan/activation_estimate.h"
 #include "plan/layout.h"
-#include "parallel/pipeline/simulate.h"
 #include "plan/memory_estimate.h"
 
 namespace tessera {
@@ -328,9 +327,6 @@ ActivationPolicy choose_activation_policy(const std::vector<std::vector<Activati
 std::vector<ActivationShare> activation_shares(const Config& config, const Layout& layout) {
   const std::vector<MemoryEstimate> ranks = estimate_memory_by_rank(config, layout);
   const double budget = config.memory.device_budget_gb * 1024.0 * 1024.0 * 1024.0;
-  // Under a pipeline, the schedule's moments by how many of the held micro-batches await their W.
-  pipeline::Simulation sim;
-  if (layout.pipelined()) sim = pipeline::simulate_schedule(layout.schedule(), {}, pipeline::Timeline::skip);
   std::vector<ActivationShare> shares;
   for (size_t r = 0; r < ranks.size(); ++r) {
     const MemoryEstimate& e = ranks[r];
@@ -342,7 +338,8 @@ std::vector<ActivationShare> activation_shares(const Config& config, const Layou
       share.layers = stage.layers(config.model);
       share.held = static_cast<double>(e.pipeline_held) / chunks;
       share.moments.clear();
-      for (const auto* by_awaiting : {&sim.peak_held_awaiting_w_before_gradients[r], &sim.peak_held_awaiting_w_with_gradients[r]})
+      // The schedule's moments by how many of the held micro-batches await their W.
+      for (const auto* by_awaiting : {&e.pipeline_held_before_gradients, &e.pipeline_held_with_gradients})
         for (size_t k = 0; k < by_awaiting->size(); ++k)
           if ((*by_awaiting)[k] >= 0)
             share.moments.push_back({static_cast<double>((*by_awaiting)[k] - static_cast<int64_t>(k)) / chunks,

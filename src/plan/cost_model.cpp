@@ -90,10 +90,14 @@ PricedLayout price_compute(const Config& config, const ParallelDims& dims, const
     // builders try whole backwards (schedule_builders.h) for nothing.
     for (pipeline::ActionCosts::Compute& stage : out.costs.stages) stage.b = stage.i + stage.w;
     const std::vector<int64_t> pp_group = dims.group_of("pp", 0);
+    const Cluster::Tier pp_tier = cluster.tier({pp_group[0], pp_group[1]});
     const double transfer_tokens = shape.tokens() / (p.megatron_sp ? static_cast<double>(dims.tp()) : 1.0);
     const double transfer_bytes = transfer_tokens * static_cast<double>(model.n_embd) *
                                   (p.pp_transfer_dtype == "float32" ? 4 : static_cast<double>(shape.element_bytes));
-    out.costs.transfer = send_seconds(transfer_bytes, cluster.tier({pp_group[0], pp_group[1]}));
+    out.costs.transfer = send_seconds(transfer_bytes, pp_tier);
+    // With no core to spare a send's copying takes the sender's core (its bytes' time; the
+    // receiver's wait is the transfer's delay).
+    const double copying = every_core_computes(cluster, dims) ? transfer_bytes / pp_tier.bandwidth_bytes_per_s : 0;
     out.placement.pp = dims.pp();
     out.placement.v = p.pipeline_virtual();
     out.placement.placement = pipeline::placement_of(p.pp_schedule);
@@ -104,16 +108,11 @@ PricedLayout price_compute(const Config& config, const ParallelDims& dims, const
       const int64_t a = out.placement.rank_of(st), b = out.placement.rank_of(st + 1);
       if (a == b) continue;
       out.link_crossings = std::max({out.link_crossings, ++crossings[static_cast<size_t>(a)], ++crossings[static_cast<size_t>(b)]});
-      // With no core to spare the send's copying takes the sender's core (its bytes' time; the
-      // receiver's wait is the transfer's delay): its F (the activations on), the next stage's I
-      // (their gradients back).
-      if (every_core_computes(cluster, dims)) {
-        const double copying = transfer_bytes / cluster.tier({pp_group[0], pp_group[1]}).bandwidth_bytes_per_s;
-        out.costs.stages[static_cast<size_t>(st)].f += copying;
-        pipeline::ActionCosts::Compute& next = out.costs.stages[static_cast<size_t>(st + 1)];
-        next.i += copying;
-        next.b = next.i + next.w;
-      }
+      // The sender's F (the activations on) and the next stage's I (their gradients back).
+      out.costs.stages[static_cast<size_t>(st)].f += copying;
+      pipeline::ActionCosts::Compute& next = out.costs.stages[static_cast<size_t>(st + 1)];
+      next.i += copying;
+      next.b = next.i + next.w;
     }
     out.held = PartCost{};
     for (int64_t rank = 0; rank < dims.pp(); ++rank) {
@@ -442,15 +441,12 @@ void add_memory(Prediction& prediction, const Config& config, const Layout& layo
     prediction.peak_memory_bytes = estimate.device_bytes();
     host_bytes = estimate.host_bytes();
     if (config.memory.activation_policy == "auto") {
-      // Each rank's model state and its policy's bytes (which fit its share of the budget).
-      const PricedOperations priced = price_operations(config, layout.dims(), cluster);
-      const std::vector<ActivationShare> shares = activation_shares(config, layout);
+      // Each rank's model state (the budget less its share) and its policy's bytes.
+      prediction.activation_policies = price_operations(config, layout.dims(), cluster).activation_policies;
       prediction.peak_memory_bytes = 0;
-      prediction.activation_policies = priced.activation_policies;
-      for (size_t r = 0; r < shares.size() && r < priced.activation_policies.size(); ++r)
-        prediction.peak_memory_bytes =
-            std::max(prediction.peak_memory_bytes, config.memory.device_budget_gb * kGiB - shares[r].budget_bytes +
-                                                       priced.activation_policies[r].bytes);
+      for (const ActivationPolicy& policy : prediction.activation_policies)
+        prediction.peak_memory_bytes = std::max(prediction.peak_memory_bytes, config.memory.device_budget_gb * kGiB -
+                                                                                   policy.budget_bytes + policy.bytes);
     }
   }
   // A CPU "device" is host memory: what the run keeps "on the host" is in the same memory.

@@ -50,8 +50,8 @@
 // block's option from the blocks' predicted F and B, the host link (on a CPU "device" the copy
 // rate device.memory_gbs and the modelled link) and the codec's rate, and each block's choice adds
 // its seconds (PartCost::activation_policy); memory is each rank's model state and its policy's
-// bytes. A search with auto needs every layout key held (the choice depends on the ZeRO stage and
-// the schedule, which the search prices once for many layouts).
+// bytes. A search under auto prices each layout on its own (the choice depends on the ZeRO stage
+// and the schedule) and holds memory.activation_checkpointing, which the policy chooses.
 //
 // Not modelled (refused by key, so no prediction silently leaves them out):
 // file: schedules, low-rank pseudo-gradients.

@@ -239,6 +239,8 @@ std::vector<MemoryEstimate> estimate_memory_by_rank(const Config& config, const 
                                           sim.peak_held_awaiting_w_with_gradients[r]);
       rank.pipeline_rank = r;
       rank.pipeline_held = sim.peak_held[r];
+      rank.pipeline_held_before_gradients = sim.peak_held_awaiting_w_before_gradients[r];
+      rank.pipeline_held_with_gradients = sim.peak_held_awaiting_w_with_gradients[r];
       rank.pipeline = pipeline;
       ranks.push_back(std::move(rank));
     }

@@ -87,6 +87,9 @@ struct MemoryEstimate {
   // activation terms include, and the cut and schedule as text. pipeline_rank -1: no pipeline.
   int64_t pipeline_rank = -1;
   int64_t pipeline_held = 0;
+  // The simulation's held micro-batches by how many await their W, before the rank's first
+  // gradients and after (pipeline::Simulation::peak_held_awaiting_w_*); empty without a pipeline.
+  std::vector<int64_t> pipeline_held_before_gradients, pipeline_held_with_gradients;
   std::string pipeline;
   // The device's peak: the larger of the backward's and the optimizer step's (above).
   double device_bytes() const;

@@ -299,8 +299,12 @@ TEST(ActivationPolicy, UnderASplitBackwardMicroBatchesAwaitingWCountWhatTheyKeep
   EXPECT_TRUE(awaits);
   const auto options = activation_options(c, dims, BlockCosts(), false);
   for (const ActivationOption& o : options[0]) {
-    if (o.checkpointing == "full") EXPECT_EQ(o.awaiting, 0) << o.name();
-    if (o.offload && o.checkpointing == "none") EXPECT_GT(o.awaiting, options[0][0].bytes) << o.name();
+    if (o.checkpointing == "full") {
+      EXPECT_EQ(o.awaiting, 0) << o.name();
+    }
+    if (o.offload && o.checkpointing == "none") {
+      EXPECT_GT(o.awaiting, options[0][0].bytes) << o.name();
+    }
   }
   // The estimate's own count for a kept block awaiting W: its bytes plus I's extra.
   const double tokens = static_cast<double>(c.train.batch_size * c.train.seq_len);
