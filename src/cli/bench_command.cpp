@@ -9,7 +9,8 @@
 // dp group's bytes sent and communication-thread busy time per step, with sequence parallelism
 // the sp group's bytes sent per step by operation (sp_bytes_per_step; bench/sequence_parallel.py),
 // with tensor parallelism the tp group's (tp_bytes_per_step), with expert parallelism the ep
-// group's (ep_bytes_per_step; bench/expert_parallel.py), with pipeline parallelism every
+// group's (ep_bytes_per_step, and the all-to-all bytes to other nodes, ep_inter_node_bytes_per_step;
+// bench/expert_parallel.py), with pipeline parallelism every
 // pipeline rank's host memory (pp_peak_bytes, pp_model_state_bytes: the two figures below, per
 // pipeline rank in order; bench/pipeline_memory.py), the timed steps' mean F, B, I, W per action,
 // the transfers' host costs and the measured, simulated and replayed bubble (pp_action_ms,
@@ -279,7 +280,11 @@ Command add_bench_command(CLI::App& app) {
       out["tp_bytes_per_step"] = bytes_by_op(*tp);
       out["megatron_sp"] = config.parallel.megatron_sp;
     }
-    if (ep) out["ep_bytes_per_step"] = bytes_by_op(*ep);
+    if (ep) {
+      out["ep_bytes_per_step"] = bytes_by_op(*ep);
+      out["ep_inter_node_bytes_per_step"] = static_cast<double>(ep->inter_node_bytes()) / steps;
+      out["ep_dispatch"] = config.parallel.ep_dispatch;
+    }
     if (pp) {  // this rank's: its activations' and gradients' sends, up (pp) and down (pp_down)
       nlohmann::json both = bytes_by_op(*pp);
       for (const auto& [op, bytes] : pp_down->traffic())

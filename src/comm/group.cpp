@@ -63,6 +63,11 @@ int64_t Group::bytes_sent() const {
   return total;
 }
 
+int64_t Group::inter_node_bytes() const {
+  std::lock_guard<std::mutex> lock(impl_->traffic_mutex);
+  return impl_->inter_node_bytes;
+}
+
 double Group::busy_seconds() const {
   std::lock_guard<std::mutex> lock(impl_->traffic_mutex);
   return impl_->busy_seconds;
@@ -70,9 +75,16 @@ double Group::busy_seconds() const {
 
 void Group::set_failure_diagnosis(std::function<std::string()> diagnose) { impl_->diagnose = std::move(diagnose); }
 
+void Group::set_member_nodes(std::vector<int64_t> node_of_member) {
+  require(static_cast<int64_t>(node_of_member.size()) == size(), "internal: ", node_of_member.size(),
+          " member nodes for group '", name(), "' of ", size());
+  impl_->node_of_member = std::move(node_of_member);
+}
+
 void Group::reset_traffic() {
   std::lock_guard<std::mutex> lock(impl_->traffic_mutex);
   impl_->traffic.clear();
+  impl_->inter_node_bytes = 0;
   impl_->busy_seconds = 0;
 }
 

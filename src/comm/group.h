@@ -23,6 +23,8 @@
 //   all_reduce 2(N-1)/N * bytes, all_gather and reduce_scatter (N-1)/N * full bytes, broadcast
 //   `bytes` on the root, send_recv `bytes` (counted as "send"), all_to_all (N-1)/N * input bytes
 //   (the chunks that leave this rank; with variable splits, the rows sent to other members).
+//   Once the members' nodes are set (set_member_nodes), inter_node_bytes() counts the part of the
+//   all-to-alls with variable splits sent to members on other nodes.
 // - All-to-alls take bfloat16 on Gloo too (moved as float16 of the same bits: Gloo has no bf16
 //   all-to-all).
 //
@@ -148,6 +150,7 @@ class Group {
   // Bytes this rank sent, by operation name ("all_reduce", "all_gather", ...).
   std::map<std::string, int64_t> traffic() const;
   int64_t bytes_sent() const;
+  int64_t inter_node_bytes() const;  // all-to-all bytes to other nodes (0 when the nodes are not set)
   // Seconds the communication thread spent running queued operations (busy time, whether or not
   // the caller was waiting: compare with the exposed wait to get the overlap).
   double busy_seconds() const;
@@ -156,6 +159,9 @@ class Group {
   // Called once, on the group's first failed operation, and appended to its message: who is to
   // blame (comm/heartbeat.h). Set by the mesh before any operation.
   void set_failure_diagnosis(std::function<std::string()> diagnose);
+  // The node of each member (size() entries), for the inter-node traffic count; set while no
+  // operation is in flight.
+  void set_member_nodes(std::vector<int64_t> node_of_member);
 
  private:
   std::shared_ptr<Impl> impl_;

@@ -164,20 +164,25 @@ Work Group::all_to_all_async(at::Tensor output, at::Tensor input, std::vector<in
     return Work();
   }
   const int64_t per_row = c10::multiply_integers(input.sizes().slice(1));
-  double bytes = 0;
-  for (int64_t j = 0; j < g.size(); ++j)
-    if (j != g.rank) bytes += static_cast<double>(input_rows[static_cast<size_t>(j)] * per_row * input.element_size());
+  double bytes = 0, inter_node = 0;
+  for (int64_t j = 0; j < g.size(); ++j) {
+    if (j == g.rank) continue;
+    const double sent = static_cast<double>(input_rows[static_cast<size_t>(j)] * per_row * input.element_size());
+    bytes += sent;
+    if (!g.node_of_member.empty() && g.node_of_member[static_cast<size_t>(j)] != g.node_of_member[static_cast<size_t>(g.rank)])
+      inter_node += sent;
+  }
   for (int64_t& r : input_rows) r *= per_row;  // c10d's splits count elements of the flat tensors
   for (int64_t& r : output_rows) r *= per_row;
   return g.enqueue("all_to_all of " + shape_text(input),
                    [&g, output, input, output_rows = std::move(output_rows), input_rows = std::move(input_rows),
-                    bytes]() mutable {
+                    bytes, inter_node]() mutable {
                      const at::Tensor flat_output = output.view({-1});
                      at::Tensor out = g.staged(flat_output), in = g.staged(input.view({-1}));
                      at::Tensor out_wire = g.on_wire(out), in_wire = g.on_wire(in);
                      g.wait_backend(g.backend->alltoall_base(out_wire, in_wire, output_rows, input_rows));
                      Impl::unstage(flat_output, out);
-                     g.count("all_to_all", bytes);
+                     g.count("all_to_all", bytes, inter_node);
                    });
 }
 

@@ -47,6 +47,7 @@ struct Group::Impl {
   c10::Device device{c10::kCPU};
   std::optional<c10::Stream> comm_stream;  // CUDA groups: set and used by the communication thread only
   std::function<std::string()> diagnose;   // who to blame when an operation fails (may be empty)
+  std::vector<int64_t> node_of_member;     // empty: nodes unknown (no inter-node count)
 
   std::mutex mutex;
   std::condition_variable ready;
@@ -57,6 +58,7 @@ struct Group::Impl {
 
   std::mutex traffic_mutex;
   std::map<std::string, int64_t> traffic;
+  int64_t inter_node_bytes = 0;
   double busy_seconds = 0;
   int64_t ring_tag = 0;  // touched only on the communication thread
 
@@ -85,9 +87,10 @@ struct Group::Impl {
     fail("rank ", ranks[rank], " (group '", name, "', rank ", rank, " of ", size(), "): ", op, " failed: ", detail, blame);
   }
 
-  void count(const std::string& op, double bytes) {
+  void count(const std::string& op, double bytes, double to_other_nodes = 0) {
     std::lock_guard<std::mutex> lock(traffic_mutex);
     traffic[op] += static_cast<int64_t>(bytes);
+    inter_node_bytes += static_cast<int64_t>(to_other_nodes);
   }
 
   void add_busy(std::chrono::steady_clock::time_point start) {

@@ -18,6 +18,8 @@ void ParallelOptions::check(const std::string& source) const {
           ": parallel.pp_transfer_dtype must be compute or float32 (got \"", pp_transfer_dtype, "\")");
   require(pp_schedule_costs == "measured" || pp_schedule_costs == "unit", source,
           ": parallel.pp_schedule_costs must be measured or unit (got \"", pp_schedule_costs, "\")");
+  require(ep_dispatch == "alltoall" || ep_dispatch == "hierarchical", source,
+          ": parallel.ep_dispatch must be alltoall or hierarchical (got \"", ep_dispatch, "\")");
   require(pp_cut == "layers" || pp_cut == "params" || pp_cut == "profile", source,
           ": parallel.pp_cut must be layers, params or profile (got \"", pp_cut, "\")");
   require(!zero3_reshard_per_microbatch || (zero_stage == 3 && pp > 1), source,

@@ -22,6 +22,8 @@ struct ParallelOptions {
   std::string pp_schedule_costs = "measured";  // zbv's and zbh1's tables: measured (rebuilt after step 2) | unit
   int64_t sp = 1;
   int64_t ep = 1;  // expert parallelism, carved out of the data-parallel ranks (divides dp)
+  std::string ep_dispatch = "alltoall";  // alltoall | hierarchical (parallel/expert/hierarchical_dispatch.h)
+  int64_t ranks_per_node = 0;  // processes per node, global ranks node-contiguous; 0 = the launcher's
   bool megatron_sp = false;  // with tp > 1: LayerNorm/dropout regions split along the sequence
   std::string sp_method = "auto";  // auto (lasp for linear attention), lasp, lasp2, ulysses, ring
   int64_t zero_stage = 0;
@@ -65,6 +67,14 @@ struct ParallelOptions {
       "unit-cost table) or unit (F = I = W)");
     v("sp", sp, "sequence-parallel degree", between(1, 4096));
     v("ep", ep, "expert-parallel degree (taken from the data-parallel ranks; divides dp)", between(1, 4096));
+    v("ep_dispatch", ep_dispatch,
+      "how tokens reach their experts' ranks: alltoall (one row per routed choice, one all-to-all each way) or "
+      "hierarchical (DeepSeek-V3's: each token crosses to another node once per node it needs, then once per rank "
+      "within it; the gates are applied where the experts run and the outputs summed on the way back)");
+    v("ranks_per_node", ranks_per_node,
+      "processes per node (global ranks fill nodes in order); 0 = the launcher's (LOCAL_WORLD_SIZE, --nproc). "
+      "Hierarchical expert dispatch routes by it, and the expert all-to-all counts its bytes to other nodes",
+      between(0, 1 << 20));
     v("megatron_sp", megatron_sp,
       "with tp > 1, Megatron sequence parallelism: norms and residuals split along the sequence, all-gather / "
       "reduce-scatter at region borders");

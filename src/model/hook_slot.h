@@ -1,4 +1,4 @@
-// The rule of the model's single-owner hook slots (a layer's region, attention kernel, MoE expert
+// The rule of the model's single-owner hook slots (a layer's region, attention kernel, MoE routed
 // step): parallelism applied from outside installs into an empty slot, or clears it with an
 // empty value; installing over an installed one is refused, never a silent replacement of the
 // first owner by the second. (Block wrappers, which compose, are TransformerLMImpl's.)

@@ -138,7 +138,7 @@ void MoEImpl::update_selection_bias(const std::vector<double>& load, double rate
     b[e] += static_cast<float>(rate * (load[e] < mean ? 1.0 : load[e] > mean ? -1.0 : 0.0));
 }
 
-void MoEImpl::set_expert_step(ExpertStep step) { install_once(expert_step_, std::move(step), "the MoE expert step"); }
+void MoEImpl::set_routed_step(RoutedStep step) { install_once(routed_step_, std::move(step), "the MoE routed step"); }
 void MoEImpl::set_balance_count_sum(CountSum sum) {
   install_once(balance_count_sum_, std::move(sum), "the MoE balance count sum");
 }
@@ -297,9 +297,8 @@ MoEOutput MoEImpl::forward(const at::Tensor& x) {
   const auto shape = x.sizes().vec();
   auto flat = x.reshape({-1, x.size(-1)});
   auto r = route(flat);
-  const at::Tensor buffer = dispatch(flat, r);
   const ExpertFn run = [this](const at::Tensor& rows, const std::vector<int64_t>& sizes) { return experts(rows, sizes); };
-  auto y = combine(expert_step_ ? expert_step_(buffer, r.sizes, run) : run(buffer, r.sizes), r);
+  auto y = routed_step_ ? routed_step_(flat, r, run) : combine(run(dispatch(flat, r), r.sizes), r);
   if (shared) y = y + (shared_gate ? at::sigmoid(linear(shared_gate, flat)) * shared(flat) : shared(flat));
   return {y.view(shape), r.aux_loss};
 }

@@ -24,13 +24,13 @@
 //             width S * H that every token runs (module "shared"; replicated under tp and ep);
 //             with model.moe_shared_gate (Qwen2-MoE) y += sigmoid(x . g) shared(x), g the
 //             replicated [1, C] weight of module "shared_gate".
-// Expert weights are stacked ([E, ...]) so that expert parallelism can shard them along E and put
-// an all-to-all between dispatch/experts/combine, which are separate steps for that reason. The
-// step between them is replaceable from outside (set_expert_step): expert parallelism
-// (parallel/expert/expert_parallel.h) installs one that sends each expert's rows to the rank
-// holding it, runs that rank's experts (w_fc etc. then hold only those, [E/ep, ...]) through the
-// function it is given, and returns the outputs to their tokens; an empty step runs experts()
-// here. The model never communicates.
+// Expert weights are stacked ([E, ...]) so that expert parallelism can shard them along E, and
+// dispatch/experts/combine are separate steps so that communication can go between them. The
+// routed step (tokens and their routing -> Σ_k gate * expert output, [N, C]) is replaceable from
+// outside (set_routed_step): expert parallelism (parallel/expert/) installs one that carries the
+// tokens to the ranks holding their experts (w_fc etc. then hold only those, [E/ep, ...]), runs
+// them through the function it is given and brings the weighted outputs back; an empty step runs
+// combine(experts(dispatch(x))) here. The model never communicates.
 //
 // Auxiliary losses (float32 scalars, summed into MoEOutput::aux_loss):
 //   load balance (Switch): aux_coef * E * Σ_e f_e P_e, f_e = fraction of tokens whose top-1 choice
@@ -52,8 +52,9 @@
 // form moe_groups equal groups, each scored per token by the sum of its two best selection scores
 // (s + b); the experts outside the token's moe_topk_groups best groups are out of its reach, and
 // its top k are chosen among the rest, as transformers' DeepseekV3TopkRouter does
-// (HfDeepseekV3.GroupLimitedRoutingChoosesAsTransformers). Only the choice changes: expert
-// parallelism still sends each row to its expert's rank, whichever node the group is on.
+// (HfDeepseekV3.GroupLimitedRoutingChoosesAsTransformers). Only the choice changes here; when
+// the groups are the nodes of the expert-parallel ranks, hierarchical dispatch
+// (parallel.ep_dispatch) sends each token over at most moe_topk_groups nodes' links.
 #pragma once
 
 #include <cstdint>
@@ -127,13 +128,13 @@ class MoEImpl : public torch::nn::Module {
   at::Tensor experts(const at::Tensor& rows, const std::vector<int64_t>& sizes) const;
   at::Tensor combine(const at::Tensor& out, const MoERouting& r) const;  // out [R, C] -> [N, C]
 
-  // buffer [R, C] with `sizes` (all E experts) -> outputs [R, C]; `experts` computes the experts
-  // this process holds (as experts() above).
+  // The experts this process holds, as experts() above.
   using ExpertFn = std::function<at::Tensor(const at::Tensor& rows, const std::vector<int64_t>& sizes)>;
-  using ExpertStep =
-      std::function<at::Tensor(const at::Tensor& buffer, const std::vector<int64_t>& sizes, const ExpertFn& experts)>;
+  // Tokens x [N, C] routed by r -> the routed experts' sum Σ_k r.gate * expert(x), [N, C] (in the
+  // experts' output dtype); `experts` computes the experts this process holds.
+  using RoutedStep = std::function<at::Tensor(const at::Tensor& x, const MoERouting& r, const ExpertFn& experts)>;
   // Installs the step (once: a second owner is refused; an empty step restores the default).
-  void set_expert_step(ExpertStep step);
+  void set_routed_step(RoutedStep step);
   // Sums `counts` [E + 1] float32 (the top-1 count of each expert, then the tokens) in place over
   // the ranks routing the same micro-batch (a collective: every such rank routes its MoE layers in
   // the same order, recomputation included). Installed once, as the expert step.
@@ -166,7 +167,7 @@ class MoEImpl : public torch::nn::Module {
   int64_t n_experts_, top_k_, groups_, topk_groups_;
   bool sigmoid_, glu_, renormalize_;
   double capacity_factor_, aux_coef_, z_coef_, routed_scale_, residual_std_;
-  ExpertStep expert_step_;
+  RoutedStep routed_step_;
   CountSum balance_count_sum_;
   MoEStatistics stats_;
   at::Tensor selection_bias_;

@@ -86,7 +86,7 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
   // 3b. Expert parallelism: this rank's experts, tokens dispatched to theirs.
   if (dims && dims->ep() > 1) {
     ep_ = &mesh_->group("ep");
-    apply_expert_parallel(model_, *ep_);
+    apply_expert_parallel(model_, *ep_, expert_dispatch(config.parallel, *ep_));
   }
   // 3c. model.moe_aux_scope = global: the balance loss counts the loads of every data- and
   // sequence-parallel rank's tokens of the micro-batch (tp ranks route the same tokens: not again).

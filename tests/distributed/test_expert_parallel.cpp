@@ -1,7 +1,8 @@
 // Expert parallelism's pieces on several ranks (parallel/expert/expert_parallel.h): the
 // variable-split all-to-all with empty splits, and one MoE layer whose experts are split over an ep
 // group, against the same layer whole on one process, when every token goes to one expert (the
-// other experts, and a whole ep rank, receive none); and a model at ep = 2 under full activation
+// other experts, and a whole ep rank, receive none), under each dispatch; hierarchical dispatch's
+// bytes between nodes under node-limited routing; and a model at ep = 2 under full activation
 // checkpointing holding its memory flat over 100 steps (nothing kept by the all-to-all's autograd
 // function, torchtitan #1467). The harness (tests/equivalence) checks whole models under every
 // composition; this checks what it cannot steer.
@@ -85,51 +86,133 @@ at::Tensor tokens_of(int64_t rank) {
 
 at::Tensor loss_of(const at::Tensor& y) { return (y * at::linspace(-1, 1, y.numel()).view(y.sizes())).sum(); }
 
+// Under each dispatch: alltoall, and hierarchical with the two ranks on two nodes (hop 1 only) and
+// on one node (hop 2 only).
 TEST(ExpertParallel, ExpertsAndARankWithoutTokensGetZeroGradients) {
   test::Ranks ranks(2);
   if (!ranks.is_worker()) return ranks.expect_success();
   auto mesh = ranks.connect();
   comm::Group& ep = mesh->world();
-  for (double factor : {0.0, 1.0}) {  // dropless, and a capacity that drops what expert 0 cannot take
-    SCOPED_TRACE("capacity factor " + std::to_string(factor));
-    const ModelOptions o = layer_options(factor);
-    MoE whole(o, at::TensorOptions());
-    fill(*whole);
-    // One process: both ranks' tokens through the whole layer, gradients summed.
-    at::Tensor want_y;
-    for (int64_t r = 0; r < 2; ++r) {
-      at::Tensor y = whole->forward(tokens_of(r)).y;
-      if (r == ranks.rank()) want_y = y.detach();
+  const std::pair<const char*, ExpertDispatch> dispatches[] = {
+      {"alltoall", {false, {0, 1}}}, {"hierarchical, two nodes", {true, {0, 1}}}, {"hierarchical, one node", {true, {0, 0}}}};
+  for (const auto& [dispatch_name, dispatch] : dispatches) {
+    for (double factor : {0.0, 1.0}) {  // dropless, and a capacity that drops what expert 0 cannot take
+      SCOPED_TRACE(std::string(dispatch_name) + ", capacity factor " + std::to_string(factor));
+      const ModelOptions o = layer_options(factor);
+      MoE whole(o, at::TensorOptions());
+      fill(*whole);
+      // One process: both ranks' tokens through the whole layer, gradients summed.
+      at::Tensor want_y;
+      for (int64_t r = 0; r < 2; ++r) {
+        at::Tensor y = whole->forward(tokens_of(r)).y;
+        if (r == ranks.rank()) want_y = y.detach();
+        loss_of(y).backward();
+      }
+      // This rank: its experts (2 of 4), the same values.
+      MoE split(o, at::TensorOptions().device(at::kMeta));
+      apply_expert_parallel(*split, ep, dispatch);
+      {
+        at::NoGradGuard no_grad;
+        auto from = whole->named_parameters();
+        for (auto& item : split->named_parameters()) {
+          const at::Tensor value = from[item.key()].detach();
+          at::Tensor p = item.value();
+          materialize_meta_parameter(
+              p, item.key() == "router.weight" ? value.clone() : value.chunk(2, 0)[ranks.rank()].clone());
+        }
+      }
+      at::Tensor y = split->forward(tokens_of(ranks.rank())).y;
+      EXPECT_TRUE(test::all_close(y, want_y, 1e-6, 1e-6));
       loss_of(y).backward();
+      auto want = whole->named_parameters();
+      for (const auto& item : split->named_parameters()) {
+        if (item.key() == "router.weight") continue;  // its gradient is this rank's tokens' only
+        const at::Tensor g = item.value().grad();
+        const at::Tensor expected = want[item.key()].grad().chunk(2, 0)[ranks.rank()];
+        EXPECT_TRUE(test::all_close(g, expected, 1e-5, 1e-6)) << item.key();
+        // Expert 0 (rank 0's first) took every token; the others none: exactly zero.
+        const at::Tensor idle = ranks.rank() == 0 ? g.narrow(0, 1, 1) : g;
+        EXPECT_EQ(idle.abs().max().item<double>(), 0.0) << item.key();
+        if (ranks.rank() == 0) {
+          EXPECT_GT(g[0].abs().max().item<double>(), 0.0) << item.key();
+        }
+      }
     }
-    // This rank: its experts (2 of 4), the same values.
+  }
+}
+
+// Group-limited routing whose groups are the nodes: 8 experts in 2 groups, top 3 from the best one,
+// four ranks on two nodes of two (node n holds group n). Under hierarchical dispatch a token
+// crosses to the other node at most once, and a forward's bytes between nodes, summed over the
+// ranks, are exactly: each hop's counts (8 bytes from each rank to each of the other node's two
+// members) and, per token whose group is the other node, its k int32 expert ids, its row of
+// C + k floats and its C-float output coming back; under alltoall each of its k choices crosses as
+// a C-float row each way. Outputs and expert gradients equal the whole layer's on all tokens.
+TEST(ExpertParallel, HierarchicalDispatchSendsATokenOncePerNode) {
+  test::Ranks ranks(4);
+  if (!ranks.is_worker()) return ranks.expect_success();
+  auto mesh = ranks.connect();
+  comm::Group& ep = mesh->world();
+  const int64_t W = 4, C = 8, E = 8, k = 3, me = ranks.rank();
+  ModelOptions o = layer_options(0.0);
+  o.moe_experts = E;
+  o.moe_top_k = k;
+  o.moe_groups = 2;
+  o.moe_topk_groups = 1;
+  MoE whole(o, at::TensorOptions());
+  {
+    at::NoGradGuard no_grad;
+    torch::manual_seed(11);
+    for (auto& p : whole->parameters()) p.normal_(0, 0.5);
+  }
+  const auto tokens = [](int64_t rank) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(70 + rank);
+    return at::randn({4, 5, 8}, gen);
+  };
+  at::Tensor want_y;
+  for (int64_t r = 0; r < W; ++r) {
+    at::Tensor y = whole->forward(tokens(r)).y;
+    if (r == me) want_y = y.detach();
+    loss_of(y).backward();
+  }
+  const std::vector<int64_t> nodes = {0, 0, 1, 1};
+  for (bool hierarchical : {false, true}) {
+    SCOPED_TRACE(hierarchical ? "hierarchical" : "alltoall");
     MoE split(o, at::TensorOptions().device(at::kMeta));
-    apply_expert_parallel(*split, ep);
+    apply_expert_parallel(*split, ep, ExpertDispatch{hierarchical, nodes});
+    ep.set_member_nodes(nodes);
     {
       at::NoGradGuard no_grad;
       auto from = whole->named_parameters();
       for (auto& item : split->named_parameters()) {
         const at::Tensor value = from[item.key()].detach();
         at::Tensor p = item.value();
-        materialize_meta_parameter(
-            p, item.key() == "router.weight" ? value.clone() : value.chunk(2, 0)[ranks.rank()].clone());
+        materialize_meta_parameter(p, item.key() == "router.weight" ? value.clone() : value.chunk(W, 0)[me].clone());
       }
     }
-    at::Tensor y = split->forward(tokens_of(ranks.rank())).y;
-    EXPECT_TRUE(test::all_close(y, want_y, 1e-6, 1e-6));
+    // This rank's tokens whose group is the other node (x) and their choices (y).
+    const at::Tensor x = tokens(me);
+    const at::Tensor other = split->route(x.reshape({-1, C})).expert.div(E / 2, "floor").ne(me / 2);
+    const at::Tensor crossing = at::tensor({other.any(1).sum().item<double>(), other.sum().item<double>()});
+    ep.all_reduce(crossing);
+    const double tokens_crossing = crossing[0].item<double>(), choices_crossing = crossing[1].item<double>();
+    EXPECT_EQ(choices_crossing, k * tokens_crossing);  // a token's choices all lie in its one group
+    EXPECT_GT(tokens_crossing, 0);
+
+    ep.reset_traffic();
+    at::Tensor y = split->forward(x).y;
+    const at::Tensor inter = at::tensor({static_cast<double>(ep.inter_node_bytes())});
+    ep.all_reduce(inter);
+    const double expected = hierarchical ? W * 2 * 2 * 8 + tokens_crossing * (4 * k + 4 * (C + k) + 4 * C)
+                                         : choices_crossing * 2 * 4 * C;
+    EXPECT_EQ(inter.item<double>(), expected);
+    EXPECT_TRUE(test::all_close(y, want_y, 1e-5, 1e-6));
     loss_of(y).backward();
     auto want = whole->named_parameters();
     for (const auto& item : split->named_parameters()) {
       if (item.key() == "router.weight") continue;  // its gradient is this rank's tokens' only
-      const at::Tensor g = item.value().grad();
-      const at::Tensor expected = want[item.key()].grad().chunk(2, 0)[ranks.rank()];
-      EXPECT_TRUE(test::all_close(g, expected, 1e-5, 1e-6)) << item.key();
-      // Expert 0 (rank 0's first) took every token; the others none: exactly zero.
-      const at::Tensor idle = ranks.rank() == 0 ? g.narrow(0, 1, 1) : g;
-      EXPECT_EQ(idle.abs().max().item<double>(), 0.0) << item.key();
-      if (ranks.rank() == 0) {
-        EXPECT_GT(g[0].abs().max().item<double>(), 0.0) << item.key();
-      }
+      EXPECT_TRUE(test::all_close(item.value().grad(), want[item.key()].grad().chunk(W, 0)[me], 1e-5, 1e-6))
+          << item.key();
     }
   }
 }

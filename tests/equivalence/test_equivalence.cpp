@@ -307,6 +307,40 @@ const std::vector<Row>& layouts() {
          c.parallel.ep = 2;
          c.parallel.zero_stage = 1;
        }},
+      // Hierarchical dispatch (parallel.ep_dispatch): four ranks on two nodes of two, the groups
+      // the nodes (a token reaches one node); dp2 x tp2 with each ep rank its own node (hop 1
+      // only); capacity routing under ZeRO-3 and full recomputation on two nodes (both hops).
+      {"deepseek_dp4_ep4_hierarchical_sgd", 4,
+       [](Config& c) {
+         mixtral(c, true);
+         sgd(c);
+         c.model.moe_groups = 2;
+         c.model.moe_topk_groups = 1;
+         c.parallel.ep = 4;
+         c.parallel.ep_dispatch = "hierarchical";
+         c.parallel.ranks_per_node = 2;
+       }},
+      {"mixtral_dp2_tp2_ep2_hierarchical_zero1", 4,
+       [](Config& c) {
+         mixtral(c);
+         c.parallel.tp = 2;
+         c.parallel.ep = 2;
+         c.parallel.zero_stage = 1;
+         c.parallel.ep_dispatch = "hierarchical";
+         c.parallel.ranks_per_node = 1;
+       }},
+      {"dp4_ep4_moe_capacity_hierarchical_zero3_full_accum2", 4,
+       [](Config& c) {
+         c.model.ffn = "moe";
+         c.model.moe_experts = 8;
+         c.model.moe_top_k = 2;
+         c.parallel.ep = 4;
+         c.parallel.zero_stage = 3;
+         c.parallel.ep_dispatch = "hierarchical";
+         c.parallel.ranks_per_node = 2;
+         c.memory.activation_checkpointing = "full";
+         c.train.grad_accum = 2;
+       }},
       // Qwen2-MoE's experts: q, k, v biases, raw top-2 softmax gates and a shared expert behind its
       // sigmoid gate, replicated over tp and ep like the shared MLP.
       {"qwen2moe_dp2_tp2_ep2_zero2_sgd", 4,

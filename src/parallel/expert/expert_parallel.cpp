@@ -2,49 +2,17 @@
 // (expert_parallel.h).
 #include "parallel/expert/expert_parallel.h"
 
-#include <numeric>
-
-#include <torch/autograd.h>
 #include <torch/torch.h>
 
+#include "comm/rendezvous.h"
 #include "core/error.h"
+#include "parallel/expert/expert_all_to_all.h"
+#include "parallel/expert/hierarchical_dispatch.h"
 
 namespace tessera {
 namespace {
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
-int64_t total(const std::vector<int64_t>& rows) { return std::accumulate(rows.begin(), rows.end(), int64_t{0}); }
-
-// x [Σ send_rows, C] -> [Σ receive_rows, C]: send_rows[j] rows to member j, receive_rows[i] from i.
-at::Tensor exchange(const at::Tensor& x, comm::Group& ep, const std::vector<int64_t>& receive_rows,
-                    const std::vector<int64_t>& send_rows) {
-  at::Tensor out = at::empty({total(receive_rows), x.size(1)}, x.options());
-  ep.all_to_all_async(out, x.contiguous(), receive_rows, send_rows).wait();
-  return out;
-}
-
-// One all-to-all; its backward is the inverse all-to-all of the gradient. Only the row counts are
-// kept for backward.
-struct ExpertAllToAll : public torch::autograd::Function<ExpertAllToAll> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, comm::Group* ep,
-                            std::vector<int64_t> receive_rows, std::vector<int64_t> send_rows) {
-    ctx->saved_data["ep"] = reinterpret_cast<int64_t>(ep);
-    ctx->saved_data["receive"] = receive_rows;
-    ctx->saved_data["send"] = send_rows;
-    return exchange(x, *ep, receive_rows, send_rows);
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    auto* ep = reinterpret_cast<comm::Group*>(ctx->saved_data["ep"].toInt());
-    const std::vector<int64_t> receive = ctx->saved_data["receive"].toIntVector();
-    const std::vector<int64_t> send = ctx->saved_data["send"].toIntVector();
-    return {exchange(grad_outputs[0], *ep, send, receive), at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
-
-// The expert step of one MoE layer over `ep` (expert_parallel.h): this rank's buffer [R, C], sizes[e]
+// parallel.ep_dispatch = alltoall over `ep` (expert_parallel.h): this rank's buffer [R, C], sizes[e]
 // rows for each of the E experts in order -> the outputs of their experts, [R, C].
 at::Tensor dispatch_and_combine(const at::Tensor& buffer, const std::vector<int64_t>& sizes,
                                 const MoEImpl::ExpertFn& experts, comm::Group& ep) {
@@ -62,7 +30,7 @@ at::Tensor dispatch_and_combine(const at::Tensor& buffer, const std::vector<int6
       send[static_cast<size_t>(j)] += size_of(me, j * local + l);
       receive[static_cast<size_t>(j)] += size_of(j, me * local + l);
     }
-  const at::Tensor received = ExpertAllToAll::apply(buffer, &ep, receive, send);  // source-major
+  const at::Tensor received = expert_all_to_all(buffer, ep, receive, send);  // source-major
   // Regroup expert-major (each local expert's rows from rank 0, 1, ...) and back: `received` holds
   // the sources one after the other, each its rows of this rank's experts in expert order.
   std::vector<int64_t> order, local_sizes(static_cast<size_t>(local), 0);
@@ -80,7 +48,7 @@ at::Tensor dispatch_and_combine(const at::Tensor& buffer, const std::vector<int6
   const at::Tensor index = at::tensor(order, at::kLong).to(buffer.device());
   const at::Tensor out = experts(received.index_select(0, index), local_sizes);
   const at::Tensor back = at::zeros({received.size(0), C}, out.options()).index_copy(0, index, out);
-  return ExpertAllToAll::apply(back, &ep, send, receive);
+  return expert_all_to_all(back, ep, send, receive);
 }
 
 }  // namespace
@@ -88,6 +56,8 @@ at::Tensor dispatch_and_combine(const at::Tensor& buffer, const std::vector<int6
 void check_expert_parallel(const ModelOptions& m, const ParallelOptions& parallel, const MemoryOptions& memory,
                            const ParallelDims& dims) {
   const int64_t ep = dims.ep();
+  require(parallel.ep_dispatch == "alltoall" || ep > 1, "parallel.ep_dispatch = ", parallel.ep_dispatch,
+          " with parallel.ep = 1: there is no expert dispatch; set parallel.ep > 1 or leave ep_dispatch alltoall");
   if (ep == 1) return;
   require(m.ffn == "moe", "parallel.ep = ", ep, " with model.ffn = ", m.ffn,
           ": expert parallelism splits the experts of MoE layers; set model.ffn = moe or parallel.ep = 1");
@@ -101,7 +71,16 @@ void check_expert_parallel(const ModelOptions& m, const ParallelOptions& paralle
           "reduce over another; use none");
 }
 
-void apply_expert_parallel(MoEImpl& moe, comm::Group& ep) {
+ExpertDispatch expert_dispatch(const ParallelOptions& parallel, const comm::Group& ep) {
+  const int64_t per_node =
+      parallel.ranks_per_node > 0 ? parallel.ranks_per_node : comm::launch_info_from_environment().local_world_size;
+  ExpertDispatch dispatch;
+  dispatch.hierarchical = parallel.ep_dispatch == "hierarchical";
+  for (int64_t j = 0; j < ep.size(); ++j) dispatch.node_of_member.push_back(ep.global_rank_of(j) / per_node);
+  return dispatch;
+}
+
+void apply_expert_parallel(MoEImpl& moe, comm::Group& ep, const ExpertDispatch& dispatch) {
   const int64_t W = ep.size(), r = ep.rank();
   if (W == 1) return;
   for (at::Tensor* p : {&moe.w_fc, &moe.b_fc, &moe.w_proj, &moe.b_proj}) {
@@ -109,13 +88,24 @@ void apply_expert_parallel(MoEImpl& moe, comm::Group& ep) {
     require(p->is_meta(), "internal: apply_expert_parallel takes a layer on the meta device");
     p->set_data(p->detach().chunk(W, 0)[static_cast<size_t>(r)].clone());
   }
-  moe.set_expert_step([&ep](const at::Tensor& buffer, const std::vector<int64_t>& sizes,
-                            const MoEImpl::ExpertFn& experts) { return dispatch_and_combine(buffer, sizes, experts, ep); });
+  if (dispatch.hierarchical) {
+    moe.set_routed_step([&ep, nodes = dispatch.node_of_member](const at::Tensor& x, const MoERouting& r,
+                                                              const MoEImpl::ExpertFn& experts) {
+      return hierarchical_dispatch(x, r, experts, ep, nodes);
+    });
+    return;
+  }
+  moe.set_routed_step([&ep, &moe](const at::Tensor& x, const MoERouting& r, const MoEImpl::ExpertFn& experts) {
+    return moe.combine(dispatch_and_combine(moe.dispatch(x, r), r.sizes, experts, ep), r);
+  });
 }
 
-void apply_expert_parallel(TransformerLM& model, comm::Group& ep) {
+void apply_expert_parallel(TransformerLM& model, comm::Group& ep, const ExpertDispatch& dispatch) {
+  require(static_cast<int64_t>(dispatch.node_of_member.size()) == ep.size(), "internal: ",
+          dispatch.node_of_member.size(), " member nodes for an ep group of ", ep.size());
+  ep.set_member_nodes(dispatch.node_of_member);
   for (int64_t layer : model->layers())
-    if (MoE moe = model->block(layer)->moe) apply_expert_parallel(*moe, ep);
+    if (MoE moe = model->block(layer)->moe) apply_expert_parallel(*moe, ep, dispatch);
 }
 
 }  // namespace tessera

@@ -167,11 +167,11 @@ TEST(MoE, UniformRouterGivesAuxEqualToCoefficient) {
   EXPECT_TRUE(test::all_close(r.gate.sum(1), torch::ones({12}), 0, 1e-6));  // GShard gates renormalised
 }
 
-// The step between dispatch and combine is replaceable from outside (expert parallelism's hook):
-// a step that sends the buffer through the experts it is given in two halves (experts 0-1 and 2-3,
-// as an all-to-all would split them) gives the default output and gradients; a second owner is
+// The routed step is replaceable from outside (expert parallelism's hook): a step that sends the
+// buffer through the experts it is given in two halves (experts 0-1 and 2-3, as an all-to-all
+// would split them) and combines gives the default output and gradients; a second owner is
 // refused.
-TEST(MoE, ExpertStepFromOutsideMatchesTheDefault) {
+TEST(MoE, RoutedStepFromOutsideMatchesTheDefault) {
   torch::manual_seed(3);
   ModelOptions o = moe_options(2, 1.25);
   o.bias = false;  // the step below narrows the expert weights only
@@ -180,9 +180,10 @@ TEST(MoE, ExpertStepFromOutsideMatchesTheDefault) {
   const MoEOutput plain = moe(x);
   const at::Tensor plain_grad = torch::autograd::grad({plain.y.sum()}, {moe->w_fc})[0];
   int calls = 0;
-  moe->set_expert_step([&calls, &moe](const at::Tensor& buffer, const std::vector<int64_t>& sizes,
-                                      const MoEImpl::ExpertFn& experts) {
+  moe->set_routed_step([&calls, &moe](const at::Tensor& tokens, const MoERouting& r, const MoEImpl::ExpertFn& experts) {
     ++calls;
+    const at::Tensor buffer = moe->dispatch(tokens, r);
+    const std::vector<int64_t>& sizes = r.sizes;
     // Each half through a layer holding only its two experts (what one ep rank would hold).
     const int64_t first_half = sizes[0] + sizes[1];
     std::vector<at::Tensor> out;
@@ -195,7 +196,7 @@ TEST(MoE, ExpertStepFromOutsideMatchesTheDefault) {
       moe->w_fc = saved_fc;
       moe->w_proj = saved_proj;
     }
-    return at::cat(out, 0);
+    return moe->combine(at::cat(out, 0), r);
   });
   const MoEOutput stepped = moe(x);
   const at::Tensor stepped_grad = torch::autograd::grad({stepped.y.sum()}, {moe->w_fc})[0];
@@ -204,8 +205,9 @@ TEST(MoE, ExpertStepFromOutsideMatchesTheDefault) {
   EXPECT_TRUE(at::allclose(stepped_grad, plain_grad, 1e-6, 1e-6));
   EXPECT_TRUE(test::throws_naming(
       [&] {
-        moe->set_expert_step(
-            [](const at::Tensor& b, const std::vector<int64_t>& s, const MoEImpl::ExpertFn& e) { return e(b, s); });
+        moe->set_routed_step([&moe](const at::Tensor& t, const MoERouting& r, const MoEImpl::ExpertFn& e) {
+          return moe->combine(e(moe->dispatch(t, r), r.sizes), r);
+        });
       },
       {"already installed"}));
 }

@@ -194,6 +194,13 @@ TEST(LayoutCheck, DataParallelAndUnbuiltDegreesNameTheirKeys) {
   c.memory.swap = true;
   EXPECT_TRUE(refused(c, 2, {"memory.swap = true with parallel.ep = 2"}));
   c.memory.swap = false;
+  c.parallel.ep = 1;
+  c.parallel.ep_dispatch = "hierarchical";
+  EXPECT_TRUE(refused(c, 2, {"parallel.ep_dispatch = hierarchical with parallel.ep = 1"}));
+  c.parallel.ep_dispatch = "nodes";
+  EXPECT_TRUE(refused(c, 2, {"parallel.ep_dispatch must be alltoall or hierarchical"}));
+  c.parallel.ep_dispatch = "alltoall";
+  c.parallel.ep = 2;
   c.parallel.tp = 2;
   c.parallel.megatron_sp = true;
   EXPECT_TRUE(refused(c, 4, {"parallel.megatron_sp = true with model.ffn = moe"}));
