@@ -2,6 +2,7 @@
 #include "model/operations.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace tessera {
 namespace {
@@ -117,6 +118,33 @@ void add_mlp(Builder& b, const std::string& name, const ModelOptions& m, double 
   b.matmul(name + ".proj", tokens, H, h, true);
 }
 
+// The chance that `draws` distinct experts of `pool` miss a given `owned` of them (hypergeometric).
+double chance_missed(double pool, double owned, int64_t draws) {
+  double p = 1;
+  for (int64_t i = 0; i < draws; ++i) p *= std::max(0.0, (pool - owned - static_cast<double>(i)) / (pool - static_cast<double>(i)));
+  return p;
+}
+
+// Hierarchical dispatch's expected rows per token that leave a rank (operations.h): to other
+// nodes, and to the other ranks of a node.
+struct HierarchicalRows {
+  double between_nodes = 0, within_node = 0;
+};
+HierarchicalRows hierarchical_rows(const ModelOptions& m, const OperationShape& s) {
+  const double E = static_cast<double>(m.moe_experts), M = static_cast<double>(s.ep_nodes);
+  const double R = static_cast<double>(s.ep) / M;  // ep ranks per node
+  const int64_t k = m.moe_top_k;
+  const bool node_groups = m.moe_groups == s.ep_nodes && m.moe_topk_groups > 0;
+  const double nodes = node_groups ? static_cast<double>(std::min<int64_t>(m.moe_topk_groups, k))
+                                   : M * (1 - chance_missed(E, E / M, k));
+  const int64_t per_node = std::max<int64_t>(1, std::llround(static_cast<double>(k) / nodes));
+  const double ranks = R * (1 - chance_missed(E / M, E / static_cast<double>(s.ep), per_node));
+  HierarchicalRows rows;
+  rows.between_nodes = nodes * (M - 1) / M;
+  rows.within_node = nodes * ranks * (R - 1) / R;
+  return rows;
+}
+
 void add_feed_forward(Builder& b, const ModelOptions& m, int64_t layer) {
   const OperationShape& s = b.shape;
   const double T = s.tokens(), h = static_cast<double>(m.n_embd);
@@ -132,13 +160,23 @@ void add_feed_forward(Builder& b, const ModelOptions& m, int64_t layer) {
     const double slots = T * m.expert_slots();
     b.matmul("moe.router", T, h, E, true);
     b.memory("moe.route", T * E, 4);
-    if (s.ep > 1) b.comm("moe.dispatch", Kind::ep_all_to_all, slots * h);
+    const HierarchicalRows hops = s.ep > 1 && s.ep_hierarchical ? hierarchical_rows(m, s) : HierarchicalRows{};
+    const double k = static_cast<double>(m.moe_top_k);
+    if (s.ep > 1 && !s.ep_hierarchical) b.comm("moe.dispatch", Kind::ep_all_to_all, slots * h);
+    // A token's row carries its k gates; its k int32 expert ids travel beside it.
+    const double row = h + k + k * 4 / static_cast<double>(s.element_bytes);
+    if (hops.between_nodes > 0) b.comm("moe.dispatch.between_nodes", Kind::ep_between_nodes, T * hops.between_nodes * row);
+    if (hops.within_node > 0) b.comm("moe.dispatch.within_node", Kind::ep_within_node, T * hops.within_node * row);
     add_mlp(b, "moe.experts", m, slots, static_cast<double>(m.expert_hidden()), m.swiglu_experts(), 1);
     // The products above run one expert's weights per slot; the rank holds experts / ep of them.
     const double held = E / static_cast<double>(s.ep);
-    b.ops[b.ops.size() - 3].parameters *= held;
-    b.ops[b.ops.size() - 1].parameters *= held;
-    if (s.ep > 1) b.comm("moe.combine", Kind::ep_all_to_all, slots * h);
+    for (const size_t product : {b.ops.size() - 3, b.ops.size() - 1}) {
+      b.ops[product].parameters *= held;
+      b.ops[product].expert = true;
+    }
+    if (s.ep > 1 && !s.ep_hierarchical) b.comm("moe.combine", Kind::ep_all_to_all, slots * h);
+    if (hops.within_node > 0) b.comm("moe.combine.within_node", Kind::ep_within_node, T * hops.within_node * h);
+    if (hops.between_nodes > 0) b.comm("moe.combine.between_nodes", Kind::ep_between_nodes, T * hops.between_nodes * h);
     b.memory("moe.combine_weights", slots * h, 2);
     if (m.moe_shared_experts > 0)
       add_mlp(b, "moe.shared", m, T, static_cast<double>(m.moe_shared_experts * m.expert_hidden()), m.swiglu_experts(), 1);

@@ -15,6 +15,15 @@
 //             backward moves as many (Megatron's f / g pairs, the experts' dispatch and combine).
 //   sp_ring   `elements` sent to the next rank at each of sp - 1 steps (ring attention's keys and
 //             values, LASP's state), forward and again backward.
+//   ep_between_nodes, ep_within_node  hierarchical expert dispatch's two hops
+//             (parallel/expert/hierarchical_dispatch.h): `elements` that leave this rank for other
+//             nodes, or for the other ranks of its node, per forward; the backward as many. Three
+//             calls per hop and direction in the forward (counts, expert ids, rows), one in the
+//             backward. Expected counts for tokens routed uniformly: a token reaches
+//             M (1 - C(E - E/M, k) / C(E, k)) of the ep group's M nodes, or min(topk_groups, k)
+//             under group-limited routing whose groups are the nodes (moe_groups = M), (M-1)/M of
+//             them another node; in a node it reaches, its k / nodes choices hit each of the
+//             node's R ranks with the same hypergeometric chance, (R-1)/R of those another rank.
 // The softmax attention core counts the causal half (PaLM's convention, as flops_per_token does)
 // with attention = flash; with attention = unfused (the scores materialized, as Megatron-LM ran
 // before fused attention kernels) it computes and moves the whole square.
@@ -38,6 +47,8 @@ struct OperationShape {
   int64_t batch = 1;             // sequences per micro-batch
   int64_t seq_len = 1;           // tokens per sequence (the attention span)
   int64_t tp = 1, sp = 1, ep = 1;
+  bool ep_hierarchical = false;  // parallel.ep_dispatch = hierarchical
+  int64_t ep_nodes = 1;          // nodes the ep group spans (its ranks spread evenly over them)
   bool megatron_sp = false;      // norms and residuals split over tp along the sequence
   std::string sp_method = "ulysses";  // with sp > 1: ulysses, ring, lasp, lasp2
   int64_t element_bytes = 2;     // activations and the weights a product reads (2 under bf16/fp16)
@@ -48,7 +59,7 @@ struct OperationShape {
 };
 
 struct Operation {
-  enum class Kind { matmul, memory, tp_all_reduce, ep_all_to_all, sp_all_to_all, sp_ring };
+  enum class Kind { matmul, memory, tp_all_reduce, ep_all_to_all, ep_between_nodes, ep_within_node, sp_all_to_all, sp_ring };
   std::string name;          // "attention.qkv", "mlp.fc", ...
   Kind kind = Kind::memory;
   double flops = 0;          // forward
@@ -64,6 +75,7 @@ struct Operation {
   // One product's shape, [rows, depth] x [depth, cols], for a device that prices products by shape
   // (plan/matmul_table.h); 0 where the operation is no single product (the attention core).
   double rows = 0, cols = 0, depth = 0;
+  bool expert = false;  // the routed experts' weights (reduced over their own replicas, "edp")
 };
 
 std::vector<Operation> block_operations(const ModelOptions& model, int64_t layer, const OperationShape& shape);

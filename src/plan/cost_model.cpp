@@ -122,7 +122,8 @@ PricedLayout price_compute(const Config& config, const ParallelDims& dims, const
         if (out.placement.rank_of(s) != rank) continue;
         for (int64_t b = out.cut->boundaries[s]; b < out.cut->boundaries[s + 1]; ++b) {
           const PartCost& block = priced.blocks[b];
-          held.parameters += block.parameters, held.lowrank += block.lowrank, held.compress += block.compress;
+          held.parameters += block.parameters, held.expert_parameters += block.expert_parameters;
+          held.lowrank += block.lowrank, held.compress += block.compress;
         }
         blocks += out.cut->boundaries[s + 1] - out.cut->boundaries[s];
         if (s == 0) held += embedding;
@@ -143,11 +144,17 @@ PricedLayout with_data_parallel(PricedLayout out, const Config& config, const Pa
   const ParallelOptions& p = config.parallel;
   const int64_t m = out.m;
   const double params = out.held.parameters;
+  // The routed experts' weights reduce and shard over their own replicas (the edp group: dp / ep
+  // of them; parallel/data/data_parallel.h), the rest over the data replicas.
+  const double expert_params = out.held.expert_parameters, dense_params = params - expert_params;
 
   // The gradient reduction over the data replicas, and ZeRO's parameter gathers.
   const std::vector<int64_t> replicas = dims.group_of(replica_group_name(dims), 0);
   const int64_t n_replicas = static_cast<int64_t>(replicas.size());
   const Cluster::Tier replica_tier = cluster.tier(replicas);
+  const std::vector<int64_t> expert_replicas = dims.group_of(dims.sp() > 1 ? "edp_sp" : "edp", 0);
+  const int64_t n_expert_replicas = static_cast<int64_t>(expert_replicas.size());
+  const Cluster::Tier expert_tier = cluster.tier(expert_replicas);
   const double grad_bytes =
       (p.grad_compression == "bf16" || p.grad_compression == "fp16" || config.precision.dtype == "fp16") ? 2 : 4;
   const double param_bytes = config.precision.dtype == "fp16" ? 2 : 4;
@@ -156,16 +163,36 @@ PricedLayout with_data_parallel(PricedLayout out, const Config& config, const Pa
   // ((n - 1) per all-gather or reduce-scatter; an all-reduce its tree's), which at hundreds of
   // replicas is most of its time.
   const double gather_latency = all_gather_seconds(0, n_replicas, replica_tier);  // a collective's latency alone
-  const double more_buckets = std::max(0.0, std::ceil(params * grad_bytes / (p.bucket_mb * 1e6)) - 1);
+  const auto buckets_beyond_first = [&](double weights) {
+    return std::max(0.0, std::ceil(weights * grad_bytes / (p.bucket_mb * 1e6)) - 1);
+  };
+  const double more_buckets = buckets_beyond_first(params);
+  // The plain reduction and ZeRO's collectives of `weights` elements over `n` replicas on `tier`,
+  // with the latency of each bucket beyond the first (the experts' beside the rest: each group's
+  // own collectives and buckets, one after the other).
+  const auto reduce_scatter = [&](double weights, int64_t n, const Cluster::Tier& tier) {
+    return weights > 0 ? all_gather_seconds(weights * grad_bytes, n, tier) +
+                             buckets_beyond_first(weights) * all_gather_seconds(0, n, tier)
+                       : 0.0;
+  };
+  const auto all_reduce = [&](double weights, int64_t n, const Cluster::Tier& tier) {
+    return weights > 0 ? all_reduce_seconds(weights * grad_bytes, n, tier) +
+                             buckets_beyond_first(weights) * all_reduce_seconds(0, n, tier)
+                       : 0.0;
+  };
+  const auto gather = [&](double weights, int64_t n, const Cluster::Tier& tier) {
+    return weights > 0 ? all_gather_seconds(weights * param_bytes, n, tier) : 0.0;
+  };
   double reduce_per_step = 0, reduce_per_micro_batch = 0, gather_per_pass = 0;
   // Stages 0-1 all-reduce per step, or reduce through a compressor (optim/compression/, priced in
   // its steady state after its start steps): PowerSGD's two all-reduces of the float32 factors (and
   // the tensors sent whole), top-k's all-gather of (index, value) pairs while the replicas' pairs
   // are fewer than the entries (else the all-reduce), each with its compressor's own work
   // (PartCost::compress); overlapped with the backward as the plain reduction is. Stages 2-3
-  // reduce-scatter every micro-batch.
+  // reduce-scatter every micro-batch. (The compressors refuse expert parallelism.)
   if (p.zero_stage >= 2) {
-    reduce_per_micro_batch = all_gather_seconds(params * grad_bytes, n_replicas, replica_tier) + more_buckets * gather_latency;
+    reduce_per_micro_batch =
+        reduce_scatter(dense_params, n_replicas, replica_tier) + reduce_scatter(expert_params, n_expert_replicas, expert_tier);
   } else if (n_replicas > 1 && p.grad_compression == "powersgd") {
     reduce_per_step = all_reduce_seconds(4 * out.held.lowrank, n_replicas, replica_tier) +
                       (2 * more_buckets + 1) * all_reduce_seconds(0, n_replicas, replica_tier) + out.held.compress;
@@ -176,24 +203,30 @@ PricedLayout with_data_parallel(PricedLayout out, const Config& config, const Pa
                                  more_buckets * gather_latency
                            : all_reduce_seconds(4 * params, n_replicas, replica_tier)) +
                       out.held.compress;
-  } else {
-    reduce_per_step = all_reduce_seconds(params * grad_bytes, n_replicas, replica_tier) +
-                      more_buckets * all_reduce_seconds(0, n_replicas, replica_tier);
+  } else if (n_replicas > 1) {
+    reduce_per_step =
+        all_reduce(dense_params, n_replicas, replica_tier) + all_reduce(expert_params, n_expert_replicas, expert_tier);
   }
   // ZeRO-1 and 2: each replica updates its shard, then the parameters are gathered: after the
   // step, overlapping nothing.
-  const double gather_after_step = (p.zero_stage == 1 || p.zero_stage == 2)
-                                       ? all_gather_seconds(params * param_bytes, n_replicas, replica_tier)
-                                       : 0;
+  const double gather_after_step =
+      (p.zero_stage == 1 || p.zero_stage == 2)
+          ? gather(dense_params, n_replicas, replica_tier) + gather(expert_params, n_expert_replicas, expert_tier)
+          : 0;
   if (p.zero_stage == 3)
-    gather_per_pass = all_gather_seconds(params * param_bytes, n_replicas, replica_tier) +
+    gather_per_pass = gather(dense_params, n_replicas, replica_tier) +
+                      gather(expert_params, n_expert_replicas, expert_tier) +
                       static_cast<double>(out.blocks) * gather_latency;
-  const double shard = p.zero_stage >= 1 ? static_cast<double>(n_replicas) : 1.0;
+  // The parameters of this rank's shard (all of them without ZeRO).
+  const double shard_params =
+      p.zero_stage >= 1 ? dense_params / static_cast<double>(n_replicas) +
+                              expert_params / static_cast<double>(n_expert_replicas)
+                        : params;
   const double bandwidth = 1e9 * cluster.device.memory_gbs / out.memory_slowdown;
   // The step over this rank's shard, and the clipping norm over the gradients it holds (all of
   // them at stages 0-1, its shard at 2-3).
-  const double grads_held = p.zero_stage >= 2 ? params / static_cast<double>(n_replicas) : params;
-  out.optimizer = params / shard * optimizer_bytes_per_element(config) / bandwidth + grads_held * grad_bytes / bandwidth;
+  const double grads_held = p.zero_stage >= 2 ? shard_params : params;
+  out.optimizer = shard_params * optimizer_bytes_per_element(config) / bandwidth + grads_held * grad_bytes / bandwidth;
   // ZeRO-Offload (memory/offload/offload.h): the shard's float32 gradient goes to the host (stage
   // 1 after the reduction; stages 2-3 block by block during the last backward), the host steps
   // (and takes the clipping norm over its shard), the masters come back before the gather.
@@ -202,13 +235,14 @@ PricedLayout with_data_parallel(PricedLayout out, const Config& config, const Pa
     require(cluster.host.optimizer_gbs > 0 && cluster.host.device_link_gbs > 0, cluster.source,
             ": parallel.offload needs host.optimizer_gbs and host.device_link_gbs, which this cluster file leaves at 0");
     const double host_rate = 1e9 * cluster.host.optimizer_gbs, link = 1e9 * cluster.host.device_link_gbs;
-    out.optimizer = params / shard * (optimizer_bytes_per_element(config) + 4) / host_rate;
-    offload_to_host = params / shard * 4 / link;
-    offload_to_device = params / shard * param_bytes / link;
+    out.optimizer = shard_params * (optimizer_bytes_per_element(config) + 4) / host_rate;
+    offload_to_host = shard_params * 4 / link;
+    offload_to_device = shard_params * param_bytes / link;
   }
   // The reduction's last bucket, which no backward hides (none without data replicas).
+  const double reduced = (n_replicas > 1 ? dense_params : 0) + (n_expert_replicas > 1 ? expert_params : 0);
   const double bucket =
-      n_replicas > 1 ? std::min(p.bucket_mb * 1e6, params * grad_bytes) / replica_tier.bandwidth_bytes_per_s : 0;
+      n_replicas > 1 ? std::min(p.bucket_mb * 1e6, reduced * grad_bytes) / replica_tier.bandwidth_bytes_per_s : 0;
   const double hides = every_core_computes(cluster, dims) ? 0 : 1;
   // The host copy's exposed part: all of it at stage 1; at stages 2-3 what the backward beside it
   // does not hide, and the last block's.

@@ -125,6 +125,7 @@ struct PartCost {
   double activation_policy = 0;
   double tp = 0, sp = 0, ep = 0;       // collectives, forward + backward
   double parameters = 0;               // weight elements held (operations.h)
+  double expert_parameters = 0;        // the routed experts' part of them
   // With parallel.grad_compression = powersgd: the elements its weights' gradients travel as
   // (r'(n + m) per compressed [n, m] matrix, r' = min(n, m, powersgd_rank), the others whole); and
   // the compressor's own seconds per step (PowerSGD: its three products per matrix at the float32
@@ -135,7 +136,7 @@ struct PartCost {
     f += o.f, i += o.i, w += o.w, products += o.products, attention += o.attention, memory_bound += o.memory_bound;
     recompute += o.recompute, offload += o.offload, activation_policy += o.activation_policy;
     tp += o.tp, sp += o.sp, ep += o.ep;
-    parameters += o.parameters, lowrank += o.lowrank, compress += o.compress;
+    parameters += o.parameters, expert_parameters += o.expert_parameters, lowrank += o.lowrank, compress += o.compress;
   }
 };
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "core/error.h"
 #include "memory/activation_codec.h"
@@ -36,7 +37,23 @@ class Pricer {
     tp_ = group(dims, "tp");
     sp_ = group(dims, "sp");
     ep_ = group(dims, "ep");
+    const std::vector<int64_t> ep_members = dims.group_of("ep", 0);
+    std::set<int64_t> nodes;
+    std::vector<int64_t> first_node;
+    for (int64_t rank : ep_members) {
+      nodes.insert(rank / cluster.cluster.devices_per_node);
+      if (rank / cluster.cluster.devices_per_node == ep_members.front() / cluster.cluster.devices_per_node)
+        first_node.push_back(rank);
+    }
+    ep_nodes_ = static_cast<int64_t>(nodes.size());
+    ep_node_tier_ = cluster.tier(first_node);
+    // Between nodes every rank sends at once, each through its own link.
+    ep_between_tier_ = ep_.tier;
+    ep_between_tier_.bandwidth_bytes_per_s =
+        std::min(cluster.intra_node.bandwidth_gbs, cluster.inter_node.bandwidth_gbs) * 1e9;
   }
+
+  int64_t ep_nodes() const { return ep_nodes_; }
 
   double element_bytes() const { return element_bytes_; }
   double slowdown() const { return slowdown_; }
@@ -83,8 +100,23 @@ class Pricer {
         t.f = t.i = static_cast<double>(sp_.n - 1) * send_seconds(op.elements * element_bytes_, sp_.tier);
         break;
       case Kind::ep_all_to_all:
-        t.f = t.i = all_gather_seconds(op.elements * element_bytes_, ep_.n, ep_.tier);
+        // Across nodes each rank sends the part of its rows bound for other nodes through its own
+        // link, (ep - R) / ep of them (R of the group's ranks per node).
+        t.f = t.i = ep_nodes_ > 1
+                        ? op.elements * element_bytes_ * static_cast<double>(ep_.n - ep_.n / ep_nodes_) /
+                                  static_cast<double>(ep_.n) / ep_between_tier_.bandwidth_bytes_per_s +
+                              static_cast<double>(ep_.n - 1) * ep_.tier.latency_s + ep_.tier.call_overhead_s
+                        : all_gather_seconds(op.elements * element_bytes_, ep_.n, ep_.tier);
         break;
+      case Kind::ep_between_nodes:
+      case Kind::ep_within_node: {
+        // The bytes leaving this rank at its link's rate; three calls forward (counts, ids, rows),
+        // one backward.
+        const Cluster::Tier& tier = op.kind == Kind::ep_between_nodes ? ep_between_tier_ : ep_node_tier_;
+        t.f = send_seconds(op.elements * element_bytes_, tier) + 2 * tier.call_overhead_s + 2 * tier.latency_s;
+        t.i = send_seconds(op.elements * element_bytes_, tier);
+        break;
+      }
     }
     t.collective = true;
     return t;
@@ -96,6 +128,7 @@ class Pricer {
     for (const Operation& op : ops) {
       const Times t = time(op);
       c.parameters += op.parameters;
+      if (op.expert) c.expert_parameters += op.parameters;
       forward += t.f;
       if (op.attention_core) core_forward += t.f;
       c.f += t.f, c.i += t.i, c.w += t.w;
@@ -104,7 +137,8 @@ class Pricer {
       else if (op.kind == Kind::matmul) c.products += both;
       else if (!t.collective) c.memory_bound += both;
       else if (op.kind == Kind::tp_all_reduce) c.tp += both;
-      else if (op.kind == Kind::ep_all_to_all) c.ep += both;
+      else if (op.kind == Kind::ep_all_to_all || op.kind == Kind::ep_between_nodes || op.kind == Kind::ep_within_node)
+        c.ep += both;
       else c.sp += both;
     }
     for (const Operation& op : ops) add_compression(op, c);
@@ -146,6 +180,9 @@ class Pricer {
   double powersgd_rank_, fp32_rate_;
   bool megatron_sp_;
   Group tp_, sp_, ep_;
+  int64_t ep_nodes_ = 1;
+  Cluster::Tier ep_node_tier_;     // the ep group's ranks on one node
+  Cluster::Tier ep_between_tier_;  // one rank's link to other nodes
 };
 
 }  // namespace
@@ -286,6 +323,8 @@ PricedOperations price_operations(const Config& config, const ParallelDims& dims
   shape.batch = config.train.batch_size;
   shape.seq_len = config.train.seq_len;
   shape.tp = dims.tp(), shape.sp = dims.sp(), shape.ep = dims.ep();
+  shape.ep_hierarchical = p.ep_dispatch == "hierarchical";
+  shape.ep_nodes = pricer.ep_nodes();
   shape.megatron_sp = p.megatron_sp;
   shape.sp_method = p.sp_method == "auto" ? (model.arch == "linear" ? "lasp" : "ulysses") : p.sp_method;
   shape.element_bytes = static_cast<int64_t>(pricer.element_bytes());

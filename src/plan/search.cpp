@@ -60,7 +60,8 @@ std::string text(bool v) { return v ? "true" : "false"; }
 const std::vector<std::string>& searched_keys() {
   static const std::vector<std::string> keys = {"parallel.tp",         "parallel.pp",
                                                 "parallel.sp",         "parallel.sp_method",
-                                                "parallel.ep",         "parallel.pp_schedule",
+                                                "parallel.ep",         "parallel.ep_dispatch",
+                                                "parallel.pp_schedule",
                                                 "parallel.pp_virtual", "parallel.zero_stage",
                                                 "parallel.megatron_sp", "parallel.offload",
                                                 "memory.activation_checkpointing", "memory.swap",
@@ -90,14 +91,17 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
   // schedule holds), and each layout is priced on its own.
   const bool per_layout = base.memory.activation_policy == "auto";
   using OperationsKey =
-      std::tuple<int64_t, int64_t, int64_t, std::string, int64_t, bool, std::string, int64_t, std::string>;
+      std::tuple<int64_t, int64_t, int64_t, std::string, int64_t, std::string, bool, std::string, int64_t, std::string>;
   std::map<OperationsKey, PricedOperations> operations;
   auto priced_for = [&](const Config& c, const ParallelDims& dims) -> const PricedOperations& {
     const std::string rest = per_layout ? c.parallel.pp_schedule + "/" + std::to_string(c.parallel.pp_virtual) + "/" +
                                               std::to_string(c.parallel.zero_stage) + "/" + text(c.parallel.offload)
                                         : std::string();
-    const OperationsKey key{dims.tp(),       dims.pp(), dims.sp(), c.parallel.sp_method, dims.ep(), c.parallel.megatron_sp,
-                            c.memory.activation_checkpointing, c.train.batch_size, rest};
+    const OperationsKey key{dims.tp(),         dims.pp(),
+                            dims.sp(),         c.parallel.sp_method,
+                            dims.ep(),         c.parallel.ep_dispatch,
+                            c.parallel.megatron_sp, c.memory.activation_checkpointing,
+                            c.train.batch_size, rest};
     auto it = operations.find(key);
     if (it == operations.end()) it = operations.emplace(key, price_operations(c, dims, cluster, options)).first;
     return it->second;
@@ -182,6 +186,14 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
         // Experts split over ep data-parallel ranks: powers of two dividing the experts and dp.
         const std::vector<int64_t> eps = held_or<int64_t>(
             held, "parallel.ep", p.ep, moe ? powers_of_two_dividing(std::gcd(model.moe_experts, dp), dp) : std::vector<int64_t>{1});
+        // Each ep with each dispatch (both where ep > 1).
+        std::vector<std::pair<int64_t, std::string>> ep_dispatches;
+        for (int64_t ep : eps)
+          for (const std::string& dispatch :
+               held_or<std::string>(held, "parallel.ep_dispatch", p.ep_dispatch,
+                                    ep > 1 ? std::vector<std::string>{"alltoall", "hierarchical"}
+                                           : std::vector<std::string>{"alltoall"}))
+            if (ep > 1 || dispatch == "alltoall") ep_dispatches.emplace_back(ep, dispatch);
         std::vector<Schedule> scheds = schedules(pp, model.n_layer);
         if (held.count("parallel.pp_schedule")) {
           // The held schedule, with each stages-per-rank count the search would try for it.
@@ -199,7 +211,7 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
         }
         const std::vector<int64_t> micro = powers_of_two_dividing(global / dp, global / dp);
         for (const std::string& method : methods)
-          for (int64_t ep : eps)
+          for (const auto& [ep, dispatch] : ep_dispatches)
             for (const Schedule& schedule : scheds)
               for (bool msp : held_or<bool>(held, "parallel.megatron_sp", p.megatron_sp,
                                             tp > 1 && !moe ? std::vector<bool>{false, true} : std::vector<bool>{false}))
@@ -221,6 +233,7 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
                           Config c = base;
                           c.parallel.tp = tp, c.parallel.pp = pp, c.parallel.sp = sp, c.parallel.sp_method = method;
                           c.parallel.ep = ep, c.parallel.zero_stage = zero, c.parallel.megatron_sp = msp;
+                          c.parallel.ep_dispatch = dispatch;
                           c.parallel.offload = offload;
                           c.parallel.pp_schedule = schedule.name;
                           c.parallel.pp_virtual = schedule.virtual_stages;
@@ -239,6 +252,7 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
                           with_swap(c, set, swap);
                           if (sp > 1) set.push_back({"parallel.sp_method", method});
                           if (moe) set.push_back({"parallel.ep", text(ep)});
+                          if (ep > 1) set.push_back({"parallel.ep_dispatch", dispatch});
                           if (pp > 1) {
                             set.push_back({"parallel.pp_schedule", schedule.name});
                             if (c.parallel.pp_virtual > 0)

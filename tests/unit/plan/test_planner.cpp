@@ -249,6 +249,126 @@ TEST(Operations, TensorParallelismSplitsTheProductsAndAddsTwoAllReducesPerBlock)
   EXPECT_EQ(reduces, 2);
 }
 
+// Hierarchical dispatch's rows leaving a rank per token (operations.h), 16 experts top 4 over
+// ep = 4 ranks on two nodes: node-limited (2 groups, the best one) a token reaches one node, the
+// other one half the time, and within it 2 (1 - C(4, 4) / C(8, 4)) ranks, the other one half of
+// those; unlimited it reaches 2 (1 - C(8, 4) / C(16, 4)) nodes. Each row carries x, the k gates
+// and the k int32 ids (k more float32 elements); the combine returns x's width. Per rank the
+// rows equal what bench/results/expert_dispatch_cpu.md measured within 2% (docs/moe.md).
+TEST(Operations, HierarchicalDispatchSendsEachTokenOncePerNodeItNeeds) {
+  ModelOptions m = ModelOptions::from_preset("tiny_deepseek");
+  OperationShape shape;
+  shape.batch = 8;
+  shape.seq_len = 128;
+  shape.ep = 4;
+  shape.ep_nodes = 2;
+  shape.ep_hierarchical = true;
+  shape.element_bytes = 4;
+  const double T = 1024, h = 128, k = 4;
+  auto elements = [&](const std::string& name) {
+    for (const Operation& op : block_operations(m, 1, shape))
+      if (op.name == name) return op.elements;
+    ADD_FAILURE() << "no operation " << name;
+    return 0.0;
+  };
+  for (const bool limited : {true, false}) {
+    SCOPED_TRACE(limited ? "node-limited" : "unlimited");
+    m.moe_groups = limited ? 2 : 1;
+    m.moe_topk_groups = limited ? 1 : 0;
+    const double nodes = limited ? 1 : 2 * (1 - 70.0 / 1820);
+    const double ranks = limited ? 2 * (1 - 1.0 / 70) : 2 * (1 - 6.0 / 28);  // 4 or 2 choices in a node of 8
+    EXPECT_NEAR(elements("moe.dispatch.between_nodes"), T * nodes / 2 * (h + 2 * k), 1e-6);
+    EXPECT_NEAR(elements("moe.combine.between_nodes"), T * nodes / 2 * h, 1e-6);
+    EXPECT_NEAR(elements("moe.dispatch.within_node"), T * nodes * ranks / 2 * (h + 2 * k), 1e-6);
+  }
+  // One node: no hop between nodes; alltoall: neither hop.
+  shape.ep_nodes = 1;
+  for (const Operation& op : block_operations(m, 1, shape)) EXPECT_NE(op.kind, Operation::Kind::ep_between_nodes);
+  shape.ep_hierarchical = false;
+  for (const Operation& op : block_operations(m, 1, shape)) EXPECT_NE(op.kind, Operation::Kind::ep_within_node);
+}
+
+// Priced per hop: on two nodes of two joined by a slow link the hierarchical dispatch's expert
+// communication is less than the all-to-all's, and less again under node-limited routing; on a
+// fast link the all-to-all's one call each way is the cheaper. The search tries both dispatches
+// where ep > 1 and picks the hierarchical one over the slow link.
+TEST(CostModel, HierarchicalDispatchIsPricedPerHop) {
+  Config c = test::planner_config();
+  c.model = ModelOptions::from_preset("tiny_deepseek");
+  c.train.seq_len = 128;
+  c.train.batch_size = 4;
+  c.train.grad_accum = 1;
+  c.parallel.ep = 4;
+  Cluster slow = plan::parse_cluster(test::replaced_text(kCluster, "devices_per_node = 4", "devices_per_node = 2"), "t");
+  slow.inter_node.bandwidth_gbs = 0.0125;  // 100 Mbit
+  const ParallelDims dims(c.parallel, 4, "test");
+  auto ep_seconds = [&](const Cluster& cluster, const std::string& dispatch, bool limited) {
+    Config v = c;
+    v.parallel.ep_dispatch = dispatch;
+    v.model.moe_groups = limited ? 2 : 1;
+    v.model.moe_topk_groups = limited ? 1 : 0;
+    return test::breakdown_term(plan::predict(v, dims, cluster), "ep_communication");
+  };
+  const double a2a = ep_seconds(slow, "alltoall", false), hier = ep_seconds(slow, "hierarchical", false);
+  const double limited = ep_seconds(slow, "hierarchical", true);
+  EXPECT_LT(hier, 0.6 * a2a);
+  EXPECT_LT(limited, 0.6 * hier);
+  Cluster fast = slow;
+  fast.inter_node = fast.intra_node;
+  fast.intra_node.call_overhead_us = fast.inter_node.call_overhead_us = 500;
+  EXPECT_LT(ep_seconds(fast, "alltoall", false), ep_seconds(fast, "hierarchical", false));
+
+  const plan::SearchResult found =
+      plan::search_layouts(c, 4,
+                           {"parallel.tp", "parallel.pp", "parallel.sp", "parallel.ep", "train.batch_size",
+                            "memory.activation_checkpointing", "parallel.zero_stage", "parallel.offload", "memory.swap"},
+                           slow, check_parallel_layout, 8);
+  std::set<std::string> dispatches;
+  for (const plan::Candidate& l : found.layouts)
+    for (const auto& [key, value] : l.set)
+      if (key == "parallel.ep_dispatch") dispatches.insert(value);
+  EXPECT_EQ(dispatches, (std::set<std::string>{"alltoall", "hierarchical"}));
+  ASSERT_FALSE(found.layouts.empty());
+  bool best_hierarchical = false;
+  for (const auto& [key, value] : found.layouts.front().set)
+    best_hierarchical |= key == "parallel.ep_dispatch" && value == "hierarchical";
+  EXPECT_TRUE(best_hierarchical);
+}
+
+// The routed experts' gradients reduce over their own replicas (edp: dp / ep ranks), the rest over
+// the data replicas. 16 more experts: at ep = dp = 4 (no expert replica) the reduction grows only
+// by the router's wider weights (replicated); at ep = 2 by the all-reduce of the 8 added experts
+// per rank over two ranks, and at most their bytes again for the last bucket. On a CPU whose every
+// core computes, the reduction is exposed whole.
+TEST(CostModel, ExpertGradientsReduceOverTheirOwnReplicas) {
+  const Cluster cluster = plan::load_cluster(test::source_path("clusters/this_machine_2core.toml"));
+  Config c = test::planner_config();
+  c.model = ModelOptions::from_preset("tiny_deepseek");
+  c.train.device = "cpu";
+  c.train.seq_len = 128;
+  c.train.grad_accum = 1;
+  c.parallel.bucket_mb = 1000;  // one bucket
+  auto reduction = [&](int64_t ep, int64_t experts) {
+    Config v = c;
+    v.parallel.ep = ep;
+    v.model.moe_experts = experts;
+    const ParallelDims dims(v.parallel, 4, "test");
+    return test::breakdown_term(plan::predict(v, dims, cluster), "dp_reduction_exposed");
+  };
+  // 3 MoE blocks of SwiGLU experts (3 C H each), 8 added on each ep = 2 rank.
+  const double added = 3.0 * 8 * 3 * static_cast<double>(c.model.n_embd * c.model.expert_hidden());
+  Config half = c;
+  half.parallel.ep = 2;
+  const std::vector<int64_t> expert_replicas = ParallelDims(half.parallel, 4, "test").group_of("edp", 0);
+  ASSERT_EQ(expert_replicas.size(), 2u);
+  const plan::Cluster::Tier tier = cluster.tier(expert_replicas);
+  const double experts_reduce = plan::all_reduce_seconds(4 * added, 2, tier) - plan::all_reduce_seconds(0, 2, tier);
+  const double at_two = reduction(2, 32) - reduction(2, 16), at_four = reduction(4, 32) - reduction(4, 16);
+  EXPECT_GT(at_two, experts_reduce);
+  EXPECT_LT(at_two, 1.05 * (experts_reduce + 4 * added / tier.bandwidth_bytes_per_s));
+  EXPECT_LT(at_four, 0.05 * at_two);
+}
+
 TEST(CostModel, TheStepIsItsPartsAndGrowsByOneMicroBatchesWork) {
   const Cluster cluster = test_cluster();
   Config c = test::planner_config();
