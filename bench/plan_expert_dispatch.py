@@ -19,6 +19,7 @@ import subprocess
 import tempfile
 
 from results_file import write_results
+from tessera_bench import calibration_text
 
 MEASURED = "bench/results/expert_dispatch_cpu.json"
 LINKS = "bench/results/atom_slow_links_cpu.json"
@@ -52,9 +53,7 @@ def main():
     ap.add_argument("--calibration", default="bench/results/plan_expert_dispatch_calibration.toml")
     ap.add_argument("--out", default="bench/results/plan_expert_dispatch_cpu.md")
     args = ap.parse_args()
-    if not os.path.exists(args.calibration):
-        subprocess.run([args.tessera, "plan", "calibrate", "--ranks", "4", "--out", args.calibration], check=True)
-    calibration = open(args.calibration).read()
+    calibration = calibration_text(args.tessera, args.calibration, 4)
     links = json.load(open(LINKS))["links_mb_per_s"]
     measured = json.load(open(MEASURED))
     rows = {(r["rate"], r["routing"], r["dispatch"]): r["step_s"] for r in measured["rows"] if r["part"] == "namespaces"}

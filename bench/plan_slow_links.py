@@ -21,6 +21,7 @@ import subprocess
 import tempfile
 
 from results_file import write_results
+from tessera_bench import calibration_text
 
 MEASURED = "bench/results/atom_slow_links_cpu.json"
 HOSTS, GLOBAL_BATCH, SEQ = 4, 64, 128
@@ -63,9 +64,7 @@ def main():
     ap.add_argument("--calibration", default="bench/results/plan_slow_links_calibration.toml")
     ap.add_argument("--out", default="bench/results/plan_slow_links_cpu.md")
     args = ap.parse_args()
-    if not os.path.exists(args.calibration):
-        subprocess.run([args.tessera, "plan", "calibrate", "--ranks", str(HOSTS), "--out", args.calibration], check=True)
-    calibration = open(args.calibration).read()
+    calibration = calibration_text(args.tessera, args.calibration, HOSTS)
     measured = json.load(open(MEASURED))
     rows = {(r["mode"], r["rate"]): r["samples_per_s"] for r in measured["results"]}
     with tempfile.TemporaryDirectory() as d:

@@ -51,6 +51,13 @@ def plan_step(build, config, cluster, sets):
     return layouts[0]["step_s"]
 
 
+def calibration_text(tessera, path, ranks):
+    """The cluster file at `path`, written first by `TESSERA plan calibrate --ranks RANKS` when absent."""
+    if not pathlib.Path(path).exists():
+        subprocess.run([str(tessera), "plan", "calibrate", "--ranks", str(ranks), "--out", str(path)], check=True)
+    return pathlib.Path(path).read_text()
+
+
 def bundled_corpus(build, data=None):
     """DATA, or BUILD/data/kjv (the corpus `make train` prepares); exits naming how to prepare it."""
     data = data or str(pathlib.Path(build) / "data" / "kjv")
