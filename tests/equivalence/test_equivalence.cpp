@@ -748,6 +748,21 @@ const std::vector<Row>& layouts() {
          c.parallel.zero_stage = 3;
          c.train.grad_accum = 2;
        }},
+      // Hierarchical dispatch under zero-bubble's split backward (each rank its own node: the hop
+      // between nodes; the exchanges' backward runs in I).
+      {"dp2_pp2_ep2_moe_hierarchical_zbh1_sgd_accum2", 4,
+       [](Config& c) {
+         sgd(c);
+         c.model.ffn = "moe";
+         c.model.moe_every = 1;
+         c.model.moe_top_k = 2;
+         c.parallel.pp = 2;
+         c.parallel.ep = 2;
+         c.parallel.pp_schedule = "zbh1";
+         c.parallel.ep_dispatch = "hierarchical";
+         c.parallel.ranks_per_node = 1;
+         c.train.grad_accum = 2;
+       }},
       {"dp2_fp16_compression", 2, [](Config& c) { c.parallel.grad_compression = "fp16"; }, &kFp16Compressed},
       {"dp2_adafactor", 2, [](Config& c) { c.optim.name = "adafactor"; }},
       {"dp2_linear_selective_checkpointing", 2,
@@ -1086,6 +1101,19 @@ const std::vector<Row>& layouts() {
        },
        &kBf16Sharded},  // an ep rank runs each expert on two ranks' rows at once (another bf16 kernel
                         // and rounding than one process's per micro-batch): Adam's sign flips, as under tp
+      // The same under hierarchical dispatch on one node: the gates travel in the rows' bf16 and
+      // are applied where the experts run.
+      {"dp2_ep2_moe_top2_dropless_hierarchical_bf16", 2,
+       [](Config& c) {
+         c.model.ffn = "moe";
+         c.model.moe_top_k = 2;
+         c.model.moe_capacity_factor = 0;
+         c.parallel.ep = 2;
+         c.parallel.ep_dispatch = "hierarchical";
+         c.parallel.ranks_per_node = 2;
+         c.precision.dtype = "bf16";
+       },
+       &kBf16Sharded},
       {"tp2_megatron_sp_bf16", 2,
        [](Config& c) {
          c.parallel.tp = 2;
