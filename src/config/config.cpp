@@ -285,8 +285,6 @@ void MemoryOptions::check(const std::string& source) const {
             ": memory.activation_policy = auto chooses each block's checkpointing and offload; leave "
             "memory.activation_checkpointing (", activation_checkpointing, ") and memory.activation_offload (",
             activation_offload, ") at none and 0");
-    require(!swap, source, ": memory.activation_policy = auto with memory.swap = true is not built yet (the swap "
-            "plan has its own budget); choose memory.activation_checkpointing and memory.activation_offload by hand");
   }
   require(swap_copies == "auto" || swap_copies == "fp32" || swap_copies == "bf16", source,
           ": memory.swap_copies must be auto, fp32 or bf16 (got '", swap_copies, "')");

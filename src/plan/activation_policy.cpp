@@ -388,6 +388,9 @@ void check_activation_budget(const Config& config, const ParallelDims& dims, dou
   const double budget = config.memory.device_budget_gb * 1024.0 * 1024.0 * 1024.0;
   require(device_capacity_bytes <= 0 || budget <= device_capacity_bytes, "memory.device_budget_gb = ",
           config.memory.device_budget_gb, " exceeds the device's ", format_bytes(device_capacity_bytes));
+  // Under swap the budget is shared with the swap plan's sub-models: chosen and refused with the
+  // plan once the blocks are measured (plan/swap_policy.h).
+  if (config.memory.swap) return;
   for (const ActivationShare& share : activation_shares(config, make_layout(config, dims))) {
     const double room = share.budget_bytes, smallest = smallest_activation_bytes(config, dims, share);
     require(room >= smallest, "memory.device_budget_gb = ", config.memory.device_budget_gb, " leaves ",

@@ -144,7 +144,8 @@ double smallest_activation_bytes(const Config& config, const ParallelDims& dims,
 // Refuses, before anything is measured or started, a budget whose share for activations on some
 // rank is smaller than the smallest policy needs, or (`device_capacity_bytes` > 0) larger than
 // the device. Under a pipeline the cut is the one made without measurements (the run's profile
-// cut may differ; its choice refuses by rank).
+// cut may differ; its choice refuses by rank). Under memory.swap only the device's size: the swap
+// plan shares the budget (plan/swap_policy.h refuses with it).
 void check_activation_budget(const Config& config, const ParallelDims& dims, double device_capacity_bytes = 0);
 
 // A table: each block's option, its bytes and seconds, and the totals against the budget.

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "plan/profile_cut.h"
+#include "plan/swap_policy.h"
 
 namespace tessera {
 
@@ -74,6 +75,12 @@ Layout make_layout(const Config& config, const ParallelDims& dims, const LayoutM
             schedule->stages());
   }
   std::optional<swap::SwapPlan> swap;
+  if (config.memory.swap && measured.swap && config.memory.activation_policy == "auto" && measured.blocks) {
+    // The policy and the swap plan share the budget: chosen together (plan/swap_policy.h).
+    SwappedActivationPolicy chosen =
+        choose_swapped_activation_policy(config, dims, *measured.blocks, *measured.swap, measured.cpu_device);
+    return Layout(dims, std::move(cut), std::move(schedule), std::move(chosen.plan), {std::move(chosen.policy)});
+  }
   if (config.memory.swap && measured.swap) swap = plan_swap(config, *measured.swap, dims.dp());
   if (config.memory.activation_policy != "auto" || !measured.blocks)
     return Layout(dims, std::move(cut), std::move(schedule), std::move(swap));

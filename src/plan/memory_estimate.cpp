@@ -335,7 +335,11 @@ std::string describe_memory_estimate(const Config& config, const ParallelDims& d
                                   : "  device total     %12s at the backward's peak (its gradients not made yet) or the "
                                     "optimizer step's\n",
               format_bytes(e.device_bytes()).c_str());
-  if (config.memory.activation_policy == "auto")
+  if (config.memory.activation_policy == "auto" && config.memory.swap)
+    out += line("memory.activation_policy = auto with memory.swap = true: each block's choice is made with the swap "
+                "plan, both within memory.device_budget_gb = %g GiB, once the run measures its blocks at start-up\n",
+                config.memory.device_budget_gb);
+  else if (config.memory.activation_policy == "auto")
     for (const ActivationShare& share : activation_shares(config, make_layout(config, dims)))
       out += line("memory.activation_policy = auto: memory.device_budget_gb = %g leaves %s for the blocks' activations%s "
                   "(the activations above keep every block's); the smallest policy needs %s; the run measures its "

@@ -309,6 +309,9 @@ void add_activation_policy(const Config& config, const ParallelDims& dims, const
 void check_modelled(const Config& config) {
   const ParallelOptions& p = config.parallel;
   require(p.pp_schedule.rfind("file:", 0) != 0, "tessera plan: parallel.pp_schedule = file:... is not modelled (the built-in schedules are)");
+  require(!(config.memory.swap && config.memory.activation_policy == "auto"),
+          "tessera plan: memory.activation_policy = auto with memory.swap = true is not modelled yet (a run chooses "
+          "them together: plan/swap_policy.h); hold memory.swap = false or choose the checkpointing by hand");
 }
 
 PricedOperations price_operations(const Config& config, const ParallelDims& dims, const Cluster& cluster,

@@ -36,6 +36,7 @@
 #include <string>
 
 #include "memory/activation_offload.h"
+#include "model/parameter_census.h"
 #include "comm/mesh.h"
 #include "distributed/dist_test.h"
 #include "parallel/pipeline/schedule_builders.h"
@@ -250,6 +251,22 @@ const std::vector<Row>& layouts() {
          swapped(c, {1, 3});
          c.train.grad_accum = 2;
        }},
+      // The activation policy chosen with the swap plan (plan/swap_policy.h): a budget of the
+      // parameters and gradients resident and two blocks' activations of the four.
+      {"swap_activation_policy_sgd_accum2", 1,
+       [](Config& c) {
+         sgd(c);
+         c.model.n_layer = 4;
+         swapped(c, {});
+         c.memory.activation_policy = "auto";
+         c.train.grad_accum = 2;
+         const ParallelDims dims(c.parallel, 1, "row");
+         const double keep = activation_options(c, dims, BlockCosts(), false)[0][0].bytes;
+         double parameters = 0;
+         for (const auto& item : *parameter_census(c.model)) parameters += static_cast<double>(item.meta.numel());
+         c.memory.device_budget_gb = (8 * parameters + 2 * keep) / (1024.0 * 1024.0 * 1024.0);
+       },
+       &kExact},
       {"swap_bf16_fp32_copies_2_submodels", 1,
        [](Config& c) {
          c.model.n_layer = 4;

@@ -11,6 +11,7 @@
 #include "plan/activation_estimate.h"
 #include "plan/activation_policy.h"
 #include "plan/layout.h"
+#include "plan/swap_policy.h"
 #include "test_util.h"
 #include "tiny_config.h"
 #include "train/train_step.h"
@@ -377,6 +378,57 @@ TEST(ActivationPolicy, ABudgetTooSmallIsRefusedBeforeTheRun) {
                                   {"memory.device_budget_gb", "smallest activation policy", "needs"}));
   c.memory.device_budget_gb = state * 0.5 / gib;
   EXPECT_TRUE(test::throws_naming([&] { check_activation_budget(c, dims); }, {"does not hold the model's state"}));
+}
+
+// Under swap the policy is chosen with the swap plan (plan/swap_policy.h), every sub-model loaded
+// each step: four blocks whose parameters each weigh one block's kept activations. An ample budget
+// keeps every block's activations; a budget of 4.75 blocks' parameters, which holds two
+// neighbouring sub-models' parameters and gradients (the partitioner's window) but not beside all
+// four blocks' kept activations, has them recomputed or offloaded, and its plan fits. A budget
+// below two neighbours' needs is refused naming the key.
+TEST(ActivationPolicy, UnderSwapThePolicyIsChosenWithTheSwapPlan) {
+  Config c = tiny_auto(1, 16);
+  c.memory.swap = true;
+  const ParallelDims dims(c.parallel, 1, "test");
+  const double keep = activation_options(c, dims, BlockCosts(), false)[0][0].bytes;
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  auto costs = [&](double forward_s, double bandwidth) {
+    SwapCosts s;
+    for (int64_t l = 0; l < c.model.n_layer; ++l) {
+      swap::SubModel b;
+      b.first = l, b.end = l + 1;
+      b.parameter_bytes = b.gradient_bytes = keep;
+      b.forward_s = forward_s, b.backward_s = 2 * forward_s;
+      s.blocks.push_back(b);
+    }
+    s.ends.parameter_bytes = s.ends.gradient_bytes = keep / 16;
+    s.bandwidth = bandwidth;
+    return s;
+  };
+  auto measured = [&](double forward_s) {
+    BlockCosts m;
+    for (int64_t l = 0; l < c.model.n_layer; ++l) m.block_split.push_back({forward_s, 2 * forward_s, forward_s, forward_s});
+    return m;
+  };
+  const auto fits = [](const SwappedActivationPolicy& p) {
+    return swap::occupancy(p.plan).peak <= p.plan.device_budget_bytes;
+  };
+  c.memory.device_budget_gb = 64 * keep / gib;
+  const SwappedActivationPolicy ample = choose_swapped_activation_policy(c, dims, measured(1e-3), costs(1e-3, 1e9), true);
+  EXPECT_EQ(names(ample.policy), std::vector<std::string>(4, "keep"));
+  EXPECT_TRUE(fits(ample));
+
+  c.memory.device_budget_gb = (4.75 * keep) / gib;
+  const SwappedActivationPolicy tight = choose_swapped_activation_policy(c, dims, measured(1e-3), costs(1e-3, 1e9), true);
+  const std::vector<std::string> chosen = names(tight.policy);
+  EXPECT_NE(chosen, std::vector<std::string>(4, "keep"));
+  EXPECT_TRUE(fits(tight));
+  EXPECT_GT(tight.candidates, 1);
+  EXPECT_EQ(tight.policy.layers, (std::vector<int64_t>{0, 1, 2, 3}));
+
+  c.memory.device_budget_gb = keep / gib;
+  EXPECT_TRUE(test::throws_naming([&] { choose_swapped_activation_policy(c, dims, measured(1e-3), costs(1e-3, 1e9), true); },
+                                  {"memory.device_budget_gb", "memory.swap = true", "no activation policy"}));
 }
 
 TEST(ActivationPolicy, KeysAreCheckedByName) {
