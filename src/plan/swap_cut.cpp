@@ -129,7 +129,7 @@ SwapCosts measure_swap_costs(const Config& config, c10::Device device) {
     offloaded_largest = std::max(offloaded_largest, b.activation_bytes);
     b.activation_bytes = 0;
   }
-  c.offload_in_flight_bytes =
+  c.reserved_bytes =
       static_cast<double>(std::min<int64_t>(config.memory.activation_offload, 2)) * offloaded_largest;
   c.ends.parameter_bytes = c.ends.gradient_bytes = 4.0 * static_cast<double>(ends);
   c.ends.optim_s = host.update * static_cast<double>(ends);
@@ -146,7 +146,7 @@ SwapCosts measure_swap_costs(const Config& config, c10::Device device) {
 swap::SwapPlan plan_swap(const Config& config, const SwapCosts& costs, int64_t dp) {
   swap::SwapPlan shape;
   shape.ends = costs.ends;
-  shape.device_budget_bytes = config.memory.device_budget_gb * 1024.0 * 1024.0 * 1024.0 - costs.offload_in_flight_bytes;
+  shape.device_budget_bytes = config.memory.device_budget_gb * 1024.0 * 1024.0 * 1024.0 - costs.reserved_bytes;
   shape.bandwidth = costs.bandwidth;
   shape.micro_batches = config.train.accumulation(dp);
   shape.defer_optim = config.optim.grad_clip > 0 || dp > 1;

@@ -31,10 +31,12 @@ struct SwapCosts {
   swap::SubModel ends;
   double bandwidth = 0;           // bytes per second
   double gradients_stored_s = 0;  // the host's pass over every gradient (swap::SwapPlan's)
-  // memory.activation_offload: the offloaded blocks hold no activations from forward to backward
+  // Device memory the sub-models' count leaves out and plan_swap keeps out of the budget. With
+  // memory.activation_offload the offloaded blocks hold no activations from forward to backward
   // (their SubModel's activation_bytes are 0); two of them are in flight on the device at a time
-  // (memory/activation_offload.h), which plan_swap keeps out of the budget.
-  double offload_in_flight_bytes = 0;
+  // (memory/activation_offload.h). Under the activation policy (plan/swap_policy.h): its
+  // reserves, the offloaded groups in flight and a fully recomputed block's whole activations.
+  double reserved_bytes = 0;
 };
 
 SwapCosts measure_swap_costs(const Config& config, c10::Device device);

@@ -37,14 +37,15 @@ SwappedActivationPolicy choose_swapped_activation_policy(const Config& config, c
     for (const ActivationOption& o : policy.blocks) names.push_back(o.name());
     if (!seen.insert(names).second) continue;
     SwapCosts priced = costs;
-    double offloaded_group = 0;
+    double offloaded_group = 0, recomputed_whole = 0;
     for (size_t l = 0; l < policy.blocks.size(); ++l) {
       const ActivationOption& o = policy.blocks[l];
       priced.blocks[l].activation_bytes = o.bytes;
       priced.blocks[l].backward_s += o.seconds;
       if (o.offload) offloaded_group = std::max(offloaded_group, o.group);
+      if (o.checkpointing == "full") recomputed_whole = std::max(recomputed_whole, options[l].front().bytes);
     }
-    priced.offload_in_flight_bytes = static_cast<double>(policy.groups_in_flight) * offloaded_group;
+    priced.reserved_bytes = static_cast<double>(policy.groups_in_flight) * offloaded_group + recomputed_whole;
     ++best.candidates;
     try {
       swap::SwapPlan plan = plan_swap(config, priced, dims.dp());

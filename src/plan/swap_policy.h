@@ -7,9 +7,10 @@
 //               (one policy per distinct choice);
 //   each        priced by the swap plan it leaves: each block's activation bytes the option's,
 //               its backward longer by the option's added seconds (recomputation, the copies the
-//               neighbours do not hide, coding), two of the largest offloaded group reserved for
-//               the groups in flight; planned under memory.device_budget_gb and replayed
-//               (memory/swap/swap_simulate.h);
+//               neighbours do not hide, coding), the policy's reserves kept out of the budget (two
+//               of the largest offloaded group for the groups in flight, the largest fully
+//               recomputed block's whole activations for its backward); planned under
+//               memory.device_budget_gb and replayed (memory/swap/swap_simulate.h);
 //   the choice  the least replayed step among the plans that fit; refused naming
 //               memory.device_budget_gb when none does.
 // The swap engine then trains with the chosen policy's blocks (parallel/parallelize.cpp sets each

@@ -146,10 +146,10 @@ TEST(SwapStep, ThePlanCountsOffloadedActivationsOffTheDevice) {
   EXPECT_EQ(offloaded.blocks[0].activation_bytes, 0);
   EXPECT_EQ(offloaded.blocks[1].activation_bytes, 0);
   EXPECT_GT(offloaded.blocks[2].activation_bytes, 0);
-  EXPECT_EQ(offloaded.offload_in_flight_bytes,
+  EXPECT_EQ(offloaded.reserved_bytes,
             2 * std::max(resident.blocks[0].activation_bytes, resident.blocks[1].activation_bytes));
   EXPECT_EQ(plan_swap(c, offloaded).device_budget_bytes,
-            plan_swap(c, resident).device_budget_bytes - offloaded.offload_in_flight_bytes);
+            plan_swap(c, resident).device_budget_bytes - offloaded.reserved_bytes);
 }
 
 TEST(SwapStep, LayoutsItCannotTrainAreRefusedByKey) {
