@@ -401,9 +401,14 @@ Prediction predict_time(const Config& config, const ParallelDims& dims, const Cl
     // work are the swap term (the host's updates among them).
     const SwapStep swapped = predict_swap_step(config, dims, cluster, priced);
     rank_total = layout.all;
+    // memory.activation_policy = auto: the policy chosen with the plan, its seconds in the plan's
+    // backwards.
+    if (swapped.activation_policy)
+      for (const ActivationOption& o : swapped.activation_policy->blocks) rank_total.activation_policy += o.seconds;
     out.step_s = swapped.step_s;
     reduce = swapped.reduce_s, gathers = 0, offload = 0, optimizer = 0;
-    swapping = swapped.step_s - swapped.reduce_s - static_cast<double>(m) * (layout.all.f + layout.all.i + layout.all.w);
+    swapping = swapped.step_s - swapped.reduce_s -
+               static_cast<double>(m) * (layout.all.f + layout.all.i + layout.all.w + rank_total.activation_policy);
   } else if (dims.pp() == 1) {
     rank_total = layout.all;
     out.step_s = layout.step_without_pipeline;
@@ -470,6 +475,7 @@ void add_memory(Prediction& prediction, const Config& config, const Layout& layo
                                                price_operations(config, layout.dims(), cluster));
     prediction.peak_memory_bytes = swapped.peak_device_bytes;
     host_bytes = swapped.host_bytes;
+    if (swapped.activation_policy) prediction.activation_policies = {*swapped.activation_policy};
   } else {
     const MemoryEstimate estimate = estimate_memory(config, layout);
     prediction.peak_memory_bytes = estimate.device_bytes();

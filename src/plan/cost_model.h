@@ -161,6 +161,11 @@ struct PricedOperations {
 };
 PricedOperations price_operations(const Config& config, const ParallelDims& dims, const Cluster& cluster,
                                   const CostOptions& options = {});
+// The blocks' costs as the activation policy reads a run's start-up profile (plan/stage_cut.h's
+// BlockCosts), from their predicted prices: F and B = I + W, the host link (a CPU "device": its
+// copy rate at device.memory_gbs over `slowdown`), each allowed codec's calibrated rate.
+BlockCosts predicted_block_costs(const Config& config, const Cluster& cluster, double slowdown,
+                                 const std::vector<PartCost>& blocks);
 
 // What a search shares between the layouts it prices:
 //   cut     the pipeline's cut by shape (stages, stages per rank; the model is the search's);

@@ -281,20 +281,11 @@ void add_activation_compression(const Config& config, const ParallelDims& dims, 
 // each block's chosen seconds go into its I.
 void add_activation_policy(const Config& config, const ParallelDims& dims, const Cluster& cluster, double slowdown,
                            PricedOperations& out) {
-  if (config.memory.activation_policy != "auto") return;
-  BlockCosts costs;
-  for (const PartCost& c : out.blocks) costs.block_split.push_back({c.f, c.i + c.w, c.i, c.w});
-  const bool cpu = cluster.device.kind == "cpu";
-  if (cpu) costs.copy_bytes_per_s = 1e9 * cluster.device.memory_gbs / slowdown;
-  else costs.link_bytes_per_s = 1e9 * cluster.host.device_link_gbs;
-  require(cpu || costs.link_bytes_per_s > 0, cluster.source,
-          ": memory.activation_policy = auto needs host.device_link_gbs, which this cluster file leaves at 0");
-  for (ActivationCodec codec : parse_activation_codecs(config.memory.activation_compression))
-    if (codec != ActivationCodec::lossless)
-      costs.codec_seconds_per_byte[activation_codec_name(codec)] = slowdown / (1e9 * codec_gbs(codec, cluster));
+  // Under swap the policy is chosen with the swap plan (swap_cost.h).
+  if (config.memory.activation_policy != "auto" || config.memory.swap) return;
   LayoutMeasurements measured;
-  measured.blocks = costs;
-  measured.cpu_device = cpu;
+  measured.blocks = predicted_block_costs(config, cluster, slowdown, out.blocks);
+  measured.cpu_device = cluster.device.kind == "cpu";
   out.activation_policies = make_layout(config, dims, measured).activation_policies();
   for (const ActivationPolicy& policy : out.activation_policies)
     for (size_t k = 0; k < policy.layers.size(); ++k) {
@@ -306,12 +297,24 @@ void add_activation_policy(const Config& config, const ParallelDims& dims, const
 
 }  // namespace
 
+BlockCosts predicted_block_costs(const Config& config, const Cluster& cluster, double slowdown,
+                                 const std::vector<PartCost>& blocks) {
+  BlockCosts costs;
+  for (const PartCost& c : blocks) costs.block_split.push_back({c.f, c.i + c.w, c.i, c.w});
+  const bool cpu = cluster.device.kind == "cpu";
+  if (cpu) costs.copy_bytes_per_s = 1e9 * cluster.device.memory_gbs / slowdown;
+  else costs.link_bytes_per_s = 1e9 * cluster.host.device_link_gbs;
+  require(cpu || costs.link_bytes_per_s > 0, cluster.source,
+          ": memory.activation_policy = auto needs host.device_link_gbs, which this cluster file leaves at 0");
+  for (ActivationCodec codec : parse_activation_codecs(config.memory.activation_compression))
+    if (codec != ActivationCodec::lossless)
+      costs.codec_seconds_per_byte[activation_codec_name(codec)] = slowdown / (1e9 * codec_gbs(codec, cluster));
+  return costs;
+}
+
 void check_modelled(const Config& config) {
   const ParallelOptions& p = config.parallel;
   require(p.pp_schedule.rfind("file:", 0) != 0, "tessera plan: parallel.pp_schedule = file:... is not modelled (the built-in schedules are)");
-  require(!(config.memory.swap && config.memory.activation_policy == "auto"),
-          "tessera plan: memory.activation_policy = auto with memory.swap = true is not modelled yet (a run chooses "
-          "them together: plan/swap_policy.h); hold memory.swap = false or choose the checkpointing by hand");
 }
 
 PricedOperations price_operations(const Config& config, const ParallelDims& dims, const Cluster& cluster,

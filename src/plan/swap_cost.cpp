@@ -9,6 +9,7 @@
 #include "plan/layout.h"
 #include "plan/memory_estimate.h"
 #include "plan/swap_cut.h"
+#include "plan/swap_policy.h"
 
 namespace tessera::plan {
 
@@ -47,7 +48,15 @@ SwapStep predict_swap_step(const Config& config, const ParallelDims& dims, const
     costs.bandwidth = std::min(costs.bandwidth, 1e9 * config.memory.modelled_bandwidth_gbps);
 
   SwapStep out;
-  out.plan = plan_swap(config, costs, dims.dp());
+  if (config.memory.activation_policy == "auto") {
+    SwappedActivationPolicy chosen = choose_swapped_activation_policy(
+        config, dims, predicted_block_costs(config, cluster, priced.memory_slowdown, priced.blocks), costs,
+        cluster.device.kind == "cpu");
+    out.plan = std::move(chosen.plan);
+    out.activation_policy = std::move(chosen.policy);
+  } else {
+    out.plan = plan_swap(config, costs, dims.dp());
+  }
   const std::vector<int64_t> replicas = dims.group_of("dp", 0);
   out.reduce_s = all_reduce_seconds(4 * elements, static_cast<int64_t>(replicas.size()), cluster.tier(replicas));
   out.step_s = swap::simulate_swap_plan(out.plan).step_time + out.reduce_s;

@@ -15,21 +15,29 @@
 //   the link    host.device_link_gbs each way (on a CPU device at most
 //               memory.modelled_bandwidth_gbps, the run's throttle)
 //   the budget  memory.device_budget_gb
+// Under memory.activation_policy = auto the plan is the one chosen with the policy
+// (plan/swap_policy.h) from these blocks' costs (cost_model.h's predicted_block_costs).
 // Data-parallel replicas of a swapped model (CPU devices only: layout_check.h) average their
 // gradients after the last store and before the deferred updates: one all-reduce of the float32
 // gradients, which the step waits for (added to the replay's step, not overlapped).
 #pragma once
 
+#include <optional>
+
 #include "config/config.h"
 #include "core/parallel_dims.h"
 #include "memory/swap/swap_plan.h"
 #include "plan/cluster.h"
+#include "plan/activation_policy.h"
 #include "plan/cost_model.h"
 
 namespace tessera::plan {
 
 struct SwapStep {
   swap::SwapPlan plan;
+  // memory.activation_policy = auto: the policy chosen with the plan (plan/swap_policy.h), from the
+  // blocks' predicted costs; its seconds are inside the plan's backwards.
+  std::optional<ActivationPolicy> activation_policy;
   double step_s = 0;     // the replay's step plus the replicas' reduction
   double reduce_s = 0;   // the replicas' all-reduce (0 with one replica)
   double peak_device_bytes = 0;  // the plan's occupancy at its peak and the backward's working set

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -16,6 +17,7 @@
 #include "plan/cost_model.h"
 #include "plan/search.h"
 #include "plan/swap_cost.h"
+#include "plan/swap_policy.h"
 #include "plan/swarm_cost.h"
 #include "plan_test_util.h"
 #include "test_util.h"
@@ -219,6 +221,53 @@ TEST(HostCosts, ASwappedStepIsTheSwapEnginesReplayOfThePredictedBlocks) {
   EXPECT_LE(plan::step_lower_bound(c, one, cluster, priced), p.step_s);
   const Cluster slower = host_cluster(16, 0.005);
   EXPECT_GT(plan::predict_time(c, one, slower).step_s, p.step_s);
+}
+
+// Swapped under memory.activation_policy = auto: the policy is chosen with the swap plan from the
+// predicted blocks (plan/swap_policy.h), the same choice a run makes from costs measured as
+// predicted; the step is that plan's replay, the policy's seconds its own term, the parts summing
+// to the step, the plan's peak within the budget. This budget keeps every block; the first smaller
+// one (by 0.8x) whose plan cannot recomputes or offloads some, at a longer step.
+TEST(HostCosts, SwappedTheActivationPolicyIsChosenWithThePlan) {
+  const Cluster cluster = host_cluster(16, 0.05);
+  Config c = swap_config();
+  c.memory.activation_policy = "auto";
+  c.check("test");
+  const ParallelDims one(c.parallel, 1, "test");
+  const plan::PricedOperations priced = plan::price_operations(c, one, cluster);
+  EXPECT_TRUE(priced.activation_policies.empty());  // chosen with the plan, not from a share
+  const plan::SwapStep swapped = plan::predict_swap_step(c, one, cluster, priced);
+  ASSERT_TRUE(swapped.activation_policy.has_value());
+  const plan::Prediction p = plan::predict(c, one, cluster);
+  ASSERT_EQ(p.activation_policies.size(), 1u);
+  EXPECT_DOUBLE_EQ(p.step_s, swapped.step_s);
+  EXPECT_NEAR(test::breakdown_sum(p), p.step_s, 1e-12);
+  double seconds = 0;
+  for (const ActivationOption& o : swapped.activation_policy->blocks) seconds += o.seconds;
+  EXPECT_NEAR(test::breakdown_term(p, "activation_policy"), static_cast<double>(p.micro_batches) * seconds, 1e-12);
+  EXPECT_LE(swap::occupancy(swapped.plan).peak, swapped.plan.device_budget_bytes);
+  auto keeps_all = [](const ActivationPolicy& policy) {
+    return std::all_of(policy.blocks.begin(), policy.blocks.end(), [](const ActivationOption& o) { return o.name() == "keep"; });
+  };
+  EXPECT_TRUE(keeps_all(*swapped.activation_policy));
+  // Smaller budgets: the first whose plan cannot keep every block recomputes or offloads some, and
+  // its plan fits.
+  bool squeezed = false;
+  for (int64_t i = 1; i <= 16 && !squeezed; ++i) {
+    Config tight = c;
+    tight.memory.device_budget_gb = c.memory.device_budget_gb * std::pow(0.8, static_cast<double>(i));
+    try {
+      const plan::SwapStep s = plan::predict_swap_step(tight, one, cluster, plan::price_operations(tight, one, cluster));
+      if (keeps_all(*s.activation_policy)) continue;
+      squeezed = true;
+      EXPECT_LE(swap::occupancy(s.plan).peak, s.plan.device_budget_bytes);
+      EXPECT_GT(s.step_s, swapped.step_s);
+    } catch (const Error& e) {
+      ADD_FAILURE() << "budget " << tight.memory.device_budget_gb << " refused before any block was squeezed: " << e.what();
+      break;
+    }
+  }
+  EXPECT_TRUE(squeezed);
 }
 
 // Batch mode: each of 4 peers computes its share of the target (16 = 4 peers x 2 micro-batches of

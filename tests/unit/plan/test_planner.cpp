@@ -397,11 +397,7 @@ TEST(CostModel, WhatItDoesNotModelIsRefusedByKey) {
   Config c = test::planner_config();
   c.parallel.pp_schedule = "file:my_table.csv";
   EXPECT_TRUE(test::throws_naming([&] { plan::check_modelled(c); }, {"parallel.pp_schedule", "not modelled"}));
-  c = test::planner_config();
-  c.memory.swap = true;
-  c.memory.activation_policy = "auto";
-  EXPECT_TRUE(test::throws_naming([&] { plan::check_modelled(c); },
-                                  {"memory.activation_policy = auto with memory.swap = true", "not modelled"}));
+
 }
 
 // The search's bound (step_lower_bound) is never above the step the table gives, for every
