@@ -19,7 +19,6 @@
 namespace tessera::plan {
 namespace {
 
-
 // A layout priced up to its step, before any table is built: what the prediction and the lower
 // bound share.
 struct PricedLayout {
