@@ -70,7 +70,7 @@ Table forward_hop(const Table& in, int64_t k, comm::Group& ep, const std::functi
 
 // The inverse of `hop` for outputs: partial [rows received, C] -> [rows of the sender's table, C],
 // the copies of a row summed.
-at::Tensor backward_hop(const at::Tensor& partial, const Hop& hop, int64_t table_rows, comm::Group& ep) {
+at::Tensor combine_hop(const at::Tensor& partial, const Hop& hop, int64_t table_rows, comm::Group& ep) {
   if (hop.identity) return partial;
   const at::Tensor back = expert_all_to_all(partial, ep, hop.send, hop.receive);
   return at::zeros({table_rows, partial.size(1)}, partial.options())
@@ -144,8 +144,8 @@ at::Tensor hierarchical_dispatch(const at::Tensor& x, const MoERouting& r, const
   else within.identity = true;
 
   const at::Tensor partial = run_experts(held, k, C, me * local, local, experts);
-  const at::Tensor at_proxy = backward_hop(partial, within, proxied.size(), ep);
-  return backward_hop(at_proxy, between, N, ep);
+  const at::Tensor at_proxy = combine_hop(partial, within, proxied.size(), ep);
+  return combine_hop(at_proxy, between, N, ep);
 }
 
 }  // namespace tessera
