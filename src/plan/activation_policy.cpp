@@ -427,12 +427,14 @@ std::string describe_activation_policy(const ActivationPolicy& p) {
     out += line;
     l = end;
   }
+  const std::string of_what = p.with_swap_plan ? "chosen with the swap plan, both within memory.device_budget_gb"
+                                               : "of the " + format_bytes(p.budget_bytes) +
+                                                     " the budget leaves for activations";
   std::snprintf(line, sizeof line,
-                "  total %s of the %s the budget leaves for activations (%s; %lld offloaded groups in flight and one "
-                "recomputed block included); +%.2f ms per micro-batch predicted\n",
-                format_bytes(p.bytes).c_str(), format_bytes(p.budget_bytes).c_str(),
-                p.held == 1 ? "one micro-batch" : "the micro-batches held", static_cast<long long>(p.groups_in_flight),
-                1e3 * p.seconds);
+                "  total %s %s (%s; %lld offloaded groups in flight and one recomputed block included); +%.2f ms per "
+                "micro-batch predicted\n",
+                format_bytes(p.bytes).c_str(), of_what.c_str(), p.held == 1 ? "one micro-batch" : "the micro-batches held",
+                static_cast<long long>(p.groups_in_flight), 1e3 * p.seconds);
   out += line;
   return out;
 }
@@ -456,6 +458,7 @@ nlohmann::json activation_policy_json(const ActivationPolicy& p, int64_t micro_b
           {"groups_in_flight", p.groups_in_flight},
           {"bytes", p.bytes},
           {"budget_bytes", p.budget_bytes},
+          {"with_swap_plan", p.with_swap_plan},
           {"predicted_added_s_per_step", p.seconds * static_cast<double>(micro_batches)}};
 }
 

@@ -82,6 +82,9 @@ struct ActivationPolicy {
   std::vector<HeldMoment> moments{{}};   // the schedule's moments the choice fits (ActivationShare)
   int64_t groups_in_flight = 2;          // offloaded groups the device may hold at once
   double budget_bytes = 0;               // for the blocks' activations
+  // Chosen with the swap plan (plan/swap_policy.h): budget_bytes is the allowance of the candidate
+  // chosen, the swap plan holding it within memory.device_budget_gb.
+  bool with_swap_plan = false;
   double bytes = 0;                      // chosen: for the micro-batches held, with the reserves
   double seconds = 0;                    // added to the step, per micro-batch
   int64_t offloaded() const;

@@ -64,6 +64,7 @@ SwappedActivationPolicy choose_swapped_activation_policy(const Config& config, c
           "that fits (", best.candidates, " tried",
           last_refusal.empty() ? std::string() : "; the smallest's plan: " + last_refusal,
           "); raise memory.device_budget_gb, or lower train.batch_size or train.seq_len");
+  best.policy.with_swap_plan = true;
   best.policy.layers.clear();
   for (int64_t l = 0; l < config.model.n_layer; ++l) best.policy.layers.push_back(l);
   return best;
