@@ -1,9 +1,11 @@
 // The Layout value and what it is made from (layout.h).
 #include "plan/layout.h"
 
-#include "parallel/pipeline/schedule_builders.h"
+#include <set>
 
+#include "comm/rendezvous.h"
 #include "core/error.h"
+#include "parallel/pipeline/schedule_builders.h"
 #include "plan/profile_cut.h"
 #include "plan/swap_policy.h"
 
@@ -89,8 +91,31 @@ Layout make_layout(const Config& config, const ParallelDims& dims, const LayoutM
   return Layout(dims, std::move(cut), std::move(schedule), std::move(swap), std::move(activations));
 }
 
+namespace {
+
+// "expert dispatch: ..." for ep > 1: the dispatch and the nodes the ep group spans (global rank /
+// parallel.ranks_per_node, or the launcher's processes per node).
+std::string describe_expert_dispatch(const Config& config, const ParallelDims& dims) {
+  if (dims.ep() == 1) return "";
+  const int64_t per_node = config.parallel.ranks_per_node > 0 ? config.parallel.ranks_per_node
+                                                              : comm::launch_info_from_environment().local_world_size;
+  std::set<int64_t> nodes;
+  for (int64_t rank : dims.group_of("ep", 0)) nodes.insert(rank / per_node);
+  const std::string span = std::to_string(dims.ep()) + " ranks on " + std::to_string(nodes.size()) +
+                           (nodes.size() == 1 ? " node" : " nodes");
+  if (config.parallel.ep_dispatch == "hierarchical")
+    return "expert dispatch: hierarchical over " + span + " (a token once to each node it needs, then once to each "
+           "rank there)\n";
+  return "expert dispatch: all-to-all over " + span +
+         (nodes.size() > 1 ? " (one row per choice; parallel.ep_dispatch = hierarchical sends a token once per node)\n"
+                           : "\n");
+}
+
+}  // namespace
+
 std::string describe_layout(const Config& config, const Layout& layout) {
   std::string out;
+  out += describe_expert_dispatch(config, layout.dims());
   if (layout.pipelined()) out += describe_pipeline_layout(config, layout.dims(), layout.cut(), layout.schedule());
   if (layout.swapped()) out += describe_swap_plan(layout.swap_plan());
   for (const ActivationPolicy& policy : layout.activation_policies()) out += describe_activation_policy(policy);

@@ -5,6 +5,7 @@
 
 #include "core/parallel_dims.h"
 #include "parallel/layout_check.h"
+#include "plan/layout.h"
 #include "test_util.h"
 #include "tiny_config.h"
 
@@ -204,6 +205,28 @@ TEST(LayoutCheck, DataParallelAndUnbuiltDegreesNameTheirKeys) {
   c.parallel.tp = 2;
   c.parallel.megatron_sp = true;
   EXPECT_TRUE(refused(c, 4, {"parallel.megatron_sp = true with model.ffn = moe"}));
+}
+
+// The start-up description names the expert dispatch and the nodes the ep group spans
+// (parallel.ranks_per_node), and points an all-to-all over nodes at the hierarchical dispatch.
+TEST(LayoutDescription, NamesTheExpertDispatchAndItsNodes) {
+  Config c = tiny();
+  c.model.ffn = "moe";
+  c.parallel.ep = 4;
+  c.parallel.ranks_per_node = 2;
+  const ParallelDims d = dims(c, 4);
+  const std::string all_to_all = describe_layout(c, make_layout(c, d));
+  EXPECT_NE(all_to_all.find("expert dispatch: all-to-all over 4 ranks on 2 nodes"), std::string::npos) << all_to_all;
+  EXPECT_NE(all_to_all.find("parallel.ep_dispatch = hierarchical"), std::string::npos) << all_to_all;
+  c.parallel.ep_dispatch = "hierarchical";
+  const std::string hierarchical = describe_layout(c, make_layout(c, d));
+  EXPECT_NE(hierarchical.find("expert dispatch: hierarchical over 4 ranks on 2 nodes"), std::string::npos) << hierarchical;
+  c.parallel.ranks_per_node = 4;
+  const std::string one_node = describe_layout(c, make_layout(c, d));
+  EXPECT_NE(one_node.find("over 4 ranks on 1 node "), std::string::npos) << one_node;
+  c.parallel.ep = 1;
+  c.parallel.ep_dispatch = "alltoall";
+  EXPECT_EQ(describe_layout(c, make_layout(c, dims(c, 4))).find("expert dispatch"), std::string::npos);
 }
 
 }  // namespace
