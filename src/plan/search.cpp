@@ -2,6 +2,7 @@
 #include "plan/search.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -311,7 +312,14 @@ SearchResult search_layouts(const Config& base, int64_t world, const std::set<st
   // still be shown: keep the `top` fastest that fit and the `top` fastest that do not, and stop
   // where the next bound is no faster than the last that fits. The layout checks and the memory
   // estimate run only for the layouts reached.
-  auto faster = [](const Candidate& a, const Candidate& b) { return a.prediction.step_s < b.prediction.step_s; };
+  // Steps within 0.01% of each other (the same bucket of a log scale) count as equal, and then
+  // the layout with fewer moving parts goes first: without a swarm (a swarm's round priced as the
+  // all-reduce it replaces, with no round overhead measured, ties with it).
+  auto bucket = [](const Candidate& c) { return std::llround(std::log(c.prediction.step_s) / std::log1p(1e-4)); };
+  auto faster = [&](const Candidate& a, const Candidate& b) {
+    if (bucket(a) != bucket(b)) return bucket(a) < bucket(b);
+    return (a.peers > 0) < (b.peers > 0);
+  };
   std::vector<size_t> order(result.layouts.size());
   std::iota(order.begin(), order.end(), size_t{0});
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return faster(result.layouts[a], result.layouts[b]); });

@@ -549,6 +549,31 @@ TEST(Search, ItsBestIsTheBruteForceBestAndHeldKeysAreHeld) {
 
 // sp with its methods by attention kind (lasp and lasp2 for linear attention, never Ulysses), and
 // ep over the experts, are searched; every layout shown carries its keys in the --set line.
+// A swarm's batch round with no round overhead measured is priced as the all-reduce it replaces:
+// on this machine's preset tiny_gpt's two swapped peers and its two swapped data-parallel
+// replicas predict within 0.01% of each other, and the layout without a swarm is listed first.
+TEST(Search, AtAnEqualPredictionTheLayoutWithoutASwarmComesFirst) {
+  const Cluster cluster = plan::load_cluster(test::source_path("clusters/this_machine_2core.toml"));
+  ASSERT_EQ(cluster.peers.round_overhead_ms, 0);
+  Config c = test::planner_config();
+  c.model = ModelOptions::from_preset("tiny_gpt");
+  c.train.device = "cpu";
+  c.train.batch_size = 16;
+  c.train.global_batch_size = 32;
+  c.train.grad_accum = 1;
+  c.memory.swap = true;
+  c.memory.device_budget_gb = 1;
+  const plan::SearchResult found = plan::search_layouts(c, 2, {"train.batch_size", "memory.swap"}, cluster,
+                                                        check_parallel_layout, 8);
+  ASSERT_GE(found.layouts.size(), 2u);
+  const plan::Candidate& first = found.layouts[0];
+  EXPECT_EQ(first.peers, 0);
+  bool tied_swarm = false;
+  for (const plan::Candidate& l : found.layouts)
+    tied_swarm |= l.peers > 0 && std::abs(l.prediction.step_s / first.prediction.step_s - 1) < 1e-4;
+  EXPECT_TRUE(tied_swarm);
+}
+
 TEST(Search, SequenceAndExpertParallelismAreSearched) {
   const Cluster cluster = test_cluster();
   Config linear = test::planner_config();
