@@ -96,6 +96,10 @@ LaunchInfo launch_info_from_environment() {
   return info;
 }
 
+int64_t processes_per_node(int64_t configured) {
+  return configured > 0 ? configured : launch_info_from_environment().local_world_size;
+}
+
 std::map<std::string, std::string> worker_environment(const LaunchInfo& w, int store_fd) {
   std::map<std::string, std::string> env = {{"TESSERA_LAUNCHER", "1"},
                                             {"RANK", std::to_string(w.rank)},

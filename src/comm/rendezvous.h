@@ -35,6 +35,10 @@ struct LaunchInfo {
 
 LaunchInfo launch_info_from_environment();
 
+// Processes per node (global ranks fill nodes in order): `configured` when positive
+// (parallel.ranks_per_node), else the launcher's LOCAL_WORLD_SIZE (1 where no launcher says).
+int64_t processes_per_node(int64_t configured);
+
 // The environment a tessera-launched worker reads back through launch_info_from_environment():
 // TESSERA_LAUNCHER plus the torchrun variables, and for global rank 0 TESSERA_STORE_FD =
 // `store_fd` (the inherited listening socket; the caller also keeps that fd open across exec).

@@ -32,7 +32,7 @@ const std::set<std::string> kOptional = {"cluster.description", "cluster.nodes",
 
 Cluster::Tier Cluster::tier(const std::vector<int64_t>& members) const {
   std::map<int64_t, int64_t> per_node;
-  for (int64_t rank : members) ++per_node[rank / cluster.devices_per_node];
+  for (int64_t rank : members) ++per_node[node_of(rank)];
   Tier t;
   if (per_node.size() <= 1) {
     t.bandwidth_bytes_per_s = intra_node.bandwidth_gbs * 1e9;

@@ -215,6 +215,8 @@ struct Cluster {
     double call_overhead_s = 0;
   };
   Tier tier(const std::vector<int64_t>& members) const;
+  // The node of global rank `rank` (ranks fill nodes in order, devices_per_node each).
+  int64_t node_of(int64_t rank) const { return rank / cluster.devices_per_node; }
   // The peers' link as a tier (a swarm's round).
   Tier peer_tier() const { return {peers.bandwidth_gbs * 1e9, peers.latency_us * 1e-6, true}; }
 };

@@ -97,8 +97,7 @@ namespace {
 // parallel.ranks_per_node, or the launcher's processes per node).
 std::string describe_expert_dispatch(const Config& config, const ParallelDims& dims) {
   if (dims.ep() == 1) return "";
-  const int64_t per_node = config.parallel.ranks_per_node > 0 ? config.parallel.ranks_per_node
-                                                              : comm::launch_info_from_environment().local_world_size;
+  const int64_t per_node = comm::processes_per_node(config.parallel.ranks_per_node);
   std::set<int64_t> nodes;
   for (int64_t rank : dims.group_of("ep", 0)) nodes.insert(rank / per_node);
   const std::string span = std::to_string(dims.ep()) + " ranks on " + std::to_string(nodes.size()) +

@@ -41,9 +41,8 @@ class Pricer {
     std::set<int64_t> nodes;
     std::vector<int64_t> first_node;
     for (int64_t rank : ep_members) {
-      nodes.insert(rank / cluster.cluster.devices_per_node);
-      if (rank / cluster.cluster.devices_per_node == ep_members.front() / cluster.cluster.devices_per_node)
-        first_node.push_back(rank);
+      nodes.insert(cluster.node_of(rank));
+      if (cluster.node_of(rank) == cluster.node_of(ep_members.front())) first_node.push_back(rank);
     }
     ep_nodes_ = static_cast<int64_t>(nodes.size());
     ep_node_tier_ = cluster.tier(first_node);

@@ -12,6 +12,8 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+int64_t total_rows(const std::vector<int64_t>& rows) { return std::accumulate(rows.begin(), rows.end(), int64_t{0}); }
+
 struct ExpertAllToAll : public torch::autograd::Function<ExpertAllToAll> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, comm::Group* ep,
                             std::vector<int64_t> receive_rows, std::vector<int64_t> send_rows) {
@@ -30,8 +32,6 @@ struct ExpertAllToAll : public torch::autograd::Function<ExpertAllToAll> {
 };
 
 }  // namespace
-
-int64_t total_rows(const std::vector<int64_t>& rows) { return std::accumulate(rows.begin(), rows.end(), int64_t{0}); }
 
 at::Tensor exchange_rows(const at::Tensor& x, comm::Group& ep, const std::vector<int64_t>& receive_rows,
                          const std::vector<int64_t>& send_rows) {

@@ -14,8 +14,6 @@
 
 namespace tessera {
 
-int64_t total_rows(const std::vector<int64_t>& rows);
-
 // x [Σ send_rows, ...] -> [Σ receive_rows, ...]: the first send_rows[0] rows to member 0, the next
 // send_rows[1] to member 1, ...; receive_rows[i] rows from member i, in member order. Not
 // differentiable (routing metadata).

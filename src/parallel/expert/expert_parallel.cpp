@@ -72,8 +72,7 @@ void check_expert_parallel(const ModelOptions& m, const ParallelOptions& paralle
 }
 
 ExpertDispatch expert_dispatch(const ParallelOptions& parallel, const comm::Group& ep) {
-  const int64_t per_node =
-      parallel.ranks_per_node > 0 ? parallel.ranks_per_node : comm::launch_info_from_environment().local_world_size;
+  const int64_t per_node = comm::processes_per_node(parallel.ranks_per_node);
   ExpertDispatch dispatch;
   dispatch.hierarchical = parallel.ep_dispatch == "hierarchical";
   for (int64_t j = 0; j < ep.size(); ++j) dispatch.node_of_member.push_back(ep.global_rank_of(j) / per_node);
