@@ -137,7 +137,7 @@ class MoEImpl : public torch::nn::Module {
   void set_routed_step(RoutedStep step);
   // Sums `counts` [E + 1] float32 (the top-1 count of each expert, then the tokens) in place over
   // the ranks routing the same micro-batch (a collective: every such rank routes its MoE layers in
-  // the same order, recomputation included). Installed once, as the expert step.
+  // the same order, recomputation included). Installed once, as the routed step.
   using CountSum = std::function<void(at::Tensor& counts)>;
   void set_balance_count_sum(CountSum sum);
 

@@ -1,4 +1,4 @@
-// Expert parallelism: the refusals, the experts each rank keeps and the dispatching expert step
+// Expert parallelism: the refusals, the experts each rank keeps and the dispatching routed step
 // (expert_parallel.h).
 #include "parallel/expert/expert_parallel.h"
 
