@@ -217,6 +217,20 @@ void swapped(Config& c, std::vector<int64_t> blocks) {
   c.memory.swap_blocks = std::move(blocks);
 }
 
+// memory.activation_policy = auto under swap (plan/swap_policy.h): four blocks, two micro-batches,
+// a budget of the parameters and gradients resident and two blocks' activations of the four.
+void swapped_activation_policy(Config& c) {
+  c.model.n_layer = 4;
+  swapped(c, {});
+  c.memory.activation_policy = "auto";
+  c.train.grad_accum = 2;
+  const ParallelDims dims(c.parallel, 1, "row");
+  const double keep = activation_options(c, dims, BlockCosts(), false)[0][0].bytes;
+  double parameters = 0;
+  for (const auto& item : *parameter_census(c.model)) parameters += static_cast<double>(item.meta.numel());
+  c.memory.device_budget_gb = (8 * parameters + 2 * keep) / (1024.0 * 1024.0 * 1024.0);
+}
+
 const std::vector<Row>& layouts() {
   static const std::vector<Row> table = {
       {"swap_3_submodels_accum2", 1,
@@ -251,22 +265,14 @@ const std::vector<Row>& layouts() {
          swapped(c, {1, 3});
          c.train.grad_accum = 2;
        }},
-      // The activation policy chosen with the swap plan (plan/swap_policy.h): a budget of the
-      // parameters and gradients resident and two blocks' activations of the four.
+      // The activation policy chosen with the swap plan (its choice here: full, full, full, keep).
       {"swap_activation_policy_sgd_accum2", 1,
        [](Config& c) {
          sgd(c);
-         c.model.n_layer = 4;
-         swapped(c, {});
-         c.memory.activation_policy = "auto";
-         c.train.grad_accum = 2;
-         const ParallelDims dims(c.parallel, 1, "row");
-         const double keep = activation_options(c, dims, BlockCosts(), false)[0][0].bytes;
-         double parameters = 0;
-         for (const auto& item : *parameter_census(c.model)) parameters += static_cast<double>(item.meta.numel());
-         c.memory.device_budget_gb = (8 * parameters + 2 * keep) / (1024.0 * 1024.0 * 1024.0);
+         swapped_activation_policy(c);
        },
        &kExact},
+      {"swap_activation_policy_accum2", 1, [](Config& c) { swapped_activation_policy(c); }, &kExact},
       {"swap_bf16_fp32_copies_2_submodels", 1,
        [](Config& c) {
          c.model.n_layer = 4;
