@@ -220,9 +220,14 @@ PricedLayout with_data_parallel(PricedLayout out, const Config& config, const Pa
       p.zero_stage >= 1 ? dense_params / static_cast<double>(n_replicas) +
                               expert_params / static_cast<double>(n_expert_replicas)
                         : params;
-  const double bandwidth = 1e9 * cluster.device.memory_gbs / out.memory_slowdown;
   // The step over this rank's shard, and the clipping norm over the gradients it holds (all of
-  // them at stages 0-1, its shard at 2-3).
+  // them at stages 0-1, its shard at 2-3). On a CPU "device" the step runs on the host's memory,
+  // as offload's and swap's host step do, so at the rate the file measured for it
+  // (host.optimizer_gbs, AdamW's fused step under core sharing); elsewhere at the device's
+  // streaming rate.
+  const bool host_step = cluster.device.kind == "cpu" && cluster.host.optimizer_gbs > 0;
+  const double bandwidth =
+      host_step ? 1e9 * cluster.host.optimizer_gbs : 1e9 * cluster.device.memory_gbs / out.memory_slowdown;
   const double grads_held = p.zero_stage >= 2 ? shard_params : params;
   out.optimizer = shard_params * optimizer_bytes_per_element(config) / bandwidth + grads_held * grad_bytes / bandwidth;
   // ZeRO-Offload (memory/offload/offload.h): the shard's float32 gradient goes to the host (stage
@@ -237,11 +242,14 @@ PricedLayout with_data_parallel(PricedLayout out, const Config& config, const Pa
     offload_to_host = shard_params * 4 / link;
     offload_to_device = shard_params * param_bytes / link;
   }
-  // The reduction's last bucket, which no backward hides (none without data replicas).
-  const double reduced = (n_replicas > 1 ? dense_params : 0) + (n_expert_replicas > 1 ? expert_params : 0);
-  const double bucket =
-      n_replicas > 1 ? std::min(p.bucket_mb * 1e6, reduced * grad_bytes) / replica_tier.bandwidth_bytes_per_s : 0;
+  // The reduction's last bucket, which no backward hides (none without data replicas). Where
+  // every core computes nothing hides (`hides` 0): the whole reduction is exposed already, its
+  // last bucket with it.
   const double hides = every_core_computes(cluster, dims) ? 0 : 1;
+  const double reduced = (n_replicas > 1 ? dense_params : 0) + (n_expert_replicas > 1 ? expert_params : 0);
+  const double bucket = n_replicas > 1 ? hides * std::min(p.bucket_mb * 1e6, reduced * grad_bytes) /
+                                             replica_tier.bandwidth_bytes_per_s
+                                       : 0;
   // The host copy's exposed part: all of it at stage 1; at stages 2-3 what the backward beside it
   // does not hide, and the last block's.
   auto offload_exposed = [&](double compute) {

@@ -3,7 +3,6 @@
 // count, the cost model's step against its parts, and the search against brute force.
 #include <gtest/gtest.h>
 
-#include "model/parameter_census.h"
 
 #include <cmath>
 #include <filesystem>
@@ -160,7 +159,8 @@ TEST(CostModel, CollectivesTakeTheirAlgorithmsTime) {
 }
 
 // On a CPU "device" whose every core computes (a rank per core), a collective's copying and summing
-// take a core from the backward beside them: the reduction is exposed whole; with a core to spare
+// take a core from the backward beside them: the reduction is exposed whole (its last bucket
+// counted once, not again as the bucket no backward hides); with a core to spare
 // the backward hides it. Under tp each of its collective calls pays the call overhead once, and
 // Megatron-SP's all-gather and reduce-scatter twice.
 TEST(CostModel, OnACpuWhoseEveryCoreComputesNothingHidesACollective) {
@@ -171,13 +171,19 @@ TEST(CostModel, OnACpuWhoseEveryCoreComputesNothingHidesACollective) {
   Config c = test::planner_config();
   c.train.device = "cpu";
   c.parallel.dp = 2;
+  c.parallel.bucket_mb = 0.1;  // several buckets
   const ParallelDims dims(c.parallel, 2, "test");
   const double exposed = test::breakdown_term(plan::predict(c, dims, full), "dp_reduction_exposed");
   const double hidden = test::breakdown_term(plan::predict(c, dims, spare), "dp_reduction_exposed");
   EXPECT_LT(hidden, exposed);
-  double parameters = 0;
-  for (const auto& item : *parameter_census(c.model)) parameters += static_cast<double>(item.meta.numel());
-  EXPECT_GE(exposed, plan::all_reduce_seconds(4 * parameters, 2, full.tier({0, 1})) * (1 - 1e-9));
+  // Exposed whole and once: every bucket's collective, the last one not added again.
+  const double weights = plan::price_operations(c, dims, full).total().parameters;
+  const double buckets = std::ceil(4 * weights / (c.parallel.bucket_mb * 1e6));
+  ASSERT_GT(buckets, 1);
+  EXPECT_NEAR(exposed,
+              plan::all_reduce_seconds(4 * weights, 2, full.tier({0, 1})) +
+                  (buckets - 1) * plan::all_reduce_seconds(0, 2, full.tier({0, 1})),
+              1e-12);
 
   Config tp = test::planner_config();
   tp.train.device = "cpu";
@@ -367,6 +373,34 @@ TEST(CostModel, ExpertGradientsReduceOverTheirOwnReplicas) {
   EXPECT_GT(at_two, experts_reduce);
   EXPECT_LT(at_two, 1.05 * (experts_reduce + 4 * added / tier.bandwidth_bytes_per_s));
   EXPECT_LT(at_four, 0.05 * at_two);
+}
+
+// The optimizer step runs where its state lives: on a CPU "device" in host memory, at the rate the
+// file measured for AdamW's step there (host.optimizer_gbs, as offload's and swap's host steps);
+// on a card at the card's memory rate.
+TEST(CostModel, TheOptimizerStepIsPricedAtTheRateOfTheMemoryItRunsIn) {
+  Config c = test::planner_config();
+  c.train.device = "cpu";
+  const ParallelDims dims(c.parallel, 1, "test");
+  const Cluster cpu = plan::load_cluster(test::source_path("clusters/this_machine_2core.toml"));
+  auto optimizer = [&](const Cluster& cluster) {
+    return test::breakdown_term(plan::predict(c, dims, cluster), "optimizer");
+  };
+  Cluster faster_host = cpu, faster_device = cpu;
+  faster_host.host.optimizer_gbs *= 2;
+  faster_device.device.memory_gbs *= 2;
+  EXPECT_NEAR(optimizer(faster_host), optimizer(cpu) / 2, 1e-12);
+  EXPECT_DOUBLE_EQ(optimizer(faster_device), optimizer(cpu));
+  const double weights = plan::price_operations(c, dims, cpu).total().parameters;
+  EXPECT_NEAR(optimizer(cpu), weights * (28 + 4) / (1e9 * cpu.host.optimizer_gbs), 1e-12);
+
+  Cluster card = cpu;
+  card.device.kind = "cuda";
+  Cluster card_faster_host = card, card_faster_memory = card;
+  card_faster_host.host.optimizer_gbs *= 2;
+  card_faster_memory.device.memory_gbs *= 2;
+  EXPECT_DOUBLE_EQ(optimizer(card_faster_host), optimizer(card));
+  EXPECT_NEAR(optimizer(card_faster_memory), optimizer(card) / 2, 1e-12);
 }
 
 TEST(CostModel, TheStepIsItsPartsAndGrowsByOneMicroBatchesWork) {
