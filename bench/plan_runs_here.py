@@ -13,6 +13,11 @@ against the plan's peak_memory_gib (the memory estimate of the largest rank) plu
 measured first: the peak of a run of a model too small to hold anything (1 block of width 8) less
 its own estimate, what the process holds whatever it trains (libtorch, the data, the threads).
 
+A dropless MoE layout under expert parallelism is planned with `--expert-load`, the busiest ep rank's
+routed rows over an even share, read from the routing statistics (moe.load) of a one-process run
+of the same layout (the same tokens through the same weights: its routing is the ep run's); that
+run's step times are not used.
+
 With --held-out N the same layouts train another model: 1, 8 blocks of width 192, 6 heads, a
 vocabulary of 512, sequences of 96 (it guided this session's changes to the collectives' pricing,
 so it is no longer held out: docs/plan.md); 2, 4 blocks of width 320, 8 heads, a vocabulary of 768,
@@ -77,6 +82,9 @@ LAYOUTS = [
                               "model.ffn=moe", "model.moe_experts=4", "model.moe_top_k=2", "parallel.ep=2",
                               "model.moe_capacity_factor=0"]),
 ]
+# Dropless layouts are planned with `--expert-load`, the busiest ep rank's rows over an even share,
+# read from the routing statistics (moe.load) of a one-process run of the same layout without ep:
+# its step times are not used.
 
 RUN_KEYS = ["train.global_batch_size=16", "train.threads=1", "train.steps=12", "train.log_every=1", "eval.every=0",
             "checkpoint.every=0", "optim.name=adamw", "train.tensorboard=false"]
@@ -108,6 +116,21 @@ def full_layout(keys):
                 "memory.activation_checkpointing": "none", "parallel.sp": "1", "parallel.ep": "1",
                 "parallel.offload": "false", "memory.swap": "false"}
     return keys + [f"{k}={v}" for k, v in defaults.items() if k not in given]
+
+
+def expert_load(metrics, ep):
+    """Mean over steps 4 on and layers of the busiest of `ep` ranks' rows (each holding a contiguous
+    run of experts, as parallel/expert/ does) over an even share."""
+    ratios = []
+    for m in metrics:
+        if m.get("step", 0) < 4 or "moe" not in m:
+            continue
+        for layer in m["moe"]:
+            load = layer["load"]
+            per_rank = len(load) // ep
+            ranks = [sum(load[r * per_rank:(r + 1) * per_rank]) for r in range(ep)]
+            ratios.append(max(ranks) / (sum(ranks) / ep))
+    return statistics.mean(ratios)
 
 
 def spearman(a, b):
@@ -148,9 +171,9 @@ def main():
         with open(os.path.join(out, "metrics.jsonl")) as f:
             return [json.loads(line) for line in f]
 
-    def plan(world, common):
+    def plan(world, common, extra=()):
         return json.loads(run([a.tessera, "plan", "--config", "tiny_gpt", "--cluster", cluster, "--world", str(world),
-                               "--json", "--top", "1"] + common))["layouts"][0]
+                               "--json", "--top", "1"] + list(extra) + common))["layouts"][0]
 
     # The fixed overhead: a run of a model too small to hold anything, less its estimate.
     tiny = sets(model + [f"data.path={data}", "model.n_layer=1", "model.n_embd=8", "model.n_head=1"] +
@@ -159,10 +182,18 @@ def main():
                 plan(1, tiny)["peak_memory_gib"])
     print(f"fixed overhead: {overhead * 1024:.1f} MiB", flush=True)
     rows, predicted, measured, memory_errors = [], [], [], []
+    loads = []
     for name, world, keys in LAYOUTS:
         keys = full_layout(keys)
         common = sets(model + [f"data.path={data}"] + keys)
-        layout = plan(world, common)
+        extra = []
+        if "model.moe_capacity_factor=0" in keys and "parallel.ep=2" in keys:
+            alone = sets(model + [f"data.path={data}"] + [k for k in keys if k != "parallel.ep=2"] + ["parallel.ep=1"])
+            load = expert_load(train(name + " routing", 1, alone), 2)
+            loads.append(f"{name}: {load:.3f}")
+            print(f"{name}: --expert-load {load:.3f} (a one-process run's routing)", flush=True)
+            extra = ["--expert-load", f"{load:.3f}"]
+        layout = plan(world, common, extra)
         p = layout["step_s"]
         metrics = train(name, world, common)
         tokens_per_step = 16 * seq_len
@@ -190,6 +221,7 @@ def main():
                 "held and measured). Model keys: " + ", ".join(model) + "; global batch 16, AdamW, fp32.\n\n"
                 "Cluster file:\n\n```\n" + open(cluster).read() + "```\n\n"
                 f"Fixed overhead (a 1-block, width-8 run's peak less its estimate): {overhead * 1024:.1f} MiB.\n\n"
+                + (f"Expert load (`--expert-load`, from a one-process run's routing): {'; '.join(loads)}.\n\n" if loads else "") +
                 "| layout | ranks | predicted step ms | measured median ms | error | predicted peak MiB (estimate + "
                 "overhead) | measured peak MiB | error |\n|---|---|---|---|---|---|---|---|\n")
         f.write("\n".join(rows) + "\n\n" + summary + "\n")

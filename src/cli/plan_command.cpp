@@ -84,7 +84,7 @@ Command add_plan_command(CLI::App& app) {
     std::string config, cluster, attention = "flash", calibrate_out, calibrate_device = "cpu";
     std::vector<std::string> sets;
     int64_t world = 0, top = 5, calibrate_ranks = 0;
-    double calibrate_seconds = 0.2;
+    double calibrate_seconds = 0.2, expert_load = 1;
     bool json = false;
   };
   auto args = std::make_shared<Args>();
@@ -99,6 +99,9 @@ Command add_plan_command(CLI::App& app) {
                   "how softmax attention runs: flash (tessera's) or unfused (scores materialized, as Megatron-LM "
                   "in 2021)")
       ->check(CLI::IsMember({"flash", "unfused"}));
+  cmd->add_option("--expert-load", args->expert_load,
+                  "dropless MoE under ep: the busiest ep rank's routed rows over an even share, as an earlier "
+                  "run's moe.load shows (default 1: balanced)");
   cmd->add_flag("--json", args->json, "print {\"layouts\": [...]} best first");
   CLI::App* calibrate = cmd->add_subcommand("calibrate", "measure this machine and write it as a cluster file");
   calibrate->add_option("--out", args->calibrate_out, "the cluster file to write")->required();
@@ -144,6 +147,7 @@ Command add_plan_command(CLI::App& app) {
     for (const std::string& assignment : args->sets) held.insert(assignment.substr(0, assignment.find('=')));
     plan::CostOptions options;
     options.attention = args->attention;
+    options.expert_load = args->expert_load;
     plan::check_modelled(config);
     const int64_t top = std::max<int64_t>(args->top, 1);
     const plan::SearchResult result =

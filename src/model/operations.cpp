@@ -155,7 +155,7 @@ void add_feed_forward(Builder& b, const ModelOptions& m, int64_t layer) {
   } else {
     // Not tensor-parallel (parallel/tensor/tensor_parallel.h): every tp rank runs the layer whole.
     // Balanced routing: each rank's experts process top_k x its tokens' worth (capacity slots with
-    // a capacity factor, computed whether filled or not).
+    // a capacity factor, computed whether filled or not); dropless, times the shape's expert_load.
     const double E = static_cast<double>(m.moe_experts);
     const double slots = T * m.expert_slots();
     b.matmul("moe.router", T, h, E, true);
@@ -167,7 +167,9 @@ void add_feed_forward(Builder& b, const ModelOptions& m, int64_t layer) {
     const double row = h + k + k * 4 / static_cast<double>(s.element_bytes);
     if (hops.between_nodes > 0) b.comm("moe.dispatch.between_nodes", Kind::ep_between_nodes, T * hops.between_nodes * row);
     if (hops.within_node > 0) b.comm("moe.dispatch.within_node", Kind::ep_within_node, T * hops.within_node * row);
-    add_mlp(b, "moe.experts", m, slots, static_cast<double>(m.expert_hidden()), m.swiglu_experts(), 1);
+    // Dropless under ep: the busiest rank's rows (the exchanges wait for it), an even share by default.
+    const double load = s.ep > 1 && m.moe_capacity_factor <= 0 ? s.expert_load : 1;
+    add_mlp(b, "moe.experts", m, slots * load, static_cast<double>(m.expert_hidden()), m.swiglu_experts(), 1);
     // The products above run one expert's weights per slot; the rank holds experts / ep of them.
     const double held = E / static_cast<double>(s.ep);
     for (const size_t product : {b.ops.size() - 3, b.ops.size() - 1}) {

@@ -54,6 +54,9 @@ struct OperationShape {
   int64_t element_bytes = 2;     // activations and the weights a product reads (2 under bf16/fp16)
   std::string attention = "flash";  // flash | unfused
   double dropout = 0;
+  // Dropless routing with ep > 1: the busiest rank's expert rows over an even share (plan's
+  // CostOptions::expert_load); its experts' products are priced at that many rows.
+  double expert_load = 1;
   // Tokens this rank holds of the micro-batch.
   double tokens() const { return static_cast<double>(batch * seq_len) / static_cast<double>(sp); }
 };

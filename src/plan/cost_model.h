@@ -83,6 +83,11 @@ struct CostOptions {
   // node's sharing factor (ClusterInfo::slowdown); 0: the layout's own world. A swarm's peers
   // placed on shared nodes set it (plan/swarm_cost.h).
   int64_t busy_ranks = 0;
+  // Dropless routing under expert parallelism: the busiest ep rank's routed rows over an even
+  // share (>= 1; `--expert-load`). Every exchange waits for the busiest rank, so its experts'
+  // products set the step; an earlier run's metrics show it (moe.load: each expert's rows per
+  // layer). Capacity routing computes its capacity's slots whatever the load: unchanged by it.
+  double expert_load = 1;
 };
 
 struct Prediction {

@@ -335,6 +335,9 @@ PricedOperations price_operations(const Config& config, const ParallelDims& dims
   shape.element_bytes = static_cast<int64_t>(pricer.element_bytes());
   shape.attention = options.attention;
   shape.dropout = model.dropout;
+  require(options.expert_load >= 1, "tessera plan: --expert-load is the busiest ep rank's rows over an even share, "
+          "at least 1; got ", options.expert_load);
+  shape.expert_load = options.expert_load;
   for (int64_t layer = 0; layer < model.n_layer; ++layer)
     out.blocks.push_back(pricer.part(block_operations(model, layer, shape), config.memory.activation_checkpointing));
   add_activation_compression(config, dims, cluster, pricer.memory_slowdown(), out.blocks);

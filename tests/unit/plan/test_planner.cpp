@@ -375,6 +375,47 @@ TEST(CostModel, ExpertGradientsReduceOverTheirOwnReplicas) {
   EXPECT_LT(at_four, 0.05 * at_two);
 }
 
+// Dropless routing under ep: every exchange waits for the busiest rank, whose experts run
+// expert_load times an even share of the rows. The experts' products alone grow by that factor;
+// capacity routing (its capacity's slots whatever the load) and one rank holding every expert are
+// unchanged; a load under 1 is refused by its flag.
+TEST(CostModel, DroplessExpertsArePricedAtTheBusiestRanksLoad) {
+  const Cluster cluster = plan::load_cluster(test::source_path("clusters/this_machine_2core.toml"));
+  Config c = test::planner_config();
+  c.model = ModelOptions::from_preset("tiny_mixtral");
+  c.model.moe_capacity_factor = 0;
+  c.train.device = "cpu";
+  c.parallel.ep = 2;
+  OperationShape shape;
+  shape.ep = 2;
+  const std::vector<Operation> even = block_operations(c.model, 0, shape);
+  shape.expert_load = 1.5;
+  const std::vector<Operation> busiest = block_operations(c.model, 0, shape);
+  ASSERT_EQ(even.size(), busiest.size());
+  int64_t experts = 0;
+  for (size_t i = 0; i < even.size(); ++i) {
+    const bool expert_product = even[i].name.rfind("moe.experts", 0) == 0 && even[i].kind == Operation::Kind::matmul;
+    experts += expert_product ? 1 : 0;
+    EXPECT_DOUBLE_EQ(busiest[i].flops, (expert_product ? 1.5 : 1.0) * even[i].flops) << even[i].name;
+  }
+  EXPECT_GE(experts, 2);
+
+  auto step = [&](const Config& config, double load) {
+    plan::CostOptions options;
+    options.expert_load = load;
+    const ParallelDims dims(config.parallel, 2, "test");
+    return plan::predict(config, dims, cluster, options).step_s;
+  };
+  EXPECT_GT(step(c, 1.5), step(c, 1.0));
+  Config capacity = c;
+  capacity.model.moe_capacity_factor = 1.25;
+  EXPECT_DOUBLE_EQ(step(capacity, 1.5), step(capacity, 1.0));
+  Config one_rank = c;
+  one_rank.parallel.ep = 1;
+  EXPECT_DOUBLE_EQ(step(one_rank, 1.5), step(one_rank, 1.0));
+  EXPECT_THROW(step(c, 0.5), Error);
+}
+
 // The optimizer step runs where its state lives: on a CPU "device" in host memory, at the rate the
 // file measured for AdamW's step there (host.optimizer_gbs, as offload's and swap's host steps);
 // on a card at the card's memory rate.
