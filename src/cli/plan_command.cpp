@@ -189,6 +189,10 @@ Command add_plan_command(CLI::App& app) {
     for (const auto& [name, seconds] : best.prediction.breakdown)
       if (seconds > 0)
         std::printf("  %-32s %10.4f s  %5.1f%%\n", name.c_str(), seconds, 100 * seconds / best.prediction.step_s);
+    if (best.config.model.ffn == "moe" && best.config.model.moe_capacity_factor <= 0 && best.dims.ep() > 1)
+      std::printf("dropless routing over ep = %lld: the busiest rank's experts priced at %.3g x an even share of the "
+                  "rows (--expert-load; an earlier run's moe.load shows it)\n",
+                  static_cast<long long>(best.dims.ep()), args->expert_load);
     if (!best.prediction.activation_policies.empty()) {
       std::printf("the best layout's activation policy, as its run would choose from these predicted costs:\n");
       for (const ActivationPolicy& policy : best.prediction.activation_policies)

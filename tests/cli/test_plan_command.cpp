@@ -60,6 +60,27 @@ TEST(PlanCommand, PrintsTheLayoutsBestFirstAsJsonWithHeldKeysHeld) {
   EXPECT_TRUE(codecs.count("bf16") + codecs.count("int8") > 0) << chosen;  // 0.06 GiB does not keep them all
 }
 
+// A dropless MoE under ep: the table says at what load its experts were priced, and a heavier load
+// predicts a slower step; a load under 1 is refused naming the flag.
+TEST(PlanCommand, DroplessExpertsAreShownAtTheirExpertLoad) {
+  const std::string plan = "plan --config tiny_mixtral --cluster this_machine_2core --world 2 --top 1 --set parallel.ep=2 "
+                           "--set parallel.tp=1 --set parallel.pp=1 --set model.moe_capacity_factor=0";
+  auto text = run_tessera(plan + " --expert-load 1.25");
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_NE(text.output.find("dropless routing over ep = 2: the busiest rank's experts priced at 1.25 x"),
+            std::string::npos)
+      << text.output;
+  auto step = [&](const std::string& load) {
+    auto r = run_tessera(plan + " --json --expert-load " + load);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return nlohmann::json::parse(r.output)["layouts"][0]["step_s"].get<double>();
+  };
+  EXPECT_GT(step("1.5"), step("1"));
+  auto refused = run_tessera(plan + " --expert-load 0.5");
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.output.find("--expert-load"), std::string::npos) << refused.output;
+}
+
 TEST(PlanCommand, ABadClusterFileIsRefusedNamingFileAndKey) {
   const std::string dir = fresh_dir("plan_bad_cluster");
   std::string cluster = slurp(source_path("clusters/dgx_a100_80g.toml"));
