@@ -84,14 +84,26 @@ class Pricer {
         t.f = op.bytes / bandwidth_ + overhead_;
         t.i = op.backward_factor * t.f;
         return t;
-      case Kind::tp_all_reduce:
+      case Kind::tp_all_reduce: {
         // Under Megatron-SP an all-gather and a reduce-scatter of the same bytes: two calls.
         t.f = t.i = all_reduce_seconds(op.elements * element_bytes_, tp_.n, tp_.tier) +
                     (megatron_sp_ && tp_.n > 1 ? tp_.tier.call_overhead_s : 0);
         // Under Megatron-SP the region's column product gathers its kept input again for its
         // weight gradient (parallel/tensor/tp_comm.h, sequence_gathered_linear).
         if (megatron_sp_) t.w = all_gather_seconds(op.elements * element_bytes_, tp_.n, tp_.tier);
+        // The copies around each collective (parallel/tensor/tp_comm.cpp), each read and written
+        // at the memory rate: an all-reduce sums into a copy of its input (2 x the tensor moved); a
+        // sequence all-gather or reduce-scatter moves the sequence dimension of [B, T, C] to the
+        // front for its input (1/N or all of the tensor) and back for its output (all or 1/N):
+        // 2 x (1 + 1/N) x the tensor. Under Megatron-SP each direction runs two collectives, and
+        // the weight gradient's gather one.
+        const double tensor = op.elements * element_bytes_, n = static_cast<double>(tp_.n);
+        const double copies = 2 * tensor * (megatron_sp_ ? 1 + 1 / n : 1) / bandwidth_;
+        t.f += (megatron_sp_ ? 2 : 1) * copies;
+        t.i += (megatron_sp_ ? 2 : 1) * copies;
+        if (megatron_sp_) t.w += copies;
         break;
+      }
       case Kind::sp_all_to_all:
         t.f = t.i = all_gather_seconds(op.elements * element_bytes_, sp_.n, sp_.tier);
         break;

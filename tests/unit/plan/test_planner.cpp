@@ -375,6 +375,34 @@ TEST(CostModel, ExpertGradientsReduceOverTheirOwnReplicas) {
   EXPECT_LT(at_four, 0.05 * at_two);
 }
 
+// Tensor parallelism's collectives copy their tensors around the call (parallel/tensor/tp_comm.cpp):
+// an all-reduce into a copy of its input, Megatron-SP's sequence all-gather and reduce-scatter with
+// the sequence dimension moved to the front and back. Those copies are priced at the memory rate:
+// halving it (doubling device.memory_gbs) takes exactly half of them off the tp term.
+TEST(CostModel, TensorParallelCollectivesPayForTheirCopies) {
+  const Cluster cluster = plan::load_cluster(test::source_path("clusters/this_machine_2core.toml"));
+  Cluster faster = cluster;
+  faster.device.memory_gbs *= 2;
+  Config c = test::planner_config();
+  c.train.device = "cpu";
+  c.parallel.tp = 2;
+  const ParallelDims dims(c.parallel, 2, "test");
+  const double tensor = static_cast<double>(c.train.batch_size * c.train.seq_len * c.model.n_embd) * 4;  // fp32
+  const double bandwidth = 1e9 * cluster.device.memory_gbs / cluster.cluster.memory_slowdown(2);
+  const double m = static_cast<double>(plan::predict(c, dims, cluster).micro_batches);
+  const double regions = 2 * static_cast<double>(c.model.n_layer);  // attention's and the MLP's
+  for (const bool megatron_sp : {false, true}) {
+    c.parallel.megatron_sp = megatron_sp;
+    // Forward and backward: one all-reduce each (2 x the tensor), or an all-gather and a
+    // reduce-scatter each plus the weight gradient's gather (5 x 2 x 1.5 x the tensor at N = 2).
+    const double moved = megatron_sp ? 5 * 2 * 1.5 * tensor : 2 * 2 * tensor;
+    const double copies = m * regions * moved / bandwidth;
+    const double saved = test::breakdown_term(plan::predict(c, dims, cluster), "tp_communication") -
+                         test::breakdown_term(plan::predict(c, dims, faster), "tp_communication");
+    EXPECT_NEAR(saved, copies / 2, 1e-9 * copies) << megatron_sp;
+  }
+}
+
 // Dropless routing under ep: every exchange waits for the busiest rank, whose experts run
 // expert_load times an even share of the rows. The experts' products alone grow by that factor;
 // capacity routing (its capacity's slots whatever the load) and one rank holding every expert are
