@@ -102,6 +102,12 @@ double block_activation_bytes(const Config& config, const ParallelDims& dims, in
   return block_activation_bytes_per_token(config, dims, layer, activation_element_bytes(config)) * tokens;
 }
 
+double recomputed_block_bytes(const Config& config, const ParallelDims& dims, int64_t layer) {
+  Config whole = config;
+  whole.memory.activation_checkpointing = "none";
+  return block_activation_bytes(whole, dims, layer);
+}
+
 AwaitingW awaiting_w_bytes_per_token(const Config& config, const ParallelDims& dims, int64_t layer) {
   const ModelOptions& m = config.model;
   const double h = static_cast<double>(m.n_embd), t = static_cast<double>(dims.tp());

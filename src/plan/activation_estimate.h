@@ -64,6 +64,12 @@ double block_statistics_bytes(const Config& config, const ParallelDims& dims);
 // sequence) under the config's checkpointing and compression.
 double block_activation_bytes(const Config& config, const ParallelDims& dims, int64_t layer);
 
+// What block `layer` holds while its backward recomputes it under memory.activation_checkpointing
+// = full: its whole activations, as the block saves them without checkpointing (under the
+// config's codec). One block is recomputed at a time, so the largest is the working set a budget
+// must leave for it (a swap plan's reserve, plan/swap_cut.h).
+double recomputed_block_bytes(const Config& config, const ParallelDims& dims, int64_t layer);
+
 // What a micro-batch of block `layer` holds per token while it awaits its W in a zero-bubble
 // schedule, beyond what its forward saved: `kept`, the output gradients its I kept at the
 // parameterised products and norms (parallel/pipeline/split_backward.h): the attention's input

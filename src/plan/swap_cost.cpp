@@ -42,6 +42,7 @@ SwapStep predict_swap_step(const Config& config, const ParallelDims& dims, const
   costs.ends.parameter_bytes = costs.ends.gradient_bytes = 4 * (priced.embedding.parameters + priced.head.parameters);
   costs.ends.optim_s = update_per_element * (priced.embedding.parameters + priced.head.parameters);
   costs.gradients_stored_s = 12 * elements / host_rate;
+  costs.reserved_bytes = recompute_reserve(config, dims);
   // On a CPU "device" a run throttles its copies to memory.modelled_bandwidth_gbps (swap_cut.h).
   costs.bandwidth = 1e9 * cluster.host.device_link_gbs;
   if (cluster.device.kind == "cpu" && config.memory.modelled_bandwidth_gbps > 0)

@@ -16,6 +16,7 @@
 #include "optim/clipping.h"
 #include "optim/state_size.h"
 #include "optim/optimizer.h"
+#include "plan/activation_estimate.h"
 #include "plan/memory_estimate.h"
 #include "plan/profile_cut.h"
 
@@ -90,6 +91,13 @@ double measured_bandwidth(c10::Device device) {
 
 }  // namespace
 
+double recompute_reserve(const Config& config, const ParallelDims& dims) {
+  if (config.memory.activation_checkpointing != "full") return 0;
+  double largest = 0;
+  for (int64_t l = 0; l < config.model.n_layer; ++l) largest = std::max(largest, recomputed_block_bytes(config, dims, l));
+  return largest;
+}
+
 SwapCosts measure_swap_costs(const Config& config, c10::Device device) {
   const ModelOptions& m = config.model;
   SwapCosts c;
@@ -130,7 +138,8 @@ SwapCosts measure_swap_costs(const Config& config, c10::Device device) {
     b.activation_bytes = 0;
   }
   c.reserved_bytes =
-      static_cast<double>(std::min<int64_t>(config.memory.activation_offload, 2)) * offloaded_largest;
+      static_cast<double>(std::min<int64_t>(config.memory.activation_offload, 2)) * offloaded_largest +
+      recompute_reserve(config, ParallelDims(config.parallel, std::max<int64_t>(config.parallel.dp, 1), "memory.swap"));
   c.ends.parameter_bytes = c.ends.gradient_bytes = 4.0 * static_cast<double>(ends);
   c.ends.optim_s = host.update * static_cast<double>(ends);
   int64_t total = ends;
@@ -147,6 +156,7 @@ swap::SwapPlan plan_swap(const Config& config, const SwapCosts& costs, int64_t d
   swap::SwapPlan shape;
   shape.ends = costs.ends;
   shape.device_budget_bytes = config.memory.device_budget_gb * 1024.0 * 1024.0 * 1024.0 - costs.reserved_bytes;
+  shape.reserved_bytes = costs.reserved_bytes;
   shape.bandwidth = costs.bandwidth;
   shape.micro_batches = config.train.accumulation(dp);
   shape.defer_optim = config.optim.grad_clip > 0 || dp > 1;

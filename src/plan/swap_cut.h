@@ -21,6 +21,7 @@
 
 #include <c10/core/Device.h>
 
+#include "core/parallel_dims.h"
 #include "memory/swap/swap_plan.h"
 #include "config/config.h"
 
@@ -35,11 +36,17 @@ struct SwapCosts {
   // memory.activation_offload the offloaded blocks hold no activations from forward to backward
   // (their SubModel's activation_bytes are 0); two of them are in flight on the device at a time
   // (memory/activation_offload.h). Under the activation policy (plan/swap_policy.h): its
-  // reserves, the offloaded groups in flight and a fully recomputed block's whole activations.
+  // reserves, the offloaded groups in flight and a fully recomputed block's whole activations; with
+  // full checkpointing chosen by hand, the same recomputed block's (recompute_reserve below).
   double reserved_bytes = 0;
 };
 
 SwapCosts measure_swap_costs(const Config& config, c10::Device device);
+
+// Under memory.activation_checkpointing = full (chosen by hand; the activation policy reserves its
+// own, plan/swap_policy.h) the largest block's whole activations, which its backward's
+// recomputation holds beside the plan's sub-models (plan/activation_estimate.h); 0 otherwise.
+double recompute_reserve(const Config& config, const ParallelDims& dims);
 
 // `dp`: data-parallel replicas (each accumulates its share of the micro-batches; with dp > 1 the
 // updates wait for the reduction, as for clipping).

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <algorithm>
 #include <limits>
+#include <string>
 #include <utility>
 
 #include "core/error.h"
@@ -79,6 +80,20 @@ SwapPlan improve(const std::vector<SubModel>& blocks, const SwapPlan& shape, std
   return plan;
 }
 
+// The budget as the user gave it (memory.device_budget_gb) and, where some is reserved, what the
+// sub-models are left.
+std::string budget_text(const SwapPlan& shape) {
+  char text[160];
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  if (shape.reserved_bytes > 0)
+    std::snprintf(text, sizeof text, "memory.device_budget_gb = %g GiB less %s reserved (%s left)",
+                  (shape.device_budget_bytes + shape.reserved_bytes) / gib, format_mib(shape.reserved_bytes).c_str(),
+                  format_mib(shape.device_budget_bytes).c_str());
+  else
+    std::snprintf(text, sizeof text, "memory.device_budget_gb = %g GiB", shape.device_budget_bytes / gib);
+  return text;
+}
+
 }  // namespace
 
 SwapPlan cut_swap_plan(const std::vector<SubModel>& blocks, const SwapPlan& shape, const std::vector<int64_t>& boundaries) {
@@ -104,8 +119,7 @@ SwapPlan partition_swap_plan(const std::vector<SubModel>& blocks, const SwapPlan
   for (int64_t l = 0; l < n; ++l) {
     const SubModel& b = blocks[static_cast<size_t>(l)];
     const double need = ends + act[l + 1] + b.parameter_bytes + b.gradient_bytes;
-    require(need <= budget, "memory.device_budget_gb = ", budget / (1024.0 * 1024.0 * 1024.0),
-            " GiB is too small for block ", l, ": it needs ", format_mib(need), " on the device (its parameters ",
+    require(need <= budget, budget_text(shape), " is too small for block ", l, ": it needs ", format_mib(need), " on the device (its parameters ",
             format_mib(b.parameter_bytes), " and gradients ", format_mib(b.gradient_bytes), ", the activations of blocks 0-", l, " ",
             format_mib(act[l + 1]), ", the ends ", format_mib(ends), "); raise the budget, use activation checkpointing "
             "(memory.activation_checkpointing) or smaller micro-batches (train.batch_size)");
@@ -153,7 +167,7 @@ SwapPlan partition_swap_plan(const std::vector<SubModel>& blocks, const SwapPlan
     for (int64_t l = 0; l <= n; ++l) finest.push_back(l);
     if (try_cut(blocks, shape, finest).second < inf) return improve(blocks, shape, finest);
   }
-  require(last >= 0, "memory.device_budget_gb = ", budget / (1024.0 * 1024.0 * 1024.0), " GiB: no cut of the ", n,
+  require(last >= 0, budget_text(shape), ": no cut of the ", n,
           " blocks into sub-models fits (every block fits alone, but no two neighbours fit together with the ",
           "activations held when they meet: ", format_mib(act[n]), " at the turn, the ends ", format_mib(ends),
           "); raise the budget or use activation checkpointing");

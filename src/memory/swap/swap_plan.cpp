@@ -221,7 +221,10 @@ void validate_swap_plan(const SwapPlan& plan) {
     }
     if (o.after[k] > plan.device_budget_bytes)
       refuse_action(plan, k, "the device would hold " + format_mib(o.after[k]) + ", above its budget of " +
-                                 format_mib(plan.device_budget_bytes) + " (memory.device_budget_gb)");
+                                 format_mib(plan.device_budget_bytes) +
+                                 (plan.reserved_bytes > 0 ? " (memory.device_budget_gb less " +
+                                                                format_mib(plan.reserved_bytes) + " reserved)"
+                                                          : std::string(" (memory.device_budget_gb)")));
   }
   for (int64_t i = kEnds; i < n; ++i) {
     const State& s = st[slot(plan, i)];

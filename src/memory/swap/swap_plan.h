@@ -76,7 +76,10 @@ struct SubModel {
 struct SwapPlan {
   std::vector<SubModel> subs;
   SubModel ends;
-  double device_budget_bytes = 0;  // memory.device_budget_gb
+  double device_budget_bytes = 0;  // memory.device_budget_gb less reserved_bytes
+  // Kept out of the budget for what the sub-models do not count: offloaded activation groups in
+  // flight, a recomputed block's whole activations (plan/swap_cut.h).
+  double reserved_bytes = 0;
   double bandwidth = 0;            // host <-> device bytes per second, each direction
   double load_fraction = 1;        // link bytes of a LOAD per device parameter byte (0.5: bf16 copies)
   int64_t micro_batches = 1;

@@ -9,6 +9,7 @@
 
 #include "parallel/layout_check.h"
 #include "parallel/parallelize.h"
+#include "plan/activation_estimate.h"
 #include "plan/swap_cut.h"
 #include "test_util.h"
 #include "tiny_config.h"
@@ -150,6 +151,28 @@ TEST(SwapStep, ThePlanCountsOffloadedActivationsOffTheDevice) {
             2 * std::max(resident.blocks[0].activation_bytes, resident.blocks[1].activation_bytes));
   EXPECT_EQ(plan_swap(c, offloaded).device_budget_bytes,
             plan_swap(c, resident).device_budget_bytes - offloaded.reserved_bytes);
+}
+
+// Full checkpointing chosen by hand: each block keeps its input from forward to backward, and the
+// backward's recomputation holds one block's whole activations at a time, which the budget keeps
+// out of the plan (plan/swap_cut.h, recompute_reserve).
+TEST(SwapStep, AHandMadeFullCheckpointingReservesTheBlockItRecomputes) {
+  Config c = tiny(true);
+  c.memory.swap_blocks.clear();
+  const SwapCosts kept = measure_swap_costs(c, c10::Device(at::kCPU));
+  EXPECT_EQ(kept.reserved_bytes, 0);
+  c.memory.activation_checkpointing = "full";
+  const SwapCosts recomputed = measure_swap_costs(c, c10::Device(at::kCPU));
+  const ParallelDims one(c.parallel, 1, "test");
+  double whole = 0;
+  for (int64_t l = 0; l < c.model.n_layer; ++l) whole = std::max(whole, recomputed_block_bytes(c, one, l));
+  EXPECT_EQ(recomputed.reserved_bytes, whole);
+  for (const swap::SubModel& b : recomputed.blocks) EXPECT_GT(whole, b.activation_bytes);
+  EXPECT_EQ(plan_swap(c, recomputed).device_budget_bytes, plan_swap(c, kept).device_budget_bytes - whole);
+  // A budget the reserve leaves too little of is refused with the budget as given and the reserve.
+  c.memory.device_budget_gb = 1.01 * whole / (1024.0 * 1024.0 * 1024.0);
+  EXPECT_TRUE(test::throws_naming([&] { plan_swap(c, recomputed); },
+                                  {"memory.device_budget_gb = ", "reserved (", "left)", "too small for block"}));
 }
 
 TEST(SwapStep, LayoutsItCannotTrainAreRefusedByKey) {

@@ -223,6 +223,25 @@ TEST(HostCosts, ASwappedStepIsTheSwapEnginesReplayOfThePredictedBlocks) {
   EXPECT_GT(plan::predict_time(c, one, slower).step_s, p.step_s);
 }
 
+// Full checkpointing chosen by hand under swap: the plan keeps the largest block's whole activations
+// out of the budget, as its backward's recomputation holds them beside the sub-models (the policy
+// reserves the same for the blocks it recomputes).
+TEST(HostCosts, ASwappedHandMadeFullCheckpointingReservesTheBlockItRecomputes) {
+  const Cluster cluster = host_cluster(16, 0.05);
+  Config c = swap_config();
+  c.memory.activation_checkpointing = "full";
+  c.check("test");
+  const ParallelDims one(c.parallel, 1, "test");
+  double whole = 0;
+  for (int64_t l = 0; l < c.model.n_layer; ++l) whole = std::max(whole, recomputed_block_bytes(c, one, l));
+  EXPECT_GT(whole, block_activation_bytes(c, one, 0));
+  const plan::SwapStep swapped = plan::predict_swap_step(c, one, cluster, plan::price_operations(c, one, cluster));
+  EXPECT_DOUBLE_EQ(swapped.plan.device_budget_bytes, c.memory.device_budget_gb * 1024.0 * 1024.0 * 1024.0 - whole);
+  c.memory.activation_checkpointing = "none";
+  const plan::SwapStep kept = plan::predict_swap_step(c, one, cluster, plan::price_operations(c, one, cluster));
+  EXPECT_DOUBLE_EQ(kept.plan.device_budget_bytes, c.memory.device_budget_gb * 1024.0 * 1024.0 * 1024.0);
+}
+
 // Swapped under memory.activation_policy = auto: the policy is chosen with the swap plan from the
 // predicted blocks (plan/swap_policy.h), the same choice a run makes from costs measured as
 // predicted; the step is that plan's replay, the policy's seconds its own term, the parts summing
