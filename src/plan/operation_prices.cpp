@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "memory/activation_codec.h"
 #include "model/operations.h"
+#include "model/parameter_census.h"
 #include "plan/activation_estimate.h"
 #include "plan/activation_policy.h"
 
@@ -53,6 +54,8 @@ class Pricer {
   }
 
   int64_t ep_nodes() const { return ep_nodes_; }
+  int64_t tp() const { return tp_.n; }
+  double tp_all_reduce(double bytes) const { return all_reduce_seconds(bytes, tp_.n, tp_.tier); }
 
   double element_bytes() const { return element_bytes_; }
   double slowdown() const { return slowdown_; }
@@ -224,6 +227,25 @@ double send_seconds(double bytes, const Cluster::Tier& tier) {
 
 namespace {
 
+// Tensor parallelism's gradient sums (parallel/tensor/tensor_parallel.cpp): a parameter every tp
+// rank holds whole but applies to its own share, each parameter after Megatron-SP's sequence split
+// (the norms, the row-parallel biases, an MoE layer's) and every per-head one (Qwen 3's q and k
+// norms), has its gradient summed over tp by a hook in each micro-batch's backward: one all-reduce
+// per tensor, each paying its call, in the weight gradients' phase (W).
+void add_gradient_sums(const Config& config, const Pricer& pricer, PricedOperations& out) {
+  if (pricer.tp() <= 1) return;
+  const double bytes = parameter_element_bytes(config);
+  for (const CensusEntry& item : *parameter_census(config.model)) {
+    const ParameterSpec& spec = item.spec;
+    const bool whole = spec.split == Split::replicated || spec.split == Split::expert;
+    if (!((config.parallel.megatron_sp && whole && spec.end != ModelEnd::embedding) || spec.per_head)) continue;
+    PartCost& part = spec.block >= 0 ? out.blocks[static_cast<size_t>(spec.block)] : out.head;
+    const double seconds = pricer.tp_all_reduce(bytes * static_cast<double>(item.meta.numel()));
+    part.w += seconds;
+    part.tp += seconds;
+  }
+}
+
 // memory.activation_offload = N: blocks 0 to N-1 send what they save to the host after their
 // forward and fetch it before their backward. The copies run over the host link (a CPU "device":
 // the run's modelled link, memory.modelled_bandwidth_gbps, where it is the slower), beside the
@@ -357,6 +379,7 @@ PricedOperations price_operations(const Config& config, const ParallelDims& dims
   add_activation_policy(config, dims, cluster, pricer.memory_slowdown(), out);
   out.embedding = pricer.part(embedding_operations(model, shape), "none");
   out.head = pricer.part(head_operations(model, shape), "none");
+  add_gradient_sums(config, pricer, out);
   return out;
 }
 
