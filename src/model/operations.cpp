@@ -70,7 +70,7 @@ void add_attention(Builder& b, const ModelOptions& m) {
     if (s.sp_method == "ulysses")
       b.comm("attention.sp_all_to_all", Kind::sp_all_to_all, T * (2 * q_heads + 2 * kv_heads) * d);
     else if (s.sp_method == "ring")
-      b.comm("attention.sp_ring", Kind::sp_ring, T * 2 * kv_heads * d);
+      b.comm("attention.sp_ring", Kind::sp_kv_ring, T * 2 * kv_heads * d);
     else
       b.comm("attention.sp_state", Kind::sp_ring, static_cast<double>(s.batch) * q_heads * d * d);
   }

@@ -13,8 +13,12 @@
 //             adds, dropout, rotary, the unfused softmax; backward `backward_factor` x its bytes.
 //   tp_all_reduce, ep_all_to_all, sp_all_to_all  `elements` per forward over the named group; the
 //             backward moves as many (Megatron's f / g pairs, the experts' dispatch and combine).
-//   sp_ring   `elements` sent to the next rank at each of sp - 1 steps (ring attention's keys and
-//             values, LASP's state), forward and again backward.
+//   sp_ring   `elements` sent to the next rank at each of sp - 1 steps (LASP's state), forward and
+//             again backward.
+//   sp_kv_ring  ring attention's keys and values (`elements`): sent to the next rank at each of
+//             sp - 1 steps, forward and again backward, and in the backward their gradients'
+//             float32 accumulator around the whole ring, sp send-receives
+//             (parallel/sequence/ring_attention.cpp).
 //   ep_between_nodes, ep_within_node  hierarchical expert dispatch's two hops
 //             (parallel/expert/hierarchical_dispatch.h): `elements` that leave this rank for other
 //             nodes, or for the other ranks of its node, per forward; the backward as many. Three
@@ -62,7 +66,7 @@ struct OperationShape {
 };
 
 struct Operation {
-  enum class Kind { matmul, memory, tp_all_reduce, ep_all_to_all, ep_between_nodes, ep_within_node, sp_all_to_all, sp_ring };
+  enum class Kind { matmul, memory, tp_all_reduce, ep_all_to_all, ep_between_nodes, ep_within_node, sp_all_to_all, sp_ring, sp_kv_ring };
   std::string name;          // "attention.qkv", "mlp.fc", ...
   Kind kind = Kind::memory;
   double flops = 0;          // forward

@@ -113,6 +113,10 @@ class Pricer {
       case Kind::sp_ring:
         t.f = t.i = static_cast<double>(sp_.n - 1) * send_seconds(op.elements * element_bytes_, sp_.tier);
         break;
+      case Kind::sp_kv_ring:
+        t.f = t.i = static_cast<double>(sp_.n - 1) * send_seconds(op.elements * element_bytes_, sp_.tier);
+        t.i += static_cast<double>(sp_.n) * send_seconds(op.elements * 4, sp_.tier);
+        break;
       case Kind::ep_all_to_all:
         // Across nodes each rank sends the part of its rows bound for other nodes through its own
         // link, (ep - R) / ep of them (R of the group's ranks per node).

@@ -406,6 +406,26 @@ TEST(CostModel, TensorParallelCollectivesPayForTheirCopies) {
   }
 }
 
+// Ring attention (parallel/sequence/ring_attention.cpp): the keys and values go to the next rank
+// at each of sp - 1 steps forward and again backward, and the backward sends their float32
+// gradients' accumulator around the whole ring, sp send-receives.
+TEST(CostModel, RingAttentionSendsItsGradientsAroundTheRing) {
+  const Cluster cluster = plan::load_cluster(test::source_path("clusters/this_machine_2core.toml"));
+  Config c = test::planner_config();
+  c.train.device = "cpu";
+  c.parallel.sp = 2;
+  c.parallel.sp_method = "ring";
+  const ParallelDims dims(c.parallel, 2, "test");
+  const plan::PricedOperations priced = plan::price_operations(c, dims, cluster);
+  const double kv = static_cast<double>(c.train.batch_size * c.train.seq_len / 2 * 2 * c.model.n_embd);
+  const plan::Cluster::Tier tier = cluster.tier(dims.group_of("sp", 0));
+  const double per_block = 2 * plan::send_seconds(kv * static_cast<double>(priced.shape.element_bytes), tier) +
+                           2 * plan::send_seconds(kv * 4, tier);
+  const double m = static_cast<double>(plan::predict(c, dims, cluster).micro_batches);
+  EXPECT_NEAR(test::breakdown_term(plan::predict(c, dims, cluster), "sp_communication"),
+              m * static_cast<double>(c.model.n_layer) * per_block, 1e-12);
+}
+
 // Dropless routing under ep: every exchange waits for the busiest rank, whose experts run
 // expert_load times an even share of the rows. The experts' products alone grow by that factor;
 // capacity routing (its capacity's slots whatever the load) and one rank holding every expert are
