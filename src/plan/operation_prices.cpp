@@ -108,7 +108,10 @@ class Pricer {
         break;
       }
       case Kind::sp_all_to_all:
-        t.f = t.i = all_gather_seconds(op.elements * element_bytes_, sp_.n, sp_.tier);
+        // Each exchange permutes its tensor into the all-to-all's layout and back
+        // (parallel/sequence/ulysses.cpp): two copies, each read and written at the memory rate.
+        t.f = t.i = all_gather_seconds(op.elements * element_bytes_, sp_.n, sp_.tier) +
+                    4 * op.elements * element_bytes_ / bandwidth_;
         break;
       case Kind::sp_ring:
         t.f = t.i = static_cast<double>(sp_.n - 1) * send_seconds(op.elements * element_bytes_, sp_.tier);

@@ -426,6 +426,30 @@ TEST(CostModel, RingAttentionSendsItsGradientsAroundTheRing) {
               m * static_cast<double>(c.model.n_layer) * per_block, 1e-12);
 }
 
+// Ulysses permutes each exchanged tensor into the all-to-all's layout and back
+// (parallel/sequence/ulysses.cpp): two copies of q, k, v and the output each way, priced at the
+// memory rate, so doubling it takes exactly half of them off the sp term.
+TEST(CostModel, UlyssesPaysForItsLayoutCopies) {
+  const Cluster cluster = plan::load_cluster(test::source_path("clusters/this_machine_2core.toml"));
+  Cluster faster = cluster;
+  faster.device.memory_gbs *= 2;
+  Config c = test::planner_config();
+  c.train.device = "cpu";
+  c.parallel.sp = 2;
+  c.parallel.sp_method = "ulysses";
+  const ParallelDims dims(c.parallel, 2, "test");
+  const plan::PricedOperations priced = plan::price_operations(c, dims, cluster);
+  // q, k, v and the output: 4 x this rank's tokens x the width, exchanged forward and backward.
+  const double exchanged = 4.0 * static_cast<double>(c.train.batch_size * c.train.seq_len / 2 * c.model.n_embd) *
+                           static_cast<double>(priced.shape.element_bytes);
+  const double bandwidth = 1e9 * cluster.device.memory_gbs / cluster.cluster.memory_slowdown(2);
+  const double m = static_cast<double>(plan::predict(c, dims, cluster).micro_batches);
+  const double copies = m * static_cast<double>(c.model.n_layer) * 2 * 4 * exchanged / bandwidth;
+  const double saved = test::breakdown_term(plan::predict(c, dims, cluster), "sp_communication") -
+                       test::breakdown_term(plan::predict(c, dims, faster), "sp_communication");
+  EXPECT_NEAR(saved, copies / 2, 1e-9 * copies);
+}
+
 // Dropless routing under ep: every exchange waits for the busiest rank, whose experts run
 // expert_load times an even share of the rows. The experts' products alone grow by that factor;
 // capacity routing (its capacity's slots whatever the load) and one rank holding every expert are
