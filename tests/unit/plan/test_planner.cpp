@@ -378,14 +378,21 @@ TEST(CostModel, ExpertGradientsReduceOverTheirOwnReplicas) {
   EXPECT_LT(at_four, 0.05 * at_two);
 }
 
+// What breakdown `term` loses when device.memory_gbs doubles: half of what it spends at the memory rate.
+double saved_at_twice_the_memory_rate(const Config& c, const ParallelDims& dims, const Cluster& cluster,
+                                      const std::string& term) {
+  Cluster faster = cluster;
+  faster.device.memory_gbs *= 2;
+  return test::breakdown_term(plan::predict(c, dims, cluster), term) -
+         test::breakdown_term(plan::predict(c, dims, faster), term);
+}
+
 // Tensor parallelism's collectives copy their tensors around the call (parallel/tensor/tp_comm.cpp):
 // an all-reduce into a copy of its input, Megatron-SP's sequence all-gather and reduce-scatter with
 // the sequence dimension moved to the front and back. Those copies are priced at the memory rate:
 // halving it (doubling device.memory_gbs) takes exactly half of them off the tp term.
 TEST(CostModel, TensorParallelCollectivesPayForTheirCopies) {
   const Cluster cluster = plan::load_cluster(test::source_path("clusters/this_machine_2core.toml"));
-  Cluster faster = cluster;
-  faster.device.memory_gbs *= 2;
   Config c = test::planner_config();
   c.train.device = "cpu";
   c.parallel.tp = 2;
@@ -400,10 +407,18 @@ TEST(CostModel, TensorParallelCollectivesPayForTheirCopies) {
     // reduce-scatter each plus the weight gradient's gather (5 x 2 x 1.5 x the tensor at N = 2).
     const double moved = megatron_sp ? 5 * 2 * 1.5 * tensor : 2 * 2 * tensor;
     const double copies = m * regions * moved / bandwidth;
-    const double saved = test::breakdown_term(plan::predict(c, dims, cluster), "tp_communication") -
-                         test::breakdown_term(plan::predict(c, dims, faster), "tp_communication");
-    EXPECT_NEAR(saved, copies / 2, 1e-9 * copies) << megatron_sp;
+    EXPECT_NEAR(saved_at_twice_the_memory_rate(c, dims, cluster, "tp_communication"), copies / 2, 1e-9 * copies)
+        << megatron_sp;
   }
+}
+
+// The planner's test model on a CPU, its sequence split over sp = 2 by `method`.
+Config two_sequence_shards(const std::string& method) {
+  Config c = test::planner_config();
+  c.train.device = "cpu";
+  c.parallel.sp = 2;
+  c.parallel.sp_method = method;
+  return c;
 }
 
 // Ring attention (parallel/sequence/ring_attention.cpp): the keys and values go to the next rank
@@ -411,10 +426,7 @@ TEST(CostModel, TensorParallelCollectivesPayForTheirCopies) {
 // gradients' accumulator around the whole ring, sp send-receives.
 TEST(CostModel, RingAttentionSendsItsGradientsAroundTheRing) {
   const Cluster cluster = plan::load_cluster(test::source_path("clusters/this_machine_2core.toml"));
-  Config c = test::planner_config();
-  c.train.device = "cpu";
-  c.parallel.sp = 2;
-  c.parallel.sp_method = "ring";
+  const Config c = two_sequence_shards("ring");
   const ParallelDims dims(c.parallel, 2, "test");
   const plan::PricedOperations priced = plan::price_operations(c, dims, cluster);
   const double kv = static_cast<double>(c.train.batch_size * c.train.seq_len / 2 * 2 * c.model.n_embd);
@@ -431,12 +443,7 @@ TEST(CostModel, RingAttentionSendsItsGradientsAroundTheRing) {
 // memory rate, so doubling it takes exactly half of them off the sp term.
 TEST(CostModel, UlyssesPaysForItsLayoutCopies) {
   const Cluster cluster = plan::load_cluster(test::source_path("clusters/this_machine_2core.toml"));
-  Cluster faster = cluster;
-  faster.device.memory_gbs *= 2;
-  Config c = test::planner_config();
-  c.train.device = "cpu";
-  c.parallel.sp = 2;
-  c.parallel.sp_method = "ulysses";
+  const Config c = two_sequence_shards("ulysses");
   const ParallelDims dims(c.parallel, 2, "test");
   const plan::PricedOperations priced = plan::price_operations(c, dims, cluster);
   // q, k, v and the output: 4 x this rank's tokens x the width, exchanged forward and backward.
@@ -445,9 +452,7 @@ TEST(CostModel, UlyssesPaysForItsLayoutCopies) {
   const double bandwidth = 1e9 * cluster.device.memory_gbs / cluster.cluster.memory_slowdown(2);
   const double m = static_cast<double>(plan::predict(c, dims, cluster).micro_batches);
   const double copies = m * static_cast<double>(c.model.n_layer) * 2 * 4 * exchanged / bandwidth;
-  const double saved = test::breakdown_term(plan::predict(c, dims, cluster), "sp_communication") -
-                       test::breakdown_term(plan::predict(c, dims, faster), "sp_communication");
-  EXPECT_NEAR(saved, copies / 2, 1e-9 * copies);
+  EXPECT_NEAR(saved_at_twice_the_memory_rate(c, dims, cluster, "sp_communication"), copies / 2, 1e-9 * copies);
 }
 
 // Dropless routing under ep: every exchange waits for the busiest rank, whose experts run
