@@ -82,6 +82,17 @@ inline int64_t tensor_parallel_chunks(const ParameterSpec& spec, int64_t ranks) 
   return spec.heads > 0 && spec.heads < ranks ? spec.heads : ranks;
 }
 
+// Whether a tensor-parallel rank's gradient of the parameter is only its share, to be summed over
+// tp (parallel/tensor/tensor_parallel.cpp's hook, priced by plan/operation_prices.cpp): under
+// Megatron-SP every parameter tp leaves whole (replicated, or an expert's: an MoE layer runs whole
+// on every tp rank) used after the sequence split, which sees this rank's tokens only (any but
+// the embedding's: wpe is added to the whole sequence before it); and every per-head one, which
+// sees this rank's heads only.
+inline bool gradient_summed_over_tp(const ParameterSpec& spec, bool megatron_sp) {
+  const bool whole = spec.split == Split::replicated || spec.split == Split::expert;
+  return (megatron_sp && whole && spec.end != ModelEnd::embedding) || spec.per_head;
+}
+
 // Parameter name (as in named_parameters(), relative to the declaring module) -> its spec.
 using ParameterSpecs = std::map<std::string, ParameterSpec>;
 

@@ -114,11 +114,10 @@ class Pricer {
                     4 * op.elements * element_bytes_ / bandwidth_;
         break;
       case Kind::sp_ring:
-        t.f = t.i = static_cast<double>(sp_.n - 1) * send_seconds(op.elements * element_bytes_, sp_.tier);
-        break;
       case Kind::sp_kv_ring:
         t.f = t.i = static_cast<double>(sp_.n - 1) * send_seconds(op.elements * element_bytes_, sp_.tier);
-        t.i += static_cast<double>(sp_.n) * send_seconds(op.elements * 4, sp_.tier);
+        // Ring attention's backward also sends its float32 key/value gradients around the ring.
+        if (op.kind == Kind::sp_kv_ring) t.i += static_cast<double>(sp_.n) * send_seconds(op.elements * 4, sp_.tier);
         break;
       case Kind::ep_all_to_all:
         // Across nodes each rank sends the part of its rows bound for other nodes through its own
@@ -234,18 +233,17 @@ double send_seconds(double bytes, const Cluster::Tier& tier) {
 
 namespace {
 
-// Tensor parallelism's gradient sums (parallel/tensor/tensor_parallel.cpp): a parameter every tp
-// rank holds whole but applies to its own share, each parameter after Megatron-SP's sequence split
-// (the norms, the row-parallel biases, an MoE layer's) and every per-head one (Qwen 3's q and k
-// norms), has its gradient summed over tp by a hook in each micro-batch's backward: one all-reduce
-// per tensor, each paying its call, in the weight gradients' phase (W).
+// Tensor parallelism's gradient sums (parallel/tensor/tensor_parallel.cpp): each parameter whose
+// gradient on a tp rank is only its share (parameter_spec.h's gradient_summed_over_tp: under
+// Megatron-SP the norms, the row-parallel biases, an MoE layer's; every per-head one) is summed
+// over tp by a hook in each micro-batch's backward: one all-reduce per tensor, each paying its
+// call, in the weight gradients' phase (W).
 void add_gradient_sums(const Config& config, const Pricer& pricer, PricedOperations& out) {
   if (pricer.tp() <= 1) return;
   const double bytes = parameter_element_bytes(config);
   for (const CensusEntry& item : *parameter_census(config.model)) {
     const ParameterSpec& spec = item.spec;
-    const bool whole = spec.split == Split::replicated || spec.split == Split::expert;
-    if (!((config.parallel.megatron_sp && whole && spec.end != ModelEnd::embedding) || spec.per_head)) continue;
+    if (!gradient_summed_over_tp(spec, config.parallel.megatron_sp)) continue;
     PartCost& part = spec.block >= 0 ? out.blocks[static_cast<size_t>(spec.block)] : out.head;
     const double seconds = pricer.tp_all_reduce(bytes * static_cast<double>(item.meta.numel()));
     part.w += seconds;

@@ -119,10 +119,11 @@ SwapPlan partition_swap_plan(const std::vector<SubModel>& blocks, const SwapPlan
   for (int64_t l = 0; l < n; ++l) {
     const SubModel& b = blocks[static_cast<size_t>(l)];
     const double need = ends + act[l + 1] + b.parameter_bytes + b.gradient_bytes;
-    require(need <= budget, budget_text(shape), " is too small for block ", l, ": it needs ", format_mib(need), " on the device (its parameters ",
-            format_mib(b.parameter_bytes), " and gradients ", format_mib(b.gradient_bytes), ", the activations of blocks 0-", l, " ",
-            format_mib(act[l + 1]), ", the ends ", format_mib(ends), "); raise the budget, use activation checkpointing "
-            "(memory.activation_checkpointing) or smaller micro-batches (train.batch_size)");
+    if (need > budget)
+      fail(budget_text(shape), " is too small for block ", l, ": it needs ", format_mib(need), " on the device (its parameters ",
+           format_mib(b.parameter_bytes), " and gradients ", format_mib(b.gradient_bytes), ", the activations of blocks 0-", l, " ",
+           format_mib(act[l + 1]), ", the ends ", format_mib(ends), "); raise the budget, use activation checkpointing "
+           "(memory.activation_checkpointing) or smaller micro-batches (train.batch_size)");
   }
   // Sub-model [i, j) as a merged SubModel, cached.
   std::vector<std::vector<SubModel>> sub(static_cast<size_t>(n), std::vector<SubModel>(static_cast<size_t>(n) + 1));
@@ -167,10 +168,11 @@ SwapPlan partition_swap_plan(const std::vector<SubModel>& blocks, const SwapPlan
     for (int64_t l = 0; l <= n; ++l) finest.push_back(l);
     if (try_cut(blocks, shape, finest).second < inf) return improve(blocks, shape, finest);
   }
-  require(last >= 0, budget_text(shape), ": no cut of the ", n,
-          " blocks into sub-models fits (every block fits alone, but no two neighbours fit together with the ",
-          "activations held when they meet: ", format_mib(act[n]), " at the turn, the ends ", format_mib(ends),
-          "); raise the budget or use activation checkpointing");
+  if (last < 0)
+    fail(budget_text(shape), ": no cut of the ", n,
+         " blocks into sub-models fits (every block fits alone, but no two neighbours fit together with the ",
+         "activations held when they meet: ", format_mib(act[n]), " at the turn, the ends ", format_mib(ends),
+         "); raise the budget or use activation checkpointing");
   std::vector<int64_t> boundaries{n};
   for (int64_t i = last, j = n; i >= 0;) {
     boundaries.insert(boundaries.begin(), i);

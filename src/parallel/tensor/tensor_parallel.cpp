@@ -177,11 +177,9 @@ void parallelize_tensor(TransformerLM& model, comm::Group& tp, bool megatron_sp,
                 layout.replicas, " tp ranks sharing ", item.key(), " (kv_replica_ranks)");
         param.register_hook([kv_replicas](const at::Tensor& grad) { return sum_over_replicas(grad, *kv_replicas); });
       }
-      // Under megatron_sp a replicated parameter used after the sequence split (any but the
-      // embedding's: wpe is added to the whole sequence before it) sees this rank's tokens only,
-      // and a per-head one (parameter_spec.h) only this rank's heads: its gradient is summed over
-      // tp before it is accumulated.
-      if ((megatron_sp && layout.dim < 0 && spec.end != ModelEnd::embedding) || spec.per_head)
+      // A gradient that is this rank's share only (parameter_spec.h) is summed over tp before it
+      // is accumulated.
+      if (gradient_summed_over_tp(spec, megatron_sp))
         param.register_hook([&tp](const at::Tensor& grad) {
           at::Tensor sum = grad.clone(at::MemoryFormat::Contiguous);
           tp.all_reduce(sum);
