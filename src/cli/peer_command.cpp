@@ -121,8 +121,15 @@ Command add_swarm_command(CLI::App& app) {
     const atom::SwarmKey key = atom::SwarmKey::load(args->key_file);
     const auto [host, port] = atom::split_address(args->listen, "--listen");
     atom::Membership dht(args->swarm, key, host, port, args->initial, 3600);
+    // A read returns what the nodes that answered within its wait hold: under load one may end with
+    // some peers' records still on their way. Read until a read finds peers and the next finds no
+    // more (a settled view), for at most 10 s (a stranger's key sees none).
     std::vector<atom::PeerRecord> peers;
-    for (int i = 0; i < 20 && peers.empty(); ++i) peers = dht.live_peers(0.5);
+    for (const double until = atom::unix_now() + 10; atom::unix_now() < until;) {
+      const size_t before = peers.size();
+      peers = dht.live_peers(1.0);
+      if (!peers.empty() && peers.size() == before) break;
+    }
     std::printf("swarm '%s' (key %s): %zu live peer(s)\n", args->swarm.c_str(), key.fingerprint().c_str(), peers.size());
     std::printf("%-34s %-22s %10s %10s %10s %9s %10s %8s\n", "peer", "address", "swarm_step", "local_step", "samples",
                 "loss", "samples/s", "age_s");
