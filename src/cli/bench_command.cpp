@@ -36,7 +36,8 @@
 //                      the timed steps (memory/saved_activations.h: encoded size where
 //                      memory.activation_compression encodes, each storage once where kept; the
 //                      embedding's and the head's saved tensors not included), on any device;
-//                      with memory.activation_offload, what was on the device (its copies on the
+//                      with memory.activation_offload (or memory.resident_micro_batches: pipeline
+//                      rank 0's, which holds the most), what was on the device (its copies on the
 //                      host in saved_activation_host_bytes, and the copies' timing in
 //                      activation_offload: memory/activation_offload.h, with the last step's
 //                      trace as [what, group, start, end] in seconds from its start); with
@@ -250,9 +251,11 @@ Command add_bench_command(CLI::App& app) {
     const int64_t pp_rank = mesh && mesh->dims().pp() > 1 ? mesh->group("pp").rank() : 0;
     const ActivationPolicy* policy = step.layout().activation_policy(pp_rank);
     if (policy) out["activation_policy"] = activation_policy_json(*policy, accumulation);
-    if (config.memory.activation_offload > 0 || (policy && policy->offloaded() > 0)) {
+    if (config.memory.activation_offload > 0 || config.memory.resident_micro_batches > 0 ||
+        (policy && policy->offloaded() > 0)) {
       out["saved_activation_host_bytes"] = saved_host_bytes;
       out["activation_offload"] = {{"blocks", config.memory.activation_offload},  // 0 under the policy
+                                   {"resident_micro_batches", config.memory.resident_micro_batches},
                                    {"stored_bytes_per_step", static_cast<double>(offloaded.stored_bytes) / steps},
                                    {"store_s_per_step", offloaded.store_s / steps},
                                    {"fetch_s_per_step", offloaded.fetch_s / steps},

@@ -168,6 +168,14 @@ void Config::check(const std::string& source) const {
   if (memory.activation_offload > model.n_layer)
     fail(source, ": memory.activation_offload = ", memory.activation_offload, " exceeds model.n_layer = ",
          model.n_layer, " (the blocks whose activations wait in host memory)");
+  if (memory.resident_micro_batches > 0) {
+    require(parallel.pp > 1, source, ": memory.resident_micro_batches = ", memory.resident_micro_batches,
+            " applies under a pipeline (parallel.pp > 1): without one a rank holds one micro-batch's activations at a "
+            "time");
+    require(memory.activation_policy == "manual", source,
+            ": memory.resident_micro_batches is set by hand: memory.activation_policy = auto does not choose with it "
+            "(docs/memory.md)");
+  }
 }
 
 toml::table Config::to_toml() const {

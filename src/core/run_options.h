@@ -111,6 +111,7 @@ struct MemoryOptions {
   std::string activation_compression = "none";  // memory/activation_codec.h
   int64_t activation_offload = 0;                // blocks whose saved activations wait on the host
   std::string activation_policy = "manual";      // manual | auto (plan/activation_policy.h)
+  int64_t resident_micro_batches = 0;  // pipeline: micro-batches a rank holds on the device (0: all)
   bool swap = false;                    // ATOM: the model in host memory, swapped through the device
   double device_budget_gb = 0;          // swap: device memory the plan may use
   double modelled_bandwidth_gbps = 16;  // swap on a CPU "device": the modelled host <-> device link
@@ -128,6 +129,11 @@ struct MemoryOptions {
     v("activation_offload", activation_offload,
       "the first N blocks keep what they save for the backward in host memory between their forward and backward, "
       "fetched back ahead of it on a copy stream (0 = none; model.n_layer = all; docs/memory.md)",
+      between(0, 1e6));
+    v("resident_micro_batches", resident_micro_batches,
+      "under a pipeline: the most micro-batches (of one stage each) whose saved activations a rank keeps on the "
+      "device; a forward run while that many wait for their backward keeps every block's in host memory, fetched "
+      "back ahead of its backward (0 = every micro-batch on the device; docs/memory.md)",
       between(0, 1e6));
     v("activation_policy", activation_policy,
       "manual (the keys above, for every block) or auto: each block keeps, offloads or recomputes its activations, "

@@ -53,8 +53,8 @@ BlockOutput BlockImpl::run(const at::Tensor& x) {
   return {y + dropout_if_active(mlp(h2), dropout_, is_training(), streams_.residual), torch::zeros({}, x.options().dtype(at::kFloat))};
 }
 
-BlockOutput BlockImpl::forward(const at::Tensor& x) {
-  SavedActivationScope saving(codec_, *this, offload_, x);
+BlockOutput BlockImpl::forward(const at::Tensor& x, const std::shared_ptr<ActivationOffload>& held) {
+  SavedActivationScope saving(codec_, *this, offload_ ? offload_ : held, x);
   BlockOutput out;
   if (mode_ != CheckpointMode::full || !checkpoint_applies(x)) {
     out = run(x);

@@ -40,7 +40,9 @@ struct BlockOutput {
 class BlockImpl : public torch::nn::Module {
  public:
   BlockImpl(const ModelOptions& opts, int64_t layer, const at::TensorOptions& where);
-  BlockOutput forward(const at::Tensor& x);
+  // `held`: where the saved activations wait when the block has no offload of its own (a
+  // pipeline's held micro-batch, memory.resident_micro_batches; null: on the device).
+  BlockOutput forward(const at::Tensor& x, const std::shared_ptr<ActivationOffload>& held = nullptr);
   void set_checkpoint_mode(CheckpointMode mode);
   void set_activation_codec(ActivationCodec codec) { codec_ = codec; }
   // Where the block's saved activations wait for its backward (null: on the device).

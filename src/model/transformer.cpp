@@ -225,11 +225,12 @@ at::Tensor TransformerLMImpl::embed(const at::Tensor& idx) {
 
 BlockOutput TransformerLMImpl::run_blocks(const at::Tensor& x) { return run_blocks(x, 0, opts_.n_layer); }
 
-BlockOutput TransformerLMImpl::run_blocks(const at::Tensor& x, int64_t first, int64_t end) {
+BlockOutput TransformerLMImpl::run_blocks(const at::Tensor& x, int64_t first, int64_t end,
+                                          const std::shared_ptr<ActivationOffload>& held) {
   BlockOutput out{x, torch::zeros({}, x.options().dtype(at::kFloat))};
   for (auto it = blocks_.lower_bound(first); it != blocks_.end() && it->first < end; ++it) {
     auto& [l, block] = *it;
-    BlockCall call = [b = block](const at::Tensor& in) mutable { return b->forward(in); };
+    BlockCall call = [b = block, &held](const at::Tensor& in) mutable { return b->forward(in, held); };
     for (const auto& [id, wrapper] : wrappers_)
       call = [layer = l, w = wrapper, inner = std::move(call)](const at::Tensor& in) { return w(layer, in, inner); };
     BlockOutput o = call(out.x);

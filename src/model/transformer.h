@@ -104,7 +104,10 @@ class TransformerLMImpl : public torch::nn::Module {
   // The pieces of forward (first stage, every stage, last stage):
   at::Tensor embed(const at::Tensor& idx);       // [B, T] -> [B, T', C] (T' = T / tp under Megatron-SP)
   BlockOutput run_blocks(const at::Tensor& x);   // this stage's blocks, through the wrappers; aux summed
-  BlockOutput run_blocks(const at::Tensor& x, int64_t first, int64_t end);  // its blocks in [first, end)
+  // Its blocks in [first, end); with `held`, each one without an offload of its own offloads
+  // through it (a pipeline's held micro-batch: parallel/pipeline_step.h).
+  BlockOutput run_blocks(const at::Tensor& x, int64_t first, int64_t end,
+                         const std::shared_ptr<ActivationOffload>& held = nullptr);
   ModelOutput head(const at::Tensor& x, const at::Tensor& targets, const at::Tensor& aux_loss);
 
   // The position of idx[:, 0] in its sequence (>= 0): forward embeds positions offset .. offset+T-1.

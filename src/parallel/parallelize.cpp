@@ -109,14 +109,15 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
   // 4. Activation checkpointing, compression and offload inside every block.
   model_->set_activation_checkpointing(config.memory.activation_checkpointing);
   model_->set_activation_compression(activation_codec_name(applied_activation_codec(config)));
-  if (config.memory.activation_offload > 0)
-    model_->set_activation_offload(config.memory.activation_offload,
-                                   std::make_shared<ActivationOffload>(device, config.memory.modelled_bandwidth_gbps * 1e9));
+  // One offload (its two copy streams) for every block and micro-batch that offloads.
+  std::shared_ptr<ActivationOffload> offload;
+  const ActivationPolicy* policy = layout_.activation_policy(pp_ ? pp_->rank() : 0);
+  if (config.memory.activation_offload > 0 || config.memory.resident_micro_batches > 0 ||
+      (policy && policy->offloaded() > 0))
+    offload = std::make_shared<ActivationOffload>(device, config.memory.modelled_bandwidth_gbps * 1e9);
+  if (config.memory.activation_offload > 0) model_->set_activation_offload(config.memory.activation_offload, offload);
   // memory.activation_policy = auto: this pipeline rank's choice for its blocks.
-  if (const ActivationPolicy* policy = layout_.activation_policy(pp_ ? pp_->rank() : 0)) {
-    const auto offload = policy->offloaded() > 0
-                             ? std::make_shared<ActivationOffload>(device, config.memory.modelled_bandwidth_gbps * 1e9)
-                             : nullptr;
+  if (policy) {
     for (int64_t layer : model_->layers()) {
       const ActivationOption& chosen = policy->of(layer);
       model_->block(layer)->set_checkpoint_mode(parse_checkpoint_mode(chosen.checkpointing));
@@ -167,11 +168,12 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
     // A fully recomputed block (by the key, or the policy's choice for one of this rank's blocks)
     // accumulates its parameters' gradients inside a split backward's I.
     bool full_recomputation = config.memory.activation_checkpointing == "full";
-    if (const ActivationPolicy* policy = layout_.activation_policy(pp_ ? pp_->rank() : 0))
+    if (policy)
       for (const ActivationOption& o : policy->blocks) full_recomputation = full_recomputation || o.checkpointing == "full";
     runner_ = std::make_unique<PipelineStep>(
         model_, *owner, *mesh_, config.parallel, layout_,
-        PipelineStepOptions{config.train.accumulation(dims->dp()), config.optim.grad_clip, full_recomputation},
+        PipelineStepOptions{config.train.accumulation(dims->dp()), config.optim.grad_clip, full_recomputation,
+                            config.memory.resident_micro_batches, offload},
         device, autocast);
   } else {
     runner_ = std::make_unique<PlainStep>(model_, *owner, device, autocast, config.optim.grad_clip);

@@ -88,6 +88,8 @@ at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const
   switch (a.op) {
     case Op::F: {
       Stash& s = stash_[key];
+      // Held micro-batches beyond the resident ones wait in host memory (memory.resident_micro_batches).
+      const bool offloaded = held_offloaded_.count(key) > 0;
       AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
       at::Tensor x;
       if (first) {
@@ -97,7 +99,8 @@ at::Tensor PipelineStep::compute(const Action& a, const at::Tensor& input, const
         s.input = input.to(device_, at::kFloat).detach().requires_grad_(true);
         x = s.input;
       }
-      const BlockOutput blocks = model_->run_blocks(x, cut_.boundaries[a.stage], cut_.boundaries[a.stage + 1]);
+      const BlockOutput blocks = model_->run_blocks(x, cut_.boundaries[a.stage], cut_.boundaries[a.stage + 1],
+                                                    offloaded ? options_.held_offload : nullptr);
       if (!last) {
         s.output = blocks.x;
         if (blocks.aux_loss.requires_grad()) {  // mixture-of-experts blocks: their own loss term
@@ -170,9 +173,13 @@ StepLosses PipelineStep::run(const std::vector<Batch>& batches, double lr, const
   StepLosses losses;
   micro_batches_ = static_cast<int64_t>(batches.size());
   const pipeline::Schedule& schedule = table_.for_micro_batches(micro_batches_);
+  const std::vector<Action>& row = schedule.ranks[static_cast<size_t>(pipe_.rank())];
   backwards_left_ = 0;
-  for (const Action& a : schedule.ranks[static_cast<size_t>(pipe_.rank())])
-    backwards_left_ += a.op == Op::B || a.op == Op::W ? 1 : 0;
+  for (const Action& a : row) backwards_left_ += a.op == Op::B || a.op == Op::W ? 1 : 0;
+  held_offloaded_.clear();
+  if (options_.resident_micro_batches > 0)
+    for (const Action& a : pipeline::held_offloaded_forwards(row, options_.resident_micro_batches))
+      held_offloaded_.insert({a.stage, a.micro});
   ce_sum_ = at::zeros({}, at::kDouble);
   aux_sum_ = at::zeros({}, at::kDouble);
   pipeline::StageWork work;

@@ -65,6 +65,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -89,6 +90,10 @@ struct PipelineStepOptions {
   int64_t micro_batches = 1;        // per step on this rank (train.grad_accum at this dp)
   double grad_clip = 0;             // optim.grad_clip
   bool full_checkpointing = false;  // some block of this rank recomputes fully (the key, or the activation policy)
+  // memory.resident_micro_batches: the forwards pipeline::held_offloaded_forwards names for the
+  // rank's row keep every block's activations through `held_offload` (0: none).
+  int64_t resident_micro_batches = 0;
+  std::shared_ptr<ActivationOffload> held_offload;
 };
 
 class PipelineStep final : public StepRunner {
@@ -175,6 +180,7 @@ class PipelineStep final : public StepRunner {
     void drop_graph();
   };
   std::map<std::pair<int64_t, int64_t>, Stash> stash_;  // by (stage, micro-batch)
+  std::set<std::pair<int64_t, int64_t>> held_offloaded_;  // this run's forwards offloaded (resident_micro_batches)
   size_t backwards_left_ = 0;  // this run's B and W actions not yet run on this rank
   at::Tensor ce_sum_, aux_sum_;
   int64_t micro_batches_ = 1;

@@ -37,6 +37,8 @@ struct PricedLayout {
   int64_t link_crossings = 0;       // stage boundaries the busiest rank sits on
   double reduce_exposed = 0, gather_exposed = 0, offload = 0, optimizer = 0;
   double step_without_pipeline = 0;  // pp = 1: the whole step
+  // memory.resident_micro_batches: per pipeline rank, its held micro-batches' copies a step (in its I's)
+  std::vector<double> held_copies;
 };
 
 // On a CPU "device" whose every core computes (a rank per core), a collective's copying and
@@ -111,6 +113,25 @@ PricedLayout price_compute(const Config& config, const ParallelDims& dims, const
       pipeline::ActionCosts::Compute& next = out.costs.stages[static_cast<size_t>(st + 1)];
       next.i += copying;
       next.b = next.i + next.w;
+    }
+    // memory.resident_micro_batches: a stage's I pays its blocks' copies for the share of its
+    // forwards that its rank's row offloads (pipeline::held_offloaded_forwards, on the table these
+    // costs build before the copies are added).
+    if (config.memory.resident_micro_batches > 0) {
+      const std::vector<int64_t> offloaded = pipeline::held_offloaded_by_stage(
+          cache ? cache->table(p, dims.pp(), out.m, out.costs)
+                : pipeline::build_schedule(p.pp_schedule, dims.pp(), out.m, p.pipeline_virtual(), out.costs),
+          config.memory.resident_micro_batches);
+      out.held_copies.assign(static_cast<size_t>(dims.pp()), 0);
+      for (int64_t st = 0; st < out.cut->stages(); ++st) {
+        double copies = 0;
+        for (int64_t b = out.cut->boundaries[st]; b < out.cut->boundaries[st + 1]; ++b)
+          copies += priced.blocks[b].held_offload * static_cast<double>(offloaded[static_cast<size_t>(st)]);
+        pipeline::ActionCosts::Compute& stage = out.costs.stages[static_cast<size_t>(st)];
+        stage.i += copies / static_cast<double>(out.m);
+        stage.b = stage.i + stage.w;
+        out.held_copies[static_cast<size_t>(out.placement.rank_of(st))] += copies;
+      }
     }
     out.held = PartCost{};
     for (int64_t rank = 0; rank < dims.pp(); ++rank) {
@@ -399,7 +420,7 @@ Prediction predict_time(const Config& config, const ParallelDims& dims, const Cl
   Prediction out;
   out.micro_batches = m;
   PartCost rank_total;  // one micro-batch of the critical rank's parts
-  double bubble = 0, swapping = 0;
+  double bubble = 0, swapping = 0, held_copies = 0;
   double reduce = layout.reduce_exposed, gathers = layout.gather_exposed, offload = layout.offload,
          optimizer = layout.optimizer;
   if (config.memory.swap) {
@@ -440,6 +461,7 @@ Prediction predict_time(const Config& config, const ParallelDims& dims, const Cl
       if (s == 0) rank_total += priced.embedding;
       if (s == cut.stages() - 1) rank_total += priced.head;
     }
+    if (!layout.held_copies.empty()) held_copies = layout.held_copies[static_cast<size_t>(critical)];
     bubble = out.step_s - sim.busy[critical] - layout.costs.optim;
   }
   const double mb = static_cast<double>(m);
@@ -447,7 +469,7 @@ Prediction predict_time(const Config& config, const ParallelDims& dims, const Cl
                    {"attention", mb * rank_total.attention},
                    {"memory_bound", mb * rank_total.memory_bound},
                    {"recompute", mb * rank_total.recompute},
-                   {"activation_offload_copies", mb * rank_total.offload},
+                   {"activation_offload_copies", mb * rank_total.offload + held_copies},
                    {"activation_policy", mb * rank_total.activation_policy},
                    {"tp_communication", mb * rank_total.tp},
                    {"sp_communication", mb * rank_total.sp},

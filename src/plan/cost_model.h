@@ -125,6 +125,11 @@ struct PartCost {
   // beyond what its forward and backward hide (plan/activation_policy.h, offload_copy_seconds);
   // inside I, as the backward waits for them.
   double offload = 0;
+  // memory.resident_micro_batches: what the same copies cost for a held micro-batch the block's
+  // pipeline rank offloads (0 where memory.activation_offload already offloads it); a layout adds
+  // it to the block's I weighted by the share of its stage's forwards the table offloads
+  // (pipeline::held_offloaded_forwards).
+  double held_offload = 0;
   // memory.activation_policy = auto: what the block's chosen option adds (recomputation, copies,
   // coding: plan/activation_policy.h), priced from the block's predicted F and B; inside I.
   double activation_policy = 0;
@@ -139,7 +144,8 @@ struct PartCost {
   double lowrank = 0, compress = 0;
   void operator+=(const PartCost& o) {
     f += o.f, i += o.i, w += o.w, products += o.products, attention += o.attention, memory_bound += o.memory_bound;
-    recompute += o.recompute, offload += o.offload, activation_policy += o.activation_policy;
+    recompute += o.recompute, offload += o.offload, held_offload += o.held_offload;
+    activation_policy += o.activation_policy;
     tp += o.tp, sp += o.sp, ep += o.ep;
     parameters += o.parameters, expert_parameters += o.expert_parameters, lowrank += o.lowrank, compress += o.compress;
   }

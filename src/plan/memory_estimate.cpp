@@ -63,6 +63,10 @@ double MemoryEstimate::host_bytes() const {
 
 namespace {
 
+// Offloaded groups on the device at once under memory.resident_micro_batches: the one a forward
+// fills, the one before it still storing, and one fetched ahead of a backward.
+constexpr double kHeldGroupsInFlight = 3;
+
 // The estimate for a rank holding `stage` of the model (the whole model: ModelStage{}), whose
 // schedule keeps up to held[k] micro-batches' activations of one of its stages at once while k of
 // them await their W, before the step's first gradients on the rank (`held_before`) and from then
@@ -142,7 +146,7 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   const bool full = config.memory.activation_checkpointing == "full";
   // Blocks below memory.activation_offload keep theirs in host memory; the device holds at most two
   // of their groups at once (one stored or used, the next fetched ahead), of one micro-batch.
-  double per_token = 0, recomputed = 0, offloaded = 0, offloaded_largest = 0, awaiting_extra = 0;
+  double per_token = 0, recomputed = 0, offloaded = 0, offloaded_largest = 0, awaiting_extra = 0, largest = 0;
   int64_t offloaded_blocks = 0;
   std::map<bool, double> stored, awaiting_by_kind;  // by whether the block is an MoE block
   for (const int64_t layer : stage.layers(m)) {
@@ -154,6 +158,7 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
       if (full) recomputed = std::max(recomputed, block_activation_bytes_per_token(whole, dims, layer, element_bytes));
     }
     awaiting_extra += awaiting_by_kind[moe];
+    largest = std::max(largest, it->second);
     if (layer < config.memory.activation_offload) {
       offloaded += it->second;
       offloaded_largest = std::max(offloaded_largest, it->second);
@@ -167,7 +172,11 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
     awaiting_extra += static_cast<double>(m.padded_vocab()) / static_cast<double>(dims.tp()) *
                       compute_element_bytes(config);
   const double chunks = stage.whole() ? 1.0 : static_cast<double>(stage.chunks.size());
-  const double in_flight = static_cast<double>(std::min<int64_t>(offloaded_blocks, 2)) * offloaded_largest;
+  double in_flight = static_cast<double>(std::min<int64_t>(offloaded_blocks, 2)) * offloaded_largest;
+  // memory.resident_micro_batches under a pipeline: of the micro-batches held before their I, that
+  // many keep their blocks' activations on the device and the others' wait on the host, every
+  // block of them offloaded, with up to kHeldGroupsInFlight of their groups on the device at once.
+  const int64_t resident = dims.pp() > 1 ? config.memory.resident_micro_batches : 0;
   const double micro_batch_tokens = static_cast<double>(config.train.batch_size * tokens);
   // A moment of the schedule: its micro-batches' saved activations, and for those awaiting their W
   // what their I kept less what it released (awaiting_w_bytes_per_token); under bf16 autocast
@@ -178,7 +187,7 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   struct Moment {
     bool exists = false;
     double activations = 0, copies = 0;
-    int64_t most_held = 0;
+    int64_t most_held = 0, most_on_host = 0;  // micro-batches held, and of them offloaded whole
     bool gradients = false;
     double bytes(double gradient_bytes) const { return activations + copies + (gradients ? gradient_bytes : 0); }
   };
@@ -189,11 +198,14 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
     for (size_t k = 0; k < held.size(); ++k) {
       if (held[k] < 0) continue;
       out.exists = true;
-      units = std::max(units, per_token / chunks * static_cast<double>(held[k]) +
+      const int64_t on_device = resident > 0 ? std::min(held[k], resident) : held[k];
+      units = std::max(units, per_token / chunks * static_cast<double>(on_device) +
                                   awaiting_extra / chunks * static_cast<double>(k));
       out.most_held = std::max(out.most_held, held[k]);
+      out.most_on_host = std::max(out.most_on_host, held[k] - on_device);
     }
-    out.activations = (units + in_flight + recomputed) * micro_batch_tokens;
+    const double groups = out.most_on_host > 0 ? std::max(in_flight, kHeldGroupsInFlight * largest) : in_flight;
+    out.activations = (units + groups + recomputed) * micro_batch_tokens;
     if (config.precision.dtype == "bf16") out.copies = 2 * P / chunks * static_cast<double>(out.most_held);
     return out;
   };
@@ -206,7 +218,9 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   e.activation_bytes_per_token = peak.activations / micro_batch_tokens - recomputed;
   e.weight_copy_bytes = peak.copies;
   e.activation_host_bytes =
-      offloaded / chunks * static_cast<double>(std::max(before.most_held, with.most_held)) * micro_batch_tokens;
+      (offloaded / chunks * static_cast<double>(std::max(before.most_held, with.most_held)) +
+       (per_token / chunks) * static_cast<double>(std::max(before.most_on_host, with.most_on_host))) *
+      micro_batch_tokens;
   // The phase whose working set and gathered units hold more: its two terms.
   const BackwardWorkingSet working = backward_working_bytes(config, dims, stage.head(m), !stage.layers(m).empty());
   const bool head_phase = stage.head(m) && working.head + gathered_head >= working.block + gathered_block;
@@ -317,7 +331,13 @@ std::string describe_memory_estimate(const Config& config, const ParallelDims& d
                                    : "  activations      %12s per micro-batch of %lld x %lld tokens (%s per token)\n",
               format_bytes(e.activation_bytes_per_micro_batch).c_str(), static_cast<long long>(config.train.batch_size),
               static_cast<long long>(config.train.seq_len / dims.sp()), format_bytes(e.activation_bytes_per_token).c_str());
-  if (config.memory.activation_offload > 0)
+  if (config.memory.resident_micro_batches > 0 && e.pipeline_rank >= 0)
+    out += line("  held offloaded   %12s of activations in host memory (memory.resident_micro_batches = %lld: the "
+                "micro-batches held beyond it, with the blocks memory.activation_offload names; the device term "
+                "holds three of their groups in flight)\n",
+                format_bytes(e.activation_host_bytes).c_str(),
+                static_cast<long long>(config.memory.resident_micro_batches));
+  else if (config.memory.activation_offload > 0)
     out += line("  offloaded        %12s of activations in host memory (memory.activation_offload = %lld blocks; the "
                 "device term holds two of them in flight)\n",
                 format_bytes(e.activation_host_bytes).c_str(), static_cast<long long>(config.memory.activation_offload));

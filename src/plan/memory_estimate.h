@@ -25,7 +25,9 @@
 //                them (of one micro-batch) in flight on the device. A pipeline rank holds the
 //                micro-batches its schedule's simulation holds at its worst moment, those
 //                awaiting their W counted with what their I kept less what it released
-//                (awaiting_w_bytes_per_token).
+//                (awaiting_w_bytes_per_token); with memory.resident_micro_batches only that
+//                many of those before their I, the others' in host memory with three block
+//                groups in flight on the device.
 //   working      the backward's own tensors at its peak, beside the saved activations: the head's
 //                logits and their gradients or the last block's MLP gradients, whichever phase
 //                holds more (plan/activation_estimate.h, backward_working_bytes)

@@ -252,24 +252,32 @@ void add_gradient_sums(const Config& config, const Pricer& pricer, PricedOperati
 }
 
 // memory.activation_offload = N: blocks 0 to N-1 send what they save to the host after their
-// forward and fetch it before their backward. The copies run over the host link (a CPU "device":
-// the run's modelled link, memory.modelled_bandwidth_gbps, where it is the slower), beside the
-// block's own compute, and on a CPU "device" the memcpys also take the computing cores, at the
-// streaming rate the file measured (device.memory_gbs; measured against runs in docs/plan.md: it
-// under-prices a CPU's copies about 2x).
+// forward and fetch it before their backward; memory.resident_micro_batches: every block does
+// for the held micro-batches its rank offloads (held_offload, weighed by the layout). The copies
+// run over the host link (a CPU "device": the run's modelled link, memory.modelled_bandwidth_gbps,
+// where it is the slower), beside the block's own compute, and on a CPU "device" the memcpys also
+// take the computing cores, at the streaming rate the file measured (device.memory_gbs; measured
+// against runs in docs/plan.md: it under-prices a CPU's copies about 2x).
 void add_activation_offload(const Config& config, const ParallelDims& dims, const Cluster& cluster, double slowdown,
                             std::vector<PartCost>& blocks) {
   const int64_t offloaded = std::min<int64_t>(config.memory.activation_offload, static_cast<int64_t>(blocks.size()));
-  if (offloaded <= 0) return;
+  const bool held = config.memory.resident_micro_batches > 0 && dims.pp() > 1;
+  if (offloaded <= 0 && !held) return;
   const bool cpu = cluster.device.kind == "cpu";
   double link = 1e9 * cluster.host.device_link_gbs;
   if (cpu) link = link > 0 ? std::min(link, 1e9 * config.memory.modelled_bandwidth_gbps) : 1e9 * config.memory.modelled_bandwidth_gbps;
-  require(link > 0, cluster.source, ": memory.activation_offload needs host.device_link_gbs, which this cluster file leaves at 0");
+  require(link > 0, cluster.source, ": ", offloaded > 0 ? "memory.activation_offload" : "memory.resident_micro_batches",
+          " needs host.device_link_gbs, which this cluster file leaves at 0");
   const double per_byte = cpu ? slowdown / (1e9 * cluster.device.memory_gbs) : 0;
-  for (int64_t l = 0; l < offloaded; ++l) {
+  for (int64_t l = 0; l < static_cast<int64_t>(blocks.size()); ++l) {
     PartCost& c = blocks[static_cast<size_t>(l)];
-    c.offload = offload_copy_seconds(block_activation_bytes(config, dims, l), c.f, c.i + c.w, link, per_byte);
-    c.i += c.offload;
+    const double copies = offload_copy_seconds(block_activation_bytes(config, dims, l), c.f, c.i + c.w, link, per_byte);
+    if (l < offloaded) {
+      c.offload = copies;
+      c.i += c.offload;
+    } else if (held) {
+      c.held_offload = copies;
+    }
   }
 }
 

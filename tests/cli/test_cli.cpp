@@ -397,5 +397,33 @@ TEST(Bench, APipelineCountsEveryProcessAndSendsItsActivationsInTheComputeDtype) 
   EXPECT_NE(z["pp_table"].get<std::string>().find("measured at step 2"), std::string::npos) << z["pp_table"];
 }
 
+// memory.resident_micro_batches = 1: pipeline rank 0 keeps one micro-batch's activations (of one
+// stage) on the device and the rest of what its schedule holds in host memory. Interleaved over two
+// ranks, 8 micro-batches, stages of two blocks: its schedule holds five, ten blocks' worth; with the
+// key one stage's (two blocks) and three offloaded groups in flight, beside the float32 statistics
+// (norms' and attention's, 4 KiB a block here) that offloaded blocks leave on the device.
+TEST(Bench, APipelineRankKeepsItsHeldMicroBatchesInHostMemory) {
+  auto bench = [](int64_t resident) {
+    auto r = run_tessera("bench --config tiny_gpt --json --steps 1 --warmup 1 --nproc 2 --out " +
+                         fresh_dir("bench_resident") +
+                         " --set parallel.pp=2 --set parallel.pp_schedule=interleaved --set model.n_layer=8"
+                         " --set train.grad_accum=8 --set train.batch_size=2 --set train.seq_len=64 --set "
+                         "train.threads=1 --set memory.resident_micro_batches=" + std::to_string(resident));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return nlohmann::json::parse(r.output.substr(r.output.rfind("\n{") + 1));
+  };
+  const int64_t block = 128 * (64 * 128 + 16 + 4 * 4);  // one block's saved bytes for 2 x 64 tokens
+  const nlohmann::json all = bench(0), one = bench(1);
+  EXPECT_EQ(all["saved_activation_bytes"].get<int64_t>(), 10 * block);
+  EXPECT_FALSE(all.contains("saved_activation_host_bytes"));
+  const int64_t held = one["saved_activation_bytes"].get<int64_t>();
+  EXPECT_GE(held, 2 * block);
+  EXPECT_LE(held, 5 * block + 8 * 4096) << one.dump();
+  // Of the five held, four wait on the host (two blocks each, their statistics left behind).
+  EXPECT_EQ(one["saved_activation_host_bytes"].get<int64_t>(), 4 * 2 * (block - 4096)) << one.dump();
+  EXPECT_EQ(one["activation_offload"]["resident_micro_batches"].get<int64_t>(), 1);
+  EXPECT_EQ(one["activation_offload"]["exposed_fetches_per_step"].get<double>(), 0) << one.dump();
+}
+
 }  // namespace
 }  // namespace tessera::test

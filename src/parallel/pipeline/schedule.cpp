@@ -5,6 +5,7 @@
 #include <cctype>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "core/error.h"
@@ -78,6 +79,29 @@ int64_t Schedule::rank_of(int64_t stage) const {
 bool Schedule::split_backward(int64_t stage, int64_t micro) const {
   const std::vector<Action>& row = ranks[static_cast<size_t>(rank_of(stage))];
   return std::find(row.begin(), row.end(), Action{Op::I, stage, micro}) != row.end();
+}
+
+std::vector<Action> held_offloaded_forwards(const std::vector<Action>& row, int64_t resident) {
+  std::vector<Action> offloaded;
+  std::set<std::pair<int64_t, int64_t>> on_device;  // (stage, micro-batch) held resident
+  for (const Action& a : row) {
+    if (a.op == Op::F) {
+      if (static_cast<int64_t>(on_device.size()) < resident)
+        on_device.insert({a.stage, a.micro});
+      else
+        offloaded.push_back(a);
+    } else if (a.op == Op::B || a.op == Op::I) {
+      on_device.erase({a.stage, a.micro});
+    }
+  }
+  return offloaded;
+}
+
+std::vector<int64_t> held_offloaded_by_stage(const Schedule& schedule, int64_t resident) {
+  std::vector<int64_t> out(static_cast<size_t>(schedule.stages()), 0);
+  for (const std::vector<Action>& row : schedule.ranks)
+    for (const Action& a : held_offloaded_forwards(row, resident)) ++out[static_cast<size_t>(a.stage)];
+  return out;
 }
 
 void add_communication(Schedule& s) {

@@ -80,6 +80,15 @@ struct Schedule {
   bool split_backward(int64_t stage, int64_t micro) const;
 };
 
+// memory.resident_micro_batches = `resident` (> 0) on a rank running `row`: its forwards that keep
+// their activations in host memory, in row order. A forward run while `resident` others on the
+// rank (of any of its stages) have run forward and not yet their B or I is offloaded: the ones
+// held longest, whose backward is furthest off, as they come; a resident one's place frees at its
+// B or I. The executor offloads these (parallel/pipeline_step.h) and the planner prices them.
+std::vector<Action> held_offloaded_forwards(const std::vector<Action>& row, int64_t resident);
+// The same over every rank of `schedule`: how many forwards of each stage are offloaded.
+std::vector<int64_t> held_offloaded_by_stage(const Schedule& schedule, int64_t resident);
+
 // Inserts the SEND/RECV actions a table of compute actions needs: a receive just before the
 // action that consumes it, a send just after the action that produces it, none between stages on
 // one rank. Existing communication actions are removed first.

@@ -427,6 +427,33 @@ TEST(PipelineSchedules, CombinationsThatCannotBeBuiltNameTheKey) {
   EXPECT_TRUE(test::throws_naming([] { build_schedule("zbh2", 4, 8, 1); }, {"'zbh2' is not a schedule", "zbv"}));
 }
 
+// memory.resident_micro_batches: a forward run while R others on the rank wait for their B or I
+// is offloaded. 1F1B over 4 ranks and 8 micro-batches: rank 0 keeps micro-batches 0 and 4 (each
+// run when none other was resident), rank 3 (F then B at once) none offloaded; R = 2 keeps 0, 1,
+// 4, 5; every rank at R = its peak keeps all. Interleaved counts each stage's forward.
+TEST(PipelineSchedules, HeldMicroBatchesBeyondTheResidentOnesAreOffloadedAsTheyCome) {
+  auto micro_of = [](const std::vector<Action>& forwards) {
+    std::vector<int64_t> out;
+    for (const Action& a : forwards) {
+      EXPECT_EQ(a.op, Op::F);
+      out.push_back(a.micro);
+    }
+    return out;
+  };
+  const Schedule s = build_schedule("1f1b", 4, 8, 1);
+  EXPECT_EQ(micro_of(held_offloaded_forwards(s.ranks[0], 1)), (std::vector<int64_t>{1, 2, 3, 5, 6, 7}));
+  EXPECT_EQ(micro_of(held_offloaded_forwards(s.ranks[0], 2)), (std::vector<int64_t>{2, 3, 6, 7}));
+  EXPECT_TRUE(held_offloaded_forwards(s.ranks[0], 4).empty());
+  EXPECT_TRUE(held_offloaded_forwards(s.ranks[3], 1).empty());
+  const Schedule interleaved = build_schedule("interleaved", 2, 8, 2);
+  int64_t forwards = 0;
+  for (const Action& a : interleaved.ranks[0]) forwards += a.op == Op::F ? 1 : 0;
+  const std::vector<Action> off = held_offloaded_forwards(interleaved.ranks[0], 1);
+  EXPECT_GT(off.size(), 0u);
+  EXPECT_LT(static_cast<int64_t>(off.size()), forwards);
+  for (const Action& a : off) EXPECT_EQ(interleaved.rank_of(a.stage), 0) << a.str();
+}
+
 TEST(PipelineSchedules, TablesRoundTripThroughCsv) {
   const std::string dir = test::fresh_dir("pipeline_csv");
   for (const std::string name : {"zbh1", "zbv"}) {

@@ -123,6 +123,32 @@ TEST(HostCosts, ActivationOffloadCostsTheCopiesItsBlocksDoNotHide) {
   EXPECT_TRUE(test::throws_naming([&] { plan::predict_time(c, dims, no_link); }, {"host.toml", "host.device_link_gbs"}));
 }
 
+// memory.resident_micro_batches: each block's held micro-batches pay the same copies as an
+// offloaded block's, for the forwards its rank's row offloads (pipeline::held_offloaded_forwards):
+// 1F1B over four ranks of one block and eight micro-batches, rank 0 offloads six; over a slow link
+// it is the critical rank, and the breakdown still adds up to the step.
+TEST(HostCosts, HeldMicroBatchesPayTheCopiesOfTheForwardsTheirRankOffloads) {
+  Config c = test::planner_config();
+  c.parallel.pp = 4;
+  c.train.grad_accum = 8;
+  const ParallelDims dims(c.parallel, 4, "test");
+  const double link_gbs = 1e-3;  // 1 MB/s: every copy exposed
+  const Cluster slow = host_cluster(16, link_gbs);
+  const plan::Prediction resident = plan::predict_time(c, dims, slow);
+  c.memory.resident_micro_batches = 1;
+  const plan::PricedOperations priced = plan::price_operations(c, dims, slow);
+  for (int64_t l = 0; l < c.model.n_layer; ++l) {
+    const plan::PartCost& b = priced.blocks[static_cast<size_t>(l)];
+    const double one_way = block_activation_bytes(c, dims, l) / (link_gbs * 1e9);
+    EXPECT_NEAR(b.held_offload, std::max(0.0, one_way - b.i - b.w) + std::max(0.0, one_way - b.f), 1e-12) << l;
+    EXPECT_EQ(b.offload, 0) << l;
+  }
+  const plan::Prediction held = plan::predict_time(c, dims, slow);
+  EXPECT_NEAR(test::breakdown_term(held, "activation_offload_copies"), 6 * priced.blocks[0].held_offload, 1e-9);
+  EXPECT_GT(held.step_s, resident.step_s);
+  EXPECT_NEAR(test::breakdown_sum(held), held.step_s, 1e-9);
+}
+
 // memory.activation_compression: each block's encoding and decoding at the codec's calibrated rate
 // (device.activation_codec_*_gbs, float32 source bytes per second), per element of what the block
 // saves less its float32 statistics, half in the forward and half in the backward, by hand.

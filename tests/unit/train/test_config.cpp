@@ -84,5 +84,20 @@ TEST(ConfigRanges, ActivationOffloadBeyondTheModelsBlocksIsRefused) {
                                    "exceeds model.n_layer"}));
 }
 
+// memory.resident_micro_batches is a pipeline rank's: refused by key without one, and beside the
+// activation policy (which does not choose with it).
+TEST(ConfigRanges, ResidentMicroBatchesNeedAPipelineAndAHandMadePolicy) {
+  Config config;
+  config.memory.resident_micro_batches = 1;
+  EXPECT_TRUE(test::throws_naming([&] { config.check("code"); },
+                                  {"code: memory.resident_micro_batches = 1", "parallel.pp > 1"}));
+  config.parallel.pp = 2;
+  EXPECT_NO_THROW(config.check("code"));
+  config.memory.activation_policy = "auto";
+  config.memory.device_budget_gb = 1;
+  EXPECT_TRUE(test::throws_naming([&] { config.check("code"); },
+                                  {"memory.resident_micro_batches", "memory.activation_policy = auto"}));
+}
+
 }  // namespace
 }  // namespace tessera
