@@ -63,10 +63,6 @@ double MemoryEstimate::host_bytes() const {
 
 namespace {
 
-// Offloaded groups on the device at once under memory.resident_micro_batches: the one a forward
-// fills, the one before it still storing, and one fetched ahead of a backward.
-constexpr double kHeldGroupsInFlight = 3;
-
 // The estimate for a rank holding `stage` of the model (the whole model: ModelStage{}), whose
 // schedule keeps up to held[k] micro-batches' activations of one of its stages at once while k of
 // them await their W, before the step's first gradients on the rank (`held_before`) and from then
@@ -175,8 +171,13 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   double in_flight = static_cast<double>(std::min<int64_t>(offloaded_blocks, 2)) * offloaded_largest;
   // memory.resident_micro_batches under a pipeline: of the micro-batches held before their I, that
   // many keep their blocks' activations on the device and the others' wait on the host, every
-  // block of them offloaded, with up to kHeldGroupsInFlight of their groups on the device at once.
+  // block of them offloaded, with 2 + v of their block groups on the device at once for v stages
+  // on the rank: the one a forward fills, the one before it still storing, and one per stage
+  // fetched ahead when its output gradient's receive is posted (measured: interleaved pp2, four;
+  // 1F1B at most three; bench/results/pipeline_held_offload_cpu.md), and never more than the
+  // offloaded micro-batches have.
   const int64_t resident = dims.pp() > 1 ? config.memory.resident_micro_batches : 0;
+  const double stage_blocks = static_cast<double>(stage.layers(m).size()) / chunks;
   const double micro_batch_tokens = static_cast<double>(config.train.batch_size * tokens);
   // A moment of the schedule: its micro-batches' saved activations, and for those awaiting their W
   // what their I kept less what it released (awaiting_w_bytes_per_token); under bf16 autocast
@@ -204,7 +205,8 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
       out.most_held = std::max(out.most_held, held[k]);
       out.most_on_host = std::max(out.most_on_host, held[k] - on_device);
     }
-    const double groups = out.most_on_host > 0 ? std::max(in_flight, kHeldGroupsInFlight * largest) : in_flight;
+    const double held_groups = std::min(2 + chunks, static_cast<double>(out.most_on_host) * stage_blocks);
+    const double groups = std::max(in_flight, held_groups * largest);
     out.activations = (units + groups + recomputed) * micro_batch_tokens;
     if (config.precision.dtype == "bf16") out.copies = 2 * P / chunks * static_cast<double>(out.most_held);
     return out;
@@ -334,7 +336,7 @@ std::string describe_memory_estimate(const Config& config, const ParallelDims& d
   if (config.memory.resident_micro_batches > 0 && e.pipeline_rank >= 0)
     out += line("  held offloaded   %12s of activations in host memory (memory.resident_micro_batches = %lld: the "
                 "micro-batches held beyond it, with the blocks memory.activation_offload names; the device term "
-                "holds three of their groups in flight)\n",
+                "holds 2 + its stages of their block groups in flight)\n",
                 format_bytes(e.activation_host_bytes).c_str(),
                 static_cast<long long>(config.memory.resident_micro_batches));
   else if (config.memory.activation_offload > 0)

@@ -26,8 +26,8 @@
 //                micro-batches its schedule's simulation holds at its worst moment, those
 //                awaiting their W counted with what their I kept less what it released
 //                (awaiting_w_bytes_per_token); with memory.resident_micro_batches only that
-//                many of those before their I, the others' in host memory with three block
-//                groups in flight on the device.
+//                many of those before their I, the others' in host memory with 2 + v block
+//                groups in flight on the device (v: the rank's stages).
 //   working      the backward's own tensors at its peak, beside the saved activations: the head's
 //                logits and their gradients or the last block's MLP gradients, whichever phase
 //                holds more (plan/activation_estimate.h, backward_working_bytes)

@@ -400,8 +400,9 @@ TEST(Bench, APipelineCountsEveryProcessAndSendsItsActivationsInTheComputeDtype) 
 // memory.resident_micro_batches = 1: pipeline rank 0 keeps one micro-batch's activations (of one
 // stage) on the device and the rest of what its schedule holds in host memory. Interleaved over two
 // ranks, 8 micro-batches, stages of two blocks: its schedule holds five, ten blocks' worth; with the
-// key one stage's (two blocks) and three offloaded groups in flight, beside the float32 statistics
-// (norms' and attention's, 4 KiB a block here) that offloaded blocks leave on the device.
+// key one stage's (two blocks) and up to four offloaded groups in flight (plan/memory_estimate.h;
+// three measured at this size), beside the float32 statistics (norms' and attention's, 4 KiB a
+// block here) that offloaded blocks leave on the device.
 TEST(Bench, APipelineRankKeepsItsHeldMicroBatchesInHostMemory) {
   auto bench = [](int64_t resident) {
     auto r = run_tessera("bench --config tiny_gpt --json --steps 1 --warmup 1 --nproc 2 --out " +
@@ -418,7 +419,7 @@ TEST(Bench, APipelineRankKeepsItsHeldMicroBatchesInHostMemory) {
   EXPECT_FALSE(all.contains("saved_activation_host_bytes"));
   const int64_t held = one["saved_activation_bytes"].get<int64_t>();
   EXPECT_GE(held, 2 * block);
-  EXPECT_LE(held, 5 * block + 8 * 4096) << one.dump();
+  EXPECT_LE(held, 6 * block + 8 * 4096) << one.dump();
   // Of the five held, four wait on the host (two blocks each, their statistics left behind).
   EXPECT_EQ(one["saved_activation_host_bytes"].get<int64_t>(), 4 * 2 * (block - 4096)) << one.dump();
   EXPECT_EQ(one["activation_offload"]["resident_micro_batches"].get<int64_t>(), 1);

@@ -91,9 +91,9 @@ TEST(MemoryFits, OffloadedActivationsLeaveTwoBlocksInFlightOnTheDevice) {
 }
 
 // memory.resident_micro_batches: of what a pipeline rank's schedule holds, that many micro-batches
-// (of a stage each) stay on the device and the rest wait on the host, three of their block groups
-// in flight on the device (measured on this shape: 5.04 MiB saved on rank 0, against 5.02
-// predicted; test_cli's Bench.APipelineRankKeepsItsHeldMicroBatchesInHostMemory).
+// (of a stage each) stay on the device and the rest wait on the host, 2 + v of their block groups
+// in flight on the device for v stages a rank (measured on this shape at micro-batches of 8 x 128
+// tokens: 48.3 MiB saved on rank 0, predicted 48.3; bench/results/pipeline_held_offload_cpu.md).
 TEST(MemoryFits, APipelineRanksHeldMicroBatchesBeyondTheResidentOnesAreOnTheHost) {
   Config plain = Config::load(test::source_path("configs/tiny_gpt.toml"),
                               {"model.n_layer=8", "parallel.pp=2", "parallel.pp_schedule=interleaved",
@@ -107,7 +107,7 @@ TEST(MemoryFits, APipelineRanksHeldMicroBatchesBeyondTheResidentOnesAreOnTheHost
     c.memory.resident_micro_batches = resident;
     const MemoryEstimate e = estimate_memory_by_rank(c, make_layout(c, dims)).front();
     const double on_host = static_cast<double>(5 - resident);
-    EXPECT_NEAR(e.activation_bytes_per_micro_batch, block * (2 * static_cast<double>(resident) + (on_host > 0 ? 3 : 0)),
+    EXPECT_NEAR(e.activation_bytes_per_micro_batch, block * (2 * static_cast<double>(resident) + (on_host > 0 ? 4 : 0)),
                 1e-6 * block) << resident;
     EXPECT_NEAR(e.activation_host_bytes, block * 2 * on_host, 1e-6 * block) << resident;
   }
