@@ -252,10 +252,11 @@ Command add_bench_command(CLI::App& app) {
     const ActivationPolicy* policy = step.layout().activation_policy(pp_rank);
     if (policy) out["activation_policy"] = activation_policy_json(*policy, accumulation);
     if (config.memory.activation_offload > 0 || config.memory.resident_micro_batches > 0 ||
-        (policy && policy->offloaded() > 0)) {
+        (policy && (policy->offloaded() > 0 || policy->resident_micro_batches > 0))) {
       out["saved_activation_host_bytes"] = saved_host_bytes;
       out["activation_offload"] = {{"blocks", config.memory.activation_offload},  // 0 under the policy
-                                   {"resident_micro_batches", config.memory.resident_micro_batches},
+                                   {"resident_micro_batches", policy ? policy->resident_micro_batches
+                                                                     : config.memory.resident_micro_batches},
                                    {"stored_bytes_per_step", static_cast<double>(offloaded.stored_bytes) / steps},
                                    {"store_s_per_step", offloaded.store_s / steps},
                                    {"fetch_s_per_step", offloaded.fetch_s / steps},

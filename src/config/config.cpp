@@ -173,8 +173,8 @@ void Config::check(const std::string& source) const {
             " applies under a pipeline (parallel.pp > 1): without one a rank holds one micro-batch's activations at a "
             "time");
     require(memory.activation_policy == "manual", source,
-            ": memory.resident_micro_batches is set by hand: memory.activation_policy = auto does not choose with it "
-            "(docs/memory.md)");
+            ": memory.resident_micro_batches is set by hand; under memory.activation_policy = auto the policy chooses "
+            "it for each pipeline rank (docs/memory.md): leave it at 0");
   }
 }
 

@@ -112,8 +112,9 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
   // One offload (its two copy streams) for every block and micro-batch that offloads.
   std::shared_ptr<ActivationOffload> offload;
   const ActivationPolicy* policy = layout_.activation_policy(pp_ ? pp_->rank() : 0);
-  if (config.memory.activation_offload > 0 || config.memory.resident_micro_batches > 0 ||
-      (policy && policy->offloaded() > 0))
+  const int64_t resident_micro_batches =
+      policy ? policy->resident_micro_batches : config.memory.resident_micro_batches;
+  if (config.memory.activation_offload > 0 || resident_micro_batches > 0 || (policy && policy->offloaded() > 0))
     offload = std::make_shared<ActivationOffload>(device, config.memory.modelled_bandwidth_gbps * 1e9);
   if (config.memory.activation_offload > 0) model_->set_activation_offload(config.memory.activation_offload, offload);
   // memory.activation_policy = auto: this pipeline rank's choice for its blocks.
@@ -173,7 +174,7 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
     runner_ = std::make_unique<PipelineStep>(
         model_, *owner, *mesh_, config.parallel, layout_,
         PipelineStepOptions{config.train.accumulation(dims->dp()), config.optim.grad_clip, full_recomputation,
-                            config.memory.resident_micro_batches, offload},
+                            resident_micro_batches, offload},
         device, autocast);
   } else {
     runner_ = std::make_unique<PlainStep>(model_, *owner, device, autocast, config.optim.grad_clip);

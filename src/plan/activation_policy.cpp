@@ -3,17 +3,16 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
-
-#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/byte_size.h"
 #include "memory/activation_codec.h"
 #include "model/operations.h"
+#include "parallel/pipeline/schedule.h"
 #include "plan/activation_estimate.h"
 #include "plan/layout.h"
 #include "plan/memory_estimate.h"
@@ -109,14 +108,15 @@ CapChoices cap_choices(const std::vector<std::vector<ActivationOption>>& options
 // What an option holds at the moment that needs the most of it (choose_activation_policy).
 double held_bytes(const ActivationOption& o, const std::vector<HeldMoment>& moments) {
   double most = 0;
-  for (const HeldMoment& m : moments) most = std::max(most, m.before_i * o.bytes + m.awaiting_w * o.awaiting);
+  for (const HeldMoment& m : moments)
+    most = std::max(most, m.before_i * o.bytes + m.awaiting_w * o.awaiting + m.offloaded * o.held_stays);
   return most;
 }
 
 // The most micro-batches of any moment.
 double most_held(const std::vector<HeldMoment>& moments) {
   double most = 0;
-  for (const HeldMoment& m : moments) most = std::max(most, m.before_i + m.awaiting_w);
+  for (const HeldMoment& m : moments) most = std::max(most, m.before_i + m.awaiting_w + m.offloaded);
   return most;
 }
 
@@ -157,6 +157,75 @@ std::string rank_name(const ActivationShare& share) {
   return share.pipeline_rank < 0 ? std::string() : " on pipeline rank " + std::to_string(share.pipeline_rank);
 }
 
+// The host link an offload's copies cross: measured on CUDA, modelled on a CPU "device", whose
+// memcpys also take the computing cores' time (per byte each way).
+struct HostLink {
+  double bytes_per_s = 0, core_seconds_per_byte = 0;
+};
+HostLink host_link(const Config& config, const BlockCosts& measured, bool cpu_device) {
+  return {measured.link_bytes_per_s > 0 ? measured.link_bytes_per_s : config.memory.modelled_bandwidth_gbps * 1e9,
+          cpu_device && measured.copy_bytes_per_s > 0 ? 1 / measured.copy_bytes_per_s : 0};
+}
+
+// Each way a pipeline rank may keep R of the micro-batches it holds (in units of one stage) on the
+// device and offload every block of the rest (ActivationPolicy::resident_micro_batches): its
+// options paying their held group's copies for the share of its forwards offloaded
+// (pipeline::held_offloaded_forwards), hidden behind the rank's stage (`stage`: its mean F and B
+// per stage, from `measured`), its moments holding the others at their held_stays, its
+// budget less 2 + v of the largest block's groups (never more than the offloaded micro-batches
+// have; plan/memory_estimate.h). None under a split backward (an offloaded group fetched for I
+// waits whole for its W: measured, the peak did not move) or where the rank holds one.
+struct HeldOffload {
+  int64_t resident = 0;
+  double offloaded = 0, reserve = 0, budget_bytes = 0;
+  std::vector<std::vector<ActivationOption>> options;
+  std::vector<HeldMoment> moments;
+};
+
+std::vector<HeldOffload> held_offloads(const Layout& layout, const ActivationShare& share,
+                                       const std::vector<std::vector<ActivationOption>>& options,
+                                       const BlockCosts& measured, const HostLink& host) {
+  std::vector<HeldOffload> out;
+  double before = 0;
+  for (const HeldMoment& m : share.moments) {
+    if (m.awaiting_w > 0) return out;
+    before = std::max(before, m.before_i);
+  }
+  const double chunks = static_cast<double>(layout.stage_of(share.pipeline_rank).chunks.size());
+  const int64_t held = static_cast<int64_t>(std::llround(before * chunks));
+  const std::vector<pipeline::Action>& row = layout.schedule().ranks.at(static_cast<size_t>(share.pipeline_rank));
+  const double forwards =
+      static_cast<double>(std::count_if(row.begin(), row.end(), [](const pipeline::Action& a) { return a.op == pipeline::Op::F; }));
+  double largest = 0;
+  for (const std::vector<ActivationOption>& block : options)
+    for (const ActivationOption& o : block)
+      if (!o.offload) largest = std::max(largest, o.bytes - o.held_stays);
+  const double stage_blocks = static_cast<double>(options.size()) / chunks;
+  double f = 0, b = 0;  // the rank's mean stage
+  for (int64_t layer : share.layers)
+    if (static_cast<size_t>(layer) < measured.block_split.size()) {
+      f += measured.block_split[static_cast<size_t>(layer)].f / chunks;
+      b += measured.block_split[static_cast<size_t>(layer)].b / chunks;
+    }
+  for (int64_t r = 1; r < held; ++r) {
+    HeldOffload h;
+    h.resident = r;
+    h.offloaded = static_cast<double>(pipeline::held_offloaded_forwards(row, r).size()) / forwards;
+    const double resident = static_cast<double>(r) / chunks;
+    for (const HeldMoment& m : share.moments)
+      h.moments.push_back({std::min(m.before_i, resident), 0, m.before_i - std::min(m.before_i, resident)});
+    h.reserve = std::min(2 + chunks, static_cast<double>(held - r) * stage_blocks) * largest;
+    h.budget_bytes = share.budget_bytes - h.reserve;
+    h.options = options;
+    for (std::vector<ActivationOption>& block : h.options)
+      for (ActivationOption& o : block)
+        o.seconds +=
+            h.offloaded * offload_copy_seconds(o.held_group, f, b, host.bytes_per_s, host.core_seconds_per_byte);
+    out.push_back(std::move(h));
+  }
+  return out;
+}
+
 }  // namespace
 
 double offload_copy_seconds(double bytes, double forward_s, double backward_s, double link_bytes_per_s,
@@ -186,11 +255,10 @@ int64_t ActivationPolicy::offloaded() const {
 std::vector<std::vector<ActivationOption>> activation_options(const Config& config, const ParallelDims& dims,
                                                               const BlockCosts& measured, bool cpu_device) {
   // The host link: measured on CUDA, modelled on a CPU "device".
-  const double link = measured.link_bytes_per_s > 0 ? measured.link_bytes_per_s
-                                                    : config.memory.modelled_bandwidth_gbps * 1e9;
-  // On a CPU "device" each way's memcpy also takes the computing cores' time.
-  const double per_byte = cpu_device && measured.copy_bytes_per_s > 0 ? 1 / measured.copy_bytes_per_s : 0;
-  auto copy_seconds = [&](double bytes, double f, double b) { return offload_copy_seconds(bytes, f, b, link, per_byte); };
+  const HostLink host = host_link(config, measured, cpu_device);
+  auto copy_seconds = [&](double bytes, double f, double b) {
+    return offload_copy_seconds(bytes, f, b, host.bytes_per_s, host.core_seconds_per_byte);
+  };
   const std::vector<std::string> codecs = codec_choices(config);
   std::vector<std::vector<ActivationOption>> out;
   for (int64_t l = 0; l < config.model.n_layer; ++l) {
@@ -220,13 +288,13 @@ std::vector<std::vector<ActivationOption>> activation_options(const Config& conf
       const double selective_c = encoded ? block_bytes(config, dims, l, "selective", codec) : selective;
       const double input_c = encoded ? block_bytes(config, dims, l, "full", codec) : input;
       const double kept_after_i = std::max(0.0, keep_c + kept - released * (keep > 0 ? keep_c / keep : 1));
-      options.push_back({"none", false, keep_c, 0, coding(keep), codec, kept_after_i});
+      options.push_back({"none", false, keep_c, 0, coding(keep), codec, kept_after_i, keep_c - stays, stays});
       options.push_back({"selective", false, selective_c, 0, recompute_core + coding(selective), codec,
-                         selective_c + kept});
-      options.push_back({"full", false, input_c, 0, f + coding(input), codec, 0});
+                         selective_c + kept, std::max(0.0, selective_c - stays), stays});
+      options.push_back({"full", false, input_c, 0, f + coding(input), codec, 0, input_c, 0});
       options.push_back({"none", true, stays, keep_c - stays, copy_seconds(keep_c - stays, f, b) + coding(keep), codec,
-                         keep_c + kept});
-      options.push_back({"full", true, 0, input_c, f + copy_seconds(input_c, f, b) + coding(input), codec, 0});
+                         keep_c + kept, 0, stays});
+      options.push_back({"full", true, 0, input_c, f + copy_seconds(input_c, f, b) + coding(input), codec, 0, 0, 0});
     }
     out.push_back(std::move(options));
   }
@@ -362,16 +430,40 @@ std::vector<ActivationShare> activation_shares(const Config& config, const Layou
 std::vector<ActivationPolicy> choose_activation_policies(const Config& config, const Layout& layout,
                                                          const BlockCosts& measured, bool cpu_device) {
   const auto options = activation_options(config, layout.dims(), measured, cpu_device);
+  const HostLink host = host_link(config, measured, cpu_device);
   std::vector<ActivationPolicy> policies;
   for (const ActivationShare& share : activation_shares(config, layout)) {
-    ActivationPolicy p;
+    const std::vector<std::vector<ActivationOption>> own = share_options(options, share);
+    std::optional<ActivationPolicy> best;
+    std::string refusal;
     try {
-      p = choose_activation_policy(share_options(options, share), share.budget_bytes, share.moments,
-                                   share.groups_in_flight);
+      best = choose_activation_policy(own, share.budget_bytes, share.moments, share.groups_in_flight);
     } catch (const Error& e) {
-      if (share.pipeline_rank < 0) throw;
-      fail("pipeline rank ", share.pipeline_rank, ": ", e.what());
+      refusal = e.what();
     }
+    if (share.pipeline_rank >= 0)
+      for (const HeldOffload& held : held_offloads(layout, share, own, measured, host)) {
+        if (held.budget_bytes <= 0) continue;
+        try {
+          ActivationPolicy p = choose_activation_policy(held.options, held.budget_bytes, held.moments,
+                                                        share.groups_in_flight);
+          if (best && p.seconds >= best->seconds) continue;
+          p.budget_bytes = share.budget_bytes;
+          p.bytes += held.reserve;
+          p.resident_micro_batches = held.resident;
+          p.held_offloaded = held.offloaded;
+          p.held_reserve = held.reserve;
+          best = p;
+        } catch (const Error&) {
+        }
+      }
+    if (!best) {
+      if (share.pipeline_rank < 0) fail(refusal);
+      fail("pipeline rank ", share.pipeline_rank, ": ", refusal);
+    }
+    ActivationPolicy p = *best;
+    p.held = share.held;
+    p.moments = share.moments;
     p.pipeline_rank = share.pipeline_rank;
     p.layers = share.layers;
     policies.push_back(std::move(p));
@@ -400,66 +492,6 @@ void check_activation_budget(const Config& config, const ParallelDims& dims, dou
             share.held > 1 ? " for the micro-batches the schedule holds" : " per micro-batch",
             ": raise memory.device_budget_gb, or lower train.batch_size or train.seq_len");
   }
-}
-
-std::string describe_activation_policy(const ActivationPolicy& p) {
-  char line[320];
-  if (p.pipeline_rank < 0) {
-    std::snprintf(line, sizeof line, "activation policy (memory.activation_policy = auto), per micro-batch:\n");
-  } else {
-    std::snprintf(line, sizeof line,
-                  "activation policy (memory.activation_policy = auto), pipeline rank %lld (its schedule holds %.3g "
-                  "micro-batches' activations at once), per micro-batch:\n",
-                  static_cast<long long>(p.pipeline_rank), p.held);
-  }
-  std::string out = line;
-  for (size_t l = 0; l < p.blocks.size();) {
-    size_t end = l + 1;
-    while (end < p.blocks.size() && p.layers[end] == p.layers[end - 1] + 1 && p.blocks[end].name() == p.blocks[l].name() &&
-           p.blocks[end].bytes == p.blocks[l].bytes && p.blocks[end].seconds == p.blocks[l].seconds)
-      ++end;
-    const ActivationOption& o = p.blocks[l];
-    const std::string blocks = end - l == 1 ? "block " + std::to_string(p.layers[l])
-                                            : "blocks " + std::to_string(p.layers[l]) + "-" +
-                                                  std::to_string(p.layers[end - 1]);
-    std::snprintf(line, sizeof line, "  %-14s %-22s %12s on the device each, +%.2f ms each\n", blocks.c_str(),
-                  o.name().c_str(), format_bytes(o.bytes).c_str(), 1e3 * o.seconds);
-    out += line;
-    l = end;
-  }
-  const std::string of_what = p.with_swap_plan ? "chosen with the swap plan, both within memory.device_budget_gb"
-                                               : "of the " + format_bytes(p.budget_bytes) +
-                                                     " the budget leaves for activations";
-  std::snprintf(line, sizeof line,
-                "  total %s %s (%s; %lld offloaded groups in flight and one recomputed block included); +%.2f ms per "
-                "micro-batch predicted\n",
-                format_bytes(p.bytes).c_str(), of_what.c_str(), p.held == 1 ? "one micro-batch" : "the micro-batches held",
-                static_cast<long long>(p.groups_in_flight), 1e3 * p.seconds);
-  out += line;
-  return out;
-}
-
-nlohmann::json activation_policy_json(const ActivationPolicy& p, int64_t micro_batches) {
-  nlohmann::json blocks = nlohmann::json::array();
-  for (size_t k = 0; k < p.blocks.size(); ++k) {
-    const ActivationOption& o = p.blocks[k];
-    blocks.push_back({{"layer", p.layers.at(k)},
-                      {"option", o.name()},
-                      {"checkpointing", o.checkpointing},
-                      {"offload", o.offload},
-                      {"compression", o.compression},
-                      {"bytes", o.bytes},
-                      {"awaiting_w_bytes", o.awaiting},
-                      {"seconds", o.seconds}});
-  }
-  return {{"pipeline_rank", p.pipeline_rank},
-          {"blocks", blocks},
-          {"held", p.held},
-          {"groups_in_flight", p.groups_in_flight},
-          {"bytes", p.bytes},
-          {"budget_bytes", p.budget_bytes},
-          {"with_swap_plan", p.with_swap_plan},
-          {"predicted_added_s_per_step", p.seconds * static_cast<double>(micro_batches)}};
 }
 
 }  // namespace tessera

@@ -35,7 +35,15 @@
 // (activation_shares below); the head's and embedding's activations are not counted. Under a
 // pipeline each rank chooses for its own blocks, their bytes times the micro-batches its schedule
 // holds at once (every micro-batch gets the same choice); under a split backward (zbh1, zbv,
-// dualpipev) those that ran their I count the option's bytes awaiting their W instead.
+// dualpipev) those that ran their I count the option's bytes awaiting their W instead. Without a
+// split backward a rank holding more than one micro-batch may also keep only R of them on the
+// device and offload every block of the rest (ActivationPolicy::resident_micro_batches, the run's
+// memory.resident_micro_batches): each R below the most it holds is tried, every option paying
+// its held group's copies for the share of the rank's forwards offloaded (priced as an offload's,
+// hidden behind the rank's whole stage: a held micro-batch waits at least one other's forward and
+// backward, where a block's own offload has its neighbours' only), the offloaded micro-batches
+// counted at their held_stays, and 2 + v of the largest block's groups reserved (v: the rank's
+// stages; plan/memory_estimate.h); the cheapest choice that fits wins.
 #pragma once
 
 #include <cstdint>
@@ -63,14 +71,21 @@ struct ActivationOption {
   // its W (what W needs and I's kept output gradients; 0 for a full recomputation, whose block
   // finishes its weight gradients inside I).
   double awaiting = 0;
+  // Under a pipeline whose rank offloads its held micro-batches (ActivationPolicy::
+  // resident_micro_batches): what one offloaded micro-batch copies of what this option keeps (0
+  // for an option that offloads already), and what it leaves on the device (the float32
+  // statistics; an offloading option's bytes).
+  double held_group = 0, held_stays = 0;
   // "keep", "offload", "selective", "full", "full + offload", each with " + CODEC" when encoded
   std::string name() const;
 };
 
 // A moment of a pipeline rank's schedule: the micro-batches whose activations it holds before
-// their I (or B), and those that ran their I and await their W, in units of one of its stages.
+// their I (or B), and those that ran their I and await their W, in units of one of its stages;
+// `offloaded`: held micro-batches before their I whose blocks all wait in host memory (each holds
+// its options' held_stays).
 struct HeldMoment {
-  double before_i = 1, awaiting_w = 0;
+  double before_i = 1, awaiting_w = 0, offloaded = 0;
 };
 
 // One pipeline rank's choice (the whole model's without a pipeline).
@@ -81,6 +96,12 @@ struct ActivationPolicy {
   double held = 1;                       // micro-batches whose activations the rank holds at once
   std::vector<HeldMoment> moments{{}};   // the schedule's moments the choice fits (ActivationShare)
   int64_t groups_in_flight = 2;          // offloaded groups the device may hold at once
+  // Under a pipeline without a split backward: the rank keeps this many micro-batches (of a stage
+  // each) on the device and offloads every block of those held beyond them (0: none; as
+  // memory.resident_micro_batches does by hand), `held_offloaded` of its forwards
+  // (pipeline::held_offloaded_forwards), with `held_reserve` bytes kept for their groups in flight.
+  int64_t resident_micro_batches = 0;
+  double held_offloaded = 0, held_reserve = 0;
   double budget_bytes = 0;               // for the blocks' activations
   // Chosen with the swap plan (plan/swap_policy.h): budget_bytes is the allowance of the candidate
   // chosen, the swap plan holding it within memory.device_budget_gb.

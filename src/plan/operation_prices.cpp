@@ -346,7 +346,12 @@ void add_activation_policy(const Config& config, const ParallelDims& dims, const
 BlockCosts predicted_block_costs(const Config& config, const Cluster& cluster, double slowdown,
                                  const std::vector<PartCost>& blocks) {
   BlockCosts costs;
-  for (const PartCost& c : blocks) costs.block_split.push_back({c.f, c.i + c.w, c.i, c.w});
+  for (const PartCost& c : blocks) {
+    // A pipeline's cut by time reads these (plan/stage_cut.h); the policy its own bytes.
+    costs.block_seconds.push_back(c.f + c.i + c.w);
+    costs.block_activation_bytes.push_back(0);
+    costs.block_split.push_back({c.f, c.i + c.w, c.i, c.w});
+  }
   const bool cpu = cluster.device.kind == "cpu";
   if (cpu) costs.copy_bytes_per_s = 1e9 * cluster.device.memory_gbs / slowdown;
   else costs.link_bytes_per_s = 1e9 * cluster.host.device_link_gbs;

@@ -52,7 +52,20 @@ TEST(PipelineExecutor, EverySchedulesMeasuredBubbleIsItsSimulatedOne) {
       costs.b = 1;
     }
     const Simulation planned = simulate_schedule(s, costs);
-    const MeasuredSchedule measured = measure_schedule(s, pipe, mesh->group("pp_down"), costs, unit);
+    const auto within = [&](const MeasuredSchedule& m) {
+      return std::abs(m.bubble - planned.bubble()) <= kBubbleSlack &&
+             std::abs(m.step_time - planned.step_time * unit) <= kStepSlack * planned.step_time * unit;
+    };
+    // Other tests' work on the two cores (the fuzz targets' build beside ctest -j2 once) can stretch
+    // one run's sleeps: a schedule outside its bounds is measured once more, and the second run
+    // must hold them. Every rank decides alike (the timelines are all-gathered).
+    MeasuredSchedule measured = measure_schedule(s, pipe, mesh->group("pp_down"), costs, unit);
+    if (!within(measured)) {
+      if (ranks.rank() == 0)
+        std::printf("%s: measured bubble %.4f, step %.4f s outside the bounds; measuring again\n", name.c_str(),
+                    measured.bubble, measured.step_time);
+      measured = measure_schedule(s, pipe, mesh->group("pp_down"), costs, unit);
+    }
     if (ranks.rank() == 0)
       std::printf("%s: measured bubble %.4f, step %.4f s; planned %.4f, %.4f s\n", name.c_str(), measured.bubble,
                   measured.step_time, planned.bubble(), planned.step_time * unit);

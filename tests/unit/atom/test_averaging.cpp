@@ -232,9 +232,11 @@ struct FakeMember {
     return std::count_if(received.begin(), received.end(), [&](const Message& m) { return m.type == type; });
   }
   // Waits (5 s at most) until at least `parts` parts and `sums` sums came.
+  // Returns once they came: the 30 s bound only ends a test that failed (under a sanitizer on two
+  // loaded cores a round's messages once took longer than 5 s).
   bool wait_for(int64_t parts, int64_t sums) {
     std::unique_lock<std::mutex> lock(mutex);
-    return arrived.wait_for(lock, std::chrono::seconds(5),
+    return arrived.wait_for(lock, std::chrono::seconds(30),
                             [&] { return count(kPart) >= parts && count(kSum) >= sums; });
   }
   std::unique_ptr<Channel> connect(const TestPeer& to) const {

@@ -271,6 +271,49 @@ TEST(ActivationPolicy, EachPipelineRankChoosesForItsBlocksAndTheMicroBatchesItHo
   std::printf("%s%s", describe_activation_policy(policies[0]).c_str(), describe_activation_policy(policies[1]).c_str());
 }
 
+// A rank holding several micro-batches may keep one on the device and offload every block of the
+// others (ActivationPolicy::resident_micro_batches): 1F1B over four ranks and eight micro-batches,
+// rank 0 of two blocks holds four; a share of five and a half blocks' worth cannot keep them all
+// (eight) and offloading a block on every micro-batch reserves three of its groups, but one
+// micro-batch kept and the others offloaded fits (two blocks, three groups, the statistics of
+// three micro-batches), paying the copies for the 6 of its 8 forwards offloaded, hidden behind
+// the rank's stage (its two blocks' F and B) but for the cores' memcpys: the cheapest.
+TEST(ActivationPolicy, APipelineRankOffloadsItsHeldMicroBatchesWhereThatIsCheapest) {
+  Config c = tiny_auto(1, 16);
+  c.model.n_layer = 8;
+  c.parallel.pp = 4;
+  c.train.grad_accum = 8;
+  const ParallelDims dims(c.parallel, 4, "test");
+  BlockCosts measured;
+  for (int64_t l = 0; l < c.model.n_layer; ++l) measured.block_split.push_back({1e-3, 2e-3, 1e-3, 1e-3});
+  measured.copy_bytes_per_s = 1e10;  // a CPU "device": each memcpy takes the cores' time
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  const ActivationOption keep = activation_options(c, dims, measured, true)[0][0];
+  const double state0 = gib - activation_shares(c, make_layout(c, dims))[0].budget_bytes;
+  c.memory.device_budget_gb = (state0 + 5.5 * keep.bytes) / gib;
+  const Layout layout = make_layout(c, dims);
+  const ActivationPolicy p = choose_activation_policies(c, layout, measured, true)[0];
+  ASSERT_EQ(p.held, 4);
+  EXPECT_EQ(p.resident_micro_batches, 1) << describe_activation_policy(p);
+  EXPECT_DOUBLE_EQ(p.held_offloaded, 6.0 / 8.0);
+  EXPECT_EQ(names(p), (std::vector<std::string>{"keep", "keep"})) << describe_activation_policy(p);
+  const double copies = offload_copy_seconds(keep.held_group, 2e-3, 4e-3, 16e9, 1 / measured.copy_bytes_per_s);
+  EXPECT_GT(copies, 0);
+  EXPECT_NEAR(p.seconds, 2 * 0.75 * copies, 1e-12);
+  EXPECT_DOUBLE_EQ(p.held_reserve, 3 * (keep.bytes - keep.held_stays));
+  EXPECT_LE(p.bytes, p.budget_bytes) << describe_activation_policy(p);
+  EXPECT_NE(describe_activation_policy(p).find("held micro-batches: 1 (of a stage) kept on the device"),
+            std::string::npos) << describe_activation_policy(p);
+  // Without the held micro-batches' option the same share needs both blocks offloaded on every
+  // micro-batch, or recomputed: dearer.
+  std::vector<HeldMoment> moments{{4, 0, 0}};
+  const ActivationPolicy every = choose_activation_policy(
+      std::vector<std::vector<ActivationOption>>(2, activation_options(c, dims, measured, true)[0]), p.budget_bytes,
+      moments, 3);
+  EXPECT_GT(every.seconds, p.seconds) << describe_activation_policy(every);
+  std::printf("%s%s", describe_activation_policy(p).c_str(), describe_activation_policy(every).c_str());
+}
+
 // Under a schedule that splits the backward a micro-batch that ran its I holds, until its W, its
 // option's awaiting bytes: I's kept output gradients and what W needs (an offloaded block's group
 // fetched back whole), nothing for a fully recomputed block (it finishes inside I). zbh1 over two

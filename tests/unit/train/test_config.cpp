@@ -85,7 +85,7 @@ TEST(ConfigRanges, ActivationOffloadBeyondTheModelsBlocksIsRefused) {
 }
 
 // memory.resident_micro_batches is a pipeline rank's: refused by key without one, and beside the
-// activation policy (which does not choose with it).
+// activation policy (which chooses it).
 TEST(ConfigRanges, ResidentMicroBatchesNeedAPipelineAndAHandMadePolicy) {
   Config config;
   config.memory.resident_micro_batches = 1;
