@@ -219,6 +219,30 @@ TEST(HostCosts, TheActivationPolicyIsTheRunsChoiceOnThePredictedBlocks) {
   EXPECT_LT(p.peak_memory_bytes, resident.peak_memory_bytes);
 }
 
+// The same under a pipeline: each rank's policy, from the predicted blocks cut as the run's
+// profile would cut them (it once failed there: the predicted costs had no block times to cut
+// by). Rank 0 of two, holding two micro-batches in 2.5 blocks' worth of its two blocks' four.
+TEST(HostCosts, EachPipelineRankChoosesItsPolicyFromThePredictedBlocks) {
+  Config c = test::planner_config();
+  c.parallel.pp = 2;
+  const ParallelDims dims(c.parallel, 2, "test");
+  const Cluster cluster = host_cluster();
+  c.memory.activation_policy = "auto";
+  c.memory.device_budget_gb = 1;
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  double state = 0;
+  for (const ActivationShare& share : activation_shares(c, make_layout(c, dims)))
+    state = std::max(state, gib - share.budget_bytes);
+  c.memory.device_budget_gb = (state + 2.5 * block_activation_bytes(c, dims, 0)) / gib;
+  const plan::PricedOperations priced = plan::price_operations(c, dims, cluster);
+  ASSERT_EQ(priced.activation_policies.size(), 2u);
+  EXPECT_GT(priced.activation_policies[0].seconds, 0) << describe_activation_policy(priced.activation_policies[0]);
+  for (const ActivationPolicy& policy : priced.activation_policies)
+    EXPECT_LE(policy.bytes, policy.budget_bytes) << describe_activation_policy(policy);
+  const plan::Prediction p = plan::predict(c, dims, cluster);
+  EXPECT_NEAR(test::breakdown_sum(p), p.step_s, 1e-9 * p.step_s);
+}
+
 // A swapped layout: the swap plan the run would make from the predicted blocks (their forward and
 // backward summing to the resident micro-batch's, their updates at the host's rate), and the step
 // the swap engine's simulator replays for it; a slower link costs more.
