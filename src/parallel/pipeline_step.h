@@ -14,7 +14,9 @@
 //         leaf, as the residual stream is in one process. Under tensor and sequence parallelism
 //         each rank sends to its own tp and sp rank of the next stage (the pp group), with
 //         Megatron-SP or sp > 1 only its sequence chunk (the batches given to run() are this
-//         rank's columns already).
+//         rank's columns already). A forward pipeline::held_offloaded_forwards names for the
+//         rank's row (memory.resident_micro_batches, or the activation policy's choice) runs its
+//         blocks with their saved activations offloaded to host memory.
 //   B(j)  backward of the stage's output (the last stage: of its loss) with the received gradient;
 //         returns the input's gradient for the previous stage.
 //   I(j)  the input's gradient alone, keeping each parameterised op's output gradient for W
