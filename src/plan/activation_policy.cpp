@@ -462,8 +462,6 @@ std::vector<ActivationPolicy> choose_activation_policies(const Config& config, c
       fail("pipeline rank ", share.pipeline_rank, ": ", refusal);
     }
     ActivationPolicy p = *best;
-    p.held = share.held;
-    p.moments = share.moments;
     p.pipeline_rank = share.pipeline_rank;
     p.layers = share.layers;
     policies.push_back(std::move(p));

@@ -269,7 +269,8 @@ void add_activation_offload(const Config& config, const ParallelDims& dims, cons
   require(link > 0, cluster.source, ": ", offloaded > 0 ? "memory.activation_offload" : "memory.resident_micro_batches",
           " needs host.device_link_gbs, which this cluster file leaves at 0");
   const double per_byte = cpu ? slowdown / (1e9 * cluster.device.memory_gbs) : 0;
-  for (int64_t l = 0; l < static_cast<int64_t>(blocks.size()); ++l) {
+  const int64_t priced = held ? static_cast<int64_t>(blocks.size()) : offloaded;
+  for (int64_t l = 0; l < priced; ++l) {
     PartCost& c = blocks[static_cast<size_t>(l)];
     const double copies = offload_copy_seconds(block_activation_bytes(config, dims, l), c.f, c.i + c.w, link, per_byte);
     if (l < offloaded) {
