@@ -173,9 +173,9 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   // many keep their blocks' activations on the device and the others' wait on the host, every
   // block of them offloaded, with 2 + v of their block groups on the device at once for v stages
   // on the rank: the one a forward fills, the one before it still storing, and one per stage
-  // fetched ahead when its output gradient's receive is posted (measured: interleaved pp2, four;
-  // 1F1B at most three; bench/results/pipeline_held_offload_cpu.md), and never more than the
-  // offloaded micro-batches have.
+  // fetched ahead when its output gradient's receive is posted, and never more than the offloaded
+  // micro-batches have. Set from the interleaved pp2 R = 1 run (four groups in flight); checked on
+  // the 1F1B and R = 2 runs, which it bounds (bench/results/pipeline_held_offload_cpu.md).
   const int64_t resident = dims.pp() > 1 ? config.memory.resident_micro_batches : 0;
   const double stage_blocks = static_cast<double>(stage.layers(m).size()) / chunks;
   const double micro_batch_tokens = static_cast<double>(config.train.batch_size * tokens);

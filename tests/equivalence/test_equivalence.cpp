@@ -568,7 +568,7 @@ const std::vector<Row>& layouts() {
        &kInt8Pipelined},
       // A pipeline rank's held micro-batches beyond one wait in host memory
       // (memory.resident_micro_batches): 1F1B, a split backward (its I fetches, its W uses), and
-      // interleaved stages (held in units of a stage).
+      // interleaved stages (held in units of a stage), each with SGD and AdamW.
       {"pp2_1f1b_resident_micro_batches_sgd_accum4", 2,
        [](Config& c) {
          sgd(c);
@@ -593,6 +593,30 @@ const std::vector<Row>& layouts() {
          c.parallel.pp_schedule = "interleaved";
          c.train.grad_accum = 4;
          c.memory.resident_micro_batches = 2;
+       }},
+      {"pp2_interleaved_resident_micro_batches_sgd_accum4", 2,
+       [](Config& c) {
+         sgd(c);
+         c.model.n_layer = 4;
+         c.parallel.pp = 2;
+         c.parallel.pp_schedule = "interleaved";
+         c.train.grad_accum = 4;
+         c.memory.resident_micro_batches = 2;
+       }},
+      {"pp2_1f1b_resident_micro_batches_accum4", 2,
+       [](Config& c) {
+         c.model.n_layer = 4;
+         c.parallel.pp = 2;
+         c.train.grad_accum = 4;
+         c.memory.resident_micro_batches = 1;
+       }},
+      {"pp2_zbh1_resident_micro_batches_accum4", 2,
+       [](Config& c) {
+         c.model.n_layer = 4;
+         c.parallel.pp = 2;
+         c.parallel.pp_schedule = "zbh1";
+         c.train.grad_accum = 4;
+         c.memory.resident_micro_batches = 1;
        }},
       {"sp2_lasp_linear_activation_offload_sgd", 2,
        [](Config& c) {

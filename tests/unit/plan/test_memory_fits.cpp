@@ -92,8 +92,8 @@ TEST(MemoryFits, OffloadedActivationsLeaveTwoBlocksInFlightOnTheDevice) {
 
 // memory.resident_micro_batches: of what a pipeline rank's schedule holds, that many micro-batches
 // (of a stage each) stay on the device and the rest wait on the host, 2 + v of their block groups
-// in flight on the device for v stages a rank (measured on this shape at micro-batches of 8 x 128
-// tokens: 48.3 MiB saved on rank 0, predicted 48.3; bench/results/pipeline_held_offload_cpu.md).
+// in flight on the device for v stages a rank (the 2 + v set from this shape's run at micro-batches
+// of 8 x 128 tokens, 48.3 MiB saved on rank 0; bench/results/pipeline_held_offload_cpu.md).
 TEST(MemoryFits, APipelineRanksHeldMicroBatchesBeyondTheResidentOnesAreOnTheHost) {
   Config plain = Config::load(test::source_path("configs/tiny_gpt.toml"),
                               {"model.n_layer=8", "parallel.pp=2", "parallel.pp_schedule=interleaved",
