@@ -15,7 +15,9 @@ optimizer step, in each mode:
   1f1b    GPipe or 1F1B: float32 activations and their gradients cross every stage boundary for
           every micro-batch;
   batch   four `tessera peer`s, swarm.sync = batch, target batch 64 (16 per peer per local step):
-          the peers' butterfly all-reduce of float32 gradients once per swarm step;
+          the peers' butterfly all-reduce of float32 gradients once per swarm step, each round
+          started with the local step that closes it (swarm.overlap_rounds, the default);
+  batch_after  the same with swarm.overlap_rounds = false: each round starts after the backward;
   diloco  four `tessera peer`s, swarm.sync = diloco, int8 pseudo-gradients every 10 local steps
           of 16 (the setting that ends within 4% of batch mode's loss: bench/results/atom_swarm_cpu.md).
 Throughput is the samples per second of the whole run's steady state: from each run's
@@ -51,6 +53,7 @@ MODES = {
     "gpipe": "pipeline, GPipe",
     "1f1b": "pipeline, 1F1B",
     "batch": "ATOM peers, batch",
+    "batch_after": "ATOM batch, rounds after the backward",
     "diloco": "ATOM peers, DiLoCo int8 / 10 steps",
 }
 RATE_BYTES = {"gbit": 1e9 / 8, "mbit": 1e6 / 8, "kbit": 1e3 / 8}
@@ -160,8 +163,9 @@ def commands(build, mode, run_dir, data, key, steps):
                     "--set", "train.batch_size=%d" % (GLOBAL_BATCH // HOSTS)] + common
             if i > 0:
                 args += ["--initial-peer", host_ip(0) + ":7000"]
-            if mode == "batch":
-                args += ["--set", "swarm.sync=batch", "--set", "swarm.target_batch_size=%d" % GLOBAL_BATCH]
+            if mode in ("batch", "batch_after"):
+                args += ["--set", "swarm.sync=batch", "--set", "swarm.target_batch_size=%d" % GLOBAL_BATCH,
+                         "--set", "swarm.overlap_rounds=%s" % ("true" if mode == "batch" else "false")]
             else:
                 args += ["--set", "swarm.sync=diloco", "--set", "swarm.inner_steps=10",
                          "--set", "swarm.pseudo_gradient_dtype=int8"]
@@ -211,7 +215,7 @@ def run(build, work, hosts, mode, rate, data, key):
     before = hosts.tx_bytes()
     procs = []
     for i, (host_dir, cmd) in enumerate(commands(build, mode, run_dir, data, key, steps)):
-        if mode in ("batch", "diloco"):  # the first peer listens before the others start from it
+        if mode not in ("dp", "gpipe", "1f1b"):  # the first peer listens before the others start from it
             procs.append(start_peer(cmd, host_dir, wait=i == 0)[0])
         else:
             procs.append(subprocess.Popen(cmd, stdout=open(host_dir + ".log", "w"), stderr=subprocess.STDOUT))

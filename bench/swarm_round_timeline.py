@@ -7,14 +7,17 @@ Every `tessera peer` writes its last round's timeline into metrics.jsonl (swarm.
 seconds; atom/swarm.h): when its reduction began (its local step's backward done), when it had the
 others' fresh claims (batch mode), and the round's phases (atom/averaging.h). Each round is cut into
   local step     the previous round's end to this reduction's start (forward, backward, update, data)
-  claims         waiting for the other peers' fresh records in the DHT (batch mode)
+  claims         waiting for the other peers' fresh records in the DHT (batch mode); for a round
+                 that started with its local step (swarm.overlap_rounds), its decision to its start
   group          the round's start to its group formed (JOINs gathered at the host)
   parts          the group formed to every contribution to this peer's part in (its parts sent to
                  their owners, the others' parts received and summed)
   sums           its part's sum done to every sum back (the butterfly's second phase)
-Writes OUT.svg (one row per peer, rounds FIRST..LAST, every peer on one clock) and OUT.md (each
-phase's mean seconds per peer over those rounds). The peers' clocks are the hosts'; on one machine
-(network namespaces) they are one clock.
+The local step is drawn in the upper half of a peer's row and the round's phases in the lower half,
+so a round that started with its local step shows under it. Writes OUT.svg (one row per peer,
+rounds FIRST..LAST, every peer on one clock) and OUT.md (each phase's mean seconds per peer over
+those rounds, and the round's time after the backward ended: what the local step did not hide).
+The peers' clocks are the hosts'; on one machine (network namespaces) they are one clock.
 """
 import argparse
 import json
@@ -44,7 +47,8 @@ def segments(rounds, step):
     out = []
     if step - 1 in rounds:
         out.append(("local step", rounds[step - 1]["finished"], t["entered"]))
-    out += [("claims", t["entered"], t["started"]), ("group", t["started"], t["grouped"]),
+    claims_from = t["entered"] if t["entered"] <= t["started"] else t["claims_seen"]
+    out += [("claims", claims_from, t["started"]), ("group", t["started"], t["grouped"]),
             ("parts", t["grouped"], t["part_summed"]), ("sums", t["part_summed"], t["finished"])]
     return out
 
@@ -79,10 +83,12 @@ def main():
     for i, p in enumerate(peers):
         y = top + i * row
         out.append('<text x="%d" y="%d" text-anchor="end">peer %d</text>' % (left - 6, y + 16, i))
+        half = (row - 8) // 2
         for s in chosen:
             for phase, b, e in segments(p, s):
+                lane = y + 4 + (0 if phase == "local step" else half)
                 out.append('<rect x="%.1f" y="%d" width="%.2f" height="%d" fill="%s"><title>round %d, %s: %.3f s'
-                           '</title></rect>' % (left + (b - t0) * scale, y + 4, max(0.5, (e - b) * scale), row - 8,
+                           '</title></rect>' % (left + (b - t0) * scale, lane, max(0.5, (e - b) * scale), half,
                                                 colors[phase], s, phase, e - b))
     for j, (phase, color) in enumerate(PHASES):
         x = left + 150 * j
@@ -94,16 +100,17 @@ def main():
     lines = ["# %s: where a round's time goes" % a.title, "",
              "Mean seconds per phase over rounds %d-%d (%d rounds), each peer (bench/swarm_round_timeline.py)."
              % (chosen[0], chosen[-1], len(chosen)), "",
-             "| peer | " + " | ".join(name for name, _ in PHASES) + " | round period |",
-             "|---|" + "---|" * (len(PHASES) + 1)]
+             "| peer | " + " | ".join(name for name, _ in PHASES) + " | round after the backward | round period |",
+             "|---|" + "---|" * (len(PHASES) + 2)]
     for i, p in enumerate(peers):
         sums = {name: [] for name, _ in PHASES}
         for s in chosen:
             for phase, b, e in segments(p, s):
                 sums[phase].append(e - b)
         period = (p[chosen[-1]]["finished"] - p[chosen[0]]["finished"]) / max(1, len(chosen) - 1)
+        exposed = sum(p[s]["finished"] - p[s]["entered"] for s in chosen) / len(chosen)
         lines.append("| %d | " % i + " | ".join("%.3f" % (sum(v) / len(v)) if v else "-" for v in sums.values()) +
-                     " | %.3f |" % period)
+                     " | %.3f | %.3f |" % (exposed, period))
     lines += ["", "![round timeline](%s.svg)" % os.path.basename(a.out)]
     write_results(a.out + ".md", lines)
 

@@ -39,6 +39,7 @@ struct Averager::Gather {
   bool decided = false;
   std::vector<RoundMember> members;
   std::string token;
+  std::string reason;  // why a joiner is not in the group, when not the usual
 };
 
 Averager::Averager(const SwarmKey& key, std::string my_id, std::string my_address, size_t max_message_bytes,
@@ -125,7 +126,8 @@ bool Averager::serve_join(Channel& channel, const Message& first) {
   nlohmann::json members = nlohmann::json::array();
   for (const RoundMember& m : g->members) members.push_back({m.id, m.address});
   lock.unlock();
-  const std::string reason = !in ? "this peer joined after the group was closed"
+  const std::string reason = !g->reason.empty() ? g->reason
+                             : !in              ? "this peer joined after the group was closed"
                              : g->token.empty() ? "the group was not a majority of the host's candidates"
                                                 : "";
   channel.send(kGroup, pack({{"token", in ? g->token : ""}, {"members", members}, {"reason", reason}}), Deadline::in(10));
@@ -133,7 +135,8 @@ bool Averager::serve_join(Channel& channel, const Message& first) {
 }
 
 std::vector<RoundMember> Averager::host(int64_t round, const std::vector<RoundMember>& candidates, std::string& token,
-                                        Deadline gather, std::shared_ptr<Gather>& decided) {
+                                        Deadline gather, std::shared_ptr<Gather>& decided,
+                                        const ContributionProgress* progress) {
   std::unique_lock<std::mutex> lock(mutex_);
   auto& entry = gathers_[round];
   if (!entry) entry = std::make_shared<Gather>();
@@ -142,7 +145,17 @@ std::vector<RoundMember> Averager::host(int64_t round, const std::vector<RoundMe
     return std::all_of(candidates.begin(), candidates.end(),
                        [&](const RoundMember& c) { return c.id == my_id_ || holds(g->joined, c.id); });
   };
-  changed_.wait_until(lock, gather.at, everyone_joined);
+  std::string withdrawn;
+  changed_.wait_until(lock, gather.at,
+                      [&] { return everyone_joined() || !(withdrawn = progress ? progress->withdrawn() : "").empty(); });
+  if (!withdrawn.empty()) {
+    // The joiners hear at once that there is no group; they retry with this peer's next round.
+    g->reason = "the host withdrew its contribution (" + withdrawn + ")";
+    g->decided = true;
+    gathers_.erase(round);
+    changed_.notify_all();
+    throw RoundError("round " + std::to_string(round) + " failed: this peer withdrew its contribution: " + withdrawn);
+  }
   g->members = {{my_id_, my_address_}};
   for (const RoundMember& m : g->joined)
     if (!holds(g->members, m.id)) g->members.push_back(m);
@@ -157,11 +170,16 @@ std::vector<RoundMember> Averager::host(int64_t round, const std::vector<RoundMe
   return g->members;
 }
 
-std::vector<RoundMember> Averager::join(int64_t round, const RoundMember& host, std::string& token, Deadline deadline) {
+std::vector<RoundMember> Averager::join(int64_t round, const RoundMember& host, std::string& token, Deadline deadline,
+                                        const ContributionProgress* progress) {
   try {
     uint64_t sent_before = 0;
     std::unique_ptr<Channel> c = channel_to(host, deadline, sent_before);
     c->send(kJoin, pack({{"round", round}, {"address", my_address_}, {"wait_s", deadline.seconds_left()}}), deadline);
+    // A contribution still being computed may be withdrawn while the host gathers: look every 0.1 s.
+    while (progress && deadline.seconds_left() > 0 && !c->wait_readable(Deadline::in(std::min(0.1, deadline.seconds_left()))))
+      if (const std::string why = progress->withdrawn(); !why.empty())
+        throw RoundError("round " + std::to_string(round) + " failed: this peer withdrew its contribution: " + why);
     const GroupReply group = parse_group(c->receive(deadline, kGroup).body, c->address());
     keep(host, std::move(c));  // the host is a member: this round's pieces to it go on this channel
     token = group.token;
@@ -176,7 +194,22 @@ std::vector<RoundMember> Averager::join(int64_t round, const RoundMember& host, 
 }
 
 RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidates, const at::Tensor& vector,
-                                double weight, const PartEncoding& encoding, RoundClock& clock) {
+                                double weight, const PartEncoding& encoding, RoundClock& clock,
+                                const std::shared_ptr<ContributionProgress>& progress) {
+  if (progress) {
+    require(vector.scalar_type() == at::kFloat && vector.is_contiguous() && vector.numel() == progress->numel(),
+            "internal: a contribution still being computed is read in place (contiguous float32 of its progress' size)");
+    progress->on_change([this] {
+      std::lock_guard<std::mutex> lock(mutex_);
+      changed_.notify_all();
+    });
+  }
+  struct Unlisten {  // the progress may outlive this round
+    ContributionProgress* progress;
+    ~Unlisten() {
+      if (progress) progress->on_change({});
+    }
+  } unlisten{progress.get()};
   const auto start = std::chrono::steady_clock::now();
   const double started = unix_now();
   fault::point("swarm.group");
@@ -187,8 +220,8 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
   std::string token;
   std::shared_ptr<Gather> hosted;  // the group this peer formed as the round's host
   const std::vector<RoundMember> members = candidates.front().id == my_id_
-                                               ? host(round, candidates, token, gather, hosted)
-                                               : join(round, candidates.front(), token, deadline);
+                                               ? host(round, candidates, token, gather, hosted, progress.get())
+                                               : join(round, candidates.front(), token, deadline, progress.get());
   const double grouped = unix_now();
   const int64_t n = static_cast<int64_t>(members.size());
   // A group holding half of this peer's candidates or fewer may be one side of a split view (two
@@ -206,7 +239,7 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
   result.started = started;
   result.grouped = grouped;
   result.members = members;
-  reduce(round, token, members, me, flat, weight, encoding, reduce_by, result);
+  reduce(round, token, members, me, flat, weight, encoding, reduce_by, progress.get(), result);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.finished = unix_now();
   clock.record(result.seconds);

@@ -12,22 +12,27 @@
 //            while the attempt ran hears so when it completes (it is then behind the others and
 //            takes their state; a failed attempt's retry gathers those JOINs instead). The host hosts this attempt only: the next round's
 //            host is chosen again from that round's candidates.
-//   reduce   a butterfly all-reduce (as in Hivemind): the vector [N] is cut into one contiguous
-//            part per member; member i owns part i. Each member sends part j of its contribution
-//            to member j; owner i sums the parts (and the weights) and sends the sum back to every
-//            member; the result is the concatenation of the sums. Each member sends and receives
-//            (n-1)/n of the vector twice, the volume of a ring all-reduce, in two steps instead of
-//            2(n-1). Owner i combines the parts by swarm.aggregation (atom/robust_aggregation.h):
-//            the sum, or a robust estimate times the weights summed, with how each member's part
-//            fared.
-//            Pipelined: under mean a part travels in pieces (part_pieces), and owner i sends piece
-//            k of its sum as soon as every member's piece k is in (a robust rule needs the whole
-//            part: one piece). Each member sends one message at a time in shift order: its pieces
-//            of part me+1, me+2, ... (mod n), then its sum to member me+1, me+2, ...; in step, every
-//            link carries one flow each way at a time, as a ring's does. Each channel carries one
-//            direction: member m's channel to member j carries m's pieces of part j and then the
-//            pieces of m's own sum, written by m and read by j's listener, so no reader waits on a
-//            writer.
+//   reduce   a butterfly all-reduce (as in Hivemind): the vector [N] is cut into one part per
+//            member; member i owns part i. Each member sends part j of its contribution to member
+//            j; owner i sums the parts (and the weights) and sends the sum back to every member;
+//            the result is every part's sum in place. Each member sends and receives (n-1)/n of
+//            the vector twice, the volume of a ring all-reduce, in two steps instead of 2(n-1).
+//            Owner i combines the parts by swarm.aggregation (atom/robust_aggregation.h): the sum,
+//            or a robust estimate times the weights summed, with how each member's part fared.
+//            Pieces (round_pieces): under a robust rule part j is the vector's j-th n-th, one
+//            piece (the rule needs it whole). Under mean the vector is cut into rows of n cells
+//            (a whole number of kSparseChunk entries each, about kPiecesPerPart rows), cell j of
+//            each row is a piece of part j, and pieces go from the last row to the first: the
+//            order in which a backward makes gradients final, so a contribution still being
+//            computed (atom/contribution.h) sends its pieces as they come. Owner i sends piece k
+//            of its sum as soon as every member's piece k is in.
+//            Each member's one sending thread goes through the others in shift order (member
+//            me+1, me+2, ... mod n), giving each a band of kRowsPerBand rows of its pieces (each
+//            once it is final) and the pieces of this member's sum summed so far; in step, every
+//            link carries one flow each way at a time, as a ring's does. Each channel carries
+//            one direction: member m's channel to member j carries m's pieces of part j and the
+//            pieces of m's own sum, written by m and read by j's listener, so no reader waits on
+//            a writer.
 // Channels are kept between rounds: a member keeps its channel to each member of its last round
 // (the JOIN channel to the host, a member too, among them) and opens only those it lacks, together
 // before the first piece, while the links are idle; the listener's side serves request after
@@ -66,6 +71,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "atom/contribution.h"
 #include "atom/messages.h"
 #include "atom/wire.h"
 
@@ -81,11 +87,14 @@ class RoundError : public Error {
 
 
 
-// The pieces [begin, end) of a part of `part_numel` entries, relative to the part: one piece
-// under a robust rule (`whole`), else about kPiecesPerPart pieces, each a whole number of
-// kSparseChunk entries (so a sparse part keeps the same entries in pieces as whole); at least one.
+// The pieces [begin, end) of the vector (`numel` entries) that make up part `owner` of a round of
+// `members`, in the order they travel (see reduce above): one contiguous piece, the vector's
+// owner-th n-th, under a robust rule (`whole`) or for a vector of at most `members` chunks; else
+// cell `owner` of each row, last row first, each a whole number of kSparseChunk entries (so a
+// sparse piece keeps the entries it would keep whole). Every part has at least one piece.
 constexpr int64_t kPiecesPerPart = 16;
-std::vector<std::pair<int64_t, int64_t>> part_pieces(int64_t part_numel, bool whole);
+constexpr int64_t kRowsPerBand = 4;
+std::vector<std::pair<int64_t, int64_t>> round_pieces(int64_t numel, int64_t members, int64_t owner, bool whole);
 
 struct RoundResult {
   at::Tensor sum;        // [N] float32: the members' contributions summed
@@ -135,15 +144,21 @@ class Averager {
   // member's contribution `vector` [N] float32 and its `weight`; `round` names the swarm step, so
   // members of different steps never mix. Throws RoundError (the round failed here; nothing was
   // taken from the contribution) or returns the sum.
+  // With `progress`, the contribution is still being computed (atom/contribution.h): `vector` is
+  // then contiguous float32 and read only where `progress` marks it final, each piece sent once it
+  // is; a withdrawal fails the round here (and, through their missing pieces, on the others).
   RoundResult run_round(int64_t round, std::vector<RoundMember> candidates, const at::Tensor& vector, double weight,
-                        const PartEncoding& encoding, RoundClock& clock);
+                        const PartEncoding& encoding, RoundClock& clock,
+                        const std::shared_ptr<ContributionProgress>& progress = nullptr);
 
  private:
   struct Gather;  // the host's JOINs of one round
   struct Slot;    // one attempt's reduction on this member (averaging_reduce.cpp)
+  // The group phase; either ends early, throwing RoundError, when `progress` is withdrawn.
   std::vector<RoundMember> host(int64_t round, const std::vector<RoundMember>& candidates, std::string& token,
-                                Deadline gather, std::shared_ptr<Gather>& decided);
-  std::vector<RoundMember> join(int64_t round, const RoundMember& host, std::string& token, Deadline deadline);
+                                Deadline gather, std::shared_ptr<Gather>& decided, const ContributionProgress* progress);
+  std::vector<RoundMember> join(int64_t round, const RoundMember& host, std::string& token, Deadline deadline,
+                                const ContributionProgress* progress);
   // One request each; true when the channel is clean for its member's next request.
   bool serve_join(Channel& channel, const Message& first);
   // A member's channel of one attempt: its pieces of this member's part and its own part's sums
@@ -157,7 +172,7 @@ class Averager {
   // bytes, part_summed) or throws RoundError.
   void reduce(int64_t round, const std::string& token, const std::vector<RoundMember>& members, int64_t me,
               const at::Tensor& flat, double weight, const PartEncoding& encoding, Deadline deadline,
-              RoundResult& result);
+              const ContributionProgress* progress, RoundResult& result);
   std::shared_ptr<Slot> slot_for(const std::string& token, bool create);
   // Piece k of this member's part has every contribution: its sum, encoded once for the writers.
   void sum_piece(const std::shared_ptr<Slot>& slot, size_t k);

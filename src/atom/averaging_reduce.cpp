@@ -1,10 +1,10 @@
 // The reduce phase of an averaging round: the pipelined butterfly all-reduce (averaging.h).
 //
 // One attempt's state on this member is its Slot, shared by two kinds of thread:
-//   - run_round's thread (reduce()): adds this member's own pieces; sends, one message at a time
-//     over its channels to the others, its pieces of each part in shift order (part me + 1 first),
-//     then its own part's sum to each member in the same order, each piece once it is summed;
-//     waits for the others' sums and assembles the result;
+//   - run_round's thread (reduce()): adds this member's own pieces (each once final, for a
+//     contribution still being computed); sends, one message at a time over its channels to the
+//     others in shift order (member me + 1 first), a band of each one's pieces and the pieces of
+//     this member's sum summed so far, until all went; waits for the others' sums;
 //   - one listener thread per other member j (serve_part, j's channel here): j's pieces of this
 //     member's part, added as they come, and the pieces of j's part's sum.
 // The thread whose piece completes a piece of this member's part (every member's contribution to
@@ -27,8 +27,6 @@ namespace {
 
 using Range = std::pair<int64_t, int64_t>;
 
-// [begin, end) of part `j` of `n` over `numel` elements.
-Range part_bounds(int64_t numel, int64_t n, int64_t j) { return {numel * j / n, numel * (j + 1) / n}; }
 
 // Each member's screening over the parts: its kept share averaged over the parts that screened
 // it, an outlier where more than half of the parts found it one. Empty under mean.
@@ -52,12 +50,17 @@ std::vector<Screening> combine_screenings(const std::vector<RoundMember>& member
 
 }  // namespace
 
-std::vector<std::pair<int64_t, int64_t>> part_pieces(int64_t part_numel, bool whole) {
-  if (whole || part_numel <= kSparseChunk) return {{0, part_numel}};
-  const int64_t chunks = (part_numel + kSparseChunk - 1) / kSparseChunk;
-  const int64_t length = (chunks + kPiecesPerPart - 1) / kPiecesPerPart * kSparseChunk;
+std::vector<std::pair<int64_t, int64_t>> round_pieces(int64_t numel, int64_t members, int64_t owner, bool whole) {
+  if (whole || numel <= members * kSparseChunk) return {{numel * owner / members, numel * (owner + 1) / members}};
+  const int64_t chunks = (numel + kSparseChunk - 1) / kSparseChunk;
+  const int64_t cell = std::max<int64_t>(1, (chunks + members * kPiecesPerPart - 1) / (members * kPiecesPerPart)) *
+                       kSparseChunk;
+  const int64_t rows = std::max<int64_t>(1, (numel + cell * members - 1) / (cell * members));
   std::vector<Range> pieces;
-  for (int64_t b = 0; b < part_numel; b += length) pieces.emplace_back(b, std::min(b + length, part_numel));
+  for (int64_t r = rows - 1; r >= 0; --r) {
+    const int64_t b = std::min(numel, (r * members + owner) * cell), e = std::min(numel, b + cell);
+    if (b < e || rows == 1) pieces.emplace_back(b, e);
+  }
   return pieces;
 }
 
@@ -87,12 +90,9 @@ struct Averager::Slot {
   int64_t readers = 0;          // serve_part threads reading a channel of this attempt
   double part_summed = 0;
 
-  // Part j's pieces, as [begin, end) of the whole vector.
+  // Part j's pieces, as [begin, end) of the whole vector, in the order they travel.
   std::vector<Range> pieces_of(int64_t j) const {
-    const auto [b, e] = part_bounds(numel, static_cast<int64_t>(members.size()), j);
-    std::vector<Range> out = part_pieces(e - b, whole);
-    for (Range& r : out) r = {r.first + b, r.second + b};
-    return out;
+    return round_pieces(numel, static_cast<int64_t>(members.size()), j, whole);
   }
   void fail(size_t j, const std::string& why) {
     if (errors[j].empty()) errors[j] = why;
@@ -225,15 +225,16 @@ bool Averager::serve_part(Channel& channel, const Message& first, uint64_t read_
 
 void Averager::reduce(int64_t round, const std::string& token, const std::vector<RoundMember>& members, int64_t me,
                       const at::Tensor& flat, double weight, const PartEncoding& encoding, Deadline deadline,
-                      RoundResult& result) {
+                      const ContributionProgress* progress, RoundResult& result) {
   const int64_t n = static_cast<int64_t>(members.size()), numel = flat.numel();
   const bool exact = encoding.exact();
   result.sum = at::empty({numel}, at::kFloat);
   // What the round counts of this member's contribution: the contribution itself where the
   // encoding is exact, else each piece decoded from what was sent.
   result.delivered = exact ? flat : at::empty({numel}, at::kFloat);
+  const auto is_final = [&](const Range& r) { return !progress || progress->final(r.first, r.second); };
   std::shared_ptr<Slot> slot;
-  std::vector<size_t> complete;  // own pieces this member's contribution completes (n = 1)
+  std::vector<Range> own;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     slot = slot_for(token, true);
@@ -249,22 +250,28 @@ void Averager::reduce(int64_t round, const std::string& token, const std::vector
     slot->weights.assign(static_cast<size_t>(n), 0.0);
     slot->screened.assign(static_cast<size_t>(n), {});
     slot->errors.assign(static_cast<size_t>(n), "");
-    // This member's own pieces first, as the others' count (encoded and decoded).
-    const std::vector<Range> own = slot->pieces_of(me);
+    own = slot->pieces_of(me);
     slot->replies.assign(own.size(), "");
-    slot->received.assign(own.size(), 1);
-    for (size_t k = 0; k < own.size(); ++k) {
-      const auto [b, e] = own[k];
-      const at::Tensor values = decode_part(encode_part(flat.slice(0, b, e), encoding), e - b, encoding, "this peer");
-      if (!exact) result.delivered.slice(0, b, e).copy_(values);
-      slot->aggregators.push_back(std::make_unique<PartAggregator>(rule_, e - b));
-      slot->aggregators.back()->add(my_id_, values, weight);
-      if (n == 1) complete.push_back(k);
-    }
+    slot->received.assign(own.size(), 0);
+    for (const auto& [b, e] : own) slot->aggregators.push_back(std::make_unique<PartAggregator>(rule_, e - b));
     changed_.notify_all();
   }
-  for (size_t k : complete) sum_piece(slot, k);
-  const size_t own_pieces = slot->replies.size();
+  // This member's own piece k, as the others' count (encoded and decoded), once it is final.
+  size_t own_added = 0;
+  const auto add_own = [&](size_t k) {
+    const auto [b, e] = own[k];
+    const at::Tensor values = decode_part(encode_part(flat.slice(0, b, e), encoding), e - b, encoding, "this peer");
+    if (!exact) result.delivered.slice(0, b, e).copy_(values);
+    bool complete = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      slot->aggregators[k]->add(my_id_, values, weight);
+      complete = ++slot->received[k] == n;
+    }
+    if (complete) sum_piece(slot, k);
+  };
+  for (; own_added < own.size() && is_final(own[own_added]); ++own_added) add_own(own_added);
+  const size_t own_pieces = own.size();
   // A channel to every other member: the one kept from an earlier round, else opened now, all at
   // once while the links are idle (one opened later would queue its handshake behind this
   // member's own data).
@@ -290,10 +297,11 @@ void Averager::reduce(int64_t round, const std::string& token, const std::vector
         });
     for (std::thread& t : connects) t.join();
   }
-  // One message at a time, in shift order: member me + s at stage s, first the parts, then this
-  // member's sum, piece by piece as it is summed. In step, every member's link carries one flow
-  // each way at a time, as a ring's does; several flows at once through a rate-limited link lose
-  // about a third of it to TCP's losses (bench/results/link_flows_cpu.md).
+  // One message at a time, in shift order (member me + 1, me + 2, ...): to each, a band of
+  // kRowsPerBand of its pieces (each once final) and the pieces of this member's sum summed so far,
+  // then the next member. In step, every member's link carries one flow each way at a time, as a
+  // ring's does; several flows at once through a rate-limited link lose about a third of it to
+  // TCP's losses (bench/results/link_flows_cpu.md).
   // A send that fails ends that member's channel and fails the round, naming it; the others'
   // parts still go out, so each owner learns why from its own members (a rule that differs is
   // named by the owner that sees it).
@@ -304,48 +312,81 @@ void Averager::reduce(int64_t round, const std::string& token, const std::vector
     if (kept) keep(members[j], std::move(channels[j]));
     channels[j].reset();
   };
-  const auto to = [&](int64_t s, const std::function<void(Channel&, int64_t)>& send) {
-    const int64_t j = (me + s) % n;
-    std::unique_ptr<Channel>& c = channels[static_cast<size_t>(j)];
-    if (!c) return;
-    try {
-      send(*c, j);
-    } catch (const std::exception& e) {
-      fail(j, e.what());
-      let_go(static_cast<size_t>(j));
-    }
+  std::vector<std::vector<Range>> pieces(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) pieces[static_cast<size_t>(j)] = slot->pieces_of(j);
+  std::vector<size_t> parts_sent(static_cast<size_t>(n), 0), sums_sent(static_cast<size_t>(n), 0);
+  const auto band_end = [&](size_t j) {
+    return std::min(pieces[j].size(), (parts_sent[j] / kRowsPerBand + 1) * kRowsPerBand);
   };
-  for (int64_t s = 1; s < n; ++s)
-    to(s, [&](Channel& c, int64_t j) {
-      const std::vector<Range> pieces = slot->pieces_of(j);
-      for (size_t k = 0; k < pieces.size(); ++k) {
-        const auto [b, e] = pieces[k];
+  const auto reply = [&](size_t k) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return slot->replies[k];
+  };
+  // Sends what member j can take now; true when it sent anything.
+  const auto serve_member = [&](size_t j) {
+    bool any = false;
+    try {
+      for (const size_t end = band_end(j); channels[j] && parts_sent[j] < end && is_final(pieces[j][parts_sent[j]]);) {
+        const size_t k = parts_sent[j]++;
+        const auto [b, e] = pieces[j][k];
         const std::string values = encode_part(flat.slice(0, b, e), encoding);
         if (!exact) result.delivered.slice(0, b, e).copy_(decode_part(values, e - b, encoding, "this peer"));
-        c.send(kPart,
-               pack({{"token", token},
-                     {"piece", k},
-                     {"numel", e - b},
-                     {"weight", weight},
-                     {"wait_s", deadline.seconds_left()},
-                     {"rule", aggregation_name(rule_.kind)}},
-                    values),
-               deadline);
+        channels[j]->send(kPart,
+                          pack({{"token", token},
+                                {"piece", k},
+                                {"numel", e - b},
+                                {"weight", weight},
+                                {"wait_s", deadline.seconds_left()},
+                                {"rule", aggregation_name(rule_.kind)}},
+                               values),
+                          deadline);
+        any = true;
       }
-    });
-  for (int64_t s = 1; s < n; ++s)
-    to(s, [&](Channel& c, int64_t) {
-      for (size_t k = 0; k < own_pieces; ++k) {
-        std::string body;
-        {
-          std::unique_lock<std::mutex> lock(mutex_);
-          changed_.wait_until(lock, deadline.at, [&] { return !slot->replies[k].empty() || slot->failed; });
-          if (slot->failed || slot->replies[k].empty()) return;
-          body = slot->replies[k];
-        }
-        c.send(kSum, body, deadline);
+      // A channel opens with a piece (its token finds the round at the reader), then sums may come.
+      for (std::string body; channels[j] && parts_sent[j] > 0 && sums_sent[j] < own_pieces &&
+                             !(body = reply(sums_sent[j])).empty();) {
+        channels[j]->send(kSum, body, deadline);
+        ++sums_sent[j];
+        any = true;
       }
+    } catch (const std::exception& e) {
+      fail(static_cast<int64_t>(j), e.what());
+      let_go(j);
+    }
+    return any;
+  };
+  // What is left to do here: own pieces to add, pieces and sums to send.
+  const auto pending = [&] {
+    bool left = own_added < own_pieces;
+    for (size_t j = 0; j < channels.size(); ++j)
+      if (channels[j]) left = left || parts_sent[j] < pieces[j].size() || sums_sent[j] < own_pieces;
+    return left;
+  };
+  // Whether anything of it can be done now (under mutex_).
+  const auto actionable = [&] {
+    if (own_added < own_pieces && is_final(own[own_added])) return true;
+    for (size_t j = 0; j < channels.size(); ++j) {
+      if (!channels[j]) continue;
+      if (parts_sent[j] < pieces[j].size() && is_final(pieces[j][parts_sent[j]])) return true;
+      if (parts_sent[j] > 0 && sums_sent[j] < own_pieces && !slot->replies[sums_sent[j]].empty()) return true;
+    }
+    return false;
+  };
+  while (pending()) {
+    for (; own_added < own_pieces && is_final(own[own_added]); ++own_added) add_own(own_added);
+    bool any = false;
+    for (int64_t s = 1; s < n; ++s) any = serve_member(static_cast<size_t>((me + s) % n)) || any;
+    if (any) continue;
+    std::unique_lock<std::mutex> lock(mutex_);
+    std::string withdrawn;
+    const bool ready = changed_.wait_until(lock, deadline.at, [&] {
+      return slot->failed || !(withdrawn = progress ? progress->withdrawn() : "").empty() || actionable();
     });
+    if (!withdrawn.empty())
+      slot->fail(static_cast<size_t>(me), "this peer withdrew its contribution: " + withdrawn);
+    if (!ready || slot->failed) break;
+  }
+
   bool failed = false;
   {
     std::unique_lock<std::mutex> lock(mutex_);

@@ -87,6 +87,8 @@ Swarm::~Swarm() { leave(); }
 
 void Swarm::leave() {
   if (leaving_.exchange(true)) return;
+  cancel_overlapped_round("the peer is leaving");
+  if (leaf_hooks_) leaf_hooks_->swarm = nullptr;
   if (publisher_.joinable()) publisher_.join();
   averager_->close();
   listener_->stop();
@@ -154,6 +156,7 @@ int64_t Swarm::attach(TrainStep& step, int64_t step_number, const nlohmann::json
   if (config_.swarm.sync == "batch") {
     step.set_outer_reduction(
         [this](const std::vector<at::Tensor>& gradients, int64_t samples) { return reduce(gradients, samples); });
+    install_leaf_hooks();
   } else if (!outer_start_.defined()) {
     outer_start_ = flatten_float(holder_->master_parameters()).clone();
     outer_momentum_ = at::zeros_like(outer_start_);
@@ -241,6 +244,7 @@ nlohmann::json Swarm::metrics() const {
           {"samples_dropped", samples_dropped_},
           {"samples_accumulated", accumulated_},
           {"outliers", outliers_},
+          {"overlapped_rounds", overlapped_rounds_},
           {"suspects", record_.suspects},
           {"round_times", round_times_}};
 }

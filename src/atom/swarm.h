@@ -17,6 +17,16 @@
 //               sums the accumulations, and every member writes sum / micro-batches into its
 //               gradients and updates: one synchronous step with the swarm's batch. A failed round
 //               keeps the accumulation (nothing lost) and is retried after the next local step.
+//               Overlapped rounds (swarm.overlap_rounds, swarm_overlap.cpp): when a local step
+//               starts and the swarm's samples will reach the target with it (by the same count,
+//               taken then), its round starts on a thread of its own: the group forms while the
+//               step runs, and the contribution (the accumulation plus the step's gradients x its
+//               samples) goes out piece by piece as each parameter's post-accumulate hook in the
+//               step's last backward makes it final (atom/contribution.h). The step's end waits
+//               for the round and goes on as above; the sums are the same numbers either way.
+//               Where gradients are final only after the backward (fp16, memory.swap: no
+//               GradientHolder::gradient_leaves) rounds start after it, as they do when the count
+//               says the target is not reached yet.
 //       diloco  (swarm.sync = diloco) every swarm.inner_steps local steps: the pseudo-gradient
 //               (the parameters at the last outer step minus the current ones) averaged over the
 //               live peers at this swarm step, sent as swarm.pseudo_gradient_dtype (with
@@ -106,6 +116,23 @@ class Swarm final : public Collaboration {
 
  private:
   bool reduce(const std::vector<at::Tensor>& gradients, int64_t samples);  // batch mode
+  // A local step's end without an overlapped round: the round starts here when due.
+  bool reduce_after_step(const std::vector<at::Tensor>& gradients, int64_t samples, double entered);
+  // Overlapped rounds (swarm_overlap.cpp). At a local step's start: the round it will close, when
+  // the count says so. From a leaf's post-accumulate hook: its gradient's share of the contribution.
+  // At the step's end: the round finished as reduce() would (true: the mean is in the gradients).
+  // Cancelled: withdrawn and joined (the peer leaves).
+  void install_leaf_hooks();  // at attach, when rounds may overlap
+  void start_overlapped_round();
+  void leaf_gradient_final(size_t leaf);
+  bool finish_overlapped_round(const std::vector<at::Tensor>& gradients, int64_t samples, double entered);
+  void cancel_overlapped_round(const std::string& why);
+  // The round's accounting after it: the step's samples accumulated (or dropped when not
+  // `contributed`), claimed for the next step, published.
+  void count_step(int64_t samples, bool contributed);
+  // After a round that averaged: the mean written into the step's gradients, logged, counted.
+  void take_round(const RoundResult& result, const std::vector<at::Tensor>& gradients, double entered,
+                  double claims_seen);
   void outer_step(TrainStep& step);                                            // diloco
   // The peers of `live` at a higher swarm step than this one's; peers_ahead(): of the live peers
   // the DHT shows now.
@@ -183,6 +210,29 @@ class Swarm final : public Collaboration {
   // Every local step's samples end in exactly one of: averaged in a round (contributed), dropped
   // for the others' state (dropped), or still accumulated: processed = contributed + dropped + accumulated.
   int64_t samples_processed_ = 0, samples_contributed_ = 0, samples_dropped_ = 0;
+
+  // Overlapped rounds: the parameters whose gradients are sent as they become final (empty: the
+  // rounds start after the backward), each's offset in the flat contribution, and the round of the
+  // local step now running (null when none).
+  struct OverlappedRound {
+    int64_t swarm_step = 0, samples = 0;  // the round's number; the step's samples it counts on
+    double decided = 0;                   // Unix seconds
+    at::Tensor outgoing;                  // [N] float32: the accumulation plus the step's share, as final
+    std::shared_ptr<ContributionProgress> progress;
+    std::vector<int64_t> arrivals;        // per leaf: post-accumulate hooks in this step
+    std::vector<char> done;               // per leaf: its share is in `outgoing`
+    std::thread thread;
+    RoundResult result;
+    std::string error;  // the round failed: why
+  };
+  struct LeafHooks {  // what the parameters' hooks reach: this Swarm until it leaves (the hooks outlive it)
+    std::atomic<Swarm*> swarm{nullptr};
+  };
+  std::vector<at::Tensor> leaves_;
+  std::vector<int64_t> leaf_offsets_;
+  std::shared_ptr<LeafHooks> leaf_hooks_;
+  std::unique_ptr<OverlappedRound> overlapped_;
+  int64_t overlapped_rounds_ = 0;  // rounds taken that had started with their local step
 
   std::unique_ptr<Poison> poison_;
   static constexpr size_t kScreenedRounds = 20;

@@ -58,24 +58,45 @@ bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t samples) {
     for (const at::Tensor& g : gradients) numel += g.numel();
     accumulation_ = at::zeros({numel}, gradients.front().options().dtype(at::kFloat));
   }
+  const bool updated = overlapped_ ? finish_overlapped_round(gradients, samples, entered)
+                                   : reduce_after_step(gradients, samples, entered);
+  step_started_ = unix_now();  // the next local step begins when this returns
+  start_overlapped_round();
+  return updated;
+}
+
+void Swarm::count_step(int64_t samples, bool contributed) {
+  if (!contributed)
+    say("local step " + std::to_string(record_.local_step) + ": its gradients are not finite, so its " +
+        std::to_string(samples) + " samples are not contributed");
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!contributed) samples_dropped_ += samples;
+    accumulated_ += contributed ? samples : 0;
+    record_.claimed = samples;
+  }
+  publish();
+}
+
+void Swarm::take_round(const RoundResult& result, const std::vector<at::Tensor>& gradients, double entered,
+                       double claims_seen) {
+  note_round_times(result, entered, claims_seen);
+  const at::Tensor mean = result.sum / result.weight;
+  round_log_->add(swarm_step_, mean);
+  unflatten_into(mean, gradients);
+  holder_->gradients_written();
+  accumulation_.zero_();
+  finish_round(result, "round", std::to_string(static_cast<int64_t>(result.weight)) + " samples, ");
+}
+
+bool Swarm::reduce_after_step(const std::vector<at::Tensor>& gradients, int64_t samples, double entered) {
   // A step whose gradients are not finite (an fp16 overflow; its owner lowers the loss scale) is
   // not contributed: one peer's inf would be every peer's round mean.
   std::vector<at::Tensor> finite;
   for (const at::Tensor& g : gradients) finite.push_back(at::isfinite(g).all());
   const bool contributed = at::stack(finite).all().item<bool>();
-  if (contributed) {
-    add_flat(accumulation_, gradients, static_cast<double>(samples));
-  } else {
-    say("local step " + std::to_string(record_.local_step) + ": its gradients are not finite, so its " +
-        std::to_string(samples) + " samples are not contributed");
-  }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!contributed) samples_dropped_ += std::exchange(samples, 0);
-    accumulated_ += samples;
-    record_.claimed = samples;
-  }
-  publish();
+  if (contributed) add_flat(accumulation_, gradients, static_cast<double>(samples));
+  count_step(samples, contributed);
   // The swarm's samples at this step: this peer's accumulated, the others' accumulated and claimed.
   // Only records published since this local step began show what the others have run meanwhile
   // (each republishes at every local step's end and every publish interval): wait for them, at
@@ -93,7 +114,6 @@ bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t samples) {
   int64_t total = accumulated_;
   for (const PeerRecord& r : live)
     if (r.id != identity_.id && r.swarm_step == swarm_step_) total += r.samples + r.claimed;
-  step_started_ = unix_now();  // the next local step begins when this returns
   if (!ahead_of(live).empty()) {
     behind_ = true;  // after_local_step downloads their state
     return false;
@@ -108,14 +128,7 @@ bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t samples) {
     say(std::string(e.what()) + " (the accumulated gradients are kept; retried after the next local step)");
     return false;
   }
-  note_round_times(result, entered, claims_seen);
-  const at::Tensor mean = result.sum / result.weight;
-  round_log_->add(swarm_step_, mean);
-  unflatten_into(mean, gradients);
-  holder_->gradients_written();
-  accumulation_.zero_();
-  step_started_ = unix_now();
-  finish_round(result, "round", std::to_string(static_cast<int64_t>(result.weight)) + " samples, ");
+  take_round(result, gradients, entered, claims_seen);
   return true;
 }
 

@@ -93,6 +93,13 @@ std::vector<at::Tensor> LocalOptimizer::final_gradients() {
   return out;
 }
 
+std::vector<at::Tensor> LocalOptimizer::gradient_leaves() {
+  std::vector<at::Tensor> out;
+  if (!master_)
+    for (const auto& [name, p] : params_) out.push_back(p);
+  return out;
+}
+
 void LocalOptimizer::gradients_written() {
   if (!master_) return;
   overflow_ = false;

@@ -39,6 +39,7 @@ class LocalOptimizer : public ResidentOwner, public GradientHolder {
   UpdateResult apply(double lr, double max_norm) override;
   void drop_gradients() override;
   std::vector<at::Tensor> final_gradients() override;
+  std::vector<at::Tensor> gradient_leaves() override;  // the parameters, but under fp16 (none)
   void gradients_written() override;
   UpdateResult apply_written_gradients(double lr, double max_norm) override;
   std::vector<at::Tensor> master_parameters() override;

@@ -219,6 +219,12 @@ class GradientHolder {
   // every process of one), as the update reads them (unscaled; live tensors: writing them changes
   // the update); a parameter that got no gradient gets zeros here, and is then updated with them.
   virtual std::vector<at::Tensor> final_gradients() = 0;
+  // The autograd leaves whose .grad the backward accumulates final_gradients() into, one per
+  // gradient in the same order, when it does so directly (no loss scale to remove and no copy after
+  // the backward): a gradient is then final once its leaf's post-accumulate hook fired in the step's
+  // last backward, and the ATOM swarm sends it from there while the backward goes on. Empty where
+  // the final gradients come only after the backward (fp16's masters, a swapped model's host copies).
+  virtual std::vector<at::Tensor> gradient_leaves() { return {}; }
   // After the caller wrote final_gradients() in place of the step's own (the swarm's round mean),
   // before the step's update: the update is decided on the written gradients (fp16: skipped when
   // one is not finite), while the loss scale still follows this process's own backward.

@@ -5,7 +5,8 @@
 // key gets nothing, DiLoCo peers sending top-k pseudo-gradients take the same outer steps, fp16
 // peers keep a step whose gradients overflowed out of the rounds; every
 // sample a peer processed is accounted for (averaged, dropped for newer state, or still
-// accumulated); under centered_clip a peer sending poison is clipped, logged and named a suspect.
+// accumulated); under centered_clip a peer sending poison is clipped, logged and named a suspect;
+// rounds start with the local step that closes them.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -59,6 +60,9 @@ TEST_F(Swarm, PeersSurviveEachOthersDeathAndAJoinerTakesTheStateFromSeveralDonor
   EXPECT_FALSE(a.empty());
   EXPECT_TRUE(a == slurp(fourth.dir + last));
   for (const Peer* p : {&third, &fourth}) expect_accounted(*p);
+  // Most rounds started with the local step that closed them (swarm.overlap_rounds).
+  for (const Peer* p : {&third, &fourth})
+    EXPECT_GT(p->swarm()["overlapped_rounds"].get<int64_t>(), kSteps / 2) << p->swarm().dump();
 }
 
 TEST_F(Swarm, DiLoCoPeersWithTopKPseudoGradientsTakeTheSameOuterSteps) {

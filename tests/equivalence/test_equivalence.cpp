@@ -1296,6 +1296,10 @@ Trace train_peers(const Config& row, comm::Mesh& mesh) {
     run.steps.push_back(result);
     run.gradients.push_back(std::move(grads));
   }
+  // Each round after the first started with its local step (swarm.overlap_rounds), where the
+  // backward makes the gradients final (not under fp16 or swap: GradientHolder::gradient_leaves).
+  const bool overlaps = config.precision.dtype != "fp16" && !config.memory.swap;
+  EXPECT_EQ(swarm->metrics()["overlapped_rounds"].get<int64_t>(), overlaps ? kSteps - 1 : 0) << "peer " << r;
   for (const auto& [name, t] : step.model_state()) run.parameters[name] = t.to(at::kFloat);
   mesh.world().barrier();  // no peer leaves while another may still be in a round
   swarm->leave();

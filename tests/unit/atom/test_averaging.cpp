@@ -5,12 +5,14 @@
 // under a robust rule a poisoned member moves the sum little and every member learns it was the
 // outlier, and a member under another rule fails the round by name; an owner sends each piece of
 // its sum back as soon as every member's piece of it is in, before the later pieces came (the
-// pipelined butterfly).
+// pipelined butterfly); a contribution still being computed goes out range by range as it becomes
+// final, and one withdrawn fails the round on every member at once.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -143,7 +145,7 @@ TEST(Averaging, ChannelsAreKeptForTheNextRoundAndOpenedAnewWhenTheirPeerWentAway
 TEST(Averaging, SparsePartsDeliverEachChunksLargestEntriesAndTheMembersAgree) {
   TestPeer a("a"), b("b"), c("c");
   const std::vector<RoundMember> candidates = {a.member(), b.member(), c.member()};
-  // Three parts of 2 chunks and a short one each; 1% of a chunk is 41 entries.
+  // Seven chunks (pieces of one chunk each, round_pieces), the last a short one; 1% of a chunk is 41 entries.
   const int64_t numel = 3 * (2 * kSparseChunk + 100);
   std::vector<at::Tensor> vectors;
   for (int i = 0; i < 3; ++i) vectors.push_back(at::randn({numel}));
@@ -157,20 +159,18 @@ TEST(Averaging, SparsePartsDeliverEachChunksLargestEntriesAndTheMembersAgree) {
       ASSERT_EQ(errors[i], "");
       EXPECT_TRUE(at::equal(results[i].sum, results[0].sum)) << "every member ends with the same sum";
       want += results[i].delivered;
-      // Per chunk of each part: 41 entries kept, each at least as large as any left out, and (fp32)
-      // exactly the member's values.
-      for (int64_t part = 0; part < 3; ++part)
-        for (int64_t chunk = 0; chunk < 3; ++chunk) {
-          const int64_t begin = part * numel / 3 + chunk * kSparseChunk;
-          const int64_t end = std::min(begin + kSparseChunk, (part + 1) * numel / 3);
-          const at::Tensor sent = results[i].delivered.slice(0, begin, end), mine = vectors[i].slice(0, begin, end);
-          const at::Tensor kept = sent.ne(0);
-          ASSERT_EQ(kept.sum().item<int64_t>(), 41) << "member " << i << " part " << part << " chunk " << chunk;
-          EXPECT_GE(mine.abs().masked_select(kept).min().item<float>(),
-                    mine.abs().masked_select(kept.logical_not()).max().item<float>());
-          if (codec == Codec::fp32) EXPECT_TRUE(at::equal(sent.masked_select(kept), mine.masked_select(kept)));
-          else EXPECT_TRUE(test::all_close(sent.masked_select(kept), mine.masked_select(kept), 0, 0.05));
-        }
+      // Per chunk: 41 entries kept, each at least as large as any left out, and (fp32) exactly the
+      // member's values.
+      for (int64_t chunk = 0; chunk * kSparseChunk < numel; ++chunk) {
+        const int64_t begin = chunk * kSparseChunk, end = std::min(begin + kSparseChunk, numel);
+        const at::Tensor sent = results[i].delivered.slice(0, begin, end), mine = vectors[i].slice(0, begin, end);
+        const at::Tensor kept = sent.ne(0);
+        ASSERT_EQ(kept.sum().item<int64_t>(), 41) << "member " << i << " chunk " << chunk;
+        EXPECT_GE(mine.abs().masked_select(kept).min().item<float>(),
+                  mine.abs().masked_select(kept.logical_not()).max().item<float>());
+        if (codec == Codec::fp32) EXPECT_TRUE(at::equal(sent.masked_select(kept), mine.masked_select(kept)));
+        else EXPECT_TRUE(test::all_close(sent.masked_select(kept), mine.masked_select(kept), 0, 0.05));
+      }
     }
     // The sum is the members' delivered entries summed (the union of their entries), as sent.
     EXPECT_TRUE(test::all_close(results[0].sum, want, 0, codec == Codec::fp32 ? 1e-5 : 0.05));
@@ -311,9 +311,11 @@ TEST(Averaging, AnOwnerSendsEachPieceOfItsSumOnceEveryMembersPieceOfItIsIn) {
   TestPeer real("b");
   FakeMember a("a");
   a.group = nlohmann::json::array({nlohmann::json::array({"a", a.address()}), nlohmann::json::array({"b", real.address()})});
-  const int64_t part = 3 * kSparseChunk, numel = 2 * part;  // three pieces per part
-  const auto pieces = part_pieces(part, false);
+  const int64_t numel = 6 * kSparseChunk;  // three rows of two one-chunk pieces
+  const auto pieces = round_pieces(numel, 2, 1, false);  // b's part, last row first
   ASSERT_EQ(pieces.size(), 3u);
+  EXPECT_EQ(pieces[0], std::make_pair(5 * kSparseChunk, 6 * kSparseChunk));
+  EXPECT_EQ(pieces[2], std::make_pair(kSparseChunk, 2 * kSparseChunk));
   const at::Tensor mine = at::arange(numel, at::kFloat);
   RoundResult result;
   std::string error;
@@ -339,7 +341,7 @@ TEST(Averaging, AnOwnerSendsEachPieceOfItsSumOnceEveryMembersPieceOfItIsIn) {
       const SumReply sum = parse_sum(m.body, "b");
       EXPECT_EQ(sum.weight, 3.0);
       const auto [b, e] = pieces[static_cast<size_t>(sum.piece)];
-      EXPECT_TRUE(at::equal(decode_part(sum.payload, e - b, Codec::fp32, "b"), mine.slice(0, part + b, part + e) + 1));
+      EXPECT_TRUE(at::equal(decode_part(sum.payload, e - b, Codec::fp32, "b"), mine.slice(0, b, e) + 1));
     }
   }
   send_piece(2);
@@ -467,6 +469,146 @@ TEST(Averaging, AMemberUnderAnotherRuleFailsTheRoundByName) {
   EXPECT_TRUE(std::any_of(errors.begin(), errors.end(), names_the_rules))
       << errors[0] << "\n" << errors[1] << "\n" << errors[2];
   for (const std::string& e : errors) EXPECT_NE(e, "");
+}
+
+TEST(ContributionProgress, MarkedRangesMergeAndAnswerForTheirWholeSpan) {
+  ContributionProgress p(100);
+  int changes = 0;
+  p.on_change([&] { ++changes; });
+  p.mark_final(80, 100);
+  p.mark_final(40, 60);
+  EXPECT_TRUE(p.final(85, 95));
+  EXPECT_FALSE(p.final(55, 85)) << "a gap at [60, 80)";
+  p.mark_final(60, 80);
+  EXPECT_TRUE(p.final(40, 100));
+  EXPECT_FALSE(p.final(39, 41));
+  EXPECT_FALSE(p.all_final());
+  p.mark_all_final();
+  EXPECT_TRUE(p.all_final());
+  EXPECT_EQ(p.withdrawn(), "");
+  p.withdraw("why");
+  EXPECT_EQ(p.withdrawn(), "why");
+  EXPECT_EQ(changes, 5);
+}
+
+TEST(Averaging, RowsOfPiecesCoverTheVectorOnceAndGoLastRowFirst) {
+  for (const int64_t members : {2, 3, 4})
+    for (const int64_t numel : {members * kSparseChunk + 1, 10 * kSparseChunk + 17, 500 * kSparseChunk + 3}) {
+      std::vector<int> covered(static_cast<size_t>(numel), 0);
+      for (int64_t j = 0; j < members; ++j) {
+        const auto pieces = round_pieces(numel, members, j, false);
+        ASSERT_FALSE(pieces.empty());
+        for (size_t k = 0; k < pieces.size(); ++k) {
+          const auto [b, e] = pieces[k];
+          EXPECT_EQ(b % kSparseChunk, 0) << "whole chunks";
+          if (k > 0) EXPECT_LT(b, pieces[k - 1].first) << "the last row first";
+          for (int64_t i = b; i < e; ++i) ++covered[static_cast<size_t>(i)];
+        }
+        EXPECT_LE(static_cast<int64_t>(pieces.size()), 2 * kPiecesPerPart);
+      }
+      EXPECT_TRUE(std::all_of(covered.begin(), covered.end(), [](int c) { return c == 1; })) << members << " " << numel;
+    }
+}
+
+// Member a's contribution is computed while the round runs: not-a-number until each range, from the
+// last to the first, is written and marked final. Any piece read before it was final would carry
+// a NaN into every member's sum.
+TEST(Averaging, AContributionStillBeingComputedGoesOutAsItBecomesFinal) {
+  TestPeer a("a"), b("b"), c("c");
+  const std::vector<RoundMember> candidates = {a.member(), b.member(), c.member()};
+  const int64_t numel = 24 * kSparseChunk + 5;
+  const at::Tensor values = at::randn({numel}), other = at::randn({numel});
+  const at::Tensor computing = at::full({numel}, std::nanf(""));
+  auto progress = std::make_shared<ContributionProgress>(numel);
+  std::vector<RoundResult> results(3);
+  std::vector<std::string> errors(3);
+  std::thread round_a([&] {
+    try {
+      results[0] = a.averager->run_round(3, candidates, computing, 1.0, PartEncoding{}, a.clock, progress);
+    } catch (const std::exception& e) {
+      errors[0] = e.what();
+    }
+  });
+  Joined joined_a{round_a};
+  std::vector<std::thread> others;
+  for (size_t i : {1, 2})
+    others.emplace_back([&, i] {
+      TestPeer& peer = i == 1 ? b : c;
+      try {
+        results[i] = peer.averager->run_round(3, candidates, other, 1.0, PartEncoding{}, peer.clock);
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    });
+  // Eight slices, the last first, 100 ms apart: the round forms its group and sends the later
+  // rows meanwhile.
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t s = 7; s >= 0; --s) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const int64_t begin = numel * s / 8, end = numel * (s + 1) / 8;
+    computing.slice(0, begin, end).copy_(values.slice(0, begin, end));
+    progress->mark_final(begin, end);
+  }
+  const auto marked = std::chrono::steady_clock::now();
+  round_a.join();
+  for (std::thread& t : others) t.join();
+  const double after = std::chrono::duration<double>(std::chrono::steady_clock::now() - marked).count();
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_EQ(errors[i], "") << i;
+    EXPECT_TRUE(at::equal(results[i].sum, results[0].sum)) << "every member ends with the same sum";
+  }
+  EXPECT_TRUE(test::all_close(results[0].sum, values + 2 * other, 0, 1e-5));
+  EXPECT_LT(results[0].grouped, results[0].started + 0.5) << "the group formed before the contribution was final";
+  EXPECT_GT(std::chrono::duration<double>(marked - start).count(), 0.75);
+  EXPECT_LT(after, 0.5) << "the round ended soon after the last range was final (most had gone already)";
+}
+
+TEST(Averaging, AWithdrawnContributionFailsTheRoundOnEveryMemberAtOnce) {
+  TestPeer a("a"), b("b"), c("c");
+  a.clock = b.clock = c.clock = RoundClock(30, 30);
+  const int64_t numel = 12 * kSparseChunk;
+  // a, the host, withdraws while it gathers (waiting for a candidate that never comes), or after
+  // the group formed, half its contribution sent.
+  for (const bool in_group : {true, false}) {
+    std::vector<RoundMember> candidates = {a.member(), b.member(), c.member()};
+    if (in_group) candidates.push_back({"zz", "127.0.0.1:1"});
+    const at::Tensor computing = at::zeros({numel});
+    auto progress = std::make_shared<ContributionProgress>(numel);
+    if (!in_group) progress->mark_final(numel / 2, numel);
+    std::vector<std::string> errors(3);
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < 3; ++i)
+      threads.emplace_back([&, i] {
+        TestPeer& peer = i == 0 ? a : i == 1 ? b : c;
+        try {
+          if (i == 0) {
+            peer.averager->run_round(in_group ? 4 : 5, candidates, computing, 1.0, PartEncoding{}, peer.clock, progress);
+          } else {
+            peer.averager->run_round(in_group ? 4 : 5, candidates, at::ones({numel}), 1.0, PartEncoding{}, peer.clock);
+          }
+        } catch (const std::exception& e) {
+          errors[i] = e.what();
+        }
+      });
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    progress->withdraw("its gradients are not finite");
+    for (std::thread& t : threads) t.join();
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_NE(errors[0].find("withdrew its contribution: its gradients are not finite"), std::string::npos) << errors[0];
+    for (size_t i : {1, 2}) EXPECT_NE(errors[i], "") << "member " << i << " (in_group " << in_group << ")";
+    if (in_group)
+      for (size_t i : {1, 2}) EXPECT_NE(errors[i].find("the host withdrew its contribution"), std::string::npos) << errors[i];
+    EXPECT_LT(took, 5.0) << "the members waited for their 30 s deadline";
+  }
+  // The next round, every contribution whole, succeeds.
+  std::vector<std::string> errors;
+  const auto results = run_all({&a, &b, &c}, {a.member(), b.member(), c.member()}, {at::ones({numel}), at::ones({numel}), at::ones({numel})},
+                               PartEncoding{}, errors, 6);
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_EQ(errors[i], "");
+    EXPECT_TRUE(at::equal(results[i].sum, at::full({numel}, 3.0f)));
+  }
 }
 
 }  // namespace

@@ -1,0 +1,147 @@
+// Overlapped batch rounds (swarm.h, swarm.overlap_rounds): the round a local step will close starts
+// when that step starts, and each parameter's share of the contribution goes out once the step's
+// last backward has made its gradient final.
+//
+// The contribution is computed as reduce_after_step computes it, parameter by parameter with the
+// same operation (outgoing = accumulation + gradient x samples, one add per parameter), so the
+// round sums the same numbers; only when they travel changes. The round's thread reads a range of
+// `outgoing` only once the hooks (training thread, or autograd's device thread) marked it final.
+#include <algorithm>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include "atom/swarm.h"
+#include "core/error.h"
+
+namespace tessera::atom {
+
+namespace {
+
+struct LeafFinal : torch::autograd::PostAccumulateGradHook {
+  explicit LeafFinal(std::function<void()> fn) : fn(std::move(fn)) {}
+  void operator()(const torch::autograd::Variable&) override { fn(); }
+  std::function<void()> fn;
+};
+
+}  // namespace
+
+void Swarm::install_leaf_hooks() {
+  leaves_ = holder_->gradient_leaves();
+  if (!config_.swarm.overlap_rounds || leaves_.empty()) {
+    leaves_.clear();
+    return;
+  }
+  leaf_hooks_ = std::make_shared<LeafHooks>();
+  leaf_hooks_->swarm = this;
+  int64_t offset = 0;
+  for (size_t i = 0; i < leaves_.size(); ++i) {
+    leaf_offsets_.push_back(offset);
+    offset += leaves_[i].numel();
+    torch::autograd::impl::set_post_acc_grad_hooks(
+        leaves_[i], std::make_unique<LeafFinal>([hooks = leaf_hooks_, i] {
+          if (Swarm* swarm = hooks->swarm.load()) swarm->leaf_gradient_final(i);
+        }));
+  }
+  leaf_offsets_.push_back(offset);
+}
+
+void Swarm::start_overlapped_round() {
+  if (leaves_.empty() || behind_ || poison_ || leaving_ || swarm_step_ >= config_.train.steps) return;
+  // The same count as a step's end takes (reduce_after_step), with this step's samples claimed:
+  // the others' records as this peer's node has them now (a round's members at their new step:
+  // Membership::saw_round).
+  const std::vector<PeerRecord> live = membership_->live_peers(0);
+  if (!ahead_of(live).empty()) return;
+  const int64_t samples = config_.train.batch_size * config_.train.grad_accum;
+  int64_t total = accumulated_ + samples;
+  for (const PeerRecord& r : live)
+    if (r.id != identity_.id && r.swarm_step == swarm_step_) total += r.samples + r.claimed;
+  if (total < config_.swarm.target_batch_size) return;
+  auto o = std::make_unique<OverlappedRound>();
+  o->swarm_step = swarm_step_;
+  o->samples = samples;
+  o->decided = unix_now();
+  o->outgoing = at::empty_like(accumulation_);
+  o->progress = std::make_shared<ContributionProgress>(accumulation_.numel());
+  o->arrivals.assign(leaves_.size(), 0);
+  o->done.assign(leaves_.size(), 0);
+  OverlappedRound* round = o.get();
+  const double weight = static_cast<double>(accumulated_ + samples);
+  round->thread = std::thread([this, round, members = candidates(live), weight] {
+    try {
+      round->result = averager_->run_round(round->swarm_step, members, round->outgoing, weight, encoding_, clock_,
+                                           round->progress);
+    } catch (const std::exception& e) {
+      round->error = e.what();
+    }
+  });
+  overlapped_ = std::move(o);
+}
+
+void Swarm::leaf_gradient_final(size_t leaf) {
+  OverlappedRound* o = overlapped_.get();
+  if (!o || o->done[leaf] || ++o->arrivals[leaf] < config_.train.grad_accum) return;
+  const at::Tensor g = leaves_[leaf].grad();
+  if (!g.defined()) return;  // the step's end counts it (as zeros)
+  at::NoGradGuard no_grad;
+  const int64_t b = leaf_offsets_[leaf], n = leaf_offsets_[leaf + 1] - b;
+  at::Tensor out = o->outgoing.narrow(0, b, n);
+  at::add_out(out, accumulation_.narrow(0, b, n), g.detach().reshape(-1), static_cast<double>(o->samples));
+  o->done[leaf] = 1;
+  // Read back on the device's stream, so that the round's thread reads what this add wrote.
+  if (!at::isfinite(out).all().item<bool>()) {
+    o->progress->withdraw("local step " + std::to_string(record_.local_step + 1) +
+                          "'s gradient of parameter " + std::to_string(leaf) + " is not finite");
+    return;
+  }
+  o->progress->mark_final(b, b + n);
+}
+
+bool Swarm::finish_overlapped_round(const std::vector<at::Tensor>& gradients, int64_t samples, double entered) {
+  std::unique_ptr<OverlappedRound> o = std::move(overlapped_);
+  // Every gradient is final now: the shares no hook gave (a parameter without a gradient in this
+  // step has zeros in `gradients`), then whether all of them are finite, as a step's end checks.
+  {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < leaves_.size(); ++i) {
+      if (o->done[i]) continue;
+      const int64_t b = leaf_offsets_[i], n = leaf_offsets_[i + 1] - b;
+      at::Tensor out = o->outgoing.narrow(0, b, n);
+      at::add_out(out, accumulation_.narrow(0, b, n), gradients[i].detach().reshape(-1),
+                  static_cast<double>(o->samples));
+    }
+  }
+  require(samples == o->samples, "internal: a local step of ", samples, " samples where its round counted on ",
+          o->samples, " (train.batch_size x train.grad_accum)");
+  std::vector<at::Tensor> finite;
+  for (const at::Tensor& g : gradients) finite.push_back(at::isfinite(g).all());
+  const bool contributed = at::stack(finite).all().item<bool>() && o->progress->withdrawn().empty();
+  if (contributed)
+    o->progress->mark_all_final();
+  else
+    o->progress->withdraw("local step " + std::to_string(record_.local_step) + "'s gradients are not finite");
+  o->thread.join();
+  count_step(samples, contributed);
+  if (!o->error.empty()) {
+    ++failed_rounds_;
+    if (contributed) accumulation_ = o->outgoing;  // the step's share kept, with the rest
+    say(o->error + " (the accumulated gradients are kept; retried after the next local step)");
+    return false;
+  }
+  // A withdrawn contribution never completes its round: a piece goes out only once final.
+  require(contributed, "internal: a round completed with a contribution this peer withdrew");
+  take_round(o->result, gradients, entered, o->decided);
+  ++overlapped_rounds_;
+  return true;
+}
+
+void Swarm::cancel_overlapped_round(const std::string& why) {
+  if (!overlapped_) return;
+  overlapped_->progress->withdraw(why);
+  overlapped_->thread.join();
+  overlapped_.reset();
+}
+
+}  // namespace tessera::atom
