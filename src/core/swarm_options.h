@@ -4,8 +4,8 @@
 //
 //   sync = "batch"   peers accumulate gradients until the swarm together has processed
 //                    target_batch_size samples, average them weighted by samples and all take the
-//                    same optimizer step (synchronous training with that global batch); with
-//                    overlap_rounds the round starts with the local step that closes it;
+//                    same optimizer step (synchronous training with that global batch);
+//                    overlap_rounds says whether a round starts with the local step that closes it;
 //   sync = "diloco"  each peer takes inner_steps local steps, then the group averages the
 //                    pseudo-gradients (start parameters minus local parameters, sent as
 //                    pseudo_gradient_dtype) and applies an outer Nesterov SGD step (outer_lr,
@@ -29,7 +29,7 @@ namespace tessera {
 struct SwarmOptions {
   std::string sync = "batch";           // batch | diloco
   int64_t target_batch_size = 64;       // batch: samples over the swarm per optimizer step
-  bool overlap_rounds = true;           // batch: a round starts with the local step that closes it
+  std::string overlap_rounds = "auto";  // batch: always | never | auto: a round starts with the local step that closes it
   int64_t inner_steps = 50;             // diloco: local steps between averages
   double outer_lr = 0.7;                // diloco: outer SGD learning rate
   double outer_momentum = 0.9;          // diloco: outer Nesterov momentum
@@ -56,10 +56,11 @@ struct SwarmOptions {
                     "pseudo-gradients every inner_steps local steps)");
     v("target_batch_size", target_batch_size, "batch: samples the swarm processes per optimizer step",
       between(1, int64_t{1} << 40));
-    v("overlap_rounds", overlap_rounds, "batch: the round a local step will close starts when that step starts (its "
-      "group forms during the step, and each piece of the gradients goes out as soon as the backward has made it "
-      "final, as data parallelism's buckets do); false starts it after the backward. fp16 and memory.swap rounds "
-      "start after the backward either way (their gradients are final only then)");
+    v("overlap_rounds", overlap_rounds, "batch: always starts the round a local step will close when that step "
+      "starts (its group forms during the step, and each piece of the gradients goes out as soon as the backward "
+      "made it final, as data parallelism's buckets do); never starts it after the backward; auto tries both on "
+      "alternate rounds now and then and keeps the faster (where compute and communication share every core, "
+      "overlapping can lose). fp16 and memory.swap rounds start after the backward either way");
     v("inner_steps", inner_steps, "diloco: local optimizer steps between averaging rounds", between(1, 1 << 24));
     v("outer_lr", outer_lr, "diloco: learning rate of the outer Nesterov SGD step", between(0, 100));
     v("outer_momentum", outer_momentum, "diloco: momentum of the outer Nesterov SGD step", fraction_below_one());

@@ -1267,6 +1267,7 @@ Trace train_peers(const Config& row, comm::Mesh& mesh) {
   config.swarm.record_ttl_s = 10;
   config.swarm.round_timeout_min_s = 2;
   config.swarm.round_timeout_max_s = 60;
+  config.swarm.overlap_rounds = "always";
   // Rank 0's swarm first: the others start from its address.
   at::Tensor port = at::zeros({1}, at::kLong);
   std::unique_ptr<atom::Swarm> swarm;
@@ -1296,7 +1297,7 @@ Trace train_peers(const Config& row, comm::Mesh& mesh) {
     run.steps.push_back(result);
     run.gradients.push_back(std::move(grads));
   }
-  // Each round after the first started with its local step (swarm.overlap_rounds), where the
+  // Each round after the first started with its local step (swarm.overlap_rounds = always), where the
   // backward makes the gradients final (not under fp16 or swap: GradientHolder::gradient_leaves).
   const bool overlaps = config.precision.dtype != "fp16" && !config.memory.swap;
   EXPECT_EQ(swarm->metrics()["overlapped_rounds"].get<int64_t>(), overlaps ? kSteps - 1 : 0) << "peer " << r;
