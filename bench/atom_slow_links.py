@@ -15,10 +15,9 @@ optimizer step, in each mode:
   1f1b    GPipe or 1F1B: float32 activations and their gradients cross every stage boundary for
           every micro-batch;
   batch   four `tessera peer`s, swarm.sync = batch, target batch 64 (16 per peer per local step):
-          the peers' butterfly all-reduce of float32 gradients once per swarm step (the default
-          swarm.overlap_rounds = auto: each peer tries rounds started with their local step and
-          rounds started after the backward, and keeps the faster);
-  batch_overlap, batch_after  the same with swarm.overlap_rounds = always, or never;
+          the peers' butterfly all-reduce of float32 gradients once per swarm step, each round
+          started with the local step that closes it (swarm.overlap_rounds = always, the default);
+  batch_after  the same with swarm.overlap_rounds = never: each round starts after the backward;
   diloco  four `tessera peer`s, swarm.sync = diloco, int8 pseudo-gradients every 10 local steps
           of 16 (the setting that ends within 4% of batch mode's loss: bench/results/atom_swarm_cpu.md).
 Throughput is the samples per second of the whole run's steady state: from each run's
@@ -54,7 +53,6 @@ MODES = {
     "gpipe": "pipeline, GPipe",
     "1f1b": "pipeline, 1F1B",
     "batch": "ATOM peers, batch",
-    "batch_overlap": "ATOM batch, rounds overlapped",
     "batch_after": "ATOM batch, rounds after the backward",
     "diloco": "ATOM peers, DiLoCo int8 / 10 steps",
 }
@@ -167,9 +165,8 @@ def commands(build, mode, run_dir, data, key, steps):
                 args += ["--initial-peer", host_ip(0) + ":7000"]
             if mode.startswith("batch"):
                 args += ["--set", "swarm.sync=batch", "--set", "swarm.target_batch_size=%d" % GLOBAL_BATCH]
-                overlap = {"batch_overlap": "always", "batch_after": "never"}.get(mode)
-                if overlap:
-                    args += ["--set", "swarm.overlap_rounds=" + overlap]
+                if mode == "batch_after":
+                    args += ["--set", "swarm.overlap_rounds=never"]
             else:
                 args += ["--set", "swarm.sync=diloco", "--set", "swarm.inner_steps=10",
                          "--set", "swarm.pseudo_gradient_dtype=int8"]

@@ -127,12 +127,6 @@ class Swarm final : public Collaboration {
   void leaf_gradient_final(size_t leaf);
   bool finish_overlapped_round(const std::vector<at::Tensor>& gradients, int64_t samples, double entered);
   void cancel_overlapped_round(const std::string& why);
-  // swarm.overlap_rounds = auto: whether the round about to start overlaps (alternating on the
-  // kProbeRounds rounds from probe_from_, then the faster way), and, after a round was taken, its
-  // period (from the round before) counted for the way it went; once both ways have
-  // kProbeRounds / 2 periods, the faster is kept until kReprobeAfter rounds later.
-  bool overlap_next_round() const;
-  void time_round(bool overlapped);
   // The round's accounting after it: the step's samples accumulated (or dropped when not
   // `contributed`), claimed for the next step, published.
   void count_step(int64_t samples, bool contributed);
@@ -239,12 +233,6 @@ class Swarm final : public Collaboration {
   std::shared_ptr<LeafHooks> leaf_hooks_;
   std::unique_ptr<OverlappedRound> overlapped_;
   int64_t overlapped_rounds_ = 0;  // rounds taken that had started with their local step
-  static constexpr int64_t kProbeRounds = 4, kReprobeAfter = 200;
-  int64_t probe_from_ = 2;          // auto: the swarm step of the next probe's first round
-  bool overlap_chosen_ = true;      // auto: the way kept since the last probe
-  std::vector<double> probe_periods_[2];  // auto: the probe's round periods, after / overlapped
-  double last_round_end_ = 0;       // Unix seconds when the last round was taken, at swarm step
-  int64_t last_round_step_ = -1;    // last_round_step_
 
   std::unique_ptr<Poison> poison_;
   static constexpr size_t kScreenedRounds = 20;

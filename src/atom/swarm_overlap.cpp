@@ -7,8 +7,6 @@
 // round sums the same numbers; only when they travel changes. The round's thread reads a range of
 // `outgoing` only once the hooks (training thread, or autograd's device thread) marked it final.
 #include <algorithm>
-#include <iomanip>
-#include <sstream>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -49,46 +47,8 @@ void Swarm::install_leaf_hooks() {
   leaf_offsets_.push_back(offset);
 }
 
-bool Swarm::overlap_next_round() const {
-  if (config_.swarm.overlap_rounds != "auto") return true;
-  const int64_t k = swarm_step_ - probe_from_;
-  return k >= 0 && k < kProbeRounds ? k % 2 == 0 : overlap_chosen_;
-}
-
-void Swarm::time_round(bool overlapped) {
-  const double now = unix_now();
-  // The period of the round just taken: from the round before, when that was the step before.
-  const bool consecutive = last_round_step_ == swarm_step_ - 1;
-  const int64_t k = swarm_step_ - 1 - probe_from_;
-  if (config_.swarm.overlap_rounds == "auto" && consecutive && k >= 0 && k < kProbeRounds)
-    probe_periods_[overlapped ? 1 : 0].push_back(now - last_round_end_);
-  last_round_end_ = now;
-  last_round_step_ = swarm_step_;
-  if (swarm_step_ < probe_from_ + kProbeRounds) return;
-  if (probe_periods_[0].size() > 0 && probe_periods_[1].size() > 0) {
-    const auto mean = [](const std::vector<double>& v) {
-      double sum = 0;
-      for (double x : v) sum += x;
-      return sum / static_cast<double>(v.size());
-    };
-    const double after = mean(probe_periods_[0]), with = mean(probe_periods_[1]);
-    overlap_chosen_ = with < after;
-    std::ostringstream line;
-    line << std::setprecision(3) << "rounds " << (overlap_chosen_ ? "overlap" : "start after") << " the backward: "
-         << with << " s a round overlapped, " << after << " s after it (swarm.overlap_rounds = auto, rounds "
-         << probe_from_ + 1 << "-" << probe_from_ + kProbeRounds << ")";
-    say(line.str());
-  }
-  // A probe that saw both ways is done for a while; one that did not (a peer that joined after it,
-  // rounds that failed) is run again from the next round.
-  probe_from_ = swarm_step_ + (probe_periods_[0].empty() || probe_periods_[1].empty() ? 1 : kReprobeAfter);
-  probe_periods_[0].clear();
-  probe_periods_[1].clear();
-}
-
 void Swarm::start_overlapped_round() {
-  if (leaves_.empty() || behind_ || poison_ || leaving_ || swarm_step_ >= config_.train.steps || !overlap_next_round())
-    return;
+  if (leaves_.empty() || behind_ || poison_ || leaving_ || swarm_step_ >= config_.train.steps) return;
   // The same count as a step's end takes (reduce_after_step), with this step's samples claimed:
   // the others' records as this peer's node has them now (a round's members at their new step:
   // Membership::saw_round).

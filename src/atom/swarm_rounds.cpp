@@ -58,10 +58,8 @@ bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t samples) {
     for (const at::Tensor& g : gradients) numel += g.numel();
     accumulation_ = at::zeros({numel}, gradients.front().options().dtype(at::kFloat));
   }
-  const bool overlapped = overlapped_ != nullptr;
-  const bool updated = overlapped ? finish_overlapped_round(gradients, samples, entered)
-                                  : reduce_after_step(gradients, samples, entered);
-  if (updated) time_round(overlapped);
+  const bool updated = overlapped_ ? finish_overlapped_round(gradients, samples, entered)
+                                   : reduce_after_step(gradients, samples, entered);
   step_started_ = unix_now();  // the next local step begins when this returns
   start_overlapped_round();
   return updated;

@@ -303,8 +303,8 @@ void MemoryOptions::check(const std::string& source) const {
 void SwarmOptions::check(const std::string& source) const {
   check_ranges(*this, "swarm", source);
   require(sync == "batch" || sync == "diloco", source, ": swarm.sync must be batch or diloco (got '", sync, "')");
-  require(overlap_rounds == "auto" || overlap_rounds == "always" || overlap_rounds == "never", source,
-          ": swarm.overlap_rounds must be auto, always or never (got '", overlap_rounds, "')");
+  require(overlap_rounds == "always" || overlap_rounds == "never", source,
+          ": swarm.overlap_rounds must be always or never (got '", overlap_rounds, "')");
   require(aggregation == "mean" || aggregation == "centered_clip" || aggregation == "trimmed_mean" ||
               aggregation == "median",
           source, ": swarm.aggregation must be mean, centered_clip, trimmed_mean or median (got '", aggregation, "')");

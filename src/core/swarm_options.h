@@ -29,7 +29,7 @@ namespace tessera {
 struct SwarmOptions {
   std::string sync = "batch";           // batch | diloco
   int64_t target_batch_size = 64;       // batch: samples over the swarm per optimizer step
-  std::string overlap_rounds = "auto";  // batch: always | never | auto: a round starts with the local step that closes it
+  std::string overlap_rounds = "always";  // batch: always | never: a round starts with the local step that closes it
   int64_t inner_steps = 50;             // diloco: local steps between averages
   double outer_lr = 0.7;                // diloco: outer SGD learning rate
   double outer_momentum = 0.9;          // diloco: outer Nesterov momentum
@@ -58,9 +58,9 @@ struct SwarmOptions {
       between(1, int64_t{1} << 40));
     v("overlap_rounds", overlap_rounds, "batch: always starts the round a local step will close when that step "
       "starts (its group forms during the step, and each piece of the gradients goes out as soon as the backward "
-      "made it final, as data parallelism's buckets do); never starts it after the backward; auto tries both on "
-      "alternate rounds now and then and keeps the faster (where compute and communication share every core, "
-      "overlapping can lose). fp16 and memory.swap rounds start after the backward either way");
+      "made it final, as data parallelism's buckets do); never starts it after the backward (where compute and "
+      "communication share every core, as several peers on one CPU host, overlapping can lose at fast links). fp16 "
+      "and memory.swap rounds start after the backward either way");
     v("inner_steps", inner_steps, "diloco: local optimizer steps between averaging rounds", between(1, 1 << 24));
     v("outer_lr", outer_lr, "diloco: learning rate of the outer Nesterov SGD step", between(0, 100));
     v("outer_momentum", outer_momentum, "diloco: momentum of the outer Nesterov SGD step", fraction_below_one());

@@ -1267,7 +1267,6 @@ Trace train_peers(const Config& row, comm::Mesh& mesh) {
   config.swarm.record_ttl_s = 10;
   config.swarm.round_timeout_min_s = 2;
   config.swarm.round_timeout_max_s = 60;
-  config.swarm.overlap_rounds = "always";
   // Rank 0's swarm first: the others start from its address.
   at::Tensor port = at::zeros({1}, at::kLong);
   std::unique_ptr<atom::Swarm> swarm;
