@@ -501,7 +501,9 @@ TEST(Averaging, RowsOfPiecesCoverTheVectorOnceAndGoLastRowFirst) {
         for (size_t k = 0; k < pieces.size(); ++k) {
           const auto [b, e] = pieces[k];
           EXPECT_EQ(b % kSparseChunk, 0) << "whole chunks";
-          if (k > 0) EXPECT_LT(b, pieces[k - 1].first) << "the last row first";
+          if (k > 0) {
+            EXPECT_LT(b, pieces[k - 1].first) << "the last row first";
+          }
           for (int64_t i = b; i < e; ++i) ++covered[static_cast<size_t>(i)];
         }
         EXPECT_LE(static_cast<int64_t>(pieces.size()), 2 * kPiecesPerPart);
@@ -597,8 +599,9 @@ TEST(Averaging, AWithdrawnContributionFailsTheRoundOnEveryMemberAtOnce) {
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     EXPECT_NE(errors[0].find("withdrew its contribution: its gradients are not finite"), std::string::npos) << errors[0];
     for (size_t i : {1, 2}) EXPECT_NE(errors[i], "") << "member " << i << " (in_group " << in_group << ")";
-    if (in_group)
+    if (in_group) {
       for (size_t i : {1, 2}) EXPECT_NE(errors[i].find("the host withdrew its contribution"), std::string::npos) << errors[i];
+    }
     EXPECT_LT(took, 5.0) << "the members waited for their 30 s deadline";
   }
   // The next round, every contribution whole, succeeds.
