@@ -27,7 +27,6 @@ namespace {
 
 using Range = std::pair<int64_t, int64_t>;
 
-
 // Each member's screening over the parts: its kept share averaged over the parts that screened
 // it, an outlier where more than half of the parts found it one. Empty under mean.
 std::vector<Screening> combine_screenings(const std::vector<RoundMember>& members,
@@ -234,7 +233,11 @@ void Averager::reduce(int64_t round, const std::string& token, const std::vector
   result.delivered = exact ? flat : at::empty({numel}, at::kFloat);
   const auto is_final = [&](const Range& r) { return !progress || progress->final(r.first, r.second); };
   std::shared_ptr<Slot> slot;
-  std::vector<Range> own;
+  // Each part's pieces in the order they travel (Slot::pieces_of); this member's own among them.
+  const bool whole = rule_.kind != Aggregation::mean;
+  std::vector<std::vector<Range>> pieces(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) pieces[static_cast<size_t>(j)] = round_pieces(numel, n, j, whole);
+  const std::vector<Range>& own = pieces[static_cast<size_t>(me)];
   {
     std::lock_guard<std::mutex> lock(mutex_);
     slot = slot_for(token, true);
@@ -243,14 +246,13 @@ void Averager::reduce(int64_t round, const std::string& token, const std::vector
     slot->numel = numel;
     slot->encoding = encoding;
     slot->sums = sum_encoding(encoding);
-    slot->whole = rule_.kind != Aggregation::mean;
+    slot->whole = whole;
     slot->sum = result.sum;
     for (int64_t j = 0; j < n; ++j)
-      if (j != me) slot->sums_missing += static_cast<int64_t>(slot->pieces_of(j).size());
+      if (j != me) slot->sums_missing += static_cast<int64_t>(pieces[static_cast<size_t>(j)].size());
     slot->weights.assign(static_cast<size_t>(n), 0.0);
     slot->screened.assign(static_cast<size_t>(n), {});
     slot->errors.assign(static_cast<size_t>(n), "");
-    own = slot->pieces_of(me);
     slot->replies.assign(own.size(), "");
     slot->received.assign(own.size(), 0);
     for (const auto& [b, e] : own) slot->aggregators.push_back(std::make_unique<PartAggregator>(rule_, e - b));
@@ -270,7 +272,6 @@ void Averager::reduce(int64_t round, const std::string& token, const std::vector
     }
     if (complete) sum_piece(slot, k);
   };
-  for (; own_added < own.size() && is_final(own[own_added]); ++own_added) add_own(own_added);
   const size_t own_pieces = own.size();
   // A channel to every other member: the one kept from an earlier round, else opened now, all at
   // once while the links are idle (one opened later would queue its handshake behind this
@@ -312,8 +313,6 @@ void Averager::reduce(int64_t round, const std::string& token, const std::vector
     if (kept) keep(members[j], std::move(channels[j]));
     channels[j].reset();
   };
-  std::vector<std::vector<Range>> pieces(static_cast<size_t>(n));
-  for (int64_t j = 0; j < n; ++j) pieces[static_cast<size_t>(j)] = slot->pieces_of(j);
   std::vector<size_t> parts_sent(static_cast<size_t>(n), 0), sums_sent(static_cast<size_t>(n), 0);
   const auto band_end = [&](size_t j) {
     return std::min(pieces[j].size(), (parts_sent[j] / kRowsPerBand + 1) * kRowsPerBand);

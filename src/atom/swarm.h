@@ -125,8 +125,15 @@ class Swarm final : public Collaboration {
   void install_leaf_hooks();  // at attach, when rounds may overlap
   void start_overlapped_round();
   void leaf_gradient_final(size_t leaf);
+  // Parameter `leaf`'s share, outgoing = accumulation + gradient x samples, written and marked
+  // done; whether it is finite.
+  struct OverlappedRound;  // below
+  bool add_share(OverlappedRound& o, size_t leaf, const at::Tensor& gradient);
   bool finish_overlapped_round(const std::vector<at::Tensor>& gradients, int64_t samples, double entered);
   void cancel_overlapped_round(const std::string& why);
+  // The swarm's samples at this swarm step as the records `live` show them: `own`, and each other
+  // peer's accumulated and claimed.
+  int64_t swarm_samples(const std::vector<PeerRecord>& live, int64_t own) const;
   // The round's accounting after it: the step's samples accumulated (or dropped when not
   // `contributed`), claimed for the next step, published.
   void count_step(int64_t samples, bool contributed);

@@ -4,28 +4,17 @@
 //
 // The contribution is computed as reduce_after_step computes it, parameter by parameter with the
 // same operation (outgoing = accumulation + gradient x samples, one add per parameter), so the
-// round sums the same numbers; only when they travel changes. The round's thread reads a range of
-// `outgoing` only once the hooks (training thread, or autograd's device thread) marked it final.
-#include <algorithm>
-
+// round sums the same numbers; only when they travel changes. A share is marked final only once it
+// is read back finite (a step whose gradients are not finite is not contributed, as after the
+// backward). The round's thread reads a range of `outgoing` only once the hooks (training thread,
+// or autograd's device thread) marked it final.
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
 
 #include "atom/swarm.h"
 #include "core/error.h"
+#include "core/gradient_ready_hook.h"
 
 namespace tessera::atom {
-
-namespace {
-
-struct LeafFinal : torch::autograd::PostAccumulateGradHook {
-  explicit LeafFinal(std::function<void()> fn) : fn(std::move(fn)) {}
-  void operator()(const torch::autograd::Variable&) override { fn(); }
-  std::function<void()> fn;
-};
-
-}  // namespace
 
 void Swarm::install_leaf_hooks() {
   leaves_ = holder_->gradient_leaves();
@@ -39,10 +28,9 @@ void Swarm::install_leaf_hooks() {
   for (size_t i = 0; i < leaves_.size(); ++i) {
     leaf_offsets_.push_back(offset);
     offset += leaves_[i].numel();
-    torch::autograd::impl::set_post_acc_grad_hooks(
-        leaves_[i], std::make_unique<LeafFinal>([hooks = leaf_hooks_, i] {
-          if (Swarm* swarm = hooks->swarm.load()) swarm->leaf_gradient_final(i);
-        }));
+    set_gradient_ready_hook(leaves_[i], [hooks = leaf_hooks_, i] {
+      if (Swarm* swarm = hooks->swarm.load()) swarm->leaf_gradient_final(i);
+    });
   }
   leaf_offsets_.push_back(offset);
 }
@@ -55,10 +43,7 @@ void Swarm::start_overlapped_round() {
   const std::vector<PeerRecord> live = membership_->live_peers(0);
   if (!ahead_of(live).empty()) return;
   const int64_t samples = config_.train.batch_size * config_.train.grad_accum;
-  int64_t total = accumulated_ + samples;
-  for (const PeerRecord& r : live)
-    if (r.id != identity_.id && r.swarm_step == swarm_step_) total += r.samples + r.claimed;
-  if (total < config_.swarm.target_batch_size) return;
+  if (swarm_samples(live, accumulated_ + samples) < config_.swarm.target_batch_size) return;
   auto o = std::make_unique<OverlappedRound>();
   o->swarm_step = swarm_step_;
   o->samples = samples;
@@ -80,44 +65,39 @@ void Swarm::start_overlapped_round() {
   overlapped_ = std::move(o);
 }
 
+bool Swarm::add_share(OverlappedRound& o, size_t leaf, const at::Tensor& gradient) {
+  at::NoGradGuard no_grad;
+  const int64_t b = leaf_offsets_[leaf], n = leaf_offsets_[leaf + 1] - b;
+  at::Tensor out = o.outgoing.narrow(0, b, n);
+  at::add_out(out, accumulation_.narrow(0, b, n), gradient.detach().reshape(-1), static_cast<double>(o.samples));
+  o.done[leaf] = 1;
+  // Read back on the device's stream, so that the round's thread reads what this add wrote.
+  return at::isfinite(out).all().item<bool>();
+}
+
 void Swarm::leaf_gradient_final(size_t leaf) {
   OverlappedRound* o = overlapped_.get();
   if (!o || o->done[leaf] || ++o->arrivals[leaf] < config_.train.grad_accum) return;
   const at::Tensor g = leaves_[leaf].grad();
   if (!g.defined()) return;  // the step's end counts it (as zeros)
-  at::NoGradGuard no_grad;
-  const int64_t b = leaf_offsets_[leaf], n = leaf_offsets_[leaf + 1] - b;
-  at::Tensor out = o->outgoing.narrow(0, b, n);
-  at::add_out(out, accumulation_.narrow(0, b, n), g.detach().reshape(-1), static_cast<double>(o->samples));
-  o->done[leaf] = 1;
-  // Read back on the device's stream, so that the round's thread reads what this add wrote.
-  if (!at::isfinite(out).all().item<bool>()) {
-    o->progress->withdraw("local step " + std::to_string(record_.local_step + 1) +
-                          "'s gradient of parameter " + std::to_string(leaf) + " is not finite");
-    return;
+  if (add_share(*o, leaf, g)) {
+    o->progress->mark_final(leaf_offsets_[leaf], leaf_offsets_[leaf + 1]);
+  } else {
+    o->progress->withdraw("local step " + std::to_string(record_.local_step + 1) + "'s gradient of parameter " +
+                          std::to_string(leaf) + " is not finite");
   }
-  o->progress->mark_final(b, b + n);
 }
 
 bool Swarm::finish_overlapped_round(const std::vector<at::Tensor>& gradients, int64_t samples, double entered) {
   std::unique_ptr<OverlappedRound> o = std::move(overlapped_);
-  // Every gradient is final now: the shares no hook gave (a parameter without a gradient in this
-  // step has zeros in `gradients`), then whether all of them are finite, as a step's end checks.
-  {
-    at::NoGradGuard no_grad;
-    for (size_t i = 0; i < leaves_.size(); ++i) {
-      if (o->done[i]) continue;
-      const int64_t b = leaf_offsets_[i], n = leaf_offsets_[i + 1] - b;
-      at::Tensor out = o->outgoing.narrow(0, b, n);
-      at::add_out(out, accumulation_.narrow(0, b, n), gradients[i].detach().reshape(-1),
-                  static_cast<double>(o->samples));
-    }
-  }
   require(samples == o->samples, "internal: a local step of ", samples, " samples where its round counted on ",
           o->samples, " (train.batch_size x train.grad_accum)");
-  std::vector<at::Tensor> finite;
-  for (const at::Tensor& g : gradients) finite.push_back(at::isfinite(g).all());
-  const bool contributed = at::stack(finite).all().item<bool>() && o->progress->withdrawn().empty();
+  // Every gradient is final now: the shares no hook gave (a parameter without a gradient in this
+  // step has zeros in `gradients`), each checked as the hooks check theirs. The step contributes
+  // when all are finite (a hook that found one that is not withdrew the contribution already).
+  bool contributed = o->progress->withdrawn().empty();
+  for (size_t i = 0; i < leaves_.size(); ++i)
+    if (!o->done[i]) contributed = add_share(*o, i, gradients[i]) && contributed;
   if (contributed)
     o->progress->mark_all_final();
   else

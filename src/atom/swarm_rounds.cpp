@@ -65,6 +65,13 @@ bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t samples) {
   return updated;
 }
 
+int64_t Swarm::swarm_samples(const std::vector<PeerRecord>& live, int64_t own) const {
+  int64_t total = own;
+  for (const PeerRecord& r : live)
+    if (r.id != identity_.id && r.swarm_step == swarm_step_) total += r.samples + r.claimed;
+  return total;
+}
+
 void Swarm::count_step(int64_t samples, bool contributed) {
   if (!contributed)
     say("local step " + std::to_string(record_.local_step) + ": its gradients are not finite, so its " +
@@ -111,9 +118,7 @@ bool Swarm::reduce_after_step(const std::vector<at::Tensor>& gradients, int64_t 
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   const double claims_seen = unix_now();
-  int64_t total = accumulated_;
-  for (const PeerRecord& r : live)
-    if (r.id != identity_.id && r.swarm_step == swarm_step_) total += r.samples + r.claimed;
+  const int64_t total = swarm_samples(live, accumulated_);
   if (!ahead_of(live).empty()) {
     behind_ = true;  // after_local_step downloads their state
     return false;

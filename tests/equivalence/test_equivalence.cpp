@@ -140,6 +140,19 @@ void sgd(Config& c) {
   c.optim.nesterov = true;
 }
 
+// pp 2 over four blocks, four micro-batches, `resident` of a rank's held micro-batches kept on the
+// device and the rest offloaded (memory.resident_micro_batches), under `schedule`; SGD or AdamW.
+std::function<void(Config&)> held_offload(const std::string& schedule, int64_t resident, bool with_sgd) {
+  return [=](Config& c) {
+    if (with_sgd) sgd(c);
+    c.model.n_layer = 4;
+    c.parallel.pp = 2;
+    c.parallel.pp_schedule = schedule;
+    c.train.grad_accum = 4;
+    c.memory.resident_micro_batches = resident;
+  };
+}
+
 // The Llama family's block kinds on the tiny model: RMSNorm, rotary positions (Llama 3.1's scaling
 // over an original context shorter than the test's, so that it changes frequencies), SwiGLU of its
 // own width, two query heads per key/value head, an untied head, no biases. `qwen3` adds Qwen 3's:
@@ -569,55 +582,12 @@ const std::vector<Row>& layouts() {
       // A pipeline rank's held micro-batches beyond one wait in host memory
       // (memory.resident_micro_batches): 1F1B, a split backward (its I fetches, its W uses), and
       // interleaved stages (held in units of a stage), each with SGD and AdamW.
-      {"pp2_1f1b_resident_micro_batches_sgd_accum4", 2,
-       [](Config& c) {
-         sgd(c);
-         c.model.n_layer = 4;
-         c.parallel.pp = 2;
-         c.train.grad_accum = 4;
-         c.memory.resident_micro_batches = 1;
-       }},
-      {"pp2_zbh1_resident_micro_batches_sgd_accum4", 2,
-       [](Config& c) {
-         sgd(c);
-         c.model.n_layer = 4;
-         c.parallel.pp = 2;
-         c.parallel.pp_schedule = "zbh1";
-         c.train.grad_accum = 4;
-         c.memory.resident_micro_batches = 1;
-       }},
-      {"pp2_interleaved_resident_micro_batches_accum4", 2,
-       [](Config& c) {
-         c.model.n_layer = 4;
-         c.parallel.pp = 2;
-         c.parallel.pp_schedule = "interleaved";
-         c.train.grad_accum = 4;
-         c.memory.resident_micro_batches = 2;
-       }},
-      {"pp2_interleaved_resident_micro_batches_sgd_accum4", 2,
-       [](Config& c) {
-         sgd(c);
-         c.model.n_layer = 4;
-         c.parallel.pp = 2;
-         c.parallel.pp_schedule = "interleaved";
-         c.train.grad_accum = 4;
-         c.memory.resident_micro_batches = 2;
-       }},
-      {"pp2_1f1b_resident_micro_batches_accum4", 2,
-       [](Config& c) {
-         c.model.n_layer = 4;
-         c.parallel.pp = 2;
-         c.train.grad_accum = 4;
-         c.memory.resident_micro_batches = 1;
-       }},
-      {"pp2_zbh1_resident_micro_batches_accum4", 2,
-       [](Config& c) {
-         c.model.n_layer = 4;
-         c.parallel.pp = 2;
-         c.parallel.pp_schedule = "zbh1";
-         c.train.grad_accum = 4;
-         c.memory.resident_micro_batches = 1;
-       }},
+      {"pp2_1f1b_resident_micro_batches_sgd_accum4", 2, held_offload("1f1b", 1, true)},
+      {"pp2_zbh1_resident_micro_batches_sgd_accum4", 2, held_offload("zbh1", 1, true)},
+      {"pp2_interleaved_resident_micro_batches_accum4", 2, held_offload("interleaved", 2, false)},
+      {"pp2_interleaved_resident_micro_batches_sgd_accum4", 2, held_offload("interleaved", 2, true)},
+      {"pp2_1f1b_resident_micro_batches_accum4", 2, held_offload("1f1b", 1, false)},
+      {"pp2_zbh1_resident_micro_batches_accum4", 2, held_offload("zbh1", 1, false)},
       {"sp2_lasp_linear_activation_offload_sgd", 2,
        [](Config& c) {
          sgd(c);

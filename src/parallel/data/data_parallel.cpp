@@ -20,6 +20,7 @@
 #include <c10/core/GradMode.h>
 
 #include "core/error.h"
+#include "core/gradient_ready_hook.h"
 #include "parallel/data/data_parallel_impl.h"
 
 namespace tessera {
@@ -96,7 +97,7 @@ DataParallel::DataParallel(TransformerLM model, ReductionGroups groups, const Pa
 }
 
 DataParallel::~DataParallel() {
-  for (auto& [name, p] : impl_->params) torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
+  for (auto& [name, p] : impl_->params) set_gradient_ready_hook(p, {});
   if (impl_->residency && impl_->residency->planned()) {
     impl_->model->remove_block_wrapper(impl_->block_wrapper);
     impl_->model->remove_end_wrapper(impl_->end_wrapper);

@@ -23,10 +23,8 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
-
 #include "core/error.h"
+#include "core/gradient_ready_hook.h"
 #include "parallel/data/data_parallel_impl.h"
 
 namespace tessera {
@@ -34,13 +32,6 @@ namespace {
 
 // Reduce-scatters of stages 2-3 that may be in flight at once; each holds a unit's full gradients.
 constexpr size_t kReduceScattersInFlight = 2;
-
-// Runs fn after AccumulateGrad has stored a parameter's gradient in .grad.
-struct GradReadyHook : torch::autograd::PostAccumulateGradHook {
-  explicit GradReadyHook(std::function<void()> fn) : fn(std::move(fn)) {}
-  void operator()(const torch::autograd::Variable&) override { fn(); }
-  std::function<void()> fn;
-};
 
 }  // namespace
 
@@ -69,8 +60,7 @@ void DataParallel::Impl::register_hooks() {
   in_window.assign(reductions.size(), 1);
   finalized.assign(units.size(), 0);
   for (size_t i = 0; i < params.size(); ++i)
-    torch::autograd::impl::set_post_acc_grad_hooks(params[i].second,
-                                                   std::make_unique<GradReadyHook>([this, i] { grad_ready(i); }));
+    set_gradient_ready_hook(params[i].second, [this, i] { grad_ready(i); });
 }
 
 size_t DataParallel::Impl::reductions_after_block(int64_t layer) const {
