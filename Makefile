@@ -66,10 +66,12 @@ test-sanitize: $(SANITIZE_BUILD)/build.ninja
 	  { bash $(CURDIR)/scripts/sanitizer_reports.sh $(SANITIZE_REPORTS); exit 1; }
 
 # ThreadSanitizer over the tests of tessera's own threads (CMakeLists.txt, tests/CMakeLists.txt:
-# THREADS); every report fatal. Not part of make test (its build is a third one of the sources).
+# THREADS). Not part of make test (its build is a third one of the sources). Reports do not stop
+# their process; after CTest, scripts/tsan_reports.py fails the run on every report it cannot prove
+# lies inside OpenDHT (the one race a suppression cannot name without hiding tessera's callbacks).
 TSAN_BUILD ?= build-tsan
 TSAN_REPORTS = $(CURDIR)/$(TSAN_BUILD)/sanitizer-reports
-TSAN_RUN_OPTIONS ?= TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/tsan.supp:log_path=$(TSAN_REPORTS)/tsan
+TSAN_RUN_OPTIONS ?= TSAN_OPTIONS=halt_on_error=0:exitcode=0:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/tsan.supp:log_path=$(TSAN_REPORTS)/tsan
 $(TSAN_BUILD)/build.ninja:
 	@venv="$$(bash scripts/install.sh | sed -n 's/^TESSERA_VENV=//p')" && \
 	cmake -S . -B $(TSAN_BUILD) -G Ninja -DTESSERA_PYTHON=$$venv/bin/python -DTESSERA_TSAN=ON
@@ -78,8 +80,8 @@ test-tsan: $(TSAN_BUILD)/build.ninja
 	@bash scripts/install.sh >/dev/null
 	@cmake --build $(TSAN_BUILD) -j $(JOBS)
 	@rm -rf $(TSAN_REPORTS) && mkdir -p $(TSAN_REPORTS)
-	@cd $(TSAN_BUILD) && env $(TSAN_RUN_OPTIONS) ctest -j $(JOBS) --output-on-failure || \
-	  { bash $(CURDIR)/scripts/sanitizer_reports.sh $(TSAN_REPORTS); exit 1; }
+	@cd $(TSAN_BUILD) && env $(TSAN_RUN_OPTIONS) ctest -j $(JOBS) --output-on-failure; status=$$?; \
+	  python3 $(CURDIR)/scripts/tsan_reports.py $(TSAN_REPORTS) || status=1; exit $$status
 
 bench: build
 	@cmake --build $(BUILD) -j $(JOBS) --target bench-tools
