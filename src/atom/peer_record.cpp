@@ -26,7 +26,7 @@ std::string PeerRecord::encode(const std::string& swarm, const SwarmKey& key) co
   const nlohmann::json j = {{"id", id},           {"address", address}, {"swarm_step", swarm_step},
                             {"local_step", local_step}, {"samples", samples}, {"claimed", claimed},
                             {"loss", loss},       {"samples_per_s", samples_per_s}, {"time", time},
-                            {"serving_state", serving_state}, {"suspects", suspects}};
+                            {"serving_state", serving_state}, {"suspects", suspects}, {"state", state}};
   return signed_text(j.dump(), swarm, key);
 }
 
@@ -51,6 +51,7 @@ std::optional<PeerRecord> PeerRecord::parse(const std::string& bytes, const std:
     r.time = j.at("time").get<double>();
     r.serving_state = j.at("serving_state").get<bool>();
     if (j.contains("suspects")) r.suspects = j.at("suspects").get<std::vector<std::string>>();
+    if (j.contains("state")) r.state = j.at("state").get<std::string>();
   } catch (const nlohmann::json::exception&) {
     return std::nullopt;
   }
@@ -64,7 +65,7 @@ std::optional<PeerRecord> PeerRecord::parse(const std::string& bytes, const std:
   r.claimed = *claimed;
   if (r.id.empty() || r.id.size() > 64 || r.address.empty() || r.address.size() > 256 || r.swarm_step < 0 ||
       r.local_step < 0 || r.samples < 0 || r.claimed < 0 || !std::isfinite(r.time) || !std::isfinite(r.samples_per_s) ||
-      r.suspects.size() > kMaxSuspects)
+      r.suspects.size() > kMaxSuspects || r.state.size() > 64)
     return std::nullopt;
   for (const std::string& s : r.suspects)
     if (s.empty() || s.size() > 64) return std::nullopt;

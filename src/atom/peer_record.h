@@ -30,6 +30,10 @@ struct PeerRecord {
   double samples_per_s = 0;
   double time = 0;          // Unix seconds when published
   bool serving_state = false;  // holds a complete state that joiners may download
+  // The digest of its state at swarm_step (atom/swarm.h: batch, its master parameters; DiLoCo, its
+  // outer parameters), 16 hex digits; empty while unknown (not yet computed after a round, or a
+  // peer that holds no state of the swarm yet).
+  std::string state;
   // Members that were outliers of most of this peer's recent rounds under a robust
   // swarm.aggregation (atom/swarm.h): at most kMaxSuspects ids of at most 64 characters.
   std::vector<std::string> suspects;

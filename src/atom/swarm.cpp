@@ -63,8 +63,7 @@ Swarm::Swarm(PeerIdentity identity, const Config& config)
                       config.swarm.trim_fraction});
   poison_ = Poison::from_environment();
   if (poison_)
-    say("TESSERA_SWARM_POISON=" + poison_->mode() + ": this peer sends poisoned contributions (a test of the "
-        "swarm's aggregation)");
+    say("TESSERA_SWARM_POISON=" + poison_->mode() + ": " + poison_->what());
   snapshots_ = std::make_unique<StateSnapshots>(identity_.run_dir + "/swarm_state");
   round_log_ = std::make_unique<RoundLog>(static_cast<int64_t>(config.swarm.replay_mb * 1e6));
   membership_ = std::make_unique<Membership>(identity_.swarm, key_, host, listener_->port(), identity_.initial_peers,
@@ -116,6 +115,7 @@ void Swarm::publish() {
     std::lock_guard<std::mutex> lock(mutex_);
     record_.swarm_step = swarm_step_;
     record_.samples = accumulated_;
+    record_.state = holds_swarm_state_ && digest_step_ == swarm_step_ ? state_digest_ : "";
     record_.time = unix_now();
     r = record_;
   }
@@ -215,6 +215,7 @@ int64_t Swarm::attach(TrainStep& step, int64_t step_number, const nlohmann::json
             " s; the last try: ", transfer_error_);
     std::this_thread::sleep_for(std::chrono::seconds(1));
   }
+  refresh_state_digest();
   step_started_ = unix_now();
   return step_number;
 }
@@ -222,7 +223,7 @@ int64_t Swarm::attach(TrainStep& step, int64_t step_number, const nlohmann::json
 std::vector<RoundMember> Swarm::candidates(const std::vector<PeerRecord>& live) const {
   std::vector<RoundMember> out = {{identity_.id, identity_.listen}};
   for (const PeerRecord& r : live)
-    if (r.id != identity_.id && r.swarm_step == swarm_step_) out.push_back({r.id, r.address});
+    if (r.id != identity_.id && r.swarm_step == swarm_step_ && same_state(r)) out.push_back({r.id, r.address});
   return out;
 }
 
@@ -245,6 +246,8 @@ nlohmann::json Swarm::metrics() const {
           {"samples_accumulated", accumulated_},
           {"outliers", outliers_},
           {"overlapped_rounds", overlapped_rounds_},
+          {"state_digest", digest_step_ == swarm_step_ ? state_digest_ : ""},
+          {"state_divergences", state_divergences_},
           {"suspects", record_.suspects},
           {"round_times", round_times_}};
 }

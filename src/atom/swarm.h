@@ -49,6 +49,18 @@
 // at its outer step takes their state instead of a round alone). Either way it drops what
 // it had accumulated on the old parameters (counted in its log); peers serve their snapshot
 // between two steps when asked.
+// Replicas that diverged: peers at one swarm step must hold one state (the invariant below), but
+// peers that lost sight of each other (a stalled round, DHT records expired over saturated links)
+// each take rounds alone, and a corrupted update (a flipped bit) splits one replica off silently;
+// averaging gradients on different parameters never brings them back together. So each peer
+// publishes its state's digest in its record (core/flat_tensors.h tensors_digest, every bit of
+// its master parameters in batch mode, of its outer parameters under DiLoCo; computed after each
+// update that advanced its swarm step, after a catch-up and at attach, once it holds a state of
+// the swarm). Among the live peers at its swarm step the state most of them hold is the swarm's
+// (a tie, e.g. two peers: the smallest digest, so that every peer picks the same); a peer holding
+// another says so in its log, counts it (metrics' state_divergences) and takes that state as a
+// peer behind does (ahead_of), and the others leave it out of their rounds and counts until its
+// record shows the swarm's state.
 // Aggregation: each part of a round is combined by swarm.aggregation at its owner
 // (atom/robust_aggregation.h); under a robust rule every member logs the round's outliers and
 // publishes, as its record's suspects, the members that were outliers in most of their recent
@@ -141,11 +153,17 @@ class Swarm final : public Collaboration {
   void take_round(const RoundResult& result, const std::vector<at::Tensor>& gradients, double entered,
                   double claims_seen);
   void outer_step(TrainStep& step);                                            // diloco
-  // The peers of `live` at a higher swarm step than this one's; peers_ahead(): of the live peers
-  // the DHT shows now.
-  std::vector<PeerRecord> ahead_of(const std::vector<PeerRecord>& live) const;
+  // The peers whose state this peer takes: those of `live` at a higher swarm step than this one's,
+  // or, when none is and this peer's state is not the swarm's at its step (replicas that diverged,
+  // above), those holding the swarm's (logged once a step). peers_ahead(): of the live peers the
+  // DHT shows now.
+  std::vector<PeerRecord> ahead_of(const std::vector<PeerRecord>& live);
   std::vector<PeerRecord> peers_ahead();
-  // The candidates of this swarm step's round (live peers at it, this one included).
+  // Whether `r` may hold this peer's state: its digest or this peer's unknown, or the same.
+  bool same_state(const PeerRecord& r) const;
+  // This peer's state digest, computed now and published (nothing before it holds a state of the swarm).
+  void refresh_state_digest();
+  // The candidates of this swarm step's round (live peers at it with this peer's state, this one included).
   std::vector<RoundMember> candidates(const std::vector<PeerRecord>& live) const;
   void publish();
   // After a round this peer took: its accumulation counted as contributed, the step advanced,
@@ -211,6 +229,9 @@ class Swarm final : public Collaboration {
   at::Tensor factors_;   // its factors, equal on every peer at the same swarm step
   int64_t inner_ = 0;                        // diloco: local steps since the last outer step
   bool holds_swarm_state_ = false;  // after a round, a download or a restart (a fresh peer holds its own init)
+  std::string state_digest_;  // of this peer's state at swarm step digest_step_ (published when that is swarm_step_)
+  int64_t digest_step_ = -1;
+  int64_t state_divergences_ = 0, diverged_step_ = -1;  // times its state was not the swarm's; the last step it was
   int64_t rounds_ = 0, failed_rounds_ = 0;
   double step_started_ = 0;  // Unix seconds when the local step now running began
   uint64_t bytes_sent_ = 0, bytes_received_ = 0;

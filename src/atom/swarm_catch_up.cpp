@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <sstream>
 #include <utility>
 
@@ -19,8 +20,32 @@
 namespace tessera::atom {
 
 std::optional<int64_t> Swarm::catch_up(TrainStep& step, const std::vector<PeerRecord>& ahead, Deadline deadline) {
-  if (config_.swarm.sync == "batch" && holds_swarm_state_ && replay(ahead, deadline)) return swarm_step_;
-  return load_state(step, ahead, deadline);
+  // Rounds replay onto the swarm's state only: not onto a replica that diverged at this step.
+  const bool all_ahead =
+      std::all_of(ahead.begin(), ahead.end(), [&](const PeerRecord& r) { return r.swarm_step > swarm_step_; });
+  std::optional<int64_t> loaded;
+  if (config_.swarm.sync == "batch" && holds_swarm_state_ && all_ahead && replay(ahead, deadline))
+    loaded = swarm_step_;
+  else
+    loaded = load_state(step, ahead, deadline);
+  if (loaded) refresh_state_digest();
+  return loaded;
+}
+
+void Swarm::refresh_state_digest() {
+  if (!holds_swarm_state_) return;
+  const std::string digest = tensors_digest(config_.swarm.sync == "batch" ? holder_->master_parameters()
+                                                                          : std::vector<at::Tensor>{outer_start_});
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    state_digest_ = digest;
+    digest_step_ = swarm_step_;
+  }
+  publish();
+}
+
+bool Swarm::same_state(const PeerRecord& r) const {
+  return r.state.empty() || digest_step_ != swarm_step_ || r.state == state_digest_;
 }
 
 bool Swarm::replay(const std::vector<PeerRecord>& ahead, Deadline deadline) {
@@ -71,11 +96,44 @@ void Swarm::drop_accumulated() {
   inner_ = 0;
 }
 
-std::vector<PeerRecord> Swarm::ahead_of(const std::vector<PeerRecord>& live) const {
+std::vector<PeerRecord> Swarm::ahead_of(const std::vector<PeerRecord>& live) {
   std::vector<PeerRecord> ahead;
   for (const PeerRecord& r : live)
     if (r.id != identity_.id && r.swarm_step > swarm_step_) ahead.push_back(r);
-  return ahead;
+  if (!ahead.empty() || digest_step_ != swarm_step_) return ahead;
+  // The state most peers at this swarm step hold (this one counted for its own), the smallest
+  // digest among equals (the map's order, and only a larger count replaces the first found);
+  // undecided while a peer's digest at this step is unknown (its update still running), which
+  // could tip a count.
+  std::map<std::string, std::vector<PeerRecord>> holders;
+  std::map<std::string, size_t> count = {{state_digest_, 1}};
+  size_t peers = 1, most = 0;
+  for (const PeerRecord& r : live)
+    if (r.id != identity_.id && r.swarm_step == swarm_step_) {
+      if (r.state.empty()) return ahead;
+      holders[r.state].push_back(r);
+      ++count[r.state];
+      ++peers;
+    }
+  std::string swarms;
+  for (const auto& [digest, n] : count)
+    if (n > most) {
+      most = n;
+      swarms = digest;
+    }
+  if (swarms == state_digest_) return ahead;
+  if (diverged_step_ != swarm_step_) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++state_divergences_;
+      diverged_step_ = swarm_step_;
+    }
+    say("swarm step " + std::to_string(swarm_step_) + ": this peer's state (digest " + state_digest_ +
+        ") is not the one " + std::to_string(most) + " of the " + std::to_string(peers) +
+        " live peers at this step hold (" + swarms +
+        "): its replica diverged (rounds taken apart from the others, or a corrupted update); taking theirs");
+  }
+  return holders[swarms];
 }
 
 std::vector<PeerRecord> Swarm::peers_ahead() { return ahead_of(membership_->live_peers(1.0)); }

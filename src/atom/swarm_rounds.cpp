@@ -68,7 +68,7 @@ bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t samples) {
 int64_t Swarm::swarm_samples(const std::vector<PeerRecord>& live, int64_t own) const {
   int64_t total = own;
   for (const PeerRecord& r : live)
-    if (r.id != identity_.id && r.swarm_step == swarm_step_) total += r.samples + r.claimed;
+    if (r.id != identity_.id && r.swarm_step == swarm_step_ && same_state(r)) total += r.samples + r.claimed;
   return total;
 }
 
@@ -205,6 +205,11 @@ void Swarm::finish_round(const RoundResult& result, const std::string& what, con
 
 void Swarm::after_update(TrainStep& step, int64_t step_number) {
   if (config_.swarm.sync == "batch") {
+    if (digest_step_ != swarm_step_ && poison_ && poison_->corrupt(holder_->master_parameters())) {
+      holder_->parameters_written();
+      say("TESSERA_SWARM_POISON=bitflip: one bit of a parameter flipped after round " + std::to_string(swarm_step_));
+    }
+    if (digest_step_ != swarm_step_) refresh_state_digest();
     if (snapshots_->wanted(swarm_step_)) snapshots_->write(swarm_step_, snapshot_tensors(step));
     return;
   }
@@ -214,6 +219,7 @@ void Swarm::after_update(TrainStep& step, int64_t step_number) {
     accumulated_ += record_.claimed;
   }
   if (inner_ >= config_.swarm.inner_steps) outer_step(step);
+  if (digest_step_ != swarm_step_) refresh_state_digest();
 }
 
 void Swarm::outer_step(TrainStep& step) {

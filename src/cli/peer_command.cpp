@@ -131,14 +131,15 @@ Command add_swarm_command(CLI::App& app) {
       if (!peers.empty() && peers.size() == before) break;
     }
     std::printf("swarm '%s' (key %s): %zu live peer(s)\n", args->swarm.c_str(), key.fingerprint().c_str(), peers.size());
-    std::printf("%-34s %-22s %10s %10s %10s %9s %10s %8s\n", "peer", "address", "swarm_step", "local_step", "samples",
-                "loss", "samples/s", "age_s");
+    std::printf("%-34s %-22s %10s %10s %10s %9s %10s %8s  %s\n", "peer", "address", "swarm_step", "local_step",
+                "samples", "loss", "samples/s", "age_s", "state");
     int64_t top = 0;
     for (const atom::PeerRecord& r : peers) {
       top = std::max(top, r.swarm_step);
-      std::printf("%-34s %-22s %10lld %10lld %10lld %9.4f %10.1f %8.1f\n", r.id.c_str(), r.address.c_str(),
+      std::printf("%-34s %-22s %10lld %10lld %10lld %9.4f %10.1f %8.1f  %s\n", r.id.c_str(), r.address.c_str(),
                   static_cast<long long>(r.swarm_step), static_cast<long long>(r.local_step),
-                  static_cast<long long>(r.samples + r.claimed), r.loss, r.samples_per_s, atom::unix_now() - r.time);
+                  static_cast<long long>(r.samples + r.claimed), r.loss, r.samples_per_s, atom::unix_now() - r.time,
+                  r.state.empty() ? "-" : r.state.c_str());
     }
     if (!peers.empty()) std::printf("swarm step %lld\n", static_cast<long long>(top));
     // Members the robust aggregation found an outlier in most of a peer's recent rounds.

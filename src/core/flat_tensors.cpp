@@ -1,10 +1,25 @@
 // Tensor lists as one flat float32 vector (flat_tensors.h).
 #include "core/flat_tensors.h"
 
+#include <cstdio>
+#include <cstring>
+
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
 namespace tessera {
+namespace {
+
+// One word into the hash (a multiply-rotate round, as xxHash64's).
+uint64_t mix(uint64_t hash, uint64_t word) {
+  word *= 0xc2b2ae3d27d4eb4full;
+  word = (word << 31) | (word >> 33);
+  word *= 0x9e3779b185ebca87ull;
+  hash ^= word;
+  return ((hash << 27) | (hash >> 37)) * 0x9e3779b185ebca87ull + 0x85ebca77c2b2ae63ull;
+}
+
+}  // namespace
 
 at::Tensor flatten_float(const std::vector<at::Tensor>& tensors) {
   std::vector<at::Tensor> parts;
@@ -20,6 +35,29 @@ void unflatten_into(const at::Tensor& flat, const std::vector<at::Tensor>& tenso
     t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
     offset += t.numel();
   }
+}
+
+std::string tensors_digest(const std::vector<at::Tensor>& tensors) {
+  uint64_t hash = 0x27d4eb2f165667c5ull;
+  for (const at::Tensor& t : tensors) {
+    const at::Tensor c = t.detach().to(at::kCPU).contiguous();
+    hash = mix(hash, static_cast<uint64_t>(c.scalar_type()));
+    for (const int64_t d : c.sizes()) hash = mix(hash, static_cast<uint64_t>(d));
+    const auto* bytes = static_cast<const unsigned char*>(c.data_ptr());
+    const size_t n = c.nbytes();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      uint64_t word;
+      std::memcpy(&word, bytes + i, 8);
+      hash = mix(hash, word);
+    }
+    uint64_t tail = 0;
+    std::memcpy(&tail, bytes + i, n - i);
+    hash = mix(hash, tail ^ (static_cast<uint64_t>(n - i) << 56));
+  }
+  char out[17];
+  std::snprintf(out, sizeof(out), "%016llx", static_cast<unsigned long long>(hash));
+  return out;
 }
 
 }  // namespace tessera

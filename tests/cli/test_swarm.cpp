@@ -6,7 +6,8 @@
 // peers keep a step whose gradients overflowed out of the rounds; every
 // sample a peer processed is accounted for (averaged, dropped for newer state, or still
 // accumulated); under centered_clip a peer sending poison is clipped, logged and named a suspect;
-// rounds start with the local step that closes them.
+// rounds start with the local step that closes them; a replica that diverged takes the state most
+// peers hold.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -278,6 +279,49 @@ TEST_F(Swarm, APoisonedPeerIsClippedAndNamedAsASuspect) {
   const double entered = times["entered"].get<double>();
   EXPECT_TRUE(entered <= times["claims_seen"].get<double>() || entered > times["started"].get<double>()) << times.dump();
   EXPECT_LE(entered, times["finished"].get<double>()) << times.dump();
+}
+
+TEST_F(Swarm, AReplicaThatDivergedTakesTheStateMostPeersHold) {
+  // Three peers; after its first round one bit of the third's parameters flips
+  // (TESSERA_SWARM_POISON=bitflip): from then on its replica differs from the others', as one that
+  // took rounds apart from them or took a corrupted update would. Averaging gradients would never
+  // bring it back: the final parameters would differ.
+  // Long enough that `swarm status` finds them still training.
+  constexpr int64_t kSteps = 60;
+  const std::string args = settings(kSteps, key_) + " --set swarm.min_peers=3";
+  Peer& first = start("first", args);
+  Peer& second = start("second", args, first.address());
+  Peer& flipped = start("flipped", args, first.address(), {{"TESSERA_SWARM_POISON", "bitflip"}});
+  // While they train, `swarm status` shows each peer's state digest.
+  ASSERT_TRUE(advances(flipped, 0, 5)) << flipped.log();
+  const CommandResult status = run_tessera("swarm status --swarm demo --key-file " + key_ + " --initial-peer " +
+                                           first.address());
+  EXPECT_TRUE(std::regex_search(status.output, std::regex(" +state\n(.*\n)*.* [0-9a-f]{16}\n"))) << status.output;
+  for (const Peer* p : {&first, &second, &flipped}) EXPECT_EQ(p->wait(), 0) << p->log();
+  EXPECT_NE(flipped.log().find("TESSERA_SWARM_POISON=bitflip: one bit of a parameter flipped after round 1"),
+            std::string::npos)
+      << flipped.log();
+  // It finds that its state is not the one the others hold, says so once, and takes theirs.
+  const std::regex diverged("swarm step [0-9]+: this peer's state \\(digest [0-9a-f]{16}\\) is not the one 2 of the 3 "
+                            "live peers at this step hold \\([0-9a-f]{16}\\): its replica diverged");
+  EXPECT_TRUE(std::regex_search(flipped.log(), diverged)) << flipped.log();
+  EXPECT_NE(flipped.log().find("took the swarm's state"), std::string::npos) << flipped.log();
+  EXPECT_EQ(flipped.swarm()["state_divergences"].get<int64_t>(), 1) << flipped.swarm().dump();
+  for (const Peer* p : {&first, &second}) {
+    EXPECT_EQ(p->log().find("diverged"), std::string::npos) << p->log();
+    EXPECT_EQ(p->swarm()["state_divergences"].get<int64_t>(), 0) << p->swarm().dump();
+  }
+  // All three end on one state: the same digest, the same final parameters bit for bit.
+  const std::string last = "/checkpoints/step_" + std::to_string(kSteps) + "/model.safetensors";
+  const std::string model = slurp(first.dir + last);
+  EXPECT_FALSE(model.empty());
+  EXPECT_EQ(first.swarm()["state_digest"].get<std::string>().size(), 16u) << first.swarm().dump();
+  for (const Peer* p : {&first, &second, &flipped}) {
+    EXPECT_EQ(p->swarm_step(), kSteps) << p->log();
+    EXPECT_EQ(p->swarm()["state_digest"], first.swarm()["state_digest"]) << p->swarm().dump();
+    EXPECT_TRUE(slurp(p->dir + last) == model) << p->dir;
+    expect_accounted(*p);
+  }
 }
 
 TEST_F(Swarm, APeerWithoutAKeyOrWithABadAddressIsRefusedByName) {
