@@ -40,12 +40,14 @@ TEST(PeerRecord, VerifiesUnderItsKeyAndSwarmOnly) {
   r.swarm_step = 3;
   r.samples = 12;
   r.time = unix_now();
+  r.state = "0123456789abcdef";
   const std::string bytes = r.encode("demo", key);
   const auto back = PeerRecord::parse(bytes, "demo", key);
   ASSERT_TRUE(back);
   EXPECT_EQ(back->id, "00ff");
   EXPECT_EQ(back->swarm_step, 3);
   EXPECT_EQ(back->samples, 12);
+  EXPECT_EQ(back->state, "0123456789abcdef");
   EXPECT_FALSE(PeerRecord::parse(bytes, "demo", other));   // another key
   EXPECT_FALSE(PeerRecord::parse(bytes, "other", key));    // another swarm
   std::string altered = bytes;
@@ -57,11 +59,15 @@ TEST(PeerRecord, VerifiesUnderItsKeyAndSwarmOnly) {
   PeerRecord bad = r;
   bad.samples = -1;
   EXPECT_FALSE(PeerRecord::parse(bad.encode("demo", key), "demo", key));
+  bad = r;
+  bad.state = std::string(65, 'a');  // a state digest is 16 hex digits; past 64 characters refused
+  EXPECT_FALSE(PeerRecord::parse(bad.encode("demo", key), "demo", key));
   // An integer written as a float past int64_t (found by fuzz_swarm_messages: converting it was
   // undefined behaviour), or as an unsigned past int64_t, is refused.
   const std::string fields = R"({"id":"00ff","address":"h:1","local_step":1,"claimed":0,"loss":1.0,)"
                              R"("samples_per_s":1.0,"time":1.0,"serving_state":false,"swarm_step":3,"samples":)";
-  EXPECT_TRUE(PeerRecord::parse(PeerRecord::signed_text(fields + "12}", "demo", key), "demo", key));
+  EXPECT_TRUE(PeerRecord::parse(PeerRecord::signed_text(fields + "12}", "demo", key), "demo", key));  // no state: unknown
+  EXPECT_FALSE(PeerRecord::parse(PeerRecord::signed_text(fields + R"(12,"state":7})", "demo", key), "demo", key));
   for (const char* samples : {"1.1e117", "12.0", "18446744073709551615"})
     EXPECT_FALSE(PeerRecord::parse(PeerRecord::signed_text(fields + samples + "}", "demo", key), "demo", key))
         << samples;
