@@ -1,6 +1,8 @@
 // An ATOM swarm's predicted step (swarm_cost.h).
 #include "plan/swarm_cost.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/parallel_dims.h"
 #include "model/model_size.h"
@@ -20,6 +22,11 @@ Config peer_config(const Config& config, int64_t peers) {
     c.train.grad_accum = 1;
   }
   return c;
+}
+
+bool rounds_overlap(const Config& config) {
+  return config.swarm.sync == "batch" && config.swarm.overlap_rounds == "always" && !config.memory.swap &&
+         config.precision.dtype != "fp16";
 }
 
 double swarm_round_seconds(double bytes, int64_t peers, const Cluster& cluster) {
@@ -48,7 +55,15 @@ Prediction predict_swarm(const Config& config, int64_t peers, const Cluster& clu
 
   double round = 0, outer = 0;
   if (swarm.sync == "batch") {
-    round = swarm_round_seconds(4 * elements, peers, cluster);
+    const double fixed = swarm_round_seconds(0, peers, cluster);
+    double transfer = swarm_round_seconds(4 * elements, peers, cluster) - fixed;
+    if (rounds_overlap(config)) {
+      const double hides = every_core_computes(cluster, peers) ? 0 : 1;
+      const PartCost all = priced.total();
+      const double last_row = transfer / kRoundRows;
+      transfer = std::max(0.0, transfer - last_row - hides * (all.i + all.w)) + last_row;
+    }
+    round = transfer + fixed;
   } else {
     const double value = swarm.pseudo_gradient_dtype == "fp32" ? 4 : swarm.pseudo_gradient_dtype == "bf16" ? 2 : 1;
     const double per_element = swarm.topk_ratio < 1 ? swarm.topk_ratio * (value + 2) : value;

@@ -6,7 +6,13 @@
 //
 //   batch   one swarm step: each peer's share of swarm.target_batch_size (target / peers samples,
 //           train.batch_size per micro-batch; its local step with its optimizer step, as one
-//           device runs it), then one round of the float32 gradients, which the update waits for
+//           device runs it), then one round of the float32 gradients, which the update waits for.
+//           Overlapped rounds (swarm.overlap_rounds = always, where the peer has gradient leaves:
+//           not fp16, not memory.swap; rounds_overlap) send each piece as the step's last backward
+//           makes it final: that backward hides the round's transfer but its last row of pieces
+//           (1 / kRoundRows of it, which follows the backward), as data parallelism's buckets are
+//           priced (cost_model.cpp), and nothing where every core computes
+//           (every_core_computes); the round's latencies and fixed cost stay exposed
 //   diloco  one local step of every peer (train.batch_size x train.grad_accum samples and the local
 //           optimizer step) plus 1 / swarm.inner_steps of a round of the pseudo-gradient
 //           (pseudo_gradient_dtype: 4, 2 or 1 bytes per element; with topk_ratio < 1 the sent
@@ -38,5 +44,11 @@ Prediction predict_swarm(const Config& config, int64_t peers, const Cluster& clu
 
 // Seconds of one butterfly round of `bytes` over the peers' link (above).
 double swarm_round_seconds(double bytes, int64_t peers, const Cluster& cluster);
+
+// Whether a batch-mode peer under `config` starts its rounds with the local step (above).
+bool rounds_overlap(const Config& config);
+// The rows of pieces a round's mean travels in (atom/averaging.h kPiecesPerPart): the last one's
+// transfer follows the backward.
+constexpr double kRoundRows = 16;
 
 }  // namespace tessera::plan

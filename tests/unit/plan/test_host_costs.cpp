@@ -348,6 +348,7 @@ TEST(SwarmCosts, ABatchRoundIsTheButterflyAndDiLoCoAmortisesItsRound) {
   const Cluster cluster = host_cluster();
   Config c = test::planner_config();
   c.swarm.sync = "batch";
+  c.swarm.overlap_rounds = "never";  // rounds after the backward (overlapped: the test below)
   c.swarm.target_batch_size = 16;
   const ParallelDims one(plan::peer_config(c, 4).parallel, 1, "test");
   const double P = elements(c, one, cluster);
@@ -379,6 +380,41 @@ TEST(SwarmCosts, ABatchRoundIsTheButterflyAndDiLoCoAmortisesItsRound) {
   c.swarm.pseudo_gradient_rank = 0;
   EXPECT_TRUE(test::throws_naming([&] { plan::predict_swarm(c, 4, host_cluster(16, 20, false)); },
                                   {"host.toml", "peers.bandwidth_gbs"}));
+}
+
+// Overlapped batch rounds (swarm.overlap_rounds = always, the default): the step's last backward
+// hides the round's transfer but its last row of pieces; its latencies and fixed cost stay. Not
+// where the peer has no gradient leaves (fp16, memory.swap), nor on a CPU whose every core computes.
+TEST(SwarmCosts, AnOverlappedBatchRoundHidesBehindTheLastBackwardButItsLastRow) {
+  const Cluster cluster = host_cluster();
+  Config c = test::planner_config();
+  c.swarm.sync = "batch";
+  c.swarm.target_batch_size = 16;
+  ASSERT_EQ(c.swarm.overlap_rounds, "always");
+  const ParallelDims one(plan::peer_config(c, 4).parallel, 1, "test");
+  const double P = elements(c, one, cluster);
+  const double transfer = 2 * 0.75 * 4 * P / 0.1e9, fixed = 2 * 300e-6 + 40e-3;
+  const plan::PartCost all = plan::price_operations(plan::peer_config(c, 4), one, cluster).total();
+  ASSERT_GT(all.i + all.w, 0);
+  const plan::Prediction overlapped = plan::predict_swarm(c, 4, cluster);
+  EXPECT_NEAR(test::breakdown_term(overlapped, "swarm_round"),
+              std::max(0.0, transfer * 15 / 16 - (all.i + all.w)) + transfer / 16 + fixed, 1e-12);
+  EXPECT_LT(test::breakdown_term(overlapped, "swarm_round"), transfer + fixed);
+  EXPECT_NEAR(test::breakdown_sum(overlapped), overlapped.step_s, 1e-12);
+  // After the backward: fp16 peers, swapped peers, and every round where every core computes.
+  Config fp16 = c;
+  fp16.precision.dtype = "fp16";
+  EXPECT_NEAR(test::breakdown_term(plan::predict_swarm(fp16, 4, cluster), "swarm_round"), transfer + fixed, 1e-12);
+  EXPECT_FALSE(plan::rounds_overlap(fp16));
+  Config swapped = c;
+  swapped.memory.swap = true;
+  EXPECT_FALSE(plan::rounds_overlap(swapped));
+  const Cluster cpu = plan::parse_cluster(
+      test::replaced_text(cluster_text(), "[device]\n", "[device]\nkind = \"cpu\"\n"), "cpu.toml");
+  ASSERT_EQ(cpu.device.kind, "cpu");
+  EXPECT_NEAR(test::breakdown_term(plan::predict_swarm(c, 4, cpu), "swarm_round"), transfer + fixed, 1e-12);
+  EXPECT_LT(test::breakdown_term(plan::predict_swarm(c, 2, cpu), "swarm_round"),
+            2 * 0.5 * 4 * P / 0.1e9 + fixed);  // 2 peers on a node of 4 cores: the backward hides it
 }
 
 // Swarms are searched where the file gives the peers' link (holding swarm.sync plans swarms only),
