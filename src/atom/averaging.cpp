@@ -3,6 +3,7 @@
 #include "atom/averaging.h"
 
 #include <algorithm>
+#include <map>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -36,10 +37,12 @@ void RoundClock::record(double seconds) {
 // The host's view of one round's JOINs.
 struct Averager::Gather {
   std::vector<RoundMember> joined;
+  std::map<std::string, std::string> states;  // by joiner id: its JOIN's state digest
   bool decided = false;
   std::vector<RoundMember> members;
   std::string token;
   std::string reason;  // why a joiner is not in the group, when not the usual
+  std::map<std::string, std::string> refused;  // by joiner id: why it was left out
 };
 
 Averager::Averager(const SwarmKey& key, std::string my_id, std::string my_address, size_t max_message_bytes,
@@ -118,6 +121,7 @@ bool Averager::serve_join(Channel& channel, const Message& first) {
   std::shared_ptr<Gather> g = closed != closed_.end() ? closed->second : gathers_[round];
   if (!g) g = gathers_[round] = std::make_shared<Gather>();
   g->joined.push_back(member);
+  g->states[member.id] = join.state;
   changed_.notify_all();
   const bool decided =
       changed_.wait_for(lock, std::chrono::duration<double>(wait_s), [&] { return g->decided; });
@@ -125,8 +129,11 @@ bool Averager::serve_join(Channel& channel, const Message& first) {
   const bool in = holds(g->members, member.id);
   nlohmann::json members = nlohmann::json::array();
   for (const RoundMember& m : g->members) members.push_back({m.id, m.address});
+  const auto refused = g->refused.find(member.id);
+  const std::string refusal = refused != g->refused.end() ? refused->second : "";
   lock.unlock();
   const std::string reason = !g->reason.empty() ? g->reason
+                             : !refusal.empty() ? refusal
                              : !in              ? "this peer joined after the group was closed"
                              : g->token.empty() ? "the group was not a majority of the host's candidates"
                                                 : "";
@@ -157,8 +164,15 @@ std::vector<RoundMember> Averager::host(int64_t round, const std::vector<RoundMe
     throw RoundError("round " + std::to_string(round) + " failed: this peer withdrew its contribution: " + withdrawn);
   }
   g->members = {{my_id_, my_address_}};
-  for (const RoundMember& m : g->joined)
+  for (const RoundMember& m : g->joined) {
+    const std::string& theirs = g->states[m.id];
+    if (!state_.empty() && !theirs.empty() && theirs != state_) {
+      g->refused[m.id] = "its state (digest " + theirs + ") is not the host's (" + state_ +
+                         "): the replicas diverged, and their gradients are not averaged together";
+      continue;
+    }
     if (!holds(g->members, m.id)) g->members.push_back(m);
+  }
   sort_by_id(g->members);
   // Not a majority of the candidates: no token, so the joiners fail at once (run_round says why).
   g->token = 2 * g->members.size() > candidates.size() ? to_hex(random_bytes(8)) : "";
@@ -175,7 +189,13 @@ std::vector<RoundMember> Averager::join(int64_t round, const RoundMember& host, 
   try {
     uint64_t sent_before = 0;
     std::unique_ptr<Channel> c = channel_to(host, deadline, sent_before);
-    c->send(kJoin, pack({{"round", round}, {"address", my_address_}, {"wait_s", deadline.seconds_left()}}), deadline);
+    std::string state;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      state = state_;
+    }
+    c->send(kJoin, pack({{"round", round}, {"address", my_address_}, {"wait_s", deadline.seconds_left()}, {"state", state}}),
+            deadline);
     // A contribution still being computed may be withdrawn while the host gathers: look every 0.1 s.
     while (progress && deadline.seconds_left() > 0 && !c->wait_readable(Deadline::in(std::min(0.1, deadline.seconds_left()))))
       if (const std::string why = progress->withdrawn(); !why.empty())
@@ -191,6 +211,11 @@ std::vector<RoundMember> Averager::join(int64_t round, const RoundMember& host, 
     throw RoundError("round " + std::to_string(round) + ": joining host " + host.id + " (" + host.address +
                      ") failed: " + e.what());
   }
+}
+
+void Averager::set_state(const std::string& digest) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  state_ = digest;
 }
 
 RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidates, const at::Tensor& vector,

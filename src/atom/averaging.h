@@ -138,6 +138,10 @@ class Averager {
   bool serve(Channel& channel, const Message& first);
   // Before the Listener stops: closes the kept channels and ends serve()'s waits between requests.
   void close();
+  // The digest of this peer's state (atom/swarm.h) for the rounds it runs from now on (empty: none
+  // known). A JOIN carries it, and a host leaves out of its group a joiner whose digest differs
+  // from its own, both known, telling it why: replicas that diverged never average together.
+  void set_state(const std::string& digest);
   static constexpr double kKeptIdleS = 600;
 
   // One round over `candidates` (the live peers of this round, this one among them) with this
@@ -182,6 +186,7 @@ class Averager {
   size_t max_bytes_;
   AggregationRule rule_;
   std::mutex mutex_;
+  std::string state_;  // set_state
   std::condition_variable changed_;
   std::map<int64_t, std::shared_ptr<Gather>> gathers_;
   std::deque<std::pair<int64_t, std::shared_ptr<Gather>>> closed_;  // the last rounds hosted here that completed

@@ -216,8 +216,12 @@ std::string pack(const nlohmann::json& header, std::string_view payload) {
 
 JoinRequest parse_join(const std::string& body, const std::string& from) {
   const auto [header, payload] = unpack(body, from);
-  return {field<int64_t>(header, "round", from), field<std::string>(header, "address", from),
-          finite(header, "wait_s", 0, kMaxWaitS, from)};
+  JoinRequest j{field<int64_t>(header, "round", from), field<std::string>(header, "address", from),
+                finite(header, "wait_s", 0, kMaxWaitS, from), {}};
+  if (header.contains("state")) j.state = field<std::string>(header, "state", from);
+  if (j.state.size() > 64) throw WireError("peer " + from + " sent a state digest of " + std::to_string(j.state.size()) +
+                                           " characters (at most 64)");
+  return j;
 }
 
 GroupReply parse_group(const std::string& body, const std::string& from) {

@@ -452,6 +452,35 @@ TEST(Averaging, UnderCenteredClipAPoisonedMemberIsNamedAndMovesTheSumLittle) {
   EXPECT_GT(((vectors[0] + vectors[1] + vectors[2] + vectors[3]) / 10.0 - honest).norm().item<double>(), 1000);
 }
 
+TEST(Averaging, AHostLeavesOutAJoinerWhoseStateDiffers) {
+  // a hosts (the smallest id); c's replica diverged from a's and b's (atom/swarm.h).
+  TestPeer a("a"), b("b"), c("c");
+  a.averager->set_state("00000000000000aa");
+  b.averager->set_state("00000000000000aa");
+  c.averager->set_state("00000000000000cc");
+  const std::vector<RoundMember> candidates = {a.member(), b.member(), c.member()};
+  const std::vector<at::Tensor> vectors = {at::full({40}, 1.0), at::full({40}, 2.0), at::full({40}, 100.0)};
+  std::vector<std::string> errors;
+  std::vector<RoundResult> results = run_all({&a, &b, &c}, candidates, vectors, PartEncoding{}, errors);
+  ASSERT_EQ(errors[0], "");
+  ASSERT_EQ(errors[1], "");
+  EXPECT_NE(errors[2].find("its state (digest 00000000000000cc) is not the host's (00000000000000aa): the replicas "
+                           "diverged"),
+            std::string::npos)
+      << errors[2];
+  for (int i : {0, 1}) {
+    EXPECT_EQ(results[i].members.size(), 2u);
+    EXPECT_TRUE(at::equal(results[i].sum, at::full({40}, 3.0))) << "c's vector is not in the sum";
+  }
+  // A digest not known (a peer that holds no state of the swarm yet) is not checked.
+  c.averager->set_state("");
+  results = run_all({&a, &b, &c}, candidates, vectors, PartEncoding{}, errors, 8);
+  for (int i : {0, 1, 2}) {
+    ASSERT_EQ(errors[i], "") << i;
+    EXPECT_TRUE(at::equal(results[i].sum, at::full({40}, 103.0)));
+  }
+}
+
 TEST(Averaging, AMemberUnderAnotherRuleFailsTheRoundByName) {
   TestPeer a("a", AggregationRule{Aggregation::trimmed_mean}), b("b"), c("c", AggregationRule{Aggregation::trimmed_mean});
   std::vector<std::string> errors;

@@ -39,6 +39,7 @@ TEST(Messages, RoundMessagesRoundTrip) {
   ASSERT_EQ(g.members.size(), 2u);
   EXPECT_EQ(g.members[1].address, "h:2");
   EXPECT_EQ(parse_join(pack({{"round", 4}, {"address", "h:1"}, {"wait_s", 2.5}}), "x").round, 4);
+  EXPECT_EQ(parse_join(pack({{"round", 4}, {"address", "h:1"}, {"wait_s", 2.5}, {"state", "0a1b"}}), "x").state, "0a1b");
 }
 
 TEST(Messages, SparsePartsKeepEachChunksLargestEntries) {
@@ -101,6 +102,9 @@ TEST(Messages, HostileFieldsAreRefusedByName) {
   }
   EXPECT_TRUE(test::throws_naming([&] { parse_join(pack({{"round", 1}, {"address", "h:1"}, {"wait_s", 1e9}}), "p"); },
                                   {"'wait_s'"}));
+  EXPECT_TRUE(test::throws_naming(
+      [&] { parse_join(pack({{"round", 1}, {"address", "h:1"}, {"wait_s", 1}, {"state", std::string(65, 'f')}}), "p"); },
+      {"peer p", "state digest of 65 characters"}));
   // An integer field given as a float (converting 1e117 to int64_t is undefined behaviour).
   EXPECT_TRUE(test::throws_naming([&] { parse_join(pack({{"round", 1e117}, {"address", "h:1"}, {"wait_s", 1}}), "p"); },
                                   {"'round'"}));
