@@ -17,11 +17,6 @@
 #include "plan/swap_cost.h"
 
 namespace tessera::plan {
-
-bool every_core_computes(const Cluster& cluster, int64_t busy_ranks) {
-  return cluster.device.kind == "cpu" && busy_ranks >= cluster.cluster.devices_per_node;
-}
-
 namespace {
 
 // A layout priced up to its step, before any table is built: what the prediction and the lower
@@ -46,6 +41,12 @@ struct PricedLayout {
   std::vector<double> held_copies;
 };
 
+// On a CPU "device" whose every core computes (a rank per core), a collective's copying and
+// summing, a pipeline send and a host copy take a core from the compute beside them: no compute
+// hides them (bench/plan_runs_here.py: the two-rank rows were under-predicted, docs/plan.md).
+bool every_core_computes(const Cluster& cluster, const ParallelDims& dims) {
+  return cluster.device.kind == "cpu" && dims.world_size() >= cluster.cluster.devices_per_node;
+}
 
 // What a layout's prices are before its ZeRO stage, offload and swap: one micro-batch of every
 // part, and with a pipeline the cut, the placement, the stages' costs and the transfer; the weights
@@ -96,7 +97,7 @@ PricedLayout price_compute(const Config& config, const ParallelDims& dims, const
     out.costs.transfer = send_seconds(transfer_bytes, pp_tier);
     // With no core to spare a send's copying takes the sender's core (its bytes' time; the
     // receiver's wait is the transfer's delay).
-    const double copying = every_core_computes(cluster, dims.world_size()) ? transfer_bytes / pp_tier.bandwidth_bytes_per_s : 0;
+    const double copying = every_core_computes(cluster, dims) ? transfer_bytes / pp_tier.bandwidth_bytes_per_s : 0;
     out.placement.pp = dims.pp();
     out.placement.v = p.pipeline_virtual();
     out.placement.placement = pipeline::placement_of(p.pp_schedule);
@@ -265,7 +266,7 @@ PricedLayout with_data_parallel(PricedLayout out, const Config& config, const Pa
   // The reduction's last bucket, which no backward hides (none without data replicas). Where
   // every core computes nothing hides (`hides` 0): the whole reduction is exposed already, its
   // last bucket with it.
-  const double hides = every_core_computes(cluster, dims.world_size()) ? 0 : 1;
+  const double hides = every_core_computes(cluster, dims) ? 0 : 1;
   const double reduced = (n_replicas > 1 ? dense_params : 0) + (n_expert_replicas > 1 ? expert_params : 0);
   const double bucket = n_replicas > 1 ? hides * std::min(p.bucket_mb * 1e6, reduced * grad_bytes) /
                                              replica_tier.bandwidth_bytes_per_s

@@ -201,12 +201,6 @@ class PlanCache {
   std::map<ShapeKey, Layout> layouts_;
 };
 
-// On a CPU "device" whose every core computes (`busy_ranks` computing ranks, a rank per core), a
-// collective's copying and summing, a pipeline send and a host copy take a core from the compute
-// beside them: no compute hides them (bench/plan_runs_here.py: the two-rank rows were
-// under-predicted, docs/plan.md).
-bool every_core_computes(const Cluster& cluster, int64_t busy_ranks);
-
 Prediction predict(const Config& config, const ParallelDims& dims, const Cluster& cluster, const CostOptions& options = {});
 // The two halves of predict: the step (from the operations alone: no model is built; `priced`:
 // the layout's price_operations where the caller has it; `cache`: a search's) and the memory (the estimate builds the

@@ -58,10 +58,9 @@ Prediction predict_swarm(const Config& config, int64_t peers, const Cluster& clu
     const double fixed = swarm_round_seconds(0, peers, cluster);
     double transfer = swarm_round_seconds(4 * elements, peers, cluster) - fixed;
     if (rounds_overlap(config)) {
-      const double hides = every_core_computes(cluster, peers) ? 0 : 1;
       const PartCost all = priced.total();
       const double last_row = transfer / kRoundRows;
-      transfer = std::max(0.0, transfer - last_row - hides * (all.i + all.w)) + last_row;
+      transfer = std::max(0.0, transfer - last_row - (all.i + all.w)) + last_row;
     }
     round = transfer + fixed;
   } else {

@@ -10,9 +10,13 @@
 //           Overlapped rounds (swarm.overlap_rounds = always, where the peer has gradient leaves:
 //           not fp16, not memory.swap; rounds_overlap) send each piece as the step's last backward
 //           makes it final: that backward hides the round's transfer but its last row of pieces
-//           (1 / kRoundRows of it, which follows the backward), as data parallelism's buckets are
-//           priced (cost_model.cpp), and nothing where every core computes
-//           (every_core_computes); the round's latencies and fixed cost stay exposed
+//           (1 / kRoundRows of it, which follows the backward); the round's latencies and fixed
+//           cost stay exposed. Unlike data parallelism's buckets (cost_model.cpp) the transfer
+//           hides even where every core computes: it is the peers' link's time, which runs while
+//           the cores compute (four peers on this machine's two cores: overlapped rounds 1.3x
+//           rounds after the backward at 100 Mbit, bench/plan_slow_links.py). The cores' share of
+//           the transfer (TLS, the sockets) is not priced; at 1 Gbit on those shared cores it
+//           costs the local step about what the overlap hides.
 //   diloco  one local step of every peer (train.batch_size x train.grad_accum samples and the local
 //           optimizer step) plus 1 / swarm.inner_steps of a round of the pseudo-gradient
 //           (pseudo_gradient_dtype: 4, 2 or 1 bytes per element; with topk_ratio < 1 the sent
