@@ -46,18 +46,21 @@ struct Averager::Gather {
 };
 
 Averager::Averager(const SwarmKey& key, std::string my_id, std::string my_address, size_t max_message_bytes,
-                   AggregationRule rule)
+                   AggregationRule rule, bool ring)
     : key_(key),
       my_id_(std::move(my_id)),
       my_address_(std::move(my_address)),
       max_bytes_(max_message_bytes),
-      rule_(rule) {}
+      rule_(rule),
+      ring_(ring) {}
 
 bool Averager::serve(Channel& channel, const Message& first) {
-  if (first.type != kJoin && first.type != kPart) return false;
+  if (first.type != kJoin && first.type != kPart && first.type != kRingOpen) return false;
   uint64_t read_before = 0;  // the first request's bytes include the handshake
   for (Message request = first;;) {
-    const bool clean = request.type == kJoin ? serve_join(channel, request) : serve_part(channel, request, read_before);
+    const bool clean = request.type == kJoin   ? serve_join(channel, request)
+                       : request.type == kRingOpen ? serve_ring(channel, request, read_before)
+                                               : serve_part(channel, request, read_before);
     if (!clean) return true;
     read_before = channel.bytes_received();
     // Kept by its member for a later round: its next request, checked for close() every 0.1 s.
@@ -71,7 +74,7 @@ bool Averager::serve(Channel& channel, const Message& first) {
     } catch (const WireError&) {
       return true;  // its member let it go between requests
     }
-    if (request.type != kJoin && request.type != kPart)
+    if (request.type != kJoin && request.type != kPart && request.type != kRingOpen)
       throw WireError("peer " + channel.address() + " sent a message of type " + std::to_string(request.type) +
                       " between rounds");
   }
@@ -264,7 +267,10 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
   result.started = started;
   result.grouped = grouped;
   result.members = members;
-  reduce(round, token, members, me, flat, weight, encoding, reduce_by, progress.get(), result);
+  if (ring_ && n >= 3 && rule_.kind == Aggregation::mean && encoding.exact())
+    reduce_ring(round, token, members, me, flat, weight, reduce_by, progress.get(), result);
+  else
+    reduce(round, token, members, me, flat, weight, encoding, reduce_by, progress.get(), result);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.finished = unix_now();
   clock.record(result.seconds);

@@ -33,6 +33,20 @@
 //            one direction: member m's channel to member j carries m's pieces of part j and the
 //            pieces of m's own sum, written by m and read by j's listener, so no reader waits on
 //            a writer.
+//            Ring (swarm.mean_all_reduce = ring; the mean of three or more members, dense float32
+//            parts): the same rows of n cells (ring_cell), and 2 (n - 1) steps per row, each
+//            member sending to the next one only (me + 1 mod n): at step s < n - 1 its partial sum
+//            of cell me - s (its own cell at s = 0, else the partial it received at step s - 1
+//            plus its own), so that after step n - 2 it holds the whole sum of cell me + 1; then
+//            n - 1 steps passing the whole sums on (averaging_ring.cpp). One TCP flow through each
+//            link at a time (through tbf links a ring carried 74-81% of the rate where the
+//            butterfly's shift order carried 66-70%: bench/results/link_flows_cpu.md). Rows go
+//            last first and each unit goes as soon as what it needs is final and in, so rows
+//            pipeline through the ring. Each cell's whole sum is computed by one member and
+//            passed on as float32, so every member ends with the same bytes. Each member opens
+//            its channel to the next with RING_OPEN before any unit, so the next one reads it from
+//            the start; a failure anywhere closes that member's channel, which fails the next
+//            member, and so on round the ring.
 // Channels are kept between rounds: a member keeps its channel to each member of its last round
 // (the JOIN channel to the host, a member too, among them) and opens only those it lacks, together
 // before the first piece, while the links are idle; the listener's side serves request after
@@ -78,7 +92,7 @@
 namespace tessera::atom {
 
 // The round messages' types on a channel (their layout: messages.h).
-enum RoundMessage : uint8_t { kJoin = 10, kGroup = 11, kPart = 12, kSum = 13 };
+enum RoundMessage : uint8_t { kJoin = 10, kGroup = 11, kPart = 12, kSum = 13, kRing = 14, kRingOpen = 15 };
 
 class RoundError : public Error {
  public:
@@ -95,6 +109,10 @@ class RoundError : public Error {
 constexpr int64_t kPiecesPerPart = 16;
 constexpr int64_t kRowsPerBand = 4;
 std::vector<std::pair<int64_t, int64_t>> round_pieces(int64_t numel, int64_t members, int64_t owner, bool whole);
+// The ring's grid (ring above): its rows, and cell c of row t in travel order (t = 0 the last
+// row), [begin, end) (empty where the vector ends before it). The cells are round_pieces' cells.
+int64_t ring_rows(int64_t numel, int64_t members);
+std::pair<int64_t, int64_t> ring_cell(int64_t numel, int64_t members, int64_t t, int64_t c);
 
 struct RoundResult {
   at::Tensor sum;        // [N] float32: the members' contributions summed
@@ -129,8 +147,9 @@ class Averager {
  public:
   // `rule`: how this peer combines the contributions to the part it owns (every member must hold
   // the same: a part under another rule fails the round, naming the member).
+  // `ring`: the mean of three or more members, dense float32, goes round a ring (above).
   Averager(const SwarmKey& key, std::string my_id, std::string my_address, size_t max_message_bytes,
-           AggregationRule rule = {});
+           AggregationRule rule = {}, bool ring = false);
 
   // The Listener's handler for channels that open with a round message (returns false for any
   // other first message, which the caller handles). It serves the channel's requests until its
@@ -158,6 +177,7 @@ class Averager {
  private:
   struct Gather;  // the host's JOINs of one round
   struct Slot;    // one attempt's reduction on this member (averaging_reduce.cpp)
+  struct RingSlot;  // one attempt's ring on this member (averaging_ring.cpp)
   // The group phase; either ends early, throwing RoundError, when `progress` is withdrawn.
   std::vector<RoundMember> host(int64_t round, const std::vector<RoundMember>& candidates, std::string& token,
                                 Deadline gather, std::shared_ptr<Gather>& decided, const ContributionProgress* progress);
@@ -178,6 +198,12 @@ class Averager {
               const at::Tensor& flat, double weight, const PartEncoding& encoding, Deadline deadline,
               const ContributionProgress* progress, RoundResult& result);
   std::shared_ptr<Slot> slot_for(const std::string& token, bool create);
+  // The ring's reduce phase (averaging_ring.cpp), as reduce(); and the channel from the member
+  // before this one (its units of this attempt).
+  void reduce_ring(int64_t round, const std::string& token, const std::vector<RoundMember>& members, int64_t me,
+                   const at::Tensor& flat, double weight, Deadline deadline, const ContributionProgress* progress,
+                   RoundResult& result);
+  bool serve_ring(Channel& channel, const Message& first, uint64_t read_before);
   // Piece k of this member's part has every contribution: its sum, encoded once for the writers.
   void sum_piece(const std::shared_ptr<Slot>& slot, size_t k);
 
@@ -185,12 +211,14 @@ class Averager {
   std::string my_id_, my_address_;
   size_t max_bytes_;
   AggregationRule rule_;
+  bool ring_ = false;
   std::mutex mutex_;
   std::string state_;  // set_state
   std::condition_variable changed_;
   std::map<int64_t, std::shared_ptr<Gather>> gathers_;
   std::deque<std::pair<int64_t, std::shared_ptr<Gather>>> closed_;  // the last rounds hosted here that completed
   std::map<std::string, std::shared_ptr<Slot>> slots_;
+  std::map<std::string, std::shared_ptr<RingSlot>> ring_slots_;
   std::mutex kept_mutex_;
   std::map<std::string, std::pair<std::string, std::unique_ptr<Channel>>> kept_;  // by member id: address, channel
   std::atomic<bool> closing_{false};

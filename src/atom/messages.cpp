@@ -251,6 +251,19 @@ PartMessage parse_part(const std::string& body, const std::string& from) {
   return part;
 }
 
+RingMessage parse_ring(const std::string& body, const std::string& from) {
+  const auto [header, payload] = unpack(body, from);
+  return {field<std::string>(header, "token", from),          bounded(header, "row", 0, kMaxPieces - 1, from),
+          bounded(header, "step", 0, 2 * kMaxPieces - 1, from), bounded(header, "numel", 0, kMaxPartElements, from),
+          finite(header, "weight", 0, 1e300, from),            finite(header, "wait_s", 0, kMaxWaitS, from),
+          payload};
+}
+
+RingOpen parse_ring_open(const std::string& body, const std::string& from) {
+  const auto [header, payload] = unpack(body, from);
+  return {field<std::string>(header, "token", from), finite(header, "wait_s", 0, kMaxWaitS, from)};
+}
+
 SumReply parse_sum(const std::string& body, const std::string& from) {
   const auto [header, payload] = unpack(body, from);
   SumReply reply{bounded(header, "piece", 0, kMaxPieces - 1, from), finite(header, "weight", 0, 1e300, from), {},

@@ -12,7 +12,10 @@
 //   PART   {token, piece, numel, weight, wait_s, rule} + encoded piece      member -> owner
 //   SUM    {piece, weight, screened: [[id, kept, outlier], ...]} + encoded piece of the sum
 //                                                                          owner -> member
-// (piece: the index of the piece of the part, and numel its entries: a part travels in pieces,
+//   RING_OPEN {token, wait_s}                              member -> next member, first on the channel
+//   RING   {token, row, step, numel, weight, wait_s} + float32 cell         member -> next member
+// (a ring's unit, atom/averaging.h: step < n - 1 a partial sum of `weight`, later a whole one;
+// piece: the index of the piece of the part, and numel its entries: a part travels in pieces,
 // atom/averaging.h; rule: the sender's swarm.aggregation, which the owner's must equal; screened:
 // how each member's contribution fared under a robust rule, absent under mean:
 // atom/robust_aggregation.h)
@@ -103,6 +106,14 @@ struct PartMessage {
   Aggregation rule = Aggregation::mean;
   std::string_view payload;  // a view into the message body
 };
+struct RingMessage {
+  std::string token;
+  int64_t row = 0, step = 0;  // within [0, kMaxPieces) and [0, 2 kMaxPieces)
+  int64_t numel = 0;          // within [0, kMaxPartElements]
+  double weight = 0;          // finite, >= 0
+  double wait_s = 0;
+  std::string_view payload;
+};
 struct SumReply {
   int64_t piece = 0;  // within [0, kMaxPieces)
   double weight = 0;
@@ -114,6 +125,12 @@ JoinRequest parse_join(const std::string& body, const std::string& from);
 GroupReply parse_group(const std::string& body, const std::string& from);
 PartMessage parse_part(const std::string& body, const std::string& from);
 SumReply parse_sum(const std::string& body, const std::string& from);
+RingMessage parse_ring(const std::string& body, const std::string& from);
+struct RingOpen {
+  std::string token;
+  double wait_s = 0;
+};
+RingOpen parse_ring_open(const std::string& body, const std::string& from);
 // Their payloads view `body`: a temporary body would leave them dangling (the sanitizer build
 // caught a test doing so), so one does not compile.
 PartMessage parse_part(std::string&& body, const std::string& from) = delete;

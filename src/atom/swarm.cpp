@@ -60,7 +60,8 @@ Swarm::Swarm(PeerIdentity identity, const Config& config)
   averager_ = std::make_unique<Averager>(
       key_, identity_.id, identity_.listen, max_bytes,
       AggregationRule{aggregation_from_name(config.swarm.aggregation), config.swarm.clip_radius,
-                      config.swarm.trim_fraction});
+                      config.swarm.trim_fraction},
+      config.swarm.mean_all_reduce == "ring");
   poison_ = Poison::from_environment();
   if (poison_)
     say("TESSERA_SWARM_POISON=" + poison_->mode() + ": " + poison_->what());

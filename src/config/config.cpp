@@ -305,6 +305,8 @@ void SwarmOptions::check(const std::string& source) const {
   require(sync == "batch" || sync == "diloco", source, ": swarm.sync must be batch or diloco (got '", sync, "')");
   require(overlap_rounds == "always" || overlap_rounds == "never", source,
           ": swarm.overlap_rounds must be always or never (got '", overlap_rounds, "')");
+  require(mean_all_reduce == "butterfly" || mean_all_reduce == "ring", source,
+          ": swarm.mean_all_reduce must be butterfly or ring (got '", mean_all_reduce, "')");
   require(aggregation == "mean" || aggregation == "centered_clip" || aggregation == "trimmed_mean" ||
               aggregation == "median",
           source, ": swarm.aggregation must be mean, centered_clip, trimmed_mean or median (got '", aggregation, "')");

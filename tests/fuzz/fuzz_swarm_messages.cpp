@@ -56,6 +56,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
       case 3: {
+        try {  // a ring's unit and opening (atom/averaging_ring.cpp)
+          const RingMessage r = parse_ring(body, "fuzz");
+          check(r.numel >= 0 && r.numel <= kMaxPartElements && std::isfinite(r.weight) && r.weight >= 0 && r.row >= 0 &&
+                r.row < kMaxPieces && r.step >= 0 && r.step < 2 * kMaxPieces);
+        } catch (const tessera::Error&) {
+        }
+        try {
+          check(parse_ring_open(body, "fuzz").wait_s >= 0);
+        } catch (const tessera::Error&) {
+        }
         const SumReply s = parse_sum(body, "fuzz");
         check(std::isfinite(s.weight) && s.piece >= 0 && s.piece < kMaxPieces);
         for (const Screening& m : s.screened) check(m.kept >= 0 && m.kept <= 1 && m.member.size() <= 64);

@@ -35,7 +35,7 @@ struct TestPeer {
   std::unique_ptr<Listener> listener;
   RoundClock clock{0.5, 5};
   std::atomic<int> accepted{0};  // channels the listener accepted
-  explicit TestPeer(std::string name, AggregationRule rule = {}) : id(std::move(name)) {
+  explicit TestPeer(std::string name, AggregationRule rule = {}, bool ring = false) : id(std::move(name)) {
     listener = std::make_unique<Listener>(
         "127.0.0.1", 0, kTestKey, id, 1 << 26,
         [this](std::unique_ptr<Channel> c) {
@@ -44,7 +44,7 @@ struct TestPeer {
           averager->serve(*c, first);
         },
         nullptr);
-    averager = std::make_unique<Averager>(kTestKey, id, address(), 1 << 26, rule);
+    averager = std::make_unique<Averager>(kTestKey, id, address(), 1 << 26, rule, ring);
   }
   ~TestPeer() { averager->close(); }  // before the listener stops (the channels kept between rounds)
   std::string address() const { return "127.0.0.1:" + std::to_string(listener->port()); }
@@ -544,8 +544,8 @@ TEST(Averaging, RowsOfPiecesCoverTheVectorOnceAndGoLastRowFirst) {
 // Member a's contribution is computed while the round runs: not-a-number until each range, from the
 // last to the first, is written and marked final. Any piece read before it was final would carry
 // a NaN into every member's sum.
-TEST(Averaging, AContributionStillBeingComputedGoesOutAsItBecomesFinal) {
-  TestPeer a("a"), b("b"), c("c");
+void contribution_still_being_computed(bool ring) {
+  TestPeer a("a", {}, ring), b("b", {}, ring), c("c", {}, ring);
   const std::vector<RoundMember> candidates = {a.member(), b.member(), c.member()};
   const int64_t numel = 24 * kSparseChunk + 5;
   const at::Tensor values = at::randn({numel}), other = at::randn({numel});
@@ -594,8 +594,14 @@ TEST(Averaging, AContributionStillBeingComputedGoesOutAsItBecomesFinal) {
   EXPECT_LT(after, 0.5) << "the round ended soon after the last range was final (most had gone already)";
 }
 
-TEST(Averaging, AWithdrawnContributionFailsTheRoundOnEveryMemberAtOnce) {
-  TestPeer a("a"), b("b"), c("c");
+TEST(Averaging, AContributionStillBeingComputedGoesOutAsItBecomesFinal) { contribution_still_being_computed(false); }
+
+TEST(Averaging, AContributionStillBeingComputedGoesRoundTheRingAsItBecomesFinal) {
+  contribution_still_being_computed(true);
+}
+
+void withdrawn_contribution(bool ring) {
+  TestPeer a("a", {}, ring), b("b", {}, ring), c("c", {}, ring);
   a.clock = b.clock = c.clock = RoundClock(30, 30);
   const int64_t numel = 12 * kSparseChunk;
   // a, the host, withdraws while it gathers (waiting for a candidate that never comes), or after
@@ -639,6 +645,96 @@ TEST(Averaging, AWithdrawnContributionFailsTheRoundOnEveryMemberAtOnce) {
                                PartEncoding{}, errors, 6);
   for (size_t i = 0; i < 3; ++i) {
     ASSERT_EQ(errors[i], "");
+    EXPECT_TRUE(at::equal(results[i].sum, at::full({numel}, 3.0f)));
+  }
+}
+
+TEST(Averaging, AWithdrawnContributionFailsTheRoundOnEveryMemberAtOnce) { withdrawn_contribution(false); }
+
+TEST(Averaging, AWithdrawnContributionFailsTheRingOnEveryMemberAtOnce) { withdrawn_contribution(true); }
+
+// The ring (swarm.mean_all_reduce = ring): four members, a vector of many rows and one of a
+// single row; every member ends with the same bytes, the sums exact to float32's rounding, the
+// weights summed; each member sent and received 2 (n - 1) / n of the vector.
+TEST(Averaging, FourMembersSumRoundTheRingAndAgree) {
+  std::vector<std::unique_ptr<TestPeer>> owned;
+  std::vector<TestPeer*> peers;
+  std::vector<RoundMember> candidates;
+  for (const char* name : {"d", "a", "c", "b"}) {
+    owned.push_back(std::make_unique<TestPeer>(name, AggregationRule{}, true));
+    peers.push_back(owned.back().get());
+    candidates.push_back(owned.back()->member());
+  }
+  int64_t round = 7;
+  for (const int64_t numel : {int64_t{1001}, 4 * kSparseChunk * 20 + 7}) {
+    EXPECT_EQ(ring_rows(numel, 4) > 1, numel > 1001);
+    std::vector<at::Tensor> vectors;
+    at::Tensor want = at::zeros({numel});
+    for (size_t i = 0; i < peers.size(); ++i) {
+      vectors.push_back(at::randn({numel}));
+      want += vectors.back();
+    }
+    std::vector<std::string> errors;
+    const std::vector<RoundResult> results = run_all(peers, candidates, vectors, PartEncoding{}, errors, round++);
+    for (size_t i = 0; i < peers.size(); ++i) {
+      ASSERT_EQ(errors[i], "") << peers[i]->id;
+      EXPECT_EQ(results[i].members.size(), 4u);
+      EXPECT_DOUBLE_EQ(results[i].weight, 1 + 2 + 3 + 4);
+      EXPECT_TRUE(at::equal(results[i].sum, results[0].sum)) << "every member ends with the same sum";
+      EXPECT_GE(results[i].bytes_sent, static_cast<uint64_t>(4 * numel * 3 / 2));
+      EXPECT_LT(results[i].bytes_sent, static_cast<uint64_t>(4 * numel * 3 / 2 * 1.05 + 65536));
+    }
+    EXPECT_TRUE(test::all_close(results[0].sum, want, 0, 1e-5)) << numel;
+  }
+  // Robust rules and encoded parts go by the butterfly (a ring would re-encode partial sums).
+  std::vector<std::string> errors;
+  const std::vector<at::Tensor> small = {at::ones({64}), at::ones({64}), at::ones({64}), at::ones({64})};
+  const std::vector<RoundResult> results = run_all(peers, candidates, small, PartEncoding{Codec::bf16}, errors, round++);
+  for (size_t i = 0; i < peers.size(); ++i) {
+    ASSERT_EQ(errors[i], "");
+    EXPECT_TRUE(at::equal(results[i].sum, at::full({64}, 4.0f)));
+  }
+}
+
+// A ring member that dies after its group formed fails the round on every member (through its
+// neighbours' channels, not at their deadlines), and the retry without it succeeds.
+TEST(Averaging, AMemberDyingInTheRingFailsItForEveryMemberAndTheRetrySucceeds) {
+  TestPeer a("a", {}, true), b("b", {}, true), c("c", {}, true);
+  a.clock = b.clock = c.clock = RoundClock(30, 30);
+  auto d = std::make_unique<TestPeer>("d", AggregationRule{}, true);
+  d->clock = RoundClock(30, 30);
+  std::vector<RoundMember> candidates = {a.member(), b.member(), c.member(), d->member()};
+  const int64_t numel = 4 * kSparseChunk * 16;
+  // d's contribution never becomes final: it holds the ring's first units of each row until it dies.
+  auto stuck = std::make_shared<ContributionProgress>(numel);
+  std::vector<std::string> errors(4);
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  std::vector<TestPeer*> peers = {&a, &b, &c, d.get()};
+  for (size_t i = 0; i < 4; ++i)
+    threads.emplace_back([&, i] {
+      try {
+        if (i == 3)
+          peers[i]->averager->run_round(9, candidates, at::zeros({numel}), 1.0, PartEncoding{}, peers[i]->clock, stuck);
+        else
+          peers[i]->averager->run_round(9, candidates, at::ones({numel}), 1.0, PartEncoding{}, peers[i]->clock);
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    });
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  stuck->withdraw("the test ends this member");
+  threads[3].join();
+  d.reset();  // its listener and kept channels go
+  for (size_t i = 0; i < 3; ++i) threads[i].join();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (size_t i = 0; i < 3; ++i) EXPECT_NE(errors[i], "") << i;
+  EXPECT_LT(took, 10.0) << "the members waited for their 30 s deadline";
+  candidates.pop_back();
+  const auto results = run_all({&a, &b, &c}, candidates, {at::ones({numel}), at::ones({numel}), at::ones({numel})},
+                               PartEncoding{}, errors, 10);
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_EQ(errors[i], "") << i;
     EXPECT_TRUE(at::equal(results[i].sum, at::full({numel}, 3.0f)));
   }
 }

@@ -40,6 +40,17 @@ TEST(Messages, RoundMessagesRoundTrip) {
   EXPECT_EQ(g.members[1].address, "h:2");
   EXPECT_EQ(parse_join(pack({{"round", 4}, {"address", "h:1"}, {"wait_s", 2.5}}), "x").round, 4);
   EXPECT_EQ(parse_join(pack({{"round", 4}, {"address", "h:1"}, {"wait_s", 2.5}, {"state", "0a1b"}}), "x").state, "0a1b");
+  const RingMessage r = parse_ring(pack({{"token", "t"}, {"row", 2}, {"step", 5}, {"numel", 2}, {"weight", 3.0}, {"wait_s", 1.0}},
+                                        encode_part(at::tensor({1.5f, -2.0f}), Codec::fp32)),
+                                   "peer");
+  EXPECT_EQ(r.row, 2);
+  EXPECT_EQ(r.step, 5);
+  EXPECT_EQ(r.weight, 3.0);
+  EXPECT_TRUE(at::equal(decode_part(r.payload, r.numel, Codec::fp32, "peer"), at::tensor({1.5f, -2.0f})));
+  EXPECT_EQ(parse_ring_open(pack({{"token", "t"}, {"wait_s", 2.0}}), "peer").token, "t");
+  EXPECT_TRUE(test::throws_naming(
+      [&] { parse_ring(pack({{"token", "t"}, {"row", -1}, {"step", 0}, {"numel", 0}, {"weight", 1.0}, {"wait_s", 1.0}}), "p"); },
+      {"peer p", "'row'"}));
 }
 
 TEST(Messages, SparsePartsKeepEachChunksLargestEntries) {
