@@ -166,11 +166,12 @@ std::vector<RoundMember> Averager::host(int64_t round, const std::vector<RoundMe
     changed_.notify_all();
     throw RoundError("round " + std::to_string(round) + " failed: this peer withdrew its contribution: " + withdrawn);
   }
+  const std::string mine = state_for(round, gather, lock);
   g->members = {{my_id_, my_address_}};
   for (const RoundMember& m : g->joined) {
     const std::string& theirs = g->states[m.id];
-    if (!state_.empty() && !theirs.empty() && theirs != state_) {
-      g->refused[m.id] = "its state (digest " + theirs + ") is not the host's (" + state_ +
+    if (!mine.empty() && !theirs.empty() && theirs != mine) {
+      g->refused[m.id] = "its state (digest " + theirs + ") is not the host's (" + mine +
                          "): the replicas diverged, and their gradients are not averaged together";
       continue;
     }
@@ -194,8 +195,8 @@ std::vector<RoundMember> Averager::join(int64_t round, const RoundMember& host, 
     std::unique_ptr<Channel> c = channel_to(host, deadline, sent_before);
     std::string state;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
-      state = state_;
+      std::unique_lock<std::mutex> lock(mutex_);
+      state = state_for(round, deadline, lock);
     }
     c->send(kJoin, pack({{"round", round}, {"address", my_address_}, {"wait_s", deadline.seconds_left()}, {"state", state}}),
             deadline);
@@ -216,9 +217,20 @@ std::vector<RoundMember> Averager::join(int64_t round, const RoundMember& host, 
   }
 }
 
-void Averager::set_state(const std::string& digest) {
+void Averager::set_state(int64_t round, const std::string& digest) {
   std::lock_guard<std::mutex> lock(mutex_);
+  state_round_ = round;
   state_ = digest;
+  changed_.notify_all();
+}
+
+std::string Averager::state_for(int64_t round, Deadline deadline, std::unique_lock<std::mutex>& lock) {
+  if (state_round_ < 0) return "";
+  const auto until = std::min(deadline.at, std::chrono::steady_clock::now() +
+                                               std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                   std::chrono::duration<double>(kStateWaitS)));
+  changed_.wait_until(lock, until, [&] { return state_round_ >= round; });
+  return state_round_ == round ? state_ : "";
 }
 
 RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidates, const at::Tensor& vector,

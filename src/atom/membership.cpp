@@ -166,6 +166,7 @@ void Membership::saw_round(const std::vector<std::string>& ids, int64_t swarm_st
     impl_->first_hand[id] = {swarm_step, now + impl_->ttl};
     it->second.swarm_step = swarm_step;
     it->second.samples = 0;
+    it->second.state.clear();  // its digest at the new step comes with its own record
     it->second.time = now;
   }
 }

@@ -41,7 +41,7 @@ void Swarm::refresh_state_digest() {
     state_digest_ = digest;
     digest_step_ = swarm_step_;
   }
-  averager_->set_state(digest);
+  averager_->set_state(swarm_step_, digest);
   publish();
 }
 

@@ -455,9 +455,9 @@ TEST(Averaging, UnderCenteredClipAPoisonedMemberIsNamedAndMovesTheSumLittle) {
 TEST(Averaging, AHostLeavesOutAJoinerWhoseStateDiffers) {
   // a hosts (the smallest id); c's replica diverged from a's and b's (atom/swarm.h).
   TestPeer a("a"), b("b"), c("c");
-  a.averager->set_state("00000000000000aa");
-  b.averager->set_state("00000000000000aa");
-  c.averager->set_state("00000000000000cc");
+  a.averager->set_state(7, "00000000000000aa");
+  b.averager->set_state(7, "00000000000000aa");
+  c.averager->set_state(7, "00000000000000cc");
   const std::vector<RoundMember> candidates = {a.member(), b.member(), c.member()};
   const std::vector<at::Tensor> vectors = {at::full({40}, 1.0), at::full({40}, 2.0), at::full({40}, 100.0)};
   std::vector<std::string> errors;
@@ -473,11 +473,34 @@ TEST(Averaging, AHostLeavesOutAJoinerWhoseStateDiffers) {
     EXPECT_TRUE(at::equal(results[i].sum, at::full({40}, 3.0))) << "c's vector is not in the sum";
   }
   // A digest not known (a peer that holds no state of the swarm yet) is not checked.
-  c.averager->set_state("");
+  a.averager->set_state(8, "00000000000000aa");
+  b.averager->set_state(8, "00000000000000aa");
+  c.averager->set_state(8, "");
   results = run_all({&a, &b, &c}, candidates, vectors, PartEncoding{}, errors, 8);
   for (int i : {0, 1, 2}) {
     ASSERT_EQ(errors[i], "") << i;
     EXPECT_TRUE(at::equal(results[i].sum, at::full({40}, 103.0)));
+  }
+}
+
+// An overlapped round starts before the update that makes the state its mean applies to: its JOIN
+// and its host wait for that state's digest (set_state of the round), not the one before it.
+TEST(Averaging, ARoundWaitsForTheDigestOfItsOwnState) {
+  TestPeer a("a"), b("b");
+  // The host's update is done; the joiner's ends 300 ms into round 5 (sent with the digest of
+  // step 4, its JOIN would be refused).
+  a.averager->set_state(5, "0000000000000005");
+  b.averager->set_state(4, "0000000000000004");
+  std::thread updates([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    b.averager->set_state(5, "0000000000000005");
+  });
+  std::vector<std::string> errors;
+  const auto results = run_all({&a, &b}, {a.member(), b.member()}, {at::ones({8}), at::ones({8})}, PartEncoding{}, errors, 5);
+  updates.join();
+  for (size_t i = 0; i < 2; ++i) {
+    ASSERT_EQ(errors[i], "") << i;
+    EXPECT_EQ(results[i].members.size(), 2u);
   }
 }
 

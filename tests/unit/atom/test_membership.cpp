@@ -81,15 +81,17 @@ TEST(Membership, ARoundsMembersAreSeenAtTheirNewStepUntilTheirOwnRecordsCome) {
   Membership b("demo", kTestKey, "127.0.0.1", 0, {"127.0.0.1:" + std::to_string(a.port())}, 30);
   PeerRecord mine = record_of("b", b.port());
   mine.samples = 16;
+  mine.state = "00000000000000b0";  // its state's digest at step 0
   b.publish(mine);
   ASSERT_EQ(wait_for_peers(a, 1).size(), 1u);
   // a and b completed the round of swarm step 0: a sees b at step 1 with nothing accumulated at
-  // once; an id it never saw is not invented.
+  // once (its state's digest unknown until its own record comes); an id it never saw is not invented.
   a.saw_round({"b", "stranger"}, 1);
   std::vector<PeerRecord> seen = a.live_peers(0.5);
   ASSERT_EQ(seen.size(), 1u);
   EXPECT_EQ(seen[0].swarm_step, 1);
   EXPECT_EQ(seen[0].samples, 0);
+  EXPECT_EQ(seen[0].state, "") << "its digest at step 1 is not its digest at step 0 (atom/swarm.h)";
   // b republishes its old step (its last sums came later than a's): newer by its time, older news.
   mine.time = unix_now();
   b.publish(mine);
