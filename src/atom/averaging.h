@@ -33,7 +33,7 @@
 //            one direction: member m's channel to member j carries m's pieces of part j and the
 //            pieces of m's own sum, written by m and read by j's listener, so no reader waits on
 //            a writer.
-//            Ring (swarm.mean_all_reduce = ring; the mean of three or more members, dense float32
+//            Ring (swarm.mean_all_reduce = ring, the default; the mean of three or more members, dense float32
 //            parts): the same rows of n cells (ring_cell), and 2 (n - 1) steps per row, each
 //            member sending to the next one only (me + 1 mod n): at step s < n - 1 its partial sum
 //            of cell me - s (its own cell at s = 0, else the partial it received at step s - 1
