@@ -15,11 +15,12 @@ optimizer step, in each mode:
   1f1b    GPipe or 1F1B: float32 activations and their gradients cross every stage boundary for
           every micro-batch;
   batch   four `tessera peer`s, swarm.sync = batch, target batch 64 (16 per peer per local step):
-          the peers' butterfly all-reduce of float32 gradients once per swarm step, each round
+          the peers' all-reduce of float32 gradients (round a ring) once per swarm step, each round
           started with the local step that closes it (swarm.overlap_rounds = always, the default);
   batch_after  the same with swarm.overlap_rounds = never: each round starts after the backward;
-  batch_ring   batch with swarm.mean_all_reduce = ring: the mean goes round a ring, one flow through
-               each link, instead of the butterfly (src/atom/averaging.h);
+  batch_butterfly  batch with swarm.mean_all_reduce = butterfly: the mean by the butterfly instead of
+               round a ring (the default; src/atom/averaging.h; bench/results/swarm_ring_slow_links_cpu.md
+               compared them when the butterfly was the default, as modes batch and batch_ring);
   diloco  four `tessera peer`s, swarm.sync = diloco, int8 pseudo-gradients every 10 local steps
           of 16 (the setting that ends within 4% of batch mode's loss: bench/results/atom_swarm_cpu.md).
 Throughput is the samples per second of the whole run's steady state: from each run's
@@ -56,7 +57,7 @@ MODES = {
     "1f1b": "pipeline, 1F1B",
     "batch": "ATOM peers, batch",
     "batch_after": "ATOM batch, rounds after the backward",
-    "batch_ring": "ATOM batch, the mean round a ring",
+    "batch_butterfly": "ATOM batch, the mean by the butterfly",
     "diloco": "ATOM peers, DiLoCo int8 / 10 steps",
 }
 RATE_BYTES = {"gbit": 1e9 / 8, "mbit": 1e6 / 8, "kbit": 1e3 / 8}
@@ -170,8 +171,8 @@ def commands(build, mode, run_dir, data, key, steps):
                 args += ["--set", "swarm.sync=batch", "--set", "swarm.target_batch_size=%d" % GLOBAL_BATCH]
                 if mode == "batch_after":
                     args += ["--set", "swarm.overlap_rounds=never"]
-                if mode == "batch_ring":
-                    args += ["--set", "swarm.mean_all_reduce=ring"]
+                if mode == "batch_butterfly":
+                    args += ["--set", "swarm.mean_all_reduce=butterfly"]
             else:
                 args += ["--set", "swarm.sync=diloco", "--set", "swarm.inner_steps=10",
                          "--set", "swarm.pseudo_gradient_dtype=int8"]

@@ -29,11 +29,12 @@ bool rounds_overlap(const Config& config) {
          config.precision.dtype != "fp16";
 }
 
-double swarm_round_seconds(double bytes, int64_t peers, const Cluster& cluster) {
+double swarm_round_seconds(double bytes, int64_t peers, const Cluster& cluster, int64_t steps) {
   if (peers <= 1) return 0;
   const Cluster::Tier link = cluster.peer_tier();
   const double n = static_cast<double>(peers);
-  return 2 * (n - 1) / n * bytes / link.bandwidth_bytes_per_s + 2 * link.latency_s + 1e-3 * cluster.peers.round_overhead_ms;
+  return 2 * (n - 1) / n * bytes / link.bandwidth_bytes_per_s + static_cast<double>(steps) * link.latency_s +
+         1e-3 * cluster.peers.round_overhead_ms;
 }
 
 Prediction predict_swarm(const Config& config, int64_t peers, const Cluster& cluster, const CostOptions& options,
@@ -55,8 +56,9 @@ Prediction predict_swarm(const Config& config, int64_t peers, const Cluster& clu
 
   double round = 0, outer = 0;
   if (swarm.sync == "batch") {
-    const double fixed = swarm_round_seconds(0, peers, cluster);
-    double transfer = swarm_round_seconds(4 * elements, peers, cluster) - fixed;
+    const int64_t steps = swarm.mean_all_reduce == "ring" && peers >= 3 ? 2 * (peers - 1) : 2;
+    const double fixed = swarm_round_seconds(0, peers, cluster, steps);
+    double transfer = swarm_round_seconds(4 * elements, peers, cluster, steps) - fixed;
     if (rounds_overlap(config)) {
       const PartCost all = priced.total();
       const double last_row = transfer / kRoundRows;

@@ -22,10 +22,11 @@
 //           (pseudo_gradient_dtype: 4, 2 or 1 bytes per element; with topk_ratio < 1 the sent
 //           entries only, each with a 2-byte index) and of the outer Nesterov step on the host (24
 //           bytes per element at host.optimizer_gbs, or the device's bandwidth without one)
-// A round is the butterfly all-reduce (atom/averaging.h): each member sends and receives
-// (n - 1) / n of the vector twice, 2 (n - 1) / n bytes / bandwidth, in two steps (2 latencies),
-// plus peers.round_overhead_ms. Low-rank pseudo-gradients (swarm.pseudo_gradient_rank) are not
-// priced (refused by key).
+// A round (atom/averaging.h): each member sends and receives (n - 1) / n of the vector twice,
+// 2 (n - 1) / n bytes / bandwidth, plus peers.round_overhead_ms; by the butterfly in two steps (2
+// latencies), round a ring (batch mode's mean of three or more peers under
+// swarm.mean_all_reduce = ring, the default) in 2 (n - 1). Low-rank pseudo-gradients
+// (swarm.pseudo_gradient_rank) are not priced (refused by key).
 //
 // The prediction's step_s is the swarm step (batch) or the local step (diloco); tokens_per_s counts
 // every peer's tokens; the memory is one peer's device.
@@ -46,8 +47,9 @@ Config peer_config(const Config& config, int64_t peers);
 Prediction predict_swarm(const Config& config, int64_t peers, const Cluster& cluster, const CostOptions& options = {},
                          bool with_memory = true);
 
-// Seconds of one butterfly round of `bytes` over the peers' link (above).
-double swarm_round_seconds(double bytes, int64_t peers, const Cluster& cluster);
+// Seconds of one round of `bytes` over the peers' link (above), `steps` latencies (2 for the
+// butterfly, 2 (n - 1) round a ring).
+double swarm_round_seconds(double bytes, int64_t peers, const Cluster& cluster, int64_t steps = 2);
 
 // Whether a batch-mode peer under `config` starts its rounds with the local step (above).
 bool rounds_overlap(const Config& config);

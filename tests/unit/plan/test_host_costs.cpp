@@ -349,6 +349,7 @@ TEST(SwarmCosts, ABatchRoundIsTheButterflyAndDiLoCoAmortisesItsRound) {
   Config c = test::planner_config();
   c.swarm.sync = "batch";
   c.swarm.overlap_rounds = "never";  // rounds after the backward (overlapped: the test below)
+  c.swarm.mean_all_reduce = "butterfly";  // round a ring: below
   c.swarm.target_batch_size = 16;
   const ParallelDims one(plan::peer_config(c, 4).parallel, 1, "test");
   const double P = elements(c, one, cluster);
@@ -361,6 +362,11 @@ TEST(SwarmCosts, ABatchRoundIsTheButterflyAndDiLoCoAmortisesItsRound) {
   EXPECT_NEAR(test::breakdown_term(batch, "swarm_round"), round(4 * P), 1e-12);
   EXPECT_NEAR(batch.tokens_per_s, 16 * 64 / batch.step_s, 1e-6);
   EXPECT_NEAR(test::breakdown_sum(batch), batch.step_s, 1e-12);
+  // Round a ring (the default): the same bytes in 2 (n - 1) = 6 steps.
+  Config ring = c;
+  ring.swarm.mean_all_reduce = "ring";
+  EXPECT_NEAR(test::breakdown_term(plan::predict_swarm(ring, 4, cluster), "swarm_round"), round(4 * P) + 4 * 300e-6,
+              1e-12);
 
   c.swarm.sync = "diloco";
   c.swarm.inner_steps = 10;
@@ -390,6 +396,7 @@ TEST(SwarmCosts, AnOverlappedBatchRoundHidesBehindTheLastBackwardButItsLastRow) 
   const Cluster cluster = host_cluster();
   Config c = test::planner_config();
   c.swarm.sync = "batch";
+  c.swarm.mean_all_reduce = "butterfly";
   c.swarm.target_batch_size = 16;
   ASSERT_EQ(c.swarm.overlap_rounds, "always");
   const ParallelDims one(plan::peer_config(c, 4).parallel, 1, "test");
