@@ -202,6 +202,21 @@ class Averager {
               const at::Tensor& flat, double weight, const PartEncoding& encoding, Deadline deadline,
               const ContributionProgress* progress, RoundResult& result);
   std::shared_ptr<Slot> slot_for(const std::string& token, bool create);
+  // While a listener thread reads a channel of an attempt (Slot or RingSlot): on every way out the
+  // attempt's bytes are counted and its reduce told the reader ended.
+  template <class AttemptSlot>
+  struct Reading {
+    Averager& averager;
+    AttemptSlot& slot;
+    Channel& channel;
+    uint64_t before;
+    ~Reading() {
+      std::lock_guard<std::mutex> lock(averager.mutex_);
+      slot.bytes_received += channel.bytes_received() - before;
+      --slot.readers;
+      averager.changed_.notify_all();
+    }
+  };
   // The ring's reduce phase (averaging_ring.cpp), as reduce(); and the channel from the member
   // before this one (its units of this attempt).
   void reduce_ring(int64_t round, const std::string& token, const std::vector<RoundMember>& members, int64_t me,

@@ -145,18 +145,7 @@ bool Averager::serve_part(Channel& channel, const Message& first, uint64_t read_
     if (!slot) return false;
     ++slot->readers;
   }
-  struct Reading {  // on every way out: the attempt's bytes counted, and reduce() told it ended
-    Averager& averager;
-    Slot& slot;
-    Channel& channel;
-    uint64_t before;
-    ~Reading() {
-      std::lock_guard<std::mutex> lock(averager.mutex_);
-      slot.bytes_received += channel.bytes_received() - before;
-      --slot.readers;
-      averager.changed_.notify_all();
-    }
-  } reading{*this, *slot, channel, read_before};
+  Reading<Slot> reading{*this, *slot, channel, read_before};
   const auto m = std::find_if(slot->members.begin(), slot->members.end(),
                               [&](const RoundMember& r) { return r.id == channel.peer_id(); });
   const size_t j = static_cast<size_t>(m - slot->members.begin());

@@ -89,18 +89,7 @@ bool Averager::serve_ring(Channel& channel, const Message& first, uint64_t read_
     if (!slot) return false;
     ++slot->readers;
   }
-  struct Reading {  // on every way out: the attempt's bytes counted, and reduce_ring() told it ended
-    Averager& averager;
-    RingSlot& slot;
-    Channel& channel;
-    uint64_t before;
-    ~Reading() {
-      std::lock_guard<std::mutex> lock(averager.mutex_);
-      slot.bytes_received += channel.bytes_received() - before;
-      --slot.readers;
-      averager.changed_.notify_all();
-    }
-  } reading{*this, *slot, channel, read_before};
+  Reading<RingSlot> reading{*this, *slot, channel, read_before};
   const int64_t before = wrap(slot->me - 1, slot->n);
   try {
     if (channel.peer_id() != slot->before)
