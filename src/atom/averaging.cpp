@@ -37,7 +37,7 @@ void RoundClock::record(double seconds) {
 // The host's view of one round's JOINs.
 struct Averager::Gather {
   std::vector<RoundMember> joined;
-  std::map<std::string, std::string> states;  // by joiner id: its JOIN's state digest
+  std::map<std::string, std::pair<int64_t, std::string>> states;  // by joiner id: its JOIN's state step and digest
   bool decided = false;
   std::vector<RoundMember> members;
   std::string token;
@@ -124,7 +124,7 @@ bool Averager::serve_join(Channel& channel, const Message& first) {
   std::shared_ptr<Gather> g = closed != closed_.end() ? closed->second : gathers_[round];
   if (!g) g = gathers_[round] = std::make_shared<Gather>();
   g->joined.push_back(member);
-  g->states[member.id] = join.state;
+  g->states[member.id] = {join.state_step, join.state};
   changed_.notify_all();
   const bool decided =
       changed_.wait_for(lock, std::chrono::duration<double>(wait_s), [&] { return g->decided; });
@@ -166,12 +166,12 @@ std::vector<RoundMember> Averager::host(int64_t round, const std::vector<RoundMe
     changed_.notify_all();
     throw RoundError("round " + std::to_string(round) + " failed: this peer withdrew its contribution: " + withdrawn);
   }
-  const std::string mine = state_for(round, gather, lock);
   g->members = {{my_id_, my_address_}};
   for (const RoundMember& m : g->joined) {
-    const std::string& theirs = g->states[m.id];
-    if (!mine.empty() && !theirs.empty() && theirs != mine) {
-      g->refused[m.id] = "its state (digest " + theirs + ") is not the host's (" + mine +
+    const auto& [step, theirs] = g->states[m.id];
+    if (!state_.empty() && !theirs.empty() && step == state_step_ && theirs != state_) {
+      g->refused[m.id] = "its state at swarm step " + std::to_string(step) + " (digest " + theirs +
+                         ") is not the host's (" + state_ +
                          "): the replicas diverged, and their gradients are not averaged together";
       continue;
     }
@@ -193,13 +193,13 @@ std::vector<RoundMember> Averager::join(int64_t round, const RoundMember& host, 
   try {
     uint64_t sent_before = 0;
     std::unique_ptr<Channel> c = channel_to(host, deadline, sent_before);
-    std::string state;
+    nlohmann::json join = {{"round", round}, {"address", my_address_}, {"wait_s", deadline.seconds_left()}};
     {
-      std::unique_lock<std::mutex> lock(mutex_);
-      state = state_for(round, deadline, lock);
+      std::lock_guard<std::mutex> lock(mutex_);
+      join["state"] = state_;
+      join["state_step"] = state_step_;
     }
-    c->send(kJoin, pack({{"round", round}, {"address", my_address_}, {"wait_s", deadline.seconds_left()}, {"state", state}}),
-            deadline);
+    c->send(kJoin, pack(join), deadline);
     // A contribution still being computed may be withdrawn while the host gathers: look every 0.1 s.
     while (progress && deadline.seconds_left() > 0 && !c->wait_readable(Deadline::in(std::min(0.1, deadline.seconds_left()))))
       if (const std::string why = progress->withdrawn(); !why.empty())
@@ -217,20 +217,10 @@ std::vector<RoundMember> Averager::join(int64_t round, const RoundMember& host, 
   }
 }
 
-void Averager::set_state(int64_t round, const std::string& digest) {
+void Averager::set_state(int64_t step, const std::string& digest) {
   std::lock_guard<std::mutex> lock(mutex_);
-  state_round_ = round;
+  state_step_ = step;
   state_ = digest;
-  changed_.notify_all();
-}
-
-std::string Averager::state_for(int64_t round, Deadline deadline, std::unique_lock<std::mutex>& lock) {
-  if (state_round_ < 0) return "";
-  const auto until = std::min(deadline.at, std::chrono::steady_clock::now() +
-                                               std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                                   std::chrono::duration<double>(kStateWaitS)));
-  changed_.wait_until(lock, until, [&] { return state_round_ >= round; });
-  return state_round_ == round ? state_ : "";
 }
 
 RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidates, const at::Tensor& vector,

@@ -157,14 +157,13 @@ class Averager {
   bool serve(Channel& channel, const Message& first);
   // Before the Listener stops: closes the kept channels and ends serve()'s waits between requests.
   void close();
-  // The digest of this peer's state (atom/swarm.h) at swarm step `round`, the state round `round`'s
-  // mean is applied to. A JOIN of that round carries it, and its host leaves out of the group a
-  // joiner whose digest differs from its own, both known, telling it why: replicas that diverged
-  // never average together. A round that starts before its state exists (an overlapped round
-  // starts before the update that makes it) waits for it, at most kStateWaitS (then unchecked);
-  // before the first call nothing waits (a peer that holds no state of the swarm yet).
-  void set_state(int64_t round, const std::string& digest);
-  static constexpr double kStateWaitS = 10;
+  // The digest of this peer's newest state (atom/swarm.h), the one at swarm step `step`. A JOIN
+  // carries it with its step, and the host leaves out of its group a joiner whose digest of the
+  // same step differs from its own, telling it why: replicas that diverged never average together.
+  // Digests of different steps are not compared: an overlapped round starts before the update
+  // that makes its state, so its members may hold the digest of the step before or of this one
+  // (a divergence is then found a round later).
+  void set_state(int64_t step, const std::string& digest);
   static constexpr double kKeptIdleS = 600;
 
   // One round over `candidates` (the live peers of this round, this one among them) with this
@@ -232,11 +231,8 @@ class Averager {
   AggregationRule rule_;
   bool ring_ = false;
   std::mutex mutex_;
-  std::string state_;      // set_state: the digest of the state at swarm step state_round_
-  int64_t state_round_ = -1;
-  // This peer's digest for `round` (under mutex_, waiting on changed_ for it within kStateWaitS and
-  // `deadline`), or empty when it has none.
-  std::string state_for(int64_t round, Deadline deadline, std::unique_lock<std::mutex>& lock);
+  std::string state_;  // set_state: the digest of the state at swarm step state_step_
+  int64_t state_step_ = -1;
   std::condition_variable changed_;
   std::map<int64_t, std::shared_ptr<Gather>> gathers_;
   std::deque<std::pair<int64_t, std::shared_ptr<Gather>>> closed_;  // the last rounds hosted here that completed

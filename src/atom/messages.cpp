@@ -219,6 +219,7 @@ JoinRequest parse_join(const std::string& body, const std::string& from) {
   JoinRequest j{field<int64_t>(header, "round", from), field<std::string>(header, "address", from),
                 finite(header, "wait_s", 0, kMaxWaitS, from), {}};
   if (header.contains("state")) j.state = field<std::string>(header, "state", from);
+  if (header.contains("state_step")) j.state_step = bounded(header, "state_step", -1, int64_t{1} << 62, from);
   if (j.state.size() > 64) throw WireError("peer " + from + " sent a state digest of " + std::to_string(j.state.size()) +
                                            " characters (at most 64)");
   return j;

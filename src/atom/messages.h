@@ -7,7 +7,7 @@
 // tests/fuzz/fuzz_swarm_messages.cpp drives every parser.
 //
 // Round messages (atom/averaging.h) are [u32 header length][JSON header][binary payload]:
-//   JOIN   {round, address, wait_s, state}                 member -> host
+//   JOIN   {round, address, wait_s, state, state_step}     member -> host
 //   GROUP  {token, members: [[id, address], ...], reason}  host -> member
 //   PART   {token, piece, numel, weight, wait_s, rule} + encoded piece      member -> owner
 //   SUM    {piece, weight, screened: [[id, kept, outlier], ...]} + encoded piece of the sum
@@ -91,6 +91,7 @@ struct JoinRequest {
   std::string address;
   double wait_s = 0;  // within [0, 1 day]
   std::string state;  // the member's state digest (atom/swarm.h), at most 64 characters; empty: unknown
+  int64_t state_step = -1;  // the swarm step that state is of (-1 with no state)
 };
 struct GroupReply {
   std::string token;  // empty: no group with this member (reason says why)

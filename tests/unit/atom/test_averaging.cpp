@@ -464,8 +464,8 @@ TEST(Averaging, AHostLeavesOutAJoinerWhoseStateDiffers) {
   std::vector<RoundResult> results = run_all({&a, &b, &c}, candidates, vectors, PartEncoding{}, errors);
   ASSERT_EQ(errors[0], "");
   ASSERT_EQ(errors[1], "");
-  EXPECT_NE(errors[2].find("its state (digest 00000000000000cc) is not the host's (00000000000000aa): the replicas "
-                           "diverged"),
+  EXPECT_NE(errors[2].find("its state at swarm step 7 (digest 00000000000000cc) is not the host's (00000000000000aa): "
+                           "the replicas diverged"),
             std::string::npos)
       << errors[2];
   for (int i : {0, 1}) {
@@ -483,21 +483,15 @@ TEST(Averaging, AHostLeavesOutAJoinerWhoseStateDiffers) {
   }
 }
 
-// An overlapped round starts before the update that makes the state its mean applies to: its JOIN
-// and its host wait for that state's digest (set_state of the round), not the one before it.
-TEST(Averaging, ARoundWaitsForTheDigestOfItsOwnState) {
+// An overlapped round starts before the update that makes the state its mean applies to: a
+// joiner's newest digest may be of the step before the host's. Digests of different steps are not
+// compared (compared, every overlapped joiner was refused: seen in a four-host run).
+TEST(Averaging, DigestsOfDifferentStepsAreNotCompared) {
   TestPeer a("a"), b("b");
-  // The host's update is done; the joiner's ends 300 ms into round 5 (sent with the digest of
-  // step 4, its JOIN would be refused).
-  a.averager->set_state(5, "0000000000000005");
-  b.averager->set_state(4, "0000000000000004");
-  std::thread updates([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    b.averager->set_state(5, "0000000000000005");
-  });
+  a.averager->set_state(5, "0000000000000005");  // the host's update is done
+  b.averager->set_state(4, "0000000000000004");  // the joiner's is not yet
   std::vector<std::string> errors;
   const auto results = run_all({&a, &b}, {a.member(), b.member()}, {at::ones({8}), at::ones({8})}, PartEncoding{}, errors, 5);
-  updates.join();
   for (size_t i = 0; i < 2; ++i) {
     ASSERT_EQ(errors[i], "") << i;
     EXPECT_EQ(results[i].members.size(), 2u);

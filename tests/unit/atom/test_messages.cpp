@@ -39,10 +39,12 @@ TEST(Messages, RoundMessagesRoundTrip) {
   ASSERT_EQ(g.members.size(), 2u);
   EXPECT_EQ(g.members[1].address, "h:2");
   EXPECT_EQ(parse_join(pack({{"round", 4}, {"address", "h:1"}, {"wait_s", 2.5}}), "x").round, 4);
-  EXPECT_EQ(parse_join(pack({{"round", 4}, {"address", "h:1"}, {"wait_s", 2.5}, {"state", "0a1b"}}), "x").state, "0a1b");
-  const RingMessage r = parse_ring(pack({{"token", "t"}, {"row", 2}, {"step", 5}, {"numel", 2}, {"weight", 3.0}, {"wait_s", 1.0}},
-                                        encode_part(at::tensor({1.5f, -2.0f}), Codec::fp32)),
-                                   "peer");
+  const JoinRequest j = parse_join(pack({{"round", 4}, {"address", "h:1"}, {"wait_s", 2.5}, {"state", "0a1b"}, {"state_step", 3}}), "x");
+  EXPECT_EQ(j.state, "0a1b");
+  EXPECT_EQ(j.state_step, 3);
+  const std::string ring = pack({{"token", "t"}, {"row", 2}, {"step", 5}, {"numel", 2}, {"weight", 3.0}, {"wait_s", 1.0}},
+                                encode_part(at::tensor({1.5f, -2.0f}), Codec::fp32));
+  const RingMessage r = parse_ring(ring, "peer");  // its payload views `ring`
   EXPECT_EQ(r.row, 2);
   EXPECT_EQ(r.step, 5);
   EXPECT_EQ(r.weight, 3.0);
