@@ -31,18 +31,19 @@ STDLIB_FRAME = re.compile(r"^ +#[0-9]+ .* /usr/include/c\+\+/")
 
 
 def reports(text):
-    """The reports in one log file: each the lines between two separator lines."""
+    """The reports in one log file: each the lines between two separator lines that open with
+    TSan's WARNING (the "ThreadSanitizer: reported N warnings" line at exit is not one)."""
     found, current = [], None
     for line in text.splitlines():
         if line.strip() == SEPARATOR:
-            if current is not None and current:
+            if current:
                 found.append(current)
             current = []
         elif current is not None:
             current.append(line)
     if current:
         found.append(current)
-    return found
+    return [r for r in found if any(line.startswith("WARNING: ThreadSanitizer:") for line in r[:2])]
 
 
 def blocks(report):

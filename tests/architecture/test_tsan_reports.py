@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """scripts/tsan_reports.py lets through only a race inside OpenDHT on OpenDHT's own socket.
 
-The first report is the one CI printed for stop 75 (Swarm, `tessera swarm status`); each other case
-changes one thing about it that makes the race possibly tessera's, and must fail the run.
+The first report is the one CI printed for stop 75 (Swarm, `tessera swarm status`), with the line
+TSan writes at the process's exit (not a report); each other case changes one thing about it that
+makes the race possibly tessera's, and must fail the run.
 """
 import pathlib
 import subprocess
@@ -32,6 +33,7 @@ WARNING: ThreadSanitizer: data race (pid=28354)
 
 SUMMARY: ThreadSanitizer: data race (/lib/x86_64-linux-gnu/libopendht.so.2+0x142887)
 ==================
+ThreadSanitizer: reported 1 warnings
 """
 UNRESTORED = "    [failed to restore the stack]"
 OPENDHT_SEND = ("    #0 sendto sanitizer_common_interceptors.inc:6812 (libtsan.so.2+0x58161)\n"

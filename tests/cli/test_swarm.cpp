@@ -62,8 +62,8 @@ TEST_F(Swarm, PeersSurviveEachOthersDeathAndAJoinerTakesTheStateFromSeveralDonor
   EXPECT_TRUE(a == slurp(fourth.dir + last));
   for (const Peer* p : {&third, &fourth}) expect_accounted(*p);
   // Most rounds started with the local step that closed them (swarm.overlap_rounds = always, the default).
-  for (const Peer* p : {&third, &fourth})
-    EXPECT_GT(p->swarm()["overlapped_rounds"].get<int64_t>(), kSteps / 2) << p->swarm().dump();
+  for (const Peer* p : {&third, &fourth})  // the joiner took fewer rounds than kSteps
+    EXPECT_GT(p->swarm()["overlapped_rounds"].get<int64_t>(), p->swarm()["rounds"].get<int64_t>() / 2) << p->swarm().dump();
 }
 
 TEST_F(Swarm, DiLoCoPeersWithTopKPseudoGradientsTakeTheSameOuterSteps) {
