@@ -116,7 +116,7 @@ void Swarm::publish() {
     std::lock_guard<std::mutex> lock(mutex_);
     record_.swarm_step = swarm_step_;
     record_.samples = accumulated_;
-    record_.state = holds_swarm_state_ && digest_step_ == swarm_step_ ? state_digest_ : "";
+    record_.state = current_state();
     record_.time = unix_now();
     r = record_;
   }
@@ -247,7 +247,7 @@ nlohmann::json Swarm::metrics() const {
           {"samples_accumulated", accumulated_},
           {"outliers", outliers_},
           {"overlapped_rounds", overlapped_rounds_},
-          {"state_digest", digest_step_ == swarm_step_ ? state_digest_ : ""},
+          {"state_digest", current_state()},
           {"state_divergences", state_divergences_},
           {"suspects", record_.suspects},
           {"round_times", round_times_}};

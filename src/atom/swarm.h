@@ -159,7 +159,10 @@ class Swarm final : public Collaboration {
   // DHT shows now.
   std::vector<PeerRecord> ahead_of(const std::vector<PeerRecord>& live);
   std::vector<PeerRecord> peers_ahead();
-  // Whether `r` may hold this peer's state: its digest or this peer's unknown, or the same.
+  // This peer's state digest at its swarm step, or empty while it is unknown (after a round,
+  // before the update's digest; a peer holding no state of the swarm). Whether `r` may hold this
+  // peer's state: its digest or this peer's unknown, or the same.
+  std::string current_state() const;
   bool same_state(const PeerRecord& r) const;
   // This peer's state digest, computed now and published (nothing before it holds a state of the swarm).
   void refresh_state_digest();

@@ -45,8 +45,11 @@ void Swarm::refresh_state_digest() {
   publish();
 }
 
+std::string Swarm::current_state() const { return digest_step_ == swarm_step_ ? state_digest_ : ""; }
+
 bool Swarm::same_state(const PeerRecord& r) const {
-  return r.state.empty() || digest_step_ != swarm_step_ || r.state == state_digest_;
+  const std::string mine = current_state();
+  return r.state.empty() || mine.empty() || r.state == mine;
 }
 
 bool Swarm::replay(const std::vector<PeerRecord>& ahead, Deadline deadline) {
@@ -106,19 +109,17 @@ std::vector<PeerRecord> Swarm::ahead_of(const std::vector<PeerRecord>& live) {
   // digest among equals (the map's order, and only a larger count replaces the first found);
   // undecided while a peer's digest at this step is unknown (its update still running), which
   // could tip a count.
-  std::map<std::string, std::vector<PeerRecord>> holders;
-  std::map<std::string, size_t> count = {{state_digest_, 1}};
+  std::map<std::string, std::vector<PeerRecord>> holders = {{state_digest_, {}}};  // the others, by digest
   size_t peers = 1, most = 0;
   for (const PeerRecord& r : live)
     if (r.id != identity_.id && r.swarm_step == swarm_step_) {
       if (r.state.empty()) return ahead;
       holders[r.state].push_back(r);
-      ++count[r.state];
       ++peers;
     }
   std::string swarms;
-  for (const auto& [digest, n] : count)
-    if (n > most) {
+  for (const auto& [digest, others] : holders)
+    if (const size_t n = others.size() + (digest == state_digest_ ? 1 : 0); n > most) {
       most = n;
       swarms = digest;
     }
