@@ -269,7 +269,8 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
   result.started = started;
   result.grouped = grouped;
   result.members = members;
-  if (ring_ && n >= 3 && rule_.kind == Aggregation::mean && encoding.exact())
+  result.ring = ring_ && n >= 3 && rule_.kind == Aggregation::mean && encoding.exact();
+  if (result.ring)
     reduce_ring(round, token, members, me, flat, weight, reduce_by, progress.get(), result);
   else
     reduce(round, token, members, me, flat, weight, encoding, reduce_by, progress.get(), result);

@@ -119,6 +119,7 @@ struct RoundResult {
   at::Tensor delivered;  // [N] float32: this member's contribution as the sum counted it (decoded)
   double weight = 0;     // their weights summed
   std::vector<RoundMember> members;
+  bool ring = false;  // the sums went round a ring (Averager's `ring`), else the butterfly
   // Under a robust rule (robust_aggregation.h): each member's share kept, averaged over the parts,
   // and whether it was an outlier of most parts; empty under mean.
   std::vector<Screening> screened;

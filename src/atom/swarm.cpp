@@ -247,6 +247,7 @@ nlohmann::json Swarm::metrics() const {
           {"samples_accumulated", accumulated_},
           {"outliers", outliers_},
           {"overlapped_rounds", overlapped_rounds_},
+          {"ring_rounds", ring_rounds_},
           {"state_digest", current_state()},
           {"state_divergences", state_divergences_},
           {"suspects", record_.suspects},

@@ -264,6 +264,7 @@ class Swarm final : public Collaboration {
   std::shared_ptr<LeafHooks> leaf_hooks_;
   std::unique_ptr<OverlappedRound> overlapped_;
   int64_t overlapped_rounds_ = 0;  // rounds taken that had started with their local step
+  int64_t ring_rounds_ = 0;        // rounds taken whose sums went round a ring
 
   std::unique_ptr<Poison> poison_;
   static constexpr size_t kScreenedRounds = 20;

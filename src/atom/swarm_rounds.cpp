@@ -189,6 +189,7 @@ void Swarm::finish_round(const RoundResult& result, const std::string& what, con
     inner_ = 0;
     ++swarm_step_;
     ++rounds_;
+    ring_rounds_ += result.ring;
     holds_swarm_state_ = true;
     bytes_sent_ += result.bytes_sent;
     bytes_received_ += result.bytes_received;
@@ -197,7 +198,7 @@ void Swarm::finish_round(const RoundResult& result, const std::string& what, con
   for (const RoundMember& m : result.members) members.push_back(m.id);
   membership_->saw_round(members, swarm_step_);
   std::ostringstream line;
-  line << what << " " << swarm_step_ << ": " << result.members.size() << " peers, " << detail << "sent "
+  line << what << " " << swarm_step_ << ": " << result.members.size() << " peers" << (result.ring ? " round a ring, " : ", ") << detail << "sent "
        << format_bytes(static_cast<double>(result.bytes_sent)) << " in " << result.seconds << " s";
   say(line.str());
   publish();

@@ -740,6 +740,15 @@ const std::vector<Row>& layouts() {
          c.precision.loss_scale_init = 256;
        },
        &kFp16, false, true},
+      // Four peers: the mean goes round a ring (averaging_ring.cpp); the butterfly's sums beside it.
+      {"peers4_batch_ring", 4, [](Config& c) {}, &kFp32, false, true},
+      {"peers4_batch_ring_sgd", 4, sgd, &kFp32, false, true},
+      {"peers4_batch_butterfly_sgd", 4,
+       [](Config& c) {
+         sgd(c);
+         c.swarm.mean_all_reduce = "butterfly";
+       },
+       &kFp32, false, true},
       {"peers2_batch_swapped_accum2", 2,
        [](Config& c) {
          c.model.n_layer = 4;
@@ -1270,6 +1279,9 @@ Trace train_peers(const Config& row, comm::Mesh& mesh) {
   // backward makes the gradients final (not under fp16 or swap: GradientHolder::gradient_leaves).
   const bool overlaps = config.precision.dtype != "fp16" && !config.memory.swap;
   EXPECT_EQ(swarm->metrics()["overlapped_rounds"].get<int64_t>(), overlaps ? kSteps - 1 : 0) << "peer " << r;
+  // Three or more peers sum the mean of dense float32 round a ring (swarm.mean_all_reduce), two the butterfly.
+  const bool ring = D >= 3 && config.swarm.mean_all_reduce == "ring" && config.swarm.aggregation == "mean";
+  EXPECT_EQ(swarm->metrics()["ring_rounds"].get<int64_t>(), ring ? kSteps : 0) << "peer " << r;
   for (const auto& [name, t] : step.model_state()) run.parameters[name] = t.to(at::kFloat);
   mesh.world().barrier();  // no peer leaves while another may still be in a round
   swarm->leave();
