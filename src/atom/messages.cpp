@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include "atom/wire.h"
+#include "core/flat_tensors.h"
 
 namespace tessera::atom {
 namespace {
@@ -118,7 +119,7 @@ at::Tensor decode_part(std::string_view bytes, int64_t n, Codec codec, const std
     if (!std::isfinite(scale)) throw WireError("peer " + from + " sent a part with a non-finite scale");
     out.mul_(scale);
   }
-  if (!out.isfinite().all().item<bool>()) throw WireError("peer " + from + " sent non-finite values");
+  if (!all_finite(out)) throw WireError("peer " + from + " sent non-finite values");
   return out;
 }
 

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "atom/messages.h"
+#include "core/flat_tensors.h"
 
 namespace tessera::atom {
 
@@ -62,7 +63,7 @@ at::Tensor fetch_round(const std::string& address, const SwarmKey& key, const st
                     std::to_string(numel * static_cast<int64_t>(sizeof(float))));
   at::Tensor mean = at::empty({numel}, at::kFloat);
   std::memcpy(mean.data_ptr<float>(), m.body.data(), m.body.size());
-  if (!at::isfinite(mean).all().item<bool>())
+  if (!all_finite(mean))
     throw WireError("peer " + address + " sent round " + std::to_string(swarm_step) + " with values not finite");
   return mean;
 }

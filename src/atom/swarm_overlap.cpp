@@ -12,6 +12,7 @@
 
 #include "atom/swarm.h"
 #include "core/error.h"
+#include "core/flat_tensors.h"
 #include "core/gradient_ready_hook.h"
 
 namespace tessera::atom {
@@ -72,7 +73,7 @@ bool Swarm::add_share(OverlappedRound& o, size_t leaf, const at::Tensor& gradien
   at::add_out(out, accumulation_.narrow(0, b, n), gradient.detach().reshape(-1), static_cast<double>(o.samples));
   o.done[leaf] = 1;
   // Read back on the device's stream, so that the round's thread reads what this add wrote.
-  return at::isfinite(out).all().item<bool>();
+  return all_finite(out);
 }
 
 void Swarm::leaf_gradient_final(size_t leaf) {

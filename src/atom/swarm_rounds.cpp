@@ -99,9 +99,7 @@ void Swarm::take_round(const RoundResult& result, const std::vector<at::Tensor>&
 bool Swarm::reduce_after_step(const std::vector<at::Tensor>& gradients, int64_t samples, double entered) {
   // A step whose gradients are not finite (an fp16 overflow; its owner lowers the loss scale) is
   // not contributed: one peer's inf would be every peer's round mean.
-  std::vector<at::Tensor> finite;
-  for (const at::Tensor& g : gradients) finite.push_back(at::isfinite(g).all());
-  const bool contributed = at::stack(finite).all().item<bool>();
+  const bool contributed = all_finite(gradients);
   if (contributed) add_flat(accumulation_, gradients, static_cast<double>(samples));
   count_step(samples, contributed);
   // The swarm's samples at this step: this peer's accumulated, the others' accumulated and claimed.

@@ -13,6 +13,7 @@
 
 #include "checkpoint/checkpoint_files.h"
 #include "core/error.h"
+#include "core/flat_tensors.h"
 #include "core/fs.h"
 #include "core/json_file.h"
 
@@ -33,7 +34,7 @@ void check_state_tensor(const std::string& file, const std::string& name, const 
   if (integral && kind == StateKind::unknown) return;
   require(at::isFloatingType(t.scalar_type()), file, ": tensor '", name, "' has dtype ", t.scalar_type(),
           "; a checkpoint's model and optimizer tensors are floating point (counters may be integers)");
-  require(t.numel() == 0 || at::isfinite(t).all().item<bool>(), file, ": tensor '", name,
+  require(all_finite(t), file, ": tensor '", name,
           "' holds NaN or infinite values; a run resumed from it would train on garbage");
   if (kind == StateKind::non_negative)
     require(t.numel() == 0 || t.min().item<double>() >= 0, file, ": tensor '", name,

@@ -2,6 +2,7 @@
 #include "core/flat_tensors.h"
 
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 
 #include <ATen/ATen.h>
@@ -59,5 +60,28 @@ std::string tensors_digest(const std::vector<at::Tensor>& tensors) {
   std::snprintf(out, sizeof(out), "%016llx", static_cast<unsigned long long>(hash));
   return out;
 }
+
+bool all_finite(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> others;
+  for (const at::Tensor& t : tensors) {
+    if (!(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous())) {
+      others.push_back(at::isfinite(t).all());
+      continue;
+    }
+    // A float32 is NaN or infinite exactly when its eight exponent bits are all set.
+    const auto* words = static_cast<const uint32_t*>(t.data_ptr());
+    const int64_t n = t.numel();
+    constexpr int64_t kBlock = 4096;  // words tested between checks, so a non-finite value ends the pass early
+    for (int64_t b = 0; b < n; b += kBlock) {
+      const int64_t e = std::min(n, b + kBlock);
+      uint32_t bad = 0;
+      for (int64_t i = b; i < e; ++i) bad |= static_cast<uint32_t>((words[i] & 0x7f800000u) == 0x7f800000u);
+      if (bad) return false;
+    }
+  }
+  return others.empty() || at::stack(others).all().item<bool>();
+}
+
+bool all_finite(const at::Tensor& t) { return all_finite(std::vector<at::Tensor>{t}); }
 
 }  // namespace tessera

@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include "core/flat_tensors.h"
+
 namespace tessera {
 
 LocalOptimizer::LocalOptimizer(const NamedParams& params, const OptimOptions& optim, const PrecisionOptions& precision,
@@ -102,9 +104,10 @@ std::vector<at::Tensor> LocalOptimizer::gradient_leaves() {
 
 void LocalOptimizer::gradients_written() {
   if (!master_) return;
-  overflow_ = false;
+  std::vector<at::Tensor> grads;
   for (const auto& [name, p] : master_->master())
-    if (p.grad().defined() && !at::isfinite(p.grad()).all().item<bool>()) overflow_ = true;
+    if (p.grad().defined()) grads.push_back(p.grad());
+  overflow_ = !all_finite(grads);
 }
 
 UpdateResult LocalOptimizer::apply_written_gradients(double lr, double max_norm) {
