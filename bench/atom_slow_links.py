@@ -2,7 +2,7 @@
 """ATOM peers against pipeline and data parallelism on four hosts joined by slow links.
 
     sudo python3 bench/atom_slow_links.py BUILD_DIR [--rates none,1gbit,100mbit,10mbit]
-        [--modes dp,gpipe,1f1b,batch,diloco] [--out bench/results/atom_slow_links_cpu]
+        [--modes dp,gpipe,1f1b,batch,diloco] [--steps N] [--out bench/results/atom_slow_links_cpu]
 
 Four hosts are four network namespaces (tsr0..tsr3, 10.77.0.1-4) on one Linux bridge; each host's
 link is limited in both directions with `tc qdisc ... tbf rate R` (on its own end of the veth pair
@@ -26,7 +26,8 @@ optimizer step, in each mode:
 Throughput is the samples per second of the whole run's steady state: from each run's
 metrics.jsonl (one line per step), samples between a warm-up step and the last over the time
 between them (summed over the peers for the swarm modes). Wire bytes are each host's eth0
-tx_bytes over the whole run (start-up included) per sample. The four hosts share this machine's
+tx_bytes over the whole run (start-up included) per sample; CPU a sample is the four hosts' user and
+system time (their rusage as children of this script, start-up included) over the run's samples. The four hosts share this machine's
 cores, as they do in every mode; the rate "none" row is what the cores allow.
 
 Writes OUT.json, OUT.md (tables) and OUT.svg (samples/s against the link rate, log scale); --render
@@ -37,6 +38,7 @@ import argparse
 import atexit
 import json
 import math
+import resource
 import os
 import re
 import shutil
@@ -205,8 +207,11 @@ def total_samples(mode, host_dirs):
                for d in host_dirs)
 
 
-def steps_for(mode, rate):
-    """Optimizer steps (local steps for DiLoCo) a run takes: enough for a steady state, bounded in time."""
+def steps_for(mode, rate, steps=None):
+    """Optimizer steps (local steps for DiLoCo) a run takes: enough for a steady state, bounded in time;
+    `steps` (--steps) instead where given."""
+    if steps:
+        return steps
     if mode == "diloco":
         return 60
     if rate == "none":
@@ -215,11 +220,12 @@ def steps_for(mode, rate):
     return 8 if slow else 20
 
 
-def run(build, work, hosts, mode, rate, data, key):
+def run(build, work, hosts, mode, rate, data, key, steps=None):
     run_dir = os.path.join(work, "%s_%s" % (mode, rate))
     os.makedirs(run_dir)
-    steps = steps_for(mode, rate)
+    steps = steps_for(mode, rate, steps)
     before = hosts.tx_bytes()
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     procs = []
     for i, (host_dir, cmd) in enumerate(commands(build, mode, run_dir, data, key, steps)):
         if mode not in ("dp", "gpipe", "1f1b"):  # the first peer listens before the others start from it
@@ -239,10 +245,13 @@ def run(build, work, hosts, mode, rate, data, key):
                 q.kill()
             sys.exit("%s at %s: a host exited with %d; logs in %s" % (mode, rate, code, run_dir))
     sent = sum(a - b for a, b in zip(hosts.tx_bytes(), before))
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = cpu_after.ru_utime + cpu_after.ru_stime - cpu_before.ru_utime - cpu_before.ru_stime
     host_dirs = [os.path.join(run_dir, "host%d" % i) for i in range(HOSTS)]
     warm = 10 if mode == "diloco" else 2
+    samples = total_samples(mode, host_dirs)
     return {"mode": mode, "rate": rate, "steps": steps, "samples_per_s": throughput(mode, host_dirs, warm),
-            "wire_bytes_per_sample": sent / total_samples(mode, host_dirs)}
+            "wire_bytes_per_sample": sent / samples, "cpu_ms_per_sample": 1000 * cpu_s / samples}
 
 
 def svg(results, rates, modes, path):
@@ -310,6 +319,10 @@ def render(measured, out):
         lines += head + table(lambda r, rate: "%.2fx" % (r["samples_per_s"] / best[rate]))
     lines += ["", "Wire bytes per sample (the four hosts' eth0 tx_bytes over the whole run, start-up included):", ""]
     lines += head + table(lambda r, rate: "%.0f" % r["wire_bytes_per_sample"])
+    if all("cpu_ms_per_sample" in r for r in results):
+        lines += ["", "CPU milliseconds per sample (the four hosts' user and system time over the run's samples, "
+                  "start-up included):", ""]
+        lines += head + table(lambda r, rate: "%.1f" % r["cpu_ms_per_sample"])
     lines += ["", "Link use: each host's mean egress (wire bytes per sample x samples/s / 4) over the link's measured "
               "rate:", ""]
     lines += head + table(lambda r, rate: "%.0f%%" % (100 * r["wire_bytes_per_sample"] * r["samples_per_s"] / HOSTS /
@@ -328,6 +341,7 @@ def main():
     ap.add_argument("build")
     ap.add_argument("--rates", default="none,1gbit,100mbit,10mbit")
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--steps", type=int, help="optimizer steps of every run (default: by mode and rate, steps_for)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/atom_slow_links_cpu"))
     ap.add_argument("--keep", action="store_true", help="keep the runs' directories (logs, metrics) and say where")
     ap.add_argument("--render", action="store_true", help="only rewrite OUT.md and OUT.svg from OUT.json")
@@ -353,7 +367,7 @@ def main():
         links[rate] = measure_link(work)
         print("link %s: one host sends %.2f MB/s to another" % (rate, links[rate]), flush=True)
         for mode in modes:
-            r = run(build, work, hosts, mode, rate, data, key)
+            r = run(build, work, hosts, mode, rate, data, key, a.steps)
             results.append(r)
             print("  %-7s %8.1f samples/s  %9.0f wire bytes/sample  (%d steps)"
                   % (mode, r["samples_per_s"], r["wire_bytes_per_sample"], r["steps"]), flush=True)
