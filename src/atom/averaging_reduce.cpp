@@ -317,17 +317,20 @@ void Averager::reduce(int64_t round, const std::string& token, const std::vector
       for (const size_t end = band_end(j); channels[j] && parts_sent[j] < end && is_final(pieces[j][parts_sent[j]]);) {
         const size_t k = parts_sent[j]++;
         const auto [b, e] = pieces[j][k];
-        const std::string values = encode_part(flat.slice(0, b, e), encoding);
-        if (!exact) result.delivered.slice(0, b, e).copy_(decode_part(values, e - b, encoding, "this peer"));
-        channels[j]->send(kPart,
-                          pack({{"token", token},
-                                {"piece", k},
-                                {"numel", e - b},
-                                {"weight", weight},
-                                {"wait_s", deadline.seconds_left()},
-                                {"rule", aggregation_name(rule_.kind)}},
-                               values),
-                          deadline);
+        const std::string head = pack_head({{"token", token},
+                                            {"piece", k},
+                                            {"numel", e - b},
+                                            {"weight", weight},
+                                            {"wait_s", deadline.seconds_left()},
+                                            {"rule", aggregation_name(rule_.kind)}});
+        if (exact) {  // dense float32: the values go from where they lie
+          at::Tensor host;
+          channels[j]->send(kPart, head, fp32_part_bytes(flat.slice(0, b, e), host), deadline);
+        } else {
+          const std::string values = encode_part(flat.slice(0, b, e), encoding);
+          result.delivered.slice(0, b, e).copy_(decode_part(values, e - b, encoding, "this peer"));
+          channels[j]->send(kPart, head, values, deadline);
+        }
         any = true;
       }
       // A channel opens with a piece (its token finds the round at the reader), then sums may come.

@@ -201,15 +201,15 @@ void Averager::reduce_ring(int64_t round, const std::string& token, const std::v
           double w = 0;
           const int64_t s = step_of[static_cast<size_t>(t)];
           if (!unit_of(t, s, values, w)) break;
+          at::Tensor host;
           out->send(kRing,
-                    pack({{"token", token},
-                          {"row", t},
-                          {"step", s},
-                          {"numel", values.numel()},
-                          {"weight", w},
-                          {"wait_s", deadline.seconds_left()}},
-                         encode_part(values.contiguous(), PartEncoding{})),
-                    deadline);
+                    pack_head({{"token", token},
+                               {"row", t},
+                               {"step", s},
+                               {"numel", values.numel()},
+                               {"weight", w},
+                               {"wait_s", deadline.seconds_left()}}),
+                    fp32_part_bytes(values, host), deadline);
           ++step_of[static_cast<size_t>(t)];
           ++sent_units;
           any = true;

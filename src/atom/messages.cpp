@@ -205,14 +205,20 @@ PartEncoding sum_encoding(const PartEncoding& contributions) {
   return {contributions.dtype, contributions.sparse, 1.0};
 }
 
-std::string pack(const nlohmann::json& header, std::string_view payload) {
+std::string pack_head(const nlohmann::json& header) {
   const std::string h = header.dump();
   std::string out(4, '\0');
   const uint32_t n = static_cast<uint32_t>(h.size());
   std::memcpy(out.data(), &n, 4);
   out += h;
-  out += payload;
   return out;
+}
+
+std::string pack(const nlohmann::json& header, std::string_view payload) { return pack_head(header).append(payload); }
+
+std::string_view fp32_part_bytes(const at::Tensor& values, at::Tensor& keep) {
+  keep = values.to(at::kCPU, at::kFloat).contiguous();  // the same tensor where it already is one
+  return {static_cast<const char*>(keep.data_ptr()), static_cast<size_t>(keep.nbytes())};
 }
 
 JoinRequest parse_join(const std::string& body, const std::string& from) {

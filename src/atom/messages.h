@@ -85,6 +85,13 @@ std::optional<int64_t> json_int64(const nlohmann::json& v);
 
 // [u32 header length][header][payload].
 std::string pack(const nlohmann::json& header, std::string_view payload = {});
+// pack()'s beginning, [u32 header length][header], for a payload sent from where it lies
+// (Channel::send with a head and a payload).
+std::string pack_head(const nlohmann::json& header);
+// The bytes encode_part gives `values` as a dense float32 part, read in place where `values` is a
+// contiguous float32 host tensor; else from a host copy that `keep` holds for as long as the bytes
+// are read.
+std::string_view fp32_part_bytes(const at::Tensor& values, at::Tensor& keep);
 
 struct JoinRequest {
   int64_t round = 0;

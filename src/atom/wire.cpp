@@ -223,16 +223,25 @@ void Channel::read_all(char* out, size_t n, Deadline deadline, const char* what)
   }
 }
 
-void Channel::send(uint8_t type, std::string_view body, Deadline deadline) {
-  std::string header(1, static_cast<char>(type));
-  put_u64(header, body.size());
-  // A small message travels in one record with its header.
-  if (body.size() <= kRecord) {
-    write_all(header + std::string(body), deadline, "a message");
+void Channel::send(uint8_t type, std::string_view body, Deadline deadline) { send(type, body, {}, deadline); }
+
+void Channel::send(uint8_t type, std::string_view head, std::string_view payload, Deadline deadline) {
+  std::string first(1, static_cast<char>(type));
+  put_u64(first, head.size() + payload.size());
+  // A small message travels in one record with its header; a large one's header goes first, with
+  // its head where that is small.
+  if (head.size() + payload.size() <= kRecord) {
+    first.append(head).append(payload);
+    write_all(first, deadline, "a message");
     return;
   }
-  write_all(header, deadline, "a message header");
-  write_all(body, deadline, "a message");
+  if (head.size() <= kRecord) {
+    first.append(head);
+    head = {};
+  }
+  write_all(first, deadline, "a message header");
+  if (!head.empty()) write_all(head, deadline, "a message");
+  if (!payload.empty()) write_all(payload, deadline, "a message");
 }
 
 bool Channel::wait_readable(Deadline until) { return SSL_pending(ssl_) > 0 || wait_for(fd_, POLLIN, until); }
