@@ -220,8 +220,8 @@ def steps_for(mode, rate, steps=None):
     return 8 if slow else 20
 
 
-def run(build, work, hosts, mode, rate, data, key, steps=None):
-    run_dir = os.path.join(work, "%s_%s" % (mode, rate))
+def run(build, work, hosts, mode, rate, data, key, steps=None, repeat=0):
+    run_dir = os.path.join(work, "%s_%s_%d" % (mode, rate, repeat))
     os.makedirs(run_dir)
     steps = steps_for(mode, rate, steps)
     before = hosts.tx_bytes()
@@ -250,7 +250,8 @@ def run(build, work, hosts, mode, rate, data, key, steps=None):
     host_dirs = [os.path.join(run_dir, "host%d" % i) for i in range(HOSTS)]
     warm = 10 if mode == "diloco" else 2
     samples = total_samples(mode, host_dirs)
-    return {"mode": mode, "rate": rate, "steps": steps, "samples_per_s": throughput(mode, host_dirs, warm),
+    return {"mode": mode, "rate": rate, "repeat": repeat, "steps": steps,
+            "samples_per_s": throughput(mode, host_dirs, warm),
             "wire_bytes_per_sample": sent / samples, "cpu_ms_per_sample": 1000 * cpu_s / samples}
 
 
@@ -301,8 +302,12 @@ def label(rate):
 def render(measured, out):
     """OUT.md and OUT.svg from one run's OUT.json contents."""
     results, links, rates, modes = measured["results"], measured["links_mb_per_s"], measured["rates"], measured["modes"]
-    svg(results, rates, modes, out + ".svg")
-    at = {(r["mode"], r["rate"]): r for r in results}
+    # With --repeat, each cell is the repeat of median samples/s (its other columns that run's).
+    cells = {}
+    for r in results:
+        cells.setdefault((r["mode"], r["rate"]), []).append(r)
+    at = {k: sorted(v, key=lambda r: r["samples_per_s"])[(len(v) - 1) // 2] for k, v in cells.items()}
+    svg(list(at.values()), rates, modes, out + ".svg")
     head = ["| link | " + " | ".join(MODES[m] for m in modes) + " |", "|---|" + "---|" * len(modes)]
 
     def table(cell):
@@ -312,6 +317,13 @@ def render(measured, out):
     lines = ["Samples per second (the link's rate as one host measured it sending to another: %s):"
              % ", ".join("%s %.1f MB/s" % (label(r), links[r]) for r in rates), ""]
     lines += head + table(lambda r, rate: "%.1f" % r["samples_per_s"])
+    repeats = sorted({r.get("repeat", 0) for r in results})
+    if len(repeats) > 1 and "dp" in modes:
+        ratio = {(r["mode"], r["rate"], r.get("repeat", 0)): r["samples_per_s"] for r in results}
+        lines += ["", "Each repeat over data parallelism's samples/s in the same repeat (the modes ran one after another "
+                  "in each, so a ratio spans minutes, not the whole run):", ""]
+        lines += head + table(lambda r, rate: ", ".join("%.2f" % (ratio[(r["mode"], rate, k)] / ratio[("dp", rate, k)])
+                                                         for k in repeats))
     pipes = [m for m in ("gpipe", "1f1b") if m in modes]
     if pipes:
         best = {rate: max(at[(m, rate)]["samples_per_s"] for m in pipes) for rate in rates}
@@ -341,6 +353,8 @@ def main():
     ap.add_argument("build")
     ap.add_argument("--rates", default="none,1gbit,100mbit,10mbit")
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run the modes this many times in turn at each rate (tables: the median; ratios per repeat)")
     ap.add_argument("--steps", type=int, help="optimizer steps of every run (default: by mode and rate, steps_for)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/atom_slow_links_cpu"))
     ap.add_argument("--keep", action="store_true", help="keep the runs' directories (logs, metrics) and say where")
@@ -366,8 +380,8 @@ def main():
         hosts.set_rate(rate)
         links[rate] = measure_link(work)
         print("link %s: one host sends %.2f MB/s to another" % (rate, links[rate]), flush=True)
-        for mode in modes:
-            r = run(build, work, hosts, mode, rate, data, key, a.steps)
+        for repeat, mode in [(k, m) for k in range(a.repeat) for m in modes]:
+            r = run(build, work, hosts, mode, rate, data, key, a.steps, repeat)
             results.append(r)
             print("  %-7s %8.1f samples/s  %9.0f wire bytes/sample  (%d steps)"
                   % (mode, r["samples_per_s"], r["wire_bytes_per_sample"], r["steps"]), flush=True)
