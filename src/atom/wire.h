@@ -89,8 +89,8 @@ class Channel {
 
   void send(uint8_t type, std::string_view body, Deadline deadline);
   // A message whose body is `head` followed by `payload`, the payload written from where it lies
-  // (a part's values, not copied into one body first); on the wire the same as send(type, head +
-  // payload).
+  // (a part's values, not copied into one body first); its receiver reads the message
+  // send(type, head + payload) sends.
   void send(uint8_t type, std::string_view head, std::string_view payload, Deadline deadline);
   // The next message; `expect` (when nonzero) is the only type accepted.
   Message receive(Deadline deadline, uint8_t expect = 0);

@@ -90,6 +90,30 @@ TEST(Wire, MessagesPassBetweenHoldersOfTheKey) {
   EXPECT_TRUE(server.refused().empty());
 }
 
+TEST(Wire, AHeadAndAPayloadArriveAsOneBody) {
+  Listener listener{"127.0.0.1", 0, kTestKey, "server", 1 << 20,
+                    [](std::unique_ptr<Channel> c) {
+                      for (;;) {
+                        Message m = c->receive(Deadline::in(5));
+                        if (m.type == 9) return;
+                        c->send(static_cast<uint8_t>(m.type + 1), m.body, Deadline::in(5));
+                      }
+                    },
+                    [](const std::string&, const std::string& reason) { ADD_FAILURE() << reason; }};
+  auto c = Channel::connect("127.0.0.1", listener.port(), kTestKey, "client", Deadline::in(5), 1 << 20);
+  // Small enough for one record with the header; a large payload; a head past one record, with and
+  // without a payload; no head.
+  const std::vector<std::pair<size_t, size_t>> sizes = {{20, 300}, {20, 100000}, {40000, 50000}, {40000, 0}, {0, 30000}};
+  for (const auto& [h, p] : sizes) {
+    std::string head(h, 'h'), payload(p, 'p');
+    for (size_t i = 0; i < h; i += 997) head[i] = static_cast<char>('a' + i % 26);
+    for (size_t i = 0; i < p; i += 991) payload[i] = static_cast<char>('A' + i % 26);
+    c->send(4, head, payload, Deadline::in(5));
+    EXPECT_EQ(c->receive(Deadline::in(5), 5).body, head + payload) << "head " << h << ", payload " << p;
+  }
+  c->send(9, "", Deadline::in(5));
+}
+
 TEST(Wire, AWrongKeyIsRefusedOnBothSides) {
   EchoServer server;
   const SwarmKey wrong = SwarmKey::from_bytes(std::string(32, 'w'));
