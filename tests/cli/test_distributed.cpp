@@ -197,13 +197,19 @@ TEST(DistributedTrain, GlobalBatchSizeGivesOneRunForEveryDecomposition) {
   EXPECT_EQ(r.output.find("global batch changed"), std::string::npos) << r.output;
   const auto expected_loss = losses(whole), expected_norm = grad_norms(whole);
   ASSERT_EQ(expected_loss.size(), 20u);
-  for (const auto& [dir, what] : std::vector<std::pair<std::string, std::string>>{
-           {accumulated, "1 process, 2 micro-batches of 4"},
-           {ranks, "2 ranks x 4"},
-           {sequence, "dp 2 x sp 2, 2 micro-batches of 2"},
-           {resumed, "2 ranks, resumed at step 10 on 1 process with 2 micro-batches"}}) {
-    expect_same_losses(losses(dir), expected_loss, 1e-5, what);
-    expect_same_losses(grad_norms(dir), expected_norm, 1e-4, what + " (grad norm)");
+  // Sequence parallelism sums attention's and the loss's parts in another order: on an AMD EPYC
+  // (MKL's zen kernels) step 19's gradient norm spikes to 11.45 (1.3 at the steps around it) and dp 2
+  // x sp 2's differs there by 1.8e-4 relative, its losses within 1e-5 at every step.
+  struct Case {
+    std::string dir, what;
+    double norm_rtol;
+  };
+  for (const Case& c : std::vector<Case>{{accumulated, "1 process, 2 micro-batches of 4", 1e-4},
+                                         {ranks, "2 ranks x 4", 1e-4},
+                                         {sequence, "dp 2 x sp 2, 2 micro-batches of 2", 5e-4},
+                                         {resumed, "2 ranks, resumed at step 10 on 1 process with 2 micro-batches", 1e-4}}) {
+    expect_same_losses(losses(c.dir), expected_loss, 1e-5, c.what);
+    expect_same_losses(grad_norms(c.dir), expected_norm, c.norm_rtol, c.what + " (grad norm)");
   }
   EXPECT_EQ(losses(resumed).begin()->first, 11);
 }

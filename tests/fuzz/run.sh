@@ -28,7 +28,8 @@ declare -A target_inputs=(
                   src/parallel/pipeline/simulate.cpp src/core/fs.cpp"
   [region]="src/checkpoint/region.cpp"
   [checkpoint_dir]="src/checkpoint/checkpoint.cpp src/checkpoint/checkpoint_read.cpp src/checkpoint/checkpoint_files.cpp
-                    src/checkpoint/safetensors.cpp src/checkpoint/region.cpp src/core/fs.cpp src/core/fault_injection.cpp"
+                    src/checkpoint/safetensors.cpp src/checkpoint/region.cpp src/core/fs.cpp src/core/fault_injection.cpp
+                    src/core/flat_tensors.cpp"
   [config]="src/config/config.cpp src/core/options.cpp src/core/parallel_dims.cpp src/data/data_options.cpp
             src/optim/optim_options.cpp src/precision/precision_options.cpp src/core/fs.cpp src/model/model_options.cpp
             src/core/resource_dir.cpp"
@@ -41,7 +42,7 @@ declare -A target_inputs=(
                src/model/norm.cpp src/model/fused_layer_norm.cpp src/model/linear.cpp src/checkpoint/region.cpp
                src/checkpoint/safetensors.cpp src/core/fs.cpp src/core/options.cpp"
   [swarm_messages]="src/atom/messages.cpp src/atom/robust_aggregation.cpp src/atom/peer_record.cpp src/atom/swarm_key.cpp
-                    src/core/fs.cpp -- -lcrypto"
+                    src/core/fs.cpp src/core/flat_tensors.cpp -- -lcrypto"
   [swarm_wire]="src/atom/wire.cpp src/atom/swarm_key.cpp src/core/fs.cpp -- -lssl -lcrypto"
   [file_transfer]="src/comm/file_receiver.cpp"
 )
