@@ -79,7 +79,11 @@ bool all_finite(const std::vector<at::Tensor>& tensors) {
       if (bad) return false;
     }
   }
-  return others.empty() || at::stack(others).all().item<bool>();
+  if (others.empty()) return true;
+  const bool one_device = std::all_of(others.begin(), others.end(),
+                                      [&](const at::Tensor& o) { return o.device() == others.front().device(); });
+  if (one_device) return at::stack(others).all().item<bool>();
+  return std::all_of(others.begin(), others.end(), [](const at::Tensor& o) { return o.item<bool>(); });
 }
 
 bool all_finite(const at::Tensor& t) { return all_finite(std::vector<at::Tensor>{t}); }

@@ -29,7 +29,8 @@ std::string tensors_digest(const std::vector<at::Tensor>& tensors);
 // A contiguous float32 tensor on the CPU is read once, its exponent bits tested in one vectorised
 // pass (4.2 GB/s on one core here against at::isfinite's 0.4: it builds three temporaries and a
 // reduction; the swarm checks every contribution, sum and mean it handles); the others (device
-// tensors, other dtypes) go through at::isfinite, with one synchronising read for all of them.
+// tensors, other dtypes) go through at::isfinite, with one synchronising read for all of them (one
+// per tensor where they lie on several devices).
 bool all_finite(const std::vector<at::Tensor>& tensors);
 bool all_finite(const at::Tensor& t);
 

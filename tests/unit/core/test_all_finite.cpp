@@ -48,6 +48,12 @@ TEST(AllFinite, OtherDtypesStridedAndEmptyTensorsAgreeWithIsfinite) {
   EXPECT_TRUE(all_finite(m.narrow(0, 6, 10)));
   EXPECT_TRUE(all_finite(torch::empty({0})));
   EXPECT_TRUE(all_finite(torch::arange(10)));  // integers are finite
+  // A list: float32 read in place beside others through isfinite; any one non-finite entry decides.
+  const at::Tensor clean = torch::randn({100});
+  EXPECT_TRUE(all_finite(std::vector<at::Tensor>{clean, clean.to(at::kBFloat16), clean.to(at::kDouble)}));
+  EXPECT_FALSE(all_finite(std::vector<at::Tensor>{clean, m.to(at::kBFloat16), clean}));
+  EXPECT_FALSE(all_finite(std::vector<at::Tensor>{clean.to(at::kDouble), m}));
+  EXPECT_TRUE(all_finite(std::vector<at::Tensor>{}));
 }
 
 TEST(AllFinite, OnePassIsFasterThanIsfinite) {
