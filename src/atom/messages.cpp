@@ -84,11 +84,15 @@ Codec codec_from_name(const std::string& name) {
 }
 
 std::string encode_part(const at::Tensor& values, Codec codec) {
+  if (codec == Codec::fp32) {
+    at::Tensor keep;
+    return std::string(fp32_part_bytes(values, keep));
+  }
   const at::Tensor v = values.to(at::kCPU, at::kFloat).contiguous();  // bytes are read from host memory
   at::Tensor out;
   std::string prefix;
   switch (codec) {
-    case Codec::fp32: out = v; break;
+    case Codec::fp32: break;  // above
     case Codec::bf16: out = v.to(at::kBFloat16); break;
     case Codec::int8: {
       const float scale = v.numel() ? v.abs().max().item<float>() / 127.0f : 0.0f;

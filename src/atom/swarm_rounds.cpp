@@ -196,8 +196,8 @@ void Swarm::finish_round(const RoundResult& result, const std::string& what, con
   for (const RoundMember& m : result.members) members.push_back(m.id);
   membership_->saw_round(members, swarm_step_);
   std::ostringstream line;
-  line << what << " " << swarm_step_ << ": " << result.members.size() << " peers" << (result.ring ? " round a ring, " : ", ") << detail << "sent "
-       << format_bytes(static_cast<double>(result.bytes_sent)) << " in " << result.seconds << " s";
+  line << what << " " << swarm_step_ << ": " << result.members.size() << " peers"
+       << (result.ring ? " round a ring, " : ", ") << detail << "sent " << format_bytes(static_cast<double>(result.bytes_sent)) << " in " << result.seconds << " s";
   say(line.str());
   publish();
 }

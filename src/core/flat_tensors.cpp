@@ -1,8 +1,8 @@
 // Tensor lists as one flat float32 vector (flat_tensors.h).
 #include "core/flat_tensors.h"
 
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include <ATen/ATen.h>
