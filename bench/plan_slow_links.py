@@ -56,14 +56,17 @@ def with_link(calibration, gbs, overhead_ms):
 
 
 def predict(binary, cluster, mode, replacing=()):
-    """The mode's best layout, with `replacing`'s key=value settings in place of the mode's own."""
-    args = [binary, "plan", "--config", "tiny_gpt", "--cluster", cluster, "--world", str(HOSTS), "--top", "1", "--json",
+    """The mode's best layout, with `replacing`'s key=value settings in place of the mode's own. The
+    modes that are not swarms take the best layout without peers (data parallelism's held keys
+    leave batch peers in the search, and where they are faster they came first)."""
+    args = [binary, "plan", "--config", "tiny_gpt", "--cluster", cluster, "--world", str(HOSTS), "--top", "20", "--json",
             "--set", "train.threads=1", "--set", f"train.seq_len={SEQ}"]
     keys = {kv.split("=")[0] for kv in replacing}
     for kv in [kv for kv in MODES[mode] if kv.split("=")[0] not in keys] + list(replacing):
         args += ["--set", kv]
     out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
-    layout = json.loads(out)["layouts"][0]
+    swarm = mode in ("batch", "diloco")
+    layout = next(l for l in json.loads(out)["layouts"] if swarm or l["peers"] == 0)
     return layout["tokens_per_s"] / SEQ, layout
 
 

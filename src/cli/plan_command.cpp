@@ -23,6 +23,9 @@
 #include "plan/search.h"
 #include "train/device_peak.h"
 #include "config/config.h"
+#if TESSERA_ATOM
+#include "atom/round_cpu.h"
+#endif
 
 namespace tessera::cli {
 namespace {
@@ -115,6 +118,9 @@ Command add_plan_command(CLI::App& app) {
       plan::CalibrateOptions options;
       options.ranks = args->calibrate_ranks;
       options.seconds_per_point = args->calibrate_seconds;
+#if TESSERA_ATOM
+      options.round_cpu_ns_per_byte = atom::round_cpu_ns_per_byte;
+#endif
       const auto progress = [](const std::string& what) { std::fprintf(stderr, "calibrate: %s\n", what.c_str()); };
       std::string text;
       if (args->calibrate_device == "cuda") {

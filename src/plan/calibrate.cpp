@@ -294,6 +294,16 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
   const LinkFit idle = fit_gloo_idle(budget);
   progress("all-reduce between two computing processes over loopback, 1 KiB to 16 MiB");
   const LinkFit link = fit_gloo_loaded(budget);
+  double round_cpu = 0;
+  if (options.round_cpu_ns_per_byte) {
+    progress("an averaging round's CPU: 4 peers summing 16 MiB round a ring over loopback TLS");
+    round_cpu = options.round_cpu_ns_per_byte(4, 4 << 20, budget * 10);
+  }
+  const std::string round_cpu_basis =
+      options.round_cpu_ns_per_byte
+          ? "4 peers in one process averaging 16 MiB of float32 round a ring over loopback TLS "
+            "(atom/round_cpu.h): the process's CPU over the bytes they sent"
+          : "not measured (a build without the swarm)";
   // Per call, beyond the idle ring's two steps: what the loaded fit's intercept adds.
   const double call_overhead_us = std::max(0.0, 2 * (link.latency_us - idle.latency_us));
 
@@ -347,12 +357,14 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
       "[peers]\n"
       "bandwidth_gbs = %.4f        # peers on this machine talk over loopback TCP: the loaded fit (above)\n"
       "latency_us = %.1f\n"
-      "round_overhead_ms = 0       # not measured\n",
+      "round_overhead_ms = 0       # not measured\n"
+      "cpu_ns_per_byte = %.2f       # %s\n",
       by.c_str(), cpu.c_str(), static_cast<long long>(ranks), static_cast<long long>(ranks), slowdown,
       static_cast<long long>(ranks), memory_slowdown, cpu.c_str(), bf16.tflops, fp32.tflops, bf16.tflops, kShapes.size(),
       fp32.tflops, std::max(0.0, fp32.overhead_us - overhead_us), attention_bf16, attention_fp32, host_gib, memory_gbs, overhead_us,
       codec_int8, codec_fp8, codec_bf16, link.gbs, idle.latency_us, call_overhead_us, link.gbs,
-      idle.latency_us, call_overhead_us, host_gib, memory_gbs, host_optimizer_gbs / memory_slowdown, link.gbs, link.latency_us);
+      idle.latency_us, call_overhead_us, host_gib, memory_gbs, host_optimizer_gbs / memory_slowdown, link.gbs, link.latency_us,
+      round_cpu, round_cpu_basis.c_str());
   return text;
 }
 

@@ -25,7 +25,9 @@
 //                        optimizer step: tessera's AdamW over 4M elements, as bytes per second
 //                        counted as the planner counts them, over cluster.shared_slowdown_memory
 //   peers.*              the loopback link of the Gloo fit (peers on one machine); the round's
-//                        fixed cost is not measured (0)
+//                        fixed cost is not measured (0); cpu_ns_per_byte: four peers in this
+//                        process averaging 16 MiB round a ring over TLS (atom/round_cpu.h, given
+//                        by the caller as round_cpu_ns_per_byte; 0, not measured, without it)
 // Each number is written with a comment saying what measured it and when. `progress` is told of
 // each measurement as it starts.
 //
@@ -55,6 +57,9 @@ namespace tessera::plan {
 struct CalibrateOptions {
   int64_t ranks = 0;              // ranks a node runs at once (0: the cores)
   double seconds_per_point = 0.2; // time spent on each measured point (more: steadier)
+  // An averaging round's CPU per byte sent (atom/round_cpu.h: members, float32 elements, seconds),
+  // from the caller: the planner does not link the swarm.
+  std::function<double(int64_t, int64_t, double)> round_cpu_ns_per_byte;
 };
 
 std::string calibrate_this_machine(const CalibrateOptions& options, const std::function<void(const std::string&)>& progress);

@@ -26,7 +26,7 @@ const std::set<std::string> kOptional = {"cluster.description", "cluster.nodes",
                                          "intra_node.call_overhead_us", "inter_node.call_overhead_us",
                                          "inter_node.latency_us", "host.memory_gib", "host.device_link_gbs",
                                          "host.optimizer_gbs", "peers.bandwidth_gbs", "peers.latency_us",
-                                         "peers.round_overhead_ms"};
+                                         "peers.round_overhead_ms", "peers.cpu_ns_per_byte"};
 
 }  // namespace
 

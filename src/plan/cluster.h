@@ -171,12 +171,14 @@ struct HostSpec {
   }
 };
 
-// The peers of an ATOM swarm: each one device on a host of its own, averaging over this link with
-// a butterfly all-reduce (atom/averaging.h: 2 (n-1)/n of the vector each way, two latencies).
+// The peers of an ATOM swarm: each one device on a host of its own, averaging over this link
+// (atom/averaging.h: 2 (n-1)/n of the vector each way; two latencies by the butterfly, 2 (n-1)
+// round a ring), and the host CPU a round spends per byte it sends (plan/swarm_cost.h).
 struct PeersSpec {
   double bandwidth_gbs = 0;     // each direction, per peer (0: no swarm is planned)
   double latency_us = 0;
   double round_overhead_ms = 0; // one averaging round's fixed cost beyond its transfer (matchmaking, the DHT)
+  double cpu_ns_per_byte = 0;   // a round's CPU per byte sent, sender's and receiver's (0: not priced)
 
   template <class V>
   void visit(V& v) {
@@ -185,6 +187,9 @@ struct PeersSpec {
     v("round_overhead_ms", round_overhead_ms,
       "an averaging round's fixed cost beyond its transfer: choosing the group, the records it waits for "
       "(milliseconds)", between(0, 1e9));
+    v("cpu_ns_per_byte", cpu_ns_per_byte,
+      "a round's CPU per byte a peer sends, its encryption and the receiver's decryption, socket copies and sums "
+      "(nanoseconds of one core; measured by tessera plan calibrate; 0 = not priced)", between(0, 1e6));
   }
 };
 

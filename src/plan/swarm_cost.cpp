@@ -37,6 +37,14 @@ double swarm_round_seconds(double bytes, int64_t peers, const Cluster& cluster, 
          1e-3 * cluster.peers.round_overhead_ms;
 }
 
+RoundCpu round_cpu(double bytes, int64_t peers, const Cluster& cluster) {
+  if (peers <= 1) return {};
+  const double n = static_cast<double>(peers);
+  const double core_s = 1e-9 * cluster.peers.cpu_ns_per_byte * 2 * (n - 1) / n * bytes;
+  if (cluster.device.kind != "cpu") return {core_s, false};
+  return {core_s * cluster.cluster.slowdown(peers), true};
+}
+
 Prediction predict_swarm(const Config& config, int64_t peers, const Cluster& cluster, const CostOptions& options,
                          bool with_memory) {
   const SwarmOptions& swarm = config.swarm;
@@ -54,15 +62,25 @@ Prediction predict_swarm(const Config& config, int64_t peers, const Cluster& clu
   if (with_memory) add_memory(out, local, one, cluster);
   const double elements = priced.total().parameters;
 
-  double round = 0, outer = 0;
+  double round = 0, outer = 0, beside_backward = 0;
   if (swarm.sync == "batch") {
     const int64_t steps = swarm.mean_all_reduce == "ring" && peers >= 3 ? 2 * (peers - 1) : 2;
     const double fixed = swarm_round_seconds(0, peers, cluster, steps);
+    const RoundCpu cpu = round_cpu(4 * elements, peers, cluster);
     double transfer = swarm_round_seconds(4 * elements, peers, cluster, steps) - fixed;
     if (rounds_overlap(config)) {
       const PartCost all = priced.total();
+      double window = all.i + all.w;
+      if (cpu.on_compute_cores) {
+        beside_backward = cpu.seconds;  // the cores' share of the round, added to the backward's
+        window += cpu.seconds;
+      } else {
+        transfer = std::max(transfer, cpu.seconds);
+      }
       const double last_row = transfer / kRoundRows;
-      transfer = std::max(0.0, transfer - last_row - (all.i + all.w)) + last_row;
+      transfer = std::max(0.0, transfer - last_row - window) + last_row;
+    } else {
+      transfer = std::max(transfer, cpu.seconds);
     }
     round = transfer + fixed;
   } else {
@@ -70,11 +88,14 @@ Prediction predict_swarm(const Config& config, int64_t peers, const Cluster& clu
     const double per_element = swarm.topk_ratio < 1 ? swarm.topk_ratio * (value + 2) : value;
     const double rate = 1e9 * (cluster.host.optimizer_gbs > 0 ? cluster.host.optimizer_gbs : cluster.device.memory_gbs);
     const double steps = static_cast<double>(swarm.inner_steps);
-    round = swarm_round_seconds(per_element * elements, peers, cluster) / steps;
+    const double fixed = swarm_round_seconds(0, peers, cluster);
+    const double transfer = swarm_round_seconds(per_element * elements, peers, cluster) - fixed;
+    round = (std::max(transfer, round_cpu(per_element * elements, peers, cluster).seconds) + fixed) / steps;
     outer = 24 * elements / rate / steps;
   }
-  out.step_s += round + outer;
+  out.step_s += round + outer + beside_backward;
   out.breakdown.push_back({"swarm_round", round});
+  out.breakdown.push_back({"swarm_round_cpu", beside_backward});
   out.breakdown.push_back({"swarm_outer_step", outer});
   const double tokens = static_cast<double>(local.train.batch_size * local.train.seq_len * out.micro_batches) *
                         static_cast<double>(peers);

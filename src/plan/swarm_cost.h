@@ -14,14 +14,20 @@
 //           cost stay exposed. Unlike data parallelism's buckets (cost_model.cpp) the transfer
 //           hides even where every core computes: it is the peers' link's time, which runs while
 //           the cores compute (four peers on this machine's two cores: overlapped rounds 1.3x
-//           rounds after the backward at 100 Mbit, bench/plan_slow_links.py). The cores' share of
-//           the transfer (TLS, the sockets) is not priced; at 1 Gbit on those shared cores it
-//           costs the local step about what the overlap hides.
+//           rounds after the backward at 100 Mbit, bench/plan_slow_links.py).
+//           The round's CPU (round_cpu: [peers] cpu_ns_per_byte, TLS both ways, the sockets, the
+//           sums) bounds its transfer from below where the link is faster than the cores. Where
+//           the device is a CPU, that work runs on the cores the peers compute on, slowed as
+//           their products are when the node's ranks all run (cluster.shared_slowdown): an
+//           overlapped round adds it to the backward ("swarm_round_cpu" in the breakdown; at 1
+//           Gbit on shared cores it costs the local step about what the overlap hides), a round
+//           after the backward takes at least that long.
 //   diloco  one local step of every peer (train.batch_size x train.grad_accum samples and the local
 //           optimizer step) plus 1 / swarm.inner_steps of a round of the pseudo-gradient
 //           (pseudo_gradient_dtype: 4, 2 or 1 bytes per element; with topk_ratio < 1 the sent
 //           entries only, each with a 2-byte index) and of the outer Nesterov step on the host (24
-//           bytes per element at host.optimizer_gbs, or the device's bandwidth without one)
+//           bytes per element at host.optimizer_gbs, or the device's bandwidth without one); the
+//           round takes at least its CPU (round_cpu), as a batch round after the backward does
 // A round (atom/averaging.h): each member sends and receives (n - 1) / n of the vector twice,
 // 2 (n - 1) / n bytes / bandwidth, plus peers.round_overhead_ms; by the butterfly in two steps (2
 // latencies), round a ring (batch mode's mean of three or more peers under
@@ -50,6 +56,14 @@ Prediction predict_swarm(const Config& config, int64_t peers, const Cluster& clu
 // Seconds of one round of `bytes` over the peers' link (above), `steps` latencies (2 for the
 // butterfly, 2 (n - 1) round a ring).
 double swarm_round_seconds(double bytes, int64_t peers, const Cluster& cluster, int64_t steps = 2);
+
+// A round's CPU for one peer sending 2 (n - 1) / n of `bytes` (above): its seconds, stretched by
+// the node's sharing where it runs on the compute's cores (a CPU device).
+struct RoundCpu {
+  double seconds = 0;
+  bool on_compute_cores = false;
+};
+RoundCpu round_cpu(double bytes, int64_t peers, const Cluster& cluster);
 
 // Whether a batch-mode peer under `config` starts its rounds with the local step (above).
 bool rounds_overlap(const Config& config);

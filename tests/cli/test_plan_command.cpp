@@ -107,7 +107,8 @@ TEST(PlanCommand, CalibratesThisMachineIntoAClusterFileItPlansWith) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string file = slurp(dir + "/here.toml");
   for (const char* key : {"matmul_tflops_fp32 = ", "attention_tflops_fp32 = ", "memory_gbs = ", "shared_slowdown = ",
-                          "[intra_node]", "optimizer_gbs = ", "[peers]", "measured by `tessera plan calibrate`"})
+                          "[intra_node]", "optimizer_gbs = ", "[peers]", "cpu_ns_per_byte = ",
+                          "measured by `tessera plan calibrate`"})
     EXPECT_NE(file.find(key), std::string::npos) << key << "\n" << file;
   auto plan = run_tessera("plan --config tiny_gpt --cluster " + dir + "/here.toml --world 2 --top 1 --json");
   ASSERT_EQ(plan.exit_code, 0) << plan.output;

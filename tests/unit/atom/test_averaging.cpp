@@ -23,6 +23,7 @@
 
 #include "unit/atom/test_key.h"
 #include "atom/averaging.h"
+#include "atom/round_cpu.h"
 #include "test_util.h"
 
 namespace tessera::atom {
@@ -754,6 +755,15 @@ TEST(Averaging, AMemberDyingInTheRingFailsItForEveryMemberAndTheRetrySucceeds) {
     ASSERT_EQ(errors[i], "") << i;
     EXPECT_TRUE(at::equal(results[i].sum, at::full({numel}, 3.0f)));
   }
+}
+
+// The calibration's price of a round (atom/round_cpu.h): the rounds' CPU over the bytes sent, at
+// least AES-GCM's both ways (no core encrypts and decrypts faster than 10 GB/s) and far under a
+// microsecond a byte.
+TEST(Averaging, ARoundsCpuIsMeasuredPerByteSent) {
+  const double ns = round_cpu_ns_per_byte(3, 1 << 18, 0.2);
+  EXPECT_GT(ns, 0.1);
+  EXPECT_LT(ns, 1000);
 }
 
 }  // namespace

@@ -421,9 +421,76 @@ TEST(SwarmCosts, AnOverlappedBatchRoundHidesBehindTheLastBackwardButItsLastRow) 
   const Cluster cpu = plan::parse_cluster(
       test::replaced_text(cluster_text(), "[device]\n", "[device]\nkind = \"cpu\"\n"), "cpu.toml");
   ASSERT_EQ(cpu.device.kind, "cpu");
-  const plan::PartCost on_cpu = plan::price_operations(plan::peer_config(c, 4), one, cpu).total();
+  plan::CostOptions sharing;
+  sharing.busy_ranks = 4;  // the peers' products slow down too
+  const plan::PartCost on_cpu = plan::price_operations(plan::peer_config(c, 4), one, cpu, sharing).total();
   EXPECT_NEAR(test::breakdown_term(plan::predict_swarm(c, 4, cpu), "swarm_round"),
               std::max(0.0, transfer * 15 / 16 - (on_cpu.i + on_cpu.w)) + transfer / 16 + fixed, 1e-12);
+}
+
+// A round's CPU ([peers] cpu_ns_per_byte, one byte's whole cost per byte a peer sends): on a GPU's
+// host it bounds the round's transfer from below (after the backward, overlapped, DiLoCo's); on a
+// CPU device it runs on the compute's cores, stretched by the node's sharing: an overlapped round
+// adds it beside the backward (swarm_round_cpu), a round after the backward takes at least it.
+TEST(SwarmCosts, ARoundsCpuBoundsItsTransferAndOnACpuDeviceJoinsTheBackward) {
+  auto priced = [](const std::string& kind, double ns_per_byte) {
+    std::string text = test::replaced_text(cluster_text(), "round_overhead_ms = 40",
+                                           "round_overhead_ms = 40\ncpu_ns_per_byte = " + std::to_string(ns_per_byte));
+    if (kind == "cpu")
+      text = test::replaced_text(test::replaced_text(text, "[device]\n", "[device]\nkind = \"cpu\"\n"),
+                                 "devices_per_node = 4", "devices_per_node = 4\nshared_slowdown = 3");
+    return plan::parse_cluster(text, kind + ".toml");
+  };
+  Config c = test::planner_config();
+  c.swarm.sync = "batch";
+  c.swarm.mean_all_reduce = "butterfly";
+  c.swarm.target_batch_size = 16;
+  const ParallelDims one(plan::peer_config(c, 4).parallel, 1, "test");
+  const Cluster plain = host_cluster();
+  const double P = elements(c, one, plain);
+  const double sent = 2 * 0.75 * 4 * P, transfer = sent / 0.1e9, fixed = 2 * 300e-6 + 40e-3;
+  Config after = c;
+  after.swarm.overlap_rounds = "never";
+
+  // A GPU's host: 1 ns a byte is cheaper than the 10 ns of the 0.1 GB/s link, 50 ns dearer.
+  const Cluster cheap = priced("gpu", 1), dear = priced("gpu", 50);
+  EXPECT_NEAR(plan::round_cpu(4 * P, 4, dear).seconds, 50e-9 * sent, 1e-15);
+  EXPECT_FALSE(plan::round_cpu(4 * P, 4, dear).on_compute_cores);
+  EXPECT_NEAR(plan::predict_swarm(after, 4, cheap).step_s, plan::predict_swarm(after, 4, plain).step_s, 1e-12);
+  EXPECT_NEAR(test::breakdown_term(plan::predict_swarm(after, 4, dear), "swarm_round"), 50e-9 * sent + fixed, 1e-12);
+  const plan::PartCost all = plan::price_operations(plan::peer_config(c, 4), one, dear).total();
+  const plan::Prediction overlapped = plan::predict_swarm(c, 4, dear);
+  EXPECT_NEAR(test::breakdown_term(overlapped, "swarm_round"),
+              std::max(0.0, 50e-9 * sent * 15 / 16 - (all.i + all.w)) + 50e-9 * sent / 16 + fixed, 1e-12);
+  EXPECT_EQ(test::breakdown_term(overlapped, "swarm_round_cpu"), 0);
+
+  // A CPU device, four peers on a node of four sharing at 3x: 1 ns a byte takes 3 ns of each
+  // peer's time. Beside an overlapped round's backward it adds that, and widens what hides the link.
+  const Cluster cpu = priced("cpu", 1);
+  const double cpu_s = 3 * 1e-9 * sent;
+  EXPECT_NEAR(plan::round_cpu(4 * P, 4, cpu).seconds, cpu_s, 1e-15);
+  EXPECT_TRUE(plan::round_cpu(4 * P, 4, cpu).on_compute_cores);
+  plan::CostOptions sharing;
+  sharing.busy_ranks = 4;  // the peers' products slow down too
+  const plan::PartCost on_cpu = plan::price_operations(plan::peer_config(c, 4), one, cpu, sharing).total();
+  const plan::Prediction joined = plan::predict_swarm(c, 4, cpu);
+  EXPECT_NEAR(test::breakdown_term(joined, "swarm_round_cpu"), cpu_s, 1e-15);
+  EXPECT_NEAR(test::breakdown_term(joined, "swarm_round"),
+              std::max(0.0, transfer * 15 / 16 - (on_cpu.i + on_cpu.w + cpu_s)) + transfer / 16 + fixed, 1e-12);
+  EXPECT_NEAR(test::breakdown_sum(joined), joined.step_s, 1e-12);
+  // After the backward the cores do nothing else: the round takes the longer of the two.
+  EXPECT_NEAR(test::breakdown_term(plan::predict_swarm(after, 4, cpu), "swarm_round"), transfer + fixed, 1e-12);
+  EXPECT_NEAR(test::breakdown_term(plan::predict_swarm(after, 4, priced("cpu", 5)), "swarm_round"),
+              5 * cpu_s + fixed, 1e-12);
+  EXPECT_EQ(test::breakdown_term(plan::predict_swarm(after, 4, cpu), "swarm_round_cpu"), 0);
+
+  // DiLoCo: a tenth of the int8 round, which takes at least its CPU.
+  Config diloco = c;
+  diloco.swarm.sync = "diloco";
+  diloco.swarm.inner_steps = 10;
+  diloco.swarm.pseudo_gradient_dtype = "int8";
+  EXPECT_NEAR(test::breakdown_term(plan::predict_swarm(diloco, 4, dear), "swarm_round"),
+              (50e-9 * 2 * 0.75 * P + fixed) / 10, 1e-12);
 }
 
 // Swarms are searched where the file gives the peers' link (holding swarm.sync plans swarms only),
