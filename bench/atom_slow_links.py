@@ -18,6 +18,10 @@ optimizer step, in each mode:
           the peers' all-reduce of float32 gradients (round a ring) once per swarm step, each round
           started with the local step that closes it (swarm.overlap_rounds = always, the default);
   batch_after  the same with swarm.overlap_rounds = never: each round starts after the backward;
+  batch_auto   the same with swarm.overlap_rounds = auto: the swarm times both ways on rounds 2-5
+               and each round's host tells its group the faster, which every member follows; its
+               throughput is counted from step 7, the way chosen (a probe is 4 rounds in every
+               200), and the result names the way the peers followed;
   batch_butterfly  batch with swarm.mean_all_reduce = butterfly: the mean by the butterfly instead of
                round a ring (the default; src/atom/averaging.h; bench/results/swarm_ring_slow_links_cpu.md
                compared them when the butterfly was the default, as modes batch and batch_ring);
@@ -59,6 +63,7 @@ MODES = {
     "1f1b": "pipeline, 1F1B",
     "batch": "ATOM peers, batch",
     "batch_after": "ATOM batch, rounds after the backward",
+    "batch_auto": "ATOM batch, the swarm's timed choice",
     "batch_butterfly": "ATOM batch, the mean by the butterfly",
     "diloco": "ATOM peers, DiLoCo int8 / 10 steps",
 }
@@ -173,6 +178,8 @@ def commands(build, mode, run_dir, data, key, steps):
                 args += ["--set", "swarm.sync=batch", "--set", "swarm.target_batch_size=%d" % GLOBAL_BATCH]
                 if mode == "batch_after":
                     args += ["--set", "swarm.overlap_rounds=never"]
+                if mode == "batch_auto":
+                    args += ["--set", "swarm.overlap_rounds=auto"]
                 if mode == "batch_butterfly":
                     args += ["--set", "swarm.mean_all_reduce=butterfly"]
             else:
@@ -248,11 +255,15 @@ def run(build, work, hosts, mode, rate, data, key, steps=None, repeat=0):
     cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_s = cpu_after.ru_utime + cpu_after.ru_stime - cpu_before.ru_utime - cpu_before.ru_stime
     host_dirs = [os.path.join(run_dir, "host%d" % i) for i in range(HOSTS)]
-    warm = 10 if mode == "diloco" else 2
+    warm = 10 if mode == "diloco" else 7 if mode == "batch_auto" else 2
     samples = total_samples(mode, host_dirs)
-    return {"mode": mode, "rate": rate, "repeat": repeat, "steps": steps,
-            "samples_per_s": throughput(mode, host_dirs, warm),
-            "wire_bytes_per_sample": sent / samples, "cpu_ms_per_sample": 1000 * cpu_s / samples}
+    result = {"mode": mode, "rate": rate, "repeat": repeat, "steps": steps,
+              "samples_per_s": throughput(mode, host_dirs, warm),
+              "wire_bytes_per_sample": sent / samples, "cpu_ms_per_sample": 1000 * cpu_s / samples}
+    if mode == "batch_auto":
+        followed = {[r for r in metrics(d) if "swarm" in r][-1]["swarm"]["overlap_followed"] for d in host_dirs}
+        result["ways_followed"] = sorted("overlapped" if f else "after the backward" for f in followed)
+    return result
 
 
 def svg(results, rates, modes, path):
@@ -324,6 +335,11 @@ def render(measured, out):
                   "in each, so a ratio spans minutes, not the whole run):", ""]
         lines += head + table(lambda r, rate: ", ".join("%.2f" % (ratio[(r["mode"], rate, k)] / ratio[("dp", rate, k)])
                                                          for k in repeats))
+    auto = [r for r in results if r["mode"] == "batch_auto"]
+    if auto:
+        lines += ["", "The way the peers followed under swarm.overlap_rounds = auto, each run: " +
+                  "; ".join("%s repeat %d: %s" % (label(r["rate"]), r.get("repeat", 0), " and ".join(r["ways_followed"]))
+                            for r in auto)]
     pipes = [m for m in ("gpipe", "1f1b") if m in modes]
     if pipes:
         best = {rate: max(at[(m, rate)]["samples_per_s"] for m in pipes) for rate in rates}

@@ -43,6 +43,7 @@ struct Averager::Gather {
   std::string token;
   std::string reason;  // why a joiner is not in the group, when not the usual
   std::map<std::string, std::string> refused;  // by joiner id: why it was left out
+  int overlap_choice = -1;  // the host's word to the group (set_overlap_choice), fixed when decided
 };
 
 Averager::Averager(const SwarmKey& key, std::string my_id, std::string my_address, size_t max_message_bytes,
@@ -140,7 +141,10 @@ bool Averager::serve_join(Channel& channel, const Message& first) {
                              : !in              ? "this peer joined after the group was closed"
                              : g->token.empty() ? "the group was not a majority of the host's candidates"
                                                 : "";
-  channel.send(kGroup, pack({{"token", in ? g->token : ""}, {"members", members}, {"reason", reason}}), Deadline::in(10));
+  channel.send(kGroup,
+               pack({{"token", in ? g->token : ""}, {"members", members}, {"reason", reason},
+                     {"overlap", g->overlap_choice}}),
+               Deadline::in(10));
   return true;
 }
 
@@ -180,6 +184,7 @@ std::vector<RoundMember> Averager::host(int64_t round, const std::vector<RoundMe
   sort_by_id(g->members);
   // Not a majority of the candidates: no token, so the joiners fail at once (run_round says why).
   g->token = 2 * g->members.size() > candidates.size() ? to_hex(random_bytes(8)) : "";
+  g->overlap_choice = overlap_choice_;
   g->decided = true;
   token = g->token;
   gathers_.erase(round);  // later JOINs of this round start a new gather (a retry), unless it completes
@@ -189,7 +194,7 @@ std::vector<RoundMember> Averager::host(int64_t round, const std::vector<RoundMe
 }
 
 std::vector<RoundMember> Averager::join(int64_t round, const RoundMember& host, std::string& token, Deadline deadline,
-                                        const ContributionProgress* progress) {
+                                        const ContributionProgress* progress, int& overlap_choice) {
   try {
     uint64_t sent_before = 0;
     std::unique_ptr<Channel> c = channel_to(host, deadline, sent_before);
@@ -207,6 +212,7 @@ std::vector<RoundMember> Averager::join(int64_t round, const RoundMember& host, 
     const GroupReply group = parse_group(c->receive(deadline, kGroup).body, c->address());
     keep(host, std::move(c));  // the host is a member: this round's pieces to it go on this channel
     token = group.token;
+    overlap_choice = group.overlap_choice;
     if (token.empty())
       throw RoundError("round " + std::to_string(round) + ": host " + host.id + " (" + host.address +
                        ") formed no group with this peer: " + group.reason);
@@ -215,6 +221,12 @@ std::vector<RoundMember> Averager::join(int64_t round, const RoundMember& host, 
     throw RoundError("round " + std::to_string(round) + ": joining host " + host.id + " (" + host.address +
                      ") failed: " + e.what());
   }
+}
+
+void Averager::set_overlap_choice(int choice) {
+  require(choice >= -1 && choice <= 1, "internal: an overlap choice of ", choice);
+  std::lock_guard<std::mutex> lock(mutex_);
+  overlap_choice_ = choice;
 }
 
 void Averager::set_state(int64_t step, const std::string& digest) {
@@ -249,9 +261,12 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
   const Deadline gather = Deadline::in(budget / 2), deadline = Deadline::in(budget);
   std::string token;
   std::shared_ptr<Gather> hosted;  // the group this peer formed as the round's host
-  const std::vector<RoundMember> members = candidates.front().id == my_id_
-                                               ? host(round, candidates, token, gather, hosted, progress.get())
-                                               : join(round, candidates.front(), token, deadline, progress.get());
+  int overlap_choice = -1;
+  const std::vector<RoundMember> members =
+      candidates.front().id == my_id_
+          ? host(round, candidates, token, gather, hosted, progress.get())
+          : join(round, candidates.front(), token, deadline, progress.get(), overlap_choice);
+  if (hosted) overlap_choice = hosted->overlap_choice;
   const double grouped = unix_now();
   const int64_t n = static_cast<int64_t>(members.size());
   // A group holding half of this peer's candidates or fewer may be one side of a split view (two
@@ -269,6 +284,7 @@ RoundResult Averager::run_round(int64_t round, std::vector<RoundMember> candidat
   result.started = started;
   result.grouped = grouped;
   result.members = members;
+  result.overlap_choice = overlap_choice;
   result.ring = ring_ && n >= 3 && rule_.kind == Aggregation::mean && encoding.exact();
   if (result.ring)
     reduce_ring(round, token, members, me, flat, weight, reduce_by, progress.get(), result);

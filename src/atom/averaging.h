@@ -120,6 +120,9 @@ struct RoundResult {
   double weight = 0;     // their weights summed
   std::vector<RoundMember> members;
   bool ring = false;  // the sums went round a ring (Averager's `ring`), else the butterfly
+  // The round's host's word on how rounds go (set_overlap_choice: 1 overlapped, 0 after the
+  // backward), the same for every member of the group; -1: it says nothing.
+  int overlap_choice = -1;
   // Under a robust rule (robust_aggregation.h): each member's share kept, averaged over the parts,
   // and whether it was an outlier of most parts; empty under mean.
   std::vector<Screening> screened;
@@ -165,6 +168,9 @@ class Averager {
   // that makes its state, so its members may hold the digest of the step before or of this one
   // (a divergence is then found a round later).
   void set_state(int64_t step, const std::string& digest);
+  // What this peer, hosting a round, tells its group about how rounds go (RoundResult's
+  // overlap_choice; swarm.overlap_rounds = auto, atom/swarm.h): 1, 0, or -1 (nothing, the default).
+  void set_overlap_choice(int choice);
   static constexpr double kKeptIdleS = 600;
 
   // One round over `candidates` (the live peers of this round, this one among them) with this
@@ -186,7 +192,7 @@ class Averager {
   std::vector<RoundMember> host(int64_t round, const std::vector<RoundMember>& candidates, std::string& token,
                                 Deadline gather, std::shared_ptr<Gather>& decided, const ContributionProgress* progress);
   std::vector<RoundMember> join(int64_t round, const RoundMember& host, std::string& token, Deadline deadline,
-                                const ContributionProgress* progress);
+                                const ContributionProgress* progress, int& overlap_choice);
   // One request each; true when the channel is clean for its member's next request.
   bool serve_join(Channel& channel, const Message& first);
   // A member's channel of one attempt: its pieces of this member's part and its own part's sums
@@ -234,6 +240,7 @@ class Averager {
   std::mutex mutex_;
   std::string state_;  // set_state: the digest of the state at swarm step state_step_
   int64_t state_step_ = -1;
+  int overlap_choice_ = -1;  // set_overlap_choice
   std::condition_variable changed_;
   std::map<int64_t, std::shared_ptr<Gather>> gathers_;
   std::deque<std::pair<int64_t, std::shared_ptr<Gather>>> closed_;  // the last rounds hosted here that completed

@@ -47,7 +47,7 @@ T field(const nlohmann::json& j, const char* key, const std::string& from) {
   }
 }
 
-// An integer field within [lo, hi] (lo >= 0).
+// An integer field within [lo, hi].
 int64_t bounded(const nlohmann::json& j, const char* key, int64_t lo, int64_t hi, const std::string& from) {
   const std::optional<int64_t> v = j.contains(key) ? json_int64(j.at(key)) : std::nullopt;
   if (!v) throw WireError("peer " + from + " sent a message without a valid '" + key + "'");
@@ -238,7 +238,8 @@ JoinRequest parse_join(const std::string& body, const std::string& from) {
 
 GroupReply parse_group(const std::string& body, const std::string& from) {
   const auto [header, payload] = unpack(body, from);
-  GroupReply g{field<std::string>(header, "token", from), {}, field<std::string>(header, "reason", from)};
+  GroupReply g{field<std::string>(header, "token", from), {}, field<std::string>(header, "reason", from),
+               static_cast<int>(bounded(header, "overlap", -1, 1, from))};
   const nlohmann::json members = field<nlohmann::json>(header, "members", from);
   if (!members.is_array()) throw WireError("peer " + from + " sent a group whose members are not a list");
   for (const nlohmann::json& m : members) {

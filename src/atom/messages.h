@@ -8,7 +8,7 @@
 //
 // Round messages (atom/averaging.h) are [u32 header length][JSON header][binary payload]:
 //   JOIN   {round, address, wait_s, state, state_step}     member -> host
-//   GROUP  {token, members: [[id, address], ...], reason}  host -> member
+//   GROUP  {token, members: [[id, address], ...], reason, overlap}  host -> member
 //   PART   {token, piece, numel, weight, wait_s, rule} + encoded piece      member -> owner
 //   SUM    {piece, weight, screened: [[id, kept, outlier], ...]} + encoded piece of the sum
 //                                                                          owner -> member
@@ -104,6 +104,7 @@ struct GroupReply {
   std::string token;  // empty: no group with this member (reason says why)
   std::vector<RoundMember> members;
   std::string reason;
+  int overlap_choice = -1;  // the host's word on how rounds go: 1, 0 or -1 (Averager::set_overlap_choice)
 };
 struct PartMessage {
   std::string token;

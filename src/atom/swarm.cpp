@@ -62,6 +62,7 @@ Swarm::Swarm(PeerIdentity identity, const Config& config)
       AggregationRule{aggregation_from_name(config.swarm.aggregation), config.swarm.clip_radius,
                       config.swarm.trim_fraction},
       config.swarm.mean_all_reduce == "ring");
+  if (config.swarm.overlap_rounds == "auto") averager_->set_overlap_choice(1);  // overlapped until a probe says
   poison_ = Poison::from_environment();
   if (poison_)
     say("TESSERA_SWARM_POISON=" + poison_->mode() + ": " + poison_->what());
@@ -248,6 +249,7 @@ nlohmann::json Swarm::metrics() const {
           {"outliers", outliers_},
           {"overlapped_rounds", overlapped_rounds_},
           {"ring_rounds", ring_rounds_},
+          {"overlap_followed", overlap_followed_},
           {"state_digest", current_state()},
           {"state_divergences", state_divergences_},
           {"suspects", record_.suspects},

@@ -8,6 +8,10 @@
 // is read back finite (a step whose gradients are not finite is not contributed, as after the
 // backward). The round's thread reads a range of `outgoing` only once the hooks (training thread,
 // or autograd's device thread) marked it final.
+#include <iomanip>
+#include <numeric>
+#include <sstream>
+
 #include <ATen/ATen.h>
 
 #include "atom/swarm.h"
@@ -36,8 +40,61 @@ void Swarm::install_leaf_hooks() {
   leaf_offsets_.push_back(offset);
 }
 
+bool Swarm::probing(int64_t step) {
+  return step >= kFirstProbe && (step - kFirstProbe) % kReprobeAfter < kProbeRounds;
+}
+
+bool Swarm::overlap_round(int64_t step) const {
+  if (config_.swarm.overlap_rounds != "auto") return true;
+  return probing(step) ? step % 2 == 0 : overlap_followed_;
+}
+
+void Swarm::time_round() {
+  if (config_.swarm.overlap_rounds != "auto") return;
+  const double now = unix_now();
+  const int64_t taken = swarm_step_ - 1;  // the round just taken
+  // Its period: from the round before, when that was the step before (a peer behind, a failed
+  // round or a joiner's first round has none).
+  if (probing(taken) && last_round_step_ == taken - 1)
+    probe_periods_[overlap_round(taken) ? 1 : 0].push_back(now - last_round_end_);
+  last_round_end_ = now;
+  last_round_step_ = taken;
+  if (!probing(taken) || probing(taken + 1)) return;
+  // The probe's last round: the faster way, when both were timed (else the preference stands).
+  const std::vector<double>& after = probe_periods_[0];
+  const std::vector<double>& with = probe_periods_[1];
+  if (!after.empty() && !with.empty()) {
+    const auto mean = [](const std::vector<double>& v) {
+      return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+    };
+    overlap_preferred_ = mean(with) < mean(after) ? 1 : 0;
+    std::ostringstream line;
+    line << std::setprecision(3) << "timed rounds " << mean(with) << " s a round overlapped, " << mean(after)
+         << " s after the backward (rounds " << taken - kProbeRounds + 2 << "-" << taken + 1
+         << "): hosting a round, this peer tells its group to " << (overlap_preferred_ ? "overlap" : "start after the backward")
+         << " (swarm.overlap_rounds = auto)";
+    say(line.str());
+    averager_->set_overlap_choice(overlap_preferred_);
+  }
+  probe_periods_[0].clear();
+  probe_periods_[1].clear();
+}
+
+void Swarm::follow_host(const RoundResult& result) {
+  if (config_.swarm.overlap_rounds != "auto" || result.overlap_choice < 0) return;
+  const bool overlap = result.overlap_choice == 1;
+  if (overlap != overlap_followed_)
+    say(std::string("rounds ") + (overlap ? "overlap the local step" : "start after the backward") +
+        " from swarm step " + std::to_string(swarm_step_ + 1) + ": the round's host (" + result.members.front().id +
+        ") told its group so (swarm.overlap_rounds = auto)");
+  overlap_followed_ = overlap;
+  if (overlap_preferred_ < 0) averager_->set_overlap_choice(overlap ? 1 : 0);
+}
+
 void Swarm::start_overlapped_round() {
-  if (leaves_.empty() || behind_ || poison_ || leaving_ || swarm_step_ >= config_.train.steps) return;
+  if (leaves_.empty() || behind_ || poison_ || leaving_ || swarm_step_ >= config_.train.steps ||
+      !overlap_round(swarm_step_))
+    return;
   // The same count as a step's end takes (reduce_after_step), with this step's samples claimed:
   // the others' records as this peer's node has them now (a round's members at their new step:
   // Membership::saw_round).

@@ -60,6 +60,7 @@ bool Swarm::reduce(const std::vector<at::Tensor>& gradients, int64_t samples) {
   }
   const bool updated = overlapped_ ? finish_overlapped_round(gradients, samples, entered)
                                    : reduce_after_step(gradients, samples, entered);
+  if (updated) time_round();
   step_started_ = unix_now();  // the next local step begins when this returns
   start_overlapped_round();
   return updated;
@@ -88,6 +89,7 @@ void Swarm::count_step(int64_t samples, bool contributed) {
 void Swarm::take_round(const RoundResult& result, const std::vector<at::Tensor>& gradients, double entered,
                        double claims_seen) {
   note_round_times(result, entered, claims_seen);
+  follow_host(result);
   const at::Tensor mean = result.sum / result.weight;
   round_log_->add(swarm_step_, mean);
   unflatten_into(mean, gradients);

@@ -303,8 +303,8 @@ void MemoryOptions::check(const std::string& source) const {
 void SwarmOptions::check(const std::string& source) const {
   check_ranges(*this, "swarm", source);
   require(sync == "batch" || sync == "diloco", source, ": swarm.sync must be batch or diloco (got '", sync, "')");
-  require(overlap_rounds == "always" || overlap_rounds == "never", source,
-          ": swarm.overlap_rounds must be always or never (got '", overlap_rounds, "')");
+  require(overlap_rounds == "always" || overlap_rounds == "never" || overlap_rounds == "auto", source,
+          ": swarm.overlap_rounds must be always, never or auto (got '", overlap_rounds, "')");
   require(mean_all_reduce == "butterfly" || mean_all_reduce == "ring", source,
           ": swarm.mean_all_reduce must be butterfly or ring (got '", mean_all_reduce, "')");
   require(aggregation == "mean" || aggregation == "centered_clip" || aggregation == "trimmed_mean" ||

@@ -29,7 +29,7 @@ namespace tessera {
 struct SwarmOptions {
   std::string sync = "batch";           // batch | diloco
   int64_t target_batch_size = 64;       // batch: samples over the swarm per optimizer step
-  std::string overlap_rounds = "always";  // batch: always | never: a round starts with the local step that closes it
+  std::string overlap_rounds = "always";  // batch: always | never | auto: a round starts with the local step that closes it
   std::string mean_all_reduce = "ring";  // ring | butterfly: how a round's dense float32 mean travels (atom/averaging.h)
   int64_t inner_steps = 50;             // diloco: local steps between averages
   double outer_lr = 0.7;                // diloco: outer SGD learning rate
@@ -60,8 +60,10 @@ struct SwarmOptions {
     v("overlap_rounds", overlap_rounds, "batch: always starts the round a local step will close when that step "
       "starts (its group forms during the step, and each piece of the gradients goes out as soon as the backward "
       "made it final, as data parallelism's buckets do); never starts it after the backward (where compute and "
-      "communication share every core, as several peers on one CPU host, overlapping can lose at fast links). fp16 "
-      "and memory.swap rounds start after the backward either way");
+      "communication share every core, as several peers on one CPU host, overlapping can lose at fast links); auto "
+      "lets the swarm time both ways on the same rounds (swarm steps 2-5, and every 200 after) and each round's host "
+      "tell its group the faster one it timed, which every member follows from its next round. fp16 and "
+      "memory.swap rounds start after the backward either way");
     v("mean_all_reduce", mean_all_reduce, "how a round of three or more members sums a dense float32 mean: "
       "ring (each member sends to the next only, 2 (n - 1) steps: one TCP flow through each link; at 10 Mbit it "
       "carried 1.01-1.13x data parallelism's samples/s where the butterfly carried 0.88-1.04x) or butterfly (each "

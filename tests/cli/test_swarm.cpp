@@ -6,8 +6,9 @@
 // peers keep a step whose gradients overflowed out of the rounds; every
 // sample a peer processed is accounted for (averaged, dropped for newer state, or still
 // accumulated); under centered_clip a peer sending poison is clipped, logged and named a suspect;
-// rounds start with the local step that closes them; a replica that diverged takes the state most
-// peers hold.
+// rounds start with the local step that closes them, and under swarm.overlap_rounds = auto every
+// peer follows the way its round's host timed faster; a replica that diverged takes the state
+// most peers hold.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -17,6 +18,7 @@
 #include <filesystem>
 #include <map>
 #include <regex>
+#include <set>
 
 #include "cli_util.h"
 #include "swarm_util.h"
@@ -68,6 +70,34 @@ TEST_F(Swarm, PeersSurviveEachOthersDeathAndAJoinerTakesTheStateFromSeveralDonor
   // after the first.
   for (const Peer* p : {&third, &fourth})
     EXPECT_GT(p->swarm()["overlapped_rounds"].get<int64_t>(), 0) << p->swarm().dump();
+}
+
+TEST_F(Swarm, UnderAutoOverlapTheGroupFollowsItsHostsTimedChoice) {
+  // swarm.overlap_rounds = auto: the probe's rounds at swarm steps 2-5 alternate the ways on every
+  // peer at once, each peer times them, and from the rounds after it every peer follows the way
+  // its round's host timed faster. The peers end on the same way and the same parameters. All
+  // three start together (min_peers), so that the probe's rounds are theirs.
+  constexpr int64_t kSteps = 10;
+  const std::string args = settings(kSteps, key_) + " --set swarm.overlap_rounds=auto --set swarm.min_peers=3";
+  Peer& a = start("a", args);
+  Peer& b = start("b", args, a.address());
+  Peer& c = start("c", args, a.address());
+  for (const Peer* p : {&a, &b, &c}) ASSERT_EQ(p->wait(), 0) << p->log();
+  std::set<bool> preferred, followed;
+  const std::regex timed("tells its group to (overlap|start after the backward)");
+  for (const Peer* p : {&a, &b, &c}) {
+    EXPECT_EQ(p->swarm_step(), kSteps) << p->log();
+    const std::string log = p->log();
+    for (std::sregex_iterator m(log.begin(), log.end(), timed), end; m != end; ++m) preferred.insert((*m)[1] == "overlap");
+    followed.insert(p->swarm()["overlap_followed"].get<bool>());
+  }
+  ASSERT_FALSE(preferred.empty()) << "no peer timed both ways\n" << a.log();
+  ASSERT_EQ(followed.size(), 1u) << "the peers follow different ways";
+  EXPECT_TRUE(preferred.count(*followed.begin())) << "the way followed is none that a peer timed faster";
+  const std::string last = "/checkpoints/step_" + std::to_string(kSteps) + "/model.safetensors";
+  const std::string model = slurp(a.dir + last);
+  ASSERT_FALSE(model.empty());
+  EXPECT_TRUE(model == slurp(b.dir + last) && model == slurp(c.dir + last));
 }
 
 TEST_F(Swarm, DiLoCoPeersWithTopKPseudoGradientsTakeTheSameOuterSteps) {

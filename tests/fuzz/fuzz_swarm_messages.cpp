@@ -41,9 +41,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         check(j.wait_s >= 0 && j.wait_s <= 86400);
         break;
       }
-      case 1:
-        parse_group(body, "fuzz");
+      case 1: {
+        const GroupReply g = parse_group(body, "fuzz");
+        check(g.overlap_choice >= -1 && g.overlap_choice <= 1);
         break;
+      }
       case 2: {
         const PartMessage p = parse_part(body, "fuzz");
         check(p.numel >= 0 && p.numel <= kMaxPartElements && std::isfinite(p.weight) && p.weight >= 0 &&

@@ -213,7 +213,8 @@ struct FakeMember {
         [this](std::unique_ptr<Channel> c) {
           Message m = c->receive(Deadline::in(5));
           if (m.type == kJoin) {
-            c->send(kGroup, pack({{"token", token}, {"members", group}, {"reason", ""}}), Deadline::in(5));
+            c->send(kGroup, pack({{"token", token}, {"members", group}, {"reason", ""}, {"overlap", -1}}),
+                    Deadline::in(5));
             return;
           }
           for (;;) {
@@ -754,6 +755,27 @@ TEST(Averaging, AMemberDyingInTheRingFailsItForEveryMemberAndTheRetrySucceeds) {
   for (size_t i = 0; i < 3; ++i) {
     ASSERT_EQ(errors[i], "") << i;
     EXPECT_TRUE(at::equal(results[i].sum, at::full({numel}, 3.0f)));
+  }
+}
+
+// The host's word on how rounds go (swarm.overlap_rounds = auto, atom/swarm.h) reaches every
+// member of its group in the round's result, the host's own too; a member's word does not, and a
+// host that says nothing gives -1.
+TEST(Averaging, EveryMemberHearsTheHostsWordOnOverlap) {
+  TestPeer a("a"), b("b"), c("c");
+  std::vector<TestPeer*> peers = {&a, &b, &c};
+  const std::vector<RoundMember> candidates = {a.member(), b.member(), c.member()};
+  const std::vector<at::Tensor> vectors(3, at::ones({64}));
+  std::vector<std::string> errors;
+  int64_t round = 1;
+  for (const auto& [host_says, member_says] : std::vector<std::pair<int, int>>{{-1, 1}, {0, 1}, {1, 0}}) {
+    a.averager->set_overlap_choice(host_says);  // "a": the smallest id hosts
+    b.averager->set_overlap_choice(member_says);
+    const std::vector<RoundResult> results = run_all(peers, candidates, vectors, PartEncoding{}, errors, round++);
+    for (size_t i = 0; i < peers.size(); ++i) {
+      ASSERT_TRUE(errors[i].empty()) << errors[i];
+      EXPECT_EQ(results[i].overlap_choice, host_says) << peers[i]->id;
+    }
   }
 }
 

@@ -35,8 +35,9 @@ TEST(Messages, RoundMessagesRoundTrip) {
   EXPECT_TRUE(at::equal(decode_part(p.payload, p.numel, Codec::fp32, "peer"), at::tensor({1.5f, -2.0f})));
   const nlohmann::json members = nlohmann::json::array({nlohmann::json::array({"a", "h:1"}),
                                                         nlohmann::json::array({"b", "h:2"})});
-  const GroupReply g = parse_group(pack({{"token", "t"}, {"members", members}, {"reason", ""}}), "x");
+  const GroupReply g = parse_group(pack({{"token", "t"}, {"members", members}, {"reason", ""}, {"overlap", 0}}), "x");
   ASSERT_EQ(g.members.size(), 2u);
+  EXPECT_EQ(g.overlap_choice, 0);
   EXPECT_EQ(g.members[1].address, "h:2");
   EXPECT_EQ(parse_join(pack({{"round", 4}, {"address", "h:1"}, {"wait_s", 2.5}}), "x").round, 4);
   const JoinRequest j = parse_join(pack({{"round", 4}, {"address", "h:1"}, {"wait_s", 2.5}, {"state", "0a1b"}, {"state_step", 3}}), "x");
@@ -138,8 +139,15 @@ TEST(Messages, HostileFieldsAreRefusedByName) {
     EXPECT_TRUE(test::throws_naming([&] { parse_sum(reply, "p"); }, {"peer p sent a s"})) << bad.dump();
   }
   const nlohmann::json lone = nlohmann::json::array({nlohmann::json::array({"a"})});
-  EXPECT_TRUE(test::throws_naming([&] { parse_group(pack({{"token", "t"}, {"members", lone}, {"reason", ""}}), "p"); },
-                                  {"[id, address]"}));
+  EXPECT_TRUE(test::throws_naming(
+      [&] { parse_group(pack({{"token", "t"}, {"members", lone}, {"reason", ""}, {"overlap", -1}}), "p"); },
+      {"[id, address]"}));
+  const nlohmann::json pair = nlohmann::json::array({nlohmann::json::array({"a", "h:1"})});
+  for (const nlohmann::json& overlap : {nlohmann::json(2), nlohmann::json(-2), nlohmann::json("1"), nlohmann::json()})
+    EXPECT_TRUE(test::throws_naming(
+        [&] { parse_group(pack({{"token", "t"}, {"members", pair}, {"reason", ""}, {"overlap", overlap}}), "p"); },
+        {"p sent", "overlap"}))
+        << overlap.dump();
   EXPECT_TRUE(test::throws_naming(
       [&] { parse_offer(R"({"ready":true,"swarm_step":3,"bytes":-5,"checksum":"x"})", "p"); }, {"'bytes'"}));
   for (const char* offset : {"-1", "18446744073709551615"})
