@@ -48,6 +48,14 @@ RoundCpu round_cpu(double bytes, int64_t peers, const Cluster& cluster) {
 Prediction predict_swarm(const Config& config, int64_t peers, const Cluster& cluster, const CostOptions& options,
                          bool with_memory) {
   const SwarmOptions& swarm = config.swarm;
+  if (swarm.sync == "batch" && swarm.overlap_rounds == "auto") {  // the way the swarm's probe finds faster
+    Config overlapped = config, after = config;
+    overlapped.swarm.overlap_rounds = "always";
+    after.swarm.overlap_rounds = "never";
+    Prediction a = predict_swarm(overlapped, peers, cluster, options, with_memory);
+    Prediction b = predict_swarm(after, peers, cluster, options, with_memory);
+    return a.step_s <= b.step_s ? a : b;
+  }
   require(cluster.peers.bandwidth_gbs > 0, cluster.source, ": a swarm needs the [peers] link (peers.bandwidth_gbs), which "
           "this cluster file does not give");
   require(swarm.sync == "batch" || swarm.sync == "diloco", "swarm.sync = ", swarm.sync, ": batch or diloco");

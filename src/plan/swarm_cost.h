@@ -21,7 +21,8 @@
 //           their products are when the node's ranks all run (cluster.shared_slowdown): an
 //           overlapped round adds it to the backward ("swarm_round_cpu" in the breakdown; at 1
 //           Gbit on shared cores it costs the local step about what the overlap hides), a round
-//           after the backward takes at least that long.
+//           after the backward takes at least that long. swarm.overlap_rounds = auto: the faster
+//           of the two ways, which the swarm's probe finds (its 4 rounds in 200 are not priced).
 //   diloco  one local step of every peer (train.batch_size x train.grad_accum samples and the local
 //           optimizer step) plus 1 / swarm.inner_steps of a round of the pseudo-gradient
 //           (pseudo_gradient_dtype: 4, 2 or 1 bytes per element; with topk_ratio < 1 the sent

@@ -483,6 +483,13 @@ TEST(SwarmCosts, ARoundsCpuBoundsItsTransferAndOnACpuDeviceJoinsTheBackward) {
   EXPECT_NEAR(test::breakdown_term(plan::predict_swarm(after, 4, priced("cpu", 5)), "swarm_round"),
               5 * cpu_s + fixed, 1e-12);
   EXPECT_EQ(test::breakdown_term(plan::predict_swarm(after, 4, cpu), "swarm_round_cpu"), 0);
+  // swarm.overlap_rounds = auto: the faster way, whichever it is.
+  Config automatic = c;
+  automatic.swarm.overlap_rounds = "auto";
+  for (const Cluster& cores : {cpu, priced("cpu", 5)}) {
+    const double both[] = {plan::predict_swarm(c, 4, cores).step_s, plan::predict_swarm(after, 4, cores).step_s};
+    EXPECT_NEAR(plan::predict_swarm(automatic, 4, cores).step_s, std::min(both[0], both[1]), 1e-15);
+  }
 
   // DiLoCo: a tenth of the int8 round, which takes at least its CPU.
   Config diloco = c;
