@@ -243,8 +243,18 @@ TEST_F(Swarm, ARestartedPeerRejoinsFromItsRunDirectory) {
   std::smatch row;
   ASSERT_TRUE(std::regex_search(status.output, row, std::regex(id + " +[0-9.:]+ +[0-9]+ +([0-9]+)"))) << status.output;
   EXPECT_GE(std::stoll(row[1].str()), before) << status.output;
+  // It trains on until it saved a checkpoint past `at` (every 5 swarm steps; a step it passed by
+  // replaying rounds after falling behind saves none, so 6 steps need not hold one: under
+  // ThreadSanitizer once none of them did).
   const int64_t at = first.swarm_step();
+  auto model = [](int64_t k) { return "/checkpoints/step_" + std::to_string(k) + "/model.safetensors"; };
+  const auto saved_past_at = [&] {
+    for (int64_t k = at + 1; k <= again.swarm_step(); ++k)
+      if (k % 5 == 0 && std::filesystem::exists(again.dir + model(k))) return true;
+    return false;
+  };
   ASSERT_TRUE(advances(again, at, 6)) << again.log();
+  ASSERT_TRUE(wait_until(saved_past_at, 120)) << again.log();
   again.kill(SIGTERM);
   EXPECT_EQ(again.wait(), 3);
   expect_accounted(again);
@@ -253,9 +263,8 @@ TEST_F(Swarm, ARestartedPeerRejoinsFromItsRunDirectory) {
   ASSERT_TRUE(advances(first, last, 1)) << first.log();
   int64_t compared = 0;
   for (int64_t k = at + 1; k <= last; ++k) {
-    const std::string model = "/checkpoints/step_" + std::to_string(k) + "/model.safetensors";
-    if (k % 5 != 0 || !std::filesystem::exists(again.dir + model)) continue;
-    EXPECT_TRUE(slurp(again.dir + model) == slurp(first.dir + model)) << model;
+    if (k % 5 != 0 || !std::filesystem::exists(again.dir + model(k))) continue;
+    EXPECT_TRUE(slurp(again.dir + model(k)) == slurp(first.dir + model(k))) << model(k);
     ++compared;
   }
   EXPECT_GT(compared, 0);
