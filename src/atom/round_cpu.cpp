@@ -3,6 +3,7 @@
 
 #include <time.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
@@ -23,19 +24,17 @@ double process_cpu_s() {
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
-double wall_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
 // One member: its listener serves the channels the others open to it (as a peer's does).
 struct Member {
   std::string id;
   std::unique_ptr<Averager> averager;
   std::unique_ptr<Listener> listener;
   RoundClock clock{5, 60};
-  Member(const SwarmKey& key, std::string name, size_t max_bytes, bool ring) : id(std::move(name)) {
+  Member(const SwarmKey& key, std::string name, size_t max_bytes) : id(std::move(name)) {
     listener = std::make_unique<Listener>(
         "127.0.0.1", 0, key, id, max_bytes,
         [this](std::unique_ptr<Channel> c) { averager->serve(*c, c->receive(Deadline::in(30))); }, nullptr);
-    averager = std::make_unique<Averager>(key, id, address(), max_bytes, AggregationRule{}, ring);
+    averager = std::make_unique<Averager>(key, id, address(), max_bytes, AggregationRule{}, /*ring=*/true);
   }
   ~Member() { averager->close(); }  // before the listener stops
   std::string address() const { return "127.0.0.1:" + std::to_string(listener->port()); }
@@ -74,14 +73,15 @@ double round_cpu_ns_per_byte(int64_t members, int64_t elements, double seconds) 
   std::vector<std::unique_ptr<Member>> peers;
   std::vector<at::Tensor> vectors;
   for (int64_t i = 0; i < members; ++i) {
-    peers.push_back(std::make_unique<Member>(key, "member" + std::to_string(i), max_bytes, true));
+    peers.push_back(std::make_unique<Member>(key, "member" + std::to_string(i), max_bytes));
     vectors.push_back(at::randn({elements}));
   }
   run_round(peers, 0, vectors);  // opens the channels the rounds below keep
-  const double cpu0 = process_cpu_s(), start = wall_s();
+  const double cpu0 = process_cpu_s();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   uint64_t sent = 0;
-  int64_t round = 1;
-  for (; round <= 2 || wall_s() - start < seconds; ++round) sent += run_round(peers, round, vectors);
+  for (int64_t round = 1; round <= 2 || std::chrono::steady_clock::now() < until; ++round)
+    sent += run_round(peers, round, vectors);
   return 1e9 * (process_cpu_s() - cpu0) / static_cast<double>(sent);
 }
 

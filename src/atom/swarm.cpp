@@ -62,7 +62,7 @@ Swarm::Swarm(PeerIdentity identity, const Config& config)
       AggregationRule{aggregation_from_name(config.swarm.aggregation), config.swarm.clip_radius,
                       config.swarm.trim_fraction},
       config.swarm.mean_all_reduce == "ring");
-  if (config.swarm.overlap_rounds == "auto") averager_->set_overlap_choice(1);  // overlapped until a probe says
+  tell_hosted_groups();
   poison_ = Poison::from_environment();
   if (poison_)
     say("TESSERA_SWARM_POISON=" + poison_->mode() + ": " + poison_->what());

@@ -163,6 +163,8 @@ class Swarm final : public Collaboration {
   static bool probing(int64_t step);
   void time_round();
   void follow_host(const RoundResult& result);
+  // What this peer tells the groups it hosts (auto): its preference, or without one the way it follows.
+  void tell_hosted_groups();
   // The swarm's samples at this swarm step as the records `live` show them: `own`, and each other
   // peer's accumulated and claimed.
   int64_t swarm_samples(const std::vector<PeerRecord>& live, int64_t own) const;

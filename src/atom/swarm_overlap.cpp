@@ -67,14 +67,15 @@ void Swarm::time_round() {
     const auto mean = [](const std::vector<double>& v) {
       return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
     };
-    overlap_preferred_ = mean(with) < mean(after) ? 1 : 0;
+    const double overlapped_s = mean(with), after_s = mean(after);
+    overlap_preferred_ = overlapped_s < after_s ? 1 : 0;
     std::ostringstream line;
-    line << std::setprecision(3) << "timed rounds " << mean(with) << " s a round overlapped, " << mean(after)
+    line << std::setprecision(3) << "timed rounds " << overlapped_s << " s a round overlapped, " << after_s
          << " s after the backward (rounds " << taken - kProbeRounds + 2 << "-" << taken + 1
-         << "): hosting a round, this peer tells its group to " << (overlap_preferred_ ? "overlap" : "start after the backward")
-         << " (swarm.overlap_rounds = auto)";
+         << "): hosting a round, this peer tells its group to "
+         << (overlap_preferred_ ? "overlap" : "start after the backward") << " (swarm.overlap_rounds = auto)";
     say(line.str());
-    averager_->set_overlap_choice(overlap_preferred_);
+    tell_hosted_groups();
   }
   probe_periods_[0].clear();
   probe_periods_[1].clear();
@@ -88,7 +89,12 @@ void Swarm::follow_host(const RoundResult& result) {
         " from swarm step " + std::to_string(swarm_step_ + 1) + ": the round's host (" + result.members.front().id +
         ") told its group so (swarm.overlap_rounds = auto)");
   overlap_followed_ = overlap;
-  if (overlap_preferred_ < 0) averager_->set_overlap_choice(overlap ? 1 : 0);
+  tell_hosted_groups();
+}
+
+void Swarm::tell_hosted_groups() {
+  if (config_.swarm.overlap_rounds != "auto") return;
+  averager_->set_overlap_choice(overlap_preferred_ >= 0 ? overlap_preferred_ : overlap_followed_ ? 1 : 0);
 }
 
 void Swarm::start_overlapped_round() {

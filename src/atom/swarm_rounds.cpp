@@ -199,7 +199,8 @@ void Swarm::finish_round(const RoundResult& result, const std::string& what, con
   membership_->saw_round(members, swarm_step_);
   std::ostringstream line;
   line << what << " " << swarm_step_ << ": " << result.members.size() << " peers"
-       << (result.ring ? " round a ring, " : ", ") << detail << "sent " << format_bytes(static_cast<double>(result.bytes_sent)) << " in " << result.seconds << " s";
+       << (result.ring ? " round a ring, " : ", ") << detail << "sent "
+       << format_bytes(static_cast<double>(result.bytes_sent)) << " in " << result.seconds << " s";
   say(line.str());
   publish();
 }

@@ -295,15 +295,13 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
   progress("all-reduce between two computing processes over loopback, 1 KiB to 16 MiB");
   const LinkFit link = fit_gloo_loaded(budget);
   double round_cpu = 0;
+  std::string round_cpu_basis = "not measured (a build without the swarm)";
   if (options.round_cpu_ns_per_byte) {
     progress("an averaging round's CPU: 4 peers summing 16 MiB round a ring over loopback TLS");
     round_cpu = options.round_cpu_ns_per_byte(4, 4 << 20, budget * 10);
+    round_cpu_basis = "4 peers in one process averaging 16 MiB of float32 round a ring over loopback TLS "
+                      "(atom/round_cpu.h): the process's CPU over the bytes they sent";
   }
-  const std::string round_cpu_basis =
-      options.round_cpu_ns_per_byte
-          ? "4 peers in one process averaging 16 MiB of float32 round a ring over loopback TLS "
-            "(atom/round_cpu.h): the process's CPU over the bytes they sent"
-          : "not measured (a build without the swarm)";
   // Per call, beyond the idle ring's two steps: what the loaded fit's intercept adds.
   const double call_overhead_us = std::max(0.0, 2 * (link.latency_us - idle.latency_us));
 
