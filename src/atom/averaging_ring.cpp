@@ -103,9 +103,11 @@ bool Averager::serve_ring(Channel& channel, const Message& first, uint64_t read_
         throw WireError("peer " + from + " sent a ring unit that does not fit this round");
       const auto [b, e] = ring_cell(slot->numel, slot->n, unit.row, slot->cell(before, unit.step));
       if (unit.numel != e - b) throw WireError("peer " + from + " sent a ring unit of the wrong size");
-      const at::Tensor values = decode_part(unit.payload, e - b, PartEncoding{}, from);
+      // A whole sum is final: it goes straight into its cell of the sum (cells are disjoint: no
+      // lock), and is passed on from there.
       const bool whole = unit.step >= slot->n - 1;
-      if (whole) slot->sum.slice(0, b, e).copy_(values);  // cells are disjoint: no lock
+      const at::Tensor values = whole ? slot->sum.slice(0, b, e) : at::empty({e - b}, at::kFloat);
+      decode_fp32_part_into(unit.payload, values, from);
       {
         std::lock_guard<std::mutex> lock(mutex_);
         if (slot->failed) return false;
@@ -181,9 +183,12 @@ void Averager::reduce_ring(int64_t round, const std::string& token, const std::v
       return true;
     }
     if (!take_in(t, s - 1, got)) return false;
-    values = got.first + own, w = got.second + weight;
-    if (s == n - 1) {
-      result.sum.slice(0, b, e).copy_(values);
+    w = got.second + weight;
+    if (s < n - 1) {
+      values = got.first.add_(own);  // the partial that came is this unit's alone
+    } else {
+      values = result.sum.slice(0, b, e);
+      at::add_out(values, got.first, own);
       if (rows_summed++ == 0) fault::point("swarm.sum");
       if (rows_summed == rows) result.part_summed = unix_now();
       std::lock_guard<std::mutex> lock(mutex_);

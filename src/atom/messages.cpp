@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include "atom/wire.h"
+#include "core/error.h"
 #include "core/flat_tensors.h"
 
 namespace tessera::atom {
@@ -113,7 +114,12 @@ at::Tensor decode_part(std::string_view bytes, int64_t n, Codec codec, const std
   if (bytes.size() != prefix + static_cast<size_t>(n) * element)
     throw WireError("peer " + from + " sent a part of " + std::to_string(bytes.size()) + " bytes where " +
                     std::to_string(prefix + static_cast<size_t>(n) * element) + " were expected");
-  const at::ScalarType type = codec == Codec::fp32 ? at::kFloat : codec == Codec::bf16 ? at::kBFloat16 : at::kChar;
+  if (codec == Codec::fp32) {
+    at::Tensor out = at::empty({n}, at::kFloat);
+    decode_fp32_part_into(bytes, out, from);
+    return out;
+  }
+  const at::ScalarType type = codec == Codec::bf16 ? at::kBFloat16 : at::kChar;
   at::Tensor raw = at::empty({n}, type);
   if (n > 0) std::memcpy(raw.data_ptr(), bytes.data() + prefix, static_cast<size_t>(n) * element);  // empty: no buffer
   at::Tensor out = raw.to(at::kFloat);
@@ -125,6 +131,16 @@ at::Tensor decode_part(std::string_view bytes, int64_t n, Codec codec, const std
   }
   if (!all_finite(out)) throw WireError("peer " + from + " sent non-finite values");
   return out;
+}
+
+void decode_fp32_part_into(std::string_view bytes, const at::Tensor& out, const std::string& from) {
+  require(out.device().is_cpu() && out.scalar_type() == at::kFloat && out.is_contiguous(),
+          "decode_fp32_part_into: the destination is not a contiguous float32 CPU tensor");
+  if (bytes.size() != static_cast<size_t>(out.nbytes()))
+    throw WireError("peer " + from + " sent a part of " + std::to_string(bytes.size()) + " bytes where " +
+                    std::to_string(out.nbytes()) + " were expected");
+  if (!bytes.empty()) std::memcpy(out.data_ptr(), bytes.data(), bytes.size());  // empty: no buffer
+  if (!all_finite(out)) throw WireError("peer " + from + " sent non-finite values");
 }
 
 namespace {

@@ -55,6 +55,10 @@ constexpr int64_t kMaxPieces = 1 << 16;
 // per part). decode_part checks the byte count against `n` and refuses non-finite values.
 std::string encode_part(const at::Tensor& values, Codec codec);
 at::Tensor decode_part(std::string_view bytes, int64_t n, Codec codec, const std::string& from);
+// A dense float32 part decoded straight into `out` (a contiguous float32 CPU tensor of its
+// length, e.g. the slice of a round's sum it fills): one copy from the received bytes, checked as
+// decode_part checks. What `out` held is lost when the part is refused.
+void decode_fp32_part_into(std::string_view bytes, const at::Tensor& out, const std::string& from);
 
 // How a round's parts travel (swarm.pseudo_gradient_dtype, swarm.topk_ratio):
 //   dense   every entry, encoded as `dtype` (above);

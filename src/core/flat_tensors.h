@@ -27,8 +27,9 @@ std::string tensors_digest(const std::vector<at::Tensor>& tensors);
 
 // Whether every value of the tensors is finite (no NaN, no infinity), as at::isfinite(t).all() says.
 // A contiguous float32 tensor on the CPU is read once, its exponent bits tested in one vectorised
-// pass (4.2 GB/s on one core here against at::isfinite's 0.4: it builds three temporaries and a
-// reduction; the swarm checks every contribution, sum and mean it handles); the others (device
+// pass (10 GB/s from memory on one core here against at::isfinite's 0.6: it builds three
+// temporaries and a reduction; the swarm checks every contribution, sum and mean it handles, and
+// every part a round receives); the others (device
 // tensors, other dtypes) go through at::isfinite, with one synchronising read for all of them (one
 // per tensor where they lie on several devices).
 bool all_finite(const std::vector<at::Tensor>& tensors);

@@ -96,6 +96,22 @@ TEST(Messages, HostileSparsePartsAreRefused) {
   EXPECT_TRUE(test::throws_naming([&] { decode_part(part({1, 0}, {NAN}), 4, sparse, "p"); }, {"non-finite"}));
 }
 
+// A ring's whole sum is decoded straight into its cell of the round's sum: the values land there,
+// and a part of the wrong size or with a non-finite value is refused naming the peer.
+TEST(Messages, ADenseFloatPartIsDecodedIntoItsPlace) {
+  const std::vector<float> values = {1.5f, -2.0f, 3.25f};
+  const std::string bytes(reinterpret_cast<const char*>(values.data()), 4 * values.size());
+  const at::Tensor sum = torch::zeros({5});
+  decode_fp32_part_into(bytes, sum.slice(0, 1, 4), "p");
+  EXPECT_TRUE(torch::equal(sum, torch::tensor({0.0f, 1.5f, -2.0f, 3.25f, 0.0f})));
+  EXPECT_TRUE(test::throws_naming([&] { decode_fp32_part_into(bytes, sum.slice(0, 0, 2), "peer-7"); },
+                                  {"peer-7", "12 bytes where 8"}));
+  const std::vector<float> bad = {1.0f, INFINITY, 2.0f};
+  const std::string poisoned(reinterpret_cast<const char*>(bad.data()), 4 * bad.size());
+  EXPECT_TRUE(test::throws_naming([&] { decode_fp32_part_into(poisoned, sum.slice(0, 1, 4), "peer-7"); },
+                                  {"peer-7", "non-finite"}));
+}
+
 TEST(Messages, HostileFieldsAreRefusedByName) {
   // 2^62 + 1 float32 elements: 4 bytes once the byte count wraps at 2^64.
   const int64_t wraps = (int64_t{1} << 62) + 1;
