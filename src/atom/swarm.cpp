@@ -184,6 +184,9 @@ int64_t Swarm::attach(TrainStep& step, int64_t step_number, const nlohmann::json
   const bool joining = !identity_.initial_peers.empty();
   const int64_t need = joining ? std::max<int64_t>(config_.swarm.min_peers, 2) : config_.swarm.min_peers;
   const Deadline join = Deadline::in(config_.swarm.join_timeout_s);
+  if (!joining && need == 1)
+    say("swarm.min_peers = 1: this peer starts at once and takes the swarm's rounds alone until others join "
+        "(they then take its state); to start several peers together, set swarm.min_peers to their number");
   for (int64_t seen = 0;;) {
     const std::vector<PeerRecord> live = membership_->live_peers(1.0);
     if (static_cast<int64_t>(live.size()) != seen) {
