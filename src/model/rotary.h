@@ -34,7 +34,13 @@ struct RotaryTables {
 };
 RotaryTables rotary_tables(const at::Tensor& inv_freq, int64_t offset, int64_t T, const at::TensorOptions& options);
 
-// x [B, h, T, d] rotated by `tables` (T rows).
+// x [B, h, T, d] rotated by `tables` (T rows). A float32 x on the CPU whose last dimension is
+// contiguous goes through one fused autograd function (a pass over x forward and one over the
+// gradient backward, keeping only the tables); its values and gradients are bit for bit those of
+// apply_rotary_composite (the same products, rounded before the same sums). Other inputs (CUDA,
+// bf16, whose composite rounds each product to bf16) take apply_rotary_composite.
 at::Tensor apply_rotary(const at::Tensor& x, const RotaryTables& tables);
+// The rotation as ATen's operations: rope(x) = x * cos + rotate_half(x) * sin, as written above.
+at::Tensor apply_rotary_composite(const at::Tensor& x, const RotaryTables& tables);
 
 }  // namespace tessera
