@@ -382,6 +382,10 @@ TEST_F(Swarm, AStrangerWithAnotherKeyGetsNothing) {
   Peer& first = start("first", args);
   Peer& second = start("second", args, first.address());
   ASSERT_TRUE(advances(second, 0, 3)) << second.log();
+  // The first peer, under swarm.min_peers = 1, said it would take rounds alone until others came;
+  // the one pointed at it waited for a partner instead.
+  EXPECT_NE(first.log().find("swarm.min_peers = 1: this peer starts at once"), std::string::npos) << first.log();
+  EXPECT_EQ(second.log().find("swarm.min_peers = 1"), std::string::npos) << second.log();
   const std::string other = root_ + "/other.key";
   ASSERT_EQ(run_tessera("swarm keygen --out " + other).exit_code, 0);
   // `swarm status` with the wrong key sees no peer; with the right one, both.
