@@ -48,11 +48,13 @@ void rotate_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& s
   const float* cp = cos.const_data_ptr<float>();
   const float* sp = sin.const_data_ptr<float>();
   float* op = out.mutable_data_ptr<float>();
+  const int64_t xb = x.stride(0), xh = x.stride(1), xt = x.stride(2);
+  const int64_t ob = out.stride(0), oh = out.stride(1), ot = out.stride(2);
   at::parallel_for(0, B * H * T, std::max<int64_t>(1, 32768 / std::max<int64_t>(d, 1)), [&](int64_t first, int64_t end) {
     for (int64_t row = first; row < end; ++row) {
       const int64_t t = row % T, bh = row / T, b = bh / H, hd = bh % H;
-      const float* xr = xp + b * x.stride(0) + hd * x.stride(1) + t * x.stride(2);
-      float* o = op + b * out.stride(0) + hd * out.stride(1) + t * out.stride(2);
+      const float* xr = xp + b * xb + hd * xh + t * xt;
+      float* o = op + b * ob + hd * oh + t * ot;
       const float* c = cp + t * d;
       const float* s = sp + t * d;
       if (sign > 0) {
@@ -86,7 +88,8 @@ class Rotary : public torch::autograd::Function<Rotary> {
 
 bool fused_rotary_applies(const at::Tensor& x, const RotaryTables& tables) {
   return x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 4 && x.stride(3) == 1 &&
-         x.size(3) % 2 == 0 && tables.cos.scalar_type() == at::kFloat && tables.cos.is_contiguous() &&
+         x.size(3) % 2 == 0 && tables.cos.scalar_type() == at::kFloat && tables.sin.scalar_type() == at::kFloat &&
+         tables.cos.is_contiguous() &&
          tables.sin.is_contiguous() && tables.cos.sizes() == at::IntArrayRef({x.size(2), x.size(3)}) &&
          tables.sin.sizes() == tables.cos.sizes() && !tables.cos.requires_grad() && !tables.sin.requires_grad();
 }
