@@ -9,6 +9,7 @@
 #include <ATen/Parallel.h>
 
 #include "core/error.h"
+#include "core/vector_kernel.h"
 #ifdef TESSERA_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -49,16 +50,8 @@ at::Tensor grouped(const at::Tensor& t) {
   return t.contiguous().view({-1, last % kActivationGroup == 0 ? kActivationGroup : last});
 }
 
-// The int8 kernels on the CPU: plain loops GCC vectorises at -O3, built for AVX2 and for the
-// baseline and picked at load time by the CPU (target_clones). 4 MB of float32 on this machine's
-// cores: encoding 1.0 ms and decoding 0.3 ms on one thread (ATen's composite expression: 5.1 ms).
-// (Not under the sanitizers, whose runtimes the load-time choice of a clone would run before.)
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && \
-    !defined(__SANITIZE_THREAD__)
-#define TESSERA_VECTOR_KERNEL __attribute__((target_clones("avx2", "default"), optimize("O3")))
-#else
-#define TESSERA_VECTOR_KERNEL
-#endif
+// The int8 kernels on the CPU (core/vector_kernel.h). 4 MB of float32 on this machine's cores:
+// encoding 1.0 ms and decoding 0.3 ms on one thread (ATen's composite expression: 5.1 ms).
 
 // Each group: its largest magnitude (as the largest bit pattern with the sign cleared, which
 // orders non-negative floats and vectorises as an integer maximum), scale = amax / 127 (1 for an

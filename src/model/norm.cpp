@@ -5,6 +5,8 @@
 
 #include <torch/torch.h>
 
+#include "model/rms_norm.h"
+
 namespace tessera {
 
 NormImpl::NormImpl(NormKind kind, int64_t dim, bool bias, const at::TensorOptions& where, double eps)
@@ -19,10 +21,10 @@ at::Tensor NormImpl::forward(const at::Tensor& x) {
                             bias_.defined() ? bias_.to(at::kFloat) : at::Tensor(), eps_);
     return y.to(x.scalar_type());
   }
-  // float32: one rms_norm with the weight inside; else Hugging Face's order (normalize in float32,
-  // cast back, then the weight), which a cast in between makes differ.
-  if (x.scalar_type() == at::kFloat && weight_.scalar_type() == at::kFloat)
-    return at::rms_norm(x, {x.size(-1)}, weight_, eps_);
+  // float32: one rms_norm with the weight inside (rms_norm.h: fused on the CPU); else Hugging
+  // Face's order (normalize in float32, cast back, then the weight), which a cast in between makes
+  // differ.
+  if (x.scalar_type() == at::kFloat && weight_.scalar_type() == at::kFloat) return rms_norm(x, weight_, eps_);
   return (rms_normalize(x, eps_) * weight_).to(x.scalar_type());
 }
 
@@ -41,9 +43,9 @@ NormedSum NormImpl::add_for_matmul(const at::Tensor& x, const at::Tensor& branch
 }
 
 at::Tensor rms_normalize(const at::Tensor& x, double eps) {
-  // ATen's rms_norm (one fused kernel where the backend has one) without a weight: the weight is
-  // applied after the cast back, as Hugging Face's Llama applies it.
-  return at::rms_norm(x.to(at::kFloat), {x.size(-1)}, std::nullopt, eps).to(x.scalar_type());
+  // rms_norm.h's without a weight: the weight is applied after the cast back, as Hugging Face's
+  // Llama applies it.
+  return rms_norm(x.to(at::kFloat), at::Tensor(), eps).to(x.scalar_type());
 }
 
 double residual_std(int64_t n_layer) { return 0.02 / std::sqrt(2.0 * static_cast<double>(n_layer)); }

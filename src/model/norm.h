@@ -4,6 +4,7 @@
 // (rmsnorm: weight only; y = x / sqrt(mean(x^2) + eps) * weight), eps model.norm_eps, so that every
 // architecture keeps the module names ln_1, ln_2, ln_f and their parameters "weight" / "bias".
 // Normalisation statistics are computed in float32 and the result is cast back to x's dtype.
+// RMSNorm runs rms_norm.h's function (one fused autograd function for float32 on the CPU).
 //
 // for_matmul and add_for_matmul are for a norm whose output only feeds a matrix product: where
 // fused_layer_norm_applies (a LayerNorm on a GPU under bf16 autocast) they run the fused kernels

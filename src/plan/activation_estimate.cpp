@@ -26,6 +26,15 @@ double activation_element_bytes(const Config& config) {
   return activation_codec_bytes_per_element(applied_activation_codec(config), compute_element_bytes(config));
 }
 
+// Whether a block keeps k and v expanded to every query head: the sequence-parallel kernels (ring,
+// Ulysses) take them expanded; the CPU's scaled-dot-product attention keeps them as they are
+// (measured: ActivationEstimate.EachBlockKindSavesWhatTheEstimateCounts, tiny_llama); a GPU's
+// kernels counted as expanding (not measured).
+bool keeps_expanded_kv(const Config& config, const ParallelDims& dims) {
+  const ModelOptions& m = config.model;
+  return m.kv_heads() < m.n_head && (dims.sp() > 1 || config.train.device != "cpu");
+}
+
 double block_statistics_bytes_per_token(const Config& config, const ParallelDims& dims) {
   const ModelOptions& m = config.model;
   const double norms = 4 * 2 * (m.rms_norm() ? 1 : 2);  // float32: LayerNorm's mean and rstd, RMSNorm's rstd
@@ -61,16 +70,15 @@ double block_activation_bytes_per_token(const Config& config, const ParallelDims
   if (float_residual) replicated -= 2 * h;
   if (m.arch == "linear") {
     // Lightning attention (model/linear_attention.cpp): the SiLU inputs of q and k (2h), q, k and v
-    // (3h), each chunk's scores before and after the decay (2 a c), the decayed q and k (2h), the
-    // chunks' key-value products and running states (2 a d^2 / c), the output, its sigmoid gate
-    // and their product (3h).
+    // (3h), each chunk's decayed scores (a c), the decayed q and k (2h), the state entering each
+    // chunk (a d^2 / c), the output, its normalised copy, its sigmoid gate and their product (4h).
     const double c = static_cast<double>(std::min(config.train.seq_len, m.linear_chunk));
     const double d = static_cast<double>(m.head_width());
-    split += 10 * h + 2 * heads * c + 2 * heads * d * d / c;
+    split += 11 * h + heads * c + heads * d * d / c;
   } else {
     split += hq + 2 * kv + hq;                 // q, k, v and the output
     if (m.rotary()) split += hq + kv;          // the rotated q and k
-    if (m.kv_heads() < m.n_head) split += 2 * hq;  // k and v expanded to every head
+    if (keeps_expanded_kv(config, dims)) split += 2 * hq;  // k and v expanded to every head
   }
   // GELU: its input and output; SwiGLU (model/swiglu.h): the joined up and gate, and
   // the product (the down projection's input).
@@ -121,7 +129,7 @@ AwaitingW awaiting_w_bytes_per_token(const Config& config, const ParallelDims& d
   if (m.arch != "linear") {
     released += hq + 2 * kv;                           // the attention core's q, k and v
     if (m.rotary()) released += hq + kv;               // rotary's inputs
-    if (m.kv_heads() < m.n_head) released += 2 * hq;   // k and v expanded to every head
+    if (keeps_expanded_kv(config, dims)) released += 2 * hq;  // k and v expanded to every head
   }
   if (m.is_moe_block(layer)) {
     const double f = static_cast<double>(m.expert_hidden());

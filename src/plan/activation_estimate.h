@@ -4,16 +4,19 @@
 // --json`'s saved_activation_bytes; docs/memory.md). In elements of the compute dtype (at the
 // activation codec's bytes per element) unless said:
 //
-//   norms      both norms' inputs (the residual stream) and outputs: 4h; their statistics
+//   norms      both norms' inputs (the residual stream) and outputs: 4h (RMSNorm as model/
+//              rms_norm.h's function keeps it; ATen's composite keeps a normalised copy more); their statistics
 //              (LayerNorm's mean and rstd, RMSNorm's rstd) in float32, never encoded
 //   attention  softmax: q, k and v (h_q + 2 kv, kv = kv_heads x head_width); with rotary positions
-//              the rotated q and k again (h_q + kv); with fewer key/value heads than query heads k
-//              and v expanded to every head (2 h_q); the output (h_q); the fused kernel's
+//              the rotated q and k again (h_q + kv); with fewer key/value heads than query heads
+//              under sequence parallelism's ring and Ulysses kernels (and on a GPU, not measured)
+//              k and v expanded to every head (2 h_q; the CPU's SDPA keeps them as they are); the
+//              output (h_q); the fused kernel's
 //              log-sum-exp, one float32 per head (SDPA keeps no scores, on CUDA or the CPU)
 //              linear (lightning, model/linear_attention.cpp): the SiLU inputs of q and k, q, k,
-//              v, each chunk's scores before and after the decay (2 a c, c the chunk), the decayed
-//              q and k, the chunks' key-value products and states (2 a d^2 / c), the output, its
-//              gate and their product: 10 h + 2 a c + 2 a d^2 / c
+//              v, each chunk's decayed scores (a c, c the chunk), the decayed q and k, the state
+//              entering each chunk (a d^2 / c), the output, its normalised copy, its gate and
+//              their product: 11 h + a c + a d^2 / c
 //   MLP        GELU: its input and output (2f); SwiGLU: the joined up and gate, and their
 //              product (3f: the gate is one function, model/swiglu.h)
 //   MoE        per token top_k x capacity_factor slots (top_k dropless) of an expert's input (h),
