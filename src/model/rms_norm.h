@@ -14,8 +14,8 @@
 // (RmsNorm.TheFusedFunctionIsAsAccurateAsTheComposite). The weight's gradient is summed over fixed
 // blocks of rows, then over the blocks in order: the same bits with any number of threads. In
 // training and in evaluation alike (the same forward: the two modes agree bit for bit). Other
-// inputs (CUDA, whose ATen backward is fused; bf16 or fp16; a weight of another dtype) take ATen's
-// rms_norm.
+// inputs (CUDA; bf16 or fp16; a weight of another dtype) take ATen's rms_norm. Measured: the
+// tiny_llama step 0.907x (bench/results/train_step_cpu_tiny_llama.md).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -12,8 +12,7 @@
 // (-12.7%), the peak of tensor bytes 112.2 to 101.3 MB (-9.8%), the median step 0.0864 to 0.0871 s
 // (+0.8%, within the runs' spread). The forward and both gradients are ATen's vectorized ops, on
 // any device; one fused kernel each way: not built. A hand-written CPU loop was slower (scalar
-// exp: the step 13% slower), and a one-pass rotary embedding changed the step by under 1%: neither
-// is kept (docs/models.md).
+// exp: the step 13% slower): not kept (docs/models.md).
 #pragma once
 
 #include <ATen/core/Tensor.h>
