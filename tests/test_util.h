@@ -1,11 +1,13 @@
-// Helpers shared by tessera's tests: golden-file access and tensor comparison with a stated
-// tolerance that prints the worst element on failure.
+// Helpers shared by tessera's tests: golden-file access, tensor comparison with a stated
+// tolerance that prints the worst element on failure, and a kernel's best time.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <functional>
 #include <initializer_list>
@@ -81,6 +83,17 @@ inline ::testing::AssertionResult throws_naming(const std::function<void()>& f,
     return ::testing::AssertionSuccess();
   }
   return ::testing::AssertionFailure() << "no tessera::Error thrown";
+}
+
+// Milliseconds one call of f takes: the mean of `calls` calls, the best of `rounds` such means.
+inline double best_ms(const std::function<void()>& f, int rounds = 5, int calls = 10) {
+  double best = 1e300;
+  for (int round = 0; round < rounds; ++round) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls; ++i) f();
+    best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / calls);
+  }
+  return best;
 }
 
 }  // namespace tessera::test

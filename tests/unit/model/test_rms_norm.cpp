@@ -8,12 +8,12 @@
 #include <ATen/Parallel.h>
 
 #include <array>
-#include <chrono>
 #include <cstdio>
 
 #include <torch/torch.h>
 
 #include "model/rms_norm.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {
@@ -90,17 +90,11 @@ TEST(RmsNorm, TheFusedFunctionIsFasterThanAtens) {
   const at::Tensor x = torch::randn({16, 128, 128}).requires_grad_(true), w = torch::ones({128}).requires_grad_(true);
   const at::Tensor dy = torch::randn({16, 128, 128});
   const auto ms = [&](auto&& norm) {
-    double best = 1e9;
-    for (int round = 0; round < 5; ++round) {
-      const auto start = std::chrono::steady_clock::now();
-      for (int i = 0; i < 10; ++i) {
-        x.mutable_grad() = at::Tensor();
-        w.mutable_grad() = at::Tensor();
-        norm(x, w, 1e-5).backward(dy);
-      }
-      best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / 10);
-    }
-    return best;
+    return test::best_ms([&] {
+      x.mutable_grad() = at::Tensor();
+      w.mutable_grad() = at::Tensor();
+      norm(x, w, 1e-5).backward(dy);
+    });
   };
   const double fused = ms(rms_norm), aten = ms(rms_norm_aten);
   std::printf("RMSNorm forward + backward at tiny_llama's [16, 128, 128]: fused %.3f ms, ATen %.3f ms\n", fused, aten);

@@ -4,13 +4,13 @@
 // other inputs take the composite. And what the fused function is for: faster on this machine.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cstdio>
 
 #include <torch/torch.h>
 
 #include "model/model_options.h"
 #include "model/rotary.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {
@@ -56,16 +56,10 @@ TEST(Rotary, TheFusedFunctionIsFasterThanTheComposite) {
   const at::Tensor x = heads_view(16, 4, 128, 32);
   const at::Tensor g = torch::randn({16, 4, 128, 32});
   const auto ms = [&](auto&& rotate) {
-    double best = 1e9;
-    for (int round = 0; round < 5; ++round) {
-      const auto start = std::chrono::steady_clock::now();
-      for (int i = 0; i < 10; ++i) {
-        x.mutable_grad() = at::Tensor();
-        rotate(x, tables).backward(g);
-      }
-      best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / 10);
-    }
-    return best;
+    return test::best_ms([&] {
+      x.mutable_grad() = at::Tensor();
+      rotate(x, tables).backward(g);
+    });
   };
   const double fused = ms(apply_rotary), composite = ms(apply_rotary_composite);
   std::printf("rotary forward + backward, q of tiny_llama at batch 16: fused %.3f ms, composite %.3f ms\n", fused,
