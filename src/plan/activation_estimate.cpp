@@ -92,7 +92,10 @@ double block_activation_bytes_per_token(const Config& config, const ParallelDims
   } else {
     split += mlp(static_cast<double>(m.hidden()), m.swiglu());
   }
-  const double masks = m.dropout > 0 ? 2 * h : 0;  // bytes, replicated
+  // Bool masks (model/dropout.h on the CPU, ATen's fused dropout on CUDA): bytes, replicated; every
+  // codec packs them 8 to a byte.
+  const double mask_bytes = applied_activation_codec(config) == ActivationCodec::none ? 1.0 : 1.0 / 8;
+  const double masks = m.dropout > 0 ? 2 * h * mask_bytes : 0;
   // Megatron-SP splits the norms' inputs and outputs over the sequence: the column-parallel
   // products keep their input as it was before the all-gather (sequence_gathered_linear), but for
   // lightning attention's four projections, which keep the gathered input: h whole.

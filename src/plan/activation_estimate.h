@@ -22,7 +22,8 @@
 //   MoE        per token top_k x capacity_factor slots (top_k dropless) of an expert's input (h),
 //              MLP (above, at the expert's width) and output (h); the router's logits and
 //              probabilities (2 E); each shared expert's input, MLP and output
-//   dropout    with model.dropout > 0, the residual branches' two masks (a byte per element)
+//   dropout    with model.dropout > 0, the residual branches' two masks (bool: a byte per element,
+//              a bit under any activation codec)
 // Tensor parallelism splits everything but the norms' 4h and statistics; Megatron-SP splits those
 // too (the column-parallel products keep their input before its all-gather:
 // parallel/tensor/tp_comm.h, sequence_gathered_linear), but for lightning attention, whose four
