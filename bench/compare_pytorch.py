@@ -26,6 +26,7 @@ import json
 import os
 import pathlib
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -109,7 +110,9 @@ def main():
         c = dict(CASES[case])
         c.update({k: v for k, v in (("batch", args.batch), ("steps", args.steps)) if v})
         best = {}
+        per_round = []  # each round's tokens/s by peer
         for r in range(args.rounds):
+            per_round.append({})
             runs = [("tessera", tessera_cmd(args.build, c, args.threads, args.device, args.dtype, compression, offload))]
             runs += [(f"pytorch-{m}", peer_cmd(c, m, args.threads, args.device, args.dtype, compression, offload))
                      for m in args.peers.split(",")]
@@ -122,6 +125,7 @@ def main():
                     continue
                 print(f"[{case}] round {r + 1} {name}: {res['tokens_per_s']:.0f} tok/s "
                       f"(median step {res['median_step_s']:.4f}s, wall {time.time() - t0:.0f}s)", flush=True)
+                per_round[-1][name] = res["tokens_per_s"]
                 if name not in best or res["tokens_per_s"] > best[name]["tokens_per_s"]:
                     best[name] = res
         base = best.get("tessera")
@@ -129,6 +133,8 @@ def main():
             res["case"] = case
             res["batch"] = c["batch"]
             res["tessera_ratio"] = base["tokens_per_s"] / res["tokens_per_s"] if base else None
+            # tessera over this peer within each round (the machine's drift between rounds cancels)
+            res["paired_ratios"] = [rd["tessera"] / rd[name] for rd in per_round if "tessera" in rd and name in rd]
             if base and "mfu" not in res:
                 res["mfu"] = base["mfu"] * res["tokens_per_s"] / base["tokens_per_s"]
             results.append(res)
@@ -150,15 +156,18 @@ def main():
              + (f", {offload} blocks' activations offloaded" if offload else "") + ")", "",
              f"Machine: {named}, {os.cpu_count()} cores, {args.threads} threads{peak}; "
              f"`python3 bench/compare_pytorch.py build --cases {args.cases} --rounds {args.rounds}{flags}`; "
-             f"best median over {args.rounds} alternating rounds.", "",
-             "| case | peer | params | tokens/step | median step (s) | tokens/s | MFU | tessera ratio |"
+             f"best median over {args.rounds} alternating rounds; the paired ratio is tessera's tokens/s over the "
+             "peer's within each round, their median and range.", "",
+             "| case | peer | params | tokens/step | median step (s) | tokens/s | MFU | tessera ratio | paired ratio |"
              + (" saved MiB |" if saved else ""),
-             "|---|---|---|---|---|---|---|---|" + ("---|" if saved else "")]
+             "|---|---|---|---|---|---|---|---|---|" + ("---|" if saved else "")]
     for r in results:
         mfu = f"{100 * r['mfu']:.1f}%" if "mfu" in r else "-"
         held = f" {r['saved_activation_bytes'] / 2**20:.2f} |" if saved else ""
+        ratios = r["paired_ratios"]
+        paired = (f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "-")
         lines.append(f"| {r['case']} | {r['peer']} | {r['parameters'] / 1e6:.2f}M | {r['tokens_per_step']:.0f} | "
-                     f"{r['median_step_s']:.4f} | {r['tokens_per_s']:.0f} | {mfu} | {r['tessera_ratio']:.2f} |" + held)
+                     f"{r['median_step_s']:.4f} | {r['tokens_per_s']:.0f} | {mfu} | {r['tessera_ratio']:.2f} | {paired} |" + held)
     text = "\n".join(lines) + "\n"
     print(text)
     out = pathlib.Path(args.out)
