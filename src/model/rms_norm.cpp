@@ -22,8 +22,10 @@ using torch::autograd::variable_list;
 // partials are added in block order, whatever the threads.
 constexpr int64_t kRowsPerBlock = 64;
 
-// Where each row of x [..., C] (last dimension contiguous, any other strides) starts.
+// Where each row of x [..., C] (last dimension contiguous, any other strides) starts; none for a
+// contiguous x, whose row r starts at r C (the kernels take a null table so).
 std::vector<int64_t> row_offsets(const at::Tensor& x) {
+  if (x.is_contiguous()) return {};
   const int64_t rows = x.numel() / std::max<int64_t>(x.size(-1), 1), outer = x.dim() - 1;
   std::vector<int64_t> offsets(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) {
@@ -58,7 +60,7 @@ TESSERA_VECTOR_KERNEL
 void forward_rows(const float* x, const int64_t* offsets, const float* w, const float* ones, int64_t C, float eps,
                   int64_t first, int64_t end, float* y, float* rstd) {
   for (int64_t row = first; row < end; ++row) {
-    const float* xr = x + offsets[row];
+    const float* xr = x + (offsets ? offsets[row] : row * C);
     const float r = 1.0f / std::sqrt(sum_of_products(xr, xr, ones, C) / static_cast<float>(C) + eps);
     rstd[row] = r;
     float* yr = y + row * C;
@@ -72,7 +74,7 @@ TESSERA_VECTOR_KERNEL
 void backward_rows(const float* x, const int64_t* offsets, const float* w, const float* dy, const float* rstd,
                    int64_t C, int64_t first, int64_t end, float* dx, float* dw_part) {
   for (int64_t row = first; row < end; ++row) {
-    const float* xr = x + offsets[row];
+    const float* xr = x + (offsets ? offsets[row] : row * C);
     const float* g = dy + row * C;
     const float r = rstd[row];
     const float c = r * r * r * (sum_of_products(g, w, xr, C) / static_cast<float>(C));
@@ -101,8 +103,8 @@ class RmsNorm : public torch::autograd::Function<RmsNorm> {
     at::Tensor rstd = at::empty(stat_sizes, x.options());
     const float* xp = x.const_data_ptr<float>();
     at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)), [&](int64_t first, int64_t end) {
-      forward_rows(xp, offsets.data(), weight.const_data_ptr<float>(), ones.const_data_ptr<float>(), C,
-                   static_cast<float>(eps), first, end, y.mutable_data_ptr<float>(), rstd.mutable_data_ptr<float>());
+      forward_rows(xp, offsets.empty() ? nullptr : offsets.data(), weight.const_data_ptr<float>(),
+                   ones.const_data_ptr<float>(), C, static_cast<float>(eps), first, end, y.mutable_data_ptr<float>(), rstd.mutable_data_ptr<float>());
     });
     ctx->save_for_backward({x, weight, rstd});
     return y;
@@ -120,7 +122,7 @@ class RmsNorm : public torch::autograd::Function<RmsNorm> {
     at::Tensor parts = at::zeros({blocks, C}, x.options());
     at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t end) {
       for (int64_t b = first; b < end; ++b)
-        backward_rows(x.const_data_ptr<float>(), offsets.data(), w.const_data_ptr<float>(), dy.const_data_ptr<float>(),
+        backward_rows(x.const_data_ptr<float>(), offsets.empty() ? nullptr : offsets.data(), w.const_data_ptr<float>(), dy.const_data_ptr<float>(),
                       rstd.const_data_ptr<float>(), C, b * kRowsPerBlock, std::min(rows, (b + 1) * kRowsPerBlock),
                       dx.mutable_data_ptr<float>(), parts.mutable_data_ptr<float>() + b * C);
     });
