@@ -104,7 +104,8 @@ class RmsNorm : public torch::autograd::Function<RmsNorm> {
     const float* xp = x.const_data_ptr<float>();
     at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)), [&](int64_t first, int64_t end) {
       forward_rows(xp, offsets.empty() ? nullptr : offsets.data(), weight.const_data_ptr<float>(),
-                   ones.const_data_ptr<float>(), C, static_cast<float>(eps), first, end, y.mutable_data_ptr<float>(), rstd.mutable_data_ptr<float>());
+                   ones.const_data_ptr<float>(), C, static_cast<float>(eps), first, end, y.mutable_data_ptr<float>(),
+                   rstd.mutable_data_ptr<float>());
     });
     ctx->save_for_backward({x, weight, rstd});
     return y;
@@ -122,8 +123,8 @@ class RmsNorm : public torch::autograd::Function<RmsNorm> {
     at::Tensor parts = at::zeros({blocks, C}, x.options());
     at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t end) {
       for (int64_t b = first; b < end; ++b)
-        backward_rows(x.const_data_ptr<float>(), offsets.empty() ? nullptr : offsets.data(), w.const_data_ptr<float>(), dy.const_data_ptr<float>(),
-                      rstd.const_data_ptr<float>(), C, b * kRowsPerBlock, std::min(rows, (b + 1) * kRowsPerBlock),
+        backward_rows(x.const_data_ptr<float>(), offsets.empty() ? nullptr : offsets.data(), w.const_data_ptr<float>(),
+                      dy.const_data_ptr<float>(), rstd.const_data_ptr<float>(), C, b * kRowsPerBlock, std::min(rows, (b + 1) * kRowsPerBlock),
                       dx.mutable_data_ptr<float>(), parts.mutable_data_ptr<float>() + b * C);
     });
     at::Tensor dw;
