@@ -124,7 +124,8 @@ class RmsNorm : public torch::autograd::Function<RmsNorm> {
     at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t end) {
       for (int64_t b = first; b < end; ++b)
         backward_rows(x.const_data_ptr<float>(), offsets.empty() ? nullptr : offsets.data(), w.const_data_ptr<float>(),
-                      dy.const_data_ptr<float>(), rstd.const_data_ptr<float>(), C, b * kRowsPerBlock, std::min(rows, (b + 1) * kRowsPerBlock),
+                      dy.const_data_ptr<float>(), rstd.const_data_ptr<float>(), C, b * kRowsPerBlock,
+                      std::min(rows, (b + 1) * kRowsPerBlock),
                       dx.mutable_data_ptr<float>(), parts.mutable_data_ptr<float>() + b * C);
     });
     at::Tensor dw;
