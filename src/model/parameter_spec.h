@@ -82,8 +82,8 @@ inline int64_t tensor_parallel_chunks(const ParameterSpec& spec, int64_t ranks) 
   return spec.heads > 0 && spec.heads < ranks ? spec.heads : ranks;
 }
 
-// Whether a tensor-parallel rank's gradient of the parameter is only its share, to be summed over
-// tp (parallel/tensor/tensor_parallel.cpp's hook, priced by plan/operation_prices.cpp): under
+// Whether a tensor-parallel rank's gradient of the parameter is only its share, summed over tp once
+// a step (parallel/tensor/gradient_shares.h; priced by plan/cost_model.cpp): under
 // Megatron-SP every parameter tp leaves whole (replicated, or an expert's: an MoE layer runs whole
 // on every tp rank) used after the sequence split, which sees this rank's tokens only (any but
 // the embedding's: wpe is added to the whole sequence before it); and every per-head one, which

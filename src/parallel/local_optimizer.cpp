@@ -8,8 +8,8 @@
 namespace tessera {
 
 LocalOptimizer::LocalOptimizer(const NamedParams& params, const OptimOptions& optim, const PrecisionOptions& precision,
-                               c10::Device device, ModelParallelNorm norm)
-    : params_(params), norm_(std::move(norm)) {
+                               c10::Device device, ModelParallelNorm norm, GradientShares shares)
+    : params_(params), norm_(std::move(norm)), shares_(std::move(shares)) {
   if (precision.dtype == "fp16") {
     master_ = std::make_unique<MasterWeights>(params_);
     scaler_ = std::make_unique<DynamicLossScaler>(precision, device);
@@ -38,6 +38,12 @@ at::Tensor LocalOptimizer::clip(double max_norm) {
 }
 
 void LocalOptimizer::finish_gradients() {
+  if (shares_.any()) {
+    std::vector<at::Tensor> shares;
+    for (const auto& [name, p] : params_)
+      if (shares_.holds(name) && p.grad().defined()) shares.push_back(p.grad());
+    shares_.sum(shares);
+  }
   overflow_ = backward_overflow_ = master_ && master_->copy_grads_to_master(1.0 / scaler_->value());
 }
 

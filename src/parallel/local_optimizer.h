@@ -4,7 +4,8 @@
 // parameters and, with precision.dtype = fp16, the float32 master weights and the dynamic loss
 // scaler (precision/fp16.h):
 //
-//   finish_gradients:  fp16: unscale the model's fp16 gradients into the masters (overflow noted);
+//   finish_gradients:  tp: the gradient shares summed over tp (parallel/tensor/gradient_shares.h);
+//            fp16: unscale the model's fp16 gradients into the masters (overflow noted);
 //   apply:   fp16 overflow: skip the update; otherwise
 //            norm = the global gradient norm (ModelParallelNorm: under tp each rank's squares by
 //            weight, summed over tp), clipped to max_norm; optimizer step at lr; fp16: masters
@@ -19,6 +20,7 @@
 #include <memory>
 
 #include "optim/optimizer.h"
+#include "parallel/tensor/gradient_shares.h"
 #include "protocols/optimizer_owner.h"
 #include "precision/fp16.h"
 #include "precision/precision_options.h"
@@ -29,11 +31,11 @@ class LocalOptimizer : public ResidentOwner, public GradientHolder {
  public:
   // `params`: the model's named parameters (on their device, in fp16 when precision.dtype is).
   LocalOptimizer(const NamedParams& params, const OptimOptions& optim, const PrecisionOptions& precision,
-                 c10::Device device, ModelParallelNorm norm = {});
+                 c10::Device device, ModelParallelNorm norm = {}, GradientShares shares = {});
 
   double loss_scale() const override;
   void before_backward(bool last_micro_batch) override {}
-  void finish_gradients() override;  // fp16: unscaled into the masters, overflow noted
+  void finish_gradients() override;  // tp: shares summed; fp16: unscaled into the masters, overflow noted
   NamedTensors gradients() override;
   void sum_gradient_over(const std::string& name, comm::Group& copies) override;
   UpdateResult apply(double lr, double max_norm) override;
@@ -61,6 +63,7 @@ class LocalOptimizer : public ResidentOwner, public GradientHolder {
   std::unique_ptr<DynamicLossScaler> scaler_;  // fp16 only
   std::unique_ptr<Optimizer> optimizer_;
   ModelParallelNorm norm_;
+  GradientShares shares_;
   bool overflow_ = false;           // fp16: the gradients to apply are not finite (skip the update)
   bool backward_overflow_ = false;  // fp16: this step's own backward overflowed (lower the scale)
 };

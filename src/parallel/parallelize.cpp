@@ -21,6 +21,7 @@
 #include "parallel/pipeline_step.h"
 #include "parallel/plain_step.h"
 #include "parallel/sequence/sequence_parallel.h"
+#include "parallel/tensor/gradient_shares.h"
 #include "parallel/swap_step.h"
 #include "plan/activation_estimate.h"
 #include "plan/swap_cut.h"
@@ -47,6 +48,7 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
   }
   // 1. Tensor parallelism: the meta model's linears and heads become this rank's shards (materialised below).
   ModelParallelNorm norm;
+  GradientShares shares;
   if (dims && dims->tp() > 1) {
     tp_ = &mesh_->group("tp");
     // Key/value heads fewer than tp ranks: each held by a few consecutive ones, whose gradients
@@ -58,6 +60,7 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
       kv_replicas_ = mesh_->new_group(name, kv_ranks);
     }
     parallelize_tensor(model_, *tp_, config.parallel.megatron_sp, kv_replicas_.get());
+    shares = gradient_shares(model_, *tp_, config.parallel.megatron_sp);
     norm.groups.push_back(tp_);
     // The clipping norm sums the squares over tp: a tensor every rank holds counts 1/tp per rank,
     // a chunk held by several (replicated key/value heads) 1/replicas.
@@ -156,12 +159,13 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
     replicas_ = &mesh_->group(layout_.replica_group());
     comm::Group& expert_replicas = mesh_->group(layout_.expert_replica_group());  // replicas_ itself while ep = 1
     owner = std::make_unique<DataParallel>(model_, ReductionGroups(*replicas_, &expert_replicas), config.parallel,
-                                           config.optim, std::move(norm), zero3_from_meta ? &initial : nullptr);
+                                           config.optim, std::move(norm), std::move(shares),
+                                           zero3_from_meta ? &initial : nullptr);
   } else {
     NamedParams named;
     for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
     auto local = std::make_unique<LocalOptimizer>(named, config.optim, config.precision, named.front().second.device(),
-                                                  std::move(norm));
+                                                  std::move(norm), std::move(shares));
     holder_ = local.get();
     owner = std::move(local);
   }

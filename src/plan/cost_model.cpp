@@ -32,10 +32,11 @@ struct PricedLayout {
   pipeline::ActionCosts costs;
   bool gathers = false;             // the table has ZeRO-3's GATHER actions
   int64_t blocks = 0;               // the blocks of the rank that holds the most weights
-  PartCost held;                    // that rank's weights and gradient compression (those fields only)
+  PartCost held;                    // that rank's weights, gradient compression and tp shares (those fields only)
   double memory_slowdown = 1;       // the memory-bound kernels' slowdown of the prices (PricedOperations')
   int64_t link_crossings = 0;       // stage boundaries the busiest rank sits on
   double reduce_exposed = 0, gather_exposed = 0, offload = 0, optimizer = 0;
+  double tp_gradient_sum = 0;        // the tp shares' one all-reduce a step (in OPTIM under a pipeline)
   double step_without_pipeline = 0;  // pp = 1: the whole step
   // memory.resident_micro_batches: per pipeline rank, its held micro-batches' copies a step (in its I's)
   std::vector<double> held_copies;
@@ -142,7 +143,7 @@ PricedLayout price_compute(const Config& config, const ParallelDims& dims, const
         for (int64_t b = out.cut->boundaries[s]; b < out.cut->boundaries[s + 1]; ++b) {
           const PartCost& block = priced.blocks[b];
           held.parameters += block.parameters, held.expert_parameters += block.expert_parameters;
-          held.lowrank += block.lowrank, held.compress += block.compress;
+          held.lowrank += block.lowrank, held.compress += block.compress, held.tp_shares += block.tp_shares;
         }
         blocks += out.cut->boundaries[s + 1] - out.cut->boundaries[s];
         if (s == 0) held += embedding;
@@ -263,6 +264,14 @@ PricedLayout with_data_parallel(PricedLayout out, const Config& config, const Pa
     offload_to_host = shard_params * 4 / link;
     offload_to_device = shard_params * param_bytes / link;
   }
+  // Tensor parallelism's gradient shares (parallel/tensor/gradient_shares.h): one all-reduce over
+  // tp of their float32 concatenation a step, after the reduction (this rank's shards of them at
+  // stages 2-3), hiding behind nothing.
+  if (out.held.tp_shares > 0) {
+    const std::vector<int64_t> tp_group = dims.group_of("tp", 0);
+    const double elements = p.zero_stage >= 2 ? out.held.tp_shares / static_cast<double>(n_replicas) : out.held.tp_shares;
+    out.tp_gradient_sum = all_reduce_seconds(4 * elements, static_cast<int64_t>(tp_group.size()), cluster.tier(tp_group));
+  }
   // The reduction's last bucket, which no backward hides (none without data replicas). Where
   // every core computes nothing hides (`hides` 0): the whole reduction is exposed already, its
   // last bucket with it.
@@ -298,7 +307,7 @@ PricedLayout with_data_parallel(PricedLayout out, const Config& config, const Pa
     }
     out.offload = offload_exposed(backward);
     out.step_without_pipeline = static_cast<double>(m) * (forward + backward) + out.reduce_exposed +
-                                out.gather_exposed + out.offload + out.optimizer;
+                                out.gather_exposed + out.tp_gradient_sum + out.offload + out.optimizer;
   } else {
     out.gathers = layout_gathers(p, dims) != pipeline::Gathers::none;
     out.costs.gather = gather_per_pass / static_cast<double>(out.placement.v);
@@ -310,7 +319,7 @@ PricedLayout with_data_parallel(PricedLayout out, const Config& config, const Pa
                          static_cast<double>(m) * std::max(0.0, reduce_per_micro_batch - hides * last_backward) +
                          bucket + gather_after_step;
     out.offload = offload_exposed(last_backward);
-    out.costs.optim = out.reduce_exposed + out.offload + out.optimizer;
+    out.costs.optim = out.reduce_exposed + out.tp_gradient_sum + out.offload + out.optimizer;
   }
   return out;
 }
@@ -422,7 +431,7 @@ Prediction predict_time(const Config& config, const ParallelDims& dims, const Cl
   PartCost rank_total;  // one micro-batch of the critical rank's parts
   double bubble = 0, swapping = 0, held_copies = 0;
   double reduce = layout.reduce_exposed, gathers = layout.gather_exposed, offload = layout.offload,
-         optimizer = layout.optimizer;
+         optimizer = layout.optimizer, tp_gradient_sum = layout.tp_gradient_sum;
   if (config.memory.swap) {
     // The swap engine's replay: its loads, stores and host updates beyond the compute stream's
     // work are the swap term (the host's updates among them).
@@ -472,6 +481,7 @@ Prediction predict_time(const Config& config, const ParallelDims& dims, const Cl
                    {"activation_offload_copies", mb * rank_total.offload + held_copies},
                    {"activation_policy", mb * rank_total.activation_policy},
                    {"tp_communication", mb * rank_total.tp},
+                   {"tp_gradient_sum", tp_gradient_sum},
                    {"sp_communication", mb * rank_total.sp},
                    {"ep_communication", mb * rank_total.ep},
                    {"pipeline_bubble_and_transfers", bubble},

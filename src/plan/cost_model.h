@@ -142,12 +142,16 @@ struct PartCost {
   // rate and 32 bytes per element of residual and write-back passes; top-k: 24 bytes per element
   // of selection and residual passes).
   double lowrank = 0, compress = 0;
+  // The elements of the parameters whose gradient a tp rank holds only its share of
+  // (parallel/tensor/gradient_shares.h), summed over tp once a step after the reduction.
+  double tp_shares = 0;
   void operator+=(const PartCost& o) {
     f += o.f, i += o.i, w += o.w, products += o.products, attention += o.attention, memory_bound += o.memory_bound;
     recompute += o.recompute, offload += o.offload, held_offload += o.held_offload;
     activation_policy += o.activation_policy;
     tp += o.tp, sp += o.sp, ep += o.ep;
     parameters += o.parameters, expert_parameters += o.expert_parameters, lowrank += o.lowrank, compress += o.compress;
+    tp_shares += o.tp_shares;
   }
 };
 

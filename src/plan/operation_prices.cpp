@@ -233,21 +233,16 @@ double send_seconds(double bytes, const Cluster::Tier& tier) {
 
 namespace {
 
-// Tensor parallelism's gradient sums (parallel/tensor/tensor_parallel.cpp): each parameter whose
-// gradient on a tp rank is only its share (parameter_spec.h's gradient_summed_over_tp: under
-// Megatron-SP the norms, the row-parallel biases, an MoE layer's; every per-head one) is summed
-// over tp by a hook in each micro-batch's backward: one all-reduce per tensor, each paying its
-// call, in the weight gradients' phase (W).
-void add_gradient_sums(const Config& config, const Pricer& pricer, PricedOperations& out) {
+// Tensor parallelism's gradient shares (parameter_spec.h's gradient_summed_over_tp: under
+// Megatron-SP the norms, the row-parallel biases, an MoE layer's; every per-head one): counted per
+// part, their one sum over tp a step priced with the reduction (cost_model.cpp).
+void count_gradient_shares(const Config& config, const Pricer& pricer, PricedOperations& out) {
   if (pricer.tp() <= 1) return;
-  const double bytes = parameter_element_bytes(config);
   for (const CensusEntry& item : *parameter_census(config.model)) {
     const ParameterSpec& spec = item.spec;
     if (!gradient_summed_over_tp(spec, config.parallel.megatron_sp)) continue;
     PartCost& part = spec.block >= 0 ? out.blocks[static_cast<size_t>(spec.block)] : out.head;
-    const double seconds = pricer.tp_all_reduce(bytes * static_cast<double>(item.meta.numel()));
-    part.w += seconds;
-    part.tp += seconds;
+    part.tp_shares += static_cast<double>(item.meta.numel());
   }
 }
 
@@ -398,7 +393,7 @@ PricedOperations price_operations(const Config& config, const ParallelDims& dims
   add_activation_policy(config, dims, cluster, pricer.memory_slowdown(), out);
   out.embedding = pricer.part(embedding_operations(model, shape), "none");
   out.head = pricer.part(head_operations(model, shape), "none");
-  add_gradient_sums(config, pricer, out);
+  count_gradient_shares(config, pricer, out);
   return out;
 }
 

@@ -826,6 +826,24 @@ const std::vector<Row>& layouts() {
        [](Config& c) { c.model.arch = "linear"; c.parallel.tp = 2; c.parallel.megatron_sp = true; }},
       {"dp2_tp2_zero3_megatron_sp", 4,
        [](Config& c) { c.parallel.tp = 2; c.parallel.megatron_sp = true; c.parallel.zero_stage = 3; }},
+      // The tp gradient shares summed once a step (gradient_shares.h): after two micro-batches'
+      // accumulation and DDP's bucketed all-reduce; after ZeRO-1's reduction and before its
+      // buckets go to the host (offload).
+      {"dp2_tp2_megatron_sp_sgd_accum2", 4,
+       [](Config& c) {
+         sgd(c);
+         c.parallel.tp = 2;
+         c.parallel.megatron_sp = true;
+         c.train.grad_accum = 2;
+       }},
+      {"dp2_tp2_zero1_offload_megatron_sp_accum2", 4,
+       [](Config& c) {
+         c.parallel.tp = 2;
+         c.parallel.megatron_sp = true;
+         c.parallel.zero_stage = 1;
+         c.parallel.offload = true;
+         c.train.grad_accum = 2;
+       }},
       {"tp4_megatron_sp_full_checkpointing", 4,
        [](Config& c) {
          c.parallel.tp = 4;

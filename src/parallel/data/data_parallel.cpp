@@ -50,7 +50,8 @@ void check_data_parallel(const ParallelOptions& parallel, const OptimOptions& op
 }
 
 DataParallel::DataParallel(TransformerLM model, ReductionGroups groups, const ParallelOptions& parallel,
-                           const OptimOptions& optim, ModelParallelNorm norm, const InitialValues* initial)
+                           const OptimOptions& optim, ModelParallelNorm norm, GradientShares shares,
+                           const InitialValues* initial)
     : impl_(std::make_unique<Impl>(std::move(model), groups, parallel)) {
   Impl& s = *impl_;
   check_data_parallel(parallel, optim);
@@ -58,6 +59,7 @@ DataParallel::DataParallel(TransformerLM model, ReductionGroups groups, const Pa
           "parallel.grad_compression = ", parallel.grad_compression,
           " with an expert-data-parallel group: the compressors keep one state over the data-parallel group");
   s.norm = std::move(norm);
+  s.shares = std::move(shares);
   s.compressor = make_compressor(parallel);
 
   for (const auto& item : s.model->named_parameters()) {

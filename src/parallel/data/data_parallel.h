@@ -6,7 +6,8 @@
 // One training step, as a step runner drives it (PlainStep, parallel/plain_step.h; PipelineStep
 // calls before_stage_backward per stage instead):
 //   for each micro-batch m of M:  dp.before_backward(m == M - 1);  loss.backward();
-//   dp.finish_gradients();             // every reduction done; gradients are the dp mean
+//   dp.finish_gradients();             // every reduction done; gradients are the dp mean, the
+//                                      // tp shares summed over tp (gradient_shares.h)
 //                                      // (needs before_backward(true) for the last micro-batch)
 //   norm = dp.clip_grad_norm(max);     // the global norm, over all ranks' shards
 //   dp.step(lr);                       // update, then parameters are whole again (stages 0-2)
@@ -117,6 +118,7 @@
 #include "memory/residency/flat_unit.h"
 #include "model/transformer.h"
 #include "optim/optimizer.h"
+#include "parallel/tensor/gradient_shares.h"
 #include "protocols/optimizer_owner.h"
 
 namespace tessera {
@@ -139,12 +141,13 @@ class DataParallel : public ResidentOwner {
  public:
   // Registers the hooks on `model` (already on its device). Throws tessera::Error naming the key
   // for combinations that are not supported (check_data_parallel). `norm`: how the clipping norm
-  // counts tensor-parallel shards (none without tensor parallelism). At stage 3 `model` may still
+  // counts tensor-parallel shards (none without tensor parallelism); `shares`: the gradients a tp
+  // rank holds its share of, summed over tp in finish_gradients. At stage 3 `model` may still
   // be on the meta device, with `initial` giving each parameter's value (this rank's tp/pp part,
   // the same on every replica): each unit is then filled from them and sharded in turn, so set-up
   // never holds more than one unit whole beyond the shards (and no broadcast is needed).
   DataParallel(TransformerLM model, ReductionGroups groups, const ParallelOptions& parallel, const OptimOptions& optim,
-               ModelParallelNorm norm = {}, const InitialValues* initial = nullptr);
+               ModelParallelNorm norm = {}, GradientShares shares = {}, const InitialValues* initial = nullptr);
   ~DataParallel() override;
 
   void before_backward(bool last_micro_batch) override;

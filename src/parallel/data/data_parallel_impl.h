@@ -12,6 +12,9 @@
 // - Offload (stages 1-3): the optimizer's leaves are views of offload's host masters; the host
 //   gradients are filled per bucket (stage 1) or unit (stages 2-3) once the device values are the
 //   dp mean, and the shards are written from the masters after each step.
+// - Tensor parallelism's gradient shares (parallel/tensor/gradient_shares.h): summed over tp in
+//   finish_gradients, after every reduction over the replicas; with offload a bucket or unit
+//   holding shares goes to the host only after that sum.
 // - Stage 3: `residency` (memory/residency/residency.h), over `home` (the units' shards,
 //   memory/residency/sharded_home.h), brings `units` in and out, by the ZeRO-3
 //   plan over the whole model or by the pipeline schedule's holds over a stage: a unit (a
@@ -70,6 +73,7 @@ struct DataParallel::Impl {
   std::unique_ptr<GradientCompressor> compressor;
   std::unique_ptr<OffloadedShard> offload;  // parallel.offload
   ModelParallelNorm norm;                    // tensor parallelism's weights in the clipping norm
+  GradientShares shares;                     // tensor parallelism's shares, summed in finish_gradients
   int64_t block_wrapper = -1, end_wrapper = -1;  // stage 3: the model's wrapper ids
 
   std::vector<Bucket> buckets;          // stages 0-1
@@ -123,8 +127,13 @@ struct DataParallel::Impl {
   void drain_scatters(size_t keep);
   void collect(PendingScatter& pending);
   // Stages 2-3: the unit's summed shard divided by its group's size (and copied to the host with
-  // offload), once per step.
+  // offload, unless it holds tp shares: after their sum), once per step.
   void finalize(size_t unit);
+  // Tensor parallelism's shares (gradient_shares.h): whether a unit or bucket holds one, and
+  // their sum over tp (then, with offload, their buckets' or units' copies to the host).
+  bool holds_shares(const FlatUnit& unit) const;
+  bool bucket_holds_shares(size_t bucket) const;
+  void sum_shares();
   // Stage 0 with a compressor: averages bucket b with it, on dp's communication thread (run_async).
   void compress(size_t bucket);
 

@@ -176,8 +176,47 @@ void DataParallel::Impl::collect(PendingScatter& pending) {
 void DataParallel::Impl::finalize(size_t unit) {
   const int64_t n = dp.size();  // the data replicas, whatever the unit's group (data_parallel.h)
   if (n > 1) grad_shards[unit].div_(static_cast<double>(n));
-  if (offload) offload->grads_to_host(unit);
+  if (offload && !holds_shares(units[unit])) offload->grads_to_host(unit);
   finalized[unit] = 1;
+}
+
+bool DataParallel::Impl::holds_shares(const FlatUnit& unit) const {
+  for (const auto& e : unit.entries())
+    if (shares.holds(e.name)) return true;
+  return false;
+}
+
+bool DataParallel::Impl::bucket_holds_shares(size_t bucket) const {
+  for (size_t i : buckets[bucket].params)
+    if (shares.holds(params[i].first)) return true;
+  return false;
+}
+
+// After every reduction over the replicas (the sum over tp commutes with it), once a step: the
+// buckets' views of the shares (stages 0-1) or this rank's owned parts of them (stages 2-3; every
+// tp rank of the same replica owns the same ranges), in one all-reduce over tp.
+void DataParallel::Impl::sum_shares() {
+  if (!shares.any()) return;
+  std::vector<at::Tensor> parts;
+  if (stage <= 1) {
+    for (size_t i = 0; i < params.size(); ++i)
+      if (shares.holds(params[i].first)) parts.push_back(grad_views[i]);
+  } else {
+    for (size_t u = 0; u < units.size(); ++u)
+      for (const auto& e : units[u].entries()) {
+        const auto [begin, end] = units[u].owned(e);
+        if (shares.holds(e.name) && begin < end) parts.push_back(units[u].owned_part(e, grad_shards[u]));
+      }
+  }
+  shares.sum(parts);
+  if (!offload) return;
+  if (stage <= 1) {
+    for (size_t b = 0; b < buckets.size(); ++b)
+      if (bucket_holds_shares(b)) offload->grads_to_host(b);
+  } else {
+    for (size_t u = 0; u < units.size(); ++u)
+      if (holds_shares(units[u])) offload->grads_to_host(u);
+  }
 }
 
 void DataParallel::finish_gradients() {
@@ -193,7 +232,7 @@ void DataParallel::finish_gradients() {
       if (s.compressor) continue;  // the compressor's result is already the mean
       const int64_t n = s.dp.size();  // the data replicas, whatever the bucket's group (data_parallel.h)
       if (n > 1) s.buckets[b].grad.div_(static_cast<double>(n));
-      if (s.offload) s.offload->grads_to_host(b);
+      if (s.offload && !s.bucket_holds_shares(b)) s.offload->grads_to_host(b);
     }
   } else {
     // Each unit's gradient is divided by N as its last reduce-scatter is collected, or here when
@@ -203,6 +242,7 @@ void DataParallel::finish_gradients() {
       if (!s.finalized[u]) s.finalize(u);
     std::fill(s.finalized.begin(), s.finalized.end(), 0);
   }
+  s.sum_shares();
   s.armed = false;
   s.reducing = false;
 }

@@ -177,14 +177,6 @@ void parallelize_tensor(TransformerLM& model, comm::Group& tp, bool megatron_sp,
                 layout.replicas, " tp ranks sharing ", item.key(), " (kv_replica_ranks)");
         param.register_hook([kv_replicas](const at::Tensor& grad) { return sum_over_replicas(grad, *kv_replicas); });
       }
-      // A gradient that is this rank's share only (parameter_spec.h) is summed over tp before it
-      // is accumulated.
-      if (gradient_summed_over_tp(spec, megatron_sp))
-        param.register_hook([&tp](const at::Tensor& grad) {
-          at::Tensor sum = grad.clone(at::MemoryFormat::Contiguous);
-          tp.all_reduce(sum);
-          return sum;
-        });
     }
   }
   const int64_t heads = o.n_head / N;

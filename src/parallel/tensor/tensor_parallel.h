@@ -39,16 +39,18 @@
 // the head gathers ln_f's output along the sequence. A layer sends the same bytes as without it
 // (an all-reduce is a reduce-scatter plus an all-gather); the activations of that region take 1/N
 // of the memory. Each replicated parameter used inside the
-// region (ln_1, ln_2, ln_f, the row-parallel biases) then sees only this rank's tokens: a gradient
-// hook all-reduces its gradient over tp before it is accumulated, so .grad holds the full gradient.
+// region (ln_1, ln_2, ln_f, the row-parallel biases) then sees only this rank's tokens: its .grad
+// after backward is this rank's share, summed over tp once a step by the optimizer owner
+// (gradient_shares.h), as are per-head parameters' (Qwen 3's q/k norms) with or without it.
 //
 // The caller's contract (the training step):
 // - every rank of tp runs the same batch (the same idx and targets) through forward and backward;
 //   under megatron_sp the sequence length must be a multiple of N (checked at forward);
 // - the loss is the same on every tp rank; each rank's backward gives every parameter it holds its
 //   exact gradient (the slice of the single-device gradient for split parameters, the full
-//   gradient, identical on all tp ranks, for replicated ones): no reduction over tp is needed after
-//   backward, gradients are reduced over dp as usual;
+//   gradient, identical on all tp ranks, for replicated ones) but the shares (gradient_shares.h),
+//   which the step sums over tp once after its last backward (GradientShares::sum; the optimizer
+//   owners do); gradients are reduced over dp as usual, before or after that sum;
 // - logits are this rank's vocabulary columns [B, T, V/N] (gather_from_tp gives all of them);
 // - `tp` outlives the model's use; every rank calls parallelize_tensor with equal arguments.
 // An MoE layer is not split: it runs whole on every tp rank, on the replicated input (its experts

@@ -1,7 +1,9 @@
 // parallelize_tensor (parallel/tensor/tensor_parallel.h) on a tiny GPT (2 layers, 4 heads, width 32,
 // vocabulary 64, dropout 0) and the same shape with arch linear (lightning attention: the heads'
 // decays must follow the head split; GLU MLP) at tp = 2 and 4, megatron_sp off and on:
-// - replicated parameters' gradients are bitwise equal on all tp ranks;
+// - the gradient shares (gradient_shares.h) differ between ranks after backward and are summed in
+//   one all-reduce of their bytes; then replicated parameters' gradients are bitwise equal on all
+//   tp ranks;
 // - the bytes each rank sends per step equal the formulas of parallelize.h;
 // - gather_tensor, parameter by parameter, reproduces the unsharded parameters exactly, also after a step
 //   of SGD on both models (within 1e-6); so also with Llama's blocks and fewer key/value heads than
@@ -10,11 +12,14 @@
 // - refusals that only show at run time.
 // That the sharded model trains as one process does (loss, gradient norm, every gradient and the
 // parameters, also with checkpointing and bf16) is the equivalence harness's, rows tp*.
+#include <numeric>
+
 #include <ATen/ATen.h>
 #include <torch/torch.h>
 
 #include "distributed/dist_test.h"
 #include "model/transformer.h"
+#include "parallel/tensor/gradient_shares.h"
 #include "parallel/tensor/tensor_parallel.h"
 #include "test_util.h"
 
@@ -91,6 +96,19 @@ void expect_traffic_and_replicated_grads(Group& tp, const tessera::ModelOptions&
 
   const std::string what = opts.arch + " tp=" + std::to_string(N) + " megatron_sp=" + (megatron_sp ? "on" : "off") +
                            " rank " + std::to_string(r);
+  // The gradient shares (gradient_shares.h): after backward each rank's part, different on each
+  // rank; summed once, in one all-reduce of their elements.
+  const tessera::GradientShares shares = tessera::gradient_shares(model, tp, megatron_sp);
+  std::vector<at::Tensor> share_grads;
+  for (const auto& item : model->named_parameters())
+    if (shares.holds(item.key())) share_grads.push_back(item.value().grad());
+  EXPECT_EQ(share_grads.empty(), !megatron_sp) << what;
+  for (const at::Tensor& g : share_grads) EXPECT_FALSE(same_on_all_ranks(g, tp)) << what << ": a share before the sum";
+  tp.reset_traffic();
+  shares.sum(share_grads);
+  const int64_t share_bytes = 4 * std::accumulate(share_grads.begin(), share_grads.end(), int64_t{0},
+                                                  [](int64_t n, const at::Tensor& g) { return n + g.numel(); });
+  EXPECT_EQ(tp.traffic()["all_reduce"], 2 * (N - 1) * share_bytes / N) << what;
   for (const auto& item : model->named_parameters()) {
     const auto layout = tessera::tensor_parallel_layout(model->parameter_specs().at(item.key()), N);
     ASSERT_TRUE(item.value().grad().defined()) << what << ": " << item.key();
@@ -99,19 +117,20 @@ void expect_traffic_and_replicated_grads(Group& tp, const tessera::ModelOptions&
     }
   }
   {
-    // Bytes per rank and step (parallelize.h), A = one [B, T, C] float32 activation, P = B T positions:
-    // all-reduces of A: the embedding's, the head's backward, and without megatron_sp 4 per layer;
-    // the loss: 3 P floats; with megatron_sp 4 all-gathers and 4 reduce-scatters of A per layer, one
-    // more of each at the head, an all-gather at the embedding's split, the inputs the column-parallel
-    // products kept unsplit gathered again for their weight gradients (sequence_gathered_linear: 2 per
-    // layer, 1 for the linear kind, whose attention keeps its gathered input, and the head's), and the
-    // all-reduced gradients
-    // of the replicated parameters the sequence-split region uses: per layer ln_1, ln_2 and the two
+    // Bytes per rank of the forward and backward (parallelize.h), A = one [B, T, C] float32
+    // activation, P = B T positions: all-reduces of A: the embedding's, the head's backward, and
+    // without megatron_sp 4 per layer; the loss: 3 P floats; with megatron_sp 4 all-gathers and 4
+    // reduce-scatters of A per layer, one more of each at the head, an all-gather at the
+    // embedding's split, the inputs the column-parallel products kept unsplit gathered again for
+    // their weight gradients (sequence_gathered_linear: 2 per layer, 1 for the linear kind, whose
+    // attention keeps its gathered input, and the head's). The shares summed after it are the
+    // replicated parameters the sequence-split region uses: per layer ln_1, ln_2 and the two
     // row-parallel biases, then ln_f; gpt: 6 C L + 2 C floats (LayerNorm weight and bias), linear:
     // 4 C L + C (RMSNorm weight only).
     const int64_t C = opts.n_embd, L = opts.n_layer, A = B * T * C * 4, P = B * T;
     const int64_t region_params = opts.arch == "gpt" ? 6 * C * L + 2 * C : 4 * C * L + C;
-    const int64_t all_reduced = megatron_sp ? A + 3 * P * 4 + region_params * 4 : (2 + 4 * L) * A + 3 * P * 4;
+    EXPECT_EQ(share_bytes, megatron_sp ? region_params * 4 : 0) << what;
+    const int64_t all_reduced = megatron_sp ? A + 3 * P * 4 : (2 + 4 * L) * A + 3 * P * 4;
     EXPECT_EQ(traffic["all_reduce"], 2 * (N - 1) * all_reduced / N) << what;
     const int64_t regathered = (opts.arch == "gpt" ? 2 : 1) * L + 1;
     EXPECT_EQ(traffic["all_gather"], megatron_sp ? (N - 1) * (4 * L + 2 + regathered) * A / N : 0) << what;
@@ -154,8 +173,15 @@ void expect_gathered_state(tessera::comm::Mesh& mesh, Group& tp, const tessera::
   // One SGD step on both: the gathered parameters follow the single-process update.
   const Batch batch = make_batch();
   if (kv_group) kv_group->reset_traffic();
+  const tessera::GradientShares shares = tessera::gradient_shares(model, tp, /*megatron_sp=*/true);
   for (tessera::TransformerLM* m : {&single, &model}) {
     (*m)->forward(batch.idx, batch.targets).loss.backward();
+    if (m == &model) {
+      std::vector<at::Tensor> share_grads;
+      for (const auto& item : model->named_parameters())
+        if (shares.holds(item.key())) share_grads.push_back(item.value().grad());
+      shares.sum(share_grads);
+    }
     torch::NoGradGuard no_grad;
     for (auto& p : (*m)->parameters()) p.sub_(0.1 * p.grad());
   }

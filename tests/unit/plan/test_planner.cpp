@@ -162,7 +162,7 @@ TEST(CostModel, CollectivesTakeTheirAlgorithmsTime) {
 // take a core from the backward beside them: the reduction is exposed whole (its last bucket
 // counted once, not again as the bucket no backward hides); with a core to spare
 // the backward hides it. Under tp each of its collective calls pays the call overhead once,
-// Megatron-SP's all-gather and reduce-scatter twice, and each gradient summed over tp once.
+// Megatron-SP's all-gather and reduce-scatter twice, and its gradient shares' one sum a step once.
 TEST(CostModel, OnACpuWhoseEveryCoreComputesNothingHidesACollective) {
   Cluster full = plan::load_cluster(test::source_path("clusters/this_machine_2core.toml"));
   full.intra_node.call_overhead_us = 0;
@@ -196,13 +196,21 @@ TEST(CostModel, OnACpuWhoseEveryCoreComputesNothingHidesACollective) {
     const double added = test::breakdown_term(plan::predict(tp, tp_dims, overhead), "tp_communication") -
                          test::breakdown_term(plan::predict(tp, tp_dims, full), "tp_communication");
     // Per micro-batch two all-reduces a block each way (Megatron-SP: their all-gather and
-    // reduce-scatter, and the re-gather for each column product's weight gradient; and the
-    // gradient sum of each parameter after the sequence split: a block's two norms' weights and
-    // biases and its two row-parallel biases, and ln_f's weight and bias).
+    // reduce-scatter, and the re-gather for each column product's weight gradient).
     const double m = static_cast<double>(plan::predict(tp, tp_dims, full).micro_batches);
-    const double calls = megatron_sp ? 2 * 2 * 2 + 2 + 6 : 2 * 2;
-    const double ends = megatron_sp ? 2 : 0;
-    EXPECT_NEAR(added, m * (static_cast<double>(tp.model.n_layer) * calls + ends) * 1e-3, 1e-9) << megatron_sp;
+    const double calls = megatron_sp ? 2 * 2 * 2 + 2 : 2 * 2;
+    EXPECT_NEAR(added, m * static_cast<double>(tp.model.n_layer) * calls * 1e-3, 1e-9) << megatron_sp;
+    // The gradient shares (Megatron-SP: a block's two norms' weights and biases and its two
+    // row-parallel biases, and ln_f's weight and bias): one all-reduce a step, one call whatever
+    // the micro-batches, of their float32 elements.
+    const double sum_added = test::breakdown_term(plan::predict(tp, tp_dims, overhead), "tp_gradient_sum") -
+                             test::breakdown_term(plan::predict(tp, tp_dims, full), "tp_gradient_sum");
+    EXPECT_NEAR(sum_added, megatron_sp ? 1e-3 : 0, 1e-9) << megatron_sp;
+    if (megatron_sp) {
+      const double C = static_cast<double>(tp.model.n_embd), L = static_cast<double>(tp.model.n_layer);
+      EXPECT_NEAR(test::breakdown_term(plan::predict(tp, tp_dims, full), "tp_gradient_sum"),
+                  plan::all_reduce_seconds(4 * (6 * C * L + 2 * C), 2, full.tier({0, 1})), 1e-12);
+    }
   }
 }
 
