@@ -24,7 +24,7 @@ so it is no longer held out: docs/plan.md); 2, 4 blocks of width 320, 8 heads, a
 sequences of 64, run once after them.
 
 usage: bench/plan_runs_here.py [--tessera build/tessera] [--cluster F.toml (calibrates when absent)]
-                               [--held-out 1|2] [--out bench/results/plan_runs_here_cpu.md]
+                               [--held-out 1|2] [--only TEXT] [--out bench/results/plan_runs_here_cpu.md]
 """
 import argparse
 import json
@@ -150,6 +150,8 @@ def main():
     parser.add_argument("--tessera", default="build/tessera")
     parser.add_argument("--cluster", default="")
     parser.add_argument("--out", default="")
+    parser.add_argument("--only", default="", help="the layouts whose name contains this text (a partial check: "
+                        "write it with --out elsewhere)")
     parser.add_argument("--held-out", default="", choices=["", "1", "2"], help="train HELD_OUT_MODELS[N] instead of MODEL")
     a = parser.parse_args()
     model = HELD_OUT_MODELS[a.held_out] if a.held_out else MODEL
@@ -183,7 +185,7 @@ def main():
     print(f"fixed overhead: {overhead * 1024:.1f} MiB", flush=True)
     rows, predicted, measured, memory_errors = [], [], [], []
     loads = []
-    for name, world, keys in LAYOUTS:
+    for name, world, keys in [layout for layout in LAYOUTS if a.only in layout[0]]:
         keys = full_layout(keys)
         common = sets(model + [f"data.path={data}"] + keys)
         extra = []
@@ -217,7 +219,8 @@ def main():
     print(summary)
     with open(out_file, "w") as f:
         f.write("# tessera plan against runs on this machine (2 cores, CPU, Gloo)\n\n"
-                f"`python3 bench/plan_runs_here.py{' --held-out ' + a.held_out if a.held_out else ''}` (its docstring says what is "
+                f"`python3 bench/plan_runs_here.py{' --held-out ' + a.held_out if a.held_out else ''}"
+                f"{' --only ' + repr(a.only) if a.only else ''}` (its docstring says what is "
                 "held and measured). Model keys: " + ", ".join(model) + "; global batch 16, AdamW, fp32.\n\n"
                 "Cluster file:\n\n```\n" + open(cluster).read() + "```\n\n"
                 f"Fixed overhead (a 1-block, width-8 run's peak less its estimate): {overhead * 1024:.1f} MiB.\n\n"

@@ -35,11 +35,25 @@ bool keeps_expanded_kv(const Config& config, const ParallelDims& dims) {
   return m.kv_heads() < m.n_head && (dims.sp() > 1 || config.train.device != "cpu");
 }
 
+// Whether the block's softmax attention runs the CPU's math path of scaled-dot-product attention
+// and keeps what it saves: dropout on the CPU (ATen's fused CPU kernel has none), the block's own
+// core (no sequence-parallel kernel: those refuse dropout), not recomputed (measured:
+// ActivationEstimate.TheCpuAttentionWithDropoutSavesWhatTheEstimateCounts).
+bool cpu_attention_math_path(const Config& config, const ParallelDims& dims) {
+  const ModelOptions& m = config.model;
+  return m.dropout > 0 && config.train.device == "cpu" && m.arch != "linear" && dims.sp() == 1 &&
+         config.memory.activation_checkpointing == "none";
+}
+
 double block_statistics_bytes_per_token(const Config& config, const ParallelDims& dims) {
   const ModelOptions& m = config.model;
   const double norms = 4 * 2 * (m.rms_norm() ? 1 : 2);  // float32: LayerNorm's mean and rstd, RMSNorm's rstd
   const bool softmax_core = m.arch != "linear" && config.memory.activation_checkpointing != "selective";
-  return norms + (softmax_core ? 4 * static_cast<double>(m.n_head) / static_cast<double>(dims.tp()) : 0);
+  // The fused core's log-sum-exp, a float32 a head; the math path's float32 dropout mask instead,
+  // a row of T a head.
+  const double core = cpu_attention_math_path(config, dims) ? 4 * static_cast<double>(m.n_head * config.train.seq_len)
+                                                            : 4 * static_cast<double>(m.n_head);
+  return norms + (softmax_core ? core / static_cast<double>(dims.tp()) : 0);
 }
 
 double block_statistics_bytes(const Config& config, const ParallelDims& dims) {
@@ -63,6 +77,7 @@ double block_activation_bytes_per_token(const Config& config, const ParallelDims
   // Split over tp: the attention's and the feed-forward's; replicated: the norms' (split too under
   // Megatron-SP).
   double split = 0, replicated = 4 * h;
+  double math_core = 0;  // bytes: the CPU math path's float32 tensors (split over tp)
   // Under bf16 autocast on the CPU the residual stream stays float32 (the branches' bf16 outputs add
   // into it), so the norms' inputs are kept at 4 bytes (measured: tessera bench's
   // saved_activation_bytes, tiny_gpt at bf16, +4 MiB on 32; the GPU's fused norm not measured).
@@ -75,10 +90,23 @@ double block_activation_bytes_per_token(const Config& config, const ParallelDims
     const double c = static_cast<double>(std::min(config.train.seq_len, m.linear_chunk));
     const double d = static_cast<double>(m.head_width());
     split += 11 * h + heads * c + heads * d * d / c;
+  } else if (cpu_attention_math_path(config, dims)) {
+    // The CPU's math path (dropout): the output as the output projection keeps it; a scaled copy of
+    // q, k transposed and v, each expanded to every query head under grouped-query attention and
+    // in float32 (it computes a bf16 input in float32), the probabilities and the dropped
+    // probabilities (float32, a row of T a head each; ATen's float mask is a statistic above).
+    // Not the projection's q and k nor rotary's outputs: their copies are what it keeps.
+    split += hq;
+    const double k = m.kv_heads() < m.n_head ? hq : kv;
+    const double rows = heads * static_cast<double>(config.train.seq_len);
+    math_core = (hq + 2 * k + 2 * rows) * activation_codec_bytes_per_element(applied_activation_codec(config), 4);
   } else {
-    split += hq + 2 * kv + hq;                 // q, k, v and the output
-    if (m.rotary()) split += hq + kv;          // the rotated q and k
-    if (keeps_expanded_kv(config, dims)) split += 2 * hq;  // k and v expanded to every head
+    split += hq + 2 * kv + hq;  // q, k, v and the output
+    // Inside the core, which selective checkpointing recomputes: the rotated q and k, k and v
+    // expanded to every head.
+    const bool kept = checkpointing != "selective";
+    if (m.rotary() && kept) split += hq + kv;
+    if (keeps_expanded_kv(config, dims) && kept) split += 2 * hq;
   }
   // GELU: its input and output; SwiGLU (model/swiglu.h): the joined up and gate, and
   // the product (the down projection's input).
@@ -104,8 +132,8 @@ double block_activation_bytes_per_token(const Config& config, const ParallelDims
   // float32 elements as the activation codec keeps them (lossless: 4 bytes; bf16: 2; int8, fp8: 1.125)
   const double residual_bytes = activation_codec_bytes_per_element(applied_activation_codec(config), 4);
   const double residual_inputs = float_residual ? 2 * h * residual_bytes / (p.megatron_sp ? t : 1) : 0;
-  return rest * element_bytes + (p.megatron_sp ? masks / t : masks) + block_statistics_bytes_per_token(config, dims) +
-         residual_inputs;
+  return rest * element_bytes + math_core / t + (p.megatron_sp ? masks / t : masks) +
+         block_statistics_bytes_per_token(config, dims) + residual_inputs;
 }
 
 double block_activation_bytes(const Config& config, const ParallelDims& dims, int64_t layer) {

@@ -67,6 +67,23 @@ TEST(ActivationEstimate, EachBlockKindSavesWhatTheEstimateCounts) {
   }
 }
 
+// With dropout the CPU's scaled-dot-product attention takes its math path (ATen's fused CPU
+// kernel has no dropout): it keeps the probabilities, ATen's float dropout mask and the dropped
+// probabilities ([B, H, T, T] float32 each), a scaled copy of q, k transposed and v (expanded to
+// every query head under grouped-query attention), and no log-sum-exp; the blocks' own dropout
+// masks (model/dropout.h) are bool.
+TEST(ActivationEstimate, TheCpuAttentionWithDropoutSavesWhatTheEstimateCounts) {
+  for (const std::string name : {"tiny_gpt", "tiny_llama"})
+    for (const std::string checkpointing : {"none", "selective"}) {
+      Config c = preset(name, checkpointing);
+      c.model.dropout = 0.1;
+      const double m = measured(c), e = estimated(c);
+      EXPECT_NEAR(e / m, 1.0, 0.03) << name << " " << checkpointing << ": estimated " << e << " measured " << m;
+      std::printf("%s, dropout 0.1, checkpointing %s: estimated %.0f measured %.0f bytes (%+.2f%%)\n", name.c_str(),
+                  checkpointing.c_str(), e, m, 100 * (e / m - 1));
+    }
+}
+
 // The most CPU tensor bytes live at once during three training steps of one process (the
 // counting allocator, memory/host_memory_stats.h, less what was live before the model was built),
 // against the estimate's device_bytes: with one micro-batch per step (its peak at the backward's
