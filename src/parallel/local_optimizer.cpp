@@ -39,9 +39,9 @@ at::Tensor LocalOptimizer::clip(double max_norm) {
 
 void LocalOptimizer::finish_gradients() {
   if (shares_.any()) {
-    std::vector<at::Tensor> shares;
+    std::vector<std::pair<std::string, at::Tensor>> shares;
     for (const auto& [name, p] : params_)
-      if (shares_.holds(name) && p.grad().defined()) shares.push_back(p.grad());
+      if (shares_.holds(name) && p.grad().defined()) shares.emplace_back(name, p.grad());
     shares_.sum(shares);
   }
   overflow_ = backward_overflow_ = master_ && master_->copy_grads_to_master(1.0 / scaler_->value());

@@ -4,7 +4,7 @@
 // parameters and, with precision.dtype = fp16, the float32 master weights and the dynamic loss
 // scaler (precision/fp16.h):
 //
-//   finish_gradients:  tp: the gradient shares summed over tp (parallel/tensor/gradient_shares.h);
+//   finish_gradients:  tp: the gradient shares summed (parallel/tensor/gradient_shares.h);
 //            fp16: unscale the model's fp16 gradients into the masters (overflow noted);
 //   apply:   fp16 overflow: skip the update; otherwise
 //            norm = the global gradient norm (ModelParallelNorm: under tp each rank's squares by

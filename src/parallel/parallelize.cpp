@@ -59,8 +59,8 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
       for (int64_t r : kv_ranks) name += "/" + std::to_string(r);
       kv_replicas_ = mesh_->new_group(name, kv_ranks);
     }
-    parallelize_tensor(model_, *tp_, config.parallel.megatron_sp, kv_replicas_.get());
-    shares = gradient_shares(model_, *tp_, config.parallel.megatron_sp);
+    parallelize_tensor(model_, *tp_, config.parallel.megatron_sp);
+    shares = gradient_shares(model_, *tp_, config.parallel.megatron_sp, kv_replicas_.get());
     norm.groups.push_back(tp_);
     // The clipping norm sums the squares over tp: a tensor every rank holds counts 1/tp per rank,
     // a chunk held by several (replicated key/value heads) 1/replicas.

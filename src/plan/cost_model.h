@@ -143,15 +143,16 @@ struct PartCost {
   // of selection and residual passes).
   double lowrank = 0, compress = 0;
   // The elements of the parameters whose gradient a tp rank holds only its share of
-  // (parallel/tensor/gradient_shares.h), summed over tp once a step after the reduction.
-  double tp_shares = 0;
+  // (parallel/tensor/gradient_shares.h), summed once a step after the reduction: over tp, and over
+  // the tp ranks holding the same key/value heads (their chunk of kv_proj).
+  double tp_shares = 0, kv_shares = 0;
   void operator+=(const PartCost& o) {
     f += o.f, i += o.i, w += o.w, products += o.products, attention += o.attention, memory_bound += o.memory_bound;
     recompute += o.recompute, offload += o.offload, held_offload += o.held_offload;
     activation_policy += o.activation_policy;
     tp += o.tp, sp += o.sp, ep += o.ep;
     parameters += o.parameters, expert_parameters += o.expert_parameters, lowrank += o.lowrank, compress += o.compress;
-    tp_shares += o.tp_shares;
+    tp_shares += o.tp_shares, kv_shares += o.kv_shares;
   }
 };
 

@@ -233,16 +233,20 @@ double send_seconds(double bytes, const Cluster::Tier& tier) {
 
 namespace {
 
-// Tensor parallelism's gradient shares (parameter_spec.h's gradient_summed_over_tp: under
-// Megatron-SP the norms, the row-parallel biases, an MoE layer's; every per-head one): counted per
-// part, their one sum over tp a step priced with the reduction (cost_model.cpp).
+// Tensor parallelism's gradient shares (parallel/tensor/gradient_shares.h), counted per part, their
+// sums once a step priced with the reduction (cost_model.cpp): over tp, parameter_spec.h's
+// gradient_summed_over_tp (under Megatron-SP the norms, the row-parallel biases, an MoE layer's;
+// every per-head one); over the key/value replicas, this rank's chunk of a column-split tensor
+// whose whole heads are fewer than the tp ranks (kv_proj).
 void count_gradient_shares(const Config& config, const Pricer& pricer, PricedOperations& out) {
   if (pricer.tp() <= 1) return;
   for (const CensusEntry& item : *parameter_census(config.model)) {
     const ParameterSpec& spec = item.spec;
-    if (!gradient_summed_over_tp(spec, config.parallel.megatron_sp)) continue;
     PartCost& part = spec.block >= 0 ? out.blocks[static_cast<size_t>(spec.block)] : out.head;
-    part.tp_shares += static_cast<double>(item.meta.numel());
+    const double elements = static_cast<double>(item.meta.numel());
+    if (gradient_summed_over_tp(spec, config.parallel.megatron_sp)) part.tp_shares += elements;
+    if (spec.split == Split::column && spec.heads > 0 && spec.heads < pricer.tp())
+      part.kv_shares += elements / static_cast<double>(spec.heads);
   }
 }
 

@@ -7,7 +7,7 @@
 // calls before_stage_backward per stage instead):
 //   for each micro-batch m of M:  dp.before_backward(m == M - 1);  loss.backward();
 //   dp.finish_gradients();             // every reduction done; gradients are the dp mean, the
-//                                      // tp shares summed over tp (gradient_shares.h)
+//                                      // tp shares summed (gradient_shares.h)
 //                                      // (needs before_backward(true) for the last micro-batch)
 //   norm = dp.clip_grad_norm(max);     // the global norm, over all ranks' shards
 //   dp.step(lr);                       // update, then parameters are whole again (stages 0-2)

@@ -12,9 +12,9 @@
 // - Offload (stages 1-3): the optimizer's leaves are views of offload's host masters; the host
 //   gradients are filled per bucket (stage 1) or unit (stages 2-3) once the device values are the
 //   dp mean, and the shards are written from the masters after each step.
-// - Tensor parallelism's gradient shares (parallel/tensor/gradient_shares.h): summed over tp in
-//   finish_gradients, after every reduction over the replicas; with offload a bucket or unit
-//   holding shares goes to the host only after that sum.
+// - Tensor parallelism's gradient shares (parallel/tensor/gradient_shares.h): summed over their
+//   groups in finish_gradients, after every reduction over the replicas; with offload a bucket or
+//   unit holding shares goes to the host only after that sum.
 // - Stage 3: `residency` (memory/residency/residency.h), over `home` (the units' shards,
 //   memory/residency/sharded_home.h), brings `units` in and out, by the ZeRO-3
 //   plan over the whole model or by the pipeline schedule's holds over a stage: a unit (a
@@ -130,7 +130,7 @@ struct DataParallel::Impl {
   // offload, unless it holds tp shares: after their sum), once per step.
   void finalize(size_t unit);
   // Tensor parallelism's shares (gradient_shares.h): whether a unit or bucket holds one, and
-  // their sum over tp (then, with offload, their buckets' or units' copies to the host).
+  // their sums (then, with offload, their buckets' or units' copies to the host).
   bool holds_shares(const FlatUnit& unit) const;
   bool bucket_holds_shares(size_t bucket) const;
   void sum_shares();

@@ -192,20 +192,20 @@ bool DataParallel::Impl::bucket_holds_shares(size_t bucket) const {
   return false;
 }
 
-// After every reduction over the replicas (the sum over tp commutes with it), once a step: the
+// After every reduction over the replicas (the shares' sums commute with it), once a step: the
 // buckets' views of the shares (stages 0-1) or this rank's owned parts of them (stages 2-3; every
-// tp rank of the same replica owns the same ranges), in one all-reduce over tp.
+// tp rank of the same replica owns the same ranges), one all-reduce per group.
 void DataParallel::Impl::sum_shares() {
   if (!shares.any()) return;
-  std::vector<at::Tensor> parts;
+  std::vector<std::pair<std::string, at::Tensor>> parts;
   if (stage <= 1) {
     for (size_t i = 0; i < params.size(); ++i)
-      if (shares.holds(params[i].first)) parts.push_back(grad_views[i]);
+      if (shares.holds(params[i].first)) parts.emplace_back(params[i].first, grad_views[i]);
   } else {
     for (size_t u = 0; u < units.size(); ++u)
       for (const auto& e : units[u].entries()) {
         const auto [begin, end] = units[u].owned(e);
-        if (shares.holds(e.name) && begin < end) parts.push_back(units[u].owned_part(e, grad_shards[u]));
+        if (shares.holds(e.name) && begin < end) parts.emplace_back(e.name, units[u].owned_part(e, grad_shards[u]));
       }
   }
   shares.sum(parts);

@@ -141,12 +141,6 @@ at::Tensor gather_tensor(const at::Tensor& part, const TensorParallelLayout& lay
   return whole_from_chunks(output, part, layout);
 }
 
-at::Tensor sum_over_replicas(const at::Tensor& part, comm::Group& replicas) {
-  at::Tensor sum = part.clone(at::MemoryFormat::Contiguous);
-  replicas.all_reduce(sum);
-  return sum;
-}
-
 std::vector<int64_t> kv_replica_ranks(const TransformerLM& model, const comm::Group& tp) {
   int64_t replicas = 1;
   for (const auto& [name, spec] : model->parameter_specs())
@@ -156,7 +150,7 @@ std::vector<int64_t> kv_replica_ranks(const TransformerLM& model, const comm::Gr
   return {tp.ranks().begin() + first, tp.ranks().begin() + first + replicas};
 }
 
-void parallelize_tensor(TransformerLM& model, comm::Group& tp, bool megatron_sp, comm::Group* kv_replicas) {
+void parallelize_tensor(TransformerLM& model, comm::Group& tp, bool megatron_sp) {
   const int64_t N = tp.size(), r = tp.rank();
   if (N == 1) return;
   const ModelOptions& o = model->options();
@@ -170,13 +164,6 @@ void parallelize_tensor(TransformerLM& model, comm::Group& tp, bool megatron_sp,
       const TensorParallelLayout layout = tensor_parallel_layout(spec, N);
       if (layout.dim >= 0) param.set_data(shard_tensor(param.detach(), layout, r, N).clone());
       param.mutable_grad() = at::Tensor();
-      // A chunk held by several ranks (replicated key/value heads) gets from each only the part of
-      // its gradient that flowed from that rank's query heads: summed over them.
-      if (layout.replicas > 1) {
-        require(kv_replicas && kv_replicas->size() == layout.replicas, "internal: parallelize_tensor needs the group of the ",
-                layout.replicas, " tp ranks sharing ", item.key(), " (kv_replica_ranks)");
-        param.register_hook([kv_replicas](const at::Tensor& grad) { return sum_over_replicas(grad, *kv_replicas); });
-      }
     }
   }
   const int64_t heads = o.n_head / N;

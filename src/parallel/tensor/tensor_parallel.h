@@ -17,10 +17,10 @@
 //   (llama, qwen)    kv_proj [2 K d, C]  the k, v rows of its K / N
 //                                        heads; with K < N, of head
 //                                        r / (N / K), held by N / K
-//                                        ranks and its gradient summed
-//                                        over only them (the group of
-//                                        kv_replica_ranks, all-reduce of
-//                                        the chunk)
+//                                        ranks, its gradient a share
+//                                        summed once a step over only
+//                                        them (kv_replica_ranks;
+//                                        gradient_shares.h)
 //   attention        q, k, v, u_proj     rows of this rank's heads;     as gpt; the decays λ_h of
 //   (linear)         o_proj              columns; bias replicated       the rank's heads are kept
 //   MLP              c_fc [F or 2F, C]   rows (GLU: a rows, g rows)     enter / exit as attention
@@ -48,9 +48,10 @@
 //   under megatron_sp the sequence length must be a multiple of N (checked at forward);
 // - the loss is the same on every tp rank; each rank's backward gives every parameter it holds its
 //   exact gradient (the slice of the single-device gradient for split parameters, the full
-//   gradient, identical on all tp ranks, for replicated ones) but the shares (gradient_shares.h),
-//   which the step sums over tp once after its last backward (GradientShares::sum; the optimizer
-//   owners do); gradients are reduced over dp as usual, before or after that sum;
+//   gradient, identical on all tp ranks, for replicated ones) but the shares (gradient_shares.h:
+//   those above, and replicated key/value heads'), which the step sums once after its last
+//   backward (GradientShares::sum; the optimizer owners do); gradients are reduced over dp as
+//   usual, before or after that sum;
 // - logits are this rank's vocabulary columns [B, T, V/N] (gather_from_tp gives all of them);
 // - `tp` outlives the model's use; every rank calls parallelize_tensor with equal arguments.
 // An MoE layer is not split: it runs whole on every tp rank, on the replicated input (its experts
@@ -80,9 +81,7 @@ void check_tensor_parallel(const ModelOptions& model, const ParallelOptions& par
                            int64_t seq_len, const std::string& optimizer);
 
 // Shards `model` in place for the ranks of `tp` (see above). With tp.size() == 1 it does nothing.
-// `kv_replicas`: the group of kv_replica_ranks(model, tp), needed where key/value heads are fewer
-// than tp ranks (refused naming it when missing then).
-void parallelize_tensor(TransformerLM& model, comm::Group& tp, bool megatron_sp, comm::Group* kv_replicas = nullptr);
+void parallelize_tensor(TransformerLM& model, comm::Group& tp, bool megatron_sp);
 
 // The global ranks of tp that hold the same key/value heads as this rank (consecutive tp ranks,
 // N / K of them where K < N key/value heads), or empty where every rank holds its own.
@@ -107,10 +106,5 @@ at::Tensor shard_tensor(const at::Tensor& full, const TensorParallelLayout& layo
 
 // The full tensor from every rank's part (a collective of tp; the inverse of shard_tensor).
 at::Tensor gather_tensor(const at::Tensor& part, const TensorParallelLayout& layout, comm::Group& tp);
-
-// Each rank's part summed over the ranks holding the same chunk (replicas > 1; a collective of
-// `replicas`, the group of those ranks, of a tensor of the chunk's size): a replicated key/value
-// head's gradient from the query heads of every rank sharing it.
-at::Tensor sum_over_replicas(const at::Tensor& part, comm::Group& replicas);
 
 }  // namespace tessera

@@ -7,8 +7,8 @@
 // - the bytes each rank sends per step equal the formulas of parallelize.h;
 // - gather_tensor, parameter by parameter, reproduces the unsharded parameters exactly, also after a step
 //   of SGD on both models (within 1e-6); so also with Llama's blocks and fewer key/value heads than
-//   ranks (kv_proj replicated, its gradient summed among only the ranks sharing a head, whose
-//   all-reduce sends 2 (R - 1) / R of the rank's kv_proj bytes);
+//   ranks (kv_proj replicated, its gradient a share until summed among only the ranks sharing a
+//   head, whose all-reduce sends 2 (R - 1) / R of the rank's kv_proj bytes);
 // - refusals that only show at run time.
 // That the sharded model trains as one process does (loss, gradient norm, every gradient and the
 // parameters, also with checkpointing and bf16) is the equivalence harness's, rows tp*.
@@ -99,15 +99,16 @@ void expect_traffic_and_replicated_grads(Group& tp, const tessera::ModelOptions&
   // The gradient shares (gradient_shares.h): after backward each rank's part, different on each
   // rank; summed once, in one all-reduce of their elements.
   const tessera::GradientShares shares = tessera::gradient_shares(model, tp, megatron_sp);
-  std::vector<at::Tensor> share_grads;
+  std::vector<std::pair<std::string, at::Tensor>> share_grads;
   for (const auto& item : model->named_parameters())
-    if (shares.holds(item.key())) share_grads.push_back(item.value().grad());
+    if (shares.holds(item.key())) share_grads.emplace_back(item.key(), item.value().grad());
   EXPECT_EQ(share_grads.empty(), !megatron_sp) << what;
-  for (const at::Tensor& g : share_grads) EXPECT_FALSE(same_on_all_ranks(g, tp)) << what << ": a share before the sum";
+  for (const auto& [name, g] : share_grads) EXPECT_FALSE(same_on_all_ranks(g, tp)) << what << ": " << name << " before the sum";
   tp.reset_traffic();
   shares.sum(share_grads);
-  const int64_t share_bytes = 4 * std::accumulate(share_grads.begin(), share_grads.end(), int64_t{0},
-                                                  [](int64_t n, const at::Tensor& g) { return n + g.numel(); });
+  const int64_t share_bytes =
+      4 * std::accumulate(share_grads.begin(), share_grads.end(), int64_t{0},
+                          [](int64_t n, const std::pair<std::string, at::Tensor>& g) { return n + g.second.numel(); });
   EXPECT_EQ(tp.traffic()["all_reduce"], 2 * (N - 1) * share_bytes / N) << what;
   for (const auto& item : model->named_parameters()) {
     const auto layout = tessera::tensor_parallel_layout(model->parameter_specs().at(item.key()), N);
@@ -161,7 +162,7 @@ void expect_gathered_state(tessera::comm::Mesh& mesh, Group& tp, const tessera::
     kv_group = mesh.new_group(name, kv_ranks);
   }
   EXPECT_EQ(static_cast<int64_t>(kv_ranks.size()), opts.kv_heads() < tp.size() ? tp.size() / opts.kv_heads() : 0);
-  tessera::parallelize_tensor(model, tp, /*megatron_sp=*/true, kv_group.get());
+  tessera::parallelize_tensor(model, tp, /*megatron_sp=*/true);
   const auto named = single->named_parameters();
   auto gathered = gathered_state(*model, tp);
   ASSERT_EQ(gathered.size(), named.size());
@@ -173,20 +174,25 @@ void expect_gathered_state(tessera::comm::Mesh& mesh, Group& tp, const tessera::
   // One SGD step on both: the gathered parameters follow the single-process update.
   const Batch batch = make_batch();
   if (kv_group) kv_group->reset_traffic();
-  const tessera::GradientShares shares = tessera::gradient_shares(model, tp, /*megatron_sp=*/true);
+  const tessera::GradientShares shares = tessera::gradient_shares(model, tp, /*megatron_sp=*/true, kv_group.get());
   for (tessera::TransformerLM* m : {&single, &model}) {
     (*m)->forward(batch.idx, batch.targets).loss.backward();
     if (m == &model) {
-      std::vector<at::Tensor> share_grads;
-      for (const auto& item : model->named_parameters())
-        if (shares.holds(item.key())) share_grads.push_back(item.value().grad());
+      std::vector<std::pair<std::string, at::Tensor>> share_grads;
+      for (const auto& item : model->named_parameters()) {
+        if (!shares.holds(item.key())) continue;
+        share_grads.emplace_back(item.key(), item.value().grad());
+        // A shared key/value head's gradient: each rank's query heads' part until summed.
+        if (kv_group && item.key().find("attn.kv_proj") != std::string::npos)
+          EXPECT_FALSE(same_on_all_ranks(item.value().grad(), *kv_group)) << item.key() << " before the sum";
+      }
       shares.sum(share_grads);
     }
     torch::NoGradGuard no_grad;
     for (auto& p : (*m)->parameters()) p.sub_(0.1 * p.grad());
   }
-  // The shared heads' gradients go among their R ranks only: a ring all-reduce of each layer's
-  // kv_proj part, 2 (R - 1) / R of its bytes.
+  // The shared heads' gradients go among their R ranks only, once: a ring all-reduce of every
+  // layer's kv_proj part, 2 (R - 1) / R of their bytes.
   if (kv_group) {
     const int64_t R = kv_group->size();
     int64_t kv_bytes = 0;

@@ -214,6 +214,32 @@ TEST(CostModel, OnACpuWhoseEveryCoreComputesNothingHidesACollective) {
   }
 }
 
+// Key/value heads fewer than the tp ranks: each rank's chunk of a shared head's kv_proj gradient is
+// a share, summed once a step among the ranks holding it (tp / n_kv_head of them): one all-reduce
+// of every block's chunk in float32, one call whatever the micro-batches; at ZeRO-2 this rank's
+// shard of them. None where every rank holds its own heads.
+TEST(CostModel, SharedKeyValueHeadsSumTheirGradientsOnceAStep) {
+  const Cluster cluster = plan::load_cluster(test::source_path("clusters/this_machine_2core.toml"));
+  for (const int64_t kv_heads : {1, 2})
+    for (const int64_t zero_stage : {0, 2}) {
+      Config c = test::planner_config();
+      c.train.device = "cpu";
+      c.model = ModelOptions::from_preset("tiny_llama");
+      c.model.n_kv_head = kv_heads;
+      c.parallel.tp = 2;
+      c.parallel.dp = 2;
+      c.parallel.zero_stage = zero_stage;
+      const ParallelDims dims(c.parallel, 4, "test");
+      const double sum = test::breakdown_term(plan::predict(c, dims, cluster), "tp_gradient_sum");
+      const double d = static_cast<double>(c.model.head_width()), C = static_cast<double>(c.model.n_embd);
+      const double chunk = static_cast<double>(c.model.n_layer) * 2 * d * C / (zero_stage >= 2 ? 2 : 1);
+      if (kv_heads < c.parallel.tp)
+        EXPECT_NEAR(sum, plan::all_reduce_seconds(4 * chunk, 2, cluster.tier({0, 1})), 1e-12) << zero_stage;
+      else
+        EXPECT_EQ(sum, 0) << zero_stage;
+    }
+}
+
 // The products each block kind declares, forward + input and weight gradients (3x), over the
 // blocks, the embedding and the head: the model's own FLOPs per token x tokens (norm weights and
 // biases are in flops_per_token's 6 N but are no products: a few parts in 10^4), and the weights
