@@ -55,7 +55,6 @@ class Pricer {
 
   int64_t ep_nodes() const { return ep_nodes_; }
   int64_t tp() const { return tp_.n; }
-  double tp_all_reduce(double bytes) const { return all_reduce_seconds(bytes, tp_.n, tp_.tier); }
 
   double element_bytes() const { return element_bytes_; }
   double slowdown() const { return slowdown_; }
