@@ -244,8 +244,8 @@ void count_gradient_shares(const Config& config, const Pricer& pricer, PricedOpe
     PartCost& part = spec.block >= 0 ? out.blocks[static_cast<size_t>(spec.block)] : out.head;
     const double elements = static_cast<double>(item.meta.numel());
     if (gradient_summed_over_tp(spec, config.parallel.megatron_sp)) part.tp_shares += elements;
-    if (spec.split == Split::column && spec.heads > 0 && spec.heads < pricer.tp())
-      part.kv_shares += elements / static_cast<double>(spec.heads);
+    const int64_t chunks = tensor_parallel_chunks(spec, pricer.tp());
+    if (spec.split == Split::column && chunks < pricer.tp()) part.kv_shares += elements / static_cast<double>(chunks);
   }
 }
 
