@@ -30,6 +30,16 @@ std::string prepare_checkpoint_dir(const std::string& checkpoints_dir, int64_t s
   return partial;
 }
 
+std::string remove_partial_checkpoint_dir(const std::string& partial) {
+  const fs::path aside = fs::path(partial).parent_path() / (fs::path(partial).stem().string() + ".failed.partial");
+  std::error_code error;
+  fs::remove_all(aside, error);
+  fs::rename(partial, aside, error);
+  fs::remove_all(error ? fs::path(partial) : aside, error);
+  if (!fs::exists(partial) && !fs::exists(aside)) return "";
+  return error ? error.message() : "it is still there";
+}
+
 std::vector<TensorSlice> even_slices(const NamedTensors& whole, int64_t rank, int64_t shards) {
   std::vector<TensorSlice> out;
   for (const auto& [name, t] : whole) {

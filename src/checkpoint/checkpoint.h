@@ -139,6 +139,13 @@ std::vector<TensorSlice> even_slices(const NamedTensors& whole, int64_t rank, in
 // which writes contents.optimizer as one optimizer.safetensors.
 std::string partial_checkpoint_dir(const std::string& checkpoints_dir, int64_t step);
 std::string prepare_checkpoint_dir(const std::string& checkpoints_dir, int64_t step);
+// Removes a failed save's partial directory (rank 0) while other ranks may still write into it.
+// remove_all alone would race them (a file created between its listing and its rmdir keeps the
+// directory), so the directory is first renamed to step_<N>.failed.partial, atomically: a rank's
+// next file under step_<N>.partial/ then fails to open, and what is already open goes with the
+// renamed directory (remove_interrupted_saves removes it where the lead dies in between).
+// Returns "" when the directory is gone, else why not.
+std::string remove_partial_checkpoint_dir(const std::string& partial);
 void write_optimizer_shard(const std::string& partial_dir, int64_t rank, int64_t shards,
                            const std::vector<TensorSlice>& slices);
 void write_compression_state(const std::string& partial_dir, int64_t rank, int64_t ranks, const NamedTensors& state);

@@ -239,9 +239,10 @@ std::string RunCheckpoints::write(const RunPosition& position) {
 }
 
 // A save that fails (a full disk, a rank lost while saving) leaves no partial directory behind
-// and says which checkpoint the run can still resume from. The lead removes the directory (the
-// others' writes into it then fail on their own, not before the lead's, so the first error the
-// launcher reports is the real one); a lead killed outright leaves it to the next start
+// and says which checkpoint the run can still resume from. The lead removes the directory
+// (remove_partial_checkpoint_dir: moved aside first, as the others may still be creating files in
+// it; their writes then fail on their own, not before the lead's, so the first error the launcher
+// reports is the real one); a lead killed outright leaves it to the next start
 // (remove_interrupted_saves).
 std::string RunCheckpoints::save(const RunPosition& position) {
   const bool lead = rank_ == 0;
@@ -251,15 +252,16 @@ std::string RunCheckpoints::save(const RunPosition& position) {
     return saved;
   } catch (const std::exception& e) {
     const std::string partial = partial_checkpoint_dir(checkpoints_dir(), position.step);
-    std::error_code ignored;
-    if (lead) fs::remove_all(partial, ignored);
+    const std::string kept = lead ? remove_partial_checkpoint_dir(partial) : "";
     std::string resumable = "no complete checkpoint exists yet";
     try {
       resumable = "the last complete checkpoint is " + resolve_checkpoint_dir(checkpoints_dir());
     } catch (const std::exception&) {  // `latest` names nothing complete: the default stands
     }
-    fail("checkpoint of step ", position.step, " not saved: ", e.what(),
-         lead ? "; removed its partial directory " : "; ", lead ? partial + "; " : "", resumable);
+    const std::string cleanup = !lead           ? ""
+                                : kept.empty() ? "removed its partial directory " + partial + "; "
+                                               : "could not remove its partial directory " + partial + " (" + kept + "); ";
+    fail("checkpoint of step ", position.step, " not saved: ", e.what(), "; ", cleanup, resumable);
   }
 }
 

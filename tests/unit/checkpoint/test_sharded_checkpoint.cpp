@@ -6,8 +6,10 @@
 // refused.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -213,6 +215,31 @@ TEST(ShardedCheckpoint, MissingShardBlocksTheCommitAndTamperingIsNamed) {
 // The reader checks each state tensor by the kind its owner declares (StateKinds), not by its
 // name: a second moment only where declared one, a counter only where declared one, bytes never;
 // without declarations (tessera export) finite values and any integers pass.
+// A save that failed on rank 0 while another rank still writes files into the partial directory
+// (here without end, faster than remove_all removes them: remove_all alone fails, the directory not
+// empty): the directory is gone afterwards and the writer's next file fails to open.
+TEST(ShardedCheckpoint, AFailedSavesPartialDirectoryIsRemovedWhileARankStillWrites) {
+  const std::string dir = fresh_dir("partial_race") + "/checkpoints";
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    const std::string partial = prepare_checkpoint_dir(dir, attempt);
+    std::atomic<bool> started{false};
+    std::atomic<int> written{0};
+    std::thread writer([&] {
+      for (int i = 0;; ++i) {
+        std::ofstream file(partial + "/shard-" + std::to_string(i));
+        started = true;
+        if (!file) return;
+        file << "bytes";
+        ++written;
+      }
+    });
+    while (!started) std::this_thread::yield();
+    EXPECT_EQ(remove_partial_checkpoint_dir(partial), "");
+    writer.join();
+    EXPECT_FALSE(std::filesystem::exists(partial)) << "after " << written << " files";
+  }
+}
+
 TEST(ShardedCheckpoint, StateIsCheckedByTheKindItsOwnerDeclares) {
   const std::string dir = fresh_dir("state_kinds") + "/checkpoints";
   auto save = [&](int64_t step, NamedTensors state) {
