@@ -177,6 +177,18 @@ AwaitingW awaiting_w_bytes_per_token(const Config& config, const ParallelDims& d
   return {(split / t + whole + norms) * e, released / t * e};
 }
 
+PipelineHeld pipeline_held_bytes_per_token(const Config& config, const ParallelDims& dims) {
+  const ModelOptions& m = config.model;
+  const double h = static_cast<double>(m.n_embd), t = static_cast<double>(dims.tp());
+  const double v = static_cast<double>(m.padded_vocab()) / t;
+  const double e = compute_element_bytes(config);
+  const bool msp = config.parallel.megatron_sp;
+  PipelineHeld out;
+  out.output = (msp ? h / t : h) * e;
+  out.head = (msp ? h / t + h : 2 * h) * e + (dims.tp() > 1 ? 4 * v : v * e);
+  return out;
+}
+
 BackwardWorkingSet backward_working_bytes(const Config& config, const ParallelDims& dims, bool has_head,
                                           bool has_blocks) {
   const ModelOptions& m = config.model;

@@ -91,6 +91,24 @@ struct AwaitingW {
 };
 AwaitingW awaiting_w_bytes_per_token(const Config& config, const ParallelDims& dims, int64_t layer);
 
+// What a pipeline rank holds per token of a micro-batch beside its blocks' saved activations, from
+// the micro-batch's F to its B (or I), at the compute dtype's bytes (neither is inside a block's
+// saved-tensor scope, so no codec packs them):
+//   output  a stage that sends its output keeps it: the stage's caller holds it as the root of the
+//           micro-batch's backward (and the asynchronous send its buffer, the same storage): h per
+//           token, h / tp under Megatron-SP
+//   head    the head's saved tensors: the final norm's input and output and the log-probabilities
+//           (2h + V; under tp the vocabulary-parallel loss's float32 softmax of V / tp, and under
+//           Megatron-SP the norm's input split, h / tp, and the product's input gathered, h), for
+//           every micro-batch held but the one whose backward the working set counts
+// Found 2026-12-02 on tiny_gpt pp2 GPipe (h 256, 8 blocks, 2 x 128 tokens a micro-batch) at 4, 8
+// and 12 micro-batches: the ranks' measured peaks rose by a constant step a micro-batch, rank 0's
+// 0.25 MiB and the head rank's 0.75 MiB over the blocks' estimate at V = 256, 1.25 MiB at V = 768.
+struct PipelineHeld {
+  double output = 0, head = 0;
+};
+PipelineHeld pipeline_held_bytes_per_token(const Config& config, const ParallelDims& dims);
+
 // The backward's working set per micro-batch on a rank holding the head and/or blocks: the
 // tensors that exist beside the saved activations and the optimizer state at the backward's peak,
 // which comes near its start, in the first (the head's) or second (the last block's) of two

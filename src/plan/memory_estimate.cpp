@@ -66,9 +66,11 @@ namespace {
 // The estimate for a rank holding `stage` of the model (the whole model: ModelStage{}), whose
 // schedule keeps up to held[k] micro-batches' activations of one of its stages at once while k of
 // them await their W, before the step's first gradients on the rank (`held_before`) and from then
-// on (`held_with`) (pipeline::Simulation::peak_held_awaiting_w_*; without a pipeline {} and {1}).
+// on (`held_with`) (pipeline::Simulation::peak_held_awaiting_w_*; without a pipeline {} and {1}),
+// and whose backward is split into I and W (`splits`: the rank's row has an I).
 MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, const ModelStage& stage,
-                             const std::vector<int64_t>& held_before, const std::vector<int64_t>& held_with) {
+                             const std::vector<int64_t>& held_before, const std::vector<int64_t>& held_with,
+                             bool splits = false) {
   const ModelOptions& m = config.model;
   const ParallelOptions& p = config.parallel;
   MemoryEstimate e;
@@ -144,16 +146,19 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   // of their groups at once (one stored or used, the next fetched ahead), of one micro-batch.
   double per_token = 0, recomputed = 0, offloaded = 0, offloaded_largest = 0, awaiting_extra = 0, largest = 0;
   int64_t offloaded_blocks = 0;
-  std::map<bool, double> stored, awaiting_by_kind;  // by whether the block is an MoE block
+  double kept_by_i = 0;  // what an I keeps for its W, over the rank's blocks (AwaitingW::kept)
+  std::map<bool, double> stored;  // by whether the block is an MoE block
+  std::map<bool, AwaitingW> awaiting_by_kind;
   for (const int64_t layer : stage.layers(m)) {
     const bool moe = m.is_moe_block(layer);
     auto it = stored.find(moe);
     if (it == stored.end()) {
       it = stored.emplace(moe, block_activation_bytes_per_token(config, dims, layer, element_bytes)).first;
-      awaiting_by_kind[moe] = awaiting_w_bytes_per_token(config, dims, layer).extra();
+      awaiting_by_kind[moe] = awaiting_w_bytes_per_token(config, dims, layer);
       if (full) recomputed = std::max(recomputed, block_activation_bytes_per_token(whole, dims, layer, element_bytes));
     }
-    awaiting_extra += awaiting_by_kind[moe];
+    awaiting_extra += awaiting_by_kind[moe].extra();
+    kept_by_i += awaiting_by_kind[moe].kept;
     largest = std::max(largest, it->second);
     if (layer < config.memory.activation_offload) {
       offloaded += it->second;
@@ -192,6 +197,17 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
     bool gradients = false;
     double bytes(double gradient_bytes) const { return activations + copies + (gradients ? gradient_bytes : 0); }
   };
+  // Beside the blocks, a pipeline rank holds each micro-batch's stage output, for a stage that sends
+  // one, and the head's saved tensors (pipeline_held_bytes_per_token), from its F to its B or I:
+  // of `before_i` stage-micro-batches held, the sending stages' share and the head stage's, less
+  // the one whose backward the working set counts.
+  const PipelineHeld boundary = dims.pp() > 1 ? pipeline_held_bytes_per_token(config, dims) : PipelineHeld{};
+  const double head_chunks = stage.head(m) ? 1.0 : 0.0;
+  auto boundary_bytes = [&](int64_t before_i) {
+    const double pairs = static_cast<double>(before_i);
+    return boundary.output * pairs * (chunks - head_chunks) / chunks +
+           boundary.head * head_chunks * std::max(0.0, pairs / chunks - 1);
+  };
   auto moment = [&](const std::vector<int64_t>& held, bool gradients) {
     Moment out;
     out.gradients = gradients;
@@ -201,7 +217,8 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
       out.exists = true;
       const int64_t on_device = resident > 0 ? std::min(held[k], resident) : held[k];
       units = std::max(units, per_token / chunks * static_cast<double>(on_device) +
-                                  awaiting_extra / chunks * static_cast<double>(k));
+                                  awaiting_extra / chunks * static_cast<double>(k) +
+                                  boundary_bytes(held[k] - static_cast<int64_t>(k)));
       out.most_held = std::max(out.most_held, held[k]);
       out.most_on_host = std::max(out.most_on_host, held[k] - on_device);
     }
@@ -227,6 +244,20 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   const BackwardWorkingSet working = backward_working_bytes(config, dims, stage.head(m), !stage.layers(m).empty());
   const bool head_phase = stage.head(m) && working.head + gathered_head >= working.block + gathered_block;
   e.working_bytes = head_phase ? working.head : working.block;
+  // Under a split backward the I's peak comes at its end, before the release (AwaitingW): one
+  // stage's kept gradients, its input gradient and on the head's rank the head's saved tensors
+  // (which boundary_bytes leaves to the working set) and the logits' gradient kept for its W.
+  // Found on the 22 layouts' pp2 zbh1 row (a per-action trace of the tensor bytes, 2026-12-02:
+  // the head rank's I rose 6.5 MiB above its start, where the working set said 2.75).
+  if (splits) {
+    const double head_terms = stage.head(m) ? boundary.head + static_cast<double>(m.padded_vocab()) /
+                                                                   static_cast<double>(dims.tp()) *
+                                                                   compute_element_bytes(config)
+                                            : 0;
+    const double i_phase = (kept_by_i / chunks + pipeline_held_bytes_per_token(config, dims).output + head_terms) *
+                           micro_batch_tokens;
+    e.working_bytes = std::max(e.working_bytes, i_phase);
+  }
   e.in_flight_bytes += head_phase ? gathered_head : gathered_block;
   return e;
 }
@@ -251,8 +282,10 @@ std::vector<MemoryEstimate> estimate_memory_by_rank(const Config& config, const 
     const pipeline::Simulation sim = pipeline::simulate_schedule(layout.schedule(), {}, pipeline::Timeline::skip);
     const std::string pipeline = describe_pipeline_layout(config, dims, layout.cut(), layout.schedule());
     for (int64_t r = 0; r < dims.pp(); ++r) {
+      const std::vector<pipeline::Action>& row = layout.schedule().ranks[static_cast<size_t>(r)];
+      const bool splits = std::any_of(row.begin(), row.end(), [](const pipeline::Action& a) { return a.op == pipeline::Op::I; });
       MemoryEstimate rank = estimate_rank(config, dims, layout.stage_of(r), sim.peak_held_awaiting_w_before_gradients[r],
-                                          sim.peak_held_awaiting_w_with_gradients[r]);
+                                          sim.peak_held_awaiting_w_with_gradients[r], splits);
       rank.pipeline_rank = r;
       rank.pipeline_held = sim.peak_held[r];
       rank.pipeline_held_before_gradients = sim.peak_held_awaiting_w_before_gradients[r];

@@ -7,6 +7,7 @@
 
 #include "model/transformer.h"
 #include "parallel/tensor/tensor_parallel.h"
+#include "plan/activation_estimate.h"
 #include "plan/memory_estimate.h"
 #include "test_util.h"
 #include "config/config.h"
@@ -93,7 +94,8 @@ TEST(MemoryFits, OffloadedActivationsLeaveTwoBlocksInFlightOnTheDevice) {
 // memory.resident_micro_batches: of what a pipeline rank's schedule holds, that many micro-batches
 // (of a stage each) stay on the device and the rest wait on the host, 2 + v of their block groups
 // in flight on the device for v stages a rank (the 2 + v set from this shape's run at micro-batches
-// of 8 x 128 tokens, 48.3 MiB saved on rank 0; bench/results/pipeline_held_offload_cpu.md).
+// of 8 x 128 tokens, 48.3 MiB saved on rank 0; bench/results/pipeline_held_offload_cpu.md). The
+// stages' outputs, held for every micro-batch until its backward, stay on the device.
 TEST(MemoryFits, APipelineRanksHeldMicroBatchesBeyondTheResidentOnesAreOnTheHost) {
   Config plain = Config::load(test::source_path("configs/tiny_gpt.toml"),
                               {"model.n_layer=8", "parallel.pp=2", "parallel.pp_schedule=interleaved",
@@ -101,16 +103,42 @@ TEST(MemoryFits, APipelineRanksHeldMicroBatchesBeyondTheResidentOnesAreOnTheHost
   const ParallelDims dims(plain.parallel, 2, "test");
   const MemoryEstimate all = estimate_memory_by_rank(plain, make_layout(plain, dims)).front();
   ASSERT_EQ(all.pipeline_held, 5);  // micro-batches x one stage of two blocks, interleaved rank 0
-  const double block = all.activation_bytes_per_micro_batch / 10;
+  const double tokens = 2 * 64;
+  const double block = block_activation_bytes_per_token(plain, dims, 0, activation_element_bytes(plain)) * tokens;
+  const double outputs = pipeline_held_bytes_per_token(plain, dims).output * 5 * tokens;  // rank 0 holds no head
+  EXPECT_NEAR(all.activation_bytes_per_micro_batch, block * 10 + outputs, 1e-6 * block);
   for (const int64_t resident : {1, 2, 5}) {
     Config c = plain;
     c.memory.resident_micro_batches = resident;
     const MemoryEstimate e = estimate_memory_by_rank(c, make_layout(c, dims)).front();
     const double on_host = static_cast<double>(5 - resident);
-    EXPECT_NEAR(e.activation_bytes_per_micro_batch, block * (2 * static_cast<double>(resident) + (on_host > 0 ? 4 : 0)),
-                1e-6 * block) << resident;
+    EXPECT_NEAR(e.activation_bytes_per_micro_batch,
+                block * (2 * static_cast<double>(resident) + (on_host > 0 ? 4 : 0)) + outputs, 1e-6 * block)
+        << resident;
     EXPECT_NEAR(e.activation_host_bytes, block * 2 * on_host, 1e-6 * block) << resident;
   }
+}
+
+// Under GPipe each rank holds every micro-batch from its F to its B: rank 0 its blocks' saved
+// activations and its stage's output (the backward's root), the head's rank its blocks' and the
+// head's saved tensors for every micro-batch but the one whose backward the working set counts
+// (pipeline_held_bytes_per_token; measured on bench/plan_memory_here.py's pp2 GPipe row).
+TEST(MemoryFits, AGpipeRankHoldsEachMicroBatchsStageOutputOrItsHeadTensors) {
+  const Config c = Config::load(test::source_path("configs/tiny_gpt.toml"),
+                                {"model.n_layer=4", "parallel.pp=2", "parallel.pp_schedule=gpipe",
+                                 "train.grad_accum=8", "train.batch_size=2", "train.seq_len=64"});
+  const ParallelDims dims(c.parallel, 2, "test");
+  const std::vector<MemoryEstimate> ranks = estimate_memory_by_rank(c, make_layout(c, dims));
+  ASSERT_EQ(ranks.size(), 2u);
+  ASSERT_EQ(ranks[0].pipeline_held, 8);
+  ASSERT_EQ(ranks[1].pipeline_held, 8);
+  const double tokens = 2 * 64;
+  const double blocks = 2 * block_activation_bytes_per_token(c, dims, 0, activation_element_bytes(c)) * tokens;
+  const PipelineHeld held = pipeline_held_bytes_per_token(c, dims);
+  EXPECT_NEAR(held.output, 4.0 * c.model.n_embd, 1e-9);
+  EXPECT_NEAR(held.head, 4.0 * (2 * c.model.n_embd + c.model.padded_vocab()), 1e-9);
+  EXPECT_NEAR(ranks[0].activation_bytes_per_micro_batch, 8 * blocks + 8 * held.output * tokens, 1e-6 * blocks);
+  EXPECT_NEAR(ranks[1].activation_bytes_per_micro_batch, 8 * blocks + 7 * held.head * tokens, 1e-6 * blocks);
 }
 
 // A rank's parameters under tp are its shards' sizes as tensor parallelism cuts them, also where
