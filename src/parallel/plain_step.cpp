@@ -25,14 +25,21 @@ StepLosses PlainStep::run(const std::vector<Batch>& micro_batches, double lr, co
   at::Tensor sums = at::zeros({2}, at::TensorOptions().dtype(at::kDouble).device(device_));
   for (size_t m = 0; m < micro_batches.size(); ++m) {
     fault::point("forward");
-    const ModelOutput out = forward(micro_batches[m]);
-    at::Tensor loss = out.loss.to(at::kFloat) / n;
+    at::Tensor loss, ce_and_aux;
+    {
+      // The output's logits go before the backward: the loss's graph keeps what its backward needs
+      // (on the CPU the log-probabilities), so holding them would keep a [tokens, V] tensor through
+      // the whole backward, as the pipeline's and swap's steps do not.
+      const ModelOutput out = forward(micro_batches[m]);
+      loss = out.loss.to(at::kFloat) / n;
+      ce_and_aux = at::stack({out.ce_loss.detach(), out.aux_loss.detach()});
+    }
     const double scale = owner_.loss_scale();
     if (scale != 1.0) loss = loss * scale;
     owner_.before_backward(m + 1 == micro_batches.size());
     fault::point("backward");
     loss.backward();
-    sums += at::stack({out.ce_loss.detach(), out.aux_loss.detach()}).to(at::kDouble);
+    sums += ce_and_aux.to(at::kDouble);
   }
   owner_.finish_gradients();
   StepLosses losses;

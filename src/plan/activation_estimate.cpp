@@ -205,7 +205,7 @@ BackwardWorkingSet backward_working_bytes(const Config& config, const ParallelDi
     const double backward = tokens * (2 * h * element + 2 * v * 4 + (element < 4 ? v * element : 0)) + head_gradient;
     head = std::max(forward, backward);
   } else if (has_head) {
-    const double logits = element == 2 && config.train.device != "cpu" ? 2 * v * 2 : 4 * v * element;
+    const double logits = element == 2 && config.train.device != "cpu" ? 2 * v * 2 : 3 * v * element;
     head = tokens * (2 * h * element + logits) + head_gradient;
   }
   if (has_blocks) {

@@ -114,9 +114,10 @@ PipelineHeld pipeline_held_bytes_per_token(const Config& config, const ParallelD
 // which comes near its start, in the first (the head's) or second (the last block's) of two
 // phases:
 //   head   the final norm's input and output (2h, saved for its backward and the output matmul)
-//          and the logits' tensors: their values, log-probabilities and the gradients of both
-//          (4 V per token; model/cross_entropy.h), or on a GPU in 16-bit precision the fused
-//          loss's logits and gradient (2 V); and the output matrix's gradient (V x h at the
+//          and the logits' tensors: the log-probabilities and the gradients of both (3 V per
+//          token; model/cross_entropy.h; the step drops the logits themselves before the
+//          backward, parallel/plain_step.cpp), or on a GPU in 16-bit precision the fused loss's
+//          logits and gradient (2 V); and the output matrix's gradient (V x h at the
 //          parameters' bytes). Under tp the vocabulary-parallel loss (parallel/tensor/
 //          vocab_parallel.cpp) on V / tp columns instead, whose peak can be its forward's, the
 //          activations all held there too: the logits, their float32 copy (under a 16-bit dtype),
