@@ -250,13 +250,12 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   // Found on the 22 layouts' pp2 zbh1 row (a per-action trace of the tensor bytes, 2026-12-02:
   // the head rank's I rose 6.5 MiB above its start, where the working set said 2.75).
   if (splits) {
-    const double head_terms = stage.head(m) ? boundary.head + static_cast<double>(m.padded_vocab()) /
-                                                                   static_cast<double>(dims.tp()) *
-                                                                   compute_element_bytes(config)
-                                            : 0;
-    const double i_phase = (kept_by_i / chunks + pipeline_held_bytes_per_token(config, dims).output + head_terms) *
-                           micro_batch_tokens;
-    e.working_bytes = std::max(e.working_bytes, i_phase);
+    const double logits_gradient =
+        static_cast<double>(m.padded_vocab()) / static_cast<double>(dims.tp()) * compute_element_bytes(config);
+    const double head_terms = stage.head(m) ? boundary.head + logits_gradient : 0;
+    const double input_gradient = boundary.output;
+    e.working_bytes =
+        std::max(e.working_bytes, (kept_by_i / chunks + input_gradient + head_terms) * micro_batch_tokens);
   }
   e.in_flight_bytes += head_phase ? gathered_head : gathered_block;
   return e;

@@ -79,9 +79,10 @@ TEST(Inspect, ZeroStagesDivideWhatTheyShard) {
 // bubble, and the memory of the pipeline rank that needs the most, whose parameters are its
 // stage's. GPT-2 small on 4 stages in fp32 at micro-batches of 8 x 1024 tokens: rank 0 holds the
 // embeddings, blocks 0-2 and four micro-batches' activations, rank 3 blocks 9-11, the head and one
-// micro-batch's, but also the head's backward working set (logits of 8192 tokens x 50304 and their
-// gradients, four float32 tensors of 1.54 GiB), which makes it the largest; with a vocabulary of
-// 512 rank 0 is.
+// micro-batch's, but also the head's backward working set (the log-probabilities of 8192 tokens x
+// 50304 and the gradients of them and of the logits, three float32 tensors of 1.54 GiB; the step
+// drops the logits before its backward), which makes it the largest; with a vocabulary of 512
+// rank 0 is.
 TEST(Inspect, PipelineLayoutsShowTheCutScheduleAndLargestRank) {
   auto r = run_tessera("inspect --config gpt2_124m --world 4 --set parallel.pp=4 --set train.grad_accum=8");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -91,7 +92,7 @@ TEST(Inspect, PipelineLayoutsShowTheCutScheduleAndLargestRank) {
   EXPECT_NE(r.output.find("the largest: pipeline rank 3"), std::string::npos) << r.output;
   const double stage3 = 50304.0 * 768 + 3 * 7087872.0 + 2 * 768;
   EXPECT_NEAR(bytes_of(r.output, "parameters"), 4 * stage3, 0.001 * 4 * stage3) << r.output;
-  const double working = 8192.0 * (2 * 768 + 4 * 50304) * 4 + 50304.0 * 768 * 4;
+  const double working = 8192.0 * (2 * 768 + 3 * 50304) * 4 + 50304.0 * 768 * 4;
   EXPECT_NEAR(bytes_of(r.output, "backward working"), working, 0.001 * working) << r.output;
   auto small = run_tessera("inspect --config gpt2_124m --world 4 --set parallel.pp=4 --set train.grad_accum=8 "
                            "--set model.vocab_size=512");
