@@ -1,1 +1,1 @@
-// Compiled once to produce the precompiled header that every tessera target reuses.
+// Compiled once per precompiled header (src/CMakeLists.txt: tessera_pch, tessera_full_pch) to produce it.

@@ -6,7 +6,7 @@
 #include <map>
 
 #include <nlohmann/json.hpp>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include "atom/peer_record.h"
 #include "core/fault_injection.h"

@@ -16,7 +16,7 @@
 #include <thread>
 
 #include <nlohmann/json.hpp>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include "atom/averaging.h"
 #include "atom/peer_record.h"

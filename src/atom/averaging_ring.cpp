@@ -18,7 +18,7 @@
 #include <memory>
 
 #include <nlohmann/json.hpp>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include "atom/averaging.h"
 #include "atom/peer_record.h"

@@ -7,7 +7,7 @@
 #include <type_traits>
 #include <vector>
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include "atom/wire.h"
 #include "core/error.h"

@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include "core/error.h"
 

@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include "atom/averaging.h"
 #include "atom/wire.h"

@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <utility>
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"

@@ -9,7 +9,7 @@
 #include <sstream>
 #include <utility>
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"

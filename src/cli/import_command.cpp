@@ -17,6 +17,8 @@
 #include <map>
 #include <set>
 
+#include <torch/version.h>
+
 #include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
 #include "core/error.h"

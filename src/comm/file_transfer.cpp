@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "core/error.h"
 

@@ -1,7 +1,7 @@
 // Causal softmax self-attention (attention.h).
 #include "model/attention.h"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include "memory/activation_checkpointing.h"
 #include "model/linear.h"

@@ -1,7 +1,7 @@
 // The transformer block and its checkpointing modes (block.h).
 #include "model/block.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "memory/saved_activations.h"
 #include "model/dropout.h"

@@ -2,7 +2,8 @@
 #include "model/dropout.h"
 
 #include <torch/autograd.h>
-#include <torch/torch.h>
+#include <torch/autograd.h>
+#include <torch/types.h>
 
 namespace tessera {
 

@@ -4,7 +4,7 @@
 #include <set>
 #include <sstream>
 
-#include <torch/torch.h>
+#include <torch/utils.h>
 
 #include "core/error.h"
 

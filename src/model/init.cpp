@@ -4,7 +4,8 @@
 #include <mutex>
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/utils.h>
 
 #include "core/error.h"
 #include "core/splitmix.h"

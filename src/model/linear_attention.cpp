@@ -6,7 +6,7 @@
 #include <cmath>
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "core/error.h"
 #include "memory/activation_checkpointing.h"

@@ -1,7 +1,7 @@
 // Dense MLP: GELU (gpt) or GLU with a SiLU gate (linear) (mlp.h).
 #include "model/mlp.h"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include "model/linear.h"
 #include "model/norm.h"

@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include "model/rms_norm.h"
 

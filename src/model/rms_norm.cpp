@@ -7,7 +7,7 @@
 
 #include <ATen/Parallel.h>
 #include <torch/autograd.h>
-#include <torch/torch.h>
+#include <torch/autograd.h>
 
 #include "core/vector_kernel.h"
 

@@ -6,7 +6,7 @@
 
 #include <ATen/Parallel.h>
 #include <torch/autograd.h>
-#include <torch/torch.h>
+#include <torch/autograd.h>
 
 namespace tessera {
 

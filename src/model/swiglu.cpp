@@ -1,7 +1,7 @@
 // SwiGLU's gate as one autograd function (swiglu.h).
 #include "model/swiglu.h"
 
-#include <torch/torch.h>
+#include <torch/autograd.h>
 
 #include "core/error.h"
 

@@ -4,7 +4,8 @@
 
 #include <algorithm>
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/types.h>
 
 #include "core/error.h"
 #include "memory/saved_activations.h"

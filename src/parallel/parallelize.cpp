@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include "core/error.h"
 #include "core/random_streams.h"

@@ -1,7 +1,8 @@
 // A training step through pipeline stages (pipeline_step.h).
 #include "parallel/pipeline_step.h"
 
-#include <torch/torch.h>
+#include <torch/autograd.h>
+#include <torch/utils.h>
 
 #include "core/error.h"
 #include "core/fault_injection.h"

@@ -1,7 +1,7 @@
 // The plain step runner (plain_step.h).
 #include "parallel/plain_step.h"
 
-#include <torch/torch.h>
+#include <torch/utils.h>
 
 #include "comm/device.h"
 #include "core/fault_injection.h"

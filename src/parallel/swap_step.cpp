@@ -6,7 +6,8 @@
 
 #include <cstdio>
 
-#include <torch/torch.h>
+#include <torch/autograd.h>
+#include <torch/utils.h>
 
 #include "core/error.h"
 #include "core/fault_injection.h"

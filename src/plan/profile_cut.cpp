@@ -9,7 +9,9 @@
 #include <ATen/ATen.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <torch/cuda.h>
-#include <torch/torch.h>
+#include <torch/autograd.h>
+#include <torch/cuda.h>
+#include <torch/utils.h>
 
 #include "core/error.h"
 #include "memory/activation_codec.h"

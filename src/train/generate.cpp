@@ -1,7 +1,7 @@
 #include "train/generate.h"
 
 #include <ATen/ATen.h>
-#include <torch/torch.h>
+#include <torch/utils.h>
 
 #include "core/error.h"
 

@@ -5,7 +5,8 @@
 #include <filesystem>
 #include <optional>
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <torch/version.h>
 
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"

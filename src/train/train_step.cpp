@@ -3,7 +3,7 @@
 #include <thread>
 
 #include <ATen/ATen.h>
-#include <torch/torch.h>
+#include <torch/utils.h>
 
 #include "comm/device.h"
 #include "core/error.h"

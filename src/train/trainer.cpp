@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include <ATen/ATen.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"

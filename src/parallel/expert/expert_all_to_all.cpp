@@ -4,7 +4,7 @@
 #include <numeric>
 
 #include <torch/autograd.h>
-#include <torch/torch.h>
+#include <torch/autograd.h>
 
 namespace tessera {
 namespace {

@@ -2,7 +2,7 @@
 // (expert_parallel.h).
 #include "parallel/expert/expert_parallel.h"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include "comm/rendezvous.h"
 #include "core/error.h"

@@ -5,7 +5,7 @@
 #include <functional>
 #include <map>
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include "core/error.h"
 #include "parallel/expert/expert_all_to_all.h"

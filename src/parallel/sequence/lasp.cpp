@@ -2,7 +2,8 @@
 #include "parallel/sequence/lasp.h"
 
 #include <torch/autograd.h>
-#include <torch/torch.h>
+#include <torch/autograd.h>
+#include <torch/types.h>
 #include <torch/csrc/autograd/graph_task.h>
 
 #include "core/error.h"

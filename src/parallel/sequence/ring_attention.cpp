@@ -6,7 +6,7 @@
 #include <limits>
 
 #include <torch/autograd.h>
-#include <torch/torch.h>
+#include <torch/autograd.h>
 
 namespace tessera {
 namespace {

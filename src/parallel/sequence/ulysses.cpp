@@ -2,7 +2,7 @@
 #include "parallel/sequence/ulysses.h"
 
 #include <torch/autograd.h>
-#include <torch/torch.h>
+#include <torch/autograd.h>
 
 #include "core/error.h"
 

@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/utils.h>
 
 #include "core/error.h"
 #include "model/linear.h"

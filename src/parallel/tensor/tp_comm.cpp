@@ -6,7 +6,7 @@
 #include <vector>
 
 #include <torch/autograd.h>
-#include <torch/torch.h>
+#include <torch/autograd.h>
 
 #include "core/error.h"
 #include "model/linear.h"

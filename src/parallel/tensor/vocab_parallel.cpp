@@ -2,7 +2,7 @@
 #include "parallel/tensor/vocab_parallel.h"
 
 #include <torch/autograd.h>
-#include <torch/torch.h>
+#include <torch/autograd.h>
 
 #include "core/error.h"
 #include "parallel/tensor/tp_comm.h"
