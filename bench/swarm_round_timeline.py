@@ -47,7 +47,8 @@ def segments(rounds, step):
     out = []
     if step - 1 in rounds:
         out.append(("local step", rounds[step - 1]["finished"], t["entered"]))
-    claims_from = t["entered"] if t["entered"] <= t["started"] else t["claims_seen"]
+    overlapped = t.get("overlapped", t["entered"] > t["started"])  # files from before the flag: by time
+    claims_from = t["claims_seen"] if overlapped else t["entered"]
     out += [("claims", claims_from, t["started"]), ("group", t["started"], t["grouped"]),
             ("parts", t["grouped"], t["part_summed"]), ("sums", t["part_summed"], t["finished"])]
     return out

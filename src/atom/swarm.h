@@ -173,7 +173,7 @@ class Swarm final : public Collaboration {
   void count_step(int64_t samples, bool contributed);
   // After a round that averaged: the mean written into the step's gradients, logged, counted.
   void take_round(const RoundResult& result, const std::vector<at::Tensor>& gradients, double entered,
-                  double claims_seen);
+                  double claims_seen, bool overlapped);
   void outer_step(TrainStep& step);                                            // diloco
   // The peers whose state this peer takes: those of `live` at a higher swarm step than this one's,
   // or, when none is and this peer's state is not the swarm's at its step (replicas that diverged,
@@ -198,9 +198,11 @@ class Swarm final : public Collaboration {
   // of their last kScreenedRounds rounds (at least 3) published as suspects.
   void screen(const RoundResult& result);
   // The last round's timeline (metrics' swarm.round_times): when this peer's reduction began
-  // (its local step's backward done), when it had the others' fresh claims (batch), and the
+  // (its local step's backward done), when it had the others' fresh claims (batch; for a round
+  // that started with its local step, `overlapped`, when it decided to start it: before
+  // `entered`, while its round thread may record `started` on either side of `entered`), and the
   // round's phases (RoundResult), all Unix seconds.
-  void note_round_times(const RoundResult& result, double entered, double claims_seen);
+  void note_round_times(const RoundResult& result, double entered, double claims_seen, bool overlapped);
   // What this peer sends in a round: `contribution`, or its poison (TESSERA_SWARM_POISON, poison.h).
   at::Tensor sent(const at::Tensor& contribution);
   // The state a joiner downloads (state_transfer.h); loading one, returning the step to go on from

@@ -176,7 +176,7 @@ bool Swarm::finish_overlapped_round(const std::vector<at::Tensor>& gradients, in
   }
   // A withdrawn contribution never completes its round: a piece goes out only once final.
   require(contributed, "internal: a round completed with a contribution this peer withdrew");
-  take_round(o->result, gradients, entered, o->decided);
+  take_round(o->result, gradients, entered, o->decided, true);
   ++overlapped_rounds_;
   return true;
 }

@@ -7,7 +7,7 @@
 #include <iomanip>
 #include <sstream>
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include "core/byte_size.h"
 #include "core/error.h"
@@ -87,8 +87,8 @@ void Swarm::count_step(int64_t samples, bool contributed) {
 }
 
 void Swarm::take_round(const RoundResult& result, const std::vector<at::Tensor>& gradients, double entered,
-                       double claims_seen) {
-  note_round_times(result, entered, claims_seen);
+                       double claims_seen, bool overlapped) {
+  note_round_times(result, entered, claims_seen, overlapped);
   follow_host(result);
   const at::Tensor mean = result.sum / result.weight;
   round_log_->add(swarm_step_, mean);
@@ -133,15 +133,15 @@ bool Swarm::reduce_after_step(const std::vector<at::Tensor>& gradients, int64_t 
     say(std::string(e.what()) + " (the accumulated gradients are kept; retried after the next local step)");
     return false;
   }
-  take_round(result, gradients, entered, claims_seen);
+  take_round(result, gradients, entered, claims_seen, false);
   return true;
 }
 
-void Swarm::note_round_times(const RoundResult& result, double entered, double claims_seen) {
+void Swarm::note_round_times(const RoundResult& result, double entered, double claims_seen, bool overlapped) {
   std::lock_guard<std::mutex> lock(mutex_);
-  round_times_ = {{"swarm_step", swarm_step_ + 1}, {"entered", entered},         {"claims_seen", claims_seen},
-                  {"started", result.started},     {"grouped", result.grouped}, {"part_summed", result.part_summed},
-                  {"finished", result.finished}};
+  round_times_ = {{"swarm_step", swarm_step_ + 1}, {"overlapped", overlapped},   {"entered", entered},
+                  {"claims_seen", claims_seen},    {"started", result.started}, {"grouped", result.grouped},
+                  {"part_summed", result.part_summed}, {"finished", result.finished}};
 }
 
 at::Tensor Swarm::sent(const at::Tensor& contribution) {
@@ -250,7 +250,7 @@ void Swarm::outer_step(TrainStep& step) {
     say(std::string(e.what()) + " (the local steps go on; the outer step is retried after the next one)");
     return;
   }
-  note_round_times(result, entered, entered);
+  note_round_times(result, entered, entered, false);
   at::Tensor g = result.sum / result.weight;
   if (low_rank_) {
     residual_ = pseudo_gradient - low_rank_->decode(result.delivered, factors_, swarm_step_);
