@@ -248,6 +248,47 @@ TEST(SwapPartition, NeverExceedsTheBudgetAndNearsTheExhaustiveBest) {
   EXPECT_LT(worst_ratio, 1.10);
 }
 
+TEST(SwapPartition, CutsThatNearTieOnTimeAreDecidedByTheirPeak) {
+  // Four equal blocks, a budget that holds them all and a link that hides every load: one
+  // sub-model and four run within a fraction of a percent of each other, and their peaks differ
+  // fourfold in parameters. The partitioner takes the least peak among the cuts within
+  // kPeakTolerance of the fastest (every cut enumerated here), not whichever is fastest by a hair.
+  std::vector<SubModel> blocks(4);
+  for (int64_t l = 0; l < 4; ++l) {
+    blocks[l].first = l;
+    blocks[l].end = l + 1;
+    blocks[l].parameter_bytes = blocks[l].gradient_bytes = 8 << 20;
+    blocks[l].activation_bytes = 1 << 20;
+    blocks[l].forward_s = 0.010;
+    blocks[l].backward_s = 0.020;
+  }
+  SwapPlan shape;
+  shape.device_budget_bytes = 256 << 20;
+  shape.bandwidth = 1e12;
+  shape.micro_batches = 2;
+  double fastest = std::numeric_limits<double>::infinity();
+  std::vector<std::pair<double, double>> cuts;  // (step, peak) of every contiguous cut
+  for (int64_t mask = 0; mask < 8; ++mask) {
+    std::vector<int64_t> boundaries{0};
+    for (int64_t l = 1; l < 4; ++l)
+      if (mask & (int64_t{1} << (l - 1))) boundaries.push_back(l);
+    boundaries.push_back(4);
+    const SwapPlan plan = cut_swap_plan(blocks, shape, boundaries);
+    cuts.emplace_back(simulate_swap_plan(plan).step_time, occupancy(plan).peak);
+    fastest = std::min(fastest, cuts.back().first);
+  }
+  double least = std::numeric_limits<double>::infinity(), most = 0;
+  for (const auto& [step, peak] : cuts)
+    if (step <= fastest * (1 + kPeakTolerance)) {
+      least = std::min(least, peak);
+      most = std::max(most, peak);
+    }
+  ASSERT_GT(most, 1.5 * least) << "the near-ties must differ in memory for this test to choose";
+  const SwapPlan chosen = partition_swap_plan(blocks, shape);
+  EXPECT_LE(simulate_swap_plan(chosen).step_time, fastest * (1 + kPeakTolerance));
+  EXPECT_DOUBLE_EQ(occupancy(chosen).peak, least);
+}
+
 TEST(SwapPartition, RefusesABudgetTooSmallForABlockNamingItAndTheBytes) {
   std::vector<SubModel> blocks(3);
   for (int64_t l = 0; l < 3; ++l) {
