@@ -5,6 +5,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <fstream>
+#include <string>
 
 #include "core/byte_size.h"
 #include "core/error.h"
@@ -63,6 +64,21 @@ double MemoryEstimate::host_bytes() const {
 
 namespace {
 
+// Whether bf16 autocast makes a bf16 copy of the parameter for a product, which that product's
+// backward keeps: the linears' weights and biases, the experts', the untied head's and, on a stage
+// computing the head, the tied token embedding. Not the norms' (layer_norm and rms_norm run in
+// float32 under autocast), the MoE router's (computed in float32: model/moe.cpp), the learned
+// positions', nor the token embedding of a stage without the head (a lookup: found on a pp4 1F1B
+// bf16 run, whose rank 0 measured 56.2 MiB where its embedding counted once per held micro-batch
+// predicted 60.7).
+bool copied_by_autocast(const std::string& name, bool stage_has_head) {
+  if (name.rfind("wte.", 0) == 0) return stage_has_head;
+  if (name.rfind("wpe.", 0) == 0 || name.rfind("ln_f.", 0) == 0) return false;
+  for (const char* part : {".ln_1.", ".ln_2.", ".q_norm.", ".k_norm.", ".router."})
+    if (name.find(part) != std::string::npos) return false;
+  return true;
+}
+
 // The estimate for a rank holding `stage` of the model (the whole model: ModelStage{}), whose
 // schedule keeps up to held[k] micro-batches' activations of one of its stages at once while k of
 // them await their W, before the step's first gradients on the rank (`held_before`) and from then
@@ -82,6 +98,7 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   const double replicas = static_cast<double>(dims.dp() * dims.sp());
   double optimizer_elements_bytes = 0, sharded_elements = 0, sharded_optimizer_bytes = 0;
   std::map<int64_t, double> unit_elements;  // this rank's elements by block (-1: the ends)
+  double autocast_copied = 0;                // of them, those bf16 autocast copies (copied_by_autocast)
   for (const CensusEntry& item : *parameter_census(m, stage)) {
     const at::Tensor& t = item.meta;
     const Split split = item.spec.split;
@@ -92,6 +109,7 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
     const double local = static_cast<double>(t.numel()) * share;
     const double holders = split == Split::expert ? replicas / static_cast<double>(dims.ep()) : replicas;
     e.parameters_rank += static_cast<int64_t>(local);
+    if (copied_by_autocast(item.name, stage.head(m))) autocast_copied += local;
     unit_elements[std::max<int64_t>(item.spec.block, -1)] += local;
     double state = optimizer_state_bytes(config.optim, t, share);
     if (fp16) state += 4 * local;  // fp32 master
@@ -187,9 +205,9 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   // A moment of the schedule: its micro-batches' saved activations, and for those awaiting their W
   // what their I kept less what it released (awaiting_w_bytes_per_token); under bf16 autocast
   // the products' bf16 copies of the float32 weights, which their backward keeps: 2 bytes per
-  // parameter of the rank's stage (whole under ZeRO-3), made by each forward (its own autocast
-  // region), so once for every micro-batch held (found from a traced pp2 1f1b bf16 peak,
-  // 2026-12-01); and the gradients where they exist by then.
+  // parameter of the rank's stage that autocast copies (copied_by_autocast; whole under ZeRO-3),
+  // made by each forward (its own autocast region), so once for every micro-batch held (found from
+  // a traced pp2 1f1b bf16 peak, 2026-12-01); and the gradients where they exist by then.
   struct Moment {
     bool exists = false;
     double activations = 0, copies = 0;
@@ -225,7 +243,8 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
     const double held_groups = std::min(2 + chunks, static_cast<double>(out.most_on_host) * stage_blocks);
     const double groups = std::max(in_flight, held_groups * largest);
     out.activations = (units + groups + recomputed) * micro_batch_tokens;
-    if (config.precision.dtype == "bf16") out.copies = 2 * P / chunks * static_cast<double>(out.most_held);
+    if (config.precision.dtype == "bf16")
+      out.copies = 2 * autocast_copied / chunks * static_cast<double>(out.most_held);
     return out;
   };
   const Moment before = moment(held_before, kept_between_steps);

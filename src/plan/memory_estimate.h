@@ -42,8 +42,10 @@
 //                before (the ends' and a block's full flat gradient and shard)
 //   copies       precision.dtype = bf16: the bf16 copies of the float32 weights that autocast's
 //                products (or model/linear.h's function) keep for their backward: 2 bytes per
-//                parameter of the rank's stage, whole even under ZeRO-3, made by each forward, so
-//                once per micro-batch the schedule holds
+//                parameter of the rank's stage that a product uses (the linears', the experts', the
+//                head's: not the norms', the router's, the positions' nor a first stage's token
+//                embedding, which a lookup reads), whole even under ZeRO-3, made by each forward,
+//                so once per micro-batch the schedule holds
 //   host         with parallel.offload, besides the optimizer state, the shard's float32 master
 //                copy and its gradient: (4 + 4) / R bytes per parameter
 // The peak is the larger of the backward's (parameters, optimizer state, activations, working,
