@@ -187,6 +187,34 @@ TEST(SwapExecutor, SlowLoadsAreExposedAndJobFailuresSurface) {
   for (size_t u = 0; u < home.units(); ++u) EXPECT_FALSE(home.materialized(u)) << u;
 }
 
+// n blocks alike: forward 10 ms, backward 20 ms.
+std::vector<SubModel> equal_blocks(int64_t n, double parameter_bytes, double activation_bytes) {
+  std::vector<SubModel> blocks(static_cast<size_t>(n));
+  for (int64_t l = 0; l < n; ++l) {
+    SubModel& b = blocks[static_cast<size_t>(l)];
+    b.first = l;
+    b.end = l + 1;
+    b.parameter_bytes = b.gradient_bytes = parameter_bytes;
+    b.activation_bytes = activation_bytes;
+    b.forward_s = 0.01;
+    b.backward_s = 0.02;
+  }
+  return blocks;
+}
+
+// Every contiguous cut of n blocks, as boundaries [0, ..., n].
+std::vector<std::vector<int64_t>> every_cut(int64_t n) {
+  std::vector<std::vector<int64_t>> cuts;
+  for (int64_t mask = 0; mask < (int64_t{1} << (n - 1)); ++mask) {
+    std::vector<int64_t> boundaries{0};
+    for (int64_t l = 1; l < n; ++l)
+      if (mask & (int64_t{1} << (l - 1))) boundaries.push_back(l);
+    boundaries.push_back(n);
+    cuts.push_back(boundaries);
+  }
+  return cuts;
+}
+
 std::vector<SubModel> random_blocks(std::mt19937& rng, int64_t n) {
   std::uniform_real_distribution<double> bytes(1, 10), act(0, 2), time(0.5, 2);
   std::vector<SubModel> blocks;
@@ -218,11 +246,7 @@ TEST(SwapPartition, NeverExceedsTheBudgetAndNearsTheExhaustiveBest) {
     shape.defer_optim = trial % 3 == 0;
     // Every contiguous cut, replayed: the best valid step time (infinity: none fits).
     double best = std::numeric_limits<double>::infinity();
-    for (int64_t mask = 0; mask < (int64_t{1} << (n - 1)); ++mask) {
-      std::vector<int64_t> boundaries{0};
-      for (int64_t l = 1; l < n; ++l)
-        if (mask & (int64_t{1} << (l - 1))) boundaries.push_back(l);
-      boundaries.push_back(n);
+    for (const std::vector<int64_t>& boundaries : every_cut(n)) {
       try {
         best = std::min(best, simulate_swap_plan(cut_swap_plan(blocks, shape, boundaries)).step_time);
       } catch (const Error&) {
@@ -253,26 +277,14 @@ TEST(SwapPartition, CutsThatNearTieOnTimeAreDecidedByTheirPeak) {
   // sub-model and four run within a fraction of a percent of each other, and their peaks differ
   // fourfold in parameters. The partitioner takes the least peak among the cuts within
   // kPeakTolerance of the fastest (every cut enumerated here), not whichever is fastest by a hair.
-  std::vector<SubModel> blocks(4);
-  for (int64_t l = 0; l < 4; ++l) {
-    blocks[l].first = l;
-    blocks[l].end = l + 1;
-    blocks[l].parameter_bytes = blocks[l].gradient_bytes = 8 << 20;
-    blocks[l].activation_bytes = 1 << 20;
-    blocks[l].forward_s = 0.010;
-    blocks[l].backward_s = 0.020;
-  }
+  const std::vector<SubModel> blocks = equal_blocks(4, 8 << 20, 1 << 20);
   SwapPlan shape;
   shape.device_budget_bytes = 256 << 20;
   shape.bandwidth = 1e12;
   shape.micro_batches = 2;
   double fastest = std::numeric_limits<double>::infinity();
   std::vector<std::pair<double, double>> cuts;  // (step, peak) of every contiguous cut
-  for (int64_t mask = 0; mask < 8; ++mask) {
-    std::vector<int64_t> boundaries{0};
-    for (int64_t l = 1; l < 4; ++l)
-      if (mask & (int64_t{1} << (l - 1))) boundaries.push_back(l);
-    boundaries.push_back(4);
+  for (const std::vector<int64_t>& boundaries : every_cut(4)) {
     const SwapPlan plan = cut_swap_plan(blocks, shape, boundaries);
     cuts.emplace_back(simulate_swap_plan(plan).step_time, occupancy(plan).peak);
     fastest = std::min(fastest, cuts.back().first);
@@ -290,15 +302,7 @@ TEST(SwapPartition, CutsThatNearTieOnTimeAreDecidedByTheirPeak) {
 }
 
 TEST(SwapPartition, RefusesABudgetTooSmallForABlockNamingItAndTheBytes) {
-  std::vector<SubModel> blocks(3);
-  for (int64_t l = 0; l < 3; ++l) {
-    blocks[l].first = l;
-    blocks[l].end = l + 1;
-    blocks[l].parameter_bytes = blocks[l].gradient_bytes = 64 << 20;
-    blocks[l].activation_bytes = 16 << 20;
-    blocks[l].forward_s = 0.01;
-    blocks[l].backward_s = 0.02;
-  }
+  std::vector<SubModel> blocks = equal_blocks(3, 64 << 20, 16 << 20);
   blocks[1].parameter_bytes = blocks[1].gradient_bytes = 256 << 20;  // the big one
   SwapPlan shape;
   shape.device_budget_bytes = 400 << 20;
