@@ -9,7 +9,7 @@ Tensor bytes are what the estimate models and what the CUDA caching allocator's 
 the process's resident set adds libtorch, the threads and glibc's heap on top, which
 bench/plan_runs_here.py compares with a fixed overhead.
 
-usage: bench/plan_memory_here.py [--tessera build/tessera] [--held-out 1|2|3|4|5|6|7|8|9] [--only NAME] [--out F.md]
+usage: bench/plan_memory_here.py [--tessera build/tessera] [--held-out 1|2|...|10] [--only NAME] [--out F.md]
 """
 import argparse
 import json
@@ -164,10 +164,24 @@ HELD_OUT_9 = [
                                            "parallel.pp_virtual=3", "train.batch_size=2"] + LLAMA_BLOCKS),
     ("tp2 x pp2 1f1b", 4, ["parallel.tp=2", "parallel.pp=2", "train.batch_size=2"]),
 ]
+# Set 10, not held out: ZeRO at four replicas on set 1's model, the rows that isolate set 1's
+# sp2 x dp2 Ulysses ZeRO-3 row (-6.5%): DDP and ZeRO-1 at dp4, ZeRO-2 and 3 at dp4 (3 with one
+# micro-batch too), sp2 x dp2 without ZeRO, sp2 with ZeRO-3 (two replicas).
+ZERO_AT_FOUR = [
+    ("dp4 DDP", 4, ["parallel.zero_stage=0", "train.batch_size=2"]),
+    ("dp4 ZeRO-1", 4, ["parallel.zero_stage=1", "train.batch_size=2"]),
+    ("dp4 ZeRO-2", 4, ["parallel.zero_stage=2", "train.batch_size=2"]),
+    ("dp4 ZeRO-3", 4, ["parallel.zero_stage=3", "train.batch_size=2"]),
+    ("dp4 ZeRO-3, one micro-batch", 4, ["parallel.zero_stage=3", "train.batch_size=2", "train.global_batch_size=8"]),
+    ("sp2 x dp2 Ulysses, no ZeRO", 4, ["parallel.sp=2", "parallel.sp_method=ulysses", "train.batch_size=4"]),
+    ("sp2 Ulysses ZeRO-3", 2, ["parallel.sp=2", "parallel.sp_method=ulysses", "parallel.zero_stage=3",
+                               "train.batch_size=8"]),
+]
 SETS = {"": (MODEL, LAYOUTS), "1": (HELD_OUT_MODEL, HELD_OUT), "2": (HELD_OUT_2_MODEL, HELD_OUT_2),
         "3": (HELD_OUT_3_MODEL, HELD_OUT_3), "4": (HELD_OUT_4_MODEL, HELD_OUT_4), "5": (HELD_OUT_5_MODEL, HELD_OUT_5),
         "6": (HELD_OUT_6_MODEL, HELD_OUT_6),
-        "7": (HELD_OUT_7_MODEL, HELD_OUT_7), "8": (HELD_OUT_8_MODEL, HELD_OUT_8), "9": (HELD_OUT_9_MODEL, HELD_OUT_9)}
+        "7": (HELD_OUT_7_MODEL, HELD_OUT_7), "8": (HELD_OUT_8_MODEL, HELD_OUT_8), "9": (HELD_OUT_9_MODEL, HELD_OUT_9),
+        "10": (HELD_OUT_MODEL, ZERO_AT_FOUR)}
 
 
 def main():
@@ -176,7 +190,7 @@ def main():
     parser.add_argument("--out", default="", help="default bench/results/plan_memory_here_cpu.md, with --held-out "
                         "bench/results/plan_memory_held_out_cpu.md")
     parser.add_argument("--only", default="", help="run the layouts whose name contains this")
-    parser.add_argument("--held-out", default="", choices=["", "1", "2", "3", "4", "5", "6", "7", "8", "9"], help="a held-out set instead")
+    parser.add_argument("--held-out", default="", choices=["", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10"], help="a held-out set instead")
     a = parser.parse_args()
     rows, errors = [], []
     model, layouts = SETS[a.held_out]
