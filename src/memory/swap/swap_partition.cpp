@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -29,16 +30,23 @@ SubModel merge(const std::vector<SubModel>& blocks, int64_t first, int64_t end) 
   return s;
 }
 
+// The plan of `boundaries`, or none when it does not validate.
+std::optional<SwapPlan> valid_cut(const std::vector<SubModel>& blocks, const SwapPlan& shape,
+                                  const std::vector<int64_t>& boundaries) {
+  try {
+    return cut_swap_plan(blocks, shape, boundaries);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
 // The plan of `boundaries` and its replayed step time; infinity when it does not validate.
 std::pair<SwapPlan, double> try_cut(const std::vector<SubModel>& blocks, const SwapPlan& shape,
                                     const std::vector<int64_t>& boundaries) {
-  try {
-    SwapPlan plan = cut_swap_plan(blocks, shape, boundaries);
-    const double time = simulate_swap_plan(plan).step_time;
-    return {std::move(plan), time};
-  } catch (const Error&) {
-    return {SwapPlan{}, std::numeric_limits<double>::infinity()};
-  }
+  std::optional<SwapPlan> plan = valid_cut(blocks, shape, boundaries);
+  if (!plan) return {SwapPlan{}, std::numeric_limits<double>::infinity()};
+  const double time = simulate_swap_plan(*plan).step_time;
+  return {std::move(*plan), time};
 }
 
 
@@ -91,11 +99,12 @@ SwapPlan improve(const std::vector<SubModel>& blocks, const SwapPlan& shape, std
   for (bool smaller = true; smaller;) {
     smaller = false;
     for (const auto& c : neighbours(boundaries, n)) {
-      auto [p, t] = try_cut(blocks, shape, c);
-      if (t > slowest) continue;
-      const double q = occupancy(p).peak;
-      if (q < peak * (1 - 1e-9)) {
-        plan = std::move(p);
+      // The peak first: only a cut that holds less is replayed.
+      std::optional<SwapPlan> p = valid_cut(blocks, shape, c);
+      if (!p) continue;
+      const double q = occupancy(*p).peak;
+      if (q < peak * (1 - 1e-9) && simulate_swap_plan(*p).step_time <= slowest) {
+        plan = std::move(*p);
         peak = q;
         boundaries = c;
         smaller = true;
