@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
-"""scripts/tsan_reports.py lets through only a race inside OpenDHT on OpenDHT's own socket.
+"""scripts/tsan_reports.py lets through only a race inside OpenDHT on OpenDHT's own socket, and the
+reuse of a socket number libtorch's libuv closed where TSan could not see it.
 
-The first report is the one CI printed for stop 75 (Swarm, `tessera swarm status`), with the line
-TSan writes at the process's exit (not a report); each other case changes one thing about it that
-makes the race possibly tessera's, and must fail the run.
+OPENDHT_CLOSE is the report CI printed for stop 75 (Swarm, `tessera swarm status`), with the line
+TSan writes at the process's exit (not a report). LIBUV_REUSE is the one CI printed for stop 79
+(`tessera train` under test-tsan): its previous access, location and thread are CI's; of the main
+thread's access CI printed only frames #10 and up, so frames #0-#1 here are an open() as the reuse
+would make it. Each other case changes one thing that makes the race possibly tessera's, and must
+fail the run.
 """
 import pathlib
 import subprocess
@@ -40,6 +44,36 @@ OPENDHT_SEND = ("    #0 sendto sanitizer_common_interceptors.inc:6812 (libtsan.s
                 "    #1 dht::net::UdpSocket::sendTo(dht::SockAddr const&) <null> (libopendht.so.2+0x1422a0)")
 TESSERA_SEND = ("    #0 sendto sanitizer_common_interceptors.inc:6812 (libtsan.so.2+0x58161)\n"
                 "    #1 tessera::atom::send_piece ../src/atom/averaging.cpp:210 (libtessera_atom.so+0x1234)")
+LIBUV_REUSE = """==================
+WARNING: ThreadSanitizer: data race (pid=10100)
+  Write of size 8 at 0x7ba000000160 by main thread:
+    #0 open ../../../../src/libsanitizer/tsan/tsan_interceptors_posix.cpp:1650 (libtsan.so.2+0x3f6d1)
+    #1 std::__basic_file<char>::open(char const*, std::_Ios_Openmode, int) <null> (libstdc++.so.6+0x16a72d)
+    #10 operator() ../src/cli/train_command.cpp:191 (tessera+0x13856e)
+    #15 run ../src/cli/main.cpp:36 (tessera+0x9fd73)
+    #16 main ../src/cli/main.cpp:53 (tessera+0x91fbe)
+
+  Previous read of size 8 at 0x7ba000000160 by thread T1:
+{previous}
+
+  Location is file descriptor 22 created by thread T1 at:
+    #0 accept4 ../../../../src/libsanitizer/sanitizer_common/sanitizer_common_interceptors.inc:2952 (libtsan.so.2+0x5955d)
+    #1 {creator} <null> (libtorch_cpu.so+0x11dec793)
+
+  Thread T1 'pt_tcpstore_uv' (tid=10121, running) created by main thread at:
+    #0 pthread_create ../../../../src/libsanitizer/tsan/tsan_interceptors_posix.cpp:1001 (libtsan.so.2+0x5e686)
+    #1 std::thread::_M_start_thread(std::unique_ptr<std::thread::_State, std::default_delete<std::thread::_State> >, void (*)()) <null> (libstdc++.so.6+0xd4578)
+    #2 operator() ../src/cli/train_command.cpp:184 (tessera+0x1374ae)
+    #7 run ../src/cli/main.cpp:36 (tessera+0x9fd73)
+    #8 main ../src/cli/main.cpp:53 (tessera+0x91fbe)
+
+SUMMARY: ThreadSanitizer: data race (/lib/x86_64-linux-gnu/libstdc++.so.6+0x16a72d)
+==================
+"""
+LIBUV_READ = ("    #0 read ../../../../src/libsanitizer/sanitizer_common/sanitizer_common_interceptors.inc:1019 (libtsan.so.2+0x50f19)\n"
+              "    #1 uv__read <null> (libtorch_cpu.so+0x11df267c)")
+TESSERA_READ = ("    #0 read ../../../../src/libsanitizer/sanitizer_common/sanitizer_common_interceptors.inc:1019 (libtsan.so.2+0x50f19)\n"
+                "    #1 tessera::comm::read_frame ../src/comm/socket.cpp:88 (libtessera_comm.so+0x4321)")
 LOCK_ORDER = """==================
 WARNING: ThreadSanitizer: lock-order-inversion (potential deadlock) (pid=1)
   Cycle in lock order graph: M0 (0x1) => M1 (0x2) => M0
@@ -64,6 +98,10 @@ def main():
         "the other access in tessera": (OPENDHT_CLOSE.format(previous=TESSERA_SEND, creator="libopendht.so.2"), 1),
         "a descriptor tessera created": (OPENDHT_CLOSE.format(previous=UNRESTORED, creator="libtessera_atom.so"), 1),
         "a lock-order inversion inside OpenDHT": (LOCK_ORDER, 1),
+        "the reuse CI saw of a socket libuv accepted": (LIBUV_REUSE.format(previous=LIBUV_READ, creator="uv__accept"), 0),
+        "a libuv socket whose earlier access is tessera's": (LIBUV_REUSE.format(previous=TESSERA_READ, creator="uv__accept"), 1),
+        "a libuv socket whose earlier access was not restored": (LIBUV_REUSE.format(previous=UNRESTORED, creator="uv__accept"), 1),
+        "a descriptor not accepted by libuv": (LIBUV_REUSE.format(previous=LIBUV_READ, creator="uv__tcp_connect"), 1),
     }
     failed = 0
     for name, (text, want) in cases.items():
