@@ -14,7 +14,8 @@
 //   when it ends; a failed one stays open there, as what this rank was in.
 // - A group of size 1 has no backend: every collective is the identity (or a copy).
 // - Gloo has no real reduce-scatter (c10d emulates it with a full all-reduce); reduce_scatter
-//   on a Gloo group is a ring over send/recv that sends (N-1)/N of the input per rank. Gloo
+//   on a Gloo group is a ring over send/recv that sends (N-1)/N of the input per rank and holds
+//   2/N of it beyond input and output while it runs (none at N = 2; it only reads the input). Gloo
 //   point-to-point runs on the caller's thread (its tags keep it apart from the queue).
 // - When a Work completes, the operation holds no memory any more: the queued body and its
 //   tensors are destroyed first and, on Gloo, the backend's worker thread has dropped the
@@ -110,7 +111,8 @@ class Group {
   // output: size() * input.numel() elements, member i's input at [i * n, (i + 1) * n).
   Work all_gather_async(at::Tensor output, at::Tensor input);
   void all_gather(at::Tensor output, at::Tensor input) { all_gather_async(output, input).wait(); }
-  // input: size() * output.numel() elements; output = reduction over members of chunk rank().
+  // input: size() * output.numel() elements; output = reduction over members of chunk rank(); the
+  // two must not overlap.
   Work reduce_scatter_async(at::Tensor output, at::Tensor input, ReduceOp op = ReduceOp::sum);
   void reduce_scatter(at::Tensor output, at::Tensor input, ReduceOp op = ReduceOp::sum) {
     reduce_scatter_async(output, input, op).wait();

@@ -3,6 +3,8 @@
 // and named in the flight record; the stream discipline of CUDA (NCCL) groups is in group_impl.h.
 #include "comm/group.h"
 
+#include <ATen/MemoryOverlap.h>
+
 #include "comm/group_impl.h"
 
 namespace tessera::comm {
@@ -118,6 +120,8 @@ Work Group::reduce_scatter_async(at::Tensor output, at::Tensor input, ReduceOp o
           "internal: reduce_scatter on group '", g.name, "': input of ", input.numel(), " elements for ", g.size(),
           " outputs of ", output.numel());
   require(op != ReduceOp::max, "internal: reduce_scatter supports sum and avg");
+  require(at::get_overlap_status(output, input) == at::MemOverlapStatus::No,
+          "internal: reduce_scatter on group '", g.name, "': the output overlaps the input");
   if (g.size() == 1) {
     output.copy_(input.view_as(output));
     return Work();

@@ -232,26 +232,34 @@ struct Group::Impl {
   }
 
   // Ring reduce-scatter over send/recv: N-1 steps; in step s rank r sends its partial sum of
-  // chunk (r - s - 1) mod N to r + 1 and adds the partial of chunk (r - s - 2) mod N received
-  // from r - 1. After the last step chunk r holds the sum over all ranks.
+  // chunk (r - s - 1) mod N to r + 1 and receives from r - 1 the partial of chunk (r - s - 2) mod N,
+  // to which it adds its own input's chunk. After the last step chunk r holds the sum over all ranks.
+  // The input is only read (output must not overlap it): the partial sums live in two chunk-sized
+  // buffers, one sent while the other receives, and the last step receives into the output itself,
+  // so a reduction holds at most 2/N of its input beyond input and output (nothing at N = 2).
   void ring_reduce_scatter(at::Tensor output, at::Tensor input) {
     const int64_t n = size();
     const int64_t chunk = output.numel();
-    at::Tensor acc = input.reshape({n, chunk}).clone();
-    at::Tensor incoming = at::empty({chunk}, input.options());
+    const at::Tensor in = input.reshape({n, chunk});
+    const at::Tensor out = output.view({chunk});
     const int64_t next = (rank + 1) % n, prev = (rank + n - 1) % n;
     const int64_t tag_base = ring_tag++ * n;
+    at::Tensor partials[2];
+    at::Tensor sending = in[((rank - 1) % n + n) % n];
     for (int64_t s = 0; s + 1 < n; ++s) {
-      const int64_t send_chunk = ((rank - s - 1) % n + n) % n, recv_chunk = ((rank - s - 2) % n + n) % n;
-      std::vector<at::Tensor> out{acc[send_chunk]}, in{incoming};
+      const int64_t recv_chunk = ((rank - s - 2) % n + n) % n;
+      at::Tensor& spare = partials[s % 2];
+      if (s + 2 < n && !spare.defined()) spare = at::empty({chunk}, input.options());
+      at::Tensor receiving = s + 2 < n ? spare : out;
+      std::vector<at::Tensor> to_send{sending}, to_receive{receiving};
       const int tag = kRingTagBit | static_cast<int>((tag_base + s) % kRingTagBit);
-      auto sent = backend->send(out, static_cast<int>(next), tag);
-      auto received = backend->recv(in, static_cast<int>(prev), tag);
+      auto sent = backend->send(to_send, static_cast<int>(next), tag);
+      auto received = backend->recv(to_receive, static_cast<int>(prev), tag);
       wait_backend(sent);
       wait_backend(received);
-      acc[recv_chunk].add_(incoming);
+      receiving.add_(in[recv_chunk]);
+      sending = receiving;
     }
-    output.copy_(acc[rank].view_as(output));
   }
 };
 

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "dist_test.h"
+#include "memory/host_memory_stats.h"
 #include "test_util.h"
 
 namespace {
@@ -99,6 +100,30 @@ TEST(Comm, RingReduceScatterAndAllGather) {
     works[i].wait();
     EXPECT_TRUE(at::allclose(outs[i], full.narrow(0, 0, 4) * (i + 1)));
   }
+}
+
+// The ring only reads its input and keeps its partial sums in two chunk-sized buffers, the last
+// step receiving into the output: 2/N of the input beyond input and output at N = 4, where it held
+// a copy of the whole input and a chunk more (5/N) before. ZeRO-2/3 keep up to two units'
+// reductions in flight through the backward (data_parallel_reduce.cpp), each one of these.
+TEST(Comm, RingReduceScatterHoldsTwoChunksBeyondItsInputAndOutput) {
+  tessera::test::Ranks ranks(4);
+  if (!ranks.is_worker()) return ranks.expect_success();
+  tessera::host_memory::install();
+  auto mesh = ranks.connect();
+  auto& world = mesh->world();
+  const int64_t n = world.size(), chunk = 1 << 16;
+  const at::Tensor input = rank_tensor(world.rank(), n * chunk);
+  at::Tensor expected = input.clone();
+  world.all_reduce(expected);
+  at::Tensor shard = at::empty({chunk});
+  const int64_t before = tessera::host_memory::current();
+  tessera::host_memory::reset_peak();
+  world.reduce_scatter(shard, input);
+  const int64_t held = tessera::host_memory::peak() - before;
+  EXPECT_EQ(held, 2 * chunk * static_cast<int64_t>(sizeof(float))) << "bytes held by the ring beyond input and output";
+  EXPECT_EQ(tessera::host_memory::current(), before);
+  EXPECT_TRUE(at::equal(shard, expected.narrow(0, world.rank() * chunk, chunk)));
 }
 
 TEST(Comm, SendRecvRing) {
