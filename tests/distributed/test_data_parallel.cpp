@@ -27,7 +27,9 @@
 // steps), and lr 3e-3 (at 1e-2 this model's training amplifies any rounding difference about 10x
 // per step after step 10, even between two plain all-reduce layouts).
 #include <algorithm>
+#include <chrono>
 #include <set>
+#include <thread>
 
 #include <ATen/ATen.h>
 #include <torch/torch.h>
@@ -433,6 +435,45 @@ TEST(DataParallel, OneRankAllStagesMatchSingleProcess) {
   parallel.grad_compression = "bf16";
   EXPECT_TRUE(test::throws_naming([&] { DataParallel dp(fresh_model(), group, parallel, adamw()); },
                                   {"parallel.grad_compression", "parallel.zero_stage"}));
+}
+
+// ZeRO-2 (and 3) flatten a unit's gradients beside at most one older reduce-scatter in flight
+// (data_parallel_reduce.cpp). Rank 1 starts its backward a second after rank 0, so none of rank 0's
+// reduce-scatters can end before then and rank 0 keeps every one the window allows: two, each its
+// flat input and shard (1.5U for a unit of U bytes at two ranks). Its blocks' gradients dwarf the
+// activations of 4 tokens, so its backward's peak above what it held before is the larger of
+// a unit's gradients complete beside two reductions (U + 3U) and a unit being flattened (held
+// twice) beside one (2U + 1.5U): 4U, and the ends' gradients (0.02U). With the oldest reduction
+// waited for only after the flattening, the flattening held 2U + 3U: 5U (4.96U measured).
+TEST(DataParallel, AUnitIsFlattenedBesideAtMostOneOlderReduction) {
+  test::Ranks ranks(2);
+  if (!ranks.is_worker()) return ranks.expect_success();
+  host_memory::install();
+  auto mesh = ranks.connect();
+  comm::Group& group = mesh->group("dp");
+  ModelOptions o = tiny_gpt();
+  o.n_layer = 4;
+  o.n_embd = 256;
+  o.block_size = 4;
+  torch::manual_seed(7);
+  TransformerLM model(o);
+  const double U = 4.0 * static_cast<double>(numel_of(model->block(0)->parameters()));
+  ParallelOptions parallel;
+  parallel.zero_stage = 2;
+  DataParallel dp(model, group, parallel, adamw());
+  at::Tensor tokens = at::randint(o.vocab_size, {1, o.block_size + 1}, at::kLong);
+  auto out = model->forward(tokens.narrow(1, 0, o.block_size), tokens.narrow(1, 1, o.block_size));
+  dp.before_backward(true);
+  if (group.rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(1));
+  const int64_t before = host_memory::current();
+  host_memory::reset_peak();
+  out.loss.backward();
+  const double above = static_cast<double>(host_memory::peak() - before) / U;
+  dp.finish_gradients();
+  if (group.rank() == 0) {
+    EXPECT_GT(above, 3.5) << "two reductions were in flight while a unit's gradients were complete (units of U)";
+    EXPECT_LT(above, 4.5) << "at most one older reduction beside a unit being flattened (units of U)";
+  }
 }
 
 // What the harness's rows (tests/equivalence/) cannot see: stages 0-1 send nothing before the

@@ -31,6 +31,7 @@ namespace tessera {
 namespace {
 
 // Reduce-scatters of stages 2-3 that may be in flight at once; each holds a unit's full gradients.
+// While a unit's gradients are flattened at most kReduceScattersInFlight - 1 are.
 constexpr size_t kReduceScattersInFlight = 2;
 
 }  // namespace
@@ -130,10 +131,14 @@ void DataParallel::Impl::launch(const Reduction& r) {
   }
   at::NoGradGuard no_grad;
   FlatUnit& unit = units[r.index];
+  // The oldest reduction is waited for before this unit's flat gradient is made: while it is made
+  // the unit's gradients are held twice (as the parameters' and flat), and a second older unit in
+  // flight beside them was the backward's peak where rings outlast a block's backward (ZeRO-2/3 at
+  // four replicas on this CPU: docs/plan.md).
+  drain_scatters(kReduceScattersInFlight - 1);
   at::Tensor input = unit.flatten_grads();
   for (const auto& e : unit.entries()) e.param.mutable_grad().reset();
   at::Tensor output = at::empty({unit.shard_numel()}, input.options());
-  drain_scatters(kReduceScattersInFlight - 1);
   scatters.push_back({unit.group().reduce_scatter_async(output, input), r.index, last_micro_batch, input, output});
   // A reduce-scatter that was complete when it returned (a one-rank group's copy) is collected at
   // once, so its unit's gradient is final (and, with offload, on its way to the host) while
