@@ -85,14 +85,21 @@ inline ::testing::AssertionResult throws_naming(const std::function<void()>& f,
   return ::testing::AssertionFailure() << "no tessera::Error thrown";
 }
 
-// Milliseconds one call of f takes: the mean of `calls` calls, the best of `rounds` such means.
-inline double best_ms(const std::function<void()>& f, int rounds = 5, int calls = 10) {
-  double best = 1e300;
-  for (int round = 0; round < rounds; ++round) {
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < calls; ++i) f();
-    best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / calls);
-  }
+// Milliseconds one call of each function takes: the mean of `calls` calls, the best of `rounds`
+// such means, the functions measured in turns (a round of each, then the next round of each), so
+// that a machine whose speed drifts while they are measured (this VM's does, by tens of percent
+// within seconds) slows each of them alike. Comparing two functions measured one after the other
+// failed CI (stop 79) and a run here (2026-12-03: the composite rotary's best 0.77 ms against
+// 1.19-1.76 ms in every run alone).
+inline std::vector<double> best_ms_each(const std::vector<std::function<void()>>& fs, int rounds = 15, int calls = 10) {
+  std::vector<double> best(fs.size(), 1e300);
+  for (int round = 0; round < rounds; ++round)
+    for (size_t k = 0; k < fs.size(); ++k) {
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < calls; ++i) fs[k]();
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / calls;
+      best[k] = std::min(best[k], ms);
+    }
   return best;
 }
 

@@ -55,13 +55,14 @@ TEST(Rotary, TheFusedFunctionIsFasterThanTheComposite) {
       rotary_tables(rotary_inverse_frequencies(ModelOptions::from_preset("tiny_llama")), 0, 128, at::TensorOptions());
   const at::Tensor x = heads_view(16, 4, 128, 32);
   const at::Tensor g = torch::randn({16, 4, 128, 32});
-  const auto ms = [&](auto&& rotate) {
-    return test::best_ms([&] {
+  const auto pass = [&](auto&& rotate) {
+    return [&x, &g, &tables, rotate] {
       x.mutable_grad() = at::Tensor();
       rotate(x, tables).backward(g);
-    });
+    };
   };
-  const double fused = ms(apply_rotary), composite = ms(apply_rotary_composite);
+  const std::vector<double> ms = test::best_ms_each({pass(apply_rotary), pass(apply_rotary_composite)});
+  const double fused = ms[0], composite = ms[1];
   std::printf("rotary forward + backward, q of tiny_llama at batch 16: fused %.3f ms, composite %.3f ms\n", fused,
               composite);
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)  // our loop is instrumented there, ATen's not
