@@ -2,8 +2,8 @@
 """scripts/tsan_reports.py lets through only a race inside OpenDHT on OpenDHT's own socket, and the
 reuse of a socket number libtorch's libuv closed where TSan could not see it.
 
-OPENDHT_CLOSE is the report CI printed for stop 75 (Swarm, `tessera swarm status`), with the line
-TSan writes at the process's exit (not a report). LIBUV_REUSE is the one CI printed for stop 79
+opendht_close() gives the report CI printed for stop 75 (Swarm, `tessera swarm status`), with the line
+TSan writes at the process's exit (not a report). libuv_reuse() the one CI printed for stop 79
 (`tessera train` under test-tsan): its previous access, location and thread are CI's; of the main
 thread's access CI printed only frames #10 and up, so frames #0-#1 here are an open() as the reuse
 would make it. Each other case changes one thing that makes the race possibly tessera's, and must
@@ -16,60 +16,56 @@ import tempfile
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "tsan_reports.py"
 
-OPENDHT_CLOSE = """==================
-WARNING: ThreadSanitizer: data race (pid=28354)
-  Write of size 8 at 0x7ba000000060 by thread T1:
-    #0 close ../../../../src/libsanitizer/tsan/tsan_interceptors_posix.cpp:1749 (libtsan.so.2+0x4002c)
-    #1 <null> <null> (libopendht.so.2+0x142887)
+def race_report(access, previous_thread, previous, location, thread, summary):
+    """A data race report as TSan writes it, between two separator lines."""
+    return "\n".join(["==================", "WARNING: ThreadSanitizer: data race (pid=28354)", access, "",
+                      f"  Previous read of size 8 at 0x7ba000000060 by {previous_thread}:", previous, "", location, "",
+                      thread, "", f"SUMMARY: ThreadSanitizer: data race ({summary})", "==================", ""])
 
-  Previous read of size 8 at 0x7ba000000060 by thread T2:
-{previous}
 
-  Location is file descriptor 6 created by main thread at:
-    #0 socket ../../../../src/libsanitizer/tsan/tsan_interceptors_posix.cpp:1708 (libtsan.so.2+0x428e8)
-    #1 <null> <null> ({creator}+0x141b8e)
-    #2 operator() ../src/cli/peer_command.cpp:123 (tessera+0x133312)
-    #8 main ../src/cli/main.cpp:53 (tessera+0x8ef9e)
+def opendht_close(previous, creator):
+    return race_report(
+        "  Write of size 8 at 0x7ba000000060 by thread T1:\n"
+        "    #0 close ../../../../src/libsanitizer/tsan/tsan_interceptors_posix.cpp:1749 (libtsan.so.2+0x4002c)\n"
+        "    #1 <null> <null> (libopendht.so.2+0x142887)",
+        "thread T2", previous,
+        "  Location is file descriptor 6 created by main thread at:\n"
+        "    #0 socket ../../../../src/libsanitizer/tsan/tsan_interceptors_posix.cpp:1708 (libtsan.so.2+0x428e8)\n"
+        f"    #1 <null> <null> ({creator}+0x141b8e)\n"
+        "    #2 operator() ../src/cli/peer_command.cpp:123 (tessera+0x133312)\n"
+        "    #8 main ../src/cli/main.cpp:53 (tessera+0x8ef9e)",
+        "  Thread T1 (tid=28550, running) created by main thread at:\n"
+        "    #0 pthread_create ../../../../src/libsanitizer/tsan/tsan_interceptors_posix.cpp:1001 (libtsan.so.2+0x5e686)\n"
+        "    #2 operator() ../src/cli/peer_command.cpp:123 (tessera+0x133312)",
+        "/lib/x86_64-linux-gnu/libopendht.so.2+0x142887") + "ThreadSanitizer: reported 1 warnings\n"
 
-  Thread T1 (tid=28550, running) created by main thread at:
-    #0 pthread_create ../../../../src/libsanitizer/tsan/tsan_interceptors_posix.cpp:1001 (libtsan.so.2+0x5e686)
-    #2 operator() ../src/cli/peer_command.cpp:123 (tessera+0x133312)
 
-SUMMARY: ThreadSanitizer: data race (/lib/x86_64-linux-gnu/libopendht.so.2+0x142887)
-==================
-ThreadSanitizer: reported 1 warnings
-"""
 UNRESTORED = "    [failed to restore the stack]"
 OPENDHT_SEND = ("    #0 sendto sanitizer_common_interceptors.inc:6812 (libtsan.so.2+0x58161)\n"
                 "    #1 dht::net::UdpSocket::sendTo(dht::SockAddr const&) <null> (libopendht.so.2+0x1422a0)")
 TESSERA_SEND = ("    #0 sendto sanitizer_common_interceptors.inc:6812 (libtsan.so.2+0x58161)\n"
                 "    #1 tessera::atom::send_piece ../src/atom/averaging.cpp:210 (libtessera_atom.so+0x1234)")
-LIBUV_REUSE = """==================
-WARNING: ThreadSanitizer: data race (pid=10100)
-  Write of size 8 at 0x7ba000000160 by main thread:
-    #0 open ../../../../src/libsanitizer/tsan/tsan_interceptors_posix.cpp:1650 (libtsan.so.2+0x3f6d1)
-    #1 std::__basic_file<char>::open(char const*, std::_Ios_Openmode, int) <null> (libstdc++.so.6+0x16a72d)
-    #10 operator() ../src/cli/train_command.cpp:191 (tessera+0x13856e)
-    #15 run ../src/cli/main.cpp:36 (tessera+0x9fd73)
-    #16 main ../src/cli/main.cpp:53 (tessera+0x91fbe)
+def libuv_reuse(previous, creator):
+    return race_report(
+        "  Write of size 8 at 0x7ba000000160 by main thread:\n"
+        "    #0 open ../../../../src/libsanitizer/tsan/tsan_interceptors_posix.cpp:1650 (libtsan.so.2+0x3f6d1)\n"
+        "    #1 std::__basic_file<char>::open(char const*, std::_Ios_Openmode, int) <null> (libstdc++.so.6+0x16a72d)\n"
+        "    #10 operator() ../src/cli/train_command.cpp:191 (tessera+0x13856e)\n"
+        "    #15 run ../src/cli/main.cpp:36 (tessera+0x9fd73)\n"
+        "    #16 main ../src/cli/main.cpp:53 (tessera+0x91fbe)",
+        "thread T1", previous,
+        "  Location is file descriptor 22 created by thread T1 at:\n"
+        "    #0 accept4 ../../../../src/libsanitizer/sanitizer_common/sanitizer_common_interceptors.inc:2952 (libtsan.so.2+0x5955d)\n"
+        f"    #1 {creator} <null> (libtorch_cpu.so+0x11dec793)",
+        "  Thread T1 'pt_tcpstore_uv' (tid=10121, running) created by main thread at:\n"
+        "    #0 pthread_create ../../../../src/libsanitizer/tsan/tsan_interceptors_posix.cpp:1001 (libtsan.so.2+0x5e686)\n"
+        "    #1 std::thread::_M_start_thread(std::unique_ptr<std::thread::_State, std::default_delete<std::thread::_State> >, void (*)()) <null> (libstdc++.so.6+0xd4578)\n"
+        "    #2 operator() ../src/cli/train_command.cpp:184 (tessera+0x1374ae)\n"
+        "    #7 run ../src/cli/main.cpp:36 (tessera+0x9fd73)\n"
+        "    #8 main ../src/cli/main.cpp:53 (tessera+0x91fbe)",
+        "/lib/x86_64-linux-gnu/libstdc++.so.6+0x16a72d")
 
-  Previous read of size 8 at 0x7ba000000160 by thread T1:
-{previous}
 
-  Location is file descriptor 22 created by thread T1 at:
-    #0 accept4 ../../../../src/libsanitizer/sanitizer_common/sanitizer_common_interceptors.inc:2952 (libtsan.so.2+0x5955d)
-    #1 {creator} <null> (libtorch_cpu.so+0x11dec793)
-
-  Thread T1 'pt_tcpstore_uv' (tid=10121, running) created by main thread at:
-    #0 pthread_create ../../../../src/libsanitizer/tsan/tsan_interceptors_posix.cpp:1001 (libtsan.so.2+0x5e686)
-    #1 std::thread::_M_start_thread(std::unique_ptr<std::thread::_State, std::default_delete<std::thread::_State> >, void (*)()) <null> (libstdc++.so.6+0xd4578)
-    #2 operator() ../src/cli/train_command.cpp:184 (tessera+0x1374ae)
-    #7 run ../src/cli/main.cpp:36 (tessera+0x9fd73)
-    #8 main ../src/cli/main.cpp:53 (tessera+0x91fbe)
-
-SUMMARY: ThreadSanitizer: data race (/lib/x86_64-linux-gnu/libstdc++.so.6+0x16a72d)
-==================
-"""
 LIBUV_READ = ("    #0 read ../../../../src/libsanitizer/sanitizer_common/sanitizer_common_interceptors.inc:1019 (libtsan.so.2+0x50f19)\n"
               "    #1 uv__read <null> (libtorch_cpu.so+0x11df267c)")
 TESSERA_READ = ("    #0 read ../../../../src/libsanitizer/sanitizer_common/sanitizer_common_interceptors.inc:1019 (libtsan.so.2+0x50f19)\n"
@@ -93,15 +89,15 @@ def judge(*texts):
 
 def main():
     cases = {
-        "the race CI saw (other access unrestored)": (OPENDHT_CLOSE.format(previous=UNRESTORED, creator="libopendht.so.2"), 0),
-        "the same with the other access restored inside OpenDHT": (OPENDHT_CLOSE.format(previous=OPENDHT_SEND, creator="libopendht.so.2"), 0),
-        "the other access in tessera": (OPENDHT_CLOSE.format(previous=TESSERA_SEND, creator="libopendht.so.2"), 1),
-        "a descriptor tessera created": (OPENDHT_CLOSE.format(previous=UNRESTORED, creator="libtessera_atom.so"), 1),
+        "the race CI saw (other access unrestored)": (opendht_close(UNRESTORED, "libopendht.so.2"), 0),
+        "the same with the other access restored inside OpenDHT": (opendht_close(OPENDHT_SEND, "libopendht.so.2"), 0),
+        "the other access in tessera": (opendht_close(TESSERA_SEND, "libopendht.so.2"), 1),
+        "a descriptor tessera created": (opendht_close(UNRESTORED, "libtessera_atom.so"), 1),
         "a lock-order inversion inside OpenDHT": (LOCK_ORDER, 1),
-        "the reuse CI saw of a socket libuv accepted": (LIBUV_REUSE.format(previous=LIBUV_READ, creator="uv__accept"), 0),
-        "a libuv socket whose earlier access is tessera's": (LIBUV_REUSE.format(previous=TESSERA_READ, creator="uv__accept"), 1),
-        "a libuv socket whose earlier access was not restored": (LIBUV_REUSE.format(previous=UNRESTORED, creator="uv__accept"), 1),
-        "a descriptor not accepted by libuv": (LIBUV_REUSE.format(previous=LIBUV_READ, creator="uv__tcp_connect"), 1),
+        "the reuse CI saw of a socket libuv accepted": (libuv_reuse(LIBUV_READ, "uv__accept"), 0),
+        "a libuv socket whose earlier access is tessera's": (libuv_reuse(TESSERA_READ, "uv__accept"), 1),
+        "a libuv socket whose earlier access was not restored": (libuv_reuse(UNRESTORED, "uv__accept"), 1),
+        "a descriptor not accepted by libuv": (libuv_reuse(LIBUV_READ, "uv__tcp_connect"), 1),
     }
     failed = 0
     for name, (text, want) in cases.items():
@@ -109,7 +105,7 @@ def main():
         ok = status == want and (want == 0 or "==== " in out)
         print(f"{'ok  ' if ok else 'FAIL'} {name}: exit {status}, want {want}")
         failed += not ok
-    status, _ = judge(OPENDHT_CLOSE.format(previous=UNRESTORED, creator="libopendht.so.2"), LOCK_ORDER)
+    status, _ = judge(opendht_close(UNRESTORED, "libopendht.so.2"), LOCK_ORDER)
     print(f"{'ok  ' if status == 1 else 'FAIL'} one allowed and one other report: exit {status}, want 1")
     failed += status != 1
     status, out = judge()
