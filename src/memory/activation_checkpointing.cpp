@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "core/random_streams.h"
+#include "precision/autocast.h"
 
 namespace tessera {
 namespace {
@@ -95,6 +96,11 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     {
       const RngState outer_rng = RngState::capture(inputs);
       const AutocastState outer_autocast = AutocastState::capture();
+      // The recomputation's cast weights go with it: it runs in the backward, outside the forward's
+      // autocast region, so what autocast caches here would otherwise reach the next step's
+      // forward after the optimizer changed the weights. Inside a longer-lived cache (a pipeline
+      // step's) it shares that cache's copies.
+      const WeightCastCache casts;
       segment->rng.restore();
       segment->autocast.apply();
       at::AutoGradMode grad_mode(true);

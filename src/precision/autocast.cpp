@@ -1,4 +1,4 @@
-// AutocastGuard (autocast.h).
+// AutocastGuard, WeightCastCache and autocast_weight (autocast.h).
 #include "precision/autocast.h"
 
 #include <ATen/autocast_mode.h>
@@ -20,6 +20,21 @@ AutocastGuard::~AutocastGuard() {
   at::autocast::set_autocast_enabled(device_type_, prev_enabled_);
   at::autocast::set_autocast_dtype(device_type_, prev_dtype_);
   at::autocast::set_autocast_cache_enabled(prev_cache_enabled_);
+}
+
+WeightCastCache::WeightCastCache() { at::autocast::increment_nesting(); }
+
+WeightCastCache::~WeightCastCache() {
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+}
+
+void WeightCastCache::clear() { at::autocast::clear_cache(); }
+
+at::Tensor autocast_weight(const at::Tensor& weight, at::ScalarType dtype) {
+  // Outside autocast nothing would drop a cached copy: the plain cast.
+  const at::DeviceType device = weight.device().type();
+  if (!at::autocast::is_autocast_enabled(device)) return weight.to(dtype);
+  return at::autocast::cached_cast(dtype, weight, device);
 }
 
 }  // namespace tessera

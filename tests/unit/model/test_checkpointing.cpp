@@ -1,7 +1,8 @@
 // Activation checkpointing gives the same loss and gradients as running without it, with dropout
 // active (which needs the RNG restore), for GPT, linear and MoE models in modes full and
 // selective; the RNG stream after backward is the same as without checkpointing; the generic
-// checkpoint() works on its own; unknown modes are refused by name.
+// checkpoint() works on its own; a recomputation under bf16 autocast leaves no cast weight behind
+// for the next step's forward; unknown modes are refused by name.
 //
 // The recomputation runs the same kernels on the same inputs, so results are compared with
 // rtol 1e-6 / atol 1e-7 (bitwise equality is expected on CPU, the slack covers kernel dispatch).
@@ -10,6 +11,7 @@
 
 #include "core/error.h"
 #include "memory/activation_checkpointing.h"
+#include "precision/autocast.h"
 #include "model/transformer.h"
 #include "unit/model/small_model.h"
 #include "test_util.h"
@@ -79,6 +81,27 @@ TEST(Checkpoint, FunctionWithDropoutAndParameter) {
   y.pow(2).sum().backward();
   EXPECT_TRUE(test::all_close(x2.grad(), x1.grad(), 1e-6, 1e-7));
   EXPECT_TRUE(test::all_close(w.grad(), gw, 1e-6, 1e-7));
+}
+
+// Autocast caches its bf16 copy of a weight until the outermost autocast region ends. The
+// recomputation runs in the backward, outside any region: its copy must go with it, or the next
+// step's forward, after the optimizer has changed the weight, multiplies by the old one.
+TEST(Checkpoint, ABf16RecomputationLeavesNoCastWeightForTheNextForward) {
+  auto w = torch::randn({8, 8}).requires_grad_();
+  auto fn = [&](const at::Tensor& x) { return at::tanh(x.matmul(w)); };
+  auto x = torch::randn({4, 8});
+  at::Tensor y;
+  {
+    AutocastGuard guard(at::kCPU, at::kBFloat16);
+    y = checkpoint(fn, x.clone().requires_grad_());
+  }
+  y.to(at::kFloat).sum().backward();  // the recomputation: autocast on, as in the forward
+  {
+    torch::NoGradGuard no_grad;
+    w.add_(1.0);  // the optimizer's step
+  }
+  AutocastGuard guard(at::kCPU, at::kBFloat16);
+  EXPECT_TRUE(at::equal(fn(x), at::tanh(x.to(at::kBFloat16).matmul(w.detach().to(at::kBFloat16)))));
 }
 
 TEST(Checkpoint, UnknownModeNamesTheKey) {
