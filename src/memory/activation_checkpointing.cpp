@@ -98,9 +98,8 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
       const AutocastState outer_autocast = AutocastState::capture();
       // The recomputation's cast weights go with it: it runs in the backward, outside the forward's
       // autocast region, so what autocast caches here would otherwise reach the next step's
-      // forward after the optimizer changed the weights. Inside a longer-lived cache (a pipeline
-      // step's) it shares that cache's copies.
-      const WeightCastCache casts;
+      // forward after the optimizer changed the weights.
+      const AutocastCacheScope autocast_cache;
       segment->rng.restore();
       segment->autocast.apply();
       at::AutoGradMode grad_mode(true);

@@ -9,9 +9,9 @@
 // inputs, calls torch::autograd::backward on the outputs with the incoming gradients (this
 // accumulates the gradients of the parameters fn uses, as reentrant checkpointing does), puts the
 // RNG back and returns the inputs' gradients. Hence dropout inside fn draws the same masks in the
-// recomputation, and gradients equal those of running fn directly. The recomputation holds a
-// WeightCastCache (precision/autocast.h): the weights autocast casts for it are dropped when it
-// ends, unless a longer-lived cache around it (a pipeline step's) keeps them.
+// recomputation, and gradients equal those of running fn directly. The recomputation holds an
+// AutocastCacheScope (precision/autocast.h): the weights autocast casts for it are dropped when it
+// ends, not kept for the next step's forward.
 //
 // Invariants: at least one input must require grad (otherwise no graph node is created and the
 // parameters inside fn get no gradient); fn must be deterministic given the RNG state.

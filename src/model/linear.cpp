@@ -6,13 +6,16 @@
 #include <ATen/autocast_mode.h>
 #include <torch/autograd.h>
 
+#include "precision/autocast.h"
+
 namespace tessera {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Forward in bf16 (x, weight and bias cast as autocast would); backward: the input gradient in
+// Forward in bf16 (x, weight and bias cast as autocast would; the weight and bias by cast_weight,
+// precision/autocast.h, so a pipeline step's micro-batches share one copy); backward: the input gradient in
 // bf16, the weight gradient as a float32 GEMM output, the bias gradient summed into float32. A
 // custom function takes no undefined input, so a layer without a bias calls the two-input forward.
 class LinearFp32WeightGrads : public torch::autograd::Function<LinearFp32WeightGrads> {
@@ -41,10 +44,10 @@ class LinearFp32WeightGrads : public torch::autograd::Function<LinearFp32WeightG
 
  private:
   static at::Tensor run(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-    const at::Tensor x16 = x.to(at::kBFloat16), w16 = weight.to(at::kBFloat16);
+    const at::Tensor x16 = x.to(at::kBFloat16), w16 = cast_weight(weight, at::kBFloat16);
     ctx->save_for_backward({x16, w16});
     ctx->saved_data["bias"] = bias.defined();
-    return at::linear(x16, w16, bias.defined() ? bias.to(at::kBFloat16) : at::Tensor());
+    return at::linear(x16, w16, bias.defined() ? cast_weight(bias, at::kBFloat16) : at::Tensor());
   }
 };
 
@@ -60,9 +63,11 @@ bool bf16_autocast_on_gpu(const at::Tensor& x, const at::Tensor& weight) {
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  if (!bf16_autocast_on_gpu(x, weight) || !weight.requires_grad() || !at::GradMode::is_enabled())
-    return at::linear(x, weight, bias);
-  return linear_fp32_weight_grads(x, weight, bias);
+  if (bf16_autocast_on_gpu(x, weight) && weight.requires_grad() && at::GradMode::is_enabled())
+    return linear_fp32_weight_grads(x, weight, bias);
+  // Under autocast the weight and bias in its dtype by cast_weight (autocast casts x).
+  const at::ScalarType dtype = autocast_dtype_or(x.device().type(), weight.scalar_type());
+  return at::linear(x, cast_weight(weight, dtype), bias.defined() ? cast_weight(bias, dtype) : bias);
 }
 
 at::Tensor linear_fp32_weight_grads(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {

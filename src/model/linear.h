@@ -39,7 +39,9 @@ class LinearImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Linear);
 
-// x: [..., in] -> [..., out]; weight [out, in], bias [out] or undefined
+// x: [..., in] -> [..., out]; weight [out, in], bias [out] or undefined. Under autocast the weight
+// and bias are cast by cast_weight (precision/autocast.h: one copy for a pipeline step's held
+// micro-batches).
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 // The float32-weight-gradient function itself, on any device (tests run it on the CPU, where its
 // weight gradient is the bf16 GEMM's, widened).

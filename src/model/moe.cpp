@@ -12,7 +12,6 @@
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
-#include <torch/autograd.h>
 #include <torch/types.h>
 
 #include "core/error.h"
@@ -20,6 +19,7 @@
 #include "model/hook_slot.h"
 #include "model/norm.h"
 #include "model/swiglu.h"
+#include "precision/autocast.h"
 
 namespace tessera {
 namespace {
@@ -244,12 +244,19 @@ at::Tensor MoEImpl::dispatch(const at::Tensor& x, const MoERouting& r) const {
 at::Tensor MoEImpl::experts(const at::Tensor& rows, const std::vector<int64_t>& sizes) const {
   const int64_t E = w_fc.size(0), C = rows.size(1);
   require(static_cast<int64_t>(sizes.size()) == E, "internal: ", sizes.size(), " expert sizes for ", E, " experts");
+  // Every path computes in autocast's dtype (_grouped_mm, which has no autocast rule, as the batched
+  // matmul and the loop do), so every rank returns the same dtype; the weights cast by cast_weight
+  // (precision/autocast.h), the rows by autocast or here.
+  const at::ScalarType dtype = autocast_dtype_or(rows.device().type(), rows.scalar_type());
+  const at::Tensor fc = cast_weight(w_fc, dtype), proj = cast_weight(w_proj, dtype);
+  const at::Tensor fc_bias = b_fc.defined() ? cast_weight(b_fc, dtype) : b_fc;
+  const at::Tensor proj_bias = b_proj.defined() ? cast_weight(b_proj, dtype) : b_proj;
   if (std::all_of(sizes.begin(), sizes.end(), [&](int64_t n) { return n == sizes.front(); })) {
     // Equal sizes (capacity routing): one batched matmul pair over [E, cap, C].
     const at::Tensor buffer = rows.reshape({E, sizes.front(), C});
-    auto h = b_fc.defined() ? at::baddbmm(b_fc.unsqueeze(1), buffer, w_fc) : at::bmm(buffer, w_fc);
+    auto h = fc_bias.defined() ? at::baddbmm(fc_bias.unsqueeze(1), buffer, fc) : at::bmm(buffer, fc);
     h = activation(h);
-    auto out = b_proj.defined() ? at::baddbmm(b_proj.unsqueeze(1), h, w_proj) : at::bmm(h, w_proj);
+    auto out = proj_bias.defined() ? at::baddbmm(proj_bias.unsqueeze(1), h, proj) : at::bmm(h, proj);
     return out.reshape({-1, C});
   }
   // Variable sizes (dropless): at::_grouped_mm over the experts' runs of rows (bench/results/
@@ -263,25 +270,20 @@ at::Tensor MoEImpl::experts(const at::Tensor& rows, const std::vector<int64_t>& 
     const at::Tensor offs = at::tensor(ends, at::kInt).to(rows.device());
     const at::Tensor expert_of_row =
         at::repeat_interleave(at::arange(E, at::kLong), at::tensor(sizes, at::kLong)).to(rows.device());
-    // _grouped_mm has no autocast rule: it computes in autocast's dtype itself, as the batched
-    // matmul and the loop do, so every path returns the same dtype on every rank.
-    const at::DeviceType device = rows.device().type();
-    const at::ScalarType dtype = at::autocast::is_autocast_enabled(device) ? at::autocast::get_autocast_dtype(device)
-                                                                           : rows.scalar_type();
-    auto h = at::_grouped_mm(rows.to(dtype), w_fc.to(dtype), offs);
-    if (b_fc.defined()) h = h + b_fc.to(dtype).index_select(0, expert_of_row);
+    auto h = at::_grouped_mm(rows.to(dtype), fc, offs);
+    if (fc_bias.defined()) h = h + fc_bias.index_select(0, expert_of_row);
     // _grouped_mm needs its operand contiguous (GELU's output and SwiGLU's are).
-    auto out = DenseGradient::apply(at::_grouped_mm(activation(h).contiguous(), w_proj.to(dtype), offs));
-    return b_proj.defined() ? out + b_proj.to(dtype).index_select(0, expert_of_row) : out;
+    auto out = DenseGradient::apply(at::_grouped_mm(activation(h).contiguous(), proj, offs));
+    return proj_bias.defined() ? out + proj_bias.index_select(0, expert_of_row) : out;
   }
   std::vector<at::Tensor> out;
   int64_t first = 0;
   for (int64_t e = 0; e < E; ++e) {
     const at::Tensor mine = rows.narrow(0, first, sizes[static_cast<size_t>(e)]);
-    auto h = at::matmul(mine, w_fc[e]);  // autocast's dtype, as the other paths: the biases follow it
-    if (b_fc.defined()) h = h + b_fc[e].to(h.scalar_type());
-    h = at::matmul(activation(h), w_proj[e]);
-    out.push_back(b_proj.defined() ? h + b_proj[e].to(h.scalar_type()) : h);
+    auto h = at::matmul(mine, fc[e]);
+    if (fc_bias.defined()) h = h + fc_bias[e].to(h.scalar_type());
+    h = at::matmul(activation(h), proj[e]);
+    out.push_back(proj_bias.defined() ? h + proj_bias[e].to(h.scalar_type()) : h);
     first += sizes[static_cast<size_t>(e)];
   }
   return at::cat(out, 0);

@@ -183,6 +183,10 @@ StepLosses PipelineStep::run(const std::vector<Batch>& batches, double lr, const
       held_offloaded_.insert({a.stage, a.micro});
   ce_sum_ = at::zeros({}, at::kDouble);
   aux_sum_ = at::zeros({}, at::kDouble);
+  // Under bf16 one copy of each weight for the micro-batches the step holds, where the schedule's
+  // parameters stay whole (without ZeRO-3's gathers and releases).
+  std::optional<WeightCastCache> casts;
+  if (autocast_ && !owner_.gathers_by_schedule()) casts.emplace();
   pipeline::StageWork work;
   work.compute = [&](const Action& a, const at::Tensor& input) { return compute(a, input, batches); };
   work.receive_buffer = [&](const Action&) { return activation_buffer(batches.front()); };

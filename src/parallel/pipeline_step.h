@@ -16,7 +16,14 @@
 //         Megatron-SP or sp > 1 only its sequence chunk (the batches given to run() are this
 //         rank's columns already). A forward pipeline::held_offloaded_forwards names for the
 //         rank's row (memory.resident_micro_batches, or the activation policy's choice) runs its
-//         blocks with their saved activations offloaded to host memory.
+//         blocks with their saved activations offloaded to host memory. Under bf16 the step
+//         holds one WeightCastCache (precision/autocast.h) around its schedule: every
+//         micro-batch's forward of the rank's stages takes the same bf16 copy of each weight
+//         while a held micro-batch keeps it, so a rank holding k micro-batches keeps one set of
+//         copies where it kept k (as Megatron keeps bf16 parameters beside float32 masters); the
+//         set goes with the last backward that holds it, and OPTIM's update makes the next
+//         forward cast again. Not under ZeRO-3 (the owner gathers_by_schedule()), whose gathers
+//         write the parameters at every fetch: each forward casts its own there.
 //   B(j)  backward of the stage's output (the last stage: of its loss) with the received gradient;
 //         returns the input's gradient for the previous stage.
 //   I(j)  the input's gradient alone, keeping each parameterised op's output gradient for W

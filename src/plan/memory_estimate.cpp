@@ -79,6 +79,13 @@ bool copied_by_autocast(const std::string& name, bool stage_has_head) {
   return true;
 }
 
+// Whether each forward casts the parameter's copy anew, not shared by a pipeline step's
+// micro-batches (precision/autocast.h, WeightCastCache): the query and key/value projections'
+// weights and biases, joined into one product's operand in every forward (model/attention.cpp).
+bool copied_per_forward(const std::string& name) {
+  return name.find(".q_proj.") != std::string::npos || name.find(".kv_proj.") != std::string::npos;
+}
+
 // The estimate for a rank holding `stage` of the model (the whole model: ModelStage{}), whose
 // schedule keeps up to held[k] micro-batches' activations of one of its stages at once while k of
 // them await their W, before the step's first gradients on the rank (`held_before`) and from then
@@ -99,6 +106,7 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   double optimizer_elements_bytes = 0, sharded_elements = 0, sharded_optimizer_bytes = 0;
   std::map<int64_t, double> unit_elements;  // this rank's elements by block (-1: the ends)
   double autocast_copied = 0;                // of them, those bf16 autocast copies (copied_by_autocast)
+  double copied_per_forward_elements = 0;    // and of those, the ones each forward casts anew
   for (const CensusEntry& item : *parameter_census(m, stage)) {
     const at::Tensor& t = item.meta;
     const Split split = item.spec.split;
@@ -109,7 +117,10 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
     const double local = static_cast<double>(t.numel()) * share;
     const double holders = split == Split::expert ? replicas / static_cast<double>(dims.ep()) : replicas;
     e.parameters_rank += static_cast<int64_t>(local);
-    if (copied_by_autocast(item.name, stage.head(m))) autocast_copied += local;
+    if (copied_by_autocast(item.name, stage.head(m))) {
+      autocast_copied += local;
+      if (copied_per_forward(item.name)) copied_per_forward_elements += local;
+    }
     unit_elements[std::max<int64_t>(item.spec.block, -1)] += local;
     double state = optimizer_state_bytes(config.optim, t, share);
     if (fp16) state += 4 * local;  // fp32 master
@@ -243,8 +254,12 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
     const double held_groups = std::min(2 + chunks, static_cast<double>(out.most_on_host) * stage_blocks);
     const double groups = std::max(in_flight, held_groups * largest);
     out.activations = (units + groups + recomputed) * micro_batch_tokens;
-    if (config.precision.dtype == "bf16")
-      out.copies = 2 * autocast_copied / chunks * static_cast<double>(out.most_held);
+    // bf16 copies: one set for the step, but each held micro-batch's own of what each forward
+    // casts anew, and of everything under ZeRO-3 in a pipeline (parallel/pipeline_step.h).
+    if (config.precision.dtype == "bf16" && out.most_held > 0) {
+      const double per_forward = dims.pp() > 1 && p.zero_stage >= 3 ? autocast_copied : copied_per_forward_elements;
+      out.copies = 2 * (autocast_copied - per_forward) + 2 * per_forward / chunks * static_cast<double>(out.most_held);
+    }
     return out;
   };
   const Moment before = moment(held_before, kept_between_steps);

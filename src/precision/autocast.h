@@ -10,24 +10,25 @@
 // cast-weight cache is dropped when the outermost region ends. The autocast state is
 // thread-local; the autograd engine carries it to its worker threads. Run backward outside.
 //
-// The cast-weight cache: autocast casts a float32 leaf that requires grad (a parameter, not a
-// view of one) to its lower-precision dtype once and hands the same copy to every product that
-// asks for it until the cache is dropped; a product's backward keeps that copy. So one forward
-// region keeps one bf16 copy of each weight however many products use it.
+// Autocast's cast-weight cache: autocast casts a float32 leaf that requires grad (a parameter, not
+// a view of one) to its lower-precision dtype once and hands the same copy to every product that
+// asks for it until the outermost region ends. AutocastCacheScope raises the nesting for its own
+// scope (autocast stays on or off as it is), so what autocast caches inside it is dropped when it
+// ends: activation checkpointing's recomputation, which runs in the backward outside any region,
+// holds one (memory/activation_checkpointing.h).
 //
-// WeightCastCache: keeps that cache for its own scope rather than one forward region's. It only
-// raises the autocast nesting (autocast stays as it is), so the forward regions inside it end
-// without dropping the cache; it drops it at clear() and when it ends. A pipeline step holds one
-// around its schedule (parallel/pipeline_step.h): every micro-batch's forward of a stage then
-// shares one bf16 copy of each weight, where each held micro-batch kept its own. Only while the
-// weights neither change (clear() before the optimizer updates them) nor leave the device (the
-// cache would hold the copy of a released or swapped-out parameter).
+// WeightCastCache: while one lives on a thread, cast_weight() there hands out one copy of each
+// weight for as long as anything keeps that copy: every product that asks gets it, and a
+// product's backward keeps it, so a pipeline step that holds one around its schedule
+// (parallel/pipeline_step.h) keeps one bf16 copy of each weight for all the micro-batches it holds,
+// where each forward made its own. The cache keeps no copy alive itself (a copy goes when the last
+// backward that saved it has run, as without the cache), and hands out a copy only while its
+// weight is the same tensor at the same version: an in-place change (the optimizer's step, a
+// gather into it) makes the next call cast again. Scopes nest: an inner one shares the outer's.
 //
-// autocast_weight(weight, dtype): the weight in `dtype` through that cache, for code that casts a
-// weight itself (a custom autograd function, a product without an autocast rule): with autocast on
-// for the weight's device, the cached copy where autocast would cache one (a float32 leaf requiring
-// grad, `dtype` autocast's dtype there); otherwise a plain cast (the weight itself where it is in
-// `dtype` already).
+// cast_weight(weight, dtype): the weight in `dtype`: the weight itself where it is in `dtype`;
+// under a WeightCastCache the cache's copy of a float32 leaf requiring grad; otherwise a plain cast.
+// linear() and the experts cast their weights with it (autocast then finds them cast already).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -50,15 +51,27 @@ class AutocastGuard {
   bool prev_cache_enabled_;
 };
 
+class AutocastCacheScope {
+ public:
+  AutocastCacheScope();
+  ~AutocastCacheScope();
+  AutocastCacheScope(const AutocastCacheScope&) = delete;
+  AutocastCacheScope& operator=(const AutocastCacheScope&) = delete;
+};
+
 class WeightCastCache {
  public:
   WeightCastCache();
   ~WeightCastCache();
   WeightCastCache(const WeightCastCache&) = delete;
   WeightCastCache& operator=(const WeightCastCache&) = delete;
-  void clear();
+
+ private:
+  bool outermost_;
 };
 
-at::Tensor autocast_weight(const at::Tensor& weight, at::ScalarType dtype);
+at::Tensor cast_weight(const at::Tensor& weight, at::ScalarType dtype);
+// autocast's dtype on `device` where autocast is on there, `otherwise` where it is off.
+at::ScalarType autocast_dtype_or(c10::DeviceType device, at::ScalarType otherwise);
 
 }  // namespace tessera

@@ -141,24 +141,30 @@ TEST(MemoryFits, AGpipeRankHoldsEachMicroBatchsStageOutputOrItsHeadTensors) {
   EXPECT_NEAR(ranks[1].activation_bytes_per_micro_batch, 8 * blocks + 7 * held.head * tokens, 1e-6 * blocks);
 }
 
-// Under bf16 each forward's products keep bf16 copies of their weights for the backward, one set
-// per micro-batch a rank holds: on rank 0 of a GPipe pp2 run its blocks' linears, not the token
-// embedding a lookup reads, the positions or the norms; on the head's rank its blocks' and the tied
-// embedding the head multiplies by (found on bench/plan_memory_here.py's pp4 1F1B bf16 row).
-TEST(MemoryFits, Bf16CopiesAreOfTheParametersProductsUseOncePerHeldMicroBatch) {
-  const Config c = Config::load(test::source_path("configs/tiny_gpt.toml"),
-                                {"model.n_layer=4", "parallel.pp=2", "parallel.pp_schedule=gpipe", "train.grad_accum=8",
-                                 "train.batch_size=2", "train.seq_len=64", "precision.dtype=bf16"});
-  const ParallelDims dims(c.parallel, 2, "test");
-  const std::vector<MemoryEstimate> ranks = estimate_memory_by_rank(c, make_layout(c, dims));
-  ASSERT_EQ(ranks.size(), 2u);
-  const double C = static_cast<double>(c.model.n_embd);
-  // A GPT block's linears: c_attn (3C x C and 3C), c_proj (C x C and C), the MLP's 4C x C twice
-  // and their biases (4C and C); its two LayerNorms (2 x 2C) are not copied.
-  const double block = 3 * C * C + 3 * C + C * C + C + 2 * 4 * C * C + 4 * C + C;
-  const double wte = static_cast<double>(c.model.padded_vocab()) * C;
-  EXPECT_NEAR(ranks[0].weight_copy_bytes, 8 * 2 * (2 * block), 1e-6 * block);
-  EXPECT_NEAR(ranks[1].weight_copy_bytes, 8 * 2 * (2 * block + wte), 1e-6 * block);
+// Under bf16 the products keep bf16 copies of their weights for the backward: on rank 0 of a
+// GPipe pp2 run its blocks' linears, not the token embedding a lookup reads, the positions or the
+// norms; on the head's rank its blocks' and the tied embedding the head multiplies by (found on
+// bench/plan_memory_here.py's pp4 1F1B bf16 row). The pipeline step's micro-batches share one set
+// (parallel/pipeline_step.h); under ZeRO-3 each held micro-batch keeps its own.
+TEST(MemoryFits, Bf16CopiesAreOfTheParametersProductsUseOnceAStepOrPerHeldMicroBatchUnderZero3) {
+  for (const int64_t zero : {0, 3}) {
+    const Config c = Config::load(test::source_path("configs/tiny_gpt.toml"),
+                                  {"model.n_layer=4", "parallel.pp=2", "parallel.pp_schedule=gpipe", "train.grad_accum=8",
+                                   "train.batch_size=2", "train.seq_len=64", "precision.dtype=bf16",
+                                   "parallel.dp=" + std::string(zero ? "2" : "1"), "parallel.zero_stage=" + std::to_string(zero)});
+    const ParallelDims dims(c.parallel, zero ? 4 : 2, "test");
+    const std::vector<MemoryEstimate> ranks = estimate_memory_by_rank(c, make_layout(c, dims));
+    ASSERT_EQ(ranks.size(), 2u);  // by pipeline rank
+    const double C = static_cast<double>(c.model.n_embd);
+    // A GPT block's linears: c_attn (3C x C and 3C), c_proj (C x C and C), the MLP's 4C x C twice
+    // and their biases (4C and C); its two LayerNorms (2 x 2C) are not copied.
+    const double block = 3 * C * C + 3 * C + C * C + C + 2 * 4 * C * C + 4 * C + C;
+    const double wte = static_cast<double>(c.model.padded_vocab()) * C;
+    const double sets = zero ? 8 : 1;  // GPipe holds all 8 micro-batches
+    EXPECT_NEAR(ranks[0].weight_copy_bytes, sets * 2 * (2 * block), 1e-6 * block) << "ZeRO-" << zero;
+    EXPECT_NEAR(ranks[1].weight_copy_bytes, sets * 2 * (2 * block + wte), 1e-6 * block)
+        << "ZeRO-" << zero;
+  }
 }
 
 // A rank's parameters under tp are its shards' sizes as tensor parallelism cuts them, also where

@@ -1,0 +1,79 @@
+// A bf16 pipeline step keeps one bf16 copy of each weight for all the micro-batches it holds
+// (parallel/pipeline_step.h, WeightCastCache), measured with the counting CPU allocator
+// (memory/host_memory_stats.h): two ranks, GPipe (each rank holds all its micro-batches when its
+// backwards begin), a model whose weights outweigh its activations (width 512, 4 tokens a
+// micro-batch). A step of 8 micro-batches peaks within half a set of copies of a step of 3 above
+// the training state (both peak in an accumulating backward with the set whole), where a set per
+// held micro-batch would add five; the memory estimate counts one set for both
+// (plan/memory_estimate.h, weight_copy_bytes).
+#include <cmath>
+#include <cstdio>
+
+#include <torch/torch.h>
+
+#include "dist_test.h"
+#include "memory/host_memory_stats.h"
+#include "model/init.h"
+#include "parallel/parallelize.h"
+#include "plan/memory_estimate.h"
+
+namespace tessera {
+namespace {
+
+Config pipeline_config(int64_t micro_batches) {
+  Config c;
+  c.model.n_layer = 2;
+  c.model.n_head = 4;
+  c.model.n_embd = 512;
+  c.model.vocab_size = 256;
+  c.model.block_size = 16;
+  c.model.dropout = 0;
+  c.train.seq_len = 4;
+  c.train.batch_size = 1;
+  c.train.grad_accum = micro_batches;
+  c.train.threads = 1;
+  c.parallel.pp = 2;
+  c.parallel.pp_schedule = "gpipe";
+  c.precision.dtype = "bf16";
+  return c;
+}
+
+TEST(PipelineWeightCopies, ABf16StepKeepsOneCopyOfEachWeightForAllItsMicroBatches) {
+  test::Ranks ranks(2);
+  if (!ranks.is_worker()) {
+    ranks.expect_success();
+    return ranks.print_lines("rank ");
+  }
+  host_memory::install();
+  auto mesh = ranks.connect(pipeline_config(8).parallel);  // both runs' layout
+  auto step_peak = [&](const Config& c, double* copies) {
+    const Layout layout = make_layout(c, mesh->dims());
+    *copies = estimate_memory_by_rank(c, layout)[static_cast<size_t>(ranks.rank())].weight_copy_bytes;
+    torch::manual_seed(1);
+    auto parallel = parallelize(TransformerLM(c.model, ModelStage{}, at::TensorOptions().device(at::kMeta)), mesh.get(),
+                                c, layout, mesh->device(), draw_model_seed());
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+    std::vector<Batch> batches;
+    for (int64_t m = 0; m < c.train.grad_accum; ++m) {
+      const at::Tensor tokens = at::randint(c.model.vocab_size, {1, c.train.seq_len + 1}, gen, at::kLong);
+      batches.push_back({tokens.narrow(1, 0, c.train.seq_len), tokens.narrow(1, 1, c.train.seq_len)});
+    }
+    parallel->runner().run(batches, 1e-3, {});  // AdamW's state exists from here on
+    const int64_t state = host_memory::current();
+    host_memory::reset_peak();
+    parallel->runner().run(batches, 1e-3, {});
+    return static_cast<double>(host_memory::peak() - state);
+  };
+  double copies3 = 0, copies8 = 0;
+  const double three = step_peak(pipeline_config(3), &copies3);
+  const double eight = step_peak(pipeline_config(8), &copies8);
+  std::printf("rank %lld: bf16 step peak above the training state: 3 micro-batches %.2f MB, 8 micro-batches %.2f MB; "
+              "one set of bf16 weight copies (the estimate) %.2f MB\n",
+              static_cast<long long>(ranks.rank()), three / 1e6, eight / 1e6, copies8 / 1e6);
+  ASSERT_GT(copies8, 0);
+  EXPECT_EQ(copies3, copies8);
+  EXPECT_LT(std::abs(eight - three), 0.5 * copies8);
+}
+
+}  // namespace
+}  // namespace tessera
