@@ -9,7 +9,7 @@ Tensor bytes are what the estimate models and what the CUDA caching allocator's 
 the process's resident set adds libtorch, the threads and glibc's heap on top, which
 bench/plan_runs_here.py compares with a fixed overhead.
 
-usage: bench/plan_memory_here.py [--tessera build/tessera] [--held-out 1|2|...|10] [--only NAME] [--out F.md]
+usage: bench/plan_memory_here.py [--tessera build/tessera] [--held-out 1|2|...|11] [--only NAME] [--out F.md]
 """
 import argparse
 import json
@@ -177,11 +177,26 @@ ZERO_AT_FOUR = [
     ("sp2 Ulysses ZeRO-3", 2, ["parallel.sp=2", "parallel.sp_method=ulysses", "parallel.zero_stage=3",
                                "train.batch_size=8"]),
 ]
+# Held out, set 11: bf16 pipelines after a step's micro-batches share one bf16 copy of each weight
+# (precision/autocast.h, WeightCastCache; 2026-12-03), the joined query and key/value weights of GQA
+# blocks still cast per forward, every copy per held micro-batch under ZeRO-3: rows written before
+# they were run.
+HELD_OUT_11_MODEL = ["model.n_layer=4", "model.n_embd=384", "model.n_head=6", "model.vocab_size=2500",
+                     "model.block_size=64", "train.seq_len=64", "train.global_batch_size=16", "train.threads=1",
+                     "optim.name=adamw", "train.tensorboard=false", "precision.dtype=bf16"]
+HELD_OUT_11 = [
+    ("pp2 gpipe, 8 micro-batches", 2, ["parallel.pp=2", "parallel.pp_schedule=gpipe", "train.batch_size=2"]),
+    ("pp2 1f1b, GQA SwiGLU blocks", 2, ["parallel.pp=2", "train.batch_size=2", "model.n_kv_head=2"] + LLAMA_BLOCKS),
+    ("pp2 zbh1", 2, ["parallel.pp=2", "parallel.pp_schedule=zbh1", "train.batch_size=2"]),
+    ("pp2 x dp2 1f1b ZeRO-1", 4, ["parallel.pp=2", "parallel.zero_stage=1", "train.batch_size=2"]),
+    ("pp2 x dp2 gpipe ZeRO-3", 4, ["parallel.pp=2", "parallel.pp_schedule=gpipe", "parallel.zero_stage=3",
+                                   "train.batch_size=2"]),
+]
 SETS = {"": (MODEL, LAYOUTS), "1": (HELD_OUT_MODEL, HELD_OUT), "2": (HELD_OUT_2_MODEL, HELD_OUT_2),
         "3": (HELD_OUT_3_MODEL, HELD_OUT_3), "4": (HELD_OUT_4_MODEL, HELD_OUT_4), "5": (HELD_OUT_5_MODEL, HELD_OUT_5),
         "6": (HELD_OUT_6_MODEL, HELD_OUT_6),
         "7": (HELD_OUT_7_MODEL, HELD_OUT_7), "8": (HELD_OUT_8_MODEL, HELD_OUT_8), "9": (HELD_OUT_9_MODEL, HELD_OUT_9),
-        "10": (HELD_OUT_MODEL, ZERO_AT_FOUR)}
+        "10": (HELD_OUT_MODEL, ZERO_AT_FOUR), "11": (HELD_OUT_11_MODEL, HELD_OUT_11)}
 
 
 def main():
@@ -190,7 +205,7 @@ def main():
     parser.add_argument("--out", default="", help="default bench/results/plan_memory_here_cpu.md, with --held-out "
                         "bench/results/plan_memory_held_out_cpu.md")
     parser.add_argument("--only", default="", help="run the layouts whose name contains this")
-    parser.add_argument("--held-out", default="", choices=["", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10"], help="a held-out set instead")
+    parser.add_argument("--held-out", default="", choices=["", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11"], help="a held-out set instead")
     a = parser.parse_args()
     rows, errors = [], []
     model, layouts = SETS[a.held_out]
