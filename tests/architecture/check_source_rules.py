@@ -18,7 +18,8 @@ MAX_LINES = 500
 
 LAYERS = [
     ["core"],
-    ["tensorboard", "checkpoint", "comm", "data", "precision", "memory"],
+    ["precision"],
+    ["tensorboard", "checkpoint", "comm", "data", "memory"],
     ["optim", "model", "parallel/pipeline"],
     ["optim/compression", "memory/residency", "parallel/tensor", "parallel/sequence", "parallel/expert",
      "protocols", "config"],

@@ -39,7 +39,7 @@ declare -A target_inputs=(
                src/data/regex_split.cpp src/data/sentencepiece.cpp src/data/byte_tokenizer.cpp src/core/fs.cpp
                -- -lpcre2-8 -lutf8proc"
   [hf_folder]="src/model/hf_gpt2.cpp src/model/hf_llama.cpp src/model/hf_names.cpp src/model/model_options.cpp
-               src/model/norm.cpp src/model/rms_norm.cpp src/model/fused_layer_norm.cpp src/model/linear.cpp
+               src/model/norm.cpp src/model/rms_norm.cpp src/model/fused_layer_norm.cpp src/model/linear.cpp src/precision/autocast.cpp
                src/checkpoint/region.cpp src/checkpoint/safetensors.cpp src/core/fs.cpp src/core/options.cpp"
   [swarm_messages]="src/atom/messages.cpp src/atom/robust_aggregation.cpp src/atom/peer_record.cpp src/atom/swarm_key.cpp
                     src/core/fs.cpp src/core/flat_tensors.cpp -- -lcrypto"
