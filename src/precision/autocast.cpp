@@ -4,6 +4,7 @@
 #include <unordered_map>
 
 #include <ATen/autocast_mode.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/intrusive_ptr.h>
 
 namespace tessera {
@@ -66,7 +67,12 @@ at::Tensor cast_weight(const at::Tensor& weight, at::ScalarType dtype) {
   if (it != active->end()) {
     const CastCopy& entry = it->second;
     if (entry.dtype == dtype && entry.version == weight._version() && entry.weight.lock().get() == impl)
-      if (auto copy = entry.copy.lock()) return at::Tensor(std::move(copy));
+      if (auto kept = entry.copy.lock()) {
+        at::Tensor copy(std::move(kept));
+        // A copy made without autograd history (under no-grad: a checkpointed segment's forward)
+        // serves only where none is recorded.
+        if (!at::GradMode::is_enabled() || copy.requires_grad()) return copy;
+      }
   }
   at::Tensor copy = weight.to(dtype);
   CastCopy fresh{WeakImpl(weight.getIntrusivePtr()), WeakImpl(copy.getIntrusivePtr()), weight._version(), dtype};

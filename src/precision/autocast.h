@@ -24,7 +24,9 @@
 // where each forward made its own. The cache keeps no copy alive itself (a copy goes when the last
 // backward that saved it has run, as without the cache), and hands out a copy only while its
 // weight is the same tensor at the same version: an in-place change (the optimizer's step, a
-// gather into it) makes the next call cast again. Scopes nest: an inner one shares the outer's.
+// gather into it) makes the next call cast again. A copy cast under no-grad (a checkpointed
+// segment's forward, a custom function's forward) has no autograd history, so it is handed out
+// only where grad mode is off. Scopes nest: an inner one shares the outer's.
 //
 // cast_weight(weight, dtype): the weight in `dtype`: the weight itself where it is in `dtype`;
 // under a WeightCastCache the cache's copy of a float32 leaf requiring grad; otherwise a plain cast.

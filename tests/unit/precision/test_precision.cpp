@@ -1,4 +1,6 @@
-// [precision] checks, the autocast dtype policy, AutocastGuard nesting and restore, and the
+// [precision] checks, the autocast dtype policy, AutocastGuard nesting and restore, WeightCastCache's
+// copies (shared while kept, cast again after an in-place change, none without history where grad
+// mode records), and the
 // dynamic loss scale's growth/backoff (fp16.h) against at::_amp_update_scale_'s rules.
 #include <gtest/gtest.h>
 
@@ -87,6 +89,42 @@ TEST(AutocastGuard, Bf16ForwardMatchesExplicitCasts) {
   }
   auto expected = at::linear(x.to(at::kBFloat16), linear->weight.to(at::kBFloat16), linear->bias.to(at::kBFloat16));
   EXPECT_TRUE(at::equal(y, expected));
+}
+
+TEST(WeightCastCache, SharesACopyWhileKeptAndCastsAgainWhenTheWeightChanges) {
+  auto w = torch::randn({8, 8}).requires_grad_();
+  // Without a cache every call casts.
+  EXPECT_NE(cast_weight(w, at::kBFloat16).data_ptr(), cast_weight(w, at::kBFloat16).data_ptr());
+  WeightCastCache cache;
+  const at::Tensor first = cast_weight(w, at::kBFloat16);
+  EXPECT_EQ(first.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(cast_weight(w, at::kBFloat16).data_ptr(), first.data_ptr());
+  // The copy carries the weight's gradient.
+  (cast_weight(w, at::kBFloat16).to(at::kFloat) * 3).sum().backward();
+  EXPECT_TRUE(at::equal(w.grad(), at::full({8, 8}, 3.0)));
+  {
+    torch::NoGradGuard no_grad;
+    w.add_(1.0);  // the optimizer's step
+  }
+  const at::Tensor after = cast_weight(w, at::kBFloat16);
+  EXPECT_NE(after.data_ptr(), first.data_ptr());
+  EXPECT_TRUE(at::equal(after, w.detach().to(at::kBFloat16)));
+}
+
+TEST(WeightCastCache, ACopyCastUnderNoGradIsNotHandedToARecordedProduct) {
+  auto w = torch::randn({8, 8}).requires_grad_();
+  WeightCastCache cache;
+  at::Tensor plain;
+  {
+    torch::NoGradGuard no_grad;  // a checkpointed segment's forward
+    plain = cast_weight(w, at::kBFloat16);
+    EXPECT_EQ(cast_weight(w, at::kBFloat16).data_ptr(), plain.data_ptr());
+  }
+  const at::Tensor recorded = cast_weight(w, at::kBFloat16);  // its recomputation
+  EXPECT_TRUE(recorded.requires_grad());
+  recorded.to(at::kFloat).sum().backward();
+  ASSERT_TRUE(w.grad().defined());
+  EXPECT_TRUE(at::equal(w.grad(), at::ones({8, 8})));
 }
 
 PrecisionOptions scaler_options() {
