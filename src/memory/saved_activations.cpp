@@ -126,9 +126,8 @@ struct SavedActivationScope::State {
     SavedActivation saved;
     if (!encodable) {
       saved.packed = std::make_shared<PackedActivation>();
-      // A weight's cast is kept as the tensor itself, not a detached alias: a pipeline step's
-      // cast cache hands the same copy to its next micro-batch while something keeps that tensor
-      // (precision/autocast.h, WeightCastCache).
+      // A weight's cast is kept as the tensor itself, which keeps the storage a pipeline step's
+      // cast cache hands to its next micro-batch (precision/autocast.h, WeightCastCache).
       saved.packed->encoded = encode_activation(weight ? t : t.detach(), ActivationCodec::none);
       if (count && !weight && t.has_storage() && !counted_before(t.storage().unsafeGetStorageImpl())) {
         saved.packed->counted = static_cast<int64_t>(t.storage().nbytes());

@@ -12,10 +12,10 @@
 // The pack hook sorts what is saved:
 // - a weight: a parameter of the scope's module, a view of one (the storage is a parameter's), or
 //   a cast or view of one (its autograd history reaches the parameter's accumulator through
-//   single-input nodes). Kept as it is, the tensor itself rather than a detached alias: it is not
-//   an activation, a copy would outlive the residency layer's release of the parameter, and a
-//   pipeline step's cast cache finds a weight's bf16 copy again only while that tensor lives
-//   (precision/autocast.h, WeightCastCache).
+//   single-input nodes). Kept as it is, the tensor itself: it is not an activation, and a copy
+//   would outlive the residency layer's release of the parameter (a pipeline step's cast cache
+//   hands the same bf16 copy to the next micro-batch while its storage lives: precision/autocast.h,
+//   WeightCastCache).
 // - anything else is an activation. One on the gradient's path (requires_grad) or a bool mask is
 //   encoded by the scope's codec (activation_codec.h); others (a rotary table, a float dropout
 //   mask) are kept whole.

@@ -2,10 +2,12 @@
 #include "precision/autocast.h"
 
 #include <unordered_map>
+#include <vector>
 
 #include <ATen/autocast_mode.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 namespace tessera {
 
@@ -35,16 +37,50 @@ AutocastCacheScope::~AutocastCacheScope() {
 namespace {
 
 using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+using WeakStorage = c10::weak_intrusive_ptr<c10::StorageImpl>;
 
-// One weight's copy: the weight and the copy held weakly, the weight's version when cast.
+// One weight's copy: the weight held weakly, the copy's storage held weakly with its geometry, the
+// weight's version when cast.
 struct CastCopy {
-  WeakImpl weight, copy;
+  WeakImpl weight;
+  WeakStorage storage;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset;
   int64_t version;
   at::ScalarType dtype;
 };
 
 // This thread's live cache (the outermost WeightCastCache's), by the weight's TensorImpl.
 thread_local std::unordered_map<const c10::TensorImpl*, CastCopy>* active = nullptr;
+
+// The cast of one product's use: its forward hands on the shared copy (a tensor of its own on the
+// copy's storage), its backward casts the gradient back to the weight's float32 as a cast's does.
+// Each forward makes its own node, numbered where the product asks for it, so the autograd engine
+// runs it as soon as that product's backward has: a node shared by every micro-batch's graph
+// would be numbered in the first micro-batch's forward and run last in each backward, holding
+// the 16-bit gradients of all the stage's weights until then and delaying their accumulation
+// (and data parallelism's reductions, which start there) to the backward's end.
+class SharedCast : public torch::autograd::Function<SharedCast> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& weight, at::Tensor* copy) {
+    ctx->saved_data["dtype"] = static_cast<int64_t>(weight.scalar_type());
+    return *copy;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {grads[0].to(static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt())), at::Tensor()};
+  }
+};
+
+// A tensor of its own on `entry`'s storage, or undefined when nothing keeps that storage.
+at::Tensor on_kept_storage(const CastCopy& entry, const at::Tensor& weight) {
+  c10::intrusive_ptr<c10::StorageImpl> kept = entry.storage.lock();
+  if (!kept) return {};
+  at::NoGradGuard no_grad;
+  at::Tensor copy = at::empty({0}, weight.options().dtype(entry.dtype));
+  copy.set_(c10::Storage(std::move(kept)), entry.offset, entry.sizes, entry.strides);
+  return copy;
+}
 
 }  // namespace
 
@@ -63,22 +99,23 @@ at::Tensor cast_weight(const at::Tensor& weight, at::ScalarType dtype) {
   if (active == nullptr || weight.scalar_type() != at::kFloat || !weight.requires_grad() || !weight.is_leaf())
     return weight.to(dtype);
   const c10::TensorImpl* impl = weight.unsafeGetTensorImpl();
-  const auto it = active->find(impl);
-  if (it != active->end()) {
-    const CastCopy& entry = it->second;
-    if (entry.dtype == dtype && entry.version == weight._version() && entry.weight.lock().get() == impl)
-      if (auto kept = entry.copy.lock()) {
-        at::Tensor copy(std::move(kept));
-        // A copy made without autograd history (under no-grad: a checkpointed segment's forward)
-        // serves only where none is recorded.
-        if (!at::GradMode::is_enabled() || copy.requires_grad()) return copy;
-      }
+  auto it = active->find(impl);
+  at::Tensor copy;
+  if (it != active->end() && it->second.dtype == dtype && it->second.version == weight._version() &&
+      it->second.weight.lock().get() == impl)
+    copy = on_kept_storage(it->second, weight);
+  if (!copy.defined()) {
+    {
+      at::NoGradGuard no_grad;
+      copy = weight.to(dtype);
+    }
+    CastCopy fresh{WeakImpl(weight.getIntrusivePtr()), copy.storage().getWeakStorageImpl(), copy.sizes().vec(),
+                   copy.strides().vec(), copy.storage_offset(), weight._version(), dtype};
+    if (it != active->end()) it->second = std::move(fresh);
+    else active->emplace(impl, std::move(fresh));
   }
-  at::Tensor copy = weight.to(dtype);
-  CastCopy fresh{WeakImpl(weight.getIntrusivePtr()), WeakImpl(copy.getIntrusivePtr()), weight._version(), dtype};
-  if (it != active->end()) it->second = std::move(fresh);
-  else active->emplace(impl, std::move(fresh));
-  return copy;
+  if (!at::GradMode::is_enabled()) return copy;
+  return SharedCast::apply(weight, &copy);
 }
 
 at::ScalarType autocast_dtype_or(c10::DeviceType device, at::ScalarType otherwise) {

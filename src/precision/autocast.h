@@ -18,15 +18,19 @@
 // holds one (memory/activation_checkpointing.h).
 //
 // WeightCastCache: while one lives on a thread, cast_weight() there hands out one copy of each
-// weight for as long as anything keeps that copy: every product that asks gets it, and a
-// product's backward keeps it, so a pipeline step that holds one around its schedule
+// weight for as long as anything keeps that copy's storage: every product that asks gets it, and
+// a product's backward keeps it, so a pipeline step that holds one around its schedule
 // (parallel/pipeline_step.h) keeps one bf16 copy of each weight for all the micro-batches it holds,
 // where each forward made its own. The cache keeps no copy alive itself (a copy goes when the last
 // backward that saved it has run, as without the cache), and hands out a copy only while its
 // weight is the same tensor at the same version: an in-place change (the optimizer's step, a
-// gather into it) makes the next call cast again. A copy cast under no-grad (a checkpointed
-// segment's forward, a custom function's forward) has no autograd history, so it is handed out
-// only where grad mode is off. Scopes nest: an inner one shares the outer's.
+// gather into it) makes the next call cast again. The copy is shared, the autograd node is not:
+// each call in grad mode records its own cast node, whose backward casts the gradient to float32
+// as a cast's does, so a micro-batch's weight gradients reach their accumulators as soon as their
+// products' backward has run (one node shared by the micro-batches would be numbered in the
+// first one's forward and run last in every backward, holding the 16-bit gradients of the whole
+// stage until the backward's end). Under no-grad (a checkpointed segment's forward, a custom
+// function's forward) the copy comes without a node. Scopes nest: an inner one shares the outer's.
 //
 // cast_weight(weight, dtype): the weight in `dtype`: the weight itself where it is in `dtype`;
 // under a WeightCastCache the cache's copy of a float32 leaf requiring grad; otherwise a plain cast.

@@ -127,6 +127,33 @@ TEST(WeightCastCache, ACopyCastUnderNoGradIsNotHandedToARecordedProduct) {
   EXPECT_TRUE(at::equal(w.grad(), at::ones({8, 8})));
 }
 
+// The micro-batches share the copy, not its autograd node: the second micro-batch's weight
+// gradient reaches the weight before the gradient of an input computed earlier in its forward.
+// With one node shared by both (numbered in the first micro-batch's forward) the engine ran it
+// after every node of the second, and the weight's gradient arrived at the backward's end.
+TEST(WeightCastCache, EachMicroBatchsWeightGradientArrivesWithItsProductsBackward) {
+  auto w = torch::randn({4, 4}).requires_grad_();
+  WeightCastCache cache;
+  auto x1 = torch::randn({2, 4}).requires_grad_();
+  const at::Tensor shared = cast_weight(w, at::kBFloat16);
+  const at::Tensor first = x1.matmul(shared.to(at::kFloat)).sum();
+  auto x2 = torch::randn({2, 4}).requires_grad_();
+  const at::Tensor h = x2 * 2;
+  const at::Tensor copy = cast_weight(w, at::kBFloat16);
+  EXPECT_EQ(copy.data_ptr(), shared.data_ptr());
+  const at::Tensor second = h.matmul(copy.to(at::kFloat)).sum();
+  bool weight_first = false;
+  x2.register_hook([&](const at::Tensor& g) {
+    weight_first = w.grad().defined();
+    return g;
+  });
+  second.backward();
+  EXPECT_TRUE(weight_first);
+  first.backward();
+  // The gradients pass through bf16, as any cast's do.
+  EXPECT_TRUE(at::allclose(w.grad(), (x1.sum(0) + 2 * x2.sum(0)).unsqueeze(1).expand({4, 4}), 1e-2, 1e-2));
+}
+
 PrecisionOptions scaler_options() {
   PrecisionOptions o;
   o.dtype = "fp16";
