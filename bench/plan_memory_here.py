@@ -9,7 +9,7 @@ Tensor bytes are what the estimate models and what the CUDA caching allocator's 
 the process's resident set adds libtorch, the threads and glibc's heap on top, which
 bench/plan_runs_here.py compares with a fixed overhead.
 
-usage: bench/plan_memory_here.py [--tessera build/tessera] [--held-out 1|2|...|11] [--only NAME] [--out F.md]
+usage: bench/plan_memory_here.py [--tessera build/tessera] [--held-out 1|2|...|13] [--only NAME] [--out F.md]
 """
 import argparse
 import json
@@ -192,11 +192,46 @@ HELD_OUT_11 = [
     ("pp2 x dp2 gpipe ZeRO-3", 4, ["parallel.pp=2", "parallel.pp_schedule=gpipe", "parallel.zero_stage=3",
                                    "train.batch_size=2"]),
 ]
+# Held out, set 12: ZeRO-2 and 3 under a pipeline after the estimate counted their reduce-scatters at the
+# end of a micro-batch's backward (found on set 11's pp2 x dp2 GPipe ZeRO-3 row, 2026-12-04): rows written
+# before they were run.
+HELD_OUT_12_MODEL = ["model.n_layer=6", "model.n_embd=256", "model.n_head=4", "model.vocab_size=2000",
+                     "model.block_size=80", "train.seq_len=80", "train.global_batch_size=16", "train.threads=1",
+                     "optim.name=adamw", "train.tensorboard=false"]
+HELD_OUT_12 = [
+    ("pp2 x dp2 1f1b ZeRO-2", 4, ["parallel.pp=2", "parallel.zero_stage=2", "train.batch_size=2"]),
+    ("pp2 x dp2 1f1b ZeRO-3 bf16", 4, ["parallel.pp=2", "parallel.zero_stage=3", "train.batch_size=2",
+                                       "precision.dtype=bf16"]),
+    ("pp2 x dp2 gpipe ZeRO-2, untied head", 4, ["parallel.pp=2", "parallel.pp_schedule=gpipe", "parallel.zero_stage=2",
+                                                "train.batch_size=4", "model.tie_embeddings=false"]),
+    ("pp2 x dp2 interleaved ZeRO-3", 4, ["parallel.pp=2", "parallel.pp_schedule=interleaved", "parallel.pp_virtual=3",
+                                         "parallel.zero_stage=3", "train.batch_size=2"]),
+    ("pp2 x dp2 zbh1 ZeRO-2", 4, ["parallel.pp=2", "parallel.pp_schedule=zbh1", "parallel.zero_stage=2",
+                                  "train.batch_size=2"]),
+]
+# Held out, set 13: ZeRO-2 and 3 under a pipeline after the estimate counted the three moments of a backward
+# that reduce-scatters (its start with the backward before's last unit in flight, its first unit, its end;
+# found on sets 11 and 12, 2026-12-04): rows written before they were run.
+HELD_OUT_13_MODEL = ["model.n_layer=8", "model.n_embd=192", "model.n_head=4", "model.vocab_size=3000",
+                     "model.block_size=96", "train.seq_len=96", "train.global_batch_size=16", "train.threads=1",
+                     "optim.name=adamw", "train.tensorboard=false"]
+HELD_OUT_13 = [
+    ("pp2 x dp2 1f1b ZeRO-3", 4, ["parallel.pp=2", "parallel.zero_stage=3", "train.batch_size=2"]),
+    ("pp2 x dp2 gpipe ZeRO-2 bf16", 4, ["parallel.pp=2", "parallel.pp_schedule=gpipe", "parallel.zero_stage=2",
+                                        "train.batch_size=2", "precision.dtype=bf16"]),
+    ("pp2 x dp2 interleaved ZeRO-2", 4, ["parallel.pp=2", "parallel.pp_schedule=interleaved", "parallel.pp_virtual=2",
+                                         "parallel.zero_stage=2", "train.batch_size=2"]),
+    ("pp2 x dp2 1f1b ZeRO-2, SwiGLU blocks", 4, ["parallel.pp=2", "parallel.zero_stage=2", "train.batch_size=4"]
+     + LLAMA_BLOCKS),
+    ("pp2 x dp2 zbh1 ZeRO-3 bf16", 4, ["parallel.pp=2", "parallel.pp_schedule=zbh1", "parallel.zero_stage=3",
+                                       "train.batch_size=2", "precision.dtype=bf16"]),
+]
 SETS = {"": (MODEL, LAYOUTS), "1": (HELD_OUT_MODEL, HELD_OUT), "2": (HELD_OUT_2_MODEL, HELD_OUT_2),
         "3": (HELD_OUT_3_MODEL, HELD_OUT_3), "4": (HELD_OUT_4_MODEL, HELD_OUT_4), "5": (HELD_OUT_5_MODEL, HELD_OUT_5),
         "6": (HELD_OUT_6_MODEL, HELD_OUT_6),
         "7": (HELD_OUT_7_MODEL, HELD_OUT_7), "8": (HELD_OUT_8_MODEL, HELD_OUT_8), "9": (HELD_OUT_9_MODEL, HELD_OUT_9),
-        "10": (HELD_OUT_MODEL, ZERO_AT_FOUR), "11": (HELD_OUT_11_MODEL, HELD_OUT_11)}
+        "10": (HELD_OUT_MODEL, ZERO_AT_FOUR), "11": (HELD_OUT_11_MODEL, HELD_OUT_11),
+        "12": (HELD_OUT_12_MODEL, HELD_OUT_12), "13": (HELD_OUT_13_MODEL, HELD_OUT_13)}
 
 
 def main():
@@ -205,7 +240,7 @@ def main():
     parser.add_argument("--out", default="", help="default bench/results/plan_memory_here_cpu.md, with --held-out "
                         "bench/results/plan_memory_held_out_cpu.md")
     parser.add_argument("--only", default="", help="run the layouts whose name contains this")
-    parser.add_argument("--held-out", default="", choices=["", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11"], help="a held-out set instead")
+    parser.add_argument("--held-out", default="", choices=[""] + [str(k) for k in range(1, 14)], help="a held-out set instead")
     a = parser.parse_args()
     rows, errors = [], []
     model, layouts = SETS[a.held_out]

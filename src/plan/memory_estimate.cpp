@@ -292,6 +292,56 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
         std::max(e.working_bytes, (kept_by_i / chunks + input_gradient + head_terms) * micro_batch_tokens);
   }
   e.in_flight_bytes += head_phase ? gathered_head : gathered_block;
+  // ZeRO-2 and 3 under a pipeline reduce-scatter every micro-batch's gradients, unit by unit, in
+  // the order of their units (data_parallel_reduce.cpp): a unit's gradients are flattened into one
+  // tensor once the last of them arrives, the unit before still in flight (its flat gradient and
+  // shard), and the unit a backward reduces last (the ends where the rank has them) stays in flight
+  // until the next backward launches one. Three moments of a backward can hold most:
+  //   start          the moment's micro-batches, the working set, the last unit of the backward
+  //                  before (none before the rank's first)
+  //   first unit     its gradients and their flat copy, one block's activations gone, the unit of
+  //                  the backward before still in flight, and on the head's rank the ends'
+  //                  gradients (they arrive first and are reduced last)
+  //   end            the micro-batch's activations (and a copy per forward) gone but the stage's
+  //                  first block flattened beside the block after it in flight, with the head's
+  //                  ends; on a rank whose ends come last (the embedding's), their own flattening
+  // Found on held-out set 11's pp2 x dp2 GPipe ZeRO-3 row (a per-node trace of the head rank's first
+  // backward: its peak at the end, 14.9 MiB above the backward's start where the working set said
+  // 6.6) and held-out set 12's pp2 x dp2 1F1B ZeRO-2 row (rank 0's peak at its second backward's
+  // first unit, the first backward's embedding still in flight; 2026-12-04).
+  if (p.zero_stage >= 2 && replicas > 1 && dims.pp() > 1) {
+    const double unit = largest_block * param_bytes, end_units = ends * param_bytes;
+    const double in_flight_share = 1 + 1 / replicas;
+    const double last_reduced = (ends > 0 ? end_units : unit) * in_flight_share;
+    const double head_ends = stage.head(m) ? end_units : 0;
+    const double at_end = std::max(head_ends + 2 * unit + unit * in_flight_share,
+                                   stage.head(m) ? 0.0 : 2 * end_units + unit * in_flight_share);
+    const double one_block = largest * micro_batch_tokens;
+    const double one_micro_batch = per_token / chunks * micro_batch_tokens;
+    const double per_forward = p.zero_stage >= 3 ? autocast_copied : copied_per_forward_elements;
+    const double one_copy = config.precision.dtype == "bf16" ? 2 * per_forward / chunks : 0;
+    const double start_working = e.working_bytes, gathered = e.in_flight_bytes;
+    double most = e.device_bytes() - e.parameter_bytes - (e.optimizer_on_host ? 0 : e.optimizer_bytes);
+    auto consider = [&](const Moment& at, double freed_activations, double freed_copies, double working,
+                        double in_flight) {
+      const double total = at.bytes(e.gradient_bytes) - freed_activations - freed_copies + working + in_flight;
+      if (total <= most) return;
+      most = total;
+      e.gradients_at_peak = at.gradients;
+      e.activation_bytes_per_micro_batch = at.activations - freed_activations;
+      e.activation_bytes_per_token = e.activation_bytes_per_micro_batch / micro_batch_tokens - recomputed;
+      e.weight_copy_bytes = at.copies - freed_copies;
+      e.working_bytes = working;
+      e.in_flight_bytes = in_flight;
+    };
+    for (const Moment* at : {&before, &with}) {
+      if (!at->exists || at->most_held == 0) continue;
+      const double previous = at == &with ? last_reduced : 0;
+      consider(*at, 0, 0, start_working, gathered + previous);
+      consider(*at, one_block, 0, 0, gathered + previous + head_ends + 2 * unit);
+      consider(*at, one_micro_batch, one_copy, 0, gathered + at_end);
+    }
+  }
   return e;
 }
 
@@ -409,10 +459,12 @@ std::string describe_memory_estimate(const Config& config, const ParallelDims& d
     out += line("  offloaded        %12s of activations in host memory (memory.activation_offload = %lld blocks; the "
                 "device term holds two of them in flight)\n",
                 format_bytes(e.activation_host_bytes).c_str(), static_cast<long long>(config.memory.activation_offload));
-  out += line("  backward working %12s (the head's logits and gradients, or the last block's)\n",
-              format_bytes(e.working_bytes).c_str());
+  if (e.working_bytes > 0)
+    out += line("  backward working %12s (the head's logits and gradients, or the last block's)\n",
+                format_bytes(e.working_bytes).c_str());
   if (e.in_flight_bytes > 0)
-    out += line("  gathered (ZeRO-3)%12s whole units at the backward's peak\n", format_bytes(e.in_flight_bytes).c_str());
+    out += line("  in flight (ZeRO) %12s ZeRO-3's gathered units and ZeRO-2/3's reduce-scatters at the backward's peak\n",
+                format_bytes(e.in_flight_bytes).c_str());
   if (e.weight_copy_bytes > 0)
     out += line("  bf16 weight copies %10s kept by the products for their backward (one set for a pipeline step's micro-batches but what each forward casts anew)\n",
                 format_bytes(e.weight_copy_bytes).c_str());
