@@ -39,7 +39,10 @@
 //                rank's whole stages (held for the step; three blocks with
 //                parallel.zero3_reshard_per_microbatch); ZeRO-2 and 3 with several
 //                micro-batches and no pipeline: the last two reduce-scatters of the micro-batch
-//                before (the ends' and a block's full flat gradient and shard)
+//                before (the ends' and a block's full flat gradient and shard); with a pipeline,
+//                which reduces every micro-batch, the largest of three moments of a backward (its
+//                start with the backward before's last unit in flight, its first unit flattened,
+//                its end with the micro-batch's activations gone: memory_estimate.cpp)
 //   copies       precision.dtype = bf16: the bf16 copies of the float32 weights that autocast's
 //                products (or model/linear.h's function) keep for their backward: 2 bytes per
 //                parameter of the rank's stage that a product uses (the linears', the experts', the
@@ -85,7 +88,7 @@ struct MemoryEstimate {
   double activation_bytes_per_micro_batch = 0;  // x train.batch_size x (seq_len / sp)
   double activation_host_bytes = 0;  // memory.activation_offload: what waits in host memory at the peak
   double working_bytes = 0;          // the backward's working set (above), per rank
-  double in_flight_bytes = 0;        // ZeRO-3's gathered units at the backward's peak
+  double in_flight_bytes = 0;        // ZeRO-3's gathered units and ZeRO-2/3's reduce-scatters at the backward's peak
   double offload_host_bytes = 0;     // parallel.offload: the shard's master copy and gradient on the host
   double weight_copy_bytes = 0;      // bf16: the products' bf16 copies of the weights, kept for the backward
   bool gradients_at_peak = true;     // whether the gradients exist at the backward's peak (above)
