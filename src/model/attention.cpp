@@ -97,10 +97,12 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   const int64_t h = (c_attn ? c_attn->weight.size(0) / 3 : q_proj->weight.size(0)) / head_dim_;
   const int64_t kv = c_attn ? h : kv_proj->weight.size(0) / (2 * head_dim_);
   // q_proj and kv_proj as one GEMM: their weights (and biases) joined, a copy of C x (H + 2K) d
-  // numbers instead of one of the B T (H + 2K) d outputs.
+  // numbers instead of one of the B T (H + 2K) d outputs (under bf16 in a pipeline step, one copy
+  // for all its micro-batches: linear_joined).
   auto qkv = c_attn ? region_.project(c_attn, x)
-                    : region_.project(x, at::cat({q_proj->weight, kv_proj->weight}),
-                                      q_proj->bias.defined() ? at::cat({q_proj->bias, kv_proj->bias}) : at::Tensor());
+             : q_proj->bias.defined()
+                 ? region_.project_joined(x, {q_proj->weight, kv_proj->weight}, {q_proj->bias, kv_proj->bias})
+                 : region_.project_joined(x, {q_proj->weight, kv_proj->weight}, {});
   auto y = checkpoint_core_ && checkpoint_applies(qkv)
                ? checkpoint([this, h, kv](const at::Tensor& t) { return core(t, h, kv); }, qkv)
                : core(qkv, h, kv);

@@ -14,40 +14,50 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Forward in bf16 (x, weight and bias cast as autocast would; the weight and bias by cast_weight,
-// precision/autocast.h, so a pipeline step's micro-batches share one copy); backward: the input gradient in
-// bf16, the weight gradient as a float32 GEMM output, the bias gradient summed into float32. A
-// custom function takes no undefined input, so a layer without a bias calls the two-input forward.
+// Forward in bf16 (x, weight and bias cast as autocast would; the weights and biases by cast_joined,
+// precision/autocast.h, so a pipeline step's micro-batches share one copy); backward: the input
+// gradient in bf16, the weight gradient as a float32 GEMM output, the bias gradient summed into
+// float32, each split into the joined weights' rows (one weight: a list of one; no bias: none).
 class LinearFp32WeightGrads : public torch::autograd::Function<LinearFp32WeightGrads> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight) {
-    return run(ctx, x, weight, at::Tensor());
-  }
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const at::Tensor& bias) {
-    return run(ctx, x, weight, bias);
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights, at::TensorList biases) {
+    const at::Tensor x16 = x.to(at::kBFloat16), w16 = cast_joined(weights, at::kBFloat16);
+    std::vector<int64_t> rows;
+    for (const at::Tensor& w : weights) rows.push_back(w.size(0));
+    ctx->save_for_backward({x16, w16});
+    ctx->saved_data["rows"] = rows;
+    ctx->saved_data["bias"] = !biases.empty();
+    return at::linear(x16, w16, biases.empty() ? at::Tensor() : cast_joined(biases, at::kBFloat16));
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& x16 = saved[0];
     const at::Tensor& w16 = saved[1];
+    const std::vector<int64_t> rows = ctx->saved_data["rows"].toIntVector();
+    const bool bias = ctx->saved_data["bias"].toBool();
     const at::Tensor grad = grads[0].to(at::kBFloat16);
     const int64_t out = w16.size(0), in = w16.size(1);
     const at::Tensor grad2 = grad.reshape({-1, out});
-    variable_list result(ctx->saved_data["bias"].toBool() ? 3 : 2);
+    const size_t n = rows.size();
+    variable_list result(1 + n * (bias ? 2 : 1));
     if (ctx->needs_input_grad(0)) result[0] = at::matmul(grad, w16);
-    if (ctx->needs_input_grad(1)) result[1] = float_accumulated_mm(grad2.t(), x16.reshape({-1, in}));
-    if (result.size() == 3 && ctx->needs_input_grad(2)) result[2] = grad2.sum(0, false, at::kFloat);
+    bool weights_needed = false, biases_needed = false;
+    for (size_t i = 0; i < n; ++i) {
+      weights_needed = weights_needed || ctx->needs_input_grad(1 + i);
+      biases_needed = biases_needed || (bias && ctx->needs_input_grad(1 + n + i));
+    }
+    if (weights_needed) {
+      const at::Tensor dw = float_accumulated_mm(grad2.t(), x16.reshape({-1, in}));
+      const std::vector<at::Tensor> parts = n == 1 ? std::vector<at::Tensor>{dw} : dw.split_with_sizes(rows, 0);
+      for (size_t i = 0; i < n; ++i) result[1 + i] = parts[i];
+    }
+    if (biases_needed) {
+      const at::Tensor db = grad2.sum(0, false, at::kFloat);
+      const std::vector<at::Tensor> parts = n == 1 ? std::vector<at::Tensor>{db} : db.split_with_sizes(rows, 0);
+      for (size_t i = 0; i < n; ++i) result[1 + n + i] = parts[i];
+    }
     return result;
-  }
-
- private:
-  static at::Tensor run(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-    const at::Tensor x16 = x.to(at::kBFloat16), w16 = cast_weight(weight, at::kBFloat16);
-    ctx->save_for_backward({x16, w16});
-    ctx->saved_data["bias"] = bias.defined();
-    return at::linear(x16, w16, bias.defined() ? cast_weight(bias, at::kBFloat16) : at::Tensor());
   }
 };
 
@@ -63,15 +73,20 @@ bool bf16_autocast_on_gpu(const at::Tensor& x, const at::Tensor& weight) {
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  if (bf16_autocast_on_gpu(x, weight) && weight.requires_grad() && at::GradMode::is_enabled())
-    return linear_fp32_weight_grads(x, weight, bias);
-  // Under autocast the weight and bias in its dtype by cast_weight (autocast casts x).
-  const at::ScalarType dtype = autocast_dtype_or(x.device().type(), weight.scalar_type());
-  return at::linear(x, cast_weight(weight, dtype), bias.defined() ? cast_weight(bias, dtype) : bias);
+  if (bias.defined()) return linear_joined(x, {weight}, {bias});
+  return linear_joined(x, {weight}, {});
 }
 
-at::Tensor linear_fp32_weight_grads(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  return bias.defined() ? LinearFp32WeightGrads::apply(x, weight, bias) : LinearFp32WeightGrads::apply(x, weight);
+at::Tensor linear_joined(const at::Tensor& x, at::TensorList weights, at::TensorList biases) {
+  if (bf16_autocast_on_gpu(x, weights[0]) && weights[0].requires_grad() && at::GradMode::is_enabled())
+    return LinearFp32WeightGrads::apply(x, weights, biases);
+  // Under autocast the weights and biases in its dtype by cast_joined (autocast casts x).
+  const at::ScalarType dtype = autocast_dtype_or(x.device().type(), weights[0].scalar_type());
+  return at::linear(x, cast_joined(weights, dtype), biases.empty() ? at::Tensor() : cast_joined(biases, dtype));
+}
+
+at::Tensor linear_fp32_weight_grads(const at::Tensor& x, at::TensorList weights, at::TensorList biases) {
+  return LinearFp32WeightGrads::apply(x, weights, biases);
 }
 
 }  // namespace tessera

@@ -44,9 +44,14 @@ TORCH_MODULE(Linear);
 // micro-batches).
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 // The float32-weight-gradient function itself, on any device (tests run it on the CPU, where its
-// weight gradient is the bf16 GEMM's, widened).
-at::Tensor linear_fp32_weight_grads(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+// weight gradient is the bf16 GEMM's, widened), for one weight or several joined (biases: one
+// per weight, or none).
+at::Tensor linear_fp32_weight_grads(const at::Tensor& x, at::TensorList weights, at::TensorList biases);
 inline at::Tensor linear(const Linear& layer, const at::Tensor& x) { return linear(x, layer->weight, layer->bias); }
+// One product for several linears of the same input: their weights (and biases, all or none)
+// joined along the output dimension, [..., in] -> [..., sum of outs], as linear() applies one
+// (under a pipeline step's WeightCastCache one bf16 copy of the join for all its micro-batches).
+at::Tensor linear_joined(const at::Tensor& x, at::TensorList weights, at::TensorList biases);
 // a @ b of bf16 (or fp16) matrices accumulated into a float32 result: one GEMM on a GPU, the
 // 16-bit product widened elsewhere (the CPU has no such GEMM). The weight gradient of the
 // float32-weight-gradient function, and of tp_comm.h's sequence_gathered_linear.

@@ -22,6 +22,7 @@
 #include <functional>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/cat.h>
 
 #include "model/linear.h"
 
@@ -45,6 +46,12 @@ struct ShardedRegion {
     return column ? column(x, weight, bias) : linear(input(x), weight, bias);
   }
   at::Tensor project(const Linear& proj, const at::Tensor& x) const { return project(x, proj->weight, proj->bias); }
+  // Several column-parallel projections of x as one product (linear_joined); `column` takes their
+  // weights and biases concatenated.
+  at::Tensor project_joined(const at::Tensor& x, at::TensorList weights, at::TensorList biases) const {
+    if (!column) return linear_joined(input(x), weights, biases);
+    return column(x, at::cat(weights, 0), biases.empty() ? at::Tensor() : at::cat(biases, 0));
+  }
 
   // The row-parallel output projection of y [B, T, in]: [B, T', out].
   at::Tensor output(const Linear& proj, const at::Tensor& y) const {

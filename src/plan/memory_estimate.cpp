@@ -80,10 +80,13 @@ bool copied_by_autocast(const std::string& name, bool stage_has_head) {
 }
 
 // Whether each forward casts the parameter's copy anew, not shared by a pipeline step's
-// micro-batches (precision/autocast.h, WeightCastCache): the query and key/value projections'
-// weights and biases, joined into one product's operand in every forward (model/attention.cpp).
-bool copied_per_forward(const std::string& name) {
-  return name.find(".q_proj.") != std::string::npos || name.find(".kv_proj.") != std::string::npos;
+// micro-batches (precision/autocast.h, WeightCastCache): under Megatron-SP with tp > 1 the query and
+// key/value projections' weights and biases, which the sequence-gathered product takes joined in
+// float32 and casts itself (model/sharded_region.h, project_joined); elsewhere their join is
+// cached as one copy (cast_joined).
+bool copied_per_forward(const std::string& name, const ParallelDims& dims, bool megatron_sp) {
+  return megatron_sp && dims.tp() > 1 &&
+         (name.find(".q_proj.") != std::string::npos || name.find(".kv_proj.") != std::string::npos);
 }
 
 // The estimate for a rank holding `stage` of the model (the whole model: ModelStage{}), whose
@@ -119,7 +122,7 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
     e.parameters_rank += static_cast<int64_t>(local);
     if (copied_by_autocast(item.name, stage.head(m))) {
       autocast_copied += local;
-      if (copied_per_forward(item.name)) copied_per_forward_elements += local;
+      if (copied_per_forward(item.name, dims, p.megatron_sp)) copied_per_forward_elements += local;
     }
     unit_elements[std::max<int64_t>(item.spec.block, -1)] += local;
     double state = optimizer_state_bytes(config.optim, t, share);

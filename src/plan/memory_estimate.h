@@ -50,7 +50,8 @@
 //                embedding, which a lookup reads), whole even under ZeRO-3: one set for the
 //                step (a pipeline step's micro-batches share one: parallel/pipeline_step.h), but
 //                once per micro-batch the schedule holds of what each forward casts anew (the
-//                query and key/value projections' joined weights) and of everything under ZeRO-3
+//                query and key/value projections' joined weights under Megatron-SP with tp > 1)
+//                and of everything under ZeRO-3
 //                in a pipeline
 //   host         with parallel.offload, besides the optimizer state, the shard's float32 master
 //                copy and its gradient: (4 + 4) / R bytes per parameter

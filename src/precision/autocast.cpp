@@ -1,9 +1,11 @@
 // AutocastGuard, AutocastCacheScope, WeightCastCache and cast_weight (autocast.h).
 #include "precision/autocast.h"
 
+#include <algorithm>
 #include <unordered_map>
 #include <vector>
 
+#include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/intrusive_ptr.h>
@@ -39,22 +41,30 @@ namespace {
 using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
 using WeakStorage = c10::weak_intrusive_ptr<c10::StorageImpl>;
 
-// One weight's copy: the weight held weakly, the copy's storage held weakly with its geometry, the
-// weight's version when cast.
+// One copy: of a weight, or of weights joined along dim 0 (keyed by the first). The weights held
+// weakly with their versions when cast, the copy's storage held weakly with its geometry.
 struct CastCopy {
-  WeakImpl weight;
+  std::vector<WeakImpl> weights;
+  std::vector<int64_t> versions;
   WeakStorage storage;
   std::vector<int64_t> sizes, strides;
   int64_t offset;
-  int64_t version;
   at::ScalarType dtype;
+
+  bool serves(at::TensorList of, at::ScalarType wanted) const {
+    if (dtype != wanted || weights.size() != of.size()) return false;
+    for (size_t i = 0; i < of.size(); ++i)
+      if (versions[i] != of[i]._version() || weights[i].lock().get() != of[i].unsafeGetTensorImpl()) return false;
+    return true;
+  }
 };
 
-// This thread's live cache (the outermost WeightCastCache's), by the weight's TensorImpl.
+// This thread's live cache (the outermost WeightCastCache's), by the first weight's TensorImpl.
 thread_local std::unordered_map<const c10::TensorImpl*, CastCopy>* active = nullptr;
 
 // The cast of one product's use: its forward hands on the shared copy (a tensor of its own on the
-// copy's storage), its backward casts the gradient back to the weight's float32 as a cast's does.
+// copy's storage), its backward casts the gradient back to the weights' float32 as a cast's does
+// (split along dim 0 into the joined weights' rows, as a concatenation's does).
 // Each forward makes its own node, numbered where the product asks for it, so the autograd engine
 // runs it as soon as that product's backward has: a node shared by every micro-batch's graph
 // would be numbered in the first micro-batch's forward and run last in each backward, holding
@@ -62,25 +72,37 @@ thread_local std::unordered_map<const c10::TensorImpl*, CastCopy>* active = null
 // (and data parallelism's reductions, which start there) to the backward's end.
 class SharedCast : public torch::autograd::Function<SharedCast> {
  public:
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& weight, at::Tensor* copy) {
-    ctx->saved_data["dtype"] = static_cast<int64_t>(weight.scalar_type());
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::TensorList weights, at::Tensor* copy) {
+    std::vector<int64_t> rows;
+    for (const at::Tensor& w : weights) rows.push_back(w.size(0));
+    ctx->saved_data["rows"] = rows;
+    ctx->saved_data["dtype"] = static_cast<int64_t>(weights[0].scalar_type());
     return *copy;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    return {grads[0].to(static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt())), at::Tensor()};
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+    const std::vector<int64_t> rows = ctx->saved_data["rows"].toIntVector();
+    torch::autograd::variable_list out;
+    if (rows.size() == 1) out.push_back(grads[0].to(dtype));
+    else
+      for (const at::Tensor& part : grads[0].split_with_sizes(rows, 0)) out.push_back(part.to(dtype));
+    out.emplace_back();  // the copy's pointer
+    return out;
   }
 };
 
 // A tensor of its own on `entry`'s storage, or undefined when nothing keeps that storage.
-at::Tensor on_kept_storage(const CastCopy& entry, const at::Tensor& weight) {
+at::Tensor on_kept_storage(const CastCopy& entry, const at::Tensor& like) {
   c10::intrusive_ptr<c10::StorageImpl> kept = entry.storage.lock();
   if (!kept) return {};
   at::NoGradGuard no_grad;
-  at::Tensor copy = at::empty({0}, weight.options().dtype(entry.dtype));
+  at::Tensor copy = at::empty({0}, like.options().dtype(entry.dtype));
   copy.set_(c10::Storage(std::move(kept)), entry.offset, entry.sizes, entry.strides);
   return copy;
 }
+
+at::Tensor joined(at::TensorList weights) { return weights.size() == 1 ? weights[0] : at::cat(weights, 0); }
 
 }  // namespace
 
@@ -94,28 +116,35 @@ WeightCastCache::~WeightCastCache() {
   active = nullptr;
 }
 
-at::Tensor cast_weight(const at::Tensor& weight, at::ScalarType dtype) {
-  if (weight.scalar_type() == dtype) return weight;
-  if (active == nullptr || weight.scalar_type() != at::kFloat || !weight.requires_grad() || !weight.is_leaf())
-    return weight.to(dtype);
-  const c10::TensorImpl* impl = weight.unsafeGetTensorImpl();
+at::Tensor cast_weight(const at::Tensor& weight, at::ScalarType dtype) { return cast_joined({weight}, dtype); }
+
+at::Tensor cast_joined(at::TensorList weights, at::ScalarType dtype) {
+  const at::Tensor& first = weights[0];
+  if (first.scalar_type() == dtype) return joined(weights);
+  const bool cached = active != nullptr && std::all_of(weights.begin(), weights.end(), [](const at::Tensor& w) {
+    return w.scalar_type() == at::kFloat && w.requires_grad() && w.is_leaf();
+  });
+  if (!cached) return joined(weights).to(dtype);
+  const c10::TensorImpl* impl = first.unsafeGetTensorImpl();
   auto it = active->find(impl);
   at::Tensor copy;
-  if (it != active->end() && it->second.dtype == dtype && it->second.version == weight._version() &&
-      it->second.weight.lock().get() == impl)
-    copy = on_kept_storage(it->second, weight);
+  if (it != active->end() && it->second.serves(weights, dtype)) copy = on_kept_storage(it->second, first);
   if (!copy.defined()) {
     {
       at::NoGradGuard no_grad;
-      copy = weight.to(dtype);
+      copy = joined(weights).to(dtype);
     }
-    CastCopy fresh{WeakImpl(weight.getIntrusivePtr()), copy.storage().getWeakStorageImpl(), copy.sizes().vec(),
-                   copy.strides().vec(), copy.storage_offset(), weight._version(), dtype};
+    CastCopy fresh{{}, {}, copy.storage().getWeakStorageImpl(), copy.sizes().vec(), copy.strides().vec(),
+                   copy.storage_offset(), dtype};
+    for (const at::Tensor& w : weights) {
+      fresh.weights.emplace_back(w.getIntrusivePtr());
+      fresh.versions.push_back(w._version());
+    }
     if (it != active->end()) it->second = std::move(fresh);
     else active->emplace(impl, std::move(fresh));
   }
   if (!at::GradMode::is_enabled()) return copy;
-  return SharedCast::apply(weight, &copy);
+  return SharedCast::apply(weights, &copy);
 }
 
 at::ScalarType autocast_dtype_or(c10::DeviceType device, at::ScalarType otherwise) {

@@ -77,6 +77,11 @@ class WeightCastCache {
 };
 
 at::Tensor cast_weight(const at::Tensor& weight, at::ScalarType dtype);
+// Weights joined along dim 0 in `dtype` (one operand for several products: the query and key/value
+// projections' GEMM): under a WeightCastCache one copy of the join, kept and handed out as
+// cast_weight's, its node's backward splitting the gradient into the weights' rows; otherwise
+// the weights concatenated (and cast when `dtype` is not theirs).
+at::Tensor cast_joined(at::TensorList weights, at::ScalarType dtype);
 // autocast's dtype on `device` where autocast is on there, `otherwise` where it is off.
 at::ScalarType autocast_dtype_or(c10::DeviceType device, at::ScalarType otherwise);
 

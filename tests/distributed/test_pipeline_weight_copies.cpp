@@ -6,7 +6,7 @@
 // the training state (both peak in an accumulating backward with the set whole), where a set per
 // held micro-batch would add five; the memory estimate counts one set for both
 // (plan/memory_estimate.h, weight_copy_bytes). The same with the saved activations encoded in int8
-// (under saved-tensor hooks).
+// (under saved-tensor hooks), and with grouped-query attention's joined query and key/value weights.
 #include <cmath>
 #include <cstdio>
 
@@ -21,10 +21,11 @@
 namespace tessera {
 namespace {
 
-Config pipeline_config(int64_t micro_batches, const std::string& codec = "none") {
+Config pipeline_config(int64_t micro_batches, const std::string& codec, int64_t kv_heads) {
   Config c;
   c.model.n_layer = 2;
   c.model.n_head = 4;
+  c.model.n_kv_head = kv_heads;
   c.model.n_embd = 512;
   c.model.vocab_size = 256;
   c.model.block_size = 16;
@@ -47,7 +48,7 @@ TEST(PipelineWeightCopies, ABf16StepKeepsOneCopyOfEachWeightForAllItsMicroBatche
     return ranks.print_lines("rank ");
   }
   host_memory::install();
-  auto mesh = ranks.connect(pipeline_config(8).parallel);  // both runs' layout
+  auto mesh = ranks.connect(pipeline_config(8, "none", 4).parallel);  // every run's layout
   auto step_peak = [&](const Config& c, double* copies) {
     const Layout layout = make_layout(c, mesh->dims());
     *copies = estimate_memory_by_rank(c, layout)[static_cast<size_t>(ranks.rank())].weight_copy_bytes;
@@ -66,18 +67,24 @@ TEST(PipelineWeightCopies, ABf16StepKeepsOneCopyOfEachWeightForAllItsMicroBatche
     parallel->runner().run(batches, 1e-3, {});
     return static_cast<double>(host_memory::peak() - state);
   };
-  // Also with the saved activations encoded (int8): the saved-tensor hooks keep a weight's copy as
-  // that tensor, so the next micro-batch finds it (memory/saved_activations.h).
-  for (const std::string codec : {"none", "int8"}) {
+  // Also with the saved activations encoded (int8): the saved-tensor hooks keep a weight's copy, so
+  // the next micro-batch finds it (memory/saved_activations.h); and with grouped-query attention,
+  // whose query and key/value weights are joined into one product's operand (cast_joined).
+  struct Case {
+    std::string codec;
+    int64_t kv_heads;
+  };
+  for (const Case& k : {Case{"none", 4}, Case{"int8", 4}, Case{"none", 2}}) {
     double copies3 = 0, copies8 = 0;
-    const double three = step_peak(pipeline_config(3, codec), &copies3);
-    const double eight = step_peak(pipeline_config(8, codec), &copies8);
-    std::printf("rank %lld: bf16, activations %s: step peak above the training state: 3 micro-batches %.2f MB, "
-                "8 micro-batches %.2f MB; one set of bf16 weight copies (the estimate) %.2f MB\n",
-                static_cast<long long>(ranks.rank()), codec.c_str(), three / 1e6, eight / 1e6, copies8 / 1e6);
+    const double three = step_peak(pipeline_config(3, k.codec, k.kv_heads), &copies3);
+    const double eight = step_peak(pipeline_config(8, k.codec, k.kv_heads), &copies8);
+    std::printf("rank %lld: bf16, activations %s, %lld key/value heads: step peak above the training state: "
+                "3 micro-batches %.2f MB, 8 micro-batches %.2f MB; one set of bf16 weight copies (the estimate) %.2f MB\n",
+                static_cast<long long>(ranks.rank()), k.codec.c_str(), static_cast<long long>(k.kv_heads), three / 1e6,
+                eight / 1e6, copies8 / 1e6);
     ASSERT_GT(copies8, 0);
     EXPECT_EQ(copies3, copies8);
-    EXPECT_LT(std::abs(eight - three), 0.5 * copies8) << codec;
+    EXPECT_LT(std::abs(eight - three), 0.5 * copies8) << k.codec << ", " << k.kv_heads << " key/value heads";
   }
 }
 

@@ -25,7 +25,7 @@ Grads run(bool fused, bool with_bias, bool x_needs_grad) {
   at::Tensor y;
   {
     AutocastGuard guard(at::kCPU, at::kBFloat16);
-    y = fused ? linear_fp32_weight_grads(x, w, b) : at::linear(x, w, b);
+    y = !fused ? at::linear(x, w, b) : with_bias ? linear_fp32_weight_grads(x, {w}, {b}) : linear_fp32_weight_grads(x, {w}, {});
   }
   (y.to(at::kFloat) * r).sum().backward();
   return {y.detach(), x.grad(), w.grad(), with_bias ? b.grad() : at::Tensor()};
@@ -48,6 +48,28 @@ TEST(LinearFp32WeightGrads, MatchesAutocastLinearWithAndWithoutBias) {
     expect_close(fused.w, reference.w, "weight gradient");
     if (with_bias) expect_close(fused.b, reference.b, "bias gradient");
   }
+}
+
+// Two weights joined (the query and key/value projections' one GEMM): each weight's and bias's
+// gradient is its rows of the joined product's, the output the product of the concatenation.
+TEST(LinearFp32WeightGrads, JoinedWeightsGetTheirRowsOfTheGradient) {
+  torch::manual_seed(4);
+  const at::Tensor x = torch::randn({2, 5, 8});
+  const at::Tensor w1 = torch::randn({6, 8}).requires_grad_(true), w2 = torch::randn({4, 8}).requires_grad_(true);
+  const at::Tensor b1 = torch::randn({6}).requires_grad_(true), b2 = torch::randn({4}).requires_grad_(true);
+  const at::Tensor w = at::cat({w1, w2}).detach().requires_grad_(true), b = at::cat({b1, b2}).detach().requires_grad_(true);
+  const at::Tensor r = torch::randn({2, 5, 10});
+  at::Tensor joined, whole;
+  {
+    AutocastGuard guard(at::kCPU, at::kBFloat16);
+    joined = linear_fp32_weight_grads(x, {w1, w2}, {b1, b2});
+    whole = linear_fp32_weight_grads(x, {w}, {b});
+  }
+  EXPECT_TRUE(at::equal(joined, whole));
+  (joined.to(at::kFloat) * r).sum().backward();
+  (whole.to(at::kFloat) * r).sum().backward();
+  EXPECT_TRUE(at::equal(at::cat({w1.grad(), w2.grad()}), w.grad()));
+  EXPECT_TRUE(at::equal(at::cat({b1.grad(), b2.grad()}), b.grad()));
 }
 
 TEST(LinearFp32WeightGrads, ComputesOnlyTheGradientsNeeded) {

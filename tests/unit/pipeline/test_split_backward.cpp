@@ -162,7 +162,7 @@ TEST(SplitBackward, ACustomFunctionHoldingItsInputsNodeByItsEdgeAloneSplitsExact
     const at::Tensor gamma = torch::randn({8}).requires_grad_(true), beta = torch::randn({8}).requires_grad_(true);
     // The layer norm's output is dropped here, as a model's forward drops it: the function's edge
     // is what keeps its node. The linear's parameters come first, so W's roots visit its node first.
-    const at::Tensor loss = linear_fp32_weight_grads(at::layer_norm(x, {8}, gamma, beta), w, bias)
+    const at::Tensor loss = linear_fp32_weight_grads(at::layer_norm(x, {8}, gamma, beta), {w}, {bias})
                                 .to(at::kFloat).pow(2).sum();
     const at::Tensor input_grad = backward_of(split, loss, x, {w, bias, gamma, beta});
     grads[split] = {{"x", input_grad}, {"w", w.grad()}, {"bias", bias.grad()}, {"gamma", gamma.grad()},

@@ -154,6 +154,31 @@ TEST(WeightCastCache, EachMicroBatchsWeightGradientArrivesWithItsProductsBackwar
   EXPECT_TRUE(at::allclose(w.grad(), (x1.sum(0) + 2 * x2.sum(0)).unsqueeze(1).expand({4, 4}), 1e-2, 1e-2));
 }
 
+// Weights joined into one operand (cast_joined): one copy of the join while kept, its gradient
+// split into the weights' rows as a concatenation's, and cast again when one of them changes.
+TEST(WeightCastCache, AJoinOfWeightsIsOneCopyWhoseGradientSplitsIntoTheirRows) {
+  auto q = torch::randn({6, 4}).requires_grad_(), kv = torch::randn({2, 4}).requires_grad_();
+  WeightCastCache cache;
+  const at::Tensor first = cast_joined({q, kv}, at::kBFloat16);
+  EXPECT_EQ(first.sizes(), (std::vector<int64_t>{8, 4}));
+  EXPECT_TRUE(at::equal(first, at::cat({q, kv}).detach().to(at::kBFloat16)));
+  const at::Tensor second = cast_joined({q, kv}, at::kBFloat16);
+  EXPECT_EQ(second.data_ptr(), first.data_ptr());
+  const at::Tensor r = torch::randn({8, 4});
+  (first.to(at::kFloat) * r).sum().backward();
+  (second.to(at::kFloat) * r).sum().backward();
+  const at::Tensor expected = 2 * r.to(at::kBFloat16).to(at::kFloat);
+  EXPECT_TRUE(at::equal(q.grad(), expected.narrow(0, 0, 6)));
+  EXPECT_TRUE(at::equal(kv.grad(), expected.narrow(0, 6, 2)));
+  {
+    torch::NoGradGuard no_grad;
+    kv.add_(1.0);
+  }
+  EXPECT_NE(cast_joined({q, kv}, at::kBFloat16).data_ptr(), first.data_ptr());
+  // Without a cast (float32) the join is the concatenation, with its gradient.
+  EXPECT_EQ(cast_joined({q, kv}, at::kFloat).scalar_type(), at::kFloat);
+}
+
 PrecisionOptions scaler_options() {
   PrecisionOptions o;
   o.dtype = "fp16";
