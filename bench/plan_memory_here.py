@@ -9,7 +9,7 @@ Tensor bytes are what the estimate models and what the CUDA caching allocator's 
 the process's resident set adds libtorch, the threads and glibc's heap on top, which
 bench/plan_runs_here.py compares with a fixed overhead.
 
-usage: bench/plan_memory_here.py [--tessera build/tessera] [--held-out 1|2|...|13] [--only NAME] [--out F.md]
+usage: bench/plan_memory_here.py [--tessera build/tessera] [--held-out 1|2|...|14] [--only NAME] [--out F.md]
 """
 import argparse
 import json
@@ -226,12 +226,30 @@ HELD_OUT_13 = [
     ("pp2 x dp2 zbh1 ZeRO-3 bf16", 4, ["parallel.pp=2", "parallel.pp_schedule=zbh1", "parallel.zero_stage=3",
                                        "train.batch_size=2", "precision.dtype=bf16"]),
 ]
+# Held out, set 14: bf16 pipelines under Megatron-SP with tp 2 after its sequence-gathered products keep the
+# float32 parameters, joined or not, and no bf16 copy of them (parallel/tensor/tp_comm.h; 2026-12-04): rows
+# written before they were run.
+HELD_OUT_14_MODEL = ["model.n_layer=4", "model.n_embd=256", "model.n_head=4", "model.vocab_size=2000",
+                     "model.block_size=64", "train.seq_len=64", "train.global_batch_size=16", "train.threads=1",
+                     "optim.name=adamw", "train.tensorboard=false", "precision.dtype=bf16", "parallel.tp=2",
+                     "parallel.megatron_sp=true"]
+HELD_OUT_14 = [
+    ("tp2 Megatron-SP, GQA SwiGLU blocks", 2, ["train.batch_size=4", "model.n_kv_head=2"] + LLAMA_BLOCKS),
+    ("pp2 x tp2 Megatron-SP 1f1b, GQA SwiGLU blocks", 4, ["parallel.pp=2", "train.batch_size=2", "model.n_kv_head=2"]
+     + LLAMA_BLOCKS),
+    ("pp2 x tp2 Megatron-SP gpipe", 4, ["parallel.pp=2", "parallel.pp_schedule=gpipe", "train.batch_size=2"]),
+    ("pp2 x tp2 Megatron-SP zbh1, GQA", 4, ["parallel.pp=2", "parallel.pp_schedule=zbh1", "train.batch_size=2",
+                                            "model.n_kv_head=2"]),
+    ("pp2 x tp2 Megatron-SP interleaved, GQA", 4, ["parallel.pp=2", "parallel.pp_schedule=interleaved",
+                                                   "parallel.pp_virtual=2", "train.batch_size=2", "model.n_kv_head=2"]),
+]
 SETS = {"": (MODEL, LAYOUTS), "1": (HELD_OUT_MODEL, HELD_OUT), "2": (HELD_OUT_2_MODEL, HELD_OUT_2),
         "3": (HELD_OUT_3_MODEL, HELD_OUT_3), "4": (HELD_OUT_4_MODEL, HELD_OUT_4), "5": (HELD_OUT_5_MODEL, HELD_OUT_5),
         "6": (HELD_OUT_6_MODEL, HELD_OUT_6),
         "7": (HELD_OUT_7_MODEL, HELD_OUT_7), "8": (HELD_OUT_8_MODEL, HELD_OUT_8), "9": (HELD_OUT_9_MODEL, HELD_OUT_9),
         "10": (HELD_OUT_MODEL, ZERO_AT_FOUR), "11": (HELD_OUT_11_MODEL, HELD_OUT_11),
-        "12": (HELD_OUT_12_MODEL, HELD_OUT_12), "13": (HELD_OUT_13_MODEL, HELD_OUT_13)}
+        "12": (HELD_OUT_12_MODEL, HELD_OUT_12), "13": (HELD_OUT_13_MODEL, HELD_OUT_13),
+        "14": (HELD_OUT_14_MODEL, HELD_OUT_14)}
 
 
 def main():
@@ -240,7 +258,7 @@ def main():
     parser.add_argument("--out", default="", help="default bench/results/plan_memory_here_cpu.md, with --held-out "
                         "bench/results/plan_memory_held_out_cpu.md")
     parser.add_argument("--only", default="", help="run the layouts whose name contains this")
-    parser.add_argument("--held-out", default="", choices=[""] + [str(k) for k in range(1, 14)], help="a held-out set instead")
+    parser.add_argument("--held-out", default="", choices=list(SETS), help="a held-out set instead")
     a = parser.parse_args()
     rows, errors = [], []
     model, layouts = SETS[a.held_out]
