@@ -22,7 +22,6 @@
 #include <functional>
 
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/cat.h>
 
 #include "model/linear.h"
 
@@ -30,7 +29,8 @@ namespace tessera {
 
 struct ShardedRegion {
   using Map = std::function<at::Tensor(const at::Tensor&)>;
-  using Column = std::function<at::Tensor(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias)>;
+  // x, the projections' weights and their biases (one per weight, or none).
+  using Column = std::function<at::Tensor(const at::Tensor& x, at::TensorList weights, at::TensorList biases)>;
   Map enter;
   Map exit;
   Column column;  // optional: enter and the projection in one
@@ -43,14 +43,13 @@ struct ShardedRegion {
 
   // The column-parallel input projection of x [B, T', in]: [B, T, out / N].
   at::Tensor project(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) const {
-    return column ? column(x, weight, bias) : linear(input(x), weight, bias);
+    if (!column) return linear(input(x), weight, bias);
+    return bias.defined() ? column(x, {weight}, {bias}) : column(x, {weight}, {});
   }
   at::Tensor project(const Linear& proj, const at::Tensor& x) const { return project(x, proj->weight, proj->bias); }
-  // Several column-parallel projections of x as one product (linear_joined); `column` takes their
-  // weights and biases concatenated.
+  // Several column-parallel projections of x as one product of their weights joined (linear_joined).
   at::Tensor project_joined(const at::Tensor& x, at::TensorList weights, at::TensorList biases) const {
-    if (!column) return linear_joined(input(x), weights, biases);
-    return column(x, at::cat(weights, 0), biases.empty() ? at::Tensor() : at::cat(biases, 0));
+    return column ? column(x, weights, biases) : linear_joined(input(x), weights, biases);
   }
 
   // The row-parallel output projection of y [B, T, in]: [B, T', out].

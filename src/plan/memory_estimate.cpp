@@ -50,14 +50,16 @@ bool copied_by_autocast(const std::string& name, bool stage_has_head) {
   return true;
 }
 
-// Whether each forward casts the parameter's copy anew, not shared by a pipeline step's
-// micro-batches (precision/autocast.h, WeightCastCache): under Megatron-SP with tp > 1 the query and
-// key/value projections' weights and biases, which the sequence-gathered product takes joined in
-// float32 and casts itself (model/sharded_region.h, project_joined); elsewhere their join is
-// cached as one copy (cast_joined).
-bool copied_per_forward(const std::string& name, const ParallelDims& dims, bool megatron_sp) {
-  return megatron_sp && dims.tp() > 1 &&
-         (name.find(".q_proj.") != std::string::npos || name.find(".kv_proj.") != std::string::npos);
+// Whether the product is Megatron-SP's sequence-gathered linear (parallel/tensor/tp_comm.h), which
+// keeps the float32 parameter and casts it only while its forward and backward products run: under
+// Megatron-SP with tp > 1 the softmax attention's input projections and the dense MLP's first.
+bool sequence_gathered(const std::string& name, const ModelOptions& m, const ParallelDims& dims, bool megatron_sp) {
+  if (!megatron_sp || dims.tp() == 1) return false;
+  if (name.find(".mlp.c_fc.") != std::string::npos) return true;
+  if (m.arch == "linear") return false;  // lightning attention takes the region's input once
+  for (const char* part : {".attn.c_attn.", ".attn.q_proj.", ".attn.kv_proj."})
+    if (name.find(part) != std::string::npos) return true;
+  return false;
 }
 
 // The estimate for a rank holding `stage` of the model (the whole model: ModelStage{}), whose
@@ -80,7 +82,6 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   double optimizer_elements_bytes = 0, sharded_elements = 0, sharded_optimizer_bytes = 0;
   std::map<int64_t, double> unit_elements;  // this rank's elements by block (-1: the ends)
   double autocast_copied = 0;                // of them, those bf16 autocast copies (copied_by_autocast)
-  double copied_per_forward_elements = 0;    // and of those, the ones each forward casts anew
   for (const CensusEntry& item : *parameter_census(m, stage)) {
     const at::Tensor& t = item.meta;
     const Split split = item.spec.split;
@@ -91,10 +92,8 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
     const double local = static_cast<double>(t.numel()) * share;
     const double holders = split == Split::expert ? replicas / static_cast<double>(dims.ep()) : replicas;
     e.parameters_rank += static_cast<int64_t>(local);
-    if (copied_by_autocast(item.name, stage.head(m))) {
+    if (copied_by_autocast(item.name, stage.head(m)) && !sequence_gathered(item.name, m, dims, p.megatron_sp))
       autocast_copied += local;
-      if (copied_per_forward(item.name, dims, p.megatron_sp)) copied_per_forward_elements += local;
-    }
     unit_elements[std::max<int64_t>(item.spec.block, -1)] += local;
     double state = optimizer_state_bytes(config.optim, t, share);
     if (fp16) state += 4 * local;  // fp32 master
@@ -228,12 +227,12 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
     const double held_groups = std::min(2 + chunks, static_cast<double>(out.most_on_host) * stage_blocks);
     const double groups = std::max(in_flight, held_groups * largest);
     out.activations = (units + groups + recomputed) * micro_batch_tokens;
-    // bf16 copies: one set for the step, but each held micro-batch's own of what each forward
-    // casts anew, and of everything under ZeRO-3 in a pipeline (parallel/pipeline_step.h).
-    if (config.precision.dtype == "bf16" && out.most_held > 0) {
-      const double per_forward = dims.pp() > 1 && p.zero_stage >= 3 ? autocast_copied : copied_per_forward_elements;
-      out.copies = 2 * (autocast_copied - per_forward) + 2 * per_forward / chunks * static_cast<double>(out.most_held);
-    }
+    // bf16 copies: one set for the step (precision/autocast.h, WeightCastCache), but under ZeRO-3 in
+    // a pipeline each held micro-batch's own (parallel/pipeline_step.h).
+    if (config.precision.dtype == "bf16" && out.most_held > 0)
+      out.copies = dims.pp() > 1 && p.zero_stage >= 3
+                       ? 2 * autocast_copied / chunks * static_cast<double>(out.most_held)
+                       : 2 * autocast_copied;
     return out;
   };
   const Moment before = moment(held_before, kept_between_steps);
@@ -276,7 +275,7 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
   //   first unit     its gradients and their flat copy, one block's activations gone, the unit of
   //                  the backward before still in flight, and on the head's rank the ends'
   //                  gradients (they arrive first and are reduced last)
-  //   end            the micro-batch's activations (and a copy per forward) gone but the stage's
+  //   end            the micro-batch's activations (and under ZeRO-3 its copies) gone but the stage's
   //                  first block flattened beside the block after it in flight, with the head's
   //                  ends; on a rank whose ends come last (the embedding's), their own flattening
   // Found on held-out set 11's pp2 x dp2 GPipe ZeRO-3 row (a per-node trace of the head rank's first
@@ -292,8 +291,7 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
                                    stage.head(m) ? 0.0 : 2 * end_units + unit * in_flight_share);
     const double one_block = largest * micro_batch_tokens;
     const double one_micro_batch = per_token / chunks * micro_batch_tokens;
-    const double per_forward = p.zero_stage >= 3 ? autocast_copied : copied_per_forward_elements;
-    const double one_copy = config.precision.dtype == "bf16" ? 2 * per_forward / chunks : 0;
+    const double one_copy = config.precision.dtype == "bf16" && p.zero_stage >= 3 ? 2 * autocast_copied / chunks : 0;
     const double start_working = e.working_bytes, gathered = e.in_flight_bytes;
     double most = e.device_bytes() - e.parameter_bytes - (e.optimizer_on_host ? 0 : e.optimizer_bytes);
     auto consider = [&](const Moment& at, double freed_activations, double freed_copies, double working,

@@ -47,12 +47,11 @@
 //                products (or model/linear.h's function) keep for their backward: 2 bytes per
 //                parameter of the rank's stage that a product uses (the linears', the experts', the
 //                head's: not the norms', the router's, the positions' nor a first stage's token
-//                embedding, which a lookup reads), whole even under ZeRO-3: one set for the
-//                step (a pipeline step's micro-batches share one: parallel/pipeline_step.h), but
-//                once per micro-batch the schedule holds of what each forward casts anew (the
-//                query and key/value projections' joined weights under Megatron-SP with tp > 1)
-//                and of everything under ZeRO-3
-//                in a pipeline
+//                embedding, which a lookup reads; nor, under Megatron-SP with tp > 1, the
+//                sequence-gathered input projections', which keep the float32 parameter), whole
+//                even under ZeRO-3: one set for the step (a pipeline step's micro-batches share
+//                one: parallel/pipeline_step.h), but once per micro-batch the schedule holds
+//                under ZeRO-3 in a pipeline
 //   host         with parallel.offload, besides the optimizer state, the shard's float32 master
 //                copy and its gradient: (4 + 4) / R bytes per parameter
 // The peak is the larger of the backward's (parameters, optimizer state, activations, working,

@@ -104,7 +104,7 @@ std::string describe_memory_estimate(const Config& config, const ParallelDims& d
     out += line("  in flight (ZeRO) %12s ZeRO-3's gathered units and ZeRO-2/3's reduce-scatters at the backward's peak\n",
                 format_bytes(e.in_flight_bytes).c_str());
   if (e.weight_copy_bytes > 0)
-    out += line("  bf16 weight copies %10s kept by the products for their backward (one set for a pipeline step's micro-batches but what each forward casts anew)\n",
+    out += line("  bf16 weight copies %10s kept by the products for their backward (one set for a pipeline step's micro-batches; one per held micro-batch under ZeRO-3 in a pipeline)\n",
                 format_bytes(e.weight_copy_bytes).c_str());
   if (e.offload_host_bytes > 0)
     out += line("  offload copies   %12s (host: the shard's float32 master copy and gradient)\n",

@@ -7,6 +7,9 @@
 // held micro-batch would add five; the memory estimate counts one set for both
 // (plan/memory_estimate.h, weight_copy_bytes). The same with the saved activations encoded in int8
 // (under saved-tensor hooks), and with grouped-query attention's joined query and key/value weights.
+// Under Megatron-SP with tp = 2 the sequence-gathered input projections keep the float32 parameters
+// and cast them only while their products run (parallel/tensor/tp_comm.h): no copy of the joined
+// query and key/value weights per held micro-batch.
 #include <cmath>
 #include <cstdio>
 
@@ -41,6 +44,27 @@ Config pipeline_config(int64_t micro_batches, const std::string& codec, int64_t 
   return c;
 }
 
+// This rank's peak above the training state in the second step of config c (the first makes
+// AdamW's state), and the estimate's bf16 weight copies for its pipeline rank.
+double step_peak(const Config& c, comm::Mesh& mesh, double* copies) {
+  const Layout layout = make_layout(c, mesh.dims());
+  *copies = estimate_memory_by_rank(c, layout).at(static_cast<size_t>(mesh.coord().pp)).weight_copy_bytes;
+  torch::manual_seed(1);
+  auto parallel = parallelize(TransformerLM(c.model, ModelStage{}, at::TensorOptions().device(at::kMeta)), &mesh, c,
+                              layout, mesh.device(), draw_model_seed());
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  std::vector<Batch> batches;
+  for (int64_t m = 0; m < c.train.grad_accum; ++m) {
+    const at::Tensor tokens = at::randint(c.model.vocab_size, {1, c.train.seq_len + 1}, gen, at::kLong);
+    batches.push_back({tokens.narrow(1, 0, c.train.seq_len), tokens.narrow(1, 1, c.train.seq_len)});
+  }
+  parallel->runner().run(batches, 1e-3, {});  // AdamW's state exists from here on
+  const int64_t state = host_memory::current();
+  host_memory::reset_peak();
+  parallel->runner().run(batches, 1e-3, {});
+  return static_cast<double>(host_memory::peak() - state);
+}
+
 TEST(PipelineWeightCopies, ABf16StepKeepsOneCopyOfEachWeightForAllItsMicroBatches) {
   test::Ranks ranks(2);
   if (!ranks.is_worker()) {
@@ -49,24 +73,6 @@ TEST(PipelineWeightCopies, ABf16StepKeepsOneCopyOfEachWeightForAllItsMicroBatche
   }
   host_memory::install();
   auto mesh = ranks.connect(pipeline_config(8, "none", 4).parallel);  // every run's layout
-  auto step_peak = [&](const Config& c, double* copies) {
-    const Layout layout = make_layout(c, mesh->dims());
-    *copies = estimate_memory_by_rank(c, layout)[static_cast<size_t>(ranks.rank())].weight_copy_bytes;
-    torch::manual_seed(1);
-    auto parallel = parallelize(TransformerLM(c.model, ModelStage{}, at::TensorOptions().device(at::kMeta)), mesh.get(),
-                                c, layout, mesh->device(), draw_model_seed());
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
-    std::vector<Batch> batches;
-    for (int64_t m = 0; m < c.train.grad_accum; ++m) {
-      const at::Tensor tokens = at::randint(c.model.vocab_size, {1, c.train.seq_len + 1}, gen, at::kLong);
-      batches.push_back({tokens.narrow(1, 0, c.train.seq_len), tokens.narrow(1, 1, c.train.seq_len)});
-    }
-    parallel->runner().run(batches, 1e-3, {});  // AdamW's state exists from here on
-    const int64_t state = host_memory::current();
-    host_memory::reset_peak();
-    parallel->runner().run(batches, 1e-3, {});
-    return static_cast<double>(host_memory::peak() - state);
-  };
   // Also with the saved activations encoded (int8): the saved-tensor hooks keep a weight's copy, so
   // the next micro-batch finds it (memory/saved_activations.h); and with grouped-query attention,
   // whose query and key/value weights are joined into one product's operand (cast_joined).
@@ -76,8 +82,8 @@ TEST(PipelineWeightCopies, ABf16StepKeepsOneCopyOfEachWeightForAllItsMicroBatche
   };
   for (const Case& k : {Case{"none", 4}, Case{"int8", 4}, Case{"none", 2}}) {
     double copies3 = 0, copies8 = 0;
-    const double three = step_peak(pipeline_config(3, k.codec, k.kv_heads), &copies3);
-    const double eight = step_peak(pipeline_config(8, k.codec, k.kv_heads), &copies8);
+    const double three = step_peak(pipeline_config(3, k.codec, k.kv_heads), *mesh, &copies3);
+    const double eight = step_peak(pipeline_config(8, k.codec, k.kv_heads), *mesh, &copies8);
     std::printf("rank %lld: bf16, activations %s, %lld key/value heads: step peak above the training state: "
                 "3 micro-batches %.2f MB, 8 micro-batches %.2f MB; one set of bf16 weight copies (the estimate) %.2f MB\n",
                 static_cast<long long>(ranks.rank()), k.codec.c_str(), static_cast<long long>(k.kv_heads), three / 1e6,
@@ -86,6 +92,33 @@ TEST(PipelineWeightCopies, ABf16StepKeepsOneCopyOfEachWeightForAllItsMicroBatche
     EXPECT_EQ(copies3, copies8);
     EXPECT_LT(std::abs(eight - three), 0.5 * copies8) << k.codec << ", " << k.kv_heads << " key/value heads";
   }
+}
+
+TEST(PipelineWeightCopies, MegatronSpKeepsNoCopyOfTheJoinedQueryAndKeyValueWeightsPerMicroBatch) {
+  test::Ranks ranks(4);
+  if (!ranks.is_worker()) {
+    ranks.expect_success();
+    return ranks.print_lines("rank ");
+  }
+  host_memory::install();
+  auto config = [](int64_t micro_batches) {
+    Config c = pipeline_config(micro_batches, "none", 2);
+    c.parallel.tp = 2;
+    c.parallel.megatron_sp = true;
+    return c;
+  };
+  auto mesh = ranks.connect(config(8).parallel);
+  double copies3 = 0, copies8 = 0;
+  const double three = step_peak(config(3), *mesh, &copies3);
+  const double eight = step_peak(config(8), *mesh, &copies8);
+  // What a float32 join of this rank's query and key/value rows (its 2 query heads and 1 key/value
+  // head of 128) kept by each of the 5 more held micro-batches would add: a block a stage.
+  const double join = 4.0 * (2 * 128 + 2 * 128) * 512;
+  std::printf("rank %lld: bf16, pp2 x tp2 Megatron-SP, 2 key/value heads of 4: step peak above the training state: "
+              "3 micro-batches %.2f MB, 8 micro-batches %.2f MB; a join per held micro-batch would add %.2f MB\n",
+              static_cast<long long>(ranks.rank()), three / 1e6, eight / 1e6, 5 * join / 1e6);
+  EXPECT_EQ(copies3, copies8);
+  EXPECT_LT(std::abs(eight - three), 0.5 * 5 * join);
 }
 
 }  // namespace

@@ -333,6 +333,27 @@ const std::vector<Row>& layouts() {
          c.parallel.pp = 2;
          c.train.grad_accum = 2;
        }},
+      // Megatron-SP's sequence-gathered product of the joined query and key/value weights (with
+      // biases on them alone, as Qwen 2 has; and none), its weight gradient split into their rows
+      // (parallel/tensor/tp_comm.h).
+      {"qwen3_qkv_bias_tp2_megatron_sp_sgd", 2,
+       [](Config& c) {
+         llama(c, true);
+         sgd(c);
+         c.model.bias = false;
+         c.model.qkv_bias = true;
+         c.parallel.tp = 2;
+         c.parallel.megatron_sp = true;
+       }},
+      {"llama_pp2_tp2_megatron_sp_accum2", 4,
+       [](Config& c) {
+         llama(c);
+         c.model.bias = false;
+         c.parallel.pp = 2;
+         c.parallel.tp = 2;
+         c.parallel.megatron_sp = true;
+         c.train.grad_accum = 2;
+       }},
       {"llama_sp2_ring_sgd", 2, [](Config& c) { llama(c); sgd(c); c.parallel.sp = 2; c.parallel.sp_method = "ring"; }},
       {"qwen3_sp2_ulysses", 2, [](Config& c) { llama(c, true); c.parallel.sp = 2; c.parallel.sp_method = "ulysses"; }},
       {"mixtral_dp2_ep2_sgd", 2, [](Config& c) { mixtral(c); sgd(c); c.parallel.ep = 2; }},

@@ -18,8 +18,8 @@ ShardedRegion region(comm::Group& tp, bool megatron_sp) {
   if (megatron_sp) {
     r.enter = [&tp](const at::Tensor& x) { return gather_from_sequence(x, tp); };
     r.exit = [&tp](const at::Tensor& y) { return reduce_scatter_to_sequence(y, tp); };
-    r.column = [&tp](const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-      return sequence_gathered_linear(x, weight, bias, tp);
+    r.column = [&tp](const at::Tensor& x, at::TensorList weights, at::TensorList biases) {
+      return sequence_gathered_linear(x, weights, biases, tp);
     };
   } else {
     r.enter = [&tp](const at::Tensor& x) { return copy_to_tp(x, tp); };
@@ -41,7 +41,7 @@ TransformerLMImpl::ShardHooks shard_hooks(TransformerLM& model, comm::Group& tp,
     };
   TransformerLMImpl* const lm = model.get();
   hooks.logits = [lm, &tp, megatron_sp](const at::Tensor& h) {
-    return megatron_sp ? sequence_gathered_linear(h, lm->head_weight(), at::Tensor(), tp)
+    return megatron_sp ? sequence_gathered_linear(h, {lm->head_weight()}, {}, tp)
                        : linear(copy_to_tp(h, tp), lm->head_weight(), at::Tensor());
   };
   hooks.cross_entropy = [&tp](const at::Tensor& logits, const at::Tensor& targets) {

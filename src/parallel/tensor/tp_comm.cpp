@@ -5,7 +5,7 @@
 #include <optional>
 #include <vector>
 
-#include <torch/autograd.h>
+#include <ATen/ops/cat.h>
 #include <torch/autograd.h>
 
 #include "core/error.h"
@@ -112,60 +112,83 @@ at::Tensor apply(const at::Tensor& x, comm::Group& tp, Op forward_op, Op backwar
 
 constexpr int64_t kSequenceDim = 1;
 
-// linear(gather(x)) keeping x (sequence_gathered_linear in tp_comm.h). A custom function takes no
-// undefined input, so a layer without a bias calls the two-input forward.
+// linear(gather(x)) keeping x (sequence_gathered_linear in tp_comm.h), for one weight or several
+// joined along the output dimension (biases: one per weight, or none). The join, and a cast of it
+// under autocast, live only while the forward's and the backward's products run: the function
+// keeps the parameters themselves, so a pipeline rank holding several micro-batches holds no copy
+// of them per micro-batch.
 struct SequenceGatheredLinear : public torch::autograd::Function<SequenceGatheredLinear> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, comm::Group* tp) {
-    return run(ctx, x, weight, at::Tensor(), tp);
-  }
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const at::Tensor& bias, comm::Group* tp) {
-    return run(ctx, x, weight, bias, tp);
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights, at::TensorList biases,
+                            comm::Group* tp) {
+    ctx->saved_data["tp"] = reinterpret_cast<int64_t>(tp);
+    std::vector<int64_t> rows;
+    for (const at::Tensor& w : weights) rows.push_back(w.size(0));
+    ctx->saved_data["rows"] = rows;
+    if (!biases.empty()) ctx->saved_data["bias_dtype"] = biases[0].scalar_type();  // their gradients' dtype
+    std::vector<at::Tensor> saved{x};
+    saved.insert(saved.end(), weights.begin(), weights.end());
+    ctx->save_for_backward(saved);
+    return at::linear(gather_along(x, kSequenceDim, *tp), joined(weights),
+                      biases.empty() ? at::Tensor() : joined(biases));
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto* tp = reinterpret_cast<comm::Group*>(ctx->saved_data["tp"].toInt());
     const bool has_bias = ctx->saved_data.count("bias_dtype") > 0;
+    const std::vector<int64_t> rows = ctx->saved_data["rows"].toIntVector();
+    const size_t n = rows.size();
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &x = saved[0], &weight = saved[1];
+    const at::Tensor& x = saved[0];
+    const std::vector<at::Tensor> weights(saved.begin() + 1, saved.end());
     const at::Tensor grad = grads[0];
     const at::ScalarType dtype = grad.scalar_type();  // the forward's product's
-    const int64_t out = weight.size(0), in = weight.size(1);
-    variable_list result(has_bias ? 4 : 3);
+    const int64_t out = grad.size(-1), in = weights[0].size(1);
+    variable_list result(2 + n * (has_bias ? 2 : 1));  // x, the weights, the biases, tp
+    bool weights_needed = false, biases_needed = false;
+    for (size_t i = 0; i < n; ++i) {
+      weights_needed = weights_needed || ctx->needs_input_grad(1 + i);
+      biases_needed = biases_needed || (has_bias && ctx->needs_input_grad(1 + n + i));
+    }
     // The kept input's all-gather runs while the input gradient's product does (Megatron's overlap).
     std::optional<GatherAlong> gathering;
-    if (ctx->needs_input_grad(1)) gathering = GatherAlong::start(x.to(dtype), kSequenceDim, *tp);
+    if (weights_needed) gathering = GatherAlong::start(x.to(dtype), kSequenceDim, *tp);
     if (ctx->needs_input_grad(0))
-      result[0] = reduce_scatter_along(at::matmul(grad, weight.to(dtype)), kSequenceDim, *tp).to(x.scalar_type());
+      result[0] = reduce_scatter_along(at::matmul(grad, joined(weights).to(dtype)), kSequenceDim, *tp)
+                      .to(x.scalar_type());
     const at::Tensor grad2 = grad.reshape({-1, out});
     if (gathering) {
       const at::Tensor gathered = gathering->finish().reshape({-1, in});
-      result[1] = (dtype == at::kFloat ? at::mm(grad2.t(), gathered) : float_accumulated_mm(grad2.t(), gathered))
-                      .to(weight.scalar_type());
+      const at::Tensor dw = (dtype == at::kFloat ? at::mm(grad2.t(), gathered) : float_accumulated_mm(grad2.t(), gathered))
+                                .to(weights[0].scalar_type());
+      const std::vector<at::Tensor> parts = into_rows(dw, rows);
+      for (size_t i = 0; i < n; ++i) result[1 + i] = parts[i];
     }
-    if (has_bias && ctx->needs_input_grad(2))
-      result[2] = grad2.sum(0, false, at::kFloat).to(ctx->saved_data["bias_dtype"].toScalarType());
+    if (biases_needed) {
+      const at::Tensor db = grad2.sum(0, false, at::kFloat).to(ctx->saved_data["bias_dtype"].toScalarType());
+      const std::vector<at::Tensor> parts = into_rows(db, rows);
+      for (size_t i = 0; i < n; ++i) result[1 + n + i] = parts[i];
+    }
     return result;
   }
 
  private:
-  static at::Tensor run(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                        comm::Group* tp) {
-    ctx->saved_data["tp"] = reinterpret_cast<int64_t>(tp);
-    if (bias.defined()) ctx->saved_data["bias_dtype"] = bias.scalar_type();  // its gradient's dtype
-    ctx->save_for_backward({x, weight});
-    return at::linear(gather_along(x, kSequenceDim, *tp), weight, bias);
+  static at::Tensor joined(at::TensorList parts) { return parts.size() == 1 ? parts[0] : at::cat(parts, 0); }
+  static std::vector<at::Tensor> into_rows(const at::Tensor& t, const std::vector<int64_t>& rows) {
+    return rows.size() == 1 ? std::vector<at::Tensor>{t} : t.split_with_sizes(rows, 0);
   }
 };
 
 }  // namespace
 
-at::Tensor sequence_gathered_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+at::Tensor sequence_gathered_linear(const at::Tensor& x, at::TensorList weights, at::TensorList biases,
                                     comm::Group& tp) {
-  if (tp.size() == 1) return at::linear(x, weight, bias);
+  if (tp.size() == 1) return linear_joined(x, weights, biases);
   require(x.dim() >= 2, "tensor parallelism: a sequence-gathered linear takes [B, T/N, ...], not ", x.sizes());
-  return bias.defined() ? SequenceGatheredLinear::apply(x, weight, bias, &tp)
-                        : SequenceGatheredLinear::apply(x, weight, &tp);
+  require(biases.empty() || biases.size() == weights.size(), "tensor parallelism: a sequence-gathered linear of ",
+          weights.size(), " weights takes as many biases or none, not ", biases.size());
+  for (const at::Tensor& b : biases)
+    require(b.defined(), "tensor parallelism: a sequence-gathered linear's biases are all defined or none given");
+  return SequenceGatheredLinear::apply(x, weights, biases, &tp);
 }
 
 at::Tensor copy_to_tp(const at::Tensor& x, comm::Group& tp) { return apply(x, tp, Op::identity, Op::all_reduce, 0); }

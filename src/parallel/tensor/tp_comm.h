@@ -60,8 +60,11 @@ at::Tensor reduce_scatter_to_sequence(const at::Tensor& x, comm::Group& tp);
 // nothing), started before the input gradient's product and waited for after it. Saves (N - 1)/N
 // of the input's activation memory for one more all-gather in the backward. The products run in the dtype the forward's did (autocast's, else the input's); the
 // weight and bias gradients come back in the parameters' dtype (on a GPU under bf16 the weight's
-// GEMM accumulates into float32, as model/linear.h's function does).
-at::Tensor sequence_gathered_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+// GEMM accumulates into float32, as model/linear.h's function does). Several weights (and their
+// biases, all or none) are one product of their join along the output dimension, as
+// linear_joined's; the function keeps the parameters, not their join or its cast, so a pipeline
+// rank holds no copy of them per held micro-batch.
+at::Tensor sequence_gathered_linear(const at::Tensor& x, at::TensorList weights, at::TensorList biases,
                                     comm::Group& tp);
 
 }  // namespace tessera
