@@ -266,8 +266,10 @@ void MemoryOptions::check(const std::string& source) const {
   for (size_t begin = 0; begin <= activation_compression.size();) {
     const size_t end = std::min(activation_compression.find(',', begin), activation_compression.size());
     const std::string codec = activation_compression.substr(begin, end - begin);
-    require(codec == "none" || codec == "lossless" || codec == "bf16" || codec == "fp8" || codec == "int8", source,
-            ": memory.activation_compression must be none, lossless, bf16, fp8 or int8, or under activation_policy "
+    require(codec == "none" || codec == "lossless" || codec == "bf16" || codec == "fp8" || codec == "int8" ||
+                codec == "int4",
+            source, ": memory.activation_compression must be none, lossless, bf16, fp8, int8 or int4, or under "
+            "activation_policy "
             "= auto a comma-separated list of them (got '", activation_compression, "')");
     require(std::find(codecs.begin(), codecs.end(), codec) == codecs.end() &&
                 (codec != "none" || activation_compression == "none"),

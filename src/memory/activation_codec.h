@@ -8,6 +8,9 @@
 //             largest magnitude to 448 and rounded to float8 e4m3; one float32 scale per group.
 //   int8      each group of 32 along the last dimension scaled by its largest magnitude to 127 and
 //             rounded to the nearest integer (ties to even); one float32 scale per group.
+//   int4      each group of 32 scaled by its largest magnitude to 7 and rounded as int8's (ActNN's and
+//             GACT's 4-bit activations, with int8's grouping); two to a byte (element 2 i in the low
+//             four bits, 2 i + 1 in the high, each stored plus 8), one float32 scale per group.
 //   The lossy encodings pack bool tensors as lossless does.
 //
 // The group: 32 consecutive elements of the last dimension when 32 divides it, else the whole last
@@ -16,8 +19,8 @@
 // parallelism) or along the last one at multiples of 32 encodes each element exactly as one
 // process does: the layouts' gradients then differ only by their own rounding.
 //
-// Encoding and decoding are ATen operations on the tensor's device (CPU or CUDA, vectorised by
-// ATen): no copy through the host, no synchronisation. Decoding gives a contiguous tensor of the
+// Encoding and decoding run on the tensor's device (CPU kernels, CUDA kernels for int8 and fp8, ATen
+// expressions elsewhere): no copy through the host, no synchronisation. Decoding gives a contiguous tensor of the
 // original sizes and dtype.
 #pragma once
 
@@ -29,7 +32,7 @@
 
 namespace tessera {
 
-enum class ActivationCodec { none, lossless, bf16, fp8, int8 };
+enum class ActivationCodec { none, lossless, bf16, fp8, int8, int4 };
 
 // Parses memory.activation_compression; throws tessera::Error naming the key and the values.
 ActivationCodec parse_activation_codec(const std::string& name);
@@ -43,15 +46,16 @@ constexpr int64_t kActivationGroup = 32;
 
 // Bytes an encoded element of an activation of `element_bytes` bytes holds (bool masks and the
 // tensors a codec keeps aside): none and lossless keep it, bf16 halves float32, fp8 and int8 hold
-// a byte and a float32 scale per group.
+// a byte and a float32 scale per group, int4 half a byte and the scale.
 double activation_codec_bytes_per_element(ActivationCodec codec, int64_t element_bytes);
 
 // A tensor as saved: either the tensor itself (`kept`) or its encoding.
 struct EncodedTensor {
-  enum class Form { kept, bits, bf16, fp8, int8 };
+  enum class Form { kept, bits, bf16, fp8, int8, int4 };
   Form form = Form::kept;
-  at::Tensor data;    // kept: the tensor; bits: uint8 [ceil(n / 8)]; bf16; fp8/int8: [groups, group]
-  at::Tensor scales;  // fp8/int8: float32 [groups, 1]
+  at::Tensor data;    // kept: the tensor; bits: uint8 [ceil(n / 8)]; bf16; fp8/int8: [groups, group];
+                      // int4: uint8 [ceil(n / 2)]
+  at::Tensor scales;  // fp8/int8/int4: float32 [groups, 1]
   std::vector<int64_t> sizes;
   at::ScalarType dtype = at::kFloat;
 

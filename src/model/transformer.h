@@ -124,7 +124,7 @@ class TransformerLMImpl : public torch::nn::Module {
 
   // "none" | "full" | "selective" (memory.activation_checkpointing); throws tessera::Error otherwise.
   void set_activation_checkpointing(const std::string& mode);
-  // "none" | "lossless" | "bf16" | "fp8" | "int8" (memory.activation_compression): how each block
+  // "none" | "lossless" | "bf16" | "fp8" | "int8" | "int4" (memory.activation_compression): how each block
   // keeps what autograd saves for its backward (memory/activation_codec.h).
   void set_activation_compression(const std::string& codec);
   // The held blocks with a global index below `blocks` keep their saved activations in host memory

@@ -283,8 +283,9 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
   const double overhead_us = calibration::autograd_kernel_us(at::kCPU, budget);
   progress("the optimizer step (AdamW) on the host");
   const double host_optimizer_gbs = calibration::adamw_host_gbs(4 << 20, budget);
-  progress("the activation codecs (int8, fp8, bf16), encoding and decoding 32 MiB");
+  progress("the activation codecs (int8, int4, fp8, bf16), encoding and decoding 32 MiB");
   const double codec_int8 = calibration::activation_codec_gbs("int8", at::kCPU, budget);
+  const double codec_int4 = calibration::activation_codec_gbs("int4", at::kCPU, budget);
   const double codec_fp8 = calibration::activation_codec_gbs("fp8", at::kCPU, budget);
   const double codec_bf16 = calibration::activation_codec_gbs("bf16", at::kCPU, budget);
   progress(std::to_string(ranks) + " processes computing at once");
@@ -338,6 +339,7 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
       "memory_gbs = %.2f            # LayerNorm + GELU forward and backward through autograd at 4 sizes, bytes counted as the planner counts them, fitted\n"
       "kernel_overhead_us = %.2f     # 32 chained adds on 8 elements, forward and backward through autograd: median time / 64\n"
       "activation_codec_int8_gbs = %.2f  # int8 encoding and decoding of a [16384, 512] float32 activation: source bytes / median time\n"
+      "activation_codec_int4_gbs = %.2f  # the same, int4\n"
       "activation_codec_fp8_gbs = %.2f   # the same, fp8\n"
       "activation_codec_bf16_gbs = %.2f  # the same, bf16\n\n"
       "[intra_node]\n"
@@ -360,7 +362,7 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
       by.c_str(), cpu.c_str(), static_cast<long long>(ranks), static_cast<long long>(ranks), slowdown,
       static_cast<long long>(ranks), memory_slowdown, cpu.c_str(), bf16.tflops, fp32.tflops, bf16.tflops, kShapes.size(),
       fp32.tflops, std::max(0.0, fp32.overhead_us - overhead_us), attention_bf16, attention_fp32, host_gib, memory_gbs, overhead_us,
-      codec_int8, codec_fp8, codec_bf16, link.gbs, idle.latency_us, call_overhead_us, link.gbs,
+      codec_int8, codec_int4, codec_fp8, codec_bf16, link.gbs, idle.latency_us, call_overhead_us, link.gbs,
       idle.latency_us, call_overhead_us, host_gib, memory_gbs, host_optimizer_gbs / memory_slowdown, link.gbs, link.latency_us,
       round_cpu, round_cpu_basis.c_str());
   return text;

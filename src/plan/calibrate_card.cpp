@@ -220,9 +220,10 @@ std::string calibrate_this_card(const CalibrateOptions& options, const CardPeaks
   const Fit memory = memory_kernels(budget);
   // A step's small kernels run through autograd, one synchronization a run.
   const double overhead_us = calibration::autograd_kernel_us(kCard, budget, [] { torch::cuda::synchronize(); });
-  progress("the activation codecs (int8, fp8, bf16), encoding and decoding 32 MiB");
+  progress("the activation codecs (int8, int4, fp8, bf16), encoding and decoding 32 MiB");
   const auto card_sync = [] { torch::cuda::synchronize(); };
   const double codec_int8 = calibration::activation_codec_gbs("int8", kCard, budget, card_sync);
+  const double codec_int4 = calibration::activation_codec_gbs("int4", kCard, budget, card_sync);
   const double codec_fp8 = calibration::activation_codec_gbs("fp8", kCard, budget, card_sync);
   const double codec_bf16 = calibration::activation_codec_gbs("bf16", kCard, budget, card_sync);
   progress("pinned host copies each way, 16 to 512 MiB");
@@ -255,6 +256,7 @@ std::string calibrate_this_card(const CalibrateOptions& options, const CardPeaks
       "memory_gbs = %.0f           # LayerNorm + GELU on bf16, forward and backward through autograd, at 4 sizes, bytes counted as the planner counts them, fitted\n"
       "kernel_overhead_us = %.2f     # 32 chained adds on 8 elements, forward and backward through autograd: median time / 64\n"
       "activation_codec_int8_gbs = %.1f  # int8 encoding and decoding of a [16384, 512] float32 activation: source bytes / median time\n"
+      "activation_codec_int4_gbs = %.1f  # the same, int4\n"
       "activation_codec_fp8_gbs = %.1f   # the same, fp8\n"
       "activation_codec_bf16_gbs = %.1f  # the same, bf16\n\n"
       "[intra_node]\n"
@@ -271,7 +273,7 @@ std::string calibrate_this_card(const CalibrateOptions& options, const CardPeaks
       peaks.fp32_basis.c_str(), std::min(bf16.rate / 1e12, peaks.bf16_tflops), table_name.c_str(),
       kAxis.size() * kAxis.size() * kAxis.size(), table_name.c_str(), std::min(fp32.rate / 1e12, peaks.fp32_tflops),
       std::max(0.0, bf16.intercept_s * 1e6 - overhead_us), sdpa.rate / 1e12, card_gib, memory.rate / 1e9, overhead_us,
-      codec_int8, codec_fp8, codec_bf16, link_gbs, link_gbs, calibration::host_memory_gib(), link_gbs, optimizer_gbs, at::get_num_threads());
+      codec_int8, codec_int4, codec_fp8, codec_bf16, link_gbs, link_gbs, calibration::host_memory_gib(), link_gbs, optimizer_gbs, at::get_num_threads());
   return text;
 #endif
 }

@@ -86,7 +86,8 @@ struct DeviceSpec {
   // The activation codecs encoding and decoding a saved activation, float32 source bytes per
   // second (tessera plan calibrate); 0: not measured, and memory.activation_compression with that
   // codec is refused on this cluster.
-  double activation_codec_int8_gbs = 0, activation_codec_fp8_gbs = 0, activation_codec_bf16_gbs = 0;
+  double activation_codec_int8_gbs = 0, activation_codec_int4_gbs = 0, activation_codec_fp8_gbs = 0,
+         activation_codec_bf16_gbs = 0;
   // A CSV of measured bf16 product rates by shape (plan/matmul_table.h), relative to the cluster
   // file; empty: every bf16 product at matmul_tflops_bf16. Read into `matmul_rates`.
   std::string matmul_table;
@@ -115,6 +116,8 @@ struct DeviceSpec {
     v("activation_codec_int8_gbs", activation_codec_int8_gbs,
       "int8 activation encoding and decoding, float32 source bytes per second (GB/s; `tessera plan calibrate`; 0 = "
       "not measured)", between(0, 1e7));
+    v("activation_codec_int4_gbs", activation_codec_int4_gbs, "the same for int4 (GB/s; 0 = not measured)",
+      between(0, 1e7));
     v("activation_codec_fp8_gbs", activation_codec_fp8_gbs, "the same for fp8 (GB/s; 0 = not measured)", between(0, 1e7));
     v("activation_codec_bf16_gbs", activation_codec_bf16_gbs, "the same for bf16 (GB/s; 0 = not measured)",
       between(0, 1e7));

@@ -287,10 +287,11 @@ void add_activation_offload(const Config& config, const ParallelDims& dims, cons
 // no codec encodes); half in the forward, half in the backward. What a codec keeps as it is costs
 // nothing: bf16 under a 16-bit compute dtype, lossless's tensors (its bool masks, a byte per
 // element at most, are not priced).
-// The cluster file's rate for a codec of memory.activation_compression (int8, fp8 or bf16), refused
+// The cluster file's rate for a codec of memory.activation_compression (int8, int4, fp8 or bf16), refused
 // naming the key where the file leaves it at 0.
 double codec_gbs(ActivationCodec codec, const Cluster& cluster) {
   const double gbs = codec == ActivationCodec::int8  ? cluster.device.activation_codec_int8_gbs
+                     : codec == ActivationCodec::int4 ? cluster.device.activation_codec_int4_gbs
                      : codec == ActivationCodec::fp8 ? cluster.device.activation_codec_fp8_gbs
                                                      : cluster.device.activation_codec_bf16_gbs;
   const char* name = activation_codec_name(codec);

@@ -88,6 +88,11 @@ const Tolerance kFp16{1e-4, 2e-4, 5e-3, 1.5e-2, 1e-2, 6e-4, 1e-2};
 // magnitude). Measured: gradients 7.1e-4 of max |g| at the first step, 1.2e-3 later; the gradient
 // norm 1.0e-5 apart (sp2 LASP with ATen's baseline kernels, session 49), hence 1e-4.
 const Tolerance kInt8Sharded{1e-5, 1e-4, 2e-3, 5e-3, 1e-3, 1e-4, 1e-4};
+// The same with int4 (memory.activation_compression = int4): an element that lands on the other
+// side of a boundary moves by 1/7 of its group's largest magnitude, 18 times int8's step. Measured
+// (tp2 Megatron-SP, 2026-12-04): 5.2e-7 of max |g| at the first step, 8.3e-3 later; parameters
+// 2.1e-5 apart, loss and gradient norm within 6e-7.
+const Tolerance kInt4Sharded{1e-5, 1e-4, 2e-3, 2e-2, 1e-3, 1e-4, 1e-4};
 // Activations saved as int8 under a pipeline: the first step's forward is one process's bit for bit,
 // so its gradients hold to fp32's bounds; the parameters then differ by the rounding of the weight
 // gradients' accumulation (the micro-batches' sum, the split backward's W), and at later steps a
@@ -502,6 +507,31 @@ const std::vector<Row>& layouts() {
          c.parallel.zero_stage = 3;
          c.memory.activation_compression = "int8";
        }},
+      {"dp2_zero3_int4_activations_sgd", 2,
+       [](Config& c) {
+         sgd(c);
+         c.parallel.zero_stage = 3;
+         c.memory.activation_compression = "int4";
+       }},
+      {"tp2_megatron_sp_int4_activations_sgd", 2,
+       [](Config& c) {
+         sgd(c);
+         c.model.n_embd = 64;
+         c.parallel.tp = 2;
+         c.parallel.megatron_sp = true;
+         c.memory.activation_compression = "int4";
+       },
+       &kInt4Sharded},
+      {"pp2_zbv_int4_activations_sgd_accum4", 2,
+       [](Config& c) {
+         sgd(c);
+         c.model.n_layer = 4;
+         c.parallel.pp = 2;
+         c.parallel.pp_schedule = "zbv";
+         c.train.grad_accum = 4;
+         c.memory.activation_compression = "int4";
+       },
+       &kInt8Pipelined},
       {"tp2_megatron_sp_int8_activations_sgd", 2,
        [](Config& c) {
          sgd(c);

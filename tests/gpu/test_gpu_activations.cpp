@@ -24,7 +24,8 @@ TEST(GpuActivationCodec, EncodesAsTheCpuKernelsDo) {
   at::Tensor x = at::randn({6, 5, 128}, gen) * at::rand({6, 5, 1}, gen) * 10;
   x[2][1].zero_();  // all-zero groups
   for (at::ScalarType dtype : {at::kFloat, at::kBFloat16})
-    for (ActivationCodec codec : {ActivationCodec::int8, ActivationCodec::fp8, ActivationCodec::bf16}) {
+    for (ActivationCodec codec :
+         {ActivationCodec::int8, ActivationCodec::int4, ActivationCodec::fp8, ActivationCodec::bf16}) {
       const at::Tensor in = x.to(dtype);
       const EncodedTensor cpu = encode_activation(in, codec);
       const EncodedTensor gpu = encode_activation(in.cuda(), codec);

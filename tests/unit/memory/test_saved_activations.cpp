@@ -31,6 +31,34 @@ TEST(ActivationCodec, Int8IsWithinHalfAStepOfItsGroupsScale) {
   EXPECT_GT(error.max().item<double>(), 0);  // it is lossy
 }
 
+// int4: half a step of amax / 7, two codes to a byte (element 2 i low, 2 i + 1 high, each plus 8),
+// also for an odd count (the last byte's high half is padding) and a group that is a whole last
+// dimension not a multiple of 32.
+TEST(ActivationCodec, Int4IsWithinHalfAStepAndPacksTwoCodesToAByte) {
+  for (const std::vector<int64_t>& sizes : {std::vector<int64_t>{6, 5, 64}, std::vector<int64_t>{3, 9}}) {
+    const at::Tensor x = sample(sizes);
+    const int64_t n = x.numel(), group = sizes.back() % kActivationGroup == 0 ? kActivationGroup : sizes.back();
+    const EncodedTensor e = encode_activation(x, ActivationCodec::int4);
+    ASSERT_EQ(e.form, EncodedTensor::Form::int4);
+    EXPECT_EQ(e.bytes(), (n + 1) / 2 + n / group * 4);
+    const at::Tensor groups = x.reshape({-1, group});
+    const at::Tensor scale = groups.abs().amax({1}, true) / 7;
+    EXPECT_TRUE(e.scales.equal(scale));
+    const at::Tensor codes = (groups / scale).round().clamp(-7, 7).to(at::kInt).reshape({-1});
+    const at::Tensor bytes = e.data.to(at::kInt);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t stored = i % 2 == 0 ? bytes[i / 2].item<int64_t>() & 15 : bytes[i / 2].item<int64_t>() >> 4;
+      ASSERT_EQ(stored, codes[i].item<int64_t>() + 8) << "element " << i << " of " << x.sizes();
+    }
+    if (n % 2 != 0) EXPECT_EQ(bytes[n / 2].item<int64_t>() >> 4, 8);
+    const at::Tensor back = decode_activation(e);
+    ASSERT_EQ(back.sizes(), x.sizes());
+    EXPECT_TRUE(back.equal((codes.to(at::kFloat).view({-1, group}) * scale).view(x.sizes())));
+    const at::Tensor error = (back.reshape({-1, group}) - groups).abs();
+    EXPECT_TRUE((error <= scale * 0.5001).all().item<bool>()) << (error / scale).max().item<double>();
+  }
+}
+
 // The CPU kernels compute what activation_codec.h states, in the ATen expression other devices
 // run: scale = amax / top (1 for an all-zero group), x / scale rounded half to even and clamped
 // (int8) or cast (fp8); decoding q * scale. Equal bit for bit, float32 and bfloat16 inputs.
@@ -92,7 +120,7 @@ TEST(ActivationCodec, BoolMasksAreBitsAndComeBackExactly) {
 // split along an outer dimension, or along the last at a multiple of 32, encodes the same.
 TEST(ActivationCodec, SplittingATensorAsALayoutDoesEncodesEachElementTheSame) {
   const at::Tensor x = sample({4, 8, 128});
-  for (ActivationCodec codec : {ActivationCodec::fp8, ActivationCodec::int8}) {
+  for (ActivationCodec codec : {ActivationCodec::fp8, ActivationCodec::int8, ActivationCodec::int4}) {
     const at::Tensor whole = decode_activation(encode_activation(x, codec));
     for (int64_t dim : {0, 1, 2}) {
       std::vector<at::Tensor> parts;
@@ -106,9 +134,9 @@ TEST(ActivationCodec, NarrowAndIntegerTensorsAreKept) {
   EXPECT_EQ(encode_activation(sample({4096, 1}), ActivationCodec::int8).form, EncodedTensor::Form::kept);  // last dim 1
   EXPECT_EQ(encode_activation(sample({64, 4}), ActivationCodec::fp8).form, EncodedTensor::Form::kept);
   EXPECT_EQ(encode_activation(at::arange(8192), ActivationCodec::int8).form, EncodedTensor::Form::kept);
-  EXPECT_THROW(parse_activation_codec("int4"), Error);
+  EXPECT_THROW(parse_activation_codec("int2"), Error);
   try {
-    parse_activation_codec("int4");
+    parse_activation_codec("int2");
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("memory.activation_compression"), std::string::npos) << e.what();
   }
@@ -192,6 +220,23 @@ TEST(SavedActivations, Int8EncodesActivationsOnceAndKeepsTheWeights) {
   for (size_t i = 0; i < plain.params.size(); ++i)
     EXPECT_TRUE(int8.params[i].allclose(plain.params[i], 0.05, 0.05 * plain.params[i].abs().max().item<double>()))
         << i;
+  EXPECT_EQ(saved_activation_bytes().live, 0);
+}
+
+TEST(SavedActivations, Int4HoldsHalfAByteAnElementAndMovesTheGradientsByItsStep) {
+  Net net;
+  const Gradients plain = run(net, ActivationCodec::none);
+  count_saved_activations(true);
+  SavedActivationBytes int4_bytes;
+  const Gradients int4 = run(net, ActivationCodec::int4, &int4_bytes);
+  count_saved_activations(false);
+  const int64_t tokens = 8 * 16, mask = tokens * 128, floats = tokens * (64 + 128 + 128 + 64);
+  EXPECT_EQ(int4_bytes.live, floats / 2 + floats / kActivationGroup * 4 + mask / 8);
+  // A 4-bit step is 1/7 of a group's largest magnitude: the gradients move by a few percent.
+  EXPECT_FALSE(int4.input.equal(plain.input));
+  EXPECT_TRUE(int4.input.allclose(plain.input, 0.3, 0.3 * plain.input.abs().max().item<double>()));
+  for (size_t i = 0; i < plain.params.size(); ++i)
+    EXPECT_TRUE(int4.params[i].allclose(plain.params[i], 0.3, 0.3 * plain.params[i].abs().max().item<double>())) << i;
   EXPECT_EQ(saved_activation_bytes().live, 0);
 }
 
