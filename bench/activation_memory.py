@@ -2,8 +2,8 @@
 """What each activation memory saver keeps for the backward pass and what it costs (issue 53).
 
 For each config (default tiny_gpt and tiny_llama, float32, one process) and each policy:
-  memory.activation_compression = none, lossless, bf16, fp8, int8 (no checkpointing);
-  memory.activation_checkpointing = selective, full (no compression); full with int8;
+  memory.activation_compression = none, lossless, bf16, fp8, int8, int4 (no checkpointing);
+  memory.activation_checkpointing = selective, full (no compression); full with int8 and with int4;
 it runs `tessera bench --json` in ROUNDS rounds, the policies of a round one after another, and
 reports:
   saved KiB/token/block  saved_activation_bytes (what autograd held at the step's peak for the
@@ -11,9 +11,9 @@ reports:
   formula                the same from the block's operations, for the GPT block (fp32, the CPU's
                          fused attention, no dropout; docs/memory.md): 64 h + 16 + 4 a bytes
                          uncompressed (16 h floats, two norms' mean and rstd, the attention's
-                         log-sum-exp per head), 32 h (bf16) or 18 h (int8, fp8: a byte and a
-                         4-byte scale per 32) for the 16 h floats; full checkpointing keeps the
-                         block's input, 4 h;
+                         log-sum-exp per head), 32 h (bf16), 18 h (int8, fp8: a byte and a
+                         4-byte scale per 32) or 10 h (int4: half a byte and the scale) for the
+                         16 h floats; full checkpointing keeps the block's input, 4 h;
   x of none              the uncompressed figure over the policy's;
   step ms                the median over rounds of each round's median step;
   step / none            the median over rounds of the step over the same round's uncompressed
@@ -38,9 +38,11 @@ POLICIES = [
     ("bf16", "none"),
     ("fp8", "none"),
     ("int8", "none"),
+    ("int4", "none"),
     ("none", "selective"),
     ("none", "full"),
     ("int8", "full"),
+    ("int4", "full"),
 ]
 
 
@@ -57,10 +59,12 @@ def model_shape(build, config):
 
 def formula(compression, checkpointing, h, a):
     if checkpointing == "full":
-        return 4 * h * {"none": 1, "lossless": 1, "bf16": 0.5, "fp8": 1.125 / 4, "int8": 1.125 / 4}[compression]
+        return 4 * h * {"none": 1, "lossless": 1, "bf16": 0.5, "fp8": 1.125 / 4, "int8": 1.125 / 4,
+                        "int4": 0.625 / 4}[compression]
     if checkpointing != "none":
         return None
-    floats = {"none": 64 * h, "lossless": 64 * h, "bf16": 32 * h, "fp8": 18 * h, "int8": 18 * h}[compression]
+    floats = {"none": 64 * h, "lossless": 64 * h, "bf16": 32 * h, "fp8": 18 * h, "int8": 18 * h,
+              "int4": 10 * h}[compression]
     return floats + 16 + 4 * a
 
 

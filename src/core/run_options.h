@@ -124,7 +124,7 @@ struct MemoryOptions {
       "none, full (recompute each block) or selective (recompute attention only)");
     v("activation_compression", activation_compression,
       "how the tensors each block saves for its backward are kept: none, lossless (bool masks as bits), bf16 "
-      "(float32 ones rounded), fp8 or int8 (per 32 elements of the last dimension, with a float32 scale; "
+      "(float32 ones rounded), fp8, int8 or int4 (per 32 elements of the last dimension, with a float32 scale; "
       "docs/memory.md); with activation_policy = auto: the encoding each block may choose");
     v("activation_offload", activation_offload,
       "the first N blocks keep what they save for the backward in host memory between their forward and backward, "

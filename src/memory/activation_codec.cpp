@@ -92,6 +92,21 @@ void dequantize_int8_cpu(const int8_t* q, const float* scales, int64_t groups, i
   }
 }
 
+// int4's codes two to a byte as pack_nibbles (below) lays them out, and back.
+TESSERA_VECTOR_KERNEL
+void pack_nibbles_cpu(const int8_t* q, int64_t pairs, uint8_t* out) {
+  for (int64_t i = 0; i < pairs; ++i)
+    out[i] = static_cast<uint8_t>((q[2 * i] + 8) | ((q[2 * i + 1] + 8) << 4));
+}
+
+TESSERA_VECTOR_KERNEL
+void unpack_nibbles_cpu(const uint8_t* in, int64_t pairs, int8_t* q) {
+  for (int64_t i = 0; i < pairs; ++i) {
+    q[2 * i] = static_cast<int8_t>((in[i] & 15) - 8);
+    q[2 * i + 1] = static_cast<int8_t>((in[i] >> 4) - 8);
+  }
+}
+
 // Groups per task of at::parallel_for: about 64 KB of float32.
 int64_t grain(int64_t group) { return std::max<int64_t>(1, 16384 / group); }
 
@@ -144,6 +159,20 @@ EncodedTensor quantize(const at::Tensor& t, EncodedTensor::Form form) {
   }
 #endif
   const at::Tensor x = grouped(t).to(at::kFloat);
+  if (x.is_cpu() && int4 && x.size(1) % 2 == 0) {  // each group whole bytes: quantized and packed a task at a time
+    const int64_t groups = x.size(0), group = x.size(1);
+    e.data = at::empty({groups * group / 2}, x.options().dtype(at::kByte));
+    e.scales = at::empty({groups, 1}, x.options());
+    const float* in = x.data_ptr<float>();
+    uint8_t* packed = e.data.data_ptr<uint8_t>();
+    float* scales = e.scales.data_ptr<float>();
+    at::parallel_for(0, groups, grain(group), [&](int64_t first, int64_t end) {
+      std::vector<int8_t> q(static_cast<size_t>((end - first) * group));
+      quantize_groups_cpu(in + first * group, end - first, group, top, q.data(), scales + first);
+      pack_nibbles_cpu(q.data(), (end - first) * group / 2, packed + first * group / 2);
+    });
+    return e;
+  }
   if (x.is_cpu() && !fp8) {
     const int64_t groups = x.size(0), group = x.size(1);
     e.data = at::empty(x.sizes(), x.options().dtype(at::kChar));
@@ -166,6 +195,23 @@ EncodedTensor quantize(const at::Tensor& t, EncodedTensor::Form form) {
 
 at::Tensor dequantize(const EncodedTensor& e) {
   const bool int4 = e.form == EncodedTensor::Form::int4;
+  if (int4 && e.data.is_cpu()) {
+    int64_t n = 1;
+    for (int64_t size : e.sizes) n *= size;
+    const int64_t groups = e.scales.size(0), group = n / groups;
+    if (group % 2 == 0) {  // each group whole bytes, as quantize packed it
+      at::Tensor out = at::empty(e.sizes, e.scales.options());
+      const uint8_t* packed = e.data.data_ptr<uint8_t>();
+      const float* scales = e.scales.data_ptr<float>();
+      float* o = out.data_ptr<float>();
+      at::parallel_for(0, groups, grain(group), [&](int64_t first, int64_t end) {
+        std::vector<int8_t> q(static_cast<size_t>((end - first) * group));
+        unpack_nibbles_cpu(packed + first * group / 2, (end - first) * group / 2, q.data());
+        dequantize_int8_cpu(q.data(), scales + first, end - first, group, o + first * group);
+      });
+      return out.to(e.dtype);
+    }
+  }
   const at::Tensor codes = int4 ? unpack_nibbles(e) : e.data;
 #ifdef TESSERA_WITH_CUDA
   if (const auto dtype = codec_dtype(e.dtype);

@@ -64,8 +64,8 @@ TEST(BadConfig, WrongTypeAndOutOfRange) {
                {"train.threads = 600", "exceeds this machine's"});
   expect_error("train --config tiny_gpt --set model.n_embd=1e9", {"model.n_embd", "outside its range"});
   expect_error("train --config tiny_gpt --set optim.lr=1e30", {"optim.lr", "outside its range (0, 10]"});
-  expect_error("train --config tiny_gpt --set memory.activation_compression=int4",
-               {"memory.activation_compression must be none, lossless, bf16, fp8 or int8", "int4"});
+  expect_error("train --config tiny_gpt --set memory.activation_compression=int2",
+               {"memory.activation_compression must be none, lossless, bf16, fp8, int8 or int4", "int2"});
   // A line break in a --set value would silently drop the rest of it.
   expect_error("train --config tiny_gpt --set \"$(printf 'train.steps=5\\ndata.path=/tmp')\"",
                {"--set train.steps", "line break"});
