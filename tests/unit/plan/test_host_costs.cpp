@@ -159,7 +159,8 @@ TEST(HostCosts, ActivationCompressionCostsItsCodecsCalibratedRate) {
   const ParallelDims dims(c.parallel, 1, "test");
   const Cluster cluster = plan::parse_cluster(
       test::replaced_text(cluster_text(), "memory_gbs = 1000",
-                          "memory_gbs = 1000\nactivation_codec_int8_gbs = 2\nactivation_codec_bf16_gbs = 8"),
+                          "memory_gbs = 1000\nactivation_codec_int8_gbs = 2\nactivation_codec_int4_gbs = 3\n"
+                          "activation_codec_bf16_gbs = 8"),
       "codecs.toml");
   const plan::Prediction plain = plan::predict(c, dims, cluster);
   const double slowdown = plan::price_operations(c, dims, cluster).memory_slowdown;
@@ -167,7 +168,7 @@ TEST(HostCosts, ActivationCompressionCostsItsCodecsCalibratedRate) {
   for (int64_t l = 0; l < c.model.n_layer; ++l)
     source += block_activation_bytes(c, dims, l) - block_statistics_bytes(c, dims);
   const double m = static_cast<double>(plain.micro_batches);
-  for (const auto& [codec, gbs] : std::vector<std::pair<std::string, double>>{{"int8", 2}, {"bf16", 8}}) {
+  for (const auto& [codec, gbs] : std::vector<std::pair<std::string, double>>{{"int8", 2}, {"int4", 3}, {"bf16", 8}}) {
     Config coded = c;
     coded.memory.activation_compression = codec;
     const plan::Prediction p = plan::predict(coded, dims, cluster);
