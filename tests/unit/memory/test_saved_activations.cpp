@@ -50,7 +50,9 @@ TEST(ActivationCodec, Int4IsWithinHalfAStepAndPacksTwoCodesToAByte) {
       const int64_t stored = i % 2 == 0 ? bytes[i / 2].item<int64_t>() & 15 : bytes[i / 2].item<int64_t>() >> 4;
       ASSERT_EQ(stored, codes[i].item<int64_t>() + 8) << "element " << i << " of " << x.sizes();
     }
-    if (n % 2 != 0) EXPECT_EQ(bytes[n / 2].item<int64_t>() >> 4, 8);
+    if (n % 2 != 0) {
+      EXPECT_EQ(bytes[n / 2].item<int64_t>() >> 4, 8);
+    }
     const at::Tensor back = decode_activation(e);
     ASSERT_EQ(back.sizes(), x.sizes());
     EXPECT_TRUE(back.equal((codes.to(at::kFloat).view({-1, group}) * scale).view(x.sizes())));
