@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <optional>
 
 #include <ATen/ATen.h>
@@ -109,6 +110,9 @@ void unpack_nibbles_cpu(const uint8_t* in, int64_t pairs, int8_t* q) {
 
 // Groups per task of at::parallel_for: about 64 KB of float32.
 int64_t grain(int64_t group) { return std::max<int64_t>(1, 16384 / group); }
+// Groups whose int4 codes (a byte each before packing) pass through an 8 KiB buffer at a time,
+// which stays in the core's cache between quantizing and packing.
+int64_t cached_groups(int64_t group) { return std::max<int64_t>(1, 8192 / group); }
 
 #ifdef TESSERA_WITH_CUDA
 // The CUDA kernels' name for a dtype they take (activation_codec_kernels.h); none for another.
@@ -167,9 +171,13 @@ EncodedTensor quantize(const at::Tensor& t, EncodedTensor::Form form) {
     uint8_t* packed = e.data.data_ptr<uint8_t>();
     float* scales = e.scales.data_ptr<float>();
     at::parallel_for(0, groups, grain(group), [&](int64_t first, int64_t end) {
-      std::vector<int8_t> q(static_cast<size_t>((end - first) * group));
-      quantize_groups_cpu(in + first * group, end - first, group, top, q.data(), scales + first);
-      pack_nibbles_cpu(q.data(), (end - first) * group / 2, packed + first * group / 2);
+      const int64_t step = cached_groups(group);
+      const std::unique_ptr<int8_t[]> q(new int8_t[static_cast<size_t>(std::min(step, end - first) * group)]);
+      for (int64_t g = first; g < end; g += step) {
+        const int64_t count = std::min(step, end - g);
+        quantize_groups_cpu(in + g * group, count, group, top, q.get(), scales + g);
+        pack_nibbles_cpu(q.get(), count * group / 2, packed + g * group / 2);
+      }
     });
     return e;
   }
@@ -205,9 +213,13 @@ at::Tensor dequantize(const EncodedTensor& e) {
       const float* scales = e.scales.data_ptr<float>();
       float* o = out.data_ptr<float>();
       at::parallel_for(0, groups, grain(group), [&](int64_t first, int64_t end) {
-        std::vector<int8_t> q(static_cast<size_t>((end - first) * group));
-        unpack_nibbles_cpu(packed + first * group / 2, (end - first) * group / 2, q.data());
-        dequantize_int8_cpu(q.data(), scales + first, end - first, group, o + first * group);
+        const int64_t step = cached_groups(group);
+        const std::unique_ptr<int8_t[]> q(new int8_t[static_cast<size_t>(std::min(step, end - first) * group)]);
+        for (int64_t g = first; g < end; g += step) {
+          const int64_t count = std::min(step, end - g);
+          unpack_nibbles_cpu(packed + g * group / 2, count * group / 2, q.get());
+          dequantize_int8_cpu(q.get(), scales + g, count, group, o + g * group);
+        }
       });
       return out.to(e.dtype);
     }

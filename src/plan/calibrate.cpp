@@ -21,6 +21,7 @@
 
 #include "comm/group.h"
 #include "core/error.h"
+#include "core/host_heap.h"
 #include "memory/activation_codec.h"
 #include "optim/optimizer.h"
 #include "plan/calibrate_timing.h"
@@ -269,6 +270,11 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
   const int64_t ranks = options.ranks > 0 ? options.ranks : cores;
   const double budget = options.seconds_per_point;
   at::set_num_threads(1);  // one rank: one process with one intra-op thread
+  // Allocate as a training step does (TrainStep): blocks up to 32 MiB from a heap never trimmed.
+  // With glibc's defaults each measured kernel's fresh outputs were faulted in anew, and two
+  // calibrations minutes apart measured the int8 codec at 6.72 and 1.28 GB/s, memory_gbs at 11.4
+  // and 6.2 (docs/plan.md, "Calibrating a machine").
+  keep_host_heap();
 
   progress("fp32 products at " + std::to_string(kShapes.size()) + " shapes");
   const MatmulFit fp32 = fit_matmul(at::kFloat, budget);
