@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/util/accumulate.h>
 
 #include "core/error.h"
 #include "core/vector_kernel.h"
@@ -39,8 +40,7 @@ EncodedTensor pack_bits(const at::Tensor& t) {
 }
 
 at::Tensor unpack_bits(const EncodedTensor& e) {
-  int64_t n = 1;
-  for (int64_t s : e.sizes) n *= s;
+  const int64_t n = c10::multiply_integers(e.sizes);
   at::Tensor bits = e.data.unsqueeze(1).bitwise_and(bit_weights(e.data.device())).ne(0).reshape({-1});
   return bits.narrow(0, 0, n).view(e.sizes).to(e.dtype);
 }
@@ -137,9 +137,7 @@ at::Tensor pack_nibbles(const at::Tensor& q) {
 
 // The codes of e (int4) as int8 [groups, group].
 at::Tensor unpack_nibbles(const EncodedTensor& e) {
-  const int64_t groups = e.scales.size(0);
-  int64_t n = 1;
-  for (int64_t s : e.sizes) n *= s;
+  const int64_t groups = e.scales.size(0), n = c10::multiply_integers(e.sizes);
   const at::Tensor codes = at::stack({e.data.bitwise_and(15), e.data.bitwise_right_shift(4)}, 1).view({-1});
   return codes.narrow(0, 0, n).to(at::kChar).sub(8).view({groups, n / groups});
 }
@@ -204,9 +202,7 @@ EncodedTensor quantize(const at::Tensor& t, EncodedTensor::Form form) {
 at::Tensor dequantize(const EncodedTensor& e) {
   const bool int4 = e.form == EncodedTensor::Form::int4;
   if (int4 && e.data.is_cpu()) {
-    int64_t n = 1;
-    for (int64_t size : e.sizes) n *= size;
-    const int64_t groups = e.scales.size(0), group = n / groups;
+    const int64_t groups = e.scales.size(0), group = c10::multiply_integers(e.sizes) / groups;
     if (group % 2 == 0) {  // each group whole bytes, as quantize packed it
       at::Tensor out = at::empty(e.sizes, e.scales.options());
       const uint8_t* packed = e.data.data_ptr<uint8_t>();

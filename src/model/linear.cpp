@@ -22,10 +22,8 @@ class LinearFp32WeightGrads : public torch::autograd::Function<LinearFp32WeightG
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights, at::TensorList biases) {
     const at::Tensor x16 = x.to(at::kBFloat16), w16 = cast_joined(weights, at::kBFloat16);
-    std::vector<int64_t> rows;
-    for (const at::Tensor& w : weights) rows.push_back(w.size(0));
     ctx->save_for_backward({x16, w16});
-    ctx->saved_data["rows"] = rows;
+    ctx->saved_data["rows"] = row_counts(weights);
     ctx->saved_data["bias"] = !biases.empty();
     return at::linear(x16, w16, biases.empty() ? at::Tensor() : cast_joined(biases, at::kBFloat16));
   }
@@ -49,12 +47,12 @@ class LinearFp32WeightGrads : public torch::autograd::Function<LinearFp32WeightG
     }
     if (weights_needed) {
       const at::Tensor dw = float_accumulated_mm(grad2.t(), x16.reshape({-1, in}));
-      const std::vector<at::Tensor> parts = n == 1 ? std::vector<at::Tensor>{dw} : dw.split_with_sizes(rows, 0);
+      const std::vector<at::Tensor> parts = split_rows(dw, rows);
       for (size_t i = 0; i < n; ++i) result[1 + i] = parts[i];
     }
     if (biases_needed) {
       const at::Tensor db = grad2.sum(0, false, at::kFloat);
-      const std::vector<at::Tensor> parts = n == 1 ? std::vector<at::Tensor>{db} : db.split_with_sizes(rows, 0);
+      const std::vector<at::Tensor> parts = split_rows(db, rows);
       for (size_t i = 0; i < n; ++i) result[1 + n + i] = parts[i];
     }
     return result;

@@ -73,9 +73,7 @@ thread_local std::unordered_map<const c10::TensorImpl*, CastCopy>* active = null
 class SharedCast : public torch::autograd::Function<SharedCast> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::TensorList weights, at::Tensor* copy) {
-    std::vector<int64_t> rows;
-    for (const at::Tensor& w : weights) rows.push_back(w.size(0));
-    ctx->saved_data["rows"] = rows;
+    ctx->saved_data["rows"] = row_counts(weights);
     ctx->saved_data["dtype"] = static_cast<int64_t>(weights[0].scalar_type());
     return *copy;
   }
@@ -84,9 +82,7 @@ class SharedCast : public torch::autograd::Function<SharedCast> {
     const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
     const std::vector<int64_t> rows = ctx->saved_data["rows"].toIntVector();
     torch::autograd::variable_list out;
-    if (rows.size() == 1) out.push_back(grads[0].to(dtype));
-    else
-      for (const at::Tensor& part : grads[0].split_with_sizes(rows, 0)) out.push_back(part.to(dtype));
+    for (const at::Tensor& part : split_rows(grads[0], rows)) out.push_back(part.to(dtype));
     out.emplace_back();  // the copy's pointer
     return out;
   }
@@ -102,9 +98,19 @@ at::Tensor on_kept_storage(const CastCopy& entry, const at::Tensor& like) {
   return copy;
 }
 
-at::Tensor joined(at::TensorList weights) { return weights.size() == 1 ? weights[0] : at::cat(weights, 0); }
-
 }  // namespace
+
+std::vector<int64_t> row_counts(at::TensorList parts) {
+  std::vector<int64_t> rows;
+  for (const at::Tensor& part : parts) rows.push_back(part.size(0));
+  return rows;
+}
+
+at::Tensor join_rows(at::TensorList parts) { return parts.size() == 1 ? parts[0] : at::cat(parts, 0); }
+
+std::vector<at::Tensor> split_rows(const at::Tensor& joined, const std::vector<int64_t>& rows) {
+  return rows.size() == 1 ? std::vector<at::Tensor>{joined} : joined.split_with_sizes(rows, 0);
+}
 
 WeightCastCache::WeightCastCache() : outermost_(active == nullptr) {
   if (outermost_) active = new std::unordered_map<const c10::TensorImpl*, CastCopy>();
@@ -120,11 +126,11 @@ at::Tensor cast_weight(const at::Tensor& weight, at::ScalarType dtype) { return 
 
 at::Tensor cast_joined(at::TensorList weights, at::ScalarType dtype) {
   const at::Tensor& first = weights[0];
-  if (first.scalar_type() == dtype) return joined(weights);
+  if (first.scalar_type() == dtype) return join_rows(weights);
   const bool cached = active != nullptr && std::all_of(weights.begin(), weights.end(), [](const at::Tensor& w) {
     return w.scalar_type() == at::kFloat && w.requires_grad() && w.is_leaf();
   });
-  if (!cached) return joined(weights).to(dtype);
+  if (!cached) return join_rows(weights).to(dtype);
   const c10::TensorImpl* impl = first.unsafeGetTensorImpl();
   auto it = active->find(impl);
   at::Tensor copy;
@@ -132,7 +138,7 @@ at::Tensor cast_joined(at::TensorList weights, at::ScalarType dtype) {
   if (!copy.defined()) {
     {
       at::NoGradGuard no_grad;
-      copy = joined(weights).to(dtype);
+      copy = join_rows(weights).to(dtype);
     }
     CastCopy fresh{{}, {}, copy.storage().getWeakStorageImpl(), copy.sizes().vec(), copy.strides().vec(),
                    copy.storage_offset(), dtype};

@@ -37,6 +37,8 @@
 // linear() and the experts cast their weights with it (autocast then finds them cast already).
 #pragma once
 
+#include <vector>
+
 #include <ATen/core/Tensor.h>
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
@@ -82,6 +84,11 @@ at::Tensor cast_weight(const at::Tensor& weight, at::ScalarType dtype);
 // cast_weight's, its node's backward splitting the gradient into the weights' rows; otherwise
 // the weights concatenated (and cast when `dtype` is not theirs).
 at::Tensor cast_joined(at::TensorList weights, at::ScalarType dtype);
+// Several weights (or biases) as one operand along dim 0, and back: each part's rows, their join
+// (the part itself when alone), and a gradient of the join split into the parts' rows.
+std::vector<int64_t> row_counts(at::TensorList parts);
+at::Tensor join_rows(at::TensorList parts);
+std::vector<at::Tensor> split_rows(const at::Tensor& joined, const std::vector<int64_t>& rows);
 // autocast's dtype on `device` where autocast is on there, `otherwise` where it is off.
 at::ScalarType autocast_dtype_or(c10::DeviceType device, at::ScalarType otherwise);
 

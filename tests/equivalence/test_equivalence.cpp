@@ -176,6 +176,26 @@ void llama(Config& c, bool qwen3 = false) {
   if (qwen3) c.model.head_dim = 12;
 }
 
+// The layouts the encoded-activation rows repeat for each codec (SGD), with the saved activations
+// encoded by `codec`: tp2 with Megatron-SP at width 64, so that a rank's half of a split last
+// dimension (32) is whole groups; ZB-V over two ranks, four blocks and four micro-batches.
+void tp2_megatron_sp_encoded(Config& c, const char* codec) {
+  sgd(c);
+  c.model.n_embd = 64;
+  c.parallel.tp = 2;
+  c.parallel.megatron_sp = true;
+  c.memory.activation_compression = codec;
+}
+
+void pp2_zbv_encoded_accum4(Config& c, const char* codec) {
+  sgd(c);
+  c.model.n_layer = 4;
+  c.parallel.pp = 2;
+  c.parallel.pp_schedule = "zbv";
+  c.train.grad_accum = 4;
+  c.memory.activation_compression = codec;
+}
+
 // Mixtral's MoE on the Llama blocks: every block a dropless top-2 of 4 SwiGLU experts, the chosen
 // softmax scores renormalized. `deepseek` makes it DeepSeek-V3's: the first block dense, 8
 // fine-grained experts of width 16 beside a shared one, top 3 of sigmoid scores renormalized and
@@ -513,43 +533,13 @@ const std::vector<Row>& layouts() {
          c.parallel.zero_stage = 3;
          c.memory.activation_compression = "int4";
        }},
-      {"tp2_megatron_sp_int4_activations_sgd", 2,
-       [](Config& c) {
-         sgd(c);
-         c.model.n_embd = 64;
-         c.parallel.tp = 2;
-         c.parallel.megatron_sp = true;
-         c.memory.activation_compression = "int4";
-       },
+      {"tp2_megatron_sp_int4_activations_sgd", 2, [](Config& c) { tp2_megatron_sp_encoded(c, "int4"); },
        &kInt4Sharded},
-      {"pp2_zbv_int4_activations_sgd_accum4", 2,
-       [](Config& c) {
-         sgd(c);
-         c.model.n_layer = 4;
-         c.parallel.pp = 2;
-         c.parallel.pp_schedule = "zbv";
-         c.train.grad_accum = 4;
-         c.memory.activation_compression = "int4";
-       },
+      {"pp2_zbv_int4_activations_sgd_accum4", 2, [](Config& c) { pp2_zbv_encoded_accum4(c, "int4"); },
        &kInt8Pipelined},
-      {"tp2_megatron_sp_int8_activations_sgd", 2,
-       [](Config& c) {
-         sgd(c);
-         c.model.n_embd = 64;
-         c.parallel.tp = 2;
-         c.parallel.megatron_sp = true;
-         c.memory.activation_compression = "int8";
-       },
+      {"tp2_megatron_sp_int8_activations_sgd", 2, [](Config& c) { tp2_megatron_sp_encoded(c, "int8"); },
        &kInt8Sharded},
-      {"pp2_zbv_int8_activations_sgd_accum4", 2,
-       [](Config& c) {
-         sgd(c);
-         c.model.n_layer = 4;
-         c.parallel.pp = 2;
-         c.parallel.pp_schedule = "zbv";
-         c.train.grad_accum = 4;
-         c.memory.activation_compression = "int8";
-       },
+      {"pp2_zbv_int8_activations_sgd_accum4", 2, [](Config& c) { pp2_zbv_encoded_accum4(c, "int8"); },
        &kInt8Pipelined},
       {"sp2_lasp_linear_int8_activations_sgd", 2,
        [](Config& c) {

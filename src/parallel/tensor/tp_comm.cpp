@@ -5,11 +5,11 @@
 #include <optional>
 #include <vector>
 
-#include <ATen/ops/cat.h>
 #include <torch/autograd.h>
 
 #include "core/error.h"
 #include "model/linear.h"
+#include "precision/autocast.h"
 
 namespace tessera {
 namespace {
@@ -121,15 +121,13 @@ struct SequenceGatheredLinear : public torch::autograd::Function<SequenceGathere
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights, at::TensorList biases,
                             comm::Group* tp) {
     ctx->saved_data["tp"] = reinterpret_cast<int64_t>(tp);
-    std::vector<int64_t> rows;
-    for (const at::Tensor& w : weights) rows.push_back(w.size(0));
-    ctx->saved_data["rows"] = rows;
+    ctx->saved_data["rows"] = row_counts(weights);
     if (!biases.empty()) ctx->saved_data["bias_dtype"] = biases[0].scalar_type();  // their gradients' dtype
     std::vector<at::Tensor> saved{x};
     saved.insert(saved.end(), weights.begin(), weights.end());
     ctx->save_for_backward(saved);
-    return at::linear(gather_along(x, kSequenceDim, *tp), joined(weights),
-                      biases.empty() ? at::Tensor() : joined(biases));
+    return at::linear(gather_along(x, kSequenceDim, *tp), join_rows(weights),
+                      biases.empty() ? at::Tensor() : join_rows(biases));
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -153,28 +151,22 @@ struct SequenceGatheredLinear : public torch::autograd::Function<SequenceGathere
     std::optional<GatherAlong> gathering;
     if (weights_needed) gathering = GatherAlong::start(x.to(dtype), kSequenceDim, *tp);
     if (ctx->needs_input_grad(0))
-      result[0] = reduce_scatter_along(at::matmul(grad, joined(weights).to(dtype)), kSequenceDim, *tp)
+      result[0] = reduce_scatter_along(at::matmul(grad, join_rows(weights).to(dtype)), kSequenceDim, *tp)
                       .to(x.scalar_type());
     const at::Tensor grad2 = grad.reshape({-1, out});
     if (gathering) {
       const at::Tensor gathered = gathering->finish().reshape({-1, in});
       const at::Tensor dw = (dtype == at::kFloat ? at::mm(grad2.t(), gathered) : float_accumulated_mm(grad2.t(), gathered))
                                 .to(weights[0].scalar_type());
-      const std::vector<at::Tensor> parts = into_rows(dw, rows);
+      const std::vector<at::Tensor> parts = split_rows(dw, rows);
       for (size_t i = 0; i < n; ++i) result[1 + i] = parts[i];
     }
     if (biases_needed) {
       const at::Tensor db = grad2.sum(0, false, at::kFloat).to(ctx->saved_data["bias_dtype"].toScalarType());
-      const std::vector<at::Tensor> parts = into_rows(db, rows);
+      const std::vector<at::Tensor> parts = split_rows(db, rows);
       for (size_t i = 0; i < n; ++i) result[1 + n + i] = parts[i];
     }
     return result;
-  }
-
- private:
-  static at::Tensor joined(at::TensorList parts) { return parts.size() == 1 ? parts[0] : at::cat(parts, 0); }
-  static std::vector<at::Tensor> into_rows(const at::Tensor& t, const std::vector<int64_t>& rows) {
-    return rows.size() == 1 ? std::vector<at::Tensor>{t} : t.split_with_sizes(rows, 0);
   }
 };
 
