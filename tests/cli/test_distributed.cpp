@@ -27,7 +27,7 @@
 #include "core/fs.h"
 #include "cli_util.h"
 #include "fault_util.h"
-#include "comm/rendezvous.h"
+#include "store_port.h"
 #include "core/subprocess.h"
 #include "train/stop_request.h"
 
@@ -83,9 +83,7 @@ TEST(DistributedTrain, TwoRanksMatchOneProcessWithTheSameGlobalBatch) {
 // rank 0's run directory.
 TEST(DistributedTrain, NodesWithoutASharedRunDirectoryAreRefusedAtStart) {
   const std::string a = fresh_dir("unshared_node0"), b = fresh_dir("unshared_node1");
-  const comm::ListenSocket probe = comm::listen_on("127.0.0.1", 0);
-  const int port = probe.port;
-  ::close(probe.fd);
+  const int port = store_port();
   std::vector<pid_t> nodes;
   const std::string outs[2] = {a, b};
   for (int node = 0; node < 2; ++node)
@@ -112,9 +110,7 @@ TEST(DistributedTrain, NodesWithoutASharedRunDirectoryAreRefusedAtStart) {
 // (relative paths: one string names a different directory on each "host", as on machines that
 // share no filesystem). Returns each node's exit code; output in <cwd>/launcher.out.
 std::vector<int> run_two_nodes(const std::string cwds[2], const std::string& args) {
-  const comm::ListenSocket probe = comm::listen_on("127.0.0.1", 0);
-  const int port = probe.port;
-  ::close(probe.fd);
+  const int port = store_port();
   std::vector<pid_t> nodes;
   for (int node = 0; node < 2; ++node) {
     ChildSpec spec;
@@ -221,9 +217,7 @@ TEST(DistributedTrain, TwoNodeLaunchersFormOneWorld) {
   const std::string one = fresh_dir("nodes_one"), two = fresh_dir("nodes_two");
   auto r1 = run_tessera("train --config tiny_gpt" + settings(8, 6) + " --out " + one);
   ASSERT_EQ(r1.exit_code, 0) << r1.output;
-  const comm::ListenSocket probe = comm::listen_on("127.0.0.1", 0);  // a free port for the store
-  const int port = probe.port;
-  ::close(probe.fd);
+  const int port = store_port();
   std::vector<pid_t> nodes;
   for (int node = 0; node < 2; ++node)
     nodes.push_back(spawn_tessera(node_launch(node, port) + settings(4, 6) + " --out " + two,
@@ -400,9 +394,7 @@ TEST(DistributedTrain, TorchrunMpirunAndSrunEnvironmentsFormOneWorld) {
       {"srun", "SLURM_PROCID={r} SLURM_NTASKS=2 SLURM_LOCALID=0 SLURM_NTASKS_PER_NODE=1"}};
   for (const auto& [launcher, pattern] : styles) {
     const std::string out = fresh_dir("launcher_env_" + launcher);
-    const comm::ListenSocket probe = comm::listen_on("127.0.0.1", 0);
-    const int port = probe.port;
-    ::close(probe.fd);
+    const int port = store_port();
     std::vector<std::thread> ranks;
     std::vector<CommandResult> results(2);
     for (int r = 0; r < 2; ++r)
@@ -511,9 +503,7 @@ TEST(DistributedTrain, AKilledWorkersRunRestartsOnTheSurvivors) {
 // once, the three restarts are in metrics.jsonl.
 TEST(DistributedTrain, ARunAcrossNodesRestartsOnWhatIsLeftAndGrowsWhenANodeComesBack) {
   const std::string out = fresh_dir("restart_nodes");
-  const comm::ListenSocket probe = comm::listen_on("127.0.0.1", 0);
-  const int port = probe.port;
-  ::close(probe.fd);
+  const int port = store_port();
   const auto launch = [&](int node, const std::string& log) {
     return spawn_tessera("train --config tiny_gpt --nproc 2 --nnodes 2 --node-rank " + std::to_string(node) +
                              " --master 127.0.0.1:" + std::to_string(port) + settings(1, 60) +

@@ -10,6 +10,7 @@
 #include "comm/node_rendezvous.h"
 #include "comm/rendezvous.h"
 #include "core/error.h"
+#include "store_port.h"
 
 namespace tessera::comm {
 namespace {
@@ -108,16 +109,10 @@ TEST(NodeGenerations, ARejoiningNodeBringsItsWorkers) {
   EXPECT_EQ(next_generation(alone, back, {{0, 0}, {1, 2}}, policy(3, 2), 14).world, 3);
 }
 
-int free_port() {
-  const ListenSocket probe = listen_on("127.0.0.1", 0);
-  ::close(probe.fd);
-  return probe.port;
-}
-
 // Two launchers: node 1 connects before node 0 serves (it retries), both join, node 0 publishes
 // what it collected, node 1 reads it; the first recorded end wins for both, and both see it.
 TEST(NodeRendezvous, TwoLaunchersAgreeOnAGenerationAndOnHowItEnded) {
-  const int port = free_port();
+  const int port = test::store_port();
   const auto timeout = std::chrono::milliseconds(10000);
   Generation seen;
   GenerationEnd second_end;
@@ -159,7 +154,7 @@ TEST(NodeRendezvous, TwoLaunchersAgreeOnAGenerationAndOnHowItEnded) {
   EXPECT_EQ(zero.collect(2, {0}, 2), (std::map<int, int64_t>{{0, 0}, {1, 3}}));
 
   // A node that never joins is missing after the timeout, not waited for ever.
-  NodeRendezvous impatient("127.0.0.1", free_port(), 0, std::chrono::milliseconds(200));
+  NodeRendezvous impatient("127.0.0.1", test::store_port(), 0, std::chrono::milliseconds(200));
   impatient.join(3, 0);
   EXPECT_EQ(impatient.collect(3, {0, 1}, 2), (std::map<int, int64_t>{{0, 0}}));
 }
