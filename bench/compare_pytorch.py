@@ -12,7 +12,7 @@ OUT/train_step_<device>_<cases>.json and .md. A peer's MFU is tessera's scaled b
 the same model and sequence, so the same FLOPs per token, over the peak tessera names (on a GPU the
 card's published dense peak for the dtype, src/train/device_peak.h).
 
---activation-compression bf16|int8 runs both sides with their saved activations encoded
+--activation-compression bf16|int8|int4 runs both sides with their saved activations encoded
 (tessera's memory.activation_compression; the twin's saved_tensors_hooks, eager only) and adds the
 bytes each held for the backward at the step's peak.
 --activation-offload N offloads the first N blocks' saved activations on both sides (tessera's
@@ -95,7 +95,7 @@ def main():
     a.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     a.add_argument("--batch", type=int, default=0, help="overrides the case's batch")
     a.add_argument("--steps", type=int, default=0, help="overrides the case's timed steps")
-    a.add_argument("--activation-compression", choices=["none", "bf16", "int8"], default="none")
+    a.add_argument("--activation-compression", choices=["none", "bf16", "int8", "int4"], default="none")
     a.add_argument("--activation-offload", type=int, default=0)
     args = a.parse_args()
     compression = args.activation_compression

@@ -9,11 +9,12 @@ asynchronous); --dtype bf16 runs the forward and loss under bf16 autocast with f
 gradients and optimizer state, as tessera's precision.dtype = bf16 does.
 --trace FILE records --steps more steps with torch.profiler (host ops and device kernels) into a
 Chrome trace, as `tessera_profile_step --trace` does for tessera (bench/trace_summary.py sums both).
---activation-compression bf16|int8 encodes what autograd saves inside each block with
+--activation-compression bf16|int8|int4 encodes what autograd saves inside each block with
 torch.autograd.graph.saved_tensors_hooks, as tessera's memory.activation_compression does
 (memory/saved_activations.h): parameters (and views of them), tensors off the gradient's path and
 tensors whose last dimension is not adjacent in memory are kept; the others are rounded to bfloat16,
-or to int8 with one float32 scale per 32 elements of the last dimension. Unlike tessera it encodes a
+to int8 with one float32 scale per 32 elements of the last dimension, or to int4 (the same groups
+scaled to 7, two codes a byte as tessera packs them). Unlike tessera it encodes a
 tensor saved twice twice. The bytes it holds at the step's peak (encodings, and kept tensors other
 than parameters, each counted whole) are printed as saved_activation_bytes.
 --activation-offload N runs the first N blocks under torch.autograd.graph.save_on_cpu(pin_memory=True),
@@ -154,10 +155,14 @@ class SavedActivationCodec:
             rows = x.reshape(-1, last).float()
             pad = (-last) % self.GROUP
             groups = F.pad(rows, (0, pad)).view(-1, self.GROUP)
+            top = 127 if self.codec == "int8" else 7
             amax = groups.abs().amax(dim=1, keepdim=True)
-            scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))  # as tessera's codec
-            q = torch.round(groups / scale).clamp_(-127, 127).to(torch.int8)
-            packed = ("int8", q, scale, x.shape, t.dtype, pad)
+            scale = torch.where(amax > 0, amax / top, torch.ones_like(amax))  # as tessera's codec
+            q = torch.round(groups / scale).clamp_(-top, top).to(torch.int8)
+            if self.codec == "int4":  # two codes a byte, offset by 8 into 1..15
+                nibbles = (q + 8).to(torch.uint8).view(-1, 2)
+                q = nibbles[:, 0] | (nibbles[:, 1] << 4)
+            packed = (self.codec, q, scale, x.shape, t.dtype, pad)
             nbytes = q.numel() + scale.numel() * 4
         self.count(nbytes)
         return packed + (nbytes,)
@@ -167,7 +172,9 @@ class SavedActivationCodec:
             return packed[1]
         if packed[0] == "bf16":
             return packed[1].to(packed[2])
-        _, q, scale, shape, dtype, pad, _ = packed
+        form, q, scale, shape, dtype, pad, _ = packed
+        if form == "int4":
+            q = torch.stack([(q & 15), (q >> 4)], dim=1).view(-1, self.GROUP).to(torch.int8) - 8
         rows = (q.float() * scale).view(-1, shape[-1] + pad)
         return rows[:, :shape[-1]].reshape(shape).to(dtype)
 
@@ -193,7 +200,7 @@ def main():
     a.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     a.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     a.add_argument("--trace", help="record --steps more steps into this Chrome trace")
-    a.add_argument("--activation-compression", choices=["none", "bf16", "int8"], default="none")
+    a.add_argument("--activation-compression", choices=["none", "bf16", "int8", "int4"], default="none")
     a.add_argument("--activation-offload", type=int, default=0)
     args = a.parse_args()
     if args.activation_offload and args.activation_compression != "none":
