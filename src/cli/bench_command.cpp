@@ -247,7 +247,8 @@ Command add_bench_command(CLI::App& app) {
                           {"peak_bytes", peak_bytes},
                           {"device_peak_gib", device_peak_gib},
                           {"saved_activation_bytes", saved_bytes},
-                          {"activation_compression", config.memory.activation_compression}};
+                          {"activation_compression", config.memory.activation_compression},
+                          {"attention_compression", config.memory.attention_compression}};
     const int64_t pp_rank = mesh && mesh->dims().pp() > 1 ? mesh->group("pp").rank() : 0;
     const ActivationPolicy* policy = step.layout().activation_policy(pp_rank);
     if (policy) out["activation_policy"] = activation_policy_json(*policy, accumulation);
@@ -329,8 +330,9 @@ Command add_bench_command(CLI::App& app) {
                   model_state_bytes / 1048576.0,
                   static_cast<double>(model_state_bytes) / static_cast<double>(parameter_count(config.model)),
                   peak_bytes / 1048576.0);
-    std::printf("saved activations, rank 0: peak %.2f MiB (memory.activation_compression = %s)\n",
-                static_cast<double>(saved_bytes) / 1048576.0, config.memory.activation_compression.c_str());
+    std::printf("saved activations, rank 0: peak %.2f MiB (memory.activation_compression = %s, attention_compression = %s)\n",
+                static_cast<double>(saved_bytes) / 1048576.0, config.memory.activation_compression.c_str(),
+                config.memory.attention_compression.c_str());
     if (config.memory.activation_offload > 0)
       std::printf("offloaded activations, rank 0: host peak %.2f MiB; per step %.1f MiB stored, fetches %.1f ms of "
                   "which %.1f ms waited for\n",

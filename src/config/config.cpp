@@ -281,6 +281,11 @@ void MemoryOptions::check(const std::string& source) const {
   require(codecs.size() == 1 || activation_policy == "auto", source, ": memory.activation_compression = '",
           activation_compression, "' lists codecs for memory.activation_policy = auto to choose from per block; with "
           "activation_policy = manual name one");
+  require(attention_compression == "same" || attention_compression == "none" || attention_compression == "lossless" ||
+              attention_compression == "bf16" || attention_compression == "fp8" || attention_compression == "int8" ||
+              attention_compression == "int4",
+          source, ": memory.attention_compression must be same, none, lossless, bf16, fp8, int8 or int4 (got '",
+          attention_compression, "')");
   require(!swap || device_budget_gb > 0, source, ": memory.swap = true needs memory.device_budget_gb, the device "
           "memory the swap plan may use (GiB)");
   require(activation_policy == "manual" || activation_policy == "auto", source,

@@ -109,6 +109,7 @@ struct CheckpointOptions {
 struct MemoryOptions {
   std::string activation_checkpointing = "none";
   std::string activation_compression = "none";  // memory/activation_codec.h
+  std::string attention_compression = "same";    // the attention core's codec (memory/saved_activations.h)
   int64_t activation_offload = 0;                // blocks whose saved activations wait on the host
   std::string activation_policy = "manual";      // manual | auto (plan/activation_policy.h)
   int64_t resident_micro_batches = 0;  // pipeline: micro-batches a rank holds on the device (0: all)
@@ -126,6 +127,11 @@ struct MemoryOptions {
       "how the tensors each block saves for its backward are kept: none, lossless (bool masks as bits), bf16 "
       "(float32 ones rounded), fp8, int8 or int4 (per 32 elements of the last dimension, with a float32 scale; "
       "docs/memory.md); with activation_policy = auto: the encoding each block may choose");
+    v("attention_compression", attention_compression,
+      "the codec of what each block's attention core saves (q, k, v, the kernel's tensors and its output), whose "
+      "rounding moves the gradients most: same (activation_compression's, or the codec the policy chooses for the "
+      "block), none, lossless, bf16, fp8, int8 or int4 (e.g. int8 beside activation_compression = int4; "
+      "docs/memory.md)");
     v("activation_offload", activation_offload,
       "the first N blocks keep what they save for the backward in host memory between their forward and backward, "
       "fetched back ahead of it on a copy stream (0 = none; model.n_layer = all; docs/memory.md)",

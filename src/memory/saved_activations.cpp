@@ -67,7 +67,8 @@ struct SavedActivation {
 };
 
 struct SavedActivationScope::State {
-  ActivationCodec codec = ActivationCodec::none;
+  ActivationCodec codec = ActivationCodec::none;  // what pack() encodes with now
+  ActivationCodec core = ActivationCodec::none;   // the attention core's (AttentionCoreSaving)
   bool count = false;
   std::shared_ptr<OffloadGroup> group;  // null: nothing offloaded
   std::unordered_set<const c10::StorageImpl*> weights;  // the module's parameters' storages
@@ -116,6 +117,29 @@ struct SavedActivationScope::State {
     return t.size(-1) % kActivationGroup == 0 ? kActivationGroup : t.size(-1);
   }
 
+  // What pack() encodes of `t`: its region of its storage as rows (`saved` says so), or itself.
+  static at::Tensor encoding_source(const at::Tensor& t, SavedActivation& saved) {
+    at::Tensor source = t.detach();
+    if (!region_applies(t)) return source;
+    saved.region = true;
+    saved.sizes = t.sizes().vec();
+    saved.strides = t.strides().vec();
+    const int64_t row = row_size(t);
+    return source.as_strided({t.numel() / row, row}, {row, 1}, t.storage_offset());
+  }
+
+  // The encoding this scope made of the same elements of `t`'s storage at its version, if one
+  // lives.
+  std::shared_ptr<PackedActivation> encoding_of(const at::Tensor& t, const at::Tensor& source) const {
+    const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+    for (const Encoded& e : encoded)
+      if (e.offset == source.storage_offset() && e.version == t._version() && e.sizes == source.sizes() &&
+          e.strides == source.strides())
+        if (auto s = e.storage.lock(); s.get() == storage)
+          if (auto shared = e.packed.lock()) return shared;
+    return nullptr;
+  }
+
   SavedActivation pack(const at::Tensor& t) {
     const bool weight = is_weight(t);
     // A tensor outside the gradient's path (a rotary table, a float dropout mask) is kept whole:
@@ -124,6 +148,13 @@ struct SavedActivationScope::State {
     const bool encodable = (codec != ActivationCodec::none || group) && !weight && t.has_storage() &&
                            (t.requires_grad() || t.scalar_type() == at::kBool);
     SavedActivation saved;
+    // Elements the attention core encoded, saved again outside it under codec none (the fused
+    // core's output as the output projection's input), share the core's encoding.
+    if (!encodable && codec != core && !weight && t.has_storage() && t.requires_grad()) {
+      SavedActivation shared;
+      const at::Tensor source = encoding_source(t, shared);
+      if ((shared.packed = encoding_of(t, source))) return shared;
+    }
     if (!encodable) {
       saved.packed = std::make_shared<PackedActivation>();
       // A weight's cast is kept as the tensor itself, which keeps the storage a pipeline step's
@@ -138,23 +169,8 @@ struct SavedActivationScope::State {
     }
     // A dense tensor with its last dimension adjacent in memory is encoded as the elements of its
     // storage it covers, in memory order as rows (row_size); any other as itself.
-    at::Tensor source = t.detach();
-    if (region_applies(t)) {
-      saved.region = true;
-      saved.sizes = t.sizes().vec();
-      saved.strides = t.strides().vec();
-      const int64_t row = row_size(t);
-      source = source.as_strided({t.numel() / row, row}, {row, 1}, t.storage_offset());
-    }
-    const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
-    for (const Encoded& e : encoded)
-      if (e.offset == source.storage_offset() && e.version == t._version() && e.sizes == source.sizes() &&
-          e.strides == source.strides())
-        if (auto s = e.storage.lock(); s.get() == storage)
-          if (auto shared = e.packed.lock()) {
-            saved.packed = shared;
-            return saved;
-          }
+    const at::Tensor source = encoding_source(t, saved);
+    if ((saved.packed = encoding_of(t, source))) return saved;
     saved.packed = std::make_shared<PackedActivation>();
     saved.packed->encoded = encode_activation(source, codec);
     if (group) {
@@ -256,14 +272,17 @@ void remember_output(const at::Tensor& output, const std::shared_ptr<OffloadGrou
 }  // namespace
 
 SavedActivationScope::SavedActivationScope(ActivationCodec codec, const torch::nn::Module& module,
-                                           std::shared_ptr<ActivationOffload> offload, const at::Tensor& input) {
+                                           std::shared_ptr<ActivationOffload> offload, const at::Tensor& input,
+                                           std::optional<ActivationCodec> core) {
   if (!at::GradMode::is_enabled()) return;
   previous_ = group_that_made(input);
   const bool count = counting.load();
-  if (codec == ActivationCodec::none && !count && !offload) return;
+  const ActivationCodec core_codec = core.value_or(codec);
+  if (codec == ActivationCodec::none && core_codec == ActivationCodec::none && !count && !offload) return;
   install_hooking_engine();
   state_ = new State();
   state_->codec = codec;
+  state_->core = core_codec;
   state_->count = count;
   if (offload) state_->group = std::make_shared<OffloadGroup>(std::move(offload));
   for (const auto& p : module.parameters())
@@ -297,6 +316,17 @@ void SavedActivationScope::ended(const at::Tensor& output) {
       if (auto group = previous.lock()) group->fetch();
     });
   if (own) remember_output(output, own);
+}
+
+AttentionCoreSaving::AttentionCoreSaving() {
+  if (scopes.empty()) return;
+  state_ = scopes.back();
+  outside_ = state_->codec;
+  state_->codec = state_->core;
+}
+
+AttentionCoreSaving::~AttentionCoreSaving() {
+  if (state_ != nullptr) state_->codec = outside_;
 }
 
 void fetch_activations_that_made(const at::Tensor& output) {

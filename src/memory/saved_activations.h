@@ -45,6 +45,16 @@
 // node holding them; saved_activation_bytes() reads the live total and its peak, on the device
 // and, for offloaded groups, on the host.
 //
+// The attention core (memory.attention_compression): a scope may be given a second codec for what
+// autograd saves inside the attention's core (its q, k and v, the kernel's own tensors and output,
+// from the split of the input projection's output to the core's result: the softmax kind's
+// CausalSelfAttention::core, the linear kind's LinearAttention::core), which the model marks by an
+// AttentionCoreSaving while the core runs. GACT's observation holds for tessera's blocks (measured,
+// docs/memory.md): those tensors move the gradients most when rounded, the core's softmax
+// amplifying an error in q or k, so they may keep more bits than the rest of the block. A tensor
+// saved inside the core and again after it (the fused core's output, the output projection's
+// input) keeps the core's encoding, which the projection shares.
+//
 // Invariants: scopes nest per thread (the innermost governs); a scope never packs while this
 // thread recomputes a checkpointed segment (memory/activation_checkpointing.h): those tensors are
 // used at once. Encoding runs under no-grad on the saved tensor's device.
@@ -52,6 +62,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include <torch/nn/module.h>
 
@@ -62,10 +73,12 @@ namespace tessera {
 
 class SavedActivationScope {
  public:
-  // Saves nothing differently when codec is none, offload is null and counting is off, or grad
-  // mode is off. `input`: the block's input (to find the group of the block that made it).
+  // Saves nothing differently when both codecs are none, offload is null and counting is off, or
+  // grad mode is off. `input`: the block's input (to find the group of the block that made it);
+  // `core`: the attention core's codec (unset: `codec`).
   SavedActivationScope(ActivationCodec codec, const torch::nn::Module& module,
-                       std::shared_ptr<ActivationOffload> offload = nullptr, const at::Tensor& input = {});
+                       std::shared_ptr<ActivationOffload> offload = nullptr, const at::Tensor& input = {},
+                       std::optional<ActivationCodec> core = std::nullopt);
   ~SavedActivationScope();
   // The block's forward ended with `output`: its offloaded activations leave for the host, and
   // the gradient reaching `output` fetches them and the previous block's.
@@ -78,6 +91,20 @@ class SavedActivationScope {
  private:
   State* state_ = nullptr;
   std::shared_ptr<OffloadGroup> previous_;  // the group of the block that made the input
+};
+
+// While one lives, what autograd saves on this thread is encoded with the innermost scope's core
+// codec (above); nothing outside a scope. The attention kinds make one around their core.
+class AttentionCoreSaving {
+ public:
+  AttentionCoreSaving();
+  ~AttentionCoreSaving();
+  AttentionCoreSaving(const AttentionCoreSaving&) = delete;
+  AttentionCoreSaving& operator=(const AttentionCoreSaving&) = delete;
+
+ private:
+  SavedActivationScope::State* state_ = nullptr;
+  ActivationCodec outside_ = ActivationCodec::none;
 };
 
 // The group of the block that made `input` (when it offloads) is fetched when the gradient reaches

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include "memory/activation_checkpointing.h"
+#include "memory/saved_activations.h"
 #include "model/linear.h"
 #include "model/norm.h"
 #include "model/rotary.h"
@@ -50,6 +51,7 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelOptions& opts, const
 }
 
 at::Tensor CausalSelfAttentionImpl::core(const at::Tensor& qkv, int64_t h, int64_t kv) {
+  const AttentionCoreSaving saving;  // memory.attention_compression (memory/saved_activations.h)
   const int64_t B = qkv.size(0), T = qkv.size(1), d = head_dim_, group = h / kv;
   // [B, T, (h + 2 kv) d] -> q [B, T, h, d], k and v [B, T, kv, d]: one split, whose backward writes
   // the three gradients into one tensor. Three narrows would each zero-fill a whole qkv gradient and

@@ -54,7 +54,7 @@ BlockOutput BlockImpl::run(const at::Tensor& x) {
 }
 
 BlockOutput BlockImpl::forward(const at::Tensor& x, const std::shared_ptr<ActivationOffload>& held) {
-  SavedActivationScope saving(codec_, *this, offload_ ? offload_ : held, x);
+  SavedActivationScope saving(codec_, *this, offload_ ? offload_ : held, x, core_codec_);
   BlockOutput out;
   if (mode_ != CheckpointMode::full || !checkpoint_applies(x)) {
     out = run(x);

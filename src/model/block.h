@@ -7,12 +7,14 @@
 // Activation checkpointing is applied from outside through set_checkpoint_mode: full recomputes
 // the whole block in backward, selective only the attention core. Compression of what autograd
 // saves (set_activation_codec) covers the whole forward, a fully checkpointed block's saved input
-// included, and so does its offload to host memory (set_activation_offload; memory/
+// included, but for the attention core's tensors when set_attention_core_codec gives them their own
+// codec (memory/saved_activations.h); and so does its offload to host memory (set_activation_offload; memory/
 // saved_activations.h, memory/activation_offload.h).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include <ATen/core/Tensor.h>
@@ -45,6 +47,8 @@ class BlockImpl : public torch::nn::Module {
   BlockOutput forward(const at::Tensor& x, const std::shared_ptr<ActivationOffload>& held = nullptr);
   void set_checkpoint_mode(CheckpointMode mode);
   void set_activation_codec(ActivationCodec codec) { codec_ = codec; }
+  // The attention core's codec (memory.attention_compression; unset: the block's).
+  void set_attention_core_codec(std::optional<ActivationCodec> codec) { core_codec_ = codec; }
   // Where the block's saved activations wait for its backward (null: on the device).
   void set_activation_offload(std::shared_ptr<ActivationOffload> offload) { offload_ = std::move(offload); }
   // Where the block's dropout masks come from (model/dropout.h; default: the shared stream).
@@ -64,6 +68,7 @@ class BlockImpl : public torch::nn::Module {
   DropoutStreams streams_;
   CheckpointMode mode_ = CheckpointMode::none;
   ActivationCodec codec_ = ActivationCodec::none;
+  std::optional<ActivationCodec> core_codec_;
   std::shared_ptr<ActivationOffload> offload_;
 };
 TORCH_MODULE(Block);

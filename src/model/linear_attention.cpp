@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "memory/activation_checkpointing.h"
+#include "memory/saved_activations.h"
 #include "model/linear.h"
 #include "model/norm.h"
 
@@ -155,6 +156,7 @@ void LinearAttentionImpl::select_heads(int64_t first, int64_t count) {
 }
 
 at::Tensor LinearAttentionImpl::core(const at::Tensor& qkv) {
+  const AttentionCoreSaving saving;  // memory.attention_compression (memory/saved_activations.h)
   const int64_t B = qkv.size(1), T = qkv.size(3), C = qkv.size(2) * qkv.size(4);
   if (!decay_device_.defined() || decay_device_.device() != qkv.device()) decay_device_ = decay_.to(qkv.device());
   auto o = kernel_ ? kernel_(qkv[0], qkv[1], qkv[2], decay_device_, chunk_)

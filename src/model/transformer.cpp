@@ -148,6 +148,12 @@ void TransformerLMImpl::set_activation_compression(const std::string& codec) {
   for (auto& [l, b] : blocks_) b->set_activation_codec(parsed);
 }
 
+void TransformerLMImpl::set_attention_compression(const std::string& codec) {
+  const std::optional<ActivationCodec> parsed =
+      codec == "same" ? std::nullopt : std::optional<ActivationCodec>(parse_activation_codec(codec));
+  for (auto& [l, b] : blocks_) b->set_attention_core_codec(parsed);
+}
+
 void TransformerLMImpl::set_activation_offload(int64_t blocks, std::shared_ptr<ActivationOffload> offload) {
   for (auto& [l, b] : blocks_) b->set_activation_offload(l < blocks ? offload : nullptr);
 }

@@ -127,6 +127,9 @@ class TransformerLMImpl : public torch::nn::Module {
   // "none" | "lossless" | "bf16" | "fp8" | "int8" | "int4" (memory.activation_compression): how each block
   // keeps what autograd saves for its backward (memory/activation_codec.h).
   void set_activation_compression(const std::string& codec);
+  // "same" | one of the codecs above (memory.attention_compression): the codec of what each block's
+  // attention core saves, where "same" leaves it the block's (memory/saved_activations.h).
+  void set_attention_compression(const std::string& codec);
   // The held blocks with a global index below `blocks` keep their saved activations in host memory
   // between forward and backward, through `offload` (memory.activation_offload; null or 0: none).
   void set_activation_offload(int64_t blocks, std::shared_ptr<ActivationOffload> offload);

@@ -112,6 +112,7 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
   // 4. Activation checkpointing, compression and offload inside every block.
   model_->set_activation_checkpointing(config.memory.activation_checkpointing);
   model_->set_activation_compression(activation_codec_name(applied_activation_codec(config)));
+  model_->set_attention_compression(config.memory.attention_compression);
   // One offload (its two copy streams) for every block and micro-batch that offloads.
   std::shared_ptr<ActivationOffload> offload;
   const ActivationPolicy* policy = layout_.activation_policy(pp_ ? pp_->rank() : 0);

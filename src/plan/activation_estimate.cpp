@@ -22,6 +22,18 @@ ActivationCodec applied_activation_codec(const Config& config) {
                                                     : parse_activation_codec(config.memory.activation_compression);
 }
 
+std::vector<ActivationCodec> encoding_codecs(const Config& config) {
+  std::vector<ActivationCodec> out;
+  auto add = [&](ActivationCodec codec) {
+    if (codec != ActivationCodec::none && codec != ActivationCodec::lossless &&
+        std::find(out.begin(), out.end(), codec) == out.end())
+      out.push_back(codec);
+  };
+  for (ActivationCodec codec : parse_activation_codecs(config.memory.activation_compression)) add(codec);
+  if (config.memory.attention_compression != "same") add(parse_activation_codec(config.memory.attention_compression));
+  return out;
+}
+
 double activation_element_bytes(const Config& config) {
   return activation_codec_bytes_per_element(applied_activation_codec(config), compute_element_bytes(config));
 }
@@ -60,6 +72,40 @@ double block_statistics_bytes(const Config& config, const ParallelDims& dims) {
   if (config.memory.activation_checkpointing == "full") return 0;
   return block_statistics_bytes_per_token(config, dims) *
          static_cast<double>(config.train.batch_size * (config.train.seq_len / dims.sp()));
+}
+
+bool keeps_storages_whole(ActivationCodec codec) {
+  return codec == ActivationCodec::none || codec == ActivationCodec::lossless;
+}
+
+AttentionCoreElements attention_core_elements_per_token(const Config& config, const ParallelDims& dims,
+                                                        ActivationCodec codec) {
+  const ModelOptions& m = config.model;
+  if (config.memory.activation_checkpointing != "none") return {};
+  const double h = static_cast<double>(m.n_embd), t = static_cast<double>(dims.tp());
+  const double heads = static_cast<double>(m.n_head);
+  const double hq = heads * static_cast<double>(m.head_width());
+  const double kv = static_cast<double>(std::max(m.kv_heads(), dims.tp()) * m.head_width());
+  AttentionCoreElements core;
+  if (m.arch == "linear") {
+    // All of block_activation_bytes_per_token's lightning terms but the SiLU inputs (2h, before
+    // the core), the normalised output and the gate (2h, after it) and their product (h).
+    const double c = static_cast<double>(std::min(config.train.seq_len, m.linear_chunk));
+    const double d = static_cast<double>(m.head_width());
+    core.compute = 6 * h + heads * c + heads * d * d / c;
+  } else if (cpu_attention_math_path(config, dims)) {
+    // The math path's float32 tensors; the output projection keeps a copy of the output, outside.
+    const double k = m.kv_heads() < m.n_head ? hq : kv;
+    core.float32 = hq + 2 * k + 2 * heads * static_cast<double>(config.train.seq_len);
+  } else {
+    // q, k, v and the output (which the output projection's input shares), as the block's term
+    // counts them under `codec`.
+    core.compute = hq + 2 * kv + hq + (m.rotary() && keeps_storages_whole(codec) ? hq + kv : 0) +
+                   (keeps_expanded_kv(config, dims) ? 2 * hq : 0);
+  }
+  core.compute /= t;
+  core.float32 /= t;
+  return core;
 }
 
 double block_activation_bytes_per_token(const Config& config, const ParallelDims& dims, int64_t layer,
@@ -103,9 +149,11 @@ double block_activation_bytes_per_token(const Config& config, const ParallelDims
   } else {
     split += hq + 2 * kv + hq;  // q, k, v and the output
     // Inside the core, which selective checkpointing recomputes: the rotated q and k, k and v
-    // expanded to every head.
+    // expanded to every head. With rotary positions the kernel keeps the rotated q and k in place
+    // of the projection's; under a codec that keeps tensors whole (none, lossless) v keeps the
+    // projection's whole output (q, k and v) beside them.
     const bool kept = checkpointing != "selective";
-    if (m.rotary() && kept) split += hq + kv;
+    if (m.rotary() && kept && keeps_storages_whole(applied_activation_codec(config))) split += hq + kv;
     if (keeps_expanded_kv(config, dims) && kept) split += 2 * hq;
   }
   // GELU: its input and output; SwiGLU (model/swiglu.h): the joined up and gate, and
@@ -132,8 +180,19 @@ double block_activation_bytes_per_token(const Config& config, const ParallelDims
   // float32 elements as the activation codec keeps them (lossless: 4 bytes; bf16: 2; int8, fp8: 1.125)
   const double residual_bytes = activation_codec_bytes_per_element(applied_activation_codec(config), 4);
   const double residual_inputs = float_residual ? 2 * h * residual_bytes / (p.megatron_sp ? t : 1) : 0;
+  // The attention core's own codec (memory.attention_compression) in place of the block's.
+  double core_codec = 0;
+  if (config.memory.attention_compression != "same") {
+    const ActivationCodec block = applied_activation_codec(config);
+    const ActivationCodec core = parse_activation_codec(config.memory.attention_compression);
+    const AttentionCoreElements as_block = attention_core_elements_per_token(config, dims, block);
+    const AttentionCoreElements as_core = attention_core_elements_per_token(config, dims, core);
+    core_codec = as_core.compute * activation_codec_bytes_per_element(core, static_cast<int64_t>(compute_element_bytes(config))) -
+                 as_block.compute * element_bytes +
+                 (as_core.float32 * activation_codec_bytes_per_element(core, 4) - as_block.float32 * residual_bytes);
+  }
   return rest * element_bytes + math_core / t + (p.megatron_sp ? masks / t : masks) +
-         block_statistics_bytes_per_token(config, dims) + residual_inputs;
+         block_statistics_bytes_per_token(config, dims) + residual_inputs + core_codec;
 }
 
 double block_activation_bytes(const Config& config, const ParallelDims& dims, int64_t layer) {

@@ -32,6 +32,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "config/config.h"
 #include "core/parallel_dims.h"
@@ -49,12 +50,17 @@ double parameter_element_bytes(const Config& config);
 // estimate counts every block uncompressed.
 ActivationCodec applied_activation_codec(const Config& config);
 
+// The codecs whose encoding rate the activation policy prices: the ones memory.activation_compression
+// allows it, and memory.attention_compression's (none and lossless never: they encode nothing).
+std::vector<ActivationCodec> encoding_codecs(const Config& config);
+
 // What one activation element takes under the run's precision (16-bit under bf16 and fp16) and
 // the applied codec.
 double activation_element_bytes(const Config& config);
 
 // Bytes per token block `layer` saves; `element_bytes`: what one activation element takes (the
-// dtype's, or the activation codec's encoding of it).
+// dtype's, or the activation codec's encoding of it), but for the attention core's elements under
+// memory.attention_compression, at that codec's.
 double block_activation_bytes_per_token(const Config& config, const ParallelDims& dims, int64_t layer,
                                         double element_bytes);
 // The float32 statistics among them (the norms', the softmax core's log-sum-exp): off the
@@ -63,6 +69,21 @@ double block_activation_bytes_per_token(const Config& config, const ParallelDims
 // checkpointing (none under full).
 double block_statistics_bytes_per_token(const Config& config, const ParallelDims& dims);
 double block_statistics_bytes(const Config& config, const ParallelDims& dims);
+
+// The elements per token of this rank that block_activation_bytes_per_token counts inside the
+// attention core (CausalSelfAttention::core, LinearAttention::core: memory.attention_compression's
+// tensors, memory/saved_activations.h): in the compute dtype, and in float32 on the CPU's math path
+// of softmax attention; as saved under `codec` (one that keeps tensors whole keeps the input
+// projection's whole output beside a rotary core's rotated q and k). None under selective or full
+// checkpointing, which recompute the core.
+struct AttentionCoreElements {
+  double compute = 0;
+  double float32 = 0;
+};
+AttentionCoreElements attention_core_elements_per_token(const Config& config, const ParallelDims& dims,
+                                                        ActivationCodec codec);
+// Whether `codec` keeps a saved tensor as it is, its whole storage held (none, lossless).
+bool keeps_storages_whole(ActivationCodec codec);
 
 // What block `layer` saves per micro-batch on this rank (train.batch_size x its share of the
 // sequence) under the config's checkpointing and compression.

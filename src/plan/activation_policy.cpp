@@ -20,12 +20,14 @@
 namespace tessera {
 namespace {
 
+// `attention`: memory.attention_compression ("same": the block's codec; the run's by default).
 double block_bytes(const Config& config, const ParallelDims& dims, int64_t layer, const std::string& checkpointing,
-                   const std::string& compression) {
+                   const std::string& compression, const std::string& attention = "") {
   Config c = config;
   c.memory.activation_policy = "manual";  // the estimate then counts the option's codec
   c.memory.activation_checkpointing = checkpointing;
   c.memory.activation_compression = compression;
+  if (!attention.empty()) c.memory.attention_compression = attention;
   return block_activation_bytes(c, dims, layer);
 }
 
@@ -278,23 +280,41 @@ std::vector<std::vector<ActivationOption>> activation_options(const Config& conf
     const AwaitingW after_i = awaiting_w_bytes_per_token(config, dims, l);
     const double kept = after_i.kept * tokens, released = after_i.released * tokens;
     std::vector<ActivationOption> options;
+    // Encoding and decoding a byte of what a codec encodes (0 where it was not timed, or keeps it).
+    auto codec_per_byte = [&](const std::string& codec) {
+      const auto rate = measured.codec_seconds_per_byte.find(codec);
+      return rate != measured.codec_seconds_per_byte.end() ? rate->second : 0;
+    };
+    // What the attention core saves, unencoded (only a block that keeps its activations saves it):
+    // under memory.attention_compression encoded by its own codec, the rest by the option's.
+    const double keep_plain = block_bytes(config, dims, l, "none", "none", "same");
+    const std::string& core_codec = config.memory.attention_compression;
+    auto core_bytes = [&](ActivationCodec codec) {
+      const AttentionCoreElements e = attention_core_elements_per_token(config, dims, codec);
+      return (e.compute * compute_element_bytes(config) + 4 * e.float32) * tokens;
+    };
+    const double core_plain = core_bytes(ActivationCodec::none);
     for (const std::string& codec : codecs) {
       const bool encoded = codec != "none";
-      // Encoding and decoding what the option would otherwise keep (0 where the codec was not timed).
-      const auto rate = measured.codec_seconds_per_byte.find(codec);
-      const double codec_per_byte = rate != measured.codec_seconds_per_byte.end() ? rate->second : 0;
-      auto coding = [&](double plain) { return plain * codec_per_byte; };
+      // Encoding and decoding what the option would otherwise keep; the attention core's share of
+      // `plain` (core_plain when the block keeps its activations) at its own codec's rate, on the
+      // elements that codec encodes.
+      const std::string core_name = core_codec == "same" ? codec : core_codec;
+      const double core_encoded = core_bytes(parse_activation_codec(core_name));
+      auto coding = [&, codec](double plain, double core) {
+        return (plain - core) * codec_per_byte(codec) + (core > 0 ? core_encoded : 0) * codec_per_byte(core_name);
+      };
       const double keep_c = encoded ? block_bytes(config, dims, l, "none", codec) : keep;
       const double selective_c = encoded ? block_bytes(config, dims, l, "selective", codec) : selective;
       const double input_c = encoded ? block_bytes(config, dims, l, "full", codec) : input;
       const double kept_after_i = std::max(0.0, keep_c + kept - released * (keep > 0 ? keep_c / keep : 1));
-      options.push_back({"none", false, keep_c, 0, coding(keep), codec, kept_after_i, keep_c - stays, stays});
-      options.push_back({"selective", false, selective_c, 0, recompute_core + coding(selective), codec,
+      options.push_back({"none", false, keep_c, 0, coding(keep_plain, core_plain), codec, kept_after_i, keep_c - stays, stays});
+      options.push_back({"selective", false, selective_c, 0, recompute_core + coding(selective, 0), codec,
                          selective_c + kept, std::max(0.0, selective_c - stays), stays});
-      options.push_back({"full", false, input_c, 0, f + coding(input), codec, 0, input_c, 0});
-      options.push_back({"none", true, stays, keep_c - stays, copy_seconds(keep_c - stays, f, b) + coding(keep), codec,
-                         keep_c + kept, 0, stays});
-      options.push_back({"full", true, 0, input_c, f + copy_seconds(input_c, f, b) + coding(input), codec, 0, 0, 0});
+      options.push_back({"full", false, input_c, 0, f + coding(input, 0), codec, 0, input_c, 0});
+      options.push_back({"none", true, stays, keep_c - stays,
+                         copy_seconds(keep_c - stays, f, b) + coding(keep_plain, core_plain), codec, keep_c + kept, 0, stays});
+      options.push_back({"full", true, 0, input_c, f + copy_seconds(input_c, f, b) + coding(input, 0), codec, 0, 0, 0});
     }
     out.push_back(std::move(options));
   }

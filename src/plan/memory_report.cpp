@@ -66,12 +66,13 @@ std::string describe_memory_estimate(const Config& config, const ParallelDims& d
     out += line(", %s %s", component.c_str(), format_count(n).c_str());
   out += m.tie_embeddings ? "; the head (ln_f) computes logits with the token embedding\n"
                           : "; the head (ln_f, lm_head) has its own output matrix\n";
+  const std::string compression =
+      (config.memory.activation_compression == "none" ? "" : ", activation compression " + config.memory.activation_compression) +
+      (config.memory.attention_compression == "same" ? "" : ", the attention core's " + config.memory.attention_compression);
   out += line("layout: %s, zero_stage %lld%s, precision %s, optimizer %s, activation checkpointing %s%s\n",
               dims.describe().c_str(), static_cast<long long>(p.zero_stage), p.offload ? " with offload" : "",
               config.precision.dtype.c_str(), config.optim.name.c_str(), config.memory.activation_checkpointing.c_str(),
-              config.memory.activation_compression == "none"
-                  ? ""
-                  : (", activation compression " + config.memory.activation_compression).c_str());
+              compression.c_str());
   out += e.pipeline;
   if (e.pipeline_rank >= 0)
     out += line("per rank (the largest: pipeline rank %lld, %s parameters after tensor/expert parallelism, activations of "

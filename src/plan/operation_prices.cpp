@@ -286,34 +286,51 @@ void add_activation_offload(const Config& config, const ParallelDims& dims, cons
 // slowed as the compute is, per element of what the block saves less its float32 statistics (which
 // no codec encodes); half in the forward, half in the backward. What a codec keeps as it is costs
 // nothing: bf16 under a 16-bit compute dtype, lossless's tensors (its bool masks, a byte per
-// element at most, are not priced).
-// The cluster file's rate for a codec of memory.activation_compression (int8, int4, fp8 or bf16), refused
-// naming the key where the file leaves it at 0.
+// element at most, are not priced). The attention core's elements under memory.attention_compression
+// at its codec's rate. Under memory.activation_policy = auto the policy's choices are priced instead.
+// The cluster file's rate for a codec (int8, int4, fp8 or bf16), refused naming the key where the
+// file leaves it at 0.
 double codec_gbs(ActivationCodec codec, const Cluster& cluster) {
   const double gbs = codec == ActivationCodec::int8  ? cluster.device.activation_codec_int8_gbs
                      : codec == ActivationCodec::int4 ? cluster.device.activation_codec_int4_gbs
                      : codec == ActivationCodec::fp8 ? cluster.device.activation_codec_fp8_gbs
                                                      : cluster.device.activation_codec_bf16_gbs;
   const char* name = activation_codec_name(codec);
-  require(gbs > 0, cluster.source, ": memory.activation_compression = ", name, " needs device.activation_codec_", name,
+  require(gbs > 0, cluster.source, ": the activation codec ", name, " (memory.activation_compression or memory.attention_compression) needs device.activation_codec_", name,
           "_gbs, which this cluster file leaves at 0 (`tessera plan calibrate` measures it)");
   return gbs;
 }
 
 void add_activation_compression(const Config& config, const ParallelDims& dims, const Cluster& cluster, double slowdown,
                                 std::vector<PartCost>& blocks) {
+  if (config.memory.activation_policy == "auto") return;
   const ActivationCodec codec = applied_activation_codec(config);
+  const ActivationCodec core = config.memory.attention_compression == "same"
+                                   ? codec
+                                   : parse_activation_codec(config.memory.attention_compression);
   const double e = compute_element_bytes(config);
-  if (codec == ActivationCodec::none || codec == ActivationCodec::lossless || (codec == ActivationCodec::bf16 && e < 4))
-    return;
-  const double gbs = codec_gbs(codec, cluster);
+  // Seconds per element a codec encodes and decodes (0: it keeps the element as it is).
+  auto seconds_per_element = [&](ActivationCodec c) {
+    if (c == ActivationCodec::none || c == ActivationCodec::lossless || (c == ActivationCodec::bf16 && e < 4)) return 0.0;
+    return 4 * slowdown / (1e9 * codec_gbs(c, cluster));
+  };
+  if (seconds_per_element(codec) == 0 && seconds_per_element(core) == 0) return;
   Config plain = config;
   plain.memory.activation_compression = "none";
-  const double seconds_per_element = 4 * slowdown / (1e9 * gbs);
+  plain.memory.attention_compression = "same";
+  // The attention core's elements (memory.attention_compression), at its codec's rate.
+  // (as kept whole, its share of the block's; as the core's codec encodes them).
+  const double tokens = static_cast<double>(config.train.batch_size * (config.train.seq_len / dims.sp()));
+  auto core_elements = [&](ActivationCodec c) {
+    const AttentionCoreElements in_core = attention_core_elements_per_token(plain, dims, c);
+    return (in_core.compute + 4 * in_core.float32 / e) * tokens;
+  };
+  const double core_kept = core_elements(ActivationCodec::none), core_encoded = core_elements(core);
   for (size_t l = 0; l < blocks.size(); ++l) {
     const double elements =
         (block_activation_bytes(plain, dims, static_cast<int64_t>(l)) - block_statistics_bytes(plain, dims)) / e;
-    const double coding = elements * seconds_per_element;
+    const double coding =
+        (elements - core_kept) * seconds_per_element(codec) + core_encoded * seconds_per_element(core);
     PartCost& c = blocks[l];
     c.f += coding / 2;
     c.i += coding / 2;
@@ -357,9 +374,8 @@ BlockCosts predicted_block_costs(const Config& config, const Cluster& cluster, d
   else costs.link_bytes_per_s = 1e9 * cluster.host.device_link_gbs;
   require(cpu || costs.link_bytes_per_s > 0, cluster.source,
           ": memory.activation_policy = auto needs host.device_link_gbs, which this cluster file leaves at 0");
-  for (ActivationCodec codec : parse_activation_codecs(config.memory.activation_compression))
-    if (codec != ActivationCodec::lossless)
-      costs.codec_seconds_per_byte[activation_codec_name(codec)] = slowdown / (1e9 * codec_gbs(codec, cluster));
+  for (ActivationCodec codec : encoding_codecs(config))
+    costs.codec_seconds_per_byte[activation_codec_name(codec)] = slowdown / (1e9 * codec_gbs(codec, cluster));
   return costs;
 }
 

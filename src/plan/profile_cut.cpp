@@ -133,6 +133,7 @@ BlockCosts profile_blocks(const Config& config, c10::Device device) {
     part->to(device, parameter_dtype(config.precision));
     part->set_activation_checkpointing(config.memory.activation_checkpointing);
     part->set_activation_compression(activation_codec_name(applied_activation_codec(config)));
+    part->set_attention_compression(config.memory.attention_compression);
     part->train();
     return part;
   };
@@ -212,7 +213,7 @@ BlockCosts profile_blocks(const Config& config, c10::Device device) {
     const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(B * T, (int64_t{4} << 20) / m.n_embd));
     const at::Tensor a = at::randn({rows, 4 * m.n_embd}, on_device.dtype(at::kFloat))
                              .to(autocast.value_or(parameter_dtype(config.precision)));
-    for (ActivationCodec codec : parse_activation_codecs(config.memory.activation_compression)) {
+    for (ActivationCodec codec : encoding_codecs(config)) {
       const double seconds = plan::calibration::activation_codec_seconds(a, activation_codec_name(codec), 0,
                                                                          [&] { sync_device(device); });
       costs.codec_seconds_per_byte[activation_codec_name(codec)] = seconds / static_cast<double>(a.nbytes());

@@ -539,6 +539,38 @@ const std::vector<Row>& layouts() {
        &kInt8Pipelined},
       {"tp2_megatron_sp_int8_activations_sgd", 2, [](Config& c) { tp2_megatron_sp_encoded(c, "int8"); },
        &kInt8Sharded},
+      // The attention core's tensors at int8 beside the rest at int4 (memory.attention_compression):
+      // the core is the same function of the same values in each layout (its heads split under tp,
+      // its sequence under LASP).
+      {"dp2_zero3_int4_attention_int8_activations_sgd", 2,
+       [](Config& c) {
+         sgd(c);
+         c.parallel.zero_stage = 3;
+         c.memory.activation_compression = "int4";
+         c.memory.attention_compression = "int8";
+       }},
+      {"tp2_megatron_sp_int4_attention_int8_activations_sgd", 2,
+       [](Config& c) {
+         tp2_megatron_sp_encoded(c, "int4");
+         c.memory.attention_compression = "int8";
+       },
+       &kInt4Sharded},
+      {"pp2_zbv_int4_attention_int8_activations_sgd_accum4", 2,
+       [](Config& c) {
+         pp2_zbv_encoded_accum4(c, "int4");
+         c.memory.attention_compression = "int8";
+       },
+       &kInt8Pipelined},
+      {"sp2_lasp_linear_int4_attention_int8_activations_sgd", 2,
+       [](Config& c) {
+         sgd(c);
+         c.model.arch = "linear";
+         c.parallel.sp = 2;
+         c.parallel.sp_method = "lasp";
+         c.memory.activation_compression = "int4";
+         c.memory.attention_compression = "int8";
+       },
+       &kInt4Sharded},
       {"pp2_zbv_int8_activations_sgd_accum4", 2, [](Config& c) { pp2_zbv_encoded_accum4(c, "int8"); },
        &kInt8Pipelined},
       {"sp2_lasp_linear_int8_activations_sgd", 2,

@@ -24,6 +24,8 @@ double measured(const Config& config) {
   torch::manual_seed(3);
   TransformerLM m(config.model);
   m->set_activation_checkpointing(config.memory.activation_checkpointing);
+  m->set_activation_compression(config.memory.activation_compression);
+  m->set_attention_compression(config.memory.attention_compression);
   m->train();
   const auto idx = torch::randint(0, config.model.vocab_size, {config.train.batch_size, config.train.seq_len});
   count_saved_activations(true);
@@ -65,6 +67,39 @@ TEST(ActivationEstimate, EachBlockKindSavesWhatTheEstimateCounts) {
     const Config c = preset("tiny_gpt", checkpointing);
     EXPECT_NEAR(estimated(c) / measured(c), 1.0, 1e-9) << checkpointing;
   }
+}
+
+// memory.attention_compression: the attention core's tensors at their own codec, the rest of the
+// block at the block's (memory/saved_activations.h). Both ways round (int4 with the core at int8,
+// GACT's choice; and the core alone encoded), and int4 alone, each block kind; the fused core's output, which the
+// output projection saves again, at the core's codec once. The kinds' tolerances as above; the
+// CPU's math path (dropout) within 3%.
+TEST(ActivationEstimate, TheAttentionCoresOwnCodecCountsWhatItsCoreSaves) {
+  for (const auto& [name, tolerance] : std::vector<std::pair<std::string, double>>{
+           {"tiny_gpt", 1e-9}, {"tiny_llama", 0.03}, {"tiny_linear", 0.03}})
+    for (const auto& [block, core] :
+         std::vector<std::pair<std::string, std::string>>{{"int4", "int8"}, {"none", "int8"}, {"int4", "same"}}) {
+      Config c = preset(name);
+      c.memory.activation_compression = block;
+      c.memory.attention_compression = core;
+      Config all = c;
+      all.memory.attention_compression = "same";
+      const double m = measured(c), e = estimated(c), whole = measured(all);
+      EXPECT_NEAR(e / m, 1.0, tolerance) << name << " " << block << " + core " << core << ": estimated " << e
+                                         << " measured " << m;
+      // The core's codec changes what the block holds: int8's core holds more than int4's, and
+      // less than none's.
+      if (core == "same") EXPECT_EQ(m, whole) << name;
+      else if (block == "int4") EXPECT_GT(m, whole * 1.05) << name;
+      else EXPECT_LT(m, whole * 0.95) << name;
+      std::printf("%s, %s with the core at %s: estimated %.0f measured %.0f bytes (%+.2f%%; %.0f with the block's codec)\n",
+                  name.c_str(), block.c_str(), core.c_str(), e, m, 100 * (e / m - 1), whole);
+    }
+  Config dropout = preset("tiny_gpt");
+  dropout.model.dropout = 0.1;
+  dropout.memory.activation_compression = "int4";
+  dropout.memory.attention_compression = "int8";
+  EXPECT_NEAR(estimated(dropout) / measured(dropout), 1.0, 0.03);
 }
 
 // With dropout the CPU's scaled-dot-product attention takes its math path (ATen's fused CPU

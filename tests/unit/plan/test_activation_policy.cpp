@@ -407,6 +407,52 @@ TEST(ActivationPolicy, EachBlockChoosesAmongTheAllowedCodecs) {
   EXPECT_NEAR(static_cast<double>(run_mixed.peak), counted, 0.02 * counted) << describe_activation_policy(chosen);
 }
 
+// memory.attention_compression: every option that keeps the block's activations holds its
+// attention core at the core's codec, whatever the option's, and pays that codec's rate for it; a
+// run under the policy holds what it counts.
+TEST(ActivationPolicy, TheAttentionCoresOwnCodecIsCountedAndPricedInEveryOption) {
+  Config c = tiny_auto(1, 0.001);  // copies too slow to offload
+  c.model.n_head = 1;
+  c.memory.activation_compression = "int4";
+  const ParallelDims dims(c.parallel, 1, "test");
+  BlockCosts measured;
+  measured.block_split.assign(static_cast<size_t>(c.model.n_layer), {1e-3, 2e-3, 1e-3, 1e-3});
+  measured.codec_seconds_per_byte = {{"int4", 2e-10}, {"int8", 1e-10}};
+  auto kept = [&](const Config& config, const std::string& codec) {
+    const std::vector<std::vector<ActivationOption>> options = activation_options(config, dims, measured, false);
+    for (const ActivationOption& o : options[0])
+      if (o.compression == codec && !o.offload && o.checkpointing == "none") return o;
+    ADD_FAILURE() << "no keep + " << codec;
+    return ActivationOption{};
+  };
+  Config core = c;
+  core.memory.attention_compression = "int8";
+  // Unencoded, the core alone is encoded (held in less, paid for); int4, the core holds more at
+  // int8's faster rate here.
+  EXPECT_LT(kept(core, "none").bytes, 0.9 * kept(c, "none").bytes);
+  EXPECT_EQ(kept(c, "none").seconds, 0);
+  EXPECT_GT(kept(core, "none").seconds, 0);
+  EXPECT_GT(kept(core, "int4").bytes, 1.05 * kept(c, "int4").bytes);
+  EXPECT_LT(kept(core, "int4").seconds, kept(c, "int4").seconds);
+  EXPECT_GT(kept(core, "int4").seconds, kept(core, "none").seconds);
+  // A run whose budget holds every block kept at int4 (the core at int8): autograd holds what the
+  // policy counts.
+  const ActivationOption int4 = kept(core, "int4");
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  core.memory.device_budget_gb = (gib - budget_of(core) + 1.01 * 4 * int4.bytes) / gib;
+  const PolicyRun r = run(core);
+  ASSERT_TRUE(r.policy.has_value());
+  EXPECT_EQ(r.policy->offloaded(), 0) << describe_activation_policy(*r.policy);
+  EXPECT_LE(static_cast<double>(r.peak), r.policy->budget_bytes);
+  double counted = r.policy->bytes;
+  for (const ActivationOption& o : r.policy->blocks)
+    if (o.checkpointing == "full") {
+      counted -= kept(core, "none").bytes;
+      break;
+    }
+  EXPECT_NEAR(static_cast<double>(r.peak), counted, 0.02 * counted) << describe_activation_policy(*r.policy);
+}
+
 // Before anything is measured (inspect, --dry-run, the launcher): a budget whose share for
 // activations is below the smallest policy's need is refused with both figures.
 TEST(ActivationPolicy, ABudgetTooSmallIsRefusedBeforeTheRun) {
@@ -486,6 +532,11 @@ TEST(ActivationPolicy, KeysAreCheckedByName) {
     c.memory.activation_compression = good;
     EXPECT_NO_THROW(c.check("code")) << good;
   }
+  c.memory.attention_compression = "int8";
+  EXPECT_NO_THROW(c.check("code"));
+  c.memory.attention_compression = "int8,int4";
+  EXPECT_TRUE(test::throws_naming([&] { c.check("code"); }, {"memory.attention_compression must be same", "int8,int4"}));
+  c.memory.attention_compression = "same";
   for (const char* bad : {"none,int8", "int8,int8", "int8,int2"}) {
     c.memory.activation_compression = bad;
     EXPECT_TRUE(test::throws_naming([&] { c.check("code"); }, {"memory.activation_compression"})) << bad;
