@@ -153,7 +153,8 @@ TEST(HostCosts, HeldMicroBatchesPayTheCopiesOfTheForwardsTheirRankOffloads) {
 // (device.activation_codec_*_gbs, float32 source bytes per second), per element of what the block
 // saves less its float32 statistics, half in the forward and half in the backward, by hand.
 // Everything else is unchanged; the memory estimate holds the encoded bytes; a cluster file
-// without the codec's rate refuses it by key; lossless costs nothing.
+// without the codec's rate refuses it by key; lossless costs nothing; the attention core's own
+// codec (memory.attention_compression) is priced at its rate.
 TEST(HostCosts, ActivationCompressionCostsItsCodecsCalibratedRate) {
   Config c = test::planner_config();
   const ParallelDims dims(c.parallel, 1, "test");
@@ -180,6 +181,20 @@ TEST(HostCosts, ActivationCompressionCostsItsCodecsCalibratedRate) {
     EXPECT_NEAR(test::breakdown_term(p, "products"), test::breakdown_term(plain, "products"), 1e-15) << codec;
     EXPECT_NEAR(test::breakdown_sum(p), p.step_s, 1e-9 * p.step_s) << codec;
     EXPECT_LT(p.peak_memory_bytes, plain.peak_memory_bytes) << codec;
+  }
+  // memory.attention_compression: the attention core's elements at its codec's rate, the rest at
+  // the block's; and the core alone encoded under a block that encodes nothing.
+  const AttentionCoreElements core = attention_core_elements_per_token(c, dims, ActivationCodec::int8);
+  const double core_source = m * (core.compute * compute_element_bytes(c) + 4 * core.float32) *
+                             static_cast<double>(c.train.batch_size * c.train.seq_len) * static_cast<double>(c.model.n_layer);
+  ASSERT_GT(core_source, 0);
+  for (const auto& [codec, gbs] : std::vector<std::pair<std::string, double>>{{"int4", 3}, {"none", 0}}) {
+    Config coded = c;
+    coded.memory.activation_compression = codec;
+    coded.memory.attention_compression = "int8";
+    const double expected =
+        (gbs > 0 ? (m * source - core_source) * slowdown / (gbs * 1e9) : 0) + core_source * slowdown / (2 * 1e9);
+    EXPECT_NEAR(plan::predict(coded, dims, cluster).step_s - plain.step_s, expected, 1e-9 * plain.step_s) << codec;
   }
   Config fp8 = c;
   fp8.memory.activation_compression = "fp8";
