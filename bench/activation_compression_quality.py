@@ -2,11 +2,12 @@
 """Does training with compressed saved activations still learn? Validation loss of each
 memory.activation_compression against none on the bundled corpus, same model, data and steps.
 
-Usage: activation_compression_quality.py BUILD_DIR [--steps 2000] [--margin 0.01]
+Usage: activation_compression_quality.py BUILD_DIR [--steps 2000] [--margin 0.01] [--config tiny_gpt]
                                          [--codecs none,none@2,bf16,fp8,int8] [--out bench/results] [--reuse]
 
-Every codec runs `tessera train --config tiny_gpt` on one process (the `make train` model and
-schedule, with train.steps = STEPS) with only memory.activation_compression changed. A codec
+Every codec runs `tessera train --config CONFIG` on one process (tiny_gpt: the `make train` model and
+schedule; configs/tiny_llama.toml has the same schedule; train.steps = STEPS) with only
+memory.activation_compression changed. A codec
 written CODEC@SEED runs with train.seed = SEED instead: `none@2` is how far two uncompressed runs
 that differ only in their initialisation and data order end apart, the scale against which the
 codecs' differences are read. CODEC+CORE runs the attention core's saved tensors at CORE
@@ -14,7 +15,8 @@ codecs' differences are read. CODEC+CORE runs the attention core's saved tensors
 is the same in every run; what the codec changes is the gradient (each block's backward reads the
 decoded activations). Reported per codec: the final validation loss and its excess over none,
 whether it is within --margin (relative), and the wall time. The loss curves go into one picture.
-Results: OUT/activation_compression_quality_cpu.{md,json,svg}; runs in runs/activation_compression/
+Results: OUT/activation_compression_quality_cpu.{md,json,svg} (another config's with _CONFIG before
+_cpu); runs in runs/activation_compression/ (another config's in a folder of its name there)
 (--reuse reads a run that already finished there, its last validation at STEPS, instead of training
 again; its wall time is then not known).
 """
@@ -32,14 +34,14 @@ import plot_losses  # noqa: E402
 from tessera_bench import bundled_corpus, unigram_baseline  # noqa: E402
 
 
-def train_command(build, data, steps, run, out_dir):
+def train_command(build, config, data, steps, run, out_dir):
     codecs, _, seed = run.partition("@")
     codec, _, core = codecs.partition("+")
     sets = {"data.path": data, "train.steps": steps, "checkpoint.every": 0, "memory.activation_compression": codec,
             "memory.attention_compression": core or "same"}
     if seed:
         sets["train.seed"] = int(seed)
-    cmd = [str(pathlib.Path(build) / "tessera"), "train", "--config", "tiny_gpt", "--out", str(out_dir), "--overwrite"]
+    cmd = [str(pathlib.Path(build) / "tessera"), "train", "--config", config, "--out", str(out_dir), "--overwrite"]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
     return cmd
@@ -53,8 +55,8 @@ def read_run(out_dir, run, cmd, wall_s):
             "unigram": baseline, "command": " ".join(cmd)}
 
 
-def train(build, data, steps, run, out_dir):
-    cmd = train_command(build, data, steps, run, out_dir)
+def train(build, config, data, steps, run, out_dir):
+    cmd = train_command(build, config, data, steps, run, out_dir)
     start = time.time()
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
@@ -69,6 +71,7 @@ def main():
     a.add_argument("--steps", type=int, default=2000)
     a.add_argument("--margin", type=float, default=0.01)
     a.add_argument("--codecs", default="none,none@2,bf16,fp8,int8")
+    a.add_argument("--config", default="tiny_gpt")
     a.add_argument("--reuse", action="store_true", help="read runs that finished before instead of training again")
     a.add_argument("--out", default="bench/results")
     args = a.parse_args()
@@ -77,13 +80,15 @@ def main():
     if codecs[0] != "none":
         raise SystemExit("--codecs must start with none (the reference)")
     runs_root = pathlib.Path("runs/activation_compression")
+    if args.config != "tiny_gpt":
+        runs_root = runs_root / args.config
     results = []
     for codec in codecs:
         out_dir = runs_root / codec
         finished = args.reuse and (out_dir / "metrics.jsonl").exists() and \
             plot_losses.read_metrics(out_dir / "metrics.jsonl")[1][-1][0] == args.steps
-        r = (read_run(out_dir, codec, train_command(args.build, data, args.steps, codec, out_dir), None) if finished
-             else train(args.build, data, args.steps, codec, out_dir))
+        r = (read_run(out_dir, codec, train_command(args.build, args.config, data, args.steps, codec, out_dir), None)
+             if finished else train(args.build, args.config, data, args.steps, codec, out_dir))
         results.append(r)
         print(f"[{codec}] val loss {r['val_loss']:.4f} (train {r['final_train_loss']:.4f}), {r['wall_s']} s", flush=True)
     # Each run against the uncompressed run of its own seed (none@SEED where it ran, else none).
@@ -97,18 +102,20 @@ def main():
 
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / "activation_compression_quality_cpu"
+    stem = out / ("activation_compression_quality_cpu" if args.config == "tiny_gpt"
+                  else f"activation_compression_quality_{args.config}_cpu")
     command = (f"python3 bench/activation_compression_quality.py {args.build}"
+               f"{f' --config {args.config}' if args.config != 'tiny_gpt' else ''}"
                f"{f' --data {args.data}' if args.data else ''} --steps {args.steps} --codecs {args.codecs}"
                f"{' --reuse' if args.reuse else ''}")
     unigram = results[0]["unigram"]
     plot_losses.plot([(r["codec"], runs_root / r["codec"] / "metrics.jsonl") for r in results], f"{stem}.svg",
-                     "tiny_gpt: saved activations compressed against none", unigram)
+                     f"{args.config}: saved activations compressed against none", unigram)
     meta = {"command": command, "machine": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M"),
             "steps": args.steps, "margin": args.margin, "unigram": unigram}
     pathlib.Path(f"{stem}.json").write_text(json.dumps({**meta, "results": results}, indent=2) + "\n")
     lines = ["# Compressed saved activations: training quality on the bundled corpus (CPU, one process)", "",
-             f"tiny_gpt (`make train`'s model and schedule), {args.steps} steps, batch 16 x 128 tokens; unigram "
+             f"{args.config} (`make train`'s schedule), {args.steps} steps, batch 16 x 128 tokens; unigram "
              f"baseline {unigram} nats. Margin: final validation loss within {args.margin:.0%} of the uncompressed run "
              "of the same seed (none@2 against none: how far two seeds alone end apart). Wall times under --reuse are "
              "the earlier runs' and not kept.", "",

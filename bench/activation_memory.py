@@ -2,7 +2,8 @@
 """What each activation memory saver keeps for the backward pass and what it costs (issue 53).
 
 For each config (default tiny_gpt and tiny_llama, float32, one process) and each policy:
-  memory.activation_compression = none, lossless, bf16, fp8, int8, int4 (no checkpointing);
+  memory.activation_compression = none, lossless, bf16, fp8, int8, int4 (no checkpointing), and int4
+  with the attention core's tensors at int8 (int4+int8: memory.attention_compression = int8);
   memory.activation_checkpointing = selective, full (no compression); full with int8 and with int4;
 it runs `tessera bench --json` in ROUNDS rounds, the policies of a round one after another, and
 reports:
@@ -13,7 +14,9 @@ reports:
                          uncompressed (16 h floats, two norms' mean and rstd, the attention's
                          log-sum-exp per head), 32 h (bf16), 18 h (int8, fp8: a byte and a
                          4-byte scale per 32) or 10 h (int4: half a byte and the scale) for the
-                         16 h floats; full checkpointing keeps the block's input, 4 h;
+                         16 h floats; int4+int8 12 h (the core's q, k, v and output, 4 h, at
+                         int8's 1.125 bytes, the other 12 h at int4's 0.625); full checkpointing
+                         keeps the block's input, 4 h;
   x of none              the uncompressed figure over the policy's;
   step ms                the median over rounds of each round's median step;
   step / none            the median over rounds of the step over the same round's uncompressed
@@ -22,6 +25,8 @@ reports:
 Written to bench/results/activation_memory_cpu.md.
 
 usage: bench/activation_memory.py BUILD_DIR [--rounds 5] [--steps 10] [--configs tiny_gpt,tiny_llama]
+                                  [--only int8,int4,int4+int8]
+(--only: those compressions without checkpointing, beside none and full checkpointing.)
 """
 import argparse
 import statistics
@@ -39,6 +44,7 @@ POLICIES = [
     ("fp8", "none"),
     ("int8", "none"),
     ("int4", "none"),
+    ("int4+int8", "none"),
     ("none", "selective"),
     ("none", "full"),
     ("int8", "full"),
@@ -64,7 +70,7 @@ def formula(compression, checkpointing, h, a):
     if checkpointing != "none":
         return None
     floats = {"none": 64 * h, "lossless": 64 * h, "bf16": 32 * h, "fp8": 18 * h, "int8": 18 * h,
-              "int4": 10 * h}[compression]
+              "int4": 10 * h, "int4+int8": 12 * h}[compression]
     return floats + 16 + 4 * a
 
 
@@ -74,28 +80,34 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--configs", default="tiny_gpt,tiny_llama")
+    ap.add_argument("--only", help="these compressions (no checkpointing), beside none and full")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "activation_memory_cpu.md"))
     args = ap.parse_args()
+    policies = POLICIES
+    if args.only:
+        policies = [("none", "none")] + [(c, "none") for c in args.only.split(",")] + [("none", "full")]
     sections = []
     for config in args.configs.split(","):
         blocks, h, a, described = model_shape(args.build, config)
-        runs = {p: [] for p in POLICIES}
+        runs = {p: [] for p in policies}
         for r in range(args.rounds):
-            for p in POLICIES:
-                d = tessera_bench(args.build, config, {"memory.activation_compression": p[0],
+            for p in policies:
+                codec, _, core = p[0].partition("+")
+                d = tessera_bench(args.build, config, {"memory.activation_compression": codec,
+                                                       "memory.attention_compression": core or "same",
                                                        "memory.activation_checkpointing": p[1]},
                                   steps=args.steps, warmup=3)
                 runs[p].append(d)
                 print(f"{config} round {r} {p}: {d['median_step_s'] * 1e3:.1f} ms, saved {d['saved_activation_bytes']}",
                       flush=True)
-        tokens = runs[POLICIES[0]][0]["tokens_per_step"]
+        tokens = runs[policies[0]][0]["tokens_per_step"]
         base_saved = runs[("none", "none")][0]["saved_activation_bytes"]
         lines = [f"## {config}: {described}", "",
                  f"{int(tokens)} tokens per step, {args.rounds} rounds of {args.steps} timed steps; "
                  "formula for the GPT block only (docs/memory.md).", "",
                  "| compression | checkpointing | saved KiB/token/block | formula | x of none | step ms | step / none | peak host MiB |",
                  "|---|---|---|---|---|---|---|---|"]
-        for p in POLICIES:
+        for p in policies:
             saved = runs[p][0]["saved_activation_bytes"]
             per = saved / tokens / blocks
             f = formula(p[0], p[1], h, a) if config.startswith("tiny_gpt") else None
@@ -109,7 +121,7 @@ def main():
         sections.append("\n".join(lines))
     head = ("# Activation memory on this machine's CPU\n\n"
             f"`python3 bench/activation_memory.py build --rounds {args.rounds} --steps {args.steps} "
-            f"--configs {args.configs}` (2 cores, one process, float32).\n\n")
+            f"--configs {args.configs}{' --only ' + args.only if args.only else ''}` (2 cores, one process, float32).\n\n")
     Path(args.out).write_text(head + "\n\n".join(sections) + "\n")
     print(Path(args.out).read_text())
 

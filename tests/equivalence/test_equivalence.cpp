@@ -196,6 +196,14 @@ void pp2_zbv_encoded_accum4(Config& c, const char* codec) {
   c.memory.activation_compression = codec;
 }
 
+void sp2_lasp_encoded(Config& c, const char* codec) {
+  sgd(c);
+  c.model.arch = "linear";
+  c.parallel.sp = 2;
+  c.parallel.sp_method = "lasp";
+  c.memory.activation_compression = codec;
+}
+
 // Mixtral's MoE on the Llama blocks: every block a dropless top-2 of 4 SwiGLU experts, the chosen
 // softmax scores renormalized. `deepseek` makes it DeepSeek-V3's: the first block dense, 8
 // fine-grained experts of width 16 beside a shared one, top 3 of sigmoid scores renormalized and
@@ -563,25 +571,13 @@ const std::vector<Row>& layouts() {
        &kInt8Pipelined},
       {"sp2_lasp_linear_int4_attention_int8_activations_sgd", 2,
        [](Config& c) {
-         sgd(c);
-         c.model.arch = "linear";
-         c.parallel.sp = 2;
-         c.parallel.sp_method = "lasp";
-         c.memory.activation_compression = "int4";
+         sp2_lasp_encoded(c, "int4");
          c.memory.attention_compression = "int8";
        },
        &kInt4Sharded},
       {"pp2_zbv_int8_activations_sgd_accum4", 2, [](Config& c) { pp2_zbv_encoded_accum4(c, "int8"); },
        &kInt8Pipelined},
-      {"sp2_lasp_linear_int8_activations_sgd", 2,
-       [](Config& c) {
-         sgd(c);
-         c.model.arch = "linear";
-         c.parallel.sp = 2;
-         c.parallel.sp_method = "lasp";
-         c.memory.activation_compression = "int8";
-       },
-       &kInt8Sharded},
+      {"sp2_lasp_linear_int8_activations_sgd", 2, [](Config& c) { sp2_lasp_encoded(c, "int8"); }, &kInt8Sharded},
       {"mixtral_dp2_ep2_int8_activations_sgd", 2,
        [](Config& c) {
          mixtral(c);
