@@ -9,7 +9,7 @@ Tensor bytes are what the estimate models and what the CUDA caching allocator's 
 the process's resident set adds libtorch, the threads and glibc's heap on top, which
 bench/plan_runs_here.py compares with a fixed overhead.
 
-usage: bench/plan_memory_here.py [--tessera build/tessera] [--held-out 1|2|...|14] [--only NAME] [--out F.md]
+usage: bench/plan_memory_here.py [--tessera build/tessera] [--held-out 1|2|...|15] [--only NAME] [--out F.md]
 """
 import argparse
 import json
@@ -243,13 +243,31 @@ HELD_OUT_14 = [
     ("pp2 x tp2 Megatron-SP interleaved, GQA", 4, ["parallel.pp=2", "parallel.pp_schedule=interleaved",
                                                    "parallel.pp_virtual=2", "train.batch_size=2", "model.n_kv_head=2"]),
 ]
+# Held out, set 15: saved activations encoded with the attention core at its own codec
+# (memory.attention_compression; 2026-12-04), under one process and three layouts: rows written before
+# they were run.
+HELD_OUT_15_MODEL = ["model.n_layer=4", "model.n_embd=256", "model.n_head=4", "model.vocab_size=2000",
+                     "model.block_size=128", "train.seq_len=128", "train.global_batch_size=16", "train.threads=1",
+                     "optim.name=adamw", "train.tensorboard=false", "memory.attention_compression=int8"]
+HELD_OUT_15 = [
+    ("one process, int4 with the core at int8, GQA rotary SwiGLU", 1,
+     ["train.batch_size=8", "model.n_kv_head=2", "memory.activation_compression=int4"] + LLAMA_BLOCKS),
+    ("one process, the core alone at int8", 1, ["train.batch_size=8"]),
+    ("dp2 ZeRO-3, int4 with the core at int8", 2,
+     ["parallel.zero_stage=3", "train.batch_size=8", "memory.activation_compression=int4"]),
+    ("tp2 Megatron-SP, int4 with the core at int8, GQA rotary SwiGLU", 2,
+     ["parallel.tp=2", "parallel.megatron_sp=true", "train.batch_size=8", "model.n_kv_head=2",
+      "memory.activation_compression=int4"] + LLAMA_BLOCKS),
+    ("pp2 1f1b, int4 with the core at int8", 2,
+     ["parallel.pp=2", "train.batch_size=4", "memory.activation_compression=int4"]),
+]
 SETS = {"": (MODEL, LAYOUTS), "1": (HELD_OUT_MODEL, HELD_OUT), "2": (HELD_OUT_2_MODEL, HELD_OUT_2),
         "3": (HELD_OUT_3_MODEL, HELD_OUT_3), "4": (HELD_OUT_4_MODEL, HELD_OUT_4), "5": (HELD_OUT_5_MODEL, HELD_OUT_5),
         "6": (HELD_OUT_6_MODEL, HELD_OUT_6),
         "7": (HELD_OUT_7_MODEL, HELD_OUT_7), "8": (HELD_OUT_8_MODEL, HELD_OUT_8), "9": (HELD_OUT_9_MODEL, HELD_OUT_9),
         "10": (HELD_OUT_MODEL, ZERO_AT_FOUR), "11": (HELD_OUT_11_MODEL, HELD_OUT_11),
         "12": (HELD_OUT_12_MODEL, HELD_OUT_12), "13": (HELD_OUT_13_MODEL, HELD_OUT_13),
-        "14": (HELD_OUT_14_MODEL, HELD_OUT_14)}
+        "14": (HELD_OUT_14_MODEL, HELD_OUT_14), "15": (HELD_OUT_15_MODEL, HELD_OUT_15)}
 
 
 def main():
