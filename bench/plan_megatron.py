@@ -6,10 +6,13 @@
 Each row is predicted for the layout as the paper ran it: its tensor- and pipeline-parallel
 degrees (no sequence parallelism), world, global batch, sequence 2048, vocabulary 51200, full recomputation, the interleaved
 schedule where there is a pipeline, no Megatron-SP (it came later), attention as Megatron ran it
-then (--attention unfused), the gradients all-reduced in one bucket after the backward
+then (--attention unfused), no ZeRO (Megatron-LM of 2021 replicated the optimizer state over the
+data-parallel ranks) and the gradients all-reduced in one bucket after the backward
 (parallel.bucket_mb = 65536: Megatron-LM's contiguous buffer of 2021); bf16 stands for the paper's fp16 (same tensor-core rate on the A100;
 tessera keeps fp16 for one process only). The search chooses the rest (micro-batch, stages per
-rank, ZeRO stage). Table 2's ZeRO-3 rows hold tp = pp = 1 and ZeRO stage 3 (DeepSpeed's, which the
+rank). Until 2026-12-04 the ZeRO stage was searched too, and it chose ZeRO-3 for the rows without a
+pipeline, whose overlapped reduce-scatters beat the one bucket after the backward: a layout the
+paper did not run. Table 2's ZeRO-3 rows hold tp = pp = 1 and ZeRO stage 3 (DeepSpeed's, which the
 paper ran, with full recomputation as its PTD-P rows, and its default reduce bucket of 5e8 elements as
 parallel.bucket_mb = 1000); its PTD-P rows hold the paper's model-parallel
 size as tp 8 x pp 12 (175B, 96 layers) and tp 8 x pp 35 (530B, 105 layers).
@@ -26,34 +29,34 @@ import subprocess
 import tempfile
 import time
 
-# params (B), heads, hidden, layers, tp, pp, ZeRO stage held (None: searched), GPUs, batch,
+# params (B), heads, hidden, layers, tp, pp, ZeRO stage held, GPUs, batch,
 # published TFLOP/s per GPU
 ROWS = [
-    (1.7, 24, 2304, 24, 1, 1, None, 32, 512, 137),
-    (3.6, 32, 3072, 30, 2, 1, None, 64, 512, 138),
-    (7.5, 32, 4096, 36, 4, 1, None, 128, 512, 142),
-    (18.4, 48, 6144, 40, 8, 1, None, 256, 1024, 135),
-    (39.1, 64, 8192, 48, 8, 2, None, 512, 1536, 138),
-    (76.1, 80, 10240, 60, 8, 4, None, 1024, 1792, 140),
-    (145.6, 96, 12288, 80, 8, 8, None, 1536, 2304, 148),
-    (310.1, 128, 16384, 96, 8, 16, None, 1920, 2160, 155),
-    (529.6, 128, 20480, 105, 8, 35, None, 2520, 2520, 163),
-    (1008.0, 160, 25600, 128, 8, 64, None, 3072, 3072, 163),
+    (1.7, 24, 2304, 24, 1, 1, 0, 32, 512, 137),
+    (3.6, 32, 3072, 30, 2, 1, 0, 64, 512, 138),
+    (7.5, 32, 4096, 36, 4, 1, 0, 128, 512, 142),
+    (18.4, 48, 6144, 40, 8, 1, 0, 256, 1024, 135),
+    (39.1, 64, 8192, 48, 8, 2, 0, 512, 1536, 138),
+    (76.1, 80, 10240, 60, 8, 4, 0, 1024, 1792, 140),
+    (145.6, 96, 12288, 80, 8, 8, 0, 1536, 2304, 148),
+    (310.1, 128, 16384, 96, 8, 16, 0, 1920, 2160, 155),
+    (529.6, 128, 20480, 105, 8, 35, 0, 2520, 2520, 163),
+    (1008.0, 160, 25600, 128, 8, 64, 0, 3072, 3072, 163),
 ]
 # Table 2, the same columns
 ROWS2 = [
     (174.6, 96, 12288, 96, 1, 1, 3, 384, 1536, 144),
     (174.6, 96, 12288, 96, 1, 1, 3, 768, 1536, 88),
     (174.6, 96, 12288, 96, 1, 1, 3, 1536, 1536, 44),
-    (174.6, 96, 12288, 96, 8, 12, None, 384, 1536, 153),
-    (174.6, 96, 12288, 96, 8, 12, None, 768, 1536, 149),
-    (174.6, 96, 12288, 96, 8, 12, None, 1536, 1536, 141),
+    (174.6, 96, 12288, 96, 8, 12, 0, 384, 1536, 153),
+    (174.6, 96, 12288, 96, 8, 12, 0, 768, 1536, 149),
+    (174.6, 96, 12288, 96, 8, 12, 0, 1536, 1536, 141),
     (529.6, 128, 20480, 105, 1, 1, 3, 640, 2560, 138),
     (529.6, 128, 20480, 105, 1, 1, 3, 1120, 2240, 98),
     (529.6, 128, 20480, 105, 1, 1, 3, 2240, 2240, 48),
-    (529.6, 128, 20480, 105, 8, 35, None, 560, 2240, 171),
-    (529.6, 128, 20480, 105, 8, 35, None, 1120, 2240, 167),
-    (529.6, 128, 20480, 105, 8, 35, None, 2240, 2240, 159),
+    (529.6, 128, 20480, 105, 8, 35, 0, 560, 2240, 171),
+    (529.6, 128, 20480, 105, 8, 35, 0, 1120, 2240, 167),
+    (529.6, 128, 20480, 105, 8, 35, 0, 2240, 2240, 159),
 ]
 SEQ, VOCAB = 2048, 51200
 
@@ -62,7 +65,7 @@ def paper_flops(batch, layers, hidden):
     return 96 * batch * SEQ * layers * hidden ** 2 * (1 + SEQ / (6 * hidden) + VOCAB / (16 * layers * hidden))
 
 
-def predict(binary, params, heads, hidden, layers, tp, pp, gpus, batch, work, zero=None):
+def predict(binary, params, heads, hidden, layers, tp, pp, gpus, batch, work, zero):
     config = os.path.join(work, f"gpt_{params}b.toml")
     with open(config, "w") as f:
         f.write(f"""[model]
@@ -85,16 +88,17 @@ pp = {pp}
 """)
     sets = [f"parallel.tp={tp}", f"parallel.pp={pp}", "parallel.sp=1", "memory.activation_checkpointing=full",
             "parallel.megatron_sp=false"]
-    if zero is None:
+    sets.append(f"parallel.zero_stage={zero}")
+    if zero == 0:
         # Megatron-LM of 2021 all-reduced its contiguous gradient buffer in one call after the
         # backward: one bucket, nothing overlapped.
         sets.append("parallel.bucket_mb=65536")
-    if pp > 1:
-        sets.append("parallel.pp_schedule=interleaved")
-    if zero is not None:
+    else:
         # DeepSpeed's ZeRO-3 as the paper ran it: gradients reduced in buckets of its default
         # reduce_bucket_size, 5e8 elements (1000 MB in fp16).
-        sets += [f"parallel.zero_stage={zero}", "parallel.bucket_mb=1000"]
+        sets.append("parallel.bucket_mb=1000")
+    if pp > 1:
+        sets.append("parallel.pp_schedule=interleaved")
     args = [binary, "plan", "--config", config, "--cluster", "dgx_a100_80g", "--world", str(gpus),
             "--attention", "unfused", "--top", "1", "--json"]
     for s in sets:
