@@ -594,6 +594,31 @@ const std::vector<Row>& layouts() {
          c.memory.activation_compression = "int8";
        },
        &kExact},
+      {"mixtral_dp2_ep2_int4_attention_int8_activations_sgd", 2,
+       [](Config& c) {
+         mixtral(c);
+         sgd(c);
+         c.parallel.ep = 2;
+         c.memory.activation_compression = "int4";
+         c.memory.attention_compression = "int8";
+       }},
+      {"swap_int4_attention_int8_activations_sgd_2_submodels_accum2", 1,
+       [](Config& c) {
+         sgd(c);
+         c.model.n_layer = 4;
+         swapped(c, {2, 2});
+         c.train.grad_accum = 2;
+         c.memory.activation_compression = "int4";
+         c.memory.attention_compression = "int8";
+       },
+       &kExact},
+      {"peers2_batch_int4_attention_int8_activations_sgd", 2,
+       [](Config& c) {
+         sgd(c);
+         c.memory.activation_compression = "int4";
+         c.memory.attention_compression = "int8";
+       },
+       &kFp32, false, true},
       {"dp2_bf16_int8_activations", 2,
        [](Config& c) {
          c.precision.dtype = "bf16";
