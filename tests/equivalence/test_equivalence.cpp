@@ -263,6 +263,45 @@ void swapped(Config& c, std::vector<int64_t> blocks) {
   c.memory.swap_blocks = std::move(blocks);
 }
 
+// Data parallelism over 2 ranks with ZeRO-3, or the plain layout (the swarm rows' peers), with the
+// saved activations encoded by `codec`.
+void dp2_zero3_encoded(Config& c, const char* codec) {
+  sgd(c);
+  c.parallel.zero_stage = 3;
+  c.memory.activation_compression = codec;
+}
+
+void plain_encoded(Config& c, const char* codec) {
+  sgd(c);
+  c.memory.activation_compression = codec;
+}
+
+// A layout of the encoded rows (above) with int4, the attention core at int8
+// (memory.attention_compression).
+std::function<void(Config&)> core_at_int8(void (*layout)(Config&, const char*)) {
+  return [layout](Config& c) {
+    layout(c, "int4");
+    c.memory.attention_compression = "int8";
+  };
+}
+
+// Mixtral's blocks over ep 2, and a swapped run of two sub-models of two blocks with two
+// micro-batches, each with its saved activations encoded by `codec`.
+void ep2_mixtral_encoded(Config& c, const char* codec) {
+  mixtral(c);
+  sgd(c);
+  c.parallel.ep = 2;
+  c.memory.activation_compression = codec;
+}
+
+void swap_encoded_accum2(Config& c, const char* codec) {
+  sgd(c);
+  c.model.n_layer = 4;
+  swapped(c, {2, 2});
+  c.train.grad_accum = 2;
+  c.memory.activation_compression = codec;
+}
+
 // memory.activation_policy = auto under swap (plan/swap_policy.h): four blocks, two micro-batches,
 // a budget of the parameters and gradients resident and two blocks' activations of the four.
 void swapped_activation_policy(Config& c) {
@@ -529,18 +568,8 @@ const std::vector<Row>& layouts() {
       // way: a group of 32 depends only on its own values (memory/activation_codec.h), so each
       // layout encodes every element as one process does. Under tp the row's width is 64, so that
       // a rank's half of a split last dimension (32) is whole groups.
-      {"dp2_zero3_int8_activations_sgd", 2,
-       [](Config& c) {
-         sgd(c);
-         c.parallel.zero_stage = 3;
-         c.memory.activation_compression = "int8";
-       }},
-      {"dp2_zero3_int4_activations_sgd", 2,
-       [](Config& c) {
-         sgd(c);
-         c.parallel.zero_stage = 3;
-         c.memory.activation_compression = "int4";
-       }},
+      {"dp2_zero3_int8_activations_sgd", 2, [](Config& c) { dp2_zero3_encoded(c, "int8"); }},
+      {"dp2_zero3_int4_activations_sgd", 2, [](Config& c) { dp2_zero3_encoded(c, "int4"); }},
       {"tp2_megatron_sp_int4_activations_sgd", 2, [](Config& c) { tp2_megatron_sp_encoded(c, "int4"); },
        &kInt4Sharded},
       {"pp2_zbv_int4_activations_sgd_accum4", 2, [](Config& c) { pp2_zbv_encoded_accum4(c, "int4"); },
@@ -550,75 +579,18 @@ const std::vector<Row>& layouts() {
       // The attention core's tensors at int8 beside the rest at int4 (memory.attention_compression):
       // the core is the same function of the same values in each layout (its heads split under tp,
       // its sequence under LASP).
-      {"dp2_zero3_int4_attention_int8_activations_sgd", 2,
-       [](Config& c) {
-         sgd(c);
-         c.parallel.zero_stage = 3;
-         c.memory.activation_compression = "int4";
-         c.memory.attention_compression = "int8";
-       }},
-      {"tp2_megatron_sp_int4_attention_int8_activations_sgd", 2,
-       [](Config& c) {
-         tp2_megatron_sp_encoded(c, "int4");
-         c.memory.attention_compression = "int8";
-       },
-       &kInt4Sharded},
-      {"pp2_zbv_int4_attention_int8_activations_sgd_accum4", 2,
-       [](Config& c) {
-         pp2_zbv_encoded_accum4(c, "int4");
-         c.memory.attention_compression = "int8";
-       },
-       &kInt8Pipelined},
-      {"sp2_lasp_linear_int4_attention_int8_activations_sgd", 2,
-       [](Config& c) {
-         sp2_lasp_encoded(c, "int4");
-         c.memory.attention_compression = "int8";
-       },
-       &kInt4Sharded},
+      {"dp2_zero3_int4_attention_int8_activations_sgd", 2, core_at_int8(dp2_zero3_encoded)},
+      {"tp2_megatron_sp_int4_attention_int8_activations_sgd", 2, core_at_int8(tp2_megatron_sp_encoded), &kInt4Sharded},
+      {"pp2_zbv_int4_attention_int8_activations_sgd_accum4", 2, core_at_int8(pp2_zbv_encoded_accum4), &kInt8Pipelined},
+      {"sp2_lasp_linear_int4_attention_int8_activations_sgd", 2, core_at_int8(sp2_lasp_encoded), &kInt4Sharded},
       {"pp2_zbv_int8_activations_sgd_accum4", 2, [](Config& c) { pp2_zbv_encoded_accum4(c, "int8"); },
        &kInt8Pipelined},
       {"sp2_lasp_linear_int8_activations_sgd", 2, [](Config& c) { sp2_lasp_encoded(c, "int8"); }, &kInt8Sharded},
-      {"mixtral_dp2_ep2_int8_activations_sgd", 2,
-       [](Config& c) {
-         mixtral(c);
-         sgd(c);
-         c.parallel.ep = 2;
-         c.memory.activation_compression = "int8";
-       }},
-      {"swap_int8_activations_sgd_2_submodels_accum2", 1,
-       [](Config& c) {
-         sgd(c);
-         c.model.n_layer = 4;
-         swapped(c, {2, 2});
-         c.train.grad_accum = 2;
-         c.memory.activation_compression = "int8";
-       },
-       &kExact},
-      {"mixtral_dp2_ep2_int4_attention_int8_activations_sgd", 2,
-       [](Config& c) {
-         mixtral(c);
-         sgd(c);
-         c.parallel.ep = 2;
-         c.memory.activation_compression = "int4";
-         c.memory.attention_compression = "int8";
-       }},
-      {"swap_int4_attention_int8_activations_sgd_2_submodels_accum2", 1,
-       [](Config& c) {
-         sgd(c);
-         c.model.n_layer = 4;
-         swapped(c, {2, 2});
-         c.train.grad_accum = 2;
-         c.memory.activation_compression = "int4";
-         c.memory.attention_compression = "int8";
-       },
-       &kExact},
-      {"peers2_batch_int4_attention_int8_activations_sgd", 2,
-       [](Config& c) {
-         sgd(c);
-         c.memory.activation_compression = "int4";
-         c.memory.attention_compression = "int8";
-       },
-       &kFp32, false, true},
+      {"mixtral_dp2_ep2_int8_activations_sgd", 2, [](Config& c) { ep2_mixtral_encoded(c, "int8"); }},
+      {"swap_int8_activations_sgd_2_submodels_accum2", 1, [](Config& c) { swap_encoded_accum2(c, "int8"); }, &kExact},
+      {"mixtral_dp2_ep2_int4_attention_int8_activations_sgd", 2, core_at_int8(ep2_mixtral_encoded)},
+      {"swap_int4_attention_int8_activations_sgd_2_submodels_accum2", 1, core_at_int8(swap_encoded_accum2), &kExact},
+      {"peers2_batch_int4_attention_int8_activations_sgd", 2, core_at_int8(plain_encoded), &kFp32, false, true},
       {"dp2_bf16_int8_activations", 2,
        [](Config& c) {
          c.precision.dtype = "bf16";
