@@ -271,6 +271,11 @@ std::vector<ActivationCodec> parse_activation_codecs(const std::string& list) {
   return out;
 }
 
+std::optional<ActivationCodec> parse_attention_codec(const std::string& name) {
+  if (name == "same") return std::nullopt;
+  return parse_activation_codec(name);
+}
+
 const char* activation_codec_name(ActivationCodec codec) {
   switch (codec) {
     case ActivationCodec::none: return "none";

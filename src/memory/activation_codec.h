@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,8 @@ ActivationCodec parse_activation_codec(const std::string& name);
 // order ("none": none); refuses a list naming none or one codec twice, naming the key.
 std::vector<ActivationCodec> parse_activation_codecs(const std::string& list);
 const char* activation_codec_name(ActivationCodec codec);
+// Parses memory.attention_compression: unset for "same" (the block's codec), else the codec named.
+std::optional<ActivationCodec> parse_attention_codec(const std::string& name);
 
 constexpr int64_t kActivationGroup = 32;
 

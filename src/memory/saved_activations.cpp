@@ -148,9 +148,10 @@ struct SavedActivationScope::State {
     const bool encodable = (codec != ActivationCodec::none || group) && !weight && t.has_storage() &&
                            (t.requires_grad() || t.scalar_type() == at::kBool);
     SavedActivation saved;
-    // Elements the attention core encoded, saved again outside it under codec none (the fused
-    // core's output as the output projection's input), share the core's encoding.
-    if (!encodable && codec != core && !weight && t.has_storage() && t.requires_grad()) {
+    // Elements this scope encoded, saved again where it would keep them as they are (the attention
+    // core's output as the output projection's input, outside the core under codec none), share
+    // the encoding.
+    if (!encodable && !encoded.empty() && !weight && t.has_storage() && t.requires_grad()) {
       SavedActivation shared;
       const at::Tensor source = encoding_source(t, shared);
       if ((shared.packed = encoding_of(t, source))) return shared;

@@ -149,8 +149,7 @@ void TransformerLMImpl::set_activation_compression(const std::string& codec) {
 }
 
 void TransformerLMImpl::set_attention_compression(const std::string& codec) {
-  const std::optional<ActivationCodec> parsed =
-      codec == "same" ? std::nullopt : std::optional<ActivationCodec>(parse_activation_codec(codec));
+  const std::optional<ActivationCodec> parsed = parse_attention_codec(codec);
   for (auto& [l, b] : blocks_) b->set_attention_core_codec(parsed);
 }
 

@@ -30,7 +30,7 @@ std::vector<ActivationCodec> encoding_codecs(const Config& config) {
       out.push_back(codec);
   };
   for (ActivationCodec codec : parse_activation_codecs(config.memory.activation_compression)) add(codec);
-  if (config.memory.attention_compression != "same") add(parse_activation_codec(config.memory.attention_compression));
+  if (const auto core = parse_attention_codec(config.memory.attention_compression)) add(*core);
   return out;
 }
 
@@ -182,9 +182,8 @@ double block_activation_bytes_per_token(const Config& config, const ParallelDims
   const double residual_inputs = float_residual ? 2 * h * residual_bytes / (p.megatron_sp ? t : 1) : 0;
   // The attention core's own codec (memory.attention_compression) in place of the block's.
   double core_codec = 0;
-  if (config.memory.attention_compression != "same") {
-    const ActivationCodec block = applied_activation_codec(config);
-    const ActivationCodec core = parse_activation_codec(config.memory.attention_compression);
+  if (const auto own = parse_attention_codec(config.memory.attention_compression)) {
+    const ActivationCodec block = applied_activation_codec(config), core = *own;
     const AttentionCoreElements as_block = attention_core_elements_per_token(config, dims, block);
     const AttentionCoreElements as_core = attention_core_elements_per_token(config, dims, core);
     core_codec = as_core.compute * activation_codec_bytes_per_element(core, static_cast<int64_t>(compute_element_bytes(config))) -

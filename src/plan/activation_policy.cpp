@@ -284,7 +284,7 @@ std::vector<std::vector<ActivationOption>> activation_options(const Config& conf
     // What the attention core saves, unencoded (only a block that keeps its activations saves it):
     // under memory.attention_compression encoded by its own codec, the rest by the option's.
     const double keep_plain = block_bytes(config, dims, l, "none", "none", "same");
-    const std::string& core_codec = config.memory.attention_compression;
+    const std::optional<ActivationCodec> core_codec = parse_attention_codec(config.memory.attention_compression);
     auto core_bytes = [&](ActivationCodec codec) {
       const AttentionCoreElements e = attention_core_elements_per_token(config, dims, codec);
       return (e.compute * compute_element_bytes(config) + 4 * e.float32) * tokens;
@@ -292,25 +292,26 @@ std::vector<std::vector<ActivationOption>> activation_options(const Config& conf
     const double core_plain = core_bytes(ActivationCodec::none);
     for (const std::string& codec : codecs) {
       const bool encoded = codec != "none";
-      // Encoding and decoding what the option would otherwise keep; the attention core's share of
-      // `plain` (core_plain when the block keeps its activations) at its own codec's rate, on the
+      // Encoding and decoding what the option would otherwise keep (`plain`); where the option keeps
+      // the block's activations, the attention core's share of it at the core's codec's rate, on the
       // elements that codec encodes.
-      const std::string core_name = core_codec == "same" ? codec : core_codec;
-      const double core_encoded = core_bytes(parse_activation_codec(core_name));
-      auto coding = [&, codec](double plain, double core) {
-        return (plain - core) * codec_per_byte(codec) + (core > 0 ? core_encoded : 0) * codec_per_byte(core_name);
+      const ActivationCodec core = core_codec.value_or(parse_activation_codec(codec));
+      const double core_encoded = core_bytes(core);
+      auto coding = [&, codec, core](double plain, bool keeps_core) {
+        return (plain - (keeps_core ? core_plain : 0)) * codec_per_byte(codec) +
+               (keeps_core ? core_encoded * codec_per_byte(activation_codec_name(core)) : 0);
       };
       const double keep_c = encoded ? block_bytes(config, dims, l, "none", codec) : keep;
       const double selective_c = encoded ? block_bytes(config, dims, l, "selective", codec) : selective;
       const double input_c = encoded ? block_bytes(config, dims, l, "full", codec) : input;
       const double kept_after_i = std::max(0.0, keep_c + kept - released * (keep > 0 ? keep_c / keep : 1));
-      options.push_back({"none", false, keep_c, 0, coding(keep_plain, core_plain), codec, kept_after_i, keep_c - stays, stays});
-      options.push_back({"selective", false, selective_c, 0, recompute_core + coding(selective, 0), codec,
+      options.push_back({"none", false, keep_c, 0, coding(keep_plain, true), codec, kept_after_i, keep_c - stays, stays});
+      options.push_back({"selective", false, selective_c, 0, recompute_core + coding(selective, false), codec,
                          selective_c + kept, std::max(0.0, selective_c - stays), stays});
-      options.push_back({"full", false, input_c, 0, f + coding(input, 0), codec, 0, input_c, 0});
+      options.push_back({"full", false, input_c, 0, f + coding(input, false), codec, 0, input_c, 0});
       options.push_back({"none", true, stays, keep_c - stays,
-                         copy_seconds(keep_c - stays, f, b) + coding(keep_plain, core_plain), codec, keep_c + kept, 0, stays});
-      options.push_back({"full", true, 0, input_c, f + copy_seconds(input_c, f, b) + coding(input, 0), codec, 0, 0, 0});
+                         copy_seconds(keep_c - stays, f, b) + coding(keep_plain, true), codec, keep_c + kept, 0, stays});
+      options.push_back({"full", true, 0, input_c, f + copy_seconds(input_c, f, b) + coding(input, false), codec, 0, 0, 0});
     }
     out.push_back(std::move(options));
   }

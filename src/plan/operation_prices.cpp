@@ -305,9 +305,7 @@ void add_activation_compression(const Config& config, const ParallelDims& dims, 
                                 std::vector<PartCost>& blocks) {
   if (config.memory.activation_policy == "auto") return;
   const ActivationCodec codec = applied_activation_codec(config);
-  const ActivationCodec core = config.memory.attention_compression == "same"
-                                   ? codec
-                                   : parse_activation_codec(config.memory.attention_compression);
+  const ActivationCodec core = parse_attention_codec(config.memory.attention_compression).value_or(codec);
   const double e = compute_element_bytes(config);
   // Seconds per element a codec encodes and decodes (0: it keeps the element as it is).
   auto seconds_per_element = [&](ActivationCodec c) {
@@ -318,8 +316,8 @@ void add_activation_compression(const Config& config, const ParallelDims& dims, 
   Config plain = config;
   plain.memory.activation_compression = "none";
   plain.memory.attention_compression = "same";
-  // The attention core's elements (memory.attention_compression), at its codec's rate.
-  // (as kept whole, its share of the block's; as the core's codec encodes them).
+  // The attention core's elements (memory.attention_compression): as kept whole, its share of the
+  // block's; as its codec encodes them, priced at that codec's rate.
   const double tokens = static_cast<double>(config.train.batch_size * (config.train.seq_len / dims.sp()));
   auto core_elements = [&](ActivationCodec c) {
     const AttentionCoreElements in_core = attention_core_elements_per_token(plain, dims, c);
