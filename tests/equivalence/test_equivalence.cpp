@@ -597,6 +597,15 @@ const std::vector<Row>& layouts() {
          c.memory.activation_compression = "int8";
        },
        &kBf16},
+      {"tp2_megatron_sp_int4_attention_int8_activations", 2,  // AdamW (the rows above are SGD's)
+       [](Config& c) {
+         c.model.n_embd = 64;
+         c.parallel.tp = 2;
+         c.parallel.megatron_sp = true;
+         c.memory.activation_compression = "int4";
+         c.memory.attention_compression = "int8";
+       },
+       &kInt4Sharded},
       {"peers2_batch_fp16_int8_activations_sgd", 2,  // fp16 runs on one process per replica: swarm peers
        [](Config& c) {
          sgd(c);
