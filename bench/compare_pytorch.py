@@ -12,7 +12,8 @@ OUT/train_step_<device>_<cases>.json and .md. A peer's MFU is tessera's scaled b
 the same model and sequence, so the same FLOPs per token, over the peak tessera names (on a GPU the
 card's published dense peak for the dtype, src/train/device_peak.h).
 
---activation-compression bf16|int8|int4 runs both sides with their saved activations encoded
+--activation-compression bf16|int8|int4|int4+int8 (+CORE: the attention core at CORE,
+memory.attention_compression) runs both sides with their saved activations encoded
 (tessera's memory.activation_compression; the twin's saved_tensors_hooks, eager only) and adds the
 bytes each held for the backward at the step's peak.
 --activation-offload N offloads the first N blocks' saved activations on both sides (tessera's
@@ -61,7 +62,9 @@ def tessera_cmd(build, c, threads, device, dtype, compression, offload=0):
             "model.n_layer": c["layers"], "model.n_head": c["heads"], "model.n_embd": c["embd"],
             "train.batch_size": c["batch"], "train.seq_len": c["seq"], "train.threads": threads,
             "optim.name": "adamw", "optim.fused": "true", "optim.grad_clip": 1.0, "data.path": "unused",
-            "train.device": device, "precision.dtype": dtype, "memory.activation_compression": compression,
+            "train.device": device, "precision.dtype": dtype,
+            "memory.activation_compression": compression.partition("+")[0],
+            "memory.attention_compression": compression.partition("+")[2] or "same",
             "memory.activation_offload": offload}
     if llama:
         sets.update({"model.n_kv_head": c["kv_heads"], "model.ffn_hidden": c["ffn"]})
@@ -95,7 +98,8 @@ def main():
     a.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     a.add_argument("--batch", type=int, default=0, help="overrides the case's batch")
     a.add_argument("--steps", type=int, default=0, help="overrides the case's timed steps")
-    a.add_argument("--activation-compression", choices=["none", "bf16", "int8", "int4"], default="none")
+    a.add_argument("--activation-compression", default="none",
+                   choices=["none", "bf16", "int8", "int4", "int4+int8", "none+int8"])
     a.add_argument("--activation-offload", type=int, default=0)
     args = a.parse_args()
     compression = args.activation_compression

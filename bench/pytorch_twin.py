@@ -14,7 +14,9 @@ torch.autograd.graph.saved_tensors_hooks, as tessera's memory.activation_compres
 (memory/saved_activations.h): parameters (and views of them), tensors off the gradient's path and
 tensors whose last dimension is not adjacent in memory are kept; the others are rounded to bfloat16,
 to int8 with one float32 scale per 32 elements of the last dimension, or to int4 (the same groups
-scaled to 7, two codes a byte as tessera packs them). Unlike tessera it encodes a
+scaled to 7, two codes a byte as tessera packs them); CODEC+CORE (int4+int8) encodes what
+scaled-dot-product attention saves with CORE, as memory.attention_compression does for tessera's
+attention core (which holds the same tensors). Unlike tessera it encodes a
 tensor saved twice twice. The bytes it holds at the step's peak (encodings, and kept tensors other
 than parameters, each counted whole) are printed as saved_activation_bytes.
 --activation-offload N runs the first N blocks under torch.autograd.graph.save_on_cpu(pin_memory=True),
@@ -127,8 +129,9 @@ class SavedActivationCodec:
 
     GROUP = 32
 
-    def __init__(self, model, codec):
-        self.codec = codec
+    def __init__(self, model, codec, core=None):
+        self.codec, self.core = codec, core or codec
+        self.in_core = False
         self.weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
         self.held = self.peak = 0
 
@@ -147,7 +150,12 @@ class SavedActivationCodec:
             self.count(nbytes)
             return ("kept", t, nbytes)
         x = t.detach()
-        if self.codec == "bf16":
+        codec = self.core if self.in_core else self.codec
+        if codec == "none":
+            nbytes = t.numel() * t.element_size()
+            self.count(nbytes)
+            return ("kept", t, nbytes)
+        if codec == "bf16":
             packed = ("bf16", x.to(torch.bfloat16), t.dtype)
             nbytes = packed[1].numel() * 2
         else:
@@ -155,14 +163,14 @@ class SavedActivationCodec:
             rows = x.reshape(-1, last).float()
             pad = (-last) % self.GROUP
             groups = F.pad(rows, (0, pad)).view(-1, self.GROUP)
-            top = 127 if self.codec == "int8" else 7
+            top = 127 if codec == "int8" else 7
             amax = groups.abs().amax(dim=1, keepdim=True)
             scale = torch.where(amax > 0, amax / top, torch.ones_like(amax))  # as tessera's codec
             q = torch.round(groups / scale).clamp_(-top, top).to(torch.int8)
-            if self.codec == "int4":  # two codes a byte, offset by 8 into 1..15
+            if codec == "int4":  # two codes a byte, offset by 8 into 1..15
                 nibbles = (q + 8).to(torch.uint8).view(-1, 2)
                 q = nibbles[:, 0] | (nibbles[:, 1] << 4)
-            packed = (self.codec, q, scale, x.shape, t.dtype, pad)
+            packed = (codec, q, scale, x.shape, t.dtype, pad)
             nbytes = q.numel() + scale.numel() * 4
         self.count(nbytes)
         return packed + (nbytes,)
@@ -180,10 +188,22 @@ class SavedActivationCodec:
 
     def wrap(self, block):
         forward = block.forward
+        sdpa = F.scaled_dot_product_attention
+
+        def core(*args, **kwargs):  # the attention core's saved tensors, encoded with self.core
+            self.in_core = True
+            try:
+                return sdpa(*args, **kwargs)
+            finally:
+                self.in_core = False
 
         def hooked(*args, **kwargs):
-            with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack):
-                return forward(*args, **kwargs)
+            F.scaled_dot_product_attention = core
+            try:
+                with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack):
+                    return forward(*args, **kwargs)
+            finally:
+                F.scaled_dot_product_attention = sdpa
         block.forward = hooked
 
 
@@ -200,7 +220,8 @@ def main():
     a.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     a.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     a.add_argument("--trace", help="record --steps more steps into this Chrome trace")
-    a.add_argument("--activation-compression", choices=["none", "bf16", "int8", "int4"], default="none")
+    a.add_argument("--activation-compression", default="none",
+                   choices=["none", "bf16", "int8", "int4", "int4+int8", "none+int8"])
     a.add_argument("--activation-offload", type=int, default=0)
     args = a.parse_args()
     if args.activation_offload and args.activation_compression != "none":
@@ -221,7 +242,8 @@ def main():
     params = sum(p.numel() for p in model.parameters())
     codec = None
     if args.activation_compression != "none":
-        codec = SavedActivationCodec(model, args.activation_compression)
+        block_codec, _, core_codec = args.activation_compression.partition("+")
+        codec = SavedActivationCodec(model, block_codec, core_codec)
         for block in model.h:
             codec.wrap(block)
     for block in list(model.h)[:args.activation_offload]:
