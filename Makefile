@@ -7,7 +7,7 @@ CONFIG ?= configs/tiny_gpt.toml
 DATA ?= $(BUILD)/data/kjv
 JOBS ?= $(shell nproc)
 
-.PHONY: deps build build-tessera train test test-sanitize test-tsan bench fault-matrix clean
+.PHONY: deps build build-tessera train test test-sanitize test-tsan fuzz bench fault-matrix clean
 
 deps:
 	@bash scripts/install.sh
@@ -21,7 +21,7 @@ build: $(BUILD)/build.ninja
 	@cmake --build $(BUILD) -j $(JOBS)
 
 # Only the `tessera` binary and the libraries it links: what `make train` needs (the tests are built
-# by `make test` / `make build`, the fuzz targets by their tests, the benchmark programs by `make bench`).
+# by `make test` / `make build`, libFuzzer's targets by `make fuzz`, the benchmark programs by `make bench`).
 build-tessera: $(BUILD)/build.ninja
 	@bash scripts/install.sh >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS) --target tessera
@@ -44,6 +44,17 @@ TEST_JOBS ?= $(shell echo $$(( $(JOBS) + 1 )))
 test: build
 	@cd $(BUILD) && set -o pipefail && TESSERA_DEFAULT_RUN=$(abspath $(RUN)) ctest -j $(TEST_JOBS) --output-on-failure 2>&1 | tee ctest.log; status=$$?; \
 	  python3 $(CURDIR)/scripts/slowest_tests.py ctest.log; exit $$status
+
+# libFuzzer's coverage-guided runs of every fuzz target (tests/fuzz/run.sh: clang with ASan and UBSan,
+# at -O0, in build/fuzz/O0/), FUZZ_SECONDS each from its seed corpus; findings stop it. `make test`
+# replays the same targets' corpora with mutants in its own build instead (tests/fuzz/replay.cpp):
+# libFuzzer's clang build of them cost a bare machine's first `make test` about 80 s of its 10 minutes.
+FUZZ_SECONDS ?= 3
+fuzz:
+	@bash scripts/install.sh >/dev/null
+	@TESSERA_FUZZ_OPT=-O0 tests/fuzz/run.sh --build
+	@for target in $$(tests/fuzz/run.sh --list); do \
+	  TESSERA_FUZZ_OPT=-O0 tests/fuzz/run.sh $$target 1000000 $(FUZZ_SECONDS) || exit 1; done
 
 # The in-process unit and distributed tests built with AddressSanitizer and UndefinedBehaviorSanitizer
 # (CMakeLists.txt, TESSERA_SANITIZE) in their own build folder; any finding fails its test.

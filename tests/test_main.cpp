@@ -4,7 +4,8 @@
 // so that no other test object names the checkout's folder and a fresh clone's test objects hit
 // ccache (docs/build.md).
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "core/process_end.h"
 

@@ -15,7 +15,8 @@
 #include <sstream>
 #include <string>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "model/init.h"
 #include "checkpoint/checkpoint.h"

@@ -32,7 +32,8 @@
 #include <thread>
 
 #include <ATen/ATen.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "dist_test.h"
 #include "memory/host_memory_stats.h"

@@ -8,7 +8,8 @@
 //   activations are sequence chunks, masked from the model-parallel stream);
 // - dp = 2: two ranks given the same tokens draw different masks (different losses), and the same
 //   loss with dropout 0 (the control: the difference is the masks).
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "model/init.h"
 #include "core/random_streams.h"

@@ -10,7 +10,8 @@
 #include <map>
 
 #include <ATen/ATen.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "dist_test.h"
 #include "memory/host_memory_stats.h"

@@ -13,7 +13,8 @@
 #include <cmath>
 #include <cstdio>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "dist_test.h"
 #include "memory/host_memory_stats.h"

@@ -13,7 +13,8 @@
 #include <cmath>
 
 #include <ATen/ATen.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "dist_test.h"
 #include "model/transformer.h"

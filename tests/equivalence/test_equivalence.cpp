@@ -26,7 +26,8 @@
 // The measured worst case of each row is printed by rank 0 ("measured: ...", shown by the parent
 // process too: ctest -V -R Equivalence) and recorded in docs/architecture.md.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cstdio>
 #include <fstream>

@@ -11,7 +11,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -19,16 +18,12 @@
 
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
+#include "fuzz_files.h"
 #include "core/fs.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-
-void write(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-}
 
 // The fixed files, written once.
 std::string make_dir() {
@@ -58,7 +53,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string input(reinterpret_cast<const char*>(data) + 1, size - 1);
   const size_t split = input.find("\n---\n");
   const std::string meta_text = input.substr(0, split);
-  write(dir + "/model.safetensors.index.json", split == std::string::npos ? "" : input.substr(split + 5));
+  tessera::fuzz::write_file(dir + "/model.safetensors.index.json", split == std::string::npos ? "" : input.substr(split + 5));
   nlohmann::json meta = nlohmann::json::parse(meta_text, nullptr, /*allow_exceptions=*/false);
   if (meta.is_object()) {
     if (meta.contains("files") && meta["files"].is_object())
@@ -73,9 +68,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     nlohmann::json unsigned_meta = meta;
     unsigned_meta.erase("meta_checksum");
     meta["meta_checksum"] = tessera::checksum(unsigned_meta.dump());
-    write(dir + "/meta.json", meta.dump());
+    tessera::fuzz::write_file(dir + "/meta.json", meta.dump());
   } else {
-    write(dir + "/meta.json", meta_text);
+    tessera::fuzz::write_file(dir + "/meta.json", meta_text);
   }
   tessera::OptimizerRanges ranges;
   if (choice & 1) ranges["optim.w.exp_avg"] = tessera::Region::split({2, 4}, 1, 1, (choice >> 1) & 1, 2).sub(0, 1 + (choice >> 2) % 4);

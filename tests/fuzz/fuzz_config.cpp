@@ -8,7 +8,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -17,15 +16,7 @@
 
 #include "config/config.h"
 #include "core/error.h"
-
-namespace {
-
-void write(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-}
-
-}  // namespace
+#include "fuzz_files.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
@@ -44,13 +35,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     tessera::Config config;
     if (from_meta) {
-      write(dir + "/meta.json", nlohmann::json({{"config", toml}}).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+      tessera::fuzz::write_file(dir + "/meta.json", nlohmann::json({{"config", toml}}).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
       config = tessera::Config::from_checkpoint_meta(dir + "/meta.json", overrides);
     } else {
-      write(dir + "/run.toml", toml);
+      tessera::fuzz::write_file(dir + "/run.toml", toml);
       config = tessera::Config::load(dir + "/run.toml", overrides);
     }
-    write(dir + "/again.toml", config.to_annotated_toml());
+    tessera::fuzz::write_file(dir + "/again.toml", config.to_annotated_toml());
     try {
       tessera::Config::load(dir + "/again.toml", {});
     } catch (const tessera::Error&) {

@@ -1,4 +1,5 @@
-// For the fuzz targets that read files (tokenizer, token_files): one input becomes several files.
+// For the fuzz targets that read files (tokenizer, token_files, config, checkpoint_dir): one input
+// becomes one or several files.
 #pragma once
 
 #include <unistd.h>
@@ -17,6 +18,11 @@ inline const std::string& scratch_dir(const std::string& target) {
   static const bool made = system(("mkdir -p " + dir).c_str()) == 0;
   if (!made) __builtin_trap();
   return dir;
+}
+
+// Writes `text` to `path`, replacing the file.
+inline void write_file(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
 }
 
 // Writes the parts of `input` separated by lines "%%" to dir/names[0], dir/names[1], ... in turn;

@@ -14,13 +14,9 @@
 #include "atom/messages.h"
 #include "atom/peer_record.h"
 #include "core/error.h"
+#include "fuzz_swarm_key.h"
 
 namespace {
-
-const tessera::atom::SwarmKey& key() {
-  static const tessera::atom::SwarmKey k = tessera::atom::SwarmKey::from_bytes(std::string(32, 'k'));
-  return k;
-}
 
 void check(bool ok) {
   if (!ok) __builtin_trap();
@@ -88,9 +84,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
       case 6: {
-        const auto r = PeerRecord::parse(PeerRecord::signed_text(body, "demo", key()), "demo", key());
+        const auto r = PeerRecord::parse(PeerRecord::signed_text(body, "demo", tessera::fuzz::swarm_key()), "demo", tessera::fuzz::swarm_key());
         if (r) check(!r->id.empty() && r->swarm_step >= 0 && std::isfinite(r->time));
-        check(!PeerRecord::parse(body, "demo", key()));  // unsigned bytes never pass
+        check(!PeerRecord::parse(body, "demo", tessera::fuzz::swarm_key()));  // unsigned bytes never pass
         break;
       }
       default: {

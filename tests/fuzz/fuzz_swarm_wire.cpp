@@ -15,18 +15,9 @@
 #include <cstdint>
 #include <string>
 
-#include "atom/swarm_key.h"
 #include "atom/wire.h"
 #include "core/error.h"
-
-namespace {
-
-const tessera::atom::SwarmKey& key() {
-  static const tessera::atom::SwarmKey k = tessera::atom::SwarmKey::from_bytes(std::string(32, 'k'));
-  return k;
-}
-
-}  // namespace
+#include "fuzz_swarm_key.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
@@ -41,9 +32,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   bool completed = false;
   try {
     if (client)
-      tessera::atom::Channel::open_as_client(pair[1], "fuzz", key(), "client", tessera::atom::Deadline::in(5), 1 << 20);
+      tessera::atom::Channel::open_as_client(pair[1], "fuzz", tessera::fuzz::swarm_key(), "client", tessera::atom::Deadline::in(5), 1 << 20);
     else
-      tessera::atom::Channel::accept(pair[1], "fuzz", key(), "server", tessera::atom::Deadline::in(5), 1 << 20);
+      tessera::atom::Channel::accept(pair[1], "fuzz", tessera::fuzz::swarm_key(), "server", tessera::atom::Deadline::in(5), 1 << 20);
     completed = true;
   } catch (const tessera::atom::WireError&) {
   }

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets of tests/fuzz/ with clang (-fsanitize=fuzzer,address,undefined) and
 # runs one from its seed corpus for RUNS executions (default 10^6), or for at most SECONDS when given
-# (whichever comes first; `make test` gives 3).
+# (whichever comes first; `make fuzz` gives FUZZ_SECONDS, 3 by default, to every target).
 #   usage: tests/fuzz/run.sh TARGET [RUNS [SECONDS]]      e.g. tests/fuzz/run.sh safetensors 1000000
-#          tests/fuzz/run.sh --build [TARGET ...]         builds them (all without a name); CTest's fuzz.build
+#          tests/fuzz/run.sh --build [TARGET ...]         builds them (all without a name)
+#          tests/fuzz/run.sh --list                       names them
+# `make test` does not run these: it replays every target's corpus with mutants in its own build
+# (tests/fuzz/replay.cpp, CTest fuzz.<target>).
 # Every target of one optimisation level is built by one ninja file (written here, under
 # $TESSERA_FUZZ_DIR/<opt>/, default build/fuzz): every source is one object shared by the targets
 # that link it, compiled with the same flags for all, rebuilt when it or a header it includes changes
@@ -11,12 +14,12 @@
 # through tessera's headers, is compiled with torch's precompiled header; one that does not is
 # compiled without torch (a precompiled header costs a torch-free source 1 s to load), and a
 # target with no such source links without libtorch (a run then skips libtorch's start).
-# TESSERA_FUZZ_OPT is the optimisation level (default -O1). `make test` builds with -O0: its 3-second
+# TESSERA_FUZZ_OPT is the optimisation level (default -O1). `make fuzz` builds with -O0: its 3-second
 # runs replay the seed corpus and explore briefly, and the targets build in 70% of the -O1 time
 # (a torch-heavy source in 40%), but run a fifth as many inputs a second (safetensors 16,037 inputs
 # in 5 s against 88,501); the long runs of docs/reliability.md use -O1.
 # Findings (crashing inputs) land in $TESSERA_FUZZ_DIR/<opt>/<target>/findings; the corpus a run
-# grows there is not kept. Exits 77 (CTest's skip) without clang++.
+# grows there is not kept. Exits 77 without clang++.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -49,7 +52,11 @@ declare -A target_inputs=(
 all_targets=(safetensors schedule_csv region checkpoint_dir config cluster tokenizer token_files hf_folder
              swarm_messages swarm_wire file_transfer)
 
-usage="usage: tests/fuzz/run.sh TARGET [RUNS [SECONDS]] | --build [TARGET ...]"
+usage="usage: tests/fuzz/run.sh TARGET [RUNS [SECONDS]] | --build [TARGET ...] | --list"
+if [ "${1:-}" = --list ]; then
+  printf '%s\n' "${all_targets[@]}"
+  exit 0
+fi
 build_only=0
 if [ "${1:-}" = --build ]; then
   build_only=1
@@ -161,7 +168,8 @@ write_ninja() {
           with_torch=1
           if [ -z "$torch" ]; then
             torch=$(torch_root)
-            printf '#include <torch/torch.h>\n' >"$builds/torch.h"
+            printf '#include <torch/types.h>
+#include <torch/utils.h>\n' >"$builds/torch.h"
             echo "build $builds/pch/torch.h.pch: pch $builds/torch.h"
             echo "  torch = -isystem $torch/include -isystem $torch/include/torch/csrc/api/include"
           fi

@@ -4,7 +4,8 @@
 // pinned host memory on the copy streams trains as the resident run does. Skipped without CUDA.
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <map>
 #include <string>

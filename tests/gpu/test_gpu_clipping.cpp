@@ -8,7 +8,8 @@
 #include <limits>
 
 #include <torch/cuda.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "optim/clipping.h"
 

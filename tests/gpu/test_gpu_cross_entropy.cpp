@@ -5,7 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <torch/cuda.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "model/cross_entropy.h"
 

@@ -6,7 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <torch/cuda.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "model/fused_layer_norm.h"
 #include "model/norm.h"

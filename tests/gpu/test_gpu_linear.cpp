@@ -3,7 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <torch/cuda.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "model/linear.h"
 #include "precision/autocast.h"

@@ -6,7 +6,8 @@
 // (passes on the lent H100s and H200s, docs/gpu.md).
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <c10/core/CachingDeviceAllocator.h>
 

@@ -7,7 +7,8 @@
 // Tolerance of the resumed losses: 1e-3 relative, chosen, not measured (no GPU has run this yet):
 // the embedding's backward on CUDA accumulates with atomics, so two runs need not be bitwise equal.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cmath>
 #include <map>

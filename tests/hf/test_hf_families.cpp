@@ -12,7 +12,8 @@
 #include <fstream>
 #include <sstream>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "checkpoint/safetensors.h"
 #include "core/json_file.h"

@@ -2,7 +2,8 @@
 // one contiguous chunk; outputs and the gradients of a loss summed over all chunks must equal the
 // single-process lightning attention's, for the ring and the all-gather variant, W = 2, 4, 8.
 #include <ATen/ATen.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "distributed/dist_test.h"
 #include "model/linear_attention.h"

@@ -8,7 +8,8 @@
 // - refusals: heads not divisible by W, dropout > 0, arch linear, unknown method, positions past
 //   model.block_size.
 #include <ATen/ATen.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "distributed/dist_test.h"
 #include "model/transformer.h"

@@ -15,7 +15,8 @@
 #include <numeric>
 
 #include <ATen/ATen.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "distributed/dist_test.h"
 #include "model/transformer.h"

@@ -15,7 +15,8 @@
 // the sequence pair sends the bytes of its formula, every function is the identity for N = 1, and
 // a dimension not divisible by N is refused naming parallel.tp.
 #include <ATen/ATen.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "distributed/dist_test.h"
 #include "parallel/tensor/tp_comm.h"

@@ -9,7 +9,8 @@
 //   target logit), each all-reduced;
 // - a vocabulary not divisible by N is refused naming model.vocab_size and parallel.tp.
 #include <ATen/ATen.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "distributed/dist_test.h"
 #include "parallel/tensor/tp_comm.h"

@@ -19,7 +19,8 @@
 #include <thread>
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "unit/atom/test_key.h"
 #include "atom/averaging.h"

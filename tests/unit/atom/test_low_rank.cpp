@@ -6,7 +6,8 @@
 
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "atom/low_rank.h"
 

@@ -7,7 +7,8 @@
 
 #include <cstring>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "atom/messages.h"
 #include "atom/wire.h"

@@ -7,7 +7,8 @@
 #include <limits>
 #include <memory>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "unit/atom/test_key.h"
 #include "atom/round_log.h"

@@ -5,7 +5,8 @@
 #include <chrono>
 #include <cmath>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "core/flat_tensors.h"
 

@@ -1,7 +1,8 @@
 // The prefetcher hands out exactly the sampler's steps, contiguous, advancing the sampler's
 // position as next() would, and honours a seek made between two calls (a resume).
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "data/batch_prefetcher.h"
 #include "test_util.h"

@@ -1,7 +1,8 @@
 // prepare_data on a few KB of the bundled corpus: split sizes add up, val is the tail, the token
 // files decode back to the text, no temporary file is left; unigram_entropy against exact values.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <cmath>

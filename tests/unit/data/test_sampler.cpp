@@ -3,7 +3,8 @@
 // same windows for every decomposition of its global batch, offsets cover the whole valid range,
 // evaluation batches are evenly spaced and stable, short streams are named.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <set>
 

@@ -1,7 +1,8 @@
 // Token files: the llm.c and raw uint16 formats read back exactly, every malformed file is an
 // error naming the file, and DataOptions::check names the bad key.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cstring>
 #include <filesystem>

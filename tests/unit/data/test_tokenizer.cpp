@@ -2,7 +2,8 @@
 // encoder.py algorithm (golden_data.py, synthetic vocabulary), applies merges in rank order,
 // classifies every assigned code point as Unicode does and round-trips any bytes.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <nlohmann/json.hpp>
 

@@ -9,7 +9,8 @@
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/alignment.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "memory/host_memory_stats.h"
 

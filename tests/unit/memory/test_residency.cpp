@@ -8,7 +8,8 @@
 #include <string>
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "comm/group.h"
 #include "memory/residency/flat_unit.h"

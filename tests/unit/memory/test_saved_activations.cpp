@@ -2,7 +2,9 @@
 // autograd saves (memory/saved_activations.h).
 #include <gtest/gtest.h>
 
-#include <torch/torch.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "core/error.h"
 #include "memory/activation_codec.h"

@@ -3,7 +3,8 @@
 // and shrink what autograd holds, for GPT, linear-attention and MoE blocks, with and without
 // checkpointing, with dropout active.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "memory/saved_activations.h"
 #include "model/transformer.h"

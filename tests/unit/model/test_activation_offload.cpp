@@ -5,7 +5,8 @@
 // issued ahead of its backward; micro-batches whose forwards interleave (a pipeline's) fetch their
 // own copies.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <chrono>
 #include <thread>

@@ -7,7 +7,8 @@
 // The recomputation runs the same kernels on the same inputs, so results are compared with
 // rtol 1e-6 / atol 1e-7 (bitwise equality is expected on CPU, the slack covers kernel dispatch).
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "core/error.h"
 #include "memory/activation_checkpointing.h"

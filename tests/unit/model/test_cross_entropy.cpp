@@ -2,7 +2,8 @@
 // unchanged; bf16 logits give PyTorch autocast's values (log-softmax in bf16, then float32) without
 // a float32 copy of the whole log-probability tensor; ignored targets (-1) leave the mean.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "model/cross_entropy.h"
 #include "test_util.h"

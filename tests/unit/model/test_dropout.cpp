@@ -3,7 +3,8 @@
 // the backward is bool, so the lossless codec packs it (ActivationCompression.* measures that).
 #include <gtest/gtest.h>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "model/dropout.h"
 

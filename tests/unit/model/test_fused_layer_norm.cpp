@@ -5,7 +5,8 @@
 // own gradient or without it.
 #include <gtest/gtest.h>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "model/fused_layer_norm.h"
 #include "model/norm.h"

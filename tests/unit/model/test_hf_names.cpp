@@ -2,7 +2,8 @@
 // transposed; other models use "model." + internal names; import_state inverts export_state and
 // refuses missing, unexpected and mis-shaped tensors naming the source and the tensor.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <filesystem>
 #include <fstream>

@@ -4,7 +4,8 @@
 // gradients that are needed.
 #include <gtest/gtest.h>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "model/linear.h"
 #include "precision/autocast.h"

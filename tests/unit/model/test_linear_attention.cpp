@@ -6,7 +6,8 @@
 // Tolerance: rtol 1e-5, atol 1e-5 on outputs of magnitude ~1: the two forms sum the same terms in
 // different orders.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cmath>
 

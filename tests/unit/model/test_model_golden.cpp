@@ -6,7 +6,8 @@
 // the C++ side uses SDPA and chunked lightning attention, the Python side an explicit softmax and
 // the quadratic decay form, so sums run in different orders (observed differences ~1e-6).
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "core/error.h"
 #include "model/transformer.h"

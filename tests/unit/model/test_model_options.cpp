@@ -2,7 +2,8 @@
 // against real modules (every cheap preset and several variants) and against the published
 // GPT-2 124M count, and flops_per_token against its formula.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "core/error.h"
 #include "model/transformer.h"

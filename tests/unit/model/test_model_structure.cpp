@@ -3,7 +3,8 @@
 // model, and construction on the meta device that counts without allocating and materialises to
 // the same parameters.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "model/init.h"
 #include "model/transformer.h"

@@ -2,7 +2,8 @@
 // order, then second choices); with a tiny capacity factor, dropped tokens get exactly zero output;
 // the load-balancing and z-losses match their formulas on hand-built routers.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cmath>
 #include <functional>

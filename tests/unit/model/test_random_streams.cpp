@@ -3,7 +3,8 @@
 // activation checkpointing's recomputation.
 #include <gtest/gtest.h>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "core/random_streams.h"
 #include "memory/activation_checkpointing.h"

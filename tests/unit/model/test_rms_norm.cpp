@@ -10,7 +10,8 @@
 #include <array>
 #include <cstdio>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "model/rms_norm.h"
 #include "test_util.h"

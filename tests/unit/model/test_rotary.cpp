@@ -6,7 +6,8 @@
 
 #include <cstdio>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "model/model_options.h"
 #include "model/rotary.h"

@@ -3,7 +3,8 @@
 // contiguous and strided inputs, and what each keeps for the backward.
 #include <gtest/gtest.h>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "memory/saved_activations.h"
 #include "model/swiglu.h"

@@ -5,7 +5,8 @@
 #include <cmath>
 #include <limits>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "optim/clipping.h"
 #include "test_util.h"

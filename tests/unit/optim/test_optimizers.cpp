@@ -7,7 +7,8 @@
 // stay float32 device tensors.
 #include <gtest/gtest.h>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "core/error.h"
 #include "optim/optimizer.h"

@@ -6,7 +6,8 @@
 
 #include <limits>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "parallel/local_optimizer.h"
 

@@ -7,7 +7,8 @@
 #include <chrono>
 #include <string>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "core/parallel_dims.h"
 #include "parallel/parameter_placement.h"

@@ -5,7 +5,8 @@
 // update as a step does. The host memory a swapped run needs is predicted and a host too small for
 // it is refused naming memory.swap.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "parallel/layout_check.h"
 #include "parallel/parallelize.h"

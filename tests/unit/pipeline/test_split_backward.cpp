@@ -7,7 +7,8 @@
 
 #include <ATen/record_function.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "model/linear.h"
 #include "model/transformer.h"

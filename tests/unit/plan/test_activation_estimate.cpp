@@ -5,7 +5,8 @@
 // And the whole estimate (plan/memory_estimate.h: state, activations, the backward's working set)
 // against the most tensor bytes one process's training steps hold at once.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "memory/host_memory_stats.h"
 #include "memory/saved_activations.h"

@@ -3,7 +3,8 @@
 // refused naming the key and what the smallest policy needs; a run under it trains bit-identically
 // to the resident run (every option is exact) and holds what the policy predicts.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <optional>
 

@@ -5,7 +5,8 @@
 
 #include <limits>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "optim/optimizer.h"
 #include "precision/fp16.h"

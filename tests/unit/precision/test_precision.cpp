@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <ATen/autocast_mode.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "core/error.h"
 #include "precision/autocast.h"

@@ -1,7 +1,8 @@
 // TrainStep's own fp16 path: an overflowing step is skipped by TrainStep::run itself (no
 // parameter moves, the scale backs off, the result says so), and the next finite step updates.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "train/train_step.h"
 

@@ -1,0 +1,208 @@
+// fuzz_replay: runs tessera's fuzz targets (tests/fuzz/fuzz_<target>.cpp) without libFuzzer, in the
+// build's own compiler and flags, as `make test` does (CTest fuzz.<target>; tests/fuzz/CMakeLists.txt):
+// every input of the target's seed corpus, then mutants of them, a fixed sequence drawn from a seed
+// (bit flips, interesting bytes, erased, inserted, duplicated and overwritten ranges, truncations,
+// splices of two corpus inputs, numbers in text replaced by boundary values), up to --runs inputs or
+// --seconds, whichever comes first. In the sanitized build (make test-sanitize) the same runs are
+// checked by AddressSanitizer and UndefinedBehaviorSanitizer. libFuzzer's coverage-guided runs are
+// `make fuzz`'s (tests/fuzz/run.sh, clang); this is their regression check, not a replacement.
+//
+// A target passes an input by returning; a crash, a trap (a target's own check), an abort or an
+// exception escaping the target is a finding: the input is written to --findings (default
+// ./fuzz-findings) as <target>-<n> and the command that replays it alone is printed.
+//
+//   usage: fuzz_replay TARGET PATH... [--runs N] [--seconds S] [--seed K] [--findings DIR]
+//   PATH: a corpus folder (every file in it) or one input file; `fuzz_replay --list` names the targets.
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "mutator.h"
+
+using FuzzTarget = int (*)(const uint8_t*, size_t);
+
+#define TESSERA_FUZZ_TARGET(name) extern "C" int tessera_fuzz_##name(const uint8_t*, size_t);
+#include "fuzz_targets.inc"
+#undef TESSERA_FUZZ_TARGET
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::map<std::string, FuzzTarget>& targets() {
+  static const std::map<std::string, FuzzTarget> all = {
+#define TESSERA_FUZZ_TARGET(name) {#name, &tessera_fuzz_##name},
+#include "fuzz_targets.inc"
+#undef TESSERA_FUZZ_TARGET
+  };
+  return all;
+}
+
+// What a crash handler writes: the input being run and where to put it, set before each run.
+struct Current {
+  const std::string* input = nullptr;
+  char path[4096] = {};
+  char replay[8192] = {};
+};
+Current current;
+
+void write_all(int fd, const char* data, size_t size) {
+  while (size > 0) {
+    const ssize_t n = write(fd, data, size);
+    if (n <= 0) return;
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+// Async-signal-safe: writes the current input to its finding's path and says how to replay it.
+void save_finding() {
+  if (current.input == nullptr) return;
+  const int fd = open(current.path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd >= 0) {
+    write_all(fd, current.input->data(), current.input->size());
+    close(fd);
+  }
+  write_all(2, current.replay, strlen(current.replay));
+  current.input = nullptr;
+}
+
+void on_fatal_signal(int signal) {
+  save_finding();
+  ::signal(signal, SIG_DFL);
+  raise(signal);
+}
+
+}  // namespace
+
+// AddressSanitizer and UndefinedBehaviorSanitizer end the process through their own exit, not a
+// signal; in a sanitized build they call this back first (declared weak: absent elsewhere).
+extern "C" void __sanitizer_set_death_callback(void (*callback)(void)) __attribute__((weak));
+
+namespace {
+
+std::vector<std::string> read_inputs(const std::vector<std::string>& paths) {
+  std::vector<fs::path> files;
+  for (const std::string& path : paths) {
+    if (fs::is_directory(path)) {
+      for (const auto& entry : fs::directory_iterator(path))
+        if (entry.is_regular_file()) files.push_back(entry.path());
+    } else if (fs::is_regular_file(path)) {
+      files.emplace_back(path);
+    } else {
+      throw std::runtime_error("no corpus folder or input file at '" + path + "'");
+    }
+  }
+  std::sort(files.begin(), files.end());
+  std::vector<std::string> inputs;
+  for (const fs::path& file : files) {
+    std::ifstream in(file, std::ios::binary);
+    inputs.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  return inputs;
+}
+
+// The scratch folders the targets made for this process (/tmp/tessera-fuzz-*-<pid>).
+void remove_scratch() {
+  const std::string suffix = "-" + std::to_string(getpid());
+  std::error_code ignored;
+  for (const auto& entry : fs::directory_iterator("/tmp", ignored)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("tessera-fuzz-", 0) == 0 && name.size() > suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      fs::remove_all(entry.path(), ignored);
+  }
+}
+
+int usage(const std::string& why) {
+  std::cerr << "fuzz_replay: " << why << "\nusage: fuzz_replay TARGET PATH... [--runs N] [--seconds S] [--seed K]"
+            << " [--findings DIR]\n       fuzz_replay --list\n";
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.size() == 1 && args[0] == "--list") {
+    for (const auto& [name, function] : targets()) std::cout << name << "\n";
+    return 0;
+  }
+  if (args.size() < 2) return usage("a target and a corpus are needed");
+  const std::string target = args[0];
+  const auto found = targets().find(target);
+  if (found == targets().end()) return usage("no fuzz target '" + target + "' in this build (--list names them)");
+  int64_t runs = 100000;
+  double seconds = 0;
+  uint64_t seed = 1;
+  std::string findings = "fuzz-findings";
+  std::vector<std::string> paths;
+  for (size_t i = 1; i < args.size(); ++i) {
+    const bool has_value = i + 1 < args.size();
+    if (args[i] == "--runs" && has_value) runs = std::stoll(args[++i]);
+    else if (args[i] == "--seconds" && has_value) seconds = std::stod(args[++i]);
+    else if (args[i] == "--seed" && has_value) seed = std::stoull(args[++i]);
+    else if (args[i] == "--findings" && has_value) findings = args[++i];
+    else if (args[i].rfind("--", 0) == 0) return usage("unknown option '" + args[i] + "'");
+    else paths.push_back(args[i]);
+  }
+  if (paths.empty()) return usage("a corpus folder or an input file is needed");
+
+  const std::vector<std::string> corpus = read_inputs(paths);
+  if (corpus.empty()) return usage("no inputs in " + paths[0]);
+  fs::create_directories(findings);
+  const fs::path findings_dir = fs::absolute(findings);
+  const std::string self = fs::canonical("/proc/self/exe").string();
+  for (int signal : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) ::signal(signal, on_fatal_signal);
+  if (__sanitizer_set_death_callback != nullptr) __sanitizer_set_death_callback(save_finding);
+
+  const FuzzTarget run = found->second;
+  const auto start = std::chrono::steady_clock::now();
+  const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  tessera::fuzz::Mutator mutator(corpus, seed ^ std::hash<std::string>{}(target));
+  int64_t done = 0;
+  std::string input;
+  for (; done < std::max<int64_t>(runs, static_cast<int64_t>(corpus.size())); ++done) {
+    if (done >= static_cast<int64_t>(corpus.size()) && seconds > 0 && elapsed() >= seconds) break;
+    input = done < static_cast<int64_t>(corpus.size()) ? corpus[done] : mutator.mutant(done);
+    const std::string path = (findings_dir / (target + "-" + std::to_string(done))).string();
+    snprintf(current.path, sizeof current.path, "%s", path.c_str());
+    snprintf(current.replay, sizeof current.replay, "fuzz_replay: %s input %lld (%s) failed; saved to %s\nreplay: %s %s %s\n",
+             target.c_str(), static_cast<long long>(done), done < static_cast<int64_t>(corpus.size()) ? "corpus" : "mutant",
+             path.c_str(), self.c_str(), target.c_str(), path.c_str());
+    current.input = &input;
+    try {
+      run(reinterpret_cast<const uint8_t*>(input.data()), input.size());
+    } catch (const std::exception& e) {
+      std::cerr << "fuzz_replay: an exception escaped the target: " << e.what() << "\n";
+      save_finding();
+      remove_scratch();
+      return 1;
+    } catch (...) {
+      std::cerr << "fuzz_replay: an exception that is no std::exception escaped the target\n";
+      save_finding();
+      remove_scratch();
+      return 1;
+    }
+    current.input = nullptr;
+  }
+  remove_scratch();
+  std::cout << "fuzz_replay " << target << ": " << corpus.size() << " corpus inputs and "
+            << std::max<int64_t>(0, done - static_cast<int64_t>(corpus.size())) << " mutants passed in " << elapsed()
+            << " s (seed " << seed << ")\n";
+  return 0;
+}
