@@ -85,6 +85,10 @@ ByteLevelBpe::ByteLevelBpe(Spec spec)
   const auto tokens = static_cast<int64_t>(owner.size());
   require(spec.vocab_size > 0 || !spec.dense_ids || largest < tokens, source_, ": id ", largest,
           " is not below the number of tokens ", tokens, " (a GPT-2 encoder numbers its tokens 0 .. ", tokens - 1, ")");
+  // Without a vocabulary size, an id far past the tokens is refused before largest + 1 (which
+  // overflows at 2^63 - 1) becomes the size.
+  require(spec.vocab_size > 0 || largest - tokens < kMaxVocabPadding, source_, ": id ", largest, " exceeds its ", tokens,
+          " tokens by more than ", kMaxVocabPadding, " (ids without a token)");
   vocab_size_ = spec.vocab_size > 0 ? spec.vocab_size : largest + 1;
   require(largest < vocab_size_, source_, ": id ", largest, " is not below vocab_size ", vocab_size_);
   // Ids past the tokens are padding (a vocabulary rounded up for the model's matrices); a

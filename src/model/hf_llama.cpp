@@ -93,7 +93,8 @@ ModelOptions llama_family_options_from_hf_config(const nlohmann::json& config, c
   const int64_t head_dim = config.contains("head_dim") && !config["head_dim"].is_null()
                                ? hf_int(config, "head_dim", source)
                                : o.n_embd / o.n_head;
-  o.head_dim = head_dim * o.n_head == o.n_embd ? 0 : head_dim;
+  // 0: the width's share of a head. Compared by division: head_dim * n_head overflows for a huge head_dim.
+  o.head_dim = o.n_embd % o.n_head == 0 && head_dim == o.n_embd / o.n_head ? 0 : head_dim;
   o.block_size = hf_int(config, "max_position_embeddings", source);
   if (type == "mixtral") {
     hf_expect(config, "router_jitter_noise", 0.0, source, "tessera's router reads the tokens as they are");

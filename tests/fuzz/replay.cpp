@@ -93,6 +93,10 @@ void on_fatal_signal(int signal) {
 // signal; in a sanitized build they call this back first (declared weak: absent elsewhere).
 extern "C" void __sanitizer_set_death_callback(void (*callback)(void)) __attribute__((weak));
 
+// UndefinedBehaviorSanitizer's hook, called on each of its reports before halt_on_error ends the
+// process (its own runtime: the death callback above is AddressSanitizer's); a no-op elsewhere.
+extern "C" void __ubsan_on_report() { save_finding(); }
+
 namespace {
 
 std::vector<std::string> read_inputs(const std::vector<std::string>& paths) {

@@ -1,12 +1,16 @@
 // Tokenizers: the byte tokenizer round-trips any bytes; GPT-2 BPE gives the ids of OpenAI's
 // encoder.py algorithm (golden_data.py, synthetic vocabulary), applies merges in rank order,
-// classifies every assigned code point as Unicode does and round-trips any bytes.
+// classifies every assigned code point as Unicode does and round-trips any bytes; bad vocabularies are
+// refused naming their file.
 #include <gtest/gtest.h>
 #include <torch/types.h>
 #include <torch/utils.h>
 
+#include <limits>
+
 #include <nlohmann/json.hpp>
 
+#include "data/byte_level_bpe.h"
 #include "data/gpt2_bpe.h"
 #include "data/tokenizer.h"
 #include "test_util.h"
@@ -158,6 +162,20 @@ TEST(Gpt2Bpe, BadVocabularyFilesAreNamed) {
                                   {dir + "/encoder.json", "vocab_size 1000000000000 exceeds its 259 tokens"}));
   EXPECT_EQ(Gpt2Bpe(dir + "/encoder.json", dir + "/vocab.bpe", 259 + Gpt2Bpe::kMaxVocabPadding).vocab_size(),
             259 + Gpt2Bpe::kMaxVocabPadding);
+}
+
+// A Hugging Face byte-level vocabulary (ids need not be dense) without a vocab_size, one of whose ids
+// is 2^63 - 1: refused by name before the size, largest id + 1, overflows (found by fuzz_replay's
+// tokenizer target under UBSan; the seed tests/fuzz/corpus/tokenizer/id_at_int64_max).
+TEST(ByteLevelBpeSpec, AnIdFarPastTheTokensIsRefusedBeforeTheSizeOverflows) {
+  ByteLevelBpe::Spec spec;
+  spec.source = "tokenizer.json";
+  for (int b = 0; b < 256; ++b) spec.vocabulary.emplace_back(std::string(1, static_cast<char>(b)), b);
+  spec.vocabulary.emplace_back("ab", std::numeric_limits<int64_t>::max());
+  EXPECT_TRUE(test::throws_naming([&] { ByteLevelBpe{spec}; },
+                                  {"tokenizer.json", "id 9223372036854775807 exceeds its 257 tokens by more than 65536"}));
+  spec.vocabulary.back().second = 256 + ByteLevelBpe::kMaxVocabPadding;
+  EXPECT_EQ(ByteLevelBpe(spec).vocab_size(), 257 + ByteLevelBpe::kMaxVocabPadding);
 }
 
 }  // namespace
