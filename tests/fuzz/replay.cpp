@@ -171,8 +171,12 @@ int main(int argc, char** argv) {
   fs::create_directories(findings);
   const fs::path findings_dir = fs::absolute(findings);
   const std::string self = fs::canonical("/proc/self/exe").string();
-  for (int signal : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) ::signal(signal, on_fatal_signal);
-  if (__sanitizer_set_death_callback != nullptr) __sanitizer_set_death_callback(save_finding);
+  // Under AddressSanitizer its own handlers report SIGSEGV, SIGBUS and SIGFPE (with the stack) and
+  // then call the death callback; traps and aborts are this program's to catch in every build.
+  const bool sanitized = __sanitizer_set_death_callback != nullptr;
+  if (sanitized) __sanitizer_set_death_callback(save_finding);
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT})
+    if (!sanitized || sig == SIGILL || sig == SIGABRT) signal(sig, on_fatal_signal);
 
   const FuzzTarget run = found->second;
   const auto start = std::chrono::steady_clock::now();
