@@ -101,7 +101,7 @@ uses_torch() {
   return "${includes_torch[$file]}"
 }
 
-# The torch package directory: TESSERA_TORCH_ROOT (CTest passes the build's), or asked of the venv's
+# The torch package directory: TESSERA_TORCH_ROOT where it is set, or asked of the venv's
 # python (about 2 s: importing torch).
 torch_root() {
   if [ -z "${TESSERA_TORCH_ROOT:-}" ]; then
@@ -113,7 +113,7 @@ torch_root() {
 
 # The ninja file of every target (all of them, whichever are asked for: a source's object is the
 # same for every target). -g1: line tables are all a finding's stack trace needs, and they compile
-# about 20% faster than -g; at -O0 (make test's 3-second runs) none, 9% less compile time (20.8 s
+# about 20% faster than -g; at -O0 (make fuzz's 3-second runs) none, 9% less compile time (20.8 s
 # against 18.9 of CPU for three sources, session 47): a finding there names its functions, and the
 # -O1 build replaying it (tests/fuzz/run.sh TARGET 1, then build/fuzz/O1/TARGET/fuzz INPUT) its lines. Objects go through ccache where there is one, with the build's settings
 # (a fresh clone hits this machine's entries). torch's headers come precompiled with their
@@ -195,7 +195,7 @@ write_ninja() {
   fi
 }
 
-# One writer and one ninja at a time in a build folder (CTest runs several targets at once).
+# One writer and one ninja at a time in a build folder (several runs of this script may build at once).
 outputs=()
 for target in "${targets[@]}"; do outputs+=("$builds/$target/fuzz"); done
 (
