@@ -67,7 +67,8 @@ void check_step_result(const StepResult& result, int64_t step, int64_t consecuti
 std::string attention_codec_note(const Config& c) {
   const std::vector<ActivationCodec> codecs = parse_activation_codecs(c.memory.activation_compression);
   const bool int4 = std::find(codecs.begin(), codecs.end(), ActivationCodec::int4) != codecs.end();
-  if (!int4 || c.memory.attention_compression != "same" || !c.model.rotary() || c.model.arch == "linear") return "";
+  if (!int4 || parse_attention_codec(c.memory.attention_compression) || !c.model.rotary() || c.model.arch == "linear")
+    return "";
   return "note: memory.activation_compression = int4 rounds the attention core's rotated q and k to 4 bits, which "
          "left tiny_llama 11.7% above uncompressed after 2000 steps; memory.attention_compression = int8 keeps the core "
          "at 8 bits (1.0% above; docs/memory.md)";

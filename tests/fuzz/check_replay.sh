@@ -2,7 +2,7 @@
 # CTest fuzz.replay_finds_what_fails: fuzz_replay (replay.cpp) must pass a corpus its target survives,
 # reach by its mutants an input that traps and save it where it says, fail again when that input is
 # replayed alone, save an input that crashes (SIGSEGV; AddressSanitizer's report where the build has
-# it) and report an exception escaping the target (target replay_check, replay_check.cpp).
+# it) and report an exception escaping the target (target replay_check, fuzz_replay_check.cpp).
 #   usage: tests/fuzz/check_replay.sh FUZZ_REPLAY
 set -uo pipefail
 replay=$1

@@ -20,7 +20,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -52,11 +51,14 @@ const std::map<std::string, FuzzTarget>& targets() {
   return all;
 }
 
-// What a crash handler writes: the input being run and where to put it, set before each run.
+// What a crash handler needs, prepared before the runs (a handler may only write): the input being
+// run, its index, and the text around them. Each run sets only `input` and `index`.
 struct Current {
   const std::string* input = nullptr;
-  char path[4096] = {};
-  char replay[8192] = {};
+  int64_t index = 0;
+  int64_t corpus_size = 0;
+  std::string path_prefix;  // <findings>/<target>-, the index completes it
+  std::string target, self;
 };
 Current current;
 
@@ -69,16 +71,36 @@ void write_all(int fd, const char* data, size_t size) {
   }
 }
 
-// Async-signal-safe: writes the current input to its finding's path and says how to replay it.
+void write_text(int fd, const char* text) { write_all(fd, text, strlen(text)); }
+
+// Async-signal-safe: writes the current input to <findings>/<target>-<index> and says how to
+// replay it.
 void save_finding() {
-  if (current.input == nullptr) return;
-  const int fd = open(current.path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const std::string* input = current.input;
+  if (input == nullptr) return;
+  current.input = nullptr;
+  char digits[24];
+  char* number = digits + sizeof digits - 1;
+  *number = '\0';
+  int64_t n = current.index;
+  do {
+    *--number = static_cast<char>('0' + n % 10);
+    n /= 10;
+  } while (n > 0);
+  char path[4096];
+  const size_t prefix = std::min(current.path_prefix.size(), sizeof path - sizeof digits);
+  memcpy(path, current.path_prefix.data(), prefix);
+  memcpy(path + prefix, number, strlen(number) + 1);
+  const int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd >= 0) {
-    write_all(fd, current.input->data(), current.input->size());
+    write_all(fd, input->data(), input->size());
     close(fd);
   }
-  write_all(2, current.replay, strlen(current.replay));
-  current.input = nullptr;
+  for (const char* text : {"fuzz_replay: ", current.target.c_str(), " input ", static_cast<const char*>(number),
+                           current.index < current.corpus_size ? " (corpus)" : " (mutant)", " failed; saved to ",
+                           static_cast<const char*>(path), "\nreplay: ", current.self.c_str(), " ",
+                           current.target.c_str(), " ", static_cast<const char*>(path), "\n"})
+    write_text(2, text);
 }
 
 void on_fatal_signal(int signal) {
@@ -132,6 +154,16 @@ void remove_scratch() {
   }
 }
 
+std::string exception_text(const std::exception_ptr& thrown) {
+  try {
+    std::rethrow_exception(thrown);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "(not a std::exception)";
+  }
+}
+
 int usage(const std::string& why) {
   std::cerr << "fuzz_replay: " << why << "\nusage: fuzz_replay TARGET PATH... [--runs N] [--seconds S] [--seed K]"
             << " [--findings DIR]\n       fuzz_replay --list\n";
@@ -169,8 +201,10 @@ int main(int argc, char** argv) {
   const std::vector<std::string> corpus = read_inputs(paths);
   if (corpus.empty()) return usage("no inputs in " + paths[0]);
   fs::create_directories(findings);
-  const fs::path findings_dir = fs::absolute(findings);
-  const std::string self = fs::canonical("/proc/self/exe").string();
+  current.path_prefix = (fs::absolute(findings) / (target + "-")).string();
+  current.target = target;
+  current.self = fs::canonical("/proc/self/exe").string();
+  current.corpus_size = static_cast<int64_t>(corpus.size());
   // Under AddressSanitizer its own handlers report SIGSEGV, SIGBUS and SIGFPE (with the stack) and
   // then call the death callback; traps and aborts are this program's to catch in every build.
   const bool sanitized = __sanitizer_set_death_callback != nullptr;
@@ -182,26 +216,18 @@ int main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
   const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   tessera::fuzz::Mutator mutator(corpus, seed ^ std::hash<std::string>{}(target));
+  const int64_t corpus_size = current.corpus_size, total = std::max(runs, corpus_size);
   int64_t done = 0;
   std::string input;
-  for (; done < std::max<int64_t>(runs, static_cast<int64_t>(corpus.size())); ++done) {
-    if (done >= static_cast<int64_t>(corpus.size()) && seconds > 0 && elapsed() >= seconds) break;
-    input = done < static_cast<int64_t>(corpus.size()) ? corpus[done] : mutator.mutant(done);
-    const std::string path = (findings_dir / (target + "-" + std::to_string(done))).string();
-    snprintf(current.path, sizeof current.path, "%s", path.c_str());
-    snprintf(current.replay, sizeof current.replay, "fuzz_replay: %s input %lld (%s) failed; saved to %s\nreplay: %s %s %s\n",
-             target.c_str(), static_cast<long long>(done), done < static_cast<int64_t>(corpus.size()) ? "corpus" : "mutant",
-             path.c_str(), self.c_str(), target.c_str(), path.c_str());
+  for (; done < total; ++done) {
+    if (done >= corpus_size && seconds > 0 && elapsed() >= seconds) break;
+    input = done < corpus_size ? corpus[done] : mutator.mutant(done);
+    current.index = done;
     current.input = &input;
     try {
       run(reinterpret_cast<const uint8_t*>(input.data()), input.size());
-    } catch (const std::exception& e) {
-      std::cerr << "fuzz_replay: an exception escaped the target: " << e.what() << "\n";
-      save_finding();
-      remove_scratch();
-      return 1;
     } catch (...) {
-      std::cerr << "fuzz_replay: an exception that is no std::exception escaped the target\n";
+      std::cerr << "fuzz_replay: an exception escaped the target: " << exception_text(std::current_exception()) << "\n";
       save_finding();
       remove_scratch();
       return 1;
@@ -210,7 +236,7 @@ int main(int argc, char** argv) {
   }
   remove_scratch();
   std::cout << "fuzz_replay " << target << ": " << corpus.size() << " corpus inputs and "
-            << std::max<int64_t>(0, done - static_cast<int64_t>(corpus.size())) << " mutants passed in " << elapsed()
+            << std::max<int64_t>(0, done - corpus_size) << " mutants passed in " << elapsed()
             << " s (seed " << seed << ")\n";
   return 0;
 }
