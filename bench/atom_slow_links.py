@@ -126,24 +126,33 @@ def rate_bytes(rate):
 
 
 def measure_link(work):
-    """MB/s one host sends to another over its link (a 4 s TCP stream), to show the limit holds."""
+    """MB/s one host receives from another over its link (a 4 s TCP stream), to show the limit holds.
+    Counted at the receiver, from its first byte to its last: the sender's count would include the
+    bytes still queued in its socket's buffer when it stops (at 10 Mbit that read 1.5 MB/s for
+    tbf's 1.25)."""
     probe = os.path.join(work, "probe.py")
     with open(probe, "w") as f:
         f.write("import socket, sys, time\n"
                 "if sys.argv[1] == 'serve':\n"
                 "    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
                 "    s.bind((sys.argv[2], 5001)); s.listen(1); c, _ = s.accept()\n"
-                "    while c.recv(1 << 20): pass\n"
+                "    first = c.recv(1 << 20); t = time.time(); n = 0\n"
+                "    while True:\n"
+                "        b = c.recv(1 << 20)\n"
+                "        if not b: break\n"
+                "        n += len(b); last = time.time()\n"
+                "    print(n / (last - t) / 1e6)\n"
                 "else:\n"
                 "    c = socket.create_connection((sys.argv[2], 5001)); buf = b'x' * (1 << 16)\n"
-                "    t = time.time(); n = 0\n"
-                "    while time.time() - t < 4: c.sendall(buf); n += len(buf)\n"
-                "    c.close(); print(n / (time.time() - t) / 1e6)\n")
-    server = subprocess.Popen(["ip", "netns", "exec", "tsr1", sys.executable, probe, "serve", host_ip(1)])
+                "    t = time.time()\n"
+                "    while time.time() - t < 4: c.sendall(buf)\n"
+                "    c.close()\n")
+    server = subprocess.Popen(["ip", "netns", "exec", "tsr1", sys.executable, probe, "serve", host_ip(1)],
+                              stdout=subprocess.PIPE, text=True)
     time.sleep(0.5)
-    sent = sh("ip", "netns", "exec", "tsr0", sys.executable, probe, "send", host_ip(1)).stdout
-    server.wait(timeout=30)
-    return float(sent)
+    sh("ip", "netns", "exec", "tsr0", sys.executable, probe, "send", host_ip(1))
+    received, _ = server.communicate(timeout=60)
+    return float(received)
 
 
 def common_settings(data):
@@ -325,7 +334,7 @@ def render(measured, out):
         return [("| %s | " % label(rate)) + " | ".join(cell(at[(m, rate)], rate) for m in modes) + " |"
                 for rate in rates]
 
-    lines = ["Samples per second (the link's rate as one host measured it sending to another: %s):"
+    lines = ["Samples per second (the link's rate as one host measured it receiving from another: %s):"
              % ", ".join("%s %.1f MB/s" % (label(r), links[r]) for r in rates), ""]
     lines += head + table(lambda r, rate: "%.1f" % r["samples_per_s"])
     repeats = sorted({r.get("repeat", 0) for r in results})
@@ -395,7 +404,7 @@ def main():
     for rate in rates:
         hosts.set_rate(rate)
         links[rate] = measure_link(work)
-        print("link %s: one host sends %.2f MB/s to another" % (rate, links[rate]), flush=True)
+        print("link %s: one host receives %.2f MB/s from another" % (rate, links[rate]), flush=True)
         for repeat, mode in [(k, m) for k in range(a.repeat) for m in modes]:
             r = run(build, work, hosts, mode, rate, data, key, a.steps, repeat)
             results.append(r)

@@ -5,7 +5,7 @@ namespaces on this 2-core machine, each host's link limited by tbf), in data par
 
 Each row is predicted from a calibration of this machine for four ranks (`tessera plan calibrate
 --ranks 4`: four processes sharing the two cores; the file is written beside the results) with
-the link of that row: the rate the table's run measured one host sending to another goes into
+the link of that row: the rate the table's run measured one host receiving from another goes into
 [intra_node] (the four hosts are one node: their compute shares the cores) and [peers]. One
 number is fitted to the table itself: [peers].round_overhead_ms, from the unlimited link's batch
 row (its measured step less the predicted one without it); that row is listed, marked, and left out

@@ -95,7 +95,7 @@ def main():
     if args.rate != "none":
         hosts = Hosts(2)
         hosts.set_rate(args.rate)
-        print("link %s: one host sends %.2f MB/s to the other" % (args.rate, measure_link(tempfile.mkdtemp())))
+        print("link %s: one host receives %.2f MB/s from the other" % (args.rate, measure_link(tempfile.mkdtemp())))
     print("| try | setting | seconds to B's first round with A | state downloads | rounds replayed | A's rounds/s |")
     print("|---|---|---|---|---|---|")
     for r in range(args.rounds):
