@@ -155,6 +155,59 @@ def measure_link(work):
     return float(received)
 
 
+ALL_REDUCE_WORKER = r'''
+import sys, time, torch, torch.distributed as dist
+rank, world, master, sizes, reps = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
+dist.init_process_group("gloo", init_method="tcp://%s:5002" % master, rank=rank, world_size=world)
+for size in map(int, sizes.split(",")):
+    x = torch.ones(size // 4)
+    dist.all_reduce(x)
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        t = time.perf_counter()
+        dist.all_reduce(x)
+        times.append(time.perf_counter() - t)
+    if rank == 0:
+        print(size, sorted(times)[reps // 2], flush=True)
+dist.destroy_process_group()
+'''
+
+
+def torch_python():
+    """scripts/install.sh's venv (torch) where there is one, else this interpreter."""
+    venv = os.path.join(os.environ.get("TESSERA_DEPS", os.path.expanduser("~/.cache/tessera")),
+                        "venv-torch-2.11.0", "bin", "python")
+    return venv if os.path.exists(venv) else sys.executable
+
+
+def measure_all_reduce(work, rate, hosts=HOSTS):
+    """What a ring all-reduce of the hosts achieves over their links, as the planner's cluster file
+    counts it ([intra_node] bandwidth_gbs and latency_us): PyTorch's Gloo all-reduce of float32 (the
+    library tessera's data parallelism calls) among one process per host at three sizes, the median of
+    a few calls each, fitted as time = 2 min(n - 1, log2 n) latency + 2 (n - 1) / n bytes / bandwidth.
+    Returns {"bus_mb_per_s", "latency_us", "points": [[bytes, seconds], ...]}."""
+    worker = os.path.join(work, "all_reduce.py")
+    with open(worker, "w") as f:
+        f.write(ALL_REDUCE_WORKER)
+    slow = rate != "none" and rate_bytes(rate) < 2e6
+    sizes, reps = ([65536, 524288, 2097152], 3) if slow else ([65536, 1048576, 4194304], 7)
+    procs = [subprocess.Popen(["ip", "netns", "exec", "tsr%d" % i, torch_python(), worker, str(i), str(hosts),
+                               host_ip(0), ",".join(map(str, sizes)), str(reps)],
+                              stdout=subprocess.PIPE, text=True, env=dict(os.environ, GLOO_SOCKET_IFNAME="eth0"))
+             for i in range(hosts)]
+    out = [p.communicate(timeout=600)[0] for p in procs][0]
+    points = [[int(b), float(t)] for b, t in (line.split() for line in out.split("\n") if line.strip())]
+    n = float(hosts)
+    xs = [2 * (n - 1) / n * b for b, _ in points]
+    ys = [t for _, t in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    intercept = max(0.0, my - slope * mx)
+    steps = 2 * min(hosts - 1, math.ceil(math.log2(hosts)))
+    return {"bus_mb_per_s": 1e-6 / slope, "latency_us": 1e6 * intercept / steps, "points": points}
+
+
 def common_settings(data):
     return ["--set", "data.path=" + data, "--set", "train.threads=1", "--set", "train.log_every=1",
             "--set", "eval.every=1000000", "--set", "checkpoint.every=1000000", "--set", "optim.warmup_steps=5"]
@@ -336,6 +389,12 @@ def render(measured, out):
 
     lines = ["Samples per second (the link's rate as one host measured it receiving from another: %s):"
              % ", ".join("%s %.1f MB/s" % (label(r), links[r]) for r in rates), ""]
+    if "all_reduce" in measured:
+        lines[-1:-1] = ["", "A ring all-reduce of the %d hosts (PyTorch's Gloo, measured%s; bus bandwidth, and latency per "
+                        "step): %s." % (HOSTS, " " + measured["links_measured"] if "links_measured" in measured else "",
+                                        ", ".join("%s %.2f MB/s, %.0f us" % (label(r), measured["all_reduce"][r]["bus_mb_per_s"],
+                                                                            measured["all_reduce"][r]["latency_us"])
+                                                  for r in rates))]
     lines += head + table(lambda r, rate: "%.1f" % r["samples_per_s"])
     repeats = sorted({r.get("repeat", 0) for r in results})
     if len(repeats) > 1 and "dp" in modes:
@@ -384,6 +443,9 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/atom_slow_links_cpu"))
     ap.add_argument("--keep", action="store_true", help="keep the runs' directories (logs, metrics) and say where")
     ap.add_argument("--render", action="store_true", help="only rewrite OUT.md and OUT.svg from OUT.json")
+    ap.add_argument("--links-only", action="store_true",
+                    help="only measure each rate's link and all-reduce, into OUT.json's links_mb_per_s and all_reduce "
+                         "(a table measured before these were kept gains them; its runs are not repeated)")
     a = ap.parse_args()
     if a.render:
         with open(a.out + ".json") as f:
@@ -400,19 +462,31 @@ def main():
     work = tempfile.mkdtemp(prefix="atom_slow_links_")
     key = keygen(build, os.path.join(work, "swarm.key"))
     hosts = Hosts()
-    results, links = [], {}
+    results, links, all_reduce = [], {}, {}
     for rate in rates:
         hosts.set_rate(rate)
         links[rate] = measure_link(work)
-        print("link %s: one host receives %.2f MB/s from another" % (rate, links[rate]), flush=True)
+        all_reduce[rate] = measure_all_reduce(work, rate)
+        print("link %s: one host receives %.2f MB/s from another; a ring all-reduce of the %d hosts %.2f MB/s "
+              "(bus bandwidth), latency %.0f us" % (rate, links[rate], HOSTS, all_reduce[rate]["bus_mb_per_s"],
+                                                   all_reduce[rate]["latency_us"]), flush=True)
+        if a.links_only:
+            continue
         for repeat, mode in [(k, m) for k in range(a.repeat) for m in modes]:
             r = run(build, work, hosts, mode, rate, data, key, a.steps, repeat)
             results.append(r)
             print("  %-7s %8.1f samples/s  %9.0f wire bytes/sample  (%d steps)"
                   % (mode, r["samples_per_s"], r["wire_bytes_per_sample"], r["steps"]), flush=True)
-    measured = {"commit": sh("git", "-C", ROOT, "rev-parse", "--short", "HEAD").stdout.strip(),
-                "date": time.strftime("%Y-%m-%d"), "rates": rates, "modes": modes, "links_mb_per_s": links,
-                "results": results}
+    if a.links_only:
+        with open(a.out + ".json") as f:
+            measured = json.load(f)
+        measured.update({"links_mb_per_s": links, "all_reduce": all_reduce,
+                         "links_measured": "%s at %s" % (time.strftime("%Y-%m-%d"), sh(
+                             "git", "-C", ROOT, "rev-parse", "--short", "HEAD").stdout.strip())})
+    else:
+        measured = {"commit": sh("git", "-C", ROOT, "rev-parse", "--short", "HEAD").stdout.strip(),
+                    "date": time.strftime("%Y-%m-%d"), "rates": rates, "modes": modes, "links_mb_per_s": links,
+                    "all_reduce": all_reduce, "results": results}
     with open(a.out + ".json", "w") as f:
         json.dump(measured, f, indent=1)
     render(measured, a.out)

@@ -344,6 +344,7 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
       "memory_gib = %.1f            # MemTotal\n"
       "memory_gbs = %.2f            # LayerNorm + GELU forward and backward through autograd at 4 sizes, bytes counted as the planner counts them, fitted\n"
       "kernel_overhead_us = %.2f     # 32 chained adds on 8 elements, forward and backward through autograd: median time / 64\n"
+      "socket_gbs = %.4f           # a send's copying on a core: the loaded loopback all-reduce's bandwidth ([intra_node] below)\n"
       "activation_codec_int8_gbs = %.2f  # int8 encoding and decoding of a [16384, 512] float32 activation: source bytes / median time\n"
       "activation_codec_int4_gbs = %.2f  # the same, int4\n"
       "activation_codec_fp8_gbs = %.2f   # the same, fp8\n"
@@ -368,7 +369,7 @@ std::string calibrate_this_machine(const CalibrateOptions& options,
       by.c_str(), cpu.c_str(), static_cast<long long>(ranks), static_cast<long long>(ranks), slowdown,
       static_cast<long long>(ranks), memory_slowdown, cpu.c_str(), bf16.tflops, fp32.tflops, bf16.tflops, kShapes.size(),
       fp32.tflops, std::max(0.0, fp32.overhead_us - overhead_us), attention_bf16, attention_fp32, host_gib, memory_gbs, overhead_us,
-      codec_int8, codec_int4, codec_fp8, codec_bf16, link.gbs, idle.latency_us, call_overhead_us, link.gbs,
+      link.gbs, codec_int8, codec_int4, codec_fp8, codec_bf16, link.gbs, idle.latency_us, call_overhead_us, link.gbs,
       idle.latency_us, call_overhead_us, host_gib, memory_gbs, host_optimizer_gbs / memory_slowdown, link.gbs, link.latency_us,
       round_cpu, round_cpu_basis.c_str());
   return text;

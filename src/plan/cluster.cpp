@@ -19,7 +19,7 @@ constexpr const char* kClusterDirEnv = "TESSERA_CLUSTER_DIR";
 // Keys a file may leave out (their defaults mean "none" or "unknown"); every other key is required.
 const std::set<std::string> kOptional = {"cluster.description", "cluster.nodes", "cluster.shared_slowdown",
                                          "cluster.shared_slowdown_memory",
-                                         "device.kind", "device.kernel_overhead_us", "device.matmul_overhead_us",
+                                         "device.kind", "device.kernel_overhead_us", "device.matmul_overhead_us", "device.socket_gbs",
                                          "device.attention_tflops_bf16", "device.attention_tflops_fp32", "device.matmul_table",
                                          "device.activation_codec_int8_gbs", "device.activation_codec_int4_gbs",
                                          "device.activation_codec_fp8_gbs",

@@ -81,6 +81,10 @@ struct DeviceSpec {
   double memory_gbs = 0;               // achieved by streaming (elementwise) kernels
   double kernel_overhead_us = 0;       // fixed cost of one kernel (launch and tail)
   double matmul_overhead_us = 0;       // a product's fixed cost beyond it (a fitted curve's intercept)
+  // CPU devices: bytes per second a core moves through a socket (calibrated on loopback, where a
+  // transfer is all copying); what a send's copying takes from a core where every core computes,
+  // whatever the link's rate (0: the link tier's bandwidth).
+  double socket_gbs = 0;
   double attention_tflops_bf16 = 0;    // softmax attention's fused kernel (0: the matmul rate)
   double attention_tflops_fp32 = 0;
   // The activation codecs encoding and decoding a saved activation, float32 source bytes per
@@ -109,6 +113,10 @@ struct DeviceSpec {
     v("matmul_overhead_us", matmul_overhead_us,
       "a product's fixed cost beyond kernel_overhead_us: time = overhead + FLOPs / matmul rate, fitted by `tessera "
       "plan calibrate` (microseconds)", between(0, 1e6));
+    v("socket_gbs", socket_gbs,
+      "cpu devices: bytes per second a core moves through a socket, the copying a send takes from a core where every "
+      "core computes (GB/s; `tessera plan calibrate`: its loopback all-reduce; 0 = the link tier's bandwidth)",
+      between(0, 1e7));
     v("attention_tflops_bf16", attention_tflops_bf16,
       "softmax attention's fused kernel, forward and backward, counted as the planner counts it (the causal half; "
       "backward 2.5x the forward), measured (TFLOP/s; 0 = the matmul rate)", between(0, 1e6));

@@ -14,6 +14,7 @@
 #include "parallel/pipeline/validate.h"
 #include "plan/layout.h"
 #include "plan/memory_estimate.h"
+#include "plan/shared_cores.h"
 #include "plan/stage_cut.h"
 #include "plan/swap_cost.h"
 
@@ -67,9 +68,12 @@ PricedLayout price_compute(const Config& config, const ParallelDims& dims, const
     const double transfer_bytes = transfer_tokens * static_cast<double>(model.n_embd) *
                                   (p.pp_transfer_dtype == "float32" ? 4 : static_cast<double>(shape.element_bytes));
     out.costs.transfer = send_seconds(transfer_bytes, pp_tier);
-    // With no core to spare a send's copying takes the sender's core (its bytes' time; the
+    // With no core to spare a send's copying takes the sender's core (its bytes through the
+    // socket at the core's rate, device.socket_gbs, or the link's where none is given; the
     // receiver's wait is the transfer's delay).
-    const double copying = every_core_computes(cluster, dims) ? transfer_bytes / pp_tier.bandwidth_bytes_per_s : 0;
+    const double socket_bytes_per_s =
+        cluster.device.socket_gbs > 0 ? 1e9 * cluster.device.socket_gbs : pp_tier.bandwidth_bytes_per_s;
+    const double copying = every_core_computes(cluster, dims) ? transfer_bytes / socket_bytes_per_s : 0;
     out.placement.pp = dims.pp();
     out.placement.v = p.pipeline_virtual();
     out.placement.placement = pipeline::placement_of(p.pp_schedule);
@@ -137,8 +141,9 @@ double link_seconds(const PricedLayout& layout) {
   return static_cast<double>(layout.link_crossings * layout.m) * layout.costs.transfer;
 }
 
-// step_lower_bound's with a pipeline (cost_model.h lists its terms).
-double pipeline_lower_bound(const Config& config, const PricedLayout& layout) {
+// step_lower_bound's with a pipeline (cost_model.h lists its terms). `alone`: the stages' costs
+// over the node's sharing factor, the fastest a replay on shared cores runs them (shared_cores.h).
+double pipeline_lower_bound(const Config& config, const PricedLayout& layout, double alone) {
   const std::string& name = config.parallel.pp_schedule;
   const std::vector<pipeline::ActionCosts::Compute>& stage = layout.costs.stages;
   const int64_t stages = static_cast<int64_t>(stage.size());
@@ -163,7 +168,7 @@ double pipeline_lower_bound(const Config& config, const PricedLayout& layout) {
   double bound = forward_chain + backward_chain + (split ? stage[0].w : 0) + (m - 1) * std::max(largest_f, largest_back);
   for (int64_t r = 0; r < at.pp; ++r) bound = std::max(bound, head[r] + work[r]);
   if (name == "1f1b" || name == "gpipe") bound = std::max(bound, total * (m + p - 1) / p);
-  return std::max(bound, link_seconds(layout)) + layout.costs.optim;
+  return std::max(bound * alone, link_seconds(layout)) + layout.costs.optim;
 }
 
 PricedLayout price_layout(const Config& config, const ParallelDims& dims, const Cluster& cluster,
@@ -171,17 +176,19 @@ PricedLayout price_layout(const Config& config, const ParallelDims& dims, const 
   return with_data_parallel(price_compute(config, dims, cluster, priced, cache), config, dims, cluster);
 }
 
-double bound_of(const Config& config, const ParallelDims& dims, const PricedLayout& layout) {
+double bound_of(const Config& config, const ParallelDims& dims, const Cluster& cluster, const PricedLayout& layout) {
   // A swapped step's compute stream runs every forward and backward; the host's work may hide.
   if (config.memory.swap) return static_cast<double>(layout.m) * (layout.all.f + layout.all.i + layout.all.w);
-  return dims.pp() == 1 ? layout.step_without_pipeline : pipeline_lower_bound(config, layout);
+  if (dims.pp() == 1) return layout.step_without_pipeline;
+  const double alone = shares_cores(cluster, dims.world_size()) ? 1 / cluster.cluster.slowdown(dims.world_size()) : 1;
+  return pipeline_lower_bound(config, layout, alone);
 }
 
 }  // namespace
 
 double step_lower_bound(const Config& config, const ParallelDims& dims, const Cluster& cluster,
                         const PricedOperations& priced, PlanCache* cache) {
-  return bound_of(config, dims, price_layout(config, dims, cluster, priced, cache));
+  return bound_of(config, dims, cluster, price_layout(config, dims, cluster, priced, cache));
 }
 
 std::vector<double> step_lower_bounds(const std::vector<Config>& variants, const ParallelDims& dims,
@@ -189,7 +196,7 @@ std::vector<double> step_lower_bounds(const std::vector<Config>& variants, const
   std::vector<double> out;
   if (variants.empty()) return out;
   const PricedLayout compute = price_compute(variants.front(), dims, cluster, priced, cache);
-  for (const Config& v : variants) out.push_back(bound_of(v, dims, with_data_parallel(compute, v, dims, cluster)));
+  for (const Config& v : variants) out.push_back(bound_of(v, dims, cluster, with_data_parallel(compute, v, dims, cluster)));
   return out;
 }
 
@@ -263,7 +270,11 @@ Prediction predict_time(const Config& config, const ParallelDims& dims, const Cl
                                                                     p.pipeline_virtual(), layout.costs);
     pipeline::add_parameter_actions(schedule, layout_gathers(p, dims));
     pipeline::validate_schedule(schedule);
-    const pipeline::Simulation sim = pipeline::simulate_schedule(schedule, layout.costs, pipeline::Timeline::skip);
+    // Ranks that share a CPU node's cores run faster where fewer of them compute (shared_cores.h).
+    const pipeline::Simulation sim =
+        shares_cores(cluster, dims.world_size())
+            ? simulate_on_shared_cores(schedule, layout.costs, cluster, dims.world_size())
+            : pipeline::simulate_schedule(schedule, layout.costs, pipeline::Timeline::skip);
     require(sim.stuck.empty(), "internal: the planner's pipeline table did not run to its end");
     // The simulator takes a transfer as a delay; the link between two ranks carries its sends one
     // after another, which the step cannot beat on a slow link.
