@@ -194,7 +194,7 @@ def measure_all_reduce(work, rate, hosts=HOSTS):
     sizes, reps = ([65536, 524288, 2097152], 3) if slow else ([65536, 1048576, 4194304], 7)
     procs = [subprocess.Popen(["ip", "netns", "exec", "tsr%d" % i, torch_python(), worker, str(i), str(hosts),
                                host_ip(0), ",".join(map(str, sizes)), str(reps)],
-                              stdout=subprocess.PIPE, text=True, env=dict(os.environ, GLOO_SOCKET_IFNAME="eth0"))
+                              stdout=subprocess.PIPE, text=True, env=dict(os.environ, GLOO_SOCKET_IFNAME="eth0", TORCH_CPP_LOG_LEVEL="ERROR"))
              for i in range(hosts)]
     out = [p.communicate(timeout=600)[0] for p in procs][0]
     points = [[int(b), float(t)] for b, t in (line.split() for line in out.split("\n") if line.strip())]

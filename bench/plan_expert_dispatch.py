@@ -5,9 +5,10 @@ hierarchical dispatch, node-limited and unlimited routing, at each link rate mea
 
 Each row is predicted from a calibration of this machine for four ranks (`tessera plan calibrate
 --ranks 4`, written beside the results when missing) with two devices per node and, between the
-nodes, the host link's rate that bench/results/atom_slow_links_cpu.json measured for the same tbf
-setting, halved (two ranks share a host's link; the planner's inter_node is per device); "none"
-keeps the loopback link. Nothing is fitted to the dispatch table.
+nodes, the host link's rate that bench/atom_slow_links.py measured for the same tbf setting on
+2026-11-26 (LINKS_MB_PER_S; its probe counted at the sender then), halved (two ranks share a
+host's link; the planner's inter_node is per device); "none" keeps the loopback link. Nothing is
+fitted to the dispatch table.
 
 usage: bench/plan_expert_dispatch.py [--tessera build/tessera] [--calibration FILE] [--out bench/results/plan_expert_dispatch_cpu.md]
 """
@@ -22,7 +23,8 @@ from results_file import write_results
 from tessera_bench import calibration_text
 
 MEASURED = "bench/results/expert_dispatch_cpu.json"
-LINKS = "bench/results/atom_slow_links_cpu.json"
+# One host sending to another through a tbf link, MB/s (bench/results/atom_slow_links_cpu.json at 838b63c).
+LINKS_MB_PER_S = {"1gbit": 120.51, "100mbit": 12.295, "10mbit": 1.4919}
 HELD = {"model.preset": "tiny_deepseek", "train.threads": 1, "train.seq_len": 128, "train.batch_size": 8,
         "train.global_batch_size": 32, "parallel.tp": 1, "parallel.pp": 1, "parallel.sp": 1, "parallel.ep": 4,
         "parallel.zero_stage": 0, "parallel.offload": "false", "memory.activation_checkpointing": "none",
@@ -54,7 +56,6 @@ def main():
     ap.add_argument("--out", default="bench/results/plan_expert_dispatch_cpu.md")
     args = ap.parse_args()
     calibration = calibration_text(args.tessera, args.calibration, 4)
-    links = json.load(open(LINKS))["links_mb_per_s"]
     measured = json.load(open(MEASURED))
     rows = {(r["rate"], r["routing"], r["dispatch"]): r["step_s"] for r in measured["rows"] if r["part"] == "namespaces"}
     rates = measured["meta"]["rates"]
@@ -69,7 +70,7 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         for rate in rates:
             path = os.path.join(d, f"{rate}.toml")
-            per_device = None if rate == "none" else links[rate] / 2 / 1e3
+            per_device = None if rate == "none" else LINKS_MB_PER_S[rate] / 2 / 1e3
             open(path, "w").write(two_nodes(calibration, per_device))
             for routing, sets in ROUTINGS.items():
                 cells, comm, predicted_step = [], [], {}

@@ -68,6 +68,7 @@ PricedLayout price_compute(const Config& config, const ParallelDims& dims, const
     const double transfer_bytes = transfer_tokens * static_cast<double>(model.n_embd) *
                                   (p.pp_transfer_dtype == "float32" ? 4 : static_cast<double>(shape.element_bytes));
     out.costs.transfer = send_seconds(transfer_bytes, pp_tier);
+    out.costs.sends_share_a_link = true;
     // With no core to spare a send's copying takes the sender's core (its bytes through the
     // socket at the core's rate, device.socket_gbs, or the link's where none is given; the
     // receiver's wait is the transfer's delay).
@@ -276,9 +277,9 @@ Prediction predict_time(const Config& config, const ParallelDims& dims, const Cl
             ? simulate_on_shared_cores(schedule, layout.costs, cluster, dims.world_size())
             : pipeline::simulate_schedule(schedule, layout.costs, pipeline::Timeline::skip);
     require(sim.stuck.empty(), "internal: the planner's pipeline table did not run to its end");
-    // The simulator takes a transfer as a delay; the link between two ranks carries its sends one
-    // after another, which the step cannot beat on a slow link.
-    out.step_s = std::max(sim.step_time, link_seconds(layout) + layout.costs.optim);
+    // Each rank's sends leave its link one after another in the replay (sends_share_a_link), and
+    // its OPTIM waits for the last: the busiest link's sends bound the step (link_seconds).
+    out.step_s = sim.step_time;
     const int64_t critical = std::max_element(sim.busy.begin(), sim.busy.end()) - sim.busy.begin();
     const StageCut& cut = *layout.cut;
     for (int64_t s = 0; s < cut.stages(); ++s) {

@@ -26,10 +26,13 @@
 // zbv's and zbh1's for its measured ones) is replayed by the one simulator
 // (parallel/pipeline/simulate.h) with the transfers between stages priced on their link, the
 // ZeRO-3 gathers as its GATHER actions, and the gradient reduction's exposed part and the
-// optimizer step as OPTIM. The simulator takes a transfer as a delay, so the step is at least the
-// busiest rank link's sends one after another (each way, m per stage boundary the rank sits on: a
-// middle rank's link carries activations on and gradients back) and OPTIM: what binds a pipeline
-// on a slow link.
+// optimizer step as OPTIM. A rank's sends leave its one link one after another in that replay
+// (ActionCosts::sends_share_a_link; a middle rank's link carries activations on and gradients
+// back, m of each per step), so on a slow link the step is its busiest link's sends and what the
+// schedule makes wait for them (GPipe's gradients start back only after its last forward's
+// activations crossed). Where a CPU node's ranks share its cores, the replay runs each compute
+// action at the sharing of the ranks computing beside it (plan/shared_cores.h), and a send's
+// copying takes the sender's core at device.socket_gbs where every core computes.
 //
 // Memory: the per-rank estimate of plan/memory_estimate.h (the largest rank; a swapped layout's
 // plan's peak occupancy), against the device's memory, and what it keeps on the host (offloaded

@@ -180,8 +180,10 @@ Simulation simulate_schedule(const Schedule& s, const ActionCosts& costs, Timeli
           const double start = std::max(clock[r], ready);
           clock[r] = start + costs.send;
           if (record && costs.send > 0) sim.timeline[r].push_back({a, start, clock[r]});
-          done.set({a.op, a.stage, a.micro}, clock[r] + costs.transfer);
-          sent[r] = std::max(sent[r], clock[r] + costs.transfer);
+          // A rank's sends are posted in its row's order, so sent[r] is the one before this.
+          const double leaves = costs.sends_share_a_link ? std::max(clock[r], sent[r]) : clock[r];
+          done.set({a.op, a.stage, a.micro}, leaves + costs.transfer);
+          sent[r] = std::max(sent[r], leaves + costs.transfer);
         } else if (a.op == Op::Gather) {
           if (holds[r][a.stage]++ == 0) {
             fetching[r] = fetched[r][a.stage] = std::max(clock[r], fetching[r]) + costs.gather;

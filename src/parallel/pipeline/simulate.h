@@ -7,7 +7,8 @@
 //   B/I(s, j) needs F(s, j) on this rank and B/I(s+1, j): on the same rank its end, across ranks
 //   its RECV_B. W(s, j) needs I(s, j).
 //   SEND_* takes `send` on the rank (posting it; it completes in the background); the data
-//   arrives `transfer` after the send was posted. RECV_* waits until its data arrived, then takes
+//   arrives `transfer` after the send was posted (with sends_share_a_link, after the rank's
+//   previous send arrived where that is later). RECV_* waits until its data arrived, then takes
 //   `post` (posting the row's next receive, as the executor does; a row with receives takes `post`
 //   once before its first action too).
 //   GATHER takes no time on the rank: the first GATHER holding a stage starts its fetch (a
@@ -36,6 +37,11 @@ namespace tessera::pipeline {
 struct ActionCosts {
   double f = 1, b = 2, i = 1, w = 1;  // compute, per action (one stage, one micro-batch)
   double transfer = 0;                // from a send being posted to the data's arrival
+  // Whether a rank's sends leave one after another through its one link (each waits for the one
+  // before it to arrive: a slow link's bytes), rather than each `transfer` after it was posted.
+  // The planner sets it (plan/cost_model.cpp); a measured replay's transfer is already each
+  // send's own.
+  bool sends_share_a_link = false;
   // Host time on the rank: posting a send (SEND_*), and posting the row's next receive (after each
   // RECV_* is taken, and once before the row's first action).
   double send = 0, post = 0;
