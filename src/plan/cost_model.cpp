@@ -243,7 +243,9 @@ Prediction predict_time(const Config& config, const ParallelDims& dims, const Cl
   Prediction out;
   out.micro_batches = m;
   PartCost rank_total;  // one micro-batch of the critical rank's parts
-  double bubble = 0, swapping = 0, held_copies = 0;
+  double swapping = 0, held_copies = 0;
+  double compute_scale = 1;  // shared cores: the replayed critical rank's busy time over its priced one
+  bool pipelined = false;
   double reduce = layout.reduce_exposed, gathers = layout.gather_exposed, offload = layout.offload,
          optimizer = layout.optimizer, tp_gradient_sum = layout.tp_gradient_sum;
   if (config.memory.swap) {
@@ -272,10 +274,10 @@ Prediction predict_time(const Config& config, const ParallelDims& dims, const Cl
     pipeline::add_parameter_actions(schedule, layout_gathers(p, dims));
     pipeline::validate_schedule(schedule);
     // Ranks that share a CPU node's cores run faster where fewer of them compute (shared_cores.h).
+    const bool shared = shares_cores(cluster, dims.world_size());
     const pipeline::Simulation sim =
-        shares_cores(cluster, dims.world_size())
-            ? simulate_on_shared_cores(schedule, layout.costs, cluster, dims.world_size())
-            : pipeline::simulate_schedule(schedule, layout.costs, pipeline::Timeline::skip);
+        shared ? simulate_on_shared_cores(schedule, layout.costs, cluster, dims.world_size())
+               : pipeline::simulate_schedule(schedule, layout.costs, pipeline::Timeline::skip);
     require(sim.stuck.empty(), "internal: the planner's pipeline table did not run to its end");
     // Each rank's sends leave its link one after another in the replay (sends_share_a_link), and
     // its OPTIM waits for the last: the busiest link's sends bound the step (link_seconds).
@@ -289,25 +291,45 @@ Prediction predict_time(const Config& config, const ParallelDims& dims, const Cl
       if (s == cut.stages() - 1) rank_total += priced.head;
     }
     if (!layout.held_copies.empty()) held_copies = layout.held_copies[static_cast<size_t>(critical)];
-    bubble = out.step_s - sim.busy[critical] - layout.costs.optim;
+    pipelined = true;  // the bubble: what the step holds beyond its parts (below)
+    // On shared cores the replay ran the critical rank's actions faster than priced: its parts
+    // shrink alike, so that they and the bubble still add up to the step.
+    if (shared) {
+      double priced_busy = 0;
+      for (int64_t s = 0; s < cut.stages(); ++s)
+        if (schedule.rank_of(s) == critical)
+          priced_busy += static_cast<double>(m) * (layout.costs.stages[static_cast<size_t>(s)].f +
+                                                   layout.costs.stages[static_cast<size_t>(s)].b);
+      if (priced_busy > 0) compute_scale = sim.busy[critical] / priced_busy;
+    }
   }
   const double mb = static_cast<double>(m);
-  out.breakdown = {{"products", mb * rank_total.products},
-                   {"attention", mb * rank_total.attention},
-                   {"memory_bound", mb * rank_total.memory_bound},
-                   {"recompute", mb * rank_total.recompute},
-                   {"activation_offload_copies", mb * rank_total.offload + held_copies},
-                   {"activation_policy", mb * rank_total.activation_policy},
-                   {"tp_communication", mb * rank_total.tp},
+  const double parts = mb * compute_scale;  // the critical rank's m micro-batches, as replayed
+  out.breakdown = {{"products", parts * rank_total.products},
+                   {"attention", parts * rank_total.attention},
+                   {"memory_bound", parts * rank_total.memory_bound},
+                   {"recompute", parts * rank_total.recompute},
+                   {"activation_offload_copies", parts * rank_total.offload + held_copies},
+                   {"activation_policy", parts * rank_total.activation_policy},
+                   {"tp_communication", parts * rank_total.tp},
                    {"tp_gradient_sum", tp_gradient_sum},
-                   {"sp_communication", mb * rank_total.sp},
-                   {"ep_communication", mb * rank_total.ep},
-                   {"pipeline_bubble_and_transfers", bubble},
+                   {"sp_communication", parts * rank_total.sp},
+                   {"ep_communication", parts * rank_total.ep},
+                   {"pipeline_bubble_and_transfers", 0},
                    {"zero3_gathers_exposed", gathers},
                    {"dp_reduction_exposed", reduce},
                    {"offload_copies", offload},
                    {"swap_link_and_host", swapping},
                    {"optimizer", optimizer}};
+  if (pipelined) {
+    // The bubble and the transfers are what the step holds beyond its other parts: the sends'
+    // copying (in the stages' replayed costs, in no part above) counts there.
+    double others = 0;
+    for (const auto& [name, seconds] : out.breakdown)
+      if (name != "pipeline_bubble_and_transfers") others += seconds;
+    for (auto& [name, seconds] : out.breakdown)
+      if (name == "pipeline_bubble_and_transfers") seconds = out.step_s - others;
+  }
   const double tokens = static_cast<double>(config.train.batch_size * config.train.seq_len) * mb *
                         static_cast<double>(dims.dp());
   out.tokens_per_s = tokens / out.step_s;

@@ -62,6 +62,10 @@ bool shares_cores(const Cluster& cluster, int64_t world) {
 pipeline::Simulation simulate_on_shared_cores(const pipeline::Schedule& schedule, const pipeline::ActionCosts& costs,
                                               const Cluster& cluster, int64_t world) {
   const double full = cluster.cluster.slowdown(world);
+  // The pipeline's other replicas (data, tensor, sequence and expert parallel ranks) run the same
+  // table at the same time on the node's other cores: k of this pipeline's ranks computing means
+  // k x world / pp of the node's.
+  const double replicas = static_cast<double>(world) / static_cast<double>(schedule.ranks.size());
   // The node's ranks interpolated over a fractional count: slowdown() is linear between whole ones.
   auto slowdown_at = [&](double k) {
     const double below = std::floor(k);
@@ -82,7 +86,7 @@ pipeline::Simulation simulate_on_shared_cores(const pipeline::Schedule& schedule
     double moved = 0;
     for (size_t i = 0; i < intervals.size(); ++i) {
       const Interval& a = intervals[i];
-      const double target = a.cost * std::min(full, slowdown_at(running[i])) / full;
+      const double target = a.cost * std::min(full, slowdown_at(running[i] * replicas)) / full;
       const double before = a.end - a.start;
       const double after = 0.5 * (before + target);
       if (before > 0) moved = std::max(moved, std::abs(after - before) / before);

@@ -8,9 +8,10 @@
 // compute and each runs faster (four ranks on two cores: one alone runs 2.6x faster than four at
 // once; bench/plan_slow_links.py's GPipe and 1F1B were predicted 35-40% slow without a link
 // limit). The replay is a fixed point: simulate, find for each compute action the mean number of
-// compute actions running during it (itself included, from the recorded timeline), set its
-// duration to its cost at that sharing (ClusterInfo::slowdown, linear between one rank alone and
-// the node full), and simulate again, each new duration averaged with the last (damping), until no
+// compute actions running during it (itself included, from the recorded timeline) times the
+// pipeline's replicas (world / pp: its data, tensor, sequence and expert parallel peers run the
+// same table at once on the node's other cores), set its duration to its cost at that sharing
+// (ClusterInfo::slowdown, linear between one rank alone and the node full), and simulate again, each new duration averaged with the last (damping), until no
 // duration moves by more than 0.5% or after 12 replays.
 //
 // A priced cost is taken as all CPU work slowed alike: its duration at k ranks is

@@ -44,6 +44,19 @@ TEST(SharedCores, OneMicroBatchRunsEachActionAlone) {
   EXPECT_NEAR(plan::simulate_on_shared_cores(gpipe, costs, shared_node(), 4).step_time, 6, 0.06);
 }
 
+// The pipeline's replicas compute beside it: the same table over 8 ranks of an 8-core node (pp 4
+// x dp 2) runs each action with its data-parallel twin, 2 ranks at once: the step is the priced
+// one x slowdown(2) / slowdown(8), not x slowdown(1) / slowdown(8).
+TEST(SharedCores, ThePipelinesReplicasShareTheNodeToo) {
+  const pipeline::ActionCosts costs = equal_costs();
+  const pipeline::Schedule gpipe = pipeline::build_schedule("gpipe", 4, 1, 1, costs);
+  Cluster node = shared_node();
+  node.cluster.devices_per_node = 8;
+  const double two = node.cluster.slowdown(2), eight = node.cluster.slowdown(8);
+  ASSERT_DOUBLE_EQ(two, 1 + 1.0 / 7);
+  EXPECT_NEAR(plan::simulate_on_shared_cores(gpipe, costs, node, 8).step_time, 12 * two / eight, 0.01 * 12);
+}
+
 // Many micro-batches: the four ranks compute at once through the pipeline's middle, at the priced
 // costs; only its fill and drain run faster. The step lies between a rank's work at the priced
 // costs and the priced replay, and nearer the first.
@@ -72,7 +85,7 @@ TEST(SharedCores, OnlyACpuNodeWhoseRanksSlowEachOtherShares) {
 }
 
 // The search prunes by step_lower_bound: it must hold where the replay runs actions faster than
-// their priced costs.
+// their priced costs. And the breakdown still adds up to the step.
 TEST(SharedCores, TheLowerBoundHoldsOnSharedCores) {
   const Cluster cluster = shared_node(2.5);
   Config c = test::planner_config();
@@ -91,6 +104,9 @@ TEST(SharedCores, TheLowerBoundHoldsOnSharedCores) {
         const double step = plan::predict_time(c, dims, cluster).step_s;
         ++checked;
         EXPECT_LE(bound, step * (1 + 1e-12)) << schedule << " m " << m;
+        // The breakdown's parts, the critical rank's work as replayed, add up to the step.
+        const plan::Prediction p = plan::predict_time(c, dims, cluster);
+        EXPECT_NEAR(test::breakdown_sum(p), p.step_s, 1e-9 * p.step_s) << schedule << " m " << m;
       } catch (const Error&) {  // interleaved needs m % pp == 0
       }
     }
