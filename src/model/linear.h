@@ -48,6 +48,20 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
 // per weight, or none).
 at::Tensor linear_fp32_weight_grads(const at::Tensor& x, at::TensorList weights, at::TensorList biases);
 inline at::Tensor linear(const Linear& layer, const at::Tensor& x) { return linear(x, layer->weight, layer->bias); }
+// While one lives on a thread, linear() and linear_joined() in training under autocast keep the
+// float32 weights for their backward and cast them again there, instead of keeping the forward's
+// 16-bit copy (linear.cpp; the gradients are at::linear's, or on a GPU under bf16 the float32
+// weight-gradient function's). ZeRO-3 holds one around a block's forward (parallel/data/zero3.cpp):
+// its gathered weights are freed after the forward and gathered again into the same storage
+// before the backward, and a kept copy would hold the whole model in 16 bits on every rank until
+// the backward.
+class KeepFloatWeightsForBackward {
+ public:
+  KeepFloatWeightsForBackward();
+  ~KeepFloatWeightsForBackward();
+  KeepFloatWeightsForBackward(const KeepFloatWeightsForBackward&) = delete;
+  KeepFloatWeightsForBackward& operator=(const KeepFloatWeightsForBackward&) = delete;
+};
 // One product for several linears of the same input: their weights (and biases, all or none)
 // joined along the output dimension, [..., in] -> [..., sum of outs], as linear() applies one
 // (under a pipeline step's WeightCastCache one bf16 copy of the join for all its micro-batches).

@@ -49,7 +49,9 @@
 //                head's: not the norms', the router's, the positions' nor a first stage's token
 //                embedding, which a lookup reads; nor, under Megatron-SP with tp > 1, the
 //                sequence-gathered input projections', which keep the float32 parameter), whole
-//                even under ZeRO-3: one set for the step (a pipeline step's micro-batches share
+//                even under ZeRO-3 (where the blocks' products keep the gathered float32 weights
+//                since model/linear.h's KeepFloatWeightsForBackward: still counted, an over-count
+//                of at most a set of copies, docs/zero_memory.md): one set for the step (a pipeline step's micro-batches share
 //                one: parallel/pipeline_step.h), but once per micro-batch the schedule holds
 //                under ZeRO-3 in a pipeline
 //   host         with parallel.offload, besides the optimizer state, the shard's float32 master

@@ -22,6 +22,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "core/error.h"
+#include "model/linear.h"
 #include "parallel/data/data_parallel_impl.h"
 
 namespace tessera {
@@ -61,7 +62,12 @@ BlockOutput DataParallel::Impl::run_block(int64_t layer, const at::Tensor& x,
                                          const TransformerLMImpl::BlockCall& inner) {
   const Pass pass = current_pass();
   residency->at(pass, {ResidencyPoint::Kind::before_forward, ModelPart::block(layer)});
-  BlockOutput out = inner(x);
+  // The block's products keep its float32 weights (this storage, gathered again before its
+  // backward) rather than 16-bit copies of them (model/linear.h).
+  BlockOutput out = [&] {
+    const KeepFloatWeightsForBackward keep;
+    return inner(x);
+  }();
   if (out.x.requires_grad()) {
     const bool aux = out.aux_loss.requires_grad();
     TensorList inputs{out.x};
