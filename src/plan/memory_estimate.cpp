@@ -50,6 +50,14 @@ bool copied_by_autocast(const std::string& name, bool stage_has_head) {
   return true;
 }
 
+// Whether a block's product keeps the float32 parameter for its backward instead of a bf16 copy:
+// ZeRO-3 without a pipeline holds model/linear.h's KeepFloatWeightsForBackward around each block's
+// forward (parallel/data/zero3.cpp), and every block product but the experts' (model/moe.cpp casts
+// them itself) goes through linear().
+bool kept_float_by_zero3(const CensusEntry& item, const ParallelDims& dims, int64_t zero_stage) {
+  return zero_stage >= 3 && dims.pp() == 1 && item.spec.block >= 0 && item.spec.split != Split::expert;
+}
+
 // Whether the product is Megatron-SP's sequence-gathered linear (parallel/tensor/tp_comm.h), which
 // keeps the float32 parameter and casts it only while its forward and backward products run: under
 // Megatron-SP with tp > 1 the softmax attention's input projections and the dense MLP's first.
@@ -92,7 +100,8 @@ MemoryEstimate estimate_rank(const Config& config, const ParallelDims& dims, con
     const double local = static_cast<double>(t.numel()) * share;
     const double holders = split == Split::expert ? replicas / static_cast<double>(dims.ep()) : replicas;
     e.parameters_rank += static_cast<int64_t>(local);
-    if (copied_by_autocast(item.name, stage.head(m)) && !sequence_gathered(item.name, m, dims, p.megatron_sp))
+    if (copied_by_autocast(item.name, stage.head(m)) && !sequence_gathered(item.name, m, dims, p.megatron_sp) &&
+        !kept_float_by_zero3(item, dims, p.zero_stage))
       autocast_copied += local;
     unit_elements[std::max<int64_t>(item.spec.block, -1)] += local;
     double state = optimizer_state_bytes(config.optim, t, share);

@@ -48,12 +48,13 @@
 //                parameter of the rank's stage that a product uses (the linears', the experts', the
 //                head's: not the norms', the router's, the positions' nor a first stage's token
 //                embedding, which a lookup reads; nor, under Megatron-SP with tp > 1, the
-//                sequence-gathered input projections', which keep the float32 parameter), whole
-//                even under ZeRO-3 (where the blocks' products keep the gathered float32 weights
-//                since model/linear.h's KeepFloatWeightsForBackward: still counted, an over-count
-//                of at most a set of copies, docs/zero_memory.md): one set for the step (a pipeline step's micro-batches share
-//                one: parallel/pipeline_step.h), but once per micro-batch the schedule holds
-//                under ZeRO-3 in a pipeline
+//                sequence-gathered input projections', which keep the float32 parameter; nor,
+//                under ZeRO-3 without a pipeline, the blocks' products but the experts', which keep
+//                the gathered float32 weights and cast them again in their backward:
+//                model/linear.h's KeepFloatWeightsForBackward), whole even under ZeRO-3
+//                otherwise: one set for the step (a pipeline step's micro-batches share one:
+//                parallel/pipeline_step.h), but once per micro-batch the schedule holds under
+//                ZeRO-3 in a pipeline
 //   host         with parallel.offload, besides the optimizer state, the shard's float32 master
 //                copy and its gradient: (4 + 4) / R bytes per parameter
 // The peak is the larger of the backward's (parameters, optimizer state, activations, working,
