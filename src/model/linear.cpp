@@ -1,5 +1,5 @@
-// linear() (linear.h): at::linear, or on a GPU under bf16 autocast the float32-weight-gradient
-// function.
+// linear() (linear.h): at::linear, or on a GPU under bf16 autocast and under
+// KeepFloatWeightsForBackward the float32-weight-gradient function.
 #include "model/linear.h"
 
 #include <ATen/ATen.h>
@@ -59,7 +59,7 @@ class LinearFp32WeightGrads : public torch::autograd::Function<LinearFp32WeightG
     const int64_t out = w16.size(0), in = w16.size(1);
     const at::Tensor grad2 = grad.reshape({-1, out});
     const size_t n = rows.size();
-    variable_list result(1 + n * (bias ? 2 : 1) + 3);
+    variable_list result(1 + n * (bias ? 2 : 1) + 3);  // none for dtype, float_grads, keep_float_weights
     if (ctx->needs_input_grad(0)) result[0] = at::matmul(grad, w16);
     bool weights_needed = false, biases_needed = false;
     for (size_t i = 0; i < n; ++i) {

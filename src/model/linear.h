@@ -14,7 +14,8 @@
 // does. Under at::linear they are rounded to bf16 and then cast to float32 by one kernel per
 // parameter (122 per GPT-2 124M step, 1.5 ms of 41.7 on an H200: bench/results/gpu_first_runs.md).
 // The input gradient is bf16 either way. The gradients differ from at::linear's by that one bf16
-// rounding, which they no longer have.
+// rounding, which they no longer have. Under KeepFloatWeightsForBackward (below) the same function
+// runs on every device under autocast, with at::linear's gradients off a GPU.
 #pragma once
 
 #include <cstdint>
