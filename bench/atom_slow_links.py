@@ -174,14 +174,17 @@ dist.destroy_process_group()
 '''
 
 
-def torch_python():
-    """scripts/install.sh's venv (torch) where there is one, else this interpreter."""
-    venv = os.path.join(os.environ.get("TESSERA_DEPS", os.path.expanduser("~/.cache/tessera")),
-                        "venv-torch-2.11.0", "bin", "python")
-    return venv if os.path.exists(venv) else sys.executable
+def torch_python(build):
+    """The interpreter with torch that BUILD was configured with (CMake's TESSERA_PYTHON: scripts/install.sh's
+    venv), else this one."""
+    with open(os.path.join(build, "CMakeCache.txt")) as f:
+        for line in f:
+            if line.startswith("TESSERA_PYTHON:"):
+                return line.split("=", 1)[1].strip()
+    return sys.executable
 
 
-def measure_all_reduce(work, rate, hosts=HOSTS):
+def measure_all_reduce(build, work, rate, hosts=HOSTS):
     """What a ring all-reduce of the hosts achieves over their links, as the planner's cluster file
     counts it ([intra_node] bandwidth_gbs and latency_us): PyTorch's Gloo all-reduce of float32 (the
     library tessera's data parallelism calls) among one process per host at three sizes, the median of
@@ -192,7 +195,7 @@ def measure_all_reduce(work, rate, hosts=HOSTS):
         f.write(ALL_REDUCE_WORKER)
     slow = rate != "none" and rate_bytes(rate) < 2e6
     sizes, reps = ([65536, 524288, 2097152], 3) if slow else ([65536, 1048576, 4194304], 7)
-    procs = [subprocess.Popen(["ip", "netns", "exec", "tsr%d" % i, torch_python(), worker, str(i), str(hosts),
+    procs = [subprocess.Popen(["ip", "netns", "exec", "tsr%d" % i, torch_python(build), worker, str(i), str(hosts),
                                host_ip(0), ",".join(map(str, sizes)), str(reps)],
                               stdout=subprocess.PIPE, text=True, env=dict(os.environ, GLOO_SOCKET_IFNAME="eth0", TORCH_CPP_LOG_LEVEL="ERROR"))
              for i in range(hosts)]
@@ -466,7 +469,7 @@ def main():
     for rate in rates:
         hosts.set_rate(rate)
         links[rate] = measure_link(work)
-        all_reduce[rate] = measure_all_reduce(work, rate)
+        all_reduce[rate] = measure_all_reduce(build, work, rate)
         print("link %s: one host receives %.2f MB/s from another; a ring all-reduce of the %d hosts %.2f MB/s "
               "(bus bandwidth), latency %.0f us" % (rate, links[rate], HOSTS, all_reduce[rate]["bus_mb_per_s"],
                                                    all_reduce[rate]["latency_us"]), flush=True)

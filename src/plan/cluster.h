@@ -57,16 +57,18 @@ struct ClusterInfo {
   }
   // The factor on a rank's compute when `ranks` ranks of the world share a node: 1 alone,
   // shared_slowdown with the node full, linear between.
-  double slowdown(int64_t world) const { return sharing(shared_slowdown, world); }
+  double slowdown(int64_t world) const { return sharing(shared_slowdown, static_cast<double>(world)); }
   double memory_slowdown(int64_t world) const {
-    return sharing(shared_slowdown_memory > 0 ? shared_slowdown_memory : shared_slowdown, world);
+    return sharing(shared_slowdown_memory > 0 ? shared_slowdown_memory : shared_slowdown, static_cast<double>(world));
   }
+  // The same at a mean count of ranks computing (plan/shared_cores.h).
+  double slowdown_at(double ranks) const { return sharing(shared_slowdown, ranks); }
 
  private:
-  double sharing(double full, int64_t world) const {
-    const int64_t on_node = std::min(world, devices_per_node);
+  double sharing(double full, double ranks) const {
+    const double on_node = std::min(ranks, static_cast<double>(devices_per_node));
     if (devices_per_node <= 1 || on_node <= 1) return 1;
-    return 1 + (full - 1) * static_cast<double>(on_node - 1) / static_cast<double>(devices_per_node - 1);
+    return 1 + (full - 1) * (on_node - 1) / static_cast<double>(devices_per_node - 1);
   }
 };
 

@@ -245,7 +245,6 @@ Prediction predict_time(const Config& config, const ParallelDims& dims, const Cl
   PartCost rank_total;  // one micro-batch of the critical rank's parts
   double swapping = 0, held_copies = 0;
   double compute_scale = 1;  // shared cores: the replayed critical rank's busy time over its priced one
-  bool pipelined = false;
   double reduce = layout.reduce_exposed, gathers = layout.gather_exposed, offload = layout.offload,
          optimizer = layout.optimizer, tp_gradient_sum = layout.tp_gradient_sum;
   if (config.memory.swap) {
@@ -291,7 +290,6 @@ Prediction predict_time(const Config& config, const ParallelDims& dims, const Cl
       if (s == cut.stages() - 1) rank_total += priced.head;
     }
     if (!layout.held_copies.empty()) held_copies = layout.held_copies[static_cast<size_t>(critical)];
-    pipelined = true;  // the bubble: what the step holds beyond its parts (below)
     // On shared cores the replay ran the critical rank's actions faster than priced: its parts
     // shrink alike, so that they and the bubble still add up to the step.
     if (shared) {
@@ -321,14 +319,14 @@ Prediction predict_time(const Config& config, const ParallelDims& dims, const Cl
                    {"offload_copies", offload},
                    {"swap_link_and_host", swapping},
                    {"optimizer", optimizer}};
-  if (pipelined) {
-    // The bubble and the transfers are what the step holds beyond its other parts: the sends'
-    // copying (in the stages' replayed costs, in no part above) counts there.
-    double others = 0;
-    for (const auto& [name, seconds] : out.breakdown)
-      if (name != "pipeline_bubble_and_transfers") others += seconds;
-    for (auto& [name, seconds] : out.breakdown)
-      if (name == "pipeline_bubble_and_transfers") seconds = out.step_s - others;
+  if (dims.pp() > 1 && !config.memory.swap) {
+    // The bubble and the transfers are what the step holds beyond its other parts (their entry is
+    // 0 so far): the sends' copying (in the stages' replayed costs, in no part above) counts there.
+    double parts_sum = 0;
+    for (const auto& [name, seconds] : out.breakdown) parts_sum += seconds;
+    const auto bubble = std::find_if(out.breakdown.begin(), out.breakdown.end(),
+                                     [](const auto& term) { return term.first == "pipeline_bubble_and_transfers"; });
+    bubble->second = out.step_s - parts_sum;
   }
   const double tokens = static_cast<double>(config.train.batch_size * config.train.seq_len) * mb *
                         static_cast<double>(dims.dp());

@@ -66,13 +66,6 @@ pipeline::Simulation simulate_on_shared_cores(const pipeline::Schedule& schedule
   // table at the same time on the node's other cores: k of this pipeline's ranks computing means
   // k x world / pp of the node's.
   const double replicas = static_cast<double>(world) / static_cast<double>(schedule.ranks.size());
-  // The node's ranks interpolated over a fractional count: slowdown() is linear between whole ones.
-  auto slowdown_at = [&](double k) {
-    const double below = std::floor(k);
-    const double low = cluster.cluster.slowdown(static_cast<int64_t>(below));
-    const double high = cluster.cluster.slowdown(static_cast<int64_t>(below) + 1);
-    return low + (high - low) * (k - below);
-  };
   pipeline::ActionCosts replayed = costs;
   pipeline::Simulation sim = pipeline::simulate_schedule(schedule, replayed, pipeline::Timeline::record);
   for (int replay = 0; replay < kReplays; ++replay) {
@@ -86,7 +79,7 @@ pipeline::Simulation simulate_on_shared_cores(const pipeline::Schedule& schedule
     double moved = 0;
     for (size_t i = 0; i < intervals.size(); ++i) {
       const Interval& a = intervals[i];
-      const double target = a.cost * std::min(full, slowdown_at(running[i] * replicas)) / full;
+      const double target = a.cost * std::min(full, cluster.cluster.slowdown_at(running[i] * replicas)) / full;
       const double before = a.end - a.start;
       const double after = 0.5 * (before + target);
       if (before > 0) moved = std::max(moved, std::abs(after - before) / before);

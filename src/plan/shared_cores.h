@@ -11,8 +11,9 @@
 // compute actions running during it (itself included, from the recorded timeline) times the
 // pipeline's replicas (world / pp: its data, tensor, sequence and expert parallel peers run the
 // same table at once on the node's other cores), set its duration to its cost at that sharing
-// (ClusterInfo::slowdown, linear between one rank alone and the node full), and simulate again, each new duration averaged with the last (damping), until no
-// duration moves by more than 0.5% or after 12 replays.
+// (ClusterInfo::slowdown_at, linear between one rank alone and the node full), and simulate
+// again, each new duration averaged with the last (damping), until no duration moves by more than
+// 0.5% or after 12 replays.
 //
 // A priced cost is taken as all CPU work slowed alike: its duration at k ranks is
 // cost x slowdown(k) / slowdown(world) (the products' factor; memory-bound kernels slow a little
