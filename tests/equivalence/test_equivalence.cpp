@@ -1233,6 +1233,10 @@ const std::vector<Row>& layouts() {
          c.train.grad_accum = 2;
          c.precision.dtype = "bf16";
        }},
+      {"dp2_zero3_bf16", 2, [](Config& c) {
+         c.parallel.zero_stage = 3;
+         c.precision.dtype = "bf16";
+       }},
       {"pp2_zbh1_bf16_accum2", 2,
        [](Config& c) {
          c.parallel.pp = 2;
