@@ -11,7 +11,9 @@ memory.activation_compression changed. A codec
 written CODEC@SEED runs with train.seed = SEED instead: `none@2` is how far two uncompressed runs
 that differ only in their initialisation and data order end apart, the scale against which the
 codecs' differences are read. CODEC+CORE runs the attention core's saved tensors at CORE
-(memory.attention_compression; `int4+int8`: int4 with the core at int8). The forward
+(memory.attention_compression; `int4+int8`: int4 with the core at int8). adaptive:BITS chooses each
+saved tensor's codec from its measured sensitivity within BITS an element (memory.activation_bits;
+docs/memory.md, "Chosen per tensor"). The forward
 is the same in every run; what the codec changes is the gradient (each block's backward reads the
 decoded activations). Reported per codec: the final validation loss and its excess over none,
 whether it is within --margin (relative), and the wall time. The loss curves go into one picture.
@@ -37,8 +39,11 @@ from tessera_bench import bundled_corpus, unigram_baseline  # noqa: E402
 def train_command(build, config, data, steps, run, out_dir):
     codecs, _, seed = run.partition("@")
     codec, _, core = codecs.partition("+")
+    codec, _, bits = codec.partition(":")
     sets = {"data.path": data, "train.steps": steps, "checkpoint.every": 0, "memory.activation_compression": codec,
             "memory.attention_compression": core or "same"}
+    if bits:
+        sets["memory.activation_bits"] = float(bits)
     if seed:
         sets["train.seed"] = int(seed)
     cmd = [str(pathlib.Path(build) / "tessera"), "train", "--config", config, "--out", str(out_dir), "--overwrite"]

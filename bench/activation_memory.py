@@ -26,7 +26,8 @@ Written to bench/results/activation_memory_cpu.md.
 
 usage: bench/activation_memory.py BUILD_DIR [--rounds 5] [--steps 10] [--configs tiny_gpt,tiny_llama]
                                   [--only int8,int4,int4+int8]
-(--only: those compressions without checkpointing, beside none and full checkpointing.)
+(--only: those compressions without checkpointing, beside none and full checkpointing; adaptive:BITS
+is memory.activation_compression = adaptive at memory.activation_bits = BITS, no formula.)
 """
 import argparse
 import statistics
@@ -64,6 +65,8 @@ def model_shape(build, config):
 
 
 def formula(compression, checkpointing, h, a):
+    if compression.startswith("adaptive"):
+        return None
     if checkpointing == "full":
         return 4 * h * {"none": 1, "lossless": 1, "bf16": 0.5, "fp8": 1.125 / 4, "int8": 1.125 / 4,
                         "int4": 0.625 / 4}[compression]
@@ -93,10 +96,12 @@ def main():
         for r in range(args.rounds):
             for p in policies:
                 codec, _, core = p[0].partition("+")
-                d = tessera_bench(args.build, config, {"memory.activation_compression": codec,
-                                                       "memory.attention_compression": core or "same",
-                                                       "memory.activation_checkpointing": p[1]},
-                                  steps=args.steps, warmup=3)
+                codec, _, bits = codec.partition(":")
+                sets = {"memory.activation_compression": codec, "memory.attention_compression": core or "same",
+                        "memory.activation_checkpointing": p[1]}
+                if bits:
+                    sets["memory.activation_bits"] = float(bits)
+                d = tessera_bench(args.build, config, sets, steps=args.steps, warmup=3)
                 runs[p].append(d)
                 print(f"{config} round {r} {p}: {d['median_step_s'] * 1e3:.1f} ms, saved {d['saved_activation_bytes']}",
                       flush=True)

@@ -168,6 +168,7 @@ void Config::check(const std::string& source) const {
   if (memory.activation_offload > model.n_layer)
     fail(source, ": memory.activation_offload = ", memory.activation_offload, " exceeds model.n_layer = ",
          model.n_layer, " (the blocks whose activations wait in host memory)");
+  if (memory.activation_compression == "adaptive") check_adaptive_codecs(source);
   if (memory.resident_micro_batches > 0) {
     require(parallel.pp > 1, source, ": memory.resident_micro_batches = ", memory.resident_micro_batches,
             " applies under a pipeline (parallel.pp > 1): without one a rank holds one micro-batch's activations at a "
@@ -176,6 +177,30 @@ void Config::check(const std::string& source) const {
             ": memory.resident_micro_batches is set by hand; under memory.activation_policy = auto the policy chooses "
             "it for each pipeline rank (docs/memory.md): leave it at 0");
   }
+}
+
+// memory.activation_compression = adaptive probes each block of a whole model on this rank with
+// autograd's gradients, without the owner's hooks (memory/activation_sensitivity.h): the layouts
+// whose blocks run as they are, and the same saved tensors in every forward.
+void Config::check_adaptive_codecs(const std::string& source) const {
+  const auto refuse = [&](bool bad, const std::string& key, const std::string& value, const char* why) {
+    if (bad)
+      fail(source, ": memory.activation_compression = adaptive does not run with ", key, " = ", value, ": ", why,
+           " (docs/memory.md, \"Chosen per tensor\")");
+  };
+  refuse(parallel.pp > 1, "parallel.pp", std::to_string(parallel.pp), "its probe runs whole blocks of a whole model");
+  refuse(parallel.tp > 1, "parallel.tp", std::to_string(parallel.tp),
+         "its probe counts each rank's gradients, which tensor parallelism shards and replicates");
+  refuse(parallel.sp > 1, "parallel.sp", std::to_string(parallel.sp),
+         "its probe runs a block on its whole sequence");
+  refuse(parallel.zero_stage == 3, "parallel.zero_stage", "3", "ZeRO-3 gathers a block's parameters around it");
+  refuse(memory.swap, "memory.swap", "true", "its probe runs whole blocks resident on the device");
+  refuse(model.ffn == "moe", "model.ffn", "moe",
+         "an MoE block's saved tensors follow its routing");
+  refuse(model.dropout > 0, "model.dropout", std::to_string(model.dropout),
+         "its probe repeats each block's forward, which would draw new dropout masks");
+  refuse(memory.activation_offload > 0, "memory.activation_offload", std::to_string(memory.activation_offload),
+         "its probe repeats each block's forward, which would store and fetch the offload groups");
 }
 
 toml::table Config::to_toml() const {
@@ -261,16 +286,16 @@ void MemoryOptions::check(const std::string& source) const {
               activation_checkpointing == "selective",
           source, ": memory.activation_checkpointing must be none, full or selective (got '", activation_checkpointing,
           "')");
-  // One codec, or under activation_policy = auto a comma-separated list the blocks choose from.
+  // One codec, adaptive, or under activation_policy = auto a comma-separated list the blocks choose from.
   std::vector<std::string> codecs;
-  for (size_t begin = 0; begin <= activation_compression.size();) {
+  const bool adaptive = activation_compression == "adaptive";
+  for (size_t begin = 0; !adaptive && begin <= activation_compression.size();) {
     const size_t end = std::min(activation_compression.find(',', begin), activation_compression.size());
     const std::string codec = activation_compression.substr(begin, end - begin);
     require(codec == "none" || codec == "lossless" || codec == "bf16" || codec == "fp8" || codec == "int8" ||
                 codec == "int4",
-            source, ": memory.activation_compression must be none, lossless, bf16, fp8, int8 or int4, or under "
-            "activation_policy "
-            "= auto a comma-separated list of them (got '", activation_compression, "')");
+            source, ": memory.activation_compression must be none, lossless, bf16, fp8, int8, int4 or adaptive, or "
+            "under activation_policy = auto a comma-separated list of the codecs (got '", activation_compression, "')");
     require(std::find(codecs.begin(), codecs.end(), codec) == codecs.end() &&
                 (codec != "none" || activation_compression == "none"),
             source, ": memory.activation_compression = '", activation_compression,
@@ -278,7 +303,19 @@ void MemoryOptions::check(const std::string& source) const {
     codecs.push_back(codec);
     begin = end + 1;
   }
-  require(codecs.size() == 1 || activation_policy == "auto", source, ": memory.activation_compression = '",
+  require(adaptive || activation_bits == 6, source, ": memory.activation_bits = ", activation_bits,
+          " applies with memory.activation_compression = adaptive only");
+  require(adaptive || activation_probe_every == 500, source, ": memory.activation_probe_every = ",
+          activation_probe_every, " applies with memory.activation_compression = adaptive only");
+  if (adaptive) {
+    require(activation_policy == "manual", source,
+            ": memory.activation_compression = adaptive chooses a codec for each saved tensor; memory.activation_policy "
+            "= auto chooses one per block: use one of them");
+    require(attention_compression == "same", source, ": memory.attention_compression = ", attention_compression,
+            ": under memory.activation_compression = adaptive the attention core's tensors are chosen with the rest; "
+            "leave it at same");
+  }
+  require(adaptive || codecs.size() == 1 || activation_policy == "auto", source, ": memory.activation_compression = '",
           activation_compression, "' lists codecs for memory.activation_policy = auto to choose from per block; with "
           "activation_policy = manual name one");
   require(attention_compression == "same" || attention_compression == "none" || attention_compression == "lossless" ||

@@ -110,6 +110,8 @@ struct MemoryOptions {
   std::string activation_checkpointing = "none";
   std::string activation_compression = "none";  // memory/activation_codec.h
   std::string attention_compression = "same";    // the attention core's codec (memory/saved_activations.h)
+  double activation_bits = 6;         // adaptive: the average bits an element of the saved tensors may hold
+  int64_t activation_probe_every = 500;  // adaptive: steps between sensitivity probes (0: only the first)
   int64_t activation_offload = 0;                // blocks whose saved activations wait on the host
   std::string activation_policy = "manual";      // manual | auto (plan/activation_policy.h)
   int64_t resident_micro_batches = 0;  // pipeline: micro-batches a rank holds on the device (0: all)
@@ -126,12 +128,22 @@ struct MemoryOptions {
     v("activation_compression", activation_compression,
       "how the tensors each block saves for its backward are kept: none, lossless (bool masks as bits), bf16 "
       "(float32 ones rounded), fp8, int8 or int4 (per 32 elements of the last dimension, with a float32 scale; "
-      "docs/memory.md); with activation_policy = auto: the encoding each block may choose");
+      "docs/memory.md); adaptive: each saved tensor kept, int8 or int4 by its measured sensitivity within "
+      "activation_bits (GACT's way; memory/adaptive_codecs.h); with activation_policy = auto: the encoding each "
+      "block may choose");
     v("attention_compression", attention_compression,
       "the codec of what each block's attention core saves (q, k, v, the kernel's tensors and its output), whose "
       "rounding moves the gradients most: same (activation_compression's, or the codec the policy chooses for the "
       "block), none, lossless, bf16, fp8, int8 or int4 (e.g. int8 beside activation_compression = int4; "
       "docs/memory.md)");
+    v("activation_bits", activation_bits,
+      "with activation_compression = adaptive: the average bits an element of the saved tensors may hold, scales "
+      "included (int4 holds 5, int8 9, a kept float32 32)",
+      between(5, 64));
+    v("activation_probe_every", activation_probe_every,
+      "with activation_compression = adaptive: steps between the probes that measure each saved tensor's "
+      "sensitivity and choose its codec again (0 = at the first step only)",
+      between(0, 1e12));
     v("activation_offload", activation_offload,
       "the first N blocks keep what they save for the backward in host memory between their forward and backward, "
       "fetched back ahead of it on a copy stream (0 = none; model.n_layer = all; docs/memory.md)",

@@ -260,6 +260,7 @@ ActivationCodec parse_activation_codec(const std::string& name) {
 std::vector<ActivationCodec> parse_activation_codecs(const std::string& list) {
   std::vector<ActivationCodec> out;
   if (list == "none") return out;
+  if (list == "adaptive") return {ActivationCodec::int8, ActivationCodec::int4};
   for (size_t begin = 0; begin <= list.size();) {
     const size_t end = std::min(list.find(',', begin), list.size());
     const ActivationCodec codec = parse_activation_codec(list.substr(begin, end - begin));
@@ -303,6 +304,10 @@ int64_t EncodedTensor::bytes() const {
   return data_bytes + (scales.defined() ? scales.numel() * static_cast<int64_t>(scales.element_size()) : 0);
 }
 
+bool lossy_encoding_applies(const at::Tensor& t) {
+  return at::isFloatingType(t.scalar_type()) && t.dim() >= 1 && t.size(-1) >= 8;
+}
+
 EncodedTensor encode_activation(const at::Tensor& t, ActivationCodec codec) {
   auto kept = [&] {
     EncodedTensor e;
@@ -313,8 +318,7 @@ EncodedTensor encode_activation(const at::Tensor& t, ActivationCodec codec) {
   };
   if (codec == ActivationCodec::none || t.numel() == 0) return kept();
   if (t.scalar_type() == at::kBool) return pack_bits(t);
-  const bool lossy_applies = at::isFloatingType(t.scalar_type()) && t.dim() >= 1 && t.size(-1) >= 8;
-  if (!lossy_applies) return kept();
+  if (!lossy_encoding_applies(t)) return kept();
   switch (codec) {
     case ActivationCodec::bf16: {
       if (t.scalar_type() != at::kFloat && t.scalar_type() != at::kDouble) return kept();

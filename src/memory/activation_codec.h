@@ -39,7 +39,8 @@ enum class ActivationCodec { none, lossless, bf16, fp8, int8, int4 };
 ActivationCodec parse_activation_codec(const std::string& name);
 // Under memory.activation_policy = auto memory.activation_compression may list several codecs,
 // comma-separated ("bf16,int8"): the encodings a block may choose. The codecs it names, in its
-// order ("none": none); refuses a list naming none or one codec twice, naming the key.
+// order ("none": none; "adaptive": int8 and int4, the encodings each tensor may get,
+// adaptive_codecs.h); refuses a list naming none or one codec twice, naming the key.
 std::vector<ActivationCodec> parse_activation_codecs(const std::string& list);
 const char* activation_codec_name(ActivationCodec codec);
 // Parses memory.attention_compression: unset for "same" (the block's codec), else the codec named.
@@ -70,6 +71,9 @@ struct EncodedTensor {
 // last dimension is at least 8 (a norm's per-row statistics [.., 1] are kept); no test depends on
 // the tensor's whole size, which a layout changes.
 EncodedTensor encode_activation(const at::Tensor& t, ActivationCodec codec);
+// Whether the lossy codecs encode `t` (a floating tensor whose last dimension is at least 8);
+// they keep any other as it is.
+bool lossy_encoding_applies(const at::Tensor& t);
 at::Tensor decode_activation(const EncodedTensor& e);
 
 }  // namespace tessera

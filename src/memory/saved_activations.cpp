@@ -69,6 +69,8 @@ struct SavedActivation {
 struct SavedActivationScope::State {
   ActivationCodec codec = ActivationCodec::none;  // what pack() encodes with now
   ActivationCodec core = ActivationCodec::none;   // the attention core's (AttentionCoreSaving)
+  AdaptiveCodecs* adaptive = nullptr;             // codecs by slot (adaptive_codecs.h), replacing both
+  int64_t block = -1, next_slot = 0;
   bool count = false;
   std::shared_ptr<OffloadGroup> group;  // null: nothing offloaded
   std::unordered_set<const c10::StorageImpl*> weights;  // the module's parameters' storages
@@ -140,7 +142,55 @@ struct SavedActivationScope::State {
     return nullptr;
   }
 
+  // A tensor kept as it is (a weight's cast is the tensor itself, which keeps the storage a
+  // pipeline step's cast cache hands to its next micro-batch: precision/autocast.h,
+  // WeightCastCache), its storage counted once.
+  SavedActivation keep(const at::Tensor& t, bool weight) {
+    SavedActivation saved;
+    saved.packed = std::make_shared<PackedActivation>();
+    saved.packed->encoded = encode_activation(weight ? t : t.detach(), ActivationCodec::none);
+    if (count && !weight && t.has_storage() && !counted_before(t.storage().unsafeGetStorageImpl())) {
+      saved.packed->counted = static_cast<int64_t>(t.storage().nbytes());
+      add_live(saved.packed->counted);
+      counted_storages.emplace_back(t.storage().unsafeGetStorageImpl(), saved.packed);
+    }
+    return saved;
+  }
+
+  // `source` (what encoding_source gave for `t`) encoded by `with`, into the offload group where
+  // there is one, remembered for the views of the same elements saved after it.
+  SavedActivation encode(const at::Tensor& t, const at::Tensor& source, SavedActivation saved, ActivationCodec with) {
+    saved.packed = std::make_shared<PackedActivation>();
+    saved.packed->encoded = encode_activation(source, with);
+    if (group) {
+      const int64_t bytes = count ? saved.packed->encoded.bytes() : 0;
+      if (bytes) add_live(bytes);
+      saved.packed->index = group->add(std::move(saved.packed->encoded), bytes);
+      saved.packed->encoded = {};
+      saved.packed->group = group;
+    } else if (count) {
+      counted(*saved.packed);
+    }
+    encoded.push_back({t.storage().getWeakStorageImpl(), source.storage_offset(), t._version(), source.sizes().vec(),
+                       source.strides().vec(), saved.packed});
+    return saved;
+  }
+
+  // Under adaptive codecs: each new activation on the gradient's path is the block's next slot,
+  // encoded as the table says; bool masks as bits; a view of elements encoded before shares them.
+  SavedActivation pack_by_slot(const at::Tensor& t) {
+    const bool weight = is_weight(t);
+    if (weight || !t.has_storage() || !(t.requires_grad() || t.scalar_type() == at::kBool)) return keep(t, weight);
+    SavedActivation saved;
+    const at::Tensor source = encoding_source(t, saved);
+    if ((saved.packed = encoding_of(t, source))) return saved;
+    const ActivationCodec with =
+        t.scalar_type() == at::kBool ? ActivationCodec::lossless : adaptive->codec_of(block, next_slot++, source);
+    return encode(t, source, std::move(saved), with);
+  }
+
   SavedActivation pack(const at::Tensor& t) {
+    if (adaptive) return pack_by_slot(t);
     const bool weight = is_weight(t);
     // A tensor outside the gradient's path (a rotary table, a float dropout mask) is kept whole:
     // it may be a constant many nodes share. Bool masks are packed as bits by every codec.
@@ -156,36 +206,12 @@ struct SavedActivationScope::State {
       const at::Tensor source = encoding_source(t, shared);
       if ((shared.packed = encoding_of(t, source))) return shared;
     }
-    if (!encodable) {
-      saved.packed = std::make_shared<PackedActivation>();
-      // A weight's cast is kept as the tensor itself, which keeps the storage a pipeline step's
-      // cast cache hands to its next micro-batch (precision/autocast.h, WeightCastCache).
-      saved.packed->encoded = encode_activation(weight ? t : t.detach(), ActivationCodec::none);
-      if (count && !weight && t.has_storage() && !counted_before(t.storage().unsafeGetStorageImpl())) {
-        saved.packed->counted = static_cast<int64_t>(t.storage().nbytes());
-        add_live(saved.packed->counted);
-        counted_storages.emplace_back(t.storage().unsafeGetStorageImpl(), saved.packed);
-      }
-      return saved;
-    }
+    if (!encodable) return keep(t, weight);
     // A dense tensor with its last dimension adjacent in memory is encoded as the elements of its
     // storage it covers, in memory order as rows (row_size); any other as itself.
     const at::Tensor source = encoding_source(t, saved);
     if ((saved.packed = encoding_of(t, source))) return saved;
-    saved.packed = std::make_shared<PackedActivation>();
-    saved.packed->encoded = encode_activation(source, codec);
-    if (group) {
-      const int64_t bytes = count ? saved.packed->encoded.bytes() : 0;
-      if (bytes) add_live(bytes);
-      saved.packed->index = group->add(std::move(saved.packed->encoded), bytes);
-      saved.packed->encoded = {};
-      saved.packed->group = group;
-    } else if (count) {
-      counted(*saved.packed);
-    }
-    encoded.push_back({t.storage().getWeakStorageImpl(), source.storage_offset(), t._version(), source.sizes().vec(),
-                       source.strides().vec(), saved.packed});
-    return saved;
+    return encode(t, source, std::move(saved), codec);
   }
 
   void counted(PackedActivation& packed) {
@@ -274,16 +300,20 @@ void remember_output(const at::Tensor& output, const std::shared_ptr<OffloadGrou
 
 SavedActivationScope::SavedActivationScope(ActivationCodec codec, const torch::nn::Module& module,
                                            std::shared_ptr<ActivationOffload> offload, const at::Tensor& input,
-                                           std::optional<ActivationCodec> core) {
+                                           std::optional<ActivationCodec> core, AdaptiveCodecs* adaptive,
+                                           int64_t block) {
   if (!at::GradMode::is_enabled()) return;
   previous_ = group_that_made(input);
   const bool count = counting.load();
   const ActivationCodec core_codec = core.value_or(codec);
-  if (codec == ActivationCodec::none && core_codec == ActivationCodec::none && !count && !offload) return;
+  if (codec == ActivationCodec::none && core_codec == ActivationCodec::none && !count && !offload && !adaptive) return;
   install_hooking_engine();
   state_ = new State();
   state_->codec = codec;
   state_->core = core_codec;
+  state_->adaptive = adaptive;
+  state_->block = block;
+  if (adaptive && adaptive->census()) input_ = input;
   state_->count = count;
   if (offload) state_->group = std::make_shared<OffloadGroup>(std::move(offload));
   for (const auto& p : module.parameters())
@@ -317,6 +347,8 @@ void SavedActivationScope::ended(const at::Tensor& output) {
       if (auto group = previous.lock()) group->fetch();
     });
   if (own) remember_output(output, own);
+  if (state_ != nullptr && state_->adaptive && state_->adaptive->census())
+    state_->adaptive->record_block(state_->block, input_, output);
 }
 
 AttentionCoreSaving::AttentionCoreSaving() {

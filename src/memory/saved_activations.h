@@ -55,6 +55,11 @@
 // saved inside the core and again after it (the fused core's output, the output projection's
 // input) keeps the core's encoding, which the projection shares.
 //
+// Chosen per tensor (memory.activation_compression = adaptive): a scope given an AdaptiveCodecs
+// (adaptive_codecs.h) and its block's number encodes each activation with the codec that table
+// gives its slot (the k-th new activation on the gradient's path the scope encodes), bool masks as
+// bits; in the census it records each slot, the block's input and the gradient reaching its output.
+//
 // Invariants: scopes nest per thread (the innermost governs); a scope never packs while this
 // thread recomputes a checkpointed segment (memory/activation_checkpointing.h): those tensors are
 // used at once. Encoding runs under no-grad on the saved tensor's device.
@@ -68,17 +73,20 @@
 
 #include "memory/activation_codec.h"
 #include "memory/activation_offload.h"
+#include "memory/adaptive_codecs.h"
 
 namespace tessera {
 
 class SavedActivationScope {
  public:
-  // Saves nothing differently when both codecs are none, offload is null and counting is off, or
-  // grad mode is off. `input`: the block's input (to find the group of the block that made it);
-  // `core`: the attention core's codec (unset: `codec`).
+  // Saves nothing differently when both codecs are none, offload and adaptive are null and
+  // counting is off, or grad mode is off. `input`: the block's input (to find the group of the
+  // block that made it); `core`: the attention core's codec (unset: `codec`); `adaptive`: the
+  // codecs chosen per slot, which replace both, `block` naming this block's slots.
   SavedActivationScope(ActivationCodec codec, const torch::nn::Module& module,
                        std::shared_ptr<ActivationOffload> offload = nullptr, const at::Tensor& input = {},
-                       std::optional<ActivationCodec> core = std::nullopt);
+                       std::optional<ActivationCodec> core = std::nullopt, AdaptiveCodecs* adaptive = nullptr,
+                       int64_t block = -1);
   ~SavedActivationScope();
   // The block's forward ended with `output`: its offloaded activations leave for the host, and
   // the gradient reaching `output` fetches them and the previous block's.
@@ -91,6 +99,7 @@ class SavedActivationScope {
  private:
   State* state_ = nullptr;
   std::shared_ptr<OffloadGroup> previous_;  // the group of the block that made the input
+  at::Tensor input_;                        // the block's input, for an adaptive census
 };
 
 // While one lives, what autograd saves on this thread is encoded with the innermost scope's core

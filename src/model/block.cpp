@@ -54,7 +54,8 @@ BlockOutput BlockImpl::run(const at::Tensor& x) {
 }
 
 BlockOutput BlockImpl::forward(const at::Tensor& x, const std::shared_ptr<ActivationOffload>& held) {
-  SavedActivationScope saving(codec_, *this, offload_ ? offload_ : held, x, core_codec_);
+  SavedActivationScope saving(codec_, *this, offload_ ? offload_ : held, x, core_codec_, adaptive_.get(),
+                              adaptive_block_);
   BlockOutput out;
   if (mode_ != CheckpointMode::full || !checkpoint_applies(x)) {
     out = run(x);

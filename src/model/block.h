@@ -9,7 +9,8 @@
 // saves (set_activation_codec) covers the whole forward, a fully checkpointed block's saved input
 // included, but for the attention core's tensors when set_attention_core_codec gives them their own
 // codec (memory/saved_activations.h); and so does its offload to host memory (set_activation_offload; memory/
-// saved_activations.h, memory/activation_offload.h).
+// saved_activations.h, memory/activation_offload.h). With codecs chosen per saved tensor
+// (set_adaptive_codecs; memory/adaptive_codecs.h) those replace both codecs.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,7 @@
 #include "memory/activation_checkpointing.h"
 #include "memory/activation_codec.h"
 #include "memory/activation_offload.h"
+#include "memory/adaptive_codecs.h"
 #include "model/attention.h"
 #include "model/dropout.h"
 #include "model/linear_attention.h"
@@ -49,6 +51,12 @@ class BlockImpl : public torch::nn::Module {
   void set_activation_codec(ActivationCodec codec) { codec_ = codec; }
   // The attention core's codec (memory.attention_compression; unset: the block's).
   void set_attention_core_codec(std::optional<ActivationCodec> codec) { core_codec_ = codec; }
+  // The codecs chosen per saved tensor (memory.activation_compression = adaptive), this block's
+  // slots under `block` (its layer); null: the codecs above.
+  void set_adaptive_codecs(std::shared_ptr<AdaptiveCodecs> codecs, int64_t block) {
+    adaptive_ = std::move(codecs);
+    adaptive_block_ = block;
+  }
   // Where the block's saved activations wait for its backward (null: on the device).
   void set_activation_offload(std::shared_ptr<ActivationOffload> offload) { offload_ = std::move(offload); }
   // Where the block's dropout masks come from (model/dropout.h; default: the shared stream).
@@ -70,6 +78,8 @@ class BlockImpl : public torch::nn::Module {
   ActivationCodec codec_ = ActivationCodec::none;
   std::optional<ActivationCodec> core_codec_;
   std::shared_ptr<ActivationOffload> offload_;
+  std::shared_ptr<AdaptiveCodecs> adaptive_;
+  int64_t adaptive_block_ = -1;
 };
 TORCH_MODULE(Block);
 

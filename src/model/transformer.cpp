@@ -148,6 +148,11 @@ void TransformerLMImpl::set_activation_compression(const std::string& codec) {
   for (auto& [l, b] : blocks_) b->set_activation_codec(parsed);
 }
 
+void TransformerLMImpl::set_adaptive_activation_codecs(std::shared_ptr<AdaptiveCodecs> codecs) {
+  adaptive_ = std::move(codecs);
+  for (auto& [l, b] : blocks_) b->set_adaptive_codecs(adaptive_, l);
+}
+
 void TransformerLMImpl::set_attention_compression(const std::string& codec) {
   const std::optional<ActivationCodec> parsed = parse_attention_codec(codec);
   for (auto& [l, b] : blocks_) b->set_attention_core_codec(parsed);

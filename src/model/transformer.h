@@ -130,6 +130,11 @@ class TransformerLMImpl : public torch::nn::Module {
   // "same" | one of the codecs above (memory.attention_compression): the codec of what each block's
   // attention core saves, where "same" leaves it the block's (memory/saved_activations.h).
   void set_attention_compression(const std::string& codec);
+  // memory.activation_compression = adaptive: every block encodes each tensor it saves by the codec
+  // `codecs` chose for it (memory/adaptive_codecs.h), its slots named by its global index.
+  void set_adaptive_activation_codecs(std::shared_ptr<AdaptiveCodecs> codecs);
+  // Those codecs; null unless set.
+  const std::shared_ptr<AdaptiveCodecs>& adaptive_activation_codecs() const { return adaptive_; }
   // The held blocks with a global index below `blocks` keep their saved activations in host memory
   // between forward and backward, through `offload` (memory.activation_offload; null or 0: none).
   void set_activation_offload(int64_t blocks, std::shared_ptr<ActivationOffload> offload);
@@ -185,6 +190,7 @@ class TransformerLMImpl : public torch::nn::Module {
   ModelStage stage_;
   std::vector<int64_t> layers_;
   std::map<int64_t, Block> blocks_;  // this stage's, by global index (registered as h.{i})
+  std::shared_ptr<AdaptiveCodecs> adaptive_;
   ParameterSpecs specs_;
   // Runs `part` (an end) through the end wrappers.
   void through_end_wrappers(const ModelPart& part, const std::function<void()>& run);

@@ -111,8 +111,12 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
   if (!zero3_from_meta) materialize(initial);
   // 4. Activation checkpointing, compression and offload inside every block.
   model_->set_activation_checkpointing(config.memory.activation_checkpointing);
-  model_->set_activation_compression(activation_codec_name(applied_activation_codec(config)));
-  model_->set_attention_compression(config.memory.attention_compression);
+  if (config.memory.activation_compression == "adaptive") {
+    model_->set_adaptive_activation_codecs(std::make_shared<AdaptiveCodecs>(config.memory.activation_bits));
+  } else {
+    model_->set_activation_compression(activation_codec_name(applied_activation_codec(config)));
+    model_->set_attention_compression(config.memory.attention_compression);
+  }
   // One offload (its two copy streams) for every block and micro-batch that offloads.
   std::shared_ptr<ActivationOffload> offload;
   const ActivationPolicy* policy = layout_.activation_policy(pp_ ? pp_->rank() : 0);
@@ -182,7 +186,8 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
                             resident_micro_batches, offload},
         device, autocast);
   } else {
-    runner_ = std::make_unique<PlainStep>(model_, *owner, device, autocast, config.optim.grad_clip);
+    runner_ = std::make_unique<PlainStep>(model_, *owner, device, autocast, config.optim.grad_clip, replicas_,
+                                          config.memory.activation_probe_every);
   }
   owner_ = std::move(owner);
 }

@@ -8,6 +8,12 @@
 // finish_gradients, `gradients_ready`, and apply(lr, optim.grad_clip). The runner itself never waits
 // on a GPU: the batches go through pinned memory, the losses are summed on the device and returned
 // unread. Its owner may (LocalOptimizer keeps its norm on the device; DataParallel reads its own).
+//
+// memory.activation_compression = adaptive (the model's adaptive_activation_codecs()): before the
+// first step's micro-batches and every `probe_every` steps after (0: the first only), rank 0 of
+// `replicas` (or this process, without them) probes its first micro-batch (parallel/
+// activation_probe.h) and broadcasts the codecs chosen; every replica then encodes alike. The
+// choice is the step's note (take_note).
 #pragma once
 
 #include <optional>
@@ -15,6 +21,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include "comm/group.h"
 #include "model/transformer.h"
 #include "protocols/optimizer_owner.h"
 #include "protocols/step_runner.h"
@@ -24,14 +31,22 @@ namespace tessera {
 class PlainStep final : public StepRunner {
  public:
   PlainStep(TransformerLM model, ResidentOwner& owner, c10::Device device, std::optional<at::ScalarType> autocast,
-            double grad_clip);
+            double grad_clip, comm::Group* replicas = nullptr, int64_t probe_every = 0);
 
   StepLosses run(const std::vector<Batch>& micro_batches, double lr, const GradientsReady& gradients_ready) override;
   double evaluate(const std::vector<Batch>& batches) override;
+  std::optional<std::string> take_note() override;
 
  private:
   // The model's forward of `batch` on the device, under autocast.
   ModelOutput forward(const Batch& batch);
+  // The adaptive codecs chosen again from `batch` (rank 0 of the replicas) and shared.
+  void choose_activation_codecs(const Batch& batch);
+
+  comm::Group* replicas_;
+  int64_t probe_every_;
+  int64_t steps_run_ = 0;
+  std::optional<std::string> note_;
 
   TransformerLM model_;
   ResidentOwner& owner_;

@@ -18,6 +18,7 @@ double parameter_element_bytes(const Config& config) {
 }
 
 ActivationCodec applied_activation_codec(const Config& config) {
+  if (config.memory.activation_compression == "adaptive") return ActivationCodec::int8;
   return config.memory.activation_policy == "auto" ? ActivationCodec::none
                                                     : parse_activation_codec(config.memory.activation_compression);
 }
@@ -35,6 +36,8 @@ std::vector<ActivationCodec> encoding_codecs(const Config& config) {
 }
 
 double activation_element_bytes(const Config& config) {
+  if (config.memory.activation_compression == "adaptive")
+    return std::min(config.memory.activation_bits / 8, compute_element_bytes(config));
   return activation_codec_bytes_per_element(applied_activation_codec(config), compute_element_bytes(config));
 }
 

@@ -47,7 +47,9 @@ double parameter_element_bytes(const Config& config);
 
 // The codec every block applies: memory.activation_compression, except under memory.activation_policy
 // = auto, where it is one of the policy's choices per block (plan/activation_policy.h) and the
-// estimate counts every block uncompressed.
+// estimate counts every block uncompressed, and under adaptive, whose tensors are kept, int8 or
+// int4 (memory/adaptive_codecs.h): int8, the rate its encoding is priced at; its bytes are
+// memory.activation_bits' (activation_element_bytes).
 ActivationCodec applied_activation_codec(const Config& config);
 
 // The codecs whose encoding rate the activation policy prices: the ones memory.activation_compression
@@ -55,7 +57,7 @@ ActivationCodec applied_activation_codec(const Config& config);
 std::vector<ActivationCodec> encoding_codecs(const Config& config);
 
 // What one activation element takes under the run's precision (16-bit under bf16 and fp16) and
-// the applied codec.
+// the applied codec; under adaptive memory.activation_bits / 8, at most the element's own bytes.
 double activation_element_bytes(const Config& config);
 
 // Bytes per token block `layer` saves; `element_bytes`: what one activation element takes (the

@@ -65,6 +65,7 @@ void check_step_result(const StepResult& result, int64_t step, int64_t consecuti
 // ended 2000 steps 11.7% above uncompressed, and 1.0% above with memory.attention_compression = int8
 // (docs/memory.md, bench/results/activation_compression_quality_tiny_llama_cpu.md). Empty otherwise.
 std::string attention_codec_note(const Config& c) {
+  if (c.memory.activation_compression == "adaptive") return "";  // the probe chooses the core's codecs
   const std::vector<ActivationCodec> codecs = parse_activation_codecs(c.memory.activation_compression);
   const bool int4 = std::find(codecs.begin(), codecs.end(), ActivationCodec::int4) != codecs.end();
   if (!int4 || parse_attention_codec(c.memory.attention_compression) || !c.model.rotary() || c.model.arch == "linear")

@@ -592,6 +592,21 @@ const std::vector<Row>& layouts() {
       {"mixtral_dp2_ep2_int4_attention_int8_activations_sgd", 2, core_at_int8(ep2_mixtral_encoded)},
       {"swap_int4_attention_int8_activations_sgd_2_submodels_accum2", 1, core_at_int8(swap_encoded_accum2), &kExact},
       {"peers2_batch_int4_attention_int8_activations_sgd", 2, core_at_int8(plain_encoded), &kFp32, false, true},
+      // Codecs chosen per saved tensor (memory.activation_compression = adaptive): rank 0 probes its
+      // first micro-batch, the reference's first, and both runs encode by the same table.
+      {"dp2_adaptive_activations_sgd_accum2", 2,
+       [](Config& c) {
+         sgd(c);
+         c.train.grad_accum = 2;
+         c.memory.activation_compression = "adaptive";
+         c.memory.activation_bits = 7;
+       }},
+      {"dp2_zero2_adaptive_activations", 2,  // AdamW
+       [](Config& c) {
+         c.parallel.zero_stage = 2;
+         c.memory.activation_compression = "adaptive";
+         c.memory.activation_bits = 7;
+       }},
       {"dp2_bf16_int8_activations", 2,
        [](Config& c) {
          c.precision.dtype = "bf16";

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 
 #include "core/error.h"
 #include "model/model_options.h"
@@ -97,6 +98,41 @@ TEST(ConfigRanges, ResidentMicroBatchesNeedAPipelineAndAHandMadePolicy) {
   config.memory.device_budget_gb = 1;
   EXPECT_TRUE(test::throws_naming([&] { config.check("code"); },
                                   {"memory.resident_micro_batches", "memory.activation_policy = auto"}));
+}
+
+// memory.activation_compression = adaptive: its two keys apply with it only, and the layouts whose
+// blocks its probe cannot run alone, each refused naming its key (docs/memory.md, "Chosen per
+// tensor").
+TEST(ConfigRanges, AdaptiveCodecsNameTheLayoutsTheirProbeCannotRun) {
+  Config config;
+  config.memory.activation_bits = 7;
+  EXPECT_TRUE(test::throws_naming([&] { config.check("code"); },
+                                  {"code: memory.activation_bits = 7", "activation_compression = adaptive only"}));
+  config.memory.activation_compression = "adaptive";
+  EXPECT_NO_THROW(config.check("code"));
+  config.memory.activation_bits = 4;
+  EXPECT_TRUE(test::throws_naming([&] { config.check("code"); }, {"memory.activation_bits"}));
+  config.memory.activation_bits = 7;
+  const std::vector<std::pair<std::function<void(Config&)>, std::string>> refused{
+      {[](Config& c) { c.parallel.tp = 2; }, "parallel.tp = 2"},
+      {[](Config& c) { c.parallel.pp = 2; }, "parallel.pp = 2"},
+      {[](Config& c) { c.parallel.sp = 2; }, "parallel.sp = 2"},
+      {[](Config& c) { c.parallel.zero_stage = 3; }, "parallel.zero_stage = 3"},
+      {[](Config& c) {
+         c.memory.swap = true;
+         c.memory.device_budget_gb = 1;
+       },
+       "memory.swap = true"},
+      {[](Config& c) { c.model.ffn = "moe"; }, "model.ffn = moe"},
+      {[](Config& c) { c.model.dropout = 0.1; }, "model.dropout"},
+      {[](Config& c) { c.memory.activation_offload = 1; }, "memory.activation_offload = 1"},
+      {[](Config& c) { c.memory.attention_compression = "int8"; }, "memory.attention_compression = int8"},
+  };
+  for (const auto& [set, key] : refused) {
+    Config c = config;
+    set(c);
+    EXPECT_TRUE(test::throws_naming([&] { c.check("code"); }, {"code: ", key})) << key;
+  }
 }
 
 }  // namespace

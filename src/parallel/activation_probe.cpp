@@ -1,0 +1,108 @@
+// The probe of adaptive activation codecs (activation_probe.h).
+#include "parallel/activation_probe.h"
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <vector>
+
+#include <torch/autograd.h>
+
+#include "core/error.h"
+
+namespace tessera {
+namespace {
+
+// The gradients of `output` against `inputs`, from `grad_output`; undefined where one is unused.
+std::vector<at::Tensor> gradients(const at::Tensor& output, const std::vector<at::Tensor>& inputs,
+                                  const at::Tensor& grad_output = {}) {
+  return torch::autograd::grad({output}, inputs, grad_output.defined() ? std::vector<at::Tensor>{grad_output}
+                                                                       : std::vector<at::Tensor>{},
+                               /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
+}
+
+double squared_distance(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  double sum = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!a[i].defined() || !b[i].defined()) continue;
+    sum += (a[i].to(at::kDouble) - b[i].to(at::kDouble)).pow(2).sum().item<double>();
+  }
+  return sum;
+}
+
+}  // namespace
+
+ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& codecs,
+                                        const std::function<at::Tensor()>& loss,
+                                        const std::function<at::Tensor(Block&, const at::Tensor&)>& run_block) {
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<at::Tensor> params;
+  for (const at::Tensor& p : model->parameters())
+    if (p.requires_grad()) params.push_back(p);
+  ActivationProbe probe;
+  std::map<int64_t, AdaptiveCodecs::BlockRecord> records;
+  codecs.begin_census();
+  try {
+    gradients(loss(), params);
+  } catch (...) {
+    codecs.end_census(records);
+    throw;
+  }
+  probe.slots = codecs.end_census(records);
+  const SlotCodecs previous = codecs.table();
+  try {
+    for (const auto& [layer, slots] : probe.slots) {
+      std::vector<double>& errors = probe.int4_error[layer];
+      errors.assign(slots.size(), 0.0);
+      if (slots.empty()) continue;
+      const AdaptiveCodecs::BlockRecord& record = records.at(layer);
+      require(record.output_grad.defined(), "internal: the adaptive codecs' census saw no gradient reach block ", layer,
+              "'s output");
+      Block block = model->block(layer);
+      std::vector<at::Tensor> inputs;
+      for (const at::Tensor& p : block->parameters())
+        if (p.requires_grad()) inputs.push_back(p);
+      auto block_gradients = [&](int64_t slot) {
+        codecs.probe(layer, slot);
+        at::Tensor x = record.input.detach().requires_grad_(true);
+        std::vector<at::Tensor> with_input = inputs;
+        with_input.insert(with_input.begin(), x);
+        const at::Tensor y = run_block(block, x);
+        std::vector<at::Tensor> g = gradients(y, with_input, record.output_grad);
+        require(codecs.probed_slots() == static_cast<int64_t>(slots.size()), "internal: block ", layer, " saved ",
+                codecs.probed_slots(), " tensors when probed alone and ", slots.size(),
+                " in the model's forward (memory.activation_compression = adaptive needs the same each time)");
+        return g;
+      };
+      const std::vector<at::Tensor> reference = block_gradients(-1);
+      for (size_t k = 0; k < slots.size(); ++k)
+        errors[k] = squared_distance(block_gradients(static_cast<int64_t>(k)), reference);
+    }
+  } catch (...) {
+    codecs.apply(previous);
+    throw;
+  }
+  probe.codecs = choose_slot_codecs(probe.slots, probe.int4_error, codecs.bits());
+  codecs.apply(probe.codecs);
+  probe.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return probe;
+}
+
+std::string describe_activation_codecs(const BlockSlots& slots, const SlotCodecs& codecs, double bits, double seconds) {
+  const SlotChoiceSummary s = summarize_slot_codecs(slots, codecs);
+  char head[320];
+  std::snprintf(head, sizeof(head),
+                "activation codecs (memory.activation_compression = adaptive, memory.activation_bits = %.2f): %lld "
+                "saved tensors of %zu blocks: %lld kept, %lld int8, %lld int4, %.2f bits an element; probed in %.2f s; "
+                "each block's tensors in order (k kept, 8 int8, 4 int4):",
+                bits, static_cast<long long>(s.slots), slots.size(), static_cast<long long>(s.kept),
+                static_cast<long long>(s.int8), static_cast<long long>(s.int4), s.bits_per_element, seconds);
+  std::string out = head;
+  for (const auto& [layer, list] : codecs) {
+    out += " " + std::to_string(layer) + ":";
+    for (ActivationCodec c : list) out += c == ActivationCodec::none ? 'k' : c == ActivationCodec::int8 ? '8' : '4';
+  }
+  return out;
+}
+
+}  // namespace tessera

@@ -1,0 +1,49 @@
+// The probe of memory.activation_compression = adaptive (memory/adaptive_codecs.h): how far
+// rounding each tensor a block saves to int4 moves the gradients, measured on this rank's model and
+// one micro-batch, and the codecs chosen from it.
+//
+//   1. The census: the model's loss on the micro-batch with every slot kept, its backward by
+//      torch::autograd::grad over the parameters: nothing accumulates into .grad and no
+//      post-accumulate hook fires, so the step's owner (DataParallel's buckets) never sees the
+//      probe. It records each block's slots, its input and the gradient that reaches its output.
+//   2. Each block alone, from its recorded input, backward from the recorded output gradient to
+//      that input and the block's parameters: once with every slot kept (the reference), then once
+//      per slot with that slot alone int4. The slot's error is the squared distance of those
+//      gradients from the reference's, summed in float64.
+//   3. choose_slot_codecs within `bits` an element.
+//
+// The measure is local to a block (an error in its input's gradient is counted there, not followed
+// through the blocks before it), as GACT's is per tensor. It costs one forward and backward of the
+// model and, per block, one of the block for each of its slots and one more. The blocks run as a
+// step runs them (training mode; the layouts are those of Config::check_adaptive_codecs, without
+// dropout). The caller runs it on one rank and hands the table to the others (plain_step.h).
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "memory/adaptive_codecs.h"
+#include "model/transformer.h"
+
+namespace tessera {
+
+struct ActivationProbe {
+  BlockSlots slots;
+  SlotErrors int4_error;
+  SlotCodecs codecs;
+  double seconds = 0;
+};
+
+// `loss`: the model's loss on the micro-batch (its forward); `run_block`: a block's forward as the
+// step runs it (under autocast). Leaves `codecs` applying the choice.
+ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& codecs,
+                                        const std::function<at::Tensor()>& loss,
+                                        const std::function<at::Tensor(Block&, const at::Tensor&)>& run_block);
+
+// The line `tessera train` prints after a probe: the budget, the counts and bits chosen, each
+// block's slots in order (k kept, 8 int8, 4 int4), the probe's time.
+std::string describe_activation_codecs(const BlockSlots& slots, const SlotCodecs& codecs, double bits, double seconds);
+
+}  // namespace tessera

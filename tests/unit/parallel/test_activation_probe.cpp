@@ -1,0 +1,146 @@
+// Codecs chosen per saved tensor (memory.activation_compression = adaptive; memory/adaptive_codecs.h,
+// parallel/activation_probe.h): the choice spends its bits where the measured error is largest;
+// at the budget's two ends a model trains bit for bit as with one codec everywhere; in between it
+// mixes codecs, holds its bits and moves the gradients less than int4 everywhere.
+#include <gtest/gtest.h>
+#include <torch/types.h>
+#include <torch/utils.h>
+
+#include <map>
+#include <string>
+
+#include "memory/saved_activations.h"
+#include "model/transformer.h"
+#include "parallel/activation_probe.h"
+#include "unit/model/small_model.h"
+
+namespace tessera {
+namespace {
+
+SavedSlot float_slot(int64_t elements) { return {elements, 4, true}; }
+
+TEST(AdaptiveCodecs, TheBudgetGoesToTheMostSensitiveTensorsFirst) {
+  // Three float32 slots of 32 elements: int4 holds 5 bits an element, int8 9, kept 32.
+  const BlockSlots slots{{0, {float_slot(32), float_slot(32)}}, {1, {float_slot(32)}}};
+  const SlotErrors errors{{0, {1.0, 100.0}}, {1, {10.0}}};
+  auto choose = [&](double bits) { return choose_slot_codecs(slots, errors, bits); };
+  using C = ActivationCodec;
+  EXPECT_EQ(choose(5), (SlotCodecs{{0, {C::int4, C::int4}}, {1, {C::int4}}}));
+  // Room for one int8: the slot of error 100.
+  EXPECT_EQ(choose(5 + 4.0 / 3), (SlotCodecs{{0, {C::int4, C::int8}}, {1, {C::int4}}}));
+  EXPECT_EQ(choose(5 + 8.0 / 3), (SlotCodecs{{0, {C::int4, C::int8}}, {1, {C::int8}}}));
+  // Every slot at int8, then room for one kept: again the most sensitive.
+  EXPECT_EQ(choose(9 + 23.0 / 3), (SlotCodecs{{0, {C::int8, C::none}}, {1, {C::int8}}}));
+  EXPECT_EQ(choose(32), (SlotCodecs{{0, {C::none, C::none}}, {1, {C::none}}}));
+  // A slot no lossy codec encodes keeps its bits whatever it gets, and counts them.
+  const BlockSlots narrow{{0, {float_slot(32), {32, 4, false}}}};
+  const SlotErrors narrow_errors{{0, {1.0, 1000.0}}};
+  const SlotCodecs chosen = choose_slot_codecs(narrow, narrow_errors, (9 + 32) / 2.0);
+  EXPECT_EQ(chosen.at(0)[0], C::int8);
+  EXPECT_DOUBLE_EQ(summarize_slot_codecs(narrow, chosen).bits_per_element, (9 + 32) / 2.0);
+  for (double bits : {5.0, 6.0, 7.5, 12.0, 20.0})
+    EXPECT_LE(summarize_slot_codecs(slots, choose(bits)).bits_per_element, bits + 1e-12) << bits;
+}
+
+struct Step {
+  at::Tensor loss;
+  std::map<std::string, at::Tensor> grads;
+  int64_t saved_bytes = 0;
+};
+
+const at::Tensor& tokens(int which) {
+  static const at::Tensor idx = (torch::manual_seed(21), torch::randint(0, 50, {4, 32}));
+  static const at::Tensor targets = (torch::manual_seed(22), torch::randint(0, 50, {4, 32}));
+  return which == 0 ? idx : targets;
+}
+
+TransformerLM model(const ModelOptions& opts) {
+  torch::manual_seed(11);
+  TransformerLM m(opts);
+  m->train();
+  return m;
+}
+
+Step step(TransformerLM& m) {
+  count_saved_activations(true);
+  auto out = m->forward(tokens(0), tokens(1));
+  Step s{out.loss.detach(), {}, saved_activation_bytes().live};
+  out.loss.backward();
+  count_saved_activations(false);
+  for (auto& p : m->named_parameters()) {
+    s.grads[p.key()] = p.value().grad().clone();
+    p.value().mutable_grad() = at::Tensor();
+  }
+  return s;
+}
+
+Step with_codec(const ModelOptions& opts, const std::string& codec) {
+  TransformerLM m = model(opts);
+  m->set_activation_compression(codec);
+  return step(m);
+}
+
+// The probe, then a step with the codecs it chose.
+Step adaptive(const ModelOptions& opts, double bits, ActivationProbe* probe_out = nullptr) {
+  TransformerLM m = model(opts);
+  auto codecs = std::make_shared<AdaptiveCodecs>(bits);
+  m->set_adaptive_activation_codecs(codecs);
+  const ActivationProbe probe = probe_activation_codecs(
+      m, *codecs, [&] { return m->forward(tokens(0), tokens(1)).loss; },
+      [](Block& block, const at::Tensor& x) { return block->forward(x).x; });
+  for (auto& p : m->parameters()) EXPECT_FALSE(p.grad().defined()) << "the probe left a gradient";
+  if (probe_out) *probe_out = probe;
+  return step(m);
+}
+
+double worst_gradient_error(const Step& got, const Step& want) {
+  double worst = 0;
+  for (const auto& [name, g] : want.grads)
+    worst = std::max(worst, (got.grads.at(name) - g).abs().max().item<double>() /
+                                std::max(g.abs().max().item<double>(), 1e-12));
+  return worst;
+}
+
+bool same(const Step& a, const Step& b) {
+  if (!a.loss.equal(b.loss)) return false;
+  for (const auto& [name, g] : b.grads)
+    if (!a.grads.at(name).equal(g)) return false;
+  return true;
+}
+
+class AdaptiveModel : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(AdaptiveModel, TheBudgetsEndsTrainAsOneCodecAndItsMiddleMixes) {
+  const ModelOptions opts = test::small_model(GetParam(), "dense", 64, 0);
+  const Step none = with_codec(opts, "none"), int4 = with_codec(opts, "int4");
+  // 5 bits an element: every slot int4, as the int4 codec encodes the whole block.
+  EXPECT_TRUE(same(adaptive(opts, 5), int4));
+  // 32 bits: every slot kept, as without a codec.
+  EXPECT_TRUE(same(adaptive(opts, 32), none));
+  ActivationProbe probe;
+  const Step mixed = adaptive(opts, 7, &probe);
+  const SlotChoiceSummary s = summarize_slot_codecs(probe.slots, probe.codecs);
+  EXPECT_EQ(probe.slots.size(), 2u);
+  EXPECT_GT(s.int4, 0);
+  EXPECT_GT(s.int8 + s.kept, 0);
+  EXPECT_LE(s.bits_per_element, 7 + 1e-9);
+  for (const auto& [layer, errors] : probe.int4_error)
+    for (double e : errors) EXPECT_GE(e, 0);
+  // Between int4's bytes and none's, and nearer none's gradients than int4 everywhere.
+  EXPECT_GT(mixed.saved_bytes, int4.saved_bytes);
+  EXPECT_LT(mixed.saved_bytes, none.saved_bytes);
+  EXPECT_LT(worst_gradient_error(mixed, none), worst_gradient_error(int4, none));
+  std::printf("measured: %s adaptive at 7 bits: %lld tensors (%lld kept, %lld int8, %lld int4), %.2f bits; saved "
+              "bytes none %lld, int4 %lld, adaptive %lld; worst gradient error int4 %.3g, adaptive %.3g\n%s\n",
+              GetParam().c_str(), static_cast<long long>(s.slots), static_cast<long long>(s.kept),
+              static_cast<long long>(s.int8), static_cast<long long>(s.int4), s.bits_per_element,
+              static_cast<long long>(none.saved_bytes), static_cast<long long>(int4.saved_bytes),
+              static_cast<long long>(mixed.saved_bytes), worst_gradient_error(int4, none),
+              worst_gradient_error(mixed, none),
+              describe_activation_codecs(probe.slots, probe.codecs, 7, probe.seconds).c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(Blocks, AdaptiveModel, ::testing::Values("gpt", "linear"));
+
+}  // namespace
+}  // namespace tessera
