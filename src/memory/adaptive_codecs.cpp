@@ -5,6 +5,8 @@
 #include <queue>
 #include <tuple>
 
+#include <torch/csrc/autograd/function.h>
+
 #include "core/error.h"
 
 namespace tessera {
@@ -85,13 +87,15 @@ SlotChoiceSummary summarize_slot_codecs(const BlockSlots& slots, const SlotCodec
   return out;
 }
 
-ActivationCodec AdaptiveCodecs::codec_of(int64_t block, int64_t slot, const at::Tensor& source) {
+ActivationCodec AdaptiveCodecs::codec_of(int64_t block, int64_t slot, const at::Tensor& source,
+                                         const at::Tensor& saved) {
   switch (mode_) {
     case Mode::census: {
       std::vector<SavedSlot>& list = census_[block];
       require(static_cast<int64_t>(list.size()) == slot, "internal: block ", block, "'s slot ", slot,
               " saved out of order in the census");
-      list.push_back({source.numel(), static_cast<int64_t>(source.element_size()), lossy_encoding_applies(source)});
+      list.push_back({source.numel(), static_cast<int64_t>(source.element_size()), lossy_encoding_applies(source),
+                      saved.grad_fn() ? saved.grad_fn()->name() : ""});
       return ActivationCodec::none;
     }
     case Mode::probe:

@@ -41,7 +41,8 @@ namespace tessera {
 struct SavedSlot {
   int64_t elements = 0;
   int64_t element_bytes = 4;
-  bool lossy = false;  // lossy_encoding_applies: int8 and int4 encode it
+  bool lossy = false;   // lossy_encoding_applies: int8 and int4 encode it
+  std::string made_by;  // the autograd node that made the tensor ("" for a leaf), for the user
 };
 
 // By block (its layer), by slot.
@@ -69,8 +70,8 @@ class AdaptiveCodecs {
   double bits() const { return bits_; }
 
   // The codec of slot `slot` of block `block` (memory/saved_activations.h calls it for each new
-  // slot, `source` being what it encodes).
-  ActivationCodec codec_of(int64_t block, int64_t slot, const at::Tensor& source);
+  // slot, `source` being what it encodes of the saved tensor `saved`).
+  ActivationCodec codec_of(int64_t block, int64_t slot, const at::Tensor& source, const at::Tensor& saved);
 
   // Census: from begin_census() to end_census(), every slot kept and recorded; record_block keeps
   // a block's input and the gradient that reaches `output` in the census's backward.

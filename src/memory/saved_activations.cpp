@@ -185,7 +185,7 @@ struct SavedActivationScope::State {
     const at::Tensor source = encoding_source(t, saved);
     if ((saved.packed = encoding_of(t, source))) return saved;
     const ActivationCodec with =
-        t.scalar_type() == at::kBool ? ActivationCodec::lossless : adaptive->codec_of(block, next_slot++, source);
+        t.scalar_type() == at::kBool ? ActivationCodec::lossless : adaptive->codec_of(block, next_slot++, source, t);
     return encode(t, source, std::move(saved), with);
   }
 

@@ -102,6 +102,11 @@ std::string describe_activation_codecs(const BlockSlots& slots, const SlotCodecs
     out += " " + std::to_string(layer) + ":";
     for (ActivationCodec c : list) out += c == ActivationCodec::none ? 'k' : c == ActivationCodec::int8 ? '8' : '4';
   }
+  // What each of the first block's tensors is, by the operation that made it.
+  if (!slots.empty()) {
+    out += "; block " + std::to_string(slots.begin()->first) + "'s tensors made by:";
+    for (const SavedSlot& s : slots.begin()->second) out += " " + (s.made_by.empty() ? std::string("input") : s.made_by);
+  }
   return out;
 }
 

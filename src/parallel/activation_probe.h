@@ -42,8 +42,9 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
                                         const std::function<at::Tensor()>& loss,
                                         const std::function<at::Tensor(Block&, const at::Tensor&)>& run_block);
 
-// The line `tessera train` prints after a probe: the budget, the counts and bits chosen, each
-// block's slots in order (k kept, 8 int8, 4 int4), the probe's time.
+// The line `tessera train` prints after a probe: the budget, the counts and bits chosen, the
+// probe's time, each block's slots in order (k kept, 8 int8, 4 int4), and the autograd node that
+// made each of the first block's.
 std::string describe_activation_codecs(const BlockSlots& slots, const SlotCodecs& codecs, double bits, double seconds);
 
 }  // namespace tessera

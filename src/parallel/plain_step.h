@@ -43,16 +43,15 @@ class PlainStep final : public StepRunner {
   // The adaptive codecs chosen again from `batch` (rank 0 of the replicas) and shared.
   void choose_activation_codecs(const Batch& batch);
 
-  comm::Group* replicas_;
-  int64_t probe_every_;
-  int64_t steps_run_ = 0;
-  std::optional<std::string> note_;
-
   TransformerLM model_;
   ResidentOwner& owner_;
   c10::Device device_;
   std::optional<at::ScalarType> autocast_;
   double grad_clip_;
+  comm::Group* replicas_;
+  int64_t probe_every_;
+  int64_t steps_run_ = 0;
+  std::optional<std::string> note_;
 };
 
 }  // namespace tessera

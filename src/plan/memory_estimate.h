@@ -20,7 +20,8 @@
 //                full keeps the block input, and its backward holds one block's whole activations
 //                beside them while it recomputes it (per micro-batch, not per token);
 //                memory.activation_compression takes each element at
-//                its encoding's bytes (bf16: 2 of float32's 4; int8, fp8: 1.125);
+//                its encoding's bytes (bf16: 2 of float32's 4; int8, fp8: 1.125; adaptive:
+//                memory.activation_bits / 8, the budget its choice holds);
 //                memory.activation_offload moves the first blocks' to the host, leaving two of
 //                them (of one micro-batch) in flight on the device. A pipeline rank holds the
 //                micro-batches its schedule's simulation holds at its worst moment, those

@@ -17,7 +17,7 @@
 namespace tessera {
 namespace {
 
-SavedSlot float_slot(int64_t elements) { return {elements, 4, true}; }
+SavedSlot float_slot(int64_t elements) { return {elements, 4, true, "MmBackward0"}; }
 
 TEST(AdaptiveCodecs, TheBudgetGoesToTheMostSensitiveTensorsFirst) {
   // Three float32 slots of 32 elements: int4 holds 5 bits an element, int8 9, kept 32.
@@ -33,7 +33,7 @@ TEST(AdaptiveCodecs, TheBudgetGoesToTheMostSensitiveTensorsFirst) {
   EXPECT_EQ(choose(9 + 23.0 / 3), (SlotCodecs{{0, {C::int8, C::none}}, {1, {C::int8}}}));
   EXPECT_EQ(choose(32), (SlotCodecs{{0, {C::none, C::none}}, {1, {C::none}}}));
   // A slot no lossy codec encodes keeps its bits whatever it gets, and counts them.
-  const BlockSlots narrow{{0, {float_slot(32), {32, 4, false}}}};
+  const BlockSlots narrow{{0, {float_slot(32), {32, 4, false, "MmBackward0"}}}};
   const SlotErrors narrow_errors{{0, {1.0, 1000.0}}};
   const SlotCodecs chosen = choose_slot_codecs(narrow, narrow_errors, (9 + 32) / 2.0);
   EXPECT_EQ(chosen.at(0)[0], C::int8);

@@ -103,6 +103,19 @@ TEST(ActivationEstimate, TheAttentionCoresOwnCodecCountsWhatItsCoreSaves) {
   EXPECT_NEAR(estimated(dropout) / measured(dropout), 1.0, 0.03);
 }
 
+// memory.activation_compression = adaptive holds memory.activation_bits an element: at 5 bits what
+// int4 everywhere holds, at 9 int8's (the probe's choice between lies between them; docs/memory.md).
+TEST(ActivationEstimate, AdaptiveCodecsAreCountedAtTheirBudget) {
+  for (const auto& [bits, codec] : std::vector<std::pair<double, std::string>>{{5, "int4"}, {9, "int8"}})
+    for (const std::string name : {"tiny_gpt", "tiny_llama"}) {
+      Config fixed = preset(name), adaptive = preset(name);
+      fixed.memory.activation_compression = codec;
+      adaptive.memory.activation_compression = "adaptive";
+      adaptive.memory.activation_bits = bits;
+      EXPECT_DOUBLE_EQ(estimated(adaptive), estimated(fixed)) << name << " at " << bits << " bits";
+    }
+}
+
 // With dropout the CPU's scaled-dot-product attention takes its math path (ATen's fused CPU
 // kernel has no dropout): it keeps the probabilities, ATen's float dropout mask and the dropped
 // probabilities ([B, H, T, T] float32 each), a scaled copy of q, k transposed and v (expanded to
