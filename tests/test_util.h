@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <functional>
 #include <initializer_list>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,16 @@ inline ::testing::AssertionResult all_close(const at::Tensor& actual, const at::
   return ::testing::AssertionFailure() << "max |diff| " << (a - e).abs().max().item<double>() << " at flat index "
                                        << i << ": actual " << a.flatten()[i].item<double>() << " expected "
                                        << e.flatten()[i].item<double>() << " (rtol " << rtol << ", atol " << atol << ")";
+}
+
+// The worst over the tensors of `want` of |got - want| relative to the tensor's largest |want|
+// (gradients by parameter name: how far a lossy encoding moved them).
+inline double worst_relative_error(const std::map<std::string, at::Tensor>& got,
+                                   const std::map<std::string, at::Tensor>& want) {
+  double worst = 0;
+  for (const auto& [name, g] : want)
+    worst = std::max(worst, (got.at(name) - g).abs().max().item<double>() / std::max(g.abs().max().item<double>(), 1e-12));
+  return worst;
 }
 
 // A fresh, empty directory under the test's temporary directory, private to this process

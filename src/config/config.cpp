@@ -179,9 +179,9 @@ void Config::check(const std::string& source) const {
   }
 }
 
-// memory.activation_compression = adaptive probes each block of a whole model on this rank with
-// autograd's gradients, without the owner's hooks (memory/activation_sensitivity.h): the layouts
-// whose blocks run as they are, and the same saved tensors in every forward.
+// memory.activation_compression = adaptive probes each block of the model with autograd's
+// gradients, without the owner's hooks (parallel/activation_probe.h): the layouts whose blocks run
+// whole on the rank (or its tp group), and the same saved tensors in every forward.
 void Config::check_adaptive_codecs(const std::string& source) const {
   const auto refuse = [&](bool bad, const std::string& key, const std::string& value, const char* why) {
     if (bad)
@@ -189,8 +189,6 @@ void Config::check_adaptive_codecs(const std::string& source) const {
            " (docs/memory.md, \"Chosen per tensor\")");
   };
   refuse(parallel.pp > 1, "parallel.pp", std::to_string(parallel.pp), "its probe runs whole blocks of a whole model");
-  refuse(parallel.tp > 1, "parallel.tp", std::to_string(parallel.tp),
-         "its probe counts each rank's gradients, which tensor parallelism shards and replicates");
   refuse(parallel.sp > 1, "parallel.sp", std::to_string(parallel.sp),
          "its probe runs a block on its whole sequence");
   refuse(parallel.zero_stage == 3, "parallel.zero_stage", "3", "ZeRO-3 gathers a block's parameters around it");

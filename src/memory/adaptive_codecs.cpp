@@ -95,7 +95,7 @@ ActivationCodec AdaptiveCodecs::codec_of(int64_t block, int64_t slot, const at::
       require(static_cast<int64_t>(list.size()) == slot, "internal: block ", block, "'s slot ", slot,
               " saved out of order in the census");
       list.push_back({source.numel(), static_cast<int64_t>(source.element_size()), lossy_encoding_applies(source),
-                      saved.grad_fn() ? saved.grad_fn()->name() : ""});
+                      saved.grad_fn() ? saved.grad_fn()->name() : "", source.sum(at::kDouble).item<double>()});
       return ActivationCodec::none;
     }
     case Mode::probe:

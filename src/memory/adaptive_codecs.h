@@ -43,6 +43,7 @@ struct SavedSlot {
   int64_t element_bytes = 4;
   bool lossy = false;   // lossy_encoding_applies: int8 and int4 encode it
   std::string made_by;  // the autograd node that made the tensor ("" for a leaf), for the user
+  double checksum = 0;  // the sum of its elements (a tensor-parallel probe finds replicated slots by it)
 };
 
 // By block (its layer), by slot.

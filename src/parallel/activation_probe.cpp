@@ -21,11 +21,13 @@ std::vector<at::Tensor> gradients(const at::Tensor& output, const std::vector<at
                                /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
 }
 
-double squared_distance(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+// The weighted squared distance of two gradient lists (weights[i] for entry i).
+double squared_distance(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b,
+                        const std::vector<double>& weights) {
   double sum = 0;
   for (size_t i = 0; i < a.size(); ++i) {
-    if (!a[i].defined() || !b[i].defined()) continue;
-    sum += (a[i].to(at::kDouble) - b[i].to(at::kDouble)).pow(2).sum().item<double>();
+    if (!a[i].defined() || !b[i].defined() || weights[i] == 0) continue;
+    sum += weights[i] * (a[i].to(at::kDouble) - b[i].to(at::kDouble)).pow(2).sum().item<double>();
   }
   return sum;
 }
@@ -34,7 +36,8 @@ double squared_distance(const std::vector<at::Tensor>& a, const std::vector<at::
 
 ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& codecs,
                                         const std::function<at::Tensor()>& loss,
-                                        const std::function<at::Tensor(Block&, const at::Tensor&)>& run_block) {
+                                        const std::function<at::Tensor(Block&, const at::Tensor&)>& run_block,
+                                        const ProbeReduction& reduction) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<at::Tensor> params;
   for (const at::Tensor& p : model->parameters())
@@ -59,9 +62,16 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
       require(record.output_grad.defined(), "internal: the adaptive codecs' census saw no gradient reach block ", layer,
               "'s output");
       Block block = model->block(layer);
+      // The block input's gradient first, then each parameter's, with their weights.
       std::vector<at::Tensor> inputs;
-      for (const at::Tensor& p : block->parameters())
-        if (p.requires_grad()) inputs.push_back(p);
+      std::vector<std::string> names{""};
+      std::vector<double> weights{reduction.input_weight};
+      for (const auto& item : block->named_parameters()) {
+        if (!item.value().requires_grad()) continue;
+        inputs.push_back(item.value());
+        names.push_back("h." + std::to_string(layer) + "." + item.key());
+        weights.push_back(reduction.norm ? reduction.norm->weight_of(names.back()) : 1.0);
+      }
       auto block_gradients = [&](int64_t slot) {
         codecs.probe(layer, slot);
         at::Tensor x = record.input.detach().requires_grad_(true);
@@ -72,15 +82,53 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
         require(codecs.probed_slots() == static_cast<int64_t>(slots.size()), "internal: block ", layer, " saved ",
                 codecs.probed_slots(), " tensors when probed alone and ", slots.size(),
                 " in the model's forward (memory.activation_compression = adaptive needs the same each time)");
+        if (reduction.shares && reduction.shares->any()) {
+          std::vector<std::pair<std::string, at::Tensor>> shares;
+          for (size_t i = 1; i < g.size(); ++i)
+            if (g[i].defined() && reduction.shares->holds(names[i])) shares.emplace_back(names[i], g[i]);
+          reduction.shares->sum(shares);
+        }
         return g;
       };
       const std::vector<at::Tensor> reference = block_gradients(-1);
       for (size_t k = 0; k < slots.size(); ++k)
-        errors[k] = squared_distance(block_gradients(static_cast<int64_t>(k)), reference);
+        errors[k] = squared_distance(block_gradients(static_cast<int64_t>(k)), reference, weights);
     }
   } catch (...) {
     codecs.apply(previous);
     throw;
+  }
+  if (reduction.norm && reduction.norm->split()) {
+    // The elements as one process counts them: a slot every tp rank saved alike (the same
+    // checksum everywhere) once, any other over all the ranks.
+    std::vector<double> checksums;
+    for (const auto& [layer, slots] : probe.slots)
+      for (const SavedSlot& slot : slots) checksums.push_back(slot.checksum);
+    const size_t n = checksums.size();
+    for (size_t i = 0; i < n; ++i) checksums.push_back(-checksums[i]);
+    at::Tensor extremes = at::tensor(checksums, at::kDouble).to(params.front().device());
+    int64_t ranks = 1;
+    for (comm::Group* g : reduction.norm->groups) {
+      g->all_reduce(extremes, comm::ReduceOp::max);
+      ranks *= g->size();
+    }
+    extremes = extremes.cpu();
+    size_t i = 0;
+    for (auto& [layer, slots] : probe.slots)
+      for (SavedSlot& slot : slots) {
+        const bool replicated = extremes[static_cast<int64_t>(i)].item<double>() ==
+                                -extremes[static_cast<int64_t>(i + n)].item<double>();
+        if (!replicated) slot.elements *= ranks;
+        ++i;
+      }
+    std::vector<double> flat;
+    for (const auto& [layer, errors] : probe.int4_error) flat.insert(flat.end(), errors.begin(), errors.end());
+    at::Tensor sums = at::tensor(flat, at::kDouble).to(params.front().device());
+    reduction.norm->sum_over_groups(sums);
+    sums = sums.cpu();
+    int64_t at = 0;
+    for (auto& [layer, errors] : probe.int4_error)
+      for (double& e : errors) e = sums[at++].item<double>();
   }
   probe.codecs = choose_slot_codecs(probe.slots, probe.int4_error, codecs.bits());
   codecs.apply(probe.codecs);

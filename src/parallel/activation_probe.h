@@ -17,6 +17,18 @@
 // model and, per block, one of the block for each of its slots and one more. The blocks run as a
 // step runs them (training mode; the layouts are those of Config::check_adaptive_codecs, without
 // dropout). The caller runs it on one rank and hands the table to the others (plain_step.h).
+//
+// Under tensor parallelism every rank of the tp group probes at once (the blocks' collectives run
+// in both passes) and the errors count as the clipping norm counts a gradient (ProbeReduction): a
+// parameter every rank holds weighs 1/tp (ModelParallelNorm), a share of one (Megatron-SP's norm
+// weights, GradientShares) is summed over its group first, the block input's gradient weighs 1/tp
+// where every rank holds it whole (tp without Megatron-SP); the errors are then summed over the tp
+// group. The budget counts the elements as one process holds them: a slot every tp rank saved
+// alike (the same sum of elements on each; tp without Megatron-SP keeps the norms' inputs and
+// outputs whole) once, any other over all the ranks (key and value heads replicated on some ranks
+// only are counted as split). So every rank chooses the same table, the one a single process
+// chooses up to the order of its sums; a rank's own bits an element may then differ from the
+// budget, its replicated tensors weighing more among its own than among the whole model's.
 #pragma once
 
 #include <functional>
@@ -26,8 +38,18 @@
 
 #include "memory/adaptive_codecs.h"
 #include "model/transformer.h"
+#include "parallel/tensor/gradient_shares.h"
+#include "protocols/optimizer_owner.h"
 
 namespace tessera {
+
+// How a model-parallel rank's probe counts and sums its errors (above); the default: one rank
+// holds the whole model.
+struct ProbeReduction {
+  const ModelParallelNorm* norm = nullptr;
+  const GradientShares* shares = nullptr;
+  double input_weight = 1;  // the weight of the block input's gradient
+};
 
 struct ActivationProbe {
   BlockSlots slots;
@@ -40,7 +62,8 @@ struct ActivationProbe {
 // step runs it (under autocast). Leaves `codecs` applying the choice.
 ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& codecs,
                                         const std::function<at::Tensor()>& loss,
-                                        const std::function<at::Tensor(Block&, const at::Tensor&)>& run_block);
+                                        const std::function<at::Tensor(Block&, const at::Tensor&)>& run_block,
+                                        const ProbeReduction& reduction = {});
 
 // The line `tessera train` prints after a probe: the budget, the counts and bits chosen, the
 // probe's time, each block's slots in order (k kept, 8 int8, 4 int4), and the autograd node that

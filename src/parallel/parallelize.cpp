@@ -159,6 +159,10 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
     owner_ = std::move(owner);
     return;
   }
+  // The adaptive codecs' probe counts its errors as the clipping norm counts gradients (copied
+  // before the owner takes them).
+  ActivationProbing probing{nullptr, config.memory.activation_probe_every, norm, shares,
+                            tp_ && !config.parallel.megatron_sp ? 1.0 / static_cast<double>(tp_->size()) : 1.0};
   std::unique_ptr<ResidentOwner> owner;
   if (data_parallel) {
     replicas_ = &mesh_->group(layout_.replica_group());
@@ -174,6 +178,7 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
     holder_ = local.get();
     owner = std::move(local);
   }
+  probing.replicas = replicas_;
   if (layout_.pipelined()) {
     // A fully recomputed block (by the key, or the policy's choice for one of this rank's blocks)
     // accumulates its parameters' gradients inside a split backward's I.
@@ -186,8 +191,7 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
                             resident_micro_batches, offload},
         device, autocast);
   } else {
-    runner_ = std::make_unique<PlainStep>(model_, *owner, device, autocast, config.optim.grad_clip, replicas_,
-                                          config.memory.activation_probe_every);
+    runner_ = std::make_unique<PlainStep>(model_, *owner, device, autocast, config.optim.grad_clip, std::move(probing));
   }
   owner_ = std::move(owner);
 }

@@ -5,25 +5,23 @@
 
 #include "comm/device.h"
 #include "core/fault_injection.h"
-#include "parallel/activation_probe.h"
 #include "precision/autocast.h"
 
 namespace tessera {
 
 PlainStep::PlainStep(TransformerLM model, ResidentOwner& owner, c10::Device device,
-                     std::optional<at::ScalarType> autocast, double grad_clip, comm::Group* replicas,
-                     int64_t probe_every)
+                     std::optional<at::ScalarType> autocast, double grad_clip, ActivationProbing probing)
     : model_(std::move(model)),
       owner_(owner),
       device_(device),
       autocast_(autocast),
       grad_clip_(grad_clip),
-      replicas_(replicas),
-      probe_every_(probe_every) {}
+      probing_(std::move(probing)) {}
 
 void PlainStep::choose_activation_codecs(const Batch& batch) {
   AdaptiveCodecs& codecs = *model_->adaptive_activation_codecs();
-  const bool root = replicas_ == nullptr || replicas_->rank() == 0;
+  comm::Group* replicas = probing_.replicas;
+  const bool root = replicas == nullptr || replicas->rank() == 0;
   std::vector<int64_t> layers = model_->layers();
   if (root) {
     const double scale = owner_.loss_scale();
@@ -32,10 +30,11 @@ void PlainStep::choose_activation_codecs(const Batch& batch) {
         [&](Block& block, const at::Tensor& x) {
           AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
           return block->forward(x).x;
-        });
+        },
+        ProbeReduction{&probing_.norm, &probing_.shares, probing_.input_weight});
     note_ = describe_activation_codecs(probe.slots, probe.codecs, codecs.bits(), probe.seconds);
   }
-  if (replicas_ == nullptr || replicas_->size() == 1) return;
+  if (replicas == nullptr || replicas->size() == 1) return;
   // The table by layer: each block's count of slots, then every slot's codec.
   at::Tensor counts = at::zeros({static_cast<int64_t>(layers.size())}, at::kLong);
   std::vector<int64_t> flat;
@@ -47,11 +46,11 @@ void PlainStep::choose_activation_codecs(const Batch& batch) {
       for (ActivationCodec c : it->second) flat.push_back(static_cast<int64_t>(c));
     }
   counts = comm::to_device_queued(counts, device_);
-  replicas_->broadcast(counts, 0);
+  replicas->broadcast(counts, 0);
   counts = counts.cpu();
   at::Tensor codes = root ? at::tensor(flat, at::kLong) : at::zeros({counts.sum().item<int64_t>()}, at::kLong);
   codes = comm::to_device_queued(codes, device_);
-  replicas_->broadcast(codes, 0);
+  replicas->broadcast(codes, 0);
   if (root) return;
   codes = codes.cpu();
   SlotCodecs table;
@@ -76,7 +75,7 @@ ModelOutput PlainStep::forward(const Batch& batch) {
 StepLosses PlainStep::run(const std::vector<Batch>& micro_batches, double lr, const GradientsReady& gradients_ready) {
   model_->train();
   if (model_->adaptive_activation_codecs() &&
-      (steps_run_ == 0 || (probe_every_ > 0 && steps_run_ % probe_every_ == 0)))
+      (steps_run_ == 0 || (probing_.every > 0 && steps_run_ % probing_.every == 0)))
     choose_activation_codecs(micro_batches.front());
   ++steps_run_;
   const double n = static_cast<double>(micro_batches.size());

@@ -11,9 +11,9 @@
 //
 // memory.activation_compression = adaptive (the model's adaptive_activation_codecs()): before the
 // first step's micro-batches and every `probe_every` steps after (0: the first only), rank 0 of
-// `replicas` (or this process, without them) probes its first micro-batch (parallel/
-// activation_probe.h) and broadcasts the codecs chosen; every replica then encodes alike. The
-// choice is the step's note (take_note).
+// the replicas (or this process, without them) probes its first micro-batch (parallel/
+// activation_probe.h; under tensor parallelism with its tp group, by `reduction`) and broadcasts
+// the codecs chosen; every replica then encodes alike. The choice is the step's note (take_note).
 #pragma once
 
 #include <optional>
@@ -23,15 +23,25 @@
 
 #include "comm/group.h"
 #include "model/transformer.h"
+#include "parallel/activation_probe.h"
 #include "protocols/optimizer_owner.h"
 #include "protocols/step_runner.h"
 
 namespace tessera {
 
+// Where and how often the adaptive codecs' probe runs (above).
+struct ActivationProbing {
+  comm::Group* replicas = nullptr;  // rank 0 probes and broadcasts the table over them; null: alone
+  int64_t every = 0;                // steps between probes (memory.activation_probe_every)
+  ModelParallelNorm norm;           // the clipping norm's weights and groups (tp)
+  GradientShares shares;            // gradients that are shares over a tp group
+  double input_weight = 1;          // a block input gradient's weight: 1/tp where every tp rank holds it
+};
+
 class PlainStep final : public StepRunner {
  public:
   PlainStep(TransformerLM model, ResidentOwner& owner, c10::Device device, std::optional<at::ScalarType> autocast,
-            double grad_clip, comm::Group* replicas = nullptr, int64_t probe_every = 0);
+            double grad_clip, ActivationProbing probing = {});
 
   StepLosses run(const std::vector<Batch>& micro_batches, double lr, const GradientsReady& gradients_ready) override;
   double evaluate(const std::vector<Batch>& batches) override;
@@ -48,8 +58,7 @@ class PlainStep final : public StepRunner {
   c10::Device device_;
   std::optional<at::ScalarType> autocast_;
   double grad_clip_;
-  comm::Group* replicas_;
-  int64_t probe_every_;
+  ActivationProbing probing_;
   int64_t steps_run_ = 0;
   std::optional<std::string> note_;
 };

@@ -65,7 +65,7 @@ TEST(BadConfig, WrongTypeAndOutOfRange) {
   expect_error("train --config tiny_gpt --set model.n_embd=1e9", {"model.n_embd", "outside its range"});
   expect_error("train --config tiny_gpt --set optim.lr=1e30", {"optim.lr", "outside its range (0, 10]"});
   expect_error("train --config tiny_gpt --set memory.activation_compression=int2",
-               {"memory.activation_compression must be none, lossless, bf16, fp8, int8 or int4", "int2"});
+               {"memory.activation_compression must be none, lossless, bf16, fp8, int8, int4 or adaptive", "int2"});
   expect_error("train --config tiny_gpt --set memory.attention_compression=int2",
                {"memory.attention_compression must be same, none, lossless, bf16, fp8, int8 or int4", "int2"});
   // A line break in a --set value would silently drop the rest of it.

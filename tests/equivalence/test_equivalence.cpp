@@ -607,6 +607,22 @@ const std::vector<Row>& layouts() {
          c.memory.activation_compression = "adaptive";
          c.memory.activation_bits = 7;
        }},
+      // Under tp the two ranks probe together, their errors weighed and summed as the clipping
+      // norm's squares (parallel/activation_probe.h).
+      {"tp2_megatron_sp_adaptive_activations_sgd", 2,
+       [](Config& c) {
+         tp2_megatron_sp_encoded(c, "adaptive");
+         c.memory.activation_bits = 7;
+       },
+       &kInt4Sharded},
+      {"dp2_tp2_adaptive_activations", 4,  // AdamW, tp without Megatron-SP
+       [](Config& c) {
+         c.model.n_embd = 64;
+         c.parallel.tp = 2;
+         c.memory.activation_compression = "adaptive";
+         c.memory.activation_bits = 7;
+       },
+       &kInt4Sharded},
       {"dp2_bf16_int8_activations", 2,
        [](Config& c) {
          c.precision.dtype = "bf16";

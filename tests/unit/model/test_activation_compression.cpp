@@ -8,6 +8,7 @@
 
 #include "memory/saved_activations.h"
 #include "model/transformer.h"
+#include "test_util.h"
 #include "unit/model/small_model.h"
 
 namespace tessera {
@@ -42,13 +43,7 @@ Step step(const ModelOptions& opts, const std::string& codec, const std::string&
 }
 
 // |g - g_ref| relative to the largest |g_ref| of the tensor, the worst over every parameter.
-double worst_gradient_error(const Step& got, const Step& want) {
-  double worst = 0;
-  for (const auto& [name, g] : want.grads)
-    worst = std::max(worst, (got.grads.at(name) - g).abs().max().item<double>() /
-                                std::max(g.abs().max().item<double>(), 1e-12));
-  return worst;
-}
+double worst_gradient_error(const Step& got, const Step& want) { return test::worst_relative_error(got.grads, want.grads); }
 
 class ActivationCompression : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 

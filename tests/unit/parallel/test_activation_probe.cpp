@@ -12,6 +12,7 @@
 #include "memory/saved_activations.h"
 #include "model/transformer.h"
 #include "parallel/activation_probe.h"
+#include "test_util.h"
 #include "unit/model/small_model.h"
 
 namespace tessera {
@@ -93,13 +94,8 @@ Step adaptive(const ModelOptions& opts, double bits, ActivationProbe* probe_out 
   return step(m);
 }
 
-double worst_gradient_error(const Step& got, const Step& want) {
-  double worst = 0;
-  for (const auto& [name, g] : want.grads)
-    worst = std::max(worst, (got.grads.at(name) - g).abs().max().item<double>() /
-                                std::max(g.abs().max().item<double>(), 1e-12));
-  return worst;
-}
+// |g - g_ref| relative to the largest |g_ref| of the tensor, the worst over every parameter.
+double worst_gradient_error(const Step& got, const Step& want) { return test::worst_relative_error(got.grads, want.grads); }
 
 bool same(const Step& a, const Step& b) {
   if (!a.loss.equal(b.loss)) return false;

@@ -114,7 +114,6 @@ TEST(ConfigRanges, AdaptiveCodecsNameTheLayoutsTheirProbeCannotRun) {
   EXPECT_TRUE(test::throws_naming([&] { config.check("code"); }, {"memory.activation_bits"}));
   config.memory.activation_bits = 7;
   const std::vector<std::pair<std::function<void(Config&)>, std::string>> refused{
-      {[](Config& c) { c.parallel.tp = 2; }, "parallel.tp = 2"},
       {[](Config& c) { c.parallel.pp = 2; }, "parallel.pp = 2"},
       {[](Config& c) { c.parallel.sp = 2; }, "parallel.sp = 2"},
       {[](Config& c) { c.parallel.zero_stage = 3; }, "parallel.zero_stage = 3"},
