@@ -48,6 +48,7 @@ void PlainStep::choose_activation_codecs(const Batch& batch) {
   counts = comm::to_device_queued(counts, device_);
   replicas->broadcast(counts, 0);
   counts = counts.cpu();
+  if (counts.sum().item<int64_t>() == 0) return;  // no block saves a slot (nothing to broadcast)
   at::Tensor codes = root ? at::tensor(flat, at::kLong) : at::zeros({counts.sum().item<int64_t>()}, at::kLong);
   codes = comm::to_device_queued(codes, device_);
   replicas->broadcast(codes, 0);
