@@ -33,17 +33,12 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "scripts"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import plot_losses  # noqa: E402
-from tessera_bench import bundled_corpus, unigram_baseline  # noqa: E402
+from tessera_bench import bundled_corpus, compression_settings, unigram_baseline  # noqa: E402
 
 
 def train_command(build, config, data, steps, run, out_dir):
     codecs, _, seed = run.partition("@")
-    codec, _, core = codecs.partition("+")
-    codec, _, bits = codec.partition(":")
-    sets = {"data.path": data, "train.steps": steps, "checkpoint.every": 0, "memory.activation_compression": codec,
-            "memory.attention_compression": core or "same"}
-    if bits:
-        sets["memory.activation_bits"] = float(bits)
+    sets = {"data.path": data, "train.steps": steps, "checkpoint.every": 0, **compression_settings(codecs)}
     if seed:
         sets["train.seed"] = int(seed)
     cmd = [str(pathlib.Path(build) / "tessera"), "train", "--config", config, "--out", str(out_dir), "--overwrite"]

@@ -36,7 +36,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tessera_bench import tessera_bench  # noqa: E402
+from tessera_bench import compression_settings, tessera_bench  # noqa: E402
 
 POLICIES = [
     ("none", "none"),
@@ -95,12 +95,7 @@ def main():
         runs = {p: [] for p in policies}
         for r in range(args.rounds):
             for p in policies:
-                codec, _, core = p[0].partition("+")
-                codec, _, bits = codec.partition(":")
-                sets = {"memory.activation_compression": codec, "memory.attention_compression": core or "same",
-                        "memory.activation_checkpointing": p[1]}
-                if bits:
-                    sets["memory.activation_bits"] = float(bits)
+                sets = {**compression_settings(p[0]), "memory.activation_checkpointing": p[1]}
                 d = tessera_bench(args.build, config, sets, steps=args.steps, warmup=3)
                 runs[p].append(d)
                 print(f"{config} round {r} {p}: {d['median_step_s'] * 1e3:.1f} ms, saved {d['saved_activation_bytes']}",

@@ -27,6 +27,18 @@ ONE_PROCESS_LAYOUT = {"parallel.tp": 1, "parallel.pp": 1, "parallel.sp": 1, "par
                       "memory.activation_checkpointing": "none", "memory.swap": "false"}
 
 
+def compression_settings(spec):
+    """The memory.* settings of an activation-compression spec CODEC[:BITS][+CORE]: CODEC for
+    memory.activation_compression (adaptive:BITS sets memory.activation_bits), CORE for
+    memory.attention_compression (same when absent)."""
+    codec, _, core = spec.partition("+")
+    codec, _, bits = codec.partition(":")
+    sets = {"memory.activation_compression": codec, "memory.attention_compression": core or "same"}
+    if bits:
+        sets["memory.activation_bits"] = float(bits)
+    return sets
+
+
 def device_model_state(build, config, sets, ranks=1):
     """The model's state on the device under `memory.activation_policy = auto` (bytes): a 1 GiB budget
     less the share it leaves the activations, from a one-step `tessera bench` of `sets`."""

@@ -42,6 +42,31 @@ void mark_overrides(Config& config, const std::vector<std::string>& overrides) {
   for (const std::string& assignment : overrides) config.sources[assignment.substr(0, assignment.find('='))] = "--set";
 }
 
+// memory.activation_compression = adaptive probes each block of the model with autograd's
+// gradients, without the owner's hooks (parallel/activation_probe.h): the layouts whose blocks run
+// whole on the rank (or its tp group), and the same saved tensors in every forward.
+void check_adaptive_codecs(const Config& config, const std::string& source) {
+  const ParallelOptions& parallel = config.parallel;
+  const MemoryOptions& memory = config.memory;
+  const ModelOptions& model = config.model;
+  const auto refuse = [&](bool bad, const std::string& key, const std::string& value, const char* why) {
+    if (bad)
+      fail(source, ": memory.activation_compression = adaptive does not run with ", key, " = ", value, ": ", why,
+           " (docs/memory.md, \"Chosen per tensor\")");
+  };
+  refuse(parallel.pp > 1, "parallel.pp", std::to_string(parallel.pp), "its probe runs whole blocks of a whole model");
+  refuse(parallel.sp > 1, "parallel.sp", std::to_string(parallel.sp),
+         "its probe runs a block on its whole sequence");
+  refuse(parallel.zero_stage == 3, "parallel.zero_stage", "3", "ZeRO-3 gathers a block's parameters around it");
+  refuse(memory.swap, "memory.swap", "true", "its probe runs whole blocks resident on the device");
+  refuse(model.ffn == "moe", "model.ffn", "moe",
+         "an MoE block's saved tensors follow its routing");
+  refuse(model.dropout > 0, "model.dropout", std::to_string(model.dropout),
+         "its probe repeats each block's forward, which would draw new dropout masks");
+  refuse(memory.activation_offload > 0, "memory.activation_offload", std::to_string(memory.activation_offload),
+         "its probe repeats each block's forward, which would store and fetch the offload groups");
+}
+
 }  // namespace
 
 std::string resolve_config_path(const std::string& config) {
@@ -168,7 +193,7 @@ void Config::check(const std::string& source) const {
   if (memory.activation_offload > model.n_layer)
     fail(source, ": memory.activation_offload = ", memory.activation_offload, " exceeds model.n_layer = ",
          model.n_layer, " (the blocks whose activations wait in host memory)");
-  if (memory.activation_compression == "adaptive") check_adaptive_codecs(source);
+  if (memory.activation_compression == "adaptive") check_adaptive_codecs(*this, source);
   if (memory.resident_micro_batches > 0) {
     require(parallel.pp > 1, source, ": memory.resident_micro_batches = ", memory.resident_micro_batches,
             " applies under a pipeline (parallel.pp > 1): without one a rank holds one micro-batch's activations at a "
@@ -177,28 +202,6 @@ void Config::check(const std::string& source) const {
             ": memory.resident_micro_batches is set by hand; under memory.activation_policy = auto the policy chooses "
             "it for each pipeline rank (docs/memory.md): leave it at 0");
   }
-}
-
-// memory.activation_compression = adaptive probes each block of the model with autograd's
-// gradients, without the owner's hooks (parallel/activation_probe.h): the layouts whose blocks run
-// whole on the rank (or its tp group), and the same saved tensors in every forward.
-void Config::check_adaptive_codecs(const std::string& source) const {
-  const auto refuse = [&](bool bad, const std::string& key, const std::string& value, const char* why) {
-    if (bad)
-      fail(source, ": memory.activation_compression = adaptive does not run with ", key, " = ", value, ": ", why,
-           " (docs/memory.md, \"Chosen per tensor\")");
-  };
-  refuse(parallel.pp > 1, "parallel.pp", std::to_string(parallel.pp), "its probe runs whole blocks of a whole model");
-  refuse(parallel.sp > 1, "parallel.sp", std::to_string(parallel.sp),
-         "its probe runs a block on its whole sequence");
-  refuse(parallel.zero_stage == 3, "parallel.zero_stage", "3", "ZeRO-3 gathers a block's parameters around it");
-  refuse(memory.swap, "memory.swap", "true", "its probe runs whole blocks resident on the device");
-  refuse(model.ffn == "moe", "model.ffn", "moe",
-         "an MoE block's saved tensors follow its routing");
-  refuse(model.dropout > 0, "model.dropout", std::to_string(model.dropout),
-         "its probe repeats each block's forward, which would draw new dropout masks");
-  refuse(memory.activation_offload > 0, "memory.activation_offload", std::to_string(memory.activation_offload),
-         "its probe repeats each block's forward, which would store and fetch the offload groups");
 }
 
 toml::table Config::to_toml() const {

@@ -81,8 +81,6 @@ struct Config {
   void adopt_model(const Config& init, const std::string& init_dir);
 
   void check(const std::string& source) const;
-  // The layouts memory.activation_compression = adaptive runs with (config.cpp); throws naming the key.
-  void check_adaptive_codecs(const std::string& source) const;
   toml::table to_toml() const;
   std::string to_toml_string() const;
   // Every key, one per line in declaration order, each followed by "# <source>"; valid TOML that

@@ -9,6 +9,7 @@
 #include <torch/autograd.h>
 
 #include "core/error.h"
+#include "optim/clipping.h"
 
 namespace tessera {
 namespace {
@@ -21,15 +22,18 @@ std::vector<at::Tensor> gradients(const at::Tensor& output, const std::vector<at
                                /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
 }
 
-// The weighted squared distance of two gradient lists (weights[i] for entry i).
+// The weighted squared distance of two gradient lists (weights[i] for entry i), as the clipping
+// norm sums its squares (optim/clipping.h).
 double squared_distance(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b,
                         const std::vector<double>& weights) {
-  double sum = 0;
+  std::vector<at::Tensor> differences;
+  std::vector<double> counted;
   for (size_t i = 0; i < a.size(); ++i) {
-    if (!a[i].defined() || !b[i].defined() || weights[i] == 0) continue;
-    sum += weights[i] * (a[i].to(at::kDouble) - b[i].to(at::kDouble)).pow(2).sum().item<double>();
+    if (!a[i].defined() || !b[i].defined()) continue;
+    differences.push_back(a[i] - b[i]);
+    counted.push_back(weights[i]);
   }
-  return sum;
+  return differences.empty() ? 0.0 : weighted_squares(differences, counted, differences.front().device()).item<double>();
 }
 
 }  // namespace

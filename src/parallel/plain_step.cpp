@@ -22,7 +22,7 @@ void PlainStep::choose_activation_codecs(const Batch& batch) {
   AdaptiveCodecs& codecs = *model_->adaptive_activation_codecs();
   comm::Group* replicas = probing_.replicas;
   const bool root = replicas == nullptr || replicas->rank() == 0;
-  std::vector<int64_t> layers = model_->layers();
+  const std::vector<int64_t>& layers = model_->layers();
   if (root) {
     const double scale = owner_.loss_scale();
     const ActivationProbe probe = probe_activation_codecs(
