@@ -37,10 +37,11 @@ train: build-tessera $(DATA)/train.bin
 # CTest's output is kept in $(BUILD)/ctest.log; its ten slowest tests are printed at the end.
 # DefaultRun checks the run `make train` left in $(RUN) when that is the default run of this build's
 # binary (tests/cli/test_cli.cpp says why not, and then trains it itself).
-# CTest runs JOBS + 1 entries at once: with JOBS the cores idled a quarter of the time (timeouts,
-# sleeping ranks, process starts); 330 s for the suite at -j2, 277 s at -j3, 259 s at -j4 (2 cores).
-# The entries that time themselves run alone (RUN_SERIAL).
-TEST_JOBS ?= $(shell echo $$(( $(JOBS) + 1 )))
+# CTest runs JOBS + 2 entries at once: fewer leave the cores idle (timeouts, sleeping ranks and
+# peers, process starts). On 2 cores, 2026-12-04 (195 entries, after `make train`): 368 s for the
+# suite at -j3 (1.68 cores busy), 291 s at -j4, 317 s at -j5 (earlier, 2026-11-30: 330 s at -j2,
+# 277 s at -j3, 259 s at -j4). The entries that time themselves run alone (RUN_SERIAL).
+TEST_JOBS ?= $(shell echo $$(( $(JOBS) + 2 )))
 test: build
 	@cd $(BUILD) && set -o pipefail && TESSERA_DEFAULT_RUN=$(abspath $(RUN)) ctest -j $(TEST_JOBS) --output-on-failure 2>&1 | tee ctest.log; status=$$?; \
 	  python3 $(CURDIR)/scripts/slowest_tests.py ctest.log; exit $$status
