@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/function.h>
 
 #include "core/error.h"
+#include "core/random_streams.h"
 
 namespace tessera {
 
@@ -115,10 +116,18 @@ void AdaptiveCodecs::begin_census() {
   records_.clear();
 }
 
-void AdaptiveCodecs::record_block(int64_t block, const at::Tensor& input, const at::Tensor& output) {
+void AdaptiveCodecs::block_starts(int64_t block, const at::Tensor& input) {
+  auto states = random::states(input.is_cuda() ? std::optional<c10::Device>(input.device()) : std::nullopt);
+  std::lock_guard<std::mutex> lock(records_mutex_);
+  BlockRecord& record = records_[block];
+  record.input = input.detach();
+  record.random_states = std::move(states);
+}
+
+void AdaptiveCodecs::block_ends(int64_t block, const at::Tensor& output) {
   {
     std::lock_guard<std::mutex> lock(records_mutex_);
-    records_[block].input = input.detach();
+    records_[block].output = output.detach();
   }
   census_[block];  // a block that saves no slot still has its (empty) list
   if (!output.requires_grad()) return;

@@ -6,8 +6,8 @@
 // saved_activations.h: on the gradient's path, not a weight, not a bool mask, which is packed as
 // bits anyway), numbered in the order its forward saves them; a tensor saved again shares its first
 // encoding and is no new slot. The same forward saves the same slots each time: the layouts that run
-// adaptive are those whose blocks run whole on the rank, without dropout or routing
-// (Config::check_adaptive_codecs).
+// adaptive are those whose blocks run whole on the rank, without routing (config.cpp,
+// check_adaptive_codecs); dropout draws its masks again from the states the census recorded.
 //
 // The choice. Each slot is kept, int8 or int4. choose_slot_codecs minimises the summed gradient
 // error the encodings cause, each slot's error modelled as its measured int4 error (the probe,
@@ -21,7 +21,9 @@
 // AdaptiveCodecs is what the scopes ask (codec_of) in one of three modes:
 //   apply   the chosen table; before a choice every slot kept; a slot beyond its block's table int8
 //   census  every slot kept and recorded (elements, element size, whether a lossy codec encodes
-//           it), with the block's input and the gradient that reaches its output
+//           it), with the block's input, the random streams' states it started from (so that a
+//           block run again alone draws the dropout masks it drew), its output and the gradient
+//           that reaches its output
 //   probe   one slot of one block int4, every other kept
 // The probe runs on the thread that trains; the census's gradients may arrive on autograd's.
 #pragma once
@@ -30,6 +32,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -74,13 +77,16 @@ class AdaptiveCodecs {
   // slot, `source` being what it encodes of the saved tensor `saved`).
   ActivationCodec codec_of(int64_t block, int64_t slot, const at::Tensor& source, const at::Tensor& saved);
 
-  // Census: from begin_census() to end_census(), every slot kept and recorded; record_block keeps
-  // a block's input and the gradient that reaches `output` in the census's backward.
+  // Census: from begin_census() to end_census(), every slot kept and recorded. block_starts keeps
+  // a block's input and the random streams' states (core/random_streams.h) on its device;
+  // block_ends its output and the gradient that reaches it in the census's backward.
   void begin_census();
-  void record_block(int64_t block, const at::Tensor& input, const at::Tensor& output);
+  void block_starts(int64_t block, const at::Tensor& input);
+  void block_ends(int64_t block, const at::Tensor& output);
   bool census() const { return mode_ == Mode::census; }
   struct BlockRecord {
-    at::Tensor input, output_grad;
+    at::Tensor input, output, output_grad;
+    std::vector<std::pair<std::string, at::Tensor>> random_states;
   };
   // The slots and records taken (the mode returns to apply).
   BlockSlots end_census(std::map<int64_t, BlockRecord>& records);

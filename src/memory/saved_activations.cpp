@@ -313,7 +313,7 @@ SavedActivationScope::SavedActivationScope(ActivationCodec codec, const torch::n
   state_->core = core_codec;
   state_->adaptive = adaptive;
   state_->block = block;
-  if (adaptive && adaptive->census()) input_ = input;
+  if (adaptive && adaptive->census()) adaptive->block_starts(block, input);
   state_->count = count;
   if (offload) state_->group = std::make_shared<OffloadGroup>(std::move(offload));
   for (const auto& p : module.parameters())
@@ -348,7 +348,7 @@ void SavedActivationScope::ended(const at::Tensor& output) {
     });
   if (own) remember_output(output, own);
   if (state_ != nullptr && state_->adaptive && state_->adaptive->census())
-    state_->adaptive->record_block(state_->block, input_, output);
+    state_->adaptive->block_ends(state_->block, output);
 }
 
 AttentionCoreSaving::AttentionCoreSaving() {

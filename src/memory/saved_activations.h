@@ -99,7 +99,6 @@ class SavedActivationScope {
  private:
   State* state_ = nullptr;
   std::shared_ptr<OffloadGroup> previous_;  // the group of the block that made the input
-  at::Tensor input_;                        // the block's input, for an adaptive census
 };
 
 // While one lives, what autograd saves on this thread is encoded with the innermost scope's core

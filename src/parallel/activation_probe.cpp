@@ -4,11 +4,13 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include <torch/autograd.h>
 
 #include "core/error.h"
+#include "core/random_streams.h"
 #include "optim/clipping.h"
 
 namespace tessera {
@@ -48,15 +50,24 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
     if (p.requires_grad()) params.push_back(p);
   ActivationProbe probe;
   std::map<int64_t, AdaptiveCodecs::BlockRecord> records;
+  // The random streams as the step found them: the probe's draws (dropout) leave no trace.
+  const std::optional<c10::Device> cuda =
+      params.front().is_cuda() ? std::optional<c10::Device>(params.front().device()) : std::nullopt;
+  const auto streams = random::states(cuda);
+  const SlotCodecs previous = codecs.table();
+  auto restore = [&] {
+    codecs.apply(previous);
+    random::load_states(streams, cuda, "the adaptive codecs' probe");
+  };
   codecs.begin_census();
   try {
     gradients(loss(), params);
   } catch (...) {
     codecs.end_census(records);
+    restore();
     throw;
   }
   probe.slots = codecs.end_census(records);
-  const SlotCodecs previous = codecs.table();
   try {
     for (const auto& [layer, slots] : probe.slots) {
       std::vector<double>& errors = probe.int4_error[layer];
@@ -81,7 +92,17 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
         at::Tensor x = record.input.detach().requires_grad_(true);
         std::vector<at::Tensor> with_input = inputs;
         with_input.insert(with_input.begin(), x);
+        random::load_states(record.random_states, cuda, "the adaptive codecs' probe");
         const at::Tensor y = run_block(block, x);
+        if (slot < 0) {
+          // Run alone, the block must compute what it computed in the model's forward (the same
+          // masks above all), or its errors would measure something else.
+          const double scale = record.output.abs().max().item<double>();
+          const double off = (y.detach() - record.output).abs().max().item<double>();
+          require(off <= 1e-4 * scale, "internal: block ", layer, " computed an output ", off,
+                  " off its output in the model's forward (of largest magnitude ", scale,
+                  ") when run alone by the adaptive codecs' probe");
+        }
         std::vector<at::Tensor> g = gradients(y, with_input, record.output_grad);
         require(codecs.probed_slots() == static_cast<int64_t>(slots.size()), "internal: block ", layer, " saved ",
                 codecs.probed_slots(), " tensors when probed alone and ", slots.size(),
@@ -99,9 +120,10 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
         errors[k] = squared_distance(block_gradients(static_cast<int64_t>(k)), reference, weights);
     }
   } catch (...) {
-    codecs.apply(previous);
+    restore();
     throw;
   }
+  random::load_states(streams, cuda, "the adaptive codecs' probe");
   if (reduction.norm && reduction.norm->split()) {
     // The elements as one process counts them: a slot every tp rank saved alike (the same
     // checksum everywhere) once, any other over all the ranks.

@@ -5,18 +5,22 @@
 //   1. The census: the model's loss on the micro-batch with every slot kept, its backward by
 //      torch::autograd::grad over the parameters: nothing accumulates into .grad and no
 //      post-accumulate hook fires, so the step's owner (DataParallel's buckets) never sees the
-//      probe. It records each block's slots, its input and the gradient that reaches its output.
-//   2. Each block alone, from its recorded input, backward from the recorded output gradient to
-//      that input and the block's parameters: once with every slot kept (the reference), then once
-//      per slot with that slot alone int4. The slot's error is the squared distance of those
-//      gradients from the reference's, summed in float64.
+//      probe. It records each block's slots, its input, the random streams' states it started
+//      from, its output and the gradient that reaches its output.
+//   2. Each block alone, from its recorded input and streams (its dropout draws the census's
+//      masks), backward from the recorded output gradient to that input and the block's
+//      parameters: once with every slot kept (the reference, whose output must match the census's
+//      to 1e-4 of its largest magnitude, or the probe stops), then once per slot with that slot
+//      alone int4. The slot's error is the squared distance of those gradients from the
+//      reference's, summed in float64.
+//   The streams end as the probe found them: the step after it draws what it would have drawn.
 //   3. choose_slot_codecs within `bits` an element.
 //
 // The measure is local to a block (an error in its input's gradient is counted there, not followed
 // through the blocks before it), as GACT's is per tensor. It costs one forward and backward of the
 // model and, per block, one of the block for each of its slots and one more. The blocks run as a
-// step runs them (training mode; the layouts are those of Config::check_adaptive_codecs, without
-// dropout). The caller runs it on one rank and hands the table to the others (plain_step.h).
+// step runs them (training mode, dropout included; the layouts are those config.cpp's
+// check_adaptive_codecs lets through). The caller runs it on one rank and hands the table to the others (plain_step.h).
 //
 // Under tensor parallelism every rank of the tp group probes at once (the blocks' collectives run
 // in both passes) and the errors count as the clipping norm counts a gradient (ProbeReduction): a

@@ -1,7 +1,7 @@
 // Codecs chosen per saved tensor (memory.activation_compression = adaptive; memory/adaptive_codecs.h,
 // parallel/activation_probe.h): the choice spends its bits where the measured error is largest;
 // at the budget's two ends a model trains bit for bit as with one codec everywhere; in between it
-// mixes codecs, holds its bits and moves the gradients less than int4 everywhere.
+// mixes codecs, holds its bits and moves the gradients less than int4 everywhere; with dropout too.
 #include <gtest/gtest.h>
 #include <torch/types.h>
 #include <torch/utils.h>
@@ -137,6 +137,26 @@ TEST_P(AdaptiveModel, TheBudgetsEndsTrainAsOneCodecAndItsMiddleMixes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Blocks, AdaptiveModel, ::testing::Values("gpt", "linear"));
+
+// With dropout each block run alone draws the masks it drew in the census (the probe stops when a
+// block's output differs from the census's), and the streams end as the probe found them: at the
+// budget's ends a step is bit for bit int4's and none's with the same masks.
+TEST(AdaptiveDropout, TheProbeDrawsTheCensussMasksAndLeavesTheStreamsAsItFoundThem) {
+  tokens(0);  // drawn once, before any model: every run below starts from seed 11's stream
+  for (const char* arch : {"gpt", "linear"}) {
+    const ModelOptions opts = test::small_model(arch, "dense", 64, 0.2);
+    const Step none = with_codec(opts, "none"), int4 = with_codec(opts, "int4");
+    EXPECT_FALSE(same(none, with_codec(test::small_model(arch, "dense", 64, 0), "none"))) << arch << ": no masks drawn";
+    EXPECT_TRUE(same(adaptive(opts, 5), int4)) << arch;
+    EXPECT_TRUE(same(adaptive(opts, 32), none)) << arch;
+    ActivationProbe probe;
+    const Step mixed = adaptive(opts, 7, &probe);
+    const SlotChoiceSummary s = summarize_slot_codecs(probe.slots, probe.codecs);
+    EXPECT_GT(s.int4, 0) << arch;
+    EXPECT_GT(s.int8 + s.kept, 0) << arch;
+    EXPECT_LT(worst_gradient_error(mixed, none), worst_gradient_error(int4, none)) << arch;
+  }
+}
 
 }  // namespace
 }  // namespace tessera
