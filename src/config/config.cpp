@@ -44,7 +44,7 @@ void mark_overrides(Config& config, const std::vector<std::string>& overrides) {
 
 // memory.activation_compression = adaptive probes each block of the model with autograd's
 // gradients, without the owner's hooks (parallel/activation_probe.h): the layouts whose blocks run
-// whole on the rank (or its tp group), and the same saved tensors in every forward.
+// whole on the rank (or its tp and sp groups), and the same saved tensors in every forward.
 void check_adaptive_codecs(const Config& config, const std::string& source) {
   const ParallelOptions& parallel = config.parallel;
   const MemoryOptions& memory = config.memory;
@@ -55,8 +55,6 @@ void check_adaptive_codecs(const Config& config, const std::string& source) {
            " (docs/memory.md, \"Chosen per tensor\")");
   };
   refuse(parallel.pp > 1, "parallel.pp", std::to_string(parallel.pp), "its probe runs whole blocks of a whole model");
-  refuse(parallel.sp > 1, "parallel.sp", std::to_string(parallel.sp),
-         "its probe runs a block on its whole sequence");
   refuse(parallel.zero_stage == 3, "parallel.zero_stage", "3", "ZeRO-3 gathers a block's parameters around it");
   refuse(memory.swap, "memory.swap", "true", "its probe runs whole blocks resident on the device");
   refuse(model.ffn == "moe", "model.ffn", "moe",

@@ -25,17 +25,33 @@ std::vector<at::Tensor> gradients(const at::Tensor& output, const std::vector<at
 }
 
 // The weighted squared distance of two gradient lists (weights[i] for entry i), as the clipping
-// norm sums its squares (optim/clipping.h).
+// norm sums its squares (optim/clipping.h), of entries [first, last). With `sequence` the entries are
+// this rank's shares of gradients summed over that group (the parameters' under sequence
+// parallelism): their differences are summed over it first (one collective), so the distance is
+// the whole gradient's, equal on every rank of the group.
 double squared_distance(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b,
-                        const std::vector<double>& weights) {
+                        const std::vector<double>& weights, size_t first, size_t last, comm::Group* sequence) {
   std::vector<at::Tensor> differences;
   std::vector<double> counted;
-  for (size_t i = 0; i < a.size(); ++i) {
+  for (size_t i = first; i < last; ++i) {
     if (!a[i].defined() || !b[i].defined()) continue;
     differences.push_back(a[i] - b[i]);
     counted.push_back(weights[i]);
   }
-  return differences.empty() ? 0.0 : weighted_squares(differences, counted, differences.front().device()).item<double>();
+  if (differences.empty()) return 0.0;
+  if (sequence) {
+    std::vector<at::Tensor> flat;
+    std::vector<int64_t> sizes;
+    for (const at::Tensor& d : differences) {
+      flat.push_back(d.reshape({-1}));
+      sizes.push_back(d.numel());
+    }
+    at::Tensor summed = at::cat(flat);
+    sequence->all_reduce(summed);
+    std::vector<at::Tensor> parts = summed.split_with_sizes(sizes);
+    for (size_t i = 0; i < parts.size(); ++i) differences[i] = parts[i].view(differences[i].sizes());
+  }
+  return weighted_squares(differences, counted, differences.front().device()).item<double>();
 }
 
 }  // namespace
@@ -49,6 +65,7 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
   for (const at::Tensor& p : model->parameters())
     if (p.requires_grad()) params.push_back(p);
   ActivationProbe probe;
+  SlotErrors input_error;  // under sequence parallelism: the squares of this rank's chunk of each input gradient
   std::map<int64_t, AdaptiveCodecs::BlockRecord> records;
   // The random streams as the step found them: the probe's draws (dropout) leave no trace.
   const std::optional<c10::Device> cuda =
@@ -116,17 +133,39 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
         return g;
       };
       const std::vector<at::Tensor> reference = block_gradients(-1);
-      for (size_t k = 0; k < slots.size(); ++k)
-        errors[k] = squared_distance(block_gradients(static_cast<int64_t>(k)), reference, weights);
+      std::vector<double>& input_errors = input_error[layer];
+      input_errors.assign(slots.size(), 0.0);
+      for (size_t k = 0; k < slots.size(); ++k) {
+        const std::vector<at::Tensor> g = block_gradients(static_cast<int64_t>(k));
+        if (reduction.sequence) {
+          // The input's gradient is this rank's chunk of the sequence's: its squares are summed
+          // over the group below; the parameters' gradients are shares of one sum.
+          input_errors[k] = squared_distance(g, reference, weights, 0, 1, nullptr);
+          errors[k] = squared_distance(g, reference, weights, 1, g.size(), reduction.sequence);
+        } else {
+          errors[k] = squared_distance(g, reference, weights, 0, g.size(), nullptr);
+        }
+      }
     }
   } catch (...) {
     restore();
     throw;
   }
   random::load_states(streams, cuda, "the adaptive codecs' probe");
-  if (reduction.norm && reduction.norm->split()) {
-    // The elements as one process counts them: a slot every tp rank saved alike (the same
-    // checksum everywhere) once, any other over all the ranks.
+  // Model-parallel ranks probed together: the sequence's (their input gradients' squares summed,
+  // the parameters' already whole), then the tp group's (summed as the clipping norm sums them).
+  const bool tensor_parallel = reduction.norm && reduction.norm->split();
+  std::vector<comm::Group*> groups;
+  if (reduction.sequence) groups.push_back(reduction.sequence);
+  if (tensor_parallel) groups.insert(groups.end(), reduction.norm->groups.begin(), reduction.norm->groups.end());
+  auto flatten = [](const SlotErrors& errors) {
+    std::vector<double> flat;
+    for (const auto& [layer, list] : errors) flat.insert(flat.end(), list.begin(), list.end());
+    return flat;
+  };
+  if (!groups.empty()) {
+    // The elements as one process counts them: a slot every rank saved alike (the same checksum
+    // everywhere) once, any other over all the ranks.
     std::vector<double> checksums;
     for (const auto& [layer, slots] : probe.slots)
       for (const SavedSlot& slot : slots) checksums.push_back(slot.checksum);
@@ -134,7 +173,7 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
     for (size_t i = 0; i < n; ++i) checksums.push_back(-checksums[i]);
     at::Tensor extremes = at::tensor(checksums, at::kDouble).to(params.front().device());
     int64_t ranks = 1;
-    for (comm::Group* g : reduction.norm->groups) {
+    for (comm::Group* g : groups) {
       g->all_reduce(extremes, comm::ReduceOp::max);
       ranks *= g->size();
     }
@@ -147,11 +186,17 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
         if (!replicated) slot.elements *= ranks;
         ++i;
       }
-    std::vector<double> flat;
-    for (const auto& [layer, errors] : probe.int4_error) flat.insert(flat.end(), errors.begin(), errors.end());
-    at::Tensor sums = at::tensor(flat, at::kDouble).to(params.front().device());
-    reduction.norm->sum_over_groups(sums);
-    sums = sums.cpu();
+    at::Tensor sums = at::tensor(flatten(probe.int4_error), at::kDouble);
+    if (reduction.sequence) {
+      at::Tensor inputs = at::tensor(flatten(input_error), at::kDouble).to(params.front().device());
+      reduction.sequence->all_reduce(inputs);
+      sums = sums + inputs.cpu();
+    }
+    if (tensor_parallel) {
+      sums = sums.to(params.front().device());
+      reduction.norm->sum_over_groups(sums);
+      sums = sums.cpu();
+    }
     int64_t at = 0;
     for (auto& [layer, errors] : probe.int4_error)
       for (double& e : errors) e = sums[at++].item<double>();

@@ -33,6 +33,13 @@
 // only are counted as split). So every rank chooses the same table, the one a single process
 // chooses up to the order of its sums; a rank's own bits an element may then differ from the
 // budget, its replicated tensors weighing more among its own than among the whole model's.
+//
+// Under sequence parallelism (ring, Ulysses, LASP) every rank of the sp group probes at once too,
+// each on its chunk of the same sequences: a parameter gradient is the sum of the ranks' shares,
+// so the differences from the reference are summed over the group before their squares (one
+// collective per probed slot: the whole gradient's error, equal on every rank); the block input's
+// gradient is split by position, so its squares are summed over the group. The budget counts the
+// elements over the group's ranks as above, and then over the tp group's when both split a block.
 #pragma once
 
 #include <functional>
@@ -40,6 +47,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "comm/group.h"
 #include "memory/adaptive_codecs.h"
 #include "model/transformer.h"
 #include "parallel/tensor/gradient_shares.h"
@@ -52,7 +60,8 @@ namespace tessera {
 struct ProbeReduction {
   const ModelParallelNorm* norm = nullptr;
   const GradientShares* shares = nullptr;
-  double input_weight = 1;  // the weight of the block input's gradient
+  double input_weight = 1;             // the weight of the block input's gradient
+  comm::Group* sequence = nullptr;     // the sequence-parallel group (below)
 };
 
 struct ActivationProbe {

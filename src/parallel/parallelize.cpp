@@ -178,7 +178,10 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
     holder_ = local.get();
     owner = std::move(local);
   }
-  probing.replicas = replicas_;
+  // The replicas the table is broadcast over: under sequence parallelism the dp ranks only (the
+  // sp group probes together).
+  probing.replicas = sp_ > 1 ? (dims->dp() > 1 ? &mesh_->group("dp") : nullptr) : replicas_;
+  if (sp_ > 1) probing.sequence = &mesh_->group("sp");
   if (layout_.pipelined()) {
     // A fully recomputed block (by the key, or the policy's choice for one of this rank's blocks)
     // accumulates its parameters' gradients inside a split backward's I.

@@ -31,7 +31,7 @@ void PlainStep::choose_activation_codecs(const Batch& batch) {
           AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
           return block->forward(x).x;
         },
-        ProbeReduction{&probing_.norm, &probing_.shares, probing_.input_weight});
+        ProbeReduction{&probing_.norm, &probing_.shares, probing_.input_weight, probing_.sequence});
     note_ = describe_activation_codecs(probe.slots, probe.codecs, codecs.bits(), probe.seconds);
   }
   if (replicas == nullptr || replicas->size() == 1) return;

@@ -12,8 +12,9 @@
 // memory.activation_compression = adaptive (the model's adaptive_activation_codecs()): before the
 // first step's micro-batches and every `probe_every` steps after (0: the first only), rank 0 of
 // the replicas (or this process, without them) probes its first micro-batch (parallel/
-// activation_probe.h; under tensor parallelism with its tp group, by `reduction`) and broadcasts
-// the codecs chosen; every replica then encodes alike. The choice is the step's note (take_note).
+// activation_probe.h; under tensor and sequence parallelism with its tp and sp groups, whose
+// ranks are not among the replicas here) and broadcasts the codecs chosen; every replica then
+// encodes alike. The choice is the step's note (take_note).
 #pragma once
 
 #include <optional>
@@ -36,6 +37,7 @@ struct ActivationProbing {
   ModelParallelNorm norm;           // the clipping norm's weights and groups (tp)
   GradientShares shares;            // gradients that are shares over a tp group
   double input_weight = 1;          // a block input gradient's weight: 1/tp where every tp rank holds it
+  comm::Group* sequence = nullptr;  // the sp group, whose ranks probe together
 };
 
 class PlainStep final : public StepRunner {

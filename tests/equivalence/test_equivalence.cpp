@@ -615,6 +615,23 @@ const std::vector<Row>& layouts() {
          c.memory.activation_bits = 7;
        },
        &kInt4Sharded},
+      // Under sequence parallelism the sp group probes together, each rank on its chunk: parameter
+      // gradients' differences summed over the group before their squares, the input's squares
+      // summed; the table then broadcast over the dp ranks.
+      {"sp2_lasp_linear_adaptive_activations_sgd", 2,
+       [](Config& c) {
+         sp2_lasp_encoded(c, "adaptive");
+         c.memory.activation_bits = 7;
+       },
+       &kInt4Sharded},
+      {"dp2_sp2_ring_adaptive_activations", 4,  // AdamW, softmax attention
+       [](Config& c) {
+         c.parallel.sp = 2;
+         c.parallel.sp_method = "ring";
+         c.memory.activation_compression = "adaptive";
+         c.memory.activation_bits = 7;
+       },
+       &kInt4Sharded},
       {"dp2_tp2_adaptive_activations", 4,  // AdamW, tp without Megatron-SP
        [](Config& c) {
          c.model.n_embd = 64;

@@ -116,9 +116,11 @@ TEST(ConfigRanges, AdaptiveCodecsNameTheLayoutsTheirProbeCannotRun) {
   Config with_dropout = config;  // the probe draws the census's masks again (parallel/activation_probe.h)
   with_dropout.model.dropout = 0.1;
   EXPECT_NO_THROW(with_dropout.check("code"));
+  Config sequence_parallel = config;  // the sp group probes together
+  sequence_parallel.parallel.sp = 2;
+  EXPECT_NO_THROW(sequence_parallel.check("code"));
   const std::vector<std::pair<std::function<void(Config&)>, std::string>> refused{
       {[](Config& c) { c.parallel.pp = 2; }, "parallel.pp = 2"},
-      {[](Config& c) { c.parallel.sp = 2; }, "parallel.sp = 2"},
       {[](Config& c) { c.parallel.zero_stage = 3; }, "parallel.zero_stage = 3"},
       {[](Config& c) {
          c.memory.swap = true;
