@@ -59,8 +59,6 @@ void check_adaptive_codecs(const Config& config, const std::string& source) {
   refuse(memory.swap, "memory.swap", "true", "its probe runs whole blocks resident on the device");
   refuse(model.ffn == "moe", "model.ffn", "moe",
          "an MoE block's saved tensors follow its routing");
-  refuse(memory.activation_offload > 0, "memory.activation_offload", std::to_string(memory.activation_offload),
-         "its probe repeats each block's forward, which would store and fetch the offload groups");
 }
 
 }  // namespace

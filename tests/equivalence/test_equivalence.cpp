@@ -632,6 +632,15 @@ const std::vector<Row>& layouts() {
          c.memory.activation_bits = 7;
        },
        &kInt4Sharded},
+      // With offload the probe's passes store and fetch their blocks' groups as a step does; the
+      // reference keeps its activations (offload is lossless) and chooses the same table.
+      {"dp2_adaptive_activation_offload_sgd", 2,
+       [](Config& c) {
+         sgd(c);
+         c.memory.activation_compression = "adaptive";
+         c.memory.activation_bits = 7;
+         c.memory.activation_offload = 2;
+       }},
       {"dp2_tp2_adaptive_activations", 4,  // AdamW, tp without Megatron-SP
        [](Config& c) {
          c.model.n_embd = 64;
