@@ -164,28 +164,27 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
     return flat;
   };
   if (!groups.empty()) {
-    // The elements as one process counts them: a slot every rank saved alike (the same checksum
-    // everywhere) once, any other over all the ranks.
+    // The elements as one process counts them, group by group: a slot every rank of a group saved
+    // alike (the same checksum on each: tp without Megatron-SP keeps the norms' tensors whole) once
+    // for that group, any other over its ranks (a sequence's chunks, a rank's heads).
     std::vector<double> checksums;
     for (const auto& [layer, slots] : probe.slots)
       for (const SavedSlot& slot : slots) checksums.push_back(slot.checksum);
     const size_t n = checksums.size();
     for (size_t i = 0; i < n; ++i) checksums.push_back(-checksums[i]);
-    at::Tensor extremes = at::tensor(checksums, at::kDouble).to(params.front().device());
-    int64_t ranks = 1;
     for (comm::Group* g : groups) {
+      at::Tensor extremes = at::tensor(checksums, at::kDouble).to(params.front().device());
       g->all_reduce(extremes, comm::ReduceOp::max);
-      ranks *= g->size();
+      extremes = extremes.cpu();
+      size_t i = 0;
+      for (auto& [layer, slots] : probe.slots)
+        for (SavedSlot& slot : slots) {
+          const bool replicated = extremes[static_cast<int64_t>(i)].item<double>() ==
+                                  -extremes[static_cast<int64_t>(i + n)].item<double>();
+          if (!replicated) slot.elements *= g->size();
+          ++i;
+        }
     }
-    extremes = extremes.cpu();
-    size_t i = 0;
-    for (auto& [layer, slots] : probe.slots)
-      for (SavedSlot& slot : slots) {
-        const bool replicated = extremes[static_cast<int64_t>(i)].item<double>() ==
-                                -extremes[static_cast<int64_t>(i + n)].item<double>();
-        if (!replicated) slot.elements *= ranks;
-        ++i;
-      }
     at::Tensor sums = at::tensor(flatten(probe.int4_error), at::kDouble);
     if (reduction.sequence) {
       at::Tensor inputs = at::tensor(flatten(input_error), at::kDouble).to(params.front().device());

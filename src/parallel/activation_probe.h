@@ -39,7 +39,9 @@
 // so the differences from the reference are summed over the group before their squares (one
 // collective per probed slot: the whole gradient's error, equal on every rank); the block input's
 // gradient is split by position, so its squares are summed over the group. The budget counts the
-// elements over the group's ranks as above, and then over the tp group's when both split a block.
+// elements group by group: over the sp group's ranks unless alike on each, then over the tp
+// group's unless alike on each (under tp without Megatron-SP a norm's input is whole on the tp
+// ranks and split over the sp ranks: counted sp times).
 #pragma once
 
 #include <functional>

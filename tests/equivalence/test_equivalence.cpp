@@ -632,6 +632,17 @@ const std::vector<Row>& layouts() {
          c.memory.activation_bits = 7;
        },
        &kInt4Sharded},
+      {"tp2_sp2_ring_adaptive_activations_sgd", 4,  // errors summed over sp, then tp
+       [](Config& c) {
+         sgd(c);
+         c.model.n_embd = 64;
+         c.parallel.tp = 2;
+         c.parallel.sp = 2;
+         c.parallel.sp_method = "ring";
+         c.memory.activation_compression = "adaptive";
+         c.memory.activation_bits = 7;
+       },
+       &kInt4Sharded},
       // With offload the probe's passes store and fetch their blocks' groups as a step does; the
       // reference keeps its activations (offload is lossless) and chooses the same table.
       {"dp2_adaptive_activation_offload_sgd", 2,
