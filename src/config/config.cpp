@@ -57,8 +57,12 @@ void check_adaptive_codecs(const Config& config, const std::string& source) {
   refuse(parallel.pp > 1, "parallel.pp", std::to_string(parallel.pp), "its probe runs whole blocks of a whole model");
   refuse(parallel.zero_stage == 3, "parallel.zero_stage", "3", "ZeRO-3 gathers a block's parameters around it");
   refuse(memory.swap, "memory.swap", "true", "its probe runs whole blocks resident on the device");
-  refuse(model.ffn == "moe", "model.ffn", "moe",
-         "an MoE block's saved tensors follow its routing");
+  refuse(parallel.ep > 1, "parallel.ep", std::to_string(parallel.ep),
+         "its probe runs a block on one rank's replica, without the experts' all-to-all");
+  refuse(model.ffn == "moe" && model.moe_aux_scope == "global", "model.moe_aux_scope", "global",
+         "the balance loss sums routing counts over replicas that do not all probe");
+  refuse(model.ffn == "moe" && model.moe_bias_update_rate > 0, "model.moe_bias_update_rate",
+         std::to_string(model.moe_bias_update_rate), "its probe's forwards would count their loads into the bias's update");
 }
 
 }  // namespace

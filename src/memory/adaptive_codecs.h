@@ -5,9 +5,10 @@
 // Slots. A block's slots are the activations its SavedActivationScope encodes (memory/
 // saved_activations.h: on the gradient's path, not a weight, not a bool mask, which is packed as
 // bits anyway), numbered in the order its forward saves them; a tensor saved again shares its first
-// encoding and is no new slot. The same forward saves the same slots each time: the layouts that run
-// adaptive are those whose blocks run whole on the rank, without routing (config.cpp,
-// check_adaptive_codecs); dropout draws its masks again from the states the census recorded.
+// encoding and is no new slot. The same forward saves the same slots each time: a block runs on the rank
+// (with its tp and sp groups), an MoE block's experts run stacked (the same tensors whatever the
+// routing), dropout draws its masks again from the states the census recorded; config.cpp's
+// check_adaptive_codecs refuses the layouts where that does not hold or the probe cannot run.
 //
 // The choice. Each slot is kept, int8 or int4. choose_slot_codecs minimises the summed gradient
 // error the encodings cause, each slot's error modelled as its measured int4 error (the probe,

@@ -632,6 +632,13 @@ const std::vector<Row>& layouts() {
          c.memory.activation_bits = 7;
        },
        &kInt4Sharded},
+      {"dp2_moe_adaptive_activations_sgd", 2,  // Switch-style MoE blocks, their experts stacked
+       [](Config& c) {
+         sgd(c);
+         c.model.ffn = "moe";
+         c.memory.activation_compression = "adaptive";
+         c.memory.activation_bits = 7;
+       }},
       {"tp2_sp2_ring_adaptive_activations_sgd", 4,  // errors summed over sp, then tp
        [](Config& c) {
          sgd(c);

@@ -138,6 +138,32 @@ TEST_P(AdaptiveModel, TheBudgetsEndsTrainAsOneCodecAndItsMiddleMixes) {
 
 INSTANTIATE_TEST_SUITE_P(Blocks, AdaptiveModel, ::testing::Values("gpt", "linear"));
 
+// MoE blocks (capacity and dropless routing): the experts run stacked, so a block saves the same
+// tensors whatever its routing, and the budget's ends train as int4 and none.
+TEST(AdaptiveMoE, StackedExpertsSaveTheSameTensorsWhateverTheRouting) {
+  tokens(0);
+  for (double capacity : {1.25, 0.0}) {
+    ModelOptions opts = test::small_model("gpt", "moe", 64, 0);
+    opts.moe_capacity_factor = capacity;
+    const Step none = with_codec(opts, "none"), int4 = with_codec(opts, "int4");
+    EXPECT_TRUE(same(adaptive(opts, 5), int4)) << capacity;
+    EXPECT_TRUE(same(adaptive(opts, 32), none)) << capacity;
+    ActivationProbe probe;
+    const Step mixed = adaptive(opts, 7, &probe);
+    EXPECT_LT(worst_gradient_error(mixed, none), worst_gradient_error(int4, none)) << capacity;
+    // Another batch routes otherwise and saves as many tensors in each block.
+    TransformerLM m = model(opts);
+    auto codecs = std::make_shared<AdaptiveCodecs>(7.0);
+    m->set_adaptive_activation_codecs(codecs);
+    const at::Tensor other = (torch::manual_seed(23), torch::randint(0, 50, {4, 32}));
+    const ActivationProbe again = probe_activation_codecs(
+        m, *codecs, [&] { return m->forward(other, tokens(1)).loss; },
+        [](Block& block, const at::Tensor& x) { return block->forward(x).x; });
+    for (const auto& [layer, slots] : probe.slots)
+      EXPECT_EQ(again.slots.at(layer).size(), slots.size()) << capacity << " block " << layer;
+  }
+}
+
 // With dropout each block run alone draws the masks it drew in the census (the probe stops when a
 // block's output differs from the census's), and the streams end as the probe found them: at the
 // budget's ends a step is bit for bit int4's and none's with the same masks.

@@ -122,6 +122,9 @@ TEST(ConfigRanges, AdaptiveCodecsNameTheLayoutsTheirProbeCannotRun) {
   Config offloaded = config;  // the probe's passes store and fetch their groups as a step does
   offloaded.memory.activation_offload = 1;
   EXPECT_NO_THROW(offloaded.check("code"));
+  Config experts = config;  // stacked experts: the same saved tensors whatever the routing
+  experts.model.ffn = "moe";
+  EXPECT_NO_THROW(experts.check("code"));
   const std::vector<std::pair<std::function<void(Config&)>, std::string>> refused{
       {[](Config& c) { c.parallel.pp = 2; }, "parallel.pp = 2"},
       {[](Config& c) { c.parallel.zero_stage = 3; }, "parallel.zero_stage = 3"},
@@ -130,7 +133,21 @@ TEST(ConfigRanges, AdaptiveCodecsNameTheLayoutsTheirProbeCannotRun) {
          c.memory.device_budget_gb = 1;
        },
        "memory.swap = true"},
-      {[](Config& c) { c.model.ffn = "moe"; }, "model.ffn = moe"},
+      {[](Config& c) {
+         c.model.ffn = "moe";
+         c.parallel.ep = 2;
+       },
+       "parallel.ep = 2"},
+      {[](Config& c) {
+         c.model.ffn = "moe";
+         c.model.moe_aux_scope = "global";
+       },
+       "model.moe_aux_scope = global"},
+      {[](Config& c) {
+         c.model.ffn = "moe";
+         c.model.moe_bias_update_rate = 0.001;
+       },
+       "model.moe_bias_update_rate"},
       {[](Config& c) { c.memory.attention_compression = "int8"; }, "memory.attention_compression = int8"},
   };
   for (const auto& [set, key] : refused) {
