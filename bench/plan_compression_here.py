@@ -11,6 +11,8 @@ Written to bench/results/plan_compression_cpu.md.
 
 usage: bench/plan_compression_here.py BUILD_DIR [--rounds 3] [--steps 10] [--configs tiny_gpt,tiny_llama]
                                       [--codecs none,bf16,int8,fp8] [--cluster this_machine_2core] [--batch 16]
+A codec is CODEC[:BITS][+CORE] (tessera_bench.compression_settings: adaptive:6 holds
+memory.activation_bits at 6, int4+int8 the attention core at int8).
 """
 import argparse
 import statistics
@@ -19,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_file import write_results  # noqa: E402
-from tessera_bench import plan_step, tessera_bench  # noqa: E402
+from tessera_bench import compression_settings, plan_step, tessera_bench  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser()
@@ -44,11 +46,11 @@ def main():
              "|---|---|---|---|---|"]
     for config in args.configs.split(","):
         batch = args.batch
-        predicted = {c: plan_step(args.build, config, args.cluster,
-                                  {"memory.activation_compression": c, "train.batch_size": batch}) for c in codecs}
+        predicted = {c: plan_step(args.build, config, args.cluster, {**compression_settings(c), "train.batch_size": batch})
+                     for c in codecs}
         ratios = {c: [] for c in codecs}
         for r in range(args.rounds):
-            steps = {c: tessera_bench(args.build, config, {"memory.activation_compression": c, "train.batch_size": batch},
+            steps = {c: tessera_bench(args.build, config, {**compression_settings(c), "train.batch_size": batch},
                                       steps=args.steps)["median_step_s"] for c in codecs}
             for c in codecs:
                 ratios[c].append(steps[c] / steps["none"])
