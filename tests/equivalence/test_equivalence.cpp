@@ -624,6 +624,15 @@ const std::vector<Row>& layouts() {
          c.memory.activation_bits = 7;
        },
        &kInt4Sharded},
+      {"sp2_ulysses_adaptive_activations_sgd", 2,
+       [](Config& c) {
+         sgd(c);
+         c.parallel.sp = 2;
+         c.parallel.sp_method = "ulysses";
+         c.memory.activation_compression = "adaptive";
+         c.memory.activation_bits = 7;
+       },
+       &kInt4Sharded},
       {"dp2_sp2_ring_adaptive_activations", 4,  // AdamW, softmax attention
        [](Config& c) {
          c.parallel.sp = 2;
