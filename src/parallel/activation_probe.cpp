@@ -39,19 +39,23 @@ double squared_distance(const std::vector<at::Tensor>& a, const std::vector<at::
     counted.push_back(weights[i]);
   }
   if (differences.empty()) return 0.0;
-  if (sequence) {
-    std::vector<at::Tensor> flat;
-    std::vector<int64_t> sizes;
-    for (const at::Tensor& d : differences) {
-      flat.push_back(d.reshape({-1}));
-      sizes.push_back(d.numel());
-    }
-    at::Tensor summed = at::cat(flat);
-    sequence->all_reduce(summed);
-    std::vector<at::Tensor> parts = summed.split_with_sizes(sizes);
-    for (size_t i = 0; i < parts.size(); ++i) differences[i] = parts[i].view(differences[i].sizes());
-  }
+  if (sequence) sequence->all_reduce(differences);  // in place, as one flat buffer
   return weighted_squares(differences, counted, differences.front().device()).item<double>();
+}
+
+// `values` reduced over `group` (on `device`, where its collectives run).
+std::vector<double> reduced(comm::Group& group, const std::vector<double>& values, c10::Device device,
+                            comm::ReduceOp op = comm::ReduceOp::sum) {
+  at::Tensor t = at::tensor(values, at::kDouble).to(device);
+  group.all_reduce(t, op);
+  t = t.cpu().contiguous();
+  return {t.data_ptr<double>(), t.data_ptr<double>() + t.numel()};
+}
+
+std::vector<double> flatten(const SlotErrors& errors) {
+  std::vector<double> flat;
+  for (const auto& [layer, list] : errors) flat.insert(flat.end(), list.begin(), list.end());
+  return flat;
 }
 
 }  // namespace
@@ -158,12 +162,8 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
   std::vector<comm::Group*> groups;
   if (reduction.sequence) groups.push_back(reduction.sequence);
   if (tensor_parallel) groups.insert(groups.end(), reduction.norm->groups.begin(), reduction.norm->groups.end());
-  auto flatten = [](const SlotErrors& errors) {
-    std::vector<double> flat;
-    for (const auto& [layer, list] : errors) flat.insert(flat.end(), list.begin(), list.end());
-    return flat;
-  };
   if (!groups.empty()) {
+    const c10::Device device = params.front().device();
     // The elements as one process counts them, group by group: a slot every rank of a group saved
     // alike (the same checksum on each: tp without Megatron-SP keeps the norms' tensors whole) once
     // for that group, any other over its ranks (a sequence's chunks, a rank's heads).
@@ -173,32 +173,24 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
     const size_t n = checksums.size();
     for (size_t i = 0; i < n; ++i) checksums.push_back(-checksums[i]);
     for (comm::Group* g : groups) {
-      at::Tensor extremes = at::tensor(checksums, at::kDouble).to(params.front().device());
-      g->all_reduce(extremes, comm::ReduceOp::max);
-      extremes = extremes.cpu();
+      const std::vector<double> extremes = reduced(*g, checksums, device, comm::ReduceOp::max);
       size_t i = 0;
       for (auto& [layer, slots] : probe.slots)
         for (SavedSlot& slot : slots) {
-          const bool replicated = extremes[static_cast<int64_t>(i)].item<double>() ==
-                                  -extremes[static_cast<int64_t>(i + n)].item<double>();
-          if (!replicated) slot.elements *= g->size();
+          if (extremes[i] != -extremes[i + n]) slot.elements *= g->size();  // not alike on every rank
           ++i;
         }
     }
-    at::Tensor sums = at::tensor(flatten(probe.int4_error), at::kDouble);
+    std::vector<double> sums = flatten(probe.int4_error);
     if (reduction.sequence) {
-      at::Tensor inputs = at::tensor(flatten(input_error), at::kDouble).to(params.front().device());
-      reduction.sequence->all_reduce(inputs);
-      sums = sums + inputs.cpu();
+      const std::vector<double> inputs = reduced(*reduction.sequence, flatten(input_error), device);
+      for (size_t i = 0; i < sums.size(); ++i) sums[i] += inputs[i];
     }
-    if (tensor_parallel) {
-      sums = sums.to(params.front().device());
-      reduction.norm->sum_over_groups(sums);
-      sums = sums.cpu();
-    }
-    int64_t at = 0;
+    if (tensor_parallel)  // over each of the norm's groups in turn, as sum_over_groups sums its squares
+      for (comm::Group* g : reduction.norm->groups) sums = reduced(*g, sums, device);
+    size_t at = 0;
     for (auto& [layer, errors] : probe.int4_error)
-      for (double& e : errors) e = sums[at++].item<double>();
+      for (double& e : errors) e = sums[at++];
   }
   probe.codecs = choose_slot_codecs(probe.slots, probe.int4_error, codecs.bits());
   codecs.apply(probe.codecs);

@@ -197,6 +197,12 @@ void pp2_zbv_encoded_accum4(Config& c, const char* codec) {
   c.memory.activation_compression = codec;
 }
 
+// Codecs chosen per saved tensor within 7 bits an element: int4, int8 and kept mixed.
+void adaptive_at_7_bits(Config& c) {
+  c.memory.activation_compression = "adaptive";
+  c.memory.activation_bits = 7;
+}
+
 void sp2_lasp_encoded(Config& c, const char* codec) {
   sgd(c);
   c.model.arch = "linear";
@@ -598,14 +604,12 @@ const std::vector<Row>& layouts() {
        [](Config& c) {
          sgd(c);
          c.train.grad_accum = 2;
-         c.memory.activation_compression = "adaptive";
-         c.memory.activation_bits = 7;
+         adaptive_at_7_bits(c);
        }},
       {"dp2_zero2_adaptive_activations", 2,  // AdamW
        [](Config& c) {
          c.parallel.zero_stage = 2;
-         c.memory.activation_compression = "adaptive";
-         c.memory.activation_bits = 7;
+         adaptive_at_7_bits(c);
        }},
       // Under tp the two ranks probe together, their errors weighed and summed as the clipping
       // norm's squares (parallel/activation_probe.h).
@@ -629,24 +633,21 @@ const std::vector<Row>& layouts() {
          sgd(c);
          c.parallel.sp = 2;
          c.parallel.sp_method = "ulysses";
-         c.memory.activation_compression = "adaptive";
-         c.memory.activation_bits = 7;
+         adaptive_at_7_bits(c);
        },
        &kInt4Sharded},
       {"dp2_sp2_ring_adaptive_activations", 4,  // AdamW, softmax attention
        [](Config& c) {
          c.parallel.sp = 2;
          c.parallel.sp_method = "ring";
-         c.memory.activation_compression = "adaptive";
-         c.memory.activation_bits = 7;
+         adaptive_at_7_bits(c);
        },
        &kInt4Sharded},
       {"dp2_moe_adaptive_activations_sgd", 2,  // Switch-style MoE blocks, their experts stacked
        [](Config& c) {
          sgd(c);
          c.model.ffn = "moe";
-         c.memory.activation_compression = "adaptive";
-         c.memory.activation_bits = 7;
+         adaptive_at_7_bits(c);
        }},
       {"tp2_sp2_ring_adaptive_activations_sgd", 4,  // errors summed over sp, then tp
        [](Config& c) {
@@ -655,8 +656,7 @@ const std::vector<Row>& layouts() {
          c.parallel.tp = 2;
          c.parallel.sp = 2;
          c.parallel.sp_method = "ring";
-         c.memory.activation_compression = "adaptive";
-         c.memory.activation_bits = 7;
+         adaptive_at_7_bits(c);
        },
        &kInt4Sharded},
       // With offload the probe's passes store and fetch their blocks' groups as a step does; the
@@ -664,16 +664,14 @@ const std::vector<Row>& layouts() {
       {"dp2_adaptive_activation_offload_sgd", 2,
        [](Config& c) {
          sgd(c);
-         c.memory.activation_compression = "adaptive";
-         c.memory.activation_bits = 7;
+         adaptive_at_7_bits(c);
          c.memory.activation_offload = 2;
        }},
       {"dp2_tp2_adaptive_activations", 4,  // AdamW, tp without Megatron-SP
        [](Config& c) {
          c.model.n_embd = 64;
          c.parallel.tp = 2;
-         c.memory.activation_compression = "adaptive";
-         c.memory.activation_bits = 7;
+         adaptive_at_7_bits(c);
        },
        &kInt4Sharded},
       {"dp2_bf16_int8_activations", 2,
