@@ -649,6 +649,11 @@ const std::vector<Row>& layouts() {
          c.model.ffn = "moe";
          adaptive_at_7_bits(c);
        }},
+      {"dp2_moe_adaptive_activations", 2,  // AdamW
+       [](Config& c) {
+         c.model.ffn = "moe";
+         adaptive_at_7_bits(c);
+       }},
       {"tp2_sp2_ring_adaptive_activations_sgd", 4,  // errors summed over sp, then tp
        [](Config& c) {
          sgd(c);
@@ -664,6 +669,11 @@ const std::vector<Row>& layouts() {
       {"dp2_adaptive_activation_offload_sgd", 2,
        [](Config& c) {
          sgd(c);
+         adaptive_at_7_bits(c);
+         c.memory.activation_offload = 2;
+       }},
+      {"dp2_adaptive_activation_offload", 2,  // AdamW
+       [](Config& c) {
          adaptive_at_7_bits(c);
          c.memory.activation_offload = 2;
        }},
