@@ -54,7 +54,6 @@ void check_adaptive_codecs(const Config& config, const std::string& source) {
       fail(source, ": memory.activation_compression = adaptive does not run with ", key, " = ", value, ": ", why,
            " (docs/memory.md, \"Chosen per tensor\")");
   };
-  refuse(parallel.pp > 1, "parallel.pp", std::to_string(parallel.pp), "its probe runs whole blocks of a whole model");
   refuse(parallel.zero_stage == 3, "parallel.zero_stage", "3", "ZeRO-3 gathers a block's parameters around it");
   refuse(memory.swap, "memory.swap", "true", "its probe runs whole blocks resident on the device");
   refuse(parallel.ep > 1, "parallel.ep", std::to_string(parallel.ep),

@@ -1,6 +1,7 @@
 // The probe of adaptive activation codecs (activation_probe.h).
 #include "parallel/activation_probe.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -9,6 +10,7 @@
 
 #include <torch/autograd.h>
 
+#include "comm/device.h"
 #include "core/error.h"
 #include "core/random_streams.h"
 #include "optim/clipping.h"
@@ -58,12 +60,53 @@ std::vector<double> flatten(const SlotErrors& errors) {
   return flat;
 }
 
+// Every stage's slots and errors on every rank of the pp group `pipe`: each rank's blocks as rows
+// (layer, elements, element bytes, lossy, int4 error; a block that saves nothing one row of
+// elements -1), padded to the longest rank's and gathered. Another rank's slots come without
+// made_by and checksum (the budget has counted their elements already).
+void gather_stages(comm::Group& pipe, ActivationProbe& probe, c10::Device device) {
+  constexpr size_t kColumns = 5;
+  std::vector<double> rows;
+  for (const auto& [layer, slots] : probe.slots) {
+    const double l = static_cast<double>(layer);
+    if (slots.empty()) rows.insert(rows.end(), {l, -1, 0, 0, 0});
+    const std::vector<double>& errors = probe.int4_error.at(layer);
+    for (size_t k = 0; k < slots.size(); ++k)
+      rows.insert(rows.end(), {l, static_cast<double>(slots[k].elements), static_cast<double>(slots[k].element_bytes),
+                               slots[k].lossy ? 1.0 : 0.0, errors[k]});
+  }
+  std::vector<double> counts(static_cast<size_t>(pipe.size()), 0.0);
+  counts[static_cast<size_t>(pipe.rank())] = static_cast<double>(rows.size() / kColumns);
+  counts = reduced(pipe, counts, device);
+  const size_t longest = static_cast<size_t>(*std::max_element(counts.begin(), counts.end()));
+  rows.resize(longest * kColumns, 0.0);
+  at::Tensor all = at::empty({pipe.size() * static_cast<int64_t>(longest * kColumns)}, at::TensorOptions().dtype(at::kDouble).device(device));
+  pipe.all_gather(all, at::tensor(rows, at::kDouble).to(device));
+  all = all.cpu().contiguous();
+  const double* data = all.data_ptr<double>();
+  for (size_t r = 0; r < counts.size(); ++r) {
+    if (static_cast<int64_t>(r) == pipe.rank()) continue;
+    for (size_t i = 0; i < static_cast<size_t>(counts[r]); ++i) {
+      const double* row = data + (r * longest + i) * kColumns;
+      const int64_t layer = static_cast<int64_t>(row[0]);
+      std::vector<SavedSlot>& slots = probe.slots[layer];
+      std::vector<double>& errors = probe.int4_error[layer];
+      if (row[1] < 0) continue;  // a block that saves nothing: its (empty) lists
+      SavedSlot slot;
+      slot.elements = static_cast<int64_t>(row[1]);
+      slot.element_bytes = static_cast<int64_t>(row[2]);
+      slot.lossy = row[3] != 0;
+      slots.push_back(slot);
+      errors.push_back(row[4]);
+    }
+  }
+}
+
 }  // namespace
 
-ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& codecs,
-                                        const std::function<at::Tensor()>& loss,
+ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& codecs, const std::function<void()>& census,
                                         const std::function<at::Tensor(Block&, const at::Tensor&)>& run_block,
-                                        const ProbeReduction& reduction) {
+                                        const ActivationProbing& probing) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<at::Tensor> params;
   for (const at::Tensor& p : model->parameters())
@@ -82,7 +125,7 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
   };
   codecs.begin_census();
   try {
-    gradients(loss(), params);
+    census();
   } catch (...) {
     codecs.end_census(records);
     restore();
@@ -101,12 +144,12 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
       // The block input's gradient first, then each parameter's, with their weights.
       std::vector<at::Tensor> inputs;
       std::vector<std::string> names{""};
-      std::vector<double> weights{reduction.input_weight};
+      std::vector<double> weights{probing.input_weight};
       for (const auto& item : block->named_parameters()) {
         if (!item.value().requires_grad()) continue;
         inputs.push_back(item.value());
         names.push_back("h." + std::to_string(layer) + "." + item.key());
-        weights.push_back(reduction.norm ? reduction.norm->weight_of(names.back()) : 1.0);
+        weights.push_back(probing.norm.weight_of(names.back()));
       }
       auto block_gradients = [&](int64_t slot) {
         codecs.probe(layer, slot);
@@ -128,11 +171,11 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
         require(codecs.probed_slots() == static_cast<int64_t>(slots.size()), "internal: block ", layer, " saved ",
                 codecs.probed_slots(), " tensors when probed alone and ", slots.size(),
                 " in the model's forward (memory.activation_compression = adaptive needs the same each time)");
-        if (reduction.shares && reduction.shares->any()) {
+        if (probing.shares.any()) {
           std::vector<std::pair<std::string, at::Tensor>> shares;
           for (size_t i = 1; i < g.size(); ++i)
-            if (g[i].defined() && reduction.shares->holds(names[i])) shares.emplace_back(names[i], g[i]);
-          reduction.shares->sum(shares);
+            if (g[i].defined() && probing.shares.holds(names[i])) shares.emplace_back(names[i], g[i]);
+          probing.shares.sum(shares);
         }
         return g;
       };
@@ -141,11 +184,11 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
       input_errors.assign(slots.size(), 0.0);
       for (size_t k = 0; k < slots.size(); ++k) {
         const std::vector<at::Tensor> g = block_gradients(static_cast<int64_t>(k));
-        if (reduction.sequence) {
+        if (probing.sequence) {
           // The input's gradient is this rank's chunk of the sequence's: its squares are summed
           // over the group below; the parameters' gradients are shares of one sum.
           input_errors[k] = squared_distance(g, reference, weights, 0, 1, nullptr);
-          errors[k] = squared_distance(g, reference, weights, 1, g.size(), reduction.sequence);
+          errors[k] = squared_distance(g, reference, weights, 1, g.size(), probing.sequence);
         } else {
           errors[k] = squared_distance(g, reference, weights, 0, g.size(), nullptr);
         }
@@ -158,12 +201,11 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
   random::load_states(streams, cuda, "the adaptive codecs' probe");
   // Model-parallel ranks probed together: the sequence's (their input gradients' squares summed,
   // the parameters' already whole), then the tp group's (summed as the clipping norm sums them).
-  const bool tensor_parallel = reduction.norm && reduction.norm->split();
   std::vector<comm::Group*> groups;
-  if (reduction.sequence) groups.push_back(reduction.sequence);
-  if (tensor_parallel) groups.insert(groups.end(), reduction.norm->groups.begin(), reduction.norm->groups.end());
+  if (probing.sequence) groups.push_back(probing.sequence);
+  if (probing.tensor) groups.push_back(probing.tensor);
+  const c10::Device device = params.front().device();
   if (!groups.empty()) {
-    const c10::Device device = params.front().device();
     // The elements as one process counts them, group by group: a slot every rank of a group saved
     // alike (the same checksum on each: tp without Megatron-SP keeps the norms' tensors whole) once
     // for that group, any other over its ranks (a sequence's chunks, a rank's heads).
@@ -182,20 +224,72 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
         }
     }
     std::vector<double> sums = flatten(probe.int4_error);
-    if (reduction.sequence) {
-      const std::vector<double> inputs = reduced(*reduction.sequence, flatten(input_error), device);
+    if (probing.sequence) {
+      const std::vector<double> inputs = reduced(*probing.sequence, flatten(input_error), device);
       for (size_t i = 0; i < sums.size(); ++i) sums[i] += inputs[i];
     }
-    if (tensor_parallel)  // over each of the norm's groups in turn, as sum_over_groups sums its squares
-      for (comm::Group* g : reduction.norm->groups) sums = reduced(*g, sums, device);
+    if (probing.tensor) sums = reduced(*probing.tensor, sums, device);  // as the clipping norm sums its squares
     size_t at = 0;
     for (auto& [layer, errors] : probe.int4_error)
       for (double& e : errors) e = sums[at++];
   }
+  if (probing.pipeline && probing.pipeline->size() > 1) gather_stages(*probing.pipeline, probe, device);
   probe.codecs = choose_slot_codecs(probe.slots, probe.int4_error, codecs.bits());
   codecs.apply(probe.codecs);
   probe.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return probe;
+}
+
+void census_backward(TransformerLM& model, const at::Tensor& loss) {
+  std::vector<at::Tensor> params;
+  for (const at::Tensor& p : model->parameters())
+    if (p.requires_grad()) params.push_back(p);
+  gradients(loss, params);
+}
+
+bool probes_before(const ActivationProbing& probing, int64_t steps_run) {
+  return steps_run == 0 || (probing.every > 0 && steps_run % probing.every == 0);
+}
+
+std::optional<std::string> choose_activation_codecs(TransformerLM& model, const ActivationProbing& probing,
+                                                    c10::Device device, const std::function<void()>& census,
+                                                    const std::function<at::Tensor(Block&, const at::Tensor&)>& run_block) {
+  AdaptiveCodecs& codecs = *model->adaptive_activation_codecs();
+  comm::Group* replicas = probing.replicas;
+  const bool root = replicas == nullptr || replicas->rank() == 0;
+  std::optional<std::string> note;
+  if (root) {
+    const ActivationProbe probe = probe_activation_codecs(model, codecs, census, run_block, probing);
+    note = describe_activation_codecs(probe.slots, probe.codecs, codecs.bits(), probe.seconds);
+  }
+  if (replicas == nullptr || replicas->size() == 1) return note;
+  // The table of this rank's blocks: each block's count of slots, then every slot's codec.
+  const std::vector<int64_t>& layers = model->layers();
+  at::Tensor counts = at::zeros({static_cast<int64_t>(layers.size())}, at::kLong);
+  std::vector<int64_t> flat;
+  if (root)
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const auto it = codecs.table().find(layers[i]);
+      if (it == codecs.table().end()) continue;
+      counts[static_cast<int64_t>(i)] = static_cast<int64_t>(it->second.size());
+      for (ActivationCodec c : it->second) flat.push_back(static_cast<int64_t>(c));
+    }
+  counts = comm::to_device_queued(counts, device);
+  replicas->broadcast(counts, 0);
+  counts = counts.cpu();
+  if (counts.sum().item<int64_t>() == 0) return note;  // no block saves a slot (nothing to broadcast)
+  at::Tensor codes = root ? at::tensor(flat, at::kLong) : at::zeros({counts.sum().item<int64_t>()}, at::kLong);
+  codes = comm::to_device_queued(codes, device);
+  replicas->broadcast(codes, 0);
+  if (root) return note;
+  codes = codes.cpu();
+  SlotCodecs table;
+  int64_t at = 0;
+  for (size_t i = 0; i < layers.size(); ++i)
+    for (int64_t k = 0; k < counts[static_cast<int64_t>(i)].item<int64_t>(); ++k)
+      table[layers[i]].push_back(static_cast<ActivationCodec>(codes[at++].item<int64_t>()));
+  codecs.apply(std::move(table));
+  return note;
 }
 
 std::string describe_activation_codecs(const BlockSlots& slots, const SlotCodecs& codecs, double bits, double seconds) {

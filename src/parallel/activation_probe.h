@@ -3,10 +3,10 @@
 // one micro-batch, and the codecs chosen from it.
 //
 //   1. The census: the model's loss on the micro-batch with every slot kept, its backward by
-//      torch::autograd::grad over the parameters: nothing accumulates into .grad and no
-//      post-accumulate hook fires, so the step's owner (DataParallel's buckets) never sees the
-//      probe. It records each block's slots, its input, the random streams' states it started
-//      from, its output and the gradient that reaches its output.
+//      torch::autograd::grad (census_backward; through a pipeline, each stage's over its input):
+//      nothing accumulates into .grad and no post-accumulate hook fires, so the step's owner
+//      (DataParallel's buckets) never sees the probe. It records each block's slots, its input, the
+//      random streams' states it started from, its output and the gradient that reaches its output.
 //   2. Each block alone, from its recorded input and streams (its dropout draws the census's
 //      masks), backward from the recorded output gradient to that input and the block's
 //      parameters: once with every slot kept (the reference, whose output must match the census's
@@ -20,10 +20,11 @@
 // through the blocks before it), as GACT's is per tensor. It costs one forward and backward of the
 // model and, per block, one of the block for each of its slots and one more. The blocks run as a
 // step runs them (training mode, dropout included; the layouts are those config.cpp's
-// check_adaptive_codecs lets through). The caller runs it on one rank and hands the table to the others (plain_step.h).
+// check_adaptive_codecs lets through). choose_activation_codecs runs it on rank 0 of the data
+// replicas and hands the table to the others.
 //
 // Under tensor parallelism every rank of the tp group probes at once (the blocks' collectives run
-// in both passes) and the errors count as the clipping norm counts a gradient (ProbeReduction): a
+// in both passes) and the errors count as the clipping norm counts a gradient (ActivationProbing): a
 // parameter every rank holds weighs 1/tp (ModelParallelNorm), a share of one (Megatron-SP's norm
 // weights, GradientShares) is summed over its group first, the block input's gradient weighs 1/tp
 // where every rank holds it whole (tp without Megatron-SP); the errors are then summed over the tp
@@ -42,9 +43,16 @@
 // elements group by group: over the sp group's ranks unless alike on each, then over the tp
 // group's unless alike on each (under tp without Megatron-SP a norm's input is whole on the tp
 // ranks and split over the sp ranks: counted sp times).
+//
+// Under pipeline parallelism the census is micro-batch 0 through every stage and back (the
+// caller's census runs pipeline::census_schedule through the executor); each rank then probes the
+// blocks of its stages (with its tp and sp groups as above), and every rank of the pp group
+// gathers every stage's slots and errors, so all choose one table for the whole model within one
+// budget, as one process would.
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 
 #include <ATen/core/Tensor.h>
@@ -57,13 +65,16 @@
 
 namespace tessera {
 
-// How a model-parallel rank's probe counts and sums its errors (above); the default: one rank
-// holds the whole model.
-struct ProbeReduction {
-  const ModelParallelNorm* norm = nullptr;
-  const GradientShares* shares = nullptr;
-  double input_weight = 1;             // the weight of the block input's gradient
-  comm::Group* sequence = nullptr;     // the sequence-parallel group (below)
+// Where and how the probe runs (above); the default: one rank holds the whole model.
+struct ActivationProbing {
+  comm::Group* replicas = nullptr;  // rank 0 probes and broadcasts the table over them; null: alone
+  int64_t every = 0;                // steps between probes (memory.activation_probe_every; 0: the first step only)
+  ModelParallelNorm norm;           // the clipping norm's weights (its groups are not the probe's)
+  GradientShares shares;            // gradients that are shares over a tp group
+  double input_weight = 1;          // a block input gradient's weight: 1/tp where every tp rank holds it
+  comm::Group* tensor = nullptr;    // the tp group, whose ranks probe together
+  comm::Group* sequence = nullptr;  // the sp group, whose ranks probe together
+  comm::Group* pipeline = nullptr;  // the pp group, whose ranks probe their stages together
 };
 
 struct ActivationProbe {
@@ -73,12 +84,26 @@ struct ActivationProbe {
   double seconds = 0;
 };
 
-// `loss`: the model's loss on the micro-batch (its forward); `run_block`: a block's forward as the
-// step runs it (under autocast). Leaves `codecs` applying the choice.
-ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& codecs,
-                                        const std::function<at::Tensor()>& loss,
+// `census`: the model's forward and backward on the micro-batch (census_backward where this
+// process computes the whole loss); `run_block`: a block's forward as the step runs it (under
+// autocast). Leaves `codecs` applying the choice.
+ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& codecs, const std::function<void()>& census,
                                         const std::function<at::Tensor(Block&, const at::Tensor&)>& run_block,
-                                        const ProbeReduction& reduction = {});
+                                        const ActivationProbing& probing = {});
+
+// The census's backward of a whole model's `loss`: its gradients over the model's trained
+// parameters, taken and dropped.
+void census_backward(TransformerLM& model, const at::Tensor& loss);
+
+// Whether a step runner probes before its step `steps_run` (0: the first).
+bool probes_before(const ActivationProbing& probing, int64_t steps_run);
+
+// The probe on rank 0 of probing.replicas (with its model-parallel groups), its table then
+// broadcast over the replicas (each receiving the codecs of `model`'s blocks) and applied. Returns
+// the prober's line (describe_activation_codecs), nothing elsewhere.
+std::optional<std::string> choose_activation_codecs(TransformerLM& model, const ActivationProbing& probing,
+                                                    c10::Device device, const std::function<void()>& census,
+                                                    const std::function<at::Tensor(Block&, const at::Tensor&)>& run_block);
 
 // The line `tessera train` prints after a probe: the budget, the counts and bits chosen, the
 // probe's time, each block's slots in order (k kept, 8 int8, 4 int4), and the autograd node that

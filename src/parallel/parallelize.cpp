@@ -179,9 +179,11 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
     owner = std::move(local);
   }
   // The replicas the table is broadcast over: under sequence parallelism the dp ranks only (the
-  // sp group probes together).
+  // sp group probes together, as the tp and pp groups do).
   probing.replicas = sp_ > 1 ? (dims->dp() > 1 ? &mesh_->group("dp") : nullptr) : replicas_;
+  probing.tensor = tp_;
   if (sp_ > 1) probing.sequence = &mesh_->group("sp");
+  probing.pipeline = pp_;
   if (layout_.pipelined()) {
     // A fully recomputed block (by the key, or the policy's choice for one of this rank's blocks)
     // accumulates its parameters' gradients inside a split backward's I.
@@ -191,7 +193,7 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
     runner_ = std::make_unique<PipelineStep>(
         model_, *owner, *mesh_, config.parallel, layout_,
         PipelineStepOptions{config.train.accumulation(dims->dp()), config.optim.grad_clip, full_recomputation,
-                            resident_micro_batches, offload},
+                            resident_micro_batches, offload, std::move(probing)},
         device, autocast);
   } else {
     runner_ = std::make_unique<PlainStep>(model_, *owner, device, autocast, config.optim.grad_clip, std::move(probing));

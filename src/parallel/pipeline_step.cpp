@@ -170,10 +170,51 @@ void PipelineStep::tie_embedding() {
     if (spec.tied) owner_.sum_gradient_over(name, mesh_.group("embedding"));
 }
 
+void PipelineStep::choose_activation_codecs(const pipeline::Schedule& like, const Batch& batch) {
+  // The census: `batch` through every stage and back, each backward by autograd::grad over its
+  // input (stage 0: its embedding's output), so no parameter's gradient accumulates.
+  std::map<int64_t, Stash> census;  // by stage
+  pipeline::StageWork work;
+  work.receive_buffer = [&](const Action&) { return activation_buffer(batch); };
+  work.compute = [&](const Action& a, const at::Tensor& input) -> at::Tensor {
+    const bool first = a.stage == 0, last = a.stage + 1 == cut_.stages();
+    Stash& s = census[a.stage];
+    if (a.op == Op::F) {
+      AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
+      at::Tensor x = first ? (s.embedded = model_->embed(batch.inputs.to(device_)))
+                           : (s.input = input.to(device_, at::kFloat).detach().requires_grad_(true));
+      const BlockOutput blocks = model_->run_blocks(x, cut_.boundaries[a.stage], cut_.boundaries[a.stage + 1], nullptr);
+      if (last) {
+        s.output = model_->head(blocks.x, batch.targets.to(device_), blocks.aux_loss).loss.to(at::kFloat);
+        return {};
+      }
+      s.output = blocks.x;
+      if (blocks.aux_loss.requires_grad()) s.aux = blocks.aux_loss;
+      return blocks.x.detach().to(transfer_dtype_);
+    }
+    if (!last) s.grad_out = input.to(device_, s.output.scalar_type());
+    const Roots roots = s.roots();
+    const std::vector<at::Tensor> g = torch::autograd::grad(roots.tensors, {first ? s.embedded : s.input}, roots.grads,
+                                                            /*retain_graph=*/false, /*create_graph=*/false,
+                                                            /*allow_unused=*/true);
+    census.erase(a.stage);
+    return first ? at::Tensor() : g.front().to(transfer_dtype_);
+  };
+  const pipeline::Schedule table = pipeline::census_schedule(like);
+  probe_note_ = tessera::choose_activation_codecs(
+      model_, options_.probing, device_, [&] { pipeline::run_schedule(table, pipe_, down_, work); },
+      [&](Block& block, const at::Tensor& x) {
+        AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
+        return block->forward(x).x;
+      });
+}
+
 StepLosses PipelineStep::run(const std::vector<Batch>& batches, double lr, const GradientsReady& gradients_ready) {
   StepLosses losses;
   micro_batches_ = static_cast<int64_t>(batches.size());
   const pipeline::Schedule& schedule = table_.for_micro_batches(micro_batches_);
+  if (model_->adaptive_activation_codecs() && probes_before(options_.probing, runs_))
+    choose_activation_codecs(schedule, batches.front());
   const std::vector<Action>& row = schedule.ranks[static_cast<size_t>(pipe_.rank())];
   backwards_left_ = 0;
   for (const Action& a : row) backwards_left_ += a.op == Op::B || a.op == Op::W ? 1 : 0;
@@ -326,7 +367,9 @@ void PipelineStep::check_prediction() {
 
 std::optional<std::string> PipelineStep::take_note() {
   std::optional<std::string> note;
-  note.swap(prediction_note_);
+  note.swap(probe_note_);
+  if (prediction_note_) note = note ? *note + "\n" + *prediction_note_ : *prediction_note_;
+  prediction_note_.reset();
   return note;
 }
 

@@ -61,6 +61,14 @@
 // stage (without a profile, under tp, sp or ep, B = I + W): where B is cheaper, the table runs
 // some backwards whole (schedule_builders.h).
 //
+// memory.activation_compression = adaptive: before the first step's schedule and every
+// options.probing.every steps after, the pipeline ranks of data replica 0 probe together
+// (parallel/activation_probe.h): the census is micro-batch 0 through the stages and back
+// (pipeline::census_schedule, run by the executor; each backward by torch::autograd::grad over
+// the stage's input, so no gradient accumulates and the owner sees nothing), each rank probes
+// the blocks of its stages, and all choose one table for the whole model; it is broadcast over
+// each stage's replicas. The choice is the step's note.
+//
 // evaluate(): the forward alone, as a table run by the same executor (forward_only_schedule,
 // schedule_builders.h: each micro-batch's stages in order on the training table's placement), the
 // loss known on every rank; under ZeRO-3 the owner's begin_pass/end_pass around it.
@@ -82,6 +90,7 @@
 #include "comm/mesh.h"
 #include "data/sampler.h"
 #include "model/transformer.h"
+#include "parallel/activation_probe.h"
 #include "protocols/optimizer_owner.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/simulate.h"
@@ -103,6 +112,7 @@ struct PipelineStepOptions {
   // rank's row keep every block's activations through `held_offload` (0: none).
   int64_t resident_micro_batches = 0;
   std::shared_ptr<ActivationOffload> held_offload;
+  ActivationProbing probing;  // memory.activation_compression = adaptive: where the probe runs
 };
 
 class PipelineStep final : public StepRunner {
@@ -129,6 +139,9 @@ class PipelineStep final : public StepRunner {
 
  private:
   at::Tensor compute(const pipeline::Action& action, const at::Tensor& input, const std::vector<Batch>& batches);
+  // The adaptive codecs chosen again (parallel/activation_probe.h) from `batch`, whose census runs
+  // pipeline::census_schedule on `like`'s placement.
+  void choose_activation_codecs(const pipeline::Schedule& like, const Batch& batch);
   // Each stage's F, B, I, W measured in the last run(), averaged over the world (so every rank
   // offers the same), offered to table_. A collective of the world.
   void offer_measured_costs();
@@ -198,6 +211,7 @@ class PipelineStep final : public StepRunner {
   // the prediction after step kPredictionCheckedAtStep: its line for take_note and its figures.
   std::optional<pipeline::ActionCosts> predicted_costs_;
   std::optional<std::string> prediction_note_;
+  std::optional<std::string> probe_note_;  // the adaptive codecs' choice, for take_note
   nlohmann::json prediction_check_;
   int64_t runs_ = 0;
   Run last_;                  // the last run()'s, this rank's

@@ -18,50 +18,6 @@ PlainStep::PlainStep(TransformerLM model, ResidentOwner& owner, c10::Device devi
       grad_clip_(grad_clip),
       probing_(std::move(probing)) {}
 
-void PlainStep::choose_activation_codecs(const Batch& batch) {
-  AdaptiveCodecs& codecs = *model_->adaptive_activation_codecs();
-  comm::Group* replicas = probing_.replicas;
-  const bool root = replicas == nullptr || replicas->rank() == 0;
-  const std::vector<int64_t>& layers = model_->layers();
-  if (root) {
-    const double scale = owner_.loss_scale();
-    const ActivationProbe probe = probe_activation_codecs(
-        model_, codecs, [&] { return forward(batch).loss.to(at::kFloat) * scale; },
-        [&](Block& block, const at::Tensor& x) {
-          AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
-          return block->forward(x).x;
-        },
-        ProbeReduction{&probing_.norm, &probing_.shares, probing_.input_weight, probing_.sequence});
-    note_ = describe_activation_codecs(probe.slots, probe.codecs, codecs.bits(), probe.seconds);
-  }
-  if (replicas == nullptr || replicas->size() == 1) return;
-  // The table by layer: each block's count of slots, then every slot's codec.
-  at::Tensor counts = at::zeros({static_cast<int64_t>(layers.size())}, at::kLong);
-  std::vector<int64_t> flat;
-  if (root)
-    for (size_t i = 0; i < layers.size(); ++i) {
-      const auto it = codecs.table().find(layers[i]);
-      if (it == codecs.table().end()) continue;
-      counts[static_cast<int64_t>(i)] = static_cast<int64_t>(it->second.size());
-      for (ActivationCodec c : it->second) flat.push_back(static_cast<int64_t>(c));
-    }
-  counts = comm::to_device_queued(counts, device_);
-  replicas->broadcast(counts, 0);
-  counts = counts.cpu();
-  if (counts.sum().item<int64_t>() == 0) return;  // no block saves a slot (nothing to broadcast)
-  at::Tensor codes = root ? at::tensor(flat, at::kLong) : at::zeros({counts.sum().item<int64_t>()}, at::kLong);
-  codes = comm::to_device_queued(codes, device_);
-  replicas->broadcast(codes, 0);
-  if (root) return;
-  codes = codes.cpu();
-  SlotCodecs table;
-  int64_t at = 0;
-  for (size_t i = 0; i < layers.size(); ++i)
-    for (int64_t k = 0; k < counts[static_cast<int64_t>(i)].item<int64_t>(); ++k)
-      table[layers[i]].push_back(static_cast<ActivationCodec>(codes[at++].item<int64_t>()));
-  codecs.apply(std::move(table));
-}
-
 std::optional<std::string> PlainStep::take_note() {
   std::optional<std::string> out = std::move(note_);
   note_.reset();
@@ -75,9 +31,16 @@ ModelOutput PlainStep::forward(const Batch& batch) {
 
 StepLosses PlainStep::run(const std::vector<Batch>& micro_batches, double lr, const GradientsReady& gradients_ready) {
   model_->train();
-  if (model_->adaptive_activation_codecs() &&
-      (steps_run_ == 0 || (probing_.every > 0 && steps_run_ % probing_.every == 0)))
-    choose_activation_codecs(micro_batches.front());
+  if (model_->adaptive_activation_codecs() && probes_before(probing_, steps_run_)) {
+    const Batch& batch = micro_batches.front();
+    const double scale = owner_.loss_scale();
+    note_ = choose_activation_codecs(
+        model_, probing_, device_, [&] { census_backward(model_, forward(batch).loss.to(at::kFloat) * scale); },
+        [&](Block& block, const at::Tensor& x) {
+          AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
+          return block->forward(x).x;
+        });
+  }
   ++steps_run_;
   const double n = static_cast<double>(micro_batches.size());
   // cross-entropy, auxiliary: summed where they are computed, read by the caller once

@@ -12,9 +12,9 @@
 // memory.activation_compression = adaptive (the model's adaptive_activation_codecs()): before the
 // first step's micro-batches and every `probe_every` steps after (0: the first only), rank 0 of
 // the replicas (or this process, without them) probes its first micro-batch (parallel/
-// activation_probe.h; under tensor and sequence parallelism with its tp and sp groups, whose
-// ranks are not among the replicas here) and broadcasts the codecs chosen; every replica then
-// encodes alike. The choice is the step's note (take_note).
+// activation_probe.h's choose_activation_codecs; under tensor and sequence parallelism with its
+// tp and sp groups, whose ranks are not among the replicas here) and broadcasts the codecs
+// chosen; every replica then encodes alike. The choice is the step's note (take_note).
 #pragma once
 
 #include <optional>
@@ -30,16 +30,6 @@
 
 namespace tessera {
 
-// Where and how often the adaptive codecs' probe runs (above).
-struct ActivationProbing {
-  comm::Group* replicas = nullptr;  // rank 0 probes and broadcasts the table over them; null: alone
-  int64_t every = 0;                // steps between probes (memory.activation_probe_every)
-  ModelParallelNorm norm;           // the clipping norm's weights and groups (tp)
-  GradientShares shares;            // gradients that are shares over a tp group
-  double input_weight = 1;          // a block input gradient's weight: 1/tp where every tp rank holds it
-  comm::Group* sequence = nullptr;  // the sp group, whose ranks probe together
-};
-
 class PlainStep final : public StepRunner {
  public:
   PlainStep(TransformerLM model, ResidentOwner& owner, c10::Device device, std::optional<at::ScalarType> autocast,
@@ -52,8 +42,6 @@ class PlainStep final : public StepRunner {
  private:
   // The model's forward of `batch` on the device, under autocast.
   ModelOutput forward(const Batch& batch);
-  // The adaptive codecs chosen again from `batch` (rank 0 of the replicas) and shared.
-  void choose_activation_codecs(const Batch& batch);
 
   TransformerLM model_;
   ResidentOwner& owner_;

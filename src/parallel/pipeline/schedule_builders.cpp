@@ -327,6 +327,14 @@ Schedule forward_only_schedule(const Schedule& like, int64_t micro_batches) {
   return s;
 }
 
+Schedule census_schedule(const Schedule& like) {
+  Schedule s = forward_only_schedule(like, 1);
+  s.name = like.name + " (census)";
+  for (int64_t stage = s.stages() - 1; stage >= 0; --stage) s.ranks[static_cast<size_t>(s.rank_of(stage))].push_back({Op::B, stage, 0});
+  add_communication(s);
+  return s;
+}
+
 Schedule build_schedule(const std::string& name, int64_t pp, int64_t micro_batches, int64_t v,
                         const ActionCosts& costs) {
   require(pp >= 1, "parallel.pp must be at least 1 (got ", pp, ")");

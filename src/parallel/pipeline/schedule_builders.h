@@ -68,6 +68,12 @@ Schedule build_schedule(const std::string& name, int64_t pp, int64_t micro_batch
 // table (no backward, no OPTIM; validate_schedule would refuse it).
 Schedule forward_only_schedule(const Schedule& like, int64_t micro_batches);
 
+// Micro-batch 0's forward through every stage of `like`'s ranks and placement, then its whole
+// backward (B) through them in reverse, the communication added: the adaptive codecs' census
+// (parallel/activation_probe.h). Each rank's row is its part of that one sequential order, so
+// no receive waits on anything its sender runs later. Not a training table (no OPTIM).
+Schedule census_schedule(const Schedule& like);
+
 // A layout's schedule table: parallel.pp_schedule (a built-in, or file:PATH read as a CSV table) on
 // `pp` ranks with parallel.pp_virtual stages each and `micro_batches` (the step's accumulation
 // count at its dp), with its parameter actions (`gathers`, and OPTIM), validated. Refusals name the

@@ -26,18 +26,18 @@ ActivationProbe probe(comm::Group* sp) {
   auto codecs = std::make_shared<AdaptiveCodecs>(7);
   model->set_adaptive_activation_codecs(codecs);
   at::Tensor x = idx, y = targets;
-  ProbeReduction reduction;
+  ActivationProbing probing;
   if (sp) {
     apply_sequence_parallel(model, *sp, "lasp");
     const int64_t length = 32 / sp->size();
     model->set_position_offset(sp->rank() * length);
     x = idx.narrow(1, sp->rank() * length, length);
     y = targets.narrow(1, sp->rank() * length, length);
-    reduction.sequence = sp;
+    probing.sequence = sp;
   }
   return probe_activation_codecs(
-      model, *codecs, [&] { return model->forward(x, y).loss; },
-      [](Block& block, const at::Tensor& h) { return block->forward(h).x; }, reduction);
+      model, *codecs, [&] { census_backward(model, model->forward(x, y).loss); },
+      [](Block& block, const at::Tensor& h) { return block->forward(h).x; }, probing);
 }
 
 TEST(AdaptiveProbeSequenceParallel, TwoLaspRanksMeasureOneProcesssErrorsAndChooseItsTable) {

@@ -87,7 +87,7 @@ Step adaptive(const ModelOptions& opts, double bits, ActivationProbe* probe_out 
   auto codecs = std::make_shared<AdaptiveCodecs>(bits);
   m->set_adaptive_activation_codecs(codecs);
   const ActivationProbe probe = probe_activation_codecs(
-      m, *codecs, [&] { return m->forward(tokens(0), tokens(1)).loss; },
+      m, *codecs, [&] { census_backward(m, m->forward(tokens(0), tokens(1)).loss); },
       [](Block& block, const at::Tensor& x) { return block->forward(x).x; });
   for (auto& p : m->parameters()) EXPECT_FALSE(p.grad().defined()) << "the probe left a gradient";
   if (probe_out) *probe_out = probe;
@@ -157,7 +157,7 @@ TEST(AdaptiveMoE, StackedExpertsSaveTheSameTensorsWhateverTheRouting) {
     m->set_adaptive_activation_codecs(codecs);
     const at::Tensor other = (torch::manual_seed(23), torch::randint(0, 50, {4, 32}));
     const ActivationProbe again = probe_activation_codecs(
-        m, *codecs, [&] { return m->forward(other, tokens(1)).loss; },
+        m, *codecs, [&] { census_backward(m, m->forward(other, tokens(1)).loss); },
         [](Block& block, const at::Tensor& x) { return block->forward(x).x; });
     for (const auto& [layer, slots] : probe.slots)
       EXPECT_EQ(again.slots.at(layer).size(), slots.size()) << capacity << " block " << layer;

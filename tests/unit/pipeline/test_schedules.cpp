@@ -92,6 +92,23 @@ TEST(PipelineSchedules, ForwardOnlyTablesRunEveryForwardOnItsRankWithoutACycle) 
     }
 }
 
+// The adaptive codecs' census: micro-batch 0's forward and whole backward of every stage, each on
+// its training rank, in one sequential order that the replay runs to its end.
+TEST(PipelineSchedules, TheCensusRunsOneMicroBatchThroughEveryStageAndBack) {
+  for (const Case& c : kCases) {
+    const Schedule train = build_schedule(c.name, 4, 8, c.v), census = census_schedule(train);
+    std::vector<Action> computed;
+    for (int64_t r = 0; r < 4; ++r)
+      for (const Action& a : census.ranks[static_cast<size_t>(r)])
+        if (a.is_compute()) {
+          EXPECT_TRUE(a.micro == 0 && (a.op == Op::F || a.op == Op::B) && train.rank_of(a.stage) == r) << a.str();
+          computed.push_back(a);
+        }
+    EXPECT_EQ(static_cast<int64_t>(computed.size()), 2 * train.stages()) << c.name;
+    EXPECT_TRUE(simulate_schedule(census).stuck.empty()) << c.name << "\n" << format_grid(census);
+  }
+}
+
 TEST(PipelineSchedules, PeakActivationsAreTheSchedulesCounts) {
   const int64_t p = 4, m = 8;
   const Simulation gpipe = simulate_schedule(build_schedule("gpipe", p, m, 1));
