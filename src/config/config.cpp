@@ -56,8 +56,11 @@ void check_adaptive_codecs(const Config& config, const std::string& source) {
   };
   refuse(parallel.zero_stage == 3, "parallel.zero_stage", "3", "ZeRO-3 gathers a block's parameters around it");
   refuse(memory.swap, "memory.swap", "true", "its probe runs whole blocks resident on the device");
-  refuse(parallel.ep > 1, "parallel.ep", std::to_string(parallel.ep),
-         "its probe runs a block on one rank's replica, without the experts' all-to-all");
+  const bool experts = parallel.ep > 1;
+  refuse(experts && parallel.tp * parallel.sp * parallel.pp > 1, "parallel.ep", std::to_string(parallel.ep),
+         "its ep group probes together beside data parallelism only, not with tp, sp or pp (not built)");
+  refuse(experts && parallel.ep_dispatch == "hierarchical", "parallel.ep_dispatch", "hierarchical",
+         "its probe is built on the all-to-all dispatch (alltoall)");
   refuse(model.ffn == "moe" && model.moe_aux_scope == "global", "model.moe_aux_scope", "global",
          "the balance loss sums routing counts over replicas that do not all probe");
   refuse(model.ffn == "moe" && model.moe_bias_update_rate > 0, "model.moe_bias_update_rate",

@@ -6,7 +6,7 @@
 // saved_activations.h: on the gradient's path, not a weight, not a bool mask, which is packed as
 // bits anyway), numbered in the order its forward saves them; a tensor saved again shares its first
 // encoding and is no new slot. The same forward saves the same slots each time: a block runs on the rank
-// (with its tp and sp groups), an MoE block's experts run stacked (the same tensors whatever the
+// (with its tp, sp and ep groups), an MoE block's experts run stacked (the same tensors whatever the
 // routing), dropout draws its masks again from the states the census recorded; config.cpp's
 // check_adaptive_codecs refuses the layouts where that does not hold or the probe cannot run.
 //

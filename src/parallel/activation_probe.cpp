@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -13,6 +14,7 @@
 #include "comm/device.h"
 #include "core/error.h"
 #include "core/random_streams.h"
+#include "model/parameter_spec.h"
 #include "optim/clipping.h"
 
 namespace tessera {
@@ -132,6 +134,10 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
     throw;
   }
   probe.slots = codecs.end_census(records);
+  // Under expert parallelism every rank of the ep group computes one process's gradients but for
+  // its experts', which sum ep copies of each token's contribution (below).
+  const double ep = probing.experts ? static_cast<double>(probing.experts->size()) : 1.0;
+  const double replicated_weight = 1.0 / ep, expert_weight = 1.0 / (ep * ep);
   try {
     for (const auto& [layer, slots] : probe.slots) {
       std::vector<double>& errors = probe.int4_error[layer];
@@ -144,12 +150,13 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
       // The block input's gradient first, then each parameter's, with their weights.
       std::vector<at::Tensor> inputs;
       std::vector<std::string> names{""};
-      std::vector<double> weights{probing.input_weight};
+      std::vector<double> weights{probing.input_weight * replicated_weight};
       for (const auto& item : block->named_parameters()) {
         if (!item.value().requires_grad()) continue;
         inputs.push_back(item.value());
         names.push_back("h." + std::to_string(layer) + "." + item.key());
-        weights.push_back(probing.norm.weight_of(names.back()));
+        const bool expert = model->parameter_specs().at(names.back()).split == Split::expert;
+        weights.push_back(probing.norm.weight_of(names.back()) * (expert ? expert_weight : replicated_weight));
       }
       auto block_gradients = [&](int64_t slot) {
         codecs.probe(layer, slot);
@@ -232,6 +239,23 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
     size_t at = 0;
     for (auto& [layer, errors] : probe.int4_error)
       for (double& e : errors) e = sums[at++];
+  }
+  if (probing.experts) {
+    // The ep group ran one micro-batch on every rank: each slot's elements summed over the group
+    // count ep copies of one process's, and the errors (weighed above) sum to one process's.
+    std::vector<double> elements;
+    for (const auto& [layer, slots] : probe.slots)
+      for (const SavedSlot& slot : slots) elements.push_back(static_cast<double>(slot.elements));
+    elements = reduced(*probing.experts, elements, device);
+    const std::vector<double> sums = reduced(*probing.experts, flatten(probe.int4_error), device);
+    size_t i = 0;
+    for (auto& [layer, slots] : probe.slots) {
+      std::vector<double>& errors = probe.int4_error.at(layer);
+      for (size_t k = 0; k < slots.size(); ++k, ++i) {
+        slots[k].elements = static_cast<int64_t>(std::llround(elements[i] / ep));
+        errors[k] = sums[i];
+      }
+    }
   }
   if (probing.pipeline && probing.pipeline->size() > 1) gather_stages(*probing.pipeline, probe, device);
   probe.codecs = choose_slot_codecs(probe.slots, probe.int4_error, codecs.bits());

@@ -44,6 +44,15 @@
 // group's unless alike on each (under tp without Megatron-SP a norm's input is whole on the tp
 // ranks and split over the sp ranks: counted sp times).
 //
+// Under expert parallelism (with data parallelism alone) every rank of the ep group probes at
+// once, each on the micro-batch of the group's rank 0 (the step runner sends it), so that the
+// experts' all-to-alls run in both passes and every rank computes one process's values: its
+// gradients are one process's but for its experts', which sum the ep copies of each token routed
+// to them (ep times one process's; their squared differences ep^2 times). The errors weigh
+// 1/ep^2 for an expert's parameter, 1/ep for any other and for the block input's gradient, and
+// are summed over the group; each slot's elements are summed over the group and divided by ep
+// (every rank's share of the copies), so every rank chooses one process's table.
+//
 // Under pipeline parallelism the census is micro-batch 0 through every stage and back (the
 // caller's census runs pipeline::census_schedule through the executor); each rank then probes the
 // blocks of its stages (with its tp and sp groups as above), and every rank of the pp group
@@ -75,6 +84,7 @@ struct ActivationProbing {
   comm::Group* tensor = nullptr;    // the tp group, whose ranks probe together
   comm::Group* sequence = nullptr;  // the sp group, whose ranks probe together
   comm::Group* pipeline = nullptr;  // the pp group, whose ranks probe their stages together
+  comm::Group* experts = nullptr;   // the ep group, whose ranks probe its rank 0's micro-batch together
 };
 
 struct ActivationProbe {

@@ -179,8 +179,12 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
     owner = std::move(local);
   }
   // The replicas the table is broadcast over: under sequence parallelism the dp ranks only (the
-  // sp group probes together, as the tp and pp groups do).
-  probing.replicas = sp_ > 1 ? (dims->dp() > 1 ? &mesh_->group("dp") : nullptr) : replicas_;
+  // sp group probes together, as the tp, pp and ep groups do).
+  // Under expert parallelism the expert replicas (edp: one rank of each ep group).
+  probing.replicas = ep_                ? &mesh_->group("edp")
+                     : sp_ > 1 ? (dims->dp() > 1 ? &mesh_->group("dp") : nullptr)
+                               : replicas_;
+  probing.experts = ep_;
   probing.tensor = tp_;
   if (sp_ > 1) probing.sequence = &mesh_->group("sp");
   probing.pipeline = pp_;

@@ -32,7 +32,13 @@ ModelOutput PlainStep::forward(const Batch& batch) {
 StepLosses PlainStep::run(const std::vector<Batch>& micro_batches, double lr, const GradientsReady& gradients_ready) {
   model_->train();
   if (model_->adaptive_activation_codecs() && probes_before(probing_, steps_run_)) {
-    const Batch& batch = micro_batches.front();
+    Batch batch = micro_batches.front();
+    const bool probes = probing_.replicas == nullptr || probing_.replicas->rank() == 0;
+    if (probing_.experts && probes)  // the ep group probes its rank 0's micro-batch (activation_probe.h)
+      for (at::Tensor* t : {&batch.inputs, &batch.targets}) {
+        *t = comm::to_device_queued(*t, device_).clone();  // the step's own batch stays as it is
+        probing_.experts->broadcast(*t, 0);
+      }
     const double scale = owner_.loss_scale();
     note_ = choose_activation_codecs(
         model_, probing_, device_, [&] { census_backward(model_, forward(batch).loss.to(at::kFloat) * scale); },

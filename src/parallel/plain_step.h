@@ -12,9 +12,10 @@
 // memory.activation_compression = adaptive (the model's adaptive_activation_codecs()): before the
 // first step's micro-batches and every `probe_every` steps after (0: the first only), rank 0 of
 // the replicas (or this process, without them) probes its first micro-batch (parallel/
-// activation_probe.h's choose_activation_codecs; under tensor and sequence parallelism with its
-// tp and sp groups, whose ranks are not among the replicas here) and broadcasts the codecs
-// chosen; every replica then encodes alike. The choice is the step's note (take_note).
+// activation_probe.h's choose_activation_codecs; under tensor, sequence and expert parallelism
+// with its tp, sp and ep groups, whose ranks are not among the replicas here: the ep group's
+// ranks all take its rank 0's micro-batch, broadcast over it) and broadcasts the codecs chosen;
+// every replica then encodes alike. The choice is the step's note (take_note).
 #pragma once
 
 #include <optional>

@@ -690,6 +690,23 @@ const std::vector<Row>& layouts() {
          adaptive_at_7_bits(c);
        },
        &kInt4Sharded},
+      // Under expert parallelism the ep group probes its rank 0's micro-batch together, the
+      // experts' gradients counted as ep copies of one process's (parallel/activation_probe.h).
+      {"mixtral_dp2_ep2_adaptive_activations_sgd", 2,  // dropless top-2 SwiGLU experts
+       [](Config& c) {
+         ep2_mixtral_encoded(c, "adaptive");
+         c.memory.activation_bits = 7;
+       },
+       &kInt4Sharded},
+      {"dp4_ep2_moe_top2_adaptive_activations_accum2", 4,  // AdamW, capacity; the table broadcast over edp
+       [](Config& c) {
+         c.model.ffn = "moe";
+         c.model.moe_top_k = 2;
+         c.parallel.ep = 2;
+         c.train.grad_accum = 2;
+         adaptive_at_7_bits(c);
+       },
+       &kInt4Sharded},
       // Through a pipeline the census is micro-batch 0 through the stages and back, each rank
       // probes its stages' blocks, and the pp group chooses one table for the whole model.
       {"pp2_zbv_adaptive_activations_sgd_accum4", 2,  // two stages a rank

@@ -16,7 +16,7 @@ namespace {
 // rows for each of the E experts in order -> the outputs of their experts, [R, C].
 at::Tensor dispatch_and_combine(const at::Tensor& buffer, const std::vector<int64_t>& sizes,
                                 const MoEImpl::ExpertFn& experts, comm::Group& ep) {
-  const int64_t W = ep.size(), E = static_cast<int64_t>(sizes.size()), local = E / W, C = buffer.size(1);
+  const int64_t W = ep.size(), E = static_cast<int64_t>(sizes.size()), local = E / W;
   // Every rank's sizes: all[i][e] rows of expert e in rank i's buffer.
   at::Tensor gathered = at::empty({W * E}, at::kLong);
   ep.all_gather(gathered, at::tensor(sizes, at::kLong));
@@ -45,9 +45,12 @@ at::Tensor dispatch_and_combine(const at::Tensor& buffer, const std::vector<int6
       source_start += receive[static_cast<size_t>(i)];
     }
   }
-  const at::Tensor index = at::tensor(order, at::kLong).to(buffer.device());
-  const at::Tensor out = experts(received.index_select(0, index), local_sizes);
-  const at::Tensor back = at::zeros({received.size(0), C}, out.options()).index_copy(0, index, out);
+  // `order` is a permutation of the received rows; back to source order by its inverse, an
+  // index_select, which keeps no tensor for its backward (index_copy kept the experts' output).
+  std::vector<int64_t> inverse(order.size());
+  for (size_t k = 0; k < order.size(); ++k) inverse[static_cast<size_t>(order[k])] = static_cast<int64_t>(k);
+  const at::Tensor out = experts(received.index_select(0, at::tensor(order, at::kLong).to(buffer.device())), local_sizes);
+  const at::Tensor back = out.index_select(0, at::tensor(inverse, at::kLong).to(buffer.device()));
   return expert_all_to_all(back, ep, send, receive);
 }
 

@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "distributed/dist_test.h"
+#include "distributed/probe_comparison.h"
 #include "model/transformer.h"
 #include "parallel/activation_probe.h"
 #include "parallel/sequence/sequence_parallel.h"
@@ -51,16 +52,7 @@ TEST(AdaptiveProbeSequenceParallel, TwoLaspRanksMeasureOneProcesssErrorsAndChoos
   auto mesh = ranks.connect(options);
   const ActivationProbe whole = probe(nullptr);
   const ActivationProbe split = probe(&mesh->group("sp"));
-  ASSERT_EQ(split.slots.size(), whole.slots.size());
-  double worst = 0;
-  for (const auto& [layer, slots] : whole.slots) {
-    ASSERT_EQ(split.slots.at(layer).size(), slots.size()) << "block " << layer;
-    for (size_t k = 0; k < slots.size(); ++k) {
-      EXPECT_EQ(split.slots.at(layer)[k].elements, slots[k].elements) << "block " << layer << " slot " << k;
-      const double want = 4 * whole.int4_error.at(layer)[k], got = split.int4_error.at(layer)[k];
-      worst = std::max(worst, std::abs(got - want) / want);
-    }
-  }
+  const double worst = test::worst_probe_difference(whole, split, 4);
   EXPECT_LT(worst, 1e-4);
   EXPECT_EQ(split.codecs, whole.codecs);
   std::printf("measured: rank %lld, worst relative error of the sp2 errors against 4x one process's %.2g\n",

@@ -128,6 +128,9 @@ TEST(ConfigRanges, AdaptiveCodecsNameTheLayoutsTheirProbeCannotRun) {
   Config pipelined = config;  // the pipeline ranks probe their stages and choose one table
   pipelined.parallel.pp = 2;
   EXPECT_NO_THROW(pipelined.check("code"));
+  Config expert_parallel = experts;  // the ep group probes one micro-batch together
+  expert_parallel.parallel.ep = 2;
+  EXPECT_NO_THROW(expert_parallel.check("code"));
   const std::vector<std::pair<std::function<void(Config&)>, std::string>> refused{
       {[](Config& c) { c.parallel.zero_stage = 3; }, "parallel.zero_stage = 3"},
       {[](Config& c) {
@@ -138,8 +141,15 @@ TEST(ConfigRanges, AdaptiveCodecsNameTheLayoutsTheirProbeCannotRun) {
       {[](Config& c) {
          c.model.ffn = "moe";
          c.parallel.ep = 2;
+         c.parallel.tp = 2;
        },
        "parallel.ep = 2"},
+      {[](Config& c) {
+         c.model.ffn = "moe";
+         c.parallel.ep = 2;
+         c.parallel.ep_dispatch = "hierarchical";
+       },
+       "parallel.ep_dispatch = hierarchical"},
       {[](Config& c) {
          c.model.ffn = "moe";
          c.model.moe_aux_scope = "global";
