@@ -97,7 +97,7 @@ ActivationCodec AdaptiveCodecs::codec_of(int64_t block, int64_t slot, const at::
               " saved out of order in the census");
       list.push_back({source.numel(), static_cast<int64_t>(source.element_size()), lossy_encoding_applies(source),
                       saved.grad_fn() ? saved.grad_fn()->name() : "", source.sum(at::kDouble).item<double>()});
-      return ActivationCodec::none;
+      return ActivationCodec::int4;
     }
     case Mode::probe:
       if (block == probe_block_) probed_slots_ = std::max(probed_slots_, slot + 1);

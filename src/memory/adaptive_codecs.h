@@ -21,8 +21,9 @@
 //
 // AdaptiveCodecs is what the scopes ask (codec_of) in one of three modes:
 //   apply   the chosen table; before a choice every slot kept; a slot beyond its block's table int8
-//   census  every slot kept and recorded (elements, element size, whether a lossy codec encodes
-//           it), with the block's input, the random streams' states it started from (so that a
+//   census  every slot int4 (the smallest codec: the census holds less than a step at any budget)
+//           and recorded (elements, element size, whether a lossy codec encodes it, made by, the
+//           sum of its elements), with the block's input, the random streams' states it started from (so that a
 //           block run again alone draws the dropout masks it drew), its output and the gradient
 //           that reaches its output
 //   probe   one slot of one block int4, every other kept
@@ -78,7 +79,7 @@ class AdaptiveCodecs {
   // slot, `source` being what it encodes of the saved tensor `saved`).
   ActivationCodec codec_of(int64_t block, int64_t slot, const at::Tensor& source, const at::Tensor& saved);
 
-  // Census: from begin_census() to end_census(), every slot kept and recorded. block_starts keeps
+  // Census: from begin_census() to end_census(), every slot int4 and recorded. block_starts keeps
   // a block's input and the random streams' states (core/random_streams.h) on its device;
   // block_ends its output and the gradient that reaches it in the census's backward.
   void begin_census();

@@ -2,11 +2,13 @@
 // rounding each tensor a block saves to int4 moves the gradients, measured on this rank's model and
 // one micro-batch, and the codecs chosen from it.
 //
-//   1. The census: the model's loss on the micro-batch with every slot kept, its backward by
+//   1. The census: the model's loss on the micro-batch with every slot at int4, its backward by
 //      torch::autograd::grad (census_backward; through a pipeline, each stage's over its input):
 //      nothing accumulates into .grad and no post-accumulate hook fires, so the step's owner
 //      (DataParallel's buckets) never sees the probe. It records each block's slots, its input, the
-//      random streams' states it started from, its output and the gradient that reaches its output.
+//      random streams' states it started from, its output and the gradient that reaches its output
+//      (through the blocks after it at int4: their rounding is in it, as it is in the gradient a
+//      step under the chosen table brings them).
 //   2. Each block alone, from its recorded input and streams (its dropout draws the census's
 //      masks), backward from the recorded output gradient to that input and the block's
 //      parameters: once with every slot kept (the reference, whose output must match the census's
@@ -18,7 +20,9 @@
 //
 // The measure is local to a block (an error in its input's gradient is counted there, not followed
 // through the blocks before it), as GACT's is per tensor. It costs one forward and backward of the
-// model and, per block, one of the block for each of its slots and one more. The blocks run as a
+// model and, per block, one of the block for each of its slots and one more. It holds at most the
+// census's activations at int4 or one block's kept (its reference pass), with the records: never
+// the whole model's kept, which a step at the budget is meant not to need. The blocks run as a
 // step runs them (training mode, dropout included; the layouts are those config.cpp's
 // check_adaptive_codecs lets through). choose_activation_codecs runs it on rank 0 of the data
 // replicas and hands the table to the others.

@@ -6,6 +6,7 @@
 #include <torch/types.h>
 #include <torch/utils.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 
@@ -47,6 +48,7 @@ struct Step {
   at::Tensor loss;
   std::map<std::string, at::Tensor> grads;
   int64_t saved_bytes = 0;
+  int64_t probe_peak = 0;  // the most saved bytes held at once during the probe before the step
 };
 
 const at::Tensor& tokens(int which) {
@@ -86,12 +88,18 @@ Step adaptive(const ModelOptions& opts, double bits, ActivationProbe* probe_out 
   TransformerLM m = model(opts);
   auto codecs = std::make_shared<AdaptiveCodecs>(bits);
   m->set_adaptive_activation_codecs(codecs);
+  count_saved_activations(true);
+  reset_saved_activation_peak();
   const ActivationProbe probe = probe_activation_codecs(
       m, *codecs, [&] { census_backward(m, m->forward(tokens(0), tokens(1)).loss); },
       [](Block& block, const at::Tensor& x) { return block->forward(x).x; });
+  const int64_t probe_peak = saved_activation_bytes().peak;
+  count_saved_activations(false);
   for (auto& p : m->parameters()) EXPECT_FALSE(p.grad().defined()) << "the probe left a gradient";
   if (probe_out) *probe_out = probe;
-  return step(m);
+  Step s = step(m);
+  s.probe_peak = probe_peak;
+  return s;
 }
 
 // |g - g_ref| relative to the largest |g_ref| of the tensor, the worst over every parameter.
@@ -126,12 +134,19 @@ TEST_P(AdaptiveModel, TheBudgetsEndsTrainAsOneCodecAndItsMiddleMixes) {
   EXPECT_GT(mixed.saved_bytes, int4.saved_bytes);
   EXPECT_LT(mixed.saved_bytes, none.saved_bytes);
   EXPECT_LT(worst_gradient_error(mixed, none), worst_gradient_error(int4, none));
+  // The probe holds the census at int4 or one block kept, never the model's whole activations kept
+  // (which the step at a budget is meant not to need).
+  const int64_t probe_bound = std::max(int4.saved_bytes, none.saved_bytes / opts.n_layer);
+  EXPECT_LE(mixed.probe_peak, probe_bound);
+  EXPECT_LT(probe_bound, none.saved_bytes);
   std::printf("measured: %s adaptive at 7 bits: %lld tensors (%lld kept, %lld int8, %lld int4), %.2f bits; saved "
-              "bytes none %lld, int4 %lld, adaptive %lld; worst gradient error int4 %.3g, adaptive %.3g\n%s\n",
+              "bytes none %lld, int4 %lld, adaptive %lld, the probe's peak %lld; worst gradient error int4 %.3g, "
+              "adaptive %.3g\n%s\n",
               GetParam().c_str(), static_cast<long long>(s.slots), static_cast<long long>(s.kept),
               static_cast<long long>(s.int8), static_cast<long long>(s.int4), s.bits_per_element,
               static_cast<long long>(none.saved_bytes), static_cast<long long>(int4.saved_bytes),
-              static_cast<long long>(mixed.saved_bytes), worst_gradient_error(int4, none),
+              static_cast<long long>(mixed.saved_bytes), static_cast<long long>(mixed.probe_peak),
+              worst_gradient_error(int4, none),
               worst_gradient_error(mixed, none),
               describe_activation_codecs(probe.slots, probe.codecs, 7, probe.seconds).c_str());
 }
