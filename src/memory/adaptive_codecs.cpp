@@ -112,11 +112,13 @@ ActivationCodec AdaptiveCodecs::codec_of(int64_t block, int64_t slot, const at::
 void AdaptiveCodecs::begin_census() {
   mode_ = Mode::census;
   census_.clear();
+  census_input_ = at::Tensor();
   std::lock_guard<std::mutex> lock(records_mutex_);
   records_.clear();
 }
 
 void AdaptiveCodecs::block_starts(int64_t block, const at::Tensor& input) {
+  if (!census_input_.defined()) census_input_ = input;
   auto states = random::states(input.is_cuda() ? std::optional<c10::Device>(input.device()) : std::nullopt);
   std::lock_guard<std::mutex> lock(records_mutex_);
   BlockRecord& record = records_[block];
@@ -139,6 +141,7 @@ void AdaptiveCodecs::block_ends(int64_t block, const at::Tensor& output) {
 
 BlockSlots AdaptiveCodecs::end_census(std::map<int64_t, BlockRecord>& records) {
   mode_ = Mode::apply;
+  census_input_ = at::Tensor();
   {
     std::lock_guard<std::mutex> lock(records_mutex_);
     records = std::move(records_);

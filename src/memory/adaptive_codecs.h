@@ -86,6 +86,8 @@ class AdaptiveCodecs {
   void block_starts(int64_t block, const at::Tensor& input);
   void block_ends(int64_t block, const at::Tensor& output);
   bool census() const { return mode_ == Mode::census; }
+  // The input of the first block the census ran, with its graph (undefined outside a census).
+  const at::Tensor& census_input() const { return census_input_; }
   struct BlockRecord {
     at::Tensor input, output, output_grad;
     std::vector<std::pair<std::string, at::Tensor>> random_states;
@@ -107,6 +109,7 @@ class AdaptiveCodecs {
   Mode mode_ = Mode::apply;
   SlotCodecs table_;
   BlockSlots census_;
+  at::Tensor census_input_;
   std::mutex records_mutex_;
   std::map<int64_t, BlockRecord> records_;
   int64_t probe_block_ = -1, probe_slot_ = -1, probed_slots_ = 0;

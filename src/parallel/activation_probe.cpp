@@ -138,6 +138,8 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
   // its experts', which sum ep copies of each token's contribution (below).
   const double ep = probing.experts ? static_cast<double>(probing.experts->size()) : 1.0;
   const double replicated_weight = 1.0 / ep, expert_weight = 1.0 / (ep * ep);
+  const ResidentOwner::AroundBlock around =
+      probing.around_block ? probing.around_block : [](int64_t, const std::function<void()>& fn) { fn(); };
   try {
     for (const auto& [layer, slots] : probe.slots) {
       std::vector<double>& errors = probe.int4_error[layer];
@@ -146,60 +148,63 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
       const AdaptiveCodecs::BlockRecord& record = records.at(layer);
       require(record.output_grad.defined(), "internal: the adaptive codecs' census saw no gradient reach block ", layer,
               "'s output");
-      Block block = model->block(layer);
-      // The block input's gradient first, then each parameter's, with their weights.
-      std::vector<at::Tensor> inputs;
-      std::vector<std::string> names{""};
-      std::vector<double> weights{probing.input_weight * replicated_weight};
-      for (const auto& item : block->named_parameters()) {
-        if (!item.value().requires_grad()) continue;
-        inputs.push_back(item.value());
-        names.push_back("h." + std::to_string(layer) + "." + item.key());
-        const bool expert = model->parameter_specs().at(names.back()).split == Split::expert;
-        weights.push_back(probing.norm.weight_of(names.back()) * (expert ? expert_weight : replicated_weight));
-      }
-      auto block_gradients = [&](int64_t slot) {
-        codecs.probe(layer, slot);
-        at::Tensor x = record.input.detach().requires_grad_(true);
-        std::vector<at::Tensor> with_input = inputs;
-        with_input.insert(with_input.begin(), x);
-        random::load_states(record.random_states, cuda, "the adaptive codecs' probe");
-        const at::Tensor y = run_block(block, x);
-        if (slot < 0) {
-          // Run alone, the block must compute what it computed in the model's forward (the same
-          // masks above all), or its errors would measure something else.
-          const double scale = record.output.abs().max().item<double>();
-          const double off = (y.detach() - record.output).abs().max().item<double>();
-          require(off <= 1e-4 * scale, "internal: block ", layer, " computed an output ", off,
-                  " off its output in the model's forward (of largest magnitude ", scale,
-                  ") when run alone by the adaptive codecs' probe");
-        }
-        std::vector<at::Tensor> g = gradients(y, with_input, record.output_grad);
-        require(codecs.probed_slots() == static_cast<int64_t>(slots.size()), "internal: block ", layer, " saved ",
-                codecs.probed_slots(), " tensors when probed alone and ", slots.size(),
-                " in the model's forward (memory.activation_compression = adaptive needs the same each time)");
-        if (probing.shares.any()) {
-          std::vector<std::pair<std::string, at::Tensor>> shares;
-          for (size_t i = 1; i < g.size(); ++i)
-            if (g[i].defined() && probing.shares.holds(names[i])) shares.emplace_back(names[i], g[i]);
-          probing.shares.sum(shares);
-        }
-        return g;
-      };
-      const std::vector<at::Tensor> reference = block_gradients(-1);
       std::vector<double>& input_errors = input_error[layer];
       input_errors.assign(slots.size(), 0.0);
-      for (size_t k = 0; k < slots.size(); ++k) {
-        const std::vector<at::Tensor> g = block_gradients(static_cast<int64_t>(k));
-        if (probing.sequence) {
-          // The input's gradient is this rank's chunk of the sequence's: its squares are summed
-          // over the group below; the parameters' gradients are shares of one sum.
-          input_errors[k] = squared_distance(g, reference, weights, 0, 1, nullptr);
-          errors[k] = squared_distance(g, reference, weights, 1, g.size(), probing.sequence);
-        } else {
-          errors[k] = squared_distance(g, reference, weights, 0, g.size(), nullptr);
+      // The block's passes with its parameters whole (ZeRO-3 gathers them: ResidentOwner::run_probe).
+      around(layer, [&] {
+        Block block = model->block(layer);
+        // The block input's gradient first, then each parameter's, with their weights.
+        std::vector<at::Tensor> inputs;
+        std::vector<std::string> names{""};
+        std::vector<double> weights{probing.input_weight * replicated_weight};
+        for (const auto& item : block->named_parameters()) {
+          if (!item.value().requires_grad()) continue;
+          inputs.push_back(item.value());
+          names.push_back("h." + std::to_string(layer) + "." + item.key());
+          const bool expert = model->parameter_specs().at(names.back()).split == Split::expert;
+          weights.push_back(probing.norm.weight_of(names.back()) * (expert ? expert_weight : replicated_weight));
         }
-      }
+        auto block_gradients = [&](int64_t slot) {
+          codecs.probe(layer, slot);
+          at::Tensor x = record.input.detach().requires_grad_(true);
+          std::vector<at::Tensor> with_input = inputs;
+          with_input.insert(with_input.begin(), x);
+          random::load_states(record.random_states, cuda, "the adaptive codecs' probe");
+          const at::Tensor y = run_block(block, x);
+          if (slot < 0) {
+            // Run alone, the block must compute what it computed in the model's forward (the same
+            // masks above all), or its errors would measure something else.
+            const double scale = record.output.abs().max().item<double>();
+            const double off = (y.detach() - record.output).abs().max().item<double>();
+            require(off <= 1e-4 * scale, "internal: block ", layer, " computed an output ", off,
+                    " off its output in the model's forward (of largest magnitude ", scale,
+                    ") when run alone by the adaptive codecs' probe");
+          }
+          std::vector<at::Tensor> g = gradients(y, with_input, record.output_grad);
+          require(codecs.probed_slots() == static_cast<int64_t>(slots.size()), "internal: block ", layer, " saved ",
+                  codecs.probed_slots(), " tensors when probed alone and ", slots.size(),
+                  " in the model's forward (memory.activation_compression = adaptive needs the same each time)");
+          if (probing.shares.any()) {
+            std::vector<std::pair<std::string, at::Tensor>> shares;
+            for (size_t i = 1; i < g.size(); ++i)
+              if (g[i].defined() && probing.shares.holds(names[i])) shares.emplace_back(names[i], g[i]);
+            probing.shares.sum(shares);
+          }
+          return g;
+        };
+        const std::vector<at::Tensor> reference = block_gradients(-1);
+        for (size_t k = 0; k < slots.size(); ++k) {
+          const std::vector<at::Tensor> g = block_gradients(static_cast<int64_t>(k));
+          if (probing.sequence) {
+            // The input's gradient is this rank's chunk of the sequence's: its squares are summed
+            // over the group below; the parameters' gradients are shares of one sum.
+            input_errors[k] = squared_distance(g, reference, weights, 0, 1, nullptr);
+            errors[k] = squared_distance(g, reference, weights, 1, g.size(), probing.sequence);
+          } else {
+            errors[k] = squared_distance(g, reference, weights, 0, g.size(), nullptr);
+          }
+        }
+      });
     }
   } catch (...) {
     restore();
@@ -265,10 +270,10 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
 }
 
 void census_backward(TransformerLM& model, const at::Tensor& loss) {
-  std::vector<at::Tensor> params;
-  for (const at::Tensor& p : model->parameters())
-    if (p.requires_grad()) params.push_back(p);
-  gradients(loss, params);
+  const at::Tensor first = model->adaptive_activation_codecs()->census_input();
+  require(first.defined() && first.requires_grad(),
+          "internal: the adaptive codecs' census saw no block input on the gradient's path");
+  gradients(loss, {first});
 }
 
 bool probes_before(const ActivationProbing& probing, int64_t steps_run) {

@@ -3,7 +3,8 @@
 // one micro-batch, and the codecs chosen from it.
 //
 //   1. The census: the model's loss on the micro-batch with every slot at int4, its backward by
-//      torch::autograd::grad (census_backward; through a pipeline, each stage's over its input):
+//      torch::autograd::grad over the first block's input (census_backward; through a pipeline,
+//      each stage's over its input: no parameter's gradient is made):
 //      nothing accumulates into .grad and no post-accumulate hook fires, so the step's owner
 //      (DataParallel's buckets) never sees the probe. It records each block's slots, its input, the
 //      random streams' states it started from, its output and the gradient that reaches its output
@@ -89,6 +90,8 @@ struct ActivationProbing {
   comm::Group* sequence = nullptr;  // the sp group, whose ranks probe together
   comm::Group* pipeline = nullptr;  // the pp group, whose ranks probe their stages together
   comm::Group* experts = nullptr;   // the ep group, whose ranks probe its rank 0's micro-batch together
+  // Runs a block's passes with its parameters whole (ResidentOwner::run_probe's; unset: as they are).
+  ResidentOwner::AroundBlock around_block;
 };
 
 struct ActivationProbe {
@@ -105,8 +108,9 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
                                         const std::function<at::Tensor(Block&, const at::Tensor&)>& run_block,
                                         const ActivationProbing& probing = {});
 
-// The census's backward of a whole model's `loss`: its gradients over the model's trained
-// parameters, taken and dropped.
+// The census's backward of a whole model's `loss`: its gradient with respect to the input of the
+// census's first block (AdaptiveCodecs::census_input), taken and dropped, so that every block's
+// backward runs and no parameter's gradient is made.
 void census_backward(TransformerLM& model, const at::Tensor& loss);
 
 // Whether a step runner probes before its step `steps_run` (0: the first).

@@ -32,20 +32,31 @@ ModelOutput PlainStep::forward(const Batch& batch) {
 StepLosses PlainStep::run(const std::vector<Batch>& micro_batches, double lr, const GradientsReady& gradients_ready) {
   model_->train();
   if (model_->adaptive_activation_codecs() && probes_before(probing_, steps_run_)) {
+    // Under ZeRO-3 every replica probes (its gathers are collectives of the replicas), as the ep
+    // group does under expert parallelism: each on the micro-batch of its group's rank 0.
+    ActivationProbing probing = probing_;
+    comm::Group* sharing = probing.experts;
+    if (owner_.probes_on_every_replica()) {
+      sharing = probing.replicas;
+      probing.replicas = nullptr;
+    }
     Batch batch = micro_batches.front();
-    const bool probes = probing_.replicas == nullptr || probing_.replicas->rank() == 0;
-    if (probing_.experts && probes)  // the ep group probes its rank 0's micro-batch (activation_probe.h)
+    const bool probes = probing.replicas == nullptr || probing.replicas->rank() == 0;
+    if (sharing && probes)
       for (at::Tensor* t : {&batch.inputs, &batch.targets}) {
         *t = comm::to_device_queued(*t, device_).clone();  // the step's own batch stays as it is
-        probing_.experts->broadcast(*t, 0);
+        sharing->broadcast(*t, 0);
       }
     const double scale = owner_.loss_scale();
-    note_ = choose_activation_codecs(
-        model_, probing_, device_, [&] { census_backward(model_, forward(batch).loss.to(at::kFloat) * scale); },
-        [&](Block& block, const at::Tensor& x) {
-          AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
-          return block->forward(x).x;
-        });
+    owner_.run_probe([&](const ResidentOwner::AroundBlock& around_block) {
+      probing.around_block = around_block;
+      note_ = choose_activation_codecs(
+          model_, probing, device_, [&] { census_backward(model_, forward(batch).loss.to(at::kFloat) * scale); },
+          [&](Block& block, const at::Tensor& x) {
+            AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
+            return block->forward(x).x;
+          });
+    });
   }
   ++steps_run_;
   const double n = static_cast<double>(micro_batches.size());

@@ -15,7 +15,8 @@
 // activation_probe.h's choose_activation_codecs; under tensor, sequence and expert parallelism
 // with its tp, sp and ep groups, whose ranks are not among the replicas here: the ep group's
 // ranks all take its rank 0's micro-batch, broadcast over it) and broadcasts the codecs chosen;
-// every replica then encodes alike. The choice is the step's note (take_note).
+// every replica then encodes alike. Under ZeRO-3 every replica probes rank 0's micro-batch, inside
+// the owner's run_probe (protocols/optimizer_owner.h), which gathers one block at a time. The choice is the step's note (take_note).
 #pragma once
 
 #include <optional>

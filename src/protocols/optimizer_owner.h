@@ -181,6 +181,18 @@ class ResidentOwner : public OptimizerOwner {
   virtual void release_stage(const ModelStage& stage) {}
   virtual void begin_pass() {}
   virtual void end_pass() {}
+  // The adaptive codecs' probe (parallel/activation_probe.h) under this owner: run_probe runs
+  // `probe` with the model's forward and backward free of the step's reductions, handing it
+  // `around_block`, which runs a function with one block's parameters whole. ZeRO-3 over a whole
+  // model (DataParallel) gathers each block around its census forward and backward and around
+  // each block's passes, holding the ends throughout: one block and the ends whole at a time, on
+  // every replica at once (probes_on_every_replica: its gathers are collectives of the replicas,
+  // which all probe the same micro-batch). Every other owner runs `probe` as it is.
+  using AroundBlock = std::function<void(int64_t layer, const std::function<void()>& fn)>;
+  virtual bool probes_on_every_replica() const { return false; }
+  virtual void run_probe(const std::function<void(const AroundBlock& around_block)>& probe) {
+    probe([](int64_t, const std::function<void()>& fn) { fn(); });
+  }
   // The loss is multiplied by this before backward (fp16's dynamic loss scale; 1 otherwise).
   virtual double loss_scale() const { return 1.0; }
   virtual void before_backward(bool last_micro_batch) = 0;

@@ -690,6 +690,20 @@ const std::vector<Row>& layouts() {
          adaptive_at_7_bits(c);
        },
        &kInt4Sharded},
+      // Under ZeRO-3 every replica probes rank 0's micro-batch, one block gathered at a time.
+      {"dp2_zero3_adaptive_activations_sgd_accum2", 2,
+       [](Config& c) {
+         sgd(c);
+         c.parallel.zero_stage = 3;
+         c.train.grad_accum = 2;
+         adaptive_at_7_bits(c);
+       }},
+      {"dp2_zero3_offload_adaptive_activations", 2,  // AdamW, the optimizer state in host memory
+       [](Config& c) {
+         c.parallel.zero_stage = 3;
+         c.parallel.offload = true;
+         adaptive_at_7_bits(c);
+       }},
       // Under expert parallelism the ep group probes its rank 0's micro-batch together, the
       // experts' gradients counted as ep copies of one process's (parallel/activation_probe.h).
       {"mixtral_dp2_ep2_adaptive_activations_sgd", 2,  // dropless top-2 SwiGLU experts

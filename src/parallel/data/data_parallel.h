@@ -153,6 +153,8 @@ class DataParallel : public ResidentOwner {
   void before_backward(bool last_micro_batch) override;
   void before_stage_backward(bool last_micro_batch, const ModelStage& stage) override;
   void finish_gradients() override;
+  bool probes_on_every_replica() const override;
+  void run_probe(const std::function<void(const AroundBlock& around_block)>& probe) override;
   bool gathers_by_schedule() const override;
   void fetch_stage(const ModelStage& stage) override;
   void complete_stage(const ModelStage& stage) override;

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -101,6 +102,11 @@ struct DataParallel::Impl {
   // units of that stage only; 1 for every reduction otherwise).
   std::vector<char> in_window;
   std::vector<char> finalized;  // stages 2-3, per unit: its gradient is this step's mean already
+  // Stage 3 over the whole model during the adaptive codecs' probe (run_probe): the wrappers hold
+  // each block around its forward and, from its CallInBackward, its backward (the part held for a
+  // backward until the next one's, or the probe's end); the ends are held throughout.
+  bool probing = false;
+  std::optional<size_t> probe_backward_part;
 
   Impl(TransformerLM m, const ReductionGroups& reduction, const ParallelOptions& parallel)
       : model(std::move(m)), dp(*reduction.data), stage(parallel.zero_stage), n_blocks(model->options().n_layer) {
@@ -137,6 +143,12 @@ struct DataParallel::Impl {
   // Stage 0 with a compressor: averages bucket b with it, on dp's communication thread (run_async).
   void compress(size_t bucket);
 
+  // Stage 3: every unit of `part` held and whole, and dropped.
+  void hold_part(size_t part);
+  void drop_part(size_t part);
+  // Stage 3 during the probe: the block wrapper's run, and a block's backward beginning.
+  BlockOutput probe_block(int64_t layer, const at::Tensor& x, const TransformerLMImpl::BlockCall& inner);
+  void probe_block_backward(int64_t layer);
   // Stage 3.
   BlockOutput run_block(int64_t layer, const at::Tensor& x, const TransformerLMImpl::BlockCall& inner);
   void around_end(const ModelPart& part, const std::function<void()>& inner);

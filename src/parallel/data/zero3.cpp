@@ -9,6 +9,12 @@
 //                                    order on the wire), then before_backward(l)
 //   l's gradients handed to their reduce-scatter (data_parallel.cpp): after_reduction(l)
 //
+// During the adaptive codecs' probe (run_probe) the plan rests: a block wrapper holds the block
+// around its forward and, from its CallInBackward, around its backward (until the next block's
+// backward begins), launching no reduction; the ends are held through the whole probe, and each
+// block's own passes run between a hold and a drop of it (around_block). So at most two blocks
+// and the ends are whole at once, on every replica (the probe's gathers are collectives).
+//
 // The pass is training when grad mode is on at a forward point, inference otherwise (evaluation,
 // generation); the backward points exist only in training. The gathered storage is the same
 // StorageImpl the forward's saved tensors point at (flat_unit.h), so the backward (and a full
@@ -60,6 +66,7 @@ Pass current_pass() { return at::GradMode::is_enabled() ? Pass::training : Pass:
 
 BlockOutput DataParallel::Impl::run_block(int64_t layer, const at::Tensor& x,
                                          const TransformerLMImpl::BlockCall& inner) {
+  if (probing) return probe_block(layer, x, inner);
   const Pass pass = current_pass();
   residency->at(pass, {ResidencyPoint::Kind::before_forward, ModelPart::block(layer)});
   // The block's products keep its float32 weights (this storage, gathered again before its
@@ -83,10 +90,84 @@ BlockOutput DataParallel::Impl::run_block(int64_t layer, const at::Tensor& x,
 }
 
 void DataParallel::Impl::around_end(const ModelPart& part, const std::function<void()>& inner) {
+  if (probing) return inner();  // the ends are held through the probe
   const Pass pass = current_pass();
   residency->at(pass, {ResidencyPoint::Kind::before_forward, part});
   inner();
   residency->at(pass, {ResidencyPoint::Kind::after_forward, part});
+}
+
+void DataParallel::Impl::hold_part(size_t part) {
+  for (size_t u : part_units[part]) residency->hold(u);
+  for (size_t u : part_units[part]) residency->complete(u);
+}
+
+void DataParallel::Impl::drop_part(size_t part) {
+  for (size_t u : part_units[part]) residency->drop(u);
+}
+
+BlockOutput DataParallel::Impl::probe_block(int64_t layer, const at::Tensor& x,
+                                           const TransformerLMImpl::BlockCall& inner) {
+  hold_part(static_cast<size_t>(layer));
+  BlockOutput out = [&] {
+    const KeepFloatWeightsForBackward keep;
+    return inner(x);
+  }();
+  if (out.x.requires_grad()) {
+    const bool aux = out.aux_loss.requires_grad();
+    TensorList inputs{out.x};
+    if (aux) inputs.push_back(out.aux_loss);
+    TensorList wrapped = CallInBackward::apply(
+        std::function<void()>([this, layer] { probe_block_backward(layer); }), at::TensorList(inputs));
+    out.x = wrapped[0];
+    if (aux) out.aux_loss = wrapped[1];
+  }
+  drop_part(static_cast<size_t>(layer));
+  return out;
+}
+
+void DataParallel::Impl::probe_block_backward(int64_t layer) {
+  // The block after this one is done with its backward.
+  if (probe_backward_part) drop_part(*probe_backward_part);
+  hold_part(static_cast<size_t>(layer));
+  probe_backward_part = static_cast<size_t>(layer);
+}
+
+bool DataParallel::probes_on_every_replica() const {
+  return impl_->stage == 3 && impl_->residency && impl_->residency->planned();
+}
+
+void DataParallel::run_probe(const std::function<void(const AroundBlock& around_block)>& probe) {
+  Impl& s = *impl_;
+  if (!probes_on_every_replica()) return ResidentOwner::run_probe(probe);
+  const size_t ends = static_cast<size_t>(s.n_blocks);
+  auto drop_backward_part = [&s] {
+    if (s.probe_backward_part) s.drop_part(*s.probe_backward_part);
+    s.probe_backward_part.reset();
+  };
+  s.probing = true;
+  s.hold_part(ends);
+  try {
+    probe([&](int64_t layer, const std::function<void()>& fn) {
+      drop_backward_part();  // the census's last backward ended
+      s.hold_part(static_cast<size_t>(layer));
+      try {
+        fn();
+      } catch (...) {
+        s.drop_part(static_cast<size_t>(layer));
+        throw;
+      }
+      s.drop_part(static_cast<size_t>(layer));
+    });
+  } catch (...) {
+    drop_backward_part();
+    s.drop_part(ends);
+    s.probing = false;
+    throw;
+  }
+  drop_backward_part();
+  s.drop_part(ends);
+  s.probing = false;
 }
 
 void DataParallel::Impl::before_block_backward(int64_t layer) {

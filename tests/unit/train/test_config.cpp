@@ -131,8 +131,15 @@ TEST(ConfigRanges, AdaptiveCodecsNameTheLayoutsTheirProbeCannotRun) {
   Config expert_parallel = experts;  // the ep group probes one micro-batch together
   expert_parallel.parallel.ep = 2;
   EXPECT_NO_THROW(expert_parallel.check("code"));
+  Config zero3 = config;  // every replica probes, one block gathered at a time
+  zero3.parallel.zero_stage = 3;
+  EXPECT_NO_THROW(zero3.check("code"));
   const std::vector<std::pair<std::function<void(Config&)>, std::string>> refused{
-      {[](Config& c) { c.parallel.zero_stage = 3; }, "parallel.zero_stage = 3"},
+      {[](Config& c) {
+         c.parallel.zero_stage = 3;
+         c.parallel.tp = 2;
+       },
+       "parallel.zero_stage = 3"},
       {[](Config& c) {
          c.memory.swap = true;
          c.memory.device_budget_gb = 1;
