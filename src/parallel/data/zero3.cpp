@@ -62,15 +62,11 @@ namespace {
 
 Pass current_pass() { return at::GradMode::is_enabled() ? Pass::training : Pass::inference; }
 
-}  // namespace
-
-BlockOutput DataParallel::Impl::run_block(int64_t layer, const at::Tensor& x,
-                                         const TransformerLMImpl::BlockCall& inner) {
-  if (probing) return probe_block(layer, x, inner);
-  const Pass pass = current_pass();
-  residency->at(pass, {ResidencyPoint::Kind::before_forward, ModelPart::block(layer)});
-  // The block's products keep its float32 weights (this storage, gathered again before its
-  // backward) rather than 16-bit copies of them (model/linear.h).
+// A block's run: `inner(x)` with its products keeping its float32 weights (this storage, gathered
+// again before its backward) rather than 16-bit copies of them (model/linear.h), and its outputs
+// wrapped so that `before_backward` runs when the backward reaches them.
+BlockOutput run_wrapped(const TransformerLMImpl::BlockCall& inner, const at::Tensor& x,
+                        std::function<void()> before_backward) {
   BlockOutput out = [&] {
     const KeepFloatWeightsForBackward keep;
     return inner(x);
@@ -79,12 +75,21 @@ BlockOutput DataParallel::Impl::run_block(int64_t layer, const at::Tensor& x,
     const bool aux = out.aux_loss.requires_grad();
     TensorList inputs{out.x};
     if (aux) inputs.push_back(out.aux_loss);
-    TensorList wrapped =
-        CallInBackward::apply(std::function<void()>([this, layer] { before_block_backward(layer); }),
-                              at::TensorList(inputs));
+    TensorList wrapped = CallInBackward::apply(before_backward, at::TensorList(inputs));
     out.x = wrapped[0];
     if (aux) out.aux_loss = wrapped[1];
   }
+  return out;
+}
+
+}  // namespace
+
+BlockOutput DataParallel::Impl::run_block(int64_t layer, const at::Tensor& x,
+                                         const TransformerLMImpl::BlockCall& inner) {
+  if (probing) return probe_block(layer, x, inner);
+  const Pass pass = current_pass();
+  residency->at(pass, {ResidencyPoint::Kind::before_forward, ModelPart::block(layer)});
+  BlockOutput out = run_wrapped(inner, x, [this, layer] { before_block_backward(layer); });
   residency->at(pass, {ResidencyPoint::Kind::after_forward, ModelPart::block(layer)});
   return out;
 }
@@ -109,19 +114,7 @@ void DataParallel::Impl::drop_part(size_t part) {
 BlockOutput DataParallel::Impl::probe_block(int64_t layer, const at::Tensor& x,
                                            const TransformerLMImpl::BlockCall& inner) {
   hold_part(static_cast<size_t>(layer));
-  BlockOutput out = [&] {
-    const KeepFloatWeightsForBackward keep;
-    return inner(x);
-  }();
-  if (out.x.requires_grad()) {
-    const bool aux = out.aux_loss.requires_grad();
-    TensorList inputs{out.x};
-    if (aux) inputs.push_back(out.aux_loss);
-    TensorList wrapped = CallInBackward::apply(
-        std::function<void()>([this, layer] { probe_block_backward(layer); }), at::TensorList(inputs));
-    out.x = wrapped[0];
-    if (aux) out.aux_loss = wrapped[1];
-  }
+  BlockOutput out = run_wrapped(inner, x, [this, layer] { probe_block_backward(layer); });
   drop_part(static_cast<size_t>(layer));
   return out;
 }
