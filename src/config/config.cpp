@@ -56,7 +56,6 @@ void check_adaptive_codecs(const Config& config, const std::string& source) {
   };
   refuse(parallel.zero_stage == 3 && parallel.tp * parallel.sp * parallel.pp * parallel.ep > 1, "parallel.zero_stage",
          "3", "under ZeRO-3 every replica probes beside data parallelism only, not with tp, sp, pp or ep (not built)");
-  refuse(memory.swap, "memory.swap", "true", "its probe runs whole blocks resident on the device");
   const bool experts = parallel.ep > 1;
   refuse(experts && parallel.tp * parallel.sp * parallel.pp > 1, "parallel.ep", std::to_string(parallel.ep),
          "its ep group probes together beside data parallelism only, not with tp, sp or pp (not built)");

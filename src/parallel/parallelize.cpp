@@ -153,7 +153,9 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
     auto owner = std::make_unique<SwapOwner>(named, blocks, layout_.swap_plan().boundaries(), config.optim, device,
                                              config.memory.modelled_bandwidth_gbps * 1e9, replicas_,
                                              config.memory.swap_bf16_copies(config.precision.dtype));
-    const SwapStepOptions step{config.optim.grad_clip, swap_host_memory(config, layout_.swap_plan()).total()};
+    // The adaptive codecs' probe: rank 0 of the replicas, its table broadcast over them.
+    const SwapStepOptions step{config.optim.grad_clip, swap_host_memory(config, layout_.swap_plan()).total(),
+                               ActivationProbing{replicas_, config.memory.activation_probe_every}};
     runner_ = std::make_unique<SwapStep>(model_, *owner, step, device, autocast, layout_.swap_plan());
     holder_ = owner.get();
     owner_ = std::move(owner);

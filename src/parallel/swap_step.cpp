@@ -81,6 +81,77 @@ void SwapStep::compute(const swap::Action& a, const std::vector<Batch>& batches)
   stash_.erase(a.sub);
 }
 
+void SwapStep::choose_activation_codecs(const Batch& batch) {
+  executor_.settle();  // the last step's updates land before the probe loads a sub-model
+  Residency& residency = executor_.residency();
+  const int64_t subs = plan_.size();
+  auto load = [&](int64_t sub) {
+    residency.hold(swap::unit_of(sub, subs));
+    residency.complete(swap::unit_of(sub, subs));
+  };
+  auto evict = [&](int64_t sub) { residency.drop(swap::unit_of(sub, subs)); };
+  // The census: each sub-model's forward, then each one's backward in reverse over its input.
+  auto census = [&] {
+    AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
+    std::vector<at::Tensor> inputs(static_cast<size_t>(subs)), outputs(static_cast<size_t>(subs)),
+        aux(static_cast<size_t>(subs));
+    at::Tensor x = model_->embed(batch.inputs.to(device_));
+    for (int64_t i = 0; i < subs; ++i) {
+      const swap::SubModel& sub = plan_.sub(i);
+      load(i);
+      inputs[i] = i == 0 ? x : x.detach().requires_grad_(true);
+      const BlockOutput blocks = model_->run_blocks(inputs[i], sub.first, sub.end);
+      x = outputs[i] = i + 1 == subs ? model_->head(blocks.x, batch.targets.to(device_), blocks.aux_loss).loss.to(at::kFloat)
+                                     : blocks.x;
+      if (i + 1 < subs && blocks.aux_loss.requires_grad()) aux[i] = blocks.aux_loss;
+      evict(i);
+    }
+    at::Tensor grad;
+    for (int64_t i = subs - 1; i >= 0; --i) {
+      load(i);
+      std::vector<at::Tensor> roots{outputs[i]}, grads{grad.defined() ? grad : at::ones_like(outputs[i])};
+      if (aux[i].defined()) {
+        roots.push_back(aux[i]);
+        grads.push_back(at::ones_like(aux[i]));
+      }
+      grad = torch::autograd::grad(roots, {inputs[i]}, grads, /*retain_graph=*/false, /*create_graph=*/false,
+                                   /*allow_unused=*/true)
+                 .front();
+      evict(i);
+    }
+  };
+  ActivationProbing probing = options_.probing;
+  probing.around_block = [&](int64_t layer, const std::function<void()>& fn) {
+    int64_t i = 0;
+    while (plan_.sub(i).end <= layer) ++i;
+    load(i);
+    try {
+      fn();
+    } catch (...) {
+      evict(i);
+      throw;
+    }
+    evict(i);
+  };
+  load(swap::kEnds);  // the embedding and the head, held through the probe
+  try {
+    note_ = tessera::choose_activation_codecs(model_, probing, device_, census, [&](Block& block, const at::Tensor& h) {
+      AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
+      return block->forward(h).x;
+    });
+  } catch (...) {
+    evict(swap::kEnds);
+    throw;
+  }
+  evict(swap::kEnds);
+}
+
+std::optional<std::string> SwapStep::take_note() {
+  std::optional<std::string> note;
+  note.swap(note_);
+  return note;
+}
+
 StepLosses SwapStep::run(const std::vector<Batch>& batches, double lr, const GradientsReady& gradients_ready) {
   const auto micro_batches = static_cast<int64_t>(batches.size());
   // Clipping needs the global norm, replicas the averaged gradients and a caller that may hold the
@@ -93,6 +164,9 @@ StepLosses SwapStep::run(const std::vector<Batch>& batches, double lr, const Gra
     swap::validate_swap_plan(plan_);
   }
   model_->train();
+  if (model_->adaptive_activation_codecs() && probes_before(options_.probing, steps_run_))
+    choose_activation_codecs(batches.front());
+  ++steps_run_;
   ce_sum_ = at::zeros({}, at::kDouble);
   aux_sum_ = at::zeros({}, at::kDouble);
   StepLosses result;

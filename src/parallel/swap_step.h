@@ -25,6 +25,14 @@
 // boundaries, where autograd passes the same gradient on), gradients accumulated over the
 // micro-batches in the same order, the same norm and update per parameter.
 //
+// memory.activation_compression = adaptive: before the first step's plan and every
+// probing.every steps after, rank 0 of the replicas probes its first micro-batch (parallel/
+// activation_probe.h) with the sub-models brought in as the plan brings them, never more than
+// one sub-model and the ends at once: the census runs each sub-model's forward, then each one's
+// backward in reverse (by torch::autograd::grad over its input: no gradient is made), loading
+// the sub-model around each, and each block's passes run with its sub-model loaded. The choice is
+// the step's note.
+//
 // evaluate(): the forward alone, sub-model by sub-model over all the batches at once, so each
 // sub-model is loaded once per evaluation (not once per batch), the next one's fetch running while
 // the current one computes (two resident at most, as in the training forward): a plan
@@ -46,6 +54,7 @@
 #include "memory/swap/swap_owner.h"
 #include "memory/swap/swap_plan.h"
 #include "model/transformer.h"
+#include "parallel/activation_probe.h"
 #include "protocols/step_runner.h"
 
 namespace tessera {
@@ -54,6 +63,7 @@ namespace tessera {
 struct SwapStepOptions {
   double grad_clip = 0;   // optim.grad_clip
   double host_bytes = 0;  // the host memory the run's state takes (plan/swap_cut.h), for add_bench_fields
+  ActivationProbing probing;  // memory.activation_compression = adaptive: where the probe runs
 };
 
 class SwapStep final : public StepRunner {
@@ -69,6 +79,7 @@ class SwapStep final : public StepRunner {
   std::optional<std::string> write_timeline(const std::string& dir, int64_t step) override;
   // The plan's prediction against the last step's measured timeline ("swap": {...}).
   void add_bench_fields(nlohmann::json& out) override;
+  std::optional<std::string> take_note() override;
 
   // The plan of the last run (or the planned one before any).
   const swap::SwapPlan& plan() const { return plan_; }
@@ -78,6 +89,8 @@ class SwapStep final : public StepRunner {
 
  private:
   void compute(const swap::Action& a, const std::vector<Batch>& batches);
+  // The adaptive codecs chosen again from `batch` (above).
+  void choose_activation_codecs(const Batch& batch);
 
   TransformerLM model_;
   SwapOwner& owner_;
@@ -96,6 +109,8 @@ class SwapStep final : public StepRunner {
   std::map<int64_t, Stash> stash_;  // by sub-model, for the micro-batch in flight
   at::Tensor ce_sum_, aux_sum_;
   swap::Timeline timeline_ = std::make_shared<std::vector<swap::TimedAction>>();
+  int64_t steps_run_ = 0;
+  std::optional<std::string> note_;  // the adaptive codecs' choice, for take_note
 };
 
 }  // namespace tessera

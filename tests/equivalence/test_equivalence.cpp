@@ -102,10 +102,13 @@ const Tolerance kInt4Sharded{1e-5, 1e-4, 2e-3, 2e-2, 1e-3, 1e-4, 1e-4};
 // later; with ATen's baseline kernels (ATEN_CPU_CAPABILITY=default) no boundary was crossed.
 const Tolerance kInt8Pipelined{1e-5, 1e-4, 1e-5, 5e-3, 1e-3, 1e-4, 1e-4};
 // The same with int4 slots (memory.activation_compression = adaptive, whose tables mix int4 and
-// int8): a crossed boundary moves an element by 1/7 of its group's largest magnitude. Measured
-// (pp2 zbv and dp2 pp2 at 7 bits, 2026-12-04): 4.2e-8 of max |g| at the first step, 1.2e-2 later,
-// all of it in h.1.ln_1.weight (one element of the norm's int4 input across a boundary: the same
-// difference in both layouts); parameters 6.2e-6 apart, gradient norm 3.2e-6.
+// int8), under a pipeline or swapped replicas (whose gradients are averaged on the host): a
+// crossed boundary moves an element by 1/7 of its group's largest magnitude. Measured (pp2 zbv
+// and dp2 pp2 at 7 bits, 2026-12-04): 4.2e-8 of max |g| at the first step, 1.2e-2 later, all of
+// it in h.1.ln_1.weight (one element of the norm's int4 input across a boundary: the same
+// difference in both layouts); parameters 6.2e-6 apart, gradient norm 3.2e-6. dp2 swap (AdamW):
+// 1.3e-7 at the first step, 1.9e-3 later; int4 everywhere in the same row 1.5e-2, int8 6.1e-4,
+// every slot kept 1.5e-6.
 const Tolerance kInt4Pipelined{1e-5, 1e-4, 1e-5, 2e-2, 1e-3, 1e-4, 1e-4};
 // Swapping (memory.swap) computes the same operations in the same order as a resident run, only
 // on copies of the parameters that travel between host and device: it is held to equality.
@@ -690,6 +693,21 @@ const std::vector<Row>& layouts() {
          adaptive_at_7_bits(c);
        },
        &kInt4Sharded},
+      // Swapped, the probe loads each sub-model around its census passes and its blocks' passes.
+      {"swap_adaptive_activations_sgd_2_submodels_accum2", 1,
+       [](Config& c) {
+         swap_encoded_accum2(c, "adaptive");
+         c.memory.activation_bits = 7;
+       },
+       &kExact},
+      {"dp2_swap_adaptive_activations_accum2", 2,  // AdamW; rank 0's table broadcast
+       [](Config& c) {
+         c.model.n_layer = 4;
+         swapped(c, {1, 3});
+         c.train.grad_accum = 2;
+         adaptive_at_7_bits(c);
+       },
+       &kInt4Pipelined},
       // Under ZeRO-3 every replica probes rank 0's micro-batch, one block gathered at a time.
       {"dp2_zero3_adaptive_activations_sgd_accum2", 2,
        [](Config& c) {
