@@ -58,6 +58,11 @@
 // are summed over the group; each slot's elements are summed over the group and divided by ep
 // (every rank's share of the copies), so every rank chooses one process's table.
 //
+// Under ZeRO-3 and swap a block's parameters are whole only around its use: the caller's census
+// brings them in around each pass (ZeRO-3's wrappers inside the owner's run_probe, every replica
+// probing rank 0's micro-batch; SwapStep sub-model by sub-model), and ActivationProbing's
+// around_block around each block's own passes.
+//
 // Under pipeline parallelism the census is micro-batch 0 through every stage and back (the
 // caller's census runs pipeline::census_schedule through the executor); each rank then probes the
 // blocks of its stages (with its tp and sp groups as above), and every rank of the pp group
