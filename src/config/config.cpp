@@ -43,12 +43,11 @@ void mark_overrides(Config& config, const std::vector<std::string>& overrides) {
 }
 
 // memory.activation_compression = adaptive probes each block of the model with autograd's
-// gradients, without the owner's hooks (parallel/activation_probe.h): the layouts whose blocks run
-// whole on the rank (or its tp and sp groups), and the same saved tensors in every forward.
+// gradients, without the owner's reductions (parallel/activation_probe.h): refused where the
+// probing ranks' composition is not built (ZeRO-3 and ep beside model parallelism) and where the
+// dispatch would save other tensors (hierarchical).
 void check_adaptive_codecs(const Config& config, const std::string& source) {
   const ParallelOptions& parallel = config.parallel;
-  const MemoryOptions& memory = config.memory;
-  const ModelOptions& model = config.model;
   const auto refuse = [&](bool bad, const std::string& key, const std::string& value, const char* why) {
     if (bad)
       fail(source, ": memory.activation_compression = adaptive does not run with ", key, " = ", value, ": ", why,
@@ -61,10 +60,12 @@ void check_adaptive_codecs(const Config& config, const std::string& source) {
          "its ep group probes together beside data parallelism only, not with tp, sp or pp (not built)");
   refuse(experts && parallel.ep_dispatch == "hierarchical", "parallel.ep_dispatch", "hierarchical",
          "its probe is built on the all-to-all dispatch (alltoall)");
-  refuse(model.ffn == "moe" && model.moe_aux_scope == "global", "model.moe_aux_scope", "global",
-         "the balance loss sums routing counts over replicas that do not all probe");
-  refuse(model.ffn == "moe" && model.moe_bias_update_rate > 0, "model.moe_bias_update_rate",
-         std::to_string(model.moe_bias_update_rate), "its probe's forwards would count their loads into the bias's update");
+  const ModelOptions& model = config.model;
+  refuse(model.ffn == "moe" && model.moe_aux_scope == "global" &&
+             (parallel.tp * parallel.pp * parallel.ep > 1 || parallel.zero_stage == 3),
+         "model.moe_aux_scope", "global",
+         "every data and sequence rank probes its own micro-batch beside dp and sp only, not with tp, pp, ep or "
+         "ZeRO-3 (not built)");
 }
 
 }  // namespace

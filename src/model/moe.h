@@ -59,6 +59,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -149,6 +150,12 @@ class MoEImpl : public torch::nn::Module {
 
   const MoEStatistics& statistics() const { return stats_; }
   void reset_statistics() { stats_ = MoEStatistics(); }
+  // The adaptive codecs' probe (parallel/activation_probe.h) runs forwards that are not the step's:
+  // it puts the statistics back as it found them (no forward of it counts into the loads, the
+  // metrics or the selection bias's update), and routes on this rank's counts alone, the count
+  // sum taken out meanwhile (its collective would wait for ranks that do not probe).
+  void set_statistics(MoEStatistics statistics) { stats_ = std::move(statistics); }
+  CountSum take_balance_count_sum() { return std::exchange(balance_count_sum_, CountSum()); }
   // The router replicated; the stacked expert weights split along experts (expert parallelism).
   ParameterSpecs parameter_specs() const;
 

@@ -14,6 +14,7 @@
 #include "comm/device.h"
 #include "core/error.h"
 #include "core/random_streams.h"
+#include "model/moe.h"
 #include "model/parameter_spec.h"
 #include "optim/clipping.h"
 
@@ -121,9 +122,28 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
       params.front().is_cuda() ? std::optional<c10::Device>(params.front().device()) : std::nullopt;
   const auto streams = random::states(cuda);
   const SlotCodecs previous = codecs.table();
+  // MoE layers: their statistics as the step left them, and their count sums taken out (moe.h)
+  // unless every rank they sum over probes with this one (the sequence group).
+  struct MoEState {
+    MoE moe;
+    MoEStatistics statistics;
+    MoEImpl::CountSum count_sum;
+  };
+  std::vector<MoEState> moe_states;
+  for (int64_t layer : model->layers())
+    if (MoE moe = model->block(layer)->moe)
+      moe_states.push_back({moe, moe->statistics(), probing.sequence ? MoEImpl::CountSum() : moe->take_balance_count_sum()});
+  auto restore_moe = [&] {
+    for (MoEState& s : moe_states) {
+      s.moe->set_statistics(s.statistics);
+      if (s.count_sum) s.moe->set_balance_count_sum(s.count_sum);
+    }
+    moe_states.clear();
+  };
   auto restore = [&] {
     codecs.apply(previous);
     random::load_states(streams, cuda, "the adaptive codecs' probe");
+    restore_moe();
   };
   codecs.begin_census();
   try {
@@ -211,6 +231,7 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
     throw;
   }
   random::load_states(streams, cuda, "the adaptive codecs' probe");
+  restore_moe();
   // Model-parallel ranks probed together: the sequence's (their input gradients' squares summed,
   // the parameters' already whole), then the tp group's (summed as the clipping norm sums them).
   std::vector<comm::Group*> groups;

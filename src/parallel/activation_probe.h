@@ -58,6 +58,12 @@
 // are summed over the group; each slot's elements are summed over the group and divided by ep
 // (every rank's share of the copies), so every rank chooses one process's table.
 //
+// MoE blocks with model.moe_aux_scope = global sum their balance counts over dp_sp: every rank of
+// it probes its own micro-batch, the group taking the sequence group's part above (their
+// micro-batches one, as one process would probe them merged). Elsewhere the probe takes the
+// count sums out while it runs (its collective would wait for ranks that do not probe), and no
+// forward of the probe counts into the layers' statistics (moe.h).
+//
 // Under ZeRO-3 and swap a block's parameters are whole only around its use: the caller's census
 // brings them in around each pass (ZeRO-3's wrappers inside the owner's run_probe, every replica
 // probing rank 0's micro-batch; SwapStep sub-model by sub-model), and ActivationProbing's
@@ -92,7 +98,7 @@ struct ActivationProbing {
   GradientShares shares;            // gradients that are shares over a tp group
   double input_weight = 1;          // a block input gradient's weight: 1/tp where every tp rank holds it
   comm::Group* tensor = nullptr;    // the tp group, whose ranks probe together
-  comm::Group* sequence = nullptr;  // the sp group, whose ranks probe together
+  comm::Group* sequence = nullptr;  // the sp group (or dp_sp: MoE global balance), whose ranks probe together
   comm::Group* pipeline = nullptr;  // the pp group, whose ranks probe their stages together
   comm::Group* experts = nullptr;   // the ep group, whose ranks probe its rank 0's micro-batch together
   // Runs a block's passes with its parameters whole (ResidentOwner::run_probe's; unset: as they are).

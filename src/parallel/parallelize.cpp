@@ -154,8 +154,9 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
                                              config.memory.modelled_bandwidth_gbps * 1e9, replicas_,
                                              config.memory.swap_bf16_copies(config.precision.dtype));
     // The adaptive codecs' probe: rank 0 of the replicas, its table broadcast over them.
-    const SwapStepOptions step{config.optim.grad_clip, swap_host_memory(config, layout_.swap_plan()).total(),
-                               ActivationProbing{replicas_, config.memory.activation_probe_every}};
+    SwapStepOptions step{config.optim.grad_clip, swap_host_memory(config, layout_.swap_plan()).total(), {}};
+    step.probing.replicas = replicas_;
+    step.probing.every = config.memory.activation_probe_every;
     runner_ = std::make_unique<SwapStep>(model_, *owner, step, device, autocast, layout_.swap_plan());
     holder_ = owner.get();
     owner_ = std::move(owner);
@@ -163,8 +164,11 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
   }
   // The adaptive codecs' probe counts its errors as the clipping norm counts gradients (copied
   // before the owner takes them).
-  ActivationProbing probing{nullptr, config.memory.activation_probe_every, norm, shares,
-                            tp_ && !config.parallel.megatron_sp ? 1.0 / static_cast<double>(tp_->size()) : 1.0};
+  ActivationProbing probing;
+  probing.every = config.memory.activation_probe_every;
+  probing.norm = norm;
+  probing.shares = shares;
+  probing.input_weight = tp_ && !config.parallel.megatron_sp ? 1.0 / static_cast<double>(tp_->size()) : 1.0;
   std::unique_ptr<ResidentOwner> owner;
   if (data_parallel) {
     replicas_ = &mesh_->group(layout_.replica_group());
@@ -189,6 +193,13 @@ ParallelModel::ParallelModel(TransformerLM model, comm::Mesh* mesh, const Config
   probing.experts = ep_;
   probing.tensor = tp_;
   if (sp_ > 1) probing.sequence = &mesh_->group("sp");
+  // model.moe_aux_scope = global: the balance counts are summed over dp_sp, so every rank of it
+  // probes its own micro-batch, their micro-batches one (what one process would probe), as the sp
+  // group's chunks are one sequence.
+  if (config.model.ffn == "moe" && config.model.moe_aux_scope == "global" && dims && dims->dp() * sp_ > 1) {
+    probing.sequence = &mesh_->group("dp_sp");
+    probing.replicas = nullptr;
+  }
   probing.pipeline = pp_;
   if (layout_.pipelined()) {
     // A fully recomputed block (by the key, or the policy's choice for one of this rank's blocks)

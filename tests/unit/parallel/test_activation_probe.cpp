@@ -155,7 +155,7 @@ INSTANTIATE_TEST_SUITE_P(Blocks, AdaptiveModel, ::testing::Values("gpt", "linear
 
 // MoE blocks (capacity and dropless routing): the experts run stacked, so a block saves the same
 // tensors whatever its routing, and the budget's ends train as int4 and none.
-TEST(AdaptiveMoE, StackedExpertsSaveTheSameTensorsWhateverTheRouting) {
+TEST(AdaptiveMoE, StackedExpertsSaveTheSameTensorsWhateverTheRoutingAndTheProbeIsNoStepForwardOfTheirs) {
   tokens(0);
   for (double capacity : {1.25, 0.0}) {
     ModelOptions opts = test::small_model("gpt", "moe", 64, 0);
@@ -171,11 +171,21 @@ TEST(AdaptiveMoE, StackedExpertsSaveTheSameTensorsWhateverTheRouting) {
     auto codecs = std::make_shared<AdaptiveCodecs>(7.0);
     m->set_adaptive_activation_codecs(codecs);
     const at::Tensor other = (torch::manual_seed(23), torch::randint(0, 50, {4, 32}));
+    // A balance count sum installed (model.moe_aux_scope = global) is not called by the probe,
+    // and its forwards leave the layers' statistics as they were (the loads, the bias's update).
+    int64_t sums = 0;
+    for (int64_t layer : m->layers()) m->block(layer)->moe->set_balance_count_sum([&](at::Tensor&) { ++sums; });
+    m->forward(other, tokens(1));
     const ActivationProbe again = probe_activation_codecs(
         m, *codecs, [&] { census_backward(m, m->forward(other, tokens(1)).loss); },
         [](Block& block, const at::Tensor& x) { return block->forward(x).x; });
     for (const auto& [layer, slots] : probe.slots)
       EXPECT_EQ(again.slots.at(layer).size(), slots.size()) << capacity << " block " << layer;
+    EXPECT_EQ(sums, static_cast<int64_t>(m->layers().size())) << "the step's forward sums its counts, the probe's not";
+    for (int64_t layer : m->layers()) {
+      EXPECT_EQ(m->block(layer)->moe->statistics().forwards, 1) << capacity << " block " << layer;
+      EXPECT_TRUE(m->block(layer)->moe->take_balance_count_sum()) << "the probe put the count sum back";
+    }
   }
 }
 
