@@ -17,6 +17,7 @@
 #include "model/moe.h"
 #include "model/parameter_spec.h"
 #include "optim/clipping.h"
+#include "precision/autocast.h"
 
 namespace tessera {
 namespace {
@@ -140,10 +141,14 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
     }
     moe_states.clear();
   };
-  auto restore = [&] {
-    codecs.apply(previous);
+  // The step's random streams and MoE state back; on a failure its codecs too.
+  auto restore_step_state = [&] {
     random::load_states(streams, cuda, "the adaptive codecs' probe");
     restore_moe();
+  };
+  auto restore = [&] {
+    codecs.apply(previous);
+    restore_step_state();
   };
   codecs.begin_census();
   try {
@@ -230,8 +235,7 @@ ActivationProbe probe_activation_codecs(TransformerLM& model, AdaptiveCodecs& co
     restore();
     throw;
   }
-  random::load_states(streams, cuda, "the adaptive codecs' probe");
-  restore_moe();
+  restore_step_state();
   // Model-parallel ranks probed together: the sequence's (their input gradients' squares summed,
   // the parameters' already whole), then the tp group's (summed as the clipping norm sums them).
   std::vector<comm::Group*> groups;
@@ -302,13 +306,17 @@ bool probes_before(const ActivationProbing& probing, int64_t steps_run) {
 }
 
 std::optional<std::string> choose_activation_codecs(TransformerLM& model, const ActivationProbing& probing,
-                                                    c10::Device device, const std::function<void()>& census,
-                                                    const std::function<at::Tensor(Block&, const at::Tensor&)>& run_block) {
+                                                    c10::Device device, std::optional<at::ScalarType> autocast,
+                                                    const std::function<void()>& census) {
   AdaptiveCodecs& codecs = *model->adaptive_activation_codecs();
   comm::Group* replicas = probing.replicas;
   const bool root = replicas == nullptr || replicas->rank() == 0;
   std::optional<std::string> note;
   if (root) {
+    const auto run_block = [&](Block& block, const at::Tensor& x) {
+      AutocastGuard guard(device.type(), autocast.value_or(at::kFloat), autocast.has_value());
+      return block->forward(x).x;
+    };
     const ActivationProbe probe = probe_activation_codecs(model, codecs, census, run_block, probing);
     note = describe_activation_codecs(probe.slots, probe.codecs, codecs.bits(), probe.seconds);
   }

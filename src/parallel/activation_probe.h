@@ -127,12 +127,13 @@ void census_backward(TransformerLM& model, const at::Tensor& loss);
 // Whether a step runner probes before its step `steps_run` (0: the first).
 bool probes_before(const ActivationProbing& probing, int64_t steps_run);
 
-// The probe on rank 0 of probing.replicas (with its model-parallel groups), its table then
-// broadcast over the replicas (each receiving the codecs of `model`'s blocks) and applied. Returns
-// the prober's line (describe_activation_codecs), nothing elsewhere.
+// The probe on rank 0 of probing.replicas (with its model-parallel groups), each block run as the
+// step runs it (under `autocast` when set), its table then broadcast over the replicas (each
+// receiving the codecs of `model`'s blocks) and applied. Returns the prober's line
+// (describe_activation_codecs), nothing elsewhere.
 std::optional<std::string> choose_activation_codecs(TransformerLM& model, const ActivationProbing& probing,
-                                                    c10::Device device, const std::function<void()>& census,
-                                                    const std::function<at::Tensor(Block&, const at::Tensor&)>& run_block);
+                                                    c10::Device device, std::optional<at::ScalarType> autocast,
+                                                    const std::function<void()>& census);
 
 // The line `tessera train` prints after a probe: the budget, the counts and bits chosen, the
 // probe's time, each block's slots in order (k kept, 8 int8, 4 int4), and the autograd node that

@@ -201,12 +201,8 @@ void PipelineStep::choose_activation_codecs(const pipeline::Schedule& like, cons
     return first ? at::Tensor() : g.front().to(transfer_dtype_);
   };
   const pipeline::Schedule table = pipeline::census_schedule(like);
-  probe_note_ = tessera::choose_activation_codecs(
-      model_, options_.probing, device_, [&] { pipeline::run_schedule(table, pipe_, down_, work); },
-      [&](Block& block, const at::Tensor& x) {
-        AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
-        return block->forward(x).x;
-      });
+  probe_note_ = tessera::choose_activation_codecs(model_, options_.probing, device_, autocast_,
+                                                  [&] { pipeline::run_schedule(table, pipe_, down_, work); });
 }
 
 StepLosses PipelineStep::run(const std::vector<Batch>& batches, double lr, const GradientsReady& gradients_ready) {

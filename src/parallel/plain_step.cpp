@@ -50,12 +50,9 @@ StepLosses PlainStep::run(const std::vector<Batch>& micro_batches, double lr, co
     const double scale = owner_.loss_scale();
     owner_.run_probe([&](const ResidentOwner::AroundBlock& around_block) {
       probing.around_block = around_block;
-      note_ = choose_activation_codecs(
-          model_, probing, device_, [&] { census_backward(model_, forward(batch).loss.to(at::kFloat) * scale); },
-          [&](Block& block, const at::Tensor& x) {
-            AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
-            return block->forward(x).x;
-          });
+      note_ = choose_activation_codecs(model_, probing, device_, autocast_, [&] {
+        census_backward(model_, forward(batch).loss.to(at::kFloat) * scale);
+      });
     });
   }
   ++steps_run_;

@@ -135,10 +135,7 @@ void SwapStep::choose_activation_codecs(const Batch& batch) {
   };
   load(swap::kEnds);  // the embedding and the head, held through the probe
   try {
-    note_ = tessera::choose_activation_codecs(model_, probing, device_, census, [&](Block& block, const at::Tensor& h) {
-      AutocastGuard guard(device_.type(), autocast_.value_or(at::kFloat), autocast_.has_value());
-      return block->forward(h).x;
-    });
+    note_ = tessera::choose_activation_codecs(model_, probing, device_, autocast_, census);
   } catch (...) {
     evict(swap::kEnds);
     throw;
